@@ -1,0 +1,114 @@
+// Value types of the scheduler core: one batch of update-transfer requests
+// in, one plan out. They mirror the planner JSON contract of DESIGN.md §4
+// field for field (units: bytes, seconds, bits per second), so the service,
+// the `mlfabric-plan` CLI and the tests all speak the same language.
+//
+// Everything here is a plain value: copyable, no pointers into other
+// objects, safe to hand to another thread.
+#ifndef MLFABRIC_SCHEDULER_CORE_TYPES_H_
+#define MLFABRIC_SCHEDULER_CORE_TYPES_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mlfabric::core {
+
+// A piecewise-constant rate: `rate_bps` holds from `from_s` to `to_s`.
+struct RateSegment {
+  double from_s = 0;
+  double to_s = 0;
+  double rate_bps = 0;
+};
+
+// A point of a piecewise-constant profile: from `at_s` on (until the next
+// point) the capacity is `rate_bps`.
+using ProfilePoint = std::pair<double, double>;
+
+// One host's NIC as the scheduler sees it (congestion-free core, §7.4).
+struct HostLink {
+  std::string name;
+  double uplink_bps = 0;
+  double downlink_bps = 0;
+  // Optional; when non-empty they override the constant capacities.
+  std::vector<ProfilePoint> uplink_profile;
+  std::vector<ProfilePoint> downlink_profile;
+};
+
+// One pushed update waiting to be scheduled (DESIGN.md §3 step 1).
+struct UpdateRequest {
+  std::string id;
+  std::string worker;   // source host
+  int64_t bytes = 0;
+  int64_t version = 0;  // v(g): the model version the update was computed from
+  double norm = 0;      // ||g||, used by replication (§5.3)
+};
+
+// Hot-standby replica and its divergence bound (§5.3).
+struct ReplicaSpec {
+  std::string host;
+  std::vector<std::string> aggregators;
+  double divergence_bound = 0;
+  double momentum = 0;
+  double history_norm = 0;
+  std::vector<double> lead;  // norms of updates applied at the server, not yet at the replica
+};
+
+enum class Mode { kAsync, kSync };
+
+struct Batch {
+  double now_s = 0;
+  Mode mode = Mode::kAsync;
+  int64_t tau_max = 0;
+  int64_t v_init = 0;
+  std::string server;
+  std::vector<std::string> aggregators;
+  std::optional<ReplicaSpec> replica;
+  std::vector<HostLink> hosts;
+  std::vector<UpdateRequest> updates;
+  uint64_t seed = 1;  // randomness (aggregator pre-assignment) comes from here
+};
+
+enum class TransferKind { kDirect, kToAggregator, kAggregate, kReplica, kReplicaAggregate };
+
+const char* TransferKindName(TransferKind kind);
+
+struct Transfer {
+  std::string update;  // update id, or "agg:<n>" for an aggregate
+  std::string src;
+  std::string dst;
+  TransferKind kind = TransferKind::kDirect;
+  double start_s = 0;
+  double end_s = 0;
+  int64_t bytes = 0;
+  std::vector<RateSegment> segments;
+  // For aggregates: the update ids summed into it, in commit order.
+  std::vector<std::string> constituents;
+};
+
+struct Drop {
+  std::string id;
+  std::string reason;  // "deadline_lookahead", "stale", ...
+};
+
+struct Commit {
+  std::string update;
+  double at_s = 0;
+  int position = 0;  // 1-based position in the batch's commit order
+};
+
+struct Plan {
+  std::vector<std::string> order;
+  std::vector<Drop> dropped;
+  std::vector<Transfer> transfers;
+  std::vector<Commit> commits;
+  std::vector<Commit> replica_commits;
+  std::vector<std::string> punted;
+  double compute_ms = 0;
+};
+
+}  // namespace mlfabric::core
+
+#endif  // MLFABRIC_SCHEDULER_CORE_TYPES_H_
