@@ -1,0 +1,219 @@
+#include "api/local_ipc.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace mlfabric {
+namespace {
+
+absl::Status ErrnoError(const std::string& what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+SharedBuffer::~SharedBuffer() {
+  if (data_ != nullptr && size_ > 0) ::munmap(data_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+SharedBuffer::SharedBuffer(SharedBuffer&& other) noexcept
+    : fd_(other.fd_), data_(other.data_), size_(other.size_) {
+  other.fd_ = -1;
+  other.data_ = nullptr;
+  other.size_ = 0;
+}
+
+SharedBuffer& SharedBuffer::operator=(SharedBuffer&& other) noexcept {
+  if (this != &other) {
+    this->~SharedBuffer();
+    new (this) SharedBuffer(std::move(other));
+  }
+  return *this;
+}
+
+absl::StatusOr<SharedBuffer> SharedBuffer::Create(size_t size) {
+  SharedBuffer buffer;
+  buffer.fd_ = ::memfd_create("mlfabric-tensor", MFD_CLOEXEC);
+  if (buffer.fd_ < 0) return ErrnoError("memfd_create");
+  if (size > 0 && ::ftruncate(buffer.fd_, static_cast<off_t>(size)) != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot size shared buffer to ", size, " bytes: ", std::strerror(errno)));
+  }
+  buffer.size_ = size;
+  if (size > 0) {
+    void* mapped = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, buffer.fd_, 0);
+    if (mapped == MAP_FAILED) return ErrnoError("mmap");
+    buffer.data_ = static_cast<uint8_t*>(mapped);
+  }
+  return buffer;
+}
+
+absl::StatusOr<SharedBuffer> SharedBuffer::Map(int fd, size_t size) {
+  SharedBuffer buffer;
+  buffer.fd_ = fd;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError("fstat on received buffer");
+  if (static_cast<uint64_t>(st.st_size) < size) {
+    return absl::InvalidArgumentError(absl::StrCat("shared buffer holds ", st.st_size,
+                                                   " bytes but the message claims ", size));
+  }
+  buffer.size_ = size;
+  if (size > 0) {
+    void* mapped = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapped == MAP_FAILED) return ErrnoError("mmap of received buffer");
+    buffer.data_ = static_cast<uint8_t*>(mapped);
+  }
+  return buffer;
+}
+
+LocalChannel::~LocalChannel() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::StatusOr<int> LocalChannel::Connect(const std::string& path, double timeout_s) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
+  }
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (true) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ErrnoError("socket");
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+    const int err = errno;
+    ::close(fd);
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot reach the MLfabric daemon at ", path, ": ", std::strerror(err),
+          " (is mlfabricd running? set MLFABRIC_DAEMON_SOCKET to its --local_socket)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+absl::Status LocalChannel::Send(LocalMessage message, int fd) {
+  message.set_has_fd(fd >= 0);
+  std::string body;
+  if (!message.SerializeToString(&body)) return absl::InternalError("cannot serialize message");
+  const uint32_t length = static_cast<uint32_t>(body.size());
+  uint8_t prefix[4] = {static_cast<uint8_t>(length), static_cast<uint8_t>(length >> 8),
+                       static_cast<uint8_t>(length >> 16), static_cast<uint8_t>(length >> 24)};
+  std::lock_guard<std::mutex> lock(send_mu_);
+  iovec iov[2] = {{prefix, sizeof(prefix)}, {body.data(), body.size()}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+  }
+  size_t total = sizeof(prefix) + body.size();
+  size_t sent_total = 0;
+  while (sent_total < total) {
+    ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("send to local peer");
+    }
+    sent_total += static_cast<size_t>(sent);
+    // The descriptor went with the first chunk; send the rest plainly.
+    msg.msg_control = nullptr;
+    msg.msg_controllen = 0;
+    size_t skip = static_cast<size_t>(sent);
+    while (msg.msg_iovlen > 0 && skip >= msg.msg_iov[0].iov_len) {
+      skip -= msg.msg_iov[0].iov_len;
+      ++msg.msg_iov;
+      --msg.msg_iovlen;
+    }
+    if (msg.msg_iovlen > 0) {
+      msg.msg_iov[0].iov_base = static_cast<char*>(msg.msg_iov[0].iov_base) + skip;
+      msg.msg_iov[0].iov_len -= skip;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalChannel::Receive(LocalMessage* message, int* fd) {
+  *fd = -1;
+  uint8_t prefix[4];
+  size_t got = 0;
+  // Read the prefix with recvmsg so an attached descriptor is collected.
+  while (got < sizeof(prefix)) {
+    iovec iov{prefix + got, sizeof(prefix) - got};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("receive from local peer");
+    }
+    if (n == 0) return absl::UnavailableError("local peer closed the connection");
+    for (cmsghdr* cmsg = CMSG_FIRSTHDR(&msg); cmsg != nullptr; cmsg = CMSG_NXTHDR(&msg, cmsg)) {
+      if (cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS) {
+        int received;
+        std::memcpy(&received, CMSG_DATA(cmsg), sizeof(int));
+        if (*fd >= 0) ::close(*fd);
+        *fd = received;
+      }
+    }
+    got += static_cast<size_t>(n);
+  }
+  const uint32_t length = prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) |
+                          (static_cast<uint32_t>(prefix[3]) << 24);
+  if (length > kMaxLocalMessageBytes) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+    return absl::InvalidArgumentError(
+        absl::StrCat("local message of ", length, " bytes exceeds the limit"));
+  }
+  std::string body(length, '\0');
+  size_t read_total = 0;
+  while (read_total < length) {
+    ssize_t n = ::recv(fd_, body.data() + read_total, length - read_total, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("receive from local peer");
+    }
+    if (n == 0) return absl::UnavailableError("local peer closed the connection mid-message");
+    read_total += static_cast<size_t>(n);
+  }
+  if (!message->ParseFromString(body)) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+    return absl::InvalidArgumentError("malformed local message");
+  }
+  if (message->has_fd() != (*fd >= 0)) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+    return absl::InvalidArgumentError("local message descriptor flag does not match");
+  }
+  return absl::OkStatus();
+}
+
+void LocalChannel::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
+
+}  // namespace mlfabric

@@ -1,0 +1,93 @@
+// mlfabric-scheduler: the central scheduler (DESIGN.md §2). Serves the
+// control-plane gRPC API to daemons and plans pushed updates every
+// batch_interval_ms. Run with --help for the flags.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/clock.h"
+#include "common/logging.h"
+#include "scheduler/core/planner_factory.h"
+#include "scheduler/service/scheduler_config.h"
+#include "scheduler/service/scheduler_service.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop.store(true); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace mlfabric;
+  SetLogProcessName("scheduler");
+  auto cl = ParseCommandLine(argc, argv);
+  if (!cl.ok()) {
+    std::cerr << "mlfabric-scheduler: " << cl.status().message() << "\n";
+    return 2;
+  }
+  if (cl->help) {
+    std::cout << SchedulerConfigHelp();
+    return 0;
+  }
+  if (!cl->positional.empty()) {
+    std::cerr << "mlfabric-scheduler: unexpected argument '" << cl->positional[0] << "'\n";
+    return 2;
+  }
+  auto config = LoadSchedulerConfig(*cl);
+  if (!config.ok()) {
+    std::cerr << "mlfabric-scheduler: " << config.status().message() << "\n";
+    return 2;
+  }
+  LogLevel level = LogLevel::kInfo;
+  ParseLogLevel(config->log_level, &level);
+  SetMinLogLevel(level);
+
+  auto planner = core::MakePlanner(config->planner);
+  if (!planner.ok()) {
+    std::cerr << "mlfabric-scheduler: " << planner.status().message() << "\n";
+    return 2;
+  }
+  RealClock clock;
+  SchedulerService service(*config, &clock, std::move(*planner));
+
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  const std::string address = config->listen_address + ":" + std::to_string(config->grpc_port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    std::cerr << "mlfabric-scheduler: cannot listen on " << address
+              << " (port in use? pass --grpc_port=0 to pick a free one)\n";
+    return 1;
+  }
+  if (!config->port_file.empty()) {
+    const std::string tmp = config->port_file + ".tmp";
+    std::ofstream(tmp) << bound_port << "\n";
+    std::rename(tmp.c_str(), config->port_file.c_str());
+  }
+  MLF_LOG(INFO) << "listening on " << config->listen_address << ":" << bound_port << ", planner "
+                << config->planner << ", batch interval " << config->batch_interval_ms << " ms";
+  service.Start();
+
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+
+  MLF_LOG(INFO) << "shutting down";
+  service.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  const auto stats = service.GetStats();
+  MLF_LOG(INFO) << "batches " << stats.batches << ", planned " << stats.planned << ", applied "
+                << stats.applied << ", dropped " << stats.dropped << ", failed " << stats.failed
+                << ", rejected " << stats.rejected;
+  return 0;
+}

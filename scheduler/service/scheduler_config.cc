@@ -1,0 +1,75 @@
+#include "scheduler/service/scheduler_config.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace mlfabric {
+
+absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
+  auto reader_or = ConfigReader::FromCommandLine(cl);
+  if (!reader_or.ok()) return reader_or.status();
+  ConfigReader& reader = *reader_or;
+  SchedulerConfig config;
+  reader.String("listen_address", &config.listen_address);
+  reader.Int("grpc_port", &config.grpc_port, 0, 65535);
+  reader.String("port_file", &config.port_file);
+  reader.Double("batch_interval_ms", &config.batch_interval_ms, 1, 60000);
+  reader.Enum("planner", &config.planner, {"fifo", "mlfabric"});
+  reader.Int("max_update_bytes", &config.max_update_bytes, 1, int64_t{1} << 40);
+  reader.Double("default_link_bps", &config.default_link_bps, 1e3, 1e13);
+  reader.Enum("log_level", &config.log_level, {"debug", "info", "warning", "error"});
+  nlohmann::json jobs;
+  if (reader.Raw("jobs", &jobs)) {
+    config.jobs.clear();
+    if (!jobs.is_array()) {
+      reader.AddError("jobs", "expected a list of job objects");
+    } else {
+      std::set<std::string> names;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        ConfigReader job_reader(jobs[i], absl::StrCat("jobs[", i, "]"));
+        JobConfig job;
+        job_reader.String("name", &job.name);
+        job_reader.String("token", &job.token);
+        job_reader.Int("tau_max", &job.tau_max, 0, 1000000);
+        job_reader.Enum("mode", &job.mode, {"async", "sync"});
+        if (auto status = job_reader.Finish(); !status.ok()) {
+          reader.AddError("jobs", std::string(status.message()));
+          break;
+        }
+        if (job.name.empty()) {
+          reader.AddError("jobs", absl::StrCat("jobs[", i, "].name must not be empty"));
+          break;
+        }
+        if (!names.insert(job.name).second) {
+          reader.AddError("jobs", absl::StrCat("jobs[", i, "].name '", job.name, "' is a duplicate"));
+          break;
+        }
+        config.jobs.push_back(job);
+      }
+    }
+  }
+  if (auto status = reader.Finish(); !status.ok()) return status;
+  return config;
+}
+
+std::string SchedulerConfigHelp() {
+  return R"(mlfabric-scheduler: MLfabric's central scheduler (gRPC control plane).
+
+Usage: mlfabric-scheduler [--config FILE] [--KEY=VALUE ...]
+
+Every key can be set in the JSON file or as a flag; flags win.
+  --listen_address     gRPC bind address                 (default 127.0.0.1)
+  --grpc_port          gRPC port, 0 picks a free one     (default 50051)
+  --port_file          write the bound port to this file (default none)
+  --batch_interval_ms  batching window in milliseconds   (default 100)
+  --planner            fifo | mlfabric                   (default fifo)
+  --max_update_bytes   largest push accepted             (default 16 GiB)
+  --default_link_bps   NIC capacity when a host gives none (default 1e10)
+  --log_level          debug | info | warning | error    (default info)
+  jobs (file only)     [{"name", "token", "tau_max", "mode"}]
+                       (default one job "demo", token "demo-token", tau_max 30)
+)";
+}
+
+}  // namespace mlfabric
