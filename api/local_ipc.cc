@@ -105,7 +105,7 @@ absl::StatusOr<int> LocalChannel::Connect(const std::string& path, double timeou
   }
 }
 
-absl::Status LocalChannel::Send(LocalMessage message, int fd) {
+absl::Status LocalChannel::Send(v1::LocalMessage message, int fd) {
   message.set_has_fd(fd >= 0);
   std::string body;
   if (!message.SerializeToString(&body)) return absl::InternalError("cannot serialize message");
@@ -153,7 +153,7 @@ absl::Status LocalChannel::Send(LocalMessage message, int fd) {
   return absl::OkStatus();
 }
 
-absl::Status LocalChannel::Receive(LocalMessage* message, int* fd) {
+absl::Status LocalChannel::Receive(v1::LocalMessage* message, int* fd) {
   *fd = -1;
   uint8_t prefix[4];
   size_t got = 0;

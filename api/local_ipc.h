@@ -70,10 +70,10 @@ class LocalChannel {
 
   // Sends `message`; when `fd` >= 0 it is attached (the caller keeps its own
   // copy of the descriptor).
-  absl::Status Send(LocalMessage message, int fd = -1);
+  absl::Status Send(v1::LocalMessage message, int fd = -1);
   // Blocks for the next message. `*fd` receives an attached descriptor (the
   // caller owns it) or -1. Returns kUnavailable when the peer closed.
-  absl::Status Receive(LocalMessage* message, int* fd);
+  absl::Status Receive(v1::LocalMessage* message, int* fd);
 
   // Unblocks a Receive in another thread and makes further calls fail.
   void Shutdown();

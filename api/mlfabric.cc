@@ -1,0 +1,328 @@
+#include "api/mlfabric.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace mlfabric {
+namespace {
+
+absl::StatusOr<std::unique_ptr<LocalChannel>> ConnectAndRegister(const ClientOptions& options,
+                                                                 v1::Role role,
+                                                                 int64_t* version,
+                                                                 std::string* path) {
+  *path = options.daemon_socket;
+  if (path->empty()) {
+    const char* env = std::getenv("MLFABRIC_DAEMON_SOCKET");
+    if (env == nullptr || *env == '\0') {
+      return absl::InvalidArgumentError(
+          "no daemon socket: set ClientOptions::daemon_socket or MLFABRIC_DAEMON_SOCKET");
+    }
+    *path = env;
+  }
+  if (options.name.empty()) return absl::InvalidArgumentError("ClientOptions::name is empty");
+  auto fd = LocalChannel::Connect(*path, options.connect_timeout_s);
+  if (!fd.ok()) return fd.status();
+  auto channel = std::make_unique<LocalChannel>(*fd);
+  v1::LocalMessage hello;
+  v1::LocalRegister* body = hello.mutable_register_();
+  body->set_job(options.job);
+  body->set_job_token(options.job_token);
+  body->set_role(role);
+  body->set_name(options.name);
+  if (auto status = channel->Send(hello); !status.ok()) return status;
+  v1::LocalMessage reply;
+  int reply_fd = -1;
+  if (auto status = channel->Receive(&reply, &reply_fd); !status.ok()) return status;
+  if (reply_fd >= 0) ::close(reply_fd);
+  if (!reply.has_registered()) return absl::InternalError("daemon sent no registration reply");
+  if (!reply.registered().error().empty()) {
+    return absl::FailedPreconditionError(reply.registered().error());
+  }
+  *version = reply.registered().model_version();
+  return channel;
+}
+
+PushResult Failed(const std::string& reason) {
+  PushResult result;
+  result.outcome = PushOutcome::kFailed;
+  result.reason = reason;
+  return result;
+}
+
+}  // namespace
+
+const char* PushOutcomeName(PushOutcome outcome) {
+  switch (outcome) {
+    case PushOutcome::kApplied: return "applied";
+    case PushOutcome::kDropped: return "dropped";
+    case PushOutcome::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+// ------------------------------------------------------------------ Worker
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const ClientOptions& options) {
+  std::unique_ptr<Worker> worker(new Worker());
+  auto channel = ConnectAndRegister(options, v1::ROLE_WORKER, &worker->initial_version_,
+                                    &worker->socket_path_);
+  if (!channel.ok()) return channel.status();
+  worker->channel_ = std::move(*channel);
+  worker->reader_ = std::thread([w = worker.get()] { w->ReaderLoop(); });
+  return worker;
+}
+
+Worker::~Worker() {
+  if (channel_) channel_->Shutdown();
+  if (reader_.joinable()) reader_.join();
+}
+
+void Worker::FailAll(const std::string& reason) {
+  std::map<uint64_t, std::function<void(PushResult)>> pushes;
+  std::map<uint64_t, std::shared_ptr<std::promise<absl::StatusOr<Model>>>> gets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    closed_reason_ = reason;
+    pushes.swap(pushes_);
+    gets.swap(gets_);
+  }
+  for (auto& [id, done] : pushes) done(Failed(reason));
+  for (auto& [id, promise] : gets) promise->set_value(absl::UnavailableError(reason));
+}
+
+void Worker::ReaderLoop() {
+  while (true) {
+    v1::LocalMessage message;
+    int fd = -1;
+    absl::Status status = channel_->Receive(&message, &fd);
+    if (!status.ok()) {
+      FailAll(absl::StrCat("lost the connection to the MLfabric daemon at ", socket_path_, ": ",
+                           status.message()));
+      return;
+    }
+    if (message.has_push_done()) {
+      const v1::LocalPushDone& done = message.push_done();
+      std::function<void(PushResult)> callback;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = pushes_.find(done.request_id());
+        if (it != pushes_.end()) {
+          callback = std::move(it->second);
+          pushes_.erase(it);
+        }
+      }
+      if (callback) {
+        PushResult result;
+        result.outcome = done.outcome() == v1::OUTCOME_APPLIED   ? PushOutcome::kApplied
+                         : done.outcome() == v1::OUTCOME_DROPPED ? PushOutcome::kDropped
+                                                                 : PushOutcome::kFailed;
+        result.reason = done.reason();
+        result.applied_version = done.applied_version();
+        result.delay = done.delay();
+        callback(std::move(result));
+      }
+    } else if (message.has_get_done()) {
+      const v1::LocalGetDone& done = message.get_done();
+      std::shared_ptr<std::promise<absl::StatusOr<Model>>> promise;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = gets_.find(done.request_id());
+        if (it != gets_.end()) {
+          promise = it->second;
+          gets_.erase(it);
+        }
+      }
+      if (!promise) {
+        if (fd >= 0) ::close(fd);
+        continue;
+      }
+      if (!done.error().empty()) {
+        if (fd >= 0) ::close(fd);
+        promise->set_value(absl::UnavailableError(done.error()));
+        continue;
+      }
+      auto buffer = fd >= 0 ? SharedBuffer::Map(fd, static_cast<size_t>(done.bytes()))
+                            : SharedBuffer::Create(0);
+      if (!buffer.ok()) {
+        promise->set_value(buffer.status());
+        continue;
+      }
+      Model model;
+      model.version = done.model_version();
+      model.buffer = std::move(*buffer);
+      promise->set_value(std::move(model));
+    } else if (fd >= 0) {
+      ::close(fd);
+    }
+  }
+}
+
+void Worker::PushAsync(const std::string& server, const void* data, size_t bytes,
+                       int64_t version, double norm, std::function<void(PushResult)> done,
+                       const std::vector<TensorSpec>& tensors) {
+  auto buffer = SharedBuffer::Create(bytes);
+  if (!buffer.ok()) {
+    done(Failed(absl::StrCat("cannot allocate shared memory for the push: ",
+                             buffer.status().message())));
+    return;
+  }
+  if (bytes > 0) std::memcpy(buffer->data(), data, bytes);
+  v1::LocalMessage message;
+  v1::LocalPush* push = message.mutable_push();
+  push->set_server(server);
+  push->set_bytes(static_cast<int64_t>(bytes));
+  push->set_version(version);
+  push->set_norm(norm);
+  for (const TensorSpec& tensor : tensors) {
+    v1::TensorInfo* info = push->add_tensors();
+    info->set_tensor_id(tensor.id);
+    info->set_bytes(tensor.bytes);
+    info->set_priority(tensor.priority);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) {
+      const std::string reason = closed_reason_;
+      done(Failed(reason));
+      return;
+    }
+    const uint64_t id = next_request_id_++;
+    push->set_request_id(id);
+    pushes_[id] = std::move(done);
+  }
+  absl::Status sent = channel_->Send(message, buffer->fd());
+  if (!sent.ok()) {
+    std::function<void(PushResult)> callback;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pushes_.find(push->request_id());
+      if (it == pushes_.end()) return;  // the reader failed it already
+      callback = std::move(it->second);
+      pushes_.erase(it);
+    }
+    callback(Failed(absl::StrCat("cannot hand the push to the daemon: ", sent.message())));
+  }
+}
+
+std::future<PushResult> Worker::Push(const std::string& server, const void* data, size_t bytes,
+                                     int64_t version, double norm,
+                                     const std::vector<TensorSpec>& tensors) {
+  auto promise = std::make_shared<std::promise<PushResult>>();
+  std::future<PushResult> future = promise->get_future();
+  PushAsync(
+      server, data, bytes, version, norm,
+      [promise](PushResult result) { promise->set_value(std::move(result)); }, tensors);
+  return future;
+}
+
+absl::StatusOr<Model> Worker::Get(const std::string& server) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<Model>>>();
+  auto future = promise->get_future();
+  v1::LocalMessage message;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return absl::UnavailableError(closed_reason_);
+    const uint64_t id = next_request_id_++;
+    message.mutable_get()->set_request_id(id);
+    gets_[id] = promise;
+  }
+  message.mutable_get()->set_server(server);
+  if (auto sent = channel_->Send(message); !sent.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (gets_.erase(message.get().request_id())) return sent;
+  }
+  return future.get();
+}
+
+// ------------------------------------------------------------------ Server
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Connect(const ClientOptions& options) {
+  std::unique_ptr<Server> server(new Server());
+  std::string path;
+  auto channel = ConnectAndRegister(options, v1::ROLE_SERVER, &server->initial_version_, &path);
+  if (!channel.ok()) return channel.status();
+  server->channel_ = std::move(*channel);
+  return server;
+}
+
+Server::~Server() { Stop(); }
+
+void Server::Stop() {
+  stopping_.store(true);
+  if (channel_) channel_->Shutdown();
+}
+
+absl::Status Server::Serve() {
+  if (!on_update_ || !on_request_) {
+    return absl::FailedPreconditionError(
+        "register both an update callback and a request callback before Serve()");
+  }
+  while (true) {
+    v1::LocalMessage message;
+    int fd = -1;
+    absl::Status status = channel_->Receive(&message, &fd);
+    if (!status.ok()) {
+      if (stopping_.load()) return absl::OkStatus();
+      return absl::UnavailableError(
+          absl::StrCat("lost the connection to the MLfabric daemon: ", status.message()));
+    }
+    if (message.has_update()) {
+      const v1::LocalUpdate& update = message.update();
+      v1::LocalMessage ack;
+      v1::LocalUpdateAck* body = ack.mutable_update_ack();
+      body->set_transfer_id(update.transfer_id());
+      auto buffer = SharedBuffer::Map(fd, static_cast<size_t>(update.bytes()));
+      if (!buffer.ok()) {
+        body->set_error(std::string(buffer.status().message()));
+      } else {
+        Update view;
+        view.transfer_id = update.transfer_id();
+        view.sequence = update.sequence();
+        view.worker = update.worker();
+        view.version = update.version();
+        view.norm = update.norm();
+        view.data = buffer->data();
+        view.bytes = buffer->size();
+        absl::StatusOr<int64_t> applied = on_update_(view);
+        if (applied.ok()) {
+          body->set_model_version(*applied);
+        } else {
+          body->set_error(std::string(applied.status().message()));
+        }
+      }
+      if (auto sent = channel_->Send(ack); !sent.ok()) return sent;
+    } else if (message.has_model_request()) {
+      if (fd >= 0) ::close(fd);
+      v1::LocalMessage reply;
+      v1::LocalModelReply* body = reply.mutable_model_reply();
+      body->set_request_id(message.model_request().request_id());
+      absl::StatusOr<Snapshot> snapshot = on_request_();
+      if (!snapshot.ok()) {
+        body->set_error(std::string(snapshot.status().message()));
+        if (auto sent = channel_->Send(reply); !sent.ok()) return sent;
+        continue;
+      }
+      auto buffer = SharedBuffer::Create(snapshot->bytes.size());
+      if (!buffer.ok()) {
+        body->set_error(std::string(buffer.status().message()));
+        if (auto sent = channel_->Send(reply); !sent.ok()) return sent;
+        continue;
+      }
+      if (!snapshot->bytes.empty()) {
+        std::memcpy(buffer->data(), snapshot->bytes.data(), snapshot->bytes.size());
+      }
+      body->set_model_version(snapshot->version);
+      body->set_bytes(static_cast<int64_t>(snapshot->bytes.size()));
+      if (auto sent = channel_->Send(reply, buffer->fd()); !sent.ok()) return sent;
+    } else if (fd >= 0) {
+      ::close(fd);
+    }
+  }
+}
+
+}  // namespace mlfabric

@@ -1,0 +1,161 @@
+// MLfabric's C++ API (DESIGN.md §3, mlfabric.md Table 1): what a training
+// program links to hand every model-update transfer to MLfabric.
+//
+// Worker:
+//   ClientOptions options;                 // job, token, daemon socket
+//   options.name = "worker-1";
+//   ASSIGN_OR_RETURN(auto worker, Worker::Connect(options));
+//   ASSIGN_OR_RETURN(Model model, worker->Get("ps0"));      // latest model
+//   std::future<PushResult> done =
+//       worker->Push("ps0", grad.data(), grad.size() * sizeof(float),
+//                    model.version, /*norm=*/Norm(grad));
+//   PushResult r = done.get();   // applied (version, delay), dropped (reason) or failed (error)
+//
+// Server:
+//   ASSIGN_OR_RETURN(auto server, Server::Connect(options, "ps0"));
+//   server->RegisterUpdateCallback([&](const Server::Update& u) -> absl::StatusOr<int64_t> {
+//     Apply(u.data, u.bytes);  return ++version; });
+//   server->RegisterRequestCallback([&]() -> absl::StatusOr<Server::Snapshot> {
+//     return Server::Snapshot{version, Bytes(weights)}; });
+//   RETURN_IF_ERROR(server->Serve());   // until the daemon goes away or Stop()
+//
+// Every push ends exactly once as applied, dropped or failed; if the daemon
+// dies, pending pushes and gets fail with a reason instead of hanging.
+// Thread safety: Worker methods may be called from any thread. Server
+// callbacks run on the server's single serving thread, in commit order.
+#ifndef MLFABRIC_API_MLFABRIC_H_
+#define MLFABRIC_API_MLFABRIC_H_
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "api/local_ipc.h"
+
+namespace mlfabric {
+
+struct ClientOptions {
+  // The daemon's --local_socket; empty = $MLFABRIC_DAEMON_SOCKET.
+  std::string daemon_socket;
+  std::string job = "demo";
+  std::string job_token = "demo-token";
+  std::string name;                 // worker or server name
+  double connect_timeout_s = 30;    // wait this long for the daemon to come up
+};
+
+enum class PushOutcome { kApplied, kDropped, kFailed };
+
+const char* PushOutcomeName(PushOutcome outcome);
+
+struct PushResult {
+  PushOutcome outcome = PushOutcome::kFailed;
+  std::string reason;            // why it was dropped or failed
+  int64_t applied_version = 0;   // model version after applying (applied)
+  int64_t delay = 0;             // updates applied since v(g) (applied)
+};
+
+// Per-tensor layout of a pushed buffer: consecutive regions in id order.
+// Lower priority values are sent first (default: layer order).
+struct TensorSpec {
+  uint32_t id = 0;
+  uint64_t bytes = 0;
+  int32_t priority = 0;
+};
+
+struct Model {
+  int64_t version = 0;
+  SharedBuffer buffer;  // the model's bytes, zero-copy from the daemon
+  const uint8_t* data() const { return buffer.data(); }
+  size_t size() const { return buffer.size(); }
+};
+
+class Worker {
+ public:
+  static absl::StatusOr<std::unique_ptr<Worker>> Connect(const ClientOptions& options);
+  ~Worker();
+
+  // Pushes `bytes` bytes (copied once, into shared memory) computed from
+  // model version `version`, with the update's L2 norm (used for replica
+  // divergence bounds).
+  std::future<PushResult> Push(const std::string& server, const void* data, size_t bytes,
+                               int64_t version, double norm,
+                               const std::vector<TensorSpec>& tensors = {});
+  void PushAsync(const std::string& server, const void* data, size_t bytes, int64_t version,
+                 double norm, std::function<void(PushResult)> done,
+                 const std::vector<TensorSpec>& tensors = {});
+
+  // The server's current model (blocks).
+  absl::StatusOr<Model> Get(const std::string& server);
+
+  // The model version the daemon reported at registration.
+  int64_t initial_version() const { return initial_version_; }
+
+ private:
+  Worker() = default;
+  void ReaderLoop();
+  void FailAll(const std::string& reason);
+
+  std::unique_ptr<LocalChannel> channel_;
+  std::string socket_path_;
+  int64_t initial_version_ = 0;
+  std::mutex mu_;
+  bool closed_ = false;
+  std::string closed_reason_;
+  uint64_t next_request_id_ = 1;
+  std::map<uint64_t, std::function<void(PushResult)>> pushes_;
+  std::map<uint64_t, std::shared_ptr<std::promise<absl::StatusOr<Model>>>> gets_;
+  std::thread reader_;
+};
+
+class Server {
+ public:
+  struct Update {
+    uint64_t transfer_id = 0;
+    uint64_t sequence = 0;   // commit position at this server
+    std::string worker;
+    int64_t version = 0;     // v(g)
+    double norm = 0;
+    const uint8_t* data = nullptr;
+    size_t bytes = 0;
+  };
+  struct Snapshot {
+    int64_t version = 0;
+    std::vector<uint8_t> bytes;
+  };
+  // Applies one update; returns the model version after applying it, or an
+  // error that fails the push.
+  using UpdateCallback = std::function<absl::StatusOr<int64_t>(const Update&)>;
+  using RequestCallback = std::function<absl::StatusOr<Snapshot>()>;
+
+  static absl::StatusOr<std::unique_ptr<Server>> Connect(const ClientOptions& options);
+  ~Server();
+
+  void RegisterUpdateCallback(UpdateCallback callback) { on_update_ = std::move(callback); }
+  void RegisterRequestCallback(RequestCallback callback) { on_request_ = std::move(callback); }
+
+  // Serves deliveries and model requests until Stop() or the daemon goes
+  // away (then returns kUnavailable).
+  absl::Status Serve();
+  void Stop();
+  int64_t initial_version() const { return initial_version_; }
+
+ private:
+  Server() = default;
+  std::unique_ptr<LocalChannel> channel_;
+  UpdateCallback on_update_;
+  RequestCallback on_request_;
+  int64_t initial_version_ = 0;
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_API_MLFABRIC_H_

@@ -1,0 +1,1058 @@
+#include "daemon/daemon.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace mlfabric {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using transport::PacketHeader;
+using transport::PacketKind;
+
+namespace {
+
+constexpr int64_t kMaxTransferBytes = int64_t{64} << 30;
+
+std::string GrpcError(const grpc::Status& status) {
+  static const char* const kNames[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  const int code = static_cast<int>(status.error_code());
+  const char* name = code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
+  return absl::StrCat(name, ": ", status.error_message());
+}
+
+std::unique_ptr<grpc::ClientContext> RpcContext(double timeout_s = 10) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  return context;
+}
+
+// Writes a packet: header and payload go out in one gather write, straight
+// from the payload's buffer.
+absl::Status WritePacket(tcp::socket& socket, PacketHeader header, const void* payload,
+                         uint32_t length) {
+  uint8_t head[transport::kHeaderBytes];
+  transport::EncodePacketHeader(header, payload, length, head);
+  std::array<asio::const_buffer, 2> buffers = {asio::buffer(head, sizeof(head)),
+                                               asio::buffer(payload, length)};
+  boost::system::error_code error;
+  asio::write(socket, buffers, error);
+  if (error) return absl::UnavailableError(absl::StrCat("send failed: ", error.message()));
+  return absl::OkStatus();
+}
+
+// Reads one header; kUnavailable on a clean close before any byte.
+absl::StatusOr<PacketHeader> ReadHeader(tcp::socket& socket) {
+  uint8_t head[transport::kHeaderBytes];
+  boost::system::error_code error;
+  const size_t got = asio::read(socket, asio::buffer(head), error);
+  if (error) {
+    if (got == 0 && error == asio::error::eof) return absl::UnavailableError("closed");
+    if (got == 0) return absl::UnavailableError(error.message());
+    return absl::InvalidArgumentError(
+        absl::StrCat("truncated frame: header cut after ", got, " bytes"));
+  }
+  return transport::ParseHeader(head, sizeof(head), transport::kMaxPayloadBytes);
+}
+
+absl::Status ReadExact(tcp::socket& socket, void* out, size_t size) {
+  boost::system::error_code error;
+  asio::read(socket, asio::buffer(out, size), error);
+  if (error) {
+    return absl::InvalidArgumentError(absl::StrCat("truncated frame: ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<tcp::endpoint> ParseEndpoint(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not ip:port"));
+  }
+  boost::system::error_code error;
+  auto ip = asio::ip::make_address(address.substr(0, colon), error);
+  if (error) return absl::InvalidArgumentError(absl::StrCat("bad address '", address, "'"));
+  const int port = std::atoi(address.substr(colon + 1).c_str());
+  if (port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("bad port in '", address, "'"));
+  }
+  return tcp::endpoint(ip, static_cast<uint16_t>(port));
+}
+
+}  // namespace
+
+Daemon::Daemon(DaemonConfig config) : config_(std::move(config)) {}
+
+Daemon::~Daemon() { Stop(); }
+
+std::string Daemon::ServerKey(uint32_t job_id, const std::string& server) {
+  return absl::StrCat(job_id, "/", server);
+}
+
+Daemon::Stats Daemon::GetStats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+absl::Status Daemon::Start() {
+  // Data plane first: its port is part of the registration.
+  auto endpoint = ParseEndpoint(absl::StrCat(config_.listen_address, ":1"));
+  if (!endpoint.ok()) return endpoint.status();
+  boost::system::error_code error;
+  data_acceptor_ = std::make_unique<tcp::acceptor>(io_);
+  tcp::endpoint bind_to(endpoint->address(), static_cast<uint16_t>(config_.data_port));
+  data_acceptor_->open(bind_to.protocol(), error);
+  if (!error) data_acceptor_->set_option(tcp::acceptor::reuse_address(true), error);
+  if (!error) data_acceptor_->bind(bind_to, error);
+  if (!error) data_acceptor_->listen(asio::socket_base::max_listen_connections, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("cannot listen for data on ",
+                                               config_.listen_address, ":", config_.data_port,
+                                               ": ", error.message()));
+  }
+  data_address_ = absl::StrCat(config_.listen_address, ":", data_acceptor_->local_endpoint().port());
+
+  // Local applications.
+  local_listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (config_.local_socket.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_socket path is too long: ", config_.local_socket));
+  }
+  std::strncpy(addr.sun_path, config_.local_socket.c_str(), sizeof(addr.sun_path) - 1);
+  ::unlink(config_.local_socket.c_str());
+  if (::bind(local_listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(local_listen_fd_, 64) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on local socket ",
+                                               config_.local_socket, ": ", std::strerror(errno)));
+  }
+
+  channel_ = grpc::CreateChannel(config_.scheduler, grpc::InsecureChannelCredentials());
+  stub_ = v1::Scheduler::NewStub(channel_);
+  if (auto status = RegisterHost(); !status.ok()) return status;
+
+  threads_.emplace_back([this] { ScheduleStreamLoop(); });
+  threads_.emplace_back([this] { SenderLoop(); });
+  threads_.emplace_back([this] { DataAcceptLoop(); });
+  threads_.emplace_back([this] { LocalAcceptLoop(); });
+  MLF_LOG(INFO) << "host " << config_.host << " serving: data " << data_address_ << ", local "
+                << config_.local_socket << ", scheduler " << config_.scheduler;
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::RegisterHost() {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(config_.register_timeout_s);
+  std::string last_error;
+  while (!stopping_.load()) {
+    v1::RegisterHostRequest request;
+    request.set_protocol_version(1);
+    request.set_host(config_.host);
+    request.set_data_address(data_address_);
+    request.set_uplink_bps(config_.uplink_bps);
+    request.set_downlink_bps(config_.downlink_bps);
+    const double sent_s = clock_.NowSeconds();
+    request.set_daemon_time_s(sent_s);
+    v1::RegisterHostReply reply;
+    auto context = RpcContext(2);
+    grpc::Status status = stub_->RegisterHost(context.get(), request, &reply);
+    const double received_s = clock_.NowSeconds();
+    if (status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      incarnation_ = reply.incarnation();
+      // NTP-style: the reply was stamped halfway through the round trip.
+      clock_offset_s_ = reply.scheduler_time_s() - (sent_s + received_s) / 2;
+      MLF_LOG(INFO) << "registered with the scheduler (incarnation " << incarnation_
+                    << ", clock offset " << clock_offset_s_ * 1e3 << " ms, rtt "
+                    << (received_s - sent_s) * 1e3 << " ms)";
+      return absl::OkStatus();
+    }
+    last_error = GrpcError(status);
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) break;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return absl::UnavailableError(absl::StrCat("cannot register with the scheduler at ",
+                                             config_.scheduler, ": ", last_error));
+}
+
+void Daemon::Stop() {
+  if (stopping_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stream_context_) stream_context_->TryCancel();
+    for (const auto& app : apps_) app->channel->Shutdown();
+  }
+  cv_.notify_all();
+  boost::system::error_code ignored;
+  if (data_acceptor_) data_acceptor_->close(ignored);
+  if (local_listen_fd_ >= 0) ::shutdown(local_listen_fd_, SHUT_RDWR);
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    for (auto& [address, socket] : peers_) socket->close(ignored);
+  }
+  for (auto& thread : threads_) {
+    if (thread.joinable()) thread.join();
+  }
+  if (local_listen_fd_ >= 0) ::close(local_listen_fd_);
+  ::unlink(config_.local_socket.c_str());
+  // Session threads block in reads on sockets their peers own; they are
+  // detached and end with the process.
+  for (auto& thread : session_threads_) {
+    if (thread.joinable()) thread.detach();
+  }
+}
+
+absl::Status Daemon::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return stopping_.load() || !fatal_.ok(); });
+  return fatal_;
+}
+
+// ---------------------------------------------------------------- control
+
+void Daemon::ScheduleStreamLoop() {
+  while (!stopping_.load()) {
+    v1::StreamSchedulesRequest request;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      request.set_host(config_.host);
+      request.set_incarnation(incarnation_);
+      stream_context_ = std::make_unique<grpc::ClientContext>();
+    }
+    auto reader = stub_->StreamSchedules(stream_context_.get(), request);
+    v1::DaemonCommand command;
+    while (reader->Read(&command)) HandleCommand(command);
+    grpc::Status status = reader->Finish();
+    if (stopping_.load()) break;
+    MLF_LOG(WARNING) << "lost the scheduler's schedule stream: " << GrpcError(status)
+                     << "; failing pending pushes and re-registering";
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [id, push] : pushes_) {
+        v1::LocalMessage done;
+        done.mutable_push_done()->set_request_id(push.request_id);
+        done.mutable_push_done()->set_outcome(v1::OUTCOME_FAILED);
+        done.mutable_push_done()->set_reason("the daemon lost its connection to the scheduler");
+        (void)push.app->channel->Send(done);
+      }
+      pushes_.clear();
+      send_queue_.clear();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (auto status = RegisterHost(); !status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      fatal_ = status;
+      cv_.notify_all();
+      return;
+    }
+    // The scheduler may have restarted: registered applications register again.
+    std::vector<std::shared_ptr<AppSession>> apps;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      apps.assign(apps_.begin(), apps_.end());
+    }
+    for (const auto& app : apps) {
+      if (!app->registered) continue;
+      v1::RegisterEntityRequest entity;
+      entity.set_job(app->job);
+      entity.set_role(app->role);
+      entity.set_name(app->name);
+      entity.set_host(config_.host);
+      v1::RegisterEntityReply reply;
+      auto context = RpcContext();
+      (void)stub_->RegisterEntity(context.get(), entity, &reply);
+    }
+  }
+}
+
+void Daemon::HandleCommand(const v1::DaemonCommand& command) {
+  // A push's commands can only follow its SubmitUpdate reply; taking
+  // submit_mu_ lets a HandlePush that is still recording the reply finish.
+  { std::lock_guard<std::mutex> wait_for_submits(submit_mu_); }
+  std::lock_guard<std::mutex> lock(mu_);
+  switch (command.command_case()) {
+    case v1::DaemonCommand::kSend: {
+      auto at = std::upper_bound(send_queue_.begin(), send_queue_.end(), command.send(),
+                                 [](const v1::SendTransfer& a, const v1::SendTransfer& b) {
+                                   return a.start_s() < b.start_s();
+                                 });
+      send_queue_.insert(at, command.send());
+      cv_.notify_all();
+      break;
+    }
+    case v1::DaemonCommand::kExpect: {
+      const v1::ExpectDelivery& expect = command.expect();
+      const std::string key = ServerKey(expect.job_id(), expect.server());
+      ServerEndpoint& endpoint = servers_[key];
+      Delivery& delivery = endpoint.expected[expect.sequence()];
+      delivery.info = expect;
+      if (endpoint.app == nullptr) {
+        delivery.cancelled = true;
+        delivery.cancel_reason = "server application is not connected";
+        ReportFailureAsync(expect.transfer_id(),
+                           absl::StrCat("server '", expect.server(), "' is not connected to ",
+                                        config_.host, "'s daemon"));
+      }
+      TryDeliverLocked(expect.job_id(), expect.server());
+      break;
+    }
+    case v1::DaemonCommand::kCancel: {
+      const v1::CancelDelivery& cancel = command.cancel();
+      for (auto& [key, endpoint] : servers_) {
+        auto it = endpoint.expected.find(cancel.sequence());
+        if (it == endpoint.expected.end() ||
+            it->second.info.transfer_id() != cancel.transfer_id()) {
+          continue;
+        }
+        it->second.cancelled = true;
+        it->second.cancel_reason = cancel.reason();
+        incoming_.erase(cancel.transfer_id());
+        TryDeliverLocked(it->second.info.job_id(), it->second.info.server());
+        break;
+      }
+      break;
+    }
+    case v1::DaemonCommand::kOutcome: {
+      const v1::PushOutcome& outcome = command.outcome();
+      auto it = pushes_.find(outcome.transfer_id());
+      if (it == pushes_.end()) break;
+      v1::LocalMessage done;
+      v1::LocalPushDone* body = done.mutable_push_done();
+      body->set_request_id(it->second.request_id);
+      body->set_outcome(outcome.outcome());
+      body->set_reason(outcome.reason());
+      body->set_applied_version(outcome.applied_version());
+      body->set_delay(outcome.delay());
+      (void)it->second.app->channel->Send(done);
+      pushes_.erase(it);
+      break;
+    }
+    default:
+      MLF_LOG(WARNING) << "ignoring an unknown command from the scheduler";
+  }
+}
+
+void Daemon::ReportFailureAsync(uint64_t transfer_id, const std::string& error) {
+  v1::CompletionReport report;
+  report.set_host(config_.host);
+  report.set_transfer_id(transfer_id);
+  report.set_applied(false);
+  report.set_error(error);
+  std::thread([this, report] { ReportCompletion(report); }).detach();
+}
+
+void Daemon::ReportCompletion(const v1::CompletionReport& report) {
+  v1::CompletionAck ack;
+  auto context = RpcContext();
+  grpc::Status status = stub_->ReportCompletion(context.get(), report, &ack);
+  if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
+    MLF_LOG(WARNING) << "cannot report completion of transfer " << report.transfer_id() << ": "
+                     << GrpcError(status);
+  }
+}
+
+// ------------------------------------------------------------ local apps
+
+void Daemon::LocalAcceptLoop() {
+  while (!stopping_.load()) {
+    const int fd = ::accept4(local_listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (!stopping_.load()) MLF_LOG(ERROR) << "local accept failed: " << std::strerror(errno);
+      return;
+    }
+    auto app = std::make_shared<AppSession>();
+    app->channel = std::make_shared<LocalChannel>(fd);
+    std::lock_guard<std::mutex> lock(mu_);
+    apps_.insert(app);
+    session_threads_.emplace_back([this, app] { AppLoop(app); });
+  }
+}
+
+void Daemon::AppLoop(std::shared_ptr<AppSession> app) {
+  while (!stopping_.load()) {
+    v1::LocalMessage message;
+    int fd = -1;
+    absl::Status status = app->channel->Receive(&message, &fd);
+    if (!status.ok()) {
+      if (status.code() != absl::StatusCode::kUnavailable) {
+        MLF_LOG(WARNING) << "closing local session of '" << app->name << "': " << status.message();
+      }
+      break;
+    }
+    switch (message.body_case()) {
+      case v1::LocalMessage::kRegister:
+        HandleRegister(app, message.register_());
+        break;
+      case v1::LocalMessage::kPush:
+        HandlePush(app, message.push(), fd);
+        fd = -1;
+        break;
+      case v1::LocalMessage::kGet:
+        HandleGet(app, message.get());
+        break;
+      case v1::LocalMessage::kUpdateAck:
+        HandleUpdateAck(message.update_ack());
+        break;
+      case v1::LocalMessage::kModelReply:
+        HandleModelReply(message.model_reply(), fd);
+        fd = -1;
+        break;
+      default:
+        MLF_LOG(WARNING) << "unexpected local message " << message.body_case() << " from '"
+                         << app->name << "'";
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  AppGone(app);
+}
+
+void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
+                            const v1::LocalRegister& request) {
+  v1::LocalMessage reply;
+  v1::LocalRegistered* body = reply.mutable_registered();
+  if (app->registered) {
+    body->set_error("this connection is already registered");
+    (void)app->channel->Send(reply);
+    return;
+  }
+  v1::RegisterEntityRequest entity;
+  entity.set_job(request.job());
+  entity.set_job_token(request.job_token());
+  entity.set_role(request.role());
+  entity.set_name(request.name());
+  entity.set_host(config_.host);
+  v1::RegisterEntityReply entity_reply;
+  auto context = RpcContext();
+  grpc::Status status = stub_->RegisterEntity(context.get(), entity, &entity_reply);
+  if (!status.ok()) {
+    body->set_error(absl::StrCat("scheduler refused the registration: ", GrpcError(status)));
+    (void)app->channel->Send(reply);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    app->job = request.job();
+    app->name = request.name();
+    app->role = request.role();
+    app->job_id = entity_reply.job_id();
+    app->registered = true;
+    if (request.role() == v1::ROLE_SERVER) {
+      ServerEndpoint& endpoint = servers_[ServerKey(app->job_id, app->name)];
+      endpoint.app = app;
+    }
+  }
+  body->set_model_version(entity_reply.model_version());
+  (void)app->channel->Send(reply);
+}
+
+void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push,
+                        int fd) {
+  auto fail = [&](const std::string& reason) {
+    v1::LocalMessage done;
+    done.mutable_push_done()->set_request_id(push.request_id());
+    done.mutable_push_done()->set_outcome(v1::OUTCOME_FAILED);
+    done.mutable_push_done()->set_reason(reason);
+    (void)app->channel->Send(done);
+  };
+  if (fd < 0) {
+    fail("push carries no shared-memory buffer");
+    return;
+  }
+  auto buffer = SharedBuffer::Map(fd, static_cast<size_t>(std::max<int64_t>(push.bytes(), 0)));
+  if (!buffer.ok()) {
+    fail(std::string(buffer.status().message()));
+    return;
+  }
+  if (!app->registered || app->role != v1::ROLE_WORKER) {
+    fail("register as a worker before pushing");
+    return;
+  }
+  v1::SubmitUpdateRequest request;
+  request.set_job(app->job);
+  request.set_src_host(config_.host);
+  request.set_worker(app->name);
+  request.set_server(push.server());
+  request.set_bytes(push.bytes());
+  request.set_version(push.version());
+  request.set_norm(push.norm());
+  *request.mutable_tensors() = push.tensors();
+  std::lock_guard<std::mutex> submitting(submit_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.set_local_id(next_local_id_++);
+  }
+  v1::SubmitUpdateReply reply;
+  auto context = RpcContext();
+  grpc::Status status = stub_->SubmitUpdate(context.get(), request, &reply);
+  if (!status.ok()) {
+    fail(absl::StrCat("scheduler refused the push: ", GrpcError(status)));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  PendingPush& pending = pushes_[reply.transfer_id()];
+  pending.app = app;
+  pending.request_id = push.request_id();
+  pending.buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
+  pending.tensors.assign(push.tensors().begin(), push.tensors().end());
+  ++stats_.pushes;
+}
+
+void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) {
+  if (!app->registered) {
+    v1::LocalMessage done;
+    done.mutable_get_done()->set_request_id(get.request_id());
+    done.mutable_get_done()->set_error("register before calling get");
+    (void)app->channel->Send(done);
+    return;
+  }
+  const std::string job = app->job;
+  std::lock_guard<std::mutex> lock(mu_);
+  session_threads_.emplace_back([this, app, get, job] {
+    v1::LocalMessage done;
+    v1::LocalGetDone* body = done.mutable_get_done();
+    body->set_request_id(get.request_id());
+    int64_t version = 0;
+    std::shared_ptr<SharedBuffer> model;
+    absl::Status status = FetchModel(job, get.server(), &version, &model);
+    if (!status.ok()) {
+      body->set_error(std::string(status.message()));
+      (void)app->channel->Send(done);
+      return;
+    }
+    body->set_model_version(version);
+    body->set_bytes(static_cast<int64_t>(model->size()));
+    (void)app->channel->Send(done, model->fd());
+  });
+}
+
+void Daemon::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
+  v1::CompletionReport report;
+  report.set_host(config_.host);
+  report.set_transfer_id(ack.transfer_id());
+  report.set_applied(ack.error().empty());
+  report.set_model_version(ack.model_version());
+  report.set_error(ack.error().empty() ? ""
+                                       : absl::StrCat("server refused the update: ", ack.error()));
+  ReportCompletion(report);
+}
+
+void Daemon::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
+  std::shared_ptr<SharedBuffer> buffer;
+  std::string error = reply.error();
+  if (error.empty()) {
+    if (fd < 0) {
+      error = "model reply carries no buffer";
+    } else {
+      auto mapped = SharedBuffer::Map(fd, static_cast<size_t>(std::max<int64_t>(reply.bytes(), 0)));
+      fd = -1;
+      if (mapped.ok()) {
+        buffer = std::make_shared<SharedBuffer>(std::move(*mapped));
+      } else {
+        error = std::string(mapped.status().message());
+      }
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = model_replies_.find(reply.request_id());
+  if (it == model_replies_.end()) return;  // the requester gave up
+  it->second.done = true;
+  it->second.error = error;
+  it->second.version = reply.model_version();
+  it->second.buffer = buffer;
+  cv_.notify_all();
+}
+
+void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
+  std::lock_guard<std::mutex> lock(mu_);
+  apps_.erase(app);
+  if (app->role != v1::ROLE_SERVER) return;
+  auto it = servers_.find(ServerKey(app->job_id, app->name));
+  if (it == servers_.end() || it->second.app != app) return;
+  it->second.app = nullptr;
+  MLF_LOG(WARNING) << "server '" << app->name << "' disconnected; failing "
+                   << it->second.expected.size() << " expected update(s)";
+  for (auto& [sequence, delivery] : it->second.expected) {
+    if (delivery.cancelled) continue;
+    delivery.cancelled = true;
+    ReportFailureAsync(delivery.info.transfer_id(),
+                       absl::StrCat("server '", app->name, "' disconnected before applying it"));
+  }
+  TryDeliverLocked(app->job_id, app->name);
+  for (auto& [id, reply] : model_replies_) {
+    if (!reply.done) {
+      reply.done = true;
+      reply.error = absl::StrCat("server '", app->name, "' disconnected");
+    }
+  }
+  cv_.notify_all();
+}
+
+void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
+  auto it = servers_.find(ServerKey(job_id, server));
+  if (it == servers_.end()) return;
+  ServerEndpoint& endpoint = it->second;
+  while (!endpoint.expected.empty()) {
+    auto next = endpoint.expected.begin();
+    if (next->first < endpoint.next_sequence) {
+      endpoint.expected.erase(next);
+      continue;
+    }
+    if (next->first != endpoint.next_sequence) break;  // an earlier one is not announced yet
+    Delivery& delivery = next->second;
+    const uint64_t transfer_id = delivery.info.transfer_id();
+    if (delivery.cancelled) {
+      MLF_LOG(INFO) << "skipping update " << transfer_id << " (sequence " << next->first
+                    << "): " << delivery.cancel_reason;
+      incoming_.erase(transfer_id);
+      endpoint.expected.erase(next);
+      ++endpoint.next_sequence;
+      continue;
+    }
+    auto incoming = incoming_.find(transfer_id);
+    if (incoming == incoming_.end() || incoming->second.received < incoming->second.total) break;
+    if (incoming->second.total != static_cast<uint64_t>(delivery.info.bytes())) {
+      ReportFailureAsync(transfer_id, absl::StrCat("received ", incoming->second.total,
+                                                   " bytes but the schedule said ",
+                                                   delivery.info.bytes()));
+      delivery.cancelled = true;
+      continue;
+    }
+    v1::LocalMessage message;
+    v1::LocalUpdate* update = message.mutable_update();
+    update->set_transfer_id(transfer_id);
+    update->set_worker(delivery.info.worker());
+    update->set_version(delivery.info.version());
+    update->set_norm(delivery.info.norm());
+    update->set_bytes(delivery.info.bytes());
+    update->set_sequence(next->first);
+    absl::Status sent = endpoint.app->channel->Send(message, incoming->second.buffer->fd());
+    if (!sent.ok()) {
+      ReportFailureAsync(transfer_id, absl::StrCat("cannot hand the update to server '", server,
+                                                   "': ", sent.message()));
+    }
+    ++stats_.deliveries;
+    incoming_.erase(incoming);
+    endpoint.expected.erase(next);
+    ++endpoint.next_sequence;
+  }
+}
+
+// ------------------------------------------------------------ data plane
+
+void Daemon::DataAcceptLoop() {
+  while (!stopping_.load()) {
+    auto socket = std::make_shared<tcp::socket>(io_);
+    boost::system::error_code error;
+    data_acceptor_->accept(*socket, error);
+    if (error) {
+      if (!stopping_.load()) MLF_LOG(ERROR) << "data accept failed: " << error.message();
+      return;
+    }
+    socket->set_option(tcp::no_delay(true), error);
+    std::lock_guard<std::mutex> lock(mu_);
+    session_threads_.emplace_back([this, socket] { DataSessionLoop(socket); });
+  }
+}
+
+void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
+  std::set<uint64_t> begun;  // transfers this session announced
+  boost::system::error_code ignored;
+  const auto peer = socket->remote_endpoint(ignored);
+  const std::string peer_name = absl::StrCat(peer.address().to_string(), ":", peer.port());
+  std::string close_reason;
+  while (!stopping_.load()) {
+    auto header = ReadHeader(*socket);
+    if (!header.ok()) {
+      if (header.status().code() != absl::StatusCode::kUnavailable) {
+        close_reason = std::string(header.status().message());
+      }
+      break;
+    }
+    if (header->kind == PacketKind::kBegin) {
+      if (header->length != 0 || header->offset == 0 ||
+          header->offset > static_cast<uint64_t>(kMaxTransferBytes)) {
+        close_reason = absl::StrCat("begin of transfer ", header->transfer, " has bad size ",
+                                    header->offset);
+        break;
+      }
+      auto buffer = SharedBuffer::Create(header->offset);
+      if (!buffer.ok()) {
+        close_reason = std::string(buffer.status().message());
+        break;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (incoming_.count(header->transfer)) {
+        close_reason = absl::StrCat("transfer ", header->transfer, " begun twice");
+        break;
+      }
+      Incoming& incoming = incoming_[header->transfer];
+      incoming.job_id = header->job;
+      incoming.total = header->offset;
+      incoming.buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
+      begun.insert(header->transfer);
+      continue;
+    }
+    if (header->kind == PacketKind::kData) {
+      std::shared_ptr<SharedBuffer> buffer;
+      uint64_t total = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = incoming_.find(header->transfer);
+        if (!begun.count(header->transfer) || it == incoming_.end()) {
+          close_reason = absl::StrCat("data for unknown transfer ", header->transfer);
+          if (it == incoming_.end()) begun.erase(header->transfer);
+          break;
+        }
+        buffer = it->second.buffer;
+        total = it->second.total;
+      }
+      if (header->offset > total || header->length > total - header->offset) {
+        close_reason = absl::StrCat("packet [", header->offset, ", +", header->length,
+                                    ") is outside transfer ", header->transfer, " of ", total,
+                                    " bytes");
+        break;
+      }
+      // Zero-copy receive: the payload lands in the transfer's shared buffer.
+      uint8_t* dst = buffer->data() + header->offset;
+      if (auto status = ReadExact(*socket, dst, header->length); !status.ok()) {
+        close_reason = std::string(status.message());
+        break;
+      }
+      if (auto status = transport::VerifyPayload(*header, dst); !status.ok()) {
+        close_reason = std::string(status.message());
+        break;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.bytes_received += header->length;
+      auto it = incoming_.find(header->transfer);
+      if (it == incoming_.end()) continue;  // cancelled meanwhile
+      it->second.received += header->length;
+      if (it->second.received > it->second.total) {
+        close_reason = absl::StrCat("transfer ", header->transfer, " received more than its ",
+                                    it->second.total, " bytes");
+        break;
+      }
+      if (it->second.received == it->second.total) {
+        begun.erase(header->transfer);
+        std::vector<std::pair<uint32_t, std::string>> endpoints;
+        for (const auto& [key, endpoint] : servers_) {
+          for (const auto& [sequence, delivery] : endpoint.expected) {
+            if (delivery.info.transfer_id() == header->transfer) {
+              endpoints.emplace_back(delivery.info.job_id(), delivery.info.server());
+            }
+          }
+        }
+        for (const auto& [job_id, server] : endpoints) TryDeliverLocked(job_id, server);
+      }
+      continue;
+    }
+    // Control packets carry small payloads.
+    std::string payload(header->length, '\0');
+    if (auto status = ReadExact(*socket, payload.data(), payload.size()); !status.ok()) {
+      close_reason = std::string(status.message());
+      break;
+    }
+    if (auto status = transport::VerifyPayload(*header, payload.data()); !status.ok()) {
+      close_reason = std::string(status.message());
+      break;
+    }
+    if (header->kind == PacketKind::kGetRequest) {
+      if (auto status = ServeGetRequest(*socket, *header, payload); !status.ok()) {
+        close_reason = std::string(status.message());
+        break;
+      }
+      continue;
+    }
+    if (header->kind == PacketKind::kAbort) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (begun.erase(header->transfer)) {
+        incoming_.erase(header->transfer);
+        ReportFailureAsync(header->transfer, absl::StrCat("sender aborted: ", payload));
+      }
+      continue;
+    }
+    close_reason = absl::StrCat("unexpected packet kind ", static_cast<int>(header->kind));
+    break;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!close_reason.empty()) {
+    ++stats_.malformed_sessions;
+    MLF_LOG(WARNING) << "closing data session from " << peer_name << ": " << close_reason;
+  }
+  for (uint64_t transfer : begun) {
+    if (incoming_.erase(transfer)) {
+      ReportFailureAsync(transfer,
+                         absl::StrCat("data session from ", peer_name, " ended mid-transfer",
+                                      close_reason.empty() ? "" : ": " + close_reason));
+    }
+  }
+  socket->close(ignored);
+}
+
+absl::Status Daemon::ServeGetRequest(tcp::socket& socket, const PacketHeader& request,
+                                     const std::string& server) {
+  uint64_t request_id = 0;
+  std::string error;
+  std::shared_ptr<SharedBuffer> model;
+  int64_t version = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto it = servers_.find(ServerKey(request.job, server));
+    if (it == servers_.end() || it->second.app == nullptr) {
+      error = absl::StrCat("server '", server, "' is not connected to ", config_.host,
+                           "'s daemon");
+    } else {
+      request_id = next_local_id_++;
+      model_replies_[request_id];
+      v1::LocalMessage ask;
+      ask.mutable_model_request()->set_request_id(request_id);
+      auto app = it->second.app;
+      lock.unlock();
+      absl::Status sent = app->channel->Send(ask);
+      lock.lock();
+      if (!sent.ok()) {
+        error = absl::StrCat("cannot reach server '", server, "': ", sent.message());
+      } else if (!cv_.wait_for(lock, std::chrono::duration<double>(config_.get_timeout_s), [&] {
+                   return model_replies_[request_id].done || stopping_.load();
+                 })) {
+        error = absl::StrCat("server '", server, "' did not answer within ",
+                             config_.get_timeout_s, " s");
+      } else {
+        ModelReply& reply = model_replies_[request_id];
+        error = reply.error;
+        version = reply.version;
+        model = reply.buffer;
+      }
+      model_replies_.erase(request_id);
+    }
+  }
+  // Reply header: offset = model bytes; payload = 8-byte version + error text.
+  std::string payload(8, '\0');
+  for (int i = 0; i < 8; ++i) payload[i] = static_cast<char>(static_cast<uint64_t>(version) >> (8 * i));
+  payload += error;
+  PacketHeader reply;
+  reply.kind = PacketKind::kGetReply;
+  reply.job = request.job;
+  reply.transfer = request.transfer;
+  reply.offset = error.empty() && model ? model->size() : 0;
+  if (auto status = WritePacket(socket, reply, payload.data(), payload.size()); !status.ok()) {
+    return status;
+  }
+  if (!error.empty() || !model) return absl::OkStatus();
+  const size_t chunk = static_cast<size_t>(config_.payload_bytes);
+  for (size_t offset = 0; offset < model->size(); offset += chunk) {
+    PacketHeader data;
+    data.kind = PacketKind::kData;
+    data.job = request.job;
+    data.transfer = request.transfer;
+    data.offset = offset;
+    const uint32_t length = static_cast<uint32_t>(std::min(chunk, model->size() - offset));
+    if (auto status = WritePacket(socket, data, model->data() + offset, length); !status.ok()) {
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::FetchModel(const std::string& job, const std::string& server,
+                                int64_t* version, std::shared_ptr<SharedBuffer>* model) {
+  v1::ResolveServerRequest resolve;
+  resolve.set_job(job);
+  resolve.set_server(server);
+  v1::ResolveServerReply where;
+  auto context = RpcContext();
+  grpc::Status status = stub_->ResolveServer(context.get(), resolve, &where);
+  if (!status.ok()) return absl::UnavailableError(absl::StrCat("get: ", GrpcError(status)));
+  auto endpoint = ParseEndpoint(where.data_address());
+  if (!endpoint.ok()) return endpoint.status();
+  tcp::socket socket(io_);
+  boost::system::error_code error;
+  socket.connect(*endpoint, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("get: cannot reach ", where.host(), " at ",
+                                               where.data_address(), ": ", error.message()));
+  }
+  socket.set_option(tcp::no_delay(true), error);
+  PacketHeader request;
+  request.kind = PacketKind::kGetRequest;
+  request.job = where.job_id();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.transfer = next_local_id_++;
+  }
+  if (auto sent = WritePacket(socket, request, server.data(), server.size()); !sent.ok()) {
+    return sent;
+  }
+  auto reply = ReadHeader(socket);
+  if (!reply.ok()) return absl::UnavailableError(absl::StrCat("get: ", reply.status().message()));
+  if (reply->kind != PacketKind::kGetReply || reply->transfer != request.transfer ||
+      reply->length < 8) {
+    return absl::DataLossError("get: malformed reply from the server's daemon");
+  }
+  std::string payload(reply->length, '\0');
+  if (auto read = ReadExact(socket, payload.data(), payload.size()); !read.ok()) return read;
+  if (auto crc = transport::VerifyPayload(*reply, payload.data()); !crc.ok()) return crc;
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(payload[i])) << (8 * i);
+  if (payload.size() > 8) return absl::UnavailableError(payload.substr(8));
+  if (reply->offset > static_cast<uint64_t>(kMaxTransferBytes)) {
+    return absl::DataLossError("get: model size out of range");
+  }
+  auto buffer = SharedBuffer::Create(reply->offset);
+  if (!buffer.ok()) return buffer.status();
+  uint64_t received = 0;
+  while (received < reply->offset) {
+    auto data = ReadHeader(socket);
+    if (!data.ok()) {
+      return absl::UnavailableError(absl::StrCat("get: model transfer cut: ", data.status().message()));
+    }
+    if (data->kind != PacketKind::kData || data->offset > reply->offset ||
+        data->length > reply->offset - data->offset) {
+      return absl::DataLossError("get: malformed model packet");
+    }
+    uint8_t* dst = buffer->data() + data->offset;
+    if (auto read = ReadExact(socket, dst, data->length); !read.ok()) return read;
+    if (auto crc = transport::VerifyPayload(*data, dst); !crc.ok()) return crc;
+    received += data->length;
+  }
+  *version = static_cast<int64_t>(v);
+  *model = std::make_shared<SharedBuffer>(std::move(*buffer));
+  return absl::OkStatus();
+}
+
+void Daemon::SenderLoop() {
+  while (true) {
+    v1::SendTransfer send;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (true) {
+        if (stopping_.load()) return;
+        if (send_queue_.empty()) {
+          cv_.wait(lock);
+          continue;
+        }
+        const double local_start_s = send_queue_.front().start_s() - clock_offset_s_;
+        const double wait_s = local_start_s - clock_.NowSeconds();
+        if (wait_s <= 0) break;
+        cv_.wait_for(lock, std::chrono::duration<double>(wait_s));
+      }
+      send = send_queue_.front();
+      send_queue_.erase(send_queue_.begin());
+    }
+    absl::Status status = SendTransfer(send);
+    if (!status.ok()) {
+      MLF_LOG(WARNING) << "transfer " << send.transfer_id() << " to " << send.dst_host()
+                       << " failed: " << status.message();
+      std::lock_guard<std::mutex> lock(mu_);
+      ReportFailureAsync(send.transfer_id(),
+                         absl::StrCat("sending to ", send.dst_host(), " failed: ", status.message()));
+    }
+  }
+}
+
+absl::Status Daemon::SendTransfer(const v1::SendTransfer& send) {
+  std::shared_ptr<SharedBuffer> buffer;
+  std::vector<v1::TensorInfo> tensors;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pushes_.find(send.transfer_id());
+    if (it == pushes_.end()) {
+      return absl::NotFoundError(absl::StrCat("no pushed data for transfer ", send.transfer_id()));
+    }
+    buffer = it->second.buffer;
+    tensors = it->second.tensors;
+  }
+  if (static_cast<int64_t>(buffer->size()) != send.bytes()) {
+    return absl::InternalError(absl::StrCat("schedule says ", send.bytes(), " bytes, push has ",
+                                            buffer->size()));
+  }
+  // Tensor layout: consecutive regions in tensor order; Mercury sends the
+  // most urgent tensor first (lowest priority value, then tensor order).
+  struct Region {
+    uint32_t tensor;
+    int32_t priority;
+    uint64_t offset;
+    uint64_t bytes;
+  };
+  std::vector<Region> regions;
+  uint64_t offset = 0;
+  for (const auto& tensor : tensors) {
+    regions.push_back({tensor.tensor_id(), tensor.priority(), offset, tensor.bytes()});
+    offset += tensor.bytes();
+  }
+  if (regions.empty()) regions.push_back({0, 0, 0, buffer->size()});
+  std::stable_sort(regions.begin(), regions.end(),
+                   [](const Region& a, const Region& b) { return a.priority < b.priority; });
+
+  std::shared_ptr<tcp::socket> socket;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto& peer = peers_[send.dst_address()];
+    if (peer == nullptr || !peer->is_open()) {
+      auto endpoint = ParseEndpoint(send.dst_address());
+      if (!endpoint.ok()) return endpoint.status();
+      peer = std::make_shared<tcp::socket>(io_);
+      boost::system::error_code error;
+      peer->connect(*endpoint, error);
+      if (error) {
+        peer.reset();
+        return absl::UnavailableError(absl::StrCat("cannot connect to ", send.dst_host(), " at ",
+                                                   send.dst_address(), ": ", error.message()));
+      }
+      peer->set_option(tcp::no_delay(true), error);
+    }
+    socket = peer;
+  }
+  // One transfer at a time per peer connection keeps its packets together.
+  std::lock_guard<std::mutex> sending(send_mu_);
+  PacketHeader begin;
+  begin.kind = PacketKind::kBegin;
+  begin.job = send.job_id();
+  begin.transfer = send.transfer_id();
+  begin.offset = buffer->size();
+  absl::Status status = WritePacket(*socket, begin, nullptr, 0);
+  const size_t chunk = static_cast<size_t>(config_.payload_bytes);
+  for (const Region& region : regions) {
+    for (uint64_t at = 0; status.ok() && at < region.bytes; at += chunk) {
+      PacketHeader data;
+      data.kind = PacketKind::kData;
+      data.job = send.job_id();
+      data.transfer = send.transfer_id();
+      data.tensor = region.tensor;
+      data.priority = static_cast<uint16_t>(std::max(0, std::min(region.priority, 65535)));
+      data.offset = region.offset + at;
+      const uint32_t length = static_cast<uint32_t>(std::min<uint64_t>(chunk, region.bytes - at));
+      status = WritePacket(*socket, data, buffer->data() + data.offset, length);
+    }
+  }
+  if (!status.ok()) {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    boost::system::error_code ignored;
+    socket->close(ignored);
+    peers_.erase(send.dst_address());
+    return status;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_sent += static_cast<int64_t>(buffer->size());
+  return absl::OkStatus();
+}
+
+}  // namespace mlfabric

@@ -1,0 +1,181 @@
+// Daemon: mlfabricd's engine (DESIGN.md §2, §3, §5).
+//
+// - Control plane: registers the host with the scheduler (estimating the
+//   clock offset), keeps one StreamSchedules call open and carries out every
+//   command on it; reports completions.
+// - Local applications: a Unix-domain socket (api/local_ipc.h); workers push
+//   and get, servers receive updates and model requests. Tensor bytes stay
+//   in the application's memfd until they go on the wire.
+// - Data plane: TCP to other daemons in Mercury packets
+//   (daemon/transport/packet.h). A source daemon sends a transfer when its
+//   schedule says; a server's daemon reassembles it into shared memory and
+//   delivers updates to the server application strictly in the scheduled
+//   commit order, skipping only what the scheduler cancels.
+// - Malformed data-plane input closes just that TCP session (logged,
+//   counted); transfers it carried are reported failed, nothing else is
+//   touched.
+//
+//   Daemon daemon(config);
+//   RETURN_IF_ERROR(daemon.Start());   // registered and serving
+//   ...
+//   daemon.Stop();
+//
+// Thread safety: one mutex guards all shared state; each socket has its own
+// thread (the per-connection model keeps the foundation simple; the
+// Mercury queue/pacing work replaces the sender loop).
+#ifndef MLFABRIC_DAEMON_DAEMON_H_
+#define MLFABRIC_DAEMON_DAEMON_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "api/local_ipc.h"
+#include "common/clock.h"
+#include "daemon/daemon_config.h"
+#include "daemon/transport/packet.h"
+#include "proto/scheduler.grpc.pb.h"
+
+namespace mlfabric {
+
+class Daemon {
+ public:
+  explicit Daemon(DaemonConfig config);
+  ~Daemon();
+
+  absl::Status Start();
+  void Stop();
+  // Blocks until Stop() or a fatal error; returns why it ended.
+  absl::Status Wait();
+
+  struct Stats {
+    int64_t pushes = 0;
+    int64_t bytes_sent = 0;
+    int64_t bytes_received = 0;
+    int64_t deliveries = 0;
+    int64_t malformed_sessions = 0;
+  };
+  Stats GetStats() const;
+
+ private:
+  struct AppSession {
+    std::shared_ptr<LocalChannel> channel;
+    std::string job;
+    std::string name;
+    v1::Role role = v1::ROLE_UNSPECIFIED;
+    uint32_t job_id = 0;
+    bool registered = false;
+  };
+
+  struct PendingPush {
+    std::shared_ptr<AppSession> app;
+    uint64_t request_id = 0;
+    std::shared_ptr<SharedBuffer> buffer;
+    std::vector<v1::TensorInfo> tensors;
+  };
+
+  struct Incoming {
+    uint32_t job_id = 0;
+    uint64_t total = 0;
+    uint64_t received = 0;
+    std::shared_ptr<SharedBuffer> buffer;
+    std::vector<bool> seen;  // per packet slot, rejects duplicates
+  };
+
+  struct Delivery {
+    v1::ExpectDelivery info;
+    bool cancelled = false;
+    std::string cancel_reason;
+  };
+
+  struct ServerEndpoint {
+    std::shared_ptr<AppSession> app;
+    uint64_t next_sequence = 1;
+    std::map<uint64_t, Delivery> expected;  // by sequence
+  };
+
+  struct ModelReply {
+    bool done = false;
+    std::string error;
+    int64_t version = 0;
+    std::shared_ptr<SharedBuffer> buffer;
+  };
+
+  absl::Status RegisterHost();
+  void ScheduleStreamLoop();
+  void HandleCommand(const v1::DaemonCommand& command);
+
+  void LocalAcceptLoop();
+  void AppLoop(std::shared_ptr<AppSession> app);
+  void HandleRegister(const std::shared_ptr<AppSession>& app, const v1::LocalRegister& request);
+  void HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push, int fd);
+  void HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get);
+  void HandleUpdateAck(const v1::LocalUpdateAck& ack);
+  void HandleModelReply(const v1::LocalModelReply& reply, int fd);
+  void AppGone(const std::shared_ptr<AppSession>& app);
+
+  void DataAcceptLoop();
+  void DataSessionLoop(std::shared_ptr<boost::asio::ip::tcp::socket> socket);
+  absl::Status ServeGetRequest(boost::asio::ip::tcp::socket& socket,
+                               const transport::PacketHeader& header, const std::string& server);
+
+  void SenderLoop();
+  absl::Status SendTransfer(const v1::SendTransfer& send);
+  absl::Status FetchModel(const std::string& job, const std::string& server, int64_t* version,
+                          std::shared_ptr<SharedBuffer>* buffer);
+
+  // Require mu_.
+  void TryDeliverLocked(uint32_t job_id, const std::string& server);
+  void ReportFailureAsync(uint64_t transfer_id, const std::string& error);
+  void ReportCompletion(const v1::CompletionReport& report);
+
+  static std::string ServerKey(uint32_t job_id, const std::string& server);
+
+  const DaemonConfig config_;
+  RealClock clock_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Scheduler::Stub> stub_;
+  uint64_t incarnation_ = 0;
+  double clock_offset_s_ = 0;  // scheduler time - local time
+  std::string data_address_;
+
+  boost::asio::io_context io_;
+  std::unique_ptr<boost::asio::ip::tcp::acceptor> data_acceptor_;
+  int local_listen_fd_ = -1;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> stopping_{false};
+  absl::Status fatal_;
+  std::map<uint64_t, PendingPush> pushes_;            // by transfer id
+  std::map<std::string, ServerEndpoint> servers_;     // by ServerKey
+  std::map<uint64_t, Incoming> incoming_;             // by transfer id
+  std::vector<v1::SendTransfer> send_queue_;          // ordered by start time
+  std::map<uint64_t, ModelReply> model_replies_;      // by request id
+  std::set<std::shared_ptr<AppSession>> apps_;
+  std::map<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> peers_;
+  std::mutex peers_mu_;
+  std::mutex submit_mu_;  // held from SubmitUpdate until its push is recorded
+  std::mutex send_mu_;    // one outgoing transfer at a time
+  uint64_t next_local_id_ = 1;
+  Stats stats_;
+  std::unique_ptr<grpc::ClientContext> stream_context_;
+
+  std::vector<std::thread> threads_;
+  std::vector<std::thread> session_threads_;
+};
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_DAEMON_DAEMON_H_

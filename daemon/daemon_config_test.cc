@@ -1,0 +1,34 @@
+#include "daemon/daemon_config.h"
+
+#include <catch2/catch.hpp>
+
+namespace mlfabric {
+namespace {
+
+absl::StatusOr<DaemonConfig> Load(std::vector<const char*> argv) {
+  argv.insert(argv.begin(), "mlfabricd");
+  auto cl = ParseCommandLine(static_cast<int>(argv.size()), argv.data());
+  REQUIRE(cl.ok());
+  return LoadDaemonConfig(*cl);
+}
+
+TEST_CASE("Daemon config needs a host and derives the socket path") {
+  auto config = Load({});
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find("host") != std::string::npos);
+
+  config = Load({"--host=w1"});
+  REQUIRE(config.ok());
+  CHECK(config->local_socket == "/tmp/mlfabricd-w1.sock");
+  CHECK(config->payload_bytes == 32 * 1024);
+}
+
+TEST_CASE("Daemon config range-checks the packet payload") {
+  auto config = Load({"--host=w1", "--payload_bytes=100"});
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find("--payload_bytes") != std::string::npos);
+  CHECK(config.status().message().find("out of range") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace mlfabric
