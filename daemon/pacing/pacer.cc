@@ -169,7 +169,7 @@ bool TokenBucket::TryConsume(uint64_t bytes, double now_s) {
 double TokenBucket::NextSendTime(uint64_t bytes, double now_s) {
   Advance(now_s);
   const double need = static_cast<double>(bytes) - tokens_;
-  if (need <= kSlackBytes) return std::max(now_s, last_s_);
+  if (need <= kSlackBytes) return now_s;
   if (static_cast<double>(bytes) > burst_bytes_ + kSlackBytes || rate_bps_ <= 0) {
     return kNever;
   }
