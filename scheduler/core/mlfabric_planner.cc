@@ -1,10 +1,212 @@
 #include "scheduler/core/mlfabric_planner.h"
 
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "scheduler/core/aggregation.h"
+#include "scheduler/core/network.h"
+#include "scheduler/core/ordering.h"
+#include "scheduler/core/prepared_batch.h"
+#include "scheduler/core/replication.h"
+
 namespace mlfabric::core {
 
+namespace {
+
+// Seeds for the two independent pre-assignments (server and replica
+// aggregators) drawn from the batch's one seed.
+constexpr uint64_t kReplicaSeedSalt = 0x5265706c696361ull;  // "Replica"
+
+absl::Status ValidateReplica(const ReplicaSpec& replica, const Network& net) {
+  if (net.HostIndex(replica.host) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica.host: '", replica.host, "' is not in hosts"));
+  }
+  for (size_t i = 0; i < replica.aggregators.size(); ++i) {
+    if (net.HostIndex(replica.aggregators[i]) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("replica.aggregators[", i, "]: '",
+                                                     replica.aggregators[i], "' is not in hosts"));
+    }
+  }
+  if (!std::isfinite(replica.divergence_bound) || replica.divergence_bound < 0) {
+    return absl::InvalidArgumentError("replica.divergence_bound: must be finite and >= 0");
+  }
+  if (!std::isfinite(replica.momentum) || replica.momentum < 0 || replica.momentum >= 1) {
+    return absl::InvalidArgumentError("replica.momentum: must be in [0, 1)");
+  }
+  if (!std::isfinite(replica.history_norm) || replica.history_norm < 0) {
+    return absl::InvalidArgumentError("replica.history_norm: must be finite and >= 0");
+  }
+  for (size_t i = 0; i < replica.lead.size(); ++i) {
+    if (!std::isfinite(replica.lead[i]) || replica.lead[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("replica.lead[", i, "]: must be finite and >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Aggregator hosts usable towards `dst`: known, distinct, neither the
+// destination nor `exclude`, in the seeded pre-assigned order.
+std::vector<int> UsableAggregators(const std::vector<std::string>& names, const Network& net,
+                                   int dst, int exclude, uint64_t seed) {
+  std::vector<int> hosts;
+  for (const std::string& name : names) {
+    const int host = net.HostIndex(name);
+    if (host < 0 || host == dst || host == exclude) continue;
+    if (std::find(hosts.begin(), hosts.end(), host) != hosts.end()) continue;
+    hosts.push_back(host);
+  }
+  return ShuffleAggregators(std::move(hosts), seed);
+}
+
+Transfer ToTransfer(const PlannedTransfer& t, const Batch& batch, const Network& net) {
+  Transfer out;
+  if (t.update >= 0) out.update = batch.updates[t.update].id;
+  out.src = net.HostName(t.src);
+  out.dst = net.HostName(t.dst);
+  out.kind = t.kind;
+  out.start_s = t.start_s;
+  out.end_s = t.end_s;
+  out.bytes = t.bytes;
+  out.segments = t.segments;
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
-  if (auto status = ValidateBatch(batch); !status.ok()) return status;
-  return absl::UnimplementedError("mlfabric planner: not implemented yet");
+  RETURN_IF_ERROR(ValidateBatch(batch));
+  ASSIGN_OR_RETURN(Network net, Network::FromBatch(batch));
+  ASSIGN_OR_RETURN(PreparedBatch prepared, PrepareBatch(batch, net));
+  int replica_host = -1;
+  if (batch.replica.has_value()) {
+    RETURN_IF_ERROR(ValidateReplica(*batch.replica, net));
+    replica_host = net.HostIndex(batch.replica->host);
+    if (replica_host == prepared.server) {
+      return absl::InvalidArgumentError("replica.host: must differ from the server");
+    }
+  }
+  const Network base = net;
+
+  // 1. Ordering (Alg. 2), or the input list in synchronous mode (§6).
+  OrderingResult ordering = batch.mode == Mode::kSync
+                                ? ListSchedule(prepared, &net)
+                                : OrderUpdates(prepared, &net, options_);
+  const size_t m = ordering.order.size();
+
+  // 2. Aggregation (Alg. 3). §10.2 describes multi-server scheduling without
+  // aggregation; updates with shards go direct.
+  ServerSchedule server;
+  server.order = ordering.order;
+  server.arrival_s = ordering.arrival_s;
+  server.delivered_by.assign(m, -1);
+  std::vector<int> aggregators =
+      UsableAggregators(batch.aggregators, net, prepared.server, replica_host, batch.seed);
+  int split = static_cast<int>(m);
+  std::vector<AggregationGroup> groups;
+  if (!prepared.multi_server && !aggregators.empty() && m > 0) {
+    AggregationInput input;
+    input.now_s = batch.now_s;
+    input.dst_host = prepared.server;
+    input.aggregators = aggregators;
+    for (size_t i = 0; i < m; ++i) {
+      const PreparedUpdate& u = prepared.updates[ordering.order[i]];
+      input.items.push_back({u.index, u.worker, u.parts[0].bytes});
+      input.direct.push_back(ordering.direct[i][0]);
+    }
+    Network aggregated = base;
+    AggregationResult agg = Aggregate(input, &aggregated, options_);
+    net = std::move(aggregated);
+    split = agg.split;
+    server.arrival_s = agg.arrival_s;
+    groups = std::move(agg.groups);
+  }
+  for (int i = 0; i < split; ++i) {
+    double latest = -kInfinity;
+    for (PlannedTransfer& t : ordering.direct[i]) {
+      if (t.end_s > latest) {
+        latest = t.end_s;
+        server.delivered_by[i] = static_cast<int>(server.transfers.size());
+      }
+      server.transfers.push_back(std::move(t));
+    }
+  }
+  std::vector<int> aggregate_transfer;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (PlannedTransfer& t : groups[g].to_aggregator) server.transfers.push_back(std::move(t));
+    aggregate_transfer.push_back(static_cast<int>(server.transfers.size()));
+    server.transfers.push_back(groups[g].aggregate);
+    for (int i : groups[g].items) {
+      server.delivered_by[i] = aggregate_transfer.back();
+    }
+  }
+
+  // 3. Replication (§5.3).
+  ReplicationResult replication;
+  std::vector<AggregationGroup> replica_groups;
+  if (batch.replica.has_value()) {
+    ReplicaConfig config;
+    config.host = replica_host;
+    config.aggregators = UsableAggregators(batch.replica->aggregators, net, replica_host,
+                                           prepared.server, batch.seed ^ kReplicaSeedSalt);
+    config.divergence_bound = batch.replica->divergence_bound;
+    config.momentum = batch.replica->momentum;
+    config.history_norm = batch.replica->history_norm;
+    config.lead = batch.replica->lead;
+    replication = Replicate(prepared, config, &server, &net, options_);
+  }
+
+  // 4. The plan, in the contract's terms.
+  Plan plan;
+  for (int u : server.order) plan.order.push_back(batch.updates[u].id);
+  for (const auto& [u, reason] : ordering.drops) plan.dropped.push_back({batch.updates[u].id, reason});
+  int aggregate_count = 0;
+  std::vector<std::string> aggregate_names(server.transfers.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    aggregate_names[aggregate_transfer[g]] = absl::StrCat("agg:", ++aggregate_count);
+  }
+  for (size_t k = 0; k < server.transfers.size(); ++k) {
+    Transfer t = ToTransfer(server.transfers[k], batch, net);
+    if (!aggregate_names[k].empty()) {
+      t.update = aggregate_names[k];
+      for (size_t i = 0; i < m; ++i) {
+        if (server.delivered_by[i] == static_cast<int>(k)) {
+          t.constituents.push_back(batch.updates[server.order[i]].id);
+        }
+      }
+    }
+    plan.transfers.push_back(std::move(t));
+  }
+  const std::vector<double> commits = HonestCommits(server.arrival_s);
+  for (size_t i = 0; i < m; ++i) {
+    plan.commits.push_back({batch.updates[server.order[i]].id, commits[i], static_cast<int>(i + 1)});
+  }
+  // Replica transfers: an aggregate is the transfer that follows its group's
+  // contributions (Replicate emits them in that order).
+  std::vector<std::string> pending;
+  for (const PlannedTransfer& rt : replication.transfers) {
+    Transfer t = ToTransfer(rt, batch, net);
+    if (rt.kind == TransferKind::kReplicaAggregate) {
+      t.update = absl::StrCat("agg:", ++aggregate_count);
+      t.constituents = std::move(pending);
+      pending.clear();
+    } else if (rt.dst != replica_host) {
+      pending.push_back(t.update);
+    }
+    plan.transfers.push_back(std::move(t));
+  }
+  for (size_t i = 0; i < replication.commit_s.size(); ++i) {
+    plan.replica_commits.push_back(
+        {batch.updates[server.order[i]].id, replication.commit_s[i], static_cast<int>(i + 1)});
+  }
+  for (int u : replication.punted) plan.punted.push_back(batch.updates[u].id);
+  plan.aggregation_split = split;
+  plan.replica_divergence = replication.divergence;
+  return plan;
 }
 
 }  // namespace mlfabric::core

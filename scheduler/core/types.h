@@ -37,6 +37,14 @@ struct HostLink {
   std::vector<ProfilePoint> downlink_profile;
 };
 
+// §10.2: one further component of an update to a model split across
+// several servers. The component goes to `server` and shares the update's
+// deadline; all components are reserved together.
+struct ShardPart {
+  std::string server;
+  int64_t bytes = 0;
+};
+
 // One pushed update waiting to be scheduled (DESIGN.md §3 step 1).
 struct UpdateRequest {
   std::string id;
@@ -44,6 +52,26 @@ struct UpdateRequest {
   int64_t bytes = 0;
   int64_t version = 0;  // v(g): the model version the update was computed from
   double norm = 0;      // ||g||, used by replication (§5.3)
+  // Extension (§10.2): components for further servers; `bytes` above is the
+  // component for the batch's own server. Empty for a single-server model.
+  std::vector<ShardPart> shards;
+};
+
+// Extension: an explicit network element beyond the host NICs (e.g. a
+// rack uplink), for topologies whose core is not congestion-free.
+struct TopologyLink {
+  std::string name;
+  double bps = 0;
+  std::vector<ProfilePoint> profile;  // optional; overrides `bps`
+};
+
+// Extension: a fixed path from `src` to `dst` through `links` (names of
+// TopologyLinks), used in addition to the source uplink and destination
+// downlink. Host pairs without an entry use the congestion-free core.
+struct FixedPath {
+  std::string src;
+  std::string dst;
+  std::vector<std::string> links;
 };
 
 // Hot-standby replica and its divergence bound (§5.3).
@@ -68,6 +96,9 @@ struct Batch {
   std::optional<ReplicaSpec> replica;
   std::vector<HostLink> hosts;
   std::vector<UpdateRequest> updates;
+  // Optional explicit topology (see TopologyLink, FixedPath).
+  std::vector<TopologyLink> links;
+  std::vector<FixedPath> paths;
   uint64_t seed = 1;  // randomness (aggregator pre-assignment) comes from here
 };
 
@@ -107,6 +138,11 @@ struct Plan {
   std::vector<Commit> replica_commits;
   std::vector<std::string> punted;
   double compute_ms = 0;
+  // Extensions for inspection (stats): Alg. 3's chosen split point (number
+  // of updates sent directly to the server; -1 when not run) and the §5.3
+  // divergence bound at the last server commit (0 without a replica).
+  int aggregation_split = -1;
+  double replica_divergence = 0;
 };
 
 }  // namespace mlfabric::core

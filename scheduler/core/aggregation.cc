@@ -1,0 +1,226 @@
+#include "scheduler/core/aggregation.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <thread>
+
+namespace mlfabric::core {
+
+namespace {
+
+double Slack(double x) { return 1e-9 * (std::abs(x) + 1.0); }
+
+class SplitSearch {
+ public:
+  SplitSearch(const AggregationInput& input, const PlannerOptions& options)
+      : in_(input), options_(options), m_(static_cast<int>(input.items.size())) {
+    prefix_max_.assign(m_ + 1, input.now_s);
+    for (int i = 0; i < m_; ++i) prefix_max_[i + 1] = std::max(prefix_max_[i], input.direct[i].end_s);
+    suffix_bits_.assign(m_ + 1, 0);
+    for (int i = m_ - 1; i >= 0; --i) {
+      suffix_bits_[i] = suffix_bits_[i + 1] + 8.0 * static_cast<double>(input.items[i].bytes);
+    }
+  }
+
+  // Applies item i's direct transfer to `net`.
+  void ReserveDirect(int i, Network* net) const {
+    const PlannedTransfer& t = in_.direct[i];
+    if (t.end_s == kInfinity) return;
+    net->Reserve(net->PathBetween(t.src, t.dst), t.segments);
+  }
+
+  // DetAgg(n) on `net` (which holds the direct prefix of n items). Returns
+  // the total time, or kInfinity when infeasible or (with `prune`) certainly
+  // worse than `best`. With `groups` non-null, records the schedule.
+  double DetAgg(int n, Network* net, double best, bool prune,
+                std::vector<AggregationGroup>* groups) const {
+    double t_max = prefix_max_[n];
+    if (prune && t_max > best) return kInfinity;
+    const int k = static_cast<int>(in_.aggregators.size());
+    int idx = n;
+    std::vector<RateSegment> segments;
+    for (int a = 0; a < k && idx < m_; ++a) {
+      const int host = in_.aggregators[a];
+      const bool last = a == k - 1;
+      if (last && prune) {
+        const int down = net->DownlinkOf(host);
+        const double bound = net->OpenFrom(down) + suffix_bits_[idx] / net->PeakRate(down);
+        if (bound - Slack(bound) > best) return kInfinity;
+      }
+      const int first = idx;
+      double group_end = in_.now_s;
+      int64_t group_bytes = 0;
+      AggregationGroup group;
+      while (idx < m_) {
+        const AggregationItem& item = in_.items[idx];
+        const Path path = net->PathBetween(item.worker, host);
+        const double bits = 8.0 * static_cast<double>(item.bytes);
+        const double end = net->FillInto(path, in_.now_s, bits, &segments);
+        if (end == kInfinity && last) return kInfinity;
+        if (!last && end > t_max) break;
+        net->Reserve(path, segments);
+        if (groups != nullptr) {
+          PlannedTransfer t;
+          t.update = item.update;
+          t.src = item.worker;
+          t.dst = host;
+          t.kind = in_.to_aggregator_kind;
+          t.bytes = item.bytes;
+          t.start_s = segments.front().from_s;
+          t.end_s = end;
+          t.segments = segments;
+          group.to_aggregator.push_back(std::move(t));
+          group.items.push_back(idx);
+        }
+        group_end = std::max(group_end, end);
+        group_bytes = std::max(group_bytes, item.bytes);
+        ++idx;
+      }
+      if (idx == first) continue;
+      const Path path = net->PathBetween(host, in_.dst_host);
+      const double end = net->FillInto(path, group_end, 8.0 * static_cast<double>(group_bytes),
+                                       &segments);
+      if (end == kInfinity) return kInfinity;
+      net->Reserve(path, segments);
+      t_max = std::max(t_max, end);
+      if (groups != nullptr) {
+        group.aggregator = host;
+        group.aggregate.src = host;
+        group.aggregate.dst = in_.dst_host;
+        group.aggregate.kind = in_.aggregate_kind;
+        group.aggregate.bytes = group_bytes;
+        group.aggregate.start_s = segments.front().from_s;
+        group.aggregate.end_s = end;
+        group.aggregate.segments = segments;
+        groups->push_back(std::move(group));
+      }
+      if (prune && t_max > best) return kInfinity;
+    }
+    if (idx < m_) return kInfinity;
+    return t_max;
+  }
+
+  int m() const { return m_; }
+  double DirectOnlyTotal() const { return prefix_max_[m_]; }
+
+ private:
+  const AggregationInput& in_;
+  const PlannerOptions& options_;
+  const int m_;
+  std::vector<double> prefix_max_;
+  std::vector<double> suffix_bits_;
+};
+
+void AtomicMin(std::atomic<double>* target, double value) {
+  double current = target->load();
+  while (value < current && !target->compare_exchange_weak(current, value)) {
+  }
+}
+
+}  // namespace
+
+std::vector<PlannedTransfer> SequentialDirect(const std::vector<AggregationItem>& items,
+                                              int dst_host, double now_s, TransferKind kind,
+                                              Network* net) {
+  std::vector<PlannedTransfer> direct;
+  direct.reserve(items.size());
+  for (const AggregationItem& item : items) {
+    PlannedTransfer t;
+    t.update = item.update;
+    t.src = item.worker;
+    t.dst = dst_host;
+    t.kind = kind;
+    t.bytes = item.bytes;
+    const Path path = net->PathBetween(item.worker, dst_host);
+    FillResult fill = net->Fill(path, now_s, 8.0 * static_cast<double>(item.bytes));
+    t.end_s = fill.end_s;
+    if (fill.feasible) {
+      net->Reserve(path, fill.segments);
+      t.start_s = fill.segments.front().from_s;
+      t.segments = std::move(fill.segments);
+    } else {
+      t.start_s = now_s;
+    }
+    direct.push_back(std::move(t));
+  }
+  return direct;
+}
+
+std::vector<int> ShuffleAggregators(std::vector<int> hosts, uint64_t seed) {
+  uint64_t state = seed;
+  auto next = [&state]() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  for (size_t i = hosts.size(); i > 1; --i) {
+    const size_t j = static_cast<size_t>(next() % i);
+    std::swap(hosts[i - 1], hosts[j]);
+  }
+  return hosts;
+}
+
+AggregationResult Aggregate(const AggregationInput& input, Network* net,
+                            const PlannerOptions& options) {
+  SplitSearch search(input, options);
+  const int m = search.m();
+  std::vector<double> totals(m + 1, kInfinity);
+  totals[m] = search.DirectOnlyTotal();
+  if (!input.aggregators.empty() && m > 0) {
+    if (options.reference) {
+      // Alg. 3 lines 21-23 as written: a fresh network per split point.
+      for (int n = 0; n < m; ++n) {
+        Network state = *net;
+        for (int i = 0; i < n; ++i) search.ReserveDirect(i, &state);
+        totals[n] = search.DetAgg(n, &state, kInfinity, false, nullptr);
+      }
+    } else {
+      std::atomic<double> best(totals[m]);
+      auto run = [&](int lo, int hi) {
+        Network state = *net;
+        state.BeginJournal();
+        for (int i = 0; i < lo; ++i) search.ReserveDirect(i, &state);
+        state.DiscardJournal();
+        for (int n = lo; n < hi; ++n) {
+          const size_t mark = state.JournalMark();
+          const double total = search.DetAgg(n, &state, best.load(), true, nullptr);
+          state.RollbackTo(mark);
+          totals[n] = total;
+          if (total < kInfinity) AtomicMin(&best, total);
+          search.ReserveDirect(n, &state);
+          state.DiscardJournal();
+        }
+      };
+      const int threads = std::max(1, std::min(options.threads, m / 64));
+      if (threads == 1) {
+        run(0, m);
+      } else {
+        // Later split points carry longer direct prefixes; split evenly by count.
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t) {
+          pool.emplace_back(run, m * t / threads, m * (t + 1) / threads);
+        }
+        for (std::thread& thread : pool) thread.join();
+      }
+    }
+  }
+  int split = m;
+  for (int n = m - 1; n >= 0; --n) {
+    if (totals[n] < totals[split]) split = n;
+  }
+  AggregationResult result;
+  result.split = split;
+  result.total_s = totals[split];
+  for (int i = 0; i < split; ++i) search.ReserveDirect(i, net);
+  if (split < m) search.DetAgg(split, net, kInfinity, false, &result.groups);
+  result.arrival_s.assign(m, kInfinity);
+  for (int i = 0; i < split; ++i) result.arrival_s[i] = input.direct[i].end_s;
+  for (const AggregationGroup& group : result.groups) {
+    for (int i : group.items) result.arrival_s[i] = group.aggregate.end_s;
+  }
+  return result;
+}
+
+}  // namespace mlfabric::core

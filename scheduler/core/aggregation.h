@@ -1,0 +1,100 @@
+// In-network aggregation (paper §5.2, Alg. 3), used for the server's
+// batch, for the replica's (§5.3, with the replica's own aggregators) and in
+// synchronous mode over a list (§6).
+//
+// Given items in commit order with their direct transfer schedules (as Alg. 2
+// reserved them one after another), and k aggregators in a pre-assigned
+// (seeded random) order, Alg. 3 tries every split point n = 0..|U|: the first
+// n items go directly to the destination with their Alg. 2 schedules; then
+// aggregator 1 collects the following items as long as each can reach it no
+// later than t_max, the time until which the destination link is busy
+// ("never leave the server link fallow"); when the next item would not make
+// it, aggregator 1's aggregate is sent to the destination and t_max moves to
+// its arrival; aggregator 2 continues, and so on. Order is preserved inside
+// and across groups. The split with the least total time (until everything
+// has arrived, eq. 16) wins; ties go to the larger n (fewer aggregation hops,
+// earlier individual commits).
+//
+// Our reading of the paper's open points, documented here:
+//  - k + 1 groups at most (§5.2); the last aggregator takes every remaining
+//    item without the t_max constraint, otherwise that split is infeasible.
+//  - An aggregator whose group would be empty is skipped (no transfer).
+//  - An aggregate starts when its last constituent has arrived and is as
+//    large as its largest constituent (a sum of equally shaped updates).
+//  - t_max never decreases (it is the running maximum of arrivals).
+//
+//   AggregationResult agg = Aggregate(input, &net, PlannerOptions{});
+//   // net (the network *without* the items' direct reservations on input)
+//   // now carries the chosen schedule: direct prefix + groups.
+//
+// Optimised implementation (same result as PlannerOptions::reference):
+// split points reuse one network with the direct prefix applied
+// incrementally and undo the rest through the journal (instead of a copy
+// per split point), a split point is abandoned as soon as its running total
+// exceeds the best total found (or a lower bound for the last group does),
+// and the split points are divided between `threads` threads, each with its
+// own network copy, joined before returning. Pruning only removes strictly
+// worse split points, so the result does not depend on thread timing.
+//
+// Thread safety: pure function of its arguments.
+#ifndef MLFABRIC_SCHEDULER_CORE_AGGREGATION_H_
+#define MLFABRIC_SCHEDULER_CORE_AGGREGATION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "scheduler/core/network.h"
+#include "scheduler/core/prepared_batch.h"
+
+namespace mlfabric::core {
+
+struct AggregationItem {
+  int update = -1;  // index into Batch::updates
+  int worker = -1;
+  int64_t bytes = 0;
+};
+
+struct AggregationInput {
+  double now_s = 0;
+  int dst_host = -1;
+  std::vector<AggregationItem> items;  // commit order
+  // Per item: its direct transfer to dst_host, computed on the input network
+  // with the previous items' direct transfers reserved (Alg. 2 / list order).
+  std::vector<PlannedTransfer> direct;
+  std::vector<int> aggregators;  // host indices, in pre-assigned group order
+  TransferKind to_aggregator_kind = TransferKind::kToAggregator;
+  TransferKind aggregate_kind = TransferKind::kAggregate;
+};
+
+struct AggregationGroup {
+  int aggregator = -1;
+  std::vector<int> items;  // positions in AggregationInput::items
+  std::vector<PlannedTransfer> to_aggregator;
+  PlannedTransfer aggregate;
+};
+
+struct AggregationResult {
+  int split = 0;       // the first `split` items go directly
+  double total_s = 0;  // when everything has arrived at dst_host
+  std::vector<AggregationGroup> groups;
+  std::vector<double> arrival_s;  // per item: its (or its aggregate's) arrival
+};
+
+// Alg. 3 on `*net` (see the file comment for what `*net` holds before/after).
+AggregationResult Aggregate(const AggregationInput& input, Network* net,
+                            const PlannerOptions& options);
+
+// Direct transfers of `items` to `dst_host` in order, each reserved on `*net`
+// before the next (the "tentative" schedule Alg. 3 starts from). Items that
+// cannot reach dst_host at all get a transfer with end_s = kInfinity.
+std::vector<PlannedTransfer> SequentialDirect(const std::vector<AggregationItem>& items,
+                                              int dst_host, double now_s, TransferKind kind,
+                                              Network* net);
+
+// A seeded Fisher-Yates shuffle (SplitMix64): the random pre-assignment of
+// aggregators to groups (§5.2), deterministic across platforms.
+std::vector<int> ShuffleAggregators(std::vector<int> hosts, uint64_t seed);
+
+}  // namespace mlfabric::core
+
+#endif  // MLFABRIC_SCHEDULER_CORE_AGGREGATION_H_

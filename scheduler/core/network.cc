@@ -1,0 +1,270 @@
+#include "scheduler/core/network.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace mlfabric::core {
+
+namespace {
+
+// Builds a residual profile starting at `start_s` from a constant capacity
+// and an optional profile of (from_s, rate_bps) points.
+LinkProfile MakeProfile(double start_s, double constant_bps,
+                        const std::vector<ProfilePoint>& points) {
+  LinkProfile p;
+  double initial = constant_bps;
+  if (!points.empty() && !(constant_bps > 0)) initial = points.front().second;
+  for (const ProfilePoint& point : points) {
+    if (point.first <= start_s) initial = point.second;
+  }
+  p.times_s.push_back(start_s);
+  p.rates_bps.push_back(std::max(0.0, initial));
+  for (const ProfilePoint& point : points) {
+    if (point.first > start_s) {
+      p.times_s.push_back(point.first);
+      p.rates_bps.push_back(std::max(0.0, point.second));
+    }
+  }
+  while (p.first_open + 1 < p.rates_bps.size() && p.rates_bps[p.first_open] == 0) ++p.first_open;
+  return p;
+}
+
+double PeakOf(const LinkProfile& p) {
+  return *std::max_element(p.rates_bps.begin(), p.rates_bps.end());
+}
+
+// Index of the segment containing `t` (t >= times[0]).
+size_t SegmentIndex(const LinkProfile& p, double t) {
+  auto it = std::upper_bound(p.times_s.begin(), p.times_s.end(), t);
+  return static_cast<size_t>(it - p.times_s.begin()) - 1;
+}
+
+// The fill walk of Fig. 4(b), shared by FillEnd and Fill so both give the
+// same end time bit for bit. `segments` may be null.
+double Walk(const std::vector<LinkProfile>& links, const Path& path, double start_s, double t0,
+            double bits, bool reference, std::vector<RateSegment>* segments) {
+  constexpr int kMaxLinks = 8;
+  const int n = static_cast<int>(path.links.size());
+  if (n == 0 || n > kMaxLinks) return kInfinity;
+  const LinkProfile* p[kMaxLinks];
+  size_t k[kMaxLinks];
+  double t = std::max(t0, start_s);
+  if (reference) {
+    for (int l = 0; l < n; ++l) {
+      p[l] = &links[path.links[l]];
+      k[l] = 0;
+      while (k[l] + 1 < p[l]->times_s.size() && p[l]->times_s[k[l] + 1] <= t) ++k[l];
+    }
+  } else {
+    // Jump over every link's saturated prefix, then position each link at t.
+    for (int l = 0; l < n; ++l) {
+      p[l] = &links[path.links[l]];
+      t = std::max(t, p[l]->times_s[p[l]->first_open]);
+    }
+    for (int l = 0; l < n; ++l) k[l] = SegmentIndex(*p[l], t);
+  }
+  for (;;) {
+    double rate = kInfinity;
+    double next = kInfinity;
+    for (int l = 0; l < n; ++l) {
+      rate = std::min(rate, p[l]->rates_bps[k[l]]);
+      if (k[l] + 1 < p[l]->times_s.size()) next = std::min(next, p[l]->times_s[k[l] + 1]);
+    }
+    if (rate > 0) {
+      const double capacity = next == kInfinity ? kInfinity : rate * (next - t);
+      const double to = bits <= capacity ? t + bits / rate : next;
+      if (segments != nullptr) {
+        if (!segments->empty() && segments->back().rate_bps == rate &&
+            segments->back().to_s == t) {
+          segments->back().to_s = to;
+        } else {
+          segments->push_back({t, to, rate});
+        }
+      }
+      if (bits <= capacity) return to;
+      bits -= capacity;
+    } else if (next == kInfinity) {
+      return kInfinity;
+    }
+    t = next;
+    for (int l = 0; l < n; ++l) {
+      if (k[l] + 1 < p[l]->times_s.size() && p[l]->times_s[k[l] + 1] == t) ++k[l];
+    }
+  }
+}
+
+}  // namespace
+
+double LinkProfile::RateAt(double t) const {
+  if (t < times_s.front()) return 0;
+  return rates_bps[SegmentIndex(*this, t)];
+}
+
+double SegmentBits(const std::vector<RateSegment>& segments) {
+  double bits = 0;
+  for (const RateSegment& s : segments) bits += s.rate_bps * (s.to_s - s.from_s);
+  return bits;
+}
+
+absl::StatusOr<Network> Network::FromBatch(const Batch& batch) {
+  Network net;
+  net.start_s_ = batch.now_s;
+  for (size_t i = 0; i < batch.hosts.size(); ++i) {
+    const HostLink& host = batch.hosts[i];
+    net.host_index_[host.name] = static_cast<int>(i);
+    net.host_names_.push_back(host.name);
+    net.links_.push_back(MakeProfile(batch.now_s, host.uplink_bps, host.uplink_profile));
+    net.links_.push_back(MakeProfile(batch.now_s, host.downlink_bps, host.downlink_profile));
+  }
+  std::unordered_map<std::string, int> link_index;
+  for (size_t i = 0; i < batch.links.size(); ++i) {
+    const TopologyLink& link = batch.links[i];
+    if (link.name.empty()) return absl::InvalidArgumentError(absl::StrCat("links[", i, "].name: empty"));
+    if (!link_index.emplace(link.name, static_cast<int>(net.links_.size())).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("links[", i, "].name: duplicate link '", link.name, "'"));
+    }
+    if (link.profile.empty() && !(std::isfinite(link.bps) && link.bps > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("links[", i, "].bps: must be a positive number of bits per second"));
+    }
+    net.links_.push_back(MakeProfile(batch.now_s, link.bps, link.profile));
+  }
+  const int64_t num_hosts = static_cast<int64_t>(batch.hosts.size());
+  for (size_t i = 0; i < batch.paths.size(); ++i) {
+    const FixedPath& path = batch.paths[i];
+    const int src = net.HostIndex(path.src);
+    const int dst = net.HostIndex(path.dst);
+    if (src < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("paths[", i, "].src: '", path.src, "' is not in hosts"));
+    }
+    if (dst < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("paths[", i, "].dst: '", path.dst, "' is not in hosts"));
+    }
+    if (path.links.size() > 6) {
+      return absl::InvalidArgumentError(absl::StrCat("paths[", i, "].links: at most 6 links"));
+    }
+    std::vector<int> ids;
+    for (size_t j = 0; j < path.links.size(); ++j) {
+      auto it = link_index.find(path.links[j]);
+      if (it == link_index.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("paths[", i, "].links[", j, "]: '",
+                                                       path.links[j], "' is not in links"));
+      }
+      ids.push_back(it->second);
+    }
+    net.fixed_paths_[src * num_hosts + dst] = std::move(ids);
+  }
+  for (const LinkProfile& link : net.links_) net.peak_bps_.push_back(PeakOf(link));
+  return net;
+}
+
+int Network::HostIndex(const std::string& name) const {
+  auto it = host_index_.find(name);
+  return it == host_index_.end() ? -1 : it->second;
+}
+
+Path Network::PathBetween(int src_host, int dst_host) const {
+  Path path;
+  path.links.push_back(UplinkOf(src_host));
+  if (!fixed_paths_.empty()) {
+    auto it = fixed_paths_.find(static_cast<int64_t>(src_host) *
+                                    static_cast<int64_t>(host_names_.size()) +
+                                dst_host);
+    if (it != fixed_paths_.end()) {
+      path.links.insert(path.links.end(), it->second.begin(), it->second.end());
+    }
+  }
+  path.links.push_back(DownlinkOf(dst_host));
+  return path;
+}
+
+double Network::FillEnd(const Path& path, double t0, double bits, bool reference) const {
+  return Walk(links_, path, start_s_, t0, bits, reference, nullptr);
+}
+
+FillResult Network::Fill(const Path& path, double t0, double bits) const {
+  FillResult result;
+  result.end_s = Walk(links_, path, start_s_, t0, bits, false, &result.segments);
+  result.feasible = result.end_s != kInfinity;
+  if (!result.feasible) result.segments.clear();
+  return result;
+}
+
+double Network::FillInto(const Path& path, double t0, double bits,
+                         std::vector<RateSegment>* segments) const {
+  segments->clear();
+  const double end = Walk(links_, path, start_s_, t0, bits, false, segments);
+  if (end == kInfinity) segments->clear();
+  return end;
+}
+
+size_t Network::SplitAt(int link, double t) {
+  LinkProfile& p = links_[link];
+  const size_t k = SegmentIndex(p, t);
+  if (p.times_s[k] == t) return k;
+  p.times_s.insert(p.times_s.begin() + k + 1, t);
+  p.rates_bps.insert(p.rates_bps.begin() + k + 1, p.rates_bps[k]);
+  if (journaling_) journal_.push_back({link, true, k + 1, 0, p.first_open});
+  if (p.first_open > k) ++p.first_open;
+  return k + 1;
+}
+
+void Network::AddRate(const Path& path, const std::vector<RateSegment>& segments, double sign) {
+  for (int link : path.links) {
+    LinkProfile& p = links_[link];
+    for (const RateSegment& s : segments) {
+      if (!(s.to_s > s.from_s) || s.rate_bps <= 0) continue;
+      const size_t from = SplitAt(link, std::max(s.from_s, start_s_));
+      const size_t to = SplitAt(link, s.to_s);
+      for (size_t k = from; k < to; ++k) {
+        if (journaling_) journal_.push_back({link, false, k, p.rates_bps[k], p.first_open});
+        p.rates_bps[k] = std::max(0.0, p.rates_bps[k] + sign * s.rate_bps);
+      }
+    }
+    const size_t old_first_open = p.first_open;
+    if (sign < 0) {
+      while (p.first_open + 1 < p.rates_bps.size() && p.rates_bps[p.first_open] == 0) {
+        ++p.first_open;
+      }
+    } else {
+      p.first_open = 0;
+      while (p.first_open + 1 < p.rates_bps.size() && p.rates_bps[p.first_open] == 0) {
+        ++p.first_open;
+      }
+    }
+    if (journaling_ && p.first_open != old_first_open) {
+      // A rate entry re-writing the same value carries the old skip pointer.
+      journal_.push_back({link, false, p.first_open, p.rates_bps[p.first_open], old_first_open});
+    }
+  }
+}
+
+void Network::Reserve(const Path& path, const std::vector<RateSegment>& segments) {
+  AddRate(path, segments, -1.0);
+}
+
+void Network::Release(const Path& path, const std::vector<RateSegment>& segments) {
+  AddRate(path, segments, +1.0);
+}
+
+void Network::RollbackTo(size_t mark) {
+  while (journal_.size() > mark) {
+    const JournalEntry& e = journal_.back();
+    LinkProfile& p = links_[e.link];
+    if (e.inserted) {
+      p.times_s.erase(p.times_s.begin() + e.index);
+      p.rates_bps.erase(p.rates_bps.begin() + e.index);
+    } else {
+      p.rates_bps[e.index] = e.old_rate;
+    }
+    p.first_open = e.old_first_open;
+    journal_.pop_back();
+  }
+}
+
+}  // namespace mlfabric::core

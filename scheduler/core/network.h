@@ -1,0 +1,146 @@
+// The scheduler's network model (DESIGN.md §4, paper §5.1 and Fig. 4).
+//
+// Every link (a host's uplink, a host's downlink, or an explicit topology
+// link) has a piecewise-constant *residual* capacity over time: the
+// monitor's measurement minus the reservations made so far. A transfer
+// started at `t0` moves its bytes at its path's residual bottleneck rate at
+// every instant ("fills the residual", Fig. 4(b)); `t_en` is when its last
+// byte arrives. `NetUp` (Fig. 4(c)) subtracts that rate profile from every
+// link of the path. With the default congestion-free core (§7.4) a path is
+// the source uplink plus the destination downlink.
+//
+//   Network net = Network::FromBatch(batch).value();
+//   Path path = net.PathBetween(net.HostIndex("w1"), net.HostIndex("s1"));
+//   FillResult fill = net.Fill(path, batch.now_s, 8.0 * bytes);
+//   net.Reserve(path, fill.segments);             // NetUp
+//
+// A transfer whose source and destination are the same host is charged to
+// that host's uplink and downlink like any other: conservative (the daemon's
+// local path is never slower) and it keeps every transfer checkable.
+//
+// Undo: `BeginJournal()` makes every later change recordable so that
+// `RollbackTo(mark)` restores the exact previous state (bit for bit); the
+// optimised Alg. 3 uses this instead of copying the network per split point.
+//
+// Thread safety: a Network is a plain value; concurrent const use is safe,
+// mutation needs exclusive access. Copy it to give each thread its own.
+#ifndef MLFABRIC_SCHEDULER_CORE_NETWORK_H_
+#define MLFABRIC_SCHEDULER_CORE_NETWORK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/core/types.h"
+
+namespace mlfabric::core {
+
+inline constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+// One link's residual capacity: `rates_bps[k]` holds on
+// [times_s[k], times_s[k+1]); the last rate holds for ever. times_s[0] is the
+// batch's `now_s`: nothing before it can be scheduled.
+struct LinkProfile {
+  std::vector<double> times_s;
+  std::vector<double> rates_bps;
+  // Every segment before this index has zero residual (a skip pointer: the
+  // saturated prefix only grows as reservations are added).
+  size_t first_open = 0;
+
+  double RateAt(double t) const;
+};
+
+// The links a transfer crosses (at most a handful).
+struct Path {
+  std::vector<int> links;
+};
+
+struct FillResult {
+  bool feasible = false;  // false: the path never offers enough capacity
+  double end_s = kInfinity;
+  std::vector<RateSegment> segments;
+};
+
+class Network {
+ public:
+  // Builds the residual network at `batch.now_s` from the hosts' capacities
+  // (profiles override constants; before its first point a profile uses the
+  // constant, or its first rate when no constant is given) and the optional
+  // explicit topology. Fails on unknown link/host names in `paths`.
+  static absl::StatusOr<Network> FromBatch(const Batch& batch);
+
+  // -1 when `name` is not a host.
+  int HostIndex(const std::string& name) const;
+  const std::string& HostName(int host) const { return host_names_[host]; }
+  int UplinkOf(int host) const { return 2 * host; }
+  int DownlinkOf(int host) const { return 2 * host + 1; }
+  Path PathBetween(int src_host, int dst_host) const;
+
+  double start_s() const { return start_s_; }
+  const LinkProfile& link(int id) const { return links_[id]; }
+  int num_links() const { return static_cast<int>(links_.size()); }
+  // The highest capacity link `id` offers at any time (an upper bound on any
+  // residual rate it will ever have).
+  double PeakRate(int id) const { return peak_bps_[id]; }
+  // All segments of link `id` before this time have zero residual.
+  double OpenFrom(int id) const { return links_[id].times_s[links_[id].first_open]; }
+
+  // t_en of `bits` started at `t0` (Fig. 4(b)); no segments are produced.
+  // `reference` walks every link from its first segment instead of using
+  // binary search and the skip pointer (the straightforward implementation
+  // the benchmark compares against; the result is bit-identical).
+  double FillEnd(const Path& path, double t0, double bits, bool reference = false) const;
+  // Same walk, also returning the rate segments the transfer would use.
+  FillResult Fill(const Path& path, double t0, double bits) const;
+  // Same walk writing the segments into `*segments` (cleared first; reusing
+  // one buffer avoids an allocation per call). Returns t_en.
+  double FillInto(const Path& path, double t0, double bits,
+                  std::vector<RateSegment>* segments) const;
+
+  // NetUp: subtracts `segments` from every link of `path` (residuals are
+  // clamped at zero against rounding).
+  void Reserve(const Path& path, const std::vector<RateSegment>& segments);
+  // The inverse of Reserve: gives `segments` back to every link of `path`.
+  void Release(const Path& path, const std::vector<RateSegment>& segments);
+
+  // Journal for exact undo (see the file comment).
+  void BeginJournal() { journaling_ = true; }
+  size_t JournalMark() const { return journal_.size(); }
+  void RollbackTo(size_t mark);
+  // Forgets the journal (no mark taken before may be rolled back to).
+  void DiscardJournal() { journal_.clear(); }
+
+ private:
+  struct JournalEntry {
+    int link;
+    bool inserted;  // true: a breakpoint was inserted at `index`
+    size_t index;
+    double old_rate;
+    size_t old_first_open;
+  };
+
+  // Makes `t` a breakpoint of `link` and returns its index.
+  size_t SplitAt(int link, double t);
+  void AddRate(const Path& path, const std::vector<RateSegment>& segments, double sign);
+
+  double start_s_ = 0;
+  std::vector<std::string> host_names_;
+  std::unordered_map<std::string, int> host_index_;
+  std::vector<LinkProfile> links_;
+  std::vector<double> peak_bps_;
+  // Extra links for (src, dst) host pairs with a fixed path.
+  std::unordered_map<int64_t, std::vector<int>> fixed_paths_;
+  bool journaling_ = false;
+  std::vector<JournalEntry> journal_;
+};
+
+// Bits moved by `segments` (sum of rate x duration).
+double SegmentBits(const std::vector<RateSegment>& segments);
+
+}  // namespace mlfabric::core
+
+#endif  // MLFABRIC_SCHEDULER_CORE_NETWORK_H_

@@ -1,0 +1,130 @@
+#include "scheduler/core/replication.h"
+
+#include <algorithm>
+
+#include "scheduler/core/aggregation.h"
+
+namespace mlfabric::core {
+
+DivergenceTable::DivergenceTable(double gamma, double history_norm,
+                                 const std::vector<double>& norms) {
+  cumulative_.assign(norms.size() + 1, 0);
+  double h = history_norm;
+  for (size_t m = 1; m <= norms.size(); ++m) {
+    h = gamma * h + norms[m - 1];
+    cumulative_[m] = cumulative_[m - 1] + h;
+  }
+}
+
+double DivergenceTable::Bound(size_t replica_applied, size_t server_applied) const {
+  server_applied = std::min(server_applied, cumulative_.size() - 1);
+  if (replica_applied >= server_applied) return 0;
+  return cumulative_[server_applied] - cumulative_[replica_applied];
+}
+
+double DivergenceBound(double gamma, double history_norm, const std::vector<double>& norms,
+                       size_t replica_applied, size_t server_applied) {
+  return DivergenceTable(gamma, history_norm, norms).Bound(replica_applied, server_applied);
+}
+
+std::vector<double> HonestCommits(const std::vector<double>& arrival_s) {
+  std::vector<double> commits(arrival_s.size());
+  double previous = -kInfinity;
+  for (size_t i = 0; i < arrival_s.size(); ++i) {
+    previous = std::max(previous, arrival_s[i]);
+    commits[i] = previous;
+  }
+  return commits;
+}
+
+ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& replica,
+                            ServerSchedule* server, Network* net, const PlannerOptions& options) {
+  ReplicationResult result;
+  const size_t m = server->order.size();
+  const size_t lead = replica.lead.size();
+  std::vector<double> norms = replica.lead;
+  for (int u : server->order) norms.push_back(batch.updates[u].norm);
+  const DivergenceTable table(replica.momentum, replica.history_norm, norms);
+  // Replica state (in updates applied) when `r` of this batch's are in.
+  auto replica_state = [&](size_t r) { return r == 0 ? size_t{0} : lead + r; };
+  const size_t server_state = lead + m;
+  if (m == 0) {
+    result.divergence = table.Bound(0, server_state);
+    return result;
+  }
+
+  // Tentative replica schedule: Alg. 3 towards the replica, on the network
+  // the server schedule left.
+  AggregationInput input;
+  input.now_s = batch.now_s;
+  input.dst_host = replica.host;
+  for (int u : server->order) {
+    input.items.push_back({u, batch.updates[u].worker, batch.updates[u].parts[0].bytes});
+  }
+  {
+    Network tentative = *net;
+    input.direct = SequentialDirect(input.items, replica.host, batch.now_s, TransferKind::kReplica,
+                                    &tentative);
+  }
+  input.aggregators = replica.aggregators;
+  input.to_aggregator_kind = TransferKind::kReplica;
+  input.aggregate_kind = TransferKind::kReplicaAggregate;
+  AggregationResult agg = Aggregate(input, net, options);
+  const std::vector<double> replica_commit = HonestCommits(agg.arrival_s);
+
+  std::vector<double> server_commit = HonestCommits(server->arrival_s);
+  double t_last = server_commit.back();
+  auto committed_by = [&](double t) {
+    return static_cast<size_t>(std::upper_bound(replica_commit.begin(), replica_commit.end(), t) -
+                               replica_commit.begin());
+  };
+  size_t r = committed_by(t_last);
+  if (table.Bound(replica_state(r), server_state) > replica.divergence_bound) {
+    // The earliest replica commit a_e after which the bound holds (the bound
+    // only falls as the replica catches up, so search for it in order).
+    size_t needed = r + 1;
+    while (needed < m &&
+           table.Bound(replica_state(needed), server_state) > replica.divergence_bound) {
+      ++needed;
+    }
+    const double t_e = replica_commit[needed - 1];
+    PlannedTransfer& last = server->transfers[server->delivered_by[m - 1]];
+    if (t_e < kInfinity && t_e > last.start_s) {
+      const Path path = net->PathBetween(last.src, last.dst);
+      net->Release(path, last.segments);
+      FillResult fill = net->Fill(path, t_e, 8.0 * static_cast<double>(last.bytes));
+      if (fill.feasible) {
+        net->Reserve(path, fill.segments);
+        const int delivered = server->delivered_by[m - 1];
+        for (size_t i = 0; i < m; ++i) {
+          if (server->delivered_by[i] == delivered) server->arrival_s[i] = fill.end_s;
+        }
+        last.start_s = fill.segments.front().from_s;
+        last.end_s = fill.end_s;
+        last.segments = std::move(fill.segments);
+        result.delayed_last = true;
+        server_commit = HonestCommits(server->arrival_s);
+        t_last = server_commit.back();
+        r = committed_by(t_last);
+      } else {
+        net->Reserve(path, last.segments);
+      }
+    }
+  }
+  result.divergence = table.Bound(replica_state(r), server_state);
+
+  // Freeze the prefix committed by T_last; punt the rest.
+  for (size_t i = 0; i < r; ++i) result.commit_s.push_back(replica_commit[i]);
+  for (size_t i = r; i < m; ++i) result.punted.push_back(server->order[i]);
+  for (int i = 0; i < agg.split && static_cast<size_t>(i) < r; ++i) {
+    result.transfers.push_back(input.direct[i]);
+  }
+  for (const AggregationGroup& group : agg.groups) {
+    if (static_cast<size_t>(group.items.back()) >= r) break;
+    for (const PlannedTransfer& t : group.to_aggregator) result.transfers.push_back(t);
+    result.transfers.push_back(group.aggregate);
+  }
+  return result;
+}
+
+}  // namespace mlfabric::core
