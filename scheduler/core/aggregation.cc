@@ -13,8 +13,8 @@ double Slack(double x) { return 1e-9 * (std::abs(x) + 1.0); }
 
 class SplitSearch {
  public:
-  SplitSearch(const AggregationInput& input, const PlannerOptions& options)
-      : in_(input), options_(options), m_(static_cast<int>(input.items.size())) {
+  explicit SplitSearch(const AggregationInput& input)
+      : in_(input), m_(static_cast<int>(input.items.size())) {
     prefix_max_.assign(m_ + 1, input.now_s);
     for (int i = 0; i < m_; ++i) prefix_max_[i + 1] = std::max(prefix_max_[i], input.direct[i].end_s);
     suffix_bits_.assign(m_ + 1, 0);
@@ -106,7 +106,6 @@ class SplitSearch {
 
  private:
   const AggregationInput& in_;
-  const PlannerOptions& options_;
   const int m_;
   std::vector<double> prefix_max_;
   std::vector<double> suffix_bits_;
@@ -164,7 +163,7 @@ std::vector<int> ShuffleAggregators(std::vector<int> hosts, uint64_t seed) {
 
 AggregationResult Aggregate(const AggregationInput& input, Network* net,
                             const PlannerOptions& options) {
-  SplitSearch search(input, options);
+  SplitSearch search(input);
   const int m = search.m();
   std::vector<double> totals(m + 1, kInfinity);
   totals[m] = search.DirectOnlyTotal();
@@ -210,11 +209,18 @@ AggregationResult Aggregate(const AggregationInput& input, Network* net,
   for (int n = m - 1; n >= 0; --n) {
     if (totals[n] < totals[split]) split = n;
   }
+  AggregationResult result = AggregateWithSplit(input, split, net);
+  result.total_s = totals[split];
+  return result;
+}
+
+AggregationResult AggregateWithSplit(const AggregationInput& input, int split, Network* net) {
+  SplitSearch search(input);
+  const int m = search.m();
   AggregationResult result;
   result.split = split;
-  result.total_s = totals[split];
   for (int i = 0; i < split; ++i) search.ReserveDirect(i, net);
-  if (split < m) search.DetAgg(split, net, kInfinity, false, &result.groups);
+  result.total_s = search.DetAgg(split, net, kInfinity, false, &result.groups);
   result.arrival_s.assign(m, kInfinity);
   for (int i = 0; i < split; ++i) result.arrival_s[i] = input.direct[i].end_s;
   for (const AggregationGroup& group : result.groups) {

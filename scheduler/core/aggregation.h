@@ -84,6 +84,11 @@ struct AggregationResult {
 AggregationResult Aggregate(const AggregationInput& input, Network* net,
                             const PlannerOptions& options);
 
+// DetAgg(split) alone (Alg. 3 lines 1-20 for one split point), applied to
+// `*net` like Aggregate; total_s is kInfinity when the split is infeasible.
+// For tests and what-if analysis.
+AggregationResult AggregateWithSplit(const AggregationInput& input, int split, Network* net);
+
 // Direct transfers of `items` to `dst_host` in order, each reserved on `*net`
 // before the next (the "tentative" schedule Alg. 3 starts from). Items that
 // cannot reach dst_host at all get a transfer with end_s = kInfinity.

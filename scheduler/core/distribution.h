@@ -1,0 +1,68 @@
+// Model distribution for batched `get` (paper §10.3): the mirror image of
+// aggregation. Requests that arrive together are answered with one model
+// version; instead of the server's uplink sending the model to every
+// requester, up to k° earmarked distributors each receive it once and fan it
+// out to a group of requesters.
+//
+// Our reading of §10.3 (a variant of Alg. 3 with the t_en's replaced by
+// server-to-distributor and distributor-to-worker transfer times): for every
+// split n (the first n requesters, in request order, are served directly by
+// the server: "the workers in the first group receive the model directly
+// from the server") and every number u of distributors used, the server
+// first sends the model to distributor u, then u-1, ..., 1 ("we first
+// transfer the model from the server to the k°-th distributor and then
+// proceed backwards"), then to its n direct requesters; distributor u (the
+// earliest served) takes the next requesters in order while each delivery
+// ends no later than the server's own last send (the mirror of "never leave
+// the server link fallow"), then distributor u-1, ...; distributor 1 takes
+// whatever remains. A non-last distributor with an empty group makes that
+// (n, u) infeasible. The case finishing all deliveries earliest wins; ties go
+// to the larger n, then the smaller u. A distributor that also requested the
+// model is served by its own receipt. Distributors are pre-assigned in a
+// seeded random order, as aggregators are (§5.2).
+//
+//   DistributionRequest request = ...;
+//   absl::StatusOr<DistributionPlan> plan = PlanModelDistribution(request);
+//
+// Thread safety: pure function.
+#ifndef MLFABRIC_SCHEDULER_CORE_DISTRIBUTION_H_
+#define MLFABRIC_SCHEDULER_CORE_DISTRIBUTION_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/core/types.h"
+
+namespace mlfabric::core {
+
+struct DistributionRequest {
+  double now_s = 0;
+  std::string server;
+  int64_t model_bytes = 0;
+  std::vector<std::string> requesters;    // hosts asking for the model, request order
+  std::vector<std::string> distributors;  // the k° earmarked hosts (may be empty)
+  std::vector<HostLink> hosts;
+  uint64_t seed = 1;
+};
+
+struct Delivery {
+  std::string host;
+  double at_s = 0;
+  std::string via;  // the server or the distributor it came from
+};
+
+struct DistributionPlan {
+  int direct = 0;             // requesters served directly by the server
+  int distributors_used = 0;
+  double total_s = 0;         // when the last requester has the model
+  std::vector<Transfer> transfers;  // kind kDirect; `update` is "model"
+  std::vector<Delivery> deliveries; // one per requester, request order
+};
+
+absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest& request);
+
+}  // namespace mlfabric::core
+
+#endif  // MLFABRIC_SCHEDULER_CORE_DISTRIBUTION_H_

@@ -1,0 +1,114 @@
+#include "scheduler/core/internal/random_batch.h"
+
+#include <algorithm>
+#include <string>
+
+namespace mlfabric::core::internal {
+
+namespace {
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  int64_t Between(int64_t lo, int64_t hi) {  // inclusive
+    return lo + static_cast<int64_t>(Next() % static_cast<uint64_t>(hi - lo + 1));
+  }
+  // §7 network setting N2: {1, 2.5, 3.3, 5, 10} Gbit/s w.p. {0, .1, .1, .1, .7}
+  // plus 1 Gbit/s stragglers w.p. .05 (taken from the 10 Gbit/s share).
+  double NicRate() {
+    const double x = Uniform();
+    if (x < 0.05) return 1e9;
+    if (x < 0.15) return 2.5e9;
+    if (x < 0.25) return 3.3e9;
+    if (x < 0.35) return 5e9;
+    return 1e10;
+  }
+
+ private:
+  uint64_t state_;
+};
+
+std::vector<ProfilePoint> RandomProfile(Rng& rng, double now_s) {
+  std::vector<ProfilePoint> profile;
+  double t = now_s - rng.Uniform();
+  const int points = static_cast<int>(rng.Between(1, 4));
+  for (int i = 0; i < points; ++i) {
+    profile.push_back({t, rng.NicRate()});
+    t += 0.05 + rng.Uniform() * 0.5;
+  }
+  return profile;
+}
+
+}  // namespace
+
+Batch RandomBatch(const RandomBatchOptions& options) {
+  Rng rng(options.seed * 0x2545F4914F6CDD1Dull + 7);
+  Batch batch;
+  batch.now_s = 10.0;
+  batch.mode = options.sync ? Mode::kSync : Mode::kAsync;
+  batch.tau_max = 2 * options.updates + 4;
+  batch.v_init = 1000;
+  batch.server = "s0";
+  batch.seed = options.seed;
+  auto add_host = [&](const std::string& name, bool server) {
+    HostLink host;
+    host.name = name;
+    host.uplink_bps = server ? 1e10 : rng.NicRate();
+    host.downlink_bps = server ? 1e10 : rng.NicRate();
+    if (options.profiles && !server) {
+      host.uplink_profile = RandomProfile(rng, batch.now_s);
+      host.downlink_profile = RandomProfile(rng, batch.now_s);
+    }
+    batch.hosts.push_back(std::move(host));
+  };
+  add_host("s0", true);
+  for (int j = 1; j <= options.shards; ++j) add_host("s" + std::to_string(j), true);
+  const int workers = options.workers > 0 ? options.workers : std::max(1, options.updates / 2);
+  for (int w = 0; w < workers; ++w) add_host("w" + std::to_string(w), false);
+  for (int a = 0; a < options.aggregators; ++a) {
+    const std::string name = "a" + std::to_string(a);
+    add_host(name, false);
+    batch.aggregators.push_back(name);
+  }
+  if (options.replica) {
+    add_host("r0", true);
+    ReplicaSpec replica;
+    replica.host = "r0";
+    for (int a = 0; a < options.replica_aggregators; ++a) {
+      const std::string name = "ra" + std::to_string(a);
+      add_host(name, false);
+      replica.aggregators.push_back(name);
+    }
+    replica.momentum = 0.9 * rng.Uniform();
+    replica.history_norm = rng.Uniform();
+    const int lead = static_cast<int>(rng.Between(0, 2));
+    for (int i = 0; i < lead; ++i) replica.lead.push_back(rng.Uniform());
+    // Between "everything must be replicated" and "almost nothing".
+    replica.divergence_bound = rng.Uniform() * 0.5 * options.updates;
+    batch.replica = std::move(replica);
+  }
+  const int max_deadline = options.max_deadline > 0 ? options.max_deadline : 2 * options.updates;
+  for (int i = 0; i < options.updates; ++i) {
+    UpdateRequest u;
+    u.id = "g" + std::to_string(i);
+    u.worker = "w" + std::to_string(rng.Between(0, workers - 1));
+    u.bytes = rng.Between(options.min_bytes, options.max_bytes);
+    const int64_t deadline = rng.Between(1, max_deadline);
+    u.version = deadline + batch.v_init - batch.tau_max;
+    u.norm = 0.1 + rng.Uniform();
+    for (int j = 1; j <= options.shards; ++j) {
+      u.shards.push_back({"s" + std::to_string(j), rng.Between(options.min_bytes, options.max_bytes)});
+    }
+    batch.updates.push_back(std::move(u));
+  }
+  return batch;
+}
+
+}  // namespace mlfabric::core::internal

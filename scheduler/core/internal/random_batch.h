@@ -1,0 +1,33 @@
+// Seeded random batches for property tests and the benchmark (§7.4 setup:
+// |U| updates, |U|/2 worker nodes, congestion-free core, deadlines drawn
+// from Uniform(1, 2|U|), NIC rates from the §7 set {1, 2.5, 3.3, 5, 10}
+// Gbit/s). Deterministic given the options (own SplitMix64 generator).
+#ifndef MLFABRIC_SCHEDULER_CORE_INTERNAL_RANDOM_BATCH_H_
+#define MLFABRIC_SCHEDULER_CORE_INTERNAL_RANDOM_BATCH_H_
+
+#include <cstdint>
+
+#include "scheduler/core/types.h"
+
+namespace mlfabric::core::internal {
+
+struct RandomBatchOptions {
+  int updates = 10;
+  int workers = 0;             // 0: max(1, updates / 2)
+  int aggregators = 0;         // hosts earmarked as server aggregators
+  bool replica = false;        // add a replica with its own aggregators
+  int replica_aggregators = 0;
+  bool profiles = false;       // time-varying uplink/downlink profiles
+  bool sync = false;
+  int shards = 0;              // further servers for §10.2 (0: single server)
+  int max_deadline = 0;        // 0: 2 * updates
+  int64_t min_bytes = 1000000;
+  int64_t max_bytes = 100000000;
+  uint64_t seed = 1;
+};
+
+Batch RandomBatch(const RandomBatchOptions& options);
+
+}  // namespace mlfabric::core::internal
+
+#endif  // MLFABRIC_SCHEDULER_CORE_INTERNAL_RANDOM_BATCH_H_
