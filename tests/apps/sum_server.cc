@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
   ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
   ClientOptions options;
   options.name = "ps0";
-  int64_t dim = 1024, expect_updates = 0;
+  int64_t dim = 1024, expect_updates = 0, progress_every = 0;
   std::string out;
   reader.String("socket", &options.daemon_socket);
   reader.String("name", &options.name);
@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   reader.Int("dim", &dim, 1, 1 << 28);
   reader.Int("expect_updates", &expect_updates, 0, 1 << 30);
   reader.String("out", &out);
+  reader.Int("progress_every", &progress_every, 0, 1 << 30);
   if (auto status = reader.Finish(); !status.ok()) {
     std::cerr << "sum_server: " << status.message() << "\n";
     return 2;
@@ -53,6 +54,9 @@ int main(int argc, char** argv) {
     const float* values = reinterpret_cast<const float*>(u.data);
     for (size_t i = 0; i < model.size(); ++i) model[i] += values[i];
     ++applied;
+    if (progress_every > 0 && applied % progress_every == 0) {
+      std::cout << "sum_server: applied " << applied << std::endl;
+    }
     if (expect_updates > 0 && applied == expect_updates) {
       write_model();
       std::cout << "sum_server: applied " << applied << " updates, version " << version + 1

@@ -3,7 +3,8 @@
 // in flight, then gets the model once. Writes the element-wise sum of what
 // it pushed to --out and prints one line per outcome kind:
 //   vector_worker w1: applied=20 dropped=0 failed=0 get_version=57
-// Exits 0 only if every push was applied.
+// Stops pushing after the first failed push. Exits 0 only if every push
+// was applied, 3 otherwise.
 #include <cmath>
 #include <deque>
 #include <fstream>
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
                 << std::endl;
     }
   };
-  for (int64_t i = 0; i < pushes; ++i) {
+  // A failure means the path is broken (e.g. the daemon died): stop pushing.
+  for (int64_t i = 0; i < pushes && failed == 0; ++i) {
     std::vector<float> update(dim);
     double norm2 = 0;
     for (int64_t j = 0; j < dim; ++j) {

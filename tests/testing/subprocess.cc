@@ -1,0 +1,168 @@
+#include "tests/testing/subprocess.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace mlfabric::testing {
+
+std::string BinaryPath(const std::string& workspace_relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir != nullptr) {
+    return absl::StrCat(srcdir, "/", workspace ? workspace : "mlfabric", "/", workspace_relative);
+  }
+  return absl::StrCat("bazel-bin/", workspace_relative);
+}
+
+std::string MakeTempDir(const std::string& prefix) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string pattern = absl::StrCat(base ? base : "/tmp", "/", prefix, "XXXXXX");
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  const char* made = ::mkdtemp(buffer.data());
+  return made ? std::string(made) : pattern;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool WaitUntil(const std::function<bool()>& condition, double timeout_s) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (true) {
+    if (condition()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const std::vector<std::string>& argv,
+                                                              const std::string& log_path) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  auto process = std::unique_ptr<Subprocess>(new Subprocess());
+  process->log_path_ = log_path;
+  const int error = ::posix_spawn(&process->pid_, argv[0].c_str(), &actions, nullptr, args.data(),
+                                  environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (error != 0) {
+    return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(error)));
+  }
+  return process;
+}
+
+Subprocess::~Subprocess() {
+  if (!exit_code_.has_value()) Stop(2.0);
+}
+
+bool Subprocess::Running() { return !WaitFor(0).has_value(); }
+
+std::optional<int> Subprocess::WaitFor(double timeout_s) {
+  if (exit_code_.has_value()) return exit_code_;
+  WaitUntil(
+      [&] {
+        int status = 0;
+        const pid_t done = ::waitpid(pid_, &status, WNOHANG);
+        if (done == pid_) {
+          exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          return true;
+        }
+        return false;
+      },
+      timeout_s);
+  return exit_code_;
+}
+
+void Subprocess::Signal(int signal) {
+  if (!exit_code_.has_value()) ::kill(pid_, signal);
+}
+
+int Subprocess::Stop(double grace_s) {
+  Signal(SIGTERM);
+  if (auto code = WaitFor(grace_s)) return *code;
+  Signal(SIGKILL);
+  return WaitFor(10).value_or(-1);
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const std::vector<std::string>& hosts, const std::vector<std::string>& scheduler_flags) {
+  auto cluster = std::unique_ptr<LocalCluster>(new LocalCluster());
+  // Unix socket paths must fit in 108 bytes, which $TEST_TMPDIR may not.
+  char dir_template[] = "/tmp/mlfabric-test-XXXXXX";
+  const char* dir = ::mkdtemp(dir_template);
+  if (dir == nullptr) return absl::InternalError("cannot create a directory under /tmp");
+  cluster->dir_ = dir;
+  const std::string port_file = cluster->dir_ + "/scheduler.port";
+  std::vector<std::string> argv = {BinaryPath("scheduler/mlfabric-scheduler"), "--grpc_port=0",
+                                   "--port_file=" + port_file};
+  argv.insert(argv.end(), scheduler_flags.begin(), scheduler_flags.end());
+  auto scheduler = Subprocess::Start(argv, cluster->dir_ + "/scheduler.log");
+  if (!scheduler.ok()) return scheduler.status();
+  cluster->scheduler_ = std::move(*scheduler);
+  if (!WaitUntil([&] { return !ReadFile(port_file).empty(); }, 30)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("scheduler did not start: ", cluster->scheduler_->Log()));
+  }
+  cluster->port_ = std::atoi(ReadFile(port_file).c_str());
+  for (const std::string& host : hosts) {
+    auto daemon = Subprocess::Start(
+        {BinaryPath("daemon/mlfabricd"), "--host=" + host,
+         "--scheduler=" + cluster->scheduler_address(), "--local_socket=" + cluster->Socket(host)},
+        cluster->dir_ + "/" + host + ".log");
+    if (!daemon.ok()) return daemon.status();
+    cluster->daemons_[host] = std::move(*daemon);
+  }
+  for (const std::string& host : hosts) {
+    const std::string log = cluster->dir_ + "/" + host + ".log";
+    if (!WaitUntil([&] { return ReadFile(log).find("serving") != std::string::npos; }, 30)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("daemon ", host, " did not start: ", ReadFile(log)));
+    }
+  }
+  return cluster;
+}
+
+absl::StatusOr<Subprocess*> LocalCluster::StartApp(const std::string& name,
+                                                   const std::vector<std::string>& argv) {
+  auto app = Subprocess::Start(argv, dir_ + "/" + name + ".log");
+  if (!app.ok()) return app.status();
+  apps_.push_back(std::move(*app));
+  return apps_.back().get();
+}
+
+LocalCluster::~LocalCluster() {
+  for (auto& app : apps_) app->Stop(2.0);
+  for (auto& [host, daemon] : daemons_) daemon->Stop(2.0);
+  if (scheduler_) scheduler_->Stop(2.0);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+}  // namespace mlfabric::testing
