@@ -1,0 +1,135 @@
+#include "scheduler/core/network.h"
+
+#include <catch2/catch.hpp>
+
+namespace mlfabric::core {
+namespace {
+
+Batch OneLinkBatch(std::vector<ProfilePoint> uplink_profile) {
+  Batch batch;
+  batch.now_s = 0;
+  batch.server = "s";
+  batch.hosts = {{"s", 1e9, 1e9, {}, {}}, {"w", 0, 1e9, std::move(uplink_profile), {}}};
+  return batch;
+}
+
+TEST_CASE("t_en fills the residual bottleneck at every instant (Fig. 4(b))") {
+  // 30 MB = 240 Mbit over a residual of 40, 20, then 50 Mbit/s: 80 + 60 Mbit
+  // by t = 5 s, the remaining 100 Mbit take 2 s more: t_en = 7 s.
+  Network net = Network::FromBatch(OneLinkBatch({{0, 40e6}, {2, 20e6}, {5, 50e6}})).value();
+  const Path path = net.PathBetween(net.HostIndex("w"), net.HostIndex("s"));
+  FillResult fill = net.Fill(path, 0, 240e6);
+  REQUIRE(fill.feasible);
+  CHECK(fill.end_s == Approx(7.0));
+  REQUIRE(fill.segments.size() == 3);
+  CHECK(fill.segments[1].from_s == Approx(2.0));
+  CHECK(fill.segments[1].rate_bps == Approx(20e6));
+  CHECK(SegmentBits(fill.segments) == Approx(240e6));
+  CHECK(net.FillEnd(path, 0, 240e6) == fill.end_s);
+  CHECK(net.FillEnd(path, 0, 240e6, /*reference=*/true) == fill.end_s);
+}
+
+TEST_CASE("NetUp subtracts the profile from every link of the path (Fig. 4(c))") {
+  Batch batch;
+  batch.server = "s";
+  batch.hosts = {{"s", 1e9, 1e8, {}, {}}, {"a", 4e7, 1e9, {}, {}}, {"b", 1e9, 1e9, {}, {}}};
+  Network net = Network::FromBatch(batch).value();
+  const int s = net.HostIndex("s"), a = net.HostIndex("a"), b = net.HostIndex("b");
+  FillResult first = net.Fill(net.PathBetween(a, s), 0, 4e7);  // 1 s at a's 40 Mbit/s
+  CHECK(first.end_s == Approx(1.0));
+  net.Reserve(net.PathBetween(a, s), first.segments);
+  CHECK(net.link(net.DownlinkOf(s)).RateAt(0.5) == Approx(6e7));
+  CHECK(net.link(net.DownlinkOf(s)).RateAt(1.5) == Approx(1e8));
+  CHECK(net.link(net.UplinkOf(a)).RateAt(0.5) == 0);
+  // b gets the 60 Mbit/s left for 1 s, then the whole 100 Mbit/s.
+  FillResult second = net.Fill(net.PathBetween(b, s), 0, 1.6e8);
+  CHECK(second.end_s == Approx(2.0));
+  REQUIRE(second.segments.size() == 2);
+  CHECK(second.segments[0].rate_bps == Approx(6e7));
+}
+
+TEST_CASE("A path that never offers capacity is infeasible") {
+  Network net = Network::FromBatch(OneLinkBatch({{0, 1e6}, {1, 0}})).value();
+  const Path path = net.PathBetween(net.HostIndex("w"), net.HostIndex("s"));
+  CHECK(net.Fill(path, 0, 0.5e6).feasible);
+  CHECK_FALSE(net.Fill(path, 0, 2e6).feasible);
+  CHECK(net.FillEnd(path, 0, 2e6) == kInfinity);
+}
+
+TEST_CASE("Rollback restores the network bit for bit") {
+  Network net = Network::FromBatch(OneLinkBatch({{0, 4e7}, {2, 2e7}, {5, 5e7}})).value();
+  net.BeginJournal();
+  const Network before = net;
+  const Path path = net.PathBetween(net.HostIndex("w"), net.HostIndex("s"));
+  const size_t mark = net.JournalMark();
+  for (int i = 0; i < 5; ++i) {
+    FillResult fill = net.Fill(path, 0.3 * i, 3e7);
+    net.Reserve(path, fill.segments);
+  }
+  CHECK(net.link(path.links[0]).times_s != before.link(path.links[0]).times_s);
+  net.RollbackTo(mark);
+  for (int l = 0; l < net.num_links(); ++l) {
+    CHECK(net.link(l).times_s == before.link(l).times_s);
+    CHECK(net.link(l).rates_bps == before.link(l).rates_bps);
+    CHECK(net.link(l).first_open == before.link(l).first_open);
+  }
+}
+
+TEST_CASE("Release gives reserved capacity back") {
+  Network net = Network::FromBatch(OneLinkBatch({{0, 4e7}})).value();
+  const Path path = net.PathBetween(net.HostIndex("w"), net.HostIndex("s"));
+  FillResult fill = net.Fill(path, 0, 4e7);
+  net.Reserve(path, fill.segments);
+  CHECK(net.FillEnd(path, 0, 4e7) == Approx(2.0));
+  net.Release(path, fill.segments);
+  CHECK(net.FillEnd(path, 0, 4e7) == Approx(1.0));
+}
+
+TEST_CASE("An explicit topology link on a fixed path is shared") {
+  Batch batch;
+  batch.server = "s";
+  batch.hosts = {{"s", 1e9, 1e9, {}, {}}, {"a", 1e9, 1e9, {}, {}}, {"b", 1e9, 1e9, {}, {}}};
+  batch.links = {{"rack", 5e8, {}}};
+  batch.paths = {{"a", "s", {"rack"}}, {"b", "s", {"rack"}}};
+  Network net = Network::FromBatch(batch).value();
+  const int s = net.HostIndex("s");
+  const Path pa = net.PathBetween(net.HostIndex("a"), s);
+  REQUIRE(pa.links.size() == 3);
+  FillResult fill = net.Fill(pa, 0, 5e8);
+  CHECK(fill.end_s == Approx(1.0));  // the rack link, not the NICs, limits
+  net.Reserve(pa, fill.segments);
+  CHECK(net.FillEnd(net.PathBetween(net.HostIndex("b"), s), 0, 5e8) == Approx(2.0));
+
+  batch.paths = {{"a", "s", {"nowhere"}}};
+  auto bad = Network::FromBatch(batch);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("paths[0].links[0]") != std::string::npos);
+}
+
+TEST_CASE("Reference and optimised walks agree on random reservations") {
+  uint64_t state = 12345;
+  auto next = [&]() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(state >> 11) * 0x1.0p-53;
+  };
+  for (int seed = 0; seed < 50; ++seed) {
+    INFO("round " << seed);
+    std::vector<ProfilePoint> profile;
+    double t = -0.5;
+    for (int i = 0; i < 6; ++i, t += 0.3 + next()) profile.push_back({t, 1e8 * (0.1 + next())});
+    Network net = Network::FromBatch(OneLinkBatch(profile)).value();
+    const Path path = net.PathBetween(net.HostIndex("w"), net.HostIndex("s"));
+    for (int i = 0; i < 20; ++i) {
+      const double t0 = 3 * next();
+      const double bits = 1e8 * next();
+      CHECK(net.FillEnd(path, t0, bits) == net.FillEnd(path, t0, bits, true));
+      FillResult fill = net.Fill(path, t0, bits);
+      REQUIRE(fill.feasible);
+      CHECK(SegmentBits(fill.segments) == Approx(bits).epsilon(1e-9));
+      net.Reserve(path, fill.segments);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mlfabric::core

@@ -1,0 +1,166 @@
+#include "scheduler/core/replication.h"
+
+#include <cmath>
+#include <random>
+
+#include <catch2/catch.hpp>
+
+#include "scheduler/core/mlfabric_planner.h"
+#include "scheduler/core/plan_checker.h"
+
+namespace mlfabric::core {
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec Add(const Vec& a, const Vec& b, double scale = 1.0) {
+  Vec out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + scale * b[i];
+  return out;
+}
+
+double Norm(const Vec& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
+Vec Random(std::mt19937_64& rng, size_t n) {
+  std::normal_distribution<double> normal;
+  Vec v(n);
+  for (double& x : v) x = normal(rng);
+  return v;
+}
+
+// Eq. 2 applied literally: w_{t+1} = w_t + u_t + gamma (w_t - w_{t-1}).
+struct Model {
+  Vec w, previous;
+  void Apply(const Vec& u, double gamma) {
+    Vec next = Add(Add(w, u), Add(w, previous, -1.0), gamma);
+    previous = w;
+    w = next;
+  }
+};
+
+TEST_CASE("Eqs. 5-6: re-ordering two updates diverges by gamma |u1 - u2|") {
+  std::mt19937_64 rng(5);
+  const double gamma = 0.9;
+  const Vec w0 = Random(rng, 32), h0 = Random(rng, 32), u1 = Random(rng, 32), u2 = Random(rng, 32);
+  Model server{w0, Add(w0, h0, -1.0)}, replica = server;
+  server.Apply(u1, gamma);
+  server.Apply(u2, gamma);
+  replica.Apply(u2, gamma);
+  replica.Apply(u1, gamma);
+  CHECK(Norm(Add(server.w, replica.w, -1.0)) == Approx(gamma * Norm(Add(u1, u2, -1.0))));
+}
+
+TEST_CASE("Eqs. 7-8 on real vectors, and the norm-only bound of eqs. 10-11") {
+  std::mt19937_64 rng(7);
+  const double gamma = 0.8;
+  for (int trial = 0; trial < 20; ++trial) {
+    const Vec w0 = Random(rng, 16), h0 = Random(rng, 16), u1 = Random(rng, 16), u2 = Random(rng, 16);
+    Model server{w0, Add(w0, h0, -1.0)};
+    server.Apply(u1, gamma);
+    const Vec w1 = server.w;
+    server.Apply(u2, gamma);
+    // Eq. 7: the server leads a replica at w0 by u1, u2.
+    const Vec eq7 = Add(Add(Add(Vec(16, 0), h0, gamma + gamma * gamma), u1, 1 + gamma), u2);
+    CHECK(Norm(Add(server.w, w0, -1.0)) == Approx(Norm(eq7)));
+    // Eq. 8: after u1 reaches the replica first, the lead shrinks.
+    const Vec eq8 = Add(Add(Add(Vec(16, 0), h0, gamma * gamma), u1, gamma), u2);
+    CHECK(Norm(Add(server.w, w1, -1.0)) == Approx(Norm(eq8)));
+    const Vec norms = {Norm(u1), Norm(u2)};
+    const double bound7 = DivergenceBound(gamma, Norm(h0), norms, 0, 2);
+    const double bound8 = DivergenceBound(gamma, Norm(h0), norms, 1, 2);
+    // The derived coefficients: c0 = gamma + gamma^2, c1 = 1 + gamma, c2 = 1.
+    CHECK(bound7 == Approx((gamma + gamma * gamma) * Norm(h0) + (1 + gamma) * norms[0] + norms[1]));
+    CHECK(bound8 == Approx(gamma * gamma * Norm(h0) + gamma * norms[0] + norms[1]));
+    CHECK(Norm(eq7) <= bound7 + 1e-12);
+    CHECK(Norm(eq8) <= bound8 + 1e-12);
+    CHECK(bound8 < bound7);
+  }
+}
+
+TEST_CASE("The generalised bound holds for any lead and is tight for aligned updates") {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> uniform(0.0, 0.99);
+  for (int trial = 0; trial < 200; ++trial) {
+    INFO("trial " << trial);
+    const double gamma = uniform(rng);
+    const size_t s = 1 + rng() % 12, r = rng() % (s + 1);
+    const bool aligned = trial % 4 == 0;
+    const Vec direction = Random(rng, 8);
+    const Vec w0 = Random(rng, 8);
+    const Vec h0 = aligned ? Add(Vec(8, 0), direction, uniform(rng)) : Random(rng, 8);
+    Model model{w0, Add(w0, h0, -1.0)};
+    Vec w_r = w0;
+    Vec norms;
+    for (size_t m = 1; m <= s; ++m) {
+      const Vec u = aligned ? Add(Vec(8, 0), direction, uniform(rng)) : Random(rng, 8);
+      norms.push_back(Norm(u));
+      model.Apply(u, gamma);
+      if (m == r) w_r = model.w;
+    }
+    const double actual = Norm(Add(model.w, w_r, -1.0));
+    const double bound = DivergenceBound(gamma, Norm(h0), norms, r, s);
+    CHECK(actual <= bound * (1 + 1e-12) + 1e-12);
+    if (aligned) CHECK(actual == Approx(bound));
+  }
+}
+
+Batch ReplicaBatch(double divergence_bound) {
+  Batch batch;
+  batch.server = "s";
+  batch.tau_max = 100;
+  // The replica's downlink has half the server's: replicating all four
+  // updates takes twice as long as serving them.
+  batch.hosts = {{"s", 1e10, 1e10, {}, {}}, {"r", 1e10, 5e9, {}, {}}};
+  for (int i = 0; i < 4; ++i) {
+    const std::string w = "w" + std::to_string(i);
+    batch.hosts.push_back({w, 1e10, 1e10, {}, {}});
+    batch.updates.push_back({"g" + std::to_string(i), w, 125000000, 0, 1.0, {}});
+  }
+  ReplicaSpec replica;
+  replica.host = "r";
+  replica.divergence_bound = divergence_bound;
+  replica.momentum = 0.5;
+  replica.history_norm = 1.0;
+  batch.replica = replica;
+  return batch;
+}
+
+TEST_CASE("A loose bound punts the replica transfers that finish after T_last") {
+  auto plan = MlfabricPlanner().PlanBatch(ReplicaBatch(100.0));
+  REQUIRE(plan.ok());
+  // The worker uplinks are busy with the server transfers in turn; replica
+  // transfers use what is left, and the last ones finish after T_last = 0.4 s.
+  CHECK(plan->commits.back().at_s == Approx(0.4));
+  CHECK(plan->replica_commits.size() == 2);
+  CHECK(plan->punted == std::vector<std::string>{"g2", "g3"});
+  CHECK(plan->replica_divergence <= 100.0);
+  CHECK(CheckPlan(ReplicaBatch(100.0), *plan).empty());
+}
+
+TEST_CASE("A tight bound delays the last server transfer until the replica catches up") {
+  const Batch batch = ReplicaBatch(0.0);
+  auto plan = MlfabricPlanner().PlanBatch(batch);
+  REQUIRE(plan.ok());
+  CHECK(plan->punted.empty());
+  REQUIRE(plan->replica_commits.size() == 4);
+  CHECK(plan->replica_divergence == 0.0);
+  // The last server commit waits for the replica's last commit.
+  CHECK(plan->commits.back().at_s > plan->replica_commits.back().at_s);
+  CHECK(plan->replica_commits.back().at_s == Approx(0.8));
+  CHECK(plan->commits.back().at_s == Approx(0.9));
+  CHECK(plan->commits[2].at_s == Approx(0.3));  // only the last transfer moves
+  const auto problems = CheckPlan(batch, *plan);
+  INFO((problems.empty() ? "" : problems[0]));
+  CHECK(problems.empty());
+}
+
+TEST_CASE("Honest commits never precede arrival nor the previous commit") {
+  CHECK(HonestCommits({0.3, 0.1, 0.5, 0.4}) == std::vector<double>{0.3, 0.3, 0.5, 0.5});
+}
+
+}  // namespace
+}  // namespace mlfabric::core
