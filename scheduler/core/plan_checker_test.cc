@@ -1,0 +1,80 @@
+#include "scheduler/core/plan_checker.h"
+
+#include <catch2/catch.hpp>
+
+#include "scheduler/core/internal/random_batch.h"
+#include "scheduler/core/mlfabric_planner.h"
+
+namespace mlfabric::core {
+namespace {
+
+// The checker is what the property tests rely on: it must catch broken plans.
+struct Fixture {
+  Batch batch;
+  Plan plan;
+  Fixture() {
+    internal::RandomBatchOptions o;
+    o.seed = 3;
+    o.updates = 12;
+    o.aggregators = 2;
+    o.replica = true;
+    batch = internal::RandomBatch(o);
+    plan = MlfabricPlanner().PlanBatch(batch).value();
+    REQUIRE(CheckPlan(batch, plan).empty());
+    REQUIRE(plan.order.size() >= 3);
+  }
+};
+
+bool Mentions(const std::vector<std::string>& problems, const std::string& what) {
+  for (const std::string& p : problems) {
+    if (p.find(what) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST_CASE("Checker: over-capacity reservations") {
+  Fixture f;
+  for (RateSegment& s : f.plan.transfers[0].segments) s.rate_bps *= 3;
+  const auto problems = CheckPlan(f.batch, f.plan);
+  CHECK(Mentions(problems, "> available"));
+  CHECK(Mentions(problems, "bytes"));  // and the bytes no longer match
+}
+
+TEST_CASE("Checker: missing, duplicated and unknown updates") {
+  Fixture f;
+  f.plan.order.push_back(f.plan.order[0]);
+  CHECK(Mentions(CheckPlan(f.batch, f.plan), "appears 2 times"));
+  Fixture g;
+  g.plan.order.erase(g.plan.order.begin());
+  CHECK(Mentions(CheckPlan(g.batch, g.plan), "appears 0 times"));
+}
+
+TEST_CASE("Checker: deadlines and commit order") {
+  Fixture f;
+  f.batch.v_init += 1000;  // every deadline is now in the past
+  CHECK(Mentions(CheckPlan(f.batch, f.plan), "past its deadline"));
+  Fixture g;
+  std::swap(g.plan.commits[0].at_s, g.plan.commits[2].at_s);
+  CHECK(Mentions(CheckPlan(g.batch, g.plan), "time goes back"));
+  Fixture h;
+  h.plan.commits[0].at_s = h.batch.now_s;
+  CHECK(Mentions(CheckPlan(h.batch, h.plan), "before it arrives"));
+}
+
+TEST_CASE("Checker: replica divergence and prefix") {
+  Fixture f;
+  f.batch.replica->divergence_bound = 0;
+  if (!f.plan.replica_commits.empty()) {
+    f.plan.punted.insert(f.plan.punted.begin(), f.plan.replica_commits.back().update);
+    f.plan.replica_commits.pop_back();
+  }
+  CHECK(Mentions(CheckPlan(f.batch, f.plan), "divergence bound"));
+  Fixture g;
+  if (g.plan.replica_commits.size() >= 2) {
+    std::swap(g.plan.replica_commits[0], g.plan.replica_commits[1]);
+    CHECK(Mentions(CheckPlan(g.batch, g.plan), "prefix"));
+  }
+}
+
+}  // namespace
+}  // namespace mlfabric::core
