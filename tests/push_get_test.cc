@@ -8,16 +8,16 @@
 #include <sstream>
 
 #include "proto/scheduler.grpc.pb.h"
-#include "tests/testing/subprocess.h"
+#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
 
-using testing::BinaryPath;
-using testing::LocalCluster;
-using testing::ReadFile;
-using testing::Subprocess;
-using testing::WaitUntil;
+using launch::BinaryPath;
+using launch::LocalCluster;
+using launch::ReadFile;
+using launch::Subprocess;
+using launch::WaitUntil;
 
 std::vector<double> ReadVector(const std::string& path) {
   std::vector<double> values;
@@ -78,7 +78,7 @@ TEST_CASE("Three workers' integer pushes sum exactly at the server, all applied"
 }
 
 TEST_CASE("A bad config exits non-zero with a message naming the key") {
-  const std::string dir = testing::MakeTempDir("config");
+  const std::string dir = launch::MakeTempDir("config");
   struct Case {
     std::string binary, file, text, key;
   };

@@ -1,4 +1,4 @@
-#include "tests/testing/subprocess.h"
+#include "tools/launch/process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -19,15 +19,26 @@
 
 extern char** environ;
 
-namespace mlfabric::testing {
+namespace mlfabric::launch {
 
 std::string BinaryPath(const std::string& workspace_relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr) {
-    return absl::StrCat(srcdir, "/", workspace ? workspace : "mlfabric", "/", workspace_relative);
+  std::vector<std::string> candidates;
+  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
+    if (const char* dir = std::getenv(var)) {
+      candidates.push_back(absl::StrCat(dir, "/mlfabric/", workspace_relative));
+    }
   }
-  return absl::StrCat("bazel-bin/", workspace_relative);
+  std::error_code error;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    candidates.push_back(absl::StrCat(self.string(), ".runfiles/mlfabric/", workspace_relative));
+  }
+  candidates.push_back(workspace_relative);  // `bazel run` starts in the runfiles root
+  candidates.push_back(absl::StrCat("bazel-bin/", workspace_relative));
+  for (const std::string& path : candidates) {
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  return candidates.back();
 }
 
 std::string MakeTempDir(const std::string& prefix) {
@@ -60,9 +71,11 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const std::vector<
                                                               const std::string& log_path) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  if (!log_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  }
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
@@ -112,10 +125,11 @@ int Subprocess::Stop(double grace_s) {
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
-    const std::vector<std::string>& hosts, const std::vector<std::string>& scheduler_flags) {
+    const std::vector<std::string>& hosts, const std::vector<std::string>& scheduler_flags,
+    const std::vector<std::string>& daemon_flags) {
   auto cluster = std::unique_ptr<LocalCluster>(new LocalCluster());
   // Unix socket paths must fit in 108 bytes, which $TEST_TMPDIR may not.
-  char dir_template[] = "/tmp/mlfabric-test-XXXXXX";
+  char dir_template[] = "/tmp/mlfabric-cluster-XXXXXX";
   const char* dir = ::mkdtemp(dir_template);
   if (dir == nullptr) return absl::InternalError("cannot create a directory under /tmp");
   cluster->dir_ = dir;
@@ -132,10 +146,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   }
   cluster->port_ = std::atoi(ReadFile(port_file).c_str());
   for (const std::string& host : hosts) {
-    auto daemon = Subprocess::Start(
-        {BinaryPath("daemon/mlfabricd"), "--host=" + host,
-         "--scheduler=" + cluster->scheduler_address(), "--local_socket=" + cluster->Socket(host)},
-        cluster->dir_ + "/" + host + ".log");
+    std::vector<std::string> daemon_argv = {
+        BinaryPath("daemon/mlfabricd"), "--host=" + host,
+        "--scheduler=" + cluster->scheduler_address(), "--local_socket=" + cluster->Socket(host)};
+    daemon_argv.insert(daemon_argv.end(), daemon_flags.begin(), daemon_flags.end());
+    auto daemon = Subprocess::Start(daemon_argv, cluster->dir_ + "/" + host + ".log");
     if (!daemon.ok()) return daemon.status();
     cluster->daemons_[host] = std::move(*daemon);
   }
@@ -150,8 +165,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 }
 
 absl::StatusOr<Subprocess*> LocalCluster::StartApp(const std::string& name,
-                                                   const std::vector<std::string>& argv) {
-  auto app = Subprocess::Start(argv, dir_ + "/" + name + ".log");
+                                                   const std::vector<std::string>& argv,
+                                                   bool inherit_output) {
+  auto app = Subprocess::Start(argv, inherit_output ? "" : dir_ + "/" + name + ".log");
   if (!app.ok()) return app.status();
   apps_.push_back(std::move(*app));
   return apps_.back().get();
@@ -165,4 +181,4 @@ LocalCluster::~LocalCluster() {
   std::filesystem::remove_all(dir_, ignored);
 }
 
-}  // namespace mlfabric::testing
+}  // namespace mlfabric::launch

@@ -1,15 +1,16 @@
-// Test support: real processes for cross-process tests.
+// Launching MLfabric's processes on this machine: the demo, the
+// cross-process tests and the launchers use it.
 //
 //   auto proc = Subprocess::Start({BinaryPath("daemon/mlfabricd"), "--host=w1"}, log_path);
 //   proc->WaitFor(10.0);   // exit code, or nullopt if still running at the deadline
 //
 // LocalCluster starts a scheduler and one daemon per emulated host on
-// loopback in a private temp directory, and stops everything it started
-// (SIGTERM, then SIGKILL) when destroyed, so a failing test leaves no
+// loopback in a private directory under /tmp, and stops everything it
+// started (SIGTERM, then SIGKILL) when destroyed, so a failed run leaves no
 // orphans.
-// Thread safety: none; drive from the test's thread.
-#ifndef MLFABRIC_TESTS_TESTING_SUBPROCESS_H_
-#define MLFABRIC_TESTS_TESTING_SUBPROCESS_H_
+// Thread safety: none; drive from one thread.
+#ifndef MLFABRIC_TOOLS_LAUNCH_PROCESS_H_
+#define MLFABRIC_TOOLS_LAUNCH_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -22,9 +23,10 @@
 
 #include "absl/status/statusor.h"
 
-namespace mlfabric::testing {
+namespace mlfabric::launch {
 
-// Path of a binary built in this workspace, from the test's runfiles.
+// Path of a binary built in this workspace: from the runfiles of the running
+// test or `bazel run` target, else from bazel-bin/.
 std::string BinaryPath(const std::string& workspace_relative);
 
 // A private directory under $TEST_TMPDIR (or /tmp).
@@ -37,7 +39,8 @@ bool WaitUntil(const std::function<bool()>& condition, double timeout_s);
 
 class Subprocess {
  public:
-  // Starts argv[0] with stdout and stderr appended to `log_path`.
+  // Starts argv[0] with stdout and stderr appended to `log_path` (inherited
+  // from this process when `log_path` is empty).
   static absl::StatusOr<std::unique_ptr<Subprocess>> Start(const std::vector<std::string>& argv,
                                                            const std::string& log_path);
   ~Subprocess();
@@ -63,7 +66,8 @@ class LocalCluster {
   // Starts mlfabric-scheduler (extra flags appended) and one mlfabricd per
   // host, each on loopback with its own Unix socket.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(
-      const std::vector<std::string>& hosts, const std::vector<std::string>& scheduler_flags = {});
+      const std::vector<std::string>& hosts, const std::vector<std::string>& scheduler_flags = {},
+      const std::vector<std::string>& daemon_flags = {});
   ~LocalCluster();
 
   const std::string& dir() const { return dir_; }
@@ -72,9 +76,11 @@ class LocalCluster {
   Subprocess& scheduler() { return *scheduler_; }
   Subprocess& daemon(const std::string& host) { return *daemons_.at(host); }
 
-  // Starts an application binary; its log is <dir>/<name>.log.
+  // Starts an application binary; its log is <dir>/<name>.log, or this
+  // process's stdout when `inherit_output`.
   absl::StatusOr<Subprocess*> StartApp(const std::string& name,
-                                       const std::vector<std::string>& argv);
+                                       const std::vector<std::string>& argv,
+                                       bool inherit_output = false);
 
  private:
   std::string dir_;
@@ -84,6 +90,6 @@ class LocalCluster {
   std::vector<std::unique_ptr<Subprocess>> apps_;
 };
 
-}  // namespace mlfabric::testing
+}  // namespace mlfabric::launch
 
-#endif  // MLFABRIC_TESTS_TESTING_SUBPROCESS_H_
+#endif  // MLFABRIC_TOOLS_LAUNCH_PROCESS_H_
