@@ -95,7 +95,20 @@ absl::StatusOr<tcp::endpoint> ParseEndpoint(const std::string& address) {
 
 }  // namespace
 
-Daemon::Daemon(DaemonConfig config) : config_(std::move(config)) {}
+namespace {
+
+daemon::JobPriorityPolicy MakeJobPriorityPolicy(const DaemonConfig& config) {
+  daemon::JobPriorityOptions options;
+  options.mode = daemon::ParseJobPriorityMode(config.job_priority).value_or(
+      daemon::JobPriorityMode::kFifo);  // the config loader accepts only valid names
+  options.rotation_period_s = config.job_priority_period_s;
+  return daemon::JobPriorityPolicy(options);
+}
+
+}  // namespace
+
+Daemon::Daemon(DaemonConfig config)
+    : config_(std::move(config)), packet_queue_(MakeJobPriorityPolicy(config_)) {}
 
 Daemon::~Daemon() { Stop(); }
 
@@ -252,7 +265,9 @@ void Daemon::ScheduleStreamLoop() {
         (void)push.app->channel->Send(done);
       }
       pushes_.clear();
-      send_queue_.clear();
+      for (const auto& [id, outgoing] : outgoing_) packet_queue_.RemoveTransfer(id);
+      outgoing_.clear();
+      release_at_.clear();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     if (auto status = RegisterHost(); !status.ok()) {
@@ -287,15 +302,9 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
   { std::lock_guard<std::mutex> wait_for_submits(submit_mu_); }
   std::lock_guard<std::mutex> lock(mu_);
   switch (command.command_case()) {
-    case v1::DaemonCommand::kSend: {
-      auto at = std::upper_bound(send_queue_.begin(), send_queue_.end(), command.send(),
-                                 [](const v1::SendTransfer& a, const v1::SendTransfer& b) {
-                                   return a.start_s() < b.start_s();
-                                 });
-      send_queue_.insert(at, command.send());
-      cv_.notify_all();
+    case v1::DaemonCommand::kSend:
+      ScheduleSendLocked(command.send());
       break;
-    }
     case v1::DaemonCommand::kExpect: {
       const v1::ExpectDelivery& expect = command.expect();
       const std::string key = ServerKey(expect.job_id(), expect.server());
@@ -938,70 +947,149 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   return absl::OkStatus();
 }
 
+void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
+  auto push = pushes_.find(send.transfer_id());
+  if (push == pushes_.end()) {
+    ReportFailureAsync(send.transfer_id(),
+                       absl::StrCat("no pushed data on ", config_.host, " for this transfer"));
+    return;
+  }
+  if (static_cast<int64_t>(push->second.buffer->size()) != send.bytes()) {
+    ReportFailureAsync(send.transfer_id(),
+                       absl::StrCat("schedule says ", send.bytes(), " bytes, the push has ",
+                                    push->second.buffer->size()));
+    return;
+  }
+  std::vector<daemon::RateSegment> segments;
+  for (const auto& segment : send.segments()) {
+    segments.push_back({segment.from_s(), segment.to_s(), segment.rate_bps()});
+  }
+  if (segments.empty()) {
+    // An unpaced transfer: everything may go from its start time on.
+    segments.push_back({send.start_s(), send.start_s() + 1e-3, 1e13});
+  }
+  daemon::PacerOptions options;
+  options.burst_bytes = 2.0 * static_cast<double>(config_.payload_bytes);
+  auto pacer = daemon::TransferPacer::Create(std::move(segments), clock_offset_s_, options);
+  if (!pacer.ok()) {
+    ReportFailureAsync(send.transfer_id(),
+                       absl::StrCat("unusable rate segments: ", pacer.status().message()));
+    return;
+  }
+  Outgoing& outgoing = outgoing_[send.transfer_id()];
+  outgoing.send = send;
+  outgoing.buffer = push->second.buffer;
+  outgoing.tensors = push->second.tensors;
+  outgoing.pacer.emplace(std::move(*pacer));
+  release_at_.emplace(outgoing.pacer->start_local_s(), send.transfer_id());
+  cv_.notify_all();
+}
+
+void Daemon::ReleaseLocked(uint64_t transfer_id) {
+  auto it = outgoing_.find(transfer_id);
+  if (it == outgoing_.end()) return;
+  Outgoing& outgoing = it->second;
+  const uint32_t job = outgoing.send.job_id();
+  if (!packet_queue_.policy().HasJob(job)) (void)packet_queue_.AddJob(job);
+  // Tensor layout: consecutive regions in tensor order. Within a released
+  // transfer the queue sends the most urgent tensor first (Mercury §IV).
+  std::vector<v1::TensorInfo> tensors = outgoing.tensors;
+  if (tensors.empty()) {
+    v1::TensorInfo whole;
+    whole.set_bytes(outgoing.buffer->size());
+    tensors.push_back(whole);
+  }
+  uint64_t offset = 0;
+  size_t packets = 0;
+  for (const v1::TensorInfo& tensor : tensors) {
+    daemon::TensorRef ref;
+    ref.job_id = job;
+    ref.transfer_id = transfer_id;
+    ref.tensor_id = tensor.tensor_id();
+    ref.tensor_priority = static_cast<daemon::TensorPriority>(std::max(0, tensor.priority()));
+    auto split = daemon::SplitTensor(
+        ref,
+        absl::Span<const std::byte>(
+            reinterpret_cast<const std::byte*>(outgoing.buffer->data() + offset), tensor.bytes()),
+        static_cast<uint32_t>(config_.payload_bytes));
+    offset += tensor.bytes();
+    if (!split.ok()) {
+      packet_queue_.RemoveTransfer(transfer_id);
+      ReportFailureAsync(transfer_id, absl::StrCat("cannot packetise: ", split.status().message()));
+      outgoing_.erase(it);
+      return;
+    }
+    for (const daemon::PacketDescriptor& packet : *split) {
+      (void)packet_queue_.Push(packet);  // the job is registered above
+      ++packets;
+    }
+  }
+  outgoing.packets_left = packets;
+}
+
+void Daemon::FailOutgoingLocked(const std::string& dst_address, const std::string& reason) {
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    if (it->second.send.dst_address() != dst_address || it->second.packets_left == 0) {
+      ++it;
+      continue;
+    }
+    packet_queue_.RemoveTransfer(it->first);
+    ReportFailureAsync(it->first, absl::StrCat("sending to ", it->second.send.dst_host(),
+                                               " failed: ", reason));
+    it = outgoing_.erase(it);
+  }
+}
+
 void Daemon::SenderLoop() {
-  while (true) {
-    v1::SendTransfer send;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (true) {
-        if (stopping_.load()) return;
-        if (send_queue_.empty()) {
-          cv_.wait(lock);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_.load()) {
+    const double now = clock_.NowSeconds();
+    while (!release_at_.empty() && release_at_.begin()->first <= now) {
+      const uint64_t id = release_at_.begin()->second;
+      release_at_.erase(release_at_.begin());
+      ReleaseLocked(id);
+    }
+    double wake = release_at_.empty() ? daemon::kNever : release_at_.begin()->first;
+    std::optional<daemon::PacketDescriptor> packet = packet_queue_.Peek(now);
+    if (packet.has_value()) {
+      auto it = outgoing_.find(packet->transfer_id);
+      if (it == outgoing_.end()) {  // failed meanwhile
+        packet_queue_.RemoveTransfer(packet->transfer_id);
+        continue;
+      }
+      Outgoing& outgoing = it->second;
+      if (outgoing.pacer->TryConsume(packet->length_bytes, now)) {
+        packet_queue_.Pop(now);
+        const bool begin = !outgoing.begun;
+        outgoing.begun = true;
+        const v1::SendTransfer send = outgoing.send;
+        const std::shared_ptr<SharedBuffer> buffer = outgoing.buffer;  // keeps the payload alive
+        lock.unlock();
+        absl::Status status = WriteToPeer(send, begin, *packet, buffer->data());
+        lock.lock();
+        if (!status.ok()) {
+          MLF_LOG(WARNING) << "transfer " << send.transfer_id() << " to " << send.dst_host()
+                           << " failed: " << status.message();
+          FailOutgoingLocked(send.dst_address(), std::string(status.message()));
           continue;
         }
-        const double local_start_s = send_queue_.front().start_s() - clock_offset_s_;
-        const double wait_s = local_start_s - clock_.NowSeconds();
-        if (wait_s <= 0) break;
-        cv_.wait_for(lock, std::chrono::duration<double>(wait_s));
+        stats_.bytes_sent += packet->length_bytes;
+        auto done = outgoing_.find(send.transfer_id());
+        if (done != outgoing_.end() && --done->second.packets_left == 0) outgoing_.erase(done);
+        continue;
       }
-      send = send_queue_.front();
-      send_queue_.erase(send_queue_.begin());
+      wake = std::min(wake, outgoing.pacer->NextSendTime(packet->length_bytes, now));
     }
-    absl::Status status = SendTransfer(send);
-    if (!status.ok()) {
-      MLF_LOG(WARNING) << "transfer " << send.transfer_id() << " to " << send.dst_host()
-                       << " failed: " << status.message();
-      std::lock_guard<std::mutex> lock(mu_);
-      ReportFailureAsync(send.transfer_id(),
-                         absl::StrCat("sending to ", send.dst_host(), " failed: ", status.message()));
+    if (wake == daemon::kNever) {
+      cv_.wait(lock);
+    } else {
+      cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, wake - now)));
     }
   }
 }
 
-absl::Status Daemon::SendTransfer(const v1::SendTransfer& send) {
-  std::shared_ptr<SharedBuffer> buffer;
-  std::vector<v1::TensorInfo> tensors;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = pushes_.find(send.transfer_id());
-    if (it == pushes_.end()) {
-      return absl::NotFoundError(absl::StrCat("no pushed data for transfer ", send.transfer_id()));
-    }
-    buffer = it->second.buffer;
-    tensors = it->second.tensors;
-  }
-  if (static_cast<int64_t>(buffer->size()) != send.bytes()) {
-    return absl::InternalError(absl::StrCat("schedule says ", send.bytes(), " bytes, push has ",
-                                            buffer->size()));
-  }
-  // Tensor layout: consecutive regions in tensor order; Mercury sends the
-  // most urgent tensor first (lowest priority value, then tensor order).
-  struct Region {
-    uint32_t tensor;
-    int32_t priority;
-    uint64_t offset;
-    uint64_t bytes;
-  };
-  std::vector<Region> regions;
-  uint64_t offset = 0;
-  for (const auto& tensor : tensors) {
-    regions.push_back({tensor.tensor_id(), tensor.priority(), offset, tensor.bytes()});
-    offset += tensor.bytes();
-  }
-  if (regions.empty()) regions.push_back({0, 0, 0, buffer->size()});
-  std::stable_sort(regions.begin(), regions.end(),
-                   [](const Region& a, const Region& b) { return a.priority < b.priority; });
-
+absl::Status Daemon::WriteToPeer(const v1::SendTransfer& send, bool begin,
+                                 const daemon::PacketDescriptor& packet, const uint8_t* base) {
   std::shared_ptr<tcp::socket> socket;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
@@ -1021,38 +1109,33 @@ absl::Status Daemon::SendTransfer(const v1::SendTransfer& send) {
     }
     socket = peer;
   }
-  // One transfer at a time per peer connection keeps its packets together.
-  std::lock_guard<std::mutex> sending(send_mu_);
-  PacketHeader begin;
-  begin.kind = PacketKind::kBegin;
-  begin.job = send.job_id();
-  begin.transfer = send.transfer_id();
-  begin.offset = buffer->size();
-  absl::Status status = WritePacket(*socket, begin, nullptr, 0);
-  const size_t chunk = static_cast<size_t>(config_.payload_bytes);
-  for (const Region& region : regions) {
-    for (uint64_t at = 0; status.ok() && at < region.bytes; at += chunk) {
-      PacketHeader data;
-      data.kind = PacketKind::kData;
-      data.job = send.job_id();
-      data.transfer = send.transfer_id();
-      data.tensor = region.tensor;
-      data.priority = static_cast<uint16_t>(std::max(0, std::min(region.priority, 65535)));
-      data.offset = region.offset + at;
-      const uint32_t length = static_cast<uint32_t>(std::min<uint64_t>(chunk, region.bytes - at));
-      status = WritePacket(*socket, data, buffer->data() + data.offset, length);
-    }
+  absl::Status status;
+  if (begin) {
+    PacketHeader header;
+    header.kind = PacketKind::kBegin;
+    header.job = send.job_id();
+    header.transfer = send.transfer_id();
+    header.offset = static_cast<uint64_t>(send.bytes());
+    status = WritePacket(*socket, header, nullptr, 0);
+  }
+  if (status.ok()) {
+    const auto* payload = reinterpret_cast<const uint8_t*>(packet.payload);
+    PacketHeader header;
+    header.kind = PacketKind::kData;
+    header.job = send.job_id();
+    header.transfer = send.transfer_id();
+    header.tensor = packet.tensor_id;
+    header.priority = static_cast<uint16_t>(std::min<uint32_t>(packet.tensor_priority, 65535));
+    header.offset = static_cast<uint64_t>(payload - base);  // offset within the transfer
+    status = WritePacket(*socket, header, payload, packet.length_bytes);
   }
   if (!status.ok()) {
     std::lock_guard<std::mutex> lock(peers_mu_);
     boost::system::error_code ignored;
     socket->close(ignored);
     peers_.erase(send.dst_address());
-    return status;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.bytes_sent += static_cast<int64_t>(buffer->size());
-  return absl::OkStatus();
+  return status;
 }
 
 }  // namespace mlfabric

@@ -44,6 +44,8 @@
 #include "api/local_ipc.h"
 #include "common/clock.h"
 #include "daemon/daemon_config.h"
+#include "daemon/pacing/pacer.h"
+#include "daemon/queue/priority_packet_queue.h"
 #include "daemon/transport/packet.h"
 #include "proto/scheduler.grpc.pb.h"
 
@@ -83,6 +85,17 @@ class Daemon {
     uint64_t request_id = 0;
     std::shared_ptr<SharedBuffer> buffer;
     std::vector<v1::TensorInfo> tensors;
+  };
+
+  // A scheduled outgoing transfer. Released into the packet queue at its
+  // start time; each packet is paced by the transfer's rate segments.
+  struct Outgoing {
+    v1::SendTransfer send;
+    std::shared_ptr<SharedBuffer> buffer;
+    std::vector<v1::TensorInfo> tensors;
+    std::optional<daemon::TransferPacer> pacer;
+    bool begun = false;  // kBegin written to the peer
+    size_t packets_left = 0;
   };
 
   struct Incoming {
@@ -131,7 +144,13 @@ class Daemon {
                                const transport::PacketHeader& header, const std::string& server);
 
   void SenderLoop();
-  absl::Status SendTransfer(const v1::SendTransfer& send);
+  // Require mu_.
+  void ScheduleSendLocked(const v1::SendTransfer& send);
+  void ReleaseLocked(uint64_t transfer_id);
+  void FailOutgoingLocked(const std::string& dst_address, const std::string& reason);
+  // Writes one packet (preceded by the transfer's kBegin when `begin`).
+  absl::Status WriteToPeer(const v1::SendTransfer& send, bool begin,
+                           const daemon::PacketDescriptor& packet, const uint8_t* base);
   absl::Status FetchModel(const std::string& job, const std::string& server, int64_t* version,
                           std::shared_ptr<SharedBuffer>* buffer);
 
@@ -161,13 +180,14 @@ class Daemon {
   std::map<uint64_t, PendingPush> pushes_;            // by transfer id
   std::map<std::string, ServerEndpoint> servers_;     // by ServerKey
   std::map<uint64_t, Incoming> incoming_;             // by transfer id
-  std::vector<v1::SendTransfer> send_queue_;          // ordered by start time
+  std::map<uint64_t, Outgoing> outgoing_;             // by transfer id
+  std::multimap<double, uint64_t> release_at_;        // local start time -> transfer
+  daemon::PriorityPacketQueue packet_queue_;
   std::map<uint64_t, ModelReply> model_replies_;      // by request id
   std::set<std::shared_ptr<AppSession>> apps_;
   std::map<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> peers_;
   std::mutex peers_mu_;
   std::mutex submit_mu_;  // held from SubmitUpdate until its push is recorded
-  std::mutex send_mu_;    // one outgoing transfer at a time
   uint64_t next_local_id_ = 1;
   Stats stats_;
   std::unique_ptr<grpc::ClientContext> stream_context_;
