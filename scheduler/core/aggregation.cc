@@ -15,6 +15,22 @@ class SplitSearch {
  public:
   explicit SplitSearch(const AggregationInput& input)
       : in_(input), m_(static_cast<int>(input.items.size())) {
+    // The split lower bound needs aggregators that are only aggregators:
+    // distinct, not the destination, not the source of any item, and no
+    // explicit topology links shared with the items' transfers.
+    separate_aggregators_ = !input.aggregators.empty();
+    for (size_t a = 0; a < input.aggregators.size(); ++a) {
+      const int host = input.aggregators[a];
+      separate_aggregators_ = separate_aggregators_ && host != input.dst_host &&
+                              std::count(input.aggregators.begin(), input.aggregators.end(),
+                                         host) == 1;
+      for (const AggregationItem& item : input.items) {
+        separate_aggregators_ = separate_aggregators_ && item.worker != host;
+      }
+    }
+    for (const AggregationItem& item : input.items) {
+      max_bits_ = std::max(max_bits_, 8.0 * static_cast<double>(item.bytes));
+    }
     prefix_max_.assign(m_ + 1, input.now_s);
     for (int i = 0; i < m_; ++i) prefix_max_[i + 1] = std::max(prefix_max_[i], input.direct[i].end_s);
     suffix_bits_.assign(m_ + 1, 0);
@@ -101,6 +117,39 @@ class SplitSearch {
     return t_max;
   }
 
+  // A lower bound on DetAgg(n)'s total, computed without running it, or
+  // -kInfinity when none can be given. With separate aggregators:
+  //  - group j (not the last) only takes items that reach a_j by T_j, the
+  //    server-busy time before it, so it absorbs at most a_j's downlink
+  //    capacity over [now, T_j];
+  //  - T_1 = max direct arrival, and T_{j+1} = max(T_j, end of aggregate j)
+  //    <= U_{j+1}: the end of an aggregate of the largest item size started
+  //    at U_j >= T_j on the input network (after U_j the links of an
+  //    aggregate's path carry nothing this split added: direct transfers
+  //    and earlier aggregates have ended, items never use them);
+  //  - everything the groups before cannot absorb goes through the last
+  //    aggregator's downlink, which cannot have received it before the
+  //    time its capacity integrates to those bits.
+  double LowerBound(int n, const Network& base) const {
+    if (!separate_aggregators_ || base.has_fixed_paths()) return -kInfinity;
+    const int k = static_cast<int>(in_.aggregators.size());
+    if (n == m_) return prefix_max_[m_];
+    double u = prefix_max_[n];
+    double absorbed = 0;
+    for (int j = 0; j + 1 < k; ++j) {
+      const int host = in_.aggregators[j];
+      absorbed += base.CapacityBits(base.DownlinkOf(host), in_.now_s, u);
+      const double end = base.FillEnd(base.PathBetween(host, in_.dst_host), u, max_bits_);
+      if (end == kInfinity) return -kInfinity;
+      u = std::max(u, end);
+    }
+    const double rest = suffix_bits_[n] - absorbed;
+    if (rest <= 0) return prefix_max_[n];
+    Path last;
+    last.links.push_back(base.DownlinkOf(in_.aggregators[k - 1]));
+    return std::max(prefix_max_[n], base.FillEnd(last, in_.now_s, rest));
+  }
+
   int m() const { return m_; }
   double DirectOnlyTotal() const { return prefix_max_[m_]; }
 
@@ -109,6 +158,8 @@ class SplitSearch {
   const int m_;
   std::vector<double> prefix_max_;
   std::vector<double> suffix_bits_;
+  bool separate_aggregators_ = false;
+  double max_bits_ = 0;
 };
 
 void AtomicMin(std::atomic<double>* target, double value) {
@@ -177,29 +228,40 @@ AggregationResult Aggregate(const AggregationInput& input, Network* net,
       }
     } else {
       std::atomic<double> best(totals[m]);
-      auto run = [&](int lo, int hi) {
+      std::vector<char> evaluated(m, 0);
+      // Evaluates split n on `state` (which holds the direct prefix of n).
+      auto evaluate = [&](int n, Network* state) {
+        evaluated[n] = 1;
+        const double bound = search.LowerBound(n, *net);
+        if (bound - Slack(bound) > best.load()) return;
+        const size_t mark = state->JournalMark();
+        const double total = search.DetAgg(n, state, best.load(), true, nullptr);
+        state->RollbackTo(mark);
+        totals[n] = total;
+        if (total < kInfinity) AtomicMin(&best, total);
+      };
+      auto run = [&](int lo, int hi, int step) {
         Network state = *net;
         state.BeginJournal();
         for (int i = 0; i < lo; ++i) search.ReserveDirect(i, &state);
         state.DiscardJournal();
         for (int n = lo; n < hi; ++n) {
-          const size_t mark = state.JournalMark();
-          const double total = search.DetAgg(n, &state, best.load(), true, nullptr);
-          state.RollbackTo(mark);
-          totals[n] = total;
-          if (total < kInfinity) AtomicMin(&best, total);
+          if (!evaluated[n] && (step == 1 || n % step == step / 2)) evaluate(n, &state);
           search.ReserveDirect(n, &state);
           state.DiscardJournal();
         }
       };
+      // A coarse pass first: a good best total early lets the bounds prune
+      // most split points of the full pass (pruning never changes the result).
+      if (m >= 32) run(0, m, m / 16);
       const int threads = std::max(1, std::min(options.threads, m / 64));
       if (threads == 1) {
-        run(0, m);
+        run(0, m, 1);
       } else {
         // Later split points carry longer direct prefixes; split evenly by count.
         std::vector<std::thread> pool;
         for (int t = 0; t < threads; ++t) {
-          pool.emplace_back(run, m * t / threads, m * (t + 1) / threads);
+          pool.emplace_back(run, m * t / threads, m * (t + 1) / threads, 1);
         }
         for (std::thread& thread : pool) thread.join();
       }

@@ -37,6 +37,8 @@ double PeakOf(const LinkProfile& p) {
 
 // Index of the segment containing `t` (t >= times[0]).
 size_t SegmentIndex(const LinkProfile& p, double t) {
+  // Reservations mostly land at the end of a profile: check the tail first.
+  if (t >= p.times_s.back()) return p.times_s.size() - 1;
   auto it = std::upper_bound(p.times_s.begin(), p.times_s.end(), t);
   return static_cast<size_t>(it - p.times_s.begin()) - 1;
 }
@@ -193,6 +195,18 @@ FillResult Network::Fill(const Path& path, double t0, double bits) const {
   result.feasible = result.end_s != kInfinity;
   if (!result.feasible) result.segments.clear();
   return result;
+}
+
+double Network::CapacityBits(int id, double from_s, double to_s) const {
+  const LinkProfile& p = links_[id];
+  from_s = std::max(from_s, start_s_);
+  double bits = 0;
+  for (size_t k = SegmentIndex(p, from_s); k < p.times_s.size() && p.times_s[k] < to_s; ++k) {
+    const double a = std::max(from_s, p.times_s[k]);
+    const double b = k + 1 < p.times_s.size() ? std::min(to_s, p.times_s[k + 1]) : to_s;
+    if (b > a) bits += p.rates_bps[k] * (b - a);
+  }
+  return bits;
 }
 
 double Network::FillInto(const Path& path, double t0, double bits,

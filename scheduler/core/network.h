@@ -81,6 +81,7 @@ class Network {
   Path PathBetween(int src_host, int dst_host) const;
 
   double start_s() const { return start_s_; }
+  bool has_fixed_paths() const { return !fixed_paths_.empty(); }
   const LinkProfile& link(int id) const { return links_[id]; }
   int num_links() const { return static_cast<int>(links_.size()); }
   // The highest capacity link `id` offers at any time (an upper bound on any
@@ -100,6 +101,9 @@ class Network {
   // one buffer avoids an allocation per call). Returns t_en.
   double FillInto(const Path& path, double t0, double bits,
                   std::vector<RateSegment>* segments) const;
+
+  // Bits link `id`'s residual capacity can carry in [from_s, to_s).
+  double CapacityBits(int id, double from_s, double to_s) const;
 
   // NetUp: subtracts `segments` from every link of `path` (residuals are
   // clamped at zero against rounding).

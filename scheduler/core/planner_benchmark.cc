@@ -1,0 +1,164 @@
+// Scheduler performance (paper §7.4): batches of |U| = 10, 100, 500, 1000
+// updates with deadlines from Uniform(1, 2|U|), |U|/2 worker nodes and a
+// congestion-free core; every batch also has 4 server aggregators and a
+// replica with 2 aggregators, so a plan runs all three algorithms (Alg. 2,
+// Alg. 3, §5.3). It prints, per |U|, milliseconds per batch and the peak heap
+// a call allocates, for the optimised core (1 and 2 threads) and for the
+// straightforward reference implementation of the same algorithms, and
+// checks that all three produce byte-identical plans (exit 1 otherwise) that
+// pass every plan invariant.
+//
+//   bazel run -c opt //scheduler/core:planner_benchmark
+//   bazel run -c opt //scheduler/core:planner_benchmark -- --quick   (skips |U| = 1000 reference)
+//
+// Figures are printed, never asserted (DESIGN.md §10: machines are noisy).
+#include <malloc.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "scheduler/core/internal/random_batch.h"
+#include "scheduler/core/mlfabric_planner.h"
+#include "scheduler/core/plan_checker.h"
+#include "scheduler/core/plan_json.h"
+
+// Heap accounting for this benchmark binary only: the current and the peak
+// number of bytes allocated through operator new.
+namespace {
+std::atomic<int64_t> g_heap_current{0};
+std::atomic<int64_t> g_heap_peak{0};
+
+void* CountedAlloc(size_t size) {
+  void* p = std::malloc(size == 0 ? 1 : size);
+  if (p == nullptr) throw std::bad_alloc();
+  const int64_t now = g_heap_current += static_cast<int64_t>(malloc_usable_size(p));
+  int64_t peak = g_heap_peak.load();
+  while (now > peak && !g_heap_peak.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+
+void CountedFree(void* p) {
+  if (p == nullptr) return;
+  g_heap_current -= static_cast<int64_t>(malloc_usable_size(p));
+  std::free(p);
+}
+}  // namespace
+
+void* operator new(size_t size) { return CountedAlloc(size); }
+void* operator new[](size_t size) { return CountedAlloc(size); }
+void operator delete(void* p) noexcept { CountedFree(p); }
+void operator delete[](void* p) noexcept { CountedFree(p); }
+void operator delete(void* p, size_t) noexcept { CountedFree(p); }
+void operator delete[](void* p, size_t) noexcept { CountedFree(p); }
+
+namespace mlfabric::core {
+namespace {
+
+struct Measurement {
+  double ms_per_batch = 0;
+  double peak_mib = 0;
+  std::string plan_json;
+  Plan plan;
+};
+
+Measurement Measure(const MlfabricPlanner& planner, const std::vector<Batch>& batches,
+                    int repetitions) {
+  Measurement m;
+  int64_t peak = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < repetitions; ++r) {
+    for (const Batch& batch : batches) {
+      const int64_t base = g_heap_current.load();
+      g_heap_peak = base;
+      absl::StatusOr<Plan> plan = planner.PlanBatch(batch);
+      peak = std::max(peak, g_heap_peak.load() - base);
+      if (!plan.ok()) {
+        std::fprintf(stderr, "planning failed: %s\n", std::string(plan.status().message()).c_str());
+        std::exit(1);
+      }
+      if (r == 0) {
+        m.plan_json += PlanToJson(*plan).dump();
+        m.plan = *std::move(plan);
+      }
+    }
+  }
+  const auto stop = std::chrono::steady_clock::now();
+  m.ms_per_batch = std::chrono::duration<double, std::milli>(stop - start).count() /
+                   (static_cast<double>(repetitions) * batches.size());
+  m.peak_mib = static_cast<double>(peak) / (1024.0 * 1024.0);
+  return m;
+}
+
+int Main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  PlannerOptions two_threads;
+  two_threads.threads = 2;
+  PlannerOptions reference;
+  reference.reference = true;
+  const MlfabricPlanner optimised, parallel(two_threads), straightforward(reference);
+
+  struct Row {
+    int updates;
+    int batches;       // distinct random batches per size
+    int repetitions;   // timed passes over them (optimised)
+    int reference_repetitions;
+  };
+  const std::vector<Row> rows = {{10, 20, 200, 20}, {100, 5, 20, 1}, {500, 3, 5, 1}, {1000, 3, 3, 1}};
+  std::printf("MLfabric planner, paper §7.4 setup (deadlines ~ U(1, 2|U|), |U|/2 workers,\n"
+              "congestion-free core, 4 aggregators, replica with 2 aggregators)\n\n");
+  std::printf("%6s | %12s %9s | %12s %9s | %12s %9s | %8s | %s\n", "|U|", "opt 1 thr", "peak",
+              "opt 2 thr", "peak", "reference", "peak", "speedup", "plans");
+  std::printf("%6s | %12s %9s | %12s %9s | %12s %9s | %8s | %s\n", "", "ms/batch", "MiB",
+              "ms/batch", "MiB", "ms/batch", "MiB", "ref/opt", "");
+  bool identical = true;
+  for (const Row& row : rows) {
+    std::vector<Batch> batches;
+    for (int b = 0; b < row.batches; ++b) {
+      internal::RandomBatchOptions o;
+      o.updates = row.updates;
+      o.aggregators = 4;
+      o.replica = true;
+      o.replica_aggregators = 2;
+      o.seed = 1000 * row.updates + b + 1;
+      batches.push_back(internal::RandomBatch(o));
+    }
+    const Measurement fast = Measure(optimised, batches, row.repetitions);
+    const Measurement two = Measure(parallel, batches, row.repetitions);
+    std::string verdict = "identical";
+    double ref_ms = 0, ref_peak = 0;
+    if (quick && row.updates >= 1000) {
+      verdict = "(reference skipped)";
+    } else {
+      const Measurement ref = Measure(straightforward, batches, row.reference_repetitions);
+      ref_ms = ref.ms_per_batch;
+      ref_peak = ref.peak_mib;
+      if (ref.plan_json != fast.plan_json) verdict = "DIFFERENT (reference)";
+    }
+    if (two.plan_json != fast.plan_json) verdict = "DIFFERENT (threads)";
+    for (const Batch& batch : batches) {
+      const auto problems = CheckPlan(batch, *optimised.PlanBatch(batch));
+      if (!problems.empty()) verdict = "INVALID: " + problems[0];
+    }
+    identical = identical && verdict.rfind("identical", 0) == 0;
+    std::printf("%6d | %12.4f %9.2f | %12.4f %9.2f | %12.2f %9.2f | %7.0fx | %s\n", row.updates,
+                fast.ms_per_batch, fast.peak_mib, two.ms_per_batch, two.peak_mib, ref_ms, ref_peak,
+                ref_ms > 0 ? ref_ms / fast.ms_per_batch : 0.0, verdict.c_str());
+    std::fflush(stdout);
+  }
+  std::printf("\npaper (§7.4, one thread): |U|=100: 30 ms, 500: 440 ms, 1000: 1460 ms; "
+              "|U|<10: 5 ms\n");
+  return identical ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace mlfabric::core
+
+int main(int argc, char** argv) { return mlfabric::core::Main(argc, argv); }
