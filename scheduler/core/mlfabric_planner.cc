@@ -133,16 +133,18 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
         server.delivered_by[i] = static_cast<int>(server.transfers.size());
       }
       server.transfers.push_back(std::move(t));
+      server.transfer_position.push_back(i);
     }
   }
-  std::vector<int> aggregate_transfer;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (PlannedTransfer& t : groups[g].to_aggregator) server.transfers.push_back(std::move(t));
-    aggregate_transfer.push_back(static_cast<int>(server.transfers.size()));
-    server.transfers.push_back(groups[g].aggregate);
-    for (int i : groups[g].items) {
-      server.delivered_by[i] = aggregate_transfer.back();
+  for (AggregationGroup& group : groups) {
+    const int first = group.items.front();
+    for (PlannedTransfer& t : group.to_aggregator) {
+      server.transfers.push_back(std::move(t));
+      server.transfer_position.push_back(first);
     }
+    for (int i : group.items) server.delivered_by[i] = static_cast<int>(server.transfers.size());
+    server.transfers.push_back(std::move(group.aggregate));
+    server.transfer_position.push_back(first);
   }
 
   // 3. Replication (§5.3).
@@ -164,16 +166,13 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
   Plan plan;
   for (int u : server.order) plan.order.push_back(batch.updates[u].id);
   for (const auto& [u, reason] : ordering.drops) plan.dropped.push_back({batch.updates[u].id, reason});
+  for (int u : replication.dropped) plan.dropped.push_back({batch.updates[u].id, "replica_divergence"});
   int aggregate_count = 0;
-  std::vector<std::string> aggregate_names(server.transfers.size());
-  for (size_t g = 0; g < groups.size(); ++g) {
-    aggregate_names[aggregate_transfer[g]] = absl::StrCat("agg:", ++aggregate_count);
-  }
   for (size_t k = 0; k < server.transfers.size(); ++k) {
     Transfer t = ToTransfer(server.transfers[k], batch, net);
-    if (!aggregate_names[k].empty()) {
-      t.update = aggregate_names[k];
-      for (size_t i = 0; i < m; ++i) {
+    if (t.kind == TransferKind::kAggregate) {
+      t.update = absl::StrCat("agg:", ++aggregate_count);
+      for (size_t i = 0; i < server.order.size(); ++i) {
         if (server.delivered_by[i] == static_cast<int>(k)) {
           t.constituents.push_back(batch.updates[server.order[i]].id);
         }
@@ -182,7 +181,7 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
     plan.transfers.push_back(std::move(t));
   }
   const std::vector<double> commits = HonestCommits(server.arrival_s);
-  for (size_t i = 0; i < m; ++i) {
+  for (size_t i = 0; i < server.order.size(); ++i) {
     plan.commits.push_back({batch.updates[server.order[i]].id, commits[i], static_cast<int>(i + 1)});
   }
   // Replica transfers: an aggregate is the transfer that follows its group's

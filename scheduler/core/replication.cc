@@ -37,6 +37,30 @@ std::vector<double> HonestCommits(const std::vector<double>& arrival_s) {
   return commits;
 }
 
+namespace {
+
+// Keeps positions [0, cut) of the server schedule.
+void TruncateServer(ServerSchedule* server, size_t cut) {
+  std::vector<int> remap(server->transfers.size(), -1);
+  std::vector<PlannedTransfer> kept;
+  std::vector<int> kept_position;
+  for (size_t k = 0; k < server->transfers.size(); ++k) {
+    if (static_cast<size_t>(server->transfer_position[k]) < cut) {
+      remap[k] = static_cast<int>(kept.size());
+      kept.push_back(std::move(server->transfers[k]));
+      kept_position.push_back(server->transfer_position[k]);
+    }
+  }
+  server->transfers = std::move(kept);
+  server->transfer_position = std::move(kept_position);
+  server->order.resize(cut);
+  server->arrival_s.resize(cut);
+  server->delivered_by.resize(cut);
+  for (int& d : server->delivered_by) d = remap[d];
+}
+
+}  // namespace
+
 ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& replica,
                             ServerSchedule* server, Network* net, const PlannerOptions& options) {
   ReplicationResult result;
@@ -47,9 +71,8 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
   const DivergenceTable table(replica.momentum, replica.history_norm, norms);
   // Replica state (in updates applied) when `r` of this batch's are in.
   auto replica_state = [&](size_t r) { return r == 0 ? size_t{0} : lead + r; };
-  const size_t server_state = lead + m;
   if (m == 0) {
-    result.divergence = table.Bound(0, server_state);
+    result.divergence = table.Bound(0, lead);
     return result;
   }
 
@@ -73,30 +96,70 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
   const std::vector<double> replica_commit = HonestCommits(agg.arrival_s);
 
   std::vector<double> server_commit = HonestCommits(server->arrival_s);
+  size_t kept = m;  // server positions kept (all unless the replica is unreachable)
+  size_t server_state = lead + kept;
   double t_last = server_commit.back();
   auto committed_by = [&](double t) {
-    return static_cast<size_t>(std::upper_bound(replica_commit.begin(), replica_commit.end(), t) -
-                               replica_commit.begin());
+    const size_t r = static_cast<size_t>(
+        std::upper_bound(replica_commit.begin(), replica_commit.end(), t) -
+        replica_commit.begin());
+    return std::min(r, kept);
   };
   size_t r = committed_by(t_last);
-  if (table.Bound(replica_state(r), server_state) > replica.divergence_bound) {
-    // The earliest replica commit a_e after which the bound holds (the bound
-    // only falls as the replica catches up, so search for it in order).
-    size_t needed = r + 1;
-    while (needed < m &&
+  // The earliest replica state (a prefix length) at which the bound holds.
+  auto needed_for = [&](size_t from) {
+    size_t needed = from;
+    while (needed < kept &&
            table.Bound(replica_state(needed), server_state) > replica.divergence_bound) {
       ++needed;
     }
+    return needed;
+  };
+  if (table.Bound(replica_state(r), server_state) > replica.divergence_bound &&
+      replica_commit[needed_for(r + 1) - 1] == kInfinity) {
+    // No delay helps: keep the longest prefix the reachable replica state
+    // can cover, cut at a group boundary, and drop the rest.
+    const size_t reachable = static_cast<size_t>(
+        std::lower_bound(replica_commit.begin(), replica_commit.end(), kInfinity) -
+        replica_commit.begin());
+    size_t cut = 0;
+    for (size_t s = m; s > 0; --s) {
+      if (table.Bound(replica_state(std::min(reachable, s)), lead + s) <=
+          replica.divergence_bound) {
+        cut = s;
+        break;
+      }
+    }
+    while (cut > 0 && cut < m && server->delivered_by[cut] == server->delivered_by[cut - 1]) {
+      --cut;
+    }
+    for (size_t i = cut; i < m; ++i) result.dropped.push_back(server->order[i]);
+    TruncateServer(server, cut);
+    kept = cut;
+    server_state = lead + kept;
+    if (kept == 0) {
+      result.divergence = table.Bound(0, server_state);
+      return result;
+    }
+    server_commit = HonestCommits(server->arrival_s);
+    t_last = server_commit.back();
+    r = committed_by(t_last);
+  }
+  if (table.Bound(replica_state(r), server_state) > replica.divergence_bound) {
+    // Delay the last server transfer to start after the earliest replica
+    // commit a_e after which the bound holds (the bound only falls as the
+    // replica catches up).
+    const size_t needed = needed_for(r + 1);
     const double t_e = replica_commit[needed - 1];
-    PlannedTransfer& last = server->transfers[server->delivered_by[m - 1]];
+    PlannedTransfer& last = server->transfers[server->delivered_by[kept - 1]];
     if (t_e < kInfinity && t_e > last.start_s) {
       const Path path = net->PathBetween(last.src, last.dst);
       net->Release(path, last.segments);
       FillResult fill = net->Fill(path, t_e, 8.0 * static_cast<double>(last.bytes));
       if (fill.feasible) {
         net->Reserve(path, fill.segments);
-        const int delivered = server->delivered_by[m - 1];
-        for (size_t i = 0; i < m; ++i) {
+        const int delivered = server->delivered_by[kept - 1];
+        for (size_t i = 0; i < kept; ++i) {
           if (server->delivered_by[i] == delivered) server->arrival_s[i] = fill.end_s;
         }
         last.start_s = fill.segments.front().from_s;
@@ -115,7 +178,7 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
 
   // Freeze the prefix committed by T_last; punt the rest.
   for (size_t i = 0; i < r; ++i) result.commit_s.push_back(replica_commit[i]);
-  for (size_t i = r; i < m; ++i) result.punted.push_back(server->order[i]);
+  for (size_t i = r; i < kept; ++i) result.punted.push_back(server->order[i]);
   for (int i = 0; i < agg.split && static_cast<size_t>(i) < r; ++i) {
     result.transfers.push_back(input.direct[i]);
   }

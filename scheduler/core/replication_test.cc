@@ -158,6 +158,24 @@ TEST_CASE("A tight bound delays the last server transfer until the replica catch
   CHECK(problems.empty());
 }
 
+TEST_CASE("An unreachable replica makes the server drop what would break the bound") {
+  Batch batch = ReplicaBatch(2.0);
+  // The replica's downlink dies after half an update.
+  batch.hosts[1].downlink_profile = {{0, 5e9}, {0.1, 0}};
+  auto plan = MlfabricPlanner().PlanBatch(batch);
+  REQUIRE(plan.ok());
+  // H_1 = 0.5 * 1 + 1 = 1.5 <= 2, H_1 + H_2 = 1.5 + 1.75 > 2: one update stays.
+  REQUIRE(plan->order.size() == 1);
+  CHECK(plan->dropped.size() == 3);
+  for (const Drop& d : plan->dropped) CHECK(d.reason == "replica_divergence");
+  CHECK(plan->replica_commits.empty());
+  CHECK(plan->punted == plan->order);
+  CHECK(plan->replica_divergence == Approx(1.5));
+  const auto problems = CheckPlan(batch, *plan);
+  INFO((problems.empty() ? "" : problems[0]));
+  CHECK(problems.empty());
+}
+
 TEST_CASE("Honest commits never precede arrival nor the previous commit") {
   CHECK(HonestCommits({0.3, 0.1, 0.5, 0.4}) == std::vector<double>{0.3, 0.3, 0.5, 0.5});
 }

@@ -66,6 +66,14 @@ Batch RandomBatch(const RandomBatchOptions& options) {
       host.uplink_profile = RandomProfile(rng, batch.now_s);
       host.downlink_profile = RandomProfile(rng, batch.now_s);
     }
+    if (options.outages && rng.Uniform() < 0.3) {
+      std::vector<ProfilePoint>& profile =
+          rng.Uniform() < 0.5 ? host.uplink_profile : host.downlink_profile;
+      const double rate = rng.NicRate();
+      const double down_at = batch.now_s + 0.05 * rng.Uniform();
+      profile = {{batch.now_s - 1, rate}, {down_at, 0.0}};
+      if (rng.Uniform() < 0.5) profile.push_back({down_at + rng.Uniform(), rate});
+    }
     batch.hosts.push_back(std::move(host));
   };
   add_host("s0", true);

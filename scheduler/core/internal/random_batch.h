@@ -21,6 +21,9 @@ struct RandomBatchOptions {
   bool sync = false;
   int shards = 0;              // further servers for §10.2 (0: single server)
   int max_deadline = 0;        // 0: 2 * updates
+  // Some hosts lose all capacity for a while or for ever (stress for the
+  // "no_bandwidth" and infeasible-split paths).
+  bool outages = false;
   int64_t min_bytes = 1000000;
   int64_t max_bytes = 100000000;
   uint64_t seed = 1;
