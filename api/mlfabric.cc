@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -283,6 +285,7 @@ absl::Status Server::Serve() {
         Update view;
         view.transfer_id = update.transfer_id();
         view.sequence = update.sequence();
+        view.count = std::max<int64_t>(1, update.count());
         view.worker = update.worker();
         view.version = update.version();
         view.norm = update.norm();

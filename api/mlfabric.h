@@ -120,6 +120,10 @@ class Server {
   struct Update {
     uint64_t transfer_id = 0;
     uint64_t sequence = 0;   // commit position at this server
+    // Pushed updates summed into this delivery: 1, or the number of
+    // constituents of an in-network aggregate (§5.2). Apply it as that many
+    // updates: the model version advances by `count`.
+    int64_t count = 1;
     std::string worker;
     int64_t version = 0;     // v(g)
     double norm = 0;
@@ -130,8 +134,8 @@ class Server {
     int64_t version = 0;
     std::vector<uint8_t> bytes;
   };
-  // Applies one update; returns the model version after applying it, or an
-  // error that fails the push.
+  // Applies one update (or aggregate of `count` updates); returns the model
+  // version after applying it, or an error that fails the push(es).
   using UpdateCallback = std::function<absl::StatusOr<int64_t>(const Update&)>;
   using RequestCallback = std::function<absl::StatusOr<Snapshot>()>;
 

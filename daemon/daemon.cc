@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "aggregator/reduce.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -305,6 +306,9 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     case v1::DaemonCommand::kSend:
       ScheduleSendLocked(command.send());
       break;
+    case v1::DaemonCommand::kAggregate:
+      StartAggregationLocked(command.aggregate());
+      break;
     case v1::DaemonCommand::kExpect: {
       const v1::ExpectDelivery& expect = command.expect();
       const std::string key = ServerKey(expect.job_id(), expect.server());
@@ -323,6 +327,10 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     }
     case v1::DaemonCommand::kCancel: {
       const v1::CancelDelivery& cancel = command.cancel();
+      if (aggregations_.count(cancel.transfer_id())) {
+        DropAggregationLocked(cancel.transfer_id(), cancel.reason());
+        break;
+      }
       for (auto& [key, endpoint] : servers_) {
         auto it = endpoint.expected.find(cancel.sequence());
         if (it == endpoint.expected.end() ||
@@ -502,6 +510,7 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
   request.set_version(push.version());
   request.set_norm(push.norm());
   *request.mutable_tensors() = push.tensors();
+  request.set_dtype(push.dtype());
   std::lock_guard<std::mutex> submitting(submit_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -652,6 +661,7 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
     update->set_norm(delivery.info.norm());
     update->set_bytes(delivery.info.bytes());
     update->set_sequence(next->first);
+    update->set_count(std::max(1, delivery.info.constituents_size()));
     absl::Status sent = endpoint.app->channel->Send(message, incoming->second.buffer->fd());
     if (!sent.ok()) {
       ReportFailureAsync(transfer_id, absl::StrCat("cannot hand the update to server '", server,
@@ -761,6 +771,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
       }
       if (it->second.received == it->second.total) {
         begun.erase(header->transfer);
+        if (FoldLocked(header->transfer)) continue;
         std::vector<std::pair<uint32_t, std::string>> endpoints;
         for (const auto& [key, endpoint] : servers_) {
           for (const auto& [sequence, delivery] : endpoint.expected) {
@@ -954,10 +965,15 @@ void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
                        absl::StrCat("no pushed data on ", config_.host, " for this transfer"));
     return;
   }
-  if (static_cast<int64_t>(push->second.buffer->size()) != send.bytes()) {
-    ReportFailureAsync(send.transfer_id(),
-                       absl::StrCat("schedule says ", send.bytes(), " bytes, the push has ",
-                                    push->second.buffer->size()));
+  ScheduleOutgoingLocked(send, push->second.buffer, push->second.tensors);
+}
+
+void Daemon::ScheduleOutgoingLocked(const v1::SendTransfer& send,
+                                    std::shared_ptr<SharedBuffer> buffer,
+                                    std::vector<v1::TensorInfo> tensors) {
+  if (static_cast<int64_t>(buffer->size()) != send.bytes()) {
+    ReportFailureAsync(send.transfer_id(), absl::StrCat("schedule says ", send.bytes(),
+                                                        " bytes, the data has ", buffer->size()));
     return;
   }
   std::vector<daemon::RateSegment> segments;
@@ -978,11 +994,103 @@ void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
   }
   Outgoing& outgoing = outgoing_[send.transfer_id()];
   outgoing.send = send;
-  outgoing.buffer = push->second.buffer;
-  outgoing.tensors = push->second.tensors;
+  outgoing.buffer = std::move(buffer);
+  outgoing.tensors = std::move(tensors);
   outgoing.pacer.emplace(std::move(*pacer));
   release_at_.emplace(outgoing.pacer->start_local_s(), send.transfer_id());
   cv_.notify_all();
+}
+
+void Daemon::StartAggregationLocked(const v1::AggregateTask& task) {
+  if (task.dtype() != v1::DTYPE_FLOAT32 && task.dtype() != v1::DTYPE_FLOAT64) {
+    ReportFailureAsync(task.aggregate_id(), "cannot aggregate updates of opaque type");
+    return;
+  }
+  const size_t element = task.dtype() == v1::DTYPE_FLOAT32 ? sizeof(float) : sizeof(double);
+  if (task.bytes() <= 0 || task.bytes() % element != 0 || task.constituents_size() == 0) {
+    ReportFailureAsync(task.aggregate_id(), "malformed aggregation task");
+    return;
+  }
+  auto sum = SharedBuffer::Create(static_cast<size_t>(task.bytes()));
+  if (!sum.ok()) {
+    ReportFailureAsync(task.aggregate_id(), std::string(sum.status().message()));
+    return;
+  }
+  std::memset(sum->data(), 0, sum->size());
+  Aggregation& aggregation = aggregations_[task.aggregate_id()];
+  aggregation.task = task;
+  aggregation.sum = std::make_shared<SharedBuffer>(std::move(*sum));
+  for (int i = 0; i < task.constituents_size(); ++i) {
+    const double weight = i < task.weights_size() ? task.weights(i) : 1.0;
+    aggregation.waiting[task.constituents(i)] = weight;
+    aggregate_of_[task.constituents(i)] = task.aggregate_id();
+  }
+  // Constituents may have arrived before the task did.
+  for (int i = 0; i < task.constituents_size(); ++i) {
+    auto incoming = incoming_.find(task.constituents(i));
+    if (incoming != incoming_.end() && incoming->second.received == incoming->second.total) {
+      FoldLocked(task.constituents(i));
+    }
+  }
+}
+
+bool Daemon::FoldLocked(uint64_t transfer_id) {
+  auto member = aggregate_of_.find(transfer_id);
+  if (member == aggregate_of_.end()) return false;
+  auto it = aggregations_.find(member->second);
+  auto incoming = incoming_.find(transfer_id);
+  if (it == aggregations_.end() || incoming == incoming_.end()) return true;
+  Aggregation& aggregation = it->second;
+  const v1::AggregateTask& task = aggregation.task;
+  const std::shared_ptr<SharedBuffer> data = incoming->second.buffer;
+  const double weight = aggregation.waiting[transfer_id];
+  incoming_.erase(incoming);
+  aggregate_of_.erase(member);
+  aggregation.waiting.erase(transfer_id);
+  if (static_cast<int64_t>(data->size()) != task.bytes()) {
+    const uint64_t aggregate_id = task.aggregate_id();
+    DropAggregationLocked(aggregate_id, absl::StrCat("constituent ", transfer_id, " has ",
+                                                     data->size(), " bytes, the aggregate ",
+                                                     task.bytes()));
+    ReportFailureAsync(aggregate_id, "aggregate constituents differ in size");
+    return true;
+  }
+  if (task.dtype() == v1::DTYPE_FLOAT32) {
+    aggregator::WeightedSum(reinterpret_cast<float*>(aggregation.sum->data()),
+                            reinterpret_cast<const float*>(data->data()),
+                            static_cast<float>(weight), data->size() / sizeof(float));
+  } else {
+    aggregator::WeightedSum(reinterpret_cast<double*>(aggregation.sum->data()),
+                            reinterpret_cast<const double*>(data->data()), weight,
+                            data->size() / sizeof(double));
+  }
+  ++aggregation.folded;
+  if (!aggregation.waiting.empty()) return true;
+  // All in: the aggregate leaves at its scheduled time (§5.2).
+  v1::SendTransfer send;
+  send.set_transfer_id(task.aggregate_id());
+  send.set_job_id(task.job_id());
+  send.set_dst_host(task.dst_host());
+  send.set_dst_address(task.dst_address());
+  send.set_start_s(task.start_s());
+  *send.mutable_segments() = task.segments();
+  send.set_bytes(task.bytes());
+  ++stats_.aggregates;
+  std::shared_ptr<SharedBuffer> sum = aggregation.sum;
+  aggregations_.erase(it);
+  ScheduleOutgoingLocked(send, std::move(sum), {});
+  return true;
+}
+
+void Daemon::DropAggregationLocked(uint64_t aggregate_id, const std::string& reason) {
+  auto it = aggregations_.find(aggregate_id);
+  if (it == aggregations_.end()) return;
+  MLF_LOG(INFO) << "dropping aggregation " << aggregate_id << ": " << reason;
+  for (const auto& [constituent, weight] : it->second.waiting) {
+    aggregate_of_.erase(constituent);
+    incoming_.erase(constituent);
+  }
+  aggregations_.erase(it);
 }
 
 void Daemon::ReleaseLocked(uint64_t transfer_id) {

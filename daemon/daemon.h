@@ -67,6 +67,7 @@ class Daemon {
     int64_t bytes_received = 0;
     int64_t deliveries = 0;
     int64_t malformed_sessions = 0;
+    int64_t aggregates = 0;
   };
   Stats GetStats() const;
 
@@ -96,6 +97,15 @@ class Daemon {
     std::optional<daemon::TransferPacer> pacer;
     bool begun = false;  // kBegin written to the peer
     size_t packets_left = 0;
+  };
+
+  // This host aggregates (§5.2): constituents are folded into `sum` as each
+  // arrives whole; the aggregate leaves as an Outgoing once all are in.
+  struct Aggregation {
+    v1::AggregateTask task;
+    std::shared_ptr<SharedBuffer> sum;
+    std::map<uint64_t, double> waiting;  // constituent -> weight
+    size_t folded = 0;
   };
 
   struct Incoming {
@@ -146,6 +156,14 @@ class Daemon {
   void SenderLoop();
   // Require mu_.
   void ScheduleSendLocked(const v1::SendTransfer& send);
+  // Queues an outgoing transfer of `buffer` (an aggregate or a push).
+  void ScheduleOutgoingLocked(const v1::SendTransfer& send, std::shared_ptr<SharedBuffer> buffer,
+                              std::vector<v1::TensorInfo> tensors);
+  void StartAggregationLocked(const v1::AggregateTask& task);
+  // Folds a completely received constituent into its aggregation; true if
+  // the transfer was a constituent here.
+  bool FoldLocked(uint64_t transfer_id);
+  void DropAggregationLocked(uint64_t aggregate_id, const std::string& reason);
   void ReleaseLocked(uint64_t transfer_id);
   void FailOutgoingLocked(const std::string& dst_address, const std::string& reason);
   // Writes one packet (preceded by the transfer's kBegin when `begin`).
@@ -180,6 +198,8 @@ class Daemon {
   std::map<uint64_t, PendingPush> pushes_;            // by transfer id
   std::map<std::string, ServerEndpoint> servers_;     // by ServerKey
   std::map<uint64_t, Incoming> incoming_;             // by transfer id
+  std::map<uint64_t, Aggregation> aggregations_;      // by aggregate id
+  std::map<uint64_t, uint64_t> aggregate_of_;         // constituent -> aggregate id
   std::map<uint64_t, Outgoing> outgoing_;             // by transfer id
   std::multimap<double, uint64_t> release_at_;        // local start time -> transfer
   daemon::PriorityPacketQueue packet_queue_;

@@ -53,16 +53,17 @@ int main(int argc, char** argv) {
     }
     const float* values = reinterpret_cast<const float*>(u.data);
     for (size_t i = 0; i < model.size(); ++i) model[i] += values[i];
-    ++applied;
-    if (progress_every > 0 && applied % progress_every == 0) {
+    applied += u.count;
+    if (progress_every > 0 && (applied / progress_every) != ((applied - u.count) / progress_every)) {
       std::cout << "sum_server: applied " << applied << std::endl;
     }
-    if (expect_updates > 0 && applied == expect_updates) {
+    if (expect_updates > 0 && applied >= expect_updates && applied - u.count < expect_updates) {
       write_model();
       std::cout << "sum_server: applied " << applied << " updates, version " << version + 1
                 << std::endl;
     }
-    return ++version;
+    version += u.count;
+    return version;
   });
   (*server)->RegisterRequestCallback([&]() -> absl::StatusOr<Server::Snapshot> {
     Server::Snapshot snapshot;

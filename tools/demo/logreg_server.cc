@@ -52,8 +52,9 @@ int main(int argc, char** argv) {
     const float* delta = reinterpret_cast<const float*>(u.data);
     std::lock_guard<std::mutex> lock(mu);
     for (size_t j = 0; j < model.size(); ++j) model[j] += delta[j];
-    ++applied;
-    return ++version;
+    applied += u.count;
+    version += u.count;
+    return version;
   });
   (*server)->RegisterRequestCallback([&]() -> absl::StatusOr<Server::Snapshot> {
     std::lock_guard<std::mutex> lock(mu);
