@@ -156,6 +156,13 @@ absl::Status Daemon::Start() {
                                                config_.local_socket, ": ", std::strerror(errno)));
   }
 
+  if (config_.unscheduled_bps > 0) {
+    auto bucket = daemon::TokenBucket::Create(
+        config_.unscheduled_bps, 2.0 * static_cast<double>(config_.payload_bytes),
+        clock_.NowSeconds());
+    if (!bucket.ok()) return bucket.status();
+    unscheduled_budget_.emplace(std::move(*bucket));
+  }
   channel_ = grpc::CreateChannel(config_.scheduler, grpc::InsecureChannelCredentials());
   stub_ = v1::Scheduler::NewStub(channel_);
   if (auto status = RegisterHost(); !status.ok()) return status;
@@ -879,6 +886,18 @@ absl::Status Daemon::ServeGetRequest(tcp::socket& socket, const PacketHeader& re
   if (!error.empty() || !model) return absl::OkStatus();
   const size_t chunk = static_cast<size_t>(config_.payload_bytes);
   for (size_t offset = 0; offset < model->size(); offset += chunk) {
+    const uint32_t budget_bytes = static_cast<uint32_t>(std::min(chunk, model->size() - offset));
+    while (true) {  // wait for the unscheduled-traffic budget
+      double wait_s = 0;
+      {
+        std::lock_guard<std::mutex> lock(unscheduled_mu_);
+        if (!unscheduled_budget_.has_value()) break;
+        const double now = clock_.NowSeconds();
+        if (unscheduled_budget_->TryConsume(budget_bytes, now)) break;
+        wait_s = unscheduled_budget_->NextSendTime(budget_bytes, now) - now;
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait_s, 0.1)));
+    }
     PacketHeader data;
     data.kind = PacketKind::kData;
     data.job = request.job;

@@ -206,6 +206,9 @@ class Daemon {
   std::map<uint64_t, ModelReply> model_replies_;      // by request id
   std::set<std::shared_ptr<AppSession>> apps_;
   std::map<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> peers_;
+  // Unscheduled traffic (get replies) has its own budget (DESIGN.md §5).
+  std::mutex unscheduled_mu_;
+  std::optional<daemon::TokenBucket> unscheduled_budget_;
   std::mutex peers_mu_;
   std::mutex submit_mu_;  // held from SubmitUpdate until its push is recorded
   uint64_t next_local_id_ = 1;
