@@ -115,37 +115,7 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
     }
     return needed;
   };
-  if (table.Bound(replica_state(r), server_state) > replica.divergence_bound &&
-      replica_commit[needed_for(r + 1) - 1] == kInfinity) {
-    // No delay helps: keep the longest prefix the reachable replica state
-    // can cover, cut at a group boundary, and drop the rest.
-    const size_t reachable = static_cast<size_t>(
-        std::lower_bound(replica_commit.begin(), replica_commit.end(), kInfinity) -
-        replica_commit.begin());
-    size_t cut = 0;
-    for (size_t s = m; s > 0; --s) {
-      if (table.Bound(replica_state(std::min(reachable, s)), lead + s) <=
-          replica.divergence_bound) {
-        cut = s;
-        break;
-      }
-    }
-    while (cut > 0 && cut < m && server->delivered_by[cut] == server->delivered_by[cut - 1]) {
-      --cut;
-    }
-    for (size_t i = cut; i < m; ++i) result.dropped.push_back(server->order[i]);
-    TruncateServer(server, cut);
-    kept = cut;
-    server_state = lead + kept;
-    if (kept == 0) {
-      result.divergence = table.Bound(0, server_state);
-      return result;
-    }
-    server_commit = HonestCommits(server->arrival_s);
-    t_last = server_commit.back();
-    r = committed_by(t_last);
-  }
-  if (table.Bound(replica_state(r), server_state) > replica.divergence_bound) {
+  while (kept > 0 && table.Bound(replica_state(r), server_state) > replica.divergence_bound) {
     // Delay the last server transfer to start after the earliest replica
     // commit a_e after which the bound holds (the bound only falls as the
     // replica catches up).
@@ -169,11 +139,25 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
         server_commit = HonestCommits(server->arrival_s);
         t_last = server_commit.back();
         r = committed_by(t_last);
-      } else {
-        net->Reserve(path, last.segments);
+        continue;
       }
+      net->Reserve(path, last.segments);
     }
+    // No delay helps (the replica, or the last transfer's path after a_e,
+    // never offers the capacity): the server gives up its last delivery
+    // (a direct update or a whole aggregate) and tries again.
+    size_t cut = kept - 1;
+    while (cut > 0 && server->delivered_by[cut - 1] == server->delivered_by[kept - 1]) --cut;
+    for (size_t i = cut; i < kept; ++i) result.dropped.push_back(server->order[i]);
+    TruncateServer(server, cut);
+    kept = cut;
+    server_state = lead + kept;
+    if (kept == 0) break;
+    server_commit = HonestCommits(server->arrival_s);
+    t_last = server_commit.back();
+    r = committed_by(t_last);
   }
+  if (kept == 0) r = 0;
   result.divergence = table.Bound(replica_state(r), server_state);
 
   // Freeze the prefix committed by T_last; punt the rest.

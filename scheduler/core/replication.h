@@ -37,12 +37,13 @@
 // outstanding until this batch's first replica commit, which can only happen
 // after them.
 //
-// When no delay can help (the replica's path never offers the capacity to
-// receive the updates the bound needs), the server keeps only the longest
-// prefix of its order (cut at an aggregation-group boundary) for which the
-// bound can hold and drops the rest with reason "replica_divergence"; the
-// bound is a guarantee (§1: "should always be satisfied"), never traded
-// silently.
+// When no delay can help (the replica's path, or the last transfer's path
+// after a_e, never offers the capacity), the server gives up its last
+// delivery (a direct update or a whole aggregate: "replica_divergence" drops)
+// and the check repeats, so the bound stays a guarantee (§1: "should always
+// be satisfied"), never traded silently. Only a lead that already breaks the
+// bound before this batch cannot be repaired; the server then commits
+// nothing.
 //
 // Thread safety: pure functions.
 #ifndef MLFABRIC_SCHEDULER_CORE_REPLICATION_H_
@@ -99,10 +100,8 @@ struct ReplicationResult {
   std::vector<PlannedTransfer> transfers;  // frozen replica transfers
   std::vector<double> commit_s;            // per committed position (a prefix of order)
   std::vector<int> punted;                 // update indices punted to the next batch
-  // Update indices removed from the end of the server's order because the
-  // replica cannot receive enough of the batch to keep the bound however
-  // long the server waits (its links never offer the capacity): applying
-  // them would break the bound, so they are dropped ("replica_divergence").
+  // Update indices removed from the end of the server's order because no
+  // delay could keep the bound with them applied ("replica_divergence").
   std::vector<int> dropped;
   double divergence = 0;                   // bound at the (possibly delayed) T_last
   bool delayed_last = false;
