@@ -19,6 +19,13 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
   reader.Int("max_update_bytes", &config.max_update_bytes, 1, int64_t{1} << 40);
   reader.Double("default_link_bps", &config.default_link_bps, 1e3, 1e13);
   reader.Enum("log_level", &config.log_level, {"debug", "info", "warning", "error"});
+  reader.Int("planner_threads", &config.planner_threads, 0, 256);
+  reader.Double("transfer_slack_s", &config.transfer_slack_s, 0.01, 3600);
+  reader.Int("history_batches", &config.history_batches, 1, 100000);
+  reader.String("admin_address", &config.admin_address);
+  reader.Int("admin_port", &config.admin_port, -1, 65535);
+  reader.String("admin_port_file", &config.admin_port_file);
+  reader.String("admin_token", &config.admin_token);
   nlohmann::json jobs;
   if (reader.Raw("jobs", &jobs)) {
     config.jobs.clear();
@@ -32,9 +39,18 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
         job_reader.String("name", &job.name);
         job_reader.String("token", &job.token);
         job_reader.Int("tau_max", &job.tau_max, 0, 1000000);
-        job_reader.Enum("mode", &job.mode, {"async", "sync"});
+        job_reader.Enum("mode", &job.mode, {"async", "sync", "ssp"});
+        job_reader.Int("staleness_k", &job.staleness_k, 0, 1000000);
+        job_reader.Double("divergence_max", &job.divergence_max, 0, 1e12);
+        job_reader.Double("momentum", &job.momentum, 0, 0.999999);
+        job_reader.Int("priority_class", &job.priority_class, 0, 7);
         if (auto status = job_reader.Finish(); !status.ok()) {
           reader.AddError("jobs", std::string(status.message()));
+          break;
+        }
+        if (job.token.empty()) {
+          reader.AddError("jobs", absl::StrCat("jobs[", i, "].token must not be empty: ",
+                                               "each job needs its own secret"));
           break;
         }
         if (job.name.empty()) {
@@ -67,7 +83,18 @@ Every key can be set in the JSON file or as a flag; flags win.
   --max_update_bytes   largest push accepted             (default 16 GiB)
   --default_link_bps   NIC capacity when a host gives none (default 1e10)
   --log_level          debug | info | warning | error    (default info)
-  jobs (file only)     [{"name", "token", "tau_max", "mode"}]
+  --planner_threads    threads planning batches of different servers in
+                       parallel, 0 = one per core       (default 0)
+  --transfer_slack_s   an in-flight transfer not completed this long after
+                       its planned end fails ("timed out") (default 10)
+  --history_batches    recent batches kept for the admin endpoint (default 64)
+  --admin_address      admin HTTP bind address          (default 127.0.0.1)
+  --admin_port         admin HTTP port, 0 = free port, -1 = off (default -1)
+  --admin_port_file    write the bound admin port to this file (default none)
+  --admin_token        bearer token for admin POSTs; empty refuses them (default none)
+  jobs (file only)     [{"name", "token", "tau_max", "mode" (async|sync|ssp),
+                         "staleness_k", "divergence_max", "momentum",
+                         "priority_class" (0..7, 0 = most urgent)}]
                        (default one job "demo", token "demo-token", tau_max 30)
 )";
 }

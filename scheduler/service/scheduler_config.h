@@ -13,11 +13,17 @@
 
 namespace mlfabric {
 
+// One training job. Parameters other than name/token/mode can be changed at
+// run time through the admin endpoint (POST /api/v1/jobs/<name>).
 struct JobConfig {
   std::string name;
-  std::string token;          // applications must present it to register
-  int64_t tau_max = 30;       // delay bound (§5.1.2)
-  std::string mode = "async"; // async | sync
+  std::string token;            // applications must present it to register
+  int64_t tau_max = 30;         // delay bound (§5.1.2)
+  std::string mode = "async";   // async | sync | ssp
+  int64_t staleness_k = 3;      // ssp only: versions a push may lag (planned as tau_max = K)
+  double divergence_max = 0;    // Div_max for a hot-standby replica (§5.3); 0 = none
+  double momentum = 0;          // optimiser momentum gamma used by the divergence bound
+  int64_t priority_class = 0;   // 0 = most urgent; its batches are planned first
 };
 
 struct SchedulerConfig {
@@ -29,6 +35,14 @@ struct SchedulerConfig {
   int64_t max_update_bytes = int64_t{16} << 30;  // larger pushes are refused
   double default_link_bps = 10e9;             // capacity when a host reports none
   std::string log_level = "info";
+  int64_t planner_threads = 0;                // parallel batch planning; 0 = one per core
+  double transfer_slack_s = 10;               // in-flight transfer fails this long after its planned end
+  int64_t history_batches = 64;               // recent batches kept for the admin endpoint
+  // Admin HTTP endpoint (scheduler/admin/README.md). -1 disables it.
+  std::string admin_address = "127.0.0.1";
+  int64_t admin_port = -1;                    // 0 = pick a free port
+  std::string admin_port_file;                // write the bound admin port here
+  std::string admin_token;                    // bearer token for POSTs; empty = POSTs refused
   std::vector<JobConfig> jobs = {{"demo", "demo-token", 30, "async"}};
 };
 

@@ -1,6 +1,7 @@
 #include "scheduler/service/scheduler_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <set>
@@ -19,11 +20,63 @@ grpc::Status Precondition(const std::string& message) {
   return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, message);
 }
 
+constexpr size_t kRecentDrops = 200;
+constexpr size_t kRecentDelays = 1000;
+constexpr size_t kLinkSamples = 240;
+constexpr double kLinkSamplePeriodS = 0.25;
+
+int PlannerThreads(int64_t configured) {
+  if (configured > 0) return static_cast<int>(configured);
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Sum of the rates of `segments` in force at `t`.
+double RateAt(const std::vector<core::RateSegment>& segments, double t) {
+  double sum = 0;
+  for (const core::RateSegment& s : segments) {
+    if (s.from_s <= t && t < s.to_s) sum += s.rate_bps;
+  }
+  return sum;
+}
+
+// `capacity - reservations` from `now_s` on, as a capacity profile.
+std::vector<core::ProfilePoint> ResidualProfile(double capacity_bps, double now_s,
+                                                const std::vector<core::RateSegment>& reserved) {
+  std::set<double> times = {now_s};
+  for (const core::RateSegment& s : reserved) {
+    if (s.to_s <= now_s) continue;
+    if (s.from_s > now_s) times.insert(s.from_s);
+    times.insert(s.to_s);
+  }
+  std::vector<core::ProfilePoint> profile;
+  for (double t : times) {
+    const double rate = std::max(0.0, capacity_bps - RateAt(reserved, t));
+    if (!profile.empty() && profile.back().second == rate) continue;
+    profile.push_back({t, rate});
+  }
+  return profile;
+}
+
+// A short, stable label for a failure reason (metrics and dashboard).
+std::string FailureCategory(const std::string& reason) {
+  if (reason.rfind("timed out", 0) == 0) return "timed_out";
+  if (reason.find(" is down") != std::string::npos) return "host_down";
+  if (reason.rfind("scheduler could not plan", 0) == 0) return "plan_error";
+  if (reason.find("aggregator") != std::string::npos) return "aggregation_unsupported";
+  return "transfer_failed";
+}
+
 }  // namespace
 
 SchedulerService::SchedulerService(SchedulerConfig config, const Clock* clock,
                                    std::unique_ptr<core::Planner> planner)
-    : config_(std::move(config)), clock_(clock), planner_(std::move(planner)) {
+    : config_(std::move(config)),
+      clock_(clock),
+      planner_(std::move(planner)),
+      planner_threads_(PlannerThreads(config_.planner_threads)),
+      started_s_(clock_->NowSeconds()) {
+  delay_histogram_.bounds = {0, 1, 2, 4, 8, 16, 32, 64, 128};
+  delay_histogram_.counts.assign(delay_histogram_.bounds.size() + 1, 0);
   uint32_t next_job_id = 1;
   for (const JobConfig& job : config_.jobs) {
     JobState state;
@@ -52,6 +105,106 @@ SchedulerService::Stats SchedulerService::GetStats() const {
   return stats_;
 }
 
+ClusterSnapshot SchedulerService::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ClusterSnapshot snap;
+  snap.now_s = clock_->NowSeconds();
+  snap.started_s = started_s_;
+  snap.planner = planner_->Name();
+  snap.batch_interval_ms = config_.batch_interval_ms;
+  snap.planner_threads = planner_threads_;
+  snap.stats = stats_;
+  std::map<std::string, std::vector<core::RateSegment>> up, down;
+  ReservationsLocked(&up, &down);
+  for (const auto& [name, host] : hosts_) {
+    HostView view;
+    view.name = name;
+    view.data_address = host.data_address;
+    view.alive = host.alive;
+    view.draining = host.draining;
+    view.capacity_up_bps = host.capacity_up_bps;
+    view.capacity_down_bps = host.capacity_down_bps;
+    view.reported_up_bps = host.uplink_bps;
+    view.reported_down_bps = host.downlink_bps;
+    view.last_report_s = host.last_report_s;
+    view.reports = host.reports;
+    view.reserved_up_bps = up.count(name) ? RateAt(up.at(name), snap.now_s) : 0;
+    view.reserved_down_bps = down.count(name) ? RateAt(down.at(name), snap.now_s) : 0;
+    view.available_up_bps = std::max(0.0, view.reported_up_bps - view.reserved_up_bps);
+    view.available_down_bps = std::max(0.0, view.reported_down_bps - view.reserved_down_bps);
+    snap.hosts.push_back(std::move(view));
+  }
+  for (const auto& [name, job] : jobs_) {
+    JobView view;
+    view.id = job.id;
+    view.params = job.config;
+    view.params.token.clear();
+    view.applied = job.applied;
+    view.dropped = job.dropped;
+    view.failed = job.failed;
+    for (const auto& [server_name, server] : job.servers) {
+      view.servers.push_back({server_name, server.host, server.model_version,
+                              static_cast<int64_t>(server.pending.size()), server.in_flight});
+    }
+    snap.jobs.push_back(std::move(view));
+  }
+  snap.recent_batches.assign(recent_batches_.begin(), recent_batches_.end());
+  for (const auto& [id, record] : updates_) {
+    if (record.state == UpdateState::kInFlight) snap.in_flight.push_back(record.planned);
+  }
+  snap.recent_drops.assign(recent_drops_.begin(), recent_drops_.end());
+  snap.drops_by_category = drops_by_category_;
+  snap.recent_delays.assign(recent_delays_.begin(), recent_delays_.end());
+  snap.delay_histogram = delay_histogram_;
+  snap.link_samples.assign(link_samples_.begin(), link_samples_.end());
+  return snap;
+}
+
+absl::Status SchedulerService::UpdateJobParams(const std::string& job_name,
+                                               const JobParamsUpdate& update) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobState* job = FindJobLocked(job_name);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_name, "'"));
+  if (update.tau_max && (*update.tau_max < 0 || *update.tau_max > 1000000)) {
+    return absl::InvalidArgumentError("tau_max: must be in [0, 1000000]");
+  }
+  if (update.staleness_k && (*update.staleness_k < 0 || *update.staleness_k > 1000000)) {
+    return absl::InvalidArgumentError("staleness_k: must be in [0, 1000000]");
+  }
+  if (update.divergence_max &&
+      (!std::isfinite(*update.divergence_max) || *update.divergence_max < 0)) {
+    return absl::InvalidArgumentError("divergence_max: must be finite and >= 0");
+  }
+  if (update.momentum && !(*update.momentum >= 0 && *update.momentum < 1)) {
+    return absl::InvalidArgumentError("momentum: must be in [0, 1)");
+  }
+  if (update.priority_class && (*update.priority_class < 0 || *update.priority_class > 7)) {
+    return absl::InvalidArgumentError("priority_class: must be in [0, 7]");
+  }
+  JobConfig& config = job->config;
+  if (update.tau_max) config.tau_max = *update.tau_max;
+  if (update.staleness_k) config.staleness_k = *update.staleness_k;
+  if (update.divergence_max) config.divergence_max = *update.divergence_max;
+  if (update.momentum) config.momentum = *update.momentum;
+  if (update.priority_class) config.priority_class = *update.priority_class;
+  MLF_LOG(INFO) << "admin: job " << job_name << " now tau_max " << config.tau_max
+                << ", staleness_k " << config.staleness_k << ", divergence_max "
+                << config.divergence_max << ", momentum " << config.momentum
+                << ", priority_class " << config.priority_class;
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerService::DrainHost(const std::string& host_name, bool drain) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = hosts_.find(host_name);
+  if (it == hosts_.end()) {
+    return absl::NotFoundError(absl::StrCat("host '", host_name, "' is not registered"));
+  }
+  it->second.draining = drain;
+  MLF_LOG(INFO) << "admin: host " << host_name << (drain ? " drained" : " back in service");
+  return absl::OkStatus();
+}
+
 SchedulerService::JobState* SchedulerService::FindJobLocked(const std::string& job) {
   auto it = jobs_.find(job);
   return it == jobs_.end() ? nullptr : &it->second;
@@ -75,9 +228,13 @@ grpc::Status SchedulerService::RegisterHost(grpc::ServerContext*,
   HostState& host = hosts_[request->host()];
   if (host.alive) MarkHostDownLocked(request->host(), "host re-registered (daemon restarted)");
   host.data_address = request->data_address();
-  host.uplink_bps = request->uplink_bps() > 0 ? request->uplink_bps() : config_.default_link_bps;
-  host.downlink_bps =
+  host.capacity_up_bps =
+      request->uplink_bps() > 0 ? request->uplink_bps() : config_.default_link_bps;
+  host.capacity_down_bps =
       request->downlink_bps() > 0 ? request->downlink_bps() : config_.default_link_bps;
+  host.uplink_bps = host.capacity_up_bps;
+  host.downlink_bps = host.capacity_down_bps;
+  host.last_report_s = -1;
   host.incarnation = next_incarnation_++;
   host.alive = true;
   host.commands.clear();
@@ -109,6 +266,14 @@ grpc::Status SchedulerService::RegisterEntity(grpc::ServerContext*,
   reply->set_job_id(job->id);
   switch (request->role()) {
     case v1::ROLE_SERVER: {
+      for (const auto& [other_name, other] : jobs_) {
+        if (&other != job && other.servers.count(request->name()) &&
+            other.servers.at(request->name()).host == request->host()) {
+          MLF_LOG(INFO) << "server name '" << request->name() << "' on " << request->host()
+                        << " is used by jobs '" << other_name << "' and '" << request->job()
+                        << "'; they stay separate";
+        }
+      }
       ServerState& server = job->servers[request->name()];
       server.host = request->host();
       reply->set_model_version(server.model_version);
@@ -166,8 +331,22 @@ grpc::Status SchedulerService::SubmitUpdate(grpc::ServerContext*,
     return reject(Precondition(absl::StrCat("src_host '", request->src_host(),
                                             "' is not registered")));
   }
+  if (src->second.draining) {
+    return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               absl::StrCat("src_host '", request->src_host(),
+                                            "' is drained by an operator; it takes no new pushes")));
+  }
   auto server = job->servers.find(request->server());
   if (server == job->servers.end()) {
+    for (const auto& [other_name, other] : jobs_) {
+      if (other_name != request->job() && other.servers.count(request->server())) {
+        return reject(grpc::Status(
+            grpc::StatusCode::PERMISSION_DENIED,
+            absl::StrCat("server '", request->server(), "' belongs to job '", other_name,
+                         "', not to job '", request->job(),
+                         "': a job's pushes may only go to its own servers")));
+      }
+    }
     return reject(Precondition(absl::StrCat("server '", request->server(), "' of job '",
                                             request->job(), "' is not registered")));
   }
@@ -176,6 +355,12 @@ grpc::Status SchedulerService::SubmitUpdate(grpc::ServerContext*,
     return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                absl::StrCat("server '", request->server(), "' is down (host '",
                                             server->second.host, "')")));
+  }
+  if (server_host->second.draining) {
+    return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               absl::StrCat("server '", request->server(), "' is on host '",
+                                            server->second.host,
+                                            "', which an operator drained; no new pushes")));
   }
   UpdateRecord record;
   record.transfer_id = next_transfer_id_++;
@@ -187,6 +372,7 @@ grpc::Status SchedulerService::SubmitUpdate(grpc::ServerContext*,
   record.bytes = request->bytes();
   record.version = request->version();
   record.norm = request->norm();
+  record.submitted_s = clock_->NowSeconds();
   server->second.pending.push_back(record.transfer_id);
   reply->set_transfer_id(record.transfer_id);
   updates_[record.transfer_id] = std::move(record);
@@ -275,6 +461,9 @@ grpc::Status SchedulerService::ReportBandwidth(grpc::ServerContext*,
   }
   it->second.uplink_bps = request->uplink_bps();
   it->second.downlink_bps = request->downlink_bps();
+  it->second.last_report_s = clock_->NowSeconds();
+  ++it->second.reports;
+  ++stats_.bandwidth_reports;
   return grpc::Status::OK;
 }
 
@@ -352,7 +541,47 @@ void SchedulerService::CompleteLocked(uint64_t transfer_id, v1::Outcome outcome,
                      << " failed: " << reason;
   }
   EnqueueLocked(record.src_host, std::move(command));
+  JobState* job = FindJobLocked(record.job);
+  if (outcome == v1::OUTCOME_APPLIED) {
+    if (job) ++job->applied;
+    DelayView delay;
+    delay.transfer_id = transfer_id;
+    delay.job = record.job;
+    delay.server = record.server;
+    delay.src = record.src_host;
+    delay.delay = result->delay();
+    delay.at_s = clock_->NowSeconds();
+    delay.latency_s = delay.at_s - record.submitted_s;
+    recent_delays_.push_back(delay);
+    if (recent_delays_.size() > kRecentDelays) recent_delays_.pop_front();
+    DelayHistogram& h = delay_histogram_;
+    const size_t bucket =
+        std::lower_bound(h.bounds.begin(), h.bounds.end(), delay.delay) - h.bounds.begin();
+    ++h.counts[bucket];
+    ++h.total;
+    h.sum += delay.delay;
+  } else {
+    if (job) ++(outcome == v1::OUTCOME_DROPPED ? job->dropped : job->failed);
+    RecordDropLocked(record, outcome,
+                     outcome == v1::OUTCOME_DROPPED ? reason : FailureCategory(reason), reason);
+  }
   updates_.erase(it);
+}
+
+void SchedulerService::RecordDropLocked(const UpdateRecord& record, v1::Outcome outcome,
+                                        const std::string& category, const std::string& reason) {
+  DropView drop;
+  drop.transfer_id = record.transfer_id;
+  drop.job = record.job;
+  drop.server = record.server;
+  drop.src = record.src_host;
+  drop.outcome = outcome == v1::OUTCOME_DROPPED ? "dropped" : "failed";
+  drop.category = category;
+  drop.reason = reason;
+  drop.at_s = clock_->NowSeconds();
+  ++drops_by_category_[category];
+  recent_drops_.push_back(std::move(drop));
+  if (recent_drops_.size() > kRecentDrops) recent_drops_.pop_front();
 }
 
 void SchedulerService::MarkHostDownLocked(const std::string& host_name, const std::string& reason) {
@@ -394,29 +623,84 @@ void SchedulerService::BatchLoop() {
       std::unique_lock<std::mutex> lock(mu_);
       if (stop_cv_.wait_until(lock, next, [this] { return stopping_; })) return;
     }
-    PlanPendingBatches();
+    RunBatchCycle();
   }
 }
 
-void SchedulerService::PlanPendingBatches() {
+void SchedulerService::ReservationsLocked(
+    std::map<std::string, std::vector<core::RateSegment>>* up,
+    std::map<std::string, std::vector<core::RateSegment>>* down) const {
+  for (const auto& [id, record] : updates_) {
+    if (record.state != UpdateState::kInFlight) continue;
+    auto& src = (*up)[record.planned.src];
+    auto& dst = (*down)[record.planned.dst];
+    src.insert(src.end(), record.planned.segments.begin(), record.planned.segments.end());
+    dst.insert(dst.end(), record.planned.segments.begin(), record.planned.segments.end());
+  }
+}
+
+void SchedulerService::ExpireOverdueLocked(double now_s) {
+  std::vector<uint64_t> overdue;
+  for (const auto& [id, record] : updates_) {
+    if (record.state == UpdateState::kInFlight && now_s > record.planned.deadline_s) {
+      overdue.push_back(id);
+    }
+  }
+  for (uint64_t id : overdue) {
+    const UpdateRecord& record = updates_[id];
+    const std::string reason = absl::StrCat(
+        "timed out: transfer ", id, " from ", record.src_host, " to ", record.planned.dst,
+        " was planned to end at ", record.planned.end_s, " s and was not completed within ",
+        config_.transfer_slack_s, " s after that (slow or vanished daemon)");
+    ++stats_.timed_out;
+    CompleteLocked(id, v1::OUTCOME_FAILED, reason, 0);
+  }
+}
+
+void SchedulerService::SampleLinksLocked(double now_s) {
+  if (now_s - last_link_sample_s_ < kLinkSamplePeriodS) return;
+  last_link_sample_s_ = now_s;
+  std::map<std::string, std::vector<core::RateSegment>> up, down;
+  ReservationsLocked(&up, &down);
+  LinkSample sample;
+  sample.at_s = now_s;
+  for (const auto& [name, host] : hosts_) {
+    if (!host.alive) continue;
+    sample.links.push_back({name, RateAt(up[name], now_s), RateAt(down[name], now_s),
+                            host.uplink_bps, host.downlink_bps});
+  }
+  link_samples_.push_back(std::move(sample));
+  if (link_samples_.size() > kLinkSamples) link_samples_.pop_front();
+}
+
+void SchedulerService::RunBatchCycle() {
   std::vector<BatchWork> work;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const double now_s = clock_->NowSeconds();
+    ExpireOverdueLocked(now_s);
+    SampleLinksLocked(now_s);
+    const bool use_reservations = planner_->Name() != "fifo";
+    std::map<std::string, std::vector<core::RateSegment>> up, down;
+    if (use_reservations) ReservationsLocked(&up, &down);
     for (auto& [job_name, job] : jobs_) {
       for (auto& [server_name, server] : job.servers) {
         if (server.pending.empty()) continue;
         BatchWork item;
+        item.batch_id = next_batch_id_++;
         item.job = job_name;
         item.server = server_name;
+        item.priority_class = job.config.priority_class;
         core::Batch& batch = item.batch;
         batch.now_s = now_s;
         batch.mode = job.config.mode == "sync" ? core::Mode::kSync : core::Mode::kAsync;
-        batch.tau_max = job.config.tau_max;
+        // The core has no stale-synchronous mode: a staleness bound of K
+        // versions is the async delay bound tau_max = K.
+        batch.tau_max = job.config.mode == "ssp" ? job.config.staleness_k : job.config.tau_max;
         // Updates already scheduled commit before this batch's (§5.1).
         batch.v_init = server.model_version + server.in_flight;
         batch.server = server.host;
-        batch.seed = static_cast<uint64_t>(stats_.batches + 1);
+        batch.seed = item.batch_id;
         std::set<std::string> involved = {server.host};
         for (uint64_t id : server.pending) {
           const UpdateRecord& record = updates_[id];
@@ -426,29 +710,86 @@ void SchedulerService::PlanPendingBatches() {
         }
         for (const std::string& name : involved) {
           const HostState& host = hosts_[name];
-          batch.hosts.push_back({name, host.uplink_bps, host.downlink_bps, {}, {}});
+          core::HostLink link{name, host.uplink_bps, host.downlink_bps, {}, {}};
+          if (use_reservations) {
+            if (up.count(name)) link.uplink_profile = ResidualProfile(host.uplink_bps, now_s, up[name]);
+            if (down.count(name)) {
+              link.downlink_profile = ResidualProfile(host.downlink_bps, now_s, down[name]);
+            }
+          }
+          batch.hosts.push_back(std::move(link));
         }
         work.push_back(std::move(item));
       }
     }
     if (!work.empty()) ++stats_.batches;
   }
+  if (work.empty()) return;
+  // Urgent priority classes first: with fewer threads than batches they are
+  // planned (and dispatched) first.
+  std::stable_sort(work.begin(), work.end(), [](const BatchWork& a, const BatchWork& b) {
+    return a.priority_class < b.priority_class;
+  });
+  PlanAll(&work);
   for (const BatchWork& item : work) {
-    const auto started = std::chrono::steady_clock::now();
-    absl::StatusOr<core::Plan> plan = planner_->PlanBatch(item.batch);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
-            .count();
     MLF_LOG(DEBUG) << "job " << item.job << " server " << item.server << ": "
-                   << item.batch.updates.size() << " updates planned in " << ms << " ms";
-    ApplyPlan(item, plan);
+                   << item.batch.updates.size() << " updates planned in " << item.compute_ms
+                   << " ms on thread " << item.worker_thread;
+    ApplyPlan(item);
   }
 }
 
-void SchedulerService::ApplyPlan(const BatchWork& work, const absl::StatusOr<core::Plan>& plan) {
+void SchedulerService::PlanAll(std::vector<BatchWork>* work) const {
+  std::atomic<size_t> next{0};
+  auto run = [&](int thread_index) {
+    for (size_t i = next.fetch_add(1); i < work->size(); i = next.fetch_add(1)) {
+      BatchWork& item = (*work)[i];
+      const auto started = std::chrono::steady_clock::now();
+      item.plan = planner_->PlanBatch(item.batch);
+      item.compute_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+              .count();
+      item.worker_thread = thread_index;
+    }
+  };
+  const int threads = std::min<int>(planner_threads_, static_cast<int>(work->size()));
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(run, t);
+  run(0);
+  for (std::thread& helper : helpers) helper.join();
+}
+
+void SchedulerService::ApplyPlan(const BatchWork& work) {
+  const absl::StatusOr<core::Plan>& plan = work.plan;
   std::lock_guard<std::mutex> lock(mu_);
   JobState* job = FindJobLocked(work.job);
   if (job == nullptr) return;
+  stats_.plan_ms_total += work.compute_ms;
+  stats_.plan_ms_max = std::max(stats_.plan_ms_max, work.compute_ms);
+  BatchView view;
+  view.id = work.batch_id;
+  view.job = work.job;
+  view.server = work.server;
+  view.server_host = work.batch.server;
+  view.planned_at_s = work.batch.now_s;
+  view.compute_ms = work.compute_ms;
+  view.worker_thread = work.worker_thread;
+  view.updates = static_cast<int64_t>(work.batch.updates.size());
+  view.network = work.batch.hosts;
+  if (plan.ok()) view.drops = plan->dropped;
+  else view.error = std::string(plan.status().message());
+  view.dropped = static_cast<int64_t>(view.drops.size());
+  // Recorded on every return path below.
+  struct Record {
+    SchedulerService* self;
+    BatchView* view;
+    ~Record() {
+      self->recent_batches_.push_back(std::move(*view));
+      while (self->recent_batches_.size() > static_cast<size_t>(self->config_.history_batches)) {
+        self->recent_batches_.pop_front();
+      }
+    }
+  } record_on_exit{this, &view};
   ServerState& server = job->servers[work.server];
   std::set<uint64_t> in_batch;
   for (const core::UpdateRequest& update : work.batch.updates) {
@@ -501,6 +842,20 @@ void SchedulerService::ApplyPlan(const BatchWork& work, const absl::StatusOr<cor
     record.state = UpdateState::kInFlight;
     record.sequence = server.next_sequence++;
     ++server.in_flight;
+    TransferView& planned = record.planned;
+    planned.transfer_id = id;
+    planned.batch_id = work.batch_id;
+    planned.job = work.job;
+    planned.server = work.server;
+    planned.src = record.src_host;
+    planned.dst = server.host;
+    planned.bytes = record.bytes;
+    planned.start_s = transfer->second->start_s;
+    planned.end_s = transfer->second->end_s;
+    planned.deadline_s = planned.end_s + config_.transfer_slack_s;
+    planned.segments = transfer->second->segments;
+    view.transfers.push_back(planned);
+    ++view.scheduled;
 
     v1::DaemonCommand expect_command;
     v1::ExpectDelivery* expect = expect_command.mutable_expect();

@@ -16,9 +16,10 @@
 //   service.Start();  // batching loop
 //   ...
 //   service.Stop();
+//   ClusterSnapshot snap = service.Snapshot();  // for the admin endpoint
 //
-// Thread safety: all RPC handlers may run concurrently; state is guarded by
-// one mutex, and planning runs outside it.
+// Thread safety: all RPC handlers and public methods may run concurrently;
+// state is guarded by one mutex, and planning runs outside it.
 #ifndef MLFABRIC_SCHEDULER_SERVICE_SCHEDULER_SERVICE_H_
 #define MLFABRIC_SCHEDULER_SERVICE_SCHEDULER_SERVICE_H_
 
@@ -32,10 +33,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/clock.h"
 #include "proto/scheduler.grpc.pb.h"
 #include "scheduler/core/planner.h"
 #include "scheduler/service/scheduler_config.h"
+#include "scheduler/service/snapshot.h"
 
 namespace mlfabric {
 
@@ -49,15 +52,24 @@ class SchedulerService final : public v1::Scheduler::Service {
   void Stop();
 
   // Counters for logs and tests.
-  struct Stats {
-    int64_t batches = 0;
-    int64_t planned = 0;
-    int64_t applied = 0;
-    int64_t dropped = 0;
-    int64_t failed = 0;
-    int64_t rejected = 0;
-  };
+  using Stats = SchedulerStats;
   Stats GetStats() const;
+
+  // A consistent copy of everything observers may show (see snapshot.h).
+  ClusterSnapshot Snapshot() const;
+
+  // Admin actions. NotFound for an unknown job or host, InvalidArgument
+  // (naming the field) for an out-of-range value.
+  absl::Status UpdateJobParams(const std::string& job, const JobParamsUpdate& update);
+  // A draining host takes no new pushes (as source or server); pushes
+  // already accepted finish normally. `drain = false` undoes it.
+  absl::Status DrainHost(const std::string& host, bool drain);
+
+  // One batching-loop step at the clock's current time: fail overdue
+  // in-flight transfers, sample link use, plan and dispatch every server's
+  // pending updates. The loop started by Start() calls it every
+  // batch_interval_ms; tests with a FakeClock call it directly.
+  void RunBatchCycle();
 
   grpc::Status RegisterHost(grpc::ServerContext* context, const v1::RegisterHostRequest* request,
                             v1::RegisterHostReply* reply) override;
@@ -79,8 +91,13 @@ class SchedulerService final : public v1::Scheduler::Service {
  private:
   struct HostState {
     std::string data_address;
-    double uplink_bps = 0;
+    double capacity_up_bps = 0;
+    double capacity_down_bps = 0;
+    double uplink_bps = 0;    // latest report, else the capacity
     double downlink_bps = 0;
+    double last_report_s = -1;
+    int64_t reports = 0;
+    bool draining = false;
     uint64_t incarnation = 0;
     bool alive = false;
     bool streaming = false;
@@ -101,6 +118,8 @@ class SchedulerService final : public v1::Scheduler::Service {
     double norm = 0;
     UpdateState state = UpdateState::kPending;
     uint64_t sequence = 0;  // set once planned
+    double submitted_s = 0;
+    TransferView planned;   // set once planned (dst, segments, deadline)
   };
 
   struct ServerState {
@@ -115,18 +134,27 @@ class SchedulerService final : public v1::Scheduler::Service {
     uint32_t id = 0;
     JobConfig config;
     std::map<std::string, ServerState> servers;
+    int64_t applied = 0;
+    int64_t dropped = 0;
+    int64_t failed = 0;
   };
 
   // One server's batch, cut under the lock and planned outside it.
   struct BatchWork {
+    uint64_t batch_id = 0;
     std::string job;
     std::string server;
+    int64_t priority_class = 0;
     core::Batch batch;
+    // Filled by the planning thread.
+    absl::StatusOr<core::Plan> plan = absl::UnknownError("not planned");
+    double compute_ms = 0;
+    int worker_thread = 0;
   };
 
   void BatchLoop();
-  void PlanPendingBatches();
-  void ApplyPlan(const BatchWork& work, const absl::StatusOr<core::Plan>& plan);
+  void PlanAll(std::vector<BatchWork>* work) const;
+  void ApplyPlan(const BatchWork& work);
 
   // All below require mu_.
   void EnqueueLocked(const std::string& host, v1::DaemonCommand command);
@@ -134,6 +162,13 @@ class SchedulerService final : public v1::Scheduler::Service {
                       int64_t applied_version);
   void MarkHostDownLocked(const std::string& host, const std::string& reason);
   JobState* FindJobLocked(const std::string& job);
+  void ExpireOverdueLocked(double now_s);
+  void SampleLinksLocked(double now_s);
+  // In-flight reservations on each host's uplink/downlink, as segments.
+  void ReservationsLocked(std::map<std::string, std::vector<core::RateSegment>>* up,
+                          std::map<std::string, std::vector<core::RateSegment>>* down) const;
+  void RecordDropLocked(const UpdateRecord& record, v1::Outcome outcome,
+                        const std::string& category, const std::string& reason);
 
   const SchedulerConfig config_;
   const Clock* clock_;
@@ -146,7 +181,17 @@ class SchedulerService final : public v1::Scheduler::Service {
   std::map<uint64_t, UpdateRecord> updates_;
   uint64_t next_transfer_id_ = 1;
   uint64_t next_incarnation_ = 1;
+  uint64_t next_batch_id_ = 1;
+  const int planner_threads_;
+  const double started_s_;
   Stats stats_;
+  std::deque<BatchView> recent_batches_;
+  std::deque<DropView> recent_drops_;
+  std::map<std::string, int64_t> drops_by_category_;
+  std::deque<DelayView> recent_delays_;
+  DelayHistogram delay_histogram_;
+  std::deque<LinkSample> link_samples_;
+  double last_link_sample_s_ = -1e300;
   bool stopping_ = false;
   std::condition_variable stop_cv_;
   std::thread batch_thread_;

@@ -137,5 +137,154 @@ TEST_CASE("ResolveServer finds the server's host and address") {
         grpc::StatusCode::NOT_FOUND);
 }
 
+SchedulerConfig TwoJobs() {
+  SchedulerConfig config;
+  config.planner_threads = 2;
+  config.transfer_slack_s = 2.0;
+  JobConfig a{"a", "token-a", 10, "async"};
+  JobConfig b{"b", "token-b", 5, "ssp"};
+  b.staleness_k = 2;
+  b.priority_class = 1;
+  config.jobs = {a, b};
+  return config;
+}
+
+struct MultiJob {
+  FakeClock clock{50.0};
+  SchedulerService service{TwoJobs(), &clock, std::make_unique<core::FifoPlanner>()};
+  grpc::ServerContext context;
+
+  void Host(const std::string& name) {
+    v1::RegisterHostRequest request;
+    request.set_protocol_version(1);
+    request.set_host(name);
+    request.set_data_address("127.0.0.1:1");
+    v1::RegisterHostReply reply;
+    REQUIRE(service.RegisterHost(&context, &request, &reply).ok());
+  }
+  grpc::Status Server(const std::string& job, const std::string& token, const std::string& name,
+                      const std::string& host) {
+    v1::RegisterEntityRequest request;
+    request.set_job(job);
+    request.set_job_token(token);
+    request.set_role(v1::ROLE_SERVER);
+    request.set_name(name);
+    request.set_host(host);
+    v1::RegisterEntityReply reply;
+    return service.RegisterEntity(&context, &request, &reply);
+  }
+  grpc::Status Push(const std::string& job, const std::string& server, int64_t bytes = 1000000) {
+    v1::SubmitUpdateRequest request;
+    request.set_job(job);
+    request.set_src_host("w1");
+    request.set_server(server);
+    request.set_bytes(bytes);
+    v1::SubmitUpdateReply reply;
+    return service.SubmitUpdate(&context, &request, &reply);
+  }
+};
+
+TEST_CASE("Jobs are isolated: own token, own servers") {
+  MultiJob f;
+  f.Host("s1");
+  f.Host("w1");
+  CHECK(f.Server("a", "token-b", "psA", "s1").error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  REQUIRE(f.Server("a", "token-a", "psA", "s1").ok());
+  REQUIRE(f.Server("b", "token-b", "psB", "s1").ok());
+  auto status = f.Push("a", "psB");
+  CHECK(status.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK(status.error_message().find("belongs to job 'b'") != std::string::npos);
+  CHECK(f.Push("a", "psA").ok());
+  CHECK(f.Push("b", "psB").ok());
+
+  ClusterSnapshot snap = f.service.Snapshot();
+  REQUIRE(snap.jobs.size() == 2);
+  CHECK(snap.jobs[1].params.mode == "ssp");
+  CHECK(snap.jobs[1].params.token.empty());
+  CHECK(snap.planner_threads == 2);
+}
+
+TEST_CASE("Both servers' batches are planned in one cycle, with timings and the reported view") {
+  MultiJob f;
+  f.Host("s1");
+  f.Host("w1");
+  REQUIRE(f.Server("a", "token-a", "psA", "s1").ok());
+  REQUIRE(f.Server("b", "token-b", "psB", "s1").ok());
+  v1::BandwidthReport report;
+  report.set_host("w1");
+  report.set_uplink_bps(1e9);
+  report.set_downlink_bps(2e9);
+  v1::BandwidthAck ack;
+  REQUIRE(f.service.ReportBandwidth(&f.context, &report, &ack).ok());
+  REQUIRE(f.Push("a", "psA").ok());
+  REQUIRE(f.Push("b", "psB").ok());
+  f.service.RunBatchCycle();
+  ClusterSnapshot snap = f.service.Snapshot();
+  REQUIRE(snap.recent_batches.size() == 2);
+  // Priority class 0 (job a) first.
+  CHECK(snap.recent_batches[0].job == "a");
+  for (const BatchView& batch : snap.recent_batches) {
+    CHECK(batch.compute_ms >= 0);
+    REQUIRE(batch.transfers.size() == 1);
+    // The planner got the reported uplink and planned at it: 8e6 bits at 1 Gbit/s.
+    CHECK(batch.transfers[0].segments.at(0).rate_bps == 1e9);
+    CHECK(batch.transfers[0].end_s - batch.transfers[0].start_s == Approx(0.008));
+    bool saw_w1 = false;
+    for (const core::HostLink& host : batch.network) {
+      if (host.name == "w1") saw_w1 = host.uplink_bps == 1e9;
+    }
+    CHECK(saw_w1);
+  }
+  CHECK(snap.in_flight.size() == 2);
+  CHECK(snap.stats.batches == 1);
+}
+
+TEST_CASE("An in-flight transfer past its planned end plus slack fails as timed out") {
+  MultiJob f;
+  f.Host("s1");
+  f.Host("w1");
+  REQUIRE(f.Server("a", "token-a", "psA", "s1").ok());
+  REQUIRE(f.Push("a", "psA").ok());
+  f.service.RunBatchCycle();
+  REQUIRE(f.service.Snapshot().in_flight.size() == 1);
+  f.clock.Advance(1.0);  // within slack (2 s)
+  f.service.RunBatchCycle();
+  CHECK(f.service.GetStats().timed_out == 0);
+  f.clock.Advance(1.5);
+  f.service.RunBatchCycle();
+  ClusterSnapshot snap = f.service.Snapshot();
+  CHECK(snap.stats.timed_out == 1);
+  CHECK(snap.stats.failed == 1);
+  CHECK(snap.in_flight.empty());
+  CHECK(snap.drops_by_category["timed_out"] == 1);
+  REQUIRE(snap.recent_drops.size() == 1);
+  CHECK(snap.recent_drops[0].reason.find("timed out") == 0);
+  // The server is not stalled: the next push is planned.
+  REQUIRE(f.Push("a", "psA").ok());
+  f.service.RunBatchCycle();
+  CHECK(f.service.Snapshot().in_flight.size() == 1);
+}
+
+TEST_CASE("Admin actions: job parameters and draining") {
+  MultiJob f;
+  f.Host("s1");
+  f.Host("w1");
+  REQUIRE(f.Server("a", "token-a", "psA", "s1").ok());
+  JobParamsUpdate update;
+  update.tau_max = 7;
+  update.momentum = 0.9;
+  REQUIRE(f.service.UpdateJobParams("a", update).ok());
+  CHECK(f.service.Snapshot().jobs[0].params.tau_max == 7);
+  update.momentum = 1.5;
+  auto status = f.service.UpdateJobParams("a", update);
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("momentum") != std::string::npos);
+  CHECK(f.service.UpdateJobParams("zzz", {}).code() == absl::StatusCode::kNotFound);
+  REQUIRE(f.service.DrainHost("w1", true).ok());
+  CHECK(f.Push("a", "psA").error_code() == grpc::StatusCode::UNAVAILABLE);
+  REQUIRE(f.service.DrainHost("w1", false).ok());
+  CHECK(f.Push("a", "psA").ok());
+}
+
 }  // namespace
 }  // namespace mlfabric

@@ -1,0 +1,184 @@
+// ClusterSnapshot: a consistent, copyable picture of the scheduler's state
+// for observers (the admin endpoint, logs, tests). SchedulerService::Snapshot()
+// fills it under the service's lock; readers render it at leisure with no
+// lock and no reference into the live service.
+//
+//   ClusterSnapshot snap = service.Snapshot();
+//   for (const HostView& host : snap.hosts) Print(host.name, host.available_up_bps);
+//
+// Units: seconds on the scheduler's monotonic clock (`now_s` is "now"),
+// bits per second, bytes. Plain values only; safe to hand to another thread.
+#ifndef MLFABRIC_SCHEDULER_SERVICE_SNAPSHOT_H_
+#define MLFABRIC_SCHEDULER_SERVICE_SNAPSHOT_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "scheduler/core/types.h"
+#include "scheduler/service/scheduler_config.h"
+
+namespace mlfabric {
+
+// Service-wide counters since start.
+struct SchedulerStats {
+  int64_t batches = 0;    // batch cycles that planned at least one server
+  int64_t planned = 0;    // updates dispatched to the data plane
+  int64_t applied = 0;
+  int64_t dropped = 0;    // dropped by the planner (stale, lookahead, ...)
+  int64_t failed = 0;     // failed (host down, timed out, plan error, ...)
+  int64_t rejected = 0;   // SubmitUpdate refused
+  int64_t timed_out = 0;  // subset of failed: in-flight past deadline
+  int64_t bandwidth_reports = 0;
+  double plan_ms_total = 0;  // summed planner compute time over all batches
+  double plan_ms_max = 0;
+};
+
+// One host's NIC as the scheduler sees it now. The network view the planner
+// gets is `reported - reserved` per direction (DESIGN.md §4).
+struct HostView {
+  std::string name;
+  std::string data_address;
+  bool alive = false;
+  bool draining = false;             // admin drain: no new pushes from/to it
+  double capacity_up_bps = 0;        // from registration (or the default)
+  double capacity_down_bps = 0;
+  double reported_up_bps = 0;        // latest monitor report (capacity if none)
+  double reported_down_bps = 0;
+  double last_report_s = -1;         // -1: never reported
+  int64_t reports = 0;
+  double reserved_up_bps = 0;        // in-flight reservations at now_s
+  double reserved_down_bps = 0;
+  double available_up_bps = 0;       // reported - reserved, >= 0
+  double available_down_bps = 0;
+};
+
+struct ServerView {
+  std::string name;
+  std::string host;
+  int64_t model_version = 0;
+  int64_t pending = 0;
+  int64_t in_flight = 0;
+};
+
+struct JobView {
+  uint32_t id = 0;
+  JobConfig params;  // token blanked
+  std::vector<ServerView> servers;
+  int64_t applied = 0;
+  int64_t dropped = 0;
+  int64_t failed = 0;
+};
+
+// A scheduled transfer (one link pair: src uplink -> dst downlink).
+struct TransferView {
+  uint64_t transfer_id = 0;
+  uint64_t batch_id = 0;
+  std::string job;
+  std::string server;
+  std::string src;
+  std::string dst;
+  int64_t bytes = 0;
+  double start_s = 0;
+  double end_s = 0;
+  double deadline_s = 0;  // fails as timed out if not completed by then
+  std::vector<core::RateSegment> segments;
+};
+
+// One server's batch: inputs summary, the network view it was planned on,
+// the plan, and how long planning took.
+struct BatchView {
+  uint64_t id = 0;
+  std::string job;
+  std::string server;
+  std::string server_host;
+  double planned_at_s = 0;   // batch.now_s
+  double compute_ms = 0;     // wall time of PlanBatch
+  int worker_thread = 0;     // planning thread index
+  int64_t updates = 0;
+  int64_t scheduled = 0;
+  int64_t dropped = 0;
+  std::string error;         // planner error, if any
+  std::vector<core::HostLink> network;  // per-host view handed to the planner
+  std::vector<TransferView> transfers;
+  std::vector<core::Drop> drops;
+};
+
+// A push that ended without being applied.
+struct DropView {
+  uint64_t transfer_id = 0;
+  std::string job;
+  std::string server;
+  std::string src;
+  std::string outcome;   // "dropped" | "failed"
+  std::string category;  // stale, deadline_lookahead, timed_out, host_down, ...
+  std::string reason;    // full text sent to the application
+  double at_s = 0;
+};
+
+// An applied push: its staleness (updates applied since v(g), §3.1) and how
+// long it took from SubmitUpdate to the server's commit.
+struct DelayView {
+  uint64_t transfer_id = 0;
+  std::string job;
+  std::string server;
+  std::string src;
+  int64_t delay = 0;
+  double latency_s = 0;
+  double at_s = 0;
+};
+
+// Per-link usage at one instant, sampled every `kLinkSamplePeriodS`.
+struct LinkSample {
+  double at_s = 0;
+  struct Use {
+    std::string host;
+    double up_reserved_bps = 0;
+    double down_reserved_bps = 0;
+    double up_reported_bps = 0;
+    double down_reported_bps = 0;
+  };
+  std::vector<Use> links;
+};
+
+// Histogram of delays: counts[i] counts delays <= bounds[i] and > bounds[i-1];
+// the last count is the overflow (> bounds.back()).
+struct DelayHistogram {
+  std::vector<int64_t> bounds;
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  int64_t sum = 0;
+};
+
+struct ClusterSnapshot {
+  double now_s = 0;
+  double started_s = 0;
+  std::string planner;
+  double batch_interval_ms = 0;
+  int planner_threads = 0;
+  SchedulerStats stats;
+  std::vector<HostView> hosts;
+  std::vector<JobView> jobs;
+  std::vector<BatchView> recent_batches;   // oldest first
+  std::vector<TransferView> in_flight;
+  std::vector<DropView> recent_drops;      // oldest first
+  std::map<std::string, int64_t> drops_by_category;  // dropped and failed, all time
+  std::vector<DelayView> recent_delays;    // oldest first
+  DelayHistogram delay_histogram;
+  std::vector<LinkSample> link_samples;    // oldest first
+};
+
+// What an admin may change about a job at run time; unset fields stay.
+struct JobParamsUpdate {
+  std::optional<int64_t> tau_max;
+  std::optional<int64_t> staleness_k;
+  std::optional<double> divergence_max;
+  std::optional<double> momentum;
+  std::optional<int64_t> priority_class;
+};
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_SCHEDULER_SERVICE_SNAPSHOT_H_
