@@ -1,0 +1,109 @@
+// AllReduce behind one call (DESIGN.md §3, mlfabric.md §6): every rank hands
+// in a buffer of the same dtype and length and gets back the element-wise sum
+// over all ranks. Backends are strategies picked in one factory
+// (MakeAllReducer), so training code names a backend once and never again:
+//
+//   AllReduceOptions options;             // rank/size default to the launcher's env
+//   options.backend = "mlfabric";         // "mlfabric" | "mpi" | "nccl" | "auto"
+//   ASSIGN_OR_RETURN(std::unique_ptr<AllReducer> reducer, MakeAllReducer(options));
+//   RETURN_IF_ERROR(reducer->AllReduce(grad.data(), grad.size(), DataType::kFloat32));
+//
+// Backends:
+//   mlfabric  sync mode over the PS API: every rank pushes its buffer to a root
+//             server and gets the sum. Today the root is a Server that rank 0
+//             runs in-process ("<job>-allreduce-root" unless named) and the
+//             scheduler orders the pushes like any other; the scheduler-built
+//             aggregation tree of §6 plugs in behind the same push/get pair
+//             without changing this interface.
+//   mpi       Open MPI's MPI_Allreduce on MPI_COMM_WORLD (MPI is initialised
+//             on first use if the program has not done it).
+//   nccl      ncclAllReduce; compiled only when NCCL headers were found at
+//             build time, usable only on a machine with a GPU. Otherwise
+//             MakeAllReducer returns an error naming "mlfabric" and "mpi".
+//   auto      nccl when usable, else mpi when launched by mpirun, else mlfabric.
+//
+// Every backend first checks that all ranks agree on dtype and length and
+// returns InvalidArgument naming both when they do not (no rank hangs).
+// Calls are collective: every rank must make the same sequence of calls.
+// Thread safety: an AllReducer is not thread-safe; call it from one thread
+// (the Python and TensorFlow layers serialise calls for you).
+#ifndef MLFABRIC_API_ALLREDUCE_H_
+#define MLFABRIC_API_ALLREDUCE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "api/mlfabric.h"
+
+namespace mlfabric {
+
+enum class DataType : int32_t { kFloat32 = 1, kFloat64 = 2, kInt32 = 3, kInt64 = 4 };
+
+// "float32", ...; size in bytes of one element (0 for an unknown value).
+const char* DataTypeName(DataType dtype);
+size_t DataTypeSize(DataType dtype);
+// Parses "float32" | "float64" | "int32" | "int64".
+absl::StatusOr<DataType> ParseDataType(const std::string& name);
+
+struct AllReduceOptions {
+  std::string backend = "auto";     // mlfabric | mpi | nccl | auto
+  // Rank and world size; -1 = from MLFABRIC_RANK/MLFABRIC_SIZE, else from
+  // Open MPI's OMPI_COMM_WORLD_RANK/SIZE, else 0 and 1.
+  int rank = -1;
+  int size = -1;
+  // mlfabric backend: how this rank reaches its daemon (name defaults to
+  // "rank<r>"), the root server's name and the rank that runs it.
+  ClientOptions client;
+  std::string root_server;          // default "<job>-allreduce-root"
+  int root_rank = 0;
+  double timeout_s = 300;           // a collective that takes longer fails
+};
+
+// The rank and size the launcher (mlfabric-run / mpirun) gave this process.
+int EnvRank();
+int EnvSize();
+
+class AllReducer {
+ public:
+  virtual ~AllReducer() = default;
+  // In place: `data` holds `count` elements of `dtype` and receives the sum.
+  virtual absl::Status AllReduce(void* data, size_t count, DataType dtype) = 0;
+  // In place: every rank receives root's buffer (shapes must agree).
+  virtual absl::Status Broadcast(void* data, size_t count, DataType dtype, int root);
+  virtual const char* backend() const = 0;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ protected:
+  AllReducer(int rank, int size) : rank_(rank), size_(size) {}
+
+ private:
+  int rank_;
+  int size_;
+};
+
+// The one factory: picks and builds the backend `options.backend` names.
+absl::StatusOr<std::unique_ptr<AllReducer>> MakeAllReducer(const AllReduceOptions& options);
+
+// Backend names this build supports, e.g. {"mlfabric", "mpi"}.
+std::vector<std::string> AvailableAllReduceBackends();
+
+namespace internal {
+// Backend constructors, defined in allreduce_*.cc; used only by the factory.
+absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllReduceOptions& options,
+                                                                  int rank, int size);
+absl::StatusOr<std::unique_ptr<AllReducer>> MakeMpiAllReducer(const AllReduceOptions& options);
+absl::StatusOr<std::unique_ptr<AllReducer>> MakeNcclAllReducer(const AllReduceOptions& options);
+// Whether the NCCL backend was compiled in and a GPU is visible (+ why not).
+bool NcclUsable(std::string* why_not);
+bool LaunchedByMpirun();
+}  // namespace internal
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_API_ALLREDUCE_H_

@@ -1,0 +1,127 @@
+// The `mpi` AllReduce backend: Open MPI's MPI_Allreduce on MPI_COMM_WORLD.
+#include <dlfcn.h>
+#include <mpi.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "api/allreduce.h"
+
+namespace mlfabric {
+namespace internal {
+namespace {
+
+std::once_flag g_init_once;
+absl::Status g_init_status;
+
+// Initialises MPI once per process unless the program already did. Open MPI
+// loads its components with dlopen and needs libmpi's symbols global, which
+// they are not when libmpi arrives inside a Python extension: promote it.
+absl::Status EnsureMpiInitialized() {
+  std::call_once(g_init_once, [] {
+    for (const char* lib : {"libmpi.so.40", "libmpi.so"}) {
+      if (dlopen(lib, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) != nullptr ||
+          dlopen(lib, RTLD_NOW | RTLD_GLOBAL) != nullptr) {
+        break;
+      }
+    }
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+      g_init_status = absl::UnavailableError(
+          "MPI_Init_thread failed: launch the program with mlfabric-run or mpirun");
+      return;
+    }
+    std::atexit([] {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    });
+  });
+  return g_init_status;
+}
+
+absl::StatusOr<MPI_Datatype> MpiType(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+  }
+  return absl::InvalidArgumentError("unsupported dtype for the mpi AllReduce backend");
+}
+
+std::string MpiError(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, length);
+}
+
+class MpiAllReducer : public AllReducer {
+ public:
+  MpiAllReducer(int rank, int size) : AllReducer(rank, size) {}
+  const char* backend() const override { return "mpi"; }
+
+  absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
+    auto type = MpiType(dtype);
+    if (!type.ok()) return type.status();
+    if (auto status = CheckAgreement(count, dtype); !status.ok()) return status;
+    int code = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), *type, MPI_SUM,
+                             MPI_COMM_WORLD);
+    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
+    return absl::OkStatus();
+  }
+
+  absl::Status Broadcast(void* data, size_t count, DataType dtype, int root) override {
+    auto type = MpiType(dtype);
+    if (!type.ok()) return type.status();
+    if (root < 0 || root >= size()) {
+      return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank"));
+    }
+    if (auto status = CheckAgreement(count, dtype); !status.ok()) return status;
+    int code = MPI_Bcast(data, static_cast<int>(count), *type, root, MPI_COMM_WORLD);
+    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Bcast: " + MpiError(code));
+    return absl::OkStatus();
+  }
+
+ private:
+  // One small MPI_Allreduce(MAX) of (len, -len, dtype, -dtype) tells every
+  // rank whether all agree, so a mismatch is an error instead of a hang.
+  absl::Status CheckAgreement(size_t count, DataType dtype) {
+    int64_t local[4] = {static_cast<int64_t>(count), -static_cast<int64_t>(count),
+                        static_cast<int64_t>(dtype), -static_cast<int64_t>(dtype)};
+    int64_t global[4];
+    int code = MPI_Allreduce(local, global, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
+    if (global[0] != -global[1] || global[2] != -global[3]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AllReduce inputs differ across ranks: lengths range from ", -global[1], " to ",
+          global[0], ", dtypes ", DataTypeName(static_cast<DataType>(-global[3])), " to ",
+          DataTypeName(static_cast<DataType>(global[2])), " (rank ", rank(), " passed ", count,
+          " x ", DataTypeName(dtype), ")"));
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AllReducer>> MakeMpiAllReducer(const AllReduceOptions& options) {
+  if (auto status = EnsureMpiInitialized(); !status.ok()) return status;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if ((options.rank >= 0 && options.rank != rank) || (options.size >= 0 && options.size != size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllReduceOptions rank/size ", options.rank, "/", options.size,
+        " disagree with MPI_COMM_WORLD's ", rank, "/", size));
+  }
+  return std::unique_ptr<AllReducer>(new MpiAllReducer(rank, size));
+}
+
+}  // namespace internal
+}  // namespace mlfabric

@@ -1,0 +1,164 @@
+// allreduce_check: run under mlfabric-run (tests/allreduce_mpirun_test.sh).
+// Every rank checks that the mlfabric and mpi AllReduce backends return
+// exactly what a direct MPI_Allreduce returns on integer-valued data of
+// several dtypes and lengths, that Broadcast delivers rank 0's buffer, that
+// inputs which differ across ranks are an error on every rank (no hang), and
+// that bad backend names and dtypes are errors naming the alternatives.
+// Prints "allreduce_check rank R: OK" and per-backend timings on rank 0.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "api/allreduce.h"
+
+namespace {
+
+int g_rank = 0;
+int g_failures = 0;
+
+#define EXPECT(cond, ...)                                          \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      ++g_failures;                                                \
+      std::fprintf(stderr, "rank %d: FAILED %s: ", g_rank, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                           \
+      std::fprintf(stderr, "\n");                                  \
+    }                                                              \
+  } while (0)
+
+template <typename T>
+std::vector<T> Data(size_t count, int rank, int round) {
+  std::mt19937 rng(1000 * rank + round);
+  std::uniform_int_distribution<int> dist(-1000, 1000);
+  std::vector<T> values(count);
+  for (auto& v : values) v = static_cast<T>(dist(rng));
+  return values;
+}
+
+template <typename T>
+MPI_Datatype MpiTypeOf();
+template <> MPI_Datatype MpiTypeOf<float>() { return MPI_FLOAT; }
+template <> MPI_Datatype MpiTypeOf<double>() { return MPI_DOUBLE; }
+template <> MPI_Datatype MpiTypeOf<int32_t>() { return MPI_INT32_T; }
+template <> MPI_Datatype MpiTypeOf<int64_t>() { return MPI_INT64_T; }
+
+template <typename T>
+void CheckExact(mlfabric::AllReducer& reducer, mlfabric::DataType dtype, size_t count, int round) {
+  std::vector<T> mine = Data<T>(count, reducer.rank(), round);
+  std::vector<T> expected(count);
+  MPI_Allreduce(mine.data(), expected.data(), static_cast<int>(count), MpiTypeOf<T>(), MPI_SUM,
+                MPI_COMM_WORLD);
+  absl::Status status = reducer.AllReduce(mine.data(), count, dtype);
+  EXPECT(status.ok(), "%s %s x %zu: %s", reducer.backend(), mlfabric::DataTypeName(dtype), count,
+         std::string(status.message()).c_str());
+  EXPECT(std::memcmp(mine.data(), expected.data(), count * sizeof(T)) == 0,
+         "%s %s x %zu round %d differs from MPI_Allreduce", reducer.backend(),
+         mlfabric::DataTypeName(dtype), count, round);
+}
+
+double TimeAllReduce(mlfabric::AllReducer& reducer, size_t count, int repeats) {
+  std::vector<float> values(count, 1.0f);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < repeats; ++i) (void)reducer.AllReduce(values.data(), count, mlfabric::DataType::kFloat32);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return 1000.0 * s / repeats;
+}
+
+}  // namespace
+
+int main() {
+  using namespace mlfabric;
+  AllReduceOptions options;
+  options.backend = "mpi";
+  auto mpi = MakeAllReducer(options);
+  if (!mpi.ok()) {
+    std::fprintf(stderr, "mpi backend: %s\n", std::string(mpi.status().message()).c_str());
+    return 1;
+  }
+  g_rank = (*mpi)->rank();
+  const int size = (*mpi)->size();
+  options.backend = "mlfabric";
+  if (const char* job = std::getenv("MLFABRIC_JOB")) options.client.job = job;
+  if (const char* token = std::getenv("MLFABRIC_JOB_TOKEN")) options.client.job_token = token;
+  options.timeout_s = 60;
+  auto fabric = MakeAllReducer(options);
+  if (!fabric.ok()) {
+    std::fprintf(stderr, "rank %d: mlfabric backend: %s\n", g_rank,
+                 std::string(fabric.status().message()).c_str());
+    return 1;
+  }
+  EXPECT((*fabric)->rank() == g_rank && (*fabric)->size() == size, "rank/size from the launcher");
+
+  for (AllReducer* reducer : {mpi->get(), fabric->get()}) {
+    int round = 0;
+    for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{100003}}) {
+      CheckExact<float>(*reducer, DataType::kFloat32, count, round++);
+      CheckExact<float>(*reducer, DataType::kFloat32, count, round++);
+    }
+    CheckExact<double>(*reducer, DataType::kFloat64, 513, round++);
+    CheckExact<int32_t>(*reducer, DataType::kInt32, 513, round++);
+    CheckExact<int64_t>(*reducer, DataType::kInt64, 513, round++);
+    CheckExact<float>(*reducer, DataType::kFloat32, 0, round++);
+
+    std::vector<float> b = Data<float>(300, g_rank, 77);
+    const std::vector<float> root = Data<float>(300, 0, 77);
+    absl::Status status = reducer->Broadcast(b.data(), b.size(), DataType::kFloat32, 0);
+    EXPECT(status.ok() && b == root, "%s broadcast: %s", reducer->backend(),
+           std::string(status.message()).c_str());
+
+    // Inputs that differ across ranks: an error on every rank, no hang.
+    std::vector<float> odd(g_rank == size - 1 ? 11 : 10, 1.0f);
+    status = reducer->AllReduce(odd.data(), odd.size(), DataType::kFloat32);
+    EXPECT(absl::IsInvalidArgument(status) &&
+               status.message().find("differ across ranks") != absl::string_view::npos,
+           "%s mismatched length: %s", reducer->backend(), status.ToString().c_str());
+    std::vector<double> as_double(10, 1.0);
+    void* mixed = g_rank == 0 ? static_cast<void*>(as_double.data()) : odd.data();
+    status = reducer->AllReduce(mixed, 10, g_rank == 0 ? DataType::kFloat64 : DataType::kFloat32);
+    EXPECT(absl::IsInvalidArgument(status) &&
+               status.message().find("float64") != absl::string_view::npos,
+           "%s mismatched dtype: %s", reducer->backend(), status.ToString().c_str());
+    // And the collective still works afterwards.
+    CheckExact<float>(*reducer, DataType::kFloat32, 64, round++);
+  }
+
+  auto bad = ParseDataType("float16");
+  EXPECT(!bad.ok() && bad.status().message().find("float32") != absl::string_view::npos,
+         "float16: %s", bad.status().ToString().c_str());
+  options.backend = "gloo";
+  auto unknown = MakeAllReducer(options);
+  EXPECT(!unknown.ok() && unknown.status().message().find("mlfabric, mpi, nccl") !=
+                              absl::string_view::npos,
+         "unknown backend: %s", unknown.status().ToString().c_str());
+  options.backend = "nccl";
+  auto nccl = MakeAllReducer(options);
+  EXPECT(!nccl.ok() && nccl.status().message().find("\"mlfabric\" or \"mpi\"") !=
+                           absl::string_view::npos,
+         "nccl without a GPU: %s", nccl.status().ToString().c_str());
+  if (g_rank == 0 && !nccl.ok()) {
+    std::printf("nccl backend here: %s\n", std::string(nccl.status().message()).c_str());
+  }
+
+  for (size_t count : {size_t{1024}, size_t{1} << 20}) {
+    const int repeats = count > 100000 ? 10 : 50;
+    const double mpi_ms = TimeAllReduce(**mpi, count, repeats);
+    const double fabric_ms = TimeAllReduce(**fabric, count, repeats);
+    if (g_rank == 0) {
+      std::printf("timing: %d ranks, %zu float32: mpi %.3f ms, mlfabric %.3f ms per AllReduce\n",
+                  size, count, mpi_ms, fabric_ms);
+    }
+  }
+  int failures = g_failures, total = 0;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  fabric->reset();
+  if (total == 0) std::printf("allreduce_check rank %d: OK\n", g_rank);
+  std::fflush(stdout);
+  return total == 0 ? 0 : 1;
+}

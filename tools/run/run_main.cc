@@ -1,0 +1,209 @@
+// mlfabric-run: launches a training job with Open MPI's mpirun, with
+// MLfabric's scheduler and daemons up for it (DESIGN.md §9).
+//
+//   mlfabric-run -np 4 python3 train.py
+//   mlfabric-run -np 4 ./my_cpp_worker --flag=value
+//   mlfabric-run -np 8 --hostfile hosts.txt --planner mlfabric --delay_bound 8 python3 train.py
+//
+// Unless MLFABRIC_SOCKET_DIR names a directory where daemons already listen
+// (h<rank>.sock), it starts mlfabric-scheduler and one mlfabricd per rank (an
+// emulated host each, on loopback) in a private directory, runs
+//   mpirun -np N [--hostfile F] --oversubscribe mlfabric-run --exec-rank -- CMD...
+// and in every rank, before exec'ing CMD, exports
+//   MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_LOCAL_RANK, MLFABRIC_DAEMON_SOCKET,
+//   MLFABRIC_WORKER_NAME (rank<r>), MLFABRIC_JOB, MLFABRIC_JOB_TOKEN,
+//   MLFABRIC_DELAY_BOUND, MLFABRIC_SCHEDULER, MLFABRIC_SOCKET_DIR.
+// When CMD ends it stops everything it started and exits with mpirun's code.
+// Daemons are started on this machine only: with a hostfile naming other
+// machines, start mlfabricd there and set MLFABRIC_SOCKET_DIR (README).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tools/launch/process.h"
+
+namespace {
+
+constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...]
+
+  -np N               number of ranks (default 1)
+  --hostfile FILE     Open MPI hostfile (default: this host only)
+  --planner P         scheduler planner: fifo | mlfabric (default fifo)
+  --delay_bound K     the job's tau_max in model versions (default 30)
+  --job NAME          job name (default demo); --token TOKEN (default demo-token)
+  --mpirun_arg ARG    extra argument for mpirun (repeatable)
+  -v                  print what is started
+Every rank gets MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_DAEMON_SOCKET, ...
+)";
+
+volatile sig_atomic_t g_signal = 0;
+void OnSignal(int signal) { g_signal = signal; }
+
+int ExecRank(int argc, char** argv, int first) {
+  auto env = [](const char* name, const char* fallback) {
+    const char* value = std::getenv(name);
+    return std::string(value && *value ? value : fallback);
+  };
+  const std::string rank = env("OMPI_COMM_WORLD_RANK", "0");
+  const std::string size = env("OMPI_COMM_WORLD_SIZE", "1");
+  const std::string dir = env("MLFABRIC_SOCKET_DIR", "");
+  setenv("MLFABRIC_RANK", rank.c_str(), 1);
+  setenv("MLFABRIC_SIZE", size.c_str(), 1);
+  setenv("MLFABRIC_LOCAL_RANK", env("OMPI_COMM_WORLD_LOCAL_RANK", "0").c_str(), 1);
+  setenv("MLFABRIC_WORKER_NAME", ("rank" + rank).c_str(), 1);
+  if (!dir.empty()) setenv("MLFABRIC_DAEMON_SOCKET", (dir + "/h" + rank + ".sock").c_str(), 1);
+  std::vector<char*> args(argv + first, argv + argc);
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  std::cerr << "mlfabric-run: cannot run " << args[0] << ": " << std::strerror(errno) << "\n";
+  return 127;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace mlfabric::launch;
+  int np = 1, delay_bound = 30;
+  std::string hostfile, planner = "fifo", job = "demo", token = "demo-token";
+  std::vector<std::string> mpirun_args;
+  bool verbose = false;
+  int i = 1;
+  auto value = [&](const char* flag) -> std::string {
+    if (i + 1 >= argc) {
+      std::cerr << "mlfabric-run: " << flag << " needs a value\n" << kUsage;
+      std::exit(2);
+    }
+    return argv[++i];
+  };
+  for (; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--exec-rank") {
+      if (i + 1 < argc && std::string(argv[i + 1]) == "--") ++i;
+      if (i + 1 >= argc) return 2;
+      return ExecRank(argc, argv, i + 1);
+    }
+    if (arg == "--") { ++i; break; }
+    if (arg == "-h" || arg == "--help") { std::cout << kUsage; return 0; }
+    if (arg == "-np" || arg == "-n" || arg == "--np") {
+      np = std::atoi(value("-np").c_str());
+    } else if (arg == "--hostfile" || arg == "-hostfile") {
+      hostfile = value("--hostfile");
+    } else if (arg == "--planner") {
+      planner = value("--planner");
+    } else if (arg == "--delay_bound") {
+      delay_bound = std::atoi(value("--delay_bound").c_str());
+    } else if (arg == "--job") {
+      job = value("--job");
+    } else if (arg == "--token") {
+      token = value("--token");
+    } else if (arg == "--mpirun_arg") {
+      mpirun_args.push_back(value("--mpirun_arg"));
+    } else if (arg == "-v") {
+      verbose = true;
+    } else if (!arg.empty() && arg[0] == '-') {
+      std::cerr << "mlfabric-run: unknown option " << arg << "\n" << kUsage;
+      return 2;
+    } else {
+      break;
+    }
+  }
+  if (i >= argc) {
+    std::cerr << "mlfabric-run: no command to run\n" << kUsage;
+    return 2;
+  }
+  if (np < 1 || np > 1024) {
+    std::cerr << "mlfabric-run: -np must be between 1 and 1024\n";
+    return 2;
+  }
+  if (planner != "fifo" && planner != "mlfabric") {
+    std::cerr << "mlfabric-run: --planner must be fifo or mlfabric, not '" << planner << "'\n";
+    return 2;
+  }
+
+  std::unique_ptr<LocalCluster> cluster;
+  std::string socket_dir;
+  if (const char* existing = std::getenv("MLFABRIC_SOCKET_DIR"); existing && *existing) {
+    socket_dir = existing;
+    if (verbose) std::cerr << "mlfabric-run: using the daemons in " << socket_dir << "\n";
+  } else {
+    const std::string config_dir = MakeTempDir("mlfabric-run-config");
+    const std::string config = config_dir + "/scheduler.json";
+    std::ofstream(config) << "{\"jobs\": [{\"name\": \"" << job << "\", \"token\": \"" << token
+                          << "\", \"tau_max\": " << delay_bound << "}]}\n";
+    std::vector<std::string> hosts;
+    for (int r = 0; r < np; ++r) hosts.push_back("h" + std::to_string(r));
+    auto started = LocalCluster::Start(hosts, {"--config=" + config, "--planner=" + planner});
+    if (!started.ok()) {
+      std::cerr << "mlfabric-run: cannot start the scheduler and daemons: "
+                << started.status().message() << "\n";
+      return 1;
+    }
+    cluster = std::move(*started);
+    socket_dir = cluster->dir();
+    setenv("MLFABRIC_SCHEDULER", cluster->scheduler_address().c_str(), 1);
+    if (verbose) {
+      std::cerr << "mlfabric-run: started mlfabric-scheduler at " << cluster->scheduler_address()
+                << " (planner " << planner << ", tau_max " << delay_bound << ") and " << np
+                << " mlfabricd; logs in " << socket_dir << "\n";
+    }
+  }
+  setenv("MLFABRIC_SOCKET_DIR", socket_dir.c_str(), 1);
+  setenv("MLFABRIC_JOB", job.c_str(), 1);
+  setenv("MLFABRIC_JOB_TOKEN", token.c_str(), 1);
+  setenv("MLFABRIC_DELAY_BOUND", std::to_string(delay_bound).c_str(), 1);
+  if (::geteuid() == 0) {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+
+  std::error_code error;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", error).string();
+  std::vector<std::string> command = {"mpirun", "-np", std::to_string(np)};
+  if (!hostfile.empty()) {
+    command.insert(command.end(), {"--hostfile", hostfile});
+  } else {
+    command.push_back("--oversubscribe");
+  }
+  for (const char* name : {"MLFABRIC_SOCKET_DIR", "MLFABRIC_JOB", "MLFABRIC_JOB_TOKEN",
+                           "MLFABRIC_DELAY_BOUND", "MLFABRIC_SCHEDULER"}) {
+    if (std::getenv(name)) command.insert(command.end(), {"-x", name});
+  }
+  command.insert(command.end(), mpirun_args.begin(), mpirun_args.end());
+  command.insert(command.end(), {self, "--exec-rank", "--"});
+  command.insert(command.end(), argv + i, argv + argc);
+  std::string mpirun_path = "/usr/bin/mpirun";
+  if (::access(mpirun_path.c_str(), X_OK) != 0) mpirun_path = "mpirun";
+  command[0] = mpirun_path;
+  if (verbose) {
+    std::cerr << "mlfabric-run:";
+    for (const auto& part : command) std::cerr << " " << part;
+    std::cerr << "\n";
+  }
+  auto mpirun = Subprocess::Start(command, "");
+  if (!mpirun.ok()) {
+    std::cerr << "mlfabric-run: cannot start mpirun: " << mpirun.status().message() << "\n";
+    return 1;
+  }
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  std::optional<int> code;
+  while (!(code = (*mpirun)->WaitFor(0.2)).has_value()) {
+    if (g_signal != 0) {
+      std::cerr << "mlfabric-run: interrupted; stopping the job and what it started\n";
+      code = (*mpirun)->Stop(10);
+      break;
+    }
+  }
+  if (*code != 0 && cluster) {
+    std::cerr << "mlfabric-run: the job exited with " << *code << "; logs in " << socket_dir
+              << "\n";
+  }
+  return *code;
+}
