@@ -59,9 +59,8 @@ class SplitSearch {
     for (int a = 0; a < k && idx < m_; ++a) {
       const int host = in_.aggregators[a];
       const bool last = a == k - 1;
-      if (last && prune) {
-        const int down = net->DownlinkOf(host);
-        const double bound = net->OpenFrom(down) + suffix_bits_[idx] / net->PeakRate(down);
+      if (prune) {
+        const double bound = BoundFrom(a, t_max, idx, *net);
         if (bound - Slack(bound) > best) return kInfinity;
       }
       const int first = idx;
@@ -131,23 +130,35 @@ class SplitSearch {
   //    aggregator's downlink, which cannot have received it before the
   //    time its capacity integrates to those bits.
   double LowerBound(int n, const Network& base) const {
-    if (!separate_aggregators_ || base.has_fixed_paths()) return -kInfinity;
-    const int k = static_cast<int>(in_.aggregators.size());
     if (n == m_) return prefix_max_[m_];
-    double u = prefix_max_[n];
-    double absorbed = 0;
-    for (int j = 0; j + 1 < k; ++j) {
-      const int host = in_.aggregators[j];
-      absorbed += base.CapacityBits(base.DownlinkOf(host), in_.now_s, u);
-      const double end = base.FillEnd(base.PathBetween(host, in_.dst_host), u, max_bits_);
-      if (end == kInfinity) return -kInfinity;
-      u = std::max(u, end);
+    return BoundFrom(0, prefix_max_[n], n, base);
+  }
+
+  // The same bound from the start of group j, with the running t_max and
+  // items idx.. still to place, on the network as it is at that point (the
+  // argument above holds for it unchanged: the aggregators from j on have
+  // not been used yet, and everything reserved so far ends by t_max).
+  double BoundFrom(int j, double t_max, int idx, const Network& net) const {
+    const int k = static_cast<int>(in_.aggregators.size());
+    if (k == 0) return -kInfinity;
+    double rest = suffix_bits_[idx];
+    if (separate_aggregators_ && !net.has_fixed_paths()) {
+      double u = t_max;
+      for (int i = j; i + 1 < k; ++i) {
+        const int host = in_.aggregators[i];
+        rest -= net.CapacityBits(net.DownlinkOf(host), in_.now_s, u);
+        const double end = net.FillEnd(net.PathBetween(host, in_.dst_host), u, max_bits_);
+        if (end == kInfinity) return -kInfinity;
+        u = std::max(u, end);
+      }
+    } else if (j + 1 < k) {
+      return -kInfinity;
     }
-    const double rest = suffix_bits_[n] - absorbed;
-    if (rest <= 0) return prefix_max_[n];
+    if (rest <= 0) return t_max;
+    // Whatever is left goes through the last aggregator's downlink.
     Path last;
-    last.links.push_back(base.DownlinkOf(in_.aggregators[k - 1]));
-    return std::max(prefix_max_[n], base.FillEnd(last, in_.now_s, rest));
+    last.links.push_back(net.DownlinkOf(in_.aggregators[k - 1]));
+    return std::max(t_max, net.FillEnd(last, in_.now_s, rest));
   }
 
   int m() const { return m_; }

@@ -47,8 +47,8 @@ size_t SegmentIndex(const LinkProfile& p, double t) {
 // same end time bit for bit. `segments` may be null.
 double Walk(const std::vector<LinkProfile>& links, const Path& path, double start_s, double t0,
             double bits, bool reference, std::vector<RateSegment>* segments) {
-  constexpr int kMaxLinks = 8;
-  const int n = static_cast<int>(path.links.size());
+  constexpr int kMaxLinks = LinkList::kMaxLinks;
+  const int n = path.links.size();
   if (n == 0 || n > kMaxLinks) return kInfinity;
   const LinkProfile* p[kMaxLinks];
   size_t k[kMaxLinks];
@@ -178,7 +178,7 @@ Path Network::PathBetween(int src_host, int dst_host) const {
                                     static_cast<int64_t>(host_names_.size()) +
                                 dst_host);
     if (it != fixed_paths_.end()) {
-      path.links.insert(path.links.end(), it->second.begin(), it->second.end());
+      for (int id : it->second) path.links.push_back(id);
     }
   }
   path.links.push_back(DownlinkOf(dst_host));

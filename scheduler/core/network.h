@@ -54,9 +54,25 @@ struct LinkProfile {
   double RateAt(double t) const;
 };
 
-// The links a transfer crosses (at most a handful).
+// The link ids a transfer crosses: at most kMaxLinks, stored inline (paths
+// are built in the planners' innermost loops; no allocation).
+class LinkList {
+ public:
+  static constexpr int kMaxLinks = 8;
+  void push_back(int id) { ids_[size_++] = id; }
+  int size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  int operator[](int i) const { return ids_[i]; }
+  const int* begin() const { return ids_; }
+  const int* end() const { return ids_ + size_; }
+
+ private:
+  int ids_[kMaxLinks] = {};
+  int size_ = 0;
+};
+
 struct Path {
-  std::vector<int> links;
+  LinkList links;
 };
 
 struct FillResult {
