@@ -1,6 +1,7 @@
 // mlfabric-scheduler: the central scheduler (DESIGN.md §2). Serves the
 // control-plane gRPC API to daemons and plans pushed updates every
-// batch_interval_ms. Run with --help for the flags.
+// batch_interval_ms; with --admin_port >= 0 it also serves the admin web
+// endpoint (scheduler/admin/README.md). Run with --help for the flags.
 #include <signal.h>
 
 #include <atomic>
@@ -13,15 +14,26 @@
 
 #include "common/clock.h"
 #include "common/logging.h"
+#include "scheduler/admin/admin_backend.h"
+#include "scheduler/admin/admin_handler.h"
+#include "scheduler/admin/admin_server.h"
 #include "scheduler/core/planner_factory.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/scheduler_service.h"
 
 namespace {
 
+// Signal handlers can only reach a global; it is the process's one stop flag.
 std::atomic<bool> g_stop{false};
 
 void OnSignal(int) { g_stop.store(true); }
+
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  std::rename(tmp.c_str(), path.c_str());
+}
 
 }  // namespace
 
@@ -69,11 +81,23 @@ int main(int argc, char** argv) {
               << " (port in use? pass --grpc_port=0 to pick a free one)\n";
     return 1;
   }
-  if (!config->port_file.empty()) {
-    const std::string tmp = config->port_file + ".tmp";
-    std::ofstream(tmp) << bound_port << "\n";
-    std::rename(tmp.c_str(), config->port_file.c_str());
+  admin::ServiceAdminBackend<SchedulerService> admin_backend(&service);
+  admin::AdminHandler admin_handler(&admin_backend, {config->admin_token});
+  admin::AdminServer admin_server(&admin_handler);
+  if (config->admin_port >= 0) {
+    auto admin_port = admin_server.Start(config->admin_address,
+                                         static_cast<int>(config->admin_port));
+    if (!admin_port.ok()) {
+      std::cerr << "mlfabric-scheduler: " << admin_port.status().message() << "\n";
+      return 1;
+    }
+    MLF_LOG(INFO) << "admin endpoint on http://" << config->admin_address << ":" << *admin_port
+                  << "/ (POSTs " << (config->admin_token.empty() ? "disabled" : "need the token")
+                  << ")";
+    WritePortFile(config->admin_port_file, *admin_port);
   }
+  // The gRPC port file last: once it exists, everything is serving.
+  WritePortFile(config->port_file, bound_port);
   MLF_LOG(INFO) << "listening on " << config->listen_address << ":" << bound_port << ", planner "
                 << config->planner << ", batch interval " << config->batch_interval_ms << " ms";
   service.Start();
@@ -83,6 +107,7 @@ int main(int argc, char** argv) {
   while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
 
   MLF_LOG(INFO) << "shutting down";
+  admin_server.Stop();
   service.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   const auto stats = service.GetStats();

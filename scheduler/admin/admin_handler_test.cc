@@ -1,0 +1,141 @@
+// AdminHandler and the views on a fixed snapshot: routes, JSON shapes,
+// Prometheus text, Chrome trace, and the bearer-token rule for POSTs.
+#include "scheduler/admin/admin_handler.h"
+
+#include <catch2/catch.hpp>
+
+#include "nlohmann/json.hpp"
+
+namespace mlfabric::admin {
+namespace {
+
+using nlohmann::json;
+
+class FakeBackend : public AdminBackend {
+ public:
+  FakeBackend() {
+    snap_.now_s = 110;
+    snap_.started_s = 100;
+    snap_.planner = "mlfabric";
+    HostView w1;
+    w1.name = "w1";
+    w1.alive = true;
+    w1.reported_up_bps = 2.5e9;
+    w1.reserved_up_bps = 1e9;
+    w1.available_up_bps = 1.5e9;
+    w1.last_report_s = 109.5;
+    snap_.hosts.push_back(w1);
+    JobView job;
+    job.params.name = "demo\"x";
+    job.servers.push_back({"ps0", "s1", 42, 0, 1});
+    snap_.jobs.push_back(job);
+    BatchView batch;
+    batch.id = 7;
+    batch.job = "demo";
+    batch.server = "ps0";
+    TransferView t;
+    t.transfer_id = 3;
+    t.src = "w1";
+    t.dst = "s1";
+    t.start_s = 105;
+    t.end_s = 105.5;
+    t.segments = {{105, 105.5, 1e9}};
+    batch.transfers.push_back(t);
+    snap_.recent_batches.push_back(batch);
+    snap_.drops_by_category["stale"] = 2;
+    snap_.delay_histogram.bounds = {0, 1, 2};
+    snap_.delay_histogram.counts = {1, 0, 2, 1};
+    snap_.delay_histogram.total = 4;
+    snap_.delay_histogram.sum = 9;
+  }
+  ClusterSnapshot Snapshot() const override { return snap_; }
+  absl::Status UpdateJobParams(const std::string& job, const JobParamsUpdate& update) override {
+    if (job != "demo") return absl::NotFoundError("unknown job '" + job + "'");
+    last_update = update;
+    return absl::OkStatus();
+  }
+  absl::Status DrainHost(const std::string& host, bool drain) override {
+    drained = host + (drain ? ":on" : ":off");
+    return absl::OkStatus();
+  }
+  JobParamsUpdate last_update;
+  std::string drained;
+
+ private:
+  ClusterSnapshot snap_;
+};
+
+TEST_CASE("GET routes return JSON with the snapshot's values") {
+  FakeBackend backend;
+  AdminHandler handler(&backend, {"secret"});
+  HttpResponse r = handler.Handle({"GET", "/api/v1/hosts", "", ""});
+  REQUIRE(r.status == 200);
+  json hosts = json::parse(r.body);
+  CHECK(hosts["hosts"][0]["available_up_bps"] == 1.5e9);
+  CHECK(hosts["hosts"][0]["report_age_s"] == 0.5);
+  json batches = json::parse(handler.Handle({"GET", "/api/v1/batches?limit=1", "", ""}).body);
+  CHECK(batches["current"]["id"] == 7);
+  CHECK(batches["recent"].size() == 1);
+  json jobs = json::parse(handler.Handle({"GET", "/api/v1/jobs", "", ""}).body);
+  CHECK(jobs["jobs"][0]["servers"][0]["model_version"] == 42);
+  CHECK(handler.Handle({"GET", "/api/v1/nope", "", ""}).status == 404);
+  CHECK(handler.Handle({"DELETE", "/api/v1/hosts", "", ""}).status == 405);
+  CHECK(handler.Handle({"GET", "/", "", ""}).content_type.find("text/html") == 0);
+}
+
+TEST_CASE("Prometheus text has typed families, escaped labels, cumulative buckets") {
+  FakeBackend backend;
+  AdminHandler handler(&backend, {});
+  HttpResponse r = handler.Handle({"GET", "/metrics", "", ""});
+  REQUIRE(r.status == 200);
+  CHECK(r.content_type.find("version=0.0.4") != std::string::npos);
+  CHECK(r.body.find("# TYPE mlfabric_update_delay histogram") != std::string::npos);
+  CHECK(r.body.find("mlfabric_update_delay_bucket{le=\"2\"} 3\n") != std::string::npos);
+  CHECK(r.body.find("mlfabric_update_delay_bucket{le=\"+Inf\"} 4\n") != std::string::npos);
+  CHECK(r.body.find("job=\"demo\\\"x\"") != std::string::npos);
+  CHECK(r.body.find("mlfabric_link_available_bps{host=\"w1\",direction=\"up\"} 1500000000") !=
+        std::string::npos);
+  CHECK(r.body.find("mlfabric_drops_total{reason=\"stale\"} 2") != std::string::npos);
+}
+
+TEST_CASE("Chrome trace puts a transfer on its uplink and downlink tracks") {
+  FakeBackend backend;
+  AdminHandler handler(&backend, {});
+  json trace = json::parse(handler.Handle({"GET", "/api/v1/trace", "", ""}).body);
+  int complete = 0;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") {
+      ++complete;
+      CHECK(e["ts"] == 5e6);
+      CHECK(e["dur"] == 5e5);
+    }
+  }
+  CHECK(complete == 2);
+}
+
+TEST_CASE("POSTs need the bearer token and validate their body") {
+  FakeBackend backend;
+  AdminHandler handler(&backend, {"secret"});
+  const std::string body = R"({"tau_max": 12, "momentum": 0.5})";
+  CHECK(handler.Handle({"POST", "/api/v1/jobs/demo", "", body}).status == 401);
+  CHECK(handler.Handle({"POST", "/api/v1/jobs/demo", "Bearer nope", body}).status == 401);
+  CHECK(handler.Handle({"POST", "/api/v1/jobs/demo", "secret", body}).status == 401);
+  HttpResponse ok = handler.Handle({"POST", "/api/v1/jobs/demo", "Bearer secret", body});
+  CHECK(ok.status == 200);
+  CHECK(backend.last_update.tau_max == 12);
+  CHECK(backend.last_update.momentum == 0.5);
+  CHECK(!backend.last_update.priority_class.has_value());
+  HttpResponse bad = handler.Handle({"POST", "/api/v1/jobs/demo", "Bearer secret", R"({"tau": 1})"});
+  CHECK(bad.status == 400);
+  CHECK(bad.body.find("tau") != std::string::npos);
+  CHECK(handler.Handle({"POST", "/api/v1/jobs/demo", "Bearer secret", "{"}).status == 400);
+  CHECK(handler.Handle({"POST", "/api/v1/jobs/ghost", "Bearer secret", "{}"}).status == 404);
+  CHECK(handler.Handle({"POST", "/api/v1/hosts/w1/drain", "Bearer secret", ""}).status == 200);
+  CHECK(backend.drained == "w1:on");
+
+  AdminHandler no_token(&backend, {});
+  CHECK(no_token.Handle({"POST", "/api/v1/hosts/w1/drain", "Bearer ", ""}).status == 403);
+}
+
+}  // namespace
+}  // namespace mlfabric::admin

@@ -1,0 +1,422 @@
+#include "scheduler/admin/views.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+namespace mlfabric::admin {
+namespace {
+
+using nlohmann::json;
+
+json SegmentsJson(const std::vector<core::RateSegment>& segments) {
+  json out = json::array();
+  for (const core::RateSegment& s : segments) out.push_back({s.from_s, s.to_s, s.rate_bps});
+  return out;
+}
+
+json TransferJson(const TransferView& t) {
+  return {{"transfer_id", t.transfer_id}, {"batch_id", t.batch_id}, {"job", t.job},
+          {"server", t.server},           {"src", t.src},           {"dst", t.dst},
+          {"bytes", t.bytes},             {"start_s", t.start_s},   {"end_s", t.end_s},
+          {"deadline_s", t.deadline_s},   {"segments", SegmentsJson(t.segments)}};
+}
+
+json StatsJson(const SchedulerStats& s) {
+  return {{"batches", s.batches},
+          {"planned", s.planned},
+          {"applied", s.applied},
+          {"dropped", s.dropped},
+          {"failed", s.failed},
+          {"rejected", s.rejected},
+          {"timed_out", s.timed_out},
+          {"bandwidth_reports", s.bandwidth_reports},
+          {"plan_ms_total", s.plan_ms_total},
+          {"plan_ms_max", s.plan_ms_max}};
+}
+
+json BatchJson(const BatchView& b) {
+  json network = json::array();
+  for (const core::HostLink& h : b.network) {
+    json profile_up = json::array(), profile_down = json::array();
+    for (const auto& [t, r] : h.uplink_profile) profile_up.push_back({t, r});
+    for (const auto& [t, r] : h.downlink_profile) profile_down.push_back({t, r});
+    network.push_back({{"host", h.name},
+                       {"uplink_bps", h.uplink_bps},
+                       {"downlink_bps", h.downlink_bps},
+                       {"uplink_profile", profile_up},
+                       {"downlink_profile", profile_down}});
+  }
+  json transfers = json::array();
+  for (const TransferView& t : b.transfers) transfers.push_back(TransferJson(t));
+  json drops = json::array();
+  for (const core::Drop& d : b.drops) drops.push_back({{"update", d.id}, {"reason", d.reason}});
+  json out = {{"id", b.id},
+              {"job", b.job},
+              {"server", b.server},
+              {"server_host", b.server_host},
+              {"planned_at_s", b.planned_at_s},
+              {"compute_ms", b.compute_ms},
+              {"planning_thread", b.worker_thread},
+              {"updates", b.updates},
+              {"scheduled", b.scheduled},
+              {"dropped", b.dropped},
+              {"network", network},
+              {"transfers", transfers},
+              {"drops", drops}};
+  if (!b.error.empty()) out["error"] = b.error;
+  return out;
+}
+
+// Prometheus label values escape backslash, double quote and newline.
+std::string Escape(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+std::string Number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  std::ostringstream out;
+  out.precision(17);
+  out << v;
+  return out.str();
+}
+
+class PromWriter {
+ public:
+  void Family(const std::string& name, const std::string& type, const std::string& help) {
+    out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  }
+  void Sample(const std::string& name, const std::vector<std::pair<std::string, std::string>>& labels,
+              double value) {
+    out_ << name;
+    if (!labels.empty()) {
+      out_ << "{";
+      for (size_t i = 0; i < labels.size(); ++i) {
+        out_ << (i ? "," : "") << labels[i].first << "=\"" << Escape(labels[i].second) << "\"";
+      }
+      out_ << "}";
+    }
+    out_ << " " << Number(value) << "\n";
+  }
+  std::string Text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+};
+
+}  // namespace
+
+json ClusterJson(const ClusterSnapshot& snap) {
+  int alive = 0;
+  for (const HostView& h : snap.hosts) alive += h.alive;
+  return {{"now_s", snap.now_s},
+          {"uptime_s", snap.now_s - snap.started_s},
+          {"planner", snap.planner},
+          {"batch_interval_ms", snap.batch_interval_ms},
+          {"planner_threads", snap.planner_threads},
+          {"hosts", snap.hosts.size()},
+          {"hosts_alive", alive},
+          {"jobs", snap.jobs.size()},
+          {"in_flight", snap.in_flight.size()},
+          {"stats", StatsJson(snap.stats)}};
+}
+
+json HostsJson(const ClusterSnapshot& snap) {
+  json hosts = json::array();
+  for (const HostView& h : snap.hosts) {
+    hosts.push_back({{"name", h.name},
+                     {"data_address", h.data_address},
+                     {"alive", h.alive},
+                     {"draining", h.draining},
+                     {"capacity_up_bps", h.capacity_up_bps},
+                     {"capacity_down_bps", h.capacity_down_bps},
+                     {"reported_up_bps", h.reported_up_bps},
+                     {"reported_down_bps", h.reported_down_bps},
+                     {"reserved_up_bps", h.reserved_up_bps},
+                     {"reserved_down_bps", h.reserved_down_bps},
+                     {"available_up_bps", h.available_up_bps},
+                     {"available_down_bps", h.available_down_bps},
+                     {"last_report_s", h.last_report_s},
+                     {"report_age_s", h.last_report_s < 0 ? json(nullptr)
+                                                          : json(snap.now_s - h.last_report_s)},
+                     {"reports", h.reports}});
+  }
+  return {{"now_s", snap.now_s}, {"hosts", hosts}};
+}
+
+json JobsJson(const ClusterSnapshot& snap) {
+  json jobs = json::array();
+  for (const JobView& j : snap.jobs) {
+    json servers = json::array();
+    for (const ServerView& s : j.servers) {
+      servers.push_back({{"name", s.name},
+                         {"host", s.host},
+                         {"model_version", s.model_version},
+                         {"pending", s.pending},
+                         {"in_flight", s.in_flight}});
+    }
+    jobs.push_back({{"name", j.params.name},
+                    {"id", j.id},
+                    {"mode", j.params.mode},
+                    {"tau_max", j.params.tau_max},
+                    {"staleness_k", j.params.staleness_k},
+                    {"divergence_max", j.params.divergence_max},
+                    {"momentum", j.params.momentum},
+                    {"priority_class", j.params.priority_class},
+                    {"applied", j.applied},
+                    {"dropped", j.dropped},
+                    {"failed", j.failed},
+                    {"servers", servers}});
+  }
+  return {{"now_s", snap.now_s}, {"jobs", jobs}};
+}
+
+json BatchesJson(const ClusterSnapshot& snap, size_t limit) {
+  json recent = json::array();
+  const size_t n = snap.recent_batches.size();
+  for (size_t i = n > limit ? n - limit : 0; i < n; ++i) {
+    recent.push_back(BatchJson(snap.recent_batches[i]));
+  }
+  json current = n ? BatchJson(snap.recent_batches.back()) : json(nullptr);
+  return {{"now_s", snap.now_s}, {"current", current}, {"recent", recent}};
+}
+
+json TransfersJson(const ClusterSnapshot& snap) {
+  json in_flight = json::array();
+  for (const TransferView& t : snap.in_flight) in_flight.push_back(TransferJson(t));
+  json recent = json::array();
+  for (const BatchView& b : snap.recent_batches) {
+    for (const TransferView& t : b.transfers) recent.push_back(TransferJson(t));
+  }
+  return {{"now_s", snap.now_s}, {"in_flight", in_flight}, {"recent", recent}};
+}
+
+json DropsJson(const ClusterSnapshot& snap) {
+  json recent = json::array();
+  for (const DropView& d : snap.recent_drops) {
+    recent.push_back({{"transfer_id", d.transfer_id},
+                      {"job", d.job},
+                      {"server", d.server},
+                      {"src", d.src},
+                      {"outcome", d.outcome},
+                      {"category", d.category},
+                      {"reason", d.reason},
+                      {"at_s", d.at_s}});
+  }
+  return {{"now_s", snap.now_s}, {"by_reason", snap.drops_by_category}, {"recent", recent}};
+}
+
+json DelaysJson(const ClusterSnapshot& snap) {
+  json recent = json::array();
+  for (const DelayView& d : snap.recent_delays) {
+    recent.push_back({{"transfer_id", d.transfer_id},
+                      {"job", d.job},
+                      {"server", d.server},
+                      {"src", d.src},
+                      {"delay", d.delay},
+                      {"latency_s", d.latency_s},
+                      {"at_s", d.at_s}});
+  }
+  const DelayHistogram& h = snap.delay_histogram;
+  return {{"now_s", snap.now_s},
+          {"histogram",
+           {{"bounds", h.bounds}, {"counts", h.counts}, {"total", h.total}, {"sum", h.sum}}},
+          {"recent", recent}};
+}
+
+json LinksJson(const ClusterSnapshot& snap) {
+  json samples = json::array();
+  for (const LinkSample& s : snap.link_samples) {
+    json links = json::array();
+    for (const LinkSample::Use& u : s.links) {
+      links.push_back({{"host", u.host},
+                       {"up_reserved_bps", u.up_reserved_bps},
+                       {"down_reserved_bps", u.down_reserved_bps},
+                       {"up_reported_bps", u.up_reported_bps},
+                       {"down_reported_bps", u.down_reported_bps}});
+    }
+    samples.push_back({{"at_s", s.at_s}, {"links", links}});
+  }
+  return {{"now_s", snap.now_s}, {"samples", samples}};
+}
+
+std::string RenderPrometheus(const ClusterSnapshot& snap) {
+  PromWriter w;
+  const SchedulerStats& s = snap.stats;
+  w.Family("mlfabric_scheduler_uptime_seconds", "gauge", "Seconds since the scheduler started.");
+  w.Sample("mlfabric_scheduler_uptime_seconds", {}, snap.now_s - snap.started_s);
+  w.Family("mlfabric_scheduler_batch_cycles_total", "counter",
+           "Batching cycles that planned at least one server.");
+  w.Sample("mlfabric_scheduler_batch_cycles_total", {}, s.batches);
+  w.Family("mlfabric_scheduler_updates_total", "counter", "Pushed updates by how they ended.");
+  for (const auto& [outcome, n] : std::vector<std::pair<std::string, int64_t>>{
+           {"planned", s.planned}, {"applied", s.applied}, {"dropped", s.dropped},
+           {"failed", s.failed}, {"rejected", s.rejected}}) {
+    w.Sample("mlfabric_scheduler_updates_total", {{"outcome", outcome}}, n);
+  }
+  w.Family("mlfabric_scheduler_timed_out_total", "counter",
+           "In-flight transfers failed for missing their deadline.");
+  w.Sample("mlfabric_scheduler_timed_out_total", {}, s.timed_out);
+  w.Family("mlfabric_scheduler_bandwidth_reports_total", "counter",
+           "ReportBandwidth calls accepted.");
+  w.Sample("mlfabric_scheduler_bandwidth_reports_total", {}, s.bandwidth_reports);
+  w.Family("mlfabric_scheduler_plan_seconds_total", "counter", "Planner compute time, summed.");
+  w.Sample("mlfabric_scheduler_plan_seconds_total", {}, s.plan_ms_total / 1e3);
+  w.Family("mlfabric_scheduler_plan_seconds_max", "gauge", "Longest single batch plan.");
+  w.Sample("mlfabric_scheduler_plan_seconds_max", {}, s.plan_ms_max / 1e3);
+  w.Family("mlfabric_scheduler_in_flight_transfers", "gauge", "Transfers scheduled, not done.");
+  w.Sample("mlfabric_scheduler_in_flight_transfers", {}, snap.in_flight.size());
+
+  w.Family("mlfabric_host_up", "gauge", "1 if the host's daemon is registered and streaming.");
+  for (const HostView& h : snap.hosts) w.Sample("mlfabric_host_up", {{"host", h.name}}, h.alive);
+  w.Family("mlfabric_host_draining", "gauge", "1 if an operator drained the host.");
+  for (const HostView& h : snap.hosts) {
+    w.Sample("mlfabric_host_draining", {{"host", h.name}}, h.draining);
+  }
+  w.Family("mlfabric_host_report_age_seconds", "gauge",
+           "Seconds since the host's last bandwidth report (absent if none).");
+  for (const HostView& h : snap.hosts) {
+    if (h.last_report_s >= 0) {
+      w.Sample("mlfabric_host_report_age_seconds", {{"host", h.name}},
+               snap.now_s - h.last_report_s);
+    }
+  }
+  struct LinkMetric {
+    const char* name;
+    const char* help;
+    double HostView::*up;
+    double HostView::*down;
+  };
+  const LinkMetric link_metrics[] = {
+      {"mlfabric_link_capacity_bps", "Configured NIC capacity.", &HostView::capacity_up_bps,
+       &HostView::capacity_down_bps},
+      {"mlfabric_link_reported_bps", "Latest available bandwidth reported by the monitor.",
+       &HostView::reported_up_bps, &HostView::reported_down_bps},
+      {"mlfabric_link_reserved_bps", "Rate reserved by in-flight transfers now.",
+       &HostView::reserved_up_bps, &HostView::reserved_down_bps},
+      {"mlfabric_link_available_bps", "Reported minus reserved: the planner's view now.",
+       &HostView::available_up_bps, &HostView::available_down_bps},
+  };
+  for (const LinkMetric& m : link_metrics) {
+    w.Family(m.name, "gauge", m.help);
+    for (const HostView& h : snap.hosts) {
+      w.Sample(m.name, {{"host", h.name}, {"direction", "up"}}, h.*(m.up));
+      w.Sample(m.name, {{"host", h.name}, {"direction", "down"}}, h.*(m.down));
+    }
+  }
+
+  w.Family("mlfabric_job_model_version", "gauge", "Model version at each server.");
+  for (const JobView& j : snap.jobs) {
+    for (const ServerView& sv : j.servers) {
+      w.Sample("mlfabric_job_model_version", {{"job", j.params.name}, {"server", sv.name}},
+               sv.model_version);
+    }
+  }
+  w.Family("mlfabric_job_pending_updates", "gauge", "Updates waiting for the next batch.");
+  for (const JobView& j : snap.jobs) {
+    for (const ServerView& sv : j.servers) {
+      w.Sample("mlfabric_job_pending_updates", {{"job", j.params.name}, {"server", sv.name}},
+               sv.pending);
+    }
+  }
+  w.Family("mlfabric_job_tau_max", "gauge", "The job's delay bound.");
+  for (const JobView& j : snap.jobs) {
+    w.Sample("mlfabric_job_tau_max", {{"job", j.params.name}}, j.params.tau_max);
+  }
+  w.Family("mlfabric_job_updates_total", "counter", "A job's pushes by outcome.");
+  for (const JobView& j : snap.jobs) {
+    w.Sample("mlfabric_job_updates_total", {{"job", j.params.name}, {"outcome", "applied"}},
+             j.applied);
+    w.Sample("mlfabric_job_updates_total", {{"job", j.params.name}, {"outcome", "dropped"}},
+             j.dropped);
+    w.Sample("mlfabric_job_updates_total", {{"job", j.params.name}, {"outcome", "failed"}},
+             j.failed);
+  }
+  w.Family("mlfabric_drops_total", "counter", "Pushes dropped or failed, by reason.");
+  for (const auto& [reason, n] : snap.drops_by_category) {
+    w.Sample("mlfabric_drops_total", {{"reason", reason}}, n);
+  }
+  w.Family("mlfabric_update_delay", "histogram",
+           "Staleness of applied updates: updates applied since the one computed on.");
+  const DelayHistogram& h = snap.delay_histogram;
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cumulative += h.counts[i];
+    w.Sample("mlfabric_update_delay_bucket", {{"le", Number(h.bounds[i])}}, cumulative);
+  }
+  w.Sample("mlfabric_update_delay_bucket", {{"le", "+Inf"}}, h.total);
+  w.Sample("mlfabric_update_delay_sum", {}, h.sum);
+  w.Sample("mlfabric_update_delay_count", {}, h.total);
+  if (!snap.recent_batches.empty()) {
+    w.Family("mlfabric_last_batch_compute_seconds", "gauge",
+             "Planner compute time of the most recent batch of each server.");
+    std::map<std::pair<std::string, std::string>, double> last;
+    for (const BatchView& b : snap.recent_batches) last[{b.job, b.server}] = b.compute_ms / 1e3;
+    for (const auto& [key, seconds] : last) {
+      w.Sample("mlfabric_last_batch_compute_seconds", {{"job", key.first}, {"server", key.second}},
+               seconds);
+    }
+  }
+  return w.Text();
+}
+
+json ChromeTrace(const ClusterSnapshot& snap) {
+  json events = json::array();
+  constexpr int kUplinks = 1, kDownlinks = 2;
+  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", kUplinks}, {"tid", 0},
+                    {"args", {{"name", "uplinks"}}}});
+  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", kDownlinks}, {"tid", 0},
+                    {"args", {{"name", "downlinks"}}}});
+  std::map<std::string, int> tids;
+  auto tid_of = [&](const std::string& host) {
+    auto [it, inserted] = tids.emplace(host, static_cast<int>(tids.size()) + 1);
+    if (inserted) {
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", kUplinks},
+                        {"tid", it->second}, {"args", {{"name", host + " uplink"}}}});
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", kDownlinks},
+                        {"tid", it->second}, {"args", {{"name", host + " downlink"}}}});
+    }
+    return it->second;
+  };
+  for (const HostView& h : snap.hosts) tid_of(h.name);
+  auto micros = [&](double t_s) { return (t_s - snap.started_s) * 1e6; };
+  for (const BatchView& b : snap.recent_batches) {
+    for (const TransferView& t : b.transfers) {
+      const std::string name =
+          "t" + std::to_string(t.transfer_id) + " " + t.src + "->" + t.dst;
+      double rate = 0;
+      for (const core::RateSegment& s : t.segments) rate = std::max(rate, s.rate_bps);
+      json args = {{"job", t.job},         {"server", t.server}, {"bytes", t.bytes},
+                   {"batch", t.batch_id},  {"peak_rate_bps", rate},
+                   {"start_s", t.start_s}, {"end_s", t.end_s}};
+      for (auto [pid, host] : {std::pair<int, std::string>{kUplinks, t.src},
+                               std::pair<int, std::string>{kDownlinks, t.dst}}) {
+        events.push_back({{"ph", "X"},
+                          {"name", name},
+                          {"cat", t.job},
+                          {"pid", pid},
+                          {"tid", tid_of(host)},
+                          {"ts", micros(t.start_s)},
+                          {"dur", std::max(0.0, (t.end_s - t.start_s) * 1e6)},
+                          {"args", args}});
+      }
+    }
+    events.push_back({{"ph", "i"}, {"s", "g"}, {"name", "batch " + std::to_string(b.id)},
+                      {"pid", kUplinks}, {"tid", 0}, {"ts", micros(b.planned_at_s)},
+                      {"args", {{"job", b.job}, {"server", b.server},
+                                {"compute_ms", b.compute_ms}}}});
+  }
+  return {{"traceEvents", events}, {"displayTimeUnit", "ms"},
+          {"otherData", {{"source", "mlfabric-scheduler"}, {"planner", snap.planner}}}};
+}
+
+}  // namespace mlfabric::admin
