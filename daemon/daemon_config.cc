@@ -25,6 +25,13 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Enum("job_priority", &config.job_priority, {"fifo", "one", "rr"});
   reader.Double("job_priority_period_s", &config.job_priority_period_s, 0.01, 86400);
   reader.Enum("log_level", &config.log_level, {"debug", "info", "warning", "error"});
+  reader.String("monitor_interface", &config.monitor_interface);
+  reader.String("monitor_trace", &config.monitor_trace);
+  reader.Double("monitor_period_s", &config.monitor_period_s, 0.001, 60);
+  reader.Double("monitor_ewma_tau_s", &config.monitor_ewma_tau_s, 0.001, 600);
+  reader.Double("report_lag_s", &config.report_lag_s, 0, 60);
+  reader.Double("report_threshold", &config.report_threshold, 0, 10);
+  reader.Double("report_max_interval_s", &config.report_max_interval_s, 0.01, 3600);
   if (config.host.empty()) {
     reader.AddError("host", "is required: name this host (e.g. --host=w1)");
   }
@@ -56,6 +63,14 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         (TensorLights; default fifo)
   --job_priority_period_s  rr rotation period in seconds (default 20)
   --log_level           debug | info | warning | error (default info)
+  Bandwidth monitor (off unless an interface or a trace is given):
+  --monitor_interface   NIC whose /sys counters to sample (default none)
+  --monitor_trace       replay N1-N3: "n2,seed=3,period_s=5,scale=0.01" (default none)
+  --monitor_period_s    sampling period               (default 0.1)
+  --monitor_ewma_tau_s  estimator time constant       (default 0.5)
+  --report_lag_s        reporting lag, 0.2-2 s in the paper (default 0.2)
+  --report_threshold    relative change that triggers a report (default 0.1)
+  --report_max_interval_s  report at least this often (default 2)
 )";
 }
 

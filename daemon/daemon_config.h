@@ -26,6 +26,15 @@ struct DaemonConfig {
   std::string job_priority = "fifo";         // TensorLights mode: fifo | one | rr
   double job_priority_period_s = 20;         // rr rotation period
   std::string log_level = "info";
+  // Bandwidth monitor (monitor/README.md). Off unless an interface or a
+  // trace is given; capacities are uplink_bps/downlink_bps (0 = 10 Gbit/s).
+  std::string monitor_interface;             // NIC to sample, e.g. "eth0"
+  std::string monitor_trace;                 // replay, e.g. "n2,seed=3,period_s=5,scale=0.01"
+  double monitor_period_s = 0.1;             // sampling period
+  double monitor_ewma_tau_s = 0.5;           // estimator time constant
+  double report_lag_s = 0.2;                 // reporting lag (paper §7: 0.2-2 s)
+  double report_threshold = 0.1;             // relative change that triggers a report
+  double report_max_interval_s = 2.0;        // report at least this often
 };
 
 absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl);
