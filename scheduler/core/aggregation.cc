@@ -15,18 +15,14 @@ class SplitSearch {
  public:
   explicit SplitSearch(const AggregationInput& input)
       : in_(input), m_(static_cast<int>(input.items.size())) {
-    // The split lower bound needs aggregators that are only aggregators:
-    // distinct, not the destination, not the source of any item, and no
-    // explicit topology links shared with the items' transfers.
+    // The split lower bound needs distinct aggregators other than the
+    // destination (and no explicit topology links, checked per call).
     separate_aggregators_ = !input.aggregators.empty();
     for (size_t a = 0; a < input.aggregators.size(); ++a) {
       const int host = input.aggregators[a];
       separate_aggregators_ = separate_aggregators_ && host != input.dst_host &&
                               std::count(input.aggregators.begin(), input.aggregators.end(),
                                          host) == 1;
-      for (const AggregationItem& item : input.items) {
-        separate_aggregators_ = separate_aggregators_ && item.worker != host;
-      }
     }
     for (const AggregationItem& item : input.items) {
       max_bits_ = std::max(max_bits_, 8.0 * static_cast<double>(item.bytes));
@@ -117,15 +113,19 @@ class SplitSearch {
   }
 
   // A lower bound on DetAgg(n)'s total, computed without running it, or
-  // -kInfinity when none can be given. With separate aggregators:
+  // -kInfinity when none can be given. With distinct aggregators (none the
+  // destination) and no explicit topology links:
   //  - group j (not the last) only takes items that reach a_j by T_j, the
   //    server-busy time before it, so it absorbs at most a_j's downlink
   //    capacity over [now, T_j];
   //  - T_1 = max direct arrival, and T_{j+1} = max(T_j, end of aggregate j)
   //    <= U_{j+1}: the end of an aggregate of the largest item size started
-  //    at U_j >= T_j on the input network (after U_j the links of an
-  //    aggregate's path carry nothing this split added: direct transfers
-  //    and earlier aggregates have ended, items never use them);
+  //    at U_j >= T_j on the input network. When aggregate j is reserved,
+  //    everything this split reserved before it on its path (direct
+  //    transfers, earlier aggregates, items sent from a_j itself in groups
+  //    up to j) has ended by T_j <= U_j, and what is reserved after it
+  //    (later groups, even from a_j's own uplink) cannot slow it down: a
+  //    fill only takes the residual left by earlier reservations;
   //  - everything the groups before cannot absorb goes through the last
   //    aggregator's downlink, which cannot have received it before the
   //    time its capacity integrates to those bits.

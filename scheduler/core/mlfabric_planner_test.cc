@@ -36,6 +36,7 @@ RandomBatchOptions OptionsForSeed(uint64_t seed) {
   o.shards = seed % 11 == 0 ? 1 : 0;
   o.max_deadline = seed % 5 == 0 ? o.updates / 2 + 1 : 0;  // some batches with tight deadlines
   o.outages = seed % 13 == 0 || seed % 17 == 0;
+  o.worker_aggregators = seed % 4 == 2;
   return o;
 }
 

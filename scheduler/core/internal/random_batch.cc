@@ -81,6 +81,10 @@ Batch RandomBatch(const RandomBatchOptions& options) {
   const int workers = options.workers > 0 ? options.workers : std::max(1, options.updates / 2);
   for (int w = 0; w < workers; ++w) add_host("w" + std::to_string(w), false);
   for (int a = 0; a < options.aggregators; ++a) {
+    if (options.worker_aggregators) {
+      batch.aggregators.push_back("w" + std::to_string(a % workers));
+      continue;
+    }
     const std::string name = "a" + std::to_string(a);
     add_host(name, false);
     batch.aggregators.push_back(name);

@@ -15,6 +15,7 @@ struct RandomBatchOptions {
   int updates = 10;
   int workers = 0;             // 0: max(1, updates / 2)
   int aggregators = 0;         // hosts earmarked as server aggregators
+  bool worker_aggregators = false;  // aggregators are workers (co-hosted, §7)
   bool replica = false;        // add a replica with its own aggregators
   int replica_aggregators = 0;
   bool profiles = false;       // time-varying uplink/downlink profiles
