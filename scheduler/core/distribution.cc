@@ -1,5 +1,8 @@
 #include "scheduler/core/distribution.h"
 
+// Cost: O(k° x |requesters|) cases, each O(|requesters|) fills; cases share
+// one network and undo their reservations through its journal.
+
 #include <algorithm>
 #include <tuple>
 
@@ -71,11 +74,13 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
                             requesters.begin());
   };
 
+  // One network for every case; each case's reservations are undone.
+  Network state = net;
+  state.BeginJournal();
   auto evaluate = [&](int n, int used, const std::vector<int>& rest) {
     Candidate c;
     c.direct = n;
     c.used = used;
-    Network state = net;
     auto send = [&](int src, int dst, double t0) {
       const Path path = state.PathBetween(src, dst);
       FillResult fill = state.Fill(path, t0, bits);
@@ -149,7 +154,9 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
     }
     const int max_n = static_cast<int>(rest.size());
     for (int n = used == 0 ? max_n : 0; n <= max_n; ++n) {
+      const size_t mark = state.JournalMark();
       Candidate c = evaluate(n, used, rest);
+      state.RollbackTo(mark);
       if (c.total_s == kInfinity) continue;
       if (std::make_tuple(c.total_s, -c.direct, c.used) <
           std::make_tuple(best.total_s, -best.direct, best.used)) {

@@ -1,5 +1,8 @@
 #include "scheduler/core/distribution.h"
 
+#include <algorithm>
+#include <map>
+
 #include <catch2/catch.hpp>
 
 #include "scheduler/core/network.h"
@@ -66,6 +69,78 @@ TEST_CASE("Distribution is deterministic and errors name the field") {
   auto plan = PlanModelDistribution(bad);
   REQUIRE_FALSE(plan.ok());
   CHECK(std::string(plan.status().message()).find("requesters[8]") == 0);
+}
+
+// Sum of reserved rates per link never exceeds its capacity (constant
+// capacities here), every requester is served once, after its transfer ends.
+TEST_CASE("Random distribution plans respect capacities and reach everyone") {
+  uint64_t state = 99;
+  auto next = [&]() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
+  const double rates[] = {1e9, 2.5e9, 5e9, 1e10};
+  for (int round = 0; round < 40; ++round) {
+    INFO("round " << round);
+    DistributionRequest r;
+    r.server = "s";
+    r.model_bytes = 1000000 + next() % 100000000;
+    r.seed = round;
+    r.hosts.push_back({"s", rates[next() % 4], 1e10, {}, {}});
+    const int workers = 1 + next() % 12;
+    for (int i = 0; i < workers; ++i) {
+      const std::string w = "w" + std::to_string(i);
+      r.hosts.push_back({w, rates[next() % 4], rates[next() % 4], {}, {}});
+      r.requesters.push_back(w);
+    }
+    const int distributors = next() % 4;
+    for (int d = 0; d < distributors; ++d) {
+      // Sometimes a requester doubles as a distributor.
+      r.distributors.push_back(next() % 2 ? "w" + std::to_string(next() % workers)
+                                          : "d" + std::to_string(d));
+      if (r.distributors.back()[0] == 'd') r.hosts.push_back({r.distributors.back(), 1e10, 1e10, {}, {}});
+    }
+    auto plan = PlanModelDistribution(r);
+    REQUIRE(plan.ok());
+    REQUIRE(plan->deliveries.size() == r.requesters.size());
+    std::map<std::string, double> up, down;
+    for (const HostLink& h : r.hosts) {
+      up[h.name] = h.uplink_bps;
+      down[h.name] = h.downlink_bps;
+    }
+    std::map<std::string, double> received;  // host -> when the model arrived
+    received["s"] = 0;
+    for (const Transfer& t : plan->transfers) {
+      CHECK(SegmentBits(t.segments) == Approx(8.0 * r.model_bytes));
+      // A host forwards only what it already has.
+      REQUIRE(received.count(t.src));
+      CHECK(t.start_s >= received[t.src] - 1e-12);
+      received[t.dst] = t.end_s;
+    }
+    for (size_t i = 0; i < r.requesters.size(); ++i) {
+      CHECK(plan->deliveries[i].host == r.requesters[i]);
+      CHECK(plan->deliveries[i].at_s == Approx(received.at(r.requesters[i])));
+    }
+    // Capacity: sweep every link.
+    for (const auto* side : {&up, &down}) {
+      for (const auto& [host, capacity] : *side) {
+        std::vector<std::pair<double, double>> events;
+        for (const Transfer& t : plan->transfers) {
+          if ((side == &up ? t.src : t.dst) != host) continue;
+          for (const RateSegment& s : t.segments) {
+            events.push_back({s.from_s, s.rate_bps});
+            events.push_back({s.to_s, -s.rate_bps});
+          }
+        }
+        std::sort(events.begin(), events.end());
+        double load = 0;
+        for (const auto& [time, delta] : events) {
+          load += delta;
+          CHECK(load <= capacity * (1 + 1e-9) + 1);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
