@@ -1,0 +1,121 @@
+// Configuration of the discrete-event simulator at scale (issue 7, paper §7).
+//
+// One SimConfig describes one simulated cluster: N workers, one parameter
+// server, k aggregator hosts (idle hosts that only aggregate and fan out the
+// model, the paper's MLfabric-A setting), the compute-straggler setting
+// C1-C3 and the network-background setting N1-N3 of §7:
+//
+//   C1 (r, s) = (10%, 2)   C2 (10%, 4)   C3 (4%, 2)
+//     each iteration a worker is slowed down by factor s with probability r;
+//   N1 p = (0, 0, 0, 0.1, 0.9)   N2 (0, 0.1, 0.1, 0.1, 0.7)   N3 (0.5, 0, 0, 0, 0.5)
+//     every T = 5 s every host NIC direction independently takes a rate from
+//     {1, 2.5, 3.3, 5, 10} Gbit/s with these probabilities.
+//
+//   SimConfig config;                       // the paper's C1-N1, 30 workers
+//   config.compute = ComputeSettingByName("C2").value();
+//
+// Transfer sizes and compute times are those of ResNet-50 (100 MB update,
+// 100 ms compute, 10 Gbit/s NICs) at full scale: the simulator is fluid, so
+// nothing needs to be scaled down. The learning problem is a small real one
+// (see sgd_task.h). All randomness derives from `seed`.
+#ifndef MLFABRIC_EVAL_SIM_SIM_CONFIG_H_
+#define MLFABRIC_EVAL_SIM_SIM_CONFIG_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace mlfabric::sim {
+
+// The NIC rates of §7, in Gbit/s.
+inline constexpr std::array<double, 5> kRatesGbps = {1, 2.5, 3.3, 5, 10};
+
+struct ComputeSetting {
+  std::string name = "C1";
+  double straggler_probability = 0.10;  // r
+  double slowdown = 2;                  // s
+};
+
+struct NetworkSetting {
+  std::string name = "N1";
+  std::array<double, 5> probabilities = {0, 0, 0, 0.1, 0.9};  // over kRatesGbps
+};
+
+// C1, C2, C3 (§7) and "C0" (no stragglers, for tests); else InvalidArgument.
+absl::StatusOr<ComputeSetting> ComputeSettingByName(const std::string& name);
+// N1, N2, N3 (§7) and "N0" (every NIC at 10 Gbit/s, for tests).
+absl::StatusOr<NetworkSetting> NetworkSettingByName(const std::string& name);
+
+// The small real learning problem whose accuracy defines time to accuracy.
+struct SgdConfig {
+  int features = 32;
+  int classes = 10;
+  int batch = 32;              // samples per worker gradient (paper: 32 per worker)
+  int test_samples = 2000;
+  double class_separation = 0.5;  // std of the class means; sets the Bayes accuracy
+  double conditioning = 30;       // ratio of the largest to the smallest feature scale
+  // Step size for one synchronous step with the mean of N gradients. An
+  // asynchronous server applies each gradient with lr / N, so N applied
+  // gradients move the model as far as one synchronous step (linear scaling).
+  double lr = 0.3;
+};
+
+struct SimConfig {
+  int workers = 30;
+  ComputeSetting compute;
+  NetworkSetting network;
+  double trace_period_s = 5;        // T of §7
+  // §7: "server ... hosted on a dedicated machine with 10Gbps bandwidth":
+  // by default the server NIC does not follow the N-traces.
+  bool server_follows_trace = false;
+  double server_bps = 10e9;
+  int64_t model_bytes = 100'000'000;  // ResNet-50 (§7.1)
+  double compute_s = 0.100;           // one iteration on a P100 at batch 32
+  double batch_interval_s = 0.100;    // §7: "We batch requests ... every 100ms"
+  double monitor_lag_s = 0.2;         // §7: t_lag
+  int64_t tau_max = 30;               // MLfabric-A delay bound (§7.1: 30, 60)
+  int aggregators = 4;                // aggregator/distributor hosts for MLfabric
+  uint64_t seed = 1;
+  double max_sim_s = 600;
+  double target_accuracy = 0.70;
+  double eval_interval_s = 0.05;      // test accuracy sampled on this grid
+  SgdConfig sgd;
+};
+
+// Checks ranges and cross-field constraints; the error names the field.
+absl::Status ValidateConfig(const SimConfig& config);
+
+// Deterministic 64-bit mixing (splitmix64) of a seed and up to four keys; the
+// one source of randomness in the simulator, so that every system sees the
+// same network trace and the same stragglers for a seed.
+uint64_t MixSeed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0, uint64_t d = 0);
+// A double in [0, 1) from MixSeed's output.
+double UnitFromBits(uint64_t bits);
+
+// The N-trace: capacity of host `host`'s uplink (`up`) or downlink at time
+// `t_s`, constant over each period [kT, (k+1)T).
+class NetworkTrace {
+ public:
+  NetworkTrace(const SimConfig& config, int server_host);
+  double CapacityBps(int host, bool up, double t_s) const;
+  // The first period boundary strictly after t_s.
+  double NextChangeS(double t_s) const;
+
+ private:
+  NetworkSetting setting_;
+  double period_s_;
+  uint64_t seed_;
+  int server_host_;
+  bool server_follows_trace_;
+  double server_bps_;
+};
+
+// The C-setting: compute time of `worker`'s `iteration`-th gradient.
+double ComputeTimeS(const SimConfig& config, int worker, int64_t iteration);
+
+}  // namespace mlfabric::sim
+
+#endif  // MLFABRIC_EVAL_SIM_SIM_CONFIG_H_

@@ -1,0 +1,97 @@
+// The systems compared by the simulator (paper §7), each run on the same
+// seeded cluster (same N-trace, same stragglers, same data draws):
+//
+//   mlfabric-a[-TAU]  MLfabric asynchronous (§5): pushes batched every
+//                     batch_interval_s into a core::Batch, planned by the REAL
+//                     core planner "mlfabric" (ordering, delay bound TAU,
+//                     drops, aggregation over the aggregator hosts) and
+//                     executed per plan on reserved rate segments; the server
+//                     applies in the plan's commit order; workers then get the
+//                     model through the core's batched model distribution
+//                     (§10.3) over the same hosts.
+//   mlfabric-s        MLfabric synchronous (§6): the same loop with
+//                     core::Mode::kSync batches; a round ends when all N
+//                     gradients are in; the mean is applied.
+//   async             vanilla asynchronous PS: every update is pushed as soon
+//                     as computed, fair-sharing the server's downlink, applied
+//                     on arrival (FIFO); the model is pulled back likewise.
+//   rr-sync           ring all-reduce: waits for the slowest worker, then
+//                     2(N-1) steps of M/N bytes, each step ends when its
+//                     slowest ring link is done.
+//   tr-sync           binary-tree reduce then broadcast of M bytes per edge,
+//                     after the slowest worker (NCCL-style collective start).
+//
+//   SystemSpec spec = ParseSystem("mlfabric-a-30").value();
+//   absl::StatusOr<SystemResult> r = RunSystem(config, spec);
+//
+// A run ends when the test accuracy first reaches config.target_accuracy or
+// at config.max_sim_s. Deterministic given config.seed, except the wall-clock
+// fields (wall_s, planner_ms_*). Thread safety: RunSystem is reentrant.
+#ifndef MLFABRIC_EVAL_SIM_SYSTEMS_H_
+#define MLFABRIC_EVAL_SIM_SYSTEMS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "eval/sim/fluid_sim.h"
+#include "eval/sim/sim_config.h"
+
+namespace mlfabric::sim {
+
+enum class SystemKind { kMlfabricA, kMlfabricS, kAsync, kRingSync, kTreeSync };
+
+struct SystemSpec {
+  std::string name;
+  SystemKind kind = SystemKind::kMlfabricA;
+  int64_t tau_max = 0;  // mlfabric-a only; 0: config.tau_max
+};
+
+// "mlfabric-a", "mlfabric-a-<tau>", "mlfabric-s", "async", "rr-sync", "tr-sync".
+absl::StatusOr<SystemSpec> ParseSystem(const std::string& name);
+
+struct SystemResult {
+  std::string system;
+  bool reached_target = false;
+  double time_to_target_s = -1;  // simulated seconds; -1 when not reached
+  double sim_end_s = 0;
+  double final_accuracy = 0;
+  // Gradients: every computed gradient is pushed; it is applied (alone, in an
+  // aggregate or in a synchronous mean), dropped, or still in flight.
+  int64_t pushed = 0;
+  int64_t applied = 0;
+  int64_t dropped = 0;
+  int64_t in_flight = 0;
+  int64_t model_versions = 0;    // server model updates (sync: rounds)
+  double gradients_per_s = 0;    // applied / sim_end_s
+  double rounds_per_s = 0;       // applied / N / sim_end_s ("iterations/s")
+  // Staleness of applied asynchronous gradients: server version at apply
+  // minus the version the gradient was computed from.
+  std::map<int64_t, int64_t> delay_histogram;
+  double mean_delay = 0;
+  int64_t max_delay = 0;
+  int64_t delay_bound_violations = 0;  // applied with delay > tau (mlfabric-a)
+  std::map<std::string, int64_t> drop_reasons;
+  int64_t aggregates = 0;         // aggregate transfers executed (MLfabric)
+  std::vector<std::pair<double, double>> accuracy_curve;  // (sim s, accuracy), ~1 per s
+  int64_t planner_calls = 0;
+  double planner_mean_batch = 0;
+  double planner_ms_mean = 0;     // wall clock, not deterministic
+  double planner_ms_max = 0;
+  FluidStats fluid;
+  double wall_s = 0;              // wall clock, not deterministic
+};
+
+// Called about once per simulated eval point (for progress output).
+using ProgressFn = std::function<void(const std::string& system, double sim_s, double accuracy)>;
+
+absl::StatusOr<SystemResult> RunSystem(const SimConfig& config, const SystemSpec& spec,
+                                       const ProgressFn& progress = nullptr);
+
+}  // namespace mlfabric::sim
+
+#endif  // MLFABRIC_EVAL_SIM_SYSTEMS_H_

@@ -1,0 +1,154 @@
+// Smoke tests of the simulated systems (tiny, seconds long): structure and
+// sanity, not speed.
+#include "eval/sim/systems.h"
+
+#include <cmath>
+#include <string>
+
+#include "catch2/catch.hpp"
+#include "eval/sim/experiments.h"
+
+namespace mlfabric::sim {
+namespace {
+
+SimConfig Tiny() {
+  SimConfig config;
+  config.workers = 6;
+  config.aggregators = 2;
+  config.max_sim_s = 4;
+  config.target_accuracy = 0.99;  // unreachable: every run lasts max_sim_s
+  config.network = NetworkSettingByName("N2").value();
+  config.compute = ComputeSettingByName("C2").value();
+  config.trace_period_s = 1;
+  config.sgd.test_samples = 200;
+  return config;
+}
+
+TEST_CASE("every system runs and accounts for every pushed gradient") {
+  const SimConfig config = Tiny();
+  for (const std::string name :
+       {"mlfabric-a-30", "mlfabric-a-2", "mlfabric-s", "async", "rr-sync", "tr-sync"}) {
+    INFO("system " << name);
+    const SystemResult r = RunSystem(config, ParseSystem(name).value()).value();
+    CHECK(r.system == name);
+    CHECK(r.pushed > 0);
+    CHECK(r.applied > 0);
+    CHECK(r.applied + r.dropped + r.in_flight == r.pushed);
+    CHECK(r.sim_end_s == Approx(config.max_sim_s));
+    CHECK_FALSE(r.reached_target);
+    CHECK(r.time_to_target_s == -1);
+    CHECK(r.fluid.max_link_load <= 1 + 1e-9);
+    CHECK(r.fluid.flows_started >= r.fluid.flows_completed);
+    for (const auto& [t, accuracy] : r.accuracy_curve) {
+      CHECK(t >= 0);
+      CHECK(accuracy >= 0);
+      CHECK(accuracy <= 1);
+    }
+    for (const auto& [delay, count] : r.delay_histogram) CHECK(delay >= 0);
+    CHECK(r.final_accuracy > 0.2);  // real SGD learned something (10 classes)
+  }
+}
+
+TEST_CASE("MLfabric-A uses the real planner, bounds delays and may drop") {
+  SimConfig config = Tiny();
+  const SystemResult r = RunSystem(config, ParseSystem("mlfabric-a-2").value()).value();
+  CHECK(r.planner_calls > 0);
+  CHECK(r.planner_mean_batch >= 1);
+  CHECK(r.dropped > 0);  // a bound of 2 versions with 6 workers must drop
+  int64_t dropped = 0;
+  for (const auto& [reason, n] : r.drop_reasons) dropped += n;
+  CHECK(dropped == r.dropped);
+}
+
+TEST_CASE("a run is deterministic for a seed") {
+  const SimConfig config = Tiny();
+  for (const std::string name : {"mlfabric-a-30", "async", "rr-sync"}) {
+    INFO("system " << name);
+    nlohmann::json a = ResultToJson(RunSystem(config, ParseSystem(name).value()).value());
+    nlohmann::json b = ResultToJson(RunSystem(config, ParseSystem(name).value()).value());
+    for (const char* wall : {"wall_s", "planner_ms_mean", "planner_ms_max"}) {
+      a.erase(wall);
+      b.erase(wall);
+    }
+    CHECK(a.dump() == b.dump());
+  }
+  SimConfig other = config;
+  other.seed = 2;
+  const nlohmann::json x = ResultToJson(RunSystem(config, ParseSystem("async").value()).value());
+  const nlohmann::json y = ResultToJson(RunSystem(other, ParseSystem("async").value()).value());
+  CHECK(x["accuracy_curve"] != y["accuracy_curve"]);  // the seed matters
+}
+
+TEST_CASE("RR-Sync on a constant network matches the closed form") {
+  SimConfig config = Tiny();
+  config.workers = 5;
+  config.compute = ComputeSettingByName("C0").value();
+  config.network = NetworkSettingByName("N0").value();  // all 10 Gbit/s
+  config.max_sim_s = 10;
+  // compute + 2(N-1) steps of M/N bytes at 10 Gbit/s.
+  const double round_s = config.compute_s + 2.0 * (config.workers - 1) *
+                                                (8.0 * config.model_bytes / config.workers) / 10e9;
+  const SystemResult r = RunSystem(config, ParseSystem("rr-sync").value()).value();
+  CHECK(r.model_versions == static_cast<int64_t>(std::floor(config.max_sim_s / round_s)));
+  CHECK(r.rounds_per_s == Approx(static_cast<double>(r.model_versions) / config.max_sim_s));
+  // Same closed form with the slowest ring link at 1 Gbit/s (N3 forced to 1G).
+  config.network.probabilities = {1, 0, 0, 0, 0};
+  const double slow_round_s = config.compute_s + 2.0 * (config.workers - 1) *
+                                                     (8.0 * config.model_bytes / config.workers) /
+                                                     1e9;
+  const SystemResult slow = RunSystem(config, ParseSystem("rr-sync").value()).value();
+  CHECK(slow.model_versions == static_cast<int64_t>(std::floor(config.max_sim_s / slow_round_s)));
+}
+
+TEST_CASE("stragglers: a synchronous round waits for the slowest worker") {
+  SimConfig config = Tiny();
+  config.workers = 4;
+  config.network = NetworkSettingByName("N0").value();
+  config.compute = ComputeSettingByName("C0").value();
+  config.max_sim_s = 20;
+  const SystemResult fast = RunSystem(config, ParseSystem("rr-sync").value()).value();
+  config.compute.straggler_probability = 1;  // every worker slowed by s = 2
+  config.compute.slowdown = 2;
+  const SystemResult slow = RunSystem(config, ParseSystem("rr-sync").value()).value();
+  CHECK(slow.model_versions < fast.model_versions);
+}
+
+TEST_CASE("time to accuracy is reported when the target is reached") {
+  SimConfig config = Tiny();
+  config.target_accuracy = 0.3;
+  config.max_sim_s = 60;
+  const SystemResult r = RunSystem(config, ParseSystem("rr-sync").value()).value();
+  REQUIRE(r.reached_target);
+  CHECK(r.time_to_target_s > 0);
+  CHECK(r.time_to_target_s == Approx(r.sim_end_s));
+  CHECK(r.final_accuracy >= 0.3);
+}
+
+TEST_CASE("the Table 2 grid and the overhead mode have their shape") {
+  SimConfig config = Tiny();
+  config.max_sim_s = 1;
+  const std::vector<Table2Cell> cells = RunTable2(config, "mlfabric-a-30").value();
+  REQUIRE(cells.size() == 9);
+  CHECK(cells[0].compute == "C1");
+  CHECK(cells[0].network == "N1");
+  CHECK(cells[3].paper == 2.96);
+  CHECK(cells[8].compute == "C3");
+  CHECK(cells[8].network == "N3");
+  CHECK(Table2Report(cells).find("C2-N1") != std::string::npos);
+  const std::vector<OverheadRow> rows = MeasureOverhead({10, 20}, 2, 1).value();
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[1].hosts == 10);
+  CHECK(rows[1].ms_mean >= 0);
+}
+
+TEST_CASE("bad names and configs are errors") {
+  CHECK_FALSE(ParseSystem("sgd").ok());
+  CHECK_FALSE(ParseSystem("mlfabric-a-x").ok());
+  CHECK_FALSE(ComputeSettingByName("C9").ok());
+  SimConfig config = Tiny();
+  config.workers = 1;
+  CHECK_FALSE(RunSystem(config, ParseSystem("async").value()).ok());
+}
+
+}  // namespace
+}  // namespace mlfabric::sim
