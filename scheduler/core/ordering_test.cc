@@ -100,6 +100,20 @@ TEST_CASE("Fig. 1: the oldest update's delay under each strategy") {
   CHECK(pos + 1 <= u);
   const int64_t delay_mlfabric = (v_st + pos) - (v_st - (tau_max - u));
   CHECK(delay_mlfabric <= tau_max);
+  // (b) Server-side buffering: j is applied right after the first u, so its
+  // delay is exactly tau_max, but the updates that arrived meanwhile wait for
+  // j: until t_N' (when the last byte of the batch is in, the same for every
+  // time-shared schedule) only versions up to v_st + u are available.
+  const int64_t delay_buffered = (v_st + u) - (v_st - (tau_max - u));
+  CHECK(delay_buffered == tau_max);
+  const double t_end = o.result.arrival_s.back();
+  int fresh_before_end = 0;
+  for (size_t i = 0; i + 1 < o.result.arrival_s.size(); ++i) {
+    fresh_before_end += o.result.arrival_s[i] < t_end;
+  }
+  // (c) In-network ordering publishes N' - 1 new versions before t_N' (b: u).
+  CHECK(fresh_before_end == n - 1);
+  CHECK(fresh_before_end > u);
   // The others follow shortest-transfer-first.
   std::vector<std::string> rest;
   for (const std::string& id : o.ids) if (id != "j") rest.push_back(id);
