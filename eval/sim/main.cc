@@ -42,6 +42,7 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
   --conditioning=X       largest / smallest feature scale          default 30
   --model_bytes=B        update and model size                 default 100000000
   --compute_s=T          compute time per iteration            default 0.1
+  --server_bps=R         server NIC (not traced)               default 1e10
   --batch_interval_s=T   MLfabric batching period                default 0.1
   --monitor_lag_s=T      monitor lag seen by the planner       default 0.2
   --json_out=FILE        write all results as JSON
@@ -83,6 +84,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   reader.Double("conditioning", &c.sim.sgd.conditioning, 1, 1e6);
   reader.Int("model_bytes", &model_bytes, 1, int64_t{1} << 40);
   reader.Double("compute_s", &c.sim.compute_s, 1e-6, 1e4);
+  reader.Double("server_bps", &c.sim.server_bps, 1e6, 1e13);
   reader.Double("batch_interval_s", &c.sim.batch_interval_s, 1e-4, 1e3);
   reader.Double("monitor_lag_s", &c.sim.monitor_lag_s, 0, 1e4);
   reader.String("json_out", &c.json_out);
