@@ -20,7 +20,8 @@ namespace {
 // aggregators) drawn from the batch's one seed.
 constexpr uint64_t kReplicaSeedSalt = 0x5265706c696361ull;  // "Replica"
 
-absl::Status ValidateReplica(const ReplicaSpec& replica, const Network& net) {
+absl::Status ValidateReplica(const ReplicaSpec& replica, const Network& net,
+                             const std::vector<UpdateRequest>& batch_updates) {
   if (net.HostIndex(replica.host) < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("replica.host: '", replica.host, "' is not in hosts"));
@@ -46,6 +47,25 @@ absl::Status ValidateReplica(const ReplicaSpec& replica, const Network& net) {
           absl::StrCat("replica.lead[", i, "]: must be finite and >= 0"));
     }
   }
+  std::unordered_set<std::string> ids;
+  for (const UpdateRequest& u : batch_updates) ids.insert(u.id);
+  for (size_t i = 0; i < replica.pending.size(); ++i) {
+    const UpdateRequest& u = replica.pending[i];
+    const std::string field = absl::StrCat("replica.pending[", i, "]");
+    if (u.id.empty()) return absl::InvalidArgumentError(field + ".id: empty");
+    if (!ids.insert(u.id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".id: '", u.id, "' is already an update of this batch or pending"));
+    }
+    if (net.HostIndex(u.worker) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".worker: '", u.worker, "' is not in hosts"));
+    }
+    if (u.bytes <= 0) return absl::InvalidArgumentError(field + ".bytes: must be positive");
+    if (!std::isfinite(u.norm) || u.norm < 0) {
+      return absl::InvalidArgumentError(field + ".norm: must be finite and >= 0");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -63,9 +83,15 @@ std::vector<int> UsableAggregators(const std::vector<std::string>& names, const 
   return ShuffleAggregators(std::move(hosts), seed);
 }
 
+// Update indices beyond Batch::updates name the replica's pending updates.
+const std::string& IdOf(int index, const Batch& batch) {
+  const int n = static_cast<int>(batch.updates.size());
+  return index < n ? batch.updates[index].id : batch.replica->pending[index - n].id;
+}
+
 Transfer ToTransfer(const PlannedTransfer& t, const Batch& batch, const Network& net) {
   Transfer out;
-  if (t.update >= 0) out.update = batch.updates[t.update].id;
+  if (t.update >= 0) out.update = IdOf(t.update, batch);
   out.src = net.HostName(t.src);
   out.dst = net.HostName(t.dst);
   out.kind = t.kind;
@@ -84,7 +110,7 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
   ASSIGN_OR_RETURN(PreparedBatch prepared, PrepareBatch(batch, net));
   int replica_host = -1;
   if (batch.replica.has_value()) {
-    RETURN_IF_ERROR(ValidateReplica(*batch.replica, net));
+    RETURN_IF_ERROR(ValidateReplica(*batch.replica, net, batch.updates));
     replica_host = net.HostIndex(batch.replica->host);
     if (replica_host == prepared.server) {
       return absl::InvalidArgumentError("replica.host: must differ from the server");
@@ -159,6 +185,12 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
     config.momentum = batch.replica->momentum;
     config.history_norm = batch.replica->history_norm;
     config.lead = batch.replica->lead;
+    const int n = static_cast<int>(batch.updates.size());
+    for (size_t j = 0; j < batch.replica->pending.size(); ++j) {
+      const UpdateRequest& u = batch.replica->pending[j];
+      config.pending.push_back({n + static_cast<int>(j), net.HostIndex(u.worker), u.bytes});
+      config.pending_norms.push_back(u.norm);
+    }
     replication = Replicate(prepared, config, &server, &net, options_);
   }
 
@@ -200,9 +232,9 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
   }
   for (size_t i = 0; i < replication.commit_s.size(); ++i) {
     plan.replica_commits.push_back(
-        {batch.updates[server.order[i]].id, replication.commit_s[i], static_cast<int>(i + 1)});
+        {IdOf(replication.stream[i], batch), replication.commit_s[i], static_cast<int>(i + 1)});
   }
-  for (int u : replication.punted) plan.punted.push_back(batch.updates[u].id);
+  for (int u : replication.punted) plan.punted.push_back(IdOf(u, batch));
   plan.aggregation_split = split;
   plan.replica_divergence = replication.divergence;
   return plan;

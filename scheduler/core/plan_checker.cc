@@ -41,6 +41,11 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
   const double tol = options.relative_tolerance;
   std::unordered_map<std::string, const UpdateRequest*> updates;
   for (const UpdateRequest& u : batch.updates) updates[u.id] = &u;
+  // Replica-only updates (punted earlier, re-sent now): sized like updates.
+  std::unordered_map<std::string, const UpdateRequest*> sized = updates;
+  if (batch.replica.has_value()) {
+    for (const UpdateRequest& u : batch.replica->pending) sized[u.id] = &u;
+  }
 
   // Every input update exactly once in order or dropped.
   std::map<std::string, int> seen;
@@ -112,10 +117,10 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
     if (t.kind == TransferKind::kAggregate || t.kind == TransferKind::kReplicaAggregate) {
       expected = 0;
       for (const std::string& id : t.constituents) {
-        auto it = updates.find(id);
-        if (it != updates.end()) expected = std::max(expected, it->second->bytes);
+        auto it = sized.find(id);
+        if (it != sized.end()) expected = std::max(expected, it->second->bytes);
       }
-    } else if (auto it = updates.find(t.update); it != updates.end()) {
+    } else if (auto it = sized.find(t.update); it != sized.end()) {
       expected = it->second->bytes;
       for (const ShardPart& s : it->second->shards) {
         if (s.server == t.dst && t.kind == TransferKind::kDirect) expected = s.bytes;
@@ -218,13 +223,27 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
   // Replica.
   // (With nothing committed the server is where the batch found it: a lead
   // that already broke the bound is not this plan's doing.)
-  if (options.check_replica && batch.replica.has_value() && !plan.commits.empty()) {
-    const double t_last = plan.commits.back().at_s;
+  // The replica's stream is pending ++ order (replication.h).
+  if (options.check_replica && batch.replica.has_value() &&
+      (!plan.commits.empty() || !batch.replica->pending.empty())) {
+    const ReplicaSpec& r = *batch.replica;
+    // The replica's stream: pending (re-sent) updates, then the order.
+    std::vector<std::string> stream;
+    std::vector<double> norms = r.lead;
+    for (const UpdateRequest& u : r.pending) {
+      stream.push_back(u.id);
+      norms.push_back(u.norm);
+    }
+    for (const std::string& id : plan.order) {
+      stream.push_back(id);
+      norms.push_back(updates.count(id) ? updates.at(id)->norm : 0);
+    }
+    const double t_last = plan.commits.empty() ? 1e300 : plan.commits.back().at_s;
     double previous = -1e300;
     for (size_t i = 0; i < plan.replica_commits.size(); ++i) {
       const Commit& c = plan.replica_commits[i];
-      if (i >= plan.order.size() || c.update != plan.order[i]) {
-        problems.push_back(absl::StrCat("replica_commits[", i, "]: not the order's prefix"));
+      if (i >= stream.size() || c.update != stream[i] || c.position != static_cast<int>(i + 1)) {
+        problems.push_back(absl::StrCat("replica_commits[", i, "]: not the stream's prefix"));
         break;
       }
       if (c.at_s < previous || c.at_s > t_last + 1e-9) {
@@ -232,22 +251,22 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
       }
       previous = c.at_s;
     }
-    if (plan.replica_commits.size() + plan.punted.size() != plan.order.size()) {
-      problems.push_back("replica: committed + punted != ordered");
+    if (plan.replica_commits.size() + plan.punted.size() != stream.size()) {
+      problems.push_back("replica: committed + punted != pending + ordered");
     }
     // H_0 = |h_0|, H_m = gamma H_{m-1} + |u_m|; bound = sum_{m=R+1..S} H_m.
-    const ReplicaSpec& r = *batch.replica;
-    std::vector<double> norms = r.lead;
-    for (const std::string& id : plan.order) norms.push_back(updates.at(id)->norm);
     const size_t applied =
         plan.replica_commits.empty() ? 0 : r.lead.size() + plan.replica_commits.size();
     double h = r.history_norm;
-    double bound = 0;
+    double bound = 0, before = 0;  // before: what the batch found (no server commit)
     for (size_t m = 1; m <= norms.size(); ++m) {
       h = r.momentum * h + norms[m - 1];
       if (m > applied) bound += h;
+      if (m <= r.lead.size() + r.pending.size()) before += h;
     }
-    if (bound > r.divergence_bound * (1 + 1e-12) + 1e-12) {
+    const double allowed = plan.commits.empty() ? std::max(r.divergence_bound, before)
+                                                : r.divergence_bound;
+    if (bound > allowed * (1 + 1e-12) + 1e-12) {
       problems.push_back(absl::StrCat("replica: divergence bound ", bound, " > ",
                                       r.divergence_bound, " at T_last"));
     }

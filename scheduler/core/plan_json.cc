@@ -172,7 +172,7 @@ absl::StatusOr<UpdateRequest> ParseUpdate(const Json& json, const std::string& f
 absl::StatusOr<ReplicaSpec> ParseReplica(const Json& json, const std::string& field) {
   RETURN_IF_ERROR(CheckObject(json, field,
                               {"host", "aggregators", "divergence_bound", "momentum",
-                               "history_norm", "lead"}));
+                               "history_norm", "lead", "pending"}));
   ReplicaSpec r;
   RETURN_IF_ERROR(Required(json, "host", field, GetString, &r.host));
   RETURN_IF_ERROR(Optional(json, "aggregators", field, GetStrings, &r.aggregators));
@@ -185,6 +185,25 @@ absl::StatusOr<ReplicaSpec> ParseReplica(const Json& json, const std::string& fi
   RETURN_IF_ERROR(Optional(json, "lead", field, GetNumbers, &r.lead));
   for (size_t i = 0; i < r.lead.size(); ++i) {
     if (r.lead[i] < 0) return Error(absl::StrCat(field, ".lead[", i, "]"), "must be >= 0");
+  }
+  auto pending = json.find("pending");
+  if (pending != json.end() && !pending->is_null()) {
+    const std::string list = Join(field, "pending");
+    if (!pending->is_array()) return Error(list, "must be an array");
+    for (size_t i = 0; i < pending->size(); ++i) {
+      const std::string item = absl::StrCat(list, "[", i, "]");
+      const Json& p = (*pending)[i];
+      RETURN_IF_ERROR(CheckObject(p, item, {"id", "worker", "bytes", "norm", "version"}));
+      UpdateRequest u;
+      RETURN_IF_ERROR(Required(p, "id", item, GetString, &u.id));
+      RETURN_IF_ERROR(Required(p, "worker", item, GetString, &u.worker));
+      RETURN_IF_ERROR(Required(p, "bytes", item, GetInteger, &u.bytes));
+      if (u.bytes <= 0) return Error(Join(item, "bytes"), "must be a positive integer");
+      RETURN_IF_ERROR(Optional(p, "norm", item, GetNumber, &u.norm));
+      if (u.norm < 0) return Error(Join(item, "norm"), "must be >= 0");
+      RETURN_IF_ERROR(Optional(p, "version", item, GetInteger, &u.version));
+      r.pending.push_back(std::move(u));
+    }
   }
   return r;
 }
@@ -303,6 +322,14 @@ Json BatchToJson(const Batch& batch) {
                       {"momentum", r.momentum},
                       {"history_norm", r.history_norm},
                       {"lead", r.lead}};
+    if (!r.pending.empty()) {
+      Json pending = Json::array();
+      for (const UpdateRequest& u : r.pending) {
+        pending.push_back({{"id", u.id}, {"worker", u.worker}, {"bytes", u.bytes},
+                           {"norm", u.norm}, {"version", u.version}});
+      }
+      out["replica"]["pending"] = std::move(pending);
+    }
   } else {
     out["replica"] = nullptr;
   }

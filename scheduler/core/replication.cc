@@ -66,21 +66,24 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
   ReplicationResult result;
   const size_t m = server->order.size();
   const size_t lead = replica.lead.size();
+  const size_t pending = replica.pending.size();
   std::vector<double> norms = replica.lead;
+  norms.insert(norms.end(), replica.pending_norms.begin(), replica.pending_norms.end());
   for (int u : server->order) norms.push_back(batch.updates[u].norm);
   const DivergenceTable table(replica.momentum, replica.history_norm, norms);
-  // Replica state (in updates applied) when `r` of this batch's are in.
+  // Replica state (in updates applied) when `r` of the stream are in.
   auto replica_state = [&](size_t r) { return r == 0 ? size_t{0} : lead + r; };
-  if (m == 0) {
+  if (m + pending == 0) {
     result.divergence = table.Bound(0, lead);
     return result;
   }
 
-  // Tentative replica schedule: Alg. 3 towards the replica, on the network
-  // the server schedule left.
+  // Tentative replica schedule: Alg. 3 towards the replica over the stream
+  // (pending ++ order), on the network the server schedule left.
   AggregationInput input;
   input.now_s = batch.now_s;
   input.dst_host = replica.host;
+  input.items = replica.pending;
   for (int u : server->order) {
     input.items.push_back({u, batch.updates[u].worker, batch.updates[u].parts[0].bytes});
   }
@@ -95,31 +98,32 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
   AggregationResult agg = Aggregate(input, net, options);
   const std::vector<double> replica_commit = HonestCommits(agg.arrival_s);
 
-  std::vector<double> server_commit = HonestCommits(server->arrival_s);
-  size_t kept = m;  // server positions kept (all unless the replica is unreachable)
-  size_t server_state = lead + kept;
-  double t_last = server_commit.back();
+  size_t kept = m;  // server positions kept (all unless no delay can keep the bound)
+  auto server_state = [&]() { return lead + pending + kept; };
+  // With no server commit in the batch there is no T_last to respect.
+  auto last_commit = [&]() {
+    return kept == 0 ? kInfinity : HonestCommits(server->arrival_s).back();
+  };
+  // Replica commits by time t (never the ones that cannot happen at all).
+  const size_t reachable = static_cast<size_t>(
+      std::lower_bound(replica_commit.begin(), replica_commit.end(), kInfinity) -
+      replica_commit.begin());
   auto committed_by = [&](double t) {
     const size_t r = static_cast<size_t>(
         std::upper_bound(replica_commit.begin(), replica_commit.end(), t) -
         replica_commit.begin());
-    return std::min(r, kept);
+    return std::min({r, reachable, pending + kept});
   };
-  size_t r = committed_by(t_last);
-  // The earliest replica state (a prefix length) at which the bound holds.
-  auto needed_for = [&](size_t from) {
-    size_t needed = from;
-    while (needed < kept &&
-           table.Bound(replica_state(needed), server_state) > replica.divergence_bound) {
-      ++needed;
-    }
-    return needed;
+  auto violated = [&](size_t r) {
+    return table.Bound(replica_state(r), server_state()) > replica.divergence_bound;
   };
-  while (kept > 0 && table.Bound(replica_state(r), server_state) > replica.divergence_bound) {
+  size_t r = committed_by(last_commit());
+  while (kept > 0 && violated(r)) {
     // Delay the last server transfer to start after the earliest replica
     // commit a_e after which the bound holds (the bound only falls as the
     // replica catches up).
-    const size_t needed = needed_for(r + 1);
+    size_t needed = r + 1;
+    while (needed < pending + kept && violated(needed)) ++needed;
     const double t_e = replica_commit[needed - 1];
     PlannedTransfer& last = server->transfers[server->delivered_by[kept - 1]];
     if (t_e < kInfinity && t_e > last.start_s) {
@@ -136,9 +140,7 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
         last.end_s = fill.end_s;
         last.segments = std::move(fill.segments);
         result.delayed_last = true;
-        server_commit = HonestCommits(server->arrival_s);
-        t_last = server_commit.back();
-        r = committed_by(t_last);
+        r = committed_by(last_commit());
         continue;
       }
       net->Reserve(path, last.segments);
@@ -151,18 +153,17 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
     for (size_t i = cut; i < kept; ++i) result.dropped.push_back(server->order[i]);
     TruncateServer(server, cut);
     kept = cut;
-    server_state = lead + kept;
-    if (kept == 0) break;
-    server_commit = HonestCommits(server->arrival_s);
-    t_last = server_commit.back();
-    r = committed_by(t_last);
+    r = committed_by(last_commit());
   }
-  if (kept == 0) r = 0;
-  result.divergence = table.Bound(replica_state(r), server_state);
+  result.divergence = table.Bound(replica_state(r), server_state());
 
-  // Freeze the prefix committed by T_last; punt the rest.
+  // Freeze the stream prefix committed by T_last; punt the rest.
+  const size_t stream = pending + kept;
+  for (size_t i = 0; i < stream; ++i) {
+    result.stream.push_back(i < pending ? replica.pending[i].update : server->order[i - pending]);
+  }
   for (size_t i = 0; i < r; ++i) result.commit_s.push_back(replica_commit[i]);
-  for (size_t i = r; i < kept; ++i) result.punted.push_back(server->order[i]);
+  for (size_t i = r; i < stream; ++i) result.punted.push_back(result.stream[i]);
   for (int i = 0; i < agg.split && static_cast<size_t>(i) < r; ++i) {
     result.transfers.push_back(input.direct[i]);
   }

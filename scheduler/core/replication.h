@@ -30,12 +30,14 @@
 // commit a_e that makes it hold. Replica transfers committing after T_last
 // are punted to the next batch (not part of this plan).
 //
-// `lead`: norms of updates the server applied in earlier batches that the
-// replica lacks, oldest first. They are ahead of this batch in the replica's
-// order; their transfers belong to earlier plans (frozen or re-submitted by
-// the service), so the core does not move their bytes: it counts them as
-// outstanding until this batch's first replica commit, which can only happen
-// after them.
+// The replica's stream is `pending ++ order`: updates the server applied in
+// earlier batches whose replica transfers were punted (`ReplicaSpec::
+// pending`, re-sent now, ahead of this batch's), then this batch's in commit
+// order. `lead`: norms of the updates the server applied before those that
+// the replica still lacks because their (frozen) transfers are in flight;
+// the core does not move their bytes and counts them as outstanding until
+// the stream's first replica commit, which can only happen after them. The
+// divergence sequence is lead ++ pending ++ order.
 //
 // When no delay can help (the replica's path, or the last transfer's path
 // after a_e, never offers the capacity), the server gives up its last
@@ -52,6 +54,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "scheduler/core/aggregation.h"
 #include "scheduler/core/network.h"
 #include "scheduler/core/prepared_batch.h"
 
@@ -94,11 +97,16 @@ struct ReplicaConfig {
   double momentum = 0;
   double history_norm = 0;
   std::vector<double> lead;
+  // Punted updates re-sent ahead of the batch: `update` indices are
+  // Batch::updates.size() + j for ReplicaSpec::pending[j].
+  std::vector<AggregationItem> pending;
+  std::vector<double> pending_norms;
 };
 
 struct ReplicationResult {
   std::vector<PlannedTransfer> transfers;  // frozen replica transfers
-  std::vector<double> commit_s;            // per committed position (a prefix of order)
+  std::vector<double> commit_s;            // per committed stream position (a prefix)
+  std::vector<int> stream;                 // update indices of the stream (pending ++ kept order)
   std::vector<int> punted;                 // update indices punted to the next batch
   // Update indices removed from the end of the server's order because no
   // delay could keep the bound with them applied ("replica_divergence").

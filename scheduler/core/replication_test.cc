@@ -1,5 +1,6 @@
 #include "scheduler/core/replication.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -171,6 +172,32 @@ TEST_CASE("An unreachable replica makes the server drop what would break the bou
   CHECK(plan->replica_commits.empty());
   CHECK(plan->punted == plan->order);
   CHECK(plan->replica_divergence == Approx(1.5));
+  const auto problems = CheckPlan(batch, *plan);
+  INFO((problems.empty() ? "" : problems[0]));
+  CHECK(problems.empty());
+}
+
+TEST_CASE("Punted updates re-sent as pending go to the replica first") {
+  Batch batch = ReplicaBatch(100.0);
+  UpdateRequest punted;
+  punted.id = "p0";
+  punted.worker = "w3";
+  punted.bytes = 62500000;  // 0.5 Gbit
+  punted.norm = 2.0;
+  batch.replica->pending = {punted};
+  batch.replica->lead = {0.5};
+  auto plan = MlfabricPlanner().PlanBatch(batch);
+  REQUIRE(plan.ok());
+  REQUIRE_FALSE(plan->replica_commits.empty());
+  CHECK(plan->replica_commits[0].update == "p0");
+  CHECK(plan->replica_commits.size() + plan->punted.size() == 5);
+  bool sent = false;
+  for (const Transfer& t : plan->transfers) {
+    sent = sent || (t.update == "p0" && t.kind == TransferKind::kReplica && t.src == "w3");
+  }
+  CHECK(sent);
+  // p0 is not a server update: it is neither ordered nor dropped.
+  CHECK(std::find(plan->order.begin(), plan->order.end(), "p0") == plan->order.end());
   const auto problems = CheckPlan(batch, *plan);
   INFO((problems.empty() ? "" : problems[0]));
   CHECK(problems.empty());

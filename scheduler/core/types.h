@@ -82,6 +82,12 @@ struct ReplicaSpec {
   double momentum = 0;
   double history_norm = 0;
   std::vector<double> lead;  // norms of updates applied at the server, not yet at the replica
+  // Extension: updates the server applied in earlier batches whose replica
+  // transfers were punted (§5.3: "processed along with the next batch"), in
+  // apply order. They follow `lead` in the server's order and go to the
+  // replica ahead of this batch's updates. Only id, worker, bytes and norm
+  // are used.
+  std::vector<UpdateRequest> pending;
 };
 
 enum class Mode { kAsync, kSync };

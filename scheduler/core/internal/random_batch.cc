@@ -102,6 +102,15 @@ Batch RandomBatch(const RandomBatchOptions& options) {
     replica.history_norm = rng.Uniform();
     const int lead = static_cast<int>(rng.Between(0, 2));
     for (int i = 0; i < lead; ++i) replica.lead.push_back(rng.Uniform());
+    const int pending = static_cast<int>(rng.Between(0, 3)) - 1;  // often none
+    for (int i = 0; i < pending; ++i) {
+      UpdateRequest u;
+      u.id = "p" + std::to_string(i);
+      u.worker = "w" + std::to_string(rng.Between(0, workers - 1));
+      u.bytes = rng.Between(options.min_bytes, options.max_bytes);
+      u.norm = 0.1 + rng.Uniform();
+      replica.pending.push_back(std::move(u));
+    }
     // Between "everything must be replicated" and "almost nothing".
     replica.divergence_bound = rng.Uniform() * 0.5 * options.updates;
     batch.replica = std::move(replica);
