@@ -17,7 +17,10 @@
 // Extensions beyond the §4 contract (all optional): `seed` (uint64, default
 // 1), `updates[].shards` ([{"server", "bytes"}], §10.2), `hosts[].
 // downlink_profile`, `links` ([{"name", "bps", "profile"}]) and `paths`
-// ([{"src", "dst", "links": [...]}]) for an explicit topology. The plan adds
+// ([{"src", "dst", "links": [...]}]) for an explicit topology, and
+// `replica.pending` ([{"id", "worker", "bytes", "norm"}]: updates whose
+// replica transfers an earlier plan punted, re-sent ahead of this batch's;
+// replication.h). The plan adds
 // `transfers[].bytes`, `transfers[].constituents` (aggregates) and
 // `stats.aggregation_split`, `stats.replica_divergence`.
 //
