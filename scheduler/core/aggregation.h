@@ -30,11 +30,14 @@
 // Optimised implementation (same result as PlannerOptions::reference):
 // split points reuse one network with the direct prefix applied
 // incrementally and undo the rest through the journal (instead of a copy
-// per split point), a split point is abandoned as soon as its running total
-// exceeds the best total found (or a lower bound for the last group does),
-// and the split points are divided between `threads` threads, each with its
-// own network copy, joined before returning. Pruning only removes strictly
-// worse split points, so the result does not depend on thread timing.
+// per split point); a split point is skipped, or abandoned mid-way, as soon
+// as a lower bound on its total exceeds the best total found (the running
+// t_max, or what the remaining aggregators' downlinks can absorb before the
+// server link frees; see SplitSearch::LowerBound); a coarse pass over every
+// 16th split point seeds the best total first; and the split points may be
+// divided between `threads` threads, each with its own network copy, joined
+// before returning. Pruning only removes strictly worse split points, so the
+// result never depends on thread timing.
 //
 // Thread safety: pure function of its arguments.
 #ifndef MLFABRIC_SCHEDULER_CORE_AGGREGATION_H_

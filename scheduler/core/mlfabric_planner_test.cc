@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iostream>
 #include <numeric>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -93,6 +94,29 @@ TEST_CASE("Plans are deterministic given the batch, including its seed") {
   const MlfabricPlanner planner;
   CHECK(PlanToJson(*planner.PlanBatch(batch)).dump() ==
         PlanToJson(*planner.PlanBatch(batch)).dump());
+}
+
+TEST_CASE("One planner serves several servers' batches concurrently") {
+  PlannerOptions threaded;
+  threaded.threads = 2;
+  const MlfabricPlanner planner(threaded);
+  std::vector<Batch> batches;
+  std::vector<std::string> expected;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    RandomBatchOptions o = OptionsForSeed(seed);
+    o.updates = 80;
+    batches.push_back(RandomBatch(o));
+    expected.push_back(PlanToJson(*planner.PlanBatch(batches.back())).dump());
+  }
+  std::vector<std::string> got(batches.size());
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = t; i < batches.size(); i += 4) got[i] = PlanToJson(*planner.PlanBatch(batches[i])).dump();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(got == expected);
 }
 
 TEST_CASE("FIFO plans keep capacities, bytes and order (no deadline promise)") {
