@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include "common/clock.h"
 #include "monitor/bandwidth_monitor.h"

@@ -57,7 +57,7 @@ const std::string& DashboardHtml() {
   <section class="card w12"><div class="tiles" id="tiles"></div></section>
   <section class="card w6"><h2>Hosts &amp; measured bandwidth</h2><div id="hosts"></div></section>
   <section class="card w6"><h2>Jobs &amp; model versions</h2><div id="jobs"></div></section>
-  <section class="card w8"><h2>Link utilisation (reserved / reported), last 60 s</h2>
+  <section class="card w8"><h2>Link utilisation (reserved / reported), up to 60 s</h2>
     <canvas id="util" height="220"></canvas><div class="legend" id="util-legend"></div></section>
   <section class="card w4"><h2>Drops by reason</h2><canvas id="drops" height="220"></canvas></section>
   <section class="card w8"><h2>Scheduled transfers per link (Gantt)</h2>
@@ -173,14 +173,22 @@ function renderUtil(links, now) {
       }
     }
   }
-  const x0 = now - 60, x = t => pad.l + (t - x0) / 60 * (w - pad.l - pad.r);
+  // Up to the last 60 s, but no wider than the history there is (>= 10 s).
+  const first = links.samples.length ? links.samples[0].at_s : now;
+  const span = Math.min(60, Math.max(10, now - first));
+  const x0 = now - span, x = t => pad.l + (t - x0) / span * (w - pad.l - pad.r);
   const y = v => pad.t + (1 - Math.min(v, 1.2) / 1.2) * (h - pad.t - pad.b);
   ctx.strokeStyle = "#e2e5ea"; ctx.fillStyle = "#69707d";
   for (const v of [0, 0.25, 0.5, 0.75, 1]) {
     ctx.beginPath(); ctx.moveTo(pad.l, y(v)); ctx.lineTo(w - pad.r, y(v)); ctx.stroke();
     ctx.fillText((v * 100).toFixed(0) + "%", 4, y(v) + 4);
   }
-  for (const dt of [60, 45, 30, 15, 0]) ctx.fillText("-" + dt + " s", x(now - dt) - 12, h - 4);
+  for (let k = 4; k >= 0; k--) {
+    const dt = span * k / 4;
+    ctx.textAlign = k === 0 ? "right" : k === 4 ? "left" : "center";
+    ctx.fillText(k === 0 ? "now" : "-" + dt.toFixed(0) + " s", x(now - dt), h - 4);
+  }
+  ctx.textAlign = "left";
   const keys = Object.keys(series).sort();
   if (!keys.length) emptyMsg(ctx, w, h, "no link samples yet");
   const legend = [];
