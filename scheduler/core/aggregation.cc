@@ -240,11 +240,15 @@ AggregationResult Aggregate(const AggregationInput& input, Network* net,
     } else {
       std::atomic<double> best(totals[m]);
       std::vector<char> evaluated(m, 0);
+      std::vector<double> bounds(m);
+      for (int n = 0; n < m; ++n) {
+        const double bound = search.LowerBound(n, *net);
+        bounds[n] = bound - Slack(bound);
+      }
       // Evaluates split n on `state` (which holds the direct prefix of n).
       auto evaluate = [&](int n, Network* state) {
         evaluated[n] = 1;
-        const double bound = search.LowerBound(n, *net);
-        if (bound - Slack(bound) > best.load()) return;
+        if (bounds[n] > best.load()) return;
         const size_t mark = state->JournalMark();
         const double total = search.DetAgg(n, state, best.load(), true, nullptr);
         state->RollbackTo(mark);
@@ -265,7 +269,12 @@ AggregationResult Aggregate(const AggregationInput& input, Network* net,
       // A coarse pass first: a good best total early lets the bounds prune
       // most split points of the full pass (pruning never changes the result).
       if (m >= 32) run(0, m, m / 16);
-      const int threads = std::max(1, std::min(options.threads, m / 64));
+      // Threads pay for their start and network copy only when many split
+      // points survive the bounds.
+      int survivors = 0;
+      for (int n = 0; n < m; ++n) survivors += !evaluated[n] && bounds[n] <= best.load();
+      const int threads = std::max(
+          1, std::min(options.threads, survivors / std::max(1, options.min_splits_per_thread)));
       if (threads == 1) {
         run(0, m, 1);
       } else {

@@ -69,6 +69,7 @@ TEST_CASE("Optimised, threaded and reference implementations give identical plan
   reference.reference = true;
   PlannerOptions threaded;
   threaded.threads = 2;
+  threaded.min_splits_per_thread = 1;  // take the threaded path whenever it exists
   const MlfabricPlanner fast, slow(reference), parallel(threaded);
   for (uint64_t seed = 1; seed <= 120; ++seed) {
     RandomBatchOptions options = OptionsForSeed(seed);
@@ -99,6 +100,7 @@ TEST_CASE("Plans are deterministic given the batch, including its seed") {
 TEST_CASE("One planner serves several servers' batches concurrently") {
   PlannerOptions threaded;
   threaded.threads = 2;
+  threaded.min_splits_per_thread = 1;
   const MlfabricPlanner planner(threaded);
   std::vector<Batch> batches;
   std::vector<std::string> expected;

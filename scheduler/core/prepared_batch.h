@@ -27,6 +27,10 @@ struct PlannerOptions {
   // 21-23 can be parallelised"). Threads are started and joined inside the
   // call; 1 means none are started.
   int threads = 1;
+  // A thread is only worth its start and network copy for at least this
+  // many split points that survive the bounds (tests lower it to exercise
+  // the threaded path on small batches).
+  int min_splits_per_thread = 64;
 };
 
 // One component of an update: `bytes` to `dst_host`.
