@@ -57,5 +57,37 @@ TEST_CASE("Scheduler config: errors name the key") {
   CHECK(config.status().message().find("--planner") != std::string::npos);
 }
 
+TEST_CASE("Scheduler config: job parameters, admin keys, and their errors") {
+  const std::string path = WriteTemp("jobs.json", R"({
+    "admin_port": 0, "admin_token": "x", "planner_threads": 3, "transfer_slack_s": 2.5,
+    "jobs": [{"name": "a", "token": "ta", "mode": "ssp", "staleness_k": 4,
+              "divergence_max": 5.0, "momentum": 0.9, "priority_class": 2},
+             {"name": "b", "token": "tb"}]})");
+  auto config = Load({"--config=" + path});
+  REQUIRE(config.ok());
+  CHECK(config->admin_port == 0);
+  CHECK(config->admin_address == "127.0.0.1");
+  CHECK(config->planner_threads == 3);
+  CHECK(config->transfer_slack_s == 2.5);
+  REQUIRE(config->jobs.size() == 2);
+  CHECK(config->jobs[0].mode == "ssp");
+  CHECK(config->jobs[0].staleness_k == 4);
+  CHECK(config->jobs[0].momentum == 0.9);
+  CHECK(config->jobs[0].priority_class == 2);
+  CHECK(config->jobs[1].mode == "async");
+
+  for (const auto& [text, key] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"admin_port": 70000})", "admin_port"},
+           {R"({"jobs": [{"name": "a", "token": "t", "momentum": 1.5}]})", "momentum"},
+           {R"({"jobs": [{"name": "a", "token": "t", "priority_class": 9}]})", "priority_class"},
+           {R"({"jobs": [{"name": "a", "token": "t", "mode": "bsp"}]})", "mode"},
+           {R"({"jobs": [{"name": "a"}]})", "token"}}) {
+    auto bad = Load({"--config=" + WriteTemp("bad_job.json", text)});
+    INFO(text);
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.status().message().find(key) != std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace mlfabric
