@@ -264,8 +264,14 @@ class MlfabricAllReducer : public AllReducer {
       ContributionHeader goodbye;
       goodbye.round = kGoodbyeRound;
       goodbye.rank = rank();
-      auto done = worker_->Push(root_, &goodbye, sizeof(goodbye), version_, 0.0);
-      done.wait_for(std::chrono::seconds(10));
+      // Retried when the scheduler drops it (deadline rule), so the root does
+      // not wait out its timeout.
+      for (int attempt = 0; attempt < 50; ++attempt) {
+        auto done = worker_->Push(root_, &goodbye, sizeof(goodbye), version_, 0.0);
+        if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) break;
+        if (done.get().outcome != PushOutcome::kDropped) break;
+        if (auto model = worker_->Get(root_); model.ok()) version_ = model->version;
+      }
     } else {
       root_server_->AwaitGoodbyes(std::min(timeout_s_, 30.0));
     }
@@ -312,31 +318,48 @@ class MlfabricAllReducer : public AllReducer {
     std::memcpy(payload.data(), &h, sizeof(h));
     if (value_bytes > 0) std::memcpy(payload.data() + sizeof(h), data, value_bytes);
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-    // Sync mode never loses a contribution: a push the scheduler dropped for
-    // its deadline is pushed again with a fresh version.
-    for (int attempt = 0;; ++attempt) {
+    // Sync mode never loses a contribution: a push the scheduler dropped
+    // (its deadline rule applies to every server of the job) is pushed again
+    // with the root's current version, until the collective's deadline.
+    int drops = 0;
+    std::string last_drop;
+    while (true) {
       auto future = worker_->Push(root_, payload.data(), payload.size(), version_, 0.0,
                                   {TensorSpec{0, payload.size(), 0}});
       if (future.wait_until(deadline) != std::future_status::ready) {
         return absl::DeadlineExceededError(absl::StrCat(
             "AllReduce round ", round, ": the push from rank ", rank(), " did not complete in ",
-            timeout_s_, " s"));
+            timeout_s_, " s (", drops, " drops, last: ", last_drop, ")"));
       }
       PushResult result = future.get();
       if (result.outcome == PushOutcome::kApplied) {
         version_ = std::max(version_, result.applied_version);
         break;
       }
-      if (result.outcome == PushOutcome::kFailed || attempt >= 20) {
+      if (result.outcome == PushOutcome::kFailed || Clock::now() > deadline) {
         return absl::UnavailableError(absl::StrCat("AllReduce round ", round, ": rank ", rank(),
                                                    "'s push ", PushOutcomeName(result.outcome),
                                                    ": ", result.reason));
       }
+      ++drops;
+      last_drop = result.reason;
+      if (auto model = worker_->Get(root_); model.ok()) {
+        version_ = std::max(version_, model->version);
+      }
     }
+    dropped_pushes_ += drops;
     auto sleep = std::chrono::microseconds(200);
     while (true) {
       auto model = worker_->Get(root_);
       if (!model.ok()) {
+        // Today's daemon fails every pending get when any server application
+        // on its host disconnects: retry until the deadline unless the daemon
+        // itself is gone.
+        if (model.status().message().find("lost the connection") == absl::string_view::npos &&
+            Clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          continue;
+        }
         return absl::UnavailableError(absl::StrCat("AllReduce round ", round,
                                                    ": cannot get the sum from '", root_,
                                                    "': ", model.status().message()));
@@ -375,6 +398,7 @@ class MlfabricAllReducer : public AllReducer {
   std::unique_ptr<RootServer> root_server_;
   int64_t next_round_ = 0;
   int64_t version_ = 0;
+  int64_t dropped_pushes_ = 0;  // contributions the scheduler dropped and we re-pushed
 };
 
 }  // namespace

@@ -7,8 +7,8 @@ and CUDA runtime headers the nvidia-* wheels install beside it. Exposes:
 
   :tf_headers, :tf_framework   TensorFlow's headers (with the ABI defines
                                TF was compiled with) and libtensorflow_framework
-  :python_headers              Debian's python3-dev headers (pybind11-dev's
-                               headers sit in /usr/include already)
+  :python_headers              Debian's python3-dev headers and the venv's
+                               pybind11 (pip; numpy 2 needs pybind11 >= 2.12)
   :nccl_headers                nccl.h + cuda_runtime.h
   defs.bzl                     HAS_TF, HAS_NCCL, HAS_PYTHON_HEADERS, PYTHON,
                                NVIDIA_DIR: BUILD files leave out targets
@@ -17,10 +17,15 @@ and CUDA runtime headers the nvidia-* wheels install beside it. Exposes:
 
 _PROBE = """
 import json, os, sys
-out = {"site": "", "tf_include": "", "tf_lib": ""}
+out = {"site": "", "tf_include": "", "tf_lib": "", "pybind11": ""}
 try:
     import sysconfig
     out["site"] = sysconfig.get_paths()["purelib"]
+    try:
+        import pybind11
+        out["pybind11"] = pybind11.get_include()
+    except Exception:
+        pass
     import tensorflow as tf
     out["tf_include"] = tf.sysconfig.get_include()
     out["tf_lib"] = tf.sysconfig.get_lib()
@@ -32,7 +37,7 @@ print(json.dumps(out))
 def _impl(rctx):
     venv = rctx.os.environ.get("MLFABRIC_VENV", "/opt/mlfabric/venv")
     python = rctx.os.environ.get("TF_PYTHON", venv + "/bin/python")
-    info = {"site": "", "tf_include": "", "tf_lib": ""}
+    info = {"site": "", "tf_include": "", "tf_lib": "", "pybind11": ""}
     if rctx.path(python).exists:
         result = rctx.execute([python, "-c", _PROBE], timeout = 300, quiet = True,
                               environment = {"TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -42,8 +47,11 @@ def _impl(rctx):
     nvidia = info["site"] + "/nvidia" if info["site"] else ""
     has_nccl = nvidia != "" and rctx.path(nvidia + "/nccl/include/nccl.h").exists and \
                rctx.path(nvidia + "/cuda_runtime/include/cuda_runtime.h").exists
+    # pybind11 from the venv (pip): numpy 2 needs pybind11 >= 2.12, and
+    # Debian's pybind11-dev is 2.10.
     has_python = rctx.path("/usr/include/python3.11/Python.h").exists and \
-                 rctx.path("/usr/include/pybind11/pybind11.h").exists
+                 info.get("pybind11", "") != "" and \
+                 rctx.path(info.get("pybind11", "") + "/pybind11/pybind11.h").exists
 
     build = ['package(default_visibility = ["//visibility:public"])', ""]
     if has_tf:
@@ -51,8 +59,7 @@ def _impl(rctx):
         rctx.symlink(info["tf_lib"] + "/libtensorflow_framework.so.2", "tf_lib/libtensorflow_framework.so.2")
         build.append("""cc_library(
     name = "tf_headers",
-    hdrs = glob(["tf_include/**/*.h", "tf_include/**/*.inc", "tf_include/**/*.hpp"],
-                allow_empty = True),
+    hdrs = glob(["tf_include/**"], exclude = ["tf_include/**/*.py", "tf_include/**/*.pyc"]),
     includes = ["tf_include"],
     defines = ["_GLIBCXX_USE_CXX11_ABI=1", "EIGEN_MAX_ALIGN_BYTES=64"],
 )
@@ -78,10 +85,11 @@ cc_import(
 """ % (["nccl_include", "cuda_include"] + extra, ["nccl_include", "cuda_include"] + extra))
     if has_python:
         rctx.symlink("/usr/include/python3.11", "python_include")
+        rctx.symlink(info["pybind11"], "pybind11_include")
         build.append("""cc_library(
     name = "python_headers",
-    hdrs = glob(["python_include/**/*.h"]),
-    includes = ["python_include"],
+    hdrs = glob(["python_include/**/*.h", "pybind11_include/**/*.h"]),
+    includes = ["pybind11_include", "python_include"],
 )
 """)
     rctx.file("BUILD", "\n".join(build))

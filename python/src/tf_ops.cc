@@ -1,0 +1,200 @@
+// TensorFlow custom ops MlfabricAllreduce, MlfabricPush, MlfabricGet. Each
+// kernel is asynchronous and only converts tensors and forwards a completion
+// callback into the client core through api/c_api.h: no scheduling logic
+// here, and no Debian Abseil (TensorFlow brings its own).
+#include <cstring>
+#include <string>
+
+#include "api/c_api.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace mlfabric {
+namespace {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+
+absl::Status ToStatus(int code, const char* message) {
+  if (code == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(code), message);
+}
+
+int DtypeCode(tensorflow::DataType dtype) {
+  switch (dtype) {
+    case tensorflow::DT_FLOAT: return MLF_FLOAT32;
+    case tensorflow::DT_DOUBLE: return MLF_FLOAT64;
+    case tensorflow::DT_INT32: return MLF_INT32;
+    case tensorflow::DT_INT64: return MLF_INT64;
+    default: return 0;
+  }
+}
+
+REGISTER_OP("MlfabricAllreduce")
+    .Attr("T: {float, double, int32, int64}")
+    .Attr("handle: int")
+    .Input("tensor: T")
+    .Output("sum: T")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc("Sum of `tensor` over all ranks of the AllReducer `handle`.");
+
+class AllreduceOp : public AsyncOpKernel {
+ public:
+  explicit AllreduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("handle", &handle_));
+  }
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    const Tensor& input = c->input(0);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(c, c->allocate_output(0, input.shape(), &output), done);
+    const size_t bytes = input.TotalBytes();
+    if (bytes > 0) {
+      std::memcpy(const_cast<char*>(output->tensor_data().data()), input.tensor_data().data(),
+                  bytes);
+    }
+    struct Ctx {
+      OpKernelContext* c;
+      DoneCallback done;
+    };
+    auto* ctx = new Ctx{c, std::move(done)};
+    mlf_allreduce_async(
+        handle_, const_cast<char*>(output->tensor_data().data()), input.NumElements(),
+        DtypeCode(input.dtype()),
+        [](void* p, int code, const char* message) {
+          auto* ctx = static_cast<Ctx*>(p);
+          ctx->c->SetStatus(ToStatus(code, message));
+          ctx->done();
+          delete ctx;
+        },
+        ctx);
+  }
+
+ private:
+  int64_t handle_ = 0;
+};
+REGISTER_KERNEL_BUILDER(Name("MlfabricAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
+
+REGISTER_OP("MlfabricPush")
+    .Attr("T: {float, double, int32, int64}")
+    .Attr("handle: int")
+    .Attr("server: string")
+    .Input("update: T")
+    .Input("version: int64")
+    .Input("norm: float")
+    .Output("outcome: int32")
+    .Output("applied_version: int64")
+    .Output("delay: int64")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      for (int i = 0; i < 3; ++i) c->set_output(i, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc("Pushes `update` to `server`; outcome 0 applied, 1 dropped (deadline), 2 failed.");
+
+class PushOp : public AsyncOpKernel {
+ public:
+  explicit PushOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("handle", &handle_));
+    OP_REQUIRES_OK(c, c->GetAttr("server", &server_));
+  }
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    const Tensor& update = c->input(0);
+    const int64_t version = c->input(1).scalar<int64_t>()();
+    const float norm = c->input(2).scalar<float>()();
+    struct Ctx {
+      OpKernelContext* c;
+      DoneCallback done;
+    };
+    auto* ctx = new Ctx{c, std::move(done)};
+    mlf_push_async(
+        handle_, server_.c_str(), update.tensor_data().data(), update.TotalBytes(), version, norm,
+        [](void* p, int outcome, const char* reason, int64_t applied_version, int64_t delay) {
+          auto* ctx = static_cast<Ctx*>(p);
+          Tensor* out = nullptr;
+          if (outcome == MLF_FAILED) {
+            ctx->c->SetStatus(absl::UnavailableError(std::string("push failed: ") + reason));
+          } else if (ctx->c->allocate_output(0, {}, &out).ok()) {
+            out->scalar<int32_t>()() = outcome;
+            if (ctx->c->allocate_output(1, {}, &out).ok()) out->scalar<int64_t>()() = applied_version;
+            if (ctx->c->allocate_output(2, {}, &out).ok()) out->scalar<int64_t>()() = delay;
+          }
+          ctx->done();
+          delete ctx;
+        },
+        ctx);
+  }
+
+ private:
+  int64_t handle_ = 0;
+  std::string server_;
+};
+REGISTER_KERNEL_BUILDER(Name("MlfabricPush").Device(tensorflow::DEVICE_CPU), PushOp);
+
+REGISTER_OP("MlfabricGet")
+    .Attr("T: {float, double, int32, int64}")
+    .Attr("handle: int")
+    .Attr("server: string")
+    .Output("version: int64")
+    .Output("model: T")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc("The current model of `server` as a flat vector of T, with its version.");
+
+class GetOp : public AsyncOpKernel {
+ public:
+  explicit GetOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("handle", &handle_));
+    OP_REQUIRES_OK(c, c->GetAttr("server", &server_));
+    OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
+  }
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    struct Ctx {
+      OpKernelContext* c;
+      DoneCallback done;
+      tensorflow::DataType dtype;
+    };
+    auto* ctx = new Ctx{c, std::move(done), dtype_};
+    mlf_get_async(
+        handle_, server_.c_str(),
+        [](void* p, int code, const char* message, int64_t version, const void* data,
+           uint64_t bytes) {
+          auto* ctx = static_cast<Ctx*>(p);
+          Tensor* out = nullptr;
+          const size_t element = tensorflow::DataTypeSize(ctx->dtype);
+          if (code != 0) {
+            ctx->c->SetStatus(ToStatus(code, message));
+          } else if (bytes % element != 0) {
+            ctx->c->SetStatus(absl::InvalidArgumentError(
+                "the model's size is not a multiple of the requested dtype's size"));
+          } else if (ctx->c->allocate_output(0, {}, &out).ok()) {
+            out->scalar<int64_t>()() = version;
+            if (ctx->c->allocate_output(1, {static_cast<int64_t>(bytes / element)}, &out).ok() &&
+                bytes > 0) {
+              std::memcpy(const_cast<char*>(out->tensor_data().data()), data, bytes);
+            }
+          }
+          ctx->done();
+          delete ctx;
+        },
+        ctx);
+  }
+
+ private:
+  int64_t handle_ = 0;
+  std::string server_;
+  tensorflow::DataType dtype_;
+};
+REGISTER_KERNEL_BUILDER(Name("MlfabricGet").Device(tensorflow::DEVICE_CPU), GetOp);
+
+}  // namespace
+}  // namespace mlfabric

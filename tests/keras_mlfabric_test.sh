@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# 3 Python ranks under mlfabric-run (mpirun + a scheduler with the mlfabric
+# planner + 3 daemons): tests/keras_check.py (sync Keras, bad input, TF ops,
+# async PS on digits). Skips, saying why, when the venv has no TensorFlow.
+set -euo pipefail
+python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
+if ! "$python" -c "import tensorflow, keras, sklearn" >/dev/null 2>&1; then
+  echo "SKIPPED: $python cannot import tensorflow/keras/sklearn; run tools/bootstrap"
+  exit 0
+fi
+root="$TEST_SRCDIR/mlfabric"
+export PYTHONPATH="$root/python"
+export CHECK_PLANNER=mlfabric
+out="$TEST_TMPDIR/out.txt"
+"$root/tools/run/mlfabric-run" -v -np 3 --planner mlfabric --delay_bound 1 \
+  "$python" -X faulthandler "$root/tests/keras_check.py" 2>&1 | tee "$out"
+[[ $(grep -c "keras_check rank [0-2]: OK" "$out") == 3 ]]
