@@ -28,7 +28,18 @@ void FluidSim::AddFlow(Flow flow) {
   dirty_ = true;
 }
 
+bool FluidSim::IntraHost(int src, int dst, double bits, Callback& on_done) {
+  if (src != dst) return false;
+  ++stats_.intra_host_copies;
+  const double dt = intra_host_bps_ > 0 ? bits / intra_host_bps_ : 0;
+  At(now_s_ + dt, [cb = std::move(on_done)] {
+    if (cb) cb();
+  });
+  return true;
+}
+
 void FluidSim::StartFlow(int src, int dst, double bits, Callback on_done) {
+  if (IntraHost(src, dst, bits, on_done)) return;
   Flow flow;
   flow.up_link = 2 * src;
   flow.down_link = 2 * dst + 1;
@@ -39,6 +50,7 @@ void FluidSim::StartFlow(int src, int dst, double bits, Callback on_done) {
 
 void FluidSim::StartReservedFlow(int src, int dst, double bits,
                                  std::vector<core::RateSegment> segments, Callback on_done) {
+  if (IntraHost(src, dst, bits, on_done)) return;
   Flow flow;
   flow.up_link = 2 * src;
   flow.down_link = 2 * dst + 1;

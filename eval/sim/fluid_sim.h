@@ -41,6 +41,7 @@ namespace mlfabric::sim {
 struct FluidStats {
   int64_t events = 0;
   int64_t flows_started = 0;
+  int64_t intra_host_copies = 0;  // src == dst transfers (no NIC)
   int64_t flows_completed = 0;
   int64_t rate_recomputations = 0;
   // max over links and instants of (sum of flow rates) / capacity.
@@ -61,6 +62,11 @@ class FluidSim {
 
   // Runs `callback` at time `t_s` (>= now).
   void At(double t_s, Callback callback);
+  // Transfers whose source and destination are the same host (two workers
+  // of one machine) bypass the NIC: they take bits / intra_host_bps and
+  // touch no link. Default: infinite (instant).
+  void set_intra_host_bps(double bps) { intra_host_bps_ = bps; }
+
   // Starts a best-effort flow now; `on_done` runs when its last bit arrives.
   void StartFlow(int src, int dst, double bits, Callback on_done);
   // Starts a flow that follows `segments` (absolute times) from now on.
@@ -107,8 +113,12 @@ class FluidSim {
   double NextFlowChangeS() const;
   void Advance(double t_s);
 
+  // True (and `on_done` scheduled) when src == dst: an intra-host copy.
+  bool IntraHost(int src, int dst, double bits, Callback& on_done);
+
   int hosts_;
   const NetworkTrace* trace_;
+  double intra_host_bps_ = 0;  // 0: instant
   double now_s_ = 0;
   int64_t next_seq_ = 0;
   int64_t next_flow_id_ = 0;

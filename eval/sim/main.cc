@@ -36,7 +36,13 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
   --seed=S               seed of traces, stragglers and data   default 1
   --max_sim_s=T          simulated seconds at most per system  default 600
   --tau_max=K            delay bound of plain "mlfabric-a"     default 30
-  --aggregators=K        aggregator/distributor hosts          default 4
+  --aggregators=K        aggregators/distributors k (-1: every worker machine) default -1
+  --aggregators_on_workers=B  aggregators co-hosted on worker machines (§7)  default true;
+                         false: k extra idle hosts (old setting, -1 means 4)
+  --workers_per_host=W   workers sharing one machine/NIC (§7: 30 on 15)  default 2
+  --intra_host_bps=R     copy rate between workers of one machine  default 8e10
+  --max_outstanding_pushes=P  unresolved pushes per async worker before its
+                         get is held (0: unbounded)              default 2
   --lr=X                 synchronous step size (async: lr/N)   default 0.3
   --class_separation=X   std of the class means (task difficulty)  default 0.5
   --conditioning=X       largest / smallest feature scale          default 30
@@ -68,6 +74,8 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   ASSIGN_OR_RETURN(ConfigReader reader, ConfigReader::FromCommandLine(cl));
   CliConfig c;
   int64_t workers = c.sim.workers, aggregators = c.sim.aggregators;
+  int64_t workers_per_host = c.sim.workers_per_host;
+  int64_t max_outstanding = c.sim.max_outstanding_pushes;
   int64_t seed = static_cast<int64_t>(c.sim.seed), model_bytes = c.sim.model_bytes;
   std::string compute = "C1", network = "N1";
   reader.Int("workers", &workers, 2, 1000);
@@ -78,7 +86,11 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   reader.Int("seed", &seed, 0, INT64_MAX);
   reader.Double("max_sim_s", &c.sim.max_sim_s, 0.001, 1e7);
   reader.Int("tau_max", &c.sim.tau_max, 1, 1000000);
-  reader.Int("aggregators", &aggregators, 0, 1000);
+  reader.Int("aggregators", &aggregators, -1, 1000);
+  reader.Bool("aggregators_on_workers", &c.sim.aggregators_on_workers);
+  reader.Int("workers_per_host", &workers_per_host, 1, 1000);
+  reader.Double("intra_host_bps", &c.sim.intra_host_bps, 1e6, 1e15);
+  reader.Int("max_outstanding_pushes", &max_outstanding, 0, 1000000);
   reader.Double("lr", &c.sim.sgd.lr, 1e-9, 1e3);
   reader.Double("class_separation", &c.sim.sgd.class_separation, 0, 100);
   reader.Double("conditioning", &c.sim.sgd.conditioning, 1, 1e6);
@@ -96,6 +108,8 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   RETURN_IF_ERROR(reader.Finish());
   c.sim.workers = static_cast<int>(workers);
   c.sim.aggregators = static_cast<int>(aggregators);
+  c.sim.workers_per_host = static_cast<int>(workers_per_host);
+  c.sim.max_outstanding_pushes = static_cast<int>(max_outstanding);
   c.sim.seed = static_cast<uint64_t>(seed);
   c.sim.model_bytes = model_bytes;
   ASSIGN_OR_RETURN(c.sim.compute, ComputeSettingByName(compute));
@@ -152,11 +166,12 @@ absl::Status Main(int argc, char** argv) {
       }
       sizes.push_back(v);
     }
+    // §7.4's synthetic batches have no cluster layout; -1 keeps the old 4.
+    const int k = c.sim.aggregators < 0 ? 4 : c.sim.aggregators;
     std::printf("Scheduler overhead (§7.4): real core planner \"mlfabric\", %d aggregators, "
                 "one call per batch, wall clock on this machine\n",
-                c.sim.aggregators);
-    ASSIGN_OR_RETURN(std::vector<OverheadRow> rows,
-                     MeasureOverhead(sizes, c.sim.aggregators, c.sim.seed));
+                k);
+    ASSIGN_OR_RETURN(std::vector<OverheadRow> rows, MeasureOverhead(sizes, k, c.sim.seed));
     std::cout << OverheadReport(rows);
     nlohmann::json j = nlohmann::json::array();
     for (const OverheadRow& r : rows) {

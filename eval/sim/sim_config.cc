@@ -29,8 +29,20 @@ absl::Status ValidateConfig(const SimConfig& c) {
   if (c.workers < 2 || c.workers > 1000) {
     return absl::InvalidArgumentError("workers: must be in [2, 1000]");
   }
-  if (c.aggregators < 0 || c.aggregators > 1000) {
-    return absl::InvalidArgumentError("aggregators: must be in [0, 1000]");
+  if (c.workers_per_host < 1 || c.workers_per_host > c.workers) {
+    return absl::InvalidArgumentError("workers_per_host: must be in [1, workers]");
+  }
+  if (c.intra_host_bps <= 0) return absl::InvalidArgumentError("intra_host_bps: must be > 0");
+  const int machines = (c.workers + c.workers_per_host - 1) / c.workers_per_host;
+  if (c.aggregators < -1 || c.aggregators > 1000) {
+    return absl::InvalidArgumentError("aggregators: must be in [-1, 1000]");
+  }
+  if (c.aggregators_on_workers && c.aggregators > machines) {
+    return absl::InvalidArgumentError(
+        "aggregators: with aggregators_on_workers at most one per worker machine");
+  }
+  if (c.max_outstanding_pushes < 0) {
+    return absl::InvalidArgumentError("max_outstanding_pushes: must be >= 0");
   }
   if (c.trace_period_s <= 0) return absl::InvalidArgumentError("trace_period_s: must be > 0");
   if (c.model_bytes <= 0) return absl::InvalidArgumentError("model_bytes: must be > 0");
@@ -60,6 +72,23 @@ absl::Status ValidateConfig(const SimConfig& c) {
     return absl::InvalidArgumentError("sgd: features >= 1, classes >= 2, batch >= 1, lr > 0");
   }
   return absl::OkStatus();
+}
+
+HostLayout MakeLayout(const SimConfig& c) {
+  HostLayout l;
+  l.workers_per_host = c.workers_per_host;
+  l.machines = (c.workers + c.workers_per_host - 1) / c.workers_per_host;
+  l.server = l.machines;
+  if (c.aggregators_on_workers) {
+    l.aggregators = c.aggregators < 0 ? l.machines : c.aggregators;
+    for (int a = 0; a < l.aggregators; ++a) l.aggregator_hosts.push_back(a);
+    l.hosts = l.machines + 1;
+  } else {
+    l.aggregators = c.aggregators < 0 ? 4 : c.aggregators;
+    for (int a = 0; a < l.aggregators; ++a) l.aggregator_hosts.push_back(l.machines + 1 + a);
+    l.hosts = l.machines + 1 + l.aggregators;
+  }
+  return l;
 }
 
 uint64_t MixSeed(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t d) {

@@ -77,7 +77,28 @@ struct SimConfig {
   double batch_interval_s = 0.100;    // §7: "We batch requests ... every 100ms"
   double monitor_lag_s = 0.2;         // §7: t_lag
   int64_t tau_max = 30;               // MLfabric-A delay bound (§7.1: 30, 60)
-  int aggregators = 4;                // aggregator/distributor hosts for MLfabric
+  // §7: "30 workers in a cluster of 15 baremetal machines ... (2 cards/
+  // physical machine)": workers w and w+1 (w even) share one machine and its
+  // NIC. Transfers between two workers of one machine (ring/tree hops) do
+  // not touch the NIC; they take bits / intra_host_bps.
+  int workers_per_host = 2;
+  double intra_host_bps = 80e9;       // ~PCIe 3.0 x16 between the two GPUs
+  // Aggregators / model distributors (k of §5.2, k° of §10.3). §7: "The
+  // aggregators are co-hosted with worker clients": with
+  // aggregators_on_workers (default) the k aggregators are the first k
+  // worker machines (-1: every worker machine; the paper does not state k);
+  // otherwise k extra idle hosts (the old simulator's setting).
+  int aggregators = -1;
+  bool aggregators_on_workers = true;
+  // Asynchronous workers (MLfabric-A and vanilla async PS) are pipelined: a
+  // worker pushes its update (push returns at once) and immediately gets the
+  // freshest model, then computes again. At most max_outstanding_pushes of its
+  // updates may be pushed and neither applied nor dropped; when the bound is
+  // reached the worker holds its get until one resolves. 0: unbounded.
+  // Default 2: one update in flight while the next is computed (1 would be
+  // the old, unpipelined behaviour). The paper states no bound; unbounded
+  // only queues more updates that go stale and are dropped (docs/results.md).
+  int max_outstanding_pushes = 2;
   uint64_t seed = 1;
   double max_sim_s = 600;
   double target_accuracy = 0.70;
@@ -87,6 +108,20 @@ struct SimConfig {
 
 // Checks ranges and cross-field constraints; the error names the field.
 absl::Status ValidateConfig(const SimConfig& config);
+
+// Host layout shared by every system: worker machines 0..machines-1 (worker w
+// on machine w / workers_per_host), then the server host (PS systems), then
+// dedicated aggregator hosts when !aggregators_on_workers.
+struct HostLayout {
+  int machines = 0;
+  int server = 0;       // host index of the parameter server
+  int aggregators = 0;  // k, resolved (-1 -> machines)
+  std::vector<int> aggregator_hosts;
+  int hosts = 0;        // total hosts, server and dedicated aggregators included
+  int workers_per_host = 1;
+  int HostOf(int worker) const { return worker / workers_per_host; }
+};
+HostLayout MakeLayout(const SimConfig& config);
 
 // Deterministic 64-bit mixing (splitmix64) of a seed and up to four keys; the
 // one source of randomness in the simulator, so that every system sees the

@@ -25,16 +25,19 @@ using WallClock = std::chrono::steady_clock;
 // server, accuracy sampling on a fixed grid, and the result.
 class Harness {
  public:
-  Harness(const SimConfig& config, const SystemSpec& spec, int hosts, int server_host,
-          const ProgressFn& progress)
+  // `ps`: the layout has a parameter server (and maybe dedicated
+  // aggregators); all-reduce systems use the worker machines only.
+  Harness(const SimConfig& config, const SystemSpec& spec, bool ps, const ProgressFn& progress)
       : config_(config),
         spec_(spec),
-        trace_(config, server_host),
-        sim_(hosts, &trace_),
+        layout_(MakeLayout(config)),
+        trace_(config, ps ? layout_.server : -1),
+        sim_(ps ? layout_.hosts : layout_.machines, &trace_),
         task_(config.sgd, config.seed),
         server_model_(task_.InitialWeights()),
         progress_(progress) {
     result_.system = spec.name;
+    sim_.set_intra_host_bps(config.intra_host_bps);
   }
   virtual ~Harness() = default;
 
@@ -78,6 +81,15 @@ class Harness {
     if (status_.ok()) status_ = std::move(status);
   }
 
+  void NoteGet(double requested_s) {
+    get_sum_s_ += sim_.now() - requested_s;
+    result_.mean_get_s = get_sum_s_ / ++get_count_;
+  }
+  void NotePushApplied(double pushed_s) {
+    push_sum_s_ += sim_.now() - pushed_s;
+    result_.mean_push_to_apply_s = push_sum_s_ / ++push_count_;
+  }
+
   void RecordDelay(int64_t delay) {
     ++result_.delay_histogram[delay];
     const int64_t bound = spec_.kind == SystemKind::kMlfabricA ? tau_max() : 0;
@@ -90,6 +102,7 @@ class Harness {
 
   const SimConfig& config_;
   SystemSpec spec_;
+  HostLayout layout_;
   NetworkTrace trace_;
   FluidSim sim_;
   SgdTask task_;
@@ -121,6 +134,8 @@ class Harness {
   }
 
   ProgressFn progress_;
+  double get_sum_s_ = 0, push_sum_s_ = 0;
+  int64_t get_count_ = 0, push_count_ = 0;
   absl::Status status_;
   bool reached_ = false;
   double last_accuracy_ = 0;
@@ -129,11 +144,17 @@ class Harness {
 };
 
 // ---------------------------------------------------------------------------
-// Vanilla asynchronous PS: push on completion, FIFO apply, pull back.
+// Vanilla asynchronous PS, pipelined like MLfabric-A: on completion a worker
+// pushes its update (fair-sharing the server downlink, FIFO apply on arrival)
+// and at once pulls the current model (fair-sharing the server uplink), then
+// computes on it; max_outstanding_pushes bounds unresolved pushes per worker.
 class AsyncPs final : public Harness {
  public:
   AsyncPs(const SimConfig& c, const SystemSpec& s, const ProgressFn& p)
-      : Harness(c, s, c.workers + 1, c.workers, p), iteration_(c.workers, 0) {}
+      : Harness(c, s, /*ps=*/true, p),
+        iteration_(c.workers, 0),
+        outstanding_(c.workers, 0),
+        held_get_(c.workers, false) {}
 
  private:
   absl::Status Start() override {
@@ -149,21 +170,45 @@ class AsyncPs final : public Harness {
       auto grad = std::make_shared<Weights>(task_.Gradient(*model, w, it));
       ++result_.pushed;
       ++pushes_in_flight_;
-      const int server = config_.workers;
-      sim_.StartFlow(w, server, model_bits(), [this, w, grad, version, server] {
+      ++outstanding_[w];
+      const double pushed_s = sim_.now();
+      sim_.StartFlow(layout_.HostOf(w), layout_.server, model_bits(),
+                     [this, w, grad, version, pushed_s] {
+        NotePushApplied(pushed_s);
         --pushes_in_flight_;
+        --outstanding_[w];
         SgdTask::Apply(*grad, -config_.sgd.lr / config_.workers, &server_model_);
         RecordDelay(server_version_ - version);
         ++server_version_;
         ++result_.applied;
-        const Snapshot snap = TakeSnapshot();
-        const int64_t v = server_version_;
-        sim_.StartFlow(server, w, model_bits(), [this, w, snap, v] { OnModel(w, snap, v); });
+        if (held_get_[w]) {
+          held_get_[w] = false;
+          Pull(w);
+        }
       });
+      const int bound = config_.max_outstanding_pushes;
+      if (bound > 0 && outstanding_[w] >= bound) {
+        held_get_[w] = true;
+      } else {
+        Pull(w);
+      }
+    });
+  }
+
+  // The server answers with the model as it is when the pull starts.
+  void Pull(int w) {
+    const Snapshot snap = TakeSnapshot();
+    const int64_t v = server_version_;
+    const double asked_s = sim_.now();
+    sim_.StartFlow(layout_.server, layout_.HostOf(w), model_bits(), [this, w, snap, v, asked_s] {
+      NoteGet(asked_s);
+      OnModel(w, snap, v);
     });
   }
 
   std::vector<int64_t> iteration_;
+  std::vector<int> outstanding_;
+  std::vector<bool> held_get_;
   int64_t pushes_in_flight_ = 0;
 };
 
@@ -172,7 +217,7 @@ class AsyncPs final : public Harness {
 class AllReduce final : public Harness {
  public:
   AllReduce(const SimConfig& c, const SystemSpec& s, const ProgressFn& p)
-      : Harness(c, s, c.workers, /*server_host=*/-1, p) {}
+      : Harness(c, s, /*ps=*/false, p) {}
 
  private:
   absl::Status Start() override {
@@ -219,7 +264,10 @@ class AllReduce final : public Harness {
     }
     step_remaining_ = n;
     for (int i = 0; i < n; ++i) {
-      sim_.StartFlow(i, (i + 1) % n, model_bits() / n, [this, step] {
+      // Ranks are ordered by machine, so with 2 workers per machine half the
+      // ring hops are intra-host and every NIC direction carries one flow.
+      sim_.StartFlow(layout_.HostOf(i), layout_.HostOf((i + 1) % n), model_bits() / n,
+                     [this, step] {
         if (--step_remaining_ == 0) RingStep(step + 1);
       });
     }
@@ -236,7 +284,7 @@ class AllReduce final : public Harness {
   }
   void SendUp(int i) {
     const int parent = (i - 1) / 2;
-    sim_.StartFlow(i, parent, model_bits(), [this, parent] {
+    sim_.StartFlow(layout_.HostOf(i), layout_.HostOf(parent), model_bits(), [this, parent] {
       if (--children_left_[parent] > 0) return;
       if (parent == 0) {
         received_ = 0;
@@ -249,7 +297,7 @@ class AllReduce final : public Harness {
   void SendDown(int i) {
     const int n = config_.workers;
     for (int c = 2 * i + 1; c <= 2 * i + 2 && c < n; ++c) {
-      sim_.StartFlow(i, c, model_bits(), [this, c, n] {
+      sim_.StartFlow(layout_.HostOf(i), layout_.HostOf(c), model_bits(), [this, c, n] {
         SendDown(c);
         if (++received_ == n - 1) EndRound();
       });
@@ -270,18 +318,23 @@ class AllReduce final : public Harness {
 class Mlfabric final : public Harness {
  public:
   Mlfabric(const SimConfig& c, const SystemSpec& s, const ProgressFn& p)
-      : Harness(c, s, c.workers + 1 + c.aggregators, c.workers, p),
+      : Harness(c, s, /*ps=*/true, p),
         sync_(s.kind == SystemKind::kMlfabricS),
-        server_(c.workers),
-        hosts_(c.workers + 1 + c.aggregators),
+        server_(layout_.server),
+        hosts_(layout_.hosts),
         iteration_(c.workers, 0),
+        outstanding_(c.workers, 0),
+        held_get_(c.workers, false),
+        get_asked_s_(c.workers, 0.0),
         reserved_(2 * hosts_) {
-    for (int w = 0; w < c.workers; ++w) names_.push_back(absl::StrCat("w", w));
+    // Worker machines "m<i>" (2 workers each by default), the server "s",
+    // dedicated aggregators "a<i>" (only when not co-hosted with workers).
+    for (int m = 0; m < layout_.machines; ++m) names_.push_back(absl::StrCat("m", m));
     names_.push_back("s");
-    for (int a = 0; a < c.aggregators; ++a) {
-      names_.push_back(absl::StrCat("a", a));
-      aggregator_names_.push_back(names_.back());
+    for (int h = layout_.machines + 1; h < hosts_; ++h) {
+      names_.push_back(absl::StrCat("a", h - layout_.machines - 1));
     }
+    for (int h : layout_.aggregator_hosts) aggregator_names_.push_back(names_[h]);
     for (int h = 0; h < hosts_; ++h) index_[names_[h]] = h;
   }
 
@@ -290,6 +343,7 @@ class Mlfabric final : public Harness {
   struct Update {
     int worker = 0;
     int64_t version = 0;
+    double pushed_s = 0;
     std::shared_ptr<Weights> grad;
     State state = State::kWaiting;
   };
@@ -323,12 +377,39 @@ class Mlfabric final : public Harness {
       Update u;
       u.worker = w;
       u.version = version;
+      u.pushed_s = sim_.now();
       u.grad = std::make_shared<Weights>(task_.Gradient(*model, w, it));
       const std::string id = absl::StrCat("u", next_update_++);
       updates_.emplace(id, std::move(u));
       pending_push_.push_back(id);
       ++result_.pushed;
+      if (sync_) return;  // MLfabric-S: the model comes after the round
+      // Pipelined (§4 push/get): push returns at once and the worker asks
+      // for the freshest model, unless it already has the maximum number of
+      // unresolved pushes.
+      ++outstanding_[w];
+      const int bound = config_.max_outstanding_pushes;
+      if (bound > 0 && outstanding_[w] >= bound) {
+        held_get_[w] = true;
+      } else {
+        AskModel(w);
+      }
     });
+  }
+
+  void AskModel(int w) {
+    get_asked_s_[w] = sim_.now();
+    pending_get_.push_back(w);
+  }
+
+  // An update of worker `w` was applied or dropped.
+  void Resolved(int w) {
+    if (sync_) return;
+    --outstanding_[w];
+    if (held_get_[w]) {
+      held_get_[w] = false;
+      AskModel(w);
+    }
   }
 
   void ScheduleTick(int64_t k) {
@@ -387,6 +468,7 @@ class Mlfabric final : public Harness {
 
   void Reserve(const core::Transfer& t) {
     const int src = index_.at(t.src), dst = index_.at(t.dst);
+    if (src == dst) return;  // intra-host (worker to its own machine's aggregator)
     for (const core::RateSegment& s : t.segments) {
       reserved_[2 * src].push_back(s);
       reserved_[2 * dst + 1].push_back(s);
@@ -422,14 +504,15 @@ class Mlfabric final : public Harness {
     batch.aggregators = aggregator_names_;
     batch.seed = MixSeed(config_.seed, 0x62617463ULL, static_cast<uint64_t>(batch_count_));
     std::set<int> involved = {server_};
-    for (int a = 0; a < config_.aggregators; ++a) involved.insert(config_.workers + 1 + a);
+    for (int h : layout_.aggregator_hosts) involved.insert(h);
     for (const std::string& id : pending_push_) {
       const Update& u = updates_.at(id);
       double norm = 0;
       for (double g : *u.grad) norm += g * g;
+      const int host = layout_.HostOf(u.worker);
       batch.updates.push_back(
-          {id, names_[u.worker], config_.model_bytes, u.version, std::sqrt(norm), {}});
-      involved.insert(u.worker);
+          {id, names_[host], config_.model_bytes, u.version, std::sqrt(norm), {}});
+      involved.insert(host);
     }
     for (int h : involved) batch.hosts.push_back(HostView(h));
     const std::string prefix = absl::StrCat("b", batch_count_++, ":");
@@ -460,7 +543,7 @@ class Mlfabric final : public Harness {
       u.grad.reset();
       ++result_.dropped;
       ++result_.drop_reasons[d.reason];
-      pending_get_.push_back(u.worker);
+      Resolved(u.worker);
     }
     std::vector<core::Commit> commits = plan->commits;
     std::sort(commits.begin(), commits.end(),
@@ -560,7 +643,8 @@ class Mlfabric final : public Harness {
       RecordDelay(server_version_ - u.version);
       ++server_version_;
       ++result_.applied;
-      pending_get_.push_back(u.worker);
+      NotePushApplied(u.pushed_s);
+      Resolved(u.worker);
       updates_.erase(it);  // applied: no longer tracked
       commit_queue_.pop_front();
     }
@@ -575,13 +659,17 @@ class Mlfabric final : public Harness {
     request.distributors = aggregator_names_;
     request.seed = MixSeed(config_.seed, 0x676574ULL, static_cast<uint64_t>(get_count_++));
     std::set<int> involved = {server_};
-    for (int a = 0; a < config_.aggregators; ++a) involved.insert(config_.workers + 1 + a);
+    for (int h : layout_.aggregator_hosts) involved.insert(h);
+    // One copy per machine per get batch: the workers of a machine that ask
+    // in the same batch share it (the second copy is intra-host).
+    auto get = std::make_shared<GetBatch>();
     for (int w : pending_get_) {
-      request.requesters.push_back(names_[w]);
-      involved.insert(w);
+      const int host = layout_.HostOf(w);
+      if (get->waiting[host].empty()) request.requesters.push_back(names_[host]);
+      get->waiting[host].push_back(w);
+      involved.insert(host);
     }
     for (int h : involved) request.hosts.push_back(HostView(h));
-    const std::vector<int> requesters = pending_get_;
     pending_get_.clear();
     absl::StatusOr<core::DistributionPlan> plan = core::PlanModelDistribution(request);
     if (!plan.ok()) {
@@ -590,7 +678,6 @@ class Mlfabric final : public Harness {
       return;
     }
     // Transfers out of each distributor wait for its own copy.
-    auto get = std::make_shared<GetBatch>();
     get->model = TakeSnapshot();
     get->version = server_version_;
     std::set<std::string> served;
@@ -602,9 +689,9 @@ class Mlfabric final : public Harness {
     for (const core::Transfer& t : plan->transfers) {
       if (t.src == "s") LaunchModelTransfer(t, get);
     }
-    for (int w : requesters) {
-      if (!served.count(names_[w])) {
-        Fail(absl::InternalError(absl::StrCat("model distribution left ", names_[w], " out")));
+    for (const auto& [host, workers] : get->waiting) {
+      if (!served.count(names_[host])) {
+        Fail(absl::InternalError(absl::StrCat("model distribution left ", names_[host], " out")));
         return;
       }
     }
@@ -615,15 +702,21 @@ class Mlfabric final : public Harness {
     Snapshot model;
     int64_t version = 0;
     std::map<std::string, std::vector<core::Transfer>> outgoing;  // by distributor
+    std::map<int, std::vector<int>> waiting;  // machine -> its requesting workers
   };
 
   void LaunchModelTransfer(const core::Transfer& t, std::shared_ptr<GetBatch> get) {
     const int dst = index_.at(t.dst);
     const std::string dst_name = t.dst;
     StartPlanned(t, [this, dst, dst_name, get] {
-      if (dst < config_.workers) {
-        OnModel(dst, get->model, get->version);
-        return;
+      // A distributor that also asked is served by its own receipt.
+      auto waiting = get->waiting.find(dst);
+      if (waiting != get->waiting.end()) {
+        for (int w : waiting->second) {
+          if (!sync_) NoteGet(get_asked_s_[w]);
+          OnModel(w, get->model, get->version);
+        }
+        get->waiting.erase(waiting);
       }
       auto it = get->outgoing.find(dst_name);
       if (it == get->outgoing.end()) return;
@@ -639,6 +732,9 @@ class Mlfabric final : public Harness {
   std::unordered_map<std::string, int> index_;
   std::unique_ptr<core::Planner> planner_;
   std::vector<int64_t> iteration_;
+  std::vector<int> outstanding_;  // pushed, neither applied nor dropped (async)
+  std::vector<bool> held_get_;    // get held back by max_outstanding_pushes
+  std::vector<double> get_asked_s_;
   std::vector<std::vector<core::RateSegment>> reserved_;  // per link: 2h up, 2h+1 down
   std::map<std::string, Update> updates_;
   std::vector<std::string> pending_push_;

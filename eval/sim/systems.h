@@ -77,6 +77,10 @@ struct SystemResult {
   int64_t delay_bound_violations = 0;  // applied with delay > tau (mlfabric-a)
   std::map<std::string, int64_t> drop_reasons;
   int64_t aggregates = 0;         // aggregate transfers executed (MLfabric)
+  // Asynchronous PS systems: mean simulated seconds from a worker's get
+  // request to the model's arrival, and from push to apply (applied only).
+  double mean_get_s = 0;
+  double mean_push_to_apply_s = 0;
   std::vector<std::pair<double, double>> accuracy_curve;  // (sim s, accuracy), ~1 per s
   int64_t planner_calls = 0;
   double planner_mean_batch = 0;

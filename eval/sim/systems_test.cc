@@ -141,6 +141,56 @@ TEST_CASE("the Table 2 grid and the overhead mode have their shape") {
   CHECK(rows[1].ms_mean >= 0);
 }
 
+TEST_CASE("pipelined async workers fill MLfabric-A batches with several updates") {
+  // Stated config: 12 workers on 6 machines (2 per machine), aggregators on
+  // every worker machine, no stragglers, all NICs 10 Gbit/s, 100 ms
+  // batches, at most 2 outstanding pushes per worker, 3 simulated seconds.
+  SimConfig config = Tiny();
+  config.workers = 12;
+  config.workers_per_host = 2;
+  config.aggregators = -1;
+  config.compute = ComputeSettingByName("C0").value();
+  config.network = NetworkSettingByName("N0").value();
+  config.max_outstanding_pushes = 2;
+  config.max_sim_s = 3;
+  const SystemResult r = RunSystem(config, ParseSystem("mlfabric-a-30").value()).value();
+  CHECK(r.planner_calls > 0);
+  CHECK(r.planner_mean_batch > 1.0);
+  CHECK(r.applied + r.dropped + r.in_flight == r.pushed);
+  CHECK(r.mean_get_s > 0);
+  // Workers of one machine share it: some get answers and ring hops are
+  // intra-host copies, and no NIC is ever overloaded.
+  CHECK(r.fluid.max_link_load <= 1 + 1e-9);
+  const SystemResult ring = RunSystem(config, ParseSystem("rr-sync").value()).value();
+  CHECK(ring.fluid.intra_host_copies > 0);
+  // Pipelining lets a worker push more gradients than the unpipelined bound 1.
+  SimConfig unpipelined = config;
+  unpipelined.max_outstanding_pushes = 1;
+  const SystemResult one =
+      RunSystem(unpipelined, ParseSystem("mlfabric-a-30").value()).value();
+  CHECK(r.pushed >= one.pushed);
+}
+
+TEST_CASE("host layout: workers share machines, aggregators on worker machines") {
+  SimConfig config;  // the paper's 30 workers on 15 machines
+  const HostLayout l = MakeLayout(config);
+  CHECK(l.machines == 15);
+  CHECK(l.server == 15);
+  CHECK(l.aggregators == 15);
+  CHECK(l.hosts == 16);
+  CHECK(l.HostOf(0) == 0);
+  CHECK(l.HostOf(1) == 0);
+  CHECK(l.HostOf(29) == 14);
+  config.aggregators_on_workers = false;
+  config.aggregators = 4;
+  const HostLayout d = MakeLayout(config);
+  CHECK(d.hosts == 20);
+  CHECK(d.aggregator_hosts.front() == 16);
+  config.aggregators_on_workers = true;
+  config.aggregators = 16;  // more than the 15 worker machines
+  CHECK_FALSE(ValidateConfig(config).ok());
+}
+
 TEST_CASE("bad names and configs are errors") {
   CHECK_FALSE(ParseSystem("sgd").ok());
   CHECK_FALSE(ParseSystem("mlfabric-a-x").ok());
