@@ -1,8 +1,8 @@
 // Configuration of the discrete-event simulator at scale (issue 7, paper §7).
 //
-// One SimConfig describes one simulated cluster: N workers, one parameter
-// server, k aggregator hosts (idle hosts that only aggregate and fan out the
-// model, the paper's MLfabric-A setting), the compute-straggler setting
+// One SimConfig describes one simulated cluster: N workers, 2 per machine,
+// one parameter server, k aggregators co-hosted on worker machines (§7),
+// the compute-straggler setting
 // C1-C3 and the network-background setting N1-N3 of §7:
 //
 //   C1 (r, s) = (10%, 2)   C2 (10%, 4)   C3 (4%, 2)

@@ -6,15 +6,17 @@
 //                     core planner "mlfabric" (ordering, delay bound TAU,
 //                     drops, aggregation over the aggregator hosts) and
 //                     executed per plan on reserved rate segments; the server
-//                     applies in the plan's commit order; workers then get the
-//                     model through the core's batched model distribution
-//                     (§10.3) over the same hosts.
+//                     applies in the plan's commit order. Workers are
+//                     pipelined: push, then at once get the freshest model
+//                     through the core's batched model distribution (§10.3)
+//                     (max_outstanding_pushes bounds unresolved pushes).
 //   mlfabric-s        MLfabric synchronous (§6): the same loop with
 //                     core::Mode::kSync batches; a round ends when all N
 //                     gradients are in; the mean is applied.
 //   async             vanilla asynchronous PS: every update is pushed as soon
 //                     as computed, fair-sharing the server's downlink, applied
-//                     on arrival (FIFO); the model is pulled back likewise.
+//                     on arrival (FIFO); the model is pulled at the same time
+//                     (pipelined, same bound as MLfabric-A).
 //   rr-sync           ring all-reduce: waits for the slowest worker, then
 //                     2(N-1) steps of M/N bytes, each step ends when its
 //                     slowest ring link is done.
