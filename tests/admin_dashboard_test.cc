@@ -146,7 +146,10 @@ TEST_CASE("The dashboard loads in headless chromium without console messages and
     testing::HttpResult drops = testing::Http(port, "GET", "/api/v1/drops");
     REQUIRE(drops.status == 200);
     INFO(drops.body.substr(0, 2000));
-    CHECK(json::parse(drops.body)["by_reason"].contains("host_down"));
+    // w2's in-flight pushes fail either because the receiving daemon saw
+    // the session end or because the scheduler saw the host go down.
+    const json by_reason = json::parse(drops.body)["by_reason"];
+    CHECK((by_reason.contains("host_down") || by_reason.contains("connection_lost")));
   }
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/";
   auto dom_args = ChromiumArgs(dir + "/profile-dom");

@@ -79,6 +79,10 @@ std::string RunfilePath(const std::string& path) {
 }
 
 void RunWorkers(LocalCluster& c, const std::vector<std::string>& workers, int pushes) {
+  // Pushes to a server that has not registered yet are refused: wait for it.
+  REQUIRE(WaitUntil(
+      [&] { return ReadFile(c.dir() + "/scheduler.log").find("server ps0") != std::string::npos; },
+      30));
   std::vector<Subprocess*> procs;
   for (const std::string& name : workers) {
     auto worker = c.StartApp(name, {BinaryPath("tests/apps/vector_worker"),

@@ -21,6 +21,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
   reader.Enum("log_level", &config.log_level, {"debug", "info", "warning", "error"});
   reader.Int("planner_threads", &config.planner_threads, 0, 256);
   reader.Double("transfer_slack_s", &config.transfer_slack_s, 0.01, 3600);
+  reader.Double("server_wait_s", &config.server_wait_s, 0, 60);
   reader.Int("history_batches", &config.history_batches, 1, 100000);
   reader.String("admin_address", &config.admin_address);
   reader.Int("admin_port", &config.admin_port, -1, 65535);
@@ -87,6 +88,9 @@ Every key can be set in the JSON file or as a flag; flags win.
                        parallel, 0 = one per core       (default 0)
   --transfer_slack_s   an in-flight transfer not completed this long after
                        its planned end fails ("timed out") (default 10)
+  --server_wait_s      a push to a server of its job that has not registered
+                       yet waits this long for it (workers often start
+                       before their server)          (default 3)
   --history_batches    recent batches kept for the admin endpoint (default 64)
   --admin_address      admin HTTP bind address          (default 127.0.0.1)
   --admin_port         admin HTTP port, 0 = free port, -1 = off (default -1)

@@ -63,6 +63,10 @@ std::string FailureCategory(const std::string& reason) {
   if (reason.find(" is down") != std::string::npos) return "host_down";
   if (reason.rfind("scheduler could not plan", 0) == 0) return "plan_error";
   if (reason.find("aggregator") != std::string::npos) return "aggregation_unsupported";
+  if (reason.find("ended mid-transfer") != std::string::npos ||
+      reason.find("connection") != std::string::npos) {
+    return "connection_lost";
+  }
   return "transfer_failed";
 }
 
@@ -97,6 +101,7 @@ void SchedulerService::Stop() {
   }
   stop_cv_.notify_all();
   commands_cv_.notify_all();
+  servers_cv_.notify_all();
   if (batch_thread_.joinable()) batch_thread_.join();
 }
 
@@ -276,6 +281,7 @@ grpc::Status SchedulerService::RegisterEntity(grpc::ServerContext*,
       }
       ServerState& server = job->servers[request->name()];
       server.host = request->host();
+      servers_cv_.notify_all();
       reply->set_model_version(server.model_version);
       MLF_LOG(INFO) << "job " << request->job() << ": server " << request->name() << " on "
                     << request->host();
@@ -295,7 +301,7 @@ grpc::Status SchedulerService::RegisterEntity(grpc::ServerContext*,
 grpc::Status SchedulerService::SubmitUpdate(grpc::ServerContext*,
                                             const v1::SubmitUpdateRequest* request,
                                             v1::SubmitUpdateReply* reply) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto reject = [&](grpc::Status status) {
     ++stats_.rejected;
     MLF_LOG(WARNING) << "rejected push from " << request->src_host() << ": "
@@ -337,6 +343,26 @@ grpc::Status SchedulerService::SubmitUpdate(grpc::ServerContext*,
                                             "' is drained by an operator; it takes no new pushes")));
   }
   auto server = job->servers.find(request->server());
+  bool owned_elsewhere = false;
+  for (const auto& [other_name, other] : jobs_) {
+    owned_elsewhere |= other_name != request->job() && other.servers.count(request->server());
+  }
+  if (server == job->servers.end() && !owned_elsewhere && config_.server_wait_s > 0) {
+    // Workers often start before their server: give it a moment to register.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(config_.server_wait_s));
+    servers_cv_.wait_until(lock, deadline, [&] {
+      return stopping_ || job->servers.count(request->server()) > 0;
+    });
+    server = job->servers.find(request->server());
+    src = hosts_.find(request->src_host());
+    if (src == hosts_.end() || !src->second.alive) {
+      return reject(Precondition(absl::StrCat("src_host '", request->src_host(),
+                                              "' went down while waiting for server '",
+                                              request->server(), "'")));
+    }
+  }
   if (server == job->servers.end()) {
     for (const auto& [other_name, other] : jobs_) {
       if (other_name != request->job() && other.servers.count(request->server())) {
@@ -348,7 +374,8 @@ grpc::Status SchedulerService::SubmitUpdate(grpc::ServerContext*,
       }
     }
     return reject(Precondition(absl::StrCat("server '", request->server(), "' of job '",
-                                            request->job(), "' is not registered")));
+                                            request->job(), "' is not registered (waited ",
+                                            config_.server_wait_s, " s; see server_wait_s)")));
   }
   auto server_host = hosts_.find(server->second.host);
   if (server_host == hosts_.end() || !server_host->second.alive) {

@@ -176,6 +176,7 @@ class SchedulerService final : public v1::Scheduler::Service {
 
   mutable std::mutex mu_;
   std::condition_variable commands_cv_;
+  std::condition_variable servers_cv_;  // a server registered
   std::map<std::string, HostState> hosts_;
   std::map<std::string, JobState> jobs_;
   std::map<uint64_t, UpdateRecord> updates_;

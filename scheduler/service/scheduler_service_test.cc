@@ -4,15 +4,23 @@
 #include "scheduler/service/scheduler_service.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
 
 #include "scheduler/core/fifo_planner.h"
 
 namespace mlfabric {
 namespace {
 
+SchedulerConfig ShortServerWait() {
+  SchedulerConfig config;
+  config.server_wait_s = 0.05;
+  return config;
+}
+
 struct Fixture {
   FakeClock clock{100.0};
-  SchedulerService service{SchedulerConfig{}, &clock, std::make_unique<core::FifoPlanner>()};
+  SchedulerService service{ShortServerWait(), &clock, std::make_unique<core::FifoPlanner>()};
   grpc::ServerContext context;
 
   void RegisterHost(const std::string& name) {
@@ -263,6 +271,18 @@ TEST_CASE("An in-flight transfer past its planned end plus slack fails as timed 
   REQUIRE(f.Push("a", "psA").ok());
   f.service.RunBatchCycle();
   CHECK(f.service.Snapshot().in_flight.size() == 1);
+}
+
+TEST_CASE("A push waits for its server to register (workers may start first)") {
+  MultiJob f;
+  f.Host("s1");
+  f.Host("w1");
+  std::thread late_server([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    REQUIRE(f.Server("a", "token-a", "psA", "s1").ok());
+  });
+  CHECK(f.Push("a", "psA").ok());
+  late_server.join();
 }
 
 TEST_CASE("Admin actions: job parameters and draining") {
