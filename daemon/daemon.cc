@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -167,8 +168,10 @@ absl::Status Daemon::Start() {
   stub_ = v1::Scheduler::NewStub(channel_);
   if (auto status = RegisterHost(); !status.ok()) return status;
 
+  if (auto status = StartMonitor(); !status.ok()) return status;
   threads_.emplace_back([this] { ScheduleStreamLoop(); });
   threads_.emplace_back([this] { SenderLoop(); });
+  threads_.emplace_back([this] { ClockSyncLoop(); });
   threads_.emplace_back([this] { DataAcceptLoop(); });
   threads_.emplace_back([this] { LocalAcceptLoop(); });
   MLF_LOG(INFO) << "host " << config_.host << " serving: data " << data_address_ << ", local "
@@ -212,8 +215,82 @@ absl::Status Daemon::RegisterHost() {
                                              config_.scheduler, ": ", last_error));
 }
 
+void Daemon::ClockSyncLoop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::duration<double>(config_.clock_sync_period_s),
+                   [this] { return stopping_.load(); });
+      if (stopping_.load()) return;
+    }
+    double best_rtt_s = 1e9, best_offset_s = 0;
+    for (int sample = 0; sample < 3; ++sample) {
+      v1::SyncClockRequest request;
+      request.set_host(config_.host);
+      v1::SyncClockReply reply;
+      auto context = RpcContext(1);
+      const double sent_s = clock_.NowSeconds();
+      grpc::Status status = stub_->SyncClock(context.get(), request, &reply);
+      const double received_s = clock_.NowSeconds();
+      if (!status.ok()) break;
+      if (received_s - sent_s < best_rtt_s) {
+        best_rtt_s = received_s - sent_s;
+        best_offset_s = reply.scheduler_time_s() - (sent_s + received_s) / 2;
+      }
+    }
+    if (best_rtt_s == 1e9) continue;  // scheduler unreachable: the stream loop handles it
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::abs(best_offset_s - clock_offset_s_) > 1e-3) {
+      MLF_LOG(INFO) << "clock offset " << clock_offset_s_ * 1e3 << " -> " << best_offset_s * 1e3
+                    << " ms (rtt " << best_rtt_s * 1e3 << " ms)";
+    }
+    clock_offset_s_ = best_offset_s;
+    for (auto& [id, outgoing] : outgoing_) outgoing.pacer->SetClockOffset(best_offset_s);
+  }
+}
+
+absl::Status Daemon::StartMonitor() {
+  if (config_.monitor_interface.empty() && config_.monitor_trace.empty()) return absl::OkStatus();
+  monitor::MonitorConfig mc;
+  mc.interface = config_.monitor_interface;
+  mc.trace = config_.monitor_trace;
+  mc.capacity_up_bps = config_.uplink_bps > 0 ? config_.uplink_bps : 10e9;
+  mc.capacity_down_bps = config_.downlink_bps > 0 ? config_.downlink_bps : 10e9;
+  mc.period_s = config_.monitor_period_s;
+  mc.ewma_tau_s = config_.monitor_ewma_tau_s;
+  mc.report_lag_s = config_.report_lag_s;
+  mc.report_threshold = config_.report_threshold;
+  mc.report_max_interval_s = config_.report_max_interval_s;
+  auto report = [this](double up_bps, double down_bps) {
+    v1::BandwidthReport request;
+    request.set_host(config_.host);
+    request.set_uplink_bps(up_bps);
+    request.set_downlink_bps(down_bps);
+    v1::BandwidthAck ack;
+    auto context = RpcContext(2);
+    grpc::Status status = stub_->ReportBandwidth(context.get(), request, &ack);
+    if (!status.ok()) {
+      MLF_LOG(WARNING) << "cannot report bandwidth: " << GrpcError(status);
+    }
+  };
+  // MLfabric's own data-plane bytes are not background load (DESIGN.md §6).
+  auto own = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return monitor::OwnBytes{static_cast<uint64_t>(stats_.bytes_received),
+                             static_cast<uint64_t>(stats_.bytes_sent)};
+  };
+  auto created = monitor::BandwidthMonitor::Create(mc, &clock_, report, own);
+  if (!created.ok()) return created.status();
+  monitor_ = std::move(*created);
+  monitor_->Start();
+  MLF_LOG(INFO) << "bandwidth monitor on "
+                << (mc.trace.empty() ? "interface " + mc.interface : "trace " + mc.trace);
+  return absl::OkStatus();
+}
+
 void Daemon::Stop() {
   if (stopping_.exchange(true)) return;
+  if (monitor_) monitor_->Stop();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_context_) stream_context_->TryCancel();
@@ -294,6 +371,7 @@ void Daemon::ScheduleStreamLoop() {
       if (!app->registered) continue;
       v1::RegisterEntityRequest entity;
       entity.set_job(app->job);
+      entity.set_job_token(app->job_token);
       entity.set_role(app->role);
       entity.set_name(app->name);
       entity.set_host(config_.host);
@@ -473,6 +551,7 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
   {
     std::lock_guard<std::mutex> lock(mu_);
     app->job = request.job();
+    app->job_token = request.job_token();
     app->name = request.name();
     app->role = request.role();
     app->job_id = entity_reply.job_id();
@@ -622,7 +701,7 @@ void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
   }
   TryDeliverLocked(app->job_id, app->name);
   for (auto& [id, reply] : model_replies_) {
-    if (!reply.done) {
+    if (!reply.done && reply.server_app == app) {
       reply.done = true;
       reply.error = absl::StrCat("server '", app->name, "' disconnected");
     }
@@ -848,7 +927,7 @@ absl::Status Daemon::ServeGetRequest(tcp::socket& socket, const PacketHeader& re
                            "'s daemon");
     } else {
       request_id = next_local_id_++;
-      model_replies_[request_id];
+      model_replies_[request_id].server_app = it->second.app;
       v1::LocalMessage ask;
       ask.mutable_model_request()->set_request_id(request_id);
       auto app = it->second.app;

@@ -47,6 +47,7 @@
 #include "daemon/pacing/pacer.h"
 #include "daemon/queue/priority_packet_queue.h"
 #include "daemon/transport/packet.h"
+#include "monitor/bandwidth_monitor.h"
 #include "proto/scheduler.grpc.pb.h"
 
 namespace mlfabric {
@@ -75,6 +76,7 @@ class Daemon {
   struct AppSession {
     std::shared_ptr<LocalChannel> channel;
     std::string job;
+    std::string job_token;  // kept to register again if the scheduler restarts
     std::string name;
     v1::Role role = v1::ROLE_UNSPECIFIED;
     uint32_t job_id = 0;
@@ -129,6 +131,7 @@ class Daemon {
   };
 
   struct ModelReply {
+    std::shared_ptr<AppSession> server_app;  // who was asked
     bool done = false;
     std::string error;
     int64_t version = 0;
@@ -136,6 +139,10 @@ class Daemon {
   };
 
   absl::Status RegisterHost();
+  absl::Status StartMonitor();
+  // Re-estimates clock_offset_s_ every clock_sync_period_s (best of three
+  // round trips) and hands it to the pacers.
+  void ClockSyncLoop();
   void ScheduleStreamLoop();
   void HandleCommand(const v1::DaemonCommand& command);
 
@@ -214,6 +221,7 @@ class Daemon {
   uint64_t next_local_id_ = 1;
   Stats stats_;
   std::unique_ptr<grpc::ClientContext> stream_context_;
+  std::unique_ptr<monitor::BandwidthMonitor> monitor_;
 
   std::vector<std::thread> threads_;
   std::vector<std::thread> session_threads_;

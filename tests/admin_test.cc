@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "common/clock.h"
@@ -43,14 +45,15 @@ struct AdminCluster {
   int admin_port = 0;
 
   static AdminCluster Start(const std::vector<std::string>& hosts,
-                            std::vector<std::string> extra_flags = {}) {
+                            std::vector<std::string> extra_flags = {},
+                            std::map<std::string, std::vector<std::string>> host_flags = {}) {
     AdminCluster out;
     const std::string dir = launch::MakeTempDir("admin");
     const std::string port_file = dir + "/admin.port";
     std::vector<std::string> flags = {"--admin_port=0", "--admin_port_file=" + port_file,
                                       std::string("--admin_token=") + kToken};
     flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
-    auto cluster = LocalCluster::Start(hosts, flags);
+    auto cluster = LocalCluster::Start(hosts, flags, {}, host_flags);
     INFO(cluster.status().ToString());
     REQUIRE(cluster.ok());
     out.cluster = std::move(*cluster);
@@ -185,6 +188,32 @@ TEST_CASE("POSTs need the token; malformed requests get 4xx; the scheduler keeps
   // Still serving, over HTTP and gRPC.
   CHECK(ac.Get("/api/v1/cluster")["hosts_alive"] == 2);
   CHECK(ac.cluster->scheduler().Running());
+}
+
+TEST_CASE("A daemon's own monitor feeds the scheduler's network view") {
+  // w1's daemon replays N3 scaled to 0.1/1 Gbit/s; its reports reach the
+  // scheduler over the daemon's real ReportBandwidth path.
+  AdminCluster ac = AdminCluster::Start(
+      {"s1", "w1"}, {},
+      {{"w1", {"--monitor_trace=n3,seed=2,period_s=1,scale=0.1", "--report_lag_s=0.2"}}});
+  std::set<double> seen;
+  auto poll = [&] {
+    const json hosts = ac.Get("/api/v1/hosts");
+    for (const json& h : hosts["hosts"]) {
+      if (h["name"] == "w1" && h["reports"].get<int64_t>() > 0) {
+        seen.insert(h["reported_up_bps"].get<double>());
+      }
+    }
+    return seen.size() >= 2;
+  };
+  // N3 at this scale switches between 0.1 and 1 Gbit/s every second.
+  const bool changed = WaitUntil(poll, 20);
+  std::string values;
+  for (double bps : seen) values += std::to_string(bps) + " ";
+  INFO("w1 uplink values seen in the scheduler's view: " << values);
+  INFO("w1 daemon log: " << ac.cluster->daemon("w1").Log());
+  REQUIRE(changed);
+  for (double bps : seen) CHECK((bps == Approx(1e8) || bps == Approx(1e9)));
 }
 
 TEST_CASE("A replayed bandwidth change reaches the network view within lag + period; "

@@ -31,6 +31,7 @@ json StatsJson(const SchedulerStats& s) {
           {"failed", s.failed},
           {"rejected", s.rejected},
           {"timed_out", s.timed_out},
+          {"aggregates", s.aggregates},
           {"bandwidth_reports", s.bandwidth_reports},
           {"plan_ms_total", s.plan_ms_total},
           {"plan_ms_max", s.plan_ms_max}};
@@ -266,6 +267,9 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
   w.Family("mlfabric_scheduler_timed_out_total", "counter",
            "In-flight transfers failed for missing their deadline.");
   w.Sample("mlfabric_scheduler_timed_out_total", {}, s.timed_out);
+  w.Family("mlfabric_scheduler_aggregates_total", "counter",
+           "In-network aggregates dispatched to aggregator daemons (section 5.2).");
+  w.Sample("mlfabric_scheduler_aggregates_total", {}, s.aggregates);
   w.Family("mlfabric_scheduler_bandwidth_reports_total", "counter",
            "ReportBandwidth calls accepted.");
   w.Sample("mlfabric_scheduler_bandwidth_reports_total", {}, s.bandwidth_reports);

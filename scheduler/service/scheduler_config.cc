@@ -45,6 +45,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
         job_reader.Double("divergence_max", &job.divergence_max, 0, 1e12);
         job_reader.Double("momentum", &job.momentum, 0, 0.999999);
         job_reader.Int("priority_class", &job.priority_class, 0, 7);
+        job_reader.StringList("aggregators", &job.aggregators);
         if (auto status = job_reader.Finish(); !status.ok()) {
           reader.AddError("jobs", std::string(status.message()));
           break;
@@ -98,7 +99,8 @@ Every key can be set in the JSON file or as a flag; flags win.
   --admin_token        bearer token for admin POSTs; empty refuses them (default none)
   jobs (file only)     [{"name", "token", "tau_max", "mode" (async|sync|ssp),
                          "staleness_k", "divergence_max", "momentum",
-                         "priority_class" (0..7, 0 = most urgent)}]
+                         "priority_class" (0..7, 0 = most urgent),
+                         "aggregators" (hosts that may aggregate, §5.2)}]
                        (default one job "demo", token "demo-token", tau_max 30)
 )";
 }

@@ -399,6 +399,7 @@ grpc::Status SchedulerService::SubmitUpdate(grpc::ServerContext*,
   record.bytes = request->bytes();
   record.version = request->version();
   record.norm = request->norm();
+  record.dtype = request->dtype();
   record.submitted_s = clock_->NowSeconds();
   server->second.pending.push_back(record.transfer_id);
   reply->set_transfer_id(record.transfer_id);
@@ -456,6 +457,27 @@ grpc::Status SchedulerService::ReportCompletion(grpc::ServerContext*,
                                                 const v1::CompletionReport* request,
                                                 v1::CompletionAck*) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (auto agg = aggregates_.find(request->transfer_id()); agg != aggregates_.end()) {
+    if (!request->applied()) {
+      FailAggregateLocked(agg->first,
+                          request->error().empty() ? "aggregate failed" : request->error());
+      return grpc::Status::OK;
+    }
+    const std::vector<uint64_t> constituents = agg->second.constituents;
+    if (JobState* job = FindJobLocked(agg->second.job)) {
+      ServerState& server = job->servers[agg->second.server];
+      server.model_version = std::max(server.model_version, request->model_version());
+    }
+    aggregates_.erase(agg);
+    // The server applied the constituents as consecutive versions ending at
+    // model_version, in commit order.
+    const int64_t n = static_cast<int64_t>(constituents.size());
+    for (int64_t i = 0; i < n; ++i) {
+      CompleteLocked(constituents[i], v1::OUTCOME_APPLIED, "",
+                     request->model_version() - (n - 1 - i));
+    }
+    return grpc::Status::OK;
+  }
   auto it = updates_.find(request->transfer_id());
   if (it == updates_.end()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -517,6 +539,12 @@ grpc::Status SchedulerService::ResolveServer(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status SchedulerService::SyncClock(grpc::ServerContext*, const v1::SyncClockRequest*,
+                                         v1::SyncClockReply* reply) {
+  reply->set_scheduler_time_s(clock_->NowSeconds());
+  return grpc::Status::OK;
+}
+
 void SchedulerService::EnqueueLocked(const std::string& host, v1::DaemonCommand command) {
   auto it = hosts_.find(host);
   if (it == hosts_.end() || !it->second.alive) return;
@@ -534,7 +562,7 @@ void SchedulerService::CompleteLocked(uint64_t transfer_id, v1::Outcome outcome,
       auto server = job->servers.find(record.server);
       if (server != job->servers.end()) {
         --server->second.in_flight;
-        if (outcome != v1::OUTCOME_APPLIED) {
+        if (outcome != v1::OUTCOME_APPLIED && record.aggregate_id == 0 && record.sequence != 0) {
           // The server's daemon waits for this sequence number: tell it to
           // skip, so later updates are not held back behind it.
           v1::DaemonCommand command;
@@ -592,7 +620,39 @@ void SchedulerService::CompleteLocked(uint64_t transfer_id, v1::Outcome outcome,
     RecordDropLocked(record, outcome,
                      outcome == v1::OUTCOME_DROPPED ? reason : FailureCategory(reason), reason);
   }
+  const uint64_t aggregate_id = outcome == v1::OUTCOME_APPLIED ? 0 : record.aggregate_id;
   updates_.erase(it);
+  // Without this constituent the aggregate can never be complete.
+  if (aggregate_id != 0) {
+    FailAggregateLocked(aggregate_id,
+                        absl::StrCat("constituent ", transfer_id, " failed: ", reason));
+  }
+}
+
+void SchedulerService::FailAggregateLocked(uint64_t aggregate_id, const std::string& reason) {
+  auto it = aggregates_.find(aggregate_id);
+  if (it == aggregates_.end()) return;
+  const AggregateRecord aggregate = std::move(it->second);
+  aggregates_.erase(it);  // before failing constituents, which call back here
+  v1::DaemonCommand cancel_command;
+  v1::CancelDelivery* cancel = cancel_command.mutable_cancel();
+  cancel->set_transfer_id(aggregate_id);
+  cancel->set_server(aggregate.server);
+  cancel->set_sequence(aggregate.sequence);
+  cancel->set_reason(reason);
+  EnqueueLocked(aggregate.host, cancel_command);
+  if (JobState* job = FindJobLocked(aggregate.job)) {
+    auto server = job->servers.find(aggregate.server);
+    if (server != job->servers.end()) EnqueueLocked(server->second.host, cancel_command);
+  }
+  for (uint64_t constituent : aggregate.constituents) {
+    auto record = updates_.find(constituent);
+    if (record == updates_.end()) continue;
+    record->second.aggregate_id = 0;  // the aggregate is gone already
+    record->second.sequence = 0;      // nothing at the server waits for it
+    CompleteLocked(constituent, v1::OUTCOME_FAILED,
+                   absl::StrCat("its in-network aggregate failed: ", reason), 0);
+  }
 }
 
 void SchedulerService::RecordDropLocked(const UpdateRecord& record, v1::Outcome outcome,
@@ -618,6 +678,13 @@ void SchedulerService::MarkHostDownLocked(const std::string& host_name, const st
   host->second.streaming = false;
   host->second.commands.clear();
   MLF_LOG(WARNING) << "host " << host_name << " is down: " << reason;
+  std::vector<uint64_t> aggregates_there;
+  for (const auto& [id, aggregate] : aggregates_) {
+    if (aggregate.host == host_name) aggregates_there.push_back(id);
+  }
+  for (uint64_t id : aggregates_there) {
+    FailAggregateLocked(id, absl::StrCat("aggregator host ", host_name, " is down: ", reason));
+  }
   std::vector<uint64_t> to_fail;
   for (auto& [id, record] : updates_) {
     JobState* job = FindJobLocked(record.job);
@@ -663,6 +730,12 @@ void SchedulerService::ReservationsLocked(
     auto& dst = (*down)[record.planned.dst];
     src.insert(src.end(), record.planned.segments.begin(), record.planned.segments.end());
     dst.insert(dst.end(), record.planned.segments.begin(), record.planned.segments.end());
+  }
+  for (const auto& [id, aggregate] : aggregates_) {
+    auto& src = (*up)[aggregate.planned.src];
+    auto& dst = (*down)[aggregate.planned.dst];
+    src.insert(src.end(), aggregate.planned.segments.begin(), aggregate.planned.segments.end());
+    dst.insert(dst.end(), aggregate.planned.segments.begin(), aggregate.planned.segments.end());
   }
 }
 
@@ -729,11 +802,28 @@ void SchedulerService::RunBatchCycle() {
         batch.server = server.host;
         batch.seed = item.batch_id;
         std::set<std::string> involved = {server.host};
+        // In-network aggregation sums element-wise: only updates of one
+        // numeric type and one size can share an aggregate.
+        bool aggregatable = !job.config.aggregators.empty();
+        const UpdateRecord& first = updates_[server.pending.front()];
         for (uint64_t id : server.pending) {
           const UpdateRecord& record = updates_[id];
           batch.updates.push_back({std::to_string(id), record.src_host, record.bytes,
                                    record.version, record.norm});
           involved.insert(record.src_host);
+          aggregatable = aggregatable && record.dtype != v1::DTYPE_OPAQUE &&
+                         record.dtype == first.dtype && record.bytes == first.bytes;
+        }
+        if (aggregatable) {
+          for (const std::string& name : job.config.aggregators) {
+            auto host = hosts_.find(name);
+            if (name == server.host || host == hosts_.end() || !host->second.alive ||
+                host->second.draining) {
+              continue;
+            }
+            batch.aggregators.push_back(name);
+            involved.insert(name);
+          }
         }
         for (const std::string& name : involved) {
           const HostState& host = hosts_[name];
@@ -849,9 +939,99 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
     if (updates_.count(id)) CompleteLocked(id, v1::OUTCOME_DROPPED, drop.reason, 0);
   }
   std::map<std::string, const core::Transfer*> direct;
+  std::map<std::string, const core::Transfer*> to_aggregator;
+  std::map<std::string, const core::Transfer*> aggregate_of;  // constituent -> aggregate
   for (const core::Transfer& transfer : plan->transfers) {
     if (transfer.kind == core::TransferKind::kDirect) direct[transfer.update] = &transfer;
+    if (transfer.kind == core::TransferKind::kToAggregator) {
+      to_aggregator[transfer.update] = &transfer;
+    }
+    if (transfer.kind == core::TransferKind::kAggregate) {
+      for (const std::string& constituent : transfer.constituents) {
+        aggregate_of[constituent] = &transfer;
+      }
+    }
   }
+  std::map<const core::Transfer*, uint64_t> aggregate_ids;
+  auto add_segments = [](const std::vector<core::RateSegment>& segments,
+                         google::protobuf::RepeatedPtrField<v1::RateSegment>* out) {
+    for (const core::RateSegment& segment : segments) {
+      v1::RateSegment* s = out->Add();
+      s->set_from_s(segment.from_s);
+      s->set_to_s(segment.to_s);
+      s->set_rate_bps(segment.rate_bps);
+    }
+  };
+  // Opens the aggregate the first time one of its constituents comes up in
+  // the commit order; returns its id, or 0 when it cannot be carried out.
+  auto open_aggregate = [&](const core::Transfer& transfer) -> uint64_t {
+    if (auto known = aggregate_ids.find(&transfer); known != aggregate_ids.end()) {
+      return known->second;
+    }
+    uint64_t id = 0;
+    auto host = hosts_.find(transfer.src);
+    std::vector<uint64_t> constituents;
+    for (const std::string& text : transfer.constituents) {
+      const uint64_t constituent = std::stoull(text);
+      if (updates_.count(constituent)) constituents.push_back(constituent);
+    }
+    if (host != hosts_.end() && host->second.alive && !constituents.empty()) {
+      id = next_transfer_id_++;
+      AggregateRecord& aggregate = aggregates_[id];
+      aggregate.id = id;
+      aggregate.job = work.job;
+      aggregate.server = work.server;
+      aggregate.host = transfer.src;
+      aggregate.constituents = constituents;
+      aggregate.sequence = server.next_sequence++;
+      TransferView& planned = aggregate.planned;
+      planned.transfer_id = id;
+      planned.batch_id = work.batch_id;
+      planned.job = work.job;
+      planned.server = work.server;
+      planned.src = transfer.src;
+      planned.dst = server.host;
+      planned.bytes = transfer.bytes;
+      planned.start_s = transfer.start_s;
+      planned.end_s = transfer.end_s;
+      planned.deadline_s = transfer.end_s + config_.transfer_slack_s;
+      planned.segments = transfer.segments;
+      view.transfers.push_back(planned);
+      const UpdateRecord& first = updates_[constituents.front()];
+
+      v1::DaemonCommand expect_command;
+      v1::ExpectDelivery* expect = expect_command.mutable_expect();
+      expect->set_transfer_id(id);
+      expect->set_job_id(job->id);
+      expect->set_server(work.server);
+      expect->set_sequence(aggregate.sequence);
+      expect->set_bytes(transfer.bytes);
+      expect->set_src_host(transfer.src);
+      expect->set_worker(absl::StrCat("aggregate of ", constituents.size()));
+      expect->set_version(first.version);
+      for (uint64_t constituent : constituents) expect->add_constituents(constituent);
+      EnqueueLocked(server.host, std::move(expect_command));
+
+      v1::DaemonCommand task_command;
+      v1::AggregateTask* task = task_command.mutable_aggregate();
+      task->set_aggregate_id(id);
+      task->set_job_id(job->id);
+      for (uint64_t constituent : constituents) {
+        task->add_constituents(constituent);
+        task->add_weights(1.0);  // asynchronous updates are summed as they are
+      }
+      task->set_dst_host(server.host);
+      task->set_dst_address(server_host->second.data_address);
+      task->set_start_s(transfer.start_s);
+      add_segments(transfer.segments, task->mutable_segments());
+      task->set_bytes(transfer.bytes);
+      task->set_dtype(first.dtype);
+      EnqueueLocked(transfer.src, std::move(task_command));
+      ++stats_.aggregates;
+    }
+    aggregate_ids[&transfer] = id;
+    return id;
+  };
   for (const std::string& id_text : plan->order) {
     const uint64_t id = std::stoull(id_text);
     auto it = updates_.find(id);
@@ -859,11 +1039,52 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
     UpdateRecord& record = it->second;
     auto transfer = direct.find(id_text);
     if (transfer == direct.end()) {
-      // Aggregated transfers need the aggregating data plane (issue 4).
-      CompleteLocked(id, v1::OUTCOME_FAILED,
-                     "plan routes the update through an aggregator, which this data plane "
-                     "does not support yet",
-                     0);
+      auto hop = to_aggregator.find(id_text);
+      auto aggregate = aggregate_of.find(id_text);
+      if (hop == to_aggregator.end() || aggregate == aggregate_of.end()) {
+        CompleteLocked(id, v1::OUTCOME_FAILED,
+                       "the plan has no transfer for this update (planner bug)", 0);
+        continue;
+      }
+      const uint64_t aggregate_id = open_aggregate(*aggregate->second);
+      if (aggregate_id == 0) {
+        CompleteLocked(id, v1::OUTCOME_FAILED,
+                       absl::StrCat("aggregator host ", aggregate->second->src, " is down"), 0);
+        continue;
+      }
+      const core::Transfer& to_agg = *hop->second;
+      auto aggregator = hosts_.find(to_agg.dst);
+      record.state = UpdateState::kInFlight;
+      record.sequence = aggregates_[aggregate_id].sequence;
+      record.aggregate_id = aggregate_id;
+      ++server.in_flight;
+      TransferView& planned = record.planned;
+      planned.transfer_id = id;
+      planned.batch_id = work.batch_id;
+      planned.job = work.job;
+      planned.server = work.server;
+      planned.src = record.src_host;
+      planned.dst = to_agg.dst;
+      planned.bytes = record.bytes;
+      planned.start_s = to_agg.start_s;
+      planned.end_s = to_agg.end_s;
+      // It is applied only when its aggregate is.
+      planned.deadline_s = aggregate->second->end_s + config_.transfer_slack_s;
+      planned.segments = to_agg.segments;
+      view.transfers.push_back(planned);
+      ++view.scheduled;
+
+      v1::DaemonCommand send_command;
+      v1::SendTransfer* send = send_command.mutable_send();
+      send->set_transfer_id(id);
+      send->set_job_id(job->id);
+      send->set_dst_host(to_agg.dst);
+      send->set_dst_address(aggregator->second.data_address);
+      send->set_start_s(to_agg.start_s);
+      send->set_bytes(record.bytes);
+      add_segments(to_agg.segments, send->mutable_segments());
+      EnqueueLocked(record.src_host, std::move(send_command));
+      ++stats_.planned;
       continue;
     }
     record.state = UpdateState::kInFlight;

@@ -87,6 +87,8 @@ class SchedulerService final : public v1::Scheduler::Service {
                                v1::BandwidthAck* reply) override;
   grpc::Status ResolveServer(grpc::ServerContext* context, const v1::ResolveServerRequest* request,
                              v1::ResolveServerReply* reply) override;
+  grpc::Status SyncClock(grpc::ServerContext* context, const v1::SyncClockRequest* request,
+                         v1::SyncClockReply* reply) override;
 
  private:
   struct HostState {
@@ -118,8 +120,23 @@ class SchedulerService final : public v1::Scheduler::Service {
     double norm = 0;
     UpdateState state = UpdateState::kPending;
     uint64_t sequence = 0;  // set once planned
+    v1::DType dtype = v1::DTYPE_FLOAT32;
+    uint64_t aggregate_id = 0;  // set when routed through an aggregator
     double submitted_s = 0;
     TransferView planned;   // set once planned (dst, segments, deadline)
+  };
+
+  // An in-network aggregate (§5.2): its constituents go to `host`, which
+  // sums them and sends one transfer to the server, delivered at one
+  // sequence number and applied as constituents.size() updates.
+  struct AggregateRecord {
+    uint64_t id = 0;
+    std::string job;
+    std::string server;
+    std::string host;                   // the aggregator
+    std::vector<uint64_t> constituents; // in commit order
+    uint64_t sequence = 0;
+    TransferView planned;               // aggregator -> server
   };
 
   struct ServerState {
@@ -161,6 +178,9 @@ class SchedulerService final : public v1::Scheduler::Service {
   void CompleteLocked(uint64_t transfer_id, v1::Outcome outcome, const std::string& reason,
                       int64_t applied_version);
   void MarkHostDownLocked(const std::string& host, const std::string& reason);
+  // Fails an aggregate and every constituent still in flight, and tells the
+  // aggregator and the server's daemon to forget it.
+  void FailAggregateLocked(uint64_t aggregate_id, const std::string& reason);
   JobState* FindJobLocked(const std::string& job);
   void ExpireOverdueLocked(double now_s);
   void SampleLinksLocked(double now_s);
@@ -180,6 +200,7 @@ class SchedulerService final : public v1::Scheduler::Service {
   std::map<std::string, HostState> hosts_;
   std::map<std::string, JobState> jobs_;
   std::map<uint64_t, UpdateRecord> updates_;
+  std::map<uint64_t, AggregateRecord> aggregates_;
   uint64_t next_transfer_id_ = 1;
   uint64_t next_incarnation_ = 1;
   uint64_t next_batch_id_ = 1;

@@ -54,12 +54,16 @@ int main(int argc, char** argv) {
     const float* values = reinterpret_cast<const float*>(u.data);
     for (size_t i = 0; i < model.size(); ++i) model[i] += values[i];
     applied += u.count;
+    if (u.count > 1) {
+      std::cout << "sum_server: aggregate of " << u.count << " updates (" << u.worker << ")"
+                << std::endl;
+    }
     if (progress_every > 0 && (applied / progress_every) != ((applied - u.count) / progress_every)) {
       std::cout << "sum_server: applied " << applied << std::endl;
     }
     if (expect_updates > 0 && applied >= expect_updates && applied - u.count < expect_updates) {
       write_model();
-      std::cout << "sum_server: applied " << applied << " updates, version " << version + 1
+      std::cout << "sum_server: applied " << applied << " updates, version " << version + u.count
                 << std::endl;
     }
     version += u.count;

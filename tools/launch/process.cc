@@ -126,7 +126,8 @@ int Subprocess::Stop(double grace_s) {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const std::vector<std::string>& hosts, const std::vector<std::string>& scheduler_flags,
-    const std::vector<std::string>& daemon_flags) {
+    const std::vector<std::string>& daemon_flags,
+    const std::map<std::string, std::vector<std::string>>& host_flags) {
   auto cluster = std::unique_ptr<LocalCluster>(new LocalCluster());
   // Unix socket paths must fit in 108 bytes, which $TEST_TMPDIR may not.
   char dir_template[] = "/tmp/mlfabric-cluster-XXXXXX";
@@ -150,6 +151,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         BinaryPath("daemon/mlfabricd"), "--host=" + host,
         "--scheduler=" + cluster->scheduler_address(), "--local_socket=" + cluster->Socket(host)};
     daemon_argv.insert(daemon_argv.end(), daemon_flags.begin(), daemon_flags.end());
+    if (auto extra = host_flags.find(host); extra != host_flags.end()) {
+      daemon_argv.insert(daemon_argv.end(), extra->second.begin(), extra->second.end());
+    }
     auto daemon = Subprocess::Start(daemon_argv, cluster->dir_ + "/" + host + ".log");
     if (!daemon.ok()) return daemon.status();
     cluster->daemons_[host] = std::move(*daemon);

@@ -64,10 +64,12 @@ class Subprocess {
 class LocalCluster {
  public:
   // Starts mlfabric-scheduler (extra flags appended) and one mlfabricd per
-  // host, each on loopback with its own Unix socket.
+  // host, each on loopback with its own Unix socket. `daemon_flags` go to
+  // every daemon, `host_flags[host]` to that host's only.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(
       const std::vector<std::string>& hosts, const std::vector<std::string>& scheduler_flags = {},
-      const std::vector<std::string>& daemon_flags = {});
+      const std::vector<std::string>& daemon_flags = {},
+      const std::map<std::string, std::vector<std::string>>& host_flags = {});
   ~LocalCluster();
 
   const std::string& dir() const { return dir_; }

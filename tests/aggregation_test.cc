@@ -1,0 +1,154 @@
+// In-network aggregation across real processes (mlfabric.md §5.2): with a
+// slow server link and an aggregator host, the MLfabric planner routes
+// updates through the aggregator's daemon, which sums them and forwards one
+// aggregate; the server must still end with the exact sum, every push
+// applied. Killing the aggregator fails its in-flight pushes in bounded
+// time, and later pushes go direct.
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "tools/launch/process.h"
+
+namespace mlfabric {
+namespace {
+
+using launch::BinaryPath;
+using launch::LocalCluster;
+using launch::ReadFile;
+using launch::Subprocess;
+using launch::WaitUntil;
+
+std::vector<double> ReadVector(const std::string& path) {
+  std::vector<double> values;
+  std::ifstream in(path);
+  double v;
+  while (in >> v) values.push_back(v);
+  return values;
+}
+
+std::string AggregatingConfig() {
+  char path[] = "/tmp/mlfabric-agg-config-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  std::ofstream(path) << R"({"planner": "mlfabric",
+    "jobs": [{"name": "demo", "token": "demo-token", "tau_max": 100000, "aggregators": ["a1"]}]})";
+  return path;
+}
+
+// The server's downlink is 10x slower than everyone else's links, so
+// sending several updates through a1 and one aggregate to s1 beats sending
+// them one after the other.
+std::map<std::string, std::vector<std::string>> SlowServer() {
+  return {{"s1", {"--downlink_bps=1e9"}}};
+}
+
+int CountLines(const std::string& text, const std::string& needle) {
+  int count = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
+  const std::string config = AggregatingConfig();
+  auto cluster = LocalCluster::Start({"s1", "a1", "w1", "w2", "w3"}, {"--config=" + config}, {},
+                                     SlowServer());
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  LocalCluster& c = **cluster;
+  const int kPushes = 20, kDim = 262144;  // 1 MiB updates
+  const std::string model_path = c.dir() + "/model.txt";
+  auto server = c.StartApp("server", {BinaryPath("tests/apps/sum_server"),
+                                      "--socket=" + c.Socket("s1"), "--dim=" + std::to_string(kDim),
+                                      "--expect_updates=" + std::to_string(3 * kPushes),
+                                      "--out=" + model_path});
+  REQUIRE(server.ok());
+  std::vector<Subprocess*> workers;
+  for (int w = 1; w <= 3; ++w) {
+    const std::string name = "w" + std::to_string(w);
+    auto worker = c.StartApp(
+        name, {BinaryPath("tests/apps/vector_worker"), "--socket=" + c.Socket(name),
+               "--name=" + name, "--seed=" + std::to_string(10 + w), "--dim=" + std::to_string(kDim),
+               "--pushes=" + std::to_string(kPushes), "--window=8",
+               "--out=" + c.dir() + "/sum" + name + ".txt"});
+    REQUIRE(worker.ok());
+    workers.push_back(*worker);
+  }
+  for (Subprocess* worker : workers) {
+    auto code = worker->WaitFor(120);
+    INFO(worker->Log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+  }
+  REQUIRE(WaitUntil([&] { return !ReadFile(model_path).empty(); }, 30));
+  std::vector<double> expected(kDim, 0.0);
+  for (int w = 1; w <= 3; ++w) {
+    auto sum = ReadVector(c.dir() + "/sumw" + std::to_string(w) + ".txt");
+    REQUIRE(sum.size() == static_cast<size_t>(kDim));
+    for (int i = 0; i < kDim; ++i) expected[i] += sum[i];
+  }
+  auto model = ReadVector(model_path);
+  REQUIRE(model.size() == static_cast<size_t>(kDim));
+  int mismatches = 0;
+  for (int i = 0; i < kDim; ++i) mismatches += model[i] != expected[i];
+  CHECK(mismatches == 0);
+  // Some deliveries really were aggregates summed by a1's daemon.
+  const int aggregates = CountLines((*server)->Log(), "sum_server: aggregate of");
+  INFO((*server)->Log());
+  CHECK(aggregates > 0);
+  std::printf("aggregation_test: %d of the server's deliveries were in-network aggregates\n",
+              aggregates);
+  std::remove(config.c_str());
+}
+
+TEST_CASE("Killing the aggregator fails its pushes; later pushes go direct") {
+  const std::string config = AggregatingConfig();
+  auto cluster = LocalCluster::Start({"s1", "a1", "w1", "w2"}, {"--config=" + config}, {},
+                                     SlowServer());
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  LocalCluster& c = **cluster;
+  auto server = c.StartApp("server", {BinaryPath("tests/apps/sum_server"),
+                                      "--socket=" + c.Socket("s1"), "--dim=262144"});
+  REQUIRE(server.ok());
+  std::vector<Subprocess*> workers;
+  for (const std::string name : {"w1", "w2"}) {
+    auto worker = c.StartApp(name, {BinaryPath("tests/apps/vector_worker"),
+                                    "--socket=" + c.Socket(name), "--name=" + name,
+                                    "--dim=262144", "--pushes=100000", "--window=8",
+                                    "--get=false"});
+    REQUIRE(worker.ok());
+    workers.push_back(*worker);
+  }
+  REQUIRE(WaitUntil(
+      [&] { return (*server)->Log().find("sum_server: aggregate of") != std::string::npos; }, 60));
+  c.daemon("a1").Signal(SIGKILL);
+  // The workers see failed pushes (they stop at the first) instead of hanging.
+  for (Subprocess* worker : workers) {
+    auto code = worker->WaitFor(60);
+    INFO(worker->Log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 3);
+    CHECK(worker->Log().find("push failed") != std::string::npos);
+  }
+  // With a1 gone, new pushes are planned direct and apply.
+  auto later = c.StartApp("w1-later", {BinaryPath("tests/apps/vector_worker"),
+                                       "--socket=" + c.Socket("w1"), "--name=w1b",
+                                       "--dim=262144", "--pushes=5"});
+  REQUIRE(later.ok());
+  auto code = (*later)->WaitFor(60);
+  INFO((*later)->Log());
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  std::remove(config.c_str());
+}
+
+}  // namespace
+}  // namespace mlfabric
