@@ -81,7 +81,7 @@ Every key can be set in the JSON file or as a flag; flags win.
   --grpc_port          gRPC port, 0 picks a free one     (default 50051)
   --port_file          write the bound port to this file (default none)
   --batch_interval_ms  batching window in milliseconds   (default 100)
-  --planner            fifo | mlfabric                   (default fifo)
+  --planner            mlfabric | fifo (vanilla-PS baseline) (default mlfabric)
   --max_update_bytes   largest push accepted             (default 16 GiB)
   --default_link_bps   NIC capacity when a host gives none (default 1e10)
   --log_level          debug | info | warning | error    (default info)

@@ -34,7 +34,7 @@ struct SchedulerConfig {
   int64_t grpc_port = 50051;                  // 0 = pick a free port
   std::string port_file;                      // write the bound port here
   double batch_interval_ms = 100;             // batching window (§4)
-  std::string planner = "fifo";               // fifo | mlfabric
+  std::string planner = "mlfabric";           // mlfabric | fifo (the vanilla-PS baseline)
   int64_t max_update_bytes = int64_t{16} << 30;  // larger pushes are refused
   double default_link_bps = 10e9;             // capacity when a host reports none
   std::string log_level = "info";

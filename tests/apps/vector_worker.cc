@@ -5,6 +5,7 @@
 //   vector_worker w1: applied=20 dropped=0 failed=0 get_version=57
 // Stops pushing after the first failed push. Exits 0 only if every push
 // was applied, 3 otherwise.
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <fstream>
@@ -50,8 +51,14 @@ int main(int argc, char** argv) {
   std::vector<double> sum(dim, 0.0);
   std::deque<std::future<PushResult>> in_flight;
   int applied = 0, dropped = 0, failed = 0;
+  // The freshest model version this worker knows of: each applied push
+  // tells it (as a worker that keeps getting the model would know).
+  int64_t known_version = (*worker)->initial_version();
   auto settle = [&](PushResult result) {
-    if (result.outcome == PushOutcome::kApplied) ++applied;
+    if (result.outcome == PushOutcome::kApplied) {
+      ++applied;
+      known_version = std::max(known_version, result.applied_version);
+    }
     if (result.outcome == PushOutcome::kDropped) ++dropped;
     if (result.outcome == PushOutcome::kFailed) {
       ++failed;
@@ -73,8 +80,8 @@ int main(int argc, char** argv) {
     std::vector<TensorSpec> tensors = {{0, half, 0},
                                        {1, static_cast<uint64_t>(dim) * sizeof(float) - half, 1}};
     if (half == 0) tensors.erase(tensors.begin());
-    in_flight.push_back((*worker)->Push(server, update.data(), update.size() * sizeof(float), 0,
-                                        std::sqrt(norm2), tensors));
+    in_flight.push_back((*worker)->Push(server, update.data(), update.size() * sizeof(float),
+                                        known_version, std::sqrt(norm2), tensors));
     if (static_cast<int64_t>(in_flight.size()) >= window) {
       settle(in_flight.front().get());
       in_flight.pop_front();

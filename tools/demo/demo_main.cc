@@ -25,7 +25,7 @@ constexpr char kHelp[] = R"(mlfabric-demo: MLfabric end to end on this machine.
 
   --seconds   how long the workers train          (default 8)
   --workers   worker hosts, at least 1            (default 3)
-  --planner   fifo | mlfabric                     (default fifo)
+  --planner   mlfabric | fifo                     (default mlfabric)
   --dim       logistic-regression features        (default 256)
 )";
 
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
   double seconds = 8;
   int64_t workers = 3, dim = 256;
-  std::string planner = "fifo";
+  std::string planner = "mlfabric";
   reader.Double("seconds", &seconds, 1, 3600);
   reader.Int("workers", &workers, 1, 64);
   reader.Int("dim", &dim, 1, 1 << 20);
@@ -139,7 +139,8 @@ int main(int argc, char** argv) {
                 failures, launch::ReadFile(scheduler_log).c_str());
     return 1;
   }
-  std::printf("mlfabric-demo: OK: every push ended applied and the test loss fell; "
+  std::printf("mlfabric-demo: OK: every push ended applied or dropped with a reason, none "
+              "failed, and the test loss fell; "
               "stopping the scheduler and %zu daemons\n",
               hosts.size());
   return 0;
