@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 
+#include "tests/test_util.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
@@ -22,14 +23,7 @@ using launch::LocalCluster;
 using launch::ReadFile;
 using launch::Subprocess;
 using launch::WaitUntil;
-
-std::vector<double> ReadVector(const std::string& path) {
-  std::vector<double> values;
-  std::ifstream in(path);
-  double v;
-  while (in >> v) values.push_back(v);
-  return values;
-}
+using testing::ReadVector;
 
 std::string AggregatingConfig() {
   char path[] = "/tmp/mlfabric-agg-config-XXXXXX";
@@ -46,14 +40,6 @@ std::string AggregatingConfig() {
 // them one after the other.
 std::map<std::string, std::vector<std::string>> SlowServer() {
   return {{"s1", {"--downlink_bps=1e9"}}};
-}
-
-int CountLines(const std::string& text, const std::string& needle) {
-  int count = 0;
-  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
-    ++count;
-  }
-  return count;
 }
 
 TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
@@ -100,7 +86,7 @@ TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
   for (int i = 0; i < kDim; ++i) mismatches += model[i] != expected[i];
   CHECK(mismatches == 0);
   // Some deliveries really were aggregates summed by a1's daemon.
-  const int aggregates = CountLines((*server)->Log(), "sum_server: aggregate of");
+  const int aggregates = testing::CountOccurrences((*server)->Log(), "sum_server: aggregate of");
   INFO((*server)->Log());
   CHECK(aggregates > 0);
   std::printf("aggregation_test: %d of the server's deliveries were in-network aggregates\n",

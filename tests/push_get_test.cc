@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "proto/scheduler.grpc.pb.h"
+#include "tests/test_util.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
@@ -18,14 +19,7 @@ using launch::LocalCluster;
 using launch::ReadFile;
 using launch::Subprocess;
 using launch::WaitUntil;
-
-std::vector<double> ReadVector(const std::string& path) {
-  std::vector<double> values;
-  std::ifstream in(path);
-  double v;
-  while (in >> v) values.push_back(v);
-  return values;
-}
+using testing::ReadVector;
 
 std::string WriteFile(const std::string& dir, const std::string& name, const std::string& text) {
   const std::string path = dir + "/" + name;
@@ -166,15 +160,7 @@ TEST_CASE("Killing a worker's daemon mid-push fails that push; others go on") {
                                   "--pushes=100000", "--window=8", "--get=false"});
   REQUIRE(doomed.ok());
   REQUIRE(WaitUntil(
-      [&] {
-        const std::string log = (*server)->Log();
-        size_t lines = 0;
-        for (size_t at = log.find("sum_server: applied"); at != std::string::npos;
-             at = log.find("sum_server: applied", at + 1)) {
-          ++lines;
-        }
-        return lines >= 5;
-      },
+      [&] { return testing::CountOccurrences((*server)->Log(), "sum_server: applied") >= 5; },
       60));
   c.daemon("w1").Signal(SIGKILL);
 
