@@ -298,7 +298,11 @@ void Daemon::Stop() {
   }
   cv_.notify_all();
   boost::system::error_code ignored;
-  if (data_acceptor_) data_acceptor_->close(ignored);
+  if (data_acceptor_) {
+    // close() alone does not wake a thread blocked in accept(); shutdown does.
+    ::shutdown(data_acceptor_->native_handle(), SHUT_RDWR);
+    data_acceptor_->close(ignored);
+  }
   if (local_listen_fd_ >= 0) ::shutdown(local_listen_fd_, SHUT_RDWR);
   {
     std::lock_guard<std::mutex> lock(peers_mu_);

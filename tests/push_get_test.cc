@@ -186,3 +186,32 @@ TEST_CASE("Killing a worker's daemon mid-push fails that push; others go on") {
 
 }  // namespace
 }  // namespace mlfabric
+
+namespace mlfabric {
+namespace {
+
+TEST_CASE("The scheduler and daemons exit cleanly and promptly on SIGTERM") {
+  auto cluster = launch::LocalCluster::Start({"s1", "w1"});
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  launch::LocalCluster& c = **cluster;
+  auto server = c.StartApp("server", {launch::BinaryPath("tests/apps/sum_server"),
+                                      "--socket=" + c.Socket("s1"), "--dim=64"});
+  REQUIRE(server.ok());
+  auto worker = c.StartApp("w1", {launch::BinaryPath("tests/apps/vector_worker"),
+                                  "--socket=" + c.Socket("w1"), "--name=w1", "--dim=64",
+                                  "--pushes=3"});
+  REQUIRE(worker.ok());
+  REQUIRE((*worker)->WaitFor(60).value_or(-1) == 0);
+  // Stop() sends SIGTERM and only escalates to SIGKILL (exit 137) after
+  // the grace period: exit code 0 means a clean, prompt shutdown.
+  for (const std::string host : {"s1", "w1"}) {
+    INFO(host << ": " << c.daemon(host).Log());
+    CHECK(c.daemon(host).Stop(/*grace_s=*/5) == 0);
+  }
+  INFO(c.scheduler().Log());
+  CHECK(c.scheduler().Stop(/*grace_s=*/5) == 0);
+}
+
+}  // namespace
+}  // namespace mlfabric

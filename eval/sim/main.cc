@@ -1,6 +1,6 @@
 // mlfabric-sim: the discrete-event simulator at scale (issue 7, DESIGN.md §9).
 //
-//   bazel run -c opt //eval/sim:mlfabric-sim -- --workers=30 --compute=C1 --network=N1 \
+//   bazel run -c opt //eval/sim:mlfabric-sim -- --workers=30 --compute=C1 --network=N1
 //       --systems=mlfabric-a-30,async,rr-sync --json_out=/tmp/run.json
 //   bazel run -c opt //eval/sim:mlfabric-sim -- --table2      (C1-C3 x N1-N3 vs paper Table 2)
 //   bazel run -c opt //eval/sim:mlfabric-sim -- --overhead    (§7.4 planner ms per batch)
