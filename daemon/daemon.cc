@@ -254,6 +254,7 @@ absl::Status Daemon::StartMonitor() {
   monitor::MonitorConfig mc;
   mc.interface = config_.monitor_interface;
   mc.trace = config_.monitor_trace;
+  mc.tc_class = config_.monitor_tc_class;
   mc.capacity_up_bps = config_.uplink_bps > 0 ? config_.uplink_bps : 10e9;
   mc.capacity_down_bps = config_.downlink_bps > 0 ? config_.downlink_bps : 10e9;
   mc.period_s = config_.monitor_period_s;

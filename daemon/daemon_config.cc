@@ -28,6 +28,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Enum("log_level", &config.log_level, {"debug", "info", "warning", "error"});
   reader.String("monitor_interface", &config.monitor_interface);
   reader.String("monitor_trace", &config.monitor_trace);
+  reader.String("monitor_tc_class", &config.monitor_tc_class);
   reader.Double("monitor_period_s", &config.monitor_period_s, 0.001, 60);
   reader.Double("monitor_ewma_tau_s", &config.monitor_ewma_tau_s, 0.001, 600);
   reader.Double("report_lag_s", &config.report_lag_s, 0, 60);
@@ -67,6 +68,7 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --log_level           debug | info | warning | error (default info)
   Bandwidth monitor (off unless an interface or a trace is given):
   --monitor_interface   NIC whose /sys counters to sample (default none)
+  --monitor_tc_class    htb class (e.g. 1:10) shaping the NIC: its ceil is the uplink (default none)
   --monitor_trace       replay N1-N3: "n2,seed=3,period_s=5,scale=0.01" (default none)
   --monitor_period_s    sampling period               (default 0.1)
   --monitor_ewma_tau_s  estimator time constant       (default 0.5)

@@ -30,6 +30,7 @@ struct DaemonConfig {
   // Bandwidth monitor (monitor/README.md). Off unless an interface or a
   // trace is given; capacities are uplink_bps/downlink_bps (0 = 10 Gbit/s).
   std::string monitor_interface;             // NIC to sample, e.g. "eth0"
+  std::string monitor_tc_class;              // htb class on the NIC whose ceil is the uplink
   std::string monitor_trace;                 // replay, e.g. "n2,seed=3,period_s=5,scale=0.01"
   double monitor_period_s = 0.1;             // sampling period
   double monitor_ewma_tau_s = 0.5;           // estimator time constant

@@ -42,6 +42,15 @@ absl::StatusOr<std::unique_ptr<BandwidthMonitor>> BandwidthMonitor::Create(
     }
     trace = *parsed;
   }
+  if (!config.tc_class.empty()) {
+    if (config.interface.empty()) {
+      return absl::InvalidArgumentError(
+          "monitor_tc_class: needs monitor_interface (the shaped NIC)");
+    }
+    if (auto ceil = TcClassCapacity(config.interface, config.tc_class).Read(); !ceil.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("monitor_tc_class: ", ceil.status().message()));
+    }
+  }
   if (counters == nullptr && !config.interface.empty()) {
     counters = std::make_unique<SysfsCounterSource>(config.interface, config.sysfs_root);
     if (auto first = counters->Read(); !first.ok()) return first.status();
@@ -79,6 +88,17 @@ void BandwidthMonitor::Tick() {
       counter_error_logged_ = true;
     }
   }
+  std::optional<double> tc_ceil_bps;
+  if (!config_.tc_class.empty() && now_s - last_tc_read_s_ >= 1.0) {
+    last_tc_read_s_ = now_s;
+    auto ceil = TcClassCapacity(config_.interface, config_.tc_class).Read();
+    if (ceil.ok()) {
+      tc_ceil_bps = *ceil;
+    } else if (!tc_error_logged_) {
+      MLF_LOG(WARNING) << "monitor: " << ceil.status().message() << "; keeping the last capacity";
+      tc_error_logged_ = true;
+    }
+  }
   const OwnBytes own = own_ ? own_() : OwnBytes{};
   std::optional<Report> report;
   {
@@ -86,6 +106,10 @@ void BandwidthMonitor::Tick() {
     if (trace_) {
       const TraceRate rate = trace_->RateAt(now_s - trace_start_s_);
       estimator_.SetCapacity(rate.up_bps, rate.down_bps);
+    }
+    if (tc_ceil_bps) {
+      // htb shapes the NIC's egress: the class ceil bounds the uplink.
+      estimator_.SetCapacity(*tc_ceil_bps, config_.capacity_down_bps);
     }
     Estimate estimate = estimator_.Current();
     if (nic) {

@@ -38,6 +38,7 @@
 #include "monitor/estimator.h"
 #include "monitor/report_policy.h"
 #include "monitor/sampler.h"
+#include "monitor/tc_capacity.h"
 #include "monitor/trace.h"
 
 namespace mlfabric::monitor {
@@ -53,6 +54,9 @@ struct MonitorConfig {
   double report_threshold = 0.1;       // relative change that triggers a report
   double report_max_interval_s = 2.0;  // heartbeat
   std::string trace;                   // "" or a BandwidthTrace spec, e.g. "n3,seed=1,period_s=5"
+  // htb class shaping `interface` (e.g. "1:10"): its ceil, read every
+  // second, is the uplink capacity (DESIGN.md §6). "" = off.
+  std::string tc_class;
 };
 
 // Cumulative bytes the daemon itself received and sent.
@@ -102,6 +106,8 @@ class BandwidthMonitor {
   BandwidthEstimator estimator_;
   ReportPolicy policy_;
   bool counter_error_logged_ = false;
+  double last_tc_read_s_ = -1e18;
+  bool tc_error_logged_ = false;
 
   std::mutex run_mu_;
   std::condition_variable run_cv_;
