@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "aggregator/reduce.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -854,6 +855,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
       stats_.bytes_received += header->length;
       auto it = incoming_.find(header->transfer);
       if (it == incoming_.end()) continue;  // cancelled meanwhile
+      if (it->second.first_packet_s < 0) it->second.first_packet_s = clock_.NowSeconds();
       it->second.received += header->length;
       if (it->second.received > it->second.total) {
         close_reason = absl::StrCat("transfer ", header->transfer, " received more than its ",
@@ -862,6 +864,13 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
       }
       if (it->second.received == it->second.total) {
         begun.erase(header->transfer);
+        // Machine-readable arrival trace (CLOCK_MONOTONIC, comparable across
+        // the daemons of one machine): the preemption test and benchmark
+        // read it at --log_level debug.
+        MLF_LOG(DEBUG) << "received transfer " << header->transfer << " bytes "
+                       << it->second.total << " priority " << header->priority
+                       << " first_packet_s " << absl::StrFormat("%.6f", it->second.first_packet_s)
+                       << " complete_s " << absl::StrFormat("%.6f", clock_.NowSeconds());
         if (FoldLocked(header->transfer)) continue;
         std::vector<std::pair<uint32_t, std::string>> endpoints;
         for (const auto& [key, endpoint] : servers_) {

@@ -114,6 +114,7 @@ class Daemon {
     uint32_t job_id = 0;
     uint64_t total = 0;
     uint64_t received = 0;
+    double first_packet_s = -1;  // monotonic time of the first data packet
     std::shared_ptr<SharedBuffer> buffer;
     std::vector<bool> seen;  // per packet slot, rejects duplicates
   };
