@@ -35,6 +35,9 @@ nlohmann::json ResultToJson(const SystemResult& r) {
   j["aggregates"] = r.aggregates;
   j["mean_get_s"] = r.mean_get_s;
   j["mean_push_to_apply_s"] = r.mean_push_to_apply_s;
+  j["get_batches"] = r.get_batches;
+  j["get_batch_mean_machines"] = r.get_batch_mean_machines;
+  j["get_server_sends"] = r.get_server_sends;
   j["accuracy_curve"] = r.accuracy_curve;
   j["planner_calls"] = r.planner_calls;
   j["planner_mean_batch"] = r.planner_mean_batch;
@@ -67,6 +70,8 @@ nlohmann::json ConfigToJson(const SimConfig& c) {
           {"workers_per_host", c.workers_per_host},
           {"intra_host_bps", c.intra_host_bps},
           {"max_outstanding_pushes", c.max_outstanding_pushes},
+          {"get_batching",
+           c.get_batching == SimConfig::GetBatching::kServer ? "server" : "tick"},
           {"server_bps", c.server_bps},
           {"seed", c.seed},
           {"max_sim_s", c.max_sim_s},
@@ -76,17 +81,18 @@ nlohmann::json ConfigToJson(const SimConfig& c) {
 
 std::string SummaryTable(const std::vector<SystemResult>& results) {
   std::ostringstream out;
-  out << absl::StrFormat("%-16s %10s %8s %9s %8s %8s %8s %8s %9s %7s %6s %7s %6s %8s\n",
+  out << absl::StrFormat("%-16s %10s %8s %9s %8s %8s %8s %8s %9s %7s %6s %7s %6s %8s %6s\n",
                          "system", "tta_s", "acc", "sim_s", "rounds/s", "pushed", "applied",
-                         "dropped", "inflight", "delay~", "dmax", "batch~", "aggs", "plan_ms");
+                         "dropped", "inflight", "delay~", "dmax", "batch~", "aggs", "plan_ms",
+                         "get_s");
   for (const SystemResult& r : results) {
     const std::string tta =
         r.reached_target ? absl::StrFormat("%.2f", r.time_to_target_s) : std::string("not");
     out << absl::StrFormat(
-        "%-16s %10s %8.3f %9.2f %8.2f %8d %8d %8d %9d %7.1f %6d %7.1f %6d %8.2f\n", r.system,
-        tta, r.final_accuracy, r.sim_end_s, r.rounds_per_s, r.pushed, r.applied, r.dropped,
-        r.in_flight, r.mean_delay, r.max_delay, r.planner_mean_batch, r.aggregates,
-        r.planner_ms_mean);
+        "%-16s %10s %8.3f %9.2f %8.2f %8d %8d %8d %9d %7.1f %6d %7.1f %6d %8.2f %6.2f\n",
+        r.system, tta, r.final_accuracy, r.sim_end_s, r.rounds_per_s, r.pushed, r.applied,
+        r.dropped, r.in_flight, r.mean_delay, r.max_delay, r.planner_mean_batch, r.aggregates,
+        r.planner_ms_mean, r.mean_get_s);
   }
   return out.str();
 }

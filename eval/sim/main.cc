@@ -43,6 +43,11 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
   --intra_host_bps=R     copy rate between workers of one machine  default 8e10
   --max_outstanding_pushes=P  unresolved pushes per async worker before its
                          get is held (0: unbounded)              default 2
+  --get_batching=server|tick  when model gets are planned (§10.3): server =
+                         requests wait at the server while its uplink still sends
+                         the previous distribution, then form one batch; tick =
+                         every 100 ms tick plans its new requests at once (old)
+                                                                 default server
   --lr=X                 synchronous step size (async: lr/N)   default 0.3
   --class_separation=X   std of the class means (task difficulty)  default 0.5
   --conditioning=X       largest / smallest feature scale          default 30
@@ -77,7 +82,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   int64_t workers_per_host = c.sim.workers_per_host;
   int64_t max_outstanding = c.sim.max_outstanding_pushes;
   int64_t seed = static_cast<int64_t>(c.sim.seed), model_bytes = c.sim.model_bytes;
-  std::string compute = "C1", network = "N1";
+  std::string compute = "C1", network = "N1", get_batching = "server";
   reader.Int("workers", &workers, 2, 1000);
   reader.Enum("compute", &compute, {"C0", "C1", "C2", "C3"});
   reader.Enum("network", &network, {"N0", "N1", "N2", "N3"});
@@ -91,6 +96,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   reader.Int("workers_per_host", &workers_per_host, 1, 1000);
   reader.Double("intra_host_bps", &c.sim.intra_host_bps, 1e6, 1e15);
   reader.Int("max_outstanding_pushes", &max_outstanding, 0, 1000000);
+  reader.Enum("get_batching", &get_batching, {"server", "tick"});
   reader.Double("lr", &c.sim.sgd.lr, 1e-9, 1e3);
   reader.Double("class_separation", &c.sim.sgd.class_separation, 0, 100);
   reader.Double("conditioning", &c.sim.sgd.conditioning, 1, 1e6);
@@ -112,6 +118,8 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   c.sim.max_outstanding_pushes = static_cast<int>(max_outstanding);
   c.sim.seed = static_cast<uint64_t>(seed);
   c.sim.model_bytes = model_bytes;
+  c.sim.get_batching = get_batching == "server" ? SimConfig::GetBatching::kServer
+                                                : SimConfig::GetBatching::kTick;
   ASSIGN_OR_RETURN(c.sim.compute, ComputeSettingByName(compute));
   ASSIGN_OR_RETURN(c.sim.network, NetworkSettingByName(network));
   RETURN_IF_ERROR(ValidateConfig(c.sim));

@@ -99,6 +99,19 @@ struct SimConfig {
   // the old, unpipelined behaviour). The paper states no bound; unbounded
   // only queues more updates that go stale and are dropped (docs/results.md).
   int max_outstanding_pushes = 2;
+  // When MLfabric-A/-S plan a batch of model gets (§10.3). kServer (default):
+  // "At the server, requests are batched and responded with same version of
+  // model": requests wait at the server while its uplink is still sending
+  // the previous distribution, and all that waited form one batch, planned at
+  // the first 100 ms tick at which the previous batch's server sends end
+  // within one interval (the next batch queues right behind them). The model
+  // is the server's model at that tick. kTick (the earlier simulator): every
+  // tick's new requests are planned at once, even when the server uplink is
+  // already reserved seconds ahead, so each small batch gets its own server
+  // sends and its answer is the model as of planning, seconds before it
+  // leaves the server.
+  enum class GetBatching { kServer, kTick };
+  GetBatching get_batching = GetBatching::kServer;
   uint64_t seed = 1;
   double max_sim_s = 600;
   double target_accuracy = 0.70;

@@ -416,7 +416,7 @@ class Mlfabric final : public Harness {
     sim_.At(k * config_.batch_interval_s, [this, k] {
       PruneReservations();
       if (!pending_push_.empty()) PlanPushes();
-      if (!pending_get_.empty()) PlanGets();
+      if (!pending_get_.empty() && GetBatchDue()) PlanGets();
       ScheduleTick(k + 1);
     });
   }
@@ -651,6 +651,14 @@ class Mlfabric final : public Harness {
   }
 
   // --- model distribution (§10.3) -------------------------------------------
+  // kServer: requests keep waiting at the server until the server sends of
+  // the previous distribution end within this batch interval (see
+  // SimConfig::get_batching).
+  bool GetBatchDue() const {
+    if (config_.get_batching == SimConfig::GetBatching::kTick) return true;
+    return server_sends_until_s_ <= sim_.now() + config_.batch_interval_s + 1e-12;
+  }
+
   void PlanGets() {
     core::DistributionRequest request;
     request.now_s = sim_.now();
@@ -685,7 +693,17 @@ class Mlfabric final : public Harness {
       Reserve(t);
       if (t.src != "s") get->outgoing[t.src].push_back(t);
       served.insert(t.dst);
+      if (t.src == "s") {
+        ++result_.get_server_sends;
+        for (const core::RateSegment& seg : t.segments) {
+          server_sends_until_s_ = std::max(server_sends_until_s_, seg.to_s);
+        }
+      }
     }
+    ++result_.get_batches;
+    get_requesters_total_ += static_cast<int64_t>(request.requesters.size());
+    result_.get_batch_mean_machines =
+        static_cast<double>(get_requesters_total_) / result_.get_batches;
     for (const core::Transfer& t : plan->transfers) {
       if (t.src == "s") LaunchModelTransfer(t, get);
     }
@@ -745,6 +763,8 @@ class Mlfabric final : public Harness {
   int64_t next_update_ = 0;
   int64_t batch_count_ = 0;
   int64_t get_count_ = 0;
+  int64_t get_requesters_total_ = 0;
+  double server_sends_until_s_ = 0;  // end of the server's planned model sends
   int arrived_in_round_ = 0;
   double planner_ms_total_ = 0;
   int64_t batch_updates_total_ = 0;

@@ -83,6 +83,12 @@ struct SystemResult {
   // request to the model's arrival, and from push to apply (applied only).
   double mean_get_s = 0;
   double mean_push_to_apply_s = 0;
+  // MLfabric model distribution (§10.3): batches planned, mean requesting
+  // machines per batch, and copies sent by the server itself (direct sends
+  // plus one per distributor used).
+  int64_t get_batches = 0;
+  double get_batch_mean_machines = 0;
+  int64_t get_server_sends = 0;
   std::vector<std::pair<double, double>> accuracy_curve;  // (sim s, accuracy), ~1 per s
   int64_t planner_calls = 0;
   double planner_mean_batch = 0;
