@@ -25,6 +25,7 @@ nlohmann::json ResultToJson(const SystemResult& r) {
   j["model_versions"] = r.model_versions;
   j["gradients_per_s"] = r.gradients_per_s;
   j["rounds_per_s"] = r.rounds_per_s;
+  j["mean_round_s"] = r.mean_round_s;
   nlohmann::json hist = nlohmann::json::object();
   for (const auto& [d, n] : r.delay_histogram) hist[std::to_string(d)] = n;
   j["delay_histogram"] = hist;
@@ -130,9 +131,9 @@ absl::StatusOr<std::vector<Table2Cell>> RunTable2(const SimConfig& base,
 
 std::string Table2Report(const std::vector<Table2Cell>& cells) {
   std::ostringstream out;
-  out << absl::StrFormat("%-6s %10s %10s %9s %7s %9s %7s %9s %9s  %s\n", "cell", "mlf_tta_s",
-                         "rr_tta_s", "speedup", "paper", "mlf_drop%", "batch~", "mlf_rnd/s",
-                         "rr_rnd/s", "reading");
+  out << absl::StrFormat("%-6s %10s %10s %9s %7s %9s %7s %6s %9s %9s  %s\n", "cell",
+                         "mlf_tta_s", "rr_tta_s", "speedup", "paper", "mlf_drop%", "batch~",
+                         "get_s", "mlf_rnd/s", "rr_rnd/s", "reading");
   int agree = 0;
   for (const Table2Cell& c : cells) {
     const double drop_pct =
@@ -152,10 +153,11 @@ std::string Table2Report(const std::vector<Table2Cell>& cells) {
     auto tta = [](const SystemResult& r) {
       return r.reached_target ? absl::StrFormat("%.2f", r.time_to_target_s) : std::string("not");
     };
-    out << absl::StrFormat("%-6s %10s %10s %9.2f %7.2f %9.1f %7.1f %9.2f %9.2f  %s\n",
+    out << absl::StrFormat("%-6s %10s %10s %9.2f %7.2f %9.1f %7.1f %6.2f %9.2f %9.2f  %s\n",
                            c.compute + "-" + c.network, tta(c.mlfabric), tta(c.rr_sync),
                            c.speedup, c.paper, drop_pct, c.mlfabric.planner_mean_batch,
-                           c.mlfabric.rounds_per_s, c.rr_sync.rounds_per_s, reading);
+                           c.mlfabric.mean_get_s, c.mlfabric.rounds_per_s,
+                           c.rr_sync.rounds_per_s, reading);
   }
   out << absl::StrFormat("%d of %zu cells within 25%% of the paper's Table 2\n", agree,
                          cells.size());
@@ -171,6 +173,68 @@ nlohmann::json Table2ToJson(const std::vector<Table2Cell>& cells) {
                  {"paper", c.paper},
                  {"mlfabric", ResultToJson(c.mlfabric)},
                  {"rr_sync", ResultToJson(c.rr_sync)}});
+  }
+  return j;
+}
+
+absl::StatusOr<std::vector<CalibrationRow>> RunCalibration(const SimConfig& base,
+                                                           const ProgressFn& progress) {
+  auto run = [&](const std::string& compute, const std::string& network,
+                 const std::string& system) -> absl::StatusOr<SystemResult> {
+    SimConfig config = base;
+    absl::StatusOr<ComputeSetting> c = ComputeSettingByName(compute);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<NetworkSetting> n = NetworkSettingByName(network);
+    if (!n.ok()) return n.status();
+    config.compute = *c;
+    config.network = *n;
+    absl::StatusOr<SystemSpec> spec = ParseSystem(system);
+    if (!spec.ok()) return spec.status();
+    return RunSystem(config, *spec, progress);
+  };
+  // Seconds per synchronous round; per-worker seconds per asynchronous iteration.
+  auto round_s = [](const SystemResult& r) { return r.mean_round_s; };
+  auto iteration_s = [&base](const SystemResult& r) {
+    return r.pushed > 0 ? r.sim_end_s * base.workers / static_cast<double>(r.pushed) : 0.0;
+  };
+  absl::StatusOr<SystemResult> ring_ideal = run("C0", "N0", "rr-sync");
+  if (!ring_ideal.ok()) return ring_ideal.status();
+  absl::StatusOr<SystemResult> ring_c2n1 = run("C2", "N1", "rr-sync");
+  if (!ring_c2n1.ok()) return ring_c2n1.status();
+  absl::StatusOr<SystemResult> mlf_n2 = run("C1", "N2", "mlfabric-a-30");
+  if (!mlf_n2.ok()) return mlf_n2.status();
+  absl::StatusOr<SystemResult> mlf_n1 = run("C1", "N1", "mlfabric-a-30");
+  if (!mlf_n1.ok()) return mlf_n1.status();
+  std::vector<CalibrationRow> rows;
+  rows.push_back({"RR-Sync communication per round, C0-N0", "§2", "ms", 160,
+                  1000 * (round_s(*ring_ideal) - base.compute_s)});
+  rows.push_back({"RR-Sync round, C0-N0 (paper: 100 ms compute + 160 ms)", "§2", "ms", 260,
+                  1000 * round_s(*ring_ideal)});
+  rows.push_back({"RR-Sync round C2-N1 / round C0-N0", "§2", "x", 8,
+                  round_s(*ring_ideal) > 0 ? round_s(*ring_c2n1) / round_s(*ring_ideal) : 0});
+  rows.push_back({"MLfabric-A-30 per-worker iteration, C1-N2", "§7.1", "ms", 1300,
+                  1000 * iteration_s(*mlf_n2)});
+  rows.push_back({"MLfabric-A-30 dropped updates, C1-N1", "§7.1", "%", 30,
+                  mlf_n1->pushed > 0 ? 100.0 * mlf_n1->dropped / mlf_n1->pushed : 0});
+  return rows;
+}
+
+std::string CalibrationReport(const std::vector<CalibrationRow>& rows) {
+  std::ostringstream out;
+  out << absl::StrFormat("%-56s %5s %9s %9s %7s\n", "quantity", "paper", "paper_val", "sim_val",
+                         "unit");
+  for (const CalibrationRow& r : rows) {
+    out << absl::StrFormat("%-56s %5s %9.1f %9.1f %7s\n", r.quantity, r.section, r.paper, r.sim,
+                           r.unit);
+  }
+  return out.str();
+}
+
+nlohmann::json CalibrationToJson(const std::vector<CalibrationRow>& rows) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const CalibrationRow& r : rows) {
+    j.push_back({{"quantity", r.quantity}, {"section", r.section}, {"unit", r.unit},
+                 {"paper", r.paper}, {"sim", r.sim}});
   }
   return j;
 }

@@ -48,6 +48,27 @@ absl::StatusOr<std::vector<Table2Cell>> RunTable2(const SimConfig& base,
 std::string Table2Report(const std::vector<Table2Cell>& cells);
 nlohmann::json Table2ToJson(const std::vector<Table2Cell>& cells);
 
+// Checks of the simulator's model of time against the figures the paper
+// states outside Table 2 (§2 and §7.1), each measured in this simulator on
+// `base` with compute/network settings replaced as the row says:
+//   §2   ring all-reduce communication of 100 MB, 30 workers, 10 Gbit/s:
+//        160 ms with the two GPUs of a machine aggregated first;
+//   §2   RR-Sync per-iteration time grows 8x with 10% of the workers 4x slower
+//        and 10% of the links at 5 Gbit/s (C2-N1 over C0-N0);
+//   §7.1 MLfabric-A per-iteration time ~1300 ms (N2);
+//   §7.1 MLfabric-A-30 drops 30% of the updates (C1-N1).
+struct CalibrationRow {
+  std::string quantity;
+  std::string section;
+  std::string unit;
+  double paper = 0;
+  double sim = 0;
+};
+absl::StatusOr<std::vector<CalibrationRow>> RunCalibration(const SimConfig& base,
+                                                           const ProgressFn& progress = nullptr);
+std::string CalibrationReport(const std::vector<CalibrationRow>& rows);
+nlohmann::json CalibrationToJson(const std::vector<CalibrationRow>& rows);
+
 struct OverheadRow {
   int updates = 0;  // |U|
   int hosts = 0;    // |U| / 2 worker hosts (§7.4)

@@ -59,6 +59,8 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
   --json_out=FILE        write all results as JSON
   --table2               run the C1-C3 x N1-N3 grid of MLfabric-A vs RR-Sync
   --table2_system=NAME   the MLfabric system of the grid       default mlfabric-a-30
+  --calibration          the simulator against the paper's §2/§7.1 figures (ring
+                         time, RR-Sync slowdown, MLfabric-A iteration time, drops)
   --overhead             §7.4 scheduler overhead for |U| in --overhead_sizes
   --overhead_sizes=LIST  default 10,30,100,250,500,1000
   --quiet                no progress output
@@ -71,6 +73,7 @@ struct CliConfig {
   bool table2 = false;
   std::string table2_system = "mlfabric-a-30";
   bool overhead = false;
+  bool calibration = false;
   std::vector<std::string> overhead_sizes = {"10", "30", "100", "250", "500", "1000"};
   bool quiet = false;
 };
@@ -109,6 +112,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   reader.Bool("table2", &c.table2);
   reader.String("table2_system", &c.table2_system);
   reader.Bool("overhead", &c.overhead);
+  reader.Bool("calibration", &c.calibration);
   reader.StringList("overhead_sizes", &c.overhead_sizes);
   reader.Bool("quiet", &c.quiet);
   RETURN_IF_ERROR(reader.Finish());
@@ -153,7 +157,9 @@ absl::Status Main(int argc, char** argv) {
   // Bare boolean flags (`--table2`) become `--table2=true`.
   std::vector<std::string> args(argv, argv + argc);
   for (std::string& a : args) {
-    if (a == "--table2" || a == "--overhead" || a == "--quiet") a += "=true";
+    if (a == "--table2" || a == "--overhead" || a == "--calibration" || a == "--quiet") {
+      a += "=true";
+    }
   }
   std::vector<const char*> raw;
   for (const std::string& a : args) raw.push_back(a.c_str());
@@ -187,6 +193,17 @@ absl::Status Main(int argc, char** argv) {
                    {"ms_mean", r.ms_mean}, {"ms_max", r.ms_max}});
     }
     return WriteJson(c.json_out, {{"overhead", j}});
+  }
+
+  if (c.calibration) {
+    std::printf("Calibration against the paper's §2/§7.1 figures: %d workers, target accuracy "
+                "%.3f, seed %llu\n",
+                c.sim.workers, c.sim.target_accuracy,
+                static_cast<unsigned long long>(c.sim.seed));
+    ASSIGN_OR_RETURN(std::vector<CalibrationRow> rows, RunCalibration(c.sim, progress));
+    std::cout << CalibrationReport(rows);
+    return WriteJson(c.json_out,
+                     {{"config", ConfigToJson(c.sim)}, {"calibration", CalibrationToJson(rows)}});
   }
 
   if (c.table2) {

@@ -247,6 +247,8 @@ class AllReduce final : public Harness {
   }
 
   void EndRound() {
+    round_s_sum_ += sim_.now() - round_started_s_;
+    result_.mean_round_s = round_s_sum_ / static_cast<double>(round_ + 1);
     SgdTask::Apply(mean_, -config_.sgd.lr, &server_model_);
     ++server_version_;
     result_.applied += config_.workers;
@@ -307,6 +309,7 @@ class AllReduce final : public Harness {
   int64_t round_ = 0;
   int64_t in_flight_ = 0;
   double round_started_s_ = 0;
+  double round_s_sum_ = 0;
   int step_remaining_ = 0;
   int received_ = 0;
   std::vector<int> children_left_;

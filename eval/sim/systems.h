@@ -71,6 +71,7 @@ struct SystemResult {
   int64_t model_versions = 0;    // server model updates (sync: rounds)
   double gradients_per_s = 0;    // applied / sim_end_s
   double rounds_per_s = 0;       // applied / N / sim_end_s ("iterations/s")
+  double mean_round_s = 0;       // rr-sync / tr-sync: mean duration of a completed round
   // Staleness of applied asynchronous gradients: server version at apply
   // minus the version the gradient was computed from.
   std::map<int64_t, int64_t> delay_histogram;

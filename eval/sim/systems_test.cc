@@ -141,6 +141,26 @@ TEST_CASE("the Table 2 grid and the overhead mode have their shape") {
   CHECK(rows[1].ms_mean >= 0);
 }
 
+TEST_CASE("calibration rows carry the paper's figures and the exact ring time") {
+  // Tiny cluster: 6 workers on 3 machines; on C0-N0 a ring round is exactly
+  // compute + 2(N-1) steps of (8M/N bits) at 10 Gbit/s.
+  SimConfig config = Tiny();
+  config.workers_per_host = 2;
+  const std::vector<CalibrationRow> rows = RunCalibration(config).value();
+  REQUIRE(rows.size() == 5);
+  CHECK(rows[0].section == "§2");
+  CHECK(rows[0].paper == 160);
+  CHECK(rows[2].paper == 8);
+  CHECK(rows[3].paper == 1300);
+  CHECK(rows[4].paper == 30);
+  const double comm_ms = 1000 * 2.0 * 5 * (8e8 / 6) / 10e9;
+  CHECK(rows[0].sim == Approx(comm_ms));
+  CHECK(rows[1].sim == Approx(1000 * config.compute_s + comm_ms));
+  CHECK(rows[2].sim > 1);  // stragglers and slower links make rounds longer
+  CHECK(CalibrationReport(rows).find("RR-Sync") != std::string::npos);
+  CHECK(CalibrationToJson(rows).size() == 5);
+}
+
 TEST_CASE("pipelined async workers fill MLfabric-A batches with several updates") {
   // Stated config: 12 workers on 6 machines (2 per machine), aggregators on
   // every worker machine, no stragglers, all NICs 10 Gbit/s, 100 ms
