@@ -1,0 +1,504 @@
+// profile_worker: a training worker with a real network's tensor profile
+// (issue #7 workload (b)). It does no arithmetic: it "computes" by sleeping
+// each layer's scaled forward/backward time (profile_models.h) and moves the
+// layers' real (scaled) gradient sizes through MLfabric.
+//
+// --layout=per_layer (Mercury ablation, mercury.md §II-B, §IV): one server
+// per layer (<server_prefix>L<i>). Each iteration runs the forward pass
+// layer by layer, each layer waiting until its parameters from the previous
+// iteration have come back (the DAG of mercury.md Fig. 1: fp_i needs
+// pull_i); then the backward pass from the last layer to the first, pushing
+// each layer's gradient as soon as it is produced and getting that layer's
+// model back as soon as its push is applied. --variant:
+//   prio   the push carries tensor priority = layer index (front layers
+//          first): a later-produced front layer overtakes the packets of
+//          back layers still queued in the daemon (packet-level priority);
+//   fifo   every push has priority 0: packets leave in arrival order;
+//   whole  whole-tensor transfers: one push at a time, the next only after
+//          the previous one is applied (no packet interleaving at all).
+// Iteration time = time between consecutive forward-pass starts.
+//
+// --layout=single (TensorLights co-located jobs, tensorlights.md §II-III):
+// one server (<server_prefix>model), synchronous training: compute the
+// whole iteration, push the whole gradient (tensors in layer order,
+// priority = layer index for prio, 0 otherwise), then wait at the barrier
+// (--barrier=HOST:PORT, served by profile_server) until every worker of the
+// job has pushed, then get the model. Barrier wait = from handing the
+// gradient over to having the new model (§III "elapsed time between a
+// worker entering the barrier and exiting the barrier").
+//
+// Writes one JSON document to --out (per-iteration timings, push outcomes)
+// and exits 0 if no push or get failed, 3 otherwise (2: bad flags).
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <future>
+#include <iostream>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "api/mlfabric.h"
+#include "common/config.h"
+#include "eval/testbed/apps/profile_models.h"
+#include "nlohmann/json.hpp"
+
+namespace mlfabric::eval {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  ClientOptions client;
+  std::string model = "vgg16";
+  double byte_scale = 50;
+  double compute_scale = 1;
+  std::string layout = "per_layer";
+  std::string variant = "prio";
+  std::string server_prefix;
+  int64_t iterations = 10;
+  std::string barrier;  // HOST:PORT
+  double start_at_unix = 0;
+  std::string out;
+};
+
+class Stopwatch {
+ public:
+  Stopwatch() : t0_(Clock::now()) {}
+  double Now() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
+  // Sleeps until `t` seconds after the start (no-op if already past).
+  void SleepUntil(double t) const {
+    std::this_thread::sleep_until(t0_ + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(t)));
+  }
+
+ private:
+  Clock::time_point t0_;
+};
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+struct PushTally {
+  std::mutex mu;
+  int64_t issued = 0, applied = 0, dropped = 0, failed = 0, gets = 0, get_failures = 0;
+  int64_t delay_sum = 0;
+  std::vector<std::string> errors;
+  void Record(const PushResult& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (r.outcome == PushOutcome::kApplied) {
+      ++applied;
+      delay_sum += r.delay;
+    } else if (r.outcome == PushOutcome::kDropped) {
+      ++dropped;
+    } else {
+      ++failed;
+      if (errors.size() < 5) errors.push_back("push failed: " + r.reason);
+    }
+  }
+  void Got(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++gets;
+    if (!status.ok()) {
+      ++get_failures;
+      if (errors.size() < 5) errors.push_back("get failed: " + std::string(status.message()));
+    }
+  }
+};
+
+// A blocking TCP client for profile_server's barrier: sends the iteration
+// index, returns when the server answers with the same index.
+class BarrierClient {
+ public:
+  ~BarrierClient() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  absl::Status Connect(const std::string& address, double timeout_s) {
+    std::vector<std::string> parts = absl::StrSplit(address, ':');
+    if (parts.size() != 2) return absl::InvalidArgumentError("barrier: expected HOST:PORT");
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+    while (true) {
+      addrinfo hints{};
+      hints.ai_family = AF_INET;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* found = nullptr;
+      if (getaddrinfo(parts[0].c_str(), parts[1].c_str(), &hints, &found) == 0 && found) {
+        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        if (::connect(fd_, found->ai_addr, found->ai_addrlen) == 0) {
+          freeaddrinfo(found);
+          return absl::OkStatus();
+        }
+        ::close(fd_);
+        fd_ = -1;
+        freeaddrinfo(found);
+      }
+      if (Clock::now() > deadline) {
+        return absl::UnavailableError(absl::StrCat("barrier: cannot connect to ", address,
+                                                   " within ", timeout_s, " s"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  absl::Status Wait(uint32_t iteration) {
+    uint32_t wire = htonl(iteration);
+    if (::send(fd_, &wire, sizeof(wire), MSG_NOSIGNAL) != sizeof(wire)) {
+      return absl::UnavailableError("barrier: send failed");
+    }
+    uint32_t reply = 0;
+    size_t got = 0;
+    while (got < sizeof(reply)) {
+      ssize_t n = ::recv(fd_, reinterpret_cast<char*>(&reply) + got, sizeof(reply) - got, 0);
+      if (n <= 0) return absl::UnavailableError("barrier: the server closed the connection");
+      got += static_cast<size_t>(n);
+    }
+    if (ntohl(reply) != iteration) {
+      return absl::DataLossError(absl::StrCat("barrier: released ", ntohl(reply),
+                                              " while waiting for ", iteration));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+nlohmann::json LayersJson(const std::vector<ScaledLayer>& layers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& l : layers) {
+    out.push_back({{"name", l.name}, {"bytes", l.bytes}, {"forward_s", l.forward_s},
+                   {"backward_s", l.backward_s}});
+  }
+  return out;
+}
+
+// ---- --layout=per_layer ----------------------------------------------------
+int RunPerLayer(Worker& worker, const Flags& flags, const std::vector<ScaledLayer>& layers,
+                const Stopwatch& clock, PushTally& tally, nlohmann::json& iterations) {
+  const size_t n = layers.size();
+  std::vector<std::string> servers(n);
+  std::vector<std::vector<float>> grads(n);
+  std::vector<double> norms(n);
+  for (size_t i = 0; i < n; ++i) {
+    servers[i] = absl::StrCat(flags.server_prefix, "L", i);
+    grads[i].assign(layers[i].bytes / 4, 1e-3f);
+    norms[i] = 1e-3 * std::sqrt(static_cast<double>(grads[i].size()));
+  }
+  std::vector<std::atomic<int64_t>> versions(n);
+  std::vector<std::shared_future<double>> available(n);  // time the layer's model arrived
+  std::vector<std::thread> threads;  // guarded by threads_mu (whole: the sender adds too)
+  std::mutex threads_mu;
+  // whole: one sender pushes the layers one at a time, in production order,
+  // each only after the previous one is applied (no packet interleaving).
+  std::mutex queue_mu;
+  std::condition_variable queue_cv;
+  std::deque<std::pair<size_t, std::shared_ptr<std::promise<double>>>> queue;
+  std::thread sender;
+  std::vector<std::vector<std::shared_future<double>>> arrivals;  // per iteration
+
+  // Gets layer i's model (after its push, if any), records the time.
+  auto fetch = [&](size_t i, std::shared_ptr<std::promise<double>> done,
+                   std::future<PushResult> push) {
+    if (push.valid()) tally.Record(push.get());
+    auto model = worker.Get(servers[i]);
+    tally.Got(model.status());
+    if (model.ok()) versions[i] = model->version;
+    done->set_value(clock.Now());
+  };
+  for (size_t i = 0; i < n; ++i) {  // the initial model
+    auto done = std::make_shared<std::promise<double>>();
+    available[i] = done->get_future().share();
+    threads.emplace_back(fetch, i, done, std::future<PushResult>());
+  }
+
+  if (flags.variant == "whole") {
+    sender = std::thread([&] {
+      while (true) {
+        std::pair<size_t, std::shared_ptr<std::promise<double>>> item;
+        {
+          std::unique_lock<std::mutex> lock(queue_mu);
+          queue_cv.wait(lock, [&] { return !queue.empty(); });
+          item = queue.front();
+          queue.pop_front();
+        }
+        const size_t i = item.first;
+        if (i == n) return;
+        {
+          std::lock_guard<std::mutex> lock(tally.mu);
+          ++tally.issued;
+        }
+        PushResult r = worker.Push(servers[i], grads[i].data(), layers[i].bytes, versions[i],
+                                   norms[i], {{0, layers[i].bytes, 0}}).get();
+        std::promise<PushResult> settled;
+        settled.set_value(r);
+        std::lock_guard<std::mutex> lock(threads_mu);
+        threads.emplace_back(fetch, i, item.second, settled.get_future());
+      }
+    });
+  }
+
+  double compute = 0;  // the compute timeline: never sleeps past it twice
+  for (int64_t it = 0; it <= flags.iterations; ++it) {
+    nlohmann::json record;
+    const double fp_start = clock.Now();
+    double stall = 0;
+    compute = std::max(compute, fp_start);
+    for (size_t i = 0; i < n; ++i) {
+      const double t = clock.Now();
+      available[i].wait();
+      const double waited = clock.Now() - t;
+      if (waited > 1e-4) {
+        stall += waited;
+        compute = std::max(compute, clock.Now());
+      }
+      compute += layers[i].forward_s;
+      clock.SleepUntil(compute);
+    }
+    record["iteration"] = it;
+    record["fp_start_s"] = fp_start;
+    record["fp_stall_s"] = stall;
+    if (!iterations.empty()) {
+      iterations.back()["iteration_s"] = fp_start - iterations.back()["fp_start_s"].get<double>();
+      iterations.back()["next_fp_stall_s"] = stall;
+    }
+    if (it == flags.iterations) break;  // the last forward pass only closes the last iteration
+    // Backward pass: last layer first; each gradient goes out when produced.
+    std::vector<std::shared_ptr<std::promise<double>>> done(n);
+    for (size_t i = 0; i < n; ++i) {
+      done[i] = std::make_shared<std::promise<double>>();
+      available[i] = done[i]->get_future().share();
+    }
+    double bp_end = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = n - 1 - k;
+      compute += layers[i].backward_s;
+      clock.SleepUntil(compute);
+      if (flags.variant == "whole") {
+        std::lock_guard<std::mutex> lock(queue_mu);
+        queue.push_back({i, done[i]});
+        queue_cv.notify_one();
+      } else {
+        const int32_t priority = flags.variant == "prio" ? static_cast<int32_t>(i) : 0;
+        {
+          std::lock_guard<std::mutex> lock(tally.mu);
+          ++tally.issued;
+        }
+        std::future<PushResult> push = worker.Push(servers[i], grads[i].data(), layers[i].bytes,
+                                                   versions[i], norms[i],
+                                                   {{0, layers[i].bytes, priority}});
+        std::lock_guard<std::mutex> lock(threads_mu);
+        threads.emplace_back(fetch, i, done[i], std::move(push));
+      }
+    }
+    bp_end = clock.Now();
+    record["bp_end_s"] = bp_end;
+    iterations.push_back(record);
+    arrivals.push_back(available);
+    if (it % 5 == 0) {
+      std::cout << "profile_worker " << flags.client.name << ": iteration " << it << " stall "
+                << stall << " s" << std::endl;
+    }
+  }
+  if (sender.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      queue.push_back({n, nullptr});  // stop
+      queue_cv.notify_one();
+    }
+    sender.join();
+  }
+  for (auto& t : threads) t.join();
+  // When each iteration's models came back, relative to the end of its
+  // backward pass: the first layer (what the next forward pass needs
+  // first) and all layers.
+  for (size_t k = 0; k < arrivals.size(); ++k) {
+    const double bp_end = iterations[k]["bp_end_s"].get<double>();
+    double all = 0;
+    for (const auto& a : arrivals[k]) all = std::max(all, a.get());
+    iterations[k]["front_ready_s"] = arrivals[k][0].get() - bp_end;
+    iterations[k]["all_ready_s"] = all - bp_end;
+  }
+  return 0;
+}
+
+// ---- --layout=single ---------------------------------------------------------
+int RunSingle(Worker& worker, const Flags& flags, const std::vector<ScaledLayer>& layers,
+              const Stopwatch& clock, PushTally& tally, nlohmann::json& iterations) {
+  const std::string server = flags.server_prefix + "model";
+  uint64_t total = 0;
+  double compute_s = 0;
+  std::vector<TensorSpec> tensors;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    tensors.push_back({static_cast<uint32_t>(i), layers[i].bytes,
+                       flags.variant == "prio" ? static_cast<int32_t>(i) : 0});
+    total += layers[i].bytes;
+    compute_s += layers[i].forward_s + layers[i].backward_s;
+  }
+  std::vector<float> grad(total / 4, 1e-3f);
+  const double norm = 1e-3 * std::sqrt(static_cast<double>(grad.size()));
+  BarrierClient barrier;
+  if (!flags.barrier.empty()) {
+    if (auto s = barrier.Connect(flags.barrier, 60); !s.ok()) {
+      std::cerr << "profile_worker: " << s.message() << "\n";
+      return 3;
+    }
+  }
+  auto model = worker.Get(server);
+  tally.Got(model.status());
+  if (!model.ok()) return 3;
+  int64_t version = model->version;
+  double compute = clock.Now();
+  for (int64_t it = 0; it < flags.iterations; ++it) {
+    nlohmann::json record;
+    const double start = clock.Now();
+    compute = std::max(compute, start) + compute_s;
+    clock.SleepUntil(compute);
+    const double enter = clock.Now();
+    {
+      std::lock_guard<std::mutex> lock(tally.mu);
+      ++tally.issued;
+    }
+    PushResult r = worker.Push(server, grad.data(), total, version, norm, tensors).get();
+    tally.Record(r);
+    const double pushed = clock.Now();
+    if (r.outcome == PushOutcome::kFailed) break;
+    if (!flags.barrier.empty()) {
+      if (auto s = barrier.Wait(static_cast<uint32_t>(it)); !s.ok()) {
+        std::lock_guard<std::mutex> lock(tally.mu);
+        tally.errors.push_back(std::string(s.message()));
+        ++tally.failed;
+        break;
+      }
+    }
+    const double released = clock.Now();
+    model = worker.Get(server);
+    tally.Got(model.status());
+    if (!model.ok()) break;
+    version = model->version;
+    const double exit = clock.Now();
+    record["iteration"] = it;
+    record["start_s"] = start;
+    record["enter_s"] = enter;
+    record["push_s"] = pushed - enter;
+    record["released_s"] = released;
+    record["exit_s"] = exit;
+    record["barrier_wait_s"] = exit - enter;
+    record["iteration_s"] = exit - start;
+    record["outcome"] = PushOutcomeName(r.outcome);
+    iterations.push_back(record);
+    if (it % 10 == 0 || it + 1 == flags.iterations) {
+      std::cout << "profile_worker " << flags.client.name << ": iteration " << it
+                << " barrier wait " << exit - enter << " s" << std::endl;
+    }
+  }
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  auto cl = ParseCommandLine(argc, argv);
+  if (!cl.ok()) {
+    std::cerr << "profile_worker: " << cl.status().message() << "\n";
+    return 2;
+  }
+  auto reader = ConfigReader::FromCommandLine(*cl);
+  if (!reader.ok()) {
+    std::cerr << "profile_worker: " << reader.status().message() << "\n";
+    return 2;
+  }
+  Flags flags;
+  flags.client.name = "worker";
+  reader->String("socket", &flags.client.daemon_socket);
+  reader->String("name", &flags.client.name);
+  reader->String("job", &flags.client.job);
+  reader->String("token", &flags.client.job_token);
+  reader->Enum("model", &flags.model, {"vgg16", "resnet50", "resnet32"});
+  reader->Double("byte_scale", &flags.byte_scale, 1, 1e9);
+  reader->Double("compute_scale", &flags.compute_scale, 0, 1e6);
+  reader->Enum("layout", &flags.layout, {"per_layer", "single"});
+  reader->Enum("variant", &flags.variant, {"prio", "fifo", "whole"});
+  reader->String("server_prefix", &flags.server_prefix);
+  reader->Int("iterations", &flags.iterations, 1, 1000000);
+  reader->String("barrier", &flags.barrier);
+  reader->Double("start_at_unix", &flags.start_at_unix, 0, 1e12);
+  reader->String("out", &flags.out);
+  if (flags.layout == "single" && flags.variant == "whole") {
+    reader->AddError("variant", "'whole' needs --layout=per_layer (one push per tensor)");
+  }
+  if (flags.layout == "per_layer" && !flags.barrier.empty()) {
+    reader->AddError("barrier", "the barrier is for --layout=single (synchronous jobs)");
+  }
+  if (auto status = reader->Finish(); !status.ok()) {
+    std::cerr << "profile_worker: " << status.message() << "\n";
+    return 2;
+  }
+  if (cl->help) {
+    std::cout << "profile_worker --model=vgg16|resnet50|resnet32 --layout=per_layer|single "
+                 "--variant=prio|fifo|whole --byte_scale=50 --compute_scale=1 --iterations=10 "
+                 "[--barrier=HOST:PORT] [--server_prefix=P] [--start_at_unix=T] --out=FILE\n";
+    return 0;
+  }
+  const Profile profile = *ProfileByName(flags.model);
+  const std::vector<ScaledLayer> layers = Scale(profile, flags.byte_scale, flags.compute_scale);
+  auto worker = Worker::Connect(flags.client);
+  if (!worker.ok()) {
+    std::cerr << "profile_worker: " << worker.status().message() << "\n";
+    return 3;
+  }
+  if (flags.start_at_unix > 0) {
+    const double wait = flags.start_at_unix - UnixNow();
+    if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+  }
+  PushTally tally;
+  nlohmann::json iterations = nlohmann::json::array();
+  const double start_unix = UnixNow();
+  Stopwatch clock;
+  int rc = flags.layout == "per_layer"
+               ? RunPerLayer(**worker, flags, layers, clock, tally, iterations)
+               : RunSingle(**worker, flags, layers, clock, tally, iterations);
+  const double end_unix = UnixNow();
+  nlohmann::json out = {
+      {"worker", flags.client.name},   {"job", flags.client.job},
+      {"model", flags.model},          {"layout", flags.layout},
+      {"variant", flags.variant},      {"byte_scale", flags.byte_scale},
+      {"compute_scale", flags.compute_scale},
+      {"start_unix", start_unix},      {"end_unix", end_unix},
+      {"layers", LayersJson(layers)},  {"iterations", iterations},
+      {"pushes",
+       {{"issued", tally.issued},
+        {"applied", tally.applied},
+        {"dropped", tally.dropped},
+        {"failed", tally.failed},
+        {"mean_delay", tally.applied ? double(tally.delay_sum) / tally.applied : 0.0}}},
+      {"gets", tally.gets},            {"get_failures", tally.get_failures},
+      {"errors", tally.errors}};
+  if (!flags.out.empty()) {
+    std::ofstream file(flags.out + ".tmp");
+    file << out.dump(1) << "\n";
+    file.close();
+    std::rename((flags.out + ".tmp").c_str(), flags.out.c_str());
+  }
+  std::cout << "profile_worker " << flags.client.name << ": done, " << iterations.size()
+            << " iterations, pushes issued " << tally.issued << " applied " << tally.applied
+            << " dropped " << tally.dropped << " failed " << tally.failed << ", get failures "
+            << tally.get_failures << std::endl;
+  for (const auto& e : tally.errors) std::cout << "  " << e << std::endl;
+  if (rc != 0) return rc;
+  const bool accounted = tally.issued == tally.applied + tally.dropped + tally.failed;
+  return tally.failed == 0 && tally.get_failures == 0 && accounted ? 0 : 3;
+}
+
+}  // namespace
+}  // namespace mlfabric::eval
+
+int main(int argc, char** argv) { return mlfabric::eval::Main(argc, argv); }
