@@ -1,0 +1,88 @@
+// Data-plane test and benchmark server: accepts updates of any size, checks
+// every word of each against dataplane_pusher's pattern (word 0 = seed,
+// word j = (seed + j) mod 4096), and prints one line per delivery in the
+// order the daemon hands them over:
+//   dataplane_server ps0: update sequence 3 transfer 17 bytes 65536 worker w2 count 1 ok
+// ("corrupt at word <j>" instead of "ok" when a word differs). With
+// --expect_updates=K it also prints "dataplane_server ps0: done" after K.
+// The model it serves to `get` is 8 bytes (the version). Runs until its
+// daemon goes away or it is stopped.
+#include <cstring>
+#include <iostream>
+
+#include "api/mlfabric.h"
+#include "common/config.h"
+
+int main(int argc, char** argv) {
+  using namespace mlfabric;
+  auto cl = ParseCommandLine(argc, argv);
+  if (!cl.ok()) {
+    std::cerr << "dataplane_server: " << cl.status().message() << "\n";
+    return 2;
+  }
+  ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
+  ClientOptions options;
+  options.name = "ps0";
+  int64_t expect_updates = 0;
+  bool verify = true;
+  reader.String("socket", &options.daemon_socket);
+  reader.String("name", &options.name);
+  reader.String("job", &options.job);
+  reader.String("token", &options.job_token);
+  reader.Int("expect_updates", &expect_updates, 0, 1 << 30);
+  reader.Bool("verify", &verify);
+  if (auto status = reader.Finish(); !status.ok()) {
+    std::cerr << "dataplane_server: " << status.message() << "\n";
+    return 2;
+  }
+  auto server = Server::Connect(options);
+  if (!server.ok()) {
+    std::cerr << "dataplane_server: " << server.status().message() << "\n";
+    return 1;
+  }
+  int64_t version = (*server)->initial_version();
+  int64_t applied = 0;
+  (*server)->RegisterUpdateCallback([&](const Server::Update& u) -> absl::StatusOr<int64_t> {
+    std::string verdict = "ok";
+    if (verify) {
+      if (u.bytes < 4 || u.bytes % 4 != 0) {
+        verdict = "corrupt: size is not whole words";
+      } else {
+        const size_t words = u.bytes / 4;
+        float first;
+        std::memcpy(&first, u.data, 4);
+        const uint64_t seed = static_cast<uint64_t>(first);
+        for (size_t j = 1; j < words; ++j) {
+          float value;
+          std::memcpy(&value, u.data + 4 * j, 4);
+          if (value != static_cast<float>((seed + j) % 4096)) {
+            verdict = "corrupt at word " + std::to_string(j);
+            break;
+          }
+        }
+      }
+    }
+    applied += u.count;
+    version += u.count;
+    std::cout << "dataplane_server " << options.name << ": update sequence " << u.sequence
+              << " transfer " << u.transfer_id << " bytes " << u.bytes << " worker " << u.worker
+              << " count " << u.count << " " << verdict << std::endl;
+    if (expect_updates > 0 && applied >= expect_updates && applied - u.count < expect_updates) {
+      std::cout << "dataplane_server " << options.name << ": done" << std::endl;
+    }
+    return version;
+  });
+  (*server)->RegisterRequestCallback([&]() -> absl::StatusOr<Server::Snapshot> {
+    Server::Snapshot snapshot;
+    snapshot.version = version;
+    snapshot.bytes.resize(8);
+    std::memcpy(snapshot.bytes.data(), &version, 8);
+    return snapshot;
+  });
+  absl::Status status = (*server)->Serve();
+  if (!status.ok()) {
+    std::cerr << "dataplane_server: " << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
