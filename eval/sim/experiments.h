@@ -73,6 +73,7 @@ struct OverheadRow {
   int updates = 0;  // |U|
   int hosts = 0;    // |U| / 2 worker hosts (§7.4)
   int repetitions = 0;
+  double ms_min = 0;   // least disturbed call (the machine may be shared)
   double ms_mean = 0;
   double ms_max = 0;
   int dropped_mean = 0;

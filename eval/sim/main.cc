@@ -190,7 +190,8 @@ absl::Status Main(int argc, char** argv) {
     nlohmann::json j = nlohmann::json::array();
     for (const OverheadRow& r : rows) {
       j.push_back({{"updates", r.updates}, {"hosts", r.hosts}, {"repetitions", r.repetitions},
-                   {"ms_mean", r.ms_mean}, {"ms_max", r.ms_max}});
+                   {"ms_min", r.ms_min}, {"ms_mean", r.ms_mean}, {"ms_max", r.ms_max},
+                   {"dropped_mean", r.dropped_mean}});
     }
     return WriteJson(c.json_out, {{"overhead", j}});
   }

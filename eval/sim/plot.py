@@ -151,6 +151,9 @@ def overhead(data, out):
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.loglog([r["updates"] for r in rows], [r["ms_mean"] for r in rows], "o-",
               label="core planner, this machine (mean)")
+    if all("ms_min" in r for r in rows):
+        ax.loglog([r["updates"] for r in rows], [r["ms_min"] for r in rows], "v:",
+                  label="core planner, this machine (min)")
     ax.loglog(list(PAPER_OVERHEAD), list(PAPER_OVERHEAD.values()), "s--", color="#777777",
               label="paper §7.4")
     ax.set_xlabel("updates per batch |U| (|U|/2 hosts)")
