@@ -8,8 +8,10 @@
 //                     executed per plan on reserved rate segments; the server
 //                     applies in the plan's commit order. Workers are
 //                     pipelined: push, then at once get the freshest model
-//                     through the core's batched model distribution (§10.3)
-//                     (max_outstanding_pushes bounds unresolved pushes).
+//                     (max_outstanding_pushes bounds unresolved pushes);
+//                     gets wait at the server while it still sends the
+//                     previous batch and are then answered together through
+//                     the core's model distribution (§10.3, get_batching).
 //   mlfabric-s        MLfabric synchronous (§6): the same loop with
 //                     core::Mode::kSync batches; a round ends when all N
 //                     gradients are in; the mean is applied.
