@@ -98,49 +98,31 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeAllReducer(const AllReduceOption
 }
 
 // ------------------------------------------------------- mlfabric backend
+//
+// mlfabric.md §6: AllReduce is push(root, update) then get(root) in
+// synchronous mode. The root is a synchronous-round server (rank
+// `root_rank` runs it in-process) registered with round_size = world size:
+// the scheduler plans every round's pushes over an aggregation tree it
+// builds from the job's workers (Alg. 3), the root's daemon sums the
+// arriving packets and streams each finished packet of the sum back to
+// every rank's get (Mercury PS, mercury.md §IV Key idea 3). Round v is the
+// pushes made at model version v; it yields version v + 1.
 
 namespace internal {
 namespace {
 
-constexpr uint32_t kContributionMagic = 0x4d4c4152;  // "MLAR"
-constexpr uint32_t kResultMagic = 0x4d4c5253;        // "MLRS"
-constexpr int64_t kGoodbyeRound = -2;
-
-struct ContributionHeader {
-  uint32_t magic = kContributionMagic;
-  int32_t dtype = 0;
-  uint64_t count = 0;
-  int64_t round = 0;
-  int32_t rank = 0;
-  int32_t reserved = 0;
-};
-
-struct ResultHeader {
-  uint32_t magic = kResultMagic;
-  int32_t dtype = 0;
-  uint64_t count = 0;
-  int64_t round = -1;
-  uint64_t error_bytes = 0;  // a UTF-8 error follows the header, then the sum
-};
-
-template <typename T>
-void AddInto(uint8_t* sum, const uint8_t* values, size_t count) {
-  T* out = reinterpret_cast<T*>(sum);
-  const T* in = reinterpret_cast<const T*>(values);
-  for (size_t i = 0; i < count; ++i) out[i] += in[i];
-}
-
-void AddBuffers(DataType dtype, uint8_t* sum, const uint8_t* values, size_t count) {
+ElementType ToElementType(DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat32: AddInto<float>(sum, values, count); break;
-    case DataType::kFloat64: AddInto<double>(sum, values, count); break;
-    case DataType::kInt32: AddInto<int32_t>(sum, values, count); break;
-    case DataType::kInt64: AddInto<int64_t>(sum, values, count); break;
+    case DataType::kFloat32: return ElementType::kFloat32;
+    case DataType::kFloat64: return ElementType::kFloat64;
+    case DataType::kInt32: return ElementType::kInt32;
+    case DataType::kInt64: return ElementType::kInt64;
   }
+  return ElementType::kOpaque;
 }
 
-// The root: sums one round's contributions and publishes the result, which
-// every rank then fetches with Get. Callbacks run on the serving thread.
+// The root's server application: its daemon does the summing; it only
+// acknowledges each complete round and tells late joiners the version.
 class RootServer {
  public:
   RootServer(std::unique_ptr<Server> server, int size) : server_(std::move(server)), size_(size) {
@@ -155,81 +137,32 @@ class RootServer {
     if (thread_.joinable()) thread_.join();
   }
 
-  // Waits until every other rank said goodbye (it has fetched its last result).
-  void AwaitGoodbyes(double timeout_s) {
+  // Waits until the round that produces `version` reached this server (so
+  // leaving now does not fail it for the other ranks).
+  void AwaitVersion(int64_t version, double timeout_s) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                 [&] { return goodbyes_ >= size_ - 1; });
+                 [&] { return version_ >= version; });
   }
 
  private:
   absl::StatusOr<int64_t> OnUpdate(const Server::Update& u) {
     std::lock_guard<std::mutex> lock(mu_);
-    ContributionHeader h;
-    if (u.bytes < sizeof(h)) return absl::InvalidArgumentError("AllReduce contribution too short");
-    std::memcpy(&h, u.data, sizeof(h));
-    if (h.magic != kContributionMagic) {
-      return absl::InvalidArgumentError(
-          "not an AllReduce contribution: push to the AllReduce root only through AllReduce");
+    if (u.count != size_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AllReduce root expects rounds of ", size_, " pushes, got ", u.count,
+          ": push to the AllReduce root only through AllReduce"));
     }
-    if (h.round == kGoodbyeRound) {
-      ++goodbyes_;
-      cv_.notify_all();
-      return ++version_;
-    }
-    const DataType dtype = static_cast<DataType>(h.dtype);
-    const uint8_t* values = u.data + sizeof(h);
-    const size_t value_bytes = u.bytes - sizeof(h);
-    if (value_bytes != h.count * DataTypeSize(dtype)) {
-      return absl::InvalidArgumentError("AllReduce contribution length does not match its header");
-    }
-    if (contributions_ == 0) {
-      round_ = h.round;
-      first_ = h;
-      error_.clear();
-      sum_.assign(values, values + value_bytes);
-    } else if (h.round != round_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", h.rank, " sent AllReduce round ", h.round, " while round ", round_,
-          " is in progress: every rank must make the same sequence of AllReduce calls"));
-    } else if (h.dtype != first_.dtype || h.count != first_.count) {
-      if (error_.empty()) {
-        error_ = absl::StrCat("AllReduce inputs differ across ranks: rank ", first_.rank,
-                              " passed ", first_.count, " x ",
-                              DataTypeName(static_cast<DataType>(first_.dtype)), ", rank ",
-                              h.rank, " passed ", h.count, " x ", DataTypeName(dtype));
-      }
-    } else {
-      AddBuffers(dtype, sum_.data(), values, h.count);
-    }
-    if (++contributions_ == size_) {
-      ResultHeader r;
-      r.dtype = first_.dtype;
-      r.count = error_.empty() ? first_.count : 0;
-      r.round = round_;
-      r.error_bytes = error_.size();
-      result_.resize(sizeof(r) + error_.size() + (error_.empty() ? sum_.size() : 0));
-      std::memcpy(result_.data(), &r, sizeof(r));
-      std::memcpy(result_.data() + sizeof(r), error_.data(), error_.size());
-      if (error_.empty() && !sum_.empty()) {
-        std::memcpy(result_.data() + sizeof(r), sum_.data(), sum_.size());
-      }
-      contributions_ = 0;
-    }
-    return ++version_;
+    version_ = std::max(version_, u.version + 1);
+    cv_.notify_all();
+    return version_;
   }
 
   absl::StatusOr<Server::Snapshot> OnRequest() {
     std::lock_guard<std::mutex> lock(mu_);
     Server::Snapshot snapshot;
     snapshot.version = version_;
-    if (result_.empty()) {
-      ResultHeader none;
-      snapshot.bytes.resize(sizeof(none));
-      std::memcpy(snapshot.bytes.data(), &none, sizeof(none));
-    } else {
-      snapshot.bytes = result_;
-    }
+    snapshot.bytes.assign(8, 0);  // a get needs some bytes; the version is the answer
     return snapshot;
   }
 
@@ -240,13 +173,6 @@ class RootServer {
   std::mutex mu_;
   std::condition_variable cv_;
   int64_t version_ = 0;
-  int64_t round_ = -1;
-  int contributions_ = 0;
-  int goodbyes_ = 0;
-  ContributionHeader first_;
-  std::string error_;
-  std::vector<uint8_t> sum_;
-  std::vector<uint8_t> result_;
 };
 
 class MlfabricAllReducer : public AllReducer {
@@ -260,21 +186,9 @@ class MlfabricAllReducer : public AllReducer {
         root_server_(std::move(root_server)) {}
 
   ~MlfabricAllReducer() override {
-    if (root_server_ == nullptr) {
-      ContributionHeader goodbye;
-      goodbye.round = kGoodbyeRound;
-      goodbye.rank = rank();
-      // Retried when the scheduler drops it (deadline rule), so the root does
-      // not wait out its timeout.
-      for (int attempt = 0; attempt < 50; ++attempt) {
-        auto done = worker_->Push(root_, &goodbye, sizeof(goodbye), version_, 0.0);
-        if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) break;
-        if (done.get().outcome != PushOutcome::kDropped) break;
-        if (auto model = worker_->Get(root_); model.ok()) version_ = model->version;
-      }
-    } else {
-      root_server_->AwaitGoodbyes(std::min(timeout_s_, 30.0));
-    }
+    // The root's last round must reach its server application before it
+    // disconnects, or the round would fail for ranks still streaming it.
+    if (root_server_ != nullptr) root_server_->AwaitVersion(version_, std::min(timeout_s_, 30.0));
     worker_.reset();
     root_server_.reset();
   }
@@ -307,98 +221,51 @@ class MlfabricAllReducer : public AllReducer {
     if (DataTypeSize(dtype) == 0) {
       return absl::InvalidArgumentError("unsupported dtype for AllReduce");
     }
-    const int64_t round = next_round_++;
-    ContributionHeader h;
-    h.dtype = static_cast<int32_t>(dtype);
-    h.count = count;
-    h.round = round;
-    h.rank = rank();
-    const size_t value_bytes = count * DataTypeSize(dtype);
-    std::vector<uint8_t> payload(sizeof(h) + value_bytes);
-    std::memcpy(payload.data(), &h, sizeof(h));
-    if (value_bytes > 0) std::memcpy(payload.data() + sizeof(h), data, value_bytes);
+    const size_t bytes = count * DataTypeSize(dtype);
+    if (bytes == 0) return absl::OkStatus();  // nothing to sum, no round used
+    const int64_t round = version_;
+    // A failed round still uses its number (the scheduler moves on too).
+    version_ = round + 1;
+    auto pushed = worker_->Push(root_, data, bytes, round, 0.0, {TensorSpec{0, bytes, 0}},
+                                ToElementType(dtype));
+    // The get streams the sum back as its packets complete at the root.
+    absl::StatusOr<Model> sum = worker_->Get(root_);
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-    // Sync mode never loses a contribution: a push the scheduler dropped
-    // (its deadline rule applies to every server of the job) is pushed again
-    // with the root's current version, until the collective's deadline.
-    int drops = 0;
-    std::string last_drop;
-    while (true) {
-      auto future = worker_->Push(root_, payload.data(), payload.size(), version_, 0.0,
-                                  {TensorSpec{0, payload.size(), 0}});
-      if (future.wait_until(deadline) != std::future_status::ready) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "AllReduce round ", round, ": the push from rank ", rank(), " did not complete in ",
-            timeout_s_, " s (", drops, " drops, last: ", last_drop, ")"));
-      }
-      PushResult result = future.get();
-      if (result.outcome == PushOutcome::kApplied) {
-        version_ = std::max(version_, result.applied_version);
-        break;
-      }
-      if (result.outcome == PushOutcome::kFailed || Clock::now() > deadline) {
-        return absl::UnavailableError(absl::StrCat("AllReduce round ", round, ": rank ", rank(),
-                                                   "'s push ", PushOutcomeName(result.outcome),
-                                                   ": ", result.reason));
-      }
-      ++drops;
-      last_drop = result.reason;
-      if (auto model = worker_->Get(root_); model.ok()) {
-        version_ = std::max(version_, model->version);
-      }
+    if (pushed.wait_until(deadline) != std::future_status::ready) {
+      return absl::DeadlineExceededError(absl::StrCat("AllReduce round ", round, ": rank ", rank(),
+                                                      "'s push did not complete in ", timeout_s_,
+                                                      " s"));
     }
-    dropped_pushes_ += drops;
-    auto sleep = std::chrono::microseconds(200);
-    while (true) {
-      auto model = worker_->Get(root_);
-      if (!model.ok()) {
-        // Today's daemon fails every pending get when any server application
-        // on its host disconnects: retry until the deadline unless the daemon
-        // itself is gone.
-        if (model.status().message().find("lost the connection") == absl::string_view::npos &&
-            Clock::now() < deadline) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          continue;
-        }
-        return absl::UnavailableError(absl::StrCat("AllReduce round ", round,
-                                                   ": cannot get the sum from '", root_,
-                                                   "': ", model.status().message()));
-      }
-      version_ = std::max(version_, model->version);
-      ResultHeader r;
-      if (model->size() < sizeof(r)) return absl::InternalError("short AllReduce result");
-      std::memcpy(&r, model->data(), sizeof(r));
-      if (r.magic != kResultMagic) return absl::InternalError("malformed AllReduce result");
-      if (r.round == round) {
-        if (r.error_bytes > 0) {
-          return absl::InvalidArgumentError(std::string(
-              reinterpret_cast<const char*>(model->data() + sizeof(r)), r.error_bytes));
-        }
-        if (model->size() != sizeof(r) + value_bytes) {
-          return absl::InternalError("AllReduce result has the wrong length");
-        }
-        if (value_bytes > 0) std::memcpy(data, model->data() + sizeof(r), value_bytes);
-        return absl::OkStatus();
-      }
-      if (Clock::now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "AllReduce round ", round, " did not complete in ", timeout_s_,
-            " s: some rank did not call AllReduce (the root has round ", r.round, ")"));
-      }
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, std::chrono::microseconds(5000));
+    const PushResult result = pushed.get();
+    if (result.outcome != PushOutcome::kApplied) {
+      return RoundError(round, absl::StrCat("rank ", rank(), "'s push ",
+                                            PushOutcomeName(result.outcome), ": ", result.reason));
     }
+    if (!sum.ok()) return RoundError(round, std::string(sum.status().message()));
+    if (sum->size() != bytes) {
+      return absl::InternalError(absl::StrCat("AllReduce round ", round, ": the sum has ",
+                                              sum->size(), " bytes, expected ", bytes));
+    }
+    std::memcpy(data, sum->data(), bytes);
+    return absl::OkStatus();
   }
 
  private:
   using Clock = std::chrono::steady_clock;
+
+  static absl::Status RoundError(int64_t round, const std::string& what) {
+    if (what.find("mismatch:") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllReduce inputs differ across ranks (round ", round, "): ", what));
+    }
+    return absl::UnavailableError(absl::StrCat("AllReduce round ", round, ": ", what));
+  }
+
   const std::string root_;
   const double timeout_s_;
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<RootServer> root_server_;
-  int64_t next_round_ = 0;
   int64_t version_ = 0;
-  int64_t dropped_pushes_ = 0;  // contributions the scheduler dropped and we re-pushed
 };
 
 }  // namespace
@@ -416,6 +283,7 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllRedu
   if (rank == options.root_rank) {
     ClientOptions server_options = options.client;
     server_options.name = root;
+    server_options.round_size = size;
     auto server = Server::Connect(server_options);
     if (!server.ok()) {
       return absl::Status(server.status().code(),

@@ -9,12 +9,14 @@
 //   RETURN_IF_ERROR(reducer->AllReduce(grad.data(), grad.size(), DataType::kFloat32));
 //
 // Backends:
-//   mlfabric  sync mode over the PS API: every rank pushes its buffer to a root
-//             server and gets the sum. Today the root is a Server that rank 0
-//             runs in-process ("<job>-allreduce-root" unless named) and the
-//             scheduler orders the pushes like any other; the scheduler-built
-//             aggregation tree of §6 plugs in behind the same push/get pair
-//             without changing this interface.
+//   mlfabric  §6: push(root) + get(root) in synchronous mode. The root is a
+//             synchronous-round server that rank `root_rank` runs in-process
+//             ("<job>-allreduce-root" unless named); the scheduler plans each
+//             round's pushes over an aggregation tree built from the job's
+//             workers (Alg. 3), the root's daemon sums arriving packets and
+//             streams each finished packet of the sum back to every rank's
+//             get (Mercury PS). Inputs that differ across ranks fail the
+//             round on every rank with InvalidArgument.
 //   mpi       Open MPI's MPI_Allreduce on MPI_COMM_WORLD (MPI is initialised
 //             on first use if the program has not done it).
 //   nccl      ncclAllReduce; compiled only when NCCL headers were found at

@@ -35,6 +35,9 @@ absl::StatusOr<std::unique_ptr<LocalChannel>> ConnectAndRegister(const ClientOpt
   body->set_job_token(options.job_token);
   body->set_role(role);
   body->set_name(options.name);
+  body->set_round_size(options.round_size);
+  body->set_delay_bound(options.delay_bound);
+  body->set_divergence_bound(options.divergence_bound);
   if (auto status = channel->Send(hello); !status.ok()) return status;
   v1::LocalMessage reply;
   int reply_fd = -1;
@@ -56,6 +59,13 @@ PushResult Failed(const std::string& reason) {
 }
 
 }  // namespace
+
+static_assert(static_cast<int32_t>(ElementType::kFloat32) == v1::DTYPE_FLOAT32 &&
+                  static_cast<int32_t>(ElementType::kFloat64) == v1::DTYPE_FLOAT64 &&
+                  static_cast<int32_t>(ElementType::kOpaque) == v1::DTYPE_OPAQUE &&
+                  static_cast<int32_t>(ElementType::kInt32) == v1::DTYPE_INT32 &&
+                  static_cast<int32_t>(ElementType::kInt64) == v1::DTYPE_INT64,
+              "ElementType mirrors v1::DType");
 
 const char* PushOutcomeName(PushOutcome outcome) {
   switch (outcome) {
@@ -166,7 +176,7 @@ void Worker::ReaderLoop() {
 
 void Worker::PushAsync(const std::string& server, const void* data, size_t bytes,
                        int64_t version, double norm, std::function<void(PushResult)> done,
-                       const std::vector<TensorSpec>& tensors) {
+                       const std::vector<TensorSpec>& tensors, ElementType type) {
   auto buffer = SharedBuffer::Create(bytes);
   if (!buffer.ok()) {
     done(Failed(absl::StrCat("cannot allocate shared memory for the push: ",
@@ -180,6 +190,8 @@ void Worker::PushAsync(const std::string& server, const void* data, size_t bytes
   push->set_bytes(static_cast<int64_t>(bytes));
   push->set_version(version);
   push->set_norm(norm);
+  // ElementType mirrors v1::DType value for value.
+  push->set_dtype(static_cast<v1::DType>(static_cast<int32_t>(type)));
   for (const TensorSpec& tensor : tensors) {
     v1::TensorInfo* info = push->add_tensors();
     info->set_tensor_id(tensor.id);
@@ -213,12 +225,12 @@ void Worker::PushAsync(const std::string& server, const void* data, size_t bytes
 
 std::future<PushResult> Worker::Push(const std::string& server, const void* data, size_t bytes,
                                      int64_t version, double norm,
-                                     const std::vector<TensorSpec>& tensors) {
+                                     const std::vector<TensorSpec>& tensors, ElementType type) {
   auto promise = std::make_shared<std::promise<PushResult>>();
   std::future<PushResult> future = promise->get_future();
   PushAsync(
       server, data, bytes, version, norm,
-      [promise](PushResult result) { promise->set_value(std::move(result)); }, tensors);
+      [promise](PushResult result) { promise->set_value(std::move(result)); }, tensors, type);
   return future;
 }
 

@@ -49,6 +49,19 @@ struct ClientOptions {
   std::string job_token = "demo-token";
   std::string name;                 // worker or server name
   double connect_timeout_s = 30;    // wait this long for the daemon to come up
+  // Servers: > 0 makes this a synchronous-round (Mercury PS) server: each
+  // round sums exactly `round_size` pushes computed from the same model
+  // version. The server's daemon sums them packet by packet as they arrive
+  // and streams every finished packet of the sum back to the workers' gets
+  // (mercury.md §IV, Key idea 3); the server's update callback then gets the
+  // round once, with count = round_size, and the version advances by one per
+  // round. A worker's Get after its push of round v returns that round's sum
+  // (version v + 1); before any push, the request callback's model.
+  int round_size = 0;
+  // Workers: their delay and divergence bounds (RegistrationParams), sent
+  // to the scheduler; -1 = the job's.
+  int64_t delay_bound = -1;
+  double divergence_bound = -1;
 };
 
 enum class PushOutcome { kApplied, kDropped, kFailed };
@@ -70,6 +83,10 @@ struct TensorSpec {
   int32_t priority = 0;
 };
 
+// Element type of a pushed buffer: what aggregators and synchronous-round
+// servers sum element-wise. kOpaque bytes are never summed in the network.
+enum class ElementType : int32_t { kFloat32 = 0, kFloat64 = 1, kOpaque = 2, kInt32 = 3, kInt64 = 4 };
+
 struct Model {
   int64_t version = 0;
   SharedBuffer buffer;  // the model's bytes, zero-copy from the daemon
@@ -87,10 +104,12 @@ class Worker {
   // divergence bounds).
   std::future<PushResult> Push(const std::string& server, const void* data, size_t bytes,
                                int64_t version, double norm,
-                               const std::vector<TensorSpec>& tensors = {});
+                               const std::vector<TensorSpec>& tensors = {},
+                               ElementType type = ElementType::kFloat32);
   void PushAsync(const std::string& server, const void* data, size_t bytes, int64_t version,
                  double norm, std::function<void(PushResult)> done,
-                 const std::vector<TensorSpec>& tensors = {});
+                 const std::vector<TensorSpec>& tensors = {},
+                 ElementType type = ElementType::kFloat32);
 
   // The server's current model (blocks).
   absl::StatusOr<Model> Get(const std::string& server);

@@ -36,7 +36,10 @@ absl::Status CheckBounds(const RegistrationParams& params) {
 
 absl::StatusOr<std::unique_ptr<Worker>> RegisterAsWorker(const RegistrationParams& params) {
   if (auto status = CheckBounds(params); !status.ok()) return status;
-  return Worker::Connect(params.client);
+  ClientOptions options = params.client;
+  options.delay_bound = params.delay_bound;
+  options.divergence_bound = params.divergence_bound;
+  return Worker::Connect(options);
 }
 
 absl::StatusOr<std::unique_ptr<Server>> RegisterAsServer(const RegistrationParams& params) {

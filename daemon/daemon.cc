@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -381,6 +382,9 @@ void Daemon::ScheduleStreamLoop() {
       entity.set_role(app->role);
       entity.set_name(app->name);
       entity.set_host(config_.host);
+      entity.set_round_size(app->registration.round_size());
+      entity.set_delay_bound(app->registration.delay_bound());
+      entity.set_divergence_bound(app->registration.divergence_bound());
       v1::RegisterEntityReply reply;
       auto context = RpcContext();
       (void)stub_->RegisterEntity(context.get(), entity, &reply);
@@ -402,6 +406,10 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
       break;
     case v1::DaemonCommand::kExpect: {
       const v1::ExpectDelivery& expect = command.expect();
+      if (expect.round_size() > 0) {
+        JoinRoundLocked(expect);
+        break;
+      }
       const std::string key = ServerKey(expect.job_id(), expect.server());
       ServerEndpoint& endpoint = servers_[key];
       Delivery& delivery = endpoint.expected[expect.sequence()];
@@ -418,6 +426,16 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     }
     case v1::DaemonCommand::kCancel: {
       const v1::CancelDelivery& cancel = command.cancel();
+      if (cancel.fail_round()) {
+        FailRoundLocked(RoundLocked(cancel.job_id(), cancel.server(), cancel.round()),
+                        cancel.reason());
+        break;
+      }
+      if (auto member = round_of_.find(cancel.transfer_id()); member != round_of_.end()) {
+        FailRoundLocked(member->second, absl::StrCat("push ", cancel.transfer_id(),
+                                                     " of the round failed: ", cancel.reason()));
+        break;
+      }
       if (aggregations_.count(cancel.transfer_id())) {
         DropAggregationLocked(cancel.transfer_id(), cancel.reason());
         break;
@@ -546,6 +564,9 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
   entity.set_role(request.role());
   entity.set_name(request.name());
   entity.set_host(config_.host);
+  entity.set_round_size(request.round_size());
+  entity.set_delay_bound(request.delay_bound());
+  entity.set_divergence_bound(request.divergence_bound());
   v1::RegisterEntityReply entity_reply;
   auto context = RpcContext();
   grpc::Status status = stub_->RegisterEntity(context.get(), entity, &entity_reply);
@@ -562,6 +583,7 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
     app->role = request.role();
     app->job_id = entity_reply.job_id();
     app->registered = true;
+    app->registration = request;
     if (request.role() == v1::ROLE_SERVER) {
       ServerEndpoint& endpoint = servers_[ServerKey(app->job_id, app->name)];
       endpoint.app = app;
@@ -607,6 +629,8 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
   {
     std::lock_guard<std::mutex> lock(mu_);
     request.set_local_id(next_local_id_++);
+    // Names the round a later get streams back, if the server runs rounds.
+    app->last_round_push[push.server()] = push.version();
   }
   v1::SubmitUpdateReply reply;
   auto context = RpcContext();
@@ -634,13 +658,15 @@ void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGe
   }
   const std::string job = app->job;
   std::lock_guard<std::mutex> lock(mu_);
-  session_threads_.emplace_back([this, app, get, job] {
+  auto pushed = app->last_round_push.find(get.server());
+  const int64_t round = pushed == app->last_round_push.end() ? -1 : pushed->second;
+  session_threads_.emplace_back([this, app, get, job, round] {
     v1::LocalMessage done;
     v1::LocalGetDone* body = done.mutable_get_done();
     body->set_request_id(get.request_id());
     int64_t version = 0;
     std::shared_ptr<SharedBuffer> model;
-    absl::Status status = FetchModel(job, get.server(), &version, &model);
+    absl::Status status = FetchModel(job, get.server(), &version, &model, round);
     if (!status.ok()) {
       body->set_error(std::string(status.message()));
       (void)app->channel->Send(done);
@@ -653,6 +679,34 @@ void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGe
 }
 
 void Daemon::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
+  std::vector<v1::CompletionReport> round_reports;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto delivery = round_deliveries_.find(ack.transfer_id());
+    if (delivery != round_deliveries_.end()) {
+      std::shared_ptr<Round> round = delivery->second;
+      round_deliveries_.erase(delivery);
+      if (round->reported) return;  // failed meanwhile; already reported
+      round->reported = true;
+      // A round advances the model by one version, whatever the callback
+      // returned: it is the version the workers' gets already saw.
+      for (const auto& [member, contributions] : round->members) {
+        v1::CompletionReport report;
+        report.set_host(config_.host);
+        report.set_transfer_id(member);
+        report.set_applied(ack.error().empty());
+        report.set_model_version(round->round + 1);
+        if (!ack.error().empty()) {
+          report.set_error(absl::StrCat("server refused round ", round->round, ": ", ack.error()));
+        }
+        round_reports.push_back(std::move(report));
+      }
+    }
+  }
+  if (!round_reports.empty()) {
+    for (const v1::CompletionReport& report : round_reports) ReportCompletion(report);
+    return;
+  }
   v1::CompletionReport report;
   report.set_host(config_.host);
   report.set_transfer_id(ack.transfer_id());
@@ -706,6 +760,12 @@ void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
                        absl::StrCat("server '", app->name, "' disconnected before applying it"));
   }
   TryDeliverLocked(app->job_id, app->name);
+  const std::string key = ServerKey(app->job_id, app->name);
+  for (auto& [round_key, round] : rounds_) {
+    if (round_key.first == key && !round->reported) {
+      FailRoundLocked(round, absl::StrCat("server '", app->name, "' disconnected"));
+    }
+  }
   for (auto& [id, reply] : model_replies_) {
     if (!reply.done && reply.server_app == app) {
       reply.done = true;
@@ -764,6 +824,325 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
     endpoint.expected.erase(next);
     ++endpoint.next_sequence;
   }
+}
+
+// ------------------------------------------------------ synchronous rounds
+
+namespace {
+
+// Sum chunks: what a worker's get can receive as soon as it is final. The
+// chunking is the receiver's own, so senders may use any packet size.
+constexpr uint64_t kRoundChunkBytes = 32 * 1024;
+
+size_t ElementBytes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32: return sizeof(float);
+    case v1::DTYPE_FLOAT64: return sizeof(double);
+    case v1::DTYPE_INT32: return sizeof(int32_t);
+    case v1::DTYPE_INT64: return sizeof(int64_t);
+    default: return 0;
+  }
+}
+
+template <typename T>
+void AddInts(uint8_t* dst, const uint8_t* src, size_t bytes) {
+  const size_t n = bytes / sizeof(T);
+  T a, b;
+  for (size_t i = 0; i < n; ++i) {  // memcpy: packet payloads need not be aligned
+    std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
+    std::memcpy(&b, src + i * sizeof(T), sizeof(T));
+    a = static_cast<T>(static_cast<std::make_unsigned_t<T>>(a) +
+                       static_cast<std::make_unsigned_t<T>>(b));  // wraps, no UB
+    std::memcpy(dst + i * sizeof(T), &a, sizeof(T));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Daemon::Round> Daemon::RoundLocked(uint32_t job_id, const std::string& server,
+                                                   int64_t round) {
+  const std::string key = ServerKey(job_id, server);
+  auto [it, created] = rounds_.try_emplace({key, round});
+  if (!created) return it->second;
+  it->second = std::make_shared<Round>();
+  it->second->job_id = job_id;
+  it->second->server = server;
+  it->second->round = round;
+  // Keep the previous round for gets that come late; older ones go.
+  for (auto old = rounds_.begin(); old != rounds_.end();) {
+    if (old->first.first == key && old->first.second < round - 1) {
+      if (!old->second->reported) {
+        FailRoundLocked(old->second, absl::StrCat("round ", round, " began"));
+      }
+      for (const auto& [member, contributions] : old->second->members) round_of_.erase(member);
+      old = rounds_.erase(old);
+    } else {
+      ++old;
+    }
+  }
+  return it->second;
+}
+
+void Daemon::JoinRoundLocked(const v1::ExpectDelivery& expect) {
+  std::shared_ptr<Round> round = RoundLocked(expect.job_id(), expect.server(), expect.version());
+  const uint64_t transfer = expect.transfer_id();
+  round_of_[transfer] = round;
+  round->members[transfer] = expect.contributions();
+  if (!round->failed.empty()) {
+    ReportFailureAsync(transfer, absl::StrCat("round ", round->round, " failed: ", round->failed));
+    return;
+  }
+  const size_t element = ElementBytes(expect.dtype());
+  if (round->bytes < 0) {
+    if (element == 0 || expect.bytes() <= 0 || expect.bytes() % element != 0) {
+      FailRoundLocked(round, absl::StrCat("round of ", expect.bytes(), " bytes of ",
+                                          v1::DType_Name(expect.dtype()),
+                                          " cannot be summed element-wise"));
+      return;
+    }
+    auto sum = SharedBuffer::Create(static_cast<size_t>(expect.bytes()));  // zero-filled
+    if (!sum.ok()) {
+      FailRoundLocked(round, std::string(sum.status().message()));
+      return;
+    }
+    round->size = expect.round_size();
+    round->bytes = expect.bytes();
+    round->dtype = expect.dtype();
+    round->sum = std::make_shared<SharedBuffer>(std::move(*sum));
+    round->credited.assign((round->bytes + kRoundChunkBytes - 1) / kRoundChunkBytes, 0);
+    cv_.notify_all();  // gets waiting for the round to begin
+  } else if (expect.round_size() != round->size || expect.bytes() != round->bytes ||
+             expect.dtype() != round->dtype) {
+    FailRoundLocked(round, absl::StrCat("push ", transfer, " (", expect.bytes(), " bytes of ",
+                                        v1::DType_Name(expect.dtype()), ") does not match round ",
+                                        round->round, " (", round->bytes, " bytes of ",
+                                        v1::DType_Name(round->dtype), ")"));
+    return;
+  }
+  round->contributions += expect.contributions();
+  if (expect.contributions() <= 0 || round->contributions > round->size) {
+    FailRoundLocked(round, absl::StrCat("round ", round->round, " was sent ",
+                                        round->contributions, " pushes for ", round->size));
+    return;
+  }
+  auto server = servers_.find(ServerKey(expect.job_id(), expect.server()));
+  if (server == servers_.end() || server->second.app == nullptr) {
+    FailRoundLocked(round, absl::StrCat("server '", expect.server(), "' is not connected to ",
+                                        config_.host, "'s daemon"));
+    return;
+  }
+  // Packets that arrived before this announcement are summed now.
+  auto incoming = incoming_.find(transfer);
+  if (incoming != incoming_.end()) {
+    if (incoming->second.total != static_cast<uint64_t>(expect.bytes())) {
+      FailRoundLocked(round, absl::StrCat("push ", transfer, " arrived with ",
+                                          incoming->second.total, " bytes, not ", expect.bytes()));
+      return;
+    }
+    const auto ranges = std::move(incoming->second.unfolded);
+    incoming->second.unfolded.clear();
+    const std::shared_ptr<SharedBuffer> buffer = incoming->second.buffer;
+    const bool complete = incoming->second.received == incoming->second.total;
+    if (complete) incoming_.erase(incoming);
+    for (const auto& [offset, length] : ranges) {
+      FoldIntoRoundLocked(*round, transfer, buffer->data() + offset, offset, length);
+    }
+  }
+}
+
+void Daemon::FoldIntoRoundLocked(Round& round, uint64_t transfer, const uint8_t* data,
+                                 uint64_t offset, uint32_t length) {
+  if (!round.failed.empty() || round.complete || round.bytes < 0) return;
+  const size_t element = ElementBytes(round.dtype);
+  if (offset % element != 0 || length % element != 0 ||
+      offset + length > static_cast<uint64_t>(round.bytes)) {
+    auto self = rounds_.find({ServerKey(round.job_id, round.server), round.round});
+    if (self != rounds_.end()) {
+      FailRoundLocked(self->second,
+                      absl::StrCat("packet [", offset, ", +", length, ") of push ", transfer,
+                                   " does not fall on ", element, "-byte elements of the round"));
+    }
+    return;
+  }
+  // The sum is kept under mu_: a 32 KiB packet takes microseconds with the
+  // vectorised kernels (aggregator/reduce.h).
+  uint8_t* dst = round.sum->data() + offset;
+  switch (round.dtype) {
+    case v1::DTYPE_FLOAT32: {
+      std::vector<float> values(length / sizeof(float));  // payloads need not be aligned
+      std::memcpy(values.data(), data, length);
+      aggregator::WeightedSum(reinterpret_cast<float*>(dst), values.data(), 1.0f, values.size());
+      break;
+    }
+    case v1::DTYPE_FLOAT64: {
+      std::vector<double> values(length / sizeof(double));
+      std::memcpy(values.data(), data, length);
+      aggregator::WeightedSum(reinterpret_cast<double*>(dst), values.data(), 1.0, values.size());
+      break;
+    }
+    case v1::DTYPE_INT32: AddInts<int32_t>(dst, data, length); break;
+    case v1::DTYPE_INT64: AddInts<int64_t>(dst, data, length); break;
+    default: return;
+  }
+  const uint64_t weight = static_cast<uint64_t>(std::max(1, round.members[transfer]));
+  const uint64_t end = offset + length;
+  bool any_ready = false;
+  for (uint64_t chunk = offset / kRoundChunkBytes; chunk * kRoundChunkBytes < end; ++chunk) {
+    const uint64_t from = std::max(offset, chunk * kRoundChunkBytes);
+    const uint64_t to = std::min(end, (chunk + 1) * kRoundChunkBytes);
+    const uint64_t chunk_bytes =
+        std::min<uint64_t>(kRoundChunkBytes, round.bytes - chunk * kRoundChunkBytes);
+    round.credited[chunk] += (to - from) * weight;
+    if (round.credited[chunk] == chunk_bytes * static_cast<uint64_t>(round.size)) {
+      round.ready.push_back(static_cast<uint32_t>(chunk));
+      any_ready = true;
+    }
+  }
+  if (!any_ready) return;
+  cv_.notify_all();  // ServeRoundGet streams the ready chunks
+  if (round.ready.size() == round.credited.size()) {
+    round.complete = true;
+    auto self = rounds_.find({ServerKey(round.job_id, round.server), round.round});
+    if (self != rounds_.end()) DeliverRoundLocked(self->second);
+  }
+}
+
+void Daemon::DeliverRoundLocked(const std::shared_ptr<Round>& round) {
+  auto server = servers_.find(ServerKey(round->job_id, round->server));
+  if (server == servers_.end() || server->second.app == nullptr) {
+    FailRoundLocked(round, absl::StrCat("server '", round->server, "' is not connected"));
+    return;
+  }
+  // Its own id space: acks for rounds never collide with transfer ids.
+  const uint64_t delivery = (uint64_t{1} << 63) | next_local_id_++;
+  round_deliveries_[delivery] = round;
+  v1::LocalMessage message;
+  v1::LocalUpdate* update = message.mutable_update();
+  update->set_transfer_id(delivery);
+  update->set_worker(absl::StrCat("round of ", round->size));
+  update->set_version(round->round);
+  update->set_bytes(round->bytes);
+  update->set_sequence(static_cast<uint64_t>(round->round) + 1);
+  update->set_count(round->size);
+  absl::Status sent = server->second.app->channel->Send(message, round->sum->fd());
+  if (!sent.ok()) {
+    round_deliveries_.erase(delivery);
+    FailRoundLocked(round, absl::StrCat("cannot hand round ", round->round, " to server '",
+                                        round->server, "': ", sent.message()));
+    return;
+  }
+  ++stats_.deliveries;
+  ++stats_.rounds;
+}
+
+void Daemon::FailRoundLocked(const std::shared_ptr<Round>& round, const std::string& reason) {
+  if (!round->failed.empty() || round->reported) return;
+  round->failed = reason;
+  round->reported = true;
+  MLF_LOG(WARNING) << "round " << round->round << " of server '" << round->server
+                   << "' failed: " << reason;
+  for (const auto& [member, contributions] : round->members) {
+    ReportFailureAsync(member, absl::StrCat("round ", round->round, " failed: ", reason));
+  }
+  cv_.notify_all();
+}
+
+absl::Status Daemon::ServeRoundGet(tcp::socket& socket, const PacketHeader& request,
+                                   const std::string& server, int64_t round_number) {
+  const std::string key = ServerKey(request.job, server);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(config_.round_wait_s));
+  std::shared_ptr<Round> round;
+  std::string error;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto endpoint = servers_.find(key);
+    if (endpoint == servers_.end() || endpoint->second.app == nullptr) {
+      error = absl::StrCat("server '", server, "' is not connected to ", config_.host,
+                           "'s daemon");
+    } else {
+      // The round begins when its first member is announced; a get may come
+      // first (the worker pushed and asked at once).
+      const bool begun = cv_.wait_until(lock, deadline, [&] {
+        auto it = rounds_.find({key, round_number});
+        return stopping_.load() ||
+               (it != rounds_.end() && (it->second->bytes >= 0 || !it->second->failed.empty()));
+      });
+      auto it = rounds_.find({key, round_number});
+      if (stopping_.load()) {
+        error = "the daemon is stopping";
+      } else if (!begun || it == rounds_.end()) {
+        error = absl::StrCat("round ", round_number, " of server '", server,
+                             "' did not begin within ", config_.round_wait_s,
+                             " s (see --round_wait_s): did every worker push?");
+      } else if (!it->second->failed.empty()) {
+        error = absl::StrCat("round ", round_number, " failed: ", it->second->failed);
+      } else {
+        round = it->second;
+      }
+    }
+  }
+  // Reply header as for a model get: offset = bytes; payload = 8-byte
+  // version (the round's result is version round + 1) + error text.
+  const uint64_t version = static_cast<uint64_t>(round_number + 1);
+  std::string payload(8, '\0');
+  for (int i = 0; i < 8; ++i) payload[i] = static_cast<char>(version >> (8 * i));
+  payload += error;
+  PacketHeader reply;
+  reply.kind = PacketKind::kGetReply;
+  reply.job = request.job;
+  reply.transfer = request.transfer;
+  reply.offset = round ? static_cast<uint64_t>(round->bytes) : 0;
+  RETURN_IF_ERROR(WritePacket(socket, reply, payload.data(), payload.size()));
+  if (!round) return absl::OkStatus();
+  const size_t chunks = round->credited.size();
+  size_t sent = 0;
+  while (sent < chunks) {
+    std::vector<uint32_t> ready;
+    std::string failed;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, deadline, [&] {
+        return stopping_.load() || round->ready.size() > sent || !round->failed.empty();
+      });
+      if (!round->failed.empty()) {
+        failed = absl::StrCat("round ", round_number, " failed: ", round->failed);
+      } else if (round->ready.size() > sent) {
+        ready.assign(round->ready.begin() + sent, round->ready.end());
+      } else {
+        failed = stopping_.load() ? std::string("the daemon is stopping")
+                                  : absl::StrCat("round ", round_number, " of server '", server,
+                                                 "' was not complete within ",
+                                                 config_.round_wait_s, " s");
+      }
+    }
+    if (!failed.empty()) {
+      PacketHeader abort;
+      abort.kind = PacketKind::kAbort;
+      abort.job = request.job;
+      abort.transfer = request.transfer;
+      return WritePacket(socket, abort, failed.data(), failed.size());
+    }
+    // Ready chunks are final: they are read without the lock.
+    const size_t payload_bytes = static_cast<size_t>(config_.payload_bytes);
+    for (uint32_t chunk : ready) {
+      const uint64_t begin = uint64_t{chunk} * kRoundChunkBytes;
+      const uint64_t end = std::min<uint64_t>(begin + kRoundChunkBytes, round->bytes);
+      for (uint64_t offset = begin; offset < end; offset += payload_bytes) {
+        const uint32_t length = static_cast<uint32_t>(std::min<uint64_t>(payload_bytes, end - offset));
+        WaitForUnscheduledBudget(length);
+        PacketHeader data;
+        data.kind = PacketKind::kData;
+        data.job = request.job;
+        data.transfer = request.transfer;
+        data.offset = offset;
+        RETURN_IF_ERROR(WritePacket(socket, data, round->sum->data() + offset, length));
+      }
+      ++sent;
+    }
+  }
+  return absl::OkStatus();
 }
 
 // ------------------------------------------------------------ data plane
@@ -862,6 +1241,15 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
                                     it->second.total, " bytes");
         break;
       }
+      // Mercury PS: a member of a synchronous round is summed packet by
+      // packet as it arrives (mercury.md §IV, Key idea 3).
+      auto member = round_of_.find(header->transfer);
+      if (member != round_of_.end()) {
+        FoldIntoRoundLocked(*member->second, header->transfer, dst, header->offset,
+                            header->length);
+      } else {
+        it->second.unfolded.emplace_back(header->offset, header->length);
+      }
       if (it->second.received == it->second.total) {
         begun.erase(header->transfer);
         // Machine-readable arrival trace (CLOCK_MONOTONIC, comparable across
@@ -871,6 +1259,10 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
                        << it->second.total << " priority " << header->priority
                        << " first_packet_s " << absl::StrFormat("%.6f", it->second.first_packet_s)
                        << " complete_s " << absl::StrFormat("%.6f", clock_.NowSeconds());
+        if (member != round_of_.end()) {  // summed already; nothing to deliver
+          incoming_.erase(it);
+          continue;
+        }
         if (FoldLocked(header->transfer)) continue;
         std::vector<std::pair<uint32_t, std::string>> endpoints;
         for (const auto& [key, endpoint] : servers_) {
@@ -895,6 +1287,21 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
       break;
     }
     if (header->kind == PacketKind::kGetRequest) {
+      // offset = round + 1 asks for a synchronous round's sum; 0 = the model.
+      if (header->offset > 0) {
+        if (header->offset > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          close_reason = absl::StrCat("get request names round ", header->offset - 1,
+                                      ", out of range");
+          break;
+        }
+        if (auto status = ServeRoundGet(*socket, *header, payload,
+                                        static_cast<int64_t>(header->offset - 1));
+            !status.ok()) {
+          close_reason = std::string(status.message());
+          break;
+        }
+        continue;
+      }
       if (auto status = ServeGetRequest(*socket, *header, payload); !status.ok()) {
         close_reason = std::string(status.message());
         break;
@@ -925,6 +1332,20 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
     }
   }
   socket->close(ignored);
+}
+
+void Daemon::WaitForUnscheduledBudget(uint32_t bytes) {
+  while (true) {
+    double wait_s = 0;
+    {
+      std::lock_guard<std::mutex> lock(unscheduled_mu_);
+      if (!unscheduled_budget_.has_value()) return;
+      const double now = clock_.NowSeconds();
+      if (unscheduled_budget_->TryConsume(bytes, now)) return;
+      wait_s = unscheduled_budget_->NextSendTime(bytes, now) - now;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait_s, 0.1)));
+  }
 }
 
 absl::Status Daemon::ServeGetRequest(tcp::socket& socket, const PacketHeader& request,
@@ -979,18 +1400,7 @@ absl::Status Daemon::ServeGetRequest(tcp::socket& socket, const PacketHeader& re
   if (!error.empty() || !model) return absl::OkStatus();
   const size_t chunk = static_cast<size_t>(config_.payload_bytes);
   for (size_t offset = 0; offset < model->size(); offset += chunk) {
-    const uint32_t budget_bytes = static_cast<uint32_t>(std::min(chunk, model->size() - offset));
-    while (true) {  // wait for the unscheduled-traffic budget
-      double wait_s = 0;
-      {
-        std::lock_guard<std::mutex> lock(unscheduled_mu_);
-        if (!unscheduled_budget_.has_value()) break;
-        const double now = clock_.NowSeconds();
-        if (unscheduled_budget_->TryConsume(budget_bytes, now)) break;
-        wait_s = unscheduled_budget_->NextSendTime(budget_bytes, now) - now;
-      }
-      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait_s, 0.1)));
-    }
+    WaitForUnscheduledBudget(static_cast<uint32_t>(std::min(chunk, model->size() - offset)));
     PacketHeader data;
     data.kind = PacketKind::kData;
     data.job = request.job;
@@ -1005,7 +1415,8 @@ absl::Status Daemon::ServeGetRequest(tcp::socket& socket, const PacketHeader& re
 }
 
 absl::Status Daemon::FetchModel(const std::string& job, const std::string& server,
-                                int64_t* version, std::shared_ptr<SharedBuffer>* model) {
+                                int64_t* version, std::shared_ptr<SharedBuffer>* model,
+                                int64_t round) {
   v1::ResolveServerRequest resolve;
   resolve.set_job(job);
   resolve.set_server(server);
@@ -1026,6 +1437,9 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   PacketHeader request;
   request.kind = PacketKind::kGetRequest;
   request.job = where.job_id();
+  // A synchronous-round server answers a worker that pushed round r with
+  // that round's sum, streamed as its chunks complete (Mercury PS).
+  if (where.round_size() > 0 && round >= 0) request.offset = static_cast<uint64_t>(round) + 1;
   {
     std::lock_guard<std::mutex> lock(mu_);
     request.transfer = next_local_id_++;
@@ -1055,6 +1469,11 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
     auto data = ReadHeader(socket);
     if (!data.ok()) {
       return absl::UnavailableError(absl::StrCat("get: model transfer cut: ", data.status().message()));
+    }
+    if (data->kind == PacketKind::kAbort && data->length <= transport::kMaxControlBytes) {
+      std::string reason(data->length, '\0');
+      if (auto read = ReadExact(socket, reason.data(), reason.size()); !read.ok()) return read;
+      return absl::AbortedError(reason);
     }
     if (data->kind != PacketKind::kData || data->offset > reply->offset ||
         data->length > reply->offset - data->offset) {

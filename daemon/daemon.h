@@ -69,6 +69,7 @@ class Daemon {
     int64_t deliveries = 0;
     int64_t malformed_sessions = 0;
     int64_t aggregates = 0;
+    int64_t rounds = 0;  // synchronous rounds delivered (Mercury PS)
   };
   Stats GetStats() const;
 
@@ -81,6 +82,10 @@ class Daemon {
     v1::Role role = v1::ROLE_UNSPECIFIED;
     uint32_t job_id = 0;
     bool registered = false;
+    v1::LocalRegister registration;  // as asked, to register again
+    // Synchronous-round servers: the version of this app's latest push to
+    // each server, which names the round its next get streams back.
+    std::map<std::string, int64_t> last_round_push;
   };
 
   struct PendingPush {
@@ -116,6 +121,9 @@ class Daemon {
     uint64_t received = 0;
     double first_packet_s = -1;  // monotonic time of the first data packet
     std::shared_ptr<SharedBuffer> buffer;
+    // Packets received before the transfer was announced as a member of a
+    // synchronous round: summed into the round when it is.
+    std::vector<std::pair<uint64_t, uint32_t>> unfolded;
     std::vector<bool> seen;  // per packet slot, rejects duplicates
   };
 
@@ -129,6 +137,30 @@ class Daemon {
     std::shared_ptr<AppSession> app;
     uint64_t next_sequence = 1;
     std::map<uint64_t, Delivery> expected;  // by sequence
+  };
+
+  // A synchronous round at a Mercury-PS server (mercury.md §IV, Key idea 3
+  // "immediate PS aggregation"; mlfabric.md §6): the member transfers'
+  // packets are summed into `sum` as they arrive; the sum is cut into
+  // fixed chunks, and a chunk is ready once every one of the round's `size`
+  // pushes has contributed all its bytes. Ready chunks stream to the
+  // workers' gets at once, so push and pull overlap; the complete sum goes
+  // to the server application once, as `size` updates.
+  struct Round {
+    uint32_t job_id = 0;
+    std::string server;
+    int64_t round = 0;               // the version every member was computed from
+    int32_t size = 0;                // pushes it sums
+    int64_t bytes = -1;              // -1 until the first member is announced
+    v1::DType dtype = v1::DTYPE_FLOAT32;
+    std::shared_ptr<SharedBuffer> sum;
+    std::vector<uint64_t> credited;  // per chunk: bytes summed x contributions
+    std::vector<uint32_t> ready;     // chunk indices, in the order they completed
+    std::map<uint64_t, int32_t> members;  // transfer -> contributions
+    int32_t contributions = 0;
+    bool complete = false;
+    bool reported = false;           // members' outcomes sent (or failed)
+    std::string failed;
   };
 
   struct ModelReply {
@@ -177,11 +209,28 @@ class Daemon {
   // Writes one packet (preceded by the transfer's kBegin when `begin`).
   absl::Status WriteToPeer(const v1::SendTransfer& send, bool begin,
                            const daemon::PacketDescriptor& packet, const uint8_t* base);
+  // Blocks until the unscheduled-traffic budget (get replies) allows
+  // `bytes` more (--unscheduled_bps; returns at once when unlimited).
+  void WaitForUnscheduledBudget(uint32_t bytes);
+  // `round` >= 0 asks a synchronous-round server for that round's sum.
   absl::Status FetchModel(const std::string& job, const std::string& server, int64_t* version,
-                          std::shared_ptr<SharedBuffer>* buffer);
+                          std::shared_ptr<SharedBuffer>* buffer, int64_t round = -1);
+  // Streams round `round`'s sum to a worker's daemon as chunks complete.
+  absl::Status ServeRoundGet(boost::asio::ip::tcp::socket& socket,
+                             const transport::PacketHeader& request, const std::string& server,
+                             int64_t round);
 
   // Require mu_.
   void TryDeliverLocked(uint32_t job_id, const std::string& server);
+  // Synchronous rounds (see Round). All require mu_.
+  std::shared_ptr<Round> RoundLocked(uint32_t job_id, const std::string& server, int64_t round);
+  void JoinRoundLocked(const v1::ExpectDelivery& expect);
+  // Sums [offset, offset + length) of member `transfer`'s buffer into its
+  // round and marks the chunks that became ready.
+  void FoldIntoRoundLocked(Round& round, uint64_t transfer, const uint8_t* data, uint64_t offset,
+                           uint32_t length);
+  void DeliverRoundLocked(const std::shared_ptr<Round>& round);
+  void FailRoundLocked(const std::shared_ptr<Round>& round, const std::string& reason);
   void ReportFailureAsync(uint64_t transfer_id, const std::string& error);
   void ReportCompletion(const v1::CompletionReport& report);
 
@@ -212,6 +261,9 @@ class Daemon {
   std::multimap<double, uint64_t> release_at_;        // local start time -> transfer
   daemon::PriorityPacketQueue packet_queue_;
   std::map<uint64_t, ModelReply> model_replies_;      // by request id
+  std::map<std::pair<std::string, int64_t>, std::shared_ptr<Round>> rounds_;  // (ServerKey, round)
+  std::map<uint64_t, std::shared_ptr<Round>> round_of_;  // member transfer -> its round
+  std::map<uint64_t, std::shared_ptr<Round>> round_deliveries_;  // delivery id -> round
   std::set<std::shared_ptr<AppSession>> apps_;
   std::map<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> peers_;
   // Unscheduled traffic (get replies) has its own budget (DESIGN.md §5).

@@ -21,6 +21,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
              transport::kMaxPayloadBytes);
   reader.Double("register_timeout_s", &config.register_timeout_s, 0.1, 3600);
   reader.Double("get_timeout_s", &config.get_timeout_s, 0.1, 3600);
+  reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
   reader.Double("clock_sync_period_s", &config.clock_sync_period_s, 0.1, 3600);
   reader.Enum("job_priority", &config.job_priority, {"fifo", "one", "rr"});
@@ -59,6 +60,8 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --payload_bytes       Mercury packet payload, 4096..1048576 (default 32768)
   --register_timeout_s  how long to wait for the scheduler (default 30)
   --get_timeout_s       how long a get waits for the server (default 30)
+  --round_wait_s        how long a get waits for a synchronous round's sum
+                        (Mercury PS servers; default 300)
   --clock_sync_period_s how often to refresh the scheduler clock offset (default 10)
   --unscheduled_bps     rate budget for unscheduled traffic (get replies);
                         0 = unlimited (default 0)

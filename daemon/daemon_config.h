@@ -22,6 +22,7 @@ struct DaemonConfig {
   int64_t payload_bytes = 32 * 1024;         // Mercury packet payload, 4 KiB - 1 MiB
   double register_timeout_s = 30;            // how long to wait for the scheduler
   double get_timeout_s = 30;                 // how long a get waits for the server
+  double round_wait_s = 300;                 // how long a get waits for a synchronous round's sum
   double clock_sync_period_s = 10;           // how often the clock offset is refreshed
   double unscheduled_bps = 0;                // budget for get replies; 0 = unlimited
   std::string job_priority = "fifo";         // TensorLights mode: fifo | one | rr

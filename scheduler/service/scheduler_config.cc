@@ -22,6 +22,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
   reader.Int("planner_threads", &config.planner_threads, 0, 256);
   reader.Double("transfer_slack_s", &config.transfer_slack_s, 0.01, 3600);
   reader.Double("server_wait_s", &config.server_wait_s, 0, 60);
+  reader.Double("round_timeout_s", &config.round_timeout_s, 0.1, 86400);
   reader.Int("history_batches", &config.history_batches, 1, 100000);
   reader.String("admin_address", &config.admin_address);
   reader.Int("admin_port", &config.admin_port, -1, 65535);
@@ -92,6 +93,10 @@ Every key can be set in the JSON file or as a flag; flags win.
   --server_wait_s      a push to a server of its job that has not registered
                        yet waits this long for it (workers often start
                        before their server)          (default 3)
+  --round_timeout_s    a synchronous round (server registered with
+                       round_size > 0, or a sync-mode job) fails this long
+                       after a member's planned end if some worker's part
+                       never came                      (default 60)
   --history_batches    recent batches kept for the admin endpoint (default 64)
   --admin_address      admin HTTP bind address          (default 127.0.0.1)
   --admin_port         admin HTTP port, 0 = free port, -1 = off (default -1)

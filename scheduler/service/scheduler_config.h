@@ -40,7 +40,11 @@ struct SchedulerConfig {
   std::string log_level = "info";
   int64_t planner_threads = 0;                // parallel batch planning; 0 = one per core
   double transfer_slack_s = 10;               // in-flight transfer fails this long after its planned end
-  double server_wait_s = 3;                   // a push waits this long for its server to register
+  double server_wait_s = 3;
+  // A member of a synchronous round (Mercury PS server) fails, with its
+  // whole round, when the round is not complete this long after the
+  // member's planned end: some worker never pushed its part.
+  double round_timeout_s = 60;                   // a push waits this long for its server to register
   int64_t history_batches = 64;               // recent batches kept for the admin endpoint
   // Admin HTTP endpoint (scheduler/admin/README.md). -1 disables it.
   std::string admin_address = "127.0.0.1";

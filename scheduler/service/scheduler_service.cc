@@ -279,15 +279,38 @@ grpc::Status SchedulerService::RegisterEntity(grpc::ServerContext*,
                         << "'; they stay separate";
         }
       }
+      if (request->round_size() < 0 || request->round_size() > 65536) {
+        return Invalid(absl::StrCat("round_size ", request->round_size(),
+                                    " is out of range [0, 65536]"));
+      }
       ServerState& server = job->servers[request->name()];
       server.host = request->host();
+      server.round_size = request->round_size();
       servers_cv_.notify_all();
       reply->set_model_version(server.model_version);
       MLF_LOG(INFO) << "job " << request->job() << ": server " << request->name() << " on "
                     << request->host();
       break;
     }
-    case v1::ROLE_WORKER:
+    case v1::ROLE_WORKER: {
+      if (request->delay_bound() < -1) {
+        return Invalid(absl::StrCat("delay_bound ", request->delay_bound(),
+                                    " is negative (-1 = the job's)"));
+      }
+      if (!std::isfinite(request->divergence_bound())) {
+        return Invalid("divergence_bound: must be finite");
+      }
+      WorkerInfo& worker = job->workers[request->name()];
+      worker.host = request->host();
+      worker.delay_bound = request->delay_bound();
+      worker.divergence_bound = request->divergence_bound() > 0 ? request->divergence_bound() : -1;
+      MLF_LOG(INFO) << "job " << request->job() << ": worker " << request->name() << " on "
+                    << request->host()
+                    << (worker.delay_bound >= 0
+                            ? absl::StrCat(" (delay bound ", worker.delay_bound, ")")
+                            : std::string());
+      break;
+    }
     case v1::ROLE_REPLICA:
       MLF_LOG(INFO) << "job " << request->job() << ": " << v1::Role_Name(request->role()) << " "
                     << request->name() << " on " << request->host();
@@ -310,6 +333,9 @@ grpc::Status SchedulerService::SubmitUpdate(grpc::ServerContext*,
   };
   JobState* job = FindJobLocked(request->job());
   if (job == nullptr) return reject(Invalid(absl::StrCat("unknown job '", request->job(), "'")));
+  if (!v1::DType_IsValid(request->dtype())) {
+    return reject(Invalid(absl::StrCat("dtype: unknown element type ", request->dtype())));
+  }
   if (request->bytes() <= 0) {
     return reject(Invalid(absl::StrCat("bytes: must be positive, got ", request->bytes())));
   }
@@ -464,17 +490,21 @@ grpc::Status SchedulerService::ReportCompletion(grpc::ServerContext*,
       return grpc::Status::OK;
     }
     const std::vector<uint64_t> constituents = agg->second.constituents;
+    bool in_round = false;
     if (JobState* job = FindJobLocked(agg->second.job)) {
       ServerState& server = job->servers[agg->second.server];
       server.model_version = std::max(server.model_version, request->model_version());
+      in_round = RoundSizeLocked(*job, server) > 0;
     }
     aggregates_.erase(agg);
     // The server applied the constituents as consecutive versions ending at
-    // model_version, in commit order.
+    // model_version, in commit order; a synchronous round's members all
+    // land in the one version the round produced.
     const int64_t n = static_cast<int64_t>(constituents.size());
     for (int64_t i = 0; i < n; ++i) {
       CompleteLocked(constituents[i], v1::OUTCOME_APPLIED, "",
-                     request->model_version() - (n - 1 - i));
+                     in_round ? request->model_version()
+                              : request->model_version() - (n - 1 - i));
     }
     return grpc::Status::OK;
   }
@@ -536,6 +566,7 @@ grpc::Status SchedulerService::ResolveServer(grpc::ServerContext*,
   reply->set_host(server->second.host);
   reply->set_data_address(host->second.data_address);
   reply->set_job_id(job->id);
+  reply->set_round_size(RoundSizeLocked(*job, server->second));
   return grpc::Status::OK;
 }
 
@@ -621,7 +652,15 @@ void SchedulerService::CompleteLocked(uint64_t transfer_id, v1::Outcome outcome,
                      outcome == v1::OUTCOME_DROPPED ? reason : FailureCategory(reason), reason);
   }
   const uint64_t aggregate_id = outcome == v1::OUTCOME_APPLIED ? 0 : record.aggregate_id;
+  const bool fails_round = outcome != v1::OUTCOME_APPLIED && record.round_member;
+  const std::string round_job = record.job, round_server = record.server;
+  const int64_t round = record.version;
   updates_.erase(it);
+  // Without this member the synchronous round can never be complete.
+  if (fails_round) {
+    FailRoundLocked(round_job, round_server, round,
+                    absl::StrCat("push ", transfer_id, " of the round failed: ", reason));
+  }
   // Without this constituent the aggregate can never be complete.
   if (aggregate_id != 0) {
     FailAggregateLocked(aggregate_id,
@@ -773,6 +812,151 @@ void SchedulerService::SampleLinksLocked(double now_s) {
   if (link_samples_.size() > kLinkSamples) link_samples_.pop_front();
 }
 
+// ------------------------------------------------------ synchronous rounds
+//
+// A server registered with round_size M > 0 (or any server of a sync-mode
+// job, with M = the job's registered workers) runs Mercury PS rounds
+// (mercury.md §IV Key idea 3, mlfabric.md §6): round v is the M pushes
+// computed from model version v, one per worker. They are planned like any
+// batch (list order, §6; Alg. 3 may route some through aggregators), and
+// the server's daemon sums them packet by packet. A push that cannot belong
+// to the open round is dropped or failed here with the reason; a member
+// that fails takes its round down, so no worker waits for a sum that can
+// never be complete.
+
+namespace {
+const char* DTypeName(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32: return "float32";
+    case v1::DTYPE_FLOAT64: return "float64";
+    case v1::DTYPE_INT32: return "int32";
+    case v1::DTYPE_INT64: return "int64";
+    case v1::DTYPE_OPAQUE: return "opaque bytes";
+    default: return "an unknown type";
+  }
+}
+}  // namespace
+
+int32_t SchedulerService::RoundSizeLocked(const JobState& job, const ServerState& server) const {
+  if (server.round_size > 0) return server.round_size;
+  if (job.config.mode == "sync") return static_cast<int32_t>(job.workers.size());
+  return 0;
+}
+
+int64_t SchedulerService::DelayBoundLocked(const JobState& job) const {
+  int64_t bound = job.config.mode == "ssp" ? job.config.staleness_k : job.config.tau_max;
+  for (const auto& [name, worker] : job.workers) {
+    if (worker.delay_bound >= 0) bound = std::min(bound, worker.delay_bound);
+  }
+  return bound;
+}
+
+bool SchedulerService::AdmitToRoundLocked(JobState* job, ServerState* server,
+                                          int32_t round_size, UpdateRecord* record) {
+  const int64_t round = record->version;
+  const uint64_t id = record->transfer_id;
+  // Rounds before the previous one can no longer be joined: forget them.
+  server->rounds.erase(server->rounds.begin(),
+                       server->rounds.lower_bound(server->model_version - 1));
+  if (auto known = server->rounds.find(round);
+      known != server->rounds.end() && !known->second.failed.empty()) {
+    CompleteLocked(id, v1::OUTCOME_FAILED,
+                   absl::StrCat("round ", round, " failed: ", known->second.failed), 0);
+    return false;
+  }
+  if (round < server->model_version) {
+    CompleteLocked(id, v1::OUTCOME_DROPPED,
+                   absl::StrCat("stale: round ", round, " is over (the server is at version ",
+                                server->model_version, "); get the new sum and push again"),
+                   0);
+    return false;
+  }
+  // A worker pushes round v + 1 only after getting round v's sum, which it
+  // may have before the scheduler hears that round v is applied.
+  if (round > server->model_version + 1) {
+    CompleteLocked(id, v1::OUTCOME_DROPPED,
+                   absl::StrCat("future round ", round, ": the server is at version ",
+                                server->model_version,
+                                "; push with the version your last get returned"),
+                   0);
+    return false;
+  }
+  RoundState& state = server->rounds[round];
+  if (state.workers.count(record->worker)) {
+    CompleteLocked(id, v1::OUTCOME_DROPPED,
+                   absl::StrCat("duplicate: worker '", record->worker,
+                                "' already has a push in round ", round),
+                   0);
+    return false;
+  }
+  if (static_cast<int32_t>(state.workers.size()) >= round_size) {
+    CompleteLocked(id, v1::OUTCOME_DROPPED,
+                   absl::StrCat("round ", round, " already has its ", round_size, " pushes"), 0);
+    return false;
+  }
+  if (record->dtype == v1::DTYPE_OPAQUE) {
+    const std::string reason = absl::StrCat(
+        "a synchronous round sums its pushes: push ", id, " from '", record->worker,
+        "' is opaque bytes; push float32, float64, int32 or int64");
+    const std::string job_name = record->job, server_name = record->server;
+    CompleteLocked(id, v1::OUTCOME_FAILED, reason, 0);  // erases *record
+    FailRoundLocked(job_name, server_name, round, reason);
+    return false;
+  }
+  if (state.bytes >= 0 && (state.bytes != record->bytes || state.dtype != record->dtype)) {
+    // "mismatch:" lets AllReduce tell callers the inputs differ across ranks.
+    const std::string reason = absl::StrCat(
+        "mismatch: push ", id, " from '", record->worker, "' has ", record->bytes, " bytes of ",
+        DTypeName(record->dtype), " but round ", round, " sums ", state.bytes, " bytes of ",
+        DTypeName(state.dtype), " (every rank must pass the same shape and type)");
+    const std::string job_name = record->job, server_name = record->server;
+    CompleteLocked(id, v1::OUTCOME_FAILED, reason, 0);  // erases *record
+    FailRoundLocked(job_name, server_name, round, reason);
+    return false;
+  }
+  state.bytes = record->bytes;
+  state.dtype = record->dtype;
+  state.workers.insert(record->worker);
+  record->round_member = true;
+  return true;
+}
+
+void SchedulerService::FailRoundLocked(const std::string& job_name, const std::string& server_name,
+                                       int64_t round, const std::string& reason) {
+  JobState* job = FindJobLocked(job_name);
+  if (job == nullptr) return;
+  auto server = job->servers.find(server_name);
+  if (server == job->servers.end()) return;
+  RoundState& state = server->second.rounds[round];
+  if (!state.failed.empty()) return;  // already failing (re-entered from CompleteLocked)
+  state.failed = reason;
+  // A failed round still uses its number: the workers' next round is
+  // round + 1, so one bad round does not wedge the collective.
+  server->second.model_version = std::max(server->second.model_version, round + 1);
+  MLF_LOG(WARNING) << "job " << job_name << ": round " << round << " of server " << server_name
+                   << " failed: " << reason;
+  v1::DaemonCommand command;
+  v1::CancelDelivery* cancel = command.mutable_cancel();
+  cancel->set_server(server_name);
+  cancel->set_fail_round(true);
+  cancel->set_round(round);
+  cancel->set_job_id(job->id);
+  cancel->set_reason(reason);
+  EnqueueLocked(server->second.host, std::move(command));
+  std::vector<uint64_t> members;
+  for (const auto& [id, record] : updates_) {
+    if (record.job == job_name && record.server == server_name && record.version == round &&
+        (record.round_member || record.state == UpdateState::kPending)) {
+      members.push_back(id);
+    }
+  }
+  for (uint64_t id : members) {
+    auto& pending = server->second.pending;
+    pending.erase(std::remove(pending.begin(), pending.end(), id), pending.end());
+    CompleteLocked(id, v1::OUTCOME_FAILED, absl::StrCat("round ", round, " failed: ", reason), 0);
+  }
+}
+
 void SchedulerService::RunBatchCycle() {
   std::vector<BatchWork> work;
   {
@@ -786,17 +970,33 @@ void SchedulerService::RunBatchCycle() {
     for (auto& [job_name, job] : jobs_) {
       for (auto& [server_name, server] : job.servers) {
         if (server.pending.empty()) continue;
+        const int32_t round_size = RoundSizeLocked(job, server);
+        if (round_size > 0) {
+          const std::vector<uint64_t> candidates = server.pending;
+          server.pending.clear();
+          for (uint64_t id : candidates) {
+            auto record = updates_.find(id);
+            if (record == updates_.end()) continue;
+            if (AdmitToRoundLocked(&job, &server, round_size, &record->second)) {
+              server.pending.push_back(id);
+            }
+          }
+          if (server.pending.empty()) continue;
+        }
         BatchWork item;
         item.batch_id = next_batch_id_++;
         item.job = job_name;
         item.server = server_name;
         item.priority_class = job.config.priority_class;
+        item.round_size = round_size;
         core::Batch& batch = item.batch;
         batch.now_s = now_s;
-        batch.mode = job.config.mode == "sync" ? core::Mode::kSync : core::Mode::kAsync;
+        batch.mode = job.config.mode == "sync" || round_size > 0 ? core::Mode::kSync
+                                                                 : core::Mode::kAsync;
         // The core has no stale-synchronous mode: a staleness bound of K
-        // versions is the async delay bound tau_max = K.
-        batch.tau_max = job.config.mode == "ssp" ? job.config.staleness_k : job.config.tau_max;
+        // versions is the async delay bound tau_max = K. Workers may have
+        // registered tighter bounds (Table 1, registerAsWorker(params)).
+        batch.tau_max = DelayBoundLocked(job);
         // Updates already scheduled commit before this batch's (§5.1).
         batch.v_init = server.model_version + server.in_flight;
         batch.server = server.host;
@@ -804,18 +1004,30 @@ void SchedulerService::RunBatchCycle() {
         std::set<std::string> involved = {server.host};
         // In-network aggregation sums element-wise: only updates of one
         // numeric type and one size can share an aggregate.
-        bool aggregatable = !job.config.aggregators.empty();
+        // §6: a synchronous round's aggregation tree is built over the
+        // job's own workers unless the job names its aggregators.
+        std::vector<std::string> candidates = job.config.aggregators;
+        if (candidates.empty() && round_size > 0) {
+          for (const auto& [name, worker] : job.workers) candidates.push_back(worker.host);
+          std::sort(candidates.begin(), candidates.end());
+          candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+        }
+        bool aggregatable = !candidates.empty();
         const UpdateRecord& first = updates_[server.pending.front()];
         for (uint64_t id : server.pending) {
           const UpdateRecord& record = updates_[id];
           batch.updates.push_back({std::to_string(id), record.src_host, record.bytes,
                                    record.version, record.norm});
           involved.insert(record.src_host);
-          aggregatable = aggregatable && record.dtype != v1::DTYPE_OPAQUE &&
-                         record.dtype == first.dtype && record.bytes == first.bytes;
+          // Only members of one round may be summed together.
+          // The aggregators' kernels sum floating point (aggregator/reduce.h).
+          aggregatable = aggregatable &&
+                         (record.dtype == v1::DTYPE_FLOAT32 || record.dtype == v1::DTYPE_FLOAT64) &&
+                         record.dtype == first.dtype && record.bytes == first.bytes &&
+                         (round_size == 0 || record.version == first.version);
         }
         if (aggregatable) {
-          for (const std::string& name : job.config.aggregators) {
+          for (const std::string& name : candidates) {
             auto host = hosts_.find(name);
             if (name == server.host || host == hosts_.end() || !host->second.alive ||
                 host->second.draining) {
@@ -1010,6 +1222,11 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
       expect->set_worker(absl::StrCat("aggregate of ", constituents.size()));
       expect->set_version(first.version);
       for (uint64_t constituent : constituents) expect->add_constituents(constituent);
+      if (work.round_size > 0) {
+        expect->set_round_size(work.round_size);
+        expect->set_contributions(static_cast<int32_t>(constituents.size()));
+        expect->set_dtype(first.dtype);
+      }
       EnqueueLocked(server.host, std::move(expect_command));
 
       v1::DaemonCommand task_command;
@@ -1069,7 +1286,8 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
       planned.start_s = to_agg.start_s;
       planned.end_s = to_agg.end_s;
       // It is applied only when its aggregate is.
-      planned.deadline_s = aggregate->second->end_s + config_.transfer_slack_s;
+      planned.deadline_s = aggregate->second->end_s + config_.transfer_slack_s +
+                           (work.round_size > 0 ? config_.round_timeout_s : 0);
       planned.segments = to_agg.segments;
       view.transfers.push_back(planned);
       ++view.scheduled;
@@ -1116,6 +1334,12 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
     expect->set_worker(record.worker);
     expect->set_version(record.version);
     expect->set_norm(record.norm);
+    if (work.round_size > 0) {
+      expect->set_round_size(work.round_size);
+      expect->set_contributions(1);
+      expect->set_dtype(record.dtype);
+      planned.deadline_s += config_.round_timeout_s;
+    }
     EnqueueLocked(server.host, std::move(expect_command));
 
     v1::DaemonCommand send_command;

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,6 +123,7 @@ class SchedulerService final : public v1::Scheduler::Service {
     uint64_t sequence = 0;  // set once planned
     v1::DType dtype = v1::DTYPE_FLOAT32;
     uint64_t aggregate_id = 0;  // set when routed through an aggregator
+    bool round_member = false;  // accepted into a synchronous round
     double submitted_s = 0;
     TransferView planned;   // set once planned (dst, segments, deadline)
   };
@@ -139,18 +141,36 @@ class SchedulerService final : public v1::Scheduler::Service {
     TransferView planned;               // aggregator -> server
   };
 
+  // One synchronous round of a Mercury-PS server: the pushes computed from
+  // model version `version`, summed at the server's daemon.
+  struct RoundState {
+    std::set<std::string> workers;  // who has a push in it
+    int64_t bytes = -1;             // every member's size and type
+    v1::DType dtype = v1::DTYPE_FLOAT32;
+    std::string failed;             // why the round failed, if it did
+  };
+
   struct ServerState {
     std::string host;
     int64_t model_version = 0;
     uint64_t next_sequence = 1;
     std::vector<uint64_t> pending;  // transfer ids in arrival order
     int64_t in_flight = 0;
+    int32_t round_size = 0;         // as registered; see RoundSizeLocked
+    std::map<int64_t, RoundState> rounds;  // by the members' version
+  };
+
+  struct WorkerInfo {
+    std::string host;
+    int64_t delay_bound = -1;       // -1 = the job's
+    double divergence_bound = -1;
   };
 
   struct JobState {
     uint32_t id = 0;
     JobConfig config;
     std::map<std::string, ServerState> servers;
+    std::map<std::string, WorkerInfo> workers;
     int64_t applied = 0;
     int64_t dropped = 0;
     int64_t failed = 0;
@@ -162,6 +182,7 @@ class SchedulerService final : public v1::Scheduler::Service {
     std::string job;
     std::string server;
     int64_t priority_class = 0;
+    int32_t round_size = 0;  // > 0: a synchronous-round server's batch
     core::Batch batch;
     // Filled by the planning thread.
     absl::StatusOr<core::Plan> plan = absl::UnknownError("not planned");
@@ -182,6 +203,17 @@ class SchedulerService final : public v1::Scheduler::Service {
   // aggregator and the server's daemon to forget it.
   void FailAggregateLocked(uint64_t aggregate_id, const std::string& reason);
   JobState* FindJobLocked(const std::string& job);
+  // Synchronous rounds (Mercury PS): the round size in force for a server
+  // (registered, else the number of workers of a sync-mode job, else 0),
+  // the admission of a pending push into its round (false: it was dropped
+  // or failed), and failing a whole round.
+  int32_t RoundSizeLocked(const JobState& job, const ServerState& server) const;
+  bool AdmitToRoundLocked(JobState* job, ServerState* server, int32_t round_size,
+                          UpdateRecord* record);
+  void FailRoundLocked(const std::string& job, const std::string& server, int64_t round,
+                       const std::string& reason);
+  // The tightest delay bound among the job's workers and its config.
+  int64_t DelayBoundLocked(const JobState& job) const;
   void ExpireOverdueLocked(double now_s);
   void SampleLinksLocked(double now_s);
   // In-flight reservations on each host's uplink/downlink, as segments.
