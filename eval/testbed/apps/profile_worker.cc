@@ -16,6 +16,8 @@
 //   fifo   every push has priority 0: packets leave in arrival order;
 //   whole  whole-tensor transfers: one push at a time, the next only after
 //          the previous one is applied (no packet interleaving at all).
+// Pulls go one layer at a time (--max_pulls=1, see RunPerLayer): most
+// urgent first for prio, in push-completion order otherwise.
 // Iteration time = time between consecutive forward-pass starts.
 //
 // --layout=single (TensorLights co-located jobs, tensorlights.md §II-III):
@@ -43,6 +45,7 @@
 #include <fstream>
 #include <future>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -64,6 +67,8 @@ struct Flags {
   std::string model = "vgg16";
   double byte_scale = 50;
   double compute_scale = 1;
+  double compute_total_s = 0;  // > 0: overrides compute_scale so fwd+bwd takes this long
+  int64_t max_pulls = 1;  // per_layer: gets in flight at once (0 = no limit)
   std::string layout = "per_layer";
   std::string variant = "prio";
   std::string server_prefix;
@@ -207,19 +212,59 @@ int RunPerLayer(Worker& worker, const Flags& flags, const std::vector<ScaledLaye
   std::thread sender;
   std::vector<std::vector<std::shared_future<double>>> arrivals;  // per iteration
 
-  // Gets layer i's model (after its push, if any), records the time.
+  // Pulls: get replies leave the server's daemon as plain TCP streams, with
+  // no packet priority, so concurrent gets share the link fairly and a
+  // front layer's model waits behind back layers'. With --max_pulls=1 (the
+  // default) the worker pulls one layer at a time instead: the most urgent
+  // (lowest layer index) of the layers whose push is done for prio, in
+  // push-completion order for fifo and whole -- priority (or FIFO) in the
+  // pull direction too (mercury.md §IV-A). --max_pulls=0: all at once.
+  std::mutex pull_mu;
+  std::condition_variable pull_cv;
+  std::map<std::pair<int64_t, uint64_t>, std::pair<size_t, std::shared_ptr<std::promise<double>>>>
+      pulls;  // (key, sequence) -> layer; key = layer index (prio) or 0
+  uint64_t pull_sequence = 0;
+  bool pulls_done = false;
+  auto enqueue_pull = [&](size_t i, std::shared_ptr<std::promise<double>> done) {
+    std::lock_guard<std::mutex> lock(pull_mu);
+    const int64_t key = flags.variant == "prio" ? static_cast<int64_t>(i) : 0;
+    pulls[{key, pull_sequence++}] = {i, std::move(done)};
+    pull_cv.notify_all();
+  };
+  int64_t pulls_in_flight = 0;
+  std::vector<std::thread> pull_threads;  // guarded by pull_mu
+  std::thread puller([&] {
+    std::unique_lock<std::mutex> lock(pull_mu);
+    while (true) {
+      pull_cv.wait(lock, [&] {
+        return (!pulls.empty() && (flags.max_pulls == 0 || pulls_in_flight < flags.max_pulls)) ||
+               (pulls.empty() && pulls_done);
+      });
+      if (pulls.empty()) return;
+      auto item = pulls.begin()->second;
+      pulls.erase(pulls.begin());
+      ++pulls_in_flight;
+      pull_threads.emplace_back([&, item] {
+        auto model = worker.Get(servers[item.first]);
+        tally.Got(model.status());
+        if (model.ok()) versions[item.first] = model->version;
+        item.second->set_value(clock.Now());
+        std::lock_guard<std::mutex> done(pull_mu);
+        --pulls_in_flight;
+        pull_cv.notify_all();
+      });
+    }
+  });
+  // Waits for layer i's push, then queues its pull.
   auto fetch = [&](size_t i, std::shared_ptr<std::promise<double>> done,
                    std::future<PushResult> push) {
     if (push.valid()) tally.Record(push.get());
-    auto model = worker.Get(servers[i]);
-    tally.Got(model.status());
-    if (model.ok()) versions[i] = model->version;
-    done->set_value(clock.Now());
+    enqueue_pull(i, std::move(done));
   };
   for (size_t i = 0; i < n; ++i) {  // the initial model
     auto done = std::make_shared<std::promise<double>>();
     available[i] = done->get_future().share();
-    threads.emplace_back(fetch, i, done, std::future<PushResult>());
+    enqueue_pull(i, done);
   }
 
   if (flags.variant == "whole") {
@@ -319,6 +364,13 @@ int RunPerLayer(Worker& worker, const Flags& flags, const std::vector<ScaledLaye
     sender.join();
   }
   for (auto& t : threads) t.join();
+  {
+    std::lock_guard<std::mutex> lock(pull_mu);
+    pulls_done = true;
+    pull_cv.notify_all();
+  }
+  puller.join();
+  for (auto& t : pull_threads) t.join();
   // When each iteration's models came back, relative to the end of its
   // backward pass: the first layer (what the next forward pass needs
   // first) and all layers.
@@ -425,6 +477,8 @@ int Main(int argc, char** argv) {
   reader->Enum("model", &flags.model, {"vgg16", "resnet50", "resnet32"});
   reader->Double("byte_scale", &flags.byte_scale, 1, 1e9);
   reader->Double("compute_scale", &flags.compute_scale, 0, 1e6);
+  reader->Double("compute_total_s", &flags.compute_total_s, 0, 3600);
+  reader->Int("max_pulls", &flags.max_pulls, 0, 1000);
   reader->Enum("layout", &flags.layout, {"per_layer", "single"});
   reader->Enum("variant", &flags.variant, {"prio", "fifo", "whole"});
   reader->String("server_prefix", &flags.server_prefix);
@@ -444,11 +498,16 @@ int Main(int argc, char** argv) {
   }
   if (cl->help) {
     std::cout << "profile_worker --model=vgg16|resnet50|resnet32 --layout=per_layer|single "
-                 "--variant=prio|fifo|whole --byte_scale=50 --compute_scale=1 --iterations=10 "
+                 "--variant=prio|fifo|whole --byte_scale=50 --compute_scale=1 [--compute_total_s=S] "
+                 "--iterations=10 "
                  "[--barrier=HOST:PORT] [--server_prefix=P] [--start_at_unix=T] --out=FILE\n";
     return 0;
   }
   const Profile profile = *ProfileByName(flags.model);
+  if (flags.compute_total_s > 0) {
+    flags.compute_scale = flags.compute_total_s * ReferenceMacsPerSecond() /
+                          (3.0 * profile.TotalMacs() * static_cast<double>(profile.batch));
+  }
   const std::vector<ScaledLayer> layers = Scale(profile, flags.byte_scale, flags.compute_scale);
   auto worker = Worker::Connect(flags.client);
   if (!worker.ok()) {
