@@ -1607,6 +1607,8 @@ bool Daemon::FoldLocked(uint64_t transfer_id) {
   *send.mutable_segments() = task.segments();
   send.set_bytes(task.bytes());
   ++stats_.aggregates;
+  MLF_LOG(INFO) << "aggregate " << task.aggregate_id() << ": summed " << aggregation.folded
+                << " updates, forwarding to " << task.dst_host();
   std::shared_ptr<SharedBuffer> sum = aggregation.sum;
   aggregations_.erase(it);
   ScheduleOutgoingLocked(send, std::move(sum), {});

@@ -1,0 +1,276 @@
+// Synchronous rounds (Mercury PS, mercury.md §IV Key idea 3; mlfabric.md §6)
+// across real processes: the real scheduler and daemons, with the server
+// and workers in this test process talking to their daemons over the real
+// local IPC. A server registered with round_size M gets each round once,
+// summed by its daemon packet by packet, and every worker's get after its
+// push streams back exactly that round's sum.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "api/registration.h"
+#include "tests/test_util.h"
+#include "tools/launch/process.h"
+
+namespace mlfabric {
+namespace {
+
+using launch::LocalCluster;
+
+std::unique_ptr<LocalCluster> StartCluster(
+    const std::vector<std::string>& hosts, const std::vector<std::string>& extra_flags = {},
+    const std::map<std::string, std::vector<std::string>>& host_flags = {}) {
+  const std::string dir = launch::MakeTempDir("sync-round");
+  const std::string config = dir + "/scheduler.json";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token"}]})";
+  std::vector<std::string> flags = {"--config=" + config, "--planner=mlfabric"};
+  flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
+  auto cluster = LocalCluster::Start(hosts, flags, {}, host_flags);
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  return std::move(*cluster);
+}
+
+ClientOptions Options(const LocalCluster& c, const std::string& host, const std::string& name) {
+  ClientOptions options;
+  options.daemon_socket = c.Socket(host);
+  options.name = name;
+  return options;
+}
+
+// Integer-valued floats: every sum is exact in float32.
+std::vector<float> Update(int worker, int round, size_t dim) {
+  std::vector<float> v(dim);
+  for (size_t i = 0; i < dim; ++i) v[i] = static_cast<float>((worker + 1) * (round + 1) + i % 97);
+  return v;
+}
+
+// The round server: checks that each round arrives once, whole and exact.
+struct RoundServer {
+  std::unique_ptr<Server> server;
+  std::mutex mu;
+  std::vector<int64_t> rounds;   // versions delivered, in order
+  std::vector<std::string> errors;
+  std::thread thread;
+  RoundServer(std::unique_ptr<Server> s, int workers, size_t dim) : server(std::move(s)) {
+    server->RegisterUpdateCallback([this, workers, dim](const Server::Update& u)
+                                       -> absl::StatusOr<int64_t> {
+      std::lock_guard<std::mutex> lock(mu);
+      const int round = static_cast<int>(u.version);
+      if (u.count != workers || u.bytes != dim * sizeof(float)) {
+        errors.push_back("round " + std::to_string(round) + " has count " +
+                         std::to_string(u.count) + ", bytes " + std::to_string(u.bytes));
+      } else {
+        std::vector<float> sum(dim), got(dim);
+        for (int w = 0; w < workers; ++w) {
+          const std::vector<float> v = Update(w, round, dim);
+          for (size_t i = 0; i < dim; ++i) sum[i] += v[i];
+        }
+        std::memcpy(got.data(), u.data, u.bytes);
+        if (got != sum) errors.push_back("round " + std::to_string(round) + " sum differs");
+      }
+      rounds.push_back(u.version);
+      return u.version + 1;
+    });
+    server->RegisterRequestCallback([]() -> absl::StatusOr<Server::Snapshot> {
+      return Server::Snapshot{0, std::vector<uint8_t>(4, 0)};
+    });
+    thread = std::thread([this] { (void)server->Serve(); });
+  }
+  ~RoundServer() {
+    server->Stop();
+    thread.join();
+  }
+};
+
+struct WorkerResult {
+  std::vector<std::string> errors;
+  std::vector<int64_t> applied_versions;
+};
+
+// One worker's rounds: push round r, get the sum, check it exactly.
+WorkerResult RunWorker(Worker& worker, int index, int workers, int rounds, size_t dim) {
+  WorkerResult out;
+  for (int r = 0; r < rounds; ++r) {
+    const std::vector<float> mine = Update(index, r, dim);
+    auto pushed = worker.Push("ps0", mine.data(), mine.size() * sizeof(float), r, 0.0);
+    auto sum = worker.Get("ps0");
+    const PushResult result = pushed.get();
+    if (result.outcome != PushOutcome::kApplied) {
+      out.errors.push_back("round " + std::to_string(r) + " push " +
+                           PushOutcomeName(result.outcome) + ": " + result.reason);
+      continue;
+    }
+    out.applied_versions.push_back(result.applied_version);
+    if (!sum.ok()) {
+      out.errors.push_back("round " + std::to_string(r) + " get: " +
+                           std::string(sum.status().message()));
+      continue;
+    }
+    if (sum->version != r + 1 || sum->size() != dim * sizeof(float)) {
+      out.errors.push_back("round " + std::to_string(r) + " get returned version " +
+                           std::to_string(sum->version) + ", " + std::to_string(sum->size()) +
+                           " bytes");
+      continue;
+    }
+    std::vector<float> expected(dim), got(dim);
+    for (int w = 0; w < workers; ++w) {
+      const std::vector<float> v = Update(w, r, dim);
+      for (size_t i = 0; i < dim; ++i) expected[i] += v[i];
+    }
+    std::memcpy(got.data(), sum->data(), sum->size());
+    if (got != expected) out.errors.push_back("round " + std::to_string(r) + ": sum differs");
+  }
+  return out;
+}
+
+void RunRounds(LocalCluster& c, const std::vector<std::string>& worker_hosts, int rounds,
+               size_t dim) {
+  const int n = static_cast<int>(worker_hosts.size());
+  ClientOptions server_options = Options(c, "s1", "ps0");
+  server_options.round_size = n;
+  auto server = Server::Connect(server_options);
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  RoundServer ps(std::move(*server), n, dim);
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (int w = 0; w < n; ++w) {
+    auto worker = Worker::Connect(Options(c, worker_hosts[w], "w" + std::to_string(w)));
+    REQUIRE(worker.ok());
+    workers.push_back(std::move(*worker));
+  }
+  std::vector<WorkerResult> results(n);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < n; ++w) {
+    threads.emplace_back(
+        [&, w] { results[w] = RunWorker(*workers[w], w, n, rounds, dim); });
+  }
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < n; ++w) {
+    for (const std::string& e : results[w].errors) FAIL_CHECK("worker " << w << ": " << e);
+    // Every member of round r is applied at version r + 1.
+    for (size_t r = 0; r < results[w].applied_versions.size(); ++r) {
+      CHECK(results[w].applied_versions[r] == static_cast<int64_t>(r) + 1);
+    }
+  }
+  // The server saw each round exactly once, in order, exact.
+  REQUIRE(launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(ps.mu);
+    return static_cast<int>(ps.rounds.size()) >= rounds;
+  }, 30));
+  std::lock_guard<std::mutex> lock(ps.mu);
+  for (const std::string& e : ps.errors) FAIL_CHECK("server: " << e);
+  std::vector<int64_t> expected(rounds);
+  for (int r = 0; r < rounds; ++r) expected[r] = r;
+  CHECK(ps.rounds == expected);
+}
+
+TEST_CASE("Each round is summed packet by packet and every get returns the exact sum") {
+  auto c = StartCluster({"s1", "w1", "w2", "w3"});
+  // 1.2 MB updates: 37 sum chunks stream back per round.
+  RunRounds(*c, {"w1", "w2", "w3"}, /*rounds=*/6, /*dim=*/300000);
+}
+
+TEST_CASE("With a slow server link, rounds go through an aggregation tree of workers (§6)") {
+  // The server's downlink is 10x slower: Alg. 3 sends some workers'
+  // updates to another worker's daemon, which sums and forwards them.
+  auto c = StartCluster({"s1", "w1", "w2", "w3", "w4"}, {},
+                        {{"s1", {"--downlink_bps=1e9"}}});
+  RunRounds(*c, {"w1", "w2", "w3", "w4"}, /*rounds=*/5, /*dim=*/262144);
+  int aggregates = 0;
+  for (const char* host : {"w1", "w2", "w3", "w4"}) {
+    aggregates += testing::CountOccurrences(c->daemon(host).Log(), "forwarding to s1");
+  }
+  std::printf("sync_round_test: %d in-network aggregates over 5 rounds of 4 workers\n",
+              aggregates);
+  CHECK(aggregates > 0);
+}
+
+TEST_CASE("A push that does not match its round fails the round on every worker; the next works") {
+  auto c = StartCluster({"s1", "w1", "w2", "w3"});
+  ClientOptions server_options = Options(*c, "s1", "ps0");
+  server_options.round_size = 3;
+  auto server = Server::Connect(server_options);
+  REQUIRE(server.ok());
+  RoundServer ps(std::move(*server), 3, 1000);
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (const char* host : {"w1", "w2", "w3"}) {
+    auto worker = Worker::Connect(Options(*c, host, std::string("x") + host));
+    REQUIRE(worker.ok());
+    workers.push_back(std::move(*worker));
+  }
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<float> v(w == 2 ? 1001 : 1000, 1.0f);  // worker 2 is one element longer
+      auto pushed = workers[w]->Push("ps0", v.data(), v.size() * sizeof(float), 0, 0.0);
+      auto sum = workers[w]->Get("ps0");
+      PushResult result = pushed.get();
+      errors[w] = result.reason + " | " + (sum.ok() ? "get ok" : std::string(sum.status().message()));
+      if (result.outcome == PushOutcome::kApplied || sum.ok()) errors[w] = "no error: " + errors[w];
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < 3; ++w) {
+    INFO("worker " << w << ": " << errors[w]);
+    CHECK(errors[w].find("mismatch:") != std::string::npos);
+    CHECK(errors[w].find("no error") == std::string::npos);
+  }
+  // Round 0 is spent; round 1 sums normally.
+  threads.clear();
+  std::vector<WorkerResult> results(3);
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      const std::vector<float> mine = Update(w, 1, 1000);
+      auto pushed = workers[w]->Push("ps0", mine.data(), mine.size() * sizeof(float), 1, 0.0);
+      auto sum = workers[w]->Get("ps0");
+      if (pushed.get().outcome != PushOutcome::kApplied || !sum.ok() || sum->version != 2) {
+        results[w].errors.push_back("round 1 did not complete");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < 3; ++w) CHECK(results[w].errors.empty());
+}
+
+TEST_CASE("A round some worker never joins fails after round_timeout_s; no get hangs") {
+  auto c = StartCluster({"s1", "w1", "w2"}, {"--round_timeout_s=1", "--transfer_slack_s=1"});
+  ClientOptions server_options = Options(*c, "s1", "ps0");
+  server_options.round_size = 3;  // the third worker never comes
+  auto server = Server::Connect(server_options);
+  REQUIRE(server.ok());
+  RoundServer ps(std::move(*server), 3, 1000);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      auto worker = Worker::Connect(Options(*c, w == 0 ? "w1" : "w2", "y" + std::to_string(w)));
+      if (!worker.ok()) return;
+      const std::vector<float> mine = Update(w, 0, 1000);
+      auto pushed = (*worker)->Push("ps0", mine.data(), mine.size() * sizeof(float), 0, 0.0);
+      auto sum = (*worker)->Get("ps0");
+      PushResult result = pushed.get();
+      errors[w] = std::string(PushOutcomeName(result.outcome)) + ": " + result.reason + " | " +
+                  (sum.ok() ? "get ok" : std::string(sum.status().message()));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w << ": " << errors[w]);
+    CHECK(errors[w].rfind("failed: ", 0) == 0);
+    CHECK(errors[w].find("timed out") != std::string::npos);
+    CHECK(errors[w].find("get ok") == std::string::npos);
+  }
+  std::lock_guard<std::mutex> lock(ps.mu);
+  CHECK(ps.rounds.empty());
+}
+
+}  // namespace
+}  // namespace mlfabric
