@@ -296,6 +296,10 @@ class Testbed:
                   "log_level": "warning", "transfer_slack_s": 30,
                   "default_link_bps": self.server_bps,
                   "jobs": [{"name": JOB, "token": TOKEN, "mode": mode, "tau_max": tau}]}
+        if system.startswith("mlfabric-a") and a.aggregators:
+            # §7: aggregators co-hosted with the workers (the simulator's
+            # default k = every worker machine).
+            config["jobs"][0]["aggregators"] = list(self.workers)
         with open(os.path.join(d, "scheduler.json"), "w") as f:
             json.dump(config, f, indent=1)
         started.append(("scheduler", self.cluster.popen(
@@ -481,8 +485,17 @@ class Testbed:
                 for k, v in (s or {}).get("drop_reasons", {}).items():
                     reasons[k] = reasons.get(k, 0) + v
             r["drop_reasons"] = reasons
+            fails = {}
+            for s in summaries.values():
+                for k, v in (s or {}).get("fail_reasons", {}).items():
+                    fails[k] = fails.get(k, 0) + v
+            r["fail_reasons"] = fails
+            r["get_errors"] = [s["get_error"] for s in summaries.values()
+                               if s and s.get("get_error")]
+            # Every push ended exactly once, and the server applied exactly
+            # the updates the workers were told were applied.
             r["accounted"] = (r["pushes"] == r["applied"] + r["dropped"] + r["failed"] and
-                              r["server_applied"] == r["applied"] and r["failed"] == 0 and
+                              r["server_applied"] == r["applied"] and not r["get_errors"] and
                               r["workers_finished"] == len(self.workers))
             r["iterations"] = r["pushes"]
         else:
@@ -568,6 +581,8 @@ def parse_args(argv):
     p.add_argument("--report_lag_s", type=float, default=0.2, help="monitor lag t_lag (§7: 0.2 s)")
     p.add_argument("--target_accuracy", type=float, default=0.70)
     p.add_argument("--duration_s", type=float, default=60, help="cap per system")
+    p.add_argument("--aggregators", type=int, default=1,
+                   help="1: MLfabric-A may aggregate on every worker host (§5.2, §7); 0: none")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--prefix", default="mlft-")
     p.add_argument("--subnet", default=None, help="A.B.C of the /24 (default: from --prefix)")
@@ -621,6 +636,9 @@ def main(argv):
         except ImportError as e:
             print("plots skipped: %s (pip install matplotlib; tools/deps/eval.pip)" % e)
     print("results: %s" % os.path.join(args.out, "results.json"))
+    for n, r in results["systems"].items():
+        for reason, count in (r.get("fail_reasons") or {}).items():
+            print("%s: %d pushes failed: %s" % (n, count, reason))
     bad = [n for n, r in results["systems"].items() if r.get("error") or not r.get("accounted")]
     if bad:
         print("mlfabric-testbed: FAILED systems: %s" % ", ".join(bad))

@@ -148,7 +148,10 @@ int RunServer(const Flags& f, EventLog& log) {
     Server::Snapshot snapshot;
     std::lock_guard<std::mutex> lock(mu);
     snapshot.version = version;
-    std::vector<float> m(model.begin(), model.end());
+    // The model travels padded to the update size, like the gradient: a
+    // get moves as many bytes as a ResNet-50 model would, scaled (README).
+    std::vector<float> m(PayloadFloats(f, values), 0.0f);
+    std::copy(model.begin(), model.end(), m.begin());
     snapshot.bytes.resize(m.size() * sizeof(float));
     std::memcpy(snapshot.bytes.data(), m.data(), snapshot.bytes.size());
     return snapshot;
@@ -211,8 +214,9 @@ int RunWorker(const Flags& f, EventLog& log) {
   };
   std::deque<InFlight> in_flight;
   int64_t pushes = 0, applied = 0, dropped = 0, failed = 0;
-  std::map<std::string, int64_t> drop_reasons;
-  std::string first_error;
+  std::map<std::string, int64_t> drop_reasons, fail_reasons;
+  std::string first_error, get_error;
+  bool get_failed = false;
   auto settle = [&] {
     InFlight p = std::move(in_flight.front());
     in_flight.pop_front();
@@ -229,6 +233,7 @@ int RunWorker(const Flags& f, EventLog& log) {
       e["reason"] = r.reason;
     } else {
       ++failed;
+      ++fail_reasons[r.reason];
       e["reason"] = r.reason;
       if (first_error.empty()) first_error = r.reason;
     }
@@ -237,17 +242,32 @@ int RunWorker(const Flags& f, EventLog& log) {
   const double start = Now();
   const int index = static_cast<int>(f.worker_index);
   double last_iter_end = start;
-  for (int64_t iteration = 0; failed == 0; ++iteration) {
+  // A failed push (an outcome the API defines: the daemon or scheduler could
+  // not carry it out) loses that one update, as a crashed transfer would;
+  // training goes on and the failure is reported with its reason. A failed
+  // get ends the worker: it has no model to compute on.
+  for (int64_t iteration = 0;; ++iteration) {
     if (FileExists(f.stop_file) || Now() - start > f.duration_s + 60) break;
     auto model = (*worker)->Get(f.server);
+    // Workers and the server start together: until the server has
+    // registered, a get is refused with NOT_FOUND. Wait for it (only before
+    // the first model arrives; pushes already wait server_wait_s). The
+    // daemon reports it as "... NOT_FOUND: server 'ps0' ... is not registered".
+    for (const double wait_until = Now() + 30;
+         iteration == 0 && !model.ok() &&
+         model.status().message().find("is not registered") != absl::string_view::npos &&
+         Now() < wait_until;
+         model = (*worker)->Get(f.server)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     if (!model.ok()) {
-      ++failed;
-      first_error = std::string(model.status().message());
+      get_failed = true;
+      get_error = std::string(model.status().message());
       break;
     }
-    if (model->size() != values * sizeof(float)) {
-      first_error = "model from the server has the wrong size";
-      ++failed;
+    if (model->size() != PayloadFloats(f, values) * sizeof(float)) {
+      get_failed = true;
+      get_error = "model from the server has the wrong size";
       break;
     }
     const float* m = reinterpret_cast<const float*>(model->data());
@@ -272,8 +292,9 @@ int RunWorker(const Flags& f, EventLog& log) {
   while (!in_flight.empty()) settle();
   log.Write({{"event", "summary"}, {"role", "worker"}, {"t", Now()}, {"start", start},
              {"pushes", pushes}, {"applied", applied}, {"dropped", dropped}, {"failed", failed},
-             {"drop_reasons", drop_reasons}, {"first_error", first_error}});
-  return failed == 0 ? 0 : 3;
+             {"drop_reasons", drop_reasons}, {"fail_reasons", fail_reasons},
+             {"first_error", first_error}, {"get_error", get_error}});
+  return get_failed ? 3 : 0;
 }
 
 int RunSync(const Flags& f, EventLog& log) {

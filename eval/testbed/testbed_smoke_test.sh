@@ -2,8 +2,9 @@
 # Smoke version of the testbed experiment: 3 workers, every system for a few
 # seconds, on a namespace cluster (or loopback, with "SKIPPED: ..." printed
 # for the namespace part). Asserts on the structure of results.json: every
-# system ran, every push is accounted for (applied or dropped, none failed;
-# server count == workers' applied count), sync ranks did equal rounds, and
+# system ran, every push is accounted for (ended exactly once: applied,
+# dropped or failed with a reason, printed; server count == workers' applied
+# count), sync ranks did equal rounds, traffic crossed the shaped links, and
 # no time is negative. Not on speed.
 set -euo pipefail
 root="$TEST_SRCDIR/mlfabric"
@@ -33,7 +34,11 @@ for name, s in systems.items():
     assert all(d >= 0 for d in s["delays"]), name
     if name in ("mlfabric-a30", "vanilla"):
         assert s["server_applied"] == s["applied"], name
-        assert s["pushes"] == s["applied"] + s["dropped"], name
+        assert s["pushes"] == s["applied"] + s["dropped"] + s["failed"], name
+        if s["failed"]:
+            # Reported, not fatal: a failed push is an API outcome with a
+            # reason (see README); the accounting above must still hold.
+            print("WARNING: %s: %d pushes failed: %s" % (name, s["failed"], s["fail_reasons"]))
     if r["config"]["mode"] == "netns":
         assert s["links"] and all(l["up_bytes"] >= 0 for l in s["links"].values()), name
         moved = sum(l["up_bytes"] for h, l in s["links"].items() if h.startswith("w"))
