@@ -1,0 +1,297 @@
+// Data-plane benchmarks of issue 4, printed as one table (daemon/README.md):
+//
+//   bazel run -c opt //daemon/bench:dataplane_benchmark [-- --gib=1 --rounds=3]
+//
+//  1. Daemon-to-daemon goodput over loopback: the real scheduler (FIFO
+//     planner, so each transfer starts at once), two real mlfabricd and a
+//     pusher/server pair; 1 GiB pushes, one at a time, timed by the
+//     receiving daemon's own arrival trace (first packet to last byte). The
+//     baseline is a raw Boost.Asio TCP stream on the same loopback path in
+//     this process: the same bytes in the same 32 KiB + 44-byte frames,
+//     blocking writes and reads, no CRC, no queue, no pacing, into a warm
+//     buffer — and once more into a fresh memfd mapping, as the daemon
+//     receives, to show what first-touch page faults cost. Rounds alternate
+//     raw and daemon transfers so both see the same load; medians are
+//     printed. Target: the daemon reaches >= 95% of the raw socket.
+//  3. Weighted-sum kernel GB/s against memcpy on the same buffers:
+//     //aggregator:reduce_benchmark's 64 MiB float32 rows (target >= 80%).
+//  4. CPU seconds per GB moved, of the sending and the receiving daemon
+//     (user + system from /proc, over the pushes only).
+// Benchmark 2 (preemption on a shaped link) needs network namespaces:
+// //daemon/bench:preemption_benchmark.
+//
+// Every ratio is taken within one run on one machine; absolute figures
+// depend on the machine and on what else runs on it.
+#include <algorithm>
+#include <array>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "daemon/bench/dataplane_trace.h"
+#include "tools/launch/process.h"
+
+namespace mlfabric::bench {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using launch::BinaryPath;
+using launch::LocalCluster;
+using launch::ReadFile;
+using launch::WaitUntil;
+
+constexpr size_t kPayloadBytes = 32 << 10;  // the daemon's default
+constexpr size_t kHeaderBytes = 44;         // Mercury header (daemon/transport/packet.h)
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0 : values[values.size() / 2];
+}
+
+// Raw Asio baseline: one TCP connection on loopback, the same framing
+// sizes, blocking writes of header + payload (gathered, as the daemon
+// does) and reads straight into the destination buffer. With
+// `fresh_sink`, the destination is a new shared-memory mapping (memfd, as
+// the daemon's receive buffers are), so its page faults are paid during
+// the transfer; otherwise a buffer faulted in beforehand.
+double MeasureRawSocket(const std::vector<uint8_t>& source, bool fresh_sink) {
+  asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  const uint16_t port = acceptor.local_endpoint().port();
+  const size_t bytes = source.size();
+  std::vector<uint8_t> warm_sink;
+  uint8_t* sink = nullptr;
+  int fd = -1;
+  if (fresh_sink) {
+    fd = ::memfd_create("raw-sink", MFD_CLOEXEC);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return 0;
+    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapped == MAP_FAILED) return 0;
+    sink = static_cast<uint8_t*>(mapped);
+  } else {
+    warm_sink.assign(bytes, 0);
+    sink = warm_sink.data();
+  }
+  double seconds = 0;
+  std::thread receiver([&] {
+    tcp::socket socket(io);
+    acceptor.accept(socket);
+    socket.set_option(tcp::no_delay(true));
+    uint8_t header[kHeaderBytes];
+    double first = -1;
+    for (size_t offset = 0; offset < bytes; offset += kPayloadBytes) {
+      asio::read(socket, asio::buffer(header, sizeof(header)));
+      if (first < 0) first = Now();
+      const size_t length = std::min(kPayloadBytes, bytes - offset);
+      asio::read(socket, asio::buffer(sink + offset, length));
+    }
+    seconds = Now() - first;
+  });
+  tcp::socket socket(io);
+  socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  socket.set_option(tcp::no_delay(true));
+  uint8_t header[kHeaderBytes] = {};
+  for (size_t offset = 0; offset < bytes; offset += kPayloadBytes) {
+    const size_t length = std::min(kPayloadBytes, bytes - offset);
+    std::array<asio::const_buffer, 2> frame = {asio::buffer(header, sizeof(header)),
+                                               asio::buffer(source.data() + offset, length)};
+    asio::write(socket, frame);
+  }
+  receiver.join();
+  if (fresh_sink) {
+    ::munmap(sink, bytes);
+    ::close(fd);
+  }
+  return static_cast<double>(bytes) / seconds;
+}
+
+struct Round {
+  double daemon_bytes_per_s = 0;
+  double raw_bytes_per_s = 0;        // warm destination buffer
+  double raw_fresh_bytes_per_s = 0;  // fresh memfd destination, like the daemon's
+  double sender_cpu_s_per_gb = 0;
+  double receiver_cpu_s_per_gb = 0;
+};
+
+// Rounds alternate the daemon and the raw socket so both see the same
+// machine load; each round's daemon transfer is timed by the receiving
+// daemon's own arrival trace (first packet to last byte).
+absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds) {
+  auto cluster = LocalCluster::Start(
+      {"s1", "w1"}, {"--planner=fifo"},
+      // Pacing far above loopback speed: the path, not the token bucket, limits.
+      {"--log_level=debug", "--uplink_bps=1e12", "--downlink_bps=1e12"});
+  if (!cluster.ok()) return cluster.status();
+  LocalCluster& c = **cluster;
+  auto server = c.StartApp("server", {BinaryPath("daemon/bench/dataplane_server"),
+                                      "--socket=" + c.Socket("s1"), "--verify=false"});
+  if (!server.ok()) return server.status();
+  const std::vector<uint8_t> source(static_cast<size_t>(bytes), 1);
+  std::vector<Round> out;
+  for (int r = 0; r < rounds; ++r) {
+    Round round;
+    round.raw_bytes_per_s = MeasureRawSocket(source, /*fresh_sink=*/false);
+    const std::string go_file = absl::StrCat(c.dir(), "/go", r);
+    auto pusher = c.StartApp(
+        absl::StrCat("pusher", r),
+        {BinaryPath("daemon/bench/dataplane_pusher"), "--socket=" + c.Socket("w1"),
+         absl::StrCat("--name=bench", r), "--bytes=" + std::to_string(bytes),
+         absl::StrCat("--seed=", r + 1), "--go_file=" + go_file});
+    if (!pusher.ok()) return pusher.status();
+    if (!WaitUntil([&] { return (*pusher)->Log().find("ready") != std::string::npos; }, 60)) {
+      return absl::DeadlineExceededError("the pusher did not start: " + (*pusher)->Log());
+    }
+    const auto sender_cpu0 = ProcessCpuSeconds(c.daemon("w1").pid());
+    const auto receiver_cpu0 = ProcessCpuSeconds(c.daemon("s1").pid());
+    std::ofstream(go_file) << "go\n";
+    if ((*pusher)->WaitFor(600) != 0) {
+      return absl::InternalError("the push was not applied: " + (*pusher)->Log());
+    }
+    const auto sender_cpu1 = ProcessCpuSeconds(c.daemon("w1").pid());
+    const auto receiver_cpu1 = ProcessCpuSeconds(c.daemon("s1").pid());
+    const std::vector<Arrival> arrivals = ParseArrivals(c.daemon("s1").Log());
+    if (arrivals.size() != static_cast<size_t>(r + 1)) {
+      return absl::DataLossError(absl::StrCat("expected ", r + 1, " arrival lines in the ",
+                                              "receiving daemon's log, found ", arrivals.size()));
+    }
+    const Arrival& a = arrivals.back();
+    const double gb = a.bytes / 1e9;
+    round.daemon_bytes_per_s = a.bytes / (a.complete_s - a.first_packet_s);
+    if (sender_cpu0.ok() && sender_cpu1.ok()) {
+      round.sender_cpu_s_per_gb = (*sender_cpu1 - *sender_cpu0) / gb;
+    }
+    if (receiver_cpu0.ok() && receiver_cpu1.ok()) {
+      round.receiver_cpu_s_per_gb = (*receiver_cpu1 - *receiver_cpu0) / gb;
+    }
+    round.raw_fresh_bytes_per_s = MeasureRawSocket(source, /*fresh_sink=*/true);
+    std::printf("  round %d: daemon %.2f GB/s, raw socket %.2f GB/s (fresh memfd sink %.2f "
+                "GB/s), daemon CPU %.3f + %.3f s/GB\n",
+                r + 1, round.daemon_bytes_per_s / 1e9, round.raw_bytes_per_s / 1e9,
+                round.raw_fresh_bytes_per_s / 1e9, round.sender_cpu_s_per_gb,
+                round.receiver_cpu_s_per_gb);
+    out.push_back(round);
+  }
+  return out;
+}
+
+// The reduce benchmark's float32 64 MiB row: memcpy, 1-thread and multi GB/s.
+struct ReduceRow {
+  double memcpy_gbps = 0, single_gbps = 0, multi_gbps = 0;
+  std::string output;
+};
+
+ReduceRow MeasureReduce() {
+  ReduceRow row;
+  const std::string log = launch::MakeTempDir("reduce") + "/reduce.log";
+  auto process = launch::Subprocess::Start({BinaryPath("aggregator/reduce_benchmark")}, log);
+  if (!process.ok() || (*process)->WaitFor(300) != 0) return row;
+  row.output = ReadFile(log);
+  std::istringstream lines(row.output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::string type, single_pct, multi_pct;
+    long long size = 0;
+    if (fields >> type >> size >> row.memcpy_gbps >> row.single_gbps >> single_pct >>
+            row.multi_gbps >> multi_pct &&
+        type == "float32" && size == (64 << 20)) {
+      return row;
+    }
+  }
+  row = ReduceRow{0, 0, 0, row.output};
+  return row;
+}
+
+int Main(int argc, char** argv) {
+  auto cl = ParseCommandLine(argc, argv);
+  if (!cl.ok()) {
+    std::cerr << "dataplane_benchmark: " << cl.status().message() << "\n";
+    return 2;
+  }
+  ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
+  double gib = 1;
+  int64_t rounds_count = 3;
+  reader.Double("gib", &gib, 0.01, 8);
+  reader.Int("rounds", &rounds_count, 1, 100);
+  if (auto status = reader.Finish(); !status.ok()) {
+    std::cerr << "dataplane_benchmark: " << status.message() << "\n";
+    return 2;
+  }
+  const int64_t bytes = static_cast<int64_t>(gib * (1 << 30)) / 4 * 4;
+  std::printf("dataplane_benchmark: %lld rounds of %.2f GiB, %zu KiB packets, %u CPUs\n",
+              static_cast<long long>(rounds_count), gib, kPayloadBytes >> 10,
+              std::thread::hardware_concurrency());
+
+  std::printf("benchmarks 1 and 4: %lld rounds of (raw socket, daemon, raw socket into a fresh "
+              "memfd) over loopback\n",
+              static_cast<long long>(rounds_count));
+  auto rounds = MeasureRounds(bytes, static_cast<int>(rounds_count));
+  if (!rounds.ok()) {
+    std::fprintf(stderr, "dataplane_benchmark: %s\n", std::string(rounds.status().message()).c_str());
+    return 1;
+  }
+  std::printf("benchmark 3: //aggregator:reduce_benchmark\n");
+  const ReduceRow reduce = MeasureReduce();
+  if (reduce.memcpy_gbps <= 0) {
+    std::fprintf(stderr, "dataplane_benchmark: no float32 64 MiB row from reduce_benchmark:\n%s",
+                 reduce.output.c_str());
+    return 1;
+  }
+  auto median = [&](double Round::*field) {
+    std::vector<double> values;
+    for (const Round& r : *rounds) values.push_back(r.*field);
+    return Median(values);
+  };
+  std::vector<double> ratios, fresh_ratios;
+  for (const Round& r : *rounds) {
+    ratios.push_back(r.daemon_bytes_per_s / r.raw_bytes_per_s);
+    fresh_ratios.push_back(r.daemon_bytes_per_s / r.raw_fresh_bytes_per_s);
+  }
+  const double daemon = median(&Round::daemon_bytes_per_s);
+  const double raw = median(&Round::raw_bytes_per_s);
+  const double raw_fresh = median(&Round::raw_fresh_bytes_per_s);
+  std::printf("\n| # | figure (median of %lld rounds) | measured | target |\n"
+              "| --- | --- | --- | --- |\n",
+              static_cast<long long>(rounds_count));
+  std::printf("| 1 | daemon-to-daemon goodput, loopback, %.2f GiB transfers | %.2f GB/s (%.1f Gbit/s) | |\n",
+              gib, daemon / 1e9, daemon * 8 / 1e9);
+  std::printf("| 1 | raw Asio socket, same path and frames, warm buffer | %.2f GB/s (%.1f Gbit/s) | |\n",
+              raw / 1e9, raw * 8 / 1e9);
+  std::printf("| 1 | raw Asio socket into a fresh memfd buffer | %.2f GB/s (%.1f Gbit/s) | |\n",
+              raw_fresh / 1e9, raw_fresh * 8 / 1e9);
+  std::printf("| 1 | daemon / raw socket (per-round ratio) | %.0f%% | >= 95%% |\n",
+              100 * Median(ratios));
+  std::printf("| 1 | daemon / raw socket into fresh memfd | %.0f%% | |\n",
+              100 * Median(fresh_ratios));
+  std::printf("| 3 | weighted sum float32 64 MiB, 1 thread / memcpy | %.2f / %.2f GB/s = %.0f%% | >= 80%% |\n",
+              reduce.single_gbps, reduce.memcpy_gbps, 100 * reduce.single_gbps / reduce.memcpy_gbps);
+  std::printf("| 3 | weighted sum float32 64 MiB, multi-thread / memcpy | %.2f / %.2f GB/s = %.0f%% | >= 80%% |\n",
+              reduce.multi_gbps, reduce.memcpy_gbps, 100 * reduce.multi_gbps / reduce.memcpy_gbps);
+  std::printf("| 4 | sending daemon CPU per GB moved | %.3f CPU-s/GB | |\n",
+              median(&Round::sender_cpu_s_per_gb));
+  std::printf("| 4 | receiving daemon CPU per GB moved | %.3f CPU-s/GB | |\n",
+              median(&Round::receiver_cpu_s_per_gb));
+  return 0;
+}
+
+}  // namespace
+}  // namespace mlfabric::bench
+
+int main(int argc, char** argv) { return mlfabric::bench::Main(argc, argv); }
