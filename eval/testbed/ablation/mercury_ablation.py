@@ -17,6 +17,16 @@ waits layer by layer for its parameters. Variants:
   whole  whole-tensor transfers: one push at a time in production order, the
          next only after the previous one is applied (no interleaving; every
          tensor pays a full submit/plan/ack round, the "startup time" of §III).
+  prio+rounds, fifo+rounds
+         the same with Mercury PS rounds (§IV Key idea 3): every layer server
+         sums the workers' pushes packet by packet in its daemon and streams
+         the sum back to gets issued right after the push, so a layer's push
+         and pull overlap (synchronous across workers; gets all at once).
+
+Pulls (gets) leave the server's daemon as plain TCP streams without packet
+priority; for prio/fifo/whole the worker pulls one layer at a time
+(--max_pulls=1), most urgent first for prio and in arrival order otherwise,
+which carries the variant's order into the pull direction.
 
 Network: worker NICs at --link_bps (both directions), the PS NIC at
 workers x link_bps (the PS is not the bottleneck, as with Mercury's several
@@ -49,6 +59,8 @@ JOB, TOKEN = "mercury", "mercury-token"
 
 def run_variant(cluster, args, model, variant, out):
     cp = pc.ControlPlane(cluster, args.bin_root, out)
+    # "prio+rounds"/"fifo+rounds": Mercury PS rounds with streamed sums.
+    base, rounds = variant.split("+")[0], variant.endswith("+rounds")
     workers = ["w%d" % i for i in range(1, args.workers + 1)]
     result = {"model": model, "variant": variant, "error": "", "workers": {}}
     try:
@@ -66,6 +78,7 @@ def run_variant(cluster, args, model, variant, out):
                                   "--socket=" + sockets["ps"], "--job=" + JOB,
                                   "--token=" + TOKEN, "--model=" + model,
                                   "--byte_scale=%g" % args.byte_scale, "--layout=per_layer",
+                                  "--round_size=%d" % (args.workers if rounds else 0),
                                   "--out=" + server_out])
         pc.wait_until(lambda: "serving" in open(os.path.join(out, "server.log")).read(), 60,
                       "profile_server to register its servers")
@@ -76,9 +89,10 @@ def run_variant(cluster, args, model, variant, out):
                                        "--token=" + TOKEN, "--model=" + model,
                                        "--byte_scale=%g" % args.byte_scale,
                                        "--compute_scale=%g" % args.compute_scale,
-                                       "--layout=per_layer", "--variant=" + variant,
+                                       "--layout=per_layer", "--variant=" + base,
                                        "--iterations=%d" % args.iterations,
-                                       "--max_pulls=%d" % args.max_pulls,
+                                       "--max_pulls=%d" % (0 if rounds else args.max_pulls),
+                                       "--rounds=%s" % ("true" if rounds else "false"),
                                        "--out=" + os.path.join(out, w + ".json")])
         progress = pc.Progress("%s/%s" % (model, variant))
         deadline = time.time() + args.timeout_s
@@ -158,7 +172,7 @@ def plot(results, out, img_prefix):
         means = [r["summary"]["iteration_mean_s"] for r in rs]
         p95 = [r["summary"]["iteration_p95_s"] for r in rs]
         x = range(len(variants))
-        ax.bar(x, means, color=["#2a7", "#888", "#c63"][:len(variants)])
+        ax.bar(x, means, color=["#2a7", "#888", "#c63", "#27a", "#777"][:len(variants)])
         ax.errorbar(x, means, yerr=[[0] * len(means), [max(0, b - a) for a, b in zip(means, p95)]],
                     fmt="none", ecolor="k", capsize=4)
         ax.set_xticks(list(x))
@@ -224,8 +238,9 @@ def main(argv):
     models = args.models.split(",")
     variants = args.variants.split(",")
     for v in variants:
-        if v not in ("prio", "fifo", "whole"):
-            parser.error("--variants: unknown variant %r (prio, fifo, whole)" % v)
+        if v not in ("prio", "fifo", "whole", "prio+rounds", "fifo+rounds"):
+            parser.error("--variants: unknown variant %r (prio, fifo, whole, prio+rounds, "
+                         "fifo+rounds)" % v)
     os.makedirs(args.out, exist_ok=True)
     workers = ["w%d" % i for i in range(1, args.workers + 1)]
     hosts = ["sch", "ps"] + workers
@@ -269,17 +284,19 @@ def main(argv):
     print()
     rows = []
     for m in models:
-        base = next((r for r in results if r["model"] == m and r["variant"] == "fifo"), None)
         for v in variants:
+            # Each variant against FIFO packets with the same server kind.
+            ref = "fifo+rounds" if v.endswith("+rounds") else "fifo"
+            base = next((r for r in results if r["model"] == m and r["variant"] == ref), None)
             r = next(r for r in results if r["model"] == m and r["variant"] == v)
             s = r["summary"]
             vs = ("%+.1f%%" % (100 * (s["iteration_mean_s"] / base["summary"]["iteration_mean_s"]
-                                   - 1)) if base and v != "fifo" else "")
+                                   - 1)) if base and v != ref else "")
             rows.append([m, v, "%.3f" % s["iteration_mean_s"], "%.3f" % s["iteration_p50_s"],
                          "%.3f" % s["iteration_p95_s"], vs, "%.3f" % s["front_ready_mean_s"],
                          "%.3f" % s["all_ready_mean_s"], "%.3f" % s["fp_stall_mean_s"],
                          s["iterations"], "yes" if s["accounted"] else "NO"])
-    pc.print_table(["model", "variant", "iter mean s", "p50", "p95", "vs fifo", "front back s",
+    pc.print_table(["model", "variant", "iter mean s", "p50", "p95", "vs fifo(+rounds)", "front back s",
                     "all back s", "fp stall s", "n", "accounted"], rows)
     if args.plots and results:
         for p in plot(results, args.out, args.img_prefix):

@@ -7,6 +7,9 @@
 //   --layout=per_layer   one server per layer, <server_prefix>L<i> (Mercury
 //                        ablation: each layer is pulled on its own)
 //   --layout=single      one server, <server_prefix>model
+//   --round_size=W       synchronous rounds of W pushes per server (Mercury
+//                        PS: the daemon sums packet by packet and streams
+//                        the sum to the gets; api/mlfabric.h round_size)
 //   --barrier_port=P --barrier_workers=W
 //                        synchronous training (TensorLights jobs): a TCP
 //                        barrier on P; a worker sends the iteration index
@@ -48,6 +51,7 @@ struct Shard {
   std::atomic<int64_t> applied{0};
   std::atomic<int64_t> updates{0};  // deliveries (an aggregate counts once)
   std::unique_ptr<Server> server;
+  bool rounds = false;
 };
 
 // Counts arrivals per iteration; releases all waiters once `workers` arrived.
@@ -129,7 +133,7 @@ int Main(int argc, char** argv) {
   std::string model_name = "vgg16", layout = "per_layer", prefix, out;
   std::string barrier_address = "0.0.0.0";
   double byte_scale = 50;
-  int64_t barrier_port = 0, barrier_workers = 0;
+  int64_t barrier_port = 0, barrier_workers = 0, round_size = 0;
   reader->String("socket", &options.daemon_socket);
   reader->String("job", &options.job);
   reader->String("token", &options.job_token);
@@ -140,6 +144,7 @@ int Main(int argc, char** argv) {
   reader->String("barrier_address", &barrier_address);
   reader->Int("barrier_port", &barrier_port, 0, 65535);
   reader->Int("barrier_workers", &barrier_workers, 0, 100000);
+  reader->Int("round_size", &round_size, 0, 100000);
   reader->String("out", &out);
   if ((barrier_port > 0) != (barrier_workers > 0)) {
     reader->AddError("barrier_workers", "--barrier_port and --barrier_workers go together");
@@ -182,6 +187,7 @@ int Main(int argc, char** argv) {
   for (auto& shard : shards) {
     ClientOptions o = options;
     o.name = shard->name;
+    o.round_size = static_cast<int>(round_size);
     auto server = Server::Connect(o);
     if (!server.ok()) {
       std::cerr << "profile_server: " << shard->name << ": " << server.status().message() << "\n";
@@ -190,6 +196,7 @@ int Main(int argc, char** argv) {
     shard->server = std::move(*server);
     shard->version = shard->server->initial_version();
     Shard* s = shard.get();
+    s->rounds = round_size > 0;
     s->server->RegisterUpdateCallback([s](const Server::Update& u) -> absl::StatusOr<int64_t> {
       if (u.bytes != s->model.size() * sizeof(float)) {
         return absl::InvalidArgumentError(absl::StrCat(s->name, ": update of ", u.bytes,
@@ -198,7 +205,9 @@ int Main(int argc, char** argv) {
       }
       const float* values = reinterpret_cast<const float*>(u.data);
       for (size_t i = 0; i < s->model.size(); ++i) s->model[i] += values[i];
-      s->version += u.count;
+      // A synchronous round (count = round size, version = the round)
+      // advances the version by one; a plain update by its count.
+      s->version = s->rounds ? u.version + 1 : s->version + u.count;
       s->applied += u.count;
       ++s->updates;
       return s->version;

@@ -17,7 +17,11 @@
 //   whole  whole-tensor transfers: one push at a time, the next only after
 //          the previous one is applied (no packet interleaving at all).
 // Pulls go one layer at a time (--max_pulls=1, see RunPerLayer): most
-// urgent first for prio, in push-completion order otherwise.
+// urgent first for prio, in push-completion order otherwise. --rounds: the
+// layer servers run synchronous rounds of all workers (profile_server
+// --round_size) and each layer's get is issued right after its push; the
+// server's daemon streams the round's sum back as packets complete, so push
+// and pull of a layer overlap (mercury.md §IV Key idea 3).
 // Iteration time = time between consecutive forward-pass starts.
 //
 // --layout=single (TensorLights co-located jobs, tensorlights.md §II-III):
@@ -69,6 +73,7 @@ struct Flags {
   double compute_scale = 1;
   double compute_total_s = 0;  // > 0: overrides compute_scale so fwd+bwd takes this long
   int64_t max_pulls = 1;  // per_layer: gets in flight at once (0 = no limit)
+  bool rounds = false;    // per_layer: servers run synchronous rounds (Mercury PS)
   std::string layout = "per_layer";
   std::string variant = "prio";
   std::string server_prefix;
@@ -343,7 +348,17 @@ int RunPerLayer(Worker& worker, const Flags& flags, const std::vector<ScaledLaye
                                                    versions[i], norms[i],
                                                    {{0, layers[i].bytes, priority}});
         std::lock_guard<std::mutex> lock(threads_mu);
-        threads.emplace_back(fetch, i, done[i], std::move(push));
+        if (flags.rounds) {
+          // Mercury PS (mercury.md §IV Key idea 3): the get streams the
+          // round's sum back packet by packet while the pushes still
+          // arrive, so it is issued right away.
+          threads.emplace_back([&tally, push = std::move(push)]() mutable {
+            tally.Record(push.get());
+          });
+          enqueue_pull(i, done[i]);
+        } else {
+          threads.emplace_back(fetch, i, done[i], std::move(push));
+        }
       }
     }
     bp_end = clock.Now();
@@ -479,6 +494,7 @@ int Main(int argc, char** argv) {
   reader->Double("compute_scale", &flags.compute_scale, 0, 1e6);
   reader->Double("compute_total_s", &flags.compute_total_s, 0, 3600);
   reader->Int("max_pulls", &flags.max_pulls, 0, 1000);
+  reader->Bool("rounds", &flags.rounds);
   reader->Enum("layout", &flags.layout, {"per_layer", "single"});
   reader->Enum("variant", &flags.variant, {"prio", "fifo", "whole"});
   reader->String("server_prefix", &flags.server_prefix);
@@ -488,6 +504,9 @@ int Main(int argc, char** argv) {
   reader->String("out", &flags.out);
   if (flags.layout == "single" && flags.variant == "whole") {
     reader->AddError("variant", "'whole' needs --layout=per_layer (one push per tensor)");
+  }
+  if (flags.rounds && (flags.layout != "per_layer" || flags.variant == "whole")) {
+    reader->AddError("rounds", "rounds need --layout=per_layer and --variant=prio or fifo");
   }
   if (flags.layout == "per_layer" && !flags.barrier.empty()) {
     reader->AddError("barrier", "the barrier is for --layout=single (synchronous jobs)");
