@@ -176,7 +176,7 @@ def plot(results, out, img_prefix):
         ax.errorbar(x, means, yerr=[[0] * len(means), [max(0, b - a) for a, b in zip(means, p95)]],
                     fmt="none", ecolor="k", capsize=4)
         ax.set_xticks(list(x))
-        ax.set_xticklabels(variants)
+        ax.set_xticklabels(variants, rotation=20)
         ax.set_ylabel("iteration time (s), mean; bar to p95")
         ax.set_title("%s profile" % m)
         for i, v in enumerate(means):

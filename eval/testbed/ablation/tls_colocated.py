@@ -25,6 +25,11 @@ TensorFlow's PS ports. Variants:
   one   TLs-One: strict job priority, job 0 highest (ranking fixed; all jobs
         arrive together);
   rr    TLs-RR: the ranking rotates every --rr_period_s.
+  one+in, rr+in
+        the same, and also on the switch port feeding the PS (the gradients
+        the workers push, matched by destination port): an extension, not
+        the paper's design (§IV-B relies on the outbound priority to pace the
+        inbound traffic indirectly).
 
 Reports average job completion time (JCT) and the mean and variance of the
 barrier wait time (per barrier, across the workers of a job; §III
@@ -36,6 +41,7 @@ accounted for.
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -52,15 +58,24 @@ def job_name(k):
     return "j%d" % k
 
 
+def in_switch(cluster, argv):
+    """argv run inside the switch namespace (the PS's switch port, p-ps)."""
+    return ["ip", "netns", "exec", cluster.ns_of_switch()] + list(argv)
+
+
 def shape_ps_fifo(cluster, rate_bps):
-    """(Re)installs netns_cluster's single-class htb on the PS uplink."""
+    """(Re)installs netns_cluster's single-class htb on both PS directions:
+    the PS uplink (veth0 in ps) and its downlink (port p-ps on the switch)."""
     if cluster.mode != "netns":
         return
-    cluster.run("ps", ["tc", "qdisc", "del", "dev", cluster.ifname, "root"], check=False)
-    cluster.run("ps", ["tc", "qdisc", "add", "dev", cluster.ifname, "root", "handle", "1:",
-                       "htb", "default", "10"])
-    cluster.run("ps", ["tc", "class", "add", "dev", cluster.ifname, "parent", "1:", "classid",
-                       "1:10", "htb", "rate", "%dbit" % rate_bps, "ceil", "%dbit" % rate_bps])
+    for wrap, dev in ((lambda a: cluster.wrap("ps", a), cluster.ifname),
+                      (lambda a: in_switch(cluster, a), "p-ps")):
+        netns_cluster._sh(wrap(["tc", "qdisc", "del", "dev", dev, "root"]), check=False)
+        netns_cluster._sh(wrap(["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb",
+                                "default", "10"]))
+        netns_cluster._sh(wrap(["tc", "class", "add", "dev", dev, "parent", "1:", "classid",
+                                "1:10", "htb", "rate", "%dbit" % rate_bps, "ceil",
+                                "%dbit" % rate_bps]))
 
 
 def run_variant(cluster, args, variant, out):
@@ -68,7 +83,12 @@ def run_variant(cluster, args, variant, out):
     workers = ["w%d" % i for i in range(1, args.workers + 1)]
     jobs = [job_name(k) for k in range(args.jobs)]
     result = {"variant": variant, "error": "", "jobs": {}, "nicprio": ""}
+    # "one+in"/"rr+in": also prioritise the gradients INTO the PS, on the
+    # switch port that feeds it (not in the paper, which relies on the
+    # outbound priority pacing the inbound traffic indirectly, §IV-B).
+    mode, inbound = variant.split("+")[0], variant.endswith("+in")
     nicprio = None
+    nicprio_in = None
     try:
         cp.start_scheduler("sch", [{"name": j, "token": j + "-token", "tau_max": 1000}
                                    for j in jobs],
@@ -83,21 +103,38 @@ def run_variant(cluster, args, variant, out):
             sockets[w], _ = cp.start_daemon(w, w, uplink_bps=args.sched_link_bps,
                                             downlink_bps=args.sched_link_bps)
         cp.wait_sockets(sockets.values())
-        if variant in ("one", "rr"):
+        if mode in ("one", "rr"):
             if cluster.mode != "netns":
                 result["nicprio"] = "not installed (loopback)"
             else:
+                def nicprio_argv(interface):
+                    argv = [cp.binary("daemon/nicprio/mlfabric-nicprio"),
+                            "--interface=" + interface, "--mode=" + mode,
+                            "--period_s=%g" % args.rr_period_s,
+                            "--link_rate_bps=%d" % args.link_bps]
+                    for k, j in enumerate(jobs):
+                        argv.append("--job=%s:%d,%d" % (j, ports[j], BARRIER_PORT + k))
+                    return argv
                 cluster.run("ps", ["tc", "qdisc", "del", "dev", cluster.ifname, "root"])
-                argv = [cp.binary("daemon/nicprio/mlfabric-nicprio"),
-                        "--interface=" + cluster.ifname, "--mode=" + variant,
-                        "--period_s=%g" % args.rr_period_s, "--link_rate_bps=%d" % args.link_bps]
-                for k, j in enumerate(jobs):
-                    argv.append("--job=%s:%d,%d" % (j, ports[j], BARRIER_PORT + k))
+                argv = nicprio_argv(cluster.ifname)
                 nicprio = cp.popen("ps", "nicprio", argv)
                 pc.wait_until(lambda: "1:10" in cluster.run(
                     "ps", ["tc", "class", "show", "dev", cluster.ifname]).stdout, 30,
                     "mlfabric-nicprio to install its classes")
                 result["nicprio"] = " ".join(argv[1:])
+                if inbound:
+                    netns_cluster._sh(in_switch(cluster, ["tc", "qdisc", "del", "dev", "p-ps",
+                                                          "root"]))
+                    argv = nicprio_argv("p-ps")
+                    nicprio_in = subprocess.Popen(
+                        in_switch(cluster, argv), stdout=cp.log("nicprio-in"),
+                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        start_new_session=True)
+                    cp.started.append(("nicprio-in", nicprio_in))
+                    pc.wait_until(lambda: "1:10" in netns_cluster._sh(in_switch(
+                        cluster, ["tc", "class", "show", "dev", "p-ps"])).stdout, 30,
+                        "mlfabric-nicprio to install its classes on p-ps")
+                    result["nicprio"] += " ; switch port: " + " ".join(argv[1:])
         barrier_host = cluster.ip("ps")
         for k, j in enumerate(jobs):
             cp.popen("ps", "server-" + j, [
@@ -133,9 +170,10 @@ def run_variant(cluster, args, variant, out):
             if time.time() > deadline:
                 raise RuntimeError("workers did not finish within %.0f s" % args.timeout_s)
             cp.check_alive()
-            if nicprio is not None and nicprio.poll() is not None:
-                raise RuntimeError("mlfabric-nicprio exited (code %s); see %s/nicprio.log"
-                                   % (nicprio.returncode, out))
+            for name, proc in (("nicprio", nicprio), ("nicprio-in", nicprio_in)):
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError("mlfabric-nicprio exited (code %s); see %s/%s.log"
+                                       % (proc.returncode, out, name))
             progress.update("%d/%d workers done" % (
                 sum(p.poll() is not None for p in procs.values()), len(procs)))
             time.sleep(0.2)
@@ -214,7 +252,8 @@ def plot(results, out, img_prefix):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = [r["variant"] for r in results]
-    label = {"fifo": "FIFO", "one": "TLs-One", "rr": "TLs-RR"}
+    label = {"fifo": "FIFO", "one": "TLs-One", "rr": "TLs-RR", "one+in": "TLs-One\n+inbound",
+             "rr+in": "TLs-RR\n+inbound"}
     paths = []
     fifo = next((r for r in results if r["variant"] == "fifo"), None)
     fig, ax = plt.subplots(figsize=(5, 3.6))
@@ -281,8 +320,8 @@ def main(argv):
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
     for v in variants:
-        if v not in ("fifo", "one", "rr"):
-            parser.error("--variants: unknown variant %r (fifo, one, rr)" % v)
+        if v not in ("fifo", "one", "rr", "one+in", "rr+in"):
+            parser.error("--variants: unknown variant %r (fifo, one, rr, one+in, rr+in)" % v)
     if args.jobs < 1 or args.workers < 1 or args.iterations <= args.warmup:
         parser.error("need --jobs >= 1, --workers >= 1 and --iterations > --warmup")
     os.makedirs(args.out, exist_ok=True)
