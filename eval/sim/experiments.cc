@@ -68,6 +68,7 @@ nlohmann::json ConfigToJson(const SimConfig& c) {
           {"aggregators", c.aggregators},
           {"aggregators_resolved", MakeLayout(c).aggregators},
           {"aggregators_on_workers", c.aggregators_on_workers},
+          {"distributors", c.distributors},
           {"workers_per_host", c.workers_per_host},
           {"intra_host_bps", c.intra_host_bps},
           {"max_outstanding_pushes", c.max_outstanding_pushes},

@@ -39,6 +39,9 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
   --aggregators=K        aggregators/distributors k (-1: every worker machine) default -1
   --aggregators_on_workers=B  aggregators co-hosted on worker machines (§7)  default true;
                          false: k extra idle hosts (old setting, -1 means 4)
+  --distributors=K       model distributors k° (§10.3): the first K aggregator
+                         hosts; -1: all of them; 0: every copy from the server
+                                                                 default -1
   --workers_per_host=W   workers sharing one machine/NIC (§7: 30 on 15)  default 2
   --intra_host_bps=R     copy rate between workers of one machine  default 8e10
   --max_outstanding_pushes=P  unresolved pushes per async worker before its
@@ -82,6 +85,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   ASSIGN_OR_RETURN(ConfigReader reader, ConfigReader::FromCommandLine(cl));
   CliConfig c;
   int64_t workers = c.sim.workers, aggregators = c.sim.aggregators;
+  int64_t distributors = c.sim.distributors;
   int64_t workers_per_host = c.sim.workers_per_host;
   int64_t max_outstanding = c.sim.max_outstanding_pushes;
   int64_t seed = static_cast<int64_t>(c.sim.seed), model_bytes = c.sim.model_bytes;
@@ -96,6 +100,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   reader.Int("tau_max", &c.sim.tau_max, 1, 1000000);
   reader.Int("aggregators", &aggregators, -1, 1000);
   reader.Bool("aggregators_on_workers", &c.sim.aggregators_on_workers);
+  reader.Int("distributors", &distributors, -1, 1000);
   reader.Int("workers_per_host", &workers_per_host, 1, 1000);
   reader.Double("intra_host_bps", &c.sim.intra_host_bps, 1e6, 1e15);
   reader.Int("max_outstanding_pushes", &max_outstanding, 0, 1000000);
@@ -118,6 +123,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   RETURN_IF_ERROR(reader.Finish());
   c.sim.workers = static_cast<int>(workers);
   c.sim.aggregators = static_cast<int>(aggregators);
+  c.sim.distributors = static_cast<int>(distributors);
   c.sim.workers_per_host = static_cast<int>(workers_per_host);
   c.sim.max_outstanding_pushes = static_cast<int>(max_outstanding);
   c.sim.seed = static_cast<uint64_t>(seed);

@@ -41,6 +41,7 @@ absl::Status ValidateConfig(const SimConfig& c) {
     return absl::InvalidArgumentError(
         "aggregators: with aggregators_on_workers at most one per worker machine");
   }
+  if (c.distributors < -1) return absl::InvalidArgumentError("distributors: must be >= -1");
   if (c.max_outstanding_pushes < 0) {
     return absl::InvalidArgumentError("max_outstanding_pushes: must be >= 0");
   }

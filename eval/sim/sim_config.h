@@ -90,6 +90,10 @@ struct SimConfig {
   // otherwise k extra idle hosts (the old simulator's setting).
   int aggregators = -1;
   bool aggregators_on_workers = true;
+  // Model distributors (k° of §10.3, which the paper keeps apart from the
+  // k aggregators of §5.2): the first `distributors` aggregator hosts; -1:
+  // all of them; 0: none, every model copy leaves the server directly.
+  int distributors = -1;
   // Asynchronous workers (MLfabric-A and vanilla async PS) are pipelined: a
   // worker pushes its update (push returns at once) and immediately gets the
   // freshest model, then computes again. At most max_outstanding_pushes of its

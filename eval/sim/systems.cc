@@ -338,6 +338,11 @@ class Mlfabric final : public Harness {
       names_.push_back(absl::StrCat("a", h - layout_.machines - 1));
     }
     for (int h : layout_.aggregator_hosts) aggregator_names_.push_back(names_[h]);
+    // k° distributors of §10.3: the first k° aggregator hosts (-1: all).
+    const int k_dist = config_.distributors < 0
+                           ? static_cast<int>(aggregator_names_.size())
+                           : std::min<int>(config_.distributors, aggregator_names_.size());
+    distributor_names_.assign(aggregator_names_.begin(), aggregator_names_.begin() + k_dist);
     for (int h = 0; h < hosts_; ++h) index_[names_[h]] = h;
   }
 
@@ -667,7 +672,7 @@ class Mlfabric final : public Harness {
     request.now_s = sim_.now();
     request.server = "s";
     request.model_bytes = config_.model_bytes;
-    request.distributors = aggregator_names_;
+    request.distributors = distributor_names_;
     request.seed = MixSeed(config_.seed, 0x676574ULL, static_cast<uint64_t>(get_count_++));
     std::set<int> involved = {server_};
     for (int h : layout_.aggregator_hosts) involved.insert(h);
@@ -750,6 +755,7 @@ class Mlfabric final : public Harness {
   const int hosts_;
   std::vector<std::string> names_;
   std::vector<std::string> aggregator_names_;
+  std::vector<std::string> distributor_names_;
   std::unordered_map<std::string, int> index_;
   std::unique_ptr<core::Planner> planner_;
   std::vector<int64_t> iteration_;

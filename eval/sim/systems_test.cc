@@ -222,6 +222,14 @@ TEST_CASE("gets batched at the server form larger distribution batches than per 
   const double server_copies =
       server.get_server_sends / (server.get_batch_mean_machines * server.get_batches);
   CHECK(server_copies < tick_copies);
+  // Without distributors (k° = 0) every requesting machine gets its own
+  // copy from the server.
+  config.distributors = 0;
+  const SystemResult direct = RunSystem(config, ParseSystem("mlfabric-a-30").value()).value();
+  REQUIRE(direct.get_batches > 0);
+  CHECK(direct.get_server_sends ==
+        static_cast<int64_t>(std::llround(direct.get_batch_mean_machines * direct.get_batches)));
+  CHECK(direct.applied + direct.dropped + direct.in_flight == direct.pushed);
 }
 
 TEST_CASE("host layout: workers share machines, aggregators on worker machines") {
