@@ -280,7 +280,8 @@ def plot(results, out, img_prefix):
                 ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))],
                         label=label.get(r["variant"], r["variant"]))
     axes[0].set_xlabel("mean barrier wait per barrier (s)")
-    axes[1].set_xlabel("variance of barrier wait per barrier (s^2)")
+    axes[1].set_xlabel("variance of barrier wait per barrier (s^2, log scale)")
+    axes[1].set_xscale("symlog", linthresh=1e-5)
     for ax in axes:
         ax.set_ylabel("CDF over barriers")
         ax.legend()
