@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -69,8 +70,9 @@ absl::StatusOr<std::unique_ptr<Replica>> RegisterAsReplica(const std::string& se
   body->set_job(params.client.job);
   body->set_job_token(params.client.job_token);
   body->set_role(v1::ROLE_REPLICA);
-  // The replica registers under its server's name: it keeps a copy of it.
-  body->set_name(params.client.name.empty() ? server : params.client.name);
+  // The replica registers under its server's name: it keeps a copy of it,
+  // and the scheduler sends it that server's replica transfers (§5.3).
+  body->set_name(server);
   if (auto status = replica->channel_->Send(hello); !status.ok()) return status;
   v1::LocalMessage reply;
   int reply_fd = -1;
@@ -121,6 +123,7 @@ absl::Status Replica::Serve() {
       view.worker = update.worker();
       view.version = update.version();
       view.norm = update.norm();
+      view.count = std::max<int64_t>(1, update.count());
       view.data = buffer->data();
       view.bytes = buffer->size();
       absl::StatusOr<int64_t> applied = on_update_(view);

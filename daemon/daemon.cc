@@ -426,6 +426,10 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     }
     case v1::DaemonCommand::kCancel: {
       const v1::CancelDelivery& cancel = command.cancel();
+      if (cancel.release_hold()) {
+        replica_holds_.erase(cancel.transfer_id());
+        break;
+      }
       if (cancel.fail_round()) {
         FailRoundLocked(RoundLocked(cancel.job_id(), cancel.server(), cancel.round()),
                         cancel.reason());
@@ -466,6 +470,7 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
       body->set_applied_version(outcome.applied_version());
       body->set_delay(outcome.delay());
       (void)it->second.app->channel->Send(done);
+      if (outcome.hold_for_replica()) replica_holds_[outcome.transfer_id()] = it->second;
       pushes_.erase(it);
       break;
     }
@@ -586,6 +591,11 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
     app->registration = request;
     if (request.role() == v1::ROLE_SERVER) {
       ServerEndpoint& endpoint = servers_[ServerKey(app->job_id, app->name)];
+      endpoint.app = app;
+    }
+    // A hot-standby replica (§5.3) takes deliveries for "replica:<server>".
+    if (request.role() == v1::ROLE_REPLICA) {
+      ServerEndpoint& endpoint = servers_[ServerKey(app->job_id, "replica:" + app->name)];
       endpoint.app = app;
     }
   }
@@ -747,8 +757,10 @@ void Daemon::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
 void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
   std::lock_guard<std::mutex> lock(mu_);
   apps_.erase(app);
-  if (app->role != v1::ROLE_SERVER) return;
-  auto it = servers_.find(ServerKey(app->job_id, app->name));
+  if (app->role != v1::ROLE_SERVER && app->role != v1::ROLE_REPLICA) return;
+  const std::string endpoint_name =
+      app->role == v1::ROLE_REPLICA ? "replica:" + app->name : app->name;
+  auto it = servers_.find(ServerKey(app->job_id, endpoint_name));
   if (it == servers_.end() || it->second.app != app) return;
   it->second.app = nullptr;
   MLF_LOG(WARNING) << "server '" << app->name << "' disconnected; failing "
@@ -759,7 +771,7 @@ void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
     ReportFailureAsync(delivery.info.transfer_id(),
                        absl::StrCat("server '", app->name, "' disconnected before applying it"));
   }
-  TryDeliverLocked(app->job_id, app->name);
+  TryDeliverLocked(app->job_id, endpoint_name);
   const std::string key = ServerKey(app->job_id, app->name);
   for (auto& [round_key, round] : rounds_) {
     if (round_key.first == key && !round->reported) {
@@ -1490,13 +1502,22 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
 }
 
 void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
-  auto push = pushes_.find(send.transfer_id());
-  if (push == pushes_.end()) {
-    ReportFailureAsync(send.transfer_id(),
-                       absl::StrCat("no pushed data on ", config_.host, " for this transfer"));
+  // A replica copy (§5.3) sends the bytes of another push of this host.
+  const uint64_t source = send.source_transfer_id() != 0 ? send.source_transfer_id()
+                                                         : send.transfer_id();
+  auto push = pushes_.find(source);
+  if (push != pushes_.end()) {
+    ScheduleOutgoingLocked(send, push->second.buffer, push->second.tensors);
     return;
   }
-  ScheduleOutgoingLocked(send, push->second.buffer, push->second.tensors);
+  auto held = replica_holds_.find(source);
+  if (held != replica_holds_.end() && send.source_transfer_id() != 0) {
+    ScheduleOutgoingLocked(send, held->second.buffer, held->second.tensors);
+    replica_holds_.erase(held);  // the outgoing transfer keeps the bytes alive
+    return;
+  }
+  ReportFailureAsync(send.transfer_id(),
+                     absl::StrCat("no pushed data on ", config_.host, " for push ", source));
 }
 
 void Daemon::ScheduleOutgoingLocked(const v1::SendTransfer& send,

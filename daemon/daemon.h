@@ -264,6 +264,8 @@ class Daemon {
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<Round>> rounds_;  // (ServerKey, round)
   std::map<uint64_t, std::shared_ptr<Round>> round_of_;  // member transfer -> its round
   std::map<uint64_t, std::shared_ptr<Round>> round_deliveries_;  // delivery id -> round
+  // Bytes of applied pushes whose replica copy comes in a later batch.
+  std::map<uint64_t, PendingPush> replica_holds_;
   std::set<std::shared_ptr<AppSession>> apps_;
   std::map<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> peers_;
   // Unscheduled traffic (get replies) has its own budget (DESIGN.md §5).

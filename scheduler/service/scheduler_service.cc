@@ -312,6 +312,8 @@ grpc::Status SchedulerService::RegisterEntity(grpc::ServerContext*,
       break;
     }
     case v1::ROLE_REPLICA:
+      // A replica names the server it shadows (§5.3); one per server.
+      job->replica_hosts[request->name()] = request->host();
       MLF_LOG(INFO) << "job " << request->job() << ": " << v1::Role_Name(request->role()) << " "
                     << request->name() << " on " << request->host();
       break;
@@ -483,6 +485,20 @@ grpc::Status SchedulerService::ReportCompletion(grpc::ServerContext*,
                                                 const v1::CompletionReport* request,
                                                 v1::CompletionAck*) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (auto copy = replica_copies_.find(request->transfer_id()); copy != replica_copies_.end()) {
+    if (JobState* job = FindJobLocked(copy->second.job)) {
+      ReplicaTrack& replica = job->servers[copy->second.server].replica;
+      replica.in_flight.erase(copy->first);
+      if (request->applied()) ++replica.applied;
+    }
+    if (!request->applied()) {
+      MLF_LOG(WARNING) << "replica copy " << copy->first << " of push " << copy->second.source
+                       << " failed: " << request->error();
+      CancelReplicaCopyLocked(copy->first, copy->second, request->error());
+    }
+    replica_copies_.erase(copy);
+    return grpc::Status::OK;
+  }
   if (auto agg = aggregates_.find(request->transfer_id()); agg != aggregates_.end()) {
     if (!request->applied()) {
       FailAggregateLocked(agg->first,
@@ -615,6 +631,16 @@ void SchedulerService::CompleteLocked(uint64_t transfer_id, v1::Outcome outcome,
   result->set_reason(reason);
   if (outcome == v1::OUTCOME_APPLIED) {
     result->set_applied_version(applied_version);
+    // Its replica copy was punted (§5.3): the source keeps the bytes until
+    // a later batch sends them to the replica.
+    if (record.replica_punted) {
+      if (JobState* job = FindJobLocked(record.job)) {
+        job->servers[record.server].replica.pending.push_back(
+            {transfer_id, record.src_host, record.worker, record.bytes, record.version,
+             record.norm});
+        result->set_hold_for_replica(true);
+      }
+    }
     // The update was computed on v(g) and applied as version applied_version:
     // applied_version - 1 - v(g) other updates came in between (§3.1).
     result->set_delay(std::max<int64_t>(0, applied_version - 1 - record.version));
@@ -738,6 +764,30 @@ void SchedulerService::MarkHostDownLocked(const std::string& host_name, const st
     }
     to_fail.push_back(id);
   }
+  // Replica copies from or to the host are gone; a replica that is gone
+  // takes its punted copies with it.
+  for (auto copy = replica_copies_.begin(); copy != replica_copies_.end();) {
+    if (copy->second.src_host != host_name && copy->second.replica_host != host_name) {
+      ++copy;
+      continue;
+    }
+    if (JobState* job = FindJobLocked(copy->second.job)) {
+      job->servers[copy->second.server].replica.in_flight.erase(copy->first);
+    }
+    if (copy->second.replica_host != host_name) {
+      CancelReplicaCopyLocked(copy->first, copy->second,
+                              absl::StrCat("source host ", host_name, " is down"));
+    }
+    copy = replica_copies_.erase(copy);
+  }
+  for (auto& [job_name, job] : jobs_) {
+    for (auto& [server_name, server] : job.servers) {
+      auto replica = job.replica_hosts.find(server_name);
+      if (replica != job.replica_hosts.end() && replica->second == host_name) {
+        DropReplicaPendingLocked(&server, absl::StrCat("replica host ", host_name, " is down"));
+      }
+    }
+  }
   for (uint64_t id : to_fail) {
     const UpdateRecord& record = updates_[id];
     const std::string why = record.src_host == host_name
@@ -841,6 +891,44 @@ int32_t SchedulerService::RoundSizeLocked(const JobState& job, const ServerState
   if (server.round_size > 0) return server.round_size;
   if (job.config.mode == "sync") return static_cast<int32_t>(job.workers.size());
   return 0;
+}
+
+double SchedulerService::DivergenceBoundLocked(const JobState& job) const {
+  double bound = job.config.divergence_max;
+  for (const auto& [name, worker] : job.workers) {
+    if (worker.divergence_bound > 0) {
+      bound = bound > 0 ? std::min(bound, worker.divergence_bound) : worker.divergence_bound;
+    }
+  }
+  return bound;
+}
+
+void SchedulerService::CancelReplicaCopyLocked(uint64_t copy_id, const ReplicaCopy& copy,
+                                               const std::string& reason) {
+  // The replica's daemon delivers in sequence: tell it to skip this one.
+  v1::DaemonCommand command;
+  v1::CancelDelivery* cancel = command.mutable_cancel();
+  cancel->set_transfer_id(copy_id);
+  cancel->set_server("replica:" + copy.server);
+  cancel->set_sequence(copy.sequence);
+  cancel->set_reason(reason);
+  EnqueueLocked(copy.replica_host, std::move(command));
+}
+
+void SchedulerService::DropReplicaPendingLocked(ServerState* server, const std::string& reason) {
+  for (const PendingReplica& pending : server->replica.pending) {
+    v1::DaemonCommand command;
+    v1::CancelDelivery* release = command.mutable_cancel();
+    release->set_transfer_id(pending.id);
+    release->set_release_hold(true);
+    release->set_reason(reason);
+    EnqueueLocked(pending.src_host, std::move(command));
+  }
+  if (!server->replica.pending.empty()) {
+    MLF_LOG(WARNING) << "dropping " << server->replica.pending.size()
+                     << " punted replica copies: " << reason;
+  }
+  server->replica.pending.clear();
 }
 
 int64_t SchedulerService::DelayBoundLocked(const JobState& job) const {
@@ -969,7 +1057,11 @@ void SchedulerService::RunBatchCycle() {
     if (use_reservations) ReservationsLocked(&up, &down);
     for (auto& [job_name, job] : jobs_) {
       for (auto& [server_name, server] : job.servers) {
-        if (server.pending.empty()) continue;
+        // A server with no new pushes may still owe its replica copies
+        // punted earlier (§5.3: they go "along with the next batch").
+        const bool flush_replica = !server.replica.pending.empty() &&
+                                   job.replica_hosts.count(server_name) > 0 && use_reservations;
+        if (server.pending.empty() && !flush_replica) continue;
         const int32_t round_size = RoundSizeLocked(job, server);
         if (round_size > 0) {
           const std::vector<uint64_t> candidates = server.pending;
@@ -1012,8 +1104,9 @@ void SchedulerService::RunBatchCycle() {
           std::sort(candidates.begin(), candidates.end());
           candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
         }
-        bool aggregatable = !candidates.empty();
-        const UpdateRecord& first = updates_[server.pending.front()];
+        bool aggregatable = !candidates.empty() && !server.pending.empty();
+        const UpdateRecord& first =
+            server.pending.empty() ? UpdateRecord{} : updates_[server.pending.front()];
         for (uint64_t id : server.pending) {
           const UpdateRecord& record = updates_[id];
           batch.updates.push_back({std::to_string(id), record.src_host, record.bytes,
@@ -1035,6 +1128,43 @@ void SchedulerService::RunBatchCycle() {
             }
             batch.aggregators.push_back(name);
             involved.insert(name);
+          }
+        }
+        // §5.3: a registered replica gets this batch's updates (and the
+        // copies punted earlier) within the divergence bound.
+        if (auto replica = job.replica_hosts.find(server_name);
+            round_size == 0 && use_reservations && replica != job.replica_hosts.end()) {
+          auto replica_host = hosts_.find(replica->second);
+          if (replica_host != hosts_.end() && replica_host->second.alive &&
+              replica->second != server.host) {
+            core::ReplicaSpec spec;
+            spec.host = replica->second;
+            const double bound = DivergenceBoundLocked(job);
+            spec.divergence_bound = bound > 0 ? bound : 1e30;  // none: copies go as they can
+            spec.momentum = job.config.momentum;
+            for (const auto& [copy, norm] : server.replica.in_flight) spec.lead.push_back(norm);
+            auto& punted = server.replica.pending;
+            punted.erase(std::remove_if(punted.begin(), punted.end(),
+                                        [&](const PendingReplica& p) {
+                                          auto src = hosts_.find(p.src_host);
+                                          return src == hosts_.end() || !src->second.alive;
+                                        }),
+                         punted.end());
+            for (const PendingReplica& p : server.replica.pending) {
+              core::UpdateRequest request;
+              request.id = std::to_string(p.id);
+              request.worker = p.src_host;
+              request.bytes = p.bytes;
+              request.version = p.version;
+              request.norm = p.norm;
+              spec.pending.push_back(std::move(request));
+              involved.insert(p.src_host);
+            }
+            involved.insert(spec.host);
+            batch.replica = std::move(spec);
+          } else if (!server.replica.pending.empty()) {
+            DropReplicaPendingLocked(&server, absl::StrCat("replica host ", replica->second,
+                                                           " is not available"));
           }
         }
         for (const std::string& name : involved) {
@@ -1168,6 +1298,7 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
   auto add_segments = [](const std::vector<core::RateSegment>& segments,
                          google::protobuf::RepeatedPtrField<v1::RateSegment>* out) {
     for (const core::RateSegment& segment : segments) {
+      if (!(segment.to_s > segment.from_s)) continue;  // empty: nothing to pace
       v1::RateSegment* s = out->Add();
       s->set_from_s(segment.from_s);
       s->set_to_s(segment.to_s);
@@ -1351,6 +1482,7 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
     send->set_start_s(transfer->second->start_s);
     send->set_bytes(record.bytes);
     for (const core::RateSegment& segment : transfer->second->segments) {
+      if (!(segment.to_s > segment.from_s)) continue;  // empty: nothing to pace
       v1::RateSegment* out = send->add_segments();
       out->set_from_s(segment.from_s);
       out->set_to_s(segment.to_s);
@@ -1358,6 +1490,78 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
     }
     EnqueueLocked(record.src_host, std::move(send_command));
     ++stats_.planned;
+  }
+  DispatchReplicaLocked(work, *plan, job, &server);
+}
+
+void SchedulerService::DispatchReplicaLocked(const BatchWork& work, const core::Plan& plan,
+                                             JobState* job, ServerState* server) {
+  auto replica = job->replica_hosts.find(work.server);
+  if (replica == job->replica_hosts.end() || !work.batch.replica.has_value()) return;
+  auto replica_host = hosts_.find(replica->second);
+  if (replica_host == hosts_.end() || !replica_host->second.alive) return;
+  std::map<std::string, const core::Transfer*> copies;
+  for (const core::Transfer& t : plan.transfers) {
+    if (t.kind == core::TransferKind::kReplica && t.dst == replica->second) copies[t.update] = &t;
+  }
+  // Copies go in the replica's commit order, which is also its delivery
+  // order (§5.3).
+  for (const core::Commit& commit : plan.replica_commits) {
+    auto transfer = copies.find(commit.update);
+    if (transfer == copies.end()) continue;
+    const uint64_t source = std::stoull(commit.update);
+    PendingReplica what;
+    if (auto record = updates_.find(source); record != updates_.end()) {
+      what = {source, record->second.src_host, record->second.worker, record->second.bytes,
+              record->second.version, record->second.norm};
+    } else {
+      auto& pending = server->replica.pending;
+      auto held = std::find_if(pending.begin(), pending.end(),
+                               [&](const PendingReplica& p) { return p.id == source; });
+      if (held == pending.end()) continue;  // failed meanwhile
+      what = *held;
+      pending.erase(held);
+    }
+    const uint64_t copy = next_transfer_id_++;
+    replica_copies_[copy] = {work.job, work.server, source, what.src_host, replica->second,
+                             server->replica.next_sequence};
+    server->replica.in_flight[copy] = what.norm;
+
+    v1::DaemonCommand expect_command;
+    v1::ExpectDelivery* expect = expect_command.mutable_expect();
+    expect->set_transfer_id(copy);
+    expect->set_job_id(job->id);
+    expect->set_server("replica:" + work.server);
+    expect->set_sequence(server->replica.next_sequence++);
+    expect->set_bytes(what.bytes);
+    expect->set_src_host(what.src_host);
+    expect->set_worker(what.worker);
+    expect->set_version(what.version);
+    expect->set_norm(what.norm);
+    EnqueueLocked(replica->second, std::move(expect_command));
+
+    v1::DaemonCommand send_command;
+    v1::SendTransfer* send = send_command.mutable_send();
+    send->set_transfer_id(copy);
+    send->set_source_transfer_id(source);
+    send->set_job_id(job->id);
+    send->set_dst_host(replica->second);
+    send->set_dst_address(replica_host->second.data_address);
+    send->set_start_s(transfer->second->start_s);
+    send->set_bytes(what.bytes);
+    for (const core::RateSegment& segment : transfer->second->segments) {
+      if (!(segment.to_s > segment.from_s)) continue;  // empty: nothing to pace
+      v1::RateSegment* out = send->add_segments();
+      out->set_from_s(segment.from_s);
+      out->set_to_s(segment.to_s);
+      out->set_rate_bps(segment.rate_bps);
+    }
+    EnqueueLocked(what.src_host, std::move(send_command));
+    ++stats_.replica_copies;
+  }
+  for (const std::string& id_text : plan.punted) {
+    auto record = updates_.find(std::stoull(id_text));
+    if (record != updates_.end()) record->second.replica_punted = true;
   }
 }
 

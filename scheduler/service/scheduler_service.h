@@ -124,6 +124,7 @@ class SchedulerService final : public v1::Scheduler::Service {
     v1::DType dtype = v1::DTYPE_FLOAT32;
     uint64_t aggregate_id = 0;  // set when routed through an aggregator
     bool round_member = false;  // accepted into a synchronous round
+    bool replica_punted = false;  // its replica copy waits for a later batch (§5.3)
     double submitted_s = 0;
     TransferView planned;   // set once planned (dst, segments, deadline)
   };
@@ -150,8 +151,25 @@ class SchedulerService final : public v1::Scheduler::Service {
     std::string failed;             // why the round failed, if it did
   };
 
+  // A hot-standby replica's view of one server (§5.3).
+  struct PendingReplica {
+    uint64_t id = 0;  // the push, applied at the server, not yet copied
+    std::string src_host;
+    std::string worker;
+    int64_t bytes = 0;
+    int64_t version = 0;
+    double norm = 0;
+  };
+  struct ReplicaTrack {
+    std::vector<PendingReplica> pending;   // copies punted to a later batch
+    std::map<uint64_t, double> in_flight;  // copy transfer id -> update norm
+    uint64_t next_sequence = 1;            // the replica's own commit order
+    int64_t applied = 0;
+  };
+
   struct ServerState {
     std::string host;
+    ReplicaTrack replica;
     int64_t model_version = 0;
     uint64_t next_sequence = 1;
     std::vector<uint64_t> pending;  // transfer ids in arrival order
@@ -171,6 +189,7 @@ class SchedulerService final : public v1::Scheduler::Service {
     JobConfig config;
     std::map<std::string, ServerState> servers;
     std::map<std::string, WorkerInfo> workers;
+    std::map<std::string, std::string> replica_hosts;  // server -> its replica's host
     int64_t applied = 0;
     int64_t dropped = 0;
     int64_t failed = 0;
@@ -193,6 +212,9 @@ class SchedulerService final : public v1::Scheduler::Service {
   void BatchLoop();
   void PlanAll(std::vector<BatchWork>* work) const;
   void ApplyPlan(const BatchWork& work);
+  // §5.3: sends the plan's replica copies and marks the punted ones.
+  void DispatchReplicaLocked(const BatchWork& work, const core::Plan& plan, JobState* job,
+                             ServerState* server);
 
   // All below require mu_.
   void EnqueueLocked(const std::string& host, v1::DaemonCommand command);
@@ -214,6 +236,10 @@ class SchedulerService final : public v1::Scheduler::Service {
                        const std::string& reason);
   // The tightest delay bound among the job's workers and its config.
   int64_t DelayBoundLocked(const JobState& job) const;
+  // The tightest divergence bound (§5.3); 0 = none.
+  double DivergenceBoundLocked(const JobState& job) const;
+  // Forgets a server's punted replica copies and frees their held bytes.
+  void DropReplicaPendingLocked(ServerState* server, const std::string& reason);
   void ExpireOverdueLocked(double now_s);
   void SampleLinksLocked(double now_s);
   // In-flight reservations on each host's uplink/downlink, as segments.
@@ -233,6 +259,18 @@ class SchedulerService final : public v1::Scheduler::Service {
   std::map<std::string, JobState> jobs_;
   std::map<uint64_t, UpdateRecord> updates_;
   std::map<uint64_t, AggregateRecord> aggregates_;
+  struct ReplicaCopy {
+    std::string job;
+    std::string server;
+    uint64_t source = 0;   // the push copied
+    std::string src_host;
+    std::string replica_host;
+    uint64_t sequence = 0;  // at the replica's daemon
+  };
+  std::map<uint64_t, ReplicaCopy> replica_copies_;  // by copy transfer id
+  // Tells the replica's daemon to skip a copy that will never arrive.
+  void CancelReplicaCopyLocked(uint64_t copy_id, const ReplicaCopy& copy,
+                               const std::string& reason);
   uint64_t next_transfer_id_ = 1;
   uint64_t next_incarnation_ = 1;
   uint64_t next_batch_id_ = 1;

@@ -1,0 +1,194 @@
+// Hot-standby replicas (mlfabric.md §3.3, §5.3) across real processes: the
+// real scheduler plans each batch's replica copies within the divergence
+// bound, the workers' daemons send them to the replica's daemon (punted
+// copies later, from bytes they hold), and the replica application receives
+// every update the server applied, in the replica's commit order.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "api/registration.h"
+#include "tools/launch/process.h"
+
+namespace mlfabric {
+namespace {
+
+using launch::LocalCluster;
+
+constexpr size_t kDim = 65536;  // 256 KiB updates
+
+std::unique_ptr<LocalCluster> StartCluster(double divergence_max) {
+  const std::string dir = launch::MakeTempDir("replica");
+  const std::string config = dir + "/scheduler.json";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token", "tau_max": 1000,)"
+                        << R"( "divergence_max": )" << divergence_max << "}]}";
+  auto cluster = LocalCluster::Start({"s1", "r1", "w1", "w2"},
+                                     {"--config=" + config, "--planner=mlfabric"});
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  return std::move(*cluster);
+}
+
+ClientOptions Options(const LocalCluster& c, const std::string& host, const std::string& name) {
+  ClientOptions options;
+  options.daemon_socket = c.Socket(host);
+  options.name = name;
+  return options;
+}
+
+std::vector<float> Update(int worker, int i) {
+  std::vector<float> v(kDim);
+  for (size_t k = 0; k < kDim; ++k) v[k] = static_cast<float>((worker + 1) * (i + 1) + k % 13);
+  return v;
+}
+
+double Norm(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double{x} * x;
+  return std::sqrt(s);
+}
+
+// A model that sums what it is given: the server's and the replica's.
+struct SumModel {
+  std::mutex mu;
+  std::vector<float> model = std::vector<float>(kDim, 0.0f);
+  int64_t version = 0;
+  int64_t applied = 0;
+  absl::StatusOr<int64_t> Apply(const Server::Update& u) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (u.bytes != kDim * sizeof(float)) return absl::InvalidArgumentError("size");
+    std::vector<float> v(kDim);
+    std::memcpy(v.data(), u.data, u.bytes);
+    for (size_t k = 0; k < kDim; ++k) model[k] += v[k];
+    applied += u.count;
+    version += u.count;
+    return version;
+  }
+};
+
+struct Job {
+  SumModel server_model, replica_model;
+  std::unique_ptr<Server> server;
+  std::unique_ptr<Replica> replica;
+  std::thread server_thread, replica_thread;
+  ~Job() {
+    if (server) server->Stop();
+    if (replica) replica->Stop();
+    if (server_thread.joinable()) server_thread.join();
+    if (replica_thread.joinable()) replica_thread.join();
+  }
+};
+
+void StartJob(LocalCluster& c, Job* job) {
+  auto server = Server::Connect(Options(c, "s1", "ps0"));
+  REQUIRE(server.ok());
+  job->server = std::move(*server);
+  job->server->RegisterUpdateCallback([job](const Server::Update& u) {
+    return job->server_model.Apply(u);
+  });
+  job->server->RegisterRequestCallback([job]() -> absl::StatusOr<Server::Snapshot> {
+    std::lock_guard<std::mutex> lock(job->server_model.mu);
+    Server::Snapshot s;
+    s.version = job->server_model.version;
+    s.bytes.resize(kDim * sizeof(float));
+    std::memcpy(s.bytes.data(), job->server_model.model.data(), s.bytes.size());
+    return s;
+  });
+  job->server_thread = std::thread([job] { (void)job->server->Serve(); });
+  RegistrationParams params;
+  params.client = Options(c, "r1", "standby");
+  auto replica = RegisterAsReplica("ps0", params);
+  INFO(replica.status().ToString());
+  REQUIRE(replica.ok());
+  job->replica = std::move(*replica);
+  job->replica->RegisterUpdateCallback([job](const Server::Update& u) {
+    return job->replica_model.Apply(u);
+  });
+  job->replica_thread = std::thread([job] { (void)job->replica->Serve(); });
+}
+
+// Two workers push `pushes` updates each, concurrently, each waiting for
+// its outcomes; returns how many were applied.
+int PushAll(LocalCluster& c, int pushes) {
+  std::atomic<int> applied{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      auto worker = Worker::Connect(Options(c, w == 0 ? "w1" : "w2", "w" + std::to_string(w)));
+      if (!worker.ok()) return;
+      for (int i = 0; i < pushes; ++i) {
+        const std::vector<float> v = Update(w, i);
+        auto model = (*worker)->Get("ps0");
+        const int64_t version = model.ok() ? model->version : 0;
+        PushResult r =
+            (*worker)->Push("ps0", v.data(), v.size() * sizeof(float), version, Norm(v)).get();
+        if (r.outcome == PushOutcome::kApplied) ++applied;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return applied.load();
+}
+
+TEST_CASE("The replica receives every update the server applied and ends with the same model") {
+  auto c = StartCluster(/*divergence_max=*/0);
+  Job job;
+  StartJob(*c, &job);
+  const int kPushes = 8;
+  CHECK(PushAll(*c, kPushes) == 2 * kPushes);
+  // Copies punted by the last batches follow in replica-only batches.
+  const bool caught_up = launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(job.replica_model.mu);
+    return job.replica_model.applied >= 2 * kPushes;
+  }, 30);
+  std::lock_guard<std::mutex> s(job.server_model.mu);
+  std::lock_guard<std::mutex> r(job.replica_model.mu);
+  INFO("replica applied " << job.replica_model.applied << " of " << job.server_model.applied);
+  CHECK(caught_up);
+  CHECK(job.server_model.applied == 2 * kPushes);
+  CHECK(job.replica_model.applied == job.server_model.applied);
+  CHECK(job.replica_model.model == job.server_model.model);  // integer-valued: exact
+}
+
+TEST_CASE("With a tight divergence bound the replica still ends exact") {
+  // About two updates' worth of divergence (update norms here are ~1e3-5e3).
+  auto c = StartCluster(/*divergence_max=*/1e4);
+  Job job;
+  StartJob(*c, &job);
+  const int kPushes = 6;
+  CHECK(PushAll(*c, kPushes) >= 1);  // some may be dropped for the bound
+  std::int64_t server_applied = 0;
+  {
+    std::lock_guard<std::mutex> s(job.server_model.mu);
+    server_applied = job.server_model.applied;
+  }
+  const bool caught_up = launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(job.replica_model.mu);
+    return job.replica_model.applied >= server_applied;
+  }, 30);
+  CHECK(caught_up);
+  std::lock_guard<std::mutex> s(job.server_model.mu);
+  std::lock_guard<std::mutex> r(job.replica_model.mu);
+  CHECK(job.replica_model.model == job.server_model.model);
+}
+
+TEST_CASE("Losing the replica's daemon does not fail the job's pushes") {
+  auto c = StartCluster(/*divergence_max=*/0);
+  Job job;
+  StartJob(*c, &job);
+  CHECK(PushAll(*c, 2) == 4);
+  ::kill(c->daemon("r1").pid(), SIGKILL);
+  CHECK(PushAll(*c, 3) == 6);
+  std::lock_guard<std::mutex> s(job.server_model.mu);
+  CHECK(job.server_model.applied == 10);
+}
+
+}  // namespace
+}  // namespace mlfabric
