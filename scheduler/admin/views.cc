@@ -32,6 +32,7 @@ json StatsJson(const SchedulerStats& s) {
           {"rejected", s.rejected},
           {"timed_out", s.timed_out},
           {"aggregates", s.aggregates},
+          {"replica_copies", s.replica_copies},
           {"bandwidth_reports", s.bandwidth_reports},
           {"plan_ms_total", s.plan_ms_total},
           {"plan_ms_max", s.plan_ms_max}};
@@ -270,6 +271,9 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
   w.Family("mlfabric_scheduler_aggregates_total", "counter",
            "In-network aggregates dispatched to aggregator daemons (section 5.2).");
   w.Sample("mlfabric_scheduler_aggregates_total", {}, s.aggregates);
+  w.Family("mlfabric_scheduler_replica_copies_total", "counter",
+           "Replica transfers dispatched to keep hot standbys within bound (section 5.3).");
+  w.Sample("mlfabric_scheduler_replica_copies_total", {}, s.replica_copies);
   w.Family("mlfabric_scheduler_bandwidth_reports_total", "counter",
            "ReportBandwidth calls accepted.");
   w.Sample("mlfabric_scheduler_bandwidth_reports_total", {}, s.bandwidth_reports);
