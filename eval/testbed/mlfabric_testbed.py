@@ -345,6 +345,9 @@ class Testbed:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        # Open MPI's orted daemonizes out of mpirun's process group: nothing
+        # of this system may survive into the next one.
+        self.cluster.kill_all()
 
     def watch(self, system, procs, accuracy_file, started, budget_s):
         """Waits for procs, showing progress; returns their exit codes."""
@@ -383,7 +386,7 @@ class Testbed:
             started.append((h, p))
             workers.append(p)
         codes = self.watch(system, workers, os.path.join(d, "server.jsonl"), started,
-                           self.args.duration_s + 120)
+                           self.args.duration_s + self.args.grace_s)
         open(stop_file + ".done", "w").close()
         server.wait(timeout=60)
         if any(codes) or server.returncode:
@@ -402,7 +405,7 @@ class Testbed:
             started.append((h, p))
             ranks.append(p)
         codes = self.watch("mlfabric-s", ranks, os.path.join(d, "w1.jsonl"), started,
-                           self.args.duration_s + 120)
+                           self.args.duration_s + self.args.grace_s)
         if any(codes):
             raise RuntimeError("rank exit codes %s (logs in %s)" % (codes, d))
 
@@ -449,7 +452,7 @@ class Testbed:
         p = self.app("sch", "mpirun", argv, d, env=env)
         started.append(("mpirun", p))
         codes = self.watch(system, [p], os.path.join(d, "w1.jsonl"), started,
-                           a.duration_s + 120)
+                           a.duration_s + a.grace_s)
         if any(codes):
             raise RuntimeError("mpirun exit code %s (log %s/mpirun.log)" % (codes[0], d))
 
@@ -583,6 +586,8 @@ def parse_args(argv):
     p.add_argument("--duration_s", type=float, default=60, help="cap per system")
     p.add_argument("--aggregators", type=int, default=1,
                    help="1: MLfabric-A may aggregate on every worker host (§5.2, §7); 0: none")
+    p.add_argument("--grace_s", type=float, default=120,
+                   help="a system still running duration_s + grace_s after its start fails")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--prefix", default="mlft-")
     p.add_argument("--subnet", default=None, help="A.B.C of the /24 (default: from --prefix)")

@@ -153,7 +153,10 @@ class Cluster:
             self.mode = "loopback"
             self.fallback_reason = reason
             return self
-        stale = list_namespaces(self.prefix)
+        # Only the exact names this cluster needs: prefix "mlft-" must not
+        # trip over another cluster's "mlft-h3-...".
+        mine = {self.prefix + h for h in self.hosts} | {self.ns_of_switch()}
+        stale = [ns for ns in list_namespaces(self.prefix) if ns in mine]
         if stale:
             raise RuntimeError(
                 "Cluster: namespaces with prefix %r already exist (%s); another run is "
@@ -176,7 +179,7 @@ class Cluster:
     def _netns_unavailable(self):
         if not shutil.which("ip") or not shutil.which("tc"):
             return "the ip and tc tools are not installed"
-        probe = self.prefix + "probe"
+        probe = "%sprobe%d" % (self.prefix, os.getpid())
         r = _sh(["ip", "netns", "add", probe], check=False)
         if r.returncode != 0:
             return "cannot create a network namespace (%s)" % r.stderr.strip()
@@ -230,7 +233,8 @@ class Cluster:
             sys.exit(128 + signum)
 
     def destroy(self):
-        """Kills processes started with popen, deletes namespaces. Idempotent."""
+        """Kills processes started with popen and any left in the namespaces,
+        deletes the namespaces. Idempotent."""
         with self._lock:
             procs, self._procs = self._procs, []
         for p in procs:
@@ -248,6 +252,7 @@ class Cluster:
                 except ProcessLookupError:
                     pass
                 p.wait()
+        self.kill_all()
         for ns in reversed(self._created):
             _sh(["ip", "netns", "del", ns], check=False)
         self._created = []
@@ -257,6 +262,24 @@ class Cluster:
             except (ValueError, TypeError):
                 pass
         self._prev_handlers = {}
+
+    def kill_all(self, sig=signal.SIGKILL):
+        """Signals every process inside this cluster's namespaces (netns mode).
+
+        For what escapes popen()'s process groups, e.g. Open MPI's orted,
+        which daemonizes. Returns the number of processes signalled."""
+        if self.mode != "netns":
+            return 0
+        count = 0
+        for ns in list(self._created):
+            out = _sh(["ip", "netns", "pids", ns], check=False).stdout
+            for pid in out.split():
+                try:
+                    os.kill(int(pid), sig)
+                    count += 1
+                except (ProcessLookupError, ValueError):
+                    pass
+        return count
 
     # ----- addressing and commands ----------------------------------------
     def ns(self, host):

@@ -13,7 +13,7 @@ python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
 [[ -x "$python" ]] || python=python3
 "$root/eval/testbed/mlfabric-testbed" --workers=3 --compute=C2 --network=N3 \
   --systems=mlfabric-a30,mlfabric-s,vanilla,rr-sync,tr-sync --scale_tau=0 \
-  --update_bytes=65536 --period_s=1 --duration_s=5 --target_accuracy=0.5 \
+  --update_bytes=65536 --period_s=1 --duration_s=5 --grace_s=25 --target_accuracy=0.5 \
   --prefix="mlft-t$(($$ % 1000))-" --out="$out" --plots=1 2>&1 | tee "$TEST_TMPDIR/log.txt"
 "$python" - "$out/results.json" <<'PY'
 import json, sys
