@@ -9,13 +9,25 @@ Horovod-like use (launch with `mlfabric-run -np 4 python3 train.py`):
 
 Classes (pybind11 binding of the C++ API in api/):
     AllReducer(backend="auto"|"mlfabric"|"mpi"|"nccl", socket="", job="", token="")
-    Worker(socket="", job="", token="", name="", delay_bound=-1): push, push_nowait, get
-    SumServer(name, initial_float32): a parameter server applying model += update
+    Worker(socket="", job="", token="", name="", delay_bound=None, divergence_bound=None):
+        push(server, array_or_list_of_arrays, version, norm=None, priorities=None),
+        push_nowait(...), get(server) -> (version, bytes)
+    Server(name, update=None, request=None, ...): a parameter server whose
+        update callback (Update -> new version) and request callback
+        (-> (version, bytes-like)) are Python functions; serve() or start()
+    Replica(server, update=None, ...): a replica of `server` (§5.3)
+    SumServer(name, initial_float32): a C++ parameter server applying model += update
 Empty socket/job/token come from MLFABRIC_DAEMON_SOCKET/MLFABRIC_JOB/...
-which mlfabric-run sets. Errors raise ValueError (bad input, e.g. shapes
-that differ across ranks), TypeError (unsupported dtype) or RuntimeError.
+which mlfabric-run sets; bounds None = the job's (mlfabric-run --delay_bound).
+Errors raise ValueError (bad input, e.g. shapes that differ across ranks, a
+negative delay bound), TypeError (unsupported dtype), PermissionError (a
+push to another job's server), PushFailedError (a push that failed) or
+RuntimeError.
 """
+import atexit
 import os
+import threading
+import weakref
 
 from mlfabric import _lib
 
@@ -24,6 +36,109 @@ AllReducer = _ext.AllReducer
 Worker = _ext.Worker
 SumServer = _ext.SumServer
 PendingPush = _ext.PendingPush
+Update = _ext.Update
+PushFailedError = _ext.PushFailedError
+
+_serving = weakref.WeakSet()
+
+
+class _Serving:
+    """start()/stop() and `with` for servers and replicas: serve() runs on a
+    background thread (the GIL is released while it waits; callbacks take
+    it). An error that ends serving is kept in `.error` and raised by stop()."""
+
+    def start(self):
+        if getattr(self, "_thread", None) is not None:
+            raise RuntimeError("%r is already serving" % self)
+        self.error = None
+
+        def run():
+            try:
+                self.serve()
+            except BaseException as e:  # kept for stop(); the thread must not die noisily
+                self.error = e
+
+        self._thread = threading.Thread(target=run, name="mlfabric-serve", daemon=True)
+        self._thread.start()
+        _serving.add(self)
+        return self
+
+    def stop(self, timeout=30.0):
+        """Stops serving (pending updates fail or are re-planned by the
+        scheduler) and waits for the serving thread; raises its error."""
+        super().stop()
+        thread, self._thread = getattr(self, "_thread", None), None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise RuntimeError("%r did not stop within %.0f s" % (self, timeout))
+        _serving.discard(self)
+        if getattr(self, "error", None) is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        self.close()
+
+
+class Server(_Serving, _ext.Server):
+    """A parameter server whose model lives in Python.
+
+        model = np.zeros(n, np.float32); version = [0]
+        def apply(u):                    # u: mlfabric.Update, in commit order
+            model[:] += u.array(np.float32)   # a view valid during the call
+            version[0] += u.count        # an aggregate of `count` pushes (§5.2)
+            return version[0]
+        with mlfabric.Server("ps0", apply, lambda: (version[0], model)):
+            ...                          # serving on a background thread
+
+    An exception in a callback fails that push (or get) with its text."""
+
+    def __init__(self, name, update=None, request=None, socket="", job="", token="",
+                 delay_bound=None, divergence_bound=None):
+        _ext.Server.__init__(self, name, socket=socket, job=job, token=token,
+                             delay_bound=delay_bound, divergence_bound=divergence_bound)
+        self._thread = None
+        self.error = None
+        if update is not None:
+            self.register_update_callback(update)
+        if request is not None:
+            self.register_request_callback(request)
+
+    def __repr__(self):
+        return "<mlfabric.Server %r>" % self.name
+
+
+class Replica(_Serving, _ext.Replica):
+    """A replica of server `server` (mlfabric.md §5.3): its update callback
+    applies the updates the scheduler replicates to it, in order."""
+
+    def __init__(self, server, update=None, name="", socket="", job="", token="",
+                 delay_bound=None, divergence_bound=None):
+        _ext.Replica.__init__(self, server, name=name, socket=socket, job=job, token=token,
+                              delay_bound=delay_bound, divergence_bound=divergence_bound)
+        self._thread = None
+        self.error = None
+        if update is not None:
+            self.register_update_callback(update)
+
+    def __repr__(self):
+        return "<mlfabric.Replica of %r>" % self.server
+
+
+@atexit.register
+def _stop_serving():
+    # Serving threads must not run Python callbacks while the interpreter
+    # finalises.
+    for s in list(_serving):
+        try:
+            s.stop(timeout=5)
+        except Exception:
+            pass
 
 _reducer = None
 

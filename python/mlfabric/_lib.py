@@ -1,7 +1,7 @@
 """Finds and loads MLfabric's shared objects (built by Bazel, see README).
 
 Search order: $MLFABRIC_LIB_DIR, this package's directory, then the
-repository's bazel-bin/ (python/ and api/). libmlfabric_core.so is loaded
+repository's bazel-bin/ (python/ and api/). libmlfabric_pycore.so is loaded
 first (RTLD_LOCAL) so the pybind11 module and the TensorFlow op library
 resolve to one shared client core.
 """
@@ -49,7 +49,7 @@ def load_core():
             raise ImportError(
                 "import mlfabric before tensorflow/keras: MLfabric's core must load "
                 "first (its protobuf runtime differs from TensorFlow's bundled one)")
-        _core = ctypes.CDLL(find("libmlfabric_core.so"), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        _core = ctypes.CDLL(find("libmlfabric_pycore.so"), mode=os.RTLD_LOCAL | os.RTLD_NOW)
     return _core
 
 

@@ -12,9 +12,13 @@ Synchronous (Horovod-like):
 Asynchronous parameter server (MLfabric-A, DESIGN.md §3):
 
     trainer = mk.AsyncPSTrainer(model, loss_fn, server="ps0", learning_rate=0.05)
-    if mlfabric.rank() == 0: trainer.start_server()     # hosts the model
-    stats = trainer.train(dataset_batches, steps=200)   # pushes -lr*grad with its norm, gets the model
+    if mlfabric.rank() == 0: trainer.start_server()     # hosts the model (python=True: in numpy)
+    stats = trainer.train(dataset_batches, steps=200)   # pushes -lr*grad per layer, gets the model
     stats["dropped"], stats["delays"]                   # dropped updates, delay of each applied one
+
+Each push carries the model's tensors in layer order with priorities 0, 1,
+2, ... (front layers first: the next forward pass needs them first; lower =
+sent first, api/mlfabric.h TensorSpec).
 
 `jit_compile=False` is required: XLA cannot compile the MLfabric ops.
 """
@@ -93,18 +97,44 @@ class AsyncPSTrainer:
         self.worker = worker or mlfabric.Worker()
         self._server = None
 
-    def start_server(self):
-        """Hosts the model in this process (a SumServer named `server`)."""
-        self._server = mlfabric.SumServer(self.server, _flat(self.model.get_weights()))
+    def start_server(self, python=False):
+        """Hosts the model in this process as server `server`: a C++
+        SumServer (model += update), or with python=True an mlfabric.Server
+        whose callbacks do the same in numpy."""
+        initial = _flat(self.model.get_weights())
+        if not python:
+            self._server = mlfabric.SumServer(self.server, initial)
+            return self._server
+        model, state = initial.copy(), {"version": 0, "applied": 0}
+
+        def apply(update):
+            values = update.array(np.float32)
+            if values.size != model.size:
+                raise ValueError("update of %d floats for a model of %d" % (values.size, model.size))
+            model[:] += values
+            state["version"] += update.count
+            state["applied"] += update.count
+            return state["version"]
+
+        server = mlfabric.Server(self.server, apply, lambda: (state["version"], model))
+        state["version"] = server.initial_version
+        server.applied_count = lambda: state["applied"]
+        self._server = server.start()
         return self._server
 
     def stop_server(self):
         if self._server is not None:
             self._server.stop()
+            if isinstance(self._server, mlfabric.Server):
+                self._server.close()
             self._server = None
 
     def server_applied(self):
-        return self._server.applied if self._server is not None else -1
+        if self._server is None:
+            return -1
+        if isinstance(self._server, mlfabric.Server):
+            return self._server.applied_count()
+        return self._server.applied
 
     def pull(self):
         """Loads the server's model into the local model; returns its version."""
@@ -128,27 +158,32 @@ class AsyncPSTrainer:
             loss = self.loss_fn(y, self.model(x, training=True))
         return loss, tape.gradient(loss, self.model.trainable_variables)
 
-    def train(self, batches, steps):
+    def train(self, batches, steps, priorities=None):
         """Runs `steps` get/compute/push rounds over the iterator `batches`
-        of (x, y); returns {"applied", "dropped", "failed", "delays", "losses"}."""
+        of (x, y); returns {"applied", "dropped", "failed", "delays", "losses",
+        "drop_reasons", "fail_reasons"}. Each push holds one tensor per
+        weight, with `priorities` (default: layer order)."""
         if len(self.model.trainable_variables) != len(self.model.get_weights()):
             raise ValueError("AsyncPSTrainer needs a model whose weights are all trainable")
         stats = {"applied": 0, "dropped": 0, "failed": 0, "delays": [], "losses": [],
-                 "drop_reasons": {}}
+                 "drop_reasons": {}, "fail_reasons": {}}
         for _ in range(steps):
             version = self.pull()
             x, y = next(batches)
             loss, grads = self._grads(tf.convert_to_tensor(x), tf.convert_to_tensor(y))
-            flat = _flat([g.numpy() for g in grads])
-            update = (-self.learning_rate * flat).astype(np.float32)
-            result = self.worker.push(self.server, update, version,
-                                      float(np.linalg.norm(flat)))
+            grads = [np.asarray(g, dtype=np.float32) for g in grads]
+            norm = float(np.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64)))
+                                     for g in grads)))
+            update = [(-self.learning_rate * g).astype(np.float32) for g in grads]
+            result = self.worker.push(self.server, update, version, norm,
+                                      priorities=priorities, raise_on_failure=False)
             stats["losses"].append(float(loss))
             outcome = result["outcome"]
             stats[outcome] += 1
             if outcome == "applied":
                 stats["delays"].append(int(result["delay"]))
             else:
+                key = "drop_reasons" if outcome == "dropped" else "fail_reasons"
                 reason = result["reason"]
-                stats["drop_reasons"][reason] = stats["drop_reasons"].get(reason, 0) + 1
+                stats[key][reason] = stats[key].get(reason, 0) + 1
         return stats

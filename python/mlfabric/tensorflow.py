@@ -4,7 +4,7 @@
     mlfabric.init()
     g = mtf.allreduce(grad, average=True)        # differentiable
     mtf.broadcast_variables(model.variables, root=0)
-    outcome, version, delay = mtf.push(worker, "ps0", update, version, norm)
+    outcome, version, delay = mtf.push(worker, "ps0", [w0, b0, w1], version)  # priorities 0, 1, 2
     version, flat = mtf.get(worker, "ps0")
 
 The kernels are asynchronous and only forward into the C++ core; calls on one
@@ -75,15 +75,34 @@ def broadcast_variables(variables, root=0, reducer=None):
         v.assign(_ops.mlfabric_allreduce(mine, handle=reducer.handle))
 
 
-def push(worker, server, update, version, norm=None):
-    """Pushes `update`; returns (outcome, applied_version, delay) tensors:
-    outcome 0 = applied, 1 = dropped. A failed push raises."""
-    update = tf.convert_to_tensor(update)
-    _check_dtype(update)
+def push(worker, server, updates, version, norm=None, priorities=None):
+    """Pushes one tensor or a list of tensors (in layer order) to `server` as
+    one update computed from model `version`. Tensor i is sent with priority
+    priorities[i] (default i: front layers first; lower = more urgent, see
+    api/mlfabric.h TensorSpec). `norm` defaults to the L2 norm over all
+    tensors. Returns (outcome, applied_version, delay) tensors: outcome 0 =
+    applied, 1 = dropped; a failed push raises tf.errors.UnavailableError."""
+    single = not isinstance(updates, (list, tuple))
+    tensors = [tf.convert_to_tensor(updates)] if single else [
+        tf.convert_to_tensor(u) for u in updates]
+    if not tensors:
+        raise ValueError("mlfabric.tensorflow.push: no tensors given (an empty list)")
+    for t in tensors:
+        _check_dtype(t)
+    if priorities is None:
+        priorities = []  # the core assigns layer order
+    else:
+        priorities = [int(p) for p in priorities]
+        if len(priorities) != len(tensors):
+            raise ValueError("mlfabric.tensorflow.push: priorities has %d entries for %d tensors "
+                             "(one per tensor; lower = sent first)"
+                             % (len(priorities), len(tensors)))
     if norm is None:
-        norm = tf.norm(tf.cast(update, tf.float32))
-    return _ops.mlfabric_push(update, tf.cast(version, tf.int64), tf.cast(norm, tf.float32),
-                              handle=worker.handle, server=server)
+        norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32)))
+                                 for t in tensors]))
+    return _ops.mlfabric_push(tensors, tf.cast(version, tf.int64), tf.cast(norm, tf.float32),
+                              tf.constant(priorities, tf.int32), handle=worker.handle,
+                              server=server)
 
 
 def get(worker, server, dtype=tf.float32):

@@ -1,11 +1,15 @@
 // TensorFlow custom ops MlfabricAllreduce, MlfabricPush, MlfabricGet. Each
 // kernel is asynchronous and only converts tensors and forwards a completion
-// callback into the client core through api/c_api.h: no scheduling logic
-// here, and no Debian Abseil (TensorFlow brings its own).
+// callback into the client core through api/c_api.h and
+// python/src/c_api_ext.h: no scheduling logic here (per-tensor priorities
+// are handed down as given), and no Debian Abseil (TensorFlow brings its own).
 #include <cstring>
 #include <string>
 
+#include <vector>
+
 #include "api/c_api.h"
+#include "python/src/c_api_ext.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -63,7 +67,7 @@ class AllreduceOp : public AsyncOpKernel {
       DoneCallback done;
     };
     auto* ctx = new Ctx{c, std::move(done)};
-    mlf_allreduce_async(
+    mlf_ext_allreduce_async(
         handle_, const_cast<char*>(output->tensor_data().data()), input.NumElements(),
         DtypeCode(input.dtype()),
         [](void* p, int code, const char* message) {
@@ -81,12 +85,13 @@ class AllreduceOp : public AsyncOpKernel {
 REGISTER_KERNEL_BUILDER(Name("MlfabricAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
 
 REGISTER_OP("MlfabricPush")
-    .Attr("T: {float, double, int32, int64}")
+    .Attr("T: list({float, double, int32, int64})")
     .Attr("handle: int")
     .Attr("server: string")
-    .Input("update: T")
+    .Input("updates: T")
     .Input("version: int64")
     .Input("norm: float")
+    .Input("priorities: int32")
     .Output("outcome: int32")
     .Output("applied_version: int64")
     .Output("delay: int64")
@@ -95,7 +100,9 @@ REGISTER_OP("MlfabricPush")
       for (int i = 0; i < 3; ++i) c->set_output(i, c->Scalar());
       return absl::OkStatus();
     })
-    .Doc("Pushes `update` to `server`; outcome 0 applied, 1 dropped (deadline), 2 failed.");
+    .Doc("Pushes the tensors `updates` (in layer order) to `server` as one update, tensor i "
+         "with priority priorities[i] (empty: i; lower = sent first); outcome 0 applied, "
+         "1 dropped (deadline); a failed push is an error.");
 
 class PushOp : public AsyncOpKernel {
  public:
@@ -104,16 +111,37 @@ class PushOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("server", &server_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
-    const Tensor& update = c->input(0);
-    const int64_t version = c->input(1).scalar<int64_t>()();
-    const float norm = c->input(2).scalar<float>()();
+    tensorflow::OpInputList updates;
+    OP_REQUIRES_OK_ASYNC(c, c->input_list("updates", &updates), done);
+    const int64_t version = c->input(updates.size()).scalar<int64_t>()();
+    const float norm = c->input(updates.size() + 1).scalar<float>()();
+    const Tensor& priorities = c->input(updates.size() + 2);
+    std::vector<const void*> data;
+    std::vector<uint64_t> bytes;
+    for (int i = 0; i < updates.size(); ++i) {
+      data.push_back(updates[i].tensor_data().data());
+      bytes.push_back(updates[i].TotalBytes());
+    }
+    std::vector<int32_t> prio;
+    if (priorities.NumElements() > 0) {
+      OP_REQUIRES_ASYNC(c, priorities.NumElements() == updates.size(),
+                        absl::InvalidArgumentError(
+                            "MlfabricPush: priorities has " +
+                            std::to_string(priorities.NumElements()) + " entries for " +
+                            std::to_string(updates.size()) + " tensors (one per tensor)"),
+                        done);
+      auto flat = priorities.flat<int32_t>();
+      prio.assign(flat.data(), flat.data() + flat.size());
+    }
     struct Ctx {
       OpKernelContext* c;
       DoneCallback done;
     };
     auto* ctx = new Ctx{c, std::move(done)};
-    mlf_push_async(
-        handle_, server_.c_str(), update.tensor_data().data(), update.TotalBytes(), version, norm,
+    // The tensors are copied into shared memory before this returns.
+    mlf_ext_push_async(
+        handle_, server_.c_str(), data.size(), data.data(), bytes.data(),
+        prio.empty() ? nullptr : prio.data(), version, norm,
         [](void* p, int outcome, const char* reason, int64_t applied_version, int64_t delay) {
           auto* ctx = static_cast<Ctx*>(p);
           Tensor* out = nullptr;
@@ -164,7 +192,7 @@ class GetOp : public AsyncOpKernel {
       tensorflow::DataType dtype;
     };
     auto* ctx = new Ctx{c, std::move(done), dtype_};
-    mlf_get_async(
+    mlf_ext_get_async(
         handle_, server_.c_str(),
         [](void* p, int code, const char* message, int64_t version, const void* data,
            uint64_t bytes) {

@@ -3,7 +3,7 @@
 //
 //   mlfabric-run -np 4 python3 train.py
 //   mlfabric-run -np 4 ./my_cpp_worker --flag=value
-//   mlfabric-run -np 8 --hostfile hosts.txt --planner mlfabric --delay_bound 8 python3 train.py
+//   mlfabric-run -np 8 --hostfile hosts.txt --planner fifo --delay_bound 8 python3 train.py
 //
 // Unless MLFABRIC_SOCKET_DIR names a directory where daemons already listen
 // (h<rank>.sock), it starts mlfabric-scheduler and one mlfabricd per rank (an
@@ -12,7 +12,11 @@
 // and in every rank, before exec'ing CMD, exports
 //   MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_LOCAL_RANK, MLFABRIC_DAEMON_SOCKET,
 //   MLFABRIC_WORKER_NAME (rank<r>), MLFABRIC_JOB, MLFABRIC_JOB_TOKEN,
-//   MLFABRIC_DELAY_BOUND, MLFABRIC_SCHEDULER, MLFABRIC_SOCKET_DIR.
+//   MLFABRIC_DELAY_BOUND, MLFABRIC_DIVERGENCE_BOUND (when given),
+//   MLFABRIC_SCHEDULER, MLFABRIC_SOCKET_DIR.
+// The scheduler plans with the MLfabric planner by default, like
+// mlfabric-scheduler itself and the demo; --planner fifo is the vanilla-PS
+// baseline.
 // When CMD ends it stops everything it started and exits with mpirun's code.
 // Daemons are started on this machine only: with a hostfile naming other
 // machines, start mlfabricd there and set MLFABRIC_SOCKET_DIR (README).
@@ -35,9 +39,13 @@ constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...
 
   -np N               number of ranks (default 1)
   --hostfile FILE     Open MPI hostfile (default: this host only)
-  --planner P         scheduler planner: fifo | mlfabric (default fifo)
+  --planner P         scheduler planner: mlfabric | fifo (default mlfabric;
+                      fifo is the vanilla-PS baseline)
   --delay_bound K     the job's tau_max in model versions (default 30)
+  --divergence_bound D  the job's Div_max, an L2 distance > 0 (default none)
   --job NAME          job name (default demo); --token TOKEN (default demo-token)
+  --extra_job NAME:TOKEN  another job the scheduler admits (repeatable), e.g.
+                      for a second program sharing these daemons
   --mpirun_arg ARG    extra argument for mpirun (repeatable)
   -v                  print what is started
 Every rank gets MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_DAEMON_SOCKET, ...
@@ -59,6 +67,12 @@ int ExecRank(int argc, char** argv, int first) {
   setenv("MLFABRIC_LOCAL_RANK", env("OMPI_COMM_WORLD_LOCAL_RANK", "0").c_str(), 1);
   setenv("MLFABRIC_WORKER_NAME", ("rank" + rank).c_str(), 1);
   if (!dir.empty()) setenv("MLFABRIC_DAEMON_SOCKET", (dir + "/h" + rank + ".sock").c_str(), 1);
+  // mpirun, started by absolute path, puts its own bin directory first in
+  // PATH; restore the user's so `python3` is the one of their (virtual)
+  // environment, as when they typed the command without mlfabric-run.
+  if (const char* path = std::getenv("MLFABRIC_USER_PATH"); path != nullptr && *path != '\0') {
+    setenv("PATH", path, 1);
+  }
   std::vector<char*> args(argv + first, argv + argc);
   args.push_back(nullptr);
   execvp(args[0], args.data());
@@ -71,7 +85,9 @@ int ExecRank(int argc, char** argv, int first) {
 int main(int argc, char** argv) {
   using namespace mlfabric::launch;
   int np = 1, delay_bound = 30;
-  std::string hostfile, planner = "fifo", job = "demo", token = "demo-token";
+  std::string divergence_bound;  // empty: none
+  std::vector<std::pair<std::string, std::string>> extra_jobs;
+  std::string hostfile, planner = "mlfabric", job = "demo", token = "demo-token";
   std::vector<std::string> mpirun_args;
   bool verbose = false;
   int i = 1;
@@ -98,7 +114,34 @@ int main(int argc, char** argv) {
     } else if (arg == "--planner") {
       planner = value("--planner");
     } else if (arg == "--delay_bound") {
-      delay_bound = std::atoi(value("--delay_bound").c_str());
+      const std::string text = value("--delay_bound");
+      char* end = nullptr;
+      const long parsed = std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || parsed < 0 || parsed > 1000000) {
+        std::cerr << "mlfabric-run: --delay_bound must be an integer in [0, 1000000] (model "
+                     "versions), not '" << text << "'\n";
+        return 2;
+      }
+      delay_bound = static_cast<int>(parsed);
+    } else if (arg == "--divergence_bound") {
+      divergence_bound = value("--divergence_bound");
+      char* end = nullptr;
+      const double parsed = std::strtod(divergence_bound.c_str(), &end);
+      if (divergence_bound.empty() || *end != '\0' || !(parsed > 0) || parsed > 1e12) {
+        std::cerr << "mlfabric-run: --divergence_bound must be a positive number (an L2 "
+                     "distance), not '" << divergence_bound << "'\n";
+        return 2;
+      }
+    } else if (arg == "--extra_job") {
+      const std::string spec = value("--extra_job");
+      const size_t colon = spec.find(':');
+      if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size() ||
+          spec.find_first_of("\"\\") != std::string::npos) {
+        std::cerr << "mlfabric-run: --extra_job must be NAME:TOKEN (no quotes), not '" << spec
+                  << "'\n";
+        return 2;
+      }
+      extra_jobs.emplace_back(spec.substr(0, colon), spec.substr(colon + 1));
     } else if (arg == "--job") {
       job = value("--job");
     } else if (arg == "--token") {
@@ -128,15 +171,25 @@ int main(int argc, char** argv) {
   }
 
   std::unique_ptr<LocalCluster> cluster;
-  std::string socket_dir;
+  std::string socket_dir, config_dir;
   if (const char* existing = std::getenv("MLFABRIC_SOCKET_DIR"); existing && *existing) {
     socket_dir = existing;
     if (verbose) std::cerr << "mlfabric-run: using the daemons in " << socket_dir << "\n";
   } else {
-    const std::string config_dir = MakeTempDir("mlfabric-run-config");
+    config_dir = MakeTempDir("mlfabric-run-config");
     const std::string config = config_dir + "/scheduler.json";
-    std::ofstream(config) << "{\"jobs\": [{\"name\": \"" << job << "\", \"token\": \"" << token
-                          << "\", \"tau_max\": " << delay_bound << "}]}\n";
+    {
+      std::ofstream out(config);
+      out << "{\"jobs\": [{\"name\": \"" << job << "\", \"token\": \"" << token
+          << "\", \"tau_max\": " << delay_bound;
+      if (!divergence_bound.empty()) out << ", \"divergence_max\": " << divergence_bound;
+      out << "}";
+      for (const auto& [name, secret] : extra_jobs) {
+        out << ", {\"name\": \"" << name << "\", \"token\": \"" << secret
+            << "\", \"tau_max\": " << delay_bound << "}";
+      }
+      out << "]}\n";
+    }
     std::vector<std::string> hosts;
     for (int r = 0; r < np; ++r) hosts.push_back("h" + std::to_string(r));
     auto started = LocalCluster::Start(hosts, {"--config=" + config, "--planner=" + planner});
@@ -158,6 +211,12 @@ int main(int argc, char** argv) {
   setenv("MLFABRIC_JOB", job.c_str(), 1);
   setenv("MLFABRIC_JOB_TOKEN", token.c_str(), 1);
   setenv("MLFABRIC_DELAY_BOUND", std::to_string(delay_bound).c_str(), 1);
+  if (!divergence_bound.empty()) {
+    setenv("MLFABRIC_DIVERGENCE_BOUND", divergence_bound.c_str(), 1);
+  } else {
+    unsetenv("MLFABRIC_DIVERGENCE_BOUND");
+  }
+  if (const char* path = std::getenv("PATH")) setenv("MLFABRIC_USER_PATH", path, 1);
   if (::geteuid() == 0) {
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
@@ -172,7 +231,8 @@ int main(int argc, char** argv) {
     command.push_back("--oversubscribe");
   }
   for (const char* name : {"MLFABRIC_SOCKET_DIR", "MLFABRIC_JOB", "MLFABRIC_JOB_TOKEN",
-                           "MLFABRIC_DELAY_BOUND", "MLFABRIC_SCHEDULER"}) {
+                           "MLFABRIC_DELAY_BOUND", "MLFABRIC_DIVERGENCE_BOUND",
+                           "MLFABRIC_SCHEDULER", "MLFABRIC_USER_PATH"}) {
     if (std::getenv(name)) command.insert(command.end(), {"-x", name});
   }
   command.insert(command.end(), mpirun_args.begin(), mpirun_args.end());
@@ -201,6 +261,7 @@ int main(int argc, char** argv) {
       break;
     }
   }
+  if (!config_dir.empty()) std::filesystem::remove_all(config_dir, error);
   if (*code != 0 && cluster) {
     std::cerr << "mlfabric-run: the job exited with " << *code << "; logs in " << socket_dir
               << "\n";

@@ -1,0 +1,115 @@
+/* The C interface's second half for the Python package: workers with both
+ * Table 1 bounds and per-tensor priorities, general servers and replicas
+ * whose update/request callbacks are the caller's (the pybind11 module binds
+ * them to Python functions). Same conventions as api/c_api.h: integer
+ * handles (0 = error, message in `err`, status code in `*code`), thread-safe,
+ * only C types. Built together with api/c_api.cc into
+ * python/libmlfabric_pycore.so (python/BUILD), so the pybind11 module and the
+ * TensorFlow op library share one client core.
+ *
+ *   int code; char err[512];
+ *   int64_t w = mlf_ext_worker_create("", "", "", "w1", -1, -1, &code, err, sizeof err);
+ *   const void* parts[2] = {w0, w1};  uint64_t sizes[2] = {b0, b1};
+ *   mlf_ext_push_async(w, "ps0", 2, parts, sizes, NULL, version, norm, done, ctx);
+ *
+ * Handles here count from 2^40 so they are never mistaken for api/c_api.h's. */
+#ifndef MLFABRIC_PYTHON_SRC_C_API_EXT_H_
+#define MLFABRIC_PYTHON_SRC_C_API_EXT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api/c_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- AllReduce (api/allreduce.h), as mlf_allreducer_* in api/c_api.h but
+ * safe to destroy right after a collective completes (no executor thread
+ * ever drops the last reference to its own handle). */
+int64_t mlf_ext_allreducer_create(const char* backend, const char* socket, const char* job,
+                                  const char* token, double timeout_s, int* code, char* err,
+                                  size_t err_len);
+int mlf_ext_allreducer_rank(int64_t handle);
+int mlf_ext_allreducer_size(int64_t handle);
+const char* mlf_ext_allreducer_backend(int64_t handle);
+/* Collective: every rank makes the same calls in the same order; they run
+ * one at a time, in call order, on the handle's thread, where `done` runs. */
+void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dtype,
+                             mlf_done_fn done, void* ctx);
+void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dtype, int root,
+                             mlf_done_fn done, void* ctx);
+void mlf_ext_allreducer_destroy(int64_t handle);
+
+/* ---- Worker (api/registration.h RegisterAsWorker). delay_bound -1 and
+ * divergence_bound -1 mean "the job's"; other negative values are errors. */
+int64_t mlf_ext_worker_create(const char* socket, const char* job, const char* token,
+                              const char* name, int64_t delay_bound, double divergence_bound,
+                              int* code, char* err, size_t err_len);
+int64_t mlf_ext_worker_initial_version(int64_t handle);
+/* Pushes `n` tensors as one update: their bytes are concatenated in order
+ * (tensor i gets id i) into one shared-memory buffer before this returns.
+ * `priorities` may be NULL (tensor i gets priority i: front layers first);
+ * lower values are more urgent (api/mlfabric.h TensorSpec). Bad arguments
+ * complete the push at once as failed, with a reason naming the argument. */
+void mlf_ext_push_async(int64_t handle, const char* server, size_t n, const void* const* data,
+                        const uint64_t* bytes, const int32_t* priorities, int64_t version,
+                        double norm, mlf_push_done_fn done, void* ctx);
+/* Runs on the handle's own thread (FIFO); the model bytes are valid only
+ * during `done`. */
+void mlf_ext_get_async(int64_t handle, const char* server, mlf_get_done_fn done, void* ctx);
+void mlf_ext_worker_destroy(int64_t handle);
+
+/* ---- Servers and replicas with caller callbacks (api/mlfabric.h Server,
+ * api/registration.h Replica). The callbacks run on the thread that calls
+ * mlf_ext_server_serve / mlf_ext_replica_serve, one at a time, in commit
+ * order. */
+typedef struct {
+  uint64_t transfer_id;
+  uint64_t sequence;   /* commit position at this server */
+  int64_t count;       /* pushes summed into this delivery (>1: an aggregate, §5.2) */
+  const char* worker;
+  int64_t version;     /* v(g): the model version the update was computed from */
+  double norm;
+  const void* data;    /* valid only during the callback */
+  uint64_t bytes;
+} mlf_update_view;
+
+/* Returns 0 and sets *new_version, or a non-zero status code with a message
+ * in `err`: the push (every push of an aggregate) then fails with it. */
+typedef int (*mlf_update_fn)(void* ctx, const mlf_update_view* update, int64_t* new_version,
+                             char* err, size_t err_len);
+/* Fills the snapshot with mlf_ext_snapshot_set and returns 0, or returns a
+ * non-zero status code with a message in `err` (the get fails with it). */
+typedef int (*mlf_request_fn)(void* ctx, void* snapshot, char* err, size_t err_len);
+/* Copies `bytes` bytes of model state at `version` into `snapshot`. */
+void mlf_ext_snapshot_set(void* snapshot, int64_t version, const void* data, uint64_t bytes);
+
+int64_t mlf_ext_server_create(const char* socket, const char* job, const char* token,
+                              const char* name, int64_t delay_bound, double divergence_bound,
+                              int* code, char* err, size_t err_len);
+int64_t mlf_ext_server_initial_version(int64_t handle);
+/* Both callbacks must be set before serving; `ctx` is passed to both. */
+void mlf_ext_server_set_callbacks(int64_t handle, mlf_update_fn on_update,
+                                  mlf_request_fn on_request, void* ctx);
+/* Blocks until mlf_ext_server_stop (returns 0) or the daemon goes away
+ * (returns the status code, message in `err`). */
+int mlf_ext_server_serve(int64_t handle, char* err, size_t err_len);
+void mlf_ext_server_stop(int64_t handle);
+/* Stops and forgets the handle; a running serve call returns first. */
+void mlf_ext_server_destroy(int64_t handle);
+
+int64_t mlf_ext_replica_create(const char* server, const char* socket, const char* job,
+                               const char* token, const char* name, int64_t delay_bound,
+                               double divergence_bound, int* code, char* err, size_t err_len);
+void mlf_ext_replica_set_callback(int64_t handle, mlf_update_fn on_update, void* ctx);
+int mlf_ext_replica_serve(int64_t handle, char* err, size_t err_len);
+void mlf_ext_replica_stop(int64_t handle);
+void mlf_ext_replica_destroy(int64_t handle);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MLFABRIC_PYTHON_SRC_C_API_EXT_H_ */

@@ -1,0 +1,228 @@
+"""Run in every rank by tests/python_api_test.sh under mlfabric-run (2 ranks,
+job "demo" plus a second job "other" on the same scheduler).
+
+  1. a Python parameter server (mlfabric.Server, numpy callbacks) gets
+     multi-tensor pushes with per-tensor priorities from the pybind11 binding
+     and the TensorFlow op; its model is the exact sum; each Update carries
+     worker, version, count, norm, bytes and an increasing commit sequence;
+  2. exceptions and wrong return values in server callbacks fail that push
+     or get with the Python error text, and the server keeps serving;
+  3. bad input, each a clear exception and no hang: shapes and dtypes that
+     differ across ranks (mpi and mlfabric AllReduce backends, numpy and TF),
+     unsupported dtypes, priorities of the wrong length, unregistered
+     servers, a push to another job's server, negative or contradicting
+     bounds, a server without callbacks, a replica of no server;
+  4. a Replica registers, serves on a background thread and stops.
+Prints "python_api_check rank R: OK" on success.
+"""
+import faulthandler
+import os
+import sys
+import time
+
+faulthandler.dump_traceback_later(240, exit=True)  # never hang the test
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import mlfabric  # before tensorflow: see python/README.md
+import numpy as np
+import tensorflow as tf
+
+import mlfabric.tensorflow as mtf
+
+failures = []
+reducer = mlfabric.init(backend="mpi")
+rank, size = mlfabric.rank(), mlfabric.size()
+assert size == 2, "run with mlfabric-run -np 2"
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+        print("rank %d: FAILED %s" % (rank, what), file=sys.stderr, flush=True)
+
+
+def barrier():
+    reducer.allreduce(np.zeros(1, np.float32))
+
+
+def raises(fn, exc, *needles):
+    """fn() must raise `exc` whose text contains every needle, within 60 s."""
+    start = time.time()
+    try:
+        fn()
+    except exc as e:
+        text = str(e)
+        missing = [n for n in needles if n not in text]
+        expect(not missing, "%s message %r names %s" % (exc.__name__, text, missing))
+        expect(time.time() - start < 60, "%s raised promptly" % exc.__name__)
+        return text
+    except Exception as e:  # the wrong kind
+        expect(False, "expected %s(%s), got %s: %s" % (exc.__name__, needles, type(e).__name__, e))
+        return None
+    expect(False, "expected %s(%s), nothing raised" % (exc.__name__, needles))
+    return None
+
+
+def get_when_up(worker, server):
+    for _ in range(200):
+        try:
+            return worker.get(server)
+        except RuntimeError:
+            time.sleep(0.05)
+    return worker.get(server)
+
+
+# ---- 1. a Python server: multi-tensor pushes with priorities
+layers = [np.arange(3, dtype=np.float32), np.arange(4, dtype=np.float32) * 10,
+          np.ones(2, np.float32) * 0.5]
+total = sum(x.size for x in layers)
+server = None
+seen = []
+if rank == 0:
+    model = np.zeros(total, np.float32)
+    state = {"version": 0}
+
+    def apply(update):
+        values = update.array(np.float32)
+        if values.size != model.size:
+            raise ValueError("update of %d floats for a model of %d" % (values.size, model.size))
+        if values[0] < 0:
+            raise ValueError("first element %g is negative" % values[0])
+        expect(not values.flags.writeable, "update views are read-only")
+        seen.append((update.worker, update.version, update.count, update.norm, update.bytes,
+                     update.sequence))
+        model[:] += values
+        state["version"] += update.count
+        return state["version"]
+
+    server = mlfabric.Server("pyps", apply, lambda: (state["version"], model)).start()
+    expect(server.initial_version == 0, "initial version %d" % server.initial_version)
+barrier()
+worker = mlfabric.Worker(name="py%d" % rank)
+version, data = get_when_up(worker, "pyps")
+expect(len(data) == total * 4, "model bytes %d" % len(data))
+mine = [x * (rank + 1) for x in layers]
+norm = float(np.sqrt(sum(np.sum(np.square(x, dtype=np.float64)) for x in mine)))
+for turn in range(size):  # one rank at a time: deterministic versions and delays
+    if turn == rank:
+        v0, _ = worker.get("pyps")
+        r = worker.push("pyps", mine, v0, priorities=[2, 0, 1])
+        expect(r["outcome"] == "applied" and r["applied_version"] == v0 + 1 and r["delay"] == 0,
+               "pybind multi-tensor push applied at v%d: %s" % (v0 + 1, r))
+        v1, _ = worker.get("pyps")
+        outcome, applied, delay = mtf.push(worker, "pyps", [tf.constant(x) for x in mine], v1)
+        expect(int(outcome) == 0 and int(applied) == v1 + 1 and int(delay) == 0,
+               "TF multi-tensor push applied: %d %d %d" % (int(outcome), int(applied), int(delay)))
+    barrier()
+version, data = worker.get("pyps")
+expected = np.concatenate(layers) * 2 * sum(r + 1 for r in range(size))
+expect(version == 2 * size, "version after %d pushes is %d" % (2 * size, version))
+expect(np.array_equal(np.frombuffer(data, np.float32), expected),
+       "Python server holds the exact sum: %s vs %s" % (np.frombuffer(data, np.float32), expected))
+tf_version, tf_model = mtf.get(worker, "pyps")
+expect(int(tf_version) == version and np.array_equal(tf_model.numpy(), expected), "TF get")
+if rank == 0:
+    seqs = [s[5] for s in seen]
+    expect(len(seen) == 2 * size and seqs == sorted(seqs) and len(set(seqs)) == len(seqs),
+           "commit sequences increase: %s" % seqs)
+    expect(all(s[2] == 1 and s[4] == total * 4 for s in seen), "count 1, %d bytes" % (total * 4))
+    for w, v, _, n, _, _ in seen:
+        r = int(w[2:])
+        want = float(np.sqrt(sum(np.sum(np.square(x * (r + 1), dtype=np.float64)) for x in layers)))
+        expect(abs(n - want) < 1e-3 * max(1.0, want), "norm from %s: %g vs %g" % (w, n, want))
+    expect(sorted(s[0] for s in seen) == sorted(["py0", "py0", "py1", "py1"]),
+           "workers named: %s" % [s[0] for s in seen])
+barrier()
+print("rank %d: part 1 (Python server, multi-tensor pushes) done" % rank, flush=True)
+
+# ---- 2. callback errors fail the push, the server keeps serving
+for turn in range(size):
+    if turn == rank:
+        v, _ = worker.get("pyps")
+        raises(lambda: worker.push("pyps", [-1 - x for x in layers], v),
+               mlfabric.PushFailedError, "ValueError", "first element -1 is negative")
+        r = worker.push("pyps", [np.zeros(total, np.float32)], v, raise_on_failure=False)
+        expect(r["outcome"] == "applied", "the server still applies after a callback error: %s" % r)
+        raises(lambda: worker.push("pyps", np.zeros(5, np.float32), v), mlfabric.PushFailedError,
+               "update of 5 floats for a model of %d" % total)
+        raises(lambda: mtf.push(worker, "pyps", [tf.fill([total], -1.0)], v),
+               tf.errors.UnavailableError, "ValueError")
+    barrier()
+if rank == 0:
+    bad = mlfabric.Server("badps", lambda u: "v1", lambda: (_ for _ in ()).throw(
+        KeyError("no model yet"))).start()
+barrier()
+if rank == 1:
+    time.sleep(0.2)
+    raises(lambda: get_when_up(worker, "badps"), RuntimeError, "KeyError", "no model yet")
+    raises(lambda: worker.push("badps", np.ones(2, np.float32), 0), mlfabric.PushFailedError,
+           "must return the new model version (an int)")
+barrier()
+if rank == 0:
+    bad.stop()
+    bad.close()
+    empty = mlfabric.Server("emptyps")
+    raises(empty.serve, RuntimeError, "register an update callback")
+    empty.close()
+barrier()
+print("rank %d: part 2 (callback errors) done" % rank, flush=True)
+
+# ---- 3. bad input
+mlf = mlfabric.AllReducer(backend="mlfabric")
+for red in (reducer, mlf):
+    name = red.backend
+    raises(lambda: red.allreduce(np.ones(rank + 2, np.float32)), ValueError, "differ across ranks")
+    raises(lambda: red.allreduce(np.ones(3, np.float64 if rank else np.float32)), ValueError,
+           "float64", "float32")
+    raises(lambda: red.allreduce(np.ones(2, np.float16)), TypeError, "float16", "float32")
+    out = red.allreduce(np.full(3, rank + 1, np.int64))  # still in step after the errors
+    expect(np.array_equal(out, np.full(3, 3, np.int64)), "%s allreduce after errors" % name)
+raises(lambda: mtf.allreduce(tf.ones([rank + 1, 2]), reducer=mlf), tf.errors.InvalidArgumentError,
+       "differ across ranks")
+raises(lambda: mtf.allreduce(tf.ones([2], tf.float16)), TypeError, "float16")
+raises(lambda: worker.push("pyps", [np.ones(2, np.float16)], 0), TypeError, "float16")
+raises(lambda: worker.push("pyps", [np.ones(2, np.float32)] * 2, 0, priorities=[0]), ValueError,
+       "priorities has 1 entries for 2 tensors")
+raises(lambda: mtf.push(worker, "pyps", [tf.ones([2])] * 2, 0, priorities=[0, 1, 2]), ValueError,
+       "priorities has 3 entries for 2 tensors")
+raises(lambda: mtf.push(worker, "pyps", [tf.ones([2], tf.float16)], 0), TypeError, "float16")
+raises(lambda: worker.push("pyps", [], 0), ValueError, "no tensors")
+raises(lambda: worker.push("pyps", np.ones(2, np.float32), -1), ValueError, "version -1")
+raises(lambda: worker.get("no-such-server"), RuntimeError, "no-such-server")
+raises(lambda: mtf.get(worker, "no-such-server"), tf.errors.OpError, "no-such-server")
+raises(lambda: worker.push("no-such-server", np.ones(2, np.float32), 0), mlfabric.PushFailedError,
+       "no-such-server", "not registered")
+raises(lambda: mlfabric.Worker(delay_bound=-3), ValueError, "delay_bound -3 is negative")
+raises(lambda: mlfabric.Worker(divergence_bound=-2.0), ValueError, "divergence_bound")
+raises(lambda: mlfabric.Server("neg", delay_bound=-1), ValueError, "delay_bound -1")
+raises(lambda: mlfabric.Worker(delay_bound=5), RuntimeError, "delay_bound 5 differs", "tau_max 30")
+raises(lambda: mlfabric.Server(""), ValueError, "needs a name")
+raises(lambda: mlfabric.Replica(""), ValueError, "server name is empty")
+raises(lambda: mlfabric.Worker(token="wrong-token", name="intruder"), RuntimeError, "token")
+# A worker of job "other" may not push to job "demo"'s server.
+other = mlfabric.Worker(job="other", token="other-token", name="other%d" % rank)
+raises(lambda: other.push("pyps", np.ones(total, np.float32), 0), mlfabric.PushFailedError,
+       "belongs to job 'demo'", "not to job 'other'")
+other.close()
+mlf.close()
+barrier()
+print("rank %d: part 3 (bad input) done" % rank, flush=True)
+
+# ---- 4. a replica of pyps
+if rank == 1:
+    got = []
+    replica = mlfabric.Replica("pyps", lambda u: got.append(u.bytes) or len(got))
+    with replica:
+        time.sleep(0.3)
+    replica.close()
+    print("rank 1: replica of pyps registered, served and stopped (%d updates replicated)"
+          % len(got), flush=True)
+barrier()
+if server is not None:
+    server.stop()
+    server.close()
+worker.close()
+mlfabric.shutdown()
+if failures:
+    print("python_api_check rank %d: %d FAILED: %s" % (rank, len(failures), failures), flush=True)
+    sys.exit(1)
+print("python_api_check rank %d: OK" % rank, flush=True)
