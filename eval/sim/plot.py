@@ -11,8 +11,10 @@ skipped with a message on stderr):
   overhead.json                `mlfabric-sim --overhead`
   calibration.json             `mlfabric-sim --calibration`
   sim-1000.json                `mlfabric-sim --workers=1000 ...`
+  testbed-config-seed<S>.json  the simulator on the testbed's configuration
+  testbed-run-seed<S>.json     results.json of `mlfabric-testbed --seed=<S>`
 and writes docs/img/sim-table2.png, sim-tta.png, sim-delay.png,
-sim-overhead.png, sim-calibration.png, sim-1000.png. It also prints the
+sim-overhead.png, sim-calibration.png, sim-1000.png, sim-vs-testbed.png. It also prints the
 Table 2 speedups averaged over the seeds found (the figures quoted in
 docs/results.md).
 """
@@ -185,6 +187,45 @@ def calibration(data, out):
     plt.close(fig)
 
 
+# Testbed system names (eval/testbed) -> simulator names.
+TESTBED_NAMES = {"mlfabric-a8": "mlfabric-a-8", "mlfabric-a16": "mlfabric-a-16",
+                 "mlfabric-s": "mlfabric-s", "vanilla": "async", "rr-sync": "rr-sync",
+                 "tr-sync": "tr-sync"}
+
+
+def testbed(results, out):
+    """Time to accuracy, simulator vs testbed, per seed both were run with."""
+    pairs = []
+    for path in sorted(glob.glob(os.path.join(results, "testbed-run-seed*.json"))):
+        seed = re.search(r"seed(\d+)\.json$", path).group(1)
+        sim = load(os.path.join(results, f"testbed-config-seed{seed}.json"))
+        if sim:
+            pairs.append((seed, load(path), sim))
+    if not pairs:
+        print("plot.py: no testbed-run-seed*.json, sim-vs-testbed.png skipped", file=sys.stderr)
+        return
+    systems = list(TESTBED_NAMES)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / (2 * len(pairs))
+    for i, (seed, tb, sim) in enumerate(pairs):
+        sim_tta = {r["system"]: r["time_to_target_s"] if r["reached_target"] else 0
+                   for r in sim["runs"]}
+        tb_tta = [(tb["systems"].get(name) or {}).get("tta_s") or 0 for name in systems]
+        xs = [x - 0.4 + width * (2 * i + 0.5) for x in range(len(systems))]
+        ax.bar(xs, tb_tta, width, label=f"testbed seed {seed}", color=f"C{2 * i}")
+        ax.bar([x + width for x in xs], [sim_tta.get(TESTBED_NAMES[n], 0) for n in systems],
+               width, label=f"simulator seed {seed}", color=f"C{2 * i + 1}")
+    ax.set_xticks(range(len(systems)))
+    ax.set_xticklabels(systems)
+    ax.set_ylabel("seconds to 0.70 test accuracy (0: failed)")
+    ax.set_title("Same configuration: 8 workers, C1-N1, emulated testbed vs simulator")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.2)
+    ax.legend(fontsize=8, ncol=2 * len(pairs), loc="upper center")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "sim-vs-testbed.png"), dpi=110)
+    plt.close(fig)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default="eval/sim/results")
@@ -206,6 +247,7 @@ def main():
     if data:
         tta(data, args.out, "sim-1000.png",
             f'{data["config"]["workers"]} workers, C1-N1 (accuracy over time)')
+    testbed(args.results, args.out)
     print(f"wrote plots to {args.out}")
 
 
