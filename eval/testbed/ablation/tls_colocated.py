@@ -111,7 +111,8 @@ def run_variant(cluster, args, variant, out):
                     argv = [cp.binary("daemon/nicprio/mlfabric-nicprio"),
                             "--interface=" + interface, "--mode=" + mode,
                             "--period_s=%g" % args.rr_period_s,
-                            "--link_rate_bps=%d" % args.link_bps]
+                            "--link_rate_bps=%d" % args.link_bps,
+                            "--min_rate_bps=%d" % args.nicprio_min_rate_bps]
                     for k, j in enumerate(jobs):
                         argv.append("--job=%s:%d,%d" % (j, ports[j], BARRIER_PORT + k))
                     return argv
@@ -308,6 +309,8 @@ def main(argv):
     parser.add_argument("--link_bps", type=float, default=100e6, help="every NIC, both directions")
     parser.add_argument("--sched_link_bps", type=float, default=10e9)
     parser.add_argument("--rr_period_s", type=float, default=5.0)
+    parser.add_argument("--nicprio_min_rate_bps", type=float, default=1e6,
+                        help="rate every job class is guaranteed (mlfabric-nicprio --min_rate_bps)")
     parser.add_argument("--planner", default="mlfabric", choices=["mlfabric", "fifo"])
     parser.add_argument("--batch_interval_ms", type=float, default=20)
     parser.add_argument("--start_delay_s", type=float, default=3.0)
