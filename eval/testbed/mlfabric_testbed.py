@@ -282,6 +282,8 @@ class Testbed:
         if driver.error:
             error = error or "trace driver: " + driver.error
         result["error"] = error
+        result["mpi_launch_retries"] = getattr(self, "mpi_launch_retries", 0)
+        self.mpi_launch_retries = 0
         return result
 
     # ------------------------------------------------------ control plane
@@ -439,6 +441,9 @@ class Testbed:
                      "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "orte_keep_fqdn_hostnames", "1"]
         else:
             argv += ["--oversubscribe", "--mca", "btl_tcp_if_include", "lo"]
+        for kv in a.mpi_mca:
+            key, _, value = kv.partition("=")
+            argv += ["--mca", key, value]
         # Each rank's own log file: the shell expands the rank at run time.
         app = self.binary("eval/testbed/testbed_app")
         argv += ["/bin/sh", "-c", 'exec "$0" "$@" --out=%s/w$((OMPI_COMM_WORLD_RANK+1)).jsonl' % d,
@@ -449,10 +454,29 @@ class Testbed:
         for k in list(env):
             if k.startswith(("OMPI_", "PMIX_")):
                 del env[k]
-        p = self.app("sch", "mpirun", argv, d, env=env)
-        started.append(("mpirun", p))
-        codes = self.watch(system, [p], os.path.join(d, "w1.jsonl"), started,
-                           a.duration_s + a.grace_s)
+        # Under heavy load we saw Open MPI 4.1's launch stall now and then:
+        # every orted connected to mpirun, no rank ever started. A launch
+        # with no rank output after launch_timeout_s is killed and retried
+        # (counted in the results as mpi_launch_retries).
+        first_rank = os.path.join(d, "w1.jsonl")
+        for attempt in range(3):
+            p = self.app("sch", "mpirun", argv, d, env=env)
+            started.append(("mpirun", p))
+            launched = False
+            deadline = time.time() + a.launch_timeout_s
+            while time.time() < deadline and p.poll() is None:
+                if any(os.path.exists(os.path.join(d, "w%d.jsonl" % (i + 1)))
+                       for i in range(len(self.workers))):
+                    launched = True
+                    break
+                time.sleep(0.2)
+            if launched or p.poll() is not None:
+                break
+            print("\n%s: mpirun launched no rank in %.0f s; killing it and retrying"
+                  % (system, a.launch_timeout_s), flush=True)
+            self.mpi_launch_retries = getattr(self, "mpi_launch_retries", 0) + 1
+            self.stop_all([("mpirun", p)])
+        codes = self.watch(system, [p], first_rank, started, a.duration_s + a.grace_s)
         if any(codes):
             raise RuntimeError("mpirun exit code %s (log %s/mpirun.log)" % (codes[0], d))
 
@@ -586,6 +610,11 @@ def parse_args(argv):
     p.add_argument("--duration_s", type=float, default=60, help="cap per system")
     p.add_argument("--aggregators", type=int, default=1,
                    help="1: MLfabric-A may aggregate on every worker host (§5.2, §7); 0: none")
+    p.add_argument("--mpi_mca", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Open MPI --mca setting for rr-sync/tr-sync (repeatable), "
+                        "e.g. mpi_yield_when_idle=1")
+    p.add_argument("--launch_timeout_s", type=float, default=30,
+                   help="retry an mpirun that started no rank within this time (twice at most)")
     p.add_argument("--grace_s", type=float, default=120,
                    help="a system still running duration_s + grace_s after its start fails")
     p.add_argument("--seed", type=int, default=1)
