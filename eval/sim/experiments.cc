@@ -39,6 +39,7 @@ nlohmann::json ResultToJson(const SystemResult& r) {
   j["get_batches"] = r.get_batches;
   j["get_batch_mean_machines"] = r.get_batch_mean_machines;
   j["get_server_sends"] = r.get_server_sends;
+  j["empty_segments"] = r.empty_segments;
   j["accuracy_curve"] = r.accuracy_curve;
   j["planner_calls"] = r.planner_calls;
   j["planner_mean_batch"] = r.planner_mean_batch;

@@ -475,6 +475,11 @@ class Mlfabric final : public Harness {
   }
 
   void Reserve(const core::Transfer& t) {
+    // The daemon refuses a transfer with an empty segment [t, t] ("unusable
+    // rate segments"); count how often the planner emits one.
+    for (const core::RateSegment& s : t.segments) {
+      if (!(s.from_s < s.to_s)) ++result_.empty_segments;
+    }
     const int src = index_.at(t.src), dst = index_.at(t.dst);
     if (src == dst) return;  // intra-host (worker to its own machine's aggregator)
     for (const core::RateSegment& s : t.segments) {

@@ -92,6 +92,8 @@ struct SystemResult {
   int64_t get_batches = 0;
   double get_batch_mean_machines = 0;
   int64_t get_server_sends = 0;
+  // Planned rate segments with from_s >= to_s (MLfabric systems).
+  int64_t empty_segments = 0;
   std::vector<std::pair<double, double>> accuracy_curve;  // (sim s, accuracy), ~1 per s
   int64_t planner_calls = 0;
   double planner_mean_batch = 0;
