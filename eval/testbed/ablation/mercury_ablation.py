@@ -22,6 +22,10 @@ waits layer by layer for its parameters. Variants:
          sums the workers' pushes packet by packet in its daemon and streams
          the sum back to gets issued right after the push, so a layer's push
          and pull overlap (synchronous across workers; gets all at once).
+  single the plain PS reference: the whole backward pass, then ONE push of
+         all layers (tensors with priority = layer index) to one server, then
+         one get of the whole model; no overlap of communication with
+         computation at all.
 
 Pulls (gets) leave the server's daemon as plain TCP streams without packet
 priority; for prio/fifo/whole the worker pulls one layer at a time
@@ -61,6 +65,7 @@ def run_variant(cluster, args, model, variant, out):
     cp = pc.ControlPlane(cluster, args.bin_root, out)
     # "prio+rounds"/"fifo+rounds": Mercury PS rounds with streamed sums.
     base, rounds = variant.split("+")[0], variant.endswith("+rounds")
+    layout = "single" if base == "single" else "per_layer"
     workers = ["w%d" % i for i in range(1, args.workers + 1)]
     result = {"model": model, "variant": variant, "error": "", "workers": {}}
     try:
@@ -77,7 +82,7 @@ def run_variant(cluster, args, model, variant, out):
         cp.popen("ps", "server", [cp.binary("eval/testbed/apps/profile_server"),
                                   "--socket=" + sockets["ps"], "--job=" + JOB,
                                   "--token=" + TOKEN, "--model=" + model,
-                                  "--byte_scale=%g" % args.byte_scale, "--layout=per_layer",
+                                  "--byte_scale=%g" % args.byte_scale, "--layout=" + layout,
                                   "--round_size=%d" % (args.workers if rounds else 0),
                                   "--out=" + server_out])
         pc.wait_until(lambda: "serving" in open(os.path.join(out, "server.log")).read(), 60,
@@ -89,7 +94,8 @@ def run_variant(cluster, args, model, variant, out):
                                        "--token=" + TOKEN, "--model=" + model,
                                        "--byte_scale=%g" % args.byte_scale,
                                        "--compute_scale=%g" % args.compute_scale,
-                                       "--layout=per_layer", "--variant=" + base,
+                                       "--layout=" + layout,
+                                       "--variant=" + ("prio" if base == "single" else base),
                                        "--iterations=%d" % args.iterations,
                                        "--max_pulls=%d" % (0 if rounds else args.max_pulls),
                                        "--rounds=%s" % ("true" if rounds else "false"),
@@ -129,9 +135,12 @@ def summarise(result, warmup):
         for rec in r["iterations"][warmup:]:
             if "iteration_s" in rec:
                 iters.append(rec["iteration_s"])
-            front.append(rec["front_ready_s"])
-            all_ready.append(rec["all_ready_s"])
-            stall.append(rec.get("next_fp_stall_s", 0.0))
+            # single: the whole model comes back at once, exit - enter after
+            # the backward pass.
+            back = rec.get("front_ready_s", rec.get("exit_s", 0) - rec.get("enter_s", 0))
+            front.append(back)
+            all_ready.append(rec.get("all_ready_s", back))
+            stall.append(rec.get("next_fp_stall_s", back))
         for rec in r["iterations"]:
             if rec.get("iteration_s", 0) < 0 or rec.get("fp_stall_s", 0) < 0:
                 negative = True
@@ -172,7 +181,7 @@ def plot(results, out, img_prefix):
         means = [r["summary"]["iteration_mean_s"] for r in rs]
         p95 = [r["summary"]["iteration_p95_s"] for r in rs]
         x = range(len(variants))
-        ax.bar(x, means, color=["#2a7", "#888", "#c63", "#27a", "#777"][:len(variants)])
+        ax.bar(x, means, color=["#2a7", "#888", "#c63", "#27a", "#777", "#a5c"][:len(variants)])
         ax.errorbar(x, means, yerr=[[0] * len(means), [max(0, b - a) for a, b in zip(means, p95)]],
                     fmt="none", ecolor="k", capsize=4)
         ax.set_xticks(list(x))
@@ -238,9 +247,9 @@ def main(argv):
     models = args.models.split(",")
     variants = args.variants.split(",")
     for v in variants:
-        if v not in ("prio", "fifo", "whole", "prio+rounds", "fifo+rounds"):
+        if v not in ("prio", "fifo", "whole", "prio+rounds", "fifo+rounds", "single"):
             parser.error("--variants: unknown variant %r (prio, fifo, whole, prio+rounds, "
-                         "fifo+rounds)" % v)
+                         "fifo+rounds, single)" % v)
     os.makedirs(args.out, exist_ok=True)
     workers = ["w%d" % i for i in range(1, args.workers + 1)]
     hosts = ["sch", "ps"] + workers
