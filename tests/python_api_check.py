@@ -12,7 +12,8 @@ job "demo" plus a second job "other" on the same scheduler).
      unsupported dtypes, priorities of the wrong length, unregistered
      servers, a push to another job's server, negative or contradicting
      bounds, a server without callbacks, a replica of no server;
-  4. a Replica registers, serves on a background thread and stops.
+  4. a Replica (Python callback) registered before the pushes ends with
+     exactly the server's model.
 Prints "python_api_check rank R: OK" on success.
 """
 import faulthandler
@@ -96,6 +97,21 @@ if rank == 0:
 
     server = mlfabric.Server("pyps", apply, lambda: (state["version"], model)).start()
     expect(server.initial_version == 0, "initial version %d" % server.initial_version)
+barrier()
+# A hot-standby replica of pyps on rank 1's daemon (§5.3), applying the same
+# rule as the server: the scheduler sends it a copy of every update the
+# server applies.
+replica, replica_model, replica_seen = None, np.zeros(total, np.float32), []
+if rank == 1:
+    def apply_copy(update):
+        values = update.array(np.float32)
+        if values.size != replica_model.size or values[0] < 0:
+            raise ValueError("refused like the server")
+        replica_model[:] += values
+        replica_seen.append(update.sequence)
+        return len(replica_seen)
+
+    replica = mlfabric.Replica("pyps", apply_copy).start()
 barrier()
 worker = mlfabric.Worker(name="py%d" % rank)
 version, data = get_when_up(worker, "pyps")
@@ -207,15 +223,20 @@ mlf.close()
 barrier()
 print("rank %d: part 3 (bad input) done" % rank, flush=True)
 
-# ---- 4. a replica of pyps
+# ---- 4. the replica of pyps holds the server's model
+version, data = worker.get("pyps")
 if rank == 1:
-    got = []
-    replica = mlfabric.Replica("pyps", lambda u: got.append(u.bytes) or len(got))
-    with replica:
-        time.sleep(0.3)
+    deadline = time.time() + 30  # copies may be punted to a later batch
+    while len(replica_seen) < version and time.time() < deadline and replica.error is None:
+        time.sleep(0.05)
+    replica.stop()
     replica.close()
-    print("rank 1: replica of pyps registered, served and stopped (%d updates replicated)"
-          % len(got), flush=True)
+    print("rank 1: the replica applied %d of the server's %d updates" % (len(replica_seen), version),
+          flush=True)
+    expect(len(replica_seen) == version, "replica applied %d updates, the server %d"
+           % (len(replica_seen), version))
+    expect(np.array_equal(replica_model, np.frombuffer(data, np.float32)),
+           "the replica's model equals the server's")
 barrier()
 if server is not None:
     server.stop()
