@@ -76,7 +76,11 @@ double Walk(const std::vector<LinkProfile>& links, const Path& path, double star
     }
     if (rate > 0) {
       const double capacity = next == kInfinity ? kInfinity : rate * (next - t);
-      const double to = bits <= capacity ? t + bits / rate : next;
+      // Under a thousandth of a bit left after a slot is the residue of
+      // filling it exactly, not a reason for one more (empty) segment that
+      // would also move the end to the next profile breakpoint.
+      const bool fits = bits <= capacity + 1e-3;
+      const double to = fits ? std::min(t + bits / rate, next) : next;
       if (segments != nullptr) {
         if (!segments->empty() && segments->back().rate_bps == rate &&
             segments->back().to_s == t) {
@@ -85,7 +89,7 @@ double Walk(const std::vector<LinkProfile>& links, const Path& path, double star
           segments->push_back({t, to, rate});
         }
       }
-      if (bits <= capacity) return to;
+      if (fits) return to;
       bits -= capacity;
     } else if (next == kInfinity) {
       return kInfinity;
