@@ -1654,7 +1654,12 @@ void Daemon::ReleaseLocked(uint64_t transfer_id) {
   if (it == outgoing_.end()) return;
   Outgoing& outgoing = it->second;
   const uint32_t job = outgoing.send.job_id();
-  if (!packet_queue_.policy().HasJob(job)) (void)packet_queue_.AddJob(job);
+  // Rank by the scheduler's job id (config order), so that TLs-One/RR rank
+  // co-located jobs the same way on every daemon, whatever order their
+  // traffic first reached each one.
+  if (!packet_queue_.policy().HasJob(job)) {
+    (void)packet_queue_.AddJob(job, static_cast<double>(job));
+  }
   // Tensor layout: consecutive regions in tensor order. Within a released
   // transfer the queue sends the most urgent tensor first (Mercury §IV).
   std::vector<v1::TensorInfo> tensors = outgoing.tensors;
