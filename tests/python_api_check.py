@@ -211,6 +211,10 @@ raises(lambda: mlfabric.Worker(delay_bound=-3), ValueError, "delay_bound -3 is n
 raises(lambda: mlfabric.Worker(divergence_bound=-2.0), ValueError, "divergence_bound")
 raises(lambda: mlfabric.Server("neg", delay_bound=-1), ValueError, "delay_bound -1")
 raises(lambda: mlfabric.Worker(delay_bound=5), RuntimeError, "delay_bound 5 differs", "tau_max 30")
+# mlfabric-run --divergence_bound 1000 reached the job and every rank.
+expect(os.environ.get("MLFABRIC_DIVERGENCE_BOUND") == "1000", "MLFABRIC_DIVERGENCE_BOUND exported")
+raises(lambda: mlfabric.Worker(divergence_bound=5.0), RuntimeError, "divergence_bound 5 differs")
+mlfabric.Worker(name="same-bounds%d" % rank, delay_bound=30, divergence_bound=1000.0).close()
 raises(lambda: mlfabric.Server(""), ValueError, "needs a name")
 raises(lambda: mlfabric.Replica(""), ValueError, "server name is empty")
 raises(lambda: mlfabric.Worker(token="wrong-token", name="intruder"), RuntimeError, "token")
