@@ -8,8 +8,8 @@ in both directions:
 
   * uplink   = egress of ``veth0`` inside the host namespace
                (``tc ... dev veth0 root handle 1: htb default 10``, class 1:10,
-               rate = ceil = uplink bps); the daemon can read this class's ceil
-               with ``--monitor_tc_class=veth0:1:10``-style options;
+               rate = ceil = uplink bps); a daemon in the host can read this
+               class's ceil (``--monitor_interface=veth0 --monitor_tc_class=1:10``);
   * downlink = egress of the host's port on the switch side, class 1:10 too.
 
 So a transfer from host A to host B is limited by min(A's uplink, B's
@@ -34,7 +34,10 @@ Usage::
 
 Two clusters coexist when their prefixes differ; each prefix gets its own
 subnet (``subnet`` argument, else derived from the prefix). ``python3
-netns_cluster.py cleanup --prefix mlft-`` removes what a killed run left.
+netns_cluster.py cleanup --prefix mlft-h2-`` removes what a killed run left
+(every namespace whose name starts with the prefix: give the full one).
+``kill_all()`` kills whatever runs in the namespaces (e.g. Open MPI's
+daemonized orted); ``destroy()`` calls it.
 
 Thread safety: ``set_rate`` and ``link_bytes`` may be called from a trace
 thread while other threads ``popen``; creation/destruction are not
