@@ -89,6 +89,9 @@ if rank == 0:
         if values[0] < 0:
             raise ValueError("first element %g is negative" % values[0])
         expect(not values.flags.writeable, "update views are read-only")
+        raw = update.data
+        expect(raw.dtype == np.uint8 and raw.size == update.bytes and
+               raw[:4].tobytes() == values[:1].tobytes(), "Update.data is the raw bytes")
         seen.append((update.worker, update.version, update.count, update.norm, update.bytes,
                      update.sequence))
         model[:] += values
@@ -96,6 +99,9 @@ if rank == 0:
         return state["version"]
 
     server = mlfabric.Server("pyps", apply, lambda: (state["version"], model)).start()
+    kept = []  # an Update kept past its callback: metadata stays, the data raises
+    probe = mlfabric.Server("probe", lambda u: kept.append(u) or len(kept),
+                            lambda: (len(kept), b"")).start()
     expect(server.initial_version == 0, "initial version %d" % server.initial_version)
 barrier()
 # A hot-standby replica of pyps on rank 1's daemon (§5.3), applying the same
@@ -147,6 +153,15 @@ if rank == 0:
         expect(abs(n - want) < 1e-3 * max(1.0, want), "norm from %s: %g vs %g" % (w, n, want))
     expect(sorted(s[0] for s in seen) == sorted(["py0", "py0", "py1", "py1"]),
            "workers named: %s" % [s[0] for s in seen])
+if rank == 0:
+    r = worker.push("probe", np.arange(4, dtype=np.int64), 0)
+    expect(r["outcome"] == "applied" and len(kept) == 1, "probe push applied: %s" % r)
+    if kept:
+        expect(kept[0].worker == "py0" and kept[0].bytes == 32 and kept[0].count == 1,
+               "kept Update metadata: %r" % kept[0])
+        raises(lambda: kept[0].array(np.int64), RuntimeError, "after its callback returned")
+    probe.stop()
+    probe.close()
 barrier()
 print("rank %d: part 1 (Python server, multi-tensor pushes) done" % rank, flush=True)
 
