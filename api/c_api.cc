@@ -23,46 +23,6 @@ namespace mlfabric {
 namespace {
 
 // Runs closures one at a time, in submission order, on its own thread.
-class SerialExecutor {
- public:
-  SerialExecutor() : thread_([this] { Loop(); }) {}
-  ~SerialExecutor() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void Submit(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back(std::move(task));
-    }
-    cv_.notify_all();
-  }
-
- private:
-  void Loop() {
-    while (true) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;  // stopping, and everything queued ran
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      task();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
-
 class SumServer {
  public:
   SumServer(std::unique_ptr<Server> server, std::vector<float> model)
@@ -109,10 +69,7 @@ class SumServer {
 };
 
 struct Entry {
-  std::unique_ptr<AllReducer> reducer;
-  std::unique_ptr<Worker> worker;
   std::unique_ptr<SumServer> sum_server;
-  std::unique_ptr<SerialExecutor> executor;  // last member: destroyed (joined) first
 };
 
 std::mutex g_mu;
@@ -169,181 +126,12 @@ ClientOptions Options(const char* socket, const char* job, const char* token, co
   return options;
 }
 
-absl::Status BadHandle(int64_t handle, const char* what) {
-  return absl::InvalidArgumentError(absl::StrCat("no ", what, " with handle ", handle,
-                                                 " (destroyed or never created)"));
-}
-
 }  // namespace
 }  // namespace mlfabric
 
 using mlfabric::Entry;
 
 extern "C" {
-
-int64_t mlf_allreducer_create(const char* backend, const char* socket, const char* job,
-                              const char* token, double timeout_s, char* err, size_t err_len) {
-  mlfabric::AllReduceOptions options;
-  options.backend = mlfabric::Or(backend, nullptr, "auto");
-  options.client = mlfabric::Options(socket, job, token, "");
-  if (const char* name = std::getenv("MLFABRIC_WORKER_NAME")) options.client.name = name;
-  if (timeout_s > 0) options.timeout_s = timeout_s;
-  auto reducer = mlfabric::MakeAllReducer(options);
-  if (!reducer.ok()) {
-    mlfabric::SetError(reducer.status(), err, err_len);
-    return 0;
-  }
-  auto entry = std::make_shared<Entry>();
-  entry->reducer = std::move(*reducer);
-  entry->executor = std::make_unique<mlfabric::SerialExecutor>();
-  return mlfabric::Add(std::move(entry));
-}
-
-int mlf_allreducer_rank(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
-  return entry && entry->reducer ? entry->reducer->rank() : -1;
-}
-
-int mlf_allreducer_size(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
-  return entry && entry->reducer ? entry->reducer->size() : -1;
-}
-
-const char* mlf_allreducer_backend(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
-  return entry && entry->reducer ? entry->reducer->backend() : "";
-}
-
-static void Collective(int64_t handle, bool broadcast, void* data, uint64_t count, int dtype,
-                       int root, mlf_done_fn done, void* ctx) {
-  auto entry = mlfabric::Find(handle);
-  if (!entry || !entry->reducer) {
-    auto status = mlfabric::BadHandle(handle, "AllReducer");
-    done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str());
-    return;
-  }
-  entry->executor->Submit([entry, broadcast, data, count, dtype, root, done, ctx] {
-    const auto type = static_cast<mlfabric::DataType>(dtype);
-    absl::Status status =
-        mlfabric::DataTypeSize(type) == 0
-            ? absl::InvalidArgumentError(absl::StrCat(
-                  "unsupported dtype code ", dtype, ": use float32, float64, int32 or int64"))
-        : broadcast ? entry->reducer->Broadcast(data, count, type, root)
-                    : entry->reducer->AllReduce(data, count, type);
-    done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str());
-  });
-}
-
-void mlf_allreduce_async(int64_t handle, void* data, uint64_t count, int dtype, mlf_done_fn done,
-                         void* ctx) {
-  Collective(handle, false, data, count, dtype, 0, done, ctx);
-}
-
-void mlf_broadcast_async(int64_t handle, void* data, uint64_t count, int dtype, int root,
-                         mlf_done_fn done, void* ctx) {
-  Collective(handle, true, data, count, dtype, root, done, ctx);
-}
-
-namespace {
-struct Waiter {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  int code = 0;
-  std::string message;
-  static void Done(void* ctx, int code, const char* message) {
-    auto* w = static_cast<Waiter*>(ctx);
-    std::lock_guard<std::mutex> lock(w->mu);
-    w->code = code;
-    w->message = message;
-    w->done = true;
-    w->cv.notify_all();
-  }
-  int Wait(char* err, size_t err_len) {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
-    if (code != 0 && err && err_len) std::snprintf(err, err_len, "%s", message.c_str());
-    return code;
-  }
-};
-}  // namespace
-
-int mlf_allreduce(int64_t handle, void* data, uint64_t count, int dtype, char* err,
-                  size_t err_len) {
-  Waiter waiter;
-  mlf_allreduce_async(handle, data, count, dtype, &Waiter::Done, &waiter);
-  return waiter.Wait(err, err_len);
-}
-
-int mlf_broadcast(int64_t handle, void* data, uint64_t count, int dtype, int root, char* err,
-                  size_t err_len) {
-  Waiter waiter;
-  mlf_broadcast_async(handle, data, count, dtype, root, &Waiter::Done, &waiter);
-  return waiter.Wait(err, err_len);
-}
-
-void mlf_allreducer_destroy(int64_t handle) { mlfabric::Remove(handle); }
-
-int64_t mlf_worker_create(const char* socket, const char* job, const char* token,
-                          const char* name, int64_t delay_bound, char* err, size_t err_len) {
-  mlfabric::RegistrationParams params;
-  params.client = mlfabric::Options(socket, job, token, name);
-  if (params.client.name.empty()) {
-    params.client.name = mlfabric::Or(nullptr, "MLFABRIC_WORKER_NAME", "worker");
-  }
-  params.delay_bound = delay_bound;
-  auto worker = mlfabric::RegisterAsWorker(params);
-  if (!worker.ok()) {
-    mlfabric::SetError(worker.status(), err, err_len);
-    return 0;
-  }
-  auto entry = std::make_shared<Entry>();
-  entry->worker = std::move(*worker);
-  entry->executor = std::make_unique<mlfabric::SerialExecutor>();
-  return mlfabric::Add(std::move(entry));
-}
-
-int64_t mlf_worker_initial_version(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
-  return entry && entry->worker ? entry->worker->initial_version() : -1;
-}
-
-void mlf_push_async(int64_t handle, const char* server, const void* data, uint64_t bytes,
-                    int64_t version, double norm, mlf_push_done_fn done, void* ctx) {
-  auto entry = mlfabric::Find(handle);
-  if (!entry || !entry->worker) {
-    done(ctx, MLF_FAILED, std::string(mlfabric::BadHandle(handle, "Worker").message()).c_str(), 0,
-         0);
-    return;
-  }
-  entry->worker->PushAsync(server, data, bytes, version, norm,
-                           [entry, done, ctx](mlfabric::PushResult result) {
-                             done(ctx, static_cast<int>(result.outcome), result.reason.c_str(),
-                                  result.applied_version, result.delay);
-                           });
-}
-
-void mlf_get_async(int64_t handle, const char* server, mlf_get_done_fn done, void* ctx) {
-  auto entry = mlfabric::Find(handle);
-  if (!entry || !entry->worker) {
-    auto status = mlfabric::BadHandle(handle, "Worker");
-    done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str(), 0, nullptr,
-         0);
-    return;
-  }
-  std::string name = server;
-  entry->executor->Submit([entry, name, done, ctx] {
-    auto model = entry->worker->Get(name);
-    if (!model.ok()) {
-      done(ctx, static_cast<int>(model.status().code()),
-           std::string(model.status().message()).c_str(), 0, nullptr, 0);
-      return;
-    }
-    done(ctx, 0, "", model->version, model->data(), model->size());
-  });
-}
-
-void mlf_worker_destroy(int64_t handle) { mlfabric::Remove(handle); }
 
 int64_t mlf_sum_server_start(const char* socket, const char* job, const char* token,
                              const char* name, const float* initial, uint64_t count, char* err,
