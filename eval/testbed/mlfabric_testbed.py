@@ -503,7 +503,12 @@ class Testbed:
         r["mean_iteration_s"] = sum(iter_s) / len(iter_s) if iter_s else None
         if system.startswith("mlfabric-a") or system == "vanilla":
             server = read_events(os.path.join(d, "server.jsonl"))
-            curve = [(e["t"] - t0, e["accuracy"]) for e in server if e["event"] == "eval"]
+            # The server evaluates from its own start, before the workers
+            # have connected: those points (the initial model) collapse
+            # into one at time zero.
+            evals = [(e["t"] - t0, e["accuracy"]) for e in server if e["event"] == "eval"]
+            early = [p for p in evals if p[0] < 0]
+            curve = ([(0.0, early[-1][1])] if early else []) + [p for p in evals if p[0] >= 0]
             ssum = next((e for e in server if e["event"] == "summary"), {})
             pushes = [e for ev in logs.values() for e in ev if e["event"] == "push"]
             r["pushes"] = sum(s["pushes"] for s in summaries.values() if s)
