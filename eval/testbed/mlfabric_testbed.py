@@ -33,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -108,7 +109,8 @@ class TraceDriver(threading.Thread):
 
     def stop(self):
         self.stop_event.set()
-        self.join(timeout=10)
+        if self.ident is not None:  # started
+            self.join(timeout=10)
 
 
 def capacity_integral(history, host, t0, t1, direction):
@@ -189,6 +191,7 @@ class Testbed:
         self.server_bps = PAPER_NIC_BPS * self.scale  # dedicated 10 Gbit/s server (§7)
         self.seeds = {h: args.seed * 1000 + i for i, h in enumerate(self.workers, 1)}
         self.cluster = None
+        self.socket_dirs = []
 
     def binary(self, rel):
         path = os.path.join(self.bin_root, rel)
@@ -223,6 +226,8 @@ class Testbed:
                     json.dump(results, f, indent=1)
         finally:
             self.cluster.destroy()
+            for sock_dir in self.socket_dirs:
+                shutil.rmtree(sock_dir, ignore_errors=True)
         return results
 
     def config_json(self):
@@ -312,8 +317,12 @@ class Testbed:
                    open(config["port_file"]).read().strip(), 30, "the scheduler's port file")
         scheduler = "%s:%d" % (self.cluster.ip("sch"), port)
         self.sockets = {}
+        # Unix socket paths are limited to 107 bytes; the results directory
+        # (e.g. a Bazel test's TEST_TMPDIR) can be longer.
+        sock_dir = tempfile.mkdtemp(prefix="mlft-sock-")
+        self.socket_dirs.append(sock_dir)
         for h in ["s1"] + self.workers:
-            sock = os.path.join(d, h + ".sock")
+            sock = os.path.join(sock_dir, h + ".sock")
             self.sockets[h] = sock
             argv = [self.binary("daemon/mlfabricd"), "--host=" + h, "--scheduler=" + scheduler,
                     "--listen_address=" + self.cluster.ip(h), "--data_port=0",
@@ -327,8 +336,14 @@ class Testbed:
             started.append(("daemon " + h, self.cluster.popen(
                 h, argv, stdout=open(os.path.join(d, h + ".log"), "w"),
                 stderr=subprocess.STDOUT)))
-        wait_until(lambda: all(os.path.exists(s) for s in self.sockets.values()), 30,
-                   "the daemons' local sockets")
+        def daemons_up():
+            for name, proc in started:
+                if name.startswith("daemon") and proc.poll() is not None:
+                    log = os.path.join(d, name.split()[1] + ".log")
+                    first = open(log).readline().strip() if os.path.exists(log) else ""
+                    raise RuntimeError("%s exited with code %s: %s" % (name, proc.poll(), first))
+            return all(os.path.exists(s) for s in self.sockets.values())
+        wait_until(daemons_up, 30, "the daemons' local sockets")
 
     def app(self, host, name, argv, d, env=None):
         return self.cluster.popen(host, argv, stdout=open(os.path.join(d, name + ".log"), "w"),
