@@ -719,6 +719,13 @@ void Daemon::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
     for (const v1::CompletionReport& report : round_reports) ReportCompletion(report);
     return;
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto done = awaiting_ack_.find(ack.transfer_id()); done != awaiting_ack_.end()) {
+      RecycleLocked(std::move(done->second.second));
+      awaiting_ack_.erase(done);
+    }
+  }
   v1::CompletionReport report;
   report.set_host(config_.host);
   report.set_transfer_id(ack.transfer_id());
@@ -759,6 +766,9 @@ void Daemon::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
 void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
   std::lock_guard<std::mutex> lock(mu_);
   apps_.erase(app);
+  for (auto it = awaiting_ack_.begin(); it != awaiting_ack_.end();) {
+    it = it->second.first == app ? awaiting_ack_.erase(it) : std::next(it);
+  }
   if (app->role != v1::ROLE_SERVER && app->role != v1::ROLE_REPLICA) return;
   const std::string endpoint_name =
       app->role == v1::ROLE_REPLICA ? "replica:" + app->name : app->name;
@@ -787,6 +797,32 @@ void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
     }
   }
   cv_.notify_all();
+}
+
+namespace {
+// Free receive buffers kept for reuse: at most this many bytes, and this
+// many buffers of one size.
+constexpr size_t kMaxPooledBytes = size_t{2} << 30;
+constexpr size_t kMaxPooledPerSize = 4;
+}  // namespace
+
+std::shared_ptr<SharedBuffer> Daemon::TakePooledLocked(size_t size) {
+  auto it = buffer_pool_.find(size);
+  if (it == buffer_pool_.end() || it->second.empty()) return nullptr;
+  std::shared_ptr<SharedBuffer> buffer = std::move(it->second.back());
+  it->second.pop_back();
+  pooled_bytes_ -= size;
+  return buffer;
+}
+
+void Daemon::RecycleLocked(std::shared_ptr<SharedBuffer> buffer) {
+  // Only a buffer nobody else holds may be written again.
+  if (buffer == nullptr || buffer.use_count() != 1) return;
+  const size_t size = buffer->size();
+  auto& free_list = buffer_pool_[size];
+  if (free_list.size() >= kMaxPooledPerSize || pooled_bytes_ + size > kMaxPooledBytes) return;
+  pooled_bytes_ += size;
+  free_list.push_back(std::move(buffer));
 }
 
 void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
@@ -832,6 +868,8 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
     if (!sent.ok()) {
       ReportFailureAsync(transfer_id, absl::StrCat("cannot hand the update to server '", server,
                                                    "': ", sent.message()));
+    } else {
+      awaiting_ack_[transfer_id] = {endpoint.app, incoming->second.buffer};
     }
     ++stats_.deliveries;
     incoming_.erase(incoming);
@@ -1197,10 +1235,18 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
                                     header->offset);
         break;
       }
-      auto buffer = SharedBuffer::Create(header->offset);
-      if (!buffer.ok()) {
-        close_reason = std::string(buffer.status().message());
-        break;
+      std::shared_ptr<SharedBuffer> pooled;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        pooled = TakePooledLocked(header->offset);
+      }
+      if (pooled == nullptr) {
+        auto buffer = SharedBuffer::Create(header->offset);
+        if (!buffer.ok()) {
+          close_reason = std::string(buffer.status().message());
+          break;
+        }
+        pooled = std::make_shared<SharedBuffer>(std::move(*buffer));
       }
       std::lock_guard<std::mutex> lock(mu_);
       if (incoming_.count(header->transfer)) {
@@ -1210,7 +1256,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
       Incoming& incoming = incoming_[header->transfer];
       incoming.job_id = header->job;
       incoming.total = header->offset;
-      incoming.buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
+      incoming.buffer = std::move(pooled);
       begun.insert(header->transfer);
       continue;
     }

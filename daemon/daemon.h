@@ -266,6 +266,16 @@ class Daemon {
   std::map<uint64_t, std::shared_ptr<Round>> round_deliveries_;  // delivery id -> round
   // Bytes of applied pushes whose replica copy comes in a later batch.
   std::map<uint64_t, PendingPush> replica_holds_;
+  // Receive buffers are reused once the server acknowledged their update:
+  // a fresh memfd costs a page fault per 4 KiB on first touch, which halved
+  // goodput (daemon/README.md). Buffers delivered and not yet acknowledged,
+  // and the free pool by size (capped).
+  std::map<uint64_t, std::pair<std::shared_ptr<AppSession>, std::shared_ptr<SharedBuffer>>>
+      awaiting_ack_;
+  std::map<size_t, std::vector<std::shared_ptr<SharedBuffer>>> buffer_pool_;
+  size_t pooled_bytes_ = 0;
+  std::shared_ptr<SharedBuffer> TakePooledLocked(size_t size);
+  void RecycleLocked(std::shared_ptr<SharedBuffer> buffer);
   std::set<std::shared_ptr<AppSession>> apps_;
   std::map<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> peers_;
   // Unscheduled traffic (get replies) has its own budget (DESIGN.md §5).
