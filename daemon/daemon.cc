@@ -178,6 +178,7 @@ absl::Status Daemon::Start() {
   threads_.emplace_back([this] { ClockSyncLoop(); });
   threads_.emplace_back([this] { DataAcceptLoop(); });
   threads_.emplace_back([this] { LocalAcceptLoop(); });
+  threads_.emplace_back([this] { FailureReporterLoop(); });
   MLF_LOG(INFO) << "host " << config_.host << " serving: data " << data_address_ << ", local "
                 << config_.local_socket << ", scheduler " << config_.scheduler;
   return absl::OkStatus();
@@ -302,6 +303,11 @@ void Daemon::Stop() {
     for (const auto& app : apps_) app->channel->Shutdown();
   }
   cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(reports_mu_);
+    failure_reports_.clear();  // the scheduler marks this host down anyway
+  }
+  reports_cv_.notify_all();
   boost::system::error_code ignored;
   if (data_acceptor_) {
     // close() alone does not wake a thread blocked in accept(); shutdown does.
@@ -318,11 +324,6 @@ void Daemon::Stop() {
   }
   if (local_listen_fd_ >= 0) ::close(local_listen_fd_);
   ::unlink(config_.local_socket.c_str());
-  // Session threads block in reads on sockets their peers own; they are
-  // detached and end with the process.
-  for (auto& thread : session_threads_) {
-    if (thread.joinable()) thread.detach();
-  }
 }
 
 absl::Status Daemon::Wait() {
@@ -487,7 +488,27 @@ void Daemon::ReportFailureAsync(uint64_t transfer_id, const std::string& error) 
   report.set_transfer_id(transfer_id);
   report.set_applied(false);
   report.set_error(error);
-  std::thread([this, report] { ReportCompletion(report); }).detach();
+  // Callers hold mu_: the report is queued for the reporter thread (one
+  // thread however many failures come at once, e.g. a failed round).
+  {
+    std::lock_guard<std::mutex> lock(reports_mu_);
+    failure_reports_.push_back(std::move(report));
+  }
+  reports_cv_.notify_one();
+}
+
+void Daemon::FailureReporterLoop() {
+  while (true) {
+    v1::CompletionReport report;
+    {
+      std::unique_lock<std::mutex> lock(reports_mu_);
+      reports_cv_.wait(lock, [&] { return stopping_.load() || !failure_reports_.empty(); });
+      if (failure_reports_.empty()) return;  // stopping
+      report = std::move(failure_reports_.front());
+      failure_reports_.pop_front();
+    }
+    ReportCompletion(report);
+  }
 }
 
 void Daemon::ReportCompletion(const v1::CompletionReport& report) {
@@ -514,7 +535,7 @@ void Daemon::LocalAcceptLoop() {
     app->channel = std::make_shared<LocalChannel>(fd);
     std::lock_guard<std::mutex> lock(mu_);
     apps_.insert(app);
-    session_threads_.emplace_back([this, app] { AppLoop(app); });
+    std::thread([this, app] { AppLoop(app); }).detach();
   }
 }
 
@@ -672,7 +693,10 @@ void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGe
   std::lock_guard<std::mutex> lock(mu_);
   auto pushed = app->last_round_push.find(get.server());
   const int64_t round = pushed == app->last_round_push.end() ? -1 : pushed->second;
-  session_threads_.emplace_back([this, app, get, job, round] {
+  // Session threads are detached: a finished thread is reclaimed at once
+  // (kept joinable, one per get and per connection, they piled up until
+  // thread creation failed), and at Stop() they end with the process.
+  std::thread([this, app, get, job, round] {
     v1::LocalMessage done;
     v1::LocalGetDone* body = done.mutable_get_done();
     body->set_request_id(get.request_id());
@@ -687,7 +711,7 @@ void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGe
     body->set_model_version(version);
     body->set_bytes(static_cast<int64_t>(model->size()));
     (void)app->channel->Send(done, model->fd());
-  });
+  }).detach();
 }
 
 void Daemon::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
@@ -1210,7 +1234,7 @@ void Daemon::DataAcceptLoop() {
     }
     socket->set_option(tcp::no_delay(true), error);
     std::lock_guard<std::mutex> lock(mu_);
-    session_threads_.emplace_back([this, socket] { DataSessionLoop(socket); });
+    std::thread([this, socket] { DataSessionLoop(socket); }).detach();
   }
 }
 

@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -289,7 +290,12 @@ class Daemon {
   std::unique_ptr<monitor::BandwidthMonitor> monitor_;
 
   std::vector<std::thread> threads_;
-  std::vector<std::thread> session_threads_;
+  // Failure reports to the scheduler, sent by one thread (see
+  // ReportFailureAsync).
+  void FailureReporterLoop();
+  std::mutex reports_mu_;
+  std::condition_variable reports_cv_;
+  std::deque<v1::CompletionReport> failure_reports_;
 };
 
 }  // namespace mlfabric
