@@ -38,7 +38,7 @@ PS shards). The daemons tell the scheduler --sched_link_bps (default 10
 Gbit/s, the paper's NIC) so that MLfabric's reservations do not serialise
 the transfers: the packet queue decides what goes on the wire, which is what
 this ablation isolates (with the true rate the scheduler time-slices the
-transfers and packet priorities have nothing to reorder; see RESULTS-h3.md).
+transfers and packet priorities have nothing to reorder; see docs/results.md, Part 2).
 The worker namespaces' TCP send buffers are capped (--tcp_wmem_max) so the
 queue, not a multi-megabyte socket buffer, holds the backlog.
 
