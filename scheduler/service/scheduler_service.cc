@@ -875,6 +875,19 @@ void SchedulerService::SampleLinksLocked(double now_s) {
 // never be complete.
 
 namespace {
+// A transfer's reserved rate segments as daemons take them (empty segments,
+// which carry nothing, are left out).
+void AddSegments(const std::vector<core::RateSegment>& segments,
+                 google::protobuf::RepeatedPtrField<v1::RateSegment>* out) {
+  for (const core::RateSegment& segment : segments) {
+    if (!(segment.to_s > segment.from_s)) continue;
+    v1::RateSegment* s = out->Add();
+    s->set_from_s(segment.from_s);
+    s->set_to_s(segment.to_s);
+    s->set_rate_bps(segment.rate_bps);
+  }
+}
+
 const char* DTypeName(v1::DType dtype) {
   switch (dtype) {
     case v1::DTYPE_FLOAT32: return "float32";
@@ -1295,16 +1308,6 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
     }
   }
   std::map<const core::Transfer*, uint64_t> aggregate_ids;
-  auto add_segments = [](const std::vector<core::RateSegment>& segments,
-                         google::protobuf::RepeatedPtrField<v1::RateSegment>* out) {
-    for (const core::RateSegment& segment : segments) {
-      if (!(segment.to_s > segment.from_s)) continue;  // empty: nothing to pace
-      v1::RateSegment* s = out->Add();
-      s->set_from_s(segment.from_s);
-      s->set_to_s(segment.to_s);
-      s->set_rate_bps(segment.rate_bps);
-    }
-  };
   // Opens the aggregate the first time one of its constituents comes up in
   // the commit order; returns its id, or 0 when it cannot be carried out.
   auto open_aggregate = [&](const core::Transfer& transfer) -> uint64_t {
@@ -1371,7 +1374,7 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
       task->set_dst_host(server.host);
       task->set_dst_address(server_host->second.data_address);
       task->set_start_s(transfer.start_s);
-      add_segments(transfer.segments, task->mutable_segments());
+      AddSegments(transfer.segments, task->mutable_segments());
       task->set_bytes(transfer.bytes);
       task->set_dtype(first.dtype);
       EnqueueLocked(transfer.src, std::move(task_command));
@@ -1431,7 +1434,7 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
       send->set_dst_address(aggregator->second.data_address);
       send->set_start_s(to_agg.start_s);
       send->set_bytes(record.bytes);
-      add_segments(to_agg.segments, send->mutable_segments());
+      AddSegments(to_agg.segments, send->mutable_segments());
       EnqueueLocked(record.src_host, std::move(send_command));
       ++stats_.planned;
       continue;
@@ -1481,13 +1484,7 @@ void SchedulerService::ApplyPlan(const BatchWork& work) {
     send->set_dst_address(server_host->second.data_address);
     send->set_start_s(transfer->second->start_s);
     send->set_bytes(record.bytes);
-    for (const core::RateSegment& segment : transfer->second->segments) {
-      if (!(segment.to_s > segment.from_s)) continue;  // empty: nothing to pace
-      v1::RateSegment* out = send->add_segments();
-      out->set_from_s(segment.from_s);
-      out->set_to_s(segment.to_s);
-      out->set_rate_bps(segment.rate_bps);
-    }
+    AddSegments(transfer->second->segments, send->mutable_segments());
     EnqueueLocked(record.src_host, std::move(send_command));
     ++stats_.planned;
   }
@@ -1549,13 +1546,7 @@ void SchedulerService::DispatchReplicaLocked(const BatchWork& work, const core::
     send->set_dst_address(replica_host->second.data_address);
     send->set_start_s(transfer->second->start_s);
     send->set_bytes(what.bytes);
-    for (const core::RateSegment& segment : transfer->second->segments) {
-      if (!(segment.to_s > segment.from_s)) continue;  // empty: nothing to pace
-      v1::RateSegment* out = send->add_segments();
-      out->set_from_s(segment.from_s);
-      out->set_to_s(segment.to_s);
-      out->set_rate_bps(segment.rate_bps);
-    }
+    AddSegments(transfer->second->segments, send->mutable_segments());
     EnqueueLocked(what.src_host, std::move(send_command));
     ++stats_.replica_copies;
   }
