@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
   }
 
   std::unique_ptr<LocalCluster> cluster;
-  std::string socket_dir, config_dir;
+  std::string socket_dir, config_dir, ompi_dir;
   if (const char* existing = std::getenv("MLFABRIC_SOCKET_DIR"); existing && *existing) {
     socket_dir = existing;
     if (verbose) std::cerr << "mlfabric-run: using the daemons in " << socket_dir << "\n";
@@ -229,6 +229,21 @@ int main(int argc, char** argv) {
     command.insert(command.end(), {"--hostfile", hostfile});
   } else {
     command.push_back("--oversubscribe");
+    // Open MPI names its session directory and its shared-memory segments
+    // after mpirun's pid; two jobs whose mpirun got the same pid in
+    // different pid namespaces (parallel Bazel tests in their sandboxes)
+    // collided in /tmp and /dev/shm: "getting local rank failed" in
+    // orte_init, or a crash in the vader BTL. A private directory (in
+    // /dev/shm, so shared memory stays in memory) avoids both.
+    if (std::getenv("OMPI_MCA_orte_tmpdir_base") == nullptr) {
+      std::string pattern = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm/mlfabric-run-XXXXXX"
+                                                             : "/tmp/mlfabric-run-XXXXXX";
+      if (::mkdtemp(pattern.data()) != nullptr) {
+        ompi_dir = pattern;
+        command.insert(command.end(), {"--mca", "orte_tmpdir_base", ompi_dir, "--mca",
+                                       "btl_vader_backing_directory", ompi_dir});
+      }
+    }
   }
   for (const char* name : {"MLFABRIC_SOCKET_DIR", "MLFABRIC_JOB", "MLFABRIC_JOB_TOKEN",
                            "MLFABRIC_DELAY_BOUND", "MLFABRIC_DIVERGENCE_BOUND",
@@ -262,6 +277,7 @@ int main(int argc, char** argv) {
     }
   }
   if (!config_dir.empty()) std::filesystem::remove_all(config_dir, error);
+  if (!ompi_dir.empty()) std::filesystem::remove_all(ompi_dir, error);
   if (*code != 0 && cluster) {
     std::cerr << "mlfabric-run: the job exited with " << *code << "; logs in " << socket_dir
               << "\n";
