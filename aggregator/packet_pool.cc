@@ -1,103 +1,106 @@
 #include "aggregator/packet_pool.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
-#include <utility>
+#include <iterator>
+#include <limits>
+#include <type_traits>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "aggregator/reduce.h"
 
 namespace mlfabric::aggregator {
 namespace {
 
-std::string KeyName(const PacketKey& key) {
-  return absl::StrCat("(transfer ", key.transfer_id, ", tensor ", key.tensor_id,
-                      ", offset ", key.offset_bytes, ")");
+// Two's-complement wrap-around without signed overflow: the sum is kept as
+// unsigned integers of the same width. Written for the auto-vectoriser
+// (the library is built with the kernels' copts, see BUILD).
+template <typename U>
+void AddWrapping(U* __restrict dst, const U* __restrict src, size_t n) {
+  static_assert(std::is_unsigned_v<U>);
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
-template <typename T>
-void Accumulate(std::vector<T>& sum, bool first, const std::byte* payload,
-                double weight) {
-  const T* src = reinterpret_cast<const T*>(payload);
-  if (first) {
-    Scale(sum.data(), src, static_cast<T>(weight), sum.size());
-  } else {
-    WeightedSum(sum.data(), src, static_cast<T>(weight), sum.size());
-  }
+std::string RangeName(uint64_t offset, uint64_t size) {
+  return absl::StrCat("[", offset, ", ", offset + size, ")");
 }
 
 }  // namespace
 
 size_t DTypeBytes(DType dtype) {
-  return dtype == DType::kFloat32 ? sizeof(float) : sizeof(double);
+  switch (dtype) {
+    case DType::kFloat32: return sizeof(float);
+    case DType::kFloat64: return sizeof(double);
+    case DType::kInt32: return sizeof(int32_t);
+    case DType::kInt64: return sizeof(int64_t);
+  }
+  return 0;
 }
 
 const char* DTypeName(DType dtype) {
-  return dtype == DType::kFloat32 ? "float32" : "float64";
+  switch (dtype) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+  }
+  return "unknown";
 }
 
-absl::Span<const std::byte> ReadyPacket::bytes() const {
-  return std::visit(
-      [](const auto& v) {
-        return absl::Span<const std::byte>(
-            reinterpret_cast<const std::byte*>(v.data()),
-            v.size() * sizeof(v[0]));
-      },
-      sum_);
+uint64_t PacketCount(const AggregationSpec& spec) {
+  if (spec.packet_bytes == 0) return 0;
+  return (spec.bytes + spec.packet_bytes - 1) / spec.packet_bytes;
 }
 
-absl::Span<const float> ReadyPacket::f32() const {
-  if (const auto* v = std::get_if<std::vector<float>>(&sum_)) return *v;
-  return {};
-}
-
-absl::Span<const double> ReadyPacket::f64() const {
-  if (const auto* v = std::get_if<std::vector<double>>(&sum_)) return *v;
-  return {};
-}
-
-absl::Status PacketPool::RegisterTransfer(TransferId transfer,
-                                          AggregationSpec spec) {
+absl::Status PacketPool::RegisterTransfer(TransferId transfer, const AggregationSpec& spec,
+                                          absl::Span<std::byte> sum) {
   if (transfers_.contains(transfer)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("transfer ", transfer, " already registered"));
+    return absl::AlreadyExistsError(absl::StrCat("transfer ", transfer, " already registered"));
   }
   const size_t element = DTypeBytes(spec.dtype);
-  if (spec.packet_bytes == 0 || spec.packet_bytes % element != 0) {
+  if (element == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "transfer ", transfer, ": packet_bytes ", spec.packet_bytes,
-        " must be a positive multiple of the ", DTypeName(spec.dtype),
-        " element size ", element));
+        "transfer ", transfer, ": dtype ", static_cast<int>(spec.dtype), " is not a DType"));
   }
-  if (spec.contributors.empty()) {
+  if (spec.bytes == 0 || spec.bytes % element != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("transfer ", transfer, ": no contributors"));
+        absl::StrCat("transfer ", transfer, ": bytes ", spec.bytes,
+                     " must be a positive multiple of the ", DTypeName(spec.dtype),
+                     " element size ", element));
   }
-  TransferState state;
-  for (size_t i = 0; i < spec.contributors.size(); ++i) {
-    if (!state.contributor_index.emplace(spec.contributors[i].id, i).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("transfer ", transfer, ": contributor ",
-                       spec.contributors[i].id, " listed twice"));
-    }
+  if (spec.packet_bytes == 0 || spec.packet_bytes % element != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", transfer, ": packet_bytes ", spec.packet_bytes,
+                     " must be a positive multiple of the ", DTypeName(spec.dtype),
+                     " element size ", element));
   }
-  uint64_t packets = 0;
-  for (const AggregationSpec::Tensor& t : spec.tensors) {
-    if (t.size_bytes % element != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "transfer ", transfer, ": tensor ", t.tensor_id, " size ",
-          t.size_bytes, " is not a multiple of the element size ", element));
-    }
-    if (!state.tensors.emplace(t.tensor_id, TensorState{t.size_bytes, packets})
-             .second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "transfer ", transfer, ": tensor ", t.tensor_id, " listed twice"));
-    }
-    packets += (t.size_bytes + spec.packet_bytes - 1) / spec.packet_bytes;
+  if (spec.expected_contributions == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer ", transfer, ": expected_contributions must be at least 1, not 0"));
   }
-  state.released.assign(packets, false);
-  state.outstanding = packets;
-  state.spec = std::move(spec);
+  const uint64_t packets = PacketCount(spec);
+  if (packets > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", transfer, ": bytes ", spec.bytes, " in packet_bytes ",
+                     spec.packet_bytes, " makes ", packets, " packets, more than 2^32 - 1"));
+  }
+  if (sum.size() != spec.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", transfer, ": sum buffer is ",
+                                                   sum.size(), " bytes, spec.bytes is ",
+                                                   spec.bytes));
+  }
+  if (reinterpret_cast<uintptr_t>(sum.data()) % element != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", transfer, ": sum buffer is not aligned to the ",
+                     DTypeName(spec.dtype), " element size ", element));
+  }
+  auto state = std::make_unique<TransferState>();
+  state->id = transfer;
+  state->spec = spec;
+  state->sum = sum.data();
+  state->credit.assign(packets, 0);
+  state->ready.reserve(packets);
   transfers_.emplace(transfer, std::move(state));
   return absl::OkStatus();
 }
@@ -107,101 +110,216 @@ absl::Status PacketPool::UnregisterTransfer(TransferId transfer) {
   if (it == transfers_.end()) {
     return absl::NotFoundError(absl::StrCat("transfer ", transfer, " not registered"));
   }
-  partial_packets_ -= it->second.slots.size();
+  for (const auto& contributor : it->second->contributors) {
+    contributors_.erase({transfer, contributor->id});
+  }
+  partial_packets_ -= it->second->partial;
   transfers_.erase(it);
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> PacketPool::OutstandingPackets(TransferId transfer) const {
+absl::Status PacketPool::AddContributor(TransferId transfer, ContributorId id, double weight,
+                                        uint32_t count) {
+  auto it = transfers_.find(transfer);
+  if (it == transfers_.end()) {
+    return absl::NotFoundError(absl::StrCat("contributor ", id, ": transfer ", transfer,
+                                            " not registered"));
+  }
+  TransferState& state = *it->second;
+  const AggregationSpec& spec = state.spec;
+  if (contributors_.contains({transfer, id})) {
+    return absl::AlreadyExistsError(absl::StrCat("transfer ", transfer, ": contributor ", id,
+                                                 " already added"));
+  }
+  if (count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", transfer, ": contributor ", id,
+                                                   " has count 0 (must stand for at least one "
+                                                   "contribution)"));
+  }
+  const bool integer = spec.dtype == DType::kInt32 || spec.dtype == DType::kInt64;
+  if (integer && weight != 1.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", transfer, ": contributor ", id, " has weight ", weight,
+                     "; ", DTypeName(spec.dtype), " sums take weight 1 only"));
+  }
+  if (!std::isfinite(weight) ||
+      (spec.dtype == DType::kFloat32 && !std::isfinite(static_cast<float>(weight)))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", transfer, ": contributor ", id, " has weight ", weight,
+                     ", not a finite ", DTypeName(spec.dtype)));
+  }
+  if (uint64_t{state.joined} + count > spec.expected_contributions) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transfer ", transfer, ": contributor ", id, " brings the contributions to ",
+        uint64_t{state.joined} + count, ", more than the ", spec.expected_contributions,
+        " expected"));
+  }
+  auto contributor = std::make_unique<ContributorState>();
+  contributor->transfer = &state;
+  contributor->id = id;
+  contributor->weight = weight;
+  contributor->count = count;
+  contributors_.emplace(std::make_pair(transfer, id), contributor.get());
+  state.contributors.push_back(std::move(contributor));
+  state.joined += count;
+  return absl::OkStatus();
+}
+
+absl::Status PacketPool::Add(TransferId transfer, ContributorId contributor_id, uint64_t offset,
+                             absl::Span<const std::byte> payload, std::vector<uint32_t>* ready) {
+  auto found = contributors_.find({transfer, contributor_id});
+  if (found == contributors_.end()) {
+    if (!transfers_.contains(transfer)) {
+      return absl::NotFoundError(
+          absl::StrCat("contribution of ", contributor_id, ": unknown transfer ", transfer));
+    }
+    return absl::NotFoundError(absl::StrCat("transfer ", transfer, ": contributor ",
+                                            contributor_id, " was not added"));
+  }
+  ContributorState& contributor = *found->second;
+  TransferState& state = *contributor.transfer;
+  const AggregationSpec& spec = state.spec;
+  const size_t element = DTypeBytes(spec.dtype);
+  const uint64_t size = payload.size();
+  if (offset > spec.bytes || size > spec.bytes - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", transfer, ": contributor ", contributor_id, " range ",
+                     RangeName(offset, size), " is outside the ", spec.bytes,
+                     "-byte aggregate"));
+  }
+  if (offset % element != 0 || size % element != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer ", transfer, ": contributor ", contributor_id, " range ",
+        RangeName(offset, size), " does not start and end on ", DTypeName(spec.dtype),
+        " element boundaries (", element, " bytes)"));
+  }
+  if (size == 0) return absl::OkStatus();
+  const uint64_t end = offset + size;
+
+  // Exact overlap check against the ranges this contributor already covered.
+  auto next = contributor.covered.upper_bound(offset);  // first range starting after offset
+  if (next != contributor.covered.end() && next->first < end) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "transfer ", transfer, ": contributor ", contributor_id, " range ",
+        RangeName(offset, size), " overlaps its earlier ", RangeName(next->first,
+                                                                      next->second - next->first),
+        " (duplicate or overlapping contribution)"));
+  }
+  auto prev = next == contributor.covered.begin() ? contributor.covered.end() : std::prev(next);
+  if (prev != contributor.covered.end() && prev->second > offset) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "transfer ", transfer, ": contributor ", contributor_id, " range ",
+        RangeName(offset, size), " overlaps its earlier ", RangeName(prev->first,
+                                                                      prev->second - prev->first),
+        " (duplicate or overlapping contribution)"));
+  }
+
+  // Sum. Every check is done: nothing below fails.
+  const std::byte* src = payload.data();
+  if (reinterpret_cast<uintptr_t>(src) % element != 0) {
+    scratch_.assign(payload.begin(), payload.end());  // operator new: 16-byte aligned
+    src = scratch_.data();
+  }
+  std::byte* dst = state.sum + offset;
+  const size_t n = size / element;
+  switch (spec.dtype) {
+    case DType::kFloat32:
+      WeightedSum(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src),
+                  static_cast<float>(contributor.weight), n);
+      break;
+    case DType::kFloat64:
+      WeightedSum(reinterpret_cast<double*>(dst), reinterpret_cast<const double*>(src),
+                  contributor.weight, n);
+      break;
+    case DType::kInt32:
+      AddWrapping(reinterpret_cast<uint32_t*>(dst), reinterpret_cast<const uint32_t*>(src), n);
+      break;
+    case DType::kInt64:
+      AddWrapping(reinterpret_cast<uint64_t*>(dst), reinterpret_cast<const uint64_t*>(src), n);
+      break;
+  }
+
+  // Record the coverage, merging with adjacent ranges.
+  uint64_t merged_begin = offset;
+  uint64_t merged_end = end;
+  if (prev != contributor.covered.end() && prev->second == offset) {
+    merged_begin = prev->first;
+    contributor.covered.erase(prev);
+  }
+  next = contributor.covered.lower_bound(end);
+  if (next != contributor.covered.end() && next->first == end) {
+    merged_end = next->second;
+    contributor.covered.erase(next);
+  }
+  contributor.covered.emplace(merged_begin, merged_end);
+
+  // Credit the grid packets the range touches (DESIGN.md §5: a packet is
+  // final when every expected contribution covered all of its bytes).
+  const uint64_t packet_bytes = spec.packet_bytes;
+  const uint64_t expected = spec.expected_contributions;
+  const uint64_t first = offset / packet_bytes;
+  const uint64_t last = (end - 1) / packet_bytes;
+  for (uint64_t p = first; p <= last; ++p) {
+    const uint64_t p_begin = p * packet_bytes;
+    const uint64_t p_end = std::min(p_begin + packet_bytes, spec.bytes);
+    const uint64_t covered = std::min(end, p_end) - std::max(offset, p_begin);
+    const uint64_t full = (p_end - p_begin) * expected;
+    uint64_t& credit = state.credit[p];
+    const bool was_partial = credit != 0;
+    credit += covered * contributor.count;
+    if (credit == full) {
+      if (was_partial) {
+        --state.partial;
+        --partial_packets_;
+      }
+      state.ready.push_back(static_cast<uint32_t>(p));
+      if (ready != nullptr) ready->push_back(static_cast<uint32_t>(p));
+    } else if (!was_partial) {
+      ++state.partial;
+      ++partial_packets_;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const PacketPool::TransferState*> PacketPool::Find(TransferId transfer) const {
   auto it = transfers_.find(transfer);
   if (it == transfers_.end()) {
     return absl::NotFoundError(absl::StrCat("transfer ", transfer, " not registered"));
   }
-  return it->second.outstanding;
+  return it->second.get();
 }
 
-absl::StatusOr<std::optional<ReadyPacket>> PacketPool::Add(
-    const PacketKey& key, ContributorId contributor,
-    absl::Span<const std::byte> payload) {
-  auto transfer_it = transfers_.find(key.transfer_id);
-  if (transfer_it == transfers_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("packet ", KeyName(key), ": unknown transfer"));
-  }
-  TransferState& transfer = transfer_it->second;
-  const AggregationSpec& spec = transfer.spec;
-  auto tensor_it = transfer.tensors.find(key.tensor_id);
-  if (tensor_it == transfer.tensors.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("packet ", KeyName(key), ": unknown tensor"));
-  }
-  const TensorState& tensor = tensor_it->second;
-  if (key.offset_bytes >= tensor.size_bytes ||
-      key.offset_bytes % spec.packet_bytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "packet ", KeyName(key), ": offset is not a packet boundary inside the ",
-        tensor.size_bytes, "-byte tensor (packet_bytes ", spec.packet_bytes, ")"));
-  }
-  const uint64_t expected_length =
-      std::min<uint64_t>(spec.packet_bytes, tensor.size_bytes - key.offset_bytes);
-  if (payload.size() != expected_length) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("packet ", KeyName(key), ": length ", payload.size(),
-                     " bytes, expected ", expected_length));
-  }
-  auto contributor_it = transfer.contributor_index.find(contributor);
-  if (contributor_it == transfer.contributor_index.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "packet ", KeyName(key), ": contributor ", contributor,
-        " is not a contributor of this transfer"));
-  }
-  const size_t index = contributor_it->second;
-  const uint64_t packet_index =
-      tensor.first_packet + key.offset_bytes / spec.packet_bytes;
-  if (transfer.released[packet_index]) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "packet ", KeyName(key), ": contributor ", contributor,
-        " sent a packet that was already aggregated and released"));
-  }
+absl::StatusOr<absl::Span<const uint32_t>> PacketPool::ReadyPackets(TransferId transfer) const {
+  absl::StatusOr<const TransferState*> state = Find(transfer);
+  if (!state.ok()) return state.status();
+  return absl::Span<const uint32_t>((*state)->ready);
+}
 
-  auto [slot_it, inserted] = transfer.slots.try_emplace(key);
-  Slot& slot = slot_it->second;
-  if (inserted) {
-    slot.arrived.assign(spec.contributors.size(), false);
-    const size_t elements = expected_length / DTypeBytes(spec.dtype);
-    if (spec.dtype == DType::kFloat32) {
-      slot.sum.emplace<std::vector<float>>(elements);
-    } else {
-      slot.sum.emplace<std::vector<double>>(elements);
-    }
-    ++partial_packets_;
-  } else if (slot.arrived[index]) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "packet ", KeyName(key), ": duplicate contribution from contributor ",
-        contributor));
-  }
+absl::StatusOr<bool> PacketPool::Complete(TransferId transfer) const {
+  absl::StatusOr<const TransferState*> state = Find(transfer);
+  if (!state.ok()) return state.status();
+  return (*state)->ready.size() == (*state)->credit.size();
+}
 
-  const std::byte* src = payload.data();
-  if (reinterpret_cast<uintptr_t>(src) % DTypeBytes(spec.dtype) != 0) {
-    scratch_.assign(payload.begin(), payload.end());
-    src = scratch_.data();  // operator new memory: max-aligned
+absl::StatusOr<absl::Span<const std::byte>> PacketPool::Packet(TransferId transfer,
+                                                               uint32_t index) const {
+  absl::StatusOr<const TransferState*> state = Find(transfer);
+  if (!state.ok()) return state.status();
+  const AggregationSpec& spec = (*state)->spec;
+  if (index >= (*state)->credit.size()) {
+    return absl::OutOfRangeError(absl::StrCat("transfer ", transfer, ": packet ", index,
+                                              " of ", (*state)->credit.size()));
   }
-  const double weight = spec.contributors[index].weight;
-  std::visit([&](auto& sum) { Accumulate(sum, slot.count == 0, src, weight); },
-             slot.sum);
-  slot.arrived[index] = true;
-  ++slot.count;
-  if (slot.count < spec.contributors.size()) return std::optional<ReadyPacket>();
+  const uint64_t begin = uint64_t{index} * spec.packet_bytes;
+  const uint64_t end = std::min<uint64_t>(begin + spec.packet_bytes, spec.bytes);
+  return absl::Span<const std::byte>((*state)->sum + begin, end - begin);
+}
 
-  ReadyPacket ready;
-  ready.key_ = key;
-  ready.dtype_ = spec.dtype;
-  ready.sum_ = std::move(slot.sum);
-  transfer.slots.erase(slot_it);
-  --partial_packets_;
-  transfer.released[packet_index] = true;
-  ready.transfer_complete_ = --transfer.outstanding == 0;
-  return std::optional<ReadyPacket>(std::move(ready));
+absl::StatusOr<uint32_t> PacketPool::JoinedContributions(TransferId transfer) const {
+  absl::StatusOr<const TransferState*> state = Find(transfer);
+  if (!state.ok()) return state.status();
+  return (*state)->joined;
 }
 
 }  // namespace mlfabric::aggregator

@@ -1,44 +1,65 @@
 // Packet-level immediate aggregation (mercury.md §IV-A key idea 3 and
-// §IV-C "Mercury PS"; DESIGN.md §5 "Aggregation").
+// §IV-C "Mercury PS"; DESIGN.md §5 "Aggregation"; issue 4).
 //
-// Contributions (Mercury packets from several workers, or from several
-// updates an aggregator combines) are summed the moment each packet
-// arrives, keyed by (transfer, tensor, offset). When the last expected
-// contributor's packet for a key is in, the summed packet is returned
-// ready to forward -- so the pull of packet k overlaps the push of packet
-// k+1 instead of waiting for whole tensors.
+// Contributions to one aggregate (pushes of a synchronous round, or the
+// updates an in-network AggregateTask combines) are summed into the
+// aggregate the moment their bytes arrive. The aggregate is cut into a grid
+// of packets of `packet_bytes`; when every expected contribution has
+// covered all bytes of a grid packet, that packet is final and its index is
+// reported, so it can be forwarded (or streamed back to the workers) at
+// once -- the pull of packet k overlaps the push of packet k+1 instead of
+// waiting for the whole update.
 //
-// A transfer is registered first with its layout (tensors, element type,
-// Mercury payload size) and its contributors with their weights; the
-// aggregate of a packet is sum_c weight_c * payload_c. A packet key is
-// valid iff its transfer and tensor are registered, its offset is a
-// multiple of packet_bytes inside the tensor, and its length is exactly
-// min(packet_bytes, tensor_size - offset). Everything else -- unknown keys,
-// unknown or duplicate contributors, wrong lengths, packets of a packet
-// already released -- is rejected with a Status that names the problem;
-// the pool's state is unchanged by a rejected packet.
+// What the daemon needs, and this pool provides:
+//  - Contributions need not use the aggregate's grid: a contribution is any
+//    byte range on element boundaries (senders packetise per tensor, with
+//    their own packet size), and one range may span several grid packets.
+//  - Contributors join one by one, at any time, while only the total number
+//    of contributions is known up front; one contributor may stand for
+//    several contributions (`count`: a partial aggregate of several pushes).
+//  - The sum lives in a caller-owned buffer (e.g. the shared-memory buffer
+//    the daemon sends from and hands to the server); nothing is copied out.
+//  - float32/float64 (weighted, with the vectorised kernels of reduce.h, so
+//    results are bit-identical with the scalar `dst += w * src`) and
+//    int32/int64 (unweighted, wrapping modulo 2^32 / 2^64).
 //
+// Completeness is counted in bytes: grid packet p is complete when
+//   sum over contributors c of (bytes of p that c covered) x count_c
+//     == length(p) x expected_contributions.
+// Since no contributor may cover any byte twice (overlaps are rejected
+// exactly) and the counts never exceed expected_contributions, this holds
+// only once every expected contribution covered every byte of p.
+//
+//   AggregationSpec spec{DType::kFloat32, /*bytes=*/4 << 20,
+//                        /*packet_bytes=*/32 * 1024,
+//                        /*expected_contributions=*/3};
+//   std::vector<std::byte> sum_bytes(spec.bytes);  // zero-filled, aligned
 //   PacketPool pool;
-//   pool.RegisterTransfer(7, {DType::kFloat32, 32 * 1024,
-//                             /*tensors=*/{{0, 4 << 20}},
-//                             /*contributors=*/{{1, 1.0}, {2, 1.0}}});
-//   // For every arriving packet:
-//   absl::StatusOr<std::optional<ReadyPacket>> r =
-//       pool.Add({7, 0, offset}, /*contributor=*/1, payload);
-//   if (!r.ok()) { close/count, r.status() says why }
-//   else if (*r) Forward(**r);  // exactly once per key
+//   RETURN_IF_ERROR(pool.RegisterTransfer(7, spec, absl::MakeSpan(sum_bytes)));
+//   RETURN_IF_ERROR(pool.AddContributor(7, /*id=*/101));        // one push
+//   RETURN_IF_ERROR(pool.AddContributor(7, /*id=*/102, 1.0, 2)); // two, pre-summed
+//   // For every arriving payload of contributor 101 at byte `offset`:
+//   std::vector<uint32_t> ready;
+//   absl::Status s = pool.Add(7, 101, offset, payload, &ready);
+//   if (!s.ok()) { drop/count; s says why; the pool is unchanged }
+//   for (uint32_t p : ready) Forward(*pool.Packet(7, p));  // once per p
 //
-// Thread safety: not thread-safe; one thread (the daemon's receive loop)
-// owns a pool. Distinct pools may be used from distinct threads.
+// Errors leave the pool exactly as it was (no partial sums, no credit).
+//
+// Thread safety: not thread-safe; the owner serialises calls (the daemon
+// calls it under its mutex). Distinct pools may be used from distinct
+// threads. Spans returned stay valid until the transfer is unregistered or
+// (for ReadyPackets) the next Add to that transfer.
 #ifndef MLFABRIC_AGGREGATOR_PACKET_POOL_H_
 #define MLFABRIC_AGGREGATOR_PACKET_POOL_H_
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <variant>
+#include <memory>
+#include <utility>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,114 +67,109 @@
 
 namespace mlfabric::aggregator {
 
-using TransferId = uint64_t;
-using TensorId = uint32_t;
-using ContributorId = uint32_t;
-
-enum class DType { kFloat32, kFloat64 };
+enum class DType { kFloat32, kFloat64, kInt32, kInt64 };
 size_t DTypeBytes(DType dtype);
 const char* DTypeName(DType dtype);
 
-struct PacketKey {
-  TransferId transfer_id = 0;
-  TensorId tensor_id = 0;
-  uint64_t offset_bytes = 0;
-
-  friend bool operator==(const PacketKey& a, const PacketKey& b) {
-    return a.transfer_id == b.transfer_id && a.tensor_id == b.tensor_id &&
-           a.offset_bytes == b.offset_bytes;
-  }
-  template <typename H>
-  friend H AbslHashValue(H h, const PacketKey& k) {
-    return H::combine(std::move(h), k.transfer_id, k.tensor_id, k.offset_bytes);
-  }
-};
+using TransferId = uint64_t;
+using ContributorId = uint64_t;  // contributors are transfer ids
 
 struct AggregationSpec {
-  struct Tensor {
-    TensorId tensor_id = 0;
-    uint64_t size_bytes = 0;  // multiple of the element size
-  };
-  struct Contributor {
-    ContributorId id = 0;
-    double weight = 1.0;  // applied as float for kFloat32
-  };
   DType dtype = DType::kFloat32;
-  // Mercury payload size: packets start at multiples of it. Multiple of
-  // the element size (no element spans two packets, mercury.md §IV-C).
+  // Size of the aggregate: a positive multiple of the element size.
+  uint64_t bytes = 0;
+  // Grid of released packets (the Mercury payload size): a positive
+  // multiple of the element size, so no element spans two packets
+  // (mercury.md §IV-C). The last packet may be shorter.
   uint32_t packet_bytes = 32 * 1024;
-  std::vector<Tensor> tensors;
-  std::vector<Contributor> contributors;  // at least one, unique ids
+  // Total number of contributions the sum is complete at (>= 1).
+  uint32_t expected_contributions = 0;
 };
 
-// A completed aggregate. Owns its bytes.
-class ReadyPacket {
- public:
-  const PacketKey& key() const { return key_; }
-  DType dtype() const { return dtype_; }
-  // True when this was the last outstanding packet of its transfer.
-  bool transfer_complete() const { return transfer_complete_; }
-  // The summed payload as bytes (what goes on the wire).
-  absl::Span<const std::byte> bytes() const;
-  // Typed views; empty if the dtype does not match.
-  absl::Span<const float> f32() const;
-  absl::Span<const double> f64() const;
-
- private:
-  friend class PacketPool;
-  PacketKey key_;
-  DType dtype_ = DType::kFloat32;
-  bool transfer_complete_ = false;
-  std::variant<std::vector<float>, std::vector<double>> sum_;
-};
+// Number of grid packets of an aggregate: ceil(bytes / packet_bytes).
+uint64_t PacketCount(const AggregationSpec& spec);
 
 class PacketPool {
  public:
   PacketPool() = default;
+  PacketPool(const PacketPool&) = delete;
+  PacketPool& operator=(const PacketPool&) = delete;
 
-  // InvalidArgument for an inconsistent spec (naming the field),
+  // `sum` is caller-owned, exactly spec.bytes long, zero-filled, aligned to
+  // the element size, and must outlive the registration; the pool sums into
+  // it in place. InvalidArgument naming the field for an inconsistent spec
+  // or a wrong-sized or misaligned span (and for more than 2^32 packets);
   // AlreadyExists if the transfer is registered.
-  absl::Status RegisterTransfer(TransferId transfer, AggregationSpec spec);
-  // Forgets a transfer and drops its partial sums (e.g. the update was
-  // dropped). NotFound if unknown.
+  absl::Status RegisterTransfer(TransferId transfer, const AggregationSpec& spec,
+                                absl::Span<std::byte> sum);
+  // Forgets a transfer (its sum buffer is left as it is). NotFound if unknown.
   absl::Status UnregisterTransfer(TransferId transfer);
   bool HasTransfer(TransferId transfer) const { return transfers_.contains(transfer); }
 
-  // Adds one contribution. Returns the ready aggregate when this was the
-  // last expected contribution for the key, nullopt while more are due,
-  // or an error (NotFound: unknown transfer/tensor/contributor;
-  // InvalidArgument: bad offset or length; AlreadyExists: duplicate
-  // contribution or packet already released). `payload` need not be
-  // aligned (a misaligned payload is copied once before summing).
-  absl::StatusOr<std::optional<ReadyPacket>> Add(
-      const PacketKey& key, ContributorId contributor,
-      absl::Span<const std::byte> payload);
+  // A contributor standing for `count` contributions, summed with `weight`
+  // (applied as float for kFloat32; finite; exactly 1 for integer types).
+  // Contributors may join at any time until the count is reached, also
+  // after other contributors' data arrived. FailedPrecondition (naming both
+  // numbers) if the counts would exceed expected_contributions;
+  // AlreadyExists for a duplicate id; InvalidArgument for count 0 or a bad
+  // weight; NotFound for an unknown transfer.
+  absl::Status AddContributor(TransferId transfer, ContributorId id, double weight = 1.0,
+                              uint32_t count = 1);
+
+  // Sums `payload` -- the bytes [offset, offset + payload.size()) of
+  // `contributor`'s contribution: starts and ends on element boundaries,
+  // may span several grid packets, need not be aligned in memory -- into
+  // the sum, weighted, and appends to `ready` (if not null) the indices of
+  // grid packets that became complete with it, in the order they completed
+  // (ascending within one call). An empty payload is a no-op.
+  // Errors (state unchanged): NotFound (unknown transfer or contributor),
+  // InvalidArgument (range outside the aggregate or not on element
+  // boundaries), AlreadyExists (the contributor already covered some of
+  // these bytes: a duplicate or overlapping range).
+  absl::Status Add(TransferId transfer, ContributorId contributor, uint64_t offset,
+                   absl::Span<const std::byte> payload, std::vector<uint32_t>* ready);
+
+  // Grid packets complete so far, in completion order; whether all are.
+  absl::StatusOr<absl::Span<const uint32_t>> ReadyPackets(TransferId transfer) const;
+  absl::StatusOr<bool> Complete(TransferId transfer) const;
+  // The bytes of grid packet `index` in the sum (final once reported
+  // ready). NotFound for an unknown transfer, OutOfRange for a bad index.
+  absl::StatusOr<absl::Span<const std::byte>> Packet(TransferId transfer,
+                                                     uint32_t index) const;
+  // Contributions announced so far (sum of the contributors' counts).
+  absl::StatusOr<uint32_t> JoinedContributions(TransferId transfer) const;
 
   // Packets with some but not all contributions, over all transfers.
   size_t partial_packets() const { return partial_packets_; }
-  // Packets of `transfer` not yet released (NotFound if unknown).
-  absl::StatusOr<uint64_t> OutstandingPackets(TransferId transfer) const;
 
  private:
-  struct Slot {
-    std::vector<bool> arrived;  // per contributor index
-    size_t count = 0;
-    std::variant<std::vector<float>, std::vector<double>> sum;
-  };
-  struct TensorState {
-    uint64_t size_bytes = 0;
-    uint64_t first_packet = 0;  // index of its first packet in `released`
+  struct TransferState;
+  struct ContributorState {
+    TransferState* transfer = nullptr;
+    ContributorId id = 0;
+    double weight = 1.0;
+    uint32_t count = 1;
+    // Byte ranges covered so far, begin -> end, disjoint and never
+    // adjacent (adjacent ranges are merged, so in-order senders keep one).
+    absl::btree_map<uint64_t, uint64_t> covered;
   };
   struct TransferState {
+    TransferId id = 0;
     AggregationSpec spec;
-    absl::flat_hash_map<TensorId, TensorState> tensors;
-    absl::flat_hash_map<ContributorId, size_t> contributor_index;
-    std::vector<bool> released;  // per packet of the transfer
-    uint64_t outstanding = 0;
-    absl::flat_hash_map<PacketKey, Slot> slots;
+    std::byte* sum = nullptr;
+    uint32_t joined = 0;  // sum of the contributors' counts
+    // Per grid packet: sum of (bytes covered x count) over contributors.
+    std::vector<uint64_t> credit;
+    std::vector<uint32_t> ready;  // in completion order
+    size_t partial = 0;           // packets with 0 < credit < full
+    std::vector<std::unique_ptr<ContributorState>> contributors;
   };
+  absl::StatusOr<const TransferState*> Find(TransferId transfer) const;
 
-  absl::flat_hash_map<TransferId, TransferState> transfers_;
+  absl::flat_hash_map<TransferId, std::unique_ptr<TransferState>> transfers_;
+  // The one lookup of the hot path: (transfer, contributor) -> its state.
+  absl::flat_hash_map<std::pair<TransferId, ContributorId>, ContributorState*>
+      contributors_;
   size_t partial_packets_ = 0;
   std::vector<std::byte> scratch_;  // aligned copy of a misaligned payload
 };
