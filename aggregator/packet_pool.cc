@@ -239,19 +239,20 @@ absl::Status PacketPool::Add(TransferId transfer, ContributorId contributor_id, 
       break;
   }
 
-  // Record the coverage, merging with adjacent ranges.
-  uint64_t merged_begin = offset;
-  uint64_t merged_end = end;
-  if (prev != contributor.covered.end() && prev->second == offset) {
-    merged_begin = prev->first;
-    contributor.covered.erase(prev);
-  }
-  next = contributor.covered.lower_bound(end);
-  if (next != contributor.covered.end() && next->first == end) {
-    merged_end = next->second;
+  // Record the coverage, merging with adjacent ranges. In-order senders
+  // only ever extend their one range in place.
+  const bool joins_prev = prev != contributor.covered.end() && prev->second == offset;
+  const bool joins_next = next != contributor.covered.end() && next->first == end;
+  if (joins_prev) {
+    prev->second = joins_next ? next->second : end;
+    if (joins_next) contributor.covered.erase(next);
+  } else if (joins_next) {
+    const uint64_t next_end = next->second;
     contributor.covered.erase(next);
+    contributor.covered.emplace(offset, next_end);
+  } else {
+    contributor.covered.emplace_hint(next, offset, end);
   }
-  contributor.covered.emplace(merged_begin, merged_end);
 
   // Credit the grid packets the range touches (DESIGN.md §5: a packet is
   // final when every expected contribution covered all of its bytes).

@@ -281,6 +281,9 @@ struct Snapshot {
   }
 };
 
+// Invalid calls made per kind, over all runs (each kind must be exercised).
+int invalid_calls[9] = {};
+
 void RunProperty(uint32_t seed) {
   INFO("seed=" << seed);
   std::mt19937 rng(seed);
@@ -435,6 +438,7 @@ void RunProperty(uint32_t seed) {
         want = absl::StatusCode::kInvalidArgument;
         break;
     }
+    ++invalid_calls[kind];
     INFO("invalid kind " << kind << ": " << status);
     CHECK(status.code() == want);
     CHECK(ready == std::vector<uint32_t>{12345});
@@ -497,9 +501,13 @@ void RunProperty(uint32_t seed) {
 
 TEST_CASE("Property: random grids, layouts, orders, joins and invalid calls") {
   const uint32_t base = std::random_device{}();
-  for (uint32_t i = 0; i < 40; ++i) {
+  for (uint32_t i = 0; i < 100; ++i) {
     // Fixed seeds first (reproducible coverage), then fresh ones.
-    RunProperty(i < 24 ? i + 1 : base + i);
+    RunProperty(i < 50 ? i + 1 : base + i);
+  }
+  for (int kind = 0; kind < 9; ++kind) {
+    INFO("invalid kind " << kind);
+    CHECK(invalid_calls[kind] >= 20);
   }
 }
 
