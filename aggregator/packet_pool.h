@@ -48,8 +48,9 @@
 //
 // Thread safety: not thread-safe; the owner serialises calls (the daemon
 // calls it under its mutex). Distinct pools may be used from distinct
-// threads. Spans returned stay valid until the transfer is unregistered or
-// (for ReadyPackets) the next Add to that transfer.
+// threads. Spans returned stay valid until the transfer is unregistered
+// (the ready list is reserved for every packet up front, so later Adds only
+// lengthen it: a span taken earlier still shows the packets ready then).
 #ifndef MLFABRIC_AGGREGATOR_PACKET_POOL_H_
 #define MLFABRIC_AGGREGATOR_PACKET_POOL_H_
 
@@ -118,7 +119,8 @@ class PacketPool {
 
   // Sums `payload` -- the bytes [offset, offset + payload.size()) of
   // `contributor`'s contribution: starts and ends on element boundaries,
-  // may span several grid packets, need not be aligned in memory -- into
+  // may span several grid packets, need not be aligned in memory (a
+  // misaligned payload is copied once to aligned scratch first) -- into
   // the sum, weighted, and appends to `ready` (if not null) the indices of
   // grid packets that became complete with it, in the order they completed
   // (ascending within one call). An empty payload is a no-op.
