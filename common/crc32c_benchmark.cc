@@ -59,6 +59,7 @@ void BenchBuffer(const char* label, size_t bytes, int calls, int reps) {
   std::printf("%-10s %-22s %9.2f GB/s\n", label, "memcpy", gbps(copy_s));
   const Path paths[] = {
       {"software (table)", &ci::ExtendSoftware, true},
+      {"slicing-by-8", &ci::ExtendSlicingBy8, true},
       {"sse42 serial", &ci::ExtendSse42Serial, ci::HasSse42()},
       {"sse42 3-way", &ci::ExtendSse42ThreeWay, ci::HasSse42()},
       {"vpclmul avx512", &ci::ExtendVpclmul, ci::HasVpclmul()},
@@ -84,6 +85,37 @@ void BenchBuffer(const char* label, size_t bytes, int calls, int reps) {
   }
 }
 
+// Small cache-hot buffers, where set-up and reduction costs show: how the
+// paths compare below and around the vpclmul threshold (256 bytes).
+void BenchSmallSizes() {
+  std::printf("\nsmall cache-hot buffers, GB/s\n%-8s %10s %10s %10s %10s\n", "bytes",
+              "serial", "3-way", "vpclmul", "dispatch");
+  std::vector<uint8_t> src(8192);
+  std::mt19937_64 rng(2);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  for (size_t bytes : {64, 128, 256, 384, 512, 1024, 1500, 4096, 8192}) {
+    std::printf("%-8zu", bytes);
+    for (auto extend : {&ci::ExtendSse42Serial, &ci::ExtendSse42ThreeWay, &ci::ExtendVpclmul,
+                        &Crc32cExtend}) {
+      const bool available = extend == &Crc32cExtend ||
+                             (extend == &ci::ExtendVpclmul ? ci::HasVpclmul() : ci::HasSse42());
+      if (!available) {
+        std::printf(" %10s", "n/a");
+        continue;
+      }
+      uint32_t crc = 0;
+      const double s = BestSecondsPerCall(
+          [&] {
+            crc = extend(crc, src.data(), bytes);  // chained: measures latency too
+            asm volatile("" : : "r"(crc) : "memory");
+          },
+          200000, 5);
+      std::printf(" %10.2f", bytes / s / 1e9);
+    }
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 }  // namespace mlfabric
 
@@ -92,5 +124,6 @@ int main() {
               mlfabric::crc32c_internal::SelectedPathName());
   mlfabric::BenchBuffer("32KiB-hot", 32 << 10, 20000, 7);
   mlfabric::BenchBuffer("256MiB", size_t{256} << 20, 2, 3);
+  mlfabric::BenchSmallSizes();
   return 0;
 }

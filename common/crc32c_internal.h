@@ -19,9 +19,12 @@
 namespace mlfabric {
 namespace crc32c_internal {
 
-// Byte-at-a-time table (Sarwate). The reference every other path must match;
-// also the fallback on non-x86 CPUs and x86 CPUs without SSE4.2.
+// Byte-at-a-time table (Sarwate). The reference every other path must match.
 uint32_t ExtendSoftware(uint32_t crc, const void* data, size_t size);
+
+// Eight bytes per step through eight tables: the fallback on non-x86 CPUs
+// and x86 CPUs without SSE4.2. Portable (byte-order independent).
+uint32_t ExtendSlicingBy8(uint32_t crc, const void* data, size_t size);
 
 // True when the CPU has the SSE4.2 crc32 instruction (always false off x86).
 bool HasSse42();
@@ -49,7 +52,7 @@ uint32_t ExtendVpclmul(uint32_t crc, const void* data, size_t size);
 uint32_t ExtendZeros(uint32_t crc, uint64_t zero_bytes);
 
 // Name of the path Crc32cExtend() dispatches to on this CPU:
-// "vpclmul", "sse42-3way" or "software".
+// "vpclmul", "sse42-3way" or "slicing-by-8".
 const char* SelectedPathName();
 
 }  // namespace crc32c_internal

@@ -23,6 +23,7 @@ struct Path {
 // skipped.
 std::vector<Path> AvailablePaths() {
   std::vector<Path> paths = {{"software", &ci::ExtendSoftware},
+                             {"slicing-by-8", &ci::ExtendSlicingBy8},
                              {"public Crc32cExtend", &Crc32cExtend}};
   if (ci::HasSse42()) {
     paths.push_back({"sse42-serial", &ci::ExtendSse42Serial});
