@@ -118,6 +118,8 @@ Gf2Matrix ZeroBytesOperator(uint64_t zero_bytes) {
   return result;
 }
 
+#if defined(__x86_64__)
+
 // The same operator as four byte-indexed tables (by linearity, the image of
 // a state is the xor of the images of its four bytes): 4 loads per shift.
 struct ShiftTable {
@@ -143,8 +145,6 @@ inline uint64_t Load64(const uint8_t* p) {
   std::memcpy(&v, p, 8);
   return v;
 }
-
-#if defined(__x86_64__)
 
 // Block lengths (bytes per chain) of the 3-way path, longest first. A 32 KiB
 // packet is one 3 x 8 KiB round, two 3 x 1 KiB rounds, five 3 x 128 B rounds
