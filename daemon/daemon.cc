@@ -4,17 +4,22 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <cerrno>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <deque>
+#include <functional>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "aggregator/reduce.h"
+#include "common/crc32c.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -48,11 +53,18 @@ std::unique_ptr<grpc::ClientContext> RpcContext(double timeout_s = 10) {
 }
 
 // Writes a packet: header and payload go out in one gather write, straight
-// from the payload's buffer.
+// from the payload's buffer. `crc`, when given, is the payload's CRC-32C
+// computed earlier.
 absl::Status WritePacket(tcp::socket& socket, PacketHeader header, const void* payload,
-                         uint32_t length) {
+                         uint32_t length, std::optional<uint32_t> crc = std::nullopt) {
   uint8_t head[transport::kHeaderBytes];
-  transport::EncodePacketHeader(header, payload, length, head);
+  if (crc.has_value()) {
+    header.length = length;
+    header.crc32c = *crc;
+    transport::EncodeHeader(header, head);
+  } else {
+    transport::EncodePacketHeader(header, payload, length, head);
+  }
   std::array<asio::const_buffer, 2> buffers = {asio::buffer(head, sizeof(head)),
                                                asio::buffer(payload, length)};
   boost::system::error_code error;
@@ -61,28 +73,87 @@ absl::Status WritePacket(tcp::socket& socket, PacketHeader header, const void* p
   return absl::OkStatus();
 }
 
-// Reads one header; kUnavailable on a clean close before any byte.
-absl::StatusOr<PacketHeader> ReadHeader(tcp::socket& socket) {
-  uint8_t head[transport::kHeaderBytes];
-  boost::system::error_code error;
-  const size_t got = asio::read(socket, asio::buffer(head), error);
-  if (error) {
-    if (got == 0 && error == asio::error::eof) return absl::UnavailableError("closed");
-    if (got == 0) return absl::UnavailableError(error.message());
-    return absl::InvalidArgumentError(
-        absl::StrCat("truncated frame: header cut after ", got, " bytes"));
+// Transfer offsets and lengths of the packets ReleaseLocked cuts a push
+// into: its tensors (or the whole buffer) in order, each split every
+// `payload_bytes`, clipped to the buffer.
+void PacketLayout(const std::vector<v1::TensorInfo>& tensors, uint64_t total,
+                  uint64_t payload_bytes, std::vector<uint64_t>* offsets,
+                  std::vector<uint32_t>* lengths) {
+  auto add_tensor = [&](uint64_t start, uint64_t bytes) {
+    const uint64_t end = std::min(total, start + bytes);
+    for (uint64_t offset = start; offset < end; offset += payload_bytes) {
+      offsets->push_back(offset);
+      lengths->push_back(static_cast<uint32_t>(std::min(payload_bytes, end - offset)));
+    }
+  };
+  if (tensors.empty()) {
+    add_tensor(0, total);
+    return;
   }
-  return transport::ParseHeader(head, sizeof(head), transport::kMaxPayloadBytes);
+  uint64_t start = 0;
+  for (const v1::TensorInfo& tensor : tensors) {
+    add_tensor(start, static_cast<uint64_t>(std::max<int64_t>(0, tensor.bytes())));
+    start += static_cast<uint64_t>(std::max<int64_t>(0, tensor.bytes()));
+  }
 }
 
-absl::Status ReadExact(tcp::socket& socket, void* out, size_t size) {
-  boost::system::error_code error;
-  asio::read(socket, asio::buffer(out, size), error);
-  if (error) {
-    return absl::InvalidArgumentError(absl::StrCat("truncated frame: ", error.message()));
+// Reads Mercury frames from a blocking TCP socket. While data streams, a
+// packet costs one system call instead of two: each payload read scatters
+// whatever of the next header has already arrived into the header buffer.
+class FrameReader {
+ public:
+  explicit FrameReader(tcp::socket& socket) : fd_(socket.native_handle()) {}
+
+  // The next header; kUnavailable on a clean close before any byte of it.
+  absl::StatusOr<PacketHeader> ReadHeader() {
+    while (have_ < sizeof(head_)) {
+      const ssize_t n = ::recv(fd_, head_ + have_, sizeof(head_) - have_, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string why = n == 0 ? "closed" : std::strerror(errno);
+        if (have_ == 0) return absl::UnavailableError(why);
+        return absl::InvalidArgumentError(
+            absl::StrCat("truncated frame: header cut after ", have_, " bytes (", why, ")"));
+      }
+      have_ += static_cast<size_t>(n);
+    }
+    have_ = 0;
+    return transport::ParseHeader(head_, sizeof(head_), transport::kMaxPayloadBytes);
   }
-  return absl::OkStatus();
-}
+
+  // Exactly `size` payload bytes into `out` (and maybe the start of the
+  // next header).
+  absl::Status ReadPayload(void* out, size_t size) {
+    auto* dst = static_cast<uint8_t*>(out);
+    size_t got = 0;
+    while (got < size) {
+      iovec iov[2] = {{dst + got, size - got}, {head_, sizeof(head_)}};
+      msghdr message{};
+      message.msg_iov = iov;
+      message.msg_iovlen = 2;
+      const ssize_t n = ::recvmsg(fd_, &message, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("truncated frame: payload cut after ", got, " of ", size, " bytes (",
+                         n == 0 ? "closed" : std::strerror(errno), ")"));
+      }
+      const size_t bytes = static_cast<size_t>(n);
+      if (bytes > size - got) {
+        have_ = bytes - (size - got);
+        got = size;
+      } else {
+        got += bytes;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int fd_;
+  uint8_t head_[transport::kHeaderBytes];
+  size_t have_ = 0;  // bytes of the next header already read
+};
 
 absl::StatusOr<tcp::endpoint> ParseEndpoint(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -117,6 +188,15 @@ Daemon::Daemon(DaemonConfig config)
     : config_(std::move(config)), packet_queue_(MakeJobPriorityPolicy(config_)) {}
 
 Daemon::~Daemon() { Stop(); }
+
+std::optional<uint32_t> Daemon::PacketChecksums::Find(uint64_t offset, uint32_t length) const {
+  const size_t known = ready.load(std::memory_order_acquire);
+  auto it = std::lower_bound(offsets.begin(), offsets.begin() + known, offset);
+  if (it == offsets.begin() + known || *it != offset) return std::nullopt;
+  const size_t index = static_cast<size_t>(it - offsets.begin());
+  if (lengths[index] != length) return std::nullopt;
+  return crcs[index];
+}
 
 std::string Daemon::ServerKey(uint32_t job_id, const std::string& server) {
   return absl::StrCat(job_id, "/", server);
@@ -672,13 +752,25 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
     fail(absl::StrCat("scheduler refused the push: ", GrpcError(status)));
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   PendingPush& pending = pushes_[reply.transfer_id()];
   pending.app = app;
   pending.request_id = push.request_id();
   pending.buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
   pending.tensors.assign(push.tensors().begin(), push.tensors().end());
   ++stats_.pushes;
+  // Checksum the packets while the scheduler plans (see PacketChecksums).
+  auto checksums = std::make_shared<PacketChecksums>();
+  PacketLayout(pending.tensors, pending.buffer->size(), config_.payload_bytes,
+               &checksums->offsets, &checksums->lengths);
+  checksums->crcs.resize(checksums->offsets.size());
+  pending.checksums = checksums;
+  const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
+  lock.unlock();
+  for (size_t i = 0; i < checksums->offsets.size(); ++i) {
+    checksums->crcs[i] = Crc32c(bytes->data() + checksums->offsets[i], checksums->lengths[i]);
+    checksums->ready.store(i + 1, std::memory_order_release);
+  }
 }
 
 void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) {
@@ -1062,6 +1154,7 @@ void Daemon::FoldIntoRoundLocked(Round& round, uint64_t transfer, const uint8_t*
   }
   const uint64_t weight = static_cast<uint64_t>(std::max(1, round.members[transfer]));
   const uint64_t end = offset + length;
+  const size_t ready_before = round.ready.size();
   bool any_ready = false;
   for (uint64_t chunk = offset / kRoundChunkBytes; chunk * kRoundChunkBytes < end; ++chunk) {
     const uint64_t from = std::max(offset, chunk * kRoundChunkBytes);
@@ -1075,7 +1168,15 @@ void Daemon::FoldIntoRoundLocked(Round& round, uint64_t transfer, const uint8_t*
     }
   }
   if (!any_ready) return;
-  cv_.notify_all();  // ServeRoundGet streams the ready chunks
+  // Workers' gets stream the new chunks at once (Mercury PS).
+  for (const auto& stream : round.streams) {
+    for (size_t i = ready_before; i < round.ready.size(); ++i) {
+      const uint64_t begin = uint64_t{round.ready[i]} * kRoundChunkBytes;
+      QueueReplyLocked(*stream, begin,
+                       std::min<uint64_t>(begin + kRoundChunkBytes, round.bytes));
+    }
+  }
+  cv_.notify_all();
   if (round.ready.size() == round.credited.size()) {
     round.complete = true;
     auto self = rounds_.find({ServerKey(round.job_id, round.server), round.round});
@@ -1123,7 +1224,7 @@ void Daemon::FailRoundLocked(const std::shared_ptr<Round>& round, const std::str
   cv_.notify_all();
 }
 
-absl::Status Daemon::ServeRoundGet(tcp::socket& socket, const PacketHeader& request,
+absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, const PacketHeader& request,
                                    const std::string& server, int64_t round_number) {
   const std::string key = ServerKey(request.job, server);
   const auto deadline = std::chrono::steady_clock::now() +
@@ -1170,55 +1271,53 @@ absl::Status Daemon::ServeRoundGet(tcp::socket& socket, const PacketHeader& requ
   reply.job = request.job;
   reply.transfer = request.transfer;
   reply.offset = round ? static_cast<uint64_t>(round->bytes) : 0;
-  RETURN_IF_ERROR(WritePacket(socket, reply, payload.data(), payload.size()));
+  RETURN_IF_ERROR(WritePacket(*socket, reply, payload.data(), payload.size()));
   if (!round) return absl::OkStatus();
-  const size_t chunks = round->credited.size();
-  size_t sent = 0;
-  while (sent < chunks) {
-    std::vector<uint32_t> ready;
-    std::string failed;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_until(lock, deadline, [&] {
-        return stopping_.load() || round->ready.size() > sent || !round->failed.empty();
-      });
-      if (!round->failed.empty()) {
-        failed = absl::StrCat("round ", round_number, " failed: ", round->failed);
-      } else if (round->ready.size() > sent) {
-        ready.assign(round->ready.begin() + sent, round->ready.end());
-      } else {
-        failed = stopping_.load() ? std::string("the daemon is stopping")
-                                  : absl::StrCat("round ", round_number, " of server '", server,
-                                                 "' was not complete within ",
-                                                 config_.round_wait_s, " s");
-      }
-    }
-    if (!failed.empty()) {
-      PacketHeader abort;
-      abort.kind = PacketKind::kAbort;
-      abort.job = request.job;
-      abort.transfer = request.transfer;
-      return WritePacket(socket, abort, failed.data(), failed.size());
-    }
-    // Ready chunks are final: they are read without the lock.
-    const size_t payload_bytes = static_cast<size_t>(config_.payload_bytes);
-    for (uint32_t chunk : ready) {
-      const uint64_t begin = uint64_t{chunk} * kRoundChunkBytes;
+  // The sum streams chunk by chunk as FoldIntoRoundLocked completes them.
+  std::shared_ptr<ReplyStream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t payload_bytes = static_cast<uint64_t>(config_.payload_bytes);
+    size_t packets = 0;
+    for (size_t chunk = 0; chunk < round->credited.size(); ++chunk) {
+      const uint64_t begin = chunk * kRoundChunkBytes;
       const uint64_t end = std::min<uint64_t>(begin + kRoundChunkBytes, round->bytes);
-      for (uint64_t offset = begin; offset < end; offset += payload_bytes) {
-        const uint32_t length = static_cast<uint32_t>(std::min<uint64_t>(payload_bytes, end - offset));
-        WaitForUnscheduledBudget(length);
-        PacketHeader data;
-        data.kind = PacketKind::kData;
-        data.job = request.job;
-        data.transfer = request.transfer;
-        data.offset = offset;
-        RETURN_IF_ERROR(WritePacket(socket, data, round->sum->data() + offset, length));
-      }
-      ++sent;
+      packets += (end - begin + payload_bytes - 1) / payload_bytes;
     }
+    stream = OpenReplyLocked(socket, request, round->sum, packets);
+    for (uint32_t chunk : round->ready) {
+      const uint64_t begin = uint64_t{chunk} * kRoundChunkBytes;
+      QueueReplyLocked(*stream, begin, std::min<uint64_t>(begin + kRoundChunkBytes, round->bytes));
+    }
+    round->streams.push_back(stream);
   }
-  return absl::OkStatus();
+  absl::Status streamed = AwaitReply(
+      stream,
+      [&] {
+        if (!round->failed.empty()) {
+          return absl::StrCat("round ", round_number, " failed: ", round->failed);
+        }
+        return std::string();
+      },
+      deadline);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& streams = round->streams;
+    streams.erase(std::remove(streams.begin(), streams.end(), stream), streams.end());
+  }
+  if (streamed.ok() || !stream->error.empty()) return streamed;
+  if (streamed.code() == absl::StatusCode::kDeadlineExceeded) {
+    streamed = absl::DeadlineExceededError(
+        absl::StrCat("round ", round_number, " of server '", server, "' was not complete within ",
+                     config_.round_wait_s, " s"));
+  }
+  // The round failed or timed out: the worker's daemon is told why.
+  PacketHeader abort;
+  abort.kind = PacketKind::kAbort;
+  abort.job = request.job;
+  abort.transfer = request.transfer;
+  const std::string reason(streamed.message());
+  return WritePacket(*socket, abort, reason.data(), reason.size());
 }
 
 // ------------------------------------------------------------ data plane
@@ -1238,14 +1337,60 @@ void Daemon::DataAcceptLoop() {
   }
 }
 
+absl::Status Daemon::AcceptDataLocked(const PacketHeader& header, const uint8_t* dst,
+                                      std::set<uint64_t>* begun) {
+  stats_.bytes_received += header.length;
+  auto it = incoming_.find(header.transfer);
+  if (it == incoming_.end()) return absl::OkStatus();  // cancelled meanwhile
+  if (it->second.first_packet_s < 0) it->second.first_packet_s = clock_.NowSeconds();
+  it->second.received += header.length;
+  if (it->second.received > it->second.total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer ", header.transfer, " received more than its ", it->second.total, " bytes"));
+  }
+  // Mercury PS: a member of a synchronous round is summed packet by
+  // packet as it arrives (mercury.md §IV, Key idea 3).
+  auto member = round_of_.find(header.transfer);
+  if (member != round_of_.end()) {
+    FoldIntoRoundLocked(*member->second, header.transfer, dst, header.offset, header.length);
+  } else {
+    it->second.unfolded.emplace_back(header.offset, header.length);
+  }
+  if (it->second.received < it->second.total) return absl::OkStatus();
+  begun->erase(header.transfer);
+  // Machine-readable arrival trace (CLOCK_MONOTONIC, comparable across
+  // the daemons of one machine): the preemption test and benchmark
+  // read it at --log_level debug.
+  MLF_LOG(DEBUG) << "received transfer " << header.transfer << " bytes " << it->second.total
+                 << " priority " << header.priority << " first_packet_s "
+                 << absl::StrFormat("%.6f", it->second.first_packet_s) << " complete_s "
+                 << absl::StrFormat("%.6f", clock_.NowSeconds());
+  if (member != round_of_.end()) {  // summed already; nothing to deliver
+    incoming_.erase(it);
+    return absl::OkStatus();
+  }
+  if (FoldLocked(header.transfer)) return absl::OkStatus();
+  std::vector<std::pair<uint32_t, std::string>> endpoints;
+  for (const auto& [key, endpoint] : servers_) {
+    for (const auto& [sequence, delivery] : endpoint.expected) {
+      if (delivery.info.transfer_id() == header.transfer) {
+        endpoints.emplace_back(delivery.info.job_id(), delivery.info.server());
+      }
+    }
+  }
+  for (const auto& [job_id, server] : endpoints) TryDeliverLocked(job_id, server);
+  return absl::OkStatus();
+}
+
 void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
   std::set<uint64_t> begun;  // transfers this session announced
   boost::system::error_code ignored;
   const auto peer = socket->remote_endpoint(ignored);
   const std::string peer_name = absl::StrCat(peer.address().to_string(), ":", peer.port());
   std::string close_reason;
+  FrameReader reader(*socket);
   while (!stopping_.load()) {
-    auto header = ReadHeader(*socket);
+    auto header = reader.ReadHeader();
     if (!header.ok()) {
       if (header.status().code() != absl::StatusCode::kUnavailable) {
         close_reason = std::string(header.status().message());
@@ -1306,7 +1451,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
       }
       // Zero-copy receive: the payload lands in the transfer's shared buffer.
       uint8_t* dst = buffer->data() + header->offset;
-      if (auto status = ReadExact(*socket, dst, header->length); !status.ok()) {
+      if (auto status = reader.ReadPayload(dst, header->length); !status.ok()) {
         close_reason = std::string(status.message());
         break;
       }
@@ -1315,54 +1460,15 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
         break;
       }
       std::lock_guard<std::mutex> lock(mu_);
-      stats_.bytes_received += header->length;
-      auto it = incoming_.find(header->transfer);
-      if (it == incoming_.end()) continue;  // cancelled meanwhile
-      if (it->second.first_packet_s < 0) it->second.first_packet_s = clock_.NowSeconds();
-      it->second.received += header->length;
-      if (it->second.received > it->second.total) {
-        close_reason = absl::StrCat("transfer ", header->transfer, " received more than its ",
-                                    it->second.total, " bytes");
+      if (auto status = AcceptDataLocked(*header, dst, &begun); !status.ok()) {
+        close_reason = std::string(status.message());
         break;
-      }
-      // Mercury PS: a member of a synchronous round is summed packet by
-      // packet as it arrives (mercury.md §IV, Key idea 3).
-      auto member = round_of_.find(header->transfer);
-      if (member != round_of_.end()) {
-        FoldIntoRoundLocked(*member->second, header->transfer, dst, header->offset,
-                            header->length);
-      } else {
-        it->second.unfolded.emplace_back(header->offset, header->length);
-      }
-      if (it->second.received == it->second.total) {
-        begun.erase(header->transfer);
-        // Machine-readable arrival trace (CLOCK_MONOTONIC, comparable across
-        // the daemons of one machine): the preemption test and benchmark
-        // read it at --log_level debug.
-        MLF_LOG(DEBUG) << "received transfer " << header->transfer << " bytes "
-                       << it->second.total << " priority " << header->priority
-                       << " first_packet_s " << absl::StrFormat("%.6f", it->second.first_packet_s)
-                       << " complete_s " << absl::StrFormat("%.6f", clock_.NowSeconds());
-        if (member != round_of_.end()) {  // summed already; nothing to deliver
-          incoming_.erase(it);
-          continue;
-        }
-        if (FoldLocked(header->transfer)) continue;
-        std::vector<std::pair<uint32_t, std::string>> endpoints;
-        for (const auto& [key, endpoint] : servers_) {
-          for (const auto& [sequence, delivery] : endpoint.expected) {
-            if (delivery.info.transfer_id() == header->transfer) {
-              endpoints.emplace_back(delivery.info.job_id(), delivery.info.server());
-            }
-          }
-        }
-        for (const auto& [job_id, server] : endpoints) TryDeliverLocked(job_id, server);
       }
       continue;
     }
     // Control packets carry small payloads.
     std::string payload(header->length, '\0');
-    if (auto status = ReadExact(*socket, payload.data(), payload.size()); !status.ok()) {
+    if (auto status = reader.ReadPayload(payload.data(), payload.size()); !status.ok()) {
       close_reason = std::string(status.message());
       break;
     }
@@ -1378,7 +1484,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
                                       ", out of range");
           break;
         }
-        if (auto status = ServeRoundGet(*socket, *header, payload,
+        if (auto status = ServeRoundGet(socket, *header, payload,
                                         static_cast<int64_t>(header->offset - 1));
             !status.ok()) {
           close_reason = std::string(status.message());
@@ -1386,7 +1492,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
         }
         continue;
       }
-      if (auto status = ServeGetRequest(*socket, *header, payload); !status.ok()) {
+      if (auto status = ServeGetRequest(socket, *header, payload); !status.ok()) {
         close_reason = std::string(status.message());
         break;
       }
@@ -1418,21 +1524,81 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
   socket->close(ignored);
 }
 
-void Daemon::WaitForUnscheduledBudget(uint32_t bytes) {
-  while (true) {
-    double wait_s = 0;
-    {
-      std::lock_guard<std::mutex> lock(unscheduled_mu_);
-      if (!unscheduled_budget_.has_value()) return;
-      const double now = clock_.NowSeconds();
-      if (unscheduled_budget_->TryConsume(bytes, now)) return;
-      wait_s = unscheduled_budget_->NextSendTime(bytes, now) - now;
-    }
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait_s, 0.1)));
-  }
+bool Daemon::ConsumeUnscheduled(uint32_t bytes, double now, double* next_s) {
+  std::lock_guard<std::mutex> lock(unscheduled_mu_);
+  if (!unscheduled_budget_.has_value()) return true;
+  if (unscheduled_budget_->TryConsume(bytes, now)) return true;
+  *next_s = unscheduled_budget_->NextSendTime(bytes, now);
+  return false;
 }
 
-absl::Status Daemon::ServeGetRequest(tcp::socket& socket, const PacketHeader& request,
+std::shared_ptr<Daemon::ReplyStream> Daemon::OpenReplyLocked(
+    const std::shared_ptr<tcp::socket>& socket, const PacketHeader& request,
+    std::shared_ptr<SharedBuffer> buffer, size_t total_packets) {
+  auto stream = std::make_shared<ReplyStream>();
+  stream->id = (uint64_t{1} << 62) | next_local_id_++;
+  stream->socket = socket;
+  stream->job_id = request.job;
+  stream->request = request.transfer;
+  stream->priority = request.priority;
+  stream->buffer = std::move(buffer);
+  stream->total_packets = total_packets;
+  if (!packet_queue_.policy().HasJob(request.job)) {
+    (void)packet_queue_.AddJob(request.job, static_cast<double>(request.job));
+  }
+  replies_[stream->id] = stream;
+  return stream;
+}
+
+void Daemon::QueueReplyLocked(ReplyStream& stream, uint64_t begin, uint64_t end) {
+  daemon::TensorRef ref;
+  ref.job_id = stream.job_id;
+  ref.transfer_id = stream.id;
+  ref.tensor_priority = stream.priority;
+  auto split = daemon::SplitTensor(
+      ref,
+      absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(stream.buffer->data() + begin),
+                                  end - begin),
+      static_cast<uint32_t>(config_.payload_bytes));
+  if (!split.ok()) {  // cannot happen for a non-empty range; fail the stream, not the daemon
+    stream.error = absl::StrCat("cannot packetise the reply: ", split.status().message());
+    cv_.notify_all();
+    return;
+  }
+  for (const daemon::PacketDescriptor& packet : *split) {
+    (void)packet_queue_.Push(packet);  // the job was registered when the stream opened
+    ++stream.queued;
+  }
+  cv_.notify_all();  // the sender loop
+}
+
+absl::Status Daemon::AwaitReply(const std::shared_ptr<ReplyStream>& stream,
+                                const std::function<std::string()>& failed,
+                                std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::string why;
+  const bool ended = cv_.wait_until(lock, deadline, [&] {
+    if (stream->sent == stream->total_packets || !stream->error.empty() || stopping_.load()) {
+      return true;
+    }
+    why = failed();
+    return !why.empty();
+  });
+  // Nothing more of it goes out; a packet being written is finished first,
+  // so the caller may write to the socket again.
+  packet_queue_.RemoveTransfer(stream->id);
+  replies_.erase(stream->id);
+  cv_.wait(lock, [&] { return !stream->writing; });
+  if (!stream->error.empty()) return absl::UnavailableError(stream->error);
+  if (stream->sent == stream->total_packets) return absl::OkStatus();
+  if (stopping_.load()) return absl::UnavailableError("the daemon is stopping");
+  if (!why.empty()) return absl::AbortedError(why);
+  if (!ended) return absl::DeadlineExceededError("the reply was not complete in time");
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
+                                     const PacketHeader& request,
                                      const std::string& server) {
   uint64_t request_id = 0;
   std::string error;
@@ -1478,24 +1644,21 @@ absl::Status Daemon::ServeGetRequest(tcp::socket& socket, const PacketHeader& re
   reply.job = request.job;
   reply.transfer = request.transfer;
   reply.offset = error.empty() && model ? model->size() : 0;
-  if (auto status = WritePacket(socket, reply, payload.data(), payload.size()); !status.ok()) {
+  if (auto status = WritePacket(*socket, reply, payload.data(), payload.size()); !status.ok()) {
     return status;
   }
-  if (!error.empty() || !model) return absl::OkStatus();
-  const size_t chunk = static_cast<size_t>(config_.payload_bytes);
-  for (size_t offset = 0; offset < model->size(); offset += chunk) {
-    WaitForUnscheduledBudget(static_cast<uint32_t>(std::min(chunk, model->size() - offset)));
-    PacketHeader data;
-    data.kind = PacketKind::kData;
-    data.job = request.job;
-    data.transfer = request.transfer;
-    data.offset = offset;
-    const uint32_t length = static_cast<uint32_t>(std::min(chunk, model->size() - offset));
-    if (auto status = WritePacket(socket, data, model->data() + offset, length); !status.ok()) {
-      return status;
-    }
+  if (!error.empty() || !model || model->size() == 0) return absl::OkStatus();
+  // The model's packets go out through the priority queue (ReplyStream).
+  std::shared_ptr<ReplyStream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t payload_bytes = static_cast<size_t>(config_.payload_bytes);
+    stream = OpenReplyLocked(socket, request, model,
+                             (model->size() + payload_bytes - 1) / payload_bytes);
+    QueueReplyLocked(*stream, 0, model->size());
   }
-  return absl::OkStatus();
+  return AwaitReply(
+      stream, [] { return std::string(); }, std::chrono::steady_clock::time_point::max());
 }
 
 absl::Status Daemon::FetchModel(const std::string& job, const std::string& server,
@@ -1531,14 +1694,15 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   if (auto sent = WritePacket(socket, request, server.data(), server.size()); !sent.ok()) {
     return sent;
   }
-  auto reply = ReadHeader(socket);
+  FrameReader reader(socket);
+  auto reply = reader.ReadHeader();
   if (!reply.ok()) return absl::UnavailableError(absl::StrCat("get: ", reply.status().message()));
   if (reply->kind != PacketKind::kGetReply || reply->transfer != request.transfer ||
       reply->length < 8) {
     return absl::DataLossError("get: malformed reply from the server's daemon");
   }
   std::string payload(reply->length, '\0');
-  if (auto read = ReadExact(socket, payload.data(), payload.size()); !read.ok()) return read;
+  if (auto read = reader.ReadPayload(payload.data(), payload.size()); !read.ok()) return read;
   if (auto crc = transport::VerifyPayload(*reply, payload.data()); !crc.ok()) return crc;
   uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(payload[i])) << (8 * i);
@@ -1550,13 +1714,13 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   if (!buffer.ok()) return buffer.status();
   uint64_t received = 0;
   while (received < reply->offset) {
-    auto data = ReadHeader(socket);
+    auto data = reader.ReadHeader();
     if (!data.ok()) {
       return absl::UnavailableError(absl::StrCat("get: model transfer cut: ", data.status().message()));
     }
     if (data->kind == PacketKind::kAbort && data->length <= transport::kMaxControlBytes) {
       std::string reason(data->length, '\0');
-      if (auto read = ReadExact(socket, reason.data(), reason.size()); !read.ok()) return read;
+      if (auto read = reader.ReadPayload(reason.data(), reason.size()); !read.ok()) return read;
       return absl::AbortedError(reason);
     }
     if (data->kind != PacketKind::kData || data->offset > reply->offset ||
@@ -1564,7 +1728,7 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
       return absl::DataLossError("get: malformed model packet");
     }
     uint8_t* dst = buffer->data() + data->offset;
-    if (auto read = ReadExact(socket, dst, data->length); !read.ok()) return read;
+    if (auto read = reader.ReadPayload(dst, data->length); !read.ok()) return read;
     if (auto crc = transport::VerifyPayload(*data, dst); !crc.ok()) return crc;
     received += data->length;
   }
@@ -1579,12 +1743,14 @@ void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
                                                          : send.transfer_id();
   auto push = pushes_.find(source);
   if (push != pushes_.end()) {
-    ScheduleOutgoingLocked(send, push->second.buffer, push->second.tensors);
+    ScheduleOutgoingLocked(send, push->second.buffer, push->second.tensors,
+                           push->second.checksums);
     return;
   }
   auto held = replica_holds_.find(source);
   if (held != replica_holds_.end() && send.source_transfer_id() != 0) {
-    ScheduleOutgoingLocked(send, held->second.buffer, held->second.tensors);
+    ScheduleOutgoingLocked(send, held->second.buffer, held->second.tensors,
+                           held->second.checksums);
     replica_holds_.erase(held);  // the outgoing transfer keeps the bytes alive
     return;
   }
@@ -1594,7 +1760,8 @@ void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
 
 void Daemon::ScheduleOutgoingLocked(const v1::SendTransfer& send,
                                     std::shared_ptr<SharedBuffer> buffer,
-                                    std::vector<v1::TensorInfo> tensors) {
+                                    std::vector<v1::TensorInfo> tensors,
+                                    std::shared_ptr<const PacketChecksums> checksums) {
   if (static_cast<int64_t>(buffer->size()) != send.bytes()) {
     ReportFailureAsync(send.transfer_id(), absl::StrCat("schedule says ", send.bytes(),
                                                         " bytes, the data has ", buffer->size()));
@@ -1620,6 +1787,7 @@ void Daemon::ScheduleOutgoingLocked(const v1::SendTransfer& send,
   outgoing.send = send;
   outgoing.buffer = std::move(buffer);
   outgoing.tensors = std::move(tensors);
+  outgoing.checksums = std::move(checksums);
   outgoing.pacer.emplace(std::move(*pacer));
   release_at_.emplace(outgoing.pacer->start_local_s(), send.transfer_id());
   cv_.notify_all();
@@ -1792,10 +1960,45 @@ void Daemon::SenderLoop() {
     std::optional<daemon::PacketDescriptor> packet = packet_queue_.Peek(now);
     if (packet.has_value()) {
       auto it = outgoing_.find(packet->transfer_id);
-      if (it == outgoing_.end()) {  // failed meanwhile
-        packet_queue_.RemoveTransfer(packet->transfer_id);
-        continue;
+      if (it == outgoing_.end()) {
+        auto reply = replies_.find(packet->transfer_id);
+        if (reply == replies_.end()) {  // failed meanwhile
+          packet_queue_.RemoveTransfer(packet->transfer_id);
+          continue;
+        }
+        double next_s = now;
+        if (ConsumeUnscheduled(packet->length_bytes, now, &next_s)) {
+          packet_queue_.Pop(now);
+          const std::shared_ptr<ReplyStream> stream = reply->second;
+          stream->writing = true;
+          lock.unlock();
+          PacketHeader data;
+          data.kind = PacketKind::kData;
+          data.job = stream->job_id;
+          data.transfer = stream->request;
+          data.priority = static_cast<uint16_t>(std::min<uint32_t>(stream->priority, 65535));
+          const auto* payload = reinterpret_cast<const uint8_t*>(packet->payload);
+          data.offset = static_cast<uint64_t>(payload - stream->buffer->data());
+          absl::Status status =
+              WritePacket(*stream->socket, data, payload, packet->length_bytes);
+          lock.lock();
+          stream->writing = false;
+          if (status.ok()) {
+            ++stream->sent;
+            stats_.bytes_sent += packet->length_bytes;
+          } else {
+            stream->error = absl::StrCat("sending the get reply failed: ", status.message());
+            packet_queue_.RemoveTransfer(stream->id);
+          }
+          cv_.notify_all();  // AwaitReply
+          continue;
+        }
+        wake = std::min(wake, next_s);
+        packet.reset();
       }
+    }
+    if (packet.has_value()) {
+      auto it = outgoing_.find(packet->transfer_id);
       Outgoing& outgoing = it->second;
       if (outgoing.pacer->TryConsume(packet->length_bytes, now)) {
         packet_queue_.Pop(now);
@@ -1803,8 +2006,15 @@ void Daemon::SenderLoop() {
         outgoing.begun = true;
         const v1::SendTransfer send = outgoing.send;
         const std::shared_ptr<SharedBuffer> buffer = outgoing.buffer;  // keeps the payload alive
+        std::optional<uint32_t> crc;
+        if (outgoing.checksums != nullptr) {
+          crc = outgoing.checksums->Find(
+              static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(packet->payload) -
+                                    buffer->data()),
+              packet->length_bytes);
+        }
         lock.unlock();
-        absl::Status status = WriteToPeer(send, begin, *packet, buffer->data());
+        absl::Status status = WriteToPeer(send, begin, *packet, buffer->data(), crc);
         lock.lock();
         if (!status.ok()) {
           MLF_LOG(WARNING) << "transfer " << send.transfer_id() << " to " << send.dst_host()
@@ -1828,7 +2038,8 @@ void Daemon::SenderLoop() {
 }
 
 absl::Status Daemon::WriteToPeer(const v1::SendTransfer& send, bool begin,
-                                 const daemon::PacketDescriptor& packet, const uint8_t* base) {
+                                 const daemon::PacketDescriptor& packet, const uint8_t* base,
+                                 std::optional<uint32_t> crc) {
   std::shared_ptr<tcp::socket> socket;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
@@ -1873,7 +2084,7 @@ absl::Status Daemon::WriteToPeer(const v1::SendTransfer& send, bool begin,
     header.tensor = packet.tensor_id;
     header.priority = static_cast<uint16_t>(std::min<uint32_t>(packet.tensor_priority, 65535));
     header.offset = static_cast<uint64_t>(payload - base);  // offset within the transfer
-    status = WritePacket(*socket, header, payload, packet.length_bytes);
+    status = WritePacket(*socket, header, payload, packet.length_bytes, crc);
   }
   if (!status.ok()) {
     std::lock_guard<std::mutex> lock(peers_mu_);

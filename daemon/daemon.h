@@ -27,12 +27,15 @@
 #define MLFABRIC_DAEMON_DAEMON_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -89,11 +92,27 @@ class Daemon {
     std::map<std::string, int64_t> last_round_push;
   };
 
+  // CRC-32C of every packet of a pushed buffer, computed while the
+  // scheduler plans its batch (the push waits for that anyway), so the
+  // sender loop does not checksum on the wire's critical path: perf showed
+  // the CRC costing the sender more than the kernel's copy. Packets in the
+  // order ReleaseLocked cuts them; a packet not yet summed when it is sent
+  // is summed by the sender.
+  struct PacketChecksums {
+    std::vector<uint64_t> offsets;  // packet start within the transfer, ascending
+    std::vector<uint32_t> lengths;
+    std::vector<uint32_t> crcs;
+    std::atomic<size_t> ready{0};   // crcs[0, ready) are final
+    // The precomputed CRC of the packet at [offset, +length), if there is one.
+    std::optional<uint32_t> Find(uint64_t offset, uint32_t length) const;
+  };
+
   struct PendingPush {
     std::shared_ptr<AppSession> app;
     uint64_t request_id = 0;
     std::shared_ptr<SharedBuffer> buffer;
     std::vector<v1::TensorInfo> tensors;
+    std::shared_ptr<PacketChecksums> checksums;
   };
 
   // A scheduled outgoing transfer. Released into the packet queue at its
@@ -102,6 +121,7 @@ class Daemon {
     v1::SendTransfer send;
     std::shared_ptr<SharedBuffer> buffer;
     std::vector<v1::TensorInfo> tensors;
+    std::shared_ptr<const PacketChecksums> checksums;  // may be null (aggregates)
     std::optional<daemon::TransferPacer> pacer;
     bool begun = false;  // kBegin written to the peer
     size_t packets_left = 0;
@@ -140,6 +160,28 @@ class Daemon {
     std::map<uint64_t, Delivery> expected;  // by sequence
   };
 
+  // A get reply on its way back to the asking daemon: a model, or a
+  // synchronous round's sum streamed as its chunks complete. Its packets
+  // share the priority queue with scheduled transfers, ranked by the job
+  // (TensorLights, tensorlights.md §IV: a parameter server's model pulls
+  // are the traffic job priorities order) and by the get's priority
+  // (Mercury), and are paced by the unscheduled budget (DESIGN.md §5). The
+  // session thread that took the request writes the reply's header; from
+  // then on only the sender loop writes to the socket until the reply ends.
+  struct ReplyStream {
+    uint64_t id = 0;  // queue key: bit 62 set, never a transfer id
+    std::shared_ptr<boost::asio::ip::tcp::socket> socket;
+    uint32_t job_id = 0;
+    uint64_t request = 0;  // the asking daemon's request id (header transfer field)
+    uint32_t priority = 0;
+    std::shared_ptr<SharedBuffer> buffer;  // the model or the round's sum
+    size_t total_packets = 0;
+    size_t queued = 0;
+    size_t sent = 0;
+    bool writing = false;  // the sender loop is writing one of its packets
+    std::string error;     // a write failed
+  };
+
   // A synchronous round at a Mercury-PS server (mercury.md §IV, Key idea 3
   // "immediate PS aggregation"; mlfabric.md §6): the member transfers'
   // packets are summed into `sum` as they arrive; the sum is cut into
@@ -162,6 +204,7 @@ class Daemon {
     bool complete = false;
     bool reported = false;           // members' outcomes sent (or failed)
     std::string failed;
+    std::vector<std::shared_ptr<ReplyStream>> streams;  // workers' gets being served
   };
 
   struct ModelReply {
@@ -191,7 +234,12 @@ class Daemon {
 
   void DataAcceptLoop();
   void DataSessionLoop(std::shared_ptr<boost::asio::ip::tcp::socket> socket);
-  absl::Status ServeGetRequest(boost::asio::ip::tcp::socket& socket,
+  // A data packet whose CRC was checked: counts it, sums it into its round
+  // or keeps it, and delivers or folds a completed transfer. Requires mu_.
+  // An error closes the session.
+  absl::Status AcceptDataLocked(const transport::PacketHeader& header, const uint8_t* dst,
+                                std::set<uint64_t>* begun);
+  absl::Status ServeGetRequest(const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
                                const transport::PacketHeader& header, const std::string& server);
 
   void SenderLoop();
@@ -199,7 +247,8 @@ class Daemon {
   void ScheduleSendLocked(const v1::SendTransfer& send);
   // Queues an outgoing transfer of `buffer` (an aggregate or a push).
   void ScheduleOutgoingLocked(const v1::SendTransfer& send, std::shared_ptr<SharedBuffer> buffer,
-                              std::vector<v1::TensorInfo> tensors);
+                              std::vector<v1::TensorInfo> tensors,
+                              std::shared_ptr<const PacketChecksums> checksums = nullptr);
   void StartAggregationLocked(const v1::AggregateTask& task);
   // Folds a completely received constituent into its aggregation; true if
   // the transfer was a constituent here.
@@ -208,16 +257,32 @@ class Daemon {
   void ReleaseLocked(uint64_t transfer_id);
   void FailOutgoingLocked(const std::string& dst_address, const std::string& reason);
   // Writes one packet (preceded by the transfer's kBegin when `begin`).
+  // `crc` is the payload's CRC-32C if already known.
   absl::Status WriteToPeer(const v1::SendTransfer& send, bool begin,
-                           const daemon::PacketDescriptor& packet, const uint8_t* base);
-  // Blocks until the unscheduled-traffic budget (get replies) allows
-  // `bytes` more (--unscheduled_bps; returns at once when unlimited).
-  void WaitForUnscheduledBudget(uint32_t bytes);
+                           const daemon::PacketDescriptor& packet, const uint8_t* base,
+                           std::optional<uint32_t> crc);
+  // Reply streams (see ReplyStream). Open registers one whose header the
+  // caller has written; Queue puts the packets of [begin, end) of its
+  // buffer into the priority queue; Await blocks until all
+  // `total_packets` are written, a write fails, `failed` says to stop
+  // (checked under mu_) or `deadline` passes, then takes the stream out of
+  // the queue; it returns why the stream stopped early, or OK.
+  std::shared_ptr<ReplyStream> OpenReplyLocked(
+      const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
+      const transport::PacketHeader& request, std::shared_ptr<SharedBuffer> buffer,
+      size_t total_packets);
+  void QueueReplyLocked(ReplyStream& stream, uint64_t begin, uint64_t end);
+  absl::Status AwaitReply(const std::shared_ptr<ReplyStream>& stream,
+                          const std::function<std::string()>& failed,
+                          std::chrono::steady_clock::time_point deadline);
+  // Takes `bytes` from the unscheduled budget at `now`; if it cannot,
+  // returns false and the time it could.
+  bool ConsumeUnscheduled(uint32_t bytes, double now, double* next_s);
   // `round` >= 0 asks a synchronous-round server for that round's sum.
   absl::Status FetchModel(const std::string& job, const std::string& server, int64_t* version,
                           std::shared_ptr<SharedBuffer>* buffer, int64_t round = -1);
   // Streams round `round`'s sum to a worker's daemon as chunks complete.
-  absl::Status ServeRoundGet(boost::asio::ip::tcp::socket& socket,
+  absl::Status ServeRoundGet(const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
                              const transport::PacketHeader& request, const std::string& server,
                              int64_t round);
 
@@ -262,6 +327,7 @@ class Daemon {
   std::multimap<double, uint64_t> release_at_;        // local start time -> transfer
   daemon::PriorityPacketQueue packet_queue_;
   std::map<uint64_t, ModelReply> model_replies_;      // by request id
+  std::map<uint64_t, std::shared_ptr<ReplyStream>> replies_;  // by ReplyStream::id
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<Round>> rounds_;  // (ServerKey, round)
   std::map<uint64_t, std::shared_ptr<Round>> round_of_;  // member transfer -> its round
   std::map<uint64_t, std::shared_ptr<Round>> round_deliveries_;  // delivery id -> round
