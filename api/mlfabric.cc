@@ -234,7 +234,10 @@ std::future<PushResult> Worker::Push(const std::string& server, const void* data
   return future;
 }
 
-absl::StatusOr<Model> Worker::Get(const std::string& server) {
+absl::StatusOr<Model> Worker::Get(const std::string& server, int32_t priority) {
+  if (priority < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("get priority ", priority, " is negative"));
+  }
   auto promise = std::make_shared<std::promise<absl::StatusOr<Model>>>();
   auto future = promise->get_future();
   v1::LocalMessage message;
@@ -246,6 +249,7 @@ absl::StatusOr<Model> Worker::Get(const std::string& server) {
     gets_[id] = promise;
   }
   message.mutable_get()->set_server(server);
+  message.mutable_get()->set_priority(priority);
   if (auto sent = channel_->Send(message); !sent.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (gets_.erase(message.get().request_id())) return sent;

@@ -111,8 +111,11 @@ class Worker {
                  const std::vector<TensorSpec>& tensors = {},
                  ElementType type = ElementType::kFloat32);
 
-  // The server's current model (blocks).
-  absl::StatusOr<Model> Get(const std::string& server);
+  // The server's current model (blocks). `priority` orders the reply's
+  // packets in the server daemon's queue among this job's traffic (lower
+  // first, like TensorSpec::priority); the job's own rank (TensorLights)
+  // comes before it.
+  absl::StatusOr<Model> Get(const std::string& server, int32_t priority = 0);
 
   // The model version the daemon reported at registration.
   int64_t initial_version() const { return initial_version_; }

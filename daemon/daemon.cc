@@ -794,7 +794,8 @@ void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGe
     body->set_request_id(get.request_id());
     int64_t version = 0;
     std::shared_ptr<SharedBuffer> model;
-    absl::Status status = FetchModel(job, get.server(), &version, &model, round);
+    absl::Status status = FetchModel(job, get.server(), &version, &model, round,
+                                     static_cast<uint32_t>(std::max(0, get.priority())));
     if (!status.ok()) {
       body->set_error(std::string(status.message()));
       (void)app->channel->Send(done);
@@ -1663,7 +1664,7 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
 
 absl::Status Daemon::FetchModel(const std::string& job, const std::string& server,
                                 int64_t* version, std::shared_ptr<SharedBuffer>* model,
-                                int64_t round) {
+                                int64_t round, uint32_t priority) {
   v1::ResolveServerRequest resolve;
   resolve.set_job(job);
   resolve.set_server(server);
@@ -1684,6 +1685,7 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   PacketHeader request;
   request.kind = PacketKind::kGetRequest;
   request.job = where.job_id();
+  request.priority = static_cast<uint16_t>(std::min<uint32_t>(priority, 65535));
   // A synchronous-round server answers a worker that pushed round r with
   // that round's sum, streamed as its chunks complete (Mercury PS).
   if (where.round_size() > 0 && round >= 0) request.offset = static_cast<uint64_t>(round) + 1;

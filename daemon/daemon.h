@@ -280,7 +280,8 @@ class Daemon {
   bool ConsumeUnscheduled(uint32_t bytes, double now, double* next_s);
   // `round` >= 0 asks a synchronous-round server for that round's sum.
   absl::Status FetchModel(const std::string& job, const std::string& server, int64_t* version,
-                          std::shared_ptr<SharedBuffer>* buffer, int64_t round = -1);
+                          std::shared_ptr<SharedBuffer>* buffer, int64_t round = -1,
+                          uint32_t priority = 0);
   // Streams round `round`'s sum to a worker's daemon as chunks complete.
   absl::Status ServeRoundGet(const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
                              const transport::PacketHeader& request, const std::string& server,
