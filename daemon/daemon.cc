@@ -999,8 +999,9 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
 
 namespace {
 
-// Sum chunks: what a worker's get can receive as soon as it is final. The
-// chunking is the receiver's own, so senders may use any packet size.
+// The grid the packet pool releases sums on (aggregator/packet_pool.h):
+// what a worker's get can receive, or an aggregate can forward, as soon as
+// it is final. It is the receiver's own, so senders may use any packet size.
 constexpr uint64_t kRoundChunkBytes = 32 * 1024;
 
 size_t ElementBytes(v1::DType dtype) {
@@ -1013,16 +1014,14 @@ size_t ElementBytes(v1::DType dtype) {
   }
 }
 
-template <typename T>
-void AddInts(uint8_t* dst, const uint8_t* src, size_t bytes) {
-  const size_t n = bytes / sizeof(T);
-  T a, b;
-  for (size_t i = 0; i < n; ++i) {  // memcpy: packet payloads need not be aligned
-    std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
-    std::memcpy(&b, src + i * sizeof(T), sizeof(T));
-    a = static_cast<T>(static_cast<std::make_unsigned_t<T>>(a) +
-                       static_cast<std::make_unsigned_t<T>>(b));  // wraps, no UB
-    std::memcpy(dst + i * sizeof(T), &a, sizeof(T));
+// The pool's element type for a round's or an aggregate's dtype.
+std::optional<aggregator::DType> PoolType(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32: return aggregator::DType::kFloat32;
+    case v1::DTYPE_FLOAT64: return aggregator::DType::kFloat64;
+    case v1::DTYPE_INT32: return aggregator::DType::kInt32;
+    case v1::DTYPE_INT64: return aggregator::DType::kInt64;
+    default: return std::nullopt;
   }
 }
 
@@ -1037,6 +1036,7 @@ std::shared_ptr<Daemon::Round> Daemon::RoundLocked(uint32_t job_id, const std::s
   it->second->job_id = job_id;
   it->second->server = server;
   it->second->round = round;
+  it->second->pool_id = (uint64_t{1} << 61) | next_local_id_++;
   // Keep the previous round for gets that come late; older ones go.
   for (auto old = rounds_.begin(); old != rounds_.end();) {
     if (old->first.first == key && old->first.second < round - 1) {
@@ -1044,6 +1044,7 @@ std::shared_ptr<Daemon::Round> Daemon::RoundLocked(uint32_t job_id, const std::s
         FailRoundLocked(old->second, absl::StrCat("round ", round, " began"));
       }
       for (const auto& [member, contributions] : old->second->members) round_of_.erase(member);
+      (void)pool_.UnregisterTransfer(old->second->pool_id);
       old = rounds_.erase(old);
     } else {
       ++old;
@@ -1061,9 +1062,10 @@ void Daemon::JoinRoundLocked(const v1::ExpectDelivery& expect) {
     ReportFailureAsync(transfer, absl::StrCat("round ", round->round, " failed: ", round->failed));
     return;
   }
-  const size_t element = ElementBytes(expect.dtype());
+  const std::optional<aggregator::DType> type = PoolType(expect.dtype());
   if (round->bytes < 0) {
-    if (element == 0 || expect.bytes() <= 0 || expect.bytes() % element != 0) {
+    const size_t element = ElementBytes(expect.dtype());
+    if (!type.has_value() || expect.bytes() <= 0 || expect.bytes() % element != 0) {
       FailRoundLocked(round, absl::StrCat("round of ", expect.bytes(), " bytes of ",
                                           v1::DType_Name(expect.dtype()),
                                           " cannot be summed element-wise"));
@@ -1078,7 +1080,20 @@ void Daemon::JoinRoundLocked(const v1::ExpectDelivery& expect) {
     round->bytes = expect.bytes();
     round->dtype = expect.dtype();
     round->sum = std::make_shared<SharedBuffer>(std::move(*sum));
-    round->credited.assign((round->bytes + kRoundChunkBytes - 1) / kRoundChunkBytes, 0);
+    aggregator::AggregationSpec spec;
+    spec.dtype = *type;
+    spec.bytes = static_cast<uint64_t>(round->bytes);
+    spec.packet_bytes = kRoundChunkBytes;
+    spec.expected_contributions = static_cast<uint32_t>(std::max(0, round->size));
+    round->packets = aggregator::PacketCount(spec);
+    if (auto registered = pool_.RegisterTransfer(
+            round->pool_id, spec,
+            absl::Span<std::byte>(reinterpret_cast<std::byte*>(round->sum->data()),
+                                  round->sum->size()));
+        !registered.ok()) {
+      FailRoundLocked(round, absl::StrCat("round ", round->round, ": ", registered.message()));
+      return;
+    }
     cv_.notify_all();  // gets waiting for the round to begin
   } else if (expect.round_size() != round->size || expect.bytes() != round->bytes ||
              expect.dtype() != round->dtype) {
@@ -1089,9 +1104,18 @@ void Daemon::JoinRoundLocked(const v1::ExpectDelivery& expect) {
     return;
   }
   round->contributions += expect.contributions();
-  if (expect.contributions() <= 0 || round->contributions > round->size) {
+  if (expect.contributions() <= 0) {
+    FailRoundLocked(round, absl::StrCat("push ", transfer, " stands for ",
+                                        expect.contributions(), " contributions"));
+    return;
+  }
+  // The pool refuses more contributions than the round's size.
+  if (auto joined = pool_.AddContributor(round->pool_id, transfer, 1.0,
+                                         static_cast<uint32_t>(expect.contributions()));
+      !joined.ok()) {
     FailRoundLocked(round, absl::StrCat("round ", round->round, " was sent ",
-                                        round->contributions, " pushes for ", round->size));
+                                        round->contributions, " pushes for ", round->size, ": ",
+                                        joined.message()));
     return;
   }
   auto server = servers_.find(ServerKey(expect.job_id(), expect.server()));
@@ -1122,52 +1146,22 @@ void Daemon::JoinRoundLocked(const v1::ExpectDelivery& expect) {
 void Daemon::FoldIntoRoundLocked(Round& round, uint64_t transfer, const uint8_t* data,
                                  uint64_t offset, uint32_t length) {
   if (!round.failed.empty() || round.complete || round.bytes < 0) return;
-  const size_t element = ElementBytes(round.dtype);
-  if (offset % element != 0 || length % element != 0 ||
-      offset + length > static_cast<uint64_t>(round.bytes)) {
+  // Summed packet by packet into the round's sum (aggregator::PacketPool);
+  // a packet of the grid is final once all `size` pushes covered it. The
+  // sum is kept under mu_: a 32 KiB add takes microseconds.
+  const size_t ready_before = round.ready.size();
+  absl::Status added = pool_.Add(
+      round.pool_id, transfer, offset,
+      absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(data), length), &round.ready);
+  if (!added.ok()) {
     auto self = rounds_.find({ServerKey(round.job_id, round.server), round.round});
     if (self != rounds_.end()) {
-      FailRoundLocked(self->second,
-                      absl::StrCat("packet [", offset, ", +", length, ") of push ", transfer,
-                                   " does not fall on ", element, "-byte elements of the round"));
+      FailRoundLocked(self->second, absl::StrCat("packet [", offset, ", +", length, ") of push ",
+                                                 transfer, ": ", added.message()));
     }
     return;
   }
-  // The sum is kept under mu_: a 32 KiB packet takes microseconds with the
-  // vectorised kernels (aggregator/reduce.h).
-  uint8_t* dst = round.sum->data() + offset;
-  switch (round.dtype) {
-    case v1::DTYPE_FLOAT32: {
-      std::vector<float> values(length / sizeof(float));  // payloads need not be aligned
-      std::memcpy(values.data(), data, length);
-      aggregator::WeightedSum(reinterpret_cast<float*>(dst), values.data(), 1.0f, values.size());
-      break;
-    }
-    case v1::DTYPE_FLOAT64: {
-      std::vector<double> values(length / sizeof(double));
-      std::memcpy(values.data(), data, length);
-      aggregator::WeightedSum(reinterpret_cast<double*>(dst), values.data(), 1.0, values.size());
-      break;
-    }
-    case v1::DTYPE_INT32: AddInts<int32_t>(dst, data, length); break;
-    case v1::DTYPE_INT64: AddInts<int64_t>(dst, data, length); break;
-    default: return;
-  }
-  const uint64_t weight = static_cast<uint64_t>(std::max(1, round.members[transfer]));
-  const uint64_t end = offset + length;
-  const size_t ready_before = round.ready.size();
-  bool any_ready = false;
-  for (uint64_t chunk = offset / kRoundChunkBytes; chunk * kRoundChunkBytes < end; ++chunk) {
-    const uint64_t from = std::max(offset, chunk * kRoundChunkBytes);
-    const uint64_t to = std::min(end, (chunk + 1) * kRoundChunkBytes);
-    const uint64_t chunk_bytes =
-        std::min<uint64_t>(kRoundChunkBytes, round.bytes - chunk * kRoundChunkBytes);
-    round.credited[chunk] += (to - from) * weight;
-    if (round.credited[chunk] == chunk_bytes * static_cast<uint64_t>(round.size)) {
-      round.ready.push_back(static_cast<uint32_t>(chunk));
-      any_ready = true;
-    }
-  }
+  const bool any_ready = round.ready.size() > ready_before;
   if (!any_ready) return;
   // Workers' gets stream the new chunks at once (Mercury PS).
   for (const auto& stream : round.streams) {
@@ -1178,7 +1172,7 @@ void Daemon::FoldIntoRoundLocked(Round& round, uint64_t transfer, const uint8_t*
     }
   }
   cv_.notify_all();
-  if (round.ready.size() == round.credited.size()) {
+  if (round.ready.size() == round.packets) {
     round.complete = true;
     auto self = rounds_.find({ServerKey(round.job_id, round.server), round.round});
     if (self != rounds_.end()) DeliverRoundLocked(self->second);
@@ -1202,6 +1196,7 @@ void Daemon::DeliverRoundLocked(const std::shared_ptr<Round>& round) {
   update->set_bytes(round->bytes);
   update->set_sequence(static_cast<uint64_t>(round->round) + 1);
   update->set_count(round->size);
+  (void)pool_.UnregisterTransfer(round->pool_id);  // summed; the sum stays in round->sum
   absl::Status sent = server->second.app->channel->Send(message, round->sum->fd());
   if (!sent.ok()) {
     round_deliveries_.erase(delivery);
@@ -1217,6 +1212,7 @@ void Daemon::FailRoundLocked(const std::shared_ptr<Round>& round, const std::str
   if (!round->failed.empty() || round->reported) return;
   round->failed = reason;
   round->reported = true;
+  (void)pool_.UnregisterTransfer(round->pool_id);
   MLF_LOG(WARNING) << "round " << round->round << " of server '" << round->server
                    << "' failed: " << reason;
   for (const auto& [member, contributions] : round->members) {
@@ -1280,7 +1276,7 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t payload_bytes = static_cast<uint64_t>(config_.payload_bytes);
     size_t packets = 0;
-    for (size_t chunk = 0; chunk < round->credited.size(); ++chunk) {
+    for (size_t chunk = 0; chunk < round->packets; ++chunk) {
       const uint64_t begin = chunk * kRoundChunkBytes;
       const uint64_t end = std::min<uint64_t>(begin + kRoundChunkBytes, round->bytes);
       packets += (end - begin + payload_bytes - 1) / payload_bytes;

@@ -45,6 +45,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
+#include "aggregator/packet_pool.h"
 #include "api/local_ipc.h"
 #include "common/clock.h"
 #include "daemon/daemon_config.h"
@@ -197,8 +198,9 @@ class Daemon {
     int64_t bytes = -1;              // -1 until the first member is announced
     v1::DType dtype = v1::DTYPE_FLOAT32;
     std::shared_ptr<SharedBuffer> sum;
-    std::vector<uint64_t> credited;  // per chunk: bytes summed x contributions
-    std::vector<uint32_t> ready;     // chunk indices, in the order they completed
+    uint64_t pool_id = 0;            // its transfer in pool_ (bit 61 set)
+    size_t packets = 0;              // of the pool's grid
+    std::vector<uint32_t> ready;     // grid packets, in the order they completed
     std::map<uint64_t, int32_t> members;  // transfer -> contributions
     int32_t contributions = 0;
     bool complete = false;
@@ -327,6 +329,8 @@ class Daemon {
   std::map<uint64_t, Outgoing> outgoing_;             // by transfer id
   std::multimap<double, uint64_t> release_at_;        // local start time -> transfer
   daemon::PriorityPacketQueue packet_queue_;
+  // Packet-level sums of synchronous rounds and in-network aggregates.
+  aggregator::PacketPool pool_;
   std::map<uint64_t, ModelReply> model_replies_;      // by request id
   std::map<uint64_t, std::shared_ptr<ReplyStream>> replies_;  // by ReplyStream::id
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<Round>> rounds_;  // (ServerKey, round)
