@@ -1348,8 +1348,22 @@ absl::Status Daemon::AcceptDataLocked(const PacketHeader& header, const uint8_t*
   // Mercury PS: a member of a synchronous round is summed packet by
   // packet as it arrives (mercury.md §IV, Key idea 3).
   auto member = round_of_.find(header.transfer);
+  auto aggregate = aggregate_of_.find(header.transfer);
   if (member != round_of_.end()) {
     FoldIntoRoundLocked(*member->second, header.transfer, dst, header.offset, header.length);
+  } else if (aggregate != aggregate_of_.end()) {
+    // A constituent of this host's aggregate (§5.2), summed packet by packet.
+    if (it->second.total != static_cast<uint64_t>(aggregations_[aggregate->second].task.bytes())) {
+      FailAggregationLocked(aggregate->second,
+                            absl::StrCat("constituent ", header.transfer, " has ",
+                                         it->second.total, " bytes, the aggregate ",
+                                         aggregations_[aggregate->second].task.bytes()));
+      return absl::OkStatus();
+    }
+    if (!FoldIntoAggregateLocked(aggregate->second, header.transfer, dst, header.offset,
+                                 header.length)) {
+      return absl::OkStatus();
+    }
   } else {
     it->second.unfolded.emplace_back(header.offset, header.length);
   }
@@ -1429,16 +1443,30 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
     if (header->kind == PacketKind::kData) {
       std::shared_ptr<SharedBuffer> buffer;
       uint64_t total = 0;
+      bool discard = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = incoming_.find(header->transfer);
-        if (!begun.count(header->transfer) || it == incoming_.end()) {
+        if (!begun.count(header->transfer)) {
           close_reason = absl::StrCat("data for unknown transfer ", header->transfer);
-          if (it == incoming_.end()) begun.erase(header->transfer);
           break;
         }
-        buffer = it->second.buffer;
-        total = it->second.total;
+        if (it == incoming_.end()) {
+          // Begun on this session and cancelled since (the scheduler's
+          // cancel can overtake packets in flight): skip the payload.
+          discard = true;
+        } else {
+          buffer = it->second.buffer;
+          total = it->second.total;
+        }
+      }
+      if (discard) {
+        std::vector<uint8_t> skipped(header->length);
+        if (auto status = reader.ReadPayload(skipped.data(), skipped.size()); !status.ok()) {
+          close_reason = std::string(status.message());
+          break;
+        }
+        continue;
       }
       if (header->offset > total || header->length > total - header->offset) {
         close_reason = absl::StrCat("packet [", header->offset, ", +", header->length,
@@ -1792,71 +1820,46 @@ void Daemon::ScheduleOutgoingLocked(const v1::SendTransfer& send,
 }
 
 void Daemon::StartAggregationLocked(const v1::AggregateTask& task) {
-  if (task.dtype() != v1::DTYPE_FLOAT32 && task.dtype() != v1::DTYPE_FLOAT64) {
-    ReportFailureAsync(task.aggregate_id(), "cannot aggregate updates of opaque type");
+  const std::optional<aggregator::DType> type = PoolType(task.dtype());
+  if (!type.has_value() || task.dtype() == v1::DTYPE_INT32 || task.dtype() == v1::DTYPE_INT64) {
+    ReportFailureAsync(task.aggregate_id(),
+                       absl::StrCat("cannot aggregate updates of type ", v1::DType_Name(task.dtype()),
+                                    " (weighted sums need float32 or float64)"));
     return;
   }
-  const size_t element = task.dtype() == v1::DTYPE_FLOAT32 ? sizeof(float) : sizeof(double);
+  const size_t element = ElementBytes(task.dtype());
   if (task.bytes() <= 0 || task.bytes() % element != 0 || task.constituents_size() == 0) {
     ReportFailureAsync(task.aggregate_id(), "malformed aggregation task");
     return;
   }
-  auto sum = SharedBuffer::Create(static_cast<size_t>(task.bytes()));
+  auto sum = SharedBuffer::Create(static_cast<size_t>(task.bytes()));  // zero-filled
   if (!sum.ok()) {
     ReportFailureAsync(task.aggregate_id(), std::string(sum.status().message()));
     return;
   }
-  std::memset(sum->data(), 0, sum->size());
-  Aggregation& aggregation = aggregations_[task.aggregate_id()];
-  aggregation.task = task;
-  aggregation.sum = std::make_shared<SharedBuffer>(std::move(*sum));
-  for (int i = 0; i < task.constituents_size(); ++i) {
+  auto buffer = std::make_shared<SharedBuffer>(std::move(*sum));
+  // Packet by packet (§5.2 with Mercury's immediate aggregation): each
+  // constituent's packets are summed as they arrive, and a packet of the
+  // aggregate leaves as soon as every constituent covered it and the
+  // aggregate's scheduled start has come.
+  aggregator::AggregationSpec spec;
+  spec.dtype = *type;
+  spec.bytes = static_cast<uint64_t>(task.bytes());
+  spec.packet_bytes = static_cast<uint32_t>(config_.payload_bytes);
+  spec.expected_contributions = static_cast<uint32_t>(task.constituents_size());
+  absl::Status registered = pool_.RegisterTransfer(
+      task.aggregate_id(), spec,
+      absl::Span<std::byte>(reinterpret_cast<std::byte*>(buffer->data()), buffer->size()));
+  for (int i = 0; registered.ok() && i < task.constituents_size(); ++i) {
     const double weight = i < task.weights_size() ? task.weights(i) : 1.0;
-    aggregation.waiting[task.constituents(i)] = weight;
-    aggregate_of_[task.constituents(i)] = task.aggregate_id();
+    registered = pool_.AddContributor(task.aggregate_id(), task.constituents(i), weight);
   }
-  // Constituents may have arrived before the task did.
-  for (int i = 0; i < task.constituents_size(); ++i) {
-    auto incoming = incoming_.find(task.constituents(i));
-    if (incoming != incoming_.end() && incoming->second.received == incoming->second.total) {
-      FoldLocked(task.constituents(i));
-    }
+  if (!registered.ok()) {
+    (void)pool_.UnregisterTransfer(task.aggregate_id());
+    ReportFailureAsync(task.aggregate_id(),
+                       absl::StrCat("aggregation task: ", registered.message()));
+    return;
   }
-}
-
-bool Daemon::FoldLocked(uint64_t transfer_id) {
-  auto member = aggregate_of_.find(transfer_id);
-  if (member == aggregate_of_.end()) return false;
-  auto it = aggregations_.find(member->second);
-  auto incoming = incoming_.find(transfer_id);
-  if (it == aggregations_.end() || incoming == incoming_.end()) return true;
-  Aggregation& aggregation = it->second;
-  const v1::AggregateTask& task = aggregation.task;
-  const std::shared_ptr<SharedBuffer> data = incoming->second.buffer;
-  const double weight = aggregation.waiting[transfer_id];
-  incoming_.erase(incoming);
-  aggregate_of_.erase(member);
-  aggregation.waiting.erase(transfer_id);
-  if (static_cast<int64_t>(data->size()) != task.bytes()) {
-    const uint64_t aggregate_id = task.aggregate_id();
-    DropAggregationLocked(aggregate_id, absl::StrCat("constituent ", transfer_id, " has ",
-                                                     data->size(), " bytes, the aggregate ",
-                                                     task.bytes()));
-    ReportFailureAsync(aggregate_id, "aggregate constituents differ in size");
-    return true;
-  }
-  if (task.dtype() == v1::DTYPE_FLOAT32) {
-    aggregator::WeightedSum(reinterpret_cast<float*>(aggregation.sum->data()),
-                            reinterpret_cast<const float*>(data->data()),
-                            static_cast<float>(weight), data->size() / sizeof(float));
-  } else {
-    aggregator::WeightedSum(reinterpret_cast<double*>(aggregation.sum->data()),
-                            reinterpret_cast<const double*>(data->data()), weight,
-                            data->size() / sizeof(double));
-  }
-  ++aggregation.folded;
-  if (!aggregation.waiting.empty()) return true;
-  // All in: the aggregate leaves at its scheduled time (§5.2).
   v1::SendTransfer send;
   send.set_transfer_id(task.aggregate_id());
   send.set_job_id(task.job_id());
@@ -1865,13 +1868,102 @@ bool Daemon::FoldLocked(uint64_t transfer_id) {
   send.set_start_s(task.start_s());
   *send.mutable_segments() = task.segments();
   send.set_bytes(task.bytes());
-  ++stats_.aggregates;
-  MLF_LOG(INFO) << "aggregate " << task.aggregate_id() << ": summed " << aggregation.folded
-                << " updates, forwarding to " << task.dst_host();
-  std::shared_ptr<SharedBuffer> sum = aggregation.sum;
-  aggregations_.erase(it);
-  ScheduleOutgoingLocked(send, std::move(sum), {});
+  ScheduleOutgoingLocked(send, buffer, {});
+  auto outgoing = outgoing_.find(task.aggregate_id());
+  if (outgoing == outgoing_.end()) {  // refused (reported)
+    (void)pool_.UnregisterTransfer(task.aggregate_id());
+    return;
+  }
+  outgoing->second.gated = true;
+  Aggregation& aggregation = aggregations_[task.aggregate_id()];
+  aggregation.task = task;
+  aggregation.sum = buffer;
+  for (int i = 0; i < task.constituents_size(); ++i) {
+    const double weight = i < task.weights_size() ? task.weights(i) : 1.0;
+    aggregation.waiting[task.constituents(i)] = weight;
+    aggregate_of_[task.constituents(i)] = task.aggregate_id();
+  }
+  // Constituents may have (partly) arrived before the task did.
+  for (int i = 0; i < task.constituents_size(); ++i) {
+    const uint64_t constituent = task.constituents(i);
+    auto incoming = incoming_.find(constituent);
+    if (incoming == incoming_.end()) continue;
+    if (incoming->second.total != static_cast<uint64_t>(task.bytes())) {
+      FailAggregationLocked(task.aggregate_id(),
+                            absl::StrCat("constituent ", constituent, " has ",
+                                         incoming->second.total, " bytes, the aggregate ",
+                                         task.bytes()));
+      return;
+    }
+    const auto ranges = std::move(incoming->second.unfolded);
+    incoming->second.unfolded.clear();
+    const std::shared_ptr<SharedBuffer> data = incoming->second.buffer;
+    const bool complete = incoming->second.received == incoming->second.total;
+    for (const auto& [offset, length] : ranges) {
+      if (!FoldIntoAggregateLocked(task.aggregate_id(), constituent, data->data() + offset,
+                                   offset, length)) {
+        return;
+      }
+    }
+    if (complete) FoldLocked(constituent);
+  }
+}
+
+bool Daemon::FoldIntoAggregateLocked(uint64_t aggregate_id, uint64_t transfer,
+                                     const uint8_t* data, uint64_t offset, uint32_t length) {
+  std::vector<uint32_t> ready;
+  absl::Status added = pool_.Add(
+      aggregate_id, transfer, offset,
+      absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(data), length), &ready);
+  if (!added.ok()) {
+    FailAggregationLocked(aggregate_id, absl::StrCat("packet [", offset, ", +", length,
+                                                     ") of constituent ", transfer, ": ",
+                                                     added.message()));
+    return false;
+  }
+  auto outgoing = outgoing_.find(aggregate_id);
+  if (outgoing != outgoing_.end() && outgoing->second.released) {
+    for (uint32_t index : ready) QueueAggregatePacketLocked(outgoing->second, index);
+  }
   return true;
+}
+
+void Daemon::QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index) {
+  const uint64_t grid = static_cast<uint64_t>(config_.payload_bytes);
+  const uint64_t offset = uint64_t{index} * grid;
+  daemon::PacketDescriptor packet;
+  packet.job_id = outgoing.send.job_id();
+  packet.transfer_id = outgoing.send.transfer_id();
+  packet.offset_bytes = offset;
+  packet.length_bytes = static_cast<uint32_t>(std::min<uint64_t>(grid, outgoing.buffer->size() - offset));
+  packet.payload = reinterpret_cast<const std::byte*>(outgoing.buffer->data() + offset);
+  (void)packet_queue_.Push(packet);  // the job is registered at release
+  cv_.notify_all();
+}
+
+bool Daemon::FoldLocked(uint64_t transfer_id) {
+  auto member = aggregate_of_.find(transfer_id);
+  if (member == aggregate_of_.end()) return false;
+  const uint64_t aggregate_id = member->second;
+  aggregate_of_.erase(member);
+  incoming_.erase(transfer_id);  // its bytes are in the sum
+  auto it = aggregations_.find(aggregate_id);
+  if (it == aggregations_.end()) return true;
+  Aggregation& aggregation = it->second;
+  aggregation.waiting.erase(transfer_id);
+  ++aggregation.folded;
+  if (!aggregation.waiting.empty()) return true;
+  ++stats_.aggregates;
+  MLF_LOG(INFO) << "aggregate " << aggregate_id << ": summed " << aggregation.folded
+                << " updates packet by packet, forwarding to " << aggregation.task.dst_host();
+  (void)pool_.UnregisterTransfer(aggregate_id);  // complete; the outgoing sends the sum
+  aggregations_.erase(it);
+  return true;
+}
+
+void Daemon::FailAggregationLocked(uint64_t aggregate_id, const std::string& reason) {
+  DropAggregationLocked(aggregate_id, reason);
+  ReportFailureAsync(aggregate_id, absl::StrCat("aggregation failed: ", reason));
 }
 
 void Daemon::DropAggregationLocked(uint64_t aggregate_id, const std::string& reason) {
@@ -1883,6 +1975,14 @@ void Daemon::DropAggregationLocked(uint64_t aggregate_id, const std::string& rea
     incoming_.erase(constituent);
   }
   aggregations_.erase(it);
+  (void)pool_.UnregisterTransfer(aggregate_id);
+  auto outgoing = outgoing_.find(aggregate_id);
+  if (outgoing == outgoing_.end()) return;
+  packet_queue_.RemoveTransfer(aggregate_id);
+  // Part of it may be at the next hop already: tell it to drop the rest.
+  if (outgoing->second.begun) aborts_.emplace_back(outgoing->second.send, reason);
+  outgoing_.erase(outgoing);
+  cv_.notify_all();
 }
 
 void Daemon::ReleaseLocked(uint64_t transfer_id) {
@@ -1895,6 +1995,22 @@ void Daemon::ReleaseLocked(uint64_t transfer_id) {
   // traffic first reached each one.
   if (!packet_queue_.policy().HasJob(job)) {
     (void)packet_queue_.AddJob(job, static_cast<double>(job));
+  }
+  if (outgoing.gated) {
+    // An aggregate: its packets enter the queue as the pool completes them
+    // (those complete by now at once), in the order they complete.
+    outgoing.released = true;
+    const uint64_t grid = static_cast<uint64_t>(config_.payload_bytes);
+    outgoing.packets_left = static_cast<size_t>((outgoing.buffer->size() + grid - 1) / grid);
+    if (aggregations_.count(transfer_id) == 0) {  // every constituent is in
+      for (uint32_t i = 0; i < outgoing.packets_left; ++i) QueueAggregatePacketLocked(outgoing, i);
+      return;
+    }
+    auto ready = pool_.ReadyPackets(transfer_id);
+    if (ready.ok()) {
+      for (uint32_t index : *ready) QueueAggregatePacketLocked(outgoing, index);
+    }
+    return;
   }
   // Tensor layout: consecutive regions in tensor order. Within a released
   // transfer the queue sends the most urgent tensor first (Mercury §IV).
@@ -1948,6 +2064,21 @@ void Daemon::FailOutgoingLocked(const std::string& dst_address, const std::strin
 void Daemon::SenderLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_.load()) {
+    while (!aborts_.empty()) {
+      const auto [send, reason] = aborts_.front();
+      aborts_.erase(aborts_.begin());
+      lock.unlock();
+      auto socket = PeerSocket(send);
+      if (socket.ok()) {
+        PacketHeader abort;
+        abort.kind = PacketKind::kAbort;
+        abort.job = send.job_id();
+        abort.transfer = send.transfer_id();
+        const std::string text = reason.substr(0, transport::kMaxControlBytes);
+        (void)WritePacket(**socket, abort, text.data(), static_cast<uint32_t>(text.size()));
+      }
+      lock.lock();
+    }
     const double now = clock_.NowSeconds();
     while (!release_at_.empty() && release_at_.begin()->first <= now) {
       const uint64_t id = release_at_.begin()->second;
@@ -2035,35 +2166,38 @@ void Daemon::SenderLoop() {
   }
 }
 
+absl::StatusOr<std::shared_ptr<tcp::socket>> Daemon::PeerSocket(const v1::SendTransfer& send) {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  auto& peer = peers_[send.dst_address()];
+  if (peer == nullptr || !peer->is_open()) {
+    auto endpoint = ParseEndpoint(send.dst_address());
+    if (!endpoint.ok()) return endpoint.status();
+    peer = std::make_shared<tcp::socket>(io_);
+    boost::system::error_code error;
+    peer->connect(*endpoint, error);
+    if (error) {
+      peer.reset();
+      return absl::UnavailableError(absl::StrCat("cannot connect to ", send.dst_host(), " at ",
+                                                 send.dst_address(), ": ", error.message()));
+    }
+    peer->set_option(tcp::no_delay(true), error);
+    // Priorities act only on packets still in the daemon's queue: cap
+    // what the kernel holds unsent at about two packets, so an urgent
+    // tensor does not wait behind a megabyte of socket buffer (measured in
+    // daemon/README.md: unpaced preemption 38 -> 8.7 packet-times).
+    const int lowat = 2 * (static_cast<int>(config_.payload_bytes) +
+                           static_cast<int>(transport::kHeaderBytes));
+    ::setsockopt(peer->native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat));
+  }
+  return peer;
+}
+
 absl::Status Daemon::WriteToPeer(const v1::SendTransfer& send, bool begin,
                                  const daemon::PacketDescriptor& packet, const uint8_t* base,
                                  std::optional<uint32_t> crc) {
-  std::shared_ptr<tcp::socket> socket;
-  {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    auto& peer = peers_[send.dst_address()];
-    if (peer == nullptr || !peer->is_open()) {
-      auto endpoint = ParseEndpoint(send.dst_address());
-      if (!endpoint.ok()) return endpoint.status();
-      peer = std::make_shared<tcp::socket>(io_);
-      boost::system::error_code error;
-      peer->connect(*endpoint, error);
-      if (error) {
-        peer.reset();
-        return absl::UnavailableError(absl::StrCat("cannot connect to ", send.dst_host(), " at ",
-                                                   send.dst_address(), ": ", error.message()));
-      }
-      peer->set_option(tcp::no_delay(true), error);
-      // Priorities act only on packets still in the daemon's queue: cap
-      // what the kernel holds unsent at about two packets, so an urgent
-      // tensor does not wait behind a megabyte of socket buffer (measured in
-      // daemon/README.md: unpaced preemption 38 -> 8.7 packet-times).
-      const int lowat = 2 * (static_cast<int>(config_.payload_bytes) +
-                             static_cast<int>(transport::kHeaderBytes));
-      ::setsockopt(peer->native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat));
-    }
-    socket = peer;
-  }
+  auto peer_socket = PeerSocket(send);
+  if (!peer_socket.ok()) return peer_socket.status();
+  std::shared_ptr<tcp::socket> socket = std::move(*peer_socket);
   absl::Status status;
   if (begin) {
     PacketHeader header;

@@ -126,10 +126,15 @@ class Daemon {
     std::optional<daemon::TransferPacer> pacer;
     bool begun = false;  // kBegin written to the peer
     size_t packets_left = 0;
+    // An aggregate (§5.2): released packets enter the queue as the packet
+    // pool completes them rather than all at the start time.
+    bool gated = false;
+    bool released = false;
   };
 
-  // This host aggregates (§5.2): constituents are folded into `sum` as each
-  // arrives whole; the aggregate leaves as an Outgoing once all are in.
+  // This host aggregates (§5.2): constituents' packets are summed into
+  // `sum` by pool_ as they arrive; the aggregate is an Outgoing from the
+  // start whose packets leave as they complete (see Outgoing::gated).
   struct Aggregation {
     v1::AggregateTask task;
     std::shared_ptr<SharedBuffer> sum;
@@ -252,13 +257,25 @@ class Daemon {
                               std::vector<v1::TensorInfo> tensors,
                               std::shared_ptr<const PacketChecksums> checksums = nullptr);
   void StartAggregationLocked(const v1::AggregateTask& task);
-  // Folds a completely received constituent into its aggregation; true if
-  // the transfer was a constituent here.
+  // A constituent was received completely: true if it was one here (its
+  // bytes are in the sum already); ends the aggregation when it was the last.
   bool FoldLocked(uint64_t transfer_id);
+  // Sums [offset, +length) of constituent `transfer` into its aggregate and
+  // queues the aggregate's packets that became complete; false (and the
+  // aggregation failed) on a bad packet.
+  bool FoldIntoAggregateLocked(uint64_t aggregate_id, uint64_t transfer, const uint8_t* data,
+                               uint64_t offset, uint32_t length);
+  void QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index);
+  // Drop: the scheduler cancelled it. Fail: it cannot be completed here
+  // (reported to the scheduler).
   void DropAggregationLocked(uint64_t aggregate_id, const std::string& reason);
+  void FailAggregationLocked(uint64_t aggregate_id, const std::string& reason);
   void ReleaseLocked(uint64_t transfer_id);
   void FailOutgoingLocked(const std::string& dst_address, const std::string& reason);
   // Writes one packet (preceded by the transfer's kBegin when `begin`).
+  // The data connection to `send`'s destination (connected on first use).
+  absl::StatusOr<std::shared_ptr<boost::asio::ip::tcp::socket>> PeerSocket(
+      const v1::SendTransfer& send);
   // `crc` is the payload's CRC-32C if already known.
   absl::Status WriteToPeer(const v1::SendTransfer& send, bool begin,
                            const daemon::PacketDescriptor& packet, const uint8_t* base,
@@ -327,6 +344,8 @@ class Daemon {
   std::map<uint64_t, Aggregation> aggregations_;      // by aggregate id
   std::map<uint64_t, uint64_t> aggregate_of_;         // constituent -> aggregate id
   std::map<uint64_t, Outgoing> outgoing_;             // by transfer id
+  // Begun outgoing transfers given up: the sender loop tells the peer.
+  std::vector<std::pair<v1::SendTransfer, std::string>> aborts_;
   std::multimap<double, uint64_t> release_at_;        // local start time -> transfer
   daemon::PriorityPacketQueue packet_queue_;
   // Packet-level sums of synchronous rounds and in-network aggregates.
