@@ -5,8 +5,19 @@
 //   dataplane_server ps0: update sequence 3 transfer 17 bytes 65536 worker w2 count 1 ok
 // ("corrupt at word <j>" instead of "ok" when a word differs). With
 // --expect_updates=K it also prints "dataplane_server ps0: done" after K.
-// The model it serves to `get` is 8 bytes (the version). Runs until its
-// daemon goes away or it is stopped.
+//
+// The model it serves to `get`: by default (--model_bytes=8) 8 bytes
+// holding the version (int64, little-endian). With --model_bytes=N > 8 (a
+// multiple of 4) it is N bytes of float32 words with integer values,
+// word j = (version + j) mod 4096 (dataplane_puller checks every word); the
+// pattern is built once per version, not per request. Each request served
+// prints, with the steady-clock second the snapshot was handed back (the
+// daemon queues the reply's packets right after):
+//   dataplane_server ps0: served get version 0 bytes 268435456 at_s 1234.567
+// It prints "dataplane_server ps0: serving" once registered (and the model
+// built), and runs until its daemon goes away or it is stopped.
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 
@@ -25,14 +36,21 @@ int main(int argc, char** argv) {
   options.name = "ps0";
   int64_t expect_updates = 0;
   bool verify = true;
+  int64_t model_bytes = 8;
   reader.String("socket", &options.daemon_socket);
   reader.String("name", &options.name);
   reader.String("job", &options.job);
   reader.String("token", &options.job_token);
   reader.Int("expect_updates", &expect_updates, 0, 1 << 30);
   reader.Bool("verify", &verify);
+  reader.Int("model_bytes", &model_bytes, 8, int64_t{4} << 30);
   if (auto status = reader.Finish(); !status.ok()) {
     std::cerr << "dataplane_server: " << status.message() << "\n";
+    return 2;
+  }
+  if (model_bytes % 4 != 0) {
+    std::cerr << "dataplane_server: --model_bytes must be a multiple of 4 (got " << model_bytes
+              << ")\n";
     return 2;
   }
   auto server = Server::Connect(options);
@@ -72,13 +90,40 @@ int main(int argc, char** argv) {
     }
     return version;
   });
+  // The served model of `pattern_version`, rebuilt only when the version
+  // moved (a 256 MiB pattern takes far longer to build than to copy); built
+  // for the initial version before serving, so a first get pays only the copy.
+  std::vector<uint8_t> pattern;
+  int64_t pattern_version = -1;
+  auto build_pattern = [&] {
+    pattern.resize(static_cast<size_t>(model_bytes));
+    const uint64_t base = static_cast<uint64_t>(version);
+    for (size_t j = 0; j < pattern.size() / 4; ++j) {
+      const float value = static_cast<float>((base + j) % 4096);
+      std::memcpy(pattern.data() + 4 * j, &value, 4);
+    }
+    pattern_version = version;
+  };
+  if (model_bytes > 8) build_pattern();
   (*server)->RegisterRequestCallback([&]() -> absl::StatusOr<Server::Snapshot> {
     Server::Snapshot snapshot;
     snapshot.version = version;
-    snapshot.bytes.resize(8);
-    std::memcpy(snapshot.bytes.data(), &version, 8);
+    if (model_bytes == 8) {
+      snapshot.bytes.resize(8);
+      std::memcpy(snapshot.bytes.data(), &version, 8);
+    } else {
+      if (pattern_version != version) build_pattern();
+      snapshot.bytes = pattern;
+    }
+    const double now_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    char at[32];
+    std::snprintf(at, sizeof(at), "%.6f", now_s);
+    std::cout << "dataplane_server " << options.name << ": served get version " << version
+              << " bytes " << snapshot.bytes.size() << " at_s " << at << std::endl;
     return snapshot;
   });
+  std::cout << "dataplane_server " << options.name << ": serving" << std::endl;
   absl::Status status = (*server)->Serve();
   if (!status.ok()) {
     std::cerr << "dataplane_server: " << status.message() << "\n";
