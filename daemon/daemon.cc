@@ -1420,6 +1420,8 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
         std::lock_guard<std::mutex> lock(mu_);
         pooled = TakePooledLocked(header->offset);
       }
+      MLF_LOG(DEBUG) << "transfer " << header->transfer << " of " << header->offset
+                     << " bytes: " << (pooled ? "reusing a pooled" : "new") << " receive buffer";
       if (pooled == nullptr) {
         auto buffer = SharedBuffer::Create(header->offset);
         if (!buffer.ok()) {
@@ -1484,9 +1486,17 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
         close_reason = std::string(status.message());
         break;
       }
-      std::lock_guard<std::mutex> lock(mu_);
-      if (auto status = AcceptDataLocked(*header, dst, &begun); !status.ok()) {
-        close_reason = std::string(status.message());
+      absl::Status accepted;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        accepted = AcceptDataLocked(*header, dst, &begun);
+        // Let go of the buffer before the lock: the server's acknowledgement
+        // recycles it only if nobody else holds it (RecycleLocked), and it
+        // may come the moment the lock is free.
+        buffer.reset();
+      }
+      if (!accepted.ok()) {
+        close_reason = std::string(accepted.message());
         break;
       }
       continue;

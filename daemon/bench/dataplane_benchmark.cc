@@ -30,6 +30,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -38,6 +39,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "common/config.h"
 #include "daemon/bench/dataplane_trace.h"
 #include "tools/launch/process.h"
@@ -122,8 +124,46 @@ double MeasureRawSocket(const std::vector<uint8_t>& source, bool fresh_sink) {
   return static_cast<double>(bytes) / seconds;
 }
 
+// iperf3 (the named reference) on the same loopback path: one TCP
+// stream of `bytes` with its default 128 KiB writes, as its receiver
+// measured it. nullopt when iperf3 is not installed (tools/deps/bench.deb)
+// or did not run.
+std::optional<double> MeasureIperf3(int64_t bytes) {
+  const std::string iperf = "/usr/bin/iperf3";
+  if (::access(iperf.c_str(), X_OK) != 0) return std::nullopt;
+  uint16_t port = 0;
+  {
+    asio::io_context io;
+    tcp::acceptor probe(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    port = probe.local_endpoint().port();
+  }
+  const std::string dir = launch::MakeTempDir("iperf3");
+  auto server = launch::Subprocess::Start(
+      {iperf, "-s", "-1", "-B", "127.0.0.1", "-p", std::to_string(port)}, dir + "/server.log");
+  if (!server.ok()) return std::nullopt;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    auto client = launch::Subprocess::Start({iperf, "-c", "127.0.0.1", "-p", std::to_string(port),
+                                             "-n", std::to_string(bytes), "-J"},
+                                            dir + "/client.json");
+    if (!client.ok()) return std::nullopt;
+    const std::optional<int> code = (*client)->WaitFor(120);
+    if (code.has_value() && *code == 0) {
+      auto report = nlohmann::json::parse(ReadFile(dir + "/client.json"), nullptr, false);
+      if (report.is_discarded()) return std::nullopt;
+      const auto& received = report["end"]["sum_received"]["bits_per_second"];
+      if (!received.is_number()) return std::nullopt;
+      (*server)->Stop();
+      return received.get<double>() / 8;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // server not listening yet
+  }
+  (*server)->Stop();
+  return std::nullopt;
+}
+
 struct Round {
   double daemon_bytes_per_s = 0;
+  double iperf3_bytes_per_s = 0;     // 0: not measured
   double raw_bytes_per_s = 0;        // warm destination buffer
   double raw_fresh_bytes_per_s = 0;  // fresh memfd destination, like the daemon's
   double sender_cpu_s_per_gb = 0;
@@ -145,9 +185,14 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds) {
   if (!server.ok()) return server.status();
   const std::vector<uint8_t> source(static_cast<size_t>(bytes), 1);
   std::vector<Round> out;
-  for (int r = 0; r < rounds; ++r) {
+  // Round 0 warms up: the receiving daemon's first transfer of a size gets
+  // a new buffer (a page fault per 4 KiB); a running daemon reuses them, as
+  // training pushes the same sizes every iteration. It is printed, not
+  // counted.
+  for (int r = 0; r <= rounds; ++r) {
     Round round;
     round.raw_bytes_per_s = MeasureRawSocket(source, /*fresh_sink=*/false);
+    round.iperf3_bytes_per_s = MeasureIperf3(bytes).value_or(0);
     const std::string go_file = absl::StrCat(c.dir(), "/go", r);
     auto pusher = c.StartApp(
         absl::StrCat("pusher", r),
@@ -167,7 +212,7 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds) {
     const auto sender_cpu1 = ProcessCpuSeconds(c.daemon("w1").pid());
     const auto receiver_cpu1 = ProcessCpuSeconds(c.daemon("s1").pid());
     const std::vector<Arrival> arrivals = ParseArrivals(c.daemon("s1").Log());
-    if (arrivals.size() != static_cast<size_t>(r + 1)) {
+    if (arrivals.size() != static_cast<size_t>(r + 1)) {  // one per push, warm-up included
       return absl::DataLossError(absl::StrCat("expected ", r + 1, " arrival lines in the ",
                                               "receiving daemon's log, found ", arrivals.size()));
     }
@@ -181,12 +226,20 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds) {
       round.receiver_cpu_s_per_gb = (*receiver_cpu1 - *receiver_cpu0) / gb;
     }
     round.raw_fresh_bytes_per_s = MeasureRawSocket(source, /*fresh_sink=*/true);
-    std::printf("  round %d: daemon %.2f GB/s, raw socket %.2f GB/s (fresh memfd sink %.2f "
-                "GB/s), daemon CPU %.3f + %.3f s/GB\n",
-                r + 1, round.daemon_bytes_per_s / 1e9, round.raw_bytes_per_s / 1e9,
-                round.raw_fresh_bytes_per_s / 1e9, round.sender_cpu_s_per_gb,
-                round.receiver_cpu_s_per_gb);
-    out.push_back(round);
+    // Whether the receiving daemon reused a receive buffer (its debug log
+    // says per transfer): a new one pays a page fault per 4 KiB.
+    const std::string s1_log = c.daemon("s1").Log();
+    const size_t last_buffer = s1_log.rfind(" receive buffer");
+    const bool pooled = last_buffer != std::string::npos &&
+                        s1_log.rfind("reusing a pooled", last_buffer) != std::string::npos &&
+                        s1_log.rfind("reusing a pooled", last_buffer) > s1_log.rfind('\n', last_buffer);
+    std::printf("  %s %d: daemon %.2f GB/s (%s receive buffer), iperf3 %.2f GB/s, raw socket "
+                "%.2f GB/s (fresh memfd sink %.2f GB/s), daemon CPU %.3f + %.3f s/GB\n",
+                r == 0 ? "warm-up" : "round", r, round.daemon_bytes_per_s / 1e9,
+                pooled ? "pooled" : "new", round.iperf3_bytes_per_s / 1e9,
+                round.raw_bytes_per_s / 1e9, round.raw_fresh_bytes_per_s / 1e9,
+                round.sender_cpu_s_per_gb, round.receiver_cpu_s_per_gb);
+    if (r > 0) out.push_back(round);
   }
   return out;
 }
@@ -259,8 +312,9 @@ int Main(int argc, char** argv) {
     for (const Round& r : *rounds) values.push_back(r.*field);
     return Median(values);
   };
-  std::vector<double> ratios, fresh_ratios;
+  std::vector<double> ratios, fresh_ratios, iperf3_ratios;
   for (const Round& r : *rounds) {
+    if (r.iperf3_bytes_per_s > 0) iperf3_ratios.push_back(r.daemon_bytes_per_s / r.iperf3_bytes_per_s);
     ratios.push_back(r.daemon_bytes_per_s / r.raw_bytes_per_s);
     fresh_ratios.push_back(r.daemon_bytes_per_s / r.raw_fresh_bytes_per_s);
   }
@@ -272,10 +326,21 @@ int Main(int argc, char** argv) {
               static_cast<long long>(rounds_count));
   std::printf("| 1 | daemon-to-daemon goodput, loopback, %.2f GiB transfers | %.2f GB/s (%.1f Gbit/s) | |\n",
               gib, daemon / 1e9, daemon * 8 / 1e9);
+  if (iperf3_ratios.empty()) {
+    std::printf("| 1 | iperf3, same path | not measured: /usr/bin/iperf3 is missing (tools/bootstrap installs it) | |\n");
+  } else {
+    const double iperf3 = median(&Round::iperf3_bytes_per_s);
+    std::printf("| 1 | iperf3, same path, one stream | %.2f GB/s (%.1f Gbit/s) | |\n", iperf3 / 1e9,
+                iperf3 * 8 / 1e9);
+  }
   std::printf("| 1 | raw Asio socket, same path and frames, warm buffer | %.2f GB/s (%.1f Gbit/s) | |\n",
               raw / 1e9, raw * 8 / 1e9);
   std::printf("| 1 | raw Asio socket into a fresh memfd buffer | %.2f GB/s (%.1f Gbit/s) | |\n",
               raw_fresh / 1e9, raw_fresh * 8 / 1e9);
+  if (!iperf3_ratios.empty()) {
+    std::printf("| 1 | daemon / iperf3 (per-round ratio) | %.0f%% | >= 95%% |\n",
+                100 * Median(iperf3_ratios));
+  }
   std::printf("| 1 | daemon / raw socket (per-round ratio) | %.0f%% | >= 95%% |\n",
               100 * Median(ratios));
   std::printf("| 1 | daemon / raw socket into fresh memfd | %.0f%% | |\n",
