@@ -122,6 +122,12 @@ barrier()
 worker = mlfabric.Worker(name="py%d" % rank)
 version, data = get_when_up(worker, "pyps")
 expect(len(data) == total * 4, "model bytes %d" % len(data))
+# A get may name the priority of its reply's packets; both bindings pass it.
+v_low, data_low = worker.get("pyps", priority=7)
+expect(data_low == data or v_low > version, "a priority-7 get returns the model")
+v_tf, model_tf = mtf.get(worker, "pyps", priority=3)
+expect(model_tf.shape[0] == total, "a priority-3 TF get returns %d floats" % model_tf.shape[0])
+raises(lambda: worker.get("pyps", priority=-1), ValueError, "priority -1 is negative")
 mine = [x * (rank + 1) for x in layers]
 norm = float(np.sqrt(sum(np.sum(np.square(x, dtype=np.float64)) for x in mine)))
 for turn in range(size):  # one rank at a time: deterministic versions and delays

@@ -105,6 +105,10 @@ def push(worker, server, updates, version, norm=None, priorities=None):
                               server=server)
 
 
-def get(worker, server, dtype=tf.float32):
-    """The server's current model: (version, flat tensor of `dtype`)."""
-    return _ops.mlfabric_get(handle=worker.handle, server=server, T=dtype)
+def get(worker, server, dtype=tf.float32, priority=0):
+    """The server's current model: (version, flat tensor of `dtype`).
+
+    `priority` orders the reply's packets in the server daemon's queue
+    among this job's traffic (lower first; 0, the default, is the most
+    urgent)."""
+    return _ops.mlfabric_get(handle=worker.handle, server=server, T=dtype, priority=priority)

@@ -329,7 +329,8 @@ void mlf_ext_push_async(int64_t handle, const char* server, size_t n, const void
       tensors);
 }
 
-void mlf_ext_get_async(int64_t handle, const char* server, mlf_get_done_fn done, void* ctx) {
+void mlf_ext_get_async(int64_t handle, const char* server, int32_t priority, mlf_get_done_fn done,
+                       void* ctx) {
   auto entry = mlfabric::Find(handle);
   if (!entry || !entry->worker) {
     done(ctx, static_cast<int>(absl::StatusCode::kInvalidArgument),
@@ -338,8 +339,8 @@ void mlf_ext_get_async(int64_t handle, const char* server, mlf_get_done_fn done,
   }
   std::string name = server != nullptr ? server : "";
   std::shared_ptr<mlfabric::Worker> worker = entry->worker;
-  entry->serial->Submit([worker, name, done, ctx] {
-    auto model = worker->Get(name);
+  entry->serial->Submit([worker, name, priority, done, ctx] {
+    auto model = worker->Get(name, priority);
     if (!model.ok()) {
       done(ctx, static_cast<int>(model.status().code()),
            std::string(model.status().message()).c_str(), 0, nullptr, 0);

@@ -58,7 +58,10 @@ void mlf_ext_push_async(int64_t handle, const char* server, size_t n, const void
                         double norm, mlf_push_done_fn done, void* ctx);
 /* Runs on the handle's own thread (FIFO); the model bytes are valid only
  * during `done`. */
-void mlf_ext_get_async(int64_t handle, const char* server, mlf_get_done_fn done, void* ctx);
+// `priority`: of the reply's packets in the server daemon's queue (lower
+// first; see mlfabric::Worker::Get).
+void mlf_ext_get_async(int64_t handle, const char* server, int32_t priority, mlf_get_done_fn done,
+                       void* ctx);
 void mlf_ext_worker_destroy(int64_t handle);
 
 /* ---- Servers and replicas with caller callbacks (api/mlfabric.h Server,

@@ -334,7 +334,7 @@ class Worker {
   }
 
   // (version, bytes) of the server's current model.
-  py::tuple Get(const std::string& server) {
+  py::tuple Get(const std::string& server, int32_t priority) {
     if (handle_ == 0) throw std::runtime_error("get on a closed Worker");
     struct GetState {
       std::mutex mu;
@@ -347,7 +347,7 @@ class Worker {
     {
       py::gil_scoped_release release;
       mlf_ext_get_async(
-          handle_, server.c_str(),
+          handle_, server.c_str(), priority,
           [](void* ctx, int code, const char* message, int64_t version, const void* data,
              uint64_t bytes) {
             auto* s = static_cast<GetState*>(ctx);
@@ -715,7 +715,7 @@ PYBIND11_MODULE(_mlfabric, m) {
           "priority priorities[i], default i, lower = sent first) computed from model "
           "`version`, with its L2 norm (default: computed). Returns {outcome: applied|dropped, "
           "reason, applied_version, delay}; a failed push raises PushFailedError.")
-      .def("get", &Worker::Get, py::arg("server"))
+      .def("get", &Worker::Get, py::arg("server"), py::arg("priority") = 0)
       .def("close", &Worker::Close);
   py::class_<Update, std::shared_ptr<Update>>(m, "Update")
       .def_property_readonly("transfer_id", &Update::transfer_id)

@@ -168,6 +168,7 @@ REGISTER_OP("MlfabricGet")
     .Attr("T: {float, double, int32, int64}")
     .Attr("handle: int")
     .Attr("server: string")
+    .Attr("priority: int = 0")
     .Output("version: int64")
     .Output("model: T")
     .SetIsStateful()
@@ -183,6 +184,7 @@ class GetOp : public AsyncOpKernel {
   explicit GetOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("handle", &handle_));
     OP_REQUIRES_OK(c, c->GetAttr("server", &server_));
+    OP_REQUIRES_OK(c, c->GetAttr("priority", &priority_));
     OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
@@ -193,7 +195,7 @@ class GetOp : public AsyncOpKernel {
     };
     auto* ctx = new Ctx{c, std::move(done), dtype_};
     mlf_ext_get_async(
-        handle_, server_.c_str(),
+        handle_, server_.c_str(), static_cast<int32_t>(priority_),
         [](void* p, int code, const char* message, int64_t version, const void* data,
            uint64_t bytes) {
           auto* ctx = static_cast<Ctx*>(p);
@@ -220,6 +222,7 @@ class GetOp : public AsyncOpKernel {
  private:
   int64_t handle_ = 0;
   std::string server_;
+  int64_t priority_ = 0;
   tensorflow::DataType dtype_;
 };
 REGISTER_KERNEL_BUILDER(Name("MlfabricGet").Device(tensorflow::DEVICE_CPU), GetOp);
