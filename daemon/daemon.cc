@@ -738,7 +738,7 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
   request.set_norm(push.norm());
   *request.mutable_tensors() = push.tensors();
   request.set_dtype(push.dtype());
-  std::lock_guard<std::mutex> submitting(submit_mu_);
+  std::unique_lock<std::mutex> submitting(submit_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     request.set_local_id(next_local_id_++);
@@ -766,11 +766,20 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
   checksums->crcs.resize(checksums->offsets.size());
   pending.checksums = checksums;
   const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
+  const uint64_t transfer_id = reply.transfer_id();
   lock.unlock();
+  submitting.unlock();  // the push is recorded: schedules may name it now
+  const double start_s = clock_.NowSeconds();
   for (size_t i = 0; i < checksums->offsets.size(); ++i) {
+    if (checksums->sending.load(std::memory_order_relaxed)) break;
     checksums->crcs[i] = Crc32c(bytes->data() + checksums->offsets[i], checksums->lengths[i]);
     checksums->ready.store(i + 1, std::memory_order_release);
   }
+  MLF_LOG(DEBUG) << "checksummed push " << transfer_id << ": "
+                 << checksums->ready.load() << " of " << checksums->offsets.size()
+                 << " packets ahead of the sender in "
+                 << absl::StrFormat("%.3f", clock_.NowSeconds() - start_s) << " s, done at "
+                 << absl::StrFormat("%.6f", clock_.NowSeconds());
 }
 
 void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) {
@@ -2142,6 +2151,11 @@ void Daemon::SenderLoop() {
       if (outgoing.pacer->TryConsume(packet->length_bytes, now)) {
         packet_queue_.Pop(now);
         const bool begin = !outgoing.begun;
+        if (begin) {
+          MLF_LOG(DEBUG) << "sending transfer " << packet->transfer_id << " from "
+                         << absl::StrFormat("%.6f", now);
+          if (outgoing.checksums != nullptr) outgoing.checksums->sending.store(true);
+        }
         outgoing.begun = true;
         const v1::SendTransfer send = outgoing.send;
         const std::shared_ptr<SharedBuffer> buffer = outgoing.buffer;  // keeps the payload alive

@@ -104,6 +104,9 @@ class Daemon {
     std::vector<uint32_t> lengths;
     std::vector<uint32_t> crcs;
     std::atomic<size_t> ready{0};   // crcs[0, ready) are final
+    // Set when the transfer's first packet goes: the sender sums what is
+    // left itself, and summing ahead of it would only take its CPU.
+    mutable std::atomic<bool> sending{false};
     // The precomputed CRC of the packet at [offset, +length), if there is one.
     std::optional<uint32_t> Find(uint64_t offset, uint32_t length) const;
   };

@@ -150,8 +150,13 @@ std::optional<double> MeasureIperf3(int64_t bytes) {
                                             json);
     if (!client.ok()) return std::nullopt;
     const std::optional<int> code = (*client)->WaitFor(120);
-    if (code.has_value() && *code == 0) {
-      auto report = nlohmann::json::parse(ReadFile(json), nullptr, false);
+    // iperf3 -J exits 0 even when it could not connect; the report says.
+    auto report = nlohmann::json::parse(ReadFile(json), nullptr, false);
+    const bool refused = !report.is_discarded() && report.contains("error") &&
+                         report["error"].is_string() &&
+                         report["error"].get<std::string>().find("unable to connect") !=
+                             std::string::npos;
+    if (code.has_value() && *code == 0 && !refused) {
       if (report.is_discarded()) return std::nullopt;
       const auto& received = report["end"]["sum_received"]["bits_per_second"];
       if (!received.is_number()) return std::nullopt;
@@ -236,10 +241,28 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds) {
     const bool pooled = last_buffer != std::string::npos &&
                         s1_log.rfind("reusing a pooled", last_buffer) != std::string::npos &&
                         s1_log.rfind("reusing a pooled", last_buffer) > s1_log.rfind('\n', last_buffer);
-    std::printf("  %s %d: daemon %.2f GB/s (%s receive buffer), iperf3 %.2f GB/s, raw socket "
+    // When the sending daemon stopped checksumming the push ahead of the
+    // sender (it starts when the push arrives, and stops when it is done or
+    // the transfer's first packet goes, after which the sender sums each
+    // packet itself), relative to the first packet: ~0 = the transfer began
+    // before all packets were summed ahead.
+    const std::string w1_log = c.daemon("w1").Log();
+    double checksum_lag_ms = 0;
+    {
+      const size_t done = w1_log.rfind(" s, done at ");
+      const size_t sending = w1_log.rfind("sending transfer ");
+      if (done != std::string::npos && sending != std::string::npos) {
+        const double done_s = std::atof(w1_log.c_str() + done + 12);
+        const size_t from = w1_log.find(" from ", sending);
+        const double first_s = std::atof(w1_log.c_str() + from + 6);
+        checksum_lag_ms = 1e3 * (done_s - first_s);
+      }
+    }
+    std::printf("  %s %d: daemon %.2f GB/s (%s receive buffer; checksums ahead until %+.0f ms from "
+                "the first packet), iperf3 %.2f GB/s, raw socket "
                 "%.2f GB/s (fresh memfd sink %.2f GB/s), daemon CPU %.3f + %.3f s/GB\n",
                 r == 0 ? "warm-up" : "round", r, round.daemon_bytes_per_s / 1e9,
-                pooled ? "pooled" : "new", round.iperf3_bytes_per_s / 1e9,
+                pooled ? "pooled" : "new", checksum_lag_ms, round.iperf3_bytes_per_s / 1e9,
                 round.raw_bytes_per_s / 1e9, round.raw_fresh_bytes_per_s / 1e9,
                 round.sender_cpu_s_per_gb, round.receiver_cpu_s_per_gb);
     if (r > 0) out.push_back(round);
