@@ -103,7 +103,13 @@ class Daemon {
     std::vector<uint64_t> offsets;  // packet start within the transfer, ascending
     std::vector<uint32_t> lengths;
     std::vector<uint32_t> crcs;
-    std::atomic<size_t> ready{0};   // crcs[0, ready) are final
+    // Summed by several threads, each over a contiguous part of the
+    // packets: part p covers [p * part_size, (p + 1) * part_size), and
+    // its first done[p] crcs are final.
+    size_t part_size = 1;
+    std::unique_ptr<std::atomic<size_t>[]> done;
+    size_t parts = 0;
+    size_t Ready() const;  // packets summed so far, over all parts
     // Set when the transfer's first packet goes: the sender sums what is
     // left itself, and summing ahead of it would only take its CPU.
     mutable std::atomic<bool> sending{false};
