@@ -35,6 +35,8 @@ namespace {
 constexpr int64_t kMaxTransferBytes = int64_t{64} << 30;
 // A push of fewer packets per core is checksummed by one thread.
 constexpr size_t kPacketsPerChecksumThread = 256;
+// Connections kept for later gets, per server daemon.
+constexpr size_t kMaxIdleGetConnections = 4;
 
 std::string GrpcError(const grpc::Status& status) {
   static const char* const kNames[] = {
@@ -1437,6 +1439,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
   boost::system::error_code ignored;
   const auto peer = socket->remote_endpoint(ignored);
   const std::string peer_name = absl::StrCat(peer.address().to_string(), ":", peer.port());
+  MLF_LOG(DEBUG) << "data session from " << peer_name;
   std::string close_reason;
   FrameReader reader(*socket);
   while (!stopping_.load()) {
@@ -1747,14 +1750,30 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   if (!status.ok()) return absl::UnavailableError(absl::StrCat("get: ", GrpcError(status)));
   auto endpoint = ParseEndpoint(where.data_address());
   if (!endpoint.ok()) return endpoint.status();
-  tcp::socket socket(io_);
-  boost::system::error_code error;
-  socket.connect(*endpoint, error);
-  if (error) {
-    return absl::UnavailableError(absl::StrCat("get: cannot reach ", where.host(), " at ",
-                                               where.data_address(), ": ", error.message()));
+  // A connection left by an earlier get to that daemon is reused (its
+  // session there is waiting for the next request); a new one otherwise.
+  std::unique_ptr<tcp::socket> connection;
+  {
+    std::lock_guard<std::mutex> lock(idle_gets_mu_);
+    auto idle = idle_get_connections_.find(where.data_address());
+    if (idle != idle_get_connections_.end()) {
+      connection = std::move(idle->second);
+      idle_get_connections_.erase(idle);
+    }
   }
-  socket.set_option(tcp::no_delay(true), error);
+  const bool reused = connection != nullptr;
+  auto connect = [&]() -> absl::Status {
+    connection = std::make_unique<tcp::socket>(io_);
+    boost::system::error_code error;
+    connection->connect(*endpoint, error);
+    if (error) {
+      return absl::UnavailableError(absl::StrCat("get: cannot reach ", where.host(), " at ",
+                                                 where.data_address(), ": ", error.message()));
+    }
+    connection->set_option(tcp::no_delay(true), error);
+    return absl::OkStatus();
+  };
+  if (!reused) RETURN_IF_ERROR(connect());
   PacketHeader request;
   request.kind = PacketKind::kGetRequest;
   request.job = where.job_id();
@@ -1766,18 +1785,31 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
     std::lock_guard<std::mutex> lock(mu_);
     request.transfer = next_local_id_++;
   }
-  if (auto sent = WritePacket(socket, request, server.data(), server.size()); !sent.ok()) {
-    return sent;
+  absl::Status sent = WritePacket(*connection, request, server.data(), server.size());
+  std::optional<FrameReader> reader;
+  absl::StatusOr<PacketHeader> reply = absl::UnavailableError("not sent");
+  if (sent.ok()) {
+    reader.emplace(*connection);
+    reply = reader->ReadHeader();
   }
-  FrameReader reader(socket);
-  auto reply = reader.ReadHeader();
+  if (reused && (!sent.ok() || !reply.ok())) {
+    // The far end had closed the kept connection (its daemon restarted):
+    // once more on a new one.
+    RETURN_IF_ERROR(connect());
+    sent = WritePacket(*connection, request, server.data(), server.size());
+    if (sent.ok()) {
+      reader.emplace(*connection);
+      reply = reader->ReadHeader();
+    }
+  }
+  if (!sent.ok()) return sent;
   if (!reply.ok()) return absl::UnavailableError(absl::StrCat("get: ", reply.status().message()));
   if (reply->kind != PacketKind::kGetReply || reply->transfer != request.transfer ||
       reply->length < 8) {
     return absl::DataLossError("get: malformed reply from the server's daemon");
   }
   std::string payload(reply->length, '\0');
-  if (auto read = reader.ReadPayload(payload.data(), payload.size()); !read.ok()) return read;
+  if (auto read = reader->ReadPayload(payload.data(), payload.size()); !read.ok()) return read;
   if (auto crc = transport::VerifyPayload(*reply, payload.data()); !crc.ok()) return crc;
   uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(payload[i])) << (8 * i);
@@ -1789,13 +1821,13 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   if (!buffer.ok()) return buffer.status();
   uint64_t received = 0;
   while (received < reply->offset) {
-    auto data = reader.ReadHeader();
+    auto data = reader->ReadHeader();
     if (!data.ok()) {
       return absl::UnavailableError(absl::StrCat("get: model transfer cut: ", data.status().message()));
     }
     if (data->kind == PacketKind::kAbort && data->length <= transport::kMaxControlBytes) {
       std::string reason(data->length, '\0');
-      if (auto read = reader.ReadPayload(reason.data(), reason.size()); !read.ok()) return read;
+      if (auto read = reader->ReadPayload(reason.data(), reason.size()); !read.ok()) return read;
       return absl::AbortedError(reason);
     }
     if (data->kind != PacketKind::kData || data->offset > reply->offset ||
@@ -1803,12 +1835,18 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
       return absl::DataLossError("get: malformed model packet");
     }
     uint8_t* dst = buffer->data() + data->offset;
-    if (auto read = reader.ReadPayload(dst, data->length); !read.ok()) return read;
+    if (auto read = reader->ReadPayload(dst, data->length); !read.ok()) return read;
     if (auto crc = transport::VerifyPayload(*data, dst); !crc.ok()) return crc;
     received += data->length;
   }
   *version = static_cast<int64_t>(v);
   *model = std::make_shared<SharedBuffer>(std::move(*buffer));
+  {
+    std::lock_guard<std::mutex> lock(idle_gets_mu_);
+    if (idle_get_connections_.count(where.data_address()) < kMaxIdleGetConnections) {
+      idle_get_connections_.emplace(where.data_address(), std::move(connection));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -382,6 +382,10 @@ class Daemon {
   std::mutex unscheduled_mu_;
   std::optional<daemon::TokenBucket> unscheduled_budget_;
   std::mutex peers_mu_;
+  // Connections of finished gets, by the server daemon's data address.
+  std::mutex idle_gets_mu_;
+  std::multimap<std::string, std::unique_ptr<boost::asio::ip::tcp::socket>>
+      idle_get_connections_;
   std::mutex submit_mu_;  // held from SubmitUpdate until its push is recorded
   uint64_t next_local_id_ = 1;
   Stats stats_;

@@ -315,5 +315,41 @@ TEST_CASE("fifo: without job ranks the same get waits behind the other job's rep
   CHECK(race.small.done_s > race.large.done_s);
 }
 
+// A worker's daemon keeps the connection of a finished get and sends the
+// next get to that server's daemon on it: five gets, one data session.
+TEST_CASE("Repeated gets reuse one connection to the server's daemon") {
+  auto cluster = LocalCluster::Start({"s1", "w1"}, {}, {"--log_level=debug"});
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  LocalCluster& c = **cluster;
+  const int64_t bytes = 1 << 20;
+  auto server = c.StartApp("server", {BinaryPath("daemon/bench/dataplane_server"),
+                                      "--socket=" + c.Socket("s1"),
+                                      "--model_bytes=" + std::to_string(bytes)});
+  REQUIRE(server.ok());
+  REQUIRE(WaitUntil([&] { return (*server)->Log().find(": serving") != std::string::npos; }, 30));
+  auto puller = c.StartApp("puller", {BinaryPath("daemon/bench/dataplane_puller"),
+                                      "--socket=" + c.Socket("w1"), "--name=w1p",
+                                      "--server=ps0", "--repeat=5",
+                                      "--expect_bytes=" + std::to_string(bytes)});
+  REQUIRE(puller.ok());
+  const std::optional<int> code = (*puller)->WaitFor(60);
+  INFO((*puller)->Log());
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  const std::string log = (*puller)->Log();
+  int intact = 0;
+  for (size_t at = log.find(" ok"); at != std::string::npos; at = log.find(" ok", at + 1)) ++intact;
+  CHECK(intact == 5);
+  const std::string s1_log = c.daemon("s1").Log();
+  int sessions = 0;
+  for (size_t at = s1_log.find("data session from"); at != std::string::npos;
+       at = s1_log.find("data session from", at + 1)) {
+    ++sessions;
+  }
+  INFO(s1_log);
+  CHECK(sessions == 1);
+}
+
 }  // namespace
 }  // namespace mlfabric
