@@ -86,6 +86,10 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const std::vector<
                                   environ);
   posix_spawn_file_actions_destroy(&actions);
   if (error != 0) {
+    // Nothing to stop: without this the destructor would signal pid -1,
+    // which is every process this user may signal.
+    process->pid_ = -1;
+    process->exit_code_ = 127;
     return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(error)));
   }
   return process;
@@ -114,7 +118,8 @@ std::optional<int> Subprocess::WaitFor(double timeout_s) {
 }
 
 void Subprocess::Signal(int signal) {
-  if (!exit_code_.has_value()) ::kill(pid_, signal);
+  // Never pid <= 0: kill() would reach a whole process group or every process.
+  if (!exit_code_.has_value() && pid_ > 0) ::kill(pid_, signal);
 }
 
 int Subprocess::Stop(double grace_s) {
