@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <cerrno>
@@ -56,6 +57,50 @@ std::unique_ptr<grpc::ClientContext> RpcContext(double timeout_s = 10) {
   return context;
 }
 
+// How long a write may make no progress before it fails (--send_timeout_s;
+// set once at Start). Asio's blocking write would wait for ever on a peer
+// that stopped reading, and the sender loop with it.
+std::atomic<double> g_send_timeout_s{30};
+
+// Writes all of `iov` to the socket; fails if the peer takes nothing for
+// g_send_timeout_s, or on any socket error.
+absl::Status SendAll(tcp::socket& socket, iovec* iov, int count) {
+  const int fd = socket.native_handle();
+  while (count > 0) {
+    msghdr message{};
+    message.msg_iov = iov;
+    message.msg_iovlen = static_cast<size_t>(count);
+    const ssize_t sent = ::sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd ready{fd, POLLOUT, 0};
+      const double timeout_s = g_send_timeout_s.load();
+      const int polled = ::poll(&ready, 1, static_cast<int>(timeout_s * 1000));
+      if (polled < 0 && errno == EINTR) continue;
+      if (polled == 0) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "send failed: the peer took no data for ", timeout_s, " s (--send_timeout_s)"));
+      }
+      if (polled < 0) {
+        return absl::UnavailableError(absl::StrCat("send failed: ", std::strerror(errno)));
+      }
+      continue;
+    }
+    if (sent < 0) return absl::UnavailableError(absl::StrCat("send failed: ", std::strerror(errno)));
+    size_t left = static_cast<size_t>(sent);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Writes a packet: header and payload go out in one gather write, straight
 // from the payload's buffer. `crc`, when given, is the payload's CRC-32C
 // computed earlier.
@@ -69,12 +114,8 @@ absl::Status WritePacket(tcp::socket& socket, PacketHeader header, const void* p
   } else {
     transport::EncodePacketHeader(header, payload, length, head);
   }
-  std::array<asio::const_buffer, 2> buffers = {asio::buffer(head, sizeof(head)),
-                                               asio::buffer(payload, length)};
-  boost::system::error_code error;
-  asio::write(socket, buffers, error);
-  if (error) return absl::UnavailableError(absl::StrCat("send failed: ", error.message()));
-  return absl::OkStatus();
+  iovec iov[2] = {{head, sizeof(head)}, {const_cast<void*>(payload), length}};
+  return SendAll(socket, iov, length > 0 ? 2 : 1);
 }
 
 // Transfer offsets and lengths of the packets ReleaseLocked cuts a push
@@ -221,6 +262,7 @@ Daemon::Stats Daemon::GetStats() const {
 }
 
 absl::Status Daemon::Start() {
+  g_send_timeout_s.store(config_.send_timeout_s);
   // Data plane first: its port is part of the registration.
   auto endpoint = ParseEndpoint(absl::StrCat(config_.listen_address, ":1"));
   if (!endpoint.ok()) return endpoint.status();
@@ -2204,6 +2246,9 @@ void Daemon::SenderLoop() {
             stats_.bytes_sent += packet->length_bytes;
           } else {
             stream->error = absl::StrCat("sending the get reply failed: ", status.message());
+            MLF_LOG(WARNING) << "get reply " << stream->request << " (job " << stream->job_id
+                             << ", " << stream->sent << " of " << stream->total_packets
+                             << " packets sent): " << status.message();
             packet_queue_.RemoveTransfer(stream->id);
           }
           cv_.notify_all();  // AwaitReply

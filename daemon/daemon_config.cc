@@ -23,6 +23,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Double("get_timeout_s", &config.get_timeout_s, 0.1, 3600);
   reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
+  reader.Double("send_timeout_s", &config.send_timeout_s, 0.1, 3600);
   reader.Double("clock_sync_period_s", &config.clock_sync_period_s, 0.1, 3600);
   reader.Enum("job_priority", &config.job_priority, {"fifo", "one", "rr"});
   reader.Double("job_priority_period_s", &config.job_priority_period_s, 0.01, 86400);
@@ -65,6 +66,9 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --clock_sync_period_s how often to refresh the scheduler clock offset (default 10)
   --unscheduled_bps     rate budget for unscheduled traffic (get replies);
                         0 = unlimited (default 0)
+  --send_timeout_s      a write to another daemon that makes no progress for
+                        this long fails that peer's transfers or that get
+                        reply, so one stuck peer cannot hold the sender (default 30)
   --job_priority        job priority across co-located jobs: fifo | one | rr
                         (TensorLights; default fifo)
   --job_priority_period_s  rr rotation period in seconds (default 20)

@@ -25,6 +25,7 @@ struct DaemonConfig {
   double round_wait_s = 300;                 // how long a get waits for a synchronous round's sum
   double clock_sync_period_s = 10;           // how often the clock offset is refreshed
   double unscheduled_bps = 0;                // budget for get replies; 0 = unlimited
+  double send_timeout_s = 30;                // a data write that makes no progress this long fails
   std::string job_priority = "fifo";         // TensorLights mode: fifo | one | rr
   double job_priority_period_s = 20;         // rr rotation period
   std::string log_level = "info";

@@ -23,6 +23,18 @@ TEST_CASE("Daemon config needs a host and derives the socket path") {
   CHECK(config->payload_bytes == 32 * 1024);
 }
 
+TEST_CASE("Daemon config takes a send timeout within range") {
+  auto config = Load({"--host=w1"});
+  REQUIRE(config.ok());
+  CHECK(config->send_timeout_s == 30);
+  config = Load({"--host=w1", "--send_timeout_s=2.5"});
+  REQUIRE(config.ok());
+  CHECK(config->send_timeout_s == 2.5);
+  config = Load({"--host=w1", "--send_timeout_s=0"});
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find("--send_timeout_s") != std::string::npos);
+}
+
 TEST_CASE("Daemon config range-checks the packet payload") {
   auto config = Load({"--host=w1", "--payload_bytes=100"});
   REQUIRE_FALSE(config.ok());

@@ -29,6 +29,8 @@
 // test fails saying so — it never passes on a race that did not happen.
 // Both models are checked word by word (the puller's "ok"). Durations are
 // printed for the record.
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -349,6 +351,70 @@ TEST_CASE("Repeated gets reuse one connection to the server's daemon") {
   }
   INFO(s1_log);
   CHECK(sessions == 1);
+}
+
+// A worker daemon that stops reading its get reply (SIGSTOP) must not hold
+// up the server daemon's other traffic: the reply's write fails after
+// --send_timeout_s, and a push from the same host to a third host is then
+// applied. Without the bound the sender loop would wait for ever and the
+// push would never complete. s1 paces replies at kReplyBps, so the 256 MiB
+// reply is still in flight (for seconds) when w1 stops, whatever loopback's
+// speed: the kernel's socket buffers fill and the sender's write stalls.
+TEST_CASE("A get requester that stops reading does not stall the server daemon's sender") {
+  auto cluster = LocalCluster::Start(
+      {"s1", "w1", "w2"}, {}, {"--log_level=debug"},
+      {{"s1", {"--send_timeout_s=2", "--unscheduled_bps=" + std::to_string(kReplyBps)}}});
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  LocalCluster& c = **cluster;
+  const int64_t model_bytes = int64_t{256} << 20;
+  auto ps0 = c.StartApp("ps0", {BinaryPath("daemon/bench/dataplane_server"),
+                                "--socket=" + c.Socket("s1"), "--name=ps0",
+                                "--model_bytes=" + std::to_string(model_bytes)});
+  auto ps1 = c.StartApp("ps1", {BinaryPath("daemon/bench/dataplane_server"),
+                                "--socket=" + c.Socket("w2"), "--name=ps1"});
+  REQUIRE(ps0.ok());
+  REQUIRE(ps1.ok());
+  REQUIRE(WaitUntil([&] { return (*ps0)->Log().find(": serving") != std::string::npos; }, 30));
+  REQUIRE(WaitUntil([&] { return (*ps1)->Log().find(": serving") != std::string::npos; }, 30));
+  auto puller = c.StartApp("puller", {BinaryPath("daemon/bench/dataplane_puller"),
+                                      "--socket=" + c.Socket("w1"), "--name=w1p",
+                                      "--server=ps0",
+                                      "--expect_bytes=" + std::to_string(model_bytes)});
+  REQUIRE(puller.ok());
+  // w1's daemon stops reading once the server has handed over the model.
+  // From then on s1's writes of the reply stall as soon as the kernel's
+  // socket buffers are full (tens of MB at most; the paced reply needs
+  // seconds). A push from s1 to w2 is started at once: it may go out before
+  // the stall or wait behind it, and must be applied while w1 is still
+  // stopped either way.
+  REQUIRE(WaitUntil([&] { return (*ps0)->Log().find("served get") != std::string::npos; }, 60));
+  REQUIRE(::kill(c.daemon("w1").pid(), SIGSTOP) == 0);
+  auto pusher = c.StartApp("pusher", {BinaryPath("daemon/bench/dataplane_pusher"),
+                                      "--socket=" + c.Socket("s1"), "--name=s1push",
+                                      "--server=ps1", "--bytes=1048576"});
+  REQUIRE(pusher.ok());
+  // The stall happened and was bounded: s1's daemon gave up on the reply.
+  // (Had the whole reply fitted in the socket buffers nothing would have
+  // stalled and the case would prove nothing: it fails then rather than
+  // pass.)
+  const bool gave_up = WaitUntil(
+      [&] { return c.daemon("s1").Log().find("took no data for 2 s") != std::string::npos; }, 60);
+  const std::optional<int> pushed = (*pusher)->WaitFor(60);
+  ::kill(c.daemon("w1").pid(), SIGCONT);
+  // The requester learns that its get failed, instead of waiting for ever.
+  const std::optional<int> pulled = (*puller)->WaitFor(60);
+  INFO("pusher: " << (*pusher)->Log());
+  INFO("puller: " << (*puller)->Log());
+  INFO("s1 daemon: " << c.daemon("s1").Log().substr(0, 20000));
+  REQUIRE(gave_up);
+  CHECK(c.daemon("s1").Log().find("packets sent): send failed") != std::string::npos);
+  REQUIRE(pushed.has_value());
+  CHECK(*pushed == 0);
+  CHECK((*pusher)->Log().find("applied=1 dropped=0 failed=0") != std::string::npos);
+  REQUIRE(pulled.has_value());
+  CHECK(*pulled != 0);
+  CHECK((*puller)->Log().find("get failed") != std::string::npos);
 }
 
 }  // namespace
