@@ -177,6 +177,14 @@ void Worker::ReaderLoop() {
 void Worker::PushAsync(const std::string& server, const void* data, size_t bytes,
                        int64_t version, double norm, std::function<void(PushResult)> done,
                        const std::vector<TensorSpec>& tensors, ElementType type) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].priority < 0 && tensors[i].priority != TensorSpec::kLayerOrder) {
+      done(Failed(absl::StrCat("tensor ", tensors[i].id, " (index ", i, "): priority ",
+                               tensors[i].priority,
+                               " is negative (use 0 or more, or TensorSpec::kLayerOrder)")));
+      return;
+    }
+  }
   auto buffer = SharedBuffer::Create(bytes);
   if (!buffer.ok()) {
     done(Failed(absl::StrCat("cannot allocate shared memory for the push: ",
@@ -192,11 +200,13 @@ void Worker::PushAsync(const std::string& server, const void* data, size_t bytes
   push->set_norm(norm);
   // ElementType mirrors v1::DType value for value.
   push->set_dtype(static_cast<v1::DType>(static_cast<int32_t>(type)));
-  for (const TensorSpec& tensor : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSpec& tensor = tensors[i];
     v1::TensorInfo* info = push->add_tensors();
     info->set_tensor_id(tensor.id);
     info->set_bytes(tensor.bytes);
-    info->set_priority(tensor.priority);
+    info->set_priority(tensor.priority == TensorSpec::kLayerOrder ? static_cast<int32_t>(i)
+                                                                   : tensor.priority);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

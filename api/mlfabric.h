@@ -76,11 +76,14 @@ struct PushResult {
 };
 
 // Per-tensor layout of a pushed buffer: consecutive regions in id order.
-// Lower priority values are sent first (default: layer order).
+// Lower priority values are sent first. The default, kLayerOrder, gives the
+// i-th tensor of the push priority i: front layers first, as in Mercury
+// (mercury.md §IV); any other negative priority fails the push.
 struct TensorSpec {
+  static constexpr int32_t kLayerOrder = -1;
   uint32_t id = 0;
   uint64_t bytes = 0;
-  int32_t priority = 0;
+  int32_t priority = kLayerOrder;
 };
 
 // Element type of a pushed buffer: what aggregators and synchronous-round

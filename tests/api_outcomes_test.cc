@@ -166,6 +166,17 @@ TEST_CASE("Registration parameters, replica registration and clear errors") {
   CHECK(!missing.ok());
   CHECK(missing.status().message().find("no-such-server") != absl::string_view::npos);
 
+  // Tensor priorities: the default (layer order) is accepted and applied;
+  // a negative one fails the push, naming the tensor and the value.
+  std::vector<float> update(4, 1.0f);
+  PushResult layered = (*worker)->Push("ps0", update.data(), 16, 0, 2.0,
+                                       {TensorSpec{0, 8}, TensorSpec{1, 8}}).get();
+  CHECK(layered.outcome == PushOutcome::kApplied);
+  PushResult negative = (*worker)->Push("ps0", update.data(), 16, 0, 2.0,
+                                        {TensorSpec{0, 8, 0}, TensorSpec{1, 8, -5}}).get();
+  CHECK(negative.outcome == PushOutcome::kFailed);
+  CHECK(negative.reason.find("tensor 1 (index 1): priority -5 is negative") != std::string::npos);
+
   // AllReduce: a single rank sums to itself; a missing root is an error.
   AllReduceOptions options;
   options.backend = "mlfabric";
