@@ -2,7 +2,6 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <cerrno>
@@ -57,55 +56,12 @@ std::unique_ptr<grpc::ClientContext> RpcContext(double timeout_s = 10) {
   return context;
 }
 
-// How long a write may make no progress before it fails (--send_timeout_s;
-// set once at Start). Asio's blocking write would wait for ever on a peer
-// that stopped reading, and the sender loop with it.
-std::atomic<double> g_send_timeout_s{30};
-
-// Writes all of `iov` to the socket; fails if the peer takes nothing for
-// g_send_timeout_s, or on any socket error.
-absl::Status SendAll(tcp::socket& socket, iovec* iov, int count) {
-  const int fd = socket.native_handle();
-  while (count > 0) {
-    msghdr message{};
-    message.msg_iov = iov;
-    message.msg_iovlen = static_cast<size_t>(count);
-    const ssize_t sent = ::sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (sent < 0 && errno == EINTR) continue;
-    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd ready{fd, POLLOUT, 0};
-      const double timeout_s = g_send_timeout_s.load();
-      const int polled = ::poll(&ready, 1, static_cast<int>(timeout_s * 1000));
-      if (polled < 0 && errno == EINTR) continue;
-      if (polled == 0) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "send failed: the peer took no data for ", timeout_s, " s (--send_timeout_s)"));
-      }
-      if (polled < 0) {
-        return absl::UnavailableError(absl::StrCat("send failed: ", std::strerror(errno)));
-      }
-      continue;
-    }
-    if (sent < 0) return absl::UnavailableError(absl::StrCat("send failed: ", std::strerror(errno)));
-    size_t left = static_cast<size_t>(sent);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
-  return absl::OkStatus();
-}
-
 // Writes a packet: header and payload go out in one gather write, straight
 // from the payload's buffer. `crc`, when given, is the payload's CRC-32C
 // computed earlier.
-absl::Status WritePacket(tcp::socket& socket, PacketHeader header, const void* payload,
-                         uint32_t length, std::optional<uint32_t> crc = std::nullopt) {
+absl::Status WritePacket(transport::SendWatchdog& watchdog, tcp::socket& socket,
+                         PacketHeader header, const void* payload, uint32_t length,
+                         std::optional<uint32_t> crc = std::nullopt) {
   uint8_t head[transport::kHeaderBytes];
   if (crc.has_value()) {
     header.length = length;
@@ -115,7 +71,7 @@ absl::Status WritePacket(tcp::socket& socket, PacketHeader header, const void* p
     transport::EncodePacketHeader(header, payload, length, head);
   }
   iovec iov[2] = {{head, sizeof(head)}, {const_cast<void*>(payload), length}};
-  return SendAll(socket, iov, length > 0 ? 2 : 1);
+  return watchdog.SendAll(socket.native_handle(), iov, length > 0 ? 2 : 1);
 }
 
 // Transfer offsets and lengths of the packets ReleaseLocked cuts a push
@@ -230,7 +186,9 @@ daemon::JobPriorityPolicy MakeJobPriorityPolicy(const DaemonConfig& config) {
 }  // namespace
 
 Daemon::Daemon(DaemonConfig config)
-    : config_(std::move(config)), packet_queue_(MakeJobPriorityPolicy(config_)) {}
+    : config_(std::move(config)),
+      send_watchdog_(std::make_unique<transport::SendWatchdog>(config_.send_timeout_s)),
+      packet_queue_(MakeJobPriorityPolicy(config_)) {}
 
 Daemon::~Daemon() { Stop(); }
 
@@ -262,7 +220,6 @@ Daemon::Stats Daemon::GetStats() const {
 }
 
 absl::Status Daemon::Start() {
-  g_send_timeout_s.store(config_.send_timeout_s);
   // Data plane first: its port is part of the registration.
   auto endpoint = ParseEndpoint(absl::StrCat(config_.listen_address, ":1"));
   if (!endpoint.ok()) return endpoint.status();
@@ -1351,7 +1308,7 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
   reply.job = request.job;
   reply.transfer = request.transfer;
   reply.offset = round ? static_cast<uint64_t>(round->bytes) : 0;
-  RETURN_IF_ERROR(WritePacket(*socket, reply, payload.data(), payload.size()));
+  RETURN_IF_ERROR(WritePacket(*send_watchdog_, *socket, reply, payload.data(), payload.size()));
   if (!round) return absl::OkStatus();
   // The sum streams chunk by chunk as FoldIntoRoundLocked completes them.
   std::shared_ptr<ReplyStream> stream;
@@ -1397,7 +1354,7 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
   abort.job = request.job;
   abort.transfer = request.transfer;
   const std::string reason(streamed.message());
-  return WritePacket(*socket, abort, reason.data(), reason.size());
+  return WritePacket(*send_watchdog_, *socket, abort, reason.data(), reason.size());
 }
 
 // ------------------------------------------------------------ data plane
@@ -1763,7 +1720,9 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
   reply.job = request.job;
   reply.transfer = request.transfer;
   reply.offset = error.empty() && model ? model->size() : 0;
-  if (auto status = WritePacket(*socket, reply, payload.data(), payload.size()); !status.ok()) {
+  if (auto status =
+          WritePacket(*send_watchdog_, *socket, reply, payload.data(), payload.size());
+      !status.ok()) {
     return status;
   }
   if (!error.empty() || !model || model->size() == 0) return absl::OkStatus();
@@ -1827,7 +1786,8 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
     std::lock_guard<std::mutex> lock(mu_);
     request.transfer = next_local_id_++;
   }
-  absl::Status sent = WritePacket(*connection, request, server.data(), server.size());
+  absl::Status sent =
+      WritePacket(*send_watchdog_, *connection, request, server.data(), server.size());
   std::optional<FrameReader> reader;
   absl::StatusOr<PacketHeader> reply = absl::UnavailableError("not sent");
   if (sent.ok()) {
@@ -1838,7 +1798,8 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
     // The far end had closed the kept connection (its daemon restarted):
     // once more on a new one.
     RETURN_IF_ERROR(connect());
-    sent = WritePacket(*connection, request, server.data(), server.size());
+    sent = WritePacket(*send_watchdog_, *connection, request, server.data(),
+                       server.size());
     if (sent.ok()) {
       reader.emplace(*connection);
       reply = reader->ReadHeader();
@@ -2204,7 +2165,8 @@ void Daemon::SenderLoop() {
         abort.job = send.job_id();
         abort.transfer = send.transfer_id();
         const std::string text = reason.substr(0, transport::kMaxControlBytes);
-        (void)WritePacket(**socket, abort, text.data(), static_cast<uint32_t>(text.size()));
+        (void)WritePacket(*send_watchdog_, **socket, abort, text.data(),
+                          static_cast<uint32_t>(text.size()));
       }
       lock.lock();
     }
@@ -2238,7 +2200,7 @@ void Daemon::SenderLoop() {
           const auto* payload = reinterpret_cast<const uint8_t*>(packet->payload);
           data.offset = static_cast<uint64_t>(payload - stream->buffer->data());
           absl::Status status =
-              WritePacket(*stream->socket, data, payload, packet->length_bytes);
+              WritePacket(*send_watchdog_, *stream->socket, data, payload, packet->length_bytes);
           lock.lock();
           stream->writing = false;
           if (status.ok()) {
@@ -2342,7 +2304,7 @@ absl::Status Daemon::WriteToPeer(const v1::SendTransfer& send, bool begin,
     header.job = send.job_id();
     header.transfer = send.transfer_id();
     header.offset = static_cast<uint64_t>(send.bytes());
-    status = WritePacket(*socket, header, nullptr, 0);
+    status = WritePacket(*send_watchdog_, *socket, header, nullptr, 0);
   }
   if (status.ok()) {
     const auto* payload = reinterpret_cast<const uint8_t*>(packet.payload);
@@ -2353,7 +2315,7 @@ absl::Status Daemon::WriteToPeer(const v1::SendTransfer& send, bool begin,
     header.tensor = packet.tensor_id;
     header.priority = static_cast<uint16_t>(std::min<uint32_t>(packet.tensor_priority, 65535));
     header.offset = static_cast<uint64_t>(payload - base);  // offset within the transfer
-    status = WritePacket(*socket, header, payload, packet.length_bytes, crc);
+    status = WritePacket(*send_watchdog_, *socket, header, payload, packet.length_bytes, crc);
   }
   if (!status.ok()) {
     std::lock_guard<std::mutex> lock(peers_mu_);

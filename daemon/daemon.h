@@ -52,6 +52,7 @@
 #include "daemon/pacing/pacer.h"
 #include "daemon/queue/priority_packet_queue.h"
 #include "daemon/transport/packet.h"
+#include "daemon/transport/send_watchdog.h"
 #include "monitor/bandwidth_monitor.h"
 #include "proto/scheduler.grpc.pb.h"
 
@@ -332,6 +333,9 @@ class Daemon {
   static std::string ServerKey(uint32_t job_id, const std::string& server);
 
   const DaemonConfig config_;
+  // Bounds every data-socket write by --send_timeout_s; declared early so
+  // it outlives everything that writes.
+  std::unique_ptr<transport::SendWatchdog> send_watchdog_;
   RealClock clock_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Scheduler::Stub> stub_;
