@@ -19,6 +19,7 @@
 #include "scheduler/admin/admin_server.h"
 #include "scheduler/core/planner_factory.h"
 #include "scheduler/service/scheduler_config.h"
+#include "scheduler/service/grpc_service.h"
 #include "scheduler/service/scheduler_service.h"
 
 namespace {
@@ -74,7 +75,8 @@ int main(int argc, char** argv) {
   int bound_port = 0;
   const std::string address = config->listen_address + ":" + std::to_string(config->grpc_port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
-  builder.RegisterService(&service);
+  SchedulerGrpcService grpc_face(&service);
+  builder.RegisterService(&grpc_face);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     std::cerr << "mlfabric-scheduler: cannot listen on " << address

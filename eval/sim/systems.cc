@@ -13,7 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "eval/sim/sgd_task.h"
 #include "scheduler/core/distribution.h"
+#include "scheduler/core/network.h"
 #include "scheduler/core/planner_factory.h"
+#include "scheduler/service/batch_builder.h"
 
 namespace mlfabric::sim {
 namespace {
@@ -439,25 +441,9 @@ class Mlfabric final : public Harness {
     }
   }
 
+  // The residual of a link: the same maths as the live scheduler's.
   std::vector<core::ProfilePoint> Residual(double capacity_bps, int link) const {
-    const double now = sim_.now();
-    const std::vector<core::RateSegment>& reserved = reserved_[link];
-    std::set<double> times = {now};
-    for (const core::RateSegment& s : reserved) {
-      if (s.from_s > now) times.insert(s.from_s);
-      times.insert(s.to_s);
-    }
-    std::vector<core::ProfilePoint> profile;
-    for (double t : times) {
-      double used = 0;
-      for (const core::RateSegment& s : reserved) {
-        if (s.from_s <= t && t < s.to_s) used += s.rate_bps;
-      }
-      const double rate = std::max(0.0, capacity_bps - used);
-      if (!profile.empty() && profile.back().second == rate) continue;
-      profile.push_back({t, rate});
-    }
-    return profile;
+    return core::ResidualProfile(capacity_bps, sim_.now(), reserved_[link]);
   }
 
   // The monitor reports the trace with a lag (§7: t_lag).
@@ -504,30 +490,30 @@ class Mlfabric final : public Harness {
 
   // --- pushes ---------------------------------------------------------------
   void PlanPushes() {
-    core::Batch batch;
-    batch.now_s = sim_.now();
-    batch.mode = sync_ ? core::Mode::kSync : core::Mode::kAsync;
-    batch.tau_max = tau_max();
-    int64_t unapplied = 0;
+    // The same batch assembly as the live scheduler (BuildBatch): every
+    // simulated update is float32 of the model's size, so all can share
+    // aggregates.
+    BatchInputs in;
+    in.now_s = sim_.now();
+    in.mode = sync_ ? core::Mode::kSync : core::Mode::kAsync;
+    in.tau_max = tau_max();
+    in.model_version = server_version_;
     for (const auto& [id, u] : updates_) {
-      if (u.state == State::kPlanned || u.state == State::kArrived) ++unapplied;
+      if (u.state == State::kPlanned || u.state == State::kArrived) ++in.unapplied;
     }
-    batch.v_init = server_version_ + (sync_ ? 0 : unapplied);
-    batch.server = "s";
-    batch.aggregators = aggregator_names_;
-    batch.seed = MixSeed(config_.seed, 0x62617463ULL, static_cast<uint64_t>(batch_count_));
-    std::set<int> involved = {server_};
-    for (int h : layout_.aggregator_hosts) involved.insert(h);
+    in.server_host = names_[server_];
+    in.seed = MixSeed(config_.seed, 0x62617463ULL, static_cast<uint64_t>(batch_count_));
+    in.aggregator_candidates = aggregator_names_;
     for (const std::string& id : pending_push_) {
       const Update& u = updates_.at(id);
       double norm = 0;
       for (double g : *u.grad) norm += g * g;
       const int host = layout_.HostOf(u.worker);
-      batch.updates.push_back(
-          {id, names_[host], config_.model_bytes, u.version, std::sqrt(norm), {}});
-      involved.insert(host);
+      in.updates.push_back(
+          {{id, names_[host], config_.model_bytes, u.version, std::sqrt(norm), {}}, 1});
     }
-    for (int h : involved) batch.hosts.push_back(HostView(h));
+    in.host_link = [this](const std::string& name) { return HostView(index_.at(name)); };
+    const core::Batch batch = BuildBatch(in);
     const std::string prefix = absl::StrCat("b", batch_count_++, ":");
     pending_push_.clear();
 

@@ -168,7 +168,7 @@ json JobsJson(const ClusterSnapshot& snap) {
     }
     jobs.push_back({{"name", j.params.name},
                     {"id", j.id},
-                    {"mode", j.params.mode},
+                    {"mode", JobModeName(j.params.mode)},
                     {"tau_max", j.params.tau_max},
                     {"staleness_k", j.params.staleness_k},
                     {"divergence_max", j.params.divergence_max},

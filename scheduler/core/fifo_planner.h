@@ -16,6 +16,7 @@ class FifoPlanner final : public Planner {
  public:
   absl::StatusOr<Plan> PlanBatch(const Batch& batch) const override;
   std::string Name() const override { return "fifo"; }
+  bool UsesReservations() const override { return false; }
 };
 
 }  // namespace mlfabric::core

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -283,6 +284,31 @@ void Network::RollbackTo(size_t mark) {
     p.first_open = e.old_first_open;
     journal_.pop_back();
   }
+}
+
+double RateAt(const std::vector<RateSegment>& segments, double t) {
+  double sum = 0;
+  for (const RateSegment& s : segments) {
+    if (s.from_s <= t && t < s.to_s) sum += s.rate_bps;
+  }
+  return sum;
+}
+
+std::vector<ProfilePoint> ResidualProfile(double capacity_bps, double now_s,
+                                          const std::vector<RateSegment>& reserved) {
+  std::set<double> times = {now_s};
+  for (const RateSegment& s : reserved) {
+    if (s.to_s <= now_s) continue;
+    if (s.from_s > now_s) times.insert(s.from_s);
+    times.insert(s.to_s);
+  }
+  std::vector<ProfilePoint> profile;
+  for (double t : times) {
+    const double rate = std::max(0.0, capacity_bps - RateAt(reserved, t));
+    if (!profile.empty() && profile.back().second == rate) continue;
+    profile.push_back({t, rate});
+  }
+  return profile;
 }
 
 }  // namespace mlfabric::core

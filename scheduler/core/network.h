@@ -161,6 +161,18 @@ class Network {
 // Bits moved by `segments` (sum of rate x duration).
 double SegmentBits(const std::vector<RateSegment>& segments);
 
+// Reservations kept as rate segments (what the service and the simulator
+// hold for transfers in flight) turned into the residual profiles a Batch
+// carries (HostLink::uplink_profile / downlink_profile).
+//
+// The sum of the rates of `segments` in force at `t` (a segment holds on
+// [from_s, to_s)).
+double RateAt(const std::vector<RateSegment>& segments, double t);
+// `capacity_bps - reservations` from `now_s` on, as a capacity profile:
+// one point per change, never negative, starting at `now_s`.
+std::vector<ProfilePoint> ResidualProfile(double capacity_bps, double now_s,
+                                          const std::vector<RateSegment>& reserved);
+
 }  // namespace mlfabric::core
 
 #endif  // MLFABRIC_SCHEDULER_CORE_NETWORK_H_

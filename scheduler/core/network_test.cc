@@ -133,3 +133,20 @@ TEST_CASE("Reference and optimised walks agree on random reservations") {
 
 }  // namespace
 }  // namespace mlfabric::core
+
+TEST_CASE("RateAt sums the segments in force; ResidualProfile subtracts them from capacity") {
+  using mlfabric::core::RateSegment;
+  const std::vector<RateSegment> reserved = {{1.0, 3.0, 2e9}, {2.0, 4.0, 3e9}, {0.0, 0.5, 9e9}};
+  CHECK(mlfabric::core::RateAt(reserved, 0.9) == 0);
+  CHECK(mlfabric::core::RateAt(reserved, 1.0) == 2e9);  // [from, to): from included
+  CHECK(mlfabric::core::RateAt(reserved, 2.5) == 5e9);
+  CHECK(mlfabric::core::RateAt(reserved, 3.0) == 3e9);  // to excluded
+  const auto profile = mlfabric::core::ResidualProfile(10e9, 0.75, reserved);
+  // The segment that ended before now is ignored; equal neighbours merge.
+  const std::vector<mlfabric::core::ProfilePoint> expected = {
+      {0.75, 10e9}, {1.0, 8e9}, {2.0, 5e9}, {3.0, 7e9}, {4.0, 10e9}};
+  CHECK(profile == expected);
+  // Never negative, even when reservations exceed the (re-measured) capacity.
+  const auto over = mlfabric::core::ResidualProfile(4e9, 2.5, reserved);
+  CHECK(over.front() == mlfabric::core::ProfilePoint{2.5, 0.0});
+}

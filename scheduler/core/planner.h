@@ -23,6 +23,11 @@ class Planner {
   virtual ~Planner() = default;
   virtual absl::StatusOr<Plan> PlanBatch(const Batch& batch) const = 0;
   virtual std::string Name() const = 0;
+  // Whether plans are made against the network left after the reservations
+  // of transfers still in flight (§5.1: "the network model ... minus
+  // reservations still in force"). The FIFO baseline ignores them, as a
+  // vanilla parameter server does, and gets no replica transfers (§5.3).
+  virtual bool UsesReservations() const { return true; }
 };
 
 // Checks the parts of a batch every planner relies on: unique update ids,

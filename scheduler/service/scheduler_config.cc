@@ -6,6 +6,21 @@
 
 namespace mlfabric {
 
+absl::Status ValidateDelayBound(const char* field, int64_t bound) {
+  if (bound >= 0 && bound <= kMaxDelayBound) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": must be in [0, ", kMaxDelayBound, "], got ", bound));
+}
+
+const char* JobModeName(JobMode mode) {
+  switch (mode) {
+    case JobMode::kSync: return "sync";
+    case JobMode::kSsp: return "ssp";
+    case JobMode::kAsync: break;
+  }
+  return "async";
+}
+
 absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
   auto reader_or = ConfigReader::FromCommandLine(cl);
   if (!reader_or.ok()) return reader_or.status();
@@ -40,9 +55,11 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
         JobConfig job;
         job_reader.String("name", &job.name);
         job_reader.String("token", &job.token);
-        job_reader.Int("tau_max", &job.tau_max, 0, 1000000);
-        job_reader.Enum("mode", &job.mode, {"async", "sync", "ssp"});
-        job_reader.Int("staleness_k", &job.staleness_k, 0, 1000000);
+        job_reader.Int("tau_max", &job.tau_max, 0, kMaxDelayBound);
+        std::string mode = JobModeName(job.mode);
+        job_reader.Enum("mode", &mode, {"async", "sync", "ssp"});
+        job.mode = mode == "sync" ? JobMode::kSync : mode == "ssp" ? JobMode::kSsp : JobMode::kAsync;
+        job_reader.Int("staleness_k", &job.staleness_k, 0, kMaxDelayBound);
         job_reader.Double("divergence_max", &job.divergence_max, 0, 1e12);
         job_reader.Double("momentum", &job.momentum, 0, 0.999999);
         job_reader.Int("priority_class", &job.priority_class, 0, 7);

@@ -13,13 +13,28 @@
 
 namespace mlfabric {
 
+// How a job's workers synchronise (§6). kSync: Mercury-PS rounds of one push
+// per worker, summed at the server; kSsp: asynchronous pushes whose delay
+// bound is staleness_k; kAsync: asynchronous pushes bounded by tau_max.
+enum class JobMode { kAsync, kSync, kSsp };
+// "async" | "sync" | "ssp", as written in configs and shown by the admin API.
+const char* JobModeName(JobMode mode);
+
+// The largest delay bound (tau_max, an SSP job's K, a worker's own bound) a
+// job may have, in model versions.
+inline constexpr int64_t kMaxDelayBound = 1000000;
+// InvalidArgument naming `field` unless 0 <= bound <= kMaxDelayBound. Every
+// place a delay bound enters the scheduler (config file, admin API, worker
+// registration) checks it here.
+absl::Status ValidateDelayBound(const char* field, int64_t bound);
+
 // One training job. Parameters other than name/token/mode can be changed at
 // run time through the admin endpoint (POST /api/v1/jobs/<name>).
 struct JobConfig {
   std::string name;
   std::string token;            // applications must present it to register
   int64_t tau_max = 30;         // delay bound (§5.1.2)
-  std::string mode = "async";   // async | sync | ssp
+  JobMode mode = JobMode::kAsync;  // "async" | "sync" | "ssp" in JSON
   int64_t staleness_k = 3;      // ssp only: versions a push may lag (planned as tau_max = K)
   double divergence_max = 0;    // Div_max for a hot-standby replica (§5.3); 0 = none
   double momentum = 0;          // optimiser momentum gamma used by the divergence bound
@@ -51,7 +66,7 @@ struct SchedulerConfig {
   int64_t admin_port = -1;                    // 0 = pick a free port
   std::string admin_port_file;                // write the bound admin port here
   std::string admin_token;                    // bearer token for POSTs; empty = POSTs refused
-  std::vector<JobConfig> jobs = {{"demo", "demo-token", 30, "async"}};
+  std::vector<JobConfig> jobs = {{"demo", "demo-token", 30, JobMode::kAsync}};
 };
 
 // Reads the config from a parsed command line; the error names the key.

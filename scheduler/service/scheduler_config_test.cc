@@ -36,7 +36,7 @@ TEST_CASE("Scheduler config: defaults, file and flags") {
   CHECK(config->grpc_port == 7000);
   REQUIRE(config->jobs.size() == 1);
   CHECK(config->jobs[0].tau_max == 5);
-  CHECK(config->jobs[0].mode == "sync");
+  CHECK(config->jobs[0].mode == JobMode::kSync);
 }
 
 TEST_CASE("Scheduler config: errors name the key") {
@@ -70,11 +70,11 @@ TEST_CASE("Scheduler config: job parameters, admin keys, and their errors") {
   CHECK(config->planner_threads == 3);
   CHECK(config->transfer_slack_s == 2.5);
   REQUIRE(config->jobs.size() == 2);
-  CHECK(config->jobs[0].mode == "ssp");
+  CHECK(config->jobs[0].mode == JobMode::kSsp);
   CHECK(config->jobs[0].staleness_k == 4);
   CHECK(config->jobs[0].momentum == 0.9);
   CHECK(config->jobs[0].priority_class == 2);
-  CHECK(config->jobs[1].mode == "async");
+  CHECK(config->jobs[1].mode == JobMode::kAsync);
 
   for (const auto& [text, key] : std::vector<std::pair<std::string, std::string>>{
            {R"({"admin_port": 70000})", "admin_port"},

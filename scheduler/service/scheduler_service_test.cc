@@ -1,6 +1,7 @@
 // Handler-level tests of SchedulerService (no sockets): validation of every
 // request a daemon can send. Dispatch across processes is covered by
 // tests/push_get_test.
+#include "scheduler/service/grpc_service.h"
 #include "scheduler/service/scheduler_service.h"
 
 #include <catch2/catch.hpp>
@@ -21,6 +22,7 @@ SchedulerConfig ShortServerWait() {
 struct Fixture {
   FakeClock clock{100.0};
   SchedulerService service{ShortServerWait(), &clock, std::make_unique<core::FifoPlanner>()};
+  SchedulerGrpcService rpc{&service};
   grpc::ServerContext context;
 
   void RegisterHost(const std::string& name) {
@@ -29,7 +31,7 @@ struct Fixture {
     request.set_host(name);
     request.set_data_address("127.0.0.1:1");
     v1::RegisterHostReply reply;
-    REQUIRE(service.RegisterHost(&context, &request, &reply).ok());
+    REQUIRE(rpc.RegisterHost(&context, &request, &reply).ok());
     CHECK(reply.scheduler_time_s() == 100.0);
   }
 
@@ -41,7 +43,7 @@ struct Fixture {
     request.set_name("ps0");
     request.set_host("s1");
     v1::RegisterEntityReply reply;
-    return service.RegisterEntity(&context, &request, &reply);
+    return rpc.RegisterEntity(&context, &request, &reply);
   }
 
   v1::SubmitUpdateRequest GoodSubmit() {
@@ -57,7 +59,7 @@ struct Fixture {
 
   grpc::Status Submit(const v1::SubmitUpdateRequest& request, uint64_t* id = nullptr) {
     v1::SubmitUpdateReply reply;
-    grpc::Status status = service.SubmitUpdate(&context, &request, &reply);
+    grpc::Status status = rpc.SubmitUpdate(&context, &request, &reply);
     if (id) *id = reply.transfer_id();
     return status;
   }
@@ -72,7 +74,7 @@ TEST_CASE("Registration checks the job and its token") {
   v1::RegisterEntityRequest request;
   request.set_job("nope");
   v1::RegisterEntityReply reply;
-  auto status = f.service.RegisterEntity(&f.context, &request, &reply);
+  auto status = f.rpc.RegisterEntity(&f.context, &request, &reply);
   CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(status.error_message().find("unknown job 'nope'") != std::string::npos);
 
@@ -80,7 +82,7 @@ TEST_CASE("Registration checks the job and its token") {
   old_protocol.set_protocol_version(7);
   old_protocol.set_host("x");
   v1::RegisterHostReply host_reply;
-  CHECK(f.service.RegisterHost(&f.context, &old_protocol, &host_reply).error_code() ==
+  CHECK(f.rpc.RegisterHost(&f.context, &old_protocol, &host_reply).error_code() ==
         grpc::StatusCode::INVALID_ARGUMENT);
 }
 
@@ -137,11 +139,11 @@ TEST_CASE("ResolveServer finds the server's host and address") {
   request.set_job("demo");
   request.set_server("ps0");
   v1::ResolveServerReply reply;
-  REQUIRE(f.service.ResolveServer(&f.context, &request, &reply).ok());
+  REQUIRE(f.rpc.ResolveServer(&f.context, &request, &reply).ok());
   CHECK(reply.host() == "s1");
   CHECK(reply.data_address() == "127.0.0.1:1");
   request.set_server("ps1");
-  CHECK(f.service.ResolveServer(&f.context, &request, &reply).error_code() ==
+  CHECK(f.rpc.ResolveServer(&f.context, &request, &reply).error_code() ==
         grpc::StatusCode::NOT_FOUND);
 }
 
@@ -149,8 +151,8 @@ SchedulerConfig TwoJobs() {
   SchedulerConfig config;
   config.planner_threads = 2;
   config.transfer_slack_s = 2.0;
-  JobConfig a{"a", "token-a", 10, "async"};
-  JobConfig b{"b", "token-b", 5, "ssp"};
+  JobConfig a{"a", "token-a", 10, JobMode::kAsync};
+  JobConfig b{"b", "token-b", 5, JobMode::kSsp};
   b.staleness_k = 2;
   b.priority_class = 1;
   config.jobs = {a, b};
@@ -160,6 +162,7 @@ SchedulerConfig TwoJobs() {
 struct MultiJob {
   FakeClock clock{50.0};
   SchedulerService service{TwoJobs(), &clock, std::make_unique<core::FifoPlanner>()};
+  SchedulerGrpcService rpc{&service};
   grpc::ServerContext context;
 
   void Host(const std::string& name) {
@@ -168,7 +171,7 @@ struct MultiJob {
     request.set_host(name);
     request.set_data_address("127.0.0.1:1");
     v1::RegisterHostReply reply;
-    REQUIRE(service.RegisterHost(&context, &request, &reply).ok());
+    REQUIRE(rpc.RegisterHost(&context, &request, &reply).ok());
   }
   grpc::Status Server(const std::string& job, const std::string& token, const std::string& name,
                       const std::string& host) {
@@ -179,7 +182,7 @@ struct MultiJob {
     request.set_name(name);
     request.set_host(host);
     v1::RegisterEntityReply reply;
-    return service.RegisterEntity(&context, &request, &reply);
+    return rpc.RegisterEntity(&context, &request, &reply);
   }
   grpc::Status Push(const std::string& job, const std::string& server, int64_t bytes = 1000000) {
     v1::SubmitUpdateRequest request;
@@ -188,7 +191,7 @@ struct MultiJob {
     request.set_server(server);
     request.set_bytes(bytes);
     v1::SubmitUpdateReply reply;
-    return service.SubmitUpdate(&context, &request, &reply);
+    return rpc.SubmitUpdate(&context, &request, &reply);
   }
 };
 
@@ -207,7 +210,7 @@ TEST_CASE("Jobs are isolated: own token, own servers") {
 
   ClusterSnapshot snap = f.service.Snapshot();
   REQUIRE(snap.jobs.size() == 2);
-  CHECK(snap.jobs[1].params.mode == "ssp");
+  CHECK(snap.jobs[1].params.mode == JobMode::kSsp);
   CHECK(snap.jobs[1].params.token.empty());
   CHECK(snap.planner_threads == 2);
 }
@@ -223,7 +226,7 @@ TEST_CASE("Both servers' batches are planned in one cycle, with timings and the 
   report.set_uplink_bps(1e9);
   report.set_downlink_bps(2e9);
   v1::BandwidthAck ack;
-  REQUIRE(f.service.ReportBandwidth(&f.context, &report, &ack).ok());
+  REQUIRE(f.rpc.ReportBandwidth(&f.context, &report, &ack).ok());
   REQUIRE(f.Push("a", "psA").ok());
   REQUIRE(f.Push("b", "psB").ok());
   f.service.RunBatchCycle();
@@ -304,6 +307,23 @@ TEST_CASE("Admin actions: job parameters and draining") {
   CHECK(f.Push("a", "psA").error_code() == grpc::StatusCode::UNAVAILABLE);
   REQUIRE(f.service.DrainHost("w1", false).ok());
   CHECK(f.Push("a", "psA").ok());
+}
+
+}  // namespace
+}  // namespace mlfabric
+
+namespace mlfabric {
+namespace {
+
+TEST_CASE("float32 and float64 updates can share in-network aggregates; nothing else can") {
+  // DTYPE_FLOAT32 is the proto's 0: it must not read as "not summable".
+  CHECK(AggregatableElementType(v1::DTYPE_FLOAT32) != 0);
+  CHECK(AggregatableElementType(v1::DTYPE_FLOAT64) != 0);
+  CHECK(AggregatableElementType(v1::DTYPE_FLOAT32) !=
+        AggregatableElementType(v1::DTYPE_FLOAT64));
+  CHECK(AggregatableElementType(v1::DTYPE_INT32) == 0);
+  CHECK(AggregatableElementType(v1::DTYPE_INT64) == 0);
+  CHECK(AggregatableElementType(v1::DTYPE_OPAQUE) == 0);
 }
 
 }  // namespace

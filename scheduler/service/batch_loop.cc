@@ -1,0 +1,48 @@
+#include "scheduler/service/batch_loop.h"
+
+#include <chrono>
+#include <utility>
+
+namespace mlfabric {
+
+BatchLoop::BatchLoop(double interval_ms, std::function<void()> cycle)
+    : interval_ms_(interval_ms), cycle_(std::move(cycle)) {}
+
+BatchLoop::~BatchLoop() { Stop(); }
+
+void BatchLoop::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void BatchLoop::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void BatchLoop::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_all();
+}
+
+void BatchLoop::Loop() {
+  const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double, std::milli>(interval_ms_));
+  auto next = std::chrono::steady_clock::now();
+  while (true) {
+    next += interval;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, next, [this] { return stopping_ || woken_; });
+      if (stopping_) return;
+      woken_ = false;
+    }
+    cycle_();
+  }
+}
+
+}  // namespace mlfabric

@@ -1,0 +1,336 @@
+#include "scheduler/service/cluster_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "scheduler/service/commands.h"
+
+namespace mlfabric {
+namespace {
+
+// A short, stable label for a failure reason (metrics and dashboard).
+std::string FailureCategory(const std::string& reason) {
+  if (reason.rfind("timed out", 0) == 0) return "timed_out";
+  if (reason.find(" is down") != std::string::npos) return "host_down";
+  if (reason.rfind("scheduler could not plan", 0) == 0) return "plan_error";
+  if (reason.find("aggregator") != std::string::npos) return "aggregation_unsupported";
+  if (reason.find("ended mid-transfer") != std::string::npos ||
+      reason.find("connection") != std::string::npos) {
+    return "connection_lost";
+  }
+  return "transfer_failed";
+}
+
+void AppendSegments(const std::vector<core::RateSegment>& segments,
+                    std::vector<core::RateSegment>* out) {
+  out->insert(out->end(), segments.begin(), segments.end());
+}
+
+}  // namespace
+
+int32_t RoundSize(const JobState& job, const ServerState& server) {
+  if (server.round_size > 0) return server.round_size;
+  if (job.config.mode == JobMode::kSync) return static_cast<int32_t>(job.workers.size());
+  return 0;
+}
+
+int64_t DelayBound(const JobState& job) {
+  int64_t bound = job.config.mode == JobMode::kSsp ? job.config.staleness_k : job.config.tau_max;
+  for (const auto& [name, worker] : job.workers) {
+    if (worker.delay_bound >= 0) bound = std::min(bound, worker.delay_bound);
+  }
+  return bound;
+}
+
+double DivergenceBound(const JobState& job) {
+  double bound = job.config.divergence_max;
+  for (const auto& [name, worker] : job.workers) {
+    if (worker.divergence_bound > 0) {
+      bound = bound > 0 ? std::min(bound, worker.divergence_bound) : worker.divergence_bound;
+    }
+  }
+  return bound;
+}
+
+ClusterState::ClusterState(const SchedulerConfig& config, const Clock* clock,
+                           CommandOutbox* outbox, AdminHistory* history)
+    : config_(config), clock_(clock), outbox_(outbox), history_(history) {
+  uint32_t next_job_id = 1;
+  for (const JobConfig& job : config_.jobs) {
+    JobState state;
+    state.id = next_job_id++;
+    state.config = job;
+    jobs[job.name] = std::move(state);
+  }
+}
+
+JobState* ClusterState::FindJob(const std::string& job) {
+  auto it = jobs.find(job);
+  return it == jobs.end() ? nullptr : &it->second;
+}
+
+const HostState* ClusterState::AliveHost(const std::string& host) const {
+  auto it = hosts.find(host);
+  return it == hosts.end() || !it->second.alive ? nullptr : &it->second;
+}
+
+void ClusterState::Enqueue(const std::string& host, v1::DaemonCommand command) {
+  if (AliveHost(host) == nullptr) return;
+  outbox_->Push(host, std::move(command));
+}
+
+void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std::string& reason,
+                            int64_t applied_version) {
+  auto it = updates.find(transfer_id);
+  if (it == updates.end()) return;
+  const UpdateRecord& record = it->second;
+  JobState* job = FindJob(record.job);
+  if (record.state == UpdateState::kInFlight && job != nullptr) {
+    auto server = job->servers.find(record.server);
+    if (server != job->servers.end()) {
+      --server->second.in_flight;
+      if (outcome != v1::OUTCOME_APPLIED && record.aggregate_id == 0 && record.sequence != 0) {
+        // The server's daemon waits for this sequence number: tell it to
+        // skip, so later updates are not held back behind it.
+        Enqueue(server->second.host,
+                commands::CancelDelivery(transfer_id, record.server, record.sequence, reason));
+      }
+    }
+  }
+  v1::DaemonCommand command = commands::PushOutcome(transfer_id, record.local_id, outcome, reason);
+  v1::PushOutcome* result = command.mutable_outcome();
+  if (outcome == v1::OUTCOME_APPLIED) {
+    result->set_applied_version(applied_version);
+    // Its replica copy was punted (§5.3): the source keeps the bytes until
+    // a later batch sends them to the replica.
+    if (record.replica_punted && job != nullptr) {
+      job->servers[record.server].replica.pending.push_back(
+          {transfer_id, record.src_host, record.worker, record.bytes, record.version,
+           record.norm});
+      result->set_hold_for_replica(true);
+    }
+    // The update was computed on v(g) and applied as version applied_version:
+    // applied_version - 1 - v(g) other updates came in between (§3.1).
+    result->set_delay(std::max<int64_t>(0, applied_version - 1 - record.version));
+    ++stats.applied;
+  } else if (outcome == v1::OUTCOME_DROPPED) {
+    ++stats.dropped;
+  } else {
+    ++stats.failed;
+    MLF_LOG(WARNING) << "push " << transfer_id << " from " << record.src_host
+                     << " failed: " << reason;
+  }
+  const int64_t delay = result->delay();
+  Enqueue(record.src_host, std::move(command));
+  if (outcome == v1::OUTCOME_APPLIED) {
+    if (job) ++job->applied;
+    DelayView view;
+    view.transfer_id = transfer_id;
+    view.job = record.job;
+    view.server = record.server;
+    view.src = record.src_host;
+    view.delay = delay;
+    view.at_s = clock_->NowSeconds();
+    view.latency_s = view.at_s - record.submitted_s;
+    history_->RecordDelay(view);
+  } else {
+    if (job) ++(outcome == v1::OUTCOME_DROPPED ? job->dropped : job->failed);
+    RecordDrop(record, outcome,
+               outcome == v1::OUTCOME_DROPPED ? reason : FailureCategory(reason), reason);
+  }
+  const uint64_t aggregate_id = outcome == v1::OUTCOME_APPLIED ? 0 : record.aggregate_id;
+  const bool fails_round = outcome != v1::OUTCOME_APPLIED && record.round_member;
+  const std::string round_job = record.job, round_server = record.server;
+  const int64_t round = record.version;
+  updates.erase(it);
+  // Without this member the synchronous round can never be complete.
+  if (fails_round) {
+    FailRound(round_job, round_server, round,
+              absl::StrCat("push ", transfer_id, " of the round failed: ", reason));
+  }
+  // Without this constituent the aggregate can never be complete.
+  if (aggregate_id != 0) {
+    FailAggregate(aggregate_id, absl::StrCat("constituent ", transfer_id, " failed: ", reason));
+  }
+}
+
+void ClusterState::FailAggregate(uint64_t aggregate_id, const std::string& reason) {
+  auto it = aggregates.find(aggregate_id);
+  if (it == aggregates.end()) return;
+  const AggregateRecord aggregate = std::move(it->second);
+  aggregates.erase(it);  // before failing constituents, which call back here
+  const v1::DaemonCommand cancel =
+      commands::CancelDelivery(aggregate_id, aggregate.server, aggregate.sequence, reason);
+  Enqueue(aggregate.host, cancel);
+  if (JobState* job = FindJob(aggregate.job)) {
+    auto server = job->servers.find(aggregate.server);
+    if (server != job->servers.end()) Enqueue(server->second.host, cancel);
+  }
+  for (uint64_t constituent : aggregate.constituents) {
+    auto record = updates.find(constituent);
+    if (record == updates.end()) continue;
+    record->second.aggregate_id = 0;  // the aggregate is gone already
+    record->second.sequence = 0;      // nothing at the server waits for it
+    Complete(constituent, v1::OUTCOME_FAILED,
+             absl::StrCat("its in-network aggregate failed: ", reason), 0);
+  }
+}
+
+void ClusterState::FailRound(const std::string& job_name, const std::string& server_name,
+                             int64_t round, const std::string& reason) {
+  JobState* job = FindJob(job_name);
+  if (job == nullptr) return;
+  auto server = job->servers.find(server_name);
+  if (server == job->servers.end()) return;
+  RoundState& state = server->second.rounds[round];
+  if (!state.failed.empty()) return;  // already failing (re-entered from Complete)
+  state.failed = reason;
+  // A failed round still uses its number: the workers' next round is
+  // round + 1, so one bad round does not wedge the collective.
+  server->second.model_version = std::max(server->second.model_version, round + 1);
+  MLF_LOG(WARNING) << "job " << job_name << ": round " << round << " of server " << server_name
+                   << " failed: " << reason;
+  Enqueue(server->second.host, commands::FailRound(server_name, round, job->id, reason));
+  std::vector<uint64_t> members;
+  for (const auto& [id, record] : updates) {
+    if (record.job == job_name && record.server == server_name && record.version == round &&
+        (record.round_member || record.state == UpdateState::kPending)) {
+      members.push_back(id);
+    }
+  }
+  for (uint64_t id : members) {
+    auto& pending = server->second.pending;
+    pending.erase(std::remove(pending.begin(), pending.end(), id), pending.end());
+    Complete(id, v1::OUTCOME_FAILED, absl::StrCat("round ", round, " failed: ", reason), 0);
+  }
+}
+
+void ClusterState::MarkHostDown(const std::string& host_name, const std::string& reason) {
+  auto host = hosts.find(host_name);
+  if (host == hosts.end()) return;
+  host->second.alive = false;
+  outbox_->Close(host_name);
+  MLF_LOG(WARNING) << "host " << host_name << " is down: " << reason;
+  std::vector<uint64_t> aggregates_there;
+  for (const auto& [id, aggregate] : aggregates) {
+    if (aggregate.host == host_name) aggregates_there.push_back(id);
+  }
+  for (uint64_t id : aggregates_there) {
+    FailAggregate(id, absl::StrCat("aggregator host ", host_name, " is down: ", reason));
+  }
+  std::vector<uint64_t> to_fail;
+  for (auto& [id, record] : updates) {
+    JobState* job = FindJob(record.job);
+    if (job == nullptr) continue;
+    ServerState& server = job->servers[record.server];
+    const bool source_down = record.src_host == host_name;
+    const bool server_down = server.host == host_name;
+    if (!source_down && !server_down) continue;
+    if (record.state == UpdateState::kPending) {
+      auto& pending = server.pending;
+      pending.erase(std::remove(pending.begin(), pending.end(), id), pending.end());
+    }
+    to_fail.push_back(id);
+  }
+  // Replica copies from or to the host are gone; a replica that is gone
+  // takes its punted copies with it.
+  for (auto copy = replica_copies.begin(); copy != replica_copies.end();) {
+    if (copy->second.src_host != host_name && copy->second.replica_host != host_name) {
+      ++copy;
+      continue;
+    }
+    if (JobState* job = FindJob(copy->second.job)) {
+      job->servers[copy->second.server].replica.in_flight.erase(copy->first);
+    }
+    if (copy->second.replica_host != host_name) {
+      CancelReplicaCopy(copy->first, copy->second,
+                        absl::StrCat("source host ", host_name, " is down"));
+    }
+    copy = replica_copies.erase(copy);
+  }
+  for (auto& [job_name, job] : jobs) {
+    for (auto& [server_name, server] : job.servers) {
+      auto replica = job.replica_hosts.find(server_name);
+      if (replica != job.replica_hosts.end() && replica->second == host_name) {
+        DropReplicaPending(&server, absl::StrCat("replica host ", host_name, " is down"));
+      }
+    }
+  }
+  for (uint64_t id : to_fail) {
+    auto record = updates.find(id);
+    if (record == updates.end()) continue;  // ended already (its round or aggregate failed)
+    const std::string why = record->second.src_host == host_name
+                                ? absl::StrCat("source host ", host_name, " is down: ", reason)
+                                : absl::StrCat("server host ", host_name, " is down: ", reason);
+    Complete(id, v1::OUTCOME_FAILED, why, 0);
+  }
+}
+
+void ClusterState::ExpireOverdue(double now_s) {
+  std::vector<uint64_t> overdue;
+  for (const auto& [id, record] : updates) {
+    if (record.state == UpdateState::kInFlight && now_s > record.planned.deadline_s) {
+      overdue.push_back(id);
+    }
+  }
+  for (uint64_t id : overdue) {
+    auto it = updates.find(id);
+    if (it == updates.end()) continue;  // ended with an earlier one's aggregate or round
+    const UpdateRecord& record = it->second;
+    const std::string reason = absl::StrCat(
+        "timed out: transfer ", id, " from ", record.src_host, " to ", record.planned.dst,
+        " was planned to end at ", record.planned.end_s, " s and was not completed within ",
+        config_.transfer_slack_s, " s after that (slow or vanished daemon)");
+    ++stats.timed_out;
+    Complete(id, v1::OUTCOME_FAILED, reason, 0);
+  }
+}
+
+void ClusterState::CancelReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy,
+                                     const std::string& reason) {
+  // The replica's daemon delivers in sequence: tell it to skip this one.
+  Enqueue(copy.replica_host,
+          commands::CancelDelivery(copy_id, "replica:" + copy.server, copy.sequence, reason));
+}
+
+void ClusterState::DropReplicaPending(ServerState* server, const std::string& reason) {
+  for (const PendingReplica& pending : server->replica.pending) {
+    Enqueue(pending.src_host, commands::ReleaseHold(pending.id, reason));
+  }
+  if (!server->replica.pending.empty()) {
+    MLF_LOG(WARNING) << "dropping " << server->replica.pending.size()
+                     << " punted replica copies: " << reason;
+  }
+  server->replica.pending.clear();
+}
+
+void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,
+                                std::map<std::string, std::vector<core::RateSegment>>* down) const {
+  for (const auto& [id, record] : updates) {
+    if (record.state != UpdateState::kInFlight) continue;
+    AppendSegments(record.planned.segments, &(*up)[record.planned.src]);
+    AppendSegments(record.planned.segments, &(*down)[record.planned.dst]);
+  }
+  for (const auto& [id, aggregate] : aggregates) {
+    AppendSegments(aggregate.planned.segments, &(*up)[aggregate.planned.src]);
+    AppendSegments(aggregate.planned.segments, &(*down)[aggregate.planned.dst]);
+  }
+}
+
+void ClusterState::RecordDrop(const UpdateRecord& record, v1::Outcome outcome,
+                              const std::string& category, const std::string& reason) {
+  DropView drop;
+  drop.transfer_id = record.transfer_id;
+  drop.job = record.job;
+  drop.server = record.server;
+  drop.src = record.src_host;
+  drop.outcome = outcome == v1::OUTCOME_DROPPED ? "dropped" : "failed";
+  drop.category = category;
+  drop.reason = reason;
+  drop.at_s = clock_->NowSeconds();
+  history_->RecordDrop(std::move(drop));
+}
+
+}  // namespace mlfabric

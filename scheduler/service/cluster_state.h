@@ -1,0 +1,222 @@
+// ClusterState: everything the scheduler knows about hosts, jobs, servers
+// and pushes, and the outcome state machine that ends every push exactly
+// once (DESIGN.md §3 step 7): applied (with its version and delay),
+// dropped (with the planner's reason) or failed (with the error).
+//
+// A push is kPending from SubmitUpdate until a batch plans it, then
+// kInFlight until the server's daemon reports it applied, or it fails
+// (host down, timed out, its aggregate or round failed). Complete() is the
+// only way out: it sends the source its PushOutcome, tells a server's
+// daemon to skip a commit position that will never be filled, and takes
+// down what cannot finish without the push (its aggregate, its round).
+//
+//   ClusterState state(config, clock, &outbox, &history);
+//   state.hosts["w1"] = ...;                // by the registration handlers
+//   state.Complete(id, v1::OUTCOME_DROPPED, "stale: ...", 0);
+//   state.MarkHostDown("w1", "daemon disconnected");
+//
+// Thread safety: none. The scheduler service owns one and calls it only
+// under its own lock; commands go to the outbox, which has its own.
+#ifndef MLFABRIC_SCHEDULER_SERVICE_CLUSTER_STATE_H_
+#define MLFABRIC_SCHEDULER_SERVICE_CLUSTER_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "proto/scheduler.pb.h"
+#include "scheduler/core/types.h"
+#include "scheduler/service/admin_history.h"
+#include "scheduler/service/command_outbox.h"
+#include "scheduler/service/scheduler_config.h"
+#include "scheduler/service/snapshot.h"
+
+namespace mlfabric {
+
+struct HostState {
+  std::string data_address;
+  double capacity_up_bps = 0;
+  double capacity_down_bps = 0;
+  double uplink_bps = 0;  // latest report, else the capacity
+  double downlink_bps = 0;
+  double last_report_s = -1;
+  int64_t reports = 0;
+  bool draining = false;
+  uint64_t incarnation = 0;
+  bool alive = false;
+};
+
+enum class UpdateState { kPending, kInFlight };
+
+struct UpdateRecord {
+  uint64_t transfer_id = 0;
+  std::string job;
+  std::string server;
+  std::string src_host;
+  std::string worker;
+  uint64_t local_id = 0;
+  int64_t bytes = 0;
+  int64_t version = 0;
+  double norm = 0;
+  UpdateState state = UpdateState::kPending;
+  uint64_t sequence = 0;  // set once planned
+  v1::DType dtype = v1::DTYPE_FLOAT32;
+  uint64_t aggregate_id = 0;     // set when routed through an aggregator
+  bool round_member = false;     // accepted into a synchronous round
+  bool replica_punted = false;   // its replica copy waits for a later batch (§5.3)
+  double submitted_s = 0;
+  TransferView planned;  // set once planned (dst, segments, deadline)
+};
+
+// An in-network aggregate (§5.2): its constituents go to `host`, which sums
+// them and sends one transfer to the server, delivered at one sequence
+// number and applied as constituents.size() updates.
+struct AggregateRecord {
+  uint64_t id = 0;
+  std::string job;
+  std::string server;
+  std::string host;                    // the aggregator
+  std::vector<uint64_t> constituents;  // in commit order
+  uint64_t sequence = 0;
+  TransferView planned;  // aggregator -> server
+};
+
+// One synchronous round of a Mercury-PS server: the pushes computed from
+// model version `version`, summed at the server's daemon.
+struct RoundState {
+  std::set<std::string> workers;  // who has a push in it
+  int64_t bytes = -1;             // every member's size and type
+  v1::DType dtype = v1::DTYPE_FLOAT32;
+  std::string failed;  // why the round failed, if it did
+};
+
+// A hot-standby replica's view of one server (§5.3).
+struct PendingReplica {
+  uint64_t id = 0;  // the push, applied at the server, not yet copied
+  std::string src_host;
+  std::string worker;
+  int64_t bytes = 0;
+  int64_t version = 0;
+  double norm = 0;
+};
+struct ReplicaTrack {
+  std::vector<PendingReplica> pending;   // copies punted to a later batch
+  std::map<uint64_t, double> in_flight;  // copy transfer id -> update norm
+  uint64_t next_sequence = 1;            // the replica's own commit order
+  int64_t applied = 0;
+};
+
+struct ServerState {
+  std::string host;
+  ReplicaTrack replica;
+  int64_t model_version = 0;
+  uint64_t next_sequence = 1;
+  std::vector<uint64_t> pending;  // transfer ids in arrival order
+  int64_t in_flight = 0;
+  int32_t round_size = 0;                 // as registered; see RoundSize
+  std::map<int64_t, RoundState> rounds;   // by the members' version
+};
+
+struct WorkerInfo {
+  std::string host;
+  int64_t delay_bound = -1;  // -1 = the job's
+  double divergence_bound = -1;
+};
+
+struct JobState {
+  uint32_t id = 0;
+  JobConfig config;
+  std::map<std::string, ServerState> servers;
+  std::map<std::string, WorkerInfo> workers;
+  std::map<std::string, std::string> replica_hosts;  // server -> its replica's host
+  int64_t applied = 0;
+  int64_t dropped = 0;
+  int64_t failed = 0;
+};
+
+// A replica copy in flight: push `source`'s bytes from `src_host` to the
+// replica, delivered there at `sequence`.
+struct ReplicaCopy {
+  std::string job;
+  std::string server;
+  uint64_t source = 0;
+  std::string src_host;
+  std::string replica_host;
+  uint64_t sequence = 0;
+};
+
+// Job policies (pure).
+// The round size in force for a server: as registered, else the number of
+// workers of a sync-mode job, else 0 (not a synchronous-round server).
+int32_t RoundSize(const JobState& job, const ServerState& server);
+// The tightest delay bound among the job's workers and its config (an SSP
+// job's bound is its staleness K).
+int64_t DelayBound(const JobState& job);
+// The tightest divergence bound (§5.3); 0 = none.
+double DivergenceBound(const JobState& job);
+
+class ClusterState {
+ public:
+  ClusterState(const SchedulerConfig& config, const Clock* clock, CommandOutbox* outbox,
+               AdminHistory* history);
+
+  std::map<std::string, HostState> hosts;
+  std::map<std::string, JobState> jobs;
+  std::map<uint64_t, UpdateRecord> updates;
+  std::map<uint64_t, AggregateRecord> aggregates;
+  std::map<uint64_t, ReplicaCopy> replica_copies;  // by copy transfer id
+  SchedulerStats stats;
+
+  uint64_t NewTransferId() { return next_transfer_id_++; }
+  uint64_t NewIncarnation() { return next_incarnation_++; }
+  uint64_t NewBatchId() { return next_batch_id_++; }
+
+  JobState* FindJob(const std::string& job);
+  const HostState* AliveHost(const std::string& host) const;
+  // Queues a command for `host` if it is alive (a dead host's part is failed).
+  void Enqueue(const std::string& host, v1::DaemonCommand command);
+
+  // The outcome state machine (see the banner). Unknown ids are ignored:
+  // a push ends once.
+  void Complete(uint64_t transfer_id, v1::Outcome outcome, const std::string& reason,
+                int64_t applied_version);
+  // Fails an aggregate and every constituent still in flight, and tells the
+  // aggregator and the server's daemon to forget it.
+  void FailAggregate(uint64_t aggregate_id, const std::string& reason);
+  // Fails round `round` of a synchronous-round server and every push in it.
+  void FailRound(const std::string& job, const std::string& server, int64_t round,
+                 const std::string& reason);
+  // The host's stream ended or it registered again: every push from or to
+  // it, every aggregate on it and every replica copy through it fails.
+  void MarkHostDown(const std::string& host, const std::string& reason);
+  // Fails in-flight pushes past their deadline (slow or vanished daemons).
+  void ExpireOverdue(double now_s);
+
+  // §5.3 bookkeeping: tells the replica's daemon to skip a copy that will
+  // never arrive; forgets a server's punted copies and frees their bytes.
+  void CancelReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy, const std::string& reason);
+  void DropReplicaPending(ServerState* server, const std::string& reason);
+
+  // In-flight reservations on each host's uplink/downlink, as segments.
+  void Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,
+                    std::map<std::string, std::vector<core::RateSegment>>* down) const;
+
+ private:
+  void RecordDrop(const UpdateRecord& record, v1::Outcome outcome, const std::string& category,
+                  const std::string& reason);
+
+  const SchedulerConfig& config_;
+  const Clock* clock_;
+  CommandOutbox* outbox_;
+  AdminHistory* history_;
+  uint64_t next_transfer_id_ = 1;
+  uint64_t next_incarnation_ = 1;
+  uint64_t next_batch_id_ = 1;
+};
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_SCHEDULER_SERVICE_CLUSTER_STATE_H_

@@ -1,0 +1,199 @@
+// The outcome state machine without sockets or gRPC: a FakeClock, a real
+// CommandOutbox read back as the daemons would, and hand-made state.
+#include "scheduler/service/cluster_state.h"
+
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "scheduler/service/plan_dispatcher.h"
+
+namespace mlfabric {
+namespace {
+
+struct Fixture {
+  SchedulerConfig config;
+  FakeClock clock{100.0};
+  CommandOutbox outbox;
+  AdminHistory history{8};
+  ClusterState state{config, &clock, &outbox, &history};
+
+  Fixture() {
+    for (const char* host : {"s1", "w1", "w2", "a1"}) {
+      HostState& h = state.hosts[host];
+      h.alive = true;
+      h.incarnation = state.NewIncarnation();
+      h.data_address = std::string(host) + ":1";
+      outbox.Open(host, h.incarnation);
+    }
+    state.jobs["demo"].servers["ps"].host = "s1";
+  }
+
+  uint64_t Push(const std::string& src, int64_t version = 5) {
+    UpdateRecord record;
+    record.transfer_id = state.NewTransferId();
+    record.job = "demo";
+    record.server = "ps";
+    record.src_host = src;
+    record.worker = src;
+    record.local_id = 40 + record.transfer_id;
+    record.bytes = 64;
+    record.version = version;
+    state.jobs["demo"].servers["ps"].pending.push_back(record.transfer_id);
+    state.updates[record.transfer_id] = record;
+    return record.transfer_id;
+  }
+
+  // Every command queued for `host`, in order.
+  std::vector<v1::DaemonCommand> Drain(const std::string& host) {
+    std::vector<v1::DaemonCommand> out;
+    v1::DaemonCommand command;
+    while (outbox.Pop(host, state.hosts[host].incarnation, std::chrono::milliseconds(0),
+                      &command) == CommandOutbox::PopResult::kCommand) {
+      out.push_back(command);
+    }
+    return out;
+  }
+};
+
+TEST_CASE("a push ends exactly once, and its source is told how") {
+  Fixture f;
+  const uint64_t id = f.Push("w1", 5);
+  f.state.updates[id].state = UpdateState::kInFlight;
+  f.state.jobs["demo"].servers["ps"].in_flight = 1;
+  f.state.Complete(id, v1::OUTCOME_APPLIED, "", 9);
+  f.state.Complete(id, v1::OUTCOME_FAILED, "late report", 0);  // ignored: it has ended
+  const auto commands = f.Drain("w1");
+  REQUIRE(commands.size() == 1);
+  const v1::PushOutcome& outcome = commands[0].outcome();
+  CHECK(outcome.outcome() == v1::OUTCOME_APPLIED);
+  CHECK(outcome.local_id() == 40 + id);
+  CHECK(outcome.applied_version() == 9);
+  CHECK(outcome.delay() == 3);  // versions 6, 7 and 8 came in between
+  CHECK(f.state.stats.applied == 1);
+  CHECK(f.state.stats.failed == 0);
+  CHECK(f.state.jobs["demo"].servers["ps"].in_flight == 0);
+  ClusterSnapshot snap;
+  f.history.CopyInto(&snap);
+  REQUIRE(snap.recent_delays.size() == 1);
+  CHECK(snap.recent_delays[0].latency_s == 100.0);
+}
+
+TEST_CASE("a failed in-flight push frees its commit position at the server") {
+  Fixture f;
+  const uint64_t id = f.Push("w1");
+  f.state.updates[id].state = UpdateState::kInFlight;
+  f.state.updates[id].sequence = 4;
+  f.state.Complete(id, v1::OUTCOME_FAILED, "connection reset", 0);
+  const auto at_server = f.Drain("s1");
+  REQUIRE(at_server.size() == 1);
+  CHECK(at_server[0].cancel().sequence() == 4);
+  CHECK(at_server[0].cancel().reason() == "connection reset");
+  ClusterSnapshot snap;
+  f.history.CopyInto(&snap);
+  REQUIRE(snap.recent_drops.size() == 1);
+  CHECK(snap.recent_drops[0].category == "connection_lost");
+}
+
+TEST_CASE("a host going down fails every push from or to it, once, with the reason") {
+  Fixture f;
+  const uint64_t from_w1 = f.Push("w1");
+  const uint64_t from_w2 = f.Push("w2");
+  f.state.MarkHostDown("w1", "daemon disconnected");
+  CHECK(f.state.updates.count(from_w1) == 0);
+  CHECK(f.state.updates.count(from_w2) == 1);
+  CHECK(f.state.jobs["demo"].servers["ps"].pending == std::vector<uint64_t>{from_w2});
+  CHECK(f.state.stats.failed == 1);
+  // The dead host's queue is closed: nothing waits there for a stream.
+  CHECK(f.outbox.Queued("w1") == 0);
+
+  f.state.MarkHostDown("s1", "daemon disconnected");  // the server: w2's push fails too
+  CHECK(f.state.updates.empty());
+  const auto at_w2 = f.Drain("w2");
+  REQUIRE(at_w2.size() == 1);
+  CHECK(at_w2[0].outcome().outcome() == v1::OUTCOME_FAILED);
+  CHECK(at_w2[0].outcome().reason() == "server host s1 is down: daemon disconnected");
+}
+
+TEST_CASE("an aggregate's failure fails its constituents and cancels it at both ends") {
+  Fixture f;
+  const uint64_t a = f.Push("w1"), b = f.Push("w2");
+  AggregateRecord& aggregate = f.state.aggregates[77];
+  aggregate = {77, "demo", "ps", "a1", {a, b}, 3, {}};
+  for (uint64_t id : {a, b}) {
+    f.state.updates[id].state = UpdateState::kInFlight;
+    f.state.updates[id].aggregate_id = 77;
+    f.state.updates[id].sequence = 3;
+  }
+  f.state.Complete(a, v1::OUTCOME_FAILED, "w1 vanished", 0);
+  CHECK(f.state.aggregates.empty());
+  CHECK(f.state.updates.empty());  // b went down with its aggregate
+  CHECK(f.state.stats.failed == 2);
+  const auto at_aggregator = f.Drain("a1");
+  REQUIRE(at_aggregator.size() == 1);
+  CHECK(at_aggregator[0].cancel().transfer_id() == 77);
+  CHECK(f.Drain("s1").size() == 1);  // the aggregate's cancel; no per-constituent cancels
+  const auto at_w2 = f.Drain("w2");
+  REQUIRE(at_w2.size() == 1);
+  CHECK(at_w2[0].outcome().reason().find("its in-network aggregate failed") == 0);
+}
+
+TEST_CASE("a failed round fails every member and moves the server past it") {
+  Fixture f;
+  f.state.jobs["demo"].servers["ps"].model_version = 5;
+  const uint64_t a = f.Push("w1", 5), b = f.Push("w2", 5), later = f.Push("w2", 6);
+  f.state.FailRound("demo", "ps", 5, "mismatch: sizes differ");
+  CHECK(f.state.updates.count(a) == 0);
+  CHECK(f.state.updates.count(b) == 0);
+  CHECK(f.state.updates.count(later) == 1);
+  CHECK(f.state.jobs["demo"].servers["ps"].model_version == 6);
+  const auto at_server = f.Drain("s1");
+  REQUIRE(at_server.size() == 1);
+  CHECK(at_server[0].cancel().fail_round());
+  CHECK(at_server[0].cancel().round() == 5);
+}
+
+TEST_CASE("in-flight pushes past their deadline time out; planned ones are reserved") {
+  Fixture f;
+  const uint64_t id = f.Push("w1");
+  UpdateRecord& record = f.state.updates[id];
+  record.state = UpdateState::kInFlight;
+  record.planned.src = "w1";
+  record.planned.dst = "s1";
+  record.planned.deadline_s = 110;
+  record.planned.segments = {{100, 101, 1e9}};
+  std::map<std::string, std::vector<core::RateSegment>> up, down;
+  f.state.Reservations(&up, &down);
+  CHECK(up["w1"].size() == 1);
+  CHECK(down["s1"].size() == 1);
+  f.state.ExpireOverdue(105);
+  CHECK(f.state.updates.count(id) == 1);
+  f.state.ExpireOverdue(111);
+  CHECK(f.state.updates.count(id) == 0);
+  CHECK(f.state.stats.timed_out == 1);
+}
+
+TEST_CASE("job policies: round size, delay bound and divergence bound") {
+  JobState job;
+  ServerState server;
+  CHECK(RoundSize(job, server) == 0);
+  job.config.mode = JobMode::kSync;
+  job.workers["a"] = {};
+  job.workers["b"] = {};
+  CHECK(RoundSize(job, server) == 2);
+  server.round_size = 5;
+  CHECK(RoundSize(job, server) == 5);
+  job.config.tau_max = 30;
+  CHECK(DelayBound(job) == 30);
+  job.workers["a"].delay_bound = 4;
+  CHECK(DelayBound(job) == 4);
+  job.config.mode = JobMode::kSsp;
+  job.config.staleness_k = 2;
+  CHECK(DelayBound(job) == 2);
+  CHECK(DivergenceBound(job) == 0);
+  job.workers["b"].divergence_bound = 3.5;
+  CHECK(DivergenceBound(job) == 3.5);
+}
+
+}  // namespace
+}  // namespace mlfabric

@@ -1,0 +1,64 @@
+#include "scheduler/service/command_outbox.h"
+
+#include <utility>
+
+namespace mlfabric {
+
+void CommandOutbox::Open(const std::string& host, uint64_t incarnation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Queue& queue = queues_[host];
+  queue.incarnation = incarnation;
+  queue.commands.clear();
+  cv_.notify_all();  // a stream of the old incarnation is superseded
+}
+
+void CommandOutbox::Close(const std::string& host) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queues_.erase(host);
+  cv_.notify_all();
+}
+
+void CommandOutbox::Push(const std::string& host, v1::DaemonCommand command) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = queues_.find(host);
+  if (it == queues_.end()) return;
+  it->second.commands.push_back(std::move(command));
+  cv_.notify_all();
+}
+
+CommandOutbox::PopResult CommandOutbox::Pop(const std::string& host, uint64_t incarnation,
+                                            std::chrono::milliseconds wait,
+                                            v1::DaemonCommand* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  bool waited_out = false;
+  while (true) {
+    if (stopped_) return PopResult::kStopped;
+    auto it = queues_.find(host);
+    if (it == queues_.end() || it->second.incarnation != incarnation) {
+      return PopResult::kSuperseded;
+    }
+    if (!it->second.commands.empty()) {
+      *out = std::move(it->second.commands.front());
+      it->second.commands.pop_front();
+      return PopResult::kCommand;
+    }
+    // Looked once more after the wait ran out: a command pushed just then counts.
+    if (waited_out) return PopResult::kTimeout;
+    waited_out = cv_.wait_until(lock, deadline) == std::cv_status::timeout;
+  }
+}
+
+void CommandOutbox::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+  cv_.notify_all();
+}
+
+size_t CommandOutbox::Queued(const std::string& host) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = queues_.find(host);
+  return it == queues_.end() ? 0 : it->second.commands.size();
+}
+
+}  // namespace mlfabric

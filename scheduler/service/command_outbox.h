@@ -1,0 +1,74 @@
+// CommandOutbox: the scheduler's per-host queues of DaemonCommands, drained
+// by each daemon's StreamSchedules call (DESIGN.md §3 step 3).
+//
+// A host's queue exists from its registration (Open, with the incarnation
+// the scheduler handed out) until it is marked down (Close) or registers
+// again (Open with a new incarnation, which drops what the old one had not
+// read). Commands pushed to a host without an open queue are discarded: a
+// host that is down has nothing to carry out, and everything it was part of
+// is failed by the cluster state instead.
+//
+//   outbox.Open("w1", 7);
+//   outbox.Push("w1", command);
+//   v1::DaemonCommand next;
+//   switch (outbox.Pop("w1", 7, std::chrono::milliseconds(100), &next)) { ... }
+//
+// Thread safety: every method may be called concurrently. The outbox has its
+// own lock, so a stream waiting for commands never holds the service's lock;
+// callers may push while holding their own lock (the service's lock is
+// always taken first).
+#ifndef MLFABRIC_SCHEDULER_SERVICE_COMMAND_OUTBOX_H_
+#define MLFABRIC_SCHEDULER_SERVICE_COMMAND_OUTBOX_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "proto/scheduler.pb.h"
+
+namespace mlfabric {
+
+class CommandOutbox {
+ public:
+  enum class PopResult {
+    kCommand,     // *out holds the next command
+    kTimeout,     // nothing arrived within the wait; call again
+    kSuperseded,  // the host registered again or was closed: end this stream quietly
+    kStopped,     // the scheduler is stopping
+  };
+
+  // Starts the queue of `host`'s incarnation `incarnation`, discarding
+  // anything queued for an earlier one.
+  void Open(const std::string& host, uint64_t incarnation);
+  // Discards `host`'s queue; its stream ends with kSuperseded.
+  void Close(const std::string& host);
+  // Appends to `host`'s queue if it is open; otherwise drops the command.
+  void Push(const std::string& host, v1::DaemonCommand command);
+  // Waits up to `wait` for the next command of `host`'s `incarnation`.
+  PopResult Pop(const std::string& host, uint64_t incarnation, std::chrono::milliseconds wait,
+                v1::DaemonCommand* out);
+  // Ends every Pop with kStopped, now and later.
+  void Stop();
+
+  // Commands waiting for `host` (0 when it has no open queue).
+  size_t Queued(const std::string& host) const;
+
+ private:
+  struct Queue {
+    uint64_t incarnation = 0;
+    std::deque<v1::DaemonCommand> commands;
+  };
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Queue> queues_;
+  bool stopped_ = false;
+};
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_SCHEDULER_SERVICE_COMMAND_OUTBOX_H_

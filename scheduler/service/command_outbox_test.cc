@@ -1,0 +1,72 @@
+#include "scheduler/service/command_outbox.h"
+
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+namespace mlfabric {
+namespace {
+
+v1::DaemonCommand Outcome(uint64_t id) {
+  v1::DaemonCommand command;
+  command.mutable_outcome()->set_transfer_id(id);
+  return command;
+}
+
+using Result = CommandOutbox::PopResult;
+constexpr std::chrono::milliseconds kNoWait{0};
+
+TEST_CASE("commands reach the open incarnation's stream in order") {
+  CommandOutbox outbox;
+  outbox.Push("w1", Outcome(1));  // not open yet: dropped
+  outbox.Open("w1", 3);
+  outbox.Push("w1", Outcome(2));
+  outbox.Push("w1", Outcome(3));
+  CHECK(outbox.Queued("w1") == 2);
+  v1::DaemonCommand out;
+  REQUIRE(outbox.Pop("w1", 3, kNoWait, &out) == Result::kCommand);
+  CHECK(out.outcome().transfer_id() == 2);
+  REQUIRE(outbox.Pop("w1", 3, kNoWait, &out) == Result::kCommand);
+  CHECK(out.outcome().transfer_id() == 3);
+  CHECK(outbox.Pop("w1", 3, kNoWait, &out) == Result::kTimeout);
+}
+
+TEST_CASE("a new registration supersedes the old stream and drops what it had not read") {
+  CommandOutbox outbox;
+  outbox.Open("w1", 1);
+  outbox.Push("w1", Outcome(1));
+  outbox.Open("w1", 2);
+  v1::DaemonCommand out;
+  CHECK(outbox.Pop("w1", 1, kNoWait, &out) == Result::kSuperseded);
+  CHECK(outbox.Pop("w1", 2, kNoWait, &out) == Result::kTimeout);
+  outbox.Close("w1");
+  CHECK(outbox.Pop("w1", 2, kNoWait, &out) == Result::kSuperseded);
+  outbox.Push("w1", Outcome(9));  // closed: dropped
+  CHECK(outbox.Queued("w1") == 0);
+}
+
+TEST_CASE("a waiting stream wakes for a push, a close and a stop") {
+  CommandOutbox outbox;
+  outbox.Open("w1", 1);
+  v1::DaemonCommand out;
+  Result result = Result::kTimeout;
+  std::thread waiter([&] { result = outbox.Pop("w1", 1, std::chrono::seconds(30), &out); });
+  outbox.Push("w1", Outcome(5));
+  waiter.join();
+  CHECK(result == Result::kCommand);
+  CHECK(out.outcome().transfer_id() == 5);
+
+  std::thread closed([&] { result = outbox.Pop("w1", 1, std::chrono::seconds(30), &out); });
+  outbox.Close("w1");
+  closed.join();
+  CHECK(result == Result::kSuperseded);
+
+  outbox.Open("w2", 1);
+  std::thread stopped([&] { result = outbox.Pop("w2", 1, std::chrono::seconds(30), &out); });
+  outbox.Stop();
+  stopped.join();
+  CHECK(result == Result::kStopped);
+}
+
+}  // namespace
+}  // namespace mlfabric

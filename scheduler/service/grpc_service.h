@@ -1,0 +1,58 @@
+// SchedulerGrpcService: the gRPC face of mlfabric-scheduler — the only place
+// grpc::Status appears. Each unary handler forwards the request to
+// SchedulerService and converts its absl::Status (the codes are gRPC's
+// canonical codes). StreamSchedules drains the host's CommandOutbox into the
+// stream until the daemon goes away, the host registers again, or the
+// scheduler stops; a stream that ends on the daemon's side marks the host
+// down (its pushes fail with the reason, nothing waits for it).
+//
+//   SchedulerGrpcService face(&service);
+//   grpc::ServerBuilder builder;
+//   builder.RegisterService(&face);
+//
+// Thread safety: gRPC calls handlers concurrently; all state is in
+// SchedulerService, which is thread-safe.
+#ifndef MLFABRIC_SCHEDULER_SERVICE_GRPC_SERVICE_H_
+#define MLFABRIC_SCHEDULER_SERVICE_GRPC_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "proto/scheduler.grpc.pb.h"
+#include "scheduler/service/scheduler_service.h"
+
+namespace mlfabric {
+
+// absl -> gRPC status (same canonical code, same message).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class SchedulerGrpcService final : public v1::Scheduler::Service {
+ public:
+  explicit SchedulerGrpcService(SchedulerService* service) : service_(service) {}
+
+  grpc::Status RegisterHost(grpc::ServerContext* context, const v1::RegisterHostRequest* request,
+                            v1::RegisterHostReply* reply) override;
+  grpc::Status RegisterEntity(grpc::ServerContext* context,
+                              const v1::RegisterEntityRequest* request,
+                              v1::RegisterEntityReply* reply) override;
+  grpc::Status SubmitUpdate(grpc::ServerContext* context, const v1::SubmitUpdateRequest* request,
+                            v1::SubmitUpdateReply* reply) override;
+  grpc::Status StreamSchedules(grpc::ServerContext* context,
+                               const v1::StreamSchedulesRequest* request,
+                               grpc::ServerWriter<v1::DaemonCommand>* writer) override;
+  grpc::Status ReportCompletion(grpc::ServerContext* context, const v1::CompletionReport* request,
+                                v1::CompletionAck* reply) override;
+  grpc::Status ReportBandwidth(grpc::ServerContext* context, const v1::BandwidthReport* request,
+                               v1::BandwidthAck* reply) override;
+  grpc::Status ResolveServer(grpc::ServerContext* context, const v1::ResolveServerRequest* request,
+                             v1::ResolveServerReply* reply) override;
+  grpc::Status SyncClock(grpc::ServerContext* context, const v1::SyncClockRequest* request,
+                         v1::SyncClockReply* reply) override;
+
+ private:
+  SchedulerService* service_;
+};
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_SCHEDULER_SERVICE_GRPC_SERVICE_H_

@@ -1,0 +1,335 @@
+#include "scheduler/service/plan_dispatcher.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "scheduler/service/commands.h"
+
+namespace mlfabric {
+
+class PlanDispatcher::Run {
+ public:
+  Run(const PlanDispatcher& dispatcher, const BatchWork& work, JobState* job)
+      : config_(dispatcher.config_),
+        state_(*dispatcher.state_),
+        work_(work),
+        job_(*job),
+        server_(job->servers[work.server]) {}
+
+  BatchView Dispatch(const std::string& planner_name);
+
+ private:
+  // A transfer of `plan` as the admin history and the timeout check see it.
+  TransferView Planned(uint64_t id, const std::string& src, const std::string& dst,
+                       int64_t bytes, const core::Transfer& transfer, double deadline_s) const;
+  void DispatchDirect(UpdateRecord& record, const core::Transfer& transfer,
+                      const HostState& server_host);
+  void DispatchViaAggregator(UpdateRecord& record, const core::Transfer& hop,
+                             uint64_t aggregate_id, double aggregate_end_s);
+  // Opens the aggregate the first time one of its constituents comes up in
+  // the commit order; returns its id, or 0 when it cannot be carried out.
+  uint64_t OpenAggregate(const core::Transfer& transfer, const HostState& server_host);
+  // §5.3: sends the plan's replica copies and marks the punted ones.
+  void DispatchReplica(const core::Plan& plan);
+  void FailAll(const std::set<uint64_t>& ids, const std::string& reason);
+
+  const SchedulerConfig& config_;
+  ClusterState& state_;
+  const BatchWork& work_;
+  JobState& job_;
+  ServerState& server_;
+  BatchView view_;
+  std::map<const core::Transfer*, uint64_t> aggregate_ids_;
+};
+
+PlanDispatcher::PlanDispatcher(const SchedulerConfig& config, ClusterState* state,
+                               AdminHistory* history)
+    : config_(config), state_(state), history_(history) {}
+
+void PlanDispatcher::Apply(const BatchWork& work, const std::string& planner_name) {
+  JobState* job = state_->FindJob(work.job);
+  if (job == nullptr) return;
+  state_->stats.plan_ms_total += work.compute_ms;
+  state_->stats.plan_ms_max = std::max(state_->stats.plan_ms_max, work.compute_ms);
+  Run run(*this, work, job);
+  history_->RecordBatch(run.Dispatch(planner_name));
+}
+
+TransferView PlanDispatcher::Run::Planned(uint64_t id, const std::string& src,
+                                          const std::string& dst, int64_t bytes,
+                                          const core::Transfer& transfer,
+                                          double deadline_s) const {
+  TransferView planned;
+  planned.transfer_id = id;
+  planned.batch_id = work_.batch_id;
+  planned.job = work_.job;
+  planned.server = work_.server;
+  planned.src = src;
+  planned.dst = dst;
+  planned.bytes = bytes;
+  planned.start_s = transfer.start_s;
+  planned.end_s = transfer.end_s;
+  planned.deadline_s = deadline_s;
+  planned.segments = transfer.segments;
+  return planned;
+}
+
+void PlanDispatcher::Run::FailAll(const std::set<uint64_t>& ids, const std::string& reason) {
+  for (uint64_t id : ids) state_.Complete(id, v1::OUTCOME_FAILED, reason, 0);
+}
+
+BatchView PlanDispatcher::Run::Dispatch(const std::string& planner_name) {
+  const absl::StatusOr<core::Plan>& plan = work_.plan;
+  view_.id = work_.batch_id;
+  view_.job = work_.job;
+  view_.server = work_.server;
+  view_.server_host = work_.batch.server;
+  view_.planned_at_s = work_.batch.now_s;
+  view_.compute_ms = work_.compute_ms;
+  view_.worker_thread = work_.worker_thread;
+  view_.updates = static_cast<int64_t>(work_.batch.updates.size());
+  view_.network = work_.batch.hosts;
+  if (plan.ok()) {
+    view_.drops = plan->dropped;
+  } else {
+    view_.error = std::string(plan.status().message());
+  }
+  view_.dropped = static_cast<int64_t>(view_.drops.size());
+
+  std::set<uint64_t> in_batch;
+  for (const core::UpdateRequest& update : work_.batch.updates) {
+    in_batch.insert(std::stoull(update.id));
+  }
+  // Updates that failed while the batch was being planned are gone already.
+  auto& pending = server_.pending;
+  pending.erase(std::remove_if(pending.begin(), pending.end(),
+                               [&](uint64_t id) { return in_batch.count(id) > 0; }),
+                pending.end());
+  if (!plan.ok()) {
+    MLF_LOG(ERROR) << "planner " << planner_name << " failed for server " << work_.server
+                   << ": " << plan.status().message();
+    FailAll(in_batch, absl::StrCat("scheduler could not plan: ", plan.status().message()));
+    return std::move(view_);
+  }
+  const HostState* server_host = state_.AliveHost(server_.host);
+  if (server_host == nullptr) {
+    FailAll(in_batch, absl::StrCat("server host ", server_.host, " is down"));
+    return std::move(view_);
+  }
+  for (const core::Drop& drop : plan->dropped) {
+    const uint64_t id = std::stoull(drop.id);
+    if (state_.updates.count(id)) state_.Complete(id, v1::OUTCOME_DROPPED, drop.reason, 0);
+  }
+  std::map<std::string, const core::Transfer*> direct, to_aggregator, aggregate_of;
+  for (const core::Transfer& transfer : plan->transfers) {
+    if (transfer.kind == core::TransferKind::kDirect) direct[transfer.update] = &transfer;
+    if (transfer.kind == core::TransferKind::kToAggregator) {
+      to_aggregator[transfer.update] = &transfer;
+    }
+    if (transfer.kind == core::TransferKind::kAggregate) {
+      for (const std::string& constituent : transfer.constituents) {
+        aggregate_of[constituent] = &transfer;
+      }
+    }
+  }
+  for (const std::string& id_text : plan->order) {
+    const uint64_t id = std::stoull(id_text);
+    auto it = state_.updates.find(id);
+    if (it == state_.updates.end()) continue;  // failed meanwhile
+    if (auto transfer = direct.find(id_text); transfer != direct.end()) {
+      DispatchDirect(it->second, *transfer->second, *server_host);
+      continue;
+    }
+    auto hop = to_aggregator.find(id_text);
+    auto aggregate = aggregate_of.find(id_text);
+    if (hop == to_aggregator.end() || aggregate == aggregate_of.end()) {
+      state_.Complete(id, v1::OUTCOME_FAILED,
+                      "the plan has no transfer for this update (planner bug)", 0);
+      continue;
+    }
+    const uint64_t aggregate_id = OpenAggregate(*aggregate->second, *server_host);
+    if (aggregate_id == 0) {
+      state_.Complete(id, v1::OUTCOME_FAILED,
+                      absl::StrCat("aggregator host ", aggregate->second->src, " is down"), 0);
+      continue;
+    }
+    DispatchViaAggregator(it->second, *hop->second, aggregate_id, aggregate->second->end_s);
+  }
+  DispatchReplica(*plan);
+  return std::move(view_);
+}
+
+void PlanDispatcher::Run::DispatchDirect(UpdateRecord& record, const core::Transfer& transfer,
+                                         const HostState& server_host) {
+  record.state = UpdateState::kInFlight;
+  record.sequence = server_.next_sequence++;
+  ++server_.in_flight;
+  // A round's member is applied only when its whole round is in.
+  const double deadline_s = transfer.end_s + config_.transfer_slack_s +
+                            (work_.round_size > 0 ? config_.round_timeout_s : 0);
+  record.planned = Planned(record.transfer_id, record.src_host, server_.host, record.bytes,
+                           transfer, deadline_s);
+  view_.transfers.push_back(record.planned);
+  ++view_.scheduled;
+
+  commands::Expect expect;
+  expect.transfer_id = record.transfer_id;
+  expect.job_id = job_.id;
+  expect.server = work_.server;
+  expect.sequence = record.sequence;
+  expect.bytes = record.bytes;
+  expect.src_host = record.src_host;
+  expect.worker = record.worker;
+  expect.version = record.version;
+  expect.norm = record.norm;
+  expect.round_size = work_.round_size;
+  expect.contributions = 1;
+  expect.dtype = record.dtype;
+  state_.Enqueue(server_.host, commands::ExpectDelivery(expect));
+  state_.Enqueue(record.src_host,
+                 commands::SendTransfer({record.transfer_id, job_.id, server_.host,
+                                         server_host.data_address, transfer.start_s,
+                                         record.bytes},
+                                        transfer.segments));
+  ++state_.stats.planned;
+}
+
+void PlanDispatcher::Run::DispatchViaAggregator(UpdateRecord& record, const core::Transfer& hop,
+                                                uint64_t aggregate_id, double aggregate_end_s) {
+  const HostState* aggregator = state_.AliveHost(hop.dst);
+  record.state = UpdateState::kInFlight;
+  record.sequence = state_.aggregates[aggregate_id].sequence;
+  record.aggregate_id = aggregate_id;
+  ++server_.in_flight;
+  // It is applied only when its aggregate is.
+  const double deadline_s = aggregate_end_s + config_.transfer_slack_s +
+                            (work_.round_size > 0 ? config_.round_timeout_s : 0);
+  record.planned =
+      Planned(record.transfer_id, record.src_host, hop.dst, record.bytes, hop, deadline_s);
+  view_.transfers.push_back(record.planned);
+  ++view_.scheduled;
+  state_.Enqueue(record.src_host,
+                 commands::SendTransfer({record.transfer_id, job_.id, hop.dst,
+                                         aggregator ? aggregator->data_address : std::string(),
+                                         hop.start_s, record.bytes},
+                                        hop.segments));
+  ++state_.stats.planned;
+}
+
+uint64_t PlanDispatcher::Run::OpenAggregate(const core::Transfer& transfer,
+                                            const HostState& server_host) {
+  if (auto known = aggregate_ids_.find(&transfer); known != aggregate_ids_.end()) {
+    return known->second;
+  }
+  uint64_t id = 0;
+  std::vector<uint64_t> constituents;
+  for (const std::string& text : transfer.constituents) {
+    const uint64_t constituent = std::stoull(text);
+    if (state_.updates.count(constituent)) constituents.push_back(constituent);
+  }
+  if (state_.AliveHost(transfer.src) != nullptr && !constituents.empty()) {
+    id = state_.NewTransferId();
+    AggregateRecord& aggregate = state_.aggregates[id];
+    aggregate.id = id;
+    aggregate.job = work_.job;
+    aggregate.server = work_.server;
+    aggregate.host = transfer.src;
+    aggregate.constituents = constituents;
+    aggregate.sequence = server_.next_sequence++;
+    aggregate.planned = Planned(id, transfer.src, server_.host, transfer.bytes, transfer,
+                                transfer.end_s + config_.transfer_slack_s);
+    view_.transfers.push_back(aggregate.planned);
+    const UpdateRecord& first = state_.updates[constituents.front()];
+
+    commands::Expect expect;
+    expect.transfer_id = id;
+    expect.job_id = job_.id;
+    expect.server = work_.server;
+    expect.sequence = aggregate.sequence;
+    expect.bytes = transfer.bytes;
+    expect.src_host = transfer.src;
+    expect.worker = absl::StrCat("aggregate of ", constituents.size());
+    expect.version = first.version;
+    expect.constituents = constituents;
+    expect.round_size = work_.round_size;
+    expect.contributions = static_cast<int32_t>(constituents.size());
+    expect.dtype = first.dtype;
+    state_.Enqueue(server_.host, commands::ExpectDelivery(expect));
+
+    commands::Aggregate task;
+    task.aggregate_id = id;
+    task.job_id = job_.id;
+    task.constituents = constituents;
+    task.dst_host = server_.host;
+    task.dst_address = server_host.data_address;
+    task.start_s = transfer.start_s;
+    task.bytes = transfer.bytes;
+    task.dtype = first.dtype;
+    state_.Enqueue(transfer.src, commands::AggregateTask(task, transfer.segments));
+    ++state_.stats.aggregates;
+  }
+  aggregate_ids_[&transfer] = id;
+  return id;
+}
+
+void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
+  auto replica = job_.replica_hosts.find(work_.server);
+  if (replica == job_.replica_hosts.end() || !work_.batch.replica.has_value()) return;
+  const HostState* replica_host = state_.AliveHost(replica->second);
+  if (replica_host == nullptr) return;
+  std::map<std::string, const core::Transfer*> copies;
+  for (const core::Transfer& t : plan.transfers) {
+    if (t.kind == core::TransferKind::kReplica && t.dst == replica->second) copies[t.update] = &t;
+  }
+  // Copies go in the replica's commit order, which is also its delivery
+  // order (§5.3).
+  for (const core::Commit& commit : plan.replica_commits) {
+    auto transfer = copies.find(commit.update);
+    if (transfer == copies.end()) continue;
+    const uint64_t source = std::stoull(commit.update);
+    PendingReplica what;
+    if (auto record = state_.updates.find(source); record != state_.updates.end()) {
+      what = {source, record->second.src_host, record->second.worker, record->second.bytes,
+              record->second.version, record->second.norm};
+    } else {
+      auto& punted = server_.replica.pending;
+      auto held = std::find_if(punted.begin(), punted.end(),
+                               [&](const PendingReplica& p) { return p.id == source; });
+      if (held == punted.end()) continue;  // failed meanwhile
+      what = *held;
+      punted.erase(held);
+    }
+    const uint64_t copy = state_.NewTransferId();
+    state_.replica_copies[copy] = {work_.job, work_.server, source, what.src_host,
+                                   replica->second, server_.replica.next_sequence};
+    server_.replica.in_flight[copy] = what.norm;
+
+    commands::Expect expect;
+    expect.transfer_id = copy;
+    expect.job_id = job_.id;
+    expect.server = "replica:" + work_.server;
+    expect.sequence = server_.replica.next_sequence++;
+    expect.bytes = what.bytes;
+    expect.src_host = what.src_host;
+    expect.worker = what.worker;
+    expect.version = what.version;
+    expect.norm = what.norm;
+    state_.Enqueue(replica->second, commands::ExpectDelivery(expect));
+    commands::Send send{copy, job_.id, replica->second, replica_host->data_address,
+                        transfer->second->start_s, what.bytes};
+    send.source_transfer_id = source;
+    state_.Enqueue(what.src_host, commands::SendTransfer(send, transfer->second->segments));
+    ++state_.stats.replica_copies;
+  }
+  for (const std::string& id_text : plan.punted) {
+    auto record = state_.updates.find(std::stoull(id_text));
+    if (record != state_.updates.end()) record->second.replica_punted = true;
+  }
+}
+
+}  // namespace mlfabric

@@ -1,0 +1,45 @@
+#include "scheduler/service/replica_tracker.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace mlfabric {
+
+std::optional<core::ReplicaSpec> ReplicaSpecFor(ClusterState* state, const JobState& job,
+                                                const std::string& server_name,
+                                                ServerState* server) {
+  auto replica = job.replica_hosts.find(server_name);
+  if (replica == job.replica_hosts.end()) return std::nullopt;
+  if (state->AliveHost(replica->second) == nullptr || replica->second == server->host) {
+    if (!server->replica.pending.empty()) {
+      state->DropReplicaPending(server,
+                                absl::StrCat("replica host ", replica->second, " is not available"));
+    }
+    return std::nullopt;
+  }
+  core::ReplicaSpec spec;
+  spec.host = replica->second;
+  const double bound = DivergenceBound(job);
+  spec.divergence_bound = bound > 0 ? bound : 1e30;  // none: copies go as they can
+  spec.momentum = job.config.momentum;
+  for (const auto& [copy, norm] : server->replica.in_flight) spec.lead.push_back(norm);
+  auto& punted = server->replica.pending;
+  punted.erase(std::remove_if(punted.begin(), punted.end(),
+                              [&](const PendingReplica& p) {
+                                return state->AliveHost(p.src_host) == nullptr;
+                              }),
+               punted.end());
+  for (const PendingReplica& p : punted) {
+    core::UpdateRequest request;
+    request.id = std::to_string(p.id);
+    request.worker = p.src_host;
+    request.bytes = p.bytes;
+    request.version = p.version;
+    request.norm = p.norm;
+    spec.pending.push_back(std::move(request));
+  }
+  return spec;
+}
+
+}  // namespace mlfabric

@@ -1,0 +1,32 @@
+// The hot-standby replica's side of a batch (§5.3): what the planner needs
+// to keep the replica within its divergence bound — the bound, momentum,
+// the norms of copies still in flight (the lead) and the copies punted from
+// earlier batches whose sources still hold their bytes. The copies
+// themselves are dispatched by PlanDispatcher; failures are handled by
+// ClusterState (CancelReplicaCopy, DropReplicaPending).
+//
+//   if (auto spec = ReplicaSpecFor(&state, job, name, server)) inputs.replica = *spec;
+//
+// Thread safety: none; called under the scheduler service's lock.
+#ifndef MLFABRIC_SCHEDULER_SERVICE_REPLICA_TRACKER_H_
+#define MLFABRIC_SCHEDULER_SERVICE_REPLICA_TRACKER_H_
+
+#include <optional>
+#include <string>
+
+#include "scheduler/core/types.h"
+#include "scheduler/service/cluster_state.h"
+
+namespace mlfabric {
+
+// The replica spec for `server`'s next batch, or nullopt when it has no
+// replica (or the replica is on the server's own host). Punted copies whose
+// source is gone are forgotten; when the replica's host is down they are all
+// released (their sources free the bytes).
+std::optional<core::ReplicaSpec> ReplicaSpecFor(ClusterState* state, const JobState& job,
+                                                const std::string& server_name,
+                                                ServerState* server);
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_SCHEDULER_SERVICE_REPLICA_TRACKER_H_

@@ -1,0 +1,90 @@
+#include "scheduler/service/round_tracker.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace mlfabric {
+
+const char* DTypeName(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32: return "float32";
+    case v1::DTYPE_FLOAT64: return "float64";
+    case v1::DTYPE_INT32: return "int32";
+    case v1::DTYPE_INT64: return "int64";
+    case v1::DTYPE_OPAQUE: return "opaque bytes";
+    default: return "an unknown type";
+  }
+}
+
+bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
+                  UpdateRecord* record) {
+  const int64_t round = record->version;
+  const uint64_t id = record->transfer_id;
+  // Rounds before the previous one can no longer be joined: forget them.
+  server->rounds.erase(server->rounds.begin(),
+                       server->rounds.lower_bound(server->model_version - 1));
+  if (auto known = server->rounds.find(round);
+      known != server->rounds.end() && !known->second.failed.empty()) {
+    state->Complete(id, v1::OUTCOME_FAILED,
+                    absl::StrCat("round ", round, " failed: ", known->second.failed), 0);
+    return false;
+  }
+  if (round < server->model_version) {
+    state->Complete(id, v1::OUTCOME_DROPPED,
+                    absl::StrCat("stale: round ", round, " is over (the server is at version ",
+                                 server->model_version, "); get the new sum and push again"),
+                    0);
+    return false;
+  }
+  // A worker pushes round v + 1 only after getting round v's sum, which it
+  // may have before the scheduler hears that round v is applied.
+  if (round > server->model_version + 1) {
+    state->Complete(id, v1::OUTCOME_DROPPED,
+                    absl::StrCat("future round ", round, ": the server is at version ",
+                                 server->model_version,
+                                 "; push with the version your last get returned"),
+                    0);
+    return false;
+  }
+  RoundState& round_state = server->rounds[round];
+  if (round_state.workers.count(record->worker)) {
+    state->Complete(id, v1::OUTCOME_DROPPED,
+                    absl::StrCat("duplicate: worker '", record->worker,
+                                 "' already has a push in round ", round),
+                    0);
+    return false;
+  }
+  if (static_cast<int32_t>(round_state.workers.size()) >= round_size) {
+    state->Complete(id, v1::OUTCOME_DROPPED,
+                    absl::StrCat("round ", round, " already has its ", round_size, " pushes"), 0);
+    return false;
+  }
+  std::string mismatch;
+  if (record->dtype == v1::DTYPE_OPAQUE) {
+    mismatch = absl::StrCat("a synchronous round sums its pushes: push ", id, " from '",
+                            record->worker,
+                            "' is opaque bytes; push float32, float64, int32 or int64");
+  } else if (round_state.bytes >= 0 &&
+             (round_state.bytes != record->bytes || round_state.dtype != record->dtype)) {
+    // "mismatch:" lets AllReduce tell callers the inputs differ across ranks.
+    mismatch = absl::StrCat(
+        "mismatch: push ", id, " from '", record->worker, "' has ", record->bytes, " bytes of ",
+        DTypeName(record->dtype), " but round ", round, " sums ", round_state.bytes,
+        " bytes of ", DTypeName(round_state.dtype),
+        " (every rank must pass the same shape and type)");
+  }
+  if (!mismatch.empty()) {
+    const std::string job_name = record->job, server_name = record->server;
+    state->Complete(id, v1::OUTCOME_FAILED, mismatch, 0);  // erases *record
+    state->FailRound(job_name, server_name, round, mismatch);
+    return false;
+  }
+  round_state.bytes = record->bytes;
+  round_state.dtype = record->dtype;
+  round_state.workers.insert(record->worker);
+  record->round_member = true;
+  return true;
+}
+
+}  // namespace mlfabric

@@ -1,0 +1,361 @@
+// SchedulerService: the control-plane handlers (proto/scheduler.proto),
+// each validating its request, naming what is wrong, and changing the
+// cluster state under the service's lock.
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "scheduler/service/scheduler_service.h"
+
+namespace mlfabric {
+
+absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& request,
+                                            v1::RegisterHostReply* reply) {
+  if (request.protocol_version() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("protocol_version ", request.protocol_version(),
+                                                   " is not supported; this scheduler speaks version 1"));
+  }
+  if (request.host().empty()) return absl::InvalidArgumentError("host: must name the host");
+  if (request.data_address().empty()) {
+    return absl::InvalidArgumentError("data_address: must be ip:port");
+  }
+  for (double bps : {request.uplink_bps(), request.downlink_bps()}) {
+    if (!std::isfinite(bps) || bps < 0) {
+      return absl::InvalidArgumentError(
+          "uplink_bps/downlink_bps: must be finite and >= 0 (0 = scheduler default)");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_.AliveHost(request.host()) != nullptr) {
+    state_.MarkHostDown(request.host(), "host re-registered (daemon restarted)");
+  }
+  HostState& host = state_.hosts[request.host()];
+  host.data_address = request.data_address();
+  host.capacity_up_bps =
+      request.uplink_bps() > 0 ? request.uplink_bps() : config_.default_link_bps;
+  host.capacity_down_bps =
+      request.downlink_bps() > 0 ? request.downlink_bps() : config_.default_link_bps;
+  host.uplink_bps = host.capacity_up_bps;
+  host.downlink_bps = host.capacity_down_bps;
+  host.last_report_s = -1;
+  host.incarnation = state_.NewIncarnation();
+  host.alive = true;
+  outbox_.Open(request.host(), host.incarnation);
+  reply->set_incarnation(host.incarnation);
+  reply->set_scheduler_time_s(clock_->NowSeconds());
+  MLF_LOG(INFO) << "host " << request.host() << " registered at " << host.data_address
+                << " (incarnation " << host.incarnation << ")";
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& request,
+                                              v1::RegisterEntityReply* reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobState* job = state_.FindJob(request.job());
+  if (job == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown job '", request.job(), "'; jobs are declared in the scheduler's config"));
+  }
+  if (request.job_token() != job->config.token) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("wrong token for job '", request.job(), "'"));
+  }
+  if (state_.AliveHost(request.host()) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("host '", request.host(), "' is not registered"));
+  }
+  if (request.name().empty()) return absl::InvalidArgumentError("name: must not be empty");
+  reply->set_job_id(job->id);
+  switch (request.role()) {
+    case v1::ROLE_SERVER: {
+      for (const auto& [other_name, other] : state_.jobs) {
+        if (&other != job && other.servers.count(request.name()) &&
+            other.servers.at(request.name()).host == request.host()) {
+          MLF_LOG(INFO) << "server name '" << request.name() << "' on " << request.host()
+                        << " is used by jobs '" << other_name << "' and '" << request.job()
+                        << "'; they stay separate";
+        }
+      }
+      if (request.round_size() < 0 || request.round_size() > 65536) {
+        return absl::InvalidArgumentError(absl::StrCat("round_size ", request.round_size(),
+                                                       " is out of range [0, 65536]"));
+      }
+      ServerState& server = job->servers[request.name()];
+      server.host = request.host();
+      server.round_size = request.round_size();
+      servers_cv_.notify_all();
+      reply->set_model_version(server.model_version);
+      MLF_LOG(INFO) << "job " << request.job() << ": server " << request.name() << " on "
+                    << request.host();
+      break;
+    }
+    case v1::ROLE_WORKER: {
+      if (request.delay_bound() < -1) {
+        return absl::InvalidArgumentError(absl::StrCat("delay_bound ", request.delay_bound(),
+                                                       " is negative (-1 = the job's)"));
+      }
+      if (request.delay_bound() >= 0) {
+        RETURN_IF_ERROR(ValidateDelayBound("delay_bound", request.delay_bound()));
+      }
+      if (!std::isfinite(request.divergence_bound())) {
+        return absl::InvalidArgumentError("divergence_bound: must be finite");
+      }
+      WorkerInfo& worker = job->workers[request.name()];
+      worker.host = request.host();
+      worker.delay_bound = request.delay_bound();
+      worker.divergence_bound = request.divergence_bound() > 0 ? request.divergence_bound() : -1;
+      MLF_LOG(INFO) << "job " << request.job() << ": worker " << request.name() << " on "
+                    << request.host()
+                    << (worker.delay_bound >= 0
+                            ? absl::StrCat(" (delay bound ", worker.delay_bound, ")")
+                            : std::string());
+      break;
+    }
+    case v1::ROLE_REPLICA:
+      // A replica names the server it shadows (§5.3); one per server.
+      job->replica_hosts[request.name()] = request.host();
+      MLF_LOG(INFO) << "job " << request.job() << ": " << v1::Role_Name(request.role()) << " "
+                    << request.name() << " on " << request.host();
+      break;
+    default:
+      return absl::InvalidArgumentError("role: must be ROLE_WORKER, ROLE_SERVER or ROLE_REPLICA");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& request,
+                                            v1::SubmitUpdateReply* reply) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto reject = [&](absl::Status status) {
+    ++state_.stats.rejected;
+    MLF_LOG(WARNING) << "rejected push from " << request.src_host() << ": " << status.message();
+    return status;
+  };
+  JobState* job = state_.FindJob(request.job());
+  if (job == nullptr) {
+    return reject(absl::InvalidArgumentError(absl::StrCat("unknown job '", request.job(), "'")));
+  }
+  if (!v1::DType_IsValid(request.dtype())) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("dtype: unknown element type ", request.dtype())));
+  }
+  if (request.bytes() <= 0) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("bytes: must be positive, got ", request.bytes())));
+  }
+  if (request.bytes() > config_.max_update_bytes) {
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+        "bytes: ", request.bytes(), " exceeds max_update_bytes (", config_.max_update_bytes, ")")));
+  }
+  if (request.version() < 0) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("version: must be >= 0, got ", request.version())));
+  }
+  if (!std::isfinite(request.norm()) || request.norm() < 0) {
+    return reject(absl::InvalidArgumentError("norm: must be finite and >= 0"));
+  }
+  if (request.tensors_size() > 0) {
+    uint64_t total = 0;
+    for (const auto& tensor : request.tensors()) total += tensor.bytes();
+    if (total != static_cast<uint64_t>(request.bytes())) {
+      return reject(absl::InvalidArgumentError(absl::StrCat(
+          "tensors: sizes add up to ", total, " bytes, not ", request.bytes())));
+    }
+  }
+  const HostState* src = state_.AliveHost(request.src_host());
+  if (src == nullptr) {
+    return reject(absl::FailedPreconditionError(
+        absl::StrCat("src_host '", request.src_host(), "' is not registered")));
+  }
+  if (src->draining) {
+    return reject(absl::UnavailableError(absl::StrCat(
+        "src_host '", request.src_host(), "' is drained by an operator; it takes no new pushes")));
+  }
+  // The job owning `server` if it is another job's, else "".
+  auto owner_elsewhere = [&]() -> std::string {
+    for (const auto& [other_name, other] : state_.jobs) {
+      if (other_name != request.job() && other.servers.count(request.server())) return other_name;
+    }
+    return "";
+  };
+  auto server = job->servers.find(request.server());
+  if (server == job->servers.end() && owner_elsewhere().empty() && config_.server_wait_s > 0) {
+    // Workers often start before their server: give it a moment to register.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(config_.server_wait_s));
+    servers_cv_.wait_until(lock, deadline, [&] {
+      return stopping_ || job->servers.count(request.server()) > 0;
+    });
+    server = job->servers.find(request.server());
+    if (state_.AliveHost(request.src_host()) == nullptr) {
+      return reject(absl::FailedPreconditionError(
+          absl::StrCat("src_host '", request.src_host(), "' went down while waiting for server '",
+                       request.server(), "'")));
+    }
+  }
+  if (server == job->servers.end()) {
+    if (const std::string owner = owner_elsewhere(); !owner.empty()) {
+      return reject(absl::PermissionDeniedError(absl::StrCat(
+          "server '", request.server(), "' belongs to job '", owner, "', not to job '",
+          request.job(), "': a job's pushes may only go to its own servers")));
+    }
+    return reject(absl::FailedPreconditionError(
+        absl::StrCat("server '", request.server(), "' of job '", request.job(),
+                     "' is not registered (waited ", config_.server_wait_s,
+                     " s; see server_wait_s)")));
+  }
+  const HostState* server_host = state_.AliveHost(server->second.host);
+  if (server_host == nullptr) {
+    return reject(absl::UnavailableError(absl::StrCat(
+        "server '", request.server(), "' is down (host '", server->second.host, "')")));
+  }
+  if (server_host->draining) {
+    return reject(absl::UnavailableError(
+        absl::StrCat("server '", request.server(), "' is on host '", server->second.host,
+                     "', which an operator drained; no new pushes")));
+  }
+  UpdateRecord record;
+  record.transfer_id = state_.NewTransferId();
+  record.job = request.job();
+  record.server = request.server();
+  record.src_host = request.src_host();
+  record.worker = request.worker();
+  record.local_id = request.local_id();
+  record.bytes = request.bytes();
+  record.version = request.version();
+  record.norm = request.norm();
+  record.dtype = request.dtype();
+  record.submitted_s = clock_->NowSeconds();
+  server->second.pending.push_back(record.transfer_id);
+  reply->set_transfer_id(record.transfer_id);
+  state_.updates[record.transfer_id] = std::move(record);
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerService::BeginStream(const std::string& host_name, uint64_t incarnation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = state_.hosts.find(host_name);
+  if (it == state_.hosts.end() || it->second.incarnation != incarnation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("host '", host_name, "' must RegisterHost before streaming schedules"));
+  }
+  return absl::OkStatus();
+}
+
+void SchedulerService::EndStream(const std::string& host_name, uint64_t incarnation,
+                                 const std::string& reason) {
+  if (reason.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = state_.hosts.find(host_name);
+  if (it != state_.hosts.end() && it->second.incarnation == incarnation && !stopping_) {
+    state_.MarkHostDown(host_name, reason);
+  }
+}
+
+absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto copy = state_.replica_copies.find(request.transfer_id());
+      copy != state_.replica_copies.end()) {
+    if (JobState* job = state_.FindJob(copy->second.job)) {
+      ReplicaTrack& replica = job->servers[copy->second.server].replica;
+      replica.in_flight.erase(copy->first);
+      if (request.applied()) ++replica.applied;
+    }
+    if (!request.applied()) {
+      MLF_LOG(WARNING) << "replica copy " << copy->first << " of push " << copy->second.source
+                       << " failed: " << request.error();
+      state_.CancelReplicaCopy(copy->first, copy->second, request.error());
+    }
+    state_.replica_copies.erase(copy);
+    return absl::OkStatus();
+  }
+  if (auto agg = state_.aggregates.find(request.transfer_id()); agg != state_.aggregates.end()) {
+    if (!request.applied()) {
+      state_.FailAggregate(agg->first,
+                           request.error().empty() ? "aggregate failed" : request.error());
+      return absl::OkStatus();
+    }
+    const std::vector<uint64_t> constituents = agg->second.constituents;
+    bool in_round = false;
+    if (JobState* job = state_.FindJob(agg->second.job)) {
+      ServerState& server = job->servers[agg->second.server];
+      server.model_version = std::max(server.model_version, request.model_version());
+      in_round = RoundSize(*job, server) > 0;
+    }
+    state_.aggregates.erase(agg);
+    // The server applied the constituents as consecutive versions ending at
+    // model_version, in commit order; a synchronous round's members all
+    // land in the one version the round produced.
+    const int64_t n = static_cast<int64_t>(constituents.size());
+    for (int64_t i = 0; i < n; ++i) {
+      state_.Complete(constituents[i], v1::OUTCOME_APPLIED, "",
+                      in_round ? request.model_version()
+                               : request.model_version() - (n - 1 - i));
+    }
+    return absl::OkStatus();
+  }
+  auto it = state_.updates.find(request.transfer_id());
+  if (it == state_.updates.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("transfer ", request.transfer_id(), " is not in flight"));
+  }
+  if (request.applied()) {
+    if (JobState* job = state_.FindJob(it->second.job)) {
+      ServerState& server = job->servers[it->second.server];
+      server.model_version = std::max(server.model_version, request.model_version());
+    }
+    state_.Complete(request.transfer_id(), v1::OUTCOME_APPLIED, "", request.model_version());
+  } else {
+    state_.Complete(request.transfer_id(), v1::OUTCOME_FAILED,
+                    request.error().empty() ? "transfer failed" : request.error(), 0);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerService::ReportBandwidth(const v1::BandwidthReport& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = state_.hosts.find(request.host());
+  if (it == state_.hosts.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("host '", request.host(), "' is not registered"));
+  }
+  for (double bps : {request.uplink_bps(), request.downlink_bps()}) {
+    if (!std::isfinite(bps) || bps <= 0) {
+      return absl::InvalidArgumentError("bandwidth must be finite and positive");
+    }
+  }
+  it->second.uplink_bps = request.uplink_bps();
+  it->second.downlink_bps = request.downlink_bps();
+  it->second.last_report_s = clock_->NowSeconds();
+  ++it->second.reports;
+  ++state_.stats.bandwidth_reports;
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerService::ResolveServer(const v1::ResolveServerRequest& request,
+                                             v1::ResolveServerReply* reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobState* job = state_.FindJob(request.job());
+  if (job == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown job '", request.job(), "'"));
+  }
+  auto server = job->servers.find(request.server());
+  if (server == job->servers.end()) {
+    return absl::NotFoundError(absl::StrCat("server '", request.server(), "' of job '",
+                                            request.job(), "' is not registered"));
+  }
+  const HostState* host = state_.AliveHost(server->second.host);
+  if (host == nullptr) {
+    return absl::UnavailableError(absl::StrCat("server '", request.server(), "' is down"));
+  }
+  reply->set_host(server->second.host);
+  reply->set_data_address(host->data_address);
+  reply->set_job_id(job->id);
+  reply->set_round_size(RoundSize(*job, server->second));
+  return absl::OkStatus();
+}
+
+}  // namespace mlfabric
