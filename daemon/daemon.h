@@ -1,16 +1,22 @@
-// Daemon: mlfabricd's engine (DESIGN.md §2, §3, §5).
+// Daemon: mlfabricd (DESIGN.md §2, §3, §5).
 //
 // - Control plane: registers the host with the scheduler (estimating the
 //   clock offset), keeps one StreamSchedules call open and carries out every
-//   command on it; reports completions.
+//   command on it (daemon_control.cc). All scheduler calls go through
+//   daemon::SchedulerClient (control/), failures through the
+//   CompletionReporter's own thread; no RPC is made holding a lock.
 // - Local applications: a Unix-domain socket (api/local_ipc.h); workers push
-//   and get, servers receive updates and model requests. Tensor bytes stay
-//   in the application's memfd until they go on the wire.
-// - Data plane: TCP to other daemons in Mercury packets
-//   (daemon/transport/packet.h). A source daemon sends a transfer when its
-//   schedule says; a server's daemon reassembles it into shared memory and
-//   delivers updates to the server application strictly in the scheduled
-//   commit order, skipping only what the scheduler cancels.
+//   and get, servers receive updates and model requests (daemon_apps.cc).
+//   Tensor bytes stay in the application's memfd until they go on the wire.
+//   A push is recorded under its local id before its SubmitUpdate, so
+//   commands never wait for a submission (AdoptSubmittedLocked).
+// - Data plane: TCP to other daemons in Mercury packets (transport/): the
+//   send side (daemon_send.cc) releases scheduled transfers at their start,
+//   paces them and aggregates in the network; the receive side
+//   (daemon_receive.cc) reassembles, sums rounds and aggregates packet by
+//   packet, and delivers updates to the server application strictly in the
+//   scheduled commit order (daemon_rounds.cc); gets are served as reply
+//   streams through the same priority queue (daemon_model_get.cc).
 // - Malformed data-plane input closes just that TCP session (logged,
 //   counted); transfers it carried are reported failed, nothing else is
 //   touched.
@@ -20,9 +26,11 @@
 //   ...
 //   daemon.Stop();
 //
-// Thread safety: one mutex guards all shared state; each socket has its own
-// thread (the per-connection model keeps the foundation simple; the
-// Mercury queue/pacing work replaces the sender loop).
+// Thread safety: the self-contained parts (SchedulerClient,
+// CompletionReporter, BufferPool, PacketChecksums, SendWatchdog, the peer
+// and idle-get connection maps) have their own locks or none; the
+// transfer, round, aggregation and delivery tables still share one mutex
+// (mu_), held only for bookkeeping, never across an RPC or a socket write.
 #ifndef MLFABRIC_DAEMON_DAEMON_H_
 #define MLFABRIC_DAEMON_DAEMON_H_
 
@@ -42,19 +50,22 @@
 #include <vector>
 
 #include <boost/asio.hpp>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "aggregator/packet_pool.h"
 #include "api/local_ipc.h"
 #include "common/clock.h"
+#include "daemon/control/completion_reporter.h"
+#include "daemon/control/scheduler_client.h"
 #include "daemon/daemon_config.h"
+#include "daemon/engine/buffer_pool.h"
+#include "daemon/engine/packet_checksums.h"
 #include "daemon/pacing/pacer.h"
 #include "daemon/queue/priority_packet_queue.h"
 #include "daemon/transport/packet.h"
 #include "daemon/transport/send_watchdog.h"
 #include "monitor/bandwidth_monitor.h"
-#include "proto/scheduler.grpc.pb.h"
+#include "proto/scheduler.pb.h"
 
 namespace mlfabric {
 
@@ -94,36 +105,12 @@ class Daemon {
     std::map<std::string, int64_t> last_round_push;
   };
 
-  // CRC-32C of every packet of a pushed buffer, computed while the
-  // scheduler plans its batch (the push waits for that anyway), so the
-  // sender loop does not checksum on the wire's critical path: perf showed
-  // the CRC costing the sender more than the kernel's copy. Packets in the
-  // order ReleaseLocked cuts them; a packet not yet summed when it is sent
-  // is summed by the sender.
-  struct PacketChecksums {
-    std::vector<uint64_t> offsets;  // packet start within the transfer, ascending
-    std::vector<uint32_t> lengths;
-    std::vector<uint32_t> crcs;
-    // Summed by several threads, each over a contiguous part of the
-    // packets: part p covers [p * part_size, (p + 1) * part_size), and
-    // its first done[p] crcs are final.
-    size_t part_size = 1;
-    std::unique_ptr<std::atomic<size_t>[]> done;
-    size_t parts = 0;
-    size_t Ready() const;  // packets summed so far, over all parts
-    // Set when the transfer's first packet goes: the sender sums what is
-    // left itself, and summing ahead of it would only take its CPU.
-    mutable std::atomic<bool> sending{false};
-    // The precomputed CRC of the packet at [offset, +length), if there is one.
-    std::optional<uint32_t> Find(uint64_t offset, uint32_t length) const;
-  };
-
   struct PendingPush {
     std::shared_ptr<AppSession> app;
     uint64_t request_id = 0;
     std::shared_ptr<SharedBuffer> buffer;
     std::vector<v1::TensorInfo> tensors;
-    std::shared_ptr<PacketChecksums> checksums;
+    std::shared_ptr<daemon::PacketChecksums> checksums;
   };
 
   // A scheduled outgoing transfer. Released into the packet queue at its
@@ -132,7 +119,7 @@ class Daemon {
     v1::SendTransfer send;
     std::shared_ptr<SharedBuffer> buffer;
     std::vector<v1::TensorInfo> tensors;
-    std::shared_ptr<const PacketChecksums> checksums;  // may be null (aggregates)
+    std::shared_ptr<const daemon::PacketChecksums> checksums;  // may be null (aggregates)
     std::optional<daemon::TransferPacer> pacer;
     bool begun = false;  // kBegin written to the peer
     size_t packets_left = 0;
@@ -265,7 +252,7 @@ class Daemon {
   // Queues an outgoing transfer of `buffer` (an aggregate or a push).
   void ScheduleOutgoingLocked(const v1::SendTransfer& send, std::shared_ptr<SharedBuffer> buffer,
                               std::vector<v1::TensorInfo> tensors,
-                              std::shared_ptr<const PacketChecksums> checksums = nullptr);
+                              std::shared_ptr<const daemon::PacketChecksums> checksums = nullptr);
   void StartAggregationLocked(const v1::AggregateTask& task);
   // A constituent was received completely: true if it was one here (its
   // bytes are in the sum already); ends the aggregation when it was the last.
@@ -327,8 +314,9 @@ class Daemon {
                            uint32_t length);
   void DeliverRoundLocked(const std::shared_ptr<Round>& round);
   void FailRoundLocked(const std::shared_ptr<Round>& round, const std::string& reason);
-  void ReportFailureAsync(uint64_t transfer_id, const std::string& error);
-  void ReportCompletion(const v1::CompletionReport& report);
+  // A command for push `transfer_id` that overtook its SubmitUpdate reply:
+  // moves the push recorded under `local_id` into pushes_. Requires mu_.
+  void AdoptSubmittedLocked(uint64_t transfer_id, uint64_t local_id);
 
   static std::string ServerKey(uint32_t job_id, const std::string& server);
 
@@ -337,8 +325,9 @@ class Daemon {
   // it outlives everything that writes.
   std::unique_ptr<transport::SendWatchdog> send_watchdog_;
   RealClock clock_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Scheduler::Stub> stub_;
+  std::unique_ptr<daemon::SchedulerClient> scheduler_;
+  std::unique_ptr<daemon::CompletionReporter> reporter_;
+  std::shared_ptr<daemon::ScheduleStream> stream_;  // guarded by mu_
   uint64_t incarnation_ = 0;
   double clock_offset_s_ = 0;  // scheduler time - local time
   std::string data_address_;
@@ -352,6 +341,8 @@ class Daemon {
   std::atomic<bool> stopping_{false};
   absl::Status fatal_;
   std::map<uint64_t, PendingPush> pushes_;            // by transfer id
+  // Pushes whose SubmitUpdate has not returned yet, by local id.
+  std::map<uint64_t, std::shared_ptr<PendingPush>> submitted_;
   std::map<std::string, ServerEndpoint> servers_;     // by ServerKey
   std::map<uint64_t, Incoming> incoming_;             // by transfer id
   std::map<uint64_t, Aggregation> aggregations_;      // by aggregate id
@@ -370,16 +361,10 @@ class Daemon {
   std::map<uint64_t, std::shared_ptr<Round>> round_deliveries_;  // delivery id -> round
   // Bytes of applied pushes whose replica copy comes in a later batch.
   std::map<uint64_t, PendingPush> replica_holds_;
-  // Receive buffers are reused once the server acknowledged their update:
-  // a fresh memfd costs a page fault per 4 KiB on first touch, which halved
-  // goodput (daemon/README.md). Buffers delivered and not yet acknowledged,
-  // and the free pool by size (capped).
+  // Receive buffers delivered and not yet acknowledged (then recycled).
   std::map<uint64_t, std::pair<std::shared_ptr<AppSession>, std::shared_ptr<SharedBuffer>>>
       awaiting_ack_;
-  std::map<size_t, std::vector<std::shared_ptr<SharedBuffer>>> buffer_pool_;
-  size_t pooled_bytes_ = 0;
-  std::shared_ptr<SharedBuffer> TakePooledLocked(size_t size);
-  void RecycleLocked(std::shared_ptr<SharedBuffer> buffer);
+  daemon::BufferPool buffer_pool_;
   std::set<std::shared_ptr<AppSession>> apps_;
   std::map<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> peers_;
   // Unscheduled traffic (get replies) has its own budget (DESIGN.md §5).
@@ -390,19 +375,11 @@ class Daemon {
   std::mutex idle_gets_mu_;
   std::multimap<std::string, std::unique_ptr<boost::asio::ip::tcp::socket>>
       idle_get_connections_;
-  std::mutex submit_mu_;  // held from SubmitUpdate until its push is recorded
   uint64_t next_local_id_ = 1;
   Stats stats_;
-  std::unique_ptr<grpc::ClientContext> stream_context_;
   std::unique_ptr<monitor::BandwidthMonitor> monitor_;
 
   std::vector<std::thread> threads_;
-  // Failure reports to the scheduler, sent by one thread (see
-  // ReportFailureAsync).
-  void FailureReporterLoop();
-  std::mutex reports_mu_;
-  std::condition_variable reports_cv_;
-  std::deque<v1::CompletionReport> failure_reports_;
 };
 
 }  // namespace mlfabric

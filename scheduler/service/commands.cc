@@ -28,6 +28,7 @@ v1::DaemonCommand SendTransfer(const Send& s, const std::vector<core::RateSegmen
   v1::SendTransfer* send = command.mutable_send();
   send->set_transfer_id(s.transfer_id);
   if (s.source_transfer_id != 0) send->set_source_transfer_id(s.source_transfer_id);
+  if (s.local_id != 0) send->set_local_id(s.local_id);
   send->set_job_id(s.job_id);
   send->set_dst_host(s.dst_host);
   send->set_dst_address(s.dst_address);

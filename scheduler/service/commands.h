@@ -46,6 +46,7 @@ struct Send {
   double start_s = 0;
   int64_t bytes = 0;
   uint64_t source_transfer_id = 0;  // a replica copy: the push whose bytes it sends
+  uint64_t local_id = 0;            // a push's own transfer: its source's local id
 };
 v1::DaemonCommand SendTransfer(const Send& send, const std::vector<core::RateSegment>& segments);
 

@@ -191,11 +191,10 @@ void PlanDispatcher::Run::DispatchDirect(UpdateRecord& record, const core::Trans
   expect.contributions = 1;
   expect.dtype = record.dtype;
   state_.Enqueue(server_.host, commands::ExpectDelivery(expect));
-  state_.Enqueue(record.src_host,
-                 commands::SendTransfer({record.transfer_id, job_.id, server_.host,
-                                         server_host.data_address, transfer.start_s,
-                                         record.bytes},
-                                        transfer.segments));
+  commands::Send send{record.transfer_id, job_.id, server_.host, server_host.data_address,
+                      transfer.start_s, record.bytes};
+  send.local_id = record.local_id;
+  state_.Enqueue(record.src_host, commands::SendTransfer(send, transfer.segments));
   ++state_.stats.planned;
 }
 
@@ -213,11 +212,11 @@ void PlanDispatcher::Run::DispatchViaAggregator(UpdateRecord& record, const core
       Planned(record.transfer_id, record.src_host, hop.dst, record.bytes, hop, deadline_s);
   view_.transfers.push_back(record.planned);
   ++view_.scheduled;
-  state_.Enqueue(record.src_host,
-                 commands::SendTransfer({record.transfer_id, job_.id, hop.dst,
-                                         aggregator ? aggregator->data_address : std::string(),
-                                         hop.start_s, record.bytes},
-                                        hop.segments));
+  commands::Send send{record.transfer_id, job_.id, hop.dst,
+                      aggregator ? aggregator->data_address : std::string(), hop.start_s,
+                      record.bytes};
+  send.local_id = record.local_id;
+  state_.Enqueue(record.src_host, commands::SendTransfer(send, hop.segments));
   ++state_.stats.planned;
 }
 

@@ -1,0 +1,60 @@
+#include "daemon/control/completion_reporter.h"
+
+#include <utility>
+
+#include "common/logging.h"
+
+namespace mlfabric::daemon {
+
+CompletionReporter::CompletionReporter(SchedulerClient* client, std::string host)
+    : client_(client), host_(std::move(host)), thread_([this] { Loop(); }) {}
+
+CompletionReporter::~CompletionReporter() { Stop(); }
+
+void CompletionReporter::ReportFailure(uint64_t transfer_id, const std::string& error) {
+  v1::CompletionReport report;
+  report.set_host(host_);
+  report.set_transfer_id(transfer_id);
+  report.set_applied(false);
+  report.set_error(error);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    queue_.push_back(std::move(report));
+  }
+  cv_.notify_one();
+}
+
+void CompletionReporter::ReportNow(const v1::CompletionReport& report) {
+  absl::Status status = client_->ReportCompletion(report);
+  if (!status.ok() && status.code() != absl::StatusCode::kNotFound) {
+    MLF_LOG(WARNING) << "cannot report completion of transfer " << report.transfer_id() << ": "
+                     << RpcErrorText(status);
+  }
+}
+
+void CompletionReporter::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CompletionReporter::Loop() {
+  while (true) {
+    v1::CompletionReport report;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping
+      report = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    ReportNow(report);
+  }
+}
+
+}  // namespace mlfabric::daemon

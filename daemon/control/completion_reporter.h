@@ -1,0 +1,54 @@
+// CompletionReporter: sends failure reports (CompletionReport with
+// applied = false) to the scheduler from one thread of its own, so that the
+// daemon's parts can report while holding their locks and however many
+// failures come at once (a failed round fails all its members) — no RPC is
+// ever made under a lock, and no thread is spawned per failure.
+//
+//   CompletionReporter reporter(&client, "w1");
+//   reporter.ReportFailure(transfer_id, "connection reset");   // returns at once
+//   reporter.Stop();   // drops what is left: the scheduler marks the host down anyway
+//
+// Reports go out in the order they were queued. A NotFound answer (the
+// transfer ended already) is expected and not logged.
+// Thread safety: ReportFailure from any thread; Stop once, from the owner.
+#ifndef MLFABRIC_DAEMON_CONTROL_COMPLETION_REPORTER_H_
+#define MLFABRIC_DAEMON_CONTROL_COMPLETION_REPORTER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "daemon/control/scheduler_client.h"
+
+namespace mlfabric::daemon {
+
+class CompletionReporter {
+ public:
+  CompletionReporter(SchedulerClient* client, std::string host);
+  ~CompletionReporter();
+  CompletionReporter(const CompletionReporter&) = delete;
+  CompletionReporter& operator=(const CompletionReporter&) = delete;
+
+  void ReportFailure(uint64_t transfer_id, const std::string& error);
+  // Sends a report now, on the caller's thread (applied updates, rounds).
+  void ReportNow(const v1::CompletionReport& report);
+  void Stop();
+
+ private:
+  void Loop();
+
+  SchedulerClient* const client_;
+  const std::string host_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::CompletionReport> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace mlfabric::daemon
+
+#endif  // MLFABRIC_DAEMON_CONTROL_COMPLETION_REPORTER_H_

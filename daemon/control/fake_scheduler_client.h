@@ -1,0 +1,117 @@
+// FakeSchedulerClient: a SchedulerClient for unit tests of the daemon's
+// parts. It records every request, answers from per-call hooks (OK with an
+// empty reply by default), and serves one schedule stream fed by the test.
+//
+//   FakeSchedulerClient fake;
+//   fake.submit_hook = [](const auto& r, auto* reply) { reply->set_transfer_id(7); return absl::OkStatus(); };
+//   fake.PushCommand(command);          // what the next stream Read returns
+//   EXPECT(fake.completions().size() == 1);
+//
+// Thread safety: every method may be called concurrently.
+#ifndef MLFABRIC_DAEMON_CONTROL_FAKE_SCHEDULER_CLIENT_H_
+#define MLFABRIC_DAEMON_CONTROL_FAKE_SCHEDULER_CLIENT_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "daemon/control/scheduler_client.h"
+
+namespace mlfabric::daemon {
+
+class FakeSchedulerClient final : public SchedulerClient {
+ public:
+  std::function<absl::Status(const v1::SubmitUpdateRequest&, v1::SubmitUpdateReply*)> submit_hook;
+  std::function<absl::Status(const v1::CompletionReport&)> completion_hook;
+
+  absl::Status RegisterHost(const v1::RegisterHostRequest&, v1::RegisterHostReply* reply) override {
+    reply->set_incarnation(1);
+    return absl::OkStatus();
+  }
+  absl::Status RegisterEntity(const v1::RegisterEntityRequest&,
+                              v1::RegisterEntityReply*) override {
+    return absl::OkStatus();
+  }
+  absl::Status SubmitUpdate(const v1::SubmitUpdateRequest& request,
+                            v1::SubmitUpdateReply* reply) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      submits_.push_back(request);
+    }
+    return submit_hook ? submit_hook(request, reply) : absl::OkStatus();
+  }
+  absl::Status ReportCompletion(const v1::CompletionReport& report) override {
+    absl::Status status = completion_hook ? completion_hook(report) : absl::OkStatus();
+    std::lock_guard<std::mutex> lock(mu_);
+    completions_.push_back(report);
+    cv_.notify_all();
+    return status;
+  }
+  absl::Status ReportBandwidth(const v1::BandwidthReport&) override { return absl::OkStatus(); }
+  absl::Status SyncClock(const v1::SyncClockRequest&, v1::SyncClockReply*) override {
+    return absl::OkStatus();
+  }
+  absl::Status ResolveServer(const v1::ResolveServerRequest&, v1::ResolveServerReply*) override {
+    return absl::NotFoundError("the fake knows no servers");
+  }
+  std::unique_ptr<ScheduleStream> StreamSchedules(const v1::StreamSchedulesRequest&) override {
+    return std::make_unique<Stream>(this);
+  }
+
+  // The next command every open stream's Read returns.
+  void PushCommand(v1::DaemonCommand command) {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(command));
+    cv_.notify_all();
+  }
+  std::vector<v1::CompletionReport> completions() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return completions_;
+  }
+  std::vector<v1::SubmitUpdateRequest> submits() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return submits_;
+  }
+  // Waits until `count` completions were reported; false on timeout.
+  bool WaitForCompletions(size_t count, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return completions_.size() >= count; });
+  }
+
+ private:
+  class Stream final : public ScheduleStream {
+   public:
+    explicit Stream(FakeSchedulerClient* fake) : fake_(fake) {}
+    bool Read(v1::DaemonCommand* command) override {
+      std::unique_lock<std::mutex> lock(fake_->mu_);
+      fake_->cv_.wait(lock, [&] { return cancelled_ || !fake_->commands_.empty(); });
+      if (cancelled_) return false;
+      *command = std::move(fake_->commands_.front());
+      fake_->commands_.pop_front();
+      return true;
+    }
+    absl::Status Finish() override { return absl::CancelledError("stream cancelled"); }
+    void Cancel() override {
+      std::lock_guard<std::mutex> lock(fake_->mu_);
+      cancelled_ = true;
+      fake_->cv_.notify_all();
+    }
+
+   private:
+    FakeSchedulerClient* fake_;
+    bool cancelled_ = false;
+  };
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::DaemonCommand> commands_;
+  std::vector<v1::CompletionReport> completions_;
+  std::vector<v1::SubmitUpdateRequest> submits_;
+};
+
+}  // namespace mlfabric::daemon
+
+#endif  // MLFABRIC_DAEMON_CONTROL_FAKE_SCHEDULER_CLIENT_H_

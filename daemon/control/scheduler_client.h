@@ -1,0 +1,67 @@
+// SchedulerClient: the daemon's side of the control plane
+// (proto/scheduler.proto), as an interface so that the daemon's parts can
+// be tested with FakeSchedulerClient (fake_scheduler_client.h) instead of a
+// scheduler process. GrpcSchedulerClient is the one implementation that
+// includes gRPC; it puts a deadline on every call.
+//
+//   std::unique_ptr<SchedulerClient> client = MakeGrpcSchedulerClient("127.0.0.1:50051");
+//   v1::SubmitUpdateReply reply;
+//   absl::Status status = client->SubmitUpdate(request, &reply);
+//   if (!status.ok()) Log(RpcErrorText(status));   // "PERMISSION_DENIED: server 'ps' ..."
+//
+// Errors carry the scheduler's canonical code and message unchanged.
+// Thread safety: every method may be called concurrently (gRPC stubs are).
+#ifndef MLFABRIC_DAEMON_CONTROL_SCHEDULER_CLIENT_H_
+#define MLFABRIC_DAEMON_CONTROL_SCHEDULER_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/scheduler.pb.h"
+
+namespace mlfabric::daemon {
+
+// The daemon's one StreamSchedules call: commands in order until the
+// scheduler ends it, the connection breaks or Cancel() is called.
+class ScheduleStream {
+ public:
+  virtual ~ScheduleStream() = default;
+  // Blocks for the next command; false when the stream has ended.
+  virtual bool Read(v1::DaemonCommand* command) = 0;
+  // Why the stream ended (after Read returned false).
+  virtual absl::Status Finish() = 0;
+  // Ends a Read in progress from another thread.
+  virtual void Cancel() = 0;
+};
+
+class SchedulerClient {
+ public:
+  virtual ~SchedulerClient() = default;
+  virtual absl::Status RegisterHost(const v1::RegisterHostRequest& request,
+                                    v1::RegisterHostReply* reply) = 0;
+  virtual absl::Status RegisterEntity(const v1::RegisterEntityRequest& request,
+                                      v1::RegisterEntityReply* reply) = 0;
+  virtual absl::Status SubmitUpdate(const v1::SubmitUpdateRequest& request,
+                                    v1::SubmitUpdateReply* reply) = 0;
+  virtual absl::Status ReportCompletion(const v1::CompletionReport& report) = 0;
+  virtual absl::Status ReportBandwidth(const v1::BandwidthReport& report) = 0;
+  virtual absl::Status SyncClock(const v1::SyncClockRequest& request,
+                                 v1::SyncClockReply* reply) = 0;
+  virtual absl::Status ResolveServer(const v1::ResolveServerRequest& request,
+                                     v1::ResolveServerReply* reply) = 0;
+  virtual std::unique_ptr<ScheduleStream> StreamSchedules(
+      const v1::StreamSchedulesRequest& request) = 0;
+};
+
+// A client of the scheduler at `address` (host:port), plaintext gRPC.
+// Deadlines: 2 s for RegisterHost and ReportBandwidth, 1 s for SyncClock,
+// 10 s for the rest; the stream has none.
+std::unique_ptr<SchedulerClient> MakeGrpcSchedulerClient(const std::string& address);
+
+// "CODE: message", the form daemon logs and application errors use.
+std::string RpcErrorText(const absl::Status& status);
+
+}  // namespace mlfabric::daemon
+
+#endif  // MLFABRIC_DAEMON_CONTROL_SCHEDULER_CLIENT_H_

@@ -1,0 +1,385 @@
+// Daemon: Local applications: registration, push (recorded before its SubmitUpdate, no lock held across it), get, update acks, model replies.
+#include "daemon/daemon.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <cerrno>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <deque>
+#include <functional>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "aggregator/reduce.h"
+#include "common/crc32c.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "daemon/transport/framing.h"
+
+#include "daemon/daemon_internal.h"
+
+namespace mlfabric {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using transport::PacketHeader;
+using transport::PacketKind;
+using internal::kMaxIdleGetConnections;
+using internal::kMaxTransferBytes;
+using internal::kRoundChunkBytes;
+using internal::ElementBytes;
+using internal::PoolType;
+
+// ------------------------------------------------------------ local apps
+
+void Daemon::LocalAcceptLoop() {
+  while (!stopping_.load()) {
+    const int fd = ::accept4(local_listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (!stopping_.load()) MLF_LOG(ERROR) << "local accept failed: " << std::strerror(errno);
+      return;
+    }
+    auto app = std::make_shared<AppSession>();
+    app->channel = std::make_shared<LocalChannel>(fd);
+    std::lock_guard<std::mutex> lock(mu_);
+    apps_.insert(app);
+    std::thread([this, app] { AppLoop(app); }).detach();
+  }
+}
+
+void Daemon::AppLoop(std::shared_ptr<AppSession> app) {
+  while (!stopping_.load()) {
+    v1::LocalMessage message;
+    int fd = -1;
+    absl::Status status = app->channel->Receive(&message, &fd);
+    if (!status.ok()) {
+      if (status.code() != absl::StatusCode::kUnavailable) {
+        MLF_LOG(WARNING) << "closing local session of '" << app->name << "': " << status.message();
+      }
+      break;
+    }
+    switch (message.body_case()) {
+      case v1::LocalMessage::kRegister:
+        HandleRegister(app, message.register_());
+        break;
+      case v1::LocalMessage::kPush:
+        HandlePush(app, message.push(), fd);
+        fd = -1;
+        break;
+      case v1::LocalMessage::kGet:
+        HandleGet(app, message.get());
+        break;
+      case v1::LocalMessage::kUpdateAck:
+        HandleUpdateAck(message.update_ack());
+        break;
+      case v1::LocalMessage::kModelReply:
+        HandleModelReply(message.model_reply(), fd);
+        fd = -1;
+        break;
+      default:
+        MLF_LOG(WARNING) << "unexpected local message " << message.body_case() << " from '"
+                         << app->name << "'";
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  AppGone(app);
+}
+
+void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
+                            const v1::LocalRegister& request) {
+  v1::LocalMessage reply;
+  v1::LocalRegistered* body = reply.mutable_registered();
+  if (app->registered) {
+    body->set_error("this connection is already registered");
+    (void)app->channel->Send(reply);
+    return;
+  }
+  v1::RegisterEntityRequest entity;
+  entity.set_job(request.job());
+  entity.set_job_token(request.job_token());
+  entity.set_role(request.role());
+  entity.set_name(request.name());
+  entity.set_host(config_.host);
+  entity.set_round_size(request.round_size());
+  entity.set_delay_bound(request.delay_bound());
+  entity.set_divergence_bound(request.divergence_bound());
+  v1::RegisterEntityReply entity_reply;
+  absl::Status status = scheduler_->RegisterEntity(entity, &entity_reply);
+  if (!status.ok()) {
+    body->set_error(
+        absl::StrCat("scheduler refused the registration: ", daemon::RpcErrorText(status)));
+    (void)app->channel->Send(reply);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    app->job = request.job();
+    app->job_token = request.job_token();
+    app->name = request.name();
+    app->role = request.role();
+    app->job_id = entity_reply.job_id();
+    app->registered = true;
+    app->registration = request;
+    if (request.role() == v1::ROLE_SERVER) {
+      ServerEndpoint& endpoint = servers_[ServerKey(app->job_id, app->name)];
+      endpoint.app = app;
+    }
+    // A hot-standby replica (§5.3) takes deliveries for "replica:<server>".
+    if (request.role() == v1::ROLE_REPLICA) {
+      ServerEndpoint& endpoint = servers_[ServerKey(app->job_id, "replica:" + app->name)];
+      endpoint.app = app;
+    }
+  }
+  body->set_model_version(entity_reply.model_version());
+  (void)app->channel->Send(reply);
+}
+
+void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push,
+                        int fd) {
+  auto fail = [&](const std::string& reason) {
+    v1::LocalMessage done;
+    done.mutable_push_done()->set_request_id(push.request_id());
+    done.mutable_push_done()->set_outcome(v1::OUTCOME_FAILED);
+    done.mutable_push_done()->set_reason(reason);
+    (void)app->channel->Send(done);
+  };
+  if (fd < 0) {
+    fail("push carries no shared-memory buffer");
+    return;
+  }
+  auto buffer = SharedBuffer::Map(fd, static_cast<size_t>(std::max<int64_t>(push.bytes(), 0)));
+  if (!buffer.ok()) {
+    fail(std::string(buffer.status().message()));
+    return;
+  }
+  if (!app->registered || app->role != v1::ROLE_WORKER) {
+    fail("register as a worker before pushing");
+    return;
+  }
+  v1::SubmitUpdateRequest request;
+  request.set_job(app->job);
+  request.set_src_host(config_.host);
+  request.set_worker(app->name);
+  request.set_server(push.server());
+  request.set_bytes(push.bytes());
+  request.set_version(push.version());
+  request.set_norm(push.norm());
+  *request.mutable_tensors() = push.tensors();
+  request.set_dtype(push.dtype());
+  // The push is recorded under its local id before the RPC, and no lock is
+  // held across it: a command naming the push that arrives before the
+  // reply finds it by local id (AdoptSubmittedLocked), and the command
+  // stream never waits for a submission.
+  auto pending = std::make_shared<PendingPush>();
+  pending->app = app;
+  pending->request_id = push.request_id();
+  pending->buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
+  pending->tensors.assign(push.tensors().begin(), push.tensors().end());
+  // Checksum the packets while the scheduler plans (see PacketChecksums).
+  pending->checksums = daemon::PacketChecksums::ForPush(pending->tensors, pending->buffer->size(),
+                                                        config_.payload_bytes);
+  // Kept here: once recorded, *pending may be moved into pushes_ at any time.
+  const std::shared_ptr<daemon::PacketChecksums> checksums = pending->checksums;
+  const std::shared_ptr<SharedBuffer> bytes = pending->buffer;
+  uint64_t local_id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    local_id = next_local_id_++;
+    submitted_[local_id] = pending;
+    // Names the round a later get streams back, if the server runs rounds.
+    app->last_round_push[push.server()] = push.version();
+  }
+  request.set_local_id(local_id);
+  MLF_LOG(DEBUG) << "submitting push (local id " << local_id << ") of '" << app->name
+                 << "' to server '" << push.server() << "'";
+  v1::SubmitUpdateReply reply;
+  absl::Status status = scheduler_->SubmitUpdate(request, &reply);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto still = submitted_.find(local_id);
+    if (!status.ok()) {
+      if (still != submitted_.end()) submitted_.erase(still);
+    } else {
+      ++stats_.pushes;
+      // A command may have adopted it already; either way it is known now.
+      if (still != submitted_.end()) {
+        pushes_[reply.transfer_id()] = std::move(*still->second);
+        submitted_.erase(still);
+      }
+    }
+  }
+  if (!status.ok()) {
+    fail(absl::StrCat("scheduler refused the push: ", daemon::RpcErrorText(status)));
+    return;
+  }
+  const double start_s = clock_.NowSeconds();
+  checksums->SumAll(bytes->data());
+  MLF_LOG(DEBUG) << "checksummed push " << reply.transfer_id() << ": " << checksums->Ready()
+                 << " of " << checksums->packets() << " packets ahead of the sender ("
+                 << checksums->parts() << " threads) in "
+                 << absl::StrFormat("%.3f", clock_.NowSeconds() - start_s) << " s, done at "
+                 << absl::StrFormat("%.6f", clock_.NowSeconds());
+}
+
+void Daemon::AdoptSubmittedLocked(uint64_t transfer_id, uint64_t local_id) {
+  if (local_id == 0 || pushes_.count(transfer_id)) return;
+  auto it = submitted_.find(local_id);
+  if (it == submitted_.end()) return;
+  pushes_[transfer_id] = std::move(*it->second);
+  submitted_.erase(it);
+}
+
+void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) {
+  if (!app->registered) {
+    v1::LocalMessage done;
+    done.mutable_get_done()->set_request_id(get.request_id());
+    done.mutable_get_done()->set_error("register before calling get");
+    (void)app->channel->Send(done);
+    return;
+  }
+  const std::string job = app->job;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto pushed = app->last_round_push.find(get.server());
+  const int64_t round = pushed == app->last_round_push.end() ? -1 : pushed->second;
+  // Session threads are detached: a finished thread is reclaimed at once
+  // (kept joinable, one per get and per connection, they piled up until
+  // thread creation failed), and at Stop() they end with the process.
+  std::thread([this, app, get, job, round] {
+    v1::LocalMessage done;
+    v1::LocalGetDone* body = done.mutable_get_done();
+    body->set_request_id(get.request_id());
+    int64_t version = 0;
+    std::shared_ptr<SharedBuffer> model;
+    absl::Status status = FetchModel(job, get.server(), &version, &model, round,
+                                     static_cast<uint32_t>(std::max(0, get.priority())));
+    if (!status.ok()) {
+      body->set_error(std::string(status.message()));
+      (void)app->channel->Send(done);
+      return;
+    }
+    body->set_model_version(version);
+    body->set_bytes(static_cast<int64_t>(model->size()));
+    (void)app->channel->Send(done, model->fd());
+  }).detach();
+}
+
+void Daemon::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
+  std::vector<v1::CompletionReport> round_reports;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto delivery = round_deliveries_.find(ack.transfer_id());
+    if (delivery != round_deliveries_.end()) {
+      std::shared_ptr<Round> round = delivery->second;
+      round_deliveries_.erase(delivery);
+      if (round->reported) return;  // failed meanwhile; already reported
+      round->reported = true;
+      // A round advances the model by one version, whatever the callback
+      // returned: it is the version the workers' gets already saw.
+      for (const auto& [member, contributions] : round->members) {
+        v1::CompletionReport report;
+        report.set_host(config_.host);
+        report.set_transfer_id(member);
+        report.set_applied(ack.error().empty());
+        report.set_model_version(round->round + 1);
+        if (!ack.error().empty()) {
+          report.set_error(absl::StrCat("server refused round ", round->round, ": ", ack.error()));
+        }
+        round_reports.push_back(std::move(report));
+      }
+    }
+  }
+  if (!round_reports.empty()) {
+    for (const v1::CompletionReport& report : round_reports) reporter_->ReportNow(report);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto done = awaiting_ack_.find(ack.transfer_id()); done != awaiting_ack_.end()) {
+      buffer_pool_.Recycle(std::move(done->second.second));
+      awaiting_ack_.erase(done);
+    }
+  }
+  v1::CompletionReport report;
+  report.set_host(config_.host);
+  report.set_transfer_id(ack.transfer_id());
+  report.set_applied(ack.error().empty());
+  report.set_model_version(ack.model_version());
+  report.set_error(ack.error().empty() ? ""
+                                       : absl::StrCat("server refused the update: ", ack.error()));
+  reporter_->ReportNow(report);
+}
+
+void Daemon::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
+  std::shared_ptr<SharedBuffer> buffer;
+  std::string error = reply.error();
+  if (error.empty()) {
+    if (fd < 0) {
+      error = "model reply carries no buffer";
+    } else {
+      auto mapped = SharedBuffer::Map(fd, static_cast<size_t>(std::max<int64_t>(reply.bytes(), 0)));
+      fd = -1;
+      if (mapped.ok()) {
+        buffer = std::make_shared<SharedBuffer>(std::move(*mapped));
+      } else {
+        error = std::string(mapped.status().message());
+      }
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = model_replies_.find(reply.request_id());
+  if (it == model_replies_.end()) return;  // the requester gave up
+  it->second.done = true;
+  it->second.error = error;
+  it->second.version = reply.model_version();
+  it->second.buffer = buffer;
+  cv_.notify_all();
+}
+
+void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
+  std::lock_guard<std::mutex> lock(mu_);
+  apps_.erase(app);
+  for (auto it = awaiting_ack_.begin(); it != awaiting_ack_.end();) {
+    it = it->second.first == app ? awaiting_ack_.erase(it) : std::next(it);
+  }
+  if (app->role != v1::ROLE_SERVER && app->role != v1::ROLE_REPLICA) return;
+  const std::string endpoint_name =
+      app->role == v1::ROLE_REPLICA ? "replica:" + app->name : app->name;
+  auto it = servers_.find(ServerKey(app->job_id, endpoint_name));
+  if (it == servers_.end() || it->second.app != app) return;
+  it->second.app = nullptr;
+  MLF_LOG(WARNING) << "server '" << app->name << "' disconnected; failing "
+                   << it->second.expected.size() << " expected update(s)";
+  for (auto& [sequence, delivery] : it->second.expected) {
+    if (delivery.cancelled) continue;
+    delivery.cancelled = true;
+    reporter_->ReportFailure(delivery.info.transfer_id(),
+                       absl::StrCat("server '", app->name, "' disconnected before applying it"));
+  }
+  TryDeliverLocked(app->job_id, endpoint_name);
+  const std::string key = ServerKey(app->job_id, app->name);
+  for (auto& [round_key, round] : rounds_) {
+    if (round_key.first == key && !round->reported) {
+      FailRoundLocked(round, absl::StrCat("server '", app->name, "' disconnected"));
+    }
+  }
+  for (auto& [id, reply] : model_replies_) {
+    if (!reply.done && reply.server_app == app) {
+      reply.done = true;
+      reply.error = absl::StrCat("server '", app->name, "' disconnected");
+    }
+  }
+  cv_.notify_all();
+}
+
+}  // namespace mlfabric

@@ -1,0 +1,196 @@
+// Daemon: The control plane: the schedule stream and the commands on it (DESIGN.md §3 step 3).
+#include "daemon/daemon.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <cerrno>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <deque>
+#include <functional>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "aggregator/reduce.h"
+#include "common/crc32c.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "daemon/transport/framing.h"
+
+#include "daemon/daemon_internal.h"
+
+namespace mlfabric {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using transport::PacketHeader;
+using transport::PacketKind;
+using internal::kMaxIdleGetConnections;
+using internal::kMaxTransferBytes;
+using internal::kRoundChunkBytes;
+using internal::ElementBytes;
+using internal::PoolType;
+
+// ---------------------------------------------------------------- control
+
+void Daemon::ScheduleStreamLoop() {
+  while (!stopping_.load()) {
+    v1::StreamSchedulesRequest request;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      request.set_host(config_.host);
+      request.set_incarnation(incarnation_);
+    }
+    std::shared_ptr<daemon::ScheduleStream> stream = scheduler_->StreamSchedules(request);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stream_ = stream;
+      if (stopping_.load()) stream->Cancel();  // Stop() ran before the stream was known
+    }
+    v1::DaemonCommand command;
+    while (stream->Read(&command)) HandleCommand(command);
+    absl::Status status = stream->Finish();
+    if (stopping_.load()) break;
+    MLF_LOG(WARNING) << "lost the scheduler's schedule stream: " << daemon::RpcErrorText(status)
+                     << "; failing pending pushes and re-registering";
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [id, push] : pushes_) {
+        v1::LocalMessage done;
+        done.mutable_push_done()->set_request_id(push.request_id);
+        done.mutable_push_done()->set_outcome(v1::OUTCOME_FAILED);
+        done.mutable_push_done()->set_reason("the daemon lost its connection to the scheduler");
+        (void)push.app->channel->Send(done);
+      }
+      pushes_.clear();
+      // Pushes still being submitted fail when their SubmitUpdate does.
+      for (const auto& [id, outgoing] : outgoing_) packet_queue_.RemoveTransfer(id);
+      outgoing_.clear();
+      release_at_.clear();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (auto status = RegisterHost(); !status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      fatal_ = status;
+      cv_.notify_all();
+      return;
+    }
+    // The scheduler may have restarted: registered applications register again.
+    std::vector<std::shared_ptr<AppSession>> apps;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      apps.assign(apps_.begin(), apps_.end());
+    }
+    for (const auto& app : apps) {
+      if (!app->registered) continue;
+      v1::RegisterEntityRequest entity;
+      entity.set_job(app->job);
+      entity.set_job_token(app->job_token);
+      entity.set_role(app->role);
+      entity.set_name(app->name);
+      entity.set_host(config_.host);
+      entity.set_round_size(app->registration.round_size());
+      entity.set_delay_bound(app->registration.delay_bound());
+      entity.set_divergence_bound(app->registration.divergence_bound());
+      v1::RegisterEntityReply reply;
+      (void)scheduler_->RegisterEntity(entity, &reply);
+    }
+  }
+}
+
+void Daemon::HandleCommand(const v1::DaemonCommand& command) {
+  std::lock_guard<std::mutex> lock(mu_);
+  switch (command.command_case()) {
+    case v1::DaemonCommand::kSend:
+      // A push's commands may overtake its SubmitUpdate reply.
+      AdoptSubmittedLocked(command.send().transfer_id(), command.send().local_id());
+      ScheduleSendLocked(command.send());
+      break;
+    case v1::DaemonCommand::kAggregate:
+      StartAggregationLocked(command.aggregate());
+      break;
+    case v1::DaemonCommand::kExpect: {
+      const v1::ExpectDelivery& expect = command.expect();
+      if (expect.round_size() > 0) {
+        JoinRoundLocked(expect);
+        break;
+      }
+      const std::string key = ServerKey(expect.job_id(), expect.server());
+      ServerEndpoint& endpoint = servers_[key];
+      Delivery& delivery = endpoint.expected[expect.sequence()];
+      delivery.info = expect;
+      if (endpoint.app == nullptr) {
+        delivery.cancelled = true;
+        delivery.cancel_reason = "server application is not connected";
+        reporter_->ReportFailure(expect.transfer_id(),
+                           absl::StrCat("server '", expect.server(), "' is not connected to ",
+                                        config_.host, "'s daemon"));
+      }
+      TryDeliverLocked(expect.job_id(), expect.server());
+      break;
+    }
+    case v1::DaemonCommand::kCancel: {
+      const v1::CancelDelivery& cancel = command.cancel();
+      if (cancel.release_hold()) {
+        replica_holds_.erase(cancel.transfer_id());
+        break;
+      }
+      if (cancel.fail_round()) {
+        FailRoundLocked(RoundLocked(cancel.job_id(), cancel.server(), cancel.round()),
+                        cancel.reason());
+        break;
+      }
+      if (auto member = round_of_.find(cancel.transfer_id()); member != round_of_.end()) {
+        FailRoundLocked(member->second, absl::StrCat("push ", cancel.transfer_id(),
+                                                     " of the round failed: ", cancel.reason()));
+        break;
+      }
+      if (aggregations_.count(cancel.transfer_id())) {
+        DropAggregationLocked(cancel.transfer_id(), cancel.reason());
+        break;
+      }
+      for (auto& [key, endpoint] : servers_) {
+        auto it = endpoint.expected.find(cancel.sequence());
+        if (it == endpoint.expected.end() ||
+            it->second.info.transfer_id() != cancel.transfer_id()) {
+          continue;
+        }
+        it->second.cancelled = true;
+        it->second.cancel_reason = cancel.reason();
+        incoming_.erase(cancel.transfer_id());
+        TryDeliverLocked(it->second.info.job_id(), it->second.info.server());
+        break;
+      }
+      break;
+    }
+    case v1::DaemonCommand::kOutcome: {
+      const v1::PushOutcome& outcome = command.outcome();
+      AdoptSubmittedLocked(outcome.transfer_id(), outcome.local_id());
+      auto it = pushes_.find(outcome.transfer_id());
+      if (it == pushes_.end()) break;
+      v1::LocalMessage done;
+      v1::LocalPushDone* body = done.mutable_push_done();
+      body->set_request_id(it->second.request_id);
+      body->set_outcome(outcome.outcome());
+      body->set_reason(outcome.reason());
+      body->set_applied_version(outcome.applied_version());
+      body->set_delay(outcome.delay());
+      (void)it->second.app->channel->Send(done);
+      if (outcome.hold_for_replica()) replica_holds_[outcome.transfer_id()] = it->second;
+      pushes_.erase(it);
+      break;
+    }
+    default:
+      MLF_LOG(WARNING) << "ignoring an unknown command from the scheduler";
+  }
+}
+
+}  // namespace mlfabric

@@ -1,0 +1,47 @@
+// Constants and small helpers shared by the Daemon's member definitions
+// (daemon*.cc). Private to //daemon:daemon_lib.
+#ifndef MLFABRIC_DAEMON_DAEMON_INTERNAL_H_
+#define MLFABRIC_DAEMON_DAEMON_INTERNAL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "aggregator/packet_pool.h"
+#include "proto/scheduler.pb.h"
+
+namespace mlfabric::internal {
+
+// The largest transfer a data session accepts.
+inline constexpr int64_t kMaxTransferBytes = int64_t{64} << 30;
+// Connections kept for later gets, per server daemon.
+inline constexpr size_t kMaxIdleGetConnections = 4;
+// The grid the packet pool releases sums on (aggregator/packet_pool.h):
+// what a worker's get can receive, or an aggregate can forward, as soon as
+// it is final. It is the receiver's own, so senders may use any packet size.
+inline constexpr uint64_t kRoundChunkBytes = 32 * 1024;
+
+inline size_t ElementBytes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32: return sizeof(float);
+    case v1::DTYPE_FLOAT64: return sizeof(double);
+    case v1::DTYPE_INT32: return sizeof(int32_t);
+    case v1::DTYPE_INT64: return sizeof(int64_t);
+    default: return 0;
+  }
+}
+
+// The pool's element type for a round's or an aggregate's dtype.
+inline std::optional<aggregator::DType> PoolType(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32: return aggregator::DType::kFloat32;
+    case v1::DTYPE_FLOAT64: return aggregator::DType::kFloat64;
+    case v1::DTYPE_INT32: return aggregator::DType::kInt32;
+    case v1::DTYPE_INT64: return aggregator::DType::kInt64;
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace mlfabric::internal
+
+#endif  // MLFABRIC_DAEMON_DAEMON_INTERNAL_H_

@@ -1,0 +1,71 @@
+// PacketChecksums: the CRC-32C of every packet of a pushed buffer, computed
+// while the scheduler plans its batch (the push waits for that anyway), so
+// the sender loop does not checksum on the wire's critical path: perf showed
+// the CRC costing the sender more than the kernel's copy (daemon/README.md).
+//
+//   auto sums = PacketChecksums::ForPush(tensors, buffer.size(), payload_bytes);
+//   std::thread([=] { sums->SumAll(buffer.data()); }).detach();   // or call it inline
+//   ...
+//   std::optional<uint32_t> crc = sums->Find(offset, length);     // sender: nullopt -> sum it
+//   sums->MarkSending();   // the first packet goes: summing ahead would only take its CPU
+//
+// Packets are in the order the sender cuts them (PacketLayout). Large
+// pushes are summed by up to one thread per core, each over a contiguous
+// part; a part's first done[p] checksums are final (release/acquire), so
+// the sender can use whatever is done.
+// Thread safety: SumAll's threads write, Find/Ready read concurrently.
+#ifndef MLFABRIC_DAEMON_ENGINE_PACKET_CHECKSUMS_H_
+#define MLFABRIC_DAEMON_ENGINE_PACKET_CHECKSUMS_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "proto/local.pb.h"
+
+namespace mlfabric::daemon {
+
+// Transfer offsets and lengths of the packets a push is cut into: its
+// tensors (or the whole buffer) in order, each split every `payload_bytes`,
+// clipped to the buffer.
+void PacketLayout(const std::vector<v1::TensorInfo>& tensors, uint64_t total,
+                  uint64_t payload_bytes, std::vector<uint64_t>* offsets,
+                  std::vector<uint32_t>* lengths);
+
+class PacketChecksums {
+ public:
+  // The layout of a push and how many threads will sum it (1 to 8, at most
+  // one per core and per kPacketsPerThread packets).
+  static std::shared_ptr<PacketChecksums> ForPush(const std::vector<v1::TensorInfo>& tensors,
+                                                  uint64_t total, uint64_t payload_bytes);
+  static constexpr size_t kPacketsPerThread = 256;
+
+  // Sums every packet of `data`, on the calling thread plus parts()-1
+  // helper threads; returns when done or when MarkSending stopped it.
+  void SumAll(const uint8_t* data);
+  // The precomputed CRC of the packet at [offset, +length), if there is one.
+  std::optional<uint32_t> Find(uint64_t offset, uint32_t length) const;
+  // Packets summed so far, over all parts.
+  size_t Ready() const;
+  size_t packets() const { return offsets_.size(); }
+  size_t parts() const { return parts_; }
+  void MarkSending() const { sending_.store(true, std::memory_order_relaxed); }
+
+ private:
+  void SumPart(const uint8_t* data, size_t part);
+
+  std::vector<uint64_t> offsets_;  // packet start within the transfer, ascending
+  std::vector<uint32_t> lengths_;
+  std::vector<uint32_t> crcs_;
+  size_t part_size_ = 1;
+  size_t parts_ = 0;
+  std::unique_ptr<std::atomic<size_t>[]> done_;
+  mutable std::atomic<bool> sending_{false};
+};
+
+}  // namespace mlfabric::daemon
+
+#endif  // MLFABRIC_DAEMON_ENGINE_PACKET_CHECKSUMS_H_
