@@ -38,7 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "api/local_ipc.h"
+#include "ipc/local_ipc.h"
 
 namespace mlfabric {
 

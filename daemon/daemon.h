@@ -5,7 +5,7 @@
 //   command on it (daemon_control.cc). All scheduler calls go through
 //   daemon::SchedulerClient (control/), failures through the
 //   CompletionReporter's own thread; no RPC is made holding a lock.
-// - Local applications: a Unix-domain socket (api/local_ipc.h); workers push
+// - Local applications: a Unix-domain socket (ipc/local_ipc.h); workers push
 //   and get, servers receive updates and model requests (daemon_apps.cc).
 //   Tensor bytes stay in the application's memfd until they go on the wire.
 //   A push is recorded under its local id before its SubmitUpdate, so
@@ -53,7 +53,7 @@
 
 #include "absl/status/status.h"
 #include "aggregator/packet_pool.h"
-#include "api/local_ipc.h"
+#include "ipc/local_ipc.h"
 #include "common/clock.h"
 #include "daemon/control/completion_reporter.h"
 #include "daemon/control/scheduler_client.h"

@@ -15,6 +15,7 @@
 
 #include "api/allreduce.h"
 #include "api/registration.h"
+#include "api/replica.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {

@@ -18,7 +18,7 @@
 #include <mutex>
 #include <vector>
 
-#include "api/local_ipc.h"
+#include "ipc/local_ipc.h"
 
 namespace mlfabric::daemon {
 

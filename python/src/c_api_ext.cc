@@ -21,6 +21,7 @@
 #include "api/allreduce.h"
 #include "api/mlfabric.h"
 #include "api/registration.h"
+#include "api/replica.h"
 
 namespace mlfabric {
 namespace {

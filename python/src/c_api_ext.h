@@ -65,7 +65,7 @@ void mlf_ext_get_async(int64_t handle, const char* server, int32_t priority, mlf
 void mlf_ext_worker_destroy(int64_t handle);
 
 /* ---- Servers and replicas with caller callbacks (api/mlfabric.h Server,
- * api/registration.h Replica). The callbacks run on the thread that calls
+ * api/replica.h Replica). The callbacks run on the thread that calls
  * mlf_ext_server_serve / mlf_ext_replica_serve, one at a time, in commit
  * order. */
 typedef struct {

@@ -1,4 +1,4 @@
-#include "api/local_ipc.h"
+#include "ipc/local_ipc.h"
 
 #include <sys/socket.h>
 #include <unistd.h>

@@ -1,0 +1,100 @@
+#include "api/replica.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace mlfabric {
+
+absl::StatusOr<std::unique_ptr<Replica>> RegisterAsReplica(const std::string& server,
+                                                           const RegistrationParams& params) {
+  if (auto status = CheckBounds(params); !status.ok()) return status;
+  if (server.empty()) return absl::InvalidArgumentError("RegisterAsReplica: server name is empty");
+  std::string path = params.client.daemon_socket;
+  if (path.empty() && std::getenv("MLFABRIC_DAEMON_SOCKET") != nullptr) {
+    path = std::getenv("MLFABRIC_DAEMON_SOCKET");
+  }
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        "no daemon socket: set ClientOptions::daemon_socket or MLFABRIC_DAEMON_SOCKET");
+  }
+  auto fd = LocalChannel::Connect(path, params.client.connect_timeout_s);
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<Replica> replica(new Replica());
+  replica->server_ = server;
+  replica->channel_ = std::make_unique<LocalChannel>(*fd);
+  v1::LocalMessage hello;
+  v1::LocalRegister* body = hello.mutable_register_();
+  body->set_job(params.client.job);
+  body->set_job_token(params.client.job_token);
+  body->set_role(v1::ROLE_REPLICA);
+  // The replica registers under its server's name: it keeps a copy of it,
+  // and the scheduler sends it that server's replica transfers (§5.3).
+  body->set_name(server);
+  if (auto status = replica->channel_->Send(hello); !status.ok()) return status;
+  v1::LocalMessage reply;
+  int reply_fd = -1;
+  if (auto status = replica->channel_->Receive(&reply, &reply_fd); !status.ok()) return status;
+  if (reply_fd >= 0) ::close(reply_fd);
+  if (!reply.has_registered()) return absl::InternalError("daemon sent no registration reply");
+  if (!reply.registered().error().empty()) {
+    return absl::FailedPreconditionError(reply.registered().error());
+  }
+  return replica;
+}
+
+Replica::~Replica() { Stop(); }
+
+void Replica::Stop() {
+  stopping_.store(true);
+  if (channel_) channel_->Shutdown();
+}
+
+absl::Status Replica::Serve() {
+  if (!on_update_) {
+    return absl::FailedPreconditionError("register an update callback before Serve()");
+  }
+  while (true) {
+    v1::LocalMessage message;
+    int fd = -1;
+    absl::Status status = channel_->Receive(&message, &fd);
+    if (!status.ok()) {
+      if (stopping_.load()) return absl::OkStatus();
+      return absl::UnavailableError(
+          absl::StrCat("lost the connection to the MLfabric daemon: ", status.message()));
+    }
+    if (!message.has_update()) {
+      if (fd >= 0) ::close(fd);
+      continue;
+    }
+    const v1::LocalUpdate& update = message.update();
+    v1::LocalMessage ack;
+    v1::LocalUpdateAck* body = ack.mutable_update_ack();
+    body->set_transfer_id(update.transfer_id());
+    auto buffer = SharedBuffer::Map(fd, static_cast<size_t>(update.bytes()));
+    if (!buffer.ok()) {
+      body->set_error(std::string(buffer.status().message()));
+    } else {
+      Server::Update view;
+      view.transfer_id = update.transfer_id();
+      view.sequence = update.sequence();
+      view.worker = update.worker();
+      view.version = update.version();
+      view.norm = update.norm();
+      view.count = std::max<int64_t>(1, update.count());
+      view.data = buffer->data();
+      view.bytes = buffer->size();
+      absl::StatusOr<int64_t> applied = on_update_(view);
+      if (applied.ok()) {
+        body->set_model_version(*applied);
+      } else {
+        body->set_error(std::string(applied.status().message()));
+      }
+    }
+    if (auto sent = channel_->Send(ack); !sent.ok()) return sent;
+  }
+}
+
+}  // namespace mlfabric
