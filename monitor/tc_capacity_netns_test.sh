@@ -4,9 +4,9 @@
 set -uo pipefail
 probe="$PWD/monitor/tc_capacity_probe"
 ns="mlf-tc-$$"
+source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
 if ! ip netns add "$ns" 2>/dev/null; then
-  echo "SKIPPED: cannot create a network namespace (needs root and CAP_SYS_ADMIN)"
-  exit 0
+  skip_or_fail "cannot create a network namespace (needs root and CAP_SYS_ADMIN)"
 fi
 trap 'ip netns del "$ns" 2>/dev/null' EXIT
 set -e

@@ -18,6 +18,7 @@
 #include "proto/scheduler.grpc.pb.h"
 #include "tests/admin_http.h"
 #include "tools/launch/process.h"
+#include "testing/prereq.h"
 
 namespace mlfabric {
 namespace {
@@ -62,9 +63,8 @@ TEST_CASE("The dashboard loads in headless chromium without console messages and
           "live cluster") {
   struct stat st;
   if (::stat(kChromium, &st) != 0) {
-    std::cout << "SKIPPED: " << kChromium
-              << " not installed (tools/deps/admin.deb; run tools/bootstrap)\n";
-    return;
+    MLFABRIC_SKIP_TEST(std::string(kChromium) +
+                       " not installed (tools/deps/admin.deb; run tools/bootstrap)");
   }
   const std::string dir = launch::MakeTempDir("dashboard");
   setenv("HOME", dir.c_str(), 1);  // chromium wants a writable home

@@ -7,7 +7,11 @@ import sys
 try:
     from prometheus_client.parser import text_string_to_metric_families
 except ImportError as e:  # pragma: no cover
-    print(f"SKIPPED: prometheus_client not importable ({e}); run tools/bootstrap")
+    import os
+    why = f"prometheus_client not importable ({e}); run tools/bootstrap"
+    if os.environ.get("MLFABRIC_REQUIRE_PREREQS") == "1":
+        sys.exit(f"FAILED: missing prerequisite (required under CI): {why}")
+    print(f"SKIPPED: {why}")
     sys.exit(0)
 
 text = open(sys.argv[1]).read()

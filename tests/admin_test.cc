@@ -25,6 +25,7 @@
 #include "proto/scheduler.grpc.pb.h"
 #include "tests/admin_http.h"
 #include "tools/launch/process.h"
+#include "testing/prereq.h"
 
 namespace mlfabric {
 namespace {
@@ -139,9 +140,8 @@ TEST_CASE("JSON and /metrics describe the live cluster; prometheus_client parses
   const std::string metrics_path = out_dir + "/metrics.txt";
   std::ofstream(metrics_path) << metrics.body;
   if (access(VenvPython().c_str(), X_OK) != 0) {
-    std::cout << "SKIPPED: " << VenvPython()
-              << " not found (run tools/bootstrap); /metrics was not parsed by prometheus_client\n";
-    return;
+    MLFABRIC_SKIP_TEST(VenvPython() + " not found (run tools/bootstrap); /metrics was not "
+                       "parsed by prometheus_client");
   }
   auto check = Subprocess::Start(
       {VenvPython(), RunfilePath("tests/admin_metrics_check.py"), metrics_path},

@@ -5,10 +5,10 @@
 # server, per-layer pushes). Each must reach its test accuracy. Skips, saying
 # why, when the venv has no TensorFlow.
 set -euo pipefail
+source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
 python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
 if ! "$python" -c "import tensorflow, keras, sklearn" >/dev/null 2>&1; then
-  echo "SKIPPED: $python cannot import tensorflow/keras/sklearn; run tools/bootstrap"
-  exit 0
+  skip_or_fail "$python cannot import tensorflow/keras/sklearn; run tools/bootstrap"
 fi
 root="$TEST_SRCDIR/mlfabric"
 export PYTHONPATH="$root/python"

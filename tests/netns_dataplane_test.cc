@@ -27,6 +27,7 @@
 #include "daemon/bench/dataplane_trace.h"
 #include "daemon/bench/netns_testbed.h"
 #include "tools/launch/process.h"
+#include "testing/prereq.h"
 
 namespace mlfabric {
 namespace {
@@ -58,9 +59,7 @@ std::unique_ptr<NetnsTestbed> CreateOrSkip(double link_bps, std::string* why) {
   std::string why;                                   \
   auto bed_var = CreateOrSkip(bed_expr, &why);       \
   if (bed_var == nullptr) {                          \
-    std::cout << "SKIPPED: " << why << std::endl;    \
-    WARN("SKIPPED: " << why);                        \
-    return;                                          \
+    MLFABRIC_SKIP_TEST(why);                         \
   }
 
 // The newest planned transfer to `server` of `bytes` bytes with an id
@@ -159,9 +158,7 @@ TEST_CASE("Throughput follows the scheduled rate below the link rate, and the li
   std::string why;
   const std::optional<PacedRun> slow_run = RunPaced(kLink, 100e6, kBytes, &why);
   if (!slow_run.has_value()) {
-    std::cout << "SKIPPED: " << why << std::endl;
-    WARN("SKIPPED: " << why);
-    return;
+    MLFABRIC_SKIP_TEST(why);
   }
   const PacedRun slow = *slow_run;
   const PacedRun fast = RunPaced(kLink, 250e6, kBytes, &why).value();

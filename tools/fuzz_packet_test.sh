@@ -5,9 +5,9 @@
 # (tools/deps/fuzz.deb); on a machine without it this reports a skip with
 # the reason rather than passing.
 set -euo pipefail
+source "${TEST_SRCDIR:-.}/mlfabric/testing/prereq.sh"
 if ! command -v clang++ >/dev/null; then
-  echo "SKIPPED: clang++ is not installed (tools/bootstrap installs it from tools/deps/fuzz.deb)"
-  exit 0
+  skip_or_fail "clang++ is not installed (tools/bootstrap installs it from tools/deps/fuzz.deb)"
 fi
 seconds=${FUZZ_SECONDS:-20}
 export FUZZ_ARTIFACTS="${TEST_UNDECLARED_OUTPUTS_DIR:-${TEST_TMPDIR:-/tmp}}"

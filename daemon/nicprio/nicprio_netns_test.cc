@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "daemon/nicprio/tc_commands.h"
+#include "testing/prereq.h"
 
 namespace mlfabric::nicprio {
 namespace {
@@ -106,9 +107,7 @@ const std::vector<NicJob> kJobs = {{"a", {2222}}, {"b", {3333, 3334}}};
 TEST_CASE("Library commands install, re-rank and remove htb classes in a namespace") {
   Namespace ns;
   if (std::string why = ns.Create(); !why.empty()) {
-    std::cout << "SKIPPED: " << why << std::endl;
-    WARN("SKIPPED: " << why);
-    return;
+    MLFABRIC_SKIP_TEST(why);
   }
   NicPrioConfig config{"veth0", 1e9, 1e6, 7};
   auto setup = SetupCommands(config, kJobs, {0, 1});
@@ -147,9 +146,7 @@ TEST_CASE("Library commands install, re-rank and remove htb classes in a namespa
 TEST_CASE("mlfabric-nicprio rotates every period (rr) and cleans up on SIGTERM") {
   Namespace ns;
   if (std::string why = ns.Create(); !why.empty()) {
-    std::cout << "SKIPPED: " << why << std::endl;
-    WARN("SKIPPED: " << why);
-    return;
+    MLFABRIC_SKIP_TEST(why);
   }
   const std::string binary = BinaryPath();
   REQUIRE(access(binary.c_str(), X_OK) == 0);
@@ -179,14 +176,10 @@ TEST_CASE("mlfabric-nicprio rotates every period (rr) and cleans up on SIGTERM")
 TEST_CASE("Without CAP_NET_ADMIN the tool explains and changes nothing") {
   Namespace ns;
   if (std::string why = ns.Create(); !why.empty()) {
-    std::cout << "SKIPPED: " << why << std::endl;
-    WARN("SKIPPED: " << why);
-    return;
+    MLFABRIC_SKIP_TEST(why);
   }
   if (Shell("command -v capsh").exit_code != 0) {
-    std::cout << "SKIPPED: capsh is not installed, cannot drop CAP_NET_ADMIN" << std::endl;
-    WARN("SKIPPED: capsh missing");
-    return;
+    MLFABRIC_SKIP_TEST("capsh is not installed, cannot drop CAP_NET_ADMIN");
   }
   const std::string before = ns.Exec("tc qdisc show dev veth0").output;
   Result r = ns.Exec("capsh --drop=cap_net_admin -- -c '" + BinaryPath() +

@@ -16,9 +16,12 @@ python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
   --update_bytes=65536 --period_s=1 --duration_s=5 --grace_s=25 --target_accuracy=0.5 \
   --prefix="mlft-t$(($$ % 1000))-" --out="$out" --plots=1 2>&1 | tee "$TEST_TMPDIR/log.txt"
 "$python" - "$out/results.json" <<'PY'
-import json, sys
+import json, os, sys
 r = json.load(open(sys.argv[1]))
 systems = r["systems"]
+if r["config"]["mode"] != "netns" and os.environ.get("MLFABRIC_REQUIRE_PREREQS") == "1":
+    sys.exit("FAILED: missing prerequisite (required under CI): network namespaces; the "
+             "testbed fell back to loopback")
 want = ["mlfabric-a30", "mlfabric-s", "vanilla", "rr-sync", "tr-sync"]
 assert list(systems) == want, "systems that ran: %s" % list(systems)
 for name, s in systems.items():

@@ -24,12 +24,15 @@ else
     --out="$out" --timeout_s=120 2>&1 | tee "$TEST_TMPDIR/log.txt"
 fi
 "$python" - "$which" "$out/results.json" <<'PY'
-import json, math, sys
+import json, math, os, sys
 which, path = sys.argv[1], sys.argv[2]
 r = json.load(open(path))
 runs = r["runs"]
 mode = r["config"]["mode"]
 if mode != "netns":
+    if os.environ.get("MLFABRIC_REQUIRE_PREREQS") == "1":
+        sys.exit("FAILED: missing prerequisite (required under CI): network namespaces (%s)"
+                 % r["config"]["fallback_reason"])
     print("SKIPPED: namespace part (%s); checked the loopback run only" % r["config"]["fallback_reason"])
 if which == "mercury":
     want = ["prio", "fifo", "whole", "prio+rounds", "single"]
