@@ -231,8 +231,28 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
   record.submitted_s = clock_->NowSeconds();
   server->second.pending.push_back(record.transfer_id);
   reply->set_transfer_id(record.transfer_id);
+  const int64_t round = record.version;
   state_.updates[record.transfer_id] = std::move(record);
+  // A synchronous round is planned as soon as all its pushes are in, not at
+  // the next batch tick: an AllReduce then costs a plan, not up to a batch
+  // interval (issue 19). Asynchronous pushes keep batching.
+  if (RoundComplete(*job, server->second, round)) loop_.Wake();
   return absl::OkStatus();
+}
+
+bool SchedulerService::RoundComplete(const JobState& job, const ServerState& server,
+                                     int64_t round) const {
+  const int32_t round_size = RoundSize(job, server);
+  if (round_size <= 0) return false;
+  size_t members = 0;
+  if (auto known = server.rounds.find(round); known != server.rounds.end()) {
+    members = known->second.workers.size();
+  }
+  for (uint64_t id : server.pending) {
+    auto it = state_.updates.find(id);
+    if (it != state_.updates.end() && it->second.version == round) ++members;
+  }
+  return members >= static_cast<size_t>(round_size);
 }
 
 absl::Status SchedulerService::BeginStream(const std::string& host_name, uint64_t incarnation) {

@@ -113,6 +113,9 @@ class SchedulerService {
                       const std::map<std::string, std::vector<core::RateSegment>>& down,
                       BatchWork* item);
   void SampleLinksLocked(double now_s);
+  // True when every push of synchronous round `round` of `server` is in
+  // (admitted earlier or pending now). Requires mu_.
+  bool RoundComplete(const JobState& job, const ServerState& server, int64_t round) const;
 
   const SchedulerConfig config_;
   const Clock* clock_;

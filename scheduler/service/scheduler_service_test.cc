@@ -328,3 +328,59 @@ TEST_CASE("float32 and float64 updates can share in-network aggregates; nothing 
 
 }  // namespace
 }  // namespace mlfabric
+
+namespace mlfabric {
+namespace {
+
+TEST_CASE("A synchronous round is planned as soon as its last push arrives, not at the tick") {
+  SchedulerConfig config;
+  config.batch_interval_ms = 3600e3;  // an hour: only the early wake-up can plan in time
+  FakeClock clock{10.0};
+  SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
+  SchedulerGrpcService rpc{&service};
+  grpc::ServerContext context;
+  for (const char* name : {"s1", "w1", "w2"}) {
+    v1::RegisterHostRequest request;
+    request.set_protocol_version(1);
+    request.set_host(name);
+    request.set_data_address("127.0.0.1:1");
+    v1::RegisterHostReply reply;
+    REQUIRE(rpc.RegisterHost(&context, &request, &reply).ok());
+  }
+  v1::RegisterEntityRequest server;
+  server.set_job("demo");
+  server.set_job_token("demo-token");
+  server.set_role(v1::ROLE_SERVER);
+  server.set_name("root");
+  server.set_host("s1");
+  server.set_round_size(2);
+  v1::RegisterEntityReply registered;
+  REQUIRE(rpc.RegisterEntity(&context, &server, &registered).ok());
+  service.Start();
+  auto push = [&](const std::string& worker) {
+    v1::SubmitUpdateRequest request;
+    request.set_job("demo");
+    request.set_src_host(worker);
+    request.set_worker(worker);
+    request.set_server("root");
+    request.set_bytes(4096);
+    request.set_version(0);
+    v1::SubmitUpdateReply reply;
+    REQUIRE(rpc.SubmitUpdate(&context, &request, &reply).ok());
+  };
+  auto planned = [&] { return service.Snapshot().in_flight.size(); };
+  push("w1");
+  // One of two: the round is not complete, nothing wakes the loop.
+  CHECK(planned() == 0);
+  push("w2");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (planned() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(planned() == 2);
+  CHECK(service.GetStats().batches == 1);
+  service.Stop();
+}
+
+}  // namespace
+}  // namespace mlfabric
