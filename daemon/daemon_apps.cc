@@ -29,16 +29,6 @@
 
 namespace mlfabric {
 
-namespace asio = boost::asio;
-using asio::ip::tcp;
-using transport::PacketHeader;
-using transport::PacketKind;
-using internal::kMaxIdleGetConnections;
-using internal::kMaxTransferBytes;
-using internal::kRoundChunkBytes;
-using internal::ElementBytes;
-using internal::PoolType;
-
 // ------------------------------------------------------------ local apps
 
 void Daemon::LocalAcceptLoop() {

@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <optional>
 
+#include <boost/asio/ip/tcp.hpp>
+
 #include "aggregator/packet_pool.h"
+#include "daemon/transport/packet.h"
 #include "proto/scheduler.pb.h"
 
 namespace mlfabric::internal {
@@ -43,5 +46,20 @@ inline std::optional<aggregator::DType> PoolType(v1::DType dtype) {
 }
 
 }  // namespace mlfabric::internal
+
+namespace mlfabric {
+
+// The names every daemon_*.cc uses (this header is private to them).
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using internal::ElementBytes;
+using internal::kMaxIdleGetConnections;
+using internal::kMaxTransferBytes;
+using internal::kRoundChunkBytes;
+using internal::PoolType;
+using transport::PacketHeader;
+using transport::PacketKind;
+
+}  // namespace mlfabric
 
 #endif  // MLFABRIC_DAEMON_DAEMON_INTERNAL_H_

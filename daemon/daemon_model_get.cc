@@ -29,16 +29,6 @@
 
 namespace mlfabric {
 
-namespace asio = boost::asio;
-using asio::ip::tcp;
-using transport::PacketHeader;
-using transport::PacketKind;
-using internal::kMaxIdleGetConnections;
-using internal::kMaxTransferBytes;
-using internal::kRoundChunkBytes;
-using internal::ElementBytes;
-using internal::PoolType;
-
 bool Daemon::ConsumeUnscheduled(uint32_t bytes, double now, double* next_s) {
   std::lock_guard<std::mutex> lock(unscheduled_mu_);
   if (!unscheduled_budget_.has_value()) return true;

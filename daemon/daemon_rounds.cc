@@ -29,16 +29,6 @@
 
 namespace mlfabric {
 
-namespace asio = boost::asio;
-using asio::ip::tcp;
-using transport::PacketHeader;
-using transport::PacketKind;
-using internal::kMaxIdleGetConnections;
-using internal::kMaxTransferBytes;
-using internal::kRoundChunkBytes;
-using internal::ElementBytes;
-using internal::PoolType;
-
 void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
   auto it = servers_.find(ServerKey(job_id, server));
   if (it == servers_.end()) return;

@@ -29,16 +29,6 @@
 
 namespace mlfabric {
 
-namespace asio = boost::asio;
-using asio::ip::tcp;
-using transport::PacketHeader;
-using transport::PacketKind;
-using internal::kMaxIdleGetConnections;
-using internal::kMaxTransferBytes;
-using internal::kRoundChunkBytes;
-using internal::ElementBytes;
-using internal::PoolType;
-
 void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
   // A replica copy (§5.3) sends the bytes of another push of this host.
   const uint64_t source = send.source_transfer_id() != 0 ? send.source_transfer_id()
