@@ -269,6 +269,38 @@ absl::StatusOr<Model> Worker::Get(const std::string& server, int32_t priority) {
 
 // ------------------------------------------------------------------ Server
 
+namespace internal {
+
+v1::LocalMessage ApplyDeliveredUpdate(const v1::LocalUpdate& update, int fd,
+                                      const Server::UpdateCallback& on_update) {
+  v1::LocalMessage ack;
+  v1::LocalUpdateAck* body = ack.mutable_update_ack();
+  body->set_transfer_id(update.transfer_id());
+  auto buffer = SharedBuffer::Map(fd, static_cast<size_t>(update.bytes()));
+  if (!buffer.ok()) {
+    body->set_error(std::string(buffer.status().message()));
+    return ack;
+  }
+  Server::Update view;
+  view.transfer_id = update.transfer_id();
+  view.sequence = update.sequence();
+  view.count = std::max<int64_t>(1, update.count());
+  view.worker = update.worker();
+  view.version = update.version();
+  view.norm = update.norm();
+  view.data = buffer->data();
+  view.bytes = buffer->size();
+  absl::StatusOr<int64_t> applied = on_update(view);
+  if (applied.ok()) {
+    body->set_model_version(*applied);
+  } else {
+    body->set_error(std::string(applied.status().message()));
+  }
+  return ack;
+}
+
+}  // namespace internal
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Connect(const ClientOptions& options) {
   std::unique_ptr<Server> server(new Server());
   std::string path;
@@ -300,30 +332,7 @@ absl::Status Server::Serve() {
           absl::StrCat("lost the connection to the MLfabric daemon: ", status.message()));
     }
     if (message.has_update()) {
-      const v1::LocalUpdate& update = message.update();
-      v1::LocalMessage ack;
-      v1::LocalUpdateAck* body = ack.mutable_update_ack();
-      body->set_transfer_id(update.transfer_id());
-      auto buffer = SharedBuffer::Map(fd, static_cast<size_t>(update.bytes()));
-      if (!buffer.ok()) {
-        body->set_error(std::string(buffer.status().message()));
-      } else {
-        Update view;
-        view.transfer_id = update.transfer_id();
-        view.sequence = update.sequence();
-        view.count = std::max<int64_t>(1, update.count());
-        view.worker = update.worker();
-        view.version = update.version();
-        view.norm = update.norm();
-        view.data = buffer->data();
-        view.bytes = buffer->size();
-        absl::StatusOr<int64_t> applied = on_update_(view);
-        if (applied.ok()) {
-          body->set_model_version(*applied);
-        } else {
-          body->set_error(std::string(applied.status().message()));
-        }
-      }
+      const v1::LocalMessage ack = internal::ApplyDeliveredUpdate(message.update(), fd, on_update_);
       if (auto sent = channel_->Send(ack); !sent.ok()) return sent;
     } else if (message.has_model_request()) {
       if (fd >= 0) ::close(fd);

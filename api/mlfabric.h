@@ -185,6 +185,14 @@ class Server {
   std::atomic<bool> stopping_{false};
 };
 
+namespace internal {
+// Maps a delivered update's memfd (taking `fd`), runs `on_update` on it and
+// returns the acknowledgement for the daemon: the new model version, or the
+// error. What a Server and a Replica do with every update.
+v1::LocalMessage ApplyDeliveredUpdate(const v1::LocalUpdate& update, int fd,
+                                      const Server::UpdateCallback& on_update);
+}  // namespace internal
+
 }  // namespace mlfabric
 
 #endif  // MLFABRIC_API_MLFABRIC_H_

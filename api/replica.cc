@@ -69,30 +69,7 @@ absl::Status Replica::Serve() {
       if (fd >= 0) ::close(fd);
       continue;
     }
-    const v1::LocalUpdate& update = message.update();
-    v1::LocalMessage ack;
-    v1::LocalUpdateAck* body = ack.mutable_update_ack();
-    body->set_transfer_id(update.transfer_id());
-    auto buffer = SharedBuffer::Map(fd, static_cast<size_t>(update.bytes()));
-    if (!buffer.ok()) {
-      body->set_error(std::string(buffer.status().message()));
-    } else {
-      Server::Update view;
-      view.transfer_id = update.transfer_id();
-      view.sequence = update.sequence();
-      view.worker = update.worker();
-      view.version = update.version();
-      view.norm = update.norm();
-      view.count = std::max<int64_t>(1, update.count());
-      view.data = buffer->data();
-      view.bytes = buffer->size();
-      absl::StatusOr<int64_t> applied = on_update_(view);
-      if (applied.ok()) {
-        body->set_model_version(*applied);
-      } else {
-        body->set_error(std::string(applied.status().message()));
-      }
-    }
+    const v1::LocalMessage ack = internal::ApplyDeliveredUpdate(message.update(), fd, on_update_);
     if (auto sent = channel_->Send(ack); !sent.ok()) return sent;
   }
 }
