@@ -16,7 +16,7 @@
 
 #include "nlohmann/json.hpp"
 #include "proto/scheduler.grpc.pb.h"
-#include "tests/admin_http.h"
+#include "testing/http_client.h"
 #include "tools/launch/process.h"
 #include "testing/prereq.h"
 
@@ -104,10 +104,10 @@ TEST_CASE("The dashboard loads in headless chromium without console messages and
   }
 
   const std::string dim = "--dim=131072";  // 512 KiB updates
-  REQUIRE(c.StartApp("ps-resnet", {BinaryPath("tests/apps/sum_server"), "--socket=" + c.Socket("s1"),
+  REQUIRE(c.StartApp("ps-resnet", {BinaryPath("testing/apps/sum_server"), "--socket=" + c.Socket("s1"),
                                    "--job=resnet", "--token=resnet-token", "--name=ps0", dim})
               .ok());
-  REQUIRE(c.StartApp("ps-bert", {BinaryPath("tests/apps/sum_server"), "--socket=" + c.Socket("s1"),
+  REQUIRE(c.StartApp("ps-bert", {BinaryPath("testing/apps/sum_server"), "--socket=" + c.Socket("s1"),
                                  "--job=bert", "--token=bert-token", "--name=ps1", dim})
               .ok());
   REQUIRE(WaitUntil([&] {
@@ -118,7 +118,7 @@ TEST_CASE("The dashboard loads in headless chromium without console messages and
   for (const auto& [name, job, server] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"w1", "resnet", "ps0"}, {"w2", "resnet", "ps0"}, {"w3", "bert", "ps1"}}) {
-    auto worker = c.StartApp(name, {BinaryPath("tests/apps/vector_worker"),
+    auto worker = c.StartApp(name, {BinaryPath("testing/apps/vector_worker"),
                                     "--socket=" + c.Socket(name), "--name=" + name, "--job=" + job,
                                     "--token=" + job + "-token", "--server=" + server, dim,
                                     "--pushes=300", "--window=6"});

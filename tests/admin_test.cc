@@ -23,7 +23,7 @@
 #include "monitor/bandwidth_monitor.h"
 #include "nlohmann/json.hpp"
 #include "proto/scheduler.grpc.pb.h"
-#include "tests/admin_http.h"
+#include "testing/http_client.h"
 #include "tools/launch/process.h"
 #include "testing/prereq.h"
 
@@ -89,7 +89,7 @@ void RunWorkers(LocalCluster& c, const std::vector<std::string>& workers, int pu
       30));
   std::vector<Subprocess*> procs;
   for (const std::string& name : workers) {
-    auto worker = c.StartApp(name, {BinaryPath("tests/apps/vector_worker"),
+    auto worker = c.StartApp(name, {BinaryPath("testing/apps/vector_worker"),
                                     "--socket=" + c.Socket(name), "--name=" + name, "--dim=256",
                                     "--pushes=" + std::to_string(pushes), "--window=4"});
     REQUIRE(worker.ok());
@@ -106,7 +106,7 @@ void RunWorkers(LocalCluster& c, const std::vector<std::string>& workers, int pu
 TEST_CASE("JSON and /metrics describe the live cluster; prometheus_client parses /metrics") {
   AdminCluster ac = AdminCluster::Start({"s1", "w1", "w2"});
   LocalCluster& c = *ac.cluster;
-  auto server = c.StartApp("server", {BinaryPath("tests/apps/sum_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=256"});
   REQUIRE(server.ok());
   RunWorkers(c, {"w1", "w2"}, 10);
@@ -285,7 +285,7 @@ TEST_CASE("A replayed bandwidth change reaches the network view within lag + per
   // The view is now fixed at the last report; the next plan uses it.
   const double final_up = m.LastReport()->up_bps;
   REQUIRE(WaitUntil([&] { return reported_up() == final_up; }, 2));
-  auto server = c.StartApp("server", {BinaryPath("tests/apps/sum_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=256"});
   REQUIRE(server.ok());
   RunWorkers(c, {"w1"}, 3);

@@ -51,7 +51,7 @@ TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
   LocalCluster& c = **cluster;
   const int kPushes = 20, kDim = 262144;  // 1 MiB updates
   const std::string model_path = c.dir() + "/model.txt";
-  auto server = c.StartApp("server", {BinaryPath("tests/apps/sum_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=" + std::to_string(kDim),
                                       "--expect_updates=" + std::to_string(3 * kPushes),
                                       "--out=" + model_path});
@@ -60,7 +60,7 @@ TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
   for (int w = 1; w <= 3; ++w) {
     const std::string name = "w" + std::to_string(w);
     auto worker = c.StartApp(
-        name, {BinaryPath("tests/apps/vector_worker"), "--socket=" + c.Socket(name),
+        name, {BinaryPath("testing/apps/vector_worker"), "--socket=" + c.Socket(name),
                "--name=" + name, "--seed=" + std::to_string(10 + w), "--dim=" + std::to_string(kDim),
                "--pushes=" + std::to_string(kPushes), "--window=8",
                "--out=" + c.dir() + "/sum" + name + ".txt"});
@@ -101,12 +101,12 @@ TEST_CASE("Killing the aggregator fails its pushes; later pushes go direct") {
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   LocalCluster& c = **cluster;
-  auto server = c.StartApp("server", {BinaryPath("tests/apps/sum_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=262144"});
   REQUIRE(server.ok());
   std::vector<Subprocess*> workers;
   for (const std::string name : {"w1", "w2"}) {
-    auto worker = c.StartApp(name, {BinaryPath("tests/apps/vector_worker"),
+    auto worker = c.StartApp(name, {BinaryPath("testing/apps/vector_worker"),
                                     "--socket=" + c.Socket(name), "--name=" + name,
                                     "--dim=262144", "--pushes=100000", "--window=8",
                                     "--get=false"});
@@ -135,7 +135,7 @@ TEST_CASE("Killing the aggregator fails its pushes; later pushes go direct") {
     CHECK(worker->WaitFor(30).has_value());
   }
   // With a1 gone, new pushes are planned direct and apply.
-  auto later = c.StartApp("w1-later", {BinaryPath("tests/apps/vector_worker"),
+  auto later = c.StartApp("w1-later", {BinaryPath("testing/apps/vector_worker"),
                                        "--socket=" + c.Socket("w1"), "--name=w1b",
                                        "--dim=262144", "--pushes=5"});
   REQUIRE(later.ok());

@@ -16,7 +16,7 @@
 #include <iostream>
 #include <set>
 
-#include "daemon/bench/dataplane_trace.h"
+#include "testing/apps/dataplane_trace.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
@@ -55,7 +55,7 @@ Cluster StartCluster(const std::string& planner, const std::vector<std::string>&
 
 std::vector<std::string> Pusher(LocalCluster& c, const std::string& host, const std::string& name,
                                 int64_t bytes, int pushes, int seed) {
-  return {BinaryPath("daemon/bench/dataplane_pusher"),
+  return {BinaryPath("testing/apps/dataplane_pusher"),
           "--socket=" + c.Socket(host),
           "--name=" + name,
           "--bytes=" + std::to_string(bytes),
@@ -84,7 +84,7 @@ TEST_CASE("FIFO planner: small updates that overtake a large one wait for it at 
   LocalCluster& c = *cl.cluster;
   const int64_t kLargeBytes = 128 << 20, kSmallBytes = 64 << 10;
   const int kSmallPushes = 8;
-  auto server = c.StartApp("server", {BinaryPath("daemon/bench/dataplane_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
                                       "--socket=" + c.Socket("s1"),
                                       "--expect_updates=" + std::to_string(1 + kSmallPushes)});
   REQUIRE(server.ok());
@@ -140,7 +140,7 @@ TEST_CASE("MLfabric planner: delivery follows the planner's commit order, not su
   // meet in batches, where the planner orders them (§5.1).
   const std::vector<int64_t> sizes = {4 << 20, 64 << 10, 1 << 20};
   const int kPushes = 6;
-  auto server = c.StartApp("server", {BinaryPath("daemon/bench/dataplane_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
                                       "--socket=" + c.Socket("s1"),
                                       "--expect_updates=" + std::to_string(3 * kPushes)});
   REQUIRE(server.ok());

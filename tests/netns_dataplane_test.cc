@@ -24,8 +24,8 @@
 #include <iostream>
 #include <thread>
 
-#include "daemon/bench/dataplane_trace.h"
-#include "daemon/bench/netns_testbed.h"
+#include "testing/apps/dataplane_trace.h"
+#include "testing/netns_testbed.h"
 #include "tools/launch/process.h"
 #include "testing/prereq.h"
 
@@ -91,7 +91,7 @@ uint64_t LastPlannedId(NetnsTestbed& bed) {
 std::vector<std::string> Pusher(NetnsTestbed& bed, const std::string& job,
                                 const std::string& server, int64_t bytes, int seed,
                                 const std::string& go_file = "") {
-  std::vector<std::string> argv = {BinaryPath("daemon/bench/dataplane_pusher"),
+  std::vector<std::string> argv = {BinaryPath("testing/apps/dataplane_pusher"),
                                    "--socket=" + bed.Socket("w1"),
                                    "--name=w-" + job + "-" + std::to_string(seed),
                                    "--job=" + job,
@@ -121,7 +121,7 @@ std::optional<PacedRun> RunPaced(double link_bps, double declared_bps, int64_t b
                                    {{"w1", {"--uplink_bps=" + std::to_string(declared_bps)}}});
   INFO(started.ToString());
   REQUIRE(started.ok());
-  auto server = bed->StartApp("server", {BinaryPath("daemon/bench/dataplane_server"),
+  auto server = bed->StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
                                          "--socket=" + bed->Socket("s1")});
   REQUIRE(server.ok());
   auto pusher = bed->StartApp("pusher", Pusher(*bed, "demo", "ps0", bytes, 5));
@@ -193,7 +193,7 @@ void StartTwoJobs(NetnsTestbed& bed, const std::string& mode, double period_s) {
   INFO(started.ToString());
   REQUIRE(started.ok());
   for (const std::string job : {"a", "b"}) {
-    auto server = bed.StartApp("server-" + job, {BinaryPath("daemon/bench/dataplane_server"),
+    auto server = bed.StartApp("server-" + job, {BinaryPath("testing/apps/dataplane_server"),
                                                  "--socket=" + bed.Socket("s1"), "--job=" + job,
                                                  "--token=" + (job == "demo" ? std::string("demo-token")
                                                                : "token-" + job), "--name=ps" + job});

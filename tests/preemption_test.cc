@@ -26,7 +26,7 @@
 #include <fstream>
 #include <iostream>
 
-#include "daemon/bench/dataplane_trace.h"
+#include "testing/apps/dataplane_trace.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
@@ -79,18 +79,18 @@ PreemptionRun RunPreemption(int urgent_priority) {
   REQUIRE(WaitUntil([&] { return !ReadFile(admin_port_file).empty(); }, 10));
   const int admin_port = std::atoi(ReadFile(admin_port_file).c_str());
 
-  auto server = c.StartApp("server", {BinaryPath("daemon/bench/dataplane_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
                                       "--socket=" + c.Socket("s1"), "--expect_updates=2"});
   REQUIRE(server.ok());
   const std::string go_file = dir + "/go";
   auto urgent = c.StartApp(
-      "urgent", {BinaryPath("daemon/bench/dataplane_pusher"), "--socket=" + c.Socket("w1"),
+      "urgent", {BinaryPath("testing/apps/dataplane_pusher"), "--socket=" + c.Socket("w1"),
                  "--name=urgent", "--seed=7", "--bytes=" + std::to_string(kUrgentBytes),
                  "--priority=" + std::to_string(urgent_priority), "--go_file=" + go_file});
   REQUIRE(urgent.ok());
   REQUIRE(WaitUntil([&] { return (*urgent)->Log().find("ready") != std::string::npos; }, 30));
   auto large = c.StartApp(
-      "large", {BinaryPath("daemon/bench/dataplane_pusher"), "--socket=" + c.Socket("w1"),
+      "large", {BinaryPath("testing/apps/dataplane_pusher"), "--socket=" + c.Socket("w1"),
                 "--name=large", "--seed=3", "--bytes=" + std::to_string(kLargeBytes),
                 "--priority=" + std::to_string(kLargePriority)});
   REQUIRE(large.ok());

@@ -148,7 +148,7 @@ std::unique_ptr<PullCluster> StartPullCluster(const std::string& job_priority,
   for (const ServerSpec& spec : servers) {
     auto server = pc->cluster->StartApp(
         "server-" + spec.name,
-        {BinaryPath("daemon/bench/dataplane_server"), "--socket=" + pc->cluster->Socket("s1"),
+        {BinaryPath("testing/apps/dataplane_server"), "--socket=" + pc->cluster->Socket("s1"),
          "--job=" + spec.job, "--token=" + Token(spec.job), "--name=" + spec.name,
          "--model_bytes=" + std::to_string(spec.model_bytes)});
     REQUIRE(server.ok());
@@ -175,7 +175,7 @@ struct RaceResult {
 
 std::vector<std::string> Puller(PullCluster& pc, const std::string& name, const GetSpec& get,
                                 const std::string& go_file) {
-  std::vector<std::string> argv = {BinaryPath("daemon/bench/dataplane_puller"),
+  std::vector<std::string> argv = {BinaryPath("testing/apps/dataplane_puller"),
                                    "--socket=" + pc.cluster->Socket("w1"),
                                    "--name=" + name,
                                    "--job=" + get.job,
@@ -325,12 +325,12 @@ TEST_CASE("Repeated gets reuse one connection to the server's daemon") {
   REQUIRE(cluster.ok());
   LocalCluster& c = **cluster;
   const int64_t bytes = 1 << 20;
-  auto server = c.StartApp("server", {BinaryPath("daemon/bench/dataplane_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
                                       "--socket=" + c.Socket("s1"),
                                       "--model_bytes=" + std::to_string(bytes)});
   REQUIRE(server.ok());
   REQUIRE(WaitUntil([&] { return (*server)->Log().find(": serving") != std::string::npos; }, 30));
-  auto puller = c.StartApp("puller", {BinaryPath("daemon/bench/dataplane_puller"),
+  auto puller = c.StartApp("puller", {BinaryPath("testing/apps/dataplane_puller"),
                                       "--socket=" + c.Socket("w1"), "--name=w1p",
                                       "--server=ps0", "--repeat=5",
                                       "--expect_bytes=" + std::to_string(bytes)});
@@ -368,16 +368,16 @@ TEST_CASE("A get requester that stops reading does not stall the server daemon's
   REQUIRE(cluster.ok());
   LocalCluster& c = **cluster;
   const int64_t model_bytes = int64_t{256} << 20;
-  auto ps0 = c.StartApp("ps0", {BinaryPath("daemon/bench/dataplane_server"),
+  auto ps0 = c.StartApp("ps0", {BinaryPath("testing/apps/dataplane_server"),
                                 "--socket=" + c.Socket("s1"), "--name=ps0",
                                 "--model_bytes=" + std::to_string(model_bytes)});
-  auto ps1 = c.StartApp("ps1", {BinaryPath("daemon/bench/dataplane_server"),
+  auto ps1 = c.StartApp("ps1", {BinaryPath("testing/apps/dataplane_server"),
                                 "--socket=" + c.Socket("w2"), "--name=ps1"});
   REQUIRE(ps0.ok());
   REQUIRE(ps1.ok());
   REQUIRE(WaitUntil([&] { return (*ps0)->Log().find(": serving") != std::string::npos; }, 30));
   REQUIRE(WaitUntil([&] { return (*ps1)->Log().find(": serving") != std::string::npos; }, 30));
-  auto puller = c.StartApp("puller", {BinaryPath("daemon/bench/dataplane_puller"),
+  auto puller = c.StartApp("puller", {BinaryPath("testing/apps/dataplane_puller"),
                                       "--socket=" + c.Socket("w1"), "--name=w1p",
                                       "--server=ps0",
                                       "--expect_bytes=" + std::to_string(model_bytes)});
@@ -390,7 +390,7 @@ TEST_CASE("A get requester that stops reading does not stall the server daemon's
   // stopped either way.
   REQUIRE(WaitUntil([&] { return (*ps0)->Log().find("served get") != std::string::npos; }, 60));
   REQUIRE(::kill(c.daemon("w1").pid(), SIGSTOP) == 0);
-  auto pusher = c.StartApp("pusher", {BinaryPath("daemon/bench/dataplane_pusher"),
+  auto pusher = c.StartApp("pusher", {BinaryPath("testing/apps/dataplane_pusher"),
                                       "--socket=" + c.Socket("s1"), "--name=s1push",
                                       "--server=ps1", "--bytes=1048576"});
   REQUIRE(pusher.ok());

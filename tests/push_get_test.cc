@@ -34,7 +34,7 @@ TEST_CASE("Three workers' integer pushes sum exactly at the server, all applied"
   LocalCluster& c = **cluster;
   const int kPushes = 15, kDim = 5000;
   const std::string model_path = c.dir() + "/model.txt";
-  auto server = c.StartApp("server", {BinaryPath("tests/apps/sum_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=" + std::to_string(kDim),
                                       "--expect_updates=" + std::to_string(3 * kPushes),
                                       "--out=" + model_path});
@@ -43,7 +43,7 @@ TEST_CASE("Three workers' integer pushes sum exactly at the server, all applied"
   for (int w = 1; w <= 3; ++w) {
     const std::string name = "w" + std::to_string(w);
     auto worker = c.StartApp(
-        name, {BinaryPath("tests/apps/vector_worker"), "--socket=" + c.Socket(name),
+        name, {BinaryPath("testing/apps/vector_worker"), "--socket=" + c.Socket(name),
                "--name=" + name, "--seed=" + std::to_string(w), "--dim=" + std::to_string(kDim),
                "--pushes=" + std::to_string(kPushes), "--out=" + c.dir() + "/sum" + name + ".txt"});
     REQUIRE(worker.ok());
@@ -103,7 +103,7 @@ TEST_CASE("Invalid submits get INVALID_ARGUMENT and the scheduler keeps serving"
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   LocalCluster& c = **cluster;
-  auto server = c.StartApp("server", {BinaryPath("tests/apps/sum_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=64"});
   REQUIRE(server.ok());
   REQUIRE(WaitUntil(
@@ -134,7 +134,7 @@ TEST_CASE("Invalid submits get INVALID_ARGUMENT and the scheduler keeps serving"
   CHECK(status.error_message().find("no-such-job") != std::string::npos);
 
   // The scheduler is still up and a real worker's pushes go through.
-  auto worker = c.StartApp("w1", {BinaryPath("tests/apps/vector_worker"),
+  auto worker = c.StartApp("w1", {BinaryPath("testing/apps/vector_worker"),
                                   "--socket=" + c.Socket("w1"), "--name=w1", "--dim=64",
                                   "--pushes=5"});
   REQUIRE(worker.ok());
@@ -150,12 +150,12 @@ TEST_CASE("Killing a worker's daemon mid-push fails that push; others go on") {
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   LocalCluster& c = **cluster;
-  auto server = c.StartApp("server", {BinaryPath("tests/apps/sum_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=262144",
                                       "--progress_every=1"});
   REQUIRE(server.ok());
   // w1 pushes 1 MiB updates for a long time, several in flight at once.
-  auto doomed = c.StartApp("w1", {BinaryPath("tests/apps/vector_worker"),
+  auto doomed = c.StartApp("w1", {BinaryPath("testing/apps/vector_worker"),
                                   "--socket=" + c.Socket("w1"), "--name=w1", "--dim=262144",
                                   "--pushes=100000", "--window=8", "--get=false"});
   REQUIRE(doomed.ok());
@@ -173,7 +173,7 @@ TEST_CASE("Killing a worker's daemon mid-push fails that push; others go on") {
         std::string::npos);
 
   // The server is not stalled behind w1's cancelled updates.
-  auto survivor = c.StartApp("w2", {BinaryPath("tests/apps/vector_worker"),
+  auto survivor = c.StartApp("w2", {BinaryPath("testing/apps/vector_worker"),
                                     "--socket=" + c.Socket("w2"), "--name=w2", "--dim=262144",
                                     "--pushes=5"});
   REQUIRE(survivor.ok());
@@ -195,10 +195,10 @@ TEST_CASE("The scheduler and daemons exit cleanly and promptly on SIGTERM") {
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   launch::LocalCluster& c = **cluster;
-  auto server = c.StartApp("server", {launch::BinaryPath("tests/apps/sum_server"),
+  auto server = c.StartApp("server", {launch::BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=64"});
   REQUIRE(server.ok());
-  auto worker = c.StartApp("w1", {launch::BinaryPath("tests/apps/vector_worker"),
+  auto worker = c.StartApp("w1", {launch::BinaryPath("testing/apps/vector_worker"),
                                   "--socket=" + c.Socket("w1"), "--name=w1", "--dim=64",
                                   "--pushes=3"});
   REQUIRE(worker.ok());

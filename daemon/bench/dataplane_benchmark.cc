@@ -41,7 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "common/config.h"
-#include "daemon/bench/dataplane_trace.h"
+#include "testing/apps/dataplane_trace.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric::bench {
@@ -188,7 +188,7 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds) {
       {"--log_level=debug", "--uplink_bps=1e12", "--downlink_bps=1e12"});
   if (!cluster.ok()) return cluster.status();
   LocalCluster& c = **cluster;
-  auto server = c.StartApp("server", {BinaryPath("daemon/bench/dataplane_server"),
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
                                       "--socket=" + c.Socket("s1"), "--verify=false"});
   if (!server.ok()) return server.status();
   const std::vector<uint8_t> source(static_cast<size_t>(bytes), 1);
@@ -204,7 +204,7 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds) {
     const std::string go_file = absl::StrCat(c.dir(), "/go", r);
     auto pusher = c.StartApp(
         absl::StrCat("pusher", r),
-        {BinaryPath("daemon/bench/dataplane_pusher"), "--socket=" + c.Socket("w1"),
+        {BinaryPath("testing/apps/dataplane_pusher"), "--socket=" + c.Socket("w1"),
          absl::StrCat("--name=bench", r), "--bytes=" + std::to_string(bytes),
          absl::StrCat("--seed=", r + 1), "--go_file=" + go_file});
     if (!pusher.ok()) return pusher.status();

@@ -29,8 +29,8 @@
 #include <thread>
 
 #include "common/config.h"
-#include "daemon/bench/dataplane_trace.h"
-#include "daemon/bench/netns_testbed.h"
+#include "testing/apps/dataplane_trace.h"
+#include "testing/netns_testbed.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric::bench {
@@ -63,12 +63,12 @@ absl::StatusOr<Result> Measure(double link_bps, double declared_bps, int urgent)
       !status.ok()) {
     return status;
   }
-  auto server = b.StartApp("server", {BinaryPath("daemon/bench/dataplane_server"),
+  auto server = b.StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
                                       "--socket=" + b.Socket("s1"), "--verify=false"});
   if (!server.ok()) return server.status();
   auto pusher = [&](const std::string& name, int64_t bytes, int priority, int seed,
                     const std::string& go_file) {
-    std::vector<std::string> argv = {BinaryPath("daemon/bench/dataplane_pusher"),
+    std::vector<std::string> argv = {BinaryPath("testing/apps/dataplane_pusher"),
                                      "--socket=" + b.Socket("w1"),
                                      "--name=" + name,
                                      "--bytes=" + std::to_string(bytes),

@@ -17,7 +17,7 @@
 //   auto bed = NetnsTestbed::Create({.link_bps = 200e6});
 //   if (!bed.ok()) { std::cout << "SKIPPED: " << bed.status().message(); return; }
 //   RETURN_IF_ERROR((*bed)->StartCluster({"--planner=fifo"}, {"--log_level=debug"}, {}));
-//   (*bed)->StartApp("server", {BinaryPath("daemon/bench/dataplane_server"),
+//   (*bed)->StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
 //                               "--socket=" + (*bed)->Socket("s1")});
 //
 // Needs root (CAP_SYS_ADMIN + CAP_NET_ADMIN), `ip` and `tc`; Create() fails
@@ -25,8 +25,8 @@
 // "SKIPPED: <reason>"; any later setup failure is an error (kInternal). Destruction stops every process it started and
 // deletes both namespaces (which removes all the veths).
 // Thread safety: none; drive from one thread.
-#ifndef MLFABRIC_DAEMON_BENCH_NETNS_TESTBED_H_
-#define MLFABRIC_DAEMON_BENCH_NETNS_TESTBED_H_
+#ifndef MLFABRIC_TESTING_NETNS_TESTBED_H_
+#define MLFABRIC_TESTING_NETNS_TESTBED_H_
 
 #include <cstdint>
 #include <map>
@@ -86,4 +86,4 @@ class NetnsTestbed {
 
 }  // namespace mlfabric::bench
 
-#endif  // MLFABRIC_DAEMON_BENCH_NETNS_TESTBED_H_
+#endif  // MLFABRIC_TESTING_NETNS_TESTBED_H_

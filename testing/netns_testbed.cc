@@ -1,4 +1,4 @@
-#include "daemon/bench/netns_testbed.h"
+#include "testing/netns_testbed.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

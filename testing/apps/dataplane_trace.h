@@ -10,8 +10,8 @@
 // Times are CLOCK_MONOTONIC seconds (steady_clock): the daemons' and the
 // scheduler's stamps are comparable on one machine.
 // Thread safety: free functions without shared state.
-#ifndef MLFABRIC_DAEMON_BENCH_DATAPLANE_TRACE_H_
-#define MLFABRIC_DAEMON_BENCH_DATAPLANE_TRACE_H_
+#ifndef MLFABRIC_TESTING_APPS_DATAPLANE_TRACE_H_
+#define MLFABRIC_TESTING_APPS_DATAPLANE_TRACE_H_
 
 #include <sys/types.h>
 
@@ -74,4 +74,4 @@ absl::StatusOr<double> ProcessCpuSeconds(pid_t pid);
 
 }  // namespace mlfabric::bench
 
-#endif  // MLFABRIC_DAEMON_BENCH_DATAPLANE_TRACE_H_
+#endif  // MLFABRIC_TESTING_APPS_DATAPLANE_TRACE_H_

@@ -1,4 +1,4 @@
-#include "daemon/bench/dataplane_trace.h"
+#include "testing/apps/dataplane_trace.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
