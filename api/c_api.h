@@ -6,7 +6,8 @@
  *   char err[512];
  *   int64_t s = mlf_sum_server_start("", "demo", "demo-token", "ps0", init, n, err, sizeof err);
  *
- * Objects are integer handles (0 = error, message in `err`). Asynchronous
+ * Objects are integer handles from one table (0 = error, message in `err`,
+ * status code in `*code` where the call has one). Asynchronous
  * calls on one handle run one at a time, in call order, on that handle's own
  * thread, so collective calls stay in the same order on every rank; `done`
  * runs on that thread. All functions are thread-safe. */
@@ -30,9 +31,6 @@ typedef void (*mlf_push_done_fn)(void* ctx, int outcome, const char* reason,
 typedef void (*mlf_get_done_fn)(void* ctx, int code, const char* message, int64_t version,
                                 const void* data, uint64_t bytes);
 
-/* AllReduce, workers (per-tensor priorities, both Table 1 bounds), general
- * servers and replicas with the caller's callbacks: python/src/c_api_ext.h,
- * built with this file into python/libmlfabric_pycore.so. */
 
 /* ---- A summing parameter server (model += update, float32), served on its
  * own thread: the server half of asynchronous PS training. */
@@ -41,6 +39,103 @@ int64_t mlf_sum_server_start(const char* socket, const char* job, const char* to
                              size_t err_len);
 int64_t mlf_sum_server_applied(int64_t handle);
 void mlf_sum_server_stop(int64_t handle);
+
+/* ---- Workers with both Table 1 bounds and per-tensor priorities, general
+ * servers and replicas whose update/request callbacks are the caller's (the
+ * pybind11 module binds them to Python functions), and AllReduce. The "ext"
+ * in their names is historical: they share the one handle table.
+ *
+ *   int code; char err[512];
+ *   int64_t w = mlf_ext_worker_create("", "", "", "w1", -1, -1, &code, err, sizeof err);
+ *   const void* parts[2] = {w0, w1};  uint64_t sizes[2] = {b0, b1};
+ *   mlf_ext_push_async(w, "ps0", 2, parts, sizes, NULL, version, norm, done, ctx);
+ */
+
+/* ---- AllReduce (api/allreduce.h), as mlf_allreducer_* in api/c_api.h but
+ * safe to destroy right after a collective completes (no executor thread
+ * ever drops the last reference to its own handle). */
+int64_t mlf_ext_allreducer_create(const char* backend, const char* socket, const char* job,
+                                  const char* token, double timeout_s, int* code, char* err,
+                                  size_t err_len);
+int mlf_ext_allreducer_rank(int64_t handle);
+int mlf_ext_allreducer_size(int64_t handle);
+const char* mlf_ext_allreducer_backend(int64_t handle);
+/* Collective: every rank makes the same calls in the same order; they run
+ * one at a time, in call order, on the handle's thread, where `done` runs. */
+void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dtype,
+                             mlf_done_fn done, void* ctx);
+void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dtype, int root,
+                             mlf_done_fn done, void* ctx);
+void mlf_ext_allreducer_destroy(int64_t handle);
+
+/* ---- Worker (api/registration.h RegisterAsWorker). delay_bound -1 and
+ * divergence_bound -1 mean "the job's"; other negative values are errors. */
+int64_t mlf_ext_worker_create(const char* socket, const char* job, const char* token,
+                              const char* name, int64_t delay_bound, double divergence_bound,
+                              int* code, char* err, size_t err_len);
+int64_t mlf_ext_worker_initial_version(int64_t handle);
+/* Pushes `n` tensors as one update: their bytes are concatenated in order
+ * (tensor i gets id i) into one shared-memory buffer before this returns.
+ * `priorities` may be NULL (tensor i gets priority i: front layers first);
+ * lower values are more urgent (api/mlfabric.h TensorSpec). Bad arguments
+ * complete the push at once as failed, with a reason naming the argument. */
+void mlf_ext_push_async(int64_t handle, const char* server, size_t n, const void* const* data,
+                        const uint64_t* bytes, const int32_t* priorities, int64_t version,
+                        double norm, mlf_push_done_fn done, void* ctx);
+/* Runs on the handle's own thread (FIFO); the model bytes are valid only
+ * during `done`. */
+// `priority`: of the reply's packets in the server daemon's queue (lower
+// first; see mlfabric::Worker::Get).
+void mlf_ext_get_async(int64_t handle, const char* server, int32_t priority, mlf_get_done_fn done,
+                       void* ctx);
+void mlf_ext_worker_destroy(int64_t handle);
+
+/* ---- Servers and replicas with caller callbacks (api/mlfabric.h Server,
+ * api/replica.h Replica). The callbacks run on the thread that calls
+ * mlf_ext_server_serve / mlf_ext_replica_serve, one at a time, in commit
+ * order. */
+typedef struct {
+  uint64_t transfer_id;
+  uint64_t sequence;   /* commit position at this server */
+  int64_t count;       /* pushes summed into this delivery (>1: an aggregate, §5.2) */
+  const char* worker;
+  int64_t version;     /* v(g): the model version the update was computed from */
+  double norm;
+  const void* data;    /* valid only during the callback */
+  uint64_t bytes;
+} mlf_update_view;
+
+/* Returns 0 and sets *new_version, or a non-zero status code with a message
+ * in `err`: the push (every push of an aggregate) then fails with it. */
+typedef int (*mlf_update_fn)(void* ctx, const mlf_update_view* update, int64_t* new_version,
+                             char* err, size_t err_len);
+/* Fills the snapshot with mlf_ext_snapshot_set and returns 0, or returns a
+ * non-zero status code with a message in `err` (the get fails with it). */
+typedef int (*mlf_request_fn)(void* ctx, void* snapshot, char* err, size_t err_len);
+/* Copies `bytes` bytes of model state at `version` into `snapshot`. */
+void mlf_ext_snapshot_set(void* snapshot, int64_t version, const void* data, uint64_t bytes);
+
+int64_t mlf_ext_server_create(const char* socket, const char* job, const char* token,
+                              const char* name, int64_t delay_bound, double divergence_bound,
+                              int* code, char* err, size_t err_len);
+int64_t mlf_ext_server_initial_version(int64_t handle);
+/* Both callbacks must be set before serving; `ctx` is passed to both. */
+void mlf_ext_server_set_callbacks(int64_t handle, mlf_update_fn on_update,
+                                  mlf_request_fn on_request, void* ctx);
+/* Blocks until mlf_ext_server_stop (returns 0) or the daemon goes away
+ * (returns the status code, message in `err`). */
+int mlf_ext_server_serve(int64_t handle, char* err, size_t err_len);
+void mlf_ext_server_stop(int64_t handle);
+/* Stops and forgets the handle; a running serve call returns first. */
+void mlf_ext_server_destroy(int64_t handle);
+
+int64_t mlf_ext_replica_create(const char* server, const char* socket, const char* job,
+                               const char* token, const char* name, int64_t delay_bound,
+                               double divergence_bound, int* code, char* err, size_t err_len);
+void mlf_ext_replica_set_callback(int64_t handle, mlf_update_fn on_update, void* ctx);
+int mlf_ext_replica_serve(int64_t handle, char* err, size_t err_len);
+void mlf_ext_replica_stop(int64_t handle);
+void mlf_ext_replica_destroy(int64_t handle);
 
 #ifdef __cplusplus
 }

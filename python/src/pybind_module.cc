@@ -1,5 +1,5 @@
 // mlfabric._mlfabric: the pybind11 binding of MLfabric's C++ API, over the C
-// interfaces api/c_api.h and python/src/c_api_ext.h (so the module shares one
+// interface api/c_api.h (so the module shares one
 // client core, python/libmlfabric_pycore.so, with the TensorFlow op library
 // in the same process). Blocking calls release the GIL; server and replica
 // callbacks take it back while Python code runs, and a Python exception in a
@@ -22,7 +22,6 @@
 #include <string>
 
 #include "api/c_api.h"
-#include "python/src/c_api_ext.h"
 
 namespace py = pybind11;
 

@@ -1,7 +1,7 @@
 // TensorFlow custom ops MlfabricAllreduce, MlfabricPush, MlfabricGet. Each
 // kernel is asynchronous and only converts tensors and forwards a completion
 // callback into the client core through api/c_api.h and
-// python/src/c_api_ext.h: no scheduling logic here (per-tensor priorities
+// api/c_api.h: no scheduling logic here (per-tensor priorities
 // are handed down as given), and no Debian Abseil (TensorFlow brings its own).
 #include <cstring>
 #include <string>
@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "api/c_api.h"
-#include "python/src/c_api_ext.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"

@@ -1,163 +1,17 @@
-// python/src/c_api_ext.h over the C++ API: workers with per-tensor
-// priorities, servers and replicas whose callbacks are the caller's.
-// Statuses are flattened to (code, message) as in api/c_api.cc.
-#include "python/src/c_api_ext.h"
-
-#include <condition_variable>
+// The C interface's workers (both Table 1 bounds, per-tensor priorities),
+// general servers and replicas with the caller's callbacks, and AllReduce,
+// over the C++ API (see c_api.h). Same handle table as c_api.cc.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <functional>
 #include <limits>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "api/allreduce.h"
-#include "api/mlfabric.h"
-#include "api/registration.h"
-#include "api/replica.h"
+#include "api/c_api.h"
+#include "api/c_api_internal.h"
 
-namespace mlfabric {
+namespace mlfabric::c_api {
 namespace {
-
-// Runs closures one at a time, in submission order, on its own thread.
-class Serial {
- public:
-  Serial() : thread_([this] { Loop(); }) {}
-  ~Serial() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    // Never join from the executor's own thread (EDEADLK aborts the
-    // process); tasks hold no Entry, so this is only a safety net.
-    if (std::this_thread::get_id() == thread_.get_id()) {
-      thread_.detach();
-    } else {
-      thread_.join();
-    }
-  }
-  void Submit(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back(std::move(task));
-    }
-    cv_.notify_all();
-  }
-
- private:
-  void Loop() {
-    while (true) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      task();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
-
-struct Callbacks {
-  mlf_update_fn on_update = nullptr;
-  mlf_request_fn on_request = nullptr;
-  void* ctx = nullptr;
-};
-
-// Completion callbacks never own an Entry or a Worker: a callback that drops
-// the last reference on the thread the object would join (the worker's
-// reader, an executor's thread) would abort with "Resource deadlock
-// avoided". Closing a handle destroys it on the closing thread; pending
-// pushes then fail with a reason (Worker's destructor).
-struct Entry {
-  std::shared_ptr<AllReducer> reducer;  // shared with queued collectives
-  std::shared_ptr<Worker> worker;  // shared with queued gets (see above)
-  std::unique_ptr<Server> server;
-  std::unique_ptr<Replica> replica;
-  Callbacks callbacks;
-  std::mutex serve_mu;  // one Serve() at a time
-  std::unique_ptr<Serial> serial;  // last member: destroyed (joined) first
-};
-
-std::mutex g_mu;
-std::map<int64_t, std::shared_ptr<Entry>>& Entries() {
-  static auto* entries = new std::map<int64_t, std::shared_ptr<Entry>>();
-  return *entries;
-}
-int64_t g_next = int64_t{1} << 40;
-
-int64_t Add(std::shared_ptr<Entry> entry) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  const int64_t handle = g_next++;
-  Entries()[handle] = std::move(entry);
-  return handle;
-}
-
-std::shared_ptr<Entry> Find(int64_t handle) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = Entries().find(handle);
-  return it == Entries().end() ? nullptr : it->second;
-}
-
-std::shared_ptr<Entry> Remove(int64_t handle) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = Entries().find(handle);
-  if (it == Entries().end()) return nullptr;
-  auto entry = std::move(it->second);
-  Entries().erase(it);
-  return entry;
-}
-
-void Fill(char* err, size_t err_len, const std::string& text) {
-  if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "%s", text.c_str());
-}
-
-int Fail(const absl::Status& status, int* code, char* err, size_t err_len) {
-  if (code != nullptr) *code = static_cast<int>(status.code());
-  Fill(err, err_len, std::string(status.message()));
-  return 0;
-}
-
-std::string Or(const char* value, const char* env, const char* fallback) {
-  if (value != nullptr && *value != '\0') return value;
-  if (env != nullptr) {
-    if (const char* from_env = std::getenv(env); from_env != nullptr && *from_env != '\0') {
-      return from_env;
-    }
-  }
-  return fallback;
-}
-
-RegistrationParams Params(const char* socket, const char* job, const char* token,
-                          const char* name, int64_t delay_bound, double divergence_bound) {
-  RegistrationParams params;
-  params.client.daemon_socket = Or(socket, "MLFABRIC_DAEMON_SOCKET", "");
-  params.client.job = Or(job, "MLFABRIC_JOB", "demo");
-  params.client.job_token = Or(token, "MLFABRIC_JOB_TOKEN", "demo-token");
-  params.client.name = Or(name, nullptr, "");
-  params.delay_bound = delay_bound;
-  params.divergence_bound = divergence_bound;
-  return params;
-}
-
-std::string BadHandle(int64_t handle, const char* what) {
-  return absl::StrCat("no ", what, " with handle ", handle, " (closed or never created)");
-}
 
 // Calls the caller's update callback; its error becomes the push's failure.
 absl::StatusOr<int64_t> CallUpdate(const Callbacks& callbacks, const Server::Update& u) {
@@ -181,9 +35,9 @@ absl::StatusOr<int64_t> CallUpdate(const Callbacks& callbacks, const Server::Upd
 }
 
 }  // namespace
-}  // namespace mlfabric
+}  // namespace mlfabric::c_api
 
-using mlfabric::Entry;
+using mlfabric::c_api::Entry;
 
 extern "C" {
 
@@ -191,40 +45,40 @@ int64_t mlf_ext_allreducer_create(const char* backend, const char* socket, const
                                   const char* token, double timeout_s, int* code, char* err,
                                   size_t err_len) {
   mlfabric::AllReduceOptions options;
-  options.backend = mlfabric::Or(backend, nullptr, "auto");
-  const auto params = mlfabric::Params(socket, job, token, "", -1, -1);
+  options.backend = mlfabric::c_api::Or(backend, nullptr, "auto");
+  const auto params = mlfabric::c_api::Params(socket, job, token, "", -1, -1);
   options.client = params.client;
-  options.client.name = mlfabric::Or(nullptr, "MLFABRIC_WORKER_NAME", "");
+  options.client.name = mlfabric::c_api::Or(nullptr, "MLFABRIC_WORKER_NAME", "");
   if (timeout_s > 0) options.timeout_s = timeout_s;
   auto reducer = mlfabric::MakeAllReducer(options);
-  if (!reducer.ok()) return mlfabric::Fail(reducer.status(), code, err, err_len);
+  if (!reducer.ok()) return mlfabric::c_api::Fail(reducer.status(), code, err, err_len);
   auto entry = std::make_shared<Entry>();
   entry->reducer = std::move(*reducer);
-  entry->serial = std::make_unique<mlfabric::Serial>();
-  return mlfabric::Add(std::move(entry));
+  entry->serial = std::make_unique<mlfabric::c_api::Serial>();
+  return mlfabric::c_api::Add(std::move(entry));
 }
 
 int mlf_ext_allreducer_rank(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   return entry && entry->reducer ? entry->reducer->rank() : -1;
 }
 
 int mlf_ext_allreducer_size(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   return entry && entry->reducer ? entry->reducer->size() : -1;
 }
 
 const char* mlf_ext_allreducer_backend(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   return entry && entry->reducer ? entry->reducer->backend() : "";
 }
 
 static void ExtCollective(int64_t handle, bool broadcast, void* data, uint64_t count, int dtype,
                           int root, mlf_done_fn done, void* ctx) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->reducer) {
     done(ctx, static_cast<int>(absl::StatusCode::kInvalidArgument),
-         mlfabric::BadHandle(handle, "AllReducer").c_str());
+         mlfabric::c_api::BadHandle(handle, "AllReducer").c_str());
     return;
   }
   std::shared_ptr<mlfabric::AllReducer> reducer = entry->reducer;
@@ -250,34 +104,34 @@ void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dty
   ExtCollective(handle, true, data, count, dtype, root, done, ctx);
 }
 
-void mlf_ext_allreducer_destroy(int64_t handle) { mlfabric::Remove(handle); }
+void mlf_ext_allreducer_destroy(int64_t handle) { mlfabric::c_api::Remove(handle); }
 
 int64_t mlf_ext_worker_create(const char* socket, const char* job, const char* token,
                               const char* name, int64_t delay_bound, double divergence_bound,
                               int* code, char* err, size_t err_len) {
-  auto params = mlfabric::Params(socket, job, token, name, delay_bound, divergence_bound);
+  auto params = mlfabric::c_api::Params(socket, job, token, name, delay_bound, divergence_bound);
   if (params.client.name.empty()) {
-    params.client.name = mlfabric::Or(nullptr, "MLFABRIC_WORKER_NAME", "worker");
+    params.client.name = mlfabric::c_api::Or(nullptr, "MLFABRIC_WORKER_NAME", "worker");
   }
   auto worker = mlfabric::RegisterAsWorker(params);
-  if (!worker.ok()) return mlfabric::Fail(worker.status(), code, err, err_len);
+  if (!worker.ok()) return mlfabric::c_api::Fail(worker.status(), code, err, err_len);
   auto entry = std::make_shared<Entry>();
   entry->worker = std::move(*worker);
-  entry->serial = std::make_unique<mlfabric::Serial>();
-  return mlfabric::Add(std::move(entry));
+  entry->serial = std::make_unique<mlfabric::c_api::Serial>();
+  return mlfabric::c_api::Add(std::move(entry));
 }
 
 int64_t mlf_ext_worker_initial_version(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   return entry && entry->worker ? entry->worker->initial_version() : -1;
 }
 
 void mlf_ext_push_async(int64_t handle, const char* server, size_t n, const void* const* data,
                         const uint64_t* bytes, const int32_t* priorities, int64_t version,
                         double norm, mlf_push_done_fn done, void* ctx) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->worker) {
-    done(ctx, MLF_FAILED, mlfabric::BadHandle(handle, "Worker").c_str(), 0, 0);
+    done(ctx, MLF_FAILED, mlfabric::c_api::BadHandle(handle, "Worker").c_str(), 0, 0);
     return;
   }
   if (n == 0) {
@@ -332,10 +186,10 @@ void mlf_ext_push_async(int64_t handle, const char* server, size_t n, const void
 
 void mlf_ext_get_async(int64_t handle, const char* server, int32_t priority, mlf_get_done_fn done,
                        void* ctx) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->worker) {
     done(ctx, static_cast<int>(absl::StatusCode::kInvalidArgument),
-         mlfabric::BadHandle(handle, "Worker").c_str(), 0, nullptr, 0);
+         mlfabric::c_api::BadHandle(handle, "Worker").c_str(), 0, nullptr, 0);
     return;
   }
   std::string name = server != nullptr ? server : "";
@@ -351,7 +205,7 @@ void mlf_ext_get_async(int64_t handle, const char* server, int32_t priority, mlf
   });
 }
 
-void mlf_ext_worker_destroy(int64_t handle) { mlfabric::Remove(handle); }
+void mlf_ext_worker_destroy(int64_t handle) { mlfabric::c_api::Remove(handle); }
 
 void mlf_ext_snapshot_set(void* snapshot, int64_t version, const void* data, uint64_t bytes) {
   auto* s = static_cast<mlfabric::Server::Snapshot*>(snapshot);
@@ -362,32 +216,32 @@ void mlf_ext_snapshot_set(void* snapshot, int64_t version, const void* data, uin
 int64_t mlf_ext_server_create(const char* socket, const char* job, const char* token,
                               const char* name, int64_t delay_bound, double divergence_bound,
                               int* code, char* err, size_t err_len) {
-  auto params = mlfabric::Params(socket, job, token, name, delay_bound, divergence_bound);
+  auto params = mlfabric::c_api::Params(socket, job, token, name, delay_bound, divergence_bound);
   if (params.client.name.empty()) {
-    return mlfabric::Fail(absl::InvalidArgumentError("a server needs a name (e.g. \"ps0\")"),
+    return mlfabric::c_api::Fail(absl::InvalidArgumentError("a server needs a name (e.g. \"ps0\")"),
                           code, err, err_len);
   }
   auto server = mlfabric::RegisterAsServer(params);
-  if (!server.ok()) return mlfabric::Fail(server.status(), code, err, err_len);
+  if (!server.ok()) return mlfabric::c_api::Fail(server.status(), code, err, err_len);
   auto entry = std::make_shared<Entry>();
   entry->server = std::move(*server);
-  return mlfabric::Add(std::move(entry));
+  return mlfabric::c_api::Add(std::move(entry));
 }
 
 int64_t mlf_ext_server_initial_version(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   return entry && entry->server ? entry->server->initial_version() : -1;
 }
 
 void mlf_ext_server_set_callbacks(int64_t handle, mlf_update_fn on_update,
                                   mlf_request_fn on_request, void* ctx) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->server) return;
   std::lock_guard<std::mutex> lock(entry->serve_mu);  // not while serving
   entry->callbacks = {on_update, on_request, ctx};
-  mlfabric::Callbacks callbacks = entry->callbacks;
+  mlfabric::c_api::Callbacks callbacks = entry->callbacks;
   entry->server->RegisterUpdateCallback(
-      [callbacks](const mlfabric::Server::Update& u) { return mlfabric::CallUpdate(callbacks, u); });
+      [callbacks](const mlfabric::Server::Update& u) { return mlfabric::c_api::CallUpdate(callbacks, u); });
   entry->server->RegisterRequestCallback(
       [callbacks]() -> absl::StatusOr<mlfabric::Server::Snapshot> {
         mlfabric::Server::Snapshot snapshot;
@@ -402,84 +256,84 @@ void mlf_ext_server_set_callbacks(int64_t handle, mlf_update_fn on_update,
 }
 
 int mlf_ext_server_serve(int64_t handle, char* err, size_t err_len) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->server) {
-    mlfabric::Fill(err, err_len, mlfabric::BadHandle(handle, "Server"));
+    mlfabric::c_api::Fill(err, err_len, mlfabric::c_api::BadHandle(handle, "Server"));
     return static_cast<int>(absl::StatusCode::kInvalidArgument);
   }
   std::unique_lock<std::mutex> lock(entry->serve_mu, std::try_to_lock);
   if (!lock.owns_lock()) {
-    mlfabric::Fill(err, err_len, "this server is already serving (serve() runs once at a time)");
+    mlfabric::c_api::Fill(err, err_len, "this server is already serving (serve() runs once at a time)");
     return static_cast<int>(absl::StatusCode::kFailedPrecondition);
   }
   if (entry->callbacks.on_update == nullptr || entry->callbacks.on_request == nullptr) {
-    mlfabric::Fill(err, err_len,
+    mlfabric::c_api::Fill(err, err_len,
                    "register both an update callback and a request callback before serve()");
     return static_cast<int>(absl::StatusCode::kFailedPrecondition);
   }
   absl::Status status = entry->server->Serve();
-  if (!status.ok()) mlfabric::Fill(err, err_len, std::string(status.message()));
+  if (!status.ok()) mlfabric::c_api::Fill(err, err_len, std::string(status.message()));
   return static_cast<int>(status.code());
 }
 
 void mlf_ext_server_stop(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   if (entry && entry->server) entry->server->Stop();
 }
 
 void mlf_ext_server_destroy(int64_t handle) {
-  auto entry = mlfabric::Remove(handle);
+  auto entry = mlfabric::c_api::Remove(handle);
   if (entry && entry->server) entry->server->Stop();
 }
 
 int64_t mlf_ext_replica_create(const char* server, const char* socket, const char* job,
                                const char* token, const char* name, int64_t delay_bound,
                                double divergence_bound, int* code, char* err, size_t err_len) {
-  auto params = mlfabric::Params(socket, job, token, name, delay_bound, divergence_bound);
+  auto params = mlfabric::c_api::Params(socket, job, token, name, delay_bound, divergence_bound);
   auto replica = mlfabric::RegisterAsReplica(server != nullptr ? server : "", params);
-  if (!replica.ok()) return mlfabric::Fail(replica.status(), code, err, err_len);
+  if (!replica.ok()) return mlfabric::c_api::Fail(replica.status(), code, err, err_len);
   auto entry = std::make_shared<Entry>();
   entry->replica = std::move(*replica);
-  return mlfabric::Add(std::move(entry));
+  return mlfabric::c_api::Add(std::move(entry));
 }
 
 void mlf_ext_replica_set_callback(int64_t handle, mlf_update_fn on_update, void* ctx) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->replica) return;
   std::lock_guard<std::mutex> lock(entry->serve_mu);
   entry->callbacks = {on_update, nullptr, ctx};
-  mlfabric::Callbacks callbacks = entry->callbacks;
+  mlfabric::c_api::Callbacks callbacks = entry->callbacks;
   entry->replica->RegisterUpdateCallback(
-      [callbacks](const mlfabric::Server::Update& u) { return mlfabric::CallUpdate(callbacks, u); });
+      [callbacks](const mlfabric::Server::Update& u) { return mlfabric::c_api::CallUpdate(callbacks, u); });
 }
 
 int mlf_ext_replica_serve(int64_t handle, char* err, size_t err_len) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->replica) {
-    mlfabric::Fill(err, err_len, mlfabric::BadHandle(handle, "Replica"));
+    mlfabric::c_api::Fill(err, err_len, mlfabric::c_api::BadHandle(handle, "Replica"));
     return static_cast<int>(absl::StatusCode::kInvalidArgument);
   }
   std::unique_lock<std::mutex> lock(entry->serve_mu, std::try_to_lock);
   if (!lock.owns_lock()) {
-    mlfabric::Fill(err, err_len, "this replica is already serving (serve() runs once at a time)");
+    mlfabric::c_api::Fill(err, err_len, "this replica is already serving (serve() runs once at a time)");
     return static_cast<int>(absl::StatusCode::kFailedPrecondition);
   }
   if (entry->callbacks.on_update == nullptr) {
-    mlfabric::Fill(err, err_len, "register an update callback before serve()");
+    mlfabric::c_api::Fill(err, err_len, "register an update callback before serve()");
     return static_cast<int>(absl::StatusCode::kFailedPrecondition);
   }
   absl::Status status = entry->replica->Serve();
-  if (!status.ok()) mlfabric::Fill(err, err_len, std::string(status.message()));
+  if (!status.ok()) mlfabric::c_api::Fill(err, err_len, std::string(status.message()));
   return static_cast<int>(status.code());
 }
 
 void mlf_ext_replica_stop(int64_t handle) {
-  auto entry = mlfabric::Find(handle);
+  auto entry = mlfabric::c_api::Find(handle);
   if (entry && entry->replica) entry->replica->Stop();
 }
 
 void mlf_ext_replica_destroy(int64_t handle) {
-  auto entry = mlfabric::Remove(handle);
+  auto entry = mlfabric::c_api::Remove(handle);
   if (entry && entry->replica) entry->replica->Stop();
 }
 
