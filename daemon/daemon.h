@@ -59,6 +59,7 @@
 #include "daemon/control/scheduler_client.h"
 #include "daemon/daemon_config.h"
 #include "daemon/engine/buffer_pool.h"
+#include "daemon/engine/delivery_sequencer.h"
 #include "daemon/engine/packet_checksums.h"
 #include "daemon/pacing/pacer.h"
 #include "daemon/queue/priority_packet_queue.h"
@@ -151,16 +152,10 @@ class Daemon {
     std::vector<bool> seen;  // per packet slot, rejects duplicates
   };
 
-  struct Delivery {
-    v1::ExpectDelivery info;
-    bool cancelled = false;
-    std::string cancel_reason;
-  };
-
+  // A server (or replica, "replica:<server>") application on this host.
+  // What it is handed, in which order, is the DeliverySequencer's.
   struct ServerEndpoint {
     std::shared_ptr<AppSession> app;
-    uint64_t next_sequence = 1;
-    std::map<uint64_t, Delivery> expected;  // by sequence
   };
 
   // A get reply on its way back to the asking daemon: a model, or a
@@ -344,6 +339,7 @@ class Daemon {
   // Pushes whose SubmitUpdate has not returned yet, by local id.
   std::map<uint64_t, std::shared_ptr<PendingPush>> submitted_;
   std::map<std::string, ServerEndpoint> servers_;     // by ServerKey
+  daemon::DeliverySequencer delivery_;                // commit order, by ServerKey
   std::map<uint64_t, Incoming> incoming_;             // by transfer id
   std::map<uint64_t, Aggregation> aggregations_;      // by aggregate id
   std::map<uint64_t, uint64_t> aggregate_of_;         // constituent -> aggregate id

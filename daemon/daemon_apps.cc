@@ -345,17 +345,15 @@ void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
   if (app->role != v1::ROLE_SERVER && app->role != v1::ROLE_REPLICA) return;
   const std::string endpoint_name =
       app->role == v1::ROLE_REPLICA ? "replica:" + app->name : app->name;
-  auto it = servers_.find(ServerKey(app->job_id, endpoint_name));
+  const std::string endpoint_key = ServerKey(app->job_id, endpoint_name);
+  auto it = servers_.find(endpoint_key);
   if (it == servers_.end() || it->second.app != app) return;
   it->second.app = nullptr;
-  MLF_LOG(WARNING) << "server '" << app->name << "' disconnected; failing "
-                   << it->second.expected.size() << " expected update(s)";
-  for (auto& [sequence, delivery] : it->second.expected) {
-    if (delivery.cancelled) continue;
-    delivery.cancelled = true;
-    reporter_->ReportFailure(delivery.info.transfer_id(),
-                       absl::StrCat("server '", app->name, "' disconnected before applying it"));
-  }
+  const std::string why = absl::StrCat("server '", app->name, "' disconnected before applying it");
+  const std::vector<uint64_t> cancelled = delivery_.CancelAll(endpoint_key, why);
+  MLF_LOG(WARNING) << "server '" << app->name << "' disconnected; failing " << cancelled.size()
+                   << " expected update(s)";
+  for (uint64_t transfer : cancelled) reporter_->ReportFailure(transfer, why);
   TryDeliverLocked(app->job_id, endpoint_name);
   const std::string key = ServerKey(app->job_id, app->name);
   for (auto& [round_key, round] : rounds_) {

@@ -114,15 +114,14 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
         break;
       }
       const std::string key = ServerKey(expect.job_id(), expect.server());
-      ServerEndpoint& endpoint = servers_[key];
-      Delivery& delivery = endpoint.expected[expect.sequence()];
-      delivery.info = expect;
+      const ServerEndpoint& endpoint = servers_[key];
       if (endpoint.app == nullptr) {
-        delivery.cancelled = true;
-        delivery.cancel_reason = "server application is not connected";
+        delivery_.Expect(key, expect, "server application is not connected");
         reporter_->ReportFailure(expect.transfer_id(),
-                           absl::StrCat("server '", expect.server(), "' is not connected to ",
-                                        config_.host, "'s daemon"));
+                                 absl::StrCat("server '", expect.server(), "' is not connected to ",
+                                              config_.host, "'s daemon"));
+      } else {
+        delivery_.Expect(key, expect);
       }
       TryDeliverLocked(expect.job_id(), expect.server());
       break;
@@ -147,17 +146,10 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
         DropAggregationLocked(cancel.transfer_id(), cancel.reason());
         break;
       }
-      for (auto& [key, endpoint] : servers_) {
-        auto it = endpoint.expected.find(cancel.sequence());
-        if (it == endpoint.expected.end() ||
-            it->second.info.transfer_id() != cancel.transfer_id()) {
-          continue;
-        }
-        it->second.cancelled = true;
-        it->second.cancel_reason = cancel.reason();
+      if (std::optional<v1::ExpectDelivery> cancelled =
+              delivery_.CancelTransfer(cancel.sequence(), cancel.transfer_id(), cancel.reason())) {
         incoming_.erase(cancel.transfer_id());
-        TryDeliverLocked(it->second.info.job_id(), it->second.info.server());
-        break;
+        TryDeliverLocked(cancelled->job_id(), cancelled->server());
       }
       break;
     }

@@ -93,15 +93,9 @@ absl::Status Daemon::AcceptDataLocked(const PacketHeader& header, const uint8_t*
     return absl::OkStatus();
   }
   if (FoldLocked(header.transfer)) return absl::OkStatus();
-  std::vector<std::pair<uint32_t, std::string>> endpoints;
-  for (const auto& [key, endpoint] : servers_) {
-    for (const auto& [sequence, delivery] : endpoint.expected) {
-      if (delivery.info.transfer_id() == header.transfer) {
-        endpoints.emplace_back(delivery.info.job_id(), delivery.info.server());
-      }
-    }
+  for (const auto& [job_id, server] : delivery_.EndpointsExpecting(header.transfer)) {
+    TryDeliverLocked(job_id, server);
   }
-  for (const auto& [job_id, server] : endpoints) TryDeliverLocked(job_id, server);
   return absl::OkStatus();
 }
 

@@ -30,55 +30,51 @@
 namespace mlfabric {
 
 void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
-  auto it = servers_.find(ServerKey(job_id, server));
+  const std::string key = ServerKey(job_id, server);
+  auto it = servers_.find(key);
   if (it == servers_.end()) return;
   ServerEndpoint& endpoint = it->second;
-  while (!endpoint.expected.empty()) {
-    auto next = endpoint.expected.begin();
-    if (next->first < endpoint.next_sequence) {
-      endpoint.expected.erase(next);
-      continue;
-    }
-    if (next->first != endpoint.next_sequence) break;  // an earlier one is not announced yet
-    Delivery& delivery = next->second;
-    const uint64_t transfer_id = delivery.info.transfer_id();
-    if (delivery.cancelled) {
-      MLF_LOG(INFO) << "skipping update " << transfer_id << " (sequence " << next->first
-                    << "): " << delivery.cancel_reason;
+  auto complete = [this](uint64_t transfer) {
+    auto incoming = incoming_.find(transfer);
+    return incoming != incoming_.end() && incoming->second.received >= incoming->second.total;
+  };
+  while (true) {
+    const daemon::DeliverySequencer::Step step = delivery_.Next(key, complete);
+    if (step.kind == daemon::DeliverySequencer::Step::kNothing) return;
+    const uint64_t transfer_id = step.info.transfer_id();
+    if (step.kind == daemon::DeliverySequencer::Step::kSkip) {
+      MLF_LOG(INFO) << "skipping update " << transfer_id << " (sequence " << step.sequence
+                    << "): " << step.reason;
       incoming_.erase(transfer_id);
-      endpoint.expected.erase(next);
-      ++endpoint.next_sequence;
       continue;
     }
     auto incoming = incoming_.find(transfer_id);
-    if (incoming == incoming_.end() || incoming->second.received < incoming->second.total) break;
-    if (incoming->second.total != static_cast<uint64_t>(delivery.info.bytes())) {
-      reporter_->ReportFailure(transfer_id, absl::StrCat("received ", incoming->second.total,
-                                                   " bytes but the schedule said ",
-                                                   delivery.info.bytes()));
-      delivery.cancelled = true;
+    if (incoming->second.total != static_cast<uint64_t>(step.info.bytes())) {
+      const std::string reason = absl::StrCat("received ", incoming->second.total,
+                                              " bytes but the schedule said ", step.info.bytes());
+      reporter_->ReportFailure(transfer_id, reason);
+      delivery_.Cancel(key, step.sequence, reason);
       continue;
     }
     v1::LocalMessage message;
     v1::LocalUpdate* update = message.mutable_update();
     update->set_transfer_id(transfer_id);
-    update->set_worker(delivery.info.worker());
-    update->set_version(delivery.info.version());
-    update->set_norm(delivery.info.norm());
-    update->set_bytes(delivery.info.bytes());
-    update->set_sequence(next->first);
-    update->set_count(std::max(1, delivery.info.constituents_size()));
+    update->set_worker(step.info.worker());
+    update->set_version(step.info.version());
+    update->set_norm(step.info.norm());
+    update->set_bytes(step.info.bytes());
+    update->set_sequence(step.sequence);
+    update->set_count(std::max(1, step.info.constituents_size()));
     absl::Status sent = endpoint.app->channel->Send(message, incoming->second.buffer->fd());
     if (!sent.ok()) {
-      reporter_->ReportFailure(transfer_id, absl::StrCat("cannot hand the update to server '", server,
-                                                   "': ", sent.message()));
+      reporter_->ReportFailure(transfer_id, absl::StrCat("cannot hand the update to server '",
+                                                         server, "': ", sent.message()));
     } else {
       awaiting_ack_[transfer_id] = {endpoint.app, incoming->second.buffer};
     }
     ++stats_.deliveries;
     incoming_.erase(incoming);
-    endpoint.expected.erase(next);
-    ++endpoint.next_sequence;
+    delivery_.Advance(key);
   }
 }
 

@@ -1,0 +1,85 @@
+#include "daemon/engine/delivery_sequencer.h"
+
+#include <set>
+
+#include <catch2/catch.hpp>
+
+namespace mlfabric::daemon {
+namespace {
+
+using Step = DeliverySequencer::Step;
+
+v1::ExpectDelivery Expect(uint64_t sequence, uint64_t transfer) {
+  v1::ExpectDelivery e;
+  e.set_sequence(sequence);
+  e.set_transfer_id(transfer);
+  e.set_job_id(1);
+  e.set_server("ps");
+  return e;
+}
+
+// Delivers everything deliverable at "1/ps"; returns the transfers, in order.
+std::vector<uint64_t> Drain(DeliverySequencer& s, const std::set<uint64_t>& complete,
+                            std::vector<uint64_t>* skipped = nullptr) {
+  std::vector<uint64_t> delivered;
+  auto is_complete = [&](uint64_t t) { return complete.count(t) > 0; };
+  for (Step step = s.Next("1/ps", is_complete); step.kind != Step::kNothing;
+       step = s.Next("1/ps", is_complete)) {
+    if (step.kind == Step::kSkip) {
+      if (skipped) skipped->push_back(step.info.transfer_id());
+      continue;
+    }
+    delivered.push_back(step.info.transfer_id());
+    s.Advance("1/ps");
+  }
+  return delivered;
+}
+
+TEST_CASE("updates are handed over in commit order, never past a gap or an incomplete one") {
+  DeliverySequencer s;
+  s.Expect("1/ps", Expect(2, 20));
+  CHECK(Drain(s, {20}).empty());  // position 1 not announced yet
+  s.Expect("1/ps", Expect(1, 10));
+  CHECK(Drain(s, {20}).empty());  // position 1's bytes not in yet
+  CHECK(Drain(s, {10, 20}) == std::vector<uint64_t>{10, 20});
+  s.Expect("1/ps", Expect(3, 30));
+  CHECK(Drain(s, {30}) == std::vector<uint64_t>{30});
+  CHECK(s.Pending("1/ps") == 0);
+}
+
+TEST_CASE("cancelled positions are skipped with their reason; others go on") {
+  DeliverySequencer s;
+  s.Expect("1/ps", Expect(1, 10));
+  s.Expect("1/ps", Expect(2, 20), "server application is not connected");
+  s.Expect("1/ps", Expect(3, 30));
+  REQUIRE(s.CancelTransfer(1, 10, "source failed").has_value());
+  CHECK_FALSE(s.CancelTransfer(3, 99, "wrong transfer").has_value());
+  std::vector<uint64_t> skipped;
+  CHECK(Drain(s, {30}, &skipped) == std::vector<uint64_t>{30});
+  CHECK(skipped == std::vector<uint64_t>{10, 20});
+}
+
+TEST_CASE("an endpoint going away cancels what it still expected, once") {
+  DeliverySequencer s;
+  s.Expect("1/ps", Expect(1, 10));
+  s.Expect("1/ps", Expect(2, 20), "already cancelled");
+  s.Expect("1/ps", Expect(3, 30));
+  CHECK(s.CancelAll("1/ps", "server disconnected") == std::vector<uint64_t>{10, 30});
+  CHECK(s.CancelAll("1/ps", "again").empty());
+  CHECK(s.EndpointsExpecting(30).size() == 1);
+  std::vector<uint64_t> skipped;
+  CHECK(Drain(s, {10, 20, 30}, &skipped).empty());
+  CHECK(skipped.size() == 3);
+}
+
+TEST_CASE("an announcement for a position already passed is dropped") {
+  DeliverySequencer s;
+  s.Expect("1/ps", Expect(1, 10));
+  CHECK(Drain(s, {10}) == std::vector<uint64_t>{10});
+  s.Expect("1/ps", Expect(1, 11));  // late duplicate of position 1
+  s.Expect("1/ps", Expect(2, 20));
+  CHECK(Drain(s, {11, 20}) == std::vector<uint64_t>{20});
+}
+
+}  // namespace
+}  // namespace mlfabric::daemon
