@@ -130,6 +130,7 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
       endpoint.app = app;
     }
   }
+  cv_.notify_all();  // gets waiting for this server (ServeGetRequest)
   body->set_model_version(entity_reply.model_version());
   (void)app->channel->Send(reply);
 }

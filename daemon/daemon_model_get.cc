@@ -111,7 +111,18 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
   int64_t version = 0;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    auto it = servers_.find(ServerKey(request.job, server));
+    const std::string key = ServerKey(request.job, server);
+    auto connected = [&] {
+      auto found = servers_.find(key);
+      return found != servers_.end() && found->second.app != nullptr;
+    };
+    // The scheduler resolves a server as soon as it registered there, which
+    // is a moment before its daemon records the application (after the
+    // RegisterEntity reply): a get arriving in between waits briefly
+    // instead of failing.
+    cv_.wait_for(lock, std::chrono::duration<double>(internal::kServerConnectWaitS),
+                 [&] { return connected() || stopping_.load(); });
+    auto it = servers_.find(key);
     if (it == servers_.end() || it->second.app == nullptr) {
       error = absl::StrCat("server '", server, "' is not connected to ", config_.host,
                            "'s daemon");
