@@ -143,5 +143,51 @@ TEST_CASE("Random distribution plans respect capacities and reach everyone") {
   }
 }
 
+// The pruned search must give exactly the exhaustive search's plan: same
+// (n, u), every transfer segment and delivery bit for bit. Batches up to 60
+// requesters and 30 distributors (co-hosted or not, some NICs with profiles)
+// so the pruning has many cases to skip.
+TEST_CASE("Pruned distribution search gives the exhaustive search's plan") {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    INFO("seed " << seed);
+    uint64_t state = seed;
+    auto next = [&]() {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return state >> 33;
+    };
+    const double rates[] = {1e9, 2.5e9, 3.3e9, 5e9, 1e10, 1e10, 1e10};
+    DistributionRequest r;
+    r.server = "s";
+    r.now_s = 0.5;
+    r.model_bytes = 1000000 + next() % 100000000;
+    r.seed = seed;
+    r.hosts.push_back({"s", rates[next() % 7], 1e10, {}, {}});
+    const int workers = 1 + next() % 60;
+    for (int i = 0; i < workers; ++i) {
+      const std::string w = "w" + std::to_string(i);
+      HostLink h{w, rates[next() % 7], rates[next() % 7], {}, {}};
+      if (next() % 8 == 0) h.uplink_profile = {{0.0, h.uplink_bps}, {0.6, 1e9}};
+      r.hosts.push_back(h);
+      r.requesters.push_back(w);
+    }
+    const int distributors = next() % 31;
+    for (int d = 0; d < distributors; ++d) {
+      if (next() % 2) {
+        r.distributors.push_back("w" + std::to_string(next() % workers));
+      } else {
+        r.distributors.push_back("d" + std::to_string(d));
+        r.hosts.push_back({r.distributors.back(), rates[next() % 7], 1e10, {}, {}});
+      }
+    }
+    DistributionOptions reference;
+    reference.reference = true;
+    auto fast = PlanModelDistribution(r);
+    auto slow = PlanModelDistribution(r, reference);
+    REQUIRE(fast.ok());
+    REQUIRE(slow.ok());
+    CHECK(DistributionPlanToText(*fast) == DistributionPlanToText(*slow));
+  }
+}
+
 }  // namespace
 }  // namespace mlfabric::core
