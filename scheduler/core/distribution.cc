@@ -18,7 +18,6 @@
 namespace mlfabric::core {
 
 namespace {
-
 struct Candidate {
   double total_s = kInfinity;
   int direct = 0;
@@ -94,12 +93,21 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
   Network state = net;
   state.BeginJournal();
   // `bound`: a case with a delivery after it cannot win; it stops there.
-  auto evaluate = [&](int n, int used, const std::vector<int>& rest, double bound) {
+  // `record`: keep the transfers (only the winning case needs them; the
+  // search itself reuses one segment buffer).
+  std::vector<RateSegment> scratch;
+  auto evaluate = [&](int n, int used, const std::vector<int>& rest, double bound, bool record) {
     Candidate c;
     c.direct = n;
     c.used = used;
     auto send = [&](int src, int dst, double t0) {
       const Path path = state.PathBetween(src, dst);
+      if (!record) {
+        const double end = state.FillInto(path, t0, bits, &scratch);
+        if (end == kInfinity) return kInfinity;
+        state.Reserve(path, scratch);
+        return end;
+      }
       FillResult fill = state.Fill(path, t0, bits);
       if (!fill.feasible) return kInfinity;
       state.Reserve(path, fill.segments);
@@ -143,11 +151,16 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
       const int first = idx;
       while (idx < static_cast<int>(rest.size())) {
         const Path path = state.PathBetween(host, rest[idx]);
-        const double end = state.FillEnd(path, received[j], bits);
+        const double end = record ? state.FillEnd(path, received[j], bits)
+                                  : state.FillInto(path, received[j], bits, &scratch);
         if (end == kInfinity && last) return c;
         if (!last && end > server_done) break;
         if (end > bound) return c;
-        send(host, rest[idx], received[j]);
+        if (record) {
+          send(host, rest[idx], received[j]);
+        } else {
+          state.Reserve(path, scratch);
+        }
         delivered.push_back({position_of(rest[idx]), end});
         via.push_back(host);
         ++idx;
@@ -205,10 +218,61 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
       if (groups < 0) return;
       min_n = std::max(min_n, max_n - groups);
     }
+    // Pruning (d): the server's sends are the same prefix chain for every n
+    // of this u, so one pass gives each n's server_done; non-last
+    // distributors deliver only by server_done, the last one by the best
+    // total, and together they must serve the max_n - n requesters left.
+    std::vector<double> received, server_done, waited;
+    double lead = request.now_s;  // the latest receipt every case of this u waits for
+    if (!options.reference && used > 0 && best.total_s != kInfinity) {
+      if (cannot_win(used, min_n, best.total_s)) return;
+      const size_t mark = state.JournalMark();
+      received.assign(used, kInfinity);
+      double done = request.now_s;
+      for (int j = used - 1; j >= 0; --j) {
+        const Path path = state.PathBetween(server, distributors[j]);
+        FillResult fill = state.Fill(path, request.now_s, bits);
+        if (!fill.feasible) break;
+        state.Reserve(path, fill.segments);
+        received[j] = fill.end_s;
+        done = std::max(done, fill.end_s);
+        if (j > 0 || position_of(distributors[j]) < static_cast<int>(requesters.size())) {
+          lead = std::max(lead, fill.end_s);
+        }
+      }
+      server_done.push_back(done);
+      waited.push_back(lead);
+      for (int i = 0; i < max_n && waited.back() <= best.total_s; ++i) {
+        const Path path = state.PathBetween(server, rest[i]);
+        FillResult fill = state.Fill(path, request.now_s, bits);
+        if (!fill.feasible) break;
+        state.Reserve(path, fill.segments);
+        done = std::max(done, fill.end_s);
+        server_done.push_back(done);
+        waited.push_back(std::max(waited.back(), fill.end_s));
+      }
+      state.RollbackTo(mark);
+    }
+    auto fan_out_short = [&](int n) {
+      if (server_done.empty()) return false;
+      if (n >= static_cast<int>(server_done.size())) return true;
+      if (waited[n] > best.total_s) return true;
+      int64_t slots = 0;
+      for (int j = 0; j < used; ++j) {
+        const double until = j == 0 ? best.total_s : server_done[n];
+        const double peak = state.PeakRate(state.UplinkOf(distributors[j]));
+        const double s = (until - received[j]) * peak / bits;
+        if (s > 0) slots += static_cast<int64_t>(std::min<double>(max_n, s * (1 + 1e-9) + 1e-9));
+        if (slots >= max_n - n) return false;
+      }
+      return true;
+    };
     for (int n = min_n; n <= max_n; ++n) {
       if (!options.reference && cannot_win(used, n, best.total_s)) break;
+      if (!options.reference && fan_out_short(n)) continue;
       const size_t mark = state.JournalMark();
-      Candidate c = evaluate(n, used, rest, options.reference ? kInfinity : best.total_s);
+      Candidate c = evaluate(n, used, rest, options.reference ? kInfinity : best.total_s,
+                             options.reference);
       state.RollbackTo(mark);
       if (c.total_s == kInfinity) continue;
       if (std::make_tuple(c.total_s, -c.direct, c.used) <
@@ -231,6 +295,17 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
       try_used(used);
     }
     for (int used = guess - 1; used >= 0; --used) try_used(used);
+  }
+  if (!options.reference && best.total_s != kInfinity) {
+    // The search ran without recording; replay the winner on the untouched
+    // network (the same fills, so the same plan).
+    std::fill(is_used.begin(), is_used.end(), 0);
+    for (int j = 0; j < best.used; ++j) is_used[distributors[j]] = 1;
+    std::vector<int> rest;
+    for (int host : requesters) {
+      if (!is_used[host]) rest.push_back(host);
+    }
+    best = evaluate(best.direct, best.used, rest, kInfinity, true);
   }
   if (best.total_s == kInfinity) {
     return absl::FailedPreconditionError(
