@@ -281,7 +281,42 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
       }
     }
   };
-  if (options.reference) {
+  if (options.deadline_s < DistributionOptions::kNoDeadline) {
+    // Fewest server copies by the deadline: copies = u + n grow along both
+    // loops, and the server-uplink bound against the deadline stops them.
+    Candidate frugal;
+    std::vector<int> frugal_rest;
+    for (int used = 0; used <= num_distributors; ++used) {
+      if (frugal.total_s != kInfinity && used > frugal.used + frugal.direct) break;
+      if (cannot_win(used, 0, options.deadline_s)) break;
+      std::fill(is_used.begin(), is_used.end(), 0);
+      for (int j = 0; j < used; ++j) is_used[distributors[j]] = 1;
+      std::vector<int> rest;
+      for (int host : requesters) {
+        if (!is_used[host]) rest.push_back(host);
+      }
+      const int max_n = static_cast<int>(rest.size());
+      for (int n = used == 0 ? max_n : 0; n <= max_n; ++n) {
+        if (cannot_win(used, n, options.deadline_s)) break;
+        if (frugal.total_s != kInfinity && used + n > frugal.used + frugal.direct) break;
+        const size_t mark = state.JournalMark();
+        Candidate c = evaluate(n, used, rest, options.deadline_s, false);
+        state.RollbackTo(mark);
+        if (c.total_s > options.deadline_s) continue;
+        if (frugal.total_s == kInfinity ||
+            std::make_tuple(c.used + c.direct, c.total_s, -c.direct, c.used) <
+            std::make_tuple(frugal.used + frugal.direct, frugal.total_s, -frugal.direct,
+                            frugal.used)) {
+          frugal = std::move(c);
+        }
+      }
+    }
+    if (frugal.total_s != kInfinity) best = std::move(frugal);
+  }
+  const bool met_deadline = best.total_s != kInfinity;
+  if (met_deadline) {
+    // The deadline objective decided; the per-batch search is not needed.
+  } else if (options.reference) {
     for (int used = 0; used <= num_distributors; ++used) try_used(used);
   } else {
     // The best u balances the server's u copies against each group's
@@ -296,7 +331,7 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
     }
     for (int used = guess - 1; used >= 0; --used) try_used(used);
   }
-  if (!options.reference && best.total_s != kInfinity) {
+  if ((met_deadline || !options.reference) && best.total_s != kInfinity) {
     // The search ran without recording; replay the winner on the untouched
     // network (the same fills, so the same plan).
     std::fill(is_used.begin(), is_used.end(), 0);

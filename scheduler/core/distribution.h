@@ -68,7 +68,7 @@ struct Delivery {
 
 struct DistributionPlan {
   int direct = 0;             // requesters served directly by the server
-  int distributors_used = 0;
+  int distributors_used = 0;  // server copies = direct + distributors_used
   double total_s = 0;         // when the last requester has the model
   std::vector<Transfer> transfers;  // kind kDirect; `update` is "model"
   std::vector<Delivery> deliveries; // one per requester, request order
@@ -79,6 +79,14 @@ struct DistributionOptions {
   // benchmark and tests compare against). The default search prunes cases
   // that provably cannot win and gives the identical plan.
   bool reference = false;
+  // When finite (an absolute time): the objective that spares the server's
+  // link for what comes next (issue 14). Among the cases whose last delivery
+  // is no later than this, take the one with the fewest server copies
+  // (u + n), ties to the earlier total, then the larger n, then the smaller
+  // u. If no case meets it, the per-batch objective (earliest total) decides
+  // as before. Single hop, like the per-batch search.
+  double deadline_s = kNoDeadline;
+  static constexpr double kNoDeadline = 1e300;
 };
 
 absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest& request,

@@ -100,9 +100,21 @@ TEST_CASE("Random distribution plans respect capacities and reach everyone") {
                                           : "d" + std::to_string(d));
       if (r.distributors.back()[0] == 'd') r.hosts.push_back({r.distributors.back(), 1e10, 1e10, {}, {}});
     }
-    auto plan = PlanModelDistribution(r);
+    // The per-batch plan, then the deadline objective at 1.3x its total.
+    auto per_batch = PlanModelDistribution(r);
+    REQUIRE(per_batch.ok());
+    DistributionOptions frugal;
+    frugal.deadline_s = r.now_s + 1.3 * (per_batch->total_s - r.now_s);
+    for (const bool spare : {false, true}) {
+    INFO("deadline objective " << spare);
+    auto plan = spare ? PlanModelDistribution(r, frugal) : per_batch;
     REQUIRE(plan.ok());
     REQUIRE(plan->deliveries.size() == r.requesters.size());
+    if (spare) {
+      CHECK(plan->total_s <= frugal.deadline_s);
+      CHECK(plan->direct + plan->distributors_used <=
+            per_batch->direct + per_batch->distributors_used);
+    }
     std::map<std::string, double> up, down;
     for (const HostLink& h : r.hosts) {
       up[h.name] = h.uplink_bps;
@@ -139,6 +151,7 @@ TEST_CASE("Random distribution plans respect capacities and reach everyone") {
           CHECK(load <= capacity * (1 + 1e-9) + 1);
         }
       }
+    }
     }
   }
 }
@@ -187,6 +200,35 @@ TEST_CASE("Pruned distribution search gives the exhaustive search's plan") {
     REQUIRE(slow.ok());
     CHECK(DistributionPlanToText(*fast) == DistributionPlanToText(*slow));
   }
+}
+
+// Issue 14: when the server's uplink is the bottleneck, a deadline a little
+// later than the per-batch optimum buys fewer server copies (the next batch
+// finds the server's link free sooner).
+TEST_CASE("The deadline objective spends fewer server copies on a saturated server link") {
+  DistributionRequest r = Request(5e9, 4);  // the server's uplink: half a worker's NIC
+  auto per_batch = PlanModelDistribution(r);
+  REQUIRE(per_batch.ok());
+  DistributionOptions frugal;
+  frugal.deadline_s = r.now_s + 1.5 * (per_batch->total_s - r.now_s);
+  auto spare = PlanModelDistribution(r, frugal);
+  REQUIRE(spare.ok());
+  const int per_batch_copies = per_batch->direct + per_batch->distributors_used;
+  const int spare_copies = spare->direct + spare->distributors_used;
+  INFO("per-batch " << per_batch_copies << " copies by " << per_batch->total_s << " s, frugal "
+                    << spare_copies << " by " << spare->total_s << " s");
+  CHECK(spare_copies < per_batch_copies);
+  CHECK(spare->total_s <= frugal.deadline_s);
+  int server_sends = 0;
+  for (const Transfer& t : spare->transfers) server_sends += t.src == "s";
+  CHECK(server_sends == spare_copies);
+  REQUIRE(spare->deliveries.size() == r.requesters.size());
+  for (const Delivery& d : spare->deliveries) CHECK(d.at_s <= frugal.deadline_s);
+  // An unreachable deadline falls back to the per-batch plan.
+  frugal.deadline_s = r.now_s + 0.5 * (per_batch->total_s - r.now_s);
+  auto fallback = PlanModelDistribution(r, frugal);
+  REQUIRE(fallback.ok());
+  CHECK(DistributionPlanToText(*fallback) == DistributionPlanToText(*per_batch));
 }
 
 }  // namespace
