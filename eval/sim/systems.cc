@@ -695,7 +695,8 @@ class Mlfabric final : public Harness {
     absl::StatusOr<core::DistributionPlan> plan = core::PlanModelDistribution(request);
     if (plan.ok() && config_.get_deadline_slack > 0) {
       core::DistributionOptions spare;
-      spare.deadline_s = request.now_s + config_.get_deadline_slack * (plan->total_s - request.now_s);
+      spare.deadline_s =
+          request.now_s + config_.get_deadline_slack * (plan->total_s - request.now_s);
       plan = core::PlanModelDistribution(request, spare);
     }
     if (!plan.ok()) {

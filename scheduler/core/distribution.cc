@@ -194,7 +194,9 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
       state.Reserve(path, fill.segments);
       const double peak = state.PeakRate(state.UplinkOf(distributors[j]));
       const double slots = (best_total - fill.end_s) * peak / bits;
-      if (slots > 0) capacity += static_cast<int64_t>(std::min<double>(cap, slots * (1 + 1e-9) + 1e-9));
+      if (slots > 0) {
+        capacity += static_cast<int64_t>(std::min<double>(cap, slots * (1 + 1e-9) + 1e-9));
+      }
       if (capacity >= cap) break;
     }
     state.RollbackTo(mark);

@@ -106,52 +106,52 @@ TEST_CASE("Random distribution plans respect capacities and reach everyone") {
     DistributionOptions frugal;
     frugal.deadline_s = r.now_s + 1.3 * (per_batch->total_s - r.now_s);
     for (const bool spare : {false, true}) {
-    INFO("deadline objective " << spare);
-    auto plan = spare ? PlanModelDistribution(r, frugal) : per_batch;
-    REQUIRE(plan.ok());
-    REQUIRE(plan->deliveries.size() == r.requesters.size());
-    if (spare) {
-      CHECK(plan->total_s <= frugal.deadline_s);
-      CHECK(plan->direct + plan->distributors_used <=
-            per_batch->direct + per_batch->distributors_used);
-    }
-    std::map<std::string, double> up, down;
-    for (const HostLink& h : r.hosts) {
-      up[h.name] = h.uplink_bps;
-      down[h.name] = h.downlink_bps;
-    }
-    std::map<std::string, double> received;  // host -> when the model arrived
-    received["s"] = 0;
-    for (const Transfer& t : plan->transfers) {
-      CHECK(SegmentBits(t.segments) == Approx(8.0 * r.model_bytes));
-      // A host forwards only what it already has.
-      REQUIRE(received.count(t.src));
-      CHECK(t.start_s >= received[t.src] - 1e-12);
-      received[t.dst] = t.end_s;
-    }
-    for (size_t i = 0; i < r.requesters.size(); ++i) {
-      CHECK(plan->deliveries[i].host == r.requesters[i]);
-      CHECK(plan->deliveries[i].at_s == Approx(received.at(r.requesters[i])));
-    }
-    // Capacity: sweep every link.
-    for (const auto* side : {&up, &down}) {
-      for (const auto& [host, capacity] : *side) {
-        std::vector<std::pair<double, double>> events;
-        for (const Transfer& t : plan->transfers) {
-          if ((side == &up ? t.src : t.dst) != host) continue;
-          for (const RateSegment& s : t.segments) {
-            events.push_back({s.from_s, s.rate_bps});
-            events.push_back({s.to_s, -s.rate_bps});
+      INFO("deadline objective " << spare);
+      auto plan = spare ? PlanModelDistribution(r, frugal) : per_batch;
+      REQUIRE(plan.ok());
+      REQUIRE(plan->deliveries.size() == r.requesters.size());
+      if (spare) {
+        CHECK(plan->total_s <= frugal.deadline_s);
+        CHECK(plan->direct + plan->distributors_used <=
+              per_batch->direct + per_batch->distributors_used);
+      }
+      std::map<std::string, double> up, down;
+      for (const HostLink& h : r.hosts) {
+        up[h.name] = h.uplink_bps;
+        down[h.name] = h.downlink_bps;
+      }
+      std::map<std::string, double> received;  // host -> when the model arrived
+      received["s"] = 0;
+      for (const Transfer& t : plan->transfers) {
+        CHECK(SegmentBits(t.segments) == Approx(8.0 * r.model_bytes));
+        // A host forwards only what it already has.
+        REQUIRE(received.count(t.src));
+        CHECK(t.start_s >= received[t.src] - 1e-12);
+        received[t.dst] = t.end_s;
+      }
+      for (size_t i = 0; i < r.requesters.size(); ++i) {
+        CHECK(plan->deliveries[i].host == r.requesters[i]);
+        CHECK(plan->deliveries[i].at_s == Approx(received.at(r.requesters[i])));
+      }
+      // Capacity: sweep every link.
+      for (const auto* side : {&up, &down}) {
+        for (const auto& [host, capacity] : *side) {
+          std::vector<std::pair<double, double>> events;
+          for (const Transfer& t : plan->transfers) {
+            if ((side == &up ? t.src : t.dst) != host) continue;
+            for (const RateSegment& s : t.segments) {
+              events.push_back({s.from_s, s.rate_bps});
+              events.push_back({s.to_s, -s.rate_bps});
+            }
+          }
+          std::sort(events.begin(), events.end());
+          double load = 0;
+          for (const auto& [time, delta] : events) {
+            load += delta;
+            CHECK(load <= capacity * (1 + 1e-9) + 1);
           }
         }
-        std::sort(events.begin(), events.end());
-        double load = 0;
-        for (const auto& [time, delta] : events) {
-          load += delta;
-          CHECK(load <= capacity * (1 + 1e-9) + 1);
-        }
       }
-    }
     }
   }
 }

@@ -11,7 +11,7 @@
 //
 //   bazel run -c opt //scheduler/core:planner_benchmark
 //   bazel run -c opt //scheduler/core:planner_benchmark -- --quick   (skips |U| = 1000 reference)
-//   bazel run -c opt //scheduler/core:planner_benchmark -- --distribution [--quick]   (§10.3 plans only)
+//   bazel run -c opt //scheduler/core:planner_benchmark -- --distribution [--quick]  (§10.3 only)
 //
 // The model distribution section times PlanModelDistribution for 10 ... 1000
 // requesters with half as many candidate distributors (issue 14: 1000 x 500
