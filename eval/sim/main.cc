@@ -51,6 +51,9 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
                          the previous distribution, then form one batch; tick =
                          every 100 ms tick plans its new requests at once (old)
                                                                  default server
+  --get_deadline_slack=X  > 0: a get batch may end X times later than the
+                         fastest plan if that saves server copies (issue 14)
+                                                                 default 0
   --lr=X                 synchronous step size (async: lr/N)   default 0.3
   --class_separation=X   std of the class means (task difficulty)  default 0.5
   --conditioning=X       largest / smallest feature scale          default 30
@@ -105,6 +108,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   reader.Double("intra_host_bps", &c.sim.intra_host_bps, 1e6, 1e15);
   reader.Int("max_outstanding_pushes", &max_outstanding, 0, 1000000);
   reader.Enum("get_batching", &get_batching, {"server", "tick"});
+  reader.Double("get_deadline_slack", &c.sim.get_deadline_slack, 0, 1e6);
   reader.Double("lr", &c.sim.sgd.lr, 1e-9, 1e3);
   reader.Double("class_separation", &c.sim.sgd.class_separation, 0, 100);
   reader.Double("conditioning", &c.sim.sgd.conditioning, 1, 1e6);

@@ -116,6 +116,10 @@ struct SimConfig {
   // leaves the server.
   enum class GetBatching { kServer, kTick };
   GetBatching get_batching = GetBatching::kServer;
+  // > 0: each get batch may finish this many times later than the per-batch
+  // optimum if that spends fewer server copies (core DistributionOptions::
+  // deadline_s, issue 14); 0 keeps the per-batch objective.
+  double get_deadline_slack = 0;
   uint64_t seed = 1;
   double max_sim_s = 600;
   double target_accuracy = 0.70;

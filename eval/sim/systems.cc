@@ -387,6 +387,12 @@ class Mlfabric final : public Harness {
     for (int h : involved) request.hosts.push_back(HostView(h));
     pending_get_.clear();
     absl::StatusOr<core::DistributionPlan> plan = core::PlanModelDistribution(request);
+    if (plan.ok() && config_.get_deadline_slack > 0) {
+      core::DistributionOptions spare;
+      spare.deadline_s =
+          request.now_s + config_.get_deadline_slack * (plan->total_s - request.now_s);
+      plan = core::PlanModelDistribution(request, spare);
+    }
     if (!plan.ok()) {
       Fail(absl::InternalError(absl::StrCat("model distribution failed at t=", request.now_s,
                                             " s: ", plan.status().message())));

@@ -24,6 +24,19 @@
 //   DistributionRequest request = ...;
 //   absl::StatusOr<DistributionPlan> plan = PlanModelDistribution(request);
 //
+// Cost: the exhaustive search tries O(k° x |requesters|) cases of
+// O(|requesters|) fills each (seconds at 1000 x 500). The default search
+// gives the same plan with two exact prunings: (a) every case sends
+// `u - 1 + n` whole copies over the server's uplink that some requester
+// waits for, so it cannot end before `now + (u - 1 + n) x bits / peak uplink`;
+// cases whose bound exceeds the best total found are skipped (the bound grows
+// with n and u, so whole loops stop); (b) a case stops as soon as one
+// delivery ends after the best total; (c) distributor j's c-th delivery
+// cannot end before its receipt + c x bits / its peak uplink, so cases that
+// leave the distributors more requesters than they can serve by the best
+// total are skipped (n starts where they could). Candidate u are tried from the one the
+// square-root rule predicts outwards so that a good total is found early.
+//
 // Thread safety: pure function.
 #ifndef MLFABRIC_SCHEDULER_CORE_DISTRIBUTION_H_
 #define MLFABRIC_SCHEDULER_CORE_DISTRIBUTION_H_
@@ -55,13 +68,33 @@ struct Delivery {
 
 struct DistributionPlan {
   int direct = 0;             // requesters served directly by the server
-  int distributors_used = 0;
+  int distributors_used = 0;  // server copies = direct + distributors_used
   double total_s = 0;         // when the last requester has the model
   std::vector<Transfer> transfers;  // kind kDirect; `update` is "model"
   std::vector<Delivery> deliveries; // one per requester, request order
 };
 
-absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest& request);
+struct DistributionOptions {
+  // Evaluate every (n, u) case in full (the straightforward search the
+  // benchmark and tests compare against). The default search prunes cases
+  // that provably cannot win and gives the identical plan.
+  bool reference = false;
+  // When finite (an absolute time): the objective that spares the server's
+  // link for what comes next (issue 14). Among the cases whose last delivery
+  // is no later than this, take the one with the fewest server copies
+  // (u + n), ties to the earlier total, then the larger n, then the smaller
+  // u. If no case meets it, the per-batch objective (earliest total) decides
+  // as before. Single hop, like the per-batch search.
+  double deadline_s = kNoDeadline;
+  static constexpr double kNoDeadline = 1e300;
+};
+
+absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest& request,
+                                                       const DistributionOptions& options = {});
+
+// A canonical text form of a plan (every field, full precision): equal plans
+// give equal text. Used to compare implementations.
+std::string DistributionPlanToText(const DistributionPlan& plan);
 
 }  // namespace mlfabric::core
 

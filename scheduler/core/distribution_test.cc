@@ -100,47 +100,135 @@ TEST_CASE("Random distribution plans respect capacities and reach everyone") {
                                           : "d" + std::to_string(d));
       if (r.distributors.back()[0] == 'd') r.hosts.push_back({r.distributors.back(), 1e10, 1e10, {}, {}});
     }
-    auto plan = PlanModelDistribution(r);
-    REQUIRE(plan.ok());
-    REQUIRE(plan->deliveries.size() == r.requesters.size());
-    std::map<std::string, double> up, down;
-    for (const HostLink& h : r.hosts) {
-      up[h.name] = h.uplink_bps;
-      down[h.name] = h.downlink_bps;
-    }
-    std::map<std::string, double> received;  // host -> when the model arrived
-    received["s"] = 0;
-    for (const Transfer& t : plan->transfers) {
-      CHECK(SegmentBits(t.segments) == Approx(8.0 * r.model_bytes));
-      // A host forwards only what it already has.
-      REQUIRE(received.count(t.src));
-      CHECK(t.start_s >= received[t.src] - 1e-12);
-      received[t.dst] = t.end_s;
-    }
-    for (size_t i = 0; i < r.requesters.size(); ++i) {
-      CHECK(plan->deliveries[i].host == r.requesters[i]);
-      CHECK(plan->deliveries[i].at_s == Approx(received.at(r.requesters[i])));
-    }
-    // Capacity: sweep every link.
-    for (const auto* side : {&up, &down}) {
-      for (const auto& [host, capacity] : *side) {
-        std::vector<std::pair<double, double>> events;
-        for (const Transfer& t : plan->transfers) {
-          if ((side == &up ? t.src : t.dst) != host) continue;
-          for (const RateSegment& s : t.segments) {
-            events.push_back({s.from_s, s.rate_bps});
-            events.push_back({s.to_s, -s.rate_bps});
+    // The per-batch plan, then the deadline objective at 1.3x its total.
+    auto per_batch = PlanModelDistribution(r);
+    REQUIRE(per_batch.ok());
+    DistributionOptions frugal;
+    frugal.deadline_s = r.now_s + 1.3 * (per_batch->total_s - r.now_s);
+    for (const bool spare : {false, true}) {
+      INFO("deadline objective " << spare);
+      auto plan = spare ? PlanModelDistribution(r, frugal) : per_batch;
+      REQUIRE(plan.ok());
+      REQUIRE(plan->deliveries.size() == r.requesters.size());
+      if (spare) {
+        CHECK(plan->total_s <= frugal.deadline_s);
+        CHECK(plan->direct + plan->distributors_used <=
+              per_batch->direct + per_batch->distributors_used);
+      }
+      std::map<std::string, double> up, down;
+      for (const HostLink& h : r.hosts) {
+        up[h.name] = h.uplink_bps;
+        down[h.name] = h.downlink_bps;
+      }
+      std::map<std::string, double> received;  // host -> when the model arrived
+      received["s"] = 0;
+      for (const Transfer& t : plan->transfers) {
+        CHECK(SegmentBits(t.segments) == Approx(8.0 * r.model_bytes));
+        // A host forwards only what it already has.
+        REQUIRE(received.count(t.src));
+        CHECK(t.start_s >= received[t.src] - 1e-12);
+        received[t.dst] = t.end_s;
+      }
+      for (size_t i = 0; i < r.requesters.size(); ++i) {
+        CHECK(plan->deliveries[i].host == r.requesters[i]);
+        CHECK(plan->deliveries[i].at_s == Approx(received.at(r.requesters[i])));
+      }
+      // Capacity: sweep every link.
+      for (const auto* side : {&up, &down}) {
+        for (const auto& [host, capacity] : *side) {
+          std::vector<std::pair<double, double>> events;
+          for (const Transfer& t : plan->transfers) {
+            if ((side == &up ? t.src : t.dst) != host) continue;
+            for (const RateSegment& s : t.segments) {
+              events.push_back({s.from_s, s.rate_bps});
+              events.push_back({s.to_s, -s.rate_bps});
+            }
           }
-        }
-        std::sort(events.begin(), events.end());
-        double load = 0;
-        for (const auto& [time, delta] : events) {
-          load += delta;
-          CHECK(load <= capacity * (1 + 1e-9) + 1);
+          std::sort(events.begin(), events.end());
+          double load = 0;
+          for (const auto& [time, delta] : events) {
+            load += delta;
+            CHECK(load <= capacity * (1 + 1e-9) + 1);
+          }
         }
       }
     }
   }
+}
+
+// The pruned search must give exactly the exhaustive search's plan: same
+// (n, u), every transfer segment and delivery bit for bit. Batches up to 60
+// requesters and 30 distributors (co-hosted or not, some NICs with profiles)
+// so the pruning has many cases to skip.
+TEST_CASE("Pruned distribution search gives the exhaustive search's plan") {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    INFO("seed " << seed);
+    uint64_t state = seed;
+    auto next = [&]() {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return state >> 33;
+    };
+    const double rates[] = {1e9, 2.5e9, 3.3e9, 5e9, 1e10, 1e10, 1e10};
+    DistributionRequest r;
+    r.server = "s";
+    r.now_s = 0.5;
+    r.model_bytes = 1000000 + next() % 100000000;
+    r.seed = seed;
+    r.hosts.push_back({"s", rates[next() % 7], 1e10, {}, {}});
+    const int workers = 1 + next() % 60;
+    for (int i = 0; i < workers; ++i) {
+      const std::string w = "w" + std::to_string(i);
+      HostLink h{w, rates[next() % 7], rates[next() % 7], {}, {}};
+      if (next() % 8 == 0) h.uplink_profile = {{0.0, h.uplink_bps}, {0.6, 1e9}};
+      r.hosts.push_back(h);
+      r.requesters.push_back(w);
+    }
+    const int distributors = next() % 31;
+    for (int d = 0; d < distributors; ++d) {
+      if (next() % 2) {
+        r.distributors.push_back("w" + std::to_string(next() % workers));
+      } else {
+        r.distributors.push_back("d" + std::to_string(d));
+        r.hosts.push_back({r.distributors.back(), rates[next() % 7], 1e10, {}, {}});
+      }
+    }
+    DistributionOptions reference;
+    reference.reference = true;
+    auto fast = PlanModelDistribution(r);
+    auto slow = PlanModelDistribution(r, reference);
+    REQUIRE(fast.ok());
+    REQUIRE(slow.ok());
+    CHECK(DistributionPlanToText(*fast) == DistributionPlanToText(*slow));
+  }
+}
+
+// Issue 14: when the server's uplink is the bottleneck, a deadline a little
+// later than the per-batch optimum buys fewer server copies (the next batch
+// finds the server's link free sooner).
+TEST_CASE("The deadline objective spends fewer server copies on a saturated server link") {
+  DistributionRequest r = Request(5e9, 4);  // the server's uplink: half a worker's NIC
+  auto per_batch = PlanModelDistribution(r);
+  REQUIRE(per_batch.ok());
+  DistributionOptions frugal;
+  frugal.deadline_s = r.now_s + 1.5 * (per_batch->total_s - r.now_s);
+  auto spare = PlanModelDistribution(r, frugal);
+  REQUIRE(spare.ok());
+  const int per_batch_copies = per_batch->direct + per_batch->distributors_used;
+  const int spare_copies = spare->direct + spare->distributors_used;
+  INFO("per-batch " << per_batch_copies << " copies by " << per_batch->total_s << " s, frugal "
+                    << spare_copies << " by " << spare->total_s << " s");
+  CHECK(spare_copies < per_batch_copies);
+  CHECK(spare->total_s <= frugal.deadline_s);
+  int server_sends = 0;
+  for (const Transfer& t : spare->transfers) server_sends += t.src == "s";
+  CHECK(server_sends == spare_copies);
+  REQUIRE(spare->deliveries.size() == r.requesters.size());
+  for (const Delivery& d : spare->deliveries) CHECK(d.at_s <= frugal.deadline_s);
+  // An unreachable deadline falls back to the per-batch plan.
+  frugal.deadline_s = r.now_s + 0.5 * (per_batch->total_s - r.now_s);
+  auto fallback = PlanModelDistribution(r, frugal);
+  REQUIRE(fallback.ok());
+  CHECK(DistributionPlanToText(*fallback) == DistributionPlanToText(*per_batch));
 }
 
 }  // namespace

@@ -11,6 +11,11 @@
 //
 //   bazel run -c opt //scheduler/core:planner_benchmark
 //   bazel run -c opt //scheduler/core:planner_benchmark -- --quick   (skips |U| = 1000 reference)
+//   bazel run -c opt //scheduler/core:planner_benchmark -- --distribution [--quick]  (§10.3 only)
+//
+// The model distribution section times PlanModelDistribution for 10 ... 1000
+// requesters with half as many candidate distributors (issue 14: 1000 x 500
+// within 20 ms) against the exhaustive reference of the same search.
 //
 // ms/batch is the median wall time over timed passes (the fastest in
 // brackets, the median process CPU time in square brackets: on a shared
@@ -27,8 +32,10 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "scheduler/core/distribution.h"
 #include "scheduler/core/internal/random_batch.h"
 #include "scheduler/core/mlfabric_planner.h"
 #include "scheduler/core/plan_checker.h"
@@ -117,8 +124,117 @@ Measurement Measure(const MlfabricPlanner& planner, const std::vector<Batch>& ba
   return m;
 }
 
+// A §10.3 batched get: `requesters` machines with NIC rates from the §7 N2
+// set, the first `distributors` of them also candidate distributors (as in
+// the simulator, where workers' machines distribute), a 10 Gbit/s server and
+// a 100 MB model.
+DistributionRequest RandomDistribution(int requesters, int distributors, uint64_t seed) {
+  uint64_t state = seed;
+  auto next = [&state] {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+  };
+  auto nic = [&next] {
+    const double u = next();
+    if (u < 0.05) return 1e9;
+    if (u < 0.15) return 2.5e9;
+    if (u < 0.25) return 3.3e9;
+    if (u < 0.35) return 5e9;
+    return 1e10;
+  };
+  DistributionRequest r;
+  r.server = "s";
+  r.model_bytes = 100000000;
+  r.seed = seed;
+  r.hosts.push_back({"s", 1e10, 1e10, {}, {}});
+  for (int i = 0; i < requesters; ++i) {
+    const std::string name = "m" + std::to_string(i);
+    const double up = nic();
+    r.hosts.push_back({name, up, nic(), {}, {}});
+    r.requesters.push_back(name);
+    if (i < distributors) r.distributors.push_back(name);
+  }
+  return r;
+}
+
+// Times PlanModelDistribution (and its exhaustive reference, unless it
+// would take longer than `reference_limit` requesters) per size.
+bool DistributionBenchmark(bool quick) {
+  std::printf("\nModel distribution (§10.3 batched get), 10 Gbit/s server, 100 MB model,\n"
+              "NICs from the §7 N2 set, distributors co-hosted with requesters\n\n");
+  std::printf("%11s %12s | %31s | %12s | %8s | %s\n", "requesters", "distributors",
+              "ms/plan (min) [cpu ms]", "reference ms", "speedup", "plans");
+  struct Row {
+    int requesters, distributors, plans, repetitions;
+  };
+  const std::vector<Row> rows = {
+      {10, 5, 20, 50}, {100, 50, 5, 5}, {500, 250, 3, 5}, {1000, 500, 3, 5}};
+  bool identical = true;
+  DistributionOptions reference;
+  reference.reference = true;
+  for (const Row& row : rows) {
+    std::vector<DistributionRequest> requests;
+    for (int p = 0; p < row.plans; ++p) {
+      requests.push_back(RandomDistribution(row.requesters, row.distributors,
+                                            7919 * row.requesters + p + 1));
+    }
+    auto time_all = [&](const DistributionOptions& options, int repetitions,
+                        std::vector<std::string>* plans) {
+      std::vector<double> pass_ms, pass_cpu_ms;
+      auto cpu_now_ms = [] {
+        timespec ts;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+      };
+      for (int rep = 0; rep < repetitions; ++rep) {
+        const double cpu_start = cpu_now_ms();
+        const auto start = std::chrono::steady_clock::now();
+        for (const DistributionRequest& request : requests) {
+          absl::StatusOr<DistributionPlan> plan = PlanModelDistribution(request, options);
+          if (!plan.ok()) {
+            std::fprintf(stderr, "distribution failed: %s\n",
+                         std::string(plan.status().message()).c_str());
+            std::exit(1);
+          }
+          if (rep == 0 && plans != nullptr) plans->push_back(DistributionPlanToText(*plan));
+        }
+        pass_cpu_ms.push_back((cpu_now_ms() - cpu_start) / static_cast<double>(requests.size()));
+        pass_ms.push_back(std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - start)
+                              .count() /
+                          static_cast<double>(requests.size()));
+      }
+      std::sort(pass_ms.begin(), pass_ms.end());
+      std::sort(pass_cpu_ms.begin(), pass_cpu_ms.end());
+      return std::make_tuple(pass_ms[pass_ms.size() / 2], pass_ms.front(),
+                             pass_cpu_ms[pass_cpu_ms.size() / 2]);
+    };
+    std::vector<std::string> fast_plans, ref_plans;
+    const auto fast = time_all(DistributionOptions{}, row.repetitions, &fast_plans);
+    std::string verdict = "identical";
+    double ref_ms = 0;
+    if (quick && row.requesters > 100) {
+      verdict = "(reference skipped)";
+    } else {
+      ref_ms = std::get<0>(time_all(reference, 1, &ref_plans));
+      if (ref_plans != fast_plans) verdict = "DIFFERENT (reference)";
+    }
+    identical = identical && verdict != "DIFFERENT (reference)";
+    std::printf("%11d %12d | %9.3f (%8.3f) [%8.3f] | %12.1f | %7.0fx | %s\n", row.requesters,
+                row.distributors, std::get<0>(fast), std::get<1>(fast), std::get<2>(fast), ref_ms,
+                ref_ms > 0 ? ref_ms / std::get<0>(fast) : 0.0, verdict.c_str());
+    std::fflush(stdout);
+  }
+  return identical;
+}
+
 int Main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  if (argc > 1 && std::strcmp(argv[1], "--distribution") == 0) {
+    return DistributionBenchmark(argc > 2 && std::strcmp(argv[2], "--quick") == 0) ? 0 : 1;
+  }
   PlannerOptions two_threads;
   two_threads.threads = 2;
   PlannerOptions reference;
@@ -184,6 +300,7 @@ int Main(int argc, char** argv) {
   }
   std::printf("\npaper (§7.4, one thread): |U|=100: 30 ms, 500: 440 ms, 1000: 1460 ms; "
               "|U|<10: 5 ms\n");
+  identical = DistributionBenchmark(quick) && identical;
   return identical ? 0 : 1;
 }
 
