@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "aggregator/reduce.h"
+#include "common/half.h"
 
 namespace mlfabric::aggregator {
 namespace {
@@ -34,6 +35,7 @@ size_t DTypeBytes(DType dtype) {
     case DType::kFloat64: return sizeof(double);
     case DType::kInt32: return sizeof(int32_t);
     case DType::kInt64: return sizeof(int64_t);
+    case DType::kFloat16: return sizeof(uint16_t);
   }
   return 0;
 }
@@ -44,6 +46,7 @@ const char* DTypeName(DType dtype) {
     case DType::kFloat64: return "float64";
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
+    case DType::kFloat16: return "float16";
   }
   return "unknown";
 }
@@ -136,8 +139,9 @@ absl::Status PacketPool::AddContributor(TransferId transfer, ContributorId id, d
                                                    " has count 0 (must stand for at least one "
                                                    "contribution)"));
   }
-  const bool integer = spec.dtype == DType::kInt32 || spec.dtype == DType::kInt64;
-  if (integer && weight != 1.0) {
+  const bool unweighted = spec.dtype == DType::kInt32 || spec.dtype == DType::kInt64 ||
+                          spec.dtype == DType::kFloat16;
+  if (unweighted && weight != 1.0) {
     return absl::InvalidArgumentError(
         absl::StrCat("transfer ", transfer, ": contributor ", id, " has weight ", weight,
                      "; ", DTypeName(spec.dtype), " sums take weight 1 only"));
@@ -236,6 +240,9 @@ absl::Status PacketPool::Add(TransferId transfer, ContributorId contributor_id, 
       break;
     case DType::kInt64:
       AddWrapping(reinterpret_cast<uint64_t*>(dst), reinterpret_cast<const uint64_t*>(src), n);
+      break;
+    case DType::kFloat16:
+      AddHalves(reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(src), n);
       break;
   }
 

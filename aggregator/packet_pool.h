@@ -21,7 +21,8 @@
 //    the daemon sends from and hands to the server); nothing is copied out.
 //  - float32/float64 (weighted, with the vectorised kernels of reduce.h, so
 //    results are bit-identical with the scalar `dst += w * src`) and
-//    int32/int64 (unweighted, wrapping modulo 2^32 / 2^64).
+//    int32/int64 (unweighted, wrapping modulo 2^32 / 2^64), and float16
+//    (unweighted; each addition in float, rounded to half: common/half.h).
 //
 // Completeness is counted in bytes: grid packet p is complete when
 //   sum over contributors c of (bytes of p that c covered) x count_c
@@ -68,7 +69,7 @@
 
 namespace mlfabric::aggregator {
 
-enum class DType { kFloat32, kFloat64, kInt32, kInt64 };
+enum class DType { kFloat32, kFloat64, kInt32, kInt64, kFloat16 };
 size_t DTypeBytes(DType dtype);
 const char* DTypeName(DType dtype);
 

@@ -1,5 +1,7 @@
 #include "aggregator/packet_pool.h"
 
+#include "common/half.h"
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -268,6 +270,7 @@ void ModelSum(DType dtype, std::byte* sum, const std::byte* src, double weight, 
     case DType::kFloat64: ModelAdd<double>(sum, src, weight, bytes / 8); break;
     case DType::kInt32: ModelAdd<uint32_t>(sum, src, weight, bytes / 4); break;
     case DType::kInt64: ModelAdd<uint64_t>(sum, src, weight, bytes / 8); break;
+    case DType::kFloat16: FAIL("float16 has no weighted model here"); break;
   }
 }
 
@@ -582,6 +585,22 @@ TEST_CASE("Contributor errors name what was wrong") {
   CHECK(Contains(s, "overlaps its earlier [0, 64)"));  // merged into one range
   CHECK(pool.partial_packets() == 4);
   CHECK(ReadyOf(pool, 3).empty());
+}
+
+TEST_CASE("float16 sums in float, rounded to half per addition, with weight 1 only") {
+  PacketPool pool;
+  std::vector<uint16_t> sum(8, 0);
+  REQUIRE(pool.RegisterTransfer(4, Spec(DType::kFloat16, 16, 8, 2), MutableBytes(sum)).ok());
+  CHECK(Contains(pool.AddContributor(4, 1, 0.5), "float16 sums take weight 1 only"));
+  REQUIRE(pool.AddContributor(4, 1).ok());
+  REQUIRE(pool.AddContributor(4, 2).ok());
+  std::vector<uint16_t> a(8, FloatToHalf(1.5f)), b(8, FloatToHalf(2048.0f));
+  a[0] = FloatToHalf(1.0f);
+  REQUIRE(pool.Add(4, 1, 0, Bytes(a), nullptr).ok());
+  REQUIRE(pool.Add(4, 2, 0, Bytes(b), nullptr).ok());
+  CHECK(*pool.Complete(4));
+  CHECK(HalfToFloat(sum[0]) == 2048.0f);  // 2049 is not a half: ties to the even 2048
+  CHECK(HalfToFloat(sum[1]) == 2050.0f);  // 2049.5 rounds to 2050
 }
 
 TEST_CASE("Unregistering forgets the transfer and its partial packets") {

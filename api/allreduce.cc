@@ -19,6 +19,7 @@ const char* DataTypeName(DataType dtype) {
     case DataType::kFloat64: return "float64";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
+    case DataType::kFloat16: return "float16";
   }
   return "unknown";
 }
@@ -29,16 +30,19 @@ size_t DataTypeSize(DataType dtype) {
     case DataType::kFloat64: return 8;
     case DataType::kInt32: return 4;
     case DataType::kInt64: return 8;
+    case DataType::kFloat16: return 2;
   }
   return 0;
 }
 
 absl::StatusOr<DataType> ParseDataType(const std::string& name) {
-  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kInt32, DataType::kInt64}) {
+  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kInt32, DataType::kInt64,
+                     DataType::kFloat16}) {
     if (name == DataTypeName(t)) return t;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unsupported dtype '", name, "': AllReduce supports float32, float64, int32 and int64"));
+      "unsupported dtype '", name,
+      "': AllReduce supports float16, float32, float64, int32 and int64"));
 }
 
 namespace {
@@ -117,6 +121,7 @@ ElementType ToElementType(DataType dtype) {
     case DataType::kFloat64: return ElementType::kFloat64;
     case DataType::kInt32: return ElementType::kInt32;
     case DataType::kInt64: return ElementType::kInt64;
+    case DataType::kFloat16: return ElementType::kFloat16;
   }
   return ElementType::kOpaque;
 }

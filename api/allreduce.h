@@ -44,7 +44,9 @@
 
 namespace mlfabric {
 
-enum class DataType : int32_t { kFloat32 = 1, kFloat64 = 2, kInt32 = 3, kInt64 = 4 };
+// kFloat16 is IEEE binary16: summed in float, each addition rounded to half
+// (common/half.h), as MPI and NCCL half reductions do.
+enum class DataType : int32_t { kFloat32 = 1, kFloat64 = 2, kInt32 = 3, kInt64 = 4, kFloat16 = 5 };
 
 // "float32", ...; size in bytes of one element (0 for an unknown value).
 const char* DataTypeName(DataType dtype);

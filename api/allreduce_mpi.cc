@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "api/allreduce.h"
+#include "common/half.h"
 
 namespace mlfabric {
 namespace internal {
@@ -50,6 +51,7 @@ absl::StatusOr<MPI_Datatype> MpiType(DataType dtype) {
     case DataType::kFloat64: return MPI_DOUBLE;
     case DataType::kInt32: return MPI_INT32_T;
     case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat16: return MPI_UINT16_T;  // summed by HalfSum below
   }
   return absl::InvalidArgumentError("unsupported dtype for the mpi AllReduce backend");
 }
@@ -61,16 +63,31 @@ std::string MpiError(int code) {
   return std::string(text, length);
 }
 
+// MPI has no half type: float16 travels as 16-bit words and is summed by
+// this user-defined (commutative) operation, in float, rounded per addition.
+void HalfSum(void* in, void* inout, int* len, MPI_Datatype*) {
+  AddHalves(static_cast<uint16_t*>(inout), static_cast<const uint16_t*>(in),
+            static_cast<size_t>(*len));
+}
+
 class MpiAllReducer : public AllReducer {
  public:
-  MpiAllReducer(int rank, int size) : AllReducer(rank, size) {}
+  MpiAllReducer(int rank, int size) : AllReducer(rank, size) {
+    MPI_Op_create(&HalfSum, /*commute=*/1, &half_sum_);
+  }
+  ~MpiAllReducer() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Op_free(&half_sum_);
+  }
   const char* backend() const override { return "mpi"; }
 
   absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
     auto type = MpiType(dtype);
     if (!type.ok()) return type.status();
     if (auto status = CheckAgreement(count, dtype); !status.ok()) return status;
-    int code = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), *type, MPI_SUM,
+    const MPI_Op op = dtype == DataType::kFloat16 ? half_sum_ : MPI_SUM;
+    int code = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), *type, op,
                              MPI_COMM_WORLD);
     if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
     return absl::OkStatus();
@@ -89,6 +106,8 @@ class MpiAllReducer : public AllReducer {
   }
 
  private:
+  MPI_Op half_sum_ = MPI_OP_NULL;
+
   // One small MPI_Allreduce(MAX) of (len, -len, dtype, -dtype) tells every
   // rank whether all agree, so a mismatch is an error instead of a hang.
   absl::Status CheckAgreement(size_t count, DataType dtype) {

@@ -84,6 +84,7 @@ ncclDataType_t NcclType(DataType dtype) {
     case DataType::kFloat64: return ncclFloat64;
     case DataType::kInt32: return ncclInt32;
     case DataType::kInt64: return ncclInt64;
+    case DataType::kFloat16: return ncclFloat16;
   }
   return ncclFloat32;
 }

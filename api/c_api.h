@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-enum { MLF_FLOAT32 = 1, MLF_FLOAT64 = 2, MLF_INT32 = 3, MLF_INT64 = 4 };
+enum { MLF_FLOAT32 = 1, MLF_FLOAT64 = 2, MLF_INT32 = 3, MLF_INT64 = 4, MLF_FLOAT16 = 5 };
 enum { MLF_APPLIED = 0, MLF_DROPPED = 1, MLF_FAILED = 2 };
 
 /* code: 0 = ok; otherwise an absl::StatusCode value and `message` says why. */

@@ -87,7 +87,7 @@ static void ExtCollective(int64_t handle, bool broadcast, void* data, uint64_t c
     absl::Status status =
         mlfabric::DataTypeSize(type) == 0
             ? absl::InvalidArgumentError(absl::StrCat(
-                  "unsupported dtype code ", dtype, ": use float32, float64, int32 or int64"))
+                  "unsupported dtype code ", dtype, ": use float16, float32, float64, int32 or int64"))
         : broadcast ? reducer->Broadcast(data, count, type, root)
                     : reducer->AllReduce(data, count, type);
     done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str());

@@ -88,7 +88,10 @@ struct TensorSpec {
 
 // Element type of a pushed buffer: what aggregators and synchronous-round
 // servers sum element-wise. kOpaque bytes are never summed in the network.
-enum class ElementType : int32_t { kFloat32 = 0, kFloat64 = 1, kOpaque = 2, kInt32 = 3, kInt64 = 4 };
+enum class ElementType : int32_t {
+  kFloat32 = 0, kFloat64 = 1, kOpaque = 2, kInt32 = 3, kInt64 = 4,
+  kFloat16 = 5,  // IEEE binary16 (the fp16 AllReduce)
+};
 
 struct Model {
   int64_t version = 0;

@@ -33,6 +33,7 @@ inline size_t ElementBytes(v1::DType dtype) {
     case v1::DTYPE_FLOAT64: return sizeof(double);
     case v1::DTYPE_INT32: return sizeof(int32_t);
     case v1::DTYPE_INT64: return sizeof(int64_t);
+    case v1::DTYPE_FLOAT16: return sizeof(uint16_t);
     default: return 0;
   }
 }
@@ -44,6 +45,7 @@ inline std::optional<aggregator::DType> PoolType(v1::DType dtype) {
     case v1::DTYPE_FLOAT64: return aggregator::DType::kFloat64;
     case v1::DTYPE_INT32: return aggregator::DType::kInt32;
     case v1::DTYPE_INT64: return aggregator::DType::kInt64;
+    case v1::DTYPE_FLOAT16: return aggregator::DType::kFloat16;
     default: return std::nullopt;
   }
 }

@@ -87,7 +87,8 @@ void Daemon::ScheduleOutgoingLocked(const v1::SendTransfer& send,
 
 void Daemon::StartAggregationLocked(const v1::AggregateTask& task) {
   const std::optional<aggregator::DType> type = PoolType(task.dtype());
-  if (!type.has_value() || task.dtype() == v1::DTYPE_INT32 || task.dtype() == v1::DTYPE_INT64) {
+  if (!type.has_value() || task.dtype() == v1::DTYPE_INT32 || task.dtype() == v1::DTYPE_INT64 ||
+      task.dtype() == v1::DTYPE_FLOAT16) {
     reporter_->ReportFailure(task.aggregate_id(),
                        absl::StrCat("cannot aggregate updates of type ", v1::DType_Name(task.dtype()),
                                     " (weighted sums need float32 or float64)"));

@@ -41,13 +41,17 @@ constexpr size_t kErrBytes = 2048;
   }
 }
 
-int DtypeCode(const py::dtype& dtype) {
+// float16 is a collective type only (the fp16 AllReduce); pushes to
+// servers carry float32, float64, int32 or int64.
+int DtypeCode(const py::dtype& dtype, bool collective = false) {
   if (dtype.is(py::dtype::of<float>())) return MLF_FLOAT32;
   if (dtype.is(py::dtype::of<double>())) return MLF_FLOAT64;
   if (dtype.is(py::dtype::of<int32_t>())) return MLF_INT32;
   if (dtype.is(py::dtype::of<int64_t>())) return MLF_INT64;
+  if (collective && dtype.is(py::dtype("float16"))) return MLF_FLOAT16;
   throw py::type_error("unsupported dtype " + py::str(py::handle(dtype)).cast<std::string>() +
-                       ": MLfabric supports float32, float64, int32 and int64");
+                       (collective ? ": AllReduce supports float16, float32, float64, int32 and int64"
+                                   : ": MLfabric supports float32, float64, int32 and int64"));
 }
 
 class AllReducer {
@@ -78,7 +82,7 @@ class AllReducer {
 
   // Returns a new array holding the sum over ranks (the input is untouched).
   py::array AllReduce(py::array input) {
-    const int dtype = DtypeCode(input.dtype());
+    const int dtype = DtypeCode(input.dtype(), /*collective=*/true);
     py::array out = py::array(input.dtype(), std::vector<py::ssize_t>(input.shape(),
                                                                        input.shape() + input.ndim()));
     out = py::array::ensure(out, py::array::c_style);
@@ -95,7 +99,7 @@ class AllReducer {
   }
 
   py::array Broadcast(py::array input, int root) {
-    const int dtype = DtypeCode(input.dtype());
+    const int dtype = DtypeCode(input.dtype(), /*collective=*/true);
     py::array out = py::array::ensure(input, py::array::c_style | py::array::forcecast);
     out = py::array(out.dtype(), std::vector<py::ssize_t>(out.shape(), out.shape() + out.ndim()),
                     out.data());  // a copy

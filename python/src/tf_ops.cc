@@ -32,12 +32,13 @@ int DtypeCode(tensorflow::DataType dtype) {
     case tensorflow::DT_DOUBLE: return MLF_FLOAT64;
     case tensorflow::DT_INT32: return MLF_INT32;
     case tensorflow::DT_INT64: return MLF_INT64;
+    case tensorflow::DT_HALF: return MLF_FLOAT16;
     default: return 0;
   }
 }
 
 REGISTER_OP("MlfabricAllreduce")
-    .Attr("T: {float, double, int32, int64}")
+    .Attr("T: {half, float, double, int32, int64}")
     .Attr("handle: int")
     .Input("tensor: T")
     .Output("sum: T")

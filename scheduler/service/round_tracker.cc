@@ -12,6 +12,7 @@ const char* DTypeName(v1::DType dtype) {
     case v1::DTYPE_FLOAT64: return "float64";
     case v1::DTYPE_INT32: return "int32";
     case v1::DTYPE_INT64: return "int64";
+    case v1::DTYPE_FLOAT16: return "float16";
     case v1::DTYPE_OPAQUE: return "opaque bytes";
     default: return "an unknown type";
   }
