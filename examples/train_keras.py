@@ -24,7 +24,7 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import mlfabric  # first: before tensorflow and keras
+import mlfabric
 import numpy as np
 import keras
 from sklearn.datasets import load_digits

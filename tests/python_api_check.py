@@ -23,7 +23,7 @@ import time
 
 faulthandler.dump_traceback_later(240, exit=True)  # never hang the test
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import mlfabric  # before tensorflow: see python/README.md
+import mlfabric
 import numpy as np
 import tensorflow as tf
 
@@ -210,12 +210,15 @@ for red in (reducer, mlf):
     raises(lambda: red.allreduce(np.ones(rank + 2, np.float32)), ValueError, "differ across ranks")
     raises(lambda: red.allreduce(np.ones(3, np.float64 if rank else np.float32)), ValueError,
            "float64", "float32")
-    raises(lambda: red.allreduce(np.ones(2, np.float16)), TypeError, "float16", "float32")
+    raises(lambda: red.allreduce(np.ones(2, np.complex64)), TypeError, "complex64", "float16")
+    half = red.allreduce(np.full(3, rank + 0.5, np.float16))  # the fp16 AllReduce
+    expect(half.dtype == np.float16 and np.array_equal(half, np.full(3, 2.0, np.float16)),
+           "%s float16 allreduce: %r" % (name, half))
     out = red.allreduce(np.full(3, rank + 1, np.int64))  # still in step after the errors
     expect(np.array_equal(out, np.full(3, 3, np.int64)), "%s allreduce after errors" % name)
 raises(lambda: mtf.allreduce(tf.ones([rank + 1, 2]), reducer=mlf), tf.errors.InvalidArgumentError,
        "differ across ranks")
-raises(lambda: mtf.allreduce(tf.ones([2], tf.float16)), TypeError, "float16")
+raises(lambda: mtf.allreduce(tf.ones([2], tf.bfloat16)), TypeError, "bfloat16")
 raises(lambda: worker.push("pyps", [np.ones(2, np.float16)], 0), TypeError, "float16")
 raises(lambda: worker.push("pyps", [np.ones(2, np.float32)] * 2, 0, priorities=[0]), ValueError,
        "priorities has 1 entries for 2 tensors")

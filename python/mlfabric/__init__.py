@@ -152,6 +152,10 @@ def init(backend=None, timeout_s=300.0):
     return _reducer
 
 
+def is_initialized():
+    return _reducer is not None
+
+
 def reducer():
     if _reducer is None:
         raise RuntimeError("call mlfabric.init() first")
@@ -171,6 +175,29 @@ def rank():
 
 def size():
     return reducer().size
+
+
+def _env_int(names):
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return int(value)
+    return None
+
+
+def local_rank():
+    """This process's rank among the ranks on its host (mlfabric-run and
+    mpirun set it; a process started alone is local rank 0 of 1)."""
+    reducer()
+    value = _env_int(("MLFABRIC_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"))
+    return value if value is not None else (rank() if size() == 1 else 0)
+
+
+def local_size():
+    """How many ranks run on this process's host."""
+    reducer()
+    value = _env_int(("MLFABRIC_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"))
+    return value if value is not None else 1
 
 
 def allreduce(array, average=False):

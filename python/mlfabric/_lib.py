@@ -7,7 +7,6 @@ resolve to one shared client core.
 """
 import ctypes
 import os
-import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(os.path.dirname(_HERE))
@@ -36,20 +35,32 @@ def find(name):
 
 
 _core = None
+_PLAIN_DEPENDENCIES = ("libmpi.so.40", "libmpi_cxx.so.40")
 
 
 def load_core():
+    """Loads libmlfabric_pycore.so once, in either import order.
+
+    The core links Debian's libprotobuf, libgrpc++ and libabsl; TensorFlow
+    bundles its own protobuf and Abseil and loads them RTLD_GLOBAL. The core
+    is opened with RTLD_DEEPBIND: it and every library loaded with it look
+    symbols up in their own dependency chain before the global scope, so
+    with TensorFlow imported first they still bind to Debian's protobuf, not
+    TensorFlow's. RTLD_LOCAL keeps the core's libraries out of the global
+    scope, so a TensorFlow imported afterwards never binds to them.
+    """
     global _core
     if _core is None:
-        # TensorFlow bundles its own protobuf and exports it globally. The
-        # core's Debian libprotobuf must neither become global (TF would bind
-        # to it: RTLD_LOCAL) nor resolve its symbols lazily after TF arrived
-        # (it would bind to TF's: RTLD_NOW, and load before TensorFlow).
-        if "tensorflow" in sys.modules:
-            raise ImportError(
-                "import mlfabric before tensorflow/keras: MLfabric's core must load "
-                "first (its protobuf runtime differs from TensorFlow's bundled one)")
-        _core = ctypes.CDLL(find("libmlfabric_pycore.so"), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        # Open MPI is loaded first, without deep binding: its memory hooks
+        # and plugins expect the ordinary lookup order (deep-bound, its
+        # finalisation double-frees). It has no protobuf to clash.
+        for name in _PLAIN_DEPENDENCIES:
+            try:
+                ctypes.CDLL(name, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+            except OSError:
+                pass  # the core's own load below reports what is missing
+        mode = os.RTLD_LOCAL | os.RTLD_NOW | getattr(os, "RTLD_DEEPBIND", 0)
+        _core = ctypes.CDLL(find("libmlfabric_pycore.so"), mode=mode)
     return _core
 
 

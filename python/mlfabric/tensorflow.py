@@ -1,40 +1,99 @@
-"""TensorFlow ops: MlfabricAllreduce, MlfabricPush, MlfabricGet.
+"""TensorFlow ops and Horovod's `horovod.tensorflow` API.
 
-    import mlfabric, mlfabric.tensorflow as mtf
-    mlfabric.init()
-    g = mtf.allreduce(grad, average=True)        # differentiable
-    mtf.broadcast_variables(model.variables, root=0)
-    outcome, version, delay = mtf.push(worker, "ps0", [w0, b0, w1], version)  # priorities 0, 1, 2
-    version, flat = mtf.get(worker, "ps0")
+A Horovod TensorFlow program runs with its import line changed
+(`import horovod.tensorflow as hvd` -> `import mlfabric.tensorflow as hvd`)
+under `mlfabric-run` (python/README.md lists where we differ):
+
+    hvd.init()
+    print(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+    g = hvd.allreduce(grad)                      # average over ranks (op=hvd.Sum: sum)
+    tape = hvd.DistributedGradientTape(tape)     # tape.gradient() averages over ranks
+    hvd.broadcast_variables(model.variables, root_rank=0)
+
+MLfabric's own ops (parameter-server push/get from TensorFlow):
+
+    outcome, version, delay = hvd.push(worker, "ps0", [w0, b0, w1], version)  # priorities 0, 1, 2
+    version, flat = hvd.get(worker, "ps0")
 
 The kernels are asynchronous and only forward into the C++ core; calls on one
 AllReducer run in call order, so every rank must issue the same sequence.
 """
+import numpy as np
 import tensorflow as tf
 
 import mlfabric
 from mlfabric import _lib
+from mlfabric import compression as _compression
+from mlfabric import init, is_initialized, local_rank, local_size, rank, shutdown, size  # noqa: F401
 
 _lib.load_core()
 _ops = tf.load_op_library(_lib.find("mlfabric_tf_ops.so"))
 
-_SUPPORTED = (tf.float32, tf.float64, tf.int32, tf.int64)
+_COLLECTIVE_TYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+_PUSH_TYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
+
+Compression = _compression.Compression
+
+# Reduction ops, as in Horovod (hvd.Average, hvd.Sum, hvd.Adasum).
+Average = "average"
+Sum = "sum"
+Adasum = "adasum"
 
 
 def _check_dtype(tensor):
-    if tensor.dtype not in _SUPPORTED:
-        raise TypeError("mlfabric: unsupported dtype %s; use float32, float64, int32 or int64"
-                        % tensor.dtype.name)
+    if tensor.dtype not in _COLLECTIVE_TYPES:
+        raise TypeError("mlfabric: unsupported dtype %s; collectives take float16, float32, "
+                        "float64, int32 or int64" % tensor.dtype.name)
 
 
-def allreduce(tensor, average=False, reducer=None):
-    """Sum (or mean) of `tensor` over all ranks."""
-    reducer = reducer or mlfabric.reducer()
+def _check_push_dtype(tensor):
+    if tensor.dtype not in _PUSH_TYPES:
+        raise TypeError("mlfabric: unsupported dtype %s; pushes carry float32, float64, int32 "
+                        "or int64" % tensor.dtype.name)
+
+
+def _resolve_op(average, op, where):
+    """Horovod's rule: `op` wins; `average` (deprecated there) maps to it;
+    neither means Average."""
+    if op is not None and average is not None:
+        raise ValueError("%s: give `op` or `average`, not both" % where)
+    if op is None:
+        op = Sum if average is False else Average
+    if op == Adasum:
+        raise ValueError("%s: op=Adasum is not supported by MLfabric; use hvd.Average or hvd.Sum"
+                         % where)
+    if op not in (Average, Sum):
+        raise ValueError("%s: unknown op %r; use hvd.Average or hvd.Sum" % (where, op))
+    return op
+
+
+def _sum(tensor, reducer):
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor)
-    total = _ops.mlfabric_allreduce(tensor, handle=reducer.handle)
-    if average:
+    return _ops.mlfabric_allreduce(tensor, handle=reducer.handle)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="",
+              compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, name=None, reducer=None):
+    """The average (default, or op=Average) or sum (op=Sum) of `tensor` over
+    all ranks, as Horovod's `hvd.allreduce`. Differentiable: the gradient of
+    the result is the allreduce of the gradient. `compression` is applied to
+    what crosses the network (Compression.fp16: float32/64 travel as
+    float16). `device_*` are accepted and ignored (CPU tensors)."""
+    del device_dense, device_sparse, name
+    op = _resolve_op(average, op, "mlfabric.tensorflow.allreduce")
+    reducer = reducer or mlfabric.reducer()
+    tensor = tf.convert_to_tensor(tensor)  # IndexedSlices become dense
+    _check_dtype(tensor)
+    if prescale_factor != 1.0:
+        tensor = tensor * tf.cast(prescale_factor, tensor.dtype)
+    wire, ctx = compression.compress(tensor)
+    total = compression.decompress(_sum(wire, reducer), ctx)
+    if op == Average:
         total = total / tf.cast(reducer.size, total.dtype)
+    if postscale_factor != 1.0:
+        total = total * tf.cast(postscale_factor, total.dtype)
     return total
 
 
@@ -44,16 +103,18 @@ def _allreduce_grad(op, grad):
     return _ops.mlfabric_allreduce(grad, handle=op.get_attr("handle"))
 
 
-def allreduce_list(tensors, average=False, reducer=None):
-    """One fused AllReduce for a list of tensors (None entries pass through)."""
-    present = [t for t in tensors if t is not None]
+def grouped_allreduce(tensors, average=None, compression=Compression.none, op=None,
+                      reducer=None):
+    """One fused AllReduce for a list of tensors (None entries pass through),
+    as Horovod's tensor fusion: the tensors travel as one buffer."""
+    op = _resolve_op(average, op, "mlfabric.tensorflow.grouped_allreduce")
+    present = [tf.convert_to_tensor(t) for t in tensors if t is not None]
     if not present:
         return list(tensors)
     dtype = present[0].dtype
     flat = tf.concat([tf.reshape(tf.cast(t, dtype), [-1]) for t in present], axis=0)
-    total = allreduce(flat, average=average, reducer=reducer)
-    sizes = [tf.size(t) for t in present]
-    parts = tf.split(total, sizes)
+    total = allreduce(flat, op=op, compression=compression, reducer=reducer)
+    parts = tf.split(total, [tf.size(t) for t in present])
     out, i = [], 0
     for t in tensors:
         if t is None:
@@ -64,15 +125,110 @@ def allreduce_list(tensors, average=False, reducer=None):
     return out
 
 
-def broadcast_variables(variables, root=0, reducer=None):
-    """Sets every variable to its value on rank `root`."""
+def allreduce_list(tensors, average=False, reducer=None, compression=Compression.none):
+    """MLfabric's name for grouped_allreduce (sum unless average=True)."""
+    return grouped_allreduce(tensors, op=Average if average else Sum, reducer=reducer,
+                             compression=compression)
+
+
+def allgather(tensor, name=None, reducer=None):
+    """Concatenates every rank's `tensor` along the first dimension, in rank
+    order (as Horovod's `hvd.allgather`; first dimensions may differ, the
+    others must match). Built on the AllReduce: one small AllReduce of the
+    first dimensions, then one of a zero-filled buffer holding each rank's
+    rows at its offset (the sum of one value and zeros is that value)."""
+    del name
     reducer = reducer or mlfabric.reducer()
-    variables = list(variables)
-    for v in variables:
-        value = tf.convert_to_tensor(v)
-        _check_dtype(value)
-        mine = value if reducer.rank == root else tf.zeros_like(value)
-        v.assign(_ops.mlfabric_allreduce(mine, handle=reducer.handle))
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor)
+    if tensor.shape.rank == 0:
+        tensor = tf.reshape(tensor, [1])
+    rows = np.zeros(reducer.size, np.int64)
+    rows[reducer.rank] = int(tensor.shape[0])
+    rows = np.asarray(_sum(tf.constant(rows), reducer))
+    inner = tensor.shape[1:]
+    before, total = int(rows[:reducer.rank].sum()), int(rows.sum())
+    padded = tf.concat([tf.zeros([before] + inner.as_list(), tensor.dtype), tensor,
+                        tf.zeros([total - before - int(tensor.shape[0])] + inner.as_list(),
+                                 tensor.dtype)], axis=0)
+    return _sum(padded, reducer)
+
+
+def broadcast(tensor, root_rank=0, name=None, reducer=None):
+    """Rank `root_rank`'s value of `tensor` on every rank."""
+    del name
+    reducer = reducer or mlfabric.reducer()
+    if not 0 <= root_rank < reducer.size:
+        raise ValueError("mlfabric.tensorflow.broadcast: root_rank %d is not a rank (size %d)"
+                         % (root_rank, reducer.size))
+    value = tf.convert_to_tensor(tensor)
+    _check_dtype(value)
+    mine = value if reducer.rank == root_rank else tf.zeros_like(value)
+    return _ops.mlfabric_allreduce(mine, handle=reducer.handle)
+
+
+def broadcast_variables(variables, root_rank=0, reducer=None, root=None):
+    """Sets every variable to its value on rank `root_rank`."""
+    if root is not None:  # MLfabric's earlier keyword
+        root_rank = root
+    for v in list(variables):
+        v.assign(broadcast(v, root_rank, reducer=reducer))
+
+
+class _DistributedGradientTape:
+    """Wraps a tf.GradientTape: gradient() returns the gradients averaged
+    (or summed) over all ranks, fused into one AllReduce."""
+
+    def __init__(self, tape, compression, op, reducer):
+        self._tape = tape
+        self._compression = compression
+        self._op = op
+        self._reducer = reducer
+
+    def gradient(self, target, sources, output_gradients=None, **kwargs):
+        grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
+        flat = tf.nest.flatten(grads)
+        dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in flat]
+        reduced = grouped_allreduce(dense, op=self._op, compression=self._compression,
+                                    reducer=self._reducer)
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+    def __getattr__(self, name):
+        return getattr(self._tape, name)
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._tape.__exit__(*exc)
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                            compression=Compression.none, sparse_as_dense=False,
+                            op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                            reducer=None):
+    """Horovod's DistributedGradientTape: `tape.gradient(loss, vars)` returns
+    the gradients averaged over ranks (op=Sum: summed). Sparse gradients are
+    reduced as dense tensors; `num_groups` is ignored (one fused buffer)."""
+    del device_dense, device_sparse, sparse_as_dense, num_groups
+    op = _resolve_op(None, op, "mlfabric.tensorflow.DistributedGradientTape")
+    if gradient_predivide_factor != 1.0:
+        raise ValueError("mlfabric: gradient_predivide_factor is not supported (use 1.0)")
+    return _DistributedGradientTape(gradtape, compression, op, reducer)
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average,
+                         average_aggregated_gradients=False, **kwargs):
+    """Horovod's DistributedOptimizer for a Keras 3 optimizer (the same as
+    mlfabric.keras.DistributedOptimizer)."""
+    from mlfabric import keras as _keras
+    return _keras.DistributedOptimizer(
+        optimizer, name=name, compression=compression,
+        backward_passes_per_step=backward_passes_per_step, op=op,
+        average_aggregated_gradients=average_aggregated_gradients, **kwargs)
 
 
 def push(worker, server, updates, version, norm=None, priorities=None):
@@ -88,7 +244,7 @@ def push(worker, server, updates, version, norm=None, priorities=None):
     if not tensors:
         raise ValueError("mlfabric.tensorflow.push: no tensors given (an empty list)")
     for t in tensors:
-        _check_dtype(t)
+        _check_push_dtype(t)
     if priorities is None:
         priorities = []  # the core assigns layer order
     else:

@@ -10,7 +10,8 @@
 // emulated host each, on loopback) in a private directory, runs
 //   mpirun -np N [--hostfile F] --oversubscribe mlfabric-run --exec-rank -- CMD...
 // and in every rank, before exec'ing CMD, exports
-//   MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_LOCAL_RANK, MLFABRIC_DAEMON_SOCKET,
+//   MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_LOCAL_RANK, MLFABRIC_LOCAL_SIZE,
+//   MLFABRIC_DAEMON_SOCKET,
 //   MLFABRIC_WORKER_NAME (rank<r>), MLFABRIC_JOB, MLFABRIC_JOB_TOKEN,
 //   MLFABRIC_DELAY_BOUND, MLFABRIC_DIVERGENCE_BOUND (when given),
 //   MLFABRIC_SCHEDULER, MLFABRIC_SOCKET_DIR.
@@ -65,6 +66,7 @@ int ExecRank(int argc, char** argv, int first) {
   setenv("MLFABRIC_RANK", rank.c_str(), 1);
   setenv("MLFABRIC_SIZE", size.c_str(), 1);
   setenv("MLFABRIC_LOCAL_RANK", env("OMPI_COMM_WORLD_LOCAL_RANK", "0").c_str(), 1);
+  setenv("MLFABRIC_LOCAL_SIZE", env("OMPI_COMM_WORLD_LOCAL_SIZE", "1").c_str(), 1);
   setenv("MLFABRIC_WORKER_NAME", ("rank" + rank).c_str(), 1);
   if (!dir.empty()) setenv("MLFABRIC_DAEMON_SOCKET", (dir + "/h" + rank + ".sock").c_str(), 1);
   // mpirun, started by absolute path, puts its own bin directory first in
@@ -247,7 +249,8 @@ int main(int argc, char** argv) {
   }
   for (const char* name : {"MLFABRIC_SOCKET_DIR", "MLFABRIC_JOB", "MLFABRIC_JOB_TOKEN",
                            "MLFABRIC_DELAY_BOUND", "MLFABRIC_DIVERGENCE_BOUND",
-                           "MLFABRIC_SCHEDULER", "MLFABRIC_USER_PATH"}) {
+                           "MLFABRIC_SCHEDULER", "MLFABRIC_USER_PATH",
+                           "MLFABRIC_ALLREDUCE_BACKEND"}) {
     if (std::getenv(name)) command.insert(command.end(), {"-x", name});
   }
   command.insert(command.end(), mpirun_args.begin(), mpirun_args.end());

@@ -1,0 +1,41 @@
+"""Gradient compression for the AllReduce, as Horovod's `hvd.Compression`.
+
+`Compression.none` sends tensors as they are; `Compression.fp16` sends
+float32 and float64 tensors as float16 (half the bytes of float32) and
+casts the result back: the daemons and MPI sum the float16 values, each
+addition rounded to float16 (python/README.md, "Coming from Horovod").
+Other dtypes pass through unchanged.
+"""
+import tensorflow as tf
+
+
+class NoneCompressor:
+    """Leaves tensors as they are."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor:
+    """Sends floating-point tensors as float16."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
+            return tf.cast(tensor, tf.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
+class Compression:
+    """Horovod's names: Compression.none, Compression.fp16."""
+    none = NoneCompressor
+    fp16 = FP16Compressor

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# A Horovod-style Keras program (tests/horovod_keras_check.py) on 2 ranks
+# under mlfabric-run, in both import orders: TensorFlow first with the
+# mlfabric AllReduce backend, MLfabric first with the mpi backend. Skips,
+# saying why, when the venv has no TensorFlow.
+set -euo pipefail
+source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
+python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
+if ! "$python" -c "import tensorflow, keras" >/dev/null 2>&1; then
+  skip_or_fail "$python cannot import tensorflow/keras; run tools/bootstrap"
+fi
+root="$TEST_SRCDIR/mlfabric"
+export PYTHONPATH="$root/python" MPLCONFIGDIR="$TEST_TMPDIR/matplotlib"
+for run in "tensorflow-first mlfabric" "mlfabric-first mpi"; do
+  read -r order backend <<<"$run"
+  out="$TEST_TMPDIR/out-$order.txt"
+  echo "== import order $order, backend $backend"
+  CHECK_IMPORT_ORDER="$order" MLFABRIC_ALLREDUCE_BACKEND="$backend" \
+    timeout 280 "$root/tools/run/mlfabric-run" -np 2 \
+    "$python" -X faulthandler "$root/tests/horovod_keras_check.py" 2>&1 | tee "$out"
+  [[ $(grep -c "horovod_keras_check rank [0-1]: OK" "$out") == 2 ]]
+done
