@@ -28,6 +28,13 @@ class FakeBackend : public AdminBackend {
     JobView job;
     job.params.name = "demo\"x";
     job.servers.push_back({"ps0", "s1", 42, 0, 1});
+    WorkerTiming slow;
+    slow.worker = "w3";
+    slow.iterations = 12;
+    slow.iteration_s = 0.4;
+    slow.slowdown = 4;
+    slow.straggler = true;
+    job.workers.push_back(slow);
     snap_.jobs.push_back(job);
     BatchView batch;
     batch.id = 7;
@@ -78,6 +85,9 @@ TEST_CASE("GET routes return JSON with the snapshot's values") {
   CHECK(batches["recent"].size() == 1);
   json jobs = json::parse(handler.Handle({"GET", "/api/v1/jobs", "", ""}).body);
   CHECK(jobs["jobs"][0]["servers"][0]["model_version"] == 42);
+  CHECK(jobs["jobs"][0]["workers"][0]["name"] == "w3");
+  CHECK(jobs["jobs"][0]["workers"][0]["straggler"] == true);
+  CHECK(jobs["jobs"][0]["workers"][0]["iterations"] == 12);
   CHECK(handler.Handle({"GET", "/api/v1/nope", "", ""}).status == 404);
   CHECK(handler.Handle({"DELETE", "/api/v1/hosts", "", ""}).status == 405);
   CHECK(handler.Handle({"GET", "/", "", ""}).content_type.find("text/html") == 0);
@@ -96,6 +106,10 @@ TEST_CASE("Prometheus text has typed families, escaped labels, cumulative bucket
   CHECK(r.body.find("mlfabric_link_available_bps{host=\"w1\",direction=\"up\"} 1500000000") !=
         std::string::npos);
   CHECK(r.body.find("mlfabric_drops_total{reason=\"stale\"} 2") != std::string::npos);
+  CHECK(r.body.find("mlfabric_worker_straggler{job=\"demo\\\"x\",worker=\"w3\"} 1") !=
+        std::string::npos);
+  CHECK(r.body.find("mlfabric_worker_iterations_total{job=\"demo\\\"x\",worker=\"w3\"} 12") !=
+        std::string::npos);
 }
 
 TEST_CASE("Chrome trace puts a transfer on its uplink and downlink tracks") {

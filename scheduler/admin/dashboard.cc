@@ -21,7 +21,7 @@ const std::string& DashboardHtml() {
   header h1 { font-size:18px; margin:0; }
   header .meta { color:#c5cad3; font-size:13px; }
   #conn { margin-left:auto; font-weight:600; }
-  #conn.ok { color:#7ee787; } #conn.bad { color:#ff7b72; }
+  #conn.ok { color:#7ee787; } #conn.bad, b.bad { color:#ff7b72; }
   main { display:grid; grid-template-columns: repeat(12, 1fr); gap:14px; padding:14px 20px; }
   .card { background:var(--card); border:1px solid var(--line); border-radius:8px; padding:12px 14px; }
   .card h2 { font-size:13px; text-transform:uppercase; letter-spacing:.04em; color:var(--mute);
@@ -151,13 +151,17 @@ function renderJobs(jobs) {
       `${esc(s.name)}@${esc(s.host)}: <b>v${num(s.model_version)}</b>` +
       (s.pending ? ` (${s.pending} pending)` : "")).join("<br>") : '<span class="empty">no server yet</span>';
     const mode = j.mode === "ssp" ? `ssp K=${j.staleness_k}` : j.mode;
+    const workers = (j.workers || []).map(w =>
+      `${w.straggler ? '<b class="bad">straggler</b> ' : ""}${esc(w.name)}: ${num(w.iterations)} it, ` +
+      `${(1000 * w.iteration_s).toFixed(0)} ms/it` +
+      (w.slowdown ? ` (${w.slowdown.toFixed(1)}&times; median)` : "")).join("<br>");
     return `<tr><td><b>${esc(j.name)}</b></td><td>${esc(mode)}</td><td class="n">${j.tau_max}</td>
-      <td class="n">${j.priority_class}</td><td>${servers}</td>
+      <td class="n">${j.priority_class}</td><td>${servers}</td><td>${workers}</td>
       <td class="n">${num(j.applied)}</td><td class="n">${num(j.dropped)}</td><td class="n">${num(j.failed)}</td></tr>`;
   }).join("");
   document.getElementById("jobs").innerHTML = `<table><tr><th>job</th><th>mode</th>
     <th class="n">&tau;<sub>max</sub></th><th class="n">prio</th><th>model version</th>
-    <th class="n">applied</th><th class="n">dropped</th><th class="n">failed</th></tr>${rows}</table>`;
+    <th>workers</th><th class="n">applied</th><th class="n">dropped</th><th class="n">failed</th></tr>${rows}</table>`;
 }
 
 function renderUtil(links, now) {

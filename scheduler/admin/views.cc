@@ -166,6 +166,16 @@ json JobsJson(const ClusterSnapshot& snap) {
                          {"pending", s.pending},
                          {"in_flight", s.in_flight}});
     }
+    json workers = json::array();
+    for (const WorkerTiming& w : j.workers) {
+      workers.push_back({{"name", w.worker},
+                         {"iterations", w.iterations},
+                         {"iteration_s", w.iteration_s},
+                         {"transfer_s", w.transfer_s},
+                         {"compute_s", w.compute_s},
+                         {"slowdown", w.slowdown},
+                         {"straggler", w.straggler}});
+    }
     jobs.push_back({{"name", j.params.name},
                     {"id", j.id},
                     {"mode", JobModeName(j.params.mode)},
@@ -177,7 +187,8 @@ json JobsJson(const ClusterSnapshot& snap) {
                     {"applied", j.applied},
                     {"dropped", j.dropped},
                     {"failed", j.failed},
-                    {"servers", servers}});
+                    {"servers", servers},
+                    {"workers", workers}});
   }
   return {{"now_s", snap.now_s}, {"jobs", jobs}};
 }
@@ -348,6 +359,30 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
              j.dropped);
     w.Sample("mlfabric_job_updates_total", {{"job", j.params.name}, {"outcome", "failed"}},
              j.failed);
+  }
+  w.Family("mlfabric_worker_iterations_total", "counter",
+           "A worker's pushes to its job: its iteration clock.");
+  for (const JobView& j : snap.jobs) {
+    for (const WorkerTiming& wt : j.workers) {
+      w.Sample("mlfabric_worker_iterations_total", {{"job", j.params.name}, {"worker", wt.worker}},
+               wt.iterations);
+    }
+  }
+  w.Family("mlfabric_worker_iteration_seconds", "gauge",
+           "Median time between a worker's consecutive pushes.");
+  for (const JobView& j : snap.jobs) {
+    for (const WorkerTiming& wt : j.workers) {
+      w.Sample("mlfabric_worker_iteration_seconds",
+               {{"job", j.params.name}, {"worker", wt.worker}}, wt.iteration_s);
+    }
+  }
+  w.Family("mlfabric_worker_straggler", "gauge",
+           "1 when the worker is slower than straggler_factor x its job's median.");
+  for (const JobView& j : snap.jobs) {
+    for (const WorkerTiming& wt : j.workers) {
+      w.Sample("mlfabric_worker_straggler", {{"job", j.params.name}, {"worker", wt.worker}},
+               wt.straggler ? 1 : 0);
+    }
   }
   w.Family("mlfabric_drops_total", "counter", "Pushes dropped or failed, by reason.");
   for (const auto& [reason, n] : snap.drops_by_category) {

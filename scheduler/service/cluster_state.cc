@@ -56,7 +56,8 @@ double DivergenceBound(const JobState& job) {
 
 ClusterState::ClusterState(const SchedulerConfig& config, const Clock* clock,
                            CommandOutbox* outbox, AdminHistory* history)
-    : config_(config), clock_(clock), outbox_(outbox), history_(history) {
+    : stragglers({config.straggler_factor, static_cast<int>(config.straggler_window)}),
+      config_(config), clock_(clock), outbox_(outbox), history_(history) {
   uint32_t next_job_id = 1;
   for (const JobConfig& job : config_.jobs) {
     JobState state;
@@ -87,6 +88,7 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
   if (it == updates.end()) return;
   const UpdateRecord& record = it->second;
   JobState* job = FindJob(record.job);
+  stragglers.OnOutcome(record.job, record.worker, record.submitted_s, clock_->NowSeconds());
   if (record.state == UpdateState::kInFlight && job != nullptr) {
     auto server = job->servers.find(record.server);
     if (server != job->servers.end()) {

@@ -33,6 +33,7 @@
 #include "scheduler/service/command_outbox.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/snapshot.h"
+#include "scheduler/service/straggler_tracker.h"
 
 namespace mlfabric {
 
@@ -169,6 +170,9 @@ class ClusterState {
   std::map<uint64_t, AggregateRecord> aggregates;
   std::map<uint64_t, ReplicaCopy> replica_copies;  // by copy transfer id
   SchedulerStats stats;
+  // Workers' iteration clocks and timings: a push counts when accepted,
+  // its transfer time when it ends (Complete).
+  StragglerTracker stragglers;
 
   uint64_t NewTransferId() { return next_transfer_id_++; }
   uint64_t NewIncarnation() { return next_incarnation_++; }

@@ -39,6 +39,8 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
   reader.Double("server_wait_s", &config.server_wait_s, 0, 60);
   reader.Double("round_timeout_s", &config.round_timeout_s, 0.1, 86400);
   reader.Int("history_batches", &config.history_batches, 1, 100000);
+  reader.Double("straggler_factor", &config.straggler_factor, 1.0, 1000);
+  reader.Int("straggler_window", &config.straggler_window, 2, 100000);
   reader.String("admin_address", &config.admin_address);
   reader.Int("admin_port", &config.admin_port, -1, 65535);
   reader.String("admin_port_file", &config.admin_port_file);
@@ -115,6 +117,10 @@ Every key can be set in the JSON file or as a flag; flags win.
                        after a member's planned end if some worker's part
                        never came                      (default 60)
   --history_batches    recent batches kept for the admin endpoint (default 64)
+  --straggler_factor   a worker whose median iteration time (between its
+                       pushes) exceeds this many times its job's median is
+                       flagged as a straggler (admin API, /metrics) (default 1.5)
+  --straggler_window   pushes per worker the medians are taken over (default 20)
   --admin_address      admin HTTP bind address          (default 127.0.0.1)
   --admin_port         admin HTTP port, 0 = free port, -1 = off (default -1)
   --admin_port_file    write the bound admin port to this file (default none)

@@ -61,6 +61,11 @@ struct SchedulerConfig {
   // member's planned end: some worker never pushed its part.
   double round_timeout_s = 60;                   // a push waits this long for its server to register
   int64_t history_batches = 64;               // recent batches kept for the admin endpoint
+  // Straggler detection (scheduler/service/straggler_tracker.h): a worker
+  // whose median iteration time over its last `straggler_window` pushes
+  // exceeds straggler_factor x its job's median is flagged.
+  double straggler_factor = 1.5;
+  int64_t straggler_window = 20;
   // Admin HTTP endpoint (scheduler/admin/README.md). -1 disables it.
   std::string admin_address = "127.0.0.1";
   int64_t admin_port = -1;                    // 0 = pick a free port

@@ -229,6 +229,7 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
   record.norm = request.norm();
   record.dtype = request.dtype();
   record.submitted_s = clock_->NowSeconds();
+  state_.stragglers.OnPush(record.job, record.worker, record.submitted_s);
   server->second.pending.push_back(record.transfer_id);
   reply->set_transfer_id(record.transfer_id);
   const int64_t round = record.version;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "scheduler/core/network.h"
@@ -107,6 +108,7 @@ ClusterSnapshot SchedulerService::Snapshot() const {
       view.servers.push_back({server_name, server.host, server.model_version,
                               static_cast<int64_t>(server.pending.size()), server.in_flight});
     }
+    view.workers = state_.stragglers.Evaluate(name);
     snap.jobs.push_back(std::move(view));
   }
   for (const auto& [id, record] : state_.updates) {
@@ -169,6 +171,31 @@ void SchedulerService::SampleLinksLocked(double now_s) {
                             host.uplink_bps, host.downlink_bps});
   }
   history_.RecordLinkSample(std::move(sample));
+}
+
+void SchedulerService::LogStragglersLocked(double now_s) {
+  if (stragglers_logged_s_ >= 0 && now_s - stragglers_logged_s_ < 1.0) return;
+  stragglers_logged_s_ = now_s;
+  std::set<std::pair<std::string, std::string>> now;
+  for (const auto& [job_name, job] : state_.jobs) {
+    for (const WorkerTiming& w : state_.stragglers.Evaluate(job_name)) {
+      const auto key = std::make_pair(job_name, w.worker);
+      if (w.straggler) now.insert(key);
+      if (w.straggler && !stragglers_.count(key)) {
+        MLF_LOG(WARNING) << "straggler: worker " << w.worker << " of job " << job_name << " takes "
+                         << absl::StrFormat("%.0f", 1000 * w.iteration_s) << " ms per iteration, "
+                         << absl::StrFormat("%.1f", w.slowdown)
+                         << "x its job's median (compute "
+                         << absl::StrFormat("%.0f", 1000 * w.compute_s) << " ms, transfer "
+                         << absl::StrFormat("%.0f", 1000 * w.transfer_s) << " ms)";
+      } else if (!w.straggler && stragglers_.count(key)) {
+        MLF_LOG(INFO) << "straggler: worker " << w.worker << " of job " << job_name
+                      << " is no longer slower than " << config_.straggler_factor
+                      << "x its job's median";
+      }
+    }
+  }
+  stragglers_ = std::move(now);
 }
 
 bool SchedulerService::CutBatchLocked(
@@ -260,6 +287,7 @@ void SchedulerService::RunBatchCycle() {
     const double now_s = clock_->NowSeconds();
     state_.ExpireOverdue(now_s);
     SampleLinksLocked(now_s);
+    LogStragglersLocked(now_s);
     const bool use_reservations = planner_->UsesReservations();
     std::map<std::string, std::vector<core::RateSegment>> up, down;
     if (use_reservations) state_.Reservations(&up, &down);

@@ -32,7 +32,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -113,6 +115,8 @@ class SchedulerService {
                       const std::map<std::string, std::vector<core::RateSegment>>& down,
                       BatchWork* item);
   void SampleLinksLocked(double now_s);
+  // Once a second: logs each worker whose straggler flag turned on or off.
+  void LogStragglersLocked(double now_s);
   // True when every push of synchronous round `round` of `server` is in
   // (admitted earlier or pending now). Requires mu_.
   bool RoundComplete(const JobState& job, const ServerState& server, int64_t round) const;
@@ -129,6 +133,8 @@ class SchedulerService {
   bool stopping_ = false;
   AdminHistory history_;
   ClusterState state_;
+  std::set<std::pair<std::string, std::string>> stragglers_;  // (job, worker), as last logged
+  double stragglers_logged_s_ = -1;
   PlanDispatcher dispatcher_;
   BatchLoop loop_;
 };

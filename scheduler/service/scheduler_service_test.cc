@@ -384,3 +384,38 @@ TEST_CASE("A synchronous round is planned as soon as its last push arrives, not 
 
 }  // namespace
 }  // namespace mlfabric
+
+namespace mlfabric {
+namespace {
+
+TEST_CASE("A worker pushing much less often than its peers is flagged as a straggler") {
+  Fixture f;
+  f.RegisterHost("s1");
+  f.RegisterHost("w1");
+  REQUIRE(f.RegisterServer("demo-token").ok());
+  // w0 and w1 push every 100 ms, slow every 400 ms (a straggler at factor 1.5).
+  for (int tick = 0; tick < 40; ++tick) {
+    for (const char* worker : {"w0", "w1", "slow"}) {
+      if (std::string(worker) == "slow" && tick % 4 != 0) continue;
+      v1::SubmitUpdateRequest request = f.GoodSubmit();
+      request.set_worker(worker);
+      REQUIRE(f.Submit(request).ok());
+    }
+    f.clock.Advance(0.1);
+  }
+  const ClusterSnapshot snap = f.service.Snapshot();
+  REQUIRE(snap.jobs.size() == 1);
+  std::map<std::string, WorkerTiming> by_name;
+  for (const WorkerTiming& w : snap.jobs[0].workers) by_name[w.worker] = w;
+  REQUIRE(by_name.size() == 3);
+  CHECK(by_name["slow"].straggler);
+  CHECK(by_name["slow"].iterations == 10);
+  CHECK(by_name["slow"].iteration_s == Approx(0.4));
+  CHECK(by_name["slow"].slowdown == Approx(4.0));
+  CHECK_FALSE(by_name["w0"].straggler);
+  CHECK(by_name["w0"].iterations == 40);
+  CHECK(by_name["w0"].iteration_s == Approx(0.1));
+}
+
+}  // namespace
+}  // namespace mlfabric

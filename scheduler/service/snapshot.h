@@ -19,6 +19,7 @@
 
 #include "scheduler/core/types.h"
 #include "scheduler/service/scheduler_config.h"
+#include "scheduler/service/straggler_tracker.h"
 
 namespace mlfabric {
 
@@ -69,6 +70,8 @@ struct JobView {
   uint32_t id = 0;
   JobConfig params;  // token blanked
   std::vector<ServerView> servers;
+  // Workers that pushed: clocks, median timings, straggler flags.
+  std::vector<WorkerTiming> workers;
   int64_t applied = 0;
   int64_t dropped = 0;
   int64_t failed = 0;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "common/config.h"
@@ -27,6 +28,10 @@ constexpr char kHelp[] = R"(mlfabric-demo: MLfabric end to end on this machine.
   --workers   worker hosts, at least 1            (default 3)
   --planner   mlfabric | fifo                     (default mlfabric)
   --dim       logistic-regression features        (default 256)
+  --slow_worker  worker k (1..workers) computes --slow_ms longer per
+              iteration: the scheduler flags it as a straggler, on the
+              dashboard and in the summary       (default 0: none)
+  --slow_ms   the slow worker's extra compute per iteration (default 150)
 )";
 
 }  // namespace
@@ -46,12 +51,21 @@ int main(int argc, char** argv) {
   double seconds = 8;
   int64_t workers = 3, dim = 256;
   std::string planner = "mlfabric";
+  int64_t slow_worker = 0;
+  double slow_ms = 150;
   reader.Double("seconds", &seconds, 1, 3600);
+  reader.Int("slow_worker", &slow_worker, 0, 64);
+  reader.Double("slow_ms", &slow_ms, 0, 60000);
   reader.Int("workers", &workers, 1, 64);
   reader.Int("dim", &dim, 1, 1 << 20);
   reader.Enum("planner", &planner, {"fifo", "mlfabric"});
   if (auto status = reader.Finish(); !status.ok()) {
     std::cerr << "mlfabric-demo: " << status.message() << "\n" << kHelp;
+    return 2;
+  }
+  if (slow_worker > workers) {
+    std::cerr << "mlfabric-demo: --slow_worker=" << slow_worker << " but there are only "
+              << workers << " workers (1.." << workers << ", or 0 for none)\n";
     return 2;
   }
   signal(SIGINT, OnSignal);
@@ -64,7 +78,8 @@ int main(int argc, char** argv) {
               planner.c_str(), hosts.size(), static_cast<long long>(workers),
               static_cast<long long>(dim), seconds);
   std::fflush(stdout);
-  auto cluster_or = launch::LocalCluster::Start(hosts, {"--planner=" + planner});
+  auto cluster_or = launch::LocalCluster::Start(
+      hosts, {"--planner=" + planner, "--admin_port=0", "--admin_port_file={dir}/admin.port"});
   if (!cluster_or.ok()) {
     std::cerr << "mlfabric-demo: cannot start the cluster: " << cluster_or.status().message()
               << "\n";
@@ -74,6 +89,13 @@ int main(int argc, char** argv) {
   std::printf("started mlfabric-scheduler at %s and mlfabricd on", cluster.scheduler_address().c_str());
   for (const auto& host : hosts) std::printf(" %s", host.c_str());
   std::printf(" (logs in %s)\n", cluster.dir().c_str());
+  const std::string admin_port_file = cluster.dir() + "/admin.port";
+  if (launch::WaitUntil([&] { return !launch::ReadFile(admin_port_file).empty(); }, 10)) {
+    const std::string port = launch::ReadFile(admin_port_file);
+    std::printf("admin dashboard: http://127.0.0.1:%d/ (JSON under /api/v1/, Prometheus at "
+                "/metrics; open it while the demo runs)\n",
+                std::atoi(port.c_str()));
+  }
   std::fflush(stdout);
 
   const std::string dim_flag = "--dim=" + std::to_string(dim);
@@ -103,7 +125,8 @@ int main(int argc, char** argv) {
         host,
         {launch::BinaryPath("tools/demo/logreg_worker"), "--socket=" + cluster.Socket(host),
          "--name=" + host, "--shard=" + std::to_string(w), dim_flag,
-         "--duration_s=" + std::to_string(seconds)},
+         "--duration_s=" + std::to_string(seconds),
+         "--compute_delay_ms=" + std::to_string(w == slow_worker ? slow_ms : 0.0)},
         /*inherit_output=*/true);
     if (!worker.ok()) {
       std::cerr << "mlfabric-demo: " << worker.status().message() << "\n";
@@ -133,6 +156,13 @@ int main(int argc, char** argv) {
   if (g_interrupted.load()) {
     std::printf("mlfabric-demo: interrupted; stopping every process it started\n");
     return 130;
+  }
+  // What the scheduler said about stragglers (scheduler/service/straggler_tracker.h).
+  std::istringstream log(launch::ReadFile(scheduler_log));
+  for (std::string line; std::getline(log, line);) {
+    if (line.find("straggler: worker") != std::string::npos) {
+      std::printf("scheduler: %s\n", line.substr(line.find("straggler: worker")).c_str());
+    }
   }
   if (failures > 0) {
     std::printf("mlfabric-demo: FAILED (%d process(es) did not finish cleanly). Scheduler log:\n%s",

@@ -10,6 +10,7 @@
 #include <deque>
 #include <future>
 #include <iostream>
+#include <thread>
 
 #include "api/mlfabric.h"
 #include "common/config.h"
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
   ClientOptions options;
   std::string server = "ps0";
   int64_t dim = 256, seed = 42, shard = 1, samples = 8000, batch = 64, window = 2;
-  double duration_s = 8, lr = 0.3;
+  double duration_s = 8, lr = 0.3, compute_delay_ms = 0;
   reader.String("socket", &options.daemon_socket);
   reader.String("name", &options.name);
   reader.String("server", &server);
@@ -35,6 +36,8 @@ int main(int argc, char** argv) {
   reader.Int("window", &window, 1, 64);
   reader.Double("duration_s", &duration_s, 0.1, 86400);
   reader.Double("lr", &lr, 1e-6, 100);
+  // An emulated straggler: each iteration's compute takes this much longer.
+  reader.Double("compute_delay_ms", &compute_delay_ms, 0, 60000);
   if (auto status = reader.Finish(); !status.ok()) {
     std::cerr << "logreg_worker: " << status.message() << "\n";
     return 2;
@@ -82,6 +85,9 @@ int main(int argc, char** argv) {
       break;
     }
     std::vector<float> update = demo::Gradient(data, weights, cursor, batch);
+    if (compute_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_delay_ms));
+    }
     cursor += batch;
     double norm2 = 0;
     for (float& g : update) {

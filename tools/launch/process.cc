@@ -142,7 +142,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   const std::string port_file = cluster->dir_ + "/scheduler.port";
   std::vector<std::string> argv = {BinaryPath("scheduler/mlfabric-scheduler"), "--grpc_port=0",
                                    "--port_file=" + port_file};
-  argv.insert(argv.end(), scheduler_flags.begin(), scheduler_flags.end());
+  for (std::string flag : scheduler_flags) {
+    if (const size_t at = flag.find("{dir}"); at != std::string::npos) {
+      flag.replace(at, 5, cluster->dir_);
+    }
+    argv.push_back(std::move(flag));
+  }
   auto scheduler = Subprocess::Start(argv, cluster->dir_ + "/scheduler.log");
   if (!scheduler.ok()) return scheduler.status();
   cluster->scheduler_ = std::move(*scheduler);

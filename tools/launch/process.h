@@ -63,8 +63,9 @@ class Subprocess {
 
 class LocalCluster {
  public:
-  // Starts mlfabric-scheduler (extra flags appended) and one mlfabricd per
-  // host, each on loopback with its own Unix socket. `daemon_flags` go to
+  // Starts mlfabric-scheduler (extra flags appended; "{dir}" in a flag
+  // becomes the cluster's directory) and one mlfabricd per host, each on
+  // loopback with its own Unix socket. `daemon_flags` go to
   // every daemon, `host_flags[host]` to that host's only.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(
       const std::vector<std::string>& hosts, const std::vector<std::string>& scheduler_flags = {},
