@@ -100,6 +100,7 @@ class Daemon {
     v1::Role role = v1::ROLE_UNSPECIFIED;
     uint32_t job_id = 0;
     bool registered = false;
+    bool ssp = false;  // a worker of a stale-synchronous job: AwaitClock before each get
     v1::LocalRegister registration;  // as asked, to register again
     // Synchronous-round servers: the version of this app's latest push to
     // each server, which names the round its next get streams back.

@@ -119,6 +119,7 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
     app->role = request.role();
     app->job_id = entity_reply.job_id();
     app->registered = true;
+    app->ssp = entity_reply.ssp() && request.role() == v1::ROLE_WORKER;
     app->registration = request;
     if (request.role() == v1::ROLE_SERVER) {
       ServerEndpoint& endpoint = servers_[ServerKey(app->job_id, app->name)];
@@ -249,6 +250,20 @@ void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGe
     v1::LocalMessage done;
     v1::LocalGetDone* body = done.mutable_get_done();
     body->set_request_id(get.request_id());
+    if (app->ssp) {
+      // Stale-synchronous: wait (at the scheduler, bounded) until the
+      // job's slowest worker is within K pushes of this one. If the
+      // scheduler cannot answer, the get goes ahead: the delay bound
+      // still holds every push.
+      v1::AwaitClockRequest await;
+      await.set_job(job);
+      await.set_worker(app->name);
+      v1::AwaitClockReply waited;
+      if (absl::Status s = scheduler_->AwaitClock(await, &waited); !s.ok()) {
+        MLF_LOG(WARNING) << "ssp: cannot ask the scheduler whether " << app->name
+                         << " may get: " << daemon::RpcErrorText(s) << "; the get goes ahead";
+      }
+    }
     int64_t version = 0;
     std::shared_ptr<SharedBuffer> model;
     absl::Status status = FetchModel(job, get.server(), &version, &model, round,

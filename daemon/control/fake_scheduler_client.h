@@ -57,6 +57,9 @@ class FakeSchedulerClient final : public SchedulerClient {
   absl::Status ResolveServer(const v1::ResolveServerRequest&, v1::ResolveServerReply*) override {
     return absl::NotFoundError("the fake knows no servers");
   }
+  absl::Status AwaitClock(const v1::AwaitClockRequest&, v1::AwaitClockReply*) override {
+    return absl::OkStatus();  // no ssp job: never waits
+  }
   std::unique_ptr<ScheduleStream> StreamSchedules(const v1::StreamSchedulesRequest&) override {
     return std::make_unique<Stream>(this);
   }

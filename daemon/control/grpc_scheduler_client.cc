@@ -72,6 +72,10 @@ class GrpcSchedulerClient final : public SchedulerClient {
                              v1::ResolveServerReply* reply) override {
     return FromGrpc(stub_->ResolveServer(RpcContext(10).get(), request, reply));
   }
+  absl::Status AwaitClock(const v1::AwaitClockRequest& request,
+                          v1::AwaitClockReply* reply) override {
+    return FromGrpc(stub_->AwaitClock(RpcContext(3610).get(), request, reply));
+  }
   std::unique_ptr<ScheduleStream> StreamSchedules(
       const v1::StreamSchedulesRequest& request) override {
     return std::make_unique<GrpcScheduleStream>(stub_.get(), request);

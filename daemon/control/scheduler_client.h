@@ -50,13 +50,17 @@ class SchedulerClient {
                                  v1::SyncClockReply* reply) = 0;
   virtual absl::Status ResolveServer(const v1::ResolveServerRequest& request,
                                      v1::ResolveServerReply* reply) = 0;
+  // Blocks up to the scheduler's ssp_max_wait_s (at most an hour).
+  virtual absl::Status AwaitClock(const v1::AwaitClockRequest& request,
+                                  v1::AwaitClockReply* reply) = 0;
   virtual std::unique_ptr<ScheduleStream> StreamSchedules(
       const v1::StreamSchedulesRequest& request) = 0;
 };
 
 // A client of the scheduler at `address` (host:port), plaintext gRPC.
 // Deadlines: 2 s for RegisterHost and ReportBandwidth, 1 s for SyncClock,
-// 10 s for the rest; the stream has none.
+// 3610 s for AwaitClock (the scheduler bounds the wait), 10 s for the
+// rest; the stream has none.
 std::unique_ptr<SchedulerClient> MakeGrpcSchedulerClient(const std::string& address);
 
 // "CODE: message", the form daemon logs and application errors use.

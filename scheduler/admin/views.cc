@@ -176,6 +176,14 @@ json JobsJson(const ClusterSnapshot& snap) {
                          {"slowdown", w.slowdown},
                          {"straggler", w.straggler}});
     }
+    json ssp_waiting = json::array();
+    for (const JobView::SspWait& w : j.ssp_waiting) {
+      ssp_waiting.push_back({{"worker", w.worker},
+                             {"clock", w.clock},
+                             {"slowest_clock", w.slowest_clock},
+                             {"slowest_worker", w.slowest_worker},
+                             {"waiting_s", snap.now_s - w.since_s}});
+    }
     jobs.push_back({{"name", j.params.name},
                     {"id", j.id},
                     {"mode", JobModeName(j.params.mode)},
@@ -188,7 +196,10 @@ json JobsJson(const ClusterSnapshot& snap) {
                     {"dropped", j.dropped},
                     {"failed", j.failed},
                     {"servers", servers},
-                    {"workers", workers}});
+                    {"workers", workers},
+                    {"ssp_waiting", ssp_waiting},
+                    {"ssp_waits", j.ssp_waits},
+                    {"ssp_wait_timeouts", j.ssp_wait_timeouts}});
   }
   return {{"now_s", snap.now_s}, {"jobs", jobs}};
 }
@@ -383,6 +394,20 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
       w.Sample("mlfabric_worker_straggler", {{"job", j.params.name}, {"worker", wt.worker}},
                wt.straggler ? 1 : 0);
     }
+  }
+  w.Family("mlfabric_job_ssp_waiting", "gauge",
+           "ssp jobs: workers waiting at a get for the slowest worker.");
+  for (const JobView& j : snap.jobs) {
+    w.Sample("mlfabric_job_ssp_waiting", {{"job", j.params.name}},
+             static_cast<int64_t>(j.ssp_waiting.size()));
+  }
+  w.Family("mlfabric_job_ssp_waits_total", "counter",
+           "ssp jobs: gets that waited for the slowest worker (timed_out: gave up).");
+  for (const JobView& j : snap.jobs) {
+    w.Sample("mlfabric_job_ssp_waits_total", {{"job", j.params.name}, {"result", "caught_up"}},
+             j.ssp_waits - j.ssp_wait_timeouts);
+    w.Sample("mlfabric_job_ssp_waits_total", {{"job", j.params.name}, {"result", "timed_out"}},
+             j.ssp_wait_timeouts);
   }
   w.Family("mlfabric_drops_total", "counter", "Pushes dropped or failed, by reason.");
   for (const auto& [reason, n] : snap.drops_by_category) {

@@ -78,6 +78,12 @@ grpc::Status SchedulerGrpcService::ResolveServer(grpc::ServerContext*,
   return ToGrpcStatus(service_->ResolveServer(*request, reply));
 }
 
+grpc::Status SchedulerGrpcService::AwaitClock(grpc::ServerContext*,
+                                              const v1::AwaitClockRequest* request,
+                                              v1::AwaitClockReply* reply) {
+  return ToGrpcStatus(service_->AwaitClock(*request, reply));
+}
+
 grpc::Status SchedulerGrpcService::SyncClock(grpc::ServerContext*, const v1::SyncClockRequest*,
                                              v1::SyncClockReply* reply) {
   reply->set_scheduler_time_s(service_->NowSeconds());

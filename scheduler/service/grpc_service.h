@@ -48,6 +48,8 @@ class SchedulerGrpcService final : public v1::Scheduler::Service {
                              v1::ResolveServerReply* reply) override;
   grpc::Status SyncClock(grpc::ServerContext* context, const v1::SyncClockRequest* request,
                          v1::SyncClockReply* reply) override;
+  grpc::Status AwaitClock(grpc::ServerContext* context, const v1::AwaitClockRequest* request,
+                          v1::AwaitClockReply* reply) override;
 
  private:
   SchedulerService* service_;

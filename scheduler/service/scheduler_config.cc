@@ -41,6 +41,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
   reader.Int("history_batches", &config.history_batches, 1, 100000);
   reader.Double("straggler_factor", &config.straggler_factor, 1.0, 1000);
   reader.Int("straggler_window", &config.straggler_window, 2, 100000);
+  reader.Double("ssp_max_wait_s", &config.ssp_max_wait_s, 0.01, 3600);
   reader.String("admin_address", &config.admin_address);
   reader.Int("admin_port", &config.admin_port, -1, 65535);
   reader.String("admin_port_file", &config.admin_port_file);
@@ -121,6 +122,9 @@ Every key can be set in the JSON file or as a flag; flags win.
                        pushes) exceeds this many times its job's median is
                        flagged as a straggler (admin API, /metrics) (default 1.5)
   --straggler_window   pushes per worker the medians are taken over (default 20)
+  --ssp_max_wait_s     an ssp job's worker more than staleness_k pushes ahead
+                       of the slowest live worker waits at its get at most
+                       this long, then goes ahead (logged)   (default 60)
   --admin_address      admin HTTP bind address          (default 127.0.0.1)
   --admin_port         admin HTTP port, 0 = free port, -1 = off (default -1)
   --admin_port_file    write the bound admin port to this file (default none)

@@ -66,6 +66,9 @@ struct SchedulerConfig {
   // exceeds straggler_factor x its job's median is flagged.
   double straggler_factor = 1.5;
   int64_t straggler_window = 20;
+  // An ssp job's worker waits at most this long at a get for the slowest
+  // worker to come within K iterations; then the get goes ahead (logged).
+  double ssp_max_wait_s = 60;
   // Admin HTTP endpoint (scheduler/admin/README.md). -1 disables it.
   std::string admin_address = "127.0.0.1";
   int64_t admin_port = -1;                    // 0 = pick a free port

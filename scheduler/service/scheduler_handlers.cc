@@ -68,6 +68,8 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
   }
   if (request.name().empty()) return absl::InvalidArgumentError("name: must not be empty");
   reply->set_job_id(job->id);
+  reply->set_ssp(job->config.mode == JobMode::kSsp);
+  reply->set_staleness(job->config.staleness_k);
   switch (request.role()) {
     case v1::ROLE_SERVER: {
       for (const auto& [other_name, other] : state_.jobs) {
@@ -230,6 +232,7 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
   record.dtype = request.dtype();
   record.submitted_s = clock_->NowSeconds();
   state_.stragglers.OnPush(record.job, record.worker, record.submitted_s);
+  if (job->config.mode == JobMode::kSsp) clocks_cv_.notify_all();
   server->second.pending.push_back(record.transfer_id);
   reply->set_transfer_id(record.transfer_id);
   const int64_t round = record.version;
@@ -273,7 +276,66 @@ void SchedulerService::EndStream(const std::string& host_name, uint64_t incarnat
   auto it = state_.hosts.find(host_name);
   if (it != state_.hosts.end() && it->second.incarnation == incarnation && !stopping_) {
     state_.MarkHostDown(host_name, reason);
+    clocks_cv_.notify_all();  // its workers no longer hold back an ssp job
   }
+}
+
+std::pair<std::string, int64_t> SchedulerService::SlowestWorkerLocked(
+    const std::string& job_name, const JobState& job) const {
+  std::pair<std::string, int64_t> slowest{"", -1};
+  for (const auto& [name, info] : job.workers) {
+    if (state_.AliveHost(info.host) == nullptr) continue;  // gone: does not hold others back
+    const int64_t clock = state_.stragglers.Iterations(job_name, name);
+    if (slowest.second < 0 || clock < slowest.second) slowest = {name, clock};
+  }
+  return slowest;
+}
+
+absl::Status SchedulerService::AwaitClock(const v1::AwaitClockRequest& request,
+                                          v1::AwaitClockReply* reply) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const JobState* job = state_.FindJob(request.job());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", request.job(), "'"));
+  const int64_t clock = state_.stragglers.Iterations(request.job(), request.worker());
+  reply->set_clock(clock);
+  if (job->config.mode != JobMode::kSsp) return absl::OkStatus();
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(config_.ssp_max_wait_s));
+  const auto key = std::make_pair(request.job(), request.worker());
+  bool waited = false, timed_out = false;
+  std::pair<std::string, int64_t> slowest;
+  while (true) {
+    job = state_.FindJob(request.job());
+    slowest = SlowestWorkerLocked(request.job(), *job);
+    // Within K of the slowest (or no live worker to wait for): go ahead.
+    if (slowest.second < 0 || clock - slowest.second <= job->config.staleness_k || stopping_) {
+      break;
+    }
+    if (!waited) {
+      waited = true;
+      ++ssp_wait_counts_[request.job()].first;
+    }
+    ssp_waiting_[key] = {request.worker(), clock, slowest.second, slowest.first,
+                         clock_->NowSeconds()};
+    if (clocks_cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        std::chrono::steady_clock::now() >= deadline) {
+      timed_out = true;
+      ++ssp_wait_counts_[request.job()].second;
+      MLF_LOG(WARNING) << "ssp: worker " << request.worker() << " of job " << request.job()
+                       << " (clock " << clock << ") waited " << config_.ssp_max_wait_s
+                       << " s for worker " << slowest.first << " (clock " << slowest.second
+                       << ", K " << job->config.staleness_k << "); its get goes ahead";
+      break;
+    }
+  }
+  ssp_waiting_.erase(key);
+  reply->set_slowest_clock(slowest.second);
+  reply->set_slowest_worker(slowest.first);
+  reply->set_waited_s(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  reply->set_timed_out(timed_out);
+  return absl::OkStatus();
 }
 
 absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& request) {

@@ -59,6 +59,7 @@ void SchedulerService::Stop() {
   }
   outbox_.Stop();
   servers_cv_.notify_all();
+  clocks_cv_.notify_all();
   loop_.Stop();
 }
 
@@ -109,6 +110,13 @@ ClusterSnapshot SchedulerService::Snapshot() const {
                               static_cast<int64_t>(server.pending.size()), server.in_flight});
     }
     view.workers = state_.stragglers.Evaluate(name);
+    for (const auto& [key, wait] : ssp_waiting_) {
+      if (key.first == name) view.ssp_waiting.push_back(wait);
+    }
+    if (auto counts = ssp_wait_counts_.find(name); counts != ssp_wait_counts_.end()) {
+      view.ssp_waits = counts->second.first;
+      view.ssp_wait_timeouts = counts->second.second;
+    }
     snap.jobs.push_back(std::move(view));
   }
   for (const auto& [id, record] : state_.updates) {

@@ -93,6 +93,10 @@ class SchedulerService {
   absl::Status RegisterEntity(const v1::RegisterEntityRequest& request,
                               v1::RegisterEntityReply* reply);
   absl::Status SubmitUpdate(const v1::SubmitUpdateRequest& request, v1::SubmitUpdateReply* reply);
+  // SSP (proto AwaitClockRequest): blocks while the worker is more than K
+  // pushes ahead of its job's slowest live worker, up to ssp_max_wait_s.
+  // Returns at once for jobs that are not ssp. NotFound for an unknown job.
+  absl::Status AwaitClock(const v1::AwaitClockRequest& request, v1::AwaitClockReply* reply);
   absl::Status ReportCompletion(const v1::CompletionReport& request);
   absl::Status ReportBandwidth(const v1::BandwidthReport& request);
   absl::Status ResolveServer(const v1::ResolveServerRequest& request,
@@ -130,10 +134,17 @@ class SchedulerService {
   CommandOutbox outbox_;
   mutable std::mutex mu_;
   std::condition_variable servers_cv_;  // a server registered
+  std::condition_variable clocks_cv_;   // an ssp worker's clock moved, or a host went down
   bool stopping_ = false;
   AdminHistory history_;
   ClusterState state_;
   std::set<std::pair<std::string, std::string>> stragglers_;  // (job, worker), as last logged
+  // ssp gets waiting, by (job, worker), and counts per job since start.
+  std::map<std::pair<std::string, std::string>, JobView::SspWait> ssp_waiting_;
+  std::map<std::string, std::pair<int64_t, int64_t>> ssp_wait_counts_;  // job -> (waits, timeouts)
+  // The job's slowest worker on a live host: (name, clock); ("", -1) if none.
+  std::pair<std::string, int64_t> SlowestWorkerLocked(const std::string& job_name,
+                                                      const JobState& job) const;
   double stragglers_logged_s_ = -1;
   PlanDispatcher dispatcher_;
   BatchLoop loop_;

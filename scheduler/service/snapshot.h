@@ -72,6 +72,17 @@ struct JobView {
   std::vector<ServerView> servers;
   // Workers that pushed: clocks, median timings, straggler flags.
   std::vector<WorkerTiming> workers;
+  // ssp jobs: workers waiting at a get for the slowest to catch up.
+  struct SspWait {
+    std::string worker;
+    int64_t clock = 0;
+    int64_t slowest_clock = 0;
+    std::string slowest_worker;
+    double since_s = 0;
+  };
+  std::vector<SspWait> ssp_waiting;
+  int64_t ssp_waits = 0;          // gets that had to wait, since start
+  int64_t ssp_wait_timeouts = 0;  // of which gave up after ssp_max_wait_s
   int64_t applied = 0;
   int64_t dropped = 0;
   int64_t failed = 0;

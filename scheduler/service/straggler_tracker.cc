@@ -83,6 +83,11 @@ std::vector<WorkerTiming> StragglerTracker::Evaluate(const std::string& job) con
   return out;
 }
 
+int64_t StragglerTracker::Iterations(const std::string& job, const std::string& worker) const {
+  auto it = workers_.find({job, worker});
+  return it == workers_.end() ? 0 : it->second.iterations;
+}
+
 bool StragglerTracker::IsStraggler(const std::string& job, const std::string& worker) const {
   for (const WorkerTiming& t : Evaluate(job)) {
     if (t.worker == worker) return t.straggler;

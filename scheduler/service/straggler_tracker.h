@@ -60,6 +60,8 @@ class StragglerTracker {
   // The job's workers, by name, with the straggler flags.
   std::vector<WorkerTiming> Evaluate(const std::string& job) const;
   bool IsStraggler(const std::string& job, const std::string& worker) const;
+  // The worker's clock: pushes submitted so far (0 before its first).
+  int64_t Iterations(const std::string& job, const std::string& worker) const;
 
  private:
   struct Samples {

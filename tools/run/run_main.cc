@@ -44,6 +44,9 @@ constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...
                       fifo is the vanilla-PS baseline)
   --delay_bound K     the job's tau_max in model versions (default 30)
   --divergence_bound D  the job's Div_max, an L2 distance > 0 (default none)
+  --ssp K             the job is stale-synchronous: a worker more than K
+                      pushes ahead of the slowest waits at its get (default:
+                      asynchronous, bounded by --delay_bound)
   --job NAME          job name (default demo); --token TOKEN (default demo-token)
   --extra_job NAME:TOKEN  another job the scheduler admits (repeatable), e.g.
                       for a second program sharing these daemons
@@ -86,7 +89,7 @@ int ExecRank(int argc, char** argv, int first) {
 
 int main(int argc, char** argv) {
   using namespace mlfabric::launch;
-  int np = 1, delay_bound = 30;
+  int np = 1, delay_bound = 30, ssp = -1;
   std::string divergence_bound;  // empty: none
   std::vector<std::pair<std::string, std::string>> extra_jobs;
   std::string hostfile, planner = "mlfabric", job = "demo", token = "demo-token";
@@ -125,6 +128,16 @@ int main(int argc, char** argv) {
         return 2;
       }
       delay_bound = static_cast<int>(parsed);
+    } else if (arg == "--ssp") {
+      const std::string text = value("--ssp");
+      char* end = nullptr;
+      const long parsed = std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || parsed < 0 || parsed > 1000000) {
+        std::cerr << "mlfabric-run: --ssp must be an integer in [0, 1000000] (iterations a "
+                     "worker may run ahead of the slowest), not '" << text << "'\n";
+        return 2;
+      }
+      ssp = static_cast<int>(parsed);
     } else if (arg == "--divergence_bound") {
       divergence_bound = value("--divergence_bound");
       char* end = nullptr;
@@ -184,6 +197,7 @@ int main(int argc, char** argv) {
       std::ofstream out(config);
       out << "{\"jobs\": [{\"name\": \"" << job << "\", \"token\": \"" << token
           << "\", \"tau_max\": " << delay_bound;
+      if (ssp >= 0) out << ", \"mode\": \"ssp\", \"staleness_k\": " << ssp;
       if (!divergence_bound.empty()) out << ", \"divergence_max\": " << divergence_bound;
       out << "}";
       for (const auto& [name, secret] : extra_jobs) {
