@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -94,6 +95,15 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeAllReducer(const AllReduceOption
               : internal::LaunchedByMpirun() ? "mpi"
                                              : "mlfabric";
   }
+  if (options.backup_workers < 0 || options.backup_workers >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("backup_workers ", options.backup_workers,
+                                                   " must be in [0, size ", size, ")"));
+  }
+  if (options.backup_workers > 0 && backend != "mlfabric") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backup_workers needs the mlfabric backend (the ", backend,
+        " backend always sums every rank)"));
+  }
   if (backend == "mlfabric") return internal::MakeMlfabricAllReducer(options, rank, size);
   if (backend == "mpi") return internal::MakeMpiAllReducer(options);
   if (backend == "nccl") return internal::MakeNcclAllReducer(options);
@@ -130,6 +140,7 @@ ElementType ToElementType(DataType dtype) {
 // acknowledges each complete round and tells late joiners the version.
 class RootServer {
  public:
+  // `size`: the contributions each round sums.
   RootServer(std::unique_ptr<Server> server, int size) : server_(std::move(server)), size_(size) {
     version_ = server_->initial_version();
     server_->RegisterUpdateCallback([this](const Server::Update& u) { return OnUpdate(u); });
@@ -182,9 +193,10 @@ class RootServer {
 
 class MlfabricAllReducer : public AllReducer {
  public:
-  MlfabricAllReducer(int rank, int size, std::string root, double timeout_s,
+  MlfabricAllReducer(int rank, int size, int backup_workers, std::string root, double timeout_s,
                      std::unique_ptr<Worker> worker, std::unique_ptr<RootServer> root_server)
       : AllReducer(rank, size),
+        backup_workers_(backup_workers),
         root_(std::move(root)),
         timeout_s_(timeout_s),
         worker_(std::move(worker)),
@@ -199,6 +211,7 @@ class MlfabricAllReducer : public AllReducer {
   }
 
   const char* backend() const override { return "mlfabric"; }
+  int summed() const override { return size() - backup_workers_; }
 
   // Waits until the root answers a get (it registered), up to `timeout_s`.
   absl::Status AwaitRoot(double timeout_s) {
@@ -242,7 +255,12 @@ class MlfabricAllReducer : public AllReducer {
                                                       " s"));
     }
     const PushResult result = pushed.get();
-    if (result.outcome != PushOutcome::kApplied) {
+    // A backup worker's late contribution (or one from a rank rounds
+    // behind) is left out; the rank goes on with the round's sum.
+    const bool late = backup_workers_ > 0 && result.outcome == PushOutcome::kDropped &&
+                      (absl::StartsWith(result.reason, "late_for_round") ||
+                       absl::StartsWith(result.reason, "stale: round"));
+    if (result.outcome != PushOutcome::kApplied && !late) {
       return RoundError(round, absl::StrCat("rank ", rank(), "'s push ",
                                             PushOutcomeName(result.outcome), ": ", result.reason));
     }
@@ -266,6 +284,7 @@ class MlfabricAllReducer : public AllReducer {
     return absl::UnavailableError(absl::StrCat("AllReduce round ", round, ": ", what));
   }
 
+  const int backup_workers_;
   const std::string root_;
   const double timeout_s_;
   std::unique_ptr<Worker> worker_;
@@ -289,13 +308,14 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllRedu
     ClientOptions server_options = options.client;
     server_options.name = root;
     server_options.round_size = size;
+    server_options.backup_workers = options.backup_workers;
     auto server = Server::Connect(server_options);
     if (!server.ok()) {
       return absl::Status(server.status().code(),
                           absl::StrCat("rank ", rank, " cannot start the AllReduce root '", root,
                                        "': ", server.status().message()));
     }
-    root_server = std::make_unique<RootServer>(std::move(*server), size);
+    root_server = std::make_unique<RootServer>(std::move(*server), size - options.backup_workers);
   }
   ClientOptions worker_options = options.client;
   if (worker_options.name.empty()) worker_options.name = absl::StrCat("rank", rank);
@@ -305,7 +325,8 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllRedu
                         absl::StrCat("rank ", rank, " cannot connect to its MLfabric daemon: ",
                                      worker.status().message()));
   }
-  auto reducer = std::make_unique<MlfabricAllReducer>(rank, size, root, options.timeout_s,
+  auto reducer = std::make_unique<MlfabricAllReducer>(rank, size, options.backup_workers, root,
+                                                      options.timeout_s,
                                                       std::move(*worker), std::move(root_server));
   if (auto status = reducer->AwaitRoot(options.client.connect_timeout_s); !status.ok()) {
     return status;

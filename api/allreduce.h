@@ -66,6 +66,11 @@ struct AllReduceOptions {
   std::string root_server;          // default "<job>-allreduce-root"
   int root_rank = 0;
   double timeout_s = 300;           // a collective that takes longer fails
+  // mlfabric backend: backup workers (Chen et al., 2016). Each AllReduce
+  // sums the first size - backup_workers contributions the scheduler
+  // receives; a rank whose contribution came later gets that same sum
+  // (summed() tells how many contributions it holds). Other backends: 0.
+  int backup_workers = 0;
 };
 
 // The rank and size the launcher (mlfabric-run / mpirun) gave this process.
@@ -82,6 +87,9 @@ class AllReducer {
   virtual const char* backend() const = 0;
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // How many ranks' contributions each sum holds: size() unless backup
+  // workers leave the latest ones out.
+  virtual int summed() const { return size_; }
 
  protected:
   AllReducer(int rank, int size) : rank_(rank), size_(size) {}

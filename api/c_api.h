@@ -54,10 +54,14 @@ void mlf_sum_server_stop(int64_t handle);
 /* ---- AllReduce (api/allreduce.h), as mlf_allreducer_* in api/c_api.h but
  * safe to destroy right after a collective completes (no executor thread
  * ever drops the last reference to its own handle). */
+/* root_server: NULL or "" = "<job>-allreduce-root"; backup_workers: see
+ * AllReduceOptions (mlfabric backend only). */
 int64_t mlf_ext_allreducer_create(const char* backend, const char* socket, const char* job,
-                                  const char* token, double timeout_s, int* code, char* err,
-                                  size_t err_len);
+                                  const char* token, double timeout_s, const char* root_server,
+                                  int backup_workers, int* code, char* err, size_t err_len);
 int mlf_ext_allreducer_rank(int64_t handle);
+/* Contributions each sum holds (AllReducer::summed). */
+int mlf_ext_allreducer_summed(int64_t handle);
 int mlf_ext_allreducer_size(int64_t handle);
 const char* mlf_ext_allreducer_backend(int64_t handle);
 /* Collective: every rank makes the same calls in the same order; they run

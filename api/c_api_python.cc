@@ -42,14 +42,16 @@ using mlfabric::c_api::Entry;
 extern "C" {
 
 int64_t mlf_ext_allreducer_create(const char* backend, const char* socket, const char* job,
-                                  const char* token, double timeout_s, int* code, char* err,
-                                  size_t err_len) {
+                                  const char* token, double timeout_s, const char* root_server,
+                                  int backup_workers, int* code, char* err, size_t err_len) {
   mlfabric::AllReduceOptions options;
   options.backend = mlfabric::c_api::Or(backend, nullptr, "auto");
   const auto params = mlfabric::c_api::Params(socket, job, token, "", -1, -1);
   options.client = params.client;
   options.client.name = mlfabric::c_api::Or(nullptr, "MLFABRIC_WORKER_NAME", "");
   if (timeout_s > 0) options.timeout_s = timeout_s;
+  options.root_server = mlfabric::c_api::Or(root_server, nullptr, "");
+  options.backup_workers = backup_workers;
   auto reducer = mlfabric::MakeAllReducer(options);
   if (!reducer.ok()) return mlfabric::c_api::Fail(reducer.status(), code, err, err_len);
   auto entry = std::make_shared<Entry>();
@@ -61,6 +63,11 @@ int64_t mlf_ext_allreducer_create(const char* backend, const char* socket, const
 int mlf_ext_allreducer_rank(int64_t handle) {
   auto entry = mlfabric::c_api::Find(handle);
   return entry && entry->reducer ? entry->reducer->rank() : -1;
+}
+
+int mlf_ext_allreducer_summed(int64_t handle) {
+  auto entry = mlfabric::c_api::Find(handle);
+  return entry && entry->reducer ? entry->reducer->summed() : -1;
 }
 
 int mlf_ext_allreducer_size(int64_t handle) {

@@ -58,6 +58,12 @@ struct ClientOptions {
   // round. A worker's Get after its push of round v returns that round's sum
   // (version v + 1); before any push, the request callback's model.
   int round_size = 0;
+  // Round servers: backup workers (Chen et al., "Revisiting distributed
+  // synchronous SGD", 2016). A round closes with the first round_size -
+  // backup_workers pushes the scheduler receives; a later push of that
+  // round ends dropped ("late_for_round: ...") and its worker's Get still
+  // returns the round's sum, of round_size - backup_workers pushes.
+  int backup_workers = 0;
   // Workers: their delay and divergence bounds (RegistrationParams), sent
   // to the scheduler; -1 = the job's.
   int64_t delay_bound = -1;

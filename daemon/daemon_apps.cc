@@ -101,6 +101,7 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
   entity.set_name(request.name());
   entity.set_host(config_.host);
   entity.set_round_size(request.round_size());
+  entity.set_backup_workers(request.backup_workers());
   entity.set_delay_bound(request.delay_bound());
   entity.set_divergence_bound(request.divergence_bound());
   v1::RegisterEntityReply entity_reply;

@@ -22,6 +22,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Double("register_timeout_s", &config.register_timeout_s, 0.1, 3600);
   reader.Double("get_timeout_s", &config.get_timeout_s, 0.1, 3600);
   reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
+  reader.Int("rounds_kept", &config.rounds_kept, 2, 1024);
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
   reader.Double("send_timeout_s", &config.send_timeout_s, 0.1, 3600);
   reader.Double("clock_sync_period_s", &config.clock_sync_period_s, 0.1, 3600);
@@ -63,6 +64,9 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --get_timeout_s       how long a get waits for the server (default 30)
   --round_wait_s        how long a get waits for a synchronous round's sum
                         (Mercury PS servers; default 300)
+  --rounds_kept         synchronous rounds kept at a round server's daemon for
+                        the gets of workers behind (late backup workers);
+                        2..1024 (default 4)
   --clock_sync_period_s how often to refresh the scheduler clock offset (default 10)
   --unscheduled_bps     rate budget for unscheduled traffic (get replies);
                         0 = unlimited (default 0)

@@ -23,6 +23,10 @@ struct DaemonConfig {
   double register_timeout_s = 30;            // how long to wait for the scheduler
   double get_timeout_s = 30;                 // how long a get waits for the server
   double round_wait_s = 300;                 // how long a get waits for a synchronous round's sum
+  // Synchronous rounds kept at a round server's daemon, the newest
+  // included, for the gets of workers that are behind (a late backup
+  // worker goes on with each round's sum); older ones are forgotten.
+  int64_t rounds_kept = 4;
   double clock_sync_period_s = 10;           // how often the clock offset is refreshed
   double unscheduled_bps = 0;                // budget for get replies; 0 = unlimited
   double send_timeout_s = 30;                // a data write that makes no progress this long fails

@@ -90,9 +90,10 @@ std::shared_ptr<Daemon::Round> Daemon::RoundLocked(uint32_t job_id, const std::s
   it->second->server = server;
   it->second->round = round;
   it->second->pool_id = (uint64_t{1} << 61) | next_local_id_++;
-  // Keep the previous round for gets that come late; older ones go.
+  // Keep the last rounds_kept rounds for gets that come late (workers
+  // behind, late backup workers); older ones go.
   for (auto old = rounds_.begin(); old != rounds_.end();) {
-    if (old->first.first == key && old->first.second < round - 1) {
+    if (old->first.first == key && old->first.second <= round - config_.rounds_kept) {
       if (!old->second->reported) {
         FailRoundLocked(old->second, absl::StrCat("round ", round, " began"));
       }
@@ -291,14 +292,26 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
     } else {
       // The round begins when its first member is announced; a get may come
       // first (the worker pushed and asked at once).
+      // A round rounds_kept or more behind the newest is gone for good.
+      auto gone = [&] {
+        auto newest = rounds_.lower_bound({key, std::numeric_limits<int64_t>::max()});
+        if (newest == rounds_.begin()) return false;
+        --newest;
+        return newest->first.first == key &&
+               newest->first.second - round_number >= config_.rounds_kept;
+      };
       const bool begun = cv_.wait_until(lock, deadline, [&] {
         auto it = rounds_.find({key, round_number});
-        return stopping_.load() ||
+        return stopping_.load() || gone() ||
                (it != rounds_.end() && (it->second->bytes >= 0 || !it->second->failed.empty()));
       });
       auto it = rounds_.find({key, round_number});
       if (stopping_.load()) {
         error = "the daemon is stopping";
+      } else if (it == rounds_.end() && gone()) {
+        error = absl::StrCat("round ", round_number, " of server '", server,
+                             "' is gone: this worker is ", config_.rounds_kept,
+                             " or more rounds behind (see --rounds_kept)");
       } else if (!begun || it == rounds_.end()) {
         error = absl::StrCat("round ", round_number, " of server '", server,
                              "' did not begin within ", config_.round_wait_s,

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -92,6 +93,59 @@ void CheckHalf(mlfabric::AllReducer& reducer, size_t count, int round) {
          reducer.backend(), count, round, wrong, count);
 }
 
+// Backup workers (mlfabric backend, one backup): the last rank starts each
+// phase only after rank 0 tells it (MPI) that the others are done, so it is
+// late every round by construction, not by timing. Phase 1: 3 rounds; every
+// rank, the late one included, gets the others' sum. Phase 2: the others
+// run 6 rounds first, so the late rank is more than --rounds_kept (4)
+// rounds behind for its first two: those fail as gone, the rest succeed.
+void CheckBackupWorkers(mlfabric::AllReduceOptions options) {
+  using namespace mlfabric;
+  options.backend = "mlfabric";
+  options.root_server = options.client.job + "-backup-root";
+  options.backup_workers = 1;
+  auto made = MakeAllReducer(options);
+  EXPECT(made.ok(), "backup reducer: %s", made.status().ToString().c_str());
+  if (!made.ok()) return;
+  AllReducer& reducer = **made;
+  const int size = reducer.size(), late = size - 1;
+  EXPECT(reducer.summed() == size - 1, "summed() %d with one backup of %d", reducer.summed(),
+         size);
+  float others = 0;
+  for (int r = 0; r < late; ++r) others += std::pow(10.0f, static_cast<float>(r));
+  auto signal_late = [&] {
+    int token = 1;
+    if (g_rank == 0) MPI_Send(&token, 1, MPI_INT, late, 7, MPI_COMM_WORLD);
+    if (g_rank == late) MPI_Recv(&token, 1, MPI_INT, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  };
+  // Phase 1.
+  if (g_rank == late) signal_late();
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> v(100, std::pow(10.0f, static_cast<float>(g_rank)) * (round + 1));
+    absl::Status status = reducer.AllReduce(v.data(), v.size(), DataType::kFloat32);
+    EXPECT(status.ok() && v[0] == others * (round + 1) && v[99] == v[0],
+           "backup round %d: %s, sum %g, expected %g (every rank but the late one)", round,
+           status.ToString().c_str(), v[0], others * (round + 1));
+  }
+  if (g_rank == 0) signal_late();
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Phase 2.
+  if (g_rank == late) signal_late();
+  for (int round = 0; round < 6; ++round) {
+    std::vector<float> v(100, 1.0f);
+    absl::Status status = reducer.AllReduce(v.data(), v.size(), DataType::kFloat32);
+    if (g_rank == late && round < 2) {
+      EXPECT(!status.ok() && status.message().find("is gone") != absl::string_view::npos,
+             "a rank 5 rounds behind: %s", status.ToString().c_str());
+    } else {
+      EXPECT(status.ok() && v[0] == static_cast<float>(size - 1),
+             "backup phase 2 round %d: %s, sum %g", round, status.ToString().c_str(), v[0]);
+    }
+  }
+  if (g_rank == 0) signal_late();
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 double TimeAllReduce(mlfabric::AllReducer& reducer, size_t count, int repeats) {
   std::vector<float> values(count, 1.0f);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -163,6 +217,14 @@ int main() {
   auto bad = ParseDataType("bfloat16");
   EXPECT(!bad.ok() && bad.status().message().find("float32") != absl::string_view::npos,
          "bfloat16: %s", bad.status().ToString().c_str());
+  CheckBackupWorkers(options);
+  options.backend = "mpi";
+  options.backup_workers = 1;
+  auto mpi_backup = MakeAllReducer(options);
+  EXPECT(!mpi_backup.ok() && mpi_backup.status().message().find("mlfabric backend") !=
+                                 absl::string_view::npos,
+         "backup workers on mpi: %s", mpi_backup.status().ToString().c_str());
+  options.backup_workers = 0;
   options.backend = "gloo";
   auto unknown = MakeAllReducer(options);
   EXPECT(!unknown.ok() && unknown.status().message().find("mlfabric, mpi, nccl") !=

@@ -10,7 +10,8 @@ Horovod program. Checks, on every rank:
      the sum (or mean) of both passes averaged over ranks;
   3. a custom loop with hvd.DistributedGradientTape matches single-process
      training on the combined batch;
-  4. allreduce (Average, Sum, fp16), allgather, broadcast, and bad input.
+  4. allreduce (Average, Sum, fp16), allgather, broadcast, and bad input;
+  5. backup workers: every rank applies the same sum of size - 1 gradients.
 Prints "horovod_keras_check rank R: OK".
 """
 import os
@@ -193,6 +194,22 @@ for bad, name in ((lambda: hvd_tf.allreduce(value, op=hvd_tf.Adasum), "Adasum"),
         expect(False, "%s raises" % name)
     except ValueError as e:
         expect(name in str(e), "error names %s: %s" % (name, e))
+
+# ---- 5. backup workers (MLfabric's): each step sums the first size - 1
+# ranks' gradients; a late rank applies that same sum.
+backup = mlfabric.backup_reducer(1)
+expect(backup.summed == size - 1, "backup reducer sums size - 1 (%d)" % backup.summed)
+for step in range(3):
+    m = linear_model()
+    m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr), backup_workers=1),
+              loss="mse", jit_compile=False)
+    m.train_on_batch(*passes(rank)[0])
+    w = m.get_weights()[0]
+    same_on_all_ranks(w, "weights with a backup worker (step %d)" % step)
+    if size == 2:  # the one gradient summed is rank 0's or rank 1's, not their mean
+        candidates = [1 - lr * local_gradient(*passes(r)[0]) for r in range(size)]
+        expect(any(np.allclose(w, c, atol=1e-5) for c in candidates),
+               "backup_workers=1 applies one rank's gradient: %s" % w.ravel())
 
 hvd.allreduce(tf.zeros([1]))  # every rank is done before any leaves
 hvd.shutdown()

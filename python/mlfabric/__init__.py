@@ -162,8 +162,30 @@ def reducer():
     return _reducer
 
 
+_backup_reducers = {}
+
+
+def backup_reducer(backup_workers, timeout_s=300.0):
+    """The process-wide mlfabric-backend AllReducer whose sums leave out the
+    `backup_workers` latest contributions of each round (Chen et al., 2016),
+    with its own root server; created on first use (every rank must ask for
+    the same ones in the same order). `.summed` is how many contributions
+    each sum holds."""
+    reducer()  # init() first, as for every collective
+    b = int(backup_workers)
+    if b not in _backup_reducers:
+        job = os.environ.get("MLFABRIC_JOB", "demo")
+        _backup_reducers[b] = AllReducer(backend="mlfabric", timeout_s=timeout_s,
+                                         root_server="%s-allreduce-backup%d" % (job, b),
+                                         backup_workers=b)
+    return _backup_reducers[b]
+
+
 def shutdown():
     global _reducer
+    for r in _backup_reducers.values():
+        r.close()
+    _backup_reducers.clear()
     if _reducer is not None:
         _reducer.close()
         _reducer = None

@@ -91,7 +91,9 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     wire, ctx = compression.compress(tensor)
     total = compression.decompress(_sum(wire, reducer), ctx)
     if op == Average:
-        total = total / tf.cast(reducer.size, total.dtype)
+        # Over the contributions actually summed (backup workers leave the
+        # latest out: reducer.summed < reducer.size).
+        total = total / tf.cast(reducer.summed, total.dtype)
     if postscale_factor != 1.0:
         total = total * tf.cast(postscale_factor, total.dtype)
     return total

@@ -57,13 +57,15 @@ int DtypeCode(const py::dtype& dtype, bool collective = false) {
 class AllReducer {
  public:
   AllReducer(const std::string& backend, const std::string& socket, const std::string& job,
-             const std::string& token, double timeout_s) {
+             const std::string& token, double timeout_s, const std::string& root_server,
+             int backup_workers) {
     char err[kErrBytes] = {0};
     int code = 0;
     {
       py::gil_scoped_release release;
       handle_ = mlf_ext_allreducer_create(backend.c_str(), socket.c_str(), job.c_str(),
-                                          token.c_str(), timeout_s, &code, err, sizeof err);
+                                          token.c_str(), timeout_s, root_server.c_str(),
+                                          backup_workers, &code, err, sizeof err);
     }
     if (handle_ == 0) Raise(code, err);
   }
@@ -78,6 +80,7 @@ class AllReducer {
   int64_t handle() const { return handle_; }
   int rank() const { return mlf_ext_allreducer_rank(handle_); }
   int size() const { return mlf_ext_allreducer_size(handle_); }
+  int summed() const { return mlf_ext_allreducer_summed(handle_); }
   std::string backend() const { return mlf_ext_allreducer_backend(handle_); }
 
   // Returns a new array holding the sum over ranks (the input is untouched).
@@ -679,12 +682,14 @@ PYBIND11_MODULE(_mlfabric, m) {
   m.doc() = "MLfabric's C++ API (push/get, parameter servers, AllReduce) for Python";
   py::class_<AllReducer>(m, "AllReducer")
       .def(py::init<const std::string&, const std::string&, const std::string&,
-                    const std::string&, double>(),
+                    const std::string&, double, const std::string&, int>(),
            py::arg("backend") = "auto", py::arg("socket") = "", py::arg("job") = "",
-           py::arg("token") = "", py::arg("timeout_s") = 300.0)
+           py::arg("token") = "", py::arg("timeout_s") = 300.0, py::arg("root_server") = "",
+           py::arg("backup_workers") = 0)
       .def_property_readonly("handle", &AllReducer::handle)
       .def_property_readonly("rank", &AllReducer::rank)
       .def_property_readonly("size", &AllReducer::size)
+      .def_property_readonly("summed", &AllReducer::summed)
       .def_property_readonly("backend", &AllReducer::backend)
       .def("allreduce", &AllReducer::AllReduce, py::arg("array"))
       .def("broadcast", &AllReducer::Broadcast, py::arg("array"), py::arg("root") = 0)

@@ -189,6 +189,7 @@ json JobsJson(const ClusterSnapshot& snap) {
                     {"mode", JobModeName(j.params.mode)},
                     {"tau_max", j.params.tau_max},
                     {"staleness_k", j.params.staleness_k},
+                    {"backup_workers", j.params.backup_workers},
                     {"divergence_max", j.params.divergence_max},
                     {"momentum", j.params.momentum},
                     {"priority_class", j.params.priority_class},

@@ -31,8 +31,11 @@ void AppendSegments(const std::vector<core::RateSegment>& segments,
 }  // namespace
 
 int32_t RoundSize(const JobState& job, const ServerState& server) {
-  if (server.round_size > 0) return server.round_size;
-  if (job.config.mode == JobMode::kSync) return static_cast<int32_t>(job.workers.size());
+  if (server.round_size > 0) return std::max(1, server.round_size - server.backup_workers);
+  if (job.config.mode == JobMode::kSync && !job.workers.empty()) {
+    const int64_t workers = static_cast<int64_t>(job.workers.size());
+    return static_cast<int32_t>(std::max<int64_t>(1, workers - job.config.backup_workers));
+  }
   return 0;
 }
 
@@ -140,7 +143,9 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
   } else {
     if (job) ++(outcome == v1::OUTCOME_DROPPED ? job->dropped : job->failed);
     RecordDrop(record, outcome,
-               outcome == v1::OUTCOME_DROPPED ? reason : FailureCategory(reason), reason);
+               outcome == v1::OUTCOME_DROPPED ? reason.substr(0, reason.find(':'))
+                                              : FailureCategory(reason),
+               reason);
   }
   const uint64_t aggregate_id = outcome == v1::OUTCOME_APPLIED ? 0 : record.aggregate_id;
   const bool fails_round = outcome != v1::OUTCOME_APPLIED && record.round_member;

@@ -118,6 +118,7 @@ struct ServerState {
   std::vector<uint64_t> pending;  // transfer ids in arrival order
   int64_t in_flight = 0;
   int32_t round_size = 0;                 // as registered; see RoundSize
+  int32_t backup_workers = 0;             // as registered (round servers)
   std::map<int64_t, RoundState> rounds;   // by the members' version
 };
 
@@ -150,8 +151,10 @@ struct ReplicaCopy {
 };
 
 // Job policies (pure).
-// The round size in force for a server: as registered, else the number of
-// workers of a sync-mode job, else 0 (not a synchronous-round server).
+// The round size in force for a server: the pushes a round sums and closes
+// with. M = as registered, else the number of workers of a sync-mode job;
+// less the backup workers (the server's, else the sync job's), at least 1.
+// 0: not a synchronous-round server.
 int32_t RoundSize(const JobState& job, const ServerState& server);
 // The tightest delay bound among the job's workers and its config (an SSP
 // job's bound is its staleness K).

@@ -57,8 +57,12 @@ bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
     return false;
   }
   if (static_cast<int32_t>(round_state.workers.size()) >= round_size) {
+    // With backup workers the round closed without this push (Chen et al.,
+    // 2016); without, a surplus worker pushed.
     state->Complete(id, v1::OUTCOME_DROPPED,
-                    absl::StrCat("round ", round, " already has its ", round_size, " pushes"), 0);
+                    absl::StrCat("late_for_round: round ", round, " closed with its first ",
+                                 round_size, " pushes; get the round's sum and go on"),
+                    0);
     return false;
   }
   std::string mismatch;

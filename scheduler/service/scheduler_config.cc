@@ -63,6 +63,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
         job_reader.Enum("mode", &mode, {"async", "sync", "ssp"});
         job.mode = mode == "sync" ? JobMode::kSync : mode == "ssp" ? JobMode::kSsp : JobMode::kAsync;
         job_reader.Int("staleness_k", &job.staleness_k, 0, kMaxDelayBound);
+        job_reader.Int("backup_workers", &job.backup_workers, 0, 65535);
         job_reader.Double("divergence_max", &job.divergence_max, 0, 1e12);
         job_reader.Double("momentum", &job.momentum, 0, 0.999999);
         job_reader.Int("priority_class", &job.priority_class, 0, 7);
@@ -130,7 +131,9 @@ Every key can be set in the JSON file or as a flag; flags win.
   --admin_port_file    write the bound admin port to this file (default none)
   --admin_token        bearer token for admin POSTs; empty refuses them (default none)
   jobs (file only)     [{"name", "token", "tau_max", "mode" (async|sync|ssp),
-                         "staleness_k", "divergence_max", "momentum",
+                         "staleness_k", "backup_workers" (sync: a round
+                         closes with workers - backup_workers pushes),
+                         "divergence_max", "momentum",
                          "priority_class" (0..7, 0 = most urgent),
                          "aggregators" (hosts that may aggregate, §5.2)}]
                        (default one job "demo", token "demo-token", tau_max 30)

@@ -36,6 +36,9 @@ struct JobConfig {
   int64_t tau_max = 30;         // delay bound (§5.1.2)
   JobMode mode = JobMode::kAsync;  // "async" | "sync" | "ssp" in JSON
   int64_t staleness_k = 3;      // ssp only: versions a push may lag (planned as tau_max = K)
+  // sync only: a round closes with its first (workers - backup_workers)
+  // pushes; later ones are dropped as late_for_round (Chen et al., 2016).
+  int64_t backup_workers = 0;
   double divergence_max = 0;    // Div_max for a hot-standby replica (§5.3); 0 = none
   double momentum = 0;          // optimiser momentum gamma used by the divergence bound
   int64_t priority_class = 0;   // 0 = most urgent; its batches are planned first

@@ -84,9 +84,16 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
         return absl::InvalidArgumentError(absl::StrCat("round_size ", request.round_size(),
                                                        " is out of range [0, 65536]"));
       }
+      if (request.backup_workers() < 0 ||
+          (request.backup_workers() > 0 && request.backup_workers() >= request.round_size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "backup_workers ", request.backup_workers(), " must be in [0, round_size ",
+            request.round_size(), ") (a round needs at least one push)"));
+      }
       ServerState& server = job->servers[request.name()];
       server.host = request.host();
       server.round_size = request.round_size();
+      server.backup_workers = request.backup_workers();
       servers_cv_.notify_all();
       reply->set_model_version(server.model_version);
       MLF_LOG(INFO) << "job " << request.job() << ": server " << request.name() << " on "

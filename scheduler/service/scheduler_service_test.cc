@@ -419,3 +419,71 @@ TEST_CASE("A worker pushing much less often than its peers is flagged as a strag
 
 }  // namespace
 }  // namespace mlfabric
+
+namespace mlfabric {
+namespace {
+
+TEST_CASE("Backup workers: a round closes with its first M - b pushes; later ones are late") {
+  SchedulerConfig config;
+  config.batch_interval_ms = 3600e3;  // only the round's early wake-up plans
+  FakeClock clock{10.0};
+  SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
+  SchedulerGrpcService rpc{&service};
+  grpc::ServerContext context;
+  for (const char* name : {"s1", "w1", "w2", "w3"}) {
+    v1::RegisterHostRequest request;
+    request.set_protocol_version(1);
+    request.set_host(name);
+    request.set_data_address("127.0.0.1:1");
+    v1::RegisterHostReply reply;
+    REQUIRE(rpc.RegisterHost(&context, &request, &reply).ok());
+  }
+  v1::RegisterEntityRequest server;
+  server.set_job("demo");
+  server.set_job_token("demo-token");
+  server.set_role(v1::ROLE_SERVER);
+  server.set_name("root");
+  server.set_host("s1");
+  server.set_round_size(3);
+  server.set_backup_workers(3);  // must leave at least one push
+  v1::RegisterEntityReply registered;
+  grpc::Status bad = rpc.RegisterEntity(&context, &server, &registered);
+  CHECK(bad.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(bad.error_message().find("backup_workers 3 must be in [0, round_size 3)") !=
+        std::string::npos);
+  server.set_backup_workers(1);
+  REQUIRE(rpc.RegisterEntity(&context, &server, &registered).ok());
+  service.Start();
+  auto push = [&](const std::string& worker) {
+    v1::SubmitUpdateRequest request;
+    request.set_job("demo");
+    request.set_src_host(worker);
+    request.set_worker(worker);
+    request.set_server("root");
+    request.set_bytes(4096);
+    request.set_version(0);
+    v1::SubmitUpdateReply reply;
+    REQUIRE(rpc.SubmitUpdate(&context, &request, &reply).ok());
+  };
+  push("w1");
+  push("w2");  // 2 of 3 with one backup: the round is complete and planned
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (service.Snapshot().in_flight.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(service.Snapshot().in_flight.size() == 2);
+  push("w3");  // late: dropped when the next batch is cut (cut one now)
+  service.Stop();
+  service.RunBatchCycle();
+  bool late = false;
+  for (const DropView& d : service.Snapshot().recent_drops) {
+    if (d.category == "late_for_round" &&
+        d.reason.find("round 0 closed with its first 2 pushes") != std::string::npos) {
+      late = true;
+    }
+  }
+  CHECK(late);
+}
+
+}  // namespace
+}  // namespace mlfabric

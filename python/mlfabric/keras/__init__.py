@@ -44,7 +44,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, reducer=None, average=None):
+                         num_groups=0, groups=None, reducer=None, average=None,
+                         backup_workers=0):
     """Wraps a Keras 3 optimizer so that each update applies the gradients
     averaged (op=Average, the default) or summed (op=Sum) over all ranks,
     as Horovod's `hvd.DistributedOptimizer`. The gradients of one step
@@ -57,7 +58,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     average_aggregated_gradients=True, as in Horovod. `device_*`,
     `sparse_as_dense` (sparse gradients are always reduced dense),
     `num_groups` and `groups` (one fused buffer per step) are accepted and
-    ignored. `average` is MLfabric's earlier keyword (True = Average)."""
+    ignored. `average` is MLfabric's earlier keyword (True = Average).
+
+    backup_workers=b (MLfabric's, not Horovod's; Chen et al., 2016): each
+    step's AllReduce sums the first size - b ranks' gradients to reach the
+    scheduler; a rank whose gradients come later has them dropped
+    (late_for_round) and applies the same sum, so every rank's weights stay
+    equal. op=Average divides by the size - b gradients summed. Uses the
+    mlfabric AllReduce backend, whatever init() chose."""
     del device_dense, device_sparse, sparse_as_dense, num_groups, groups
     if average is not None:
         op = Average if average else Sum
@@ -68,6 +76,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if passes < 1:
         raise ValueError("mlfabric.keras.DistributedOptimizer: backward_passes_per_step must be "
                          ">= 1, got %r" % (backward_passes_per_step,))
+    if backup_workers:
+        if reducer is not None:
+            raise ValueError("mlfabric.keras.DistributedOptimizer: give reducer or backup_workers, "
+                             "not both")
+        reducer = mlfabric.backup_reducer(backup_workers)
     if getattr(optimizer, "gradient_accumulation_steps", None):
         raise ValueError("mlfabric.keras.DistributedOptimizer: the optimizer already accumulates "
                          "gradients (gradient_accumulation_steps); use backward_passes_per_step")
