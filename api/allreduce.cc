@@ -212,6 +212,7 @@ class MlfabricAllReducer : public AllReducer {
 
   const char* backend() const override { return "mlfabric"; }
   int summed() const override { return size() - backup_workers_; }
+  int64_t left_out() const override { return left_out_; }
 
   // Waits until the root answers a get (it registered), up to `timeout_s`.
   absl::Status AwaitRoot(double timeout_s) {
@@ -260,6 +261,7 @@ class MlfabricAllReducer : public AllReducer {
     const bool late = backup_workers_ > 0 && result.outcome == PushOutcome::kDropped &&
                       (absl::StartsWith(result.reason, "late_for_round") ||
                        absl::StartsWith(result.reason, "stale: round"));
+    if (late) ++left_out_;
     if (result.outcome != PushOutcome::kApplied && !late) {
       return RoundError(round, absl::StrCat("rank ", rank(), "'s push ",
                                             PushOutcomeName(result.outcome), ": ", result.reason));
@@ -285,6 +287,7 @@ class MlfabricAllReducer : public AllReducer {
   }
 
   const int backup_workers_;
+  int64_t left_out_ = 0;
   const std::string root_;
   const double timeout_s_;
   std::unique_ptr<Worker> worker_;

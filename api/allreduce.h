@@ -90,6 +90,9 @@ class AllReducer {
   // How many ranks' contributions each sum holds: size() unless backup
   // workers leave the latest ones out.
   virtual int summed() const { return size_; }
+  // How many of this rank's contributions were left out of their sums so
+  // far (late, with backup workers).
+  virtual int64_t left_out() const { return 0; }
 
  protected:
   AllReducer(int rank, int size) : rank_(rank), size_(size) {}

@@ -8,6 +8,10 @@ its start (same seeds) and the same compute stragglers:
   mlfabric-a<tau>  async PS, MLfabric planner, delay bound tau
   vanilla          async PS, FIFO planner (`mlfabric-scheduler --planner=fifo`)
   mlfabric-s       sync SGD, api/allreduce.h backend "mlfabric"
+  mlfabric-s-b<b>  the same with b backup workers: each round sums the first
+                   N - b gradients; late ones are left out (issue 15)
+  mlfabric-ssp<K>  async PS in stale-synchronous mode: a worker more than K
+                   pushes ahead of the slowest waits at its get (issue 15)
   rr-sync          sync SGD, Open MPI MPI_Allreduce, ring (tuned algorithm 4)
   tr-sync          sync SGD, Open MPI MPI_Allreduce as tuned reduce + bcast
                    (algorithm 2 "nonoverlapping", binomial reduce and bcast)
@@ -268,10 +272,10 @@ class Testbed:
             if not mpi:
                 self.start_control_plane(system, d, started)
             driver.start()
-            if system.startswith("mlfabric-a") or system == "vanilla":
+            if is_async(system):
                 self.run_async(system, d, started)
-            elif system == "mlfabric-s":
-                self.run_sync_mlfabric(d, started)
+            elif system.startswith("mlfabric-s"):
+                self.run_sync_mlfabric(d, started, backup_workers(system))
             else:
                 self.run_mpi(system, d, started)
         except Exception as e:  # recorded; the other systems still run
@@ -295,14 +299,20 @@ class Testbed:
     def start_control_plane(self, system, d, started):
         a = self.args
         planner = "fifo" if system == "vanilla" else "mlfabric"
-        mode = "sync" if system == "mlfabric-s" else "async"
-        tau = int(system[len("mlfabric-a"):]) if system.startswith("mlfabric-a") else 1000000
+        ssp = system.startswith("mlfabric-ssp")
+        mode = "ssp" if ssp else "sync" if system.startswith("mlfabric-s") else "async"
+        # ssp: K bounds iterations; versions are bounded by tau_max as for
+        # MLfabric-A at this scale (30 scaled by workers / 30).
+        tau = (int(system[len("mlfabric-a"):]) if system.startswith("mlfabric-a") else
+               (max(1, round(30 * a.workers / 30)) if a.scale_tau else 30) if ssp else 1000000)
         port = 50051 if self.cluster.mode == "netns" else free_port()
         config = {"listen_address": "0.0.0.0", "grpc_port": port,
                   "port_file": os.path.join(d, "scheduler.port"), "planner": planner,
                   "log_level": "warning", "transfer_slack_s": 30,
                   "default_link_bps": self.server_bps,
                   "jobs": [{"name": JOB, "token": TOKEN, "mode": mode, "tau_max": tau}]}
+        if ssp:
+            config["jobs"][0]["staleness_k"] = int(system[len("mlfabric-ssp"):])
         if system.startswith("mlfabric-a") and a.aggregators:
             # §7: aggregators co-hosted with the workers (the simulator's
             # default k = every worker machine).
@@ -410,12 +420,13 @@ class Testbed:
             raise RuntimeError("exit codes: workers %s, server %s (logs in %s)" %
                                (codes, server.returncode, d))
 
-    def run_sync_mlfabric(self, d, started):
+    def run_sync_mlfabric(self, d, started, backup=0):
         ranks = []
         for i, h in enumerate(self.workers):
             env = dict(os.environ, MLFABRIC_RANK=str(i), MLFABRIC_SIZE=str(len(self.workers)))
             p = self.app(h, h, [self.binary("eval/testbed/testbed_app"), "--role=sync",
                                 "--backend=mlfabric", "--name=" + h,
+                                "--backup_workers=%d" % backup,
                                 "--socket=" + self.sockets[h],
                                 "--out=" + os.path.join(d, h + ".jsonl")] + self.app_flags(),
                          d, env=env)
@@ -516,7 +527,7 @@ class Testbed:
                   if e["event"] == "iter" and e["iter"] > 0]
         r["iteration_s"] = sorted(iter_s)
         r["mean_iteration_s"] = sum(iter_s) / len(iter_s) if iter_s else None
-        if system.startswith("mlfabric-a") or system == "vanilla":
+        if is_async(system):
             server = read_events(os.path.join(d, "server.jsonl"))
             # The server evaluates from its own start, before the workers
             # have connected: those points (the initial model) collapse
@@ -561,8 +572,12 @@ class Testbed:
             r["accounted"] = (r["workers_finished"] == len(self.workers) and
                               len(set(iters)) == 1 and not errors)
             r["backend"] = next((s.get("backend") for s in summaries.values() if s), None)
-            r["pushes"] = r["applied"] = r["iterations"]
-            r["dropped"] = r["failed"] = 0
+            # Contributions left out as late (backup workers): "dropped".
+            r["left_out"] = sum(s.get("left_out", 0) for s in summaries.values() if s)
+            r["pushes"] = r["iterations"]
+            r["applied"] = r["iterations"] - r["left_out"]
+            r["dropped"] = r["left_out"]
+            r["failed"] = 0
             r["delays"] = []
             r["drop_errors"] = errors
         r["curve"] = curve
@@ -587,6 +602,16 @@ class Testbed:
         r["trace"] = [(t - t_begin, h, up, down) for t, h, up, down in driver.history]
         return r
 
+
+
+def is_async(system):
+    """Systems whose workers push to a parameter server (server.jsonl)."""
+    return (system.startswith("mlfabric-a") or system.startswith("mlfabric-ssp") or
+            system == "vanilla")
+
+
+def backup_workers(system):
+    return int(system[len("mlfabric-s-b"):]) if system.startswith("mlfabric-s-b") else 0
 
 def summary_table(results, target):
     rows = []
@@ -664,9 +689,16 @@ def parse_args(argv):
             if args.scale_tau:
                 tau = max(1, round(tau * args.workers / 30))
             s = "mlfabric-a%d" % tau
+        elif s.startswith("mlfabric-s-b") or s.startswith("mlfabric-ssp"):
+            digits = s[len("mlfabric-s-b"):] if s.startswith("mlfabric-s-b") else s[len("mlfabric-ssp"):]
+            if not digits.isdigit():
+                p.error("system %r: expected mlfabric-s-b<backup workers> or mlfabric-ssp<K>" % s)
+            if s.startswith("mlfabric-s-b") and int(digits) >= args.workers:
+                p.error("system %r: backup workers must be fewer than --workers (%d)"
+                        % (s, args.workers))
         elif s not in ("mlfabric-s", "vanilla", "rr-sync", "tr-sync"):
-            p.error("unknown system %r (known: mlfabric-a<tau>, mlfabric-s, vanilla, rr-sync, "
-                    "tr-sync)" % s)
+            p.error("unknown system %r (known: mlfabric-a<tau>, mlfabric-s, mlfabric-s-b<b>, "
+                    "mlfabric-ssp<K>, vanilla, rr-sync, tr-sync)" % s)
         if s in resolved:
             p.error("system %r listed twice (after delay-bound scaling)" % s)
         resolved.append(s)

@@ -10,7 +10,9 @@
 //   --role=sync    synchronous SGD through api/allreduce.h: each iteration
 //                  every rank computes a gradient, AllReduce sums them and
 //                  every rank applies the mean. --backend=mlfabric is
-//                  MLfabric-S; --backend=mpi is Open MPI's MPI_Allreduce
+//                  MLfabric-S (--backup_workers=b: each sum holds the first
+//                  size - b gradients, the mean is over those); --backend=mpi
+//                  is Open MPI's MPI_Allreduce
 //                  (RR-Sync / Tr-Sync, the algorithm chosen by mpirun's
 //                  --mca flags). Rank 0 samples test accuracy every iteration.
 //
@@ -76,7 +78,7 @@ struct Flags {
   std::string role, backend = "mlfabric", out, stop_file, server = "ps0";
   ClientOptions client;
   sim::SimConfig sim;  // seed, compute setting, compute_s, sgd
-  int64_t worker_index = 0, workers = 1, update_bytes = 0, window = 2;
+  int64_t worker_index = 0, workers = 1, update_bytes = 0, window = 2, backup_workers = 0;
   double duration_s = 60, target_accuracy = 0.7, eval_interval_s = 0.1;
   std::string compute = "C0";
 };
@@ -302,6 +304,7 @@ int RunSync(const Flags& f, EventLog& log) {
   AllReduceOptions options;
   options.backend = f.backend;
   options.client = f.client;
+  options.backup_workers = static_cast<int>(f.backup_workers);
   auto reducer_or = MakeAllReducer(options);
   if (!reducer_or.ok()) {
     std::cerr << "testbed_app sync: " << reducer_or.status().message() << "\n";
@@ -330,8 +333,9 @@ int RunSync(const Flags& f, EventLog& log) {
     if (!error.ok()) break;
     const double now = Now();
     stop = payload.back() > 0.5f;
-    // The mean gradient, one synchronous step of lr (sim: SyncSystem).
-    for (size_t j = 0; j < values; ++j) w[j] += -f.sim.sgd.lr * payload[j] / size;
+    // The mean gradient, one synchronous step of lr (sim: SyncSystem):
+    // over the gradients summed (size - backup workers).
+    for (size_t j = 0; j < values; ++j) w[j] += -f.sim.sgd.lr * payload[j] / reducer.summed();
     ++iterations;
     nlohmann::json e = {{"event", "iter"}, {"iter", iteration}, {"t", now},
                         {"compute_s", compute_s}, {"reduce_s", now - t_reduce},
@@ -347,6 +351,7 @@ int RunSync(const Flags& f, EventLog& log) {
   log.Write({{"event", "summary"}, {"role", "sync"}, {"backend", reducer.backend()},
              {"rank", rank}, {"size", size}, {"t", Now()}, {"start", start},
              {"iterations", iterations}, {"accuracy", task.TestAccuracy(w)},
+             {"backup_workers", f.backup_workers}, {"left_out", reducer.left_out()},
              {"reached_t", reached_s},
              {"first_error", error.ok() ? "" : std::string(error.message())}});
   reducer_or->reset();  // the mlfabric backend's root says goodbye here
@@ -369,6 +374,7 @@ int main(int argc, char** argv) {
   double compute_s = f.sim.compute_s, lr = f.sim.sgd.lr;
   reader.Enum("role", &f.role, {"server", "worker", "sync"});
   reader.Enum("backend", &f.backend, {"mlfabric", "mpi"});
+  reader.Int("backup_workers", &f.backup_workers, 0, 1024);
   reader.String("out", &f.out);
   reader.String("stop_file", &f.stop_file);
   reader.String("server", &f.server);

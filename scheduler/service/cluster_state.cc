@@ -40,7 +40,9 @@ int32_t RoundSize(const JobState& job, const ServerState& server) {
 }
 
 int64_t DelayBound(const JobState& job) {
-  int64_t bound = job.config.mode == JobMode::kSsp ? job.config.staleness_k : job.config.tau_max;
+  // An ssp job's K bounds iterations (AwaitClock); versions stay bounded
+  // by tau_max, as for async jobs.
+  int64_t bound = job.config.tau_max;
   for (const auto& [name, worker] : job.workers) {
     if (worker.delay_bound >= 0) bound = std::min(bound, worker.delay_bound);
   }

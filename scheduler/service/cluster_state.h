@@ -156,8 +156,8 @@ struct ReplicaCopy {
 // less the backup workers (the server's, else the sync job's), at least 1.
 // 0: not a synchronous-round server.
 int32_t RoundSize(const JobState& job, const ServerState& server);
-// The tightest delay bound among the job's workers and its config (an SSP
-// job's bound is its staleness K).
+// The tightest delay bound among the job's workers and its tau_max (an ssp
+// job's K bounds iterations instead, scheduler_service.h AwaitClock).
 int64_t DelayBound(const JobState& job);
 // The tightest divergence bound (§5.3); 0 = none.
 double DivergenceBound(const JobState& job);

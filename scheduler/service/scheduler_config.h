@@ -35,7 +35,9 @@ struct JobConfig {
   std::string token;            // applications must present it to register
   int64_t tau_max = 30;         // delay bound (§5.1.2)
   JobMode mode = JobMode::kAsync;  // "async" | "sync" | "ssp" in JSON
-  int64_t staleness_k = 3;      // ssp only: versions a push may lag (planned as tau_max = K)
+  // ssp only: iterations (pushes) a worker may run ahead of the job's
+  // slowest worker before its get waits; tau_max still bounds versions.
+  int64_t staleness_k = 3;
   // sync only: a round closes with its first (workers - backup_workers)
   // pushes; later ones are dropped as late_for_round (Chen et al., 2016).
   int64_t backup_workers = 0;
