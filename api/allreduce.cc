@@ -143,6 +143,7 @@ class RootServer {
   // `size`: the contributions each round sums.
   RootServer(std::unique_ptr<Server> server, int size) : server_(std::move(server)), size_(size) {
     version_ = server_->initial_version();
+    first_version_ = version_;
     server_->RegisterUpdateCallback([this](const Server::Update& u) { return OnUpdate(u); });
     server_->RegisterRequestCallback([this]() { return OnRequest(); });
     thread_ = std::thread([this] { serve_status_ = server_->Serve(); });
@@ -178,7 +179,13 @@ class RootServer {
     std::lock_guard<std::mutex> lock(mu_);
     Server::Snapshot snapshot;
     snapshot.version = version_;
-    snapshot.bytes.assign(8, 0);  // a get needs some bytes; the version is the answer
+    // The bytes: the root's first round, where every rank starts (with
+    // backup workers, rounds may complete before a slow rank has joined;
+    // it must still apply each round's sum from the first, in order).
+    snapshot.bytes.resize(8);
+    for (int i = 0; i < 8; ++i) {
+      snapshot.bytes[i] = static_cast<uint8_t>(static_cast<uint64_t>(first_version_) >> (8 * i));
+    }
     return snapshot;
   }
 
@@ -189,6 +196,7 @@ class RootServer {
   std::mutex mu_;
   std::condition_variable cv_;
   int64_t version_ = 0;
+  int64_t first_version_ = 0;
 };
 
 class MlfabricAllReducer : public AllReducer {
@@ -222,6 +230,13 @@ class MlfabricAllReducer : public AllReducer {
       auto model = worker_->Get(root_);
       if (model.ok()) {
         version_ = model->version;
+        if (model->size() == 8) {  // the root's first round (RootServer::OnRequest)
+          uint64_t first = 0;
+          for (int i = 0; i < 8; ++i) {
+            first |= static_cast<uint64_t>(static_cast<const uint8_t*>(model->data())[i]) << (8 * i);
+          }
+          version_ = static_cast<int64_t>(first);
+        }
         return absl::OkStatus();
       }
       last = model.status();

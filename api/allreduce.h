@@ -69,7 +69,12 @@ struct AllReduceOptions {
   // mlfabric backend: backup workers (Chen et al., 2016). Each AllReduce
   // sums the first size - backup_workers contributions the scheduler
   // receives; a rank whose contribution came later gets that same sum
-  // (summed() tells how many contributions it holds). Other backends: 0.
+  // (summed() tells how many contributions it holds). Every rank starts at
+  // the root's first round and applies every round's sum in order, so a
+  // rank that starts, or stays, more than the root daemon's --rounds_kept
+  // rounds behind fails ("is gone"): construct the reducer on every rank
+  // before any rank's first AllReduce (Python's backup_reducer() does a
+  // barrier). Other backends: 0.
   int backup_workers = 0;
 };
 

@@ -29,6 +29,8 @@ import os
 import threading
 import weakref
 
+import numpy as np
+
 from mlfabric import _lib
 
 _ext = _lib.load_extension()
@@ -178,6 +180,9 @@ def backup_reducer(backup_workers, timeout_s=300.0):
         _backup_reducers[b] = AllReducer(backend="mlfabric", timeout_s=timeout_s,
                                          root_server="%s-allreduce-backup%d" % (job, b),
                                          backup_workers=b)
+        # Every rank has joined before any round can close without it (a
+        # rank that joined later would start rounds behind).
+        reducer().allreduce(np.zeros(1, np.float32))
     return _backup_reducers[b]
 
 

@@ -1,0 +1,66 @@
+"""Keras synchronous training speed, one AllReduce backend per run.
+
+    mlfabric-run -np 2 python3 python/benchmarks/keras_steps.py --backend mpi
+    mlfabric-run -np 2 python3 python/benchmarks/keras_steps.py --backend mlfabric
+
+A Horovod-style program (TensorFlow imported first, mlfabric.keras as hvd)
+trains an MLP on scikit-learn's digits with hvd.DistributedOptimizer for
+--epochs epochs of --batch samples per rank, and rank 0 prints steps per
+second over the epochs after the first (which includes tracing). Compare
+two runs' figures as a ratio (python/README.md, "Measured figures").
+"""
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf  # noqa: E402  (any import order works)
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+
+import mlfabric.keras as hvd  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--backend", default="mpi", choices=["mpi", "mlfabric"])
+parser.add_argument("--epochs", type=int, default=4)
+parser.add_argument("--batch", type=int, default=32)
+parser.add_argument("--hidden", type=int, default=64)
+args = parser.parse_args()
+
+hvd.init(backend=args.backend)
+x, y = load_digits(return_X_y=True)
+x = (x / 16.0).astype(np.float32)
+x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+keras.utils.set_random_seed(1)
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(args.hidden, activation="relu"),
+                          keras.layers.Dense(10)])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05 * hvd.size())),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              jit_compile=False)
+
+
+class Timer(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epoch_times, self.steps = [], 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.t = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_times.append(time.perf_counter() - self.t)
+
+
+timer = Timer()
+model.fit(x, y, batch_size=args.batch, epochs=args.epochs, verbose=0, shuffle=False,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), timer])
+steps = int(np.ceil(len(x) / args.batch))
+measured = timer.epoch_times[1:] or timer.epoch_times
+rate = steps * len(measured) / sum(measured)
+if hvd.rank() == 0:
+    params = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    print("keras_steps: backend %s, %d ranks, %d parameters, %d steps/epoch: %.1f steps/s "
+          "(%.2f ms per step)" % (args.backend, hvd.size(), params, steps, rate, 1000 / rate),
+          flush=True)
+hvd.shutdown()
