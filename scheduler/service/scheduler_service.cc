@@ -239,9 +239,9 @@ bool SchedulerService::CutBatchLocked(
   in.now_s = now_s;
   in.mode = job.config.mode == JobMode::kSync || round_size > 0 ? core::Mode::kSync
                                                                 : core::Mode::kAsync;
-  // The core has no stale-synchronous mode: a staleness bound of K versions
-  // is the async delay bound tau_max = K. Workers may have registered
-  // tighter bounds (Table 1, registerAsWorker(params)).
+  // The core has no stale-synchronous mode: an ssp job is planned as async
+  // with its tau_max (its K bounds clocks, AwaitClock). Workers may have
+  // registered tighter bounds (Table 1, registerAsWorker(params)).
   in.tau_max = DelayBound(job);
   in.model_version = server.model_version;
   in.unapplied = server.in_flight;  // updates already scheduled commit first (§5.1)
