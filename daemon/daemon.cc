@@ -3,9 +3,11 @@
 // daemon's members are defined by concern in daemon_*.cc.
 #include "daemon/daemon.h"
 
+#include <grp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <cerrno>
 #include <sys/uio.h>
@@ -88,8 +90,30 @@ absl::Status Daemon::Start() {
   }
   std::strncpy(addr.sun_path, config_.local_socket.c_str(), sizeof(addr.sun_path) - 1);
   ::unlink(config_.local_socket.c_str());
-  if (::bind(local_listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(local_listen_fd_, 64) != 0) {
+  // Created 0600 (umask), then opened to the group if one is configured,
+  // and only then listening: no one else can connect in between.
+  const mode_t old_umask = ::umask(0177);
+  const int bound = ::bind(local_listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int bind_errno = errno;
+  ::umask(old_umask);
+  if (bound != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot bind local socket ", config_.local_socket,
+                                               ": ", std::strerror(bind_errno)));
+  }
+  if (!config_.local_socket_group.empty()) {
+    const struct group* group = ::getgrnam(config_.local_socket_group.c_str());
+    if (group == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local_socket_group: no group named '", config_.local_socket_group, "'"));
+    }
+    if (::chown(config_.local_socket.c_str(), static_cast<uid_t>(-1), group->gr_gid) != 0 ||
+        ::chmod(config_.local_socket.c_str(), 0660) != 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot give local socket ", config_.local_socket, " to group '",
+                       config_.local_socket_group, "': ", std::strerror(errno)));
+    }
+  }
+  if (::listen(local_listen_fd_, 64) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on local socket ",
                                                config_.local_socket, ": ", std::strerror(errno)));
   }

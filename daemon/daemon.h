@@ -101,6 +101,9 @@ class Daemon {
     uint32_t job_id = 0;
     bool registered = false;
     bool ssp = false;  // a worker of a stale-synchronous job: AwaitClock before each get
+    // The application's credentials (SO_PEERCRED at accept); -1 = unknown.
+    int64_t uid = -1;
+    int64_t pid = -1;
     v1::LocalRegister registration;  // as asked, to register again
     // Synchronous-round servers: the version of this app's latest push to
     // each server, which names the round its next get streams back.

@@ -2,6 +2,7 @@
 #include "daemon/daemon.h"
 
 #include <netinet/in.h>
+#include <pwd.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -40,6 +41,12 @@ void Daemon::LocalAcceptLoop() {
       return;
     }
     auto app = std::make_shared<AppSession>();
+    struct ucred cred {};
+    socklen_t cred_len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0) {
+      app->uid = cred.uid;
+      app->pid = cred.pid;
+    }
     app->channel = std::make_shared<LocalChannel>(fd);
     std::lock_guard<std::mutex> lock(mu_);
     apps_.insert(app);
@@ -94,16 +101,7 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
     (void)app->channel->Send(reply);
     return;
   }
-  v1::RegisterEntityRequest entity;
-  entity.set_job(request.job());
-  entity.set_job_token(request.job_token());
-  entity.set_role(request.role());
-  entity.set_name(request.name());
-  entity.set_host(config_.host);
-  entity.set_round_size(request.round_size());
-  entity.set_backup_workers(request.backup_workers());
-  entity.set_delay_bound(request.delay_bound());
-  entity.set_divergence_bound(request.divergence_bound());
+  const v1::RegisterEntityRequest entity = internal::EntityRequest(config_.host, app->uid, request);
   v1::RegisterEntityReply entity_reply;
   absl::Status status = scheduler_->RegisterEntity(entity, &entity_reply);
   if (!status.ok()) {
@@ -386,5 +384,34 @@ void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
   }
   cv_.notify_all();
 }
+
+namespace internal {
+
+v1::RegisterEntityRequest EntityRequest(const std::string& host, int64_t uid,
+                                        const v1::LocalRegister& request) {
+  v1::RegisterEntityRequest entity;
+  entity.set_job(request.job());
+  entity.set_job_token(request.job_token());
+  entity.set_role(request.role());
+  entity.set_name(request.name());
+  entity.set_host(host);
+  entity.set_round_size(request.round_size());
+  entity.set_backup_workers(request.backup_workers());
+  entity.set_delay_bound(request.delay_bound());
+  entity.set_divergence_bound(request.divergence_bound());
+  entity.set_app_uid(uid);
+  if (uid >= 0) {
+    char buffer[4096];
+    struct passwd entry {};
+    struct passwd* user = nullptr;
+    const bool named =
+        ::getpwuid_r(static_cast<uid_t>(uid), &entry, buffer, sizeof(buffer), &user) == 0 &&
+        user != nullptr;
+    entity.set_app_user(named ? std::string(user->pw_name) : absl::StrCat("uid ", uid));
+  }
+  return entity;
+}
+
+}  // namespace internal
 
 }  // namespace mlfabric

@@ -15,6 +15,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.String("listen_address", &config.listen_address);
   reader.Int("data_port", &config.data_port, 0, 65535);
   reader.String("local_socket", &config.local_socket);
+  reader.String("local_socket_group", &config.local_socket_group);
   reader.Double("uplink_bps", &config.uplink_bps, 0, 1e13);
   reader.Double("downlink_bps", &config.downlink_bps, 0, 1e13);
   reader.Int("payload_bytes", &config.payload_bytes, transport::kMinPayloadBytes,
@@ -57,6 +58,8 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --listen_address      data-plane bind address       (default 127.0.0.1)
   --data_port           data-plane TCP port, 0 = free (default 0)
   --local_socket        Unix socket for applications  (default /tmp/mlfabricd-<host>.sock)
+  --local_socket_group  group whose members may connect to it too (mode 0660);
+                        default none: mode 0600, the daemon's user only
   --uplink_bps          NIC uplink capacity, 0 = scheduler default   (default 0)
   --downlink_bps        NIC downlink capacity, 0 = scheduler default (default 0)
   --payload_bytes       Mercury packet payload, 4096..1048576 (default 32768)

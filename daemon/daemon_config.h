@@ -17,6 +17,9 @@ struct DaemonConfig {
   std::string listen_address = "127.0.0.1";  // data-plane TCP bind address
   int64_t data_port = 0;                     // 0 = pick a free port
   std::string local_socket;                  // default /tmp/mlfabricd-<host>.sock
+  // Empty: the local socket is mode 0600 (only the daemon's user may
+  // connect). A group name: mode 0660 and owned by that group.
+  std::string local_socket_group;
   double uplink_bps = 0;                     // NIC capacity; 0 = scheduler default
   double downlink_bps = 0;
   int64_t payload_bytes = 32 * 1024;         // Mercury packet payload, 4 KiB - 1 MiB

@@ -81,15 +81,8 @@ void Daemon::ScheduleStreamLoop() {
     }
     for (const auto& app : apps) {
       if (!app->registered) continue;
-      v1::RegisterEntityRequest entity;
-      entity.set_job(app->job);
-      entity.set_job_token(app->job_token);
-      entity.set_role(app->role);
-      entity.set_name(app->name);
-      entity.set_host(config_.host);
-      entity.set_round_size(app->registration.round_size());
-      entity.set_delay_bound(app->registration.delay_bound());
-      entity.set_divergence_bound(app->registration.divergence_bound());
+      const v1::RegisterEntityRequest entity =
+          internal::EntityRequest(config_.host, app->uid, app->registration);
       v1::RegisterEntityReply reply;
       (void)scheduler_->RegisterEntity(entity, &reply);
     }

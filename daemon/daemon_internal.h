@@ -6,11 +6,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include <boost/asio/ip/tcp.hpp>
 
 #include "aggregator/packet_pool.h"
 #include "daemon/transport/packet.h"
+#include "proto/local.pb.h"
 #include "proto/scheduler.pb.h"
 
 namespace mlfabric::internal {
@@ -26,6 +28,12 @@ inline constexpr size_t kMaxIdleGetConnections = 4;
 // what a worker's get can receive, or an aggregate can forward, as soon as
 // it is final. It is the receiver's own, so senders may use any packet size.
 inline constexpr uint64_t kRoundChunkBytes = 32 * 1024;
+
+// The scheduler registration of an application's LocalRegister, with the
+// application's user (uid from SO_PEERCRED, -1 = unknown) for jobs that
+// admit one user only.
+v1::RegisterEntityRequest EntityRequest(const std::string& host, int64_t uid,
+                                        const v1::LocalRegister& request);
 
 inline size_t ElementBytes(v1::DType dtype) {
   switch (dtype) {

@@ -64,6 +64,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
         job.mode = mode == "sync" ? JobMode::kSync : mode == "ssp" ? JobMode::kSsp : JobMode::kAsync;
         job_reader.Int("staleness_k", &job.staleness_k, 0, kMaxDelayBound);
         job_reader.Int("backup_workers", &job.backup_workers, 0, 65535);
+        job_reader.String("user", &job.user);
         job_reader.Double("divergence_max", &job.divergence_max, 0, 1e12);
         job_reader.Double("momentum", &job.momentum, 0, 0.999999);
         job_reader.Int("priority_class", &job.priority_class, 0, 7);
@@ -133,7 +134,8 @@ Every key can be set in the JSON file or as a flag; flags win.
   jobs (file only)     [{"name", "token", "tau_max", "mode" (async|sync|ssp),
                          "staleness_k", "backup_workers" (sync: a round
                          closes with workers - backup_workers pushes),
-                         "divergence_max", "momentum",
+                         "divergence_max", "momentum", "user" (only
+                         applications running as this user may register),
                          "priority_class" (0..7, 0 = most urgent),
                          "aggregators" (hosts that may aggregate, §5.2)}]
                        (default one job "demo", token "demo-token", tau_max 30)

@@ -44,6 +44,9 @@ struct JobConfig {
   double divergence_max = 0;    // Div_max for a hot-standby replica (§5.3); 0 = none
   double momentum = 0;          // optimiser momentum gamma used by the divergence bound
   int64_t priority_class = 0;   // 0 = most urgent; its batches are planned first
+  // When set, only applications running as this user (checked by their
+  // daemon with SO_PEERCRED) may register with the job.
+  std::string user;
   // Hosts that may aggregate this job's updates in the network (§5.2); the
   // planner decides per batch whether and which. Empty = no aggregation.
   std::vector<std::string> aggregators;

@@ -67,6 +67,12 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
         absl::StrCat("host '", request.host(), "' is not registered"));
   }
   if (request.name().empty()) return absl::InvalidArgumentError("name: must not be empty");
+  if (!job->config.user.empty() && request.app_user() != job->config.user) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "job '", request.job(), "' admits applications of user '", job->config.user,
+        "' only; this one runs as '", request.app_user(), "' (uid ", request.app_uid(),
+        ") on host ", request.host()));
+  }
   reply->set_job_id(job->id);
   reply->set_ssp(job->config.mode == JobMode::kSsp);
   reply->set_staleness(job->config.staleness_k);

@@ -170,7 +170,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   }
   for (const std::string& host : hosts) {
     const std::string log = cluster->dir_ + "/" + host + ".log";
-    if (!WaitUntil([&] { return ReadFile(log).find("serving") != std::string::npos; }, 30)) {
+    Subprocess& daemon = *cluster->daemons_.at(host);
+    // Stop waiting as soon as the daemon exits (a bad flag, say).
+    if (!WaitUntil([&] { return ReadFile(log).find("serving") != std::string::npos ||
+                                !daemon.Running(); },
+                   30) ||
+        ReadFile(log).find("serving") == std::string::npos) {
       return absl::DeadlineExceededError(
           absl::StrCat("daemon ", host, " did not start: ", ReadFile(log)));
     }
