@@ -55,15 +55,19 @@ absl::StatusOr<nlohmann::json> LoadJsonFile(const std::string& path) {
   }
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json parsed = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  return ParseJsonText(text.str(), path);
+}
+
+absl::StatusOr<nlohmann::json> ParseJsonText(const std::string& text, const std::string& source) {
+  nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
     // Re-parse with exceptions for the position of the error.
     try {
-      (void)nlohmann::json::parse(text.str());
-    } catch (const nlohmann::json::parse_error& e) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON: ", e.what()));
+      (void)nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": invalid JSON: ", e.what()));
     }
-    return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": invalid JSON"));
   }
   return parsed;
 }

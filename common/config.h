@@ -44,6 +44,8 @@ absl::StatusOr<CommandLine> ParseCommandLine(int argc, const char* const* argv);
 
 // Reads and parses a JSON file; the error names the file and the parse error.
 absl::StatusOr<nlohmann::json> LoadJsonFile(const std::string& path);
+// The same for text already read; `source` names it in errors.
+absl::StatusOr<nlohmann::json> ParseJsonText(const std::string& text, const std::string& source);
 
 class ConfigReader {
  public:

@@ -17,7 +17,7 @@ if ! tools/fuzz-packet "$seconds" >"$log" 2>&1; then
   echo "fuzz_packet_test: the fuzzer failed; a crashing input is in $FUZZ_ARTIFACTS" >&2
   exit 1
 fi
-grep -E '^fuzz-packet:|^Done [0-9]+ runs|^stat::(number_of_executed_units|new_units_added|peak_rss_mb)' "$log"
+grep -E '^fuzz:|^Done [0-9]+ runs|^stat::(number_of_executed_units|new_units_added|peak_rss_mb)' "$log"
 runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log")
 if [[ -z "$runs" || "$runs" -lt 1000 ]]; then
   echo "fuzz_packet_test: the fuzzer ran ${runs:-no} inputs; expected many" >&2

@@ -24,7 +24,10 @@ const char* JobModeName(JobMode mode) {
 absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
   auto reader_or = ConfigReader::FromCommandLine(cl);
   if (!reader_or.ok()) return reader_or.status();
-  ConfigReader& reader = *reader_or;
+  return LoadSchedulerConfig(std::move(*reader_or));
+}
+
+absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   SchedulerConfig config;
   reader.String("listen_address", &config.listen_address);
   reader.Int("grpc_port", &config.grpc_port, 0, 65535);

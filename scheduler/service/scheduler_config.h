@@ -87,6 +87,8 @@ struct SchedulerConfig {
 
 // Reads the config from a parsed command line; the error names the key.
 absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl);
+// The same from a reader over parsed JSON and flags (the fuzz target's entry).
+absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader);
 
 // The --help text, listing every key with its default.
 std::string SchedulerConfigHelp();

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Fuzzes the planner JSON contract (both planners) and the scheduler's
+# config loader with libFuzzer for a short time each (tools/fuzz; issue 17
+# item 5), seeded by their committed corpora. Without clang this reports a
+# skip with the reason (a failure under CI, where tools/bootstrap installs
+# clang).
+set -euo pipefail
+source "${TEST_SRCDIR:-.}/mlfabric/testing/prereq.sh"
+if ! command -v clang++ >/dev/null; then
+  skip_or_fail "clang++ is not installed (tools/bootstrap installs it from tools/deps/fuzz.deb)"
+fi
+seconds=${FUZZ_SECONDS:-10}
+export FUZZ_ARTIFACTS="${TEST_UNDECLARED_OUTPUTS_DIR:-${TEST_TMPDIR:-/tmp}}"
+for target in plan_json scheduler_config; do
+  log="${TEST_TMPDIR:-/tmp}/fuzz-$target.log"
+  if ! tools/fuzz "$target" "$seconds" >"$log" 2>&1; then
+    tail -60 "$log"
+    echo "fuzz_test: $target failed; a crashing input is in $FUZZ_ARTIFACTS" >&2
+    exit 1
+  fi
+  runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log")
+  if [[ -z "$runs" || "$runs" -lt 1000 ]]; then
+    echo "fuzz_test: $target ran ${runs:-no} inputs; expected many" >&2
+    exit 1
+  fi
+  echo "fuzz_test: $target: ${runs} inputs in ${seconds} s, no crash"
+done
