@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes the planner JSON contract (both planners) and the scheduler's
-# config loader with libFuzzer for a short time each (tools/fuzz; issue 17
+# Fuzzes the planner JSON contract (both planners), the scheduler's config
+# loader and the admin request handling with libFuzzer for a short time each (tools/fuzz; issue 17
 # item 5), seeded by their committed corpora. Without clang this reports a
 # skip with the reason (a failure under CI, where tools/bootstrap installs
 # clang).
@@ -11,11 +11,11 @@ if ! command -v clang++ >/dev/null; then
 fi
 seconds=${FUZZ_SECONDS:-10}
 export FUZZ_ARTIFACTS="${TEST_UNDECLARED_OUTPUTS_DIR:-${TEST_TMPDIR:-/tmp}}"
-for target in plan_json scheduler_config; do
+for target in plan_json scheduler_config admin; do
   log="${TEST_TMPDIR:-/tmp}/fuzz-$target.log"
   if ! tools/fuzz "$target" "$seconds" >"$log" 2>&1; then
     tail -60 "$log"
-    echo "fuzz_test: $target failed; a crashing input is in $FUZZ_ARTIFACTS" >&2
+    echo "fuzz_test: $target failed (log above); a crashing input, if any, is in $FUZZ_ARTIFACTS" >&2
     exit 1
   fi
   runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log")

@@ -13,7 +13,10 @@ namespace {
 using nlohmann::json;
 
 HttpResponse Json(int status, const json& body) {
-  return {status, "application/json", body.dump(1) + "\n"};
+  // Names and paths come from clients and may not be UTF-8: replace bad
+  // bytes rather than throw (found by admin_handler_fuzzer).
+  return {status, "application/json",
+          body.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"};
 }
 
 HttpResponse Error(int status, const std::string& message) {

@@ -89,6 +89,11 @@ TEST_CASE("GET routes return JSON with the snapshot's values") {
   CHECK(jobs["jobs"][0]["workers"][0]["straggler"] == true);
   CHECK(jobs["jobs"][0]["workers"][0]["iterations"] == 12);
   CHECK(handler.Handle({"GET", "/api/v1/nope", "", ""}).status == 404);
+  // Bytes that are not UTF-8 in what is echoed back (found by the fuzzer:
+  // the JSON encoder threw and took the scheduler down).
+  HttpResponse bad_utf8 = handler.Handle({"GET", "/api/v1/n\xffpe", "", ""});
+  CHECK(bad_utf8.status == 404);
+  CHECK_NOTHROW(json::parse(bad_utf8.body));
   CHECK(handler.Handle({"DELETE", "/api/v1/hosts", "", ""}).status == 405);
   CHECK(handler.Handle({"GET", "/", "", ""}).content_type.find("text/html") == 0);
 }
