@@ -120,6 +120,15 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
     app->registered = true;
     app->ssp = entity_reply.ssp() && request.role() == v1::ROLE_WORKER;
     app->registration = request;
+  }
+  // The reply goes out before the endpoint is published: once it is, a
+  // get waiting for this server sends the application a model request, and
+  // that must not reach it before its registration reply (it did: the
+  // application's Connect failed with "daemon sent no registration reply").
+  body->set_model_version(entity_reply.model_version());
+  (void)app->channel->Send(reply);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     if (request.role() == v1::ROLE_SERVER) {
       ServerEndpoint& endpoint = servers_[ServerKey(app->job_id, app->name)];
       endpoint.app = app;
@@ -131,8 +140,6 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
     }
   }
   cv_.notify_all();  // gets waiting for this server (ServeGetRequest)
-  body->set_model_version(entity_reply.model_version());
-  (void)app->channel->Send(reply);
 }
 
 void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push,
