@@ -27,6 +27,7 @@
 #include "common/crc32c.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "daemon/daemon_internal.h"
 #include "daemon/transport/framing.h"
 
 namespace mlfabric {
@@ -46,10 +47,13 @@ daemon::JobPriorityPolicy MakeJobPriorityPolicy(const DaemonConfig& config) {
 
 }  // namespace
 
-Daemon::Daemon(DaemonConfig config)
+Daemon::Daemon(DaemonConfig config, const Clock* clock)
     : config_(std::move(config)),
       send_watchdog_(std::make_unique<transport::SendWatchdog>(config_.send_timeout_s)),
-      packet_queue_(MakeJobPriorityPolicy(config_)) {}
+      clock_(clock != nullptr ? clock : &real_clock_),
+      aggregations_(static_cast<uint32_t>(config_.payload_bytes)),
+      packet_queue_(MakeJobPriorityPolicy(config_)),
+      rounds_(config_.rounds_kept, internal::kRoundChunkBytes) {}
 
 Daemon::~Daemon() { Stop(); }
 
@@ -121,7 +125,7 @@ absl::Status Daemon::Start() {
   if (config_.unscheduled_bps > 0) {
     auto bucket = daemon::TokenBucket::Create(
         config_.unscheduled_bps, 2.0 * static_cast<double>(config_.payload_bytes),
-        clock_.NowSeconds());
+        clock_->NowSeconds());
     if (!bucket.ok()) return bucket.status();
     unscheduled_budget_.emplace(std::move(*bucket));
   }
@@ -151,11 +155,11 @@ absl::Status Daemon::RegisterHost() {
     request.set_data_address(data_address_);
     request.set_uplink_bps(config_.uplink_bps);
     request.set_downlink_bps(config_.downlink_bps);
-    const double sent_s = clock_.NowSeconds();
+    const double sent_s = clock_->NowSeconds();
     request.set_daemon_time_s(sent_s);
     v1::RegisterHostReply reply;
     absl::Status status = scheduler_->RegisterHost(request, &reply);
-    const double received_s = clock_.NowSeconds();
+    const double received_s = clock_->NowSeconds();
     if (status.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       incarnation_ = reply.incarnation();
@@ -188,9 +192,9 @@ void Daemon::ClockSyncLoop() {
       v1::SyncClockRequest request;
       request.set_host(config_.host);
       v1::SyncClockReply reply;
-      const double sent_s = clock_.NowSeconds();
+      const double sent_s = clock_->NowSeconds();
       absl::Status status = scheduler_->SyncClock(request, &reply);
-      const double received_s = clock_.NowSeconds();
+      const double received_s = clock_->NowSeconds();
       if (!status.ok()) break;
       if (received_s - sent_s < best_rtt_s) {
         best_rtt_s = received_s - sent_s;
@@ -237,7 +241,7 @@ absl::Status Daemon::StartMonitor() {
     return monitor::OwnBytes{static_cast<uint64_t>(stats_.bytes_received),
                              static_cast<uint64_t>(stats_.bytes_sent)};
   };
-  auto created = monitor::BandwidthMonitor::Create(mc, &clock_, report, own);
+  auto created = monitor::BandwidthMonitor::Create(mc, clock_, report, own);
   if (!created.ok()) return created.status();
   monitor_ = std::move(*created);
   monitor_->Start();

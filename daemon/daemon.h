@@ -27,10 +27,12 @@
 //   daemon.Stop();
 //
 // Thread safety: the self-contained parts (SchedulerClient,
-// CompletionReporter, BufferPool, PacketChecksums, SendWatchdog, the peer
-// and idle-get connection maps) have their own locks or none; the
-// transfer, round, aggregation and delivery tables still share one mutex
-// (mu_), held only for bookkeeping, never across an RPC or a socket write.
+// CompletionReporter, BufferPool, PacketChecksums, SendWatchdog,
+// AggregationTable, RoundTable, the peer and idle-get connection maps) have
+// their own locks or none; the tables' locks are leaves, taken under mu_.
+// The transfer, reply-stream and delivery bookkeeping still shares one
+// mutex (mu_), held only for bookkeeping, never across an RPC or a socket
+// write. The clock is injected (a FakeClock in tests; RealClock by default).
 #ifndef MLFABRIC_DAEMON_DAEMON_H_
 #define MLFABRIC_DAEMON_DAEMON_H_
 
@@ -52,15 +54,16 @@
 #include <boost/asio.hpp>
 
 #include "absl/status/status.h"
-#include "aggregator/packet_pool.h"
 #include "ipc/local_ipc.h"
 #include "common/clock.h"
 #include "daemon/control/completion_reporter.h"
 #include "daemon/control/scheduler_client.h"
 #include "daemon/daemon_config.h"
+#include "daemon/engine/aggregation_table.h"
 #include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/delivery_sequencer.h"
 #include "daemon/engine/packet_checksums.h"
+#include "daemon/engine/round_table.h"
 #include "daemon/pacing/pacer.h"
 #include "daemon/queue/priority_packet_queue.h"
 #include "daemon/transport/packet.h"
@@ -72,7 +75,8 @@ namespace mlfabric {
 
 class Daemon {
  public:
-  explicit Daemon(DaemonConfig config);
+  // `clock` (if not null) must outlive the daemon; the real clock otherwise.
+  explicit Daemon(DaemonConfig config, const Clock* clock = nullptr);
   ~Daemon();
 
   absl::Status Start();
@@ -134,16 +138,6 @@ class Daemon {
     bool released = false;
   };
 
-  // This host aggregates (§5.2): constituents' packets are summed into
-  // `sum` by pool_ as they arrive; the aggregate is an Outgoing from the
-  // start whose packets leave as they complete (see Outgoing::gated).
-  struct Aggregation {
-    v1::AggregateTask task;
-    std::shared_ptr<SharedBuffer> sum;
-    std::map<uint64_t, double> waiting;  // constituent -> weight
-    size_t folded = 0;
-  };
-
   struct Incoming {
     uint32_t job_id = 0;
     uint64_t total = 0;
@@ -182,32 +176,6 @@ class Daemon {
     size_t sent = 0;
     bool writing = false;  // the sender loop is writing one of its packets
     std::string error;     // a write failed
-  };
-
-  // A synchronous round at a Mercury-PS server (mercury.md §IV, Key idea 3
-  // "immediate PS aggregation"; mlfabric.md §6): the member transfers'
-  // packets are summed into `sum` as they arrive; the sum is cut into
-  // fixed chunks, and a chunk is ready once every one of the round's `size`
-  // pushes has contributed all its bytes. Ready chunks stream to the
-  // workers' gets at once, so push and pull overlap; the complete sum goes
-  // to the server application once, as `size` updates.
-  struct Round {
-    uint32_t job_id = 0;
-    std::string server;
-    int64_t round = 0;               // the version every member was computed from
-    int32_t size = 0;                // pushes it sums
-    int64_t bytes = -1;              // -1 until the first member is announced
-    v1::DType dtype = v1::DTYPE_FLOAT32;
-    std::shared_ptr<SharedBuffer> sum;
-    uint64_t pool_id = 0;            // its transfer in pool_ (bit 61 set)
-    size_t packets = 0;              // of the pool's grid
-    std::vector<uint32_t> ready;     // grid packets, in the order they completed
-    std::map<uint64_t, int32_t> members;  // transfer -> contributions
-    int32_t contributions = 0;
-    bool complete = false;
-    bool reported = false;           // members' outcomes sent (or failed)
-    std::string failed;
-    std::vector<std::shared_ptr<ReplyStream>> streams;  // workers' gets being served
   };
 
   struct ModelReply {
@@ -304,15 +272,13 @@ class Daemon {
 
   // Require mu_.
   void TryDeliverLocked(uint32_t job_id, const std::string& server);
-  // Synchronous rounds (see Round). All require mu_.
-  std::shared_ptr<Round> RoundLocked(uint32_t job_id, const std::string& server, int64_t round);
+  // Synchronous rounds (daemon::RoundTable). Require mu_. Join announces a
+  // member (and sums the packets it received before); Apply carries out
+  // what a table call said to do: report failures, queue final chunks on
+  // the watching reply streams, hand complete sums to the server.
   void JoinRoundLocked(const v1::ExpectDelivery& expect);
-  // Sums [offset, offset + length) of member `transfer`'s buffer into its
-  // round and marks the chunks that became ready.
-  void FoldIntoRoundLocked(Round& round, uint64_t transfer, const uint8_t* data, uint64_t offset,
-                           uint32_t length);
-  void DeliverRoundLocked(const std::shared_ptr<Round>& round);
-  void FailRoundLocked(const std::shared_ptr<Round>& round, const std::string& reason);
+  void ApplyRoundEffectsLocked(daemon::RoundTable::Effects& fx);
+  void DeliverRoundLocked(const std::string& key, int64_t round, daemon::RoundTable::Effects* fx);
   // A command for push `transfer_id` that overtook its SubmitUpdate reply:
   // moves the push recorded under `local_id` into pushes_. Requires mu_.
   void AdoptSubmittedLocked(uint64_t transfer_id, uint64_t local_id);
@@ -323,7 +289,9 @@ class Daemon {
   // Bounds every data-socket write by --send_timeout_s; declared early so
   // it outlives everything that writes.
   std::unique_ptr<transport::SendWatchdog> send_watchdog_;
-  RealClock clock_;
+  // Time for pacing, timestamps and the monitor: the caller's, or real_clock_.
+  RealClock real_clock_;
+  const Clock* clock_;
   std::unique_ptr<daemon::SchedulerClient> scheduler_;
   std::unique_ptr<daemon::CompletionReporter> reporter_;
   std::shared_ptr<daemon::ScheduleStream> stream_;  // guarded by mu_
@@ -345,20 +313,17 @@ class Daemon {
   std::map<std::string, ServerEndpoint> servers_;     // by ServerKey
   daemon::DeliverySequencer delivery_;                // commit order, by ServerKey
   std::map<uint64_t, Incoming> incoming_;             // by transfer id
-  std::map<uint64_t, Aggregation> aggregations_;      // by aggregate id
-  std::map<uint64_t, uint64_t> aggregate_of_;         // constituent -> aggregate id
+  // In-network aggregations (§5.2); own lock, a leaf under mu_.
+  daemon::AggregationTable aggregations_;
   std::map<uint64_t, Outgoing> outgoing_;             // by transfer id
   // Begun outgoing transfers given up: the sender loop tells the peer.
   std::vector<std::pair<v1::SendTransfer, std::string>> aborts_;
   std::multimap<double, uint64_t> release_at_;        // local start time -> transfer
   daemon::PriorityPacketQueue packet_queue_;
-  // Packet-level sums of synchronous rounds and in-network aggregates.
-  aggregator::PacketPool pool_;
+  // Mercury-PS synchronous rounds; own lock, a leaf under mu_.
+  daemon::RoundTable rounds_;
   std::map<uint64_t, ModelReply> model_replies_;      // by request id
   std::map<uint64_t, std::shared_ptr<ReplyStream>> replies_;  // by ReplyStream::id
-  std::map<std::pair<std::string, int64_t>, std::shared_ptr<Round>> rounds_;  // (ServerKey, round)
-  std::map<uint64_t, std::shared_ptr<Round>> round_of_;  // member transfer -> its round
-  std::map<uint64_t, std::shared_ptr<Round>> round_deliveries_;  // delivery id -> round
   // Bytes of applied pushes whose replica copy comes in a later batch.
   std::map<uint64_t, PendingPush> replica_holds_;
   // Receive buffers delivered and not yet acknowledged (then recycled).

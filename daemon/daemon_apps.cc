@@ -220,13 +220,13 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
     fail(absl::StrCat("scheduler refused the push: ", daemon::RpcErrorText(status)));
     return;
   }
-  const double start_s = clock_.NowSeconds();
+  const double start_s = clock_->NowSeconds();
   checksums->SumAll(bytes->data());
   MLF_LOG(DEBUG) << "checksummed push " << reply.transfer_id() << ": " << checksums->Ready()
                  << " of " << checksums->packets() << " packets ahead of the sender ("
                  << checksums->parts() << " threads) in "
-                 << absl::StrFormat("%.3f", clock_.NowSeconds() - start_s) << " s, done at "
-                 << absl::StrFormat("%.6f", clock_.NowSeconds());
+                 << absl::StrFormat("%.3f", clock_->NowSeconds() - start_s) << " s, done at "
+                 << absl::StrFormat("%.6f", clock_->NowSeconds());
 }
 
 void Daemon::AdoptSubmittedLocked(uint64_t transfer_id, uint64_t local_id) {
@@ -289,15 +289,12 @@ void Daemon::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
   std::vector<v1::CompletionReport> round_reports;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto delivery = round_deliveries_.find(ack.transfer_id());
-    if (delivery != round_deliveries_.end()) {
-      std::shared_ptr<Round> round = delivery->second;
-      round_deliveries_.erase(delivery);
-      if (round->reported) return;  // failed meanwhile; already reported
-      round->reported = true;
+    if (rounds_.IsDelivery(ack.transfer_id())) {
+      const auto round = rounds_.Acknowledge(ack.transfer_id());
+      if (!round.has_value()) return;  // failed meanwhile; already reported
       // A round advances the model by one version, whatever the callback
       // returned: it is the version the workers' gets already saw.
-      for (const auto& [member, contributions] : round->members) {
+      for (uint64_t member : round->members) {
         v1::CompletionReport report;
         report.set_host(config_.host);
         report.set_transfer_id(member);
@@ -378,10 +375,10 @@ void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
   for (uint64_t transfer : cancelled) reporter_->ReportFailure(transfer, why);
   TryDeliverLocked(app->job_id, endpoint_name);
   const std::string key = ServerKey(app->job_id, app->name);
-  for (auto& [round_key, round] : rounds_) {
-    if (round_key.first == key && !round->reported) {
-      FailRoundLocked(round, absl::StrCat("server '", app->name, "' disconnected"));
-    }
+  {
+    daemon::RoundTable::Effects fx;
+    rounds_.FailServer(key, absl::StrCat("server '", app->name, "' disconnected"), &fx);
+    ApplyRoundEffectsLocked(fx);
   }
   for (auto& [id, reply] : model_replies_) {
     if (!reply.done && reply.server_app == app) {

@@ -126,16 +126,19 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
         break;
       }
       if (cancel.fail_round()) {
-        FailRoundLocked(RoundLocked(cancel.job_id(), cancel.server(), cancel.round()),
-                        cancel.reason());
+        daemon::RoundTable::Effects fx;
+        rounds_.Fail(ServerKey(cancel.job_id(), cancel.server()), cancel.round(), cancel.reason(),
+                     &fx);
+        ApplyRoundEffectsLocked(fx);
         break;
       }
-      if (auto member = round_of_.find(cancel.transfer_id()); member != round_of_.end()) {
-        FailRoundLocked(member->second, absl::StrCat("push ", cancel.transfer_id(),
-                                                     " of the round failed: ", cancel.reason()));
-        break;
+      {
+        daemon::RoundTable::Effects fx;
+        const bool member = rounds_.FailMemberRound(cancel.transfer_id(), cancel.reason(), &fx);
+        ApplyRoundEffectsLocked(fx);
+        if (member) break;
       }
-      if (aggregations_.count(cancel.transfer_id())) {
+      if (aggregations_.Active(cancel.transfer_id())) {
         DropAggregationLocked(cancel.transfer_id(), cancel.reason());
         break;
       }

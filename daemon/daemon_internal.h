@@ -11,6 +11,7 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "aggregator/packet_pool.h"
+#include "daemon/engine/element_types.h"
 #include "daemon/transport/packet.h"
 #include "proto/local.pb.h"
 #include "proto/scheduler.pb.h"
@@ -35,29 +36,6 @@ inline constexpr uint64_t kRoundChunkBytes = 32 * 1024;
 v1::RegisterEntityRequest EntityRequest(const std::string& host, int64_t uid,
                                         const v1::LocalRegister& request);
 
-inline size_t ElementBytes(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32: return sizeof(float);
-    case v1::DTYPE_FLOAT64: return sizeof(double);
-    case v1::DTYPE_INT32: return sizeof(int32_t);
-    case v1::DTYPE_INT64: return sizeof(int64_t);
-    case v1::DTYPE_FLOAT16: return sizeof(uint16_t);
-    default: return 0;
-  }
-}
-
-// The pool's element type for a round's or an aggregate's dtype.
-inline std::optional<aggregator::DType> PoolType(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32: return aggregator::DType::kFloat32;
-    case v1::DTYPE_FLOAT64: return aggregator::DType::kFloat64;
-    case v1::DTYPE_INT32: return aggregator::DType::kInt32;
-    case v1::DTYPE_INT64: return aggregator::DType::kInt64;
-    case v1::DTYPE_FLOAT16: return aggregator::DType::kFloat16;
-    default: return std::nullopt;
-  }
-}
-
 }  // namespace mlfabric::internal
 
 namespace mlfabric {
@@ -65,11 +43,11 @@ namespace mlfabric {
 // The names every daemon_*.cc uses (this header is private to them).
 namespace asio = boost::asio;
 using asio::ip::tcp;
-using internal::ElementBytes;
+using daemon::ElementBytes;
 using internal::kMaxIdleGetConnections;
 using internal::kMaxTransferBytes;
 using internal::kRoundChunkBytes;
-using internal::PoolType;
+using daemon::PoolType;
 using transport::PacketHeader;
 using transport::PacketKind;
 

@@ -51,7 +51,7 @@ absl::Status Daemon::AcceptDataLocked(const PacketHeader& header, const uint8_t*
   stats_.bytes_received += header.length;
   auto it = incoming_.find(header.transfer);
   if (it == incoming_.end()) return absl::OkStatus();  // cancelled meanwhile
-  if (it->second.first_packet_s < 0) it->second.first_packet_s = clock_.NowSeconds();
+  if (it->second.first_packet_s < 0) it->second.first_packet_s = clock_->NowSeconds();
   it->second.received += header.length;
   if (it->second.received > it->second.total) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -59,20 +59,23 @@ absl::Status Daemon::AcceptDataLocked(const PacketHeader& header, const uint8_t*
   }
   // Mercury PS: a member of a synchronous round is summed packet by
   // packet as it arrives (mercury.md §IV, Key idea 3).
-  auto member = round_of_.find(header.transfer);
-  auto aggregate = aggregate_of_.find(header.transfer);
-  if (member != round_of_.end()) {
-    FoldIntoRoundLocked(*member->second, header.transfer, dst, header.offset, header.length);
-  } else if (aggregate != aggregate_of_.end()) {
+  const bool round_member = rounds_.RoundOf(header.transfer).has_value();
+  const std::optional<uint64_t> aggregate =
+      round_member ? std::nullopt : aggregations_.AggregateOf(header.transfer);
+  if (round_member) {
+    daemon::RoundTable::Effects fx;
+    rounds_.Fold(header.transfer, dst, header.offset, header.length, &fx);
+    ApplyRoundEffectsLocked(fx);
+  } else if (aggregate.has_value()) {
     // A constituent of this host's aggregate (§5.2), summed packet by packet.
-    if (it->second.total != static_cast<uint64_t>(aggregations_[aggregate->second].task.bytes())) {
-      FailAggregationLocked(aggregate->second,
-                            absl::StrCat("constituent ", header.transfer, " has ",
-                                         it->second.total, " bytes, the aggregate ",
-                                         aggregations_[aggregate->second].task.bytes()));
+    const int64_t aggregate_bytes = aggregations_.Bytes(*aggregate).value_or(-1);
+    if (it->second.total != static_cast<uint64_t>(aggregate_bytes)) {
+      FailAggregationLocked(*aggregate, absl::StrCat("constituent ", header.transfer, " has ",
+                                                     it->second.total, " bytes, the aggregate ",
+                                                     aggregate_bytes));
       return absl::OkStatus();
     }
-    if (!FoldIntoAggregateLocked(aggregate->second, header.transfer, dst, header.offset,
+    if (!FoldIntoAggregateLocked(*aggregate, header.transfer, dst, header.offset,
                                  header.length)) {
       return absl::OkStatus();
     }
@@ -87,8 +90,8 @@ absl::Status Daemon::AcceptDataLocked(const PacketHeader& header, const uint8_t*
   MLF_LOG(DEBUG) << "received transfer " << header.transfer << " bytes " << it->second.total
                  << " priority " << header.priority << " first_packet_s "
                  << absl::StrFormat("%.6f", it->second.first_packet_s) << " complete_s "
-                 << absl::StrFormat("%.6f", clock_.NowSeconds());
-  if (member != round_of_.end()) {  // summed already; nothing to deliver
+                 << absl::StrFormat("%.6f", clock_->NowSeconds());
+  if (round_member) {  // summed already; nothing to deliver
     incoming_.erase(it);
     return absl::OkStatus();
   }

@@ -80,199 +80,77 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
 
 // ------------------------------------------------------ synchronous rounds
 
-std::shared_ptr<Daemon::Round> Daemon::RoundLocked(uint32_t job_id, const std::string& server,
-                                                   int64_t round) {
-  const std::string key = ServerKey(job_id, server);
-  auto [it, created] = rounds_.try_emplace({key, round});
-  if (!created) return it->second;
-  it->second = std::make_shared<Round>();
-  it->second->job_id = job_id;
-  it->second->server = server;
-  it->second->round = round;
-  it->second->pool_id = (uint64_t{1} << 61) | next_local_id_++;
-  // Keep the last rounds_kept rounds for gets that come late (workers
-  // behind, late backup workers); older ones go.
-  for (auto old = rounds_.begin(); old != rounds_.end();) {
-    if (old->first.first == key && old->first.second <= round - config_.rounds_kept) {
-      if (!old->second->reported) {
-        FailRoundLocked(old->second, absl::StrCat("round ", round, " began"));
-      }
-      for (const auto& [member, contributions] : old->second->members) round_of_.erase(member);
-      (void)pool_.UnregisterTransfer(old->second->pool_id);
-      old = rounds_.erase(old);
-    } else {
-      ++old;
-    }
-  }
-  return it->second;
-}
-
 void Daemon::JoinRoundLocked(const v1::ExpectDelivery& expect) {
-  std::shared_ptr<Round> round = RoundLocked(expect.job_id(), expect.server(), expect.version());
-  const uint64_t transfer = expect.transfer_id();
-  round_of_[transfer] = round;
-  round->members[transfer] = expect.contributions();
-  if (!round->failed.empty()) {
-    reporter_->ReportFailure(transfer, absl::StrCat("round ", round->round, " failed: ", round->failed));
-    return;
-  }
-  const std::optional<aggregator::DType> type = PoolType(expect.dtype());
-  if (round->bytes < 0) {
-    const size_t element = ElementBytes(expect.dtype());
-    if (!type.has_value() || expect.bytes() <= 0 || expect.bytes() % element != 0) {
-      FailRoundLocked(round, absl::StrCat("round of ", expect.bytes(), " bytes of ",
-                                          v1::DType_Name(expect.dtype()),
-                                          " cannot be summed element-wise"));
-      return;
-    }
-    auto sum = SharedBuffer::Create(static_cast<size_t>(expect.bytes()));  // zero-filled
-    if (!sum.ok()) {
-      FailRoundLocked(round, std::string(sum.status().message()));
-      return;
-    }
-    round->size = expect.round_size();
-    round->bytes = expect.bytes();
-    round->dtype = expect.dtype();
-    round->sum = std::make_shared<SharedBuffer>(std::move(*sum));
-    aggregator::AggregationSpec spec;
-    spec.dtype = *type;
-    spec.bytes = static_cast<uint64_t>(round->bytes);
-    spec.packet_bytes = kRoundChunkBytes;
-    spec.expected_contributions = static_cast<uint32_t>(std::max(0, round->size));
-    round->packets = aggregator::PacketCount(spec);
-    if (auto registered = pool_.RegisterTransfer(
-            round->pool_id, spec,
-            absl::Span<std::byte>(reinterpret_cast<std::byte*>(round->sum->data()),
-                                  round->sum->size()));
-        !registered.ok()) {
-      FailRoundLocked(round, absl::StrCat("round ", round->round, ": ", registered.message()));
-      return;
-    }
-    cv_.notify_all();  // gets waiting for the round to begin
-  } else if (expect.round_size() != round->size || expect.bytes() != round->bytes ||
-             expect.dtype() != round->dtype) {
-    FailRoundLocked(round, absl::StrCat("push ", transfer, " (", expect.bytes(), " bytes of ",
-                                        v1::DType_Name(expect.dtype()), ") does not match round ",
-                                        round->round, " (", round->bytes, " bytes of ",
-                                        v1::DType_Name(round->dtype), ")"));
-    return;
-  }
-  round->contributions += expect.contributions();
-  if (expect.contributions() <= 0) {
-    FailRoundLocked(round, absl::StrCat("push ", transfer, " stands for ",
-                                        expect.contributions(), " contributions"));
-    return;
-  }
-  // The pool refuses more contributions than the round's size.
-  if (auto joined = pool_.AddContributor(round->pool_id, transfer, 1.0,
-                                         static_cast<uint32_t>(expect.contributions()));
-      !joined.ok()) {
-    FailRoundLocked(round, absl::StrCat("round ", round->round, " was sent ",
-                                        round->contributions, " pushes for ", round->size, ": ",
-                                        joined.message()));
-    return;
-  }
-  auto server = servers_.find(ServerKey(expect.job_id(), expect.server()));
-  if (server == servers_.end() || server->second.app == nullptr) {
-    FailRoundLocked(round, absl::StrCat("server '", expect.server(), "' is not connected to ",
-                                        config_.host, "'s daemon"));
-    return;
-  }
+  const std::string key = ServerKey(expect.job_id(), expect.server());
+  auto server = servers_.find(key);
+  const bool connected = server != servers_.end() && server->second.app != nullptr;
+  daemon::RoundTable::Effects fx;
+  rounds_.Join(expect, connected, &fx);
   // Packets that arrived before this announcement are summed now.
+  const uint64_t transfer = expect.transfer_id();
   auto incoming = incoming_.find(transfer);
-  if (incoming != incoming_.end()) {
+  if (fx.failed.empty() && incoming != incoming_.end()) {
     if (incoming->second.total != static_cast<uint64_t>(expect.bytes())) {
-      FailRoundLocked(round, absl::StrCat("push ", transfer, " arrived with ",
-                                          incoming->second.total, " bytes, not ", expect.bytes()));
-      return;
+      rounds_.Fail(key, expect.version(),
+                   absl::StrCat("push ", transfer, " arrived with ", incoming->second.total,
+                                " bytes, not ", expect.bytes()),
+                   &fx);
+    } else {
+      const auto ranges = std::move(incoming->second.unfolded);
+      incoming->second.unfolded.clear();
+      const std::shared_ptr<SharedBuffer> buffer = incoming->second.buffer;
+      if (incoming->second.received == incoming->second.total) incoming_.erase(incoming);
+      for (const auto& [offset, length] : ranges) {
+        rounds_.Fold(transfer, buffer->data() + offset, offset, length, &fx);
+      }
     }
-    const auto ranges = std::move(incoming->second.unfolded);
-    incoming->second.unfolded.clear();
-    const std::shared_ptr<SharedBuffer> buffer = incoming->second.buffer;
-    const bool complete = incoming->second.received == incoming->second.total;
-    if (complete) incoming_.erase(incoming);
-    for (const auto& [offset, length] : ranges) {
-      FoldIntoRoundLocked(*round, transfer, buffer->data() + offset, offset, length);
+  }
+  ApplyRoundEffectsLocked(fx);
+}
+
+void Daemon::ApplyRoundEffectsLocked(daemon::RoundTable::Effects& fx) {
+  // Delivering a round can fail it, which yields more effects: until none.
+  while (!fx.failed.empty() || !fx.chunks.empty() || !fx.complete.empty() || fx.changed) {
+    daemon::RoundTable::Effects now = std::move(fx);
+    fx = {};
+    for (const auto& [member, reason] : now.failed) reporter_->ReportFailure(member, reason);
+    // Workers' gets stream the new chunks at once (Mercury PS).
+    for (const daemon::RoundTable::Chunk& chunk : now.chunks) {
+      auto stream = replies_.find(chunk.stream);
+      if (stream != replies_.end()) QueueReplyLocked(*stream->second, chunk.begin, chunk.end);
     }
+    for (const auto& [key, round] : now.complete) DeliverRoundLocked(key, round, &fx);
+    if (now.changed) cv_.notify_all();
   }
 }
 
-void Daemon::FoldIntoRoundLocked(Round& round, uint64_t transfer, const uint8_t* data,
-                                 uint64_t offset, uint32_t length) {
-  if (!round.failed.empty() || round.complete || round.bytes < 0) return;
-  // Summed packet by packet into the round's sum (aggregator::PacketPool);
-  // a packet of the grid is final once all `size` pushes covered it. The
-  // sum is kept under mu_: a 32 KiB add takes microseconds.
-  const size_t ready_before = round.ready.size();
-  absl::Status added = pool_.Add(
-      round.pool_id, transfer, offset,
-      absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(data), length), &round.ready);
-  if (!added.ok()) {
-    auto self = rounds_.find({ServerKey(round.job_id, round.server), round.round});
-    if (self != rounds_.end()) {
-      FailRoundLocked(self->second, absl::StrCat("packet [", offset, ", +", length, ") of push ",
-                                                 transfer, ": ", added.message()));
-    }
-    return;
-  }
-  const bool any_ready = round.ready.size() > ready_before;
-  if (!any_ready) return;
-  // Workers' gets stream the new chunks at once (Mercury PS).
-  for (const auto& stream : round.streams) {
-    for (size_t i = ready_before; i < round.ready.size(); ++i) {
-      const uint64_t begin = uint64_t{round.ready[i]} * kRoundChunkBytes;
-      QueueReplyLocked(*stream, begin,
-                       std::min<uint64_t>(begin + kRoundChunkBytes, round.bytes));
-    }
-  }
-  cv_.notify_all();
-  if (round.ready.size() == round.packets) {
-    round.complete = true;
-    auto self = rounds_.find({ServerKey(round.job_id, round.server), round.round});
-    if (self != rounds_.end()) DeliverRoundLocked(self->second);
-  }
-}
-
-void Daemon::DeliverRoundLocked(const std::shared_ptr<Round>& round) {
-  auto server = servers_.find(ServerKey(round->job_id, round->server));
+void Daemon::DeliverRoundLocked(const std::string& key, int64_t round,
+                                daemon::RoundTable::Effects* fx) {
+  auto server = servers_.find(key);
   if (server == servers_.end() || server->second.app == nullptr) {
-    FailRoundLocked(round, absl::StrCat("server '", round->server, "' is not connected"));
+    rounds_.Fail(key, round, absl::StrCat("server ", key, " is not connected"), fx);
     return;
   }
-  // Its own id space: acks for rounds never collide with transfer ids.
-  const uint64_t delivery = (uint64_t{1} << 63) | next_local_id_++;
-  round_deliveries_[delivery] = round;
+  const std::optional<daemon::RoundTable::Delivery> delivery = rounds_.BeginDelivery(key, round);
+  if (!delivery.has_value()) return;
   v1::LocalMessage message;
   v1::LocalUpdate* update = message.mutable_update();
-  update->set_transfer_id(delivery);
-  update->set_worker(absl::StrCat("round of ", round->size));
-  update->set_version(round->round);
-  update->set_bytes(round->bytes);
-  update->set_sequence(static_cast<uint64_t>(round->round) + 1);
-  update->set_count(round->size);
-  (void)pool_.UnregisterTransfer(round->pool_id);  // summed; the sum stays in round->sum
-  absl::Status sent = server->second.app->channel->Send(message, round->sum->fd());
+  update->set_transfer_id(delivery->id);
+  update->set_worker(absl::StrCat("round of ", delivery->size));
+  update->set_version(delivery->round);
+  update->set_bytes(delivery->bytes);
+  update->set_sequence(static_cast<uint64_t>(delivery->round) + 1);
+  update->set_count(delivery->size);
+  absl::Status sent = server->second.app->channel->Send(message, delivery->sum->fd());
   if (!sent.ok()) {
-    round_deliveries_.erase(delivery);
-    FailRoundLocked(round, absl::StrCat("cannot hand round ", round->round, " to server '",
-                                        round->server, "': ", sent.message()));
+    rounds_.DeliveryFailed(delivery->id,
+                           absl::StrCat("cannot hand round ", delivery->round, " to server '",
+                                        server->second.app->name, "': ", sent.message()),
+                           fx);
     return;
   }
   ++stats_.deliveries;
   ++stats_.rounds;
-}
-
-void Daemon::FailRoundLocked(const std::shared_ptr<Round>& round, const std::string& reason) {
-  if (!round->failed.empty() || round->reported) return;
-  round->failed = reason;
-  round->reported = true;
-  (void)pool_.UnregisterTransfer(round->pool_id);
-  MLF_LOG(WARNING) << "round " << round->round << " of server '" << round->server
-                   << "' failed: " << reason;
-  for (const auto& [member, contributions] : round->members) {
-    reporter_->ReportFailure(member, absl::StrCat("round ", round->round, " failed: ", reason));
-  }
-  cv_.notify_all();
 }
 
 absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, const PacketHeader& request,
@@ -281,8 +159,8 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(config_.round_wait_s));
-  std::shared_ptr<Round> round;
   std::string error;
+  int64_t bytes = -1;
   {
     std::unique_lock<std::mutex> lock(mu_);
     auto endpoint = servers_.find(key);
@@ -292,34 +170,25 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
     } else {
       // The round begins when its first member is announced; a get may come
       // first (the worker pushed and asked at once).
-      // A round rounds_kept or more behind the newest is gone for good.
-      auto gone = [&] {
-        auto newest = rounds_.lower_bound({key, std::numeric_limits<int64_t>::max()});
-        if (newest == rounds_.begin()) return false;
-        --newest;
-        return newest->first.first == key &&
-               newest->first.second - round_number >= config_.rounds_kept;
-      };
-      const bool begun = cv_.wait_until(lock, deadline, [&] {
-        auto it = rounds_.find({key, round_number});
-        return stopping_.load() || gone() ||
-               (it != rounds_.end() && (it->second->bytes >= 0 || !it->second->failed.empty()));
+      using GetState = daemon::RoundTable::GetState;
+      GetState state = GetState::kNotYet;
+      std::string failure;
+      cv_.wait_until(lock, deadline, [&] {
+        state = rounds_.Lookup(key, round_number, &failure, &bytes);
+        return stopping_.load() || state != GetState::kNotYet;
       });
-      auto it = rounds_.find({key, round_number});
       if (stopping_.load()) {
         error = "the daemon is stopping";
-      } else if (it == rounds_.end() && gone()) {
+      } else if (state == GetState::kGone) {
         error = absl::StrCat("round ", round_number, " of server '", server,
                              "' is gone: this worker is ", config_.rounds_kept,
                              " or more rounds behind (see --rounds_kept)");
-      } else if (!begun || it == rounds_.end()) {
+      } else if (state == GetState::kNotYet) {
         error = absl::StrCat("round ", round_number, " of server '", server,
                              "' did not begin within ", config_.round_wait_s,
                              " s (see --round_wait_s): did every worker push?");
-      } else if (!it->second->failed.empty()) {
-        error = absl::StrCat("round ", round_number, " failed: ", it->second->failed);
-      } else {
-        round = it->second;
+      } else if (state == GetState::kFailed) {
+        error = absl::StrCat("round ", round_number, " failed: ", failure);
       }
     }
   }
@@ -333,40 +202,46 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
   reply.kind = PacketKind::kGetReply;
   reply.job = request.job;
   reply.transfer = request.transfer;
-  reply.offset = round ? static_cast<uint64_t>(round->bytes) : 0;
+  reply.offset = error.empty() ? static_cast<uint64_t>(bytes) : 0;
   RETURN_IF_ERROR(transport::WritePacket(*send_watchdog_, socket->native_handle(), reply, payload.data(), payload.size()));
-  if (!round) return absl::OkStatus();
-  // The sum streams chunk by chunk as FoldIntoRoundLocked completes them.
+  if (!error.empty()) return absl::OkStatus();
+  // The sum streams chunk by chunk as the table reports them final.
   std::shared_ptr<ReplyStream> stream;
+  std::string failed_meanwhile;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t payload_bytes = static_cast<uint64_t>(config_.payload_bytes);
-    size_t packets = 0;
-    for (size_t chunk = 0; chunk < round->packets; ++chunk) {
-      const uint64_t begin = chunk * kRoundChunkBytes;
-      const uint64_t end = std::min<uint64_t>(begin + kRoundChunkBytes, round->bytes);
-      packets += (end - begin + payload_bytes - 1) / payload_bytes;
+    stream = OpenReplyLocked(socket, request, nullptr, 0);
+    std::optional<daemon::RoundTable::Watch> watch =
+        rounds_.AddWatcher(key, round_number, stream->id);
+    if (!watch.has_value()) {
+      failed_meanwhile = rounds_.Failure(key, round_number);
+    } else {
+      const uint64_t payload_bytes = static_cast<uint64_t>(config_.payload_bytes);
+      size_t packets = 0;
+      for (const auto& [begin, end] : watch->chunks) {
+        packets += (end - begin + payload_bytes - 1) / payload_bytes;
+      }
+      stream->buffer = watch->sum;
+      stream->total_packets = packets;
+      for (const auto& [begin, end] : watch->ready) QueueReplyLocked(*stream, begin, end);
     }
-    stream = OpenReplyLocked(socket, request, round->sum, packets);
-    for (uint32_t chunk : round->ready) {
-      const uint64_t begin = uint64_t{chunk} * kRoundChunkBytes;
-      QueueReplyLocked(*stream, begin, std::min<uint64_t>(begin + kRoundChunkBytes, round->bytes));
-    }
-    round->streams.push_back(stream);
   }
-  absl::Status streamed = AwaitReply(
-      stream,
-      [&] {
-        if (!round->failed.empty()) {
-          return absl::StrCat("round ", round_number, " failed: ", round->failed);
-        }
-        return std::string();
-      },
-      deadline);
-  {
+  absl::Status streamed =
+      failed_meanwhile.empty()
+          ? AwaitReply(
+                stream,
+                [&] {
+                  const std::string failure = rounds_.Failure(key, round_number);
+                  if (failure.empty()) return failure;
+                  return absl::StrCat("round ", round_number, " failed: ", failure);
+                },
+                deadline)
+          : absl::AbortedError(absl::StrCat("round ", round_number, " failed: ", failed_meanwhile));
+  if (failed_meanwhile.empty()) {
+    rounds_.RemoveWatcher(key, round_number, stream->id);
+  } else {
     std::lock_guard<std::mutex> lock(mu_);
-    auto& streams = round->streams;
-    streams.erase(std::remove(streams.begin(), streams.end(), stream), streams.end());
+    replies_.erase(stream->id);
   }
   if (streamed.ok() || !stream->error.empty()) return streamed;
   if (streamed.code() == absl::StatusCode::kDeadlineExceeded) {

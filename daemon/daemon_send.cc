@@ -86,45 +86,13 @@ void Daemon::ScheduleOutgoingLocked(const v1::SendTransfer& send,
 }
 
 void Daemon::StartAggregationLocked(const v1::AggregateTask& task) {
-  const std::optional<aggregator::DType> type = PoolType(task.dtype());
-  if (!type.has_value() || task.dtype() == v1::DTYPE_INT32 || task.dtype() == v1::DTYPE_INT64 ||
-      task.dtype() == v1::DTYPE_FLOAT16) {
-    reporter_->ReportFailure(task.aggregate_id(),
-                       absl::StrCat("cannot aggregate updates of type ", v1::DType_Name(task.dtype()),
-                                    " (weighted sums need float32 or float64)"));
-    return;
-  }
-  const size_t element = ElementBytes(task.dtype());
-  if (task.bytes() <= 0 || task.bytes() % element != 0 || task.constituents_size() == 0) {
-    reporter_->ReportFailure(task.aggregate_id(), "malformed aggregation task");
-    return;
-  }
-  auto sum = SharedBuffer::Create(static_cast<size_t>(task.bytes()));  // zero-filled
-  if (!sum.ok()) {
-    reporter_->ReportFailure(task.aggregate_id(), std::string(sum.status().message()));
-    return;
-  }
-  auto buffer = std::make_shared<SharedBuffer>(std::move(*sum));
   // Packet by packet (§5.2 with Mercury's immediate aggregation): each
   // constituent's packets are summed as they arrive, and a packet of the
   // aggregate leaves as soon as every constituent covered it and the
   // aggregate's scheduled start has come.
-  aggregator::AggregationSpec spec;
-  spec.dtype = *type;
-  spec.bytes = static_cast<uint64_t>(task.bytes());
-  spec.packet_bytes = static_cast<uint32_t>(config_.payload_bytes);
-  spec.expected_contributions = static_cast<uint32_t>(task.constituents_size());
-  absl::Status registered = pool_.RegisterTransfer(
-      task.aggregate_id(), spec,
-      absl::Span<std::byte>(reinterpret_cast<std::byte*>(buffer->data()), buffer->size()));
-  for (int i = 0; registered.ok() && i < task.constituents_size(); ++i) {
-    const double weight = i < task.weights_size() ? task.weights(i) : 1.0;
-    registered = pool_.AddContributor(task.aggregate_id(), task.constituents(i), weight);
-  }
-  if (!registered.ok()) {
-    (void)pool_.UnregisterTransfer(task.aggregate_id());
-    reporter_->ReportFailure(task.aggregate_id(),
-                       absl::StrCat("aggregation task: ", registered.message()));
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = aggregations_.Start(task);
+  if (!buffer.ok()) {
+    reporter_->ReportFailure(task.aggregate_id(), std::string(buffer.status().message()));
     return;
   }
   v1::SendTransfer send;
@@ -135,21 +103,13 @@ void Daemon::StartAggregationLocked(const v1::AggregateTask& task) {
   send.set_start_s(task.start_s());
   *send.mutable_segments() = task.segments();
   send.set_bytes(task.bytes());
-  ScheduleOutgoingLocked(send, buffer, {});
+  ScheduleOutgoingLocked(send, *buffer, {});
   auto outgoing = outgoing_.find(task.aggregate_id());
   if (outgoing == outgoing_.end()) {  // refused (reported)
-    (void)pool_.UnregisterTransfer(task.aggregate_id());
+    (void)aggregations_.Remove(task.aggregate_id());
     return;
   }
   outgoing->second.gated = true;
-  Aggregation& aggregation = aggregations_[task.aggregate_id()];
-  aggregation.task = task;
-  aggregation.sum = buffer;
-  for (int i = 0; i < task.constituents_size(); ++i) {
-    const double weight = i < task.weights_size() ? task.weights(i) : 1.0;
-    aggregation.waiting[task.constituents(i)] = weight;
-    aggregate_of_[task.constituents(i)] = task.aggregate_id();
-  }
   // Constituents may have (partly) arrived before the task did.
   for (int i = 0; i < task.constituents_size(); ++i) {
     const uint64_t constituent = task.constituents(i);
@@ -179,13 +139,9 @@ void Daemon::StartAggregationLocked(const v1::AggregateTask& task) {
 bool Daemon::FoldIntoAggregateLocked(uint64_t aggregate_id, uint64_t transfer,
                                      const uint8_t* data, uint64_t offset, uint32_t length) {
   std::vector<uint32_t> ready;
-  absl::Status added = pool_.Add(
-      aggregate_id, transfer, offset,
-      absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(data), length), &ready);
+  absl::Status added = aggregations_.Fold(aggregate_id, transfer, data, offset, length, &ready);
   if (!added.ok()) {
-    FailAggregationLocked(aggregate_id, absl::StrCat("packet [", offset, ", +", length,
-                                                     ") of constituent ", transfer, ": ",
-                                                     added.message()));
+    FailAggregationLocked(aggregate_id, std::string(added.message()));
     return false;
   }
   auto outgoing = outgoing_.find(aggregate_id);
@@ -209,22 +165,14 @@ void Daemon::QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index) {
 }
 
 bool Daemon::FoldLocked(uint64_t transfer_id) {
-  auto member = aggregate_of_.find(transfer_id);
-  if (member == aggregate_of_.end()) return false;
-  const uint64_t aggregate_id = member->second;
-  aggregate_of_.erase(member);
+  const daemon::AggregationTable::Finish finish = aggregations_.FinishConstituent(transfer_id);
+  if (finish.kind == daemon::AggregationTable::Finish::kNotMember) return false;
   incoming_.erase(transfer_id);  // its bytes are in the sum
-  auto it = aggregations_.find(aggregate_id);
-  if (it == aggregations_.end()) return true;
-  Aggregation& aggregation = it->second;
-  aggregation.waiting.erase(transfer_id);
-  ++aggregation.folded;
-  if (!aggregation.waiting.empty()) return true;
-  ++stats_.aggregates;
-  MLF_LOG(INFO) << "aggregate " << aggregate_id << ": summed " << aggregation.folded
-                << " updates packet by packet, forwarding to " << aggregation.task.dst_host();
-  (void)pool_.UnregisterTransfer(aggregate_id);  // complete; the outgoing sends the sum
-  aggregations_.erase(it);
+  if (finish.kind == daemon::AggregationTable::Finish::kComplete) {
+    ++stats_.aggregates;
+    MLF_LOG(INFO) << "aggregate " << finish.aggregate << ": summed " << finish.folded
+                  << " updates packet by packet, forwarding to " << finish.dst_host;
+  }
   return true;
 }
 
@@ -234,15 +182,10 @@ void Daemon::FailAggregationLocked(uint64_t aggregate_id, const std::string& rea
 }
 
 void Daemon::DropAggregationLocked(uint64_t aggregate_id, const std::string& reason) {
-  auto it = aggregations_.find(aggregate_id);
-  if (it == aggregations_.end()) return;
+  const std::optional<std::vector<uint64_t>> waited = aggregations_.Remove(aggregate_id);
+  if (!waited.has_value()) return;
   MLF_LOG(INFO) << "dropping aggregation " << aggregate_id << ": " << reason;
-  for (const auto& [constituent, weight] : it->second.waiting) {
-    aggregate_of_.erase(constituent);
-    incoming_.erase(constituent);
-  }
-  aggregations_.erase(it);
-  (void)pool_.UnregisterTransfer(aggregate_id);
+  for (uint64_t constituent : *waited) incoming_.erase(constituent);
   auto outgoing = outgoing_.find(aggregate_id);
   if (outgoing == outgoing_.end()) return;
   packet_queue_.RemoveTransfer(aggregate_id);
@@ -269,13 +212,12 @@ void Daemon::ReleaseLocked(uint64_t transfer_id) {
     outgoing.released = true;
     const uint64_t grid = static_cast<uint64_t>(config_.payload_bytes);
     outgoing.packets_left = static_cast<size_t>((outgoing.buffer->size() + grid - 1) / grid);
-    if (aggregations_.count(transfer_id) == 0) {  // every constituent is in
+    if (!aggregations_.Active(transfer_id)) {  // every constituent is in
       for (uint32_t i = 0; i < outgoing.packets_left; ++i) QueueAggregatePacketLocked(outgoing, i);
       return;
     }
-    auto ready = pool_.ReadyPackets(transfer_id);
-    if (ready.ok()) {
-      for (uint32_t index : *ready) QueueAggregatePacketLocked(outgoing, index);
+    for (uint32_t index : aggregations_.ReadyPackets(transfer_id)) {
+      QueueAggregatePacketLocked(outgoing, index);
     }
     return;
   }
@@ -347,7 +289,7 @@ void Daemon::SenderLoop() {
       }
       lock.lock();
     }
-    const double now = clock_.NowSeconds();
+    const double now = clock_->NowSeconds();
     while (!release_at_.empty() && release_at_.begin()->first <= now) {
       const uint64_t id = release_at_.begin()->second;
       release_at_.erase(release_at_.begin());
