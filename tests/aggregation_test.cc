@@ -102,7 +102,8 @@ TEST_CASE("Killing the aggregator fails its pushes; later pushes go direct") {
   REQUIRE(cluster.ok());
   LocalCluster& c = **cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
-                                      "--socket=" + c.Socket("s1"), "--dim=262144"});
+                                      "--socket=" + c.Socket("s1"), "--dim=262144",
+                                      "--progress_every=1"});
   REQUIRE(server.ok());
   std::vector<Subprocess*> workers;
   for (const std::string name : {"w1", "w2"}) {
@@ -115,11 +116,27 @@ TEST_CASE("Killing the aggregator fails its pushes; later pushes go direct") {
   }
   REQUIRE(WaitUntil(
       [&] { return (*server)->Log().find("sum_server: aggregate of") != std::string::npos; }, 60));
+  // The kill must find an aggregate in flight at a1 (one that completed
+  // before it would fail nothing). Stopped, a1 keeps the next aggregate
+  // the planner gives it; the server applies updates strictly in commit
+  // order, so it stalls at that aggregate's position: once its log stops
+  // growing, an aggregate is waiting at a1.
+  c.daemon("a1").Signal(SIGSTOP);
+  std::string seen = (*server)->Log();
+  int quiet_polls = 0;
+  const bool stalled = WaitUntil(
+      [&] {
+        const std::string now = (*server)->Log();
+        quiet_polls = now == seen ? quiet_polls + 1 : 0;
+        seen = now;
+        return quiet_polls >= 50;  // 50 polls of 20 ms: 1 s without a delivery
+      },
+      60);
+  REQUIRE(stalled);
   c.daemon("a1").Signal(SIGKILL);
   // A worker with pushes routed through a1 sees them fail (it stops at the
-  // first) instead of hanging. Which workers had pushes there at the kill
-  // is the planner's choice: at least one did (the server logged an
-  // aggregate), and a worker whose pushes all went direct keeps going.
+  // first) instead of hanging. Which workers had pushes there is the
+  // planner's choice; a worker whose pushes all went direct keeps going.
   Subprocess* failed = nullptr;
   for (int waited = 0; failed == nullptr && waited < 60; ++waited) {
     for (Subprocess* worker : workers) {
