@@ -16,6 +16,7 @@
 
 #include "nlohmann/json.hpp"
 #include "proto/scheduler.grpc.pb.h"
+#include "testing/cluster.h"
 #include "testing/http_client.h"
 #include "tools/launch/process.h"
 #include "testing/prereq.h"
@@ -24,7 +25,6 @@ namespace mlfabric {
 namespace {
 
 using launch::BinaryPath;
-using launch::LocalCluster;
 using launch::ReadFile;
 using launch::Subprocess;
 using launch::WaitUntil;
@@ -78,12 +78,12 @@ TEST_CASE("The dashboard loads in headless chromium without console messages and
        "priority_class": 1}
     ]})";
   const std::string admin_port_file = dir + "/admin.port";
-  auto cluster = LocalCluster::Start(
+  auto cluster = testing::Cluster::StartLoopback(
       {"s1", "w1", "w2", "w3"},
       {"--config=" + config_path, "--admin_port=0", "--admin_port_file=" + admin_port_file});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  LocalCluster& c = **cluster;
+  testing::Cluster& c = **cluster;
   const int port = std::atoi(ReadFile(admin_port_file).c_str());
   REQUIRE(port > 0);
 

@@ -23,6 +23,7 @@
 #include "monitor/bandwidth_monitor.h"
 #include "nlohmann/json.hpp"
 #include "proto/scheduler.grpc.pb.h"
+#include "testing/cluster.h"
 #include "testing/http_client.h"
 #include "tools/launch/process.h"
 #include "testing/prereq.h"
@@ -31,7 +32,6 @@ namespace mlfabric {
 namespace {
 
 using launch::BinaryPath;
-using launch::LocalCluster;
 using launch::ReadFile;
 using launch::Subprocess;
 using launch::WaitUntil;
@@ -42,7 +42,7 @@ using testing::RawHttp;
 constexpr char kToken[] = "test-admin-token";
 
 struct AdminCluster {
-  std::unique_ptr<LocalCluster> cluster;
+  std::unique_ptr<testing::Cluster> cluster;
   int admin_port = 0;
 
   static AdminCluster Start(const std::vector<std::string>& hosts,
@@ -54,7 +54,7 @@ struct AdminCluster {
     std::vector<std::string> flags = {"--admin_port=0", "--admin_port_file=" + port_file,
                                       std::string("--admin_token=") + kToken};
     flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
-    auto cluster = LocalCluster::Start(hosts, flags, {}, host_flags);
+    auto cluster = testing::Cluster::StartLoopback(hosts, flags, {}, host_flags);
     INFO(cluster.status().ToString());
     REQUIRE(cluster.ok());
     out.cluster = std::move(*cluster);
@@ -82,7 +82,7 @@ std::string RunfilePath(const std::string& path) {
   return std::string(dir ? dir : ".") + "/mlfabric/" + path;
 }
 
-void RunWorkers(LocalCluster& c, const std::vector<std::string>& workers, int pushes) {
+void RunWorkers(testing::Cluster& c, const std::vector<std::string>& workers, int pushes) {
   // Pushes to a server that has not registered yet are refused: wait for it.
   REQUIRE(WaitUntil(
       [&] { return ReadFile(c.dir() + "/scheduler.log").find("server ps0") != std::string::npos; },
@@ -105,7 +105,7 @@ void RunWorkers(LocalCluster& c, const std::vector<std::string>& workers, int pu
 
 TEST_CASE("JSON and /metrics describe the live cluster; prometheus_client parses /metrics") {
   AdminCluster ac = AdminCluster::Start({"s1", "w1", "w2"});
-  LocalCluster& c = *ac.cluster;
+  testing::Cluster& c = *ac.cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=256"});
   REQUIRE(server.ok());
@@ -219,7 +219,7 @@ TEST_CASE("A daemon's own monitor feeds the scheduler's network view") {
 TEST_CASE("A replayed bandwidth change reaches the network view within lag + period; "
           "the next plan uses it") {
   AdminCluster ac = AdminCluster::Start({"s1", "w1"});
-  LocalCluster& c = *ac.cluster;
+  testing::Cluster& c = *ac.cluster;
   auto stub = v1::Scheduler::NewStub(
       grpc::CreateChannel(c.scheduler_address(), grpc::InsecureChannelCredentials()));
 

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 
+#include "testing/cluster.h"
 #include "tests/test_util.h"
 #include "tools/launch/process.h"
 
@@ -19,7 +20,6 @@ namespace mlfabric {
 namespace {
 
 using launch::BinaryPath;
-using launch::LocalCluster;
 using launch::ReadFile;
 using launch::Subprocess;
 using launch::WaitUntil;
@@ -44,11 +44,11 @@ std::map<std::string, std::vector<std::string>> SlowServer() {
 
 TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
   const std::string config = AggregatingConfig();
-  auto cluster = LocalCluster::Start({"s1", "a1", "w1", "w2", "w3"}, {"--config=" + config}, {},
-                                     SlowServer());
+  auto cluster = testing::Cluster::StartLoopback(
+      {"s1", "a1", "w1", "w2", "w3"}, {"--config=" + config}, {}, SlowServer());
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  LocalCluster& c = **cluster;
+  testing::Cluster& c = **cluster;
   const int kPushes = 20, kDim = 262144;  // 1 MiB updates
   const std::string model_path = c.dir() + "/model.txt";
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
@@ -96,11 +96,11 @@ TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
 
 TEST_CASE("Killing the aggregator fails its pushes; later pushes go direct") {
   const std::string config = AggregatingConfig();
-  auto cluster = LocalCluster::Start({"s1", "a1", "w1", "w2"}, {"--config=" + config}, {},
-                                     SlowServer());
+  auto cluster = testing::Cluster::StartLoopback(
+      {"s1", "a1", "w1", "w2"}, {"--config=" + config}, {}, SlowServer());
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  LocalCluster& c = **cluster;
+  testing::Cluster& c = **cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=262144",
                                       "--progress_every=1"});

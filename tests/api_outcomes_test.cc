@@ -16,25 +16,27 @@
 #include "api/allreduce.h"
 #include "api/registration.h"
 #include "api/replica.h"
+#include "testing/cluster.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
 
-using launch::LocalCluster;
 
-std::unique_ptr<LocalCluster> StartCluster(int tau_max, const std::vector<std::string>& hosts) {
+std::unique_ptr<testing::Cluster> StartCluster(int tau_max, const std::vector<std::string>& hosts) {
   const std::string dir = launch::MakeTempDir("api-outcomes");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token", "tau_max": )"
                         << tau_max << "}]}";
-  auto cluster = LocalCluster::Start(hosts, {"--config=" + config, "--planner=mlfabric"});
+  auto cluster = testing::Cluster::StartLoopback(
+      hosts, {"--config=" + config, "--planner=mlfabric"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   return std::move(*cluster);
 }
 
-RegistrationParams Params(const LocalCluster& c, const std::string& host, const std::string& name) {
+RegistrationParams Params(const testing::Cluster& c, const std::string& host,
+                          const std::string& name) {
   RegistrationParams params;
   params.client.daemon_socket = c.Socket(host);
   params.client.name = name;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "api/registration.h"
+#include "testing/cluster.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
@@ -38,8 +39,9 @@ TEST_CASE("Local socket modes, and a job that admits one user") {
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token", "user": ")" << me
                         << R"("}, {"name": "locked", "token": "locked-token", "user": "nobody"}]})";
-  auto cluster = launch::LocalCluster::Start({"w1", "w2"}, {"--config=" + config}, {},
-                                             {{"w2", {"--local_socket_group=" + CurrentGroup()}}});
+  auto cluster = testing::Cluster::StartLoopback(
+      {"w1", "w2"}, {"--config=" + config}, {},
+      {{"w2", {"--local_socket_group=" + CurrentGroup()}}});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   struct stat st {};
@@ -66,7 +68,8 @@ TEST_CASE("Local socket modes, and a job that admits one user") {
 }
 
 TEST_CASE("An unknown --local_socket_group stops the daemon with the reason") {
-  auto cluster = launch::LocalCluster::Start({"w1"}, {}, {"--local_socket_group=no-such-group-x"});
+  auto cluster = testing::Cluster::StartLoopback(
+      {"w1"}, {}, {"--local_socket_group=no-such-group-x"});
   REQUIRE_FALSE(cluster.ok());
   CHECK(std::string(cluster.status().message()).find("no group named 'no-such-group-x'") !=
         std::string::npos);

@@ -1,6 +1,6 @@
-// The daemon's data plane on a shaped link: two hosts in network namespaces
-// joined by a veth whose worker end is an htb class (daemon/bench/
-// netns_testbed.h). Needs root; otherwise prints "SKIPPED: <reason>".
+// The daemon's data plane on a shaped link: two hosts s1 and w1, each in its
+// own network namespace, w1's uplink an htb class (testing/cluster.h,
+// kNetns). Needs root; otherwise prints "SKIPPED: <reason>".
 //
 // 1. Pacing follows the schedule (DESIGN.md §5, "Pacing"): with the FIFO
 //    planner a transfer's one rate segment is the worker's declared uplink.
@@ -25,15 +25,14 @@
 #include <thread>
 
 #include "testing/apps/dataplane_trace.h"
-#include "testing/netns_testbed.h"
-#include "tools/launch/process.h"
+#include "testing/cluster.h"
 #include "testing/prereq.h"
+#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
 
 using bench::Arrival;
-using bench::NetnsTestbed;
 using bench::PlannedTransfer;
 using launch::BinaryPath;
 using launch::WaitUntil;
@@ -43,9 +42,16 @@ double NowSeconds() {
       .count();
 }
 
-// Creates the testbed or explains why not (the caller prints SKIPPED).
-std::unique_ptr<NetnsTestbed> CreateOrSkip(double link_bps, std::string* why) {
-  auto bed = NetnsTestbed::Create({link_bps});
+// Creates the testbed (s1 and w1 in namespaces, w1's uplink at `link_bps`,
+// every other direction unshaped, the scheduler's admin port on) or
+// explains why not (the caller prints SKIPPED).
+std::unique_ptr<testing::Cluster> CreateOrSkip(double link_bps, std::string* why) {
+  testing::ClusterOptions options;
+  options.topology = testing::Topology::kNetns;
+  options.hosts = {"s1", "w1"};
+  options.rates["w1"].up_bps = link_bps;
+  options.admin = true;
+  auto bed = testing::Cluster::Create(options);
   if (!bed.ok()) {
     // Only a missing privilege or tool is a reason to skip.
     REQUIRE(bed.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -62,9 +68,16 @@ std::unique_ptr<NetnsTestbed> CreateOrSkip(double link_bps, std::string* why) {
     MLFABRIC_SKIP_TEST(why);                         \
   }
 
+// Bytes delivered so far to s1 (its end of the shaped path).
+absl::StatusOr<uint64_t> ServerRxBytes(testing::Cluster& bed) {
+  auto bytes = bed.ReadLinkBytes();
+  if (!bytes.ok()) return bytes.status();
+  return bytes->at("s1").down;
+}
+
 // The newest planned transfer to `server` of `bytes` bytes with an id
 // above `after` (ids grow with every submitted push).
-std::optional<PlannedTransfer> NewestPlanned(NetnsTestbed& bed, const std::string& server,
+std::optional<PlannedTransfer> NewestPlanned(testing::Cluster& bed, const std::string& server,
                                              int64_t bytes, uint64_t after) {
   auto planned = bench::FetchPlannedTransfers(bed.admin_port(), server);
   if (!planned.ok()) return std::nullopt;
@@ -78,7 +91,7 @@ std::optional<PlannedTransfer> NewestPlanned(NetnsTestbed& bed, const std::strin
   return newest;
 }
 
-uint64_t LastPlannedId(NetnsTestbed& bed) {
+uint64_t LastPlannedId(testing::Cluster& bed) {
   uint64_t last = 0;
   for (const std::string server : {"psa", "psb"}) {
     auto planned = bench::FetchPlannedTransfers(bed.admin_port(), server);
@@ -88,7 +101,7 @@ uint64_t LastPlannedId(NetnsTestbed& bed) {
   return last;
 }
 
-std::vector<std::string> Pusher(NetnsTestbed& bed, const std::string& job,
+std::vector<std::string> Pusher(testing::Cluster& bed, const std::string& job,
                                 const std::string& server, int64_t bytes, int seed,
                                 const std::string& go_file = "") {
   std::vector<std::string> argv = {BinaryPath("testing/apps/dataplane_pusher"),
@@ -117,7 +130,7 @@ std::optional<PacedRun> RunPaced(double link_bps, double declared_bps, int64_t b
   PacedRun run;
   auto bed = CreateOrSkip(link_bps, why);
   if (bed == nullptr) return std::nullopt;
-  auto started = bed->StartCluster({"--planner=fifo"}, {"--log_level=debug"},
+  auto started = bed->Start({"--planner=fifo"}, {"--log_level=debug"},
                                    {{"w1", {"--uplink_bps=" + std::to_string(declared_bps)}}});
   INFO(started.ToString());
   REQUIRE(started.ok());
@@ -129,7 +142,7 @@ std::optional<PacedRun> RunPaced(double link_bps, double declared_bps, int64_t b
   // Sample s1's interface every 10 ms while the pusher runs.
   std::vector<std::pair<double, uint64_t>> samples;
   while ((*pusher)->Running()) {
-    if (auto rx = bed->ServerRxBytes(); rx.ok()) samples.emplace_back(NowSeconds(), *rx);
+    if (auto rx = ServerRxBytes(*bed); rx.ok()) samples.emplace_back(NowSeconds(), *rx);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   INFO((*pusher)->Log());
@@ -181,11 +194,11 @@ constexpr int64_t kJobBytes = 16 << 20;  // 0.7 s at 200 Mbit/s
 
 // Two jobs with a server each on s1; each job has pushed once from w1, job
 // "a" first, so w1's queue has registered a then b (TLs-One ranks a first).
-void StartTwoJobs(NetnsTestbed& bed, const std::string& mode, double period_s) {
+void StartTwoJobs(testing::Cluster& bed, const std::string& mode, double period_s) {
   const std::string config = bed.dir() + "/jobs.json";
   std::ofstream(config) << R"({"jobs": [{"name": "a", "token": "token-a"},
                                       {"name": "b", "token": "token-b"}]})";
-  auto started = bed.StartCluster(
+  auto started = bed.Start(
       {"--planner=fifo", "--config=" + config},
       {"--log_level=debug", "--job_priority=" + mode,
        "--job_priority_period_s=" + std::to_string(period_s)},
@@ -213,7 +226,7 @@ struct Race {
 
 // Releases `first_job`'s transfer, then `second_job`'s while it is on the
 // wire; returns both arrivals.
-Race RunRace(NetnsTestbed& bed, const std::string& first_job, const std::string& second_job,
+Race RunRace(testing::Cluster& bed, const std::string& first_job, const std::string& second_job,
              int seed) {
   const uint64_t before = LastPlannedId(bed);
   const std::string go_file = bed.dir() + "/go-" + std::to_string(seed);

@@ -27,6 +27,7 @@
 #include <iostream>
 
 #include "testing/apps/dataplane_trace.h"
+#include "testing/cluster.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
@@ -35,7 +36,6 @@ namespace {
 using bench::Arrival;
 using bench::PlannedTransfer;
 using launch::BinaryPath;
-using launch::LocalCluster;
 using launch::ReadFile;
 using launch::WaitUntil;
 
@@ -70,12 +70,12 @@ struct PreemptionRun {
 PreemptionRun RunPreemption(int urgent_priority) {
   const std::string dir = launch::MakeTempDir("preemption");
   const std::string admin_port_file = dir + "/admin.port";
-  auto cluster = LocalCluster::Start(
+  auto cluster = testing::Cluster::StartLoopback(
       {"s1", "w1"}, {"--planner=fifo", "--admin_port=0", "--admin_port_file=" + admin_port_file},
       {"--log_level=debug"}, {{"w1", {"--uplink_bps=" + std::to_string(kUplinkBps)}}});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  LocalCluster& c = **cluster;
+  testing::Cluster& c = **cluster;
   REQUIRE(WaitUntil([&] { return !ReadFile(admin_port_file).empty(); }, 10));
   const int admin_port = std::atoi(ReadFile(admin_port_file).c_str());
 

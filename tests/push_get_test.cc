@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "proto/scheduler.grpc.pb.h"
+#include "testing/cluster.h"
 #include "tests/test_util.h"
 #include "tools/launch/process.h"
 
@@ -15,7 +16,6 @@ namespace mlfabric {
 namespace {
 
 using launch::BinaryPath;
-using launch::LocalCluster;
 using launch::ReadFile;
 using launch::Subprocess;
 using launch::WaitUntil;
@@ -28,10 +28,10 @@ std::string WriteFile(const std::string& dir, const std::string& name, const std
 }
 
 TEST_CASE("Three workers' integer pushes sum exactly at the server, all applied") {
-  auto cluster = LocalCluster::Start({"s1", "w1", "w2", "w3"});
+  auto cluster = testing::Cluster::StartLoopback({"s1", "w1", "w2", "w3"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  LocalCluster& c = **cluster;
+  testing::Cluster& c = **cluster;
   const int kPushes = 15, kDim = 5000;
   const std::string model_path = c.dir() + "/model.txt";
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
@@ -99,10 +99,10 @@ TEST_CASE("A bad config exits non-zero with a message naming the key") {
 }
 
 TEST_CASE("Invalid submits get INVALID_ARGUMENT and the scheduler keeps serving") {
-  auto cluster = LocalCluster::Start({"s1", "w1"});
+  auto cluster = testing::Cluster::StartLoopback({"s1", "w1"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  LocalCluster& c = **cluster;
+  testing::Cluster& c = **cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=64"});
   REQUIRE(server.ok());
@@ -146,10 +146,10 @@ TEST_CASE("Invalid submits get INVALID_ARGUMENT and the scheduler keeps serving"
 }
 
 TEST_CASE("Killing a worker's daemon mid-push fails that push; others go on") {
-  auto cluster = LocalCluster::Start({"s1", "w1", "w2"});
+  auto cluster = testing::Cluster::StartLoopback({"s1", "w1", "w2"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  LocalCluster& c = **cluster;
+  testing::Cluster& c = **cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=262144",
                                       "--progress_every=1"});
@@ -191,10 +191,10 @@ namespace mlfabric {
 namespace {
 
 TEST_CASE("The scheduler and daemons exit cleanly and promptly on SIGTERM") {
-  auto cluster = launch::LocalCluster::Start({"s1", "w1"});
+  auto cluster = testing::Cluster::StartLoopback({"s1", "w1"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  launch::LocalCluster& c = **cluster;
+  testing::Cluster& c = **cluster;
   auto server = c.StartApp("server", {launch::BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=64"});
   REQUIRE(server.ok());

@@ -16,28 +16,28 @@
 
 #include "api/registration.h"
 #include "api/replica.h"
+#include "testing/cluster.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
 
-using launch::LocalCluster;
 
 constexpr size_t kDim = 65536;  // 256 KiB updates
 
-std::unique_ptr<LocalCluster> StartCluster(double divergence_max) {
+std::unique_ptr<testing::Cluster> StartCluster(double divergence_max) {
   const std::string dir = launch::MakeTempDir("replica");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token", "tau_max": 1000,)"
                         << R"( "divergence_max": )" << divergence_max << "}]}";
-  auto cluster = LocalCluster::Start({"s1", "r1", "w1", "w2"},
-                                     {"--config=" + config, "--planner=mlfabric"});
+  auto cluster = testing::Cluster::StartLoopback(
+      {"s1", "r1", "w1", "w2"}, {"--config=" + config, "--planner=mlfabric"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   return std::move(*cluster);
 }
 
-ClientOptions Options(const LocalCluster& c, const std::string& host, const std::string& name) {
+ClientOptions Options(const testing::Cluster& c, const std::string& host, const std::string& name) {
   ClientOptions options;
   options.daemon_socket = c.Socket(host);
   options.name = name;
@@ -87,7 +87,7 @@ struct Job {
   }
 };
 
-void StartJob(LocalCluster& c, Job* job) {
+void StartJob(testing::Cluster& c, Job* job) {
   auto server = Server::Connect(Options(c, "s1", "ps0"));
   REQUIRE(server.ok());
   job->server = std::move(*server);
@@ -117,7 +117,7 @@ void StartJob(LocalCluster& c, Job* job) {
 
 // Two workers push `pushes` updates each, concurrently, each waiting for
 // its outcomes; returns how many were applied.
-int PushAll(LocalCluster& c, int pushes) {
+int PushAll(testing::Cluster& c, int pushes) {
   std::atomic<int> applied{0};
   std::vector<std::thread> threads;
   for (int w = 0; w < 2; ++w) {

@@ -16,22 +16,23 @@
 #include <thread>
 
 #include "api/registration.h"
+#include "testing/cluster.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
 
-using launch::LocalCluster;
 
 TEST_CASE("A push waiting on the scheduler does not hold back another push on the same daemon") {
   const std::string dir = launch::MakeTempDir("submit-concurrency");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token"}]})";
-  auto started = LocalCluster::Start({"s1", "w1"}, {"--config=" + config, "--server_wait_s=8"},
-                                     {}, {{"w1", {"--log_level=debug"}}});
+  auto started = testing::Cluster::StartLoopback(
+      {"s1", "w1"}, {"--config=" + config, "--server_wait_s=8"}, {},
+      {{"w1", {"--log_level=debug"}}});
   INFO(started.status().ToString());
   REQUIRE(started.ok());
-  LocalCluster& c = **started;
+  testing::Cluster& c = **started;
 
   ClientOptions server_options;
   server_options.daemon_socket = c.Socket("s1");

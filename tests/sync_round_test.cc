@@ -15,15 +15,15 @@
 #include <thread>
 
 #include "api/registration.h"
+#include "testing/cluster.h"
 #include "tests/test_util.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
 
-using launch::LocalCluster;
 
-std::unique_ptr<LocalCluster> StartCluster(
+std::unique_ptr<testing::Cluster> StartCluster(
     const std::vector<std::string>& hosts, const std::vector<std::string>& extra_flags = {},
     const std::map<std::string, std::vector<std::string>>& host_flags = {}) {
   const std::string dir = launch::MakeTempDir("sync-round");
@@ -31,13 +31,13 @@ std::unique_ptr<LocalCluster> StartCluster(
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token"}]})";
   std::vector<std::string> flags = {"--config=" + config, "--planner=mlfabric"};
   flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
-  auto cluster = LocalCluster::Start(hosts, flags, {}, host_flags);
+  auto cluster = testing::Cluster::StartLoopback(hosts, flags, {}, host_flags);
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   return std::move(*cluster);
 }
 
-ClientOptions Options(const LocalCluster& c, const std::string& host, const std::string& name) {
+ClientOptions Options(const testing::Cluster& c, const std::string& host, const std::string& name) {
   ClientOptions options;
   options.daemon_socket = c.Socket(host);
   options.name = name;
@@ -130,7 +130,7 @@ WorkerResult RunWorker(Worker& worker, int index, int workers, int rounds, size_
   return out;
 }
 
-void RunRounds(LocalCluster& c, const std::vector<std::string>& worker_hosts, int rounds,
+void RunRounds(testing::Cluster& c, const std::vector<std::string>& worker_hosts, int rounds,
                size_t dim) {
   const int n = static_cast<int>(worker_hosts.size());
   ClientOptions server_options = Options(c, "s1", "ps0");

@@ -42,6 +42,7 @@
 #include "nlohmann/json.hpp"
 #include "common/config.h"
 #include "testing/apps/dataplane_trace.h"
+#include "testing/cluster.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric::bench {
@@ -50,7 +51,6 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 using launch::BinaryPath;
-using launch::LocalCluster;
 using launch::ReadFile;
 using launch::WaitUntil;
 
@@ -182,12 +182,12 @@ struct Round {
 // machine load; each round's daemon transfer is timed by the receiving
 // daemon's own arrival trace (first packet to last byte).
 absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds) {
-  auto cluster = LocalCluster::Start(
+  auto cluster = testing::Cluster::StartLoopback(
       {"s1", "w1"}, {"--planner=fifo"},
       // Pacing far above loopback speed: the path, not the token bucket, limits.
       {"--log_level=debug", "--uplink_bps=1e12", "--downlink_bps=1e12"});
   if (!cluster.ok()) return cluster.status();
-  LocalCluster& c = **cluster;
+  testing::Cluster& c = **cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
                                       "--socket=" + c.Socket("s1"), "--verify=false"});
   if (!server.ok()) return server.status();

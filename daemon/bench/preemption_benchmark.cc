@@ -3,8 +3,8 @@
 //
 //   bazel run -c opt //daemon/bench:preemption_benchmark [-- --link_mbps=200]
 //
-// Two hosts in network namespaces (netns_testbed.h; needs root), w1's
-// uplink an htb class of --link_mbps. The FIFO planner starts every
+// Two hosts in network namespaces (testing/cluster.h, kNetns; needs root),
+// w1's uplink an htb class of --link_mbps. The FIFO planner starts every
 // transfer at once, so the urgent one meets the large one in w1's
 // PriorityPacketQueue. A 48 MiB transfer (priority 10) is sent; while it is
 // on the wire, --urgent one-packet (32 KiB) pushes with priority 0 are
@@ -30,7 +30,7 @@
 
 #include "common/config.h"
 #include "testing/apps/dataplane_trace.h"
-#include "testing/netns_testbed.h"
+#include "testing/cluster.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric::bench {
@@ -55,10 +55,15 @@ struct Result {
 };
 
 absl::StatusOr<Result> Measure(double link_bps, double declared_bps, int urgent) {
-  auto bed = NetnsTestbed::Create({link_bps});
+  testing::ClusterOptions options;
+  options.topology = testing::Topology::kNetns;
+  options.hosts = {"s1", "w1"};
+  options.rates["w1"].up_bps = link_bps;
+  options.admin = true;
+  auto bed = testing::Cluster::Create(options);
   if (!bed.ok()) return bed.status();
-  NetnsTestbed& b = **bed;
-  if (auto status = b.StartCluster({"--planner=fifo"}, {"--log_level=debug"},
+  testing::Cluster& b = **bed;
+  if (auto status = b.Start({"--planner=fifo"}, {"--log_level=debug"},
                                    {{"w1", {"--uplink_bps=" + std::to_string(declared_bps)}}});
       !status.ok()) {
     return status;

@@ -1,10 +1,13 @@
 """An emulated cluster on one machine: one network namespace per host.
 
-Issue #7 (emulated testbed). Every emulated host gets its own network
+Issue #7 (emulated testbed). A thin Python face on the project's one
+namespace layout, which is implemented in C++ (testing/netns_network.h) and
+driven here through its command, ``mlfabric-netns`` (testing/netns_cli.cc;
+JSON on stdout). The layout: every emulated host gets its own network
 namespace ``<prefix><host>`` with one interface (``veth0`` by default) and an
-address in its own /24; the other end of each veth sits in a switch namespace
-``<prefix>sw`` on the bridge ``<prefix>br0``. Each host NIC is shaped with htb
-in both directions:
+address in its own /24; the other end of each veth (``p-<host>``) sits in a
+switch namespace ``<prefix>sw`` on the bridge ``<prefix>br0``. Each host NIC
+is shaped with htb in both directions:
 
   * uplink   = egress of ``veth0`` inside the host namespace
                (``tc ... dev veth0 root handle 1: htb default 10``, class 1:10,
@@ -15,16 +18,17 @@ in both directions:
 So a transfer from host A to host B is limited by min(A's uplink, B's
 downlink), like the paper's congestion-free core (mlfabric.md §7.4).
 
-Where namespaces cannot be created (no root, no ``ip``), ``mode="auto"``
-falls back to loopback: every host is 127.0.0.1, commands run unwrapped, and
-rates are only recorded (the caller must give them to the daemons' own pacing,
+Where namespaces cannot be created (no root, no ``ip``/``tc``, or the
+``mlfabric-netns`` command is not built), ``mode="auto"`` falls back to
+loopback: every host is 127.0.0.1, commands run unwrapped, and rates are only
+recorded (the caller must give them to the daemons' own pacing,
 ``--uplink_bps``/``--downlink_bps``); ``fallback_reason`` says why.
 
 Usage::
 
     from eval.testbed.netns_cluster import Cluster
     with Cluster(["sch", "s1", "w1", "w2"], prefix="mlft-") as cluster:
-        print(cluster.mode, cluster.ip("w1"))          # netns 10.x.y.3
+        print(cluster.mode, cluster.ip("w1"))          # netns 10.x.y.4
         cluster.set_rate("w1", up_bps=50e6, down_bps=200e6)
         proc = cluster.popen("w1", ["iperf3", "-c", cluster.ip("s1")],
                              stdout=log)
@@ -35,9 +39,13 @@ Usage::
 Two clusters coexist when their prefixes differ; each prefix gets its own
 subnet (``subnet`` argument, else derived from the prefix). ``python3
 netns_cluster.py cleanup --prefix mlft-h2-`` removes what a killed run left
-(every namespace whose name starts with the prefix: give the full one).
-``kill_all()`` kills whatever runs in the namespaces (e.g. Open MPI's
-daemonized orted); ``destroy()`` calls it.
+(every namespace whose name starts with the prefix, and what runs in it:
+give the full prefix). ``kill_all()`` kills whatever runs in the namespaces
+(e.g. Open MPI's daemonized orted); ``destroy()`` calls it.
+
+The command is found through $MLFABRIC_NETNS_CLI, else as
+testing/mlfabric-netns under $MLFABRIC_TESTBED_BIN_ROOT, the runfiles tree
+this file is in, or the workspace's bazel-bin/.
 
 Thread safety: ``set_rate`` and ``link_bytes`` may be called from a trace
 thread while other threads ``popen``; creation/destruction are not
@@ -48,14 +56,12 @@ import atexit
 import json
 import os
 import signal
-import shutil
 import subprocess
 import sys
 import threading
-import zlib
 
 DEFAULT_RATE_BPS = 1e9
-_SW = "sw"
+_CLI = "testing/mlfabric-netns"
 
 
 def _sh(argv, check=True, timeout=30):
@@ -68,35 +74,48 @@ def _sh(argv, check=True, timeout=30):
     return result
 
 
+def cli_path():
+    """Path of the mlfabric-netns command, or None when it is not built."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.environ.get("MLFABRIC_NETNS_CLI", "")]
+    for var in ("MLFABRIC_TESTBED_BIN_ROOT",):
+        if os.environ.get(var):
+            candidates.append(os.path.join(os.environ[var], _CLI))
+    for var in ("RUNFILES_DIR", "TEST_SRCDIR"):
+        if os.environ.get(var):
+            candidates.append(os.path.join(os.environ[var], "mlfabric", _CLI))
+    root = os.path.dirname(os.path.dirname(here))  # runfiles root or source tree
+    candidates += [os.path.join(root, _CLI), os.path.join(root, "bazel-bin", _CLI)]
+    for path in candidates:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _cli(args, timeout=120):
+    """Runs mlfabric-netns with args; returns its JSON; raises RuntimeError."""
+    path = cli_path()
+    if path is None:
+        raise RuntimeError("the mlfabric-netns command is not built "
+                           "(bazel build //testing:mlfabric-netns)")
+    result = _sh([path] + list(args), check=False, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr.strip() or "mlfabric-netns %s failed (exit %d)"
+                           % (args[0], result.returncode))
+    return json.loads(result.stdout)
+
+
 def list_namespaces(prefix):
     """Names of the existing network namespaces that start with prefix."""
-    if not shutil.which("ip"):
+    if cli_path() is None:
         return []
-    out = _sh(["ip", "netns", "list"], check=False).stdout
-    names = [line.split()[0] for line in out.splitlines() if line.strip()]
-    return [n for n in names if n.startswith(prefix)]
+    return _cli(["list", "--prefix=" + prefix])["namespaces"]
 
 
 def cleanup_prefix(prefix):
-    """Deletes every namespace named prefix* (veths and bridge go with them).
-
-    Processes still running inside are not killed: stop them first."""
-    removed = []
-    for ns in list_namespaces(prefix):
-        if _sh(["ip", "netns", "del", ns], check=False).returncode == 0:
-            removed.append(ns)
-    return removed
-
-
-def _subnet_for(prefix):
-    # 10.(120..219).(0..255): distinct prefixes almost never collide; pass
-    # subnet= explicitly to be sure.
-    h = zlib.crc32(prefix.encode())
-    return "10.%d.%d" % (120 + h % 100, (h // 100) % 256)
-
-
-def _tc_rate(bps):
-    return "%dbit" % max(8000, int(bps))
+    """Kills what runs in, and deletes, every namespace named prefix*
+    (veths and bridge go with them). Returns the names removed."""
+    return _cli(["cleanup", "--prefix=" + prefix])["removed"]
 
 
 class Cluster:
@@ -112,27 +131,30 @@ class Cluster:
 
     def __init__(self, hosts, prefix="mlft-", subnet=None, mode="auto",
                  rate_bps=DEFAULT_RATE_BPS, ifname="veth0"):
-        if len(set(hosts)) != len(hosts):
-            raise ValueError("Cluster: duplicate host names in %r" % (hosts,))
-        if len(hosts) > 250:
-            raise ValueError("Cluster: at most 250 hosts per /24, got %d" % len(hosts))
-        for h in hosts:
-            if not h or len(h) > 12 or not h.replace("-", "").replace("_", "").isalnum():
-                raise ValueError("Cluster: host name %r must be 1-12 characters [A-Za-z0-9_-]" % h)
         if mode not in ("auto", "netns", "loopback"):
             raise ValueError("Cluster: mode must be auto, netns or loopback, got %r" % mode)
-        if len(prefix + "br0") > 15:
-            raise ValueError("Cluster: prefix %r too long for interface names" % prefix)
         self.hosts = list(hosts)
         self.prefix = prefix
-        self.subnet = subnet or _subnet_for(prefix)
         self.ifname = ifname
         self.requested_mode = mode
         self.mode = None  # "netns" or "loopback" once created
         self.fallback_reason = ""
+        self._layout_args = ["--prefix=" + prefix, "--hosts=" + ",".join(self.hosts),
+                             "--ifname=" + ifname] + (["--subnet=" + subnet] if subnet else [])
+        # Names and addresses come from the C++ layout; it also validates.
+        self._layout = None
+        if cli_path() is not None:
+            try:
+                self._layout = _cli(["layout"] + self._layout_args)
+            except RuntimeError as e:
+                raise ValueError("Cluster: %s" % e)
+        elif len(set(self.hosts)) != len(self.hosts):
+            raise ValueError("Cluster: duplicate host names in %r" % (hosts,))
+        self.subnet = self._layout["subnet"] if self._layout else subnet
+        self._initial_rate_bps = max(8000.0, float(rate_bps))
         self._rates = {h: [float(rate_bps), float(rate_bps)] for h in hosts}
         self._lock = threading.Lock()
-        self._created = []
+        self._created = False
         self._procs = []
         self._prev_handlers = {}
 
@@ -156,15 +178,6 @@ class Cluster:
             self.mode = "loopback"
             self.fallback_reason = reason
             return self
-        # Only the exact names this cluster needs: prefix "mlft-" must not
-        # trip over another cluster's "mlft-h3-...".
-        mine = {self.prefix + h for h in self.hosts} | {self.ns_of_switch()}
-        stale = [ns for ns in list_namespaces(self.prefix) if ns in mine]
-        if stale:
-            raise RuntimeError(
-                "Cluster: namespaces with prefix %r already exist (%s); another run is "
-                "using this prefix, or a killed one left them: python3 netns_cluster.py "
-                "cleanup --prefix %s" % (self.prefix, " ".join(stale), self.prefix))
         atexit.register(self.destroy)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
@@ -172,60 +185,23 @@ class Cluster:
             except ValueError:  # not the main thread
                 pass
         try:
-            self._build()
-        except Exception:
+            # The command refuses a prefix whose namespaces exist already and
+            # cleans up after itself when it fails.
+            self._layout = _cli(["create", "--rate_bps=%r" % self._initial_rate_bps] +
+                                self._layout_args)
+        except RuntimeError as e:
             self.destroy()
-            raise
+            raise RuntimeError("Cluster: %s" % e)
+        self._created = True
         self.mode = "netns"
         return self
 
     def _netns_unavailable(self):
-        if not shutil.which("ip") or not shutil.which("tc"):
-            return "the ip and tc tools are not installed"
-        probe = "%sprobe%d" % (self.prefix, os.getpid())
-        r = _sh(["ip", "netns", "add", probe], check=False)
-        if r.returncode != 0:
-            return "cannot create a network namespace (%s)" % r.stderr.strip()
-        try:
-            r = _sh(["ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer",
-                     "name", "p1"], check=False)
-            if r.returncode != 0:
-                return "cannot create a veth pair (%s)" % r.stderr.strip()
-            r = _sh(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "p0",
-                     "root", "handle", "1:", "htb", "default", "10"], check=False)
-            if r.returncode != 0:
-                return "cannot install an htb qdisc (%s)" % r.stderr.strip()
-        finally:
-            _sh(["ip", "netns", "del", probe], check=False)
-        return ""
-
-    def _build(self):
-        sw = self.ns_of_switch()
-        _sh(["ip", "netns", "add", sw])
-        self._created.append(sw)
-        _sh(["ip", "-n", sw, "link", "set", "lo", "up"])
-        br = self.prefix + "br0"
-        _sh(["ip", "-n", sw, "link", "add", br, "type", "bridge"])
-        _sh(["ip", "-n", sw, "link", "set", br, "up"])
-        for i, host in enumerate(self.hosts):
-            ns = self.ns(host)
-            _sh(["ip", "netns", "add", ns])
-            self._created.append(ns)
-            _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
-            port = "p-" + host
-            _sh(["ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name",
-                 self.ifname, "netns", ns])
-            _sh(["ip", "-n", sw, "link", "set", port, "master", br])
-            _sh(["ip", "-n", sw, "link", "set", port, "up"])
-            _sh(["ip", "-n", ns, "addr", "add", "%s/24" % self.ip(host), "dev", self.ifname])
-            _sh(["ip", "-n", ns, "link", "set", self.ifname, "up"])
-            up, down = self._rates[host]
-            for n, dev, bps in ((ns, self.ifname, up), (sw, port, down)):
-                _sh(["ip", "netns", "exec", n, "tc", "qdisc", "add", "dev", dev, "root",
-                     "handle", "1:", "htb", "default", "10"])
-                _sh(["ip", "netns", "exec", n, "tc", "class", "add", "dev", dev, "parent",
-                     "1:", "classid", "1:10", "htb", "rate", _tc_rate(bps), "ceil",
-                     _tc_rate(bps)])
+        if cli_path() is None:
+            return ("the mlfabric-netns command is not built "
+                    "(bazel build //testing:mlfabric-netns)")
+        probe = _cli(["probe", "--prefix=" + self.prefix])
+        return "" if probe["available"] else probe["reason"]
 
     def _on_signal(self, signum, frame):
         self.destroy()
@@ -255,10 +231,12 @@ class Cluster:
                 except ProcessLookupError:
                     pass
                 p.wait()
-        self.kill_all()
-        for ns in reversed(self._created):
-            _sh(["ip", "netns", "del", ns], check=False)
-        self._created = []
+        if self._created:
+            self._created = False
+            try:
+                _cli(["destroy"] + self._layout_args)  # kills what is left, deletes
+            except RuntimeError as e:
+                print("Cluster: %s" % e, file=sys.stderr)
         for sig, prev in self._prev_handlers.items():
             try:
                 signal.signal(sig, prev)
@@ -271,40 +249,39 @@ class Cluster:
 
         For what escapes popen()'s process groups, e.g. Open MPI's orted,
         which daemonizes. Returns the number of processes signalled."""
-        if self.mode != "netns":
+        if self.mode != "netns" or not self._created:
             return 0
-        count = 0
-        for ns in list(self._created):
-            out = _sh(["ip", "netns", "pids", ns], check=False).stdout
-            for pid in out.split():
-                try:
-                    os.kill(int(pid), sig)
-                    count += 1
-                except (ProcessLookupError, ValueError):
-                    pass
-        return count
+        return _cli(["kill-all", "--signal=%d" % int(sig)] + self._layout_args)["signalled"]
 
     # ----- addressing and commands ----------------------------------------
+    def _host(self, host):
+        self._check(host)
+        if self._layout is None:
+            raise RuntimeError("Cluster: no namespace layout (the mlfabric-netns command "
+                               "is not built)")
+        return self._layout["hosts"][host]
+
     def ns(self, host):
         """Namespace name of host."""
-        self._check(host)
-        return self.prefix + host
+        return self._host(host)["namespace"]
 
     def ns_of_switch(self):
-        return self.prefix + _SW
+        if self._layout is None:
+            raise RuntimeError("Cluster: no namespace layout")
+        return self._layout["switch_namespace"]
 
     def ip(self, host):
         """The host's address: its veth IP (netns) or 127.0.0.1 (loopback)."""
         self._check(host)
         if self.mode == "loopback":
             return "127.0.0.1"
-        return "%s.%d" % (self.subnet, 2 + self.hosts.index(host))
+        return self._host(host)["address"]
 
     def wrap(self, host, argv):
         """argv that runs `argv` inside host's namespace."""
         self._check(host)
         if self.mode == "netns":
-            return ["ip", "netns", "exec", self.ns(host)] + list(argv)
+            return list(self._host(host)["wrap"]) + list(argv)
         return list(argv)
 
     def popen(self, host, argv, **kwargs):
@@ -330,15 +307,14 @@ class Cluster:
                 self._rates[host][0] = float(up_bps)
             if down_bps is not None:
                 self._rates[host][1] = float(down_bps)
-        if self.mode != "netns":
+        if self.mode != "netns" or (up_bps is None and down_bps is None):
             return
-        for ns, dev, bps in ((self.ns(host), self.ifname, up_bps),
-                             (self.ns_of_switch(), "p-" + host, down_bps)):
-            if bps is None:
-                continue
-            _sh(["ip", "netns", "exec", ns, "tc", "class", "change", "dev", dev, "parent",
-                 "1:", "classid", "1:10", "htb", "rate", _tc_rate(bps), "ceil",
-                 _tc_rate(bps)])
+        args = ["set-rate", "--host=" + host] + self._layout_args
+        if up_bps is not None:
+            args.append("--up_bps=%r" % max(8000.0, float(up_bps)))
+        if down_bps is not None:
+            args.append("--down_bps=%r" % max(8000.0, float(down_bps)))
+        _cli(args)
 
     def rates(self):
         """{host: {"up_bps", "down_bps"}} as last set."""
@@ -352,19 +328,7 @@ class Cluster:
         where all hosts share lo and no per-host figure exists."""
         if self.mode != "netns":
             return {}
-        out = _sh(["ip", "-j", "-s", "-n", self.ns_of_switch(), "link", "show"]).stdout
-        counters = {}
-        for link in json.loads(out):
-            name = link.get("ifname", "")
-            if not name.startswith("p-"):
-                continue
-            stats = link.get("stats64") or link.get("stats") or {}
-            host = name[2:]
-            if host in self._rates:
-                # switch port rx = what the host sent; port tx = what it received.
-                counters[host] = {"up": int(stats.get("rx", {}).get("bytes", 0)),
-                                  "down": int(stats.get("tx", {}).get("bytes", 0))}
-        return counters
+        return _cli(["link-bytes"] + self._layout_args)
 
     def _check(self, host):
         if host not in self._rates:

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/cluster.h"
 #include "tools/launch/process.h"
 
 namespace {
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  std::unique_ptr<LocalCluster> cluster;
+  std::unique_ptr<mlfabric::testing::Cluster> cluster;
   std::string socket_dir, config_dir, ompi_dir;
   if (const char* existing = std::getenv("MLFABRIC_SOCKET_DIR"); existing && *existing) {
     socket_dir = existing;
@@ -208,7 +209,8 @@ int main(int argc, char** argv) {
     }
     std::vector<std::string> hosts;
     for (int r = 0; r < np; ++r) hosts.push_back("h" + std::to_string(r));
-    auto started = LocalCluster::Start(hosts, {"--config=" + config, "--planner=" + planner});
+    auto started = mlfabric::testing::Cluster::StartLoopback(
+        hosts, {"--config=" + config, "--planner=" + planner});
     if (!started.ok()) {
       std::cerr << "mlfabric-run: cannot start the scheduler and daemons: "
                 << started.status().message() << "\n";
