@@ -63,7 +63,11 @@ std::string Daemon::ServerKey(uint32_t job_id, const std::string& server) {
 
 Daemon::Stats Daemon::GetStats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  Stats stats = stats_;
+  const daemon::GetBatcher::Stats gets = gets_.stats();
+  stats.gets_served = gets.gets;
+  stats.model_snapshots = gets.snapshots;
+  return stats;
 }
 
 absl::Status Daemon::Start() {

@@ -28,7 +28,7 @@
 //
 // Thread safety: the self-contained parts (SchedulerClient,
 // CompletionReporter, BufferPool, PacketChecksums, SendWatchdog,
-// AggregationTable, RoundTable, the peer and idle-get connection maps) have
+// AggregationTable, RoundTable, GetBatcher, the peer and idle-get connection maps) have
 // their own locks or none; the tables' locks are leaves, taken under mu_.
 // The transfer, reply-stream and delivery bookkeeping still shares one
 // mutex (mu_), held only for bookkeeping, never across an RPC or a socket
@@ -62,6 +62,7 @@
 #include "daemon/engine/aggregation_table.h"
 #include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/delivery_sequencer.h"
+#include "daemon/engine/get_batcher.h"
 #include "daemon/engine/packet_checksums.h"
 #include "daemon/engine/round_table.h"
 #include "daemon/pacing/pacer.h"
@@ -92,6 +93,8 @@ class Daemon {
     int64_t malformed_sessions = 0;
     int64_t aggregates = 0;
     int64_t rounds = 0;  // synchronous rounds delivered (Mercury PS)
+    int64_t gets_served = 0;      // model gets answered for local servers
+    int64_t model_snapshots = 0;  // snapshots those gets took (one per batch)
   };
   Stats GetStats() const;
 
@@ -176,14 +179,6 @@ class Daemon {
     size_t sent = 0;
     bool writing = false;  // the sender loop is writing one of its packets
     std::string error;     // a write failed
-  };
-
-  struct ModelReply {
-    std::shared_ptr<AppSession> server_app;  // who was asked
-    bool done = false;
-    std::string error;
-    int64_t version = 0;
-    std::shared_ptr<SharedBuffer> buffer;
   };
 
   absl::Status RegisterHost();
@@ -322,7 +317,9 @@ class Daemon {
   daemon::PriorityPacketQueue packet_queue_;
   // Mercury-PS synchronous rounds; own lock, a leaf under mu_.
   daemon::RoundTable rounds_;
-  std::map<uint64_t, ModelReply> model_replies_;      // by request id
+  // Gets of local servers' models, answered in batches of one snapshot
+  // each (§10.3); own lock, a leaf under mu_.
+  daemon::GetBatcher gets_;
   std::map<uint64_t, std::shared_ptr<ReplyStream>> replies_;  // by ReplyStream::id
   // Bytes of applied pushes whose replica copy comes in a later batch.
   std::map<uint64_t, PendingPush> replica_holds_;

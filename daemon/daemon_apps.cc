@@ -346,12 +346,9 @@ void Daemon::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
   }
   if (fd >= 0) ::close(fd);
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = model_replies_.find(reply.request_id());
-  if (it == model_replies_.end()) return;  // the requester gave up
-  it->second.done = true;
-  it->second.error = error;
-  it->second.version = reply.model_version();
-  it->second.buffer = buffer;
+  // Ignored if the batch's gets gave up meanwhile.
+  gets_.Answer(reply.request_id(), daemon::GetBatcher::Snapshot{reply.model_version(),
+                                                                 std::move(buffer), error});
   cv_.notify_all();
 }
 
@@ -380,12 +377,7 @@ void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
     rounds_.FailServer(key, absl::StrCat("server '", app->name, "' disconnected"), &fx);
     ApplyRoundEffectsLocked(fx);
   }
-  for (auto& [id, reply] : model_replies_) {
-    if (!reply.done && reply.server_app == app) {
-      reply.done = true;
-      reply.error = absl::StrCat("server '", app->name, "' disconnected");
-    }
-  }
+  gets_.FailKey(key, absl::StrCat("server '", app->name, "' disconnected"));
   cv_.notify_all();
 }
 

@@ -25,6 +25,9 @@ struct DaemonConfig {
   int64_t payload_bytes = 32 * 1024;         // Mercury packet payload, 4 KiB - 1 MiB
   double register_timeout_s = 30;            // how long to wait for the scheduler
   double get_timeout_s = 30;                 // how long a get waits for the server
+  // A batch of gets waits this long for the previous batch's replies to
+  // leave before it takes its snapshot anyway (daemon/engine/get_batcher.h).
+  double get_batch_wait_s = 2;
   double round_wait_s = 300;                 // how long a get waits for a synchronous round's sum
   // Synchronous rounds kept at a round server's daemon, the newest
   // included, for the gets of workers that are behind (a late backup

@@ -105,13 +105,13 @@ absl::Status Daemon::AwaitReply(const std::shared_ptr<ReplyStream>& stream,
 absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
                                      const PacketHeader& request,
                                      const std::string& server) {
-  uint64_t request_id = 0;
+  const std::string key = ServerKey(request.job, server);
   std::string error;
   std::shared_ptr<SharedBuffer> model;
   int64_t version = 0;
+  std::optional<daemon::GetBatcher::Ticket> ticket;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const std::string key = ServerKey(request.job, server);
     auto connected = [&] {
       auto found = servers_.find(key);
       return found != servers_.end() && found->second.app != nullptr;
@@ -122,35 +122,67 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
     // instead of failing.
     cv_.wait_for(lock, std::chrono::duration<double>(internal::kServerConnectWaitS),
                  [&] { return connected() || stopping_.load(); });
-    auto it = servers_.find(key);
-    if (it == servers_.end() || it->second.app == nullptr) {
+    if (!connected()) {
       error = absl::StrCat("server '", server, "' is not connected to ", config_.host,
                            "'s daemon");
     } else {
-      request_id = next_local_id_++;
-      model_replies_[request_id].server_app = it->second.app;
-      v1::LocalMessage ask;
-      ask.mutable_model_request()->set_request_id(request_id);
-      auto app = it->second.app;
-      lock.unlock();
-      absl::Status sent = app->channel->Send(ask);
-      lock.lock();
-      if (!sent.ok()) {
-        error = absl::StrCat("cannot reach server '", server, "': ", sent.message());
-      } else if (!cv_.wait_for(lock, std::chrono::duration<double>(config_.get_timeout_s), [&] {
-                   return model_replies_[request_id].done || stopping_.load();
-                 })) {
-        error = absl::StrCat("server '", server, "' did not answer within ",
-                             config_.get_timeout_s, " s");
-      } else {
-        ModelReply& reply = model_replies_[request_id];
-        error = reply.error;
-        version = reply.version;
-        model = reply.buffer;
+      // One snapshot per batch of gets (§10.3, daemon/engine/get_batcher.h).
+      ticket = gets_.Join(key);
+      MLF_LOG(DEBUG) << "get " << request.transfer << " of server '" << server
+                     << "' joins model batch " << ticket->batch
+                     << (ticket->ask ? " (takes its snapshot)" : "");
+      if (ticket->ask) {
+        // The previous batch's replies leave first; gets arriving meanwhile
+        // join this batch.
+        cv_.wait_for(lock, std::chrono::duration<double>(config_.get_batch_wait_s), [&] {
+          return gets_.MayAsk(ticket->batch) || stopping_.load();
+        });
+        auto it = servers_.find(key);
+        if (gets_.Result(ticket->batch).has_value()) {
+          // Ended meanwhile (the server went away).
+        } else if (it == servers_.end() || it->second.app == nullptr) {
+          gets_.FailKey(key, absl::StrCat("server '", server, "' disconnected"));
+        } else {
+          v1::LocalMessage ask;
+          ask.mutable_model_request()->set_request_id(ticket->batch);
+          auto app = it->second.app;
+          lock.unlock();
+          absl::Status sent = app->channel->Send(ask);
+          lock.lock();
+          if (!sent.ok()) {
+            gets_.Answer(ticket->batch,
+                         {0, nullptr,
+                          absl::StrCat("cannot reach server '", server, "': ", sent.message())});
+            cv_.notify_all();
+          }
+        }
       }
-      model_replies_.erase(request_id);
+      if (!cv_.wait_for(lock, std::chrono::duration<double>(config_.get_timeout_s), [&] {
+            return gets_.Result(ticket->batch).has_value() || stopping_.load();
+          })) {
+        // The whole batch gives up together.
+        gets_.Answer(ticket->batch, {0, nullptr,
+                                     absl::StrCat("server '", server, "' did not answer within ",
+                                                  config_.get_timeout_s, " s")});
+        cv_.notify_all();
+      }
+      if (std::optional<daemon::GetBatcher::Snapshot> snapshot = gets_.Result(ticket->batch)) {
+        error = snapshot->error;
+        version = snapshot->version;
+        model = snapshot->model;
+      } else {
+        error = "the daemon is stopping";
+      }
     }
   }
+  // However the reply ends, this get has left its batch (the next batch may
+  // take its snapshot once every get of this one has).
+  auto leave = [&] {
+    if (!ticket.has_value()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    gets_.Leave(ticket->batch);
+    cv_.notify_all();
+  };
   // Reply header: offset = model bytes; payload = 8-byte version + error text.
   std::string payload(8, '\0');
   for (int i = 0; i < 8; ++i) payload[i] = static_cast<char>(static_cast<uint64_t>(version) >> (8 * i));
@@ -163,9 +195,13 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
   if (auto status =
           transport::WritePacket(*send_watchdog_, socket->native_handle(), reply, payload.data(), payload.size());
       !status.ok()) {
+    leave();
     return status;
   }
-  if (!error.empty() || !model || model->size() == 0) return absl::OkStatus();
+  if (!error.empty() || !model || model->size() == 0) {
+    leave();
+    return absl::OkStatus();
+  }
   // The model's packets go out through the priority queue (ReplyStream).
   std::shared_ptr<ReplyStream> stream;
   {
@@ -175,8 +211,10 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
                              (model->size() + payload_bytes - 1) / payload_bytes);
     QueueReplyLocked(*stream, 0, model->size());
   }
-  return AwaitReply(
+  absl::Status streamed = AwaitReply(
       stream, [] { return std::string(); }, std::chrono::steady_clock::time_point::max());
+  leave();
+  return streamed;
 }
 
 absl::Status Daemon::FetchModel(const std::string& job, const std::string& server,

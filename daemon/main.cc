@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
   g_stop.store(true);
   waiter.join();
   const auto stats = daemon.GetStats();
-  MLF_LOG(INFO) << "stopped: pushes " << stats.pushes << ", sent " << stats.bytes_sent
+  MLF_LOG(INFO) << "stopped: pushes " << stats.pushes << ", gets served " << stats.gets_served
+                << " from " << stats.model_snapshots << " snapshots, sent " << stats.bytes_sent
                 << " B, received " << stats.bytes_received << " B, delivered "
                 << stats.deliveries << ", malformed sessions " << stats.malformed_sessions;
   if (!status.ok()) {

@@ -1,0 +1,99 @@
+#include "daemon/engine/get_batcher.h"
+
+#include <utility>
+
+namespace mlfabric::daemon {
+
+GetBatcher::Ticket GetBatcher::Join(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.gets;
+  Key& state = keys_[key];
+  Ticket ticket;
+  if (state.open != 0) {
+    ticket.batch = state.open;
+  } else {
+    ticket.batch = next_id_++;
+    ticket.ask = true;
+    state.open = ticket.batch;
+    batches_[ticket.batch].key = key;
+  }
+  ++batches_[ticket.batch].members;
+  return ticket;
+}
+
+bool GetBatcher::MayAsk(uint64_t batch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = batches_.find(batch);
+  if (it == batches_.end()) return true;
+  auto key = keys_.find(it->second.key);
+  return key == keys_.end() || key->second.leaving == 0 || key->second.leaving == batch;
+}
+
+void GetBatcher::Answer(uint64_t batch, Snapshot snapshot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = batches_.find(batch);
+  if (it == batches_.end() || it->second.answered) return;
+  it->second.answered = true;
+  it->second.snapshot = std::move(snapshot);
+  if (it->second.snapshot.error.empty()) ++stats_.snapshots;
+  Key& state = keys_[it->second.key];
+  if (state.open == batch) state.open = 0;
+  // It leaves now; gets that come meanwhile gather in the next batch. (A
+  // batch asked past its bound replaces the one still leaving as the one
+  // waited for.)
+  state.leaving = batch;
+  EraseIfLeftLocked(batch);
+}
+
+void GetBatcher::FailKey(const std::string& key, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto state = keys_.find(key);
+  if (state == keys_.end() || state->second.open == 0) return;
+  const uint64_t id = state->second.open;
+  state->second.open = 0;
+  auto it = batches_.find(id);
+  if (it == batches_.end()) return;
+  it->second.answered = true;
+  it->second.snapshot = Snapshot{0, nullptr, error};
+  EraseIfLeftLocked(id);
+}
+
+std::optional<GetBatcher::Snapshot> GetBatcher::Result(uint64_t batch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = batches_.find(batch);
+  if (it == batches_.end() || !it->second.answered) return std::nullopt;
+  return it->second.snapshot;
+}
+
+void GetBatcher::Leave(uint64_t batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = batches_.find(batch);
+  if (it == batches_.end()) return;
+  ++it->second.left;
+  EraseIfLeftLocked(batch);
+}
+
+void GetBatcher::EraseIfLeftLocked(uint64_t id) {
+  auto it = batches_.find(id);
+  if (it == batches_.end() || !it->second.answered || it->second.left < it->second.members) {
+    return;
+  }
+  auto state = keys_.find(it->second.key);
+  if (state != keys_.end()) {
+    if (state->second.leaving == id) state->second.leaving = 0;
+    if (state->second.open == 0 && state->second.leaving == 0) keys_.erase(state);
+  }
+  batches_.erase(it);
+}
+
+GetBatcher::Stats GetBatcher::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+size_t GetBatcher::batches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return batches_.size();
+}
+
+}  // namespace mlfabric::daemon

@@ -1,0 +1,100 @@
+// GetBatcher: the gets a server's daemon answers, in batches that share one
+// model snapshot (mlfabric.md §10.3, DESIGN.md §3 "The server's link is the
+// scarce resource").
+//
+// Gets for one server ("<job id>/<server>") that arrive while its previous
+// batch is still leaving (its replies still being sent) form one batch; the
+// batch takes one snapshot from the server application once the previous
+// one has left, and every get of the batch is answered with that model and
+// its version. A get that arrives while nothing is leaving opens a batch and
+// asks at once; gets that arrive while that snapshot is being taken join it.
+//
+//   GetBatcher::Ticket ticket = batcher.Join(key);
+//   if (ticket.ask) {                       // exactly one get of each batch
+//     wait until batcher.MayAsk(ticket.batch) (or a bound passes);
+//     ask the application, request id ticket.batch;  its answer:
+//     batcher.Answer(ticket.batch, {version, model, error});
+//   }
+//   wait until batcher.Result(ticket.batch);  send the reply;
+//   batcher.Leave(ticket.batch);            // always, once per Join
+//
+// Counters (stats()) say how many snapshots served how many gets.
+//
+// Thread safety: every method may be called from any thread (own lock).
+// The lock is a leaf: nothing outside the batcher is called while it is
+// held, so the daemon calls it under its own lock and waits on its own
+// condition variable, re-checking MayAsk/Result.
+#ifndef MLFABRIC_DAEMON_ENGINE_GET_BATCHER_H_
+#define MLFABRIC_DAEMON_ENGINE_GET_BATCHER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "ipc/local_ipc.h"
+
+namespace mlfabric::daemon {
+
+class GetBatcher {
+ public:
+  struct Snapshot {
+    int64_t version = 0;
+    std::shared_ptr<SharedBuffer> model;  // shared by every get of the batch; read-only
+    std::string error;                    // non-empty: the batch's gets fail with it
+  };
+  struct Ticket {
+    uint64_t batch = 0;  // also the snapshot request's id
+    bool ask = false;    // this get takes the snapshot for its batch
+  };
+
+  // A get for `key` arrives: joins the batch that has no snapshot yet, or
+  // opens one (ask = true).
+  Ticket Join(const std::string& key);
+  // Whether `batch` may take its snapshot now: the previous batch of its key
+  // has left. True for a batch that is not known.
+  bool MayAsk(uint64_t batch) const;
+  // The application's answer for `batch` (ignored if it is not waiting for one).
+  void Answer(uint64_t batch, Snapshot snapshot);
+  // Every batch of `key` still waiting for a snapshot ends with `error`.
+  void FailKey(const std::string& key, const std::string& error);
+  // The batch's snapshot, once answered.
+  std::optional<Snapshot> Result(uint64_t batch) const;
+  // One get of `batch` has sent its reply, or gave up.
+  void Leave(uint64_t batch);
+
+  struct Stats {
+    int64_t gets = 0;       // Joins
+    int64_t snapshots = 0;  // batches answered with a model
+  };
+  Stats stats() const;
+  // Batches not yet left (for tests).
+  size_t batches() const;
+
+ private:
+  struct Batch {
+    std::string key;
+    int64_t members = 0;
+    int64_t left = 0;
+    bool answered = false;
+    Snapshot snapshot;
+  };
+  struct Key {
+    uint64_t open = 0;     // the batch that has no snapshot yet
+    uint64_t leaving = 0;  // the last answered batch, until all its gets left
+  };
+
+  void EraseIfLeftLocked(uint64_t id);
+
+  mutable std::mutex mu_;
+  std::map<uint64_t, Batch> batches_;  // guarded by mu_
+  std::map<std::string, Key> keys_;    // guarded by mu_
+  uint64_t next_id_ = 1;               // guarded by mu_
+  Stats stats_;                        // guarded by mu_
+};
+
+}  // namespace mlfabric::daemon
+
+#endif  // MLFABRIC_DAEMON_ENGINE_GET_BATCHER_H_

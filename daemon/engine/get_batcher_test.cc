@@ -1,0 +1,104 @@
+#include "daemon/engine/get_batcher.h"
+
+#include <catch2/catch.hpp>
+
+namespace mlfabric::daemon {
+namespace {
+
+GetBatcher::Snapshot Model(int64_t version) {
+  auto buffer = SharedBuffer::Create(8);
+  REQUIRE(buffer.ok());
+  return GetBatcher::Snapshot{version, std::make_shared<SharedBuffer>(std::move(*buffer)), ""};
+}
+
+TEST_CASE("GetBatcher: gets that come while a snapshot is taken share it") {
+  GetBatcher batcher;
+  const GetBatcher::Ticket first = batcher.Join("1/ps");
+  CHECK(first.ask);
+  CHECK(batcher.MayAsk(first.batch));  // nothing is leaving
+  const GetBatcher::Ticket second = batcher.Join("1/ps");
+  const GetBatcher::Ticket third = batcher.Join("1/ps");
+  CHECK(!second.ask);
+  CHECK(!third.ask);
+  CHECK(second.batch == first.batch);
+  CHECK(third.batch == first.batch);
+  CHECK(!batcher.Result(first.batch).has_value());
+  // Another server's gets are their own batch.
+  const GetBatcher::Ticket other = batcher.Join("1/ps2");
+  CHECK(other.ask);
+  CHECK(other.batch != first.batch);
+
+  const GetBatcher::Snapshot model = Model(42);
+  batcher.Answer(first.batch, model);
+  auto result = batcher.Result(first.batch);
+  REQUIRE(result.has_value());
+  CHECK(result->version == 42);
+  CHECK(result->model == model.model);  // one snapshot, shared
+  CHECK(batcher.stats().gets == 4);
+  CHECK(batcher.stats().snapshots == 1);
+}
+
+TEST_CASE("GetBatcher: gets that come while the previous batch leaves form the next batch") {
+  GetBatcher batcher;
+  const GetBatcher::Ticket a = batcher.Join("k");
+  const GetBatcher::Ticket b = batcher.Join("k");
+  batcher.Answer(a.batch, Model(1));
+  // Batch 1 is leaving (its replies are being sent): new gets gather.
+  const GetBatcher::Ticket c = batcher.Join("k");
+  const GetBatcher::Ticket d = batcher.Join("k");
+  CHECK(c.ask);
+  CHECK(!d.ask);
+  CHECK(c.batch == d.batch);
+  CHECK(c.batch != a.batch);
+  CHECK(!batcher.MayAsk(c.batch));
+  batcher.Leave(a.batch);
+  CHECK(!batcher.MayAsk(c.batch));
+  batcher.Leave(b.batch);
+  CHECK(batcher.MayAsk(c.batch));  // batch 1 has left
+  batcher.Answer(c.batch, Model(2));
+  CHECK(batcher.Result(d.batch)->version == 2);
+  batcher.Leave(c.batch);
+  batcher.Leave(d.batch);
+  CHECK(batcher.batches() == 0);
+  CHECK(batcher.stats().snapshots == 2);
+}
+
+TEST_CASE("GetBatcher: a batch asked past its bound, errors, and a server that went away") {
+  GetBatcher batcher;
+  const GetBatcher::Ticket a = batcher.Join("k");
+  batcher.Answer(a.batch, Model(1));
+  const GetBatcher::Ticket b = batcher.Join("k");
+  CHECK(!batcher.MayAsk(b.batch));
+  // The previous batch is slow to leave; b asks anyway and is answered.
+  batcher.Answer(b.batch, Model(2));
+  const GetBatcher::Ticket c = batcher.Join("k");
+  CHECK(c.ask);
+  CHECK(!batcher.MayAsk(c.batch));  // b is the one leaving now
+  batcher.Leave(b.batch);
+  CHECK(batcher.MayAsk(c.batch));
+  batcher.Leave(a.batch);  // the slow one, late
+
+  // The application answered with an error: every get of the batch sees it.
+  const GetBatcher::Ticket d = batcher.Join("k");
+  CHECK(!d.ask);
+  CHECK(d.batch == c.batch);
+  batcher.Answer(c.batch, GetBatcher::Snapshot{0, nullptr, "no model yet"});
+  CHECK(batcher.Result(d.batch)->error == "no model yet");
+  batcher.Answer(c.batch, Model(9));  // a second answer is ignored
+  CHECK(batcher.Result(c.batch)->error == "no model yet");
+  batcher.Leave(c.batch);
+  batcher.Leave(d.batch);
+
+  // The server went away: the batch waiting for its snapshot fails.
+  const GetBatcher::Ticket e = batcher.Join("k");
+  batcher.FailKey("k", "server 'ps' disconnected");
+  REQUIRE(batcher.Result(e.batch).has_value());
+  CHECK(batcher.Result(e.batch)->error == "server 'ps' disconnected");
+  batcher.Leave(e.batch);
+  CHECK(batcher.batches() == 0);
+  CHECK(batcher.stats().snapshots == 2);
+  CHECK(batcher.stats().gets == 5);
+}
+
+}  // namespace
+}  // namespace mlfabric::daemon
