@@ -133,7 +133,7 @@ absl::Status Daemon::Start() {
     if (!bucket.ok()) return bucket.status();
     unscheduled_budget_.emplace(std::move(*bucket));
   }
-  scheduler_ = daemon::MakeGrpcSchedulerClient(config_.scheduler);
+  scheduler_ = daemon::MakeGrpcSchedulerClient(config_.scheduler, config_.keepalive_s);
   reporter_ = std::make_unique<daemon::CompletionReporter>(scheduler_.get(), config_.host);
   if (auto status = RegisterHost(); !status.ok()) return status;
 

@@ -25,6 +25,10 @@ struct DaemonConfig {
   int64_t payload_bytes = 32 * 1024;         // Mercury packet payload, 4 KiB - 1 MiB
   double register_timeout_s = 30;            // how long to wait for the scheduler
   double get_timeout_s = 30;                 // how long a get waits for the server
+  // gRPC keepalive to the scheduler: a ping after keepalive_s without
+  // traffic, the connection dropped if not answered within keepalive_s;
+  // the schedule stream then ends and this daemon's pending pushes fail.
+  double keepalive_s = 2;
   // A batch of gets waits this long for the previous batch's replies to
   // leave before it takes its snapshot anyway (daemon/engine/get_batcher.h).
   double get_batch_wait_s = 2;

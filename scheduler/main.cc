@@ -4,6 +4,7 @@
 // endpoint (scheduler/admin/README.md). Run with --help for the flags.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -75,6 +76,15 @@ int main(int argc, char** argv) {
   int bound_port = 0;
   const std::string address = config->listen_address + ":" + std::to_string(config->grpc_port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
+  // Keepalive both ways (DESIGN.md §3a): the daemons ping every keepalive_s
+  // too, so their pings must not count as abuse.
+  const int keepalive_ms = static_cast<int>(config->keepalive_s * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             std::max(1, keepalive_ms / 2));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   SchedulerGrpcService grpc_face(&service);
   builder.RegisterService(&grpc_face);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

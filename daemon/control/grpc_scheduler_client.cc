@@ -25,6 +25,16 @@ absl::Status FromGrpc(const grpc::Status& status) {
                       status.error_message());
 }
 
+grpc::ChannelArguments ChannelArguments(double keepalive_s) {
+  const int keepalive_ms = static_cast<int>(keepalive_s * 1000);
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // idle streams too
+  return arguments;
+}
+
 class GrpcScheduleStream final : public ScheduleStream {
  public:
   GrpcScheduleStream(v1::Scheduler::Stub* stub, const v1::StreamSchedulesRequest& request)
@@ -40,9 +50,9 @@ class GrpcScheduleStream final : public ScheduleStream {
 
 class GrpcSchedulerClient final : public SchedulerClient {
  public:
-  explicit GrpcSchedulerClient(const std::string& address)
-      : stub_(v1::Scheduler::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+  GrpcSchedulerClient(const std::string& address, double keepalive_s)
+      : stub_(v1::Scheduler::NewStub(grpc::CreateCustomChannel(
+            address, grpc::InsecureChannelCredentials(), ChannelArguments(keepalive_s)))) {}
 
   absl::Status RegisterHost(const v1::RegisterHostRequest& request,
                             v1::RegisterHostReply* reply) override {
@@ -87,8 +97,9 @@ class GrpcSchedulerClient final : public SchedulerClient {
 
 }  // namespace
 
-std::unique_ptr<SchedulerClient> MakeGrpcSchedulerClient(const std::string& address) {
-  return std::make_unique<GrpcSchedulerClient>(address);
+std::unique_ptr<SchedulerClient> MakeGrpcSchedulerClient(const std::string& address,
+                                                         double keepalive_s) {
+  return std::make_unique<GrpcSchedulerClient>(address, keepalive_s);
 }
 
 std::string RpcErrorText(const absl::Status& status) {

@@ -61,7 +61,12 @@ class SchedulerClient {
 // Deadlines: 2 s for RegisterHost and ReportBandwidth, 1 s for SyncClock,
 // 3610 s for AwaitClock (the scheduler bounds the wait), 10 s for the
 // rest; the stream has none.
-std::unique_ptr<SchedulerClient> MakeGrpcSchedulerClient(const std::string& address);
+// `keepalive_s`: the channel pings after that long without traffic and
+// drops the connection when a ping is not answered within as long, so a
+// silent partition ends the schedule stream (and fails calls) in bounded
+// time; unary calls also have deadlines.
+std::unique_ptr<SchedulerClient> MakeGrpcSchedulerClient(const std::string& address,
+                                                         double keepalive_s = 2);
 
 // "CODE: message", the form daemon logs and application errors use.
 std::string RpcErrorText(const absl::Status& status);

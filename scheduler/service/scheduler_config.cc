@@ -31,6 +31,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   SchedulerConfig config;
   reader.String("listen_address", &config.listen_address);
   reader.Int("grpc_port", &config.grpc_port, 0, 65535);
+  reader.Double("keepalive_s", &config.keepalive_s, 0.1, 3600);
   reader.String("port_file", &config.port_file);
   reader.Double("batch_interval_ms", &config.batch_interval_ms, 1, 60000);
   reader.Enum("planner", &config.planner, {"fifo", "mlfabric"});
@@ -105,6 +106,9 @@ Usage: mlfabric-scheduler [--config FILE] [--KEY=VALUE ...]
 Every key can be set in the JSON file or as a flag; flags win.
   --listen_address     gRPC bind address                 (default 127.0.0.1)
   --grpc_port          gRPC port, 0 picks a free one     (default 50051)
+  --keepalive_s        ping idle daemon connections this often and drop
+                       one that does not answer this long: a daemon behind
+                       a silent partition is marked down (default 2)
   --port_file          write the bound port to this file (default none)
   --batch_interval_ms  batching window in milliseconds   (default 100)
   --planner            mlfabric | fifo (vanilla-PS baseline) (default mlfabric)

@@ -55,6 +55,11 @@ struct JobConfig {
 struct SchedulerConfig {
   std::string listen_address = "127.0.0.1";  // gRPC bind address
   int64_t grpc_port = 50051;                  // 0 = pick a free port
+  // gRPC keepalive: every connection is pinged after keepalive_s without
+  // traffic and closed when a ping is not answered within keepalive_s, so a
+  // daemon behind a silent partition is marked down within about 2 x
+  // keepalive_s (its schedule stream ends) instead of never.
+  double keepalive_s = 2;
   std::string port_file;                      // write the bound port here
   double batch_interval_ms = 100;             // batching window (§4)
   std::string planner = "mlfabric";           // mlfabric | fifo (the vanilla-PS baseline)
