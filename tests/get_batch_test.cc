@@ -38,16 +38,9 @@ TEST_CASE("Concurrent gets share one snapshot: same bytes, same version") {
   REQUIRE(started.ok());
   testing::Cluster& c = **started;
 
-  ClientOptions server_options;
-  server_options.daemon_socket = c.Socket("s1");
-  server_options.name = "ps0";
-  auto server = Server::Connect(server_options);
-  REQUIRE(server.ok());
   std::atomic<int> snapshots{0};
   std::atomic<bool> held_until_joined{true};
-  (*server)->RegisterUpdateCallback(
-      [](const Server::Update& u) -> absl::StatusOr<int64_t> { return u.version + 1; });
-  (*server)->RegisterRequestCallback([&]() -> absl::StatusOr<Server::Snapshot> {
+  auto snapshot_when_joined = [&]() -> absl::StatusOr<Server::Snapshot> {
     const int call = ++snapshots;
     // Answer once every get of this wave has joined the batch at s1.
     const int joined = call * kWorkers;
@@ -63,8 +56,10 @@ TEST_CASE("Concurrent gets share one snapshot: same bytes, same version") {
       snapshot.bytes[i] = static_cast<uint8_t>((i * 131 + static_cast<size_t>(call) * 7) & 0xff);
     }
     return snapshot;
-  });
-  std::thread serving([&] { (void)(*server)->Serve(); });
+  };
+  testing::InProcessServer server(c.Socket("s1"), "ps0", testing::NextVersion,
+                                  snapshot_when_joined);
+  REQUIRE(server.status().ok());
 
   std::vector<std::unique_ptr<Worker>> workers;
   for (int w = 1; w <= kWorkers; ++w) {
@@ -101,8 +96,7 @@ TEST_CASE("Concurrent gets share one snapshot: same bytes, same version") {
   CHECK(held_until_joined.load());
   const std::string log = c.daemon("s1").Log();
   CHECK(testing::CountOccurrences(log, "(takes its snapshot)") == 2);
-  (*server)->Stop();
-  serving.join();
+  server.Stop();
   // The daemon's counters, printed as it stops.
   c.daemon("s1").Stop();
   CHECK(c.daemon("s1").Log().find("gets served 12 from 2 snapshots") != std::string::npos);

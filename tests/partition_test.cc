@@ -25,6 +25,7 @@
 #include "api/registration.h"
 #include "testing/cluster.h"
 #include "testing/prereq.h"
+#include "tests/test_util.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
@@ -53,20 +54,15 @@ TEST_CASE("A silent partition fails the cut-off push and marks the host down, no
                   {{"w1", {"--uplink_bps=4e6"}}})
               .ok());
 
-  ClientOptions server_options;
-  server_options.daemon_socket = c.Socket("s1");
-  server_options.name = "ps0";
-  auto server = Server::Connect(server_options);
-  REQUIRE(server.ok());
   std::atomic<int> applied{0};
-  (*server)->RegisterUpdateCallback([&](const Server::Update& u) -> absl::StatusOr<int64_t> {
-    ++applied;
-    return u.version + 1;
-  });
-  (*server)->RegisterRequestCallback([]() -> absl::StatusOr<Server::Snapshot> {
-    return Server::Snapshot{0, std::vector<uint8_t>(4, 0)};
-  });
-  std::thread serving([&] { (void)(*server)->Serve(); });
+  testing::InProcessServer server(
+      c.Socket("s1"), "ps0",
+      [&](const Server::Update& u) -> absl::StatusOr<int64_t> {
+        ++applied;
+        return u.version + 1;
+      },
+      testing::TinyModel);
+  REQUIRE(server.status().ok());
 
   ClientOptions worker_options;
   worker_options.daemon_socket = c.Socket("w1");
@@ -115,8 +111,6 @@ TEST_CASE("A silent partition fails the cut-off push and marks the host down, no
       "partition_test: after w1 was cut off, the scheduler marked it down in %.1f s and w1's "
       "daemon failed its push in %.1f s (keepalive 2 s; target <= 5 s)\n",
       scheduler_noticed_s, push_ended_s);
-  (*server)->Stop();
-  serving.join();
 }
 
 }  // namespace

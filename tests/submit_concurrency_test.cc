@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "api/registration.h"
+#include "tests/test_util.h"
 #include "testing/cluster.h"
 #include "tools/launch/process.h"
 
@@ -34,17 +35,9 @@ TEST_CASE("A push waiting on the scheduler does not hold back another push on th
   REQUIRE(started.ok());
   testing::Cluster& c = **started;
 
-  ClientOptions server_options;
-  server_options.daemon_socket = c.Socket("s1");
-  server_options.name = "ps0";
-  auto server = Server::Connect(server_options);
-  REQUIRE(server.ok());
-  (*server)->RegisterUpdateCallback(
-      [](const Server::Update& u) -> absl::StatusOr<int64_t> { return u.version + 1; });
-  (*server)->RegisterRequestCallback([]() -> absl::StatusOr<Server::Snapshot> {
-    return Server::Snapshot{0, std::vector<uint8_t>(4, 0)};
-  });
-  std::thread serving([&] { (void)(*server)->Serve(); });
+  testing::InProcessServer server(c.Socket("s1"), "ps0", testing::NextVersion,
+                                  testing::TinyModel);
+  REQUIRE(server.status().ok());
 
   auto connect = [&](const std::string& name) {
     ClientOptions options;
@@ -82,8 +75,6 @@ TEST_CASE("A push waiting on the scheduler does not hold back another push on th
   INFO("a: " << PushOutcomeName(a_result.outcome) << ": " << a_result.reason);
   CHECK(a_result.outcome == PushOutcome::kFailed);
   CHECK(a_result.reason.find("'not_yet_registered'") != std::string::npos);
-  (*server)->Stop();
-  serving.join();
 }
 
 }  // namespace

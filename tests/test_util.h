@@ -3,8 +3,13 @@
 #define MLFABRIC_TESTS_TEST_UTIL_H_
 
 #include <fstream>
+#include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
+
+#include "api/registration.h"
 
 namespace mlfabric::testing {
 
@@ -23,6 +28,53 @@ inline int CountOccurrences(const std::string& text, const std::string& needle) 
     ++count;
   }
   return count;
+}
+
+// A server application in the test's own process, on a daemon's local
+// socket, serving on its own thread until destroyed:
+//
+//   testing::InProcessServer ps(c.Socket("s1"), "ps0", on_update, on_request);
+//   REQUIRE(ps.status().ok());
+class InProcessServer {
+ public:
+  InProcessServer(const std::string& daemon_socket, const std::string& name,
+                  Server::UpdateCallback on_update, Server::RequestCallback on_request) {
+    ClientOptions options;
+    options.daemon_socket = daemon_socket;
+    options.name = name;
+    auto server = Server::Connect(options);
+    if (!server.ok()) {
+      status_ = server.status();
+      return;
+    }
+    server_ = std::move(*server);
+    server_->RegisterUpdateCallback(std::move(on_update));
+    server_->RegisterRequestCallback(std::move(on_request));
+    thread_ = std::thread([this] { (void)server_->Serve(); });
+  }
+  ~InProcessServer() { Stop(); }
+  InProcessServer(const InProcessServer&) = delete;
+  InProcessServer& operator=(const InProcessServer&) = delete;
+
+  const absl::Status& status() const { return status_; }
+  void Stop() {
+    if (server_ != nullptr) server_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  absl::Status status_;
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+};
+
+// A server callback that applies nothing and answers gets with a 4-byte
+// model of version 0 (for tests about something else).
+inline absl::StatusOr<int64_t> NextVersion(const Server::Update& update) {
+  return update.version + 1;
+}
+inline absl::StatusOr<Server::Snapshot> TinyModel() {
+  return Server::Snapshot{0, std::vector<uint8_t>(4, 0)};
 }
 
 }  // namespace mlfabric::testing
