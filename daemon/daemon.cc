@@ -167,6 +167,18 @@ absl::Status Daemon::RegisterHost() {
     if (status.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       incarnation_ = reply.incarnation();
+      if (scheduler_epoch_ != 0 && reply.scheduler_epoch() != scheduler_epoch_) {
+        // A restarted scheduler numbers every server's commit positions from
+        // 1 again: the old positions would hold its deliveries back as old.
+        // Pushes still waiting at them belong to the old scheduler: their
+        // workers' daemons lost the stream too and failed them.
+        const std::vector<uint64_t> pending = delivery_.Reset();
+        for (uint64_t transfer : pending) incoming_.erase(transfer);
+        MLF_LOG(WARNING) << "the scheduler restarted (epoch " << scheduler_epoch_ << " -> "
+                         << reply.scheduler_epoch() << "): forgot its commit positions and "
+                         << pending.size() << " update(s) still expected";
+      }
+      scheduler_epoch_ = reply.scheduler_epoch();
       // NTP-style: the reply was stamped halfway through the round trip.
       clock_offset_s_ = reply.scheduler_time_s() - (sent_s + received_s) / 2;
       MLF_LOG(INFO) << "registered with the scheduler (incarnation " << incarnation_

@@ -291,6 +291,7 @@ class Daemon {
   std::unique_ptr<daemon::CompletionReporter> reporter_;
   std::shared_ptr<daemon::ScheduleStream> stream_;  // guarded by mu_
   uint64_t incarnation_ = 0;
+  uint64_t scheduler_epoch_ = 0;  // of the scheduler last registered with
   double clock_offset_s_ = 0;  // scheduler time - local time
   std::string data_address_;
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -70,6 +71,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   RealClock clock;
+  // Transfer ids and incarnations carry the second this scheduler started in
+  // (its epoch, cluster_state.h). Starting at the beginning of a second of
+  // its own gives a quick restart an epoch different from its predecessor's,
+  // which had begun serving by then.
+  const double wall_s = clock.WallSeconds();
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::floor(wall_s) + 1 - wall_s));
   SchedulerService service(*config, &clock, std::move(*planner));
 
   grpc::ServerBuilder builder;

@@ -36,6 +36,17 @@ std::optional<v1::ExpectDelivery> DeliverySequencer::CancelTransfer(uint64_t seq
   return std::nullopt;
 }
 
+std::vector<uint64_t> DeliverySequencer::Reset() {
+  std::vector<uint64_t> pending;
+  for (const auto& [key, endpoint] : endpoints_) {
+    for (const auto& [sequence, delivery] : endpoint.expected) {
+      if (!delivery.cancelled) pending.push_back(delivery.info.transfer_id());
+    }
+  }
+  endpoints_.clear();
+  return pending;
+}
+
 std::vector<uint64_t> DeliverySequencer::CancelAll(const std::string& key,
                                                    const std::string& reason) {
   std::vector<uint64_t> cancelled;

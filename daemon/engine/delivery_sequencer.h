@@ -63,6 +63,11 @@ class DeliverySequencer {
   // Moves `key` past the position Next returned as kDeliver.
   void Advance(const std::string& key);
 
+  // Forgets every endpoint's positions (the scheduler that announced them
+  // restarted: the new one numbers from 1 again); returns the transfers of
+  // the positions that were still pending.
+  std::vector<uint64_t> Reset();
+
   // (job id, server) of every announced position that carries `transfer_id`.
   std::vector<std::pair<uint32_t, std::string>> EndpointsExpecting(uint64_t transfer_id) const;
   // Announced positions of `key` not yet delivered or skipped.

@@ -1,5 +1,6 @@
 #include "daemon/engine/delivery_sequencer.h"
 
+#include <algorithm>
 #include <set>
 
 #include <catch2/catch.hpp>
@@ -79,6 +80,38 @@ TEST_CASE("an announcement for a position already passed is dropped") {
   s.Expect("1/ps", Expect(1, 11));  // late duplicate of position 1
   s.Expect("1/ps", Expect(2, 20));
   CHECK(Drain(s, {11, 20}) == std::vector<uint64_t>{20});
+}
+
+}  // namespace
+}  // namespace mlfabric::daemon
+
+namespace mlfabric::daemon {
+namespace {
+
+TEST_CASE("Reset forgets every endpoint: a restarted scheduler's position 1 is next again") {
+  DeliverySequencer sequencer;
+  auto info = [](uint64_t transfer, uint64_t sequence) {
+    v1::ExpectDelivery expect;
+    expect.set_transfer_id(transfer);
+    expect.set_sequence(sequence);
+    return expect;
+  };
+  auto all_complete = [](uint64_t) { return true; };
+  sequencer.Expect("1/ps", info(10, 1));
+  REQUIRE(sequencer.Next("1/ps", all_complete).kind == DeliverySequencer::Step::kDeliver);
+  sequencer.Advance("1/ps");
+  sequencer.Expect("1/ps", info(11, 2));
+  sequencer.Expect("1/ps", info(12, 3), "cancelled");
+  sequencer.Expect("1/other", info(20, 1));
+  std::vector<uint64_t> pending = sequencer.Reset();
+  std::sort(pending.begin(), pending.end());
+  CHECK(pending == std::vector<uint64_t>{11, 20});
+  CHECK(sequencer.Pending("1/ps") == 0);
+  // The new scheduler's first position is delivered, not skipped as old.
+  sequencer.Expect("1/ps", info(30, 1));
+  const DeliverySequencer::Step step = sequencer.Next("1/ps", all_complete);
+  CHECK(step.kind == DeliverySequencer::Step::kDeliver);
+  CHECK(step.info.transfer_id() == 30);
 }
 
 }  // namespace

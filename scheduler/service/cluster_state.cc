@@ -59,10 +59,19 @@ double DivergenceBound(const JobState& job) {
   return bound;
 }
 
+uint64_t SchedulerEpoch(double wall_s) {
+  constexpr double kEpochOrigin = 1704067200;  // 2024-01-01T00:00:00Z
+  constexpr double kMaxEpoch = (uint64_t{1} << 28) - 1;
+  return static_cast<uint64_t>(std::clamp(wall_s - kEpochOrigin, 0.0, kMaxEpoch));
+}
+
 ClusterState::ClusterState(const SchedulerConfig& config, const Clock* clock,
                            CommandOutbox* outbox, AdminHistory* history)
     : stragglers({config.straggler_factor, static_cast<int>(config.straggler_window)}),
       config_(config), clock_(clock), outbox_(outbox), history_(history) {
+  epoch_ = SchedulerEpoch(clock_->WallSeconds());
+  next_transfer_id_ = (epoch_ << kEpochShift) | 1;
+  next_incarnation_ = (epoch_ << kEpochShift) | 1;
   uint32_t next_job_id = 1;
   for (const JobConfig& job : config_.jobs) {
     JobState state;

@@ -162,6 +162,11 @@ int64_t DelayBound(const JobState& job);
 // The tightest divergence bound (§5.3); 0 = none.
 double DivergenceBound(const JobState& job);
 
+// The epoch of a scheduler started at Unix time `wall_s`: whole seconds
+// since 2024-01-01 UTC, 0 before that, at most 2^28 - 1 (until 2032).
+uint64_t SchedulerEpoch(double wall_s);
+inline constexpr int kEpochShift = 32;
+
 class ClusterState {
  public:
   ClusterState(const SchedulerConfig& config, const Clock* clock, CommandOutbox* outbox,
@@ -177,8 +182,13 @@ class ClusterState {
   // its transfer time when it ends (Complete).
   StragglerTracker stragglers;
 
+  // Transfer ids and incarnations: the scheduler's epoch (SchedulerEpoch of
+  // its start) in bits 32-59, a counter below, so a restarted scheduler's ids
+  // never equal its predecessor's (unless both started in the same second).
+  // Bits 60-63 stay clear: daemons mark their own ids there.
   uint64_t NewTransferId() { return next_transfer_id_++; }
   uint64_t NewIncarnation() { return next_incarnation_++; }
+  uint64_t epoch() const { return epoch_; }
   uint64_t NewBatchId() { return next_batch_id_++; }
 
   JobState* FindJob(const std::string& job);
@@ -219,6 +229,7 @@ class ClusterState {
   const Clock* clock_;
   CommandOutbox* outbox_;
   AdminHistory* history_;
+  uint64_t epoch_ = 0;
   uint64_t next_transfer_id_ = 1;
   uint64_t next_incarnation_ = 1;
   uint64_t next_batch_id_ = 1;

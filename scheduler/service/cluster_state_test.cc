@@ -2,6 +2,8 @@
 // CommandOutbox read back as the daemons would, and hand-made state.
 #include "scheduler/service/cluster_state.h"
 
+#include <algorithm>
+#include <set>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -193,6 +195,41 @@ TEST_CASE("job policies: round size, delay bound and divergence bound") {
   CHECK(DivergenceBound(job) == 0);
   job.workers["b"].divergence_bound = 3.5;
   CHECK(DivergenceBound(job) == 3.5);
+}
+
+}  // namespace
+}  // namespace mlfabric
+
+namespace mlfabric {
+namespace {
+
+TEST_CASE("a restarted scheduler's transfer ids and incarnations never equal its predecessor's") {
+  SchedulerConfig config;
+  CommandOutbox outbox;
+  AdminHistory history{8};
+  // Two schedulers, the second started one second after the first (Unix
+  // time 2026-11-25): each hands out many ids; none repeats.
+  FakeClock first_clock(1795590000.0), second_clock(1795590001.0);
+  ClusterState first(config, &first_clock, &outbox, &history);
+  ClusterState second(config, &second_clock, &outbox, &history);
+  CHECK(second.epoch() == first.epoch() + 1);
+  std::set<uint64_t> ids;
+  uint64_t highest_first = 0;
+  for (int i = 0; i < 10000; ++i) {
+    const uint64_t transfer = first.NewTransferId(), incarnation = first.NewIncarnation();
+    highest_first = std::max({highest_first, transfer, incarnation});
+    ids.insert(transfer);
+  }
+  for (int i = 0; i < 10000; ++i) {
+    const uint64_t transfer = second.NewTransferId(), incarnation = second.NewIncarnation();
+    CHECK(transfer > highest_first);
+    CHECK(incarnation > highest_first);
+    CHECK(ids.insert(transfer).second);
+    // Bits 60-63 are the daemons' own id spaces.
+    CHECK((transfer >> 60) == 0);
+  }
+  CHECK(SchedulerEpoch(0) == 0);  // before 2024 (and FakeClocks near 0): plain counters
+  CHECK(SchedulerEpoch(1e12) == (uint64_t{1} << 28) - 1);
 }
 
 }  // namespace

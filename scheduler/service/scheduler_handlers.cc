@@ -45,6 +45,7 @@ absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& reque
   outbox_.Open(request.host(), host.incarnation);
   reply->set_incarnation(host.incarnation);
   reply->set_scheduler_time_s(clock_->NowSeconds());
+  reply->set_scheduler_epoch(state_.epoch());
   MLF_LOG(INFO) << "host " << request.host() << " registered at " << host.data_address
                 << " (incarnation " << host.incarnation << ")";
   return absl::OkStatus();
