@@ -1,7 +1,9 @@
 #include "testing/cluster.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -104,6 +106,7 @@ absl::Status Cluster::Start(const std::vector<std::string>& scheduler_flags,
     argv.push_back("--admin_port_file=" + admin_port_file);
   }
   for (const std::string& flag : scheduler_flags) argv.push_back(SubstituteDir(flag));
+  scheduler_argv_ = argv;
   auto scheduler = Subprocess::Start(argv, dir_ + "/scheduler.log");
   if (!scheduler.ok()) return scheduler.status();
   scheduler_ = std::move(*scheduler);
@@ -146,6 +149,27 @@ absl::Status Cluster::Start(const std::vector<std::string>& scheduler_flags,
       return absl::DeadlineExceededError(
           absl::StrCat("daemon ", host, " did not start: ", daemon.Log()));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::RestartScheduler() {
+  if (scheduler_ == nullptr) return absl::FailedPreconditionError("the cluster was not started");
+  scheduler_->Signal(SIGKILL);
+  (void)scheduler_->WaitFor(10);
+  const std::string port_file = dir_ + "/scheduler.port";
+  std::remove(port_file.c_str());
+  std::vector<std::string> argv = scheduler_argv_;
+  for (std::string& flag : argv) {
+    if (flag == "--grpc_port=0") flag = absl::StrCat("--grpc_port=", port_);
+  }
+  auto scheduler = Subprocess::Start(argv, dir_ + "/scheduler.log");
+  if (!scheduler.ok()) return scheduler.status();
+  scheduler_ = std::move(*scheduler);
+  if (!WaitUntil([&] { return !ReadFile(port_file).empty() || !scheduler_->Running(); }, 30) ||
+      ReadFile(port_file).empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the restarted scheduler did not start: ", scheduler_->Log()));
   }
   return absl::OkStatus();
 }

@@ -106,6 +106,10 @@ class Cluster {
   const std::string& dir() const { return dir_; }
   // Where daemons (and this process) reach the scheduler's gRPC port.
   std::string scheduler_address() const;
+  // Kills the scheduler (SIGKILL: a crash) and starts a new one with the
+  // same flags on the same port (its log appended to the same file); the
+  // daemons find it again as they re-register. Returns once it serves.
+  absl::Status RestartScheduler();
   // 0 unless ClusterOptions::admin.
   int admin_port() const { return admin_port_; }
   std::string Socket(const std::string& host) const { return dir_ + "/" + host + ".sock"; }
@@ -147,6 +151,7 @@ class Cluster {
   int admin_port_ = 0;
   std::unique_ptr<NetnsNetwork> network_;  // destroyed after every process
   std::unique_ptr<launch::Subprocess> scheduler_;
+  std::vector<std::string> scheduler_argv_;  // as started, for RestartScheduler
   std::map<std::string, std::unique_ptr<launch::Subprocess>> daemons_;
   std::vector<std::unique_ptr<launch::Subprocess>> apps_;
 };
