@@ -149,8 +149,9 @@ def _unflat(flat, like):
 
 class AsyncPSTrainer:
     """Asynchronous PS training through MLfabric: each worker gets the model,
-    computes a gradient on its next batch, and pushes -lr * gradient with the
-    gradient's L2 norm and the model version it used; the server applies
+    computes a gradient on its next batch, and pushes -lr * gradient with
+    that update's L2 norm (what the replica's divergence bound counts,
+    mlfabric.md §5.3) and the model version it used; the server applies
     updates in the order the scheduler commits them (model += update), and the
     scheduler drops updates that would exceed the job's delay bound."""
 
@@ -237,9 +238,11 @@ class AsyncPSTrainer:
             x, y = next(batches)
             loss, grads = self._grads(tf.convert_to_tensor(x), tf.convert_to_tensor(y))
             grads = [np.asarray(g, dtype=np.float32) for g in grads]
-            norm = float(np.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64)))
-                                     for g in grads)))
             update = [(-self.learning_rate * g).astype(np.float32) for g in grads]
+            # The norm of the update the server applies, not of the gradient:
+            # the scheduler's divergence estimate adds these (§5.3, eq. 7-11).
+            norm = float(np.sqrt(sum(float(np.sum(np.square(u, dtype=np.float64)))
+                                     for u in update)))
             result = self.worker.push(self.server, update, version, norm,
                                       priorities=priorities, raise_on_failure=False)
             stats["losses"].append(float(loss))
