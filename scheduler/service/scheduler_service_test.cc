@@ -86,6 +86,37 @@ TEST_CASE("Registration checks the job and its token") {
         grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+TEST_CASE("Link rates near zero are refused: a transfer must not be planned to end at infinity") {
+  // Found by the grpc_handlers fuzz target (testdata/fuzz/grpc_handlers/denormal_uplink).
+  Fixture f;
+  v1::RegisterHostRequest request;
+  request.set_protocol_version(1);
+  request.set_host("w1");
+  request.set_data_address("127.0.0.1:1");
+  request.set_uplink_bps(6e-320);
+  v1::RegisterHostReply reply;
+  auto status = f.rpc.RegisterHost(&f.context, &request, &reply);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(status.error_message().find("uplink_bps") != std::string::npos);
+  request.set_uplink_bps(0);  // the scheduler's default
+  request.set_downlink_bps(1e14);
+  status = f.rpc.RegisterHost(&f.context, &request, &reply);
+  CHECK(status.error_message().find("downlink_bps") != std::string::npos);
+  request.set_downlink_bps(1e9);
+  REQUIRE(f.rpc.RegisterHost(&f.context, &request, &reply).ok());
+
+  v1::BandwidthReport report;
+  report.set_host("w1");
+  report.set_uplink_bps(1e9);
+  report.set_downlink_bps(5e-324);
+  v1::BandwidthAck ack;
+  status = f.rpc.ReportBandwidth(&f.context, &report, &ack);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(status.error_message().find("downlink_bps") != std::string::npos);
+  report.set_downlink_bps(1e9);
+  CHECK(f.rpc.ReportBandwidth(&f.context, &report, &ack).ok());
+}
+
 TEST_CASE("Bad submits get INVALID_ARGUMENT and good ones still pass") {
   Fixture f;
   f.RegisterHost("s1");
