@@ -411,6 +411,14 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
     return absl::NotFoundError(
         absl::StrCat("transfer ", request.transfer_id(), " is not in flight"));
   }
+  // Still waiting in its server's batch: no daemon has been told to move it,
+  // so none can report it (and completing it here would leave its id in the
+  // server's pending list for the next batch to plan as an empty update).
+  if (it->second.state == UpdateState::kPending) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transfer_id ", request.transfer_id(), " is not scheduled yet; only a transfer in flight ",
+        "can complete"));
+  }
   if (request.applied()) {
     if (JobState* job = state_.FindJob(it->second.job)) {
       ServerState& server = job->servers[it->second.server];

@@ -117,6 +117,33 @@ TEST_CASE("Link rates near zero are refused: a transfer must not be planned to e
   CHECK(f.rpc.ReportBandwidth(&f.context, &report, &ack).ok());
 }
 
+TEST_CASE("A push not yet scheduled cannot complete; it is planned at the next batch") {
+  // Found by the grpc_handlers fuzz target (testdata/fuzz/grpc_handlers/complete_pending):
+  // completing it left its id pending, and the next batch failed to plan.
+  Fixture f;
+  f.RegisterHost("s1");
+  f.RegisterHost("w1");
+  REQUIRE(f.RegisterServer("demo-token").ok());
+  uint64_t id = 0;
+  REQUIRE(f.Submit(f.GoodSubmit(), &id).ok());
+  v1::CompletionReport report;
+  report.set_host("s1");
+  report.set_transfer_id(id);
+  report.set_applied(true);
+  report.set_model_version(1);
+  v1::CompletionAck ack;
+  auto status = f.rpc.ReportCompletion(&f.context, &report, &ack);
+  CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(status.error_message().find("not scheduled yet") != std::string::npos);
+  f.service.RunBatchCycle();
+  const ClusterSnapshot snap = f.service.Snapshot();
+  CHECK(snap.drops_by_category.count("plan_error") == 0);
+  REQUIRE(snap.in_flight.size() == 1);
+  CHECK(snap.in_flight[0].transfer_id == id);
+  CHECK(f.rpc.ReportCompletion(&f.context, &report, &ack).ok());
+  CHECK(f.service.GetStats().applied == 1);
+}
+
 TEST_CASE("Bad submits get INVALID_ARGUMENT and good ones still pass") {
   Fixture f;
   f.RegisterHost("s1");
