@@ -3,6 +3,7 @@
 // cluster state under the service's lock.
 #include <chrono>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -10,6 +11,16 @@
 #include "scheduler/service/scheduler_service.h"
 
 namespace mlfabric {
+namespace {
+
+// Link rates a host may register or report, as for default_link_bps
+// (scheduler_config.cc): a rate near zero (a denormal passes "finite and
+// positive") plans a transfer to end at infinity, and the daemon is sent a
+// segment it cannot pace.
+constexpr double kMinLinkBps = 1e3;
+constexpr double kMaxLinkBps = 1e13;
+
+}  // namespace
 
 absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& request,
                                             v1::RegisterHostReply* reply) {
@@ -21,10 +32,12 @@ absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& reque
   if (request.data_address().empty()) {
     return absl::InvalidArgumentError("data_address: must be ip:port");
   }
-  for (double bps : {request.uplink_bps(), request.downlink_bps()}) {
-    if (!std::isfinite(bps) || bps < 0) {
-      return absl::InvalidArgumentError(
-          "uplink_bps/downlink_bps: must be finite and >= 0 (0 = scheduler default)");
+  for (const auto& [field, bps] : {std::pair{"uplink_bps", request.uplink_bps()},
+                                   std::pair{"downlink_bps", request.downlink_bps()}}) {
+    if (bps != 0 && !(bps >= kMinLinkBps && bps <= kMaxLinkBps)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", bps, " is out of range [", kMinLinkBps, ", ", kMaxLinkBps,
+          "] (0 = the scheduler's default_link_bps)"));
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -399,6 +412,14 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
     return absl::NotFoundError(
         absl::StrCat("transfer ", request.transfer_id(), " is not in flight"));
   }
+  // Still waiting in its server's batch: no daemon has been told to move it,
+  // so none can report it (and completing it here would leave its id in the
+  // server's pending list for the next batch to plan as an empty update).
+  if (it->second.state == UpdateState::kPending) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transfer_id ", request.transfer_id(), " is not scheduled yet; only a transfer in flight ",
+        "can complete"));
+  }
   if (request.applied()) {
     if (JobState* job = state_.FindJob(it->second.job)) {
       ServerState& server = job->servers[it->second.server];
@@ -419,9 +440,11 @@ absl::Status SchedulerService::ReportBandwidth(const v1::BandwidthReport& reques
     return absl::FailedPreconditionError(
         absl::StrCat("host '", request.host(), "' is not registered"));
   }
-  for (double bps : {request.uplink_bps(), request.downlink_bps()}) {
-    if (!std::isfinite(bps) || bps <= 0) {
-      return absl::InvalidArgumentError("bandwidth must be finite and positive");
+  for (const auto& [field, bps] : {std::pair{"uplink_bps", request.uplink_bps()},
+                                   std::pair{"downlink_bps", request.downlink_bps()}}) {
+    if (!(bps >= kMinLinkBps && bps <= kMaxLinkBps)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", bps, " is out of range [",
+                                                     kMinLinkBps, ", ", kMaxLinkBps, "]"));
     }
   }
   it->second.uplink_bps = request.uplink_bps();

@@ -86,6 +86,64 @@ TEST_CASE("Registration checks the job and its token") {
         grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+TEST_CASE("Link rates near zero are refused: a transfer must not be planned to end at infinity") {
+  // Found by the grpc_handlers fuzz target (testdata/fuzz/grpc_handlers/denormal_uplink).
+  Fixture f;
+  v1::RegisterHostRequest request;
+  request.set_protocol_version(1);
+  request.set_host("w1");
+  request.set_data_address("127.0.0.1:1");
+  request.set_uplink_bps(6e-320);
+  v1::RegisterHostReply reply;
+  auto status = f.rpc.RegisterHost(&f.context, &request, &reply);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(status.error_message().find("uplink_bps") != std::string::npos);
+  request.set_uplink_bps(0);  // the scheduler's default
+  request.set_downlink_bps(1e14);
+  status = f.rpc.RegisterHost(&f.context, &request, &reply);
+  CHECK(status.error_message().find("downlink_bps") != std::string::npos);
+  request.set_downlink_bps(1e9);
+  REQUIRE(f.rpc.RegisterHost(&f.context, &request, &reply).ok());
+
+  v1::BandwidthReport report;
+  report.set_host("w1");
+  report.set_uplink_bps(1e9);
+  report.set_downlink_bps(5e-324);
+  v1::BandwidthAck ack;
+  status = f.rpc.ReportBandwidth(&f.context, &report, &ack);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(status.error_message().find("downlink_bps") != std::string::npos);
+  report.set_downlink_bps(1e9);
+  CHECK(f.rpc.ReportBandwidth(&f.context, &report, &ack).ok());
+}
+
+TEST_CASE("A push not yet scheduled cannot complete; it is planned at the next batch") {
+  // Found by the grpc_handlers fuzz target (testdata/fuzz/grpc_handlers/complete_pending):
+  // completing it left its id pending, and the next batch failed to plan.
+  Fixture f;
+  f.RegisterHost("s1");
+  f.RegisterHost("w1");
+  REQUIRE(f.RegisterServer("demo-token").ok());
+  uint64_t id = 0;
+  REQUIRE(f.Submit(f.GoodSubmit(), &id).ok());
+  v1::CompletionReport report;
+  report.set_host("s1");
+  report.set_transfer_id(id);
+  report.set_applied(true);
+  report.set_model_version(1);
+  v1::CompletionAck ack;
+  auto status = f.rpc.ReportCompletion(&f.context, &report, &ack);
+  CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(status.error_message().find("not scheduled yet") != std::string::npos);
+  f.service.RunBatchCycle();
+  const ClusterSnapshot snap = f.service.Snapshot();
+  CHECK(snap.drops_by_category.count("plan_error") == 0);
+  REQUIRE(snap.in_flight.size() == 1);
+  CHECK(snap.in_flight[0].transfer_id == id);
+  CHECK(f.rpc.ReportCompletion(&f.context, &report, &ack).ok());
+  CHECK(f.service.GetStats().applied == 1);
+}
+
 TEST_CASE("Bad submits get INVALID_ARGUMENT and good ones still pass") {
   Fixture f;
   f.RegisterHost("s1");
