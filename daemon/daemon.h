@@ -63,10 +63,12 @@
 #include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/delivery_sequencer.h"
 #include "daemon/engine/get_batcher.h"
+#include "daemon/engine/relay_table.h"
 #include "daemon/engine/packet_checksums.h"
 #include "daemon/engine/round_table.h"
 #include "daemon/pacing/pacer.h"
 #include "daemon/queue/priority_packet_queue.h"
+#include "daemon/transport/framing.h"
 #include "daemon/transport/packet.h"
 #include "daemon/transport/send_watchdog.h"
 #include "monitor/bandwidth_monitor.h"
@@ -95,6 +97,9 @@ class Daemon {
     int64_t rounds = 0;  // synchronous rounds delivered (Mercury PS)
     int64_t gets_served = 0;      // model gets answered for local servers
     int64_t model_snapshots = 0;  // snapshots those gets took (one per batch)
+    int64_t model_copies_sent = 0;  // of those gets, copies this daemon sent itself
+    int64_t gets_routed = 0;        // of those gets, sent to a distributor instead (§10.3)
+    int64_t copies_forwarded = 0;   // copies this daemon forwarded as a distributor
   };
   Stats GetStats() const;
 
@@ -206,7 +211,26 @@ class Daemon {
   absl::Status AcceptDataLocked(const transport::PacketHeader& header, const uint8_t* dst,
                                 std::set<uint64_t>* begun);
   absl::Status ServeGetRequest(const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
-                               const transport::PacketHeader& header, const std::string& server);
+                               const transport::PacketHeader& header,
+                               const v1::DataGetRequest& body);
+  // §10.3: plans the distribution tree of an answered batch of gets with
+  // the scheduler and records each member's route (direct when no tree
+  // applies or the scheduler cannot be asked).
+  void RouteBatch(const std::string& key, uint32_t job_id, const std::string& server,
+                  uint64_t batch, int64_t model_bytes);
+  // As a distributor: forwards our copy of the server's batch
+  // `body.relay_batch()` to a requester routed here, packet by packet as
+  // it arrives.
+  absl::Status ServeRelayGet(const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
+                             const transport::PacketHeader& header,
+                             const v1::DataGetRequest& body);
+  // The header of a get's reply: offset = the bytes that follow; payload =
+  // `body`.
+  absl::Status WriteGetReply(boost::asio::ip::tcp::socket& socket,
+                             const transport::PacketHeader& request,
+                             const v1::DataGetReply& body, int64_t bytes);
+  // Carries out what the relay table said. Requires mu_.
+  void ApplyRelayEffectsLocked(const daemon::RelayTable::Effects& effects);
 
   void SenderLoop();
   // Require mu_.
@@ -256,6 +280,27 @@ class Daemon {
   // Takes `bytes` from the unscheduled budget at `now`; if it cannot,
   // returns false and the time it could.
   bool ConsumeUnscheduled(uint32_t bytes, double now, double* next_s);
+  // A connection to a daemon that answers a get (the server's, or a
+  // distributor's), with its reader and the reply's header.
+  struct GetConnection {
+    std::string address;
+    std::unique_ptr<boost::asio::ip::tcp::socket> socket;
+    std::optional<transport::FrameReader> reader;
+    transport::PacketHeader header;  // the kGetReply
+    v1::DataGetReply reply;
+  };
+  // Sends `body` as a get request to the daemon at `address` (a kept
+  // connection if there is one) and reads the reply's header; the reply's
+  // own error is Unavailable with its text.
+  absl::Status RequestModel(const std::string& peer, const std::string& address,
+                            const transport::PacketHeader& request,
+                            const v1::DataGetRequest& body, GetConnection* out);
+  // Reads the model that follows the reply header. A non-empty
+  // `relay_key` keeps the copy in relays_ so that it can be forwarded.
+  absl::Status ReceiveModel(GetConnection& connection, const std::string& relay_key,
+                            std::shared_ptr<SharedBuffer>* model);
+  // The connection is kept for the next get to that daemon.
+  void KeepGetConnection(GetConnection& connection);
   // `round` >= 0 asks a synchronous-round server for that round's sum.
   absl::Status FetchModel(const std::string& job, const std::string& server, int64_t* version,
                           std::shared_ptr<SharedBuffer>* buffer, int64_t round = -1,
@@ -321,6 +366,9 @@ class Daemon {
   // Gets of local servers' models, answered in batches of one snapshot
   // each (§10.3); own lock, a leaf under mu_.
   daemon::GetBatcher gets_;
+  // Model copies received for our own gets, forwarded to requesters routed
+  // here (§10.3); own lock, a leaf under mu_.
+  daemon::RelayTable relays_;
   std::map<uint64_t, std::shared_ptr<ReplyStream>> replies_;  // by ReplyStream::id
   // Bytes of applied pushes whose replica copy comes in a later batch.
   std::map<uint64_t, PendingPush> replica_holds_;

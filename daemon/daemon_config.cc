@@ -24,6 +24,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Double("get_timeout_s", &config.get_timeout_s, 0.1, 3600);
   reader.Double("keepalive_s", &config.keepalive_s, 0.1, 3600);
   reader.Double("get_batch_wait_s", &config.get_batch_wait_s, 0, 3600);
+  reader.Int("get_tree_min_bytes", &config.get_tree_min_bytes, 0, int64_t{1} << 40);
   reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
   reader.Int("rounds_kept", &config.rounds_kept, 2, 1024);
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
@@ -73,6 +74,10 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --get_batch_wait_s    gets that arrive while a server's previous batch of
                         replies is leaving share one snapshot, taken when it
                         has left or after this long (default 2)
+  --get_tree_min_bytes  a batch of gets of a model at least this large from
+                        two or more hosts goes through a distribution tree
+                        planned by the scheduler: some requesters forward
+                        each packet to others as it arrives (default 1048576)
   --round_wait_s        how long a get waits for a synchronous round's sum
                         (Mercury PS servers; default 300)
   --rounds_kept         synchronous rounds kept at a round server's daemon for

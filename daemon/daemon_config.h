@@ -32,6 +32,11 @@ struct DaemonConfig {
   // A batch of gets waits this long for the previous batch's replies to
   // leave before it takes its snapshot anyway (daemon/engine/get_batcher.h).
   double get_batch_wait_s = 2;
+  // A batch of gets for a model at least this large is answered through a
+  // distribution tree the scheduler plans (mlfabric.md §10.3); smaller
+  // models go to every requester from here (a tree's extra hop costs more
+  // than it spares).
+  int64_t get_tree_min_bytes = 1 << 20;
   double round_wait_s = 300;                 // how long a get waits for a synchronous round's sum
   // Synchronous rounds kept at a round server's daemon, the newest
   // included, for the gets of workers that are behind (a late backup

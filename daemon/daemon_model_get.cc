@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <set>
 #include <deque>
 #include <functional>
 #include <cstring>
@@ -104,7 +106,8 @@ absl::Status Daemon::AwaitReply(const std::shared_ptr<ReplyStream>& stream,
 
 absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
                                      const PacketHeader& request,
-                                     const std::string& server) {
+                                     const v1::DataGetRequest& body) {
+  const std::string& server = body.server();
   const std::string key = ServerKey(request.job, server);
   std::string error;
   std::shared_ptr<SharedBuffer> model;
@@ -127,7 +130,7 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
                            "'s daemon");
     } else {
       // One snapshot per batch of gets (§10.3, daemon/engine/get_batcher.h).
-      ticket = gets_.Join(key);
+      ticket = gets_.Join(key, body.requester_host());
       MLF_LOG(DEBUG) << "get " << request.transfer << " of server '" << server
                      << "' joins model batch " << ticket->batch
                      << (ticket->ask ? " (takes its snapshot)" : "");
@@ -183,20 +186,45 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
     gets_.Leave(ticket->batch);
     cv_.notify_all();
   };
-  // Reply header: offset = model bytes; payload = 8-byte version + error text.
-  std::string payload(8, '\0');
-  for (int i = 0; i < 8; ++i) payload[i] = static_cast<char>(static_cast<uint64_t>(version) >> (8 * i));
-  payload += error;
-  PacketHeader reply;
-  reply.kind = PacketKind::kGetReply;
-  reply.job = request.job;
-  reply.transfer = request.transfer;
-  reply.offset = error.empty() && model ? model->size() : 0;
-  if (auto status =
-          transport::WritePacket(*send_watchdog_, socket->native_handle(), reply, payload.data(), payload.size());
+  // §10.3: the batch's distribution tree says whether this requester gets
+  // the model from here or from a distributor of the same batch.
+  daemon::GetBatcher::Route route;
+  if (error.empty() && model && ticket.has_value()) {
+    if (ticket->ask) {
+      RouteBatch(key, request.job, server, ticket->batch, static_cast<int64_t>(model->size()));
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    std::optional<daemon::GetBatcher::Route> routed;
+    cv_.wait_for(lock, std::chrono::duration<double>(config_.get_timeout_s), [&] {
+      routed = gets_.RouteOf(ticket->batch, ticket->member);
+      return routed.has_value() || stopping_.load();
+    });
+    if (routed.has_value()) route = *routed;  // else: direct
+  }
+  v1::DataGetReply reply;
+  reply.set_version(version);
+  reply.set_error(error);
+  if (ticket.has_value()) reply.set_batch(ticket->batch);
+  const bool relayed = !route.via_host.empty();
+  if (relayed) {
+    reply.set_relay_host(route.via_host);
+    reply.set_relay_address(route.via_address);
+  }
+  if (auto status = WriteGetReply(*socket, request, reply,
+                                  error.empty() && model ? static_cast<int64_t>(model->size()) : 0);
       !status.ok()) {
     leave();
     return status;
+  }
+  if (relayed) {
+    MLF_LOG(DEBUG) << "get " << request.transfer << " of server '" << server << "' (batch "
+                   << ticket->batch << ") goes through distributor " << route.via_host;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.gets_routed;
+    }
+    leave();
+    return absl::OkStatus();
   }
   if (!error.empty() || !model || model->size() == 0) {
     leave();
@@ -210,11 +238,306 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
     stream = OpenReplyLocked(socket, request, model,
                              (model->size() + payload_bytes - 1) / payload_bytes);
     QueueReplyLocked(*stream, 0, model->size());
+    ++stats_.model_copies_sent;
   }
   absl::Status streamed = AwaitReply(
       stream, [] { return std::string(); }, std::chrono::steady_clock::time_point::max());
   leave();
   return streamed;
+}
+
+absl::Status Daemon::WriteGetReply(tcp::socket& socket, const PacketHeader& request,
+                                   const v1::DataGetReply& body, int64_t bytes) {
+  const std::string payload = body.SerializeAsString();
+  PacketHeader reply;
+  reply.kind = PacketKind::kGetReply;
+  reply.job = request.job;
+  reply.transfer = request.transfer;
+  reply.offset = static_cast<uint64_t>(std::max<int64_t>(bytes, 0));
+  return transport::WritePacket(*send_watchdog_, socket.native_handle(), reply, payload.data(),
+                                static_cast<uint32_t>(payload.size()));
+}
+
+void Daemon::RouteBatch(const std::string& key, uint32_t job_id, const std::string& server,
+                        uint64_t batch, int64_t model_bytes) {
+  const std::vector<std::string> members = gets_.Requesters(batch);
+  std::vector<daemon::GetBatcher::Route> routes(members.size());  // direct unless planned
+  // The remote hosts that asked, each once, in request order. Gets from
+  // this host, or from a daemon that did not say, are answered from here.
+  std::vector<std::string> hosts;
+  std::set<std::string> seen;
+  for (const std::string& member : members) {
+    if (!member.empty() && member != config_.host && seen.insert(member).second) {
+      hosts.push_back(member);
+    }
+  }
+  std::string job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = servers_.find(key);
+    if (it != servers_.end() && it->second.app != nullptr) job = it->second.app->job;
+  }
+  if (hosts.size() >= 2 && model_bytes >= config_.get_tree_min_bytes && !job.empty()) {
+    v1::PlanDistributionRequest ask;
+    ask.set_host(config_.host);
+    ask.set_job(job);
+    ask.set_server(server);
+    ask.set_model_bytes(model_bytes);
+    for (const std::string& host : hosts) ask.add_requesters(host);
+    v1::PlanDistributionReply plan;
+    absl::Status planned = scheduler_->PlanDistribution(ask, &plan);
+    if (planned.ok() && plan.routes_size() != static_cast<int>(hosts.size())) {
+      planned = absl::InternalError(absl::StrCat("the plan has ", plan.routes_size(),
+                                                 " routes for ", hosts.size(), " requesters"));
+    }
+    if (planned.ok()) {
+      std::map<std::string, daemon::GetBatcher::Route> by_host;
+      for (const v1::DistributionRoute& r : plan.routes()) {
+        // Only a requester of this batch may forward it, and not to itself.
+        if (!r.via_host().empty() && r.via_host() != r.host() && seen.count(r.via_host()) > 0) {
+          by_host[r.host()] = {r.via_host(), r.via_address()};
+        }
+      }
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (auto it = by_host.find(members[i]); it != by_host.end()) routes[i] = it->second;
+      }
+      MLF_LOG(DEBUG) << "model batch " << batch << " of server '" << server << "' (job " << job_id
+                     << "): " << hosts.size() << " hosts, " << plan.server_copies()
+                     << " copies from here, the rest through distributors";
+    } else {
+      MLF_LOG(WARNING) << "model batch " << batch << " of server '" << server
+                       << "': no distribution tree (" << daemon::RpcErrorText(planned)
+                       << "); every get is answered from here";
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  gets_.SetRoutes(batch, std::move(routes));
+  cv_.notify_all();
+}
+
+void Daemon::ApplyRelayEffectsLocked(const daemon::RelayTable::Effects& effects) {
+  for (const auto& [id, range] : effects.forward) {
+    if (auto it = replies_.find(id); it != replies_.end()) {
+      QueueReplyLocked(*it->second, range.first, range.second);
+    }
+  }
+  for (uint64_t id : effects.complete) {
+    if (auto it = replies_.find(id); it != replies_.end()) {
+      it->second->total_packets = it->second->queued;
+    }
+  }
+  for (const auto& [id, why] : effects.fail) {
+    if (auto it = replies_.find(id); it != replies_.end() && it->second->error.empty()) {
+      it->second->error = why;
+    }
+  }
+  if (!effects.forward.empty() || !effects.complete.empty() || !effects.fail.empty()) {
+    cv_.notify_all();
+  }
+}
+
+absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
+                                   const PacketHeader& request,
+                                   const v1::DataGetRequest& body) {
+  const std::string key = ServerKey(request.job, body.server());
+  const uint64_t batch = body.relay_batch();
+  const std::string who = absl::StrCat("distributor ", config_.host);
+  using State = daemon::RelayTable::State;
+  // Our own get of the batch may not have its reply header yet.
+  v1::DataGetReply reply;
+  reply.set_batch(batch);
+  std::shared_ptr<SharedBuffer> model;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    State state = State::kUnknown;
+    cv_.wait_for(lock, std::chrono::duration<double>(config_.get_timeout_s), [&] {
+      state = relays_.StateOf(key, batch);
+      return state != State::kUnknown || stopping_.load();
+    });
+    daemon::RelayTable::Watch peek = relays_.AddWatcher(key, batch, 0);
+    if (stopping_.load()) {
+      reply.set_error(absl::StrCat(who, " is stopping"));
+    } else if (peek.state == State::kUnknown) {
+      reply.set_error(absl::StrCat(who, " has no copy of batch ", batch, " of server '",
+                                   body.server(), "' (its own get did not begin within ",
+                                   config_.get_timeout_s, " s)"));
+    } else if (peek.state == State::kFailed) {
+      reply.set_error(absl::StrCat(who, " could not receive the model: ", peek.error));
+    } else {
+      reply.set_version(peek.version);
+      model = peek.model;
+    }
+  }
+  RETURN_IF_ERROR(
+      WriteGetReply(*socket, request, reply, model ? static_cast<int64_t>(model->size()) : 0));
+  if (!model || model->size() == 0) return absl::OkStatus();
+  // Cut-through: what has arrived goes now, each later packet as it comes.
+  std::shared_ptr<ReplyStream> stream;
+  std::string failed_meanwhile;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream = OpenReplyLocked(socket, request, model, std::numeric_limits<size_t>::max());
+    daemon::RelayTable::Watch watch = relays_.AddWatcher(key, batch, stream->id);
+    if (watch.state == State::kFailed || watch.state == State::kUnknown) {
+      failed_meanwhile = watch.state == State::kFailed ? watch.error : "its copy was dropped";
+    } else {
+      for (const auto& [begin, end] : watch.ready) QueueReplyLocked(*stream, begin, end);
+      if (watch.state == State::kDone) stream->total_packets = stream->queued;
+      ++stats_.copies_forwarded;
+      MLF_LOG(DEBUG) << "forwards batch " << batch << " of server '" << body.server()
+                     << "' to get " << request.transfer << " ("
+                     << (watch.state == State::kDone ? "all arrived" : "cut-through") << ")";
+    }
+  }
+  absl::Status streamed =
+      failed_meanwhile.empty()
+          ? AwaitReply(
+                stream,
+                [&] {
+                  std::string why;
+                  if (relays_.StateOf(key, batch, &why) != State::kFailed) return std::string();
+                  return why;
+                },
+                std::chrono::steady_clock::time_point::max())
+          : absl::AbortedError(failed_meanwhile);
+  relays_.RemoveWatcher(key, batch, stream->id);
+  if (!failed_meanwhile.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    replies_.erase(stream->id);
+  }
+  if (streamed.ok()) return streamed;
+  // Our copy failed (or the requester went away): tell it why.
+  PacketHeader abort;
+  abort.kind = PacketKind::kAbort;
+  abort.job = request.job;
+  abort.transfer = request.transfer;
+  const std::string reason = absl::StrCat(who, " lost the model mid-forward: ", streamed.message());
+  return transport::WritePacket(*send_watchdog_, socket->native_handle(), abort, reason.data(),
+                                static_cast<uint32_t>(reason.size()));
+}
+
+absl::Status Daemon::RequestModel(const std::string& peer, const std::string& address,
+                                  const PacketHeader& request, const v1::DataGetRequest& body,
+                                  GetConnection* out) {
+  auto endpoint = transport::ParseEndpoint(address);
+  if (!endpoint.ok()) return endpoint.status();
+  out->address = address;
+  // A connection left by an earlier get to that daemon is reused (its
+  // session there is waiting for the next request); a new one otherwise.
+  {
+    std::lock_guard<std::mutex> lock(idle_gets_mu_);
+    auto idle = idle_get_connections_.find(address);
+    if (idle != idle_get_connections_.end()) {
+      out->socket = std::move(idle->second);
+      idle_get_connections_.erase(idle);
+    }
+  }
+  const bool reused = out->socket != nullptr;
+  auto connect = [&]() -> absl::Status {
+    out->socket = std::make_unique<tcp::socket>(io_);
+    boost::system::error_code error;
+    out->socket->connect(*endpoint, error);
+    if (error) {
+      return absl::UnavailableError(absl::StrCat("get: cannot reach ", peer, " at ", address, ": ",
+                                                 error.message()));
+    }
+    out->socket->set_option(tcp::no_delay(true), error);
+    return absl::OkStatus();
+  };
+  if (!reused) RETURN_IF_ERROR(connect());
+  const std::string payload = body.SerializeAsString();
+  auto exchange = [&]() -> absl::StatusOr<PacketHeader> {
+    RETURN_IF_ERROR(transport::WritePacket(*send_watchdog_, out->socket->native_handle(), request,
+                                           payload.data(), static_cast<uint32_t>(payload.size())));
+    out->reader.emplace(out->socket->native_handle());
+    return out->reader->ReadHeader();
+  };
+  absl::StatusOr<PacketHeader> reply = exchange();
+  if (reused && !reply.ok()) {
+    // The far end had closed the kept connection (its daemon restarted):
+    // once more on a new one.
+    RETURN_IF_ERROR(connect());
+    reply = exchange();
+  }
+  if (!reply.ok()) return absl::UnavailableError(absl::StrCat("get: ", reply.status().message()));
+  if (reply->kind != PacketKind::kGetReply || reply->transfer != request.transfer) {
+    return absl::DataLossError(absl::StrCat("get: malformed reply from ", peer, "'s daemon"));
+  }
+  std::string bytes(reply->length, '\0');
+  RETURN_IF_ERROR(out->reader->ReadPayload(bytes.data(), bytes.size()));
+  RETURN_IF_ERROR(transport::VerifyPayload(*reply, bytes.data()));
+  if (!out->reply.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("get: malformed reply body from ", peer, "'s daemon"));
+  }
+  out->header = *reply;
+  if (!out->reply.error().empty()) return absl::UnavailableError(out->reply.error());
+  if (reply->offset > static_cast<uint64_t>(kMaxTransferBytes)) {
+    return absl::DataLossError("get: model size out of range");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::ReceiveModel(GetConnection& connection, const std::string& relay_key,
+                                  std::shared_ptr<SharedBuffer>* model) {
+  const uint64_t total = connection.header.offset;
+  auto created = SharedBuffer::Create(total);
+  if (!created.ok()) return created.status();
+  auto buffer = std::make_shared<SharedBuffer>(std::move(*created));
+  const uint64_t batch = connection.reply.batch();
+  bool relaying = false;  // this get keeps the copy others may be routed to
+  if (!relay_key.empty() && batch != 0 && total > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    daemon::RelayTable::Effects effects;
+    relaying = relays_.Begin(relay_key, batch, connection.reply.version(), buffer, &effects);
+    ApplyRelayEffectsLocked(effects);
+    cv_.notify_all();  // requesters routed here may be waiting for the copy (ServeRelayGet)
+  }
+  auto finish = [&](const absl::Status& status) {
+    if (!relaying) return status;
+    std::lock_guard<std::mutex> lock(mu_);
+    ApplyRelayEffectsLocked(
+        relays_.Finish(relay_key, batch, status.ok() ? "" : std::string(status.message())));
+    return status;
+  };
+  transport::FrameReader& reader = *connection.reader;
+  uint64_t received = 0;
+  while (received < total) {
+    auto data = reader.ReadHeader();
+    if (!data.ok()) {
+      return finish(absl::UnavailableError(
+          absl::StrCat("get: model transfer cut: ", data.status().message())));
+    }
+    if (data->kind == PacketKind::kAbort && data->length <= transport::kMaxControlBytes) {
+      std::string reason(data->length, '\0');
+      if (auto read = reader.ReadPayload(reason.data(), reason.size()); !read.ok()) {
+        return finish(read);
+      }
+      return finish(absl::AbortedError(reason));
+    }
+    if (data->kind != PacketKind::kData || data->offset > total ||
+        data->length > total - data->offset) {
+      return finish(absl::DataLossError("get: malformed model packet"));
+    }
+    uint8_t* dst = buffer->data() + data->offset;
+    if (auto read = reader.ReadPayload(dst, data->length); !read.ok()) return finish(read);
+    if (auto crc = transport::VerifyPayload(*data, dst); !crc.ok()) return finish(crc);
+    received += data->length;
+    if (relaying) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ApplyRelayEffectsLocked(
+          relays_.Arrived(relay_key, batch, data->offset, data->offset + data->length));
+    }
+  }
+  *model = std::move(buffer);
+  return finish(absl::OkStatus());
+}
+
+void Daemon::KeepGetConnection(GetConnection& connection) {
+  if (!connection.socket) return;
+  std::lock_guard<std::mutex> lock(idle_gets_mu_);
+  if (idle_get_connections_.count(connection.address) < kMaxIdleGetConnections) {
+    idle_get_connections_.emplace(connection.address, std::move(connection.socket));
+  }
 }
 
 absl::Status Daemon::FetchModel(const std::string& job, const std::string& server,
@@ -228,107 +551,61 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat("get: ", daemon::RpcErrorText(status)));
   }
-  auto endpoint = transport::ParseEndpoint(where.data_address());
-  if (!endpoint.ok()) return endpoint.status();
-  // A connection left by an earlier get to that daemon is reused (its
-  // session there is waiting for the next request); a new one otherwise.
-  std::unique_ptr<tcp::socket> connection;
-  {
-    std::lock_guard<std::mutex> lock(idle_gets_mu_);
-    auto idle = idle_get_connections_.find(where.data_address());
-    if (idle != idle_get_connections_.end()) {
-      connection = std::move(idle->second);
-      idle_get_connections_.erase(idle);
-    }
-  }
-  const bool reused = connection != nullptr;
-  auto connect = [&]() -> absl::Status {
-    connection = std::make_unique<tcp::socket>(io_);
-    boost::system::error_code error;
-    connection->connect(*endpoint, error);
-    if (error) {
-      return absl::UnavailableError(absl::StrCat("get: cannot reach ", where.host(), " at ",
-                                                 where.data_address(), ": ", error.message()));
-    }
-    connection->set_option(tcp::no_delay(true), error);
-    return absl::OkStatus();
-  };
-  if (!reused) RETURN_IF_ERROR(connect());
   PacketHeader request;
   request.kind = PacketKind::kGetRequest;
   request.job = where.job_id();
   request.priority = static_cast<uint16_t>(std::min<uint32_t>(priority, 65535));
   // A synchronous-round server answers a worker that pushed round r with
   // that round's sum, streamed as its chunks complete (Mercury PS).
-  if (where.round_size() > 0 && round >= 0) request.offset = static_cast<uint64_t>(round) + 1;
+  const bool round_get = where.round_size() > 0 && round >= 0;
+  if (round_get) request.offset = static_cast<uint64_t>(round) + 1;
   {
     std::lock_guard<std::mutex> lock(mu_);
     request.transfer = next_local_id_++;
   }
-  absl::Status sent =
-      transport::WritePacket(*send_watchdog_, connection->native_handle(), request, server.data(), server.size());
-  std::optional<transport::FrameReader> reader;
-  absl::StatusOr<PacketHeader> reply = absl::UnavailableError("not sent");
-  if (sent.ok()) {
-    reader.emplace(connection->native_handle());
-    reply = reader->ReadHeader();
+  v1::DataGetRequest body;
+  body.set_server(server);
+  body.set_requester_host(config_.host);
+  GetConnection direct;
+  RETURN_IF_ERROR(RequestModel(where.host(), where.data_address(), request, body, &direct));
+  // A model copy is kept for requesters the server routes through us.
+  const std::string relay_key = round_get ? "" : ServerKey(where.job_id(), server);
+  if (direct.reply.relay_host().empty()) {
+    RETURN_IF_ERROR(ReceiveModel(direct, relay_key, model));
+    *version = direct.reply.version();
+    KeepGetConnection(direct);
+    return absl::OkStatus();
   }
-  if (reused && (!sent.ok() || !reply.ok())) {
-    // The far end had closed the kept connection (its daemon restarted):
-    // once more on a new one.
-    RETURN_IF_ERROR(connect());
-    sent = transport::WritePacket(*send_watchdog_, connection->native_handle(), request, server.data(),
-                       server.size());
-    if (sent.ok()) {
-      reader.emplace(connection->native_handle());
-      reply = reader->ReadHeader();
-    }
-  }
-  if (!sent.ok()) return sent;
-  if (!reply.ok()) return absl::UnavailableError(absl::StrCat("get: ", reply.status().message()));
-  if (reply->kind != PacketKind::kGetReply || reply->transfer != request.transfer ||
-      reply->length < 8) {
-    return absl::DataLossError("get: malformed reply from the server's daemon");
-  }
-  std::string payload(reply->length, '\0');
-  if (auto read = reader->ReadPayload(payload.data(), payload.size()); !read.ok()) return read;
-  if (auto crc = transport::VerifyPayload(*reply, payload.data()); !crc.ok()) return crc;
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(payload[i])) << (8 * i);
-  if (payload.size() > 8) return absl::UnavailableError(payload.substr(8));
-  if (reply->offset > static_cast<uint64_t>(kMaxTransferBytes)) {
-    return absl::DataLossError("get: model size out of range");
-  }
-  auto buffer = SharedBuffer::Create(reply->offset);
-  if (!buffer.ok()) return buffer.status();
-  uint64_t received = 0;
-  while (received < reply->offset) {
-    auto data = reader->ReadHeader();
-    if (!data.ok()) {
-      return absl::UnavailableError(absl::StrCat("get: model transfer cut: ", data.status().message()));
-    }
-    if (data->kind == PacketKind::kAbort && data->length <= transport::kMaxControlBytes) {
-      std::string reason(data->length, '\0');
-      if (auto read = reader->ReadPayload(reason.data(), reason.size()); !read.ok()) return read;
-      return absl::AbortedError(reason);
-    }
-    if (data->kind != PacketKind::kData || data->offset > reply->offset ||
-        data->length > reply->offset - data->offset) {
-      return absl::DataLossError("get: malformed model packet");
-    }
-    uint8_t* dst = buffer->data() + data->offset;
-    if (auto read = reader->ReadPayload(dst, data->length); !read.ok()) return read;
-    if (auto crc = transport::VerifyPayload(*data, dst); !crc.ok()) return crc;
-    received += data->length;
-  }
-  *version = static_cast<int64_t>(v);
-  *model = std::make_shared<SharedBuffer>(std::move(*buffer));
+  // §10.3: the model comes from a distributor of the same batch, packet by
+  // packet as it receives it. A failure there fails this get only.
+  KeepGetConnection(direct);  // nothing follows on it
+  const std::string distributor =
+      absl::StrCat(direct.reply.relay_host(), " (", direct.reply.relay_address(), ")");
+  auto from_distributor = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("get of server '", server, "' through distributor ",
+                                               distributor, ": ", s.message()));
+  };
+  body.set_relay_batch(direct.reply.batch());
   {
-    std::lock_guard<std::mutex> lock(idle_gets_mu_);
-    if (idle_get_connections_.count(where.data_address()) < kMaxIdleGetConnections) {
-      idle_get_connections_.emplace(where.data_address(), std::move(connection));
-    }
+    std::lock_guard<std::mutex> lock(mu_);
+    request.transfer = next_local_id_++;
   }
+  GetConnection relay;
+  if (auto s = RequestModel(direct.reply.relay_host(), direct.reply.relay_address(), request, body,
+                            &relay);
+      !s.ok()) {
+    return from_distributor(s);
+  }
+  if (relay.header.offset != direct.header.offset ||
+      relay.reply.version() != direct.reply.version()) {
+    return from_distributor(absl::DataLossError(absl::StrCat(
+        "it forwards version ", relay.reply.version(), " (", relay.header.offset,
+        " bytes), the server answered version ", direct.reply.version(), " (",
+        direct.header.offset, " bytes)")));
+  }
+  if (auto s = ReceiveModel(relay, relay_key, model); !s.ok()) return from_distributor(s);
+  *version = relay.reply.version();
+  KeepGetConnection(relay);
   return absl::OkStatus();
 }
 

@@ -222,6 +222,11 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
       break;
     }
     if (header->kind == PacketKind::kGetRequest) {
+      v1::DataGetRequest body;
+      if (!body.ParseFromString(payload) || body.server().empty()) {
+        close_reason = "get request: malformed body (no server named)";
+        break;
+      }
       // offset = round + 1 asks for a synchronous round's sum; 0 = the model.
       if (header->offset > 0) {
         if (header->offset > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -229,7 +234,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
                                       ", out of range");
           break;
         }
-        if (auto status = ServeRoundGet(socket, *header, payload,
+        if (auto status = ServeRoundGet(socket, *header, body.server(),
                                         static_cast<int64_t>(header->offset - 1));
             !status.ok()) {
           close_reason = std::string(status.message());
@@ -237,7 +242,9 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
         }
         continue;
       }
-      if (auto status = ServeGetRequest(socket, *header, payload); !status.ok()) {
+      if (auto status = body.relay_batch() != 0 ? ServeRelayGet(socket, *header, body)
+                                                : ServeGetRequest(socket, *header, body);
+          !status.ok()) {
         close_reason = std::string(status.message());
         break;
       }

@@ -192,18 +192,11 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
       }
     }
   }
-  // Reply header as for a model get: offset = bytes; payload = 8-byte
-  // version (the round's result is version round + 1) + error text.
-  const uint64_t version = static_cast<uint64_t>(round_number + 1);
-  std::string payload(8, '\0');
-  for (int i = 0; i < 8; ++i) payload[i] = static_cast<char>(version >> (8 * i));
-  payload += error;
-  PacketHeader reply;
-  reply.kind = PacketKind::kGetReply;
-  reply.job = request.job;
-  reply.transfer = request.transfer;
-  reply.offset = error.empty() ? static_cast<uint64_t>(bytes) : 0;
-  RETURN_IF_ERROR(transport::WritePacket(*send_watchdog_, socket->native_handle(), reply, payload.data(), payload.size()));
+  // Reply header as for a model get; the round's result is version round + 1.
+  v1::DataGetReply reply;
+  reply.set_version(round_number + 1);
+  reply.set_error(error);
+  RETURN_IF_ERROR(WriteGetReply(*socket, request, reply, error.empty() ? bytes : 0));
   if (!error.empty()) return absl::OkStatus();
   // The sum streams chunk by chunk as the table reports them final.
   std::shared_ptr<ReplyStream> stream;

@@ -60,7 +60,9 @@ int main(int argc, char** argv) {
   waiter.join();
   const auto stats = daemon.GetStats();
   MLF_LOG(INFO) << "stopped: pushes " << stats.pushes << ", gets served " << stats.gets_served
-                << " from " << stats.model_snapshots << " snapshots, sent " << stats.bytes_sent
+                << " from " << stats.model_snapshots << " snapshots (" << stats.model_copies_sent
+                << " copies sent from here, " << stats.gets_routed << " through distributors; "
+                << stats.copies_forwarded << " copies forwarded), sent " << stats.bytes_sent
                 << " B, received " << stats.bytes_received << " B, delivered "
                 << stats.deliveries << ", malformed sessions " << stats.malformed_sessions;
   if (!status.ok()) {

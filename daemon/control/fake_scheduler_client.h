@@ -57,6 +57,10 @@ class FakeSchedulerClient final : public SchedulerClient {
   absl::Status ResolveServer(const v1::ResolveServerRequest&, v1::ResolveServerReply*) override {
     return absl::NotFoundError("the fake knows no servers");
   }
+  absl::Status PlanDistribution(const v1::PlanDistributionRequest&,
+                                v1::PlanDistributionReply*) override {
+    return absl::UnimplementedError("the fake plans no distribution");
+  }
   absl::Status AwaitClock(const v1::AwaitClockRequest&, v1::AwaitClockReply*) override {
     return absl::OkStatus();  // no ssp job: never waits
   }

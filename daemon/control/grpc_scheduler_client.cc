@@ -82,6 +82,10 @@ class GrpcSchedulerClient final : public SchedulerClient {
                              v1::ResolveServerReply* reply) override {
     return FromGrpc(stub_->ResolveServer(RpcContext(10).get(), request, reply));
   }
+  absl::Status PlanDistribution(const v1::PlanDistributionRequest& request,
+                                v1::PlanDistributionReply* reply) override {
+    return FromGrpc(stub_->PlanDistribution(RpcContext(2).get(), request, reply));
+  }
   absl::Status AwaitClock(const v1::AwaitClockRequest& request,
                           v1::AwaitClockReply* reply) override {
     return FromGrpc(stub_->AwaitClock(RpcContext(3610).get(), request, reply));

@@ -50,6 +50,8 @@ class SchedulerClient {
                                  v1::SyncClockReply* reply) = 0;
   virtual absl::Status ResolveServer(const v1::ResolveServerRequest& request,
                                      v1::ResolveServerReply* reply) = 0;
+  virtual absl::Status PlanDistribution(const v1::PlanDistributionRequest& request,
+                                        v1::PlanDistributionReply* reply) = 0;
   // Blocks up to the scheduler's ssp_max_wait_s (at most an hour).
   virtual absl::Status AwaitClock(const v1::AwaitClockRequest& request,
                                   v1::AwaitClockReply* reply) = 0;

@@ -4,7 +4,7 @@
 
 namespace mlfabric::daemon {
 
-GetBatcher::Ticket GetBatcher::Join(const std::string& key) {
+GetBatcher::Ticket GetBatcher::Join(const std::string& key, const std::string& requester) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.gets;
   Key& state = keys_[key];
@@ -17,7 +17,10 @@ GetBatcher::Ticket GetBatcher::Join(const std::string& key) {
     state.open = ticket.batch;
     batches_[ticket.batch].key = key;
   }
-  ++batches_[ticket.batch].members;
+  Batch& batch = batches_[ticket.batch];
+  ticket.member = static_cast<int>(batch.members);
+  ++batch.members;
+  batch.requesters.push_back(requester);
   return ticket;
 }
 
@@ -63,6 +66,32 @@ std::optional<GetBatcher::Snapshot> GetBatcher::Result(uint64_t batch) const {
   auto it = batches_.find(batch);
   if (it == batches_.end() || !it->second.answered) return std::nullopt;
   return it->second.snapshot;
+}
+
+std::vector<std::string> GetBatcher::Requesters(uint64_t batch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = batches_.find(batch);
+  if (it == batches_.end()) return {};
+  return it->second.requesters;
+}
+
+void GetBatcher::SetRoutes(uint64_t batch, std::vector<Route> routes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = batches_.find(batch);
+  if (it == batches_.end()) return;
+  it->second.routed = true;
+  it->second.routes = std::move(routes);
+}
+
+std::optional<GetBatcher::Route> GetBatcher::RouteOf(uint64_t batch, int member) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = batches_.find(batch);
+  if (it == batches_.end()) return Route{};
+  const Batch& b = it->second;
+  if (b.answered && !b.snapshot.error.empty()) return Route{};
+  if (!b.routed) return std::nullopt;
+  if (member < 0 || static_cast<size_t>(member) >= b.routes.size()) return Route{};
+  return b.routes[static_cast<size_t>(member)];
 }
 
 void GetBatcher::Leave(uint64_t batch) {

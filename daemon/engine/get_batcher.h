@@ -9,13 +9,16 @@
 // its version. A get that arrives while nothing is leaving opens a batch and
 // asks at once; gets that arrive while that snapshot is being taken join it.
 //
-//   GetBatcher::Ticket ticket = batcher.Join(key);
+//   GetBatcher::Ticket ticket = batcher.Join(key, requester_host);
 //   if (ticket.ask) {                       // exactly one get of each batch
 //     wait until batcher.MayAsk(ticket.batch) (or a bound passes);
 //     ask the application, request id ticket.batch;  its answer:
 //     batcher.Answer(ticket.batch, {version, model, error});
 //   }
-//   wait until batcher.Result(ticket.batch);  send the reply;
+//   wait until batcher.Result(ticket.batch);
+//   if (ticket.ask) plan a tree for batcher.Requesters(batch), SetRoutes;
+//   wait until batcher.RouteOf(ticket.batch, ticket.member);
+//   send the model, or tell the get which distributor forwards it;
 //   batcher.Leave(ticket.batch);            // always, once per Join
 //
 // Counters (stats()) say how many snapshots served how many gets.
@@ -33,6 +36,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ipc/local_ipc.h"
 
@@ -48,11 +52,26 @@ class GetBatcher {
   struct Ticket {
     uint64_t batch = 0;  // also the snapshot request's id
     bool ask = false;    // this get takes the snapshot for its batch
+    int member = 0;      // its position in the batch (join order)
+  };
+  // How one get of a batch receives the model (§10.3 distribution tree).
+  struct Route {
+    std::string via_host;     // empty: from this daemon directly
+    std::string via_address;  // the distributor's data address
   };
 
-  // A get for `key` arrives: joins the batch that has no snapshot yet, or
-  // opens one (ask = true).
-  Ticket Join(const std::string& key);
+  // A get for `key` from the daemon of host `requester` ("" = unknown)
+  // arrives: joins the batch that has no snapshot yet, or opens one
+  // (ask = true).
+  Ticket Join(const std::string& key, const std::string& requester = "");
+  // The requesting hosts of `batch`, one per member, in join order. Fixed
+  // once the batch is answered.
+  std::vector<std::string> Requesters(uint64_t batch) const;
+  // The answered batch's routes, one per member (fewer: the rest direct).
+  void SetRoutes(uint64_t batch, std::vector<Route> routes);
+  // A member's route once SetRoutes was called (or the batch failed or is
+  // unknown: then direct).
+  std::optional<Route> RouteOf(uint64_t batch, int member) const;
   // Whether `batch` may take its snapshot now: the previous batch of its key
   // has left. True for a batch that is not known.
   bool MayAsk(uint64_t batch) const;
@@ -79,6 +98,9 @@ class GetBatcher {
     int64_t members = 0;
     int64_t left = 0;
     bool answered = false;
+    std::vector<std::string> requesters;  // per member
+    bool routed = false;
+    std::vector<Route> routes;  // per member, once routed
     Snapshot snapshot;
   };
   struct Key {

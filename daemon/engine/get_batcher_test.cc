@@ -2,6 +2,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <string>
+#include <vector>
+
 namespace mlfabric::daemon {
 namespace {
 
@@ -98,6 +101,36 @@ TEST_CASE("GetBatcher: a batch asked past its bound, errors, and a server that w
   CHECK(batcher.batches() == 0);
   CHECK(batcher.stats().snapshots == 2);
   CHECK(batcher.stats().gets == 5);
+}
+
+TEST_CASE("GetBatcher: requesters in join order, routes per member") {
+  GetBatcher batcher;
+  const GetBatcher::Ticket a = batcher.Join("k", "w1");
+  const GetBatcher::Ticket b = batcher.Join("k", "w2");
+  const GetBatcher::Ticket c = batcher.Join("k", "w3");
+  CHECK(a.member == 0);
+  CHECK(b.member == 1);
+  CHECK(c.member == 2);
+  CHECK(batcher.Requesters(a.batch) == std::vector<std::string>{"w1", "w2", "w3"});
+  batcher.Answer(a.batch, Model(1));
+  // Answered but not routed yet: the members wait.
+  CHECK(!batcher.RouteOf(a.batch, 1).has_value());
+  batcher.SetRoutes(a.batch, {{}, {"w1", "10.0.0.1:7000"}});
+  CHECK(batcher.RouteOf(a.batch, 0)->via_host.empty());
+  CHECK(batcher.RouteOf(a.batch, 1)->via_host == "w1");
+  CHECK(batcher.RouteOf(a.batch, 1)->via_address == "10.0.0.1:7000");
+  CHECK(batcher.RouteOf(a.batch, 2)->via_host.empty());  // past the routes: direct
+  // A later get opens the next batch with its own requesters.
+  const GetBatcher::Ticket d = batcher.Join("k", "w4");
+  CHECK(d.batch != a.batch);
+  CHECK(d.member == 0);
+  CHECK(batcher.Requesters(d.batch) == std::vector<std::string>{"w4"});
+  // A failed batch needs no routes: every member is answered directly.
+  batcher.Answer(d.batch, GetBatcher::Snapshot{0, nullptr, "no model"});
+  CHECK(batcher.RouteOf(d.batch, 0).has_value());
+  for (const auto& t : {a, b, c, d}) batcher.Leave(t.batch);
+  CHECK(batcher.batches() == 0);
+  CHECK(batcher.RouteOf(a.batch, 0)->via_host.empty());  // unknown: direct
 }
 
 }  // namespace

@@ -72,6 +72,12 @@ grpc::Status SchedulerGrpcService::ReportBandwidth(grpc::ServerContext*,
   return ToGrpcStatus(service_->ReportBandwidth(*request));
 }
 
+grpc::Status SchedulerGrpcService::PlanDistribution(grpc::ServerContext*,
+                                                    const v1::PlanDistributionRequest* request,
+                                                    v1::PlanDistributionReply* reply) {
+  return ToGrpcStatus(service_->PlanDistribution(*request, reply));
+}
+
 grpc::Status SchedulerGrpcService::ResolveServer(grpc::ServerContext*,
                                                  const v1::ResolveServerRequest* request,
                                                  v1::ResolveServerReply* reply) {

@@ -50,6 +50,9 @@ class SchedulerGrpcService final : public v1::Scheduler::Service {
                          v1::SyncClockReply* reply) override;
   grpc::Status AwaitClock(grpc::ServerContext* context, const v1::AwaitClockRequest* request,
                           v1::AwaitClockReply* reply) override;
+  grpc::Status PlanDistribution(grpc::ServerContext* context,
+                                const v1::PlanDistributionRequest* request,
+                                v1::PlanDistributionReply* reply) override;
 
  private:
   SchedulerService* service_;

@@ -46,6 +46,8 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Double("straggler_factor", &config.straggler_factor, 1.0, 1000);
   reader.Int("straggler_window", &config.straggler_window, 2, 100000);
   reader.Double("ssp_max_wait_s", &config.ssp_max_wait_s, 0.01, 3600);
+  reader.Bool("get_trees", &config.get_trees);
+  reader.Double("get_deadline_slack", &config.get_deadline_slack, 0, 1e6);
   reader.String("admin_address", &config.admin_address);
   reader.Int("admin_port", &config.admin_port, -1, 65535);
   reader.String("admin_port_file", &config.admin_port_file);
@@ -134,6 +136,15 @@ Every key can be set in the JSON file or as a flag; flags win.
   --ssp_max_wait_s     an ssp job's worker more than staleness_k pushes ahead
                        of the slowest live worker waits at its get at most
                        this long, then goes ahead (logged)   (default 60)
+  --get_trees          a batch of gets for one server is answered through a
+                       distribution tree: the server's host sends the model
+                       to some requesters, which forward each packet to the
+                       others as it arrives (§10.3); false = every copy from
+                       the server's host                (default true)
+  --get_deadline_slack > 0: a get batch may end this many times later than
+                       its fastest tree if that spends fewer server copies
+                       (spares the server's uplink); 0 = fastest tree
+                                                        (default 0)
   --admin_address      admin HTTP bind address          (default 127.0.0.1)
   --admin_port         admin HTTP port, 0 = free port, -1 = off (default -1)
   --admin_port_file    write the bound admin port to this file (default none)

@@ -82,6 +82,15 @@ struct SchedulerConfig {
   // An ssp job's worker waits at most this long at a get for the slowest
   // worker to come within K iterations; then the get goes ahead (logged).
   double ssp_max_wait_s = 60;
+  // Model distribution trees for batched gets (mlfabric.md §10.3): a
+  // server's daemon asks how to send one batch's snapshot (PlanDistribution).
+  // get_trees = false answers every requester from the server's host.
+  // get_deadline_slack > 0 (issue 14): the batch may end this many times
+  // later than its fastest plan if that spends fewer server copies (fewest
+  // copies within that deadline), sparing the server's uplink for the next
+  // batch; 0 keeps the paper's per-batch objective (earliest end).
+  bool get_trees = true;
+  double get_deadline_slack = 0;
   // Admin HTTP endpoint (scheduler/admin/README.md). -1 disables it.
   std::string admin_address = "127.0.0.1";
   int64_t admin_port = -1;                    // 0 = pick a free port

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/core/distribution.h"
+#include "scheduler/core/network.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "scheduler/service/scheduler_service.h"
@@ -475,6 +477,100 @@ absl::Status SchedulerService::ResolveServer(const v1::ResolveServerRequest& req
   reply->set_data_address(host->data_address);
   reply->set_job_id(job->id);
   reply->set_round_size(RoundSize(*job, server->second));
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerService::PlanDistribution(const v1::PlanDistributionRequest& request,
+                                                v1::PlanDistributionReply* reply) {
+  if (request.requesters().empty()) {
+    return absl::InvalidArgumentError("requesters: must name at least one host");
+  }
+  if (request.model_bytes() <= 0 || request.model_bytes() > config_.max_update_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("model_bytes: ", request.model_bytes(),
+                                                   " is out of range [1, ",
+                                                   config_.max_update_bytes, "]"));
+  }
+  core::DistributionRequest plan_in;
+  std::map<std::string, std::string> addresses;  // requester -> data address
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const JobState* job = state_.FindJob(request.job());
+    if (job == nullptr) {
+      return absl::NotFoundError(absl::StrCat("unknown job '", request.job(), "'"));
+    }
+    auto server = job->servers.find(request.server());
+    if (server == job->servers.end()) {
+      return absl::NotFoundError(absl::StrCat("server '", request.server(), "' of job '",
+                                              request.job(), "' is not registered"));
+    }
+    if (server->second.host != request.host()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("host '", request.host(), "' does not serve '", request.server(),
+                       "' (its host is '", server->second.host, "')"));
+    }
+    const double now_s = clock_->NowSeconds();
+    std::map<std::string, std::vector<core::RateSegment>> up, down;
+    state_.Reservations(&up, &down);
+    auto link = [&](const std::string& name, const HostState& host) {
+      core::HostLink l{name, host.uplink_bps, host.downlink_bps, {}, {}};
+      if (auto it = up.find(name); it != up.end()) {
+        l.uplink_profile = core::ResidualProfile(host.uplink_bps, now_s, it->second);
+      }
+      if (auto it = down.find(name); it != down.end()) {
+        l.downlink_profile = core::ResidualProfile(host.downlink_bps, now_s, it->second);
+      }
+      return l;
+    };
+    const HostState* server_host = state_.AliveHost(request.host());
+    if (server_host == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("host '", request.host(), "' is down"));
+    }
+    plan_in.now_s = now_s;
+    plan_in.server = request.host();
+    plan_in.model_bytes = request.model_bytes();
+    plan_in.hosts.push_back(link(request.host(), *server_host));
+    std::set<std::string> seen;
+    for (const std::string& name : request.requesters()) {
+      if (name == request.host() || !seen.insert(name).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "requesters: '", name, "' is ",
+            name == request.host() ? "the server's own host" : "named twice"));
+      }
+      const HostState* host = state_.AliveHost(name);
+      if (host == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("requester '", name, "' is not a live host"));
+      }
+      plan_in.requesters.push_back(name);
+      addresses[name] = host->data_address;
+      plan_in.hosts.push_back(link(name, *host));
+      // Every requester may forward (it receives the model anyway); a
+      // draining host is not asked to.
+      if (config_.get_trees && !host->draining) plan_in.distributors.push_back(name);
+    }
+    plan_in.seed = static_cast<uint64_t>(++distributions_planned_);
+  }
+  // The core is pure: plan outside the lock.
+  absl::StatusOr<core::DistributionPlan> plan = core::PlanModelDistribution(plan_in);
+  if (plan.ok() && config_.get_deadline_slack > 0 && plan->distributors_used + plan->direct > 1) {
+    core::DistributionOptions spare;
+    spare.deadline_s = plan_in.now_s + config_.get_deadline_slack * (plan->total_s - plan_in.now_s);
+    plan = core::PlanModelDistribution(plan_in, spare);
+  }
+  if (!plan.ok()) return plan.status();
+  for (const core::Delivery& delivery : plan->deliveries) {
+    v1::DistributionRoute* route = reply->add_routes();
+    route->set_host(delivery.host);
+    if (delivery.via != plan_in.server) {
+      route->set_via_host(delivery.via);
+      route->set_via_address(addresses[delivery.via]);
+    }
+  }
+  reply->set_server_copies(plan->direct + plan->distributors_used);
+  reply->set_total_s(plan->total_s - plan_in.now_s);
+  MLF_LOG(DEBUG) << "distribution for '" << request.job() << "/" << request.server() << "': "
+                 << request.requesters_size() << " requesters, " << reply->server_copies()
+                 << " server copies, " << reply->total_s() << " s";
   return absl::OkStatus();
 }
 

@@ -59,6 +59,7 @@ enum Handler : uint8_t {
   kStream,     // BeginStream, then pop what is queued (StreamSchedulesRequest)
   kEndStream,  // the host's stream broke (StreamSchedulesRequest)
   kTick,       // advance the clock by n ms, run a batch cycle; no bytes
+  kPlanDistribution,
   kHandlers,
 };
 
@@ -193,6 +194,16 @@ void Call(SchedulerService& service, FakeClock& clock, uint8_t handler, const ui
       v1::ResolveServerReply reply;
       if (!Parse(data, size, &request)) return;
       CheckStatus(service.ResolveServer(request, &reply));
+      return;
+    }
+    case kPlanDistribution: {
+      v1::PlanDistributionRequest request;
+      v1::PlanDistributionReply reply;
+      if (!Parse(data, size, &request)) return;
+      const absl::Status status = service.PlanDistribution(request, &reply);
+      CheckStatus(status);
+      // A plan names every requester once, in order, and only live hosts.
+      if (status.ok() && reply.routes_size() != request.requesters_size()) std::abort();
       return;
     }
     case kSyncClock: {

@@ -101,6 +101,13 @@ class SchedulerService {
   absl::Status ReportBandwidth(const v1::BandwidthReport& request);
   absl::Status ResolveServer(const v1::ResolveServerRequest& request,
                              v1::ResolveServerReply* reply);
+  // §10.3: the distribution tree for one batch of gets, planned by the core
+  // (scheduler/core/distribution.h) on the current link rates minus the
+  // scheduled transfers' reservations. Only the server's own host may ask.
+  // Requesters that are down are refused (the server's daemon then answers
+  // them itself); with get_trees off every route is direct.
+  absl::Status PlanDistribution(const v1::PlanDistributionRequest& request,
+                                v1::PlanDistributionReply* reply);
   double NowSeconds() const { return clock_->NowSeconds(); }
 
   // StreamSchedules: BeginStream checks the host's registration; the face
@@ -146,6 +153,7 @@ class SchedulerService {
   std::pair<std::string, int64_t> SlowestWorkerLocked(const std::string& job_name,
                                                       const JobState& job) const;
   double stragglers_logged_s_ = -1;
+  int64_t distributions_planned_ = 0;  // seeds the distributors' pre-assignment
   PlanDispatcher dispatcher_;
   BatchLoop loop_;
 };
