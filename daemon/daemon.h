@@ -64,6 +64,7 @@
 #include "daemon/engine/delivery_sequencer.h"
 #include "daemon/engine/get_batcher.h"
 #include "daemon/engine/relay_table.h"
+#include "daemon/engine/round_routes.h"
 #include "daemon/engine/packet_checksums.h"
 #include "daemon/engine/round_table.h"
 #include "daemon/pacing/pacer.h"
@@ -307,8 +308,8 @@ class Daemon {
                           uint32_t priority = 0);
   // Streams round `round`'s sum to a worker's daemon as chunks complete.
   absl::Status ServeRoundGet(const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
-                             const transport::PacketHeader& request, const std::string& server,
-                             int64_t round);
+                             const transport::PacketHeader& request,
+                             const v1::DataGetRequest& body, int64_t round);
 
   // Require mu_.
   void TryDeliverLocked(uint32_t job_id, const std::string& server);
@@ -324,6 +325,8 @@ class Daemon {
   void AdoptSubmittedLocked(uint64_t transfer_id, uint64_t local_id);
 
   static std::string ServerKey(uint32_t job_id, const std::string& server);
+  // relays_'s key: a server's model batches, or its synchronous rounds.
+  static std::string RelayKey(uint32_t job_id, const std::string& server, bool round);
 
   const DaemonConfig config_;
   // Bounds every data-socket write by --send_timeout_s; declared early so
@@ -369,6 +372,8 @@ class Daemon {
   // Model copies received for our own gets, forwarded to requesters routed
   // here (§10.3); own lock, a leaf under mu_.
   daemon::RelayTable relays_;
+  // Which earlier requester forwards a round's sum to each later one.
+  daemon::RoundRoutes round_routes_;
   std::map<uint64_t, std::shared_ptr<ReplyStream>> replies_;  // by ReplyStream::id
   // Bytes of applied pushes whose replica copy comes in a later batch.
   std::map<uint64_t, PendingPush> replica_holds_;

@@ -25,6 +25,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Double("keepalive_s", &config.keepalive_s, 0.1, 3600);
   reader.Double("get_batch_wait_s", &config.get_batch_wait_s, 0, 3600);
   reader.Int("get_tree_min_bytes", &config.get_tree_min_bytes, 0, int64_t{1} << 40);
+  reader.Int("round_tree_fanout", &config.round_tree_fanout, 0, 1024);
   reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
   reader.Int("rounds_kept", &config.rounds_kept, 2, 1024);
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
@@ -78,6 +79,12 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         two or more hosts goes through a distribution tree
                         planned by the scheduler: some requesters forward
                         each packet to others as it arrives (default 1048576)
+  --round_tree_fanout   a synchronous round's sum of at least
+                        get_tree_min_bytes reaches its workers through a tree
+                        over the order their gets arrive: the root's host
+                        sends this many copies, each receiver forwards to at
+                        most this many later ones; 0 = every copy from the
+                        root's host (default 2)
   --round_wait_s        how long a get waits for a synchronous round's sum
                         (Mercury PS servers; default 300)
   --rounds_kept         synchronous rounds kept at a round server's daemon for

@@ -37,6 +37,12 @@ struct DaemonConfig {
   // models go to every requester from here (a tree's extra hop costs more
   // than it spares).
   int64_t get_tree_min_bytes = 1 << 20;
+  // A synchronous round's sum (Mercury PS, the mlfabric AllReduce) reaches
+  // its workers through a tree over the order their gets arrive: each
+  // requester forwards it to at most this many later ones
+  // (daemon/engine/round_routes.h); 0 = every copy from the root's host.
+  // Sums smaller than get_tree_min_bytes always come from the root.
+  int64_t round_tree_fanout = 2;
   double round_wait_s = 300;                 // how long a get waits for a synchronous round's sum
   // Synchronous rounds kept at a round server's daemon, the newest
   // included, for the gets of workers that are behind (a late backup

@@ -130,7 +130,8 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
                            "'s daemon");
     } else {
       // One snapshot per batch of gets (§10.3, daemon/engine/get_batcher.h).
-      ticket = gets_.Join(key, body.requester_host());
+      // A get that asks to be answered from here takes no part in the tree.
+      ticket = gets_.Join(key, body.no_relay() ? "" : body.requester_host());
       MLF_LOG(DEBUG) << "get " << request.transfer << " of server '" << server
                      << "' joins model batch " << ticket->batch
                      << (ticket->ask ? " (takes its snapshot)" : "");
@@ -339,7 +340,8 @@ void Daemon::ApplyRelayEffectsLocked(const daemon::RelayTable::Effects& effects)
 absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
                                    const PacketHeader& request,
                                    const v1::DataGetRequest& body) {
-  const std::string key = ServerKey(request.job, body.server());
+  // offset = round + 1: a synchronous round's sum (batch = round + 1).
+  const std::string key = RelayKey(request.job, body.server(), request.offset > 0);
   const uint64_t batch = body.relay_batch();
   const std::string who = absl::StrCat("distributor ", config_.host);
   using State = daemon::RelayTable::State;
@@ -357,10 +359,12 @@ absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
     daemon::RelayTable::Watch peek = relays_.AddWatcher(key, batch, 0);
     if (stopping_.load()) {
       reply.set_error(absl::StrCat(who, " is stopping"));
-    } else if (peek.state == State::kUnknown) {
-      reply.set_error(absl::StrCat(who, " has no copy of batch ", batch, " of server '",
-                                   body.server(), "' (its own get did not begin within ",
-                                   config_.get_timeout_s, " s)"));
+    } else if (peek.state == State::kUnknown || peek.state == State::kGone) {
+      reply.set_error(absl::StrCat(
+          who, " has no copy of batch ", batch, " of server '", body.server(), "' ",
+          peek.state == State::kGone ? "any more"
+                                     : absl::StrCat("(its own get did not begin within ",
+                                                    config_.get_timeout_s, " s)")));
     } else if (peek.state == State::kFailed) {
       reply.set_error(absl::StrCat(who, " could not receive the model: ", peek.error));
     } else {
@@ -378,7 +382,8 @@ absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
     std::lock_guard<std::mutex> lock(mu_);
     stream = OpenReplyLocked(socket, request, model, std::numeric_limits<size_t>::max());
     daemon::RelayTable::Watch watch = relays_.AddWatcher(key, batch, stream->id);
-    if (watch.state == State::kFailed || watch.state == State::kUnknown) {
+    if (watch.state == State::kFailed || watch.state == State::kUnknown ||
+        watch.state == State::kGone) {
       failed_meanwhile = watch.state == State::kFailed ? watch.error : "its copy was dropped";
     } else {
       for (const auto& [begin, end] : watch.ready) QueueReplyLocked(*stream, begin, end);
@@ -532,6 +537,10 @@ absl::Status Daemon::ReceiveModel(GetConnection& connection, const std::string& 
   return finish(absl::OkStatus());
 }
 
+std::string Daemon::RelayKey(uint32_t job_id, const std::string& server, bool round) {
+  return absl::StrCat(ServerKey(job_id, server), round ? "#round" : "");
+}
+
 void Daemon::KeepGetConnection(GetConnection& connection) {
   if (!connection.socket) return;
   std::lock_guard<std::mutex> lock(idle_gets_mu_);
@@ -566,10 +575,11 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   v1::DataGetRequest body;
   body.set_server(server);
   body.set_requester_host(config_.host);
+  body.set_requester_address(data_address_);
   GetConnection direct;
   RETURN_IF_ERROR(RequestModel(where.host(), where.data_address(), request, body, &direct));
-  // A model copy is kept for requesters the server routes through us.
-  const std::string relay_key = round_get ? "" : ServerKey(where.job_id(), server);
+  // The copy is kept for requesters the server routes through us.
+  const std::string relay_key = RelayKey(where.job_id(), server, round_get);
   if (direct.reply.relay_host().empty()) {
     RETURN_IF_ERROR(ReceiveModel(direct, relay_key, model));
     *version = direct.reply.version();
@@ -594,7 +604,22 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   if (auto s = RequestModel(direct.reply.relay_host(), direct.reply.relay_address(), request, body,
                             &relay);
       !s.ok()) {
-    return from_distributor(s);
+    // Nothing came from the distributor (it is gone, or no longer has the
+    // copy): the server's daemon answers this get itself.
+    MLF_LOG(INFO) << "get of server '" << server << "': distributor " << distributor
+                  << " did not forward (" << s.message() << "); asking the server's daemon";
+    body.clear_relay_batch();
+    body.set_no_relay(true);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      request.transfer = next_local_id_++;
+    }
+    GetConnection again;
+    RETURN_IF_ERROR(RequestModel(where.host(), where.data_address(), request, body, &again));
+    RETURN_IF_ERROR(ReceiveModel(again, relay_key, model));
+    *version = again.reply.version();
+    KeepGetConnection(again);
+    return absl::OkStatus();
   }
   if (relay.header.offset != direct.header.offset ||
       relay.reply.version() != direct.reply.version()) {

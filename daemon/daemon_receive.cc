@@ -227,6 +227,14 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
         close_reason = "get request: malformed body (no server named)";
         break;
       }
+      // A distributor's copy (a model batch or a round's sum) forwarded.
+      if (body.relay_batch() != 0) {
+        if (auto status = ServeRelayGet(socket, *header, body); !status.ok()) {
+          close_reason = std::string(status.message());
+          break;
+        }
+        continue;
+      }
       // offset = round + 1 asks for a synchronous round's sum; 0 = the model.
       if (header->offset > 0) {
         if (header->offset > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -234,7 +242,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
                                       ", out of range");
           break;
         }
-        if (auto status = ServeRoundGet(socket, *header, body.server(),
+        if (auto status = ServeRoundGet(socket, *header, body,
                                         static_cast<int64_t>(header->offset - 1));
             !status.ok()) {
           close_reason = std::string(status.message());
@@ -242,9 +250,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
         }
         continue;
       }
-      if (auto status = body.relay_batch() != 0 ? ServeRelayGet(socket, *header, body)
-                                                : ServeGetRequest(socket, *header, body);
-          !status.ok()) {
+      if (auto status = ServeGetRequest(socket, *header, body); !status.ok()) {
         close_reason = std::string(status.message());
         break;
       }

@@ -154,7 +154,8 @@ void Daemon::DeliverRoundLocked(const std::string& key, int64_t round,
 }
 
 absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, const PacketHeader& request,
-                                   const std::string& server, int64_t round_number) {
+                                   const v1::DataGetRequest& body, int64_t round_number) {
+  const std::string& server = body.server();
   const std::string key = ServerKey(request.job, server);
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -196,8 +197,27 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
   v1::DataGetReply reply;
   reply.set_version(round_number + 1);
   reply.set_error(error);
+  reply.set_batch(static_cast<uint64_t>(round_number) + 1);
+  // The sum reaches later requesters through earlier ones (round_routes.h).
+  daemon::RoundRoutes::Route route;
+  if (error.empty() && bytes >= config_.get_tree_min_bytes && !body.no_relay() &&
+      body.requester_host() != config_.host) {
+    route = round_routes_.Join(key, round_number, body.requester_host(),
+                               body.requester_address());
+  }
+  if (!route.via_host.empty()) {
+    reply.set_relay_host(route.via_host);
+    reply.set_relay_address(route.via_address);
+  }
   RETURN_IF_ERROR(WriteGetReply(*socket, request, reply, error.empty() ? bytes : 0));
   if (!error.empty()) return absl::OkStatus();
+  if (!route.via_host.empty()) {
+    MLF_LOG(DEBUG) << "round " << round_number << " of server '" << server << "' for "
+                   << body.requester_host() << " goes through " << route.via_host;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.gets_routed;
+    return absl::OkStatus();
+  }
   // The sum streams chunk by chunk as the table reports them final.
   std::shared_ptr<ReplyStream> stream;
   std::string failed_meanwhile;

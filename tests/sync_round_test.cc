@@ -10,9 +10,13 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "api/registration.h"
 #include "testing/cluster.h"
@@ -175,6 +179,29 @@ TEST_CASE("Each round is summed packet by packet and every get returns the exact
   auto c = StartCluster({"s1", "w1", "w2", "w3"});
   // 1.2 MB updates: 37 sum chunks stream back per round.
   RunRounds(*c, {"w1", "w2", "w3"}, /*rounds=*/6, /*dim=*/300000);
+}
+
+TEST_CASE("A round's sum reaches its workers through a tree of workers, exact (§10.3, §6)") {
+  // Fanout 2 (the default): the root's host sends each round's sum to the
+  // first two workers that ask; each later one gets it from an earlier one,
+  // forwarded chunk by chunk as it arrives.
+  const std::vector<std::string> workers = {"w1", "w2", "w3", "w4", "w5", "w6"};
+  std::vector<std::string> hosts = {"s1"};
+  std::map<std::string, std::vector<std::string>> debug;
+  for (const std::string& h : workers) hosts.push_back(h);
+  for (const std::string& h : hosts) debug[h] = {"--log_level=debug"};
+  auto c = StartCluster(hosts, {}, debug);
+  constexpr int kRounds = 4;
+  RunRounds(*c, workers, kRounds, /*dim=*/300000);
+  const int routed = testing::CountOccurrences(c->daemon("s1").Log(), "goes through");
+  int forwarded = 0;
+  for (const std::string& h : workers) {
+    forwarded += testing::CountOccurrences(c->daemon(h).Log(), "forwards batch");
+  }
+  std::printf("sync_round_test: %d of %d round gets through other workers, %d forwards\n",
+              routed, kRounds * 6, forwarded);
+  CHECK(routed == kRounds * 4);
+  CHECK(forwarded == routed);
 }
 
 TEST_CASE("With a slow server link, rounds go through an aggregation tree of workers (§6)") {

@@ -80,7 +80,11 @@ RelayTable::Watch RelayTable::AddWatcher(const std::string& key, uint64_t batch,
   std::lock_guard<std::mutex> lock(mu_);
   Watch watch;
   auto it = copies_.find({key, batch});
-  if (it == copies_.end()) return watch;
+  if (it == copies_.end()) {
+    auto later = copies_.upper_bound({key, batch});
+    if (later != copies_.end() && later->first.first == key) watch.state = State::kGone;
+    return watch;
+  }
   Copy& copy = it->second;
   watch.state = copy.state;
   watch.error = copy.error;
@@ -98,7 +102,10 @@ RelayTable::State RelayTable::StateOf(const std::string& key, uint64_t batch,
                                       std::string* error) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = copies_.find({key, batch});
-  if (it == copies_.end()) return State::kUnknown;
+  if (it == copies_.end()) {
+    auto later = copies_.upper_bound({key, batch});
+    return later != copies_.end() && later->first.first == key ? State::kGone : State::kUnknown;
+  }
   if (error != nullptr) *error = it->second.error;
   return it->second.state;
 }

@@ -43,7 +43,8 @@ namespace mlfabric::daemon {
 
 class RelayTable {
  public:
-  static constexpr size_t kKeptPerKey = 2;
+  // Copies kept per server: a model batch, or a synchronous round's sum.
+  static constexpr size_t kKeptPerKey = 4;
 
   using Range = std::pair<uint64_t, uint64_t>;  // [begin, end) bytes
   struct Effects {
@@ -52,7 +53,9 @@ class RelayTable {
     std::vector<std::pair<uint64_t, std::string>> fail;  // (stream, why)
   };
 
-  enum class State { kUnknown, kReceiving, kDone, kFailed };
+  // kGone: not kept, and a later copy of the same server is (it was
+  // dropped, or will never come).
+  enum class State { kUnknown, kReceiving, kDone, kFailed, kGone };
   struct Watch {
     State state = State::kUnknown;
     int64_t version = 0;

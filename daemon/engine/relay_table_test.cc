@@ -90,15 +90,20 @@ TEST_CASE("RelayTable: the last copies of each server are kept") {
   REQUIRE(table.Begin("1/ps", 1, 1, Buffer(8), &effects));
   table.AddWatcher("1/ps", 1, 31);
   REQUIRE(table.Begin("2/ps", 1, 1, Buffer(8), &effects));  // another job's server
-  REQUIRE(table.Begin("1/ps", 2, 2, Buffer(8), &effects));
+  for (uint64_t batch = 2; batch <= RelayTable::kKeptPerKey; ++batch) {
+    REQUIRE(table.Begin("1/ps", batch, 2, Buffer(8), &effects));
+  }
   CHECK(effects.fail.empty());
-  REQUIRE(table.Begin("1/ps", 3, 3, Buffer(8), &effects));
+  CHECK(table.StateOf("1/ps", 9) == RelayTable::State::kUnknown);  // not yet
+  REQUIRE(table.Begin("1/ps", 9, 3, Buffer(8), &effects));
   REQUIRE(effects.fail.size() == 1);  // batch 1 dropped, its watcher told
   CHECK(effects.fail[0].first == 31);
-  CHECK(table.StateOf("1/ps", 1) == RelayTable::State::kUnknown);
+  CHECK(table.StateOf("1/ps", 1) == RelayTable::State::kGone);
+  CHECK(table.AddWatcher("1/ps", 1, 32).state == RelayTable::State::kGone);
+  CHECK(table.StateOf("1/ps", 5) == RelayTable::State::kGone);  // never came, a later one did
   CHECK(table.StateOf("1/ps", 2) == RelayTable::State::kReceiving);
   CHECK(table.StateOf("2/ps", 1) == RelayTable::State::kReceiving);
-  CHECK(table.copies() == 3);
+  CHECK(table.copies() == RelayTable::kKeptPerKey + 1);
 }
 
 }  // namespace

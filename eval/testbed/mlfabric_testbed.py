@@ -311,6 +311,9 @@ class Testbed:
                   "log_level": "warning", "transfer_slack_s": 30,
                   "default_link_bps": self.server_bps,
                   "jobs": [{"name": JOB, "token": TOKEN, "mode": mode, "tau_max": tau}]}
+        for item in a.scheduler_set:
+            key, _, value = item.partition("=")
+            config[key] = json.loads(value)
         if ssp:
             config["jobs"][0]["staleness_k"] = int(system[len("mlfabric-ssp"):])
         if system.startswith("mlfabric-a") and a.aggregators:
@@ -664,6 +667,9 @@ def parse_args(argv):
     p.add_argument("--mpi_mca", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Open MPI --mca setting for rr-sync/tr-sync (repeatable), "
                         "e.g. mpi_yield_when_idle=0 (default 1, see README)")
+    p.add_argument("--scheduler_set", action="append", default=[], metavar="KEY=JSON",
+                   help="set a scheduler config key for every system, e.g. get_trees=false "
+                        "or get_deadline_slack=2 (repeatable)")
     p.add_argument("--launch_timeout_s", type=float, default=30,
                    help="retry an mpirun that started no rank within this time (twice at most)")
     p.add_argument("--grace_s", type=float, default=120,
@@ -678,6 +684,14 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.workers < 2:
         p.error("--workers must be at least 2")
+    for item in args.scheduler_set:
+        key, eq, value = item.partition("=")
+        try:
+            if not key or not eq:
+                raise ValueError("expected KEY=JSON")
+            json.loads(value)
+        except ValueError as e:
+            p.error("--scheduler_set %r: %s" % (item, e))
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     resolved = []
     for s in systems:
