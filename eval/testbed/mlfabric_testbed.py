@@ -341,6 +341,7 @@ class Testbed:
                     "--listen_address=" + self.cluster.ip(h), "--data_port=0",
                     "--local_socket=" + sock, "--log_level=warning",
                     "--uplink_bps=%d" % self.server_bps, "--downlink_bps=%d" % self.server_bps]
+            argv += a.daemon_arg
             if h in self.seeds:
                 argv.append("--monitor_trace=%s,seed=%d,period_s=%g,scale=%g" % (
                     a.network.lower(), self.seeds[h], a.period_s, self.scale)
@@ -670,6 +671,9 @@ def parse_args(argv):
     p.add_argument("--scheduler_set", action="append", default=[], metavar="KEY=JSON",
                    help="set a scheduler config key for every system, e.g. get_trees=false "
                         "or get_deadline_slack=2 (repeatable)")
+    p.add_argument("--daemon_arg", action="append", default=[], metavar="--FLAG=VALUE",
+                   help="an extra flag for every mlfabricd, e.g. --round_tree_fanout=0 "
+                        "(repeatable)")
     p.add_argument("--launch_timeout_s", type=float, default=30,
                    help="retry an mpirun that started no rank within this time (twice at most)")
     p.add_argument("--grace_s", type=float, default=120,
@@ -684,6 +688,9 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.workers < 2:
         p.error("--workers must be at least 2")
+    for flag in args.daemon_arg:
+        if not flag.startswith("--") or "=" not in flag:
+            p.error("--daemon_arg %r: expected --FLAG=VALUE" % flag)
     for item in args.scheduler_set:
         key, eq, value = item.partition("=")
         try:
