@@ -137,17 +137,28 @@ std::vector<std::unique_ptr<Worker>> ConnectWorkers(testing::Cluster& c) {
   return workers;
 }
 
+// The server application on s1 and one worker per worker host.
+struct Apps {
+  Apps(testing::Cluster& c, size_t model_bytes)
+      : held(c, model_bytes),
+        server(c.Socket("s1"), "ps0", testing::NextVersion, [this] { return held(); }),
+        workers(ConnectWorkers(c)) {
+    REQUIRE(server.status().ok());
+    for (int w = 1; w <= kWorkers; ++w) all[w] = workers[static_cast<size_t>(w - 1)].get();
+  }
+  HeldServer held;
+  testing::InProcessServer server;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::map<int, Worker*> all;
+};
+
 TEST_CASE("A batch of gets through a two-level tree: one server copy, identical models") {
   constexpr size_t kModelBytes = 2 << 20;  // above the daemon's get_tree_min_bytes (1 MiB)
   const std::string dir = launch::MakeTempDir("dist-tree");
   auto c = StartCluster(dir, {"--get_deadline_slack=1000"}, {});
-  HeldServer held(*c, kModelBytes);
-  testing::InProcessServer server(c->Socket("s1"), "ps0", testing::NextVersion,
-                                  [&] { return held(); });
-  REQUIRE(server.status().ok());
-  std::vector<std::unique_ptr<Worker>> workers = ConnectWorkers(*c);
-  std::map<int, Worker*> all;
-  for (int w = 1; w <= kWorkers; ++w) all[w] = workers[static_cast<size_t>(w - 1)].get();
+  Apps apps(*c, kModelBytes);
+  HeldServer& held = apps.held;
+  std::map<int, Worker*> all = apps.all;
 
   for (int wave = 1; wave <= 2; ++wave) {
     INFO("wave " << wave);
@@ -175,7 +186,7 @@ TEST_CASE("A batch of gets through a two-level tree: one server copy, identical 
     }
     CHECK(forwarded == wave * (kWorkers - 1));
   }
-  server.Stop();
+  apps.server.Stop();
   c->daemon("s1").Stop();  // its counters, printed as it stops
   const std::string log = c->daemon("s1").Log();
   INFO(log.substr(log.size() > 2000 ? log.size() - 2000 : 0));
@@ -189,13 +200,9 @@ TEST_CASE("A distributor killed mid-forward fails only the gets below it; the ne
   // Workers forward at 1 MB/s: a distributor is still forwarding seconds
   // after its children connected. The server's daemon is not slowed.
   auto c = StartCluster(dir, {}, {"--unscheduled_bps=8e6"});
-  HeldServer held(*c, kModelBytes);
-  testing::InProcessServer server(c->Socket("s1"), "ps0", testing::NextVersion,
-                                  [&] { return held(); });
-  REQUIRE(server.status().ok());
-  std::vector<std::unique_ptr<Worker>> workers = ConnectWorkers(*c);
-  std::map<int, Worker*> all;
-  for (int w = 1; w <= kWorkers; ++w) all[w] = workers[static_cast<size_t>(w - 1)].get();
+  Apps apps(*c, kModelBytes);
+  HeldServer& held = apps.held;
+  std::map<int, Worker*> all = apps.all;
 
   held.ExpectJoined(kWorkers);
   auto wave = std::async(std::launch::async, [&] { return GetAll(all); });
@@ -261,7 +268,7 @@ TEST_CASE("A distributor killed mid-forward fails only the gets below it; the ne
     CHECK(model->size() == kModelBytes);
     CHECK(model->data()[1] == static_cast<uint8_t>((131 + 2 * 7) & 0xff));
   }
-  server.Stop();
+  apps.server.Stop();
 }
 
 }  // namespace
