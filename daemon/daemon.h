@@ -298,7 +298,9 @@ class Daemon {
                             const v1::DataGetRequest& body, GetConnection* out);
   // Reads the model that follows the reply header. A non-empty
   // `relay_key` keeps the copy in relays_ so that it can be forwarded.
+  // `source` names where it comes from, for the errors of requesters below.
   absl::Status ReceiveModel(GetConnection& connection, const std::string& relay_key,
+                            const std::string& source,
                             std::shared_ptr<SharedBuffer>* model);
   // The connection is kept for the next get to that daemon.
   void KeepGetConnection(GetConnection& connection);

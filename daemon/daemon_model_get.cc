@@ -219,7 +219,8 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
   }
   if (relayed) {
     MLF_LOG(DEBUG) << "get " << request.transfer << " of server '" << server << "' (batch "
-                   << ticket->batch << ") goes through distributor " << route.via_host;
+                   << ticket->batch << ") for " << body.requester_host()
+                   << " goes through distributor " << route.via_host;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.gets_routed;
@@ -483,6 +484,7 @@ absl::Status Daemon::RequestModel(const std::string& peer, const std::string& ad
 }
 
 absl::Status Daemon::ReceiveModel(GetConnection& connection, const std::string& relay_key,
+                                  const std::string& source,
                                   std::shared_ptr<SharedBuffer>* model) {
   const uint64_t total = connection.header.offset;
   auto created = SharedBuffer::Create(total);
@@ -500,8 +502,10 @@ absl::Status Daemon::ReceiveModel(GetConnection& connection, const std::string& 
   auto finish = [&](const absl::Status& status) {
     if (!relaying) return status;
     std::lock_guard<std::mutex> lock(mu_);
-    ApplyRelayEffectsLocked(
-        relays_.Finish(relay_key, batch, status.ok() ? "" : std::string(status.message())));
+    // Requesters below us learn where the chain broke.
+    ApplyRelayEffectsLocked(relays_.Finish(
+        relay_key, batch,
+        status.ok() ? "" : absl::StrCat("its copy from ", source, " failed: ", status.message())));
     return status;
   };
   transport::FrameReader& reader = *connection.reader;
@@ -581,7 +585,7 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   // The copy is kept for requesters the server routes through us.
   const std::string relay_key = RelayKey(where.job_id(), server, round_get);
   if (direct.reply.relay_host().empty()) {
-    RETURN_IF_ERROR(ReceiveModel(direct, relay_key, model));
+    RETURN_IF_ERROR(ReceiveModel(direct, relay_key, absl::StrCat(where.host(), "'s daemon"), model));
     *version = direct.reply.version();
     KeepGetConnection(direct);
     return absl::OkStatus();
@@ -616,7 +620,7 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
     }
     GetConnection again;
     RETURN_IF_ERROR(RequestModel(where.host(), where.data_address(), request, body, &again));
-    RETURN_IF_ERROR(ReceiveModel(again, relay_key, model));
+    RETURN_IF_ERROR(ReceiveModel(again, relay_key, absl::StrCat(where.host(), "'s daemon"), model));
     *version = again.reply.version();
     KeepGetConnection(again);
     return absl::OkStatus();
@@ -628,7 +632,10 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
         " bytes), the server answered version ", direct.reply.version(), " (",
         direct.header.offset, " bytes)")));
   }
-  if (auto s = ReceiveModel(relay, relay_key, model); !s.ok()) return from_distributor(s);
+  if (auto s = ReceiveModel(relay, relay_key, absl::StrCat("distributor ", distributor), model);
+      !s.ok()) {
+    return from_distributor(s);
+  }
   *version = relay.reply.version();
   KeepGetConnection(relay);
   return absl::OkStatus();

@@ -4,10 +4,10 @@
 // those (a distributor), which forwards each packet as it arrives. Real
 // scheduler and daemons, on loopback.
 //
-// 1. Six workers on six hosts ask at once; with the objective that spares the
-//    server's link (--get_deadline_slack large) the server's daemon sends
-//    one copy and a distributor forwards five: every worker has the same
-//    bytes and version, and the server daemon's counters say so.
+// 1. Six workers on six hosts ask at once; on equal links the cut-through
+//    planner (the default) sends one copy from the server's host and the
+//    requesters forward it along a chain (--get_tree_max_fanout=1): every worker has the same bytes
+//    and version, and the server daemon's counters say so.
 // 2. A distributor is killed while it forwards (its forwarding is slowed by
 //    --unscheduled_bps so that it is still at it): exactly the gets routed
 //    through it fail, each naming it; the others succeed; the next batch
@@ -92,15 +92,35 @@ Wave GetAll(const std::map<int, Worker*>& workers) {
 
 // "get ... goes through distributor wX" lines of s1's log since `from`:
 // the distributor of each routed get, in log order.
-std::vector<std::string> Routes(const std::string& log, size_t from) {
-  std::vector<std::string> via;
-  static const std::regex kRoute("goes through distributor (w[0-9]+)");
+// "... for wY goes through distributor wX" lines of s1's log since `from`:
+// requester -> its distributor.
+std::map<std::string, std::string> Routes(const std::string& log, size_t from) {
+  std::map<std::string, std::string> via;
+  static const std::regex kRoute("for (w[0-9]+) goes through distributor (w[0-9]+)");
   const std::string tail = log.substr(std::min(from, log.size()));
   for (auto it = std::sregex_iterator(tail.begin(), tail.end(), kRoute);
        it != std::sregex_iterator(); ++it) {
-    via.push_back((*it)[1].str());
+    via[(*it)[1].str()] = (*it)[2].str();
   }
   return via;
+}
+
+// The hosts below `host` in the tree `via` (requester -> distributor).
+std::set<std::string> Below(const std::map<std::string, std::string>& via,
+                            const std::string& host) {
+  std::set<std::string> below;
+  for (const auto& [requester, distributor] : via) {
+    for (std::string up = distributor;;) {
+      if (up == host) {
+        below.insert(requester);
+        break;
+      }
+      auto next = via.find(up);
+      if (next == via.end()) break;
+      up = next->second;
+    }
+  }
+  return below;
 }
 
 std::unique_ptr<testing::Cluster> StartCluster(const std::string& dir,
@@ -155,7 +175,9 @@ struct Apps {
 TEST_CASE("A batch of gets through a two-level tree: one server copy, identical models") {
   constexpr size_t kModelBytes = 2 << 20;  // above the daemon's get_tree_min_bytes (1 MiB)
   const std::string dir = launch::MakeTempDir("dist-tree");
-  auto c = StartCluster(dir, {"--get_deadline_slack=1000"}, {});
+  // Fanout 1: a chain. (On loopback a 2 MiB copy takes under 2 ms, so the
+  // planner's 1 ms per hop would otherwise make a wider tree faster.)
+  auto c = StartCluster(dir, {"--get_tree_max_fanout=1"}, {});
   Apps apps(*c, kModelBytes);
   HeldServer& held = apps.held;
   std::map<int, Worker*> all = apps.all;
@@ -175,11 +197,10 @@ TEST_CASE("A batch of gets through a two-level tree: one server copy, identical 
       CHECK(std::memcmp(model->data(), first->data(), kModelBytes) == 0);
     }
     CHECK(first->data()[1] == static_cast<uint8_t>((131 + wave * 7) & 0xff));
-    // One copy left s1; the five other gets went through one distributor
-    // (a requester of the batch), which forwarded all five.
-    std::vector<std::string> via = Routes(c->daemon("s1").Log(), log_from);
-    REQUIRE(via.size() == kWorkers - 1);
-    CHECK(std::set<std::string>(via.begin(), via.end()).size() == 1);
+    // Every host but one is fed by another requester (a chain or a tree
+    // below the one copy).
+    const std::map<std::string, std::string> via = Routes(c->daemon("s1").Log(), log_from);
+    CHECK(via.size() == kWorkers - 1);
     int forwarded = 0;
     for (int w = 1; w <= kWorkers; ++w) {
       forwarded += testing::CountOccurrences(c->daemon(WorkerHost(w)).Log(), "forwards batch");
@@ -207,7 +228,7 @@ TEST_CASE("A distributor killed mid-forward fails only the gets below it; the ne
   held.ExpectJoined(kWorkers);
   auto wave = std::async(std::launch::async, [&] { return GetAll(all); });
   // The tree: which gets s1 routed through which distributor.
-  std::vector<std::string> via;
+  std::map<std::string, std::string> via;
   REQUIRE(launch::WaitUntil(
       [&] {
         const std::string log = c->daemon("s1").Log();
@@ -221,21 +242,27 @@ TEST_CASE("A distributor killed mid-forward fails only the gets below it; the ne
       60));
   INFO(c->daemon("s1").Log());
   REQUIRE(!via.empty());  // the plan used at least one distributor
-  std::map<std::string, int> children;
-  for (const std::string& d : via) ++children[d];
-  std::string killed = children.begin()->first;
-  for (const auto& [d, n] : children) {
-    if (n > children[killed]) killed = d;
+  // The distributor with the fewest requesters below it (in a chain, the
+  // last but one: gets above it and below it); killed once each of those is
+  // being forwarded.
+  std::string killed = via.begin()->second;
+  for (const auto& [requester, distributor] : via) {
+    if (Below(via, distributor).size() < Below(via, killed).size()) killed = distributor;
   }
-  // Killed once every get routed to it is being forwarded.
+  const std::set<std::string> below = Below(via, killed);
   REQUIRE(launch::WaitUntil(
       [&] {
-        return testing::CountOccurrences(c->daemon(killed).Log(), "forwards batch") >=
-               children[killed];
+        int forwarding = 0;
+        for (int w = 1; w <= kWorkers; ++w) {
+          if (below.count(WorkerHost(w)) > 0 || WorkerHost(w) == killed) {
+            forwarding += testing::CountOccurrences(c->daemon(WorkerHost(w)).Log(), "forwards batch");
+          }
+        }
+        return forwarding >= static_cast<int>(below.size());
       },
       60));
-  std::printf("tree: %zu of %d gets through distributors; killing %s with %d below it\n",
-              via.size(), kWorkers, killed.c_str(), children[killed]);
+  std::printf("tree: %zu of %d gets through distributors; killing %s with %zu below it\n",
+              via.size(), kWorkers, killed.c_str(), below.size());
   c->daemon(killed).Signal(SIGKILL);
   Wave got = wave.get();
   const int killed_worker = std::stoi(killed.substr(1));
@@ -245,6 +272,9 @@ TEST_CASE("A distributor killed mid-forward fails only the gets below it; the ne
     INFO("worker " << w << ": " << model.status().ToString());
     if (!model.ok()) {
       ++failed;
+      // Below it, every failure names the dead distributor (further down,
+      // as where the chain broke).
+      CHECK(below.count(WorkerHost(w)) == 1);
       CHECK(std::string(model.status().message()).find("distributor " + killed) !=
             std::string::npos);
     } else {
@@ -252,7 +282,7 @@ TEST_CASE("A distributor killed mid-forward fails only the gets below it; the ne
       CHECK(model->size() == kModelBytes);
     }
   }
-  CHECK(failed == children[killed]);
+  CHECK(failed == static_cast<int>(below.size()));
   std::printf("%d gets failed naming %s, %zu others succeeded\n", failed, killed.c_str(),
               got.results.size() - 1 - static_cast<size_t>(failed));
 

@@ -92,6 +92,33 @@ struct DistributionOptions {
 absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest& request,
                                                        const DistributionOptions& options = {});
 
+// Model distribution for a data plane that forwards cut-through (issue 14;
+// the live daemons, daemon/engine/relay_table.h): a distributor passes each
+// packet on as it arrives, so a requester deep in a tree has the model about
+// as soon as its parent, not one whole transfer later as
+// PlanModelDistribution assumes (store-and-forward). Then chains and
+// narrow trees are nearly free in time and spare the server's uplink: the
+// server sends F copies per batch.
+//
+// The requesters are ranked by their uplink now (residual profile, else
+// capacity), fastest first, and laid out as an F-ary tree in that order
+// (the server feeds the first F, requester i >= F is fed by requester
+// (i - F) / F), so slow uplinks end up as leaves (N3). A node with c
+// children gives each uplink / c; a requester's rate is the least along its
+// path (and its downlink); it has the model after bits / rate plus one
+// packet's time and hop_s per hop past the first (the cut-through delay). F from 1 to max_fanout is
+// tried and the smallest total wins, ties to the smaller F (fewer server
+// copies). `deliveries` give every requester its `via` (the server or its
+// parent requester) and estimated time; `transfers` is empty: a forwarded
+// stream is not a reservation the network model can hold.
+struct CutThroughOptions {
+  int max_fanout = 4;
+  int64_t packet_bytes = 32 * 1024;
+  double hop_s = 0.001;  // a forwarding daemon's own delay per hop, beyond the packet's time
+};
+absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRequest& request,
+                                                            const CutThroughOptions& options = {});
+
 // A canonical text form of a plan (every field, full precision): equal plans
 // give equal text. Used to compare implementations.
 std::string DistributionPlanToText(const DistributionPlan& plan);

@@ -231,5 +231,103 @@ TEST_CASE("The deadline objective spends fewer server copies on a saturated serv
   CHECK(DistributionPlanToText(*fallback) == DistributionPlanToText(*per_batch));
 }
 
+// Issue 14, cut-through trees (the live data plane forwards packet by
+// packet): checks that hold for any plan, on random links.
+void CheckCutThroughPlan(const DistributionRequest& r, const DistributionPlan& plan) {
+  REQUIRE(plan.deliveries.size() == r.requesters.size());
+  std::map<std::string, const Delivery*> by_host;
+  for (size_t i = 0; i < plan.deliveries.size(); ++i) {
+    const Delivery& d = plan.deliveries[i];
+    CHECK(d.host == r.requesters[i]);  // request order
+    CHECK(d.at_s > r.now_s);
+    CHECK(d.at_s <= plan.total_s);
+    by_host[d.host] = &d;
+  }
+  int from_server = 0;
+  std::map<std::string, int> children;
+  for (const Delivery& d : plan.deliveries) {
+    if (d.via == r.server) {
+      ++from_server;
+      continue;
+    }
+    ++children[d.via];
+    // Fed by another requester that has the model no later, never itself,
+    // and the chain leads back to the server (no cycle).
+    REQUIRE(by_host.count(d.via) == 1);
+    CHECK(d.via != d.host);
+    CHECK(by_host[d.via]->at_s <= d.at_s);
+    std::string up = d.via;
+    for (size_t steps = 0; up != r.server; ++steps) {
+      REQUIRE(steps <= r.requesters.size());
+      up = by_host[up]->via;
+    }
+  }
+  CHECK(from_server == plan.direct);
+  CHECK(plan.distributors_used == 0);
+  for (const auto& [host, n] : children) CHECK(n <= from_server);  // one fanout for all
+}
+
+TEST_CASE("Cut-through trees: one server copy on equal links, slow uplinks as leaves") {
+  DistributionRequest r = Request(1e10, 0);
+  auto chain = PlanCutThroughDistribution(r);
+  REQUIRE(chain.ok());
+  CheckCutThroughPlan(r, *chain);
+  // Equal links: a chain (fanout 1) costs one copy's time plus a packet and
+  // a hop per level; any wider tree halves the rates.
+  CHECK(chain->direct == 1);
+  CHECK(chain->total_s < 0.1 * 1.2);
+  // The per-batch store-and-forward planner spends more server copies here.
+  auto per_batch = PlanModelDistribution(Request(1e10, 2));
+  REQUIRE(per_batch.ok());
+  CHECK(per_batch->direct + per_batch->distributors_used > chain->direct);
+
+  // A requester with a slow uplink (N3) forwards to nobody.
+  r.hosts[1].uplink_bps = 1e8;  // w0
+  auto avoid = PlanCutThroughDistribution(r);
+  REQUIRE(avoid.ok());
+  CheckCutThroughPlan(r, *avoid);
+  for (const Delivery& d : avoid->deliveries) CHECK(d.via != "w0");
+  // The residual profile, not the capacity, decides: w1 is busy now.
+  r.hosts[2].uplink_profile = {{0.0, 1e7}, {5.0, 1e10}};
+  auto busy = PlanCutThroughDistribution(r);
+  REQUIRE(busy.ok());
+  for (const Delivery& d : busy->deliveries) CHECK(d.via != "w1");
+}
+
+TEST_CASE("Cut-through trees on random links respect their invariants; errors name the field") {
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<double>(state >> 11) / static_cast<double>(1ULL << 53);
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    DistributionRequest r;
+    r.server = "s";
+    r.now_s = 10 * next();
+    r.model_bytes = 1 + static_cast<int64_t>(next() * 2e8);
+    r.hosts.push_back({"s", 1e8 + next() * 1e10, 1e10, {}, {}});
+    const int n = 1 + static_cast<int>(next() * 40);
+    for (int i = 0; i < n; ++i) {
+      const std::string w = "w" + std::to_string(i);
+      r.hosts.push_back({w, 1e7 + next() * 1e10, 1e7 + next() * 1e10, {}, {}});
+      r.requesters.push_back(w);
+    }
+    CutThroughOptions options;
+    options.max_fanout = 1 + static_cast<int>(next() * 6);
+    auto plan = PlanCutThroughDistribution(r, options);
+    REQUIRE(plan.ok());
+    CheckCutThroughPlan(r, *plan);
+    CHECK(plan->direct <= options.max_fanout);
+  }
+  DistributionRequest r = Request(1e10, 0);
+  CutThroughOptions bad;
+  bad.max_fanout = 0;
+  CHECK(PlanCutThroughDistribution(r, bad).status().message().find("max_fanout") !=
+        std::string::npos);
+  r.requesters.push_back("nowhere");
+  CHECK(PlanCutThroughDistribution(r).status().message().find("requesters[8]") !=
+        std::string::npos);
+}
+
 }  // namespace
 }  // namespace mlfabric::core

@@ -47,6 +47,8 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Int("straggler_window", &config.straggler_window, 2, 100000);
   reader.Double("ssp_max_wait_s", &config.ssp_max_wait_s, 0.01, 3600);
   reader.Bool("get_trees", &config.get_trees);
+  reader.Enum("get_tree_planner", &config.get_tree_planner, {"cut_through", "store_forward"});
+  reader.Int("get_tree_max_fanout", &config.get_tree_max_fanout, 1, 1024);
   reader.Double("get_deadline_slack", &config.get_deadline_slack, 0, 1e6);
   reader.String("admin_address", &config.admin_address);
   reader.Int("admin_port", &config.admin_port, -1, 65535);
@@ -141,10 +143,17 @@ Every key can be set in the JSON file or as a flag; flags win.
                        to some requesters, which forward each packet to the
                        others as it arrives (§10.3); false = every copy from
                        the server's host                (default true)
-  --get_deadline_slack > 0: a get batch may end this many times later than
-                       its fastest tree if that spends fewer server copies
-                       (spares the server's uplink); 0 = fastest tree
-                                                        (default 0)
+  --get_tree_planner   cut_through: trees for daemons that forward packet by
+                       packet (chains and narrow trees, the fewest server
+                       copies that do not slow the batch, slow uplinks as
+                       leaves); store_forward: the paper's §10.3 planner
+                       (a distributor has the whole model before it sends)
+                                                        (default cut_through)
+  --get_tree_max_fanout  cut_through: at most this many copies from the
+                       server and from each requester   (default 4)
+  --get_deadline_slack store_forward: > 0 lets a get batch end this many times
+                       later than its fastest tree if that spends fewer server
+                       copies; 0 = fastest tree         (default 0)
   --admin_address      admin HTTP bind address          (default 127.0.0.1)
   --admin_port         admin HTTP port, 0 = free port, -1 = off (default -1)
   --admin_port_file    write the bound admin port to this file (default none)

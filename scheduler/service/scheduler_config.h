@@ -89,7 +89,14 @@ struct SchedulerConfig {
   // later than its fastest plan if that spends fewer server copies (fewest
   // copies within that deadline), sparing the server's uplink for the next
   // batch; 0 keeps the paper's per-batch objective (earliest end).
+  // get_tree_planner: "cut_through" (default) plans for daemons that forward
+  // packet by packet (chains and narrow trees, F = 1..get_tree_max_fanout
+  // server copies, slow uplinks as leaves; issue 14); "store_forward" is
+  // the paper's §10.3 planner, which assumes a distributor has the whole
+  // model before it sends (get_deadline_slack applies to it).
   bool get_trees = true;
+  std::string get_tree_planner = "cut_through";
+  int64_t get_tree_max_fanout = 4;
   double get_deadline_slack = 0;
   // Admin HTTP endpoint (scheduler/admin/README.md). -1 disables it.
   std::string admin_address = "127.0.0.1";

@@ -544,6 +544,10 @@ absl::Status SchedulerService::PlanDistribution(const v1::PlanDistributionReques
       plan_in.requesters.push_back(name);
       addresses[name] = host->data_address;
       plan_in.hosts.push_back(link(name, *host));
+      if (host->draining) {  // it receives, but forwards to nobody (a leaf)
+        plan_in.hosts.back().uplink_bps = kMinLinkBps;
+        plan_in.hosts.back().uplink_profile.clear();
+      }
       // Every requester may forward (it receives the model anyway); a
       // draining host is not asked to.
       if (config_.get_trees && !host->draining) plan_in.distributors.push_back(name);
@@ -551,8 +555,17 @@ absl::Status SchedulerService::PlanDistribution(const v1::PlanDistributionReques
     plan_in.seed = static_cast<uint64_t>(++distributions_planned_);
   }
   // The core is pure: plan outside the lock.
-  absl::StatusOr<core::DistributionPlan> plan = core::PlanModelDistribution(plan_in);
-  if (plan.ok() && config_.get_deadline_slack > 0 && plan->distributors_used + plan->direct > 1) {
+  const bool cut_through = config_.get_trees && config_.get_tree_planner == "cut_through";
+  absl::StatusOr<core::DistributionPlan> plan;
+  if (cut_through) {
+    core::CutThroughOptions options;
+    options.max_fanout = static_cast<int>(config_.get_tree_max_fanout);
+    plan = core::PlanCutThroughDistribution(plan_in, options);
+  } else {
+    plan = core::PlanModelDistribution(plan_in);
+  }
+  if (!cut_through && plan.ok() && config_.get_deadline_slack > 0 &&
+      plan->distributors_used + plan->direct > 1) {
     core::DistributionOptions spare;
     spare.deadline_s = plan_in.now_s + config_.get_deadline_slack * (plan->total_s - plan_in.now_s);
     plan = core::PlanModelDistribution(plan_in, spare);
