@@ -302,6 +302,9 @@ class Daemon {
   absl::Status ReceiveModel(GetConnection& connection, const std::string& relay_key,
                             const std::string& source,
                             std::shared_ptr<SharedBuffer>* model);
+  // Returns once `socket`'s send queue holds at most a few packets not yet
+  // acknowledged by the peer (or after timeout_s, or when stopping).
+  void WaitSent(boost::asio::ip::tcp::socket& socket, double timeout_s);
   // The connection is kept for the next get to that daemon.
   void KeepGetConnection(GetConnection& connection);
   // `round` >= 0 asks a synchronous-round server for that round's sum.

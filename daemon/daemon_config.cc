@@ -26,6 +26,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Double("get_batch_wait_s", &config.get_batch_wait_s, 0, 3600);
   reader.Int("get_tree_min_bytes", &config.get_tree_min_bytes, 0, int64_t{1} << 40);
   reader.Int("round_tree_fanout", &config.round_tree_fanout, 0, 1024);
+  reader.Int("get_late_joins", &config.get_late_joins, 0, 1024);
   reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
   reader.Int("rounds_kept", &config.rounds_kept, 2, 1024);
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
@@ -79,6 +80,11 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         two or more hosts goes through a distribution tree
                         planned by the scheduler: some requesters forward
                         each packet to others as it arrives (default 1048576)
+  --get_late_joins      a get that comes while the server's previous batch
+                        of copies is still leaving joins that batch as a leaf
+                        below one of its requesters (same model and version,
+                        one server copy spared); at most this many below
+                        each; 0 = it waits for the next batch (default 2)
   --round_tree_fanout   a synchronous round's sum of at least
                         get_tree_min_bytes reaches its workers through a tree
                         over the order their gets arrive: the root's host

@@ -37,6 +37,12 @@ struct DaemonConfig {
   // models go to every requester from here (a tree's extra hop costs more
   // than it spares).
   int64_t get_tree_min_bytes = 1 << 20;
+  // A get that comes while the server's previous batch of copies is still
+  // leaving (and no newer batch is open) joins that batch as a leaf below
+  // one of its requesters, which forwards its copy: same model and
+  // version, one server copy spared, no wait for a snapshot. At most this
+  // many per requester; 0 = such a get waits for the next batch.
+  int64_t get_late_joins = 2;
   // A synchronous round's sum (Mercury PS, the mlfabric AllReduce) reaches
   // its workers through a tree over the order their gets arrive: each
   // requester forwards it to at most this many later ones

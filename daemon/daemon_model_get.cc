@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <cerrno>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <thread>
 #include <deque>
 #include <functional>
 #include <cstring>
@@ -131,10 +134,13 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
     } else {
       // One snapshot per batch of gets (§10.3, daemon/engine/get_batcher.h).
       // A get that asks to be answered from here takes no part in the tree.
-      ticket = gets_.Join(key, body.no_relay() ? "" : body.requester_host());
+      ticket = gets_.Join(key, body.no_relay() ? "" : body.requester_host(),
+                          body.requester_address());
       MLF_LOG(DEBUG) << "get " << request.transfer << " of server '" << server
                      << "' joins model batch " << ticket->batch
-                     << (ticket->ask ? " (takes its snapshot)" : "");
+                     << (ticket->ask    ? " (takes its snapshot)"
+                         : ticket->late ? " (late, as a leaf of its leaving tree)"
+                                        : "");
       if (ticket->ask) {
         // The previous batch's replies leave first; gets arriving meanwhile
         // join this batch.
@@ -244,8 +250,24 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
   }
   absl::Status streamed = AwaitReply(
       stream, [] { return std::string(); }, std::chrono::steady_clock::time_point::max());
+  // The batch is leaving until its bytes have left the host, not only the
+  // daemon: the kernel's send buffer takes a whole model at once. Until
+  // then, new gets gather into the next batch or join this one's tree.
+  if (streamed.ok()) WaitSent(*socket, config_.get_timeout_s);
   leave();
   return streamed;
+}
+
+void Daemon::WaitSent(tcp::socket& socket, double timeout_s) {
+  constexpr int kLeftBytes = 64 * 1024;  // about two packets still on their way
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  while (!stopping_.load() && std::chrono::steady_clock::now() < deadline) {
+    int unsent = 0;  // bytes in the send queue not yet acknowledged by the peer
+    if (ioctl(socket.native_handle(), SIOCOUTQ, &unsent) != 0 || unsent <= kLeftBytes) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 absl::Status Daemon::WriteGetReply(tcp::socket& socket, const PacketHeader& request,
@@ -312,8 +334,12 @@ void Daemon::RouteBatch(const std::string& key, uint32_t job_id, const std::stri
                        << "); every get is answered from here";
     }
   }
+  // Gets that come while this batch's copies leave join its tree as leaves
+  // (at most get_late_joins below each member).
+  const int late_joins =
+      model_bytes >= config_.get_tree_min_bytes ? static_cast<int>(config_.get_late_joins) : 0;
   std::lock_guard<std::mutex> lock(mu_);
-  gets_.SetRoutes(batch, std::move(routes));
+  gets_.SetRoutes(batch, std::move(routes), late_joins);
   cv_.notify_all();
 }
 

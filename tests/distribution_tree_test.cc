@@ -129,7 +129,10 @@ std::unique_ptr<testing::Cluster> StartCluster(const std::string& dir,
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token"}]})";
   std::vector<std::string> hosts = {"s1"};
-  std::map<std::string, std::vector<std::string>> host_flags = {{"s1", {"--log_level=debug"}}};
+  // No late joins: a wave's gets must not join the previous wave's batch
+  // while its last copy is still leaving.
+  std::map<std::string, std::vector<std::string>> host_flags = {
+      {"s1", {"--log_level=debug", "--get_late_joins=0"}}};
   for (int w = 1; w <= kWorkers; ++w) {
     hosts.push_back(WorkerHost(w));
     host_flags[WorkerHost(w)] = worker_flags;

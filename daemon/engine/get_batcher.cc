@@ -4,11 +4,49 @@
 
 namespace mlfabric::daemon {
 
-GetBatcher::Ticket GetBatcher::Join(const std::string& key, const std::string& requester) {
+GetBatcher::Ticket GetBatcher::Join(const std::string& key, const std::string& requester,
+                                    const std::string& address) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.gets;
   Key& state = keys_[key];
   Ticket ticket;
+  // A get that comes while the previous batch's copies are still leaving,
+  // with no batch open yet, joins that batch's tree as a leaf when a member
+  // of it can take one more (it has, or is receiving, that copy).
+  if (state.open == 0 && state.leaving != 0 && !requester.empty()) {
+    auto leaving = batches_.find(state.leaving);
+    if (leaving != batches_.end() && leaving->second.late_joins_per_member > 0 &&
+        leaving->second.answered && leaving->second.snapshot.error.empty()) {
+      Batch& b = leaving->second;
+      int parent = -1;
+      bool host_in_batch = false;
+      for (size_t i = 0; i < b.requesters.size(); ++i) {
+        if (b.requesters[i] == requester) host_in_batch = true;
+        if (b.requesters[i].empty() || b.late_children[i] >= b.late_joins_per_member ||
+            b.addresses[i].empty()) {
+          continue;
+        }
+        if (parent < 0 || b.late_children[i] < b.late_children[static_cast<size_t>(parent)]) {
+          parent = static_cast<int>(i);
+        }
+      }
+      if (parent >= 0 && !host_in_batch) {
+        const size_t p = static_cast<size_t>(parent);
+        ++b.late_children[p];
+        ticket.batch = state.leaving;
+        ticket.member = static_cast<int>(b.members);
+        ticket.late = true;
+        ++b.members;
+        b.requesters.push_back(requester);
+        b.addresses.push_back("");  // a late leaf forwards to nobody
+        b.late_children.push_back(b.late_joins_per_member);
+        b.routes.resize(b.requesters.size() - 1);
+        b.routes.push_back({b.requesters[p], b.addresses[p]});
+        ++stats_.late_joins;
+        return ticket;
+      }
+    }
+  }
   if (state.open != 0) {
     ticket.batch = state.open;
   } else {
@@ -21,6 +59,8 @@ GetBatcher::Ticket GetBatcher::Join(const std::string& key, const std::string& r
   ticket.member = static_cast<int>(batch.members);
   ++batch.members;
   batch.requesters.push_back(requester);
+  batch.addresses.push_back(address);
+  batch.late_children.push_back(0);
   return ticket;
 }
 
@@ -75,12 +115,15 @@ std::vector<std::string> GetBatcher::Requesters(uint64_t batch) const {
   return it->second.requesters;
 }
 
-void GetBatcher::SetRoutes(uint64_t batch, std::vector<Route> routes) {
+void GetBatcher::SetRoutes(uint64_t batch, std::vector<Route> routes,
+                           int late_joins_per_member) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = batches_.find(batch);
   if (it == batches_.end()) return;
-  it->second.routed = true;
-  it->second.routes = std::move(routes);
+  Batch& b = it->second;
+  b.routed = true;
+  b.routes = std::move(routes);
+  b.late_joins_per_member = late_joins_per_member;
 }
 
 std::optional<GetBatcher::Route> GetBatcher::RouteOf(uint64_t batch, int member) const {

@@ -53,6 +53,9 @@ class GetBatcher {
     uint64_t batch = 0;  // also the snapshot request's id
     bool ask = false;    // this get takes the snapshot for its batch
     int member = 0;      // its position in the batch (join order)
+    // Joined a batch already answered and routed, as a leaf of its tree
+    // (see SetRoutes): no snapshot to wait for, its route is set.
+    bool late = false;
   };
   // How one get of a batch receives the model (§10.3 distribution tree).
   struct Route {
@@ -63,12 +66,19 @@ class GetBatcher {
   // A get for `key` from the daemon of host `requester` ("" = unknown)
   // arrives: joins the batch that has no snapshot yet, or opens one
   // (ask = true).
-  Ticket Join(const std::string& key, const std::string& requester = "");
+  // `address` is its daemon's data address ("" = it cannot forward).
+  Ticket Join(const std::string& key, const std::string& requester = "",
+              const std::string& address = "");
   // The requesting hosts of `batch`, one per member, in join order. Fixed
   // once the batch is answered.
   std::vector<std::string> Requesters(uint64_t batch) const;
   // The answered batch's routes, one per member (fewer: the rest direct).
-  void SetRoutes(uint64_t batch, std::vector<Route> routes);
+  // With late_joins_per_member > 0, a get for the same server that comes
+  // while this batch's copies are still leaving and no newer batch is open
+  // joins this batch (same model and version) as a leaf below one of its
+  // members (one that gave its data address at Join), each taking at most
+  // that many: it spares the server a copy and waits for no snapshot.
+  void SetRoutes(uint64_t batch, std::vector<Route> routes, int late_joins_per_member = 0);
   // A member's route once SetRoutes was called (or the batch failed or is
   // unknown: then direct).
   std::optional<Route> RouteOf(uint64_t batch, int member) const;
@@ -87,6 +97,7 @@ class GetBatcher {
   struct Stats {
     int64_t gets = 0;       // Joins
     int64_t snapshots = 0;  // batches answered with a model
+    int64_t late_joins = 0;  // gets that joined a leaving batch's tree
   };
   Stats stats() const;
   // Batches not yet left (for tests).
@@ -99,6 +110,9 @@ class GetBatcher {
     int64_t left = 0;
     bool answered = false;
     std::vector<std::string> requesters;  // per member
+    std::vector<std::string> addresses;   // per member
+    std::vector<int> late_children;       // per member
+    int late_joins_per_member = 0;
     bool routed = false;
     std::vector<Route> routes;  // per member, once routed
     Snapshot snapshot;

@@ -133,5 +133,40 @@ TEST_CASE("GetBatcher: requesters in join order, routes per member") {
   CHECK(batcher.RouteOf(a.batch, 0)->via_host.empty());  // unknown: direct
 }
 
+TEST_CASE("GetBatcher: a get while a batch leaves joins its tree as a leaf") {
+  GetBatcher batcher;
+  const GetBatcher::Ticket a = batcher.Join("k", "w1", "10.0.0.1:7000");
+  const GetBatcher::Ticket b = batcher.Join("k", "w2", "");  // cannot forward
+  batcher.Answer(a.batch, Model(5));
+  batcher.SetRoutes(a.batch, {}, /*late_joins_per_member=*/2);
+  // Two late gets below w1 (the only member that gave its address) ...
+  const GetBatcher::Ticket c = batcher.Join("k", "w3", "10.0.0.3:7000");
+  const GetBatcher::Ticket d = batcher.Join("k", "w4", "10.0.0.4:7000");
+  for (const GetBatcher::Ticket& t : {c, d}) {
+    CHECK(t.late);
+    CHECK_FALSE(t.ask);
+    CHECK(t.batch == a.batch);
+    CHECK(batcher.Result(t.batch)->version == 5);
+    CHECK(batcher.RouteOf(t.batch, t.member)->via_host == "w1");
+  }
+  // ... then w1 is full, and late leaves forward to nobody: the next get
+  // opens a new batch.
+  const GetBatcher::Ticket e = batcher.Join("k", "w5", "10.0.0.5:7000");
+  CHECK_FALSE(e.late);
+  CHECK(e.ask);
+  // A host already in the leaving batch asks again: the next batch too.
+  const GetBatcher::Ticket f = batcher.Join("k", "w1", "10.0.0.1:7000");
+  CHECK(f.batch == e.batch);
+  CHECK(batcher.stats().late_joins == 2);
+  for (const auto& t : {a, b, c, d}) batcher.Leave(t.batch);
+  // With no late joins allowed, or once the batch has left, gets wait.
+  batcher.Answer(e.batch, Model(6));
+  batcher.SetRoutes(e.batch, {}, 0);
+  const GetBatcher::Ticket g = batcher.Join("k", "w6", "10.0.0.6:7000");
+  CHECK_FALSE(g.late);
+  CHECK(g.ask);
+  for (const auto& t : {e, f, g}) batcher.Leave(t.batch);
+}
+
 }  // namespace
 }  // namespace mlfabric::daemon
