@@ -283,7 +283,30 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
       }
     }
   };
-  if (options.deadline_s < DistributionOptions::kNoDeadline) {
+  if (options.deadline_s < DistributionOptions::kNoDeadline && options.reference) {
+    // Every case in full, the fewest server copies among those done by the
+    // deadline (ties: earlier total, larger n, smaller u).
+    for (int used = 0; used <= num_distributors; ++used) {
+      std::fill(is_used.begin(), is_used.end(), 0);
+      for (int j = 0; j < used; ++j) is_used[distributors[j]] = 1;
+      std::vector<int> rest;
+      for (int host : requesters) {
+        if (!is_used[host]) rest.push_back(host);
+      }
+      const int max_n = static_cast<int>(rest.size());
+      for (int n = used == 0 ? max_n : 0; n <= max_n; ++n) {
+        const size_t mark = state.JournalMark();
+        Candidate c = evaluate(n, used, rest, kInfinity, true);
+        state.RollbackTo(mark);
+        if (c.total_s > options.deadline_s) continue;
+        if (best.total_s == kInfinity ||
+            std::make_tuple(c.used + c.direct, c.total_s, -c.direct, c.used) <
+            std::make_tuple(best.used + best.direct, best.total_s, -best.direct, best.used)) {
+          best = std::move(c);
+        }
+      }
+    }
+  } else if (options.deadline_s < DistributionOptions::kNoDeadline) {
     // Fewest server copies by the deadline: copies = u + n grow along both
     // loops, and the server-uplink bound against the deadline stops them.
     Candidate frugal;
@@ -333,7 +356,7 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
     }
     for (int used = guess - 1; used >= 0; --used) try_used(used);
   }
-  if ((met_deadline || !options.reference) && best.total_s != kInfinity) {
+  if (!options.reference && best.total_s != kInfinity) {
     // The search ran without recording; replay the winner on the untouched
     // network (the same fills, so the same plan).
     std::fill(is_used.begin(), is_used.end(), 0);

@@ -75,9 +75,10 @@ struct DistributionPlan {
 };
 
 struct DistributionOptions {
-  // Evaluate every (n, u) case in full (the straightforward search the
-  // benchmark and tests compare against). The default search prunes cases
-  // that provably cannot win and gives the identical plan.
+  // Evaluate every (n, u) case in full, for either objective (the
+  // straightforward search the benchmark and tests compare against). The
+  // default search prunes cases that provably cannot win and gives the
+  // identical plan.
   bool reference = false;
   // When finite (an absolute time): the objective that spares the server's
   // link for what comes next (issue 14). Among the cases whose last delivery
