@@ -202,6 +202,87 @@ TEST_CASE("Pruned distribution search gives the exhaustive search's plan") {
   }
 }
 
+// A random §10.3 batch for the equality checks below: up to `max_workers`
+// requesters and `max_distributors` candidate distributors (co-hosted or
+// not), NIC rates from a small set so that many cases tie exactly, sometimes
+// every NIC equal, a saturated server link (slower than a worker's NIC),
+// uplink and downlink profiles that dip or (rarely) end, so that some
+// cases are infeasible.
+DistributionRequest RandomRequest(uint64_t seed, int max_workers, int max_distributors) {
+  uint64_t state = seed;
+  auto next = [&]() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
+  const double rates[] = {1e9, 2.5e9, 3.3e9, 5e9, 1e10, 1e10, 1e10};
+  const bool uniform = next() % 4 == 0;
+  auto rate = [&]() { return uniform ? 1e10 : rates[next() % 7]; };
+  DistributionRequest r;
+  r.server = "s";
+  r.now_s = (next() % 3) * 0.25;
+  r.model_bytes = next() % 4 == 0 ? 125000000 : 1000000 + next() % 100000000;
+  r.seed = seed;
+  const bool saturated = next() % 3 == 0;
+  r.hosts.push_back({"s", saturated ? 2.5e9 : rate(), 1e10, {}, {}});
+  const int workers = 1 + next() % max_workers;
+  for (int i = 0; i < workers; ++i) {
+    const std::string w = "w" + std::to_string(i);
+    HostLink h{w, rate(), rate(), {}, {}};
+    const int shape = uniform ? 9 : next() % 16;
+    if (shape == 0) h.uplink_profile = {{0.0, h.uplink_bps}, {r.now_s + 0.6, 1e9}};
+    if (shape == 1) h.downlink_profile = {{0.0, h.downlink_bps}, {r.now_s + 0.3, 2e9}};
+    if (shape == 2) h.uplink_profile = {{0.0, h.uplink_bps}, {r.now_s + 2.0, 0.0}};
+    r.hosts.push_back(h);
+    r.requesters.push_back(w);
+  }
+  const int distributors = next() % (max_distributors + 1);
+  for (int d = 0; d < distributors; ++d) {
+    if (next() % 2) {
+      r.distributors.push_back("w" + std::to_string(next() % workers));
+    } else {
+      r.distributors.push_back("d" + std::to_string(d));
+      r.hosts.push_back({r.distributors.back(), rate(), rate(), {}, {}});
+    }
+  }
+  return r;
+}
+
+// The default search must choose exactly what the exhaustive one chooses,
+// for both objectives: deadlines before, at and after the per-batch total
+// (at it, only cases finishing exactly then qualify: ties decide).
+TEST_CASE("Fast distribution search equals the exhaustive one for both objectives") {
+  DistributionOptions reference;
+  reference.reference = true;
+  int compared = 0, fewer_copies = 0;
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    INFO("seed " << seed);
+    const DistributionRequest r = RandomRequest(1000 + seed, seed % 10 == 0 ? 60 : 24,
+                                                seed % 10 == 0 ? 30 : 12);
+    auto fast = PlanModelDistribution(r);
+    auto slow = PlanModelDistribution(r, reference);
+    REQUIRE(fast.ok() == slow.ok());
+    if (!fast.ok()) continue;
+    CHECK(DistributionPlanToText(*fast) == DistributionPlanToText(*slow));
+    for (const double factor : {0.9, 1.0, 1.2, 2.0, 5.0}) {
+      INFO("deadline at " << factor << "x the per-batch total");
+      DistributionOptions frugal;
+      frugal.deadline_s = r.now_s + factor * (slow->total_s - r.now_s);
+      DistributionOptions frugal_reference = frugal;
+      frugal_reference.reference = true;
+      auto fast_frugal = PlanModelDistribution(r, frugal);
+      auto slow_frugal = PlanModelDistribution(r, frugal_reference);
+      REQUIRE(fast_frugal.ok());
+      REQUIRE(slow_frugal.ok());
+      CHECK(DistributionPlanToText(*fast_frugal) == DistributionPlanToText(*slow_frugal));
+      ++compared;
+      fewer_copies += slow_frugal->direct + slow_frugal->distributors_used <
+                      slow->direct + slow->distributors_used;
+    }
+  }
+  // The deadline objective must have had something to choose.
+  CHECK(fewer_copies > compared / 10);
+}
+
 // Issue 14: when the server's uplink is the bottleneck, a deadline a little
 // later than the per-batch optimum buys fewer server copies (the next batch
 // finds the server's link free sooner).
