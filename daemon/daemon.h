@@ -302,6 +302,9 @@ class Daemon {
   absl::Status ReceiveModel(GetConnection& connection, const std::string& relay_key,
                             const std::string& source,
                             std::shared_ptr<SharedBuffer>* model);
+  // This host's uplink now: the monitor's last report, else the configured
+  // capacity; 0 = not known.
+  double UplinkBps() const;
   // Returns once `socket`'s send queue holds at most a few packets not yet
   // acknowledged by the peer (or after timeout_s, or when stopping).
   void WaitSent(boost::asio::ip::tcp::socket& socket, double timeout_s);

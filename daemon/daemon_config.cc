@@ -27,6 +27,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Int("get_tree_min_bytes", &config.get_tree_min_bytes, 0, int64_t{1} << 40);
   reader.Int("round_tree_fanout", &config.round_tree_fanout, 0, 1024);
   reader.Int("get_late_joins", &config.get_late_joins, 0, 1024);
+  reader.Double("get_late_join_min_share", &config.get_late_join_min_share, 0, 1e6);
   reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
   reader.Int("rounds_kept", &config.rounds_kept, 2, 1024);
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
@@ -85,6 +86,11 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         below one of its requesters (same model and version,
                         one server copy spared); at most this many below
                         each; 0 = it waits for the next batch (default 2)
+  --get_late_join_min_share
+                        ... only below a requester where, by the scheduler's
+                        rates, its copy comes at least this share of the
+                        speed of the server's own copies; elsewhere it waits
+                        for the next batch (default 0.5)
   --round_tree_fanout   a synchronous round's sum of at least
                         get_tree_min_bytes reaches its workers through a tree
                         over the order their gets arrive: the root's host

@@ -43,6 +43,10 @@ struct DaemonConfig {
   // version, one server copy spared, no wait for a snapshot. At most this
   // many per requester; 0 = such a get waits for the next batch.
   int64_t get_late_joins = 2;
+  // ... and only below a requester where, in the scheduler's view, its copy
+  // would come at no less than this share of the rate of the server's own
+  // copies in that batch (a slow uplink is not made to forward: N3).
+  double get_late_join_min_share = 0.5;
   // A synchronous round's sum (Mercury PS, the mlfabric AllReduce) reaches
   // its workers through a tree over the order their gets arrive: each
   // requester forwards it to at most this many later ones

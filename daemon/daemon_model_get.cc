@@ -239,6 +239,7 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
     return absl::OkStatus();
   }
   // The model's packets go out through the priority queue (ReplyStream).
+  const auto stream_start = std::chrono::steady_clock::now();
   std::shared_ptr<ReplyStream> stream;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -253,9 +254,34 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
   // The batch is leaving until its bytes have left the host, not only the
   // daemon: the kernel's send buffer takes a whole model at once. Until
   // then, new gets gather into the next batch or join this one's tree.
-  if (streamed.ok()) WaitSent(*socket, config_.get_timeout_s);
+  // But a receiver whose downlink is slower than its share of this host's
+  // uplink (N3) holds its copy's bytes here while the uplink is free: the
+  // batch leaves at the latest when the uplink could have sent all of the
+  // batch's own copies, so one slow receiver does not hold back the next
+  // batch of everyone else.
+  if (streamed.ok()) {
+    double wait_s = config_.get_timeout_s;
+    const double uplink_bps = UplinkBps();
+    if (uplink_bps > 0 && ticket.has_value()) {
+      const int copies = std::max(1, gets_.DirectCopies(ticket->batch));
+      const double uplink_s = 8.0 * static_cast<double>(model->size()) * copies / uplink_bps;
+      const double elapsed_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - stream_start).count();
+      wait_s = std::clamp(uplink_s - elapsed_s, 0.0, wait_s);
+    }
+    WaitSent(*socket, wait_s);
+  }
   leave();
   return streamed;
+}
+
+double Daemon::UplinkBps() const {
+  if (monitor_) {
+    if (std::optional<monitor::Report> report = monitor_->LastReport()) {
+      if (report->up_bps > 0) return report->up_bps;
+    }
+  }
+  return config_.uplink_bps;
 }
 
 void Daemon::WaitSent(tcp::socket& socket, double timeout_s) {
@@ -301,7 +327,13 @@ void Daemon::RouteBatch(const std::string& key, uint32_t job_id, const std::stri
     auto it = servers_.find(key);
     if (it != servers_.end() && it->second.app != nullptr) job = it->second.app->job;
   }
-  if (hosts.size() >= 2 && model_bytes >= config_.get_tree_min_bytes && !job.empty()) {
+  // A tree needs two hosts; one host is planned too when later gets may
+  // join this batch, for the rates that place them.
+  const bool tree_size = model_bytes >= config_.get_tree_min_bytes;
+  const size_t min_hosts = config_.get_late_joins > 0 ? 1 : 2;
+  double min_late_bps = 0;
+  bool late_joins_help = true;  // unless the plan says the server is not the bottleneck
+  if (hosts.size() >= min_hosts && tree_size && !job.empty()) {
     v1::PlanDistributionRequest ask;
     ask.set_host(config_.host);
     ask.set_job(job);
@@ -317,11 +349,24 @@ void Daemon::RouteBatch(const std::string& key, uint32_t job_id, const std::stri
     if (planned.ok()) {
       std::map<std::string, daemon::GetBatcher::Route> by_host;
       for (const v1::DistributionRoute& r : plan.routes()) {
+        daemon::GetBatcher::Route& route = by_host[r.host()];
         // Only a requester of this batch may forward it, and not to itself.
         if (!r.via_host().empty() && r.via_host() != r.host() && seen.count(r.via_host()) > 0) {
-          by_host[r.host()] = {r.via_host(), r.via_address()};
+          route.via_host = r.via_host();
+          route.via_address = r.via_address();
         }
+        route.rate_bps = r.rate_bps();
+        route.uplink_bps = r.uplink_bps();
+        route.children = r.children();
       }
+      // A late get goes below a requester only where its copy would come
+      // at least this fast (get_late_join_min_share of the server's own).
+      min_late_bps = config_.get_late_join_min_share * plan.copy_bps();
+      // Where the requesters' own links, not the server's uplink, slow its
+      // copies (N3), another copy from here costs the others little, and
+      // forwarding would take a requester's uplink its next push needs.
+      // (Plans without rates, store_forward, do not say.)
+      late_joins_help = plan.copy_bps() <= 0 || plan.server_bound();
       for (size_t i = 0; i < members.size(); ++i) {
         if (auto it = by_host.find(members[i]); it != by_host.end()) routes[i] = it->second;
       }
@@ -337,9 +382,9 @@ void Daemon::RouteBatch(const std::string& key, uint32_t job_id, const std::stri
   // Gets that come while this batch's copies leave join its tree as leaves
   // (at most get_late_joins below each member).
   const int late_joins =
-      model_bytes >= config_.get_tree_min_bytes ? static_cast<int>(config_.get_late_joins) : 0;
+      tree_size && late_joins_help ? static_cast<int>(config_.get_late_joins) : 0;
   std::lock_guard<std::mutex> lock(mu_);
-  gets_.SetRoutes(batch, std::move(routes), late_joins);
+  gets_.SetRoutes(batch, std::move(routes), late_joins, min_late_bps);
   cv_.notify_all();
 }
 

@@ -1,5 +1,6 @@
 #include "daemon/engine/get_batcher.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace mlfabric::daemon {
@@ -18,19 +19,8 @@ GetBatcher::Ticket GetBatcher::Join(const std::string& key, const std::string& r
     if (leaving != batches_.end() && leaving->second.late_joins_per_member > 0 &&
         leaving->second.answered && leaving->second.snapshot.error.empty()) {
       Batch& b = leaving->second;
-      int parent = -1;
-      bool host_in_batch = false;
-      for (size_t i = 0; i < b.requesters.size(); ++i) {
-        if (b.requesters[i] == requester) host_in_batch = true;
-        if (b.requesters[i].empty() || b.late_children[i] >= b.late_joins_per_member ||
-            b.addresses[i].empty()) {
-          continue;
-        }
-        if (parent < 0 || b.late_children[i] < b.late_children[static_cast<size_t>(parent)]) {
-          parent = static_cast<int>(i);
-        }
-      }
-      if (parent >= 0 && !host_in_batch) {
+      const int parent = LateParent(b, requester);
+      if (parent >= 0) {
         const size_t p = static_cast<size_t>(parent);
         ++b.late_children[p];
         ticket.batch = state.leaving;
@@ -62,6 +52,36 @@ GetBatcher::Ticket GetBatcher::Join(const std::string& key, const std::string& r
   batch.addresses.push_back(address);
   batch.late_children.push_back(0);
   return ticket;
+}
+
+int GetBatcher::LateParent(const Batch& b, const std::string& requester) {
+  // With the scheduler's rates (cut-through plans): the fastest place.
+  bool rated = false;
+  for (const Route& route : b.routes) rated = rated || route.uplink_bps > 0;
+  int parent = -1;
+  double best_bps = 0;
+  for (size_t i = 0; i < b.requesters.size(); ++i) {
+    if (b.requesters[i] == requester) return -1;  // its host has (or gets) this copy
+    if (b.requesters[i].empty() || b.late_children[i] >= b.late_joins_per_member ||
+        b.addresses[i].empty()) {
+      continue;
+    }
+    if (!rated) {
+      if (parent < 0 || b.late_children[i] < b.late_children[static_cast<size_t>(parent)]) {
+        parent = static_cast<int>(i);
+      }
+      continue;
+    }
+    if (i >= b.routes.size() || b.routes[i].uplink_bps <= 0) continue;
+    const Route& route = b.routes[i];
+    const double shared = route.uplink_bps / (route.children + b.late_children[i] + 1);
+    const double bps = route.rate_bps > 0 ? std::min(route.rate_bps, shared) : shared;
+    if (bps >= b.min_late_bps && bps > best_bps) {
+      parent = static_cast<int>(i);
+      best_bps = bps;
+    }
+  }
+  return parent;
 }
 
 bool GetBatcher::MayAsk(uint64_t batch) const {
@@ -116,7 +136,7 @@ std::vector<std::string> GetBatcher::Requesters(uint64_t batch) const {
 }
 
 void GetBatcher::SetRoutes(uint64_t batch, std::vector<Route> routes,
-                           int late_joins_per_member) {
+                           int late_joins_per_member, double min_late_bps) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = batches_.find(batch);
   if (it == batches_.end()) return;
@@ -124,6 +144,7 @@ void GetBatcher::SetRoutes(uint64_t batch, std::vector<Route> routes,
   b.routed = true;
   b.routes = std::move(routes);
   b.late_joins_per_member = late_joins_per_member;
+  b.min_late_bps = min_late_bps;
 }
 
 std::optional<GetBatcher::Route> GetBatcher::RouteOf(uint64_t batch, int member) const {
@@ -135,6 +156,18 @@ std::optional<GetBatcher::Route> GetBatcher::RouteOf(uint64_t batch, int member)
   if (!b.routed) return std::nullopt;
   if (member < 0 || static_cast<size_t>(member) >= b.routes.size()) return Route{};
   return b.routes[static_cast<size_t>(member)];
+}
+
+int GetBatcher::DirectCopies(uint64_t batch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = batches_.find(batch);
+  if (it == batches_.end()) return 0;
+  const Batch& b = it->second;
+  int direct = 0;
+  for (size_t i = 0; i < static_cast<size_t>(b.members); ++i) {
+    if (i >= b.routes.size() || b.routes[i].via_host.empty()) ++direct;
+  }
+  return direct;
 }
 
 void GetBatcher::Leave(uint64_t batch) {

@@ -61,6 +61,11 @@ class GetBatcher {
   struct Route {
     std::string via_host;     // empty: from this daemon directly
     std::string via_address;  // the distributor's data address
+    // As the scheduler planned it (0 = no bandwidth view): the rate of this
+    // member's stream, its uplink, and the members it forwards to.
+    double rate_bps = 0;
+    double uplink_bps = 0;
+    int children = 0;
   };
 
   // A get for `key` from the daemon of host `requester` ("" = unknown)
@@ -78,7 +83,17 @@ class GetBatcher {
   // joins this batch (same model and version) as a leaf below one of its
   // members (one that gave its data address at Join), each taking at most
   // that many: it spares the server a copy and waits for no snapshot.
-  void SetRoutes(uint64_t batch, std::vector<Route> routes, int late_joins_per_member = 0);
+  // Where the routes carry the scheduler's rates, the leaf goes below the
+  // member where it would be fastest, min(its stream's rate, its uplink
+  // shared by its children and late leaves plus this one), and only if
+  // that is at least `min_late_bps`; otherwise it waits for the next batch
+  // (a slow uplink is not made to forward, N3). Without rates, below the
+  // member with the fewest late leaves.
+  void SetRoutes(uint64_t batch, std::vector<Route> routes, int late_joins_per_member = 0,
+                 double min_late_bps = 0);
+  // How many members of a routed batch this daemon sends the model to
+  // itself (the copies that share its uplink); 0 for an unknown batch.
+  int DirectCopies(uint64_t batch) const;
   // A member's route once SetRoutes was called (or the batch failed or is
   // unknown: then direct).
   std::optional<Route> RouteOf(uint64_t batch, int member) const;
@@ -113,6 +128,7 @@ class GetBatcher {
     std::vector<std::string> addresses;   // per member
     std::vector<int> late_children;       // per member
     int late_joins_per_member = 0;
+    double min_late_bps = 0;
     bool routed = false;
     std::vector<Route> routes;  // per member, once routed
     Snapshot snapshot;
@@ -123,6 +139,8 @@ class GetBatcher {
   };
 
   void EraseIfLeftLocked(uint64_t id);
+  // The member of `b` a late get from `requester` goes below, or -1.
+  static int LateParent(const Batch& b, const std::string& requester);
 
   mutable std::mutex mu_;
   std::map<uint64_t, Batch> batches_;  // guarded by mu_

@@ -168,5 +168,43 @@ TEST_CASE("GetBatcher: a get while a batch leaves joins its tree as a leaf") {
   for (const auto& t : {e, f, g}) batcher.Leave(t.batch);
 }
 
+TEST_CASE("GetBatcher: with the scheduler's rates a late get goes where it is fastest") {
+  GetBatcher batcher;
+  // A tree of three (N3): w1 forwards to w2 over a fast uplink; w3, a leaf,
+  // has a slow one. The server's own copy ran at 100.
+  const GetBatcher::Ticket a = batcher.Join("k", "w1", "10.0.0.1:7000");
+  const GetBatcher::Ticket b = batcher.Join("k", "w2", "10.0.0.2:7000");
+  const GetBatcher::Ticket c = batcher.Join("k", "w3", "10.0.0.3:7000");
+  batcher.Answer(a.batch, Model(5));
+  std::vector<GetBatcher::Route> routes(3);
+  routes[0] = {"", "", /*rate_bps=*/100, /*uplink_bps=*/200, /*children=*/1};
+  routes[1] = {"w1", "10.0.0.1:7000", 100, 90, 0};
+  routes[2] = {"", "", 100, 10, 0};
+  batcher.SetRoutes(a.batch, routes, /*late_joins_per_member=*/2, /*min_late_bps=*/50);
+  // w1 would give 200 / 2 = 100, w2 90 (its uplink): w1 first ...
+  const GetBatcher::Ticket d = batcher.Join("k", "w4", "10.0.0.4:7000");
+  REQUIRE(d.late);
+  CHECK(batcher.RouteOf(d.batch, d.member)->via_host == "w1");
+  // ... then w2 (90 against w1's 200 / 3) ...
+  const GetBatcher::Ticket e = batcher.Join("k", "w5", "10.0.0.5:7000");
+  REQUIRE(e.late);
+  CHECK(batcher.RouteOf(e.batch, e.member)->via_host == "w2");
+  // ... then w1 again (66.7 against w2's 45, below the bound) ...
+  const GetBatcher::Ticket f = batcher.Join("k", "w6", "10.0.0.6:7000");
+  REQUIRE(f.late);
+  CHECK(batcher.RouteOf(f.batch, f.member)->via_host == "w1");
+  // ... and never w3, whose uplink would give 10: the next get waits for
+  // the next batch although w2 and w3 have room.
+  const GetBatcher::Ticket g = batcher.Join("k", "w7", "10.0.0.7:7000");
+  CHECK_FALSE(g.late);
+  CHECK(g.ask);
+  CHECK(batcher.stats().late_joins == 3);
+  // The server's daemon sends two copies itself (w1's and w3's); the rest
+  // are forwarded.
+  CHECK(batcher.DirectCopies(a.batch) == 2);
+  CHECK(batcher.DirectCopies(12345) == 0);
+  for (const auto& t : {a, b, c, d, e, f, g}) batcher.Leave(t.batch);
+}
+
 }  // namespace
 }  // namespace mlfabric::daemon

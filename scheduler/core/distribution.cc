@@ -821,6 +821,9 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
     return absl::InvalidArgumentError("packet_bytes: must be positive");
   }
   if (!(options.hop_s >= 0)) return absl::InvalidArgumentError("hop_s: must be >= 0");
+  if (!(options.min_saving >= 0 && options.min_saving < 1)) {
+    return absl::InvalidArgumentError("min_saving: must be in [0, 1)");
+  }
   Batch batch;
   batch.now_s = request.now_s;
   batch.server = request.server;
@@ -865,8 +868,16 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
   const size_t n = order.size();
   DistributionPlan best;
   best.total_s = n == 0 ? request.now_s : kInfinity;
-  for (int f = 1; f <= options.max_fanout; ++f) {
-    const size_t fanout = static_cast<size_t>(f);
+  // The star first (every copy from the server), then F = 1 .. max_fanout:
+  // a tree must end min_saving of the star's time sooner to be taken (the
+  // server's copies are the better way where the requesters' links are
+  // what limits the batch, N3).
+  std::vector<size_t> fanouts = {std::max<size_t>(n, 1)};
+  for (size_t f = 1; f <= static_cast<size_t>(options.max_fanout) && f < n; ++f) {
+    fanouts.push_back(f);
+  }
+  double star_s = 0;
+  for (const size_t fanout : fanouts) {
     auto parent = [&](size_t k) -> long { return k < fanout ? -1 : static_cast<long>((k - fanout) / fanout); };
     auto children = [&](long node) -> size_t {  // node -1 = the server
       const size_t first = node < 0 ? 0 : fanout + static_cast<size_t>(node) * fanout;
@@ -890,13 +901,24 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
       depth[k] = d;
       at[k] = r > 0 ? request.now_s + bits / r + (d - 1) * (packet_bits / r + options.hop_s)
                     : kInfinity;
-      plan.deliveries[order[k]] = {host, at[k], from};
+      plan.deliveries[order[k]] = {host, at[k], from, r, up(host),
+                                   static_cast<int>(children(static_cast<long>(k)))};
       plan.total_s = std::max(plan.total_s, at[k]);
+      if (p < 0) plan.copy_bps = plan.copy_bps > 0 ? std::min(plan.copy_bps, r) : r;
     }
     plan.direct = static_cast<int>(children(-1));
     plan.distributors_used = 0;  // every copy past the server's is forwarded by a requester
-    if (plan.total_s < best.total_s) best = std::move(plan);
-    if (fanout >= n) break;  // wider trees are the same star
+    if (fanout == fanouts.front()) {  // the star
+      star_s = plan.total_s - request.now_s;
+      const double share = up(request.server) / static_cast<double>(std::max<size_t>(n, 1));
+      const bool bound = n > 0 && plan.copy_bps >= (1 - options.min_saving) * share;
+      best = std::move(plan);
+      best.server_bound = bound;
+    } else if (plan.total_s < best.total_s &&
+               plan.total_s - request.now_s <= (1 - options.min_saving) * star_s) {
+      plan.server_bound = best.server_bound;
+      best = std::move(plan);
+    }
   }
   return best;
 }

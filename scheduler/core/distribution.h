@@ -78,6 +78,13 @@ struct Delivery {
   std::string host;
   double at_s = 0;
   std::string via;  // the server or the distributor it came from
+  // Cut-through plans only (0 otherwise): the planned rate of its stream
+  // (the least along its path), its uplink now, and how many requesters it
+  // forwards to. A daemon uses them to place gets that come later as
+  // leaves where they will be fast (daemon/engine/get_batcher.h).
+  double rate_bps = 0;
+  double uplink_bps = 0;
+  int children = 0;
 };
 
 struct DistributionPlan {
@@ -86,6 +93,15 @@ struct DistributionPlan {
   double total_s = 0;         // when the last requester has the model
   std::vector<Transfer> transfers;  // kind kDirect; `update` is "model"
   std::vector<Delivery> deliveries; // one per requester, request order
+  // Cut-through plans only (0 otherwise): the rate of the slowest copy the
+  // server sends itself.
+  double copy_bps = 0;
+  // Cut-through plans only: if the server sent every copy itself, its
+  // uplink (not the requesters' downlinks) would be what slows them (each
+  // copy's rate within min_saving of the uplink's share). Where it is not,
+  // one more copy from the server costs the others little, so a daemon
+  // does not make requesters forward to gets that come later.
+  bool server_bound = false;
 };
 
 struct DistributionOptions {
@@ -121,13 +137,23 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
 // (i - F) / F), so slow uplinks end up as leaves (N3). A node with c
 // children gives each uplink / c; a requester's rate is the least along its
 // path (and its downlink); it has the model after bits / rate plus one
-// packet's time and hop_s per hop past the first (the cut-through delay). F from 1 to max_fanout is
-// tried and the smallest total wins, ties to the smaller F (fewer server
-// copies). `deliveries` give every requester its `via` (the server or its
-// parent requester) and estimated time; `transfers` is empty: a forwarded
+// packet's time and hop_s per hop past the first (the cut-through delay).
+// F from 1 to max_fanout is tried, and the star (F = every requester: the
+// server sends each copy itself, no tree); the smallest total wins, ties to
+// the smaller F (fewer server copies), but a tree must end at least
+// min_saving of the star's time sooner than the star. So a tree is used
+// only where the server's uplink is what limits the batch (N1), not where
+// the requesters' own links do (N3). `deliveries` give every requester its `via` (the server or its
+// parent requester), estimated time, stream rate, uplink and number of
+// children (`copy_bps`: the slowest server copy); `transfers` is empty: a forwarded
 // stream is not a reservation the network model can hold.
 struct CutThroughOptions {
   int max_fanout = 4;
+  // A tree is taken only if it ends at least this fraction of the star's
+  // time sooner than the star: the time saved must pay for what the model
+  // leaves out, the forwarders' uplinks (their own pushes come next) and
+  // the hop each level adds. 0 = the earliest plan wins.
+  double min_saving = 0.2;
   int64_t packet_bytes = 32 * 1024;
   double hop_s = 0.001;  // a forwarding daemon's own delay per hop, beyond the packet's time
 };

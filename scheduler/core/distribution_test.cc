@@ -346,6 +346,23 @@ void CheckCutThroughPlan(const DistributionRequest& r, const DistributionPlan& p
   CHECK(from_server == plan.direct);
   CHECK(plan.distributors_used == 0);
   for (const auto& [host, n] : children) CHECK(n <= from_server);  // one fanout for all
+  // The rates a daemon places later gets by: each stream no faster than its
+  // parent's, nor than the parent's uplink shared by its children; the
+  // children counted as planned; copy_bps the slowest server copy.
+  double slowest_copy = 0;
+  for (const Delivery& d : plan.deliveries) {
+    CHECK(d.rate_bps > 0);
+    CHECK(d.uplink_bps > 0);
+    CHECK(d.children == children[d.host]);
+    if (d.via == r.server) {
+      slowest_copy = slowest_copy > 0 ? std::min(slowest_copy, d.rate_bps) : d.rate_bps;
+    } else {
+      const Delivery& parent = *by_host[d.via];
+      CHECK(d.rate_bps <= parent.rate_bps);
+      CHECK(d.rate_bps <= parent.uplink_bps / parent.children * (1 + 1e-12));
+    }
+  }
+  CHECK(plan.copy_bps == slowest_copy);
 }
 
 TEST_CASE("Cut-through trees: one server copy on equal links, slow uplinks as leaves") {
@@ -373,6 +390,48 @@ TEST_CASE("Cut-through trees: one server copy on equal links, slow uplinks as le
   auto busy = PlanCutThroughDistribution(r);
   REQUIRE(busy.ok());
   for (const Delivery& d : busy->deliveries) CHECK(d.via != "w1");
+  // Every requester's uplink far slower than the server's: no tree beats
+  // the server sending every copy itself (the star), so that is the plan.
+  DistributionRequest slow = Request(1e10, 0);
+  for (size_t i = 1; i < slow.hosts.size(); ++i) slow.hosts[i].uplink_bps = 1e8;
+  auto star = PlanCutThroughDistribution(slow);
+  REQUIRE(star.ok());
+  CheckCutThroughPlan(slow, *star);
+  CHECK(star->direct == static_cast<int>(slow.requesters.size()));
+  CHECK(star->server_bound);  // 8 copies share the server's 1e10
+  CHECK(chain->server_bound);
+
+  // Two requesters whose downlinks (6e9) are a little faster than half the
+  // server's uplink (5e9 each in the star): a chain ends about 17 % sooner,
+  // less than min_saving (20 %), so the server sends both copies; with
+  // min_saving 0 the chain wins.
+  DistributionRequest two;
+  two.server = "s";
+  two.model_bytes = 125000000;
+  two.hosts = {{"s", 1e10, 1e10, {}, {}}, {"a", 1e10, 6e9, {}, {}}, {"b", 1e10, 6e9, {}, {}}};
+  two.requesters = {"a", "b"};
+  auto direct = PlanCutThroughDistribution(two);
+  REQUIRE(direct.ok());
+  CHECK(direct->direct == 2);
+  CHECK(direct->total_s == Approx(0.2));
+  CHECK(direct->server_bound);  // 5e9 each, the uplink's share
+  // Downlinks at a tenth of the uplink's share: they, not the server, are
+  // what is slow (N3).
+  two.hosts[1].downlink_bps = two.hosts[2].downlink_bps = 5e8;
+  auto receiver_bound = PlanCutThroughDistribution(two);
+  REQUIRE(receiver_bound.ok());
+  CHECK(receiver_bound->direct == 2);
+  CHECK_FALSE(receiver_bound->server_bound);
+  two.hosts[1].downlink_bps = two.hosts[2].downlink_bps = 6e9;
+  CutThroughOptions eager;
+  eager.min_saving = 0;
+  auto chained = PlanCutThroughDistribution(two, eager);
+  REQUIRE(chained.ok());
+  CHECK(chained->direct == 1);
+  CHECK(chained->total_s < 0.2 * 0.9);
+  eager.min_saving = 1;
+  CHECK(PlanCutThroughDistribution(two, eager).status().message().find("min_saving") !=
+        std::string::npos);
 }
 
 TEST_CASE("Cut-through trees on random links respect their invariants; errors name the field") {
@@ -398,7 +457,7 @@ TEST_CASE("Cut-through trees on random links respect their invariants; errors na
     auto plan = PlanCutThroughDistribution(r, options);
     REQUIRE(plan.ok());
     CheckCutThroughPlan(r, *plan);
-    CHECK(plan->direct <= options.max_fanout);
+    CHECK((plan->direct <= options.max_fanout || plan->direct == n));  // a tree or the star
   }
   DistributionRequest r = Request(1e10, 0);
   CutThroughOptions bad;

@@ -49,6 +49,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Bool("get_trees", &config.get_trees);
   reader.Enum("get_tree_planner", &config.get_tree_planner, {"cut_through", "store_forward"});
   reader.Int("get_tree_max_fanout", &config.get_tree_max_fanout, 1, 1024);
+  reader.Double("get_tree_min_saving", &config.get_tree_min_saving, 0, 0.99);
   reader.Double("get_deadline_slack", &config.get_deadline_slack, 0, 1e6);
   reader.String("admin_address", &config.admin_address);
   reader.Int("admin_port", &config.admin_port, -1, 65535);
@@ -151,6 +152,9 @@ Every key can be set in the JSON file or as a flag; flags win.
                                                         (default cut_through)
   --get_tree_max_fanout  cut_through: at most this many copies from the
                        server and from each requester   (default 4)
+  --get_tree_min_saving  cut_through: a tree is taken only if it ends at
+                       least this fraction sooner than the server sending
+                       every copy itself                (default 0.2)
   --get_deadline_slack store_forward: > 0 lets a get batch end this many times
                        later than its fastest tree if that spends fewer server
                        copies; 0 = fastest tree         (default 0)

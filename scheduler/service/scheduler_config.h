@@ -97,6 +97,10 @@ struct SchedulerConfig {
   bool get_trees = true;
   std::string get_tree_planner = "cut_through";
   int64_t get_tree_max_fanout = 4;
+  // cut_through: a tree is taken only if it ends at least this fraction
+  // sooner than the server sending every copy itself (it costs the
+  // forwarders' uplinks and a hop per level, which the estimate leaves out).
+  double get_tree_min_saving = 0.2;
   double get_deadline_slack = 0;
   // Admin HTTP endpoint (scheduler/admin/README.md). -1 disables it.
   std::string admin_address = "127.0.0.1";

@@ -560,6 +560,7 @@ absl::Status SchedulerService::PlanDistribution(const v1::PlanDistributionReques
   if (cut_through) {
     core::CutThroughOptions options;
     options.max_fanout = static_cast<int>(config_.get_tree_max_fanout);
+    options.min_saving = config_.get_tree_min_saving;
     plan = core::PlanCutThroughDistribution(plan_in, options);
   } else {
     plan = core::PlanModelDistribution(plan_in);
@@ -578,7 +579,12 @@ absl::Status SchedulerService::PlanDistribution(const v1::PlanDistributionReques
       route->set_via_host(delivery.via);
       route->set_via_address(addresses[delivery.via]);
     }
+    route->set_rate_bps(delivery.rate_bps);
+    route->set_uplink_bps(delivery.uplink_bps);
+    route->set_children(delivery.children);
   }
+  reply->set_copy_bps(plan->copy_bps);
+  reply->set_server_bound(plan->server_bound);
   reply->set_server_copies(plan->direct + plan->distributors_used);
   reply->set_total_s(plan->total_s - plan_in.now_s);
   MLF_LOG(DEBUG) << "distribution for '" << request.job() << "/" << request.server() << "': "

@@ -204,6 +204,15 @@ void Call(SchedulerService& service, FakeClock& clock, uint8_t handler, const ui
       CheckStatus(status);
       // A plan names every requester once, in order, and only live hosts.
       if (status.ok() && reply.routes_size() != request.requesters_size()) std::abort();
+      // The rates a daemon places late gets by are finite and not negative.
+      for (const v1::DistributionRoute& route : reply.routes()) {
+        if (!(route.rate_bps() >= 0 && std::isfinite(route.rate_bps()) &&
+              route.uplink_bps() >= 0 && std::isfinite(route.uplink_bps()) &&
+              route.children() >= 0)) {
+          std::abort();
+        }
+      }
+      if (!(reply.copy_bps() >= 0 && std::isfinite(reply.copy_bps()))) std::abort();
       return;
     }
     case kSyncClock: {
