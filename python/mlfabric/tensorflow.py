@@ -261,7 +261,7 @@ def broadcast_variables(variables, root_rank=0, reducer=None, root=None):
 
 class _DistributedGradientTape:
     """Wraps a tf.GradientTape: gradient() returns the gradients averaged
-    (or summed) over all ranks, fused into one AllReduce."""
+    (or summed) over all ranks, fused (grouped_allreduce)."""
 
     def __init__(self, tape, compression, op, reducer):
         self._tape = tape
@@ -294,7 +294,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
                             reducer=None):
     """Horovod's DistributedGradientTape: `tape.gradient(loss, vars)` returns
     the gradients averaged over ranks (op=Sum: summed). Sparse gradients are
-    reduced as dense tensors; `num_groups` is ignored (one fused buffer)."""
+    reduced as dense tensors; `num_groups` is ignored (fusion is by dtype and
+    MLFABRIC_FUSION_THRESHOLD, grouped_allreduce)."""
     del device_dense, device_sparse, sparse_as_dense, num_groups
     op = _resolve_op(None, op, "mlfabric.tensorflow.DistributedGradientTape")
     if gradient_predivide_factor != 1.0:
