@@ -302,6 +302,13 @@ for red in (reducer, mlf):
                         expect(np.asarray(g).tobytes() == e.tobytes(),
                                "%s %s: tensor %d is not the exact sum %r: %r"
                                % (name, how, i, e, np.asarray(g)))
+# bfloat16 (no AllReduce of its own) travels as float32 and comes back bfloat16.
+for red in (reducer, mlf):
+    bf, f = mtf.grouped_allreduce([tf.constant([1.5, -2.0], tf.bfloat16), tf.constant([2.0])],
+                                  op=mtf.Sum, reducer=red)
+    expect(bf.dtype == tf.bfloat16 and np.array_equal(np.asarray(tf.cast(bf, tf.float32)),
+                                                      [3.0, -4.0]) and float(f[0]) == 4.0,
+           "%s bfloat16 in a fused list: %r, %r" % (red.backend, bf, f))
 os.environ["MLFABRIC_FUSION_THRESHOLD"] = "0"
 expect(mtf.fusion_threshold() == 0, "MLFABRIC_FUSION_THRESHOLD=0 read")
 os.environ["MLFABRIC_FUSION_THRESHOLD"] = "lots"

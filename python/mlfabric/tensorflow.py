@@ -181,17 +181,20 @@ def grouped_allreduce(tensors, average=None, compression=Compression.none, op=No
     present = [tf.convert_to_tensor(tensors[i]) for i in positions]
     if not present:
         return list(tensors)
-    for t in present:
+    # bfloat16 has no AllReduce of its own: it travels as float32 (exact)
+    # and is rounded back once, as the single-buffer fusion always did.
+    wire = [tf.cast(t, tf.float32) if t.dtype == tf.bfloat16 else t for t in present]
+    for t in wire:
         _check_dtype(t)
     reduced = [None] * len(present)
     previous = []
-    for bucket in _fusion_buckets(present, threshold):
+    for bucket in _fusion_buckets(wire, threshold):
         # A control dependency on the previous bucket's sum: in a graph the
         # AllReduce ops would otherwise be independent and could run in a
         # different order on different ranks (calls on one AllReducer must
         # come in the same order everywhere).
         with tf.control_dependencies(previous):
-            parts = [present[i] for i in bucket]
+            parts = [wire[i] for i in bucket]
             if len(parts) == 1:
                 flat = tf.reshape(parts[0], [-1])
             else:
