@@ -211,6 +211,9 @@ class MlfabricAllReducer : public AllReducer {
         root_server_(std::move(root_server)) {}
 
   ~MlfabricAllReducer() override {
+    if (unconfirmed_.valid()) {
+      (void)unconfirmed_.wait_for(std::chrono::duration<double>(std::min(timeout_s_, 30.0)));
+    }
     // The root's last round must reach its server application before it
     // disconnects, or the round would fail for ranks still streaming it.
     if (root_server_ != nullptr) root_server_->AwaitVersion(version_, std::min(timeout_s_, 30.0));
@@ -265,6 +268,20 @@ class MlfabricAllReducer : public AllReducer {
     // The get streams the sum back as its packets complete at the root.
     absl::StatusOr<Model> sum = worker_->Get(root_);
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+    // The previous round's push outcome, which this call overlapped.
+    absl::Status previous = ConfirmPrevious(deadline);
+    // Without backup workers, a sum of the right size means the root summed
+    // every rank's contribution of this round, this one's included: the
+    // push's outcome (applied once the root's server application has
+    // acknowledged the round) follows later, and the next call (or the
+    // destructor) collects it while its own round is under way, instead of
+    // this call waiting for another round trip through the scheduler.
+    if (backup_workers_ == 0 && sum.ok() && sum->size() == bytes) {
+      std::memcpy(data, sum->data(), bytes);
+      unconfirmed_ = std::move(pushed);
+      unconfirmed_round_ = round;
+      return previous;
+    }
     if (pushed.wait_until(deadline) != std::future_status::ready) {
       return absl::DeadlineExceededError(absl::StrCat("AllReduce round ", round, ": rank ", rank(),
                                                       "'s push did not complete in ", timeout_s_,
@@ -286,12 +303,33 @@ class MlfabricAllReducer : public AllReducer {
       return absl::InternalError(absl::StrCat("AllReduce round ", round, ": the sum has ",
                                               sum->size(), " bytes, expected ", bytes));
     }
+    if (!previous.ok()) return previous;
     std::memcpy(data, sum->data(), bytes);
     return absl::OkStatus();
   }
 
  private:
   using Clock = std::chrono::steady_clock;
+
+  // Collects the outcome of the push whose round's sum an earlier call
+  // returned: an error only if it did not end applied (the root's server
+  // application never acknowledged that round).
+  template <typename TimePoint>
+  absl::Status ConfirmPrevious(TimePoint deadline) {
+    if (!unconfirmed_.valid()) return absl::OkStatus();
+    std::future<PushResult> pushed = std::move(unconfirmed_);
+    const int64_t round = unconfirmed_round_;
+    if (pushed.wait_until(deadline) != std::future_status::ready) {
+      return absl::DeadlineExceededError(absl::StrCat("AllReduce round ", round, ": rank ", rank(),
+                                                      "'s push did not complete in ", timeout_s_,
+                                                      " s"));
+    }
+    const PushResult result = pushed.get();
+    if (result.outcome == PushOutcome::kApplied) return absl::OkStatus();
+    return RoundError(round, absl::StrCat("rank ", rank(), "'s push ",
+                                          PushOutcomeName(result.outcome),
+                                          " after its sum arrived: ", result.reason));
+  }
 
   static absl::Status RoundError(int64_t round, const std::string& what) {
     if (what.find("mismatch:") != std::string::npos) {
@@ -308,6 +346,10 @@ class MlfabricAllReducer : public AllReducer {
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<RootServer> root_server_;
   int64_t version_ = 0;
+  // The push of round unconfirmed_round_, whose sum was returned before
+  // its outcome came (ConfirmPrevious).
+  std::future<PushResult> unconfirmed_;
+  int64_t unconfirmed_round_ = -1;
 };
 
 }  // namespace

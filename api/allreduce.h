@@ -16,7 +16,12 @@
 //             workers (Alg. 3), the root's daemon sums arriving packets and
 //             streams each finished packet of the sum back to every rank's
 //             get (Mercury PS). Inputs that differ across ranks fail the
-//             round on every rank with InvalidArgument.
+//             round on every rank with InvalidArgument. Without backup
+//             workers a call returns once the sum is in; the push's
+//             outcome (the root's server application acknowledging the
+//             round) is collected during the next call or the destructor,
+//             and a round whose sum came but whose push then failed makes
+//             that next call return the error (after its own round).
 //   mpi       Open MPI's MPI_Allreduce on MPI_COMM_WORLD (MPI is initialised
 //             on first use if the program has not done it).
 //   nccl      ncclAllReduce; compiled only when NCCL headers were found at

@@ -53,7 +53,7 @@ Daemon::Daemon(DaemonConfig config, const Clock* clock)
       clock_(clock != nullptr ? clock : &real_clock_),
       aggregations_(static_cast<uint32_t>(config_.payload_bytes)),
       packet_queue_(MakeJobPriorityPolicy(config_)),
-      rounds_(config_.rounds_kept, internal::kRoundChunkBytes),
+      rounds_(config_.rounds_kept, internal::kRoundChunkBytes, &buffer_pool_),
       round_routes_(static_cast<int>(config_.round_tree_fanout), config_.rounds_kept) {}
 
 Daemon::~Daemon() { Stop(); }

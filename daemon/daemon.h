@@ -244,6 +244,11 @@ class Daemon {
   // A constituent was received completely: true if it was one here (its
   // bytes are in the sum already); ends the aggregation when it was the last.
   bool FoldLocked(uint64_t transfer_id);
+  // Forgets a received transfer whose bytes are summed already (a round
+  // member or an aggregate's constituent) and keeps its buffer for the next
+  // transfer of that size: a fresh memfd costs a page fault and a zeroed
+  // page per 4 KiB (buffer_pool.h).
+  void RecycleIncomingLocked(std::map<uint64_t, Incoming>::iterator incoming);
   // Sums [offset, +length) of constituent `transfer` into its aggregate and
   // queues the aggregate's packets that became complete; false (and the
   // aggregation failed) on a bad packet.

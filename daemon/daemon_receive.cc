@@ -92,7 +92,7 @@ absl::Status Daemon::AcceptDataLocked(const PacketHeader& header, const uint8_t*
                  << absl::StrFormat("%.6f", it->second.first_packet_s) << " complete_s "
                  << absl::StrFormat("%.6f", clock_->NowSeconds());
   if (round_member) {  // summed already; nothing to deliver
-    incoming_.erase(it);
+    RecycleIncomingLocked(it);
     return absl::OkStatus();
   }
   if (FoldLocked(header.transfer)) return absl::OkStatus();
@@ -100,6 +100,12 @@ absl::Status Daemon::AcceptDataLocked(const PacketHeader& header, const uint8_t*
     TryDeliverLocked(job_id, server);
   }
   return absl::OkStatus();
+}
+
+void Daemon::RecycleIncomingLocked(std::map<uint64_t, Incoming>::iterator incoming) {
+  std::shared_ptr<SharedBuffer> buffer = std::move(incoming->second.buffer);
+  incoming_.erase(incoming);
+  buffer_pool_.Recycle(std::move(buffer));  // kept only if nobody else holds it
 }
 
 void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
@@ -199,11 +205,14 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
       absl::Status accepted;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        accepted = AcceptDataLocked(*header, dst, &begun);
-        // Let go of the buffer before the lock: the server's acknowledgement
-        // recycles it only if nobody else holds it (RecycleLocked), and it
-        // may come the moment the lock is free.
+        // Let go of the buffer first: a buffer is recycled only if nobody
+        // else holds it, by the server's acknowledgement (the moment the
+        // lock is free) or, for a summed round or aggregate member, inside
+        // AcceptDataLocked. While the transfer is in incoming_ it holds the
+        // buffer, so `dst` stays valid; once it is not, AcceptDataLocked
+        // does not touch `dst`.
         buffer.reset();
+        accepted = AcceptDataLocked(*header, dst, &begun);
       }
       if (!accepted.ok()) {
         close_reason = std::string(accepted.message());

@@ -98,11 +98,13 @@ void Daemon::JoinRoundLocked(const v1::ExpectDelivery& expect) {
     } else {
       const auto ranges = std::move(incoming->second.unfolded);
       incoming->second.unfolded.clear();
-      const std::shared_ptr<SharedBuffer> buffer = incoming->second.buffer;
-      if (incoming->second.received == incoming->second.total) incoming_.erase(incoming);
+      // incoming_ holds the buffer while the ranges are summed.
+      const uint8_t* data = incoming->second.buffer->data();
+      const bool complete = incoming->second.received == incoming->second.total;
       for (const auto& [offset, length] : ranges) {
-        rounds_.Fold(transfer, buffer->data() + offset, offset, length, &fx);
+        rounds_.Fold(transfer, data + offset, offset, length, &fx);
       }
+      if (complete) RecycleIncomingLocked(incoming);
     }
   }
   ApplyRoundEffectsLocked(fx);

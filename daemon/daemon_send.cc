@@ -167,7 +167,10 @@ void Daemon::QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index) {
 bool Daemon::FoldLocked(uint64_t transfer_id) {
   const daemon::AggregationTable::Finish finish = aggregations_.FinishConstituent(transfer_id);
   if (finish.kind == daemon::AggregationTable::Finish::kNotMember) return false;
-  incoming_.erase(transfer_id);  // its bytes are in the sum
+  // Its bytes are in the sum: its receive buffer can take the next transfer.
+  if (auto incoming = incoming_.find(transfer_id); incoming != incoming_.end()) {
+    RecycleIncomingLocked(incoming);
+  }
   if (finish.kind == daemon::AggregationTable::Finish::kComplete) {
     ++stats_.aggregates;
     MLF_LOG(INFO) << "aggregate " << finish.aggregate << ": summed " << finish.folded

@@ -12,7 +12,11 @@ job "demo" plus a second job "other" on the same scheduler).
      unsupported dtypes, priorities of the wrong length, unregistered
      servers, a push to another job's server, negative or contradicting
      bounds, a server without callbacks, a replica of no server;
-  4. a Replica (Python callback) registered before the pushes ends with
+  4. tensor fusion: mtf.grouped_allreduce gives, on both backends, eagerly
+     and in a tf.function, the same bits fused (one AllReduce per dtype),
+     in small buckets and unfused (one AllReduce per tensor) as allreduce
+     of each tensor alone, and every dtype keeps its precision;
+  5. a Replica (Python callback) registered before the pushes ends with
      exactly the server's model.
 Prints "python_api_check rank R: OK" on success.
 """
@@ -247,11 +251,75 @@ other = mlfabric.Worker(job="other", token="other-token", name="other%d" % rank)
 raises(lambda: other.push("pyps", np.ones(total, np.float32), 0), mlfabric.PushFailedError,
        "belongs to job 'demo'", "not to job 'other'")
 other.close()
-mlf.close()
 barrier()
 print("rank %d: part 3 (bad input) done" % rank, flush=True)
 
-# ---- 4. the replica of pyps holds the server's model
+# ---- 4. tensor fusion (2 ranks: every sum is a + b, whatever the order)
+
+
+def fusion_inputs(r):
+    rng = np.random.default_rng(100 + r)
+    return [rng.standard_normal((5, 3)).astype(np.float32),
+            1.0 + 1e-12 * rng.integers(1, 1000, 7).astype(np.float64),  # lost in float32
+            rng.integers(-50, 50, 4).astype(np.int32),
+            None,
+            rng.standard_normal((2, 2, 2)).astype(np.float32),
+            rng.integers(-50, 50, 3).astype(np.float16),
+            rng.standard_normal(40).astype(np.float32)]
+
+
+mine = [None if a is None else tf.constant(a) for a in fusion_inputs(rank)]
+theirs = fusion_inputs(1 - rank)
+expected = [None if a is None else a + b for a, b in zip(fusion_inputs(rank), theirs)]
+for red in (reducer, mlf):
+    name = red.backend
+    for op in (mtf.Sum, mtf.Average):
+        results = {
+            "fused": mtf.grouped_allreduce(mine, op=op, reducer=red),
+            "64-byte buckets": mtf.grouped_allreduce(mine, op=op, reducer=red,
+                                                     fusion_threshold_bytes=64),
+            "unfused": mtf.grouped_allreduce(mine, op=op, reducer=red, fusion_threshold_bytes=0),
+            "tf.function, 64-byte buckets": tf.function(lambda: mtf.grouped_allreduce(
+                mine, op=op, reducer=red, fusion_threshold_bytes=64))(),
+        }
+        if op == mtf.Sum:
+            results["one allreduce per tensor"] = [
+                None if t is None else mtf.allreduce(t, op=op, reducer=red) for t in mine]
+        reference = results["unfused"]
+        for how, got in results.items():
+            for i, (g, ref, t) in enumerate(zip(got, reference, mine)):
+                if t is None:
+                    expect(g is None, "%s %s %s: None entry %d became %r" % (name, op, how, i, g))
+                    continue
+                g, ref = np.asarray(g), np.asarray(ref)
+                expect(g.dtype == t.dtype.as_numpy_dtype and g.shape == tuple(t.shape) and
+                       g.tobytes() == ref.tobytes(),
+                       "%s %s %s: tensor %d (%s %s) differs from unfused: %r vs %r"
+                       % (name, op, how, i, t.dtype.name, t.shape, g, ref))
+            if op == mtf.Sum:
+                for i, (g, e) in enumerate(zip(got, expected)):
+                    if e is not None:
+                        expect(np.asarray(g).tobytes() == e.tobytes(),
+                               "%s %s: tensor %d is not the exact sum %r: %r"
+                               % (name, how, i, e, np.asarray(g)))
+# bfloat16 (no AllReduce of its own) travels as float32 and comes back bfloat16.
+for red in (reducer, mlf):
+    bf, f = mtf.grouped_allreduce([tf.constant([1.5, -2.0], tf.bfloat16), tf.constant([2.0])],
+                                  op=mtf.Sum, reducer=red)
+    expect(bf.dtype == tf.bfloat16 and np.array_equal(np.asarray(tf.cast(bf, tf.float32)),
+                                                      [3.0, -4.0]) and float(f[0]) == 4.0,
+           "%s bfloat16 in a fused list: %r, %r" % (red.backend, bf, f))
+os.environ["MLFABRIC_FUSION_THRESHOLD"] = "0"
+expect(mtf.fusion_threshold() == 0, "MLFABRIC_FUSION_THRESHOLD=0 read")
+os.environ["MLFABRIC_FUSION_THRESHOLD"] = "lots"
+raises(mtf.fusion_threshold, ValueError, "MLFABRIC_FUSION_THRESHOLD", "lots")
+del os.environ["MLFABRIC_FUSION_THRESHOLD"]
+raises(lambda: mtf.grouped_allreduce(mine, fusion_threshold_bytes=-1), ValueError, ">= 0")
+mlf.close()
+barrier()
+print("rank %d: part 4 (tensor fusion) done" % rank, flush=True)
+
+# ---- 5. the replica of pyps holds the server's model
 version, data = worker.get("pyps")
 if rank == 1:
     deadline = time.time() + 30  # copies may be punted to a later batch

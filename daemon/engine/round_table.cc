@@ -1,6 +1,7 @@
 #include "daemon/engine/round_table.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -9,8 +10,10 @@
 
 namespace mlfabric::daemon {
 
-RoundTable::RoundTable(int64_t rounds_kept, uint64_t chunk_bytes)
-    : rounds_kept_(std::max<int64_t>(1, rounds_kept)), chunk_bytes_(chunk_bytes) {}
+RoundTable::RoundTable(int64_t rounds_kept, uint64_t chunk_bytes, BufferPool* buffers)
+    : rounds_kept_(std::max<int64_t>(1, rounds_kept)),
+      chunk_bytes_(chunk_bytes),
+      buffers_(buffers) {}
 
 std::pair<uint64_t, uint64_t> RoundTable::ChunkRange(const Round& round, uint32_t chunk) const {
   const uint64_t begin = uint64_t{chunk} * chunk_bytes_;
@@ -33,7 +36,9 @@ RoundTable::Round& RoundTable::GetOrCreateLocked(const std::string& key, int64_t
     }
     for (const auto& [member, contributions] : old->second.members) round_of_.erase(member);
     (void)pool_.UnregisterTransfer(old->second.pool_id);
+    std::shared_ptr<SharedBuffer> sum = std::move(old->second.sum);
     old = rounds_.erase(old);
+    if (buffers_ != nullptr) buffers_->Recycle(std::move(sum));  // kept if nobody holds it
   }
   return it->second;
 }
@@ -74,15 +79,22 @@ void RoundTable::Join(const v1::ExpectDelivery& expect, bool server_connected, E
                         " cannot be summed element-wise"));
       return;
     }
-    auto sum = SharedBuffer::Create(static_cast<size_t>(expect.bytes()));  // zero-filled
-    if (!sum.ok()) {
-      fail(std::string(sum.status().message()));
-      return;
+    const size_t bytes = static_cast<size_t>(expect.bytes());
+    std::shared_ptr<SharedBuffer> sum = buffers_ != nullptr ? buffers_->Take(bytes) : nullptr;
+    if (sum != nullptr) {
+      std::memset(sum->data(), 0, bytes);  // summed into from zero, as a fresh one
+    } else {
+      auto created = SharedBuffer::Create(bytes);  // zero-filled
+      if (!created.ok()) {
+        fail(std::string(created.status().message()));
+        return;
+      }
+      sum = std::make_shared<SharedBuffer>(std::move(*created));
     }
     round.size = expect.round_size();
     round.bytes = expect.bytes();
     round.dtype = expect.dtype();
-    round.sum = std::make_shared<SharedBuffer>(std::move(*sum));
+    round.sum = std::move(sum);
     aggregator::AggregationSpec spec;
     spec.dtype = *type;
     spec.bytes = static_cast<uint64_t>(round.bytes);

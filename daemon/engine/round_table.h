@@ -25,9 +25,17 @@
 // number; the newest `rounds_kept` rounds of a server are kept for gets that
 // come late, older ones go (failed if they had not ended).
 //
+// Sums come from a BufferPool when one is given (the daemon's): a round
+// evicted after rounds_kept gives its sum back, if nobody holds it any
+// more, and a new round takes one of its size and zeroes it, instead of a
+// fresh memfd whose every page is allocated, zeroed and torn down again.
+// The server application reads a round's sum only during its update
+// callback (api/mlfabric.h), long before the round is evicted.
+//
 // Thread safety: every method may be called from any thread (own lock).
-// The lock is a leaf (nothing outside the table is called while it is
-// held), so the daemon may call the table under its own lock.
+// The lock is a leaf (nothing outside the table but the BufferPool, whose
+// lock is a leaf too, is called while it is held), so the daemon may call
+// the table under its own lock.
 #ifndef MLFABRIC_DAEMON_ENGINE_ROUND_TABLE_H_
 #define MLFABRIC_DAEMON_ENGINE_ROUND_TABLE_H_
 
@@ -42,6 +50,7 @@
 #include <vector>
 
 #include "aggregator/packet_pool.h"
+#include "daemon/engine/buffer_pool.h"
 #include "ipc/local_ipc.h"
 #include "proto/scheduler.pb.h"
 
@@ -51,7 +60,8 @@ class RoundTable {
  public:
   // `rounds_kept` >= 1; `chunk_bytes`: the grid sums are released on, a
   // positive multiple of 8.
-  RoundTable(int64_t rounds_kept, uint64_t chunk_bytes);
+  // `buffers`, if not null, must outlive the table.
+  RoundTable(int64_t rounds_kept, uint64_t chunk_bytes, BufferPool* buffers = nullptr);
 
   // A byte range [begin, end) of a round's sum that became final, for the
   // reply stream `stream` (a watcher's id).
@@ -167,6 +177,7 @@ class RoundTable {
 
   const int64_t rounds_kept_;
   const uint64_t chunk_bytes_;
+  BufferPool* const buffers_;
   mutable std::mutex mu_;
   aggregator::PacketPool pool_;                 // guarded by mu_
   std::map<Key, Round> rounds_;                 // guarded by mu_

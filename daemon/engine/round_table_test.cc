@@ -190,5 +190,43 @@ TEST_CASE("RoundTable keeps the newest rounds_kept rounds") {
   CHECK(table.Lookup("1/other", 0, nullptr) == RoundTable::GetState::kNotYet);
 }
 
+TEST_CASE("RoundTable takes sums from a BufferPool, zeroed, and gives evicted ones back") {
+  BufferPool buffers;
+  RoundTable table(/*rounds_kept=*/1, kChunk, &buffers);
+  RoundTable::Effects fx;
+  table.Join(Member(1, 0, 1, 16), true, &fx);
+  const auto a = Ints(4, 7);
+  table.Fold(1, Bytes(a), 0, 16, &fx);
+  REQUIRE(fx.complete.size() == 1);
+  const SharedBuffer* first = nullptr;
+  {
+    auto delivery = table.BeginDelivery(kKey, 0);
+    REQUIRE(delivery.has_value());
+    first = delivery->sum.get();
+    CHECK(At(*delivery->sum, 3) == 7);
+    REQUIRE(table.Acknowledge(delivery->id).has_value());
+  }
+  CHECK(buffers.pooled_bytes() == 0);
+  // Round 1 evicts round 0, whose sum goes back to the pool and is taken
+  // again at once for round 1, zeroed.
+  fx = {};
+  table.Join(Member(2, 1, 1, 16), true, &fx);
+  CHECK(fx.failed.empty());
+  CHECK(buffers.pooled_bytes() == 0);
+  auto watch = table.AddWatcher(kKey, 1, /*stream=*/900);
+  REQUIRE(watch.has_value());
+  CHECK(watch->sum.get() == first);
+  for (size_t i = 0; i < 4; ++i) CHECK(At(*watch->sum, i) == 0);
+  const auto b = Ints(4, -2);
+  table.Fold(2, Bytes(b), 0, 16, &fx);
+  for (size_t i = 0; i < 4; ++i) CHECK(At(*watch->sum, i) == -2);
+
+  // A sum someone still holds (here the watch) is not recycled.
+  table.RemoveWatcher(kKey, 1, 900);
+  table.Join(Member(3, 2, 1, 16), true, &fx);
+  CHECK(buffers.pooled_bytes() == 0);
+  watch.reset();
+}
+
 }  // namespace
 }  // namespace mlfabric::daemon

@@ -2,12 +2,19 @@
 
     mlfabric-run -np 2 python3 python/benchmarks/keras_steps.py --backend mpi
     mlfabric-run -np 2 python3 python/benchmarks/keras_steps.py --backend mlfabric
+    mlfabric-run -np 2 python3 python/benchmarks/keras_steps.py --backend mlfabric \
+        --model mobilenetv2
 
 A Horovod-style program (TensorFlow imported first, mlfabric.keras as hvd)
-trains an MLP on scikit-learn's digits with hvd.DistributedOptimizer for
---epochs epochs of --batch samples per rank, and rank 0 prints steps per
-second over the epochs after the first (which includes tracing). Compare
-two runs' figures as a ratio (python/README.md, "Measured figures").
+trains with hvd.DistributedOptimizer for --epochs epochs of --batch samples
+per rank, and rank 0 prints steps per second over the epochs after the
+first (which includes tracing). --model digits (default): an MLP on
+scikit-learn's digits. --model mobilenetv2: keras.applications.MobileNetV2
+(random weights, 32x32x3 inputs, 10 classes) on --samples synthetic images
+per rank. The gradients of a step are fused into one AllReduce per dtype
+up to MLFABRIC_FUSION_THRESHOLD bytes (mlfabric.tensorflow.fusion_threshold;
+0 = one AllReduce per tensor). Compare two runs' figures as a ratio
+(python/README.md, "Measured figures").
 """
 import argparse
 import os
@@ -26,15 +33,25 @@ parser.add_argument("--backend", default="mpi", choices=["mpi", "mlfabric"])
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--batch", type=int, default=32)
 parser.add_argument("--hidden", type=int, default=64)
+parser.add_argument("--model", default="digits", choices=["digits", "mobilenetv2"])
+parser.add_argument("--samples", type=int, default=256, help="mobilenetv2: images per rank")
 args = parser.parse_args()
 
 hvd.init(backend=args.backend)
-x, y = load_digits(return_X_y=True)
-x = (x / 16.0).astype(np.float32)
-x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
 keras.utils.set_random_seed(1)
-model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(args.hidden, activation="relu"),
-                          keras.layers.Dense(10)])
+if args.model == "digits":
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+    model = keras.Sequential([keras.Input((64,)),
+                              keras.layers.Dense(args.hidden, activation="relu"),
+                              keras.layers.Dense(10)])
+else:
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.standard_normal((args.samples, 32, 32, 3)).astype(np.float32)
+    y = rng.integers(0, 10, args.samples)
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.applications.MobileNetV2(
+        input_shape=(32, 32, 3), weights=None, classes=10, classifier_activation=None)])
 model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05 * hvd.size())),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
               jit_compile=False)
@@ -60,7 +77,7 @@ measured = timer.epoch_times[1:] or timer.epoch_times
 rate = steps * len(measured) / sum(measured)
 if hvd.rank() == 0:
     params = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    print("keras_steps: backend %s, %d ranks, %d parameters, %d steps/epoch: %.1f steps/s "
-          "(%.2f ms per step)" % (args.backend, hvd.size(), params, steps, rate, 1000 / rate),
-          flush=True)
+    print("keras_steps: %s, backend %s, %d ranks, %d parameters, %d steps/epoch: %.1f steps/s "
+          "(%.2f ms per step)" % (args.model, args.backend, hvd.size(), params, steps, rate,
+                                  1000 / rate), flush=True)
 hvd.shutdown()

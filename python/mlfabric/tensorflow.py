@@ -105,25 +105,110 @@ def _allreduce_grad(op, grad):
     return _ops.mlfabric_allreduce(grad, handle=op.get_attr("handle"))
 
 
+# Tensor fusion (Horovod's HOROVOD_FUSION_THRESHOLD): a step's tensors travel
+# as few AllReduces as possible, one fused buffer per dtype of at most this
+# many bytes (a larger tensor goes alone). Every AllReduce through the
+# mlfabric backend is a scheduler-planned round with a fixed cost of a few
+# milliseconds on top of its bytes, so fewer, larger rounds are faster.
+_DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+
+
+def fusion_threshold():
+    """Bytes per fused AllReduce buffer: MLFABRIC_FUSION_THRESHOLD, else
+    HOROVOD_FUSION_THRESHOLD, else 128 MiB (Horovod's default). 0 turns
+    fusion off (one AllReduce per tensor)."""
+    import os
+    for name in ("MLFABRIC_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            try:
+                threshold = int(value)
+            except ValueError:
+                raise ValueError("%s must be a number of bytes, not %r" % (name, value))
+            if threshold < 0:
+                raise ValueError("%s must be >= 0 bytes, got %d" % (name, threshold))
+            return threshold
+    return _DEFAULT_FUSION_THRESHOLD
+
+
+def _fusion_buckets(tensors, threshold):
+    """Indices of `tensors` in fused buckets: per dtype in first-seen order,
+    consecutive tensors of that dtype up to `threshold` bytes (a tensor of
+    unknown or larger size, or any tensor when threshold is 0, alone).
+    Depends only on dtypes and static shapes, so every rank cuts the same
+    buckets."""
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    buckets = []
+    for indices in by_dtype.values():
+        current, current_bytes = [], 0
+        for i in indices:
+            n = tensors[i].shape.num_elements()
+            nbytes = None if n is None else n * tensors[i].dtype.size
+            if (nbytes is None or threshold == 0 or
+                    (current and current_bytes + nbytes > threshold)):
+                if current:
+                    buckets.append(current)
+                current, current_bytes = [], 0
+            current.append(i)
+            current_bytes += nbytes or 0
+            if nbytes is None or threshold == 0:
+                buckets.append(current)
+                current, current_bytes = [], 0
+        if current:
+            buckets.append(current)
+    return buckets
+
+
 def grouped_allreduce(tensors, average=None, compression=Compression.none, op=None,
-                      reducer=None):
-    """One fused AllReduce for a list of tensors (None entries pass through),
-    as Horovod's tensor fusion: the tensors travel as one buffer."""
+                      reducer=None, fusion_threshold_bytes=None):
+    """The allreduce of each tensor of a list (None entries pass through),
+    fused as Horovod's tensor fusion: one AllReduce per dtype for up to
+    `fusion_threshold_bytes` (default: fusion_threshold(), from
+    MLFABRIC_FUSION_THRESHOLD) of consecutive tensors, each packed into one
+    flat buffer, summed, and unpacked. Each element is summed over the same
+    ranks as without fusion (the sum is element-wise), and every dtype keeps
+    its own precision. The fused AllReduces run one after another in bucket
+    order, the same on every rank."""
     op = _resolve_op(average, op, "mlfabric.tensorflow.grouped_allreduce")
-    present = [tf.convert_to_tensor(t) for t in tensors if t is not None]
+    threshold = fusion_threshold() if fusion_threshold_bytes is None else int(
+        fusion_threshold_bytes)
+    if threshold < 0:
+        raise ValueError("mlfabric.tensorflow.grouped_allreduce: fusion_threshold_bytes must be "
+                         ">= 0, got %d" % threshold)
+    positions = [i for i, t in enumerate(tensors) if t is not None]
+    present = [tf.convert_to_tensor(tensors[i]) for i in positions]
     if not present:
         return list(tensors)
-    dtype = present[0].dtype
-    flat = tf.concat([tf.reshape(tf.cast(t, dtype), [-1]) for t in present], axis=0)
-    total = allreduce(flat, op=op, compression=compression, reducer=reducer)
-    parts = tf.split(total, [tf.size(t) for t in present])
-    out, i = [], 0
-    for t in tensors:
-        if t is None:
-            out.append(None)
-        else:
-            out.append(tf.cast(tf.reshape(parts[i], tf.shape(t)), t.dtype))
-            i += 1
+    # bfloat16 has no AllReduce of its own: it travels as float32 (exact)
+    # and is rounded back once, as the single-buffer fusion always did.
+    wire = [tf.cast(t, tf.float32) if t.dtype == tf.bfloat16 else t for t in present]
+    for t in wire:
+        _check_dtype(t)
+    reduced = [None] * len(present)
+    previous = []
+    for bucket in _fusion_buckets(wire, threshold):
+        # A control dependency on the previous bucket's sum: in a graph the
+        # AllReduce ops would otherwise be independent and could run in a
+        # different order on different ranks (calls on one AllReducer must
+        # come in the same order everywhere).
+        with tf.control_dependencies(previous):
+            parts = [wire[i] for i in bucket]
+            if len(parts) == 1:
+                flat = tf.reshape(parts[0], [-1])
+            else:
+                flat = tf.concat([tf.reshape(t, [-1]) for t in parts], axis=0)
+            total = allreduce(flat, op=op, compression=compression, reducer=reducer)
+        previous = [total]
+        sizes = [tf.size(t) for t in parts]
+        pieces = [total] if len(parts) == 1 else tf.split(total, sizes)
+        for i, piece in zip(bucket, pieces):
+            # (op=Average of an integer tensor divides into floats: cast back.)
+            reduced[i] = tf.cast(tf.reshape(piece, tf.shape(present[i])), present[i].dtype)
+    out = list(tensors)
+    for i, r in zip(positions, reduced):
+        out[i] = r
     return out
 
 
@@ -179,7 +264,7 @@ def broadcast_variables(variables, root_rank=0, reducer=None, root=None):
 
 class _DistributedGradientTape:
     """Wraps a tf.GradientTape: gradient() returns the gradients averaged
-    (or summed) over all ranks, fused into one AllReduce."""
+    (or summed) over all ranks, fused (grouped_allreduce)."""
 
     def __init__(self, tape, compression, op, reducer):
         self._tape = tape
@@ -212,7 +297,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
                             reducer=None):
     """Horovod's DistributedGradientTape: `tape.gradient(loss, vars)` returns
     the gradients averaged over ranks (op=Sum: summed). Sparse gradients are
-    reduced as dense tensors; `num_groups` is ignored (one fused buffer)."""
+    reduced as dense tensors; `num_groups` is ignored (fusion is by dtype and
+    MLFABRIC_FUSION_THRESHOLD, grouped_allreduce)."""
     del device_dense, device_sparse, sparse_as_dense, num_groups
     op = _resolve_op(None, op, "mlfabric.tensorflow.DistributedGradientTape")
     if gradient_predivide_factor != 1.0:

@@ -49,7 +49,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """Wraps a Keras 3 optimizer so that each update applies the gradients
     averaged (op=Average, the default) or summed (op=Sum) over all ranks,
     as Horovod's `hvd.DistributedOptimizer`. The gradients of one step
-    travel as one fused AllReduce, compressed by `compression`.
+    travel fused, one AllReduce per dtype for up to
+    MLFABRIC_FUSION_THRESHOLD bytes (128 MiB unless set; 0 = one per
+    tensor; mlfabric.tensorflow.grouped_allreduce), compressed by
+    `compression`.
 
     backward_passes_per_step=N accumulates N local gradients and
     communicates and applies once every N steps (Keras's
@@ -57,8 +60,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     gradient is their sum, or their mean with
     average_aggregated_gradients=True, as in Horovod. `device_*`,
     `sparse_as_dense` (sparse gradients are always reduced dense),
-    `num_groups` and `groups` (one fused buffer per step) are accepted and
-    ignored. `average` is MLfabric's earlier keyword (True = Average).
+    `num_groups` and `groups` (fusion is by dtype and threshold) are
+    accepted and ignored. `average` is MLfabric's earlier keyword (True = Average).
 
     backup_workers=b (MLfabric's, not Horovod's; Chen et al., 2016): each
     step's AllReduce sums the first size - b ranks' gradients to reach the
