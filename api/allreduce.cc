@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -212,7 +213,13 @@ class MlfabricAllReducer : public AllReducer {
 
   ~MlfabricAllReducer() override {
     if (unconfirmed_.valid()) {
-      (void)unconfirmed_.wait_for(std::chrono::duration<double>(std::min(timeout_s_, 30.0)));
+      // No later call collects the last push's outcome: say it if it did not
+      // end applied (its sum was returned, complete, already).
+      const absl::Status last =
+          ConfirmPrevious(Clock::now() + std::chrono::duration<double>(std::min(timeout_s_, 30.0)));
+      if (!last.ok()) {
+        std::fprintf(stderr, "mlfabric AllReduce: %s\n", std::string(last.message()).c_str());
+      }
     }
     // The root's last round must reach its server application before it
     // disconnects, or the round would fail for ranks still streaming it.
