@@ -54,7 +54,10 @@ Daemon::Daemon(DaemonConfig config, const Clock* clock)
       aggregations_(static_cast<uint32_t>(config_.payload_bytes)),
       packet_queue_(MakeJobPriorityPolicy(config_)),
       rounds_(config_.rounds_kept, internal::kRoundChunkBytes, &buffer_pool_),
-      round_routes_(static_cast<int>(config_.round_tree_fanout), config_.rounds_kept) {}
+      round_routes_(static_cast<int>(config_.round_tree_fanout), config_.rounds_kept) {
+  get_client_ = std::make_unique<transport::GetClient>(
+      io_, *send_watchdog_, kMaxIdleGetConnections, static_cast<uint64_t>(kMaxTransferBytes));
+}
 
 Daemon::~Daemon() { Stop(); }
 

@@ -28,7 +28,7 @@
 //
 // Thread safety: the self-contained parts (SchedulerClient,
 // CompletionReporter, BufferPool, PacketChecksums, SendWatchdog,
-// AggregationTable, RoundTable, GetBatcher, the peer and idle-get connection maps) have
+// AggregationTable, RoundTable, GetBatcher, GetClient, the peer connection map) have
 // their own locks or none; the tables' locks are leaves, taken under mu_.
 // The transfer, reply-stream and delivery bookkeeping still shares one
 // mutex (mu_), held only for bookkeeping, never across an RPC or a socket
@@ -70,6 +70,7 @@
 #include "daemon/pacing/pacer.h"
 #include "daemon/queue/priority_packet_queue.h"
 #include "daemon/transport/framing.h"
+#include "daemon/transport/get_client.h"
 #include "daemon/transport/packet.h"
 #include "daemon/transport/send_watchdog.h"
 #include "monitor/bandwidth_monitor.h"
@@ -286,26 +287,12 @@ class Daemon {
   // Takes `bytes` from the unscheduled budget at `now`; if it cannot,
   // returns false and the time it could.
   bool ConsumeUnscheduled(uint32_t bytes, double now, double* next_s);
-  // A connection to a daemon that answers a get (the server's, or a
-  // distributor's), with its reader and the reply's header.
-  struct GetConnection {
-    std::string address;
-    std::unique_ptr<boost::asio::ip::tcp::socket> socket;
-    std::optional<transport::FrameReader> reader;
-    transport::PacketHeader header;  // the kGetReply
-    v1::DataGetReply reply;
-  };
-  // Sends `body` as a get request to the daemon at `address` (a kept
-  // connection if there is one) and reads the reply's header; the reply's
-  // own error is Unavailable with its text.
-  absl::Status RequestModel(const std::string& peer, const std::string& address,
-                            const transport::PacketHeader& request,
-                            const v1::DataGetRequest& body, GetConnection* out);
-  // Reads the model that follows the reply header. A non-empty
-  // `relay_key` keeps the copy in relays_ so that it can be forwarded.
-  // `source` names where it comes from, for the errors of requesters below.
-  absl::Status ReceiveModel(GetConnection& connection, const std::string& relay_key,
-                            const std::string& source,
+  // Reads the model that follows a get's reply header (get_client_). A
+  // non-empty `relay_key` keeps the copy in relays_ so that it can be
+  // forwarded. `source` names where it comes from, for the errors of
+  // requesters below.
+  absl::Status ReceiveModel(transport::GetClient::Connection& connection,
+                            const std::string& relay_key, const std::string& source,
                             std::shared_ptr<SharedBuffer>* model);
   // This host's uplink now: the monitor's last report, else the configured
   // capacity; 0 = not known.
@@ -313,8 +300,6 @@ class Daemon {
   // Returns once `socket`'s send queue holds at most a few packets not yet
   // acknowledged by the peer (or after timeout_s, or when stopping).
   void WaitSent(boost::asio::ip::tcp::socket& socket, double timeout_s);
-  // The connection is kept for the next get to that daemon.
-  void KeepGetConnection(GetConnection& connection);
   // `round` >= 0 asks a synchronous-round server for that round's sum.
   absl::Status FetchModel(const std::string& job, const std::string& server, int64_t* version,
                           std::shared_ptr<SharedBuffer>* buffer, int64_t round = -1,
@@ -357,6 +342,8 @@ class Daemon {
   std::string data_address_;
 
   boost::asio::io_context io_;
+  // The asking side of model gets, with the connections kept for the next.
+  std::unique_ptr<transport::GetClient> get_client_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> data_acceptor_;
   int local_listen_fd_ = -1;
 
@@ -400,10 +387,6 @@ class Daemon {
   std::mutex unscheduled_mu_;
   std::optional<daemon::TokenBucket> unscheduled_budget_;
   std::mutex peers_mu_;
-  // Connections of finished gets, by the server daemon's data address.
-  std::mutex idle_gets_mu_;
-  std::multimap<std::string, std::unique_ptr<boost::asio::ip::tcp::socket>>
-      idle_get_connections_;
   uint64_t next_local_id_ = 1;
   Stats stats_;
   std::unique_ptr<monitor::BandwidthMonitor> monitor_;

@@ -493,69 +493,8 @@ absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
                                 static_cast<uint32_t>(reason.size()));
 }
 
-absl::Status Daemon::RequestModel(const std::string& peer, const std::string& address,
-                                  const PacketHeader& request, const v1::DataGetRequest& body,
-                                  GetConnection* out) {
-  auto endpoint = transport::ParseEndpoint(address);
-  if (!endpoint.ok()) return endpoint.status();
-  out->address = address;
-  // A connection left by an earlier get to that daemon is reused (its
-  // session there is waiting for the next request); a new one otherwise.
-  {
-    std::lock_guard<std::mutex> lock(idle_gets_mu_);
-    auto idle = idle_get_connections_.find(address);
-    if (idle != idle_get_connections_.end()) {
-      out->socket = std::move(idle->second);
-      idle_get_connections_.erase(idle);
-    }
-  }
-  const bool reused = out->socket != nullptr;
-  auto connect = [&]() -> absl::Status {
-    out->socket = std::make_unique<tcp::socket>(io_);
-    boost::system::error_code error;
-    out->socket->connect(*endpoint, error);
-    if (error) {
-      return absl::UnavailableError(absl::StrCat("get: cannot reach ", peer, " at ", address, ": ",
-                                                 error.message()));
-    }
-    out->socket->set_option(tcp::no_delay(true), error);
-    return absl::OkStatus();
-  };
-  if (!reused) RETURN_IF_ERROR(connect());
-  const std::string payload = body.SerializeAsString();
-  auto exchange = [&]() -> absl::StatusOr<PacketHeader> {
-    RETURN_IF_ERROR(transport::WritePacket(*send_watchdog_, out->socket->native_handle(), request,
-                                           payload.data(), static_cast<uint32_t>(payload.size())));
-    out->reader.emplace(out->socket->native_handle());
-    return out->reader->ReadHeader();
-  };
-  absl::StatusOr<PacketHeader> reply = exchange();
-  if (reused && !reply.ok()) {
-    // The far end had closed the kept connection (its daemon restarted):
-    // once more on a new one.
-    RETURN_IF_ERROR(connect());
-    reply = exchange();
-  }
-  if (!reply.ok()) return absl::UnavailableError(absl::StrCat("get: ", reply.status().message()));
-  if (reply->kind != PacketKind::kGetReply || reply->transfer != request.transfer) {
-    return absl::DataLossError(absl::StrCat("get: malformed reply from ", peer, "'s daemon"));
-  }
-  std::string bytes(reply->length, '\0');
-  RETURN_IF_ERROR(out->reader->ReadPayload(bytes.data(), bytes.size()));
-  RETURN_IF_ERROR(transport::VerifyPayload(*reply, bytes.data()));
-  if (!out->reply.ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat("get: malformed reply body from ", peer, "'s daemon"));
-  }
-  out->header = *reply;
-  if (!out->reply.error().empty()) return absl::UnavailableError(out->reply.error());
-  if (reply->offset > static_cast<uint64_t>(kMaxTransferBytes)) {
-    return absl::DataLossError("get: model size out of range");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Daemon::ReceiveModel(GetConnection& connection, const std::string& relay_key,
-                                  const std::string& source,
+absl::Status Daemon::ReceiveModel(transport::GetClient::Connection& connection,
+                                  const std::string& relay_key, const std::string& source,
                                   std::shared_ptr<SharedBuffer>* model) {
   const uint64_t total = connection.header.offset;
   auto created = SharedBuffer::Create(total);
@@ -570,58 +509,25 @@ absl::Status Daemon::ReceiveModel(GetConnection& connection, const std::string& 
     ApplyRelayEffectsLocked(effects);
     cv_.notify_all();  // requesters routed here may be waiting for the copy (ServeRelayGet)
   }
-  auto finish = [&](const absl::Status& status) {
-    if (!relaying) return status;
+  absl::Status received = get_client_->Receive(
+      connection, *buffer, [&](uint64_t begin, uint64_t end) {
+        if (!relaying) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        ApplyRelayEffectsLocked(relays_.Arrived(relay_key, batch, begin, end));
+      });
+  if (relaying) {
     std::lock_guard<std::mutex> lock(mu_);
     // Requesters below us learn where the chain broke.
-    ApplyRelayEffectsLocked(relays_.Finish(
-        relay_key, batch,
-        status.ok() ? "" : absl::StrCat("its copy from ", source, " failed: ", status.message())));
-    return status;
-  };
-  transport::FrameReader& reader = *connection.reader;
-  uint64_t received = 0;
-  while (received < total) {
-    auto data = reader.ReadHeader();
-    if (!data.ok()) {
-      return finish(absl::UnavailableError(
-          absl::StrCat("get: model transfer cut: ", data.status().message())));
-    }
-    if (data->kind == PacketKind::kAbort && data->length <= transport::kMaxControlBytes) {
-      std::string reason(data->length, '\0');
-      if (auto read = reader.ReadPayload(reason.data(), reason.size()); !read.ok()) {
-        return finish(read);
-      }
-      return finish(absl::AbortedError(reason));
-    }
-    if (data->kind != PacketKind::kData || data->offset > total ||
-        data->length > total - data->offset) {
-      return finish(absl::DataLossError("get: malformed model packet"));
-    }
-    uint8_t* dst = buffer->data() + data->offset;
-    if (auto read = reader.ReadPayload(dst, data->length); !read.ok()) return finish(read);
-    if (auto crc = transport::VerifyPayload(*data, dst); !crc.ok()) return finish(crc);
-    received += data->length;
-    if (relaying) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ApplyRelayEffectsLocked(
-          relays_.Arrived(relay_key, batch, data->offset, data->offset + data->length));
-    }
+    const std::string broken =
+        received.ok() ? "" : absl::StrCat("its copy from ", source, " failed: ", received.message());
+    ApplyRelayEffectsLocked(relays_.Finish(relay_key, batch, broken));
   }
-  *model = std::move(buffer);
-  return finish(absl::OkStatus());
+  if (received.ok()) *model = std::move(buffer);
+  return received;
 }
 
 std::string Daemon::RelayKey(uint32_t job_id, const std::string& server, bool round) {
   return absl::StrCat(ServerKey(job_id, server), round ? "#round" : "");
-}
-
-void Daemon::KeepGetConnection(GetConnection& connection) {
-  if (!connection.socket) return;
-  std::lock_guard<std::mutex> lock(idle_gets_mu_);
-  if (idle_get_connections_.count(connection.address) < kMaxIdleGetConnections) {
-    idle_get_connections_.emplace(connection.address, std::move(connection.socket));
-  }
 }
 
 absl::Status Daemon::FetchModel(const std::string& job, const std::string& server,
@@ -651,19 +557,19 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
   body.set_server(server);
   body.set_requester_host(config_.host);
   body.set_requester_address(data_address_);
-  GetConnection direct;
-  RETURN_IF_ERROR(RequestModel(where.host(), where.data_address(), request, body, &direct));
+  transport::GetClient::Connection direct;
+  RETURN_IF_ERROR(get_client_->Request(where.host(), where.data_address(), request, body, &direct));
   // The copy is kept for requesters the server routes through us.
   const std::string relay_key = RelayKey(where.job_id(), server, round_get);
   if (direct.reply.relay_host().empty()) {
     RETURN_IF_ERROR(ReceiveModel(direct, relay_key, absl::StrCat(where.host(), "'s daemon"), model));
     *version = direct.reply.version();
-    KeepGetConnection(direct);
+    get_client_->Keep(direct);
     return absl::OkStatus();
   }
   // §10.3: the model comes from a distributor of the same batch, packet by
   // packet as it receives it. A failure there fails this get only.
-  KeepGetConnection(direct);  // nothing follows on it
+  get_client_->Keep(direct);  // nothing follows on it
   const std::string distributor =
       absl::StrCat(direct.reply.relay_host(), " (", direct.reply.relay_address(), ")");
   auto from_distributor = [&](const absl::Status& s) {
@@ -675,8 +581,8 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
     std::lock_guard<std::mutex> lock(mu_);
     request.transfer = next_local_id_++;
   }
-  GetConnection relay;
-  if (auto s = RequestModel(direct.reply.relay_host(), direct.reply.relay_address(), request, body,
+  transport::GetClient::Connection relay;
+  if (auto s = get_client_->Request(direct.reply.relay_host(), direct.reply.relay_address(), request, body,
                             &relay);
       !s.ok()) {
     // Nothing came from the distributor (it is gone, or no longer has the
@@ -689,11 +595,11 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
       std::lock_guard<std::mutex> lock(mu_);
       request.transfer = next_local_id_++;
     }
-    GetConnection again;
-    RETURN_IF_ERROR(RequestModel(where.host(), where.data_address(), request, body, &again));
+    transport::GetClient::Connection again;
+    RETURN_IF_ERROR(get_client_->Request(where.host(), where.data_address(), request, body, &again));
     RETURN_IF_ERROR(ReceiveModel(again, relay_key, absl::StrCat(where.host(), "'s daemon"), model));
     *version = again.reply.version();
-    KeepGetConnection(again);
+    get_client_->Keep(again);
     return absl::OkStatus();
   }
   if (relay.header.offset != direct.header.offset ||
@@ -708,7 +614,7 @@ absl::Status Daemon::FetchModel(const std::string& job, const std::string& serve
     return from_distributor(s);
   }
   *version = relay.reply.version();
-  KeepGetConnection(relay);
+  get_client_->Keep(relay);
   return absl::OkStatus();
 }
 

@@ -1,0 +1,127 @@
+#include "daemon/transport/get_client.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace mlfabric::transport {
+
+using boost::asio::ip::tcp;
+
+GetClient::GetClient(boost::asio::io_context& io, SendWatchdog& watchdog,
+                     size_t max_idle_per_address, uint64_t max_model_bytes)
+    : io_(io),
+      watchdog_(watchdog),
+      max_idle_per_address_(max_idle_per_address),
+      max_model_bytes_(max_model_bytes) {}
+
+absl::Status GetClient::Request(const std::string& peer, const std::string& address,
+                                const PacketHeader& request, const v1::DataGetRequest& body,
+                                Connection* out) {
+  auto endpoint = ParseEndpoint(address);
+  if (!endpoint.ok()) return endpoint.status();
+  out->address = address;
+  // A connection left by an earlier get to that daemon is reused (its
+  // session there is waiting for the next request); a new one otherwise.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto idle = idle_.find(address);
+    if (idle != idle_.end()) {
+      out->socket = std::move(idle->second);
+      idle_.erase(idle);
+    }
+  }
+  const bool reused = out->socket != nullptr;
+  auto connect = [&]() -> absl::Status {
+    out->socket = std::make_unique<tcp::socket>(io_);
+    boost::system::error_code error;
+    out->socket->connect(*endpoint, error);
+    if (error) {
+      return absl::UnavailableError(absl::StrCat("get: cannot reach ", peer, " at ", address, ": ",
+                                                 error.message()));
+    }
+    out->socket->set_option(tcp::no_delay(true), error);
+    return absl::OkStatus();
+  };
+  if (!reused) RETURN_IF_ERROR(connect());
+  const std::string payload = body.SerializeAsString();
+  auto exchange = [&]() -> absl::StatusOr<PacketHeader> {
+    RETURN_IF_ERROR(WritePacket(watchdog_, out->socket->native_handle(), request, payload.data(),
+                                static_cast<uint32_t>(payload.size())));
+    out->reader.emplace(out->socket->native_handle());
+    return out->reader->ReadHeader();
+  };
+  absl::StatusOr<PacketHeader> reply = exchange();
+  if (reused && !reply.ok()) {
+    // The far end had closed the kept connection (its daemon restarted):
+    // once more on a new one.
+    RETURN_IF_ERROR(connect());
+    reply = exchange();
+  }
+  if (!reply.ok()) return absl::UnavailableError(absl::StrCat("get: ", reply.status().message()));
+  if (reply->kind != PacketKind::kGetReply || reply->transfer != request.transfer) {
+    return absl::DataLossError(absl::StrCat("get: malformed reply from ", peer, "'s daemon"));
+  }
+  std::string bytes(reply->length, '\0');
+  RETURN_IF_ERROR(out->reader->ReadPayload(bytes.data(), bytes.size()));
+  RETURN_IF_ERROR(VerifyPayload(*reply, bytes.data()));
+  if (!out->reply.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("get: malformed reply body from ", peer, "'s daemon"));
+  }
+  out->header = *reply;
+  if (!out->reply.error().empty()) return absl::UnavailableError(out->reply.error());
+  if (reply->offset > max_model_bytes_) {
+    return absl::DataLossError(absl::StrCat("get: model size ", reply->offset, " from ", peer,
+                                            "'s daemon is out of range"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GetClient::Receive(Connection& connection, SharedBuffer& buffer,
+                                const std::function<void(uint64_t, uint64_t)>& arrived) {
+  const uint64_t total = connection.header.offset;
+  if (!connection.reader.has_value() || buffer.size() < total) {
+    return absl::InvalidArgumentError(absl::StrCat("get: a buffer of ", buffer.size(),
+                                                   " bytes for a model of ", total));
+  }
+  FrameReader& reader = *connection.reader;
+  uint64_t received = 0;
+  while (received < total) {
+    auto data = reader.ReadHeader();
+    if (!data.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("get: model transfer cut: ", data.status().message()));
+    }
+    if (data->kind == PacketKind::kAbort && data->length <= kMaxControlBytes) {
+      std::string reason(data->length, '\0');
+      RETURN_IF_ERROR(reader.ReadPayload(reason.data(), reason.size()));
+      return absl::AbortedError(reason);
+    }
+    if (data->kind != PacketKind::kData || data->offset > total ||
+        data->length > total - data->offset) {
+      return absl::DataLossError("get: malformed model packet");
+    }
+    uint8_t* dst = buffer.data() + data->offset;
+    RETURN_IF_ERROR(reader.ReadPayload(dst, data->length));
+    RETURN_IF_ERROR(VerifyPayload(*data, dst));
+    received += data->length;
+    if (arrived) arrived(data->offset, data->offset + data->length);
+  }
+  return absl::OkStatus();
+}
+
+void GetClient::Keep(Connection& connection) {
+  if (!connection.socket) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (idle_.count(connection.address) < max_idle_per_address_) {
+    idle_.emplace(connection.address, std::move(connection.socket));
+  }
+}
+
+size_t GetClient::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return idle_.size();
+}
+
+}  // namespace mlfabric::transport

@@ -1,0 +1,94 @@
+// GetClient: the asking side of a model get between daemons (DESIGN.md §3,
+// mlfabric.md §10.3): one request on a data connection to the daemon that
+// answers it (the server's, or a distributor's), the reply's header and
+// body, then the model's packets.
+//
+//   GetClient client(io, watchdog);
+//   GetClient::Connection c;
+//   RETURN_IF_ERROR(client.Request("s1", "10.0.0.1:7001", header, body, &c));
+//   // c.reply says: the model follows (c.header.offset bytes), or ask the
+//   // distributor c.reply.relay_host() instead.
+//   RETURN_IF_ERROR(client.Receive(c, buffer, [&](uint64_t begin, uint64_t end) {
+//     ...  // [begin, end) of `buffer` has arrived and passed its CRC
+//   }));
+//   client.Keep(c);  // the next get to that daemon reuses the connection
+//
+// Errors name what went wrong: Unavailable when the daemon cannot be
+// reached or the transfer is cut (or the reply carries an error: its
+// text), DataLoss for a malformed reply or packet, Aborted (with the far
+// end's reason) when the answering daemon gives up mid-transfer.
+//
+// Thread safety: Request, Receive and Keep may be called from any thread,
+// each Connection by one thread at a time; the kept connections have
+// their own lock (a leaf).
+#ifndef MLFABRIC_DAEMON_TRANSPORT_GET_CLIENT_H_
+#define MLFABRIC_DAEMON_TRANSPORT_GET_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "absl/status/status.h"
+#include "daemon/transport/framing.h"
+#include "daemon/transport/packet.h"
+#include "daemon/transport/send_watchdog.h"
+#include "ipc/local_ipc.h"
+#include "proto/scheduler.pb.h"
+
+namespace mlfabric::transport {
+
+class GetClient {
+ public:
+  // One get's connection to the daemon that answers it, with its reader
+  // and the reply's header (offset = the model's bytes) and body.
+  struct Connection {
+    std::string address;
+    std::unique_ptr<boost::asio::ip::tcp::socket> socket;
+    std::optional<FrameReader> reader;
+    PacketHeader header;
+    v1::DataGetReply reply;
+  };
+
+  // Connections are kept per address, at most `max_idle_per_address`; a
+  // model larger than `max_model_bytes` is refused as malformed.
+  GetClient(boost::asio::io_context& io, SendWatchdog& watchdog,
+            size_t max_idle_per_address = 4, uint64_t max_model_bytes = uint64_t{64} << 30);
+
+  // Sends `body` as the get request `request` to the daemon of `peer` at
+  // `address` (on a kept connection if there is one, once more on a new
+  // one if that had been closed) and reads the reply's header and body.
+  absl::Status Request(const std::string& peer, const std::string& address,
+                       const PacketHeader& request, const v1::DataGetRequest& body,
+                       Connection* out);
+  // Reads the model that follows the reply into `buffer` (at least
+  // `connection.header.offset` bytes), calling `arrived(begin, end)` after
+  // each packet has passed its CRC.
+  absl::Status Receive(Connection& connection, SharedBuffer& buffer,
+                       const std::function<void(uint64_t begin, uint64_t end)>& arrived);
+  // Keeps the connection for the next get to the same daemon (its session
+  // there waits for the next request).
+  void Keep(Connection& connection);
+
+  // Connections kept now (for tests).
+  size_t idle() const;
+
+ private:
+  boost::asio::io_context& io_;
+  SendWatchdog& watchdog_;
+  const size_t max_idle_per_address_;
+  const uint64_t max_model_bytes_;
+  mutable std::mutex mu_;
+  std::multimap<std::string, std::unique_ptr<boost::asio::ip::tcp::socket>> idle_;  // by address
+};
+
+}  // namespace mlfabric::transport
+
+#endif  // MLFABRIC_DAEMON_TRANSPORT_GET_CLIENT_H_
