@@ -138,6 +138,8 @@ absl::Status Daemon::Start() {
     unscheduled_budget_.emplace(std::move(*bucket));
   }
   scheduler_ = daemon::MakeGrpcSchedulerClient(config_.scheduler, config_.keepalive_s);
+  resolver_ = std::make_unique<daemon::ServerResolver>(scheduler_.get(), clock_,
+                                                       config_.resolve_ttl_s);
   reporter_ = std::make_unique<daemon::CompletionReporter>(scheduler_.get(), config_.host);
   if (auto status = RegisterHost(); !status.ok()) return status;
 
@@ -177,6 +179,8 @@ absl::Status Daemon::RegisterHost() {
         // Pushes still waiting at them belong to the old scheduler: their
         // workers' daemons lost the stream too and failed them.
         const std::vector<uint64_t> pending = delivery_.Reset();
+        // It may number jobs differently: where servers live is asked anew.
+        if (resolver_) resolver_->Clear();
         for (uint64_t transfer : pending) incoming_.erase(transfer);
         MLF_LOG(WARNING) << "the scheduler restarted (epoch " << scheduler_epoch_ << " -> "
                          << reply.scheduler_epoch() << "): forgot its commit positions and "

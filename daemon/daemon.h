@@ -58,6 +58,7 @@
 #include "common/clock.h"
 #include "daemon/control/completion_reporter.h"
 #include "daemon/control/scheduler_client.h"
+#include "daemon/control/server_resolver.h"
 #include "daemon/daemon_config.h"
 #include "daemon/engine/aggregation_table.h"
 #include "daemon/engine/buffer_pool.h"
@@ -304,6 +305,10 @@ class Daemon {
   absl::Status FetchModel(const std::string& job, const std::string& server, int64_t* version,
                           std::shared_ptr<SharedBuffer>* buffer, int64_t round = -1,
                           uint32_t priority = 0);
+  // FetchModel once the server is found.
+  absl::Status FetchFrom(const v1::ResolveServerReply& where, const std::string& server,
+                         int64_t* version, std::shared_ptr<SharedBuffer>* buffer, int64_t round,
+                         uint32_t priority);
   // Streams round `round`'s sum to a worker's daemon as chunks complete.
   absl::Status ServeRoundGet(const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
                              const transport::PacketHeader& request,
@@ -334,6 +339,9 @@ class Daemon {
   RealClock real_clock_;
   const Clock* clock_;
   std::unique_ptr<daemon::SchedulerClient> scheduler_;
+  // Where servers live, remembered for resolve_ttl_s (one ResolveServer per
+  // get otherwise).
+  std::unique_ptr<daemon::ServerResolver> resolver_;
   std::unique_ptr<daemon::CompletionReporter> reporter_;
   std::shared_ptr<daemon::ScheduleStream> stream_;  // guarded by mu_
   uint64_t incarnation_ = 0;

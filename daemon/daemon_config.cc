@@ -28,6 +28,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Int("round_tree_fanout", &config.round_tree_fanout, 0, 1024);
   reader.Int("get_late_joins", &config.get_late_joins, 0, 1024);
   reader.Double("get_late_join_min_share", &config.get_late_join_min_share, 0, 1e6);
+  reader.Double("resolve_ttl_s", &config.resolve_ttl_s, 0, 3600);
   reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
   reader.Int("rounds_kept", &config.rounds_kept, 2, 1024);
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
@@ -91,6 +92,9 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         rates, its copy comes at least this share of the
                         speed of the server's own copies; elsewhere it waits
                         for the next batch (default 0.5)
+  --resolve_ttl_s       how long the scheduler's answer to where a server
+                        lives serves this host's gets; a failed get asks
+                        again, 0 = ask for every get (default 1)
   --round_tree_fanout   a synchronous round's sum of at least
                         get_tree_min_bytes reaches its workers through a tree
                         over the order their gets arrive: the root's host

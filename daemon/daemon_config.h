@@ -47,6 +47,9 @@ struct DaemonConfig {
   // would come at no less than this share of the rate of the server's own
   // copies in that batch (a slow uplink is not made to forward: N3).
   double get_late_join_min_share = 0.5;
+  // How long the scheduler's answer to where a server lives is used for
+  // this host's gets (a failed get asks again); 0 = asked for every get.
+  double resolve_ttl_s = 1;
   // A synchronous round's sum (Mercury PS, the mlfabric AllReduce) reaches
   // its workers through a tree over the order their gets arrive: each
   // requester forwards it to at most this many later ones

@@ -533,14 +533,21 @@ std::string Daemon::RelayKey(uint32_t job_id, const std::string& server, bool ro
 absl::Status Daemon::FetchModel(const std::string& job, const std::string& server,
                                 int64_t* version, std::shared_ptr<SharedBuffer>* model,
                                 int64_t round, uint32_t priority) {
-  v1::ResolveServerRequest resolve;
-  resolve.set_job(job);
-  resolve.set_server(server);
   v1::ResolveServerReply where;
-  absl::Status status = scheduler_->ResolveServer(resolve, &where);
+  absl::Status status = resolver_->Resolve(job, server, &where);
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat("get: ", daemon::RpcErrorText(status)));
   }
+  // A get that fails asks the scheduler where the server is next time (it
+  // may have moved, or the scheduler restarted).
+  status = FetchFrom(where, server, version, model, round, priority);
+  if (!status.ok()) resolver_->Forget(job, server);
+  return status;
+}
+
+absl::Status Daemon::FetchFrom(const v1::ResolveServerReply& where, const std::string& server,
+                               int64_t* version, std::shared_ptr<SharedBuffer>* model,
+                               int64_t round, uint32_t priority) {
   PacketHeader request;
   request.kind = PacketKind::kGetRequest;
   request.job = where.job_id();

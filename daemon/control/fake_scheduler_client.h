@@ -26,6 +26,8 @@ class FakeSchedulerClient final : public SchedulerClient {
  public:
   std::function<absl::Status(const v1::SubmitUpdateRequest&, v1::SubmitUpdateReply*)> submit_hook;
   std::function<absl::Status(const v1::CompletionReport&)> completion_hook;
+  std::function<absl::Status(const v1::ResolveServerRequest&, v1::ResolveServerReply*)>
+      resolve_hook;
 
   absl::Status RegisterHost(const v1::RegisterHostRequest&, v1::RegisterHostReply* reply) override {
     reply->set_incarnation(1);
@@ -54,7 +56,9 @@ class FakeSchedulerClient final : public SchedulerClient {
   absl::Status SyncClock(const v1::SyncClockRequest&, v1::SyncClockReply*) override {
     return absl::OkStatus();
   }
-  absl::Status ResolveServer(const v1::ResolveServerRequest&, v1::ResolveServerReply*) override {
+  absl::Status ResolveServer(const v1::ResolveServerRequest& request,
+                             v1::ResolveServerReply* reply) override {
+    if (resolve_hook) return resolve_hook(request, reply);
     return absl::NotFoundError("the fake knows no servers");
   }
   absl::Status PlanDistribution(const v1::PlanDistributionRequest&,
