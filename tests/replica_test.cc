@@ -14,9 +14,12 @@
 #include <mutex>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "api/registration.h"
 #include "api/replica.h"
 #include "testing/cluster.h"
+#include "testing/http_client.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
@@ -30,11 +33,28 @@ std::unique_ptr<testing::Cluster> StartCluster(double divergence_max) {
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token", "tau_max": 1000,)"
                         << R"( "divergence_max": )" << divergence_max << "}]}";
-  auto cluster = testing::Cluster::StartLoopback(
-      {"s1", "r1", "w1", "w2"}, {"--config=" + config, "--planner=mlfabric"});
+  testing::ClusterOptions options;
+  options.hosts = {"s1", "r1", "w1", "w2"};
+  options.admin = true;  // the replica's lag and divergence estimate are read there
+  auto cluster = testing::Cluster::Create(options);
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
+  const absl::Status started = (*cluster)->Start({"--config=" + config, "--planner=mlfabric"});
+  INFO(started.ToString());
+  REQUIRE(started.ok());
   return std::move(*cluster);
+}
+
+// The admin endpoint's view of ps0's replica (GET /api/v1/jobs).
+nlohmann::json ReplicaView(const testing::Cluster& c) {
+  const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/jobs");
+  REQUIRE(r.status == 200);
+  const nlohmann::json jobs = nlohmann::json::parse(r.body);
+  for (const auto& server : jobs["jobs"][0]["servers"]) {
+    if (server["name"] == "ps0") return server["replica"];
+  }
+  FAIL("ps0 is not in " << r.body);
+  return nullptr;
 }
 
 ClientOptions Options(const testing::Cluster& c, const std::string& host, const std::string& name) {
@@ -156,6 +176,18 @@ TEST_CASE("The replica receives every update the server applied and ends with th
   CHECK(job.server_model.applied == 2 * kPushes);
   CHECK(job.replica_model.applied == job.server_model.applied);
   CHECK(job.replica_model.model == job.server_model.model);  // integer-valued: exact
+  // The scheduler exports what it knows of the replica: every update
+  // applied there, none lagging, nothing for the divergence bound to cover.
+  const bool reported = launch::WaitUntil([&] {
+    const nlohmann::json replica = ReplicaView(*c);
+    return !replica.is_null() && replica["applied"] == 2 * kPushes;
+  }, 10);
+  const nlohmann::json replica = ReplicaView(*c);
+  INFO(replica.dump());
+  CHECK(reported);
+  CHECK(replica["host"] == "r1");
+  CHECK(replica["lag_updates"] == 0);
+  CHECK(replica["divergence_estimate"] == 0);
 }
 
 TEST_CASE("With a tight divergence bound the replica still ends exact") {

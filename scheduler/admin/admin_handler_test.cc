@@ -28,6 +28,12 @@ class FakeBackend : public AdminBackend {
     JobView job;
     job.params.name = "demo\"x";
     job.servers.push_back({"ps0", "s1", 42, 0, 1});
+    ServerView replicated{"ps1", "s1", 10, 0, 0};
+    replicated.replica_host = "r1";
+    replicated.replica_applied = 7;
+    replicated.replica_lag = 3;
+    replicated.divergence_estimate = 2.5;
+    job.servers.push_back(replicated);
     WorkerTiming slow;
     slow.worker = "w3";
     slow.iterations = 12;
@@ -85,6 +91,12 @@ TEST_CASE("GET routes return JSON with the snapshot's values") {
   CHECK(batches["recent"].size() == 1);
   json jobs = json::parse(handler.Handle({"GET", "/api/v1/jobs", "", ""}).body);
   CHECK(jobs["jobs"][0]["servers"][0]["model_version"] == 42);
+  CHECK(jobs["jobs"][0]["servers"][0]["replica"].is_null());
+  const json replica = jobs["jobs"][0]["servers"][1]["replica"];
+  CHECK(replica["host"] == "r1");
+  CHECK(replica["applied"] == 7);
+  CHECK(replica["lag_updates"] == 3);
+  CHECK(replica["divergence_estimate"] == 2.5);
   CHECK(jobs["jobs"][0]["workers"][0]["name"] == "w3");
   CHECK(jobs["jobs"][0]["workers"][0]["straggler"] == true);
   CHECK(jobs["jobs"][0]["workers"][0]["iterations"] == 12);
@@ -114,6 +126,15 @@ TEST_CASE("Prometheus text has typed families, escaped labels, cumulative bucket
   CHECK(r.body.find("mlfabric_worker_straggler{job=\"demo\\\"x\",worker=\"w3\"} 1") !=
         std::string::npos);
   CHECK(r.body.find("mlfabric_worker_iterations_total{job=\"demo\\\"x\",worker=\"w3\"} 12") !=
+        std::string::npos);
+  // The replica's lag and the planner's divergence bound, for servers that
+  // have a replica only.
+  CHECK(r.body.find("mlfabric_replica_lag_updates{job=\"demo\\\"x\",server=\"ps1\"} 3\n") !=
+        std::string::npos);
+  CHECK(r.body.find(
+            "mlfabric_replica_divergence_estimate{job=\"demo\\\"x\",server=\"ps1\"} 2.5\n") !=
+        std::string::npos);
+  CHECK(r.body.find("mlfabric_replica_lag_updates{job=\"demo\\\"x\",server=\"ps0\"}") ==
         std::string::npos);
 }
 

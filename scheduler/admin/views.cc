@@ -160,11 +160,19 @@ json JobsJson(const ClusterSnapshot& snap) {
   for (const JobView& j : snap.jobs) {
     json servers = json::array();
     for (const ServerView& s : j.servers) {
+      json replica = nullptr;
+      if (!s.replica_host.empty()) {
+        replica = {{"host", s.replica_host},
+                   {"applied", s.replica_applied},
+                   {"lag_updates", s.replica_lag},
+                   {"divergence_estimate", s.divergence_estimate}};
+      }
       servers.push_back({{"name", s.name},
                          {"host", s.host},
                          {"model_version", s.model_version},
                          {"pending", s.pending},
-                         {"in_flight", s.in_flight}});
+                         {"in_flight", s.in_flight},
+                         {"replica", replica}});
     }
     json workers = json::array();
     for (const WorkerTiming& w : j.workers) {
@@ -357,6 +365,25 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
     for (const ServerView& sv : j.servers) {
       w.Sample("mlfabric_job_pending_updates", {{"job", j.params.name}, {"server", sv.name}},
                sv.pending);
+    }
+  }
+  w.Family("mlfabric_replica_lag_updates", "gauge",
+           "Updates a server applied that its hot-standby replica has not yet (§5.3).");
+  for (const JobView& j : snap.jobs) {
+    for (const ServerView& sv : j.servers) {
+      if (sv.replica_host.empty()) continue;
+      w.Sample("mlfabric_replica_lag_updates", {{"job", j.params.name}, {"server", sv.name}},
+               sv.replica_lag);
+    }
+  }
+  w.Family("mlfabric_replica_divergence_estimate", "gauge",
+           "The planner's bound on ||w_server - w_replica||: the sum of the lagging updates' "
+           "norms (§5.3).");
+  for (const JobView& j : snap.jobs) {
+    for (const ServerView& sv : j.servers) {
+      if (sv.replica_host.empty()) continue;
+      w.Sample("mlfabric_replica_divergence_estimate",
+               {{"job", j.params.name}, {"server", sv.name}}, sv.divergence_estimate);
     }
   }
   w.Family("mlfabric_job_tau_max", "gauge", "The job's delay bound.");

@@ -106,8 +106,17 @@ ClusterSnapshot SchedulerService::Snapshot() const {
     view.dropped = job.dropped;
     view.failed = job.failed;
     for (const auto& [server_name, server] : job.servers) {
-      view.servers.push_back({server_name, server.host, server.model_version,
-                              static_cast<int64_t>(server.pending.size()), server.in_flight});
+      ServerView sv{server_name, server.host, server.model_version,
+                    static_cast<int64_t>(server.pending.size()), server.in_flight};
+      if (auto replica = job.replica_hosts.find(server_name); replica != job.replica_hosts.end()) {
+        sv.replica_host = replica->second;
+        sv.replica_applied = server.replica.applied;
+        sv.replica_lag = static_cast<int64_t>(server.replica.in_flight.size() +
+                                              server.replica.pending.size());
+        for (const auto& [copy, norm] : server.replica.in_flight) sv.divergence_estimate += norm;
+        for (const PendingReplica& p : server.replica.pending) sv.divergence_estimate += p.norm;
+      }
+      view.servers.push_back(std::move(sv));
     }
     view.workers = state_.stragglers.Evaluate(name);
     for (const auto& [key, wait] : ssp_waiting_) {

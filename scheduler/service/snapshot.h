@@ -64,6 +64,14 @@ struct ServerView {
   int64_t model_version = 0;
   int64_t pending = 0;
   int64_t in_flight = 0;
+  // Its hot-standby replica (§5.3), if it has one: where, the updates the
+  // replica reported applied, how many the server applied that the replica
+  // has not yet (copies in flight or punted to a later batch), and the
+  // planner's bound on ||w_server - w_replica||: the sum of their norms.
+  std::string replica_host;
+  int64_t replica_applied = 0;
+  int64_t replica_lag = 0;
+  double divergence_estimate = 0;
 };
 
 struct JobView {
