@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   admin::ServiceAdminBackend<SchedulerService> admin_backend(&service);
-  admin::AdminHandler admin_handler(&admin_backend, {config->admin_token});
+  admin::AdminHandler admin_handler(&admin_backend,
+                                    {config->admin_token, config->admin_read_auth});
   admin::AdminServer admin_server(&admin_handler);
   if (config->admin_port >= 0) {
     auto admin_port = admin_server.Start(config->admin_address,
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
     }
     MLF_LOG(INFO) << "admin endpoint on http://" << config->admin_address << ":" << *admin_port
                   << "/ (POSTs " << (config->admin_token.empty() ? "disabled" : "need the token")
-                  << ")";
+                  << (config->admin_read_auth ? ", reads need it too" : ", reads are open") << ")";
     WritePortFile(config->admin_port_file, *admin_port);
   }
   // The gRPC port file last: once it exists, everything is serving.

@@ -190,6 +190,20 @@ TEST_CASE("POSTs need the token; malformed requests get 4xx; the scheduler keeps
   CHECK(ac.cluster->scheduler().Running());
 }
 
+TEST_CASE("With --admin_read_auth reads need the token too, over real HTTP") {
+  AdminCluster ac = AdminCluster::Start({"s1"}, {"--admin_read_auth=true"});
+  const int port = ac.admin_port;
+  for (const std::string target : {"/api/v1/jobs", "/metrics"}) {
+    INFO(target);
+    const testing::HttpResult refused = Http(port, "GET", target);
+    CHECK(refused.status == 401);
+    CHECK(refused.body.find("bearer token") != std::string::npos);
+    CHECK(Http(port, "GET", target, "", std::string("Bearer ") + kToken).status == 200);
+  }
+  CHECK(Http(port, "GET", "/healthz").status == 200);
+  CHECK(Http(port, "GET", "/dashboard").status == 200);
+}
+
 TEST_CASE("A daemon's own monitor feeds the scheduler's network view") {
   // w1's daemon replays N3 scaled to 0.1/1 Gbit/s; its reports reach the
   // scheduler over the daemon's real ReportBandwidth path.

@@ -59,15 +59,33 @@ HttpResponse AdminHandler::Handle(const HttpRequest& request) const {
   const std::string query =
       question == std::string::npos ? "" : request.target.substr(question + 1);
   if (path.empty() || path[0] != '/') return Error(400, "request target must be an absolute path");
-  if (request.method == "GET" || request.method == "HEAD") return Get(path, query);
+  if (request.method == "GET" || request.method == "HEAD") return Get(path, query, request);
   if (request.method == "POST") return Post(path, request);
   return Error(405, absl::StrCat("method ", request.method,
                                  " not allowed: use GET to read, POST to change"));
 }
 
-HttpResponse AdminHandler::Get(const std::string& path, const std::string& query) const {
+std::optional<HttpResponse> AdminHandler::Refuse(const HttpRequest& request,
+                                                 const char* what) const {
+  if (options_.token.empty()) {
+    return Error(403, absl::StrCat("admin ", what,
+                                   " are disabled: the scheduler has no admin_token configured"));
+  }
+  const std::string prefix = "Bearer ";
+  if (request.authorization.rfind(prefix, 0) != 0 ||
+      !SameSecret(request.authorization.substr(prefix.size()), options_.token)) {
+    return Error(401, "missing or wrong bearer token: send 'Authorization: Bearer <admin_token>'");
+  }
+  return std::nullopt;
+}
+
+HttpResponse AdminHandler::Get(const std::string& path, const std::string& query,
+                               const HttpRequest& request) const {
   if (path == "/" || path == "/dashboard") return {200, "text/html; charset=utf-8", DashboardHtml()};
   if (path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
+  if (options_.read_auth) {
+    if (std::optional<HttpResponse> refused = Refuse(request, "reads")) return *refused;
+  }
   const ClusterSnapshot snap = backend_->Snapshot();
   if (path == "/metrics") {
     return {200, "text/plain; version=0.0.4; charset=utf-8", RenderPrometheus(snap)};
@@ -91,14 +109,7 @@ HttpResponse AdminHandler::Get(const std::string& path, const std::string& query
 }
 
 HttpResponse AdminHandler::Post(const std::string& path, const HttpRequest& request) const {
-  if (options_.token.empty()) {
-    return Error(403, "admin changes are disabled: the scheduler has no admin_token configured");
-  }
-  const std::string prefix = "Bearer ";
-  if (request.authorization.rfind(prefix, 0) != 0 ||
-      !SameSecret(request.authorization.substr(prefix.size()), options_.token)) {
-    return Error(401, "missing or wrong bearer token: send 'Authorization: Bearer <admin_token>'");
-  }
+  if (std::optional<HttpResponse> refused = Refuse(request, "changes")) return *refused;
   json body = json::object();
   if (!request.body.empty()) {
     body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);

@@ -6,12 +6,15 @@
 //   HttpResponse r = handler.Handle({"GET", "/api/v1/hosts", "", ""});
 //
 // GETs are open to anyone who can reach the socket (it binds to 127.0.0.1
-// unless configured otherwise). POSTs need `Authorization: Bearer <token>`
-// and are refused outright when no token is configured.
+// unless configured otherwise), or with `read_auth` need the same bearer
+// token (all but the dashboard's page, which holds no data, and /healthz).
+// POSTs need `Authorization: Bearer <token>` and are refused outright when
+// no token is configured.
 // Thread safety: Handle may be called concurrently (the backend must allow it).
 #ifndef MLFABRIC_SCHEDULER_ADMIN_ADMIN_HANDLER_H_
 #define MLFABRIC_SCHEDULER_ADMIN_ADMIN_HANDLER_H_
 
+#include <optional>
 #include <string>
 
 #include "scheduler/admin/admin_backend.h"
@@ -33,6 +36,7 @@ struct HttpResponse {
 
 struct AdminHandlerOptions {
   std::string token;  // empty: every POST is refused
+  bool read_auth = false;  // GETs need the token too (with none: refused)
 };
 
 class AdminHandler {
@@ -41,8 +45,11 @@ class AdminHandler {
   HttpResponse Handle(const HttpRequest& request) const;
 
  private:
-  HttpResponse Get(const std::string& path, const std::string& query) const;
+  HttpResponse Get(const std::string& path, const std::string& query,
+                   const HttpRequest& request) const;
   HttpResponse Post(const std::string& path, const HttpRequest& request) const;
+  // Empty if `request` carries the token, else the refusal.
+  std::optional<HttpResponse> Refuse(const HttpRequest& request, const char* what) const;
 
   AdminBackend* backend_;
   AdminHandlerOptions options_;

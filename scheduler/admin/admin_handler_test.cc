@@ -153,6 +153,35 @@ TEST_CASE("Chrome trace puts a transfer on its uplink and downlink tracks") {
   CHECK(complete == 2);
 }
 
+TEST_CASE("With read_auth every read but the dashboard page and /healthz needs the token") {
+  FakeBackend backend;
+  AdminHandler handler(&backend, {"secret", /*read_auth=*/true});
+  for (const std::string target : {"/api/v1/jobs", "/api/v1/cluster", "/metrics",
+                                   "/api/v1/trace", "/api/v1/nope"}) {
+    INFO(target);
+    const HttpResponse refused = handler.Handle({"GET", target, "", ""});
+    CHECK(refused.status == 401);
+    CHECK(refused.body.find("bearer token") != std::string::npos);
+    CHECK(handler.Handle({"GET", target, "Bearer nope", ""}).status == 401);
+  }
+  CHECK(handler.Handle({"GET", "/api/v1/jobs", "Bearer secret", ""}).status == 200);
+  CHECK(handler.Handle({"GET", "/metrics", "Bearer secret", ""}).status == 200);
+  CHECK(handler.Handle({"GET", "/api/v1/nope", "Bearer secret", ""}).status == 404);
+  // The page holds no data; its script sends the token from #token=...
+  const HttpResponse page = handler.Handle({"GET", "/dashboard", "", ""});
+  CHECK(page.status == 200);
+  CHECK(page.body.find("Authorization") != std::string::npos);
+  CHECK(handler.Handle({"GET", "/healthz", "", ""}).status == 200);
+  // Without a token configured, reads are refused to everyone, saying why.
+  AdminHandler no_token(&backend, {"", /*read_auth=*/true});
+  const HttpResponse disabled = no_token.Handle({"GET", "/api/v1/jobs", "Bearer x", ""});
+  CHECK(disabled.status == 403);
+  CHECK(disabled.body.find("no admin_token") != std::string::npos);
+  // Without read_auth, reads stay open (the default).
+  AdminHandler open(&backend, {"secret"});
+  CHECK(open.Handle({"GET", "/api/v1/jobs", "", ""}).status == 200);
+}
+
 TEST_CASE("POSTs need the bearer token and validate their body") {
   FakeBackend backend;
   AdminHandler handler(&backend, {"secret"});

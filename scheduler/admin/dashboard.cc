@@ -87,8 +87,12 @@ function colorFor(key, map) {
   if (!(key in map)) map[key] = COLORS[Object.keys(map).length % COLORS.length];
   return map[key];
 }
+// With admin_read_auth the API needs the bearer token: open the dashboard
+// as /dashboard#token=<admin_token> (a fragment never leaves the browser).
+const TOKEN = new URLSearchParams(location.hash.slice(1)).get("token");
 async function getJson(path) {
-  const r = await fetch(path, {cache: "no-store"});
+  const headers = TOKEN ? {"Authorization": "Bearer " + TOKEN} : {};
+  const r = await fetch(path, {cache: "no-store", headers});
   if (!r.ok) throw new Error(path + ": HTTP " + r.status);
   return r.json();
 }

@@ -55,6 +55,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Int("admin_port", &config.admin_port, -1, 65535);
   reader.String("admin_port_file", &config.admin_port_file);
   reader.String("admin_token", &config.admin_token);
+  reader.Bool("admin_read_auth", &config.admin_read_auth);
   nlohmann::json jobs;
   if (reader.Raw("jobs", &jobs)) {
     config.jobs.clear();
@@ -98,6 +99,9 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
         config.jobs.push_back(job);
       }
     }
+  }
+  if (config.admin_read_auth && config.admin_token.empty()) {
+    reader.AddError("admin_read_auth", "needs admin_token: reads would be refused to everyone");
   }
   if (auto status = reader.Finish(); !status.ok()) return status;
   return config;
@@ -162,6 +166,8 @@ Every key can be set in the JSON file or as a flag; flags win.
   --admin_port         admin HTTP port, 0 = free port, -1 = off (default -1)
   --admin_port_file    write the bound admin port to this file (default none)
   --admin_token        bearer token for admin POSTs; empty refuses them (default none)
+  --admin_read_auth    reads (JSON, /metrics, trace) need the bearer token too;
+                       the dashboard page and /healthz stay open (default false)
   jobs (file only)     [{"name", "token", "tau_max", "mode" (async|sync|ssp),
                          "staleness_k", "backup_workers" (sync: a round
                          closes with workers - backup_workers pushes),

@@ -107,6 +107,9 @@ struct SchedulerConfig {
   int64_t admin_port = -1;                    // 0 = pick a free port
   std::string admin_port_file;                // write the bound admin port here
   std::string admin_token;                    // bearer token for POSTs; empty = POSTs refused
+  // Reads (the JSON API, /metrics, the trace) need the bearer token too;
+  // only the dashboard's page and /healthz stay open. Needs admin_token.
+  bool admin_read_auth = false;
   std::vector<JobConfig> jobs = {{"demo", "demo-token", 30, JobMode::kAsync}};
 };
 

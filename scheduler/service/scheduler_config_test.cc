@@ -75,13 +75,18 @@ TEST_CASE("Scheduler config: job parameters, admin keys, and their errors") {
   CHECK(config->jobs[0].momentum == 0.9);
   CHECK(config->jobs[0].priority_class == 2);
   CHECK(config->jobs[1].mode == JobMode::kAsync);
+  CHECK_FALSE(config->admin_read_auth);
+  auto read_auth = Load({"--config=" + path, "--admin_read_auth=true"});
+  REQUIRE(read_auth.ok());
+  CHECK(read_auth->admin_read_auth);
 
   for (const auto& [text, key] : std::vector<std::pair<std::string, std::string>>{
            {R"({"admin_port": 70000})", "admin_port"},
            {R"({"jobs": [{"name": "a", "token": "t", "momentum": 1.5}]})", "momentum"},
            {R"({"jobs": [{"name": "a", "token": "t", "priority_class": 9}]})", "priority_class"},
            {R"({"jobs": [{"name": "a", "token": "t", "mode": "bsp"}]})", "mode"},
-           {R"({"jobs": [{"name": "a"}]})", "token"}}) {
+           {R"({"jobs": [{"name": "a"}]})", "token"},
+           {R"({"admin_read_auth": true})", "admin_read_auth"}}) {
     auto bad = Load({"--config=" + WriteTemp("bad_job.json", text)});
     INFO(text);
     REQUIRE_FALSE(bad.ok());
