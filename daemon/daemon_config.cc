@@ -48,6 +48,15 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   if (config.host.empty()) {
     reader.AddError("host", "is required: name this host (e.g. --host=w1)");
   }
+  // The scheduler refuses link rates below 1e3 bit/s at registration; say
+  // so here, at start-up, naming the flag (0 still means its default).
+  for (const auto& [key, bps] : {std::pair<const char*, double>{"uplink_bps", config.uplink_bps},
+                                 {"downlink_bps", config.downlink_bps}}) {
+    if (bps > 0 && bps < 1e3) {
+      reader.AddError(key, absl::StrCat("is ", bps, " bit/s: give 0 (the scheduler's default) or ",
+                                        "at least 1000"));
+    }
+  }
   if (auto status = reader.Finish(); !status.ok()) return status;
   if (config.local_socket.empty()) {
     config.local_socket = absl::StrCat("/tmp/mlfabricd-", config.host, ".sock");
@@ -67,8 +76,10 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --local_socket        Unix socket for applications  (default /tmp/mlfabricd-<host>.sock)
   --local_socket_group  group whose members may connect to it too (mode 0660);
                         default none: mode 0600, the daemon's user only
-  --uplink_bps          NIC uplink capacity, 0 = scheduler default   (default 0)
-  --downlink_bps        NIC downlink capacity, 0 = scheduler default (default 0)
+  --uplink_bps          NIC uplink capacity in bit/s, 0 or >= 1000;
+                        0 = scheduler default               (default 0)
+  --downlink_bps        NIC downlink capacity in bit/s, 0 or >= 1000;
+                        0 = scheduler default               (default 0)
   --payload_bytes       Mercury packet payload, 4096..1048576 (default 32768)
   --register_timeout_s  how long to wait for the scheduler (default 30)
   --get_timeout_s       how long a get waits for the server (default 30)

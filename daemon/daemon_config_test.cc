@@ -42,5 +42,18 @@ TEST_CASE("Daemon config range-checks the packet payload") {
   CHECK(config.status().message().find("out of range") != std::string::npos);
 }
 
+TEST_CASE("Daemon config refuses link rates the scheduler would refuse, naming the flag") {
+  for (const char* flag : {"--uplink_bps=500", "--downlink_bps=0.5"}) {
+    auto config = Load({"--host=w1", flag});
+    INFO(flag);
+    REQUIRE_FALSE(config.ok());
+    const std::string key = std::string(flag).substr(0, std::string(flag).find('='));
+    CHECK(config.status().message().find(key) != std::string::npos);
+    CHECK(config.status().message().find("at least 1000") != std::string::npos);
+  }
+  CHECK(Load({"--host=w1", "--uplink_bps=0"}).ok());
+  CHECK(Load({"--host=w1", "--uplink_bps=1000", "--downlink_bps=1e9"}).ok());
+}
+
 }  // namespace
 }  // namespace mlfabric
