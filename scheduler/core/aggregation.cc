@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <thread>
 
 namespace mlfabric::core {
@@ -293,6 +294,116 @@ AggregationResult Aggregate(const AggregationInput& input, Network* net,
   }
   AggregationResult result = AggregateWithSplit(input, split, net);
   result.total_s = totals[split];
+  return result;
+}
+
+std::optional<Path> ChainPath(const std::vector<int>& hosts, int dst, const Network& net) {
+  Path path;
+  for (size_t j = 0; j < hosts.size(); ++j) {
+    const int next = j + 1 < hosts.size() ? hosts[j + 1] : dst;
+    const Path hop = net.PathBetween(hosts[j], next);
+    if (path.links.size() + hop.links.size() > LinkList::kMaxLinks) return std::nullopt;
+    for (int link : hop.links) path.links.push_back(link);
+  }
+  return path;
+}
+
+namespace {
+
+// A link used twice by one chain would carry its stream twice; a fill that
+// sees it once would over-reserve it. (Never with distinct hosts and no
+// explicit topology.)
+bool LinksDistinct(const Path& path) {
+  std::vector<int> links(path.links.begin(), path.links.end());
+  std::sort(links.begin(), links.end());
+  return std::adjacent_find(links.begin(), links.end()) == links.end();
+}
+
+}  // namespace
+
+ChainResult AggregateChains(const AggregationInput& input, int max_hops, Network* net) {
+  ChainResult result;
+  const int m = static_cast<int>(input.items.size());
+  result.arrival_s.assign(m, kInfinity);
+  result.total_s = input.now_s;
+  std::vector<int> aggregators = input.aggregators;
+  std::sort(aggregators.begin(), aggregators.end());
+  auto is_aggregator = [&](int host) {
+    return host != input.dst_host &&
+           std::binary_search(aggregators.begin(), aggregators.end(), host);
+  };
+  std::vector<RateSegment> segments;
+  net->BeginJournal();  // the alternatives below are tried and undone
+  int idx = 0;
+  while (idx < m) {
+    net->DiscardJournal();
+    AggregationChain chain;
+    chain.items = {idx};
+    chain.hosts = {input.items[idx].worker};
+    chain.bytes = input.items[idx].bytes;
+    Path path = net->PathBetween(chain.hosts[0], input.dst_host);
+    double end = net->FillEnd(path, input.now_s, 8.0 * static_cast<double>(chain.bytes));
+    if (end == kInfinity) {
+      result.total_s = kInfinity;
+      return result;
+    }
+    chain.node = {0};
+    while (idx + static_cast<int>(chain.items.size()) < m) {
+      const int next = idx + static_cast<int>(chain.items.size());
+      const AggregationItem& item = input.items[next];
+      // Every hop forwards the partial sum of equally shaped updates.
+      if (item.bytes != chain.bytes) break;
+      // Another update of a host in the chain is summed there (no link);
+      // a new host joins at the end, next to dst.
+      const auto at = std::find(chain.hosts.begin(), chain.hosts.end(), item.worker);
+      const int node = static_cast<int>(at - chain.hosts.begin());
+      std::vector<int> hosts = chain.hosts;
+      Path longer = path;
+      double longer_end = end;
+      if (at != chain.hosts.end()) {
+        if (!is_aggregator(item.worker)) break;  // it would sum there
+      } else {
+        if (!is_aggregator(item.worker) || static_cast<int>(hosts.size()) >= max_hops) break;
+        hosts.push_back(item.worker);
+        const std::optional<Path> chained = ChainPath(hosts, input.dst_host, *net);
+        if (!chained.has_value() || !LinksDistinct(*chained)) break;
+        longer = *chained;
+        longer_end = net->FillEnd(longer, input.now_s, 8.0 * static_cast<double>(chain.bytes));
+        if (longer_end == kInfinity) break;
+      }
+      // The alternative: this chain as it is, then the item on its own.
+      const size_t mark = net->JournalMark();
+      net->FillInto(path, input.now_s, 8.0 * static_cast<double>(chain.bytes), &segments);
+      net->Reserve(path, segments);
+      const double alone_end =
+          net->FillEnd(net->PathBetween(item.worker, input.dst_host), input.now_s,
+                       8.0 * static_cast<double>(item.bytes));
+      net->RollbackTo(mark);
+      // Extend when that does not raise the sum of the arrivals: a member
+      // that slows the chain (a slow link, N3) delays every member.
+      const double members = static_cast<double>(chain.items.size());
+      const double extended = (members + 1) * longer_end;
+      const double separate = members * end + alone_end;
+      if (extended > separate + Slack(separate)) break;
+      chain.items.push_back(next);
+      chain.node.push_back(node);
+      chain.hosts = std::move(hosts);
+      path = longer;
+      end = longer_end;
+    }
+    const double bits = 8.0 * static_cast<double>(chain.bytes);
+    end = net->FillInto(path, input.now_s, bits, &segments);
+    net->Reserve(path, segments);
+    chain.start_s = segments.front().from_s;
+    chain.end_s = end;
+    chain.segments = segments;
+    for (int i : chain.items) result.arrival_s[i] = end;
+    if (chain.items.size() > 1) result.chained += static_cast<int>(chain.items.size());
+    result.total_s = std::max(result.total_s, end);
+    idx += static_cast<int>(chain.items.size());
+    result.chains.push_back(std::move(chain));
+  }
+  net->DiscardJournal();
   return result;
 }
 

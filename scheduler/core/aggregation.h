@@ -44,6 +44,7 @@
 #define MLFABRIC_SCHEDULER_CORE_AGGREGATION_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "scheduler/core/network.h"
@@ -98,6 +99,55 @@ AggregationResult AggregateWithSplit(const AggregationInput& input, int split, N
 std::vector<PlannedTransfer> SequentialDirect(const std::vector<AggregationItem>& items,
                                               int dst_host, double now_s, TransferKind kind,
                                               Network* net);
+
+// Streaming chains (our extension of Alg. 3 for a saturated server link,
+// scheduler/core/README.md "Streaming chains"). The daemons sum packet by
+// packet and forward each summed packet at once (Mercury's immediate
+// aggregation), so an aggregate need not wait for its last constituent:
+// w1 -> w2 -> ... -> wg -> dst, where each w_j adds its own update to the
+// partial sum streaming through it, moves every byte over each link once,
+// in lock-step. In the fluid model such a chain is one path made of every
+// hop's links (up(w1), down(w2), up(w2), ..., down(dst)): it fills that
+// path's residual bottleneck at every instant, and the server's downlink
+// carries one update's bytes for the whole chain instead of g.
+//
+// Greedy, in commit order: item i opens a chain; item i+1 extends it when
+// it has the chain's size (the daemons sum equally shaped updates), its
+// worker is an aggregator (another update of a host already in the chain
+// is summed there, with no link of its own; a new host joins next to dst
+// while the chain has fewer than `max_hops` hosts), and the sum of the
+// members' arrivals is no larger
+// than with the chain as it is followed by item i+1 on its own (so a member
+// whose slow link would slow the whole chain stays out of it). A chain of one item is an
+// ordinary direct transfer; when every chain has one item the schedule is
+// Alg. 2's direct schedule. Order is preserved inside and across chains.
+struct AggregationChain {
+  std::vector<int> items;  // positions in AggregationInput::items, commit order
+  std::vector<int> hosts;  // distinct; the chain runs hosts[0] -> ... -> dst
+  std::vector<int> node;   // per item: the index into `hosts` of its worker
+  int64_t bytes = 0;       // every member's size (every hop moves this many)
+  double start_s = 0;
+  double end_s = 0;
+  std::vector<RateSegment> segments;  // every hop moves at these rates
+};
+
+struct ChainResult {
+  double total_s = 0;  // when everything has arrived at dst_host
+  std::vector<AggregationChain> chains;
+  std::vector<double> arrival_s;  // per item
+  int chained = 0;                // items in chains of two or more
+};
+
+// The chain schedule on `*net` (the network without the items' direct
+// reservations), which then carries it. Only `input.items`, `dst_host`,
+// `now_s` and `aggregators` (as a set) are used; total_s is kInfinity when
+// some item cannot reach dst_host. `*net` is left journaling (with an empty
+// journal).
+ChainResult AggregateChains(const AggregationInput& input, int max_hops, Network* net);
+
+// The links of a chain hosts[0] -> ... -> hosts.back() -> dst on `net`;
+// nullopt when they are more than a Path holds (LinkList::kMaxLinks).
+std::optional<Path> ChainPath(const std::vector<int>& hosts, int dst, const Network& net);
 
 // A seeded Fisher-Yates shuffle (SplitMix64): the random pre-assignment of
 // aggregators to groups (§5.2), deterministic across platforms.

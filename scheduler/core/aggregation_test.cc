@@ -4,7 +4,10 @@
 
 #include <catch2/catch.hpp>
 
+#include "scheduler/core/internal/random_batch.h"
 #include "scheduler/core/mlfabric_planner.h"
+#include "scheduler/core/plan_checker.h"
+#include "scheduler/core/plan_json.h"
 
 namespace mlfabric::core {
 namespace {
@@ -103,6 +106,113 @@ TEST_CASE("Fig. 2: aggregating g3 and g4 commits all four earlier") {
     }
   }
   CHECK(found);
+}
+
+// Four 1 Gbit updates from four workers that may aggregate, to a server
+// whose 1 Gbit/s downlink is the bottleneck (every link is 1 Gbit/s).
+Batch SaturatedServer() {
+  Batch batch;
+  batch.server = "S";
+  batch.tau_max = 10;
+  batch.hosts = {{"S", 1e9, 1e9, {}, {}}};
+  for (int i = 1; i <= 4; ++i) {
+    const std::string w = "w" + std::to_string(i);
+    batch.hosts.push_back({w, 1e9, 1e9, {}, {}});
+    batch.updates.push_back({"g" + std::to_string(i), w, 125000000, 0, 1, {}});
+    batch.aggregators.push_back(w);
+  }
+  return batch;
+}
+
+int64_t BytesInto(const Plan& plan, const std::string& host) {
+  int64_t bytes = 0;
+  for (const Transfer& t : plan.transfers) bytes += t.dst == host ? t.bytes : 0;
+  return bytes;
+}
+
+TEST_CASE("Streaming chain: the server's link carries one update for the whole batch") {
+  const Batch batch = SaturatedServer();
+  auto plan = MlfabricPlanner().PlanBatch(batch);
+  REQUIRE(plan.ok());
+  INFO(PlanToJson(*plan).dump(1));
+  CHECK(CheckPlan(batch, *plan).empty());
+  CHECK(BytesInto(*plan, "S") == 125000000);
+  // Every hop moves at 1 Gbit/s in lock-step: all four arrive after 1 s,
+  // where four direct transfers through the server's downlink take 4 s.
+  for (const Commit& c : plan->commits) CHECK(c.at_s == Approx(1.0));
+  int hops = 0, to_server = 0;
+  for (const Transfer& t : plan->transfers) {
+    if (t.kind != TransferKind::kAggregate) continue;
+    ++hops;
+    to_server += t.dst == "S";
+    CHECK(t.into.empty() == (t.dst == "S"));
+  }
+  CHECK(hops == 3);
+  CHECK(to_server == 1);
+
+  // The paper's Alg. 3 on the same batch: more bytes into the server, later.
+  Batch alg3 = batch;
+  alg3.streaming_aggregation = false;
+  auto per_batch = MlfabricPlanner().PlanBatch(alg3);
+  REQUIRE(per_batch.ok());
+  CHECK(CheckPlan(alg3, *per_batch).empty());
+  CHECK(BytesInto(*per_batch, "S") > BytesInto(*plan, "S"));
+  CHECK(per_batch->commits.back().at_s > plan->commits.back().at_s);
+}
+
+TEST_CASE("Streaming chain: a worker with a slow uplink stays out of the chain") {
+  Batch batch = SaturatedServer();
+  batch.hosts[3].uplink_bps = 1e8;  // w3: ten times slower
+  auto plan = MlfabricPlanner().PlanBatch(batch);
+  REQUIRE(plan.ok());
+  INFO(PlanToJson(*plan).dump(1));
+  CHECK(CheckPlan(batch, *plan).empty());
+  // Alg. 2 puts g3 last; the others arrive together after 1 s.
+  REQUIRE(plan->order.back() == "g3");
+  for (size_t i = 0; i + 1 < plan->commits.size(); ++i) CHECK(plan->commits[i].at_s == Approx(1.0));
+  for (const Transfer& t : plan->transfers) {
+    if (t.kind == TransferKind::kAggregate) {
+      CHECK(std::find(t.constituents.begin(), t.constituents.end(), "g3") == t.constituents.end());
+    }
+  }
+}
+
+TEST_CASE("Streaming chains: repeated workers and non-aggregators break chains, never order") {
+  Batch batch = SaturatedServer();
+  batch.updates.push_back({"g5", "w1", 125000000, 0, 1, {}});  // w1 twice
+  batch.hosts.push_back({"x", 1e9, 1e9, {}, {}});
+  batch.updates.push_back({"g6", "x", 125000000, 0, 1, {}});  // x may not aggregate
+  auto plan = MlfabricPlanner().PlanBatch(batch);
+  REQUIRE(plan.ok());
+  INFO(PlanToJson(*plan).dump(1));
+  CHECK(CheckPlan(batch, *plan).empty());
+  CHECK(plan->order.size() == 6);
+  for (const Transfer& t : plan->transfers) {
+    if (t.kind != TransferKind::kAggregate) continue;
+    // A chain never passes the same host twice, nor through x.
+    CHECK(t.src != "x");
+  }
+}
+
+TEST_CASE("Streaming chains: random batches with worker aggregators keep every invariant") {
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    internal::RandomBatchOptions o;
+    o.seed = seed;
+    o.updates = 2 + static_cast<int>(seed % 30);
+    o.aggregators = 2 + static_cast<int>(seed % 6);
+    o.worker_aggregators = true;
+    o.profiles = seed % 2 == 1;
+    o.sync = seed % 5 == 0;
+    o.max_deadline = seed % 3 == 0 ? o.updates / 2 + 1 : 0;
+    o.outages = seed % 7 == 0;
+    const Batch batch = internal::RandomBatch(o);
+    INFO("seed " << seed);
+    auto plan = MlfabricPlanner().PlanBatch(batch);
+    REQUIRE(plan.ok());
+    const std::vector<std::string> problems = CheckPlan(batch, *plan);
+    INFO((problems.empty() ? std::string() : problems.front()));
+    CHECK(problems.empty());
+  }
 }
 
 TEST_CASE("Without aggregators everything goes direct") {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -134,6 +135,7 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
       UsableAggregators(batch.aggregators, net, prepared.server, replica_host, batch.seed);
   int split = static_cast<int>(m);
   std::vector<AggregationGroup> groups;
+  std::optional<ChainResult> chains;
   if (!prepared.multi_server && !aggregators.empty() && m > 0) {
     AggregationInput input;
     input.now_s = batch.now_s;
@@ -146,12 +148,33 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
     }
     Network aggregated = base;
     AggregationResult agg = Aggregate(input, &aggregated, options_);
+    // Streaming chains (aggregation.h) when they finish no later than
+    // Alg. 3's best split: they spare the server's link. Not with a
+    // replica, whose §5.3 schedule delays and punts Alg. 3's transfers.
+    if (batch.streaming_aggregation && !batch.replica.has_value() && m > 1 &&
+        options_.max_chain_hops >= 1) {
+      Network streamed = base;
+      ChainResult chain = AggregateChains(input, options_.max_chain_hops, &streamed);
+      if (chain.chained > 0 && chain.total_s <= agg.total_s + 1e-9 * (agg.total_s + 1.0)) {
+        chains = std::move(chain);
+        aggregated = std::move(streamed);
+      }
+    }
     net = std::move(aggregated);
-    split = agg.split;
-    server.arrival_s = agg.arrival_s;
-    groups = std::move(agg.groups);
+    if (chains.has_value()) {
+      server.arrival_s = chains->arrival_s;
+      split = 0;
+      for (const AggregationChain& c : chains->chains) {
+        if (c.items.size() > 1) break;
+        ++split;
+      }
+    } else {
+      split = agg.split;
+      server.arrival_s = agg.arrival_s;
+      groups = std::move(agg.groups);
+    }
   }
-  for (int i = 0; i < split; ++i) {
+  for (int i = 0; i < split && !chains.has_value(); ++i) {
     double latest = -kInfinity;
     for (PlannedTransfer& t : ordering.direct[i]) {
       if (t.end_s > latest) {
@@ -211,6 +234,39 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
       }
     }
     plan.transfers.push_back(std::move(t));
+  }
+  if (chains.has_value()) {
+    // Every hop of a chain moves at the chain's rates. Node j of a chain
+    // (its j-th host) sums the previous node's partial sum and its own
+    // host's members, and sends the sum on; a first node with one member
+    // just sends that update.
+    for (const AggregationChain& c : chains->chains) {
+      const int nodes = static_cast<int>(c.hosts.size());
+      std::vector<std::string> summed;  // members up to this node, commit order
+      for (int j = 0; j < nodes; ++j) {
+        Transfer t;
+        t.src = net.HostName(c.hosts[j]);
+        t.dst = net.HostName(j + 1 < nodes ? c.hosts[j + 1] : prepared.server);
+        t.start_s = c.start_s;
+        t.end_s = c.end_s;
+        t.bytes = c.bytes;
+        t.segments = c.segments;
+        std::vector<std::string> here;
+        for (size_t i = 0; i < c.items.size(); ++i) {
+          if (c.node[i] <= j) here.push_back(batch.updates[server.order[c.items[i]]].id);
+        }
+        if (j == 0 && here.size() == 1) {
+          t.update = here[0];
+          t.kind = nodes == 1 ? TransferKind::kDirect : TransferKind::kToAggregator;
+        } else {
+          t.update = absl::StrCat("agg:", ++aggregate_count);
+          t.kind = TransferKind::kAggregate;
+          t.constituents = std::move(here);
+          if (j + 1 < nodes) t.into = absl::StrCat("agg:", aggregate_count + 1);
+        }
+        plan.transfers.push_back(std::move(t));
+      }
+    }
   }
   const std::vector<double> commits = HonestCommits(server.arrival_s);
   for (size_t i = 0; i < server.order.size(); ++i) {

@@ -58,7 +58,8 @@ struct LinkProfile {
 // are built in the planners' innermost loops; no allocation).
 class LinkList {
  public:
-  static constexpr int kMaxLinks = 8;
+  // A streaming chain's path holds every hop's links (aggregation.h).
+  static constexpr int kMaxLinks = 24;
   void push_back(int id) { ids_[size_++] = id; }
   int size() const { return size_; }
   bool empty() const { return size_ == 0; }

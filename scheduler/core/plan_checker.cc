@@ -87,6 +87,8 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
   std::map<std::string, std::vector<Use>> uses;
   std::unordered_map<std::string, double> arrival;  // update id -> at the server
   std::set<std::pair<std::string, std::string>> to_aggregator;  // (update, aggregator host)
+  std::vector<size_t> chain_hops;                       // aggregates that feed another
+  std::map<std::string, size_t> aggregate_names;        // "agg:<n>" -> index
   std::set<std::string> server_hosts = {batch.server};
   for (const UpdateRequest& u : batch.updates) {
     for (const ShardPart& s : u.shards) server_hosts.insert(s.server);
@@ -144,6 +146,11 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
     } else if (t.kind == TransferKind::kToAggregator) {
       to_aggregator.insert({t.update, t.dst});
     } else if (t.kind == TransferKind::kAggregate) {
+      // A hop of a streaming chain ends at the next aggregator; the last
+      // one at the server.
+      const bool hop = !t.into.empty() || !server_hosts.count(t.dst);
+      if (hop) chain_hops.push_back(k);
+      aggregate_names[t.update] = k;
       int last = -2;
       for (const std::string& id : t.constituents) {
         auto p = position.find(id);
@@ -151,15 +158,32 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
           problems.push_back(name + ": constituent " + id + " is not in order");
           continue;
         }
-        if (last != -2 && p->second != last + 1) {
+        if (!hop && last != -2 && p->second != last + 1) {
           problems.push_back(name + ": constituents not consecutive in order");
         }
         last = p->second;
-        if (!to_aggregator.count({id, t.src})) {
+        // Reached it by a transfer, a previous hop of its chain, or is
+        // this host's own update.
+        auto own = sized.find(id);
+        const bool local = own != sized.end() && own->second->worker == t.src;
+        if (!local && !to_aggregator.count({id, t.src})) {
           problems.push_back(name + ": " + id + " never reached aggregator " + t.src);
         }
-        arrival[id] = std::max(arrival[id], t.end_s);
+        if (hop) {
+          to_aggregator.insert({id, t.dst});
+        } else {
+          arrival[id] = std::max(arrival[id], t.end_s);
+        }
       }
+    }
+  }
+  for (size_t k : chain_hops) {
+    const Transfer& t = plan.transfers[k];
+    auto next = aggregate_names.find(t.into);
+    if (t.into.empty() || next == aggregate_names.end() || next->second < k ||
+        plan.transfers[next->second].src != t.dst) {
+      problems.push_back(absl::StrCat("transfers[", k, "] (", t.update, "): feeds '", t.into,
+                                      "', which is no later aggregate at ", t.dst));
     }
   }
   for (auto& [link, list] : uses) {

@@ -293,6 +293,13 @@ absl::StatusOr<Batch> BatchFromJson(const Json& json) {
     if (!seed->is_number_unsigned()) return Error("seed", "must be a non-negative integer");
     batch.seed = seed->get<uint64_t>();
   }
+  std::string aggregation = "streaming";
+  RETURN_IF_ERROR(Optional(json, "aggregation", "", GetString, &aggregation));
+  if (aggregation != "streaming" && aggregation != "alg3") {
+    return Error("aggregation",
+                 absl::StrCat("must be \"streaming\" or \"alg3\", got \"", aggregation, "\""));
+  }
+  batch.streaming_aggregation = aggregation == "streaming";
   return batch;
 }
 
@@ -370,6 +377,7 @@ Json BatchToJson(const Batch& batch) {
     }
   }
   out["seed"] = batch.seed;
+  if (!batch.streaming_aggregation) out["aggregation"] = "alg3";
   return out;
 }
 
@@ -392,6 +400,7 @@ Json PlanToJson(const Plan& plan) {
     transfer["segments"] = std::move(segments);
     transfer["bytes"] = t.bytes;
     if (!t.constituents.empty()) transfer["constituents"] = t.constituents;
+    if (!t.into.empty()) transfer["into"] = t.into;
     out["transfers"].push_back(std::move(transfer));
   }
   out["commits"] = CommitsJson(plan.commits);

@@ -31,6 +31,10 @@ struct PlannerOptions {
   // many split points that survive the bounds (tests lower it to exercise
   // the threaded path on small batches).
   int min_splits_per_thread = 64;
+  // Longest streaming chain (aggregation.h, AggregateChains), in hosts.
+  // The fluid model does not charge a hop's packet latency, so chains are
+  // kept short enough for that to stay small against a transfer.
+  int max_chain_hops = 8;
 };
 
 // One component of an update: `bytes` to `dst_host`.

@@ -106,6 +106,9 @@ struct Batch {
   std::vector<TopologyLink> links;
   std::vector<FixedPath> paths;
   uint64_t seed = 1;  // randomness (aggregator pre-assignment) comes from here
+  // "aggregation": "streaming" (default) also considers streaming chains
+  // (aggregation.h); "alg3" plans the paper's Alg. 3 alone.
+  bool streaming_aggregation = true;
 };
 
 enum class TransferKind { kDirect, kToAggregator, kAggregate, kReplica, kReplicaAggregate };
@@ -123,6 +126,10 @@ struct Transfer {
   std::vector<RateSegment> segments;
   // For aggregates: the update ids summed into it, in commit order.
   std::vector<std::string> constituents;
+  // For an aggregate that is one hop of a streaming chain (aggregation.h):
+  // the aggregate ("agg:<n>") its partial sum feeds at `dst`; empty when
+  // it goes to the server.
+  std::string into;
 };
 
 struct Drop {
