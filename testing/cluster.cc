@@ -233,6 +233,11 @@ Cluster::~Cluster() {
   if (scheduler_) scheduler_->Stop(2.0);
   network_.reset();  // kills what is left inside, deletes the namespaces
   if (!dir_.empty()) {
+    // MLFABRIC_KEEP_CLUSTER_DIR=1 keeps the logs and configs for a look.
+    if (const char* keep = std::getenv("MLFABRIC_KEEP_CLUSTER_DIR"); keep && *keep == '1') {
+      std::fprintf(stderr, "cluster: kept %s\n", dir_.c_str());
+      return;
+    }
     std::error_code ignored;
     std::filesystem::remove_all(dir_, ignored);
   }
