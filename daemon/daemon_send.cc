@@ -34,6 +34,10 @@ void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
   const uint64_t source = send.source_transfer_id() != 0 ? send.source_transfer_id()
                                                          : send.transfer_id();
   auto push = pushes_.find(source);
+  if (push != pushes_.end() && send.dst_host() == config_.host) {
+    AcceptLocalLocked(send, push->second.buffer);
+    return;
+  }
   if (push != pushes_.end()) {
     ScheduleOutgoingLocked(send, push->second.buffer, push->second.tensors,
                            push->second.checksums);
@@ -48,6 +52,39 @@ void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
   }
   reporter_->ReportFailure(send.transfer_id(),
                      absl::StrCat("no pushed data on ", config_.host, " for push ", source));
+}
+
+void Daemon::AcceptLocalLocked(const v1::SendTransfer& send,
+                               std::shared_ptr<SharedBuffer> buffer) {
+  if (static_cast<int64_t>(buffer->size()) != send.bytes()) {
+    reporter_->ReportFailure(send.transfer_id(), absl::StrCat("schedule says ", send.bytes(),
+                                                              " bytes, the data has ",
+                                                              buffer->size()));
+    return;
+  }
+  // As if it had arrived whole: the aggregation sums it now, or when its
+  // task comes (StartAggregationLocked folds what arrived before it).
+  Incoming& incoming = incoming_[send.transfer_id()];
+  incoming.job_id = send.job_id();
+  incoming.total = incoming.received = buffer->size();
+  incoming.buffer = buffer;
+  const uint64_t grid = static_cast<uint64_t>(config_.payload_bytes);
+  std::vector<std::pair<uint64_t, uint32_t>> ranges;
+  for (uint64_t offset = 0; offset < buffer->size(); offset += grid) {
+    ranges.emplace_back(offset, static_cast<uint32_t>(std::min<uint64_t>(grid, buffer->size() - offset)));
+  }
+  const std::optional<uint64_t> aggregate = aggregations_.AggregateOf(send.transfer_id());
+  if (!aggregate.has_value()) {
+    incoming.unfolded = std::move(ranges);
+    return;
+  }
+  for (const auto& [offset, length] : ranges) {
+    if (!FoldIntoAggregateLocked(*aggregate, send.transfer_id(), buffer->data() + offset, offset,
+                                 length)) {
+      return;
+    }
+  }
+  FoldLocked(send.transfer_id());
 }
 
 void Daemon::ScheduleOutgoingLocked(const v1::SendTransfer& send,

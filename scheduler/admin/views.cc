@@ -32,6 +32,7 @@ json StatsJson(const SchedulerStats& s) {
           {"rejected", s.rejected},
           {"timed_out", s.timed_out},
           {"aggregates", s.aggregates},
+          {"chain_hops", s.chain_hops},
           {"replica_copies", s.replica_copies},
           {"bandwidth_reports", s.bandwidth_reports},
           {"plan_ms_total", s.plan_ms_total},
@@ -302,6 +303,9 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
   w.Family("mlfabric_scheduler_aggregates_total", "counter",
            "In-network aggregates dispatched to aggregator daemons (section 5.2).");
   w.Sample("mlfabric_scheduler_aggregates_total", {}, s.aggregates);
+  w.Family("mlfabric_scheduler_chain_hops_total", "counter",
+           "Partial sums streamed from one aggregator to the next (streaming chains).");
+  w.Sample("mlfabric_scheduler_chain_hops_total", {}, s.chain_hops);
   w.Family("mlfabric_scheduler_replica_copies_total", "counter",
            "Replica transfers dispatched to keep hot standbys within bound (section 5.3).");
   w.Sample("mlfabric_scheduler_replica_copies_total", {}, s.replica_copies);

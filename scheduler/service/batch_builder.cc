@@ -33,6 +33,7 @@ core::Batch BuildBatch(const BatchInputs& in) {
   batch.v_init = InitialVersion(in.mode, in.model_version, in.unapplied);
   batch.server = in.server_host;
   batch.seed = in.seed;
+  batch.streaming_aggregation = in.streaming_aggregation;
   std::set<std::string> involved = {in.server_host};
   for (const PendingUpdate& update : in.updates) {
     batch.updates.push_back(update.request);

@@ -42,6 +42,7 @@ struct BatchInputs {
   bool synchronous_round = false;
   std::string server_host;
   uint64_t seed = 1;
+  bool streaming_aggregation = true;  // core::Batch::streaming_aggregation
   std::vector<PendingUpdate> updates;  // in arrival order
   // Hosts that may aggregate this batch, already known to be usable.
   std::vector<std::string> aggregator_candidates;

@@ -182,6 +182,10 @@ void ClusterState::FailAggregate(uint64_t aggregate_id, const std::string& reaso
   const v1::DaemonCommand cancel =
       commands::CancelDelivery(aggregate_id, aggregate.server, aggregate.sequence, reason);
   Enqueue(aggregate.host, cancel);
+  for (const AggregateRecord::Hop& hop : aggregate.hops) {
+    aggregate_hops.erase(hop.id);
+    Enqueue(hop.host, commands::CancelDelivery(hop.id, aggregate.server, 0, reason));
+  }
   if (JobState* job = FindJob(aggregate.job)) {
     auto server = job->servers.find(aggregate.server);
     if (server != job->servers.end()) Enqueue(server->second.host, cancel);
@@ -233,7 +237,9 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
   MLF_LOG(WARNING) << "host " << host_name << " is down: " << reason;
   std::vector<uint64_t> aggregates_there;
   for (const auto& [id, aggregate] : aggregates) {
-    if (aggregate.host == host_name) aggregates_there.push_back(id);
+    bool there = aggregate.host == host_name;
+    for (const AggregateRecord::Hop& hop : aggregate.hops) there = there || hop.host == host_name;
+    if (there) aggregates_there.push_back(id);
   }
   for (uint64_t id : aggregates_there) {
     FailAggregate(id, absl::StrCat("aggregator host ", host_name, " is down: ", reason));
@@ -334,6 +340,10 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
   for (const auto& [id, aggregate] : aggregates) {
     AppendSegments(aggregate.planned.segments, &(*up)[aggregate.planned.src]);
     AppendSegments(aggregate.planned.segments, &(*down)[aggregate.planned.dst]);
+    for (const AggregateRecord::Hop& hop : aggregate.hops) {
+      AppendSegments(hop.planned.segments, &(*up)[hop.planned.src]);
+      AppendSegments(hop.planned.segments, &(*down)[hop.planned.dst]);
+    }
   }
 }
 

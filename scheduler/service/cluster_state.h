@@ -74,8 +74,16 @@ struct UpdateRecord {
 
 // An in-network aggregate (§5.2): its constituents go to `host`, which sums
 // them and sends one transfer to the server, delivered at one sequence
-// number and applied as constituents.size() updates.
+// number and applied as constituents.size() updates. A streaming chain's
+// aggregate (core/aggregation.h) also has `hops`: the partial sums that
+// stream from aggregator to aggregator before `host` (their transfer ids,
+// hosts and schedules), each one an aggregation at its host too.
 struct AggregateRecord {
+  struct Hop {
+    uint64_t id = 0;
+    std::string host;      // where this partial sum is summed and sent from
+    TransferView planned;  // host -> the next aggregator
+  };
   uint64_t id = 0;
   std::string job;
   std::string server;
@@ -83,6 +91,7 @@ struct AggregateRecord {
   std::vector<uint64_t> constituents;  // in commit order
   uint64_t sequence = 0;
   TransferView planned;  // aggregator -> server
+  std::vector<Hop> hops;  // upstream first
 };
 
 // One synchronous round of a Mercury-PS server: the pushes computed from
@@ -176,6 +185,8 @@ class ClusterState {
   std::map<std::string, JobState> jobs;
   std::map<uint64_t, UpdateRecord> updates;
   std::map<uint64_t, AggregateRecord> aggregates;
+  // A chain hop's transfer id -> the aggregate (in `aggregates`) it feeds.
+  std::map<uint64_t, uint64_t> aggregate_hops;
   std::map<uint64_t, ReplicaCopy> replica_copies;  // by copy transfer id
   SchedulerStats stats;
   // Workers' iteration clocks and timings: a push counts when accepted,

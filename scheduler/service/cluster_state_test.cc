@@ -121,7 +121,7 @@ TEST_CASE("an aggregate's failure fails its constituents and cancels it at both 
   Fixture f;
   const uint64_t a = f.Push("w1"), b = f.Push("w2");
   AggregateRecord& aggregate = f.state.aggregates[77];
-  aggregate = {77, "demo", "ps", "a1", {a, b}, 3, {}};
+  aggregate = {77, "demo", "ps", "a1", {a, b}, 3, {}, {}};
   for (uint64_t id : {a, b}) {
     f.state.updates[id].state = UpdateState::kInFlight;
     f.state.updates[id].aggregate_id = 77;
@@ -138,6 +138,45 @@ TEST_CASE("an aggregate's failure fails its constituents and cancels it at both 
   const auto at_w2 = f.Drain("w2");
   REQUIRE(at_w2.size() == 1);
   CHECK(at_w2[0].outcome().reason().find("its in-network aggregate failed") == 0);
+}
+
+TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels every hop") {
+  // w1's and w2's updates stream w1 -> w2 -> a1 -> s1: hop 78 is the
+  // partial sum summed at w2 and sent to a1, which sends aggregate 77.
+  Fixture f;
+  const uint64_t a = f.Push("w1"), b = f.Push("w2");
+  AggregateRecord& aggregate = f.state.aggregates[77];
+  aggregate = {77, "demo", "ps", "a1", {a, b}, 3, {}, {}};
+  AggregateRecord::Hop hop;
+  hop.id = 78;
+  hop.host = "w2";
+  hop.planned.src = "w2";
+  hop.planned.dst = "a1";
+  hop.planned.segments = {{0.0, 1.0, 1e9}};
+  aggregate.hops.push_back(hop);
+  f.state.aggregate_hops[78] = 77;
+  for (uint64_t id : {a, b}) {
+    f.state.updates[id].state = UpdateState::kInFlight;
+    f.state.updates[id].aggregate_id = 77;
+    f.state.updates[id].sequence = 3;
+  }
+  // The hop's reservation is part of the network the planner sees.
+  std::map<std::string, std::vector<core::RateSegment>> up, down;
+  f.state.Reservations(&up, &down);
+  CHECK(up["w2"].size() == 1);
+  CHECK(down["a1"].size() == 1);
+
+  f.state.MarkHostDown("w2", "connection lost");
+  CHECK(f.state.aggregates.empty());
+  CHECK(f.state.aggregate_hops.empty());
+  CHECK(f.state.updates.empty());  // both pushes ended
+  const auto at_a1 = f.Drain("a1");
+  REQUIRE(at_a1.size() == 1);
+  CHECK(at_a1[0].cancel().transfer_id() == 77);
+  const auto at_w1 = f.Drain("w1");
+  REQUIRE(at_w1.size() == 1);
+  CHECK(at_w1[0].outcome().outcome() == v1::OUTCOME_FAILED);
+  CHECK(at_w1[0].outcome().reason().find("w2 is down") != std::string::npos);
 }
 
 TEST_CASE("a failed round fails every member and moves the server past it") {

@@ -29,11 +29,19 @@ class PlanDispatcher::Run {
                        int64_t bytes, const core::Transfer& transfer, double deadline_s) const;
   void DispatchDirect(UpdateRecord& record, const core::Transfer& transfer,
                       const HostState& server_host);
-  void DispatchViaAggregator(UpdateRecord& record, const core::Transfer& hop,
+  // Sends the update to its first aggregator: `hop`, or (a streaming
+  // chain's member at the host its partial sum passes) its own host.
+  void DispatchViaAggregator(UpdateRecord& record, const core::Transfer* hop,
                              uint64_t aggregate_id, double aggregate_end_s);
   // Opens the aggregate the first time one of its constituents comes up in
   // the commit order; returns its id, or 0 when it cannot be carried out.
-  uint64_t OpenAggregate(const core::Transfer& transfer, const HostState& server_host);
+  // `chain`: a streaming chain's hops before `transfer`, upstream first
+  // (empty for Alg. 3's aggregates).
+  uint64_t OpenAggregate(const core::Transfer& transfer,
+                         const std::vector<const core::Transfer*>& chain,
+                         const HostState& server_host);
+  // The constituents of `transfer` still in flight, as transfer ids.
+  std::vector<uint64_t> LiveConstituents(const core::Transfer& transfer) const;
   // §5.3: sends the plan's replica copies and marks the punted ones.
   void DispatchReplica(const core::Plan& plan);
   void FailAll(const std::set<uint64_t>& ids, const std::string& reason);
@@ -126,12 +134,20 @@ BatchView PlanDispatcher::Run::Dispatch(const std::string& planner_name) {
     if (state_.updates.count(id)) state_.Complete(id, v1::OUTCOME_DROPPED, drop.reason, 0);
   }
   std::map<std::string, const core::Transfer*> direct, to_aggregator, aggregate_of;
+  // Streaming chains (core/aggregation.h): a hop's partial sum feeds the
+  // aggregate named by its `into`; aggregate_of maps to the last aggregate,
+  // the one that reaches the server.
+  std::map<std::string, const core::Transfer*> feeds;  // "agg:<n>" -> the hop into it
   for (const core::Transfer& transfer : plan->transfers) {
     if (transfer.kind == core::TransferKind::kDirect) direct[transfer.update] = &transfer;
     if (transfer.kind == core::TransferKind::kToAggregator) {
       to_aggregator[transfer.update] = &transfer;
     }
     if (transfer.kind == core::TransferKind::kAggregate) {
+      if (!transfer.into.empty()) {
+        feeds[transfer.into] = &transfer;
+        continue;
+      }
       for (const std::string& constituent : transfer.constituents) {
         aggregate_of[constituent] = &transfer;
       }
@@ -145,20 +161,53 @@ BatchView PlanDispatcher::Run::Dispatch(const std::string& planner_name) {
       DispatchDirect(it->second, *transfer->second, *server_host);
       continue;
     }
-    auto hop = to_aggregator.find(id_text);
     auto aggregate = aggregate_of.find(id_text);
-    if (hop == to_aggregator.end() || aggregate == aggregate_of.end()) {
+    if (aggregate == aggregate_of.end()) {
       state_.Complete(id, v1::OUTCOME_FAILED,
                       "the plan has no transfer for this update (planner bug)", 0);
       continue;
     }
-    const uint64_t aggregate_id = OpenAggregate(*aggregate->second, *server_host);
-    if (aggregate_id == 0) {
+    std::vector<const core::Transfer*> chain;
+    for (auto up = feeds.find(aggregate->second->update); up != feeds.end();
+         up = feeds.find(up->second->update)) {
+      chain.insert(chain.begin(), up->second);
+    }
+    const core::Transfer* hop = nullptr;
+    if (auto found = to_aggregator.find(id_text); found != to_aggregator.end()) {
+      hop = found->second;
+    }
+    // Without a transfer, a chain member is summed at its own host, which
+    // must then be the first aggregator the chain names it at.
+    bool local = false;
+    std::vector<const core::Transfer*> nodes = chain;
+    nodes.push_back(aggregate->second);
+    for (const core::Transfer* node : nodes) {
+      if (std::count(node->constituents.begin(), node->constituents.end(), id_text)) {
+        local = node->src == it->second.src_host;
+        break;
+      }
+    }
+    if (hop == nullptr && !local) {
+      // An aggregate opened for earlier members would wait for it forever.
+      if (auto opened = aggregate_ids_.find(aggregate->second);
+          opened != aggregate_ids_.end() && opened->second != 0) {
+        state_.FailAggregate(opened->second,
+                             absl::StrCat("member ", id, " has no transfer in the plan"));
+      }
       state_.Complete(id, v1::OUTCOME_FAILED,
-                      absl::StrCat("aggregator host ", aggregate->second->src, " is down"), 0);
+                      "the plan has no transfer for this update (planner bug)", 0);
       continue;
     }
-    DispatchViaAggregator(it->second, *hop->second, aggregate_id, aggregate->second->end_s);
+    const uint64_t aggregate_id = OpenAggregate(*aggregate->second, chain, *server_host);
+    if (aggregate_id == 0) {
+      state_.Complete(id, v1::OUTCOME_FAILED,
+                      absl::StrCat("an aggregator host of its aggregate (",
+                                   aggregate->second->src, chain.empty() ? "" : " or a chain hop",
+                                   ") is down"),
+                      0);
+      continue;
+    }
+    DispatchViaAggregator(it->second, hop, aggregate_id, aggregate->second->end_s);
   }
   DispatchReplica(*plan);
   return std::move(view_);
@@ -198,9 +247,18 @@ void PlanDispatcher::Run::DispatchDirect(UpdateRecord& record, const core::Trans
   ++state_.stats.planned;
 }
 
-void PlanDispatcher::Run::DispatchViaAggregator(UpdateRecord& record, const core::Transfer& hop,
+void PlanDispatcher::Run::DispatchViaAggregator(UpdateRecord& record, const core::Transfer* hop,
                                                 uint64_t aggregate_id, double aggregate_end_s) {
-  const HostState* aggregator = state_.AliveHost(hop.dst);
+  // A chain member summed where it is: a transfer to its own host, which
+  // the daemon folds into the aggregation without a socket.
+  core::Transfer local;
+  if (hop == nullptr) {
+    local.src = local.dst = record.src_host;
+    local.start_s = state_.aggregates[aggregate_id].planned.start_s;
+    local.end_s = local.start_s;
+    hop = &local;
+  }
+  const HostState* aggregator = state_.AliveHost(hop->dst);
   record.state = UpdateState::kInFlight;
   record.sequence = state_.aggregates[aggregate_id].sequence;
   record.aggregate_id = aggregate_id;
@@ -209,29 +267,37 @@ void PlanDispatcher::Run::DispatchViaAggregator(UpdateRecord& record, const core
   const double deadline_s = aggregate_end_s + config_.transfer_slack_s +
                             (work_.round_size > 0 ? config_.round_timeout_s : 0);
   record.planned =
-      Planned(record.transfer_id, record.src_host, hop.dst, record.bytes, hop, deadline_s);
+      Planned(record.transfer_id, record.src_host, hop->dst, record.bytes, *hop, deadline_s);
   view_.transfers.push_back(record.planned);
   ++view_.scheduled;
-  commands::Send send{record.transfer_id, job_.id, hop.dst,
-                      aggregator ? aggregator->data_address : std::string(), hop.start_s,
+  commands::Send send{record.transfer_id, job_.id, hop->dst,
+                      aggregator ? aggregator->data_address : std::string(), hop->start_s,
                       record.bytes};
   send.local_id = record.local_id;
-  state_.Enqueue(record.src_host, commands::SendTransfer(send, hop.segments));
+  state_.Enqueue(record.src_host, commands::SendTransfer(send, hop->segments));
   ++state_.stats.planned;
 }
 
-uint64_t PlanDispatcher::Run::OpenAggregate(const core::Transfer& transfer,
-                                            const HostState& server_host) {
-  if (auto known = aggregate_ids_.find(&transfer); known != aggregate_ids_.end()) {
-    return known->second;
-  }
-  uint64_t id = 0;
+std::vector<uint64_t> PlanDispatcher::Run::LiveConstituents(const core::Transfer& transfer) const {
   std::vector<uint64_t> constituents;
   for (const std::string& text : transfer.constituents) {
     const uint64_t constituent = std::stoull(text);
     if (state_.updates.count(constituent)) constituents.push_back(constituent);
   }
-  if (state_.AliveHost(transfer.src) != nullptr && !constituents.empty()) {
+  return constituents;
+}
+
+uint64_t PlanDispatcher::Run::OpenAggregate(const core::Transfer& transfer,
+                                            const std::vector<const core::Transfer*>& chain,
+                                            const HostState& server_host) {
+  if (auto known = aggregate_ids_.find(&transfer); known != aggregate_ids_.end()) {
+    return known->second;
+  }
+  uint64_t id = 0;
+  const std::vector<uint64_t> constituents = LiveConstituents(transfer);
+  bool hosts_alive = state_.AliveHost(transfer.src) != nullptr;
+  for (const core::Transfer* hop : chain) hosts_alive = hosts_alive && state_.AliveHost(hop->src);
+  if (hosts_alive && !constituents.empty()) {
     id = state_.NewTransferId();
     AggregateRecord& aggregate = state_.aggregates[id];
     aggregate.id = id;
@@ -260,17 +326,45 @@ uint64_t PlanDispatcher::Run::OpenAggregate(const core::Transfer& transfer,
     expect.dtype = first.dtype;
     state_.Enqueue(server_.host, commands::ExpectDelivery(expect));
 
-    commands::Aggregate task;
-    task.aggregate_id = id;
-    task.job_id = job_.id;
-    task.constituents = constituents;
-    task.dst_host = server_.host;
-    task.dst_address = server_host.data_address;
-    task.start_s = transfer.start_s;
-    task.bytes = transfer.bytes;
-    task.dtype = first.dtype;
-    state_.Enqueue(transfer.src, commands::AggregateTask(task, transfer.segments));
-    ++state_.stats.aggregates;
+    // A chain: every hop sums what reaches its host (the previous hop's
+    // partial sum and the members added there) and streams it on.
+    uint64_t upstream = 0;
+    std::vector<uint64_t> summed;  // constituents in the partial sums so far
+    std::vector<const core::Transfer*> nodes = chain;
+    nodes.push_back(&transfer);
+    for (size_t j = 0; j < nodes.size(); ++j) {
+      const core::Transfer& node = *nodes[j];
+      const bool last = j + 1 == nodes.size();
+      const uint64_t node_id = last ? id : state_.NewTransferId();
+      commands::Aggregate task;
+      task.aggregate_id = node_id;
+      task.job_id = job_.id;
+      if (upstream != 0) task.constituents.push_back(upstream);
+      for (uint64_t member : LiveConstituents(node)) {
+        if (std::find(summed.begin(), summed.end(), member) != summed.end()) continue;
+        task.constituents.push_back(member);
+        summed.push_back(member);
+      }
+      const HostState* next = last ? &server_host : state_.AliveHost(node.dst);
+      task.dst_host = last ? server_.host : node.dst;
+      task.dst_address = next != nullptr ? next->data_address : std::string();
+      task.start_s = node.start_s;
+      task.bytes = node.bytes;
+      task.dtype = first.dtype;
+      state_.Enqueue(node.src, commands::AggregateTask(task, node.segments));
+      ++(last ? state_.stats.aggregates : state_.stats.chain_hops);
+      if (!last) {
+        AggregateRecord::Hop hop;
+        hop.id = node_id;
+        hop.host = node.src;
+        hop.planned = Planned(node_id, node.src, node.dst, node.bytes, node,
+                              transfer.end_s + config_.transfer_slack_s);
+        view_.transfers.push_back(hop.planned);
+        aggregate.hops.push_back(std::move(hop));
+        state_.aggregate_hops[node_id] = id;
+      }
+      upstream = node_id;
+    }
   }
   aggregate_ids_[&transfer] = id;
   return id;

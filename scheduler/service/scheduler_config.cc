@@ -46,6 +46,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Double("straggler_factor", &config.straggler_factor, 1.0, 1000);
   reader.Int("straggler_window", &config.straggler_window, 2, 100000);
   reader.Double("ssp_max_wait_s", &config.ssp_max_wait_s, 0.01, 3600);
+  reader.Bool("streaming_aggregation", &config.streaming_aggregation);
   reader.Bool("get_trees", &config.get_trees);
   reader.Enum("get_tree_planner", &config.get_tree_planner, {"cut_through", "store_forward"});
   reader.Int("get_tree_max_fanout", &config.get_tree_max_fanout, 1, 1024);
@@ -143,6 +144,12 @@ Every key can be set in the JSON file or as a flag; flags win.
   --ssp_max_wait_s     an ssp job's worker more than staleness_k pushes ahead
                        of the slowest live worker waits at its get at most
                        this long, then goes ahead (logged)   (default 60)
+  --streaming_aggregation  an update batch may also go through streaming
+                       chains: each worker adds its update to the partial
+                       sum streaming through it on the way to the server,
+                       so the server's downlink carries one copy per chain
+                       (scheduler/core/README.md); false = the paper's
+                       Alg. 3 alone                      (default true)
   --get_trees          a batch of gets for one server is answered through a
                        distribution tree: the server's host sends the model
                        to some requesters, which forward each packet to the

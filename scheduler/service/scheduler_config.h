@@ -95,6 +95,9 @@ struct SchedulerConfig {
   // the paper's §10.3 planner, which assumes a distributor has the whole
   // model before it sends (get_deadline_slack applies to it).
   bool get_trees = true;
+  // Update batches may go through streaming chains (core/aggregation.h,
+  // AggregateChains) besides Alg. 3; false plans Alg. 3 alone.
+  bool streaming_aggregation = true;
   std::string get_tree_planner = "cut_through";
   int64_t get_tree_max_fanout = 4;
   // cut_through: a tree is taken only if it ends at least this fraction

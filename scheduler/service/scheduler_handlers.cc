@@ -384,6 +384,16 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
     state_.replica_copies.erase(copy);
     return absl::OkStatus();
   }
+  // A streaming chain's partial sum reports only when it fails to move.
+  if (auto hop = state_.aggregate_hops.find(request.transfer_id());
+      hop != state_.aggregate_hops.end()) {
+    if (!request.applied()) {
+      state_.FailAggregate(hop->second, request.error().empty()
+                                            ? "a partial sum of its chain failed"
+                                            : request.error());
+    }
+    return absl::OkStatus();
+  }
   if (auto agg = state_.aggregates.find(request.transfer_id()); agg != state_.aggregates.end()) {
     if (!request.applied()) {
       state_.FailAggregate(agg->first,
@@ -391,6 +401,7 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
       return absl::OkStatus();
     }
     const std::vector<uint64_t> constituents = agg->second.constituents;
+    for (const AggregateRecord::Hop& hop : agg->second.hops) state_.aggregate_hops.erase(hop.id);
     bool in_round = false;
     if (JobState* job = state_.FindJob(agg->second.job)) {
       ServerState& server = job->servers[agg->second.server];

@@ -257,6 +257,7 @@ bool SchedulerService::CutBatchLocked(
   in.synchronous_round = round_size > 0;
   in.server_host = server.host;
   in.seed = item->batch_id;
+  in.streaming_aggregation = config_.streaming_aggregation;
   for (uint64_t id : server.pending) {
     const UpdateRecord& record = state_.updates[id];
     in.updates.push_back({{std::to_string(id), record.src_host, record.bytes, record.version,

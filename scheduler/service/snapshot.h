@@ -33,6 +33,9 @@ struct SchedulerStats {
   int64_t rejected = 0;   // SubmitUpdate refused
   int64_t timed_out = 0;  // subset of failed: in-flight past deadline
   int64_t aggregates = 0; // in-network aggregates dispatched (§5.2)
+  // Partial sums streamed from one aggregator to the next (streaming
+  // chains, core/aggregation.h); each chain's last hop is in `aggregates`.
+  int64_t chain_hops = 0;
   int64_t replica_copies = 0;  // replica transfers dispatched (§5.3)
   int64_t bandwidth_reports = 0;
   double plan_ms_total = 0;  // summed planner compute time over all batches
