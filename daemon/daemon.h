@@ -238,8 +238,9 @@ class Daemon {
   void SenderLoop();
   // Require mu_.
   void ScheduleSendLocked(const v1::SendTransfer& send);
-  // A push whose schedule names this host as its destination: a streaming
-  // chain's member summed into the partial sum passing here (no socket).
+  // A push whose schedule names this host and one of its aggregations: a
+  // streaming chain's member summed into the partial sum passing here (no
+  // socket).
   void AcceptLocalLocked(const v1::SendTransfer& send, std::shared_ptr<SharedBuffer> buffer);
   // Queues an outgoing transfer of `buffer` (an aggregate or a push).
   void ScheduleOutgoingLocked(const v1::SendTransfer& send, std::shared_ptr<SharedBuffer> buffer,

@@ -34,7 +34,11 @@ void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
   const uint64_t source = send.source_transfer_id() != 0 ? send.source_transfer_id()
                                                          : send.transfer_id();
   auto push = pushes_.find(source);
-  if (push != pushes_.end() && send.dst_host() == config_.host) {
+  // A member of an aggregation on this host (the scheduler sends the task
+  // first) is summed here; anything else for this host (a push to a server
+  // on it) goes through the data plane like any transfer.
+  if (push != pushes_.end() && send.dst_host() == config_.host &&
+      aggregations_.AggregateOf(send.transfer_id()).has_value()) {
     AcceptLocalLocked(send, push->second.buffer);
     return;
   }
@@ -62,8 +66,7 @@ void Daemon::AcceptLocalLocked(const v1::SendTransfer& send,
                                                               buffer->size()));
     return;
   }
-  // As if it had arrived whole: the aggregation sums it now, or when its
-  // task comes (StartAggregationLocked folds what arrived before it).
+  // As if it had arrived whole.
   Incoming& incoming = incoming_[send.transfer_id()];
   incoming.job_id = send.job_id();
   incoming.total = incoming.received = buffer->size();

@@ -257,19 +257,69 @@ class Mlfabric final : public Harness {
               [](const core::Commit& a, const core::Commit& b) { return a.position < b.position; });
     for (const core::Commit& c : commits) commit_queue_.push_back(c.update);
     std::set<std::string> planned;
+    // Aggregates that reach the server, by key; a streaming chain's hops
+    // (core/aggregation.h) feed the one their `into` chain ends at.
+    std::map<std::string, std::string> hop_final;  // hop's "agg:<n>" -> final key
+    std::map<std::string, const core::Transfer*> by_name;
     for (const core::Transfer& t : plan->transfers) {
       Reserve(t);
       if (t.kind != core::TransferKind::kAggregate) continue;
+      by_name[t.update] = &t;
+      if (!t.into.empty()) continue;
       const std::string key = prefix + t.update;
       PendingAggregate& agg = aggregates_[key];
       agg.transfer = t;
-      for (const std::string& c : t.constituents) aggregate_of_[c] = key;
+      for (const std::string& c : t.constituents) {
+        aggregate_of_[c] = key;
+        planned.insert(c);  // a chain member summed at its own host has no transfer
+      }
+    }
+    for (const core::Transfer& t : plan->transfers) {
+      if (t.kind != core::TransferKind::kAggregate || t.into.empty()) continue;
+      const core::Transfer* next = &t;
+      while (!next->into.empty()) next = by_name.at(next->into);
+      const std::string key = prefix + next->update;
+      hop_final[t.update] = key;
+      ++aggregates_.at(key).needed;
     }
     for (const core::Transfer& t : plan->transfers) {
       if (t.kind == core::TransferKind::kToAggregator) {
         ++aggregates_.at(aggregate_of_.at(t.update)).needed;
       }
     }
+    // Alg. 3's aggregates start once every constituent is in (store and
+    // forward); a chain streams, so all of its hops start as planned (in
+    // lock-step, on the same rates) and it has arrived when every part of it
+    // has: then needed counts the aggregate's own transfer too. A chain is
+    // an aggregate some member of which came without a transfer of its own.
+    std::set<std::string> streaming;
+    for (auto& [key, agg] : aggregates_) {
+      if (key.compare(0, prefix.size(), prefix) != 0) continue;  // an earlier batch's
+      int transfers_in = 0;
+      for (const core::Transfer& t : plan->transfers) {
+        if (t.kind == core::TransferKind::kToAggregator && aggregate_of_.count(t.update) &&
+            aggregate_of_.at(t.update) == key) {
+          ++transfers_in;
+        }
+      }
+      if (transfers_in < static_cast<int>(agg.transfer.constituents.size())) {
+        streaming.insert(key);
+        ++agg.needed;
+      }
+    }
+    auto part_done = [this](const std::string& key, bool chain) {
+      PendingAggregate& agg = aggregates_.at(key);
+      if (++agg.received < agg.needed) return;
+      if (!chain) {
+        StartAggregate(key);
+        return;
+      }
+      ++result_.aggregates;
+      const std::vector<std::string> ids = agg.transfer.constituents;
+      for (const std::string& id : ids) aggregate_of_.erase(id);
+      aggregates_.erase(key);
+      OnArrived(ids);
+    };
     for (const core::Transfer& t : plan->transfers) {
       switch (t.kind) {
         case core::TransferKind::kDirect: {
@@ -281,14 +331,20 @@ class Mlfabric final : public Harness {
         case core::TransferKind::kToAggregator: {
           planned.insert(t.update);
           const std::string key = aggregate_of_.at(t.update);
-          StartPlanned(t, [this, key] {
-            PendingAggregate& agg = aggregates_.at(key);
-            if (++agg.received == agg.needed) StartAggregate(key);
-          });
+          const bool chain = streaming.count(key) > 0;
+          StartPlanned(t, [part_done, key, chain] { part_done(key, chain); });
           break;
         }
-        case core::TransferKind::kAggregate:
-          break;  // started when its constituents are in
+        case core::TransferKind::kAggregate: {
+          if (auto hop = hop_final.find(t.update); hop != hop_final.end()) {
+            const std::string key = hop->second;
+            StartPlanned(t, [part_done, key] { part_done(key, true); });
+          } else if (streaming.count(prefix + t.update)) {
+            const std::string key = prefix + t.update;
+            StartPlanned(t, [part_done, key] { part_done(key, true); });
+          }
+          break;  // Alg. 3's: started when its constituents are in
+        }
         default:
           Fail(absl::InternalError("unexpected replica transfer without a replica"));
           return;
