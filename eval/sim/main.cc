@@ -54,6 +54,9 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
   --get_deadline_slack=X  > 0: a get batch may end X times later than the
                          fastest plan if that saves server copies (issue 14)
                                                                  default 0
+  --aggregation=A        streaming: update batches may stream through
+                         chains of workers, each adding its own (issue 14);
+                         alg3: the paper's Alg. 3 alone       default streaming
   --lr=X                 synchronous step size (async: lr/N)   default 0.3
   --class_separation=X   std of the class means (task difficulty)  default 0.5
   --conditioning=X       largest / smallest feature scale          default 30
@@ -109,6 +112,8 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   reader.Int("max_outstanding_pushes", &max_outstanding, 0, 1000000);
   reader.Enum("get_batching", &get_batching, {"server", "tick"});
   reader.Double("get_deadline_slack", &c.sim.get_deadline_slack, 0, 1e6);
+  std::string aggregation = "streaming";
+  reader.Enum("aggregation", &aggregation, {"streaming", "alg3"});
   reader.Double("lr", &c.sim.sgd.lr, 1e-9, 1e3);
   reader.Double("class_separation", &c.sim.sgd.class_separation, 0, 100);
   reader.Double("conditioning", &c.sim.sgd.conditioning, 1, 1e6);
@@ -132,6 +137,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   c.sim.max_outstanding_pushes = static_cast<int>(max_outstanding);
   c.sim.seed = static_cast<uint64_t>(seed);
   c.sim.model_bytes = model_bytes;
+  c.sim.streaming_aggregation = aggregation == "streaming";
   c.sim.get_batching = get_batching == "server" ? SimConfig::GetBatching::kServer
                                                 : SimConfig::GetBatching::kTick;
   ASSIGN_OR_RETURN(c.sim.compute, ComputeSettingByName(compute));

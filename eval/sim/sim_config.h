@@ -120,6 +120,9 @@ struct SimConfig {
   // optimum if that spends fewer server copies (core DistributionOptions::
   // deadline_s, issue 14); 0 keeps the per-batch objective.
   double get_deadline_slack = 0;
+  // MLfabric-A/S update batches may go through streaming chains
+  // (core/aggregation.h) besides Alg. 3; false: Alg. 3 alone.
+  bool streaming_aggregation = true;
   uint64_t seed = 1;
   double max_sim_s = 600;
   double target_accuracy = 0.70;

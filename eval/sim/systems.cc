@@ -212,6 +212,7 @@ class Mlfabric final : public Harness {
     in.server_host = names_[server_];
     in.seed = MixSeed(config_.seed, 0x62617463ULL, static_cast<uint64_t>(batch_count_));
     in.aggregator_candidates = aggregator_names_;
+    in.streaming_aggregation = config_.streaming_aggregation;
     for (const std::string& id : pending_push_) {
       const Update& u = updates_.at(id);
       double norm = 0;
