@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <chrono>
 #include <map>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "testing/cluster.h"
@@ -27,7 +29,6 @@ using launch::BinaryPath;
 using launch::ReadFile;
 using launch::Subprocess;
 using launch::WaitUntil;
-using testing::ReadVector;
 
 std::string AggregatingConfig() {
   char path[] = "/tmp/mlfabric-agg-config-XXXXXX";
@@ -46,14 +47,13 @@ std::map<std::string, std::vector<std::string>> SlowServer() {
   return {{"s1", {"--downlink_bps=1e9"}}};
 }
 
-TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
-  const std::string config = AggregatingConfig();
-  auto cluster = testing::Cluster::StartLoopback(
-      {"s1", "a1", "w1", "w2", "w3"}, {"--config=" + config}, {}, SlowServer());
-  INFO(cluster.status().ToString());
-  REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
-  const int kPushes = 20, kDim = 262144;  // 1 MiB updates
+const char* const kAggregateMark = "sum_server: aggregate of ";
+
+// w1..w3 push 20 integer-valued 1 MiB updates each (8 in flight) to
+// sum_server on s1; every push must end applied and the model must be the
+// exact sum whatever was aggregated where. Returns the server's log.
+std::string SumThreeWorkers(testing::Cluster& c, int seed) {
+  const int kPushes = 20, kDim = 262144;
   const std::string model_path = c.dir() + "/model.txt";
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=" + std::to_string(kDim),
@@ -65,7 +65,7 @@ TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
     const std::string name = "w" + std::to_string(w);
     auto worker = c.StartApp(
         name, {BinaryPath("testing/apps/vector_worker"), "--socket=" + c.Socket(name),
-               "--name=" + name, "--seed=" + std::to_string(10 + w), "--dim=" + std::to_string(kDim),
+               "--name=" + name, "--seed=" + std::to_string(seed + w), "--dim=" + std::to_string(kDim),
                "--pushes=" + std::to_string(kPushes), "--window=8",
                "--out=" + c.dir() + "/sum" + name + ".txt"});
     REQUIRE(worker.ok());
@@ -75,23 +75,118 @@ TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
     auto code = worker->WaitFor(120);
     INFO(worker->Log());
     REQUIRE(code.has_value());
-    CHECK(*code == 0);
+    CHECK(*code == 0);  // every push applied
   }
   REQUIRE(WaitUntil([&] { return !ReadFile(model_path).empty(); }, 30));
-  std::vector<double> expected(kDim, 0.0);
-  for (int w = 1; w <= 3; ++w) {
-    auto sum = ReadVector(c.dir() + "/sumw" + std::to_string(w) + ".txt");
-    REQUIRE(sum.size() == static_cast<size_t>(kDim));
-    for (int i = 0; i < kDim; ++i) expected[i] += sum[i];
+  CHECK(testing::SumMismatches(model_path, c.dir(), {"w1", "w2", "w3"}, kDim) == 0);
+  return (*server)->Log();
+}
+
+// How many updates each aggregate delivered to the server carried.
+std::vector<int> AggregateSizes(const std::string& server_log) {
+  std::vector<int> sizes;
+  const std::string mark = kAggregateMark;
+  for (size_t at = server_log.find(mark); at != std::string::npos;
+       at = server_log.find(mark, at + 1)) {
+    sizes.push_back(std::atoi(server_log.c_str() + at + mark.size()));
   }
-  auto model = ReadVector(model_path);
-  REQUIRE(model.size() == static_cast<size_t>(kDim));
-  int mismatches = 0;
-  for (int i = 0; i < kDim; ++i) mismatches += model[i] != expected[i];
-  CHECK(mismatches == 0);
+  return sizes;
+}
+
+// SIGSTOPs `host`'s daemon and waits until the server (which applies in
+// commit order) has delivered nothing for 1 s, so that an aggregate is
+// waiting there, then kills it. If deliveries go on for 2.5 s, nothing
+// was waiting there at that moment: it resumes the daemon and tries again.
+void KillWhileHolding(testing::Cluster& c, Subprocess* server, const std::string& host) {
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    c.daemon(host).Signal(SIGSTOP);
+    std::string seen = server->Log();
+    int quiet_polls = 0;
+    const bool stalled = WaitUntil(
+        [&] {
+          const std::string now = server->Log();
+          quiet_polls = now == seen ? quiet_polls + 1 : 0;
+          seen = now;
+          return quiet_polls >= 50;  // 50 polls of 20 ms
+        },
+        2.5);
+    if (stalled) {
+      c.daemon(host).Signal(SIGKILL);
+      return;
+    }
+    c.daemon(host).Signal(SIGCONT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  FAIL("the server never waited for " << host << " in 10 tries");
+}
+
+// A sum_server on s1 that logs every delivery, for the kill tests.
+Subprocess* StartLoggingServer(testing::Cluster& c) {
+  auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
+                                      "--socket=" + c.Socket("s1"), "--dim=262144",
+                                      "--progress_every=1"});
+  REQUIRE(server.ok());
+  return *server;
+}
+
+// A worker on `host` that pushes 1 MiB updates (8 in flight) until the
+// first push that does not end applied, or `pushes` of them.
+Subprocess* StartPusher(testing::Cluster& c, const std::string& host, const std::string& name,
+                        int pushes = 100000, int window = 8) {
+  auto worker = c.StartApp(name, {BinaryPath("testing/apps/vector_worker"),
+                                  "--socket=" + c.Socket(host), "--name=" + name,
+                                  "--dim=262144", "--pushes=" + std::to_string(pushes),
+                                  "--window=" + std::to_string(window), "--get=false"});
+  REQUIRE(worker.ok());
+  return *worker;
+}
+
+// s1 and three workers that may aggregate (streaming chains), the
+// scheduler's admin endpoint on.
+std::unique_ptr<testing::Cluster> StartChainCluster(
+    const std::map<std::string, std::vector<std::string>>& host_flags) {
+  testing::ClusterOptions options;
+  options.hosts = {"s1", "w1", "w2", "w3"};
+  options.admin = true;
+  auto created = testing::Cluster::Create(options);
+  INFO(created.status().ToString());
+  REQUIRE(created.ok());
+  const std::string config = (*created)->dir() + "/scheduler.json";
+  std::ofstream(config) << R"({"planner": "mlfabric", "jobs": [{"name": "demo",
+    "token": "demo-token", "tau_max": 100000, "aggregators": ["w1", "w2", "w3"]}]})";
+  const absl::Status started = (*created)->Start({"--config=" + config}, {}, host_flags);
+  INFO(started.ToString());
+  REQUIRE(started.ok());
+  return std::move(*created);
+}
+
+// The first of `workers` to exit (a vector_worker stops at its first
+// failed push), or nullptr after 30 s; the others are then stopped.
+Subprocess* FirstToFail(const std::vector<Subprocess*>& workers) {
+  Subprocess* failed = nullptr;
+  for (int waited = 0; failed == nullptr && waited < 60; ++waited) {
+    for (Subprocess* worker : workers) {
+      if (worker->WaitFor(0.5).has_value()) failed = worker;
+    }
+  }
+  for (Subprocess* worker : workers) {
+    if (!worker->WaitFor(0).has_value()) worker->Signal(SIGTERM);
+    CHECK(worker->WaitFor(30).has_value());
+  }
+  return failed;
+}
+
+TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
+  const std::string config = AggregatingConfig();
+  auto cluster = testing::Cluster::StartLoopback(
+      {"s1", "a1", "w1", "w2", "w3"}, {"--config=" + config}, {}, SlowServer());
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  testing::Cluster& c = **cluster;
+  const std::string log = SumThreeWorkers(c, 10);
   // Some deliveries really were aggregates summed by a1's daemon.
-  const int aggregates = testing::CountOccurrences((*server)->Log(), "sum_server: aggregate of");
-  INFO((*server)->Log());
+  const int aggregates = testing::CountOccurrences(log, kAggregateMark);
+  INFO(log);
   CHECK(aggregates > 0);
   std::printf("aggregation_test: %d of the server's deliveries were in-network aggregates\n",
               aggregates);
@@ -105,55 +200,9 @@ TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
 // grouping; the server applies in commit order (the daemon's sequencer)
 // and every push ends applied.
 TEST_CASE("Streaming chains: updates through multi-hop partial sums sum exactly at the server") {
-  testing::ClusterOptions options;
-  options.hosts = {"s1", "w1", "w2", "w3"};
-  options.admin = true;  // the chain hops are counted there
-  auto created = testing::Cluster::Create(options);
-  INFO(created.status().ToString());
-  REQUIRE(created.ok());
-  testing::Cluster& c = **created;
-  const std::string config = c.dir() + "/scheduler.json";
-  std::ofstream(config) << R"({"planner": "mlfabric", "jobs": [{"name": "demo",
-    "token": "demo-token", "tau_max": 100000, "aggregators": ["w1", "w2", "w3"]}]})";
-  const absl::Status started = c.Start({"--config=" + config}, {}, SlowServer());
-  INFO(started.ToString());
-  REQUIRE(started.ok());
-  const int kPushes = 20, kDim = 262144;  // 1 MiB updates
-  const std::string model_path = c.dir() + "/model.txt";
-  auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
-                                      "--socket=" + c.Socket("s1"), "--dim=" + std::to_string(kDim),
-                                      "--expect_updates=" + std::to_string(3 * kPushes),
-                                      "--out=" + model_path});
-  REQUIRE(server.ok());
-  std::vector<Subprocess*> workers;
-  for (int w = 1; w <= 3; ++w) {
-    const std::string name = "w" + std::to_string(w);
-    auto worker = c.StartApp(
-        name, {BinaryPath("testing/apps/vector_worker"), "--socket=" + c.Socket(name),
-               "--name=" + name, "--seed=" + std::to_string(20 + w), "--dim=" + std::to_string(kDim),
-               "--pushes=" + std::to_string(kPushes), "--window=8",
-               "--out=" + c.dir() + "/sum" + name + ".txt"});
-    REQUIRE(worker.ok());
-    workers.push_back(*worker);
-  }
-  for (Subprocess* worker : workers) {
-    auto code = worker->WaitFor(120);
-    INFO(worker->Log());
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);  // every push applied
-  }
-  REQUIRE(WaitUntil([&] { return !ReadFile(model_path).empty(); }, 30));
-  std::vector<double> expected(kDim, 0.0);
-  for (int w = 1; w <= 3; ++w) {
-    auto sum = ReadVector(c.dir() + "/sumw" + std::to_string(w) + ".txt");
-    REQUIRE(sum.size() == static_cast<size_t>(kDim));
-    for (int i = 0; i < kDim; ++i) expected[i] += sum[i];
-  }
-  auto model = ReadVector(model_path);
-  REQUIRE(model.size() == static_cast<size_t>(kDim));
-  int mismatches = 0;
-  for (int i = 0; i < kDim; ++i) mismatches += model[i] != expected[i];
-  CHECK(mismatches == 0);
+  std::unique_ptr<testing::Cluster> cluster = StartChainCluster(SlowServer());
+  testing::Cluster& c = *cluster;
+  const std::string log = SumThreeWorkers(c, 20);
   // Partial sums did stream from worker to worker: chain hops were
   // dispatched, and the server received aggregates of more updates than
   // one worker has in flight (8), so of several workers' updates.
@@ -163,17 +212,51 @@ TEST_CASE("Streaming chains: updates through multi-hop partial sums sum exactly 
   INFO(stats.body);
   const int64_t hops = json["stats"]["chain_hops"].get<int64_t>();
   CHECK(hops > 0);
-  const std::string log = (*server)->Log();
   INFO(log);
-  int deliveries = 0, largest = 0;
-  const std::string mark = "sum_server: aggregate of ";
-  for (size_t at = log.find(mark); at != std::string::npos; at = log.find(mark, at + 1)) {
-    ++deliveries;
-    largest = std::max(largest, std::atoi(log.c_str() + at + mark.size()));
-  }
+  const std::vector<int> sizes = AggregateSizes(log);
+  const int deliveries = static_cast<int>(sizes.size());
+  const int largest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
   CHECK(largest > 8);
   std::printf("aggregation_test: %lld chain hops; %d aggregates delivered, the largest of %d updates\n",
               static_cast<long long>(hops), deliveries, largest);
+}
+
+TEST_CASE("Streaming chains: killing a chain's middle host fails that chain's pushes; later ones apply") {
+  // A 100 Mbit/s server downlink keeps chains queued for it, so that one
+  // through w2 is waiting when w2 stops.
+  std::unique_ptr<testing::Cluster> cluster =
+      StartChainCluster({{"s1", {"--downlink_bps=1e8"}}});
+  testing::Cluster& c = *cluster;
+  Subprocess* server = StartLoggingServer(c);
+  // One push in flight per worker: each waits for its last outcome, so the
+  // three stay in step and every batch is one chain through all three.
+  const std::vector<Subprocess*> workers = {StartPusher(c, "w1", "w1", 100000, 1),
+                                            StartPusher(c, "w3", "w3", 100000, 1)};
+  StartPusher(c, "w2", "w2", 100000, 1);
+  REQUIRE(WaitUntil(
+      [&] {
+        const std::vector<int> sizes = AggregateSizes(server->Log());
+        return std::count(sizes.begin(), sizes.end(), 3) >= 5;
+      },
+      60));
+  // Stopped, w2 holds the partial sums streaming through it.
+  KillWhileHolding(c, server, "w2");
+  // w1's and w3's pushes in a chain through w2 fail, naming it, instead of
+  // hanging.
+  Subprocess* failed = FirstToFail(workers);
+  REQUIRE(failed != nullptr);
+  INFO(failed->Log());
+  CHECK(failed->WaitFor(0).value_or(-1) == 3);
+  CHECK(failed->Log().find("push failed") != std::string::npos);
+  CHECK(failed->Log().find("w2") != std::string::npos);
+  // Without w2, new pushes chain through w1 and w3 (or go direct) and apply.
+  for (const std::string host : {"w1", "w3"}) {
+    Subprocess* later = StartPusher(c, host, host + "-later", 5);
+    auto code = later->WaitFor(60);
+    INFO(later->Log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+  }
 }
 
 TEST_CASE("Killing the aggregator fails its pushes; later pushes go direct") {
@@ -183,63 +266,25 @@ TEST_CASE("Killing the aggregator fails its pushes; later pushes go direct") {
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   testing::Cluster& c = **cluster;
-  auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
-                                      "--socket=" + c.Socket("s1"), "--dim=262144",
-                                      "--progress_every=1"});
-  REQUIRE(server.ok());
-  std::vector<Subprocess*> workers;
-  for (const std::string name : {"w1", "w2"}) {
-    auto worker = c.StartApp(name, {BinaryPath("testing/apps/vector_worker"),
-                                    "--socket=" + c.Socket(name), "--name=" + name,
-                                    "--dim=262144", "--pushes=100000", "--window=8",
-                                    "--get=false"});
-    REQUIRE(worker.ok());
-    workers.push_back(*worker);
-  }
-  REQUIRE(WaitUntil(
-      [&] { return (*server)->Log().find("sum_server: aggregate of") != std::string::npos; }, 60));
+  Subprocess* server = StartLoggingServer(c);
+  const std::vector<Subprocess*> workers = {StartPusher(c, "w1", "w1"), StartPusher(c, "w2", "w2")};
+  REQUIRE(WaitUntil([&] { return server->Log().find(kAggregateMark) != std::string::npos; }, 60));
   // The kill must find an aggregate in flight at a1 (one that completed
-  // before it would fail nothing). Stopped, a1 keeps the next aggregate
-  // the planner gives it; the server applies updates strictly in commit
-  // order, so it stalls at that aggregate's position: once its log stops
-  // growing, an aggregate is waiting at a1.
-  c.daemon("a1").Signal(SIGSTOP);
-  std::string seen = (*server)->Log();
-  int quiet_polls = 0;
-  const bool stalled = WaitUntil(
-      [&] {
-        const std::string now = (*server)->Log();
-        quiet_polls = now == seen ? quiet_polls + 1 : 0;
-        seen = now;
-        return quiet_polls >= 50;  // 50 polls of 20 ms: 1 s without a delivery
-      },
-      60);
-  REQUIRE(stalled);
-  c.daemon("a1").Signal(SIGKILL);
+  // before it would fail nothing): stopped, a1 keeps the next aggregate the
+  // planner gives it, and the server stalls at that aggregate's position.
+  KillWhileHolding(c, server, "a1");
   // A worker with pushes routed through a1 sees them fail (it stops at the
   // first) instead of hanging. Which workers had pushes there is the
   // planner's choice; a worker whose pushes all went direct keeps going.
-  Subprocess* failed = nullptr;
-  for (int waited = 0; failed == nullptr && waited < 60; ++waited) {
-    for (Subprocess* worker : workers) {
-      if (worker->WaitFor(0.5).has_value()) failed = worker;
-    }
-  }
+  Subprocess* failed = FirstToFail(workers);
   REQUIRE(failed != nullptr);
   INFO(failed->Log());
   CHECK(failed->WaitFor(0).value_or(-1) == 3);
   CHECK(failed->Log().find("push failed") != std::string::npos);
-  for (Subprocess* worker : workers) {
-    if (!worker->WaitFor(0).has_value()) worker->Signal(SIGTERM);
-    CHECK(worker->WaitFor(30).has_value());
-  }
   // With a1 gone, new pushes are planned direct and apply.
-  auto later = c.StartApp("w1-later", {BinaryPath("testing/apps/vector_worker"),
-                                       "--socket=" + c.Socket("w1"), "--name=w1b",
-                                       "--dim=262144", "--pushes=5"});
-  REQUIRE(later.ok());
-  auto code = (*later)->WaitFor(60);
-  INFO((*later)->Log());
+  Subprocess* later = StartPusher(c, "w1", "w1-later", 5);
+  auto code = later->WaitFor(60);
+  INFO(later->Log());
   REQUIRE(code.has_value());
   CHECK(*code == 0);
   std::remove(config.c_str());

@@ -19,7 +19,6 @@ using launch::BinaryPath;
 using launch::ReadFile;
 using launch::Subprocess;
 using launch::WaitUntil;
-using testing::ReadVector;
 
 std::string WriteFile(const std::string& dir, const std::string& name, const std::string& text) {
   const std::string path = dir + "/" + name;
@@ -58,17 +57,7 @@ TEST_CASE("Three workers' integer pushes sum exactly at the server, all applied"
           std::string::npos);
   }
   REQUIRE(WaitUntil([&] { return !ReadFile(model_path).empty(); }, 30));
-  std::vector<double> expected(kDim, 0.0);
-  for (int w = 1; w <= 3; ++w) {
-    auto sum = ReadVector(c.dir() + "/sumw" + std::to_string(w) + ".txt");
-    REQUIRE(sum.size() == static_cast<size_t>(kDim));
-    for (int i = 0; i < kDim; ++i) expected[i] += sum[i];
-  }
-  auto model = ReadVector(model_path);
-  REQUIRE(model.size() == static_cast<size_t>(kDim));
-  int mismatches = 0;
-  for (int i = 0; i < kDim; ++i) mismatches += model[i] != expected[i];
-  CHECK(mismatches == 0);
+  CHECK(testing::SumMismatches(model_path, c.dir(), {"w1", "w2", "w3"}, kDim) == 0);
 }
 
 TEST_CASE("A bad config exits non-zero with a message naming the key") {

@@ -22,6 +22,24 @@ inline std::vector<double> ReadVector(const std::string& path) {
   return values;
 }
 
+// How many entries of the model sum_server wrote to `model_path` differ
+// from the sum of the vectors the workers wrote to dir/sum<name>.txt
+// (vector_worker --out); -1 when a file is missing or has another length.
+inline int SumMismatches(const std::string& model_path, const std::string& dir,
+                         const std::vector<std::string>& workers, size_t dim) {
+  std::vector<double> expected(dim, 0.0);
+  for (const std::string& name : workers) {
+    const std::vector<double> sum = ReadVector(dir + "/sum" + name + ".txt");
+    if (sum.size() != dim) return -1;
+    for (size_t i = 0; i < dim; ++i) expected[i] += sum[i];
+  }
+  const std::vector<double> model = ReadVector(model_path);
+  if (model.size() != dim) return -1;
+  int mismatches = 0;
+  for (size_t i = 0; i < dim; ++i) mismatches += model[i] != expected[i];
+  return mismatches;
+}
+
 inline int CountOccurrences(const std::string& text, const std::string& needle) {
   int count = 0;
   for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
