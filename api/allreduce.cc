@@ -203,9 +203,11 @@ class RootServer {
 class MlfabricAllReducer : public AllReducer {
  public:
   MlfabricAllReducer(int rank, int size, int backup_workers, std::string root, double timeout_s,
-                     std::unique_ptr<Worker> worker, std::unique_ptr<RootServer> root_server)
+                     double linger_s, std::unique_ptr<Worker> worker,
+                     std::unique_ptr<RootServer> root_server)
       : AllReducer(rank, size),
         backup_workers_(backup_workers),
+        linger_s_(linger_s),
         root_(std::move(root)),
         timeout_s_(timeout_s),
         worker_(std::move(worker)),
@@ -224,6 +226,15 @@ class MlfabricAllReducer : public AllReducer {
     // The root's last round must reach its server application before it
     // disconnects, or the round would fail for ranks still streaming it.
     if (root_server_ != nullptr) root_server_->AwaitVersion(version_, std::min(timeout_s_, 30.0));
+    // With backup workers, ranks may be a round behind the root: they push
+    // their last round (late, left out) and get its sum after the root
+    // finished. Its server stays up a while for them (bounded).
+    if (root_server_ != nullptr && backup_workers_ > 0) {
+      const double linger_s =
+          linger_s_ >= 0 ? linger_s_
+                         : std::min(timeout_s_, std::max(1.0, 3.0 * longest_round_s_));
+      std::this_thread::sleep_for(std::chrono::duration<double>(linger_s));
+    }
     worker_.reset();
     root_server_.reset();
   }
@@ -270,6 +281,7 @@ class MlfabricAllReducer : public AllReducer {
     const int64_t round = version_;
     // A failed round still uses its number (the scheduler moves on too).
     version_ = round + 1;
+    const RoundTimer timer(this);
     auto pushed = worker_->Push(root_, data, bytes, round, 0.0, {TensorSpec{0, bytes, 0}},
                                 ToElementType(dtype));
     // The get streams the sum back as its packets complete at the root.
@@ -318,6 +330,21 @@ class MlfabricAllReducer : public AllReducer {
  private:
   using Clock = std::chrono::steady_clock;
 
+  // Keeps the longest of the recent rounds' durations (it decays, so one
+  // slow round long ago does not stretch the root's linger forever).
+  class RoundTimer {
+   public:
+    explicit RoundTimer(MlfabricAllReducer* reducer) : reducer_(reducer), start_(Clock::now()) {}
+    ~RoundTimer() {
+      const double s = std::chrono::duration<double>(Clock::now() - start_).count();
+      reducer_->longest_round_s_ = std::max(s, 0.9 * reducer_->longest_round_s_);
+    }
+
+   private:
+    MlfabricAllReducer* reducer_;
+    Clock::time_point start_;
+  };
+
   // Collects the outcome of the push whose round's sum an earlier call
   // returned: an error only if it did not end applied (the root's server
   // application never acknowledged that round).
@@ -347,6 +374,8 @@ class MlfabricAllReducer : public AllReducer {
   }
 
   const int backup_workers_;
+  const double linger_s_;  // AllReduceOptions::root_linger_s
+  double longest_round_s_ = 0;  // of the last rounds (root with backup workers)
   int64_t left_out_ = 0;
   const std::string root_;
   const double timeout_s_;
@@ -393,7 +422,7 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllRedu
                                      worker.status().message()));
   }
   auto reducer = std::make_unique<MlfabricAllReducer>(rank, size, options.backup_workers, root,
-                                                      options.timeout_s,
+                                                      options.timeout_s, options.root_linger_s,
                                                       std::move(*worker), std::move(root_server));
   if (auto status = reducer->AwaitRoot(options.client.connect_timeout_s); !status.ok()) {
     return status;

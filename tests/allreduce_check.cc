@@ -144,6 +144,29 @@ void CheckBackupWorkers(mlfabric::AllReduceOptions options) {
   }
   if (g_rank == 0) signal_late();
   MPI_Barrier(MPI_COMM_WORLD);
+  // Phase 3: the others' last round, then rank 0 (the root) shuts its
+  // reducer down; the late rank's last round comes only after that, and
+  // still gets the sum while the root lingers (AllReduceOptions::
+  // root_linger_s).
+  if (g_rank != late) {
+    std::vector<float> v(100, 1.0f);
+    absl::Status status = reducer.AllReduce(v.data(), v.size(), DataType::kFloat32);
+    EXPECT(status.ok() && v[0] == static_cast<float>(size - 1), "backup last round: %s, sum %g",
+           status.ToString().c_str(), v[0]);
+  }
+  if (g_rank == 0) {
+    signal_late();
+    made->reset();  // returns once the root has lingered
+  }
+  if (g_rank == late) {
+    signal_late();
+    std::vector<float> v(100, 1.0f);
+    absl::Status status = reducer.AllReduce(v.data(), v.size(), DataType::kFloat32);
+    EXPECT(status.ok() && v[0] == static_cast<float>(size - 1),
+           "the late rank's last round after the root finished: %s, sum %g",
+           status.ToString().c_str(), v[0]);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 double TimeAllReduce(mlfabric::AllReducer& reducer, size_t count, int repeats) {
