@@ -177,7 +177,7 @@ TEST_CASE("Streaming chain: a worker with a slow uplink stays out of the chain")
   }
 }
 
-TEST_CASE("Streaming chains: repeated workers and non-aggregators break chains, never order") {
+TEST_CASE("Streaming chains: a host's second update is summed there; a non-aggregator never sums") {
   Batch batch = SaturatedServer();
   batch.updates.push_back({"g5", "w1", 125000000, 0, 1, {}});  // w1 twice
   batch.hosts.push_back({"x", 1e9, 1e9, {}, {}});
@@ -187,11 +187,19 @@ TEST_CASE("Streaming chains: repeated workers and non-aggregators break chains, 
   INFO(PlanToJson(*plan).dump(1));
   CHECK(CheckPlan(batch, *plan).empty());
   CHECK(plan->order.size() == 6);
+  bool g5_at_w1 = false;
   for (const Transfer& t : plan->transfers) {
     if (t.kind != TransferKind::kAggregate) continue;
-    // A chain never passes the same host twice, nor through x.
+    // x may not aggregate: no aggregate leaves it.
     CHECK(t.src != "x");
+    // w1's second update has no transfer of its own: the aggregate leaving
+    // w1 sums it.
+    const bool has_g5 =
+        std::find(t.constituents.begin(), t.constituents.end(), "g5") != t.constituents.end();
+    if (t.src == "w1" && has_g5) g5_at_w1 = true;
   }
+  for (const Transfer& t : plan->transfers) CHECK(t.update != "g5");
+  CHECK(g5_at_w1);
 }
 
 TEST_CASE("Streaming chains: random batches with worker aggregators keep every invariant") {
