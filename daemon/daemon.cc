@@ -52,11 +52,23 @@ Daemon::Daemon(DaemonConfig config, const Clock* clock)
       send_watchdog_(std::make_unique<transport::SendWatchdog>(config_.send_timeout_s)),
       clock_(clock != nullptr ? clock : &real_clock_),
       aggregations_(static_cast<uint32_t>(config_.payload_bytes)),
-      packet_queue_(MakeJobPriorityPolicy(config_)),
       rounds_(config_.rounds_kept, internal::kRoundChunkBytes, &buffer_pool_),
       round_routes_(static_cast<int>(config_.round_tree_fanout), config_.rounds_kept) {
   get_client_ = std::make_unique<transport::GetClient>(
       io_, *send_watchdog_, kMaxIdleGetConnections, static_cast<uint64_t>(kMaxTransferBytes));
+  peers_ = std::make_unique<transport::PeerConnections>(
+      io_, *send_watchdog_, static_cast<uint32_t>(config_.payload_bytes));
+  daemon::SendScheduler::Options send;
+  send.payload_bytes = static_cast<uint32_t>(config_.payload_bytes);
+  send.unscheduled_bps = config_.unscheduled_bps;
+  send.job_priority = MakeJobPriorityPolicy(config_);
+  // Failures go to the reporter (its own thread), which is created in
+  // Start(), before the sender loop runs.
+  send_ = std::make_unique<daemon::SendScheduler>(
+      std::move(send), clock_, peers_.get(), &aggregations_,
+      [this](uint64_t transfer, const std::string& reason) {
+        reporter_->ReportFailure(transfer, reason);
+      });
 }
 
 Daemon::~Daemon() { Stop(); }
@@ -68,6 +80,7 @@ std::string Daemon::ServerKey(uint32_t job_id, const std::string& server) {
 Daemon::Stats Daemon::GetStats() const {
   std::lock_guard<std::mutex> lock(mu_);
   Stats stats = stats_;
+  stats.bytes_sent = send_->bytes_sent();
   const daemon::GetBatcher::Stats gets = gets_.stats();
   stats.gets_served = gets.gets;
   stats.model_snapshots = gets.snapshots;
@@ -130,13 +143,6 @@ absl::Status Daemon::Start() {
                                                config_.local_socket, ": ", std::strerror(errno)));
   }
 
-  if (config_.unscheduled_bps > 0) {
-    auto bucket = daemon::TokenBucket::Create(
-        config_.unscheduled_bps, 2.0 * static_cast<double>(config_.payload_bytes),
-        clock_->NowSeconds());
-    if (!bucket.ok()) return bucket.status();
-    unscheduled_budget_.emplace(std::move(*bucket));
-  }
   scheduler_ = daemon::MakeGrpcSchedulerClient(config_.scheduler, config_.keepalive_s);
   resolver_ = std::make_unique<daemon::ServerResolver>(scheduler_.get(), clock_,
                                                        config_.resolve_ttl_s);
@@ -145,7 +151,7 @@ absl::Status Daemon::Start() {
 
   if (auto status = StartMonitor(); !status.ok()) return status;
   threads_.emplace_back([this] { ScheduleStreamLoop(); });
-  threads_.emplace_back([this] { SenderLoop(); });
+  if (auto status = send_->Start(); !status.ok()) return status;
   threads_.emplace_back([this] { ClockSyncLoop(); });
   threads_.emplace_back([this] { DataAcceptLoop(); });
   threads_.emplace_back([this] { LocalAcceptLoop(); });
@@ -189,6 +195,7 @@ absl::Status Daemon::RegisterHost() {
       scheduler_epoch_ = reply.scheduler_epoch();
       // NTP-style: the reply was stamped halfway through the round trip.
       clock_offset_s_ = reply.scheduler_time_s() - (sent_s + received_s) / 2;
+      send_->SetClockOffset(clock_offset_s_);
       MLF_LOG(INFO) << "registered with the scheduler (incarnation " << incarnation_
                     << ", clock offset " << clock_offset_s_ * 1e3 << " ms, rtt "
                     << (received_s - sent_s) * 1e3 << " ms)";
@@ -232,7 +239,7 @@ void Daemon::ClockSyncLoop() {
                     << " ms (rtt " << best_rtt_s * 1e3 << " ms)";
     }
     clock_offset_s_ = best_offset_s;
-    for (auto& [id, outgoing] : outgoing_) outgoing.pacer->SetClockOffset(best_offset_s);
+    send_->SetClockOffset(best_offset_s);
   }
 }
 
@@ -263,7 +270,7 @@ absl::Status Daemon::StartMonitor() {
   auto own = [this] {
     std::lock_guard<std::mutex> lock(mu_);
     return monitor::OwnBytes{static_cast<uint64_t>(stats_.bytes_received),
-                             static_cast<uint64_t>(stats_.bytes_sent)};
+                             static_cast<uint64_t>(send_->bytes_sent())};
   };
   auto created = monitor::BandwidthMonitor::Create(mc, clock_, report, own);
   if (!created.ok()) return created.status();
@@ -292,10 +299,9 @@ void Daemon::Stop() {
     data_acceptor_->close(ignored);
   }
   if (local_listen_fd_ >= 0) ::shutdown(local_listen_fd_, SHUT_RDWR);
-  {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    for (auto& [address, socket] : peers_) socket->close(ignored);
-  }
+  // A write blocked on a dead peer returns, then the sender loop ends.
+  peers_->CloseAll();
+  send_->Stop();
   for (auto& thread : threads_) {
     if (thread.joinable()) thread.join();
   }

@@ -11,8 +11,10 @@
 //   A push is recorded under its local id before its SubmitUpdate, so
 //   commands never wait for a submission (AdoptSubmittedLocked).
 // - Data plane: TCP to other daemons in Mercury packets (transport/): the
-//   send side (daemon_send.cc) releases scheduled transfers at their start,
-//   paces them and aggregates in the network; the receive side
+//   send side (daemon::SendScheduler, its own lock and loop, writing
+//   through transport::PeerConnections) releases scheduled transfers at
+//   their start, paces them and sends get replies; daemon_send.cc hands it
+//   pushes and aggregates in the network; the receive side
 //   (daemon_receive.cc) reassembles, sums rounds and aggregates packet by
 //   packet, and delivers updates to the server application strictly in the
 //   scheduled commit order (daemon_rounds.cc); gets are served as reply
@@ -28,11 +30,12 @@
 //
 // Thread safety: the self-contained parts (SchedulerClient,
 // CompletionReporter, BufferPool, PacketChecksums, SendWatchdog,
-// AggregationTable, RoundTable, GetBatcher, GetClient, the peer connection map) have
-// their own locks or none; the tables' locks are leaves, taken under mu_.
-// The transfer, reply-stream and delivery bookkeeping still shares one
-// mutex (mu_), held only for bookkeeping, never across an RPC or a socket
-// write. The clock is injected (a FakeClock in tests; RealClock by default).
+// AggregationTable, RoundTable, GetBatcher, GetClient, PeerConnections,
+// SendScheduler) have their own locks or none; their locks are taken
+// under mu_, never the other way round. The receive and delivery
+// bookkeeping shares one mutex (mu_), held only for bookkeeping, never
+// across an RPC or a socket write. The clock is injected (a FakeClock in
+// tests; RealClock by default).
 #ifndef MLFABRIC_DAEMON_DAEMON_H_
 #define MLFABRIC_DAEMON_DAEMON_H_
 
@@ -68,11 +71,13 @@
 #include "daemon/engine/round_routes.h"
 #include "daemon/engine/packet_checksums.h"
 #include "daemon/engine/round_table.h"
+#include "daemon/engine/send_scheduler.h"
 #include "daemon/pacing/pacer.h"
 #include "daemon/queue/priority_packet_queue.h"
 #include "daemon/transport/framing.h"
 #include "daemon/transport/get_client.h"
 #include "daemon/transport/packet.h"
+#include "daemon/transport/peer_connections.h"
 #include "daemon/transport/send_watchdog.h"
 #include "monitor/bandwidth_monitor.h"
 #include "proto/scheduler.pb.h"
@@ -133,22 +138,6 @@ class Daemon {
     std::shared_ptr<daemon::PacketChecksums> checksums;
   };
 
-  // A scheduled outgoing transfer. Released into the packet queue at its
-  // start time; each packet is paced by the transfer's rate segments.
-  struct Outgoing {
-    v1::SendTransfer send;
-    std::shared_ptr<SharedBuffer> buffer;
-    std::vector<v1::TensorInfo> tensors;
-    std::shared_ptr<const daemon::PacketChecksums> checksums;  // may be null (aggregates)
-    std::optional<daemon::TransferPacer> pacer;
-    bool begun = false;  // kBegin written to the peer
-    size_t packets_left = 0;
-    // An aggregate (§5.2): released packets enter the queue as the packet
-    // pool completes them rather than all at the start time.
-    bool gated = false;
-    bool released = false;
-  };
-
   struct Incoming {
     uint32_t job_id = 0;
     uint64_t total = 0;
@@ -165,28 +154,6 @@ class Daemon {
   // What it is handed, in which order, is the DeliverySequencer's.
   struct ServerEndpoint {
     std::shared_ptr<AppSession> app;
-  };
-
-  // A get reply on its way back to the asking daemon: a model, or a
-  // synchronous round's sum streamed as its chunks complete. Its packets
-  // share the priority queue with scheduled transfers, ranked by the job
-  // (TensorLights, tensorlights.md §IV: a parameter server's model pulls
-  // are the traffic job priorities order) and by the get's priority
-  // (Mercury), and are paced by the unscheduled budget (DESIGN.md §5). The
-  // session thread that took the request writes the reply's header; from
-  // then on only the sender loop writes to the socket until the reply ends.
-  struct ReplyStream {
-    uint64_t id = 0;  // queue key: bit 62 set, never a transfer id
-    std::shared_ptr<boost::asio::ip::tcp::socket> socket;
-    uint32_t job_id = 0;
-    uint64_t request = 0;  // the asking daemon's request id (header transfer field)
-    uint32_t priority = 0;
-    std::shared_ptr<SharedBuffer> buffer;  // the model or the round's sum
-    size_t total_packets = 0;
-    size_t queued = 0;
-    size_t sent = 0;
-    bool writing = false;  // the sender loop is writing one of its packets
-    std::string error;     // a write failed
   };
 
   absl::Status RegisterHost();
@@ -235,7 +202,6 @@ class Daemon {
   // Carries out what the relay table said. Requires mu_.
   void ApplyRelayEffectsLocked(const daemon::RelayTable::Effects& effects);
 
-  void SenderLoop();
   // Require mu_.
   void ScheduleSendLocked(const v1::SendTransfer& send);
   // A push whose schedule names this host and one of its aggregations: a
@@ -260,38 +226,10 @@ class Daemon {
   // aggregation failed) on a bad packet.
   bool FoldIntoAggregateLocked(uint64_t aggregate_id, uint64_t transfer, const uint8_t* data,
                                uint64_t offset, uint32_t length);
-  void QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index);
   // Drop: the scheduler cancelled it. Fail: it cannot be completed here
   // (reported to the scheduler).
   void DropAggregationLocked(uint64_t aggregate_id, const std::string& reason);
   void FailAggregationLocked(uint64_t aggregate_id, const std::string& reason);
-  void ReleaseLocked(uint64_t transfer_id);
-  void FailOutgoingLocked(const std::string& dst_address, const std::string& reason);
-  // Writes one packet (preceded by the transfer's kBegin when `begin`).
-  // The data connection to `send`'s destination (connected on first use).
-  absl::StatusOr<std::shared_ptr<boost::asio::ip::tcp::socket>> PeerSocket(
-      const v1::SendTransfer& send);
-  // `crc` is the payload's CRC-32C if already known.
-  absl::Status WriteToPeer(const v1::SendTransfer& send, bool begin,
-                           const daemon::PacketDescriptor& packet, const uint8_t* base,
-                           std::optional<uint32_t> crc);
-  // Reply streams (see ReplyStream). Open registers one whose header the
-  // caller has written; Queue puts the packets of [begin, end) of its
-  // buffer into the priority queue; Await blocks until all
-  // `total_packets` are written, a write fails, `failed` says to stop
-  // (checked under mu_) or `deadline` passes, then takes the stream out of
-  // the queue; it returns why the stream stopped early, or OK.
-  std::shared_ptr<ReplyStream> OpenReplyLocked(
-      const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
-      const transport::PacketHeader& request, std::shared_ptr<SharedBuffer> buffer,
-      size_t total_packets);
-  void QueueReplyLocked(ReplyStream& stream, uint64_t begin, uint64_t end);
-  absl::Status AwaitReply(const std::shared_ptr<ReplyStream>& stream,
-                          const std::function<std::string()>& failed,
-                          std::chrono::steady_clock::time_point deadline);
-  // Takes `bytes` from the unscheduled budget at `now`; if it cannot,
-  // returns false and the time it could.
-  bool ConsumeUnscheduled(uint32_t bytes, double now, double* next_s);
   // Reads the model that follows a get's reply header (get_client_). A
   // non-empty `relay_key` keeps the copy in relays_ so that it can be
   // forwarded. `source` names where it comes from, for the errors of
@@ -371,11 +309,11 @@ class Daemon {
   std::map<uint64_t, Incoming> incoming_;             // by transfer id
   // In-network aggregations (§5.2); own lock, a leaf under mu_.
   daemon::AggregationTable aggregations_;
-  std::map<uint64_t, Outgoing> outgoing_;             // by transfer id
-  // Begun outgoing transfers given up: the sender loop tells the peer.
-  std::vector<std::pair<v1::SendTransfer, std::string>> aborts_;
-  std::multimap<double, uint64_t> release_at_;        // local start time -> transfer
-  daemon::PriorityPacketQueue packet_queue_;
+  // One kept data connection per peer daemon.
+  std::unique_ptr<transport::PeerConnections> peers_;
+  // Scheduled transfers, aggregates and get replies, paced and sent by its
+  // own loop; own lock, taken under mu_ (never the other way round).
+  std::unique_ptr<daemon::SendScheduler> send_;
   // Mercury-PS synchronous rounds; own lock, a leaf under mu_.
   daemon::RoundTable rounds_;
   // Gets of local servers' models, answered in batches of one snapshot
@@ -386,7 +324,6 @@ class Daemon {
   daemon::RelayTable relays_;
   // Which earlier requester forwards a round's sum to each later one.
   daemon::RoundRoutes round_routes_;
-  std::map<uint64_t, std::shared_ptr<ReplyStream>> replies_;  // by ReplyStream::id
   // Bytes of applied pushes whose replica copy comes in a later batch.
   std::map<uint64_t, PendingPush> replica_holds_;
   // Receive buffers delivered and not yet acknowledged (then recycled).
@@ -394,11 +331,6 @@ class Daemon {
       awaiting_ack_;
   daemon::BufferPool buffer_pool_;
   std::set<std::shared_ptr<AppSession>> apps_;
-  std::map<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> peers_;
-  // Unscheduled traffic (get replies) has its own budget (DESIGN.md §5).
-  std::mutex unscheduled_mu_;
-  std::optional<daemon::TokenBucket> unscheduled_budget_;
-  std::mutex peers_mu_;
   uint64_t next_local_id_ = 1;
   Stats stats_;
   std::unique_ptr<monitor::BandwidthMonitor> monitor_;

@@ -62,9 +62,7 @@ void Daemon::ScheduleStreamLoop() {
       }
       pushes_.clear();
       // Pushes still being submitted fail when their SubmitUpdate does.
-      for (const auto& [id, outgoing] : outgoing_) packet_queue_.RemoveTransfer(id);
-      outgoing_.clear();
-      release_at_.clear();
+      send_->DropAll();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     if (auto status = RegisterHost(); !status.ok()) {

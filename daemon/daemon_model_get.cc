@@ -1,4 +1,6 @@
-// Daemon: Model gets: reply streams through the priority packet queue, serving gets and round gets, and fetching a model from a server's daemon.
+// Daemon: model gets: serving them in batches (replies stream through the
+// SendScheduler's queue), forwarding a distributor's copy, and fetching a
+// model from a server's daemon.
 #include "daemon/daemon.h"
 
 #include <netinet/in.h>
@@ -33,79 +35,6 @@
 #include "daemon/daemon_internal.h"
 
 namespace mlfabric {
-
-bool Daemon::ConsumeUnscheduled(uint32_t bytes, double now, double* next_s) {
-  std::lock_guard<std::mutex> lock(unscheduled_mu_);
-  if (!unscheduled_budget_.has_value()) return true;
-  if (unscheduled_budget_->TryConsume(bytes, now)) return true;
-  *next_s = unscheduled_budget_->NextSendTime(bytes, now);
-  return false;
-}
-
-std::shared_ptr<Daemon::ReplyStream> Daemon::OpenReplyLocked(
-    const std::shared_ptr<tcp::socket>& socket, const PacketHeader& request,
-    std::shared_ptr<SharedBuffer> buffer, size_t total_packets) {
-  auto stream = std::make_shared<ReplyStream>();
-  stream->id = (uint64_t{1} << 62) | next_local_id_++;
-  stream->socket = socket;
-  stream->job_id = request.job;
-  stream->request = request.transfer;
-  stream->priority = request.priority;
-  stream->buffer = std::move(buffer);
-  stream->total_packets = total_packets;
-  if (!packet_queue_.policy().HasJob(request.job)) {
-    (void)packet_queue_.AddJob(request.job, static_cast<double>(request.job));
-  }
-  replies_[stream->id] = stream;
-  return stream;
-}
-
-void Daemon::QueueReplyLocked(ReplyStream& stream, uint64_t begin, uint64_t end) {
-  daemon::TensorRef ref;
-  ref.job_id = stream.job_id;
-  ref.transfer_id = stream.id;
-  ref.tensor_priority = stream.priority;
-  auto split = daemon::SplitTensor(
-      ref,
-      absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(stream.buffer->data() + begin),
-                                  end - begin),
-      static_cast<uint32_t>(config_.payload_bytes));
-  if (!split.ok()) {  // cannot happen for a non-empty range; fail the stream, not the daemon
-    stream.error = absl::StrCat("cannot packetise the reply: ", split.status().message());
-    cv_.notify_all();
-    return;
-  }
-  for (const daemon::PacketDescriptor& packet : *split) {
-    (void)packet_queue_.Push(packet);  // the job was registered when the stream opened
-    ++stream.queued;
-  }
-  cv_.notify_all();  // the sender loop
-}
-
-absl::Status Daemon::AwaitReply(const std::shared_ptr<ReplyStream>& stream,
-                                const std::function<std::string()>& failed,
-                                std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  std::string why;
-  const bool ended = cv_.wait_until(lock, deadline, [&] {
-    if (stream->sent == stream->total_packets || !stream->error.empty() || stopping_.load()) {
-      return true;
-    }
-    why = failed();
-    return !why.empty();
-  });
-  // Nothing more of it goes out; a packet being written is finished first,
-  // so the caller may write to the socket again.
-  packet_queue_.RemoveTransfer(stream->id);
-  replies_.erase(stream->id);
-  cv_.wait(lock, [&] { return !stream->writing; });
-  if (!stream->error.empty()) return absl::UnavailableError(stream->error);
-  if (stream->sent == stream->total_packets) return absl::OkStatus();
-  if (stopping_.load()) return absl::UnavailableError("the daemon is stopping");
-  if (!why.empty()) return absl::AbortedError(why);
-  if (!ended) return absl::DeadlineExceededError("the reply was not complete in time");
-  return absl::OkStatus();
-}
 
 absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
                                      const PacketHeader& request,
@@ -240,16 +169,16 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
   }
   // The model's packets go out through the priority queue (ReplyStream).
   const auto stream_start = std::chrono::steady_clock::now();
-  std::shared_ptr<ReplyStream> stream;
+  const uint64_t stream = send_->ReserveReplyId();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const size_t payload_bytes = static_cast<size_t>(config_.payload_bytes);
-    stream = OpenReplyLocked(socket, request, model,
-                             (model->size() + payload_bytes - 1) / payload_bytes);
-    QueueReplyLocked(*stream, 0, model->size());
     ++stats_.model_copies_sent;
   }
-  absl::Status streamed = AwaitReply(
+  const size_t payload_bytes = static_cast<size_t>(config_.payload_bytes);
+  send_->OpenReply(stream, socket->native_handle(), request, model,
+                   (model->size() + payload_bytes - 1) / payload_bytes);
+  send_->QueueReply(stream, 0, model->size());
+  absl::Status streamed = send_->AwaitReply(
       stream, [] { return std::string(); }, std::chrono::steady_clock::time_point::max());
   // The batch is leaving until its bytes have left the host, not only the
   // daemon: the kernel's send buffer takes a whole model at once. Until
@@ -389,24 +318,9 @@ void Daemon::RouteBatch(const std::string& key, uint32_t job_id, const std::stri
 }
 
 void Daemon::ApplyRelayEffectsLocked(const daemon::RelayTable::Effects& effects) {
-  for (const auto& [id, range] : effects.forward) {
-    if (auto it = replies_.find(id); it != replies_.end()) {
-      QueueReplyLocked(*it->second, range.first, range.second);
-    }
-  }
-  for (uint64_t id : effects.complete) {
-    if (auto it = replies_.find(id); it != replies_.end()) {
-      it->second->total_packets = it->second->queued;
-    }
-  }
-  for (const auto& [id, why] : effects.fail) {
-    if (auto it = replies_.find(id); it != replies_.end() && it->second->error.empty()) {
-      it->second->error = why;
-    }
-  }
-  if (!effects.forward.empty() || !effects.complete.empty() || !effects.fail.empty()) {
-    cv_.notify_all();
-  }
+  for (const auto& [id, range] : effects.forward) send_->QueueReply(id, range.first, range.second);
+  for (uint64_t id : effects.complete) send_->EndReply(id);
+  for (const auto& [id, why] : effects.fail) send_->FailReply(id, why);
 }
 
 absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
@@ -448,18 +362,19 @@ absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
       WriteGetReply(*socket, request, reply, model ? static_cast<int64_t>(model->size()) : 0));
   if (!model || model->size() == 0) return absl::OkStatus();
   // Cut-through: what has arrived goes now, each later packet as it comes.
-  std::shared_ptr<ReplyStream> stream;
+  const uint64_t stream = send_->ReserveReplyId();
   std::string failed_meanwhile;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stream = OpenReplyLocked(socket, request, model, std::numeric_limits<size_t>::max());
-    daemon::RelayTable::Watch watch = relays_.AddWatcher(key, batch, stream->id);
+    std::lock_guard<std::mutex> lock(mu_);  // relay effects are applied under it
+    send_->OpenReply(stream, socket->native_handle(), request, model,
+                     std::numeric_limits<size_t>::max());
+    daemon::RelayTable::Watch watch = relays_.AddWatcher(key, batch, stream);
     if (watch.state == State::kFailed || watch.state == State::kUnknown ||
         watch.state == State::kGone) {
       failed_meanwhile = watch.state == State::kFailed ? watch.error : "its copy was dropped";
     } else {
-      for (const auto& [begin, end] : watch.ready) QueueReplyLocked(*stream, begin, end);
-      if (watch.state == State::kDone) stream->total_packets = stream->queued;
+      for (const auto& [begin, end] : watch.ready) send_->QueueReply(stream, begin, end);
+      if (watch.state == State::kDone) send_->EndReply(stream);
       ++stats_.copies_forwarded;
       MLF_LOG(DEBUG) << "forwards batch " << batch << " of server '" << body.server()
                      << "' to get " << request.transfer << " ("
@@ -468,7 +383,7 @@ absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
   }
   absl::Status streamed =
       failed_meanwhile.empty()
-          ? AwaitReply(
+          ? send_->AwaitReply(
                 stream,
                 [&] {
                   std::string why;
@@ -477,11 +392,8 @@ absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
                 },
                 std::chrono::steady_clock::time_point::max())
           : absl::AbortedError(failed_meanwhile);
-  relays_.RemoveWatcher(key, batch, stream->id);
-  if (!failed_meanwhile.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    replies_.erase(stream->id);
-  }
+  relays_.RemoveWatcher(key, batch, stream);
+  if (!failed_meanwhile.empty()) send_->CloseReply(stream);
   if (streamed.ok()) return streamed;
   // Our copy failed (or the requester went away): tell it why.
   PacketHeader abort;

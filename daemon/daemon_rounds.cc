@@ -118,11 +118,13 @@ void Daemon::ApplyRoundEffectsLocked(daemon::RoundTable::Effects& fx) {
     for (const auto& [member, reason] : now.failed) reporter_->ReportFailure(member, reason);
     // Workers' gets stream the new chunks at once (Mercury PS).
     for (const daemon::RoundTable::Chunk& chunk : now.chunks) {
-      auto stream = replies_.find(chunk.stream);
-      if (stream != replies_.end()) QueueReplyLocked(*stream->second, chunk.begin, chunk.end);
+      send_->QueueReply(chunk.stream, chunk.begin, chunk.end);
     }
     for (const auto& [key, round] : now.complete) DeliverRoundLocked(key, round, &fx);
-    if (now.changed) cv_.notify_all();
+    if (now.changed) {
+      cv_.notify_all();
+      send_->Wake();  // round gets whose round failed (AwaitReply's predicate)
+    }
   }
 }
 
@@ -221,13 +223,12 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
     return absl::OkStatus();
   }
   // The sum streams chunk by chunk as the table reports them final.
-  std::shared_ptr<ReplyStream> stream;
+  const uint64_t stream = send_->ReserveReplyId();
   std::string failed_meanwhile;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stream = OpenReplyLocked(socket, request, nullptr, 0);
+    std::lock_guard<std::mutex> lock(mu_);  // round effects are applied under it
     std::optional<daemon::RoundTable::Watch> watch =
-        rounds_.AddWatcher(key, round_number, stream->id);
+        rounds_.AddWatcher(key, round_number, stream);
     if (!watch.has_value()) {
       failed_meanwhile = rounds_.Failure(key, round_number);
     } else {
@@ -236,14 +237,13 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
       for (const auto& [begin, end] : watch->chunks) {
         packets += (end - begin + payload_bytes - 1) / payload_bytes;
       }
-      stream->buffer = watch->sum;
-      stream->total_packets = packets;
-      for (const auto& [begin, end] : watch->ready) QueueReplyLocked(*stream, begin, end);
+      send_->OpenReply(stream, socket->native_handle(), request, watch->sum, packets);
+      for (const auto& [begin, end] : watch->ready) send_->QueueReply(stream, begin, end);
     }
   }
   absl::Status streamed =
       failed_meanwhile.empty()
-          ? AwaitReply(
+          ? send_->AwaitReply(
                 stream,
                 [&] {
                   const std::string failure = rounds_.Failure(key, round_number);
@@ -252,13 +252,9 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
                 },
                 deadline)
           : absl::AbortedError(absl::StrCat("round ", round_number, " failed: ", failed_meanwhile));
-  if (failed_meanwhile.empty()) {
-    rounds_.RemoveWatcher(key, round_number, stream->id);
-  } else {
-    std::lock_guard<std::mutex> lock(mu_);
-    replies_.erase(stream->id);
-  }
-  if (streamed.ok() || !stream->error.empty()) return streamed;
+  if (failed_meanwhile.empty()) rounds_.RemoveWatcher(key, round_number, stream);
+  // A failed write (Unavailable) ends the session; anything else is told.
+  if (streamed.ok() || streamed.code() == absl::StatusCode::kUnavailable) return streamed;
   if (streamed.code() == absl::StatusCode::kDeadlineExceeded) {
     streamed = absl::DeadlineExceededError(
         absl::StrCat("round ", round_number, " of server '", server, "' was not complete within ",

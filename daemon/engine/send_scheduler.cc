@@ -1,0 +1,513 @@
+#include "daemon/engine/send_scheduler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+
+namespace mlfabric::daemon {
+
+using transport::PacketHeader;
+using transport::PacketKind;
+
+namespace {
+
+// The most a Mercury header's priority field holds.
+uint16_t HeaderPriority(uint32_t priority) {
+  return static_cast<uint16_t>(std::min<uint32_t>(priority, 65535));
+}
+
+}  // namespace
+
+SendScheduler::SendScheduler(Options options, const Clock* clock,
+                             transport::PacketWriter* writer, AggregationTable* aggregations,
+                             FailureSink on_failure)
+    : options_(std::move(options)),
+      clock_(clock),
+      writer_(writer),
+      aggregations_(aggregations),
+      on_failure_(std::move(on_failure)),
+      queue_(options_.job_priority) {
+  if (options_.unscheduled_bps > 0) {
+    auto bucket = TokenBucket::Create(options_.unscheduled_bps,
+                                      2.0 * static_cast<double>(options_.payload_bytes),
+                                      clock_->NowSeconds());
+    if (bucket.ok()) unscheduled_.emplace(std::move(*bucket));
+  }
+}
+
+SendScheduler::~SendScheduler() { Stop(); }
+
+absl::Status SendScheduler::Start() {
+  if (options_.unscheduled_bps > 0 && !unscheduled_.has_value()) {
+    return TokenBucket::Create(options_.unscheduled_bps,
+                               2.0 * static_cast<double>(options_.payload_bytes),
+                               clock_->NowSeconds())
+        .status();
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void SendScheduler::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void SendScheduler::SetClockOffset(double offset_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  clock_offset_s_ = offset_s;
+  for (auto& [id, outgoing] : outgoing_) outgoing.pacer->SetClockOffset(offset_s);
+}
+
+void SendScheduler::EnsureJobLocked(uint32_t job) {
+  // Rank by the scheduler's job id (config order), so that TLs-One/RR rank
+  // co-located jobs the same way on every daemon, whatever order their
+  // traffic first reached each one.
+  if (!queue_.policy().HasJob(job)) (void)queue_.AddJob(job, static_cast<double>(job));
+}
+
+absl::Status SendScheduler::Schedule(const v1::SendTransfer& send,
+                                     std::shared_ptr<SharedBuffer> buffer,
+                                     std::vector<v1::TensorInfo> tensors,
+                                     std::shared_ptr<const PacketChecksums> checksums,
+                                     bool gated) {
+  if (buffer == nullptr || static_cast<int64_t>(buffer->size()) != send.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule says ", send.bytes(),
+                                                   " bytes, the data has ",
+                                                   buffer == nullptr ? 0 : buffer->size()));
+  }
+  std::vector<RateSegment> segments;
+  for (const auto& segment : send.segments()) {
+    segments.push_back({segment.from_s(), segment.to_s(), segment.rate_bps()});
+  }
+  if (segments.empty()) {
+    // An unpaced transfer: everything may go from its start time on.
+    segments.push_back({send.start_s(), send.start_s() + 1e-3, 1e13});
+  }
+  PacerOptions pacing;
+  pacing.burst_bytes = 2.0 * static_cast<double>(options_.payload_bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto pacer = TransferPacer::Create(std::move(segments), clock_offset_s_, pacing);
+  if (!pacer.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unusable rate segments: ", pacer.status().message()));
+  }
+  if (outgoing_.count(send.transfer_id()) > 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("transfer ", send.transfer_id(), " is already scheduled here"));
+  }
+  Outgoing& outgoing = outgoing_[send.transfer_id()];
+  outgoing.send = send;
+  outgoing.buffer = std::move(buffer);
+  outgoing.tensors = std::move(tensors);
+  outgoing.checksums = std::move(checksums);
+  outgoing.pacer.emplace(std::move(*pacer));
+  outgoing.gated = gated;
+  release_at_.emplace(outgoing.pacer->start_local_s(), send.transfer_id());
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+void SendScheduler::QueueAggregatePackets(uint64_t id, const std::vector<uint32_t>& ready) {
+  if (ready.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end() || !it->second.released) return;  // release queues what is ready
+  for (uint32_t index : ready) QueueAggregatePacketLocked(it->second, index);
+}
+
+void SendScheduler::QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index) {
+  if (index >= outgoing.queued.size() || outgoing.queued[index]) return;
+  outgoing.queued[index] = true;
+  const uint64_t grid = options_.payload_bytes;
+  const uint64_t offset = uint64_t{index} * grid;
+  PacketDescriptor packet;
+  packet.job_id = outgoing.send.job_id();
+  packet.transfer_id = outgoing.send.transfer_id();
+  packet.offset_bytes = offset;
+  packet.length_bytes =
+      static_cast<uint32_t>(std::min<uint64_t>(grid, outgoing.buffer->size() - offset));
+  packet.payload = reinterpret_cast<const std::byte*>(outgoing.buffer->data() + offset);
+  (void)queue_.Push(packet);  // the job is registered at release
+  cv_.notify_all();
+}
+
+bool SendScheduler::Cancel(uint64_t id, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end()) return false;
+  queue_.RemoveTransfer(id);
+  // Part of it may be at the next hop already: tell it to drop the rest.
+  if (it->second.begun) aborts_.emplace_back(it->second.send, reason);
+  outgoing_.erase(it);
+  cv_.notify_all();
+  return true;
+}
+
+void SendScheduler::DropAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, outgoing] : outgoing_) queue_.RemoveTransfer(id);
+  outgoing_.clear();
+  release_at_.clear();
+}
+
+bool SendScheduler::Has(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return outgoing_.count(id) > 0;
+}
+
+size_t SendScheduler::queued_packets() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
+void SendScheduler::ReleaseLocked(uint64_t id) {
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end()) return;
+  Outgoing& outgoing = it->second;
+  EnsureJobLocked(outgoing.send.job_id());
+  const uint64_t grid = options_.payload_bytes;
+  if (outgoing.gated) {
+    // An aggregate: its packets enter the queue as the packet pool
+    // completes them (those complete by now at once), in that order.
+    outgoing.released = true;
+    outgoing.packets_left = static_cast<size_t>((outgoing.buffer->size() + grid - 1) / grid);
+    outgoing.queued.assign(outgoing.packets_left, false);
+    if (aggregations_ == nullptr || !aggregations_->Active(id)) {  // every constituent is in
+      for (uint32_t i = 0; i < outgoing.packets_left; ++i) QueueAggregatePacketLocked(outgoing, i);
+      return;
+    }
+    for (uint32_t index : aggregations_->ReadyPackets(id)) {
+      QueueAggregatePacketLocked(outgoing, index);
+    }
+    return;
+  }
+  // Tensor layout: consecutive regions in tensor order. Within a released
+  // transfer the queue sends the most urgent tensor first (Mercury §IV).
+  std::vector<v1::TensorInfo> tensors = outgoing.tensors;
+  if (tensors.empty()) {
+    v1::TensorInfo whole;
+    whole.set_bytes(outgoing.buffer->size());
+    tensors.push_back(whole);
+  }
+  uint64_t offset = 0;
+  size_t packets = 0;
+  for (const v1::TensorInfo& tensor : tensors) {
+    TensorRef ref;
+    ref.job_id = outgoing.send.job_id();
+    ref.transfer_id = id;
+    ref.tensor_id = tensor.tensor_id();
+    ref.tensor_priority = static_cast<TensorPriority>(std::max(0, tensor.priority()));
+    auto split = SplitTensor(
+        ref,
+        absl::Span<const std::byte>(
+            reinterpret_cast<const std::byte*>(outgoing.buffer->data() + offset), tensor.bytes()),
+        options_.payload_bytes);
+    offset += tensor.bytes();
+    if (!split.ok()) {
+      queue_.RemoveTransfer(id);
+      on_failure_(id, absl::StrCat("cannot packetise: ", split.status().message()));
+      outgoing_.erase(it);
+      return;
+    }
+    for (const PacketDescriptor& packet : *split) {
+      (void)queue_.Push(packet);  // the job is registered above
+      ++packets;
+    }
+  }
+  outgoing.packets_left = packets;
+}
+
+void SendScheduler::FailDestinationLocked(const std::string& dst_address,
+                                          const std::string& reason) {
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    if (it->second.send.dst_address() != dst_address || it->second.packets_left == 0) {
+      ++it;
+      continue;
+    }
+    queue_.RemoveTransfer(it->first);
+    on_failure_(it->first,
+                absl::StrCat("sending to ", it->second.send.dst_host(), " failed: ", reason));
+    it = outgoing_.erase(it);
+  }
+}
+
+// ---------------------------------------------------------------- replies
+
+uint64_t SendScheduler::ReserveReplyId() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return (uint64_t{1} << 62) | next_reply_++;
+}
+
+void SendScheduler::OpenReply(uint64_t id, int fd, const PacketHeader& request,
+                              std::shared_ptr<SharedBuffer> buffer, size_t total_packets) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Reply& reply = replies_[id];
+  reply.fd = fd;
+  reply.job_id = request.job;
+  reply.request = request.transfer;
+  reply.priority = request.priority;
+  reply.buffer = std::move(buffer);
+  reply.total_packets = total_packets;
+  EnsureJobLocked(request.job);
+}
+
+void SendScheduler::SetReplyBuffer(uint64_t id, std::shared_ptr<SharedBuffer> buffer,
+                                   size_t total_packets) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = replies_.find(id);
+  if (it == replies_.end()) return;
+  it->second.buffer = std::move(buffer);
+  it->second.total_packets = total_packets;
+  cv_.notify_all();
+}
+
+void SendScheduler::QueueReply(uint64_t id, uint64_t begin, uint64_t end) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = replies_.find(id);
+  if (it == replies_.end() || it->second.buffer == nullptr) return;
+  Reply& reply = it->second;
+  TensorRef ref;
+  ref.job_id = reply.job_id;
+  ref.transfer_id = id;
+  ref.tensor_priority = reply.priority;
+  auto split = SplitTensor(
+      ref,
+      absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(reply.buffer->data() + begin),
+                                  end - begin),
+      options_.payload_bytes);
+  if (!split.ok()) {  // cannot happen for a non-empty range; fail the reply, not the daemon
+    reply.error = absl::StrCat("cannot packetise the reply: ", split.status().message());
+    cv_.notify_all();
+    return;
+  }
+  for (const PacketDescriptor& packet : *split) {
+    (void)queue_.Push(packet);  // the job was registered when the reply opened
+    ++reply.queued;
+  }
+  cv_.notify_all();  // the sender loop
+}
+
+void SendScheduler::EndReply(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = replies_.find(id); it != replies_.end()) {
+    it->second.total_packets = it->second.queued;
+    cv_.notify_all();
+  }
+}
+
+void SendScheduler::FailReply(uint64_t id, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = replies_.find(id); it != replies_.end() && it->second.failed.empty()) {
+    it->second.failed = why;
+    cv_.notify_all();
+  }
+}
+
+void SendScheduler::Wake() { cv_.notify_all(); }
+
+absl::Status SendScheduler::AwaitReply(uint64_t id, const std::function<std::string()>& failed,
+                                       std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = replies_.find(id);
+  if (it == replies_.end()) return absl::NotFoundError(absl::StrCat("no reply stream ", id));
+  Reply& reply = it->second;  // map nodes stay put until erased below
+  std::string why;
+  bool ended = false;
+  auto done = [&] {
+    if (reply.sent == reply.total_packets || !reply.error.empty() || stopping_) return true;
+    why = reply.failed.empty() ? failed() : reply.failed;
+    return !why.empty();
+  };
+  // Whoever makes `failed` true calls Wake(); the slice is a safety net.
+  while (!(ended = done()) && std::chrono::steady_clock::now() < deadline) {
+    cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() +
+                                                std::chrono::milliseconds(200)));
+  }
+  // Nothing more of it goes out; a packet being written is finished first,
+  // so the caller may write to the socket again.
+  queue_.RemoveTransfer(id);
+  cv_.wait(lock, [&] { return !reply.writing; });
+  const Reply last = std::move(reply);
+  replies_.erase(id);
+  if (!last.error.empty()) return absl::UnavailableError(last.error);
+  if (last.sent == last.total_packets) return absl::OkStatus();
+  if (!why.empty()) return absl::AbortedError(why);
+  if (stopping_) return absl::CancelledError("the daemon is stopping");
+  if (!ended) return absl::DeadlineExceededError("the reply was not complete in time");
+  return absl::OkStatus();
+}
+
+void SendScheduler::CloseReply(uint64_t id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = replies_.find(id);
+  if (it == replies_.end()) return;
+  queue_.RemoveTransfer(id);
+  cv_.wait(lock, [&] { return !it->second.writing; });
+  replies_.erase(it);
+}
+
+// ------------------------------------------------------------------ loop
+
+void SendScheduler::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const double wake = SendReadyLocked(lock);
+    if (stopping_) break;
+    if (wake == kNever) {
+      cv_.wait(lock);
+    } else {
+      const double now = clock_->NowSeconds();
+      cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, wake - now)));
+    }
+  }
+}
+
+double SendScheduler::SendReady() {
+  std::unique_lock<std::mutex> lock(mu_);
+  return SendReadyLocked(lock);
+}
+
+double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
+  while (!stopping_) {
+    while (!aborts_.empty()) {
+      const auto [send, reason] = aborts_.front();
+      aborts_.erase(aborts_.begin());
+      lock.unlock();
+      PacketHeader abort;
+      abort.kind = PacketKind::kAbort;
+      abort.job = send.job_id();
+      abort.transfer = send.transfer_id();
+      const std::string text = reason.substr(0, transport::kMaxControlBytes);
+      (void)writer_->WriteToPeer(send, abort, text.data(), static_cast<uint32_t>(text.size()),
+                                 std::nullopt);
+      lock.lock();
+    }
+    const double now = clock_->NowSeconds();
+    while (!release_at_.empty() && release_at_.begin()->first <= now) {
+      const uint64_t id = release_at_.begin()->second;
+      release_at_.erase(release_at_.begin());
+      ReleaseLocked(id);
+    }
+    double wake = release_at_.empty() ? kNever : release_at_.begin()->first;
+    std::optional<PacketDescriptor> packet = queue_.Peek(now);
+    if (!packet.has_value()) return wake;
+    double next_s = kNever;
+    if (auto out = outgoing_.find(packet->transfer_id); out != outgoing_.end()) {
+      if (SendTransferPacketLocked(lock, *packet, out->second, now, &next_s)) continue;
+    } else if (auto reply = replies_.find(packet->transfer_id); reply != replies_.end()) {
+      if (SendReplyPacketLocked(lock, *packet, reply->second, reply->first, now, &next_s)) {
+        continue;
+      }
+    } else {  // failed meanwhile
+      queue_.RemoveTransfer(packet->transfer_id);
+      continue;
+    }
+    return std::min(wake, next_s);
+  }
+  return kNever;
+}
+
+bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
+                                          const PacketDescriptor& packet, Reply& reply,
+                                          uint64_t id, double now, double* next_s) {
+  // Unscheduled traffic has its own budget (DESIGN.md §5).
+  if (unscheduled_.has_value() && !unscheduled_->TryConsume(packet.length_bytes, now)) {
+    *next_s = unscheduled_->NextSendTime(packet.length_bytes, now);
+    return false;
+  }
+  queue_.Pop(now);
+  reply.writing = true;
+  const std::shared_ptr<SharedBuffer> buffer = reply.buffer;  // keeps the payload alive
+  PacketHeader data;
+  data.kind = PacketKind::kData;
+  data.job = reply.job_id;
+  data.transfer = reply.request;
+  data.priority = HeaderPriority(reply.priority);
+  const auto* payload = reinterpret_cast<const uint8_t*>(packet.payload);
+  data.offset = static_cast<uint64_t>(payload - buffer->data());
+  const int fd = reply.fd;
+  lock.unlock();
+  absl::Status status = writer_->WriteToSocket(fd, data, payload, packet.length_bytes);
+  lock.lock();
+  // The reply stays in replies_ while `writing` (AwaitReply waits for it).
+  reply.writing = false;
+  if (status.ok()) {
+    ++reply.sent;
+    bytes_sent_ += packet.length_bytes;
+  } else {
+    reply.error = absl::StrCat("sending the get reply failed: ", status.message());
+    MLF_LOG(WARNING) << "get reply " << reply.request << " (job " << reply.job_id << ", "
+                     << reply.sent << " of " << reply.total_packets
+                     << " packets sent): " << status.message();
+    queue_.RemoveTransfer(id);
+  }
+  cv_.notify_all();  // AwaitReply
+  return true;
+}
+
+bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
+                                             const PacketDescriptor& packet, Outgoing& outgoing,
+                                             double now, double* next_s) {
+  if (!outgoing.pacer->TryConsume(packet.length_bytes, now)) {
+    *next_s = outgoing.pacer->NextSendTime(packet.length_bytes, now);
+    return false;
+  }
+  queue_.Pop(now);
+  const bool begin = !outgoing.begun;
+  if (begin) {
+    MLF_LOG(DEBUG) << "sending transfer " << packet.transfer_id << " from "
+                   << absl::StrFormat("%.6f", now);
+    if (outgoing.checksums != nullptr) outgoing.checksums->MarkSending();
+  }
+  outgoing.begun = true;
+  const v1::SendTransfer send = outgoing.send;
+  const std::shared_ptr<SharedBuffer> buffer = outgoing.buffer;  // keeps the payload alive
+  const auto* payload = reinterpret_cast<const uint8_t*>(packet.payload);
+  std::optional<uint32_t> crc;
+  if (outgoing.checksums != nullptr) {
+    crc = outgoing.checksums->Find(static_cast<uint64_t>(payload - buffer->data()),
+                                   packet.length_bytes);
+  }
+  lock.unlock();
+  absl::Status status;
+  if (begin) {
+    PacketHeader header;
+    header.kind = PacketKind::kBegin;
+    header.job = send.job_id();
+    header.transfer = send.transfer_id();
+    header.offset = static_cast<uint64_t>(send.bytes());
+    status = writer_->WriteToPeer(send, header, nullptr, 0, std::nullopt);
+  }
+  if (status.ok()) {
+    PacketHeader header;
+    header.kind = PacketKind::kData;
+    header.job = send.job_id();
+    header.transfer = send.transfer_id();
+    header.tensor = packet.tensor_id;
+    header.priority = HeaderPriority(packet.tensor_priority);
+    header.offset = static_cast<uint64_t>(payload - buffer->data());  // within the transfer
+    status = writer_->WriteToPeer(send, header, payload, packet.length_bytes, crc);
+  }
+  lock.lock();
+  if (!status.ok()) {
+    MLF_LOG(WARNING) << "transfer " << send.transfer_id() << " to " << send.dst_host()
+                     << " failed: " << status.message();
+    FailDestinationLocked(send.dst_address(), std::string(status.message()));
+    return true;
+  }
+  bytes_sent_ += packet.length_bytes;
+  auto done = outgoing_.find(send.transfer_id());
+  if (done != outgoing_.end() && --done->second.packets_left == 0) outgoing_.erase(done);
+  return true;
+}
+
+}  // namespace mlfabric::daemon

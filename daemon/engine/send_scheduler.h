@@ -1,0 +1,209 @@
+// The daemon's send side (DESIGN.md §5; mercury.md §IV; tensorlights.md
+// §IV): scheduled transfers released at their start time and paced by
+// their rate segments, in-network aggregates whose packets leave as their
+// sums complete (§5.2), and get replies, all through one priority packet
+// queue drained by one sender loop.
+//
+//   SendScheduler send(options, clock, writer, aggregations, on_failure);
+//   send.Start();                                   // the sender loop
+//   RETURN_IF_ERROR(send.Schedule(transfer, buffer, tensors, checksums));
+//   uint64_t reply = send.ReserveReplyId();
+//   send.OpenReply(reply, socket_fd, request, model, packets);
+//   send.QueueReply(reply, 0, model->size());
+//   absl::Status s = send.AwaitReply(reply, no_failure, deadline);
+//   send.Stop();
+//
+// The loop, each pass (SendReady): tells peers of given-up transfers to
+// drop them (kAbort), releases transfers whose start time has come into
+// the queue (a push's tensors in their priority order; an aggregate's
+// packets as the AggregationTable reports them complete), then writes the
+// most urgent packet if its pacer (a scheduled transfer) or the
+// unscheduled budget (a get reply) has the tokens, else sleeps until one
+// will. Writes happen without the lock. A failed write to a peer fails
+// every transfer queued for it (`on_failure`, once per transfer); a failed
+// reply write ends that reply only.
+//
+// Reply streams: the caller writes a reply's header on the session's
+// socket, opens the stream, and from then on only the sender loop writes
+// to that socket until AwaitReply returns. Packets of a reply may be
+// queued as they become available (a round's chunks, a relayed copy).
+//
+// Thread safety: every method from any thread. The lock is taken inside
+// and is held by nothing else while this object calls out: `on_failure`,
+// the AggregationTable (its lock is a leaf) and `failed` predicates are
+// called with it held, so none of them may call back into this object;
+// the PacketWriter is called without it.
+#ifndef MLFABRIC_DAEMON_ENGINE_SEND_SCHEDULER_H_
+#define MLFABRIC_DAEMON_ENGINE_SEND_SCHEDULER_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/clock.h"
+#include "daemon/engine/aggregation_table.h"
+#include "daemon/engine/packet_checksums.h"
+#include "daemon/pacing/pacer.h"
+#include "daemon/queue/priority_packet_queue.h"
+#include "daemon/transport/packet_writer.h"
+#include "ipc/local_ipc.h"
+#include "proto/scheduler.pb.h"
+
+namespace mlfabric::daemon {
+
+class SendScheduler {
+ public:
+  struct Options {
+    uint32_t payload_bytes = 32 << 10;
+    // Get replies' own budget in bit/s (DESIGN.md §5); 0 = unpaced.
+    double unscheduled_bps = 0;
+    JobPriorityPolicy job_priority;
+  };
+  using FailureSink = std::function<void(uint64_t transfer_id, const std::string& reason)>;
+
+  // `clock`, `writer` and `aggregations` must outlive this object.
+  // `on_failure` is told of every scheduled transfer that cannot be sent.
+  SendScheduler(Options options, const Clock* clock, transport::PacketWriter* writer,
+                AggregationTable* aggregations, FailureSink on_failure);
+  ~SendScheduler();
+
+  // Validates the options (the unscheduled budget) and starts the loop.
+  absl::Status Start();
+  // Stops the loop; AwaitReply calls return Cancelled. Idempotent.
+  void Stop();
+
+  // Scheduler time - local time, for every pacer (present and future).
+  void SetClockOffset(double offset_s);
+
+  // ---- scheduled transfers
+  // Queues `buffer` for `send`'s start time. `gated`: an aggregate, whose
+  // packets leave as QueueAggregatePackets (or the AggregationTable, at
+  // release) says they are summed. An error (bytes disagree, unusable
+  // segments) names what was wrong; nothing is queued then.
+  absl::Status Schedule(const v1::SendTransfer& send, std::shared_ptr<SharedBuffer> buffer,
+                        std::vector<v1::TensorInfo> tensors,
+                        std::shared_ptr<const PacketChecksums> checksums = nullptr,
+                        bool gated = false);
+  // Packets `ready` of gated transfer `id` are summed: they leave once it
+  // is released (each packet once, whoever reports it first).
+  void QueueAggregatePackets(uint64_t id, const std::vector<uint32_t>& ready);
+  // Forgets transfer `id`; a peer that has had part of it is told to drop
+  // it (kAbort with `reason`). False if it was not queued.
+  bool Cancel(uint64_t id, const std::string& reason);
+  // Forgets every scheduled transfer silently (the scheduler is gone; its
+  // pushes fail elsewhere).
+  void DropAll();
+  bool Has(uint64_t id) const;
+
+  // ---- get replies
+  // A fresh id for a reply stream (bit 62 set: never a transfer id).
+  uint64_t ReserveReplyId();
+  // Opens reply `id` on socket `fd` for request `request` (its job, get
+  // priority and transfer field): `total_packets` packets of `buffer` (may
+  // be set later by SetReplyBuffer; SIZE_MAX = until EndReply).
+  void OpenReply(uint64_t id, int fd, const transport::PacketHeader& request,
+                 std::shared_ptr<SharedBuffer> buffer, size_t total_packets);
+  void SetReplyBuffer(uint64_t id, std::shared_ptr<SharedBuffer> buffer, size_t total_packets);
+  // Queues the packets of [begin, end) of the reply's buffer; unknown ids
+  // are ignored (the reply ended meanwhile).
+  void QueueReply(uint64_t id, uint64_t begin, uint64_t end);
+  // No more packets come: the reply is complete once those queued are out.
+  void EndReply(uint64_t id);
+  // Ends the reply with `why` (the first reason wins).
+  void FailReply(uint64_t id, const std::string& why);
+  // Wakes AwaitReply calls to look at their `failed` predicates again.
+  void Wake();
+  // Blocks until every packet of reply `id` is written, a write fails
+  // (Unavailable), `failed()` returns a reason (Aborted), FailReply was
+  // called (Aborted), `deadline` passes (DeadlineExceeded) or the loop
+  // stops (Cancelled); then closes the reply: once this returns, no packet
+  // of it is queued or being written, so the caller may use the socket.
+  absl::Status AwaitReply(uint64_t id, const std::function<std::string()>& failed,
+                          std::chrono::steady_clock::time_point deadline);
+  // Closes a reply that will not be awaited.
+  void CloseReply(uint64_t id);
+
+  // One pass of the loop: writes every packet that may leave now; returns
+  // the local time at which the next may (kNever: nothing is waiting).
+  // Tests call this instead of Start().
+  double SendReady();
+
+  int64_t bytes_sent() const { return bytes_sent_.load(); }
+  size_t queued_packets() const;
+
+ private:
+  struct Outgoing {
+    v1::SendTransfer send;
+    std::shared_ptr<SharedBuffer> buffer;
+    std::vector<v1::TensorInfo> tensors;
+    std::shared_ptr<const PacketChecksums> checksums;  // may be null (aggregates)
+    std::optional<TransferPacer> pacer;
+    bool begun = false;  // kBegin written to the peer
+    size_t packets_left = 0;
+    bool gated = false;
+    bool released = false;
+    std::vector<bool> queued;  // gated: packets already in the queue
+  };
+  struct Reply {
+    int fd = -1;
+    uint32_t job_id = 0;
+    uint64_t request = 0;  // the asking daemon's request id
+    uint32_t priority = 0;
+    std::shared_ptr<SharedBuffer> buffer;
+    size_t total_packets = 0;
+    size_t queued = 0;
+    size_t sent = 0;
+    bool writing = false;  // the loop is writing one of its packets
+    std::string error;     // a write failed
+    std::string failed;    // FailReply
+  };
+
+  void Loop();
+  double SendReadyLocked(std::unique_lock<std::mutex>& lock);
+  void ReleaseLocked(uint64_t id);
+  void QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index);
+  void FailDestinationLocked(const std::string& dst_address, const std::string& reason);
+  void EnsureJobLocked(uint32_t job);
+  // One packet of a reply, or false if the budget says wait until *next_s.
+  bool SendReplyPacketLocked(std::unique_lock<std::mutex>& lock, const PacketDescriptor& packet,
+                             Reply& reply, uint64_t id, double now, double* next_s);
+  bool SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
+                                const PacketDescriptor& packet, Outgoing& outgoing, double now,
+                                double* next_s);
+
+  const Options options_;
+  const Clock* const clock_;
+  transport::PacketWriter* const writer_;
+  AggregationTable* const aggregations_;
+  const FailureSink on_failure_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  double clock_offset_s_ = 0;
+  PriorityPacketQueue queue_;
+  std::map<uint64_t, Outgoing> outgoing_;       // by transfer id
+  std::multimap<double, uint64_t> release_at_;  // local start time -> transfer
+  // Begun transfers given up: the loop tells the peer.
+  std::vector<std::pair<v1::SendTransfer, std::string>> aborts_;
+  std::map<uint64_t, Reply> replies_;  // by reply id
+  std::optional<TokenBucket> unscheduled_;
+  uint64_t next_reply_ = 1;
+  std::atomic<int64_t> bytes_sent_{0};
+  std::thread thread_;
+};
+
+}  // namespace mlfabric::daemon
+
+#endif  // MLFABRIC_DAEMON_ENGINE_SEND_SCHEDULER_H_

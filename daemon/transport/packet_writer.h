@@ -1,0 +1,45 @@
+// Where the daemon's sender loop writes its packets (DESIGN.md §5).
+//
+// The send scheduler (daemon/engine/send_scheduler.h) decides what leaves
+// and when; a PacketWriter puts it on a socket. The daemon's writer is
+// PeerConnections (one kept TCP connection per peer daemon, every write
+// bounded by the SendWatchdog); unit tests record what would be written.
+//
+//   PacketHeader header = ...;
+//   absl::Status s = writer.WriteToPeer(send, header, payload, length, crc);
+//   if (!s.ok()) { every transfer queued for send.dst_address() fails }
+//
+// Thread safety: implementations may be called from any thread; one
+// writer per socket at a time is the caller's business.
+#ifndef MLFABRIC_DAEMON_TRANSPORT_PACKET_WRITER_H_
+#define MLFABRIC_DAEMON_TRANSPORT_PACKET_WRITER_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "daemon/transport/packet.h"
+#include "proto/scheduler.pb.h"
+
+namespace mlfabric::transport {
+
+class PacketWriter {
+ public:
+  virtual ~PacketWriter() = default;
+
+  // One packet to the daemon at `send.dst_address()` (connected on first
+  // use). `crc` is the payload's CRC-32C if already known. An error means
+  // the connection is gone: it is closed, and the next write reconnects.
+  virtual absl::Status WriteToPeer(const v1::SendTransfer& send, const PacketHeader& header,
+                                   const void* payload, uint32_t length,
+                                   std::optional<uint32_t> crc) = 0;
+
+  // One packet on a session's own socket `fd` (a get reply goes back on the
+  // connection its request came on).
+  virtual absl::Status WriteToSocket(int fd, const PacketHeader& header, const void* payload,
+                                     uint32_t length) = 0;
+};
+
+}  // namespace mlfabric::transport
+
+#endif  // MLFABRIC_DAEMON_TRANSPORT_PACKET_WRITER_H_
