@@ -74,6 +74,7 @@
 #include "daemon/engine/send_scheduler.h"
 #include "daemon/pacing/pacer.h"
 #include "daemon/queue/priority_packet_queue.h"
+#include "daemon/transport/data_session.h"
 #include "daemon/transport/framing.h"
 #include "daemon/transport/get_client.h"
 #include "daemon/transport/packet.h"
@@ -84,7 +85,7 @@
 
 namespace mlfabric {
 
-class Daemon {
+class Daemon : private transport::DataSessionHandler {
  public:
   // `clock` (if not null) must outlive the daemon; the real clock otherwise.
   explicit Daemon(DaemonConfig config, const Clock* clock = nullptr);
@@ -175,13 +176,24 @@ class Daemon {
 
   void DataAcceptLoop();
   void DataSessionLoop(std::shared_ptr<boost::asio::ip::tcp::socket> socket);
+  // transport::DataSessionHandler: what this daemon's data sessions hand
+  // up (daemon_receive.cc).
+  absl::Status Begin(const transport::PacketHeader& header) override;
+  std::shared_ptr<SharedBuffer> BufferFor(const transport::PacketHeader& header) override;
+  absl::Status Arrived(const transport::PacketHeader& header,
+                       std::shared_ptr<SharedBuffer> buffer, bool* complete) override;
+  absl::Status GetRequest(int fd, const transport::PacketHeader& header,
+                          const v1::DataGetRequest& body) override;
+  void Aborted(const transport::PacketHeader& header, const std::string& reason) override;
+  void Ended(const std::string& peer, const std::set<uint64_t>& unfinished,
+             const std::string& close_reason) override;
   // A data packet whose CRC was checked: counts it, sums it into its round
-  // or keeps it, and delivers or folds a completed transfer. Requires mu_.
-  // An error closes the session.
+  // or keeps it, and delivers or folds a completed transfer (*complete).
+  // Requires mu_. An error closes the session.
   absl::Status AcceptDataLocked(const transport::PacketHeader& header, const uint8_t* dst,
-                                std::set<uint64_t>* begun);
-  absl::Status ServeGetRequest(const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
-                               const transport::PacketHeader& header,
+                                bool* complete);
+  // Get requests; each writes its reply on the session's socket `fd`.
+  absl::Status ServeGetRequest(int fd, const transport::PacketHeader& header,
                                const v1::DataGetRequest& body);
   // §10.3: plans the distribution tree of an answered batch of gets with
   // the scheduler and records each member's route (direct when no tree
@@ -191,13 +203,11 @@ class Daemon {
   // As a distributor: forwards our copy of the server's batch
   // `body.relay_batch()` to a requester routed here, packet by packet as
   // it arrives.
-  absl::Status ServeRelayGet(const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
-                             const transport::PacketHeader& header,
+  absl::Status ServeRelayGet(int fd, const transport::PacketHeader& header,
                              const v1::DataGetRequest& body);
   // The header of a get's reply: offset = the bytes that follow; payload =
   // `body`.
-  absl::Status WriteGetReply(boost::asio::ip::tcp::socket& socket,
-                             const transport::PacketHeader& request,
+  absl::Status WriteGetReply(int fd, const transport::PacketHeader& request,
                              const v1::DataGetReply& body, int64_t bytes);
   // Carries out what the relay table said. Requires mu_.
   void ApplyRelayEffectsLocked(const daemon::RelayTable::Effects& effects);
@@ -240,9 +250,9 @@ class Daemon {
   // This host's uplink now: the monitor's last report, else the configured
   // capacity; 0 = not known.
   double UplinkBps() const;
-  // Returns once `socket`'s send queue holds at most a few packets not yet
+  // Returns once socket `fd`'s send queue holds at most a few packets not yet
   // acknowledged by the peer (or after timeout_s, or when stopping).
-  void WaitSent(boost::asio::ip::tcp::socket& socket, double timeout_s);
+  void WaitSent(int fd, double timeout_s);
   // `round` >= 0 asks a synchronous-round server for that round's sum.
   absl::Status FetchModel(const std::string& job, const std::string& server, int64_t* version,
                           std::shared_ptr<SharedBuffer>* buffer, int64_t round = -1,
@@ -252,8 +262,7 @@ class Daemon {
                          int64_t* version, std::shared_ptr<SharedBuffer>* buffer, int64_t round,
                          uint32_t priority);
   // Streams round `round`'s sum to a worker's daemon as chunks complete.
-  absl::Status ServeRoundGet(const std::shared_ptr<boost::asio::ip::tcp::socket>& socket,
-                             const transport::PacketHeader& request,
+  absl::Status ServeRoundGet(int fd, const transport::PacketHeader& request,
                              const v1::DataGetRequest& body, int64_t round);
 
   // Require mu_.

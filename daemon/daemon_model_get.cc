@@ -36,7 +36,7 @@
 
 namespace mlfabric {
 
-absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
+absl::Status Daemon::ServeGetRequest(int fd,
                                      const PacketHeader& request,
                                      const v1::DataGetRequest& body) {
   const std::string& server = body.server();
@@ -146,7 +146,7 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
     reply.set_relay_host(route.via_host);
     reply.set_relay_address(route.via_address);
   }
-  if (auto status = WriteGetReply(*socket, request, reply,
+  if (auto status = WriteGetReply(fd, request, reply,
                                   error.empty() && model ? static_cast<int64_t>(model->size()) : 0);
       !status.ok()) {
     leave();
@@ -175,7 +175,7 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
     ++stats_.model_copies_sent;
   }
   const size_t payload_bytes = static_cast<size_t>(config_.payload_bytes);
-  send_->OpenReply(stream, socket->native_handle(), request, model,
+  send_->OpenReply(stream, fd, request, model,
                    (model->size() + payload_bytes - 1) / payload_bytes);
   send_->QueueReply(stream, 0, model->size());
   absl::Status streamed = send_->AwaitReply(
@@ -198,7 +198,7 @@ absl::Status Daemon::ServeGetRequest(const std::shared_ptr<tcp::socket>& socket,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - stream_start).count();
       wait_s = std::clamp(uplink_s - elapsed_s, 0.0, wait_s);
     }
-    WaitSent(*socket, wait_s);
+    WaitSent(fd, wait_s);
   }
   leave();
   return streamed;
@@ -213,19 +213,19 @@ double Daemon::UplinkBps() const {
   return config_.uplink_bps;
 }
 
-void Daemon::WaitSent(tcp::socket& socket, double timeout_s) {
+void Daemon::WaitSent(int fd, double timeout_s) {
   constexpr int kLeftBytes = 64 * 1024;  // about two packets still on their way
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timeout_s));
   while (!stopping_.load() && std::chrono::steady_clock::now() < deadline) {
     int unsent = 0;  // bytes in the send queue not yet acknowledged by the peer
-    if (ioctl(socket.native_handle(), SIOCOUTQ, &unsent) != 0 || unsent <= kLeftBytes) return;
+    if (ioctl(fd, SIOCOUTQ, &unsent) != 0 || unsent <= kLeftBytes) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 
-absl::Status Daemon::WriteGetReply(tcp::socket& socket, const PacketHeader& request,
+absl::Status Daemon::WriteGetReply(int fd, const PacketHeader& request,
                                    const v1::DataGetReply& body, int64_t bytes) {
   const std::string payload = body.SerializeAsString();
   PacketHeader reply;
@@ -233,7 +233,7 @@ absl::Status Daemon::WriteGetReply(tcp::socket& socket, const PacketHeader& requ
   reply.job = request.job;
   reply.transfer = request.transfer;
   reply.offset = static_cast<uint64_t>(std::max<int64_t>(bytes, 0));
-  return transport::WritePacket(*send_watchdog_, socket.native_handle(), reply, payload.data(),
+  return transport::WritePacket(*send_watchdog_, fd, reply, payload.data(),
                                 static_cast<uint32_t>(payload.size()));
 }
 
@@ -323,7 +323,7 @@ void Daemon::ApplyRelayEffectsLocked(const daemon::RelayTable::Effects& effects)
   for (const auto& [id, why] : effects.fail) send_->FailReply(id, why);
 }
 
-absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
+absl::Status Daemon::ServeRelayGet(int fd,
                                    const PacketHeader& request,
                                    const v1::DataGetRequest& body) {
   // offset = round + 1: a synchronous round's sum (batch = round + 1).
@@ -359,14 +359,14 @@ absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
     }
   }
   RETURN_IF_ERROR(
-      WriteGetReply(*socket, request, reply, model ? static_cast<int64_t>(model->size()) : 0));
+      WriteGetReply(fd, request, reply, model ? static_cast<int64_t>(model->size()) : 0));
   if (!model || model->size() == 0) return absl::OkStatus();
   // Cut-through: what has arrived goes now, each later packet as it comes.
   const uint64_t stream = send_->ReserveReplyId();
   std::string failed_meanwhile;
   {
     std::lock_guard<std::mutex> lock(mu_);  // relay effects are applied under it
-    send_->OpenReply(stream, socket->native_handle(), request, model,
+    send_->OpenReply(stream, fd, request, model,
                      std::numeric_limits<size_t>::max());
     daemon::RelayTable::Watch watch = relays_.AddWatcher(key, batch, stream);
     if (watch.state == State::kFailed || watch.state == State::kUnknown ||
@@ -401,7 +401,7 @@ absl::Status Daemon::ServeRelayGet(const std::shared_ptr<tcp::socket>& socket,
   abort.job = request.job;
   abort.transfer = request.transfer;
   const std::string reason = absl::StrCat(who, " lost the model mid-forward: ", streamed.message());
-  return transport::WritePacket(*send_watchdog_, socket->native_handle(), abort, reason.data(),
+  return transport::WritePacket(*send_watchdog_, fd, abort, reason.data(),
                                 static_cast<uint32_t>(reason.size()));
 }
 

@@ -1,4 +1,6 @@
-// Daemon: The data plane's receive side: data sessions, CRC-checked packets summed into rounds and aggregates or reassembled for delivery.
+// Daemon: the data plane's receive side, as the DataSessionHandler of its
+// sessions (transport/data_session): CRC-checked packets summed into rounds
+// and aggregates or reassembled for delivery, and get requests dispatched.
 #include "daemon/daemon.h"
 
 #include <netinet/in.h>
@@ -23,6 +25,7 @@
 #include "common/crc32c.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "daemon/transport/data_session.h"
 #include "daemon/transport/framing.h"
 
 #include "daemon/daemon_internal.h"
@@ -47,7 +50,7 @@ void Daemon::DataAcceptLoop() {
 }
 
 absl::Status Daemon::AcceptDataLocked(const PacketHeader& header, const uint8_t* dst,
-                                      std::set<uint64_t>* begun) {
+                                      bool* complete) {
   stats_.bytes_received += header.length;
   auto it = incoming_.find(header.transfer);
   if (it == incoming_.end()) return absl::OkStatus();  // cancelled meanwhile
@@ -83,7 +86,7 @@ absl::Status Daemon::AcceptDataLocked(const PacketHeader& header, const uint8_t*
     it->second.unfolded.emplace_back(header.offset, header.length);
   }
   if (it->second.received < it->second.total) return absl::OkStatus();
-  begun->erase(header.transfer);
+  *complete = true;
   // Machine-readable arrival trace (CLOCK_MONOTONIC, comparable across
   // the daemons of one machine): the preemption test and benchmark
   // read it at --log_level debug.
@@ -109,186 +112,95 @@ void Daemon::RecycleIncomingLocked(std::map<uint64_t, Incoming>::iterator incomi
 }
 
 void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
-  std::set<uint64_t> begun;  // transfers this session announced
   boost::system::error_code ignored;
   const auto peer = socket->remote_endpoint(ignored);
   const std::string peer_name = absl::StrCat(peer.address().to_string(), ":", peer.port());
   MLF_LOG(DEBUG) << "data session from " << peer_name;
-  std::string close_reason;
-  transport::FrameReader reader(socket->native_handle());
-  while (!stopping_.load()) {
-    auto header = reader.ReadHeader();
-    if (!header.ok()) {
-      if (header.status().code() != absl::StatusCode::kUnavailable) {
-        close_reason = std::string(header.status().message());
-      }
-      break;
+  transport::DataSession session(socket->native_handle(), peer_name,
+                                 static_cast<uint64_t>(kMaxTransferBytes));
+  session.Run(*this, stopping_);
+  socket->close(ignored);
+}
+
+absl::Status Daemon::Begin(const PacketHeader& header) {
+  std::shared_ptr<SharedBuffer> pooled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (incoming_.count(header.transfer)) {
+      return absl::AlreadyExistsError(absl::StrCat("transfer ", header.transfer, " begun twice"));
     }
-    if (header->kind == PacketKind::kBegin) {
-      if (header->length != 0 || header->offset == 0 ||
-          header->offset > static_cast<uint64_t>(kMaxTransferBytes)) {
-        close_reason = absl::StrCat("begin of transfer ", header->transfer, " has bad size ",
-                                    header->offset);
-        break;
-      }
-      std::shared_ptr<SharedBuffer> pooled;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        pooled = buffer_pool_.Take(header->offset);
-      }
-      MLF_LOG(DEBUG) << "transfer " << header->transfer << " of " << header->offset
-                     << " bytes: " << (pooled ? "reusing a pooled" : "new") << " receive buffer";
-      if (pooled == nullptr) {
-        auto buffer = SharedBuffer::Create(header->offset);
-        if (!buffer.ok()) {
-          close_reason = std::string(buffer.status().message());
-          break;
-        }
-        pooled = std::make_shared<SharedBuffer>(std::move(*buffer));
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      if (incoming_.count(header->transfer)) {
-        close_reason = absl::StrCat("transfer ", header->transfer, " begun twice");
-        break;
-      }
-      Incoming& incoming = incoming_[header->transfer];
-      incoming.job_id = header->job;
-      incoming.total = header->offset;
-      incoming.buffer = std::move(pooled);
-      begun.insert(header->transfer);
-      continue;
-    }
-    if (header->kind == PacketKind::kData) {
-      std::shared_ptr<SharedBuffer> buffer;
-      uint64_t total = 0;
-      bool discard = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = incoming_.find(header->transfer);
-        if (!begun.count(header->transfer)) {
-          close_reason = absl::StrCat("data for unknown transfer ", header->transfer);
-          break;
-        }
-        if (it == incoming_.end()) {
-          // Begun on this session and cancelled since (the scheduler's
-          // cancel can overtake packets in flight): skip the payload.
-          discard = true;
-        } else {
-          buffer = it->second.buffer;
-          total = it->second.total;
-        }
-      }
-      if (discard) {
-        std::vector<uint8_t> skipped(header->length);
-        if (auto status = reader.ReadPayload(skipped.data(), skipped.size()); !status.ok()) {
-          close_reason = std::string(status.message());
-          break;
-        }
-        continue;
-      }
-      if (header->offset > total || header->length > total - header->offset) {
-        close_reason = absl::StrCat("packet [", header->offset, ", +", header->length,
-                                    ") is outside transfer ", header->transfer, " of ", total,
-                                    " bytes");
-        break;
-      }
-      // Zero-copy receive: the payload lands in the transfer's shared buffer.
-      uint8_t* dst = buffer->data() + header->offset;
-      if (auto status = reader.ReadPayload(dst, header->length); !status.ok()) {
-        close_reason = std::string(status.message());
-        break;
-      }
-      if (auto status = transport::VerifyPayload(*header, dst); !status.ok()) {
-        close_reason = std::string(status.message());
-        break;
-      }
-      absl::Status accepted;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        // Let go of the buffer first: a buffer is recycled only if nobody
-        // else holds it, by the server's acknowledgement (the moment the
-        // lock is free) or, for a summed round or aggregate member, inside
-        // AcceptDataLocked. While the transfer is in incoming_ it holds the
-        // buffer, so `dst` stays valid; once it is not, AcceptDataLocked
-        // does not touch `dst`.
-        buffer.reset();
-        accepted = AcceptDataLocked(*header, dst, &begun);
-      }
-      if (!accepted.ok()) {
-        close_reason = std::string(accepted.message());
-        break;
-      }
-      continue;
-    }
-    // Control packets carry small payloads.
-    std::string payload(header->length, '\0');
-    if (auto status = reader.ReadPayload(payload.data(), payload.size()); !status.ok()) {
-      close_reason = std::string(status.message());
-      break;
-    }
-    if (auto status = transport::VerifyPayload(*header, payload.data()); !status.ok()) {
-      close_reason = std::string(status.message());
-      break;
-    }
-    if (header->kind == PacketKind::kGetRequest) {
-      v1::DataGetRequest body;
-      if (!body.ParseFromString(payload) || body.server().empty()) {
-        close_reason = "get request: malformed body (no server named)";
-        break;
-      }
-      // A distributor's copy (a model batch or a round's sum) forwarded.
-      if (body.relay_batch() != 0) {
-        if (auto status = ServeRelayGet(socket, *header, body); !status.ok()) {
-          close_reason = std::string(status.message());
-          break;
-        }
-        continue;
-      }
-      // offset = round + 1 asks for a synchronous round's sum; 0 = the model.
-      if (header->offset > 0) {
-        if (header->offset > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-          close_reason = absl::StrCat("get request names round ", header->offset - 1,
-                                      ", out of range");
-          break;
-        }
-        if (auto status = ServeRoundGet(socket, *header, body,
-                                        static_cast<int64_t>(header->offset - 1));
-            !status.ok()) {
-          close_reason = std::string(status.message());
-          break;
-        }
-        continue;
-      }
-      if (auto status = ServeGetRequest(socket, *header, body); !status.ok()) {
-        close_reason = std::string(status.message());
-        break;
-      }
-      continue;
-    }
-    if (header->kind == PacketKind::kAbort) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (begun.erase(header->transfer)) {
-        incoming_.erase(header->transfer);
-        reporter_->ReportFailure(header->transfer, absl::StrCat("sender aborted: ", payload));
-      }
-      continue;
-    }
-    close_reason = absl::StrCat("unexpected packet kind ", static_cast<int>(header->kind));
-    break;
+    pooled = buffer_pool_.Take(header.offset);
   }
+  MLF_LOG(DEBUG) << "transfer " << header.transfer << " of " << header.offset
+                 << " bytes: " << (pooled ? "reusing a pooled" : "new") << " receive buffer";
+  if (pooled == nullptr) {
+    auto buffer = SharedBuffer::Create(header.offset);
+    if (!buffer.ok()) return buffer.status();
+    pooled = std::make_shared<SharedBuffer>(std::move(*buffer));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (incoming_.count(header.transfer)) {
+    return absl::AlreadyExistsError(absl::StrCat("transfer ", header.transfer, " begun twice"));
+  }
+  Incoming& incoming = incoming_[header.transfer];
+  incoming.job_id = header.job;
+  incoming.total = header.offset;
+  incoming.buffer = std::move(pooled);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<SharedBuffer> Daemon::BufferFor(const PacketHeader& header) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = incoming_.find(header.transfer);
+  return it == incoming_.end() ? nullptr : it->second.buffer;
+}
+
+absl::Status Daemon::Arrived(const PacketHeader& header, std::shared_ptr<SharedBuffer> buffer,
+                             bool* complete) {
+  const uint8_t* dst = buffer->data() + header.offset;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Let go of the buffer first: a buffer is recycled only if nobody else
+  // holds it, by the server's acknowledgement (the moment the lock is
+  // free) or, for a summed round or aggregate member, inside
+  // AcceptDataLocked. While the transfer is in incoming_ it holds the
+  // buffer, so `dst` stays valid; once it is not, AcceptDataLocked does
+  // not touch `dst`.
+  buffer.reset();
+  return AcceptDataLocked(header, dst, complete);
+}
+
+absl::Status Daemon::GetRequest(int fd, const PacketHeader& header,
+                                const v1::DataGetRequest& body) {
+  // A distributor's copy (a model batch or a round's sum) forwarded.
+  if (body.relay_batch() != 0) return ServeRelayGet(fd, header, body);
+  // offset = round + 1 asks for a synchronous round's sum; 0 = the model
+  // (the session checked the range).
+  if (header.offset > 0) {
+    return ServeRoundGet(fd, header, body, static_cast<int64_t>(header.offset - 1));
+  }
+  return ServeGetRequest(fd, header, body);
+}
+
+void Daemon::Aborted(const PacketHeader& header, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  incoming_.erase(header.transfer);
+  reporter_->ReportFailure(header.transfer, absl::StrCat("sender aborted: ", reason));
+}
+
+void Daemon::Ended(const std::string& peer, const std::set<uint64_t>& unfinished,
+                   const std::string& close_reason) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!close_reason.empty()) {
     ++stats_.malformed_sessions;
-    MLF_LOG(WARNING) << "closing data session from " << peer_name << ": " << close_reason;
+    MLF_LOG(WARNING) << "closing data session from " << peer << ": " << close_reason;
   }
-  for (uint64_t transfer : begun) {
+  for (uint64_t transfer : unfinished) {
     if (incoming_.erase(transfer)) {
       reporter_->ReportFailure(transfer,
-                         absl::StrCat("data session from ", peer_name, " ended mid-transfer",
-                                      close_reason.empty() ? "" : ": " + close_reason));
+                               absl::StrCat("data session from ", peer, " ended mid-transfer",
+                                            close_reason.empty() ? "" : ": " + close_reason));
     }
   }
-  socket->close(ignored);
 }
 
 }  // namespace mlfabric

@@ -157,7 +157,7 @@ void Daemon::DeliverRoundLocked(const std::string& key, int64_t round,
   ++stats_.rounds;
 }
 
-absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, const PacketHeader& request,
+absl::Status Daemon::ServeRoundGet(int fd, const PacketHeader& request,
                                    const v1::DataGetRequest& body, int64_t round_number) {
   const std::string& server = body.server();
   const std::string key = ServerKey(request.job, server);
@@ -213,7 +213,7 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
     reply.set_relay_host(route.via_host);
     reply.set_relay_address(route.via_address);
   }
-  RETURN_IF_ERROR(WriteGetReply(*socket, request, reply, error.empty() ? bytes : 0));
+  RETURN_IF_ERROR(WriteGetReply(fd, request, reply, error.empty() ? bytes : 0));
   if (!error.empty()) return absl::OkStatus();
   if (!route.via_host.empty()) {
     MLF_LOG(DEBUG) << "round " << round_number << " of server '" << server << "' for "
@@ -237,7 +237,7 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
       for (const auto& [begin, end] : watch->chunks) {
         packets += (end - begin + payload_bytes - 1) / payload_bytes;
       }
-      send_->OpenReply(stream, socket->native_handle(), request, watch->sum, packets);
+      send_->OpenReply(stream, fd, request, watch->sum, packets);
       for (const auto& [begin, end] : watch->ready) send_->QueueReply(stream, begin, end);
     }
   }
@@ -266,7 +266,7 @@ absl::Status Daemon::ServeRoundGet(const std::shared_ptr<tcp::socket>& socket, c
   abort.job = request.job;
   abort.transfer = request.transfer;
   const std::string reason(streamed.message());
-  return transport::WritePacket(*send_watchdog_, socket->native_handle(), abort, reason.data(), reason.size());
+  return transport::WritePacket(*send_watchdog_, fd, abort, reason.data(), reason.size());
 }
 
 }  // namespace mlfabric

@@ -191,7 +191,9 @@ TEST_CASE("The scheduler and daemons exit cleanly and promptly on SIGTERM") {
                                   "--socket=" + c.Socket("w1"), "--name=w1", "--dim=64",
                                   "--pushes=3"});
   REQUIRE(worker.ok());
-  REQUIRE((*worker)->WaitFor(60).value_or(-1) == 0);
+  const int worker_code = (*worker)->WaitFor(60).value_or(-1);
+  INFO((*worker)->Log());
+  REQUIRE(worker_code == 0);
   // Stop() sends SIGTERM and only escalates to SIGKILL (exit 137) after
   // the grace period: exit code 0 means a clean, prompt shutdown.
   for (const std::string host : {"s1", "w1"}) {
