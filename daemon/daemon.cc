@@ -3,11 +3,9 @@
 // daemon's members are defined by concern in daemon_*.cc.
 #include "daemon/daemon.h"
 
-#include <grp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <cerrno>
 #include <sys/uio.h>
@@ -106,42 +104,10 @@ absl::Status Daemon::Start() {
   data_address_ = absl::StrCat(config_.listen_address, ":", data_acceptor_->local_endpoint().port());
 
   // Local applications.
-  local_listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (config_.local_socket.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("local_socket path is too long: ", config_.local_socket));
-  }
-  std::strncpy(addr.sun_path, config_.local_socket.c_str(), sizeof(addr.sun_path) - 1);
-  ::unlink(config_.local_socket.c_str());
-  // Created 0600 (umask), then opened to the group if one is configured,
-  // and only then listening: no one else can connect in between.
-  const mode_t old_umask = ::umask(0177);
-  const int bound = ::bind(local_listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  const int bind_errno = errno;
-  ::umask(old_umask);
-  if (bound != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot bind local socket ", config_.local_socket,
-                                               ": ", std::strerror(bind_errno)));
-  }
-  if (!config_.local_socket_group.empty()) {
-    const struct group* group = ::getgrnam(config_.local_socket_group.c_str());
-    if (group == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "local_socket_group: no group named '", config_.local_socket_group, "'"));
-    }
-    if (::chown(config_.local_socket.c_str(), static_cast<uid_t>(-1), group->gr_gid) != 0 ||
-        ::chmod(config_.local_socket.c_str(), 0660) != 0) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("cannot give local socket ", config_.local_socket, " to group '",
-                       config_.local_socket_group, "': ", std::strerror(errno)));
-    }
-  }
-  if (::listen(local_listen_fd_, 64) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on local socket ",
-                                               config_.local_socket, ": ", std::strerror(errno)));
-  }
+  daemon::AppHandler* handler = this;  // a private base: converted here
+  apps_ = std::make_unique<daemon::AppSessions>(
+      daemon::AppSessions::Options{config_.local_socket, config_.local_socket_group}, handler);
+  if (auto status = apps_->Listen(); !status.ok()) return status;
 
   scheduler_ = daemon::MakeGrpcSchedulerClient(config_.scheduler, config_.keepalive_s);
   resolver_ = std::make_unique<daemon::ServerResolver>(scheduler_.get(), clock_,
@@ -154,7 +120,7 @@ absl::Status Daemon::Start() {
   if (auto status = send_->Start(); !status.ok()) return status;
   threads_.emplace_back([this] { ClockSyncLoop(); });
   threads_.emplace_back([this] { DataAcceptLoop(); });
-  threads_.emplace_back([this] { LocalAcceptLoop(); });
+  apps_->Start();
   MLF_LOG(INFO) << "host " << config_.host << " serving: data " << data_address_ << ", local "
                 << config_.local_socket << ", scheduler " << config_.scheduler;
   return absl::OkStatus();
@@ -287,8 +253,8 @@ void Daemon::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_) stream_->Cancel();
-    for (const auto& app : apps_) app->channel->Shutdown();
   }
+  if (apps_) apps_->Stop();
   cv_.notify_all();
   // Failures not yet reported are dropped: the scheduler marks this host down anyway.
   if (reporter_) reporter_->Stop();
@@ -298,15 +264,12 @@ void Daemon::Stop() {
     ::shutdown(data_acceptor_->native_handle(), SHUT_RDWR);
     data_acceptor_->close(ignored);
   }
-  if (local_listen_fd_ >= 0) ::shutdown(local_listen_fd_, SHUT_RDWR);
   // A write blocked on a dead peer returns, then the sender loop ends.
   peers_->CloseAll();
   send_->Stop();
   for (auto& thread : threads_) {
     if (thread.joinable()) thread.join();
   }
-  if (local_listen_fd_ >= 0) ::close(local_listen_fd_);
-  ::unlink(config_.local_socket.c_str());
 }
 
 absl::Status Daemon::Wait() {

@@ -59,6 +59,7 @@
 #include "absl/status/status.h"
 #include "ipc/local_ipc.h"
 #include "common/clock.h"
+#include "daemon/apps/app_sessions.h"
 #include "daemon/control/completion_reporter.h"
 #include "daemon/control/scheduler_client.h"
 #include "daemon/control/server_resolver.h"
@@ -85,7 +86,7 @@
 
 namespace mlfabric {
 
-class Daemon : private transport::DataSessionHandler {
+class Daemon : private transport::DataSessionHandler, private daemon::AppHandler {
  public:
   // `clock` (if not null) must outlive the daemon; the real clock otherwise.
   explicit Daemon(DaemonConfig config, const Clock* clock = nullptr);
@@ -113,23 +114,7 @@ class Daemon : private transport::DataSessionHandler {
   Stats GetStats() const;
 
  private:
-  struct AppSession {
-    std::shared_ptr<LocalChannel> channel;
-    std::string job;
-    std::string job_token;  // kept to register again if the scheduler restarts
-    std::string name;
-    v1::Role role = v1::ROLE_UNSPECIFIED;
-    uint32_t job_id = 0;
-    bool registered = false;
-    bool ssp = false;  // a worker of a stale-synchronous job: AwaitClock before each get
-    // The application's credentials (SO_PEERCRED at accept); -1 = unknown.
-    int64_t uid = -1;
-    int64_t pid = -1;
-    v1::LocalRegister registration;  // as asked, to register again
-    // Synchronous-round servers: the version of this app's latest push to
-    // each server, which names the round its next get streams back.
-    std::map<std::string, int64_t> last_round_push;
-  };
+  using AppSession = daemon::AppSession;
 
   struct PendingPush {
     std::shared_ptr<AppSession> app;
@@ -165,14 +150,15 @@ class Daemon : private transport::DataSessionHandler {
   void ScheduleStreamLoop();
   void HandleCommand(const v1::DaemonCommand& command);
 
-  void LocalAcceptLoop();
-  void AppLoop(std::shared_ptr<AppSession> app);
-  void HandleRegister(const std::shared_ptr<AppSession>& app, const v1::LocalRegister& request);
-  void HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push, int fd);
-  void HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get);
-  void HandleUpdateAck(const v1::LocalUpdateAck& ack);
-  void HandleModelReply(const v1::LocalModelReply& reply, int fd);
-  void AppGone(const std::shared_ptr<AppSession>& app);
+  // daemon::AppHandler: what the local applications ask (daemon_apps.cc).
+  void HandleRegister(const std::shared_ptr<AppSession>& app,
+                      const v1::LocalRegister& request) override;
+  void HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push,
+                  int fd) override;
+  void HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) override;
+  void HandleUpdateAck(const v1::LocalUpdateAck& ack) override;
+  void HandleModelReply(const v1::LocalModelReply& reply, int fd) override;
+  void AppGone(const std::shared_ptr<AppSession>& app) override;
 
   void DataAcceptLoop();
   void DataSessionLoop(std::shared_ptr<boost::asio::ip::tcp::socket> socket);
@@ -304,7 +290,8 @@ class Daemon : private transport::DataSessionHandler {
   // The asking side of model gets, with the connections kept for the next.
   std::unique_ptr<transport::GetClient> get_client_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> data_acceptor_;
-  int local_listen_fd_ = -1;
+  // The local applications' socket and sessions.
+  std::unique_ptr<daemon::AppSessions> apps_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -339,7 +326,6 @@ class Daemon : private transport::DataSessionHandler {
   std::map<uint64_t, std::pair<std::shared_ptr<AppSession>, std::shared_ptr<SharedBuffer>>>
       awaiting_ack_;
   daemon::BufferPool buffer_pool_;
-  std::set<std::shared_ptr<AppSession>> apps_;
   uint64_t next_local_id_ = 1;
   Stats stats_;
   std::unique_ptr<monitor::BandwidthMonitor> monitor_;

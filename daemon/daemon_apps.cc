@@ -1,4 +1,6 @@
-// Daemon: Local applications: registration, push (recorded before its SubmitUpdate, no lock held across it), get, update acks, model replies.
+// Daemon: what local applications ask, as the AppHandler of its
+// daemon::AppSessions: registration, push (recorded before its
+// SubmitUpdate, no lock held across it), get, update acks, model replies.
 #include "daemon/daemon.h"
 
 #include <netinet/in.h>
@@ -31,66 +33,6 @@
 namespace mlfabric {
 
 // ------------------------------------------------------------ local apps
-
-void Daemon::LocalAcceptLoop() {
-  while (!stopping_.load()) {
-    const int fd = ::accept4(local_listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR) continue;
-      if (!stopping_.load()) MLF_LOG(ERROR) << "local accept failed: " << std::strerror(errno);
-      return;
-    }
-    auto app = std::make_shared<AppSession>();
-    struct ucred cred {};
-    socklen_t cred_len = sizeof(cred);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0) {
-      app->uid = cred.uid;
-      app->pid = cred.pid;
-    }
-    app->channel = std::make_shared<LocalChannel>(fd);
-    std::lock_guard<std::mutex> lock(mu_);
-    apps_.insert(app);
-    std::thread([this, app] { AppLoop(app); }).detach();
-  }
-}
-
-void Daemon::AppLoop(std::shared_ptr<AppSession> app) {
-  while (!stopping_.load()) {
-    v1::LocalMessage message;
-    int fd = -1;
-    absl::Status status = app->channel->Receive(&message, &fd);
-    if (!status.ok()) {
-      if (status.code() != absl::StatusCode::kUnavailable) {
-        MLF_LOG(WARNING) << "closing local session of '" << app->name << "': " << status.message();
-      }
-      break;
-    }
-    switch (message.body_case()) {
-      case v1::LocalMessage::kRegister:
-        HandleRegister(app, message.register_());
-        break;
-      case v1::LocalMessage::kPush:
-        HandlePush(app, message.push(), fd);
-        fd = -1;
-        break;
-      case v1::LocalMessage::kGet:
-        HandleGet(app, message.get());
-        break;
-      case v1::LocalMessage::kUpdateAck:
-        HandleUpdateAck(message.update_ack());
-        break;
-      case v1::LocalMessage::kModelReply:
-        HandleModelReply(message.model_reply(), fd);
-        fd = -1;
-        break;
-      default:
-        MLF_LOG(WARNING) << "unexpected local message " << message.body_case() << " from '"
-                         << app->name << "'";
-    }
-    if (fd >= 0) ::close(fd);
-  }
-  AppGone(app);
-}
 
 void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
                             const v1::LocalRegister& request) {
@@ -354,7 +296,6 @@ void Daemon::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
 
 void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
   std::lock_guard<std::mutex> lock(mu_);
-  apps_.erase(app);
   for (auto it = awaiting_ack_.begin(); it != awaiting_ack_.end();) {
     it = it->second.first == app ? awaiting_ack_.erase(it) : std::next(it);
   }

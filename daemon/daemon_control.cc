@@ -72,11 +72,7 @@ void Daemon::ScheduleStreamLoop() {
       return;
     }
     // The scheduler may have restarted: registered applications register again.
-    std::vector<std::shared_ptr<AppSession>> apps;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      apps.assign(apps_.begin(), apps_.end());
-    }
+    const std::vector<std::shared_ptr<AppSession>> apps = apps_->Sessions();
     for (const auto& app : apps) {
       if (!app->registered) continue;
       const v1::RegisterEntityRequest entity =
