@@ -1,0 +1,148 @@
+// PlanCutThroughDistribution (distribution.h): the §10.3 tree planned for
+// daemons that forward each packet as it arrives, on the residual rates
+// of the hosts' links. The store-and-forward search is distribution.cc.
+#include "scheduler/core/distribution.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "scheduler/core/network.h"
+#include "scheduler/core/planner.h"
+
+namespace mlfabric::core {
+
+namespace {
+
+// A host's rate at `now_s`: its profile's (the residual after reservations)
+// when it has one, else its capacity.
+double RateNow(const std::vector<ProfilePoint>& profile, double capacity_bps, double now_s) {
+  double rate = capacity_bps;
+  for (const auto& [t, bps] : profile) {
+    if (t > now_s) break;
+    rate = bps;
+  }
+  return rate;
+}
+
+}  // namespace
+
+absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRequest& request,
+                                                            const CutThroughOptions& options) {
+  if (request.model_bytes <= 0) {
+    return absl::InvalidArgumentError("model_bytes: must be a positive integer");
+  }
+  if (options.max_fanout < 1) {
+    return absl::InvalidArgumentError("max_fanout: must be at least 1");
+  }
+  if (options.packet_bytes < 1) {
+    return absl::InvalidArgumentError("packet_bytes: must be positive");
+  }
+  if (!(options.hop_s >= 0)) return absl::InvalidArgumentError("hop_s: must be >= 0");
+  if (!(options.min_saving >= 0 && options.min_saving < 1)) {
+    return absl::InvalidArgumentError("min_saving: must be in [0, 1)");
+  }
+  Batch batch;
+  batch.now_s = request.now_s;
+  batch.server = request.server;
+  batch.hosts = request.hosts;
+  RETURN_IF_ERROR(ValidateBatch(batch));
+  std::map<std::string, const HostLink*> links;
+  for (const HostLink& h : request.hosts) links[h.name] = &h;
+  auto up = [&](const std::string& name) {
+    const HostLink& h = *links.at(name);
+    return RateNow(h.uplink_profile, h.uplink_bps, request.now_s);
+  };
+  auto down = [&](const std::string& name) {
+    const HostLink& h = *links.at(name);
+    return RateNow(h.downlink_profile, h.downlink_bps, request.now_s);
+  };
+  if (links.count(request.server) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("server: '", request.server, "' is not in hosts"));
+  }
+  std::set<std::string> seen;
+  for (size_t i = 0; i < request.requesters.size(); ++i) {
+    const std::string& name = request.requesters[i];
+    if (links.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("requesters[", i, "]: '", name,
+                                                     "' is not in hosts"));
+    }
+    if (name == request.server) {
+      return absl::InvalidArgumentError(absl::StrCat("requesters[", i, "]: the server itself"));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("requesters[", i, "]: duplicate '", name, "'"));
+    }
+  }
+  // Fastest uplinks first (they become the inner nodes); ties keep request order.
+  std::vector<size_t> order(request.requesters.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return up(request.requesters[a]) > up(request.requesters[b]);
+  });
+  const double bits = 8.0 * static_cast<double>(request.model_bytes);
+  const double packet_bits =
+      8.0 * static_cast<double>(std::min<int64_t>(options.packet_bytes, request.model_bytes));
+  const size_t n = order.size();
+  DistributionPlan best;
+  best.total_s = n == 0 ? request.now_s : kInfinity;
+  // The star first (every copy from the server), then F = 1 .. max_fanout:
+  // a tree must end min_saving of the star's time sooner to be taken (the
+  // server's copies are the better way where the requesters' links are
+  // what limits the batch, N3).
+  std::vector<size_t> fanouts = {std::max<size_t>(n, 1)};
+  for (size_t f = 1; f <= static_cast<size_t>(options.max_fanout) && f < n; ++f) {
+    fanouts.push_back(f);
+  }
+  double star_s = 0;
+  for (const size_t fanout : fanouts) {
+    auto parent = [&](size_t k) -> long { return k < fanout ? -1 : static_cast<long>((k - fanout) / fanout); };
+    auto children = [&](long node) -> size_t {  // node -1 = the server
+      const size_t first = node < 0 ? 0 : fanout + static_cast<size_t>(node) * fanout;
+      return first >= n ? 0 : std::min(fanout, n - first);
+    };
+    std::vector<double> rate(n), at(n);
+    std::vector<int> depth(n);
+    DistributionPlan plan;
+    plan.deliveries.resize(n);
+    for (size_t k = 0; k < n; ++k) {  // parents come first
+      const std::string& host = request.requesters[order[k]];
+      const long p = parent(k);
+      const std::string& from = p < 0 ? request.server : request.requesters[order[static_cast<size_t>(p)]];
+      double r = std::min(up(from) / static_cast<double>(children(p)), down(host));
+      int d = 1;
+      if (p >= 0) {
+        r = std::min(r, rate[static_cast<size_t>(p)]);
+        d = depth[static_cast<size_t>(p)] + 1;
+      }
+      rate[k] = r;
+      depth[k] = d;
+      at[k] = r > 0 ? request.now_s + bits / r + (d - 1) * (packet_bits / r + options.hop_s)
+                    : kInfinity;
+      plan.deliveries[order[k]] = {host, at[k], from, r, up(host),
+                                   static_cast<int>(children(static_cast<long>(k)))};
+      plan.total_s = std::max(plan.total_s, at[k]);
+      if (p < 0) plan.copy_bps = plan.copy_bps > 0 ? std::min(plan.copy_bps, r) : r;
+    }
+    plan.direct = static_cast<int>(children(-1));
+    plan.distributors_used = 0;  // every copy past the server's is forwarded by a requester
+    if (fanout == fanouts.front()) {  // the star
+      star_s = plan.total_s - request.now_s;
+      const double share = up(request.server) / static_cast<double>(std::max<size_t>(n, 1));
+      const bool bound = n > 0 && plan.copy_bps >= (1 - options.min_saving) * share;
+      best = std::move(plan);
+      best.server_bound = bound;
+    } else if (plan.total_s < best.total_s &&
+               plan.total_s - request.now_s <= (1 - options.min_saving) * star_s) {
+      plan.server_bound = best.server_bound;
+      best = std::move(plan);
+    }
+  }
+  return best;
+}
+
+}  // namespace mlfabric::core
