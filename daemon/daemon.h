@@ -9,7 +9,7 @@
 //   and get, servers receive updates and model requests (daemon_apps.cc).
 //   Tensor bytes stay in the application's memfd until they go on the wire.
 //   A push is recorded under its local id before its SubmitUpdate, so
-//   commands never wait for a submission (AdoptSubmittedLocked).
+//   commands never wait for a submission (apps/push_table.h).
 // - Data plane: TCP to other daemons in Mercury packets (transport/): the
 //   send side (daemon::SendScheduler, its own lock and loop, writing
 //   through transport::PeerConnections) releases scheduled transfers at
@@ -60,6 +60,7 @@
 #include "ipc/local_ipc.h"
 #include "common/clock.h"
 #include "daemon/apps/app_sessions.h"
+#include "daemon/apps/push_table.h"
 #include "daemon/control/completion_reporter.h"
 #include "daemon/control/scheduler_client.h"
 #include "daemon/control/server_resolver.h"
@@ -115,14 +116,6 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
 
  private:
   using AppSession = daemon::AppSession;
-
-  struct PendingPush {
-    std::shared_ptr<AppSession> app;
-    uint64_t request_id = 0;
-    std::shared_ptr<SharedBuffer> buffer;
-    std::vector<v1::TensorInfo> tensors;
-    std::shared_ptr<daemon::PacketChecksums> checksums;
-  };
 
   struct Incoming {
     uint32_t job_id = 0;
@@ -260,10 +253,6 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   void JoinRoundLocked(const v1::ExpectDelivery& expect);
   void ApplyRoundEffectsLocked(daemon::RoundTable::Effects& fx);
   void DeliverRoundLocked(const std::string& key, int64_t round, daemon::RoundTable::Effects* fx);
-  // A command for push `transfer_id` that overtook its SubmitUpdate reply:
-  // moves the push recorded under `local_id` into pushes_. Requires mu_.
-  void AdoptSubmittedLocked(uint64_t transfer_id, uint64_t local_id);
-
   static std::string ServerKey(uint32_t job_id, const std::string& server);
   // relays_'s key: a server's model batches, or its synchronous rounds.
   static std::string RelayKey(uint32_t job_id, const std::string& server, bool round);
@@ -297,9 +286,8 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   std::condition_variable cv_;
   std::atomic<bool> stopping_{false};
   absl::Status fatal_;
-  std::map<uint64_t, PendingPush> pushes_;            // by transfer id
-  // Pushes whose SubmitUpdate has not returned yet, by local id.
-  std::map<uint64_t, std::shared_ptr<PendingPush>> submitted_;
+  // This host's pushes until their outcome (own lock, a leaf under mu_).
+  daemon::PushTable pushes_;
   std::map<std::string, ServerEndpoint> servers_;     // by ServerKey
   daemon::DeliverySequencer delivery_;                // commit order, by ServerKey
   std::map<uint64_t, Incoming> incoming_;             // by transfer id
@@ -320,8 +308,6 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   daemon::RelayTable relays_;
   // Which earlier requester forwards a round's sum to each later one.
   daemon::RoundRoutes round_routes_;
-  // Bytes of applied pushes whose replica copy comes in a later batch.
-  std::map<uint64_t, PendingPush> replica_holds_;
   // Receive buffers delivered and not yet acknowledged (then recycled).
   std::map<uint64_t, std::pair<std::shared_ptr<AppSession>, std::shared_ptr<SharedBuffer>>>
       awaiting_ack_;

@@ -118,45 +118,36 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
   request.set_dtype(push.dtype());
   // The push is recorded under its local id before the RPC, and no lock is
   // held across it: a command naming the push that arrives before the
-  // reply finds it by local id (AdoptSubmittedLocked), and the command
-  // stream never waits for a submission.
-  auto pending = std::make_shared<PendingPush>();
-  pending->app = app;
-  pending->request_id = push.request_id();
-  pending->buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
-  pending->tensors.assign(push.tensors().begin(), push.tensors().end());
+  // reply finds it by local id (PushTable::Adopt), and the command stream
+  // never waits for a submission.
+  daemon::PushTable::Push pending;
+  pending.app = app;
+  pending.request_id = push.request_id();
+  pending.buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
+  pending.tensors.assign(push.tensors().begin(), push.tensors().end());
   // Checksum the packets while the scheduler plans (see PacketChecksums).
-  pending->checksums = daemon::PacketChecksums::ForPush(pending->tensors, pending->buffer->size(),
-                                                        config_.payload_bytes);
-  // Kept here: once recorded, *pending may be moved into pushes_ at any time.
-  const std::shared_ptr<daemon::PacketChecksums> checksums = pending->checksums;
-  const std::shared_ptr<SharedBuffer> bytes = pending->buffer;
-  uint64_t local_id = 0;
+  pending.checksums = daemon::PacketChecksums::ForPush(pending.tensors, pending.buffer->size(),
+                                                       config_.payload_bytes);
+  const std::shared_ptr<daemon::PacketChecksums> checksums = pending.checksums;
+  const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    local_id = next_local_id_++;
-    submitted_[local_id] = pending;
     // Names the round a later get streams back, if the server runs rounds.
+    std::lock_guard<std::mutex> lock(mu_);
     app->last_round_push[push.server()] = push.version();
   }
+  const uint64_t local_id = pushes_.Record(std::move(pending));
   request.set_local_id(local_id);
   MLF_LOG(DEBUG) << "submitting push (local id " << local_id << ") of '" << app->name
                  << "' to server '" << push.server() << "'";
   v1::SubmitUpdateReply reply;
   absl::Status status = scheduler_->SubmitUpdate(request, &reply);
-  {
+  if (!status.ok()) {
+    pushes_.SubmitFailed(local_id);
+  } else {
+    // A command may have adopted it already; either way it is known now.
+    pushes_.Submitted(local_id, reply.transfer_id());
     std::lock_guard<std::mutex> lock(mu_);
-    auto still = submitted_.find(local_id);
-    if (!status.ok()) {
-      if (still != submitted_.end()) submitted_.erase(still);
-    } else {
-      ++stats_.pushes;
-      // A command may have adopted it already; either way it is known now.
-      if (still != submitted_.end()) {
-        pushes_[reply.transfer_id()] = std::move(*still->second);
-        submitted_.erase(still);
-      }
-    }
+    ++stats_.pushes;
   }
   if (!status.ok()) {
     fail(absl::StrCat("scheduler refused the push: ", daemon::RpcErrorText(status)));
@@ -169,14 +160,6 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
                  << checksums->parts() << " threads) in "
                  << absl::StrFormat("%.3f", clock_->NowSeconds() - start_s) << " s, done at "
                  << absl::StrFormat("%.6f", clock_->NowSeconds());
-}
-
-void Daemon::AdoptSubmittedLocked(uint64_t transfer_id, uint64_t local_id) {
-  if (local_id == 0 || pushes_.count(transfer_id)) return;
-  auto it = submitted_.find(local_id);
-  if (it == submitted_.end()) return;
-  pushes_[transfer_id] = std::move(*it->second);
-  submitted_.erase(it);
 }
 
 void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) {

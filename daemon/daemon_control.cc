@@ -53,14 +53,13 @@ void Daemon::ScheduleStreamLoop() {
                      << "; failing pending pushes and re-registering";
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& [id, push] : pushes_) {
+      for (const daemon::PushTable::Push& push : pushes_.TakeAllSubmitted()) {
         v1::LocalMessage done;
         done.mutable_push_done()->set_request_id(push.request_id);
         done.mutable_push_done()->set_outcome(v1::OUTCOME_FAILED);
         done.mutable_push_done()->set_reason("the daemon lost its connection to the scheduler");
         (void)push.app->channel->Send(done);
       }
-      pushes_.clear();
       // Pushes still being submitted fail when their SubmitUpdate does.
       send_->DropAll();
     }
@@ -88,7 +87,7 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
   switch (command.command_case()) {
     case v1::DaemonCommand::kSend:
       // A push's commands may overtake its SubmitUpdate reply.
-      AdoptSubmittedLocked(command.send().transfer_id(), command.send().local_id());
+      pushes_.Adopt(command.send().transfer_id(), command.send().local_id());
       ScheduleSendLocked(command.send());
       break;
     case v1::DaemonCommand::kAggregate:
@@ -116,7 +115,7 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     case v1::DaemonCommand::kCancel: {
       const v1::CancelDelivery& cancel = command.cancel();
       if (cancel.release_hold()) {
-        replica_holds_.erase(cancel.transfer_id());
+        (void)pushes_.TakeHeld(cancel.transfer_id());
         break;
       }
       if (cancel.fail_round()) {
@@ -145,19 +144,18 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     }
     case v1::DaemonCommand::kOutcome: {
       const v1::PushOutcome& outcome = command.outcome();
-      AdoptSubmittedLocked(outcome.transfer_id(), outcome.local_id());
-      auto it = pushes_.find(outcome.transfer_id());
-      if (it == pushes_.end()) break;
+      pushes_.Adopt(outcome.transfer_id(), outcome.local_id());
+      std::optional<daemon::PushTable::Push> push =
+          pushes_.TakeForOutcome(outcome.transfer_id(), outcome.hold_for_replica());
+      if (!push.has_value()) break;
       v1::LocalMessage done;
       v1::LocalPushDone* body = done.mutable_push_done();
-      body->set_request_id(it->second.request_id);
+      body->set_request_id(push->request_id);
       body->set_outcome(outcome.outcome());
       body->set_reason(outcome.reason());
       body->set_applied_version(outcome.applied_version());
       body->set_delay(outcome.delay());
-      (void)it->second.app->channel->Send(done);
-      if (outcome.hold_for_replica()) replica_holds_[outcome.transfer_id()] = it->second;
-      pushes_.erase(it);
+      (void)push->app->channel->Send(done);
       break;
     }
     default:

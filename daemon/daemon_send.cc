@@ -35,26 +35,25 @@ void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
   // A replica copy (§5.3) sends the bytes of another push of this host.
   const uint64_t source = send.source_transfer_id() != 0 ? send.source_transfer_id()
                                                          : send.transfer_id();
-  auto push = pushes_.find(source);
+  std::optional<daemon::PushTable::Push> push = pushes_.Find(source);
   // A member of an aggregation on this host (the scheduler sends the task
   // first) is summed here; anything else for this host (a push to a server
   // on it) goes through the data plane like any transfer.
-  if (push != pushes_.end() && send.dst_host() == config_.host &&
+  if (push.has_value() && send.dst_host() == config_.host &&
       aggregations_.AggregateOf(send.transfer_id()).has_value()) {
-    AcceptLocalLocked(send, push->second.buffer);
+    AcceptLocalLocked(send, push->buffer);
     return;
   }
-  if (push != pushes_.end()) {
-    ScheduleOutgoingLocked(send, push->second.buffer, push->second.tensors,
-                           push->second.checksums);
+  if (push.has_value()) {
+    ScheduleOutgoingLocked(send, push->buffer, push->tensors, push->checksums);
     return;
   }
-  auto held = replica_holds_.find(source);
-  if (held != replica_holds_.end() && send.source_transfer_id() != 0) {
-    ScheduleOutgoingLocked(send, held->second.buffer, held->second.tensors,
-                           held->second.checksums);
-    replica_holds_.erase(held);  // the outgoing transfer keeps the bytes alive
-    return;
+  if (send.source_transfer_id() != 0) {
+    // The outgoing transfer keeps the held bytes alive.
+    if (std::optional<daemon::PushTable::Push> held = pushes_.TakeHeld(source)) {
+      ScheduleOutgoingLocked(send, held->buffer, held->tensors, held->checksums);
+      return;
+    }
   }
   reporter_->ReportFailure(send.transfer_id(),
                      absl::StrCat("no pushed data on ", config_.host, " for push ", source));

@@ -1,0 +1,80 @@
+#include "daemon/apps/push_table.h"
+
+namespace mlfabric::daemon {
+
+uint64_t PushTable::Record(Push push) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t local = next_local_++;
+  submitting_.emplace(local, std::move(push));
+  return local;
+}
+
+void PushTable::Submitted(uint64_t local_id, uint64_t transfer_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = submitting_.find(local_id);
+  if (it == submitting_.end()) return;  // adopted already
+  pushes_[transfer_id] = std::move(it->second);
+  submitting_.erase(it);
+}
+
+void PushTable::SubmitFailed(uint64_t local_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  submitting_.erase(local_id);
+}
+
+void PushTable::Adopt(uint64_t transfer_id, uint64_t local_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (local_id == 0 || pushes_.count(transfer_id)) return;
+  auto it = submitting_.find(local_id);
+  if (it == submitting_.end()) return;
+  pushes_[transfer_id] = std::move(it->second);
+  submitting_.erase(it);
+}
+
+std::optional<PushTable::Push> PushTable::Find(uint64_t transfer_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pushes_.find(transfer_id);
+  if (it == pushes_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<PushTable::Push> PushTable::TakeForOutcome(uint64_t transfer_id,
+                                                         bool hold_for_replica) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pushes_.find(transfer_id);
+  if (it == pushes_.end()) return std::nullopt;
+  Push push = std::move(it->second);
+  pushes_.erase(it);
+  if (hold_for_replica) held_[transfer_id] = push;
+  return push;
+}
+
+std::optional<PushTable::Push> PushTable::TakeHeld(uint64_t transfer_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find(transfer_id);
+  if (it == held_.end()) return std::nullopt;
+  Push push = std::move(it->second);
+  held_.erase(it);
+  return push;
+}
+
+std::vector<PushTable::Push> PushTable::TakeAllSubmitted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Push> all;
+  all.reserve(pushes_.size());
+  for (auto& [id, push] : pushes_) all.push_back(std::move(push));
+  pushes_.clear();
+  return all;
+}
+
+size_t PushTable::submitted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pushes_.size();
+}
+
+size_t PushTable::held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_.size();
+}
+
+}  // namespace mlfabric::daemon
