@@ -79,6 +79,7 @@ Daemon::Stats Daemon::GetStats() const {
   std::lock_guard<std::mutex> lock(mu_);
   Stats stats = stats_;
   stats.bytes_sent = send_->bytes_sent();
+  if (fetcher_) stats.copies_forwarded = fetcher_->copies_forwarded();
   const daemon::GetBatcher::Stats gets = gets_.stats();
   stats.gets_served = gets.gets;
   stats.model_snapshots = gets.snapshots;
@@ -113,6 +114,9 @@ absl::Status Daemon::Start() {
   resolver_ = std::make_unique<daemon::ServerResolver>(scheduler_.get(), clock_,
                                                        config_.resolve_ttl_s);
   reporter_ = std::make_unique<daemon::CompletionReporter>(scheduler_.get(), config_.host);
+  fetcher_ = std::make_unique<daemon::ModelFetcher>(
+      daemon::ModelFetcher::Options{config_.host, data_address_, config_.get_timeout_s},
+      resolver_.get(), get_client_.get(), send_.get(), send_watchdog_.get());
   if (auto status = RegisterHost(); !status.ok()) return status;
 
   if (auto status = StartMonitor(); !status.ok()) return status;
@@ -255,6 +259,7 @@ void Daemon::Stop() {
     if (stream_) stream_->Cancel();
   }
   if (apps_) apps_->Stop();
+  if (fetcher_) fetcher_->Stop();
   cv_.notify_all();
   // Failures not yet reported are dropped: the scheduler marks this host down anyway.
   if (reporter_) reporter_->Stop();

@@ -69,6 +69,7 @@
 #include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/delivery_sequencer.h"
 #include "daemon/engine/get_batcher.h"
+#include "daemon/engine/model_fetcher.h"
 #include "daemon/engine/relay_table.h"
 #include "daemon/engine/round_routes.h"
 #include "daemon/engine/packet_checksums.h"
@@ -179,18 +180,6 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   // applies or the scheduler cannot be asked).
   void RouteBatch(const std::string& key, uint32_t job_id, const std::string& server,
                   uint64_t batch, int64_t model_bytes);
-  // As a distributor: forwards our copy of the server's batch
-  // `body.relay_batch()` to a requester routed here, packet by packet as
-  // it arrives.
-  absl::Status ServeRelayGet(int fd, const transport::PacketHeader& header,
-                             const v1::DataGetRequest& body);
-  // The header of a get's reply: offset = the bytes that follow; payload =
-  // `body`.
-  absl::Status WriteGetReply(int fd, const transport::PacketHeader& request,
-                             const v1::DataGetReply& body, int64_t bytes);
-  // Carries out what the relay table said. Requires mu_.
-  void ApplyRelayEffectsLocked(const daemon::RelayTable::Effects& effects);
-
   // Require mu_.
   void ScheduleSendLocked(const v1::SendTransfer& send);
   // A push whose schedule names this host and one of its aggregations: a
@@ -219,27 +208,12 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   // (reported to the scheduler).
   void DropAggregationLocked(uint64_t aggregate_id, const std::string& reason);
   void FailAggregationLocked(uint64_t aggregate_id, const std::string& reason);
-  // Reads the model that follows a get's reply header (get_client_). A
-  // non-empty `relay_key` keeps the copy in relays_ so that it can be
-  // forwarded. `source` names where it comes from, for the errors of
-  // requesters below.
-  absl::Status ReceiveModel(transport::GetClient::Connection& connection,
-                            const std::string& relay_key, const std::string& source,
-                            std::shared_ptr<SharedBuffer>* model);
   // This host's uplink now: the monitor's last report, else the configured
   // capacity; 0 = not known.
   double UplinkBps() const;
   // Returns once socket `fd`'s send queue holds at most a few packets not yet
   // acknowledged by the peer (or after timeout_s, or when stopping).
   void WaitSent(int fd, double timeout_s);
-  // `round` >= 0 asks a synchronous-round server for that round's sum.
-  absl::Status FetchModel(const std::string& job, const std::string& server, int64_t* version,
-                          std::shared_ptr<SharedBuffer>* buffer, int64_t round = -1,
-                          uint32_t priority = 0);
-  // FetchModel once the server is found.
-  absl::Status FetchFrom(const v1::ResolveServerReply& where, const std::string& server,
-                         int64_t* version, std::shared_ptr<SharedBuffer>* buffer, int64_t round,
-                         uint32_t priority);
   // Streams round `round`'s sum to a worker's daemon as chunks complete.
   absl::Status ServeRoundGet(int fd, const transport::PacketHeader& request,
                              const v1::DataGetRequest& body, int64_t round);
@@ -254,8 +228,6 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   void ApplyRoundEffectsLocked(daemon::RoundTable::Effects& fx);
   void DeliverRoundLocked(const std::string& key, int64_t round, daemon::RoundTable::Effects* fx);
   static std::string ServerKey(uint32_t job_id, const std::string& server);
-  // relays_'s key: a server's model batches, or its synchronous rounds.
-  static std::string RelayKey(uint32_t job_id, const std::string& server, bool round);
 
   const DaemonConfig config_;
   // Bounds every data-socket write by --send_timeout_s; declared early so
@@ -303,16 +275,15 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   // Gets of local servers' models, answered in batches of one snapshot
   // each (§10.3); own lock, a leaf under mu_.
   daemon::GetBatcher gets_;
-  // Model copies received for our own gets, forwarded to requesters routed
-  // here (§10.3); own lock, a leaf under mu_.
-  daemon::RelayTable relays_;
+  // The asking side of gets, and the copies it forwards to requesters
+  // routed here (§10.3); own lock, taken under mu_ or alone.
+  std::unique_ptr<daemon::ModelFetcher> fetcher_;
   // Which earlier requester forwards a round's sum to each later one.
   daemon::RoundRoutes round_routes_;
   // Receive buffers delivered and not yet acknowledged (then recycled).
   std::map<uint64_t, std::pair<std::shared_ptr<AppSession>, std::shared_ptr<SharedBuffer>>>
       awaiting_ack_;
   daemon::BufferPool buffer_pool_;
-  uint64_t next_local_id_ = 1;
   Stats stats_;
   std::unique_ptr<monitor::BandwidthMonitor> monitor_;
 

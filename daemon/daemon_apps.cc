@@ -197,8 +197,9 @@ void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGe
     }
     int64_t version = 0;
     std::shared_ptr<SharedBuffer> model;
-    absl::Status status = FetchModel(job, get.server(), &version, &model, round,
-                                     static_cast<uint32_t>(std::max(0, get.priority())));
+    absl::Status status = fetcher_->Fetch(job, get.server(), round,
+                                          static_cast<uint32_t>(std::max(0, get.priority())),
+                                          &version, &model);
     if (!status.ok()) {
       body->set_error(std::string(status.message()));
       (void)app->channel->Send(done);

@@ -1,6 +1,7 @@
-// Daemon: model gets: serving them in batches (replies stream through the
-// SendScheduler's queue), forwarding a distributor's copy, and fetching a
-// model from a server's daemon.
+// Daemon: the server side of model gets: answered in batches that share
+// one snapshot (GetBatcher), routed through the batch's distribution tree
+// (§10.3), the copies sent from here streamed through the SendScheduler.
+// The asking and forwarding side is daemon::ModelFetcher.
 #include "daemon/daemon.h"
 
 #include <netinet/in.h>
@@ -146,7 +147,7 @@ absl::Status Daemon::ServeGetRequest(int fd,
     reply.set_relay_host(route.via_host);
     reply.set_relay_address(route.via_address);
   }
-  if (auto status = WriteGetReply(fd, request, reply,
+  if (auto status = transport::WriteGetReply(*send_watchdog_, fd, request, reply,
                                   error.empty() && model ? static_cast<int64_t>(model->size()) : 0);
       !status.ok()) {
     leave();
@@ -225,17 +226,6 @@ void Daemon::WaitSent(int fd, double timeout_s) {
   }
 }
 
-absl::Status Daemon::WriteGetReply(int fd, const PacketHeader& request,
-                                   const v1::DataGetReply& body, int64_t bytes) {
-  const std::string payload = body.SerializeAsString();
-  PacketHeader reply;
-  reply.kind = PacketKind::kGetReply;
-  reply.job = request.job;
-  reply.transfer = request.transfer;
-  reply.offset = static_cast<uint64_t>(std::max<int64_t>(bytes, 0));
-  return transport::WritePacket(*send_watchdog_, fd, reply, payload.data(),
-                                static_cast<uint32_t>(payload.size()));
-}
 
 void Daemon::RouteBatch(const std::string& key, uint32_t job_id, const std::string& server,
                         uint64_t batch, int64_t model_bytes) {
@@ -317,224 +307,10 @@ void Daemon::RouteBatch(const std::string& key, uint32_t job_id, const std::stri
   cv_.notify_all();
 }
 
-void Daemon::ApplyRelayEffectsLocked(const daemon::RelayTable::Effects& effects) {
-  for (const auto& [id, range] : effects.forward) send_->QueueReply(id, range.first, range.second);
-  for (uint64_t id : effects.complete) send_->EndReply(id);
-  for (const auto& [id, why] : effects.fail) send_->FailReply(id, why);
-}
 
-absl::Status Daemon::ServeRelayGet(int fd,
-                                   const PacketHeader& request,
-                                   const v1::DataGetRequest& body) {
-  // offset = round + 1: a synchronous round's sum (batch = round + 1).
-  const std::string key = RelayKey(request.job, body.server(), request.offset > 0);
-  const uint64_t batch = body.relay_batch();
-  const std::string who = absl::StrCat("distributor ", config_.host);
-  using State = daemon::RelayTable::State;
-  // Our own get of the batch may not have its reply header yet.
-  v1::DataGetReply reply;
-  reply.set_batch(batch);
-  std::shared_ptr<SharedBuffer> model;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    State state = State::kUnknown;
-    cv_.wait_for(lock, std::chrono::duration<double>(config_.get_timeout_s), [&] {
-      state = relays_.StateOf(key, batch);
-      return state != State::kUnknown || stopping_.load();
-    });
-    daemon::RelayTable::Watch peek = relays_.AddWatcher(key, batch, 0);
-    if (stopping_.load()) {
-      reply.set_error(absl::StrCat(who, " is stopping"));
-    } else if (peek.state == State::kUnknown || peek.state == State::kGone) {
-      reply.set_error(absl::StrCat(
-          who, " has no copy of batch ", batch, " of server '", body.server(), "' ",
-          peek.state == State::kGone ? "any more"
-                                     : absl::StrCat("(its own get did not begin within ",
-                                                    config_.get_timeout_s, " s)")));
-    } else if (peek.state == State::kFailed) {
-      reply.set_error(absl::StrCat(who, " could not receive the model: ", peek.error));
-    } else {
-      reply.set_version(peek.version);
-      model = peek.model;
-    }
-  }
-  RETURN_IF_ERROR(
-      WriteGetReply(fd, request, reply, model ? static_cast<int64_t>(model->size()) : 0));
-  if (!model || model->size() == 0) return absl::OkStatus();
-  // Cut-through: what has arrived goes now, each later packet as it comes.
-  const uint64_t stream = send_->ReserveReplyId();
-  std::string failed_meanwhile;
-  {
-    std::lock_guard<std::mutex> lock(mu_);  // relay effects are applied under it
-    send_->OpenReply(stream, fd, request, model,
-                     std::numeric_limits<size_t>::max());
-    daemon::RelayTable::Watch watch = relays_.AddWatcher(key, batch, stream);
-    if (watch.state == State::kFailed || watch.state == State::kUnknown ||
-        watch.state == State::kGone) {
-      failed_meanwhile = watch.state == State::kFailed ? watch.error : "its copy was dropped";
-    } else {
-      for (const auto& [begin, end] : watch.ready) send_->QueueReply(stream, begin, end);
-      if (watch.state == State::kDone) send_->EndReply(stream);
-      ++stats_.copies_forwarded;
-      MLF_LOG(DEBUG) << "forwards batch " << batch << " of server '" << body.server()
-                     << "' to get " << request.transfer << " ("
-                     << (watch.state == State::kDone ? "all arrived" : "cut-through") << ")";
-    }
-  }
-  absl::Status streamed =
-      failed_meanwhile.empty()
-          ? send_->AwaitReply(
-                stream,
-                [&] {
-                  std::string why;
-                  if (relays_.StateOf(key, batch, &why) != State::kFailed) return std::string();
-                  return why;
-                },
-                std::chrono::steady_clock::time_point::max())
-          : absl::AbortedError(failed_meanwhile);
-  relays_.RemoveWatcher(key, batch, stream);
-  if (!failed_meanwhile.empty()) send_->CloseReply(stream);
-  if (streamed.ok()) return streamed;
-  // Our copy failed (or the requester went away): tell it why.
-  PacketHeader abort;
-  abort.kind = PacketKind::kAbort;
-  abort.job = request.job;
-  abort.transfer = request.transfer;
-  const std::string reason = absl::StrCat(who, " lost the model mid-forward: ", streamed.message());
-  return transport::WritePacket(*send_watchdog_, fd, abort, reason.data(),
-                                static_cast<uint32_t>(reason.size()));
-}
 
-absl::Status Daemon::ReceiveModel(transport::GetClient::Connection& connection,
-                                  const std::string& relay_key, const std::string& source,
-                                  std::shared_ptr<SharedBuffer>* model) {
-  const uint64_t total = connection.header.offset;
-  auto created = SharedBuffer::Create(total);
-  if (!created.ok()) return created.status();
-  auto buffer = std::make_shared<SharedBuffer>(std::move(*created));
-  const uint64_t batch = connection.reply.batch();
-  bool relaying = false;  // this get keeps the copy others may be routed to
-  if (!relay_key.empty() && batch != 0 && total > 0) {
-    std::lock_guard<std::mutex> lock(mu_);
-    daemon::RelayTable::Effects effects;
-    relaying = relays_.Begin(relay_key, batch, connection.reply.version(), buffer, &effects);
-    ApplyRelayEffectsLocked(effects);
-    cv_.notify_all();  // requesters routed here may be waiting for the copy (ServeRelayGet)
-  }
-  absl::Status received = get_client_->Receive(
-      connection, *buffer, [&](uint64_t begin, uint64_t end) {
-        if (!relaying) return;
-        std::lock_guard<std::mutex> lock(mu_);
-        ApplyRelayEffectsLocked(relays_.Arrived(relay_key, batch, begin, end));
-      });
-  if (relaying) {
-    std::lock_guard<std::mutex> lock(mu_);
-    // Requesters below us learn where the chain broke.
-    const std::string broken =
-        received.ok() ? "" : absl::StrCat("its copy from ", source, " failed: ", received.message());
-    ApplyRelayEffectsLocked(relays_.Finish(relay_key, batch, broken));
-  }
-  if (received.ok()) *model = std::move(buffer);
-  return received;
-}
 
-std::string Daemon::RelayKey(uint32_t job_id, const std::string& server, bool round) {
-  return absl::StrCat(ServerKey(job_id, server), round ? "#round" : "");
-}
 
-absl::Status Daemon::FetchModel(const std::string& job, const std::string& server,
-                                int64_t* version, std::shared_ptr<SharedBuffer>* model,
-                                int64_t round, uint32_t priority) {
-  v1::ResolveServerReply where;
-  absl::Status status = resolver_->Resolve(job, server, &where);
-  if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("get: ", daemon::RpcErrorText(status)));
-  }
-  // A get that fails asks the scheduler where the server is next time (it
-  // may have moved, or the scheduler restarted).
-  status = FetchFrom(where, server, version, model, round, priority);
-  if (!status.ok()) resolver_->Forget(job, server);
-  return status;
-}
 
-absl::Status Daemon::FetchFrom(const v1::ResolveServerReply& where, const std::string& server,
-                               int64_t* version, std::shared_ptr<SharedBuffer>* model,
-                               int64_t round, uint32_t priority) {
-  PacketHeader request;
-  request.kind = PacketKind::kGetRequest;
-  request.job = where.job_id();
-  request.priority = static_cast<uint16_t>(std::min<uint32_t>(priority, 65535));
-  // A synchronous-round server answers a worker that pushed round r with
-  // that round's sum, streamed as its chunks complete (Mercury PS).
-  const bool round_get = where.round_size() > 0 && round >= 0;
-  if (round_get) request.offset = static_cast<uint64_t>(round) + 1;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    request.transfer = next_local_id_++;
-  }
-  v1::DataGetRequest body;
-  body.set_server(server);
-  body.set_requester_host(config_.host);
-  body.set_requester_address(data_address_);
-  transport::GetClient::Connection direct;
-  RETURN_IF_ERROR(get_client_->Request(where.host(), where.data_address(), request, body, &direct));
-  // The copy is kept for requesters the server routes through us.
-  const std::string relay_key = RelayKey(where.job_id(), server, round_get);
-  if (direct.reply.relay_host().empty()) {
-    RETURN_IF_ERROR(ReceiveModel(direct, relay_key, absl::StrCat(where.host(), "'s daemon"), model));
-    *version = direct.reply.version();
-    get_client_->Keep(direct);
-    return absl::OkStatus();
-  }
-  // §10.3: the model comes from a distributor of the same batch, packet by
-  // packet as it receives it. A failure there fails this get only.
-  get_client_->Keep(direct);  // nothing follows on it
-  const std::string distributor =
-      absl::StrCat(direct.reply.relay_host(), " (", direct.reply.relay_address(), ")");
-  auto from_distributor = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("get of server '", server, "' through distributor ",
-                                               distributor, ": ", s.message()));
-  };
-  body.set_relay_batch(direct.reply.batch());
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    request.transfer = next_local_id_++;
-  }
-  transport::GetClient::Connection relay;
-  if (auto s = get_client_->Request(direct.reply.relay_host(), direct.reply.relay_address(), request, body,
-                            &relay);
-      !s.ok()) {
-    // Nothing came from the distributor (it is gone, or no longer has the
-    // copy): the server's daemon answers this get itself.
-    MLF_LOG(INFO) << "get of server '" << server << "': distributor " << distributor
-                  << " did not forward (" << s.message() << "); asking the server's daemon";
-    body.clear_relay_batch();
-    body.set_no_relay(true);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      request.transfer = next_local_id_++;
-    }
-    transport::GetClient::Connection again;
-    RETURN_IF_ERROR(get_client_->Request(where.host(), where.data_address(), request, body, &again));
-    RETURN_IF_ERROR(ReceiveModel(again, relay_key, absl::StrCat(where.host(), "'s daemon"), model));
-    *version = again.reply.version();
-    get_client_->Keep(again);
-    return absl::OkStatus();
-  }
-  if (relay.header.offset != direct.header.offset ||
-      relay.reply.version() != direct.reply.version()) {
-    return from_distributor(absl::DataLossError(absl::StrCat(
-        "it forwards version ", relay.reply.version(), " (", relay.header.offset,
-        " bytes), the server answered version ", direct.reply.version(), " (",
-        direct.header.offset, " bytes)")));
-  }
-  if (auto s = ReceiveModel(relay, relay_key, absl::StrCat("distributor ", distributor), model);
-      !s.ok()) {
-    return from_distributor(s);
-  }
-  *version = relay.reply.version();
-  get_client_->Keep(relay);
-  return absl::OkStatus();
-}
 
 }  // namespace mlfabric

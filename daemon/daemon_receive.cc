@@ -172,7 +172,7 @@ absl::Status Daemon::Arrived(const PacketHeader& header, std::shared_ptr<SharedB
 absl::Status Daemon::GetRequest(int fd, const PacketHeader& header,
                                 const v1::DataGetRequest& body) {
   // A distributor's copy (a model batch or a round's sum) forwarded.
-  if (body.relay_batch() != 0) return ServeRelayGet(fd, header, body);
+  if (body.relay_batch() != 0) return fetcher_->ServeRelay(fd, header, body);
   // offset = round + 1 asks for a synchronous round's sum; 0 = the model
   // (the session checked the range).
   if (header.offset > 0) {

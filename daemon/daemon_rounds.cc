@@ -213,7 +213,7 @@ absl::Status Daemon::ServeRoundGet(int fd, const PacketHeader& request,
     reply.set_relay_host(route.via_host);
     reply.set_relay_address(route.via_address);
   }
-  RETURN_IF_ERROR(WriteGetReply(fd, request, reply, error.empty() ? bytes : 0));
+  RETURN_IF_ERROR(transport::WriteGetReply(*send_watchdog_, fd, request, reply, error.empty() ? bytes : 0));
   if (!error.empty()) return absl::OkStatus();
   if (!route.via_host.empty()) {
     MLF_LOG(DEBUG) << "round " << round_number << " of server '" << server << "' for "

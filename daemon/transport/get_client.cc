@@ -1,5 +1,7 @@
 #include "daemon/transport/get_client.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -122,6 +124,17 @@ void GetClient::Keep(Connection& connection) {
 size_t GetClient::idle() const {
   std::lock_guard<std::mutex> lock(mu_);
   return idle_.size();
+}
+
+absl::Status WriteGetReply(SendWatchdog& watchdog, int fd, const PacketHeader& request,
+                           const v1::DataGetReply& body, int64_t bytes) {
+  const std::string payload = body.SerializeAsString();
+  PacketHeader reply;
+  reply.kind = PacketKind::kGetReply;
+  reply.job = request.job;
+  reply.transfer = request.transfer;
+  reply.offset = static_cast<uint64_t>(std::max<int64_t>(bytes, 0));
+  return WritePacket(watchdog, fd, reply, payload.data(), static_cast<uint32_t>(payload.size()));
 }
 
 }  // namespace mlfabric::transport

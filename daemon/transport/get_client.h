@@ -89,6 +89,11 @@ class GetClient {
   std::multimap<std::string, std::unique_ptr<boost::asio::ip::tcp::socket>> idle_;  // by address
 };
 
+// The answering side: the header of a get's reply on socket `fd` (offset =
+// the `bytes` of model that follow; payload = `body`), what Request reads.
+absl::Status WriteGetReply(SendWatchdog& watchdog, int fd, const PacketHeader& request,
+                           const v1::DataGetReply& body, int64_t bytes);
+
 }  // namespace mlfabric::transport
 
 #endif  // MLFABRIC_DAEMON_TRANSPORT_GET_CLIENT_H_

@@ -1,0 +1,107 @@
+// The asking side of model gets, and the distributor's side of §10.3's
+// trees (mlfabric.md §10.3; DESIGN.md §3 "The server's link is the scarce
+// resource").
+//
+//   ModelFetcher fetcher(options, &resolver, &get_client, &send, &watchdog);
+//   int64_t version; std::shared_ptr<SharedBuffer> model;
+//   RETURN_IF_ERROR(fetcher.Fetch(job, server, /*round=*/-1, priority,
+//                                 &version, &model));
+//   // on a data session, a requester routed here:
+//   RETURN_IF_ERROR(fetcher.ServeRelay(fd, request_header, request_body));
+//
+// Fetch asks the scheduler where the server lives (ServerResolver, which
+// remembers it), asks the server's daemon, and receives the model there or
+// from the distributor the server's daemon names; if that distributor
+// cannot forward, the server's daemon answers itself. `round` >= 0 asks a
+// synchronous-round server for that round's sum. Every copy received is
+// kept (RelayTable) so that requesters routed here get it packet by packet
+// as it arrives (cut-through), through the SendScheduler's queue. A copy
+// that fails mid-way fails the requesters below it, with the reason.
+//
+// Thread safety: any method from any thread. Its lock orders the relay
+// table's changes with the reply streams they feed; it is taken before the
+// SendScheduler's, never held across a socket read or write or an RPC.
+#ifndef MLFABRIC_DAEMON_ENGINE_MODEL_FETCHER_H_
+#define MLFABRIC_DAEMON_ENGINE_MODEL_FETCHER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "daemon/control/server_resolver.h"
+#include "daemon/engine/relay_table.h"
+#include "daemon/engine/send_scheduler.h"
+#include "daemon/transport/get_client.h"
+#include "daemon/transport/packet.h"
+#include "daemon/transport/send_watchdog.h"
+#include "ipc/local_ipc.h"
+#include "proto/scheduler.pb.h"
+
+namespace mlfabric::daemon {
+
+class ModelFetcher {
+ public:
+  struct Options {
+    std::string host;          // this daemon's host name
+    std::string data_address;  // where requesters routed here connect
+    // How long a requester routed here waits for our own get to begin.
+    double get_timeout_s = 30;
+  };
+
+  // Every pointer must outlive this object.
+  ModelFetcher(Options options, ServerResolver* resolver, transport::GetClient* client,
+               SendScheduler* send, transport::SendWatchdog* watchdog);
+
+  // The model (or round `round`'s sum) of `server` of `job`; errors name
+  // where the get failed (the scheduler, the server's daemon, a
+  // distributor).
+  absl::Status Fetch(const std::string& job, const std::string& server, int64_t round,
+                     uint32_t priority, int64_t* version, std::shared_ptr<SharedBuffer>* model);
+
+  // As a distributor: answers get `request` (body.relay_batch() != 0) on
+  // socket `fd` with our copy of that batch, forwarded as it arrives. An
+  // error means the socket can no longer be used.
+  absl::Status ServeRelay(int fd, const transport::PacketHeader& request,
+                          const v1::DataGetRequest& body);
+
+  // Ends every wait of ServeRelay.
+  void Stop();
+
+  // Copies forwarded to requesters routed here.
+  int64_t copies_forwarded() const { return copies_forwarded_.load(); }
+
+ private:
+  // relays_'s key: a server's model batches, or its synchronous rounds.
+  static std::string RelayKey(uint32_t job_id, const std::string& server, bool round);
+  absl::Status FetchFrom(const v1::ResolveServerReply& where, const std::string& server,
+                         int64_t round, uint32_t priority, int64_t* version,
+                         std::shared_ptr<SharedBuffer>* model);
+  // Reads the model that follows a get's reply header; a non-empty
+  // `relay_key` keeps the copy for requesters routed here. `source` names
+  // where it comes from, for their errors.
+  absl::Status Receive(transport::GetClient::Connection& connection, const std::string& relay_key,
+                       const std::string& source, std::shared_ptr<SharedBuffer>* model);
+  // Carries out what the relay table said. Requires mu_.
+  void ApplyLocked(const RelayTable::Effects& effects);
+
+  const Options options_;
+  ServerResolver* const resolver_;
+  transport::GetClient* const client_;
+  SendScheduler* const send_;
+  transport::SendWatchdog* const watchdog_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;  // a copy's state changed, or stopping
+  bool stopping_ = false;
+  RelayTable relays_;
+  std::atomic<uint64_t> next_request_{1};
+  std::atomic<int64_t> copies_forwarded_{0};
+};
+
+}  // namespace mlfabric::daemon
+
+#endif  // MLFABRIC_DAEMON_ENGINE_MODEL_FETCHER_H_
