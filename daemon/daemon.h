@@ -1,24 +1,29 @@
-// Daemon: mlfabricd (DESIGN.md §2, §3, §5).
+// Daemon: mlfabricd (DESIGN.md §2, §3, §5): the wiring of the daemon's
+// parts, and what they hand up to it.
 //
 // - Control plane: registers the host with the scheduler (estimating the
 //   clock offset), keeps one StreamSchedules call open and carries out every
 //   command on it (daemon_control.cc). All scheduler calls go through
 //   daemon::SchedulerClient (control/), failures through the
 //   CompletionReporter's own thread; no RPC is made holding a lock.
-// - Local applications: a Unix-domain socket (ipc/local_ipc.h); workers push
-//   and get, servers receive updates and model requests (daemon_apps.cc).
-//   Tensor bytes stay in the application's memfd until they go on the wire.
-//   A push is recorded under its local id before its SubmitUpdate, so
-//   commands never wait for a submission (apps/push_table.h).
-// - Data plane: TCP to other daemons in Mercury packets (transport/): the
-//   send side (daemon::SendScheduler, its own lock and loop, writing
-//   through transport::PeerConnections) releases scheduled transfers at
-//   their start, paces them and sends get replies; daemon_send.cc hands it
-//   pushes and aggregates in the network; the receive side
-//   (daemon_receive.cc) reassembles, sums rounds and aggregates packet by
-//   packet, and delivers updates to the server application strictly in the
-//   scheduled commit order (daemon_rounds.cc); gets are served as reply
-//   streams through the same priority queue (daemon_model_get.cc).
+// - Local applications: daemon::AppSessions (apps/) owns the Unix-domain
+//   socket and one session per application and hands their messages up
+//   (the AppHandler, daemon_apps.cc). Tensor bytes stay in the
+//   application's memfd until they go on the wire. A push is recorded in
+//   the PushTable under its local id before its SubmitUpdate, so commands
+//   never wait for a submission.
+// - Data plane: TCP to other daemons in Mercury packets (transport/). The
+//   send side, daemon::SendScheduler (its own lock and loop, writing
+//   through transport::PeerConnections), releases scheduled transfers at
+//   their start, paces them and sends get replies; daemon_send.cc hands
+//   it pushes and aggregates in the network (§5.2). Each incoming session
+//   is a transport::DataSession (the protocol's checks); the daemon is its
+//   handler (daemon_receive.cc): it reassembles, sums rounds and
+//   aggregates packet by packet, and delivers updates to the server
+//   application strictly in the scheduled commit order
+//   (daemon_rounds.cc). Gets of local servers are answered in batches
+//   (daemon_model_get.cc); daemon::ModelFetcher asks other daemons for
+//   models and forwards its copies as a distributor (§10.3).
 // - Malformed data-plane input closes just that TCP session (logged,
 //   counted); transfers it carried are reported failed, nothing else is
 //   touched.
@@ -28,14 +33,15 @@
 //   ...
 //   daemon.Stop();
 //
-// Thread safety: the self-contained parts (SchedulerClient,
-// CompletionReporter, BufferPool, PacketChecksums, SendWatchdog,
-// AggregationTable, RoundTable, GetBatcher, GetClient, PeerConnections,
-// SendScheduler) have their own locks or none; their locks are taken
-// under mu_, never the other way round. The receive and delivery
-// bookkeeping shares one mutex (mu_), held only for bookkeeping, never
-// across an RPC or a socket write. The clock is injected (a FakeClock in
-// tests; RealClock by default).
+// Thread safety: the parts (SchedulerClient, CompletionReporter,
+// ServerResolver, AppSessions, PushTable, BufferPool, PacketChecksums,
+// SendWatchdog, AggregationTable, RoundTable, GetBatcher, RoundRoutes,
+// GetClient, PeerConnections, SendScheduler, ModelFetcher) have their own
+// locks or none; their locks are taken under mu_, never the other way
+// round. The receive, round and delivery bookkeeping shares one mutex
+// (mu_), held only for bookkeeping, never across an RPC or a socket
+// write. The clock is injected (a FakeClock in tests; RealClock by
+// default).
 #ifndef MLFABRIC_DAEMON_DAEMON_H_
 #define MLFABRIC_DAEMON_DAEMON_H_
 
