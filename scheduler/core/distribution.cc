@@ -686,11 +686,7 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
   if (request.model_bytes <= 0) {
     return absl::InvalidArgumentError("model_bytes: must be a positive integer");
   }
-  Batch batch;
-  batch.now_s = request.now_s;
-  batch.server = request.server;
-  batch.hosts = request.hosts;
-  RETURN_IF_ERROR(ValidateBatch(batch));
+  ASSIGN_OR_RETURN(Batch batch, DistributionBatch(request));
   ASSIGN_OR_RETURN(Network net, Network::FromBatch(batch));
   const int server = net.HostIndex(request.server);
   std::vector<int> requesters;
@@ -771,27 +767,5 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
   return plan;
 }
 
-std::string DistributionPlanToText(const DistributionPlan& plan) {
-  std::string out = absl::StrCat(plan.direct, " ", plan.distributors_used, " ");
-  auto num = [](double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.17g", v);
-    return std::string(buf);
-  };
-  absl::StrAppend(&out, num(plan.total_s), "\n");
-  for (const Transfer& t : plan.transfers) {
-    absl::StrAppend(&out, t.src, ">", t.dst, " ", t.bytes, " ", num(t.start_s), " ",
-                    num(t.end_s));
-    for (const RateSegment& seg : t.segments) {
-      absl::StrAppend(&out, " [", num(seg.from_s), ",", num(seg.to_s), ",", num(seg.rate_bps),
-                      "]");
-    }
-    absl::StrAppend(&out, "\n");
-  }
-  for (const Delivery& d : plan.deliveries) {
-    absl::StrAppend(&out, d.host, "@", num(d.at_s), " via ", d.via, "\n");
-  }
-  return out;
-}
 
 }  // namespace mlfabric::core

@@ -160,6 +160,10 @@ struct CutThroughOptions {
 absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRequest& request,
                                                             const CutThroughOptions& options = {});
 
+// The batch `request` describes (its time, server and hosts), validated as
+// every planner's input is (ValidateBatch). Both planners start from it.
+absl::StatusOr<Batch> DistributionBatch(const DistributionRequest& request);
+
 // A canonical text form of a plan (every field, full precision): equal plans
 // give equal text. Used to compare implementations.
 std::string DistributionPlanToText(const DistributionPlan& plan);

@@ -1,10 +1,12 @@
 // PlanCutThroughDistribution (distribution.h): the §10.3 tree planned for
 // daemons that forward each packet as it arrives, on the residual rates
-// of the hosts' links. The store-and-forward search is distribution.cc.
+// of the hosts' links; and what both planners share (the request's batch,
+// a plan's text form). The store-and-forward search is distribution.cc.
 #include "scheduler/core/distribution.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <vector>
@@ -15,6 +17,38 @@
 #include "scheduler/core/planner.h"
 
 namespace mlfabric::core {
+
+absl::StatusOr<Batch> DistributionBatch(const DistributionRequest& request) {
+  Batch batch;
+  batch.now_s = request.now_s;
+  batch.server = request.server;
+  batch.hosts = request.hosts;
+  RETURN_IF_ERROR(ValidateBatch(batch));
+  return batch;
+}
+
+std::string DistributionPlanToText(const DistributionPlan& plan) {
+  std::string out = absl::StrCat(plan.direct, " ", plan.distributors_used, " ");
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return std::string(buf);
+  };
+  absl::StrAppend(&out, num(plan.total_s), "\n");
+  for (const Transfer& t : plan.transfers) {
+    absl::StrAppend(&out, t.src, ">", t.dst, " ", t.bytes, " ", num(t.start_s), " ",
+                    num(t.end_s));
+    for (const RateSegment& seg : t.segments) {
+      absl::StrAppend(&out, " [", num(seg.from_s), ",", num(seg.to_s), ",", num(seg.rate_bps),
+                      "]");
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  for (const Delivery& d : plan.deliveries) {
+    absl::StrAppend(&out, d.host, "@", num(d.at_s), " via ", d.via, "\n");
+  }
+  return out;
+}
 
 namespace {
 
@@ -46,11 +80,7 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
   if (!(options.min_saving >= 0 && options.min_saving < 1)) {
     return absl::InvalidArgumentError("min_saving: must be in [0, 1)");
   }
-  Batch batch;
-  batch.now_s = request.now_s;
-  batch.server = request.server;
-  batch.hosts = request.hosts;
-  RETURN_IF_ERROR(ValidateBatch(batch));
+  ASSIGN_OR_RETURN(Batch batch, DistributionBatch(request));
   std::map<std::string, const HostLink*> links;
   for (const HostLink& h : request.hosts) links[h.name] = &h;
   auto up = [&](const std::string& name) {
