@@ -45,10 +45,12 @@ daemon::JobPriorityPolicy MakeJobPriorityPolicy(const DaemonConfig& config) {
 
 }  // namespace
 
-Daemon::Daemon(DaemonConfig config, const Clock* clock)
+Daemon::Daemon(DaemonConfig config, const Clock* clock,
+               std::unique_ptr<daemon::SchedulerClient> scheduler)
     : config_(std::move(config)),
       send_watchdog_(std::make_unique<transport::SendWatchdog>(config_.send_timeout_s)),
       clock_(clock != nullptr ? clock : &real_clock_),
+      scheduler_(std::move(scheduler)),
       aggregations_(static_cast<uint32_t>(config_.payload_bytes)),
       rounds_(config_.rounds_kept, internal::kRoundChunkBytes, &buffer_pool_),
       round_routes_(static_cast<int>(config_.round_tree_fanout), config_.rounds_kept) {
@@ -110,7 +112,9 @@ absl::Status Daemon::Start() {
       daemon::AppSessions::Options{config_.local_socket, config_.local_socket_group}, handler);
   if (auto status = apps_->Listen(); !status.ok()) return status;
 
-  scheduler_ = daemon::MakeGrpcSchedulerClient(config_.scheduler, config_.keepalive_s);
+  if (scheduler_ == nullptr) {
+    scheduler_ = daemon::MakeGrpcSchedulerClient(config_.scheduler, config_.keepalive_s);
+  }
   resolver_ = std::make_unique<daemon::ServerResolver>(scheduler_.get(), clock_,
                                                        config_.resolve_ttl_s);
   reporter_ = std::make_unique<daemon::CompletionReporter>(scheduler_.get(), config_.host);

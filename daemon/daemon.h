@@ -97,7 +97,10 @@ namespace mlfabric {
 class Daemon : private transport::DataSessionHandler, private daemon::AppHandler {
  public:
   // `clock` (if not null) must outlive the daemon; the real clock otherwise.
-  explicit Daemon(DaemonConfig config, const Clock* clock = nullptr);
+  // `scheduler` (if not null) replaces the gRPC client to config.scheduler
+  // (a daemon::FakeSchedulerClient in unit tests).
+  explicit Daemon(DaemonConfig config, const Clock* clock = nullptr,
+                  std::unique_ptr<daemon::SchedulerClient> scheduler = nullptr);
   ~Daemon();
 
   absl::Status Start();
