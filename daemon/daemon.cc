@@ -279,6 +279,11 @@ void Daemon::Stop() {
   for (auto& thread : threads_) {
     if (thread.joinable()) thread.join();
   }
+  // The data sessions (no new one starts now): a read blocked on a quiet
+  // peer returns once its socket is shut down.
+  std::unique_lock<std::mutex> lock(mu_);
+  for (const auto& socket : data_sessions_) ::shutdown(socket->native_handle(), SHUT_RDWR);
+  cv_.wait(lock, [this] { return data_sessions_.empty(); });
 }
 
 absl::Status Daemon::Wait() {

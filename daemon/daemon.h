@@ -260,6 +260,8 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   // The asking side of model gets, with the connections kept for the next.
   std::unique_ptr<transport::GetClient> get_client_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> data_acceptor_;
+  // The sockets of the data sessions running now (guarded by mu_).
+  std::set<std::shared_ptr<boost::asio::ip::tcp::socket>> data_sessions_;
   // The local applications' socket and sessions.
   std::unique_ptr<daemon::AppSessions> apps_;
 

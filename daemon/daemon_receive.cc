@@ -45,6 +45,9 @@ void Daemon::DataAcceptLoop() {
     }
     socket->set_option(tcp::no_delay(true), error);
     std::lock_guard<std::mutex> lock(mu_);
+    data_sessions_.insert(socket);
+    // Detached: a finished session is reclaimed at once; Stop() shuts the
+    // sessions' sockets down and waits until none is left.
     std::thread([this, socket] { DataSessionLoop(socket); }).detach();
   }
 }
@@ -119,7 +122,10 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
   transport::DataSession session(socket->native_handle(), peer_name,
                                  static_cast<uint64_t>(kMaxTransferBytes));
   session.Run(*this, stopping_);
+  std::lock_guard<std::mutex> lock(mu_);
   socket->close(ignored);
+  data_sessions_.erase(socket);
+  cv_.notify_all();  // Stop() waits for the last session
 }
 
 absl::Status Daemon::Begin(const PacketHeader& header) {

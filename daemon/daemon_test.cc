@@ -5,6 +5,7 @@
 // SubmitUpdate RPC that every command also took).
 #include "daemon/daemon.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -71,7 +72,11 @@ struct Fixture {
   Fixture() {
     DaemonConfig config;
     config.host = "w1";
-    config.local_socket = "/tmp/mlfabric-daemon-test-" + std::to_string(::getpid()) + ".sock";
+    // A directory of its own in /tmp (Bazel's TEST_TMPDIR is too long for a
+    // socket path, and sandboxed runs share one pid).
+    char dir[] = "/tmp/mlfabric-daemon-test-XXXXXX";
+    REQUIRE(::mkdtemp(dir) != nullptr);
+    config.local_socket = std::string(dir) + "/d.sock";
     config.register_timeout_s = 5;
     auto owned = std::make_unique<FakeSchedulerClient>();
     scheduler = owned.get();

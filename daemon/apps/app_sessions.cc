@@ -70,11 +70,12 @@ void AppSessions::Stop() {
   if (stopping_.exchange(true)) return;
   // shutdown wakes a thread blocked in accept(); close alone does not.
   if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();  // no reader starts after this
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     for (const auto& app : sessions_) app->channel->Shutdown();
+    readers_done_.wait(lock, [&] { return readers_ == 0; });
   }
-  if (acceptor_.joinable()) acceptor_.join();
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
     ::unlink(options_.path.c_str());
@@ -105,8 +106,9 @@ void AppSessions::AcceptLoop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_.load()) app->channel->Shutdown();
     sessions_.insert(app);
-    // Detached: a finished reader is reclaimed at once; at Stop() every
-    // reader's Receive fails and it ends.
+    ++readers_;
+    // Detached: a finished reader is reclaimed at once; Stop() shuts the
+    // connections down and waits for the count to reach zero.
     std::thread([this, app] { ReadLoop(app); }).detach();
   }
 }
@@ -151,6 +153,9 @@ void AppSessions::ReadLoop(std::shared_ptr<AppSession> app) {
     sessions_.erase(app);
   }
   handler_->AppGone(app);
+  std::lock_guard<std::mutex> lock(mu_);
+  --readers_;
+  readers_done_.notify_all();
 }
 
 }  // namespace mlfabric::daemon

@@ -23,6 +23,7 @@
 #define MLFABRIC_DAEMON_APPS_APP_SESSIONS_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -91,8 +92,9 @@ class AppSessions {
   absl::Status Listen();
   // Accepts applications until Stop().
   void Start();
-  // Stops accepting, shuts every connection down (their readers call
-  // AppGone and end) and removes the socket file. Idempotent.
+  // Stops accepting, shuts every connection down, waits until every
+  // reader has ended (each calls AppGone first), and removes the socket
+  // file: once it returns, the handler is not called again. Idempotent.
   void Stop();
 
   // The connected applications now.
@@ -108,7 +110,9 @@ class AppSessions {
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
   mutable std::mutex mu_;
+  std::condition_variable readers_done_;
   std::set<std::shared_ptr<AppSession>> sessions_;
+  int readers_ = 0;  // reader threads still running
 };
 
 }  // namespace mlfabric::daemon

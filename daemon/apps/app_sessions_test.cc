@@ -5,6 +5,7 @@
 #include "daemon/apps/app_sessions.h"
 
 #include <sys/stat.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -61,9 +62,12 @@ class Recorder final : public AppHandler {
   std::vector<std::string> events_;
 };
 
-// In /tmp: Bazel's TEST_TMPDIR is longer than a Unix socket path may be.
+// In a directory of its own in /tmp: Bazel's TEST_TMPDIR is longer than a
+// Unix socket path may be, and sandboxed runs share one pid.
 std::string SocketPath(const std::string& name) {
-  return "/tmp/mlfabric-apps-test-" + name + "-" + std::to_string(::getpid()) + ".sock";
+  char dir[] = "/tmp/mlfabric-apps-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  return std::string(dir) + "/" + name + ".sock";
 }
 
 std::unique_ptr<LocalChannel> Connect(const std::string& path) {
