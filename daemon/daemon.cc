@@ -82,9 +82,13 @@ Daemon::Stats Daemon::GetStats() const {
   Stats stats = stats_;
   stats.bytes_sent = send_->bytes_sent();
   if (fetcher_) stats.copies_forwarded = fetcher_->copies_forwarded();
-  const daemon::GetBatcher::Stats gets = gets_.stats();
-  stats.gets_served = gets.gets;
-  stats.model_snapshots = gets.snapshots;
+  if (model_server_) {
+    const daemon::ModelServer::Stats gets = model_server_->stats();
+    stats.gets_served = gets.gets;
+    stats.model_snapshots = gets.snapshots;
+    stats.model_copies_sent = gets.copies_sent;
+    stats.gets_routed += gets.routed;  // and rounds' (stats_)
+  }
   return stats;
 }
 
@@ -118,6 +122,19 @@ absl::Status Daemon::Start() {
   resolver_ = std::make_unique<daemon::ServerResolver>(scheduler_.get(), clock_,
                                                        config_.resolve_ttl_s);
   reporter_ = std::make_unique<daemon::CompletionReporter>(scheduler_.get(), config_.host);
+  daemon::ModelServer::Options serving;
+  serving.host = config_.host;
+  serving.payload_bytes = static_cast<uint32_t>(config_.payload_bytes);
+  serving.server_connect_wait_s = internal::kServerConnectWaitS;
+  serving.get_batch_wait_s = config_.get_batch_wait_s;
+  serving.get_timeout_s = config_.get_timeout_s;
+  serving.get_tree_min_bytes = config_.get_tree_min_bytes;
+  serving.get_late_joins = config_.get_late_joins;
+  serving.get_late_join_min_share = config_.get_late_join_min_share;
+  serving.uplink_bps = [this] { return UplinkBps(); };
+  daemon::ServerApps* server_apps = this;  // a private base: converted here
+  model_server_ = std::make_unique<daemon::ModelServer>(
+      std::move(serving), server_apps, scheduler_.get(), send_.get(), send_watchdog_.get());
   fetcher_ = std::make_unique<daemon::ModelFetcher>(
       daemon::ModelFetcher::Options{config_.host, data_address_, config_.get_timeout_s},
       resolver_.get(), get_client_.get(), send_.get(), send_watchdog_.get());
@@ -264,6 +281,7 @@ void Daemon::Stop() {
   }
   if (apps_) apps_->Stop();
   if (fetcher_) fetcher_->Stop();
+  if (model_server_) model_server_->Stop();
   cv_.notify_all();
   // Failures not yet reported are dropped: the scheduler marks this host down anyway.
   if (reporter_) reporter_->Stop();

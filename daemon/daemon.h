@@ -76,6 +76,7 @@
 #include "daemon/engine/delivery_sequencer.h"
 #include "daemon/engine/get_batcher.h"
 #include "daemon/engine/model_fetcher.h"
+#include "daemon/engine/model_server.h"
 #include "daemon/engine/relay_table.h"
 #include "daemon/engine/round_routes.h"
 #include "daemon/engine/packet_checksums.h"
@@ -94,7 +95,9 @@
 
 namespace mlfabric {
 
-class Daemon : private transport::DataSessionHandler, private daemon::AppHandler {
+class Daemon : private transport::DataSessionHandler,
+               private daemon::AppHandler,
+               private daemon::ServerApps {
  public:
   // `clock` (if not null) must outlive the daemon; the real clock otherwise.
   // `scheduler` (if not null) replaces the gRPC client to config.scheduler
@@ -181,14 +184,11 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   // Requires mu_. An error closes the session.
   absl::Status AcceptDataLocked(const transport::PacketHeader& header, const uint8_t* dst,
                                 bool* complete);
-  // Get requests; each writes its reply on the session's socket `fd`.
-  absl::Status ServeGetRequest(int fd, const transport::PacketHeader& header,
-                               const v1::DataGetRequest& body);
-  // §10.3: plans the distribution tree of an answered batch of gets with
-  // the scheduler and records each member's route (direct when no tree
-  // applies or the scheduler cannot be asked).
-  void RouteBatch(const std::string& key, uint32_t job_id, const std::string& server,
-                  uint64_t batch, int64_t model_bytes);
+  // daemon::ServerApps (daemon_model_get.cc).
+  bool AwaitServer(const std::string& key, double wait_s) override;
+  absl::Status AskSnapshot(const std::string& key, uint64_t request_id) override;
+  std::string JobOf(const std::string& key) override;
+
   // Require mu_.
   void ScheduleSendLocked(const v1::SendTransfer& send);
   // A push whose schedule names this host and one of its aggregations: a
@@ -220,9 +220,6 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   // This host's uplink now: the monitor's last report, else the configured
   // capacity; 0 = not known.
   double UplinkBps() const;
-  // Returns once socket `fd`'s send queue holds at most a few packets not yet
-  // acknowledged by the peer (or after timeout_s, or when stopping).
-  void WaitSent(int fd, double timeout_s);
   // Streams round `round`'s sum to a worker's daemon as chunks complete.
   absl::Status ServeRoundGet(int fd, const transport::PacketHeader& request,
                              const v1::DataGetRequest& body, int64_t round);
@@ -284,8 +281,8 @@ class Daemon : private transport::DataSessionHandler, private daemon::AppHandler
   // Mercury-PS synchronous rounds; own lock, a leaf under mu_.
   daemon::RoundTable rounds_;
   // Gets of local servers' models, answered in batches of one snapshot
-  // each (§10.3); own lock, a leaf under mu_.
-  daemon::GetBatcher gets_;
+  // each (§10.3); own lock, taken under mu_ or alone.
+  std::unique_ptr<daemon::ModelServer> model_server_;
   // The asking side of gets, and the copies it forwards to requesters
   // routed here (§10.3); own lock, taken under mu_ or alone.
   std::unique_ptr<daemon::ModelFetcher> fetcher_;

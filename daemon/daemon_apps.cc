@@ -271,11 +271,9 @@ void Daemon::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
     }
   }
   if (fd >= 0) ::close(fd);
-  std::lock_guard<std::mutex> lock(mu_);
   // Ignored if the batch's gets gave up meanwhile.
-  gets_.Answer(reply.request_id(), daemon::GetBatcher::Snapshot{reply.model_version(),
-                                                                 std::move(buffer), error});
-  cv_.notify_all();
+  model_server_->Answer(reply.request_id(), daemon::GetBatcher::Snapshot{
+                                                reply.model_version(), std::move(buffer), error});
 }
 
 void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
@@ -302,7 +300,7 @@ void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
     rounds_.FailServer(key, absl::StrCat("server '", app->name, "' disconnected"), &fx);
     ApplyRoundEffectsLocked(fx);
   }
-  gets_.FailKey(key, absl::StrCat("server '", app->name, "' disconnected"));
+  if (model_server_) model_server_->FailServer(key, absl::StrCat("server '", app->name, "' disconnected"));
   cv_.notify_all();
 }
 

@@ -1,7 +1,6 @@
-// Daemon: the server side of model gets: answered in batches that share
-// one snapshot (GetBatcher), routed through the batch's distribution tree
-// (§10.3), the copies sent from here streamed through the SendScheduler.
-// The asking and forwarding side is daemon::ModelFetcher.
+// Daemon: the server applications as daemon::ModelServer sees them
+// (ServerApps), and this host's uplink. Gets are answered by the
+// ModelServer; the asking and forwarding side is daemon::ModelFetcher.
 #include "daemon/daemon.h"
 
 #include <netinet/in.h>
@@ -37,173 +36,39 @@
 
 namespace mlfabric {
 
-absl::Status Daemon::ServeGetRequest(int fd,
-                                     const PacketHeader& request,
-                                     const v1::DataGetRequest& body) {
-  const std::string& server = body.server();
-  const std::string key = ServerKey(request.job, server);
-  std::string error;
-  std::shared_ptr<SharedBuffer> model;
-  int64_t version = 0;
-  std::optional<daemon::GetBatcher::Ticket> ticket;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto connected = [&] {
-      auto found = servers_.find(key);
-      return found != servers_.end() && found->second.app != nullptr;
-    };
-    // The scheduler resolves a server as soon as it registered there, which
-    // is a moment before its daemon records the application (after the
-    // RegisterEntity reply): a get arriving in between waits briefly
-    // instead of failing.
-    cv_.wait_for(lock, std::chrono::duration<double>(internal::kServerConnectWaitS),
-                 [&] { return connected() || stopping_.load(); });
-    if (!connected()) {
-      error = absl::StrCat("server '", server, "' is not connected to ", config_.host,
-                           "'s daemon");
-    } else {
-      // One snapshot per batch of gets (§10.3, daemon/engine/get_batcher.h).
-      // A get that asks to be answered from here takes no part in the tree.
-      ticket = gets_.Join(key, body.no_relay() ? "" : body.requester_host(),
-                          body.requester_address());
-      MLF_LOG(DEBUG) << "get " << request.transfer << " of server '" << server
-                     << "' joins model batch " << ticket->batch
-                     << (ticket->ask    ? " (takes its snapshot)"
-                         : ticket->late ? " (late, as a leaf of its leaving tree)"
-                                        : "");
-      if (ticket->ask) {
-        // The previous batch's replies leave first; gets arriving meanwhile
-        // join this batch.
-        cv_.wait_for(lock, std::chrono::duration<double>(config_.get_batch_wait_s), [&] {
-          return gets_.MayAsk(ticket->batch) || stopping_.load();
-        });
-        auto it = servers_.find(key);
-        if (gets_.Result(ticket->batch).has_value()) {
-          // Ended meanwhile (the server went away).
-        } else if (it == servers_.end() || it->second.app == nullptr) {
-          gets_.FailKey(key, absl::StrCat("server '", server, "' disconnected"));
-        } else {
-          v1::LocalMessage ask;
-          ask.mutable_model_request()->set_request_id(ticket->batch);
-          auto app = it->second.app;
-          lock.unlock();
-          absl::Status sent = app->channel->Send(ask);
-          lock.lock();
-          if (!sent.ok()) {
-            gets_.Answer(ticket->batch,
-                         {0, nullptr,
-                          absl::StrCat("cannot reach server '", server, "': ", sent.message())});
-            cv_.notify_all();
-          }
-        }
-      }
-      if (!cv_.wait_for(lock, std::chrono::duration<double>(config_.get_timeout_s), [&] {
-            return gets_.Result(ticket->batch).has_value() || stopping_.load();
-          })) {
-        // The whole batch gives up together.
-        gets_.Answer(ticket->batch, {0, nullptr,
-                                     absl::StrCat("server '", server, "' did not answer within ",
-                                                  config_.get_timeout_s, " s")});
-        cv_.notify_all();
-      }
-      if (std::optional<daemon::GetBatcher::Snapshot> snapshot = gets_.Result(ticket->batch)) {
-        error = snapshot->error;
-        version = snapshot->version;
-        model = snapshot->model;
-      } else {
-        error = "the daemon is stopping";
-      }
-    }
-  }
-  // However the reply ends, this get has left its batch (the next batch may
-  // take its snapshot once every get of this one has).
-  auto leave = [&] {
-    if (!ticket.has_value()) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    gets_.Leave(ticket->batch);
-    cv_.notify_all();
+// ---- daemon::ServerApps: the server applications, as the ModelServer
+// sees them.
+
+bool Daemon::AwaitServer(const std::string& key, double wait_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto connected = [&] {
+    auto found = servers_.find(key);
+    return found != servers_.end() && found->second.app != nullptr;
   };
-  // §10.3: the batch's distribution tree says whether this requester gets
-  // the model from here or from a distributor of the same batch.
-  daemon::GetBatcher::Route route;
-  if (error.empty() && model && ticket.has_value()) {
-    if (ticket->ask) {
-      RouteBatch(key, request.job, server, ticket->batch, static_cast<int64_t>(model->size()));
-    }
-    std::unique_lock<std::mutex> lock(mu_);
-    std::optional<daemon::GetBatcher::Route> routed;
-    cv_.wait_for(lock, std::chrono::duration<double>(config_.get_timeout_s), [&] {
-      routed = gets_.RouteOf(ticket->batch, ticket->member);
-      return routed.has_value() || stopping_.load();
-    });
-    if (routed.has_value()) route = *routed;  // else: direct
-  }
-  v1::DataGetReply reply;
-  reply.set_version(version);
-  reply.set_error(error);
-  if (ticket.has_value()) reply.set_batch(ticket->batch);
-  const bool relayed = !route.via_host.empty();
-  if (relayed) {
-    reply.set_relay_host(route.via_host);
-    reply.set_relay_address(route.via_address);
-  }
-  if (auto status = transport::WriteGetReply(*send_watchdog_, fd, request, reply,
-                                  error.empty() && model ? static_cast<int64_t>(model->size()) : 0);
-      !status.ok()) {
-    leave();
-    return status;
-  }
-  if (relayed) {
-    MLF_LOG(DEBUG) << "get " << request.transfer << " of server '" << server << "' (batch "
-                   << ticket->batch << ") for " << body.requester_host()
-                   << " goes through distributor " << route.via_host;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.gets_routed;
-    }
-    leave();
-    return absl::OkStatus();
-  }
-  if (!error.empty() || !model || model->size() == 0) {
-    leave();
-    return absl::OkStatus();
-  }
-  // The model's packets go out through the priority queue (ReplyStream).
-  const auto stream_start = std::chrono::steady_clock::now();
-  const uint64_t stream = send_->ReserveReplyId();
+  cv_.wait_for(lock, std::chrono::duration<double>(wait_s),
+               [&] { return connected() || stopping_.load(); });
+  return connected();
+}
+
+absl::Status Daemon::AskSnapshot(const std::string& key, uint64_t request_id) {
+  std::shared_ptr<AppSession> app;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.model_copies_sent;
+    auto it = servers_.find(key);
+    if (it != servers_.end()) app = it->second.app;
   }
-  const size_t payload_bytes = static_cast<size_t>(config_.payload_bytes);
-  send_->OpenReply(stream, fd, request, model,
-                   (model->size() + payload_bytes - 1) / payload_bytes);
-  send_->QueueReply(stream, 0, model->size());
-  absl::Status streamed = send_->AwaitReply(
-      stream, [] { return std::string(); }, std::chrono::steady_clock::time_point::max());
-  // The batch is leaving until its bytes have left the host, not only the
-  // daemon: the kernel's send buffer takes a whole model at once. Until
-  // then, new gets gather into the next batch or join this one's tree.
-  // But a receiver whose downlink is slower than its share of this host's
-  // uplink (N3) holds its copy's bytes here while the uplink is free: the
-  // batch leaves at the latest when the uplink could have sent all of the
-  // batch's own copies, so one slow receiver does not hold back the next
-  // batch of everyone else.
-  if (streamed.ok()) {
-    double wait_s = config_.get_timeout_s;
-    const double uplink_bps = UplinkBps();
-    if (uplink_bps > 0 && ticket.has_value()) {
-      const int copies = std::max(1, gets_.DirectCopies(ticket->batch));
-      const double uplink_s = 8.0 * static_cast<double>(model->size()) * copies / uplink_bps;
-      const double elapsed_s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - stream_start).count();
-      wait_s = std::clamp(uplink_s - elapsed_s, 0.0, wait_s);
-    }
-    WaitSent(fd, wait_s);
-  }
-  leave();
-  return streamed;
+  if (app == nullptr) return absl::NotFoundError(absl::StrCat("no server '", key, "' here"));
+  v1::LocalMessage ask;
+  ask.mutable_model_request()->set_request_id(request_id);
+  return app->channel->Send(ask);
 }
+
+std::string Daemon::JobOf(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = servers_.find(key);
+  return it != servers_.end() && it->second.app != nullptr ? it->second.app->job : "";
+}
+
 
 double Daemon::UplinkBps() const {
   if (monitor_) {
@@ -214,98 +79,8 @@ double Daemon::UplinkBps() const {
   return config_.uplink_bps;
 }
 
-void Daemon::WaitSent(int fd, double timeout_s) {
-  constexpr int kLeftBytes = 64 * 1024;  // about two packets still on their way
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeout_s));
-  while (!stopping_.load() && std::chrono::steady_clock::now() < deadline) {
-    int unsent = 0;  // bytes in the send queue not yet acknowledged by the peer
-    if (ioctl(fd, SIOCOUTQ, &unsent) != 0 || unsent <= kLeftBytes) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-}
 
 
-void Daemon::RouteBatch(const std::string& key, uint32_t job_id, const std::string& server,
-                        uint64_t batch, int64_t model_bytes) {
-  const std::vector<std::string> members = gets_.Requesters(batch);
-  std::vector<daemon::GetBatcher::Route> routes(members.size());  // direct unless planned
-  // The remote hosts that asked, each once, in request order. Gets from
-  // this host, or from a daemon that did not say, are answered from here.
-  std::vector<std::string> hosts;
-  std::set<std::string> seen;
-  for (const std::string& member : members) {
-    if (!member.empty() && member != config_.host && seen.insert(member).second) {
-      hosts.push_back(member);
-    }
-  }
-  std::string job;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = servers_.find(key);
-    if (it != servers_.end() && it->second.app != nullptr) job = it->second.app->job;
-  }
-  // A tree needs two hosts; one host is planned too when later gets may
-  // join this batch, for the rates that place them.
-  const bool tree_size = model_bytes >= config_.get_tree_min_bytes;
-  const size_t min_hosts = config_.get_late_joins > 0 ? 1 : 2;
-  double min_late_bps = 0;
-  bool late_joins_help = true;  // unless the plan says the server is not the bottleneck
-  if (hosts.size() >= min_hosts && tree_size && !job.empty()) {
-    v1::PlanDistributionRequest ask;
-    ask.set_host(config_.host);
-    ask.set_job(job);
-    ask.set_server(server);
-    ask.set_model_bytes(model_bytes);
-    for (const std::string& host : hosts) ask.add_requesters(host);
-    v1::PlanDistributionReply plan;
-    absl::Status planned = scheduler_->PlanDistribution(ask, &plan);
-    if (planned.ok() && plan.routes_size() != static_cast<int>(hosts.size())) {
-      planned = absl::InternalError(absl::StrCat("the plan has ", plan.routes_size(),
-                                                 " routes for ", hosts.size(), " requesters"));
-    }
-    if (planned.ok()) {
-      std::map<std::string, daemon::GetBatcher::Route> by_host;
-      for (const v1::DistributionRoute& r : plan.routes()) {
-        daemon::GetBatcher::Route& route = by_host[r.host()];
-        // Only a requester of this batch may forward it, and not to itself.
-        if (!r.via_host().empty() && r.via_host() != r.host() && seen.count(r.via_host()) > 0) {
-          route.via_host = r.via_host();
-          route.via_address = r.via_address();
-        }
-        route.rate_bps = r.rate_bps();
-        route.uplink_bps = r.uplink_bps();
-        route.children = r.children();
-      }
-      // A late get goes below a requester only where its copy would come
-      // at least this fast (get_late_join_min_share of the server's own).
-      min_late_bps = config_.get_late_join_min_share * plan.copy_bps();
-      // Where the requesters' own links, not the server's uplink, slow its
-      // copies (N3), another copy from here costs the others little, and
-      // forwarding would take a requester's uplink its next push needs.
-      // (Plans without rates, store_forward, do not say.)
-      late_joins_help = plan.copy_bps() <= 0 || plan.server_bound();
-      for (size_t i = 0; i < members.size(); ++i) {
-        if (auto it = by_host.find(members[i]); it != by_host.end()) routes[i] = it->second;
-      }
-      MLF_LOG(DEBUG) << "model batch " << batch << " of server '" << server << "' (job " << job_id
-                     << "): " << hosts.size() << " hosts, " << plan.server_copies()
-                     << " copies from here, the rest through distributors";
-    } else {
-      MLF_LOG(WARNING) << "model batch " << batch << " of server '" << server
-                       << "': no distribution tree (" << daemon::RpcErrorText(planned)
-                       << "); every get is answered from here";
-    }
-  }
-  // Gets that come while this batch's copies leave join its tree as leaves
-  // (at most get_late_joins below each member).
-  const int late_joins =
-      tree_size && late_joins_help ? static_cast<int>(config_.get_late_joins) : 0;
-  std::lock_guard<std::mutex> lock(mu_);
-  gets_.SetRoutes(batch, std::move(routes), late_joins, min_late_bps);
-  cv_.notify_all();
-}
 
 
 

@@ -184,7 +184,7 @@ absl::Status Daemon::GetRequest(int fd, const PacketHeader& header,
   if (header.offset > 0) {
     return ServeRoundGet(fd, header, body, static_cast<int64_t>(header.offset - 1));
   }
-  return ServeGetRequest(fd, header, body);
+  return model_server_->Serve(fd, header, body);
 }
 
 void Daemon::Aborted(const PacketHeader& header, const std::string& reason) {
