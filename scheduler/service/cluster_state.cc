@@ -161,6 +161,7 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
   const uint64_t aggregate_id = outcome == v1::OUTCOME_APPLIED ? 0 : record.aggregate_id;
   const bool fails_round = outcome != v1::OUTCOME_APPLIED && record.round_member;
   const std::string round_job = record.job, round_server = record.server;
+  const std::string src_host = record.src_host;
   const int64_t round = record.version;
   updates.erase(it);
   // Without this member the synchronous round can never be complete.
@@ -170,7 +171,9 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
   }
   // Without this constituent the aggregate can never be complete.
   if (aggregate_id != 0) {
-    FailAggregate(aggregate_id, absl::StrCat("constituent ", transfer_id, " failed: ", reason));
+    // Named by the host that sent it: a data session's end knows only an address.
+    FailAggregate(aggregate_id, absl::StrCat("constituent ", transfer_id, " from ", src_host,
+                                             " failed: ", reason));
   }
 }
 

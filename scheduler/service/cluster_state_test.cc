@@ -8,6 +8,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
+
 #include "scheduler/service/plan_dispatcher.h"
 
 namespace mlfabric {
@@ -138,6 +140,9 @@ TEST_CASE("an aggregate's failure fails its constituents and cancels it at both 
   const auto at_w2 = f.Drain("w2");
   REQUIRE(at_w2.size() == 1);
   CHECK(at_w2[0].outcome().reason().find("its in-network aggregate failed") == 0);
+  // It names the host whose push failed, not only the reason reported.
+  CHECK(at_w2[0].outcome().reason().find(absl::StrCat("constituent ", a, " from w1 failed: w1 vanished")) !=
+        std::string::npos);
 }
 
 TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels every hop") {

@@ -388,9 +388,18 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
   if (auto hop = state_.aggregate_hops.find(request.transfer_id());
       hop != state_.aggregate_hops.end()) {
     if (!request.applied()) {
-      state_.FailAggregate(hop->second, request.error().empty()
-                                            ? "a partial sum of its chain failed"
-                                            : request.error());
+      // Named by the host that sends it (the receiver may know only an address).
+      std::string from;
+      if (auto agg = state_.aggregates.find(hop->second); agg != state_.aggregates.end()) {
+        for (const AggregateRecord::Hop& h : agg->second.hops) {
+          if (h.id == hop->first) from = h.host;
+        }
+      }
+      state_.FailAggregate(
+          hop->second,
+          absl::StrCat("its chain's partial sum ", hop->first,
+                       from.empty() ? "" : absl::StrCat(" from ", from), " failed",
+                       request.error().empty() ? "" : absl::StrCat(": ", request.error())));
     }
     return absl::OkStatus();
   }
