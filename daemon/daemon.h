@@ -21,8 +21,9 @@
 //   handler (daemon_receive.cc): it reassembles, sums rounds and
 //   aggregates packet by packet, and delivers updates to the server
 //   application strictly in the scheduled commit order
-//   (daemon_rounds.cc). Gets of local servers are answered in batches
-//   (daemon_model_get.cc); daemon::ModelFetcher asks other daemons for
+//   (daemon_rounds.cc). daemon::ModelServer answers gets of local servers
+//   in batches that share one snapshot (the daemon is its ServerApps,
+//   daemon_server_apps.cc); daemon::ModelFetcher asks other daemons for
 //   models and forwards its copies as a distributor (§10.3).
 // - Malformed data-plane input closes just that TCP session (logged,
 //   counted); transfers it carried are reported failed, nothing else is
@@ -35,13 +36,13 @@
 //
 // Thread safety: the parts (SchedulerClient, CompletionReporter,
 // ServerResolver, AppSessions, PushTable, BufferPool, PacketChecksums,
-// SendWatchdog, AggregationTable, RoundTable, GetBatcher, RoundRoutes,
-// GetClient, PeerConnections, SendScheduler, ModelFetcher) have their own
+// SendWatchdog, AggregationTable, RoundTable, RoundRoutes, GetClient,
+// PeerConnections, SendScheduler, ModelFetcher, ModelServer) have their own
 // locks or none; their locks are taken under mu_, never the other way
 // round. The receive, round and delivery bookkeeping shares one mutex
 // (mu_), held only for bookkeeping, never across an RPC or a socket
 // write. The clock is injected (a FakeClock in tests; RealClock by
-// default).
+// default), and so may be the scheduler client (a fake in daemon_test).
 #ifndef MLFABRIC_DAEMON_DAEMON_H_
 #define MLFABRIC_DAEMON_DAEMON_H_
 
@@ -184,7 +185,7 @@ class Daemon : private transport::DataSessionHandler,
   // Requires mu_. An error closes the session.
   absl::Status AcceptDataLocked(const transport::PacketHeader& header, const uint8_t* dst,
                                 bool* complete);
-  // daemon::ServerApps (daemon_model_get.cc).
+  // daemon::ServerApps (daemon_server_apps.cc).
   bool AwaitServer(const std::string& key, double wait_s) override;
   absl::Status AskSnapshot(const std::string& key, uint64_t request_id) override;
   std::string JobOf(const std::string& key) override;

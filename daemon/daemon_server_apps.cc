@@ -3,35 +3,12 @@
 // ModelServer; the asking and forwarding side is daemon::ModelFetcher.
 #include "daemon/daemon.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <cerrno>
-#include <linux/sockios.h>
-#include <sys/ioctl.h>
-#include <sys/uio.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <limits>
-#include <map>
-#include <set>
-#include <thread>
-#include <deque>
-#include <functional>
-#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "aggregator/reduce.h"
-#include "common/crc32c.h"
-#include "common/logging.h"
-#include "common/status_macros.h"
-#include "daemon/transport/framing.h"
-
 #include "daemon/daemon_internal.h"
 
 namespace mlfabric {
