@@ -12,6 +12,8 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -26,7 +28,7 @@ using daemon::FakeSchedulerClient;
 // C++ API speaks (ipc/local_ipc.h).
 class App {
  public:
-  App(const std::string& socket, const std::string& name) {
+  App(const std::string& socket, const std::string& name, v1::Role role = v1::ROLE_WORKER) {
     auto fd = LocalChannel::Connect(socket, 10.0);
     REQUIRE(fd.ok());
     channel_ = std::make_unique<LocalChannel>(*fd);
@@ -35,7 +37,7 @@ class App {
     reg->set_job("job");
     reg->set_job_token("token");
     reg->set_name(name);
-    reg->set_role(v1::ROLE_WORKER);
+    reg->set_role(role);
     REQUIRE(channel_->Send(hello).ok());
     v1::LocalMessage reply = Next();
     REQUIRE(reply.has_registered());
@@ -201,6 +203,28 @@ TEST_CASE("Daemon: a schedule naming a push it does not have is reported failed"
   CHECK(report.transfer_id() == 77);
   CHECK(!report.applied());
   CHECK(report.error().find("no pushed data on w1") != std::string::npos);
+}
+
+TEST_CASE("Daemon: a server application that goes away fails what it was to apply, once") {
+  Fixture f;
+  auto server = std::make_unique<App>(f.socket, "ps", v1::ROLE_SERVER);
+  v1::DaemonCommand command;
+  v1::ExpectDelivery* expect = command.mutable_expect();
+  expect->set_transfer_id(300);
+  expect->set_job_id(0);  // the fake scheduler numbers every job 0
+  expect->set_server("ps");
+  expect->set_sequence(1);
+  expect->set_bytes(4096);
+  expect->set_src_host("w9");
+  f.scheduler->PushCommand(command);
+  server.reset();  // before or after the daemon took the expectation
+  REQUIRE(f.scheduler->WaitForCompletions(1, std::chrono::seconds(30)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a second report would come now
+  const std::vector<v1::CompletionReport> reports = f.scheduler->completions();
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].transfer_id() == 300);
+  CHECK(!reports[0].applied());
+  CHECK(reports[0].error().find("server 'ps'") != std::string::npos);
 }
 
 }  // namespace

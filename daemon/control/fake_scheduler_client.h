@@ -29,8 +29,11 @@ class FakeSchedulerClient final : public SchedulerClient {
   std::function<absl::Status(const v1::ResolveServerRequest&, v1::ResolveServerReply*)>
       resolve_hook;
 
-  absl::Status RegisterHost(const v1::RegisterHostRequest&, v1::RegisterHostReply* reply) override {
+  absl::Status RegisterHost(const v1::RegisterHostRequest& request,
+                            v1::RegisterHostReply* reply) override {
     reply->set_incarnation(1);
+    // The daemon's own clock: its estimated offset is 0.
+    reply->set_scheduler_time_s(request.daemon_time_s());
     return absl::OkStatus();
   }
   absl::Status RegisterEntity(const v1::RegisterEntityRequest&,
