@@ -279,8 +279,11 @@ void Daemon::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_) stream_->Cancel();
   }
-  if (apps_) apps_->Stop();
+  if (apps_) apps_->Stop();  // no get starts after this
   if (fetcher_) fetcher_->Stop();
+  // A get blocked on a quiet daemon, or waiting at the SSP clock, returns.
+  if (get_client_) get_client_->Shutdown();
+  if (scheduler_) scheduler_->CancelWaits();
   if (model_server_) model_server_->Stop();
   cv_.notify_all();
   // Failures not yet reported are dropped: the scheduler marks this host down anyway.
@@ -298,10 +301,10 @@ void Daemon::Stop() {
     if (thread.joinable()) thread.join();
   }
   // The data sessions (no new one starts now): a read blocked on a quiet
-  // peer returns once its socket is shut down.
+  // peer returns once its socket is shut down. Then the gets.
   std::unique_lock<std::mutex> lock(mu_);
   for (const auto& socket : data_sessions_) ::shutdown(socket->native_handle(), SHUT_RDWR);
-  cv_.wait(lock, [this] { return data_sessions_.empty(); });
+  cv_.wait(lock, [this] { return data_sessions_.empty() && get_threads_ == 0; });
 }
 
 absl::Status Daemon::Wait() {

@@ -260,6 +260,8 @@ class Daemon : private transport::DataSessionHandler,
   std::unique_ptr<boost::asio::ip::tcp::acceptor> data_acceptor_;
   // The sockets of the data sessions running now (guarded by mu_).
   std::set<std::shared_ptr<boost::asio::ip::tcp::socket>> data_sessions_;
+  // Threads carrying out applications' gets (guarded by mu_).
+  int get_threads_ = 0;
   // The local applications' socket and sessions.
   std::unique_ptr<daemon::AppSessions> apps_;
 

@@ -174,10 +174,20 @@ void Daemon::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGe
   std::lock_guard<std::mutex> lock(mu_);
   auto pushed = app->last_round_push.find(get.server());
   const int64_t round = pushed == app->last_round_push.end() ? -1 : pushed->second;
-  // Session threads are detached: a finished thread is reclaimed at once
-  // (kept joinable, one per get and per connection, they piled up until
-  // thread creation failed), and at Stop() they end with the process.
+  // Get threads are detached: a finished thread is reclaimed at once (kept
+  // joinable, one per get, they piled up until thread creation failed).
+  // Stop() shuts their connections down and waits until none is left.
+  ++get_threads_;
   std::thread([this, app, get, job, round] {
+    // However it ends, Stop() learns that this get is over.
+    struct Done {
+      Daemon* daemon;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(daemon->mu_);
+        --daemon->get_threads_;
+        daemon->cv_.notify_all();
+      }
+    } done_guard{this};
     v1::LocalMessage done;
     v1::LocalGetDone* body = done.mutable_get_done();
     body->set_request_id(get.request_id());

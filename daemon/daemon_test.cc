@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio.hpp>
 #include <catch2/catch.hpp>
 
 #include "daemon/control/fake_scheduler_client.h"
@@ -57,6 +58,10 @@ class App {
     auto buffer = SharedBuffer::Create(static_cast<size_t>(bytes));
     REQUIRE(buffer.ok());
     REQUIRE(channel_->Send(message, buffer->fd()).ok());
+  }
+  void Send(const v1::LocalMessage& message) { REQUIRE(channel_->Send(message).ok()); }
+  absl::Status Receive(v1::LocalMessage* message, int* fd) {
+    return channel_->Receive(message, fd);
   }
   v1::LocalMessage Next() {
     v1::LocalMessage message;
@@ -225,6 +230,34 @@ TEST_CASE("Daemon: a server application that goes away fails what it was to appl
   CHECK(reports[0].transfer_id() == 300);
   CHECK(!reports[0].applied());
   CHECK(reports[0].error().find("server 'ps'") != std::string::npos);
+}
+
+TEST_CASE("Daemon: Stop ends a get that waits on a daemon that never answers") {
+  Fixture f;
+  // A "server daemon" that takes the connection and never answers.
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor silent(
+      io, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  const std::string address =
+      "127.0.0.1:" + std::to_string(silent.local_endpoint().port());
+  f.scheduler->resolve_hook = [address](const v1::ResolveServerRequest&,
+                                        v1::ResolveServerReply* where) {
+    where->set_host("s9");
+    where->set_data_address(address);
+    return absl::OkStatus();
+  };
+  App app(f.socket, "w");
+  v1::LocalMessage get;
+  get.mutable_get()->set_request_id(1);
+  get.mutable_get()->set_server("ps");
+  app.Send(get);
+  boost::asio::ip::tcp::socket held(io);
+  silent.accept(held);  // the get is waiting for the reply now
+  f.daemon->Stop();     // returns: the get's connection was shut down
+  // The application learns its connection is gone.
+  v1::LocalMessage message;
+  int fd = -1;
+  CHECK(!app.Receive(&message, &fd).ok());
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // GrpcSchedulerClient: SchedulerClient over a gRPC channel.
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -88,7 +90,23 @@ class GrpcSchedulerClient final : public SchedulerClient {
   }
   absl::Status AwaitClock(const v1::AwaitClockRequest& request,
                           v1::AwaitClockReply* reply) override {
-    return FromGrpc(stub_->AwaitClock(RpcContext(3610).get(), request, reply));
+    std::unique_ptr<grpc::ClientContext> context = RpcContext(3610);
+    {
+      std::lock_guard<std::mutex> lock(waits_mu_);
+      if (waits_cancelled_) return absl::CancelledError("the daemon is stopping");
+      waits_.insert(context.get());
+    }
+    const grpc::Status status = stub_->AwaitClock(context.get(), request, reply);
+    {
+      std::lock_guard<std::mutex> lock(waits_mu_);
+      waits_.erase(context.get());
+    }
+    return FromGrpc(status);
+  }
+  void CancelWaits() override {
+    std::lock_guard<std::mutex> lock(waits_mu_);
+    waits_cancelled_ = true;
+    for (grpc::ClientContext* context : waits_) context->TryCancel();
   }
   std::unique_ptr<ScheduleStream> StreamSchedules(
       const v1::StreamSchedulesRequest& request) override {
@@ -97,6 +115,9 @@ class GrpcSchedulerClient final : public SchedulerClient {
 
  private:
   std::unique_ptr<v1::Scheduler::Stub> stub_;
+  std::mutex waits_mu_;
+  std::set<grpc::ClientContext*> waits_;  // AwaitClock calls in progress
+  bool waits_cancelled_ = false;
 };
 
 }  // namespace

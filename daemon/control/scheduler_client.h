@@ -57,6 +57,9 @@ class SchedulerClient {
                                   v1::AwaitClockReply* reply) = 0;
   virtual std::unique_ptr<ScheduleStream> StreamSchedules(
       const v1::StreamSchedulesRequest& request) = 0;
+  // Ends the calls in progress that may wait long (AwaitClock) with
+  // Cancelled, and makes later ones fail at once. For stopping.
+  virtual void CancelWaits() {}
 };
 
 // A client of the scheduler at `address` (host:port), plaintext gRPC.

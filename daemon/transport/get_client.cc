@@ -28,6 +28,7 @@ absl::Status GetClient::Request(const std::string& peer, const std::string& addr
   // session there is waiting for the next request); a new one otherwise.
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return absl::UnavailableError("get: the daemon is stopping");
     auto idle = idle_.find(address);
     if (idle != idle_.end()) {
       out->socket = std::move(idle->second);
@@ -36,7 +37,16 @@ absl::Status GetClient::Request(const std::string& peer, const std::string& addr
   }
   const bool reused = out->socket != nullptr;
   auto connect = [&]() -> absl::Status {
-    out->socket = std::make_unique<tcp::socket>(io_);
+    out->socket = std::make_shared<tcp::socket>(io_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shut_down_) return absl::UnavailableError("get: the daemon is stopping");
+      // Forget the connections that are gone, then remember this one.
+      opened_.erase(std::remove_if(opened_.begin(), opened_.end(),
+                                   [](const auto& weak) { return weak.expired(); }),
+                    opened_.end());
+      opened_.push_back(out->socket);
+    }
     boost::system::error_code error;
     out->socket->connect(*endpoint, error);
     if (error) {
@@ -116,9 +126,21 @@ absl::Status GetClient::Receive(Connection& connection, SharedBuffer& buffer,
 void GetClient::Keep(Connection& connection) {
   if (!connection.socket) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (idle_.count(connection.address) < max_idle_per_address_) {
+  if (!shut_down_ && idle_.count(connection.address) < max_idle_per_address_) {
     idle_.emplace(connection.address, std::move(connection.socket));
   }
+}
+
+void GetClient::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shut_down_ = true;
+  boost::system::error_code ignored;
+  for (const auto& weak : opened_) {
+    if (std::shared_ptr<tcp::socket> socket = weak.lock()) {
+      socket->shutdown(tcp::socket::shutdown_both, ignored);
+    }
+  }
+  idle_.clear();
 }
 
 size_t GetClient::idle() const {

@@ -32,6 +32,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -51,7 +52,7 @@ class GetClient {
   // and the reply's header (offset = the model's bytes) and body.
   struct Connection {
     std::string address;
-    std::unique_ptr<boost::asio::ip::tcp::socket> socket;
+    std::shared_ptr<boost::asio::ip::tcp::socket> socket;
     std::optional<FrameReader> reader;
     PacketHeader header;
     v1::DataGetReply reply;
@@ -80,13 +81,21 @@ class GetClient {
   // Connections kept now (for tests).
   size_t idle() const;
 
+  // Shuts every connection down, kept or in use: a Request or Receive
+  // blocked on a quiet daemon returns Unavailable, and every later Request
+  // fails at once. For stopping the daemon.
+  void Shutdown();
+
  private:
   boost::asio::io_context& io_;
   SendWatchdog& watchdog_;
   const size_t max_idle_per_address_;
   const uint64_t max_model_bytes_;
   mutable std::mutex mu_;
-  std::multimap<std::string, std::unique_ptr<boost::asio::ip::tcp::socket>> idle_;  // by address
+  std::multimap<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> idle_;  // by address
+  // Every connection opened, while it lives (Shutdown reaches them).
+  std::vector<std::weak_ptr<boost::asio::ip::tcp::socket>> opened_;
+  bool shut_down_ = false;
 };
 
 // The answering side: the header of a get's reply on socket `fd` (offset =

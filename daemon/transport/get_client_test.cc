@@ -235,5 +235,31 @@ TEST_CASE("GetClient: errors name what went wrong") {
   }
 }
 
+TEST_CASE("GetClient: Shutdown ends a get waiting on a daemon that does not answer") {
+  std::atomic<bool> asked{false};
+  std::atomic<bool> release{false};
+  AnsweringDaemon silent([&](int, const PacketHeader&) {
+    asked = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  boost::asio::io_context io;
+  GetClient client(io, Watchdog());
+  absl::Status status;
+  std::thread get([&] {
+    GetClient::Connection c;
+    status = client.Request("s1", silent.address(), Request(1), {}, &c);
+  });
+  while (!asked) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  client.Shutdown();
+  get.join();  // returns: the read was woken
+  release = true;
+  CHECK(status.code() == absl::StatusCode::kUnavailable);
+  GetClient::Connection again;
+  status = client.Request("s1", silent.address(), Request(2), {}, &again);
+  CHECK(status.code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(status.message()).find("stopping") != std::string::npos);
+  CHECK(client.idle() == 0);
+}
+
 }  // namespace
 }  // namespace mlfabric::transport
