@@ -54,10 +54,15 @@ Daemon::Daemon(DaemonConfig config, const Clock* clock,
       aggregations_(static_cast<uint32_t>(config_.payload_bytes)),
       rounds_(config_.rounds_kept, internal::kRoundChunkBytes, &buffer_pool_),
       round_routes_(static_cast<int>(config_.round_tree_fanout), config_.rounds_kept) {
+  // Data sessions authenticate with the keys the scheduler hands out
+  // (transport/data_auth.h); until it does (or when it turns data-plane
+  // authentication off) there is no handshake.
   get_client_ = std::make_unique<transport::GetClient>(
-      io_, *send_watchdog_, kMaxIdleGetConnections, static_cast<uint64_t>(kMaxTransferBytes));
+      io_, *send_watchdog_, kMaxIdleGetConnections, static_cast<uint64_t>(kMaxTransferBytes),
+      &data_keys_, config_.host);
   peers_ = std::make_unique<transport::PeerConnections>(
-      io_, *send_watchdog_, static_cast<uint32_t>(config_.payload_bytes));
+      io_, *send_watchdog_, static_cast<uint32_t>(config_.payload_bytes), &data_keys_,
+      config_.host);
   daemon::SendScheduler::Options send;
   send.payload_bytes = static_cast<uint32_t>(config_.payload_bytes);
   send.unscheduled_bps = config_.unscheduled_bps;
@@ -117,7 +122,11 @@ absl::Status Daemon::Start() {
   if (auto status = apps_->Listen(); !status.ok()) return status;
 
   if (scheduler_ == nullptr) {
-    scheduler_ = daemon::MakeGrpcSchedulerClient(config_.scheduler, config_.keepalive_s);
+    scheduler_ = daemon::MakeGrpcSchedulerClient(
+        config_.scheduler, config_.keepalive_s,
+        daemon::ClientSecurity{config_.cluster_secret, config_.scheduler_ca_pem,
+                               config_.tls_cert_pem, config_.tls_key_pem,
+                               config_.scheduler_tls_name});
   }
   resolver_ = std::make_unique<daemon::ServerResolver>(scheduler_.get(), clock_,
                                                        config_.resolve_ttl_s);
@@ -184,6 +193,7 @@ absl::Status Daemon::RegisterHost() {
                          << pending.size() << " update(s) still expected";
       }
       scheduler_epoch_ = reply.scheduler_epoch();
+      data_keys_.SetClusterKey(reply.data_key());
       // NTP-style: the reply was stamped halfway through the round trip.
       clock_offset_s_ = reply.scheduler_time_s() - (sent_s + received_s) / 2;
       send_->SetClockOffset(clock_offset_s_);

@@ -185,6 +185,12 @@ class Daemon : private transport::DataSessionHandler,
   // Requires mu_. An error closes the session.
   absl::Status AcceptDataLocked(const transport::PacketHeader& header, const uint8_t* dst,
                                 bool* complete);
+  // The job a transfer is expected for (a round member, an aggregate's
+  // constituent or a delivery), if this host expects it yet. Requires mu_.
+  std::optional<uint32_t> ExpectedJobLocked(uint64_t transfer) const;
+  // Empty if `transfer` has not arrived or arrived as `job`'s data; else
+  // why it is refused (logged). Requires mu_.
+  std::string JobMismatchLocked(uint64_t transfer, uint32_t job) const;
   // daemon::ServerApps (daemon_server_apps.cc).
   bool AwaitServer(const std::string& key, double wait_s) override;
   absl::Status AskSnapshot(const std::string& key, uint64_t request_id) override;
@@ -277,6 +283,7 @@ class Daemon : private transport::DataSessionHandler,
   // In-network aggregations (§5.2); own lock, a leaf under mu_.
   daemon::AggregationTable aggregations_;
   // One kept data connection per peer daemon.
+  transport::DataKeys data_keys_;  // from the scheduler; its own lock
   std::unique_ptr<transport::PeerConnections> peers_;
   // Scheduled transfers, aggregates and get replies, paced and sent by its
   // own loop; own lock, taken under mu_ (never the other way round).

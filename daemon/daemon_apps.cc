@@ -52,6 +52,9 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
     (void)app->channel->Send(reply);
     return;
   }
+  if (!entity_reply.job_data_key().empty()) {
+    data_keys_.SetJobKey(entity_reply.job_id(), entity_reply.job_data_key());
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     app->job = request.job();

@@ -1,6 +1,11 @@
 #include "daemon/daemon_config.h"
 
+#include <fstream>
+#include <iterator>
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
+#include "common/secrets.h"
 #include "daemon/transport/packet.h"
 
 namespace mlfabric {
@@ -45,6 +50,39 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Double("report_lag_s", &config.report_lag_s, 0, 60);
   reader.Double("report_threshold", &config.report_threshold, 0, 10);
   reader.Double("report_max_interval_s", &config.report_max_interval_s, 0.01, 3600);
+  reader.String("cluster_secret_file", &config.cluster_secret_file);
+  reader.String("scheduler_ca_file", &config.scheduler_ca_file);
+  reader.String("tls_cert_file", &config.tls_cert_file);
+  reader.String("tls_key_file", &config.tls_key_file);
+  reader.String("scheduler_tls_name", &config.scheduler_tls_name);
+  if (!config.cluster_secret_file.empty()) {
+    absl::StatusOr<std::string> secret = ReadSecretFile(config.cluster_secret_file);
+    if (secret.ok()) {
+      config.cluster_secret = *secret;
+    } else {
+      reader.AddError("cluster_secret_file", std::string(secret.status().message()));
+    }
+  }
+  for (auto [key, path, out] : {std::tuple{"scheduler_ca_file", &config.scheduler_ca_file,
+                                           &config.scheduler_ca_pem},
+                                std::tuple{"tls_cert_file", &config.tls_cert_file,
+                                           &config.tls_cert_pem},
+                                std::tuple{"tls_key_file", &config.tls_key_file,
+                                           &config.tls_key_pem}}) {
+    if (path->empty()) continue;
+    std::ifstream in(*path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in || text.find("-----BEGIN") == std::string::npos) {
+      reader.AddError(key, absl::StrCat(*path, " is not a readable PEM file"));
+    }
+    *out = std::move(text);
+  }
+  if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
+    reader.AddError("tls_cert_file", "tls_cert_file and tls_key_file go together");
+  }
+  if (!config.tls_cert_file.empty() && config.scheduler_ca_file.empty()) {
+    reader.AddError("tls_cert_file", "a client certificate needs TLS: give scheduler_ca_file too");
+  }
   if (config.host.empty()) {
     reader.AddError("host", "is required: name this host (e.g. --host=w1)");
   }
@@ -136,6 +174,15 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --report_lag_s        reporting lag, 0.2-2 s in the paper (default 0.2)
   --report_threshold    relative change that triggers a report (default 0.1)
   --report_max_interval_s  report at least this often (default 2)
+  Authentication to the scheduler (see the README's Security section):
+  --cluster_secret_file a file (mode 0600) with the scheduler's cluster secret
+                        (default none)
+  --scheduler_ca_file   talk to the scheduler over TLS, trusting this CA (PEM)
+                        (default none: plaintext)
+  --tls_cert_file       this host's client certificate and key (PEM) for
+  --tls_key_file        mutual TLS; its common name is --host (default none)
+  --scheduler_tls_name  the name the scheduler's certificate must carry
+                        (default: the host part of --scheduler)
 )";
 }
 

@@ -77,6 +77,22 @@ struct DaemonConfig {
   double report_lag_s = 0.2;                 // reporting lag (paper §7: 0.2-2 s)
   double report_threshold = 0.1;             // relative change that triggers a report
   double report_max_interval_s = 2.0;        // report at least this often
+  // Authentication to the scheduler (DESIGN.md §3a): the cluster secret
+  // (from a file, mode 0600) and/or TLS. With scheduler_ca_file the
+  // control plane runs over TLS, the scheduler's certificate checked
+  // against that CA for the name scheduler_tls_name (default: the host
+  // part of `scheduler`); tls_cert_file and tls_key_file are this host's
+  // client certificate (mutual TLS; its common name is the host's name).
+  std::string cluster_secret_file;
+  std::string scheduler_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string scheduler_tls_name;
+  // What the files hold (filled by LoadDaemonConfig, not keys).
+  std::string cluster_secret;
+  std::string scheduler_ca_pem;
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
 };
 
 absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl);

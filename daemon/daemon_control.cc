@@ -77,7 +77,9 @@ void Daemon::ScheduleStreamLoop() {
       const v1::RegisterEntityRequest entity =
           internal::EntityRequest(config_.host, app->uid, app->registration);
       v1::RegisterEntityReply reply;
-      (void)scheduler_->RegisterEntity(entity, &reply);
+      if (scheduler_->RegisterEntity(entity, &reply).ok() && !reply.job_data_key().empty()) {
+        data_keys_.SetJobKey(reply.job_id(), reply.job_data_key());
+      }
     }
   }
 }
@@ -92,6 +94,9 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
       break;
     case v1::DaemonCommand::kAggregate:
       StartAggregationLocked(command.aggregate());
+      break;
+    case v1::DaemonCommand::kJobKey:
+      data_keys_.SetJobKey(command.job_key().job_id(), command.job_key().key());
       break;
     case v1::DaemonCommand::kExpect: {
       const v1::ExpectDelivery& expect = command.expect();

@@ -120,7 +120,7 @@ void Daemon::DataSessionLoop(std::shared_ptr<tcp::socket> socket) {
   const std::string peer_name = absl::StrCat(peer.address().to_string(), ":", peer.port());
   MLF_LOG(DEBUG) << "data session from " << peer_name;
   transport::DataSession session(socket->native_handle(), peer_name,
-                                 static_cast<uint64_t>(kMaxTransferBytes));
+                                 static_cast<uint64_t>(kMaxTransferBytes), &data_keys_);
   session.Run(*this, stopping_);
   std::lock_guard<std::mutex> lock(mu_);
   socket->close(ignored);
@@ -148,11 +148,39 @@ absl::Status Daemon::Begin(const PacketHeader& header) {
   if (incoming_.count(header.transfer)) {
     return absl::AlreadyExistsError(absl::StrCat("transfer ", header.transfer, " begun twice"));
   }
+  // A session may carry only the jobs it proved (transport/data_auth.h);
+  // a transfer this host already expects must come as its own job's.
+  // (One expected later is checked where it joins: JobMismatchLocked.)
+  if (std::optional<uint32_t> expected = ExpectedJobLocked(header.transfer);
+      expected.has_value() && *expected != header.job) {
+    return absl::PermissionDeniedError(absl::StrCat("transfer ", header.transfer, " is job ",
+                                                    *expected, "'s; the packet says job ",
+                                                    header.job));
+  }
   Incoming& incoming = incoming_[header.transfer];
   incoming.job_id = header.job;
   incoming.total = header.offset;
   incoming.buffer = std::move(pooled);
   return absl::OkStatus();
+}
+
+std::optional<uint32_t> Daemon::ExpectedJobLocked(uint64_t transfer) const {
+  if (auto round = rounds_.RoundOf(transfer)) {
+    return static_cast<uint32_t>(std::strtoul(round->first.c_str(), nullptr, 10));  // "job/server"
+  }
+  if (auto aggregate = aggregations_.AggregateOf(transfer)) return aggregations_.JobOf(*aggregate);
+  const auto endpoints = delivery_.EndpointsExpecting(transfer);
+  if (!endpoints.empty()) return endpoints.front().first;
+  return std::nullopt;
+}
+
+std::string Daemon::JobMismatchLocked(uint64_t transfer, uint32_t job) const {
+  auto incoming = incoming_.find(transfer);
+  if (incoming == incoming_.end() || incoming->second.job_id == job) return "";
+  MLF_LOG(WARNING) << "transfer " << transfer << " arrived as job " << incoming->second.job_id
+                   << "'s data but is job " << job << "'s: refused";
+  return absl::StrCat("transfer ", transfer, " arrived as job ", incoming->second.job_id,
+                      "'s data but is job ", job, "'s");
 }
 
 std::shared_ptr<SharedBuffer> Daemon::BufferFor(const PacketHeader& header) {

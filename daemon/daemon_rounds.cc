@@ -49,9 +49,12 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
       continue;
     }
     auto incoming = incoming_.find(transfer_id);
-    if (incoming->second.total != static_cast<uint64_t>(step.info.bytes())) {
-      const std::string reason = absl::StrCat("received ", incoming->second.total,
-                                              " bytes but the schedule said ", step.info.bytes());
+    std::string reason = JobMismatchLocked(transfer_id, job_id);
+    if (reason.empty() && incoming->second.total != static_cast<uint64_t>(step.info.bytes())) {
+      reason = absl::StrCat("received ", incoming->second.total, " bytes but the schedule said ",
+                            step.info.bytes());
+    }
+    if (!reason.empty()) {
       reporter_->ReportFailure(transfer_id, reason);
       delivery_.Cancel(key, step.sequence, reason);
       continue;
@@ -90,7 +93,10 @@ void Daemon::JoinRoundLocked(const v1::ExpectDelivery& expect) {
   const uint64_t transfer = expect.transfer_id();
   auto incoming = incoming_.find(transfer);
   if (fx.failed.empty() && incoming != incoming_.end()) {
-    if (incoming->second.total != static_cast<uint64_t>(expect.bytes())) {
+    if (std::string mismatch = JobMismatchLocked(transfer, expect.job_id()); !mismatch.empty()) {
+      incoming_.erase(incoming);
+      rounds_.Fail(key, expect.version(), mismatch, &fx);
+    } else if (incoming->second.total != static_cast<uint64_t>(expect.bytes())) {
       rounds_.Fail(key, expect.version(),
                    absl::StrCat("push ", transfer, " arrived with ", incoming->second.total,
                                 " bytes, not ", expect.bytes()),

@@ -129,6 +129,10 @@ void Daemon::StartAggregationLocked(const v1::AggregateTask& task) {
     const uint64_t constituent = task.constituents(i);
     auto incoming = incoming_.find(constituent);
     if (incoming == incoming_.end()) continue;
+    if (std::string mismatch = JobMismatchLocked(constituent, task.job_id()); !mismatch.empty()) {
+      FailAggregationLocked(task.aggregate_id(), mismatch);
+      return;
+    }
     if (incoming->second.total != static_cast<uint64_t>(task.bytes())) {
       FailAggregationLocked(task.aggregate_id(),
                             absl::StrCat("constituent ", constituent, " has ",

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -30,6 +31,17 @@ namespace {
 std::atomic<bool> g_stop{false};
 
 void OnSignal(int) { g_stop.store(true); }
+
+// A PEM file's text; the error names the config key and the path.
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* key) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in || text.find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        std::string(key) + ": " + path + " is not a readable PEM file");
+  }
+  return text;
+}
 
 void WritePortFile(const std::string& path, int port) {
   if (path.empty()) return;
@@ -82,7 +94,35 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int bound_port = 0;
   const std::string address = config->listen_address + ":" + std::to_string(config->grpc_port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!config->tls_cert_file.empty()) {
+    // TLS, and with a client CA mutual TLS: a daemon must present a
+    // certificate the CA signed (its common name is checked at RegisterHost).
+    grpc::SslServerCredentialsOptions tls(
+        config->tls_client_ca_file.empty()
+            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    auto cert = ReadPem(config->tls_cert_file, "tls_cert_file");
+    auto key = ReadPem(config->tls_key_file, "tls_key_file");
+    auto ca = config->tls_client_ca_file.empty()
+                  ? absl::StatusOr<std::string>("")
+                  : ReadPem(config->tls_client_ca_file, "tls_client_ca_file");
+    for (const auto* file : {&cert, &key, &ca}) {
+      if (!file->ok()) {
+        std::cerr << "mlfabric-scheduler: " << file->status().message() << "\n";
+        return 2;
+      }
+    }
+    tls.pem_root_certs = *ca;
+    tls.pem_key_cert_pairs.push_back({*key, *cert});
+    credentials = grpc::SslServerCredentials(tls);
+  }
+  if (!IsLoopbackAddress(config->listen_address) && config->tls_cert_file.empty()) {
+    MLF_LOG(WARNING) << "listening on " << config->listen_address
+                     << " without TLS: the cluster secret, sessions and job tokens cross the "
+                        "network in the clear (set tls_cert_file and tls_key_file)";
+  }
+  builder.AddListeningPort(address, credentials, &bound_port);
   // Keepalive both ways (DESIGN.md §3a): the daemons ping every keepalive_s
   // too, so their pings must not count as abuse.
   const int keepalive_ms = static_cast<int>(config->keepalive_s * 1000);
@@ -118,7 +158,10 @@ int main(int argc, char** argv) {
   }
   // The gRPC port file last: once it exists, everything is serving.
   WritePortFile(config->port_file, bound_port);
-  MLF_LOG(INFO) << "listening on " << config->listen_address << ":" << bound_port << ", planner "
+  MLF_LOG(INFO) << "listening on " << config->listen_address << ":" << bound_port
+                << (config->tls_cert_file.empty() ? "" : config->tls_client_ca_file.empty() ? " (TLS)" : " (mutual TLS)")
+                << (service.auth().hosts_authenticated() ? ", hosts authenticated" : "")
+                << (config->data_plane_auth ? ", data plane authenticated" : "") << ", planner "
                 << config->planner << ", batch interval " << config->batch_interval_ms << " ms";
   service.Start();
 

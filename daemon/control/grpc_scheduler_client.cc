@@ -1,5 +1,7 @@
 // GrpcSchedulerClient: SchedulerClient over a gRPC channel.
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -37,10 +39,38 @@ grpc::ChannelArguments ChannelArguments(double keepalive_s) {
   return arguments;
 }
 
+// The metadata keys of scheduler/service/control_auth.h.
+constexpr char kClusterSecretMetadata[] = "x-mlfabric-cluster-secret";
+constexpr char kHostMetadata[] = "x-mlfabric-host";
+constexpr char kSessionMetadata[] = "x-mlfabric-session";
+constexpr char kJobTokenMetadata[] = "x-mlfabric-job-token";
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const ClientSecurity& security) {
+  if (security.ca_pem.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = security.ca_pem;
+  tls.pem_cert_chain = security.cert_pem;
+  tls.pem_private_key = security.key_pem;
+  return grpc::SslCredentials(tls);
+}
+
+grpc::ChannelArguments SecureChannelArguments(const std::string& address, double keepalive_s,
+                                              const ClientSecurity& security) {
+  grpc::ChannelArguments arguments = ChannelArguments(keepalive_s);
+  if (!security.ca_pem.empty()) {
+    // The scheduler's certificate names it; by default as the address does.
+    std::string name = security.tls_name;
+    if (name.empty()) name = address.substr(0, address.rfind(':'));
+    arguments.SetSslTargetNameOverride(name);
+  }
+  return arguments;
+}
+
 class GrpcScheduleStream final : public ScheduleStream {
  public:
-  GrpcScheduleStream(v1::Scheduler::Stub* stub, const v1::StreamSchedulesRequest& request)
-      : reader_(stub->StreamSchedules(&context_, request)) {}
+  GrpcScheduleStream(v1::Scheduler::Stub* stub, const v1::StreamSchedulesRequest& request,
+                     const std::function<void(grpc::ClientContext*)>& sign)
+      : reader_((sign(&context_), stub->StreamSchedules(&context_, request))) {}
   bool Read(v1::DaemonCommand* command) override { return reader_->Read(command); }
   absl::Status Finish() override { return FromGrpc(reader_->Finish()); }
   void Cancel() override { context_.TryCancel(); }
@@ -52,45 +82,63 @@ class GrpcScheduleStream final : public ScheduleStream {
 
 class GrpcSchedulerClient final : public SchedulerClient {
  public:
-  GrpcSchedulerClient(const std::string& address, double keepalive_s)
-      : stub_(v1::Scheduler::NewStub(grpc::CreateCustomChannel(
-            address, grpc::InsecureChannelCredentials(), ChannelArguments(keepalive_s)))) {}
+  GrpcSchedulerClient(const std::string& address, double keepalive_s, ClientSecurity security)
+      : security_(std::move(security)),
+        stub_(v1::Scheduler::NewStub(grpc::CreateCustomChannel(
+            address, Credentials(security_),
+            SecureChannelArguments(address, keepalive_s, security_)))) {}
 
   absl::Status RegisterHost(const v1::RegisterHostRequest& request,
                             v1::RegisterHostReply* reply) override {
-    return FromGrpc(stub_->RegisterHost(RpcContext(2).get(), request, reply));
+    auto context = RpcContext(2);
+    if (!security_.cluster_secret.empty()) {
+      context->AddMetadata(kClusterSecretMetadata, security_.cluster_secret);
+    }
+    const absl::Status status = FromGrpc(stub_->RegisterHost(context.get(), request, reply));
+    if (status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      host_ = request.host();
+      session_ = reply->session_token();
+    }
+    return status;
   }
   absl::Status RegisterEntity(const v1::RegisterEntityRequest& request,
                               v1::RegisterEntityReply* reply) override {
-    return FromGrpc(stub_->RegisterEntity(RpcContext(10).get(), request, reply));
+    auto context = Signed(10, "");
+    const absl::Status status = FromGrpc(stub_->RegisterEntity(context.get(), request, reply));
+    if (status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_tokens_[request.job()] = request.job_token();
+    }
+    return status;
   }
   absl::Status SubmitUpdate(const v1::SubmitUpdateRequest& request,
                             v1::SubmitUpdateReply* reply) override {
-    return FromGrpc(stub_->SubmitUpdate(RpcContext(10).get(), request, reply));
+    return FromGrpc(stub_->SubmitUpdate(Signed(10, request.job()).get(), request, reply));
   }
   absl::Status ReportCompletion(const v1::CompletionReport& report) override {
     v1::CompletionAck ack;
-    return FromGrpc(stub_->ReportCompletion(RpcContext(10).get(), report, &ack));
+    return FromGrpc(stub_->ReportCompletion(Signed(10, "").get(), report, &ack));
   }
   absl::Status ReportBandwidth(const v1::BandwidthReport& report) override {
     v1::BandwidthAck ack;
-    return FromGrpc(stub_->ReportBandwidth(RpcContext(2).get(), report, &ack));
+    return FromGrpc(stub_->ReportBandwidth(Signed(2, "").get(), report, &ack));
   }
   absl::Status SyncClock(const v1::SyncClockRequest& request,
                          v1::SyncClockReply* reply) override {
-    return FromGrpc(stub_->SyncClock(RpcContext(1).get(), request, reply));
+    return FromGrpc(stub_->SyncClock(Signed(1, "").get(), request, reply));
   }
   absl::Status ResolveServer(const v1::ResolveServerRequest& request,
                              v1::ResolveServerReply* reply) override {
-    return FromGrpc(stub_->ResolveServer(RpcContext(10).get(), request, reply));
+    return FromGrpc(stub_->ResolveServer(Signed(10, request.job()).get(), request, reply));
   }
   absl::Status PlanDistribution(const v1::PlanDistributionRequest& request,
                                 v1::PlanDistributionReply* reply) override {
-    return FromGrpc(stub_->PlanDistribution(RpcContext(2).get(), request, reply));
+    return FromGrpc(stub_->PlanDistribution(Signed(2, request.job()).get(), request, reply));
   }
   absl::Status AwaitClock(const v1::AwaitClockRequest& request,
                           v1::AwaitClockReply* reply) override {
-    std::unique_ptr<grpc::ClientContext> context = RpcContext(3610);
+    std::unique_ptr<grpc::ClientContext> context = Signed(3610, request.job());
     {
       std::lock_guard<std::mutex> lock(waits_mu_);
       if (waits_cancelled_) return absl::CancelledError("the daemon is stopping");
@@ -110,11 +158,34 @@ class GrpcSchedulerClient final : public SchedulerClient {
   }
   std::unique_ptr<ScheduleStream> StreamSchedules(
       const v1::StreamSchedulesRequest& request) override {
-    return std::make_unique<GrpcScheduleStream>(stub_.get(), request);
+    return std::make_unique<GrpcScheduleStream>(
+        stub_.get(), request, [this](grpc::ClientContext* context) { Sign(context, ""); });
   }
 
  private:
+  // The host's session and, for a job-scoped call, the job's token.
+  void Sign(grpc::ClientContext* context, const std::string& job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!host_.empty()) context->AddMetadata(kHostMetadata, host_);
+    if (!session_.empty()) context->AddMetadata(kSessionMetadata, session_);
+    if (!job.empty()) {
+      if (auto token = job_tokens_.find(job); token != job_tokens_.end()) {
+        context->AddMetadata(kJobTokenMetadata, token->second);
+      }
+    }
+  }
+  std::unique_ptr<grpc::ClientContext> Signed(double timeout_s, const std::string& job) {
+    std::unique_ptr<grpc::ClientContext> context = RpcContext(timeout_s);
+    Sign(context.get(), job);
+    return context;
+  }
+
+  const ClientSecurity security_;
   std::unique_ptr<v1::Scheduler::Stub> stub_;
+  std::mutex mu_;  // a leaf
+  std::string host_;
+  std::string session_;
+  std::map<std::string, std::string> job_tokens_;  // from RegisterEntity calls that succeeded
   std::mutex waits_mu_;
   std::set<grpc::ClientContext*> waits_;  // AwaitClock calls in progress
   bool waits_cancelled_ = false;
@@ -123,8 +194,9 @@ class GrpcSchedulerClient final : public SchedulerClient {
 }  // namespace
 
 std::unique_ptr<SchedulerClient> MakeGrpcSchedulerClient(const std::string& address,
-                                                         double keepalive_s) {
-  return std::make_unique<GrpcSchedulerClient>(address, keepalive_s);
+                                                         double keepalive_s,
+                                                         ClientSecurity security) {
+  return std::make_unique<GrpcSchedulerClient>(address, keepalive_s, std::move(security));
 }
 
 std::string RpcErrorText(const absl::Status& status) {

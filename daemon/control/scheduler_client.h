@@ -62,7 +62,23 @@ class SchedulerClient {
   virtual void CancelWaits() {}
 };
 
-// A client of the scheduler at `address` (host:port), plaintext gRPC.
+// How the client proves who it is (DESIGN.md §3a; scheduler/service/
+// control_auth.h). The cluster secret goes with RegisterHost; every later
+// call carries the host's name and the session token RegisterHost
+// returned; a job-scoped call (SubmitUpdate, ResolveServer, AwaitClock,
+// PlanDistribution) carries the token of its job, which the client learns
+// from the RegisterEntity calls that succeeded. With `ca_pem` the channel
+// is TLS (the scheduler's certificate must carry `tls_name`, default the
+// address's host part), with `cert_pem`/`key_pem` mutual TLS.
+struct ClientSecurity {
+  std::string cluster_secret;
+  std::string ca_pem;
+  std::string cert_pem;
+  std::string key_pem;
+  std::string tls_name;
+};
+
+// A client of the scheduler at `address` (host:port).
 // Deadlines: 2 s for RegisterHost and ReportBandwidth, 1 s for SyncClock,
 // 3610 s for AwaitClock (the scheduler bounds the wait), 10 s for the
 // rest; the stream has none.
@@ -71,7 +87,8 @@ class SchedulerClient {
 // silent partition ends the schedule stream (and fails calls) in bounded
 // time; unary calls also have deadlines.
 std::unique_ptr<SchedulerClient> MakeGrpcSchedulerClient(const std::string& address,
-                                                         double keepalive_s = 2);
+                                                         double keepalive_s = 2,
+                                                         ClientSecurity security = {});
 
 // "CODE: message", the form daemon logs and application errors use.
 std::string RpcErrorText(const absl::Status& status);

@@ -84,6 +84,13 @@ std::optional<int64_t> AggregationTable::Bytes(uint64_t aggregate) const {
   return it->second.task.bytes();
 }
 
+std::optional<uint32_t> AggregationTable::JobOf(uint64_t aggregate) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = aggregations_.find(aggregate);
+  if (it == aggregations_.end()) return std::nullopt;
+  return it->second.task.job_id();
+}
+
 std::string AggregationTable::Destination(uint64_t aggregate) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = aggregations_.find(aggregate);

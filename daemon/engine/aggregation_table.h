@@ -67,6 +67,8 @@ class AggregationTable {
   std::optional<int64_t> Bytes(uint64_t aggregate) const;
   // Where the aggregate goes (for logs); empty if not active.
   std::string Destination(uint64_t aggregate) const;
+  // The job the aggregate belongs to; nullopt if not active.
+  std::optional<uint32_t> JobOf(uint64_t aggregate) const;
 
   // Sums bytes [offset, offset + length) of `constituent` into `aggregate`
   // and appends the grid packets that became final to `ready` (in the

@@ -9,6 +9,14 @@
 namespace mlfabric::transport {
 
 void DataSession::Run(DataSessionHandler& handler, const std::atomic<bool>& stopping) {
+  if (keys_ != nullptr) {
+    absl::StatusOr<SessionAuth> auth = AcceptorHandshake(fd_, *keys_, peer_);
+    if (!auth.ok()) {
+      handler.Ended(peer_, begun_, std::string(auth.status().message()));
+      return;
+    }
+    auth_ = std::move(*auth);
+  }
   FrameReader reader(fd_);
   std::string close_reason;
   while (!stopping.load()) {
@@ -22,6 +30,10 @@ void DataSession::Run(DataSessionHandler& handler, const std::atomic<bool>& stop
     }
     close_reason = [&]() -> std::string {
       const PacketHeader& h = *header;
+      if (h.kind != PacketKind::kJobProof && !auth_.Allows(h.job)) {
+        return absl::StrCat("a packet of job ", h.job, " from '", auth_.initiator,
+                            "' before it proved it is in the job");
+      }
       if (h.kind == PacketKind::kBegin) {
         if (h.length != 0 || h.offset == 0 || h.offset > max_transfer_bytes_) {
           return absl::StrCat("begin of transfer ", h.transfer, " has bad size ", h.offset);
@@ -79,6 +91,11 @@ void DataSession::Run(DataSessionHandler& handler, const std::atomic<bool>& stop
         }
         absl::Status served = handler.GetRequest(fd_, h, body);
         return served.ok() ? "" : std::string(served.message());
+      }
+      if (h.kind == PacketKind::kJobProof) {
+        if (!auth_.enabled) return "a job proof on a session that is not authenticated";
+        absl::Status proven = AcceptJobProof(auth_, *keys_, h.job, payload);
+        return proven.ok() ? "" : std::string(proven.message());
       }
       if (h.kind == PacketKind::kAbort) {
         if (begun_.erase(h.transfer)) handler.Aborted(h, payload);

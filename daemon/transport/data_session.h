@@ -16,6 +16,11 @@
 // each fails exactly once. What a transfer is for (a round, an aggregate,
 // a delivery) is the handler's business.
 //
+// With `keys` enabled the session first runs the acceptor's side of the
+// authentication handshake (data_auth.h) and then takes a packet of job J
+// only after a valid kJobProof for J; anything else closes the session
+// with a reason that names the job and the peer.
+//
 // Thread safety: a session belongs to the thread that runs it; the
 // handler is called from that thread and must be thread-safe across
 // sessions.
@@ -29,6 +34,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "daemon/transport/data_auth.h"
 #include "daemon/transport/packet.h"
 #include "ipc/local_ipc.h"
 #include "proto/scheduler.pb.h"
@@ -65,8 +71,10 @@ class DataSessionHandler {
 
 class DataSession {
  public:
-  DataSession(int fd, std::string peer, uint64_t max_transfer_bytes)
-      : fd_(fd), peer_(std::move(peer)), max_transfer_bytes_(max_transfer_bytes) {}
+  // `keys` may be null (no authentication) and must outlive Run.
+  DataSession(int fd, std::string peer, uint64_t max_transfer_bytes,
+              const DataKeys* keys = nullptr)
+      : fd_(fd), peer_(std::move(peer)), max_transfer_bytes_(max_transfer_bytes), keys_(keys) {}
 
   // Reads until the session ends, then calls handler.Ended once.
   void Run(DataSessionHandler& handler, const std::atomic<bool>& stopping);
@@ -75,6 +83,8 @@ class DataSession {
   const int fd_;
   const std::string peer_;
   const uint64_t max_transfer_bytes_;
+  const DataKeys* const keys_;
+  SessionAuth auth_;
   std::set<uint64_t> begun_;  // begun on this session, not finished
 };
 

@@ -12,11 +12,14 @@ namespace mlfabric::transport {
 using boost::asio::ip::tcp;
 
 GetClient::GetClient(boost::asio::io_context& io, SendWatchdog& watchdog,
-                     size_t max_idle_per_address, uint64_t max_model_bytes)
+                     size_t max_idle_per_address, uint64_t max_model_bytes,
+                     const DataKeys* keys, std::string my_host)
     : io_(io),
       watchdog_(watchdog),
       max_idle_per_address_(max_idle_per_address),
-      max_model_bytes_(max_model_bytes) {}
+      max_model_bytes_(max_model_bytes),
+      keys_(keys),
+      my_host_(std::move(my_host)) {}
 
 absl::Status GetClient::Request(const std::string& peer, const std::string& address,
                                 const PacketHeader& request, const v1::DataGetRequest& body,
@@ -31,7 +34,8 @@ absl::Status GetClient::Request(const std::string& peer, const std::string& addr
     if (shut_down_) return absl::UnavailableError("get: the daemon is stopping");
     auto idle = idle_.find(address);
     if (idle != idle_.end()) {
-      out->socket = std::move(idle->second);
+      out->socket = std::move(idle->second.socket);
+      out->auth = std::move(idle->second.auth);
       idle_.erase(idle);
     }
   }
@@ -54,17 +58,37 @@ absl::Status GetClient::Request(const std::string& peer, const std::string& addr
                                                  error.message()));
     }
     out->socket->set_option(tcp::no_delay(true), error);
+    out->auth = SessionAuth();
+    if (keys_ != nullptr) {
+      auto auth = InitiatorHandshake(out->socket->native_handle(), *keys_, my_host_,
+                                     absl::StrCat(peer, " at ", address));
+      if (!auth.ok()) return absl::Status(auth.status().code(), absl::StrCat("get: ", auth.status().message()));
+      out->auth = std::move(*auth);
+    }
     return absl::OkStatus();
   };
   if (!reused) RETURN_IF_ERROR(connect());
   const std::string payload = body.SerializeAsString();
   auto exchange = [&]() -> absl::StatusOr<PacketHeader> {
+    if (!out->auth.Allows(request.job)) {
+      ASSIGN_OR_RETURN(std::string proof, JobProof(out->auth, *keys_, request.job));
+      PacketHeader frame;
+      frame.kind = PacketKind::kJobProof;
+      frame.job = request.job;
+      frame.length = static_cast<uint32_t>(proof.size());
+      RETURN_IF_ERROR(WritePacket(watchdog_, out->socket->native_handle(), frame, proof.data(),
+                                  frame.length));
+      out->auth.jobs.insert(request.job);
+    }
     RETURN_IF_ERROR(WritePacket(watchdog_, out->socket->native_handle(), request, payload.data(),
                                 static_cast<uint32_t>(payload.size())));
     out->reader.emplace(out->socket->native_handle());
     return out->reader->ReadHeader();
   };
   absl::StatusOr<PacketHeader> reply = exchange();
+  if (reply.status().code() == absl::StatusCode::kFailedPrecondition) {
+    return absl::FailedPreconditionError(absl::StrCat("get: ", reply.status().message()));
+  }
   if (reused && !reply.ok()) {
     // The far end had closed the kept connection (its daemon restarted):
     // once more on a new one.
@@ -127,7 +151,8 @@ void GetClient::Keep(Connection& connection) {
   if (!connection.socket) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (!shut_down_ && idle_.count(connection.address) < max_idle_per_address_) {
-    idle_.emplace(connection.address, std::move(connection.socket));
+    idle_.emplace(connection.address,
+                  Idle{std::move(connection.socket), std::move(connection.auth)});
   }
 }
 

@@ -18,6 +18,11 @@
 // text), DataLoss for a malformed reply or packet, Aborted (with the far
 // end's reason) when the answering daemon gives up mid-transfer.
 //
+// With `keys` enabled, every new connection starts with the initiator's
+// side of the authentication handshake (data_auth.h), and a get of job J
+// is preceded, once per connection, by the proof that this host is in J
+// (FailedPrecondition, nothing sent, when it holds no key for J).
+//
 // Thread safety: Request, Receive and Keep may be called from any thread,
 // each Connection by one thread at a time; the kept connections have
 // their own lock (a leaf).
@@ -38,6 +43,7 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "absl/status/status.h"
+#include "daemon/transport/data_auth.h"
 #include "daemon/transport/framing.h"
 #include "daemon/transport/packet.h"
 #include "daemon/transport/send_watchdog.h"
@@ -53,6 +59,7 @@ class GetClient {
   struct Connection {
     std::string address;
     std::shared_ptr<boost::asio::ip::tcp::socket> socket;
+    SessionAuth auth;  // the connection's handshake and proven jobs
     std::optional<FrameReader> reader;
     PacketHeader header;
     v1::DataGetReply reply;
@@ -61,7 +68,8 @@ class GetClient {
   // Connections are kept per address, at most `max_idle_per_address`; a
   // model larger than `max_model_bytes` is refused as malformed.
   GetClient(boost::asio::io_context& io, SendWatchdog& watchdog,
-            size_t max_idle_per_address = 4, uint64_t max_model_bytes = uint64_t{64} << 30);
+            size_t max_idle_per_address = 4, uint64_t max_model_bytes = uint64_t{64} << 30,
+            const DataKeys* keys = nullptr, std::string my_host = "");
 
   // Sends `body` as the get request `request` to the daemon of `peer` at
   // `address` (on a kept connection if there is one, once more on a new
@@ -91,8 +99,14 @@ class GetClient {
   SendWatchdog& watchdog_;
   const size_t max_idle_per_address_;
   const uint64_t max_model_bytes_;
+  const DataKeys* const keys_;
+  const std::string my_host_;
+  struct Idle {
+    std::shared_ptr<boost::asio::ip::tcp::socket> socket;
+    SessionAuth auth;
+  };
   mutable std::mutex mu_;
-  std::multimap<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> idle_;  // by address
+  std::multimap<std::string, Idle> idle_;  // by address
   // Every connection opened, while it lives (Shutdown reaches them).
   std::vector<std::weak_ptr<boost::asio::ip::tcp::socket>> opened_;
   bool shut_down_ = false;

@@ -44,8 +44,11 @@ enum class PacketKind : uint8_t {
   kGetRequest = 2,    // a worker's daemon asks for a model
   kGetReply = 3,      // the model's header: payload = GetReplyBegin proto
   kAbort = 4,         // the sender gives up on a transfer: payload = reason
+  // The sender proves it belongs to job `job` (data_auth.h): payload =
+  // HMAC-SHA256 of the session's nonces under the job's key.
+  kJobProof = 5,
 };
-inline constexpr uint8_t kMaxPacketKind = 4;
+inline constexpr uint8_t kMaxPacketKind = 5;
 
 struct PacketHeader {
   uint8_t version = kProtocolVersion;

@@ -12,32 +12,47 @@ namespace mlfabric::transport {
 using boost::asio::ip::tcp;
 
 PeerConnections::PeerConnections(boost::asio::io_context& io, SendWatchdog& watchdog,
-                                 uint32_t payload_bytes)
+                                 uint32_t payload_bytes, const DataKeys* keys,
+                                 std::string my_host)
     : io_(io),
       watchdog_(watchdog),
-      lowat_bytes_(2 * (static_cast<int>(payload_bytes) + static_cast<int>(kHeaderBytes))) {}
+      lowat_bytes_(2 * (static_cast<int>(payload_bytes) + static_cast<int>(kHeaderBytes))),
+      keys_(keys),
+      my_host_(std::move(my_host)) {}
 
-absl::StatusOr<std::shared_ptr<tcp::socket>> PeerConnections::Connect(
+absl::StatusOr<std::shared_ptr<PeerConnections::Peer>> PeerConnections::Connect(
     const v1::SendTransfer& send) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& peer = peers_[send.dst_address()];
-  if (peer != nullptr && peer->is_open()) return peer;
+  if (peer != nullptr && peer->socket->is_open()) return peer;
   auto endpoint = ParseEndpoint(send.dst_address());
   if (!endpoint.ok()) {
     peers_.erase(send.dst_address());
     return endpoint.status();
   }
-  peer = std::make_shared<tcp::socket>(io_);
+  auto fresh = std::make_shared<Peer>();
+  fresh->socket = std::make_shared<tcp::socket>(io_);
   boost::system::error_code error;
-  peer->connect(*endpoint, error);
+  fresh->socket->connect(*endpoint, error);
   if (error) {
     peers_.erase(send.dst_address());
     return absl::UnavailableError(absl::StrCat("cannot connect to ", send.dst_host(), " at ",
                                                send.dst_address(), ": ", error.message()));
   }
-  peer->set_option(tcp::no_delay(true), error);
-  ::setsockopt(peer->native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat_bytes_,
+  fresh->socket->set_option(tcp::no_delay(true), error);
+  if (keys_ != nullptr) {
+    auto auth = InitiatorHandshake(fresh->socket->native_handle(), *keys_, my_host_,
+                                   absl::StrCat(send.dst_host(), " at ", send.dst_address()));
+    if (!auth.ok()) {
+      fresh->socket->close(error);
+      peers_.erase(send.dst_address());
+      return auth.status();
+    }
+    fresh->auth = std::move(*auth);
+  }
+  ::setsockopt(fresh->socket->native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat_bytes_,
                sizeof(lowat_bytes_));
+  peer = fresh;
   return peer;
 }
 
@@ -46,13 +61,25 @@ absl::Status PeerConnections::WriteToPeer(const v1::SendTransfer& send,
                                           uint32_t length, std::optional<uint32_t> crc) {
   auto connected = Connect(send);
   if (!connected.ok()) return connected.status();
-  std::shared_ptr<tcp::socket> socket = std::move(*connected);
-  absl::Status status = WritePacket(watchdog_, socket->native_handle(), header, payload, length, crc);
+  std::shared_ptr<Peer> peer = std::move(*connected);
+  const int fd = peer->socket->native_handle();
+  absl::Status status;
+  if (!peer->auth.Allows(header.job)) {
+    absl::StatusOr<std::string> proof = JobProof(peer->auth, *keys_, header.job);
+    if (!proof.ok()) return proof.status();  // nothing was written: the connection stays
+    PacketHeader frame;
+    frame.kind = PacketKind::kJobProof;
+    frame.job = header.job;
+    frame.length = static_cast<uint32_t>(proof->size());
+    status = WritePacket(watchdog_, fd, frame, proof->data(), frame.length);
+    if (status.ok()) peer->auth.jobs.insert(header.job);
+  }
+  if (status.ok()) status = WritePacket(watchdog_, fd, header, payload, length, crc);
   if (!status.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     boost::system::error_code ignored;
-    socket->close(ignored);
-    if (auto it = peers_.find(send.dst_address()); it != peers_.end() && it->second == socket) {
+    peer->socket->close(ignored);
+    if (auto it = peers_.find(send.dst_address()); it != peers_.end() && it->second == peer) {
       peers_.erase(it);
     }
   }
@@ -67,13 +94,13 @@ absl::Status PeerConnections::WriteToSocket(int fd, const PacketHeader& header,
 void PeerConnections::CloseAll() {
   std::lock_guard<std::mutex> lock(mu_);
   boost::system::error_code ignored;
-  for (auto& [address, socket] : peers_) socket->close(ignored);
+  for (auto& [address, peer] : peers_) peer->socket->close(ignored);
 }
 
 size_t PeerConnections::open() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;
-  for (const auto& [address, socket] : peers_) n += socket != nullptr && socket->is_open();
+  for (const auto& [address, peer] : peers_) n += peer != nullptr && peer->socket->is_open();
   return n;
 }
 

@@ -13,6 +13,11 @@
 // 8.7 packet-times). A failed write closes that connection; the next write
 // to the peer connects again.
 //
+// With `keys` enabled, a new connection first runs the initiator's side of
+// the authentication handshake (data_auth.h), and the first packet of each
+// job on it is preceded by the job's proof; a host without the job's key
+// gets FailedPrecondition and sends nothing.
+//
 // Thread safety: any thread; the connection map has its own lock, which is
 // not held while writing. One writer per peer at a time (the sender loop).
 #ifndef MLFABRIC_DAEMON_TRANSPORT_PEER_CONNECTIONS_H_
@@ -27,6 +32,7 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "absl/status/statusor.h"
+#include "daemon/transport/data_auth.h"
 #include "daemon/transport/packet_writer.h"
 #include "daemon/transport/send_watchdog.h"
 
@@ -34,8 +40,10 @@ namespace mlfabric::transport {
 
 class PeerConnections final : public PacketWriter {
  public:
-  // `io` and `watchdog` must outlive this object.
-  PeerConnections(boost::asio::io_context& io, SendWatchdog& watchdog, uint32_t payload_bytes);
+  // `io`, `watchdog` and `keys` (may be null: no authentication) must
+  // outlive this object; `my_host` is the name the handshake gives.
+  PeerConnections(boost::asio::io_context& io, SendWatchdog& watchdog, uint32_t payload_bytes,
+                  const DataKeys* keys = nullptr, std::string my_host = "");
 
   absl::Status WriteToPeer(const v1::SendTransfer& send, const PacketHeader& header,
                            const void* payload, uint32_t length,
@@ -49,14 +57,19 @@ class PeerConnections final : public PacketWriter {
   size_t open() const;
 
  private:
-  absl::StatusOr<std::shared_ptr<boost::asio::ip::tcp::socket>> Connect(
-      const v1::SendTransfer& send);
+  struct Peer {
+    std::shared_ptr<boost::asio::ip::tcp::socket> socket;
+    SessionAuth auth;  // its jobs change only in the (one) writer
+  };
+  absl::StatusOr<std::shared_ptr<Peer>> Connect(const v1::SendTransfer& send);
 
   boost::asio::io_context& io_;
   SendWatchdog& watchdog_;
   const int lowat_bytes_;
+  const DataKeys* const keys_;
+  const std::string my_host_;
   mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<boost::asio::ip::tcp::socket>> peers_;  // by address
+  std::map<std::string, std::shared_ptr<Peer>> peers_;  // by address
 };
 
 }  // namespace mlfabric::transport

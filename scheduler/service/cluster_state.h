@@ -47,6 +47,8 @@ struct HostState {
   int64_t reports = 0;
   bool draining = false;
   uint64_t incarnation = 0;
+  // Every call of this incarnation carries it (control_auth.h).
+  std::string session_token;
   bool alive = false;
 };
 

@@ -9,6 +9,7 @@ void CommandOutbox::Open(const std::string& host, uint64_t incarnation) {
   Queue& queue = queues_[host];
   queue.incarnation = incarnation;
   queue.commands.clear();
+  queue.keyed.clear();
   cv_.notify_all();  // a stream of the old incarnation is superseded
 }
 
@@ -18,10 +19,55 @@ void CommandOutbox::Close(const std::string& host) {
   cv_.notify_all();
 }
 
+namespace {
+
+// The job a command is about (0: none, or not said).
+uint32_t JobOf(const v1::DaemonCommand& command) {
+  switch (command.command_case()) {
+    case v1::DaemonCommand::kSend:
+      return command.send().job_id();
+    case v1::DaemonCommand::kExpect:
+      return command.expect().job_id();
+    case v1::DaemonCommand::kAggregate:
+      return command.aggregate().job_id();
+    case v1::DaemonCommand::kCancel:
+      return command.cancel().job_id();
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
+void CommandOutbox::SetJobKeys(std::map<uint32_t, std::string> keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_keys_ = std::move(keys);
+}
+
+void CommandOutbox::KeyLocked(Queue& queue, uint32_t job) {
+  if (job == 0 || queue.keyed.count(job)) return;
+  auto key = job_keys_.find(job);
+  if (key == job_keys_.end()) return;
+  v1::DaemonCommand command;
+  command.mutable_job_key()->set_job_id(job);
+  command.mutable_job_key()->set_key(key->second);
+  queue.commands.push_back(std::move(command));
+  queue.keyed.insert(job);
+}
+
+void CommandOutbox::EnsureJobKey(const std::string& host, uint32_t job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = queues_.find(host);
+  if (it == queues_.end()) return;
+  KeyLocked(it->second, job);
+  cv_.notify_all();
+}
+
 void CommandOutbox::Push(const std::string& host, v1::DaemonCommand command) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = queues_.find(host);
   if (it == queues_.end()) return;
+  KeyLocked(it->second, JobOf(command));
   it->second.commands.push_back(std::move(command));
   cv_.notify_all();
 }

@@ -26,6 +26,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "proto/scheduler.pb.h"
@@ -47,7 +48,14 @@ class CommandOutbox {
   // Discards `host`'s queue; its stream ends with kSuperseded.
   void Close(const std::string& host);
   // Appends to `host`'s queue if it is open; otherwise drops the command.
+  // The first command of a job for a queue is preceded by a JobKey command
+  // with the job's data key, when SetJobKeys knows one.
   void Push(const std::string& host, v1::DaemonCommand command);
+  // The data keys by job id (control_auth.h); none by default.
+  void SetJobKeys(std::map<uint32_t, std::string> keys);
+  // Queues the JobKey of `job` for `host` now, unless it was queued for
+  // this incarnation already.
+  void EnsureJobKey(const std::string& host, uint32_t job);
   // Waits up to `wait` for the next command of `host`'s `incarnation`.
   PopResult Pop(const std::string& host, uint64_t incarnation, std::chrono::milliseconds wait,
                 v1::DaemonCommand* out);
@@ -61,11 +69,14 @@ class CommandOutbox {
   struct Queue {
     uint64_t incarnation = 0;
     std::deque<v1::DaemonCommand> commands;
+    std::set<uint32_t> keyed;  // jobs whose JobKey this incarnation was sent
   };
+  void KeyLocked(Queue& queue, uint32_t job);
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, Queue> queues_;
+  std::map<uint32_t, std::string> job_keys_;
   bool stopped_ = false;
 };
 

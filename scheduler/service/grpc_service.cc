@@ -2,8 +2,21 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace mlfabric {
+namespace {
+
+std::string Metadata(const grpc::ServerContext* context, const char* key) {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(key);
+  return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -11,21 +24,67 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
-grpc::Status SchedulerGrpcService::RegisterHost(grpc::ServerContext*,
+grpc::Status SchedulerGrpcService::Authorize(const grpc::ServerContext* context, const char* rpc,
+                                             const std::string& host, const std::string& job) {
+  absl::Status status = absl::OkStatus();
+  if (!host.empty() || service_->auth().hosts_authenticated()) {
+    // The call acts for `host` (the request names it) or, for calls that
+    // name no host, for the host its metadata names.
+    const std::string caller = Metadata(context, kHostMetadata);
+    if (host.empty() && caller.empty()) {
+      status = absl::UnauthenticatedError(absl::StrCat(
+          "the call names no host (", kHostMetadata, "): a daemon registers its host first"));
+    } else if (!host.empty() && !caller.empty() && caller != host) {
+      status = absl::PermissionDeniedError(absl::StrCat(
+          "host '", caller, "' may not act for host '", host, "'"));
+    } else {
+      status = service_->CheckHostSession(host.empty() ? caller : host,
+                                          Metadata(context, kSessionMetadata));
+    }
+  }
+  if (status.ok() && !job.empty()) {
+    status = service_->CheckJobToken(job, Metadata(context, kJobTokenMetadata));
+  }
+  if (!status.ok()) {
+    MLF_LOG(WARNING) << "refused " << rpc << " from " << context->peer() << ": "
+                     << status.message();
+  }
+  return ToGrpcStatus(status);
+}
+
+grpc::Status SchedulerGrpcService::RegisterHost(grpc::ServerContext* context,
                                                 const v1::RegisterHostRequest* request,
                                                 v1::RegisterHostReply* reply) {
+  std::vector<std::string> cert_names;
+  if (const auto auth = context->auth_context(); auth != nullptr) {
+    for (const grpc::string_ref& name : auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
+      cert_names.emplace_back(name.data(), name.size());
+    }
+  }
+  if (absl::Status ok = service_->auth().CheckRegistration(
+          request->host(), Metadata(context, kClusterSecretMetadata), cert_names);
+      !ok.ok()) {
+    MLF_LOG(WARNING) << "refused RegisterHost from " << context->peer() << ": " << ok.message();
+    return ToGrpcStatus(ok);
+  }
   return ToGrpcStatus(service_->RegisterHost(*request, reply));
 }
 
-grpc::Status SchedulerGrpcService::RegisterEntity(grpc::ServerContext*,
+grpc::Status SchedulerGrpcService::RegisterEntity(grpc::ServerContext* context,
                                                   const v1::RegisterEntityRequest* request,
                                                   v1::RegisterEntityReply* reply) {
+  if (grpc::Status denied = Authorize(context, "RegisterEntity", request->host(), ""); !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(service_->RegisterEntity(*request, reply));
 }
 
-grpc::Status SchedulerGrpcService::SubmitUpdate(grpc::ServerContext*,
+grpc::Status SchedulerGrpcService::SubmitUpdate(grpc::ServerContext* context,
                                                 const v1::SubmitUpdateRequest* request,
                                                 v1::SubmitUpdateReply* reply) {
+  if (grpc::Status denied = Authorize(context, "SubmitUpdate", request->src_host(), request->job()); !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(service_->SubmitUpdate(*request, reply));
 }
 
@@ -34,6 +93,9 @@ grpc::Status SchedulerGrpcService::StreamSchedules(
     grpc::ServerWriter<v1::DaemonCommand>* writer) {
   const std::string& host = request->host();
   const uint64_t incarnation = request->incarnation();
+  if (grpc::Status denied = Authorize(context, "StreamSchedules", host, ""); !denied.ok()) {
+    return denied;
+  }
   if (absl::Status status = service_->BeginStream(host, incarnation); !status.ok()) {
     return ToGrpcStatus(status);
   }
@@ -60,33 +122,48 @@ grpc::Status SchedulerGrpcService::StreamSchedules(
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerGrpcService::ReportCompletion(grpc::ServerContext*,
+grpc::Status SchedulerGrpcService::ReportCompletion(grpc::ServerContext* context,
                                                     const v1::CompletionReport* request,
                                                     v1::CompletionAck*) {
+  if (grpc::Status denied = Authorize(context, "ReportCompletion", request->host(), ""); !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(service_->ReportCompletion(*request));
 }
 
-grpc::Status SchedulerGrpcService::ReportBandwidth(grpc::ServerContext*,
+grpc::Status SchedulerGrpcService::ReportBandwidth(grpc::ServerContext* context,
                                                    const v1::BandwidthReport* request,
                                                    v1::BandwidthAck*) {
+  if (grpc::Status denied = Authorize(context, "ReportBandwidth", request->host(), ""); !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(service_->ReportBandwidth(*request));
 }
 
-grpc::Status SchedulerGrpcService::PlanDistribution(grpc::ServerContext*,
+grpc::Status SchedulerGrpcService::PlanDistribution(grpc::ServerContext* context,
                                                     const v1::PlanDistributionRequest* request,
                                                     v1::PlanDistributionReply* reply) {
+  if (grpc::Status denied = Authorize(context, "PlanDistribution", request->host(), request->job()); !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(service_->PlanDistribution(*request, reply));
 }
 
-grpc::Status SchedulerGrpcService::ResolveServer(grpc::ServerContext*,
+grpc::Status SchedulerGrpcService::ResolveServer(grpc::ServerContext* context,
                                                  const v1::ResolveServerRequest* request,
                                                  v1::ResolveServerReply* reply) {
+  if (grpc::Status denied = Authorize(context, "ResolveServer", "", request->job()); !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(service_->ResolveServer(*request, reply));
 }
 
-grpc::Status SchedulerGrpcService::AwaitClock(grpc::ServerContext*,
+grpc::Status SchedulerGrpcService::AwaitClock(grpc::ServerContext* context,
                                               const v1::AwaitClockRequest* request,
                                               v1::AwaitClockReply* reply) {
+  if (grpc::Status denied = Authorize(context, "AwaitClock", "", request->job()); !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(service_->AwaitClock(*request, reply));
 }
 

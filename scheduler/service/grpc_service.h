@@ -10,6 +10,13 @@
 //   grpc::ServerBuilder builder;
 //   builder.RegisterService(&face);
 //
+// Authentication (control_auth.h): RegisterHost needs the cluster secret or
+// this host's client certificate when the scheduler has either; every other
+// call needs the session of the host it acts for (when hosts are
+// authenticated), and a job-scoped call the job's token. A refused call is
+// logged with its peer and answered Unauthenticated or PermissionDenied
+// with a message that names what was missing; nothing else is touched.
+//
 // Thread safety: gRPC calls handlers concurrently; all state is in
 // SchedulerService, which is thread-safe.
 #ifndef MLFABRIC_SCHEDULER_SERVICE_GRPC_SERVICE_H_
@@ -55,6 +62,11 @@ class SchedulerGrpcService final : public v1::Scheduler::Service {
                                 v1::PlanDistributionReply* reply) override;
 
  private:
+  // OK, or the refusal (logged). `host`: the host the request names ("" if
+  // none: the metadata's); `job`: the job it is scoped to ("" if none).
+  grpc::Status Authorize(const grpc::ServerContext* context, const char* rpc,
+                         const std::string& host, const std::string& job);
+
   SchedulerService* service_;
 };
 

@@ -2,7 +2,9 @@
 
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/secrets.h"
 
 namespace mlfabric {
 
@@ -57,6 +59,11 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.String("admin_port_file", &config.admin_port_file);
   reader.String("admin_token", &config.admin_token);
   reader.Bool("admin_read_auth", &config.admin_read_auth);
+  reader.String("cluster_secret_file", &config.cluster_secret_file);
+  reader.String("tls_cert_file", &config.tls_cert_file);
+  reader.String("tls_key_file", &config.tls_key_file);
+  reader.String("tls_client_ca_file", &config.tls_client_ca_file);
+  reader.Bool("data_plane_auth", &config.data_plane_auth);
   nlohmann::json jobs;
   if (reader.Raw("jobs", &jobs)) {
     config.jobs.clear();
@@ -101,11 +108,50 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
       }
     }
   }
+  if (!config.cluster_secret_file.empty()) {
+    absl::StatusOr<std::string> secret = ReadSecretFile(config.cluster_secret_file);
+    if (secret.ok()) {
+      config.cluster_secret = *secret;
+    } else {
+      reader.AddError("cluster_secret_file", std::string(secret.status().message()));
+    }
+  }
+  if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
+    reader.AddError("tls_cert_file", "tls_cert_file and tls_key_file go together");
+  }
+  if (!config.tls_client_ca_file.empty() && config.tls_cert_file.empty()) {
+    reader.AddError("tls_client_ca_file", "needs tls_cert_file and tls_key_file (mutual TLS)");
+  }
+  if (!IsLoopbackAddress(config.listen_address)) {
+    if (config.cluster_secret_file.empty() && config.tls_client_ca_file.empty()) {
+      reader.AddError("listen_address", absl::StrCat(
+          config.listen_address, " is not a loopback address: hosts must authenticate, so give "
+          "cluster_secret_file or tls_client_ca_file (tools/make-certs makes both)"));
+    }
+    for (const JobConfig& job : config.jobs) {
+      if (job.token.size() < 16) {
+        reader.AddError("jobs", absl::StrCat("job '", job.name, "': its token has ", job.token.size(),
+                                             " characters; on a non-loopback listen_address a "
+                                             "job token must have at least 16"));
+        break;
+      }
+    }
+  }
   if (config.admin_read_auth && config.admin_token.empty()) {
     reader.AddError("admin_read_auth", "needs admin_token: reads would be refused to everyone");
   }
   if (auto status = reader.Finish(); !status.ok()) return status;
+  if (config.jobs.empty()) {
+    return absl::InvalidArgumentError(
+        "config key 'jobs': no job is configured: give --config with \"jobs\": [{\"name\": ..., "
+        "\"token\": ...}] (no job or token ships by default)");
+  }
   return config;
+}
+
+bool IsLoopbackAddress(const std::string& address) {
+  return address == "localhost" || address == "::1" || address == "[::1]" ||
+         absl::StartsWith(address, "127.");
 }
 
 std::string SchedulerConfigHelp() {
@@ -175,6 +221,19 @@ Every key can be set in the JSON file or as a flag; flags win.
   --admin_token        bearer token for admin POSTs; empty refuses them (default none)
   --admin_read_auth    reads (JSON, /metrics, trace) need the bearer token too;
                        the dashboard page and /healthz stay open (default false)
+  --cluster_secret_file  a file (mode 0600) with the cluster's secret: a daemon
+                       must present it to register its host, and every later
+                       call carries the session the registration returned
+                       (default none)
+  --tls_cert_file      the scheduler's TLS certificate (PEM); with
+  --tls_key_file       its key, gRPC runs over TLS   (default none: plaintext)
+  --tls_client_ca_file daemons must present a certificate this CA signed,
+                       whose common name is their host's name (mutual TLS;
+                       hosts are then authenticated)  (default none)
+  --data_plane_auth    data sessions between daemons start with an HMAC
+                       handshake and carry per-job proofs (default true)
+  A non-loopback listen_address needs cluster_secret_file or
+  tls_client_ca_file, and job tokens of at least 16 characters.
   jobs (file only)     [{"name", "token", "tau_max", "mode" (async|sync|ssp),
                          "staleness_k", "backup_workers" (sync: a round
                          closes with workers - backup_workers pushes),
@@ -182,7 +241,7 @@ Every key can be set in the JSON file or as a flag; flags win.
                          applications running as this user may register),
                          "priority_class" (0..7, 0 = most urgent),
                          "aggregators" (hosts that may aggregate, §5.2)}]
-                       (default one job "demo", token "demo-token", tau_max 30)
+                       (required: no job or token ships by default)
 )";
 }
 

@@ -113,8 +113,28 @@ struct SchedulerConfig {
   // Reads (the JSON API, /metrics, the trace) need the bearer token too;
   // only the dashboard's page and /healthz stay open. Needs admin_token.
   bool admin_read_auth = false;
-  std::vector<JobConfig> jobs = {{"demo", "demo-token", 30, JobMode::kAsync}};
+  // Authentication (DESIGN.md §3a, scheduler/service/README.md "Security").
+  // Hosts authenticate with the cluster secret (read from this file, mode
+  // 0600) or, with tls_client_ca_file, a client certificate whose common
+  // name is the host's name. Either is required on a non-loopback
+  // listen_address, where job tokens must also be at least 16 characters.
+  std::string cluster_secret_file;
+  std::string cluster_secret;                 // its contents (not a key)
+  // TLS for gRPC: the scheduler's certificate and key (PEM); with a client
+  // CA, daemons must present a certificate it signed (mutual TLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Data sessions between daemons start with an HMAC handshake and carry
+  // per-job proofs (daemon/transport/data_auth.h); false turns that off
+  // (for measuring its cost).
+  bool data_plane_auth = true;
+  // No job ships by default: each job and its token come from the config.
+  std::vector<JobConfig> jobs;
 };
+
+// true for 127.0.0.0/8, ::1 and "localhost".
+bool IsLoopbackAddress(const std::string& address);
 
 // Reads the config from a parsed command line; the error names the key.
 absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl);

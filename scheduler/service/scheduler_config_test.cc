@@ -1,3 +1,4 @@
+#include <sys/stat.h>
 #include "scheduler/service/scheduler_config.h"
 
 #include <catch2/catch.hpp>
@@ -23,7 +24,11 @@ absl::StatusOr<SchedulerConfig> Load(std::vector<std::string> args) {
 }
 
 TEST_CASE("Scheduler config: defaults, file and flags") {
-  auto config = Load({});
+  // No job (and no token) ships by default: a config must declare them.
+  auto bare = Load({});
+  REQUIRE_FALSE(bare.ok());
+  CHECK(std::string(bare.status().message()).find("no job is configured") != std::string::npos);
+  auto config = Load({"--config=" + WriteTemp("one.json", R"({"jobs": [{"name": "j", "token": "t"}]})")});
   REQUIRE(config.ok());
   CHECK(config->batch_interval_ms == 100);
   CHECK(config->jobs.size() == 1);
@@ -37,6 +42,40 @@ TEST_CASE("Scheduler config: defaults, file and flags") {
   REQUIRE(config->jobs.size() == 1);
   CHECK(config->jobs[0].tau_max == 5);
   CHECK(config->jobs[0].mode == JobMode::kSync);
+}
+
+TEST_CASE("Scheduler config: authentication keys, and what a non-loopback address needs") {
+  const std::string jobs = WriteTemp("auth_jobs.json", R"({"jobs": [{"name": "j", "token": "short"}]})");
+  const std::string secret = WriteTemp("auth.secret", "s3cret\n");
+  ::chmod(secret.c_str(), 0600);
+  auto loopback = Load({"--config=" + jobs, "--cluster_secret_file=" + secret});
+  REQUIRE(loopback.ok());
+  CHECK(loopback->cluster_secret == "s3cret");
+  CHECK(loopback->data_plane_auth);
+
+  auto open = Load({"--config=" + jobs, "--listen_address=0.0.0.0"});
+  REQUIRE_FALSE(open.ok());
+  const std::string why(open.status().message());
+  CHECK(why.find("listen_address: 0.0.0.0 is not a loopback address") != std::string::npos);
+  auto short_token = Load({"--config=" + jobs, "--listen_address=0.0.0.0",
+                           "--cluster_secret_file=" + secret});
+  REQUIRE_FALSE(short_token.ok());
+  CHECK(std::string(short_token.status().message()).find("its token has 5 characters") !=
+        std::string::npos);
+
+  const std::string long_token = WriteTemp(
+      "auth_long.json", R"({"jobs": [{"name": "j", "token": "0123456789abcdef"}]})");
+  CHECK(Load({"--config=" + long_token, "--listen_address=10.0.0.1",
+              "--cluster_secret_file=" + secret}).ok());
+
+  ::chmod(secret.c_str(), 0644);
+  auto readable = Load({"--config=" + jobs, "--cluster_secret_file=" + secret});
+  REQUIRE_FALSE(readable.ok());
+  CHECK(std::string(readable.status().message()).find("chmod 600") != std::string::npos);
+
+  auto half = Load({"--config=" + jobs, "--tls_cert_file=/x.pem"});
+  REQUIRE_FALSE(half.ok());
+  CHECK(std::string(half.status().message()).find("go together") != std::string::npos);
 }
 
 TEST_CASE("Scheduler config: errors name the key") {

@@ -1,6 +1,7 @@
 // SchedulerService: the control-plane handlers (proto/scheduler.proto),
 // each validating its request, naming what is wrong, and changing the
 // cluster state under the service's lock.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "scheduler/core/distribution.h"
 #include "scheduler/core/network.h"
 #include "common/logging.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "scheduler/service/scheduler_service.h"
 
@@ -56,9 +58,20 @@ absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& reque
   host.downlink_bps = host.capacity_down_bps;
   host.last_report_s = -1;
   host.incarnation = state_.NewIncarnation();
+  host.session_token = ControlAuth::NewSessionToken();
   host.alive = true;
   outbox_.Open(request.host(), host.incarnation);
+  // An aggregator of a job gets its data key now: a constituent's sender
+  // may prove the job to it before the task reaches it.
+  for (const auto& [job_name, job] : state_.jobs) {
+    const auto& aggregators = job.config.aggregators;
+    if (std::find(aggregators.begin(), aggregators.end(), request.host()) != aggregators.end()) {
+      outbox_.EnsureJobKey(request.host(), job.id);
+    }
+  }
   reply->set_incarnation(host.incarnation);
+  reply->set_session_token(host.session_token);
+  reply->set_data_key(auth_.data_key());
   reply->set_scheduler_time_s(clock_->NowSeconds());
   reply->set_scheduler_epoch(state_.epoch());
   MLF_LOG(INFO) << "host " << request.host() << " registered at " << host.data_address
@@ -74,7 +87,7 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown job '", request.job(), "'; jobs are declared in the scheduler's config"));
   }
-  if (request.job_token() != job->config.token) {
+  if (!ConstantTimeEquals(request.job_token(), job->config.token)) {
     return absl::PermissionDeniedError(
         absl::StrCat("wrong token for job '", request.job(), "'"));
   }
@@ -90,6 +103,7 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
         ") on host ", request.host()));
   }
   reply->set_job_id(job->id);
+  reply->set_job_data_key(auth_.JobDataKey(job->id));
   reply->set_ssp(job->config.mode == JobMode::kSsp);
   reply->set_staleness(job->config.staleness_k);
   switch (request.role()) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "scheduler/core/network.h"
 #include "scheduler/service/batch_builder.h"
@@ -43,10 +44,42 @@ SchedulerService::SchedulerService(SchedulerConfig config, const Clock* clock,
       planner_(std::move(planner)),
       planner_threads_(PlannerThreads(config_.planner_threads)),
       started_s_(clock_->NowSeconds()),
+      auth_(config_),
       history_(config_.history_batches),
       state_(config_, clock_, &outbox_, &history_),
       dispatcher_(config_, &state_, &history_),
-      loop_(config_.batch_interval_ms, [this] { RunBatchCycle(); }) {}
+      loop_(config_.batch_interval_ms, [this] { RunBatchCycle(); }) {
+  for (const auto& [name, job] : state_.jobs) auth_.AddJob(job.id, name, job.config.token);
+  // A host given work of a job gets the job's data key first.
+  outbox_.SetJobKeys(auth_.job_keys());
+}
+
+absl::Status SchedulerService::CheckHostSession(const std::string& host,
+                                                const std::string& session) const {
+  if (!auth_.hosts_authenticated()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = state_.hosts.find(host);
+  if (it == state_.hosts.end() || it->second.session_token.empty() ||
+      !ConstantTimeEquals(session, it->second.session_token)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "host '", host, "': ", session.empty() ? "no" : "a wrong",
+        " session token; a daemon registers its host first and presents the token it got"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerService::CheckJobToken(const std::string& job,
+                                             const std::string& token) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = state_.jobs.find(job);
+  if (it == state_.jobs.end()) return absl::OkStatus();
+  if (!ConstantTimeEquals(token, it->second.config.token)) {
+    return absl::PermissionDeniedError(absl::StrCat("job '", job, "': ",
+                                                    token.empty() ? "no" : "a wrong",
+                                                    " job token on the call"));
+  }
+  return absl::OkStatus();
+}
 
 SchedulerService::~SchedulerService() { Stop(); }
 

@@ -46,6 +46,7 @@
 #include "scheduler/service/batch_work.h"
 #include "scheduler/service/cluster_state.h"
 #include "scheduler/service/command_outbox.h"
+#include "scheduler/service/control_auth.h"
 #include "scheduler/service/plan_dispatcher.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/snapshot.h"
@@ -118,6 +119,15 @@ class SchedulerService {
   void EndStream(const std::string& host, uint64_t incarnation, const std::string& reason);
   CommandOutbox& outbox() { return outbox_; }
 
+  // Authentication (control_auth.h), for the gRPC face. OK when hosts are
+  // not authenticated at all; Unauthenticated naming the host otherwise
+  // unless `session` is the token of its current registration.
+  absl::Status CheckHostSession(const std::string& host, const std::string& session) const;
+  // PermissionDenied naming the job unless `token` is its token. OK for a
+  // job that does not exist (the call itself then says so).
+  absl::Status CheckJobToken(const std::string& job, const std::string& token) const;
+  const ControlAuth& auth() const { return auth_; }
+
  private:
   // Cuts one server's batch; false when it has nothing to plan.
   bool CutBatchLocked(const std::string& job_name, JobState& job, const std::string& server_name,
@@ -138,6 +148,7 @@ class SchedulerService {
   const int planner_threads_;
   const double started_s_;
 
+  ControlAuth auth_;
   CommandOutbox outbox_;
   mutable std::mutex mu_;
   std::condition_variable servers_cv_;  // a server registered

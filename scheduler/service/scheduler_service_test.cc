@@ -13,16 +13,53 @@
 namespace mlfabric {
 namespace {
 
-SchedulerConfig ShortServerWait() {
+// Job "demo" with token "demo-token" (no job ships by default).
+SchedulerConfig DemoJob() {
   SchedulerConfig config;
+  config.jobs = {{"demo", "demo-token", 30, JobMode::kAsync}};
+  return config;
+}
+
+SchedulerConfig ShortServerWait() {
+  SchedulerConfig config = DemoJob();
   config.server_wait_s = 0.05;
   return config;
 }
 
+// The handlers as the gRPC face converts them, without its authentication,
+// which needs a real call's metadata (tests/security_test covers it).
+struct Handlers {
+  SchedulerService* service;
+  grpc::Status RegisterHost(grpc::ServerContext*, const v1::RegisterHostRequest* request,
+                            v1::RegisterHostReply* reply) {
+    return ToGrpcStatus(service->RegisterHost(*request, reply));
+  }
+  grpc::Status RegisterEntity(grpc::ServerContext*, const v1::RegisterEntityRequest* request,
+                              v1::RegisterEntityReply* reply) {
+    return ToGrpcStatus(service->RegisterEntity(*request, reply));
+  }
+  grpc::Status SubmitUpdate(grpc::ServerContext*, const v1::SubmitUpdateRequest* request,
+                            v1::SubmitUpdateReply* reply) {
+    return ToGrpcStatus(service->SubmitUpdate(*request, reply));
+  }
+  grpc::Status ReportCompletion(grpc::ServerContext*, const v1::CompletionReport* request,
+                                v1::CompletionAck*) {
+    return ToGrpcStatus(service->ReportCompletion(*request));
+  }
+  grpc::Status ReportBandwidth(grpc::ServerContext*, const v1::BandwidthReport* request,
+                               v1::BandwidthAck*) {
+    return ToGrpcStatus(service->ReportBandwidth(*request));
+  }
+  grpc::Status ResolveServer(grpc::ServerContext*, const v1::ResolveServerRequest* request,
+                             v1::ResolveServerReply* reply) {
+    return ToGrpcStatus(service->ResolveServer(*request, reply));
+  }
+};
+
 struct Fixture {
   FakeClock clock{100.0};
   SchedulerService service{ShortServerWait(), &clock, std::make_unique<core::FifoPlanner>()};
-  SchedulerGrpcService rpc{&service};
+  Handlers rpc{&service};
   grpc::ServerContext context;
 
   void RegisterHost(const std::string& name) {
@@ -220,7 +257,7 @@ SchedulerConfig TwoJobs() {
 struct MultiJob {
   FakeClock clock{50.0};
   SchedulerService service{TwoJobs(), &clock, std::make_unique<core::FifoPlanner>()};
-  SchedulerGrpcService rpc{&service};
+  Handlers rpc{&service};
   grpc::ServerContext context;
 
   void Host(const std::string& name) {
@@ -391,11 +428,11 @@ namespace mlfabric {
 namespace {
 
 TEST_CASE("A synchronous round is planned as soon as its last push arrives, not at the tick") {
-  SchedulerConfig config;
+  SchedulerConfig config = DemoJob();
   config.batch_interval_ms = 3600e3;  // an hour: only the early wake-up can plan in time
   FakeClock clock{10.0};
   SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
-  SchedulerGrpcService rpc{&service};
+  Handlers rpc{&service};
   grpc::ServerContext context;
   for (const char* name : {"s1", "w1", "w2"}) {
     v1::RegisterHostRequest request;
@@ -482,11 +519,11 @@ namespace mlfabric {
 namespace {
 
 TEST_CASE("Backup workers: a round closes with its first M - b pushes; later ones are late") {
-  SchedulerConfig config;
+  SchedulerConfig config = DemoJob();
   config.batch_interval_ms = 3600e3;  // only the round's early wake-up plans
   FakeClock clock{10.0};
   SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
-  SchedulerGrpcService rpc{&service};
+  Handlers rpc{&service};
   grpc::ServerContext context;
   for (const char* name : {"s1", "w1", "w2", "w3"}) {
     v1::RegisterHostRequest request;
