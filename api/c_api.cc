@@ -74,7 +74,7 @@ RegistrationParams Params(const char* socket, const char* job, const char* token
   RegistrationParams params;
   params.client.daemon_socket = Or(socket, "MLFABRIC_DAEMON_SOCKET", "");
   params.client.job = Or(job, "MLFABRIC_JOB", "demo");
-  params.client.job_token = Or(token, "MLFABRIC_JOB_TOKEN", "demo-token");
+  params.client.job_token = Or(token, "MLFABRIC_JOB_TOKEN", "");  // "" fails at registration
   params.client.name = Or(name, nullptr, "");
   params.delay_bound = delay_bound;
   params.divergence_bound = divergence_bound;

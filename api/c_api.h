@@ -4,7 +4,7 @@
  * ships its own Abseil, and Debian's must not meet it in one translation unit.
  *
  *   char err[512];
- *   int64_t s = mlf_sum_server_start("", "demo", "demo-token", "ps0", init, n, err, sizeof err);
+ *   int64_t s = mlf_sum_server_start("", "demo", getenv("MLFABRIC_JOB_TOKEN"), "ps0", init, n, err, sizeof err);
  *
  * Objects are integer handles from one table (0 = error, message in `err`,
  * status code in `*code` where the call has one). Asynchronous

@@ -26,13 +26,15 @@ absl::StatusOr<std::unique_ptr<LocalChannel>> ConnectAndRegister(const ClientOpt
     *path = env;
   }
   if (options.name.empty()) return absl::InvalidArgumentError("ClientOptions::name is empty");
+  absl::StatusOr<std::string> token = internal::JobToken(options);
+  if (!token.ok()) return token.status();
   auto fd = LocalChannel::Connect(*path, options.connect_timeout_s);
   if (!fd.ok()) return fd.status();
   auto channel = std::make_unique<LocalChannel>(*fd);
   v1::LocalMessage hello;
   v1::LocalRegister* body = hello.mutable_register_();
   body->set_job(options.job);
-  body->set_job_token(options.job_token);
+  body->set_job_token(*token);
   body->set_role(role);
   body->set_name(options.name);
   body->set_round_size(options.round_size);
@@ -60,6 +62,22 @@ PushResult Failed(const std::string& reason) {
 }
 
 }  // namespace
+
+namespace internal {
+
+absl::StatusOr<std::string> JobToken(const ClientOptions& options) {
+  if (!options.job_token.empty()) return options.job_token;
+  const char* env = std::getenv("MLFABRIC_JOB_TOKEN");
+  if (env == nullptr || *env == '\0') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no token for job '", options.job,
+        "': set ClientOptions::job_token or MLFABRIC_JOB_TOKEN (the token in the scheduler's "
+        "config; none ships by default)"));
+  }
+  return std::string(env);
+}
+
+}  // namespace internal
 
 static_assert(static_cast<int32_t>(ElementType::kFloat32) == v1::DTYPE_FLOAT32 &&
                   static_cast<int32_t>(ElementType::kFloat64) == v1::DTYPE_FLOAT64 &&

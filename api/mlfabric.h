@@ -46,7 +46,9 @@ struct ClientOptions {
   // The daemon's --local_socket; empty = $MLFABRIC_DAEMON_SOCKET.
   std::string daemon_socket;
   std::string job = "demo";
-  std::string job_token = "demo-token";
+  // The job's token from the scheduler's config; empty = $MLFABRIC_JOB_TOKEN
+  // (none ships by default: registering without one is an error).
+  std::string job_token;
   std::string name;                 // worker or server name
   double connect_timeout_s = 30;    // wait this long for the daemon to come up
   // Servers: > 0 makes this a synchronous-round (Mercury PS) server: each
@@ -195,6 +197,9 @@ class Server {
 };
 
 namespace internal {
+// The job's token: ClientOptions::job_token, else $MLFABRIC_JOB_TOKEN, else
+// InvalidArgument saying so.
+absl::StatusOr<std::string> JobToken(const ClientOptions& options);
 // Maps a delivered update's memfd (taking `fd`), runs `on_update` on it and
 // returns the acknowledgement for the daemon: the new model version, or the
 // error. What a Server and a Replica do with every update.

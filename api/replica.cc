@@ -20,6 +20,8 @@ absl::StatusOr<std::unique_ptr<Replica>> RegisterAsReplica(const std::string& se
     return absl::InvalidArgumentError(
         "no daemon socket: set ClientOptions::daemon_socket or MLFABRIC_DAEMON_SOCKET");
   }
+  absl::StatusOr<std::string> token = internal::JobToken(params.client);
+  if (!token.ok()) return token.status();
   auto fd = LocalChannel::Connect(path, params.client.connect_timeout_s);
   if (!fd.ok()) return fd.status();
   std::unique_ptr<Replica> replica(new Replica());
@@ -28,7 +30,7 @@ absl::StatusOr<std::unique_ptr<Replica>> RegisterAsReplica(const std::string& se
   v1::LocalMessage hello;
   v1::LocalRegister* body = hello.mutable_register_();
   body->set_job(params.client.job);
-  body->set_job_token(params.client.job_token);
+  body->set_job_token(*token);
   body->set_role(v1::ROLE_REPLICA);
   // The replica registers under its server's name: it keeps a copy of it,
   // and the scheduler sends it that server's replica transfers (§5.3).

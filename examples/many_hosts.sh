@@ -57,12 +57,19 @@ is_local() {
   [[ $1 == localhost || $1 == 127.0.0.1 || $1 == "$(hostname)" || $1 == "$(hostname -f)" ]]
 }
 
-# 1. The scheduler, with the job's bounds.
+# 1. The scheduler, with the job's bounds. No token or secret ships: the
+# job's token is $MLFABRIC_JOB_TOKEN or a random one, and the hosts
+# authenticate with a cluster secret made for this run (in $dir, mode 0600,
+# read by every daemon: on a shared filesystem, or copied below).
+export MLFABRIC_JOB_TOKEN=${MLFABRIC_JOB_TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
+secret="$dir/cluster.secret"
+(umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$secret")
 printf '{"planner": "%s", "jobs": [{"name": "%s", "token": "%s", "tau_max": %d}]}\n' \
-  "${PLANNER:-mlfabric}" "${MLFABRIC_JOB:-demo}" "${MLFABRIC_JOB_TOKEN:-demo-token}" \
+  "${PLANNER:-mlfabric}" "${MLFABRIC_JOB:-demo}" "$MLFABRIC_JOB_TOKEN" \
   "$delay_bound" > "$dir/scheduler.json"
+chmod 600 "$dir/scheduler.json"
 "$scheduler" --config="$dir/scheduler.json" --listen_address="$head_addr" --grpc_port=0 \
-  --port_file="$dir/scheduler.port" > "$dir/scheduler.log" 2>&1 &
+  --cluster_secret_file="$secret" --port_file="$dir/scheduler.port" > "$dir/scheduler.log" 2>&1 &
 local_pids+=($!)
 for _ in $(seq 100); do [[ -s $dir/scheduler.port ]] && break; sleep 0.1; done
 [[ -s $dir/scheduler.port ]] || { echo "many_hosts.sh: the scheduler did not start; see $dir/scheduler.log" >&2; exit 1; }
@@ -83,11 +90,12 @@ while read -r host rest; do
       [[ -n $listen ]] || { echo "many_hosts.sh: cannot resolve $host" >&2; exit 2; }
     fi
     args=(--host="h$rank" --scheduler="$address" --listen_address="$listen"
-          --local_socket="$dir/h$rank.sock")
+          --local_socket="$dir/h$rank.sock" --cluster_secret_file="$secret")
     if is_local "$host"; then
       "$daemon" "${args[@]}" > "$dir/h$rank.log" 2>&1 &
       local_pids+=($!)
     else
+      ssh "$host" "mkdir -p '$dir' && umask 077 && cat > '$secret'" < "$secret"
       pid=$(ssh "$host" "mkdir -p '$dir' && nohup '$daemon' ${args[*]} > '$dir/h$rank.log' 2>&1 < /dev/null & echo \$!")
       remote+=("$host $pid")
     fi

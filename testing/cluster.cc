@@ -1,13 +1,18 @@
 #include "testing/cluster.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/secrets.h"
 
 namespace mlfabric::testing {
 namespace {
@@ -31,6 +36,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(const ClusterOptions& o
   cluster->topology_ = options.topology;
   cluster->hosts_ = options.hosts;
   cluster->admin_ = options.admin;
+  cluster->cluster_secret_ = options.cluster_secret;
   if (options.topology == Topology::kNetns) {
     NetnsLayout layout;
     layout.prefix = options.prefix.empty() ? UniquePrefix() : options.prefix;
@@ -70,9 +76,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(const ClusterOptions& o
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::StartLoopback(
     const std::vector<std::string>& hosts, const std::vector<std::string>& scheduler_flags,
     const std::vector<std::string>& daemon_flags,
-    const std::map<std::string, std::vector<std::string>>& host_flags) {
+    const std::map<std::string, std::vector<std::string>>& host_flags, bool cluster_secret) {
   ClusterOptions options;
   options.hosts = hosts;
+  options.cluster_secret = cluster_secret;
   auto cluster = Create(options);
   if (!cluster.ok()) return cluster.status();
   if (absl::Status started = (*cluster)->Start(scheduler_flags, daemon_flags, host_flags);
@@ -105,6 +112,31 @@ absl::Status Cluster::Start(const std::vector<std::string>& scheduler_flags,
     argv.push_back("--admin_port=0");
     argv.push_back("--admin_port_file=" + admin_port_file);
   }
+  std::vector<std::string> secret_flags;
+  if (cluster_secret_) {
+    const std::string secret_file = dir_ + "/cluster.secret";
+    {
+      std::ofstream(secret_file) << RandomHex(32) << "\n";
+    }
+    ::chmod(secret_file.c_str(), 0600);
+    secret_flags.push_back("--cluster_secret_file=" + secret_file);
+    argv.push_back(secret_flags.back());
+  }
+  const bool configured = std::any_of(scheduler_flags.begin(), scheduler_flags.end(),
+                                      [](const std::string& flag) {
+                                        return absl::StartsWith(flag, "--config");
+                                      });
+  if (!configured) {
+    const char* given = std::getenv("MLFABRIC_JOB_TOKEN");
+    const std::string token = given != nullptr && *given != '\0' ? given : RandomHex(16);
+    ::setenv("MLFABRIC_JOB_TOKEN", token.c_str(), 1);
+    const std::string config = dir_ + "/jobs.json";
+    {
+      std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": ")" << token << R"("}]})";
+    }
+    ::chmod(config.c_str(), 0600);
+    argv.push_back("--config=" + config);
+  }
   for (const std::string& flag : scheduler_flags) argv.push_back(SubstituteDir(flag));
   scheduler_argv_ = argv;
   auto scheduler = Subprocess::Start(argv, dir_ + "/scheduler.log");
@@ -131,6 +163,7 @@ absl::Status Cluster::Start(const std::vector<std::string>& scheduler_flags,
       daemon_argv.push_back("--listen_address=" + HostAddress(host));
       daemon_argv = network_->Wrap(host, daemon_argv);
     }
+    for (const std::string& flag : secret_flags) daemon_argv.push_back(flag);
     for (const std::string& flag : daemon_flags) daemon_argv.push_back(SubstituteDir(flag));
     if (auto extra = host_flags.find(host); extra != host_flags.end()) {
       for (const std::string& flag : extra->second) daemon_argv.push_back(SubstituteDir(flag));

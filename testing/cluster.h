@@ -65,6 +65,10 @@ struct ClusterOptions {
   // Start the scheduler's admin endpoint (on 127.0.0.1, a free port:
   // admin_port()).
   bool admin = false;
+  // Hosts authenticate to the scheduler with a cluster secret made for
+  // this cluster (<dir>/cluster.secret, mode 0600). false: they do not (a
+  // test that reports for a host it is not).
+  bool cluster_secret = true;
 
   // kNetns only.
   // Namespace prefix; empty: unique per process and cluster.
@@ -86,12 +90,19 @@ class Cluster {
   static absl::StatusOr<std::unique_ptr<Cluster>> StartLoopback(
       const std::vector<std::string>& hosts, const std::vector<std::string>& scheduler_flags = {},
       const std::vector<std::string>& daemon_flags = {},
-      const std::map<std::string, std::vector<std::string>>& host_flags = {});
+      const std::map<std::string, std::vector<std::string>>& host_flags = {},
+      bool cluster_secret = true);
 
   ~Cluster();
   Cluster(const Cluster&) = delete;
   Cluster& operator=(const Cluster&) = delete;
 
+  // No job ships by default: when `scheduler_flags` give no --config, the
+  // scheduler gets one with job "demo", whose token is $MLFABRIC_JOB_TOKEN
+  // if set (the tests set one in .bazelrc), else a random one,
+  // which is then exported as MLFABRIC_JOB_TOKEN for the applications
+  // (api/mlfabric.h reads it) started here and in this process.
+  //
   // Starts mlfabric-scheduler (its flags appended) and one mlfabricd per
   // host (`daemon_flags` to every daemon, `host_flags[host]` to that host's
   // only), and waits until each serves. Each daemon gets --host,
@@ -146,6 +157,7 @@ class Cluster {
   Topology topology_ = Topology::kLoopback;
   std::vector<std::string> hosts_;
   bool admin_ = false;
+  bool cluster_secret_ = true;
   std::string dir_;
   int port_ = 0;
   int admin_port_ = 0;

@@ -80,7 +80,8 @@ TEST_CASE("The dashboard loads in headless chromium without console messages and
   const std::string admin_port_file = dir + "/admin.port";
   auto cluster = testing::Cluster::StartLoopback(
       {"s1", "w1", "w2", "w3"},
-      {"--config=" + config_path, "--admin_port=0", "--admin_port_file=" + admin_port_file});
+      {"--config=" + config_path, "--admin_port=0", "--admin_port_file=" + admin_port_file}, {},
+      {}, /*cluster_secret=*/false);  // the test reports bandwidth for the hosts
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   testing::Cluster& c = **cluster;

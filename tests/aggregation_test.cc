@@ -36,7 +36,7 @@ std::string AggregatingConfig() {
   REQUIRE(fd >= 0);
   ::close(fd);
   std::ofstream(path) << R"({"planner": "mlfabric",
-    "jobs": [{"name": "demo", "token": "demo-token", "tau_max": 100000, "aggregators": ["a1"]}]})";
+    "jobs": [{"name": "demo", "token": "demo-token-0123456789", "tau_max": 100000, "aggregators": ["a1"]}]})";
   return path;
 }
 
@@ -153,7 +153,7 @@ std::unique_ptr<testing::Cluster> StartChainCluster(
   REQUIRE(created.ok());
   const std::string config = (*created)->dir() + "/scheduler.json";
   std::ofstream(config) << R"({"planner": "mlfabric", "jobs": [{"name": "demo",
-    "token": "demo-token", "tau_max": 100000, "aggregators": ["w1", "w2", "w3"]}]})";
+    "token": "demo-token-0123456789", "tau_max": 100000, "aggregators": ["w1", "w2", "w3"]}]})";
   const absl::Status started = (*created)->Start({"--config=" + config}, {}, host_flags);
   INFO(started.ToString());
   REQUIRE(started.ok());

@@ -26,7 +26,7 @@ namespace {
 std::unique_ptr<testing::Cluster> StartCluster(int tau_max, const std::vector<std::string>& hosts) {
   const std::string dir = launch::MakeTempDir("api-outcomes");
   const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token", "tau_max": )"
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "tau_max": )"
                         << tau_max << "}]}";
   auto cluster = testing::Cluster::StartLoopback(
       hosts, {"--config=" + config, "--planner=mlfabric"});

@@ -127,7 +127,7 @@ std::unique_ptr<testing::Cluster> StartCluster(const std::string& dir,
                                                const std::vector<std::string>& scheduler_flags,
                                                const std::vector<std::string>& worker_flags) {
   const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token"}]})";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
   std::vector<std::string> hosts = {"s1"};
   // No late joins: a wave's gets must not join the previous wave's batch
   // while its last copy is still leaving.

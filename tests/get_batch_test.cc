@@ -29,7 +29,7 @@ constexpr size_t kModelBytes = 256 * 1024;  // 8 packets of 32 KiB
 TEST_CASE("Concurrent gets share one snapshot: same bytes, same version") {
   const std::string dir = launch::MakeTempDir("get-batch");
   const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token"}]})";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
   std::vector<std::string> hosts = {"s1"};
   for (int w = 1; w <= kWorkers; ++w) hosts.push_back("w" + std::to_string(w));
   auto started = testing::Cluster::StartLoopback(hosts, {"--config=" + config}, {},

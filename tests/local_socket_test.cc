@@ -37,7 +37,7 @@ TEST_CASE("Local socket modes, and a job that admits one user") {
   REQUIRE(me != "nobody");
   const std::string dir = launch::MakeTempDir("local-socket");
   const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token", "user": ")" << me
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "user": ")" << me
                         << R"("}, {"name": "locked", "token": "locked-token", "user": "nobody"}]})";
   auto cluster = testing::Cluster::StartLoopback(
       {"w1", "w2"}, {"--config=" + config}, {},

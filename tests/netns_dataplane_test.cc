@@ -108,8 +108,8 @@ std::vector<std::string> Pusher(testing::Cluster& bed, const std::string& job,
                                    "--socket=" + bed.Socket("w1"),
                                    "--name=w-" + job + "-" + std::to_string(seed),
                                    "--job=" + job,
-                                   "--token=" + (job == "demo" ? std::string("demo-token")
-                                                               : "token-" + job),
+                                   "--token=" + (job == "demo" ? std::string("demo-token-0123456789")
+                                                               : "token-" + job + "-0123456789"),
                                    "--server=" + server,
                                    "--bytes=" + std::to_string(bytes),
                                    "--seed=" + std::to_string(seed)};
@@ -196,8 +196,8 @@ constexpr int64_t kJobBytes = 16 << 20;  // 0.7 s at 200 Mbit/s
 // "a" first, so w1's queue has registered a then b (TLs-One ranks a first).
 void StartTwoJobs(testing::Cluster& bed, const std::string& mode, double period_s) {
   const std::string config = bed.dir() + "/jobs.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "a", "token": "token-a"},
-                                      {"name": "b", "token": "token-b"}]})";
+  std::ofstream(config) << R"({"jobs": [{"name": "a", "token": "token-a-0123456789"},
+                                      {"name": "b", "token": "token-b-0123456789"}]})";
   auto started = bed.Start(
       {"--planner=fifo", "--config=" + config},
       {"--log_level=debug", "--job_priority=" + mode,
@@ -208,8 +208,8 @@ void StartTwoJobs(testing::Cluster& bed, const std::string& mode, double period_
   for (const std::string job : {"a", "b"}) {
     auto server = bed.StartApp("server-" + job, {BinaryPath("testing/apps/dataplane_server"),
                                                  "--socket=" + bed.Socket("s1"), "--job=" + job,
-                                                 "--token=" + (job == "demo" ? std::string("demo-token")
-                                                               : "token-" + job), "--name=ps" + job});
+                                                 "--token=" + (job == "demo" ? std::string("demo-token-0123456789")
+                                                               : "token-" + job + "-0123456789"), "--name=ps" + job});
     REQUIRE(server.ok());
   }
   for (const std::string job : {"a", "b"}) {

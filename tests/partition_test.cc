@@ -49,7 +49,7 @@ TEST_CASE("A silent partition fails the cut-off push and marks the host down, no
   }
   testing::Cluster& c = **created;
   const std::string config = c.dir() + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token"}]})";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
   REQUIRE(c.Start({"--config=" + config, "--planner=fifo"}, {},
                   {{"w1", {"--uplink_bps=4e6"}}})
               .ok());

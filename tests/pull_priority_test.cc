@@ -130,15 +130,15 @@ struct PullCluster {
   int races = 0;
 };
 
-std::string Token(const std::string& job) { return "token-" + job; }
+std::string Token(const std::string& job) { return "token-" + job + "-0123456789"; }
 
 std::unique_ptr<PullCluster> StartPullCluster(const std::string& job_priority,
                                               const std::vector<ServerSpec>& servers) {
   auto pc = std::make_unique<PullCluster>();
   const std::string dir = launch::MakeTempDir("pull_priority");
   const std::string config = dir + "/jobs.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "a", "token": "token-a"},
-                                      {"name": "b", "token": "token-b"}]})";
+  std::ofstream(config) << R"({"jobs": [{"name": "a", "token": "token-a-0123456789"},
+                                      {"name": "b", "token": "token-b-0123456789"}]})";
   auto cluster = testing::Cluster::StartLoopback(
       {"s1", "w1"}, {"--config=" + config}, {"--job_priority=" + job_priority},
       {{"s1", {"--unscheduled_bps=" + std::to_string(kReplyBps)}}});

@@ -88,9 +88,14 @@ TEST_CASE("A bad config exits non-zero with a message naming the key") {
 }
 
 TEST_CASE("Invalid submits get INVALID_ARGUMENT and the scheduler keeps serving") {
-  auto cluster = testing::Cluster::StartLoopback({"s1", "w1"});
-  INFO(cluster.status().ToString());
+  // This test submits for host w1 without being it: hosts are not
+  // authenticated here (tests/security_test covers that they can be).
+  testing::ClusterOptions options;
+  options.hosts = {"s1", "w1"};
+  options.cluster_secret = false;
+  auto cluster = testing::Cluster::Create(options);
   REQUIRE(cluster.ok());
+  REQUIRE((*cluster)->Start().ok());
   testing::Cluster& c = **cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=64"});
@@ -110,6 +115,7 @@ TEST_CASE("Invalid submits get INVALID_ARGUMENT and the scheduler keeps serving"
     edit(&request);
     v1::SubmitUpdateReply reply;
     grpc::ClientContext context;
+    context.AddMetadata("x-mlfabric-job-token", std::getenv("MLFABRIC_JOB_TOKEN"));
     return stub->SubmitUpdate(&context, request, &reply);
   };
   auto status = submit([](auto* r) { r->set_bytes(-1); });

@@ -31,7 +31,7 @@ constexpr size_t kDim = 65536;  // 256 KiB updates
 std::unique_ptr<testing::Cluster> StartCluster(double divergence_max) {
   const std::string dir = launch::MakeTempDir("replica");
   const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token", "tau_max": 1000,)"
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "tau_max": 1000,)"
                         << R"( "divergence_max": )" << divergence_max << "}]}";
   testing::ClusterOptions options;
   options.hosts = {"s1", "r1", "w1", "w2"};

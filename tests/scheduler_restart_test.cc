@@ -27,7 +27,7 @@ constexpr size_t kDim = 1000;
 TEST_CASE("After a scheduler restart, pushes apply again and the model stays exact") {
   const std::string dir = launch::MakeTempDir("scheduler-restart");
   const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token"}]})";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
   auto started = testing::Cluster::StartLoopback({"s1", "w1"}, {"--config=" + config});
   INFO(started.status().ToString());
   REQUIRE(started.ok());

@@ -34,7 +34,7 @@ constexpr size_t kDim = 1024;
 std::unique_ptr<testing::Cluster> StartCluster(double max_wait_s) {
   const std::string dir = launch::MakeTempDir("ssp");
   const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token", "mode": "ssp",)"
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "mode": "ssp",)"
                         << R"( "staleness_k": )" << kStaleness << "}]}";
   auto cluster = testing::Cluster::StartLoopback(
       {"s1", "w1", "w2"},

@@ -27,7 +27,7 @@ namespace {
 TEST_CASE("A push waiting on the scheduler does not hold back another push on the same daemon") {
   const std::string dir = launch::MakeTempDir("submit-concurrency");
   const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token"}]})";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
   auto started = testing::Cluster::StartLoopback(
       {"s1", "w1"}, {"--config=" + config, "--server_wait_s=8"}, {},
       {{"w1", {"--log_level=debug"}}});

@@ -32,7 +32,7 @@ std::unique_ptr<testing::Cluster> StartCluster(
     const std::map<std::string, std::vector<std::string>>& host_flags = {}) {
   const std::string dir = launch::MakeTempDir("sync-round");
   const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token"}]})";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
   std::vector<std::string> flags = {"--config=" + config, "--planner=mlfabric"};
   flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
   auto cluster = testing::Cluster::StartLoopback(hosts, flags, {}, host_flags);

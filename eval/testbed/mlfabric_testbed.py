@@ -32,6 +32,7 @@ for (applied or dropped with a reason, none failed).
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -54,7 +55,7 @@ NETWORK = {  # eval/sim/sim_config.cc, monitor/trace.cc
 COMPUTE = {"C0": (0, 1), "C1": (0.10, 2), "C2": (0.10, 4), "C3": (0.04, 2)}  # (r, s)
 PAPER_UPDATE_BYTES = 100e6  # ResNet-50 (§7.1)
 PAPER_NIC_BPS = 10e9
-JOB, TOKEN = "tb", "tb-token"
+JOB, TOKEN = "tb", "tb-token-0123456789"  # >= 16 characters off loopback
 MASK = (1 << 64) - 1
 
 
@@ -311,6 +312,12 @@ class Testbed:
                   "log_level": "warning", "transfer_slack_s": 30,
                   "default_link_bps": self.server_bps,
                   "jobs": [{"name": JOB, "token": TOKEN, "mode": mode, "tau_max": tau}]}
+        # Hosts authenticate with a cluster secret made for this run (a
+        # scheduler off loopback refuses to start without one).
+        secret_file = os.path.join(d, "cluster.secret")
+        with open(os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        config["cluster_secret_file"] = secret_file
         for item in a.scheduler_set:
             key, _, value = item.partition("=")
             config[key] = json.loads(value)
@@ -340,6 +347,7 @@ class Testbed:
             argv = [self.binary("daemon/mlfabricd"), "--host=" + h, "--scheduler=" + scheduler,
                     "--listen_address=" + self.cluster.ip(h), "--data_port=0",
                     "--local_socket=" + sock, "--log_level=warning",
+                    "--cluster_secret_file=" + secret_file,
                     "--uplink_bps=%d" % self.server_bps, "--downlink_bps=%d" % self.server_bps]
             argv += a.daemon_arg
             if h in self.seeds:

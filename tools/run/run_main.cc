@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/secrets.h"
 #include "testing/cluster.h"
 #include "tools/launch/process.h"
 
@@ -48,7 +49,8 @@ constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...
   --ssp K             the job is stale-synchronous: a worker more than K
                       pushes ahead of the slowest waits at its get (default:
                       asynchronous, bounded by --delay_bound)
-  --job NAME          job name (default demo); --token TOKEN (default demo-token)
+  --job NAME          job name (default demo); --token TOKEN (default
+                      $MLFABRIC_JOB_TOKEN, else a random one made for this run)
   --extra_job NAME:TOKEN  another job the scheduler admits (repeatable), e.g.
                       for a second program sharing these daemons
   --mpirun_arg ARG    extra argument for mpirun (repeatable)
@@ -93,7 +95,7 @@ int main(int argc, char** argv) {
   int np = 1, delay_bound = 30, ssp = -1;
   std::string divergence_bound;  // empty: none
   std::vector<std::pair<std::string, std::string>> extra_jobs;
-  std::string hostfile, planner = "mlfabric", job = "demo", token = "demo-token";
+  std::string hostfile, planner = "mlfabric", job = "demo", token;
   std::vector<std::string> mpirun_args;
   bool verbose = false;
   int i = 1;
@@ -186,6 +188,12 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (token.empty()) {
+    // No token ships: the caller's, or one made for this run (the ranks
+    // get it as MLFABRIC_JOB_TOKEN).
+    const char* given = std::getenv("MLFABRIC_JOB_TOKEN");
+    token = given != nullptr && *given != '\0' ? given : mlfabric::RandomHex(16);
+  }
   std::unique_ptr<mlfabric::testing::Cluster> cluster;
   std::string socket_dir, config_dir, ompi_dir;
   if (const char* existing = std::getenv("MLFABRIC_SOCKET_DIR"); existing && *existing) {

@@ -58,7 +58,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import netns_cluster  # noqa: E402
 import profile_cluster as pc  # noqa: E402
 
-JOB, TOKEN = "mercury", "mercury-token"
+JOB, TOKEN = "mercury", "mercury-token-0123456789"  # >= 16 characters off loopback
 
 
 def run_variant(cluster, args, model, variant, out):

@@ -7,7 +7,7 @@ NICs) with the tensor-profile applications of eval/testbed/apps
 
     with netns_cluster.Cluster(hosts, prefix="mlfm-", mode="auto") as cluster:
         run = ControlPlane(cluster, bin_root, out_dir)
-        run.start_scheduler("sch", jobs=[{"name": "j0", "token": "t0"}])
+        run.start_scheduler("sch", jobs=[{"name": "j0", "token": "j0-token-0123456789"}])
         sock = run.start_daemon("w1", host="w1", uplink_bps=1e10)
         ... run.app("w1", "w1-worker", [run.binary("eval/testbed/apps/profile_worker"), ...])
         run.stop_all()
@@ -21,6 +21,7 @@ Thread safety: none; drive from one thread.
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -122,6 +123,13 @@ class ControlPlane:
                   "planner": planner, "log_level": "warning", "transfer_slack_s": 120,
                   "batch_interval_ms": batch_interval_ms,
                   "default_link_bps": default_link_bps, "jobs": jobs}
+        # Hosts authenticate with a cluster secret made for this run (a
+        # scheduler off loopback refuses to start without one).
+        self.secret_file = os.path.join(self.out, "cluster.secret")
+        with open(os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                  "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        config["cluster_secret_file"] = self.secret_file
         config.update(extra or {})
         path = os.path.join(self.out, "scheduler.json")
         with open(path, "w") as f:
@@ -143,7 +151,8 @@ class ControlPlane:
                 "--scheduler=" + self.scheduler_address,
                 "--listen_address=" + self.cluster.ip(host), "--data_port=%d" % data_port,
                 "--local_socket=" + sock, "--log_level=warning",
-                "--uplink_bps=%d" % uplink_bps, "--downlink_bps=%d" % downlink_bps] + list(extra)
+                "--uplink_bps=%d" % uplink_bps, "--downlink_bps=%d" % downlink_bps,
+                "--cluster_secret_file=" + self.secret_file] + list(extra)
         self.popen(host, "daemon-" + name, argv)
         return sock, data_port
 

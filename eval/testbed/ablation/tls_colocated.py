@@ -90,7 +90,7 @@ def run_variant(cluster, args, variant, out):
     nicprio = None
     nicprio_in = None
     try:
-        cp.start_scheduler("sch", [{"name": j, "token": j + "-token", "tau_max": 1000}
+        cp.start_scheduler("sch", [{"name": j, "token": j + "-token-0123456789", "tau_max": 1000}
                                    for j in jobs],
                            planner=args.planner, batch_interval_ms=args.batch_interval_ms,
                            default_link_bps=args.sched_link_bps)
@@ -140,7 +140,7 @@ def run_variant(cluster, args, variant, out):
         for k, j in enumerate(jobs):
             cp.popen("ps", "server-" + j, [
                 cp.binary("eval/testbed/apps/profile_server"), "--socket=" + sockets["ps-" + j],
-                "--job=" + j, "--token=" + j + "-token", "--model=" + args.model,
+                "--job=" + j, "--token=" + j + "-token-0123456789", "--model=" + args.model,
                 "--byte_scale=%g" % args.byte_scale, "--layout=single",
                 "--barrier_address=" + barrier_host,
                 "--barrier_port=%d" % (BARRIER_PORT + k if cluster.mode == "netns"
@@ -159,7 +159,7 @@ def run_variant(cluster, args, variant, out):
                 name = "%s-%s" % (j, w)
                 procs[name] = cp.popen(w, name, [
                     cp.binary("eval/testbed/apps/profile_worker"), "--socket=" + sockets[w],
-                    "--name=" + name, "--job=" + j, "--token=" + j + "-token",
+                    "--name=" + name, "--job=" + j, "--token=" + j + "-token-0123456789",
                     "--model=" + args.model, "--byte_scale=%g" % args.byte_scale,
                     "--compute_total_s=%g" % (args.compute_ms / 1e3), "--layout=single",
                     "--variant=prio", "--iterations=%d" % args.iterations,
