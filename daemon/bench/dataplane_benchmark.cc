@@ -1,6 +1,8 @@
 // Data-plane benchmarks of issue 4, printed as one table (daemon/README.md):
 //
 //   bazel run -c opt //daemon/bench:dataplane_benchmark [-- --gib=1 --rounds=3]
+//   ... -- --compare_auth=true   adds sets with data-plane authentication off
+//                                and on, alternated, and their ratio (issue 17)
 //
 //  1. Daemon-to-daemon goodput over loopback: the real scheduler (FIFO
 //     planner, so each transfer starts at once), two real mlfabricd and a
@@ -181,9 +183,11 @@ struct Round {
 // Rounds alternate the daemon and the raw socket so both see the same
 // machine load; each round's daemon transfer is timed by the receiving
 // daemon's own arrival trace (first packet to last byte).
-absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds) {
+// `auth`: the data plane's session handshake and job proofs (issue 17,
+// daemon/transport/data_auth.h), on by default; off for the comparison.
+absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds, bool auth = true) {
   auto cluster = testing::Cluster::StartLoopback(
-      {"s1", "w1"}, {"--planner=fifo"},
+      {"s1", "w1"}, {"--planner=fifo", auth ? "--data_plane_auth=true" : "--data_plane_auth=false"},
       // Pacing far above loopback speed: the path, not the token bucket, limits.
       {"--log_level=debug", "--uplink_bps=1e12", "--downlink_bps=1e12"});
   if (!cluster.ok()) return cluster.status();
@@ -309,6 +313,8 @@ int Main(int argc, char** argv) {
   int64_t rounds_count = 3;
   reader.Double("gib", &gib, 0.01, 8);
   reader.Int("rounds", &rounds_count, 1, 100);
+  bool compare_auth = false;
+  reader.Bool("compare_auth", &compare_auth);
   if (auto status = reader.Finish(); !status.ok()) {
     std::cerr << "dataplane_benchmark: " << status.message() << "\n";
     return 2;
@@ -384,6 +390,31 @@ int Main(int argc, char** argv) {
               median(&Round::sender_cpu_s_per_gb));
   std::printf("| 4 | receiving daemon CPU per GB moved | %.3f CPU-s/GB | |\n",
               median(&Round::receiver_cpu_s_per_gb));
+  if (compare_auth) {
+    // Sets with authentication on (the table's, above) and off, alternated
+    // (on, off, on, off); each round normalised by the raw socket of the
+    // same round, so the machine's load cancels out.
+    std::vector<double> on = ratios, off;
+    for (int set = 0; set < 3; ++set) {
+      const bool auth = set == 1;
+      std::printf("authentication %s, set %d:\n", auth ? "on" : "off", set + 2);
+      auto more = MeasureRounds(bytes, static_cast<int>(rounds_count), auth);
+      if (!more.ok()) {
+        std::fprintf(stderr, "dataplane_benchmark: %s\n",
+                     std::string(more.status().message()).c_str());
+        return 1;
+      }
+      for (const Round& r : *more) {
+        (auth ? on : off).push_back(r.daemon_bytes_per_s / r.raw_bytes_per_s);
+      }
+    }
+    std::printf("| 1 | daemon / raw socket, data-plane authentication on (%zu rounds) | %.0f%% | |\n",
+                on.size(), 100 * Median(on));
+    std::printf("| 1 | daemon / raw socket, data-plane authentication off (%zu rounds) | %.0f%% | |\n",
+                off.size(), 100 * Median(off));
+    std::printf("| 1 | goodput with authentication / without (ratio of the medians) | %.0f%% | >= 95%% |\n",
+                100 * Median(on) / Median(off));
+  }
   return 0;
 }
 
