@@ -144,6 +144,17 @@ int main(int argc, char** argv) {
   admin::AdminHandler admin_handler(&admin_backend,
                                     {config->admin_token, config->admin_read_auth});
   admin::AdminServer admin_server(&admin_handler);
+  if (config->admin_port >= 0 && config->admin_https) {
+    auto cert = ReadPem(config->tls_cert_file, "tls_cert_file");
+    auto key = ReadPem(config->tls_key_file, "tls_key_file");
+    absl::Status tls = !cert.ok() ? cert.status()
+                       : !key.ok() ? key.status()
+                                   : admin_server.UseTls(*cert, *key);
+    if (!tls.ok()) {
+      std::cerr << "mlfabric-scheduler: " << tls.message() << "\n";
+      return 2;
+    }
+  }
   if (config->admin_port >= 0) {
     auto admin_port = admin_server.Start(config->admin_address,
                                          static_cast<int>(config->admin_port));
@@ -151,7 +162,8 @@ int main(int argc, char** argv) {
       std::cerr << "mlfabric-scheduler: " << admin_port.status().message() << "\n";
       return 1;
     }
-    MLF_LOG(INFO) << "admin endpoint on http://" << config->admin_address << ":" << *admin_port
+    MLF_LOG(INFO) << "admin endpoint on " << (config->admin_https ? "https" : "http") << "://"
+                  << config->admin_address << ":" << *admin_port
                   << "/ (POSTs " << (config->admin_token.empty() ? "disabled" : "need the token")
                   << (config->admin_read_auth ? ", reads need it too" : ", reads are open") << ")";
     WritePortFile(config->admin_port_file, *admin_port);

@@ -28,6 +28,12 @@ HttpResult RawHttp(int port, const std::string& raw);
 HttpResult Http(int port, const std::string& method, const std::string& target,
                 const std::string& body = "", const std::string& authorization = "");
 
+// The same over HTTPS, verifying the server's certificate against the CA in
+// `ca_file` (PEM) for the name 127.0.0.1; status 0 also when the TLS
+// handshake or the verification fails.
+HttpResult Https(int port, const std::string& ca_file, const std::string& method,
+                 const std::string& target, const std::string& authorization = "");
+
 }  // namespace mlfabric::testing
 
 #endif  // MLFABRIC_TESTING_HTTP_CLIENT_H_

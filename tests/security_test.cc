@@ -2,8 +2,8 @@
 // credentials or with another job's, says why, logs it and keeps serving
 // everyone else; a daemon-level client of job B can neither get job A's
 // model nor inject into A's transfers (A's model stays exact); and a
-// mutual-TLS cluster runs a workload end to end while a host with a
-// certificate from another CA is refused.
+// mutual-TLS cluster runs a workload end to end, its admin endpoint over
+// HTTPS, while a host with a certificate from another CA is refused.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -24,6 +24,7 @@
 #include "daemon/transport/get_client.h"
 #include "proto/scheduler.grpc.pb.h"
 #include "testing/cluster.h"
+#include "testing/http_client.h"
 #include "tools/launch/process.h"
 
 namespace mlfabric {
@@ -361,17 +362,29 @@ TEST_CASE("A mutual-TLS cluster trains end to end; a certificate from another CA
   testing::ClusterOptions options;
   options.hosts = {"s1", "w1"};
   options.cluster_secret = false;  // the certificates alone authenticate hosts
+  options.admin = true;
   auto created = testing::Cluster::Create(options);
   REQUIRE(created.ok());
   testing::Cluster& cluster = **created;
   absl::Status started =
       cluster.Start({"--tls_cert_file=" + ours + "scheduler.pem",
                      "--tls_key_file=" + ours + "scheduler.key",
-                     "--tls_client_ca_file=" + ours + "ca.pem"},
+                     "--tls_client_ca_file=" + ours + "ca.pem", "--admin_https=true"},
                     {}, host_flags);
   INFO(started.ToString());
   REQUIRE(started.ok());
   CHECK(Contains(cluster.scheduler().Log(), "(mutual TLS), hosts authenticated"));
+
+  // The admin endpoint serves HTTPS with the scheduler's certificate, and
+  // only HTTPS; a client that trusts another CA does not get through.
+  const testing::HttpResult health =
+      testing::Https(cluster.admin_port(), ours + "ca.pem", "GET", "/healthz");
+  CHECK(health.status == 200);
+  CHECK(testing::Https(cluster.admin_port(), ours + "ca.pem", "GET", "/api/v1/cluster").status ==
+        200);
+  CHECK(testing::Http(cluster.admin_port(), "GET", "/healthz").status == 0);
+  CHECK(testing::Https(cluster.admin_port(), dir + "/theirs/ca.pem", "GET", "/healthz").status ==
+        0);
   {
     const char* token = std::getenv("MLFABRIC_JOB_TOKEN");
     REQUIRE(token != nullptr);

@@ -4,8 +4,10 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <optional>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -22,24 +24,48 @@ constexpr std::chrono::seconds kRequestTimeout(10);
 constexpr uint64_t kMaxBodyBytes = 1 << 20;
 
 // One connection: read a request, answer it, repeat while keep-alive.
-class Session : public std::enable_shared_from_this<Session> {
+// `Stream` is beast::tcp_stream (HTTP) or an ssl_stream over it (HTTPS).
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
  public:
   Session(tcp::socket socket, const AdminHandler* handler)
       : stream_(std::move(socket)), handler_(handler) {}
+  Session(tcp::socket socket, asio::ssl::context& tls, const AdminHandler* handler)
+      : stream_(std::move(socket), tls), handler_(handler) {}
+
+  // HTTPS: the TLS handshake first (bounded like a request), then Read().
+  void Start() {
+    if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
+      Read();
+    } else {
+      beast::get_lowest_layer(stream_).expires_after(kRequestTimeout);
+      stream_.async_handshake(asio::ssl::stream_base::server,
+                              [self = this->shared_from_this()](beast::error_code ec) {
+                                if (ec) {
+                                  MLF_LOG(DEBUG) << "admin: TLS handshake failed: " << ec.message();
+                                  beast::get_lowest_layer(self->stream_).close();
+                                  return;
+                                }
+                                self->Read();
+                              });
+    }
+  }
 
   void Read() {
     parser_.emplace();
     parser_->body_limit(kMaxBodyBytes);
-    stream_.expires_after(kRequestTimeout);
+    beast::get_lowest_layer(stream_).expires_after(kRequestTimeout);
     http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                       self->OnRead(ec);
+                     });
   }
 
  private:
   void OnRead(beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == asio::error::eof ||
         ec == beast::error::timeout || ec == asio::error::operation_aborted ||
-        ec == asio::error::connection_reset) {
+        ec == asio::error::connection_reset || ec == asio::ssl::error::stream_truncated) {
       Close();
       return;
     }
@@ -75,9 +101,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Write(std::shared_ptr<http::response<http::string_body>> response) {
-    stream_.expires_after(kRequestTimeout);
+    beast::get_lowest_layer(stream_).expires_after(kRequestTimeout);
     http::async_write(stream_, *response,
-                      [self = shared_from_this(), response](beast::error_code ec, size_t) {
+                      [self = this->shared_from_this(), response](beast::error_code ec, size_t) {
                         if (ec || !response->keep_alive()) {
                           self->Close();
                           return;
@@ -88,11 +114,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Close() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.close();
+    beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_send, ignored);
+    beast::get_lowest_layer(stream_).close();
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   const AdminHandler* handler_;
@@ -106,12 +132,21 @@ struct AdminServer::Impl {
   void Accept() {
     acceptor.async_accept(asio::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted) return;
-      if (!ec) std::make_shared<Session>(std::move(socket), handler)->Read();
+      if (!ec) {
+        if (tls.has_value()) {
+          std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(std::move(socket), *tls,
+                                                                          handler)
+              ->Start();
+        } else {
+          std::make_shared<Session<beast::tcp_stream>>(std::move(socket), handler)->Start();
+        }
+      }
       Accept();
     });
   }
 
   const AdminHandler* handler;
+  std::optional<asio::ssl::context> tls;  // HTTPS when set
   asio::io_context io;
   tcp::acceptor acceptor;
   std::thread thread;
@@ -120,6 +155,26 @@ struct AdminServer::Impl {
 AdminServer::AdminServer(const AdminHandler* handler) : impl_(std::make_unique<Impl>(handler)) {}
 
 AdminServer::~AdminServer() { Stop(); }
+
+absl::Status AdminServer::UseTls(const std::string& cert_pem, const std::string& key_pem) {
+  asio::ssl::context tls(asio::ssl::context::tls_server);
+  tls.set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                  asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                  asio::ssl::context::no_tlsv1_1);
+  beast::error_code ec;
+  tls.use_certificate_chain(asio::buffer(cert_pem), ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("admin HTTPS: the certificate is not usable: ", ec.message()));
+  }
+  tls.use_private_key(asio::buffer(key_pem), asio::ssl::context::pem, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("admin HTTPS: the key is not usable: ", ec.message()));
+  }
+  impl_->tls.emplace(std::move(tls));
+  return absl::OkStatus();
+}
 
 absl::StatusOr<int> AdminServer::Start(const std::string& address, int port) {
   beast::error_code ec;

@@ -6,6 +6,8 @@
 //   ...
 //   server.Stop();
 //
+// With UseTls (before Start) it serves HTTPS only: a TLS handshake that
+// fails within 10 s closes that connection.
 // Each connection may send several keep-alive requests; a request must
 // arrive within 10 s and its body be at most 1 MiB. A request Beast cannot
 // parse gets "400 Bad Request" and the connection is closed; the server
@@ -31,6 +33,9 @@ class AdminServer {
   AdminServer(const AdminServer&) = delete;
   AdminServer& operator=(const AdminServer&) = delete;
 
+  // Serve HTTPS with this certificate chain and key (PEM text).
+  // InvalidArgument when either cannot be used.
+  absl::Status UseTls(const std::string& cert_pem, const std::string& key_pem);
   // Binds and starts serving; returns the bound port.
   absl::StatusOr<int> Start(const std::string& address, int port);
   void Stop();

@@ -59,6 +59,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.String("admin_port_file", &config.admin_port_file);
   reader.String("admin_token", &config.admin_token);
   reader.Bool("admin_read_auth", &config.admin_read_auth);
+  reader.Bool("admin_https", &config.admin_https);
   reader.String("cluster_secret_file", &config.cluster_secret_file);
   reader.String("tls_cert_file", &config.tls_cert_file);
   reader.String("tls_key_file", &config.tls_key_file);
@@ -118,6 +119,10 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   }
   if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
     reader.AddError("tls_cert_file", "tls_cert_file and tls_key_file go together");
+  }
+  if (config.admin_https && config.tls_cert_file.empty()) {
+    reader.AddError("admin_https", "needs tls_cert_file and tls_key_file (the admin endpoint "
+                                   "serves the scheduler's certificate)");
   }
   if (!config.tls_client_ca_file.empty() && config.tls_cert_file.empty()) {
     reader.AddError("tls_client_ca_file", "needs tls_cert_file and tls_key_file (mutual TLS)");
@@ -221,6 +226,8 @@ Every key can be set in the JSON file or as a flag; flags win.
   --admin_token        bearer token for admin POSTs; empty refuses them (default none)
   --admin_read_auth    reads (JSON, /metrics, trace) need the bearer token too;
                        the dashboard page and /healthz stay open (default false)
+  --admin_https        the admin endpoint serves HTTPS only, with the
+                       scheduler's tls_cert_file and tls_key_file (default false)
   --cluster_secret_file  a file (mode 0600) with the cluster's secret: a daemon
                        must present it to register its host, and every later
                        call carries the session the registration returned

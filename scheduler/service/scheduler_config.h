@@ -113,6 +113,8 @@ struct SchedulerConfig {
   // Reads (the JSON API, /metrics, the trace) need the bearer token too;
   // only the dashboard's page and /healthz stay open. Needs admin_token.
   bool admin_read_auth = false;
+  // The admin endpoint serves HTTPS only, with tls_cert_file/tls_key_file.
+  bool admin_https = false;
   // Authentication (DESIGN.md §3a, scheduler/service/README.md "Security").
   // Hosts authenticate with the cluster secret (read from this file, mode
   // 0600) or, with tls_client_ca_file, a client certificate whose common
