@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the planner JSON contract (both planners), the scheduler's config
-# loader, the admin request handling, the local IPC framing and the
-# scheduler's control-plane handlers with libFuzzer for a short time each
+# loader, the admin request handling, the local IPC framing, the
+# scheduler's control-plane handlers and a daemon's data sessions with libFuzzer for a short time each
 # (tools/fuzz; issue 17 item 5), seeded by their committed corpora. Without
 # clang this reports a skip with the reason (a failure under CI, where
 # tools/bootstrap installs clang).
@@ -12,7 +12,7 @@ if ! command -v clang++ >/dev/null; then
 fi
 seconds=${FUZZ_SECONDS:-10}
 export FUZZ_ARTIFACTS="${TEST_UNDECLARED_OUTPUTS_DIR:-${TEST_TMPDIR:-/tmp}}"
-for target in plan_json scheduler_config admin ipc grpc_handlers; do
+for target in plan_json scheduler_config admin ipc grpc_handlers data_session; do
   log="${TEST_TMPDIR:-/tmp}/fuzz-$target.log"
   if ! tools/fuzz "$target" "$seconds" >"$log" 2>&1; then
     tail -60 "$log"
