@@ -21,6 +21,40 @@ using asio::ip::tcp;
 
 constexpr std::chrono::seconds kTimeout{10};
 
+// Reads one response from `stream` into a result; status 0 on any error,
+// including end_of_stream: the server closed before any byte of a response
+// (a default-constructed response would read as 200).
+template <typename Stream>
+HttpResult ReadResponse(Stream& stream) {
+  HttpResult result;
+  beast::error_code error;
+  beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  http::read(stream, buffer, response, error);
+  if (error) return result;
+  result.status = static_cast<int>(response.result_int());
+  result.body = std::move(response.body());
+  return result;
+}
+
+http::request<http::string_body> Request(const std::string& method, const std::string& target,
+                                         const std::string& body,
+                                         const std::string& authorization) {
+  http::request<http::string_body> request;
+  request.method_string(method);
+  request.target(target);
+  request.version(11);
+  request.set(http::field::host, "127.0.0.1");
+  request.set(http::field::connection, "close");
+  if (!authorization.empty()) request.set(http::field::authorization, authorization);
+  if (!body.empty() || method == "POST") {
+    request.set(http::field::content_type, "application/json");
+    request.body() = body;
+    request.prepare_payload();
+  }
+  return request;
+}
+
 // Connects to 127.0.0.1:port, lets `send` write the request, reads one
 // response. Any failure (refused, timeout, unparsable) leaves status 0.
 template <typename Send>
@@ -35,14 +69,7 @@ HttpResult Exchange(int port, Send send) {
   if (error) return result;
   send(stream, error);
   if (error) return result;
-  beast::flat_buffer buffer;
-  http::response<http::string_body> response;
-  http::read(stream, buffer, response, error);
-  // end_of_stream: the server closed before any byte of a response (a
-  // default-constructed response would read as 200).
-  if (error) return result;
-  result.status = static_cast<int>(response.result_int());
-  result.body = std::move(response.body());
+  result = ReadResponse(stream);
   stream.socket().shutdown(tcp::socket::shutdown_both, error);
   return result;
 }
@@ -58,19 +85,7 @@ HttpResult RawHttp(int port, const std::string& raw) {
 HttpResult Http(int port, const std::string& method, const std::string& target,
                 const std::string& body, const std::string& authorization) {
   return Exchange(port, [&](beast::tcp_stream& stream, beast::error_code& error) {
-    http::request<http::string_body> request;
-    request.method_string(method);
-    request.target(target);
-    request.version(11);
-    request.set(http::field::host, "127.0.0.1");
-    request.set(http::field::connection, "close");
-    if (!authorization.empty()) request.set(http::field::authorization, authorization);
-    if (!body.empty() || method == "POST") {
-      request.set(http::field::content_type, "application/json");
-      request.body() = body;
-      request.prepare_payload();
-    }
-    http::write(stream, request, error);
+    http::write(stream, Request(method, target, body, authorization), error);
   });
 }
 
@@ -92,24 +107,9 @@ HttpResult Https(int port, const std::string& ca_file, const std::string& method
   if (error) return result;
   stream.handshake(asio::ssl::stream_base::client, error);
   if (error) return result;
-  http::request<http::string_body> request;
-  request.method_string(method);
-  request.target(target);
-  request.version(11);
-  request.set(http::field::host, "127.0.0.1");
-  request.set(http::field::connection, "close");
-  if (!authorization.empty()) request.set(http::field::authorization, authorization);
-  http::write(stream, request, error);
+  http::write(stream, Request(method, target, "", authorization), error);
   if (error) return result;
-  beast::flat_buffer buffer;
-  http::response<http::string_body> response;
-  http::read(stream, buffer, response, error);
-  // end_of_stream: the server closed before any byte of a response (a
-  // default-constructed response would read as 200).
-  if (error) return result;
-  result.status = static_cast<int>(response.result_int());
-  result.body = std::move(response.body());
-  return result;
+  return ReadResponse(stream);
 }
 
 }  // namespace mlfabric::testing
