@@ -1,10 +1,12 @@
 #include "scheduler/service/cluster_state.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/secrets.h"
 #include "scheduler/service/commands.h"
 
 namespace mlfabric {
@@ -65,13 +67,22 @@ uint64_t SchedulerEpoch(double wall_s) {
   return static_cast<uint64_t>(std::clamp(wall_s - kEpochOrigin, 0.0, kMaxEpoch));
 }
 
+uint64_t ClusterState::NewIncarnation() {
+  while (true) {
+    uint32_t low = 0;
+    const std::string random = RandomBytes(sizeof(low));
+    std::memcpy(&low, random.data(), sizeof(low));
+    const uint64_t incarnation = (epoch_ << kEpochShift) | low;
+    if (low != 0 && incarnations_.insert(incarnation).second) return incarnation;
+  }
+}
+
 ClusterState::ClusterState(const SchedulerConfig& config, const Clock* clock,
                            CommandOutbox* outbox, AdminHistory* history)
     : stragglers({config.straggler_factor, static_cast<int>(config.straggler_window)}),
       config_(config), clock_(clock), outbox_(outbox), history_(history) {
   epoch_ = SchedulerEpoch(clock_->WallSeconds());
   next_transfer_id_ = (epoch_ << kEpochShift) | 1;
-  next_incarnation_ = (epoch_ << kEpochShift) | 1;
   uint32_t next_job_id = 1;
   for (const JobConfig& job : config_.jobs) {
     JobState state;

@@ -196,11 +196,14 @@ class ClusterState {
   StragglerTracker stragglers;
 
   // Transfer ids and incarnations: the scheduler's epoch (SchedulerEpoch of
-  // its start) in bits 32-59, a counter below, so a restarted scheduler's ids
-  // never equal its predecessor's (unless both started in the same second).
-  // Bits 60-63 stay clear: daemons mark their own ids there.
+  // its start) in bits 32-59, so a restarted scheduler's ids never equal its
+  // predecessor's (unless both started in the same second). Below it a
+  // transfer id counts; an incarnation has 32 random bits (never one this
+  // scheduler issued before), so it cannot be guessed (issue 17; the
+  // session token is what authenticates a host's calls). Bits 60-63 stay
+  // clear: daemons mark their own ids there.
   uint64_t NewTransferId() { return next_transfer_id_++; }
-  uint64_t NewIncarnation() { return next_incarnation_++; }
+  uint64_t NewIncarnation();
   uint64_t epoch() const { return epoch_; }
   uint64_t NewBatchId() { return next_batch_id_++; }
 
@@ -244,7 +247,7 @@ class ClusterState {
   AdminHistory* history_;
   uint64_t epoch_ = 0;
   uint64_t next_transfer_id_ = 1;
-  uint64_t next_incarnation_ = 1;
+  std::set<uint64_t> incarnations_;  // issued by this scheduler
   uint64_t next_batch_id_ = 1;
 };
 

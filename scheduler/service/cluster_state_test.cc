@@ -272,6 +272,19 @@ TEST_CASE("a restarted scheduler's transfer ids and incarnations never equal its
     // Bits 60-63 are the daemons' own id spaces.
     CHECK((transfer >> 60) == 0);
   }
+  // Incarnations are not a counter (issue 17): 32 random bits below the
+  // epoch, never one issued before.
+  std::set<uint64_t> incarnations;
+  int consecutive = 0;
+  uint64_t previous = second.NewIncarnation();
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t incarnation = second.NewIncarnation();
+    CHECK((incarnation >> 32) == second.epoch());
+    CHECK(incarnations.insert(incarnation).second);
+    consecutive += incarnation == previous + 1;
+    previous = incarnation;
+  }
+  CHECK(consecutive < 5);
   CHECK(SchedulerEpoch(0) == 0);  // before 2024 (and FakeClocks near 0): plain counters
   CHECK(SchedulerEpoch(1e12) == (uint64_t{1} << 28) - 1);
 }
