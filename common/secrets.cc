@@ -38,6 +38,52 @@ std::string ToHex(std::string_view bytes) {
 
 std::string RandomHex(size_t n) { return ToHex(RandomBytes(n)); }
 
+X25519KeyPair NewX25519KeyPair() {
+  X25519KeyPair pair;
+  pair.private_key = RandomBytes(kX25519Bytes);
+  EVP_PKEY* key = EVP_PKEY_new_raw_private_key(
+      EVP_PKEY_X25519, nullptr, reinterpret_cast<const unsigned char*>(pair.private_key.data()),
+      kX25519Bytes);
+  size_t size = kX25519Bytes;
+  pair.public_key.assign(kX25519Bytes, '\0');
+  if (key == nullptr ||
+      EVP_PKEY_get_raw_public_key(key, reinterpret_cast<unsigned char*>(pair.public_key.data()),
+                                  &size) != 1 ||
+      size != kX25519Bytes) {
+    std::fprintf(stderr, "fatal: X25519 key generation failed in libcrypto\n");
+    std::abort();
+  }
+  EVP_PKEY_free(key);
+  return pair;
+}
+
+absl::StatusOr<std::string> X25519SharedSecret(const X25519KeyPair& mine,
+                                               std::string_view peer_public_key) {
+  if (peer_public_key.size() != kX25519Bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("X25519 public key has ",
+                                                   peer_public_key.size(), " bytes, not 32"));
+  }
+  EVP_PKEY* own = EVP_PKEY_new_raw_private_key(
+      EVP_PKEY_X25519, nullptr, reinterpret_cast<const unsigned char*>(mine.private_key.data()),
+      mine.private_key.size());
+  EVP_PKEY* peer = EVP_PKEY_new_raw_public_key(
+      EVP_PKEY_X25519, nullptr, reinterpret_cast<const unsigned char*>(peer_public_key.data()),
+      peer_public_key.size());
+  EVP_PKEY_CTX* ctx = own != nullptr ? EVP_PKEY_CTX_new(own, nullptr) : nullptr;
+  std::string secret(kX25519Bytes, '\0');
+  size_t size = secret.size();
+  // EVP_PKEY_derive fails for low-order points (the all-zero result).
+  const bool ok = ctx != nullptr && peer != nullptr && EVP_PKEY_derive_init(ctx) == 1 &&
+                  EVP_PKEY_derive_set_peer(ctx, peer) == 1 &&
+                  EVP_PKEY_derive(ctx, reinterpret_cast<unsigned char*>(secret.data()), &size) == 1 &&
+                  size == kX25519Bytes;
+  EVP_PKEY_CTX_free(ctx);
+  EVP_PKEY_free(peer);
+  EVP_PKEY_free(own);
+  if (!ok) return absl::InvalidArgumentError("X25519: the peer's public key is not usable");
+  return secret;
+}
+
 std::string HmacSha256(std::string_view key, std::string_view message) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int length = 0;

@@ -31,6 +31,20 @@ std::string ToHex(std::string_view bytes);
 std::string HmacSha256(std::string_view key, std::string_view message);
 inline constexpr size_t kMacBytes = 32;
 
+// An ephemeral X25519 key pair (RFC 7748), for a session's key agreement:
+// both sides send `public_key` (32 bytes) and derive the same 32-byte
+// secret, which nobody who only saw the public keys can compute.
+struct X25519KeyPair {
+  std::string private_key;  // 32 bytes, never leaves the process
+  std::string public_key;   // 32 bytes
+};
+X25519KeyPair NewX25519KeyPair();
+inline constexpr size_t kX25519Bytes = 32;
+// The shared secret of `mine` and the peer's public key; InvalidArgument
+// when the peer's key is malformed or a low-order point (all-zero secret).
+absl::StatusOr<std::string> X25519SharedSecret(const X25519KeyPair& mine,
+                                               std::string_view peer_public_key);
+
 // a == b in time that depends only on the lengths.
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 

@@ -4,6 +4,7 @@
 #include <sys/time.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +17,8 @@ constexpr char kMagic[4] = {'M', 'L', 'F', 'A'};
 constexpr uint8_t kVersion = 1;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kHelloFixedBytes = 8 + kNonceBytes;
-constexpr size_t kChallengeBytes = 4 + kNonceBytes + kMacBytes;
+constexpr size_t kChallengeBytes = 4 + kNonceBytes + kMacBytes;  // + kX25519Bytes sealed
+constexpr uint8_t kHelloSealed = 1;  // hello flags: data_plane_encryption
 constexpr std::chrono::milliseconds kJobKeyWait(2000);
 
 // Bounds every read and write of the handshake; cleared afterwards, so the
@@ -95,6 +97,16 @@ void DataKeys::SetJobKey(uint32_t job, std::string key) {
   cv_.notify_all();
 }
 
+void DataKeys::SetEncryption(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  encryption_ = on;
+}
+
+bool DataKeys::encryption() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return encryption_ && !cluster_key_.empty();
+}
+
 bool DataKeys::enabled() const {
   std::lock_guard<std::mutex> lock(mu_);
   return !cluster_key_.empty();
@@ -121,26 +133,34 @@ absl::StatusOr<SessionAuth> InitiatorHandshake(int fd, const DataKeys& keys,
   if (key.empty()) return auth;
   auth.enabled = true;
   auth.initiator = my_host.substr(0, 255);
+  const bool sealed = keys.encryption();
   const std::string nonce = RandomBytes(kNonceBytes);
+  std::optional<X25519KeyPair> ephemeral;
+  if (sealed) ephemeral = NewX25519KeyPair();
   SocketTimeouts timeouts(fd, kHandshakeTimeoutS);
   std::string hello(kMagic, 4);
   hello.push_back(static_cast<char>(kVersion));
   hello.push_back(static_cast<char>(auth.initiator.size()));
-  hello.append(2, '\0');
+  hello.push_back(static_cast<char>(sealed ? kHelloSealed : 0));
+  hello.push_back('\0');
   hello += nonce;
+  if (sealed) hello += ephemeral->public_key;
   hello += auth.initiator;
   if (absl::Status s = WriteAll(fd, hello, peer); !s.ok()) return s;
 
-  char challenge[kChallengeBytes];
-  if (absl::Status s = ReadExactly(fd, challenge, sizeof(challenge), peer, "challenge"); !s.ok()) {
+  std::string challenge(kChallengeBytes + (sealed ? kX25519Bytes : 0), '\0');
+  if (absl::Status s = ReadExactly(fd, challenge.data(), challenge.size(), peer, "challenge");
+      !s.ok()) {
     return s;
   }
-  if (std::memcmp(challenge, kMagic, 4) != 0) {
+  if (std::memcmp(challenge.data(), kMagic, 4) != 0) {
     return absl::PermissionDeniedError(absl::StrCat(
         "authentication handshake with ", peer, ": it did not answer as an MLfabric daemon"));
   }
-  auth.nonces = nonce + std::string(challenge + 4, kNonceBytes);
-  if (!ConstantTimeEquals(std::string_view(challenge + 4 + kNonceBytes, kMacBytes),
+  const std::string peer_public = sealed ? challenge.substr(4 + kNonceBytes, kX25519Bytes) : "";
+  auth.nonces = nonce + challenge.substr(4, kNonceBytes);
+  if (sealed) auth.nonces += ephemeral->public_key + peer_public;
+  if (!ConstantTimeEquals(std::string_view(challenge).substr(challenge.size() - kMacBytes),
                           Mac(key, "acceptor", auth))) {
     return absl::PermissionDeniedError(absl::StrCat(
         "authentication handshake with ", peer,
@@ -154,6 +174,15 @@ absl::StatusOr<SessionAuth> InitiatorHandshake(int fd, const DataKeys& keys,
     (void)ReadExactly(fd, reason.data(), reason.size(), peer, "reason");
     return absl::PermissionDeniedError(
         absl::StrCat("authentication handshake with ", peer, ": refused: ", reason));
+  }
+  if (sealed) {
+    absl::StatusOr<std::string> shared = X25519SharedSecret(*ephemeral, peer_public);
+    if (!shared.ok()) {
+      return absl::PermissionDeniedError(absl::StrCat("authentication handshake with ", peer, ": ",
+                                                      shared.status().message()));
+    }
+    AttachCipher(fd, SessionCipher::Derive(/*initiator=*/true, *shared, key, auth.nonces));
+    auth.sealed = true;
   }
   return auth;
 }
@@ -177,25 +206,55 @@ absl::StatusOr<SessionAuth> AcceptorHandshake(int fd, const DataKeys& keys,
         absl::StrCat("data session from ", peer, ": handshake version ",
                      static_cast<int>(static_cast<uint8_t>(hello[4])), " is not supported"));
   }
+  // The hello says whether the initiator seals; the challenge follows it
+  // (so the initiator can read the verdict) and the verdict refuses a
+  // setting that differs from ours.
+  const bool sealed = (static_cast<uint8_t>(hello[6]) & kHelloSealed) != 0;
+  std::string peer_public(sealed ? kX25519Bytes : 0, '\0');
+  if (absl::Status s = ReadExactly(fd, peer_public.data(), peer_public.size(), peer, "hello");
+      !s.ok()) {
+    return s;
+  }
   std::string host(static_cast<uint8_t>(hello[5]), '\0');
   if (absl::Status s = ReadExactly(fd, host.data(), host.size(), peer, "hello"); !s.ok()) return s;
   auth.initiator = host;
   const std::string nonce = RandomBytes(kNonceBytes);
+  std::optional<X25519KeyPair> ephemeral;
+  if (sealed) ephemeral = NewX25519KeyPair();
   auth.nonces = std::string(hello + 8, kNonceBytes) + nonce;
-  if (absl::Status s = WriteAll(fd, std::string(kMagic, 4) + nonce + Mac(key, "acceptor", auth), peer);
-      !s.ok()) {
-    return s;
-  }
+  if (sealed) auth.nonces += peer_public + ephemeral->public_key;
+  const std::string challenge = std::string(kMagic, 4) + nonce +
+                                (sealed ? ephemeral->public_key : "") + Mac(key, "acceptor", auth);
+  if (absl::Status s = WriteAll(fd, challenge, peer); !s.ok()) return s;
   char proof[kMacBytes];
   if (absl::Status s = ReadExactly(fd, proof, sizeof(proof), peer, "proof"); !s.ok()) return s;
+  std::string reason;
+  absl::StatusOr<std::string> shared;
   if (!ConstantTimeEquals(std::string_view(proof, kMacBytes), Mac(key, "initiator", auth))) {
-    const std::string reason = "wrong cluster data key";
-    std::string verdict = {1, static_cast<char>(reason.size())};
-    (void)WriteAll(fd, verdict + reason, peer);
+    reason = "wrong cluster data key";
+  } else if (sealed != keys.encryption()) {
+    reason = absl::StrCat("data_plane_encryption is ", keys.encryption() ? "on" : "off",
+                          " here and ", sealed ? "on" : "off",
+                          " at the initiator (both must have it from the same scheduler)");
+  } else if (sealed && !(shared = X25519SharedSecret(*ephemeral, peer_public)).ok()) {
+    reason = std::string(shared.status().message());
+  }
+  if (!reason.empty()) {
+    std::string verdict = {1, static_cast<char>(std::min<size_t>(reason.size(), 255))};
+    (void)WriteAll(fd, verdict + reason.substr(0, 255), peer);
     return absl::PermissionDeniedError(absl::StrCat("data session from ", peer, " (says it is '",
                                                     host, "'): ", reason));
   }
-  if (absl::Status s = WriteAll(fd, std::string(2, '\0'), peer); !s.ok()) return s;
+  // Attached before the verdict leaves: the initiator's first sealed
+  // packet may follow it at once.
+  if (sealed) {
+    AttachCipher(fd, SessionCipher::Derive(/*initiator=*/false, *shared, key, auth.nonces));
+    auth.sealed = true;
+  }
+  if (absl::Status s = WriteAll(fd, std::string(2, '\0'), peer); !s.ok()) {
+    DetachCipher(fd);
+    return s;
+  }
   return auth;
 }
 

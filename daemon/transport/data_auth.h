@@ -5,10 +5,19 @@
 // A session starts with a handshake that proves both ends hold the cluster
 // key, over fresh nonces from both sides (so nothing can be replayed):
 //
-//   initiator -> acceptor  hello      "MLFA" v1 | host length | 0 0 | nonce_i (32) | host
-//   acceptor  -> initiator challenge  "MLFA" | nonce_a (32) | HMAC(K, "acceptor" ...)
+//   initiator -> acceptor  hello      "MLFA" v1 | host length | flags | 0 | nonce_i (32)
+//                                     | [x25519_i (32)] | host
+//   acceptor  -> initiator challenge  "MLFA" | nonce_a (32) | [x25519_a (32)]
+//                                     | HMAC(K, "acceptor" ...)
 //   initiator -> acceptor  proof      HMAC(K, "initiator" ...)
 //   acceptor  -> initiator verdict    0 (accepted) or 1, reason length, reason
+//
+// The MACs cover both nonces, both public keys and the initiator's name.
+// With data_plane_encryption (flags bit 0) both sides send an ephemeral
+// X25519 public key and, once accepted, attach a SessionCipher to the
+// socket (payload_cipher.h): every packet after the handshake is sealed.
+// Both ends learn the setting from the same scheduler; an acceptor whose
+// setting differs from the hello's refuses the session and says why.
 //
 // Before the first packet of job J on a session, the initiator sends a
 // kJobProof frame: HMAC(K_J, "job" | nonce_i | nonce_a | J). The acceptor
@@ -41,6 +50,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/transport/payload_cipher.h"
 
 namespace mlfabric::transport {
 
@@ -50,7 +60,10 @@ class DataKeys {
   // "" turns authentication off.
   void SetClusterKey(std::string key);
   void SetJobKey(uint32_t job, std::string key);
+  // Seal every packet of every session (needs the cluster key).
+  void SetEncryption(bool on);
   bool enabled() const;
+  bool encryption() const;
   std::string cluster_key() const;
   // The key of `job`, waiting up to `wait` for it to arrive (a command that
   // carries it may be a moment behind a peer's first packet).
@@ -61,6 +74,7 @@ class DataKeys {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::string cluster_key_;
+  bool encryption_ = false;
   std::map<uint32_t, std::string> job_keys_;
 };
 
@@ -70,6 +84,7 @@ struct SessionAuth {
   std::string nonces;         // nonce_i | nonce_a
   std::string initiator;      // the initiator's host name, as it gave it
   std::set<uint32_t> jobs;    // proven on this session
+  bool sealed = false;        // a cipher is attached to the socket
 
   bool Allows(uint32_t job) const { return !enabled || jobs.count(job) > 0; }
 };
@@ -80,6 +95,8 @@ inline constexpr int kHandshakeTimeoutS = 10;
 // The initiator's side, on a connected blocking socket. `peer` names the
 // other end in errors. PermissionDenied when the peer does not prove the
 // cluster key or refuses ours; Unavailable when the connection fails.
+// Both sides attach the session's cipher to `fd` when it is sealed; the
+// owner of the socket calls DetachCipher(fd) before closing it.
 absl::StatusOr<SessionAuth> InitiatorHandshake(int fd, const DataKeys& keys,
                                                const std::string& my_host,
                                                const std::string& peer);

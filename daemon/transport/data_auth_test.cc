@@ -150,6 +150,36 @@ TEST_CASE("a session that skips the handshake is refused; none is made without a
   CHECK(none.acceptor->Allows(12345));
 }
 
+TEST_CASE("encryption: both ends seal or the acceptor refuses, saying why") {
+  DataKeys sealed;
+  sealed.SetClusterKey("cluster key");
+  sealed.SetEncryption(true);
+  CHECK(sealed.encryption());
+  DataKeys plain;
+  plain.SetClusterKey("cluster key");
+  Handshake both = Run(sealed, sealed);
+  REQUIRE(both.initiator.ok());
+  REQUIRE(both.acceptor.ok());
+  CHECK(both.initiator->sealed);
+  CHECK(both.acceptor->sealed);
+  // The transcript the MACs and job proofs cover holds both public keys.
+  CHECK(both.initiator->nonces == both.acceptor->nonces);
+  CHECK(both.initiator->nonces.size() == 128);
+
+  for (const auto& [initiator, acceptor] :
+       {std::pair<const DataKeys*, const DataKeys*>{&sealed, &plain}, {&plain, &sealed}}) {
+    Handshake mixed = Run(*initiator, *acceptor);
+    REQUIRE_FALSE(mixed.initiator.ok());
+    REQUIRE_FALSE(mixed.acceptor.ok());
+    CHECK(Contains(mixed.initiator.status(), "refused: data_plane_encryption is"));
+    CHECK(Contains(mixed.acceptor.status(), "(both must have it from the same scheduler)"));
+  }
+
+  DataKeys no_key;  // encryption needs the cluster key: without it, nothing is on
+  no_key.SetEncryption(true);
+  CHECK_FALSE(no_key.encryption());
+}
+
 TEST_CASE("a job key that arrives a moment late is waited for") {
   DataKeys keys;
   auto later = std::async(std::launch::async, [&] {

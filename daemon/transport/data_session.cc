@@ -105,6 +105,7 @@ void DataSession::Run(DataSessionHandler& handler, const std::atomic<bool>& stop
     }();
     if (!close_reason.empty()) break;
   }
+  DetachCipher(fd_);  // the owner closes the socket next
   handler.Ended(peer_, begun_, close_reason);
 }
 

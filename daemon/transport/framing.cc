@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace mlfabric::transport {
 
@@ -24,22 +25,52 @@ absl::StatusOr<PacketHeader> FrameReader::ReadHeader() {
     have_ += static_cast<size_t>(n);
   }
   have_ = 0;
-  return ParseHeader(head_, sizeof(head_), kMaxPayloadBytes);
+  absl::StatusOr<PacketHeader> header = ParseHeader(head_, sizeof(head_), kMaxPayloadBytes);
+  if (!header.ok()) return header;
+  const bool sealed = (header->flags & kFlagSealed) != 0;
+  if (cipher_ == nullptr) {
+    if (sealed) {
+      return absl::InvalidArgumentError(
+          "a sealed packet on a session that is not encrypted (is data_plane_encryption the same "
+          "at both ends?)");
+    }
+    return header;
+  }
+  if (!sealed) return absl::InvalidArgumentError("a plaintext packet on an encrypted session");
+  std::memcpy(sealed_head_, head_, sizeof(head_));
+  sealed_length_ = header->length;
+  if (header->length == 0) {
+    // Nothing to decrypt, but the tag still vouches for the header.
+    uint8_t tag[kTagBytes];
+    RETURN_IF_ERROR(ReadInto(tag, sizeof(tag), nullptr, 0, "tag"));
+    RETURN_IF_ERROR(cipher_->receive.Open(
+        std::string_view(reinterpret_cast<const char*>(sealed_head_), kHeaderBytes), nullptr, 0,
+        tag));
+  }
+  return header;
 }
 
-absl::Status FrameReader::ReadPayload(void* out, size_t size) {
-  auto* dst = static_cast<uint8_t*>(out);
+absl::Status FrameReader::ReadInto(uint8_t* a, size_t a_size, uint8_t* b, size_t b_size,
+                                   const char* what) {
+  const size_t size = a_size + b_size;
   size_t got = 0;
   while (got < size) {
-    iovec iov[2] = {{dst + got, size - got}, {head_, sizeof(head_)}};
+    iovec iov[3];
+    int count = 0;
+    if (got < a_size) iov[count++] = {a + got, a_size - got};
+    if (b_size > 0) {
+      const size_t into_b = got > a_size ? got - a_size : 0;
+      iov[count++] = {b + into_b, b_size - into_b};
+    }
+    iov[count++] = {head_, sizeof(head_)};
     msghdr message{};
     message.msg_iov = iov;
-    message.msg_iovlen = 2;
+    message.msg_iovlen = count;
     const ssize_t n = ::recvmsg(fd_, &message, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("truncated frame: payload cut after ", got, " of ", size, " bytes (",
+          absl::StrCat("truncated frame: ", what, " cut after ", got, " of ", size, " bytes (",
                        n == 0 ? "closed" : std::strerror(errno), ")"));
     }
     const size_t bytes = static_cast<size_t>(n);
@@ -53,9 +84,44 @@ absl::Status FrameReader::ReadPayload(void* out, size_t size) {
   return absl::OkStatus();
 }
 
+absl::Status FrameReader::ReadPayload(void* out, size_t size) {
+  auto* dst = static_cast<uint8_t*>(out);
+  if (cipher_ == nullptr) return ReadInto(dst, size, nullptr, 0, "payload");
+  if (size != sealed_length_) {
+    return absl::InternalError(absl::StrCat("sealed payload read of ", size,
+                                            " bytes; the header says ", sealed_length_));
+  }
+  uint8_t tag[kTagBytes];
+  RETURN_IF_ERROR(ReadInto(dst, size, tag, sizeof(tag), "payload"));
+  return cipher_->receive.Open(
+      std::string_view(reinterpret_cast<const char*>(sealed_head_), kHeaderBytes), dst, size,
+      tag);
+}
+
 absl::Status WritePacket(SendWatchdog& watchdog, int fd, PacketHeader header, const void* payload,
                          uint32_t length, std::optional<uint32_t> crc) {
   uint8_t head[kHeaderBytes];
+  // Sealed or not is the socket's, whatever header a relay copied.
+  header.flags &= static_cast<uint16_t>(~kFlagSealed);
+  if (std::shared_ptr<SessionCipher> cipher = CipherOf(fd)) {
+    if (cipher->closed.load()) return absl::UnavailableError("the encrypted session is closing");
+    header.flags |= kFlagSealed;
+    header.length = length;
+    header.crc32c = 0;  // the tag replaces it, and a CRC would tell of the plaintext
+    EncodeHeader(header, head);
+    std::lock_guard<std::mutex> lock(cipher->send_mu);
+    cipher->ciphertext.resize(length);
+    uint8_t tag[kTagBytes];
+    RETURN_IF_ERROR(cipher->send.Seal(std::string_view(reinterpret_cast<const char*>(head),
+                                                       kHeaderBytes),
+                                      payload, length, cipher->ciphertext.data(), tag));
+    iovec iov[3] = {{head, sizeof(head)}, {cipher->ciphertext.data(), length}, {tag, kTagBytes}};
+    if (length == 0) {
+      iov[1] = iov[2];
+      return watchdog.SendAll(fd, iov, 2);
+    }
+    return watchdog.SendAll(fd, iov, 3);
+  }
   if (crc.has_value()) {
     header.length = length;
     header.crc32c = *crc;

@@ -10,6 +10,9 @@
 // A frame cut short is InvalidArgument naming how far it got (the session
 // is closed, nothing else is touched); a clean close before a header is
 // Unavailable.
+// On a socket with a cipher attached (payload_cipher.h) both seal and open
+// every packet; a plaintext packet there, or a sealed one on a plaintext
+// socket, is InvalidArgument and a bad tag DataLoss (the session closes).
 // Thread safety: a FrameReader belongs to one reading thread; WritePacket
 // may be called from any thread, one writer per socket at a time.
 #ifndef MLFABRIC_DAEMON_TRANSPORT_FRAMING_H_
@@ -25,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/transport/packet.h"
+#include "daemon/transport/payload_cipher.h"
 #include "daemon/transport/send_watchdog.h"
 
 namespace mlfabric::transport {
@@ -32,20 +36,31 @@ namespace mlfabric::transport {
 // Reads Mercury frames from a blocking socket. While data streams, a packet
 // costs one system call instead of two: each payload read scatters
 // whatever of the next header has already arrived into the header buffer.
+// The socket's cipher is looked up once, when the reader is made (after
+// the session's handshake).
 class FrameReader {
  public:
-  explicit FrameReader(int fd) : fd_(fd) {}
+  explicit FrameReader(int fd) : fd_(fd), cipher_(CipherOf(fd)) {}
 
   // The next header; Unavailable on a clean close before any byte of it.
   absl::StatusOr<PacketHeader> ReadHeader();
   // Exactly `size` payload bytes into `out` (and maybe the start of the
-  // next header).
+  // next header). Sealed, `size` must be the header's whole length: the
+  // payload is decrypted in place and its tag checked.
   absl::Status ReadPayload(void* out, size_t size);
 
  private:
+  // Reads a_size bytes into a, then b_size into b; bytes beyond them (the
+  // start of the next header) land in head_.
+  absl::Status ReadInto(uint8_t* a, size_t a_size, uint8_t* b, size_t b_size, const char* what);
+
   const int fd_;
+  const std::shared_ptr<SessionCipher> cipher_;  // null: plaintext
   uint8_t head_[kHeaderBytes];
   size_t have_ = 0;  // bytes of the next header already read
+  // Sealed sessions: the last header (the tag covers it) and its length.
+  uint8_t sealed_head_[kHeaderBytes];
+  uint32_t sealed_length_ = 0;
 };
 
 // Writes a packet: header and payload in one gather write, straight from

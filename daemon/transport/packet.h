@@ -50,6 +50,12 @@ enum class PacketKind : uint8_t {
 };
 inline constexpr uint8_t kMaxPacketKind = 5;
 
+// Header flag bits.
+// kFlagSealed: the payload is AES-256-GCM ciphertext followed by a 16-byte
+// tag, and crc32c is 0 (payload_cipher.h). Only a session with a cipher
+// takes it, and such a session takes nothing else (framing.h).
+inline constexpr uint16_t kFlagSealed = 1u << 0;
+
 struct PacketHeader {
   uint8_t version = kProtocolVersion;
   PacketKind kind = PacketKind::kData;
@@ -74,7 +80,8 @@ void EncodePacketHeader(PacketHeader header, const void* payload, uint32_t lengt
 absl::StatusOr<PacketHeader> ParseHeader(const uint8_t* data, size_t size,
                                          uint32_t max_payload_bytes);
 
-// Checks the payload against the header's CRC-32C.
+// Checks the payload against the header's CRC-32C. A sealed packet's
+// integrity was checked by its tag when it was read: nothing to do.
 absl::Status VerifyPayload(const PacketHeader& header, const void* payload);
 
 }  // namespace mlfabric::transport

@@ -11,7 +11,7 @@ TEST_CASE("Headers round-trip every field") {
   std::vector<uint8_t> payload(1000, 7);
   PacketHeader h;
   h.kind = PacketKind::kData;
-  h.flags = 3;
+  h.flags = 6;  // not kFlagSealed: a sealed packet has no CRC to check
   h.priority = 9;
   h.job = 42;
   h.transfer = 0x1122334455667788ull;
@@ -21,7 +21,7 @@ TEST_CASE("Headers round-trip every field") {
   EncodePacketHeader(h, payload.data(), payload.size(), buf);
   auto parsed = ParseHeader(buf, sizeof(buf), kDefaultPayloadBytes);
   REQUIRE(parsed.ok());
-  CHECK(parsed->flags == 3);
+  CHECK(parsed->flags == 6);
   CHECK(parsed->priority == 9);
   CHECK(parsed->job == 42);
   CHECK(parsed->transfer == h.transfer);

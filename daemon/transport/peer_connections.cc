@@ -78,6 +78,7 @@ absl::Status PeerConnections::WriteToPeer(const v1::SendTransfer& send,
   if (!status.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     boost::system::error_code ignored;
+    DetachCipher(fd);
     peer->socket->close(ignored);
     if (auto it = peers_.find(send.dst_address()); it != peers_.end() && it->second == peer) {
       peers_.erase(it);
@@ -94,7 +95,10 @@ absl::Status PeerConnections::WriteToSocket(int fd, const PacketHeader& header,
 void PeerConnections::CloseAll() {
   std::lock_guard<std::mutex> lock(mu_);
   boost::system::error_code ignored;
-  for (auto& [address, peer] : peers_) peer->socket->close(ignored);
+  for (auto& [address, peer] : peers_) {
+    DetachCipher(peer->socket->native_handle());
+    peer->socket->close(ignored);
+  }
 }
 
 size_t PeerConnections::open() const {
