@@ -194,6 +194,7 @@ absl::Status Daemon::RegisterHost() {
       }
       scheduler_epoch_ = reply.scheduler_epoch();
       data_keys_.SetClusterKey(reply.data_key());
+      data_keys_.SetEncryption(reply.data_encryption());
       // NTP-style: the reply was stamped halfway through the round trip.
       clock_offset_s_ = reply.scheduler_time_s() - (sent_s + received_s) / 2;
       send_->SetClockOffset(clock_offset_s_);

@@ -175,6 +175,7 @@ class Daemon : private transport::DataSessionHandler,
   std::shared_ptr<SharedBuffer> BufferFor(const transport::PacketHeader& header) override;
   absl::Status Arrived(const transport::PacketHeader& header,
                        std::shared_ptr<SharedBuffer> buffer, bool* complete) override;
+  void Authenticated(const std::string& peer, const transport::SessionAuth& auth) override;
   absl::Status GetRequest(int fd, const transport::PacketHeader& header,
                           const v1::DataGetRequest& body) override;
   void Aborted(const transport::PacketHeader& header, const std::string& reason) override;

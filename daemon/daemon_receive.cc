@@ -203,6 +203,11 @@ absl::Status Daemon::Arrived(const PacketHeader& header, std::shared_ptr<SharedB
   return AcceptDataLocked(header, dst, complete);
 }
 
+void Daemon::Authenticated(const std::string& peer, const transport::SessionAuth& auth) {
+  MLF_LOG(INFO) << "data session from " << auth.initiator << " at " << peer << ": authenticated"
+                << (auth.sealed ? ", payloads encrypted" : "");
+}
+
 absl::Status Daemon::GetRequest(int fd, const PacketHeader& header,
                                 const v1::DataGetRequest& body) {
   // A distributor's copy (a model batch or a round's sum) forwarded.

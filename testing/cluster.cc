@@ -137,6 +137,12 @@ absl::Status Cluster::Start(const std::vector<std::string>& scheduler_flags,
     ::chmod(config.c_str(), 0600);
     argv.push_back("--config=" + config);
   }
+  // The sealed variants of the data-plane tests (tests/BUILD) run every
+  // path with payload encryption on.
+  if (const char* sealed = std::getenv("MLFABRIC_TEST_DATA_PLANE_ENCRYPTION");
+      sealed != nullptr && std::string(sealed) == "true") {
+    argv.push_back("--data_plane_encryption=true");
+  }
   for (const std::string& flag : scheduler_flags) argv.push_back(SubstituteDir(flag));
   scheduler_argv_ = argv;
   auto scheduler = Subprocess::Start(argv, dir_ + "/scheduler.log");

@@ -10,6 +10,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -342,6 +344,99 @@ TEST_CASE("Every port refuses callers without credentials or with another job's"
 
   // ---- Everyone else was served throughout, and A's model is exact.
   a.Train(cluster, 2, 5.0f);
+}
+
+TEST_CASE("With data_plane_encryption every data session is sealed and training stays exact") {
+  const std::string dir = launch::MakeTempDir("sealed");
+  const std::string config = dir + "/scheduler.json";
+  std::ofstream(config) << R"({"jobs": [{"name": "a", "token": ")" << kTokenA << R"("}]})";
+  auto started = testing::Cluster::StartLoopback(
+      {"s1", "w1"}, {"--config=" + config, "--data_plane_encryption=true"});
+  INFO(started.status().ToString());
+  REQUIRE(started.ok());
+  testing::Cluster& cluster = **started;
+  JobA a(cluster);
+  a.Train(cluster, 3, 3.0f);  // pushes and gets, every byte sealed
+  CHECK(Contains(cluster.daemon("s1").Log(), "from w1 at 127.0.0.1:"));
+  CHECK(Contains(cluster.daemon("s1").Log(), ": authenticated, payloads encrypted"));
+
+  // A host of the cluster in job A learns the setting when it registers...
+  auto stub = v1::Scheduler::NewStub(
+      grpc::CreateChannel(cluster.scheduler_address(), grpc::InsecureChannelCredentials()));
+  v1::RegisterHostRequest host;
+  host.set_protocol_version(1);
+  host.set_host("member");
+  host.set_data_address("127.0.0.1:9");
+  v1::RegisterHostReply registered;
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("x-mlfabric-cluster-secret", ReadSecret(cluster.dir() + "/cluster.secret"));
+    REQUIRE(stub->RegisterHost(&context, host, &registered).ok());
+  }
+  CHECK(registered.data_encryption());
+  v1::RegisterEntityRequest entity;
+  entity.set_job("a");
+  entity.set_job_token(kTokenA);
+  entity.set_role(v1::ROLE_WORKER);
+  entity.set_name("member-worker");
+  entity.set_host("member");
+  entity.set_delay_bound(-1);  // the job's, as the API registers
+  v1::RegisterEntityReply in_a;
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("x-mlfabric-host", "member");
+    context.AddMetadata("x-mlfabric-session", registered.session_token());
+    REQUIRE(stub->RegisterEntity(&context, entity, &in_a).ok());
+  }
+  v1::ResolveServerRequest where_request;
+  where_request.set_job("a");
+  where_request.set_server("ps");
+  v1::ResolveServerReply where;
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("x-mlfabric-host", "member");
+    context.AddMetadata("x-mlfabric-session", registered.session_token());
+    context.AddMetadata("x-mlfabric-job-token", kTokenA);
+    REQUIRE(stub->ResolveServer(&context, where_request, &where).ok());
+  }
+
+  // ...gets A's model over a sealed session, byte for byte...
+  boost::asio::io_context io;
+  transport::SendWatchdog watchdog(5);
+  auto get = [&](bool sealed) -> absl::StatusOr<std::vector<float>> {
+    transport::DataKeys keys;
+    keys.SetClusterKey(registered.data_key());
+    keys.SetJobKey(in_a.job_id(), in_a.job_data_key());
+    keys.SetEncryption(sealed);
+    transport::GetClient client(io, watchdog, 1, uint64_t{1} << 30, &keys, "member");
+    transport::PacketHeader request;
+    request.kind = transport::PacketKind::kGetRequest;
+    request.job = in_a.job_id();
+    request.transfer = 1;
+    v1::DataGetRequest body;
+    body.set_server("ps");
+    body.set_requester_host("member");
+    transport::GetClient::Connection connection;
+    absl::Status asked = client.Request("s1", where.data_address(), request, body, &connection);
+    if (!asked.ok()) return asked;
+    auto buffer = SharedBuffer::Create(connection.header.offset);
+    if (!buffer.ok()) return buffer.status();
+    absl::Status received = client.Receive(connection, *buffer, [](uint64_t, uint64_t) {});
+    if (!received.ok()) return received;
+    std::vector<float> model(kFloats);
+    std::memcpy(model.data(), buffer->data(), std::min(buffer->size(), kFloats * sizeof(float)));
+    return model;
+  };
+  auto model = get(/*sealed=*/true);
+  INFO(model.status().ToString());
+  REQUIRE(model.ok());
+  CHECK(*model == std::vector<float>(kFloats, 3.0f));
+  // ...and a session that would not seal is refused, saying why.
+  auto plain = get(/*sealed=*/false);
+  CHECK(plain.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(Contains(std::string(plain.status().message()),
+                 "refused: data_plane_encryption is on here and off at the initiator"));
+  a.Train(cluster, 1, 4.0f);
 }
 
 TEST_CASE("A mutual-TLS cluster trains end to end; a certificate from another CA is refused") {

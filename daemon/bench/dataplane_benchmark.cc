@@ -3,6 +3,9 @@
 //   bazel run -c opt //daemon/bench:dataplane_benchmark [-- --gib=1 --rounds=3]
 //   ... -- --compare_auth=true   adds sets with data-plane authentication off
 //                                and on, alternated, and their ratio (issue 17)
+//   ... -- --compare_encryption=true  the same with payload encryption on
+//                                (data_plane_encryption) against authentication
+//                                alone, with each one's CPU per GB
 //
 //  1. Daemon-to-daemon goodput over loopback: the real scheduler (FIFO
 //     planner, so each transfer starts at once), two real mlfabricd and a
@@ -183,11 +186,28 @@ struct Round {
 // Rounds alternate the daemon and the raw socket so both see the same
 // machine load; each round's daemon transfer is timed by the receiving
 // daemon's own arrival trace (first packet to last byte).
-// `auth`: the data plane's session handshake and job proofs (issue 17,
-// daemon/transport/data_auth.h), on by default; off for the comparison.
-absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds, bool auth = true) {
+// `plane`: the data plane's session handshake and job proofs (issue 17,
+// daemon/transport/data_auth.h), on by default; off, or with payload
+// encryption too (payload_cipher.h), for the comparisons.
+enum class DataPlane { kPlain, kAuthenticated, kEncrypted };
+
+const char* Describe(DataPlane plane) {
+  switch (plane) {
+    case DataPlane::kPlain: return "authentication off";
+    case DataPlane::kAuthenticated: return "authentication on";
+    case DataPlane::kEncrypted: return "authentication and encryption on";
+  }
+  return "";
+}
+
+absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds,
+                                                 DataPlane plane = DataPlane::kAuthenticated) {
   auto cluster = testing::Cluster::StartLoopback(
-      {"s1", "w1"}, {"--planner=fifo", auth ? "--data_plane_auth=true" : "--data_plane_auth=false"},
+      {"s1", "w1"},
+      {"--planner=fifo",
+       plane == DataPlane::kPlain ? "--data_plane_auth=false" : "--data_plane_auth=true",
+       plane == DataPlane::kEncrypted ? "--data_plane_encryption=true"
+                                      : "--data_plane_encryption=false"},
       // Pacing far above loopback speed: the path, not the token bucket, limits.
       {"--log_level=debug", "--uplink_bps=1e12", "--downlink_bps=1e12"});
   if (!cluster.ok()) return cluster.status();
@@ -315,6 +335,8 @@ int Main(int argc, char** argv) {
   reader.Int("rounds", &rounds_count, 1, 100);
   bool compare_auth = false;
   reader.Bool("compare_auth", &compare_auth);
+  bool compare_encryption = false;
+  reader.Bool("compare_encryption", &compare_encryption);
   if (auto status = reader.Finish(); !status.ok()) {
     std::cerr << "dataplane_benchmark: " << status.message() << "\n";
     return 2;
@@ -390,30 +412,52 @@ int Main(int argc, char** argv) {
               median(&Round::sender_cpu_s_per_gb));
   std::printf("| 4 | receiving daemon CPU per GB moved | %.3f CPU-s/GB | |\n",
               median(&Round::receiver_cpu_s_per_gb));
-  if (compare_auth) {
-    // Sets with authentication on (the table's, above) and off, alternated
-    // (on, off, on, off); each round normalised by the raw socket of the
-    // same round, so the machine's load cancels out.
-    std::vector<double> on = ratios, off;
+  // Sets of the compared setting and the table's (authentication on),
+  // alternated (table, other, table, other); each round normalised by the
+  // raw socket of the same round, so the machine's load cancels out.
+  auto compare = [&](DataPlane other, const char* what) -> bool {
+    std::vector<Round> base = *rounds, others;
     for (int set = 0; set < 3; ++set) {
-      const bool auth = set == 1;
-      std::printf("authentication %s, set %d:\n", auth ? "on" : "off", set + 2);
-      auto more = MeasureRounds(bytes, static_cast<int>(rounds_count), auth);
+      const DataPlane plane = set == 1 ? DataPlane::kAuthenticated : other;
+      std::printf("%s, set %d:\n", Describe(plane), set + 2);
+      auto more = MeasureRounds(bytes, static_cast<int>(rounds_count), plane);
       if (!more.ok()) {
         std::fprintf(stderr, "dataplane_benchmark: %s\n",
                      std::string(more.status().message()).c_str());
-        return 1;
+        return false;
       }
-      for (const Round& r : *more) {
-        (auth ? on : off).push_back(r.daemon_bytes_per_s / r.raw_bytes_per_s);
-      }
+      auto& into = plane == DataPlane::kAuthenticated ? base : others;
+      into.insert(into.end(), more->begin(), more->end());
     }
-    std::printf("| 1 | daemon / raw socket, data-plane authentication on (%zu rounds) | %.0f%% | |\n",
-                on.size(), 100 * Median(on));
-    std::printf("| 1 | daemon / raw socket, data-plane authentication off (%zu rounds) | %.0f%% | |\n",
-                off.size(), 100 * Median(off));
-    std::printf("| 1 | goodput with authentication / without (ratio of the medians) | %.0f%% | >= 95%% |\n",
-                100 * Median(on) / Median(off));
+    auto ratio = [](const std::vector<Round>& rs) {
+      std::vector<double> v;
+      for (const Round& r : rs) v.push_back(r.daemon_bytes_per_s / r.raw_bytes_per_s);
+      return Median(v);
+    };
+    auto cpu = [](const std::vector<Round>& rs, double Round::*field) {
+      std::vector<double> v;
+      for (const Round& r : rs) v.push_back(r.*field);
+      return Median(v);
+    };
+    for (const auto* rs : {&base, &others}) {
+      const DataPlane plane = rs == &base ? DataPlane::kAuthenticated : other;
+      std::printf("| 1 | daemon / raw socket, %s (%zu rounds) | %.0f%% | |\n", Describe(plane),
+                  rs->size(), 100 * ratio(*rs));
+      std::printf("| 4 | sending / receiving daemon CPU per GB, %s | %.3f / %.3f CPU-s/GB | |\n",
+                  Describe(plane), cpu(*rs, &Round::sender_cpu_s_per_gb),
+                  cpu(*rs, &Round::receiver_cpu_s_per_gb));
+    }
+    // Authentication is measured by what it costs the plain data plane,
+    // encryption by what it costs the authenticated one.
+    const bool auth = other == DataPlane::kPlain;
+    std::printf("| 1 | goodput %s (ratio of the medians) | %.0f%% | %s |\n", what,
+                100 * (auth ? ratio(base) / ratio(others) : ratio(others) / ratio(base)),
+                auth ? ">= 95%" : "");
+    return true;
+  };
+  if (compare_auth && !compare(DataPlane::kPlain, "with authentication / without")) return 1;
+  if (compare_encryption && !compare(DataPlane::kEncrypted, "with encryption / without")) {
+    return 1;
   }
   return 0;
 }

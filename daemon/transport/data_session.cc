@@ -16,6 +16,7 @@ void DataSession::Run(DataSessionHandler& handler, const std::atomic<bool>& stop
       return;
     }
     auth_ = std::move(*auth);
+    handler.Authenticated(peer_, auth_);
   }
   FrameReader reader(fd_);
   std::string close_reason;

@@ -63,6 +63,9 @@ class DataSessionHandler {
                                   const v1::DataGetRequest& body) = 0;
   // The sender gave up transfer `header.transfer`, begun on this session.
   virtual void Aborted(const PacketHeader& header, const std::string& reason) = 0;
+  // The handshake succeeded (keys enabled): who the peer says it is, and
+  // whether its payloads are sealed.
+  virtual void Authenticated(const std::string& peer, const SessionAuth& auth) {}
   // The session ended: `unfinished` are the transfers it began and did not
   // complete or abort; `close_reason` is empty on a clean close.
   virtual void Ended(const std::string& peer, const std::set<uint64_t>& unfinished,

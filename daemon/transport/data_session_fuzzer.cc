@@ -6,7 +6,8 @@
 // first input byte picks the mode: odd = the acceptor's handshake first
 // (the fuzzer cannot forge the MACs, so this covers the hello and proof
 // parsing), even = no handshake (frames, kJobProof on a session that is
-// not authenticated, begins, data, gets, aborts).
+// not authenticated, begins, data, gets, aborts), and of those bit 1 set =
+// a sealed session (payload_cipher.h: sealed headers, tags, truncation).
 // Build and run with clang: tools/fuzz data_session [seconds];
 // data_session_fuzzer_smoke_test runs it over the corpus with gcc.
 #include <sys/socket.h>
@@ -95,6 +96,10 @@ const DataKeys& Keys() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1 || size > (1 << 16)) return 0;  // one socket buffer: no blocking write
   const bool auth = (data[0] & 1) != 0;
+  // Bit 1: the session is sealed (a cipher attached as after an encrypted
+  // handshake), so the input exercises the sealed frame reader: headers,
+  // tags, truncation. Without the keys' tags, nothing gets past it.
+  const bool sealed = !auth && (data[0] & 2) != 0;
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) std::abort();
   size_t written = 1;
@@ -104,6 +109,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     written += static_cast<size_t>(n);
   }
   ::shutdown(fds[0], SHUT_WR);  // the peer is done: the session ends, it does not hang
+  if (sealed) {
+    AttachCipher(fds[1], std::make_shared<SessionCipher>(std::string(32, 's'),
+                                                         std::string(32, 'r')));
+  }
   CheckingHandler handler;
   std::atomic<bool> stopping{false};
   DataSession session(fds[1], "fuzz", kMaxTransfer, auth ? &Keys() : nullptr);

@@ -10,7 +10,8 @@ namespace mlfabric {
 ControlAuth::ControlAuth(const SchedulerConfig& config)
     : cluster_secret_(config.cluster_secret),
       mutual_tls_(!config.tls_client_ca_file.empty()),
-      data_plane_auth_(config.data_plane_auth) {
+      data_plane_auth_(config.data_plane_auth),
+      data_encryption_(config.data_plane_auth && config.data_plane_encryption) {
   base_ = cluster_secret_.empty() ? RandomBytes(32)
                                   : HmacSha256(cluster_secret_, "mlfabric data-plane keys v1");
   if (data_plane_auth_) data_key_ = HmacSha256(base_, "cluster");

@@ -55,6 +55,8 @@ class ControlAuth {
 
   // The data plane's keys; "" when data_plane_auth is off.
   const std::string& data_key() const { return data_key_; }
+  // Whether data sessions seal their payloads (data_plane_encryption).
+  bool data_encryption() const { return data_encryption_; }
   std::string JobDataKey(uint32_t job_id) const;
   const std::map<uint32_t, std::string>& job_keys() const { return job_keys_; }
 
@@ -65,6 +67,7 @@ class ControlAuth {
   const std::string cluster_secret_;
   const bool mutual_tls_;
   const bool data_plane_auth_;
+  const bool data_encryption_;
   std::string base_;  // what the data keys derive from
   std::string data_key_;
   std::map<uint32_t, std::string> job_keys_;

@@ -65,6 +65,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.String("tls_key_file", &config.tls_key_file);
   reader.String("tls_client_ca_file", &config.tls_client_ca_file);
   reader.Bool("data_plane_auth", &config.data_plane_auth);
+  reader.Bool("data_plane_encryption", &config.data_plane_encryption);
   nlohmann::json jobs;
   if (reader.Raw("jobs", &jobs)) {
     config.jobs.clear();
@@ -141,6 +142,10 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
         break;
       }
     }
+  }
+  if (config.data_plane_encryption && !config.data_plane_auth) {
+    reader.AddError("data_plane_encryption",
+                    "needs data_plane_auth: the session keys come from its handshake");
   }
   if (config.admin_read_auth && config.admin_token.empty()) {
     reader.AddError("admin_read_auth", "needs admin_token: reads would be refused to everyone");
@@ -239,6 +244,9 @@ Every key can be set in the JSON file or as a flag; flags win.
                        hosts are then authenticated)  (default none)
   --data_plane_auth    data sessions between daemons start with an HMAC
                        handshake and carry per-job proofs (default true)
+  --data_plane_encryption  data sessions also encrypt every payload
+                       (AES-256-GCM, keys from an X25519 exchange in the
+                       handshake); needs data_plane_auth (default false)
   A non-loopback listen_address needs cluster_secret_file or
   tls_client_ca_file, and job tokens of at least 16 characters.
   jobs (file only)     [{"name", "token", "tau_max", "mode" (async|sync|ssp),

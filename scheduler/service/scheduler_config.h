@@ -131,6 +131,10 @@ struct SchedulerConfig {
   // per-job proofs (daemon/transport/data_auth.h); false turns that off
   // (for measuring its cost).
   bool data_plane_auth = true;
+  // Every data session also encrypts its payloads (AES-256-GCM, keys from
+  // an X25519 exchange in the handshake; daemon/transport/payload_cipher.h).
+  // Needs data_plane_auth.
+  bool data_plane_encryption = false;
   // No job ships by default: each job and its token come from the config.
   std::vector<JobConfig> jobs;
 };

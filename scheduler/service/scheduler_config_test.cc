@@ -52,6 +52,15 @@ TEST_CASE("Scheduler config: authentication keys, and what a non-loopback addres
   REQUIRE(loopback.ok());
   CHECK(loopback->cluster_secret == "s3cret");
   CHECK(loopback->data_plane_auth);
+  CHECK_FALSE(loopback->data_plane_encryption);
+  auto sealed = Load({"--config=" + jobs, "--data_plane_encryption=true"});
+  REQUIRE(sealed.ok());
+  CHECK(sealed->data_plane_encryption);
+  auto sealed_without_auth =
+      Load({"--config=" + jobs, "--data_plane_encryption=true", "--data_plane_auth=false"});
+  REQUIRE_FALSE(sealed_without_auth.ok());
+  CHECK(std::string(sealed_without_auth.status().message())
+            .find("flag --data_plane_encryption: needs data_plane_auth") != std::string::npos);
 
   auto open = Load({"--config=" + jobs, "--listen_address=0.0.0.0"});
   REQUIRE_FALSE(open.ok());

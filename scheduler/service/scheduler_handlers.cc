@@ -72,6 +72,7 @@ absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& reque
   reply->set_incarnation(host.incarnation);
   reply->set_session_token(host.session_token);
   reply->set_data_key(auth_.data_key());
+  reply->set_data_encryption(auth_.data_encryption());
   reply->set_scheduler_time_s(clock_->NowSeconds());
   reply->set_scheduler_epoch(state_.epoch());
   MLF_LOG(INFO) << "host " << request.host() << " registered at " << host.data_address
