@@ -128,9 +128,12 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
   pending.request_id = push.request_id();
   pending.buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
   pending.tensors.assign(push.tensors().begin(), push.tensors().end());
-  // Checksum the packets while the scheduler plans (see PacketChecksums).
-  pending.checksums = daemon::PacketChecksums::ForPush(pending.tensors, pending.buffer->size(),
-                                                       config_.payload_bytes);
+  // Checksum the packets while the scheduler plans (see PacketChecksums);
+  // not when sessions are sealed, whose tags replace the CRC.
+  if (!data_keys_.encryption()) {
+    pending.checksums = daemon::PacketChecksums::ForPush(pending.tensors, pending.buffer->size(),
+                                                         config_.payload_bytes);
+  }
   const std::shared_ptr<daemon::PacketChecksums> checksums = pending.checksums;
   const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
   {
@@ -156,6 +159,7 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
     fail(absl::StrCat("scheduler refused the push: ", daemon::RpcErrorText(status)));
     return;
   }
+  if (checksums == nullptr) return;
   const double start_s = clock_->NowSeconds();
   checksums->SumAll(bytes->data());
   MLF_LOG(DEBUG) << "checksummed push " << reply.transfer_id() << ": " << checksums->Ready()
