@@ -204,7 +204,7 @@ absl::Status Daemon::Arrived(const PacketHeader& header, std::shared_ptr<SharedB
 }
 
 void Daemon::Authenticated(const std::string& peer, const transport::SessionAuth& auth) {
-  MLF_LOG(INFO) << "data session from " << auth.initiator << " at " << peer << ": authenticated"
+  MLF_LOG(INFO) << "authenticated the data session of " << auth.initiator << " at " << peer
                 << (auth.sealed ? ", payloads encrypted" : "");
 }
 

@@ -7,8 +7,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -210,6 +213,83 @@ TEST_CASE("With a tight divergence bound the replica still ends exact") {
   std::lock_guard<std::mutex> s(job.server_model.mu);
   std::lock_guard<std::mutex> r(job.replica_model.mu);
   CHECK(job.replica_model.model == job.server_model.model);
+}
+
+// The scheduler's divergence estimate for ps0, or -1 when it cannot be
+// read (no Catch2 assertion: the sampler runs on its own thread).
+double Estimate(const testing::Cluster& c) {
+  const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/jobs");
+  if (r.status != 200) return -1;
+  const nlohmann::json jobs = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+  if (jobs.is_discarded()) return -1;
+  for (const auto& server : jobs["jobs"][0]["servers"]) {
+    if (server["name"] == "ps0" && server["replica"].is_object()) {
+      return server["replica"].value("divergence_estimate", -1.0);
+    }
+  }
+  return -1;
+}
+
+// One sample: ‖w_s − w_r‖ of the two applications' models and the
+// scheduler's estimate, read while both models are locked (neither
+// application can apply anything meanwhile, so the two describe the same
+// moment).
+struct Sample {
+  double truth = 0;
+  double estimate = -1;
+};
+
+Sample TakeSample(const testing::Cluster& c, Job& job) {
+  std::lock_guard<std::mutex> s(job.server_model.mu);
+  std::lock_guard<std::mutex> r(job.replica_model.mu);
+  Sample sample;
+  double sum = 0;
+  for (size_t k = 0; k < kDim; ++k) {
+    const double d = double{job.server_model.model[k]} - job.replica_model.model[k];
+    sum += d * d;
+  }
+  sample.truth = std::sqrt(sum);
+  sample.estimate = Estimate(c);
+  return sample;
+}
+
+TEST_CASE("Sampled during training, the true divergence stays within the bound and the estimate") {
+  constexpr double kDivergenceMax = 1e4;  // about two updates' worth
+  auto c = StartCluster(kDivergenceMax);
+  Job job;
+  StartJob(*c, &job);
+  std::atomic<bool> done{false};
+  std::vector<Sample> samples;
+  std::thread sampler([&] {
+    while (!done.load()) {
+      samples.push_back(TakeSample(*c, job));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  const int applied = PushAll(*c, 8);
+  done = true;
+  sampler.join();
+  CHECK(applied >= 1);
+  double worst = 0;
+  int over_bound = 0, over_estimate = 0, unread = 0;
+  for (const Sample& s : samples) {
+    if (s.estimate < 0) ++unread;
+    worst = std::max(worst, s.truth);
+    // float32 sums of integers below 2^24 are exact: no tolerance needed.
+    if (s.truth > kDivergenceMax) ++over_bound;
+    if (s.truth > s.estimate) ++over_estimate;
+  }
+  double worst_estimate = 0;
+  for (const Sample& s : samples) worst_estimate = std::max(worst_estimate, s.estimate);
+  std::printf("divergence sampled %zu times over %d applied updates: true at most %.0f, "
+              "estimate at most %.0f, bound %.0f; %d samples over the bound, %d over the estimate\n",
+              samples.size(), applied, worst, worst_estimate, kDivergenceMax, over_bound,
+              over_estimate);
+  CHECK(samples.size() >= 20);
+  CHECK(unread == 0);
+  CHECK(worst > 0);  // the replica did lag at times: the samples saw something
+  CHECK(over_bound == 0);
+  CHECK(over_estimate == 0);
 }
 
 TEST_CASE("Losing the replica's daemon does not fail the job's pushes") {

@@ -357,8 +357,8 @@ TEST_CASE("With data_plane_encryption every data session is sealed and training 
   testing::Cluster& cluster = **started;
   JobA a(cluster);
   a.Train(cluster, 3, 3.0f);  // pushes and gets, every byte sealed
-  CHECK(Contains(cluster.daemon("s1").Log(), "from w1 at 127.0.0.1:"));
-  CHECK(Contains(cluster.daemon("s1").Log(), ": authenticated, payloads encrypted"));
+  CHECK(Contains(cluster.daemon("s1").Log(), "authenticated the data session of w1 at 127.0.0.1:"));
+  CHECK(Contains(cluster.daemon("s1").Log(), ", payloads encrypted"));
 
   // A host of the cluster in job A learns the setting when it registers...
   auto stub = v1::Scheduler::NewStub(

@@ -70,6 +70,9 @@ struct UpdateRecord {
   uint64_t aggregate_id = 0;     // set when routed through an aggregator
   bool round_member = false;     // accepted into a synchronous round
   bool replica_punted = false;   // its replica copy waits for a later batch (§5.3)
+  // Its replica copy was applied before the server's outcome came: the
+  // replica is, for now, ahead of the server by this update.
+  bool replica_ahead = false;
   double submitted_s = 0;
   TransferView planned;  // set once planned (dst, segments, deadline)
 };

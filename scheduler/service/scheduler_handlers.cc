@@ -389,7 +389,12 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
     if (JobState* job = state_.FindJob(copy->second.job)) {
       ReplicaTrack& replica = job->servers[copy->second.server].replica;
       replica.in_flight.erase(copy->first);
-      if (request.applied()) ++replica.applied;
+      if (request.applied()) {
+        ++replica.applied;
+        if (auto source = state_.updates.find(copy->second.source); source != state_.updates.end()) {
+          source->second.replica_ahead = true;
+        }
+      }
     }
     if (!request.applied()) {
       MLF_LOG(WARNING) << "replica copy " << copy->first << " of push " << copy->second.source

@@ -69,8 +69,10 @@ struct ServerView {
   int64_t in_flight = 0;
   // Its hot-standby replica (§5.3), if it has one: where, the updates the
   // replica reported applied, how many the server applied that the replica
-  // has not yet (copies in flight or punted to a later batch), and the
-  // planner's bound on ||w_server - w_replica||: the sum of their norms.
+  // has not yet (copies in flight or punted to a later batch), and a bound
+  // on ||w_server - w_replica|| (momentum 0): the sum of their norms and of
+  // the updates on their way to the server that one side may hold without
+  // the other (copies punted, or applied at the replica first).
   std::string replica_host;
   int64_t replica_applied = 0;
   int64_t replica_lag = 0;
