@@ -112,6 +112,21 @@ struct JobA {
   }
 };
 
+// Asks s1's daemon at `address`, as `host`'s daemon would, for server
+// `server` of `job`; `connection` then holds the reply.
+absl::Status AskForModel(transport::GetClient& client, const std::string& address, uint32_t job,
+                         uint64_t transfer, const std::string& server, const std::string& host,
+                         transport::GetClient::Connection* connection) {
+  transport::PacketHeader request;
+  request.kind = transport::PacketKind::kGetRequest;
+  request.job = job;
+  request.transfer = transfer;
+  v1::DataGetRequest body;
+  body.set_server(server);
+  body.set_requester_host(host);
+  return client.Request("s1", address, request, body, connection);
+}
+
 std::string ReadSecret(const std::string& path) {
   std::ifstream in(path);
   std::string secret;
@@ -255,15 +270,8 @@ TEST_CASE("Every port refuses callers without credentials or with another job's"
   transport::SendWatchdog watchdog(5);
   auto get = [&](transport::DataKeys& with, uint32_t job, const std::string& server) {
     transport::GetClient client(io, watchdog, 1, uint64_t{1} << 30, &with, "intruder");
-    transport::PacketHeader request;
-    request.kind = transport::PacketKind::kGetRequest;
-    request.job = job;
-    request.transfer = 1;
-    v1::DataGetRequest body;
-    body.set_server(server);
-    body.set_requester_host("intruder");
     transport::GetClient::Connection connection;
-    return client.Request("s1", where.data_address(), request, body, &connection);
+    return AskForModel(client, where.data_address(), job, 1, server, "intruder", &connection);
   };
   // Its own job's key does not open A's model...
   absl::Status no_key = get(keys, job_a, "ps");
@@ -278,15 +286,9 @@ TEST_CASE("Every port refuses callers without credentials or with another job's"
   // never A's (version 3).
   transport::GetClient own(io, watchdog, 1, uint64_t{1} << 30, &keys, "intruder");
   {
-    transport::PacketHeader request;
-    request.kind = transport::PacketKind::kGetRequest;
-    request.job = job_b;
-    request.transfer = 2;
-    v1::DataGetRequest body;
-    body.set_server("ps");
-    body.set_requester_host("intruder");
     transport::GetClient::Connection connection;
-    absl::Status as_b = own.Request("s1", where.data_address(), request, body, &connection);
+    absl::Status as_b =
+        AskForModel(own, where.data_address(), job_b, 2, "ps", "intruder", &connection);
     INFO(as_b.ToString());
     REQUIRE(as_b.ok());
     CHECK(connection.reply.version() == 0);
@@ -409,15 +411,9 @@ TEST_CASE("With data_plane_encryption every data session is sealed and training 
     keys.SetJobKey(in_a.job_id(), in_a.job_data_key());
     keys.SetEncryption(sealed);
     transport::GetClient client(io, watchdog, 1, uint64_t{1} << 30, &keys, "member");
-    transport::PacketHeader request;
-    request.kind = transport::PacketKind::kGetRequest;
-    request.job = in_a.job_id();
-    request.transfer = 1;
-    v1::DataGetRequest body;
-    body.set_server("ps");
-    body.set_requester_host("member");
     transport::GetClient::Connection connection;
-    absl::Status asked = client.Request("s1", where.data_address(), request, body, &connection);
+    absl::Status asked =
+        AskForModel(client, where.data_address(), in_a.job_id(), 1, "ps", "member", &connection);
     if (!asked.ok()) return asked;
     auto buffer = SharedBuffer::Create(connection.header.offset);
     if (!buffer.ok()) return buffer.status();
