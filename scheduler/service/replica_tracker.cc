@@ -6,6 +6,18 @@
 
 namespace mlfabric {
 
+double OutstandingNorm(const ClusterState& state, const std::string& job,
+                       const std::string& server) {
+  double sum = 0;
+  for (const auto& [id, update] : state.updates) {
+    if ((update.replica_punted || update.replica_ahead) && update.job == job &&
+        update.server == server) {
+      sum += update.norm;
+    }
+  }
+  return sum;
+}
+
 std::optional<core::ReplicaSpec> ReplicaSpecFor(ClusterState* state, const JobState& job,
                                                 const std::string& server_name,
                                                 ServerState* server) {
@@ -21,7 +33,13 @@ std::optional<core::ReplicaSpec> ReplicaSpecFor(ClusterState* state, const JobSt
   core::ReplicaSpec spec;
   spec.host = replica->second;
   const double bound = DivergenceBound(job);
-  spec.divergence_bound = bound > 0 ? bound : 1e30;  // none: copies go as they can
+  if (bound > 0) {
+    const double weight = 1.0 / (1.0 - std::clamp(job.config.momentum, 0.0, 0.999999));
+    spec.divergence_bound =
+        std::max(0.0, bound - weight * OutstandingNorm(*state, job.config.name, server_name));
+  } else {
+    spec.divergence_bound = 1e30;  // none: copies go as they can
+  }
   spec.momentum = job.config.momentum;
   for (const auto& [copy, norm] : server->replica.in_flight) spec.lead.push_back(norm);
   auto& punted = server->replica.pending;

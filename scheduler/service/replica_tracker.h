@@ -19,10 +19,22 @@
 
 namespace mlfabric {
 
+// The sum of the norms of `job`'s updates to `server` that one of the two
+// models may hold without the other for the whole of the next batch, since
+// no copy of theirs can be in its replica stream: copies punted while the
+// server's outcome has not come (the server may apply the update at any
+// moment; the replica gets it only once it is applied, in a later batch),
+// and copies the replica applied before the server did.
+double OutstandingNorm(const ClusterState& state, const std::string& job,
+                       const std::string& server);
+
 // The replica spec for `server`'s next batch, or nullopt when it has no
 // replica (or the replica is on the server's own host). Punted copies whose
 // source is gone are forgotten; when the replica's host is down they are all
-// released (their sources free the bytes).
+// released (their sources free the bytes). The batch is planned within what
+// the divergence bound leaves after OutstandingNorm (|a + b| <= |a| + |b|;
+// with momentum gamma an update weighs up to 1 / (1 - gamma)), so the bound
+// holds for the models, not only for the batch.
 std::optional<core::ReplicaSpec> ReplicaSpecFor(ClusterState* state, const JobState& job,
                                                 const std::string& server_name,
                                                 ServerState* server);

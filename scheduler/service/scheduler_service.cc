@@ -148,17 +148,9 @@ ClusterSnapshot SchedulerService::Snapshot() const {
                                               server.replica.pending.size());
         for (const auto& [copy, norm] : server.replica.in_flight) sv.divergence_estimate += norm;
         for (const PendingReplica& p : server.replica.pending) sv.divergence_estimate += p.norm;
-        // Updates whose server outcome has not come yet and that one side
-        // may hold without the other: copies punted (the server may have
-        // applied them already; the replica has not), and copies the
-        // replica applied first (its copy can arrive before the server's).
-        // Counted, so the estimate bounds the true divergence.
-        for (const auto& [id, update] : state_.updates) {
-          if ((update.replica_punted || update.replica_ahead) && update.job == name &&
-              update.server == server_name) {
-            sv.divergence_estimate += update.norm;
-          }
-        }
+        // And what one side may hold without the other until a later
+        // batch, so that the estimate bounds the true divergence.
+        sv.divergence_estimate += OutstandingNorm(state_, name, server_name);
       }
       view.servers.push_back(std::move(sv));
     }

@@ -1,0 +1,81 @@
+// The replica's side of a batch: what the planner is given to keep the
+// server's and the replica's models within the divergence bound.
+#include "scheduler/service/replica_tracker.h"
+
+#include <catch2/catch.hpp>
+
+namespace mlfabric {
+namespace {
+
+struct Fixture {
+  SchedulerConfig config;
+  FakeClock clock{100.0};
+  CommandOutbox outbox;
+  AdminHistory history{8};
+  ClusterState state{config, &clock, &outbox, &history};
+
+  Fixture() {
+    for (const char* host : {"s1", "r1", "w1"}) {
+      HostState& h = state.hosts[host];
+      h.alive = true;
+      h.incarnation = state.NewIncarnation();
+      h.data_address = std::string(host) + ":1";
+    }
+    JobState& job = state.jobs["demo"];
+    job.config.name = "demo";
+    job.config.divergence_max = 100;
+    job.servers["ps"].host = "s1";
+    job.replica_hosts["ps"] = "r1";
+  }
+
+  void Update(double norm, bool punted, bool ahead, const std::string& server = "ps") {
+    UpdateRecord record;
+    record.transfer_id = state.NewTransferId();
+    record.job = "demo";
+    record.server = server;
+    record.src_host = "w1";
+    record.norm = norm;
+    record.replica_punted = punted;
+    record.replica_ahead = ahead;
+    state.updates[record.transfer_id] = record;
+  }
+
+  double Budget() {
+    JobState& job = state.jobs["demo"];
+    auto spec = ReplicaSpecFor(&state, job, "ps", &job.servers["ps"]);
+    REQUIRE(spec.has_value());
+    return spec->divergence_bound;
+  }
+};
+
+TEST_CASE("the batch gets the bound less what stays outstanding through it") {
+  Fixture f;
+  CHECK(f.Budget() == 100);
+  f.Update(10, /*punted=*/false, /*ahead=*/false);  // both copies in this or a later stream
+  f.Update(25, /*punted=*/false, /*ahead=*/false, "other");  // another server's
+  CHECK(OutstandingNorm(f.state, "demo", "ps") == 0);
+  CHECK(f.Budget() == 100);
+
+  // Punted while the server's outcome is still to come: the server may
+  // hold it at any moment, the replica not before a later batch.
+  f.Update(30, /*punted=*/true, /*ahead=*/false);
+  CHECK(OutstandingNorm(f.state, "demo", "ps") == 30);
+  CHECK(f.Budget() == 70);
+  // Applied at the replica first: the replica holds it, the server not yet.
+  f.Update(20, /*punted=*/false, /*ahead=*/true);
+  CHECK(f.Budget() == 50);
+
+  // With momentum an update's effect grows, up to 1 / (1 - gamma).
+  f.state.jobs["demo"].config.momentum = 0.5;
+  CHECK(f.Budget() == 0);  // 100 - 2 x 50, never below zero
+  f.state.jobs["demo"].config.momentum = 0;
+  f.Update(60, /*punted=*/true, /*ahead=*/false);
+  CHECK(f.Budget() == 0);
+
+  // No bound: copies go as they can, whatever is outstanding.
+  f.state.jobs["demo"].config.divergence_max = 0;
+  CHECK(f.Budget() > 1e29);
+}
+
+}  // namespace
+}  // namespace mlfabric
