@@ -10,26 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "scheduler/service/cluster_state_fixture.h"
 #include "scheduler/service/plan_dispatcher.h"
 
 namespace mlfabric {
 namespace {
 
-struct Fixture {
-  SchedulerConfig config;
-  FakeClock clock{100.0};
-  CommandOutbox outbox;
-  AdminHistory history{8};
-  ClusterState state{config, &clock, &outbox, &history};
-
-  Fixture() {
-    for (const char* host : {"s1", "w1", "w2", "a1"}) {
-      HostState& h = state.hosts[host];
-      h.alive = true;
-      h.incarnation = state.NewIncarnation();
-      h.data_address = std::string(host) + ":1";
-      outbox.Open(host, h.incarnation);
-    }
+struct Fixture : ClusterStateFixture {
+  Fixture() : ClusterStateFixture({"s1", "w1", "w2", "a1"}) {
     state.jobs["demo"].servers["ps"].host = "s1";
   }
 

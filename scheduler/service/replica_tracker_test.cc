@@ -4,23 +4,13 @@
 
 #include <catch2/catch.hpp>
 
+#include "scheduler/service/cluster_state_fixture.h"
+
 namespace mlfabric {
 namespace {
 
-struct Fixture {
-  SchedulerConfig config;
-  FakeClock clock{100.0};
-  CommandOutbox outbox;
-  AdminHistory history{8};
-  ClusterState state{config, &clock, &outbox, &history};
-
-  Fixture() {
-    for (const char* host : {"s1", "r1", "w1"}) {
-      HostState& h = state.hosts[host];
-      h.alive = true;
-      h.incarnation = state.NewIncarnation();
-      h.data_address = std::string(host) + ":1";
-    }
+struct Fixture : ClusterStateFixture {
+  Fixture() : ClusterStateFixture({"s1", "r1", "w1"}) {
     JobState& job = state.jobs["demo"];
     job.config.name = "demo";
     job.config.divergence_max = 100;

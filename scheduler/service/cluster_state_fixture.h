@@ -1,0 +1,40 @@
+// A ClusterState for unit tests of the service's parts, without sockets or
+// gRPC: a FakeClock, a real CommandOutbox (read back as the daemons would)
+// and admin history, and the given hosts alive, each with an incarnation,
+// an open outbox and a data address.
+//
+//   struct Fixture : ClusterStateFixture {
+//     Fixture() : ClusterStateFixture({"s1", "w1"}) { state.jobs["demo"]... }
+//   };
+#ifndef MLFABRIC_SCHEDULER_SERVICE_CLUSTER_STATE_FIXTURE_H_
+#define MLFABRIC_SCHEDULER_SERVICE_CLUSTER_STATE_FIXTURE_H_
+
+#include <initializer_list>
+#include <string>
+
+#include "common/clock.h"
+#include "scheduler/service/cluster_state.h"
+
+namespace mlfabric {
+
+struct ClusterStateFixture {
+  SchedulerConfig config;
+  FakeClock clock{100.0};
+  CommandOutbox outbox;
+  AdminHistory history{8};
+  ClusterState state{config, &clock, &outbox, &history};
+
+  explicit ClusterStateFixture(std::initializer_list<const char*> hosts) {
+    for (const char* host : hosts) {
+      HostState& h = state.hosts[host];
+      h.alive = true;
+      h.incarnation = state.NewIncarnation();
+      h.data_address = std::string(host) + ":1";
+      outbox.Open(host, h.incarnation);
+    }
+  }
+};
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_SCHEDULER_SERVICE_CLUSTER_STATE_FIXTURE_H_
