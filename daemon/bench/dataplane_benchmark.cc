@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "common/config.h"
 #include "testing/apps/dataplane_trace.h"
@@ -271,7 +272,8 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds,
     // packet itself), relative to the first packet: ~0 = the transfer began
     // before all packets were summed ahead.
     const std::string w1_log = c.daemon("w1").Log();
-    double checksum_lag_ms = 0;
+    // Sealed sessions have no checksums (the tag replaces the CRC).
+    std::string checksums = "no checksums ahead";
     {
       const size_t done = w1_log.rfind(" s, done at ");
       const size_t sending = w1_log.rfind("sending transfer ");
@@ -279,14 +281,14 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds,
         const double done_s = std::atof(w1_log.c_str() + done + 12);
         const size_t from = w1_log.find(" from ", sending);
         const double first_s = std::atof(w1_log.c_str() + from + 6);
-        checksum_lag_ms = 1e3 * (done_s - first_s);
+        checksums = absl::StrFormat("checksums ahead until %+.0f ms from the first packet",
+                                    1e3 * (done_s - first_s));
       }
     }
-    std::printf("  %s %d: daemon %.2f GB/s (%s receive buffer; checksums ahead until %+.0f ms from "
-                "the first packet), iperf3 %.2f GB/s, raw socket "
+    std::printf("  %s %d: daemon %.2f GB/s (%s receive buffer; %s), iperf3 %.2f GB/s, raw socket "
                 "%.2f GB/s (fresh memfd sink %.2f GB/s), daemon CPU %.3f + %.3f s/GB\n",
                 r == 0 ? "warm-up" : "round", r, round.daemon_bytes_per_s / 1e9,
-                pooled ? "pooled" : "new", checksum_lag_ms, round.iperf3_bytes_per_s / 1e9,
+                pooled ? "pooled" : "new", checksums.c_str(), round.iperf3_bytes_per_s / 1e9,
                 round.raw_bytes_per_s / 1e9, round.raw_fresh_bytes_per_s / 1e9,
                 round.sender_cpu_s_per_gb, round.receiver_cpu_s_per_gb);
     if (r > 0) out.push_back(round);
