@@ -193,6 +193,21 @@ json JobsJson(const ClusterSnapshot& snap) {
                              {"slowest_worker", w.slowest_worker},
                              {"waiting_s", snap.now_s - w.since_s}});
     }
+    json failovers = json::array();
+    for (const FailoverView& f : j.failovers) {
+      failovers.push_back({{"server", f.server},
+                           {"from_host", f.from_host},
+                           {"to_host", f.to_host},
+                           {"reason", f.reason},
+                           {"at_s", f.at_s},
+                           {"model_version", f.model_version},
+                           {"in_flight_applied", f.in_flight_applied},
+                           {"in_flight_failed", f.in_flight_failed},
+                           {"in_flight_awaiting", f.in_flight_awaiting},
+                           {"catch_up_copies", f.catch_up_copies},
+                           {"lost_updates", f.lost_updates},
+                           {"lost_norm", f.lost_norm}});
+    }
     jobs.push_back({{"name", j.params.name},
                     {"id", j.id},
                     {"mode", JobModeName(j.params.mode)},
@@ -209,7 +224,8 @@ json JobsJson(const ClusterSnapshot& snap) {
                     {"workers", workers},
                     {"ssp_waiting", ssp_waiting},
                     {"ssp_waits", j.ssp_waits},
-                    {"ssp_wait_timeouts", j.ssp_wait_timeouts}});
+                    {"ssp_wait_timeouts", j.ssp_wait_timeouts},
+                    {"failovers", failovers}});
   }
   return {{"now_s", snap.now_s}, {"jobs", jobs}};
 }
@@ -389,6 +405,19 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
       w.Sample("mlfabric_replica_divergence_estimate",
                {{"job", j.params.name}, {"server", sv.name}}, sv.divergence_estimate);
     }
+  }
+  w.Family("mlfabric_failovers_total", "counter",
+           "Servers of the job whose replica took over (mlfabric.md §3.3).");
+  for (const JobView& j : snap.jobs) {
+    w.Sample("mlfabric_failovers_total", {{"job", j.params.name}},
+             static_cast<int64_t>(j.failovers.size()));
+  }
+  w.Family("mlfabric_failover_lost_updates_total", "counter",
+           "Updates a failed server had applied that never reached the replica that took over.");
+  for (const JobView& j : snap.jobs) {
+    int64_t lost = 0;
+    for (const FailoverView& f : j.failovers) lost += f.lost_updates;
+    w.Sample("mlfabric_failover_lost_updates_total", {{"job", j.params.name}}, lost);
   }
   w.Family("mlfabric_job_tau_max", "gauge", "The job's delay bound.");
   for (const JobView& j : snap.jobs) {

@@ -274,19 +274,16 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
   }
   // Replica copies from or to the host are gone; a replica that is gone
   // takes its punted copies with it.
-  for (auto copy = replica_copies.begin(); copy != replica_copies.end();) {
-    if (copy->second.src_host != host_name && copy->second.replica_host != host_name) {
-      ++copy;
-      continue;
-    }
-    if (JobState* job = FindJob(copy->second.job)) {
-      job->servers[copy->second.server].replica.in_flight.erase(copy->first);
-    }
-    if (copy->second.replica_host != host_name) {
-      CancelReplicaCopy(copy->first, copy->second,
-                        absl::StrCat("source host ", host_name, " is down"));
-    }
-    copy = replica_copies.erase(copy);
+  std::vector<uint64_t> copies_there;
+  for (const auto& [id, copy] : replica_copies) {
+    if (copy.src_host == host_name || copy.replica_host == host_name) copies_there.push_back(id);
+  }
+  for (uint64_t id : copies_there) {
+    const bool source = replica_copies.at(id).src_host == host_name;
+    EndReplicaCopy(id, /*applied=*/false,
+                   absl::StrCat(source ? "source" : "replica", " host ", host_name,
+                                " is down: ", reason),
+                   0);
   }
   for (auto& [job_name, job] : jobs) {
     for (auto& [server_name, server] : job.servers) {
@@ -330,7 +327,65 @@ void ClusterState::CancelReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy,
                                      const std::string& reason) {
   // The replica's daemon delivers in sequence: tell it to skip this one.
   Enqueue(copy.replica_host,
-          commands::CancelDelivery(copy_id, "replica:" + copy.server, copy.sequence, reason));
+          commands::CancelDelivery(copy_id, copy.to_promoted ? copy.server : "replica:" + copy.server,
+                                   copy.sequence, reason));
+}
+
+void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::string& reason,
+                                  int64_t model_version) {
+  auto it = replica_copies.find(copy_id);
+  if (it == replica_copies.end()) return;
+  const ReplicaCopy copy = std::move(it->second);
+  replica_copies.erase(it);
+  JobState* job = FindJob(copy.job);
+  double norm = 0;
+  if (job != nullptr) {
+    ServerState& server = job->servers[copy.server];
+    if (auto in_flight = server.replica.in_flight.find(copy_id);
+        in_flight != server.replica.in_flight.end()) {
+      norm = in_flight->second;
+      server.replica.in_flight.erase(in_flight);
+    }
+    if (applied) {
+      ++server.replica.applied;
+      // After a failover the replica is the server: its version is the model's.
+      if (copy.failover) server.model_version = std::max(server.model_version, model_version);
+      if (auto source = updates.find(copy.source); source != updates.end()) {
+        source->second.replica_ahead = true;
+      }
+    }
+  }
+  if (!applied) {
+    MLF_LOG(WARNING) << "replica copy " << copy_id << " of push " << copy.source
+                     << " failed: " << reason;
+    CancelReplicaCopy(copy_id, copy, reason);
+    // Its update is in the old server's model and now in no model.
+    if (copy.failover && job != nullptr) {
+      for (auto failover = job->failovers.rbegin(); failover != job->failovers.rend();
+           ++failover) {
+        if (failover->server != copy.server) continue;
+        ++failover->lost_updates;
+        failover->lost_norm += norm;
+        break;
+      }
+    }
+  }
+  // A push in flight to a server that failed over ends as its copy did.
+  auto decided = decided_by_copy.find(copy_id);
+  if (decided == decided_by_copy.end()) return;
+  UpdateRecord record = std::move(decided->second);
+  decided_by_copy.erase(decided);
+  const uint64_t id = record.transfer_id;
+  updates[id] = std::move(record);
+  if (applied) {
+    Complete(id, v1::OUTCOME_APPLIED, "", model_version);
+  } else {
+    Complete(id, v1::OUTCOME_FAILED,
+             absl::StrCat("its server failed over while it was in flight, and its copy to the "
+                          "promoted replica failed: ",
+                          reason),
+             0);
+  }
 }
 
 void ClusterState::DropReplicaPending(ServerState* server, const std::string& reason) {

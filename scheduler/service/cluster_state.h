@@ -148,6 +148,7 @@ struct JobState {
   std::map<std::string, ServerState> servers;
   std::map<std::string, WorkerInfo> workers;
   std::map<std::string, std::string> replica_hosts;  // server -> its replica's host
+  std::vector<FailoverView> failovers;  // oldest first (failover.h)
   int64_t applied = 0;
   int64_t dropped = 0;
   int64_t failed = 0;
@@ -162,6 +163,13 @@ struct ReplicaCopy {
   std::string src_host;
   std::string replica_host;
   uint64_t sequence = 0;
+  // Still moving when its replica became the server (failover.h): its
+  // source's update is in the old server's model, so losing the copy loses
+  // the update (counted in the job's last failover).
+  bool failover = false;
+  // Announced to the promoted replica's daemon under the server's own name
+  // (sent after the promotion), not "replica:<server>".
+  bool to_promoted = false;
 };
 
 // Job policies (pure).
@@ -193,6 +201,10 @@ class ClusterState {
   // A chain hop's transfer id -> the aggregate (in `aggregates`) it feeds.
   std::map<uint64_t, uint64_t> aggregate_hops;
   std::map<uint64_t, ReplicaCopy> replica_copies;  // by copy transfer id
+  // Pushes in flight to a server that failed over whose fate is their
+  // replica copy's (failover.h): applied if the copy is, failed if not.
+  // Out of `updates`, so that nothing else ends them first; by copy id.
+  std::map<uint64_t, UpdateRecord> decided_by_copy;
   SchedulerStats stats;
   // Workers' iteration clocks and timings: a push counts when accepted,
   // its transfer time when it ends (Complete).
@@ -209,6 +221,7 @@ class ClusterState {
   uint64_t NewIncarnation();
   uint64_t epoch() const { return epoch_; }
   uint64_t NewBatchId() { return next_batch_id_++; }
+  double NowSeconds() const { return clock_->NowSeconds(); }
 
   JobState* FindJob(const std::string& job);
   const HostState* AliveHost(const std::string& host) const;
@@ -234,6 +247,12 @@ class ClusterState {
   // §5.3 bookkeeping: tells the replica's daemon to skip a copy that will
   // never arrive; forgets a server's punted copies and frees their bytes.
   void CancelReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy, const std::string& reason);
+  // A replica copy ended, applied at the replica or not (reported by its
+  // daemon, or a host it needed went down): the replica's counts, the push
+  // it decides (decided_by_copy), and a failover's loss.
+  // `model_version`: the replica's, when applied.
+  void EndReplicaCopy(uint64_t copy_id, bool applied, const std::string& reason,
+                      int64_t model_version);
   void DropReplicaPending(ServerState* server, const std::string& reason);
 
   // In-flight reservations on each host's uplink/downlink, as segments.

@@ -10,7 +10,9 @@
 #define MLFABRIC_SCHEDULER_SERVICE_CLUSTER_STATE_FIXTURE_H_
 
 #include <initializer_list>
+#include <chrono>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "scheduler/service/cluster_state.h"
@@ -32,6 +34,17 @@ struct ClusterStateFixture {
       h.data_address = std::string(host) + ":1";
       outbox.Open(host, h.incarnation);
     }
+  }
+
+  // Every command queued for `host`, in order, as its daemon would read them.
+  std::vector<v1::DaemonCommand> Drain(const std::string& host) {
+    std::vector<v1::DaemonCommand> out;
+    v1::DaemonCommand command;
+    while (outbox.Pop(host, state.hosts[host].incarnation, std::chrono::milliseconds(0),
+                      &command) == CommandOutbox::PopResult::kCommand) {
+      out.push_back(command);
+    }
+    return out;
   }
 };
 

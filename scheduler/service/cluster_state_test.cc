@@ -35,17 +35,6 @@ struct Fixture : ClusterStateFixture {
     state.updates[record.transfer_id] = record;
     return record.transfer_id;
   }
-
-  // Every command queued for `host`, in order.
-  std::vector<v1::DaemonCommand> Drain(const std::string& host) {
-    std::vector<v1::DaemonCommand> out;
-    v1::DaemonCommand command;
-    while (outbox.Pop(host, state.hosts[host].incarnation, std::chrono::milliseconds(0),
-                      &command) == CommandOutbox::PopResult::kCommand) {
-      out.push_back(command);
-    }
-    return out;
-  }
 };
 
 TEST_CASE("a push ends exactly once, and its source is told how") {

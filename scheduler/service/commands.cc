@@ -38,6 +38,19 @@ v1::DaemonCommand SendTransfer(const Send& s, const std::vector<core::RateSegmen
   return command;
 }
 
+v1::DaemonCommand PromoteReplica(uint32_t job_id, const std::string& server,
+                                 const std::string& old_host, const std::string& reason,
+                                 int64_t model_version) {
+  v1::DaemonCommand command;
+  v1::PromoteReplica* promote = command.mutable_promote();
+  promote->set_job_id(job_id);
+  promote->set_server(server);
+  promote->set_old_host(old_host);
+  promote->set_reason(reason);
+  promote->set_model_version(model_version);
+  return command;
+}
+
 v1::DaemonCommand AggregateTask(const Aggregate& a, const std::vector<core::RateSegment>& segments) {
   v1::DaemonCommand command;
   v1::AggregateTask* task = command.mutable_aggregate();

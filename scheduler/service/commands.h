@@ -77,6 +77,11 @@ v1::DaemonCommand FailRound(const std::string& server, int64_t round, uint32_t j
 v1::DaemonCommand PushOutcome(uint64_t transfer_id, uint64_t local_id, v1::Outcome outcome,
                               const std::string& reason);
 
+// Make this host's replica of `server` the server (failover.h).
+v1::DaemonCommand PromoteReplica(uint32_t job_id, const std::string& server,
+                                 const std::string& old_host, const std::string& reason,
+                                 int64_t model_version);
+
 // The segments daemons carry out: empty ones (which move nothing) left out.
 void AddSegments(const std::vector<core::RateSegment>& segments,
                  google::protobuf::RepeatedPtrField<v1::RateSegment>* out);

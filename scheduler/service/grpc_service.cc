@@ -131,6 +131,19 @@ grpc::Status SchedulerGrpcService::ReportCompletion(grpc::ServerContext* context
   return ToGrpcStatus(service_->ReportCompletion(*request));
 }
 
+grpc::Status SchedulerGrpcService::ReportEntityGone(grpc::ServerContext* context,
+                                                    const v1::EntityGoneReport* request,
+                                                    v1::EntityGoneAck*) {
+  // The host's session and the job's token: only a daemon of the job, on
+  // the host the entity lives on (the handler checks), can start a failover.
+  if (grpc::Status denied =
+          Authorize(context, "ReportEntityGone", request->host(), request->job());
+      !denied.ok()) {
+    return denied;
+  }
+  return ToGrpcStatus(service_->ReportEntityGone(*request));
+}
+
 grpc::Status SchedulerGrpcService::ReportBandwidth(grpc::ServerContext* context,
                                                    const v1::BandwidthReport* request,
                                                    v1::BandwidthAck*) {

@@ -51,6 +51,8 @@ class SchedulerGrpcService final : public v1::Scheduler::Service {
                                 v1::CompletionAck* reply) override;
   grpc::Status ReportBandwidth(grpc::ServerContext* context, const v1::BandwidthReport* request,
                                v1::BandwidthAck* reply) override;
+  grpc::Status ReportEntityGone(grpc::ServerContext* context, const v1::EntityGoneReport* request,
+                                v1::EntityGoneAck* reply) override;
   grpc::Status ResolveServer(grpc::ServerContext* context, const v1::ResolveServerRequest* request,
                              v1::ResolveServerReply* reply) override;
   grpc::Status SyncClock(grpc::ServerContext* context, const v1::SyncClockRequest* request,

@@ -14,6 +14,8 @@
 #include "common/status_macros.h"
 #include "scheduler/service/scheduler_service.h"
 
+#include "scheduler/service/failover.h"
+
 namespace mlfabric {
 namespace {
 
@@ -46,6 +48,7 @@ absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& reque
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (state_.AliveHost(request.host()) != nullptr) {
+    FailOverServersOn(&state_, request.host(), "host re-registered (daemon restarted)");
     state_.MarkHostDown(request.host(), "host re-registered (daemon restarted)");
   }
   HostState& host = state_.hosts[request.host()];
@@ -126,6 +129,16 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
         return absl::InvalidArgumentError(absl::StrCat(
             "backup_workers ", request.backup_workers(), " must be in [0, round_size ",
             request.round_size(), ") (a round needs at least one push)"));
+      }
+      if (auto known = job->servers.find(request.name());
+          known != job->servers.end() && known->second.host != request.host() &&
+          !job->failovers.empty() && state_.AliveHost(known->second.host) != nullptr) {
+        // Its replica took over (failover.h): the model it serves is the
+        // job's now, and an old server coming back must not replace it.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "server '", request.name(), "' of job '", request.job(), "' failed over to host ",
+            known->second.host, " and is served from there; register as its replica "
+            "(RegisterAsReplica) to stand by again"));
       }
       ServerState& server = job->servers[request.name()];
       server.host = request.host();
@@ -319,6 +332,7 @@ void SchedulerService::EndStream(const std::string& host_name, uint64_t incarnat
   std::lock_guard<std::mutex> lock(mu_);
   auto it = state_.hosts.find(host_name);
   if (it != state_.hosts.end() && it->second.incarnation == incarnation && !stopping_) {
+    FailOverServersOn(&state_, host_name, reason);
     state_.MarkHostDown(host_name, reason);
     clocks_cv_.notify_all();  // its workers no longer hold back an ssp job
   }
@@ -384,24 +398,10 @@ absl::Status SchedulerService::AwaitClock(const v1::AwaitClockRequest& request,
 
 absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto copy = state_.replica_copies.find(request.transfer_id());
-      copy != state_.replica_copies.end()) {
-    if (JobState* job = state_.FindJob(copy->second.job)) {
-      ReplicaTrack& replica = job->servers[copy->second.server].replica;
-      replica.in_flight.erase(copy->first);
-      if (request.applied()) {
-        ++replica.applied;
-        if (auto source = state_.updates.find(copy->second.source); source != state_.updates.end()) {
-          source->second.replica_ahead = true;
-        }
-      }
-    }
-    if (!request.applied()) {
-      MLF_LOG(WARNING) << "replica copy " << copy->first << " of push " << copy->second.source
-                       << " failed: " << request.error();
-      state_.CancelReplicaCopy(copy->first, copy->second, request.error());
-    }
-    state_.replica_copies.erase(copy);
+  if (state_.replica_copies.count(request.transfer_id())) {
+    state_.EndReplicaCopy(request.transfer_id(), request.applied(),
+                          request.error().empty() ? "replica copy failed" : request.error(),
+                          request.model_version());
     return absl::OkStatus();
   }
   // A streaming chain's partial sum reports only when it fails to move.
@@ -475,6 +475,64 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
   return absl::OkStatus();
 }
 
+absl::Status SchedulerService::ReportEntityGone(const v1::EntityGoneReport& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobState* job = state_.FindJob(request.job());
+  if (job == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown job '", request.job(), "'"));
+  }
+  if (state_.AliveHost(request.host()) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("host '", request.host(), "' is not registered"));
+  }
+  const std::string why =
+      absl::StrCat("its application left host ", request.host(),
+                   request.reason().empty() ? "" : absl::StrCat(" (", request.reason(), ")"));
+  switch (request.role()) {
+    case v1::ROLE_SERVER: {
+      auto server = job->servers.find(request.name());
+      if (server == job->servers.end() || server->second.host != request.host()) {
+        // Its replica took over already, or it never registered here.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "server '", request.name(), "' of job '", request.job(), "' is not served from host ",
+            request.host()));
+      }
+      if (!PromoteReplica(&state_, request.job(), request.name(), why)) {
+        MLF_LOG(WARNING) << "job " << request.job() << ": server " << request.name() << ": "
+                         << why << "; it has no live replica to take over, so its pushes fail "
+                         << "until it registers again";
+      }
+      loop_.Wake();  // plan its waiting pushes to the new host now
+      return absl::OkStatus();
+    }
+    case v1::ROLE_REPLICA: {
+      auto replica = job->replica_hosts.find(request.name());
+      if (replica == job->replica_hosts.end() || replica->second != request.host()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "no replica of server '", request.name(), "' of job '", request.job(),
+            "' is on host ", request.host()));
+      }
+      job->replica_hosts.erase(replica);
+      const std::string copy_why = absl::StrCat("the replica of server '", request.name(), "' left: ", why);
+      if (auto server = job->servers.find(request.name()); server != job->servers.end()) {
+        state_.DropReplicaPending(&server->second, copy_why);
+      }
+      std::vector<uint64_t> copies;
+      for (const auto& [id, copy] : state_.replica_copies) {
+        if (copy.job == request.job() && copy.server == request.name() && !copy.to_promoted) {
+          copies.push_back(id);
+        }
+      }
+      for (uint64_t id : copies) state_.EndReplicaCopy(id, /*applied=*/false, copy_why, 0);
+      MLF_LOG(WARNING) << "job " << request.job() << ": the replica of server " << request.name()
+                       << " on " << request.host() << " left; the server runs without one";
+      return absl::OkStatus();
+    }
+    default:
+      return absl::OkStatus();  // a worker's pushes end with their own outcomes
+  }
+}
+
 absl::Status SchedulerService::ReportBandwidth(const v1::BandwidthReport& request) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = state_.hosts.find(request.host());
@@ -517,6 +575,9 @@ absl::Status SchedulerService::ResolveServer(const v1::ResolveServerRequest& req
   reply->set_data_address(host->data_address);
   reply->set_job_id(job->id);
   reply->set_round_size(RoundSize(*job, server->second));
+  auto replica = job->replica_hosts.find(request.server());
+  reply->set_has_replica(replica != job->replica_hosts.end() &&
+                         state_.AliveHost(replica->second) != nullptr);
   return absl::OkStatus();
 }
 

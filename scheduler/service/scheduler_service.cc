@@ -154,6 +154,7 @@ ClusterSnapshot SchedulerService::Snapshot() const {
       }
       view.servers.push_back(std::move(sv));
     }
+    view.failovers = job.failovers;
     view.workers = state_.stragglers.Evaluate(name);
     for (const auto& [key, wait] : ssp_waiting_) {
       if (key.first == name) view.ssp_waiting.push_back(wait);

@@ -100,6 +100,10 @@ class SchedulerService {
   absl::Status AwaitClock(const v1::AwaitClockRequest& request, v1::AwaitClockReply* reply);
   absl::Status ReportCompletion(const v1::CompletionReport& request);
   absl::Status ReportBandwidth(const v1::BandwidthReport& request);
+  // An application left its daemon. A server's replica is promoted
+  // (failover.h); a replica stops receiving copies. Only the host the
+  // entity is registered on may report it.
+  absl::Status ReportEntityGone(const v1::EntityGoneReport& request);
   absl::Status ResolveServer(const v1::ResolveServerRequest& request,
                              v1::ResolveServerReply* reply);
   // §10.3: the distribution tree for one batch of gets, planned by the core

@@ -242,6 +242,72 @@ TEST_CASE("ResolveServer finds the server's host and address") {
         grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_CASE("A server whose application leaves fails over to its replica; the old one cannot return") {
+  Fixture f;
+  f.RegisterHost("s1");
+  f.RegisterHost("r1");
+  f.RegisterHost("w1");
+  REQUIRE(f.RegisterServer("demo-token").ok());
+  v1::RegisterEntityRequest replica;
+  replica.set_job("demo");
+  replica.set_job_token("demo-token");
+  replica.set_role(v1::ROLE_REPLICA);
+  replica.set_name("ps0");
+  replica.set_host("r1");
+  v1::RegisterEntityReply registered;
+  REQUIRE(f.rpc.RegisterEntity(&f.context, &replica, &registered).ok());
+  uint64_t waiting = 0;
+  REQUIRE(f.Submit(f.GoodSubmit(), &waiting).ok());
+
+  v1::ResolveServerRequest where;
+  where.set_job("demo");
+  where.set_server("ps0");
+  v1::ResolveServerReply found;
+  REQUIRE(f.service.ResolveServer(where, &found).ok());
+  CHECK(found.host() == "s1");
+  CHECK(found.has_replica());
+
+  v1::EntityGoneReport gone;
+  gone.set_host("r1");  // not where the server is: refused, nothing moves
+  gone.set_job("demo");
+  gone.set_role(v1::ROLE_SERVER);
+  gone.set_name("ps0");
+  gone.set_reason("connection closed");
+  CHECK(f.service.ReportEntityGone(gone).code() == absl::StatusCode::kFailedPrecondition);
+  gone.set_host("s1");
+  REQUIRE(f.service.ReportEntityGone(gone).ok());
+
+  REQUIRE(f.service.ResolveServer(where, &found).ok());
+  CHECK(found.host() == "r1");
+  CHECK_FALSE(found.has_replica());
+  ClusterSnapshot snap = f.service.Snapshot();
+  REQUIRE(snap.jobs.size() == 1);
+  REQUIRE(snap.jobs[0].failovers.size() == 1);
+  CHECK(snap.jobs[0].failovers[0].from_host == "s1");
+  CHECK(snap.jobs[0].failovers[0].to_host == "r1");
+  CHECK(snap.jobs[0].failovers[0].reason.find("its application left host s1") != std::string::npos);
+  // The push that was waiting is planned to the new server.
+  f.clock.Advance(0.2);
+  f.service.RunBatchCycle();
+  snap = f.service.Snapshot();
+  REQUIRE(snap.in_flight.size() == 1);
+  CHECK(snap.in_flight[0].transfer_id == waiting);
+  CHECK(snap.in_flight[0].dst == "r1");
+
+  // The old server coming back would replace the served model: refused.
+  const grpc::Status back = f.RegisterServer("demo-token");
+  CHECK(back.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(back.error_message().find("failed over to host r1") != std::string::npos);
+  // A replica that leaves just stops the copies.
+  replica.set_host("w1");
+  REQUIRE(f.rpc.RegisterEntity(&f.context, &replica, &registered).ok());
+  gone.set_host("w1");
+  gone.set_role(v1::ROLE_REPLICA);
+  REQUIRE(f.service.ReportEntityGone(gone).ok());
+  REQUIRE(f.service.ResolveServer(where, &found).ok());
+  CHECK_FALSE(found.has_replica());
+}
+
 SchedulerConfig TwoJobs() {
   SchedulerConfig config;
   config.planner_threads = 2;

@@ -79,6 +79,29 @@ struct ServerView {
   double divergence_estimate = 0;
 };
 
+// One failover (mlfabric.md §3.3): server `server` moved from `from_host`
+// to its replica's host `to_host`, and what it cost. The pushes in flight
+// to the old server end by what the replica holds: applied where the
+// replica had (or then received) their copy, failed otherwise. Updates the
+// old server applied whose copies had not reached the replica are sent to
+// it from their sources (which still hold them); `lost_updates` counts
+// those that never arrived (their source was gone too), with the sum of
+// their norms, a bound on what the promoted model lacks.
+struct FailoverView {
+  std::string server;
+  std::string from_host;
+  std::string to_host;
+  std::string reason;
+  double at_s = 0;
+  int64_t model_version = 0;        // the old server's, at the failover
+  int64_t in_flight_applied = 0;    // in flight, held by the replica: applied
+  int64_t in_flight_failed = 0;     // in flight, not held by the replica: failed
+  int64_t in_flight_awaiting = 0;   // in flight, decided by a copy still moving
+  int64_t catch_up_copies = 0;      // applied at the old server, sent on after
+  int64_t lost_updates = 0;
+  double lost_norm = 0;
+};
+
 struct JobView {
   uint32_t id = 0;
   JobConfig params;  // token blanked
@@ -94,6 +117,7 @@ struct JobView {
     double since_s = 0;
   };
   std::vector<SspWait> ssp_waiting;
+  std::vector<FailoverView> failovers;  // oldest first
   int64_t ssp_waits = 0;          // gets that had to wait, since start
   int64_t ssp_wait_timeouts = 0;  // of which gave up after ssp_max_wait_s
   int64_t applied = 0;

@@ -1,0 +1,203 @@
+// Promotion of a replica when its server goes (failover.h), on a
+// ClusterState with a FakeClock and the commands read back as the daemons
+// would: every update of the moment ends exactly once, by what the
+// replica holds.
+#include "scheduler/service/failover.h"
+
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "scheduler/service/cluster_state_fixture.h"
+
+namespace mlfabric {
+namespace {
+
+struct Fixture : ClusterStateFixture {
+  Fixture() : ClusterStateFixture({"s1", "r1", "w1", "w2"}) {
+    JobState& job = state.jobs["demo"];
+    job.id = 7;
+    job.config.name = "demo";
+    ServerState& server = job.servers["ps"];
+    server.host = "s1";
+    server.model_version = 40;
+    server.next_sequence = 41;
+    server.replica.next_sequence = 31;  // the replica's stream is behind
+    job.replica_hosts["ps"] = "r1";
+  }
+
+  ServerState& server() { return state.jobs["demo"].servers["ps"]; }
+
+  uint64_t Push(const std::string& src, bool in_flight, double norm = 1) {
+    UpdateRecord record;
+    record.transfer_id = state.NewTransferId();
+    record.job = "demo";
+    record.server = "ps";
+    record.src_host = src;
+    record.worker = src;
+    record.local_id = 100 + record.transfer_id;
+    record.bytes = 64;
+    record.norm = norm;
+    if (in_flight) {
+      record.state = UpdateState::kInFlight;
+      record.sequence = server().next_sequence++;
+      record.planned.deadline_s = 1e9;
+      ++server().in_flight;
+    } else {
+      server().pending.push_back(record.transfer_id);
+    }
+    state.updates[record.transfer_id] = record;
+    return record.transfer_id;
+  }
+
+  // A replica copy of push `source` from `src`, moving to the replica.
+  uint64_t Copy(uint64_t source, const std::string& src, double norm) {
+    const uint64_t copy = state.NewTransferId();
+    state.replica_copies[copy] = {"demo", "ps", source, src, "r1",
+                                  server().replica.next_sequence++};
+    server().replica.in_flight[copy] = norm;
+    return copy;
+  }
+
+  // The outcome told to `host` for push `id`, if any.
+  static const v1::PushOutcome* OutcomeOf(const std::vector<v1::DaemonCommand>& commands,
+                                          uint64_t id) {
+    for (const v1::DaemonCommand& c : commands) {
+      if (c.has_outcome() && c.outcome().transfer_id() == id) return &c.outcome();
+    }
+    return nullptr;
+  }
+};
+
+TEST_CASE("the replica becomes the server; pushes in flight end by what it holds") {
+  Fixture f;
+  const uint64_t waiting = f.Push("w1", /*in_flight=*/false);
+  const uint64_t lost = f.Push("w1", /*in_flight=*/true);
+  const uint64_t held = f.Push("w2", /*in_flight=*/true);
+  f.state.updates[held].replica_ahead = true;  // its copy was applied first
+  const uint64_t racing = f.Push("w2", /*in_flight=*/true);
+  const uint64_t racing_copy = f.Copy(racing, "w2", 3);
+
+  REQUIRE(FailOverServersOn(&f.state, "s1", "daemon disconnected") == 1);
+  f.state.MarkHostDown("s1", "daemon disconnected");
+
+  // The server lives on r1, its commit order continuing the replica's.
+  CHECK(f.server().host == "r1");
+  CHECK(f.state.jobs["demo"].replica_hosts.count("ps") == 0);
+  CHECK(f.server().next_sequence == 32);
+  const auto at_r1 = f.Drain("r1");
+  REQUIRE(at_r1.size() == 1);
+  REQUIRE(at_r1[0].has_promote());
+  CHECK(at_r1[0].promote().job_id() == 7);
+  CHECK(at_r1[0].promote().server() == "ps");
+  CHECK(at_r1[0].promote().old_host() == "s1");
+  CHECK(at_r1[0].promote().model_version() == 40);
+  CHECK(at_r1[0].promote().reason().find("host s1 is down: daemon disconnected") !=
+        std::string::npos);
+
+  // Waiting: still waiting, for the new host (MarkHostDown left it).
+  CHECK(f.state.updates.count(waiting) == 1);
+  CHECK(f.server().pending == std::vector<uint64_t>{waiting});
+  // In flight, not at the replica: failed, saying why.
+  const auto at_w1 = f.Drain("w1");
+  const v1::PushOutcome* lost_outcome = Fixture::OutcomeOf(at_w1, lost);
+  REQUIRE(lost_outcome != nullptr);
+  CHECK(lost_outcome->outcome() == v1::OUTCOME_FAILED);
+  CHECK(lost_outcome->reason().find("failed over from s1 to its replica on r1") !=
+        std::string::npos);
+  CHECK(lost_outcome->reason().find("push it again") != std::string::npos);
+  // In flight, at the replica already: applied.
+  auto at_w2 = f.Drain("w2");
+  const v1::PushOutcome* held_outcome = Fixture::OutcomeOf(at_w2, held);
+  REQUIRE(held_outcome != nullptr);
+  CHECK(held_outcome->outcome() == v1::OUTCOME_APPLIED);
+  // In flight with its copy moving: undecided until the copy ends.
+  CHECK(Fixture::OutcomeOf(at_w2, racing) == nullptr);
+  CHECK(f.state.updates.count(racing) == 0);
+  CHECK(f.state.decided_by_copy.count(racing_copy) == 1);
+  f.state.ExpireOverdue(2e9);  // nothing expires it meanwhile
+  CHECK(f.Drain("w2").empty());
+  f.state.EndReplicaCopy(racing_copy, /*applied=*/true, "", 43);
+  at_w2 = f.Drain("w2");
+  const v1::PushOutcome* racing_outcome = Fixture::OutcomeOf(at_w2, racing);
+  REQUIRE(racing_outcome != nullptr);
+  CHECK(racing_outcome->outcome() == v1::OUTCOME_APPLIED);
+  CHECK(racing_outcome->applied_version() == 43);
+  CHECK(f.server().model_version == 43);  // the promoted replica's version is the model's
+
+  const JobState& job = f.state.jobs["demo"];
+  REQUIRE(job.failovers.size() == 1);
+  const FailoverView& failover = job.failovers[0];
+  CHECK(failover.from_host == "s1");
+  CHECK(failover.to_host == "r1");
+  CHECK(failover.model_version == 40);
+  CHECK(failover.in_flight_applied == 1);
+  CHECK(failover.in_flight_failed == 1);
+  CHECK(failover.in_flight_awaiting == 1);
+  CHECK(failover.lost_updates == 0);
+  CHECK(job.applied == 2);
+  CHECK(job.failed == 1);
+}
+
+TEST_CASE("updates the old server applied reach the new one from their sources, or count lost") {
+  Fixture f;
+  ServerState& server = f.server();
+  server.replica.pending.push_back({501, "w1", "w1", 64, 38, 2.0});  // punted
+  server.replica.pending.push_back({502, "w2", "w2", 64, 39, 5.0});  // punted, source gone
+  const uint64_t moving = f.Copy(503, "w1", 7.0);                    // copy still moving
+  f.state.hosts["w2"].alive = false;
+
+  REQUIRE(PromoteReplica(&f.state, "demo", "ps", "server application left"));
+  // 501 goes to the new server as its next delivery, named by the server.
+  const auto at_r1 = f.Drain("r1");
+  REQUIRE(at_r1.size() == 2);
+  CHECK(at_r1[0].has_promote());
+  REQUIRE(at_r1[1].has_expect());
+  CHECK(at_r1[1].expect().server() == "ps");
+  CHECK(at_r1[1].expect().sequence() == 32);  // after the moving copy (31)
+  CHECK(at_r1[1].expect().version() == 38);
+  const auto at_w1 = f.Drain("w1");
+  REQUIRE(at_w1.size() == 1);
+  REQUIRE(at_w1[0].has_send());
+  CHECK(at_w1[0].send().source_transfer_id() == 501);
+  CHECK(at_w1[0].send().dst_host() == "r1");
+  CHECK(at_w1[0].send().segments_size() == 1);
+  CHECK(server.replica.pending.empty());
+
+  const FailoverView* failover = &f.state.jobs["demo"].failovers.back();
+  CHECK(failover->catch_up_copies == 1);
+  CHECK(failover->lost_updates == 1);  // 502: its source is gone too
+  CHECK(failover->lost_norm == 5.0);
+  // A copy that was moving fails after all: its update is lost too.
+  f.state.EndReplicaCopy(moving, /*applied=*/false, "source host w1 is down", 0);
+  failover = &f.state.jobs["demo"].failovers.back();
+  CHECK(failover->lost_updates == 2);
+  CHECK(failover->lost_norm == 12.0);
+  // And the promoted daemon is told to skip its position, by the server's name.
+  const auto cancels = f.Drain("r1");
+  REQUIRE(cancels.size() == 1);
+  CHECK(cancels[0].cancel().sequence() == 31);
+}
+
+TEST_CASE("no live replica: nothing moves, and the server's pushes fail as before") {
+  Fixture f;
+  f.state.hosts["r1"].alive = false;
+  const uint64_t in_flight = f.Push("w1", /*in_flight=*/true);
+  CHECK_FALSE(PromoteReplica(&f.state, "demo", "ps", "gone"));
+  CHECK(FailOverServersOn(&f.state, "s1", "gone") == 0);
+  CHECK(f.server().host == "s1");
+  CHECK(f.state.jobs["demo"].failovers.empty());
+  f.state.MarkHostDown("s1", "gone");
+  const auto at_w1 = f.Drain("w1");
+  const v1::PushOutcome* outcome = Fixture::OutcomeOf(at_w1, in_flight);
+  REQUIRE(outcome != nullptr);
+  CHECK(outcome->reason().find("server host s1 is down") != std::string::npos);
+
+  Fixture same_host;
+  same_host.state.jobs["demo"].replica_hosts["ps"] = "s1";  // nowhere to go
+  CHECK_FALSE(PromoteReplica(&same_host.state, "demo", "ps", "gone"));
+}
+
+}  // namespace
+}  // namespace mlfabric
