@@ -319,6 +319,32 @@ v1::LocalMessage ApplyDeliveredUpdate(const v1::LocalUpdate& update, int fd,
   return ack;
 }
 
+absl::Status AnswerModelRequest(LocalChannel& channel, const v1::LocalModelRequest& request,
+                                const Server::RequestCallback& on_request) {
+  v1::LocalMessage reply;
+  v1::LocalModelReply* body = reply.mutable_model_reply();
+  body->set_request_id(request.request_id());
+  absl::StatusOr<Server::Snapshot> snapshot =
+      on_request ? on_request()
+                 : absl::StatusOr<Server::Snapshot>(absl::FailedPreconditionError(
+                       "this application answers no model requests (no request callback)"));
+  if (!snapshot.ok()) {
+    body->set_error(std::string(snapshot.status().message()));
+    return channel.Send(reply);
+  }
+  auto buffer = SharedBuffer::Create(snapshot->bytes.size());
+  if (!buffer.ok()) {
+    body->set_error(std::string(buffer.status().message()));
+    return channel.Send(reply);
+  }
+  if (!snapshot->bytes.empty()) {
+    std::memcpy(buffer->data(), snapshot->bytes.data(), snapshot->bytes.size());
+  }
+  body->set_model_version(snapshot->version);
+  body->set_bytes(static_cast<int64_t>(snapshot->bytes.size()));
+  return channel.Send(reply, buffer->fd());
+}
+
 }  // namespace internal
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Connect(const ClientOptions& options) {
@@ -356,27 +382,10 @@ absl::Status Server::Serve() {
       if (auto sent = channel_->Send(ack); !sent.ok()) return sent;
     } else if (message.has_model_request()) {
       if (fd >= 0) ::close(fd);
-      v1::LocalMessage reply;
-      v1::LocalModelReply* body = reply.mutable_model_reply();
-      body->set_request_id(message.model_request().request_id());
-      absl::StatusOr<Snapshot> snapshot = on_request_();
-      if (!snapshot.ok()) {
-        body->set_error(std::string(snapshot.status().message()));
-        if (auto sent = channel_->Send(reply); !sent.ok()) return sent;
-        continue;
+      if (auto sent = internal::AnswerModelRequest(*channel_, message.model_request(), on_request_);
+          !sent.ok()) {
+        return sent;
       }
-      auto buffer = SharedBuffer::Create(snapshot->bytes.size());
-      if (!buffer.ok()) {
-        body->set_error(std::string(buffer.status().message()));
-        if (auto sent = channel_->Send(reply); !sent.ok()) return sent;
-        continue;
-      }
-      if (!snapshot->bytes.empty()) {
-        std::memcpy(buffer->data(), snapshot->bytes.data(), snapshot->bytes.size());
-      }
-      body->set_model_version(snapshot->version);
-      body->set_bytes(static_cast<int64_t>(snapshot->bytes.size()));
-      if (auto sent = channel_->Send(reply, buffer->fd()); !sent.ok()) return sent;
     } else if (fd >= 0) {
       ::close(fd);
     }

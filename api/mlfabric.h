@@ -205,6 +205,10 @@ absl::StatusOr<std::string> JobToken(const ClientOptions& options);
 // error. What a Server and a Replica do with every update.
 v1::LocalMessage ApplyDeliveredUpdate(const v1::LocalUpdate& update, int fd,
                                       const Server::UpdateCallback& on_update);
+// Answers a model request with `on_request`'s snapshot (or its error; an
+// empty callback is an error). Fails only when the channel does.
+absl::Status AnswerModelRequest(LocalChannel& channel, const v1::LocalModelRequest& request,
+                                const Server::RequestCallback& on_request);
 }  // namespace internal
 
 }  // namespace mlfabric

@@ -67,6 +67,23 @@ absl::Status Replica::Serve() {
       return absl::UnavailableError(
           absl::StrCat("lost the connection to the MLfabric daemon: ", status.message()));
     }
+    if (message.has_promoted()) {
+      if (fd >= 0) ::close(fd);
+      promoted_ = true;
+      if (on_promotion_) {
+        on_promotion_(Promotion{message.promoted().server(), message.promoted().old_host(),
+                                message.promoted().reason(), message.promoted().model_version()});
+      }
+      continue;
+    }
+    if (message.has_model_request()) {
+      if (fd >= 0) ::close(fd);
+      if (auto sent = internal::AnswerModelRequest(*channel_, message.model_request(), on_request_);
+          !sent.ok()) {
+        return sent;
+      }
+      continue;
+    }
     if (!message.has_update()) {
       if (fd >= 0) ::close(fd);
       continue;

@@ -7,14 +7,29 @@
 //   RegistrationParams params;                 // job, token, daemon socket
 //   ASSIGN_OR_RETURN(std::unique_ptr<Replica> r, RegisterAsReplica("ps0", params));
 //   r->RegisterUpdateCallback([&](const Server::Update& u) { return Apply(u); });
+//   r->RegisterRequestCallback([&] { return Snapshot(); });     // once promoted
+//   r->RegisterPromotionCallback([&](const Replica::Promotion& p) {
+//     version = std::max(version, p.model_version);            // versions go on
+//   });
 //   RETURN_IF_ERROR(r->Serve());               // until Stop() or the daemon goes away
 //
-// Thread safety: the callback runs on Serve()'s thread; Stop() may be called
-// from any thread.
+// Failover (mlfabric.md §3.3; scheduler/service/failover.h): when the
+// server's host goes down or its application leaves, the scheduler makes
+// the replica the server. Serve() then runs the promotion callback once,
+// and from there on applies the server's updates through the update
+// callback and answers the workers' gets through the request callback,
+// exactly as Server::Serve does. Workers change nothing: their pushes and
+// gets go to the new server. A replica without a request callback answers
+// gets with an error.
+//
+// Thread safety: the callbacks run on Serve()'s thread; Stop() may be
+// called from any thread.
 #ifndef MLFABRIC_API_REPLICA_H_
 #define MLFABRIC_API_REPLICA_H_
 
 #include <atomic>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,8 +43,26 @@ namespace mlfabric {
 class Replica {
  public:
   using UpdateCallback = Server::UpdateCallback;
+  using RequestCallback = Server::RequestCallback;
+  struct Promotion {
+    std::string server;
+    std::string old_host;  // where the server was
+    std::string reason;    // why it failed over
+    // The old server's model version: continue version numbers from here
+    // (the update callback's return values), so that workers never see
+    // the version go back.
+    int64_t model_version = 0;
+  };
+  using PromotionCallback = std::function<void(const Promotion&)>;
   ~Replica();
   void RegisterUpdateCallback(UpdateCallback callback) { on_update_ = std::move(callback); }
+  void RegisterRequestCallback(RequestCallback callback) { on_request_ = std::move(callback); }
+  void RegisterPromotionCallback(PromotionCallback callback) {
+    on_promotion_ = std::move(callback);
+  }
+  // True once the scheduler made this replica the server (read it from
+  // Serve()'s thread, or after Serve() returned).
+  bool promoted() const { return promoted_; }
   const std::string& server() const { return server_; }
   // Applies delivered updates until Stop() or the daemon goes away.
   absl::Status Serve();
@@ -42,6 +75,9 @@ class Replica {
   std::string server_;
   std::unique_ptr<LocalChannel> channel_;
   UpdateCallback on_update_;
+  RequestCallback on_request_;
+  PromotionCallback on_promotion_;
+  bool promoted_ = false;
   std::atomic<bool> stopping_{false};
 };
 

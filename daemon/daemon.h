@@ -166,6 +166,13 @@ class Daemon : private transport::DataSessionHandler,
   void HandleUpdateAck(const v1::LocalUpdateAck& ack) override;
   void HandleModelReply(const v1::LocalModelReply& reply, int fd) override;
   void AppGone(const std::shared_ptr<AppSession>& app) override;
+  // Requires mu_. Forgets a server or replica application's endpoint and
+  // fails what it expected; returns the scheduler's report when the
+  // application was the endpoint's (AppGone sends it without the lock).
+  std::optional<v1::EntityGoneReport> ForgetAppLocked(const std::shared_ptr<AppSession>& app);
+  // Requires mu_. The scheduler's PromoteReplica: this host's replica of a
+  // server is the server now (scheduler/service/failover.h).
+  void PromoteReplicaLocked(const v1::PromoteReplica& promote);
 
   void DataAcceptLoop();
   void DataSessionLoop(std::shared_ptr<boost::asio::ip::tcp::socket> socket);

@@ -294,16 +294,30 @@ void Daemon::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
 }
 
 void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<v1::EntityGoneReport> report;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    report = ForgetAppLocked(app);
+  }
+  // A server's replica takes over at once, not when the daemon goes too.
+  if (!report.has_value() || stopping_.load()) return;
+  if (absl::Status told = scheduler_->ReportEntityGone(*report); !told.ok()) {
+    MLF_LOG(WARNING) << "could not tell the scheduler that " << v1::Role_Name(report->role())
+                     << " '" << report->name() << "' left: " << daemon::RpcErrorText(told);
+  }
+}
+
+std::optional<v1::EntityGoneReport> Daemon::ForgetAppLocked(
+    const std::shared_ptr<AppSession>& app) {
   for (auto it = awaiting_ack_.begin(); it != awaiting_ack_.end();) {
     it = it->second.first == app ? awaiting_ack_.erase(it) : std::next(it);
   }
-  if (app->role != v1::ROLE_SERVER && app->role != v1::ROLE_REPLICA) return;
+  if (app->role != v1::ROLE_SERVER && app->role != v1::ROLE_REPLICA) return std::nullopt;
   const std::string endpoint_name =
       app->role == v1::ROLE_REPLICA ? "replica:" + app->name : app->name;
   const std::string endpoint_key = ServerKey(app->job_id, endpoint_name);
   auto it = servers_.find(endpoint_key);
-  if (it == servers_.end() || it->second.app != app) return;
+  if (it == servers_.end() || it->second.app != app) return std::nullopt;
   it->second.app = nullptr;
   const std::string why = absl::StrCat("server '", app->name, "' disconnected before applying it");
   const std::vector<uint64_t> cancelled = delivery_.CancelAll(endpoint_key, why);
@@ -319,6 +333,52 @@ void Daemon::AppGone(const std::shared_ptr<AppSession>& app) {
   }
   if (model_server_) model_server_->FailServer(key, absl::StrCat("server '", app->name, "' disconnected"));
   cv_.notify_all();
+  v1::EntityGoneReport report;
+  report.set_host(config_.host);
+  report.set_job(app->job);
+  report.set_role(app->role);
+  report.set_name(app->name);
+  report.set_reason("its connection to the daemon closed");
+  return report;
+}
+
+void Daemon::PromoteReplicaLocked(const v1::PromoteReplica& promote) {
+  const std::string from = ServerKey(promote.job_id(), "replica:" + promote.server());
+  const std::string to = ServerKey(promote.job_id(), promote.server());
+  std::shared_ptr<AppSession> app;
+  if (auto it = servers_.find(from); it != servers_.end()) {
+    app = it->second.app;
+    servers_.erase(it);
+  }
+  // The replica's commit positions carry on under the server's name. What
+  // an old server endpoint here still expected was failed by the scheduler.
+  const std::vector<uint64_t> dropped = delivery_.Rename(from, to, promote.server());
+  servers_[to].app = app;
+  MLF_LOG(WARNING) << "this host's replica of server '" << promote.server()
+                   << "' is the server now (" << promote.reason() << "); "
+                   << (app ? "serving it" : "but its application is not connected")
+                   << (dropped.empty() ? ""
+                                       : absl::StrCat("; dropped ", dropped.size(),
+                                                      " deliveries of the old server here"));
+  if (app == nullptr) {
+    const std::string why =
+        absl::StrCat("server '", promote.server(), "' is not connected to ", config_.host, "'s daemon");
+    for (uint64_t transfer : delivery_.CancelAll(to, why)) reporter_->ReportFailure(transfer, why);
+    return;
+  }
+  // From now on it is the server: it leaves as one, and registers as one
+  // with a restarted scheduler.
+  app->role = v1::ROLE_SERVER;
+  app->registration.set_role(v1::ROLE_SERVER);
+  v1::LocalMessage note;
+  v1::LocalPromoted* body = note.mutable_promoted();
+  body->set_server(promote.server());
+  body->set_old_host(promote.old_host());
+  body->set_reason(promote.reason());
+  body->set_model_version(promote.model_version());
+  (void)app->channel->Send(note);
+  TryDeliverLocked(promote.job_id(), promote.server());
+  cv_.notify_all();  // gets waiting for the server (AwaitServer)
 }
 
 namespace internal {

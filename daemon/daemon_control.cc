@@ -95,6 +95,9 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     case v1::DaemonCommand::kAggregate:
       StartAggregationLocked(command.aggregate());
       break;
+    case v1::DaemonCommand::kPromote:
+      PromoteReplicaLocked(command.promote());
+      break;
     case v1::DaemonCommand::kJobKey:
       data_keys_.SetJobKey(command.job_key().job_id(), command.job_key().key());
       break;

@@ -56,6 +56,11 @@ class FakeSchedulerClient final : public SchedulerClient {
     return status;
   }
   absl::Status ReportBandwidth(const v1::BandwidthReport&) override { return absl::OkStatus(); }
+  absl::Status ReportEntityGone(const v1::EntityGoneReport& report) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    gone_.push_back(report);
+    return absl::OkStatus();
+  }
   absl::Status SyncClock(const v1::SyncClockRequest&, v1::SyncClockReply*) override {
     return absl::OkStatus();
   }
@@ -84,6 +89,10 @@ class FakeSchedulerClient final : public SchedulerClient {
   std::vector<v1::CompletionReport> completions() const {
     std::lock_guard<std::mutex> lock(mu_);
     return completions_;
+  }
+  std::vector<v1::EntityGoneReport> gone() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return gone_;
   }
   std::vector<v1::SubmitUpdateRequest> submits() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -124,6 +133,7 @@ class FakeSchedulerClient final : public SchedulerClient {
   std::deque<v1::DaemonCommand> commands_;
   std::vector<v1::CompletionReport> completions_;
   std::vector<v1::SubmitUpdateRequest> submits_;
+  std::vector<v1::EntityGoneReport> gone_;
 };
 
 }  // namespace mlfabric::daemon

@@ -124,6 +124,10 @@ class GrpcSchedulerClient final : public SchedulerClient {
     v1::BandwidthAck ack;
     return FromGrpc(stub_->ReportBandwidth(Signed(2, "").get(), report, &ack));
   }
+  absl::Status ReportEntityGone(const v1::EntityGoneReport& report) override {
+    v1::EntityGoneAck ack;
+    return FromGrpc(stub_->ReportEntityGone(Signed(2, report.job()).get(), report, &ack));
+  }
   absl::Status SyncClock(const v1::SyncClockRequest& request,
                          v1::SyncClockReply* reply) override {
     return FromGrpc(stub_->SyncClock(Signed(1, "").get(), request, reply));

@@ -46,6 +46,7 @@ class SchedulerClient {
                                     v1::SubmitUpdateReply* reply) = 0;
   virtual absl::Status ReportCompletion(const v1::CompletionReport& report) = 0;
   virtual absl::Status ReportBandwidth(const v1::BandwidthReport& report) = 0;
+  virtual absl::Status ReportEntityGone(const v1::EntityGoneReport& report) = 0;
   virtual absl::Status SyncClock(const v1::SyncClockRequest& request,
                                  v1::SyncClockReply* reply) = 0;
   virtual absl::Status ResolveServer(const v1::ResolveServerRequest& request,

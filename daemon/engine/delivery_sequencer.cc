@@ -47,6 +47,25 @@ std::vector<uint64_t> DeliverySequencer::Reset() {
   return pending;
 }
 
+std::vector<uint64_t> DeliverySequencer::Rename(const std::string& from, const std::string& to,
+                                                const std::string& server) {
+  std::vector<uint64_t> dropped;
+  if (from == to) return dropped;
+  if (auto old = endpoints_.find(to); old != endpoints_.end()) {
+    for (const auto& [sequence, delivery] : old->second.expected) {
+      if (!delivery.cancelled) dropped.push_back(delivery.info.transfer_id());
+    }
+    endpoints_.erase(old);
+  }
+  auto moving = endpoints_.find(from);
+  if (moving == endpoints_.end()) return dropped;
+  Endpoint endpoint = std::move(moving->second);
+  endpoints_.erase(moving);
+  for (auto& [sequence, delivery] : endpoint.expected) delivery.info.set_server(server);
+  endpoints_[to] = std::move(endpoint);
+  return dropped;
+}
+
 std::vector<uint64_t> DeliverySequencer::CancelAll(const std::string& key,
                                                    const std::string& reason) {
   std::vector<uint64_t> cancelled;

@@ -68,6 +68,13 @@ class DeliverySequencer {
   // the positions that were still pending.
   std::vector<uint64_t> Reset();
 
+  // Moves endpoint `from` (its next position and what it announced) to
+  // `to`, whose positions it replaces; announcements now name `server`.
+  // A replica promoted to server (scheduler/service/failover.h) keeps its
+  // commit order this way. Returns the transfers `to` had pending (dropped).
+  std::vector<uint64_t> Rename(const std::string& from, const std::string& to,
+                               const std::string& server);
+
   // (job id, server) of every announced position that carries `transfer_id`.
   std::vector<std::pair<uint32_t, std::string>> EndpointsExpecting(uint64_t transfer_id) const;
   // Announced positions of `key` not yet delivered or skipped.

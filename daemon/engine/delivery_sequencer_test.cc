@@ -114,5 +114,30 @@ TEST_CASE("Reset forgets every endpoint: a restarted scheduler's position 1 is n
   CHECK(step.info.transfer_id() == 30);
 }
 
+TEST_CASE("a promoted replica's endpoint keeps its commit order under the server's name") {
+  DeliverySequencer s;
+  // The replica's stream: positions 1-3 announced, 1 delivered.
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    v1::ExpectDelivery e = Expect(seq, 100 + seq);
+    e.set_server("replica:ps");
+    s.Expect("1/replica:ps", e);
+  }
+  auto complete = [](uint64_t) { return true; };
+  REQUIRE(s.Next("1/replica:ps", complete).kind == Step::kDeliver);
+  s.Advance("1/replica:ps");
+  // The old server's endpoint on this host had one update pending.
+  s.Expect("1/ps", Expect(7, 900));
+
+  CHECK(s.Rename("1/replica:ps", "1/ps", "ps") == std::vector<uint64_t>{900});
+  CHECK(s.Pending("1/replica:ps") == 0);
+  CHECK(s.EndpointsExpecting(102) == std::vector<std::pair<uint32_t, std::string>>{{1, "ps"}});
+  // Position 4 is the promoted server's first own delivery.
+  s.Expect("1/ps", Expect(4, 200));
+  CHECK(Drain(s, {102, 103, 200}) == std::vector<uint64_t>{102, 103, 200});
+  // Nothing to move: nothing changes.
+  CHECK(s.Rename("1/replica:ps", "1/ps", "ps").empty());
+  CHECK(s.Pending("1/ps") == 0);
+}
+
 }  // namespace
 }  // namespace mlfabric::daemon

@@ -167,7 +167,35 @@ absl::Status ModelFetcher::Fetch(const std::string& job, const std::string& serv
   // A get that fails asks the scheduler where the server is next time (it
   // may have moved, or the scheduler restarted).
   status = FetchFrom(where, server, round, priority, version, model);
-  if (!status.ok()) resolver_->Forget(job, server);
+  if (status.ok()) return status;
+  resolver_->Forget(job, server);
+  if (!where.has_replica() || options_.failover_wait_s <= 0) return status;
+  // The server may be failing over to its replica
+  // (scheduler/service/failover.h): the scheduler learns of a dead host
+  // within its keepalive. Until it names another host, ask again; then get
+  // from there, so the worker's get does not fail for the failover.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(options_.failover_wait_s));
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_; })) break;
+    }
+    v1::ResolveServerReply moved;
+    if (!resolver_->Resolve(job, server, &moved).ok()) continue;
+    if (moved.host() == where.host()) {
+      resolver_->Forget(job, server);  // not yet: ask the scheduler again
+      continue;
+    }
+    absl::Status again = FetchFrom(moved, server, round, priority, version, model);
+    if (again.ok()) return again;
+    resolver_->Forget(job, server);
+    return absl::Status(again.code(),
+                        absl::StrCat(again.message(), " (server '", server, "' had moved from ",
+                                     where.host(), " to ", moved.host(), " after: ",
+                                     status.message(), ")"));
+  }
   return status;
 }
 

@@ -50,6 +50,10 @@ class ModelFetcher {
     std::string data_address;  // where requesters routed here connect
     // How long a requester routed here waits for our own get to begin.
     double get_timeout_s = 30;
+    // A get of a server with a replica that fails waits up to this long
+    // for the scheduler to name the replica's host (a failover), and gets
+    // from there; 0 = fail at once.
+    double failover_wait_s = 6;
   };
 
   // Every pointer must outlive this object.
