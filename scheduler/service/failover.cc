@@ -143,6 +143,11 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
   // where the replica's stream left them.
   server.host = to;
   server.next_sequence = server.replica.next_sequence;
+  // A replica that registers for the promoted server later is a new
+  // stream: its daemon numbers from 1. (Copies still moving stay tracked
+  // by id in replica.in_flight until they end.)
+  server.replica.next_sequence = 1;
+  server.replica.applied = 0;
   job->replica_hosts.erase(replica_it);
   for (auto& [copy_id, copy] : state->replica_copies) {
     if (copy.job == job_name && copy.server == server_name) copy.failover = true;

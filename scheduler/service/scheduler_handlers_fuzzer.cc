@@ -60,6 +60,7 @@ enum Handler : uint8_t {
   kEndStream,  // the host's stream broke (StreamSchedulesRequest)
   kTick,       // advance the clock by n ms, run a batch cycle; no bytes
   kPlanDistribution,
+  kReportEntityGone,  // a server leaving fails over to its replica
   kHandlers,
 };
 
@@ -136,8 +137,14 @@ void CheckCommand(const v1::DaemonCommand& command) {
         if (!std::isfinite(w)) Fail("malformed AggregateTask", command);
       }
       return;
+    case v1::DaemonCommand::kPromote:
+      if (command.promote().server().empty() || command.promote().model_version() < 0) {
+        Fail("malformed PromoteReplica", command);
+      }
+      return;
     case v1::DaemonCommand::kCancel:
     case v1::DaemonCommand::kOutcome:
+    case v1::DaemonCommand::kJobKey:
       return;
     case v1::DaemonCommand::COMMAND_NOT_SET:
       Fail("empty command", command);
@@ -187,6 +194,12 @@ void Call(SchedulerService& service, FakeClock& clock, uint8_t handler, const ui
       v1::BandwidthReport request;
       if (!Parse(data, size, &request)) return;
       CheckStatus(service.ReportBandwidth(request));
+      return;
+    }
+    case kReportEntityGone: {
+      v1::EntityGoneReport request;
+      if (!Parse(data, size, &request)) return;
+      CheckStatus(service.ReportEntityGone(request));
       return;
     }
     case kResolveServer: {
