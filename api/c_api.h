@@ -133,10 +133,32 @@ void mlf_ext_server_stop(int64_t handle);
 /* Stops and forgets the handle; a running serve call returns first. */
 void mlf_ext_server_destroy(int64_t handle);
 
+/* What a replica's promotion callback receives (api/replica.h
+ * Replica::Promotion); the strings are valid only during the callback. */
+typedef struct {
+  const char* server;
+  const char* old_host;   /* where the server was */
+  const char* reason;     /* why it failed over */
+  int64_t model_version;  /* the old server's: continue version numbers from here */
+} mlf_promotion_view;
+/* Runs once, when the scheduler makes the replica the server (failover,
+ * api/replica.h); the promotion has happened, so it cannot fail. */
+typedef void (*mlf_promotion_fn)(void* ctx, const mlf_promotion_view* promotion);
+
 int64_t mlf_ext_replica_create(const char* server, const char* socket, const char* job,
                                const char* token, const char* name, int64_t delay_bound,
                                double divergence_bound, int* code, char* err, size_t err_len);
+/* = mlf_ext_replica_set_callbacks(handle, on_update, NULL, NULL, ctx). */
 void mlf_ext_replica_set_callback(int64_t handle, mlf_update_fn on_update, void* ctx);
+/* Set before serving; `ctx` is passed to all three. on_update is required.
+ * Once promoted, the replica answers the workers' gets with on_request
+ * (NULL: the gets fail with an error saying so); on_promotion may be NULL. */
+void mlf_ext_replica_set_callbacks(int64_t handle, mlf_update_fn on_update,
+                                   mlf_request_fn on_request, mlf_promotion_fn on_promotion,
+                                   void* ctx);
+/* 1 once the scheduler made the replica the server, 0 before, -1 for an
+ * unknown handle. Any thread, also while serving. */
+int mlf_ext_replica_promoted(int64_t handle);
 int mlf_ext_replica_serve(int64_t handle, char* err, size_t err_len);
 void mlf_ext_replica_stop(int64_t handle);
 void mlf_ext_replica_destroy(int64_t handle);

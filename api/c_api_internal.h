@@ -7,6 +7,7 @@
 #ifndef MLFABRIC_API_C_API_INTERNAL_H_
 #define MLFABRIC_API_C_API_INTERNAL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -76,6 +77,7 @@ class Serial {
 struct Callbacks {
   mlf_update_fn on_update = nullptr;
   mlf_request_fn on_request = nullptr;
+  mlf_promotion_fn on_promotion = nullptr;  // replicas only
   void* ctx = nullptr;
 };
 
@@ -135,6 +137,9 @@ struct Entry {
   std::shared_ptr<Worker> worker;  // shared with queued gets (see above)
   std::unique_ptr<Server> server;
   std::unique_ptr<Replica> replica;
+  // Set on Serve()'s thread when the replica is promoted, read from any
+  // (Replica::promoted() is for Serve()'s thread only).
+  std::atomic<bool> promoted{false};
   std::unique_ptr<SumServer> sum_server;
   Callbacks callbacks;
   std::mutex serve_mu;  // one Serve() at a time

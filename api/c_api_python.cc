@@ -1,6 +1,7 @@
 // The C interface's workers (both Table 1 bounds, per-tensor priorities),
 // general servers and replicas with the caller's callbacks, and AllReduce,
 // over the C++ API (see c_api.h). Same handle table as c_api.cc.
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +33,47 @@ absl::StatusOr<int64_t> CallUpdate(const Callbacks& callbacks, const Server::Upd
                         err[0] != '\0' ? err : "the update callback failed without a message");
   }
   return new_version;
+}
+
+// Calls the caller's request callback; its error becomes the get's failure.
+absl::StatusOr<Server::Snapshot> CallRequest(const Callbacks& callbacks) {
+  Server::Snapshot snapshot;
+  char err[2048] = {0};
+  const int code = callbacks.on_request(callbacks.ctx, &snapshot, err, sizeof err);
+  if (code != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(code),
+                        err[0] != '\0' ? err : "the request callback failed without a message");
+  }
+  return snapshot;
+}
+
+// Registers entry->callbacks with the entry's replica (under serve_mu). The
+// promotion callback is registered even without the caller's, so that
+// mlf_ext_replica_promoted can tell from any thread. It points at the
+// entry's flag without owning the entry: it runs only inside Serve(), whose
+// caller holds the entry.
+void RegisterReplicaCallbacks(Entry* entry) {
+  const Callbacks callbacks = entry->callbacks;
+  if (callbacks.on_update != nullptr) {
+    entry->replica->RegisterUpdateCallback(
+        [callbacks](const Server::Update& u) { return CallUpdate(callbacks, u); });
+  }
+  // Without a request callback, Replica answers gets with its own error.
+  entry->replica->RegisterRequestCallback(
+      callbacks.on_request == nullptr
+          ? Replica::RequestCallback()
+          : Replica::RequestCallback([callbacks] { return CallRequest(callbacks); }));
+  std::atomic<bool>* promoted = &entry->promoted;
+  entry->replica->RegisterPromotionCallback([callbacks, promoted](const Replica::Promotion& p) {
+    promoted->store(true);  // before the callback, which may ask
+    if (callbacks.on_promotion == nullptr) return;
+    mlf_promotion_view view;
+    view.server = p.server.c_str();
+    view.old_host = p.old_host.c_str();
+    view.reason = p.reason.c_str();
+    view.model_version = p.model_version;
+    callbacks.on_promotion(callbacks.ctx, &view);
+  });
 }
 
 }  // namespace
@@ -245,21 +287,12 @@ void mlf_ext_server_set_callbacks(int64_t handle, mlf_update_fn on_update,
   auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->server) return;
   std::lock_guard<std::mutex> lock(entry->serve_mu);  // not while serving
-  entry->callbacks = {on_update, on_request, ctx};
+  entry->callbacks = {on_update, on_request, nullptr, ctx};
   mlfabric::c_api::Callbacks callbacks = entry->callbacks;
   entry->server->RegisterUpdateCallback(
       [callbacks](const mlfabric::Server::Update& u) { return mlfabric::c_api::CallUpdate(callbacks, u); });
   entry->server->RegisterRequestCallback(
-      [callbacks]() -> absl::StatusOr<mlfabric::Server::Snapshot> {
-        mlfabric::Server::Snapshot snapshot;
-        char err[2048] = {0};
-        const int code = callbacks.on_request(callbacks.ctx, &snapshot, err, sizeof err);
-        if (code != 0) {
-          return absl::Status(static_cast<absl::StatusCode>(code),
-                              err[0] != '\0' ? err : "the request callback failed without a message");
-        }
-        return snapshot;
-      });
+      [callbacks] { return mlfabric::c_api::CallRequest(callbacks); });
 }
 
 int mlf_ext_server_serve(int64_t handle, char* err, size_t err_len) {
@@ -301,17 +334,28 @@ int64_t mlf_ext_replica_create(const char* server, const char* socket, const cha
   if (!replica.ok()) return mlfabric::c_api::Fail(replica.status(), code, err, err_len);
   auto entry = std::make_shared<Entry>();
   entry->replica = std::move(*replica);
+  mlfabric::c_api::RegisterReplicaCallbacks(entry.get());  // the promoted flag
   return mlfabric::c_api::Add(std::move(entry));
 }
 
 void mlf_ext_replica_set_callback(int64_t handle, mlf_update_fn on_update, void* ctx) {
+  mlf_ext_replica_set_callbacks(handle, on_update, nullptr, nullptr, ctx);
+}
+
+void mlf_ext_replica_set_callbacks(int64_t handle, mlf_update_fn on_update,
+                                   mlf_request_fn on_request, mlf_promotion_fn on_promotion,
+                                   void* ctx) {
   auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->replica) return;
-  std::lock_guard<std::mutex> lock(entry->serve_mu);
-  entry->callbacks = {on_update, nullptr, ctx};
-  mlfabric::c_api::Callbacks callbacks = entry->callbacks;
-  entry->replica->RegisterUpdateCallback(
-      [callbacks](const mlfabric::Server::Update& u) { return mlfabric::c_api::CallUpdate(callbacks, u); });
+  std::lock_guard<std::mutex> lock(entry->serve_mu);  // not while serving
+  entry->callbacks = {on_update, on_request, on_promotion, ctx};
+  mlfabric::c_api::RegisterReplicaCallbacks(entry.get());
+}
+
+int mlf_ext_replica_promoted(int64_t handle) {
+  auto entry = mlfabric::c_api::Find(handle);
+  if (!entry || !entry->replica) return -1;
+  return entry->promoted.load() ? 1 : 0;
 }
 
 int mlf_ext_replica_serve(int64_t handle, char* err, size_t err_len) {

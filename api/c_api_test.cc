@@ -33,6 +33,10 @@ TEST_CASE("unknown handles are errors naming the handle, on every kind of object
   CHECK(std::string(err).find("no Server with handle 987654321") == 0);
   CHECK(mlf_ext_replica_serve(bogus, err, sizeof err) != 0);
   CHECK(std::string(err).find("no Replica with handle 987654321") == 0);
+  CHECK(mlf_ext_replica_promoted(bogus) == -1);  // neither promoted nor not
+  // Setting callbacks on what does not exist is ignored, not a crash.
+  mlf_ext_replica_set_callbacks(bogus, nullptr, nullptr, nullptr, nullptr);
+  mlf_ext_server_set_callbacks(bogus, nullptr, nullptr, nullptr);
   CHECK(mlf_sum_server_applied(bogus) == -1);
   // Closing what does not exist is harmless, twice.
   mlf_sum_server_stop(bogus);

@@ -17,7 +17,13 @@ job "demo" plus a second job "other" on the same scheduler).
      in small buckets and unfused (one AllReduce per tensor) as allreduce
      of each tensor alone, and every dtype keeps its precision;
   5. a Replica (Python callback) registered before the pushes ends with
-     exactly the server's model.
+     exactly the server's model;
+  6. failover: a Python Server on h0 (rank 0) leaves (stop() and close();
+     its daemon reports it) and the scheduler promotes its Python Replica on
+     h1 (rank 1): the promotion callback runs once with server, old_host,
+     reason and model_version, `promoted` turns True, the workers' gets are
+     answered by the replica's request callback with its model and versions
+     that go on from the old server's, and later pushes are applied to it.
 Prints "python_api_check rank R: OK" on success.
 """
 import faulthandler
@@ -333,6 +339,118 @@ if rank == 1:
            % (len(replica_seen), version))
     expect(np.array_equal(replica_model, np.frombuffer(data, np.float32)),
            "the replica's model equals the server's")
+barrier()
+print("rank %d: part 5 (replica) done" % rank, flush=True)
+
+# ---- 6. failover: the server leaves, its replica (all three callbacks) takes over
+fo_size = 4
+fo_server = fo_replica = None
+if rank == 0:
+    fo_model, fo_state = np.zeros(fo_size, np.float32), {"version": 0}
+
+    def fo_apply(update):
+        fo_model[:] += update.array(np.float32)
+        fo_state["version"] += update.count
+        return fo_state["version"]
+
+    fo_server = mlfabric.Server("pyfo", fo_apply,
+                                lambda: (fo_state["version"], fo_model)).start()
+standby = {"model": np.zeros(fo_size, np.float32), "version": 0, "applied": 0,
+           "requests": 0, "promotions": []}
+if rank == 1:
+    def standby_apply(update):
+        standby["model"] += update.array(np.float32)
+        standby["applied"] += update.count
+        standby["version"] += update.count
+        return standby["version"]
+
+    def standby_request():
+        standby["requests"] += 1
+        return standby["version"], standby["model"]
+
+    def standby_promote(p):
+        standby["promotions"].append(p)
+        standby["promoted_in_callback"] = fo_replica.promoted
+        # Versions go on from the old server's, never back.
+        standby["version"] = max(standby["version"], p.model_version)
+
+    fo_replica = mlfabric.Replica("pyfo", standby_apply, standby_request,
+                                  standby_promote).start()
+    expect(not fo_replica.promoted, "a replica is not promoted before its server leaves")
+barrier()
+get_when_up(worker, "pyfo")
+# Integer-valued updates: the sums are exact whatever the order.
+for turn in range(size):
+    if turn == rank:
+        v, _ = worker.get("pyfo")
+        r = worker.push("pyfo", np.full(fo_size, rank + 1, np.float32), v)
+        expect(r["outcome"] == "applied" and r["applied_version"] == v + 1,
+               "push to pyfo before the failover applied: %s" % r)
+    barrier()
+before_version, _ = worker.get("pyfo")
+expect(before_version == size, "pyfo at v%d before the failover" % before_version)
+if rank == 1:
+    deadline = time.time() + 30  # copies may be punted to a later batch
+    while standby["applied"] < size and time.time() < deadline and fo_replica.error is None:
+        time.sleep(0.05)
+    expect(standby["applied"] == size, "the replica applied %d of %d updates before the failover"
+           % (standby["applied"], size))
+barrier()
+if rank == 0:
+    fo_server.stop()  # the application leaves; its daemon tells the scheduler
+    fo_server.close()
+    print("rank 0: the server pyfo left", flush=True)
+if rank == 1:
+    deadline = time.time() + 30
+    while not standby["promotions"] and time.time() < deadline and fo_replica.error is None:
+        time.sleep(0.05)
+    expect(fo_replica.error is None, "the replica serves on: %r" % fo_replica.error)
+    expect(len(standby["promotions"]) == 1, "the promotion callback ran once: %s"
+           % standby["promotions"])
+    expect(fo_replica.promoted, "the replica is promoted")
+    expect(standby.get("promoted_in_callback") is True, "promoted is True inside the callback")
+    if standby["promotions"]:
+        p = standby["promotions"][0]
+        print("rank 1: %r" % p, flush=True)
+        expect(isinstance(p, mlfabric.Promotion), "the callback gets a Promotion: %r" % p)
+        expect(p.server == "pyfo" and p.old_host == "h0",
+               "promotion of pyfo from h0: %s from %s" % (p.server, p.old_host))
+        expect(p.reason != "", "the promotion says why")
+        expect(p.model_version == before_version,
+               "promotion at the old server's v%d: v%d" % (before_version, p.model_version))
+barrier()
+# The workers change nothing: their gets and pushes now reach the replica.
+after_version, after_data = worker.get("pyfo")
+expect(after_version == before_version, "get after the failover at v%d (was v%d)"
+       % (after_version, before_version))
+expect(np.array_equal(np.frombuffer(after_data, np.float32),
+                      np.full(fo_size, sum(r + 1 for r in range(size)), np.float32)),
+       "get after the failover returns the replica's model: %s"
+       % np.frombuffer(after_data, np.float32))
+for turn in range(size):
+    if turn == rank:
+        v, _ = worker.get("pyfo")
+        r = worker.push("pyfo", np.full(fo_size, 10 * (rank + 1), np.float32), v)
+        expect(r["outcome"] == "applied" and r["applied_version"] == v + 1,
+               "push to pyfo after the failover applied at v%d: %s" % (v + 1, r))
+    barrier()
+final_version, final_data = worker.get("pyfo")
+want = np.full(fo_size, sum(11 * (r + 1) for r in range(size)), np.float32)
+expect(final_version == 2 * size, "pyfo at v%d after the failover's pushes" % final_version)
+expect(np.array_equal(np.frombuffer(final_data, np.float32), want),
+       "the promoted replica applied the pushes: %s" % np.frombuffer(final_data, np.float32))
+if rank == 1:
+    expect(np.array_equal(standby["model"], want) and standby["applied"] == 2 * size,
+           "the replica's own model: %s, %d applied" % (standby["model"], standby["applied"]))
+    # Concurrent gets may share one snapshot (§10.3): at least one request.
+    expect(standby["requests"] > 0, "gets answered by the request callback: %d"
+           % standby["requests"])
+barrier()
+if fo_replica is not None:
+    fo_replica.stop()
+    fo_replica.close()
+    expect(fo_replica.promoted, "promoted is kept after close()")
+print("rank %d: part 6 (failover) done" % rank, flush=True)
 barrier()
 if server is not None:
     server.stop()

@@ -15,7 +15,8 @@ Classes (pybind11 binding of the C++ API in api/):
     Server(name, update=None, request=None, ...): a parameter server whose
         update callback (Update -> new version) and request callback
         (-> (version, bytes-like)) are Python functions; serve() or start()
-    Replica(server, update=None, ...): a replica of `server` (§5.3)
+    Replica(server, update=None, request=None, promotion=None, ...): a replica of
+        `server` (§5.3); when the server dies it is promoted: promotion(p), then request()
     SumServer(name, initial_float32): a C++ parameter server applying model += update
 Empty socket/job/token come from MLFABRIC_DAEMON_SOCKET/MLFABRIC_JOB/...
 which mlfabric-run sets; bounds None = the job's (mlfabric-run --delay_bound).
@@ -39,6 +40,7 @@ Worker = _ext.Worker
 SumServer = _ext.SumServer
 PendingPush = _ext.PendingPush
 Update = _ext.Update
+Promotion = _ext.Promotion
 PushFailedError = _ext.PushFailedError
 
 _serving = weakref.WeakSet()
@@ -117,16 +119,34 @@ class Server(_Serving, _ext.Server):
 
 class Replica(_Serving, _ext.Replica):
     """A replica of server `server` (mlfabric.md §5.3): its update callback
-    applies the updates the scheduler replicates to it, in order."""
+    applies the updates the scheduler replicates to it, in order.
 
-    def __init__(self, server, update=None, name="", socket="", job="", token="",
-                 delay_bound=None, divergence_bound=None):
+    Failover (§3.3): when the server dies the scheduler promotes the replica:
+    promotion(p) runs once, then the replica serves the workers' gets via
+    request() and keeps applying updates; continue version numbers from
+    p.model_version. `p` is a Promotion (server, old_host, reason,
+    model_version); `.promoted` turns True. request has the contract of a
+    Server's: it returns (version, bytes-like). Without it, gets to a
+    promoted replica fail; an exception in promotion is reported and serving
+    goes on.
+
+        def promote(p):
+            version[0] = max(version[0], p.model_version)
+        mlfabric.Replica("ps0", apply, lambda: (version[0], model), promote).start()
+    """
+
+    def __init__(self, server, update=None, request=None, promotion=None, name="", socket="",
+                 job="", token="", delay_bound=None, divergence_bound=None):
         _ext.Replica.__init__(self, server, name=name, socket=socket, job=job, token=token,
                               delay_bound=delay_bound, divergence_bound=divergence_bound)
         self._thread = None
         self.error = None
         if update is not None:
             self.register_update_callback(update)
+        if request is not None:
+            self.register_request_callback(request)
+        if promotion is not None:
+            self.register_promotion_callback(promotion)
 
     def __repr__(self):
         return "<mlfabric.Replica of %r>" % self.server

@@ -4,7 +4,8 @@
 // in the same process). Blocking calls release the GIL; server and replica
 // callbacks take it back while Python code runs, and a Python exception in a
 // callback fails that push (or get) with the exception's text, never the
-// process.
+// process (a replica's promotion callback fails nothing: its exception is
+// reported).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -445,11 +446,21 @@ std::string PythonError(py::error_already_set& e, const char* where) {
   return std::string("the ") + where + " raised " + type + (text.empty() ? "" : ": " + text);
 }
 
+// What a replica's promotion callback receives (api/replica.h
+// Replica::Promotion), copied out of the C view.
+struct Promotion {
+  std::string server;
+  std::string old_host;  // where the server was
+  std::string reason;    // why it failed over
+  int64_t model_version = 0;  // the old server's: continue version numbers from here
+};
+
 // State shared with the C trampolines of a server or replica; its Python
 // callables are only touched with the GIL held.
 struct Handlers {
   py::object on_update = py::none();
   py::object on_request = py::none();
+  py::object on_promotion = py::none();  // replicas only
 
   static int Update(void* ctx, const mlf_update_view* view, int64_t* new_version, char* err,
                     size_t err_len) {
@@ -526,6 +537,27 @@ struct Handlers {
     if (code != 0) std::snprintf(err, err_len, "%s", message.c_str());
     return code;
   }
+
+  // The promotion has happened when this runs, and the replica must serve
+  // on as the server: an exception fails nothing, it is reported through
+  // sys.unraisablehook (with its traceback).
+  static void Promotion(void* ctx, const mlf_promotion_view* view) {
+    auto* self = static_cast<Handlers*>(ctx);
+    py::gil_scoped_acquire acquire;
+    if (self->on_promotion.is_none()) return;
+    ::Promotion promotion;
+    promotion.server = view->server != nullptr ? view->server : "";
+    promotion.old_host = view->old_host != nullptr ? view->old_host : "";
+    promotion.reason = view->reason != nullptr ? view->reason : "";
+    promotion.model_version = view->model_version;
+    try {
+      self->on_promotion(py::cast(std::move(promotion)));
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable(self->on_promotion);
+    } catch (const std::exception& e) {
+      PySys_WriteStderr("mlfabric: the promotion callback failed: %.500s\n", e.what());
+    }
+  }
 };
 
 // A parameter server whose model lives in Python: the update callback gets
@@ -593,7 +625,9 @@ class PyServer {
 };
 
 // A replica of a server (mlfabric.md §5.3): applies the updates its daemon
-// delivers, in the scheduled order, with the same Update callback.
+// delivers, in the scheduled order, with the same Update callback. When the
+// scheduler promotes it (failover), the promotion callback runs once and the
+// request callback answers the workers' gets from then on, as a server's.
 class PyReplica {
  public:
   PyReplica(const std::string& server, const std::string& name, const std::string& socket,
@@ -610,13 +644,27 @@ class PyReplica {
     }
     if (handle_ == 0) Raise(code, err);
     server_ = server;
-    mlf_ext_replica_set_callback(handle_, &Handlers::Update, &handlers_);
+    // All three trampolines, once: the Python callables may be (re)set any
+    // time, while serving too, since the trampolines read them under the GIL.
+    mlf_ext_replica_set_callbacks(handle_, &Handlers::Update, &Handlers::Request,
+                                  &Handlers::Promotion, &handlers_);
   }
   ~PyReplica() { Close(); }
   void SetUpdate(py::object fn) {
     if (!fn.is_none() && !PyCallable_Check(fn.ptr())) throw py::type_error("the update callback must be callable");
     handlers_.on_update = std::move(fn);
   }
+  void SetRequest(py::object fn) {
+    if (!fn.is_none() && !PyCallable_Check(fn.ptr())) throw py::type_error("the request callback must be callable");
+    handlers_.on_request = std::move(fn);
+  }
+  void SetPromotion(py::object fn) {
+    if (!fn.is_none() && !PyCallable_Check(fn.ptr())) throw py::type_error("the promotion callback must be callable");
+    handlers_.on_promotion = std::move(fn);
+  }
+  // Readable from any thread while serve() runs (an atomic in the C API);
+  // after close(), what it was then.
+  bool promoted() const { return handle_ != 0 ? mlf_ext_replica_promoted(handle_) == 1 : promoted_; }
   void Serve() {
     if (handle_ == 0) throw std::runtime_error("serve on a closed Replica");
     if (handlers_.on_update.is_none()) {
@@ -636,6 +684,7 @@ class PyReplica {
   }
   void Close() {
     if (handle_ != 0) {
+      promoted_ = promoted();
       py::gil_scoped_release release;
       mlf_ext_replica_destroy(handle_);
       handle_ = 0;
@@ -646,6 +695,7 @@ class PyReplica {
  private:
   int64_t handle_ = 0;
   std::string server_;
+  bool promoted_ = false;  // as it was at close()
   Handlers handlers_;
 };
 
@@ -741,6 +791,15 @@ PYBIND11_MODULE(_mlfabric, m) {
                "' v" + std::to_string(u.version()) + " count " + std::to_string(u.count()) + ", " +
                std::to_string(u.bytes()) + " bytes>";
       });
+  py::class_<Promotion>(m, "Promotion")
+      .def_readonly("server", &Promotion::server)
+      .def_readonly("old_host", &Promotion::old_host)
+      .def_readonly("reason", &Promotion::reason)
+      .def_readonly("model_version", &Promotion::model_version)
+      .def("__repr__", [](const Promotion& p) {
+        return "<mlfabric.Promotion of '" + p.server + "' from host '" + p.old_host + "' at v" +
+               std::to_string(p.model_version) + ": " + p.reason + ">";
+      });
   py::class_<PyServer>(m, "Server")
       .def(py::init<const std::string&, const std::string&, const std::string&,
                     const std::string&, std::optional<int64_t>, std::optional<double>>(),
@@ -761,7 +820,13 @@ PYBIND11_MODULE(_mlfabric, m) {
            py::arg("token") = "", py::arg("delay_bound") = py::none(),
            py::arg("divergence_bound") = py::none())
       .def_property_readonly("server", &PyReplica::server)
+      .def_property_readonly("promoted", &PyReplica::promoted,
+                             "True once the scheduler made this replica the server.")
       .def("register_update_callback", &PyReplica::SetUpdate, py::arg("callback"))
+      .def("register_request_callback", &PyReplica::SetRequest, py::arg("callback"),
+           "Once promoted: answers the workers' gets, returning (version, bytes-like).")
+      .def("register_promotion_callback", &PyReplica::SetPromotion, py::arg("callback"),
+           "Called once with a Promotion when the scheduler makes this replica the server.")
       .def("serve", &PyReplica::Serve)
       .def("stop", &PyReplica::Stop)
       .def("close", &PyReplica::Close);
