@@ -173,6 +173,22 @@ absl::Status Daemon::RegisterHost() {
     request.set_downlink_bps(config_.downlink_bps);
     const double sent_s = clock_->NowSeconds();
     request.set_daemon_time_s(sent_s);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [transfer_id, push] : pushes_.Unresolved()) {
+        v1::InDoubtPush* doubt = request.add_in_doubt();
+        doubt->set_transfer_id(transfer_id);
+        doubt->set_local_id(push.local_id);
+        doubt->set_job(push.app ? push.app->job : "");
+        doubt->set_server(push.server);
+      }
+      for (const daemon::AppliedLog::Entry& entry : applied_log_.Report()) {
+        v1::AppliedPush* applied = request.add_applied();
+        applied->set_transfer_id(entry.push);
+        applied->set_model_version(entry.model_version);
+        applied->set_acknowledged(entry.acknowledged);
+      }
+    }
     v1::RegisterHostReply reply;
     absl::Status status = scheduler_->RegisterHost(request, &reply);
     const double received_s = clock_->NowSeconds();
@@ -182,8 +198,9 @@ absl::Status Daemon::RegisterHost() {
       if (scheduler_epoch_ != 0 && reply.scheduler_epoch() != scheduler_epoch_) {
         // A restarted scheduler numbers every server's commit positions from
         // 1 again: the old positions would hold its deliveries back as old.
-        // Pushes still waiting at them belong to the old scheduler: their
-        // workers' daemons lost the stream too and failed them.
+        // Those still waiting were cancelled when the stream broke; their
+        // pushes are in doubt at their sources, and this registration's
+        // applied log tells the new scheduler they were not applied.
         const std::vector<uint64_t> pending = delivery_.Reset();
         // It may number jobs differently: where servers live is asked anew.
         if (resolver_) resolver_->Clear();

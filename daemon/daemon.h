@@ -74,6 +74,7 @@
 #include "daemon/daemon_config.h"
 #include "daemon/engine/aggregation_table.h"
 #include "daemon/engine/buffer_pool.h"
+#include "daemon/engine/applied_log.h"
 #include "daemon/engine/delivery_sequencer.h"
 #include "daemon/engine/get_batcher.h"
 #include "daemon/engine/model_fetcher.h"
@@ -286,6 +287,10 @@ class Daemon : private transport::DataSessionHandler,
   // This host's pushes until their outcome (own lock, a leaf under mu_).
   daemon::PushTable pushes_;
   std::map<std::string, ServerEndpoint> servers_;     // by ServerKey
+  daemon::AppliedLog applied_log_;  // what this host's servers applied (issue 16 item 4)
+  // Each server endpoint's model version as its acknowledgements said, by
+  // ServerKey: told to a restarted scheduler when the server registers again.
+  std::map<std::string, int64_t> server_versions_;
   daemon::DeliverySequencer delivery_;                // commit order, by ServerKey
   std::map<uint64_t, Incoming> incoming_;             // by transfer id
   // In-network aggregations (§5.2); own lock, a leaf under mu_.

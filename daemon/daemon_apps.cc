@@ -125,6 +125,7 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
   // never waits for a submission.
   daemon::PushTable::Push pending;
   pending.app = app;
+  pending.server = push.server();
   pending.request_id = push.request_id();
   pending.buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
   pending.tensors.assign(push.tensors().begin(), push.tensors().end());
@@ -237,6 +238,12 @@ void Daemon::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
       if (!round.has_value()) return;  // failed meanwhile; already reported
       // A round advances the model by one version, whatever the callback
       // returned: it is the version the workers' gets already saw.
+      applied_log_.Acked(ack.transfer_id(), /*applied=*/false, 0);  // logged per member:
+      if (ack.error().empty()) {
+        for (uint64_t member : round->members) applied_log_.Applied(member, round->round + 1);
+        int64_t& version = server_versions_[round->key];
+        version = std::max(version, round->round + 1);
+      }
       for (uint64_t member : round->members) {
         v1::CompletionReport report;
         report.set_host(config_.host);
@@ -254,12 +261,19 @@ void Daemon::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
     for (const v1::CompletionReport& report : round_reports) reporter_->ReportNow(report);
     return;
   }
+  std::vector<uint64_t> pushes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto done = awaiting_ack_.find(ack.transfer_id()); done != awaiting_ack_.end()) {
+      if (ack.error().empty() && done->second.first != nullptr) {
+        const std::shared_ptr<AppSession>& app = done->second.first;
+        int64_t& version = server_versions_[ServerKey(app->job_id, app->name)];
+        version = std::max(version, ack.model_version());
+      }
       buffer_pool_.Recycle(std::move(done->second.second));
       awaiting_ack_.erase(done);
     }
+    pushes = applied_log_.Acked(ack.transfer_id(), ack.error().empty(), ack.model_version());
   }
   v1::CompletionReport report;
   report.set_host(config_.host);
@@ -268,6 +282,8 @@ void Daemon::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
   report.set_model_version(ack.model_version());
   report.set_error(ack.error().empty() ? ""
                                        : absl::StrCat("server refused the update: ", ack.error()));
+  // A scheduler that restarted meanwhile knows the pushes, not the delivery.
+  for (uint64_t push : pushes) report.add_pushes(push);
   reporter_->ReportNow(report);
 }
 

@@ -50,22 +50,42 @@ void Daemon::ScheduleStreamLoop() {
     absl::Status status = stream->Finish();
     if (stopping_.load()) break;
     MLF_LOG(WARNING) << "lost the scheduler's schedule stream: " << daemon::RpcErrorText(status)
-                     << "; failing pending pushes and re-registering";
+                     << "; its plans end here, and the pushes in flight wait for the "
+                     << "scheduler's word once this daemon has registered again";
     {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Pushes in flight stay in doubt: the scheduler this daemon registers
+      // with next tells their outcomes (issue 16 item 4). Their bytes stop
+      // here; pushes still being submitted fail when their SubmitUpdate does.
+      send_->DropAll();
+      // Nothing planned by the scheduler that is gone is applied from now
+      // on, so what the servers' applications applied (applied_log_) is
+      // final for the pushes of its plans. Deliveries already handed over
+      // are reported as such.
+      size_t cancelled = 0;
+      for (const auto& [key, endpoint] : servers_) {
+        cancelled += delivery_.CancelAll(key, "the scheduler that planned it is gone").size();
+        daemon::RoundTable::Effects fx;
+        rounds_.FailServer(key, "the scheduler that planned the round is gone", &fx,
+                           /*spare_delivering=*/true);
+        ApplyRoundEffectsLocked(fx);
+      }
+      if (cancelled > 0) {
+        MLF_LOG(WARNING) << "cancelled " << cancelled << " expected update(s) of the lost schedule";
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (auto status = RegisterHost(); !status.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       for (const daemon::PushTable::Push& push : pushes_.TakeAllSubmitted()) {
         v1::LocalMessage done;
         done.mutable_push_done()->set_request_id(push.request_id);
         done.mutable_push_done()->set_outcome(v1::OUTCOME_FAILED);
-        done.mutable_push_done()->set_reason("the daemon lost its connection to the scheduler");
+        done.mutable_push_done()->set_reason(absl::StrCat(
+            "the daemon lost its connection to the scheduler and could not register again: ",
+            status.message()));
         (void)push.app->channel->Send(done);
       }
-      // Pushes still being submitted fail when their SubmitUpdate does.
-      send_->DropAll();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    if (auto status = RegisterHost(); !status.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
       fatal_ = status;
       cv_.notify_all();
       return;
@@ -74,8 +94,15 @@ void Daemon::ScheduleStreamLoop() {
     const std::vector<std::shared_ptr<AppSession>> apps = apps_->Sessions();
     for (const auto& app : apps) {
       if (!app->registered) continue;
-      const v1::RegisterEntityRequest entity =
+      v1::RegisterEntityRequest entity =
           internal::EntityRequest(config_.host, app->uid, app->registration);
+      if (app->role == v1::ROLE_SERVER) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (auto version = server_versions_.find(ServerKey(app->job_id, app->name));
+            version != server_versions_.end()) {
+          entity.set_model_version(version->second);
+        }
+      }
       v1::RegisterEntityReply reply;
       if (scheduler_->RegisterEntity(entity, &reply).ok() && !reply.job_data_key().empty()) {
         data_keys_.SetJobKey(reply.job_id(), reply.job_data_key());

@@ -74,6 +74,8 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
                                                          server, "': ", sent.message()));
     } else {
       awaiting_ack_[transfer_id] = {endpoint.app, incoming->second.buffer};
+      applied_log_.Handed(transfer_id, {step.info.constituents().begin(),
+                                        step.info.constituents().end()});
     }
     ++stats_.deliveries;
     incoming_.erase(incoming);
@@ -159,6 +161,7 @@ void Daemon::DeliverRoundLocked(const std::string& key, int64_t round,
                            fx);
     return;
   }
+  applied_log_.Handed(delivery->id, delivery->members);
   ++stats_.deliveries;
   ++stats_.rounds;
 }

@@ -5,6 +5,7 @@ namespace mlfabric::daemon {
 uint64_t PushTable::Record(Push push) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t local = next_local_++;
+  push.local_id = local;
   submitting_.emplace(local, std::move(push));
   return local;
 }
@@ -65,6 +66,11 @@ std::vector<PushTable::Push> PushTable::TakeAllSubmitted() {
   for (auto& [id, push] : pushes_) all.push_back(std::move(push));
   pushes_.clear();
   return all;
+}
+
+std::vector<std::pair<uint64_t, PushTable::Push>> PushTable::Unresolved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {pushes_.begin(), pushes_.end()};
 }
 
 size_t PushTable::submitted() const {

@@ -23,6 +23,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "daemon/apps/app_sessions.h"
@@ -40,6 +42,8 @@ class PushTable {
     std::shared_ptr<SharedBuffer> buffer;
     std::vector<v1::TensorInfo> tensors;
     std::shared_ptr<PacketChecksums> checksums;
+    std::string server;     // where it goes
+    uint64_t local_id = 0;  // set by Record
   };
 
   // Records a push about to be submitted; returns its local id (> 0).
@@ -62,6 +66,9 @@ class PushTable {
   // gone): forgotten and returned. Held copies and pushes still being
   // submitted stay.
   std::vector<Push> TakeAllSubmitted();
+  // Every submitted push whose outcome is not known, by transfer id: kept
+  // (a restarted scheduler tells their outcomes; issue 16 item 4).
+  std::vector<std::pair<uint64_t, Push>> Unresolved() const;
 
   size_t submitted() const;
   size_t held() const;

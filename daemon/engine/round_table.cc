@@ -185,6 +185,9 @@ void RoundTable::Fail(const std::string& key, int64_t number, const std::string&
                       Effects* fx) {
   std::lock_guard<std::mutex> lock(mu_);
   Round& round = GetOrCreateLocked(key, number, fx);
+  // Handed to the application already: its acknowledgement decides (a
+  // restarted scheduler fails the round it may have been in; in_doubt.h).
+  if (round.delivering) return;
   FailLocked(Key{key, number}, round, reason, fx);
 }
 
@@ -200,10 +203,12 @@ bool RoundTable::FailMemberRound(uint64_t transfer, const std::string& reason, E
   return true;
 }
 
-void RoundTable::FailServer(const std::string& key, const std::string& reason, Effects* fx) {
+void RoundTable::FailServer(const std::string& key, const std::string& reason, Effects* fx,
+                            bool spare_delivering) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = rounds_.lower_bound(Key{key, std::numeric_limits<int64_t>::min()});
        it != rounds_.end() && it->first.first == key; ++it) {
+    if (spare_delivering && it->second.delivering) continue;
     if (!it->second.reported) FailLocked(it->first, it->second, reason, fx);
   }
 }
@@ -221,6 +226,7 @@ std::optional<RoundTable::Delivery> RoundTable::BeginDelivery(const std::string&
   delivery.id = (uint64_t{1} << 63) | next_id_++;
   delivery.round = round.round;
   delivery.size = round.size;
+  for (const auto& [member, contributions] : round.members) delivery.members.push_back(member);
   delivery.bytes = round.bytes;
   delivery.sum = round.sum;
   deliveries_[delivery.id] = it->first;
@@ -253,6 +259,7 @@ std::optional<RoundTable::Acknowledged> RoundTable::Acknowledge(uint64_t id) {
   if (it == rounds_.end() || it->second.reported) return std::nullopt;  // failed meanwhile
   it->second.reported = true;
   Acknowledged acknowledged;
+  acknowledged.key = key.first;
   acknowledged.round = it->second.round;
   for (const auto& [member, contributions] : it->second.members) {
     acknowledged.members.push_back(member);

@@ -100,7 +100,10 @@ class RoundTable {
   // Fails the round `transfer` is a member of; false if it is none's.
   bool FailMemberRound(uint64_t transfer, const std::string& reason, Effects* fx);
   // Fails every round of `key` that has not ended (its server went away).
-  void FailServer(const std::string& key, const std::string& reason, Effects* fx);
+  // `spare_delivering`: a round already handed to the application is left
+  // to its acknowledgement (the application may have applied it).
+  void FailServer(const std::string& key, const std::string& reason, Effects* fx,
+                  bool spare_delivering = false);
 
   // Handing a complete round to the server application.
   struct Delivery {
@@ -109,6 +112,7 @@ class RoundTable {
     int32_t size = 0;
     int64_t bytes = 0;
     std::shared_ptr<SharedBuffer> sum;
+    std::vector<uint64_t> members;  // the pushes it sums
   };
   // nullopt if the round is not complete or has ended.
   std::optional<Delivery> BeginDelivery(const std::string& key, int64_t round);
@@ -118,6 +122,7 @@ class RoundTable {
   // number, to report; nullopt if `id` is no round's delivery, or its round
   // failed meanwhile (its members were reported then).
   struct Acknowledged {
+    std::string key;  // the server's
     int64_t round = 0;
     std::vector<uint64_t> members;
   };
