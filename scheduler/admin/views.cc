@@ -35,6 +35,9 @@ json StatsJson(const SchedulerStats& s) {
           {"chain_hops", s.chain_hops},
           {"replica_copies", s.replica_copies},
           {"bandwidth_reports", s.bandwidth_reports},
+          {"in_doubt_applied", s.in_doubt_applied},
+          {"in_doubt_failed", s.in_doubt_failed},
+          {"outcome_contradicted", s.outcome_contradicted},
           {"plan_ms_total", s.plan_ms_total},
           {"plan_ms_max", s.plan_ms_max}};
 }
@@ -328,6 +331,14 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
   w.Family("mlfabric_scheduler_bandwidth_reports_total", "counter",
            "ReportBandwidth calls accepted.");
   w.Sample("mlfabric_scheduler_bandwidth_reports_total", {}, s.bandwidth_reports);
+  w.Family("mlfabric_scheduler_in_doubt_pushes_total", "counter",
+           "Pushes in flight when a scheduler died, ended by this one, by outcome.");
+  w.Sample("mlfabric_scheduler_in_doubt_pushes_total", {{"outcome", "applied"}},
+           s.in_doubt_applied);
+  w.Sample("mlfabric_scheduler_in_doubt_pushes_total", {{"outcome", "failed"}}, s.in_doubt_failed);
+  w.Family("mlfabric_scheduler_outcomes_contradicted_total", "counter",
+           "Pushes a server applied after they were reported dropped or failed (should be 0).");
+  w.Sample("mlfabric_scheduler_outcomes_contradicted_total", {}, s.outcome_contradicted);
   w.Family("mlfabric_scheduler_plan_seconds_total", "counter", "Planner compute time, summed.");
   w.Sample("mlfabric_scheduler_plan_seconds_total", {}, s.plan_ms_total / 1e3);
   w.Family("mlfabric_scheduler_plan_seconds_max", "gauge", "Longest single batch plan.");

@@ -150,6 +150,7 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
                      << " failed: " << reason;
   }
   const int64_t delay = result->delay();
+  RememberOutcome(transfer_id, {outcome, reason, applied_version, delay});
   Enqueue(record.src_host, std::move(command));
   if (outcome == v1::OUTCOME_APPLIED) {
     if (job) ++job->applied;
@@ -185,6 +186,15 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
     // Named by the host that sent it: a data session's end knows only an address.
     FailAggregate(aggregate_id, absl::StrCat("constituent ", transfer_id, " from ", src_host,
                                              " failed: ", reason));
+  }
+}
+
+void ClusterState::RememberOutcome(uint64_t transfer_id, RecentOutcome outcome) {
+  if (!recent_outcomes.emplace(transfer_id, std::move(outcome)).second) return;
+  recent_order.push_back(transfer_id);
+  while (recent_order.size() > kRecentOutcomes) {
+    recent_outcomes.erase(recent_order.front());
+    recent_order.pop_front();
   }
 }
 
@@ -303,7 +313,44 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
   }
 }
 
+void ClusterState::FailTransfer(uint64_t transfer_id, const std::string& reason,
+                                double grace_s) {
+  auto it = updates.find(transfer_id);
+  if (it == updates.end()) return;
+  UpdateRecord& record = it->second;
+  bool copy_moving = false;
+  for (const auto& [copy_id, copy] : replica_copies) {
+    copy_moving = copy_moving || copy.source == transfer_id;
+  }
+  if ((record.replica_ahead || copy_moving) && grace_s > 0 && record.failure_pending.empty()) {
+    record.failure_pending = reason;
+    record.fail_at_s = clock_->NowSeconds() + grace_s;
+    MLF_LOG(INFO) << "push " << transfer_id << " failed to reach its server (" << reason
+                  << "), but its replica holds its copy: waiting " << grace_s
+                  << " s for a failover before failing it";
+    return;
+  }
+  Complete(transfer_id, v1::OUTCOME_FAILED, reason, 0);
+}
+
 void ClusterState::ExpireOverdue(double now_s) {
+  std::vector<uint64_t> pending_failures;
+  for (const auto& [id, record] : updates) {
+    if (!record.failure_pending.empty() && now_s >= record.fail_at_s) pending_failures.push_back(id);
+  }
+  for (uint64_t id : pending_failures) {
+    auto it = updates.find(id);
+    if (it == updates.end()) continue;
+    const std::string reason = it->second.failure_pending;
+    // No failover came: its copy must not make the replica hold what the
+    // server never applied, if it can still be stopped.
+    std::vector<uint64_t> copies;
+    for (const auto& [copy_id, copy] : replica_copies) {
+      if (copy.source == id) copies.push_back(copy_id);
+    }
+    for (uint64_t copy : copies) EndReplicaCopy(copy, /*applied=*/false, reason, 0);
+    Complete(id, v1::OUTCOME_FAILED, reason, 0);
+  }
   std::vector<uint64_t> overdue;
   for (const auto& [id, record] : updates) {
     if (record.state == UpdateState::kInFlight && now_s > record.planned.deadline_s) {

@@ -21,6 +21,7 @@
 #define MLFABRIC_SCHEDULER_SERVICE_CLUSTER_STATE_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
@@ -75,6 +76,12 @@ struct UpdateRecord {
   bool replica_ahead = false;
   double submitted_s = 0;
   TransferView planned;  // set once planned (dst, segments, deadline)
+  // Its transfer to the server failed while the replica holds (or is
+  // receiving) its copy: the server may be dying, and if its replica takes
+  // over, the push is in the model served. It fails with this reason at
+  // `fail_at_s` unless a failover decides it first (failover.h).
+  std::string failure_pending;
+  double fail_at_s = 0;
 };
 
 // An in-network aggregate (§5.2): its constituents go to `host`, which sums
@@ -172,6 +179,27 @@ struct ReplicaCopy {
   bool to_promoted = false;
 };
 
+// A push whose source's schedule stream broke while it was in flight: the
+// source's daemon names it when it registers again, and waits for its
+// outcome (in_doubt.h; issue 16 item 4).
+struct InDoubtPush {
+  uint64_t transfer_id = 0;
+  uint64_t local_id = 0;
+  std::string src_host;
+  std::string job;
+  std::string server;
+  double since_s = 0;
+};
+
+// How a push ended, kept a while so that a source whose stream broke
+// before the outcome reached it can be told again.
+struct RecentOutcome {
+  v1::Outcome outcome = v1::OUTCOME_UNSPECIFIED;
+  std::string reason;
+  int64_t applied_version = 0;
+  int64_t delay = 0;
+};
+
 // Job policies (pure).
 // The round size in force for a server: the pushes a round sums and closes
 // with. M = as registered, else the number of workers of a sync-mode job;
@@ -205,6 +233,16 @@ class ClusterState {
   // replica copy's (failover.h): applied if the copy is, failed if not.
   // Out of `updates`, so that nothing else ends them first; by copy id.
   std::map<uint64_t, UpdateRecord> decided_by_copy;
+  // A restarted scheduler's account of the pushes of its predecessor's
+  // plans (in_doubt.h): those in doubt at their sources, and what the
+  // servers' daemons applied (version, when heard) or were applying.
+  std::map<uint64_t, InDoubtPush> in_doubt;
+  std::map<uint64_t, std::pair<int64_t, double>> applied_elsewhere;
+  std::set<uint64_t> delivering;
+  // The last kRecentOutcomes outcomes (Complete), by transfer id.
+  static constexpr size_t kRecentOutcomes = 65536;
+  std::map<uint64_t, RecentOutcome> recent_outcomes;
+  std::deque<uint64_t> recent_order;
   SchedulerStats stats;
   // Workers' iteration clocks and timings: a push counts when accepted,
   // its transfer time when it ends (Complete).
@@ -232,6 +270,9 @@ class ClusterState {
   // a push ends once.
   void Complete(uint64_t transfer_id, v1::Outcome outcome, const std::string& reason,
                 int64_t applied_version);
+  // Keeps how push `transfer_id` ended, for a source that may not have
+  // heard it (in_doubt.h); the first outcome recorded stands.
+  void RememberOutcome(uint64_t transfer_id, RecentOutcome outcome);
   // Fails an aggregate and every constituent still in flight, and tells the
   // aggregator and the server's daemon to forget it.
   void FailAggregate(uint64_t aggregate_id, const std::string& reason);
@@ -241,8 +282,13 @@ class ClusterState {
   // The host's stream ended or it registered again: every push from or to
   // it, every aggregate on it and every replica copy through it fails.
   void MarkHostDown(const std::string& host, const std::string& reason);
-  // Fails in-flight pushes past their deadline (slow or vanished daemons).
+  // Fails in-flight pushes past their deadline (slow or vanished daemons),
+  // and those whose failure waited for a failover that did not come.
   void ExpireOverdue(double now_s);
+  // Push `transfer_id`'s transfer to its server failed with `reason`. It
+  // fails now, unless its replica holds or is receiving its copy: then it
+  // waits `grace_s` for a failover, which would make it applied.
+  void FailTransfer(uint64_t transfer_id, const std::string& reason, double grace_s);
 
   // §5.3 bookkeeping: tells the replica's daemon to skip a copy that will
   // never arrive; forgets a server's punted copies and frees their bytes.

@@ -106,6 +106,7 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
     record.aggregate_id = 0;
     record.round_member = false;
     record.replica_punted = false;
+    record.failure_pending.clear();
     state->decided_by_copy[copy_of[id]] = std::move(record);
     ++view.in_flight_awaiting;
   }

@@ -199,5 +199,50 @@ TEST_CASE("no live replica: nothing moves, and the server's pushes fail as befor
   CHECK_FALSE(PromoteReplica(&same_host.state, "demo", "ps", "gone"));
 }
 
+TEST_CASE("a push whose transfer failed while its replica holds its copy waits for a failover") {
+  Fixture f;
+  const uint64_t held = f.Push("w1", /*in_flight=*/true);
+  f.state.updates[held].replica_ahead = true;
+  const uint64_t racing = f.Push("w2", /*in_flight=*/true);
+  const uint64_t racing_copy = f.Copy(racing, "w2", 2);
+  const uint64_t plain = f.Push("w1", /*in_flight=*/true);
+  // The server's daemon died; its peers noticed before the scheduler did.
+  f.state.FailTransfer(held, "connection refused by s1", 5);
+  f.state.FailTransfer(racing, "connection refused by s1", 5);
+  f.state.FailTransfer(plain, "connection refused by s1", 5);
+  const auto early = f.Drain("w1");
+  REQUIRE(Fixture::OutcomeOf(early, plain) != nullptr);  // nothing at the replica: fails now
+  CHECK(Fixture::OutcomeOf(early, held) == nullptr);     // waits
+  CHECK(f.Drain("w2").empty());
+
+  // The failover comes: the replica's model is served, and holds them.
+  REQUIRE(FailOverServersOn(&f.state, "s1", "daemon disconnected") == 1);
+  const auto at_w1 = f.Drain("w1");
+  REQUIRE(Fixture::OutcomeOf(at_w1, held) != nullptr);
+  CHECK(Fixture::OutcomeOf(at_w1, held)->outcome() == v1::OUTCOME_APPLIED);
+  f.state.EndReplicaCopy(racing_copy, /*applied=*/true, "", 41);
+  const auto at_w2 = f.Drain("w2");
+  REQUIRE(Fixture::OutcomeOf(at_w2, racing) != nullptr);
+  CHECK(Fixture::OutcomeOf(at_w2, racing)->outcome() == v1::OUTCOME_APPLIED);
+
+  // Without a failover the push fails once the grace is over, and its copy
+  // is stopped at the replica if it can be.
+  Fixture g;
+  const uint64_t lone = g.Push("w2", /*in_flight=*/true);
+  const uint64_t lone_copy = g.Copy(lone, "w2", 2);
+  g.state.FailTransfer(lone, "connection reset", 5);
+  g.state.ExpireOverdue(g.clock.NowSeconds() + 1);
+  CHECK(g.Drain("w2").empty());
+  g.state.ExpireOverdue(g.clock.NowSeconds() + 6);
+  const auto late = g.Drain("w2");
+  REQUIRE(Fixture::OutcomeOf(late, lone) != nullptr);
+  CHECK(Fixture::OutcomeOf(late, lone)->outcome() == v1::OUTCOME_FAILED);
+  CHECK(Fixture::OutcomeOf(late, lone)->reason() == "connection reset");
+  CHECK(g.state.replica_copies.count(lone_copy) == 0);
+  const auto at_r1 = g.Drain("r1");
+  REQUIRE(at_r1.size() == 1);
+  CHECK(at_r1[0].cancel().transfer_id() == lone_copy);
+}
+
 }  // namespace
 }  // namespace mlfabric

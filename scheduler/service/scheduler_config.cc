@@ -43,6 +43,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Int("planner_threads", &config.planner_threads, 0, 256);
   reader.Double("transfer_slack_s", &config.transfer_slack_s, 0.01, 3600);
   reader.Double("server_wait_s", &config.server_wait_s, 0, 60);
+  reader.Double("in_doubt_wait_s", &config.in_doubt_wait_s, 0.1, 3600);
   reader.Double("round_timeout_s", &config.round_timeout_s, 0.1, 86400);
   reader.Int("history_batches", &config.history_batches, 1, 100000);
   reader.Double("straggler_factor", &config.straggler_factor, 1.0, 1000);
@@ -188,6 +189,10 @@ Every key can be set in the JSON file or as a flag; flags win.
   --server_wait_s      a push to a server of its job that has not registered
                        yet waits this long for it (workers often start
                        before their server)          (default 3)
+  --in_doubt_wait_s    after a restart, a push that was in flight is failed
+                       if its server's host has not registered again within
+                       this long (its daemon decides it otherwise)
+                                                      (default 30)
   --round_timeout_s    a synchronous round (server registered with
                        round_size > 0, or a sync-mode job) fails this long
                        after a member's planned end if some worker's part

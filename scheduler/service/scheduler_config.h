@@ -69,6 +69,9 @@ struct SchedulerConfig {
   int64_t planner_threads = 0;                // parallel batch planning; 0 = one per core
   double transfer_slack_s = 10;               // in-flight transfer fails this long after its planned end
   double server_wait_s = 3;
+  // A restarted scheduler fails a push in doubt (in_doubt.h) whose server's
+  // host has not registered with it within this long.
+  double in_doubt_wait_s = 30;
   // A member of a synchronous round (Mercury PS server) fails, with its
   // whole round, when the round is not complete this long after the
   // member's planned end: some worker never pushed its part.

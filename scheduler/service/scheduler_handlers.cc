@@ -15,6 +15,7 @@
 #include "scheduler/service/scheduler_service.h"
 
 #include "scheduler/service/failover.h"
+#include "scheduler/service/in_doubt.h"
 
 namespace mlfabric {
 namespace {
@@ -72,6 +73,9 @@ absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& reque
       outbox_.EnsureJobKey(request.host(), job.id);
     }
   }
+  // What it held when its stream broke (in_doubt.h).
+  AcceptHostReport(&state_, request);
+  ResolveInDoubt(&state_, config_.in_doubt_wait_s);
   reply->set_incarnation(host.incarnation);
   reply->set_session_token(host.session_token);
   reply->set_data_key(auth_.data_key());
@@ -142,9 +146,22 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
       }
       ServerState& server = job->servers[request.name()];
       server.host = request.host();
+      // Registering again with a restarted scheduler: its rounds go on from
+      // the version its daemon last saw.
+      server.model_version = std::max(server.model_version, request.model_version());
       server.round_size = request.round_size();
+      if (request.model_version() > 0 && RoundSize(*job, server) > 0 &&
+          server.rounds.count(request.model_version()) == 0) {
+        // The round that may have been in progress when the old scheduler
+        // died was planned by it alone: it fails, with the reason, so that
+        // no worker's get waits for it (its daemon spares a round it has
+        // handed to the application already).
+        state_.FailRound(request.job(), request.name(), request.model_version(),
+                         "the scheduler restarted during the round; the next round goes on");
+      }
       server.backup_workers = request.backup_workers();
       servers_cv_.notify_all();
+      ResolveInDoubt(&state_, config_.in_doubt_wait_s);  // its pushes in doubt are decided
       reply->set_model_version(server.model_version);
       MLF_LOG(INFO) << "job " << request.job() << ": server " << request.name() << " on "
                     << request.host();
@@ -451,6 +468,12 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
   }
   auto it = state_.updates.find(request.transfer_id());
   if (it == state_.updates.end()) {
+    // A delivery of the scheduler before a restart: its pushes may be in
+    // doubt at their sources (in_doubt.h).
+    if (AcceptLateCompletion(&state_, request)) {
+      ResolveInDoubt(&state_, config_.in_doubt_wait_s);
+      return absl::OkStatus();
+    }
     return absl::NotFoundError(
         absl::StrCat("transfer ", request.transfer_id(), " is not in flight"));
   }
@@ -469,8 +492,17 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
     }
     state_.Complete(request.transfer_id(), v1::OUTCOME_APPLIED, "", request.model_version());
   } else {
-    state_.Complete(request.transfer_id(), v1::OUTCOME_FAILED,
-                    request.error().empty() ? "transfer failed" : request.error(), 0);
+    // Waits for a failover if the replica holds its copy (failover.h) and
+    // the failure is not the server's own word (its daemon or application
+    // refusing it): the server may be dying, and the scheduler may not
+    // have noticed yet (within the keepalive).
+    const JobState* job = state_.FindJob(it->second.job);
+    const bool from_server =
+        job != nullptr && job->servers.count(it->second.server) &&
+        job->servers.at(it->second.server).host == request.host();
+    state_.FailTransfer(request.transfer_id(),
+                        request.error().empty() ? "transfer failed" : request.error(),
+                        from_server ? 0 : 2 * config_.keepalive_s + 1);
   }
   return absl::OkStatus();
 }

@@ -2,6 +2,8 @@
 // The control-plane handlers are in scheduler_handlers.cc.
 #include "scheduler/service/scheduler_service.h"
 
+#include "scheduler/service/in_doubt.h"
+
 #include <algorithm>
 #include <cmath>
 #include <thread>
@@ -341,6 +343,7 @@ void SchedulerService::RunBatchCycle() {
     std::lock_guard<std::mutex> lock(mu_);
     const double now_s = clock_->NowSeconds();
     state_.ExpireOverdue(now_s);
+    ResolveInDoubt(&state_, config_.in_doubt_wait_s);
     SampleLinksLocked(now_s);
     LogStragglersLocked(now_s);
     const bool use_reservations = planner_->UsesReservations();

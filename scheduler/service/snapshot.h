@@ -38,6 +38,12 @@ struct SchedulerStats {
   int64_t chain_hops = 0;
   int64_t replica_copies = 0;  // replica transfers dispatched (§5.3)
   int64_t bandwidth_reports = 0;
+  // Pushes of a lost scheduler's plans, ended by this one (in_doubt.h).
+  int64_t in_doubt_applied = 0;
+  int64_t in_doubt_failed = 0;
+  // Pushes a server's daemon applied after this scheduler reported them
+  // dropped or failed: exactly-once broken (should stay 0).
+  int64_t outcome_contradicted = 0;
   double plan_ms_total = 0;  // summed planner compute time over all batches
   double plan_ms_max = 0;
 };

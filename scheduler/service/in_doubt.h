@@ -1,0 +1,50 @@
+// Pushes in flight when a scheduler died (issue 16 item 4): a restarted
+// scheduler ends each exactly once, from what the daemons tell it as they
+// register again.
+//
+//   AcceptHostReport(&state, register_host_request);   // RegisterHost
+//   AcceptLateCompletion(&state, completion_report);   // a push it never planned
+//   ResolveInDoubt(&state, config.in_doubt_wait_s);    // each batch cycle
+//
+// When its schedule stream breaks, a daemon keeps the pushes it submitted
+// and has no outcome for ("in doubt"), and, as a server's host, cancels
+// every delivery it has not handed to an application yet: nothing of the
+// lost scheduler's plans is applied from then on, except what an
+// application already holds. When it registers again it reports both: its
+// pushes in doubt, and the pushes its servers applied lately (or were
+// handed and have not acknowledged; daemon/engine/applied_log.h). A push
+// in doubt then ends:
+//
+// - applied (with the version it got), if a server's daemon logged it
+//   applied, now or in a later completion report;
+// - failed, when its server's host has registered with this scheduler and
+//   neither applied it nor holds it: the server's daemon had cancelled its
+//   delivery, so it can never be applied;
+// - failed, after wait_s, when its server's host does not come back (its
+//   model is gone with it, or it is cut off; a host that returns later and
+//   names the push applied is logged as a broken promise);
+// - as before, when this scheduler is the one that ended it (its stream
+//   broke, the scheduler lived: the outcome it sent was lost with the
+//   stream; RecentOutcome).
+//
+// Thread safety: none; called under the scheduler service's lock.
+#ifndef MLFABRIC_SCHEDULER_SERVICE_IN_DOUBT_H_
+#define MLFABRIC_SCHEDULER_SERVICE_IN_DOUBT_H_
+
+#include "proto/scheduler.pb.h"
+#include "scheduler/service/cluster_state.h"
+
+namespace mlfabric {
+
+// A registering host's pushes in doubt and its servers' applied log.
+void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& request);
+// A completion report for a delivery this scheduler did not plan: its
+// pushes (report.pushes(), else the transfer id) are recorded as applied
+// or not. False if none of them is in doubt or being delivered.
+bool AcceptLateCompletion(ClusterState* state, const v1::CompletionReport& report);
+// Ends every push in doubt that can be ended now (see the banner).
+void ResolveInDoubt(ClusterState* state, double wait_s);
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_SCHEDULER_SERVICE_IN_DOUBT_H_
