@@ -29,6 +29,38 @@ namespace {
 
 constexpr size_t kDim = 1000;
 
+// A server application's model that sums the float updates it is given,
+// each after `delay` (a slow server: updates queue at its daemon).
+struct SumModel {
+  std::mutex mu;
+  std::vector<double> model = std::vector<double>(kDim, 0.0);
+  int64_t version = 0;
+  std::chrono::milliseconds delay{0};
+
+  // Serves ps0 on `host` of `c` from this model.
+  testing::InProcessServer Serve(testing::Cluster& c, const std::string& host) {
+    return testing::InProcessServer(
+        c.Socket(host), "ps0",
+        [this](const Server::Update& u) -> absl::StatusOr<int64_t> {
+          std::this_thread::sleep_for(delay);
+          std::lock_guard<std::mutex> lock(mu);
+          const float* values = reinterpret_cast<const float*>(u.data);
+          for (size_t i = 0; i < kDim; ++i) model[i] += values[i];
+          version += u.count;
+          return version;
+        },
+        [this]() -> absl::StatusOr<Server::Snapshot> {
+          std::lock_guard<std::mutex> lock(mu);
+          Server::Snapshot s;
+          s.version = version;
+          const std::vector<float> as_float(model.begin(), model.end());
+          s.bytes.resize(kDim * sizeof(float));
+          std::memcpy(s.bytes.data(), as_float.data(), s.bytes.size());
+          return s;
+        });
+  }
+};
+
 TEST_CASE("After a scheduler restart, pushes apply again and the model stays exact") {
   const std::string dir = launch::MakeTempDir("scheduler-restart");
   const std::string config = dir + "/scheduler.json";
@@ -38,26 +70,8 @@ TEST_CASE("After a scheduler restart, pushes apply again and the model stays exa
   REQUIRE(started.ok());
   testing::Cluster& c = **started;
 
-  std::mutex mu;
-  std::vector<float> model(kDim, 0.0f);
-  int64_t version = 0;
-  testing::InProcessServer server(
-      c.Socket("s1"), "ps0",
-      [&](const Server::Update& u) -> absl::StatusOr<int64_t> {
-        std::lock_guard<std::mutex> lock(mu);
-        const float* values = reinterpret_cast<const float*>(u.data);
-        for (size_t i = 0; i < kDim; ++i) model[i] += values[i];
-        version += u.count;
-        return version;
-      },
-      [&]() -> absl::StatusOr<Server::Snapshot> {
-        std::lock_guard<std::mutex> lock(mu);
-        Server::Snapshot s;
-        s.version = version;
-        s.bytes.resize(kDim * sizeof(float));
-        std::memcpy(s.bytes.data(), model.data(), s.bytes.size());
-        return s;
-      });
+  SumModel summed;
+  testing::InProcessServer server = summed.Serve(c, "s1");
   REQUIRE(server.status().ok());
   ClientOptions options;
   options.daemon_socket = c.Socket("w1");
@@ -95,10 +109,10 @@ TEST_CASE("After a scheduler restart, pushes apply again and the model stays exa
   push_round(5, 5);
 
   CHECK(c.daemon("s1").Log().find("the scheduler restarted (epoch") != std::string::npos);
-  std::lock_guard<std::mutex> lock(mu);
-  CHECK(version == applied);
+  std::lock_guard<std::mutex> lock(summed.mu);
+  CHECK(summed.version == applied);
   int mismatches = 0;
-  for (size_t i = 0; i < kDim; ++i) mismatches += model[i] != expected[i];
+  for (size_t i = 0; i < kDim; ++i) mismatches += summed.model[i] != expected[i];
   CHECK(mismatches == 0);
 }
 
@@ -114,25 +128,9 @@ TEST_CASE("Pushes in flight while the scheduler restarts end exactly once, as th
 
   // A slow server: updates queue at its daemon, so that at the restart
   // some are applied, some handed over, some still on their way.
-  std::mutex mu;
-  std::vector<double> model(kDim, 0.0);
-  int64_t version = 0;
-  testing::InProcessServer server(
-      c.Socket("s1"), "ps0",
-      [&](const Server::Update& u) -> absl::StatusOr<int64_t> {
-        std::this_thread::sleep_for(std::chrono::milliseconds(40));
-        std::lock_guard<std::mutex> lock(mu);
-        const float* values = reinterpret_cast<const float*>(u.data);
-        for (size_t i = 0; i < kDim; ++i) model[i] += values[i];
-        version += u.count;
-        return version;
-      },
-      [&]() -> absl::StatusOr<Server::Snapshot> {
-        std::lock_guard<std::mutex> lock(mu);
-        Server::Snapshot s;
-        s.version = version;
-        return s;
-      });
+  SumModel summed;
+  summed.delay = std::chrono::milliseconds(40);
+  testing::InProcessServer server = summed.Serve(c, "s1");
   REQUIRE(server.status().ok());
 
   struct Sent {
@@ -159,8 +157,8 @@ TEST_CASE("Pushes in flight while the scheduler restarts end exactly once, as th
   for (int p = 0; p < 40; ++p) push(p);
   // Some applied, most still queued or moving.
   REQUIRE(launch::WaitUntil([&] {
-    std::lock_guard<std::mutex> lock(mu);
-    return version >= 5;
+    std::lock_guard<std::mutex> lock(summed.mu);
+    return summed.version >= 5;
   }, 60));
   // A burst the old scheduler has not planned yet, or only just.
   for (int p = 40; p < 50; ++p) push(p);
@@ -199,11 +197,11 @@ TEST_CASE("Pushes in flight while the scheduler restarts end exactly once, as th
   CHECK(after_applied == 10);  // the pushes after the restart all apply
   // The server's daemon is done applying what it had.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  std::lock_guard<std::mutex> lock(mu);
-  INFO(applied << " applied, " << failed << " failed; the server applied " << version);
-  CHECK(version == applied);
+  std::lock_guard<std::mutex> lock(summed.mu);
+  INFO(applied << " applied, " << failed << " failed; the server applied " << summed.version);
+  CHECK(summed.version == applied);
   int mismatches = 0;
-  for (size_t i = 0; i < kDim; ++i) mismatches += model[i] != expected[i];
+  for (size_t i = 0; i < kDim; ++i) mismatches += summed.model[i] != expected[i];
   CHECK(mismatches == 0);
   // The restarted scheduler decided pushes in doubt, and no outcome it or
   // its predecessor gave was contradicted by a server.

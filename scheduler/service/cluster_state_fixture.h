@@ -36,6 +36,22 @@ struct ClusterStateFixture {
     }
   }
 
+  // A push from `src` to server "ps" of job "demo", waiting for a batch
+  // (in the server's pending list), with a fresh transfer id.
+  UpdateRecord& AddPush(const std::string& src, int64_t version = 0) {
+    UpdateRecord record;
+    record.transfer_id = state.NewTransferId();
+    record.job = "demo";
+    record.server = "ps";
+    record.src_host = src;
+    record.worker = src;
+    record.local_id = 40 + record.transfer_id;
+    record.bytes = 64;
+    record.version = version;
+    state.jobs["demo"].servers["ps"].pending.push_back(record.transfer_id);
+    return state.updates[record.transfer_id] = record;
+  }
+
   // Every command queued for `host`, in order, as its daemon would read them.
   std::vector<v1::DaemonCommand> Drain(const std::string& host) {
     std::vector<v1::DaemonCommand> out;

@@ -22,18 +22,7 @@ struct Fixture : ClusterStateFixture {
   }
 
   uint64_t Push(const std::string& src, int64_t version = 5) {
-    UpdateRecord record;
-    record.transfer_id = state.NewTransferId();
-    record.job = "demo";
-    record.server = "ps";
-    record.src_host = src;
-    record.worker = src;
-    record.local_id = 40 + record.transfer_id;
-    record.bytes = 64;
-    record.version = version;
-    state.jobs["demo"].servers["ps"].pending.push_back(record.transfer_id);
-    state.updates[record.transfer_id] = record;
-    return record.transfer_id;
+    return AddPush(src, version).transfer_id;
   }
 };
 

@@ -30,24 +30,15 @@ struct Fixture : ClusterStateFixture {
   ServerState& server() { return state.jobs["demo"].servers["ps"]; }
 
   uint64_t Push(const std::string& src, bool in_flight, double norm = 1) {
-    UpdateRecord record;
-    record.transfer_id = state.NewTransferId();
-    record.job = "demo";
-    record.server = "ps";
-    record.src_host = src;
-    record.worker = src;
-    record.local_id = 100 + record.transfer_id;
-    record.bytes = 64;
+    UpdateRecord& record = AddPush(src);
     record.norm = norm;
-    if (in_flight) {
+    if (in_flight) {  // planned: out of the pending list, at the next commit position
+      server().pending.pop_back();
       record.state = UpdateState::kInFlight;
       record.sequence = server().next_sequence++;
       record.planned.deadline_s = 1e9;
       ++server().in_flight;
-    } else {
-      server().pending.push_back(record.transfer_id);
     }
-    state.updates[record.transfer_id] = record;
     return record.transfer_id;
   }
 
