@@ -145,7 +145,8 @@ absl::Status Daemon::Start() {
   model_server_ = std::make_unique<daemon::ModelServer>(
       std::move(serving), server_apps, scheduler_.get(), send_.get(), send_watchdog_.get());
   fetcher_ = std::make_unique<daemon::ModelFetcher>(
-      daemon::ModelFetcher::Options{config_.host, data_address_, config_.get_timeout_s},
+      daemon::ModelFetcher::Options{config_.host, data_address_, config_.get_timeout_s,
+                                    config_.failover_wait_s},
       resolver_.get(), get_client_.get(), send_.get(), send_watchdog_.get());
   if (auto status = RegisterHost(); !status.ok()) return status;
 

@@ -27,6 +27,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
              transport::kMaxPayloadBytes);
   reader.Double("register_timeout_s", &config.register_timeout_s, 0.1, 3600);
   reader.Double("get_timeout_s", &config.get_timeout_s, 0.1, 3600);
+  reader.Double("failover_wait_s", &config.failover_wait_s, 0, 600);
   reader.Double("keepalive_s", &config.keepalive_s, 0.1, 3600);
   reader.Double("get_batch_wait_s", &config.get_batch_wait_s, 0, 3600);
   reader.Int("get_tree_min_bytes", &config.get_tree_min_bytes, 0, int64_t{1} << 40);
@@ -121,9 +122,13 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --payload_bytes       Mercury packet payload, 4096..1048576 (default 32768)
   --register_timeout_s  how long to wait for the scheduler (default 30)
   --get_timeout_s       how long a get waits for the server (default 30)
+  --failover_wait_s     a get of a server with a hot-standby replica that
+                        fails waits this long for the replica to take over,
+                        then gets from it; 0 = fail at once (default 6)
   --keepalive_s         ping the scheduler after this long without traffic;
-                        no answer within as long: the connection is dead, the
-                        pushes waiting on it fail (default 2)
+                        no answer within as long: the connection is dead, and
+                        the pushes in flight wait for the scheduler's word
+                        once this daemon has registered again (default 2)
   --get_batch_wait_s    gets that arrive while a server's previous batch of
                         replies is leaving share one snapshot, taken when it
                         has left or after this long (default 2)

@@ -25,6 +25,9 @@ struct DaemonConfig {
   int64_t payload_bytes = 32 * 1024;         // Mercury packet payload, 4 KiB - 1 MiB
   double register_timeout_s = 30;            // how long to wait for the scheduler
   double get_timeout_s = 30;                 // how long a get waits for the server
+  // A failed get of a server with a replica waits this long for a failover
+  // (scheduler/service/failover.h) and gets from the new server; 0 = not.
+  double failover_wait_s = 6;
   // gRPC keepalive to the scheduler: a ping after keepalive_s without
   // traffic, the connection dropped if not answered within keepalive_s;
   // the schedule stream then ends and this daemon's pending pushes fail.

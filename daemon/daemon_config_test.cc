@@ -35,6 +35,18 @@ TEST_CASE("Daemon config takes a send timeout within range") {
   CHECK(config.status().message().find("--send_timeout_s") != std::string::npos);
 }
 
+TEST_CASE("Daemon config takes how long a get waits for a failover, 0 for not at all") {
+  auto config = Load({"--host=w1"});
+  REQUIRE(config.ok());
+  CHECK(config->failover_wait_s == 6);
+  config = Load({"--host=w1", "--failover_wait_s=0"});
+  REQUIRE(config.ok());
+  CHECK(config->failover_wait_s == 0);
+  config = Load({"--host=w1", "--failover_wait_s=-1"});
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find("--failover_wait_s") != std::string::npos);
+}
+
 TEST_CASE("Daemon config range-checks the packet payload") {
   auto config = Load({"--host=w1", "--payload_bytes=100"});
   REQUIRE_FALSE(config.ok());
