@@ -177,19 +177,43 @@ absl::Status Cluster::Start(const std::vector<std::string>& scheduler_flags,
     auto daemon = Subprocess::Start(daemon_argv, dir_ + "/" + host + ".log");
     if (!daemon.ok()) return daemon.status();
     daemons_[host] = std::move(*daemon);
+    daemon_argv_[host] = std::move(daemon_argv);
   }
   for (const std::string& host : hosts_) {
-    Subprocess& daemon = *daemons_.at(host);
-    // Stop waiting as soon as the daemon exits (a bad flag, say).
-    if (!WaitUntil([&] { return daemon.Log().find("serving") != std::string::npos ||
-                                !daemon.Running(); },
-                   30) ||
-        daemon.Log().find("serving") == std::string::npos) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("daemon ", host, " did not start: ", daemon.Log()));
-    }
+    if (absl::Status serving = WaitForDaemon(host, 0); !serving.ok()) return serving;
   }
   return absl::OkStatus();
+}
+
+absl::Status Cluster::WaitForDaemon(const std::string& host, size_t log_from) {
+  Subprocess& daemon = *daemons_.at(host);
+  auto serving = [&] { return daemon.Log().find("serving", log_from) != std::string::npos; };
+  // Stop waiting as soon as the daemon exits (a bad flag, say).
+  if (!WaitUntil([&] { return serving() || !daemon.Running(); }, 30) || !serving()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("daemon ", host, " did not start: ", daemon.Log().substr(log_from)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::KillDaemon(const std::string& host) {
+  auto daemon = daemons_.find(host);
+  if (daemon == daemons_.end()) return absl::NotFoundError("no daemon on host '" + host + "'");
+  daemon->second->Signal(SIGKILL);
+  if (!daemon->second->WaitFor(10).has_value()) {
+    return absl::DeadlineExceededError("the daemon of " + host + " survived SIGKILL for 10 s");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::RestartDaemon(const std::string& host) {
+  if (absl::Status killed = KillDaemon(host); !killed.ok()) return killed;
+  const std::string log_path = dir_ + "/" + host + ".log";
+  const size_t log_from = ReadFile(log_path).size();
+  auto daemon = Subprocess::Start(daemon_argv_.at(host), log_path);
+  if (!daemon.ok()) return daemon.status();
+  daemons_[host] = std::move(*daemon);
+  return WaitForDaemon(host, log_from);
 }
 
 absl::Status Cluster::RestartScheduler() {

@@ -121,6 +121,13 @@ class Cluster {
   // same flags on the same port (its log appended to the same file); the
   // daemons find it again as they re-register. Returns once it serves.
   absl::Status RestartScheduler();
+  // Kills `host`'s daemon (SIGKILL: a crash) and waits until it is gone.
+  absl::Status KillDaemon(const std::string& host);
+  // Starts `host`'s daemon again with the flags it was first started with
+  // (its log appended to the same file; killed first if still running):
+  // a fresh process with no state, which registers with the scheduler
+  // anew. Returns once it serves.
+  absl::Status RestartDaemon(const std::string& host);
   // 0 unless ClusterOptions::admin.
   int admin_port() const { return admin_port_; }
   std::string Socket(const std::string& host) const { return dir_ + "/" + host + ".sock"; }
@@ -152,6 +159,8 @@ class Cluster {
  private:
   Cluster() = default;
   absl::Status RequireNetns() const;
+  // Waits until `host`'s daemon logs "serving" after byte `log_from` of its log.
+  absl::Status WaitForDaemon(const std::string& host, size_t log_from);
   std::string SubstituteDir(std::string flag) const;
 
   Topology topology_ = Topology::kLoopback;
@@ -165,6 +174,7 @@ class Cluster {
   std::unique_ptr<launch::Subprocess> scheduler_;
   std::vector<std::string> scheduler_argv_;  // as started, for RestartScheduler
   std::map<std::string, std::unique_ptr<launch::Subprocess>> daemons_;
+  std::map<std::string, std::vector<std::string>> daemon_argv_;  // for RestartDaemon
   std::vector<std::unique_ptr<launch::Subprocess>> apps_;
 };
 
