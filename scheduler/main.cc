@@ -132,6 +132,11 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              std::max(1, keepalive_ms / 2));
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // gRPC stops pinging after two pings without data sent (its default):
+  // a schedule stream idle for a while would then never notice its host cut
+  // off. Keep pinging, so that a silent partition is found within 2 x
+  // keepalive_s whenever it comes.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   SchedulerGrpcService grpc_face(&service);
   builder.RegisterService(&grpc_face);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
