@@ -147,6 +147,14 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
       TryDeliverLocked(expect.job_id(), expect.server());
       break;
     }
+    case v1::DaemonCommand::kRelease: {
+      // The server applied the push of this held replica copy.
+      if (std::optional<v1::ExpectDelivery> released =
+              delivery_.Release(command.release().sequence(), command.release().transfer_id())) {
+        TryDeliverLocked(released->job_id(), released->server());
+      }
+      break;
+    }
     case v1::DaemonCommand::kCancel: {
       const v1::CancelDelivery& cancel = command.cancel();
       if (cancel.release_hold()) {

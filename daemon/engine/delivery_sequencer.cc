@@ -6,6 +6,7 @@ void DeliverySequencer::Expect(const std::string& key, const v1::ExpectDelivery&
                                const std::string& cancel_reason) {
   Delivery& delivery = endpoints_[key].expected[info.sequence()];
   delivery.info = info;  // announced again: a cancellation already made stands
+  delivery.held = info.held();
   if (!cancel_reason.empty()) {
     delivery.cancelled = true;
     delivery.cancel_reason = cancel_reason;
@@ -31,6 +32,17 @@ std::optional<v1::ExpectDelivery> DeliverySequencer::CancelTransfer(uint64_t seq
     if (it == endpoint.expected.end() || it->second.info.transfer_id() != transfer_id) continue;
     it->second.cancelled = true;
     it->second.cancel_reason = reason;
+    return it->second.info;
+  }
+  return std::nullopt;
+}
+
+std::optional<v1::ExpectDelivery> DeliverySequencer::Release(uint64_t sequence,
+                                                             uint64_t transfer_id) {
+  for (auto& [key, endpoint] : endpoints_) {
+    auto it = endpoint.expected.find(sequence);
+    if (it == endpoint.expected.end() || it->second.info.transfer_id() != transfer_id) continue;
+    it->second.held = false;
     return it->second.info;
   }
   return std::nullopt;
@@ -102,7 +114,10 @@ DeliverySequencer::Step DeliverySequencer::Next(
       ++endpoint.next_sequence;
       return step;
     }
-    if (complete(head->second.info.transfer_id())) step.kind = Step::kDeliver;
+    // A held copy waits for its release; everything after it waits too.
+    if (!head->second.held && complete(head->second.info.transfer_id())) {
+      step.kind = Step::kDeliver;
+    }
     return step;
   }
   return step;

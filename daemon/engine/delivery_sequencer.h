@@ -51,6 +51,10 @@ class DeliverySequencer {
   // whichever endpoint announced it; returns that announcement.
   std::optional<v1::ExpectDelivery> CancelTransfer(uint64_t sequence, uint64_t transfer_id,
                                                    const std::string& reason);
+  // Lets the held position `sequence` carrying `transfer_id` (a replica
+  // copy announced with info.held()) be delivered, in whichever endpoint
+  // announced it; returns that announcement, or nullopt if there is none.
+  std::optional<v1::ExpectDelivery> Release(uint64_t sequence, uint64_t transfer_id);
   // Cancels every announced, not yet cancelled position of `key`; returns
   // their transfers.
   std::vector<uint64_t> CancelAll(const std::string& key, const std::string& reason);
@@ -58,7 +62,7 @@ class DeliverySequencer {
   // What to do next at `key`: kSkip consumes a cancelled position;
   // kDeliver names the next position when `complete(transfer)` says its
   // bytes are in (call Advance once it was handed over); kNothing when the
-  // next position is not announced or not complete.
+  // next position is not announced, not complete or held (not released).
   Step Next(const std::string& key, const std::function<bool(uint64_t transfer)>& complete);
   // Moves `key` past the position Next returned as kDeliver.
   void Advance(const std::string& key);
@@ -83,6 +87,7 @@ class DeliverySequencer {
  private:
   struct Delivery {
     v1::ExpectDelivery info;
+    bool held = false;  // info.held() until Release
     bool cancelled = false;
     std::string cancel_reason;
   };

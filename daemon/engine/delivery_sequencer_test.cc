@@ -139,5 +139,31 @@ TEST_CASE("a promoted replica's endpoint keeps its commit order under the server
   CHECK(s.Pending("1/ps") == 0);
 }
 
+TEST_CASE("a held replica copy waits for its release, and holds back what follows") {
+  DeliverySequencer s;
+  v1::ExpectDelivery held = Expect(1, 101);
+  held.set_held(true);
+  s.Expect("1/ps", held);
+  s.Expect("1/ps", Expect(2, 102));
+  // Its bytes are in, but its push has no outcome yet.
+  CHECK(Drain(s, {101, 102}).empty());
+  CHECK_FALSE(s.Release(1, 999).has_value());  // another transfer: nothing released
+  CHECK(Drain(s, {101, 102}).empty());
+  const auto released = s.Release(1, 101);
+  REQUIRE(released.has_value());
+  CHECK(released->server() == "ps");
+  CHECK(Drain(s, {101, 102}) == std::vector<uint64_t>{101, 102});
+
+  // A held copy whose push failed is cancelled instead: skipped, never delivered.
+  v1::ExpectDelivery doomed = Expect(3, 103);
+  doomed.set_held(true);
+  s.Expect("1/ps", doomed);
+  s.Expect("1/ps", Expect(4, 104));
+  REQUIRE(s.CancelTransfer(3, 103, "its push failed").has_value());
+  std::vector<uint64_t> skipped;
+  CHECK(Drain(s, {103, 104}, &skipped) == std::vector<uint64_t>{104});
+  CHECK(skipped == std::vector<uint64_t>{103});
+}
+
 }  // namespace
 }  // namespace mlfabric::daemon

@@ -126,6 +126,7 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
       }
     }
   }
+  SettleHeldCopies(transfer_id, outcome == v1::OUTCOME_APPLIED, reason);
   v1::DaemonCommand command = commands::PushOutcome(transfer_id, record.local_id, outcome, reason);
   v1::PushOutcome* result = command.mutable_outcome();
   if (outcome == v1::OUTCOME_APPLIED) {
@@ -186,6 +187,26 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
     // Named by the host that sent it: a data session's end knows only an address.
     FailAggregate(aggregate_id, absl::StrCat("constituent ", transfer_id, " from ", src_host,
                                              " failed: ", reason));
+  }
+}
+
+void ClusterState::SettleHeldCopies(uint64_t transfer_id, bool applied,
+                                    const std::string& reason) {
+  std::vector<uint64_t> cancelled;
+  for (auto& [copy_id, copy] : replica_copies) {
+    if (copy.source != transfer_id || !copy.held) continue;
+    copy.held = false;
+    if (applied) {
+      Enqueue(copy.replica_host, commands::ReleaseDelivery(copy_id, copy.sequence));
+    } else {
+      cancelled.push_back(copy_id);
+    }
+  }
+  // The server did not apply it: neither may the replica (its model would
+  // hold an update no worker was told was applied).
+  for (uint64_t copy_id : cancelled) {
+    EndReplicaCopy(copy_id, /*applied=*/false,
+                   absl::StrCat("its push ", transfer_id, " did not apply: ", reason), 0);
   }
 }
 

@@ -177,6 +177,10 @@ struct ReplicaCopy {
   // Announced to the promoted replica's daemon under the server's own name
   // (sent after the promotion), not "replica:<server>".
   bool to_promoted = false;
+  // Sent alongside its push, before the server applied it: the replica's
+  // daemon holds it until Complete releases it (the push applied) or
+  // cancels it (the push failed), or the replica is promoted.
+  bool held = false;
 };
 
 // A push whose source's schedule stream broke while it was in flight: the
@@ -300,6 +304,9 @@ class ClusterState {
   void EndReplicaCopy(uint64_t copy_id, bool applied, const std::string& reason,
                       int64_t model_version);
   void DropReplicaPending(ServerState* server, const std::string& reason);
+  // Push `transfer_id` ended: its held replica copies are released to the
+  // replica (applied) or cancelled there (not applied).
+  void SettleHeldCopies(uint64_t transfer_id, bool applied, const std::string& reason);
 
   // In-flight reservations on each host's uplink/downlink, as segments.
   void Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,

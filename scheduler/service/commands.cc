@@ -20,6 +20,15 @@ v1::DaemonCommand ExpectDelivery(const Expect& e) {
     expect->set_contributions(e.contributions);
     expect->set_dtype(e.dtype);
   }
+  if (e.held) expect->set_held(true);
+  return command;
+}
+
+v1::DaemonCommand ReleaseDelivery(uint64_t transfer_id, uint64_t sequence) {
+  v1::DaemonCommand command;
+  v1::ReleaseDelivery* release = command.mutable_release();
+  release->set_transfer_id(transfer_id);
+  release->set_sequence(sequence);
   return command;
 }
 

@@ -34,8 +34,10 @@ struct Expect {
   int32_t round_size = 0;
   int32_t contributions = 0;
   v1::DType dtype = v1::DTYPE_FLOAT32;
+  bool held = false;  // a replica copy held until released (ReleaseDelivery)
 };
 v1::DaemonCommand ExpectDelivery(const Expect& expect);
+v1::DaemonCommand ReleaseDelivery(uint64_t transfer_id, uint64_t sequence);
 
 // A scheduled transfer from the receiving daemon's host.
 struct Send {

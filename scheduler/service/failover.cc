@@ -155,6 +155,14 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
   }
   state->Enqueue(to, commands::PromoteReplica(job->id, server_name, from, why,
                                               server.model_version));
+  // The copies held at the replica for pushes still undecided (step 1) may
+  // be applied now: they decide their pushes. Those of failed pushes were
+  // cancelled there above, before this.
+  for (auto& [copy_id, copy] : state->replica_copies) {
+    if (copy.job != job_name || copy.server != server_name || !copy.held) continue;
+    copy.held = false;
+    state->Enqueue(to, commands::ReleaseDelivery(copy_id, copy.sequence));
+  }
 
   // 5. Applied at the old server, punted from the replica's stream: their
   // sources still hold the bytes, so the new server gets them now.

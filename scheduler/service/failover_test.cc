@@ -43,10 +43,12 @@ struct Fixture : ClusterStateFixture {
   }
 
   // A replica copy of push `source` from `src`, moving to the replica.
-  uint64_t Copy(uint64_t source, const std::string& src, double norm) {
+  // `held`: sent alongside its push, held at the replica until its outcome.
+  uint64_t Copy(uint64_t source, const std::string& src, double norm, bool held = false) {
     const uint64_t copy = state.NewTransferId();
     state.replica_copies[copy] = {"demo", "ps", source, src, "r1",
                                   server().replica.next_sequence++};
+    state.replica_copies[copy].held = held;
     server().replica.in_flight[copy] = norm;
     return copy;
   }
@@ -233,6 +235,50 @@ TEST_CASE("a push whose transfer failed while its replica holds its copy waits f
   const auto at_r1 = g.Drain("r1");
   REQUIRE(at_r1.size() == 1);
   CHECK(at_r1[0].cancel().transfer_id() == lone_copy);
+}
+
+TEST_CASE("a held copy is released when its push applies and cancelled when it fails") {
+  Fixture f;
+  const uint64_t good = f.Push("w1", /*in_flight=*/true);
+  const uint64_t good_copy = f.Copy(good, "w1", 1, /*held=*/true);
+  const uint64_t bad = f.Push("w2", /*in_flight=*/true);
+  const uint64_t bad_copy = f.Copy(bad, "w2", 1, /*held=*/true);
+
+  f.state.Complete(good, v1::OUTCOME_APPLIED, "", 41);
+  auto at_r1 = f.Drain("r1");
+  REQUIRE(at_r1.size() == 1);
+  REQUIRE(at_r1[0].has_release());
+  CHECK(at_r1[0].release().transfer_id() == good_copy);
+  CHECK(at_r1[0].release().sequence() == f.state.replica_copies.at(good_copy).sequence);
+  CHECK_FALSE(f.state.replica_copies.at(good_copy).held);
+
+  // The server never applied `bad` (its aggregate failed, say): the replica
+  // must not either.
+  f.state.Complete(bad, v1::OUTCOME_FAILED, "its in-network aggregate failed", 0);
+  at_r1 = f.Drain("r1");
+  REQUIRE(at_r1.size() == 1);
+  REQUIRE(at_r1[0].has_cancel());
+  CHECK(at_r1[0].cancel().transfer_id() == bad_copy);
+  CHECK(at_r1[0].cancel().server() == "replica:ps");
+  CHECK(f.state.replica_copies.count(bad_copy) == 0);
+  CHECK(f.server().replica.in_flight.count(bad_copy) == 0);
+}
+
+TEST_CASE("at a failover, held copies of undecided pushes are released after the promotion") {
+  Fixture f;
+  const uint64_t racing = f.Push("w2", /*in_flight=*/true);
+  const uint64_t racing_copy = f.Copy(racing, "w2", 1, /*held=*/true);
+  REQUIRE(FailOverServersOn(&f.state, "s1", "daemon disconnected") == 1);
+  const auto at_r1 = f.Drain("r1");
+  REQUIRE(at_r1.size() == 2);
+  CHECK(at_r1[0].has_promote());
+  REQUIRE(at_r1[1].has_release());
+  CHECK(at_r1[1].release().transfer_id() == racing_copy);
+  CHECK(f.state.decided_by_copy.count(racing_copy) == 1);
+  f.state.EndReplicaCopy(racing_copy, /*applied=*/true, "", 41);
+  const v1::PushOutcome* outcome = Fixture::OutcomeOf(f.Drain("w2"), racing);
+  REQUIRE(outcome != nullptr);
+  CHECK(outcome->outcome() == v1::OUTCOME_APPLIED);
 }
 
 }  // namespace

@@ -386,9 +386,12 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     if (transfer == copies.end()) continue;
     const uint64_t source = std::stoull(commit.update);
     PendingReplica what;
+    // A copy of a push still in flight waits at the replica for its outcome.
+    bool held = false;
     if (auto record = state_.updates.find(source); record != state_.updates.end()) {
       what = {source, record->second.src_host, record->second.worker, record->second.bytes,
               record->second.version, record->second.norm};
+      held = true;
     } else {
       auto& punted = server_.replica.pending;
       auto held = std::find_if(punted.begin(), punted.end(),
@@ -400,6 +403,7 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     const uint64_t copy = state_.NewTransferId();
     state_.replica_copies[copy] = {work_.job, work_.server, source, what.src_host,
                                    replica->second, server_.replica.next_sequence};
+    state_.replica_copies[copy].held = held;
     server_.replica.in_flight[copy] = what.norm;
 
     commands::Expect expect;
@@ -412,6 +416,7 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     expect.worker = what.worker;
     expect.version = what.version;
     expect.norm = what.norm;
+    expect.held = held;
     state_.Enqueue(replica->second, commands::ExpectDelivery(expect));
     commands::Send send{copy, job_.id, replica->second, replica_host->data_address,
                         transfer->second->start_s, what.bytes};
