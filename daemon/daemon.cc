@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <deque>
 #include <functional>
 #include <cstring>
@@ -41,6 +42,38 @@ daemon::JobPriorityPolicy MakeJobPriorityPolicy(const DaemonConfig& config) {
       daemon::JobPriorityMode::kFifo);  // the config loader accepts only valid names
   options.rotation_period_s = config.job_priority_period_s;
   return daemon::JobPriorityPolicy(options);
+}
+
+// Completion reports for the pushes that a registration named handed to a
+// server application and unacknowledged, and that the application
+// acknowledged while the registration was in flight. Their own reports
+// went out signed with the session the registration replaced, and a
+// restarted scheduler refused them; it would wait for those
+// acknowledgements forever, and the pushes' sources with it (in doubt).
+// A push neither applied nor still handed over was refused.
+std::vector<v1::CompletionReport> AcknowledgedDuringRegistration(
+    const daemon::AppliedLog& log, std::set<uint64_t> unacknowledged, const std::string& host) {
+  std::vector<v1::CompletionReport> reports;
+  if (unacknowledged.empty()) return reports;
+  auto report = [&](uint64_t push) -> v1::CompletionReport& {
+    v1::CompletionReport& r = reports.emplace_back();
+    r.set_host(host);
+    r.set_transfer_id(push);
+    r.add_pushes(push);  // the scheduler knows the push, not its delivery
+    return r;
+  };
+  for (const daemon::AppliedLog::Entry& entry : log.Report()) {
+    if (unacknowledged.erase(entry.push) == 0 || !entry.acknowledged) continue;
+    v1::CompletionReport& applied = report(entry.push);
+    applied.set_applied(true);
+    applied.set_model_version(entry.model_version);
+  }
+  for (uint64_t push : unacknowledged) {
+    v1::CompletionReport& refused = report(push);
+    refused.set_applied(false);
+    refused.set_error("server refused the update");
+  }
+  return reports;
 }
 
 }  // namespace
@@ -174,6 +207,7 @@ absl::Status Daemon::RegisterHost() {
     request.set_downlink_bps(config_.downlink_bps);
     const double sent_s = clock_->NowSeconds();
     request.set_daemon_time_s(sent_s);
+    std::set<uint64_t> unacknowledged;  // by a server application, as the request says
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& [transfer_id, push] : pushes_.Unresolved()) {
@@ -188,13 +222,14 @@ absl::Status Daemon::RegisterHost() {
         applied->set_transfer_id(entry.push);
         applied->set_model_version(entry.model_version);
         applied->set_acknowledged(entry.acknowledged);
+        if (!entry.acknowledged) unacknowledged.insert(entry.push);
       }
     }
     v1::RegisterHostReply reply;
     absl::Status status = scheduler_->RegisterHost(request, &reply);
     const double received_s = clock_->NowSeconds();
     if (status.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       incarnation_ = reply.incarnation();
       if (scheduler_epoch_ != 0 && reply.scheduler_epoch() != scheduler_epoch_) {
         // A restarted scheduler numbers every server's commit positions from
@@ -219,6 +254,12 @@ absl::Status Daemon::RegisterHost() {
       MLF_LOG(INFO) << "registered with the scheduler (incarnation " << incarnation_
                     << ", clock offset " << clock_offset_s_ * 1e3 << " ms, rtt "
                     << (received_s - sent_s) * 1e3 << " ms)";
+      // The client signs with the new session from here on: acknowledgements
+      // that came after the request was built are told again.
+      const std::vector<v1::CompletionReport> late_acks = AcknowledgedDuringRegistration(
+          applied_log_, std::move(unacknowledged), config_.host);
+      lock.unlock();  // no RPC under the lock
+      for (const v1::CompletionReport& report : late_acks) reporter_->ReportNow(report);
       return absl::OkStatus();
     }
     last_error = daemon::RpcErrorText(status);
