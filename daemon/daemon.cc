@@ -199,6 +199,13 @@ absl::Status Daemon::RegisterHost() {
                         std::chrono::duration<double>(config_.register_timeout_s);
   std::string last_error;
   while (!stopping_.load()) {
+    // Connected first, so that the registration goes out as soon as the
+    // scheduler accepts a connection (a restarted one, after a lost
+    // stream), and the round trip below, which sets the clock offset, is
+    // the call's alone.
+    const std::chrono::duration<double> left = deadline - std::chrono::steady_clock::now();
+    (void)scheduler_->WaitForConnection(
+        std::clamp(left.count(), 0.0, internal::kRegisterConnectWaitS));
     v1::RegisterHostRequest request;
     request.set_protocol_version(1);
     request.set_host(config_.host);

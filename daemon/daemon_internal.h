@@ -23,6 +23,9 @@ inline constexpr int64_t kMaxTransferBytes = int64_t{64} << 30;
 // How long a get waits for a server application that the scheduler knows
 // but this daemon has not recorded yet (a registration in progress).
 inline constexpr double kServerConnectWaitS = 2.0;
+// How long each RegisterHost attempt first waits for a connection to the
+// scheduler (SchedulerClient::WaitForConnection).
+inline constexpr double kRegisterConnectWaitS = 2.0;
 // Connections kept for later gets, per server daemon.
 inline constexpr size_t kMaxIdleGetConnections = 4;
 // The grid the packet pool releases sums on (aggregator/packet_pool.h):

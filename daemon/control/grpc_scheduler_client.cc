@@ -1,4 +1,5 @@
 // GrpcSchedulerClient: SchedulerClient over a gRPC channel.
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -38,6 +39,9 @@ grpc::ChannelArguments ChannelArguments(double keepalive_s) {
   arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // idle streams too
   return arguments;
 }
+
+// WaitForConnection checks for CancelWaits at least this often.
+constexpr int64_t kConnectionWaitSliceMs = 100;
 
 // The metadata keys of scheduler/service/control_auth.h.
 constexpr char kClusterSecretMetadata[] = "x-mlfabric-cluster-secret";
@@ -84,9 +88,10 @@ class GrpcSchedulerClient final : public SchedulerClient {
  public:
   GrpcSchedulerClient(const std::string& address, double keepalive_s, ClientSecurity security)
       : security_(std::move(security)),
-        stub_(v1::Scheduler::NewStub(grpc::CreateCustomChannel(
+        channel_(grpc::CreateCustomChannel(
             address, Credentials(security_),
-            SecureChannelArguments(address, keepalive_s, security_)))) {}
+            SecureChannelArguments(address, keepalive_s, security_))),
+        stub_(v1::Scheduler::NewStub(channel_)) {}
 
   absl::Status RegisterHost(const v1::RegisterHostRequest& request,
                             v1::RegisterHostReply* reply) override {
@@ -160,6 +165,29 @@ class GrpcSchedulerClient final : public SchedulerClient {
     waits_cancelled_ = true;
     for (grpc::ClientContext* context : waits_) context->TryCancel();
   }
+  bool WaitForConnection(double timeout_s) override {
+    // gRPC makes progress on a connection attempt only while some thread
+    // polls the channel: a blocking call in progress, or else its backup
+    // poller, every 5 s. A call on a channel in TRANSIENT_FAILURE (the
+    // scheduler refused the last attempt) fails at once without polling,
+    // so a daemon retrying such calls would learn that a reconnection had
+    // succeeded up to 5 s late. Waiting for a state change polls. The wait
+    // is sliced so that CancelWaits ends it promptly.
+    const auto deadline = std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    while (true) {
+      const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+      if (state == GRPC_CHANNEL_READY) return true;
+      {
+        std::lock_guard<std::mutex> lock(waits_mu_);
+        if (waits_cancelled_) return false;
+      }
+      const auto now = std::chrono::system_clock::now();
+      if (now >= deadline) return false;
+      (void)channel_->WaitForStateChange(
+          state, std::min(deadline, now + std::chrono::milliseconds(kConnectionWaitSliceMs)));
+    }
+  }
   std::unique_ptr<ScheduleStream> StreamSchedules(
       const v1::StreamSchedulesRequest& request) override {
     return std::make_unique<GrpcScheduleStream>(
@@ -185,6 +213,7 @@ class GrpcSchedulerClient final : public SchedulerClient {
   }
 
   const ClientSecurity security_;
+  const std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Scheduler::Stub> stub_;
   std::mutex mu_;  // a leaf
   std::string host_;

@@ -59,8 +59,15 @@ class SchedulerClient {
   virtual std::unique_ptr<ScheduleStream> StreamSchedules(
       const v1::StreamSchedulesRequest& request) = 0;
   // Ends the calls in progress that may wait long (AwaitClock) with
-  // Cancelled, and makes later ones fail at once. For stopping.
+  // Cancelled, and makes later ones fail at once; ends WaitForConnection
+  // too. For stopping.
   virtual void CancelWaits() {}
+  // Waits up to `timeout_s` for a connection to the scheduler, making
+  // (re)connection attempts meanwhile; true once connected. For a caller
+  // about to retry after the scheduler was unreachable: a call made while
+  // it is unreachable fails at once, and a call made after this returned
+  // true goes out on a connection that is up.
+  virtual bool WaitForConnection(double timeout_s) { return true; }
 };
 
 // How the client proves who it is (DESIGN.md §3a; scheduler/service/
