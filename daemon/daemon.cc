@@ -231,6 +231,8 @@ absl::Status Daemon::RegisterHost() {
         applied->set_acknowledged(entry.acknowledged);
         if (!entry.acknowledged) unacknowledged.insert(entry.push);
       }
+      for (const auto& [copy, held] : orphan_copies_) *request.add_held_copies() = held;
+      for (const auto& [copy, lost] : lost_copies_) *request.add_held_copies() = lost;
     }
     v1::RegisterHostReply reply;
     absl::Status status = scheduler_->RegisterHost(request, &reply);
@@ -238,6 +240,7 @@ absl::Status Daemon::RegisterHost() {
     if (status.ok()) {
       std::unique_lock<std::mutex> lock(mu_);
       incarnation_ = reply.incarnation();
+      lost_copies_.clear();  // told
       if (scheduler_epoch_ != 0 && reply.scheduler_epoch() != scheduler_epoch_) {
         // A restarted scheduler numbers every server's commit positions from
         // 1 again: the old positions would hold its deliveries back as old.

@@ -157,6 +157,9 @@ class Daemon : private transport::DataSessionHandler,
   void ClockSyncLoop();
   void ScheduleStreamLoop();
   void HandleCommand(const v1::DaemonCommand& command);
+  // At a lost schedule stream: moves the held replica copies whose bytes
+  // are in to orphan_copies_ (their pushes' outcomes are not known here).
+  void KeepHeldCopiesLocked();
 
   // daemon::AppHandler: what the local applications ask (daemon_apps.cc).
   void HandleRegister(const std::shared_ptr<AppSession>& app,
@@ -293,6 +296,13 @@ class Daemon : private transport::DataSessionHandler,
   std::map<std::string, int64_t> server_versions_;
   daemon::DeliverySequencer delivery_;                // commit order, by ServerKey
   std::map<uint64_t, Incoming> incoming_;             // by transfer id
+  // Held replica copies whose bytes were all in when the schedule stream
+  // broke, by copy transfer id (their bytes stay in incoming_): told to the
+  // scheduler at registration, which has them delivered again or dropped.
+  std::map<uint64_t, v1::HeldCopy> orphan_copies_;
+  // Held copies dropped incomplete at the lost stream: told once, at the
+  // next registration.
+  std::map<uint64_t, v1::HeldCopy> lost_copies_;
   // In-network aggregations (§5.2); own lock, a leaf under mu_.
   daemon::AggregationTable aggregations_;
   // One kept data connection per peer daemon.

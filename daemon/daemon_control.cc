@@ -63,6 +63,7 @@ void Daemon::ScheduleStreamLoop() {
       // final for the pushes of its plans. Deliveries already handed over
       // are reported as such.
       size_t cancelled = 0;
+      KeepHeldCopiesLocked();
       for (const auto& [key, endpoint] : servers_) {
         cancelled += delivery_.CancelAll(key, "the scheduler that planned it is gone").size();
         daemon::RoundTable::Effects fx;
@@ -160,6 +161,11 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
       if (cancel.release_hold()) {
         (void)pushes_.TakeHeld(cancel.transfer_id());
         break;
+      }
+      if (orphan_copies_.erase(cancel.transfer_id()) > 0) {  // its push did not apply
+        MLF_LOG(INFO) << "dropping held replica copy " << cancel.transfer_id() << ": "
+                      << cancel.reason();
+        incoming_.erase(cancel.transfer_id());
       }
       if (cancel.fail_round()) {
         daemon::RoundTable::Effects fx;

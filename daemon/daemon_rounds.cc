@@ -45,7 +45,9 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
     if (step.kind == daemon::DeliverySequencer::Step::kSkip) {
       MLF_LOG(INFO) << "skipping update " << transfer_id << " (sequence " << step.sequence
                     << "): " << step.reason;
-      incoming_.erase(transfer_id);
+      // A held copy kept across the lost stream keeps its bytes for its
+      // new announcement.
+      if (!orphan_copies_.count(transfer_id)) incoming_.erase(transfer_id);
       continue;
     }
     auto incoming = incoming_.find(transfer_id);
@@ -79,7 +81,37 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
     }
     ++stats_.deliveries;
     incoming_.erase(incoming);
+    orphan_copies_.erase(transfer_id);
     delivery_.Advance(key);
+  }
+}
+
+void Daemon::KeepHeldCopiesLocked() {
+  for (const auto& [key, endpoint] : servers_) {
+    for (const v1::ExpectDelivery& held : delivery_.Held(key)) {
+      auto incoming = incoming_.find(held.transfer_id());
+      if (incoming == incoming_.end() || incoming->second.received < incoming->second.total) {
+        // Still arriving: its source dropped it with the same lost stream.
+        // Told to the scheduler all the same: if its push applied, the
+        // replica lacks it.
+        MLF_LOG(WARNING) << "replica copy " << held.transfer_id() << " of push "
+                         << held.source_transfer_id()
+                         << " was still arriving when the schedule stream broke; dropped";
+        if (incoming != incoming_.end()) incoming_.erase(incoming);
+        v1::HeldCopy& lost = lost_copies_[held.transfer_id()];
+        lost.set_job(endpoint.app ? endpoint.app->job : "");
+        *lost.mutable_copy() = held;
+        lost.set_incomplete(true);
+        continue;
+      }
+      v1::HeldCopy& kept = orphan_copies_[held.transfer_id()];
+      kept.set_job(endpoint.app ? endpoint.app->job : "");
+      *kept.mutable_copy() = held;
+    }
+  }
+  if (!orphan_copies_.empty()) {
+    MLF_LOG(WARNING) << "keeping " << orphan_copies_.size()
+                     << " held replica copy(ies) for the scheduler to decide";
   }
 }
 

@@ -287,8 +287,11 @@ class Run {
     if (!created.ok()) return created.status();
     c_ = std::move(*created);
     const std::string config = c_->dir() + "/scheduler.json";
+    // Each push's norm is 1: a bound of 2 makes the planner send replica
+    // copies with their pushes (held at the replica for the outcome)
+    // rather than punt them to later batches (§5.3).
     std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": ")" << kJobToken
-                          << R"(", "tau_max": 100000, "aggregators": ["a1"]}]})";
+                          << R"(", "tau_max": 100000, "divergence_max": 2, "aggregators": ["a1"]}]})";
     // The servers' daemons pace their downlinks, so that the planner
     // aggregates at a1 (mlfabric.md §5.2) rather than send everything
     // direct.
@@ -311,8 +314,8 @@ class Run {
     WaitApplied(20);
 
     // The last cycle's scheduler restart comes after the failover: a
-    // restart may cost the replica the copies it held at that moment (see
-    // fault_driver.h), which one failover later would count lost.
+    // restart may cost the replica a copy still arriving at that moment
+    // (see fault_driver.h), which a failover later would count lost.
     for (int cycle = 0; cycle < options_.cycles; ++cycle) {
       const bool last = cycle + 1 == options_.cycles;
       Inject("aggregator", "a1's daemon killed, started again 1 s later", {0, 1}, -1, [&] {

@@ -30,11 +30,13 @@
 // (reported applied, not in the model) or extra (in the model more often
 // than reported applied: applied twice, or after being reported failed).
 //
-// Known gap, hence the order: a scheduler restart cancels the replica
-// copies held at the replica's daemon that moment (a copy waits there for
-// its push's outcome), and the restarted scheduler cannot send them again,
-// so a later failover would miss those updates. The benchmark's earlier
-// cycles restart the scheduler before the failover and show it.
+// Known gap, hence the order: across a scheduler restart the replica's
+// daemon keeps the copies it holds whole (a copy waits there for its
+// push's outcome) and the new scheduler has them delivered or dropped
+// (scheduler/service/in_doubt.h), but a copy still arriving at that moment
+// is lost (counted against the replica, and by a later failover as lost).
+// The test restarts the scheduler after the failover; the benchmark's
+// earlier cycles restart it before and would show such a loss.
 //
 // What the script does not do: kill a worker's daemon while that worker's
 // own push is in flight. Its application then loses the daemon that knew

@@ -20,6 +20,7 @@
 
 #include "api/allreduce.h"
 #include "api/registration.h"
+#include "api/replica.h"
 #include "testing/cluster.h"
 #include "tests/test_util.h"
 #include "tools/launch/process.h"
@@ -220,6 +221,103 @@ TEST_CASE("Pushes in flight while the scheduler restarts end exactly once, as th
               "were back %.2f s after the kill, the first new push applied at %.2f s (%s)\n",
               applied, failed, sent.size(), back_s, first_applied_s,
               PushOutcomeName(first_after.outcome));
+}
+
+TEST_CASE("A replica keeps the copies it held across a restart: it has what the server applied") {
+  const std::string dir = launch::MakeTempDir("scheduler-restart-replica");
+  const std::string config = dir + "/scheduler.json";
+  // A tight divergence bound (each push's norm is 1): copies go with their
+  // pushes instead of being punted to a later batch (§5.3).
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
+                        << R"( "tau_max": 100000, "divergence_max": 2}]})";
+  auto started = testing::Cluster::StartLoopback({"s1", "r1", "w1"},
+                                                 {"--config=" + config, "--planner=mlfabric"});
+  INFO(started.status().ToString());
+  REQUIRE(started.ok());
+  testing::Cluster& c = **started;
+
+  // A slow server: pushes wait at its daemon while their copies, held at
+  // the replica's daemon for the outcome, are all in.
+  SumModel summed;
+  summed.delay = std::chrono::milliseconds(40);
+  testing::InProcessServer server = summed.Serve(c, "s1");
+  REQUIRE(server.status().ok());
+  SumModel standby;
+  RegistrationParams params;
+  params.client.daemon_socket = c.Socket("r1");
+  auto replica = RegisterAsReplica("ps0", params);
+  INFO(replica.status().ToString());
+  REQUIRE(replica.ok());
+  (*replica)->RegisterUpdateCallback([&](const Server::Update& u) -> absl::StatusOr<int64_t> {
+    std::lock_guard<std::mutex> lock(standby.mu);
+    const float* values = reinterpret_cast<const float*>(u.data);
+    for (size_t i = 0; i < kDim; ++i) standby.model[i] += values[i];
+    standby.version += u.count;
+    return standby.version;
+  });
+  std::thread replica_thread([&] { (void)(*replica)->Serve(); });
+
+  ClientOptions options;
+  options.daemon_socket = c.Socket("w1");
+  options.name = "w1";
+  auto worker = Worker::Connect(options);
+  REQUIRE(worker.ok());
+  std::vector<std::vector<float>> updates;
+  std::vector<std::future<PushResult>> results;
+  auto push = [&](int p) {
+    std::vector<float> update(kDim);
+    for (size_t i = 0; i < kDim; ++i) update[i] = static_cast<float>(1 + (p * 5 + i) % 7);
+    results.push_back(
+        (*worker)->Push("ps0", update.data(), update.size() * sizeof(float), 0, 1.0));
+    updates.push_back(std::move(update));
+  };
+  for (int p = 0; p < 30; ++p) push(p);
+  REQUIRE(launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(summed.mu);
+    return summed.version >= 5;
+  }, 60));
+  REQUIRE(c.RestartScheduler().ok());
+  REQUIRE(launch::WaitUntil(
+      [&] {
+        const std::string log = c.scheduler().Log();
+        const size_t restarted = log.rfind("listening on");
+        return restarted != std::string::npos &&
+               log.find("ROLE_REPLICA ps0 on r1", restarted) != std::string::npos &&
+               log.find("worker w1 on w1", restarted) != std::string::npos;
+      },
+      60));
+  for (int p = 30; p < 40; ++p) push(p);
+
+  std::vector<double> expected(kDim, 0.0);
+  int applied = 0;
+  for (size_t p = 0; p < results.size(); ++p) {
+    REQUIRE(results[p].wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    const PushResult r = results[p].get();
+    if (r.outcome != PushOutcome::kApplied) continue;
+    ++applied;
+    for (size_t i = 0; i < kDim; ++i) expected[i] += updates[p][i];
+  }
+  // The replica ends with exactly the pushes reported applied: the copies
+  // it kept are delivered for the pushes the server applied, dropped for
+  // the others.
+  const bool exact = launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(standby.mu);
+    return standby.model == expected;
+  }, 30);
+  (*replica)->Stop();
+  replica_thread.join();
+  const std::string log = c.scheduler().Log();
+  const int redelivered = testing::CountOccurrences(log, "across the restart: delivered");
+  std::lock_guard<std::mutex> lock(standby.mu);
+  INFO(applied << " of " << results.size() << " pushes applied; the replica applied "
+               << standby.version << "; " << redelivered << " kept copies delivered again");
+  CHECK(exact);
+  CHECK(standby.version == applied);
+  // The kept copies' path was taken (the slow server had a queue).
+  CHECK(redelivered > 0);
+  std::printf("replica across the restart: %d of %zu pushes applied, %d kept copies delivered "
+              "again, the replica applied %lld\n",
+              applied, results.size(), redelivered, static_cast<long long>(standby.version));
 }
 
 TEST_CASE("A synchronous AllReduce job goes on across a scheduler restart") {

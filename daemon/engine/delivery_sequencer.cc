@@ -48,6 +48,16 @@ std::optional<v1::ExpectDelivery> DeliverySequencer::Release(uint64_t sequence,
   return std::nullopt;
 }
 
+std::vector<v1::ExpectDelivery> DeliverySequencer::Held(const std::string& key) const {
+  std::vector<v1::ExpectDelivery> held;
+  auto endpoint = endpoints_.find(key);
+  if (endpoint == endpoints_.end()) return held;
+  for (const auto& [sequence, delivery] : endpoint->second.expected) {
+    if (delivery.held && !delivery.cancelled) held.push_back(delivery.info);
+  }
+  return held;
+}
+
 std::vector<uint64_t> DeliverySequencer::Reset() {
   std::vector<uint64_t> pending;
   for (const auto& [key, endpoint] : endpoints_) {

@@ -55,6 +55,8 @@ class DeliverySequencer {
   // copy announced with info.held()) be delivered, in whichever endpoint
   // announced it; returns that announcement, or nullopt if there is none.
   std::optional<v1::ExpectDelivery> Release(uint64_t sequence, uint64_t transfer_id);
+  // The held (not released, not cancelled) positions of `key`, in order.
+  std::vector<v1::ExpectDelivery> Held(const std::string& key) const;
   // Cancels every announced, not yet cancelled position of `key`; returns
   // their transfers.
   std::vector<uint64_t> CancelAll(const std::string& key, const std::string& reason);

@@ -147,12 +147,15 @@ TEST_CASE("a held replica copy waits for its release, and holds back what follow
   s.Expect("1/ps", Expect(2, 102));
   // Its bytes are in, but its push has no outcome yet.
   CHECK(Drain(s, {101, 102}).empty());
+  REQUIRE(s.Held("1/ps").size() == 1);
+  CHECK(s.Held("1/ps")[0].transfer_id() == 101);
   CHECK_FALSE(s.Release(1, 999).has_value());  // another transfer: nothing released
   CHECK(Drain(s, {101, 102}).empty());
   const auto released = s.Release(1, 101);
   REQUIRE(released.has_value());
   CHECK(released->server() == "ps");
   CHECK(Drain(s, {101, 102}) == std::vector<uint64_t>{101, 102});
+  CHECK(s.Held("1/ps").empty());
 
   // A held copy whose push failed is cancelled instead: skipped, never delivered.
   v1::ExpectDelivery doomed = Expect(3, 103);

@@ -129,6 +129,11 @@ struct ReplicaTrack {
   std::map<uint64_t, double> in_flight;  // copy transfer id -> update norm
   uint64_t next_sequence = 1;            // the replica's own commit order
   int64_t applied = 0;
+  // Updates the server applied that the replica never will: their copies
+  // were still arriving when a scheduler restart broke the replica's
+  // stream (in_doubt.h). A failover counts them lost.
+  int64_t missed = 0;
+  double missed_norm = 0;
 };
 
 struct ServerState {
@@ -195,6 +200,16 @@ struct InDoubtPush {
   double since_s = 0;
 };
 
+// A replica copy whose bytes a replica's daemon kept when its schedule
+// stream broke, waiting for its push's outcome (in_doubt.h).
+struct HeldAtReplica {
+  std::string job;
+  std::string replica_host;
+  v1::ExpectDelivery copy;  // as first announced
+  bool incomplete = false;  // dropped there, bytes incomplete: only counted
+  double since_s = 0;
+};
+
 // How a push ended, kept a while so that a source whose stream broke
 // before the outcome reached it can be told again.
 struct RecentOutcome {
@@ -242,6 +257,9 @@ class ClusterState {
   // servers' daemons applied (version, when heard) or were applying.
   std::map<uint64_t, InDoubtPush> in_doubt;
   std::map<uint64_t, std::pair<int64_t, double>> applied_elsewhere;
+  // Replica copies a replica's daemon kept across its lost stream, held
+  // for their pushes' outcomes (in_doubt.h), by copy transfer id.
+  std::map<uint64_t, HeldAtReplica> held_at_replicas;
   std::set<uint64_t> delivering;
   // The last kRecentOutcomes outcomes (Complete), by transfer id.
   static constexpr size_t kRecentOutcomes = 65536;

@@ -21,6 +21,7 @@ v1::DaemonCommand ExpectDelivery(const Expect& e) {
     expect->set_dtype(e.dtype);
   }
   if (e.held) expect->set_held(true);
+  if (e.source != 0) expect->set_source_transfer_id(e.source);
   return command;
 }
 

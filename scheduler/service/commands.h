@@ -35,6 +35,7 @@ struct Expect {
   int32_t contributions = 0;
   v1::DType dtype = v1::DTYPE_FLOAT32;
   bool held = false;  // a replica copy held until released (ReleaseDelivery)
+  uint64_t source = 0;  // a replica copy: its push
 };
 v1::DaemonCommand ExpectDelivery(const Expect& expect);
 v1::DaemonCommand ReleaseDelivery(uint64_t transfer_id, uint64_t sequence);

@@ -73,6 +73,9 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
   view.reason = reason;
   view.at_s = state->NowSeconds();
   view.model_version = server.model_version;
+  // Updates the replica was known to lack already (in_doubt.h).
+  view.lost_updates = server.replica.missed;
+  view.lost_norm = server.replica.missed_norm;
   const std::string why = absl::StrCat("server '", server_name, "' failed over from ", from,
                                        " to its replica on ", to, " (", reason, ")");
 
@@ -149,6 +152,8 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
   // by id in replica.in_flight until they end.)
   server.replica.next_sequence = 1;
   server.replica.applied = 0;
+  server.replica.missed = 0;
+  server.replica.missed_norm = 0;
   job->replica_hosts.erase(replica_it);
   for (auto& [copy_id, copy] : state->replica_copies) {
     if (copy.job == job_name && copy.server == server_name) copy.failover = true;

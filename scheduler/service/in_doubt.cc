@@ -1,8 +1,11 @@
 #include "scheduler/service/in_doubt.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "scheduler/service/commands.h"
@@ -46,6 +49,128 @@ void Applied(ClusterState* state, const std::string& host, uint64_t push, int64_
   }
 }
 
+// What is known of push `push` (of `job`'s `server`) here: applied (with
+// its version), not applied (with why), or nothing yet (nullopt).
+struct Known {
+  bool applied = false;
+  int64_t version = 0;
+  std::string why;
+};
+std::optional<Known> KnownOutcome(const ClusterState& state, uint64_t push, const std::string& job,
+                                  const std::string& server, double waited_s, double wait_s) {
+  if (state.updates.count(push) || state.delivering.count(push) || state.in_doubt.count(push)) {
+    return std::nullopt;  // still being decided
+  }
+  if (auto told = state.recent_outcomes.find(push); told != state.recent_outcomes.end()) {
+    return Known{told->second.outcome == v1::OUTCOME_APPLIED, told->second.applied_version,
+                 told->second.reason};
+  }
+  if (auto applied = state.applied_elsewhere.find(push); applied != state.applied_elsewhere.end()) {
+    return Known{true, applied->second.first, ""};
+  }
+  if ((push >> kEpochShift) == state.epoch()) {
+    return Known{false, 0, "this scheduler has no record of its push"};
+  }
+  if (auto job_state = state.jobs.find(job); job_state != state.jobs.end()) {
+    auto found = job_state->second.servers.find(server);
+    if (found != job_state->second.servers.end() &&
+        state.AliveHost(found->second.host) != nullptr) {
+      return Known{false, 0,
+                   absl::StrCat("the daemon of server '", server, "' on ", found->second.host,
+                                " did not apply its push")};
+    }
+  }
+  if (waited_s >= wait_s) {
+    return Known{false, 0, "its push's server did not register with the new scheduler in time"};
+  }
+  return std::nullopt;
+}
+
+// Announces the kept copy `held` at its replica's next position (or the
+// promoted replica's, as the server), as one of the replica's copies in
+// flight. False when the replica is not (yet) registered on that host.
+bool Redeliver(ClusterState* state, uint64_t copy_id, const HeldAtReplica& held,
+               const std::string& server_name) {
+  JobState* job = state->FindJob(held.job);
+  if (job == nullptr || state->AliveHost(held.replica_host) == nullptr) return false;
+  auto server = job->servers.find(server_name);
+  if (server == job->servers.end()) return false;
+  const bool promoted = server->second.host == held.replica_host;
+  auto replica = job->replica_hosts.find(server_name);
+  if (!promoted && (replica == job->replica_hosts.end() || replica->second != held.replica_host)) {
+    return false;
+  }
+  uint64_t& next = promoted ? server->second.next_sequence : server->second.replica.next_sequence;
+  ReplicaCopy record{held.job, server_name, held.copy.source_transfer_id(),
+                     held.copy.src_host(), held.replica_host, next++};
+  record.to_promoted = promoted;
+  state->replica_copies[copy_id] = record;
+  server->second.replica.in_flight[copy_id] = held.copy.norm();
+  v1::DaemonCommand command;
+  v1::ExpectDelivery* expect = command.mutable_expect();
+  *expect = held.copy;
+  expect->set_job_id(job->id);
+  expect->set_server(promoted ? server_name : "replica:" + server_name);
+  expect->set_sequence(record.sequence);
+  expect->set_held(false);
+  state->Enqueue(held.replica_host, std::move(command));
+  return true;
+}
+
+// Decides the kept replica copies whose pushes' outcomes are known.
+void SettleKeptCopies(ClusterState* state, double wait_s) {
+  const double now_s = state->NowSeconds();
+  for (auto it = state->held_at_replicas.begin(); it != state->held_at_replicas.end();) {
+    const uint64_t copy_id = it->first;
+    const HeldAtReplica& held = it->second;
+    std::string server = held.copy.server();
+    if (absl::StartsWith(server, "replica:")) server = server.substr(8);
+    const double waited_s = now_s - held.since_s;
+    const std::optional<Known> known = KnownOutcome(
+        *state, held.copy.source_transfer_id(), held.job, server, waited_s, wait_s);
+    if (!known.has_value()) {
+      ++it;
+      continue;
+    }
+    if (held.incomplete) {
+      // Dropped at the replica's daemon: if its push applied, the replica
+      // lacks it for good.
+      if (known->applied) {
+        if (JobState* job = state->FindJob(held.job); job != nullptr && job->servers.count(server)) {
+          ReplicaTrack& replica = job->servers[server].replica;
+          ++replica.missed;
+          replica.missed_norm += held.copy.norm();
+        }
+        MLF_LOG(WARNING) << "the replica of '" << server << "' on " << held.replica_host
+                         << " lacks push " << held.copy.source_transfer_id()
+                         << ": its copy was still arriving when the scheduler went";
+      }
+      it = state->held_at_replicas.erase(it);
+      continue;
+    }
+    if (known->applied) {
+      if (Redeliver(state, copy_id, held, server)) {
+        MLF_LOG(INFO) << "replica copy " << copy_id << " of push " << held.copy.source_transfer_id()
+                      << ", kept at " << held.replica_host << " across the restart: delivered";
+        it = state->held_at_replicas.erase(it);
+        continue;
+      }
+      if (waited_s < wait_s) {  // its replica has not registered again yet
+        ++it;
+        continue;
+      }
+      MLF_LOG(WARNING) << "replica copy " << copy_id << " of applied push "
+                       << held.copy.source_transfer_id() << " kept at " << held.replica_host
+                       << ": the replica did not register again within " << wait_s
+                       << " s; dropped, the replica lacks this update";
+    }
+    state->Enqueue(held.replica_host,
+                   commands::CancelDelivery(copy_id, held.copy.server(), 0,
+                                            known->applied ? "its replica is gone" : known->why));
+    it = state->held_at_replicas.erase(it);
+  }
+}
+
 }  // namespace
 
 void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& request) {
@@ -65,6 +190,19 @@ void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& reques
     doubt.job = push.job();
     doubt.server = push.server();
     doubt.since_s = now_s;
+  }
+  for (const v1::HeldCopy& held : request.held_copies()) {
+    HeldAtReplica& kept = state->held_at_replicas[held.copy().transfer_id()];
+    kept.job = held.job();
+    kept.replica_host = request.host();
+    kept.copy = held.copy();
+    kept.incomplete = held.incomplete();
+    kept.since_s = now_s;
+  }
+  if (request.held_copies_size() > 0) {
+    MLF_LOG(WARNING) << "host " << request.host() << " registered with "
+                     << request.held_copies_size()
+                     << " held replica copy(ies); their pushes' outcomes decide them";
   }
   if (request.in_doubt_size() > 0) {
     MLF_LOG(WARNING) << "host " << request.host() << " registered with " << request.in_doubt_size()
@@ -146,6 +284,7 @@ void ResolveInDoubt(ClusterState* state, double wait_s) {
     Tell(state, push, v1::OUTCOME_FAILED, why, 0);
     it = state->in_doubt.erase(it);
   }
+  SettleKeptCopies(state, wait_s);
   const double keep_s = std::max(kAppliedKeepS, 2 * wait_s);
   for (auto it = state->applied_elsewhere.begin(); it != state->applied_elsewhere.end();) {
     it = now_s - it->second.second > keep_s ? state->applied_elsewhere.erase(it) : std::next(it);

@@ -27,6 +27,12 @@
 //   broke, the scheduler lived: the outcome it sent was lost with the
 //   stream; RecentOutcome).
 //
+// A replica's daemon also keeps the replica copies it held for their
+// pushes' outcomes (their bytes all in) and names them when it registers:
+// each is announced again at the replica's next position once its push is
+// known applied (by the same rules), and dropped there once it is known
+// not applied, so the replica holds exactly what its server applied.
+//
 // Thread safety: none; called under the scheduler service's lock.
 #ifndef MLFABRIC_SCHEDULER_SERVICE_IN_DOUBT_H_
 #define MLFABRIC_SCHEDULER_SERVICE_IN_DOUBT_H_

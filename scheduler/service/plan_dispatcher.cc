@@ -417,6 +417,7 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     expect.version = what.version;
     expect.norm = what.norm;
     expect.held = held;
+    expect.source = source;
     state_.Enqueue(replica->second, commands::ExpectDelivery(expect));
     commands::Send send{copy, job_.id, replica->second, replica_host->data_address,
                         transfer->second->start_s, what.bytes};

@@ -1,0 +1,184 @@
+// A restarted scheduler's decisions on what the daemons kept across it
+// (in_doubt.h), on a ClusterState with a FakeClock: here, the replica
+// copies a replica's daemon held for their pushes' outcomes.
+#include "scheduler/service/in_doubt.h"
+
+#include "scheduler/service/failover.h"
+
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "scheduler/service/cluster_state_fixture.h"
+
+namespace mlfabric {
+namespace {
+
+struct Fixture : ClusterStateFixture {
+  Fixture() : ClusterStateFixture({"s1", "r1", "w1"}) {
+    JobState& job = state.jobs["demo"];
+    job.id = 7;
+    job.config.name = "demo";
+    ServerState& server = job.servers["ps"];
+    server.host = "s1";
+    server.replica.next_sequence = 3;
+    job.replica_hosts["ps"] = "r1";
+  }
+
+  // An id the previous scheduler gave out.
+  uint64_t OldId(uint64_t n) const {
+    return ((state.epoch() - 1) << kEpochShift) + n;
+  }
+
+  // A held copy of push `source` as r1's daemon reports it.
+  v1::HeldCopy Held(uint64_t copy, uint64_t source) const {
+    v1::HeldCopy held;
+    held.set_job("demo");
+    v1::ExpectDelivery* e = held.mutable_copy();
+    e->set_transfer_id(copy);
+    e->set_job_id(3);  // the old scheduler's number for the job
+    e->set_server("replica:ps");
+    e->set_sequence(40);
+    e->set_bytes(64);
+    e->set_src_host("w1");
+    e->set_norm(2.5);
+    e->set_held(true);
+    e->set_source_transfer_id(source);
+    return held;
+  }
+};
+
+TEST_CASE("kept replica copies are delivered again if their push applied, dropped if not") {
+  Fixture f;
+  const uint64_t applied = f.OldId(5), not_applied = f.OldId(6);
+  const uint64_t applied_copy = f.OldId(15), not_applied_copy = f.OldId(16);
+  v1::RegisterHostRequest r1;
+  r1.set_host("r1");
+  *r1.add_held_copies() = f.Held(applied_copy, applied);
+  *r1.add_held_copies() = f.Held(not_applied_copy, not_applied);
+  AcceptHostReport(&f.state, r1);
+  // s1's daemon applied one of the two pushes before the restart.
+  v1::RegisterHostRequest s1;
+  s1.set_host("s1");
+  v1::AppliedPush* entry = s1.add_applied();
+  entry->set_transfer_id(applied);
+  entry->set_model_version(12);
+  entry->set_acknowledged(true);
+  AcceptHostReport(&f.state, s1);
+
+  ResolveInDoubt(&f.state, 30);
+  const auto at_r1 = f.Drain("r1");
+  REQUIRE(at_r1.size() == 2);
+  // The applied push's copy: announced again at the replica's next position.
+  REQUIRE(at_r1[0].has_expect());
+  const v1::ExpectDelivery& again = at_r1[0].expect();
+  CHECK(again.transfer_id() == applied_copy);
+  CHECK(again.job_id() == 7);
+  CHECK(again.server() == "replica:ps");
+  CHECK(again.sequence() == 3);
+  CHECK_FALSE(again.held());
+  CHECK(again.source_transfer_id() == applied);
+  REQUIRE(f.state.replica_copies.count(applied_copy) == 1);
+  CHECK(f.state.replica_copies.at(applied_copy).source == applied);
+  CHECK(f.state.jobs["demo"].servers["ps"].replica.in_flight.at(applied_copy) == 2.5);
+  // The other: dropped, saying why.
+  REQUIRE(at_r1[1].has_cancel());
+  CHECK(at_r1[1].cancel().transfer_id() == not_applied_copy);
+  CHECK(at_r1[1].cancel().reason().find("did not apply") != std::string::npos);
+  CHECK(f.state.held_at_replicas.empty());
+  // The replica's daemon reporting the copy applied ends it as any copy.
+  f.state.EndReplicaCopy(applied_copy, /*applied=*/true, "", 12);
+  CHECK(f.state.jobs["demo"].servers["ps"].replica.applied == 1);
+}
+
+TEST_CASE("a kept copy waits for its server's host, and for the replica to register again") {
+  Fixture f;
+  f.state.hosts["s1"].alive = false;  // the server's host has not registered yet
+  f.state.jobs["demo"].replica_hosts.clear();  // nor has the replica application
+  const uint64_t push = f.OldId(5), copy = f.OldId(15);
+  v1::RegisterHostRequest r1;
+  r1.set_host("r1");
+  *r1.add_held_copies() = f.Held(copy, push);
+  AcceptHostReport(&f.state, r1);
+  ResolveInDoubt(&f.state, 30);
+  CHECK(f.Drain("r1").empty());
+  CHECK(f.state.held_at_replicas.size() == 1);
+
+  // s1 comes back: it applied the push. The replica is not registered yet.
+  f.state.hosts["s1"].alive = true;
+  v1::RegisterHostRequest s1;
+  s1.set_host("s1");
+  v1::AppliedPush* entry = s1.add_applied();
+  entry->set_transfer_id(push);
+  entry->set_model_version(3);
+  entry->set_acknowledged(true);
+  AcceptHostReport(&f.state, s1);
+  ResolveInDoubt(&f.state, 30);
+  CHECK(f.Drain("r1").empty());
+
+  f.state.jobs["demo"].replica_hosts["ps"] = "r1";
+  ResolveInDoubt(&f.state, 30);
+  const auto at_r1 = f.Drain("r1");
+  REQUIRE(at_r1.size() == 1);
+  CHECK(at_r1[0].expect().transfer_id() == copy);
+}
+
+TEST_CASE("a kept copy whose replica never registers again is dropped after the wait") {
+  Fixture f;
+  f.state.jobs["demo"].replica_hosts.clear();
+  const uint64_t push = f.OldId(5), copy = f.OldId(15);
+  v1::RegisterHostRequest r1;
+  r1.set_host("r1");
+  *r1.add_held_copies() = f.Held(copy, push);
+  AcceptHostReport(&f.state, r1);
+  v1::RegisterHostRequest s1;
+  s1.set_host("s1");
+  v1::AppliedPush* entry = s1.add_applied();
+  entry->set_transfer_id(push);
+  entry->set_acknowledged(true);
+  AcceptHostReport(&f.state, s1);
+  ResolveInDoubt(&f.state, 30);
+  CHECK(f.Drain("r1").empty());
+  f.clock.Advance(31);
+  ResolveInDoubt(&f.state, 30);
+  const auto at_r1 = f.Drain("r1");
+  REQUIRE(at_r1.size() == 1);
+  REQUIRE(at_r1[0].has_cancel());
+  CHECK(at_r1[0].cancel().transfer_id() == copy);
+  CHECK(f.state.held_at_replicas.empty());
+}
+
+TEST_CASE("a copy dropped while arriving counts against the replica if its push applied") {
+  Fixture f;
+  const uint64_t applied = f.OldId(5), not_applied = f.OldId(6);
+  v1::RegisterHostRequest r1;
+  r1.set_host("r1");
+  v1::HeldCopy lost = f.Held(f.OldId(15), applied);
+  lost.set_incomplete(true);
+  *r1.add_held_copies() = lost;
+  v1::HeldCopy harmless = f.Held(f.OldId(16), not_applied);
+  harmless.set_incomplete(true);
+  *r1.add_held_copies() = harmless;
+  AcceptHostReport(&f.state, r1);
+  v1::RegisterHostRequest s1;
+  s1.set_host("s1");
+  v1::AppliedPush* entry = s1.add_applied();
+  entry->set_transfer_id(applied);
+  entry->set_acknowledged(true);
+  AcceptHostReport(&f.state, s1);
+  ResolveInDoubt(&f.state, 30);
+  CHECK(f.Drain("r1").empty());  // nothing kept there to deliver or drop
+  CHECK(f.state.held_at_replicas.empty());
+  const ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
+  CHECK(replica.missed == 1);
+  CHECK(replica.missed_norm == 2.5);
+  // A failover now says what the promoted model lacks.
+  REQUIRE(FailOverServersOn(&f.state, "s1", "daemon disconnected") == 1);
+  REQUIRE(f.state.jobs["demo"].failovers.size() == 1);
+  CHECK(f.state.jobs["demo"].failovers[0].lost_updates == 1);
+  CHECK(f.state.jobs["demo"].failovers[0].lost_norm == 2.5);
+}
+
+}  // namespace
+}  // namespace mlfabric
