@@ -62,14 +62,25 @@ struct SumModel {
   }
 };
 
-TEST_CASE("After a scheduler restart, pushes apply again and the model stays exact") {
-  const std::string dir = launch::MakeTempDir("scheduler-restart");
-  const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
-  auto started = testing::Cluster::StartLoopback({"s1", "w1"}, {"--config=" + config});
+// A loopback cluster of `hosts` whose job "demo" has `job_fields` (JSON
+// members after the token), its scheduler given `flags` too.
+std::unique_ptr<testing::Cluster> StartCluster(const std::string& name,
+                                               const std::vector<std::string>& hosts,
+                                               const std::string& job_fields,
+                                               std::vector<std::string> flags = {}) {
+  const std::string config = launch::MakeTempDir(name) + "/scheduler.json";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789")"
+                        << job_fields << "}]}";
+  flags.push_back("--config=" + config);
+  auto started = testing::Cluster::StartLoopback(hosts, flags);
   INFO(started.status().ToString());
   REQUIRE(started.ok());
-  testing::Cluster& c = **started;
+  return std::move(*started);
+}
+
+TEST_CASE("After a scheduler restart, pushes apply again and the model stays exact") {
+  auto cluster = StartCluster("scheduler-restart", {"s1", "w1"}, "");
+  testing::Cluster& c = *cluster;
 
   SumModel summed;
   testing::InProcessServer server = summed.Serve(c, "s1");
@@ -118,14 +129,9 @@ TEST_CASE("After a scheduler restart, pushes apply again and the model stays exa
 }
 
 TEST_CASE("Pushes in flight while the scheduler restarts end exactly once, as the server says") {
-  const std::string dir = launch::MakeTempDir("scheduler-restart-in-flight");
-  const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
-                        << R"( "tau_max": 100000}]})";
-  auto started = testing::Cluster::StartLoopback({"s1", "w1", "w2"}, {"--config=" + config});
-  INFO(started.status().ToString());
-  REQUIRE(started.ok());
-  testing::Cluster& c = **started;
+  auto cluster = StartCluster("scheduler-restart-in-flight", {"s1", "w1", "w2"},
+                              R"(, "tau_max": 100000)");
+  testing::Cluster& c = *cluster;
 
   // A slow server: updates queue at its daemon, so that at the restart
   // some are applied, some handed over, some still on their way.
@@ -224,17 +230,11 @@ TEST_CASE("Pushes in flight while the scheduler restarts end exactly once, as th
 }
 
 TEST_CASE("A replica keeps the copies it held across a restart: it has what the server applied") {
-  const std::string dir = launch::MakeTempDir("scheduler-restart-replica");
-  const std::string config = dir + "/scheduler.json";
   // A tight divergence bound (each push's norm is 1): copies go with their
   // pushes instead of being punted to a later batch (§5.3).
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
-                        << R"( "tau_max": 100000, "divergence_max": 2}]})";
-  auto started = testing::Cluster::StartLoopback({"s1", "r1", "w1"},
-                                                 {"--config=" + config, "--planner=mlfabric"});
-  INFO(started.status().ToString());
-  REQUIRE(started.ok());
-  testing::Cluster& c = **started;
+  auto cluster = StartCluster("scheduler-restart-replica", {"s1", "r1", "w1"},
+                              R"(, "tau_max": 100000, "divergence_max": 2)", {"--planner=mlfabric"});
+  testing::Cluster& c = *cluster;
 
   // A slow server: pushes wait at its daemon while their copies, held at
   // the replica's daemon for the outcome, are all in.
@@ -321,13 +321,8 @@ TEST_CASE("A replica keeps the copies it held across a restart: it has what the 
 }
 
 TEST_CASE("A synchronous AllReduce job goes on across a scheduler restart") {
-  const std::string dir = launch::MakeTempDir("scheduler-restart-allreduce");
-  const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
-  auto started = testing::Cluster::StartLoopback({"h0", "h1"}, {"--config=" + config});
-  INFO(started.status().ToString());
-  REQUIRE(started.ok());
-  testing::Cluster& c = **started;
+  auto cluster = StartCluster("scheduler-restart-allreduce", {"h0", "h1"}, "");
+  testing::Cluster& c = *cluster;
 
   constexpr int kRanks = 2;
   constexpr size_t kCount = 4096;

@@ -31,6 +31,17 @@ struct Fixture : ClusterStateFixture {
     return ((state.epoch() - 1) << kEpochShift) + n;
   }
 
+  // s1's daemon registers again, reporting `push` applied before the restart.
+  void ServerApplied(uint64_t push, int64_t version) {
+    v1::RegisterHostRequest s1;
+    s1.set_host("s1");
+    v1::AppliedPush* entry = s1.add_applied();
+    entry->set_transfer_id(push);
+    entry->set_model_version(version);
+    entry->set_acknowledged(true);
+    AcceptHostReport(&state, s1);
+  }
+
   // A held copy of push `source` as r1's daemon reports it.
   v1::HeldCopy Held(uint64_t copy, uint64_t source) const {
     v1::HeldCopy held;
@@ -59,13 +70,7 @@ TEST_CASE("kept replica copies are delivered again if their push applied, droppe
   *r1.add_held_copies() = f.Held(not_applied_copy, not_applied);
   AcceptHostReport(&f.state, r1);
   // s1's daemon applied one of the two pushes before the restart.
-  v1::RegisterHostRequest s1;
-  s1.set_host("s1");
-  v1::AppliedPush* entry = s1.add_applied();
-  entry->set_transfer_id(applied);
-  entry->set_model_version(12);
-  entry->set_acknowledged(true);
-  AcceptHostReport(&f.state, s1);
+  f.ServerApplied(applied, 12);
 
   ResolveInDoubt(&f.state, 30);
   const auto at_r1 = f.Drain("r1");
@@ -107,13 +112,7 @@ TEST_CASE("a kept copy waits for its server's host, and for the replica to regis
 
   // s1 comes back: it applied the push. The replica is not registered yet.
   f.state.hosts["s1"].alive = true;
-  v1::RegisterHostRequest s1;
-  s1.set_host("s1");
-  v1::AppliedPush* entry = s1.add_applied();
-  entry->set_transfer_id(push);
-  entry->set_model_version(3);
-  entry->set_acknowledged(true);
-  AcceptHostReport(&f.state, s1);
+  f.ServerApplied(push, 3);
   ResolveInDoubt(&f.state, 30);
   CHECK(f.Drain("r1").empty());
 
@@ -132,12 +131,7 @@ TEST_CASE("a kept copy whose replica never registers again is dropped after the 
   r1.set_host("r1");
   *r1.add_held_copies() = f.Held(copy, push);
   AcceptHostReport(&f.state, r1);
-  v1::RegisterHostRequest s1;
-  s1.set_host("s1");
-  v1::AppliedPush* entry = s1.add_applied();
-  entry->set_transfer_id(push);
-  entry->set_acknowledged(true);
-  AcceptHostReport(&f.state, s1);
+  f.ServerApplied(push, 0);
   ResolveInDoubt(&f.state, 30);
   CHECK(f.Drain("r1").empty());
   f.clock.Advance(31);
@@ -161,12 +155,7 @@ TEST_CASE("a copy dropped while arriving counts against the replica if its push 
   harmless.set_incomplete(true);
   *r1.add_held_copies() = harmless;
   AcceptHostReport(&f.state, r1);
-  v1::RegisterHostRequest s1;
-  s1.set_host("s1");
-  v1::AppliedPush* entry = s1.add_applied();
-  entry->set_transfer_id(applied);
-  entry->set_acknowledged(true);
-  AcceptHostReport(&f.state, s1);
+  f.ServerApplied(applied, 0);
   ResolveInDoubt(&f.state, 30);
   CHECK(f.Drain("r1").empty());  // nothing kept there to deliver or drop
   CHECK(f.state.held_at_replicas.empty());
