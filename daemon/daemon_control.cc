@@ -150,8 +150,23 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     }
     case v1::DaemonCommand::kRelease: {
       // The server applied the push of this held replica copy.
+      const v1::ReleaseDelivery& release = command.release();
+      auto incoming = incoming_.find(release.transfer_id());
+      const bool whole = incoming != incoming_.end() &&
+                         incoming->second.received >= incoming->second.total;
+      if (release.cancel_if_incomplete() && !whole) {
+        // Its source went away before sending it all: it never will.
+        const std::string why = "its source went away before all its bytes arrived";
+        if (std::optional<v1::ExpectDelivery> cancelled =
+                delivery_.CancelTransfer(release.sequence(), release.transfer_id(), why)) {
+          incoming_.erase(release.transfer_id());
+          reporter_->ReportFailure(release.transfer_id(), why);
+          TryDeliverLocked(cancelled->job_id(), cancelled->server());
+        }
+        break;
+      }
       if (std::optional<v1::ExpectDelivery> released =
-              delivery_.Release(command.release().sequence(), command.release().transfer_id())) {
+              delivery_.Release(release.sequence(), release.transfer_id())) {
         TryDeliverLocked(released->job_id(), released->server());
       }
       break;
@@ -187,8 +202,11 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
       if (std::optional<v1::ExpectDelivery> cancelled =
               delivery_.CancelTransfer(cancel.sequence(), cancel.transfer_id(), cancel.reason())) {
         incoming_.erase(cancel.transfer_id());
+        // Skipped before the application had it: it will not be applied.
+        if (cancel.confirm()) reporter_->ReportFailure(cancel.transfer_id(), cancel.reason());
         TryDeliverLocked(cancelled->job_id(), cancelled->server());
       }
+      // Not found: handed over already; the acknowledgement answers.
       break;
     }
     case v1::DaemonCommand::kOutcome: {

@@ -232,6 +232,40 @@ TEST_CASE("Daemon: a server application that goes away fails what it was to appl
   CHECK(reports[0].error().find("server 'ps'") != std::string::npos);
 }
 
+TEST_CASE("Daemon: a cancellation to confirm is answered not applied when skipped in time") {
+  Fixture f;
+  auto server = std::make_unique<App>(f.socket, "ps", v1::ROLE_SERVER);
+  v1::DaemonCommand command;
+  v1::ExpectDelivery* expect = command.mutable_expect();
+  expect->set_transfer_id(400);
+  expect->set_job_id(0);
+  expect->set_server("ps");
+  expect->set_sequence(1);
+  expect->set_bytes(4096);
+  expect->set_src_host("w9");
+  f.scheduler->PushCommand(command);
+  // Its bytes never come; the scheduler gives up on it (its source is down).
+  v1::DaemonCommand cancel;
+  cancel.mutable_cancel()->set_transfer_id(400);
+  cancel.mutable_cancel()->set_server("ps");
+  cancel.mutable_cancel()->set_sequence(1);
+  cancel.mutable_cancel()->set_reason("source host w9 is down");
+  cancel.mutable_cancel()->set_confirm(true);
+  f.scheduler->PushCommand(cancel);
+  REQUIRE(f.scheduler->WaitForCompletions(1, std::chrono::seconds(30)));
+  const v1::CompletionReport report = f.scheduler->completions()[0];
+  CHECK(report.transfer_id() == 400);
+  CHECK_FALSE(report.applied());
+  CHECK(report.error() == "source host w9 is down");
+  // A cancellation of a position it does not have (handed over already)
+  // is not answered: the application's acknowledgement will be.
+  cancel.mutable_cancel()->set_transfer_id(401);
+  cancel.mutable_cancel()->set_sequence(2);
+  f.scheduler->PushCommand(cancel);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(f.scheduler->completions().size() == 1);
+}
+
 TEST_CASE("Daemon: Stop ends a get that waits on a daemon that never answers") {
   Fixture f;
   // A "server daemon" that takes the connection and never answers.

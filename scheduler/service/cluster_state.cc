@@ -197,7 +197,8 @@ void ClusterState::SettleHeldCopies(uint64_t transfer_id, bool applied,
     if (copy.source != transfer_id || !copy.held) continue;
     copy.held = false;
     if (applied) {
-      Enqueue(copy.replica_host, commands::ReleaseDelivery(copy_id, copy.sequence));
+      Enqueue(copy.replica_host,
+              commands::ReleaseDelivery(copy_id, copy.sequence, copy.source_down));
     } else {
       cancelled.push_back(copy_id);
     }
@@ -306,7 +307,14 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
   // Replica copies from or to the host are gone; a replica that is gone
   // takes its punted copies with it.
   std::vector<uint64_t> copies_there;
-  for (const auto& [id, copy] : replica_copies) {
+  for (auto& [id, copy] : replica_copies) {
+    // A held copy from the host may be whole at the replica already: its
+    // push's outcome decides it (SettleHeldCopies), as long as the replica
+    // is there.
+    if (copy.held && copy.src_host == host_name && copy.replica_host != host_name) {
+      copy.source_down = true;
+      continue;
+    }
     if (copy.src_host == host_name || copy.replica_host == host_name) copies_there.push_back(id);
   }
   for (uint64_t id : copies_there) {
@@ -321,17 +329,48 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
       auto replica = job.replica_hosts.find(server_name);
       if (replica != job.replica_hosts.end() && replica->second == host_name) {
         DropReplicaPending(&server, absl::StrCat("replica host ", host_name, " is down"));
+        // What it lacked went with it; a replica registering later starts
+        // from its own model.
+        server.replica.missed = 0;
+        server.replica.missed_norm = 0;
       }
     }
   }
   for (uint64_t id : to_fail) {
     auto record = updates.find(id);
     if (record == updates.end()) continue;  // ended already (its round or aggregate failed)
-    const std::string why = record->second.src_host == host_name
-                                ? absl::StrCat("source host ", host_name, " is down: ", reason)
-                                : absl::StrCat("server host ", host_name, " is down: ", reason);
-    Complete(id, v1::OUTCOME_FAILED, why, 0);
+    if (record->second.src_host == host_name) {
+      // Its bytes may be at its server's daemon already.
+      FailWhenCancelled(id, absl::StrCat("source host ", host_name, " is down: ", reason));
+    } else {
+      Complete(id, v1::OUTCOME_FAILED,
+               absl::StrCat("server host ", host_name, " is down: ", reason), 0);
+    }
   }
+}
+
+void ClusterState::FailWhenCancelled(uint64_t transfer_id, const std::string& reason) {
+  auto it = updates.find(transfer_id);
+  if (it == updates.end()) return;
+  UpdateRecord& record = it->second;
+  if (!record.cancel_pending.empty()) return;  // asked already
+  const HostState* server_host = nullptr;
+  if (JobState* job = FindJob(record.job)) {
+    if (auto server = job->servers.find(record.server); server != job->servers.end()) {
+      server_host = AliveHost(server->second.host);
+    }
+  }
+  if (record.state != UpdateState::kInFlight || record.sequence == 0 || record.aggregate_id != 0 ||
+      record.round_member || server_host == nullptr) {
+    Complete(transfer_id, v1::OUTCOME_FAILED, reason, 0);
+    return;
+  }
+  record.cancel_pending = reason;
+  record.cancel_deadline_s =
+      clock_->NowSeconds() + 2 * config_.keepalive_s + config_.transfer_slack_s;
+  const std::string server_host_name = FindJob(record.job)->servers[record.server].host;
+  Enqueue(server_host_name, commands::CancelDelivery(transfer_id, record.server, record.sequence,
+                                                     reason, /*confirm=*/true));
 }
 
 void ClusterState::FailTransfer(uint64_t transfer_id, const std::string& reason,
@@ -339,6 +378,12 @@ void ClusterState::FailTransfer(uint64_t transfer_id, const std::string& reason,
   auto it = updates.find(transfer_id);
   if (it == updates.end()) return;
   UpdateRecord& record = it->second;
+  if (!record.cancel_pending.empty()) {
+    // Its server's daemon skipped it, as asked: it fails for the first reason.
+    const std::string why = record.cancel_pending;
+    Complete(transfer_id, v1::OUTCOME_FAILED, why, 0);
+    return;
+  }
   bool copy_moving = false;
   for (const auto& [copy_id, copy] : replica_copies) {
     copy_moving = copy_moving || copy.source == transfer_id;
@@ -372,9 +417,25 @@ void ClusterState::ExpireOverdue(double now_s) {
     for (uint64_t copy : copies) EndReplicaCopy(copy, /*applied=*/false, reason, 0);
     Complete(id, v1::OUTCOME_FAILED, reason, 0);
   }
+  // Cancellations their server's daemon never confirmed (it never answers:
+  // a lost command); not waited for longer.
+  std::vector<uint64_t> unconfirmed;
+  for (const auto& [id, record] : updates) {
+    if (!record.cancel_pending.empty() && now_s > record.cancel_deadline_s) {
+      unconfirmed.push_back(id);
+    }
+  }
+  for (uint64_t id : unconfirmed) {
+    auto it = updates.find(id);
+    if (it == updates.end()) continue;
+    const std::string reason = absl::StrCat(
+        it->second.cancel_pending, " (its server's daemon did not confirm skipping it)");
+    Complete(id, v1::OUTCOME_FAILED, reason, 0);
+  }
   std::vector<uint64_t> overdue;
   for (const auto& [id, record] : updates) {
-    if (record.state == UpdateState::kInFlight && now_s > record.planned.deadline_s) {
+    if (record.state == UpdateState::kInFlight && now_s > record.planned.deadline_s &&
+        record.cancel_pending.empty()) {
       overdue.push_back(id);
     }
   }
@@ -387,7 +448,7 @@ void ClusterState::ExpireOverdue(double now_s) {
         " was planned to end at ", record.planned.end_s, " s and was not completed within ",
         config_.transfer_slack_s, " s after that (slow or vanished daemon)");
     ++stats.timed_out;
-    Complete(id, v1::OUTCOME_FAILED, reason, 0);
+    FailWhenCancelled(id, reason);
   }
 }
 
@@ -427,6 +488,14 @@ void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::str
     MLF_LOG(WARNING) << "replica copy " << copy_id << " of push " << copy.source
                      << " failed: " << reason;
     CancelReplicaCopy(copy_id, copy, reason);
+    // Its push is in the server's model and now never in the replica's.
+    if (auto told = recent_outcomes.find(copy.source);
+        !copy.failover && job != nullptr && told != recent_outcomes.end() &&
+        told->second.outcome == v1::OUTCOME_APPLIED) {
+      ReplicaTrack& replica = job->servers[copy.server].replica;
+      ++replica.missed;
+      replica.missed_norm += norm;
+    }
     // Its update is in the old server's model and now in no model.
     if (copy.failover && job != nullptr) {
       for (auto failover = job->failovers.rbegin(); failover != job->failovers.rend();

@@ -82,6 +82,11 @@ struct UpdateRecord {
   // `fail_at_s` unless a failover decides it first (failover.h).
   std::string failure_pending;
   double fail_at_s = 0;
+  // It fails with this reason once its server's daemon confirms it skipped
+  // the commit position (FailWhenCancelled); if the daemon had handed it
+  // over already, it is applied instead.
+  std::string cancel_pending;
+  double cancel_deadline_s = 0;
 };
 
 // An in-network aggregate (§5.2): its constituents go to `host`, which sums
@@ -186,6 +191,9 @@ struct ReplicaCopy {
   // daemon holds it until Complete releases it (the push applied) or
   // cancels it (the push failed), or the replica is promoted.
   bool held = false;
+  // Its source's host went down while it was held: released only if its
+  // bytes are all in at the replica (ReleaseDelivery.cancel_if_incomplete).
+  bool source_down = false;
 };
 
 // A push whose source's schedule stream broke while it was in flight: the
@@ -311,6 +319,15 @@ class ClusterState {
   // fails now, unless its replica holds or is receiving its copy: then it
   // waits `grace_s` for a failover, which would make it applied.
   void FailTransfer(uint64_t transfer_id, const std::string& reason, double grace_s);
+  // Push `transfer_id` is to fail with `reason` (a timeout, its source's
+  // host down) while its bytes may be at its server's daemon: that daemon
+  // is told to skip its commit position and confirm, and the push fails
+  // when it does (FailTransfer), or is applied if the application had it
+  // already; so it is never reported failed and then applied. Without a
+  // position at a live server (pending, aggregated, a round member) it
+  // fails now. A daemon that does not answer within 2 x keepalive_s +
+  // transfer_slack_s is not waited for longer (ExpireOverdue).
+  void FailWhenCancelled(uint64_t transfer_id, const std::string& reason);
 
   // §5.3 bookkeeping: tells the replica's daemon to skip a copy that will
   // never arrive; forgets a server's punted copies and frees their bytes.

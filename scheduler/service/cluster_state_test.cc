@@ -65,6 +65,53 @@ TEST_CASE("a failed in-flight push frees its commit position at the server") {
   CHECK(snap.recent_drops[0].category == "connection_lost");
 }
 
+TEST_CASE("a push at its server's daemon fails only once that daemon confirms it skipped it") {
+  Fixture f;
+  auto in_flight = [&](uint64_t sequence) {
+    const uint64_t id = f.Push("w1");
+    UpdateRecord& record = f.state.updates[id];
+    f.state.jobs["demo"].servers["ps"].pending.clear();
+    record.state = UpdateState::kInFlight;
+    record.sequence = sequence;
+    record.planned.deadline_s = 1e9;
+    return id;
+  };
+  const uint64_t skipped = in_flight(4);
+  const uint64_t handed = in_flight(5);
+  f.state.MarkHostDown("w1", "daemon disconnected");
+  // Both wait: the server's daemon is asked to skip their positions.
+  CHECK(f.state.updates.count(skipped) == 1);
+  CHECK(f.state.updates.count(handed) == 1);
+  const auto at_server = f.Drain("s1");
+  REQUIRE(at_server.size() == 2);
+  CHECK(at_server[0].cancel().transfer_id() == skipped);
+  CHECK(at_server[0].cancel().sequence() == 4);
+  CHECK(at_server[0].cancel().confirm());
+  CHECK(at_server[0].cancel().reason() == "source host w1 is down: daemon disconnected");
+  // It skipped one (reporting it not applied) ...
+  f.state.FailTransfer(skipped, "source host w1 is down: daemon disconnected", 0);
+  REQUIRE(f.state.recent_outcomes.count(skipped) == 1);
+  CHECK(f.state.recent_outcomes.at(skipped).outcome == v1::OUTCOME_FAILED);
+  CHECK(f.state.recent_outcomes.at(skipped).reason ==
+        "source host w1 is down: daemon disconnected");
+  // ... and had handed the other to the application, which applied it.
+  f.state.Complete(handed, v1::OUTCOME_APPLIED, "", 12);
+  CHECK(f.state.recent_outcomes.at(handed).outcome == v1::OUTCOME_APPLIED);
+  CHECK(f.state.stats.failed == 1);
+  CHECK(f.state.stats.applied == 1);
+
+  // A daemon that never answers is not waited for forever.
+  const uint64_t unanswered = in_flight(6);
+  f.state.FailWhenCancelled(unanswered, "timed out");
+  f.state.ExpireOverdue(f.clock.NowSeconds() + 1);
+  CHECK(f.state.updates.count(unanswered) == 1);
+  f.state.ExpireOverdue(f.clock.NowSeconds() + 2 * f.config.keepalive_s +
+                        f.config.transfer_slack_s + 1);
+  REQUIRE(f.state.recent_outcomes.count(unanswered) == 1);
+  CHECK(f.state.recent_outcomes.at(unanswered).reason.find("did not confirm") !=
+        std::string::npos);
+}
+
 TEST_CASE("a host going down fails every push from or to it, once, with the reason") {
   Fixture f;
   const uint64_t from_w1 = f.Push("w1");

@@ -25,11 +25,13 @@ v1::DaemonCommand ExpectDelivery(const Expect& e) {
   return command;
 }
 
-v1::DaemonCommand ReleaseDelivery(uint64_t transfer_id, uint64_t sequence) {
+v1::DaemonCommand ReleaseDelivery(uint64_t transfer_id, uint64_t sequence,
+                                  bool cancel_if_incomplete) {
   v1::DaemonCommand command;
   v1::ReleaseDelivery* release = command.mutable_release();
   release->set_transfer_id(transfer_id);
   release->set_sequence(sequence);
+  if (cancel_if_incomplete) release->set_cancel_if_incomplete(true);
   return command;
 }
 
@@ -80,13 +82,14 @@ v1::DaemonCommand AggregateTask(const Aggregate& a, const std::vector<core::Rate
 }
 
 v1::DaemonCommand CancelDelivery(uint64_t transfer_id, const std::string& server,
-                                 uint64_t sequence, const std::string& reason) {
+                                 uint64_t sequence, const std::string& reason, bool confirm) {
   v1::DaemonCommand command;
   v1::CancelDelivery* cancel = command.mutable_cancel();
   cancel->set_transfer_id(transfer_id);
   cancel->set_server(server);
   cancel->set_sequence(sequence);
   cancel->set_reason(reason);
+  if (confirm) cancel->set_confirm(true);
   return command;
 }
 

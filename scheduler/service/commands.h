@@ -38,7 +38,8 @@ struct Expect {
   uint64_t source = 0;  // a replica copy: its push
 };
 v1::DaemonCommand ExpectDelivery(const Expect& expect);
-v1::DaemonCommand ReleaseDelivery(uint64_t transfer_id, uint64_t sequence);
+v1::DaemonCommand ReleaseDelivery(uint64_t transfer_id, uint64_t sequence,
+                                  bool cancel_if_incomplete = false);
 
 // A scheduled transfer from the receiving daemon's host.
 struct Send {
@@ -69,8 +70,10 @@ v1::DaemonCommand AggregateTask(const Aggregate& task,
                                 const std::vector<core::RateSegment>& segments);
 
 // Skip commit position `sequence` of `server` (the transfer will never come).
+// `confirm`: the daemon answers whether it did (CancelDelivery.confirm).
 v1::DaemonCommand CancelDelivery(uint64_t transfer_id, const std::string& server,
-                                 uint64_t sequence, const std::string& reason);
+                                 uint64_t sequence, const std::string& reason,
+                                 bool confirm = false);
 // Free the bytes a source holds for a replica copy that will not be sent.
 v1::DaemonCommand ReleaseHold(uint64_t transfer_id, const std::string& reason);
 // Fail synchronous round `round` of `server` at its daemon.

@@ -281,5 +281,33 @@ TEST_CASE("at a failover, held copies of undecided pushes are released after the
   CHECK(outcome->outcome() == v1::OUTCOME_APPLIED);
 }
 
+TEST_CASE("a held copy whose source went down waits for its push; if applied, only if whole") {
+  Fixture f;
+  const uint64_t push = f.Push("w2", /*in_flight=*/true);
+  const uint64_t copy = f.Copy(push, "w2", 2, /*held=*/true);
+  f.state.MarkHostDown("w2", "daemon disconnected");
+  // The copy may be whole at r1: kept; the push waits for s1's daemon.
+  REQUIRE(f.state.replica_copies.count(copy) == 1);
+  CHECK(f.state.replica_copies.at(copy).source_down);
+  CHECK(f.Drain("r1").empty());
+  const auto at_s1 = f.Drain("s1");
+  REQUIRE(at_s1.size() == 1);
+  CHECK(at_s1[0].cancel().confirm());
+  // s1's application had it already: applied. r1 is told to deliver the
+  // copy only if all of it arrived.
+  f.state.Complete(push, v1::OUTCOME_APPLIED, "", 41);
+  const auto at_r1 = f.Drain("r1");
+  REQUIRE(at_r1.size() == 1);
+  REQUIRE(at_r1[0].has_release());
+  CHECK(at_r1[0].release().cancel_if_incomplete());
+  // It had not: r1's daemon reports the copy failed, and the replica is
+  // known to lack the update, which a failover would count lost.
+  f.state.EndReplicaCopy(copy, /*applied=*/false, "its source went away", 0);
+  CHECK(f.server().replica.missed == 1);
+  CHECK(f.server().replica.missed_norm == 2);
+  REQUIRE(FailOverServersOn(&f.state, "s1", "daemon disconnected") == 1);
+  CHECK(f.state.jobs["demo"].failovers[0].lost_updates == 1);
+}
+
 }  // namespace
 }  // namespace mlfabric

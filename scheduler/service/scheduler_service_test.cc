@@ -424,6 +424,16 @@ TEST_CASE("An in-flight transfer past its planned end plus slack fails as timed 
   CHECK(f.service.GetStats().timed_out == 0);
   f.clock.Advance(1.5);
   f.service.RunBatchCycle();
+  CHECK(f.service.GetStats().timed_out == 1);
+  // Its bytes may be at s1's daemon: it fails once that daemon confirms it
+  // skipped it (FailWhenCancelled), not before.
+  CHECK(f.service.GetStats().failed == 0);
+  REQUIRE(f.service.Snapshot().in_flight.size() == 1);
+  v1::CompletionReport skipped;
+  skipped.set_host("s1");
+  skipped.set_transfer_id(f.service.Snapshot().in_flight[0].transfer_id);
+  skipped.set_error("skipped");
+  REQUIRE(f.service.ReportCompletion(skipped).ok());
   ClusterSnapshot snap = f.service.Snapshot();
   CHECK(snap.stats.timed_out == 1);
   CHECK(snap.stats.failed == 1);
