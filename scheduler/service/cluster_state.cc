@@ -288,7 +288,9 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
     if (there) aggregates_there.push_back(id);
   }
   for (uint64_t id : aggregates_there) {
-    FailAggregate(id, absl::StrCat("aggregator host ", host_name, " is down: ", reason));
+    // It may have sent its whole sum to the server already.
+    FailAggregateWhenCancelled(id,
+                               absl::StrCat("aggregator host ", host_name, " is down: ", reason));
   }
   std::vector<uint64_t> to_fail;
   for (auto& [id, record] : updates) {
@@ -354,6 +356,12 @@ void ClusterState::FailWhenCancelled(uint64_t transfer_id, const std::string& re
   if (it == updates.end()) return;
   UpdateRecord& record = it->second;
   if (!record.cancel_pending.empty()) return;  // asked already
+  if (record.state == UpdateState::kInFlight && record.aggregate_id != 0) {
+    FailAggregateWhenCancelled(record.aggregate_id,
+                               absl::StrCat("constituent ", transfer_id, " from ", record.src_host,
+                                            " failed: ", reason));
+    return;
+  }
   const HostState* server_host = nullptr;
   if (JobState* job = FindJob(record.job)) {
     if (auto server = job->servers.find(record.server); server != job->servers.end()) {
@@ -371,6 +379,36 @@ void ClusterState::FailWhenCancelled(uint64_t transfer_id, const std::string& re
   const std::string server_host_name = FindJob(record.job)->servers[record.server].host;
   Enqueue(server_host_name, commands::CancelDelivery(transfer_id, record.server, record.sequence,
                                                      reason, /*confirm=*/true));
+}
+
+void ClusterState::FailAggregateWhenCancelled(uint64_t aggregate_id, const std::string& reason) {
+  auto it = aggregates.find(aggregate_id);
+  if (it == aggregates.end()) return;
+  AggregateRecord& aggregate = it->second;
+  if (!aggregate.cancel_pending.empty()) return;  // asked already
+  const HostState* server_host = nullptr;
+  if (JobState* job = FindJob(aggregate.job)) {
+    if (auto server = job->servers.find(aggregate.server); server != job->servers.end()) {
+      server_host = AliveHost(server->second.host);
+    }
+  }
+  if (aggregate.sequence == 0 || server_host == nullptr) {
+    FailAggregate(aggregate_id, reason);
+    return;
+  }
+  aggregate.cancel_pending = reason;
+  aggregate.cancel_deadline_s =
+      clock_->NowSeconds() + 2 * config_.keepalive_s + config_.transfer_slack_s;
+  Enqueue(FindJob(aggregate.job)->servers[aggregate.server].host,
+          commands::CancelDelivery(aggregate_id, aggregate.server, aggregate.sequence, reason,
+                                   /*confirm=*/true));
+}
+
+bool ClusterState::AwaitingCancel(const UpdateRecord& record) const {
+  if (!record.cancel_pending.empty()) return true;
+  if (record.aggregate_id == 0) return false;
+  auto aggregate = aggregates.find(record.aggregate_id);
+  return aggregate != aggregates.end() && !aggregate->second.cancel_pending.empty();
 }
 
 void ClusterState::FailTransfer(uint64_t transfer_id, const std::string& reason,
@@ -432,10 +470,23 @@ void ClusterState::ExpireOverdue(double now_s) {
         it->second.cancel_pending, " (its server's daemon did not confirm skipping it)");
     Complete(id, v1::OUTCOME_FAILED, reason, 0);
   }
+  std::vector<uint64_t> unconfirmed_aggregates;
+  for (const auto& [id, aggregate] : aggregates) {
+    if (!aggregate.cancel_pending.empty() && now_s > aggregate.cancel_deadline_s) {
+      unconfirmed_aggregates.push_back(id);
+    }
+  }
+  for (uint64_t id : unconfirmed_aggregates) {
+    auto it = aggregates.find(id);
+    if (it == aggregates.end()) continue;
+    const std::string reason = absl::StrCat(
+        it->second.cancel_pending, " (its server's daemon did not confirm skipping it)");
+    FailAggregate(id, reason);
+  }
   std::vector<uint64_t> overdue;
   for (const auto& [id, record] : updates) {
     if (record.state == UpdateState::kInFlight && now_s > record.planned.deadline_s &&
-        record.cancel_pending.empty()) {
+        !AwaitingCancel(record)) {
       overdue.push_back(id);
     }
   }

@@ -109,6 +109,10 @@ struct AggregateRecord {
   uint64_t sequence = 0;
   TransferView planned;  // aggregator -> server
   std::vector<Hop> hops;  // upstream first
+  // It fails with this reason once the server's daemon confirms it skipped
+  // its commit position (FailAggregateWhenCancelled), or is applied.
+  std::string cancel_pending;
+  double cancel_deadline_s = 0;
 };
 
 // One synchronous round of a Mercury-PS server: the pushes computed from
@@ -328,6 +332,13 @@ class ClusterState {
   // fails now. A daemon that does not answer within 2 x keepalive_s +
   // transfer_slack_s is not waited for longer (ExpireOverdue).
   void FailWhenCancelled(uint64_t transfer_id, const std::string& reason);
+  // The same for an in-network aggregate (its aggregator's or a hop's host
+  // down, a constituent timed out or its source down): its whole sum may be
+  // at the server's daemon already.
+  void FailAggregateWhenCancelled(uint64_t aggregate_id, const std::string& reason);
+  // Waiting for its server's daemon to confirm a cancellation (its own or
+  // its aggregate's).
+  bool AwaitingCancel(const UpdateRecord& record) const;
 
   // §5.3 bookkeeping: tells the replica's daemon to skip a copy that will
   // never arrive; forgets a server's punted copies and frees their bytes.

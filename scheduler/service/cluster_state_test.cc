@@ -185,6 +185,17 @@ TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels
   CHECK(down["a1"].size() == 1);
 
   f.state.MarkHostDown("w2", "connection lost");
+  // The sum may be at s1's daemon already: it is asked to skip it and
+  // confirm; nothing has failed yet.
+  REQUIRE(f.state.aggregates.count(77) == 1);
+  CHECK(f.state.updates.size() == 2);
+  const auto at_s1 = f.Drain("s1");
+  REQUIRE(at_s1.size() == 1);
+  CHECK(at_s1[0].cancel().transfer_id() == 77);
+  CHECK(at_s1[0].cancel().confirm());
+  // It skipped it (the completion report the handler turns into this).
+  const std::string asked = f.state.aggregates.at(77).cancel_pending;
+  f.state.FailAggregate(77, asked);
   CHECK(f.state.aggregates.empty());
   CHECK(f.state.aggregate_hops.empty());
   CHECK(f.state.updates.empty());  // both pushes ended
@@ -195,6 +206,36 @@ TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels
   REQUIRE(at_w1.size() == 1);
   CHECK(at_w1[0].outcome().outcome() == v1::OUTCOME_FAILED);
   CHECK(at_w1[0].outcome().reason().find("w2 is down") != std::string::npos);
+}
+
+TEST_CASE("an aggregate whose aggregator went down is applied if the server had it already") {
+  Fixture f;
+  const uint64_t a = f.Push("w1"), b = f.Push("w2");
+  f.state.jobs["demo"].servers["ps"].pending.clear();
+  AggregateRecord& aggregate = f.state.aggregates[77];
+  aggregate = {77, "demo", "ps", "a1", {a, b}, 3, {}, {}};
+  for (uint64_t id : {a, b}) {
+    f.state.updates[id].state = UpdateState::kInFlight;
+    f.state.updates[id].aggregate_id = 77;
+    f.state.updates[id].sequence = 3;
+    f.state.updates[id].planned.deadline_s = 50;  // past: they are overdue too
+  }
+  f.state.MarkHostDown("a1", "daemon disconnected");
+  REQUIRE(f.state.aggregates.count(77) == 1);
+  const auto at_s1 = f.Drain("s1");
+  REQUIRE(at_s1.size() == 1);
+  CHECK(at_s1[0].cancel().confirm());
+  // Timeouts meanwhile do not fail (or count) its constituents again.
+  f.state.ExpireOverdue(f.clock.NowSeconds() + 1);
+  CHECK(f.state.stats.timed_out == 0);
+  CHECK(f.state.updates.size() == 2);
+  // s1's application had the sum: both constituents applied, as versions
+  // 9 and 10 (what the completion handler does for an applied aggregate).
+  f.state.aggregates.erase(77);
+  f.state.Complete(a, v1::OUTCOME_APPLIED, "", 9);
+  f.state.Complete(b, v1::OUTCOME_APPLIED, "", 10);
+  CHECK(f.state.stats.applied == 2);
+  CHECK(f.state.stats.failed == 0);
 }
 
 TEST_CASE("a failed round fails every member and moves the server past it") {

@@ -442,8 +442,12 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
   }
   if (auto agg = state_.aggregates.find(request.transfer_id()); agg != state_.aggregates.end()) {
     if (!request.applied()) {
-      state_.FailAggregate(agg->first,
-                           request.error().empty() ? "aggregate failed" : request.error());
+      // Skipped at the server as asked (FailAggregateWhenCancelled): it
+      // fails for the first reason.
+      const std::string asked = agg->second.cancel_pending;  // FailAggregate erases it
+      state_.FailAggregate(agg->first, !asked.empty()          ? asked
+                                       : request.error().empty() ? "aggregate failed"
+                                                                 : request.error());
       return absl::OkStatus();
     }
     const std::vector<uint64_t> constituents = agg->second.constituents;
