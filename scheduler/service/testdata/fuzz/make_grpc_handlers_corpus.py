@@ -63,6 +63,21 @@ def host(name, up=0.0, down=0.0, version=1):
                                        (4, up), (5, down)))
 
 
+def host_again(name, applied=(), held=()):
+    """A host registering again with a restarted scheduler: `applied` the
+    pushes its servers applied, `held` (copy, source, incomplete) the
+    replica copies its daemon kept."""
+    fields = [(1, 1), (2, name), (3, "127.0.0.1:1")]
+    fields.append((8, [message((1, t), (2, 3), (3, 1)) for t in applied]))
+    fields.append((9, [message((1, "demo"),
+                               (2, message((1, copy), (2, 0), (3, "replica:ps0"), (4, 9),
+                                           (5, 4096), (6, "w1"), (9, 1.0), (14, 1),
+                                           (15, source))),
+                               (3, int(incomplete)))
+                       for copy, source, incomplete in held]))
+    return call(REGISTER_HOST, message(*fields))
+
+
 def entity(job, token, role, name, on, **extra):
     fields = [(1, job), (2, token), (3, role), (4, name), (5, on)]
     numbers = {"round_size": 6, "delay_bound": 7, "divergence_bound": 8,
@@ -116,6 +131,17 @@ CORPUS = {
         tick(100), stream("s1", 1), stream("w1", 2), stream("w2", 3), stream("w3", 4),
         complete("s1", 4, version=2), complete("s1", 5, applied=False, error="lost"),
         complete("w2", 6), tick(2000), stream("s1", 1),
+    ]),
+    # Registrations after a restart: r1 kept two replica copies (one whole,
+    # one still arriving), s1 applied one of their pushes; then r1's copy
+    # is delivered and reported applied, and a late, bogus one.
+    "restart_replica": bytes([1]) + b"".join([
+        host_again("r1", held=[(17, 7, False), (18, 8, True), (19, 9, False)]),
+        host_again("s1", applied=[7, 9]), host("w1"),
+        entity("demo", "demo-token", SERVER, "ps0", "s1"),
+        entity("demo", "demo-token", REPLICA, "ps0", "r1"),
+        tick(100), stream("r1", 1), complete("r1", 17), complete("r1", 19, applied=False),
+        tick(40000), complete("r1", 18),
     ]),
     # A synchronous round of three with one backup worker; a late push.
     "sync_round": bytes([1]) + b"".join([
