@@ -78,6 +78,22 @@ std::unique_ptr<testing::Cluster> StartCluster(const std::string& name,
   return std::move(*started);
 }
 
+// Waits (60 s at most) until the restarted scheduler's log names every
+// one of `registrations` ("server ps0 on s1", ...) after it listened again.
+bool RegisteredAgain(testing::Cluster& c, const std::vector<std::string>& registrations) {
+  return launch::WaitUntil(
+      [&] {
+        const std::string log = c.scheduler().Log();
+        const size_t restarted = log.rfind("listening on");
+        if (restarted == std::string::npos) return false;
+        for (const std::string& line : registrations) {
+          if (log.find(line, restarted) == std::string::npos) return false;
+        }
+        return true;
+      },
+      60);
+}
+
 TEST_CASE("After a scheduler restart, pushes apply again and the model stays exact") {
   auto cluster = StartCluster("scheduler-restart", {"s1", "w1"}, "");
   testing::Cluster& c = *cluster;
@@ -109,15 +125,7 @@ TEST_CASE("After a scheduler restart, pushes apply again and the model stays exa
 
   REQUIRE(c.RestartScheduler().ok());
   // Both daemons and both applications register again with the new one.
-  REQUIRE(launch::WaitUntil(
-      [&] {
-        const std::string log = c.scheduler().Log();
-        const size_t restarted = log.rfind("listening on");
-        return restarted != std::string::npos &&
-               log.find("server ps0 on s1", restarted) != std::string::npos &&
-               log.find("worker w1 on w1", restarted) != std::string::npos;
-      },
-      60));
+  REQUIRE(RegisteredAgain(c, {"server ps0 on s1", "worker w1 on w1"}));
   push_round(5, 5);
 
   CHECK(c.daemon("s1").Log().find("the scheduler restarted (epoch") != std::string::npos);
@@ -173,16 +181,7 @@ TEST_CASE("Pushes in flight while the scheduler restarts end exactly once, as th
   const auto killed_at = std::chrono::steady_clock::now();
   REQUIRE(c.RestartScheduler().ok());
   // After the restart the job goes on.
-  REQUIRE(launch::WaitUntil(
-      [&] {
-        const std::string log = c.scheduler().Log();
-        const size_t restarted = log.rfind("listening on");
-        return restarted != std::string::npos &&
-               log.find("server ps0 on s1", restarted) != std::string::npos &&
-               log.find("worker w1 on w1", restarted) != std::string::npos &&
-               log.find("worker w2 on w2", restarted) != std::string::npos;
-      },
-      60));
+  REQUIRE(RegisteredAgain(c, {"server ps0 on s1", "worker w1 on w1", "worker w2 on w2"}));
   const double back_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   for (int p = 50; p < 60; ++p) push(p);
@@ -277,15 +276,7 @@ TEST_CASE("A replica keeps the copies it held across a restart: it has what the 
     return summed.version >= 5;
   }, 60));
   REQUIRE(c.RestartScheduler().ok());
-  REQUIRE(launch::WaitUntil(
-      [&] {
-        const std::string log = c.scheduler().Log();
-        const size_t restarted = log.rfind("listening on");
-        return restarted != std::string::npos &&
-               log.find("ROLE_REPLICA ps0 on r1", restarted) != std::string::npos &&
-               log.find("worker w1 on w1", restarted) != std::string::npos;
-      },
-      60));
+  REQUIRE(RegisteredAgain(c, {"ROLE_REPLICA ps0 on r1", "worker w1 on w1"}));
   for (int p = 30; p < 40; ++p) push(p);
 
   std::vector<double> expected(kDim, 0.0);

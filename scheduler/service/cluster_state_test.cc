@@ -24,6 +24,19 @@ struct Fixture : ClusterStateFixture {
   uint64_t Push(const std::string& src, int64_t version = 5) {
     return AddPush(src, version).transfer_id;
   }
+
+  // Pushes `constituents`, in flight, summed at a1 into aggregate 77,
+  // which s1's daemon expects at commit position 3.
+  AggregateRecord& Aggregate77(const std::vector<uint64_t>& constituents) {
+    AggregateRecord& aggregate = state.aggregates[77];
+    aggregate = {77, "demo", "ps", "a1", constituents, 3, {}, {}};
+    for (uint64_t id : constituents) {
+      state.updates[id].state = UpdateState::kInFlight;
+      state.updates[id].aggregate_id = 77;
+      state.updates[id].sequence = 3;
+    }
+    return aggregate;
+  }
 };
 
 TEST_CASE("a push ends exactly once, and its source is told how") {
@@ -135,13 +148,7 @@ TEST_CASE("a host going down fails every push from or to it, once, with the reas
 TEST_CASE("an aggregate's failure fails its constituents and cancels it at both ends") {
   Fixture f;
   const uint64_t a = f.Push("w1"), b = f.Push("w2");
-  AggregateRecord& aggregate = f.state.aggregates[77];
-  aggregate = {77, "demo", "ps", "a1", {a, b}, 3, {}, {}};
-  for (uint64_t id : {a, b}) {
-    f.state.updates[id].state = UpdateState::kInFlight;
-    f.state.updates[id].aggregate_id = 77;
-    f.state.updates[id].sequence = 3;
-  }
+  f.Aggregate77({a, b});
   f.state.Complete(a, v1::OUTCOME_FAILED, "w1 vanished", 0);
   CHECK(f.state.aggregates.empty());
   CHECK(f.state.updates.empty());  // b went down with its aggregate
@@ -163,8 +170,7 @@ TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels
   // partial sum summed at w2 and sent to a1, which sends aggregate 77.
   Fixture f;
   const uint64_t a = f.Push("w1"), b = f.Push("w2");
-  AggregateRecord& aggregate = f.state.aggregates[77];
-  aggregate = {77, "demo", "ps", "a1", {a, b}, 3, {}, {}};
+  AggregateRecord& aggregate = f.Aggregate77({a, b});
   AggregateRecord::Hop hop;
   hop.id = 78;
   hop.host = "w2";
@@ -173,11 +179,6 @@ TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels
   hop.planned.segments = {{0.0, 1.0, 1e9}};
   aggregate.hops.push_back(hop);
   f.state.aggregate_hops[78] = 77;
-  for (uint64_t id : {a, b}) {
-    f.state.updates[id].state = UpdateState::kInFlight;
-    f.state.updates[id].aggregate_id = 77;
-    f.state.updates[id].sequence = 3;
-  }
   // The hop's reservation is part of the network the planner sees.
   std::map<std::string, std::vector<core::RateSegment>> up, down;
   f.state.Reservations(&up, &down);
@@ -212,12 +213,8 @@ TEST_CASE("an aggregate whose aggregator went down is applied if the server had 
   Fixture f;
   const uint64_t a = f.Push("w1"), b = f.Push("w2");
   f.state.jobs["demo"].servers["ps"].pending.clear();
-  AggregateRecord& aggregate = f.state.aggregates[77];
-  aggregate = {77, "demo", "ps", "a1", {a, b}, 3, {}, {}};
+  f.Aggregate77({a, b});
   for (uint64_t id : {a, b}) {
-    f.state.updates[id].state = UpdateState::kInFlight;
-    f.state.updates[id].aggregate_id = 77;
-    f.state.updates[id].sequence = 3;
     f.state.updates[id].planned.deadline_s = 50;  // past: they are overdue too
   }
   f.state.MarkHostDown("a1", "daemon disconnected");
