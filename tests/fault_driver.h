@@ -21,22 +21,25 @@
 //   server        s1's daemon killed: r1 becomes ps0 (failover)
 //   scheduler     (the last cycle's restart)
 //
-// After each fault: training resumes (the recovery time is the fault to
-// the first push submitted after it that applies, at each server
-// concerned; for a cut link, from its restoring), then every worker pauses and each server's model is
-// compared with what the workers were told: exactly the initial model (0)
-// plus the sum of the pushes reported applied. Every update has a one-hot
+// After each fault: training resumes (the recovery time is the fault, or
+// a cut link's restoring, to the first push submitted after it that
+// applies, at each server concerned), then every worker pauses and each
+// server's model is compared with what the workers were told: exactly the
+// initial model (0) plus the sum of the pushes reported applied. Every update has a one-hot
 // part (coordinate id mod kSlots), so a mismatch is counted as lost
 // (reported applied, not in the model) or extra (in the model more often
 // than reported applied: applied twice, or after being reported failed).
 //
-// Known gap, hence the order: across a scheduler restart the replica's
-// daemon keeps the copies it holds whole (a copy waits there for its
-// push's outcome) and the new scheduler has them delivered or dropped
-// (scheduler/service/in_doubt.h), but a copy still arriving at that moment
-// is lost (counted against the replica, and by a later failover as lost).
-// The test restarts the scheduler after the failover; the benchmark's
-// earlier cycles restart it before and would show such a loss.
+// Known gaps, hence the order and the divergence bound: across a scheduler
+// restart the replica's daemon keeps the copies it holds whole (a copy
+// waits there for its push's outcome) and the new scheduler has them
+// delivered or dropped (scheduler/service/in_doubt.h), but a copy still
+// arriving at that moment is lost (counted against the replica, and by a
+// later failover as lost), and copies punted to a later batch are not sent
+// again (the job's divergence_max of 2, each push's norm being 1, keeps
+// the planner from punting). The test restarts the scheduler after the
+// failover; the benchmark's earlier cycles restart it before and would
+// show such a loss.
 //
 // What the script does not do: kill a worker's daemon while that worker's
 // own push is in flight. Its application then loses the daemon that knew
@@ -55,8 +58,9 @@
 namespace mlfabric::testing {
 
 struct FaultRunOptions {
-  // Cycles of the repeatable faults (aggregator, worker, link, scheduler)
-  // before the replica and the server are killed: 4 * cycles + 2 faults.
+  // Cycles of the repeatable faults (aggregator, worker, link, scheduler);
+  // the replica and the server are killed before the last cycle's
+  // scheduler restart: 4 * cycles + 2 faults.
   int cycles = 1;
   // One line per fault on stdout as the run goes.
   bool progress = true;
