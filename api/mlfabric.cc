@@ -123,7 +123,12 @@ void Worker::FailAll(const std::string& reason) {
     pushes.swap(pushes_);
     gets.swap(gets_);
   }
-  for (auto& [id, done] : pushes) done(Failed(reason));
+  // The daemon that knew these pushes' fate is gone: one may have reached
+  // its server and been applied. Say so rather than let "failed" promise
+  // that it was not (a later push fails plainly: it never left here).
+  const std::string unknown = absl::StrCat(
+      reason, "; the push may have reached its server before: its outcome is unknown here");
+  for (auto& [id, done] : pushes) done(Failed(unknown));
   for (auto& [id, promise] : gets) promise->set_value(absl::UnavailableError(reason));
 }
 
