@@ -1,17 +1,22 @@
 // The AllReduce factory and the `mlfabric` backend (sync mode over push/get).
 #include "api/allreduce.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <random>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "api/local_reduce.h"
 
 namespace mlfabric {
 
@@ -241,6 +246,20 @@ class MlfabricAllReducer : public AllReducer {
 
   const char* backend() const override { return "mlfabric"; }
   int summed() const override { return size() - backup_workers_; }
+  // Takes part in this round without a contribution to sum: a push of one
+  // opaque byte, which fails the round for every rank ("is opaque bytes",
+  // reported as inputs that differ). Used by a host whose own ranks passed
+  // differing shapes (HierarchicalAllReducer).
+  void SpoilRound() {
+    const int64_t round = version_;
+    version_ = round + 1;
+    const uint8_t byte = 0;
+    worker_->PushAsync(root_, &byte, 1, round, 0.0, [](PushResult) {}, {TensorSpec{0, 1, 0}},
+                       ElementType::kOpaque);
+  }
+
+  // The host name of this rank's daemon ("" from a daemon too old to say).
+  const std::string& daemon_host() const { return worker_->daemon_host(); }
   int64_t left_out() const override { return left_out_; }
 
   // Waits until the root answers a get (it registered), up to `timeout_s`.
@@ -366,6 +385,14 @@ class MlfabricAllReducer : public AllReducer {
   }
 
   static absl::Status RoundError(int64_t round, const std::string& what) {
+    // A round spoiled by a host whose ranks disagree (SpoilRound) fails
+    // with "... is opaque bytes".
+    if (what.find("is opaque bytes") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AllReduce inputs differ across ranks (round ", round,
+          "): the ranks on another host passed differing shapes, and its leader left the round (",
+          what, ")"));
+    }
     if (what.find("mismatch:") != std::string::npos) {
       return absl::InvalidArgumentError(
           absl::StrCat("AllReduce inputs differ across ranks (round ", round, "): ", what));
@@ -387,6 +414,147 @@ class MlfabricAllReducer : public AllReducer {
   std::future<PushResult> unconfirmed_;
   int64_t unconfirmed_round_ = -1;
 };
+
+// ------------------------------------------------- hierarchical AllReduce
+//
+// Ranks whose daemon is the same (one machine) sum in shared memory
+// (LocalReduceGroup); only each host's leader takes part in the
+// scheduler-planned rounds, of one contribution per host, through a second
+// root server ("<root>-hosts", run by the root rank, which leads its
+// host). Who shares a host is learned once, at construction, by one flat
+// round in which each rank contributes its daemon's host name (hashed) and
+// a random nonce: every rank then knows every group, and the leaders'
+// nonces name the groups' shared memory.
+class HierarchicalAllReducer : public AllReducer {
+ public:
+  HierarchicalAllReducer(int rank, int size, double timeout_s, int hosts,
+                         std::unique_ptr<LocalReduceGroup> group,
+                         std::unique_ptr<MlfabricAllReducer> across_hosts,
+                         std::unique_ptr<AllReducer> flat)
+      : AllReducer(rank, size),
+        timeout_s_(timeout_s),
+        hosts_(hosts),
+        group_(std::move(group)),
+        across_hosts_(std::move(across_hosts)),
+        flat_(std::move(flat)) {}
+
+  ~HierarchicalAllReducer() override {
+    // The host-level root (on the root rank) waits in its destructor for
+    // its last round to reach it; the group and the flat reducer go after.
+    across_hosts_.reset();
+    group_.reset();
+    flat_.reset();
+  }
+
+  const char* backend() const override { return "mlfabric"; }
+
+  absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
+    if (DataTypeSize(dtype) == 0) {
+      return absl::InvalidArgumentError("unsupported dtype for AllReduce");
+    }
+    if (count == 0) return absl::OkStatus();  // as the flat path: no round used
+    if (hosts_ == 1) return group_->AllReduce(data, count, ToElementType(dtype), nullptr, timeout_s_);
+    LocalReduceGroup::CrossHost cross;
+    cross.reduce = [this, dtype](void* sum, size_t n, ElementType) -> absl::Status {
+      if (across_hosts_ == nullptr) return absl::InternalError("not this host's leader");
+      return across_hosts_->AllReduce(sum, n, dtype);
+    };
+    cross.spoil = [this] {
+      if (across_hosts_ != nullptr) across_hosts_->SpoilRound();
+    };
+    return group_->AllReduce(data, count, ToElementType(dtype), &cross, timeout_s_);
+  }
+
+ private:
+  const double timeout_s_;
+  const int hosts_;
+  std::unique_ptr<LocalReduceGroup> group_;
+  std::unique_ptr<MlfabricAllReducer> across_hosts_;  // this host's leader only
+  std::unique_ptr<AllReducer> flat_;          // kept for its root server (rank root_rank)
+};
+
+uint64_t HostKey(const std::string& host) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : host) hash = (hash ^ c) * 1099511628211ull;
+  return (hash >> 2) | 1;  // positive and never 0 (0 is "no rank here")
+}
+
+bool LocalReduceWanted(const AllReduceOptions& options) {
+  const char* env = std::getenv("MLFABRIC_LOCAL_REDUCE");
+  if (env != nullptr && std::string(env) == "0") return false;
+  return options.local_reduce;
+}
+
+// Turns `flat` into a hierarchical reducer when some ranks share a daemon;
+// returns `flat` unchanged when none do.
+absl::StatusOr<std::unique_ptr<AllReducer>> MakeHierarchical(
+    const AllReduceOptions& options, int rank, int size, const std::string& root,
+    std::unique_ptr<MlfabricAllReducer> flat) {
+  if (flat->daemon_host().empty()) return flat;
+  std::vector<int64_t> seen(2 * static_cast<size_t>(size), 0);
+  std::random_device random;
+  const uint64_t nonce = ((uint64_t{random()} << 32) ^ random()) >> 1;
+  seen[2 * rank] = static_cast<int64_t>(HostKey(flat->daemon_host()));
+  seen[2 * rank + 1] = static_cast<int64_t>(nonce | 1);
+  if (auto status = flat->AllReduce(seen.data(), seen.size(), DataType::kInt64); !status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("rank ", rank,
+                                                    " could not learn which ranks share its host: ",
+                                                    status.message()));
+  }
+  // Hosts in the order of their leaders; a host's leader is the root rank
+  // if it is there, else its lowest rank.
+  std::map<int64_t, std::vector<int>> by_host;
+  for (int r = 0; r < size; ++r) by_host[seen[2 * r]].push_back(r);
+  if (by_host.size() == static_cast<size_t>(size)) return flat;  // one rank per host
+  std::vector<std::vector<int>> hosts;
+  for (auto& [key, ranks] : by_host) {
+    auto root_here = std::find(ranks.begin(), ranks.end(), options.root_rank);
+    if (root_here != ranks.end()) std::rotate(ranks.begin(), root_here, root_here + 1);
+    hosts.push_back(ranks);
+  }
+  std::sort(hosts.begin(), hosts.end(),
+            [](const std::vector<int>& a, const std::vector<int>& b) { return a[0] < b[0]; });
+  int host_index = -1, root_host = -1, member_index = -1;
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    if (hosts[h][0] == options.root_rank) root_host = static_cast<int>(h);
+    for (size_t m = 0; m < hosts[h].size(); ++m) {
+      if (hosts[h][m] == rank) host_index = static_cast<int>(h), member_index = static_cast<int>(m);
+    }
+  }
+  const std::vector<int>& mine = hosts[host_index];
+  const uint64_t leader_nonce = static_cast<uint64_t>(seen[2 * mine[0] + 1]);
+  const std::string name = absl::StrCat("/mlfabric-allreduce-", absl::Hex(seen[2 * rank]), "-",
+                                        absl::Hex(leader_nonce));
+  const double join_s = std::max(options.client.connect_timeout_s, 30.0);
+  auto group = LocalReduceGroup::Join(name, member_index, static_cast<int>(mine.size()), rank,
+                                      join_s);
+  if (!group.ok()) {
+    return absl::Status(group.status().code(),
+                        absl::StrCat("rank ", rank, ": ", group.status().message()));
+  }
+  std::unique_ptr<MlfabricAllReducer> across_hosts;
+  if (hosts.size() > 1 && member_index == 0) {
+    AllReduceOptions leaders = options;
+    leaders.rank = host_index;
+    leaders.size = static_cast<int>(hosts.size());
+    leaders.root_rank = root_host;
+    leaders.root_server = root + "-hosts";
+    leaders.local_reduce = false;
+    leaders.client.name = absl::StrCat(
+        options.client.name.empty() ? absl::StrCat("rank", rank) : options.client.name, "-host");
+    auto made = MakeMlfabricAllReducer(leaders, host_index, static_cast<int>(hosts.size()));
+    if (!made.ok()) {
+      return absl::Status(made.status().code(),
+                          absl::StrCat("rank ", rank, ", leading its host's ranks: ",
+                                       made.status().message()));
+    }
+    // A flat reducer: local_reduce is off for the leaders' own rounds.
+    across_hosts.reset(static_cast<MlfabricAllReducer*>(made->release()));
+  }
+  return std::unique_ptr<AllReducer>(new HierarchicalAllReducer(
+      rank, size, options.timeout_s, static_cast<int>(hosts.size()), std::move(*group),
+      std::move(across_hosts), std::move(flat)));
+}
 
 }  // namespace
 
@@ -426,6 +594,9 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllRedu
                                                       std::move(*worker), std::move(root_server));
   if (auto status = reducer->AwaitRoot(options.client.connect_timeout_s); !status.ok()) {
     return status;
+  }
+  if (size > 1 && options.backup_workers == 0 && LocalReduceWanted(options)) {
+    return MakeHierarchical(options, rank, size, root, std::move(reducer));
   }
   return reducer;
 }

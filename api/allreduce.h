@@ -87,6 +87,12 @@ struct AllReduceOptions {
   // last AllReduce fails with "... is not connected"). -1: three times the
   // longest of its last rounds, at least 1 s and at most timeout_s.
   double root_linger_s = -1;
+  // mlfabric backend without backup workers: ranks whose daemon is the
+  // same (one machine) sum in shared memory, and only one rank per host
+  // takes part in the scheduler's rounds (api/local_reduce.h). Who shares
+  // a host is learned by one round at construction. false, or the
+  // environment's MLFABRIC_LOCAL_REDUCE=0: every rank in every round.
+  bool local_reduce = true;
 };
 
 // The rank and size the launcher (mlfabric-run / mpirun) gave this process.

@@ -15,7 +15,8 @@ namespace {
 absl::StatusOr<std::unique_ptr<LocalChannel>> ConnectAndRegister(const ClientOptions& options,
                                                                  v1::Role role,
                                                                  int64_t* version,
-                                                                 std::string* path) {
+                                                                 std::string* path,
+                                                                 std::string* host = nullptr) {
   *path = options.daemon_socket;
   if (path->empty()) {
     const char* env = std::getenv("MLFABRIC_DAEMON_SOCKET");
@@ -51,6 +52,7 @@ absl::StatusOr<std::unique_ptr<LocalChannel>> ConnectAndRegister(const ClientOpt
     return absl::FailedPreconditionError(reply.registered().error());
   }
   *version = reply.registered().model_version();
+  if (host != nullptr) *host = reply.registered().host();
   return channel;
 }
 
@@ -101,7 +103,7 @@ const char* PushOutcomeName(PushOutcome outcome) {
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const ClientOptions& options) {
   std::unique_ptr<Worker> worker(new Worker());
   auto channel = ConnectAndRegister(options, v1::ROLE_WORKER, &worker->initial_version_,
-                                    &worker->socket_path_);
+                                    &worker->socket_path_, &worker->daemon_host_);
   if (!channel.ok()) return channel.status();
   worker->channel_ = std::move(*channel);
   worker->reader_ = std::thread([w = worker.get()] { w->ReaderLoop(); });

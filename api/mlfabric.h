@@ -133,6 +133,9 @@ class Worker {
 
   // The model version the daemon reported at registration.
   int64_t initial_version() const { return initial_version_; }
+  // The host name of this worker's daemon: workers that see the same name
+  // share one daemon and one machine.
+  const std::string& daemon_host() const { return daemon_host_; }
 
  private:
   Worker() = default;
@@ -141,6 +144,7 @@ class Worker {
 
   std::unique_ptr<LocalChannel> channel_;
   std::string socket_path_;
+  std::string daemon_host_;
   int64_t initial_version_ = 0;
   std::mutex mu_;
   bool closed_ = false;

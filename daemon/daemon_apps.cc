@@ -71,6 +71,7 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
   // that must not reach it before its registration reply (it did: the
   // application's Connect failed with "daemon sent no registration reply").
   body->set_model_version(entity_reply.model_version());
+  body->set_host(config_.host);
   (void)app->channel->Send(reply);
   {
     std::lock_guard<std::mutex> lock(mu_);

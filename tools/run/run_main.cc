@@ -6,8 +6,9 @@
 //   mlfabric-run -np 8 --hostfile hosts.txt --planner fifo --delay_bound 8 python3 train.py
 //
 // Unless MLFABRIC_SOCKET_DIR names a directory where daemons already listen
-// (h<rank>.sock), it starts mlfabric-scheduler and one mlfabricd per rank (an
-// emulated host each, on loopback) in a private directory, runs
+// (h<host>.sock), it starts mlfabric-scheduler and one mlfabricd per rank (an
+// emulated host each, on loopback; --ranks_per_host K puts K ranks on each)
+// in a private directory, runs
 //   mpirun -np N [--hostfile F] --oversubscribe mlfabric-run --exec-rank -- CMD...
 // and in every rank, before exec'ing CMD, exports
 //   MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_LOCAL_RANK, MLFABRIC_LOCAL_SIZE,
@@ -24,6 +25,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -53,6 +55,10 @@ constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...
                       $MLFABRIC_JOB_TOKEN, else a random one made for this run)
   --extra_job NAME:TOKEN  another job the scheduler admits (repeatable), e.g.
                       for a second program sharing these daemons
+  --ranks_per_host K  ranks that share each emulated host's daemon (default
+                      1: a host per rank); ranks r and r' share one when
+                      r / K == r' / K, as K ranks on one machine would
+                      (their AllReduce sums in shared memory there)
   --mpirun_arg ARG    extra argument for mpirun (repeatable)
   -v                  print what is started
 Every rank gets MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_DAEMON_SOCKET, ...
@@ -74,7 +80,10 @@ int ExecRank(int argc, char** argv, int first) {
   setenv("MLFABRIC_LOCAL_RANK", env("OMPI_COMM_WORLD_LOCAL_RANK", "0").c_str(), 1);
   setenv("MLFABRIC_LOCAL_SIZE", env("OMPI_COMM_WORLD_LOCAL_SIZE", "1").c_str(), 1);
   setenv("MLFABRIC_WORKER_NAME", ("rank" + rank).c_str(), 1);
-  if (!dir.empty()) setenv("MLFABRIC_DAEMON_SOCKET", (dir + "/h" + rank + ".sock").c_str(), 1);
+  // --ranks_per_host K: ranks r with the same r / K share host h<r / K>.
+  const int per_host = std::max(1, std::atoi(env("MLFABRIC_RANKS_PER_HOST", "1").c_str()));
+  const std::string host = std::to_string(std::atoi(rank.c_str()) / per_host);
+  if (!dir.empty()) setenv("MLFABRIC_DAEMON_SOCKET", (dir + "/h" + host + ".sock").c_str(), 1);
   // mpirun, started by absolute path, puts its own bin directory first in
   // PATH; restore the user's so `python3` is the one of their (virtual)
   // environment, as when they typed the command without mlfabric-run.
@@ -92,7 +101,7 @@ int ExecRank(int argc, char** argv, int first) {
 
 int main(int argc, char** argv) {
   using namespace mlfabric::launch;
-  int np = 1, delay_bound = 30, ssp = -1;
+  int np = 1, delay_bound = 30, ssp = -1, ranks_per_host = 1;
   std::string divergence_bound;  // empty: none
   std::vector<std::pair<std::string, std::string>> extra_jobs;
   std::string hostfile, planner = "mlfabric", job = "demo", token;
@@ -164,6 +173,16 @@ int main(int argc, char** argv) {
       job = value("--job");
     } else if (arg == "--token") {
       token = value("--token");
+    } else if (arg == "--ranks_per_host") {
+      const std::string text = value("--ranks_per_host");
+      char* end = nullptr;
+      const long parsed = std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || parsed < 1 || parsed > 1024) {
+        std::cerr << "mlfabric-run: --ranks_per_host must be an integer in [1, 1024], not '"
+                  << text << "'\n";
+        return 2;
+      }
+      ranks_per_host = static_cast<int>(parsed);
     } else if (arg == "--mpirun_arg") {
       mpirun_args.push_back(value("--mpirun_arg"));
     } else if (arg == "-v") {
@@ -216,7 +235,8 @@ int main(int argc, char** argv) {
       out << "]}\n";
     }
     std::vector<std::string> hosts;
-    for (int r = 0; r < np; ++r) hosts.push_back("h" + std::to_string(r));
+    const int host_count = (np + ranks_per_host - 1) / ranks_per_host;
+    for (int h = 0; h < host_count; ++h) hosts.push_back("h" + std::to_string(h));
     auto started = mlfabric::testing::Cluster::StartLoopback(
         hosts, {"--config=" + config, "--planner=" + planner});
     if (!started.ok()) {
@@ -229,13 +249,14 @@ int main(int argc, char** argv) {
     setenv("MLFABRIC_SCHEDULER", cluster->scheduler_address().c_str(), 1);
     if (verbose) {
       std::cerr << "mlfabric-run: started mlfabric-scheduler at " << cluster->scheduler_address()
-                << " (planner " << planner << ", tau_max " << delay_bound << ") and " << np
-                << " mlfabricd; logs in " << socket_dir << "\n";
+                << " (planner " << planner << ", tau_max " << delay_bound << ") and "
+                << hosts.size() << " mlfabricd; logs in " << socket_dir << "\n";
     }
   }
   setenv("MLFABRIC_SOCKET_DIR", socket_dir.c_str(), 1);
   setenv("MLFABRIC_JOB", job.c_str(), 1);
   setenv("MLFABRIC_JOB_TOKEN", token.c_str(), 1);
+  setenv("MLFABRIC_RANKS_PER_HOST", std::to_string(ranks_per_host).c_str(), 1);
   setenv("MLFABRIC_DELAY_BOUND", std::to_string(delay_bound).c_str(), 1);
   if (!divergence_bound.empty()) {
     setenv("MLFABRIC_DIVERGENCE_BOUND", divergence_bound.c_str(), 1);
@@ -274,7 +295,8 @@ int main(int argc, char** argv) {
   for (const char* name : {"MLFABRIC_SOCKET_DIR", "MLFABRIC_JOB", "MLFABRIC_JOB_TOKEN",
                            "MLFABRIC_DELAY_BOUND", "MLFABRIC_DIVERGENCE_BOUND",
                            "MLFABRIC_SCHEDULER", "MLFABRIC_USER_PATH",
-                           "MLFABRIC_ALLREDUCE_BACKEND"}) {
+                           "MLFABRIC_ALLREDUCE_BACKEND", "MLFABRIC_RANKS_PER_HOST",
+                           "MLFABRIC_LOCAL_REDUCE"}) {
     if (std::getenv(name)) command.insert(command.end(), {"-x", name});
   }
   command.insert(command.end(), mpirun_args.begin(), mpirun_args.end());

@@ -1,0 +1,407 @@
+#include "api/local_reduce.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "aggregator/reduce.h"
+#include "common/half.h"
+
+namespace mlfabric::internal {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMagic = 0x4d4c46616c727631ull;  // "MLFalrv1"
+constexpr size_t kPage = 4096;
+// Arrivals checked in a busy loop before sleeping on the futex: a barrier
+// whose last member is running on another core is met within a few
+// microseconds; with more members than cores, sleeping at once is better.
+constexpr int kSpins = 2000;
+// A sleeping member wakes this often to check that its peers live.
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(20);
+
+size_t ElementSize(ElementType type) {
+  switch (type) {
+    case ElementType::kFloat32: return 4;
+    case ElementType::kFloat64: return 8;
+    case ElementType::kInt32: return 4;
+    case ElementType::kInt64: return 8;
+    case ElementType::kFloat16: return 2;
+    case ElementType::kOpaque: return 0;
+  }
+  return 0;
+}
+
+const char* TypeName(ElementType type) {
+  switch (type) {
+    case ElementType::kFloat32: return "float32";
+    case ElementType::kFloat64: return "float64";
+    case ElementType::kInt32: return "int32";
+    case ElementType::kInt64: return "int64";
+    case ElementType::kFloat16: return "float16";
+    case ElementType::kOpaque: return "opaque";
+  }
+  return "unknown";
+}
+
+// Integers wrap, as MPI's and the daemon's integer sums do.
+template <typename U>
+void AddWrapping(U* dst, const U* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<U>(dst[i] + src[i]);
+}
+
+// dst[i] += src[i], elementwise in `type`.
+void Add(ElementType type, uint8_t* dst, const uint8_t* src, size_t n) {
+  switch (type) {
+    case ElementType::kFloat32:
+      aggregator::WeightedSum(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src),
+                              1.0f, n);
+      return;
+    case ElementType::kFloat64:
+      aggregator::WeightedSum(reinterpret_cast<double*>(dst),
+                              reinterpret_cast<const double*>(src), 1.0, n);
+      return;
+    case ElementType::kInt32:
+      AddWrapping(reinterpret_cast<uint32_t*>(dst), reinterpret_cast<const uint32_t*>(src), n);
+      return;
+    case ElementType::kInt64:
+      AddWrapping(reinterpret_cast<uint64_t*>(dst), reinterpret_cast<const uint64_t*>(src), n);
+      return;
+    case ElementType::kFloat16:
+      AddHalves(reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(src), n);
+      return;
+    case ElementType::kOpaque:
+      return;
+  }
+}
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, Clock::duration timeout) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  // Not FUTEX_PRIVATE_FLAG: the word is in memory other processes map.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Whether process `pid` has ended (gone, or a zombie its parent has not
+// reaped yet).
+bool Exited(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  const char state = line[close + 2];
+  return state == 'Z' || state == 'X';
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+std::string Errno(const char* what, const std::string& name) {
+  return absl::StrCat(what, " '", name, "': ", std::strerror(errno));
+}
+
+}  // namespace
+
+struct MemberInfo {
+  std::atomic<int32_t> pid;        // 0 until the member has joined
+  int32_t rank;
+  std::atomic<uint64_t> arrivals;  // barriers it has reached
+  // The shape of its calls, by the call's parity: a member that returns
+  // early from a call (shapes differ) may write its next call's shape
+  // while the others still read this one's.
+  uint64_t count[2];
+  int32_t type[2];
+};
+
+struct LocalReduceGroup::Header {
+  std::atomic<uint64_t> magic;  // kMagic once the leader has set the rest
+  uint32_t members;
+  uint64_t slot_bytes;
+  alignas(64) std::atomic<uint32_t> arrived;
+  alignas(64) std::atomic<uint32_t> generation;  // the futex word
+  alignas(64) std::atomic<uint32_t> claimed;     // a Break owns `reason`
+  std::atomic<uint32_t> broken;                  // `reason` is written
+  char reason[512];
+  int32_t cross_code;  // the leader's cross-host step, as absl::StatusCode
+  char cross_message[1024];
+  MemberInfo member[kMaxMembers];
+};
+
+LocalReduceGroup::LocalReduceGroup(int index, int members, uint8_t* base, size_t mapped,
+                                   size_t slot_bytes)
+    : index_(index),
+      members_(members),
+      base_(base),
+      mapped_(mapped),
+      slot_bytes_(slot_bytes),
+      header_(reinterpret_cast<Header*>(base)) {}
+
+LocalReduceGroup::~LocalReduceGroup() { ::munmap(base_, mapped_); }
+
+uint8_t* LocalReduceGroup::Slot(int i) const {
+  return base_ + RoundUp(sizeof(Header), kPage) + static_cast<size_t>(i) * slot_bytes_;
+}
+
+absl::StatusOr<std::unique_ptr<LocalReduceGroup>> LocalReduceGroup::Join(
+    const std::string& name, int index, int members, int rank, double timeout_s,
+    size_t slot_bytes) {
+  if (members < 1 || members > kMaxMembers || index < 0 || index >= members) {
+    return absl::InvalidArgumentError(absl::StrCat("host-local AllReduce group '", name,
+                                                   "': member ", index, " of ", members,
+                                                   " (at most ", kMaxMembers, ")"));
+  }
+  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host-local AllReduce group name '", name, "' must be \"/\" + a file name"));
+  }
+  slot_bytes = RoundUp(std::max<size_t>(slot_bytes, 64), 64);
+  const size_t total = RoundUp(sizeof(Header), kPage) + (members + 1) * slot_bytes;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  int fd = -1;
+  if (index == 0) {
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return absl::InternalError(Errno("cannot create shared memory", name));
+    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+      const std::string error = Errno("cannot size shared memory", name);
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      return absl::InternalError(error);
+    }
+  } else {
+    // The leader may not have created it yet, or not sized it.
+    while (true) {
+      fd = ::shm_open(name.c_str(), O_RDWR, 0);
+      struct stat st {};
+      if (fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == total) break;
+      if (fd >= 0) ::close(fd);
+      fd = -1;
+      if (Clock::now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "host-local AllReduce group '", name, "': its leader did not create it within ",
+            timeout_s, " s"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void* mapped = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (mapped == MAP_FAILED) {
+    if (index == 0) ::shm_unlink(name.c_str());
+    return absl::InternalError(Errno("cannot map shared memory", name));
+  }
+  auto* base = static_cast<uint8_t*>(mapped);
+  std::unique_ptr<LocalReduceGroup> group(
+      new LocalReduceGroup(index, members, base, total, slot_bytes));
+  Header* h = group->header_;
+  if (index == 0) {
+    new (h) Header();  // the object is zero-filled; this makes it so in C++ terms too
+    h->members = static_cast<uint32_t>(members);
+    h->slot_bytes = slot_bytes;
+    h->magic.store(kMagic, std::memory_order_release);
+  } else {
+    while (h->magic.load(std::memory_order_acquire) != kMagic) {
+      if (Clock::now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "host-local AllReduce group '", name, "' was never initialised by its leader"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (h->members != static_cast<uint32_t>(members) || h->slot_bytes != slot_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host-local AllReduce group '", name, "' has ", h->members, " members of ",
+          h->slot_bytes, " bytes; this member expected ", members, " of ", slot_bytes));
+    }
+  }
+  h->member[index].rank = rank;
+  h->member[index].pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
+  const double left_s =
+      std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
+  absl::Status joined = group->Barrier(left_s);
+  if (index == 0) ::shm_unlink(name.c_str());
+  if (!joined.ok()) {
+    return absl::Status(joined.code(), absl::StrCat("joining the host-local AllReduce group '",
+                                                    name, "': ", joined.message()));
+  }
+  return group;
+}
+
+void LocalReduceGroup::Break(const std::string& reason) {
+  Header* h = header_;
+  uint32_t expected = 0;
+  if (h->claimed.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    std::snprintf(h->reason, sizeof(h->reason), "%s", reason.c_str());
+    h->broken.store(1, std::memory_order_release);
+  }
+  FutexWakeAll(&h->generation);
+}
+
+absl::Status LocalReduceGroup::BrokenStatus() const {
+  // A Break claims the reason before it publishes it: wait for the text.
+  while (header_->broken.load(std::memory_order_acquire) == 0) std::this_thread::yield();
+  return absl::UnavailableError(
+      absl::StrCat("host-local AllReduce group broken: ", header_->reason));
+}
+
+absl::Status LocalReduceGroup::Barrier(double timeout_s) {
+  Header* h = header_;
+  if (h->broken.load(std::memory_order_acquire) != 0) return BrokenStatus();
+  const uint32_t generation = h->generation.load(std::memory_order_acquire);
+  const uint64_t mine = h->member[index_].arrivals.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (h->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(members_)) {
+    // The last to arrive opens the barrier. `arrived` is reset before the
+    // generation moves, so nobody can arrive at the next barrier first.
+    h->arrived.store(0, std::memory_order_relaxed);
+    h->generation.fetch_add(1, std::memory_order_release);
+    FutexWakeAll(&h->generation);
+    return absl::OkStatus();
+  }
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  for (int spin = 0;; ++spin) {
+    // A completed barrier counts even if the group broke just after.
+    if (h->generation.load(std::memory_order_acquire) != generation) return absl::OkStatus();
+    if (h->broken.load(std::memory_order_acquire) != 0) return BrokenStatus();
+    if (spin < kSpins) {
+      CpuRelax();
+      continue;
+    }
+    for (int j = 0; j < members_; ++j) {
+      const int32_t pid = h->member[j].pid.load(std::memory_order_acquire);
+      if (j != index_ && pid > 0 && Exited(pid)) {
+        Break(absl::StrCat("rank ", h->member[j].rank, " (pid ", pid,
+                           ") exited while the ranks on its host were reducing"));
+        return BrokenStatus();
+      }
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      std::string missing;
+      for (int j = 0; j < members_; ++j) {
+        if (h->member[j].arrivals.load(std::memory_order_relaxed) < mine) {
+          absl::StrAppend(&missing, missing.empty() ? "" : ", ", "rank ", h->member[j].rank);
+          const int32_t pid = h->member[j].pid.load(std::memory_order_acquire);
+          if (pid > 0) absl::StrAppend(&missing, " (pid ", pid, ")");
+        }
+      }
+      Break(absl::StrCat(missing.empty() ? "a rank" : missing, " did not reach the AllReduce within ",
+                         timeout_s, " s"));
+      return BrokenStatus();
+    }
+    FutexWait(&h->generation, generation, std::min<Clock::duration>(kLivenessPeriod, deadline - now));
+  }
+}
+
+absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType type,
+                                         const CrossHost* cross, double timeout_s) {
+  Header* h = header_;
+  if (h->broken.load(std::memory_order_acquire) != 0) return BrokenStatus();
+  const size_t element = ElementSize(type);
+  if (element == 0) {
+    return absl::InvalidArgumentError("AllReduce cannot sum opaque bytes: name an element type");
+  }
+  MemberInfo& me = h->member[index_];
+  const int parity = static_cast<int>(calls_++ % 2);
+  me.count[parity] = count;
+  me.type[parity] = static_cast<int32_t>(type);
+  auto* bytes = static_cast<uint8_t*>(data);
+  const size_t chunk_elements = slot_bytes_ / element;
+  const size_t chunks = std::max<size_t>(1, (count + chunk_elements - 1) / chunk_elements);
+  const bool leader = index_ == 0;
+  uint8_t* result = Slot(members_);
+
+  // The host's sum, chunk by chunk: to every member, or (across hosts) to
+  // the leader's buffer only.
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t first = k * chunk_elements;
+    const size_t n = std::min(chunk_elements, count - std::min(count, first));
+    std::memcpy(Slot(index_), bytes + first * element, n * element);
+    if (auto status = Barrier(timeout_s); !status.ok()) return status;
+    if (k == 0) {
+      // Every member reads the same shapes, so all return here or none.
+      for (int j = 1; j < members_; ++j) {
+        const MemberInfo& a = h->member[0];
+        const MemberInfo& b = h->member[j];
+        if (a.count[parity] != b.count[parity] || a.type[parity] != b.type[parity]) {
+          if (cross != nullptr && leader && cross->spoil) cross->spoil();
+          return absl::InvalidArgumentError(absl::StrCat(
+              "AllReduce inputs differ across ranks: rank ", a.rank, " passes ", a.count[parity],
+              " ", TypeName(static_cast<ElementType>(a.type[parity])), ", rank ", b.rank,
+              " passes ", b.count[parity], " ",
+              TypeName(static_cast<ElementType>(b.type[parity]))));
+        }
+      }
+    }
+    // This member's slice of the chunk, summed over the slots in member
+    // order: the same bits whichever member sums which slice.
+    const size_t begin = n * index_ / members_;
+    const size_t end = n * (index_ + 1) / members_;
+    if (end > begin) {
+      std::memcpy(result + begin * element, Slot(0) + begin * element, (end - begin) * element);
+      for (int j = 1; j < members_; ++j) {
+        Add(type, result + begin * element, Slot(j) + begin * element, end - begin);
+      }
+    }
+    if (auto status = Barrier(timeout_s); !status.ok()) return status;
+    if (cross == nullptr || leader) std::memcpy(bytes + first * element, result, n * element);
+  }
+  if (cross == nullptr || count == 0) return absl::OkStatus();
+
+  // Across hosts: the leader's step, its status to every member, then the
+  // result back through the result slot.
+  if (leader) {
+    const absl::Status status =
+        cross->reduce ? cross->reduce(data, count, type) : absl::InternalError("no cross-host step");
+    h->cross_code = static_cast<int32_t>(status.code());
+    std::snprintf(h->cross_message, sizeof(h->cross_message), "%s",
+                  std::string(status.message()).c_str());
+  }
+  if (auto status = Barrier(1.5 * timeout_s + 10); !status.ok()) return status;
+  if (h->cross_code != 0) {
+    std::string message = h->cross_message;
+    if (!leader) absl::StrAppend(&message, " (via rank ", h->member[0].rank, ", this host's leader)");
+    return absl::Status(static_cast<absl::StatusCode>(h->cross_code), message);
+  }
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t first = k * chunk_elements;
+    const size_t n = std::min(chunk_elements, count - std::min(count, first));
+    if (leader) std::memcpy(result, bytes + first * element, n * element);
+    if (auto status = Barrier(timeout_s); !status.ok()) return status;
+    if (!leader) std::memcpy(bytes + first * element, result, n * element);
+    // The leader refills the result slot only after every member read it
+    // (the next call's first write to it comes after two barriers anyway).
+    if (k + 1 < chunks) {
+      if (auto status = Barrier(timeout_s); !status.ok()) return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mlfabric::internal
