@@ -447,6 +447,7 @@ class HierarchicalAllReducer : public AllReducer {
   }
 
   const char* backend() const override { return "mlfabric"; }
+  int local_size() const override { return group_->members(); }
 
   absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
     if (DataTypeSize(dtype) == 0) {

@@ -115,6 +115,10 @@ class AllReducer {
   // How many of this rank's contributions were left out of their sums so
   // far (late, with backup workers).
   virtual int64_t left_out() const { return 0; }
+  // mlfabric backend: how many ranks (this one included) sum with this one
+  // in shared memory before their host's sum crosses the network; 1 when
+  // the rank has its host to itself or local_reduce is off.
+  virtual int local_size() const { return 1; }
 
  protected:
   AllReducer(int rank, int size) : rank_(rank), size_(size) {}

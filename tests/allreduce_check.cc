@@ -7,6 +7,7 @@
 // Prints "allreduce_check rank R: OK" and per-backend timings on rank 0.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -202,6 +203,14 @@ int main() {
     return 1;
   }
   EXPECT((*fabric)->rank() == g_rank && (*fabric)->size() == size, "rank/size from the launcher");
+  // mlfabric-run --ranks_per_host K: ranks r / K share a host, and the
+  // mlfabric backend sums among them in shared memory.
+  const char* per_host_env = std::getenv("MLFABRIC_RANKS_PER_HOST");
+  const int per_host = per_host_env != nullptr ? std::max(1, std::atoi(per_host_env)) : 1;
+  const int host_first = g_rank / per_host * per_host;
+  const int expected_local = std::min(size, host_first + per_host) - host_first;
+  EXPECT((*fabric)->local_size() == expected_local, "local_size %d, expected %d",
+         (*fabric)->local_size(), expected_local);
 
   for (AllReducer* reducer : {mpi->get(), fabric->get()}) {
     int round = 0;
