@@ -62,6 +62,8 @@ int64_t mlf_ext_allreducer_create(const char* backend, const char* socket, const
 int mlf_ext_allreducer_rank(int64_t handle);
 /* Contributions each sum holds (AllReducer::summed). */
 int mlf_ext_allreducer_summed(int64_t handle);
+/* Ranks that sum with this one in shared memory (AllReducer::local_size). */
+int mlf_ext_allreducer_local_size(int64_t handle);
 int mlf_ext_allreducer_size(int64_t handle);
 const char* mlf_ext_allreducer_backend(int64_t handle);
 /* Collective: every rank makes the same calls in the same order; they run

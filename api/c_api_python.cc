@@ -112,6 +112,11 @@ int mlf_ext_allreducer_summed(int64_t handle) {
   return entry && entry->reducer ? entry->reducer->summed() : -1;
 }
 
+int mlf_ext_allreducer_local_size(int64_t handle) {
+  auto entry = mlfabric::c_api::Find(handle);
+  return entry && entry->reducer ? entry->reducer->local_size() : -1;
+}
+
 int mlf_ext_allreducer_size(int64_t handle) {
   auto entry = mlfabric::c_api::Find(handle);
   return entry && entry->reducer ? entry->reducer->size() : -1;

@@ -60,6 +60,13 @@ print("horovod_keras_check rank %d: import order %s, backend %s, local %d/%d"
       % (rank, ORDER, mlfabric.reducer().backend, hvd.local_rank(), hvd.local_size()), flush=True)
 expect(hvd.is_initialized(), "is_initialized")
 expect(0 <= hvd.local_rank() < hvd.local_size() <= size, "local_rank < local_size <= size")
+# mlfabric-run --ranks_per_host K: the mlfabric backend sums among the
+# ranks of one host in shared memory (they are K here: size <= K).
+per_host = int(os.environ.get("MLFABRIC_RANKS_PER_HOST", "1"))
+if mlfabric.reducer().backend == "mlfabric":
+    expect(mlfabric.reducer().local_size == min(per_host, size),
+           "reducer local_size %d, expected %d" % (mlfabric.reducer().local_size,
+                                                   min(per_host, size)))
 
 # ---- 1. model.fit, written as for Horovod.
 data = np.random.RandomState(0)

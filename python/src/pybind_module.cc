@@ -82,6 +82,7 @@ class AllReducer {
   int rank() const { return mlf_ext_allreducer_rank(handle_); }
   int size() const { return mlf_ext_allreducer_size(handle_); }
   int summed() const { return mlf_ext_allreducer_summed(handle_); }
+  int local_size() const { return mlf_ext_allreducer_local_size(handle_); }
   std::string backend() const { return mlf_ext_allreducer_backend(handle_); }
 
   // Returns a new array holding the sum over ranks (the input is untouched).
@@ -740,6 +741,7 @@ PYBIND11_MODULE(_mlfabric, m) {
       .def_property_readonly("rank", &AllReducer::rank)
       .def_property_readonly("size", &AllReducer::size)
       .def_property_readonly("summed", &AllReducer::summed)
+      .def_property_readonly("local_size", &AllReducer::local_size)
       .def_property_readonly("backend", &AllReducer::backend)
       .def("allreduce", &AllReducer::AllReduce, py::arg("array"))
       .def("broadcast", &AllReducer::Broadcast, py::arg("array"), py::arg("root") = 0)
