@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -203,14 +204,18 @@ int main() {
     return 1;
   }
   EXPECT((*fabric)->rank() == g_rank && (*fabric)->size() == size, "rank/size from the launcher");
-  // mlfabric-run --ranks_per_host K: ranks r / K share a host, and the
-  // mlfabric backend sums among them in shared memory.
-  const char* per_host_env = std::getenv("MLFABRIC_RANKS_PER_HOST");
-  const int per_host = per_host_env != nullptr ? std::max(1, std::atoi(per_host_env)) : 1;
-  const int host_first = g_rank / per_host * per_host;
-  const int expected_local = std::min(size, host_first + per_host) - host_first;
-  EXPECT((*fabric)->local_size() == expected_local, "local_size %d, expected %d",
-         (*fabric)->local_size(), expected_local);
+  // Ranks given the same daemon (mlfabric-run --ranks_per_host K, or the
+  // slots of one host in a hostfile) share a host, and the mlfabric
+  // backend sums among them in shared memory.
+  {
+    const char* socket = std::getenv("MLFABRIC_DAEMON_SOCKET");
+    const uint64_t mine = std::hash<std::string>()(socket != nullptr ? socket : "");
+    std::vector<uint64_t> all(size);
+    MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    const int expected_local = static_cast<int>(std::count(all.begin(), all.end(), mine));
+    EXPECT((*fabric)->local_size() == expected_local, "local_size %d, expected %d",
+           (*fabric)->local_size(), expected_local);
+  }
 
   for (AllReducer* reducer : {mpi->get(), fabric->get()}) {
     int round = 0;

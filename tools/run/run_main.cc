@@ -20,12 +20,15 @@
 // mlfabric-scheduler itself and the demo; --planner fifo is the vanilla-PS
 // baseline.
 // When CMD ends it stops everything it started and exits with mpirun's code.
-// Daemons are started on this machine only: with a hostfile naming other
-// machines, start mlfabricd there and set MLFABRIC_SOCKET_DIR (README).
+// With --hostfile (and no MLFABRIC_SOCKET_DIR) it starts the scheduler here
+// and one mlfabricd on every host of the hostfile through a second mpirun
+// (tools/run/hosts.h); each rank uses its own host's daemon.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -34,16 +37,21 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/secrets.h"
 #include "testing/cluster.h"
 #include "tools/launch/process.h"
+#include "tools/run/hosts.h"
 
 namespace {
 
 constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...]
 
   -np N               number of ranks (default 1)
-  --hostfile FILE     Open MPI hostfile (default: this host only)
+  --hostfile FILE     Open MPI hostfile (default: this host only); starts the
+                      scheduler here and one mlfabricd on every host of it,
+                      through mpirun (README "Launch on many hosts")
   --planner P         scheduler planner: mlfabric | fifo (default mlfabric;
                       fifo is the vanilla-PS baseline)
   --delay_bound K     the job's tau_max in model versions (default 30)
@@ -59,7 +67,13 @@ constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...
                       1: a host per rank); ranks r and r' share one when
                       r / K == r' / K, as K ranks on one machine would
                       (their AllReduce sums in shared memory there)
-  --mpirun_arg ARG    extra argument for mpirun (repeatable)
+  --mpirun_arg ARG    extra argument for mpirun (repeatable; with a hostfile
+                      also for the mpirun that starts the daemons)
+  --head_address A    with a hostfile: this machine's address the hosts reach
+                      the scheduler at (default: the source address of the
+                      route to the first host)
+  --daemon_arg FLAG   with a hostfile: a flag for every host's mlfabricd
+                      (repeatable)
   -v                  print what is started
 Every rank gets MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_DAEMON_SOCKET, ...
 )";
@@ -83,7 +97,26 @@ int ExecRank(int argc, char** argv, int first) {
   // --ranks_per_host K: ranks r with the same r / K share host h<r / K>.
   const int per_host = std::max(1, std::atoi(env("MLFABRIC_RANKS_PER_HOST", "1").c_str()));
   const std::string host = std::to_string(std::atoi(rank.c_str()) / per_host);
-  if (!dir.empty()) setenv("MLFABRIC_DAEMON_SOCKET", (dir + "/h" + host + ".sock").c_str(), 1);
+  if (const std::string hosts = env("MLFABRIC_HOSTS", ""); !hosts.empty() && !dir.empty()) {
+    // Many hosts: the daemon of the host this rank runs on.
+    const std::vector<std::string> names = absl::StrSplit(hosts, ',', absl::SkipEmpty());
+    const int index = mlfabric::run::FindLocalHost(names, mlfabric::run::LocalNames());
+    if (index < 0) {
+      std::cerr << "mlfabric-run: rank " << rank << " runs on none of the hosts " << hosts
+                << " (no interface address or host name matches)\n";
+      return 1;
+    }
+    const std::string socket = dir + "/" + names[index] + ".sock";
+    // Its daemon may still be starting (each host's launcher starts one).
+    if (!mlfabric::launch::WaitUntil([&] { return ::access(socket.c_str(), F_OK) == 0; }, 60)) {
+      std::cerr << "mlfabric-run: rank " << rank << ": no daemon at " << socket
+                << " after 60 s (see " << dir << "/" << names[index] << ".log on that host)\n";
+      return 1;
+    }
+    setenv("MLFABRIC_DAEMON_SOCKET", socket.c_str(), 1);
+  } else if (!dir.empty()) {
+    setenv("MLFABRIC_DAEMON_SOCKET", (dir + "/h" + host + ".sock").c_str(), 1);
+  }
   // mpirun, started by absolute path, puts its own bin directory first in
   // PATH; restore the user's so `python3` is the one of their (virtual)
   // environment, as when they typed the command without mlfabric-run.
@@ -105,7 +138,8 @@ int main(int argc, char** argv) {
   std::string divergence_bound;  // empty: none
   std::vector<std::pair<std::string, std::string>> extra_jobs;
   std::string hostfile, planner = "mlfabric", job = "demo", token;
-  std::vector<std::string> mpirun_args;
+  std::vector<std::string> mpirun_args, daemon_args;
+  std::string head_address;
   bool verbose = false;
   int i = 1;
   auto value = [&](const char* flag) -> std::string {
@@ -117,6 +151,7 @@ int main(int argc, char** argv) {
   };
   for (; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg == "--exec-daemon") return mlfabric::run::RunHostDaemon(argc, argv, i + 1);
     if (arg == "--exec-rank") {
       if (i + 1 < argc && std::string(argv[i + 1]) == "--") ++i;
       if (i + 1 >= argc) return 2;
@@ -183,6 +218,10 @@ int main(int argc, char** argv) {
         return 2;
       }
       ranks_per_host = static_cast<int>(parsed);
+    } else if (arg == "--head_address") {
+      head_address = value("--head_address");
+    } else if (arg == "--daemon_arg") {
+      daemon_args.push_back(value("--daemon_arg"));
     } else if (arg == "--mpirun_arg") {
       mpirun_args.push_back(value("--mpirun_arg"));
     } else if (arg == "-v") {
@@ -213,27 +252,155 @@ int main(int argc, char** argv) {
     const char* given = std::getenv("MLFABRIC_JOB_TOKEN");
     token = given != nullptr && *given != '\0' ? given : mlfabric::RandomHex(16);
   }
+  if (::geteuid() == 0) {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+  std::error_code error;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", error).string();
+  std::string mpirun_path = "/usr/bin/mpirun";
+  if (::access(mpirun_path.c_str(), X_OK) != 0) mpirun_path = "mpirun";
+
   std::unique_ptr<mlfabric::testing::Cluster> cluster;
-  std::string socket_dir, config_dir, ompi_dir;
+  // Many hosts: the scheduler here, a daemon per host through mpirun.
+  std::unique_ptr<Subprocess> scheduler, daemons;
+  std::string socket_dir, config_dir, ompi_dir, hosts_dir;
+  auto write_config = [&](const std::string& config) {
+    std::ofstream out(config);
+    out << "{\"jobs\": [{\"name\": \"" << job << "\", \"token\": \"" << token
+        << "\", \"tau_max\": " << delay_bound;
+    if (ssp >= 0) out << ", \"mode\": \"ssp\", \"staleness_k\": " << ssp;
+    if (!divergence_bound.empty()) out << ", \"divergence_max\": " << divergence_bound;
+    out << "}";
+    for (const auto& [name, secret] : extra_jobs) {
+      out << ", {\"name\": \"" << name << "\", \"token\": \"" << secret
+          << "\", \"tau_max\": " << delay_bound << "}";
+    }
+    out << "]}\n";
+  };
   if (const char* existing = std::getenv("MLFABRIC_SOCKET_DIR"); existing && *existing) {
     socket_dir = existing;
     if (verbose) std::cerr << "mlfabric-run: using the daemons in " << socket_dir << "\n";
+  } else if (!hostfile.empty()) {
+    const std::string text = ReadFile(hostfile);
+    auto entries = mlfabric::run::ParseHostfile(text);
+    if (text.empty() || !entries.ok()) {
+      std::cerr << "mlfabric-run: " << hostfile << ": "
+                << (text.empty() ? "cannot read it, or it is empty"
+                                 : std::string(entries.status().message()))
+                << "\n";
+      return 2;
+    }
+    std::vector<std::string> hosts;
+    for (const auto& entry : *entries) hosts.push_back(entry.host);
+    if (head_address.empty()) head_address = mlfabric::run::RouteSource(hosts.front());
+    if (head_address.empty()) {
+      std::cerr << "mlfabric-run: no route from here to " << hosts.front()
+                << "; name this machine's address with --head_address\n";
+      return 2;
+    }
+    // In /tmp, not under $TEST_TMPDIR: the same path must exist on every
+    // host, and Unix socket paths are short (108 bytes).
+    std::string pattern = "/tmp/mlfabric-run-hosts-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      std::cerr << "mlfabric-run: cannot make a directory in /tmp: " << std::strerror(errno)
+                << "\n";
+      return 1;
+    }
+    socket_dir = pattern;
+    hosts_dir = socket_dir;
+    write_config(socket_dir + "/scheduler.json");
+    // The hosts authenticate with a secret made for this run; it reaches
+    // the other hosts in mpirun's environment for the launchers (-x).
+    const std::string secret = mlfabric::RandomHex(32);
+    {
+      std::ofstream(socket_dir + "/cluster.secret") << secret << "\n";
+    }
+    ::chmod((socket_dir + "/cluster.secret").c_str(), 0600);
+    setenv("MLFABRIC_CLUSTER_SECRET", secret.c_str(), 1);
+    auto started = Subprocess::Start(
+        {BinaryPath("scheduler/mlfabric-scheduler"), "--config=" + socket_dir + "/scheduler.json",
+         "--planner=" + planner, "--listen_address=" + head_address, "--grpc_port=0",
+         "--port_file=" + socket_dir + "/scheduler.port",
+         "--cluster_secret_file=" + socket_dir + "/cluster.secret"},
+        socket_dir + "/scheduler.log");
+    const std::string port_file = socket_dir + "/scheduler.port";
+    if (!started.ok() ||
+        !WaitUntil([&] { return !ReadFile(port_file).empty() || !(*started)->Running(); }, 30) ||
+        ReadFile(port_file).empty()) {
+      std::cerr << "mlfabric-run: the scheduler did not start at " << head_address << ": "
+                << (started.ok() ? (*started)->Log() : std::string(started.status().message()))
+                << "\n";
+      return 1;
+    }
+    scheduler = std::move(*started);
+    const std::string address =
+        head_address + ":" + std::to_string(std::atoi(ReadFile(port_file).c_str()));
+    setenv("MLFABRIC_SCHEDULER", address.c_str(), 1);
+    std::vector<std::string> launch = {mpirun_path, "--hostfile", hostfile, "--map-by",
+                                       "ppr:1:node", "-np", std::to_string(hosts.size()),
+                                       "-x", "MLFABRIC_CLUSTER_SECRET"};
+    launch.insert(launch.end(), mpirun_args.begin(), mpirun_args.end());
+    launch.insert(launch.end(), {self, "--exec-daemon", "--dir", socket_dir, "--scheduler",
+                                 address, "--hosts", absl::StrJoin(hosts, ",")});
+    for (const std::string& flag : daemon_args) launch.insert(launch.end(), {"--daemon_arg", flag});
+    // The job starts once every host's daemon serves (each launcher says
+    // so through mpirun's output). Open MPI 4.1 launching through an rsh
+    // agent now and then starts every orted and then no process (seen
+    // here in about one launch in five across network namespaces, and by
+    // eval/testbed under load): a launch that has started no daemon after
+    // 20 s is stopped and made again, three times at most.
+    std::vector<std::string> missing;
+    for (int attempt = 1; attempt <= 3; ++attempt) {
+      const auto began = std::chrono::steady_clock::now();
+      auto launched = Subprocess::Start(launch, socket_dir + "/daemons.log");
+      if (!launched.ok()) {
+        std::cerr << "mlfabric-run: cannot start the daemons' mpirun: "
+                  << launched.status().message() << "\n";
+        return 1;
+      }
+      daemons = std::move(*launched);
+      auto serving = [&](const std::string& host) {
+        return daemons->Log().find("host " + host + ": mlfabricd serving") != std::string::npos;
+      };
+      auto started_any = [&] {
+        return daemons->Log().find(": mlfabricd (pid") != std::string::npos;
+      };
+      WaitUntil([&] {
+        return std::all_of(hosts.begin(), hosts.end(), serving) || !daemons->Running() ||
+               (!started_any() && attempt < 3 &&
+                std::chrono::steady_clock::now() - began > std::chrono::seconds(20));
+      }, 90);
+      missing.clear();
+      for (const std::string& host : hosts) {
+        if (!serving(host)) missing.push_back(host);
+      }
+      if (missing.empty()) break;
+      const bool stalled = !started_any() && daemons->Running();
+      daemons->Stop(15);
+      if (!stalled || attempt == 3) break;
+      std::cerr << "mlfabric-run: the daemons' mpirun started no daemon in 20 s (attempt "
+                << attempt << " of 3); stopping it and launching again\n";
+    }
+    if (!missing.empty()) {
+      std::cerr << "mlfabric-run: no daemon serves on " << absl::StrJoin(missing, ", ")
+                << "; the daemons' mpirun said:\n" << daemons->Log() << "\n";
+      scheduler->Stop(5);
+      std::cerr << "mlfabric-run: logs in " << socket_dir << "\n";
+      return 1;
+    }
+    unsetenv("MLFABRIC_CLUSTER_SECRET");  // the job's ranks need no secret
+    setenv("MLFABRIC_HOSTS", absl::StrJoin(hosts, ",").c_str(), 1);
+    if (verbose) {
+      std::cerr << "mlfabric-run: started mlfabric-scheduler at " << address << " (planner "
+                << planner << ", tau_max " << delay_bound << ") and, through mpirun, one "
+                << "mlfabricd on each of " << absl::StrJoin(hosts, ", ") << "; logs in "
+                << socket_dir << "\n";
+    }
   } else {
     config_dir = MakeTempDir("mlfabric-run-config");
     const std::string config = config_dir + "/scheduler.json";
-    {
-      std::ofstream out(config);
-      out << "{\"jobs\": [{\"name\": \"" << job << "\", \"token\": \"" << token
-          << "\", \"tau_max\": " << delay_bound;
-      if (ssp >= 0) out << ", \"mode\": \"ssp\", \"staleness_k\": " << ssp;
-      if (!divergence_bound.empty()) out << ", \"divergence_max\": " << divergence_bound;
-      out << "}";
-      for (const auto& [name, secret] : extra_jobs) {
-        out << ", {\"name\": \"" << name << "\", \"token\": \"" << secret
-            << "\", \"tau_max\": " << delay_bound << "}";
-      }
-      out << "]}\n";
-    }
+    write_config(config);
     std::vector<std::string> hosts;
     const int host_count = (np + ranks_per_host - 1) / ranks_per_host;
     for (int h = 0; h < host_count; ++h) hosts.push_back("h" + std::to_string(h));
@@ -264,13 +431,7 @@ int main(int argc, char** argv) {
     unsetenv("MLFABRIC_DIVERGENCE_BOUND");
   }
   if (const char* path = std::getenv("PATH")) setenv("MLFABRIC_USER_PATH", path, 1);
-  if (::geteuid() == 0) {
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  }
 
-  std::error_code error;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", error).string();
   std::vector<std::string> command = {"mpirun", "-np", std::to_string(np)};
   if (!hostfile.empty()) {
     command.insert(command.end(), {"--hostfile", hostfile});
@@ -296,14 +457,12 @@ int main(int argc, char** argv) {
                            "MLFABRIC_DELAY_BOUND", "MLFABRIC_DIVERGENCE_BOUND",
                            "MLFABRIC_SCHEDULER", "MLFABRIC_USER_PATH",
                            "MLFABRIC_ALLREDUCE_BACKEND", "MLFABRIC_RANKS_PER_HOST",
-                           "MLFABRIC_LOCAL_REDUCE"}) {
+                           "MLFABRIC_LOCAL_REDUCE", "MLFABRIC_HOSTS"}) {
     if (std::getenv(name)) command.insert(command.end(), {"-x", name});
   }
   command.insert(command.end(), mpirun_args.begin(), mpirun_args.end());
   command.insert(command.end(), {self, "--exec-rank", "--"});
   command.insert(command.end(), argv + i, argv + argc);
-  std::string mpirun_path = "/usr/bin/mpirun";
-  if (::access(mpirun_path.c_str(), X_OK) != 0) mpirun_path = "mpirun";
   command[0] = mpirun_path;
   if (verbose) {
     std::cerr << "mlfabric-run:";
@@ -324,10 +483,39 @@ int main(int argc, char** argv) {
       code = (*mpirun)->Stop(10);
       break;
     }
+    if (daemons != nullptr && !daemons->Running()) {
+      std::cerr << "mlfabric-run: the daemons' mpirun ended (a daemon failed?): "
+                << daemons->Log() << "\nmlfabric-run: stopping the job\n";
+      code = (*mpirun)->Stop(10);
+      if (*code == 0) code = 1;
+      break;
+    }
   }
+  if (daemons != nullptr) {
+    // SIGTERM: mpirun signals every host's launcher, which stops its
+    // daemon and removes its socket (a launcher killed outright takes its
+    // daemon with it: PR_SET_PDEATHSIG).
+    daemons->Stop(15);
+    // mpirun may end before a launcher's daemon has: wait (bounded) for
+    // the sockets visible from here (hosts on this machine or a shared
+    // filesystem) to go, so that none outlives this command.
+    const std::vector<std::string> hosts =
+        absl::StrSplit(std::string(std::getenv("MLFABRIC_HOSTS")), ',', absl::SkipEmpty());
+    const bool gone = WaitUntil(
+        [&] {
+          return std::none_of(hosts.begin(), hosts.end(), [&](const std::string& host) {
+            return ::access((socket_dir + "/" + host + ".sock").c_str(), F_OK) == 0;
+          });
+        },
+        15);
+    if (!gone) std::cerr << "mlfabric-run: a daemon's socket is still in " << socket_dir << "\n";
+    if (verbose) std::cerr << "mlfabric-run: stopped the daemons\n";
+  }
+  if (scheduler != nullptr) scheduler->Stop(5);
   if (!config_dir.empty()) std::filesystem::remove_all(config_dir, error);
   if (!ompi_dir.empty()) std::filesystem::remove_all(ompi_dir, error);
-  if (*code != 0 && cluster) {
+  if (!hosts_dir.empty() && *code == 0) std::filesystem::remove_all(hosts_dir, error);
+  if (*code != 0 && (cluster || !hosts_dir.empty())) {
     std::cerr << "mlfabric-run: the job exited with " << *code << "; logs in " << socket_dir
               << "\n";
   }
