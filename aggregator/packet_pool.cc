@@ -23,6 +23,31 @@ void AddWrapping(U* __restrict dst, const U* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+}  // namespace
+
+void SumInto(DType dtype, void* dst, const void* src, double weight, size_t n) {
+  switch (dtype) {
+    case DType::kFloat32:
+      WeightedSum(static_cast<float*>(dst), static_cast<const float*>(src),
+                  static_cast<float>(weight), n);
+      return;
+    case DType::kFloat64:
+      WeightedSum(static_cast<double*>(dst), static_cast<const double*>(src), weight, n);
+      return;
+    case DType::kInt32:
+      AddWrapping(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(src), n);
+      return;
+    case DType::kInt64:
+      AddWrapping(static_cast<uint64_t*>(dst), static_cast<const uint64_t*>(src), n);
+      return;
+    case DType::kFloat16:
+      AddHalves(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
+      return;
+  }
+}
+
+namespace {
+
 std::string RangeName(uint64_t offset, uint64_t size) {
   return absl::StrCat("[", offset, ", ", offset + size, ")");
 }
@@ -226,25 +251,7 @@ absl::Status PacketPool::Add(TransferId transfer, ContributorId contributor_id, 
   }
   std::byte* dst = state.sum + offset;
   const size_t n = size / element;
-  switch (spec.dtype) {
-    case DType::kFloat32:
-      WeightedSum(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src),
-                  static_cast<float>(contributor.weight), n);
-      break;
-    case DType::kFloat64:
-      WeightedSum(reinterpret_cast<double*>(dst), reinterpret_cast<const double*>(src),
-                  contributor.weight, n);
-      break;
-    case DType::kInt32:
-      AddWrapping(reinterpret_cast<uint32_t*>(dst), reinterpret_cast<const uint32_t*>(src), n);
-      break;
-    case DType::kInt64:
-      AddWrapping(reinterpret_cast<uint64_t*>(dst), reinterpret_cast<const uint64_t*>(src), n);
-      break;
-    case DType::kFloat16:
-      AddHalves(reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(src), n);
-      break;
-  }
+  SumInto(spec.dtype, dst, src, contributor.weight, n);
 
   // Record the coverage, merging with adjacent ranges. In-order senders
   // only ever extend their one range in place.

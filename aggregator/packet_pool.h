@@ -73,6 +73,12 @@ enum class DType { kFloat32, kFloat64, kInt32, kInt64, kFloat16 };
 size_t DTypeBytes(DType dtype);
 const char* DTypeName(DType dtype);
 
+// dst[i] += weight * src[i] for `n` elements of `dtype`: floats through the
+// reduce.h kernels; integers unweighted, wrapping; float16 unweighted, each
+// addition rounded to half (common/half.h). The packet pool's sum, and the
+// AllReduce's host-local one (api/local_reduce.h).
+void SumInto(DType dtype, void* dst, const void* src, double weight, size_t n);
+
 using TransferId = uint64_t;
 using ContributorId = uint64_t;  // contributors are transfer ids
 

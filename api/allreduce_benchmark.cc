@@ -1,8 +1,10 @@
 // allreduce_benchmark: one AllReduce backend, one length, many repeats, run
 // under mlfabric-run (which starts the scheduler and daemons):
 //
-//   bazel-bin/tools/run/mlfabric-run -np 4 bazel-bin/api/allreduce_benchmark \
+//   bazel-bin/tools/run/mlfabric-run -np 4 bazel-bin/api/allreduce_benchmark
 //       --backend=mlfabric --count=1048576 --repeats=50
+//   (one command line; --ranks_per_host 4 puts the ranks on one host,
+//   where the mlfabric backend sums in shared memory)
 //
 // Rank 0 prints milliseconds per AllReduce (mean, min and max over repeats)
 // after --warmup untimed calls. Meant for profiling one backend at a time

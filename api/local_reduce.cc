@@ -16,12 +16,12 @@
 #include <cstring>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "aggregator/reduce.h"
-#include "common/half.h"
+#include "aggregator/packet_pool.h"
 
 namespace mlfabric::internal {
 namespace {
@@ -61,35 +61,16 @@ const char* TypeName(ElementType type) {
   return "unknown";
 }
 
-// Integers wrap, as MPI's and the daemon's integer sums do.
-template <typename U>
-void AddWrapping(U* dst, const U* src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<U>(dst[i] + src[i]);
-}
-
-// dst[i] += src[i], elementwise in `type`.
-void Add(ElementType type, uint8_t* dst, const uint8_t* src, size_t n) {
+std::optional<aggregator::DType> PoolType(ElementType type) {
   switch (type) {
-    case ElementType::kFloat32:
-      aggregator::WeightedSum(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src),
-                              1.0f, n);
-      return;
-    case ElementType::kFloat64:
-      aggregator::WeightedSum(reinterpret_cast<double*>(dst),
-                              reinterpret_cast<const double*>(src), 1.0, n);
-      return;
-    case ElementType::kInt32:
-      AddWrapping(reinterpret_cast<uint32_t*>(dst), reinterpret_cast<const uint32_t*>(src), n);
-      return;
-    case ElementType::kInt64:
-      AddWrapping(reinterpret_cast<uint64_t*>(dst), reinterpret_cast<const uint64_t*>(src), n);
-      return;
-    case ElementType::kFloat16:
-      AddHalves(reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(src), n);
-      return;
-    case ElementType::kOpaque:
-      return;
+    case ElementType::kFloat32: return aggregator::DType::kFloat32;
+    case ElementType::kFloat64: return aggregator::DType::kFloat64;
+    case ElementType::kInt32: return aggregator::DType::kInt32;
+    case ElementType::kInt64: return aggregator::DType::kInt64;
+    case ElementType::kFloat16: return aggregator::DType::kFloat16;
+    case ElementType::kOpaque: return std::nullopt;
   }
+  return std::nullopt;
 }
 
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, Clock::duration timeout) {
@@ -324,7 +305,8 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
   Header* h = header_;
   if (h->broken.load(std::memory_order_acquire) != 0) return BrokenStatus();
   const size_t element = ElementSize(type);
-  if (element == 0) {
+  const std::optional<aggregator::DType> sum_type = PoolType(type);
+  if (element == 0 || !sum_type.has_value()) {
     return absl::InvalidArgumentError("AllReduce cannot sum opaque bytes: name an element type");
   }
   MemberInfo& me = h->member[index_];
@@ -366,7 +348,8 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
     if (end > begin) {
       std::memcpy(result + begin * element, Slot(0) + begin * element, (end - begin) * element);
       for (int j = 1; j < members_; ++j) {
-        Add(type, result + begin * element, Slot(j) + begin * element, end - begin);
+        aggregator::SumInto(*sum_type, result + begin * element, Slot(j) + begin * element, 1.0,
+                            end - begin);
       }
     }
     if (auto status = Barrier(timeout_s); !status.ok()) return status;

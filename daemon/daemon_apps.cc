@@ -70,11 +70,15 @@ void Daemon::HandleRegister(const std::shared_ptr<AppSession>& app,
   // get waiting for this server sends the application a model request, and
   // that must not reach it before its registration reply (it did: the
   // application's Connect failed with "daemon sent no registration reply").
+  // Both happen under mu_, so nothing finds the endpoint missing in
+  // between either: a delivery the scheduler announces right after the
+  // registration (the application may push or be pushed to at once) waits
+  // for mu_ and finds it (it was failed as "not connected" before).
   body->set_model_version(entity_reply.model_version());
   body->set_host(config_.host);
-  (void)app->channel->Send(reply);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    (void)app->channel->Send(reply);  // one small message on a new connection
     if (request.role() == v1::ROLE_SERVER) {
       ServerEndpoint& endpoint = servers_[ServerKey(app->job_id, app->name)];
       endpoint.app = app;

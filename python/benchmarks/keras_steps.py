@@ -35,7 +35,12 @@ parser.add_argument("--batch", type=int, default=32)
 parser.add_argument("--hidden", type=int, default=64)
 parser.add_argument("--model", default="digits", choices=["digits", "mobilenetv2"])
 parser.add_argument("--samples", type=int, default=256, help="mobilenetv2: images per rank")
+parser.add_argument("--straggle", default="",
+                    help="R,S: each rank's step is S times as long with probability R (the "
+                         "testbed's compute settings: C1 0.10,2, C2 0.10,4); the same draws "
+                         "for every backend")
 args = parser.parse_args()
+straggle_r, straggle_s = (map(float, args.straggle.split(",")) if args.straggle else (0.0, 1.0))
 
 hvd.init(backend=args.backend)
 keras.utils.set_random_seed(1)
@@ -69,15 +74,34 @@ class Timer(keras.callbacks.Callback):
         self.epoch_times.append(time.perf_counter() - self.t)
 
 
+class Straggler(keras.callbacks.Callback):
+    """A straggling step: sleeps (S - 1) times the step's own duration."""
+
+    def __init__(self):
+        super().__init__()
+        self.rng = np.random.default_rng(1000 + hvd.rank())
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.t = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.rng.random() < straggle_r:
+            time.sleep((straggle_s - 1) * (time.perf_counter() - self.t))
+
+
 timer = Timer()
+callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), timer]
+if straggle_r > 0:
+    callbacks.append(Straggler())
 model.fit(x, y, batch_size=args.batch, epochs=args.epochs, verbose=0, shuffle=False,
-          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), timer])
+          callbacks=callbacks)
 steps = int(np.ceil(len(x) / args.batch))
 measured = timer.epoch_times[1:] or timer.epoch_times
 rate = steps * len(measured) / sum(measured)
 if hvd.rank() == 0:
     params = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    print("keras_steps: %s, backend %s, %d ranks, %d parameters, %d steps/epoch: %.1f steps/s "
-          "(%.2f ms per step)" % (args.model, args.backend, hvd.size(), params, steps, rate,
+    print("keras_steps: %s, backend %s, %d ranks, %d parameters, %d steps/epoch%s: %.1f steps/s "
+          "(%.2f ms per step)" % (args.model, args.backend, hvd.size(), params, steps,
+                                  ", straggle " + args.straggle if args.straggle else "", rate,
                                   1000 / rate), flush=True)
 hvd.shutdown()

@@ -60,23 +60,30 @@ absl::StatusOr<std::vector<HostfileEntry>> ParseHostfile(const std::string& text
   return entries;
 }
 
+namespace {
+
+// An IPv4 or IPv6 socket address as text; "" for other families.
+std::string AddressText(const sockaddr* address) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (address->sa_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text,
+                sizeof(text));
+  } else if (address->sa_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, text,
+                sizeof(text));
+  }
+  return text;
+}
+
+}  // namespace
+
 std::vector<std::string> LocalNames() {
   std::vector<std::string> names;
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) == 0) {
     for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
       if (a->ifa_addr == nullptr) continue;
-      char text[INET6_ADDRSTRLEN] = {};
-      if (a->ifa_addr->sa_family == AF_INET) {
-        ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text,
-                    sizeof(text));
-      } else if (a->ifa_addr->sa_family == AF_INET6) {
-        ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, text,
-                    sizeof(text));
-      } else {
-        continue;
-      }
-      names.push_back(text);
+      if (std::string text = AddressText(a->ifa_addr); !text.empty()) names.push_back(text);
     }
     ::freeifaddrs(list);
   }
@@ -99,17 +106,7 @@ std::vector<std::string> Resolve(const std::string& host, int family) {
   addrinfo* result = nullptr;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0) return addresses;
   for (addrinfo* a = result; a != nullptr; a = a->ai_next) {
-    char text[INET6_ADDRSTRLEN] = {};
-    if (a->ai_family == AF_INET) {
-      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, text,
-                  sizeof(text));
-    } else if (a->ai_family == AF_INET6) {
-      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, text,
-                  sizeof(text));
-    } else {
-      continue;
-    }
-    addresses.push_back(text);
+    if (std::string text = AddressText(a->ai_addr); !text.empty()) addresses.push_back(text);
   }
   ::freeaddrinfo(result);
   return addresses;

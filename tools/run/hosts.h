@@ -3,7 +3,7 @@
 // per-host daemon launcher that mlfabric-run starts on every host through
 // mpirun itself (no ssh of its own):
 //
-//   mpirun --hostfile F --map-by ppr:1:node -np <hosts> \
+//   mpirun --hostfile F --map-by ppr:1:node -np <hosts>
 //       mlfabric-run --exec-daemon --dir D --scheduler A:P --hosts h1,h2,...
 //
 // Each launcher finds its own entry among the hosts (an address of one of
