@@ -37,28 +37,12 @@ constexpr int kSpins = 2000;
 // A sleeping member wakes this often to check that its peers live.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(20);
 
-size_t ElementSize(ElementType type) {
-  switch (type) {
-    case ElementType::kFloat32: return 4;
-    case ElementType::kFloat64: return 8;
-    case ElementType::kInt32: return 4;
-    case ElementType::kInt64: return 8;
-    case ElementType::kFloat16: return 2;
-    case ElementType::kOpaque: return 0;
-  }
-  return 0;
-}
+std::optional<aggregator::DType> PoolType(ElementType type);
 
-const char* TypeName(ElementType type) {
-  switch (type) {
-    case ElementType::kFloat32: return "float32";
-    case ElementType::kFloat64: return "float64";
-    case ElementType::kInt32: return "int32";
-    case ElementType::kInt64: return "int64";
-    case ElementType::kFloat16: return "float16";
-    case ElementType::kOpaque: return "opaque";
-  }
-  return "unknown";
+// The name of a call's element type as a member recorded it.
+const char* TypeName(int32_t type) {
+  const std::optional<aggregator::DType> pool = PoolType(static_cast<ElementType>(type));
+  return pool.has_value() ? aggregator::DTypeName(*pool) : "opaque";
 }
 
 std::optional<aggregator::DType> PoolType(ElementType type) {
@@ -304,11 +288,11 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
                                          const CrossHost* cross, double timeout_s) {
   Header* h = header_;
   if (h->broken.load(std::memory_order_acquire) != 0) return BrokenStatus();
-  const size_t element = ElementSize(type);
   const std::optional<aggregator::DType> sum_type = PoolType(type);
-  if (element == 0 || !sum_type.has_value()) {
+  if (!sum_type.has_value()) {
     return absl::InvalidArgumentError("AllReduce cannot sum opaque bytes: name an element type");
   }
+  const size_t element = aggregator::DTypeBytes(*sum_type);
   MemberInfo& me = h->member[index_];
   const int parity = static_cast<int>(calls_++ % 2);
   me.count[parity] = count;
@@ -335,9 +319,8 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
           if (cross != nullptr && leader && cross->spoil) cross->spoil();
           return absl::InvalidArgumentError(absl::StrCat(
               "AllReduce inputs differ across ranks: rank ", a.rank, " passes ", a.count[parity],
-              " ", TypeName(static_cast<ElementType>(a.type[parity])), ", rank ", b.rank,
-              " passes ", b.count[parity], " ",
-              TypeName(static_cast<ElementType>(b.type[parity]))));
+              " ", TypeName(a.type[parity]), ", rank ", b.rank, " passes ", b.count[parity], " ",
+              TypeName(b.type[parity])));
         }
       }
     }
