@@ -37,6 +37,10 @@ grpc::ChannelArguments ChannelArguments(double keepalive_s) {
   arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
   arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // idle streams too
+  // Each client its own connection, as each daemon has: without this, clients
+  // of one process with equal arguments share one (the load generator,
+  // testing/loadgen, runs a thousand emulated daemons in one process).
+  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return arguments;
 }
 

@@ -95,7 +95,7 @@ HttpResponse AdminHandler::Get(const std::string& path, const std::string& query
     return Json(200, {{"endpoints",
                        {"/api/v1/cluster", "/api/v1/hosts", "/api/v1/jobs", "/api/v1/batches",
                         "/api/v1/transfers", "/api/v1/drops", "/api/v1/delays", "/api/v1/links",
-                        "/api/v1/trace", "/metrics", "/dashboard"}}});
+                        "/api/v1/cycles", "/api/v1/trace", "/metrics", "/dashboard"}}});
   }
   if (path == "/api/v1/cluster") return Json(200, ClusterJson(snap));
   if (path == "/api/v1/hosts") return Json(200, HostsJson(snap));
@@ -105,6 +105,7 @@ HttpResponse AdminHandler::Get(const std::string& path, const std::string& query
   if (path == "/api/v1/drops") return Json(200, DropsJson(snap));
   if (path == "/api/v1/delays") return Json(200, DelaysJson(snap));
   if (path == "/api/v1/links") return Json(200, LinksJson(snap));
+  if (path == "/api/v1/cycles") return Json(200, CyclesJson(snap));
   return Error(404, absl::StrCat("no such resource '", path, "'; GET /api/v1 lists them"));
 }
 

@@ -302,6 +302,39 @@ json LinksJson(const ClusterSnapshot& snap) {
   return {{"now_s", snap.now_s}, {"samples", samples}};
 }
 
+namespace {
+
+// The q-quantile (nearest rank) of the recent cycles' total time; 0 if none.
+double CycleQuantileMs(const ClusterSnapshot& snap, double q) {
+  if (snap.recent_cycles.empty()) return 0;
+  std::vector<double> ms;
+  for (const CycleView& c : snap.recent_cycles) ms.push_back(c.total_ms);
+  const size_t rank = std::min(ms.size() - 1, static_cast<size_t>(q * ms.size()));
+  std::nth_element(ms.begin(), ms.begin() + rank, ms.end());
+  return ms[rank];
+}
+
+}  // namespace
+
+json CyclesJson(const ClusterSnapshot& snap) {
+  json cycles = json::array();
+  double max_ms = 0;
+  for (const CycleView& c : snap.recent_cycles) {
+    cycles.push_back({{"start_s", c.start_s},
+                      {"total_ms", c.total_ms},
+                      {"plan_ms", c.plan_ms},
+                      {"batches", c.batches},
+                      {"updates", c.updates}});
+    max_ms = std::max(max_ms, c.total_ms);
+  }
+  return {{"now_s", snap.now_s},
+          {"batch_interval_ms", snap.batch_interval_ms},
+          {"p50_ms", CycleQuantileMs(snap, 0.5)},
+          {"p99_ms", CycleQuantileMs(snap, 0.99)},
+          {"max_ms", max_ms},
+          {"cycles", cycles}};
+}
+
 std::string RenderPrometheus(const ClusterSnapshot& snap) {
   PromWriter w;
   const SchedulerStats& s = snap.stats;
@@ -343,6 +376,12 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
   w.Sample("mlfabric_scheduler_plan_seconds_total", {}, s.plan_ms_total / 1e3);
   w.Family("mlfabric_scheduler_plan_seconds_max", "gauge", "Longest single batch plan.");
   w.Sample("mlfabric_scheduler_plan_seconds_max", {}, s.plan_ms_max / 1e3);
+  w.Family("mlfabric_scheduler_batch_cycle_seconds", "gauge",
+           "Batch cycle time over the recent cycles that planned something, by quantile.");
+  w.Sample("mlfabric_scheduler_batch_cycle_seconds", {{"quantile", "0.5"}},
+           CycleQuantileMs(snap, 0.5) / 1e3);
+  w.Sample("mlfabric_scheduler_batch_cycle_seconds", {{"quantile", "0.99"}},
+           CycleQuantileMs(snap, 0.99) / 1e3);
   w.Family("mlfabric_scheduler_in_flight_transfers", "gauge", "Transfers scheduled, not done.");
   w.Sample("mlfabric_scheduler_in_flight_transfers", {}, snap.in_flight.size());
 

@@ -28,6 +28,8 @@ nlohmann::json TransfersJson(const ClusterSnapshot& snap);
 nlohmann::json DropsJson(const ClusterSnapshot& snap);
 nlohmann::json DelaysJson(const ClusterSnapshot& snap);
 nlohmann::json LinksJson(const ClusterSnapshot& snap);
+// The recent batch cycles and their p50/p99/max total time.
+nlohmann::json CyclesJson(const ClusterSnapshot& snap);
 
 // Prometheus text format 0.0.4.
 std::string RenderPrometheus(const ClusterSnapshot& snap);

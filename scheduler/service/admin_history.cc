@@ -49,6 +49,10 @@ void AdminHistory::RecordLinkSample(LinkSample sample) {
   PushBounded(&link_samples_, std::move(sample), kLinkSamples);
 }
 
+void AdminHistory::RecordCycle(const CycleView& cycle) {
+  PushBounded(&recent_cycles_, cycle, kRecentCycles);
+}
+
 void AdminHistory::CopyInto(ClusterSnapshot* snap) const {
   snap->recent_batches.assign(recent_batches_.begin(), recent_batches_.end());
   snap->recent_drops.assign(recent_drops_.begin(), recent_drops_.end());
@@ -56,6 +60,7 @@ void AdminHistory::CopyInto(ClusterSnapshot* snap) const {
   snap->recent_delays.assign(recent_delays_.begin(), recent_delays_.end());
   snap->delay_histogram = delay_histogram_;
   snap->link_samples.assign(link_samples_.begin(), link_samples_.end());
+  snap->recent_cycles.assign(recent_cycles_.begin(), recent_cycles_.end());
 }
 
 }  // namespace mlfabric

@@ -27,6 +27,8 @@ class AdminHistory {
   static constexpr size_t kRecentDelays = 1000;
   static constexpr size_t kLinkSamples = 240;
   static constexpr double kLinkSamplePeriodS = 0.25;
+  // About 100 s of cycles at the default 100 ms interval.
+  static constexpr size_t kRecentCycles = 1024;
 
   // Keeps the last `max_batches` batches (SchedulerConfig::history_batches).
   explicit AdminHistory(int64_t max_batches);
@@ -39,9 +41,10 @@ class AdminHistory {
   // True (and the sample clock advanced) when a link sample is due at `now_s`.
   bool LinkSampleDue(double now_s);
   void RecordLinkSample(LinkSample sample);
+  void RecordCycle(const CycleView& cycle);
 
   // Fills the snapshot's history fields (recent_*, drops_by_category,
-  // delay_histogram, link_samples).
+  // delay_histogram, link_samples, recent_cycles).
   void CopyInto(ClusterSnapshot* snap) const;
 
  private:
@@ -52,6 +55,7 @@ class AdminHistory {
   std::deque<DelayView> recent_delays_;
   DelayHistogram delay_histogram_;
   std::deque<LinkSample> link_samples_;
+  std::deque<CycleView> recent_cycles_;
   double last_link_sample_s_ = -1e300;
 };
 

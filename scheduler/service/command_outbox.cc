@@ -4,19 +4,25 @@
 
 namespace mlfabric {
 
+std::condition_variable& CommandOutbox::WakeupLocked(const std::string& host) {
+  std::unique_ptr<std::condition_variable>& wakeup = wakeups_[host];
+  if (wakeup == nullptr) wakeup = std::make_unique<std::condition_variable>();
+  return *wakeup;
+}
+
 void CommandOutbox::Open(const std::string& host, uint64_t incarnation) {
   std::lock_guard<std::mutex> lock(mu_);
   Queue& queue = queues_[host];
   queue.incarnation = incarnation;
   queue.commands.clear();
   queue.keyed.clear();
-  cv_.notify_all();  // a stream of the old incarnation is superseded
+  WakeupLocked(host).notify_all();  // a stream of the old incarnation is superseded
 }
 
 void CommandOutbox::Close(const std::string& host) {
   std::lock_guard<std::mutex> lock(mu_);
   queues_.erase(host);
-  cv_.notify_all();
+  WakeupLocked(host).notify_all();
 }
 
 namespace {
@@ -60,7 +66,7 @@ void CommandOutbox::EnsureJobKey(const std::string& host, uint32_t job) {
   auto it = queues_.find(host);
   if (it == queues_.end()) return;
   KeyLocked(it->second, job);
-  cv_.notify_all();
+  WakeupLocked(host).notify_all();
 }
 
 void CommandOutbox::Push(const std::string& host, v1::DaemonCommand command) {
@@ -69,7 +75,7 @@ void CommandOutbox::Push(const std::string& host, v1::DaemonCommand command) {
   if (it == queues_.end()) return;
   KeyLocked(it->second, JobOf(command));
   it->second.commands.push_back(std::move(command));
-  cv_.notify_all();
+  WakeupLocked(host).notify_all();
 }
 
 CommandOutbox::PopResult CommandOutbox::Pop(const std::string& host, uint64_t incarnation,
@@ -77,6 +83,7 @@ CommandOutbox::PopResult CommandOutbox::Pop(const std::string& host, uint64_t in
                                             v1::DaemonCommand* out) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::condition_variable& wakeup = WakeupLocked(host);  // never erased
   bool waited_out = false;
   while (true) {
     if (stopped_) return PopResult::kStopped;
@@ -91,14 +98,14 @@ CommandOutbox::PopResult CommandOutbox::Pop(const std::string& host, uint64_t in
     }
     // Looked once more after the wait ran out: a command pushed just then counts.
     if (waited_out) return PopResult::kTimeout;
-    waited_out = cv_.wait_until(lock, deadline) == std::cv_status::timeout;
+    waited_out = wakeup.wait_until(lock, deadline) == std::cv_status::timeout;
   }
 }
 
 void CommandOutbox::Stop() {
   std::lock_guard<std::mutex> lock(mu_);
   stopped_ = true;
-  cv_.notify_all();
+  for (auto& [host, wakeup] : wakeups_) wakeup->notify_all();
 }
 
 size_t CommandOutbox::Queued(const std::string& host) const {

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -72,9 +73,14 @@ class CommandOutbox {
     std::set<uint32_t> keyed;  // jobs whose JobKey this incarnation was sent
   };
   void KeyLocked(Queue& queue, uint32_t job);
+  // `host`'s wake-up: one per host name, kept after its queue closes, so a
+  // push wakes only the stream it is for (a shared one woke every stream:
+  // a thousand daemons' streams took more CPU than the planner,
+  // testing/loadgen).
+  std::condition_variable& WakeupLocked(const std::string& host);
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::map<std::string, std::unique_ptr<std::condition_variable>> wakeups_;
   std::map<std::string, Queue> queues_;
   std::map<uint32_t, std::string> job_keys_;
   bool stopped_ = false;

@@ -5,6 +5,7 @@
 #include "scheduler/service/in_doubt.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <thread>
 
@@ -339,9 +340,16 @@ bool SchedulerService::CutBatchLocked(
 
 void SchedulerService::RunBatchCycle() {
   std::vector<BatchWork> work;
+  CycleView cycle;
+  const auto started = std::chrono::steady_clock::now();
+  auto ms_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
+        .count();
+  };
   {
     std::lock_guard<std::mutex> lock(mu_);
     const double now_s = clock_->NowSeconds();
+    cycle.start_s = now_s;
     state_.ExpireOverdue(now_s);
     ResolveInDoubt(&state_, config_.in_doubt_wait_s);
     SampleLinksLocked(now_s);
@@ -361,14 +369,23 @@ void SchedulerService::RunBatchCycle() {
     if (!work.empty()) ++state_.stats.batches;
   }
   if (work.empty()) return;
+  const auto planning = std::chrono::steady_clock::now();
   PlanInParallel(*planner_, planner_threads_, &work);
+  cycle.plan_ms = ms_since(planning);
   for (const BatchWork& item : work) {
     MLF_LOG(DEBUG) << "job " << item.job << " server " << item.server << ": "
                    << item.batch.updates.size() << " updates planned in " << item.compute_ms
                    << " ms on thread " << item.worker_thread;
     std::lock_guard<std::mutex> lock(mu_);
     dispatcher_.Apply(item, planner_->Name());
+    ++cycle.batches;
+    cycle.updates += static_cast<int64_t>(item.batch.updates.size());
   }
+  // The cycle's time as the admin endpoint shows it (GET /api/v1/cycles):
+  // what a batch interval must cover for the scheduler to keep up.
+  std::lock_guard<std::mutex> lock(mu_);
+  cycle.total_ms = ms_since(started);
+  history_.RecordCycle(cycle);
 }
 
 }  // namespace mlfabric

@@ -211,6 +211,16 @@ struct DelayHistogram {
   int64_t sum = 0;
 };
 
+// One batch cycle (batch_loop.h): from cutting the batches to the last
+// command queued, lock waits included. Kept for the last kRecentCycles.
+struct CycleView {
+  double start_s = 0;
+  double total_ms = 0;    // the whole cycle
+  double plan_ms = 0;     // the planners' wall time (in parallel)
+  int32_t batches = 0;    // servers planned
+  int64_t updates = 0;    // updates in those batches
+};
+
 struct ClusterSnapshot {
   double now_s = 0;
   double started_s = 0;
@@ -227,6 +237,7 @@ struct ClusterSnapshot {
   std::vector<DelayView> recent_delays;    // oldest first
   DelayHistogram delay_histogram;
   std::vector<LinkSample> link_samples;    // oldest first
+  std::vector<CycleView> recent_cycles;    // oldest first; cycles that planned something
 };
 
 // What an admin may change about a job at run time; unset fields stay.
