@@ -131,8 +131,11 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
 // narrow trees are nearly free in time and spare the server's uplink: the
 // server sends F copies per batch.
 //
-// The requesters are ranked by their uplink now (residual profile, else
-// capacity), fastest first, and laid out as an F-ary tree in that order
+// A link's rate is the mean rate its residual profile (else its capacity)
+// gives a stream that starts now and carries the model (c copies at once
+// for an uplink feeding c children, each getting a c-th), so a link that is
+// fully reserved for a moment is slow, not unusable. The requesters are
+// ranked by their uplink's rate, fastest first, and laid out as an F-ary tree in that order
 // (the server feeds the first F, requester i >= F is fed by requester
 // (i - F) / F), so slow uplinks end up as leaves (N3). A node with c
 // children gives each uplink / c; a requester's rate is the least along its

@@ -52,15 +52,32 @@ std::string DistributionPlanToText(const DistributionPlan& plan) {
 
 namespace {
 
-// A host's rate at `now_s`: its profile's (the residual after reservations)
-// when it has one, else its capacity.
-double RateNow(const std::vector<ProfilePoint>& profile, double capacity_bps, double now_s) {
+// The mean rate at which `bits` leave (or arrive) from `now_s` on a link
+// whose residual after reservations is `profile` (piecewise constant: the
+// capacity before its first point, its last point's rate after it): what a
+// stream started now gets. The rate at `now_s` alone would call a link that
+// is fully reserved for a moment (an aggregator receiving its constituents)
+// unusable for good; the load generator (testing/loadgen) found plans whose
+// total time was infinite that way. 0 only if the profile ends at 0 first.
+double MeanRate(const std::vector<ProfilePoint>& profile, double capacity_bps, double now_s,
+                double bits) {
   double rate = capacity_bps;
-  for (const auto& [t, bps] : profile) {
-    if (t > now_s) break;
-    rate = bps;
+  size_t next = 0;
+  for (; next < profile.size() && profile[next].first <= now_s; ++next) {
+    rate = profile[next].second;
   }
-  return rate;
+  double t = now_s, left = bits;
+  while (true) {
+    const double until = next < profile.size() ? profile[next].first : kInfinity;
+    if (rate > 0) {
+      const double can = (until - t) * rate;
+      if (can >= left) return bits / (t + left / rate - now_s);
+      left -= can;
+    }
+    if (next >= profile.size()) return 0;
+    t = until;
+    rate = profile[next++].second;
+  }
 }
 
 }  // namespace
@@ -83,13 +100,17 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
   ASSIGN_OR_RETURN(Batch batch, DistributionBatch(request));
   std::map<std::string, const HostLink*> links;
   for (const HostLink& h : request.hosts) links[h.name] = &h;
-  auto up = [&](const std::string& name) {
+  const double bits = 8.0 * static_cast<double>(request.model_bytes);
+  // Each of `copies` streams' rate when a host's uplink sends them
+  // together, and a host's downlink's rate for one copy.
+  auto up = [&](const std::string& name, size_t copies = 1) {
     const HostLink& h = *links.at(name);
-    return RateNow(h.uplink_profile, h.uplink_bps, request.now_s);
+    const double n = static_cast<double>(std::max<size_t>(copies, 1));
+    return MeanRate(h.uplink_profile, h.uplink_bps, request.now_s, n * bits) / n;
   };
   auto down = [&](const std::string& name) {
     const HostLink& h = *links.at(name);
-    return RateNow(h.downlink_profile, h.downlink_bps, request.now_s);
+    return MeanRate(h.downlink_profile, h.downlink_bps, request.now_s, bits);
   };
   if (links.count(request.server) == 0) {
     return absl::InvalidArgumentError(absl::StrCat("server: '", request.server, "' is not in hosts"));
@@ -114,7 +135,6 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return up(request.requesters[a]) > up(request.requesters[b]);
   });
-  const double bits = 8.0 * static_cast<double>(request.model_bytes);
   const double packet_bits =
       8.0 * static_cast<double>(std::min<int64_t>(options.packet_bytes, request.model_bytes));
   const size_t n = order.size();
@@ -143,7 +163,7 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
       const std::string& host = request.requesters[order[k]];
       const long p = parent(k);
       const std::string& from = p < 0 ? request.server : request.requesters[order[static_cast<size_t>(p)]];
-      double r = std::min(up(from) / static_cast<double>(children(p)), down(host));
+      double r = std::min(up(from, children(p)), down(host));
       int d = 1;
       if (p >= 0) {
         r = std::min(r, rate[static_cast<size_t>(p)]);
@@ -162,7 +182,7 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
     plan.distributors_used = 0;  // every copy past the server's is forwarded by a requester
     if (fanout == fanouts.front()) {  // the star
       star_s = plan.total_s - request.now_s;
-      const double share = up(request.server) / static_cast<double>(std::max<size_t>(n, 1));
+      const double share = up(request.server, n);
       const bool bound = n > 0 && plan.copy_bps >= (1 - options.min_saving) * share;
       best = std::move(plan);
       best.server_bound = bound;

@@ -1,6 +1,7 @@
 #include "scheduler/core/distribution.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include <catch2/catch.hpp>
@@ -432,6 +433,24 @@ TEST_CASE("Cut-through trees: one server copy on equal links, slow uplinks as le
   eager.min_saving = 1;
   CHECK(PlanCutThroughDistribution(two, eager).status().message().find("min_saving") !=
         std::string::npos);
+}
+
+TEST_CASE("Cut-through trees: a link reserved for a moment is slow, not unusable") {
+  // w0's downlink is fully reserved for 0.1 s (an aggregator receiving its
+  // constituents), then free: its copy ends after the reservation, not
+  // never (the rate at `now` alone, 0, made the plan's total infinite).
+  DistributionRequest r = Request(1e10, 0);
+  r.hosts[1].downlink_profile = {{0.0, 0.0}, {r.now_s + 0.1, 1e10}};
+  auto plan = PlanCutThroughDistribution(r);
+  REQUIRE(plan.ok());
+  CHECK(std::isfinite(plan->total_s));
+  CHECK(plan->total_s - r.now_s > 0.1);
+  CHECK(plan->total_s - r.now_s < 0.1 + 0.1 * 1.5);
+  // A link whose residual ends at 0 for good never carries the model.
+  r.hosts[1].downlink_profile = {{0.0, 1e10}, {r.now_s + 1e-6, 0.0}};
+  auto never = PlanCutThroughDistribution(r);
+  REQUIRE(never.ok());
+  CHECK(std::isinf(never->total_s));
 }
 
 TEST_CASE("Cut-through trees on random links respect their invariants; errors name the field") {
