@@ -76,6 +76,7 @@ nlohmann::json ConfigToJson(const SimConfig& c) {
           {"get_batching",
            c.get_batching == SimConfig::GetBatching::kServer ? "server" : "tick"},
           {"server_bps", c.server_bps},
+          {"servers", c.servers},
           {"seed", c.seed},
           {"max_sim_s", c.max_sim_s},
           {"target_accuracy", c.target_accuracy},

@@ -63,6 +63,8 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
   --model_bytes=B        update and model size                 default 100000000
   --compute_s=T          compute time per iteration            default 0.1
   --server_bps=R         server NIC (not traced)               default 1e10
+  --servers=S            model shards, each a server on its own NIC (§10.2;
+                         MLfabric-A/S only)                    default 1
   --batch_interval_s=T   MLfabric batching period                default 0.1
   --monitor_lag_s=T      monitor lag seen by the planner       default 0.2
   --json_out=FILE        write all results as JSON
@@ -93,6 +95,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   int64_t workers = c.sim.workers, aggregators = c.sim.aggregators;
   int64_t distributors = c.sim.distributors;
   int64_t workers_per_host = c.sim.workers_per_host;
+  int64_t servers = c.sim.servers;
   int64_t max_outstanding = c.sim.max_outstanding_pushes;
   int64_t seed = static_cast<int64_t>(c.sim.seed), model_bytes = c.sim.model_bytes;
   std::string compute = "C1", network = "N1", get_batching = "server";
@@ -120,6 +123,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   reader.Int("model_bytes", &model_bytes, 1, int64_t{1} << 40);
   reader.Double("compute_s", &c.sim.compute_s, 1e-6, 1e4);
   reader.Double("server_bps", &c.sim.server_bps, 1e6, 1e13);
+  reader.Int("servers", &servers, 1, 1000);
   reader.Double("batch_interval_s", &c.sim.batch_interval_s, 1e-4, 1e3);
   reader.Double("monitor_lag_s", &c.sim.monitor_lag_s, 0, 1e4);
   reader.String("json_out", &c.json_out);
@@ -134,6 +138,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   c.sim.aggregators = static_cast<int>(aggregators);
   c.sim.distributors = static_cast<int>(distributors);
   c.sim.workers_per_host = static_cast<int>(workers_per_host);
+  c.sim.servers = static_cast<int>(servers);
   c.sim.max_outstanding_pushes = static_cast<int>(max_outstanding);
   c.sim.seed = static_cast<uint64_t>(seed);
   c.sim.model_bytes = model_bytes;

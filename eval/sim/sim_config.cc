@@ -33,6 +33,12 @@ absl::Status ValidateConfig(const SimConfig& c) {
     return absl::InvalidArgumentError("workers_per_host: must be in [1, workers]");
   }
   if (c.intra_host_bps <= 0) return absl::InvalidArgumentError("intra_host_bps: must be > 0");
+  if (c.servers < 1 || c.servers > 1000) {
+    return absl::InvalidArgumentError("servers: must be in [1, 1000]");
+  }
+  if (c.model_bytes < c.servers) {
+    return absl::InvalidArgumentError("servers: more shards than the model has bytes");
+  }
   const int machines = (c.workers + c.workers_per_host - 1) / c.workers_per_host;
   if (c.aggregators < -1 || c.aggregators > 1000) {
     return absl::InvalidArgumentError("aggregators: must be in [-1, 1000]");
@@ -80,14 +86,16 @@ HostLayout MakeLayout(const SimConfig& c) {
   l.workers_per_host = c.workers_per_host;
   l.machines = (c.workers + c.workers_per_host - 1) / c.workers_per_host;
   l.server = l.machines;
+  l.servers = c.servers;
+  const int after_servers = l.machines + l.servers;
   if (c.aggregators_on_workers) {
     l.aggregators = c.aggregators < 0 ? l.machines : c.aggregators;
     for (int a = 0; a < l.aggregators; ++a) l.aggregator_hosts.push_back(a);
-    l.hosts = l.machines + 1;
+    l.hosts = after_servers;
   } else {
     l.aggregators = c.aggregators < 0 ? 4 : c.aggregators;
-    for (int a = 0; a < l.aggregators; ++a) l.aggregator_hosts.push_back(l.machines + 1 + a);
-    l.hosts = l.machines + 1 + l.aggregators;
+    for (int a = 0; a < l.aggregators; ++a) l.aggregator_hosts.push_back(after_servers + a);
+    l.hosts = after_servers + l.aggregators;
   }
   return l;
 }
@@ -114,11 +122,13 @@ NetworkTrace::NetworkTrace(const SimConfig& config, int server_host)
       period_s_(config.trace_period_s),
       seed_(config.seed),
       server_host_(server_host),
+      servers_(config.servers),
       server_follows_trace_(config.server_follows_trace),
       server_bps_(config.server_bps) {}
 
 double NetworkTrace::CapacityBps(int host, bool up, double t_s) const {
-  if (host == server_host_ && !server_follows_trace_) return server_bps_;
+  const bool server = server_host_ >= 0 && host >= server_host_ && host < server_host_ + servers_;
+  if (server && !server_follows_trace_) return server_bps_;
   const int64_t period = static_cast<int64_t>(std::floor(std::max(0.0, t_s) / period_s_));
   const double u = UnitFromBits(MixSeed(seed_, 0x7472616365ULL, static_cast<uint64_t>(host),
                                         up ? 1 : 2, static_cast<uint64_t>(period)));

@@ -72,6 +72,16 @@ struct SimConfig {
   // by default the server NIC does not follow the N-traces.
   bool server_follows_trace = false;
   double server_bps = 10e9;
+  // Parameter-server shards (§10.2; issue 18 item 2): the model is split
+  // into `servers` byte ranges of (nearly) equal size, each held by its own
+  // server on its own dedicated host and NIC (server_bps each). MLfabric-A/S
+  // push every update as that many parts, planned together by the core
+  // (which sends sharded updates direct, without aggregation), apply an
+  // update once all its parts are in (the same commit order at every
+  // shard), and get the model as one distribution per shard (a worker has
+  // it when every part is in; the parts are of one version). The vanilla
+  // async PS and the all-reduce baselines ignore it (one server; none).
+  int servers = 1;
   int64_t model_bytes = 100'000'000;  // ResNet-50 (§7.1)
   double compute_s = 0.100;           // one iteration on a P100 at batch 32
   double batch_interval_s = 0.100;    // §7: "We batch requests ... every 100ms"
@@ -134,11 +144,12 @@ struct SimConfig {
 absl::Status ValidateConfig(const SimConfig& config);
 
 // Host layout shared by every system: worker machines 0..machines-1 (worker w
-// on machine w / workers_per_host), then the server host (PS systems), then
-// dedicated aggregator hosts when !aggregators_on_workers.
+// on machine w / workers_per_host), then the server hosts (PS systems; one
+// per shard), then dedicated aggregator hosts when !aggregators_on_workers.
 struct HostLayout {
   int machines = 0;
-  int server = 0;       // host index of the parameter server
+  int server = 0;       // host index of the parameter server (the first shard's)
+  int servers = 1;      // shards, on hosts server .. server + servers - 1
   int aggregators = 0;  // k, resolved (-1 -> machines)
   std::vector<int> aggregator_hosts;
   int hosts = 0;        // total hosts, server and dedicated aggregators included
@@ -158,6 +169,8 @@ double UnitFromBits(uint64_t bits);
 // `t_s`, constant over each period [kT, (k+1)T).
 class NetworkTrace {
  public:
+  // Hosts server_host .. server_host + config.servers - 1 are servers
+  // (server_host -1: none).
   NetworkTrace(const SimConfig& config, int server_host);
   double CapacityBps(int host, bool up, double t_s) const;
   // The first period boundary strictly after t_s.
@@ -168,6 +181,7 @@ class NetworkTrace {
   double period_s_;
   uint64_t seed_;
   int server_host_;
+  int servers_;
   bool server_follows_trace_;
   double server_bps_;
 };

@@ -40,12 +40,19 @@ class Mlfabric final : public Harness {
         held_get_(c.workers, false),
         get_asked_s_(c.workers, 0.0),
         reserved_(2 * hosts_) {
-    // Worker machines "m<i>" (2 workers each by default), the server "s",
-    // dedicated aggregators "a<i>" (only when not co-hosted with workers).
+    // Worker machines "m<i>" (2 workers each by default), the server "s"
+    // (and its further shards "s1", "s2", ...: §10.2), dedicated aggregators
+    // "a<i>" (only when not co-hosted with workers).
     for (int m = 0; m < layout_.machines; ++m) names_.push_back(absl::StrCat("m", m));
-    names_.push_back("s");
-    for (int h = layout_.machines + 1; h < hosts_; ++h) {
-      names_.push_back(absl::StrCat("a", h - layout_.machines - 1));
+    for (int j = 0; j < layout_.servers; ++j) {
+      names_.push_back(j == 0 ? std::string("s") : absl::StrCat("s", j));
+      shard_names_.push_back(names_.back());
+      // Byte ranges of (nearly) equal size, the first ones a byte longer.
+      shard_bytes_.push_back(c.model_bytes / layout_.servers +
+                             (j < c.model_bytes % layout_.servers ? 1 : 0));
+    }
+    for (int h = layout_.machines + layout_.servers; h < hosts_; ++h) {
+      names_.push_back(absl::StrCat("a", h - layout_.machines - layout_.servers));
     }
     for (int h : layout_.aggregator_hosts) aggregator_names_.push_back(names_[h]);
     // k° distributors of §10.3: the first k° aggregator hosts (-1: all).
@@ -218,8 +225,15 @@ class Mlfabric final : public Harness {
       double norm = 0;
       for (double g : *u.grad) norm += g * g;
       const int host = layout_.HostOf(u.worker);
+      // §10.2: the first shard's part is the update's own; the others are
+      // planned with it (eq. 18: it arrives when its last part does).
+      std::vector<core::ShardPart> shards;
+      for (size_t j = 1; j < shard_names_.size(); ++j) {
+        shards.push_back({shard_names_[j], shard_bytes_[j]});
+      }
       in.updates.push_back(
-          {{id, names_[host], config_.model_bytes, u.version, std::sqrt(norm), {}}, 1});
+          {{id, names_[host], shard_bytes_[0], u.version, std::sqrt(norm), std::move(shards)},
+           1});
     }
     in.host_link = [this](const std::string& name) { return HostView(index_.at(name)); };
     const core::Batch batch = BuildBatch(in);
@@ -321,12 +335,22 @@ class Mlfabric final : public Harness {
       aggregates_.erase(key);
       OnArrived(ids);
     };
+    // A sharded update has one direct transfer per shard; it has arrived
+    // when all have.
+    for (const core::Transfer& t : plan->transfers) {
+      if (t.kind == core::TransferKind::kDirect) ++parts_left_[t.update];
+    }
     for (const core::Transfer& t : plan->transfers) {
       switch (t.kind) {
         case core::TransferKind::kDirect: {
           planned.insert(t.update);
           const std::string id = t.update;
-          StartPlanned(t, [this, id] { OnArrived({id}); });
+          StartPlanned(t, [this, id] {
+            auto left = parts_left_.find(id);
+            if (--left->second > 0) return;
+            parts_left_.erase(left);
+            OnArrived({id});
+          });
           break;
         }
         case core::TransferKind::kToAggregator: {
@@ -424,91 +448,118 @@ class Mlfabric final : public Harness {
   }
 
   void PlanGets() {
-    core::DistributionRequest request;
-    request.now_s = sim_.now();
-    request.server = "s";
-    request.model_bytes = config_.model_bytes;
-    request.distributors = distributor_names_;
-    request.seed = MixSeed(config_.seed, 0x676574ULL, static_cast<uint64_t>(get_count_++));
-    std::set<int> involved = {server_};
-    for (int h : layout_.aggregator_hosts) involved.insert(h);
     // One copy per machine per get batch: the workers of a machine that ask
-    // in the same batch share it (the second copy is intra-host).
+    // in the same batch share it (the second copy is intra-host). A sharded
+    // model (§10.2) is one distribution per shard, of its part, planned now
+    // (so every part is of this version); a machine has the model when all
+    // its parts are in.
     auto get = std::make_shared<GetBatch>();
-    for (int w : pending_get_) {
-      const int host = layout_.HostOf(w);
-      if (get->waiting[host].empty()) request.requesters.push_back(names_[host]);
-      get->waiting[host].push_back(w);
-      involved.insert(host);
-    }
-    for (int h : involved) request.hosts.push_back(HostView(h));
-    pending_get_.clear();
-    absl::StatusOr<core::DistributionPlan> plan = core::PlanModelDistribution(request);
-    if (plan.ok() && config_.get_deadline_slack > 0) {
-      core::DistributionOptions spare;
-      spare.deadline_s =
-          request.now_s + config_.get_deadline_slack * (plan->total_s - request.now_s);
-      plan = core::PlanModelDistribution(request, spare);
-    }
-    if (!plan.ok()) {
-      Fail(absl::InternalError(absl::StrCat("model distribution failed at t=", request.now_s,
-                                            " s: ", plan.status().message())));
-      return;
-    }
-    // Transfers out of each distributor wait for its own copy.
     get->model = TakeSnapshot();
     get->version = server_version_;
-    std::set<std::string> served;
-    for (const core::Transfer& t : plan->transfers) {
-      Reserve(t);
-      if (t.src != "s") get->outgoing[t.src].push_back(t);
-      served.insert(t.dst);
-      if (t.src == "s") {
+    get->parts = static_cast<int>(shard_names_.size());
+    std::vector<std::string> requesters;
+    for (int w : pending_get_) {
+      const int host = layout_.HostOf(w);
+      if (get->waiting[host].empty()) requesters.push_back(names_[host]);
+      get->waiting[host].push_back(w);
+    }
+    pending_get_.clear();
+    std::vector<std::shared_ptr<ShardGet>> shards;
+    for (size_t j = 0; j < shard_names_.size(); ++j) {
+      core::DistributionRequest request;
+      request.now_s = sim_.now();
+      request.server = shard_names_[j];
+      request.model_bytes = shard_bytes_[j];
+      request.distributors = distributor_names_;
+      request.requesters = requesters;
+      request.seed = MixSeed(config_.seed, 0x676574ULL, static_cast<uint64_t>(get_count_), j);
+      std::set<int> involved = {layout_.server + static_cast<int>(j)};
+      for (int h : layout_.aggregator_hosts) involved.insert(h);
+      for (const auto& [host, workers] : get->waiting) involved.insert(host);
+      for (int h : involved) request.hosts.push_back(HostView(h));
+      absl::StatusOr<core::DistributionPlan> plan = core::PlanModelDistribution(request);
+      if (plan.ok() && config_.get_deadline_slack > 0) {
+        core::DistributionOptions spare;
+        spare.deadline_s =
+            request.now_s + config_.get_deadline_slack * (plan->total_s - request.now_s);
+        plan = core::PlanModelDistribution(request, spare);
+      }
+      if (!plan.ok()) {
+        Fail(absl::InternalError(absl::StrCat("model distribution of ", request.server,
+                                              " failed at t=", request.now_s,
+                                              " s: ", plan.status().message())));
+        return;
+      }
+      auto shard = std::make_shared<ShardGet>();
+      shard->batch = get;
+      shard->server = request.server;
+      // Transfers out of each distributor wait for its own copy.
+      std::set<std::string> served;
+      for (const core::Transfer& t : plan->transfers) {
+        Reserve(t);
+        served.insert(t.dst);
+        if (t.src != shard->server) {
+          shard->outgoing[t.src].push_back(t);
+          continue;
+        }
+        shard->first.push_back(t);
         ++result_.get_server_sends;
         for (const core::RateSegment& seg : t.segments) {
           server_sends_until_s_ = std::max(server_sends_until_s_, seg.to_s);
         }
       }
+      for (const std::string& name : requesters) {
+        if (!served.count(name)) {
+          Fail(absl::InternalError(absl::StrCat("model distribution of ", shard->server,
+                                                " left ", name, " out")));
+          return;
+        }
+      }
+      shards.push_back(std::move(shard));
     }
+    ++get_count_;
     ++result_.get_batches;
-    get_requesters_total_ += static_cast<int64_t>(request.requesters.size());
+    get_requesters_total_ += static_cast<int64_t>(requesters.size());
     result_.get_batch_mean_machines =
         static_cast<double>(get_requesters_total_) / result_.get_batches;
-    for (const core::Transfer& t : plan->transfers) {
-      if (t.src == "s") LaunchModelTransfer(t, get);
-    }
-    for (const auto& [host, workers] : get->waiting) {
-      if (!served.count(names_[host])) {
-        Fail(absl::InternalError(absl::StrCat("model distribution left ", names_[host], " out")));
-        return;
-      }
+    for (const auto& shard : shards) {
+      for (const core::Transfer& t : shard->first) LaunchModelTransfer(t, shard);
     }
   }
 
-  // One batched model distribution in progress.
+  // One batched model distribution in progress: what every shard's part
+  // goes to, and who waits for all of them.
   struct GetBatch {
     Snapshot model;
     int64_t version = 0;
-    std::map<std::string, std::vector<core::Transfer>> outgoing;  // by distributor
+    int parts = 1;
     std::map<int, std::vector<int>> waiting;  // machine -> its requesting workers
+    std::map<int, int> parts_in;              // machine -> parts arrived
+  };
+  struct ShardGet {
+    std::shared_ptr<GetBatch> batch;
+    std::string server;
+    std::vector<core::Transfer> first;  // the shard server's own sends
+    std::map<std::string, std::vector<core::Transfer>> outgoing;  // by distributor
   };
 
-  void LaunchModelTransfer(const core::Transfer& t, std::shared_ptr<GetBatch> get) {
+  void LaunchModelTransfer(const core::Transfer& t, std::shared_ptr<ShardGet> shard) {
     const int dst = index_.at(t.dst);
     const std::string dst_name = t.dst;
-    StartPlanned(t, [this, dst, dst_name, get] {
+    StartPlanned(t, [this, dst, dst_name, shard] {
       // A distributor that also asked is served by its own receipt.
-      auto waiting = get->waiting.find(dst);
-      if (waiting != get->waiting.end()) {
+      GetBatch& get = *shard->batch;
+      auto waiting = get.waiting.find(dst);
+      if (waiting != get.waiting.end() && ++get.parts_in[dst] == get.parts) {
         for (int w : waiting->second) {
           if (!sync_) NoteGet(get_asked_s_[w]);
-          OnModel(w, get->model, get->version);
+          OnModel(w, get.model, get.version);
         }
-        get->waiting.erase(waiting);
+        get.waiting.erase(waiting);
       }
-      auto it = get->outgoing.find(dst_name);
-      if (it == get->outgoing.end()) return;
-      for (const core::Transfer& next : it->second) LaunchModelTransfer(next, get);
+      auto it = shard->outgoing.find(dst_name);
+      if (it == shard->outgoing.end()) return;
+      for (const core::Transfer& next : it->second) LaunchModelTransfer(next, shard);
     });
   }
 
@@ -518,6 +569,8 @@ class Mlfabric final : public Harness {
   std::vector<std::string> names_;
   std::vector<std::string> aggregator_names_;
   std::vector<std::string> distributor_names_;
+  std::vector<std::string> shard_names_;  // "s", then "s1", "s2", ... (§10.2)
+  std::vector<int64_t> shard_bytes_;      // each shard's part of the model
   std::unordered_map<std::string, int> index_;
   std::unique_ptr<core::Planner> planner_;
   std::vector<int64_t> iteration_;
@@ -531,6 +584,7 @@ class Mlfabric final : public Harness {
   std::deque<std::string> commit_queue_;
   std::map<std::string, PendingAggregate> aggregates_;
   std::map<std::string, std::string> aggregate_of_;
+  std::unordered_map<std::string, int> parts_left_;  // update -> direct parts still moving
   int64_t next_update_ = 0;
   int64_t batch_count_ = 0;
   int64_t get_count_ = 0;

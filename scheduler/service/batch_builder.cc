@@ -38,6 +38,8 @@ core::Batch BuildBatch(const BatchInputs& in) {
   for (const PendingUpdate& update : in.updates) {
     batch.updates.push_back(update.request);
     involved.insert(update.request.worker);
+    // §10.2: the hosts of the model's further shards receive parts too.
+    for (const core::ShardPart& part : update.request.shards) involved.insert(part.server);
   }
   if (CanShareAggregates(in)) {
     for (const std::string& host : in.aggregator_candidates) {
