@@ -139,7 +139,26 @@ class Orderer {
     if (update.parts.size() == 1) {
       return net.FillEnd(paths_[u][0], batch_.now_s, update.parts[0].bits, options_.reference);
     }
-    Network scratch = net;  // multi-part only: rare, a copy keeps this const
+    if (!options_.reference && &net == net_) {
+      // Multi-part (§10.2): the parts are reserved in turn on the orderer's
+      // own network and undone through its journal (Run keeps one), which
+      // restores it bit for bit. A copy of the network per candidate took
+      // most of the planning time of sharded batches at 1000 workers.
+      const size_t mark = net_->JournalMark();
+      double end = 0;
+      for (size_t j = 0; j < update.parts.size(); ++j) {
+        FillResult fill = net_->Fill(paths_[u][j], batch_.now_s, update.parts[j].bits);
+        if (!fill.feasible) {
+          end = kInfinity;
+          break;
+        }
+        end = std::max(end, fill.end_s);
+        net_->Reserve(paths_[u][j], fill.segments);
+      }
+      net_->RollbackTo(mark);
+      return end;
+    }
+    Network scratch = net;  // the reference implementation: a copy
     double end = 0;
     for (size_t j = 0; j < update.parts.size(); ++j) {
       FillResult fill = scratch.Fill(paths_[u][j], batch_.now_s, update.parts[j].bits);
