@@ -169,6 +169,8 @@ absl::StatusOr<std::unique_ptr<LocalReduceGroup>> LocalReduceGroup::Join(
       if (fd >= 0) ::close(fd);
       fd = -1;
       if (Clock::now() >= deadline) {
+        // A leader that died between creating and sizing it leaves the name.
+        ::shm_unlink(name.c_str());
         return absl::DeadlineExceededError(absl::StrCat(
             "host-local AllReduce group '", name, "': its leader did not create it within ",
             timeout_s, " s"));
@@ -194,6 +196,7 @@ absl::StatusOr<std::unique_ptr<LocalReduceGroup>> LocalReduceGroup::Join(
   } else {
     while (h->magic.load(std::memory_order_acquire) != kMagic) {
       if (Clock::now() >= deadline) {
+        ::shm_unlink(name.c_str());
         return absl::DeadlineExceededError(absl::StrCat(
             "host-local AllReduce group '", name, "' was never initialised by its leader"));
       }
@@ -210,7 +213,10 @@ absl::StatusOr<std::unique_ptr<LocalReduceGroup>> LocalReduceGroup::Join(
   const double left_s =
       std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
   absl::Status joined = group->Barrier(left_s);
-  if (index == 0) ::shm_unlink(name.c_str());
+  // Every member removes the name once the group formed or failed to (the
+  // first succeeds, the rest find it gone): it must not outlive a leader
+  // that died while the others were joining.
+  ::shm_unlink(name.c_str());
   if (!joined.ok()) {
     return absl::Status(joined.code(), absl::StrCat("joining the host-local AllReduce group '",
                                                     name, "': ", joined.message()));
@@ -261,6 +267,9 @@ absl::Status LocalReduceGroup::Barrier(double timeout_s) {
     for (int j = 0; j < members_; ++j) {
       const int32_t pid = h->member[j].pid.load(std::memory_order_acquire);
       if (j != index_ && pid > 0 && Exited(pid)) {
+        // It may have opened this barrier and then exited (its last call
+        // done) since the generation was read: a completed barrier counts.
+        if (h->generation.load(std::memory_order_acquire) != generation) return absl::OkStatus();
         Break(absl::StrCat("rank ", h->member[j].rank, " (pid ", pid,
                            ") exited while the ranks on its host were reducing"));
         return BrokenStatus();
@@ -268,6 +277,7 @@ absl::Status LocalReduceGroup::Barrier(double timeout_s) {
     }
     const auto now = Clock::now();
     if (now >= deadline) {
+      if (h->generation.load(std::memory_order_acquire) != generation) return absl::OkStatus();
       std::string missing;
       for (int j = 0; j < members_; ++j) {
         if (h->member[j].arrivals.load(std::memory_order_relaxed) < mine) {

@@ -6,10 +6,13 @@
 // uses Catch2, and kills children that outlive a generous bound.
 #include "api/local_reduce.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -261,6 +264,39 @@ TEST_CASE("Join: a bad name, a bad index and a leader that never comes are error
   REQUIRE(orphan.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(std::string(orphan.status().message()).find("its leader did not create it") !=
         std::string::npos);
+}
+
+TEST_CASE("A leader that dies while the group forms leaves no name behind") {
+  const std::string name = UniqueName();
+  const pid_t leader = ::fork();
+  if (leader == 0) {
+    auto group = JoinAs(name, 0, 2);  // waits for member 1, which comes too late
+    ::_exit(group.ok() ? 0 : 1);
+  }
+  // Once the leader has created the segment, it dies (SIGKILL: no cleanup).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int fd = -1;
+  while (fd < 0 && std::chrono::steady_clock::now() < deadline) {
+    fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+    if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  ::kill(leader, SIGKILL);
+  ::waitpid(leader, nullptr, 0);
+  // Member 1 joins (or times out, if the leader died before it was ready);
+  // either way the name is gone afterwards, and a call fails naming the leader.
+  auto member = LocalReduceGroup::Join(name, 1, 2, /*rank=*/11, 1.0, 4096);
+  errno = 0;
+  CHECK(::shm_open(name.c_str(), O_RDONLY, 0) < 0);
+  CHECK(errno == ENOENT);
+  if (member.ok()) {
+    std::vector<float> v(100, 1.0f);
+    const absl::Status s =
+        (*member)->AllReduce(v.data(), v.size(), ElementType::kFloat32, nullptr, 5);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK(std::string(s.message()).find("rank 10") != std::string::npos);
+  }
 }
 
 }  // namespace
