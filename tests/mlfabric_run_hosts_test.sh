@@ -39,6 +39,14 @@ chmod +x "$agent"
 hostfile="$TEST_TMPDIR/hostfile"
 for h in n1 n2 n3; do echo "$(address $h) slots=2"; done > "$hostfile"
 
+# With a hostfile Open MPI places the ranks: --ranks_per_host is refused.
+set +e
+refused=$("$run" -np 2 --hostfile "$hostfile" --ranks_per_host 2 true 2>&1)
+code=$?
+set -e
+[[ $code == 2 && "$refused" == *"with --hostfile, Open MPI places them"* ]] ||
+  { echo "--ranks_per_host with --hostfile: exit $code: $refused"; exit 1; }
+
 # All "hosts" are one machine here: Open MPI's shared-memory transport
 # would see one host name and one /dev/shm across namespaces, so ranks
 # talk TCP over the namespaces' links, as on separate machines.

@@ -245,6 +245,12 @@ int main(int argc, char** argv) {
     std::cerr << "mlfabric-run: --planner must be fifo or mlfabric, not '" << planner << "'\n";
     return 2;
   }
+  if (ranks_per_host > 1 && !hostfile.empty()) {
+    std::cerr << "mlfabric-run: --ranks_per_host places ranks on emulated hosts of this "
+                 "machine; with --hostfile, Open MPI places them (its slots=, or --mpirun_arg "
+                 "--map-by)\n";
+    return 2;
+  }
 
   if (token.empty()) {
     // No token ships: the caller's, or one made for this run (the ranks
@@ -423,7 +429,12 @@ int main(int argc, char** argv) {
   setenv("MLFABRIC_SOCKET_DIR", socket_dir.c_str(), 1);
   setenv("MLFABRIC_JOB", job.c_str(), 1);
   setenv("MLFABRIC_JOB_TOKEN", token.c_str(), 1);
-  setenv("MLFABRIC_RANKS_PER_HOST", std::to_string(ranks_per_host).c_str(), 1);
+  // Emulated hosts only: with a hostfile each rank's host is the machine it runs on.
+  if (hostfile.empty()) {
+    setenv("MLFABRIC_RANKS_PER_HOST", std::to_string(ranks_per_host).c_str(), 1);
+  } else {
+    unsetenv("MLFABRIC_RANKS_PER_HOST");
+  }
   setenv("MLFABRIC_DELAY_BOUND", std::to_string(delay_bound).c_str(), 1);
   if (!divergence_bound.empty()) {
     setenv("MLFABRIC_DIVERGENCE_BOUND", divergence_bound.c_str(), 1);
