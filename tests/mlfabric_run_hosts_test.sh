@@ -20,11 +20,26 @@ prefix="mlrh$(( $$ % 10000 ))-"
 hosts=sch,n1,n2,n3
 probe=$("$netns" probe --prefix="$prefix" 2>&1) || skip_or_fail "network namespaces unusable here: $probe"
 "$netns" create --prefix="$prefix" --hosts="$hosts" --rate_bps=1e9 >/dev/null
-trap '"$netns" destroy --prefix="$prefix" --hosts="$hosts" >/dev/null 2>&1 || true' EXIT
+trap '"$netns" destroy --prefix="$prefix" --hosts="$hosts" >/dev/null 2>&1 || true; rm -rf /tmp/"$prefix"n[123]' EXIT
 layout=$("$netns" layout --prefix="$prefix" --hosts="$hosts")
 address() { python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts"][sys.argv[1]]["address"])' "$1" <<<"$layout"; }
 
-# mpirun calls `agent HOST COMMAND...` as it would ssh.
+# mpirun calls `agent HOST COMMAND...` as it would ssh. The command runs
+# in the host's network namespace and, as on a machine of its own, with its
+# own host name (a UTS namespace) and temporary directory. Sharing both
+# made Open MPI's launch hang in about 1 job of 4 (the daemons' and the
+# job's ORTE daemons on "one" host name in one /tmp).
+enter="$TEST_TMPDIR/netns-enter"
+cat > "$enter" <<'ENTER'
+#!/bin/sh
+ns="$1"; shift
+hostname "$ns"
+TMPDIR="/tmp/$ns"
+mkdir -p "$TMPDIR"
+export TMPDIR
+exec /bin/sh -c "$*"
+ENTER
+chmod +x "$enter"
 agent="$TEST_TMPDIR/netns-agent"
 {
   echo '#!/bin/sh'
@@ -33,7 +48,7 @@ agent="$TEST_TMPDIR/netns-agent"
   for h in n1 n2 n3; do echo "  $(address $h)) ns=${prefix}$h;;"; done
   echo '  *) echo "netns-agent: unknown host $host" >&2; exit 1;;'
   echo 'esac'
-  echo 'exec ip netns exec "$ns" /bin/sh -c "$*"'
+  echo "exec ip netns exec \"\$ns\" unshare --uts \"$enter\" \"\$ns\" \"\$*\""
 } > "$agent"
 chmod +x "$agent"
 hostfile="$TEST_TMPDIR/hostfile"
