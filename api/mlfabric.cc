@@ -42,6 +42,14 @@ absl::StatusOr<std::unique_ptr<LocalChannel>> ConnectAndRegister(const ClientOpt
   body->set_backup_workers(options.backup_workers);
   body->set_delay_bound(options.delay_bound);
   body->set_divergence_bound(options.divergence_bound);
+  if (!options.shard.group.empty()) {
+    v1::ShardSpec* shard = body->mutable_shard();
+    shard->set_group(options.shard.group);
+    shard->set_index(options.shard.index);
+    shard->set_count(options.shard.count);
+    shard->set_begin(options.shard.begin);
+    shard->set_end(options.shard.end);
+  }
   if (auto status = channel->Send(hello); !status.ok()) return status;
   v1::LocalMessage reply;
   int reply_fd = -1;
@@ -64,6 +72,31 @@ PushResult Failed(const std::string& reason) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> SplitModel(int64_t bytes, int count,
+                                                                    int64_t element_bytes) {
+  if (element_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("element_bytes: must be positive, got ", element_bytes));
+  }
+  if (bytes <= 0 || bytes % element_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes: must be a positive multiple of ", element_bytes, ", got ", bytes));
+  }
+  const int64_t elements = bytes / element_bytes;
+  if (count < 1 || count > 64 || count > elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "count: must be in [1, min(64, ", elements, " elements)], got ", count));
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t begin = 0;
+  for (int i = 0; i < count; ++i) {
+    const int64_t end = elements * (i + 1) / count * element_bytes;
+    ranges.emplace_back(begin, end);
+    begin = end;
+  }
+  return ranges;
+}
 
 namespace internal {
 

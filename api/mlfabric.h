@@ -34,6 +34,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -70,7 +71,26 @@ struct ClientOptions {
   // to the scheduler; -1 = the job's.
   int64_t delay_bound = -1;
   double divergence_bound = -1;
+  // Servers: one shard of a server group (README.md "Server groups";
+  // mlfabric.md §10.2). This server holds bytes [begin, end) of a model
+  // that workers push to and get from by the group's name; shard 0 begins
+  // at 0 and each shard begins where the one before it ends (SplitModel).
+  // The push a shard's update callback sees is its own part only.
+  struct Shard {
+    std::string group;  // empty: not a shard
+    int index = 0;
+    int count = 0;
+    int64_t begin = 0;
+    int64_t end = 0;
+  } shard;
 };
+
+// Byte ranges [begin, end) that split a model of `bytes` bytes into `count`
+// shards of nearly equal size, each a whole number of `element_bytes`-byte
+// elements (`bytes` must be a multiple of it; count in [1, 64], at most one
+// shard per element).
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> SplitModel(int64_t bytes, int count,
+                                                                    int64_t element_bytes = 4);
 
 enum class PushOutcome { kApplied, kDropped, kFailed };
 

@@ -303,6 +303,9 @@ class Daemon : private transport::DataSessionHandler,
   // Held copies dropped incomplete at the lost stream: told once, at the
   // next registration.
   std::map<uint64_t, v1::HeldCopy> lost_copies_;
+  // Held parts of group pushes whose bytes are not all in yet (issue 18),
+  // by transfer id -> their endpoint's key; reported ready, then forgotten.
+  std::map<uint64_t, std::string> unready_parts_;
   // In-network aggregations (§5.2); own lock, a leaf under mu_.
   daemon::AggregationTable aggregations_;
   // One kept data connection per peer daemon.

@@ -416,6 +416,7 @@ v1::RegisterEntityRequest EntityRequest(const std::string& host, int64_t uid,
   entity.set_backup_workers(request.backup_workers());
   entity.set_delay_bound(request.delay_bound());
   entity.set_divergence_bound(request.divergence_bound());
+  if (request.has_shard()) *entity.mutable_shard() = request.shard();
   entity.set_app_uid(uid);
   if (uid >= 0) {
     char buffer[4096];

@@ -117,7 +117,10 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
   switch (command.command_case()) {
     case v1::DaemonCommand::kSend:
       // A push's commands may overtake its SubmitUpdate reply.
-      pushes_.Adopt(command.send().transfer_id(), command.send().local_id());
+      // A group push's part names the push as its source.
+      pushes_.Adopt(command.send().part() ? command.send().source_transfer_id()
+                                          : command.send().transfer_id(),
+                    command.send().local_id());
       ScheduleSendLocked(command.send());
       break;
     case v1::DaemonCommand::kAggregate:
@@ -144,13 +147,16 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
                                               config_.host, "'s daemon"));
       } else {
         delivery_.Expect(key, expect);
+        if (expect.group_push() != 0 && expect.held()) unready_parts_[expect.transfer_id()] = key;
       }
       TryDeliverLocked(expect.job_id(), expect.server());
       break;
     }
     case v1::DaemonCommand::kRelease: {
-      // The server applied the push of this held replica copy.
+      // The server applied the push of this held replica copy, or every
+      // shard has its part of this group push.
       const v1::ReleaseDelivery& release = command.release();
+      unready_parts_.erase(release.transfer_id());
       auto incoming = incoming_.find(release.transfer_id());
       const bool whole = incoming != incoming_.end() &&
                          incoming->second.received >= incoming->second.total;
@@ -199,6 +205,7 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
         DropAggregationLocked(cancel.transfer_id(), cancel.reason());
         break;
       }
+      unready_parts_.erase(cancel.transfer_id());
       if (std::optional<v1::ExpectDelivery> cancelled =
               delivery_.CancelTransfer(cancel.sequence(), cancel.transfer_id(), cancel.reason())) {
         incoming_.erase(cancel.transfer_id());

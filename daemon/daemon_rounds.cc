@@ -38,6 +38,16 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
     auto incoming = incoming_.find(transfer);
     return incoming != incoming_.end() && incoming->second.received >= incoming->second.total;
   };
+  // Parts of group pushes (issue 18) held here whose bytes are all in: the
+  // scheduler releases them once every shard's part is.
+  for (auto part = unready_parts_.begin(); part != unready_parts_.end();) {
+    if (part->second != key || !complete(part->first)) {
+      ++part;
+      continue;
+    }
+    reporter_->ReportPartReady(part->first);
+    part = unready_parts_.erase(part);
+  }
   while (true) {
     const daemon::DeliverySequencer::Step step = delivery_.Next(key, complete);
     if (step.kind == daemon::DeliverySequencer::Step::kNothing) return;
@@ -76,8 +86,11 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
                                                          server, "': ", sent.message()));
     } else {
       awaiting_ack_[transfer_id] = {endpoint.app, incoming->second.buffer};
-      applied_log_.Handed(transfer_id, {step.info.constituents().begin(),
-                                        step.info.constituents().end()});
+      // A restarted scheduler knows a group push, not its parts.
+      std::vector<uint64_t> pushes(step.info.constituents().begin(),
+                                   step.info.constituents().end());
+      if (step.info.group_push() != 0) pushes = {step.info.group_push()};
+      applied_log_.Handed(transfer_id, std::move(pushes));
     }
     ++stats_.deliveries;
     incoming_.erase(incoming);
@@ -89,6 +102,9 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
 void Daemon::KeepHeldCopiesLocked() {
   for (const auto& [key, endpoint] : servers_) {
     for (const v1::ExpectDelivery& held : delivery_.Held(key)) {
+      // A group push's part was never released, so no shard applied it: the
+      // push is in doubt at its source, and the restarted scheduler fails it.
+      if (held.group_push() != 0) continue;
       auto incoming = incoming_.find(held.transfer_id());
       if (incoming == incoming_.end() || incoming->second.received < incoming->second.total) {
         // Still arriving: its source dropped it with the same lost stream.

@@ -44,6 +44,28 @@ void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
     AcceptLocalLocked(send, push->buffer);
     return;
   }
+  if (push.has_value() && send.part()) {
+    // A part of a push to a server group (§10.2): its own transfer, of the
+    // bytes its shard holds. Copied, so that the part's packets are framed
+    // and checksummed as a transfer of their own.
+    const uint64_t size = push->buffer->size();
+    if (send.part_offset() < 0 || send.bytes() <= 0 ||
+        static_cast<uint64_t>(send.part_offset()) + static_cast<uint64_t>(send.bytes()) > size) {
+      reporter_->ReportFailure(send.transfer_id(),
+                               absl::StrCat("part [", send.part_offset(), ", +", send.bytes(),
+                                            ") lies outside push ", source, " (", size, " bytes)"));
+      return;
+    }
+    absl::StatusOr<SharedBuffer> slice = SharedBuffer::Create(static_cast<size_t>(send.bytes()));
+    if (!slice.ok()) {
+      reporter_->ReportFailure(send.transfer_id(), std::string(slice.status().message()));
+      return;
+    }
+    std::memcpy(slice->data(), push->buffer->data() + send.part_offset(),
+                static_cast<size_t>(send.bytes()));
+    ScheduleOutgoingLocked(send, std::make_shared<SharedBuffer>(std::move(*slice)), {}, nullptr);
+    return;
+  }
   if (push.has_value()) {
     ScheduleOutgoingLocked(send, push->buffer, push->tensors, push->checksums);
     return;

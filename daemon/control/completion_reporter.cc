@@ -17,6 +17,18 @@ void CompletionReporter::ReportFailure(uint64_t transfer_id, const std::string& 
   report.set_transfer_id(transfer_id);
   report.set_applied(false);
   report.set_error(error);
+  Queue(std::move(report));
+}
+
+void CompletionReporter::ReportPartReady(uint64_t transfer_id) {
+  v1::CompletionReport report;
+  report.set_host(host_);
+  report.set_transfer_id(transfer_id);
+  report.set_part_ready(true);
+  Queue(std::move(report));
+}
+
+void CompletionReporter::Queue(v1::CompletionReport report) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;

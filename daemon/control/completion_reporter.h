@@ -33,11 +33,15 @@ class CompletionReporter {
   CompletionReporter& operator=(const CompletionReporter&) = delete;
 
   void ReportFailure(uint64_t transfer_id, const std::string& error);
+  // The held part `transfer_id` of a group push has all its bytes here
+  // (CompletionReport.part_ready), queued like a failure.
+  void ReportPartReady(uint64_t transfer_id);
   // Sends a report now, on the caller's thread (applied updates, rounds).
   void ReportNow(const v1::CompletionReport& report);
   void Stop();
 
  private:
+  void Queue(v1::CompletionReport report);
   void Loop();
 
   SchedulerClient* const client_;

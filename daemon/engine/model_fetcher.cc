@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -167,6 +170,7 @@ absl::Status ModelFetcher::Fetch(const std::string& job, const std::string& serv
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat("get: ", RpcErrorText(status)));
   }
+  if (where.shards_size() > 0) return FetchGroup(job, server, where, priority, version, model);
   // A get that fails asks the scheduler where the server is next time (it
   // may have moved, or the scheduler restarted).
   status = FetchFrom(where, server, round, priority, version, model);
@@ -200,6 +204,74 @@ absl::Status ModelFetcher::Fetch(const std::string& job, const std::string& serv
                                      status.message(), ")"));
   }
   return status;
+}
+
+absl::Status ModelFetcher::FetchGroup(const std::string& job, const std::string& group,
+                                      const v1::ResolveServerReply& where, uint32_t priority,
+                                      int64_t* version, std::shared_ptr<SharedBuffer>* model) {
+  // Every shard applies the same pushes in the same order, so its version
+  // names the same model state at each; the shards are asked at once, and
+  // those behind the newest are asked again until all agree.
+  const int n = where.shards_size();
+  std::vector<int64_t> versions(n, -1);
+  std::vector<std::shared_ptr<SharedBuffer>> parts(n);
+  std::vector<absl::Status> statuses(n);
+  std::vector<int> ask(n);
+  for (int i = 0; i < n; ++i) ask[i] = i;
+  for (int attempt = 0; attempt < kGroupGetAttempts; ++attempt) {
+    auto fetch = [&](int i) {
+      statuses[i] = Fetch(job, where.shards(i).server(), -1, priority, &versions[i], &parts[i]);
+    };
+    std::vector<std::thread> others;
+    for (size_t k = 1; k < ask.size(); ++k) others.emplace_back(fetch, ask[k]);
+    fetch(ask[0]);
+    for (std::thread& t : others) t.join();
+    for (int i : ask) {
+      const v1::ShardLocation& shard = where.shards(i);
+      if (!statuses[i].ok() || static_cast<int64_t>(parts[i]->size()) != shard.end() - shard.begin()) {
+        resolver_->Forget(job, group);  // its layout may have changed
+      }
+      if (!statuses[i].ok()) {
+        return absl::Status(statuses[i].code(),
+                            absl::StrCat("get of server group '", group, "': shard ", i, " ('",
+                                         shard.server(), "'): ", statuses[i].message()));
+      }
+      if (static_cast<int64_t>(parts[i]->size()) != shard.end() - shard.begin()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "get of server group '", group, "': shard ", i, " ('", shard.server(),
+            "') returned ", parts[i]->size(), " bytes; it holds bytes [", shard.begin(), ", ",
+            shard.end(), ") of the model"));
+      }
+    }
+    const int64_t newest = *std::max_element(versions.begin(), versions.end());
+    ask.clear();
+    for (int i = 0; i < n; ++i) {
+      if (versions[i] < newest) ask.push_back(i);
+    }
+    if (ask.empty()) break;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, std::chrono::milliseconds(2 * (attempt + 1)),
+                     [&] { return stopping_; })) {
+      return absl::CancelledError("daemon stopping");
+    }
+  }
+  if (!ask.empty()) {
+    std::string seen;
+    for (int i = 0; i < n; ++i) absl::StrAppend(&seen, i == 0 ? "" : ", ", versions[i]);
+    return absl::UnavailableError(absl::StrCat(
+        "get of server group '", group, "': its shards did not show one version in ",
+        kGroupGetAttempts, " tries (last versions ", seen, "); pushes commit faster than the "
+        "shards can be read; try again"));
+  }
+  absl::StatusOr<SharedBuffer> whole =
+      SharedBuffer::Create(static_cast<size_t>(where.shards(n - 1).end()));
+  if (!whole.ok()) return whole.status();
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(whole->data() + where.shards(i).begin(), parts[i]->data(), parts[i]->size());
+  }
+  *version = versions[0];
+  *model = std::make_shared<SharedBuffer>(std::move(*whole));
+  return absl::OkStatus();
 }
 
 absl::Status ModelFetcher::FetchFrom(const v1::ResolveServerReply& where,

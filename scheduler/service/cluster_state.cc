@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/secrets.h"
 #include "scheduler/service/commands.h"
+#include "scheduler/service/server_groups.h"
 
 namespace mlfabric {
 namespace {
@@ -118,7 +119,8 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
     auto server = job->servers.find(record.server);
     if (server != job->servers.end()) {
       --server->second.in_flight;
-      if (outcome != v1::OUTCOME_APPLIED && record.aggregate_id == 0 && record.sequence != 0) {
+      if (outcome != v1::OUTCOME_APPLIED && record.aggregate_id == 0 && record.sequence != 0 &&
+          !group_pushes.count(transfer_id)) {
         // The server's daemon waits for this sequence number: tell it to
         // skip, so later updates are not held back behind it.
         Enqueue(server->second.host,
@@ -126,6 +128,9 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
       }
     }
   }
+  // A group push's parts not yet released are skipped at every shard.
+  EndGroupPush(this, transfer_id, record.state == UpdateState::kInFlight ? record.sequence : 0,
+               reason);
   SettleHeldCopies(transfer_id, outcome == v1::OUTCOME_APPLIED, reason);
   v1::DaemonCommand command = commands::PushOutcome(transfer_id, record.local_id, outcome, reason);
   v1::PushOutcome* result = command.mutable_outcome();
@@ -297,8 +302,16 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
     JobState* job = FindJob(record.job);
     if (job == nullptr) continue;
     ServerState& server = job->servers[record.server];
-    const bool source_down = record.src_host == host_name;
-    const bool server_down = server.host == host_name;
+    bool source_down = record.src_host == host_name;
+    bool server_down = server.host == host_name;
+    for (const ShardSlot& shard : server.shards) {  // a server group's
+      auto s = job->servers.find(shard.server);
+      server_down = server_down || (s != job->servers.end() && s->second.host == host_name);
+    }
+    // Every part of this group push is at its shard already.
+    if (auto group = group_pushes.find(id); group != group_pushes.end() && group->second.released) {
+      source_down = false;
+    }
     if (!source_down && !server_down) continue;
     if (record.state == UpdateState::kPending) {
       auto& pending = server.pending;
@@ -356,6 +369,12 @@ void ClusterState::FailWhenCancelled(uint64_t transfer_id, const std::string& re
   if (it == updates.end()) return;
   UpdateRecord& record = it->second;
   if (!record.cancel_pending.empty()) return;  // asked already
+  if (group_pushes.count(transfer_id)) {
+    // Its parts are held at the shards until all are in: none was applied
+    // unless they were released, and Complete cancels those that were not.
+    Complete(transfer_id, v1::OUTCOME_FAILED, reason, 0);
+    return;
+  }
   if (record.state == UpdateState::kInFlight && record.aggregate_id != 0) {
     FailAggregateWhenCancelled(record.aggregate_id,
                                absl::StrCat("constituent ", transfer_id, " from ", record.src_host,
@@ -591,6 +610,13 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
                                 std::map<std::string, std::vector<core::RateSegment>>* down) const {
   for (const auto& [id, record] : updates) {
     if (record.state != UpdateState::kInFlight) continue;
+    if (auto group = group_pushes.find(id); group != group_pushes.end()) {
+      for (const GroupPart& part : group->second.parts) {
+        AppendSegments(part.planned.segments, &(*up)[part.planned.src]);
+        AppendSegments(part.planned.segments, &(*down)[part.planned.dst]);
+      }
+      continue;
+    }
     AppendSegments(record.planned.segments, &(*up)[record.planned.src]);
     AppendSegments(record.planned.segments, &(*down)[record.planned.dst]);
   }

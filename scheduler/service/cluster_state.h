@@ -145,8 +145,22 @@ struct ReplicaTrack {
   double missed_norm = 0;
 };
 
+// One shard of a server group (server_groups.h): bytes [begin, end) of the
+// group's model, held by the server application `server`.
+struct ShardSlot {
+  std::string server;  // empty: not registered yet
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
 struct ServerState {
   std::string host;
+  // A server group (issue 18; mlfabric.md §10.2): this entry, under the
+  // group's name, stands for the model split across `shards` (by index):
+  // pushes, batches, sequence numbers and versions are the group's, and
+  // `host` is shard 0's. Empty for a server that is no group.
+  std::vector<ShardSlot> shards;
+  std::string group;  // a shard: the group it belongs to
   ReplicaTrack replica;
   int64_t model_version = 0;
   uint64_t next_sequence = 1;
@@ -222,6 +236,24 @@ struct HeldAtReplica {
   double since_s = 0;
 };
 
+// A push to a server group in flight (server_groups.h): one part per
+// shard, each its own transfer, held at its shard until every part is in.
+struct GroupPart {
+  uint64_t id = 0;     // the part's transfer id
+  std::string server;  // the shard
+  std::string host;
+  int64_t begin = 0;   // bytes [begin, end) of the push
+  int64_t end = 0;
+  bool ready = false;    // all its bytes are at the shard's daemon
+  bool applied = false;
+  int64_t version = 0;   // the shard's model version after applying it
+  TransferView planned;  // source -> the shard's host
+};
+struct GroupPush {
+  std::vector<GroupPart> parts;
+  bool released = false;  // every part was ready: the shards may apply it
+};
+
 // How a push ended, kept a while so that a source whose stream broke
 // before the outcome reached it can be told again.
 struct RecentOutcome {
@@ -273,6 +305,9 @@ class ClusterState {
   // for their pushes' outcomes (in_doubt.h), by copy transfer id.
   std::map<uint64_t, HeldAtReplica> held_at_replicas;
   std::set<uint64_t> delivering;
+  // Pushes to server groups in flight, by push id, and their parts' ids.
+  std::map<uint64_t, GroupPush> group_pushes;
+  std::map<uint64_t, uint64_t> group_parts;  // part transfer id -> push id
   // The last kRecentOutcomes outcomes (Complete), by transfer id.
   static constexpr size_t kRecentOutcomes = 65536;
   std::map<uint64_t, RecentOutcome> recent_outcomes;

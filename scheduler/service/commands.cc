@@ -22,6 +22,7 @@ v1::DaemonCommand ExpectDelivery(const Expect& e) {
   }
   if (e.held) expect->set_held(true);
   if (e.source != 0) expect->set_source_transfer_id(e.source);
+  if (e.group_push != 0) expect->set_group_push(e.group_push);
   return command;
 }
 
@@ -46,6 +47,10 @@ v1::DaemonCommand SendTransfer(const Send& s, const std::vector<core::RateSegmen
   send->set_dst_address(s.dst_address);
   send->set_start_s(s.start_s);
   send->set_bytes(s.bytes);
+  if (s.part) {
+    send->set_part(true);
+    send->set_part_offset(s.part_offset);
+  }
   AddSegments(segments, send->mutable_segments());
   return command;
 }

@@ -36,6 +36,7 @@ struct Expect {
   v1::DType dtype = v1::DTYPE_FLOAT32;
   bool held = false;  // a replica copy held until released (ReleaseDelivery)
   uint64_t source = 0;  // a replica copy: its push
+  uint64_t group_push = 0;  // a shard's held part of this group push (issue 18)
 };
 v1::DaemonCommand ExpectDelivery(const Expect& expect);
 v1::DaemonCommand ReleaseDelivery(uint64_t transfer_id, uint64_t sequence,
@@ -51,6 +52,9 @@ struct Send {
   int64_t bytes = 0;
   uint64_t source_transfer_id = 0;  // a replica copy: the push whose bytes it sends
   uint64_t local_id = 0;            // a push's own transfer: its source's local id
+  // A part of a group push (source_transfer_id): its bytes from this offset.
+  bool part = false;
+  int64_t part_offset = 0;
 };
 v1::DaemonCommand SendTransfer(const Send& send, const std::vector<core::RateSegment>& segments);
 

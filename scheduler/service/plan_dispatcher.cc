@@ -42,6 +42,9 @@ class PlanDispatcher::Run {
                          const HostState& server_host);
   // The constituents of `transfer` still in flight, as transfer ids.
   std::vector<uint64_t> LiveConstituents(const core::Transfer& transfer) const;
+  // A server group's batch (server_groups.h): each push's parts, one per
+  // shard, held at the shards under the push's group sequence number.
+  void DispatchGroup(const core::Plan& plan);
   // §5.3: sends the plan's replica copies and marks the punted ones.
   void DispatchReplica(const core::Plan& plan);
   void FailAll(const std::set<uint64_t>& ids, const std::string& reason);
@@ -132,6 +135,10 @@ BatchView PlanDispatcher::Run::Dispatch(const std::string& planner_name) {
   for (const core::Drop& drop : plan->dropped) {
     const uint64_t id = std::stoull(drop.id);
     if (state_.updates.count(id)) state_.Complete(id, v1::OUTCOME_DROPPED, drop.reason, 0);
+  }
+  if (!server_.shards.empty()) {
+    DispatchGroup(*plan);
+    return std::move(view_);
   }
   std::map<std::string, const core::Transfer*> direct, to_aggregator, aggregate_of;
   // Streaming chains (core/aggregation.h): a hop's partial sum feeds the
@@ -276,6 +283,100 @@ void PlanDispatcher::Run::DispatchViaAggregator(UpdateRecord& record, const core
   send.local_id = record.local_id;
   state_.Enqueue(record.src_host, commands::SendTransfer(send, hop->segments));
   ++state_.stats.planned;
+}
+
+void PlanDispatcher::Run::DispatchGroup(const core::Plan& plan) {
+  std::map<std::string, std::vector<const core::Transfer*>> transfers;  // by update
+  for (const core::Transfer& transfer : plan.transfers) {
+    if (transfer.kind == core::TransferKind::kDirect) {
+      transfers[transfer.update].push_back(&transfer);
+    }
+  }
+  const size_t shards = server_.shards.size();
+  for (const std::string& id_text : plan.order) {
+    const uint64_t id = std::stoull(id_text);
+    auto it = state_.updates.find(id);
+    if (it == state_.updates.end()) continue;  // failed meanwhile
+    UpdateRecord& record = it->second;
+    // Each shard's part: the plan's transfer to its host of its size.
+    std::vector<const core::Transfer*> unused = transfers[id_text];
+    std::vector<const core::Transfer*> parts(shards, nullptr);
+    std::vector<const HostState*> hosts(shards, nullptr);
+    std::string problem;
+    for (size_t i = 0; i < shards && problem.empty(); ++i) {
+      const ShardSlot& slot = server_.shards[i];
+      const std::string& host = job_.servers[slot.server].host;
+      hosts[i] = state_.AliveHost(host);
+      if (hosts[i] == nullptr) {
+        problem = absl::StrCat("shard ", i, " ('", slot.server, "') on ", host, " is down");
+        break;
+      }
+      for (auto t = unused.begin(); t != unused.end(); ++t) {
+        if ((*t)->dst == host && (*t)->bytes == slot.end - slot.begin) {
+          parts[i] = *t;
+          unused.erase(t);
+          break;
+        }
+      }
+      if (parts[i] == nullptr) {
+        problem = absl::StrCat("the plan has no transfer for its part to shard ", i,
+                               " (planner bug)");
+      }
+    }
+    if (!problem.empty()) {
+      state_.Complete(id, v1::OUTCOME_FAILED, problem, 0);
+      continue;
+    }
+    record.state = UpdateState::kInFlight;
+    record.sequence = server_.next_sequence++;
+    ++server_.in_flight;
+    double end_s = 0;
+    for (const core::Transfer* part : parts) end_s = std::max(end_s, part->end_s);
+    const double deadline_s = end_s + config_.transfer_slack_s;
+    record.planned =
+        Planned(id, record.src_host, server_.host, record.bytes, *parts[0], deadline_s);
+    record.planned.end_s = end_s;
+    GroupPush& push = state_.group_pushes[id];
+    for (size_t i = 0; i < shards; ++i) {
+      const ShardSlot& slot = server_.shards[i];
+      const core::Transfer& transfer = *parts[i];
+      GroupPart part;
+      part.id = state_.NewTransferId();
+      part.server = slot.server;
+      part.host = transfer.dst;
+      part.begin = slot.begin;
+      part.end = slot.end;
+      part.planned = Planned(part.id, record.src_host, part.host, slot.end - slot.begin,
+                             transfer, deadline_s);
+      view_.transfers.push_back(part.planned);
+      state_.group_parts[part.id] = id;
+
+      commands::Expect expect;
+      expect.transfer_id = part.id;
+      expect.job_id = job_.id;
+      expect.server = slot.server;
+      expect.sequence = record.sequence;
+      expect.bytes = slot.end - slot.begin;
+      expect.src_host = record.src_host;
+      expect.worker = record.worker;
+      expect.version = record.version;
+      expect.norm = record.norm;
+      expect.dtype = record.dtype;
+      expect.held = true;
+      expect.group_push = id;
+      state_.Enqueue(part.host, commands::ExpectDelivery(expect));
+      commands::Send send{part.id, job_.id, part.host, hosts[i]->data_address,
+                          transfer.start_s, slot.end - slot.begin};
+      send.source_transfer_id = id;
+      send.local_id = record.local_id;
+      send.part = true;
+      send.part_offset = slot.begin;
+      state_.Enqueue(record.src_host, commands::SendTransfer(send, transfer.segments));
+      push.parts.push_back(std::move(part));
+    }
+    ++view_.scheduled;
+    ++state_.stats.planned;
+  }
 }
 
 std::vector<uint64_t> PlanDispatcher::Run::LiveConstituents(const core::Transfer& transfer) const {

@@ -16,6 +16,7 @@
 
 #include "scheduler/service/failover.h"
 #include "scheduler/service/in_doubt.h"
+#include "scheduler/service/server_groups.h"
 
 namespace mlfabric {
 namespace {
@@ -144,6 +145,20 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
             known->second.host, " and is served from there; register as its replica "
             "(RegisterAsReplica) to stand by again"));
       }
+      if (auto known = job->servers.find(request.name());
+          known != job->servers.end() && !known->second.shards.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "name: '", request.name(), "' is a server group of job '", request.job(),
+            "'; a server of its own needs another name"));
+      }
+      if (!request.shard().group().empty()) {
+        RETURN_IF_ERROR(RegisterShard(&state_, job, request));
+      } else if (auto known = job->servers.find(request.name());
+                 known != job->servers.end() && !known->second.group.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shard: server '", request.name(), "' is a shard of group '", known->second.group,
+            "'; register it with its shard spec"));
+      }
       ServerState& server = job->servers[request.name()];
       server.host = request.host();
       // Registering again with a restarted scheduler: its rounds go on from
@@ -164,7 +179,14 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
       ResolveInDoubt(&state_, config_.in_doubt_wait_s);  // its pushes in doubt are decided
       reply->set_model_version(server.model_version);
       MLF_LOG(INFO) << "job " << request.job() << ": server " << request.name() << " on "
-                    << request.host();
+                    << request.host()
+                    << (request.shard().group().empty()
+                            ? std::string()
+                            : absl::StrCat(" (shard ", request.shard().index(), " of ",
+                                           request.shard().count(), " of group '",
+                                           request.shard().group(), "', bytes [",
+                                           request.shard().begin(), ", ",
+                                           request.shard().end(), "))"));
       break;
     }
     case v1::ROLE_WORKER: {
@@ -282,6 +304,35 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
         absl::StrCat("server '", request.server(), "' of job '", request.job(),
                      "' is not registered (waited ", config_.server_wait_s,
                      " s; see server_wait_s)")));
+  }
+  if (!server->second.group.empty()) {
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+        "server: '", request.server(), "' is a shard of server group '", server->second.group,
+        "'; push to the group, which moves each shard its part")));
+  }
+  if (!server->second.shards.empty()) {
+    // A server group: every shard must be there, and the push must be the
+    // whole model.
+    std::string lacks = GroupIncomplete(state_, *job, server->second);
+    if (!lacks.empty() && config_.server_wait_s > 0) {
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(config_.server_wait_s));
+      servers_cv_.wait_until(lock, deadline, [&] {
+        return stopping_ || GroupIncomplete(state_, *job, server->second).empty();
+      });
+      lacks = GroupIncomplete(state_, *job, server->second);
+    }
+    if (!lacks.empty()) {
+      return reject(absl::UnavailableError(absl::StrCat(
+          "server group '", request.server(), "' is not complete: ", lacks)));
+    }
+    if (request.bytes() != GroupBytes(server->second)) {
+      return reject(absl::InvalidArgumentError(absl::StrCat(
+          "bytes: the push has ", request.bytes(), " bytes; server group '", request.server(),
+          "' holds a model of ", GroupBytes(server->second), " bytes in ",
+          server->second.shards.size(), " shards")));
+    }
   }
   const HostState* server_host = state_.AliveHost(server->second.host);
   if (server_host == nullptr) {
@@ -415,6 +466,19 @@ absl::Status SchedulerService::AwaitClock(const v1::AwaitClockRequest& request,
 
 absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& request) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (state_.group_parts.count(request.transfer_id())) {  // server_groups.h
+    if (request.part_ready()) {
+      GroupPartReady(&state_, request.transfer_id());
+    } else {
+      GroupPartEnded(&state_, request.transfer_id(), request.applied(), request.model_version(),
+                     request.error());
+    }
+    return absl::OkStatus();
+  }
+  if (request.part_ready()) {
+    return absl::NotFoundError(
+        absl::StrCat("transfer ", request.transfer_id(), " is no part of a group push in flight"));
+  }
   if (state_.replica_copies.count(request.transfer_id())) {
     state_.EndReplicaCopy(request.transfer_id(), request.applied(),
                           request.error().empty() ? "replica copy failed" : request.error(),
@@ -614,6 +678,18 @@ absl::Status SchedulerService::ResolveServer(const v1::ResolveServerRequest& req
   auto replica = job->replica_hosts.find(request.server());
   reply->set_has_replica(replica != job->replica_hosts.end() &&
                          state_.AliveHost(replica->second) != nullptr);
+  if (!server->second.shards.empty()) {
+    if (std::string lacks = GroupIncomplete(state_, *job, server->second); !lacks.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("server group '", request.server(), "' is not complete: ", lacks));
+    }
+    for (const ShardSlot& slot : server->second.shards) {
+      v1::ShardLocation* shard = reply->add_shards();
+      shard->set_server(slot.server);
+      shard->set_begin(slot.begin);
+      shard->set_end(slot.end);
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -298,10 +298,19 @@ bool SchedulerService::CutBatchLocked(
   in.server_host = server.host;
   in.seed = item->batch_id;
   in.streaming_aggregation = config_.streaming_aggregation;
+  // A server group's push (server_groups.h): shard 0's part is the
+  // update's own, the others are its §10.2 components, reserved together.
+  std::vector<core::ShardPart> parts;
+  for (size_t i = 1; i < server.shards.size(); ++i) {
+    const ShardSlot& slot = server.shards[i];
+    parts.push_back({job.servers[slot.server].host, slot.end - slot.begin});
+  }
   for (uint64_t id : server.pending) {
     const UpdateRecord& record = state_.updates[id];
-    in.updates.push_back({{std::to_string(id), record.src_host, record.bytes, record.version,
-                           record.norm, {}},
+    const int64_t bytes = server.shards.empty() ? record.bytes
+                                                : server.shards[0].end - server.shards[0].begin;
+    in.updates.push_back({{std::to_string(id), record.src_host, bytes, record.version,
+                           record.norm, parts},
                           AggregatableElementType(record.dtype)});
   }
   // §6: a synchronous round's aggregation tree is built over the job's own
@@ -312,6 +321,9 @@ bool SchedulerService::CutBatchLocked(
     std::sort(candidates.begin(), candidates.end());
     candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
   }
+  // No in-network aggregation for a group's pushes yet: the core plans
+  // §10.2's parts direct (README.md "Server groups").
+  if (!server.shards.empty()) candidates.clear();
   for (const std::string& name : candidates) {
     const HostState* host = state_.AliveHost(name);
     if (host != nullptr && !host->draining) in.aggregator_candidates.push_back(name);

@@ -1,0 +1,211 @@
+#include "scheduler/service/server_groups.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "scheduler/service/commands.h"
+
+namespace mlfabric {
+
+absl::Status RegisterShard(ClusterState* state, JobState* job,
+                           const v1::RegisterEntityRequest& request) {
+  const v1::ShardSpec& spec = request.shard();
+  const std::string& name = request.name();
+  const std::string& group_name = spec.group();
+  auto invalid = [&](const std::string& field, const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard.", field, " of server '", name, "': ", what));
+  };
+  if (group_name == name) return invalid("group", "must differ from the shard's own name");
+  if (spec.count() < 1 || spec.count() > kMaxShards) {
+    return invalid("count", absl::StrCat("must be in [1, ", kMaxShards, "], got ", spec.count()));
+  }
+  if (spec.index() < 0 || spec.index() >= spec.count()) {
+    return invalid("index", absl::StrCat("must be in [0, ", spec.count(), "), got ", spec.index()));
+  }
+  if (spec.begin() < 0 || spec.end() <= spec.begin()) {
+    return invalid("begin/end", absl::StrCat("[", spec.begin(), ", ", spec.end(),
+                                             ") is not a non-empty byte range"));
+  }
+  if (spec.index() == 0 && spec.begin() != 0) {
+    return invalid("begin", absl::StrCat("shard 0 must begin at byte 0, got ", spec.begin()));
+  }
+  if (request.round_size() != 0) {
+    return invalid("group", "a shard cannot run synchronous rounds (round_size must be 0)");
+  }
+  auto existing = job->servers.find(group_name);
+  if (existing != job->servers.end() && existing->second.shards.empty()) {
+    return invalid("group", absl::StrCat("'", group_name,
+                                         "' is a server of this job, not a server group"));
+  }
+  if (auto self = job->servers.find(name);
+      self != job->servers.end() && !self->second.shards.empty()) {
+    return invalid("group", absl::StrCat("'", name, "' is itself a server group"));
+  }
+  if (auto self = job->servers.find(name);
+      self != job->servers.end() && !self->second.group.empty() &&
+      (self->second.group != group_name)) {
+    return invalid("group", absl::StrCat("'", name, "' is a shard of group '",
+                                         self->second.group, "' already"));
+  }
+  ServerState& group = job->servers[group_name];
+  if (group.shards.empty()) {
+    group.shards.resize(spec.count());
+  } else if (static_cast<int>(group.shards.size()) != spec.count()) {
+    return invalid("count", absl::StrCat("group '", group_name, "' has ", group.shards.size(),
+                                         " shards, this one says ", spec.count()));
+  }
+  ShardSlot& slot = group.shards[spec.index()];
+  if (!slot.server.empty() && slot.server != name) {
+    return invalid("index", absl::StrCat("shard ", spec.index(), " of group '", group_name,
+                                         "' is '", slot.server, "' already"));
+  }
+  if (spec.index() > 0) {
+    const ShardSlot& before = group.shards[spec.index() - 1];
+    if (!before.server.empty() && before.end != spec.begin()) {
+      return invalid("begin", absl::StrCat("shard ", spec.index() - 1, " ('", before.server,
+                                           "') ends at byte ", before.end, ", so shard ",
+                                           spec.index(), " must begin there, not at ",
+                                           spec.begin()));
+    }
+  }
+  if (spec.index() + 1 < spec.count()) {
+    const ShardSlot& after = group.shards[spec.index() + 1];
+    if (!after.server.empty() && after.begin != spec.end()) {
+      return invalid("end", absl::StrCat("shard ", spec.index() + 1, " ('", after.server,
+                                         "') begins at byte ", after.begin, ", so shard ",
+                                         spec.index(), " must end there, not at ", spec.end()));
+    }
+  }
+  slot = {name, spec.begin(), spec.end()};
+  if (spec.index() == 0) group.host = request.host();
+  job->servers[name].group = group_name;
+  (void)state;
+  return absl::OkStatus();
+}
+
+std::string GroupIncomplete(const ClusterState& state, const JobState& job,
+                            const ServerState& group) {
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < group.shards.size(); ++i) {
+    const ShardSlot& slot = group.shards[i];
+    if (slot.server.empty()) {
+      missing.push_back(absl::StrCat("shard ", i, " is not registered"));
+      continue;
+    }
+    auto server = job.servers.find(slot.server);
+    if (server == job.servers.end() || state.AliveHost(server->second.host) == nullptr) {
+      missing.push_back(absl::StrCat("shard ", i, " ('", slot.server, "') is down"));
+    }
+  }
+  std::string text;
+  for (const std::string& m : missing) absl::StrAppend(&text, text.empty() ? "" : "; ", m);
+  return text;
+}
+
+int64_t GroupBytes(const ServerState& group) {
+  return group.shards.empty() ? 0 : group.shards.back().end;
+}
+
+namespace {
+
+GroupPush* PushOf(ClusterState* state, uint64_t part_id, uint64_t* push_id, GroupPart** part) {
+  auto owner = state->group_parts.find(part_id);
+  if (owner == state->group_parts.end()) return nullptr;
+  auto push = state->group_pushes.find(owner->second);
+  if (push == state->group_pushes.end()) return nullptr;
+  *push_id = owner->second;
+  for (GroupPart& p : push->second.parts) {
+    if (p.id == part_id) *part = &p;
+  }
+  return *part == nullptr ? nullptr : &push->second;
+}
+
+}  // namespace
+
+void GroupPartReady(ClusterState* state, uint64_t part_id) {
+  uint64_t push_id = 0;
+  GroupPart* part = nullptr;
+  GroupPush* push = PushOf(state, part_id, &push_id, &part);
+  if (push == nullptr) return;
+  part->ready = true;
+  if (push->released) return;
+  for (const GroupPart& p : push->parts) {
+    if (!p.ready) return;
+  }
+  auto record = state->updates.find(push_id);
+  if (record == state->updates.end()) return;
+  push->released = true;
+  for (const GroupPart& p : push->parts) {
+    state->Enqueue(p.host, commands::ReleaseDelivery(p.id, record->second.sequence));
+  }
+}
+
+void GroupPartEnded(ClusterState* state, uint64_t part_id, bool applied, int64_t version,
+                    const std::string& error) {
+  uint64_t push_id = 0;
+  GroupPart* part = nullptr;
+  GroupPush* push = PushOf(state, part_id, &push_id, &part);
+  if (push == nullptr) return;
+  auto record = state->updates.find(push_id);
+  if (record == state->updates.end()) return;
+  if (!applied) {
+    const size_t index = static_cast<size_t>(part - push->parts.data());
+    const std::string where =
+        absl::StrCat("part ", index, " (bytes [", part->begin, ", ", part->end, ") to shard '",
+                     part->server, "' on ", part->host, ")");
+    const std::string why = error.empty() ? std::string("failed") : error;
+    state->Complete(push_id, v1::OUTCOME_FAILED,
+                    push->released
+                        ? absl::StrCat(where, " was not applied after every shard had its "
+                                              "part (shards that applied theirs keep it): ",
+                                       why)
+                        : absl::StrCat(where, ": ", why, "; no shard applied the push"),
+                    0);
+    return;
+  }
+  part->applied = true;
+  part->version = version;
+  int64_t low = version, high = version;
+  for (const GroupPart& p : push->parts) {
+    if (!p.applied) return;
+    low = std::min(low, p.version);
+    high = std::max(high, p.version);
+  }
+  if (low != high) {
+    // Cannot happen while every shard applies the group's sequence; said
+    // loudly if it does (a shard application counting versions its own way).
+    MLF_LOG(ERROR) << "push " << push_id << " to group '" << record->second.server
+                   << "' was applied at versions " << low << ".." << high << " across shards";
+  }
+  JobState* job = state->FindJob(record->second.job);
+  if (job != nullptr) {
+    ServerState& group = job->servers[record->second.server];
+    group.model_version = std::max(group.model_version, high);
+    for (const GroupPart& p : push->parts) {
+      ServerState& shard = job->servers[p.server];
+      shard.model_version = std::max(shard.model_version, p.version);
+    }
+  }
+  state->Complete(push_id, v1::OUTCOME_APPLIED, "", low);
+}
+
+bool EndGroupPush(ClusterState* state, uint64_t push_id, uint64_t sequence,
+                  const std::string& reason) {
+  auto push = state->group_pushes.find(push_id);
+  if (push == state->group_pushes.end()) return false;
+  for (const GroupPart& part : push->second.parts) {
+    // A held part never released is never applied: skipping it keeps the
+    // shard's later pushes moving.
+    if (!push->second.released && sequence != 0) {
+      state->Enqueue(part.host, commands::CancelDelivery(part.id, part.server, sequence, reason));
+    }
+    state->group_parts.erase(part.id);
+  }
+  state->group_pushes.erase(push);
+  return true;
+}
+
+}  // namespace mlfabric

@@ -1,0 +1,76 @@
+// Server groups (issue 18; mlfabric.md §10.2): one model split by byte
+// ranges across S shard servers, each a server application on any host.
+//
+// Workers push to and get from the group's name. The group has a
+// ServerState of its own (cluster_state.h) whose pending pushes are planned
+// as one batch: each push is one core update whose parts go to the shards'
+// hosts, reserved together (core §10.2). Dispatch gives the push one
+// sequence number of the group and sends one part per shard, each its own
+// transfer, announced *held* at its shard. Then:
+//
+//   every part's bytes in   -> each shard's daemon reports it ready
+//   all parts ready         -> released at every shard (ReleaseDelivery)
+//   every shard applied it  -> the push is applied (one version, all shards)
+//   a part fails before     -> cancelled at every shard: no shard applies
+//   the release                it, and the push fails with the part's error
+//
+// So every shard applies the same pushes in the same order (the group's
+// sequence numbers), with the same versions, and a push is applied at every
+// shard or at none. The one exception is documented in README.md ("Server
+// groups"): a shard that dies after the release, before applying.
+//
+//   RETURN_IF_ERROR(RegisterShard(&state, job, request));   // RegisterEntity
+//   std::string lacks = GroupIncomplete(state, *job, group); // "" when whole
+//   DispatchGroupPush(...);                                  // plan_dispatcher.cc
+//   GroupPartReady(&state, part_id);                        // ReportCompletion
+//   GroupPartEnded(&state, part_id, applied, version, error);
+//
+// Thread safety: none; called under the scheduler service's lock.
+#ifndef MLFABRIC_SCHEDULER_SERVICE_SERVER_GROUPS_H_
+#define MLFABRIC_SCHEDULER_SERVICE_SERVER_GROUPS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/scheduler.pb.h"
+#include "scheduler/service/cluster_state.h"
+
+namespace mlfabric {
+
+inline constexpr int kMaxShards = 64;
+
+// Records server `request.name()` as shard request.shard().index of group
+// request.shard().group (creating the group's entry on first sight), after
+// checking the spec against the shards registered so far: errors name the
+// field and the shard it conflicts with.
+absl::Status RegisterShard(ClusterState* state, JobState* job,
+                           const v1::RegisterEntityRequest& request);
+
+// "" when every shard of `group` is registered on a live host and their
+// ranges tile [0, total); else what is missing, for an error message.
+std::string GroupIncomplete(const ClusterState& state, const JobState& job,
+                            const ServerState& group);
+
+// The group's model size (the last shard's end), once complete.
+int64_t GroupBytes(const ServerState& group);
+
+// Part `part_id` has all its bytes at its shard: once every part has, they
+// are released at every shard.
+void GroupPartReady(ClusterState* state, uint64_t part_id);
+
+// Part `part_id` ended at its shard (applied, with the shard's version) or
+// failed to move or be applied (with `error`). The push is applied when
+// every part is; it fails when one part fails.
+void GroupPartEnded(ClusterState* state, uint64_t part_id, bool applied, int64_t version,
+                    const std::string& error);
+
+// Complete's share: push `push_id` (at group sequence `sequence`) ended;
+// its parts not yet released are cancelled at their shards, and the push's
+// bookkeeping is forgotten. False if it is no group push.
+bool EndGroupPush(ClusterState* state, uint64_t push_id, uint64_t sequence,
+                  const std::string& reason);
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_SCHEDULER_SERVICE_SERVER_GROUPS_H_

@@ -1,0 +1,271 @@
+// Server groups (issue 18; mlfabric.md §10.2; scheduler/service/server_groups.h)
+// across real processes: a model split across three shard servers on three
+// hosts, pushed to and read by the group's name. Updates are integer-valued,
+// so every shard's model can be checked exactly against the pushes reported
+// applied; a shard's daemon killed mid-push must fail that push at every
+// shard, and no shard may apply it.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "api/mlfabric.h"
+#include "testing/cluster.h"
+
+namespace mlfabric {
+namespace {
+
+const std::vector<std::string> kShardHosts = {"s1", "s2", "s3"};
+
+// One shard: sums the part it is given, and keeps the versions it applied.
+struct Shard {
+  std::mutex mu;
+  std::vector<double> model;
+  int64_t version = 0;
+  std::vector<int64_t> versions;  // after each update, in order
+  std::unique_ptr<Server> server;
+  std::thread thread;
+
+  ~Shard() {
+    if (server) server->Stop();
+    if (thread.joinable()) thread.join();
+  }
+  int64_t Version() {
+    std::lock_guard<std::mutex> lock(mu);
+    return version;
+  }
+};
+
+ClientOptions Options(const testing::Cluster& c, const std::string& host, const std::string& name) {
+  ClientOptions options;
+  options.daemon_socket = c.Socket(host);
+  options.name = name;
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<testing::Cluster>> StartCluster(
+    const std::vector<std::string>& hosts,
+    const std::map<std::string, std::vector<std::string>>& host_flags = {}) {
+  testing::ClusterOptions options;
+  options.hosts = hosts;
+  auto cluster = testing::Cluster::Create(options);
+  if (!cluster.ok()) return cluster.status();
+  const std::string config = (*cluster)->dir() + "/scheduler.json";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
+                        << R"( "tau_max": 1000}]})";
+  if (absl::Status started =
+          (*cluster)->Start({"--config=" + config, "--planner=mlfabric"}, {}, host_flags);
+      !started.ok()) {
+    return started;
+  }
+  return std::move(*cluster);
+}
+
+// Starts the three shards of group "ps" for a model of `dim` floats.
+std::vector<std::unique_ptr<Shard>> StartShards(testing::Cluster& c, int64_t dim) {
+  auto ranges = SplitModel(dim * sizeof(float), static_cast<int>(kShardHosts.size()));
+  REQUIRE(ranges.ok());
+  std::vector<std::unique_ptr<Shard>> shards;
+  for (size_t i = 0; i < kShardHosts.size(); ++i) {
+    auto shard = std::make_unique<Shard>();
+    ClientOptions options = Options(c, kShardHosts[i], "ps-" + std::to_string(i));
+    options.shard = {"ps", static_cast<int>(i), static_cast<int>(kShardHosts.size()),
+                     (*ranges)[i].first, (*ranges)[i].second};
+    const int64_t elements = ((*ranges)[i].second - (*ranges)[i].first) / 4;
+    shard->model.assign(elements, 0.0);
+    auto server = Server::Connect(options);
+    INFO(server.status().ToString());
+    REQUIRE(server.ok());
+    shard->server = std::move(*server);
+    Shard* s = shard.get();
+    s->server->RegisterUpdateCallback([s](const Server::Update& u) -> absl::StatusOr<int64_t> {
+      std::lock_guard<std::mutex> lock(s->mu);
+      if (u.bytes != s->model.size() * sizeof(float)) {
+        return absl::InvalidArgumentError("part size does not match the shard");
+      }
+      const float* v = reinterpret_cast<const float*>(u.data);
+      for (size_t k = 0; k < s->model.size(); ++k) s->model[k] += v[k];
+      s->version += u.count;
+      s->versions.push_back(s->version);
+      return s->version;
+    });
+    s->server->RegisterRequestCallback([s]() -> absl::StatusOr<Server::Snapshot> {
+      std::lock_guard<std::mutex> lock(s->mu);
+      Server::Snapshot snap;
+      snap.version = s->version;
+      std::vector<float> as_float(s->model.begin(), s->model.end());
+      snap.bytes.resize(as_float.size() * sizeof(float));
+      std::memcpy(snap.bytes.data(), as_float.data(), snap.bytes.size());
+      return snap;
+    });
+    s->thread = std::thread([s] { (void)s->server->Serve(); });
+    shards.push_back(std::move(shard));
+  }
+  return shards;
+}
+
+// Integer-valued, different for every worker and push.
+std::vector<float> Update(int64_t dim, int worker, int i) {
+  std::vector<float> v(dim);
+  for (int64_t k = 0; k < dim; ++k) v[k] = static_cast<float>(1 + (worker * 7 + i * 3 + k) % 9);
+  return v;
+}
+
+TEST_CASE("every shard applies every push of the group, in one order, exactly") {
+  constexpr int64_t kDim = 3001 * 3;  // 36,012 bytes: three parts of 12,004
+  constexpr int kWorkers = 4, kPushes = 10;
+  auto cluster = StartCluster({"s1", "s2", "s3", "w1", "w2"});
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  testing::Cluster& c = **cluster;
+  std::vector<std::unique_ptr<Shard>> shards = StartShards(c, kDim);
+
+  // Four workers, two per host, push concurrently and record what applied.
+  std::mutex mu;
+  std::vector<double> applied_sum(kDim, 0.0);
+  int applied = 0;
+  std::vector<std::string> problems;
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&, w] {
+      auto worker = Worker::Connect(Options(c, w < 2 ? "w1" : "w2", "w" + std::to_string(w)));
+      if (!worker.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        problems.push_back(std::string(worker.status().message()));
+        return;
+      }
+      std::vector<std::future<PushResult>> results;
+      std::vector<std::vector<float>> sent;
+      for (int i = 0; i < kPushes; ++i) {
+        sent.push_back(Update(kDim, w, i));
+        results.push_back((*worker)->Push("ps", sent.back().data(), sent.back().size() * 4, 0, 1.0));
+      }
+      for (int i = 0; i < kPushes; ++i) {
+        PushResult r = results[i].get();
+        std::lock_guard<std::mutex> lock(mu);
+        if (r.outcome != PushOutcome::kApplied) {
+          problems.push_back(absl::StrCat(PushOutcomeName(r.outcome), ": ", r.reason));
+          continue;
+        }
+        ++applied;
+        for (int64_t k = 0; k < kDim; ++k) applied_sum[k] += sent[i][k];
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  for (const std::string& p : problems) WARN(p);
+  CHECK(problems.empty());
+  REQUIRE(applied == kWorkers * kPushes);
+
+  // Every shard: the exact sum of its part, the same versions in order.
+  int64_t offset = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    Shard& s = *shards[i];
+    std::lock_guard<std::mutex> lock(s.mu);
+    INFO("shard " << i);
+    CHECK(s.version == applied);
+    std::vector<int64_t> expected(applied);
+    for (int v = 0; v < applied; ++v) expected[v] = v + 1;
+    CHECK(s.versions == expected);
+    size_t wrong = 0;
+    for (size_t k = 0; k < s.model.size(); ++k) wrong += s.model[k] != applied_sum[offset + k];
+    CHECK(wrong == 0);
+    offset += static_cast<int64_t>(s.model.size());
+  }
+  CHECK(offset == kDim);
+
+  // A get of the group: the whole model, of one version.
+  auto reader = Worker::Connect(Options(c, "w1", "reader"));
+  REQUIRE(reader.ok());
+  auto model = (*reader)->Get("ps");
+  INFO(model.status().ToString());
+  REQUIRE(model.ok());
+  CHECK(model->version == applied);
+  REQUIRE(model->size() == kDim * sizeof(float));
+  const float* values = reinterpret_cast<const float*>(model->data());
+  size_t wrong = 0;
+  for (int64_t k = 0; k < kDim; ++k) wrong += values[k] != applied_sum[k];
+  CHECK(wrong == 0);
+
+  // Bad pushes end failed, with reasons that name what was wrong.
+  std::vector<float> short_update(kDim - 1, 1.0f);
+  PushResult r = (*reader)->Push("ps", short_update.data(), short_update.size() * 4, 0, 1.0).get();
+  CHECK(r.outcome == PushOutcome::kFailed);
+  CHECK_THAT(r.reason, Catch::Contains("server group 'ps' holds a model of 36012 bytes"));
+  std::vector<float> part(3001, 1.0f);
+  r = (*reader)->Push("ps-1", part.data(), part.size() * 4, 0, 1.0).get();
+  CHECK(r.outcome == PushOutcome::kFailed);
+  CHECK_THAT(r.reason, Catch::Contains("is a shard of server group 'ps'"));
+  for (auto& s : shards) CHECK(s->Version() == applied);
+}
+
+TEST_CASE("a shard's daemon killed mid-push fails the push at every shard; none applies it") {
+  // 1.5 M floats (6 MB) from a worker whose uplink is paced at 40 Mbit/s:
+  // a push takes about 1.2 s, its parts sent one after another (§10.2).
+  constexpr int64_t kDim = 1500000;
+  auto cluster = StartCluster({"s1", "s2", "s3", "w1"}, {{"w1", {"--uplink_bps=40000000"}}});
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  testing::Cluster& c = **cluster;
+  std::vector<std::unique_ptr<Shard>> shards = StartShards(c, kDim);
+  auto worker = Worker::Connect(Options(c, "w1", "w0"));
+  REQUIRE(worker.ok());
+
+  const std::vector<float> first = Update(kDim, 0, 0);
+  PushResult r = (*worker)->Push("ps", first.data(), first.size() * 4, 0, 1.0).get();
+  INFO(r.reason);
+  REQUIRE(r.outcome == PushOutcome::kApplied);
+  CHECK(r.applied_version == 1);
+
+  const std::vector<float> second = Update(kDim, 0, 1);
+  std::future<PushResult> pending = (*worker)->Push("ps", second.data(), second.size() * 4, 1, 1.0);
+  // Until the parts are moving (the first shard has had time to receive
+  // its part), then s3's daemon dies before its part is in.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  REQUIRE(c.KillDaemon("s3").ok());
+  REQUIRE(pending.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  r = pending.get();
+  INFO(r.reason);
+  CHECK(r.outcome == PushOutcome::kFailed);
+  CHECK_THAT(r.reason, Catch::Contains("s3"));
+
+  // Nothing arrives late: the surviving shards still hold exactly push 1.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  int64_t offset = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    Shard& s = *shards[i];
+    std::lock_guard<std::mutex> lock(s.mu);
+    INFO("shard " << i);
+    CHECK(s.version == 1);
+    size_t wrong = 0;
+    for (size_t k = 0; k < s.model.size(); ++k) wrong += s.model[k] != first[offset + k];
+    CHECK(wrong == 0);
+    offset += static_cast<int64_t>(s.model.size());
+  }
+  // Both surviving shards' daemons skipped the push's held position.
+  for (const std::string host : {"s1", "s2"}) {
+    std::ifstream log(c.dir() + "/" + host + ".log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    INFO(host << "'s daemon log:\n" << text);
+    CHECK_THAT(text, Catch::Contains("(sequence 2): server host s3 is down"));
+  }
+  // The group is incomplete now: a get says which shard is missing.
+  auto model = (*worker)->Get("ps");
+  REQUIRE_FALSE(model.ok());
+  CHECK_THAT(std::string(model.status().message()), Catch::Contains("ps-2"));
+}
+
+}  // namespace
+}  // namespace mlfabric
