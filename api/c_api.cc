@@ -81,6 +81,11 @@ RegistrationParams Params(const char* socket, const char* job, const char* token
   return params;
 }
 
+void SetShard(const mlf_shard* shard, RegistrationParams* params) {
+  if (shard == nullptr || shard->group == nullptr || shard->group[0] == '\0') return;
+  params->client.shard = {shard->group, shard->index, shard->count, shard->begin, shard->end};
+}
+
 std::string BadHandle(int64_t handle, const char* what) {
   return absl::StrCat("no ", what, " with handle ", handle, " (closed or never created)");
 }
@@ -94,7 +99,15 @@ extern "C" {
 int64_t mlf_sum_server_start(const char* socket, const char* job, const char* token,
                              const char* name, const float* initial, uint64_t count, char* err,
                              size_t err_len) {
+  return mlf_sum_server_start_shard(socket, job, token, name, nullptr, initial, count, err,
+                                    err_len);
+}
+
+int64_t mlf_sum_server_start_shard(const char* socket, const char* job, const char* token,
+                                   const char* name, const mlf_shard* shard, const float* initial,
+                                   uint64_t count, char* err, size_t err_len) {
   mlfabric::RegistrationParams params = mlfabric::c_api::Params(socket, job, token, name, -1, -1);
+  mlfabric::c_api::SetShard(shard, &params);
   auto server = mlfabric::RegisterAsServer(params);
   if (!server.ok()) {
     mlfabric::c_api::SetError(server.status(), err, err_len);

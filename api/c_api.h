@@ -37,6 +37,19 @@ typedef void (*mlf_get_done_fn)(void* ctx, int code, const char* message, int64_
 int64_t mlf_sum_server_start(const char* socket, const char* job, const char* token,
                              const char* name, const float* initial, uint64_t count, char* err,
                              size_t err_len);
+/* One shard of a server group (api/mlfabric.h ClientOptions::shard; README
+ * "Server groups"): bytes [begin, end) of the model pushed to `group`. */
+typedef struct {
+  const char* group;
+  int32_t index;
+  int32_t count;
+  int64_t begin;
+  int64_t end;
+} mlf_shard;
+/* mlf_sum_server_start for shard `shard`: `initial` holds its part only. */
+int64_t mlf_sum_server_start_shard(const char* socket, const char* job, const char* token,
+                                   const char* name, const mlf_shard* shard, const float* initial,
+                                   uint64_t count, char* err, size_t err_len);
 int64_t mlf_sum_server_applied(int64_t handle);
 void mlf_sum_server_stop(int64_t handle);
 
@@ -121,9 +134,10 @@ typedef int (*mlf_request_fn)(void* ctx, void* snapshot, char* err, size_t err_l
 /* Copies `bytes` bytes of model state at `version` into `snapshot`. */
 void mlf_ext_snapshot_set(void* snapshot, int64_t version, const void* data, uint64_t bytes);
 
+/* `shard`: NULL, or this server is that shard of a server group. */
 int64_t mlf_ext_server_create(const char* socket, const char* job, const char* token,
                               const char* name, int64_t delay_bound, double divergence_bound,
-                              int* code, char* err, size_t err_len);
+                              const mlf_shard* shard, int* code, char* err, size_t err_len);
 int64_t mlf_ext_server_initial_version(int64_t handle);
 /* Both callbacks must be set before serving; `ctx` is passed to both. */
 void mlf_ext_server_set_callbacks(int64_t handle, mlf_update_fn on_update,

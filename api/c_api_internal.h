@@ -156,6 +156,8 @@ std::string Or(const char* value, const char* env, const char* fallback);
 // Client options from the C arguments and the launcher's environment.
 RegistrationParams Params(const char* socket, const char* job, const char* token,
                           const char* name, int64_t delay_bound, double divergence_bound);
+// Makes `params` register shard `shard` (NULL: no shard).
+void SetShard(const mlf_shard* shard, RegistrationParams* params);
 void Fill(char* err, size_t err_len, const std::string& text);
 // Sets *code and err from `status`; returns 0 (the error handle).
 int Fail(const absl::Status& status, int* code, char* err, size_t err_len);

@@ -269,8 +269,9 @@ void mlf_ext_snapshot_set(void* snapshot, int64_t version, const void* data, uin
 
 int64_t mlf_ext_server_create(const char* socket, const char* job, const char* token,
                               const char* name, int64_t delay_bound, double divergence_bound,
-                              int* code, char* err, size_t err_len) {
+                              const mlf_shard* shard, int* code, char* err, size_t err_len) {
   auto params = mlfabric::c_api::Params(socket, job, token, name, delay_bound, divergence_bound);
+  mlfabric::c_api::SetShard(shard, &params);
   if (params.client.name.empty()) {
     return mlfabric::c_api::Fail(absl::InvalidArgumentError("a server needs a name (e.g. \"ps0\")"),
                           code, err, err_len);

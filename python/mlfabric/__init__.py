@@ -18,6 +18,8 @@ Classes (pybind11 binding of the C++ API in api/):
     Replica(server, update=None, request=None, promotion=None, ...): a replica of
         `server` (§5.3); when the server dies it is promoted: promotion(p), then request()
     SumServer(name, initial_float32): a C++ parameter server applying model += update
+    Shard(group, index, count, begin, end), partition(sizes, count): server groups,
+        a model split across several servers (both server classes take shard=...)
 Empty socket/job/token come from MLFABRIC_DAEMON_SOCKET/MLFABRIC_JOB/...
 which mlfabric-run sets; bounds None = the job's (mlfabric-run --delay_bound).
 Errors raise ValueError (bad input, e.g. shapes that differ across ranks, a
@@ -26,6 +28,7 @@ push to another job's server), PushFailedError (a push that failed) or
 RuntimeError.
 """
 import atexit
+import collections
 import os
 import threading
 import weakref
@@ -44,6 +47,46 @@ Promotion = _ext.Promotion
 PushFailedError = _ext.PushFailedError
 
 _serving = weakref.WeakSet()
+
+Shard = collections.namedtuple("Shard", "group index count begin end")
+Shard.__doc__ = """One shard of a server group (README.md "Server groups"): the server
+holding bytes [begin, end) of the model that workers push to and get from by
+the group's name. Shard 0 begins at 0; each begins where the one before ends."""
+
+
+def partition(sizes, count, group=None):
+    """Splits a model whose tensors have `sizes` bytes, in push order, into
+    `count` shards of whole tensors: contiguous runs of tensors whose byte
+    totals are as even as the tensor boundaries allow. Returns the shards'
+    (begin, end) byte ranges, or Shard tuples of `group` when it is given.
+
+        sizes = [w.nbytes for w in model.get_weights()]
+        shards = mlfabric.partition(sizes, 2, group="ps")   # shards[i] for server i
+    """
+    sizes = [int(s) for s in sizes]
+    count = int(count)
+    if any(s <= 0 for s in sizes):
+        raise ValueError("partition: every tensor size must be positive, got %r" % (sizes,))
+    if not 1 <= count <= min(64, len(sizes)):
+        raise ValueError("partition: count must be in [1, min(64, %d tensors)], got %d"
+                         % (len(sizes), count))
+    ends = list(np.cumsum(sizes))
+    total = ends[-1]
+    cuts, last = [], 0  # cuts[k]: how many tensors shards 0..k hold
+    for k in range(1, count):
+        # The boundary nearest the ideal, leaving a tensor for each later shard.
+        lo, hi = last + 1, len(sizes) - (count - k)
+        best = min(range(lo, hi + 1), key=lambda i: abs(ends[i - 1] - total * k / count))
+        cuts.append(best)
+        last = best
+    cuts.append(len(sizes))
+    ranges, begin = [], 0
+    for c in cuts:
+        ranges.append((begin, int(ends[c - 1])))
+        begin = int(ends[c - 1])
+    if group is None:
+        return ranges
+    return [Shard(group, i, count, b, e) for i, (b, e) in enumerate(ranges)]
 
 
 class _Serving:
@@ -100,12 +143,15 @@ class Server(_Serving, _ext.Server):
         with mlfabric.Server("ps0", apply, lambda: (version[0], model)):
             ...                          # serving on a background thread
 
-    An exception in a callback fails that push (or get) with its text."""
+    An exception in a callback fails that push (or get) with its text.
+    shard=mlfabric.Shard(...) makes it one shard of a server group: its
+    callbacks see and serve its own bytes of the model only."""
 
     def __init__(self, name, update=None, request=None, socket="", job="", token="",
-                 delay_bound=None, divergence_bound=None):
+                 delay_bound=None, divergence_bound=None, shard=None):
         _ext.Server.__init__(self, name, socket=socket, job=job, token=token,
-                             delay_bound=delay_bound, divergence_bound=divergence_bound)
+                             delay_bound=delay_bound, divergence_bound=divergence_bound,
+                             shard=None if shard is None else tuple(shard))
         self._thread = None
         self.error = None
         if update is not None:

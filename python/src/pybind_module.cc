@@ -21,6 +21,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "api/c_api.h"
 
@@ -561,6 +562,27 @@ struct Handlers {
   }
 };
 
+// A server's `shard` argument: None, or (group, index, count, begin, end)
+// with byte offsets (mlfabric.Shard), as the C API's mlf_shard.
+class ShardArg {
+ public:
+  explicit ShardArg(const py::object& shard) {
+    if (shard.is_none()) return;
+    auto fields = shard.cast<std::tuple<std::string, int32_t, int32_t, int64_t, int64_t>>();
+    group_ = std::get<0>(fields);
+    if (group_.empty()) throw py::value_error("shard: the group name must not be empty");
+    spec_ = {group_.c_str(), std::get<1>(fields), std::get<2>(fields), std::get<3>(fields),
+             std::get<4>(fields)};
+    set_ = true;
+  }
+  const mlf_shard* get() const { return set_ ? &spec_ : nullptr; }
+
+ private:
+  std::string group_;
+  mlf_shard spec_{};
+  bool set_ = false;
+};
+
 // A parameter server whose model lives in Python: the update callback gets
 // an Update and returns the new model version; the request callback returns
 // (version, bytes-like). serve() blocks (GIL released) until stop().
@@ -568,15 +590,16 @@ class PyServer {
  public:
   PyServer(const std::string& name, const std::string& socket, const std::string& job,
            const std::string& token, std::optional<int64_t> delay_bound,
-           std::optional<double> divergence_bound) {
+           std::optional<double> divergence_bound, const py::object& shard) {
     const int64_t delay = DelayBound(delay_bound);
     const double divergence = DivergenceBound(divergence_bound);
+    const ShardArg spec(shard);
     char err[kErrBytes] = {0};
     int code = 0;
     {
       py::gil_scoped_release release;
       handle_ = mlf_ext_server_create(socket.c_str(), job.c_str(), token.c_str(), name.c_str(),
-                                      delay, divergence, &code, err, sizeof err);
+                                      delay, divergence, spec.get(), &code, err, sizeof err);
     }
     if (handle_ == 0) Raise(code, err);
     name_ = name;
@@ -704,12 +727,15 @@ class SumServer {
  public:
   SumServer(const std::string& name, py::array_t<float, py::array::c_style | py::array::forcecast>
                                          initial,
-            const std::string& socket, const std::string& job, const std::string& token) {
+            const std::string& socket, const std::string& job, const std::string& token,
+            const py::object& shard) {
+    const ShardArg spec(shard);
     char err[kErrBytes] = {0};
     {
       py::gil_scoped_release release;
-      handle_ = mlf_sum_server_start(socket.c_str(), job.c_str(), token.c_str(), name.c_str(),
-                                     initial.data(), initial.size(), err, sizeof err);
+      handle_ = mlf_sum_server_start_shard(socket.c_str(), job.c_str(), token.c_str(),
+                                           name.c_str(), spec.get(), initial.data(),
+                                           initial.size(), err, sizeof err);
     }
     if (handle_ == 0) throw std::runtime_error(err);
   }
@@ -804,9 +830,11 @@ PYBIND11_MODULE(_mlfabric, m) {
       });
   py::class_<PyServer>(m, "Server")
       .def(py::init<const std::string&, const std::string&, const std::string&,
-                    const std::string&, std::optional<int64_t>, std::optional<double>>(),
+                    const std::string&, std::optional<int64_t>, std::optional<double>,
+                    const py::object&>(),
            py::arg("name"), py::arg("socket") = "", py::arg("job") = "", py::arg("token") = "",
-           py::arg("delay_bound") = py::none(), py::arg("divergence_bound") = py::none())
+           py::arg("delay_bound") = py::none(), py::arg("divergence_bound") = py::none(),
+           py::arg("shard") = py::none())
       .def_property_readonly("name", &PyServer::name)
       .def_property_readonly("initial_version", &PyServer::initial_version)
       .def("register_update_callback", &PyServer::SetUpdate, py::arg("callback"))
@@ -834,9 +862,10 @@ PYBIND11_MODULE(_mlfabric, m) {
       .def("close", &PyReplica::Close);
   py::class_<SumServer>(m, "SumServer")
       .def(py::init<const std::string&, py::array_t<float, py::array::c_style | py::array::forcecast>,
-                    const std::string&, const std::string&, const std::string&>(),
+                    const std::string&, const std::string&, const std::string&,
+                    const py::object&>(),
            py::arg("name"), py::arg("initial"), py::arg("socket") = "", py::arg("job") = "",
-           py::arg("token") = "")
+           py::arg("token") = "", py::arg("shard") = py::none())
       .def_property_readonly("applied", &SumServer::applied)
       .def("stop", &SumServer::Stop);
 }

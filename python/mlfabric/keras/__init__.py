@@ -21,6 +21,12 @@ Asynchronous parameter server (MLfabric-A, DESIGN.md §3):
     stats = trainer.train(dataset_batches, steps=200)   # pushes -lr*grad per layer, gets the model
     stats["dropped"], stats["delays"]                   # dropped updates, delay of each applied one
 
+A model split across S servers (a server group, README.md "Server groups"):
+
+    trainer = hvd.AsyncPSTrainer(model, loss_fn, server="ps", shards=2)
+    if hvd.rank() < 2: trainer.start_server(shard=hvd.rank())  # "ps-0", "ps-1"
+    trainer.train(batches, steps=200)        # pushes and gets the whole model of "ps"
+
 Each push carries the model's tensors in layer order with priorities 0, 1,
 2, ... (front layers first: the next forward pass needs them first; lower =
 sent first, api/mlfabric.h TensorSpec).
@@ -158,21 +164,43 @@ class AsyncPSTrainer:
     updates in the order the scheduler commits them (model += update), and the
     scheduler drops updates that would exceed the job's delay bound."""
 
-    def __init__(self, model, loss_fn, server="ps0", learning_rate=0.05, worker=None):
+    def __init__(self, model, loss_fn, server="ps0", learning_rate=0.05, worker=None,
+                 shards=None):
         self.model = model
         self.loss_fn = loss_fn
         self.server = server
         self.learning_rate = learning_rate
         self.worker = worker or mlfabric.Worker()
         self._server = None
+        # shards=S: `server` names a server group of S shards, each holding
+        # a contiguous run of whole variables (mlfabric.partition, in
+        # get_weights() order, balanced by bytes). Workers push and get the
+        # whole model by the group's name; start_server(shard=i) hosts run i.
+        self.shards = None
+        if shards:
+            sizes = [4 * int(np.prod(w.shape)) for w in model.get_weights()]
+            self.shards = mlfabric.partition(sizes, shards, group=server)
 
-    def start_server(self, python=False):
+    def start_server(self, python=False, shard=None):
         """Hosts the model in this process as server `server`: a C++
         SumServer (model += update), or with python=True an mlfabric.Server
-        whose callbacks do the same in numpy."""
+        whose callbacks do the same in numpy. With shards=S, shard=i hosts
+        shard i of the group instead, as server "<server>-<i>", holding its
+        run of variables only."""
         initial = _flat(self.model.get_weights())
+        name, spec = self.server, None
+        if shard is not None:
+            if self.shards is None:
+                raise ValueError("AsyncPSTrainer.start_server(shard=%r): the trainer was made "
+                                 "without shards=S" % (shard,))
+            if not 0 <= int(shard) < len(self.shards):
+                raise ValueError("AsyncPSTrainer.start_server: shard must be in [0, %d), got %r"
+                                 % (len(self.shards), shard))
+            spec = self.shards[int(shard)]
+            name = "%s-%d" % (self.server, spec.index)
+            initial = initial[spec.begin // 4:spec.end // 4].copy()
         if not python:
-            self._server = mlfabric.SumServer(self.server, initial)
+            self._server = mlfabric.SumServer(name, initial, shard=spec)
             return self._server
         model, state = initial.copy(), {"version": 0, "applied": 0}
 
@@ -185,7 +213,7 @@ class AsyncPSTrainer:
             state["applied"] += update.count
             return state["version"]
 
-        server = mlfabric.Server(self.server, apply, lambda: (state["version"], model))
+        server = mlfabric.Server(name, apply, lambda: (state["version"], model), shard=spec)
         state["version"] = server.initial_version
         server.applied_count = lambda: state["applied"]
         self._server = server.start()

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# A Keras model trained over a server group of 2 shards ends with the same
+# weights as over one server (issue 18): tests/keras_shards_check.py in 3
+# ranks under mlfabric-run. Skips, saying why, when the venv has no TensorFlow.
+set -euo pipefail
+source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
+python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
+if ! "$python" -c "import tensorflow, keras" >/dev/null 2>&1; then
+  skip_or_fail "$python cannot import tensorflow/keras; run tools/bootstrap"
+fi
+root="$TEST_SRCDIR/mlfabric"
+export PYTHONPATH="$root/python"
+out="$TEST_TMPDIR/out.txt"
+"$root/tools/run/mlfabric-run" -np 3 --planner mlfabric \
+  "$python" -X faulthandler "$root/tests/keras_shards_check.py" 2>&1 | tee "$out"
+[[ $(grep -c "keras_shards_check rank [0-2]: OK" "$out") == 3 ]]
