@@ -173,6 +173,7 @@ absl::Status Daemon::Start() {
   serving.get_tree_min_bytes = config_.get_tree_min_bytes;
   serving.get_late_joins = config_.get_late_joins;
   serving.get_late_join_min_share = config_.get_late_join_min_share;
+  serving.snapshot_history = static_cast<size_t>(config_.group_snapshot_history);
   serving.uplink_bps = [this] { return UplinkBps(); };
   daemon::ServerApps* server_apps = this;  // a private base: converted here
   model_server_ = std::make_unique<daemon::ModelServer>(

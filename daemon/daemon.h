@@ -205,7 +205,14 @@ class Daemon : private transport::DataSessionHandler,
   std::string JobMismatchLocked(uint64_t transfer, uint32_t job) const;
   // daemon::ServerApps (daemon_server_apps.cc).
   bool AwaitServer(const std::string& key, double wait_s) override;
-  absl::Status AskSnapshot(const std::string& key, uint64_t request_id) override;
+  absl::Status AskSnapshot(const std::string& key, uint64_t request_id,
+                           int64_t at_version) override;
+  // The version the server application of `key` will have once it applied
+  // every update handed to it (each advancing it by its count).
+  int64_t HandedVersionLocked(const std::string& key) const;
+  // Snapshot requests waiting until the update that makes their version is
+  // handed over (AskSnapshot's at_version), by key: (version, request id).
+  std::map<std::string, std::vector<std::pair<int64_t, uint64_t>>> snapshot_waiters_;
   std::string JobOf(const std::string& key) override;
 
   // Require mu_.

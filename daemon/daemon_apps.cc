@@ -342,6 +342,7 @@ std::optional<v1::EntityGoneReport> Daemon::ForgetAppLocked(
   it->second.app = nullptr;
   const std::string why = absl::StrCat("server '", app->name, "' disconnected before applying it");
   const std::vector<uint64_t> cancelled = delivery_.CancelAll(endpoint_key, why);
+  snapshot_waiters_.erase(endpoint_key);
   MLF_LOG(WARNING) << "server '" << app->name << "' disconnected; failing " << cancelled.size()
                    << " expected update(s)";
   for (uint64_t transfer : cancelled) reporter_->ReportFailure(transfer, why);

@@ -34,6 +34,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Int("round_tree_fanout", &config.round_tree_fanout, 0, 1024);
   reader.Int("get_late_joins", &config.get_late_joins, 0, 1024);
   reader.Double("get_late_join_min_share", &config.get_late_join_min_share, 0, 1e6);
+  reader.Int("group_snapshot_history", &config.group_snapshot_history, 0, 1024);
   reader.Double("resolve_ttl_s", &config.resolve_ttl_s, 0, 3600);
   reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
   reader.Int("rounds_kept", &config.rounds_kept, 2, 1024);
@@ -146,6 +147,12 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         rates, its copy comes at least this share of the
                         speed of the server's own copies; elsewhere it waits
                         for the next batch (default 0.5)
+  --group_snapshot_history
+                        shards of server groups here: keep the snapshots of
+                        their last N versions (one taken after each update)
+                        so that a group get reads every shard at one
+                        version; 0 = none, a get retries until the shards
+                        agree (default 16)
   --resolve_ttl_s       how long the scheduler's answer to where a server
                         lives serves this host's gets; a failed get asks
                         again, 0 = ask for every get (default 1)

@@ -50,6 +50,11 @@ struct DaemonConfig {
   // would come at no less than this share of the rate of the server's own
   // copies in that batch (a slow uplink is not made to forward: N3).
   double get_late_join_min_share = 0.5;
+  // Shards of server groups on this host: the snapshots of their last N
+  // versions are kept (one taken after each update), so that a group get
+  // can read every shard at one version; 0 = none (a get then retries
+  // until the shards agree).
+  int64_t group_snapshot_history = 16;
   // How long the scheduler's answer to where a server lives is used for
   // this host's gets (a failed get asks again); 0 = asked for every get.
   double resolve_ttl_s = 1;

@@ -86,6 +86,32 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
                                                          server, "': ", sent.message()));
     } else {
       awaiting_ack_[transfer_id] = {endpoint.app, incoming->second.buffer};
+      // A shard of a server group: the snapshot of the version this update
+      // makes, asked right after it, is kept for group gets (model_server.h).
+      if (step.info.group_push() != 0 && model_server_) {
+        if (const uint64_t id = model_server_->NewHistoryRequest(key); id != 0) {
+          v1::LocalMessage ask;
+          ask.mutable_model_request()->set_request_id(id);
+          (void)endpoint.app->channel->Send(ask);
+        }
+      }
+      if (auto waiting = snapshot_waiters_.find(key); waiting != snapshot_waiters_.end()) {
+        // Snapshot requests for the version this update makes go right
+        // after it (AskSnapshot's at_version).
+        const int64_t handed = HandedVersionLocked(key);
+        auto& list = waiting->second;
+        for (auto w = list.begin(); w != list.end();) {
+          if (w->first > handed) {
+            ++w;
+            continue;
+          }
+          v1::LocalMessage ask;
+          ask.mutable_model_request()->set_request_id(w->second);
+          (void)endpoint.app->channel->Send(ask);
+          w = list.erase(w);
+        }
+        if (list.empty()) snapshot_waiters_.erase(waiting);
+      }
       // A restarted scheduler knows a group push, not its parts.
       std::vector<uint64_t> pushes(step.info.constituents().begin(),
                                    step.info.constituents().end());

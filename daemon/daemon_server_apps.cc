@@ -27,17 +27,39 @@ bool Daemon::AwaitServer(const std::string& key, double wait_s) {
   return connected();
 }
 
-absl::Status Daemon::AskSnapshot(const std::string& key, uint64_t request_id) {
+absl::Status Daemon::AskSnapshot(const std::string& key, uint64_t request_id,
+                                 int64_t at_version) {
   std::shared_ptr<AppSession> app;
+  v1::LocalMessage ask;
+  ask.mutable_model_request()->set_request_id(request_id);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = servers_.find(key);
     if (it != servers_.end()) app = it->second.app;
+    if (app == nullptr) return absl::NotFoundError(absl::StrCat("no server '", key, "' here"));
+    // The application reads its channel in order: a request sent right
+    // after the update that makes `at_version` is answered at that version.
+    // Sent under mu_, so that no update is handed over in between.
+    if (at_version >= 0 && HandedVersionLocked(key) < at_version) {
+      snapshot_waiters_[key].emplace_back(at_version, request_id);
+      return absl::OkStatus();
+    }
+    if (at_version >= 0) return app->channel->Send(ask);
   }
-  if (app == nullptr) return absl::NotFoundError(absl::StrCat("no server '", key, "' here"));
-  v1::LocalMessage ask;
-  ask.mutable_model_request()->set_request_id(request_id);
   return app->channel->Send(ask);
+}
+
+int64_t Daemon::HandedVersionLocked(const std::string& key) const {
+  int64_t version = 0;
+  if (auto known = server_versions_.find(key); known != server_versions_.end()) {
+    version = known->second;
+  }
+  for (const auto& [transfer, handed] : awaiting_ack_) {
+    if (handed.first != nullptr && ServerKey(handed.first->job_id, handed.first->name) == key) {
+      ++version;
+    }
+  }
+  return version;
 }
 
 std::string Daemon::JobOf(const std::string& key) {

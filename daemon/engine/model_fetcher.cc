@@ -164,7 +164,8 @@ absl::Status ModelFetcher::Receive(transport::GetClient::Connection& connection,
 
 absl::Status ModelFetcher::Fetch(const std::string& job, const std::string& server, int64_t round,
                                  uint32_t priority, int64_t* version,
-                                 std::shared_ptr<SharedBuffer>* model) {
+                                 std::shared_ptr<SharedBuffer>* model,
+                                 int64_t fresh_min_version) {
   v1::ResolveServerReply where;
   absl::Status status = resolver_->Resolve(job, server, &where);
   if (!status.ok()) {
@@ -173,7 +174,7 @@ absl::Status ModelFetcher::Fetch(const std::string& job, const std::string& serv
   if (where.shards_size() > 0) return FetchGroup(job, server, where, priority, version, model);
   // A get that fails asks the scheduler where the server is next time (it
   // may have moved, or the scheduler restarted).
-  status = FetchFrom(where, server, round, priority, version, model);
+  status = FetchFrom(where, server, round, priority, version, model, fresh_min_version);
   if (status.ok()) return status;
   resolver_->Forget(job, server);
   if (!where.has_replica() || options_.failover_wait_s <= 0) return status;
@@ -218,9 +219,15 @@ absl::Status ModelFetcher::FetchGroup(const std::string& job, const std::string&
   std::vector<absl::Status> statuses(n);
   std::vector<int> ask(n);
   for (int i = 0; i < n; ++i) ask[i] = i;
+  int64_t newest = -1;  // after the first round: the version every shard must show
   for (int attempt = 0; attempt < kGroupGetAttempts; ++attempt) {
+    // The first round joins each shard's batch of gets; a shard behind the
+    // newest is then read at once, at the newest version: its daemon asks
+    // for the snapshot right after handing over the update that makes it
+    // (the same pushes are released at every shard together).
     auto fetch = [&](int i) {
-      statuses[i] = Fetch(job, where.shards(i).server(), -1, priority, &versions[i], &parts[i]);
+      statuses[i] = Fetch(job, where.shards(i).server(), -1, priority, &versions[i], &parts[i],
+                          attempt == 0 ? -1 : newest);
     };
     std::vector<std::thread> others;
     for (size_t k = 1; k < ask.size(); ++k) others.emplace_back(fetch, ask[k]);
@@ -243,17 +250,19 @@ absl::Status ModelFetcher::FetchGroup(const std::string& job, const std::string&
             shard.end(), ") of the model"));
       }
     }
-    const int64_t newest = *std::max_element(versions.begin(), versions.end());
+    newest = *std::max_element(versions.begin(), versions.end());
+
     ask.clear();
     for (int i = 0; i < n; ++i) {
       if (versions[i] < newest) ask.push_back(i);
     }
-    if (ask.empty()) break;
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, std::chrono::milliseconds(2 * (attempt + 1)),
-                     [&] { return stopping_; })) {
-      return absl::CancelledError("daemon stopping");
+    if (ask.empty()) {
+      MLF_LOG(DEBUG) << "get of server group '" << group << "': version " << newest << " from "
+                     << n << " shards in " << attempt + 1 << " round(s)";
+      break;
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::CancelledError("daemon stopping");
   }
   if (!ask.empty()) {
     std::string seen;
@@ -276,7 +285,8 @@ absl::Status ModelFetcher::FetchGroup(const std::string& job, const std::string&
 
 absl::Status ModelFetcher::FetchFrom(const v1::ResolveServerReply& where,
                                      const std::string& server, int64_t round, uint32_t priority,
-                                     int64_t* version, std::shared_ptr<SharedBuffer>* model) {
+                                     int64_t* version, std::shared_ptr<SharedBuffer>* model,
+                                     int64_t fresh_min_version) {
   PacketHeader request;
   request.kind = PacketKind::kGetRequest;
   request.job = where.job_id();
@@ -290,6 +300,11 @@ absl::Status ModelFetcher::FetchFrom(const v1::ResolveServerReply& where,
   body.set_server(server);
   body.set_requester_host(options_.host);
   body.set_requester_address(options_.data_address);
+  if (fresh_min_version >= 0) {
+    body.set_fresh(true);
+    body.set_min_version(fresh_min_version);
+    body.set_no_relay(true);
+  }
   transport::GetClient::Connection direct;
   RETURN_IF_ERROR(client_->Request(where.host(), where.data_address(), request, body, &direct));
   // The copy is kept for requesters the server routes through us.

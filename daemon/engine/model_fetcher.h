@@ -63,8 +63,11 @@ class ModelFetcher {
   // The model (or round `round`'s sum) of `server` of `job`; errors name
   // where the get failed (the scheduler, the server's daemon, a
   // distributor).
+  // `fresh_min_version` >= 0: a snapshot taken now, of at least that
+  // version, sent by the server's daemon itself (DataGetRequest.fresh).
   absl::Status Fetch(const std::string& job, const std::string& server, int64_t round,
-                     uint32_t priority, int64_t* version, std::shared_ptr<SharedBuffer>* model);
+                     uint32_t priority, int64_t* version, std::shared_ptr<SharedBuffer>* model,
+                     int64_t fresh_min_version = -1);
 
   // As a distributor: answers get `request` (body.relay_batch() != 0) on
   // socket `fd` with our copy of that batch, forwarded as it arrives. An
@@ -88,7 +91,7 @@ class ModelFetcher {
   static constexpr int kGroupGetAttempts = 50;
   absl::Status FetchFrom(const v1::ResolveServerReply& where, const std::string& server,
                          int64_t round, uint32_t priority, int64_t* version,
-                         std::shared_ptr<SharedBuffer>* model);
+                         std::shared_ptr<SharedBuffer>* model, int64_t fresh_min_version = -1);
   // Reads the model that follows a get's reply header; a non-empty
   // `relay_key` keeps the copy for requesters routed here. `source` names
   // where it comes from, for their errors.

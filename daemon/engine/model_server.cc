@@ -27,14 +27,93 @@ ModelServer::ModelServer(Options options, ServerApps* apps, SchedulerClient* sch
       send_(send),
       watchdog_(watchdog) {}
 
+uint64_t ModelServer::NewHistoryRequest(const std::string& key) {
+  if (options_.snapshot_history == 0) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = kHistoryId | next_history_++;
+  history_requests_[id] = key;
+  return id;
+}
+
 void ModelServer::Answer(uint64_t batch, GetBatcher::Snapshot snapshot) {
   std::lock_guard<std::mutex> lock(mu_);
-  gets_.Answer(batch, std::move(snapshot));
+  if ((batch & kHistoryId) != 0) {
+    auto request = history_requests_.find(batch);
+    if (request == history_requests_.end()) return;
+    const std::string key = std::move(request->second);
+    history_requests_.erase(request);
+    if (!snapshot.error.empty() || snapshot.model == nullptr) return;
+    std::map<int64_t, GetBatcher::Snapshot>& kept = history_[key];
+    kept[snapshot.version] = std::move(snapshot);
+    while (kept.size() > options_.snapshot_history) kept.erase(kept.begin());
+    cv_.notify_all();
+    return;
+  }
+  if ((batch & kSoloId) != 0) {
+    if (auto solo = solo_.find(batch); solo != solo_.end()) solo->second = std::move(snapshot);
+  } else {
+    gets_.Answer(batch, std::move(snapshot));
+  }
   cv_.notify_all();
+}
+
+void ModelServer::SoloSnapshot(const std::string& key, const std::string& server,
+                               int64_t min_version, std::string* error, int64_t* version,
+                               std::shared_ptr<SharedBuffer>* model) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(options_.get_timeout_s));
+  std::unique_lock<std::mutex> lock(mu_);
+  // The version asked for, kept from right after its update (a server
+  // group's shard; NewHistoryRequest).
+  if (auto kept = history_.find(key); kept != history_.end() && min_version >= 0) {
+    if (auto at = kept->second.find(min_version); at != kept->second.end()) {
+      *version = at->second.version;
+      *model = at->second.model;
+      return;
+    }
+  }
+  while (true) {
+    const uint64_t id = kSoloId | next_solo_++;
+    solo_[id];
+    lock.unlock();
+    absl::Status asked = apps_->AskSnapshot(key, id, min_version);
+    lock.lock();
+    if (!asked.ok()) {
+      solo_.erase(id);
+      *error = absl::StrCat("cannot reach server '", server, "': ", asked.message());
+      return;
+    }
+    cv_.wait_until(lock, deadline, [&] { return solo_[id].has_value() || stopping_.load(); });
+    std::optional<GetBatcher::Snapshot> snapshot = std::move(solo_[id]);
+    solo_.erase(id);
+    if (!snapshot.has_value()) {
+      *error = stopping_.load() ? std::string("the daemon is stopping")
+                                : absl::StrCat("server '", server, "' did not answer within ",
+                                               options_.get_timeout_s, " s");
+      return;
+    }
+    if (!snapshot->error.empty() || snapshot->version >= min_version) {
+      *error = snapshot->error;
+      *version = snapshot->version;
+      *model = snapshot->model;
+      return;
+    }
+    // Not there yet: its update is being applied (a group push released at
+    // every shard at once).
+    if (cv_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stopping_.load(); }) ||
+        std::chrono::steady_clock::now() >= deadline) {
+      *error = absl::StrCat("server '", server, "' is at version ", snapshot->version,
+                            " and did not reach ", min_version, " within ",
+                            options_.get_timeout_s, " s");
+      return;
+    }
+  }
 }
 
 void ModelServer::FailServer(const std::string& key, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
+  history_.erase(key);
   gets_.FailKey(key, why);
   cv_.notify_all();
 }
@@ -66,7 +145,11 @@ absl::Status ModelServer::Serve(int fd, const PacketHeader& request,
   // RegisterEntity reply): a get arriving in between waits briefly
   // instead of failing.
   const bool connected = apps_->AwaitServer(key, options_.server_connect_wait_s);
-  {
+  if (connected && body.fresh()) {
+    // A group get's shard behind the others (model_fetcher.h FetchGroup):
+    // its own snapshot now, sent from here, not one of the next batch.
+    SoloSnapshot(key, server, body.min_version(), &error, &version, &model);
+  } else {
     std::unique_lock<std::mutex> lock(mu_);
     if (!connected) {
       error = absl::StrCat("server '", server, "' is not connected to ", options_.host,
@@ -89,7 +172,7 @@ absl::Status ModelServer::Serve(int fd, const PacketHeader& request,
         });
         if (!gets_.Result(ticket->batch).has_value()) {  // else ended meanwhile (server gone)
           lock.unlock();
-          absl::Status sent = apps_->AskSnapshot(key, ticket->batch);
+          absl::Status sent = apps_->AskSnapshot(key, ticket->batch, -1);
           lock.lock();
           if (absl::IsNotFound(sent)) {
             gets_.FailKey(key, absl::StrCat("server '", server, "' disconnected"));

@@ -32,7 +32,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 
@@ -56,7 +58,11 @@ class ServerApps {
   virtual bool AwaitServer(const std::string& key, double wait_s) = 0;
   // Asks it for a model snapshot; the answer comes later through
   // ModelServer::Answer(request_id, ...). NotFound if it is not connected.
-  virtual absl::Status AskSnapshot(const std::string& key, uint64_t request_id) = 0;
+  // `at_version` >= 0: the snapshot of exactly that version if the
+  // application has not passed it yet (asked once the update that makes it
+  // is handed over); else of the version it has.
+  virtual absl::Status AskSnapshot(const std::string& key, uint64_t request_id,
+                                   int64_t at_version) = 0;
   // The job it belongs to ("" if unknown).
   virtual std::string JobOf(const std::string& key) = 0;
 };
@@ -72,6 +78,8 @@ class ModelServer {
     int64_t get_tree_min_bytes = 1 << 20;
     int64_t get_late_joins = 2;
     double get_late_join_min_share = 0.5;
+    // Snapshots kept per shard endpoint (NewHistoryRequest); 0 = none.
+    size_t snapshot_history = 16;
     // This host's uplink now (bit/s; 0 = not known).
     std::function<double()> uplink_bps;
   };
@@ -93,6 +101,11 @@ class ModelServer {
   // The application's snapshot for batch `batch` (ignored if the batch gave
   // up meanwhile).
   void Answer(uint64_t batch, GetBatcher::Snapshot snapshot);
+  // Server groups (issue 18): a request id for the snapshot the daemon asks
+  // `key`'s application for right after handing it an update; its answer
+  // is kept as that version's (the last Options::snapshot_history), so that
+  // a fresh get at one version finds it. 0 when none are kept.
+  uint64_t NewHistoryRequest(const std::string& key);
   // Fails every batch of `key` (its application went away).
   void FailServer(const std::string& key, const std::string& why);
   // Ends every wait.
@@ -115,10 +128,24 @@ class ModelServer {
   SendScheduler* const send_;
   transport::SendWatchdog* const watchdog_;
 
+  // A snapshot of its own for a fresh get (DataGetRequest.fresh), taken
+  // now, of at least version `min_version`; waits up to get_timeout_s.
+  void SoloSnapshot(const std::string& key, const std::string& server, int64_t min_version,
+                    std::string* error, int64_t* version, std::shared_ptr<SharedBuffer>* model);
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> stopping_{false};
   GetBatcher gets_;
+  // Fresh gets' snapshot requests, by request id (kSoloId set), until answered.
+  static constexpr uint64_t kSoloId = uint64_t{1} << 62;
+  uint64_t next_solo_ = 1;
+  std::map<uint64_t, std::optional<GetBatcher::Snapshot>> solo_;
+  // Shard snapshots by version, per key, and the requests still out.
+  static constexpr uint64_t kHistoryId = uint64_t{1} << 61;
+  uint64_t next_history_ = 1;
+  std::map<uint64_t, std::string> history_requests_;
+  std::map<std::string, std::map<int64_t, GetBatcher::Snapshot>> history_;
   std::atomic<int64_t> copies_sent_{0};
   std::atomic<int64_t> routed_{0};
 };

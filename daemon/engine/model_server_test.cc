@@ -31,7 +31,8 @@ constexpr uint32_t kPacket = 4096;
 class FakeApps final : public ServerApps {
  public:
   bool AwaitServer(const std::string&, double) override { return connected; }
-  absl::Status AskSnapshot(const std::string& key, uint64_t request_id) override {
+  absl::Status AskSnapshot(const std::string& key, uint64_t request_id,
+                           int64_t /*at_version*/) override {
     std::lock_guard<std::mutex> lock(mu);
     asks.push_back(request_id);
     keys.push_back(key);
