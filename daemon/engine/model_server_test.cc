@@ -40,9 +40,9 @@ class FakeApps final : public ServerApps {
     return absl::OkStatus();
   }
   std::string JobOf(const std::string&) override { return "job"; }
-  uint64_t AwaitAsk() {
+  uint64_t AwaitAsk(size_t count = 1) {
     std::unique_lock<std::mutex> lock(mu);
-    REQUIRE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return !asks.empty(); }));
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return asks.size() >= count; }));
     return asks.back();
   }
 
@@ -81,7 +81,9 @@ struct Fixture {
       ::close(fds[1]);
     }
   };
-  std::unique_ptr<Get> StartGet(uint64_t id, const std::string& requester) {
+  // fresh_min_version >= 0: a server group's fresh get (DataGetRequest.fresh).
+  std::unique_ptr<Get> StartGet(uint64_t id, const std::string& requester,
+                                int64_t fresh_min_version = -1) {
     auto get = std::make_unique<Get>();
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, get->fds) == 0);
     PacketHeader request;
@@ -91,6 +93,11 @@ struct Fixture {
     v1::DataGetRequest body;
     body.set_server("ps");
     body.set_requester_host(requester);
+    if (fresh_min_version >= 0) {
+      body.set_fresh(true);
+      body.set_min_version(fresh_min_version);
+      body.set_no_relay(true);
+    }
     Get* raw = get.get();
     get->serving = std::thread([this, raw, request, body] {
       raw->served = server->Serve(raw->fds[1], request, body);
@@ -167,6 +174,39 @@ TEST_CASE("ModelServer: gets that come while the snapshot is taken share it") {
   CHECK(stats.copies_sent == 3);
   CHECK(f.apps.asks.size() == 1);
   CHECK(f.apps.keys[0] == "1/ps");
+}
+
+TEST_CASE("ModelServer: a fresh get reads one version, kept or asked for until it comes") {
+  Fixture f;
+  // The snapshots the daemon asked for right after updates 7 and 8.
+  const uint64_t at7 = f.server->NewHistoryRequest("1/ps");
+  const uint64_t at8 = f.server->NewHistoryRequest("1/ps");
+  REQUIRE(at7 != 0);
+  f.server->Answer(at7, {7, Model(100), ""});
+  f.server->Answer(at8, {8, Model(200), ""});
+  auto kept = f.StartGet(1, "w1", /*fresh_min_version=*/7);
+  std::string got;
+  v1::DataGetReply reply = Fixture::ReadReply(*kept, &got);
+  CHECK(reply.error().empty());
+  CHECK(reply.version() == 7);
+  CHECK(got.size() == 100);
+  CHECK(f.apps.asks.empty());  // from what was kept, not the application
+
+  // A version not kept: the application is asked at once (no batch), and
+  // again until it has applied the update that makes it.
+  auto later = f.StartGet(2, "w1", 10);
+  f.server->Answer(f.apps.AwaitAsk(1), {9, Model(300), ""});
+  f.server->Answer(f.apps.AwaitAsk(2), {10, Model(300), ""});
+  reply = Fixture::ReadReply(*later, &got);
+  CHECK(reply.error().empty());
+  CHECK(reply.version() == 10);
+  CHECK(got.size() == 300);
+  CHECK(f.apps.asks.size() == 2);
+  // The application went away: its kept snapshots with it.
+  f.server->FailServer("1/ps", "server 'ps' disconnected");
+  auto gone = f.StartGet(3, "w1", 8);
+  f.server->Answer(f.apps.AwaitAsk(3), {0, nullptr, "server 'ps' disconnected"});
+  CHECK(Fixture::ReadReply(*gone, &got).error() == "server 'ps' disconnected");
 }
 
 TEST_CASE("ModelServer: each way a get fails is its reply's error") {
