@@ -369,10 +369,15 @@ void ClusterState::FailWhenCancelled(uint64_t transfer_id, const std::string& re
   if (it == updates.end()) return;
   UpdateRecord& record = it->second;
   if (!record.cancel_pending.empty()) return;  // asked already
-  if (group_pushes.count(transfer_id)) {
+  if (auto group = group_pushes.find(transfer_id); group != group_pushes.end()) {
     // Its parts are held at the shards until all are in: none was applied
     // unless they were released, and Complete cancels those that were not.
-    Complete(transfer_id, v1::OUTCOME_FAILED, reason, 0);
+    Complete(transfer_id, v1::OUTCOME_FAILED,
+             group->second.released
+                 ? absl::StrCat(reason, " (after every shard had its part: shards that "
+                                        "applied theirs keep it)")
+                 : reason,
+             0);
     return;
   }
   if (record.state == UpdateState::kInFlight && record.aggregate_id != 0) {

@@ -667,6 +667,12 @@ absl::Status SchedulerService::ResolveServer(const v1::ResolveServerRequest& req
     return absl::NotFoundError(absl::StrCat("server '", request.server(), "' of job '",
                                             request.job(), "' is not registered"));
   }
+  if (!server->second.shards.empty()) {
+    if (std::string lacks = GroupIncomplete(state_, *job, server->second); !lacks.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("server group '", request.server(), "' is not complete: ", lacks));
+    }
+  }
   const HostState* host = state_.AliveHost(server->second.host);
   if (host == nullptr) {
     return absl::UnavailableError(absl::StrCat("server '", request.server(), "' is down"));
@@ -679,10 +685,6 @@ absl::Status SchedulerService::ResolveServer(const v1::ResolveServerRequest& req
   reply->set_has_replica(replica != job->replica_hosts.end() &&
                          state_.AliveHost(replica->second) != nullptr);
   if (!server->second.shards.empty()) {
-    if (std::string lacks = GroupIncomplete(state_, *job, server->second); !lacks.empty()) {
-      return absl::UnavailableError(
-          absl::StrCat("server group '", request.server(), "' is not complete: ", lacks));
-    }
     for (const ShardSlot& slot : server->second.shards) {
       v1::ShardLocation* shard = reply->add_shards();
       shard->set_server(slot.server);

@@ -81,6 +81,9 @@ absl::Status RegisterShard(ClusterState* state, JobState* job,
   }
   slot = {name, spec.begin(), spec.end()};
   if (spec.index() == 0) group.host = request.host();
+  // Registering again with a restarted scheduler: the group's versions go
+  // on from the shards' (all equal, as every shard applies every push).
+  group.model_version = std::max(group.model_version, request.model_version());
   job->servers[name].group = group_name;
   (void)state;
   return absl::OkStatus();
