@@ -86,6 +86,17 @@ def entity(job, token, role, name, on, **extra):
     return call(REGISTER_ENTITY, message(*fields))
 
 
+def shard(name, on, group, index, count, begin, end):
+    """A shard of a server group (RegisterEntityRequest.shard)."""
+    spec = message((1, group), (2, index), (3, count), (4, begin), (5, end))
+    return call(REGISTER_ENTITY, message((1, "demo"), (2, "demo-token"), (3, SERVER),
+                                         (4, name), (5, on), (13, spec)))
+
+
+def part_ready(name, transfer):
+    return call(REPORT_COMPLETION, message((1, name), (2, transfer), (7, 1)))
+
+
 def push(job, src, server, nbytes=4096, version=0, norm=1.0, dtype=FLOAT32, local_id=1,
          tensors=None):
     fields = [(1, job), (2, src), (3, src), (4, server), (5, nbytes), (6, version),
@@ -164,6 +175,27 @@ CORPUS = {
         call(END_STREAM, message((1, "w2"), (2, 3))),
         call(AWAIT_CLOCK, message((1, "ssp"), (2, "fast"))),
         host("w2"), tick(100), stream("w1", 2),
+    ]),
+    # A server group of three shards (issue 18): push 1's parts (2-4) are
+    # reported ready, released and applied; push 5's part 7 fails before
+    # its release; then shard registrations that must be refused.
+    "server_group": bytes([1]) + b"".join([
+        host("s1"), host("s2"), host("s3"), host("w1"),
+        shard("ps-0", "s1", "ps", 0, 3, 0, 1000), shard("ps-1", "s2", "ps", 1, 3, 1000, 2000),
+        shard("ps-2", "s3", "ps", 2, 3, 2000, 3000),
+        entity("demo", "demo-token", WORKER, "a", "w1"),
+        call(RESOLVE_SERVER, message((1, "demo"), (2, "ps"))),
+        push("demo", "w1", "ps", 3000), push("demo", "w1", "ps", 3000, local_id=2),
+        push("demo", "w1", "ps", 2999), push("demo", "w1", "ps-1", 1000),
+        tick(100), stream("s1", 1), stream("s2", 2), stream("s3", 3), stream("w1", 4),
+        part_ready("s1", 2), part_ready("s2", 3), part_ready("s3", 4),
+        complete("s1", 2), complete("s2", 3), complete("s3", 4),
+        part_ready("s1", 6), complete("w1", 7, applied=False, error="connection reset"),
+        part_ready("s3", 8), part_ready("s3", 99), tick(5000), stream("s1", 1),
+        shard("ps-3", "s1", "ps", 3, 3, 3000, 4000), shard("x", "s1", "ps", 1, 3, 1000, 2000),
+        shard("ps-1", "s2", "ps", 1, 4, 1000, 2000), shard("y", "s1", "ps", 0, 1, 5, 9),
+        shard("ps", "s1", "ps", 0, 1, 0, 8), shard("z", "s1", "q", 0, 0, 0, 8),
+        shard("ps-2", "s3", "ps", 2, 3, 2000, 1000),
     ]),
     # Requests each handler must refuse, naming the field.
     "bad_requests": bytes([0]) + b"".join([
