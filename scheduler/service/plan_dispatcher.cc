@@ -48,6 +48,10 @@ class PlanDispatcher::Run {
   // §5.3: sends the plan's replica copies and marks the punted ones.
   void DispatchReplica(const core::Plan& plan);
   void FailAll(const std::set<uint64_t>& ids, const std::string& reason);
+  // What `server`'s daemon expects of push `record` at its commit position:
+  // transfer `transfer_id` of `bytes` bytes (the push, or a group's part).
+  commands::Expect PushExpect(const UpdateRecord& record, uint64_t transfer_id,
+                              const std::string& server, int64_t bytes) const;
 
   const SchedulerConfig& config_;
   ClusterState& state_;
@@ -88,6 +92,23 @@ TransferView PlanDispatcher::Run::Planned(uint64_t id, const std::string& src,
   planned.deadline_s = deadline_s;
   planned.segments = transfer.segments;
   return planned;
+}
+
+commands::Expect PlanDispatcher::Run::PushExpect(const UpdateRecord& record,
+                                                  uint64_t transfer_id, const std::string& server,
+                                                  int64_t bytes) const {
+  commands::Expect expect;
+  expect.transfer_id = transfer_id;
+  expect.job_id = job_.id;
+  expect.server = server;
+  expect.sequence = record.sequence;
+  expect.bytes = bytes;
+  expect.src_host = record.src_host;
+  expect.worker = record.worker;
+  expect.version = record.version;
+  expect.norm = record.norm;
+  expect.dtype = record.dtype;
+  return expect;
 }
 
 void PlanDispatcher::Run::FailAll(const std::set<uint64_t>& ids, const std::string& reason) {
@@ -233,19 +254,9 @@ void PlanDispatcher::Run::DispatchDirect(UpdateRecord& record, const core::Trans
   view_.transfers.push_back(record.planned);
   ++view_.scheduled;
 
-  commands::Expect expect;
-  expect.transfer_id = record.transfer_id;
-  expect.job_id = job_.id;
-  expect.server = work_.server;
-  expect.sequence = record.sequence;
-  expect.bytes = record.bytes;
-  expect.src_host = record.src_host;
-  expect.worker = record.worker;
-  expect.version = record.version;
-  expect.norm = record.norm;
+  commands::Expect expect = PushExpect(record, record.transfer_id, work_.server, record.bytes);
   expect.round_size = work_.round_size;
   expect.contributions = 1;
-  expect.dtype = record.dtype;
   state_.Enqueue(server_.host, commands::ExpectDelivery(expect));
   commands::Send send{record.transfer_id, job_.id, server_.host, server_host.data_address,
                       transfer.start_s, record.bytes};
@@ -351,17 +362,7 @@ void PlanDispatcher::Run::DispatchGroup(const core::Plan& plan) {
       view_.transfers.push_back(part.planned);
       state_.group_parts[part.id] = id;
 
-      commands::Expect expect;
-      expect.transfer_id = part.id;
-      expect.job_id = job_.id;
-      expect.server = slot.server;
-      expect.sequence = record.sequence;
-      expect.bytes = slot.end - slot.begin;
-      expect.src_host = record.src_host;
-      expect.worker = record.worker;
-      expect.version = record.version;
-      expect.norm = record.norm;
-      expect.dtype = record.dtype;
+      commands::Expect expect = PushExpect(record, part.id, slot.server, slot.end - slot.begin);
       expect.held = true;
       expect.group_push = id;
       state_.Enqueue(part.host, commands::ExpectDelivery(expect));
