@@ -249,6 +249,7 @@ absl::Status Daemon::RegisterHost() {
         // pushes are in doubt at their sources, and this registration's
         // applied log tells the new scheduler they were not applied.
         const std::vector<uint64_t> pending = delivery_.Reset();
+        unready_parts_.clear();  // their positions went with the old scheduler
         // It may number jobs differently: where servers live is asked anew.
         if (resolver_) resolver_->Clear();
         for (uint64_t transfer : pending) incoming_.erase(transfer);

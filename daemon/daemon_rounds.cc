@@ -58,6 +58,7 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
       // A held copy kept across the lost stream keeps its bytes for its
       // new announcement.
       if (!orphan_copies_.count(transfer_id)) incoming_.erase(transfer_id);
+      unready_parts_.erase(transfer_id);
       continue;
     }
     auto incoming = incoming_.find(transfer_id);
