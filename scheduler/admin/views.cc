@@ -176,6 +176,8 @@ json JobsJson(const ClusterSnapshot& snap) {
                          {"model_version", s.model_version},
                          {"pending", s.pending},
                          {"in_flight", s.in_flight},
+                         {"shards", s.shards},
+                         {"group", s.group.empty() ? json(nullptr) : json(s.group)},
                          {"replica", replica}});
     }
     json workers = json::array();

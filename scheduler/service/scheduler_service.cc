@@ -144,6 +144,8 @@ ClusterSnapshot SchedulerService::Snapshot() const {
     for (const auto& [server_name, server] : job.servers) {
       ServerView sv{server_name, server.host, server.model_version,
                     static_cast<int64_t>(server.pending.size()), server.in_flight};
+      for (const ShardSlot& slot : server.shards) sv.shards.push_back(slot.server);
+      sv.group = server.group;
       if (auto replica = job.replica_hosts.find(server_name); replica != job.replica_hosts.end()) {
         sv.replica_host = replica->second;
         sv.replica_applied = server.replica.applied;

@@ -73,6 +73,10 @@ struct ServerView {
   int64_t model_version = 0;
   int64_t pending = 0;
   int64_t in_flight = 0;
+  // Server groups (README "Server groups"): a group's shards, in byte
+  // order; a shard's group.
+  std::vector<std::string> shards;
+  std::string group;
   // Its hot-standby replica (§5.3), if it has one: where, the updates the
   // replica reported applied, how many the server applied that the replica
   // has not yet (copies in flight or punted to a later batch), and a bound
