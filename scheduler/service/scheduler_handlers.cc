@@ -145,20 +145,7 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
             known->second.host, " and is served from there; register as its replica "
             "(RegisterAsReplica) to stand by again"));
       }
-      if (auto known = job->servers.find(request.name());
-          known != job->servers.end() && !known->second.shards.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "name: '", request.name(), "' is a server group of job '", request.job(),
-            "'; a server of its own needs another name"));
-      }
-      if (!request.shard().group().empty()) {
-        RETURN_IF_ERROR(RegisterShard(&state_, job, request));
-      } else if (auto known = job->servers.find(request.name());
-                 known != job->servers.end() && !known->second.group.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "shard: server '", request.name(), "' is a shard of group '", known->second.group,
-            "'; register it with its shard spec"));
-      }
+      RETURN_IF_ERROR(RegisterServerOfGroups(&state_, job, request));  // server_groups.h
       ServerState& server = job->servers[request.name()];
       server.host = request.host();
       // Registering again with a restarted scheduler: its rounds go on from
@@ -179,14 +166,7 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
       ResolveInDoubt(&state_, config_.in_doubt_wait_s);  // its pushes in doubt are decided
       reply->set_model_version(server.model_version);
       MLF_LOG(INFO) << "job " << request.job() << ": server " << request.name() << " on "
-                    << request.host()
-                    << (request.shard().group().empty()
-                            ? std::string()
-                            : absl::StrCat(" (shard ", request.shard().index(), " of ",
-                                           request.shard().count(), " of group '",
-                                           request.shard().group(), "', bytes [",
-                                           request.shard().begin(), ", ",
-                                           request.shard().end(), "))"));
+                    << request.host() << ShardText(request.shard());
       break;
     }
     case v1::ROLE_WORKER: {
@@ -305,34 +285,16 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
                      "' is not registered (waited ", config_.server_wait_s,
                      " s; see server_wait_s)")));
   }
-  if (!server->second.group.empty()) {
-    return reject(absl::InvalidArgumentError(absl::StrCat(
-        "server: '", request.server(), "' is a shard of server group '", server->second.group,
-        "'; push to the group, which moves each shard its part")));
+  if (!server->second.shards.empty() && config_.server_wait_s > 0) {
+    // A server group whose shards are still registering: as for a server.
+    servers_cv_.wait_for(lock, std::chrono::duration<double>(config_.server_wait_s), [&] {
+      return stopping_ || GroupIncomplete(state_, *job, server->second).empty();
+    });
   }
-  if (!server->second.shards.empty()) {
-    // A server group: every shard must be there, and the push must be the
-    // whole model.
-    std::string lacks = GroupIncomplete(state_, *job, server->second);
-    if (!lacks.empty() && config_.server_wait_s > 0) {
-      const auto deadline = std::chrono::steady_clock::now() +
-                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                std::chrono::duration<double>(config_.server_wait_s));
-      servers_cv_.wait_until(lock, deadline, [&] {
-        return stopping_ || GroupIncomplete(state_, *job, server->second).empty();
-      });
-      lacks = GroupIncomplete(state_, *job, server->second);
-    }
-    if (!lacks.empty()) {
-      return reject(absl::UnavailableError(absl::StrCat(
-          "server group '", request.server(), "' is not complete: ", lacks)));
-    }
-    if (request.bytes() != GroupBytes(server->second)) {
-      return reject(absl::InvalidArgumentError(absl::StrCat(
-          "bytes: the push has ", request.bytes(), " bytes; server group '", request.server(),
-          "' holds a model of ", GroupBytes(server->second), " bytes in ",
-          server->second.shards.size(), " shards")));
-    }
+  if (absl::Status group = CheckGroupPush(state_, *job, server->first, server->second,
+                                          request.bytes());  // server_groups.h
+      !group.ok()) {
+    return reject(group);
   }
   const HostState* server_host = state_.AliveHost(server->second.host);
   if (server_host == nullptr) {
@@ -667,12 +629,7 @@ absl::Status SchedulerService::ResolveServer(const v1::ResolveServerRequest& req
     return absl::NotFoundError(absl::StrCat("server '", request.server(), "' of job '",
                                             request.job(), "' is not registered"));
   }
-  if (!server->second.shards.empty()) {
-    if (std::string lacks = GroupIncomplete(state_, *job, server->second); !lacks.empty()) {
-      return absl::UnavailableError(
-          absl::StrCat("server group '", request.server(), "' is not complete: ", lacks));
-    }
-  }
+  RETURN_IF_ERROR(CheckGroupPush(state_, *job, server->first, server->second, -1));
   const HostState* host = state_.AliveHost(server->second.host);
   if (host == nullptr) {
     return absl::UnavailableError(absl::StrCat("server '", request.server(), "' is down"));
@@ -684,13 +641,11 @@ absl::Status SchedulerService::ResolveServer(const v1::ResolveServerRequest& req
   auto replica = job->replica_hosts.find(request.server());
   reply->set_has_replica(replica != job->replica_hosts.end() &&
                          state_.AliveHost(replica->second) != nullptr);
-  if (!server->second.shards.empty()) {
-    for (const ShardSlot& slot : server->second.shards) {
-      v1::ShardLocation* shard = reply->add_shards();
-      shard->set_server(slot.server);
-      shard->set_begin(slot.begin);
-      shard->set_end(slot.end);
-    }
+  for (const ShardSlot& slot : server->second.shards) {  // a server group's
+    v1::ShardLocation* shard = reply->add_shards();
+    shard->set_server(slot.server);
+    shard->set_begin(slot.begin);
+    shard->set_end(slot.end);
   }
   return absl::OkStatus();
 }

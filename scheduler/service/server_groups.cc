@@ -89,6 +89,50 @@ absl::Status RegisterShard(ClusterState* state, JobState* job,
   return absl::OkStatus();
 }
 
+absl::Status RegisterServerOfGroups(ClusterState* state, JobState* job,
+                                    const v1::RegisterEntityRequest& request) {
+  auto known = job->servers.find(request.name());
+  if (known != job->servers.end() && !known->second.shards.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name: '", request.name(), "' is a server group of job '", request.job(),
+        "'; a server of its own needs another name"));
+  }
+  if (!request.shard().group().empty()) return RegisterShard(state, job, request);
+  if (known != job->servers.end() && !known->second.group.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard: server '", request.name(),
+                                                   "' is a shard of group '",
+                                                   known->second.group,
+                                                   "'; register it with its shard spec"));
+  }
+  return absl::OkStatus();
+}
+
+std::string ShardText(const v1::ShardSpec& spec) {
+  if (spec.group().empty()) return "";
+  return absl::StrCat(" (shard ", spec.index(), " of ", spec.count(), " of group '", spec.group(),
+                      "', bytes [", spec.begin(), ", ", spec.end(), "))");
+}
+
+absl::Status CheckGroupPush(const ClusterState& state, const JobState& job,
+                            const std::string& name, const ServerState& server, int64_t bytes) {
+  if (!server.group.empty() && bytes >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("server: '", name, "' is a shard of server group '", server.group,
+                     "'; push to the group, which moves each shard its part"));
+  }
+  if (server.shards.empty()) return absl::OkStatus();
+  if (std::string lacks = GroupIncomplete(state, job, server); !lacks.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("server group '", name, "' is not complete: ", lacks));
+  }
+  if (bytes >= 0 && bytes != GroupBytes(server)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes: the push has ", bytes, " bytes; server group '", name, "' holds a model of ",
+        GroupBytes(server), " bytes in ", server.shards.size(), " shards"));
+  }
+  return absl::OkStatus();
+}
+
 std::string GroupIncomplete(const ClusterState& state, const JobState& job,
                             const ServerState& group) {
   std::vector<std::string> missing;

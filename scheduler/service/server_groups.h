@@ -47,6 +47,20 @@ inline constexpr int kMaxShards = 64;
 absl::Status RegisterShard(ClusterState* state, JobState* job,
                            const v1::RegisterEntityRequest& request);
 
+// RegisterEntity's part for a server `request` names: a shard registers
+// into its group (RegisterShard); a plain server may not take a group's
+// name, nor a shard's without its spec.
+absl::Status RegisterServerOfGroups(ClusterState* state, JobState* job,
+                                    const v1::RegisterEntityRequest& request);
+// " (shard i of S of group 'g', bytes [b, e))" for the log; "" for no shard.
+std::string ShardText(const v1::ShardSpec& spec);
+
+// Whether a push of `bytes` bytes (-1: a get) may go to server `name`:
+// not to a shard (its group takes it), and to a group only when complete
+// and for the whole model. OK for any other server.
+absl::Status CheckGroupPush(const ClusterState& state, const JobState& job,
+                            const std::string& name, const ServerState& server, int64_t bytes);
+
 // "" when every shard of `group` is registered on a live host and their
 // ranges tile [0, total); else what is missing, for an error message.
 std::string GroupIncomplete(const ClusterState& state, const JobState& job,
