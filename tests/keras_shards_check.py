@@ -93,6 +93,17 @@ if rank == 2:
                                                 over_group["losses"][-1]), flush=True)
         expect(diff <= 1e-6, "weights differ by %g" % diff)
         expect(moved > 1e-3, "training did not move the weights")
+    # Shards the scheduler refuses, and a malformed spec: ValueErrors that
+    # name what is wrong.
+    # (the scheduler's refusals come back through the daemon: RuntimeError)
+    for spec, words in ((mlfabric.Shard("ps", 1, 2, 512, 848), "shard 1 of group 'ps' is 'ps-1'"),
+                        (mlfabric.Shard("ps", 0, 3, 0, 512), "group 'ps' has 2 shards"),
+                        (("ps", 0, 2), "expected mlfabric.Shard")):
+        try:
+            mlfabric.Server("intruder", lambda u: 0, lambda: (0, b""), shard=spec)
+            expect(False, "shard %r was accepted" % (spec,))
+        except (ValueError, RuntimeError) as e:
+            expect(words in str(e), "shard %r: %s" % (spec, e))
     # A push of the wrong size to the group fails, naming the sizes.
     result = sharded.worker.push("ps", [np.zeros(3, np.float32)], 0, 0.0,
                                  raise_on_failure=False)

@@ -16,3 +16,24 @@ timeout 280 "$root/tools/run/mlfabric-run" -v -np 2 --extra_job other:other-toke
   --divergence_bound 1000 \
   "$python" -X faulthandler "$root/tests/python_api_check.py" 2>&1 | tee "$out"
 [[ $(grep -c "python_api_check rank [0-1]: OK" "$out") == 2 ]]
+
+# A rank that raises an exception nobody catches ends the whole job, with a
+# non-zero status, instead of leaving the other rank waiting in its next
+# collective (and the job hanging in MPI_Finalize).
+raised="$TEST_TMPDIR/raised.txt"
+set +e
+timeout 120 "$root/tools/run/mlfabric-run" -np 2 "$python" -c '
+import mlfabric, numpy as np
+mlfabric.init(backend="mpi")
+if mlfabric.rank() == 1:
+    raise KeyError("rank 1 fails")
+mlfabric.allreduce(np.zeros(1, np.float32))
+print("rank 0 should not get here", flush=True)
+' > "$raised" 2>&1
+code=$?
+set -e
+cat "$raised"
+[[ $code -ne 0 && $code -ne 124 ]] || { echo "FAILED: exit $code (124: the job hung)"; exit 1; }
+grep -q "rank 1 of 2 ends on an uncaught KeyError" "$raised"
+! grep -q "rank 0 should not get here" "$raised"
+echo "python_api_test: an uncaught exception ended the job (exit $code)"

@@ -40,7 +40,17 @@ from mlfabric import _lib
 _ext = _lib.load_extension()
 AllReducer = _ext.AllReducer
 Worker = _ext.Worker
-SumServer = _ext.SumServer
+
+
+class SumServer(_ext.SumServer):
+    """A C++ parameter server applying model += update (float32), serving on
+    its own thread from construction; shard=mlfabric.Shard(...) makes it one
+    shard of a server group, `initial` then being its part of the model."""
+
+    def __init__(self, name, initial, socket="", job="", token="", shard=None):
+        _ext.SumServer.__init__(self, name, initial, socket=socket, job=job, token=token,
+                                shard=_shard_tuple(shard))
+
 PendingPush = _ext.PendingPush
 Update = _ext.Update
 Promotion = _ext.Promotion
@@ -52,6 +62,18 @@ Shard = collections.namedtuple("Shard", "group index count begin end")
 Shard.__doc__ = """One shard of a server group (README.md "Server groups"): the server
 holding bytes [begin, end) of the model that workers push to and get from by
 the group's name. Shard 0 begins at 0; each begins where the one before ends."""
+
+
+def _shard_tuple(shard):
+    """`shard` as the (group, index, count, begin, end) the binding takes."""
+    if shard is None:
+        return None
+    try:
+        group, index, count, begin, end = shard
+        return (str(group), int(index), int(count), int(begin), int(end))
+    except (TypeError, ValueError):
+        raise ValueError("shard: expected mlfabric.Shard(group, index, count, begin, end), "
+                         "got %r" % (shard,)) from None
 
 
 def partition(sizes, count, group=None):
@@ -151,7 +173,7 @@ class Server(_Serving, _ext.Server):
                  delay_bound=None, divergence_bound=None, shard=None):
         _ext.Server.__init__(self, name, socket=socket, job=job, token=token,
                              delay_bound=delay_bound, divergence_bound=divergence_bound,
-                             shard=None if shard is None else tuple(shard))
+                             shard=_shard_tuple(shard))
         self._thread = None
         self.error = None
         if update is not None:
@@ -211,12 +233,36 @@ def _stop_serving():
 _reducer = None
 
 
+def _abort_on_uncaught(previous):
+    """An excepthook for a rank of a multi-rank job: after the traceback,
+    the process exits at once. A normal exit would run MPI_Finalize, which
+    waits for the other ranks, who wait in their next collective for this
+    one: the job would hang instead of failing. mpirun sees a rank that
+    ended without finalizing and stops the others."""
+    def hook(kind, value, traceback):
+        previous(kind, value, traceback)
+        try:
+            import sys
+            sys.stdout.flush()
+            sys.stderr.write("mlfabric: rank %d of %d ends on an uncaught %s; "
+                             "the job is stopped\n" % (rank(), size(), kind.__name__))
+            sys.stderr.flush()
+        finally:
+            os._exit(1)
+    return hook
+
+
 def init(backend=None, timeout_s=300.0):
-    """Creates the process-wide AllReducer (idempotent); returns it."""
+    """Creates the process-wide AllReducer (idempotent); returns it. In a job
+    of several ranks, an exception no code catches then ends the job (every
+    rank) instead of leaving the others waiting."""
     global _reducer
     if _reducer is None:
         backend = backend or os.environ.get("MLFABRIC_ALLREDUCE_BACKEND", "auto")
         _reducer = AllReducer(backend=backend, timeout_s=timeout_s)
+        if _reducer.size > 1:
+            import sys
+            sys.excepthook = _abort_on_uncaught(sys.excepthook)
     return _reducer
 
 
