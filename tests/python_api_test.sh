@@ -33,6 +33,9 @@ print("rank 0 should not get here", flush=True)
 code=$?
 set -e
 cat "$raised"
+# mlfabric-run keeps a failed job's logs; this failure was the point.
+kept=$(sed -n 's/.*logs in \(\/tmp\/mlfabric-cluster-[A-Za-z0-9]*\).*/\1/p' "$raised" | tail -1)
+[[ -n "$kept" ]] && rm -rf "$kept"
 [[ $code -ne 0 && $code -ne 124 ]] || { echo "FAILED: exit $code (124: the job hung)"; exit 1; }
 grep -q "rank 1 of 2 ends on an uncaught KeyError" "$raised"
 ! grep -q "rank 0 should not get here" "$raised"
