@@ -17,6 +17,7 @@
 #include <functional>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "aggregator/reduce.h"
@@ -117,6 +118,9 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
       std::vector<uint64_t> pushes(step.info.constituents().begin(),
                                    step.info.constituents().end());
       if (step.info.group_push() != 0) pushes = {step.info.group_push()};
+      // A replica's aggregate of punted copies names pushes its server
+      // applied and reported long ago: not this daemon's to report.
+      if (absl::StartsWith(step.info.server(), "replica:")) pushes.clear();
       applied_log_.Handed(transfer_id, std::move(pushes));
     }
     ++stats_.deliveries;

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -31,18 +32,26 @@ namespace {
 
 constexpr size_t kDim = 65536;  // 256 KiB updates
 
-std::unique_ptr<testing::Cluster> StartCluster(double divergence_max) {
+// `aggregator`: the job names host a1 as its aggregator, and the replica's
+// host declares a downlink 50 times slower than the others, so copies are
+// punted (§5.3) and the next batches may sum them on their way.
+std::unique_ptr<testing::Cluster> StartCluster(double divergence_max, bool aggregator = false) {
   const std::string dir = launch::MakeTempDir("replica");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "tau_max": 1000,)"
+                        << (aggregator ? R"( "aggregators": ["a1"],)" : "")
                         << R"( "divergence_max": )" << divergence_max << "}]}";
   testing::ClusterOptions options;
   options.hosts = {"s1", "r1", "w1", "w2"};
+  if (aggregator) options.hosts.push_back("a1");
   options.admin = true;  // the replica's lag and divergence estimate are read there
   auto cluster = testing::Cluster::Create(options);
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  const absl::Status started = (*cluster)->Start({"--config=" + config, "--planner=mlfabric"});
+  std::map<std::string, std::vector<std::string>> host_flags;
+  if (aggregator) host_flags["r1"] = {"--downlink_bps=2e8"};
+  const absl::Status started =
+      (*cluster)->Start({"--config=" + config, "--planner=mlfabric"}, {}, host_flags);
   INFO(started.ToString());
   REQUIRE(started.ok());
   return std::move(*cluster);
@@ -191,6 +200,44 @@ TEST_CASE("The replica receives every update the server applied and ends with th
   CHECK(replica["host"] == "r1");
   CHECK(replica["lag_updates"] == 0);
   CHECK(replica["divergence_estimate"] == 0);
+}
+
+// The admin endpoint's service-wide counters (GET /api/v1/cluster).
+nlohmann::json Stats(const testing::Cluster& c) {
+  const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/cluster");
+  REQUIRE(r.status == 200);
+  return nlohmann::json::parse(r.body)["stats"];
+}
+
+TEST_CASE("Punted copies are summed at an aggregator on their way to the replica") {
+  auto c = StartCluster(/*divergence_max=*/0, /*aggregator=*/true);
+  Job job;
+  StartJob(*c, &job);
+  const int kPushes = 10;
+  CHECK(PushAll(*c, kPushes) == 2 * kPushes);
+  const bool caught_up = launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(job.replica_model.mu);
+    return job.replica_model.applied >= 2 * kPushes;
+  }, 60);
+  const nlohmann::json stats = Stats(*c);
+  std::printf("replica transfers: %lld (%lld of them aggregates) carrying %lld updates in %lld "
+              "bytes (%.2fx fewer than one copy per update)\n",
+              stats["replica_copies"].get<long long>(),
+              stats["replica_aggregates"].get<long long>(),
+              stats["replica_updates"].get<long long>(), stats["replica_bytes"].get<long long>(),
+              stats["replica_updates"].get<double>() * kDim * sizeof(float) /
+                  std::max(1.0, stats["replica_bytes"].get<double>()));
+  std::lock_guard<std::mutex> s(job.server_model.mu);
+  std::lock_guard<std::mutex> r(job.replica_model.mu);
+  INFO("replica applied " << job.replica_model.applied << " of " << job.server_model.applied
+                          << "; stats " << stats.dump());
+  CHECK(caught_up);
+  CHECK(job.replica_model.applied == job.server_model.applied);
+  CHECK(job.replica_model.model == job.server_model.model);  // integer-valued: exact
+  CHECK(stats["replica_aggregates"].get<int64_t>() >= 1);
+  CHECK(stats["replica_updates"].get<int64_t>() == 2 * kPushes);
+  CHECK(stats["replica_bytes"].get<int64_t>() <
+        stats["replica_updates"].get<int64_t>() * static_cast<int64_t>(kDim * sizeof(float)));
 }
 
 TEST_CASE("With a tight divergence bound the replica still ends exact") {

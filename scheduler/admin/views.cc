@@ -34,6 +34,9 @@ json StatsJson(const SchedulerStats& s) {
           {"aggregates", s.aggregates},
           {"chain_hops", s.chain_hops},
           {"replica_copies", s.replica_copies},
+          {"replica_aggregates", s.replica_aggregates},
+          {"replica_bytes", s.replica_bytes},
+          {"replica_updates", s.replica_updates},
           {"bandwidth_reports", s.bandwidth_reports},
           {"in_doubt_applied", s.in_doubt_applied},
           {"in_doubt_failed", s.in_doubt_failed},
@@ -363,6 +366,15 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
   w.Family("mlfabric_scheduler_replica_copies_total", "counter",
            "Replica transfers dispatched to keep hot standbys within bound (section 5.3).");
   w.Sample("mlfabric_scheduler_replica_copies_total", {}, s.replica_copies);
+  w.Family("mlfabric_scheduler_replica_aggregates_total", "counter",
+           "Replica transfers that are sums of punted copies made at an aggregator.");
+  w.Sample("mlfabric_scheduler_replica_aggregates_total", {}, s.replica_aggregates);
+  w.Family("mlfabric_scheduler_replica_bytes_total", "counter",
+           "Bytes of the replica transfers dispatched to replicas' hosts.");
+  w.Sample("mlfabric_scheduler_replica_bytes_total", {}, s.replica_bytes);
+  w.Family("mlfabric_scheduler_replica_updates_total", "counter",
+           "Updates the replica transfers carry (an aggregate carries several).");
+  w.Sample("mlfabric_scheduler_replica_updates_total", {}, s.replica_updates);
   w.Family("mlfabric_scheduler_bandwidth_reports_total", "counter",
            "ReportBandwidth calls accepted.");
   w.Sample("mlfabric_scheduler_bandwidth_reports_total", {}, s.bandwidth_reports);

@@ -208,6 +208,7 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
     config.momentum = batch.replica->momentum;
     config.history_norm = batch.replica->history_norm;
     config.lead = batch.replica->lead;
+    config.aggregate_pending_only = batch.replica->aggregate_pending_only;
     const int n = static_cast<int>(batch.updates.size());
     for (size_t j = 0; j < batch.replica->pending.size(); ++j) {
       const UpdateRequest& u = batch.replica->pending[j];

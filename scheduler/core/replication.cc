@@ -84,8 +84,10 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
   input.now_s = batch.now_s;
   input.dst_host = replica.host;
   input.items = replica.pending;
+  std::vector<AggregationItem> direct_tail;  // aggregate_pending_only: this batch's copies
   for (int u : server->order) {
-    input.items.push_back({u, batch.updates[u].worker, batch.updates[u].parts[0].bytes});
+    const AggregationItem item{u, batch.updates[u].worker, batch.updates[u].parts[0].bytes};
+    (replica.aggregate_pending_only ? direct_tail : input.items).push_back(item);
   }
   {
     Network tentative = *net;
@@ -96,6 +98,11 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
   input.to_aggregator_kind = TransferKind::kReplica;
   input.aggregate_kind = TransferKind::kReplicaAggregate;
   AggregationResult agg = Aggregate(input, net, options);
+  // The direct tail goes after Alg. 3's schedule, in stream order.
+  const std::vector<PlannedTransfer> tail =
+      SequentialDirect(direct_tail, replica.host, batch.now_s, TransferKind::kReplica, net);
+  for (const PlannedTransfer& t : tail) agg.arrival_s.push_back(t.end_s);
+  const size_t aggregated = input.items.size();  // stream positions Alg. 3 planned
   const std::vector<double> replica_commit = HonestCommits(agg.arrival_s);
 
   size_t kept = m;  // server positions kept (all unless no delay can keep the bound)
@@ -172,6 +179,7 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
     for (const PlannedTransfer& t : group.to_aggregator) result.transfers.push_back(t);
     result.transfers.push_back(group.aggregate);
   }
+  for (size_t i = 0; i < tail.size() && aggregated + i < r; ++i) result.transfers.push_back(tail[i]);
   return result;
 }
 

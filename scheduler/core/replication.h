@@ -101,6 +101,9 @@ struct ReplicaConfig {
   // Batch::updates.size() + j for ReplicaSpec::pending[j].
   std::vector<AggregationItem> pending;
   std::vector<double> pending_norms;
+  // ReplicaSpec::aggregate_pending_only: Alg. 3 runs over the `pending`
+  // prefix of the stream alone and this batch's copies follow it direct.
+  bool aggregate_pending_only = false;
 };
 
 struct ReplicationResult {

@@ -203,6 +203,49 @@ TEST_CASE("Punted updates re-sent as pending go to the replica first") {
   CHECK(problems.empty());
 }
 
+// Four punted copies of equal size from four workers, an aggregator host
+// with a fast link, and the replica's slow downlink: Alg. 3 sums the punted
+// copies on their way, and the batch's own copies still go direct.
+Batch PendingAggregationBatch(bool pending_only) {
+  Batch batch = ReplicaBatch(100.0);
+  batch.hosts.push_back({"a", 1e11, 1e11, {}, {}});
+  batch.replica->aggregators = {"a"};
+  batch.aggregators.clear();
+  batch.replica->aggregate_pending_only = pending_only;
+  for (int i = 0; i < 4; ++i) {
+    UpdateRequest punted;
+    punted.id = "p" + std::to_string(i);
+    punted.worker = "w" + std::to_string(i);
+    punted.bytes = 125000000;
+    punted.norm = 1.0;
+    batch.replica->pending.push_back(punted);
+  }
+  return batch;
+}
+
+TEST_CASE("Punted copies are summed at the replica's aggregators; in-flight copies go direct") {
+  {
+    const Batch batch = PendingAggregationBatch(/*pending_only=*/true);
+    auto plan = MlfabricPlanner().PlanBatch(batch);
+    REQUIRE(plan.ok());
+    std::vector<std::string> summed;
+    for (const Transfer& t : plan->transfers) {
+      if (t.kind != TransferKind::kReplicaAggregate) continue;
+      CHECK(t.src == "a");
+      CHECK(t.dst == "r");
+      summed.insert(summed.end(), t.constituents.begin(), t.constituents.end());
+    }
+    CHECK_FALSE(summed.empty());  // summing saves the replica's slow downlink
+    for (const std::string& id : summed) CHECK(id[0] == 'p');
+    for (const Transfer& t : plan->transfers) {
+      if (t.kind == TransferKind::kReplica && t.update[0] == 'g') CHECK(t.dst == "r");
+    }
+    const auto problems = CheckPlan(batch, *plan);
+    INFO((problems.empty() ? "" : problems[0]));
+    CHECK(problems.empty());
+  }
+}
+
 TEST_CASE("Honest commits never precede arrival nor the previous commit") {
   CHECK(HonestCommits({0.3, 0.1, 0.5, 0.4}) == std::vector<double>{0.3, 0.3, 0.5, 0.5});
 }

@@ -88,6 +88,12 @@ struct ReplicaSpec {
   // replica ahead of this batch's updates. Only id, worker, bytes and norm
   // are used.
   std::vector<UpdateRequest> pending;
+  // Extension (the live service; not part of the planner JSON): only the
+  // `pending` copies may go through the replica's aggregators, this batch's
+  // go direct. A copy of a push still in flight waits at the replica for
+  // the push's outcome (exactly once), so it must not be summed with
+  // others whose pushes may end differently; `pending` pushes are applied.
+  bool aggregate_pending_only = false;
 };
 
 enum class Mode { kAsync, kSync };

@@ -51,6 +51,7 @@ core::Batch BuildBatch(const BatchInputs& in) {
   if (in.replica.has_value()) {
     involved.insert(in.replica->host);
     for (const core::UpdateRequest& punted : in.replica->pending) involved.insert(punted.worker);
+    for (const std::string& host : in.replica->aggregators) involved.insert(host);
     batch.replica = in.replica;
   }
   for (const std::string& host : involved) batch.hosts.push_back(in.host_link(host));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -141,7 +142,7 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
     if (record.replica_punted && job != nullptr) {
       job->servers[record.server].replica.pending.push_back(
           {transfer_id, record.src_host, record.worker, record.bytes, record.version,
-           record.norm});
+           record.norm, record.dtype});
       result->set_hold_for_replica(true);
     }
     // The update was computed on v(g) and applied as version applied_version:
@@ -330,12 +331,19 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
       copy.source_down = true;
       continue;
     }
-    if (copy.src_host == host_name || copy.replica_host == host_name) copies_there.push_back(id);
+    const bool feeds_it =
+        std::find(copy.feeders.begin(), copy.feeders.end(), host_name) != copy.feeders.end();
+    if (copy.src_host == host_name || copy.replica_host == host_name || feeds_it) {
+      copies_there.push_back(id);
+    }
   }
   for (uint64_t id : copies_there) {
-    const bool source = replica_copies.at(id).src_host == host_name;
+    const ReplicaCopy& copy = replica_copies.at(id);
+    const char* role = copy.replica_host == host_name ? "replica"
+                       : copy.src_host == host_name && !copy.constituents.empty() ? "aggregator"
+                                                                                   : "source";
     EndReplicaCopy(id, /*applied=*/false,
-                   absl::StrCat(source ? "source" : "replica", " host ", host_name,
+                   absl::StrCat(role, " host ", host_name,
                                 " is down: ", reason),
                    0);
   }
@@ -541,6 +549,9 @@ void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::str
   if (it == replica_copies.end()) return;
   const ReplicaCopy copy = std::move(it->second);
   replica_copies.erase(it);
+  for (auto feed = replica_feeds.begin(); feed != replica_feeds.end();) {
+    feed = feed->second == copy_id ? replica_feeds.erase(feed) : std::next(feed);
+  }
   JobState* job = FindJob(copy.job);
   double norm = 0;
   if (job != nullptr) {
@@ -551,7 +562,7 @@ void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::str
       server.replica.in_flight.erase(in_flight);
     }
     if (applied) {
-      ++server.replica.applied;
+      server.replica.applied += copy.Updates();
       // After a failover the replica is the server: its version is the model's.
       if (copy.failover) server.model_version = std::max(server.model_version, model_version);
       if (auto source = updates.find(copy.source); source != updates.end()) {
@@ -560,15 +571,24 @@ void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::str
     }
   }
   if (!applied) {
-    MLF_LOG(WARNING) << "replica copy " << copy_id << " of push " << copy.source
-                     << " failed: " << reason;
+    if (copy.constituents.empty()) {
+      MLF_LOG(WARNING) << "replica copy " << copy_id << " of push " << copy.source
+                       << " failed: " << reason;
+    } else {
+      MLF_LOG(WARNING) << "replica aggregate " << copy_id << " of " << copy.constituents.size()
+                       << " punted copies (pushes " << copy.constituents.front() << ".."
+                       << copy.constituents.back() << ") failed: " << reason;
+    }
     CancelReplicaCopy(copy_id, copy, reason);
-    // Its push is in the server's model and now never in the replica's.
-    if (auto told = recent_outcomes.find(copy.source);
-        !copy.failover && job != nullptr && told != recent_outcomes.end() &&
-        told->second.outcome == v1::OUTCOME_APPLIED) {
+    // Its push is in the server's model and now never in the replica's (an
+    // aggregate's pushes all are: only punted copies are summed).
+    auto told = recent_outcomes.find(copy.source);
+    const bool server_has_it =
+        !copy.constituents.empty() ||
+        (told != recent_outcomes.end() && told->second.outcome == v1::OUTCOME_APPLIED);
+    if (!copy.failover && job != nullptr && server_has_it) {
       ReplicaTrack& replica = job->servers[copy.server].replica;
-      ++replica.missed;
+      replica.missed += copy.Updates();
       replica.missed_norm += norm;
     }
     // Its update is in the old server's model and now in no model.
@@ -576,7 +596,7 @@ void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::str
       for (auto failover = job->failovers.rbegin(); failover != job->failovers.rend();
            ++failover) {
         if (failover->server != copy.server) continue;
-        ++failover->lost_updates;
+        failover->lost_updates += copy.Updates();
         failover->lost_norm += norm;
         break;
       }

@@ -132,6 +132,7 @@ struct PendingReplica {
   int64_t bytes = 0;
   int64_t version = 0;
   double norm = 0;
+  v1::DType dtype = v1::DTYPE_FLOAT32;
 };
 struct ReplicaTrack {
   std::vector<PendingReplica> pending;   // copies punted to a later batch
@@ -212,6 +213,16 @@ struct ReplicaCopy {
   // Its source's host went down while it was held: released only if its
   // bytes are all in at the replica (ReleaseDelivery.cancel_if_incomplete).
   bool source_down = false;
+  // An aggregate of punted copies (§5.3 with the replica's aggregators):
+  // the pushes summed into it, all applied at the server, in commit order,
+  // and the hosts that send them to the aggregator (`src_host`), each as
+  // its own transfer (ClusterState::replica_feeds). `source` is 0.
+  std::vector<uint64_t> constituents;
+  std::vector<std::string> feeders;
+  // The updates it carries.
+  int64_t Updates() const {
+    return constituents.empty() ? 1 : static_cast<int64_t>(constituents.size());
+  }
 };
 
 // A push whose source's schedule stream broke while it was in flight: the
@@ -292,6 +303,9 @@ class ClusterState {
   // A chain hop's transfer id -> the aggregate (in `aggregates`) it feeds.
   std::map<uint64_t, uint64_t> aggregate_hops;
   std::map<uint64_t, ReplicaCopy> replica_copies;  // by copy transfer id
+  // A punted copy's transfer to its aggregator -> the replica aggregate it
+  // feeds (a key of replica_copies).
+  std::map<uint64_t, uint64_t> replica_feeds;
   // Pushes in flight to a server that failed over whose fate is their
   // replica copy's (failover.h): applied if the copy is, failed if not.
   // Out of `updates`, so that nothing else ends them first; by copy id.

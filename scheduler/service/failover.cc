@@ -82,7 +82,9 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
   // 1. Pushes in flight to the old server: what the replica holds decides.
   std::map<uint64_t, uint64_t> copy_of;  // push -> its copy still moving
   for (const auto& [copy_id, copy] : state->replica_copies) {
-    if (copy.job == job_name && copy.server == server_name) copy_of[copy.source] = copy_id;
+    if (copy.job == job_name && copy.server == server_name && copy.constituents.empty()) {
+      copy_of[copy.source] = copy_id;
+    }
   }
   std::vector<uint64_t> held, decided;
   for (const auto& [id, record] : state->updates) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -47,6 +48,17 @@ class PlanDispatcher::Run {
   void DispatchGroup(const core::Plan& plan);
   // §5.3: sends the plan's replica copies and marks the punted ones.
   void DispatchReplica(const core::Plan& plan);
+  // One of the replica's aggregates: punted copies sent to the aggregator,
+  // summed there, delivered at the replica as one (their pushes in order).
+  void DispatchReplicaAggregate(const core::Transfer& aggregate,
+                                const std::map<std::string, const core::Transfer*>& feeds,
+                                const std::string& replica_name, const HostState& replica_host);
+  // Removes and returns push `source`'s punted copy (nullopt: none).
+  std::optional<PendingReplica> TakePunted(uint64_t source);
+  // What the replica's daemon expects of copy `copy` at the replica's next
+  // position (advances it).
+  commands::Expect ReplicaExpect(uint64_t copy, const std::string& src_host,
+                                 const PendingReplica& what);
   void FailAll(const std::set<uint64_t>& ids, const std::string& reason);
   // What `server`'s daemon expects of push `record` at its commit position:
   // transfer `transfer_id` of `bytes` bytes (the push, or a group's part).
@@ -477,13 +489,26 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
   if (replica == job_.replica_hosts.end() || !work_.batch.replica.has_value()) return;
   const HostState* replica_host = state_.AliveHost(replica->second);
   if (replica_host == nullptr) return;
-  std::map<std::string, const core::Transfer*> copies;
+  std::map<std::string, const core::Transfer*> copies;      // direct, by update
+  std::map<std::string, const core::Transfer*> feeds;       // to an aggregator, by update
+  std::map<std::string, const core::Transfer*> aggregate_of;  // update -> its aggregate
   for (const core::Transfer& t : plan.transfers) {
-    if (t.kind == core::TransferKind::kReplica && t.dst == replica->second) copies[t.update] = &t;
+    if (t.kind == core::TransferKind::kReplica) {
+      (t.dst == replica->second ? copies : feeds)[t.update] = &t;
+    } else if (t.kind == core::TransferKind::kReplicaAggregate) {
+      for (const std::string& c : t.constituents) aggregate_of[c] = &t;
+    }
   }
   // Copies go in the replica's commit order, which is also its delivery
-  // order (§5.3).
+  // order (§5.3); an aggregate takes the position of its first constituent.
+  std::set<const core::Transfer*> sent_aggregates;
   for (const core::Commit& commit : plan.replica_commits) {
+    if (auto aggregate = aggregate_of.find(commit.update); aggregate != aggregate_of.end()) {
+      if (sent_aggregates.insert(aggregate->second).second) {
+        DispatchReplicaAggregate(*aggregate->second, feeds, replica->second, *replica_host);
+      }
+      continue;
+    }
     auto transfer = copies.find(commit.update);
     if (transfer == copies.end()) continue;
     const uint64_t source = std::stoull(commit.update);
@@ -491,16 +516,14 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     // A copy of a push still in flight waits at the replica for its outcome.
     bool held = false;
     if (auto record = state_.updates.find(source); record != state_.updates.end()) {
-      what = {source, record->second.src_host, record->second.worker, record->second.bytes,
-              record->second.version, record->second.norm};
+      what = {source,          record->second.src_host, record->second.worker,
+              record->second.bytes, record->second.version, record->second.norm,
+              record->second.dtype};
       held = true;
+    } else if (std::optional<PendingReplica> punted = TakePunted(source)) {
+      what = *punted;
     } else {
-      auto& punted = server_.replica.pending;
-      auto held = std::find_if(punted.begin(), punted.end(),
-                               [&](const PendingReplica& p) { return p.id == source; });
-      if (held == punted.end()) continue;  // failed meanwhile
-      what = *held;
-      punted.erase(held);
+      continue;  // failed meanwhile
     }
     const uint64_t copy = state_.NewTransferId();
     state_.replica_copies[copy] = {work_.job, work_.server, source, what.src_host,
@@ -508,16 +531,7 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     state_.replica_copies[copy].held = held;
     server_.replica.in_flight[copy] = what.norm;
 
-    commands::Expect expect;
-    expect.transfer_id = copy;
-    expect.job_id = job_.id;
-    expect.server = "replica:" + work_.server;
-    expect.sequence = server_.replica.next_sequence++;
-    expect.bytes = what.bytes;
-    expect.src_host = what.src_host;
-    expect.worker = what.worker;
-    expect.version = what.version;
-    expect.norm = what.norm;
+    commands::Expect expect = ReplicaExpect(copy, what.src_host, what);
     expect.held = held;
     expect.source = source;
     state_.Enqueue(replica->second, commands::ExpectDelivery(expect));
@@ -526,11 +540,100 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     send.source_transfer_id = source;
     state_.Enqueue(what.src_host, commands::SendTransfer(send, transfer->second->segments));
     ++state_.stats.replica_copies;
+    state_.stats.replica_bytes += what.bytes;
+    ++state_.stats.replica_updates;
   }
   for (const std::string& id_text : plan.punted) {
     auto record = state_.updates.find(std::stoull(id_text));
     if (record != state_.updates.end()) record->second.replica_punted = true;
   }
+}
+
+std::optional<PendingReplica> PlanDispatcher::Run::TakePunted(uint64_t source) {
+  auto& punted = server_.replica.pending;
+  auto held = std::find_if(punted.begin(), punted.end(),
+                           [&](const PendingReplica& p) { return p.id == source; });
+  if (held == punted.end()) return std::nullopt;
+  PendingReplica what = *held;
+  punted.erase(held);
+  return what;
+}
+
+commands::Expect PlanDispatcher::Run::ReplicaExpect(uint64_t copy, const std::string& src_host,
+                                                    const PendingReplica& what) {
+  commands::Expect expect;
+  expect.transfer_id = copy;
+  expect.job_id = job_.id;
+  expect.server = "replica:" + work_.server;
+  expect.sequence = server_.replica.next_sequence++;
+  expect.bytes = what.bytes;
+  expect.src_host = src_host;
+  expect.worker = what.worker;
+  expect.version = what.version;
+  expect.norm = what.norm;
+  expect.dtype = what.dtype;
+  return expect;
+}
+
+void PlanDispatcher::Run::DispatchReplicaAggregate(
+    const core::Transfer& aggregate, const std::map<std::string, const core::Transfer*>& feeds,
+    const std::string& replica_name, const HostState& replica_host) {
+  // Punted copies only (ReplicaSpec::aggregate_pending_only): their pushes
+  // are applied, so the sum is all the replica may ever get of them.
+  std::vector<std::pair<PendingReplica, const core::Transfer*>> members;
+  for (const std::string& id_text : aggregate.constituents) {
+    auto feed = feeds.find(id_text);
+    std::optional<PendingReplica> punted = TakePunted(std::stoull(id_text));
+    if (feed == feeds.end() || !punted.has_value()) {
+      // Not punted any more (its source is gone): the rest still go.
+      if (punted.has_value()) server_.replica.pending.push_back(*punted);
+      continue;
+    }
+    members.emplace_back(*punted, feed->second);
+  }
+  const HostState* aggregator = state_.AliveHost(aggregate.src);
+  if (members.empty()) return;
+  if (aggregator == nullptr) {
+    // Back to the punted copies: the next batch plans them again.
+    for (const auto& [what, feed] : members) server_.replica.pending.push_back(what);
+    return;
+  }
+  const uint64_t id = state_.NewTransferId();
+  ReplicaCopy record{work_.job, work_.server, 0, aggregate.src, replica_name,
+                     server_.replica.next_sequence};
+  PendingReplica sum = members.front().first;
+  sum.norm = 0;
+  commands::Aggregate task;
+  task.aggregate_id = id;
+  task.job_id = job_.id;
+  task.dst_host = replica_name;
+  task.dst_address = replica_host.data_address;
+  task.start_s = aggregate.start_s;
+  task.bytes = sum.bytes;
+  task.dtype = sum.dtype;
+  for (const auto& [what, feed] : members) {
+    const uint64_t feed_id = state_.NewTransferId();
+    task.constituents.push_back(feed_id);
+    record.constituents.push_back(what.id);
+    record.feeders.push_back(what.src_host);
+    state_.replica_feeds[feed_id] = id;
+    sum.norm += what.norm;  // |sum of u| <= sum of |u|
+    sum.version = std::max(sum.version, what.version);
+    commands::Send send{feed_id, job_.id, aggregate.src, aggregator->data_address,
+                        feed->start_s, what.bytes};
+    send.source_transfer_id = what.id;
+    state_.Enqueue(what.src_host, commands::SendTransfer(send, feed->segments));
+  }
+  state_.replica_copies[id] = record;
+  server_.replica.in_flight[id] = sum.norm;
+  commands::Expect expect = ReplicaExpect(id, aggregate.src, sum);
+  expect.constituents = record.constituents;
+  state_.Enqueue(replica_name, commands::ExpectDelivery(expect));
+  state_.Enqueue(aggregate.src, commands::AggregateTask(task, aggregate.segments));
+  ++state_.stats.replica_copies;
+  ++state_.stats.replica_aggregates;
+  state_.stats.replica_bytes += sum.bytes;
+  state_.stats.replica_updates += static_cast<int64_t>(members.size());
 }
 
 }  // namespace mlfabric

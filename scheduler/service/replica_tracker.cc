@@ -60,4 +60,19 @@ std::optional<core::ReplicaSpec> ReplicaSpecFor(ClusterState* state, const JobSt
   return spec;
 }
 
+void AllowReplicaAggregation(const ServerState& server,
+                             const std::vector<std::string>& aggregators,
+                             core::ReplicaSpec* spec) {
+  const auto& pending = server.replica.pending;
+  if (aggregators.empty() || pending.size() < 2) return;
+  for (const PendingReplica& p : pending) {
+    if ((p.dtype != v1::DTYPE_FLOAT32 && p.dtype != v1::DTYPE_FLOAT64) ||
+        p.dtype != pending.front().dtype || p.bytes != pending.front().bytes) {
+      return;
+    }
+  }
+  spec->aggregators = aggregators;
+  spec->aggregate_pending_only = true;
+}
+
 }  // namespace mlfabric

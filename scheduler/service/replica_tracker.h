@@ -13,6 +13,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "scheduler/core/types.h"
 #include "scheduler/service/cluster_state.h"
@@ -38,6 +39,15 @@ double OutstandingNorm(const ClusterState& state, const std::string& job,
 std::optional<core::ReplicaSpec> ReplicaSpecFor(ClusterState* state, const JobState& job,
                                                 const std::string& server_name,
                                                 ServerState* server);
+
+// §5.3 with the replica's own aggregators, as the live system may: lets
+// `spec`'s punted copies (`server`'s pending, in the same order) be summed
+// at `aggregators` on their way, when they can be summed (one size, one
+// floating-point type, as the aggregators' kernels need). Copies of this
+// batch's pushes stay direct (ReplicaSpec::aggregate_pending_only).
+void AllowReplicaAggregation(const ServerState& server,
+                             const std::vector<std::string>& aggregators,
+                             core::ReplicaSpec* spec);
 
 }  // namespace mlfabric
 

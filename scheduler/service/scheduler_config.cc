@@ -50,6 +50,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Int("straggler_window", &config.straggler_window, 2, 100000);
   reader.Double("ssp_max_wait_s", &config.ssp_max_wait_s, 0.01, 3600);
   reader.Bool("streaming_aggregation", &config.streaming_aggregation);
+  reader.Bool("replica_aggregation", &config.replica_aggregation);
   reader.Bool("get_trees", &config.get_trees);
   reader.Enum("get_tree_planner", &config.get_tree_planner, {"cut_through", "store_forward"});
   reader.Int("get_tree_max_fanout", &config.get_tree_max_fanout, 1, 1024);
@@ -211,6 +212,12 @@ Every key can be set in the JSON file or as a flag; flags win.
                        so the server's downlink carries one copy per chain
                        (scheduler/core/README.md); false = the paper's
                        Alg. 3 alone                      (default true)
+  --replica_aggregation  replica copies punted to a later batch (§5.3,
+                       under a loose divergence bound) are summed on their
+                       way at the job's aggregators, so the replica's
+                       downlink carries one copy per aggregate; copies of
+                       pushes still in flight always go direct
+                                                      (default true)
   --get_trees          a batch of gets for one server is answered through a
                        distribution tree: the server's host sends the model
                        to some requesters, which forward each packet to the

@@ -101,6 +101,10 @@ struct SchedulerConfig {
   // Update batches may go through streaming chains (core/aggregation.h,
   // AggregateChains) besides Alg. 3; false plans Alg. 3 alone.
   bool streaming_aggregation = true;
+  // §5.3: replica copies the planner punted to a later batch may be summed
+  // on their way at the job's aggregators (Alg. 3 towards the replica);
+  // false sends every copy direct.
+  bool replica_aggregation = true;
   std::string get_tree_planner = "cut_through";
   int64_t get_tree_max_fanout = 4;
   // cut_through: a tree is taken only if it ends at least this fraction

@@ -441,6 +441,19 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
     return absl::NotFoundError(
         absl::StrCat("transfer ", request.transfer_id(), " is no part of a group push in flight"));
   }
+  // A punted copy on its way to the replica's aggregator reports only
+  // when it fails to move; the aggregate fails with it.
+  if (auto feed = state_.replica_feeds.find(request.transfer_id());
+      feed != state_.replica_feeds.end()) {
+    if (!request.applied()) {
+      state_.EndReplicaCopy(feed->second, /*applied=*/false,
+                            absl::StrCat("its punted copy ", feed->first, " failed to reach the "
+                                         "aggregator",
+                                         request.error().empty() ? "" : ": ", request.error()),
+                            0);
+    }
+    return absl::OkStatus();
+  }
   if (state_.replica_copies.count(request.transfer_id())) {
     state_.EndReplicaCopy(request.transfer_id(), request.applied(),
                           request.error().empty() ? "replica copy failed" : request.error(),

@@ -37,6 +37,14 @@ struct SchedulerStats {
   // chains, core/aggregation.h); each chain's last hop is in `aggregates`.
   int64_t chain_hops = 0;
   int64_t replica_copies = 0;  // replica transfers dispatched (§5.3)
+  // Of those, aggregates of punted copies summed at an aggregator on their
+  // way to the replica (PlanDispatcher, §5.3 with the replica's aggregators).
+  int64_t replica_aggregates = 0;
+  // What the replica transfers carry into the replica's host: bytes, and
+  // the updates they hold (an aggregate holds several); updates * update
+  // size / bytes is the saving of replica aggregation (the paper's Fig. 9).
+  int64_t replica_bytes = 0;
+  int64_t replica_updates = 0;
   int64_t bandwidth_reports = 0;
   // Pushes of a lost scheduler's plans, ended by this one (in_doubt.h).
   int64_t in_doubt_applied = 0;
