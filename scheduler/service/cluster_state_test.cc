@@ -145,6 +145,59 @@ TEST_CASE("a host going down fails every push from or to it, once, with the reas
   CHECK(at_w2[0].outcome().reason() == "server host s1 is down: daemon disconnected");
 }
 
+// A replica aggregate (90) of two punted copies, pushes 11 (from w1, norm
+// 1) and 12 (from w2, norm 2), fed to a1 as transfers 91 and 92 and
+// expected at r1's replica endpoint at position 1.
+struct ReplicaAggregateFixture : ClusterStateFixture {
+  ReplicaAggregateFixture() : ClusterStateFixture({"s1", "r1", "w1", "w2", "a1"}) {
+    JobState& job = state.jobs["demo"];
+    job.servers["ps"].host = "s1";
+    job.replica_hosts["ps"] = "r1";
+    ReplicaCopy copy{"demo", "ps", 0, "a1", "r1", 1};
+    copy.constituents = {11, 12};
+    copy.feeders = {"w1", "w2"};
+    state.replica_copies[90] = copy;
+    state.replica_feeds[91] = 90;
+    state.replica_feeds[92] = 90;
+    job.servers["ps"].replica.in_flight[90] = 3.0;
+  }
+  ReplicaTrack& replica() { return state.jobs["demo"].servers["ps"].replica; }
+};
+
+TEST_CASE("a replica aggregate applied counts every update it carries") {
+  ReplicaAggregateFixture f;
+  f.state.EndReplicaCopy(90, /*applied=*/true, "", 7);
+  CHECK(f.replica().applied == 2);
+  CHECK(f.replica().in_flight.empty());
+  CHECK(f.state.replica_feeds.empty());
+  CHECK(f.Drain("r1").empty());
+}
+
+TEST_CASE("a replica aggregate whose feeder goes down is cancelled and its updates counted missed") {
+  ReplicaAggregateFixture f;
+  f.state.MarkHostDown("w2", "daemon disconnected");
+  CHECK(f.state.replica_copies.empty());
+  CHECK(f.state.replica_feeds.empty());
+  // Both pushes are in the server's model and now never in the replica's.
+  CHECK(f.replica().missed == 2);
+  CHECK(f.replica().missed_norm == 3.0);
+  const auto at_replica = f.Drain("r1");
+  REQUIRE(at_replica.size() == 1);
+  CHECK(at_replica[0].cancel().transfer_id() == 90);
+  CHECK(at_replica[0].cancel().sequence() == 1);
+  CHECK(at_replica[0].cancel().reason().find("source host w2 is down") == 0);
+}
+
+TEST_CASE("a replica aggregate whose aggregator goes down names it") {
+  ReplicaAggregateFixture f;
+  f.state.MarkHostDown("a1", "daemon disconnected");
+  CHECK(f.state.replica_copies.empty());
+  CHECK(f.replica().missed == 2);
+  const auto at_replica = f.Drain("r1");
+  REQUIRE(at_replica.size() == 1);
+  CHECK(at_replica[0].cancel().reason().find("aggregator host a1 is down") == 0);
+}
+
 TEST_CASE("an aggregate's failure fails its constituents and cancels it at both ends") {
   Fixture f;
   const uint64_t a = f.Push("w1"), b = f.Push("w2");
