@@ -24,7 +24,10 @@
 // the replica (how much in-network aggregation of the copies saved), and
 // how far the replica lagged at the end.
 //
-//   bazel run -c opt //eval/testbed:replication_benchmark -- --bounds=1,8,32,128
+//   bazel run -c opt //eval/testbed:replication_benchmark -- --bounds=1,8,32,128 \
+//       --worker_link_bps=400e6
+// (--replica_aggregation=none|punted passes the scheduler's flag: copies
+// direct, or only punted ones summed.)
 //
 // Runs alternate within a round (none, replica K1, checkpoint K1, replica
 // K2, ...): the machine is shared and noisy. Hosts are network namespaces
@@ -84,6 +87,7 @@ struct Flags {
   std::vector<int64_t> bounds = {1, 8, 32, 128};
   std::string mode = "netns";
   std::string checkpoint = "remote";
+  std::string replica_aggregation = "all";  // the scheduler's flag
   double worker_link_bps = 0;  // 0: link_bps
 };
 
@@ -311,7 +315,9 @@ absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int ru
                         {"aggregators", workers}};
   if (setting.kind == Kind::kReplica) job["divergence_max"] = static_cast<double>(setting.k);
   std::ofstream(config) << nlohmann::json{{"jobs", {job}}}.dump();
-  if (absl::Status s = c.Start({"--config=" + config, "--planner=mlfabric"}, {}, host_flags);
+  if (absl::Status s = c.Start({"--config=" + config, "--planner=mlfabric",
+                                "--replica_aggregation=" + flags.replica_aggregation},
+                               {}, host_flags);
       !s.ok()) {
     return s;
   }
@@ -499,6 +505,7 @@ int main(int argc, char** argv) {
   reader.String("bounds", &bounds);
   reader.String("mode", &flags.mode);
   reader.Enum("checkpoint", &flags.checkpoint, {"remote", "local"});
+  reader.Enum("replica_aggregation", &flags.replica_aggregation, {"all", "punted", "none"});
   reader.Double("worker_link_bps", &flags.worker_link_bps, 0, 1e11);
   absl::Status status = reader.Finish();
   flags.bounds.clear();
@@ -521,18 +528,20 @@ int main(int argc, char** argv) {
                  "replication_benchmark: %s\nflags: --workers (8) --model_bytes (1 MiB) --link_bps "
                  "(100e6) --compute_ms (100) --seconds (15) --warmup_s (3) --rounds (1) "
                  "--tau_max (60) --bounds=K1,K2,... (1,8,32,128) --mode=netns|loopback "
-                 "--checkpoint=remote|local (remote) --worker_link_bps (= link_bps)\n",
+                 "--checkpoint=remote|local (remote) --worker_link_bps (= link_bps) "
+                 "--replica_aggregation=all|punted|none (all)\n",
                  std::string(status.message()).c_str());
     return 2;
   }
   flags.workers = static_cast<int>(workers);
   flags.rounds = static_cast<int>(rounds);
   std::printf("replication_benchmark: %d workers, model %lld bytes, links %.0f Mbit/s (workers' "
-              "%.0f), checkpoints %s, compute %lld ms, tau_max %lld, %s; %.0f s measured after "
+              "%.0f), checkpoints %s, replica aggregation %s, compute %lld ms, tau_max %lld, %s; "
+              "%.0f s measured after "
               "%.0f s per run; K = %s\n",
               flags.workers, static_cast<long long>(flags.model_bytes), flags.link_bps / 1e6,
               (flags.worker_link_bps > 0 ? flags.worker_link_bps : flags.link_bps) / 1e6,
-              flags.checkpoint.c_str(),
+              flags.checkpoint.c_str(), flags.replica_aggregation.c_str(),
               static_cast<long long>(flags.compute_ms), static_cast<long long>(flags.tau_max),
               flags.mode.c_str(), flags.seconds, flags.warmup_s,
               absl::StrJoin(flags.bounds, ",").c_str());

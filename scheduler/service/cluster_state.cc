@@ -200,7 +200,22 @@ void ClusterState::SettleHeldCopies(uint64_t transfer_id, bool applied,
                                     const std::string& reason) {
   std::vector<uint64_t> cancelled;
   for (auto& [copy_id, copy] : replica_copies) {
-    if (copy.source != transfer_id || !copy.held) continue;
+    if (!copy.held) continue;
+    if (!copy.constituents.empty()) {  // an aggregate: all its pushes decide
+      if (copy.unsettled.erase(transfer_id) == 0) continue;
+      if (!applied) {
+        cancelled.push_back(copy_id);
+        continue;
+      }
+      for (size_t i = 0; i < copy.constituents.size(); ++i) {
+        if (copy.constituents[i] == transfer_id) copy.applied_members[transfer_id] = copy.norms[i];
+      }
+      if (!copy.unsettled.empty()) continue;
+      copy.held = false;
+      Enqueue(copy.replica_host, commands::ReleaseDelivery(copy_id, copy.sequence, copy.source_down));
+      continue;
+    }
+    if (copy.source != transfer_id) continue;
     copy.held = false;
     if (applied) {
       Enqueue(copy.replica_host,
@@ -324,15 +339,15 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
   // takes its punted copies with it.
   std::vector<uint64_t> copies_there;
   for (auto& [id, copy] : replica_copies) {
-    // A held copy from the host may be whole at the replica already: its
-    // push's outcome decides it (SettleHeldCopies), as long as the replica
-    // is there.
-    if (copy.held && copy.src_host == host_name && copy.replica_host != host_name) {
+    // A held copy (or aggregate) from the host, or fed by it, may be whole
+    // at the replica already: its pushes' outcomes decide it
+    // (SettleHeldCopies), as long as the replica is there.
+    const bool feeds_it =
+        std::find(copy.feeders.begin(), copy.feeders.end(), host_name) != copy.feeders.end();
+    if (copy.held && (copy.src_host == host_name || feeds_it) && copy.replica_host != host_name) {
       copy.source_down = true;
       continue;
     }
-    const bool feeds_it =
-        std::find(copy.feeders.begin(), copy.feeders.end(), host_name) != copy.feeders.end();
     if (copy.src_host == host_name || copy.replica_host == host_name || feeds_it) {
       copies_there.push_back(id);
     }
@@ -568,6 +583,11 @@ void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::str
       if (auto source = updates.find(copy.source); source != updates.end()) {
         source->second.replica_ahead = true;
       }
+      for (uint64_t member : copy.constituents) {
+        if (auto source = updates.find(member); source != updates.end()) {
+          source->second.replica_ahead = true;
+        }
+      }
     }
   }
   if (!applied) {
@@ -576,20 +596,37 @@ void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::str
                        << " failed: " << reason;
     } else {
       MLF_LOG(WARNING) << "replica aggregate " << copy_id << " of " << copy.constituents.size()
-                       << " punted copies (pushes " << copy.constituents.front() << ".."
+                       << " copies (pushes " << copy.constituents.front() << ".."
                        << copy.constituents.back() << ") failed: " << reason;
     }
     CancelReplicaCopy(copy_id, copy, reason);
-    // Its push is in the server's model and now never in the replica's (an
-    // aggregate's pushes all are: only punted copies are summed).
-    auto told = recent_outcomes.find(copy.source);
-    const bool server_has_it =
-        !copy.constituents.empty() ||
-        (told != recent_outcomes.end() && told->second.outcome == v1::OUTCOME_APPLIED);
-    if (!copy.failover && job != nullptr && server_has_it) {
+    // Pushes in the server's model and now never in the replica's: the
+    // copy's push if it applied, an aggregate's pushes that applied.
+    int64_t missed = 0;
+    double missed_norm = 0;
+    if (copy.constituents.empty()) {
+      if (auto told = recent_outcomes.find(copy.source);
+          told != recent_outcomes.end() && told->second.outcome == v1::OUTCOME_APPLIED) {
+        missed = 1;
+        missed_norm = norm;
+      }
+    } else {
+      for (const auto& [member, member_norm] : copy.applied_members) {
+        ++missed;
+        missed_norm += member_norm;
+      }
+      // Its pushes still in flight get a copy of their own once applied
+      // (§5.3's punted copies: their sources keep the bytes).
+      for (uint64_t member : copy.unsettled) {
+        if (auto record = updates.find(member); record != updates.end()) {
+          record->second.replica_punted = true;
+        }
+      }
+    }
+    if (!copy.failover && job != nullptr && missed > 0) {
       ReplicaTrack& replica = job->servers[copy.server].replica;
-      replica.missed += copy.Updates();
-      replica.missed_norm += norm;
+      replica.missed += missed;
+      replica.missed_norm += missed_norm;
     }
     // Its update is in the old server's model and now in no model.
     if (copy.failover && job != nullptr) {
@@ -602,11 +639,16 @@ void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::str
       }
     }
   }
-  // A push in flight to a server that failed over ends as its copy did.
-  auto decided = decided_by_copy.find(copy_id);
-  if (decided == decided_by_copy.end()) return;
-  UpdateRecord record = std::move(decided->second);
-  decided_by_copy.erase(decided);
+  // Pushes in flight to a server that failed over end as their copy did.
+  auto [decided, decided_end] = decided_by_copy.equal_range(copy_id);
+  std::vector<UpdateRecord> records;
+  for (auto d = decided; d != decided_end; ++d) records.push_back(std::move(d->second));
+  decided_by_copy.erase(decided, decided_end);
+  for (UpdateRecord& record : records) EndDecidedByCopy(std::move(record), applied, reason, model_version);
+}
+
+void ClusterState::EndDecidedByCopy(UpdateRecord record, bool applied, const std::string& reason,
+                                    int64_t model_version) {
   const uint64_t id = record.transfer_id;
   updates[id] = std::move(record);
   if (applied) {

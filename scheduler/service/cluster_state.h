@@ -213,12 +213,19 @@ struct ReplicaCopy {
   // Its source's host went down while it was held: released only if its
   // bytes are all in at the replica (ReleaseDelivery.cancel_if_incomplete).
   bool source_down = false;
-  // An aggregate of punted copies (§5.3 with the replica's aggregators):
-  // the pushes summed into it, all applied at the server, in commit order,
-  // and the hosts that send them to the aggregator (`src_host`), each as
-  // its own transfer (ClusterState::replica_feeds). `source` is 0.
+  // An aggregate of copies (§5.3 with the replica's aggregators): the
+  // pushes summed into it, in commit order, and the hosts that send them
+  // to the aggregator (`src_host`), each as its own transfer
+  // (ClusterState::replica_feeds). `source` is 0. It is `held` while some
+  // of its pushes are still in flight (`unsettled`): released once all
+  // applied, cancelled as soon as one does not (the others' copies are
+  // then sent again, or counted missed). `applied_members`: the pushes
+  // known applied at the server, with their norms.
   std::vector<uint64_t> constituents;
+  std::vector<double> norms;  // per constituent
   std::vector<std::string> feeders;
+  std::set<uint64_t> unsettled;
+  std::map<uint64_t, double> applied_members;
   // The updates it carries.
   int64_t Updates() const {
     return constituents.empty() ? 1 : static_cast<int64_t>(constituents.size());
@@ -308,8 +315,9 @@ class ClusterState {
   std::map<uint64_t, uint64_t> replica_feeds;
   // Pushes in flight to a server that failed over whose fate is their
   // replica copy's (failover.h): applied if the copy is, failed if not.
-  // Out of `updates`, so that nothing else ends them first; by copy id.
-  std::map<uint64_t, UpdateRecord> decided_by_copy;
+  // Out of `updates`, so that nothing else ends them first; by copy id
+  // (an aggregate copy decides all its pushes in flight).
+  std::multimap<uint64_t, UpdateRecord> decided_by_copy;
   // A restarted scheduler's account of the pushes of its predecessor's
   // plans (in_doubt.h): those in doubt at their sources, and what the
   // servers' daemons applied (version, when heard) or were applying.
@@ -398,6 +406,9 @@ class ClusterState {
   // `model_version`: the replica's, when applied.
   void EndReplicaCopy(uint64_t copy_id, bool applied, const std::string& reason,
                       int64_t model_version);
+  // Push `record`, decided by its copy after a failover, ends as it did.
+  void EndDecidedByCopy(UpdateRecord record, bool applied, const std::string& reason,
+                        int64_t model_version);
   void DropReplicaPending(ServerState* server, const std::string& reason);
   // Push `transfer_id` ended: its held replica copies are released to the
   // replica (applied) or cancelled there (not applied).

@@ -155,6 +155,8 @@ struct ReplicaAggregateFixture : ClusterStateFixture {
     job.replica_hosts["ps"] = "r1";
     ReplicaCopy copy{"demo", "ps", 0, "a1", "r1", 1};
     copy.constituents = {11, 12};
+    copy.norms = {1.0, 2.0};
+    copy.applied_members = {{11, 1.0}, {12, 2.0}};
     copy.feeders = {"w1", "w2"};
     state.replica_copies[90] = copy;
     state.replica_feeds[91] = 90;
@@ -186,6 +188,71 @@ TEST_CASE("a replica aggregate whose feeder goes down is cancelled and its updat
   CHECK(at_replica[0].cancel().transfer_id() == 90);
   CHECK(at_replica[0].cancel().sequence() == 1);
   CHECK(at_replica[0].cancel().reason().find("source host w2 is down") == 0);
+}
+
+// The same aggregate made of copies of two pushes still in flight: held at
+// the replica until both apply.
+struct HeldAggregateFixture : ReplicaAggregateFixture {
+  uint64_t a = 0, b = 0;
+  HeldAggregateFixture() {
+    a = Push("w1");
+    b = Push("w2");
+    for (uint64_t id : {a, b}) {
+      state.updates[id].state = UpdateState::kInFlight;
+      state.updates[id].norm = 1.0;
+    }
+    ReplicaCopy& copy = state.replica_copies[90];
+    copy.constituents = {a, b};
+    copy.norms = {1.0, 1.0};
+    copy.applied_members.clear();
+    copy.unsettled = {a, b};
+    copy.held = true;
+  }
+  uint64_t Push(const std::string& src) { return AddPush(src, 5).transfer_id; }
+};
+
+TEST_CASE("a held replica aggregate is released only once every push in it applied") {
+  HeldAggregateFixture f;
+  f.state.Complete(f.a, v1::OUTCOME_APPLIED, "", 6);
+  CHECK(f.Drain("r1").empty());  // b is still in flight
+  f.state.Complete(f.b, v1::OUTCOME_APPLIED, "", 7);
+  const auto at_replica = f.Drain("r1");
+  REQUIRE(at_replica.size() == 1);
+  CHECK(at_replica[0].release().transfer_id() == 90);
+  CHECK(at_replica[0].release().sequence() == 1);
+  f.state.EndReplicaCopy(90, /*applied=*/true, "", 7);
+  CHECK(f.replica().applied == 2);
+  CHECK(f.replica().missed == 0);
+}
+
+TEST_CASE("a held replica aggregate is cancelled when one of its pushes fails") {
+  HeldAggregateFixture f;
+  f.state.Complete(f.a, v1::OUTCOME_APPLIED, "", 6);
+  f.state.Complete(f.b, v1::OUTCOME_FAILED, "timed out", 0);
+  CHECK(f.state.replica_copies.empty());
+  const auto at_replica = f.Drain("r1");
+  REQUIRE(at_replica.size() == 1);
+  CHECK(at_replica[0].cancel().transfer_id() == 90);
+  // a applied at the server and its copy went with the aggregate.
+  CHECK(f.replica().missed == 1);
+  CHECK(f.replica().missed_norm == 1.0);
+}
+
+TEST_CASE("a push of a cancelled held aggregate still in flight gets a copy of its own later") {
+  HeldAggregateFixture f;
+  f.state.MarkHostDown("a1", "daemon disconnected");  // held: its pushes decide
+  REQUIRE(f.state.replica_copies.count(90) == 1);
+  CHECK(f.state.replica_copies[90].source_down);
+  f.state.Complete(f.a, v1::OUTCOME_FAILED, "timed out", 0);
+  CHECK(f.state.replica_copies.empty());
+  // b, still in flight, is punted: once applied its source keeps the bytes
+  // for a copy in a later batch.
+  REQUIRE(f.state.updates.count(f.b) == 1);
+  CHECK(f.state.updates[f.b].replica_punted);
+  CHECK(f.replica().missed == 0);
+  f.state.Complete(f.b, v1::OUTCOME_APPLIED, "", 6);
+  REQUIRE(f.replica().pending.size() == 1);
+  CHECK(f.replica().pending[0].id == f.b);
 }
 
 TEST_CASE("a replica aggregate whose aggregator goes down names it") {

@@ -80,11 +80,11 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
                                        " to its replica on ", to, " (", reason, ")");
 
   // 1. Pushes in flight to the old server: what the replica holds decides.
-  std::map<uint64_t, uint64_t> copy_of;  // push -> its copy still moving
+  std::map<uint64_t, uint64_t> copy_of;  // push -> its copy (or aggregate) still moving
   for (const auto& [copy_id, copy] : state->replica_copies) {
-    if (copy.job == job_name && copy.server == server_name && copy.constituents.empty()) {
-      copy_of[copy.source] = copy_id;
-    }
+    if (copy.job != job_name || copy.server != server_name) continue;
+    if (copy.constituents.empty()) copy_of[copy.source] = copy_id;
+    for (uint64_t member : copy.unsettled) copy_of[member] = copy_id;
   }
   std::vector<uint64_t> held, decided;
   for (const auto& [id, record] : state->updates) {
@@ -112,7 +112,7 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
     record.round_member = false;
     record.replica_punted = false;
     record.failure_pending.clear();
-    state->decided_by_copy[copy_of[id]] = std::move(record);
+    state->decided_by_copy.emplace(copy_of[id], std::move(record));
     ++view.in_flight_awaiting;
   }
 

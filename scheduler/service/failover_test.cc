@@ -133,6 +133,48 @@ TEST_CASE("the replica becomes the server; pushes in flight end by what it holds
   CHECK(job.failed == 1);
 }
 
+TEST_CASE("pushes in flight whose copies were summed into one held aggregate end as it does") {
+  for (bool applied : {true, false}) {
+    CAPTURE(applied);
+    Fixture f;
+    f.state.hosts["a1"].alive = true;
+    const uint64_t a = f.Push("w1", /*in_flight=*/true);
+    const uint64_t b = f.Push("w2", /*in_flight=*/true);
+    const uint64_t aggregate = f.state.NewTransferId();
+    ReplicaCopy copy{"demo", "ps", 0, "a1", "r1", f.server().replica.next_sequence++};
+    copy.constituents = {a, b};
+    copy.norms = {1, 1};
+    copy.feeders = {"w1", "w2"};
+    copy.unsettled = {a, b};
+    copy.held = true;
+    f.state.replica_copies[aggregate] = copy;
+    f.server().replica.in_flight[aggregate] = 2;
+
+    REQUIRE(FailOverServersOn(&f.state, "s1", "daemon disconnected") == 1);
+    f.state.MarkHostDown("s1", "daemon disconnected");
+    // Both wait for the aggregate, which the promoted replica may now apply.
+    CHECK(f.state.decided_by_copy.count(aggregate) == 2);
+    bool released = false;
+    for (const v1::DaemonCommand& c : f.Drain("r1")) {
+      released = released || (c.has_release() && c.release().transfer_id() == aggregate);
+    }
+    CHECK(released);
+    f.state.EndReplicaCopy(aggregate, applied, applied ? "" : "aggregator a1 is down", 42);
+    CHECK(f.state.decided_by_copy.empty());
+    const auto at_w1 = f.Drain("w1");
+    const auto at_w2 = f.Drain("w2");
+    REQUIRE(Fixture::OutcomeOf(at_w1, a) != nullptr);
+    REQUIRE(Fixture::OutcomeOf(at_w2, b) != nullptr);
+    const v1::Outcome expected = applied ? v1::OUTCOME_APPLIED : v1::OUTCOME_FAILED;
+    CHECK(Fixture::OutcomeOf(at_w1, a)->outcome() == expected);
+    CHECK(Fixture::OutcomeOf(at_w2, b)->outcome() == expected);
+    if (!applied) {
+      // Both were in the old server's model maybe, and are in none now.
+      CHECK(f.state.jobs["demo"].failovers.back().lost_updates == 2);
+    }
+  }
+}
+
 TEST_CASE("updates the old server applied reach the new one from their sources, or count lost") {
   Fixture f;
   ServerState& server = f.server();

@@ -86,6 +86,33 @@ std::optional<Known> KnownOutcome(const ClusterState& state, uint64_t push, cons
   return std::nullopt;
 }
 
+// What is known of the pushes a kept copy carries (one, or an aggregate's):
+// not applied as soon as one is known not applied, applied once all are;
+// `applied` counts those known applied, with their norms summed (an
+// aggregate's norm is spread evenly: only the sum is kept).
+std::optional<Known> KnownOutcomeOfCopy(const ClusterState& state, const v1::ExpectDelivery& copy,
+                                        const std::string& job, const std::string& server,
+                                        double waited_s, double wait_s, int64_t* applied) {
+  std::vector<uint64_t> pushes(copy.constituents().begin(), copy.constituents().end());
+  if (pushes.empty()) pushes.push_back(copy.source_transfer_id());
+  *applied = 0;
+  std::optional<Known> failed;
+  bool all_known = true;
+  for (uint64_t push : pushes) {
+    const std::optional<Known> known = KnownOutcome(state, push, job, server, waited_s, wait_s);
+    if (!known.has_value()) {
+      all_known = false;
+    } else if (known->applied) {
+      ++*applied;
+    } else if (!failed.has_value()) {
+      failed = known;
+    }
+  }
+  if (failed.has_value()) return failed;
+  if (!all_known) return std::nullopt;
+  return Known{true, 0, ""};
+}
+
 // Announces the kept copy `held` at its replica's next position (or the
 // promoted replica's, as the server), as one of the replica's copies in
 // flight. False when the replica is not (yet) registered on that host.
@@ -104,6 +131,7 @@ bool Redeliver(ClusterState* state, uint64_t copy_id, const HeldAtReplica& held,
   ReplicaCopy record{held.job, server_name, held.copy.source_transfer_id(),
                      held.copy.src_host(), held.replica_host, next++};
   record.to_promoted = promoted;
+  record.constituents.assign(held.copy.constituents().begin(), held.copy.constituents().end());
   state->replica_copies[copy_id] = record;
   server->second.replica.in_flight[copy_id] = held.copy.norm();
   v1::DaemonCommand command;
@@ -126,21 +154,30 @@ void SettleKeptCopies(ClusterState* state, double wait_s) {
     std::string server = held.copy.server();
     if (absl::StartsWith(server, "replica:")) server = server.substr(8);
     const double waited_s = now_s - held.since_s;
-    const std::optional<Known> known = KnownOutcome(
-        *state, held.copy.source_transfer_id(), held.job, server, waited_s, wait_s);
+    int64_t applied = 0;
+    const std::optional<Known> known =
+        KnownOutcomeOfCopy(*state, held.copy, held.job, server, waited_s, wait_s, &applied);
     if (!known.has_value()) {
       ++it;
       continue;
     }
+    const int64_t carried = std::max(1, held.copy.constituents_size());
+    // Pushes the server applied (as far as known now) whose copy or
+    // aggregate the replica will not apply: it lacks them for good.
+    auto count_missed = [&] {
+      if (applied == 0) return;
+      if (JobState* job = state->FindJob(held.job); job != nullptr && job->servers.count(server)) {
+        ReplicaTrack& replica = job->servers[server].replica;
+        replica.missed += applied;
+        replica.missed_norm += held.copy.norm() * static_cast<double>(applied) / carried;
+      }
+    };
+    if (!known->applied) count_missed();
     if (held.incomplete) {
-      // Dropped at the replica's daemon: if its push applied, the replica
-      // lacks it for good.
+      // Dropped at the replica's daemon: if its pushes applied, the replica
+      // lacks them for good.
       if (known->applied) {
-        if (JobState* job = state->FindJob(held.job); job != nullptr && job->servers.count(server)) {
-          ReplicaTrack& replica = job->servers[server].replica;
-          ++replica.missed;
-          replica.missed_norm += held.copy.norm();
-        }
+        count_missed();
         MLF_LOG(WARNING) << "the replica of '" << server << "' on " << held.replica_host
                          << " lacks push " << held.copy.source_transfer_id()
                          << ": its copy was still arriving when the scheduler went";

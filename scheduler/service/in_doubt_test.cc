@@ -97,6 +97,44 @@ TEST_CASE("kept replica copies are delivered again if their push applied, droppe
   CHECK(f.state.jobs["demo"].servers["ps"].replica.applied == 1);
 }
 
+TEST_CASE("a kept replica aggregate is delivered again if all its pushes applied") {
+  for (bool all_applied : {true, false}) {
+    CAPTURE(all_applied);
+    Fixture f;
+    const uint64_t a = f.OldId(5), b = f.OldId(6), aggregate = f.OldId(15);
+    v1::RegisterHostRequest r1;
+    r1.set_host("r1");
+    v1::HeldCopy held = f.Held(aggregate, 0);
+    held.mutable_copy()->add_constituents(a);
+    held.mutable_copy()->add_constituents(b);
+    *r1.add_held_copies() = held;
+    AcceptHostReport(&f.state, r1);
+    f.ServerApplied(a, 12);
+    if (all_applied) f.ServerApplied(b, 13);  // else s1's daemon did not apply b
+
+    ResolveInDoubt(&f.state, 30);
+    const auto at_r1 = f.Drain("r1");
+    REQUIRE(at_r1.size() == 1);
+    const ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
+    if (all_applied) {
+      REQUIRE(at_r1[0].has_expect());
+      CHECK(at_r1[0].expect().constituents_size() == 2);
+      CHECK_FALSE(at_r1[0].expect().held());
+      REQUIRE(f.state.replica_copies.count(aggregate) == 1);
+      CHECK(f.state.replica_copies.at(aggregate).Updates() == 2);
+      CHECK(replica.missed == 0);
+    } else {
+      REQUIRE(at_r1[0].has_cancel());
+      CHECK(at_r1[0].cancel().transfer_id() == aggregate);
+      // a is in the server's model and, with its aggregate gone, never in
+      // the replica's.
+      CHECK(replica.missed == 1);
+      CHECK(replica.missed_norm == Approx(1.25));
+    }
+    CHECK(f.state.held_at_replicas.empty());
+  }
+}
+
 TEST_CASE("a kept copy waits for its server's host, and for the replica to register again") {
   Fixture f;
   f.state.hosts["s1"].alive = false;  // the server's host has not registered yet

@@ -48,8 +48,8 @@ class PlanDispatcher::Run {
   void DispatchGroup(const core::Plan& plan);
   // §5.3: sends the plan's replica copies and marks the punted ones.
   void DispatchReplica(const core::Plan& plan);
-  // One of the replica's aggregates: punted copies sent to the aggregator,
-  // summed there, delivered at the replica as one (their pushes in order).
+  // One of the replica's aggregates: copies sent to the aggregator, summed
+  // there, delivered at the replica as one (their pushes in order).
   void DispatchReplicaAggregate(const core::Transfer& aggregate,
                                 const std::map<std::string, const core::Transfer*>& feeds,
                                 const std::string& replica_name, const HostState& replica_host);
@@ -578,30 +578,50 @@ commands::Expect PlanDispatcher::Run::ReplicaExpect(uint64_t copy, const std::st
 void PlanDispatcher::Run::DispatchReplicaAggregate(
     const core::Transfer& aggregate, const std::map<std::string, const core::Transfer*>& feeds,
     const std::string& replica_name, const HostState& replica_host) {
-  // Punted copies only (ReplicaSpec::aggregate_pending_only): their pushes
-  // are applied, so the sum is all the replica may ever get of them.
-  std::vector<std::pair<PendingReplica, const core::Transfer*>> members;
+  // Punted copies (their pushes applied) and copies of this batch's pushes
+  // (in flight: the aggregate is held at the replica until every one of
+  // them applied, and cancelled as soon as one does not).
+  struct Member {
+    PendingReplica what;
+    const core::Transfer* feed;
+    bool in_flight;
+  };
+  std::vector<Member> members;
   for (const std::string& id_text : aggregate.constituents) {
+    const uint64_t id = std::stoull(id_text);
     auto feed = feeds.find(id_text);
-    std::optional<PendingReplica> punted = TakePunted(std::stoull(id_text));
-    if (feed == feeds.end() || !punted.has_value()) {
-      // Not punted any more (its source is gone): the rest still go.
-      if (punted.has_value()) server_.replica.pending.push_back(*punted);
+    if (auto record = state_.updates.find(id); record != state_.updates.end()) {
+      if (feed == feeds.end()) continue;
+      const UpdateRecord& r = record->second;
+      members.push_back({{id, r.src_host, r.worker, r.bytes, r.version, r.norm, r.dtype},
+                         feed->second, true});
       continue;
     }
-    members.emplace_back(*punted, feed->second);
+    std::optional<PendingReplica> punted = TakePunted(id);
+    if (!punted.has_value()) continue;  // failed meanwhile, or its source is gone
+    if (feed == feeds.end()) {
+      server_.replica.pending.push_back(*punted);
+      continue;
+    }
+    members.push_back({*punted, feed->second, false});
   }
   const HostState* aggregator = state_.AliveHost(aggregate.src);
   if (members.empty()) return;
   if (aggregator == nullptr) {
-    // Back to the punted copies: the next batch plans them again.
-    for (const auto& [what, feed] : members) server_.replica.pending.push_back(what);
+    // Punted copies wait for the next batch; the others become punted.
+    for (const Member& m : members) {
+      if (!m.in_flight) {
+        server_.replica.pending.push_back(m.what);
+      } else if (auto record = state_.updates.find(m.what.id); record != state_.updates.end()) {
+        record->second.replica_punted = true;
+      }
+    }
     return;
   }
   const uint64_t id = state_.NewTransferId();
   ReplicaCopy record{work_.job, work_.server, 0, aggregate.src, replica_name,
                      server_.replica.next_sequence};
-  PendingReplica sum = members.front().first;
+  PendingReplica sum = members.front().what;
   sum.norm = 0;
   commands::Aggregate task;
   task.aggregate_id = id;
@@ -611,11 +631,19 @@ void PlanDispatcher::Run::DispatchReplicaAggregate(
   task.start_s = aggregate.start_s;
   task.bytes = sum.bytes;
   task.dtype = sum.dtype;
-  for (const auto& [what, feed] : members) {
+  for (const Member& member : members) {
+    const PendingReplica& what = member.what;
+    const core::Transfer* feed = member.feed;
     const uint64_t feed_id = state_.NewTransferId();
     task.constituents.push_back(feed_id);
     record.constituents.push_back(what.id);
+    record.norms.push_back(what.norm);
     record.feeders.push_back(what.src_host);
+    if (member.in_flight) {
+      record.unsettled.insert(what.id);
+    } else {
+      record.applied_members[what.id] = what.norm;
+    }
     state_.replica_feeds[feed_id] = id;
     sum.norm += what.norm;  // |sum of u| <= sum of |u|
     sum.version = std::max(sum.version, what.version);
@@ -624,10 +652,12 @@ void PlanDispatcher::Run::DispatchReplicaAggregate(
     send.source_transfer_id = what.id;
     state_.Enqueue(what.src_host, commands::SendTransfer(send, feed->segments));
   }
+  record.held = !record.unsettled.empty();
   state_.replica_copies[id] = record;
   server_.replica.in_flight[id] = sum.norm;
   commands::Expect expect = ReplicaExpect(id, aggregate.src, sum);
   expect.constituents = record.constituents;
+  expect.held = record.held;
   state_.Enqueue(replica_name, commands::ExpectDelivery(expect));
   state_.Enqueue(aggregate.src, commands::AggregateTask(task, aggregate.segments));
   ++state_.stats.replica_copies;

@@ -60,19 +60,28 @@ std::optional<core::ReplicaSpec> ReplicaSpecFor(ClusterState* state, const JobSt
   return spec;
 }
 
-void AllowReplicaAggregation(const ServerState& server,
-                             const std::vector<std::string>& aggregators,
+void AllowReplicaAggregation(const ClusterState& state, const ServerState& server,
+                             const std::vector<std::string>& aggregators, bool pending_only,
                              core::ReplicaSpec* spec) {
-  const auto& pending = server.replica.pending;
-  if (aggregators.empty() || pending.size() < 2) return;
-  for (const PendingReplica& p : pending) {
-    if ((p.dtype != v1::DTYPE_FLOAT32 && p.dtype != v1::DTYPE_FLOAT64) ||
-        p.dtype != pending.front().dtype || p.bytes != pending.front().bytes) {
+  if (aggregators.empty()) return;
+  std::vector<std::pair<int64_t, v1::DType>> copies;
+  for (const PendingReplica& p : server.replica.pending) copies.emplace_back(p.bytes, p.dtype);
+  if (!pending_only) {
+    for (uint64_t id : server.pending) {
+      if (auto record = state.updates.find(id); record != state.updates.end()) {
+        copies.emplace_back(record->second.bytes, record->second.dtype);
+      }
+    }
+  }
+  if (copies.size() < 2) return;
+  for (const auto& [bytes, dtype] : copies) {
+    if ((dtype != v1::DTYPE_FLOAT32 && dtype != v1::DTYPE_FLOAT64) || dtype != copies[0].second ||
+        bytes != copies[0].first) {
       return;
     }
   }
   spec->aggregators = aggregators;
-  spec->aggregate_pending_only = true;
+  spec->aggregate_pending_only = pending_only;
 }
 
 }  // namespace mlfabric

@@ -40,13 +40,14 @@ std::optional<core::ReplicaSpec> ReplicaSpecFor(ClusterState* state, const JobSt
                                                 const std::string& server_name,
                                                 ServerState* server);
 
-// §5.3 with the replica's own aggregators, as the live system may: lets
-// `spec`'s punted copies (`server`'s pending, in the same order) be summed
-// at `aggregators` on their way, when they can be summed (one size, one
-// floating-point type, as the aggregators' kernels need). Copies of this
-// batch's pushes stay direct (ReplicaSpec::aggregate_pending_only).
-void AllowReplicaAggregation(const ServerState& server,
-                             const std::vector<std::string>& aggregators,
+// §5.3 with the replica's own aggregators: lets the copies of `spec` be
+// summed at `aggregators` on their way, when they can be summed (one size,
+// one floating-point type, as the aggregators' kernels need): the punted
+// ones (`server`'s replica.pending) and, unless `pending_only`, those of
+// this batch's pushes (`server`'s pending; ReplicaSpec::
+// aggregate_pending_only).
+void AllowReplicaAggregation(const ClusterState& state, const ServerState& server,
+                             const std::vector<std::string>& aggregators, bool pending_only,
                              core::ReplicaSpec* spec);
 
 }  // namespace mlfabric

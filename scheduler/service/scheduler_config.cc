@@ -50,7 +50,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Int("straggler_window", &config.straggler_window, 2, 100000);
   reader.Double("ssp_max_wait_s", &config.ssp_max_wait_s, 0.01, 3600);
   reader.Bool("streaming_aggregation", &config.streaming_aggregation);
-  reader.Bool("replica_aggregation", &config.replica_aggregation);
+  reader.Enum("replica_aggregation", &config.replica_aggregation, {"all", "punted", "none"});
   reader.Bool("get_trees", &config.get_trees);
   reader.Enum("get_tree_planner", &config.get_tree_planner, {"cut_through", "store_forward"});
   reader.Int("get_tree_max_fanout", &config.get_tree_max_fanout, 1, 1024);
@@ -212,12 +212,14 @@ Every key can be set in the JSON file or as a flag; flags win.
                        so the server's downlink carries one copy per chain
                        (scheduler/core/README.md); false = the paper's
                        Alg. 3 alone                      (default true)
-  --replica_aggregation  replica copies punted to a later batch (§5.3,
-                       under a loose divergence bound) are summed on their
-                       way at the job's aggregators, so the replica's
-                       downlink carries one copy per aggregate; copies of
-                       pushes still in flight always go direct
-                                                      (default true)
+  --replica_aggregation  all|punted|none: a replica's copies may be summed
+                       on their way at the job's aggregators (§5.3), so the
+                       replica's downlink carries one transfer per
+                       aggregate. all: any copy (an aggregate holding
+                       copies of pushes still in flight waits at the
+                       replica until they all applied); punted: only
+                       copies punted to a later batch; none: every copy
+                       direct                          (default all)
   --get_trees          a batch of gets for one server is answered through a
                        distribution tree: the server's host sends the model
                        to some requesters, which forward each packet to the

@@ -101,10 +101,12 @@ struct SchedulerConfig {
   // Update batches may go through streaming chains (core/aggregation.h,
   // AggregateChains) besides Alg. 3; false plans Alg. 3 alone.
   bool streaming_aggregation = true;
-  // §5.3: replica copies the planner punted to a later batch may be summed
-  // on their way at the job's aggregators (Alg. 3 towards the replica);
-  // false sends every copy direct.
-  bool replica_aggregation = true;
+  // §5.3: a replica's copies may be summed on their way at the job's
+  // aggregators (Alg. 3 towards the replica): "all" (copies of pushes in
+  // flight too: such an aggregate is held at the replica until all its
+  // pushes applied), "punted" (only copies punted to a later batch, whose
+  // pushes are applied), "none" (every copy direct).
+  std::string replica_aggregation = "all";
   std::string get_tree_planner = "cut_through";
   int64_t get_tree_max_fanout = 4;
   // cut_through: a tree is taken only if it ends at least this fraction

@@ -334,8 +334,10 @@ bool SchedulerService::CutBatchLocked(
   // punted earlier) within the divergence bound.
   if (round_size == 0 && use_reservations) {
     in.replica = ReplicaSpecFor(&state_, job, server_name, &server);
-    if (in.replica.has_value() && config_.replica_aggregation) {
-      AllowReplicaAggregation(server, in.aggregator_candidates, &*in.replica);
+    if (in.replica.has_value() && config_.replica_aggregation != "none") {
+      AllowReplicaAggregation(state_, server, in.aggregator_candidates,
+                              /*pending_only=*/config_.replica_aggregation == "punted",
+                              &*in.replica);
     }
   }
   in.host_link = [&](const std::string& name) {
