@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
@@ -398,19 +399,33 @@ double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
       ReleaseLocked(id);
     }
     double wake = release_at_.empty() ? kNever : release_at_.begin()->first;
+    // The most urgent packet whose transfer may send now: one waiting for
+    // its pacer's tokens (or the replies' budget) does not hold back the
+    // packets of other transfers, which have reservations of their own.
     std::optional<PacketDescriptor> packet = queue_.Peek(now);
-    if (!packet.has_value()) return wake;
+    absl::flat_hash_set<TransferId> waiting;
     double next_s = kNever;
-    if (auto out = outgoing_.find(packet->transfer_id); out != outgoing_.end()) {
-      if (SendTransferPacketLocked(lock, *packet, out->second, now, &next_s)) continue;
-    } else if (auto reply = replies_.find(packet->transfer_id); reply != replies_.end()) {
-      if (SendReplyPacketLocked(lock, *packet, reply->second, reply->first, now, &next_s)) {
-        continue;
+    bool sent = false;
+    bool removed = false;
+    // (At most kMaxWaiting transfers are looked past in one pass.)
+    constexpr size_t kMaxWaiting = 256;
+    while (packet.has_value() && !sent && !removed && waiting.size() < kMaxWaiting) {
+      double packet_next_s = kNever;
+      if (auto out = outgoing_.find(packet->transfer_id); out != outgoing_.end()) {
+        sent = SendTransferPacketLocked(lock, *packet, out->second, now, &packet_next_s);
+      } else if (auto reply = replies_.find(packet->transfer_id); reply != replies_.end()) {
+        sent = SendReplyPacketLocked(lock, *packet, reply->second, reply->first, now,
+                                     &packet_next_s);
+      } else {  // failed meanwhile
+        queue_.RemoveTransfer(packet->transfer_id);
+        removed = true;
       }
-    } else {  // failed meanwhile
-      queue_.RemoveTransfer(packet->transfer_id);
-      continue;
+      if (sent || removed) break;
+      next_s = std::min(next_s, packet_next_s);
+      waiting.insert(packet->transfer_id);
+      packet = queue_.PeekSkipping(now, waiting);
     }
+    if (sent || removed) continue;
     return std::min(wake, next_s);
   }
   return kNever;
@@ -424,7 +439,7 @@ bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
     *next_s = unscheduled_->NextSendTime(packet.length_bytes, now);
     return false;
   }
-  queue_.Pop(now);
+  queue_.Remove(packet);
   reply.writing = true;
   const std::shared_ptr<SharedBuffer> buffer = reply.buffer;  // keeps the payload alive
   PacketHeader data;
@@ -461,7 +476,7 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
     *next_s = outgoing.pacer->NextSendTime(packet.length_bytes, now);
     return false;
   }
-  queue_.Pop(now);
+  queue_.Remove(packet);
   const bool begin = !outgoing.begun;
   if (begin) {
     MLF_LOG(DEBUG) << "sending transfer " << packet.transfer_id << " from "

@@ -17,9 +17,11 @@
 // drop them (kAbort), releases transfers whose start time has come into
 // the queue (a push's tensors in their priority order; an aggregate's
 // packets as the AggregationTable reports them complete), then writes the
-// most urgent packet if its pacer (a scheduled transfer) or the
-// unscheduled budget (a get reply) has the tokens, else sleeps until one
-// will. Writes happen without the lock. A failed write to a peer fails
+// most urgent packet whose pacer (a scheduled transfer) or the unscheduled
+// budget (a get reply) has the tokens, else sleeps until one will. A
+// transfer waiting for its tokens does not hold back other transfers'
+// packets: each has its own reservation on the link (the scheduler planned
+// them side by side), and strict priority orders only what may go now. Writes happen without the lock. A failed write to a peer fails
 // every transfer queued for it (`on_failure`, once per transfer); a failed
 // reply write ends that reply only.
 //

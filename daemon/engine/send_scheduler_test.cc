@@ -172,6 +172,39 @@ TEST_CASE("SendScheduler paces a transfer by its rate segments, in scheduler tim
   CHECK(f.writer.Take().size() == 1);
 }
 
+TEST_CASE("SendScheduler does not let a paced transfer hold back another's packets") {
+  Fixture f;
+  // Transfer 3 (released first, so ahead in the queue) may send one packet
+  // a second; transfer 4 has its own, fast reservation on the same uplink.
+  v1::SendTransfer slow = Transfer(3, 160, 100.0);
+  auto* segment = slow.add_segments();
+  segment->set_from_s(100.0);
+  segment->set_to_s(110.0);
+  segment->set_rate_bps(8 * 16);
+  REQUIRE(f.send.Schedule(slow, Buffer(160), {}).ok());
+  v1::SendTransfer fast = Transfer(4, 64, 100.0, "10.0.0.3:7000");
+  segment = fast.add_segments();
+  segment->set_from_s(100.0);
+  segment->set_to_s(101.0);
+  segment->set_rate_bps(8 * 64 * 100);
+  REQUIRE(f.send.Schedule(fast, Buffer(64), {}).ok());
+  f.clock.Set(100.01);
+  for (double next = f.send.SendReady(); next < 101.0; next = f.send.SendReady()) {
+    f.clock.Set(next + 1e-6);
+  }
+  int fast_packets = 0, slow_packets = 0;
+  for (const auto& w : f.writer.Take()) {
+    if (w.kind != PacketKind::kData) continue;
+    (w.transfer == 4 ? fast_packets : slow_packets) += 1;
+  }
+  // Transfer 4 is all out within its second while transfer 3 waits for its
+  // tokens (a burst of two packets, then one a second).
+  CHECK(fast_packets == 4);
+  CHECK(slow_packets <= 3);
+  CHECK(!f.send.Has(4));
+  CHECK(f.send.Has(3));
+}
+
 TEST_CASE("SendScheduler refuses a schedule that disagrees with the data") {
   Fixture f;
   absl::Status refused = f.send.Schedule(Transfer(3, 64, 100.0), Buffer(48), {});

@@ -115,6 +115,52 @@ std::optional<PacketDescriptor> PriorityPacketQueue::Pop(double now_s) {
   return packet;
 }
 
+std::optional<PacketDescriptor> PriorityPacketQueue::PeekSkipping(
+    double now_s, const absl::flat_hash_set<TransferId>& skip) const {
+  const Entry* best = nullptr;
+  std::tuple<JobPriorityPolicy::Rank, TensorPriority, uint64_t> best_key;
+  for (const auto& [job, queues] : jobs_) {
+    // The job's first packet not skipped, in (tensor priority, arrival) order.
+    for (const auto& [priority, fifo] : queues) {
+      const Entry* first = nullptr;
+      for (const Entry& e : fifo) {
+        if (!skip.contains(e.packet.transfer_id)) {
+          first = &e;
+          break;
+        }
+      }
+      if (first == nullptr) continue;
+      auto key = std::make_tuple(policy_.RankOfRegistered(job, now_s), priority, first->sequence);
+      if (best == nullptr || key < best_key) {
+        best = first;
+        best_key = key;
+      }
+      break;  // later priorities of this job come after this one
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  return best->packet;
+}
+
+bool PriorityPacketQueue::Remove(const PacketDescriptor& packet) {
+  auto job = jobs_.find(packet.job_id);
+  if (job == jobs_.end()) return false;
+  auto queue = job->second.find(packet.tensor_priority);
+  if (queue == job->second.end()) return false;
+  std::deque<Entry>& fifo = queue->second;
+  for (auto e = fifo.begin(); e != fifo.end(); ++e) {
+    if (e->packet.transfer_id == packet.transfer_id && e->packet.tensor_id == packet.tensor_id &&
+        e->packet.offset_bytes == packet.offset_bytes) {
+      fifo.erase(e);
+      if (fifo.empty()) job->second.erase(queue);
+      --size_;
+      queued_bytes_ -= packet.length_bytes;
+      return true;
+    }
+  }
+  return false;
+}
+
 size_t PriorityPacketQueue::RemoveTransfer(TransferId transfer) {
   size_t removed = 0;
   for (auto& [job, queues] : jobs_) {

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -113,6 +114,17 @@ class PriorityPacketQueue {
   std::optional<PacketDescriptor> Pop(double now_s);
   // The packet Pop(now_s) would return, without removing it.
   std::optional<PacketDescriptor> Peek(double now_s) const;
+  // The packet Pop(now_s) would return if the packets of the transfers in
+  // `skip` were not queued (the same strict order among the rest); nullopt
+  // when there is none. For a sender whose more urgent transfers wait for
+  // their pacers' tokens: each scheduled transfer has its own reservation,
+  // so a paced one must not hold back the others (head-of-line blocking).
+  // O(J + packets skipped).
+  std::optional<PacketDescriptor> PeekSkipping(double now_s,
+                                               const absl::flat_hash_set<TransferId>& skip) const;
+  // Removes the queued packet `packet` (a Peek or PeekSkipping result:
+  // same transfer, tensor and offset); false when it is not queued.
+  bool Remove(const PacketDescriptor& packet);
 
   // Drops every queued packet of one transfer (cancel, drop, failure);
   // returns how many were removed. Order of the rest is unchanged.

@@ -207,5 +207,33 @@ TEST_CASE("Property: FIFO within equal priority under interleaving") {
   }
 }
 
+TEST_CASE("PeekSkipping keeps the strict order among the transfers not skipped") {
+  PriorityPacketQueue q = MakeQueue(JobPriorityMode::kOne, {1, 2});
+  REQUIRE(q.Push(Packet(1, 0, 0, /*transfer=*/10)).ok());
+  REQUIRE(q.Push(Packet(1, 0, 100, 10)).ok());
+  REQUIRE(q.Push(Packet(1, 0, 0, 11)).ok());
+  REQUIRE(q.Push(Packet(1, 1, 0, 12)).ok());
+  REQUIRE(q.Push(Packet(2, 0, 0, 20)).ok());
+  CHECK(q.PeekSkipping(0, {})->transfer_id == q.Peek(0)->transfer_id);
+  // Transfer 10 waits: 11 (same job and priority, later) is next, before
+  // 12 (lower priority) and job 2 (lower rank).
+  const auto next = q.PeekSkipping(0, {10});
+  REQUIRE(next.has_value());
+  CHECK(next->transfer_id == 11);
+  CHECK(q.PeekSkipping(0, {10, 11})->transfer_id == 12);
+  CHECK(q.PeekSkipping(0, {10, 11, 12})->transfer_id == 20);
+  CHECK_FALSE(q.PeekSkipping(0, {10, 11, 12, 20}).has_value());
+  // Removing that packet leaves the others in their order.
+  CHECK(q.Remove(*next));
+  CHECK_FALSE(q.Remove(*next));
+  CHECK(q.size() == 4);
+  CHECK(q.queued_bytes() == 400);
+  CHECK(q.Pop(0)->offset_bytes == 0);
+  CHECK(q.Pop(0)->offset_bytes == 100);
+  CHECK(q.Pop(0)->transfer_id == 12);
+  CHECK(q.Pop(0)->transfer_id == 20);
+  CHECK(q.empty());
+}
+
 }  // namespace
 }  // namespace mlfabric::daemon
