@@ -15,6 +15,9 @@ using transport::PacketKind;
 
 namespace {
 
+// How soon the loop looks again at a peer whose connection had not drained.
+constexpr double kPeerBusyRetryS = 0.0005;
+
 // The most a Mercury header's priority field holds.
 uint16_t HeaderPriority(uint32_t priority) {
   return static_cast<uint16_t>(std::min<uint32_t>(priority, 65535));
@@ -472,6 +475,12 @@ bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
 bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
                                              const PacketDescriptor& packet, Outgoing& outgoing,
                                              double now, double* next_s) {
+  // A peer whose connection has not drained (its link is slower than
+  // planned) does not stall the packets for other peers; look again soon.
+  if (!writer_->PeerWritable(outgoing.send)) {
+    *next_s = now + kPeerBusyRetryS;
+    return false;
+  }
   if (!outgoing.pacer->TryConsume(packet.length_bytes, now)) {
     *next_s = outgoing.pacer->NextSendTime(packet.length_bytes, now);
     return false;

@@ -34,6 +34,13 @@ class PacketWriter {
                                    const void* payload, uint32_t length,
                                    std::optional<uint32_t> crc) = 0;
 
+  // Whether a packet for the daemon at `send.dst_address()` can be written
+  // now without waiting for that peer's connection to drain: the sender
+  // loop then writes other peers' packets meanwhile, instead of blocking
+  // on a peer whose link is slower than planned. True when there is no
+  // connection yet. Cheap and never blocks (the caller may hold a lock).
+  virtual bool PeerWritable(const v1::SendTransfer& send) { return true; }
+
   // One packet on a session's own socket `fd` (a get reply goes back on the
   // connection its request came on).
   virtual absl::Status WriteToSocket(int fd, const PacketHeader& header, const void* payload,

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,19 @@ absl::StatusOr<std::shared_ptr<PeerConnections::Peer>> PeerConnections::Connect(
                sizeof(lowat_bytes_));
   peer = fresh;
   return peer;
+}
+
+bool PeerConnections::PeerWritable(const v1::SendTransfer& send) {
+  int fd = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(send.dst_address());
+    if (it == peers_.end()) return true;  // connects on the first write
+    fd = it->second->socket->native_handle();
+  }
+  pollfd p{fd, POLLOUT, 0};
+  // An error or hang-up counts as writable: the write then fails and says why.
+  return ::poll(&p, 1, 0) != 0;
 }
 
 absl::Status PeerConnections::WriteToPeer(const v1::SendTransfer& send,

@@ -50,6 +50,9 @@ class PeerConnections final : public PacketWriter {
                            std::optional<uint32_t> crc) override;
   absl::Status WriteToSocket(int fd, const PacketHeader& header, const void* payload,
                              uint32_t length) override;
+  // POLLOUT on the peer's connection: with TCP_NOTSENT_LOWAT, set once the
+  // kernel holds less than about two packets unsent for it.
+  bool PeerWritable(const v1::SendTransfer& send) override;
 
   // Closes every connection (a blocked write returns with an error).
   void CloseAll();

@@ -88,6 +88,7 @@ struct Flags {
   std::string mode = "netns";
   std::string checkpoint = "remote";
   std::string replica_aggregation = "all";  // the scheduler's flag
+  std::string admin_dump;  // a directory: the admin views mid-run, per run
   double worker_link_bps = 0;  // 0: link_bps
 };
 
@@ -200,7 +201,7 @@ struct Setting {
   std::string Name() const {
     switch (kind) {
       case Kind::kNone: return "none";
-      case Kind::kReplica: return absl::StrCat("replica K=", k);
+      case Kind::kReplica: return k == 0 ? "replica, no bound" : absl::StrCat("replica K=", k);
       case Kind::kCheckpoint: return absl::StrCat("checkpoint K=", k);
     }
     return "";
@@ -303,7 +304,8 @@ absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int ru
     host_flags[host] = {"--uplink_bps=" + r, "--downlink_bps=" + r};
   }
   options.rate = {flags.link_bps, flags.link_bps};
-  options.prefix = absl::StrCat("mlfrb", run_index, "-");
+  // Unique per process and run (a run killed earlier may have left its own).
+  options.prefix = absl::StrCat("rb", ::getpid() % 100000, "-", run_index, "-");
   auto cluster = testing::Cluster::Create(options);
   if (!cluster.ok()) return cluster.status();
   testing::Cluster& c = **cluster;
@@ -375,11 +377,11 @@ absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int ru
   std::thread server_thread([&] { (void)(*server)->Serve(); });
   std::unique_ptr<Replica> replica;
   std::thread replica_thread;
-  auto stop_apps = [&] {
-    (*server)->Stop();
+  auto stop_apps = [&] {  // the replica first: the server leaving would promote it
     if (replica) replica->Stop();
-    server_thread.join();
     if (replica_thread.joinable()) replica_thread.join();
+    (*server)->Stop();
+    server_thread.join();
   };
   if (setting.kind == Kind::kReplica) {
     RegistrationParams params;
@@ -453,6 +455,14 @@ absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int ru
       }
     });
   }
+  if (!flags.admin_dump.empty()) {
+    // Mid-run: what the scheduler plans and knows, for a closer look.
+    std::this_thread::sleep_until(measure_from + (stop - measure_from) / 2);
+    for (const char* view : {"batches", "jobs", "transfers", "cluster"}) {
+      const testing::HttpResult r = testing::Http(c.admin_port(), "GET", absl::StrCat("/api/v1/", view));
+      std::ofstream(absl::StrCat(flags.admin_dump, "/run", run_index, "-", view, ".json")) << r.body;
+    }
+  }
   for (std::thread& t : threads) t.join();
   result.seconds = flags.seconds;
   if (setting.kind == Kind::kReplica) {
@@ -507,12 +517,13 @@ int main(int argc, char** argv) {
   reader.Enum("checkpoint", &flags.checkpoint, {"remote", "local"});
   reader.Enum("replica_aggregation", &flags.replica_aggregation, {"all", "punted", "none"});
   reader.Double("worker_link_bps", &flags.worker_link_bps, 0, 1e11);
+  reader.String("admin_dump", &flags.admin_dump);
   absl::Status status = reader.Finish();
   flags.bounds.clear();
   for (absl::string_view b : absl::StrSplit(bounds, ',', absl::SkipEmpty())) {
     int64_t k = 0;
-    if (!absl::SimpleAtoi(b, &k) || k < 1) {
-      status = absl::InvalidArgumentError(absl::StrCat("--bounds: '", b, "' is not a whole number >= 1"));
+    if (!absl::SimpleAtoi(b, &k) || k < 0) {
+      status = absl::InvalidArgumentError(absl::StrCat("--bounds: '", b, "' is not a whole number >= 0"));
       break;
     }
     flags.bounds.push_back(k);
@@ -529,7 +540,7 @@ int main(int argc, char** argv) {
                  "(100e6) --compute_ms (100) --seconds (15) --warmup_s (3) --rounds (1) "
                  "--tau_max (60) --bounds=K1,K2,... (1,8,32,128) --mode=netns|loopback "
                  "--checkpoint=remote|local (remote) --worker_link_bps (= link_bps) "
-                 "--replica_aggregation=all|punted|none (all)\n",
+                 "--replica_aggregation=all|punted|none (all) --admin_dump=DIR\n",
                  std::string(status.message()).c_str());
     return 2;
   }
@@ -548,7 +559,7 @@ int main(int argc, char** argv) {
   std::vector<Setting> settings = {{Kind::kNone, 0}};
   for (int64_t k : flags.bounds) {
     settings.push_back({Kind::kReplica, k});
-    settings.push_back({Kind::kCheckpoint, k});
+    if (k > 0) settings.push_back({Kind::kCheckpoint, k});  // 0: a replica with no bound
   }
   int run_index = 0;
   bool all_ok = true;
