@@ -477,7 +477,8 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
                                              double now, double* next_s) {
   // A peer whose connection has not drained (its link is slower than
   // planned) does not stall the packets for other peers; look again soon.
-  if (!writer_->PeerWritable(outgoing.send)) {
+  // (With one transfer or reply in hand there are no others to serve.)
+  if (outgoing_.size() + replies_.size() > 1 && !writer_->PeerWritable(outgoing.send)) {
     *next_s = now + kPeerBusyRetryS;
     return false;
   }
