@@ -4,9 +4,10 @@
 // of:
 //   none          no fault tolerance (the baseline of the round);
 //   replica K     a hot-standby replica on its own host, Div_max = K
-//                 updates (every push declares norm 1, momentum 0), its
-//                 punted copies summed at the job's aggregators (the
-//                 workers' hosts, as in the paper's §7 setup);
+//                 updates (every push declares norm 1, momentum 0; K = 0:
+//                 no bound), its copies summed at the job's aggregators
+//                 (the workers' hosts, as in the paper's §7 setup) as the
+//                 scheduler's --replica_aggregation allows;
 //   checkpoint K  no replica; every K applied updates the server
 //                 application checkpoints its model, holding it meanwhile
 //                 (no update is applied during a checkpoint), as a server
