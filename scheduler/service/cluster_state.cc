@@ -687,6 +687,12 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
     AppendSegments(record.planned.segments, &(*up)[record.planned.src]);
     AppendSegments(record.planned.segments, &(*down)[record.planned.dst]);
   }
+  for (const auto& [id, copy] : replica_copies) {
+    for (const ReplicaCopy::Leg& leg : copy.legs) {
+      AppendSegments(leg.segments, &(*up)[leg.src]);
+      AppendSegments(leg.segments, &(*down)[leg.dst]);
+    }
+  }
   for (const auto& [id, aggregate] : aggregates) {
     AppendSegments(aggregate.planned.segments, &(*up)[aggregate.planned.src]);
     AppendSegments(aggregate.planned.segments, &(*down)[aggregate.planned.dst]);

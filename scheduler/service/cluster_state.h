@@ -226,6 +226,14 @@ struct ReplicaCopy {
   std::vector<std::string> feeders;
   std::set<uint64_t> unsettled;
   std::map<uint64_t, double> applied_members;
+  // Its planned transfers (a direct copy's one; an aggregate's feeds and
+  // the aggregate), reserved on their links while it lasts, as a push's
+  // are (ClusterState::Reservations): the next batches plan around them.
+  struct Leg {
+    std::string src, dst;
+    std::vector<core::RateSegment> segments;
+  };
+  std::vector<Leg> legs;
   // The updates it carries.
   int64_t Updates() const {
     return constituents.empty() ? 1 : static_cast<int64_t>(constituents.size());

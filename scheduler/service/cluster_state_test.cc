@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "scheduler/core/network.h"
 #include "scheduler/service/cluster_state_fixture.h"
 #include "scheduler/service/plan_dispatcher.h"
 
@@ -165,6 +166,23 @@ struct ReplicaAggregateFixture : ClusterStateFixture {
   }
   ReplicaTrack& replica() { return state.jobs["demo"].servers["ps"].replica; }
 };
+
+TEST_CASE("a replica copy's planned transfers stay reserved on their links while it lasts") {
+  ReplicaAggregateFixture f;
+  f.state.replica_copies[90].legs = {{"w1", "a1", {{100, 101, 5e8}}},
+                                     {"a1", "r1", {{101, 102, 1e9}}}};
+  std::map<std::string, std::vector<core::RateSegment>> up, down;
+  f.state.Reservations(&up, &down);
+  REQUIRE(down.count("r1") == 1);
+  CHECK(core::RateAt(down["r1"], 101.5) == 1e9);
+  CHECK(core::RateAt(up["w1"], 100.5) == 5e8);
+  CHECK(core::RateAt(down["a1"], 100.5) == 5e8);
+  f.state.EndReplicaCopy(90, /*applied=*/true, "", 7);
+  up.clear();
+  down.clear();
+  f.state.Reservations(&up, &down);
+  CHECK(down.count("r1") == 0);
+}
 
 TEST_CASE("a replica aggregate applied counts every update it carries") {
   ReplicaAggregateFixture f;

@@ -46,6 +46,7 @@ bool SendCatchUpCopy(ClusterState* state, const JobState& job, const std::string
   const double now_s = state->NowSeconds();
   const double rate_bps = std::max(1.0, std::min(src->uplink_bps, dst->downlink_bps));
   const double end_s = now_s + static_cast<double>(pending.bytes) * 8.0 / rate_bps;
+  state->replica_copies[copy].legs = {{pending.src_host, server->host, {{now_s, end_s, rate_bps}}}};
   commands::Send send{copy, job.id, server->host, dst->data_address, now_s, pending.bytes};
   send.source_transfer_id = pending.id;
   state->Enqueue(pending.src_host, commands::SendTransfer(send, {{now_s, end_s, rate_bps}}));

@@ -529,6 +529,8 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     state_.replica_copies[copy] = {work_.job, work_.server, source, what.src_host,
                                    replica->second, server_.replica.next_sequence};
     state_.replica_copies[copy].held = held;
+    state_.replica_copies[copy].legs = {
+        {what.src_host, replica->second, transfer->second->segments}};
     server_.replica.in_flight[copy] = what.norm;
 
     commands::Expect expect = ReplicaExpect(copy, what.src_host, what);
@@ -647,12 +649,14 @@ void PlanDispatcher::Run::DispatchReplicaAggregate(
     state_.replica_feeds[feed_id] = id;
     sum.norm += what.norm;  // |sum of u| <= sum of |u|
     sum.version = std::max(sum.version, what.version);
+    record.legs.push_back({what.src_host, aggregate.src, feed->segments});
     commands::Send send{feed_id, job_.id, aggregate.src, aggregator->data_address,
                         feed->start_s, what.bytes};
     send.source_transfer_id = what.id;
     state_.Enqueue(what.src_host, commands::SendTransfer(send, feed->segments));
   }
   record.held = !record.unsettled.empty();
+  record.legs.push_back({aggregate.src, replica_name, aggregate.segments});
   state_.replica_copies[id] = record;
   server_.replica.in_flight[id] = sum.norm;
   commands::Expect expect = ReplicaExpect(id, aggregate.src, sum);
