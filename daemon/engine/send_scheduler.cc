@@ -407,6 +407,11 @@ double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
     // packets of other transfers, which have reservations of their own.
     std::optional<PacketDescriptor> packet = queue_.Peek(now);
     absl::flat_hash_set<TransferId> waiting;
+    // Peers with a more urgent packet that may not go now (its pacer, or
+    // the connection not drained): their other packets wait too, so the
+    // packets on one connection keep strict priority (Mercury); other
+    // peers' packets go meanwhile.
+    absl::flat_hash_set<std::string> busy_peers;
     double next_s = kNever;
     bool sent = false;
     bool removed = false;
@@ -415,7 +420,15 @@ double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
     while (packet.has_value() && !sent && !removed && waiting.size() < kMaxWaiting) {
       double packet_next_s = kNever;
       if (auto out = outgoing_.find(packet->transfer_id); out != outgoing_.end()) {
-        sent = SendTransferPacketLocked(lock, *packet, out->second, now, &packet_next_s);
+        const std::string& peer = out->second.send.dst_address();
+        bool peer_busy = busy_peers.contains(peer);
+        if (peer_busy) {
+          packet_next_s = now + kPeerBusyRetryS;
+        } else {
+          sent = SendTransferPacketLocked(lock, *packet, out->second, now, &packet_next_s,
+                                          &peer_busy);
+          if (!sent) busy_peers.insert(peer);
+        }
       } else if (auto reply = replies_.find(packet->transfer_id); reply != replies_.end()) {
         sent = SendReplyPacketLocked(lock, *packet, reply->second, reply->first, now,
                                      &packet_next_s);
@@ -474,12 +487,13 @@ bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
 
 bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
                                              const PacketDescriptor& packet, Outgoing& outgoing,
-                                             double now, double* next_s) {
+                                             double now, double* next_s, bool* peer_busy) {
   // A peer whose connection has not drained (its link is slower than
   // planned) does not stall the packets for other peers; look again soon.
   // (With one transfer or reply in hand there are no others to serve.)
   if (outgoing_.size() + replies_.size() > 1 && !writer_->PeerWritable(outgoing.send)) {
     *next_s = now + kPeerBusyRetryS;
+    *peer_busy = true;
     return false;
   }
   if (!outgoing.pacer->TryConsume(packet.length_bytes, now)) {

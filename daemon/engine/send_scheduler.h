@@ -18,10 +18,11 @@
 // the queue (a push's tensors in their priority order; an aggregate's
 // packets as the AggregationTable reports them complete), then writes the
 // most urgent packet whose pacer (a scheduled transfer) or the unscheduled
-// budget (a get reply) has the tokens, else sleeps until one will. A
-// transfer waiting for its tokens does not hold back other transfers'
-// packets: each has its own reservation on the link (the scheduler planned
-// them side by side), and strict priority orders only what may go now. Writes happen without the lock. A failed write to a peer fails
+// budget (a get reply) has the tokens and whose peer's connection has
+// drained, else sleeps until one will. A transfer that may not go now
+// holds back the less urgent packets for its peer (one connection keeps
+// strict priority), not those for other peers: each transfer has its own
+// reservation (the scheduler planned them side by side). Writes happen without the lock. A failed write to a peer fails
 // every transfer queued for it (`on_failure`, once per transfer); a failed
 // reply write ends that reply only.
 //
@@ -180,9 +181,11 @@ class SendScheduler {
   // One packet of a reply, or false if the budget says wait until *next_s.
   bool SendReplyPacketLocked(std::unique_lock<std::mutex>& lock, const PacketDescriptor& packet,
                              Reply& reply, uint64_t id, double now, double* next_s);
+  // One packet of a scheduled transfer, or false if its pacer says wait
+  // until *next_s, or its peer's connection has not drained (*peer_busy).
   bool SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
                                 const PacketDescriptor& packet, Outgoing& outgoing, double now,
-                                double* next_s);
+                                double* next_s, bool* peer_busy);
 
   const Options options_;
   const Clock* const clock_;
