@@ -25,8 +25,8 @@
 // the replica (how much in-network aggregation of the copies saved), and
 // how far the replica lagged at the end.
 //
-//   bazel run -c opt //eval/testbed:replication_benchmark -- --bounds=1,8,32,128 \
-//       --worker_link_bps=400e6
+//   bazel run -c opt //eval/testbed:replication_benchmark --
+//       --bounds=1,8,32,128 --worker_link_bps=400e6   (one command line)
 // (--replica_aggregation=none|punted passes the scheduler's flag: copies
 // direct, or only punted ones summed.)
 //
