@@ -15,8 +15,9 @@ using transport::PacketKind;
 
 namespace {
 
-// How soon the loop looks again at a peer whose connection had not drained.
-constexpr double kPeerBusyRetryS = 0.0005;
+// How long the loop waits at most for a peer whose connection had not
+// drained before it looks at its queue again.
+constexpr double kPeerBusyRetryS = 0.001;
 
 // The most a Mercury header's priority field holds.
 uint16_t HeaderPriority(uint32_t priority) {
@@ -366,6 +367,19 @@ void SendScheduler::Loop() {
   while (!stopping_) {
     const double wake = SendReadyLocked(lock);
     if (stopping_) break;
+    if (!busy_sends_.empty()) {
+      // Packets wait for peers whose connections have not drained: wait
+      // for one to drain (or the next pacer time; at most kPeerBusyRetryS,
+      // so new work is not left waiting long) without the lock.
+      std::vector<v1::SendTransfer> busy = std::move(busy_sends_);
+      busy_sends_.clear();
+      const double timeout_s =
+          std::clamp(wake - clock_->NowSeconds(), 0.0, kPeerBusyRetryS);
+      lock.unlock();
+      writer_->WaitPeerWritable(busy, timeout_s);
+      lock.lock();
+      continue;
+    }
     if (wake == kNever) {
       cv_.wait(lock);
     } else {
@@ -442,6 +456,15 @@ double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
       packet = queue_.PeekSkipping(now, waiting);
     }
     if (sent || removed) continue;
+    busy_sends_.clear();
+    for (const std::string& peer : busy_peers) {
+      for (const auto& [id, out] : outgoing_) {
+        if (out.send.dst_address() == peer) {
+          busy_sends_.push_back(out.send);
+          break;
+        }
+      }
+    }
     return std::min(wake, next_s);
   }
   return kNever;

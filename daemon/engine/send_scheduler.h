@@ -187,6 +187,10 @@ class SendScheduler {
                                 const PacketDescriptor& packet, Outgoing& outgoing, double now,
                                 double* next_s, bool* peer_busy);
 
+  // The last pass's peers whose connections had not drained (one transfer
+  // to each), for the loop to wait on (PacketWriter::WaitPeerWritable).
+  std::vector<v1::SendTransfer> busy_sends_;
+
   const Options options_;
   const Clock* const clock_;
   transport::PacketWriter* const writer_;

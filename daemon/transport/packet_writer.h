@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "daemon/transport/packet.h"
@@ -40,6 +41,9 @@ class PacketWriter {
   // on a peer whose link is slower than planned. True when there is no
   // connection yet. Cheap and never blocks (the caller may hold a lock).
   virtual bool PeerWritable(const v1::SendTransfer& send) { return true; }
+  // Waits until one of the peers of `sends` can take a packet
+  // (PeerWritable), or `timeout_s` passed. Never called with a lock held.
+  virtual void WaitPeerWritable(const std::vector<v1::SendTransfer>& sends, double timeout_s) {}
 
   // One packet on a session's own socket `fd` (a get reply goes back on the
   // connection its request came on).

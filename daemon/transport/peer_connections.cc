@@ -1,6 +1,7 @@
 #include "daemon/transport/peer_connections.h"
 
 #include <netinet/in.h>
+#include <cmath>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -68,6 +69,24 @@ bool PeerConnections::PeerWritable(const v1::SendTransfer& send) {
   pollfd p{fd, POLLOUT, 0};
   // An error or hang-up counts as writable: the write then fails and says why.
   return ::poll(&p, 1, 0) != 0;
+}
+
+void PeerConnections::WaitPeerWritable(const std::vector<v1::SendTransfer>& sends,
+                                       double timeout_s) {
+  std::vector<pollfd> fds;
+  std::vector<std::shared_ptr<Peer>> held;  // keeps each socket open while polled
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const v1::SendTransfer& send : sends) {
+      auto it = peers_.find(send.dst_address());
+      if (it == peers_.end()) return;  // gone or not connected yet: look again now
+      held.push_back(it->second);
+      fds.push_back({it->second->socket->native_handle(), POLLOUT, 0});
+    }
+  }
+  if (fds.empty()) return;
+  const int timeout_ms = static_cast<int>(std::ceil(std::max(0.0, timeout_s) * 1000));
+  (void)::poll(fds.data(), fds.size(), timeout_ms);
 }
 
 absl::Status PeerConnections::WriteToPeer(const v1::SendTransfer& send,

@@ -53,6 +53,7 @@ class PeerConnections final : public PacketWriter {
   // POLLOUT on the peer's connection: with TCP_NOTSENT_LOWAT, set once the
   // kernel holds less than about two packets unsent for it.
   bool PeerWritable(const v1::SendTransfer& send) override;
+  void WaitPeerWritable(const std::vector<v1::SendTransfer>& sends, double timeout_s) override;
 
   // Closes every connection (a blocked write returns with an error).
   void CloseAll();
