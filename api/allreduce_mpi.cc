@@ -2,6 +2,7 @@
 #include <dlfcn.h>
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -15,6 +16,30 @@ namespace {
 
 std::once_flag g_init_once;
 absl::Status g_init_status;
+
+// Runs when the process exits (glibc's on_exit, which, unlike atexit, sees
+// the exit status). A rank that ends cleanly finalizes MPI. A rank that ends
+// with an error while others are still running must not: Open MPI's
+// MPI_Finalize waits for every rank to reach it, and the others are waiting
+// in their next collective for this one, so the job would hang. It aborts
+// the job instead; mpirun then stops every rank and exits non-zero.
+void FinalizeOrAbort(int status, void*) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  int size = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (status != 0 && size > 1) {
+    std::fprintf(stderr,
+                 "mlfabric: rank %d of %d exits with status %d while the other ranks may be "
+                 "waiting for it; the job is stopped\n",
+                 rank, size, status);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);
+  }
+  MPI_Finalize();
+}
 
 // Initialises MPI once per process unless the program already did. Open MPI
 // loads its components with dlopen and needs libmpi's symbols global, which
@@ -36,11 +61,7 @@ absl::Status EnsureMpiInitialized() {
           "MPI_Init_thread failed: launch the program with mlfabric-run or mpirun");
       return;
     }
-    std::atexit([] {
-      int finalized = 0;
-      MPI_Finalized(&finalized);
-      if (!finalized) MPI_Finalize();
-    });
+    on_exit(FinalizeOrAbort, nullptr);
   });
   return g_init_status;
 }

@@ -193,6 +193,20 @@ int main() {
   }
   g_rank = (*mpi)->rank();
   const int size = (*mpi)->size();
+  // A rank that returns an error from main while the others wait in a
+  // collective for it ends the job (api/allreduce_mpi.cc, FinalizeOrAbort)
+  // instead of hanging it in MPI_Finalize.
+  if (const char* fail = std::getenv("ALLREDUCE_CHECK_FAIL_RANK")) {
+    if (g_rank == std::atoi(fail)) {
+      std::fprintf(stderr, "allreduce_check rank %d: returns 3 on purpose\n", g_rank);
+      return 3;
+    }
+    std::vector<float> x(8, 1.0f);
+    absl::Status status = (*mpi)->AllReduce(x.data(), x.size(), DataType::kFloat32);
+    std::printf("allreduce_check rank %d: passed a collective the failed rank never joined (%s)\n",
+                g_rank, status.ToString().c_str());
+    return 1;
+  }
   options.backend = "mlfabric";
   if (const char* job = std::getenv("MLFABRIC_JOB")) options.client.job = job;
   if (const char* token = std::getenv("MLFABRIC_JOB_TOKEN")) options.client.job_token = token;
