@@ -224,6 +224,17 @@ absl::Status Daemon::RegisterHost() {
         doubt->set_local_id(push.local_id);
         doubt->set_job(push.app ? push.app->job : "");
         doubt->set_server(push.server);
+        doubt->set_worker(push.app ? push.app->name : "");
+        doubt->set_bytes(push.buffer ? static_cast<int64_t>(push.buffer->size()) : 0);
+        doubt->set_version(push.version);
+        doubt->set_norm(push.norm);
+        doubt->set_dtype(push.dtype);
+      }
+      for (const daemon::AppliedLog::Entry& entry : replica_log_.Report()) {
+        v1::AppliedPush* copied = request.add_replica_applied();
+        copied->set_transfer_id(entry.push);
+        copied->set_model_version(entry.model_version);
+        copied->set_acknowledged(entry.acknowledged);
       }
       for (const daemon::AppliedLog::Entry& entry : applied_log_.Report()) {
         v1::AppliedPush* applied = request.add_applied();
@@ -231,6 +242,17 @@ absl::Status Daemon::RegisterHost() {
         applied->set_model_version(entry.model_version);
         applied->set_acknowledged(entry.acknowledged);
         if (!entry.acknowledged) unacknowledged.insert(entry.push);
+      }
+      for (const auto& [transfer_id, push] : pushes_.Held()) {
+        v1::HeldSource* source = request.add_held_sources();
+        source->set_transfer_id(transfer_id);
+        source->set_job(push.app ? push.app->job : "");
+        source->set_server(push.server);
+        source->set_worker(push.app ? push.app->name : "");
+        source->set_bytes(push.buffer ? static_cast<int64_t>(push.buffer->size()) : 0);
+        source->set_version(push.version);
+        source->set_norm(push.norm);
+        source->set_dtype(push.dtype);
       }
       for (const auto& [copy, held] : orphan_copies_) *request.add_held_copies() = held;
       for (const auto& [copy, lost] : lost_copies_) *request.add_held_copies() = lost;

@@ -298,6 +298,7 @@ class Daemon : private transport::DataSessionHandler,
   daemon::PushTable pushes_;
   std::map<std::string, ServerEndpoint> servers_;     // by ServerKey
   daemon::AppliedLog applied_log_;  // what this host's servers applied (issue 16 item 4)
+  daemon::AppliedLog replica_log_;  // the pushes whose copies its replicas were handed
   // Each server endpoint's model version as its acknowledgements said, by
   // ServerKey: told to a restarted scheduler when the server registers again.
   std::map<std::string, int64_t> server_versions_;

@@ -134,6 +134,9 @@ void Daemon::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalP
   pending.request_id = push.request_id();
   pending.buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
   pending.tensors.assign(push.tensors().begin(), push.tensors().end());
+  pending.version = push.version();
+  pending.norm = push.norm();
+  pending.dtype = push.dtype();
   // Checksum the packets while the scheduler plans (see PacketChecksums);
   // not when sessions are sealed, whose tags replace the CRC.
   if (!data_keys_.encryption()) {
@@ -279,6 +282,7 @@ void Daemon::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
       awaiting_ack_.erase(done);
     }
     pushes = applied_log_.Acked(ack.transfer_id(), ack.error().empty(), ack.model_version());
+    (void)replica_log_.Acked(ack.transfer_id(), ack.error().empty(), ack.model_version());
   }
   v1::CompletionReport report;
   report.set_host(config_.host);

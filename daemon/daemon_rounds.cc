@@ -119,8 +119,17 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
                                    step.info.constituents().end());
       if (step.info.group_push() != 0) pushes = {step.info.group_push()};
       // A replica's aggregate of punted copies names pushes its server
-      // applied and reported long ago: not this daemon's to report.
-      if (absl::StartsWith(step.info.server(), "replica:")) pushes.clear();
+      // applied and reported long ago: not this daemon's to report as
+      // applied by a server, but as held by the replica (the copy's push,
+      // or the aggregate's), so a restarted scheduler copies none twice.
+      if (absl::StartsWith(step.info.server(), "replica:")) {
+        std::vector<uint64_t> copied = std::move(pushes);
+        if (copied.empty() && step.info.source_transfer_id() != 0) {
+          copied.push_back(step.info.source_transfer_id());
+        }
+        if (!copied.empty()) replica_log_.Handed(transfer_id, std::move(copied));
+        pushes.clear();
+      }
       applied_log_.Handed(transfer_id, std::move(pushes));
     }
     ++stats_.deliveries;

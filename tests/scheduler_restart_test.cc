@@ -228,15 +228,20 @@ TEST_CASE("Pushes in flight while the scheduler restarts end exactly once, as th
               PushOutcomeName(first_after.outcome));
 }
 
-TEST_CASE("A replica keeps the copies it held across a restart: it has what the server applied") {
-  // A tight divergence bound (each push's norm is 1): copies go with their
-  // pushes instead of being punted to a later batch (§5.3).
-  auto cluster = StartCluster("scheduler-restart-replica", {"s1", "r1", "w1"},
-                              R"(, "tau_max": 100000, "divergence_max": 2)", {"--planner=mlfabric"});
-  testing::Cluster& c = *cluster;
+// What a replica holds after a scheduler restart amid 40 pushes of norm 1
+// to a slow server ps0 on s1 (updates queue at its daemon), with its
+// replica on r1 and the job's divergence bound in `job_fields`.
+struct ReplicaRun {
+  int applied = 0;      // pushes reported applied
+  size_t pushes = 0;
+  int64_t replica_version = 0;
+  bool exact = false;   // the replica's model is exactly the applied pushes' sum
+  std::string scheduler_log;
+};
 
-  // A slow server: pushes wait at its daemon while their copies, held at
-  // the replica's daemon for the outcome, are all in.
+ReplicaRun RunReplicaAcrossRestart(const std::string& name, const std::string& job_fields) {
+  auto cluster = StartCluster(name, {"s1", "r1", "w1"}, job_fields, {"--planner=mlfabric"});
+  testing::Cluster& c = *cluster;
   SumModel summed;
   summed.delay = std::chrono::milliseconds(40);
   testing::InProcessServer server = summed.Serve(c, "s1");
@@ -279,36 +284,64 @@ TEST_CASE("A replica keeps the copies it held across a restart: it has what the 
   REQUIRE(RegisteredAgain(c, {"ROLE_REPLICA ps0 on r1", "worker w1 on w1"}));
   for (int p = 30; p < 40; ++p) push(p);
 
+  ReplicaRun run;
   std::vector<double> expected(kDim, 0.0);
-  int applied = 0;
   for (size_t p = 0; p < results.size(); ++p) {
     REQUIRE(results[p].wait_for(std::chrono::seconds(120)) == std::future_status::ready);
     const PushResult r = results[p].get();
     if (r.outcome != PushOutcome::kApplied) continue;
-    ++applied;
+    ++run.applied;
     for (size_t i = 0; i < kDim; ++i) expected[i] += updates[p][i];
   }
-  // The replica ends with exactly the pushes reported applied: the copies
-  // it kept are delivered for the pushes the server applied, dropped for
-  // the others.
-  const bool exact = launch::WaitUntil([&] {
+  run.pushes = results.size();
+  run.exact = launch::WaitUntil([&] {
     std::lock_guard<std::mutex> lock(standby.mu);
     return standby.model == expected;
   }, 30);
   (*replica)->Stop();
   replica_thread.join();
-  const std::string log = c.scheduler().Log();
-  const int redelivered = testing::CountOccurrences(log, "across the restart: delivered");
+  run.scheduler_log = c.scheduler().Log();
   std::lock_guard<std::mutex> lock(standby.mu);
-  INFO(applied << " of " << results.size() << " pushes applied; the replica applied "
-               << standby.version << "; " << redelivered << " kept copies delivered again");
-  CHECK(exact);
-  CHECK(standby.version == applied);
+  run.replica_version = standby.version;
+  return run;
+}
+
+TEST_CASE("A replica keeps the copies it held across a restart: it has what the server applied") {
+  // A tight divergence bound (each push's norm is 1): copies go with their
+  // pushes instead of being punted to a later batch (§5.3), and are held at
+  // the replica's daemon for the outcome.
+  const ReplicaRun run = RunReplicaAcrossRestart(
+      "scheduler-restart-replica", R"(, "tau_max": 100000, "divergence_max": 2)");
+  // The replica ends with exactly the pushes reported applied: the copies
+  // it kept are delivered for the pushes the server applied, dropped for
+  // the others.
+  const int redelivered = testing::CountOccurrences(run.scheduler_log, "across the restart: delivered");
+  INFO(run.applied << " of " << run.pushes << " pushes applied; the replica applied "
+                   << run.replica_version << "; " << redelivered << " kept copies delivered again");
+  CHECK(run.exact);
+  CHECK(run.replica_version == run.applied);
   // The kept copies' path was taken (the slow server had a queue).
   CHECK(redelivered > 0);
   std::printf("replica across the restart: %d of %zu pushes applied, %d kept copies delivered "
               "again, the replica applied %lld\n",
-              applied, results.size(), redelivered, static_cast<long long>(standby.version));
+              run.applied, run.pushes, redelivered, static_cast<long long>(run.replica_version));
+}
+
+TEST_CASE("Punted copies held at their source cross a restart: the replica has what was applied") {
+  // A loose divergence bound: copies of applied pushes are punted to later
+  // batches and their bytes stay at w1's daemon, which names them when it
+  // registers with the restarted scheduler (in_doubt.h, held sources).
+  const ReplicaRun run = RunReplicaAcrossRestart(
+      "scheduler-restart-punted", R"(, "tau_max": 100000, "divergence_max": 1000000)");
+  const int recopied = testing::CountOccurrences(run.scheduler_log, "across the restart: planned again");
+  INFO(run.applied << " of " << run.pushes << " pushes applied; the replica applied "
+                   << run.replica_version << "; " << recopied << " held copies planned again");
+  CHECK(run.exact);
+  CHECK(run.replica_version == run.applied);
+  CHECK(recopied > 0);
+  std::printf("punted copies across the restart: %d of %zu pushes applied, %d held at the source "
+              "planned again, the replica applied %lld\n",
+              run.applied, run.pushes, recopied, static_cast<long long>(run.replica_version));
 }
 
 TEST_CASE("A synchronous AllReduce job goes on across a scheduler restart") {

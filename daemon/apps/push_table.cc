@@ -73,6 +73,11 @@ std::vector<std::pair<uint64_t, PushTable::Push>> PushTable::Unresolved() const 
   return {pushes_.begin(), pushes_.end()};
 }
 
+std::vector<std::pair<uint64_t, PushTable::Push>> PushTable::Held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {held_.begin(), held_.end()};
+}
+
 size_t PushTable::submitted() const {
   std::lock_guard<std::mutex> lock(mu_);
   return pushes_.size();

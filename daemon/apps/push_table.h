@@ -31,6 +31,7 @@
 #include "daemon/engine/packet_checksums.h"
 #include "ipc/local_ipc.h"
 #include "proto/local.pb.h"
+#include "proto/scheduler.pb.h"
 
 namespace mlfabric::daemon {
 
@@ -44,6 +45,10 @@ class PushTable {
     std::shared_ptr<PacketChecksums> checksums;
     std::string server;     // where it goes
     uint64_t local_id = 0;  // set by Record
+    // As submitted, so a restarted scheduler can plan a held replica copy.
+    int64_t version = 0;
+    double norm = 0;
+    v1::DType dtype = v1::DTYPE_FLOAT32;
   };
 
   // Records a push about to be submitted; returns its local id (> 0).
@@ -69,6 +74,10 @@ class PushTable {
   // Every submitted push whose outcome is not known, by transfer id: kept
   // (a restarted scheduler tells their outcomes; issue 16 item 4).
   std::vector<std::pair<uint64_t, Push>> Unresolved() const;
+
+  // Every held push (applied, its replica copy not yet sent), by transfer
+  // id: kept (a restarted scheduler plans their copies; issue 16 item 4).
+  std::vector<std::pair<uint64_t, Push>> Held() const;
 
   size_t submitted() const;
   size_t held() const;

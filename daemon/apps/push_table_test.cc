@@ -50,6 +50,11 @@ TEST_CASE("PushTable ends a push at its outcome, keeping it for a replica copy i
   CHECK(table.TakeForOutcome(701, /*hold_for_replica=*/true)->request_id == 2);
   CHECK(!table.Find(701).has_value());
   CHECK(table.held() == 1);
+  // Reported to a restarted scheduler, and still held.
+  const auto held = table.Held();
+  REQUIRE(held.size() == 1);
+  CHECK(held[0].first == 701);
+  CHECK(held[0].second.request_id == 2);
   CHECK(table.TakeHeld(701)->request_id == 2);
   CHECK(!table.TakeHeld(701).has_value());
 }

@@ -419,6 +419,7 @@ class Testbed:
         for i, h in enumerate(self.workers):
             p = self.app(h, h, [self.binary("eval/testbed/testbed_app"), "--role=worker",
                                 "--name=" + h, "--server=ps0", "--worker_index=%d" % i,
+                                "--window=%d" % self.args.window,
                                 "--socket=" + self.sockets[h],
                                 "--out=" + os.path.join(d, h + ".jsonl"),
                                 "--stop_file=" + stop_file] + self.app_flags(), d)
@@ -667,6 +668,9 @@ def parse_args(argv):
     p.add_argument("--update_bytes", type=int, default=1 << 20,
                    help="bytes per update (ResNet-50: 100 MB); NIC rates scale with it")
     p.add_argument("--compute_s", type=float, default=0.1, help="compute per iteration (§7: 100 ms)")
+    p.add_argument("--window", type=int, default=2,
+                   help="pushes an asynchronous worker may have outstanding (MLfabric-A, vanilla): "
+                        "2 pipelines one push with the next compute, 1 waits for each push's outcome")
     p.add_argument("--period_s", type=float, default=5.0, help="T of the N-trace (§7: 5 s)")
     p.add_argument("--report_lag_s", type=float, default=0.2, help="monitor lag t_lag (§7: 0.2 s)")
     p.add_argument("--target_accuracy", type=float, default=0.70)

@@ -250,6 +250,7 @@ struct InDoubtPush {
   std::string job;
   std::string server;
   double since_s = 0;
+  PendingReplica copy;  // as submitted, should its replica need a copy
 };
 
 // A replica copy whose bytes a replica's daemon kept when its schedule
@@ -260,6 +261,19 @@ struct HeldAtReplica {
   v1::ExpectDelivery copy;  // as first announced
   bool incomplete = false;  // dropped there, bytes incomplete: only counted
   double since_s = 0;
+};
+
+// An applied push whose replica copy was punted (§5.3) and whose bytes its
+// source still held when it registered again (in_doubt.h): the copy is
+// planned again once the server's replica is registered.
+struct HeldAtSource {
+  std::string job;
+  std::string server;
+  PendingReplica copy;
+  double since_s = 0;
+  // A push in doubt that turned out applied: its source was told to hold
+  // it, and the replica may have its copy already (kept there, or applied).
+  bool from_doubt = false;
 };
 
 // A push to a server group in flight (server_groups.h): one part per
@@ -334,6 +348,14 @@ class ClusterState {
   // Replica copies a replica's daemon kept across its lost stream, held
   // for their pushes' outcomes (in_doubt.h), by copy transfer id.
   std::map<uint64_t, HeldAtReplica> held_at_replicas;
+  // Punted replica copies whose sources registered again holding them, by
+  // push id (in_doubt.h).
+  std::map<uint64_t, HeldAtSource> held_at_sources;
+  // Pushes whose copies replicas' daemons applied or were applying, as
+  // they reported registering again (push id -> when heard), and pushes
+  // copied again from their sources (in_doubt.h).
+  std::map<uint64_t, double> at_replicas;
+  std::set<uint64_t> recopied_from_source;
   std::set<uint64_t> delivering;
   // Pushes to server groups in flight, by push id, and their parts' ids.
   std::map<uint64_t, GroupPush> group_pushes;

@@ -18,10 +18,11 @@ namespace {
 constexpr double kAppliedKeepS = 120;
 
 void Tell(ClusterState* state, const InDoubtPush& push, v1::Outcome outcome,
-          const std::string& reason, int64_t applied_version) {
+          const std::string& reason, int64_t applied_version, bool hold_for_replica = false) {
   v1::DaemonCommand command =
       commands::PushOutcome(push.transfer_id, push.local_id, outcome, reason);
   if (outcome == v1::OUTCOME_APPLIED) command.mutable_outcome()->set_applied_version(applied_version);
+  if (hold_for_replica) command.mutable_outcome()->set_hold_for_replica(true);
   state->RememberOutcome(push.transfer_id, {outcome, reason, applied_version, 0});
   state->Enqueue(push.src_host, std::move(command));
   if (outcome == v1::OUTCOME_APPLIED) {
@@ -165,7 +166,13 @@ void SettleKeptCopies(ClusterState* state, double wait_s) {
     // Pushes the server applied (as far as known now) whose copy or
     // aggregate the replica will not apply: it lacks them for good.
     auto count_missed = [&] {
-      if (applied == 0) return;
+      // Pushes copied again from their sources (SettleHeldSources) are not
+      // lacking.
+      std::vector<uint64_t> pushes(held.copy.constituents().begin(),
+                                   held.copy.constituents().end());
+      if (pushes.empty()) pushes.push_back(held.copy.source_transfer_id());
+      for (uint64_t push : pushes) applied -= state->recopied_from_source.count(push);
+      if (applied <= 0) return;
       if (JobState* job = state->FindJob(held.job); job != nullptr && job->servers.count(server)) {
         ReplicaTrack& replica = job->servers[server].replica;
         replica.missed += applied;
@@ -175,12 +182,23 @@ void SettleKeptCopies(ClusterState* state, double wait_s) {
     if (!known->applied) count_missed();
     if (held.incomplete) {
       // Dropped at the replica's daemon: if its pushes applied, the replica
-      // lacks them for good.
+      // lacks them, unless their sources send them again (they hold them
+      // until SettleHeldSources decides).
+      const bool deciding = std::any_of(
+          held.copy.constituents().begin(), held.copy.constituents().end(),
+          [&](uint64_t push) { return state->held_at_sources.count(push) > 0; }) ||
+          state->held_at_sources.count(held.copy.source_transfer_id()) > 0;
+      if (deciding) {
+        ++it;
+        continue;
+      }
       if (known->applied) {
         count_missed();
-        MLF_LOG(WARNING) << "the replica of '" << server << "' on " << held.replica_host
-                         << " lacks push " << held.copy.source_transfer_id()
-                         << ": its copy was still arriving when the scheduler went";
+        if (applied > 0) {
+          MLF_LOG(WARNING) << "the replica of '" << server << "' on " << held.replica_host
+                           << " lacks push " << held.copy.source_transfer_id()
+                           << ": its copy was still arriving when the scheduler went";
+        }
       }
       it = state->held_at_replicas.erase(it);
       continue;
@@ -208,6 +226,97 @@ void SettleKeptCopies(ClusterState* state, double wait_s) {
   }
 }
 
+// Plans again the replica copies sources hold across a restart: punted
+// copies of pushes applied before it, and pushes in doubt that turned out
+// applied (whose copies may have been punted, or lost on their way). Each
+// joins its server's pending copies (the next batch's §5.3 plan sends it)
+// once the server's replica is registered, unless the replica has the copy
+// already (applied, or kept there): then the source lets go. After wait_s
+// without a replica, the source frees the bytes.
+void SettleHeldSources(ClusterState* state, double wait_s) {
+  const double now_s = state->NowSeconds();
+  for (auto it = state->held_at_sources.begin(); it != state->held_at_sources.end();) {
+    const uint64_t push = it->first;
+    const HeldAtSource& held = it->second;
+    JobState* job = state->FindJob(held.job);
+    ServerState* server = nullptr;
+    if (job != nullptr) {
+      if (auto found = job->servers.find(held.server); found != job->servers.end()) {
+        server = &found->second;
+      }
+    }
+    const auto replica = job != nullptr ? job->replica_hosts.find(held.server)
+                                        : std::map<std::string, std::string>::iterator();
+    const bool has_replica = server != nullptr && replica != job->replica_hosts.end() &&
+                             state->AliveHost(replica->second) != nullptr &&
+                             replica->second != server->host;
+    if (has_replica) {
+      ReplicaTrack& track = server->replica;
+      if (held.from_doubt) {
+        // The replica's daemon has registered (its application has): what
+        // it applied and what it kept are known here now.
+        bool kept = false, incomplete = false;
+        for (const auto& [copy_id, at] : state->held_at_replicas) {
+          const auto& in = at.copy.constituents();
+          if (at.copy.source_transfer_id() != push &&
+              std::find(in.begin(), in.end(), push) == in.end()) {
+            continue;
+          }
+          (at.incomplete ? incomplete : kept) = true;
+        }
+        if (state->at_replicas.count(push) || (kept && !incomplete)) {
+          // The replica has it, or its kept copy is delivered once the push
+          // is known applied (SettleKeptCopies): the source may let go.
+          state->Enqueue(held.copy.src_host,
+                         commands::ReleaseHold(push, "the replica has its copy"));
+          it = state->held_at_sources.erase(it);
+          continue;
+        }
+        // Its copy was still arriving at the replica (counted missed
+        // otherwise), or never left: sent again from the source.
+        if (incomplete) state->recopied_from_source.insert(push);
+      }
+      const bool known =
+          std::any_of(track.pending.begin(), track.pending.end(),
+                      [&](const PendingReplica& p) { return p.id == push; }) ||
+          std::any_of(state->replica_copies.begin(), state->replica_copies.end(),
+                      [&](const auto& copy) {
+                        const std::vector<uint64_t>& in = copy.second.constituents;
+                        return copy.second.source == push ||
+                               std::find(in.begin(), in.end(), push) != in.end();
+                      });
+      if (known && held.from_doubt) {
+        state->Enqueue(held.copy.src_host,
+                       commands::ReleaseHold(push, "its replica copy is on its way"));
+      } else if (!known) {  // a stream that broke while this scheduler lived knows it
+        track.pending.push_back(held.copy);
+        ++state->stats.held_sources_recopied;
+        MLF_LOG(INFO) << "replica copy of push " << push << ", held at " << held.copy.src_host
+                      << " across the restart: planned again for the replica of '"
+                      << held.server << "' on " << replica->second;
+      }
+      it = state->held_at_sources.erase(it);
+      continue;
+    }
+    if (now_s - held.since_s < wait_s) {  // its replica has not registered (again) yet
+      ++it;
+      continue;
+    }
+    const std::string why =
+        absl::StrCat("server '", held.server, "' has no registered replica ", wait_s,
+                     " s after its source registered again (in_doubt_wait_s)");
+    state->Enqueue(held.copy.src_host, commands::ReleaseHold(push, why));
+    // A punted copy had a replica to go to; a push in doubt may never have.
+    if (server != nullptr && !held.from_doubt) {
+      ++server->replica.missed;
+      server->replica.missed_norm += held.copy.norm;
+    }
+    MLF_LOG(WARNING) << "replica copy of push " << push << ", held at " << held.copy.src_host
+                     << " across the restart: released, " << why;
+    it = state->held_at_sources.erase(it);
+  }
+}
+
 }  // namespace
 
 void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& request) {
@@ -227,6 +336,11 @@ void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& reques
     doubt.job = push.job();
     doubt.server = push.server();
     doubt.since_s = now_s;
+    doubt.copy = {push.transfer_id(), request.host(), push.worker(), push.bytes(),
+                  push.version(),     push.norm(),    push.dtype()};
+  }
+  for (const v1::AppliedPush& copied : request.replica_applied()) {
+    state->at_replicas[copied.transfer_id()] = now_s;
   }
   for (const v1::HeldCopy& held : request.held_copies()) {
     HeldAtReplica& kept = state->held_at_replicas[held.copy().transfer_id()];
@@ -235,6 +349,19 @@ void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& reques
     kept.copy = held.copy();
     kept.incomplete = held.incomplete();
     kept.since_s = now_s;
+  }
+  for (const v1::HeldSource& source : request.held_sources()) {
+    HeldAtSource& held = state->held_at_sources[source.transfer_id()];
+    held.job = source.job();
+    held.server = source.server();
+    held.copy = {source.transfer_id(), request.host(), source.worker(), source.bytes(),
+                 source.version(),     source.norm(),  source.dtype()};
+    held.since_s = now_s;
+  }
+  if (request.held_sources_size() > 0) {
+    MLF_LOG(WARNING) << "host " << request.host() << " registered holding "
+                     << request.held_sources_size()
+                     << " applied push(es) for their punted replica copies; planned again";
   }
   if (request.held_copies_size() > 0) {
     MLF_LOG(WARNING) << "host " << request.host() << " registered with "
@@ -287,7 +414,16 @@ void ResolveInDoubt(ClusterState* state, double wait_s) {
     }
     if (auto applied = state->applied_elsewhere.find(push.transfer_id);
         applied != state->applied_elsewhere.end()) {
-      Tell(state, push, v1::OUTCOME_APPLIED, "", applied->second.first);
+      // Its replica copy may have been punted, or lost with the stream:
+      // the source keeps the bytes until the replica is known to have it
+      // or gets a copy of it (SettleHeldSources).
+      Tell(state, push, v1::OUTCOME_APPLIED, "", applied->second.first, /*hold_for_replica=*/true);
+      HeldAtSource& held = state->held_at_sources[push.transfer_id];
+      held.job = push.job;
+      held.server = push.server;
+      held.copy = push.copy;
+      held.since_s = now_s;
+      held.from_doubt = true;
       it = state->in_doubt.erase(it);
       continue;
     }
@@ -321,11 +457,16 @@ void ResolveInDoubt(ClusterState* state, double wait_s) {
     Tell(state, push, v1::OUTCOME_FAILED, why, 0);
     it = state->in_doubt.erase(it);
   }
+  SettleHeldSources(state, wait_s);
   SettleKeptCopies(state, wait_s);
   const double keep_s = std::max(kAppliedKeepS, 2 * wait_s);
   for (auto it = state->applied_elsewhere.begin(); it != state->applied_elsewhere.end();) {
     it = now_s - it->second.second > keep_s ? state->applied_elsewhere.erase(it) : std::next(it);
   }
+  for (auto it = state->at_replicas.begin(); it != state->at_replicas.end();) {
+    it = now_s - it->second > keep_s ? state->at_replicas.erase(it) : std::next(it);
+  }
+  if (state->held_at_replicas.empty()) state->recopied_from_source.clear();
 }
 
 }  // namespace mlfabric

@@ -33,6 +33,15 @@
 // known applied (by the same rules), and dropped there once it is known
 // not applied, so the replica holds exactly what its server applied.
 //
+// Sources hold the bytes of pushes whose replica copies were punted to a
+// later batch (§5.3) and name them when they register; a push in doubt
+// that turns out applied is held the same way (its copy may have been
+// punted too, or lost on its way). Each is copied to the replica again
+// once the replica is registered, unless the replica's daemon reported it
+// applied (RegisterHostRequest.replica_applied) or kept its copy; then the
+// source lets it go. A copy that was still arriving at the replica is sent
+// again from its source instead of being counted missed.
+//
 // Thread safety: none; called under the scheduler service's lock.
 #ifndef MLFABRIC_SCHEDULER_SERVICE_IN_DOUBT_H_
 #define MLFABRIC_SCHEDULER_SERVICE_IN_DOUBT_H_

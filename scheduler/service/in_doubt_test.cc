@@ -5,6 +5,7 @@
 
 #include "scheduler/service/failover.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -205,6 +206,155 @@ TEST_CASE("a copy dropped while arriving counts against the replica if its push 
   REQUIRE(f.state.jobs["demo"].failovers.size() == 1);
   CHECK(f.state.jobs["demo"].failovers[0].lost_updates == 1);
   CHECK(f.state.jobs["demo"].failovers[0].lost_norm == 2.5);
+}
+
+// w1's daemon registers again holding applied push `push` for its punted
+// replica copy.
+v1::RegisterHostRequest HoldingSource(uint64_t push) {
+  v1::RegisterHostRequest w1;
+  w1.set_host("w1");
+  v1::HeldSource* source = w1.add_held_sources();
+  source->set_transfer_id(push);
+  source->set_job("demo");
+  source->set_server("ps");
+  source->set_worker("w1");
+  source->set_bytes(64);
+  source->set_version(9);
+  source->set_norm(1.5);
+  return w1;
+}
+
+TEST_CASE("a punted copy its source held across the restart is planned again, once") {
+  Fixture f;
+  f.state.jobs["demo"].replica_hosts.clear();  // the replica has not registered yet
+  const uint64_t push = f.OldId(5);
+  AcceptHostReport(&f.state, HoldingSource(push));
+  ResolveInDoubt(&f.state, 30);
+  ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
+  CHECK(replica.pending.empty());
+  CHECK(f.state.held_at_sources.size() == 1);
+
+  f.state.jobs["demo"].replica_hosts["ps"] = "r1";
+  ResolveInDoubt(&f.state, 30);
+  REQUIRE(replica.pending.size() == 1);
+  CHECK(replica.pending[0].id == push);
+  CHECK(replica.pending[0].src_host == "w1");
+  CHECK(replica.pending[0].bytes == 64);
+  CHECK(replica.pending[0].norm == 1.5);
+  CHECK(f.state.held_at_sources.empty());
+  CHECK(f.state.stats.held_sources_recopied == 1);
+  CHECK(f.Drain("w1").empty());  // the source keeps the bytes for the copy
+
+  // Its stream breaks again while this scheduler lives: it reports the same
+  // push, which is already pending here, so no second copy.
+  AcceptHostReport(&f.state, HoldingSource(push));
+  ResolveInDoubt(&f.state, 30);
+  CHECK(replica.pending.size() == 1);
+  CHECK(f.state.stats.held_sources_recopied == 1);
+}
+
+TEST_CASE("a punted copy held at its source is released if the server has no replica") {
+  Fixture f;
+  f.state.jobs["demo"].replica_hosts.clear();
+  const uint64_t push = f.OldId(5);
+  AcceptHostReport(&f.state, HoldingSource(push));
+  ResolveInDoubt(&f.state, 30);
+  CHECK(f.Drain("w1").empty());
+  f.clock.Advance(31);
+  ResolveInDoubt(&f.state, 30);
+  const auto at_w1 = f.Drain("w1");
+  REQUIRE(at_w1.size() == 1);
+  REQUIRE(at_w1[0].has_cancel());
+  CHECK(at_w1[0].cancel().release_hold());
+  CHECK(at_w1[0].cancel().transfer_id() == push);
+  CHECK(at_w1[0].cancel().reason().find("no registered replica") != std::string::npos);
+  CHECK(f.state.held_at_sources.empty());
+  const ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
+  CHECK(replica.pending.empty());
+  CHECK(replica.missed == 1);
+  CHECK(replica.missed_norm == 1.5);
+}
+
+// w1's daemon registers again with push `push` in doubt.
+v1::RegisterHostRequest Doubting(uint64_t push) {
+  v1::RegisterHostRequest w1;
+  w1.set_host("w1");
+  v1::InDoubtPush* doubt = w1.add_in_doubt();
+  doubt->set_transfer_id(push);
+  doubt->set_local_id(4);
+  doubt->set_job("demo");
+  doubt->set_server("ps");
+  doubt->set_worker("w1");
+  doubt->set_bytes(64);
+  doubt->set_version(8);
+  doubt->set_norm(0.5);
+  return w1;
+}
+
+TEST_CASE("a push in doubt that applied is held at its source until its replica has a copy") {
+  Fixture f;
+  const uint64_t copied = f.OldId(5), missing = f.OldId(6), arriving = f.OldId(7);
+  AcceptHostReport(&f.state, Doubting(copied));
+  AcceptHostReport(&f.state, Doubting(missing));
+  AcceptHostReport(&f.state, Doubting(arriving));
+  // r1's replica applied the copy of `copied`; the copy of `arriving` was
+  // still arriving there; `missing`'s never left (punted).
+  v1::RegisterHostRequest r1;
+  r1.set_host("r1");
+  v1::AppliedPush* has = r1.add_replica_applied();
+  has->set_transfer_id(copied);
+  v1::HeldCopy lost = f.Held(f.OldId(17), arriving);
+  lost.set_incomplete(true);
+  *r1.add_held_copies() = lost;
+  AcceptHostReport(&f.state, r1);
+  f.ServerApplied(copied, 1);
+  f.ServerApplied(missing, 2);
+  f.ServerApplied(arriving, 3);
+  ResolveInDoubt(&f.state, 30);
+
+  std::map<uint64_t, bool> held, released;
+  for (const v1::DaemonCommand& c : f.Drain("w1")) {
+    if (c.has_outcome()) {
+      CHECK(c.outcome().outcome() == v1::OUTCOME_APPLIED);
+      held[c.outcome().transfer_id()] = c.outcome().hold_for_replica();
+    }
+    if (c.has_cancel() && c.cancel().release_hold()) released[c.cancel().transfer_id()] = true;
+  }
+  CHECK(held.size() == 3);
+  CHECK(held[copied]);
+  CHECK(released.size() == 1);
+  CHECK(released[copied]);  // the replica has it
+  const ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
+  REQUIRE(replica.pending.size() == 2);  // copied again from w1, in order
+  CHECK(replica.pending[0].id == missing);
+  CHECK(replica.pending[1].id == arriving);
+  CHECK(replica.pending[0].src_host == "w1");
+  CHECK(replica.pending[0].bytes == 64);
+  CHECK(replica.pending[0].version == 8);
+  CHECK(replica.pending[0].norm == 0.5);
+  // The copy that was arriving is sent again, so it is not counted lost.
+  CHECK(f.state.held_at_replicas.empty());
+  CHECK(replica.missed == 0);
+  CHECK(f.state.held_at_sources.empty());
+}
+
+TEST_CASE("a push in doubt that applied, with no replica, is released after the wait") {
+  Fixture f;
+  f.state.jobs["demo"].replica_hosts.clear();
+  const uint64_t push = f.OldId(5);
+  AcceptHostReport(&f.state, Doubting(push));
+  f.ServerApplied(push, 1);
+  ResolveInDoubt(&f.state, 30);
+  auto at_w1 = f.Drain("w1");
+  REQUIRE(at_w1.size() == 1);
+  CHECK(at_w1[0].outcome().hold_for_replica());
+  f.clock.Advance(31);
+  ResolveInDoubt(&f.state, 30);
+  at_w1 = f.Drain("w1");
+  REQUIRE(at_w1.size() == 1);
+  CHECK(at_w1[0].cancel().release_hold());
+  // No replica was known: nothing counted against one.
+  CHECK(f.state.jobs["demo"].servers["ps"].replica.missed == 0);
 }
 
 }  // namespace

@@ -49,6 +49,9 @@ struct SchedulerStats {
   // Pushes of a lost scheduler's plans, ended by this one (in_doubt.h).
   int64_t in_doubt_applied = 0;
   int64_t in_doubt_failed = 0;
+  // Punted replica copies whose sources held them across a scheduler
+  // restart, planned again by this one (in_doubt.h).
+  int64_t held_sources_recopied = 0;
   // Pushes a server's daemon applied after this scheduler reported them
   // dropped or failed: exactly-once broken (should stay 0).
   int64_t outcome_contradicted = 0;
