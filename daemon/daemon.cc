@@ -76,6 +76,26 @@ std::vector<v1::CompletionReport> AcknowledgedDuringRegistration(
   return reports;
 }
 
+// A push as a restarted scheduler needs it (InDoubtPush, HeldSource: the
+// same fields), should its replica need a copy.
+template <typename Message>
+void DescribePush(uint64_t transfer_id, const daemon::PushTable::Push& push, Message* out) {
+  out->set_transfer_id(transfer_id);
+  out->set_job(push.app ? push.app->job : "");
+  out->set_server(push.server);
+  out->set_worker(push.app ? push.app->name : "");
+  out->set_bytes(push.buffer ? static_cast<int64_t>(push.buffer->size()) : 0);
+  out->set_version(push.version);
+  out->set_norm(push.norm);
+  out->set_dtype(push.dtype);
+}
+
+void DescribeApplied(const daemon::AppliedLog::Entry& entry, v1::AppliedPush* out) {
+  out->set_transfer_id(entry.push);
+  out->set_model_version(entry.model_version);
+  out->set_acknowledged(entry.acknowledged);
+}
+
 }  // namespace
 
 Daemon::Daemon(DaemonConfig config, const Clock* clock,
@@ -220,39 +240,18 @@ absl::Status Daemon::RegisterHost() {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& [transfer_id, push] : pushes_.Unresolved()) {
         v1::InDoubtPush* doubt = request.add_in_doubt();
-        doubt->set_transfer_id(transfer_id);
+        DescribePush(transfer_id, push, doubt);
         doubt->set_local_id(push.local_id);
-        doubt->set_job(push.app ? push.app->job : "");
-        doubt->set_server(push.server);
-        doubt->set_worker(push.app ? push.app->name : "");
-        doubt->set_bytes(push.buffer ? static_cast<int64_t>(push.buffer->size()) : 0);
-        doubt->set_version(push.version);
-        doubt->set_norm(push.norm);
-        doubt->set_dtype(push.dtype);
-      }
-      for (const daemon::AppliedLog::Entry& entry : replica_log_.Report()) {
-        v1::AppliedPush* copied = request.add_replica_applied();
-        copied->set_transfer_id(entry.push);
-        copied->set_model_version(entry.model_version);
-        copied->set_acknowledged(entry.acknowledged);
-      }
-      for (const daemon::AppliedLog::Entry& entry : applied_log_.Report()) {
-        v1::AppliedPush* applied = request.add_applied();
-        applied->set_transfer_id(entry.push);
-        applied->set_model_version(entry.model_version);
-        applied->set_acknowledged(entry.acknowledged);
-        if (!entry.acknowledged) unacknowledged.insert(entry.push);
       }
       for (const auto& [transfer_id, push] : pushes_.Held()) {
-        v1::HeldSource* source = request.add_held_sources();
-        source->set_transfer_id(transfer_id);
-        source->set_job(push.app ? push.app->job : "");
-        source->set_server(push.server);
-        source->set_worker(push.app ? push.app->name : "");
-        source->set_bytes(push.buffer ? static_cast<int64_t>(push.buffer->size()) : 0);
-        source->set_version(push.version);
-        source->set_norm(push.norm);
-        source->set_dtype(push.dtype);
+        DescribePush(transfer_id, push, request.add_held_sources());
+      }
+      for (const daemon::AppliedLog::Entry& entry : replica_log_.Report()) {
+        DescribeApplied(entry, request.add_replica_applied());
+      }
+      for (const daemon::AppliedLog::Entry& entry : applied_log_.Report()) {
+        DescribeApplied(entry, request.add_applied());
+        if (!entry.acknowledged) unacknowledged.insert(entry.push);
       }
       for (const auto& [copy, held] : orphan_copies_) *request.add_held_copies() = held;
       for (const auto& [copy, lost] : lost_copies_) *request.add_held_copies() = lost;

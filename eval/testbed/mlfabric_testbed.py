@@ -668,9 +668,11 @@ def parse_args(argv):
     p.add_argument("--update_bytes", type=int, default=1 << 20,
                    help="bytes per update (ResNet-50: 100 MB); NIC rates scale with it")
     p.add_argument("--compute_s", type=float, default=0.1, help="compute per iteration (§7: 100 ms)")
-    p.add_argument("--window", type=int, default=2,
-                   help="pushes an asynchronous worker may have outstanding (MLfabric-A, vanilla): "
-                        "2 pipelines one push with the next compute, 1 waits for each push's outcome")
+    p.add_argument("--window", type=int, default=1,
+                   help="pushes an asynchronous worker may have outstanding (MLfabric-A, vanilla). "
+                        "1 (default): push, wait for its outcome, then get, as a parameter-server "
+                        "worker whose pull follows its push; 2 pipelines one push with the next "
+                        "compute (the default before 2026-11-26; docs/results.md compares them)")
     p.add_argument("--period_s", type=float, default=5.0, help="T of the N-trace (§7: 5 s)")
     p.add_argument("--report_lag_s", type=float, default=0.2, help="monitor lag t_lag (§7: 0.2 s)")
     p.add_argument("--target_accuracy", type=float, default=0.70)

@@ -5,8 +5,10 @@
 //                  PS): applies every delivered update in commit order and
 //                  samples test accuracy every --eval_interval_s.
 //   --role=worker  asynchronous worker: get, compute, push, with at most
-//                  --window pushes outstanding (the simulator's pipelined
-//                  worker, eval/sim/sim_config.h max_outstanding_pushes).
+//                  --window pushes outstanding (eval/sim/sim_config.h
+//                  max_outstanding_pushes). 1 (default): the next get
+//                  waits for the push's outcome, so it sees the push;
+//                  2: one push in flight while the next is computed.
 //   --role=sync    synchronous SGD through api/allreduce.h: each iteration
 //                  every rank computes a gradient, AllReduce sums them and
 //                  every rank applies the mean. --backend=mlfabric is
@@ -78,7 +80,7 @@ struct Flags {
   std::string role, backend = "mlfabric", out, stop_file, server = "ps0";
   ClientOptions client;
   sim::SimConfig sim;  // seed, compute setting, compute_s, sgd
-  int64_t worker_index = 0, workers = 1, update_bytes = 0, window = 2, backup_workers = 0;
+  int64_t worker_index = 0, workers = 1, update_bytes = 0, window = 1, backup_workers = 0;
   double duration_s = 60, target_accuracy = 0.7, eval_interval_s = 0.1;
   std::string compute = "C0";
 };
