@@ -141,10 +141,23 @@ void Daemon::TryDeliverLocked(uint32_t job_id, const std::string& server) {
 
 void Daemon::KeepHeldCopiesLocked() {
   for (const auto& [key, endpoint] : servers_) {
+    // Parts of group pushes not handed over yet whose bytes are all in: the
+    // scheduler may have released the push at other shards just before it
+    // went, and they applied it. The restarted scheduler has the part
+    // delivered here too if any shard applied its push, dropped if none did.
+    // A part still arriving was never released anywhere: dropped.
+    for (const v1::ExpectDelivery& part : delivery_.Undelivered(key)) {
+      if (part.group_push() == 0) continue;
+      auto incoming = incoming_.find(part.transfer_id());
+      if (incoming == incoming_.end() || incoming->second.received < incoming->second.total) {
+        continue;
+      }
+      v1::HeldCopy& kept = orphan_copies_[part.transfer_id()];
+      kept.set_job(endpoint.app ? endpoint.app->job : "");
+      *kept.mutable_copy() = part;
+    }
     for (const v1::ExpectDelivery& held : delivery_.Held(key)) {
-      // A group push's part was never released, so no shard applied it: the
-      // push is in doubt at its source, and the restarted scheduler fails it.
-      if (held.group_push() != 0) continue;
+      if (held.group_push() != 0) continue;  // above
       auto incoming = incoming_.find(held.transfer_id());
       if (incoming == incoming_.end() || incoming->second.received < incoming->second.total) {
         // Still arriving: its source dropped it with the same lost stream.
@@ -167,7 +180,7 @@ void Daemon::KeepHeldCopiesLocked() {
   }
   if (!orphan_copies_.empty()) {
     MLF_LOG(WARNING) << "keeping " << orphan_copies_.size()
-                     << " held replica copy(ies) for the scheduler to decide";
+                     << " held replica copy(ies) or group part(s) for the scheduler to decide";
   }
 }
 

@@ -58,6 +58,16 @@ std::vector<v1::ExpectDelivery> DeliverySequencer::Held(const std::string& key) 
   return held;
 }
 
+std::vector<v1::ExpectDelivery> DeliverySequencer::Undelivered(const std::string& key) const {
+  std::vector<v1::ExpectDelivery> out;
+  auto endpoint = endpoints_.find(key);
+  if (endpoint == endpoints_.end()) return out;
+  for (const auto& [sequence, delivery] : endpoint->second.expected) {
+    if (!delivery.cancelled) out.push_back(delivery.info);
+  }
+  return out;
+}
+
 std::vector<uint64_t> DeliverySequencer::Reset() {
   std::vector<uint64_t> pending;
   for (const auto& [key, endpoint] : endpoints_) {

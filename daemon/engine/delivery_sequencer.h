@@ -57,6 +57,9 @@ class DeliverySequencer {
   std::optional<v1::ExpectDelivery> Release(uint64_t sequence, uint64_t transfer_id);
   // The held (not released, not cancelled) positions of `key`, in order.
   std::vector<v1::ExpectDelivery> Held(const std::string& key) const;
+  // The announced positions of `key` not delivered, skipped or cancelled,
+  // held or released, in order.
+  std::vector<v1::ExpectDelivery> Undelivered(const std::string& key) const;
   // Cancels every announced, not yet cancelled position of `key`; returns
   // their transfers.
   std::vector<uint64_t> CancelAll(const std::string& key, const std::string& reason);

@@ -149,6 +149,9 @@ TEST_CASE("a held replica copy waits for its release, and holds back what follow
   CHECK(Drain(s, {101, 102}).empty());
   REQUIRE(s.Held("1/ps").size() == 1);
   CHECK(s.Held("1/ps")[0].transfer_id() == 101);
+  // Held or released, both wait: a lost stream keeps group parts of both.
+  REQUIRE(s.Undelivered("1/ps").size() == 2);
+  CHECK(s.Undelivered("1/ps")[1].transfer_id() == 102);
   CHECK_FALSE(s.Release(1, 999).has_value());  // another transfer: nothing released
   CHECK(Drain(s, {101, 102}).empty());
   const auto released = s.Release(1, 101);
@@ -156,6 +159,7 @@ TEST_CASE("a held replica copy waits for its release, and holds back what follow
   CHECK(released->server() == "ps");
   CHECK(Drain(s, {101, 102}) == std::vector<uint64_t>{101, 102});
   CHECK(s.Held("1/ps").empty());
+  CHECK(s.Undelivered("1/ps").empty());
 
   // A held copy whose push failed is cancelled instead: skipped, never delivered.
   v1::ExpectDelivery doomed = Expect(3, 103);

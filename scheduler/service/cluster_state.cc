@@ -157,7 +157,8 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
                      << " failed: " << reason;
   }
   const int64_t delay = result->delay();
-  RememberOutcome(transfer_id, {outcome, reason, applied_version, delay});
+  RememberOutcome(transfer_id,
+                  {outcome, reason, applied_version, delay, result->hold_for_replica()});
   Enqueue(record.src_host, std::move(command));
   if (outcome == v1::OUTCOME_APPLIED) {
     if (job) ++job->applied;

@@ -301,6 +301,9 @@ struct RecentOutcome {
   std::string reason;
   int64_t applied_version = 0;
   int64_t delay = 0;
+  // The source was told to hold the push for a replica copy to come: told
+  // again if it did not hear, or it would free the bytes the copy needs.
+  bool hold_for_replica = false;
 };
 
 // Job policies (pure).

@@ -23,7 +23,7 @@ void Tell(ClusterState* state, const InDoubtPush& push, v1::Outcome outcome,
       commands::PushOutcome(push.transfer_id, push.local_id, outcome, reason);
   if (outcome == v1::OUTCOME_APPLIED) command.mutable_outcome()->set_applied_version(applied_version);
   if (hold_for_replica) command.mutable_outcome()->set_hold_for_replica(true);
-  state->RememberOutcome(push.transfer_id, {outcome, reason, applied_version, 0});
+  state->RememberOutcome(push.transfer_id, {outcome, reason, applied_version, 0, hold_for_replica});
   state->Enqueue(push.src_host, std::move(command));
   if (outcome == v1::OUTCOME_APPLIED) {
     ++state->stats.in_doubt_applied;
@@ -48,6 +48,20 @@ void Applied(ClusterState* state, const std::string& host, uint64_t push, int64_
                    << " (" << known->second.reason << ") but host " << host
                    << "'s server applied it as version " << version;
   }
+}
+
+// Whether every host that would have applied a push to `server` has
+// registered with this scheduler (so its applied log is in): the server's
+// own, or, for a server group, every shard's: a push to a group may have
+// been released, and applied, at some shards only.
+bool AllHostsBack(const ClusterState& state, const JobState& job, const ServerState& server) {
+  if (server.shards.empty()) return state.AliveHost(server.host) != nullptr;
+  for (const ShardSlot& slot : server.shards) {
+    if (slot.server.empty()) return false;
+    auto shard = job.servers.find(slot.server);
+    if (shard == job.servers.end() || state.AliveHost(shard->second.host) == nullptr) return false;
+  }
+  return true;
 }
 
 // What is known of push `push` (of `job`'s `server`) here: applied (with
@@ -75,7 +89,7 @@ std::optional<Known> KnownOutcome(const ClusterState& state, uint64_t push, cons
   if (auto job_state = state.jobs.find(job); job_state != state.jobs.end()) {
     auto found = job_state->second.servers.find(server);
     if (found != job_state->second.servers.end() &&
-        state.AliveHost(found->second.host) != nullptr) {
+        AllHostsBack(state, job_state->second, found->second)) {
       return Known{false, 0,
                    absl::StrCat("the daemon of server '", server, "' on ", found->second.host,
                                 " did not apply its push")};
@@ -95,6 +109,7 @@ std::optional<Known> KnownOutcomeOfCopy(const ClusterState& state, const v1::Exp
                                         const std::string& job, const std::string& server,
                                         double waited_s, double wait_s, int64_t* applied) {
   std::vector<uint64_t> pushes(copy.constituents().begin(), copy.constituents().end());
+  if (copy.group_push() != 0) pushes = {copy.group_push()};
   if (pushes.empty()) pushes.push_back(copy.source_transfer_id());
   *applied = 0;
   std::optional<Known> failed;
@@ -146,12 +161,91 @@ bool Redeliver(ClusterState* state, uint64_t copy_id, const HeldAtReplica& held,
   return true;
 }
 
-// Decides the kept replica copies whose pushes' outcomes are known.
+// A group push's part that a shard's daemon kept across the restart
+// (`held`): delivered at that shard, at the group's next position (which
+// every other shard skips), if any shard applied the push; dropped there if
+// none did. False while that is not known yet.
+bool SettleKeptPart(ClusterState* state, uint64_t part_id, const HeldAtReplica& held,
+                    double waited_s, double wait_s) {
+  JobState* job = state->FindJob(held.job);
+  const std::string& shard = held.copy.server();
+  ServerState* shard_state = nullptr;
+  ServerState* group = nullptr;
+  if (job != nullptr) {
+    if (auto found = job->servers.find(shard); found != job->servers.end()) {
+      shard_state = &found->second;
+      if (auto g = job->servers.find(found->second.group); g != job->servers.end()) {
+        group = &g->second;
+      }
+    }
+  }
+  const uint64_t push = held.copy.group_push();
+  const std::optional<Known> known = KnownOutcome(
+      *state, push, held.job, shard_state != nullptr ? shard_state->group : "", waited_s, wait_s);
+  if (!known.has_value()) return false;
+  const bool here = group != nullptr && shard_state->host == held.replica_host &&
+                    state->AliveHost(held.replica_host) != nullptr;
+  if (known->applied && !here && waited_s < wait_s) return false;  // its shard not back yet
+  if (!known->applied || !here) {
+    if (known->applied) {
+      MLF_LOG(ERROR) << "group push " << push << " applied at other shards, but shard '" << shard
+                     << "' did not register again on " << held.replica_host << " within "
+                     << wait_s << " s: its part is dropped, and the shards now differ by it";
+    }
+    state->Enqueue(held.replica_host,
+                   commands::CancelDelivery(part_id, shard, 0,
+                                            known->applied ? "its shard is gone" : known->why));
+    return true;
+  }
+  const uint64_t position = group->next_sequence++;
+  v1::DaemonCommand command;
+  v1::ExpectDelivery* expect = command.mutable_expect();
+  *expect = held.copy;
+  expect->set_job_id(job->id);
+  expect->set_sequence(position);
+  expect->set_held(false);
+  state->Enqueue(held.replica_host, std::move(command));
+  // The other shards applied the push before the restart: they skip this
+  // position (announced as a placeholder, then cancelled).
+  for (const ShardSlot& slot : group->shards) {
+    if (slot.server.empty() || slot.server == shard) continue;
+    auto other = job->servers.find(slot.server);
+    if (other == job->servers.end()) continue;
+    const uint64_t gap = state->NewTransferId();
+    v1::DaemonCommand placeholder;
+    v1::ExpectDelivery* e = placeholder.mutable_expect();
+    e->set_transfer_id(gap);
+    e->set_job_id(job->id);
+    e->set_server(slot.server);
+    e->set_sequence(position);
+    e->set_held(true);
+    state->Enqueue(other->second.host, std::move(placeholder));
+    state->Enqueue(other->second.host,
+                   commands::CancelDelivery(gap, slot.server, position,
+                                            "shard '" + shard + "' catches up on group push " +
+                                                std::to_string(push)));
+  }
+  MLF_LOG(INFO) << "part " << part_id << " of group push " << push << ", kept at shard '" << shard
+                << "' on " << held.replica_host
+                << " across the restart: delivered (other shards applied it)";
+  return true;
+}
+
+// Decides the kept replica copies and group parts whose pushes' outcomes
+// are known.
 void SettleKeptCopies(ClusterState* state, double wait_s) {
   const double now_s = state->NowSeconds();
   for (auto it = state->held_at_replicas.begin(); it != state->held_at_replicas.end();) {
     const uint64_t copy_id = it->first;
     const HeldAtReplica& held = it->second;
+    if (held.copy.group_push() != 0) {
+      if (SettleKeptPart(state, copy_id, held, now_s - held.since_s, wait_s)) {
+        it = state->held_at_replicas.erase(it);
+      } else {
+        ++it;
+      }
+      continue;
+    }
     std::string server = held.copy.server();
     if (absl::StartsWith(server, "replica:")) server = server.substr(8);
     const double waited_s = now_s - held.since_s;
@@ -408,6 +502,7 @@ void ResolveInDoubt(ClusterState* state, double wait_s) {
           push.transfer_id, push.local_id, told->second.outcome, told->second.reason);
       command.mutable_outcome()->set_applied_version(told->second.applied_version);
       command.mutable_outcome()->set_delay(told->second.delay);
+      command.mutable_outcome()->set_hold_for_replica(told->second.hold_for_replica);
       state->Enqueue(push.src_host, std::move(command));
       it = state->in_doubt.erase(it);
       continue;
@@ -441,7 +536,7 @@ void ResolveInDoubt(ClusterState* state, double wait_s) {
     }
     if ((push.transfer_id >> kEpochShift) == state->epoch()) {
       why = "this scheduler has no record of it";
-    } else if (server != nullptr && state->AliveHost(server->host) != nullptr) {
+    } else if (server != nullptr && AllHostsBack(*state, *job, *server)) {
       why = absl::StrCat("the scheduler restarted while it was in flight, and the daemon of "
                          "server '", push.server, "' on ", server->host,
                          " did not apply it (it cancelled the lost schedule's deliveries); "

@@ -357,5 +357,149 @@ TEST_CASE("a push in doubt that applied, with no replica, is released after the 
   CHECK(f.state.jobs["demo"].servers["ps"].replica.missed == 0);
 }
 
+TEST_CASE("an outcome told again keeps its hold for the replica copy") {
+  Fixture f;
+  UpdateRecord record;
+  record.transfer_id = f.state.NewTransferId();
+  record.local_id = 4;
+  record.job = "demo";
+  record.server = "ps";
+  record.src_host = "w1";
+  record.worker = "w1";
+  record.bytes = 64;
+  record.replica_punted = true;  // its copy comes in a later batch
+  f.state.updates[record.transfer_id] = record;
+  f.state.Complete(record.transfer_id, v1::OUTCOME_APPLIED, "", 5);
+  auto at_w1 = f.Drain("w1");
+  REQUIRE(at_w1.size() == 1);
+  CHECK(at_w1[0].outcome().hold_for_replica());
+  f.state.updates.erase(record.transfer_id);
+
+  // w1's stream broke before it heard: it registers with the push in doubt.
+  v1::RegisterHostRequest w1;
+  w1.set_host("w1");
+  v1::InDoubtPush* doubt = w1.add_in_doubt();
+  doubt->set_transfer_id(record.transfer_id);
+  doubt->set_local_id(4);
+  doubt->set_job("demo");
+  doubt->set_server("ps");
+  AcceptHostReport(&f.state, w1);
+  ResolveInDoubt(&f.state, 30);
+  at_w1 = f.Drain("w1");
+  REQUIRE(at_w1.size() == 1);
+  CHECK(at_w1[0].outcome().outcome() == v1::OUTCOME_APPLIED);
+  CHECK(at_w1[0].outcome().applied_version() == 5);
+  CHECK(at_w1[0].outcome().hold_for_replica());  // else w1 frees the bytes the copy needs
+}
+
+// Group "g" of job demo: shard g0 on s1, shard g1 on r1 (issue 18).
+void AddGroup(Fixture* f) {
+  JobState& job = f->state.jobs["demo"];
+  ServerState& group = job.servers["g"];
+  group.host = "s1";
+  group.shards = {{"g0", 0, 32}, {"g1", 32, 64}};
+  job.servers["g0"].host = "s1";
+  job.servers["g0"].group = "g";
+  job.servers["g1"].host = "r1";
+  job.servers["g1"].group = "g";
+}
+
+// A group push's part at shard g0 as s1's daemon kept it.
+v1::HeldCopy KeptPart(uint64_t part, uint64_t push) {
+  v1::HeldCopy kept;
+  kept.set_job("demo");
+  v1::ExpectDelivery* e = kept.mutable_copy();
+  e->set_transfer_id(part);
+  e->set_job_id(3);
+  e->set_server("g0");
+  e->set_sequence(12);
+  e->set_bytes(32);
+  e->set_src_host("w1");
+  e->set_group_push(push);
+  return kept;
+}
+
+TEST_CASE("a group part kept at a shard is delivered there if another shard applied its push") {
+  Fixture f;
+  AddGroup(&f);
+  const uint64_t push = f.OldId(5), part = f.OldId(25);
+  v1::RegisterHostRequest w1;
+  w1.set_host("w1");
+  v1::InDoubtPush* doubt = w1.add_in_doubt();
+  doubt->set_transfer_id(push);
+  doubt->set_job("demo");
+  doubt->set_server("g");
+  AcceptHostReport(&f.state, w1);
+  // s1 (shard g0, also the group's host) kept the part: the release that
+  // r1 had reached it too late. r1 is not back yet: nothing is decided.
+  f.state.hosts["r1"].alive = false;
+  v1::RegisterHostRequest s1;
+  s1.set_host("s1");
+  *s1.add_held_copies() = KeptPart(part, push);
+  AcceptHostReport(&f.state, s1);
+  ResolveInDoubt(&f.state, 30);
+  CHECK(f.Drain("w1").empty());
+  CHECK(f.Drain("s1").empty());
+
+  // r1 comes back: shard g1 applied the push.
+  f.state.hosts["r1"].alive = true;
+  v1::RegisterHostRequest r1;
+  r1.set_host("r1");
+  v1::AppliedPush* applied = r1.add_applied();
+  applied->set_transfer_id(push);
+  applied->set_model_version(7);
+  applied->set_acknowledged(true);
+  AcceptHostReport(&f.state, r1);
+  ResolveInDoubt(&f.state, 30);
+  const auto at_w1 = f.Drain("w1");
+  REQUIRE(at_w1.size() == 1);
+  CHECK(at_w1[0].outcome().outcome() == v1::OUTCOME_APPLIED);
+  // g0 gets its part at the group's next position; g1 skips that position.
+  const auto at_s1 = f.Drain("s1");
+  REQUIRE(at_s1.size() == 1);
+  CHECK(at_s1[0].expect().transfer_id() == part);
+  CHECK(at_s1[0].expect().server() == "g0");
+  CHECK(at_s1[0].expect().sequence() == 1);
+  CHECK(at_s1[0].expect().job_id() == 7);
+  CHECK(!at_s1[0].expect().held());
+  const auto at_r1 = f.Drain("r1");
+  REQUIRE(at_r1.size() == 2);
+  CHECK(at_r1[0].expect().server() == "g1");
+  CHECK(at_r1[0].expect().sequence() == 1);
+  CHECK(at_r1[1].cancel().transfer_id() == at_r1[0].expect().transfer_id());
+  CHECK(at_r1[1].cancel().sequence() == 1);
+  CHECK(f.state.jobs["demo"].servers["g"].next_sequence == 2);
+  CHECK(f.state.held_at_replicas.empty());
+}
+
+TEST_CASE("a group part kept at a shard is dropped when no shard applied its push") {
+  Fixture f;
+  AddGroup(&f);
+  const uint64_t push = f.OldId(5), part = f.OldId(25);
+  v1::RegisterHostRequest w1;
+  w1.set_host("w1");
+  v1::InDoubtPush* doubt = w1.add_in_doubt();
+  doubt->set_transfer_id(push);
+  doubt->set_job("demo");
+  doubt->set_server("g");
+  AcceptHostReport(&f.state, w1);
+  v1::RegisterHostRequest s1;
+  s1.set_host("s1");
+  *s1.add_held_copies() = KeptPart(part, push);
+  AcceptHostReport(&f.state, s1);
+  v1::RegisterHostRequest r1;
+  r1.set_host("r1");
+  AcceptHostReport(&f.state, r1);
+  ResolveInDoubt(&f.state, 30);  // every shard is back, none applied it
+  const auto at_w1 = f.Drain("w1");
+  REQUIRE(at_w1.size() == 1);
+  CHECK(at_w1[0].outcome().outcome() == v1::OUTCOME_FAILED);
+  const auto at_s1 = f.Drain("s1");
+  REQUIRE(at_s1.size() == 1);
+  CHECK(at_s1[0].cancel().transfer_id() == part);
+  CHECK(f.Drain("r1").empty());
+  CHECK(f.state.jobs["demo"].servers["g"].next_sequence == 1);
+}
+
 }  // namespace
 }  // namespace mlfabric
