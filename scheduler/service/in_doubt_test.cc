@@ -419,24 +419,34 @@ v1::HeldCopy KeptPart(uint64_t part, uint64_t push) {
   return kept;
 }
 
-TEST_CASE("a group part kept at a shard is delivered there if another shard applied its push") {
-  Fixture f;
-  AddGroup(&f);
-  const uint64_t push = f.OldId(5), part = f.OldId(25);
+// w1 registers with push `push` to group g in doubt.
+void DoubtToGroup(Fixture* f, uint64_t push) {
   v1::RegisterHostRequest w1;
   w1.set_host("w1");
   v1::InDoubtPush* doubt = w1.add_in_doubt();
   doubt->set_transfer_id(push);
   doubt->set_job("demo");
   doubt->set_server("g");
-  AcceptHostReport(&f.state, w1);
-  // s1 (shard g0, also the group's host) kept the part: the release that
-  // r1 had reached it too late. r1 is not back yet: nothing is decided.
-  f.state.hosts["r1"].alive = false;
+  AcceptHostReport(&f->state, w1);
+}
+
+// s1 registers having kept `push`'s part `part` for shard g0.
+void KeepAtShard(Fixture* f, uint64_t part, uint64_t push) {
   v1::RegisterHostRequest s1;
   s1.set_host("s1");
   *s1.add_held_copies() = KeptPart(part, push);
-  AcceptHostReport(&f.state, s1);
+  AcceptHostReport(&f->state, s1);
+}
+
+TEST_CASE("a group part kept at a shard is delivered there if another shard applied its push") {
+  Fixture f;
+  AddGroup(&f);
+  const uint64_t push = f.OldId(5), part = f.OldId(25);
+  DoubtToGroup(&f, push);
+  // s1 (shard g0, also the group's host) kept the part: the release that
+  // r1 had reached it too late. r1 is not back yet: nothing is decided.
+  f.state.hosts["r1"].alive = false;
+  KeepAtShard(&f, part, push);
   ResolveInDoubt(&f.state, 30);
   CHECK(f.Drain("w1").empty());
   CHECK(f.Drain("s1").empty());
@@ -476,17 +486,8 @@ TEST_CASE("a group part kept at a shard is dropped when no shard applied its pus
   Fixture f;
   AddGroup(&f);
   const uint64_t push = f.OldId(5), part = f.OldId(25);
-  v1::RegisterHostRequest w1;
-  w1.set_host("w1");
-  v1::InDoubtPush* doubt = w1.add_in_doubt();
-  doubt->set_transfer_id(push);
-  doubt->set_job("demo");
-  doubt->set_server("g");
-  AcceptHostReport(&f.state, w1);
-  v1::RegisterHostRequest s1;
-  s1.set_host("s1");
-  *s1.add_held_copies() = KeptPart(part, push);
-  AcceptHostReport(&f.state, s1);
+  DoubtToGroup(&f, push);
+  KeepAtShard(&f, part, push);
   v1::RegisterHostRequest r1;
   r1.set_host("r1");
   AcceptHostReport(&f.state, r1);
