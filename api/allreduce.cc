@@ -474,6 +474,84 @@ class HierarchicalAllReducer : public AllReducer {
   std::unique_ptr<AllReducer> flat_;          // kept for its root server (rank root_rank)
 };
 
+// ------------------------------------------------------ pieces of a sum
+//
+// AllReduceOptions::pieces: the buffer is cut into P contiguous pieces,
+// each summed by its own flat reducer whose root server rank
+// (root_rank + k) mod size runs, all P rounds at once. Every rank pushes
+// piece k to its root and gets piece k's sum from it, so no one host
+// carries all contributions in and all copies out.
+//
+// Every rank makes all P rounds in every call, so that inputs that differ
+// across ranks fail every rank's call instead of leaving a rank waiting
+// for a round others skipped: a piece with no elements (count < P) is
+// pushed as one zero element of another type than the data's, and any
+// difference in count then shows as a piece whose size or type differs
+// at its root ("mismatch:", InvalidArgument).
+class PiecesAllReducer : public AllReducer {
+ public:
+  PiecesAllReducer(int rank, int size, std::vector<std::unique_ptr<MlfabricAllReducer>> pieces)
+      : AllReducer(rank, size), pieces_(std::move(pieces)) {}
+
+  ~PiecesAllReducer() override {
+    // Each root waits for its last round to reach it (and lingers, with
+    // backup workers): at once, not one after the other.
+    std::vector<std::thread> threads;
+    for (auto& piece : pieces_) threads.emplace_back([&piece] { piece.reset(); });
+    for (std::thread& t : threads) t.join();
+  }
+
+  const char* backend() const override { return "mlfabric"; }
+  int summed() const override { return pieces_[0]->summed(); }
+  // Calls in which at least one of this rank's pieces was left out.
+  int64_t left_out() const override { return left_out_; }
+
+  absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
+    const size_t element = DataTypeSize(dtype);
+    if (element == 0) return absl::InvalidArgumentError("unsupported dtype for AllReduce");
+    if (count == 0) return absl::OkStatus();  // as the flat path: no round used
+    const size_t n = pieces_.size();
+    std::vector<absl::Status> status(n);
+    std::vector<int64_t> left_before(n);
+    const DataType pad_type = dtype == DataType::kInt64 ? DataType::kInt32 : DataType::kInt64;
+    auto reduce = [&](size_t k) {
+      left_before[k] = pieces_[k]->left_out();
+      const size_t begin = count * k / n, end = count * (k + 1) / n;
+      if (begin == end) {
+        int64_t pad = 0;
+        status[k] = pieces_[k]->AllReduce(&pad, 1, pad_type);
+        return;
+      }
+      status[k] = pieces_[k]->AllReduce(static_cast<uint8_t*>(data) + begin * element,
+                                        end - begin, dtype);
+    };
+    std::vector<std::thread> threads;
+    threads.reserve(n - 1);
+    for (size_t k = 1; k < n; ++k) threads.emplace_back(reduce, k);
+    reduce(0);
+    for (std::thread& t : threads) t.join();
+    bool left = false;
+    for (size_t k = 0; k < n; ++k) left = left || pieces_[k]->left_out() > left_before[k];
+    if (left) ++left_out_;
+    // The first error, preferring what names the caller's mistake.
+    const absl::Status* first = nullptr;
+    for (const absl::Status& s : status) {
+      if (s.ok()) continue;
+      if (first == nullptr || (absl::IsInvalidArgument(s) && !absl::IsInvalidArgument(*first))) {
+        first = &s;
+      }
+    }
+    if (first == nullptr) return absl::OkStatus();
+    const size_t k = static_cast<size_t>(first - status.data());
+    return absl::Status(first->code(),
+                        absl::StrCat(first->message(), " (piece ", k + 1, " of ", n, ")"));
+  }
+
+ private:
+  std::vector<std::unique_ptr<MlfabricAllReducer>> pieces_;
+  int64_t left_out_ = 0;
+};
+
 uint64_t HostKey(const std::string& host) {
   uint64_t hash = 1469598103934665603ull;  // FNV-1a
   for (unsigned char c : host) hash = (hash ^ c) * 1099511628211ull;
@@ -541,6 +619,7 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeHierarchical(
     leaders.root_rank = root_host;
     leaders.root_server = root + "-hosts";
     leaders.local_reduce = false;
+    leaders.pieces = 1;  // one root for the leaders: across_hosts is a flat reducer
     leaders.client.name = absl::StrCat(
         options.client.name.empty() ? absl::StrCat("rank", rank) : options.client.name, "-host");
     auto made = MakeMlfabricAllReducer(leaders, host_index, static_cast<int>(hosts.size()));
@@ -557,17 +636,11 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeHierarchical(
       std::move(across_hosts), std::move(flat)));
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllReduceOptions& options,
-                                                                  int rank, int size) {
-  if (options.root_rank < 0 || options.root_rank >= size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("root_rank ", options.root_rank, " is not a rank (size ", size, ")"));
-  }
-  const std::string root = options.root_server.empty()
-                               ? absl::StrCat(options.client.job, "-allreduce-root")
-                               : options.root_server;
+// One flat reducer: its root server (on rank options.root_rank) and this
+// rank's worker, once the root answers.
+absl::StatusOr<std::unique_ptr<MlfabricAllReducer>> MakeFlat(const AllReduceOptions& options,
+                                                             int rank, int size,
+                                                             const std::string& root) {
   std::unique_ptr<RootServer> root_server;
   if (rank == options.root_rank) {
     ClientOptions server_options = options.client;
@@ -596,10 +669,66 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllRedu
   if (auto status = reducer->AwaitRoot(options.client.connect_timeout_s); !status.ok()) {
     return status;
   }
-  if (size > 1 && options.backup_workers == 0 && LocalReduceWanted(options)) {
-    return MakeHierarchical(options, rank, size, root, std::move(reducer));
-  }
   return reducer;
+}
+
+// AllReduceOptions::pieces, after MLFABRIC_ALLREDUCE_PIECES; 0 = size.
+absl::StatusOr<int> PiecesWanted(const AllReduceOptions& options, int size) {
+  int pieces = options.pieces;
+  if (const char* env = std::getenv("MLFABRIC_ALLREDUCE_PIECES"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long value = std::strtol(env, &end, 10);
+    if (*end != '\0' || value < 0 || value > 1024) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MLFABRIC_ALLREDUCE_PIECES='", env, "' is not a count of pieces in [0, 1024]"));
+    }
+    pieces = static_cast<int>(value);
+  }
+  if (pieces < 0 || pieces > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pieces ", pieces, " must be in [0, 1024] (0: one per rank)"));
+  }
+  return pieces == 0 ? size : pieces;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllReduceOptions& options,
+                                                                  int rank, int size) {
+  if (options.root_rank < 0 || options.root_rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("root_rank ", options.root_rank, " is not a rank (size ", size, ")"));
+  }
+  const auto pieces = PiecesWanted(options, size);
+  if (!pieces.ok()) return pieces.status();
+  const std::string root = options.root_server.empty()
+                               ? absl::StrCat(options.client.job, "-allreduce-root")
+                               : options.root_server;
+  auto flat = MakeFlat(options, rank, size, root);
+  if (!flat.ok()) return flat.status();
+  std::unique_ptr<AllReducer> reducer;
+  if (size > 1 && options.backup_workers == 0 && LocalReduceWanted(options)) {
+    auto made = MakeHierarchical(options, rank, size, root, std::move(*flat));
+    if (!made.ok()) return made.status();
+    reducer = std::move(*made);
+  } else {
+    reducer = std::move(*flat);
+  }
+  auto* first = dynamic_cast<MlfabricAllReducer*>(reducer.get());
+  if (*pieces <= 1 || size == 1 || first == nullptr) return reducer;  // one root, or hosts shared
+  std::vector<std::unique_ptr<MlfabricAllReducer>> parts;
+  reducer.release();
+  parts.emplace_back(first);
+  for (int k = 1; k < *pieces; ++k) {
+    AllReduceOptions piece = options;
+    piece.root_rank = (options.root_rank + k) % size;
+    piece.client.name = absl::StrCat(
+        options.client.name.empty() ? absl::StrCat("rank", rank) : options.client.name, "-p", k);
+    auto made = MakeFlat(piece, rank, size, absl::StrCat(root, "-p", k));
+    if (!made.ok()) return made.status();
+    parts.push_back(std::move(*made));
+  }
+  return std::unique_ptr<AllReducer>(new PiecesAllReducer(rank, size, std::move(parts)));
 }
 
 }  // namespace internal

@@ -93,6 +93,18 @@ struct AllReduceOptions {
   // a host is learned by one round at construction. false, or the
   // environment's MLFABRIC_LOCAL_REDUCE=0: every rank in every round.
   bool local_reduce = true;
+  // mlfabric backend, ranks on hosts of their own: each AllReduce is cut
+  // into this many contiguous pieces, summed at once by as many root
+  // servers, piece k's run by rank (root_rank + k) mod size. One root's
+  // host carries every rank's contribution in and every copy of the sum
+  // out; with a root per rank each host carries about 2/size of them, as
+  // a ring's reduce-scatter and all-gather spread them. 0: one piece per
+  // rank; 1: one root (the layout before pieces). Environment
+  // MLFABRIC_ALLREDUCE_PIECES overrides. With backup workers, each piece
+  // sums the first size - backup_workers contributions to reach its root,
+  // so one sum's pieces may leave out different ranks. Ranks sharing a
+  // host (local_reduce) keep one root for their hosts' leaders.
+  int pieces = 1;
 };
 
 // The rank and size the launcher (mlfabric-run / mpirun) gave this process.

@@ -101,11 +101,14 @@ void CheckHalf(mlfabric::AllReducer& reducer, size_t count, int round) {
 // rank, the late one included, gets the others' sum. Phase 2: the others
 // run 6 rounds first, so the late rank is more than --rounds_kept (4)
 // rounds behind for its first two: those fail as gone, the rest succeed.
-void CheckBackupWorkers(mlfabric::AllReduceOptions options) {
+// `pieces`: AllReduceOptions::pieces (0: a root per rank, each late piece
+// left out on its own).
+void CheckBackupWorkers(mlfabric::AllReduceOptions options, int pieces) {
   using namespace mlfabric;
   options.backend = "mlfabric";
-  options.root_server = options.client.job + "-backup-root";
+  options.root_server = options.client.job + (pieces == 1 ? "-backup-root" : "-backup-pieces");
   options.backup_workers = 1;
+  options.pieces = pieces;
   auto made = MakeAllReducer(options);
   EXPECT(made.ok(), "backup reducer: %s", made.status().ToString().c_str());
   if (!made.ok()) return;
@@ -128,6 +131,10 @@ void CheckBackupWorkers(mlfabric::AllReduceOptions options) {
     EXPECT(status.ok() && v[0] == others * (round + 1) && v[99] == v[0],
            "backup round %d: %s, sum %g, expected %g (every rank but the late one)", round,
            status.ToString().c_str(), v[0], others * (round + 1));
+  }
+  if (g_rank == late) {
+    EXPECT(reducer.left_out() == 3, "the late rank's left_out() %lld after 3 late rounds",
+           static_cast<long long>(reducer.left_out()));
   }
   if (g_rank == 0) signal_late();
   MPI_Barrier(MPI_COMM_WORLD);
@@ -231,7 +238,21 @@ int main() {
            (*fabric)->local_size(), expected_local);
   }
 
-  for (AllReducer* reducer : {mpi->get(), fabric->get()}) {
+  // One root per rank (AllReduceOptions::pieces = 0): each call summed as
+  // `size` pieces by `size` roots at once. Ranks sharing a host keep one
+  // root for their leaders (then this is the hierarchical reducer again).
+  options.pieces = 0;
+  options.root_server = options.client.job + "-pieces-root";
+  auto pieces = MakeAllReducer(options);
+  options.pieces = 1;
+  options.root_server.clear();
+  if (!pieces.ok()) {
+    std::fprintf(stderr, "rank %d: mlfabric backend in pieces: %s\n", g_rank,
+                 std::string(pieces.status().message()).c_str());
+    return 1;
+  }
+
+  for (AllReducer* reducer : {mpi->get(), fabric->get(), pieces->get()}) {
     int round = 0;
     for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{100003}}) {
       CheckExact<float>(*reducer, DataType::kFloat32, count, round++);
@@ -255,6 +276,13 @@ int main() {
     EXPECT(absl::IsInvalidArgument(status) &&
                status.message().find("differ across ranks") != absl::string_view::npos,
            "%s mismatched length: %s", reducer->backend(), status.ToString().c_str());
+    // Fewer elements than pieces, and differing: a rank's empty piece
+    // meets another's element there (no rank waits for a skipped round).
+    std::vector<float> few(g_rank == size - 1 ? 2 : 3, 1.0f);
+    status = reducer->AllReduce(few.data(), few.size(), DataType::kFloat32);
+    EXPECT(absl::IsInvalidArgument(status) &&
+               status.message().find("differ across ranks") != absl::string_view::npos,
+           "%s mismatched short length: %s", reducer->backend(), status.ToString().c_str());
     std::vector<double> as_double(10, 1.0);
     void* mixed = g_rank == 0 ? static_cast<void*>(as_double.data()) : odd.data();
     status = reducer->AllReduce(mixed, 10, g_rank == 0 ? DataType::kFloat64 : DataType::kFloat32);
@@ -268,7 +296,8 @@ int main() {
   auto bad = ParseDataType("bfloat16");
   EXPECT(!bad.ok() && bad.status().message().find("float32") != absl::string_view::npos,
          "bfloat16: %s", bad.status().ToString().c_str());
-  CheckBackupWorkers(options);
+  CheckBackupWorkers(options, 1);
+  CheckBackupWorkers(options, 0);
   options.backend = "mpi";
   options.backup_workers = 1;
   auto mpi_backup = MakeAllReducer(options);
@@ -294,14 +323,17 @@ int main() {
     const int repeats = count > 100000 ? 10 : 50;
     const double mpi_ms = TimeAllReduce(**mpi, count, repeats);
     const double fabric_ms = TimeAllReduce(**fabric, count, repeats);
+    const double pieces_ms = TimeAllReduce(**pieces, count, repeats);
     if (g_rank == 0) {
-      std::printf("timing: %d ranks, %zu float32: mpi %.3f ms, mlfabric %.3f ms per AllReduce\n",
-                  size, count, mpi_ms, fabric_ms);
+      std::printf("timing: %d ranks, %zu float32: mpi %.3f ms, mlfabric %.3f ms, "
+                  "mlfabric in pieces %.3f ms per AllReduce\n",
+                  size, count, mpi_ms, fabric_ms, pieces_ms);
     }
   }
   int failures = g_failures, total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   fabric->reset();
+  pieces->reset();
   if (total == 0) std::printf("allreduce_check rank %d: OK\n", g_rank);
   std::fflush(stdout);
   return total == 0 ? 0 : 1;

@@ -242,7 +242,8 @@ class Testbed:
                 "update_bytes": a.update_bytes, "bandwidth_scale": self.scale,
                 "server_bps": self.server_bps, "compute_s": a.compute_s,
                 "target_accuracy": a.target_accuracy, "duration_s": a.duration_s,
-                "seed": a.seed, "mode": self.cluster.mode,
+                "seed": a.seed, "mode": self.cluster.mode, "window": a.window,
+                "allreduce_pieces": a.allreduce_pieces,
                 "fallback_reason": self.cluster.fallback_reason, "prefix": a.prefix,
                 "systems": a.systems, "machine": {"cpus": os.cpu_count(),
                                                   "uname": " ".join(os.uname())}}
@@ -440,6 +441,7 @@ class Testbed:
             p = self.app(h, h, [self.binary("eval/testbed/testbed_app"), "--role=sync",
                                 "--backend=mlfabric", "--name=" + h,
                                 "--backup_workers=%d" % backup,
+                                "--allreduce_pieces=%d" % self.args.allreduce_pieces,
                                 "--socket=" + self.sockets[h],
                                 "--out=" + os.path.join(d, h + ".jsonl")] + self.app_flags(),
                          d, env=env)
@@ -673,6 +675,10 @@ def parse_args(argv):
                         "1 (default): push, wait for its outcome, then get, as a parameter-server "
                         "worker whose pull follows its push; 2 pipelines one push with the next "
                         "compute (the default before 2026-11-26; docs/results.md compares them)")
+    p.add_argument("--allreduce_pieces", type=int, default=1,
+                   help="mlfabric-s*: AllReduceOptions::pieces, the root servers each sum is cut "
+                        "over (rank k runs piece k's); 0 = one per rank, 1 (default) = one root "
+                        "on w1")
     p.add_argument("--period_s", type=float, default=5.0, help="T of the N-trace (§7: 5 s)")
     p.add_argument("--report_lag_s", type=float, default=0.2, help="monitor lag t_lag (§7: 0.2 s)")
     p.add_argument("--target_accuracy", type=float, default=0.70)
@@ -702,6 +708,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.workers < 2:
         p.error("--workers must be at least 2")
+    if not 0 <= args.allreduce_pieces <= 1024:
+        p.error("--allreduce_pieces %d: expected 0 (one per rank) to 1024" % args.allreduce_pieces)
     for flag in args.daemon_arg:
         if not flag.startswith("--") or "=" not in flag:
             p.error("--daemon_arg %r: expected --FLAG=VALUE" % flag)

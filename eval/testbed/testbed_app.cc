@@ -13,7 +13,9 @@
 //                  every rank computes a gradient, AllReduce sums them and
 //                  every rank applies the mean. --backend=mlfabric is
 //                  MLfabric-S (--backup_workers=b: each sum holds the first
-//                  size - b gradients, the mean is over those); --backend=mpi
+//                  size - b gradients, the mean is over those;
+//                  --allreduce_pieces=P: AllReduceOptions::pieces, 0 = one
+//                  root per rank); --backend=mpi
 //                  is Open MPI's MPI_Allreduce
 //                  (RR-Sync / Tr-Sync, the algorithm chosen by mpirun's
 //                  --mca flags). Rank 0 samples test accuracy every iteration.
@@ -80,7 +82,8 @@ struct Flags {
   std::string role, backend = "mlfabric", out, stop_file, server = "ps0";
   ClientOptions client;
   sim::SimConfig sim;  // seed, compute setting, compute_s, sgd
-  int64_t worker_index = 0, workers = 1, update_bytes = 0, window = 1, backup_workers = 0;
+  int64_t worker_index = 0, workers = 1, update_bytes = 0, window = 1, backup_workers = 0,
+          allreduce_pieces = 1;
   double duration_s = 60, target_accuracy = 0.7, eval_interval_s = 0.1;
   std::string compute = "C0";
 };
@@ -307,6 +310,7 @@ int RunSync(const Flags& f, EventLog& log) {
   options.backend = f.backend;
   options.client = f.client;
   options.backup_workers = static_cast<int>(f.backup_workers);
+  options.pieces = static_cast<int>(f.allreduce_pieces);
   auto reducer_or = MakeAllReducer(options);
   if (!reducer_or.ok()) {
     std::cerr << "testbed_app sync: " << reducer_or.status().message() << "\n";
@@ -377,6 +381,7 @@ int main(int argc, char** argv) {
   reader.Enum("role", &f.role, {"server", "worker", "sync"});
   reader.Enum("backend", &f.backend, {"mlfabric", "mpi"});
   reader.Int("backup_workers", &f.backup_workers, 0, 1024);
+  reader.Int("allreduce_pieces", &f.allreduce_pieces, 0, 1024);
   reader.String("out", &f.out);
   reader.String("stop_file", &f.stop_file);
   reader.String("server", &f.server);
