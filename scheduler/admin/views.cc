@@ -41,6 +41,7 @@ json StatsJson(const SchedulerStats& s) {
           {"in_doubt_applied", s.in_doubt_applied},
           {"in_doubt_failed", s.in_doubt_failed},
           {"held_sources_recopied", s.held_sources_recopied},
+          {"replica_bound_waits", s.replica_bound_waits},
           {"outcome_contradicted", s.outcome_contradicted},
           {"plan_ms_total", s.plan_ms_total},
           {"plan_ms_max", s.plan_ms_max}};
@@ -387,6 +388,9 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
   w.Family("mlfabric_scheduler_held_copies_recopied_total", "counter",
            "Punted replica copies held at their sources across a scheduler restart, planned again.");
   w.Sample("mlfabric_scheduler_held_copies_recopied_total", {}, s.held_sources_recopied);
+  w.Family("mlfabric_scheduler_replica_bound_waits_total", "counter",
+           "Pushes held back from a batch until the replica caught up (replica_bound strict).");
+  w.Sample("mlfabric_scheduler_replica_bound_waits_total", {}, s.replica_bound_waits);
   w.Family("mlfabric_scheduler_outcomes_contradicted_total", "counter",
            "Pushes a server applied after they were reported dropped or failed (should be 0).");
   w.Sample("mlfabric_scheduler_outcomes_contradicted_total", {}, s.outcome_contradicted);

@@ -18,6 +18,32 @@ double OutstandingNorm(const ClusterState& state, const std::string& job,
   return sum;
 }
 
+size_t StrictReplicaAdmits(const ClusterState& state, const JobState& job,
+                           const std::string& server_name, const ServerState& server) {
+  const size_t all = server.pending.size();
+  const double bound = DivergenceBound(job);
+  auto replica = job.replica_hosts.find(server_name);
+  if (bound <= 0 || replica == job.replica_hosts.end() || replica->second == server.host ||
+      state.AliveHost(replica->second) == nullptr) {
+    return all;
+  }
+  const double weight = 1.0 / (1.0 - std::clamp(job.config.momentum, 0.0, 0.999999));
+  double outstanding = OutstandingNorm(state, job.config.name, server_name);
+  for (const auto& [copy, norm] : server.replica.in_flight) outstanding += norm;
+  for (const PendingReplica& p : server.replica.pending) outstanding += p.norm;
+  double held = weight * outstanding;
+  size_t admitted = 0;
+  for (uint64_t id : server.pending) {
+    auto record = state.updates.find(id);
+    const double norm = record == state.updates.end() ? 0.0 : weight * record->second.norm;
+    const bool nothing_outstanding = held <= 0 && admitted == 0;
+    if (!nothing_outstanding && held + norm > bound) break;
+    held += norm;
+    ++admitted;
+  }
+  return admitted;
+}
+
 std::optional<core::ReplicaSpec> ReplicaSpecFor(ClusterState* state, const JobState& job,
                                                 const std::string& server_name,
                                                 ServerState* server) {

@@ -29,6 +29,20 @@ namespace mlfabric {
 double OutstandingNorm(const ClusterState& state, const std::string& job,
                        const std::string& server);
 
+// replica_bound "strict" (scheduler_config.h): how many of `server`'s
+// pending pushes, a prefix in arrival order, may be planned now so that
+// the norms of the updates one model may hold without the other stay
+// within the divergence bound whatever the links deliver. Counted: copies
+// in flight and punted (ReplicaTrack), OutstandingNorm's, and the admitted
+// pushes themselves, each weighted 1 / (1 - momentum); a copy stops
+// counting only when the replica reported it applied. At least one when
+// nothing is outstanding (a push larger than the bound alone still moves).
+// All of them when the server has no bound or no live replica on another
+// host. The pushes not admitted wait for a later batch (their delay bound
+// still applies).
+size_t StrictReplicaAdmits(const ClusterState& state, const JobState& job,
+                           const std::string& server_name, const ServerState& server);
+
 // The replica spec for `server`'s next batch, or nullopt when it has no
 // replica (or the replica is on the server's own host). Punted copies whose
 // source is gone are forgotten; when the replica's host is down they are all

@@ -18,7 +18,7 @@ struct Fixture : ClusterStateFixture {
     job.replica_hosts["ps"] = "r1";
   }
 
-  void Update(double norm, bool punted, bool ahead, const std::string& server = "ps") {
+  uint64_t Update(double norm, bool punted, bool ahead, const std::string& server = "ps") {
     UpdateRecord record;
     record.transfer_id = state.NewTransferId();
     record.job = "demo";
@@ -28,6 +28,7 @@ struct Fixture : ClusterStateFixture {
     record.replica_punted = punted;
     record.replica_ahead = ahead;
     state.updates[record.transfer_id] = record;
+    return record.transfer_id;
   }
 
   double Budget() {
@@ -65,6 +66,54 @@ TEST_CASE("the batch gets the bound less what stays outstanding through it") {
   // No bound: copies go as they can, whatever is outstanding.
   f.state.jobs["demo"].config.divergence_max = 0;
   CHECK(f.Budget() > 1e29);
+}
+
+TEST_CASE("strict bound: pushes are planned only while the replica has room for them") {
+  Fixture f;
+  JobState& job = f.state.jobs["demo"];
+  ServerState& server = job.servers["ps"];
+  auto push = [&](double norm) {
+    server.pending.push_back(f.Update(norm, /*punted=*/false, /*ahead=*/false));
+  };
+  push(40);
+  push(40);
+  push(40);
+  // Nothing outstanding: 40 + 40 fit within 100, the third waits.
+  CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 2);
+
+  // Copies the replica has not applied count until it has.
+  server.replica.in_flight[901] = 30;
+  CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 1);
+  server.replica.pending.push_back(PendingReplica{902, "w1", "w", 1, 0, 31, v1::DTYPE_FLOAT32});
+  CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 0);
+  // The replica applied them: room again, in arrival order.
+  server.replica.in_flight.clear();
+  server.replica.pending.clear();
+  CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 2);
+
+  // Momentum: each update weighs 1 / (1 - gamma) = 2.
+  job.config.momentum = 0.5;
+  CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 1);
+  job.config.momentum = 0;
+
+  // A push larger than the bound alone still moves when nothing is
+  // outstanding, and only then.
+  server.pending.clear();
+  push(150);
+  push(1);
+  CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 1);
+  server.replica.in_flight[903] = 1;
+  CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 0);
+  server.replica.in_flight.clear();
+
+  // No bound, or no live replica on another host: every push.
+  job.config.divergence_max = 0;
+  CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 2);
+  job.config.divergence_max = 100;
+  job.replica_hosts["ps"] = "s1";  // on the server's own host
+  CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 2);
+  job.replica_hosts.erase("ps");
+  CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 2);
 }
 
 }  // namespace

@@ -51,6 +51,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Double("ssp_max_wait_s", &config.ssp_max_wait_s, 0.01, 3600);
   reader.Bool("streaming_aggregation", &config.streaming_aggregation);
   reader.Enum("replica_aggregation", &config.replica_aggregation, {"all", "punted", "none"});
+  reader.Enum("replica_bound", &config.replica_bound, {"plan", "strict"});
   reader.Bool("get_trees", &config.get_trees);
   reader.Enum("get_tree_planner", &config.get_tree_planner, {"cut_through", "store_forward"});
   reader.Int("get_tree_max_fanout", &config.get_tree_max_fanout, 1, 1024);
@@ -220,6 +221,13 @@ Every key can be set in the JSON file or as a flag; flags win.
                        replica until they all applied); punted: only
                        copies punted to a later batch; none: every copy
                        direct                          (default all)
+  --replica_bound      plan|strict: how the divergence bound Div_max is
+                       kept (§5.3). plan: the replica's copies are timed on
+                       the declared link rates (the paper's; a link that
+                       delivers less lets the server run past Div_max);
+                       strict: a push is planned only while the norms of
+                       the updates the replica has not applied, its own
+                       included, fit within Div_max   (default plan)
   --get_trees          a batch of gets for one server is answered through a
                        distribution tree: the server's host sends the model
                        to some requesters, which forward each packet to the

@@ -107,6 +107,14 @@ struct SchedulerConfig {
   // pushes applied), "punted" (only copies punted to a later batch, whose
   // pushes are applied), "none" (every copy direct).
   std::string replica_aggregation = "all";
+  // §5.3's divergence bound: "plan" (the paper's) times the replica's
+  // copies on the declared link rates, so a link that delivers less lets
+  // the server run past Div_max; "strict" plans a push only when the
+  // norms of the updates the replica has not applied yet, its own
+  // included, fit within Div_max (replica_tracker.h,
+  // StrictReplicaAdmits): the bound holds whatever the links deliver, at
+  // the cost of overlap.
+  std::string replica_bound = "plan";
   std::string get_tree_planner = "cut_through";
   int64_t get_tree_max_fanout = 4;
   // cut_through: a tree is taken only if it ends at least this fraction

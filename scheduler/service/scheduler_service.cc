@@ -280,6 +280,14 @@ bool SchedulerService::CutBatchLocked(
     }
     if (server.pending.empty()) return false;
   }
+  // replica_bound "strict": only the pushes the replica's progress leaves
+  // room for; the rest wait (punted copies still go, so room is made).
+  size_t admitted = server.pending.size();
+  if (round_size == 0 && use_reservations && config_.replica_bound == "strict") {
+    admitted = StrictReplicaAdmits(state_, job, server_name, server);
+    state_.stats.replica_bound_waits += static_cast<int64_t>(server.pending.size() - admitted);
+    if (admitted == 0 && !flush_replica) return false;
+  }
   item->batch_id = state_.NewBatchId();
   item->job = job_name;
   item->server = server_name;
@@ -307,7 +315,8 @@ bool SchedulerService::CutBatchLocked(
     const ShardSlot& slot = server.shards[i];
     parts.push_back({job.servers[slot.server].host, slot.end - slot.begin});
   }
-  for (uint64_t id : server.pending) {
+  for (size_t i = 0; i < admitted; ++i) {
+    const uint64_t id = server.pending[i];
     const UpdateRecord& record = state_.updates[id];
     const int64_t bytes = server.shards.empty() ? record.bytes
                                                 : server.shards[0].end - server.shards[0].begin;

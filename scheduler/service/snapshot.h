@@ -52,6 +52,9 @@ struct SchedulerStats {
   // Punted replica copies whose sources held them across a scheduler
   // restart, planned again by this one (in_doubt.h).
   int64_t held_sources_recopied = 0;
+  // replica_bound "strict": pushes held back from a batch until the
+  // replica caught up (one per push and batch it waited).
+  int64_t replica_bound_waits = 0;
   // Pushes a server's daemon applied after this scheduler reported them
   // dropped or failed: exactly-once broken (should stay 0).
   int64_t outcome_contradicted = 0;
