@@ -307,22 +307,30 @@ Sample TakeSample(const testing::Cluster& c, Job& job) {
   return sample;
 }
 
+// PushAll(c, pushes) while a sampler takes a sample every 5 ms; *applied
+// is PushAll's.
+std::vector<Sample> SampleWhilePushing(testing::Cluster& c, Job& job, int pushes, int* applied) {
+  std::atomic<bool> done{false};
+  std::vector<Sample> samples;
+  std::thread sampler([&] {
+    while (!done.load()) {
+      samples.push_back(TakeSample(c, job));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  *applied = PushAll(c, pushes);
+  done = true;
+  sampler.join();
+  return samples;
+}
+
 TEST_CASE("Sampled during training, the true divergence stays within the bound and the estimate") {
   constexpr double kDivergenceMax = 1e4;  // about two updates' worth
   auto c = StartCluster(kDivergenceMax);
   Job job;
   StartJob(*c, &job);
-  std::atomic<bool> done{false};
-  std::vector<Sample> samples;
-  std::thread sampler([&] {
-    while (!done.load()) {
-      samples.push_back(TakeSample(*c, job));
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  });
-  const int applied = PushAll(*c, 8);
-  done = true;
-  sampler.join();
+  int applied = 0;
+  const std::vector<Sample> samples = SampleWhilePushing(*c, job, 8, &applied);
   CHECK(applied >= 1);
   double worst = 0;
   int over_bound = 0, over_estimate = 0, unread = 0;
@@ -356,17 +364,8 @@ TEST_CASE("replica_bound strict: a slow replica is never more than the bound beh
   auto c = StartCluster(kDivergenceMax, /*aggregator=*/false, {"--replica_bound=strict"});
   Job job;
   StartJob(*c, &job, /*replica_apply_ms=*/60);
-  std::atomic<bool> done{false};
-  std::vector<Sample> samples;
-  std::thread sampler([&] {
-    while (!done.load()) {
-      samples.push_back(TakeSample(*c, job));
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  });
-  const int applied = PushAll(*c, 8);
-  done = true;
-  sampler.join();
+  int applied = 0;
+  const std::vector<Sample> samples = SampleWhilePushing(*c, job, 8, &applied);
   double worst = 0;
   int over_bound = 0;
   for (const Sample& s : samples) {
