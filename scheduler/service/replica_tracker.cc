@@ -18,6 +18,14 @@ double OutstandingNorm(const ClusterState& state, const std::string& job,
   return sum;
 }
 
+double DivergenceEstimate(const ClusterState& state, const JobState& job,
+                          const std::string& server_name, const ServerState& server) {
+  double sum = OutstandingNorm(state, job.config.name, server_name);
+  for (const auto& [copy, norm] : server.replica.in_flight) sum += norm;
+  for (const PendingReplica& p : server.replica.pending) sum += p.norm;
+  return sum / (1.0 - std::clamp(job.config.momentum, 0.0, 0.999999));
+}
+
 size_t StrictReplicaAdmits(const ClusterState& state, const JobState& job,
                            const std::string& server_name, const ServerState& server) {
   const size_t all = server.pending.size();
@@ -28,10 +36,7 @@ size_t StrictReplicaAdmits(const ClusterState& state, const JobState& job,
     return all;
   }
   const double weight = 1.0 / (1.0 - std::clamp(job.config.momentum, 0.0, 0.999999));
-  double outstanding = OutstandingNorm(state, job.config.name, server_name);
-  for (const auto& [copy, norm] : server.replica.in_flight) outstanding += norm;
-  for (const PendingReplica& p : server.replica.pending) outstanding += p.norm;
-  double held = weight * outstanding;
+  double held = DivergenceEstimate(state, job, server_name, server);
   size_t admitted = 0;
   for (uint64_t id : server.pending) {
     auto record = state.updates.find(id);

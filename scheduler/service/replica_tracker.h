@@ -29,13 +29,20 @@ namespace mlfabric {
 double OutstandingNorm(const ClusterState& state, const std::string& job,
                        const std::string& server);
 
+// The scheduler's estimate of ‖w_s − w_r‖ for `server` and its replica:
+// the norms of every update one of the two models may hold without the
+// other (copies in flight or punted, OutstandingNorm's), weighted by
+// 1 / (1 - momentum) (with momentum an update's effect on the model grows
+// up to that). Exported as divergence_estimate; what the strict bound
+// counts.
+double DivergenceEstimate(const ClusterState& state, const JobState& job,
+                          const std::string& server_name, const ServerState& server);
+
 // replica_bound "strict" (scheduler_config.h): how many of `server`'s
 // pending pushes, a prefix in arrival order, may be planned now so that
-// the norms of the updates one model may hold without the other stay
-// within the divergence bound whatever the links deliver. Counted: copies
-// in flight and punted (ReplicaTrack), OutstandingNorm's, and the admitted
-// pushes themselves, each weighted 1 / (1 - momentum); a copy stops
-// counting only when the replica reported it applied. At least one when
+// DivergenceEstimate plus the admitted pushes' norms (weighted alike)
+// stays within the divergence bound whatever the links deliver: a copy
+// stops counting only when the replica reported it applied. At least one when
 // nothing is outstanding (a push larger than the bound alone still moves).
 // All of them when the server has no bound or no live replica on another
 // host. The pushes not admitted wait for a later batch (their delay bound

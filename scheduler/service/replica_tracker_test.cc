@@ -116,5 +116,19 @@ TEST_CASE("strict bound: pushes are planned only while the replica has room for 
   CHECK(StrictReplicaAdmits(f.state, job, "ps", server) == 2);
 }
 
+TEST_CASE("the divergence estimate counts copies in flight, punted and outstanding, with momentum") {
+  Fixture f;
+  JobState& job = f.state.jobs["demo"];
+  ServerState& server = job.servers["ps"];
+  CHECK(DivergenceEstimate(f.state, job, "ps", server) == 0);
+  server.replica.in_flight[901] = 10;
+  server.replica.pending.push_back(PendingReplica{902, "w1", "w", 1, 0, 20, v1::DTYPE_FLOAT32});
+  f.Update(30, /*punted=*/true, /*ahead=*/false);
+  f.Update(40, /*punted=*/false, /*ahead=*/false);  // its copy may go with it: not counted
+  CHECK(DivergenceEstimate(f.state, job, "ps", server) == 60);
+  job.config.momentum = 0.5;  // each update's effect up to 1 / (1 - 0.5) = 2 times
+  CHECK(DivergenceEstimate(f.state, job, "ps", server) == 120);
+}
+
 }  // namespace
 }  // namespace mlfabric

@@ -151,11 +151,7 @@ ClusterSnapshot SchedulerService::Snapshot() const {
         sv.replica_applied = server.replica.applied;
         sv.replica_lag = static_cast<int64_t>(server.replica.in_flight.size() +
                                               server.replica.pending.size());
-        for (const auto& [copy, norm] : server.replica.in_flight) sv.divergence_estimate += norm;
-        for (const PendingReplica& p : server.replica.pending) sv.divergence_estimate += p.norm;
-        // And what one side may hold without the other until a later
-        // batch, so that the estimate bounds the true divergence.
-        sv.divergence_estimate += OutstandingNorm(state_, name, server_name);
+        sv.divergence_estimate = DivergenceEstimate(state_, job, server_name, server);
       }
       view.servers.push_back(std::move(sv));
     }
