@@ -110,7 +110,24 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeAllReducer(const AllReduceOption
         "backup_workers needs the mlfabric backend (the ", backend,
         " backend always sums every rank)"));
   }
-  if (backend == "mlfabric") return internal::MakeMlfabricAllReducer(options, rank, size);
+  if (backend == "mlfabric") {
+    size_t below = options.mpi_below_bytes;
+    if (const char* env = std::getenv("MLFABRIC_ALLREDUCE_MPI_BELOW"); env != nullptr && *env) {
+      char* end = nullptr;
+      const long long value = std::strtoll(env, &end, 10);
+      if (*end != '\0' || value < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "MLFABRIC_ALLREDUCE_MPI_BELOW='", env, "' is not a byte count >= 0"));
+      }
+      below = static_cast<size_t>(value);
+    }
+    auto fabric = internal::MakeMlfabricAllReducer(options, rank, size);
+    if (!fabric.ok() || below == 0 || size == 1 || options.backup_workers > 0 ||
+        !internal::LaunchedByMpirun()) {
+      return fabric;
+    }
+    return internal::WrapSmallViaMpi(std::move(*fabric), below);
+  }
   if (backend == "mpi") return internal::MakeMpiAllReducer(options);
   if (backend == "nccl") return internal::MakeNcclAllReducer(options);
   return absl::InvalidArgumentError(absl::StrCat(

@@ -9,7 +9,8 @@
 //   RETURN_IF_ERROR(reducer->AllReduce(grad.data(), grad.size(), DataType::kFloat32));
 //
 // Backends:
-//   mlfabric  §6: push(root) + get(root) in synchronous mode. The root is a
+//   mlfabric  §6: push(root) + get(root) in synchronous mode (under
+//             mpirun, calls below mpi_below_bytes go through MPI instead). The root is a
 //             synchronous-round server that rank `root_rank` runs in-process
 //             ("<job>-allreduce-root" unless named); the scheduler plans each
 //             round's pushes over an aggregation tree built from the job's
@@ -105,6 +106,16 @@ struct AllReduceOptions {
   // so one sum's pieces may leave out different ranks. Ranks sharing a
   // host (local_reduce) keep one root for their hosts' leaders.
   int pieces = 1;
+  // mlfabric backend launched by mpirun (mlfabric-run), without backup
+  // workers: a call whose buffer is smaller than this many bytes goes
+  // through Open MPI's MPI_Allreduce instead of the scheduler. A small sum
+  // is bound by latency, where a planned round (the push's submission, the
+  // commands, the get) costs milliseconds and its network-aware plan has
+  // nothing to gain; larger calls take the scheduler's path. Every call
+  // first agrees on length and dtype through one small MPI collective, so
+  // all ranks take the same path. 0: every call through the scheduler.
+  // Environment MLFABRIC_ALLREDUCE_MPI_BELOW (bytes) overrides.
+  size_t mpi_below_bytes = 64 * 1024;
 };
 
 // The rank and size the launcher (mlfabric-run / mpirun) gave this process.
@@ -152,6 +163,10 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllRedu
                                                                   int rank, int size);
 absl::StatusOr<std::unique_ptr<AllReducer>> MakeMpiAllReducer(const AllReduceOptions& options);
 absl::StatusOr<std::unique_ptr<AllReducer>> MakeNcclAllReducer(const AllReduceOptions& options);
+// AllReduceOptions::mpi_below_bytes: `fabric` for calls of at least
+// `below_bytes`, MPI_Allreduce below, after one agreement collective.
+absl::StatusOr<std::unique_ptr<AllReducer>> WrapSmallViaMpi(std::unique_ptr<AllReducer> fabric,
+                                                            size_t below_bytes);
 // Whether the NCCL backend was compiled in and a GPU is visible (+ why not).
 bool NcclUsable(std::string* why_not);
 bool LaunchedByMpirun();

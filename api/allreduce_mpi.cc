@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -91,6 +92,24 @@ void HalfSum(void* in, void* inout, int* len, MPI_Datatype*) {
             static_cast<size_t>(*len));
 }
 
+// One small MPI_Allreduce(MAX) of (len, -len, dtype, -dtype) tells every
+// rank whether all agree, so a mismatch is an error instead of a hang.
+absl::Status MpiCheckAgreement(int rank, size_t count, DataType dtype) {
+  int64_t local[4] = {static_cast<int64_t>(count), -static_cast<int64_t>(count),
+                      static_cast<int64_t>(dtype), -static_cast<int64_t>(dtype)};
+  int64_t global[4];
+  int code = MPI_Allreduce(local, global, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
+  if (global[0] != -global[1] || global[2] != -global[3]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllReduce inputs differ across ranks: lengths range from ", -global[1], " to ",
+        global[0], ", dtypes ", DataTypeName(static_cast<DataType>(-global[3])), " to ",
+        DataTypeName(static_cast<DataType>(global[2])), " (rank ", rank, " passed ", count,
+        " x ", DataTypeName(dtype), ")"));
+  }
+  return absl::OkStatus();
+}
+
 class MpiAllReducer : public AllReducer {
  public:
   MpiAllReducer(int rank, int size) : AllReducer(rank, size) {
@@ -107,6 +126,13 @@ class MpiAllReducer : public AllReducer {
     auto type = MpiType(dtype);
     if (!type.ok()) return type.status();
     if (auto status = CheckAgreement(count, dtype); !status.ok()) return status;
+    return SumAgreed(data, count, dtype);
+  }
+
+  // MPI_Allreduce once every rank is known to pass `count` x `dtype`.
+  absl::Status SumAgreed(void* data, size_t count, DataType dtype) {
+    auto type = MpiType(dtype);
+    if (!type.ok()) return type.status();
     const MPI_Op op = dtype == DataType::kFloat16 ? half_sum_ : MPI_SUM;
     int code = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), *type, op,
                              MPI_COMM_WORLD);
@@ -129,23 +155,44 @@ class MpiAllReducer : public AllReducer {
  private:
   MPI_Op half_sum_ = MPI_OP_NULL;
 
-  // One small MPI_Allreduce(MAX) of (len, -len, dtype, -dtype) tells every
-  // rank whether all agree, so a mismatch is an error instead of a hang.
   absl::Status CheckAgreement(size_t count, DataType dtype) {
-    int64_t local[4] = {static_cast<int64_t>(count), -static_cast<int64_t>(count),
-                        static_cast<int64_t>(dtype), -static_cast<int64_t>(dtype)};
-    int64_t global[4];
-    int code = MPI_Allreduce(local, global, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
-    if (global[0] != -global[1] || global[2] != -global[3]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "AllReduce inputs differ across ranks: lengths range from ", -global[1], " to ",
-          global[0], ", dtypes ", DataTypeName(static_cast<DataType>(-global[3])), " to ",
-          DataTypeName(static_cast<DataType>(global[2])), " (rank ", rank(), " passed ", count,
-          " x ", DataTypeName(dtype), ")"));
-    }
-    return absl::OkStatus();
+    return MpiCheckAgreement(rank(), count, dtype);
   }
+};
+
+// mlfabric backend under mpirun (AllReduceOptions::mpi_below_bytes): a
+// call whose buffer is smaller than `below` goes through MPI_Allreduce,
+// a larger one through `fabric` (the scheduler's rounds). Every call
+// first agrees on length and dtype across ranks (one small collective),
+// so every rank takes the same path, and differing inputs are an error on
+// every rank, never a rank in MPI waiting for one in a scheduler round.
+class SmallViaMpiAllReducer : public AllReducer {
+ public:
+  SmallViaMpiAllReducer(std::unique_ptr<AllReducer> fabric, std::unique_ptr<MpiAllReducer> mpi,
+                        size_t below)
+      : AllReducer(fabric->rank(), fabric->size()),
+        fabric_(std::move(fabric)),
+        mpi_(std::move(mpi)),
+        below_(below) {}
+
+  const char* backend() const override { return fabric_->backend(); }
+  int summed() const override { return fabric_->summed(); }
+  int64_t left_out() const override { return fabric_->left_out(); }
+  int local_size() const override { return fabric_->local_size(); }
+
+  absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
+    if (DataTypeSize(dtype) == 0) {
+      return absl::InvalidArgumentError("unsupported dtype for AllReduce");
+    }
+    if (auto agreed = MpiCheckAgreement(rank(), count, dtype); !agreed.ok()) return agreed;
+    if (count * DataTypeSize(dtype) >= below_) return fabric_->AllReduce(data, count, dtype);
+    return mpi_->SumAgreed(data, count, dtype);
+  }
+
+ private:
+  std::unique_ptr<AllReducer> fabric_;
+  std::unique_ptr<MpiAllReducer> mpi_;
+  const size_t below_;
 };
 
 }  // namespace
@@ -161,6 +208,21 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeMpiAllReducer(const AllReduceOpt
         " disagree with MPI_COMM_WORLD's ", rank, "/", size));
   }
   return std::unique_ptr<AllReducer>(new MpiAllReducer(rank, size));
+}
+
+absl::StatusOr<std::unique_ptr<AllReducer>> WrapSmallViaMpi(std::unique_ptr<AllReducer> fabric,
+                                                            size_t below_bytes) {
+  if (auto status = EnsureMpiInitialized(); !status.ok()) return status;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (rank != fabric->rank() || size != fabric->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank/size ", fabric->rank(), "/", fabric->size(), " disagree with MPI_COMM_WORLD's ",
+        rank, "/", size, " (set MLFABRIC_ALLREDUCE_MPI_BELOW=0 to keep every call off MPI)"));
+  }
+  return std::unique_ptr<AllReducer>(new SmallViaMpiAllReducer(
+      std::move(fabric), std::make_unique<MpiAllReducer>(rank, size), below_bytes));
 }
 
 }  // namespace internal

@@ -468,7 +468,8 @@ int main(int argc, char** argv) {
                            "MLFABRIC_DELAY_BOUND", "MLFABRIC_DIVERGENCE_BOUND",
                            "MLFABRIC_SCHEDULER", "MLFABRIC_USER_PATH",
                            "MLFABRIC_ALLREDUCE_BACKEND", "MLFABRIC_RANKS_PER_HOST",
-                           "MLFABRIC_LOCAL_REDUCE", "MLFABRIC_HOSTS"}) {
+                           "MLFABRIC_LOCAL_REDUCE", "MLFABRIC_HOSTS",
+                           "MLFABRIC_ALLREDUCE_PIECES", "MLFABRIC_ALLREDUCE_MPI_BELOW"}) {
     if (std::getenv(name)) command.insert(command.end(), {"-x", name});
   }
   command.insert(command.end(), mpirun_args.begin(), mpirun_args.end());
