@@ -26,20 +26,9 @@ address() { python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts"][sys
 
 # mpirun calls `agent HOST COMMAND...` as it would ssh. The command runs
 # in the host's network namespace and, as on a machine of its own, with its
-# own host name (a UTS namespace) and temporary directory. Sharing both
-# made Open MPI's launch hang in about 1 job of 4 (the daemons' and the
-# job's ORTE daemons on "one" host name in one /tmp).
-enter="$TEST_TMPDIR/netns-enter"
-cat > "$enter" <<'ENTER'
-#!/bin/sh
-ns="$1"; shift
-hostname "$ns"
-TMPDIR="/tmp/$ns"
-mkdir -p "$TMPDIR"
-export TMPDIR
-exec /bin/sh -c "$*"
-ENTER
-chmod +x "$enter"
+# own host name (a UTS namespace) and temporary directory
+# (testing/netns_enter.sh).
+enter="$root/testing/netns_enter.sh"
 agent="$TEST_TMPDIR/netns-agent"
 {
   echo '#!/bin/sh'

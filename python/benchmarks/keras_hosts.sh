@@ -45,16 +45,7 @@ layout=$("$netns" layout --prefix="$prefix" --hosts="$hosts")
 address() { python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts"][sys.argv[1]]["address"])' "$1" <<<"$layout"; }
 
 # mpirun's "ssh": enter the host's namespace with a host name and /tmp of
-# its own (tests/mlfabric_run_hosts_test.sh explains why).
-cat > "$work/enter" <<'ENTER'
-#!/bin/sh
-ns="$1"; shift
-hostname "$ns"
-TMPDIR="/tmp/$ns"
-mkdir -p "$TMPDIR"
-export TMPDIR
-exec /bin/sh -c "$*"
-ENTER
+# its own (testing/netns_enter.sh says why).
 {
   echo '#!/bin/sh'
   echo 'host="$1"; shift'
@@ -62,9 +53,9 @@ ENTER
   for h in n1 n2; do echo "  $(address $h)) ns=${prefix}$h;;"; done
   echo '  *) echo "netns-agent: unknown host $host" >&2; exit 1;;'
   echo 'esac'
-  echo "exec ip netns exec \"\$ns\" unshare --uts \"$work/enter\" \"\$ns\" \"\$*\""
+  echo "exec ip netns exec \"\$ns\" unshare --uts \"$root/testing/netns_enter.sh\" \"\$ns\" \"\$*\""
 } > "$work/agent"
-chmod +x "$work/enter" "$work/agent"
+chmod +x "$work/agent"
 for h in n1 n2; do echo "$(address $h) slots=1"; done > "$work/hostfile"
 mpi=()
 for kv in plm_rsh_agent="$work/agent" plm_rsh_no_tree_spawn=1 oob_tcp_if_include=veth0 \
