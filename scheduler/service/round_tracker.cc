@@ -1,5 +1,6 @@
 #include "scheduler/service/round_tracker.h"
 
+#include <iterator>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -22,9 +23,24 @@ bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
                   UpdateRecord* record) {
   const int64_t round = record->version;
   const uint64_t id = record->transfer_id;
-  // Rounds before the previous one can no longer be joined: forget them.
-  server->rounds.erase(server->rounds.begin(),
-                       server->rounds.lower_bound(server->model_version - 1));
+  // Rounds before the previous one can no longer be joined: forget them,
+  // but remember the last kFailedRoundsKept that failed. A failed round
+  // moves the server on at once, so a member can arrive after later rounds
+  // failed too (a host whose ranks passed differing shapes spoils its
+  // rounds without waiting for them: AllReduce's SpoilRound); it must
+  // learn why its round failed, not that it is stale.
+  constexpr size_t kFailedRoundsKept = 64;
+  size_t failed_kept = 0;
+  const auto joinable = server->rounds.lower_bound(server->model_version - 1);
+  for (auto it = std::make_reverse_iterator(joinable); it != server->rounds.rend();) {
+    const bool keep = !it->second.failed.empty() && failed_kept < kFailedRoundsKept;
+    if (keep) {
+      ++failed_kept;
+      ++it;
+    } else {
+      it = std::make_reverse_iterator(server->rounds.erase(std::next(it).base()));
+    }
+  }
   if (auto known = server->rounds.find(round);
       known != server->rounds.end() && !known->second.failed.empty()) {
     state->Complete(id, v1::OUTCOME_FAILED,

@@ -656,5 +656,61 @@ TEST_CASE("Backup workers: a round closes with its first M - b pushes; later one
   CHECK(late);
 }
 
+TEST_CASE("A member of a failed round hears why, even after later rounds failed too") {
+  // A host whose ranks disagree spoils its AllReduce rounds (an opaque push)
+  // without waiting: rounds 0 and 1 fail at once and the server moves on to
+  // version 2 before the other host's push for round 0 arrives.
+  SchedulerConfig config = DemoJob();
+  config.batch_interval_ms = 3600e3;
+  FakeClock clock{10.0};
+  SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
+  Handlers rpc{&service};
+  grpc::ServerContext context;
+  for (const char* name : {"s1", "w1", "w2"}) {
+    v1::RegisterHostRequest request;
+    request.set_protocol_version(1);
+    request.set_host(name);
+    request.set_data_address("127.0.0.1:1");
+    v1::RegisterHostReply reply;
+    REQUIRE(rpc.RegisterHost(&context, &request, &reply).ok());
+  }
+  v1::RegisterEntityRequest server;
+  server.set_job("demo");
+  server.set_job_token("demo-token");
+  server.set_role(v1::ROLE_SERVER);
+  server.set_name("root");
+  server.set_host("s1");
+  server.set_round_size(2);
+  v1::RegisterEntityReply registered;
+  REQUIRE(rpc.RegisterEntity(&context, &server, &registered).ok());
+  auto push = [&](const std::string& worker, int64_t round, v1::DType dtype) {
+    v1::SubmitUpdateRequest request;
+    request.set_job("demo");
+    request.set_src_host(worker);
+    request.set_worker(worker);
+    request.set_server("root");
+    request.set_bytes(dtype == v1::DTYPE_OPAQUE ? 1 : 4096);
+    request.set_version(round);
+    request.set_dtype(dtype);
+    v1::SubmitUpdateReply reply;
+    REQUIRE(rpc.SubmitUpdate(&context, &request, &reply).ok());
+    service.RunBatchCycle();
+    return reply.transfer_id();
+  };
+  push("w2", 0, v1::DTYPE_OPAQUE);
+  push("w2", 1, v1::DTYPE_OPAQUE);
+  const uint64_t late = push("w1", 0, v1::DTYPE_FLOAT32);
+  const uint64_t later = push("w1", 1, v1::DTYPE_FLOAT32);
+  int told = 0;
+  for (const DropView& d : service.Snapshot().recent_drops) {
+    if (d.transfer_id != late && d.transfer_id != later) continue;
+    INFO(d.reason);
+    CHECK(d.outcome == "failed");
+    CHECK(d.reason.find("is opaque bytes") != std::string::npos);
+    ++told;
+  }
+  CHECK(told == 2);
+}
+
 }  // namespace
 }  // namespace mlfabric
