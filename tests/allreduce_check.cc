@@ -299,6 +299,14 @@ int main() {
     EXPECT(absl::IsInvalidArgument(status) &&
                status.message().find("differ across ranks") != absl::string_view::npos,
            "%s mismatched short length: %s", reducer->backend(), status.ToString().c_str());
+    // One rank's buffer large, the others' small: with small calls by MPI
+    // the two sizes would take different paths; all ranks agree first.
+    std::vector<float> uneven(g_rank == size - 1 ? 100000 : 10, 1.0f);
+    status = reducer->AllReduce(uneven.data(), uneven.size(), DataType::kFloat32);
+    EXPECT(absl::IsInvalidArgument(status) &&
+               status.message().find("differ across ranks") != absl::string_view::npos,
+           "%s mismatched large and small length: %s", reducer->backend(),
+           status.ToString().c_str());
     std::vector<double> as_double(10, 1.0);
     void* mixed = g_rank == 0 ? static_cast<void*>(as_double.data()) : odd.data();
     status = reducer->AllReduce(mixed, 10, g_rank == 0 ? DataType::kFloat64 : DataType::kFloat32);
