@@ -104,9 +104,17 @@ Daemon::Daemon(DaemonConfig config, const Clock* clock,
       send_watchdog_(std::make_unique<transport::SendWatchdog>(config_.send_timeout_s)),
       clock_(clock != nullptr ? clock : &real_clock_),
       scheduler_(std::move(scheduler)),
-      aggregations_(static_cast<uint32_t>(config_.payload_bytes)),
-      rounds_(config_.rounds_kept, internal::kRoundChunkBytes, &buffer_pool_),
-      round_routes_(static_cast<int>(config_.round_tree_fanout), config_.rounds_kept) {
+      aggregation_table_(static_cast<uint32_t>(config_.payload_bytes)) {
+  if (scheduler_ == nullptr) {  // connects when first used
+    scheduler_ = daemon::MakeGrpcSchedulerClient(
+        config_.scheduler, config_.keepalive_s,
+        daemon::ClientSecurity{config_.cluster_secret, config_.scheduler_ca_pem,
+                               config_.tls_cert_pem, config_.tls_key_pem,
+                               config_.scheduler_tls_name});
+  }
+  resolver_ = std::make_unique<daemon::ServerResolver>(scheduler_.get(), clock_,
+                                                       config_.resolve_ttl_s);
+  reporter_ = std::make_unique<daemon::CompletionReporter>(scheduler_.get(), config_.host);
   // Data sessions authenticate with the keys the scheduler hands out
   // (transport/data_auth.h); until it does (or when it turns data-plane
   // authentication off) there is no handshake.
@@ -120,70 +128,65 @@ Daemon::Daemon(DaemonConfig config, const Clock* clock,
   send.payload_bytes = static_cast<uint32_t>(config_.payload_bytes);
   send.unscheduled_bps = config_.unscheduled_bps;
   send.job_priority = MakeJobPriorityPolicy(config_);
-  // Failures go to the reporter (its own thread), which is created in
-  // Start(), before the sender loop runs.
   send_ = std::make_unique<daemon::SendScheduler>(
-      std::move(send), clock_, peers_.get(), &aggregations_,
+      std::move(send), clock_, peers_.get(), &aggregation_table_,
       [this](uint64_t transfer, const std::string& reason) {
         reporter_->ReportFailure(transfer, reason);
       });
+
+  // The receive side: its parts share lock_.
+  incoming_ = std::make_unique<daemon::IncomingTransfers>(&buffer_pool_);
+  servers_ = std::make_unique<daemon::ServerEndpoints>(&lock_, &buffer_pool_, &stopping_);
+  deliveries_ = std::make_unique<daemon::Deliveries>(config_.host, incoming_.get(),
+                                                     servers_.get(), reporter_.get());
+  aggregation_ = std::make_unique<daemon::NetworkAggregation>(
+      static_cast<uint32_t>(config_.payload_bytes), &aggregation_table_, incoming_.get(),
+      send_.get(), reporter_.get());
+  daemon::RoundService::Options rounds;
+  rounds.host = config_.host;
+  rounds.rounds_kept = config_.rounds_kept;
+  rounds.round_wait_s = config_.round_wait_s;
+  rounds.get_tree_min_bytes = config_.get_tree_min_bytes;
+  rounds.round_tree_fanout = static_cast<int>(config_.round_tree_fanout);
+  rounds.payload_bytes = static_cast<uint32_t>(config_.payload_bytes);
+  rounds.chunk_bytes = internal::kRoundChunkBytes;
+  rounds_ = std::make_unique<daemon::RoundService>(
+      std::move(rounds), &lock_, &stopping_, incoming_.get(), servers_.get(), send_.get(),
+      reporter_.get(), send_watchdog_.get(), &buffer_pool_);
+  receiver_ = std::make_unique<daemon::DataReceiver>(
+      &lock_, clock_, &stopping_, &data_keys_, static_cast<uint64_t>(kMaxTransferBytes),
+      daemon::DataReceiver::Parts{incoming_.get(), rounds_.get(), aggregation_.get(),
+                                  deliveries_.get(), reporter_.get(), &buffer_pool_});
 }
 
 Daemon::~Daemon() { Stop(); }
 
-std::string Daemon::ServerKey(uint32_t job_id, const std::string& server) {
-  return absl::StrCat(job_id, "/", server);
-}
-
 Daemon::Stats Daemon::GetStats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  Stats stats = stats_;
+  Stats stats;
+  stats.pushes = app_requests_ ? app_requests_->pushes_submitted() : 0;
   stats.bytes_sent = send_->bytes_sent();
+  stats.bytes_received = receiver_->bytes_received();
+  stats.malformed_sessions = receiver_->malformed_sessions();
+  stats.deliveries = deliveries_->delivered() + rounds_->rounds_delivered();
+  stats.rounds = rounds_->rounds_delivered();
+  stats.aggregates = aggregation_->completed();
+  stats.gets_routed = rounds_->gets_routed();
+  std::lock_guard<std::mutex> lock(lock_.mu);
   if (fetcher_) stats.copies_forwarded = fetcher_->copies_forwarded();
   if (model_server_) {
     const daemon::ModelServer::Stats gets = model_server_->stats();
     stats.gets_served = gets.gets;
     stats.model_snapshots = gets.snapshots;
     stats.model_copies_sent = gets.copies_sent;
-    stats.gets_routed += gets.routed;  // and rounds' (stats_)
+    stats.gets_routed += gets.routed;  // and rounds'
   }
   return stats;
 }
 
 absl::Status Daemon::Start() {
   // Data plane first: its port is part of the registration.
-  auto endpoint = transport::ParseEndpoint(absl::StrCat(config_.listen_address, ":1"));
-  if (!endpoint.ok()) return endpoint.status();
-  boost::system::error_code error;
-  data_acceptor_ = std::make_unique<tcp::acceptor>(io_);
-  tcp::endpoint bind_to(endpoint->address(), static_cast<uint16_t>(config_.data_port));
-  data_acceptor_->open(bind_to.protocol(), error);
-  if (!error) data_acceptor_->set_option(tcp::acceptor::reuse_address(true), error);
-  if (!error) data_acceptor_->bind(bind_to, error);
-  if (!error) data_acceptor_->listen(asio::socket_base::max_listen_connections, error);
-  if (error) {
-    return absl::UnavailableError(absl::StrCat("cannot listen for data on ",
-                                               config_.listen_address, ":", config_.data_port,
-                                               ": ", error.message()));
-  }
-  data_address_ = absl::StrCat(config_.listen_address, ":", data_acceptor_->local_endpoint().port());
+  RETURN_IF_ERROR(receiver_->Listen(config_.listen_address, static_cast<int>(config_.data_port)));
 
-  // Local applications.
-  daemon::AppHandler* handler = this;  // a private base: converted here
-  apps_ = std::make_unique<daemon::AppSessions>(
-      daemon::AppSessions::Options{config_.local_socket, config_.local_socket_group}, handler);
-  if (auto status = apps_->Listen(); !status.ok()) return status;
-
-  if (scheduler_ == nullptr) {
-    scheduler_ = daemon::MakeGrpcSchedulerClient(
-        config_.scheduler, config_.keepalive_s,
-        daemon::ClientSecurity{config_.cluster_secret, config_.scheduler_ca_pem,
-                               config_.tls_cert_pem, config_.tls_key_pem,
-                               config_.scheduler_tls_name});
-  }
-  resolver_ = std::make_unique<daemon::ServerResolver>(scheduler_.get(), clock_,
-                                                       config_.resolve_ttl_s);
-  reporter_ = std::make_unique<daemon::CompletionReporter>(scheduler_.get(), config_.host);
   daemon::ModelServer::Options serving;
   serving.host = config_.host;
   serving.payload_bytes = static_cast<uint32_t>(config_.payload_bytes);
@@ -195,23 +198,36 @@ absl::Status Daemon::Start() {
   serving.get_late_join_min_share = config_.get_late_join_min_share;
   serving.snapshot_history = static_cast<size_t>(config_.group_snapshot_history);
   serving.uplink_bps = [this] { return UplinkBps(); };
-  daemon::ServerApps* server_apps = this;  // a private base: converted here
   model_server_ = std::make_unique<daemon::ModelServer>(
-      std::move(serving), server_apps, scheduler_.get(), send_.get(), send_watchdog_.get());
+      std::move(serving), servers_.get(), scheduler_.get(), send_.get(), send_watchdog_.get());
+  servers_->SetModelServer(model_server_.get());
   fetcher_ = std::make_unique<daemon::ModelFetcher>(
-      daemon::ModelFetcher::Options{config_.host, data_address_, config_.get_timeout_s,
+      daemon::ModelFetcher::Options{config_.host, receiver_->address(), config_.get_timeout_s,
                                     config_.failover_wait_s},
       resolver_.get(), get_client_.get(), send_.get(), send_watchdog_.get());
+
+  // Local applications.
+  app_requests_ = std::make_unique<daemon::AppRequests>(
+      daemon::AppRequests::Options{config_.host, config_.payload_bytes}, &lock_, clock_,
+      &stopping_,
+      daemon::AppRequests::Parts{scheduler_.get(), reporter_.get(), &pushes_, &data_keys_,
+                                 servers_.get(), rounds_.get(), model_server_.get(),
+                                 fetcher_.get()},
+      [this](const std::shared_ptr<AppSession>& app) { return ForgetAppLocked(app); });
+  apps_ = std::make_unique<daemon::AppSessions>(
+      daemon::AppSessions::Options{config_.local_socket, config_.local_socket_group},
+      app_requests_.get());
+  if (auto status = apps_->Listen(); !status.ok()) return status;
   if (auto status = RegisterHost(); !status.ok()) return status;
 
   if (auto status = StartMonitor(); !status.ok()) return status;
   threads_.emplace_back([this] { ScheduleStreamLoop(); });
   if (auto status = send_->Start(); !status.ok()) return status;
   threads_.emplace_back([this] { ClockSyncLoop(); });
-  threads_.emplace_back([this] { DataAcceptLoop(); });
+  receiver_->Start(model_server_.get(), fetcher_.get());
   apps_->Start();
-  MLF_LOG(INFO) << "host " << config_.host << " serving: data " << data_address_ << ", local "
-                << config_.local_socket << ", scheduler " << config_.scheduler;
+  MLF_LOG(INFO) << "host " << config_.host << " serving: data " << receiver_->address()
+                << ", local " << config_.local_socket << ", scheduler " << config_.scheduler;
   return absl::OkStatus();
 }
 
@@ -230,14 +246,14 @@ absl::Status Daemon::RegisterHost() {
     v1::RegisterHostRequest request;
     request.set_protocol_version(1);
     request.set_host(config_.host);
-    request.set_data_address(data_address_);
+    request.set_data_address(receiver_->address());
     request.set_uplink_bps(config_.uplink_bps);
     request.set_downlink_bps(config_.downlink_bps);
     const double sent_s = clock_->NowSeconds();
     request.set_daemon_time_s(sent_s);
     std::set<uint64_t> unacknowledged;  // by a server application, as the request says
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(lock_.mu);
       for (const auto& [transfer_id, push] : pushes_.Unresolved()) {
         v1::InDoubtPush* doubt = request.add_in_doubt();
         DescribePush(transfer_id, push, doubt);
@@ -246,37 +262,34 @@ absl::Status Daemon::RegisterHost() {
       for (const auto& [transfer_id, push] : pushes_.Held()) {
         DescribePush(transfer_id, push, request.add_held_sources());
       }
-      for (const daemon::AppliedLog::Entry& entry : replica_log_.Report()) {
+      for (const daemon::AppliedLog::Entry& entry : servers_->replica_log().Report()) {
         DescribeApplied(entry, request.add_replica_applied());
       }
-      for (const daemon::AppliedLog::Entry& entry : applied_log_.Report()) {
+      for (const daemon::AppliedLog::Entry& entry : servers_->applied_log().Report()) {
         DescribeApplied(entry, request.add_applied());
         if (!entry.acknowledged) unacknowledged.insert(entry.push);
       }
-      for (const auto& [copy, held] : orphan_copies_) *request.add_held_copies() = held;
-      for (const auto& [copy, lost] : lost_copies_) *request.add_held_copies() = lost;
+      deliveries_->DescribeHeldCopiesLocked(&request);
     }
     v1::RegisterHostReply reply;
     absl::Status status = scheduler_->RegisterHost(request, &reply);
     const double received_s = clock_->NowSeconds();
     if (status.ok()) {
-      std::unique_lock<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(lock_.mu);
       incarnation_ = reply.incarnation();
-      lost_copies_.clear();  // told
+      deliveries_->ToldLocked();
       if (scheduler_epoch_ != 0 && reply.scheduler_epoch() != scheduler_epoch_) {
         // A restarted scheduler numbers every server's commit positions from
         // 1 again: the old positions would hold its deliveries back as old.
         // Those still waiting were cancelled when the stream broke; their
         // pushes are in doubt at their sources, and this registration's
         // applied log tells the new scheduler they were not applied.
-        const std::vector<uint64_t> pending = delivery_.Reset();
-        unready_parts_.clear();  // their positions went with the old scheduler
+        const size_t pending = deliveries_->ResetLocked();
         // It may number jobs differently: where servers live is asked anew.
-        if (resolver_) resolver_->Clear();
-        for (uint64_t transfer : pending) incoming_.erase(transfer);
+        resolver_->Clear();
         MLF_LOG(WARNING) << "the scheduler restarted (epoch " << scheduler_epoch_ << " -> "
                          << reply.scheduler_epoch() << "): forgot its commit positions and "
-                         << pending.size() << " update(s) still expected";
+                         << pending << " update(s) still expected";
       }
       scheduler_epoch_ = reply.scheduler_epoch();
       data_keys_.SetClusterKey(reply.data_key());
@@ -290,7 +303,7 @@ absl::Status Daemon::RegisterHost() {
       // The client signs with the new session from here on: acknowledgements
       // that came after the request was built are told again.
       const std::vector<v1::CompletionReport> late_acks = AcknowledgedDuringRegistration(
-          applied_log_, std::move(unacknowledged), config_.host);
+          servers_->applied_log(), std::move(unacknowledged), config_.host);
       lock.unlock();  // no RPC under the lock
       for (const v1::CompletionReport& report : late_acks) reporter_->ReportNow(report);
       return absl::OkStatus();
@@ -307,8 +320,8 @@ absl::Status Daemon::RegisterHost() {
 void Daemon::ClockSyncLoop() {
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::duration<double>(config_.clock_sync_period_s),
+      std::unique_lock<std::mutex> lock(lock_.mu);
+      lock_.cv.wait_for(lock, std::chrono::duration<double>(config_.clock_sync_period_s),
                    [this] { return stopping_.load(); });
       if (stopping_.load()) return;
     }
@@ -327,7 +340,7 @@ void Daemon::ClockSyncLoop() {
       }
     }
     if (best_rtt_s == 1e9) continue;  // scheduler unreachable: the stream loop handles it
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(lock_.mu);
     if (std::abs(best_offset_s - clock_offset_s_) > 1e-3) {
       MLF_LOG(INFO) << "clock offset " << clock_offset_s_ * 1e3 << " -> " << best_offset_s * 1e3
                     << " ms (rtt " << best_rtt_s * 1e3 << " ms)";
@@ -362,8 +375,7 @@ absl::Status Daemon::StartMonitor() {
   };
   // MLfabric's own data-plane bytes are not background load (DESIGN.md §6).
   auto own = [this] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return monitor::OwnBytes{static_cast<uint64_t>(stats_.bytes_received),
+    return monitor::OwnBytes{static_cast<uint64_t>(receiver_->bytes_received()),
                              static_cast<uint64_t>(send_->bytes_sent())};
   };
   auto created = monitor::BandwidthMonitor::Create(mc, clock_, report, own);
@@ -379,41 +391,69 @@ void Daemon::Stop() {
   if (stopping_.exchange(true)) return;
   if (monitor_) monitor_->Stop();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(lock_.mu);
     if (stream_) stream_->Cancel();
   }
   if (apps_) apps_->Stop();  // no get starts after this
   if (fetcher_) fetcher_->Stop();
   // A get blocked on a quiet daemon, or waiting at the SSP clock, returns.
-  if (get_client_) get_client_->Shutdown();
-  if (scheduler_) scheduler_->CancelWaits();
+  get_client_->Shutdown();
+  scheduler_->CancelWaits();
   if (model_server_) model_server_->Stop();
-  cv_.notify_all();
+  lock_.cv.notify_all();
   // Failures not yet reported are dropped: the scheduler marks this host down anyway.
-  if (reporter_) reporter_->Stop();
-  boost::system::error_code ignored;
-  if (data_acceptor_) {
-    // close() alone does not wake a thread blocked in accept(); shutdown does.
-    ::shutdown(data_acceptor_->native_handle(), SHUT_RDWR);
-    data_acceptor_->close(ignored);
-  }
+  reporter_->Stop();
+  receiver_->StopAccepting();
   // A write blocked on a dead peer returns, then the sender loop ends.
   peers_->CloseAll();
   send_->Stop();
   for (auto& thread : threads_) {
     if (thread.joinable()) thread.join();
   }
-  // The data sessions (no new one starts now): a read blocked on a quiet
-  // peer returns once its socket is shut down. Then the gets.
-  std::unique_lock<std::mutex> lock(mu_);
-  for (const auto& socket : data_sessions_) ::shutdown(socket->native_handle(), SHUT_RDWR);
-  cv_.wait(lock, [this] { return data_sessions_.empty() && get_threads_ == 0; });
+  // The data sessions (no new one starts now), then the gets.
+  receiver_->StopSessions();
+  if (app_requests_) app_requests_->WaitGets();
 }
 
 absl::Status Daemon::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return stopping_.load() || !fatal_.ok(); });
+  std::unique_lock<std::mutex> lock(lock_.mu);
+  lock_.cv.wait(lock, [this] { return stopping_.load() || !fatal_.ok(); });
   return fatal_;
+}
+
+std::optional<v1::EntityGoneReport> Daemon::ForgetAppLocked(
+    const std::shared_ptr<AppSession>& app) {
+  const std::optional<std::string> endpoint = servers_->ForgetLocked(app);
+  if (!endpoint.has_value()) return std::nullopt;
+  const std::string why = absl::StrCat("server '", app->name, "' disconnected before applying it");
+  const std::vector<uint64_t> cancelled = deliveries_->CancelAllLocked(*endpoint, why);
+  MLF_LOG(WARNING) << "server '" << app->name << "' disconnected; failing " << cancelled.size()
+                   << " expected update(s)";
+  for (uint64_t transfer : cancelled) reporter_->ReportFailure(transfer, why);
+  deliveries_->TryDeliverLocked(app->job_id, app->role == v1::ROLE_REPLICA
+                                                 ? "replica:" + app->name
+                                                 : app->name);
+  const std::string key = daemon::ServerKey(app->job_id, app->name);
+  const std::string gone = absl::StrCat("server '", app->name, "' disconnected");
+  rounds_->FailServerLocked(key, gone);
+  if (model_server_) model_server_->FailServer(key, gone);
+  lock_.cv.notify_all();
+  v1::EntityGoneReport report;
+  report.set_host(config_.host);
+  report.set_job(app->job);
+  report.set_role(app->role);
+  report.set_name(app->name);
+  report.set_reason("its connection to the daemon closed");
+  return report;
+}
+
+double Daemon::UplinkBps() const {
+  if (monitor_) {
+    if (std::optional<monitor::Report> report = monitor_->LastReport()) {
+      if (report->up_bps > 0) return report->up_bps;
+    }
+  }
+  return config_.uplink_bps;
 }
 
 }  // namespace mlfabric

@@ -1,30 +1,13 @@
-// Daemon: The control plane: the schedule stream and the commands on it (DESIGN.md §3 step 3).
+// Daemon: the control plane: the schedule stream and the commands on it
+// (DESIGN.md §3 step 3), each handed to the part it is for.
 #include "daemon/daemon.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <cerrno>
-#include <sys/uio.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <limits>
-#include <deque>
-#include <functional>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "aggregator/reduce.h"
-#include "common/crc32c.h"
 #include "common/logging.h"
-#include "common/status_macros.h"
-#include "daemon/transport/framing.h"
-
 #include "daemon/daemon_internal.h"
 
 namespace mlfabric {
@@ -35,13 +18,13 @@ void Daemon::ScheduleStreamLoop() {
   while (!stopping_.load()) {
     v1::StreamSchedulesRequest request;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(lock_.mu);
       request.set_host(config_.host);
       request.set_incarnation(incarnation_);
     }
     std::shared_ptr<daemon::ScheduleStream> stream = scheduler_->StreamSchedules(request);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(lock_.mu);
       stream_ = stream;
       if (stopping_.load()) stream->Cancel();  // Stop() ran before the stream was known
     }
@@ -52,32 +35,10 @@ void Daemon::ScheduleStreamLoop() {
     MLF_LOG(WARNING) << "lost the scheduler's schedule stream: " << daemon::RpcErrorText(status)
                      << "; its plans end here, and the pushes in flight wait for the "
                      << "scheduler's word once this daemon has registered again";
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      // Pushes in flight stay in doubt: the scheduler this daemon registers
-      // with next tells their outcomes (issue 16 item 4). Their bytes stop
-      // here; pushes still being submitted fail when their SubmitUpdate does.
-      send_->DropAll();
-      // Nothing planned by the scheduler that is gone is applied from now
-      // on, so what the servers' applications applied (applied_log_) is
-      // final for the pushes of its plans. Deliveries already handed over
-      // are reported as such.
-      size_t cancelled = 0;
-      KeepHeldCopiesLocked();
-      for (const auto& [key, endpoint] : servers_) {
-        cancelled += delivery_.CancelAll(key, "the scheduler that planned it is gone").size();
-        daemon::RoundTable::Effects fx;
-        rounds_.FailServer(key, "the scheduler that planned the round is gone", &fx,
-                           /*spare_delivering=*/true);
-        ApplyRoundEffectsLocked(fx);
-      }
-      if (cancelled > 0) {
-        MLF_LOG(WARNING) << "cancelled " << cancelled << " expected update(s) of the lost schedule";
-      }
-    }
+    ScheduleLost();
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     if (auto status = RegisterHost(); !status.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(lock_.mu);
       for (const daemon::PushTable::Push& push : pushes_.TakeAllSubmitted()) {
         v1::LocalMessage done;
         done.mutable_push_done()->set_request_id(push.request_id);
@@ -88,7 +49,7 @@ void Daemon::ScheduleStreamLoop() {
         (void)push.app->channel->Send(done);
       }
       fatal_ = status;
-      cv_.notify_all();
+      lock_.cv.notify_all();
       return;
     }
     // The scheduler may have restarted: registered applications register again.
@@ -96,12 +57,12 @@ void Daemon::ScheduleStreamLoop() {
     for (const auto& app : apps) {
       if (!app->registered) continue;
       v1::RegisterEntityRequest entity =
-          internal::EntityRequest(config_.host, app->uid, app->registration);
+          daemon::EntityRequest(config_.host, app->uid, app->registration);
       if (app->role == v1::ROLE_SERVER) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (auto version = server_versions_.find(ServerKey(app->job_id, app->name));
-            version != server_versions_.end()) {
-          entity.set_model_version(version->second);
+        std::lock_guard<std::mutex> lock(lock_.mu);
+        if (std::optional<int64_t> version =
+                servers_->VersionLocked(daemon::ServerKey(app->job_id, app->name))) {
+          entity.set_model_version(*version);
         }
       }
       v1::RegisterEntityReply reply;
@@ -112,8 +73,28 @@ void Daemon::ScheduleStreamLoop() {
   }
 }
 
+void Daemon::ScheduleLost() {
+  std::lock_guard<std::mutex> lock(lock_.mu);
+  // Pushes in flight stay in doubt: the scheduler this daemon registers
+  // with next tells their outcomes (issue 16 item 4). Their bytes stop
+  // here; pushes still being submitted fail when their SubmitUpdate does.
+  send_->DropAll();
+  // Nothing planned by the scheduler that is gone is applied from now on,
+  // so what the servers' applications applied (the applied log) is final
+  // for the pushes of its plans. Deliveries already handed over are
+  // reported as such.
+  const size_t cancelled = deliveries_->ScheduleLostLocked("the scheduler that planned it is gone");
+  for (const std::string& key : servers_->KeysLocked()) {
+    rounds_->FailServerLocked(key, "the scheduler that planned the round is gone",
+                              /*spare_delivering=*/true);
+  }
+  if (cancelled > 0) {
+    MLF_LOG(WARNING) << "cancelled " << cancelled << " expected update(s) of the lost schedule";
+  }
+}
+
 void Daemon::HandleCommand(const v1::DaemonCommand& command) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(lock_.mu);
   switch (command.command_case()) {
     case v1::DaemonCommand::kSend:
       // A push's commands may overtake its SubmitUpdate reply.
@@ -124,7 +105,7 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
       ScheduleSendLocked(command.send());
       break;
     case v1::DaemonCommand::kAggregate:
-      StartAggregationLocked(command.aggregate());
+      aggregation_->StartLocked(command.aggregate());
       break;
     case v1::DaemonCommand::kPromote:
       PromoteReplicaLocked(command.promote());
@@ -132,90 +113,21 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     case v1::DaemonCommand::kJobKey:
       data_keys_.SetJobKey(command.job_key().job_id(), command.job_key().key());
       break;
-    case v1::DaemonCommand::kExpect: {
-      const v1::ExpectDelivery& expect = command.expect();
-      if (expect.round_size() > 0) {
-        JoinRoundLocked(expect);
-        break;
-      }
-      const std::string key = ServerKey(expect.job_id(), expect.server());
-      const ServerEndpoint& endpoint = servers_[key];
-      if (endpoint.app == nullptr) {
-        delivery_.Expect(key, expect, "server application is not connected");
-        reporter_->ReportFailure(expect.transfer_id(),
-                                 absl::StrCat("server '", expect.server(), "' is not connected to ",
-                                              config_.host, "'s daemon"));
+    case v1::DaemonCommand::kExpect:
+      if (command.expect().round_size() > 0) {
+        rounds_->JoinLocked(command.expect());
       } else {
-        delivery_.Expect(key, expect);
-        if (expect.group_push() != 0 && expect.held()) unready_parts_[expect.transfer_id()] = key;
+        deliveries_->ExpectLocked(command.expect());
       }
-      TryDeliverLocked(expect.job_id(), expect.server());
       break;
-    }
-    case v1::DaemonCommand::kRelease: {
+    case v1::DaemonCommand::kRelease:
       // The server applied the push of this held replica copy, or every
       // shard has its part of this group push.
-      const v1::ReleaseDelivery& release = command.release();
-      unready_parts_.erase(release.transfer_id());
-      auto incoming = incoming_.find(release.transfer_id());
-      const bool whole = incoming != incoming_.end() &&
-                         incoming->second.received >= incoming->second.total;
-      if (release.cancel_if_incomplete() && !whole) {
-        // Its source went away before sending it all: it never will.
-        const std::string why = "its source went away before all its bytes arrived";
-        if (std::optional<v1::ExpectDelivery> cancelled =
-                delivery_.CancelTransfer(release.sequence(), release.transfer_id(), why)) {
-          incoming_.erase(release.transfer_id());
-          reporter_->ReportFailure(release.transfer_id(), why);
-          TryDeliverLocked(cancelled->job_id(), cancelled->server());
-        }
-        break;
-      }
-      if (std::optional<v1::ExpectDelivery> released =
-              delivery_.Release(release.sequence(), release.transfer_id())) {
-        TryDeliverLocked(released->job_id(), released->server());
-      }
+      deliveries_->ReleaseLocked(command.release());
       break;
-    }
-    case v1::DaemonCommand::kCancel: {
-      const v1::CancelDelivery& cancel = command.cancel();
-      if (cancel.release_hold()) {
-        (void)pushes_.TakeHeld(cancel.transfer_id());
-        break;
-      }
-      if (orphan_copies_.erase(cancel.transfer_id()) > 0) {  // its push did not apply
-        MLF_LOG(INFO) << "dropping held replica copy " << cancel.transfer_id() << ": "
-                      << cancel.reason();
-        incoming_.erase(cancel.transfer_id());
-      }
-      if (cancel.fail_round()) {
-        daemon::RoundTable::Effects fx;
-        rounds_.Fail(ServerKey(cancel.job_id(), cancel.server()), cancel.round(), cancel.reason(),
-                     &fx);
-        ApplyRoundEffectsLocked(fx);
-        break;
-      }
-      {
-        daemon::RoundTable::Effects fx;
-        const bool member = rounds_.FailMemberRound(cancel.transfer_id(), cancel.reason(), &fx);
-        ApplyRoundEffectsLocked(fx);
-        if (member) break;
-      }
-      if (aggregations_.Active(cancel.transfer_id())) {
-        DropAggregationLocked(cancel.transfer_id(), cancel.reason());
-        break;
-      }
-      unready_parts_.erase(cancel.transfer_id());
-      if (std::optional<v1::ExpectDelivery> cancelled =
-              delivery_.CancelTransfer(cancel.sequence(), cancel.transfer_id(), cancel.reason())) {
-        incoming_.erase(cancel.transfer_id());
-        // Skipped before the application had it: it will not be applied.
-        if (cancel.confirm()) reporter_->ReportFailure(cancel.transfer_id(), cancel.reason());
-        TryDeliverLocked(cancelled->job_id(), cancelled->server());
-      }
-      // Not found: handed over already; the acknowledgement answers.
+    case v1::DaemonCommand::kCancel:
+      CancelLocked(command.cancel());
       break;
-    }
     case v1::DaemonCommand::kOutcome: {
       const v1::PushOutcome& outcome = command.outcome();
       pushes_.Adopt(outcome.transfer_id(), outcome.local_id());
@@ -235,6 +147,120 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     default:
       MLF_LOG(WARNING) << "ignoring an unknown command from the scheduler";
   }
+}
+
+void Daemon::CancelLocked(const v1::CancelDelivery& cancel) {
+  if (cancel.release_hold()) {
+    (void)pushes_.TakeHeld(cancel.transfer_id());
+    return;
+  }
+  // A held copy kept across a lost stream whose push did not apply.
+  (void)deliveries_->DropHeldCopyLocked(cancel.transfer_id(), cancel.reason());
+  if (cancel.fail_round()) {
+    rounds_->FailLocked(daemon::ServerKey(cancel.job_id(), cancel.server()), cancel.round(),
+                        cancel.reason());
+    return;
+  }
+  if (rounds_->FailMemberLocked(cancel.transfer_id(), cancel.reason())) return;
+  if (aggregation_->Active(cancel.transfer_id())) {
+    aggregation_->DropLocked(cancel.transfer_id(), cancel.reason());
+    return;
+  }
+  deliveries_->CancelLocked(cancel);
+}
+
+void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
+  auto schedule = [&](std::shared_ptr<SharedBuffer> buffer, std::vector<v1::TensorInfo> tensors,
+                      std::shared_ptr<const daemon::PacketChecksums> checksums) {
+    absl::Status scheduled =
+        send_->Schedule(send, std::move(buffer), std::move(tensors), std::move(checksums));
+    if (!scheduled.ok()) {
+      reporter_->ReportFailure(send.transfer_id(), std::string(scheduled.message()));
+    }
+  };
+  // A replica copy (§5.3) sends the bytes of another push of this host.
+  const uint64_t source = send.source_transfer_id() != 0 ? send.source_transfer_id()
+                                                         : send.transfer_id();
+  std::optional<daemon::PushTable::Push> push = pushes_.Find(source);
+  // A member of an aggregation on this host (the scheduler sends the task
+  // first) is summed here; anything else for this host (a push to a server
+  // on it) goes through the data plane like any transfer.
+  if (push.has_value() && send.dst_host() == config_.host &&
+      aggregation_->AggregateOf(send.transfer_id()).has_value()) {
+    aggregation_->AcceptLocalLocked(send, push->buffer);
+    return;
+  }
+  if (push.has_value() && send.part()) {
+    // A part of a push to a server group (§10.2): its own transfer, of the
+    // bytes its shard holds. Copied, so that the part's packets are framed
+    // and checksummed as a transfer of their own.
+    const uint64_t size = push->buffer->size();
+    if (send.part_offset() < 0 || send.bytes() <= 0 ||
+        static_cast<uint64_t>(send.part_offset()) + static_cast<uint64_t>(send.bytes()) > size) {
+      reporter_->ReportFailure(send.transfer_id(),
+                               absl::StrCat("part [", send.part_offset(), ", +", send.bytes(),
+                                            ") lies outside push ", source, " (", size, " bytes)"));
+      return;
+    }
+    absl::StatusOr<SharedBuffer> slice = SharedBuffer::Create(static_cast<size_t>(send.bytes()));
+    if (!slice.ok()) {
+      reporter_->ReportFailure(send.transfer_id(), std::string(slice.status().message()));
+      return;
+    }
+    std::memcpy(slice->data(), push->buffer->data() + send.part_offset(),
+                static_cast<size_t>(send.bytes()));
+    schedule(std::make_shared<SharedBuffer>(std::move(*slice)), {}, nullptr);
+    return;
+  }
+  if (push.has_value()) {
+    schedule(push->buffer, push->tensors, push->checksums);
+    return;
+  }
+  if (send.source_transfer_id() != 0) {
+    // The outgoing transfer keeps the held bytes alive.
+    if (std::optional<daemon::PushTable::Push> held = pushes_.TakeHeld(source)) {
+      schedule(held->buffer, held->tensors, held->checksums);
+      return;
+    }
+  }
+  reporter_->ReportFailure(send.transfer_id(),
+                           absl::StrCat("no pushed data on ", config_.host, " for push ", source));
+}
+
+void Daemon::PromoteReplicaLocked(const v1::PromoteReplica& promote) {
+  const std::string from = daemon::ServerKey(promote.job_id(), "replica:" + promote.server());
+  const std::string to = daemon::ServerKey(promote.job_id(), promote.server());
+  // The replica's commit positions carry on under the server's name. What
+  // an old server endpoint here still expected was failed by the scheduler.
+  const std::shared_ptr<AppSession> app = servers_->RenameLocked(from, to);
+  const std::vector<uint64_t> dropped = deliveries_->RenameLocked(from, to, promote.server());
+  MLF_LOG(WARNING) << "this host's replica of server '" << promote.server()
+                   << "' is the server now (" << promote.reason() << "); "
+                   << (app ? "serving it" : "but its application is not connected")
+                   << (dropped.empty() ? ""
+                                       : absl::StrCat("; dropped ", dropped.size(),
+                                                      " deliveries of the old server here"));
+  if (app == nullptr) {
+    const std::string why = absl::StrCat("server '", promote.server(), "' is not connected to ",
+                                         config_.host, "'s daemon");
+    for (uint64_t transfer : deliveries_->CancelAllLocked(to, why)) {
+      reporter_->ReportFailure(transfer, why);
+    }
+    return;
+  }
+  // From now on it is the server: it leaves as one, and registers as one
+  // with a restarted scheduler.
+  app->role = v1::ROLE_SERVER;
+  app->registration.set_role(v1::ROLE_SERVER);
+  v1::LocalMessage note;
+  v1::LocalPromoted* body = note.mutable_promoted();
+  body->set_server(promote.server());
+  body->set_old_host(promote.old_host());
+  body->set_reason(promote.reason());
+  body->set_model_version(promote.model_version());
+  (void)app->channel->Send(note);
+  deliveries_->TryDeliverLocked(promote.job_id(), promote.server());
+  lock_.cv.notify_all();  // gets waiting for the server (AwaitServer)
 }
 
 }  // namespace mlfabric

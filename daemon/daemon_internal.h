@@ -33,12 +33,6 @@ inline constexpr size_t kMaxIdleGetConnections = 4;
 // it is final. It is the receiver's own, so senders may use any packet size.
 inline constexpr uint64_t kRoundChunkBytes = 32 * 1024;
 
-// The scheduler registration of an application's LocalRegister, with the
-// application's user (uid from SO_PEERCRED, -1 = unknown) for jobs that
-// admit one user only.
-v1::RegisterEntityRequest EntityRequest(const std::string& host, int64_t uid,
-                                        const v1::LocalRegister& request);
-
 }  // namespace mlfabric::internal
 
 namespace mlfabric {

@@ -1,0 +1,316 @@
+#include "daemon/app_requests.h"
+
+#include <pwd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "daemon/engine/packet_checksums.h"
+#include "ipc/local_ipc.h"
+
+namespace mlfabric::daemon {
+
+AppRequests::AppRequests(Options options, ReceiveLock* lock, const Clock* clock,
+                         const std::atomic<bool>* stopping, Parts parts, ForgetLocked forget)
+    : options_(std::move(options)),
+      lock_(lock),
+      clock_(clock),
+      stopping_(stopping),
+      parts_(parts),
+      forget_(std::move(forget)) {}
+
+void AppRequests::WaitGets() {
+  std::unique_lock<std::mutex> lock(lock_->mu);
+  lock_->cv.wait(lock, [this] { return get_threads_ == 0; });
+}
+
+void AppRequests::HandleRegister(const std::shared_ptr<AppSession>& app,
+                            const v1::LocalRegister& request) {
+  v1::LocalMessage reply;
+  v1::LocalRegistered* body = reply.mutable_registered();
+  if (app->registered) {
+    body->set_error("this connection is already registered");
+    (void)app->channel->Send(reply);
+    return;
+  }
+  const v1::RegisterEntityRequest entity = EntityRequest(options_.host, app->uid, request);
+  v1::RegisterEntityReply entity_reply;
+  absl::Status status = parts_.scheduler->RegisterEntity(entity, &entity_reply);
+  if (!status.ok()) {
+    body->set_error(
+        absl::StrCat("scheduler refused the registration: ", RpcErrorText(status)));
+    (void)app->channel->Send(reply);
+    return;
+  }
+  if (!entity_reply.job_data_key().empty()) {
+    parts_.keys->SetJobKey(entity_reply.job_id(), entity_reply.job_data_key());
+  }
+  {
+    std::lock_guard<std::mutex> lock(lock_->mu);
+    app->job = request.job();
+    app->job_token = request.job_token();
+    app->name = request.name();
+    app->role = request.role();
+    app->job_id = entity_reply.job_id();
+    app->registered = true;
+    app->ssp = entity_reply.ssp() && request.role() == v1::ROLE_WORKER;
+    app->registration = request;
+  }
+  // The reply goes out before the endpoint is published: once it is, a
+  // get waiting for this server sends the application a model request, and
+  // that must not reach it before its registration reply (it did: the
+  // application's Connect failed with "daemon sent no registration reply").
+  // Both happen under the receive lock, so nothing finds the endpoint missing in
+  // between either: a delivery the scheduler announces right after the
+  // registration (the application may push or be pushed to at once) waits
+  // for the lock and finds it (it was failed as "not connected" before).
+  body->set_model_version(entity_reply.model_version());
+  body->set_host(options_.host);
+  std::lock_guard<std::mutex> lock(lock_->mu);
+  (void)app->channel->Send(reply);  // one small message on a new connection
+  if (request.role() == v1::ROLE_SERVER) {
+    parts_.servers->PublishLocked(ServerKey(app->job_id, app->name), app);
+  }
+  // A hot-standby replica (§5.3) takes deliveries for "replica:<server>".
+  if (request.role() == v1::ROLE_REPLICA) {
+    parts_.servers->PublishLocked(ServerKey(app->job_id, "replica:" + app->name), app);
+  }
+}
+
+void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push,
+                        int fd) {
+  auto fail = [&](const std::string& reason) {
+    v1::LocalMessage done;
+    done.mutable_push_done()->set_request_id(push.request_id());
+    done.mutable_push_done()->set_outcome(v1::OUTCOME_FAILED);
+    done.mutable_push_done()->set_reason(reason);
+    (void)app->channel->Send(done);
+  };
+  if (fd < 0) {
+    fail("push carries no shared-memory buffer");
+    return;
+  }
+  auto buffer = SharedBuffer::Map(fd, static_cast<size_t>(std::max<int64_t>(push.bytes(), 0)));
+  if (!buffer.ok()) {
+    fail(std::string(buffer.status().message()));
+    return;
+  }
+  if (!app->registered || app->role != v1::ROLE_WORKER) {
+    fail("register as a worker before pushing");
+    return;
+  }
+  v1::SubmitUpdateRequest request;
+  request.set_job(app->job);
+  request.set_src_host(options_.host);
+  request.set_worker(app->name);
+  request.set_server(push.server());
+  request.set_bytes(push.bytes());
+  request.set_version(push.version());
+  request.set_norm(push.norm());
+  *request.mutable_tensors() = push.tensors();
+  request.set_dtype(push.dtype());
+  // The push is recorded under its local id before the RPC, and no lock is
+  // held across it: a command naming the push that arrives before the
+  // reply finds it by local id (PushTable::Adopt), and the command stream
+  // never waits for a submission.
+  PushTable::Push pending;
+  pending.app = app;
+  pending.server = push.server();
+  pending.request_id = push.request_id();
+  pending.buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
+  pending.tensors.assign(push.tensors().begin(), push.tensors().end());
+  pending.version = push.version();
+  pending.norm = push.norm();
+  pending.dtype = push.dtype();
+  // Checksum the packets while the scheduler plans (see PacketChecksums);
+  // not when sessions are sealed, whose tags replace the CRC.
+  if (!parts_.keys->encryption()) {
+    pending.checksums = PacketChecksums::ForPush(pending.tensors, pending.buffer->size(),
+                                                         options_.payload_bytes);
+  }
+  const std::shared_ptr<PacketChecksums> checksums = pending.checksums;
+  const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
+  {
+    // Names the round a later get streams back, if the server runs rounds.
+    std::lock_guard<std::mutex> lock(lock_->mu);
+    app->last_round_push[push.server()] = push.version();
+  }
+  const uint64_t local_id = parts_.pushes->Record(std::move(pending));
+  request.set_local_id(local_id);
+  MLF_LOG(DEBUG) << "submitting push (local id " << local_id << ") of '" << app->name
+                 << "' to server '" << push.server() << "'";
+  v1::SubmitUpdateReply reply;
+  absl::Status status = parts_.scheduler->SubmitUpdate(request, &reply);
+  if (!status.ok()) {
+    parts_.pushes->SubmitFailed(local_id);
+  } else {
+    // A command may have adopted it already; either way it is known now.
+    parts_.pushes->Submitted(local_id, reply.transfer_id());
+    pushes_submitted_.fetch_add(1);
+  }
+  if (!status.ok()) {
+    fail(absl::StrCat("scheduler refused the push: ", RpcErrorText(status)));
+    return;
+  }
+  if (checksums == nullptr) return;
+  const double start_s = clock_->NowSeconds();
+  checksums->SumAll(bytes->data());
+  MLF_LOG(DEBUG) << "checksummed push " << reply.transfer_id() << ": " << checksums->Ready()
+                 << " of " << checksums->packets() << " packets ahead of the sender ("
+                 << checksums->parts() << " threads) in "
+                 << absl::StrFormat("%.3f", clock_->NowSeconds() - start_s) << " s, done at "
+                 << absl::StrFormat("%.6f", clock_->NowSeconds());
+}
+
+void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) {
+  if (!app->registered) {
+    v1::LocalMessage done;
+    done.mutable_get_done()->set_request_id(get.request_id());
+    done.mutable_get_done()->set_error("register before calling get");
+    (void)app->channel->Send(done);
+    return;
+  }
+  const std::string job = app->job;
+  std::lock_guard<std::mutex> lock(lock_->mu);
+  auto pushed = app->last_round_push.find(get.server());
+  const int64_t round = pushed == app->last_round_push.end() ? -1 : pushed->second;
+  // Get threads are detached: a finished thread is reclaimed at once (kept
+  // joinable, one per get, they piled up until thread creation failed).
+  // Stop() shuts their connections down and waits until none is left.
+  ++get_threads_;
+  std::thread([this, app, get, job, round] {
+    // However it ends, Stop() learns that this get is over.
+    struct Done {
+      AppRequests* requests;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(requests->lock_->mu);
+        --requests->get_threads_;
+        requests->lock_->cv.notify_all();
+      }
+    } done_guard{this};
+    v1::LocalMessage done;
+    v1::LocalGetDone* body = done.mutable_get_done();
+    body->set_request_id(get.request_id());
+    if (app->ssp) {
+      // Stale-synchronous: wait (at the scheduler, bounded) until the
+      // job's slowest worker is within K pushes of this one. If the
+      // scheduler cannot answer, the get goes ahead: the delay bound
+      // still holds every push.
+      v1::AwaitClockRequest await;
+      await.set_job(job);
+      await.set_worker(app->name);
+      v1::AwaitClockReply waited;
+      if (absl::Status s = parts_.scheduler->AwaitClock(await, &waited); !s.ok()) {
+        MLF_LOG(WARNING) << "ssp: cannot ask the scheduler whether " << app->name
+                         << " may get: " << RpcErrorText(s) << "; the get goes ahead";
+      }
+    }
+    int64_t version = 0;
+    std::shared_ptr<SharedBuffer> model;
+    absl::Status status = parts_.fetcher->Fetch(job, get.server(), round,
+                                          static_cast<uint32_t>(std::max(0, get.priority())),
+                                          &version, &model);
+    if (!status.ok()) {
+      body->set_error(std::string(status.message()));
+      (void)app->channel->Send(done);
+      return;
+    }
+    body->set_model_version(version);
+    body->set_bytes(static_cast<int64_t>(model->size()));
+    (void)app->channel->Send(done, model->fd());
+  }).detach();
+}
+
+void AppRequests::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
+  std::optional<std::vector<v1::CompletionReport>> round_reports;
+  std::vector<uint64_t> pushes;
+  {
+    std::lock_guard<std::mutex> lock(lock_->mu);
+    round_reports = parts_.rounds->AcknowledgedLocked(ack);
+    if (!round_reports.has_value()) pushes = parts_.servers->AcknowledgedLocked(ack);
+  }
+  if (round_reports.has_value()) {
+    for (const v1::CompletionReport& report : *round_reports) parts_.reporter->ReportNow(report);
+    return;
+  }
+  v1::CompletionReport report;
+  report.set_host(options_.host);
+  report.set_transfer_id(ack.transfer_id());
+  report.set_applied(ack.error().empty());
+  report.set_model_version(ack.model_version());
+  report.set_error(ack.error().empty() ? ""
+                                       : absl::StrCat("server refused the update: ", ack.error()));
+  // A scheduler that restarted meanwhile knows the pushes, not the delivery.
+  for (uint64_t push : pushes) report.add_pushes(push);
+  parts_.reporter->ReportNow(report);
+}
+
+void AppRequests::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
+  std::shared_ptr<SharedBuffer> buffer;
+  std::string error = reply.error();
+  if (error.empty()) {
+    if (fd < 0) {
+      error = "model reply carries no buffer";
+    } else {
+      auto mapped = SharedBuffer::Map(fd, static_cast<size_t>(std::max<int64_t>(reply.bytes(), 0)));
+      fd = -1;
+      if (mapped.ok()) {
+        buffer = std::make_shared<SharedBuffer>(std::move(*mapped));
+      } else {
+        error = std::string(mapped.status().message());
+      }
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  // Ignored if the batch's gets gave up meanwhile.
+  parts_.model_server->Answer(reply.request_id(), GetBatcher::Snapshot{
+                                                reply.model_version(), std::move(buffer), error});
+}
+
+void AppRequests::AppGone(const std::shared_ptr<AppSession>& app) {
+  std::optional<v1::EntityGoneReport> report;
+  {
+    std::lock_guard<std::mutex> lock(lock_->mu);
+    report = forget_(app);
+  }
+  // A server's replica takes over at once, not when the daemon goes too.
+  if (!report.has_value() || stopping_->load()) return;
+  if (absl::Status told = parts_.scheduler->ReportEntityGone(*report); !told.ok()) {
+    MLF_LOG(WARNING) << "could not tell the scheduler that " << v1::Role_Name(report->role())
+                     << " '" << report->name() << "' left: " << RpcErrorText(told);
+  }
+}
+
+v1::RegisterEntityRequest EntityRequest(const std::string& host, int64_t uid,
+                                        const v1::LocalRegister& request) {
+  v1::RegisterEntityRequest entity;
+  entity.set_job(request.job());
+  entity.set_job_token(request.job_token());
+  entity.set_role(request.role());
+  entity.set_name(request.name());
+  entity.set_host(host);
+  entity.set_round_size(request.round_size());
+  entity.set_backup_workers(request.backup_workers());
+  entity.set_delay_bound(request.delay_bound());
+  entity.set_divergence_bound(request.divergence_bound());
+  if (request.has_shard()) *entity.mutable_shard() = request.shard();
+  entity.set_app_uid(uid);
+  if (uid >= 0) {
+    char buffer[4096];
+    struct passwd entry {};
+    struct passwd* user = nullptr;
+    const bool named =
+        ::getpwuid_r(static_cast<uid_t>(uid), &entry, buffer, sizeof(buffer), &user) == 0 &&
+        user != nullptr;
+    entity.set_app_user(named ? std::string(user->pw_name) : absl::StrCat("uid ", uid));
+  }
+  return entity;
+}
+
+}  // namespace mlfabric::daemon

@@ -1,0 +1,119 @@
+// AppRequests: what this host's local applications ask of the daemon (the
+// daemon::AppHandler of its AppSessions, DESIGN.md §3): registration with
+// the scheduler, pushes, gets, servers' acknowledgements and model replies,
+// and an application leaving.
+//
+// - A push's bytes stay in the application's memfd until they go on the
+//   wire. The push is recorded in the PushTable under a local id before
+//   its SubmitUpdate, and no lock is held across the RPC: a command that
+//   names the push before the reply finds it (PushTable::Adopt), and the
+//   command stream never waits for a submission. Its packets are
+//   checksummed while the scheduler plans.
+// - A get runs on a thread of its own (ModelFetcher), after the SSP clock
+//   allows it in a stale-synchronous job; WaitGets() returns once none is
+//   left.
+// - A server's acknowledgement ends its delivery (ServerEndpoints) or its
+//   synchronous round (RoundService) and is reported to the scheduler.
+// - A server or replica application that leaves is forgotten through the
+//   daemon's `forget` (which fails what it expected) and reported to the
+//   scheduler, so that its replica takes over at once.
+//
+//   AppRequests requests(options, &lock, clock, &stopping, parts, forget);
+//   AppSessions apps({path, group}, &requests);
+//
+// Every request ends with an answer to the application: a push with its
+// outcome (here, if the scheduler refuses it; later, from the command
+// stream), a get with the model or an error.
+//
+// Thread safety: the handler methods run on the applications' reader
+// threads; they take the receive lock (receive/receive_lock.h) for
+// bookkeeping only, never across an RPC.
+#ifndef MLFABRIC_DAEMON_APP_REQUESTS_H_
+#define MLFABRIC_DAEMON_APP_REQUESTS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/clock.h"
+#include "daemon/apps/app_sessions.h"
+#include "daemon/apps/push_table.h"
+#include "daemon/control/completion_reporter.h"
+#include "daemon/control/scheduler_client.h"
+#include "daemon/engine/model_fetcher.h"
+#include "daemon/engine/model_server.h"
+#include "daemon/receive/receive_lock.h"
+#include "daemon/receive/round_service.h"
+#include "daemon/receive/server_endpoints.h"
+#include "daemon/transport/data_auth.h"
+#include "proto/local.pb.h"
+#include "proto/scheduler.pb.h"
+
+namespace mlfabric::daemon {
+
+// The scheduler registration of an application's LocalRegister, with the
+// application's user (uid from SO_PEERCRED, -1 = unknown) for jobs that
+// admit one user only.
+v1::RegisterEntityRequest EntityRequest(const std::string& host, int64_t uid,
+                                        const v1::LocalRegister& request);
+
+class AppRequests : public AppHandler {
+ public:
+  struct Options {
+    std::string host;
+    int64_t payload_bytes = 32 * 1024;  // the packets a push's checksums cover
+  };
+  // What the requests are carried out with; all must outlive this.
+  struct Parts {
+    SchedulerClient* scheduler = nullptr;
+    CompletionReporter* reporter = nullptr;
+    PushTable* pushes = nullptr;
+    transport::DataKeys* keys = nullptr;
+    ServerEndpoints* servers = nullptr;
+    RoundService* rounds = nullptr;
+    ModelServer* model_server = nullptr;
+    ModelFetcher* fetcher = nullptr;
+  };
+  // Called under the receive lock when an application leaves: forgets it
+  // and, if it was a server's or replica's endpoint, returns the report
+  // for the scheduler.
+  using ForgetLocked =
+      std::function<std::optional<v1::EntityGoneReport>(const std::shared_ptr<AppSession>&)>;
+
+  AppRequests(Options options, ReceiveLock* lock, const Clock* clock,
+              const std::atomic<bool>* stopping, Parts parts, ForgetLocked forget);
+  AppRequests(const AppRequests&) = delete;
+  AppRequests& operator=(const AppRequests&) = delete;
+
+  // Blocks until no get is running (call once nothing starts new ones).
+  void WaitGets();
+  // Pushes the scheduler accepted.
+  int64_t pushes_submitted() const { return pushes_submitted_.load(); }
+
+  // daemon::AppHandler.
+  void HandleRegister(const std::shared_ptr<AppSession>& app,
+                      const v1::LocalRegister& request) override;
+  void HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push,
+                  int fd) override;
+  void HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) override;
+  void HandleUpdateAck(const v1::LocalUpdateAck& ack) override;
+  void HandleModelReply(const v1::LocalModelReply& reply, int fd) override;
+  void AppGone(const std::shared_ptr<AppSession>& app) override;
+
+ private:
+  const Options options_;
+  ReceiveLock* const lock_;
+  const Clock* const clock_;
+  const std::atomic<bool>* const stopping_;
+  const Parts parts_;
+  const ForgetLocked forget_;
+  int get_threads_ = 0;  // guarded by the lock
+  std::atomic<int64_t> pushes_submitted_{0};
+};
+
+}  // namespace mlfabric::daemon
+
+#endif  // MLFABRIC_DAEMON_APP_REQUESTS_H_

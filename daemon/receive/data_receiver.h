@@ -1,0 +1,129 @@
+// DataReceiver: the receive side of this daemon's data plane (DESIGN.md
+// §5): it accepts other daemons' TCP connections and runs one
+// transport::DataSession per connection on a thread of its own, as that
+// session's handler. A CRC-checked data packet is summed into its
+// synchronous round (RoundService) or in-network aggregate
+// (NetworkAggregation), or kept until the transfer is whole and delivered
+// in commit order (Deliveries). Get requests go to the model server (a
+// model), the round service (a round's sum) or the model fetcher (a copy
+// this host forwards as a distributor).
+//
+//   DataReceiver receiver(&lock, clock, &stopping, &keys, parts);
+//   RETURN_IF_ERROR(receiver.Listen("10.0.0.1", 0));   // receiver.address()
+//   receiver.Start(&model_server, &fetcher);
+//   ...
+//   receiver.StopAccepting();   // then, once nothing writes to sessions:
+//   receiver.StopSessions();    // shuts them down and waits for the last
+//
+// Malformed input closes just its session (logged, counted); the transfers
+// it carried are reported failed, nothing else is touched.
+//
+// Thread safety: the handler methods run on the sessions' threads and
+// take the receive side's lock (receive_lock.h) for bookkeeping only.
+#ifndef MLFABRIC_DAEMON_RECEIVE_DATA_RECEIVER_H_
+#define MLFABRIC_DAEMON_RECEIVE_DATA_RECEIVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+
+#include <boost/asio.hpp>
+
+#include "absl/status/status.h"
+#include "common/clock.h"
+#include "daemon/control/completion_reporter.h"
+#include "daemon/engine/buffer_pool.h"
+#include "daemon/engine/model_fetcher.h"
+#include "daemon/engine/model_server.h"
+#include "daemon/receive/deliveries.h"
+#include "daemon/receive/incoming_transfers.h"
+#include "daemon/receive/network_aggregation.h"
+#include "daemon/receive/receive_lock.h"
+#include "daemon/receive/round_service.h"
+#include "daemon/transport/data_auth.h"
+#include "daemon/transport/data_session.h"
+
+namespace mlfabric::daemon {
+
+class DataReceiver : public transport::DataSessionHandler {
+ public:
+  // What packets and requests are handed to; all must outlive this.
+  struct Parts {
+    IncomingTransfers* incoming = nullptr;
+    RoundService* rounds = nullptr;
+    NetworkAggregation* aggregation = nullptr;
+    Deliveries* deliveries = nullptr;
+    CompletionReporter* reporter = nullptr;
+    BufferPool* pool = nullptr;
+  };
+  // `keys` may be null (no authentication); `max_transfer_bytes` bounds
+  // what a session accepts.
+  DataReceiver(ReceiveLock* lock, const Clock* clock, const std::atomic<bool>* stopping,
+               transport::DataKeys* keys, uint64_t max_transfer_bytes, Parts parts);
+  ~DataReceiver() override;
+  DataReceiver(const DataReceiver&) = delete;
+  DataReceiver& operator=(const DataReceiver&) = delete;
+
+  // Binds `address`:`port` (0: any free port) and listens.
+  absl::Status Listen(const std::string& address, int port);
+  // "<address>:<port>" once listening.
+  const std::string& address() const { return address_; }
+  // Accepts connections from now on; gets are answered by `model_server`
+  // and `fetcher` (which must outlive this).
+  void Start(ModelServer* model_server, ModelFetcher* fetcher);
+  // No connection is accepted after this (the accept thread ends).
+  void StopAccepting();
+  // Shuts every session's socket down and waits until the last ended.
+  void StopSessions();
+
+  int64_t bytes_received() const { return bytes_received_.load(); }
+  int64_t malformed_sessions() const { return malformed_sessions_.load(); }
+
+  // transport::DataSessionHandler.
+  absl::Status Begin(const transport::PacketHeader& header) override;
+  std::shared_ptr<SharedBuffer> BufferFor(const transport::PacketHeader& header) override;
+  absl::Status Arrived(const transport::PacketHeader& header,
+                       std::shared_ptr<SharedBuffer> buffer, bool* complete) override;
+  void Authenticated(const std::string& peer, const transport::SessionAuth& auth) override;
+  absl::Status GetRequest(int fd, const transport::PacketHeader& header,
+                          const v1::DataGetRequest& body) override;
+  void Aborted(const transport::PacketHeader& header, const std::string& reason) override;
+  void Ended(const std::string& peer, const std::set<uint64_t>& unfinished,
+             const std::string& close_reason) override;
+
+ private:
+  void AcceptLoop();
+  void SessionLoop(std::shared_ptr<boost::asio::ip::tcp::socket> socket);
+  // A CRC-checked data packet: summed into its round or aggregate or kept;
+  // a transfer complete is summed or delivered (*complete). An error closes
+  // the session.
+  absl::Status AcceptLocked(const transport::PacketHeader& header, const uint8_t* dst,
+                            bool* complete);
+  // The job a transfer is expected for (a round member, an aggregate's
+  // constituent or a delivery), if this host expects it yet.
+  std::optional<uint32_t> ExpectedJobLocked(uint64_t transfer) const;
+
+  ReceiveLock* const lock_;
+  const Clock* const clock_;
+  const std::atomic<bool>* const stopping_;
+  transport::DataKeys* const keys_;
+  const uint64_t max_transfer_bytes_;
+  const Parts parts_;
+  ModelServer* model_server_ = nullptr;
+  ModelFetcher* fetcher_ = nullptr;
+  boost::asio::io_context io_;
+  std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
+  std::string address_;
+  std::thread accept_thread_;
+  // The sockets of the sessions running now (guarded by the lock).
+  std::set<std::shared_ptr<boost::asio::ip::tcp::socket>> sessions_;
+  std::atomic<int64_t> bytes_received_{0};
+  std::atomic<int64_t> malformed_sessions_{0};
+};
+
+}  // namespace mlfabric::daemon
+
+#endif  // MLFABRIC_DAEMON_RECEIVE_DATA_RECEIVER_H_

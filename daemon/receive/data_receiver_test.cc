@@ -1,0 +1,517 @@
+// Unit tests of DataReceiver, the daemon's data-plane receive side, wired
+// as daemon.cc wires it (real IncomingTransfers, ServerEndpoints,
+// Deliveries, NetworkAggregation, RoundService, an idle SendScheduler over
+// PeerConnections, a CompletionReporter over a FakeSchedulerClient). Other
+// daemons are played by plain TCP sockets that write Mercury frames with
+// transport::WritePacket; the server application is a FakeApp
+// (socketpair). No authentication (keys = null), no gets.
+//
+// Asynchronous effects are waited for with bounded polls only: the
+// application's channel (FakeApp::Next), the scheduler's reports
+// (WaitForCompletions) or a counter, after which the receive side's lock
+// is taken so that the packet being accepted is done with.
+#include "daemon/receive/data_receiver.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <catch2/catch.hpp>
+
+#include "common/clock.h"
+#include "daemon/control/completion_reporter.h"
+#include "daemon/control/fake_scheduler_client.h"
+#include "daemon/engine/aggregation_table.h"
+#include "daemon/engine/buffer_pool.h"
+#include "daemon/engine/send_scheduler.h"
+#include "daemon/receive/deliveries.h"
+#include "daemon/receive/fake_app.h"
+#include "daemon/receive/incoming_transfers.h"
+#include "daemon/receive/network_aggregation.h"
+#include "daemon/receive/receive_lock.h"
+#include "daemon/receive/round_service.h"
+#include "daemon/receive/server_endpoints.h"
+#include "daemon/transport/framing.h"
+#include "daemon/transport/packet.h"
+#include "daemon/transport/peer_connections.h"
+#include "daemon/transport/send_watchdog.h"
+#include "ipc/local_ipc.h"
+#include "proto/scheduler.pb.h"
+
+namespace mlfabric::daemon {
+namespace {
+
+using tcp = boost::asio::ip::tcp;
+
+constexpr uint32_t kJob = 1;
+constexpr uint32_t kOtherJob = 2;
+const char* const kServer = "ps";
+const char* const kHost = "ps-host";
+constexpr uint32_t kPayloadBytes = 4096;  // the daemon's packet size here
+constexpr uint64_t kMaxTransferBytes = 1 << 24;
+constexpr uint64_t kSentinel = 999999;  // a report queued last: all before it are in
+const auto kWait = std::chrono::seconds(5);
+
+// Distinct bytes for each transfer, so a mix-up shows.
+std::vector<uint8_t> Pattern(uint64_t transfer, size_t size) {
+  std::vector<uint8_t> bytes(size);
+  for (size_t i = 0; i < size; ++i) {
+    bytes[i] = static_cast<uint8_t>((i * 131 + transfer * 17 + (i >> 8)) & 0xff);
+  }
+  return bytes;
+}
+
+// Polls `done` (every millisecond) until it holds or kWait passes.
+template <typename Predicate>
+bool Eventually(Predicate done) {
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+v1::ExpectDelivery Expect(uint64_t transfer, uint64_t sequence, int64_t bytes,
+                          uint32_t job_id = kJob) {
+  v1::ExpectDelivery expect;
+  expect.set_transfer_id(transfer);
+  expect.set_job_id(job_id);
+  expect.set_server(kServer);
+  expect.set_sequence(sequence);
+  expect.set_bytes(bytes);
+  expect.set_src_host("worker-host");
+  expect.set_worker("w1");
+  expect.set_version(7);
+  return expect;
+}
+
+SendScheduler::Options SendOptions() {
+  SendScheduler::Options options;
+  options.payload_bytes = kPayloadBytes;
+  return options;
+}
+
+RoundService::Options RoundOptions() {
+  RoundService::Options options;
+  options.host = kHost;
+  options.payload_bytes = kPayloadBytes;
+  return options;
+}
+
+// The receive side as Daemon's constructor builds it, listening on
+// 127.0.0.1 (any port) and accepting, with server application "ps" of job
+// 1 connected.
+struct Rig {
+  Rig() {
+    REQUIRE(receiver.Listen("127.0.0.1", 0).ok());
+    REQUIRE(!receiver.address().empty());
+    receiver.Start(nullptr, nullptr);
+    std::lock_guard<std::mutex> guard(lock.mu);
+    servers.PublishLocked(ServerKey(kJob, kServer), ps.session);
+  }
+  ~Rig() {
+    receiver.StopAccepting();
+    receiver.StopSessions();
+  }
+
+  void ExpectDelivery(const v1::ExpectDelivery& expect) {
+    std::lock_guard<std::mutex> guard(lock.mu);
+    deliveries.ExpectLocked(expect);
+  }
+  // Waits until `bytes` were received in all, then until the packet that
+  // made them is done with (it is accepted under the lock).
+  bool ReceivedBytes(int64_t bytes) {
+    const bool reached = Eventually([&] { return receiver.bytes_received() >= bytes; });
+    std::lock_guard<std::mutex> guard(lock.mu);
+    return reached && receiver.bytes_received() == bytes;
+  }
+  // Every report the scheduler got, once all queued so far are out (the
+  // reporter sends in queueing order, so a sentinel queued now comes last).
+  std::vector<v1::CompletionReport> SettledReports() {
+    reporter.ReportFailure(kSentinel, "sentinel");
+    std::vector<v1::CompletionReport> all;
+    const bool settled = Eventually([&] {
+      all = scheduler.completions();
+      return !all.empty() && all.back().transfer_id() == kSentinel;
+    });
+    REQUIRE(settled);
+    all.pop_back();
+    return all;
+  }
+  // The next update handed to "ps" and its bytes.
+  void NextUpdate(v1::LocalUpdate* update, std::vector<uint8_t>* bytes) {
+    v1::LocalMessage message;
+    int fd = -1;
+    REQUIRE(ps.Next(&message, &fd));
+    REQUIRE(message.has_update());
+    REQUIRE(fd >= 0);
+    *update = message.update();
+    auto mapped = SharedBuffer::Map(fd, static_cast<size_t>(update->bytes()));
+    REQUIRE(mapped.ok());
+    bytes->assign(mapped->data(), mapped->data() + update->bytes());
+  }
+
+  ReceiveLock lock;
+  std::atomic<bool> stopping{false};
+  RealClock clock;
+  FakeSchedulerClient scheduler;
+  CompletionReporter reporter{&scheduler, kHost};
+  transport::SendWatchdog watchdog{10};
+  boost::asio::io_context io;
+  transport::PeerConnections peers{io, watchdog, kPayloadBytes};
+  AggregationTable aggregation_table{kPayloadBytes};
+  SendScheduler send{SendOptions(), &clock, &peers, &aggregation_table,
+                     [this](uint64_t transfer, const std::string& reason) {
+                       reporter.ReportFailure(transfer, reason);
+                     }};
+  FakeApp ps{kJob, kServer, v1::ROLE_SERVER};
+  BufferPool pool;
+  IncomingTransfers incoming{&pool};
+  ServerEndpoints servers{&lock, &pool, &stopping};
+  Deliveries deliveries{kHost, &incoming, &servers, &reporter};
+  NetworkAggregation aggregation{kPayloadBytes, &aggregation_table, &incoming, &send, &reporter};
+  RoundService rounds{RoundOptions(), &lock,     &stopping, &incoming, &servers,
+                      &send,          &reporter, &watchdog, &pool};
+  DataReceiver receiver{&lock,
+                        &clock,
+                        &stopping,
+                        /*keys=*/nullptr,
+                        kMaxTransferBytes,
+                        DataReceiver::Parts{&incoming, &rounds, &aggregation, &deliveries,
+                                            &reporter, &pool}};
+};
+
+// Another daemon's data connection: a plain TCP socket writing frames.
+class Sender {
+ public:
+  Sender(const std::string& address, transport::SendWatchdog& watchdog)
+      : watchdog_(watchdog), socket_(io_) {
+    auto endpoint = transport::ParseEndpoint(address);
+    REQUIRE(endpoint.ok());
+    boost::system::error_code error;
+    socket_.connect(*endpoint, error);
+    REQUIRE(!error);
+  }
+
+  int fd() { return socket_.native_handle(); }
+  // How the receiver names this session ("<ip>:<port>").
+  std::string Name() {
+    const tcp::endpoint local = socket_.local_endpoint();
+    return local.address().to_string() + ":" + std::to_string(local.port());
+  }
+
+  // kBegin: the transfer's total size in header.offset, no payload.
+  void Begin(uint32_t job, uint64_t transfer, uint64_t total) {
+    transport::PacketHeader header;
+    header.kind = transport::PacketKind::kBegin;
+    header.job = job;
+    header.transfer = transfer;
+    header.offset = total;
+    REQUIRE(transport::WritePacket(watchdog_, fd(), header, nullptr, 0).ok());
+  }
+  // kData: bytes[offset, offset + length) at `offset`, with its CRC.
+  void Data(uint32_t job, uint64_t transfer, const std::vector<uint8_t>& bytes, uint64_t offset,
+            uint32_t length) {
+    REQUIRE(offset + length <= bytes.size());
+    transport::PacketHeader header;
+    header.kind = transport::PacketKind::kData;
+    header.job = job;
+    header.transfer = transfer;
+    header.offset = offset;
+    REQUIRE(transport::WritePacket(watchdog_, fd(), header, bytes.data() + offset, length).ok());
+  }
+  // The packets of bytes[begin, end), kPayloadBytes at a time.
+  void DataRange(uint32_t job, uint64_t transfer, const std::vector<uint8_t>& bytes,
+                 uint64_t begin, uint64_t end) {
+    for (uint64_t offset = begin; offset < end; offset += kPayloadBytes) {
+      Data(job, transfer, bytes, offset,
+           static_cast<uint32_t>(std::min<uint64_t>(kPayloadBytes, end - offset)));
+    }
+  }
+  // A data packet whose payload was corrupted after its CRC was computed.
+  void CorruptData(uint32_t job, uint64_t transfer, const std::vector<uint8_t>& bytes,
+                   uint64_t offset, uint32_t length) {
+    transport::PacketHeader header;
+    header.kind = transport::PacketKind::kData;
+    header.job = job;
+    header.transfer = transfer;
+    header.offset = offset;
+    std::vector<uint8_t> frame(transport::kHeaderBytes + length);
+    transport::EncodePacketHeader(header, bytes.data() + offset, length, frame.data());
+    std::memcpy(frame.data() + transport::kHeaderBytes, bytes.data() + offset, length);
+    frame[transport::kHeaderBytes + length / 2] ^= 0x5a;
+    size_t sent = 0;
+    while (sent < frame.size()) {
+      const ssize_t n = ::send(fd(), frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      REQUIRE(n > 0);
+      sent += static_cast<size_t>(n);
+    }
+  }
+  // True once the receiver closed the connection (end of stream or a
+  // reset), within kWait.
+  bool ClosedByReceiver() {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      struct pollfd p {fd(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char byte;
+      const ssize_t n = ::recv(fd(), &byte, 1, MSG_DONTWAIT);
+      if (n == 0) return true;
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
+      if (n > 0) return false;  // the receiver never writes on a data session here
+    }
+    return false;
+  }
+  void Close() {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
+ private:
+  transport::SendWatchdog& watchdog_;
+  boost::asio::io_context io_;
+  tcp::socket socket_;
+};
+
+TEST_CASE("DataReceiver hands an expected update sent in several packets to its server") {
+  Rig rig;
+  constexpr uint64_t kTransfer = 101;
+  const std::vector<uint8_t> bytes = Pattern(kTransfer, 3 * kPayloadBytes + 1000);  // 4 packets
+  const int64_t total = static_cast<int64_t>(bytes.size());
+  rig.ExpectDelivery(Expect(kTransfer, /*sequence=*/1, total));
+
+  Sender sender(rig.receiver.address(), rig.watchdog);
+  sender.Begin(kJob, kTransfer, bytes.size());
+  // Out of order, the last packet held back: nothing is handed over early.
+  sender.Data(kJob, kTransfer, bytes, 2 * kPayloadBytes, kPayloadBytes);
+  sender.Data(kJob, kTransfer, bytes, 0, kPayloadBytes);
+  sender.Data(kJob, kTransfer, bytes, 3 * kPayloadBytes, 1000);
+  REQUIRE(rig.ReceivedBytes(total - kPayloadBytes));
+  {
+    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    CHECK(rig.deliveries.delivered() == 0);
+    REQUIRE(rig.incoming.Find(kTransfer) != nullptr);
+    CHECK(rig.incoming.Find(kTransfer)->received == static_cast<uint64_t>(total - kPayloadBytes));
+    CHECK(rig.ps.Quiet(0));
+  }
+  sender.Data(kJob, kTransfer, bytes, kPayloadBytes, kPayloadBytes);
+
+  v1::LocalUpdate update;
+  std::vector<uint8_t> delivered;
+  rig.NextUpdate(&update, &delivered);
+  CHECK(update.transfer_id() == kTransfer);
+  CHECK(update.bytes() == total);
+  CHECK(update.sequence() == 1);
+  CHECK(update.worker() == "w1");
+  CHECK(update.version() == 7);
+  CHECK(update.count() == 1);
+  CHECK(delivered == bytes);
+  CHECK(rig.receiver.bytes_received() == total);
+  CHECK(rig.receiver.malformed_sessions() == 0);
+  {
+    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    CHECK(rig.deliveries.delivered() == 1);
+    CHECK(!rig.incoming.Contains(kTransfer));  // handed over: the endpoint holds the buffer now
+  }
+  CHECK(rig.SettledReports().empty());  // nothing failed
+}
+
+TEST_CASE("DataReceiver delivers a transfer that arrived before its expectation") {
+  Rig rig;
+  constexpr uint64_t kTransfer = 201;
+  const std::vector<uint8_t> bytes = Pattern(kTransfer, 2 * kPayloadBytes + 123);
+  const int64_t total = static_cast<int64_t>(bytes.size());
+
+  Sender sender(rig.receiver.address(), rig.watchdog);
+  sender.Begin(kJob, kTransfer, bytes.size());
+  sender.DataRange(kJob, kTransfer, bytes, 0, bytes.size());
+  REQUIRE(rig.ReceivedBytes(total));
+  {
+    // Whole and kept, nobody to hand it to yet.
+    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    CHECK(rig.incoming.Complete(kTransfer));
+    CHECK(rig.deliveries.delivered() == 0);
+    CHECK(rig.ps.Quiet(0));
+  }
+
+  rig.ExpectDelivery(Expect(kTransfer, /*sequence=*/1, total));
+  v1::LocalUpdate update;
+  std::vector<uint8_t> delivered;
+  rig.NextUpdate(&update, &delivered);
+  CHECK(update.transfer_id() == kTransfer);
+  CHECK(update.sequence() == 1);
+  CHECK(update.bytes() == total);
+  CHECK(delivered == bytes);
+  CHECK(rig.receiver.malformed_sessions() == 0);
+  CHECK(rig.SettledReports().empty());
+}
+
+TEST_CASE("DataReceiver closes a malformed session and fails only its unfinished transfer") {
+  Rig rig;
+  constexpr uint64_t kGood = 302;  // expected here, on a well-formed session
+  constexpr uint64_t kBad = 301;   // on the session that goes bad
+  const std::vector<uint8_t> good = Pattern(kGood, 2 * kPayloadBytes);
+  const std::vector<uint8_t> bad = Pattern(kBad, 2 * kPayloadBytes);
+  rig.ExpectDelivery(Expect(kGood, /*sequence=*/1, static_cast<int64_t>(good.size())));
+
+  // The well-formed session is half way through its transfer.
+  Sender well_formed(rig.receiver.address(), rig.watchdog);
+  well_formed.Begin(kJob, kGood, good.size());
+  well_formed.Data(kJob, kGood, good, 0, kPayloadBytes);
+  REQUIRE(rig.ReceivedBytes(kPayloadBytes));
+
+  Sender malformed(rig.receiver.address(), rig.watchdog);
+  malformed.Begin(kJob, kBad, bad.size());
+  malformed.Data(kJob, kBad, bad, 0, kPayloadBytes);
+  std::string reason;
+  SECTION("a payload whose CRC does not match") {
+    malformed.CorruptData(kJob, kBad, bad, kPayloadBytes, kPayloadBytes);
+    reason = "CRC32C mismatch on transfer 301";
+  }
+  SECTION("more bytes than the transfer's total") {
+    // Inside the transfer's bounds, but 4096 + 6144 bytes of an 8192-byte one.
+    malformed.Data(kJob, kBad, bad, kPayloadBytes / 2, kPayloadBytes + kPayloadBytes / 2);
+    reason = "transfer 301 received more than its 8192 bytes";
+  }
+
+  REQUIRE(malformed.ClosedByReceiver());
+  REQUIRE(rig.scheduler.WaitForCompletions(1, kWait));
+  CHECK(rig.receiver.malformed_sessions() == 1);
+  const v1::CompletionReport failed = rig.scheduler.completions().front();
+  CHECK(failed.transfer_id() == kBad);
+  CHECK(failed.host() == kHost);
+  CHECK(!failed.applied());
+  CHECK(failed.error().find("data session from " + malformed.Name() + " ended mid-transfer") !=
+        std::string::npos);
+  CHECK(failed.error().find(reason) != std::string::npos);
+  {
+    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    CHECK(!rig.incoming.Contains(kBad));
+    // The other session's transfer is untouched.
+    REQUIRE(rig.incoming.Find(kGood) != nullptr);
+    CHECK(rig.incoming.Find(kGood)->received == kPayloadBytes);
+    CHECK(rig.deliveries.delivered() == 0);
+  }
+
+  // The well-formed session goes on and its transfer is delivered whole.
+  well_formed.Data(kJob, kGood, good, kPayloadBytes, kPayloadBytes);
+  v1::LocalUpdate update;
+  std::vector<uint8_t> delivered;
+  rig.NextUpdate(&update, &delivered);
+  CHECK(update.transfer_id() == kGood);
+  CHECK(update.sequence() == 1);
+  CHECK(delivered == good);
+  CHECK(rig.receiver.malformed_sessions() == 1);
+  const std::vector<v1::CompletionReport> reports = rig.SettledReports();
+  REQUIRE(reports.size() == 1);  // the bad transfer, once
+  CHECK(reports[0].transfer_id() == kBad);
+}
+
+TEST_CASE("DataReceiver refuses a transfer of another job than the one expecting it") {
+  Rig rig;
+  constexpr uint64_t kTransfer = 401;
+  const std::vector<uint8_t> bytes = Pattern(kTransfer, kPayloadBytes + 10);
+  const int64_t total = static_cast<int64_t>(bytes.size());
+
+  SECTION("expected before it begins: the begin is refused and the session ends") {
+    rig.ExpectDelivery(Expect(kTransfer, /*sequence=*/1, total));
+    Sender intruder(rig.receiver.address(), rig.watchdog);
+    intruder.Begin(kOtherJob, kTransfer, bytes.size());
+    REQUIRE(intruder.ClosedByReceiver());
+    REQUIRE(Eventually([&] { return rig.receiver.malformed_sessions() == 1; }));
+    {
+      std::lock_guard<std::mutex> guard(rig.lock.mu);
+      CHECK(!rig.incoming.Contains(kTransfer));
+      CHECK(rig.deliveries.delivered() == 0);
+      CHECK(rig.ps.Quiet(0));
+    }
+    CHECK(rig.receiver.bytes_received() == 0);
+
+    // The expectation stands: the transfer sent as its own job's arrives.
+    Sender owner(rig.receiver.address(), rig.watchdog);
+    owner.Begin(kJob, kTransfer, bytes.size());
+    owner.DataRange(kJob, kTransfer, bytes, 0, bytes.size());
+    v1::LocalUpdate update;
+    std::vector<uint8_t> delivered;
+    rig.NextUpdate(&update, &delivered);
+    CHECK(update.transfer_id() == kTransfer);
+    CHECK(delivered == bytes);
+    CHECK(rig.SettledReports().empty());  // the refused begin failed nothing
+  }
+
+  SECTION("expected once it arrived: refused where it joins, nothing delivered") {
+    Sender intruder(rig.receiver.address(), rig.watchdog);
+    intruder.Begin(kOtherJob, kTransfer, bytes.size());
+    intruder.DataRange(kOtherJob, kTransfer, bytes, 0, bytes.size());
+    REQUIRE(rig.ReceivedBytes(total));
+    rig.ExpectDelivery(Expect(kTransfer, /*sequence=*/1, total));
+    const std::vector<v1::CompletionReport> reports = rig.SettledReports();
+    REQUIRE(reports.size() == 1);
+    CHECK(reports[0].transfer_id() == kTransfer);
+    CHECK(!reports[0].applied());
+    CHECK(reports[0].error().find("arrived as job 2's data but is job 1's") !=
+          std::string::npos);
+    CHECK(rig.ps.Quiet(50));
+    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    CHECK(rig.deliveries.delivered() == 0);
+  }
+}
+
+TEST_CASE("DataReceiver stops while a connection is open and idle") {
+  Rig rig;
+  constexpr uint64_t kTransfer = 501;
+  const std::vector<uint8_t> bytes = Pattern(kTransfer, 2 * kPayloadBytes);
+  Sender idle(rig.receiver.address(), rig.watchdog);
+  idle.Begin(kJob, kTransfer, bytes.size());
+  idle.Data(kJob, kTransfer, bytes, 0, kPayloadBytes);
+  REQUIRE(rig.ReceivedBytes(kPayloadBytes));  // its session runs, now blocked reading
+
+  SECTION("with the daemon still running") {}
+  SECTION("with stopping set first, as Daemon::Stop does") { rig.stopping.store(true); }
+
+  auto stopped = std::async(std::launch::async, [&] {
+    rig.receiver.StopAccepting();
+    rig.receiver.StopSessions();
+  });
+  if (stopped.wait_for(kWait) != std::future_status::ready) {
+    idle.Close();  // lets the session end, so that the test itself ends
+    stopped.wait();
+    FAIL("StopAccepting/StopSessions hung on an idle connection");
+  }
+  CHECK(idle.ClosedByReceiver());
+  // The session ended cleanly; its unfinished transfer failed once.
+  REQUIRE(rig.scheduler.WaitForCompletions(1, kWait));
+  const v1::CompletionReport failed = rig.scheduler.completions().front();
+  CHECK(failed.transfer_id() == kTransfer);
+  CHECK(!failed.applied());
+  CHECK(failed.error().find("data session from " + idle.Name() + " ended mid-transfer") !=
+        std::string::npos);
+  CHECK(rig.receiver.malformed_sessions() == 0);
+  {
+    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    CHECK(!rig.incoming.Contains(kTransfer));
+  }
+  // No connection is accepted any more.
+  boost::asio::io_context io;
+  tcp::socket late(io);
+  boost::system::error_code error;
+  late.connect(*transport::ParseEndpoint(rig.receiver.address()), error);
+  CHECK(error);
+}
+
+}  // namespace
+}  // namespace mlfabric::daemon

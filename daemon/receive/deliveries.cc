@@ -1,0 +1,230 @@
+#include "daemon/receive/deliveries.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace mlfabric::daemon {
+
+Deliveries::Deliveries(std::string host, IncomingTransfers* incoming, ServerEndpoints* servers,
+                       CompletionReporter* reporter)
+    : host_(std::move(host)), incoming_(incoming), servers_(servers), reporter_(reporter) {}
+
+void Deliveries::ExpectLocked(const v1::ExpectDelivery& expect) {
+  const std::string key = ServerKey(expect.job_id(), expect.server());
+  if (servers_->EnsureLocked(key) == nullptr) {
+    sequencer_.Expect(key, expect, "server application is not connected");
+    reporter_->ReportFailure(expect.transfer_id(),
+                             absl::StrCat("server '", expect.server(), "' is not connected to ",
+                                          host_, "'s daemon"));
+  } else {
+    sequencer_.Expect(key, expect);
+    if (expect.group_push() != 0 && expect.held()) unready_parts_[expect.transfer_id()] = key;
+  }
+  TryDeliverLocked(expect.job_id(), expect.server());
+}
+
+void Deliveries::ArrivedLocked(uint64_t transfer) {
+  for (const auto& [job_id, server] : sequencer_.EndpointsExpecting(transfer)) {
+    TryDeliverLocked(job_id, server);
+  }
+}
+
+std::optional<uint32_t> Deliveries::JobExpectingLocked(uint64_t transfer) const {
+  const auto endpoints = sequencer_.EndpointsExpecting(transfer);
+  if (endpoints.empty()) return std::nullopt;
+  return endpoints.front().first;
+}
+
+void Deliveries::TryDeliverLocked(uint32_t job_id, const std::string& server) {
+  const std::string key = ServerKey(job_id, server);
+  if (!servers_->KnownLocked(key)) return;
+  auto complete = [this](uint64_t transfer) { return incoming_->Complete(transfer); };
+  // Parts of group pushes (issue 18) held here whose bytes are all in: the
+  // scheduler releases them once every shard's part is.
+  for (auto part = unready_parts_.begin(); part != unready_parts_.end();) {
+    if (part->second != key || !complete(part->first)) {
+      ++part;
+      continue;
+    }
+    reporter_->ReportPartReady(part->first);
+    part = unready_parts_.erase(part);
+  }
+  while (true) {
+    const DeliverySequencer::Step step = sequencer_.Next(key, complete);
+    if (step.kind == DeliverySequencer::Step::kNothing) return;
+    const uint64_t transfer_id = step.info.transfer_id();
+    if (step.kind == DeliverySequencer::Step::kSkip) {
+      MLF_LOG(INFO) << "skipping update " << transfer_id << " (sequence " << step.sequence
+                    << "): " << step.reason;
+      // A held copy kept across the lost stream keeps its bytes for its
+      // new announcement.
+      if (!orphan_copies_.count(transfer_id)) incoming_->Erase(transfer_id);
+      unready_parts_.erase(transfer_id);
+      continue;
+    }
+    const Incoming* incoming = incoming_->Find(transfer_id);
+    std::string reason = incoming_->JobMismatch(transfer_id, job_id);
+    if (reason.empty() && incoming->total != static_cast<uint64_t>(step.info.bytes())) {
+      reason = absl::StrCat("received ", incoming->total, " bytes but the schedule said ",
+                            step.info.bytes());
+    }
+    if (!reason.empty()) {
+      reporter_->ReportFailure(transfer_id, reason);
+      sequencer_.Cancel(key, step.sequence, reason);
+      continue;
+    }
+    v1::LocalMessage message;
+    v1::LocalUpdate* update = message.mutable_update();
+    update->set_transfer_id(transfer_id);
+    update->set_worker(step.info.worker());
+    update->set_version(step.info.version());
+    update->set_norm(step.info.norm());
+    update->set_bytes(step.info.bytes());
+    update->set_sequence(step.sequence);
+    update->set_count(std::max(1, step.info.constituents_size()));
+    absl::Status sent =
+        servers_->HandLocked(key, message, incoming->buffer, step.info.group_push() != 0);
+    if (!sent.ok()) {
+      reporter_->ReportFailure(transfer_id, absl::StrCat("cannot hand the update to server '",
+                                                         server, "': ", sent.message()));
+    } else {
+      // A restarted scheduler knows a group push, not its parts.
+      std::vector<uint64_t> pushes(step.info.constituents().begin(),
+                                   step.info.constituents().end());
+      if (step.info.group_push() != 0) pushes = {step.info.group_push()};
+      // A replica's aggregate of punted copies names pushes its server
+      // applied and reported long ago: not this daemon's to report as
+      // applied by a server, but as held by the replica (the copy's push,
+      // or the aggregate's), so a restarted scheduler copies none twice.
+      if (absl::StartsWith(step.info.server(), "replica:")) {
+        std::vector<uint64_t> copied = std::move(pushes);
+        if (copied.empty() && step.info.source_transfer_id() != 0) {
+          copied.push_back(step.info.source_transfer_id());
+        }
+        if (!copied.empty()) servers_->replica_log().Handed(transfer_id, std::move(copied));
+        pushes.clear();
+      }
+      servers_->applied_log().Handed(transfer_id, std::move(pushes));
+    }
+    delivered_.fetch_add(1);
+    incoming_->Erase(transfer_id);
+    orphan_copies_.erase(transfer_id);
+    sequencer_.Advance(key);
+  }
+}
+
+void Deliveries::ReleaseLocked(const v1::ReleaseDelivery& release) {
+  unready_parts_.erase(release.transfer_id());
+  if (release.cancel_if_incomplete() && !incoming_->Complete(release.transfer_id())) {
+    // Its source went away before sending it all: it never will.
+    const std::string why = "its source went away before all its bytes arrived";
+    if (std::optional<v1::ExpectDelivery> cancelled =
+            sequencer_.CancelTransfer(release.sequence(), release.transfer_id(), why)) {
+      incoming_->Erase(release.transfer_id());
+      reporter_->ReportFailure(release.transfer_id(), why);
+      TryDeliverLocked(cancelled->job_id(), cancelled->server());
+    }
+    return;
+  }
+  if (std::optional<v1::ExpectDelivery> released =
+          sequencer_.Release(release.sequence(), release.transfer_id())) {
+    TryDeliverLocked(released->job_id(), released->server());
+  }
+}
+
+void Deliveries::CancelLocked(const v1::CancelDelivery& cancel) {
+  unready_parts_.erase(cancel.transfer_id());
+  if (std::optional<v1::ExpectDelivery> cancelled =
+          sequencer_.CancelTransfer(cancel.sequence(), cancel.transfer_id(), cancel.reason())) {
+    incoming_->Erase(cancel.transfer_id());
+    // Skipped before the application had it: it will not be applied.
+    if (cancel.confirm()) reporter_->ReportFailure(cancel.transfer_id(), cancel.reason());
+    TryDeliverLocked(cancelled->job_id(), cancelled->server());
+  }
+}
+
+bool Deliveries::DropHeldCopyLocked(uint64_t transfer, const std::string& reason) {
+  if (orphan_copies_.erase(transfer) == 0) return false;
+  MLF_LOG(INFO) << "dropping held replica copy " << transfer << ": " << reason;
+  incoming_->Erase(transfer);
+  return true;
+}
+
+std::vector<uint64_t> Deliveries::CancelAllLocked(const std::string& key, const std::string& why) {
+  return sequencer_.CancelAll(key, why);
+}
+
+std::vector<uint64_t> Deliveries::RenameLocked(const std::string& from, const std::string& to,
+                                               const std::string& server) {
+  return sequencer_.Rename(from, to, server);
+}
+
+size_t Deliveries::ScheduleLostLocked(const std::string& why) {
+  KeepHeldCopiesLocked();
+  size_t cancelled = 0;
+  for (const std::string& key : servers_->KeysLocked()) {
+    cancelled += sequencer_.CancelAll(key, why).size();
+  }
+  return cancelled;
+}
+
+void Deliveries::KeepHeldCopiesLocked() {
+  for (const std::string& key : servers_->KeysLocked()) {
+    const std::shared_ptr<AppSession> app = servers_->AppLocked(key);
+    const std::string job = app ? app->job : "";
+    // Parts of group pushes not handed over yet whose bytes are all in: the
+    // scheduler may have released the push at other shards just before it
+    // went, and they applied it. The restarted scheduler has the part
+    // delivered here too if any shard applied its push, dropped if none did.
+    // A part still arriving was never released anywhere: dropped.
+    for (const v1::ExpectDelivery& part : sequencer_.Undelivered(key)) {
+      if (part.group_push() == 0 || !incoming_->Complete(part.transfer_id())) continue;
+      v1::HeldCopy& kept = orphan_copies_[part.transfer_id()];
+      kept.set_job(job);
+      *kept.mutable_copy() = part;
+    }
+    for (const v1::ExpectDelivery& held : sequencer_.Held(key)) {
+      if (held.group_push() != 0) continue;  // above
+      if (!incoming_->Complete(held.transfer_id())) {
+        // Still arriving: its source dropped it with the same lost stream.
+        // Told to the scheduler all the same: if its push applied, the
+        // replica lacks it.
+        MLF_LOG(WARNING) << "replica copy " << held.transfer_id() << " of push "
+                         << held.source_transfer_id()
+                         << " was still arriving when the schedule stream broke; dropped";
+        incoming_->Erase(held.transfer_id());
+        v1::HeldCopy& lost = lost_copies_[held.transfer_id()];
+        lost.set_job(job);
+        *lost.mutable_copy() = held;
+        lost.set_incomplete(true);
+        continue;
+      }
+      v1::HeldCopy& kept = orphan_copies_[held.transfer_id()];
+      kept.set_job(job);
+      *kept.mutable_copy() = held;
+    }
+  }
+  if (!orphan_copies_.empty()) {
+    MLF_LOG(WARNING) << "keeping " << orphan_copies_.size()
+                     << " held replica copy(ies) or group part(s) for the scheduler to decide";
+  }
+}
+
+size_t Deliveries::ResetLocked() {
+  const std::vector<uint64_t> pending = sequencer_.Reset();
+  unready_parts_.clear();  // their positions went with the old scheduler
+  for (uint64_t transfer : pending) incoming_->Erase(transfer);
+  return pending.size();
+}
+
+void Deliveries::DescribeHeldCopiesLocked(v1::RegisterHostRequest* request) const {
+  for (const auto& [copy, held] : orphan_copies_) *request->add_held_copies() = held;
+  for (const auto& [copy, lost] : lost_copies_) *request->add_held_copies() = lost;
+}
+
+}  // namespace mlfabric::daemon

@@ -1,0 +1,111 @@
+// Deliveries: updates handed to this host's server and replica
+// applications strictly in the commit order the scheduler planned
+// (mlfabric.md §3.3, DESIGN.md §3 step 5), once their bytes are in.
+//
+// The DeliverySequencer holds the order; this part carries it out: it
+// hands complete transfers over (ServerEndpoints), skips and fails what
+// was cancelled, reports the parts of group pushes (issue 18) whose bytes
+// are all in, and carries the held replica copies and group parts across
+// a lost schedule stream, for the next scheduler to decide
+// (issue 16 item 4).
+//
+//   Deliveries deliveries("h1", &incoming, &servers, &reporter);
+//   deliveries.ExpectLocked(expect);       // a kExpect command
+//   deliveries.ArrivedLocked(transfer);    // its last byte came
+//   deliveries.ReleaseLocked(release);     // a held copy's push applied
+//
+// Thread safety: every method requires the receive side's lock
+// (receive_lock.h).
+#ifndef MLFABRIC_DAEMON_RECEIVE_DELIVERIES_H_
+#define MLFABRIC_DAEMON_RECEIVE_DELIVERIES_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/control/completion_reporter.h"
+#include "daemon/engine/delivery_sequencer.h"
+#include "daemon/receive/incoming_transfers.h"
+#include "daemon/receive/server_endpoints.h"
+#include "proto/scheduler.pb.h"
+
+namespace mlfabric::daemon {
+
+class Deliveries {
+ public:
+  Deliveries(std::string host, IncomingTransfers* incoming, ServerEndpoints* servers,
+             CompletionReporter* reporter);
+  Deliveries(const Deliveries&) = delete;
+  Deliveries& operator=(const Deliveries&) = delete;
+
+  // The scheduler announces an update for a server (or replica) here: it
+  // takes its place in the commit order, or fails at once if the server's
+  // application is not connected.
+  void ExpectLocked(const v1::ExpectDelivery& expect);
+  // `transfer` arrived whole: the endpoints expecting it deliver what they
+  // can.
+  void ArrivedLocked(uint64_t transfer);
+  // Hands `server`'s next updates over while they are complete.
+  void TryDeliverLocked(uint32_t job_id, const std::string& server);
+  // The job that expects `transfer` here, if one does.
+  std::optional<uint32_t> JobExpectingLocked(uint64_t transfer) const;
+  // kRelease: a held replica copy's push applied, or every shard has its
+  // part of a group push (or, `cancel_if_incomplete`, its source left).
+  void ReleaseLocked(const v1::ReleaseDelivery& release);
+  // kCancel of an expected update (or a held copy kept across a lost
+  // stream). Not found: handed over already; the acknowledgement answers.
+  void CancelLocked(const v1::CancelDelivery& cancel);
+  // kCancel of a held copy kept across a lost stream (its push did not
+  // apply): forgotten with its bytes; false if it is not one.
+  bool DropHeldCopyLocked(uint64_t transfer, const std::string& reason);
+  // Fails everything `key` expects with `why`; returns the transfers.
+  std::vector<uint64_t> CancelAllLocked(const std::string& key, const std::string& why);
+  // A promoted replica's commit positions carry on under the server's
+  // key; returns the old server's deliveries dropped here.
+  std::vector<uint64_t> RenameLocked(const std::string& from, const std::string& to,
+                                     const std::string& server);
+
+  // At a lost schedule stream: keeps the held replica copies and group
+  // parts whose bytes are in (their pushes' outcomes are not known here),
+  // notes the copies still arriving as lost, then cancels every expected
+  // update; returns how many were cancelled.
+  size_t ScheduleLostLocked(const std::string& why);
+  // A restarted scheduler numbers commit positions from 1 again: forgets
+  // every position and the transfers still expected; returns how many.
+  size_t ResetLocked();
+  // The held copies for the registration (RegisterHostRequest.held_copies);
+  // `Told` forgets the lost ones once a registration carried them.
+  void DescribeHeldCopiesLocked(v1::RegisterHostRequest* request) const;
+  void ToldLocked() { lost_copies_.clear(); }
+
+  // Updates handed over.
+  int64_t delivered() const { return delivered_.load(); }
+
+ private:
+  void KeepHeldCopiesLocked();
+
+  const std::string host_;
+  IncomingTransfers* const incoming_;
+  ServerEndpoints* const servers_;
+  CompletionReporter* const reporter_;
+  DeliverySequencer sequencer_;  // commit order, by ServerKey
+  // Held replica copies (and group parts) whose bytes were all in when the
+  // schedule stream broke, by transfer id (their bytes stay in incoming_):
+  // told to the scheduler at registration, which has them delivered again
+  // or dropped.
+  std::map<uint64_t, v1::HeldCopy> orphan_copies_;
+  // Held copies dropped incomplete at the lost stream: told once, at the
+  // next registration.
+  std::map<uint64_t, v1::HeldCopy> lost_copies_;
+  // Held parts of group pushes whose bytes are not all in yet (issue 18),
+  // by transfer id -> their endpoint's key; reported ready, then forgotten.
+  std::map<uint64_t, std::string> unready_parts_;
+  std::atomic<int64_t> delivered_{0};
+};
+
+}  // namespace mlfabric::daemon
+
+#endif  // MLFABRIC_DAEMON_RECEIVE_DELIVERIES_H_
