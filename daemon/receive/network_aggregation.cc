@@ -66,12 +66,16 @@ void NetworkAggregation::StartLocked(const v1::AggregateTask& task) {
     }
     const auto ranges = std::move(incoming->unfolded);
     incoming->unfolded.clear();
-    const std::shared_ptr<SharedBuffer> data = incoming->buffer;
     const bool complete = incoming->received == incoming->total;
-    for (const auto& [offset, length] : ranges) {
-      if (!FoldRangeLocked(task.aggregate_id(), constituent, data->data() + offset, offset,
-                           length)) {
-        return;
+    {
+      // Held while its ranges are summed, and let go before FinishLocked
+      // recycles it (a buffer someone holds is not reused).
+      const std::shared_ptr<SharedBuffer> data = incoming->buffer;
+      for (const auto& [offset, length] : ranges) {
+        if (!FoldRangeLocked(task.aggregate_id(), constituent, data->data() + offset, offset,
+                             length)) {
+          return;
+        }
       }
     }
     if (complete) FinishLocked(constituent);
@@ -123,6 +127,24 @@ void NetworkAggregation::AcceptLocalLocked(const v1::SendTransfer& send,
                                                               buffer->size()));
     return;
   }
+  const std::optional<uint64_t> aggregate = table_->AggregateOf(send.transfer_id());
+  if (aggregate.has_value()) {
+    // As a constituent arriving over the data plane is checked.
+    const int64_t aggregate_bytes = table_->Bytes(*aggregate).value_or(-1);
+    std::string mismatch;
+    if (send.bytes() != aggregate_bytes) {
+      mismatch = absl::StrCat("constituent ", send.transfer_id(), " has ", send.bytes(),
+                              " bytes, the aggregate ", aggregate_bytes);
+    } else if (table_->JobOf(*aggregate) != send.job_id()) {
+      mismatch = absl::StrCat("constituent ", send.transfer_id(), " is job ", send.job_id(),
+                              "'s, the aggregate job ", table_->JobOf(*aggregate).value_or(0),
+                              "'s");
+    }
+    if (!mismatch.empty()) {
+      FailLocked(*aggregate, mismatch);
+      return;
+    }
+  }
   // As if it had arrived whole.
   Incoming& incoming = incoming_->Add(send.transfer_id(), send.job_id(), buffer->size(), buffer);
   incoming.received = buffer->size();
@@ -131,7 +153,6 @@ void NetworkAggregation::AcceptLocalLocked(const v1::SendTransfer& send,
     ranges.emplace_back(
         offset, static_cast<uint32_t>(std::min<uint64_t>(payload_bytes_, buffer->size() - offset)));
   }
-  const std::optional<uint64_t> aggregate = table_->AggregateOf(send.transfer_id());
   if (!aggregate.has_value()) {
     incoming.unfolded = std::move(ranges);
     return;

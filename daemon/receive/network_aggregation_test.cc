@@ -260,6 +260,7 @@ TEST_CASE("NetworkAggregation sums at the task what arrived before it, and finis
   f.aggregation.StartLocked(f.Task(200, {21, 22, 23}, 32));
   REQUIRE(f.aggregation.Active(200));
   CHECK(!f.incoming.Contains(21));  // summed and finished at the task
+  CHECK(f.pool.pooled_bytes() == 32);  // and its buffer kept for the next transfer
   CHECK(!f.aggregation.AggregateOf(21).has_value());
   REQUIRE(f.incoming.Contains(22));  // summed so far, still awaited
   CHECK(f.incoming.Find(22)->unfolded.empty());
@@ -425,6 +426,32 @@ TEST_CASE("NetworkAggregation::AcceptLocalLocked sums a local push without a soc
     CHECK(failures[0].transfer_id() == 53u);
     CHECK(failures[0].error() == "schedule says 64 bytes, the data has 32");
     CHECK(f.aggregation.completed() == 0);
+  }
+
+  SECTION("a push smaller than its aggregate fails the aggregate, not its sum") {
+    // It used to be summed into the first half and counted whole: the
+    // aggregate left without its second half.
+    f.aggregation.StartLocked(f.Task(530, {57, 58}, 32));
+    f.aggregation.AcceptLocalLocked(LocalPush(57, 16), FloatBuffer(Ramp(4, 1.0f)));
+    CHECK(!f.aggregation.Active(530));
+    const auto failures = f.Failures(1);
+    REQUIRE(failures.size() == 1);
+    CHECK(failures[0].transfer_id() == 530u);
+    CHECK(failures[0].error() ==
+          "aggregation failed: constituent 57 has 16 bytes, the aggregate 32");
+    CHECK(f.aggregation.completed() == 0);
+  }
+
+  SECTION("a push of another job fails the aggregate") {
+    f.aggregation.StartLocked(f.Task(540, {59, 60}, 32));
+    v1::SendTransfer other = LocalPush(59, 32);
+    other.set_job_id(kJob + 1);
+    f.aggregation.AcceptLocalLocked(other, FloatBuffer(Ramp(8, 1.0f)));
+    CHECK(!f.aggregation.Active(540));
+    const auto failures = f.Failures(1);
+    REQUIRE(failures.size() == 1);
+    CHECK(failures[0].transfer_id() == 540u);
+    CHECK(Contains(failures[0].error(), "constituent 59 is job 2's, the aggregate job 1's"));
   }
 
   SECTION("a push for no aggregate here is kept, unfolded, for the task to come") {

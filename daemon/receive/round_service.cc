@@ -1,5 +1,6 @@
 #include "daemon/receive/round_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <utility>
@@ -51,10 +52,16 @@ void RoundService::JoinLocked(const v1::ExpectDelivery& expect) {
   const std::string key = ServerKey(expect.job_id(), expect.server());
   RoundTable::Effects fx;
   table_.Join(expect, servers_->AppLocked(key) != nullptr, &fx);
-  // Packets that arrived before this announcement are summed now.
+  // Packets that arrived before this announcement are summed now, unless
+  // this member's join failed (its bytes are of no use then). Other
+  // failures in `fx` are older rounds this one evicted.
   const uint64_t transfer = expect.transfer_id();
   Incoming* incoming = incoming_->Find(transfer);
-  if (fx.failed.empty() && incoming != nullptr) {
+  const bool joined = std::none_of(fx.failed.begin(), fx.failed.end(),
+                                   [&](const auto& failed) { return failed.first == transfer; });
+  if (!joined && incoming != nullptr) {
+    incoming_->Erase(transfer);
+  } else if (incoming != nullptr) {
     if (std::string mismatch = incoming_->JobMismatch(transfer, expect.job_id());
         !mismatch.empty()) {
       incoming_->Erase(transfer);
@@ -64,6 +71,7 @@ void RoundService::JoinLocked(const v1::ExpectDelivery& expect) {
                   absl::StrCat("push ", transfer, " arrived with ", incoming->total,
                                " bytes, not ", expect.bytes()),
                   &fx);
+      incoming_->Erase(transfer);  // its round failed: its bytes are of no use
     } else {
       const auto ranges = std::move(incoming->unfolded);
       incoming->unfolded.clear();
