@@ -36,9 +36,12 @@ class FakeSchedulerClient final : public SchedulerClient {
     reply->set_scheduler_time_s(request.daemon_time_s());
     return absl::OkStatus();
   }
-  absl::Status RegisterEntity(const v1::RegisterEntityRequest&,
-                              v1::RegisterEntityReply*) override {
-    return absl::OkStatus();
+  std::function<absl::Status(const v1::RegisterEntityRequest&, v1::RegisterEntityReply*)>
+      register_hook;
+
+  absl::Status RegisterEntity(const v1::RegisterEntityRequest& request,
+                              v1::RegisterEntityReply* reply) override {
+    return register_hook ? register_hook(request, reply) : absl::OkStatus();
   }
   absl::Status SubmitUpdate(const v1::SubmitUpdateRequest& request,
                             v1::SubmitUpdateReply* reply) override {

@@ -1,0 +1,277 @@
+// Unit tests of AppRequests: what a local application asks, carried out
+// against a fake scheduler, with the application on a socketpair
+// (receive/fake_app.h) instead of the daemon's socket.
+#include "daemon/app_requests.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <catch2/catch.hpp>
+
+#include "common/clock.h"
+#include "daemon/apps/push_table.h"
+#include "daemon/control/completion_reporter.h"
+#include "daemon/control/fake_scheduler_client.h"
+#include "daemon/engine/aggregation_table.h"
+#include "daemon/engine/buffer_pool.h"
+#include "daemon/engine/send_scheduler.h"
+#include "daemon/receive/fake_app.h"
+#include "daemon/receive/incoming_transfers.h"
+#include "daemon/receive/round_service.h"
+#include "daemon/receive/server_endpoints.h"
+#include "daemon/transport/peer_connections.h"
+#include "daemon/transport/send_watchdog.h"
+
+namespace mlfabric::daemon {
+namespace {
+
+const auto kWait = std::chrono::seconds(10);
+
+// AppRequests wired as the daemon wires it (daemon.cc), with no model
+// server or fetcher (gets of registered applications are not exercised
+// here: tests/push_get_test does, through real daemons).
+struct Rig {
+  Rig()
+      : rounds(RoundService::Options{}, &lock, &stopping, &incoming, &servers, &send, &reporter,
+               &watchdog, &pool),
+        requests(AppRequests::Options{"h1", 32 * 1024}, &lock, &clock, &stopping,
+                 AppRequests::Parts{&scheduler, &reporter, &pushes, &keys, &servers, &rounds,
+                                    nullptr, nullptr},
+                 [this](const std::shared_ptr<AppSession>& app) {
+                   ++forgotten;
+                   std::optional<v1::EntityGoneReport> report;
+                   if (servers.ForgetLocked(app).has_value()) {
+                     report.emplace();
+                     report->set_name(app->name);
+                     report->set_role(app->role);
+                   }
+                   return report;
+                 }) {}
+
+  // A fresh (unregistered) application.
+  static std::unique_ptr<FakeApp> NewApp(const std::string& name, v1::Role role) {
+    auto app = std::make_unique<FakeApp>(0, name, role);
+    app->session->registered = false;
+    app->session->job_id = 0;
+    return app;
+  }
+  v1::LocalMessage Register(FakeApp& app, v1::Role role) {
+    v1::LocalRegister request;
+    request.set_job("job");
+    request.set_job_token("token");
+    request.set_name(app.session->name);
+    request.set_role(role);
+    requests.HandleRegister(app.session, request);
+    return Next(app);
+  }
+  static v1::LocalMessage Next(FakeApp& app) {
+    v1::LocalMessage message;
+    int fd = -1;
+    REQUIRE(app.Next(&message, &fd));
+    if (fd >= 0) ::close(fd);
+    return message;
+  }
+  // Pushes `bytes` bytes to "ps" (in shared memory unless `fd_less`).
+  void Push(FakeApp& app, uint64_t request_id, int64_t bytes, bool fd_less = false) {
+    v1::LocalPush push;
+    push.set_request_id(request_id);
+    push.set_server("ps");
+    push.set_bytes(bytes);
+    push.set_version(3);
+    if (fd_less) {
+      requests.HandlePush(app.session, push, -1);
+      return;
+    }
+    auto buffer = SharedBuffer::Create(static_cast<size_t>(bytes));
+    REQUIRE(buffer.ok());
+    requests.HandlePush(app.session, push, ::dup(buffer->fd()));
+  }
+
+  ReceiveLock lock;
+  std::atomic<bool> stopping{false};
+  RealClock clock;
+  BufferPool pool;
+  IncomingTransfers incoming{&pool};
+  ServerEndpoints servers{&lock, &pool, &stopping};
+  transport::SendWatchdog watchdog{30};
+  boost::asio::io_context io;
+  transport::PeerConnections peers{io, watchdog, 32 * 1024};
+  AggregationTable aggregations{32 * 1024};
+  SendScheduler send{SendScheduler::Options{}, &clock, &peers, &aggregations,
+                     [](uint64_t, const std::string&) {}};
+  FakeSchedulerClient scheduler;
+  CompletionReporter reporter{&scheduler, "h1"};
+  PushTable pushes;
+  transport::DataKeys keys;
+  RoundService rounds;
+  int forgotten = 0;
+  AppRequests requests;
+};
+
+TEST_CASE("a server registers with the scheduler and is published once answered") {
+  Rig rig;
+  rig.scheduler.register_hook = [](const v1::RegisterEntityRequest& request,
+                                   v1::RegisterEntityReply* reply) {
+    CHECK(request.host() == "h1");
+    CHECK(request.role() == v1::ROLE_SERVER);
+    reply->set_job_id(7);
+    reply->set_model_version(12);
+    return absl::OkStatus();
+  };
+  auto ps = Rig::NewApp("ps", v1::ROLE_SERVER);
+  const v1::LocalMessage reply = rig.Register(*ps, v1::ROLE_SERVER);
+  REQUIRE(reply.has_registered());
+  CHECK(reply.registered().error().empty());
+  CHECK(reply.registered().model_version() == 12);
+  CHECK(reply.registered().host() == "h1");
+  CHECK(ps->session->registered);
+  CHECK(ps->session->job_id == 7);
+  std::lock_guard<std::mutex> guard(rig.lock.mu);
+  CHECK(rig.servers.AppLocked(ServerKey(7, "ps")) == ps->session);
+}
+
+TEST_CASE("a replica is published as replica:<server>") {
+  Rig rig;
+  auto replica = Rig::NewApp("ps", v1::ROLE_REPLICA);
+  REQUIRE(rig.Register(*replica, v1::ROLE_REPLICA).registered().error().empty());
+  std::lock_guard<std::mutex> guard(rig.lock.mu);
+  CHECK(rig.servers.AppLocked(ServerKey(0, "replica:ps")) == replica->session);
+  CHECK(rig.servers.AppLocked(ServerKey(0, "ps")) == nullptr);
+}
+
+TEST_CASE("a registration the scheduler refuses, or a second one, is answered with why") {
+  Rig rig;
+  rig.scheduler.register_hook = [](const v1::RegisterEntityRequest&, v1::RegisterEntityReply*) {
+    return absl::PermissionDeniedError("wrong job token");
+  };
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  const v1::LocalMessage refused = rig.Register(*worker, v1::ROLE_WORKER);
+  CHECK(refused.registered().error().find("scheduler refused the registration") !=
+        std::string::npos);
+  CHECK(refused.registered().error().find("wrong job token") != std::string::npos);
+  CHECK_FALSE(worker->session->registered);
+  rig.scheduler.register_hook = nullptr;
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  CHECK(rig.Register(*worker, v1::ROLE_WORKER).registered().error() ==
+        "this connection is already registered");
+}
+
+TEST_CASE("a push is recorded, submitted, and waits for its outcome") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  rig.scheduler.submit_hook = [](const v1::SubmitUpdateRequest&, v1::SubmitUpdateReply* reply) {
+    reply->set_transfer_id(501);
+    return absl::OkStatus();
+  };
+  rig.Push(*worker, /*request_id=*/1, 4096);
+  const auto submits = rig.scheduler.submits();
+  REQUIRE(submits.size() == 1);
+  CHECK(submits[0].src_host() == "h1");
+  CHECK(submits[0].worker() == "w0");
+  CHECK(submits[0].server() == "ps");
+  CHECK(submits[0].bytes() == 4096);
+  CHECK(submits[0].version() == 3);
+  CHECK(submits[0].local_id() > 0);
+  CHECK(rig.requests.pushes_submitted() == 1);
+  const std::optional<PushTable::Push> push = rig.pushes.Find(501);
+  REQUIRE(push.has_value());
+  CHECK(push->request_id == 1);
+  CHECK(push->buffer->size() == 4096);
+  CHECK(worker->Quiet());  // its outcome comes from the command stream
+}
+
+TEST_CASE("a push that cannot be submitted ends at once, failed, with why") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  auto done = [&](uint64_t request_id) {
+    const v1::LocalMessage message = Rig::Next(*worker);
+    REQUIRE(message.has_push_done());
+    CHECK(message.push_done().request_id() == request_id);
+    CHECK(message.push_done().outcome() == v1::OUTCOME_FAILED);
+    return message.push_done().reason();
+  };
+  rig.Push(*worker, 1, 64);
+  CHECK(done(1) == "register as a worker before pushing");
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  rig.Push(*worker, 2, 64, /*fd_less=*/true);
+  CHECK(done(2) == "push carries no shared-memory buffer");
+  rig.scheduler.submit_hook = [](const v1::SubmitUpdateRequest&, v1::SubmitUpdateReply*) {
+    return absl::ResourceExhaustedError("job over its quota");
+  };
+  rig.Push(*worker, 3, 64);
+  const std::string refused = done(3);
+  CHECK(refused.find("scheduler refused the push") != std::string::npos);
+  CHECK(refused.find("job over its quota") != std::string::npos);
+  CHECK(rig.requests.pushes_submitted() == 0);
+  CHECK(rig.pushes.Unresolved().empty());  // nothing left waiting for an outcome
+}
+
+TEST_CASE("a get before registering is answered with an error") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  v1::LocalGet get;
+  get.set_request_id(9);
+  get.set_server("ps");
+  rig.requests.HandleGet(worker->session, get);
+  const v1::LocalMessage message = Rig::Next(*worker);
+  REQUIRE(message.has_get_done());
+  CHECK(message.get_done().request_id() == 9);
+  CHECK(message.get_done().error() == "register before calling get");
+  rig.requests.WaitGets();  // none started
+}
+
+TEST_CASE("a server's acknowledgement is reported with the pushes it applied") {
+  Rig rig;
+  {
+    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    rig.servers.applied_log().Handed(700, {71, 72});
+  }
+  v1::LocalUpdateAck ack;
+  ack.set_transfer_id(700);
+  ack.set_model_version(9);
+  rig.requests.HandleUpdateAck(ack);
+  v1::LocalUpdateAck refused;
+  refused.set_transfer_id(701);
+  refused.set_error("NaN in the update");
+  rig.requests.HandleUpdateAck(refused);
+  REQUIRE(rig.scheduler.WaitForCompletions(2, kWait));
+  const auto reports = rig.scheduler.completions();
+  CHECK(reports[0].transfer_id() == 700);
+  CHECK(reports[0].applied());
+  CHECK(reports[0].model_version() == 9);
+  CHECK(std::vector<uint64_t>(reports[0].pushes().begin(), reports[0].pushes().end()) ==
+        std::vector<uint64_t>{71, 72});
+  CHECK(reports[1].transfer_id() == 701);
+  CHECK_FALSE(reports[1].applied());
+  CHECK(reports[1].error() == "server refused the update: NaN in the update");
+}
+
+TEST_CASE("a server that leaves is forgotten and reported to the scheduler") {
+  Rig rig;
+  auto ps = Rig::NewApp("ps", v1::ROLE_SERVER);
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  REQUIRE(rig.Register(*ps, v1::ROLE_SERVER).registered().error().empty());
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  rig.requests.AppGone(worker->session);
+  CHECK(rig.scheduler.gone().empty());  // a worker leaving is nobody's to take over
+  rig.requests.AppGone(ps->session);
+  CHECK(rig.forgotten == 2);
+  const auto gone = rig.scheduler.gone();
+  REQUIRE(gone.size() == 1);
+  CHECK(gone[0].name() == "ps");
+  CHECK(gone[0].role() == v1::ROLE_SERVER);
+  std::lock_guard<std::mutex> guard(rig.lock.mu);
+  CHECK(rig.servers.AppLocked(ServerKey(0, "ps")) == nullptr);
+}
+
+}  // namespace
+}  // namespace mlfabric::daemon
