@@ -2,11 +2,15 @@
 
 #include <sys/socket.h>
 
+#include <cerrno>
+#include <chrono>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "daemon/transport/framing.h"
 
 namespace mlfabric::daemon {
@@ -55,6 +59,7 @@ void DataReceiver::Start(ModelServer* model_server, ModelFetcher* fetcher) {
 }
 
 void DataReceiver::StopAccepting() {
+  closing_.store(true);
   if (acceptor_) {
     // close() alone does not wake a thread blocked in accept(); shutdown does.
     boost::system::error_code ignored;
@@ -73,12 +78,22 @@ void DataReceiver::StopSessions() {
 }
 
 void DataReceiver::AcceptLoop() {
-  while (!stopping_->load()) {
+  while (!stopping_->load() && !closing_.load()) {
     auto socket = std::make_shared<tcp::socket>(io_);
     boost::system::error_code error;
     acceptor_->accept(*socket, error);
     if (error) {
-      if (!stopping_->load()) MLF_LOG(ERROR) << "data accept failed: " << error.message();
+      if (stopping_->load() || closing_.load()) return;
+      // Out of descriptors or memory, or a connection reset while queued:
+      // the next accept may work. Anything else ends the data plane.
+      const int code = error.value();
+      if (code == EMFILE || code == ENFILE || code == ENOBUFS || code == ENOMEM ||
+          code == ECONNABORTED || code == EINTR) {
+        MLF_LOG(WARNING) << "data accept failed: " << error.message() << "; retrying";
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      MLF_LOG(ERROR) << "data accept failed: " << error.message();
       return;
     }
     socket->set_option(tcp::no_delay(true), error);
@@ -86,7 +101,9 @@ void DataReceiver::AcceptLoop() {
     sessions_.insert(socket);
     // Detached: a finished session is reclaimed at once; StopSessions()
     // shuts the sessions' sockets down and waits until none is left.
-    std::thread([this, socket] { SessionLoop(socket); }).detach();
+    std::thread([this, socket = std::move(socket)]() mutable {
+      SessionLoop(std::move(socket));
+    }).detach();
   }
 }
 
@@ -100,6 +117,9 @@ void DataReceiver::SessionLoop(std::shared_ptr<tcp::socket> socket) {
   std::lock_guard<std::mutex> lock(lock_->mu);
   socket->close(ignored);
   sessions_.erase(socket);
+  // The last reference, let go under the lock: once StopSessions() sees
+  // no session, none touches io_ any more.
+  socket.reset();
   lock_->cv.notify_all();  // StopSessions() waits for the last session
 }
 
@@ -109,11 +129,9 @@ absl::Status DataReceiver::AcceptLocked(const PacketHeader& header, const uint8_
   Incoming* incoming = parts_.incoming->Find(header.transfer);
   if (incoming == nullptr) return absl::OkStatus();  // cancelled meanwhile
   if (incoming->first_packet_s < 0) incoming->first_packet_s = clock_->NowSeconds();
-  incoming->received += header.length;
-  if (incoming->received > incoming->total) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transfer ", header.transfer, " received more than its ", incoming->total, " bytes"));
-  }
+  // Bytes sent twice would complete the transfer without the bytes that
+  // never came: a malformed session.
+  RETURN_IF_ERROR(incoming->Receive(header.transfer, header.offset, header.length));
   // Mercury PS: a member of a synchronous round is summed packet by
   // packet as it arrives (mercury.md §IV, Key idea 3).
   const bool round_member = parts_.rounds->IsMemberLocked(header.transfer);
@@ -168,6 +186,7 @@ absl::Status DataReceiver::Begin(const PacketHeader& header) {
   }
   std::lock_guard<std::mutex> lock(lock_->mu);
   if (parts_.incoming->Contains(header.transfer)) {
+    parts_.pool->Recycle(std::move(pooled));
     return absl::AlreadyExistsError(absl::StrCat("transfer ", header.transfer, " begun twice"));
   }
   // A session may carry only the jobs it proved (transport/data_auth.h);
@@ -175,6 +194,7 @@ absl::Status DataReceiver::Begin(const PacketHeader& header) {
   // (One expected later is checked where it joins: JobMismatch.)
   if (std::optional<uint32_t> expected = ExpectedJobLocked(header.transfer);
       expected.has_value() && *expected != header.job) {
+    parts_.pool->Recycle(std::move(pooled));
     return absl::PermissionDeniedError(absl::StrCat("transfer ", header.transfer, " is job ",
                                                     *expected, "'s; the packet says job ",
                                                     header.job));

@@ -118,6 +118,7 @@ class DataReceiver : public transport::DataSessionHandler {
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   std::string address_;
   std::thread accept_thread_;
+  std::atomic<bool> closing_{false};  // StopAccepting() was called
   // The sockets of the sessions running now (guarded by the lock).
   std::set<std::shared_ptr<boost::asio::ip::tcp::socket>> sessions_;
   std::atomic<int64_t> bytes_received_{0};

@@ -123,6 +123,7 @@ struct Rig {
     servers.PublishLocked(ServerKey(kJob, kServer), ps.session);
   }
   ~Rig() {
+    stopping.store(true);  // as Daemon::Stop does, before stopping the receiver
     receiver.StopAccepting();
     receiver.StopSessions();
   }
@@ -382,10 +383,16 @@ TEST_CASE("DataReceiver closes a malformed session and fails only its unfinished
     malformed.CorruptData(kJob, kBad, bad, kPayloadBytes, kPayloadBytes);
     reason = "CRC32C mismatch on transfer 301";
   }
-  SECTION("more bytes than the transfer's total") {
+  SECTION("bytes received before, in a packet that overlaps") {
     // Inside the transfer's bounds, but 4096 + 6144 bytes of an 8192-byte one.
     malformed.Data(kJob, kBad, bad, kPayloadBytes / 2, kPayloadBytes + kPayloadBytes / 2);
-    reason = "transfer 301 received more than its 8192 bytes";
+    reason = "transfer 301 received bytes [2048, 8192) twice";
+  }
+  SECTION("the same packet twice") {
+    // Counted twice, it completed the transfer with bytes [4096, 8192)
+    // never sent: whatever a reused receive buffer held before.
+    malformed.Data(kJob, kBad, bad, 0, kPayloadBytes);
+    reason = "transfer 301 received bytes [0, 4096) twice";
   }
 
   REQUIRE(malformed.ClosedByReceiver());

@@ -1,9 +1,53 @@
 #include "daemon/receive/incoming_transfers.h"
 
+#include <iterator>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace mlfabric::daemon {
+
+absl::Status Incoming::Receive(uint64_t transfer, uint64_t offset, uint64_t length) {
+  const uint64_t end = offset + length;
+  if (end < offset || end > total) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", transfer, " has ", total,
+                                                   " bytes; a packet brought [", offset, ", ",
+                                                   end, ")"));
+  }
+  if (length == 0) return absl::OkStatus();
+  // The first range that ends after `offset`, if it begins before `end`,
+  // overlaps. Ranges are disjoint and not adjacent (merged).
+  auto next = arrived.upper_bound(offset);
+  if (next != arrived.begin()) {
+    auto before = std::prev(next);
+    if (before->second > offset) {
+      return absl::InvalidArgumentError(absl::StrCat("transfer ", transfer, " received bytes [",
+                                                     offset, ", ", end, ") twice"));
+    }
+  }
+  if (next != arrived.end() && next->first < end) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", transfer, " received bytes [",
+                                                   offset, ", ", end, ") twice"));
+  }
+  // In-order packets extend the range before them in place: no
+  // allocation per packet.
+  if (next != arrived.begin() && std::prev(next)->second == offset) {
+    auto before = std::prev(next);
+    before->second = end;
+    if (next != arrived.end() && next->first == end) {  // and close the gap to the next
+      before->second = next->second;
+      arrived.erase(next);
+    }
+  } else if (next != arrived.end() && next->first == end) {  // joins the range after
+    const uint64_t until = next->second;
+    arrived.erase(next);
+    arrived.emplace(offset, until);
+  } else {
+    arrived.emplace(offset, end);
+  }
+  received += length;
+  return absl::OkStatus();
+}
 
 Incoming* IncomingTransfers::Find(uint64_t transfer) {
   auto it = transfers_.find(transfer);

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "daemon/engine/buffer_pool.h"
 #include "ipc/local_ipc.h"
 
@@ -37,6 +38,14 @@ struct Incoming {
   // Packets received before the transfer was known as a member of a
   // synchronous round or an aggregate: summed into it when it is.
   std::vector<std::pair<uint64_t, uint32_t>> unfolded;
+  // The byte ranges received, merged: begin -> end.
+  std::map<uint64_t, uint64_t> arrived;
+
+  // Counts [offset, +length) as received; an error naming the transfer
+  // if any of it was received before or it lies past `total` (then
+  // nothing is counted). Bytes counted twice would complete a transfer
+  // whose other bytes never came (a reused buffer's stale bytes).
+  absl::Status Receive(uint64_t transfer, uint64_t offset, uint64_t length);
 };
 
 class IncomingTransfers {

@@ -73,5 +73,36 @@ TEST_CASE("adding a transfer again starts it afresh") {
   CHECK(second.job_id == 2);
 }
 
+TEST_CASE("bytes are counted once, in any order, and none past the end") {
+  BufferPool pool;
+  IncomingTransfers in(&pool);
+  Incoming& t = in.Add(3, 1, 100, Buffer(100));
+  CHECK(t.Receive(3, 40, 20).ok());  // [40, 60)
+  CHECK(t.Receive(3, 0, 20).ok());   // [0, 20)
+  CHECK(t.Receive(3, 20, 20).ok());  // closes the gap: [0, 60)
+  CHECK(t.arrived == std::map<uint64_t, uint64_t>{{0, 60}});
+  CHECK(t.Receive(3, 80, 20).ok());
+  CHECK(t.Receive(3, 60, 20).ok());  // [0, 100)
+  CHECK(t.arrived == std::map<uint64_t, uint64_t>{{0, 100}});
+  CHECK(t.received == 100);
+  CHECK(in.Complete(3));
+
+  Incoming& u = in.Add(4, 1, 100, Buffer(100));
+  REQUIRE(u.Receive(4, 30, 20).ok());  // [30, 50)
+  const absl::Status again = u.Receive(4, 30, 20);
+  CHECK(again.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(again.message()) == "transfer 4 received bytes [30, 50) twice");
+  CHECK_FALSE(u.Receive(4, 20, 11).ok());  // ends inside
+  CHECK_FALSE(u.Receive(4, 49, 10).ok());  // begins inside
+  CHECK_FALSE(u.Receive(4, 0, 100).ok());  // covers it
+  CHECK(std::string(u.Receive(4, 90, 20).message()) ==
+        "transfer 4 has 100 bytes; a packet brought [90, 110)");
+  CHECK(u.Receive(4, 50, 0).ok());  // empty: nothing to count
+  CHECK(u.received == 20);          // the refused packets counted nothing
+  CHECK(u.Receive(4, 20, 10).ok());
+  CHECK(u.Receive(4, 50, 10).ok());
+  CHECK(u.arrived == std::map<uint64_t, uint64_t>{{20, 60}});
+}
+
 }  // namespace
 }  // namespace mlfabric::daemon
