@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
-#include "daemon/engine/packet_checksums.h"
+#include "daemon/transport/packet_checksums.h"
 #include "ipc/local_ipc.h"
 
 namespace mlfabric::daemon {
@@ -131,10 +131,10 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
   // Checksum the packets while the scheduler plans (see PacketChecksums);
   // not when sessions are sealed, whose tags replace the CRC.
   if (!parts_.keys->encryption()) {
-    pending.checksums = PacketChecksums::ForPush(pending.tensors, pending.buffer->size(),
+    pending.checksums = transport::PacketChecksums::ForPush(pending.tensors, pending.buffer->size(),
                                                          options_.payload_bytes);
   }
-  const std::shared_ptr<PacketChecksums> checksums = pending.checksums;
+  const std::shared_ptr<transport::PacketChecksums> checksums = pending.checksums;
   const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
   {
     // Names the round a later get streams back, if the server runs rounds.

@@ -26,7 +26,7 @@
 // stream), a get with the model or an error.
 //
 // Thread safety: the handler methods run on the applications' reader
-// threads; they take the receive lock (receive/receive_lock.h) for
+// threads; they take the receive lock (engine/receive_lock.h) for
 // bookkeeping only, never across an RPC.
 #ifndef MLFABRIC_DAEMON_APP_REQUESTS_H_
 #define MLFABRIC_DAEMON_APP_REQUESTS_H_
@@ -45,9 +45,9 @@
 #include "daemon/control/scheduler_client.h"
 #include "daemon/engine/model_fetcher.h"
 #include "daemon/engine/model_server.h"
-#include "daemon/receive/receive_lock.h"
-#include "daemon/receive/round_service.h"
-#include "daemon/receive/server_endpoints.h"
+#include "daemon/engine/receive_lock.h"
+#include "daemon/engine/round_service.h"
+#include "daemon/engine/server_endpoints.h"
 #include "daemon/transport/data_auth.h"
 #include "proto/local.pb.h"
 #include "proto/scheduler.pb.h"

@@ -1,6 +1,6 @@
 // Unit tests of AppRequests: what a local application asks, carried out
 // against a fake scheduler, with the application on a socketpair
-// (receive/fake_app.h) instead of the daemon's socket.
+// (engine/fake_app.h) instead of the daemon's socket.
 #include "daemon/app_requests.h"
 
 #include <unistd.h>
@@ -23,10 +23,10 @@
 #include "daemon/engine/aggregation_table.h"
 #include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/send_scheduler.h"
-#include "daemon/receive/fake_app.h"
-#include "daemon/receive/incoming_transfers.h"
-#include "daemon/receive/round_service.h"
-#include "daemon/receive/server_endpoints.h"
+#include "daemon/engine/fake_app.h"
+#include "daemon/engine/incoming_transfers.h"
+#include "daemon/engine/round_service.h"
+#include "daemon/engine/server_endpoints.h"
 #include "daemon/transport/peer_connections.h"
 #include "daemon/transport/send_watchdog.h"
 

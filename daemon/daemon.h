@@ -17,7 +17,7 @@
 // - Send side: daemon::SendScheduler (engine/, its own lock and loop,
 //   writing through transport::PeerConnections) releases scheduled
 //   transfers at their start, paces them and sends get replies.
-// - Receive side (receive/): daemon::DataReceiver runs the data sessions;
+// - Receive side (engine/): daemon::DataReceiver runs the data sessions;
 //   IncomingTransfers, RoundService (Mercury-PS rounds), NetworkAggregation
 //   (§5.2), Deliveries (commit order) and ServerEndpoints (the server
 //   applications, and the ServerApps of daemon::ModelServer, which answers
@@ -34,7 +34,7 @@
 //   daemon.Stop();
 //
 // Thread safety: the parts have their own locks or share the receive lock
-// (receive/receive_lock.h); the leaf locks of the engine's tables are
+// (engine/receive_lock.h); the leaf locks of the engine's tables are
 // taken under it, never the other way round. It is held for bookkeeping
 // only, never across an RPC or a blocking socket write. The clock is
 // injected (a FakeClock in tests; RealClock by default), and so may be the
@@ -67,13 +67,13 @@
 #include "daemon/engine/model_fetcher.h"
 #include "daemon/engine/model_server.h"
 #include "daemon/engine/send_scheduler.h"
-#include "daemon/receive/data_receiver.h"
-#include "daemon/receive/deliveries.h"
-#include "daemon/receive/incoming_transfers.h"
-#include "daemon/receive/network_aggregation.h"
-#include "daemon/receive/receive_lock.h"
-#include "daemon/receive/round_service.h"
-#include "daemon/receive/server_endpoints.h"
+#include "daemon/engine/data_receiver.h"
+#include "daemon/engine/deliveries.h"
+#include "daemon/engine/incoming_transfers.h"
+#include "daemon/engine/network_aggregation.h"
+#include "daemon/engine/receive_lock.h"
+#include "daemon/engine/round_service.h"
+#include "daemon/engine/server_endpoints.h"
 #include "daemon/transport/get_client.h"
 #include "daemon/transport/peer_connections.h"
 #include "daemon/transport/send_watchdog.h"
@@ -168,7 +168,7 @@ class Daemon {
   std::unique_ptr<daemon::AppRequests> app_requests_;
   std::unique_ptr<daemon::AppSessions> apps_;
 
-  // The receive side's lock (receive/receive_lock.h), also the daemon's
+  // The receive side's lock (engine/receive_lock.h), also the daemon's
   // own bookkeeping's (registration state, get threads, fatal_).
   mutable daemon::ReceiveLock lock_;
   std::atomic<bool> stopping_{false};
@@ -183,7 +183,7 @@ class Daemon {
   // Scheduled transfers, aggregates and get replies, paced and sent by its
   // own loop; own lock, taken under the receive lock (never the other way).
   std::unique_ptr<daemon::SendScheduler> send_;
-  // The receive side (receive/): its parts share the receive lock.
+  // The receive side (engine/): its parts share the receive lock.
   daemon::BufferPool buffer_pool_;
   std::unique_ptr<daemon::IncomingTransfers> incoming_;
   std::unique_ptr<daemon::ServerEndpoints> servers_;

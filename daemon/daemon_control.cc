@@ -171,7 +171,7 @@ void Daemon::CancelLocked(const v1::CancelDelivery& cancel) {
 
 void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
   auto schedule = [&](std::shared_ptr<SharedBuffer> buffer, std::vector<v1::TensorInfo> tensors,
-                      std::shared_ptr<const daemon::PacketChecksums> checksums) {
+                      std::shared_ptr<const transport::PacketChecksums> checksums) {
     absl::Status scheduled =
         send_->Schedule(send, std::move(buffer), std::move(tensors), std::move(checksums));
     if (!scheduled.ok()) {

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "daemon/apps/app_sessions.h"
-#include "daemon/engine/packet_checksums.h"
+#include "daemon/transport/packet_checksums.h"
 #include "ipc/local_ipc.h"
 #include "proto/local.pb.h"
 #include "proto/scheduler.pb.h"
@@ -42,7 +42,7 @@ class PushTable {
     uint64_t request_id = 0;  // the application's id for it
     std::shared_ptr<SharedBuffer> buffer;
     std::vector<v1::TensorInfo> tensors;
-    std::shared_ptr<PacketChecksums> checksums;
+    std::shared_ptr<transport::PacketChecksums> checksums;
     std::string server;     // where it goes
     uint64_t local_id = 0;  // set by Record
     // As submitted, so a restarted scheduler can plan a held replica copy.

@@ -82,7 +82,7 @@ void SendScheduler::EnsureJobLocked(uint32_t job) {
 absl::Status SendScheduler::Schedule(const v1::SendTransfer& send,
                                      std::shared_ptr<SharedBuffer> buffer,
                                      std::vector<v1::TensorInfo> tensors,
-                                     std::shared_ptr<const PacketChecksums> checksums,
+                                     std::shared_ptr<const transport::PacketChecksums> checksums,
                                      bool gated) {
   if (buffer == nullptr || static_cast<int64_t>(buffer->size()) != send.bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("schedule says ", send.bytes(),

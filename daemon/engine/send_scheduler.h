@@ -56,7 +56,7 @@
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "daemon/engine/aggregation_table.h"
-#include "daemon/engine/packet_checksums.h"
+#include "daemon/transport/packet_checksums.h"
 #include "daemon/pacing/pacer.h"
 #include "daemon/queue/priority_packet_queue.h"
 #include "daemon/transport/packet_writer.h"
@@ -96,7 +96,7 @@ class SendScheduler {
   // segments) names what was wrong; nothing is queued then.
   absl::Status Schedule(const v1::SendTransfer& send, std::shared_ptr<SharedBuffer> buffer,
                         std::vector<v1::TensorInfo> tensors,
-                        std::shared_ptr<const PacketChecksums> checksums = nullptr,
+                        std::shared_ptr<const transport::PacketChecksums> checksums = nullptr,
                         bool gated = false);
   // Packets `ready` of gated transfer `id` are summed: they leave once it
   // is released (each packet once, whoever reports it first).
@@ -150,7 +150,7 @@ class SendScheduler {
     v1::SendTransfer send;
     std::shared_ptr<SharedBuffer> buffer;
     std::vector<v1::TensorInfo> tensors;
-    std::shared_ptr<const PacketChecksums> checksums;  // may be null (aggregates)
+    std::shared_ptr<const transport::PacketChecksums> checksums;  // may be null (aggregates)
     std::optional<TransferPacer> pacer;
     bool begun = false;  // kBegin written to the peer
     size_t packets_left = 0;

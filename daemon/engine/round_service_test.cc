@@ -4,7 +4,7 @@
 // and every way a round fails. No scheduler process and no data sockets:
 // the server application is a FakeApp (socketpair), failures are read from
 // a FakeSchedulerClient behind a CompletionReporter.
-#include "daemon/receive/round_service.h"
+#include "daemon/engine/round_service.h"
 
 #include <algorithm>
 #include <atomic>
@@ -26,10 +26,10 @@
 #include "daemon/engine/aggregation_table.h"
 #include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/send_scheduler.h"
-#include "daemon/receive/fake_app.h"
-#include "daemon/receive/incoming_transfers.h"
-#include "daemon/receive/receive_lock.h"
-#include "daemon/receive/server_endpoints.h"
+#include "daemon/engine/fake_app.h"
+#include "daemon/engine/incoming_transfers.h"
+#include "daemon/engine/receive_lock.h"
+#include "daemon/engine/server_endpoints.h"
 #include "daemon/transport/peer_connections.h"
 #include "daemon/transport/send_watchdog.h"
 #include "ipc/local_ipc.h"

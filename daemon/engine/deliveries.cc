@@ -1,4 +1,4 @@
-#include "daemon/receive/deliveries.h"
+#include "daemon/engine/deliveries.h"
 
 #include <algorithm>
 #include <memory>

@@ -18,8 +18,8 @@
 // Thread safety: the `...Locked` methods require the receive side's lock
 // (receive_lock.h); ServeGet takes it (and waits on its condition
 // variable) and writes to the socket without it.
-#ifndef MLFABRIC_DAEMON_RECEIVE_ROUND_SERVICE_H_
-#define MLFABRIC_DAEMON_RECEIVE_ROUND_SERVICE_H_
+#ifndef MLFABRIC_DAEMON_ENGINE_ROUND_SERVICE_H_
+#define MLFABRIC_DAEMON_ENGINE_ROUND_SERVICE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -33,9 +33,9 @@
 #include "daemon/engine/round_routes.h"
 #include "daemon/engine/round_table.h"
 #include "daemon/engine/send_scheduler.h"
-#include "daemon/receive/incoming_transfers.h"
-#include "daemon/receive/receive_lock.h"
-#include "daemon/receive/server_endpoints.h"
+#include "daemon/engine/incoming_transfers.h"
+#include "daemon/engine/receive_lock.h"
+#include "daemon/engine/server_endpoints.h"
 #include "daemon/transport/packet.h"
 #include "daemon/transport/send_watchdog.h"
 #include "proto/local.pb.h"
@@ -112,4 +112,4 @@ class RoundService {
 
 }  // namespace mlfabric::daemon
 
-#endif  // MLFABRIC_DAEMON_RECEIVE_ROUND_SERVICE_H_
+#endif  // MLFABRIC_DAEMON_ENGINE_ROUND_SERVICE_H_

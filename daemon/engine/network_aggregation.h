@@ -18,8 +18,8 @@
 // Thread safety: the `...Locked` methods require the receive side's lock
 // (receive_lock.h); the AggregationTable and the SendScheduler take their
 // own locks under it.
-#ifndef MLFABRIC_DAEMON_RECEIVE_NETWORK_AGGREGATION_H_
-#define MLFABRIC_DAEMON_RECEIVE_NETWORK_AGGREGATION_H_
+#ifndef MLFABRIC_DAEMON_ENGINE_NETWORK_AGGREGATION_H_
+#define MLFABRIC_DAEMON_ENGINE_NETWORK_AGGREGATION_H_
 
 #include <atomic>
 #include <cstdint>
@@ -30,7 +30,7 @@
 #include "daemon/control/completion_reporter.h"
 #include "daemon/engine/aggregation_table.h"
 #include "daemon/engine/send_scheduler.h"
-#include "daemon/receive/incoming_transfers.h"
+#include "daemon/engine/incoming_transfers.h"
 #include "ipc/local_ipc.h"
 #include "proto/scheduler.pb.h"
 
@@ -86,4 +86,4 @@ class NetworkAggregation {
 
 }  // namespace mlfabric::daemon
 
-#endif  // MLFABRIC_DAEMON_RECEIVE_NETWORK_AGGREGATION_H_
+#endif  // MLFABRIC_DAEMON_ENGINE_NETWORK_AGGREGATION_H_

@@ -16,8 +16,8 @@
 //
 // Thread safety: every method requires the receive side's lock
 // (receive_lock.h).
-#ifndef MLFABRIC_DAEMON_RECEIVE_DELIVERIES_H_
-#define MLFABRIC_DAEMON_RECEIVE_DELIVERIES_H_
+#ifndef MLFABRIC_DAEMON_ENGINE_DELIVERIES_H_
+#define MLFABRIC_DAEMON_ENGINE_DELIVERIES_H_
 
 #include <atomic>
 #include <cstdint>
@@ -28,8 +28,8 @@
 
 #include "daemon/control/completion_reporter.h"
 #include "daemon/engine/delivery_sequencer.h"
-#include "daemon/receive/incoming_transfers.h"
-#include "daemon/receive/server_endpoints.h"
+#include "daemon/engine/incoming_transfers.h"
+#include "daemon/engine/server_endpoints.h"
 #include "proto/scheduler.pb.h"
 
 namespace mlfabric::daemon {
@@ -108,4 +108,4 @@ class Deliveries {
 
 }  // namespace mlfabric::daemon
 
-#endif  // MLFABRIC_DAEMON_RECEIVE_DELIVERIES_H_
+#endif  // MLFABRIC_DAEMON_ENGINE_DELIVERIES_H_

@@ -1,10 +1,10 @@
-#include "daemon/receive/server_endpoints.h"
+#include "daemon/engine/server_endpoints.h"
 
 #include <thread>
 
 #include <catch2/catch.hpp>
 
-#include "daemon/receive/fake_app.h"
+#include "daemon/engine/fake_app.h"
 
 namespace mlfabric::daemon {
 namespace {

@@ -1,4 +1,4 @@
-#include "daemon/engine/packet_checksums.h"
+#include "daemon/transport/packet_checksums.h"
 
 #include <numeric>
 #include <vector>
@@ -7,7 +7,7 @@
 
 #include "common/crc32c.h"
 
-namespace mlfabric::daemon {
+namespace mlfabric::transport {
 namespace {
 
 std::vector<v1::TensorInfo> Tensors(std::initializer_list<int64_t> sizes) {
@@ -64,4 +64,4 @@ TEST_CASE("once sending starts, summing ahead stops") {
 }
 
 }  // namespace
-}  // namespace mlfabric::daemon
+}  // namespace mlfabric::transport

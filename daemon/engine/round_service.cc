@@ -1,4 +1,4 @@
-#include "daemon/receive/round_service.h"
+#include "daemon/engine/round_service.h"
 
 #include <algorithm>
 #include <chrono>

@@ -4,7 +4,7 @@
 // run one SendReady pass after another themselves, to a loopback listener
 // standing in for the next hop) and a CompletionReporter over a
 // FakeSchedulerClient.
-#include "daemon/receive/network_aggregation.h"
+#include "daemon/engine/network_aggregation.h"
 
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -25,7 +25,7 @@
 #include "daemon/engine/aggregation_table.h"
 #include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/send_scheduler.h"
-#include "daemon/receive/incoming_transfers.h"
+#include "daemon/engine/incoming_transfers.h"
 #include "daemon/transport/framing.h"
 #include "daemon/transport/packet.h"
 #include "daemon/transport/peer_connections.h"

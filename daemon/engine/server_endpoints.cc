@@ -1,4 +1,4 @@
-#include "daemon/receive/server_endpoints.h"
+#include "daemon/engine/server_endpoints.h"
 
 #include <algorithm>
 #include <chrono>

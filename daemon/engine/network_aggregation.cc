@@ -1,4 +1,4 @@
-#include "daemon/receive/network_aggregation.h"
+#include "daemon/engine/network_aggregation.h"
 
 #include <algorithm>
 #include <utility>

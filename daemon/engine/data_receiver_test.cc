@@ -10,7 +10,7 @@
 // application's channel (FakeApp::Next), the scheduler's reports
 // (WaitForCompletions) or a counter, after which the receive side's lock
 // is taken so that the packet being accepted is done with.
-#include "daemon/receive/data_receiver.h"
+#include "daemon/engine/data_receiver.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -36,13 +36,13 @@
 #include "daemon/engine/aggregation_table.h"
 #include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/send_scheduler.h"
-#include "daemon/receive/deliveries.h"
-#include "daemon/receive/fake_app.h"
-#include "daemon/receive/incoming_transfers.h"
-#include "daemon/receive/network_aggregation.h"
-#include "daemon/receive/receive_lock.h"
-#include "daemon/receive/round_service.h"
-#include "daemon/receive/server_endpoints.h"
+#include "daemon/engine/deliveries.h"
+#include "daemon/engine/fake_app.h"
+#include "daemon/engine/incoming_transfers.h"
+#include "daemon/engine/network_aggregation.h"
+#include "daemon/engine/receive_lock.h"
+#include "daemon/engine/round_service.h"
+#include "daemon/engine/server_endpoints.h"
 #include "daemon/transport/framing.h"
 #include "daemon/transport/packet.h"
 #include "daemon/transport/peer_connections.h"

@@ -19,8 +19,8 @@
 //
 // Thread safety: the `...Locked` methods require the receive side's lock
 // (receive_lock.h); the ServerApps methods take it.
-#ifndef MLFABRIC_DAEMON_RECEIVE_SERVER_ENDPOINTS_H_
-#define MLFABRIC_DAEMON_RECEIVE_SERVER_ENDPOINTS_H_
+#ifndef MLFABRIC_DAEMON_ENGINE_SERVER_ENDPOINTS_H_
+#define MLFABRIC_DAEMON_ENGINE_SERVER_ENDPOINTS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -36,7 +36,7 @@
 #include "daemon/engine/applied_log.h"
 #include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/model_server.h"
-#include "daemon/receive/receive_lock.h"
+#include "daemon/engine/receive_lock.h"
 #include "ipc/local_ipc.h"
 #include "proto/local.pb.h"
 
@@ -128,4 +128,4 @@ class ServerEndpoints : public ServerApps {
 
 }  // namespace mlfabric::daemon
 
-#endif  // MLFABRIC_DAEMON_RECEIVE_SERVER_ENDPOINTS_H_
+#endif  // MLFABRIC_DAEMON_ENGINE_SERVER_ENDPOINTS_H_

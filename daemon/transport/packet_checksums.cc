@@ -1,11 +1,11 @@
-#include "daemon/engine/packet_checksums.h"
+#include "daemon/transport/packet_checksums.h"
 
 #include <algorithm>
 #include <thread>
 
 #include "common/crc32c.h"
 
-namespace mlfabric::daemon {
+namespace mlfabric::transport {
 
 void PacketLayout(const std::vector<v1::TensorInfo>& tensors, uint64_t total,
                   uint64_t payload_bytes, std::vector<uint64_t>* offsets,
@@ -80,4 +80,4 @@ size_t PacketChecksums::Ready() const {
   return total;
 }
 
-}  // namespace mlfabric::daemon
+}  // namespace mlfabric::transport

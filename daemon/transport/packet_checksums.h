@@ -14,8 +14,8 @@
 // part; a part's first done[p] checksums are final (release/acquire), so
 // the sender can use whatever is done.
 // Thread safety: SumAll's threads write, Find/Ready read concurrently.
-#ifndef MLFABRIC_DAEMON_ENGINE_PACKET_CHECKSUMS_H_
-#define MLFABRIC_DAEMON_ENGINE_PACKET_CHECKSUMS_H_
+#ifndef MLFABRIC_DAEMON_TRANSPORT_PACKET_CHECKSUMS_H_
+#define MLFABRIC_DAEMON_TRANSPORT_PACKET_CHECKSUMS_H_
 
 #include <atomic>
 #include <cstddef>
@@ -26,7 +26,7 @@
 
 #include "proto/local.pb.h"
 
-namespace mlfabric::daemon {
+namespace mlfabric::transport {
 
 // Transfer offsets and lengths of the packets a push is cut into: its
 // tensors (or the whole buffer) in order, each split every `payload_bytes`,
@@ -66,6 +66,6 @@ class PacketChecksums {
   mutable std::atomic<bool> sending_{false};
 };
 
-}  // namespace mlfabric::daemon
+}  // namespace mlfabric::transport
 
-#endif  // MLFABRIC_DAEMON_ENGINE_PACKET_CHECKSUMS_H_
+#endif  // MLFABRIC_DAEMON_TRANSPORT_PACKET_CHECKSUMS_H_

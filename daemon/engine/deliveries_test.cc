@@ -1,4 +1,4 @@
-#include "daemon/receive/deliveries.h"
+#include "daemon/engine/deliveries.h"
 
 #include <chrono>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "daemon/control/fake_scheduler_client.h"
-#include "daemon/receive/fake_app.h"
+#include "daemon/engine/fake_app.h"
 
 namespace mlfabric::daemon {
 namespace {

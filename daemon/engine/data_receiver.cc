@@ -1,4 +1,4 @@
-#include "daemon/receive/data_receiver.h"
+#include "daemon/engine/data_receiver.h"
 
 #include <sys/socket.h>
 

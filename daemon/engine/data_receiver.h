@@ -20,8 +20,8 @@
 //
 // Thread safety: the handler methods run on the sessions' threads and
 // take the receive side's lock (receive_lock.h) for bookkeeping only.
-#ifndef MLFABRIC_DAEMON_RECEIVE_DATA_RECEIVER_H_
-#define MLFABRIC_DAEMON_RECEIVE_DATA_RECEIVER_H_
+#ifndef MLFABRIC_DAEMON_ENGINE_DATA_RECEIVER_H_
+#define MLFABRIC_DAEMON_ENGINE_DATA_RECEIVER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -38,11 +38,11 @@
 #include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/model_fetcher.h"
 #include "daemon/engine/model_server.h"
-#include "daemon/receive/deliveries.h"
-#include "daemon/receive/incoming_transfers.h"
-#include "daemon/receive/network_aggregation.h"
-#include "daemon/receive/receive_lock.h"
-#include "daemon/receive/round_service.h"
+#include "daemon/engine/deliveries.h"
+#include "daemon/engine/incoming_transfers.h"
+#include "daemon/engine/network_aggregation.h"
+#include "daemon/engine/receive_lock.h"
+#include "daemon/engine/round_service.h"
 #include "daemon/transport/data_auth.h"
 #include "daemon/transport/data_session.h"
 
@@ -127,4 +127,4 @@ class DataReceiver : public transport::DataSessionHandler {
 
 }  // namespace mlfabric::daemon
 
-#endif  // MLFABRIC_DAEMON_RECEIVE_DATA_RECEIVER_H_
+#endif  // MLFABRIC_DAEMON_ENGINE_DATA_RECEIVER_H_

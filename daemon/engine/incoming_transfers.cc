@@ -1,4 +1,4 @@
-#include "daemon/receive/incoming_transfers.h"
+#include "daemon/engine/incoming_transfers.h"
 
 #include <iterator>
 
