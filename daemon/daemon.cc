@@ -1,38 +1,21 @@
-// Daemon: construction, start-up (listening sockets, registration, threads),
-// shutdown, clock synchronisation and the bandwidth monitor. The rest of the
-// daemon's members are defined by concern in daemon_*.cc.
+// Daemon: construction of the parts, start-up (listening sockets, host
+// registration, threads), shutdown, clock synchronisation, the bandwidth
+// monitor and an application's leaving. The schedule stream and its
+// commands are in daemon_control.cc.
 #include "daemon/daemon.h"
-
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <cerrno>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <set>
-#include <deque>
-#include <functional>
-#include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "aggregator/reduce.h"
-#include "common/crc32c.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "daemon/daemon_internal.h"
-#include "daemon/transport/framing.h"
 
 namespace mlfabric {
-
-namespace asio = boost::asio;
-using asio::ip::tcp;
 
 namespace {
 

@@ -1,20 +1,10 @@
-// Constants and small helpers shared by the Daemon's member definitions
-// (daemon*.cc). Private to //daemon:daemon_lib.
+// Constants shared by the Daemon's member definitions (daemon.cc,
+// daemon_control.cc). Private to //daemon:daemon_lib.
 #ifndef MLFABRIC_DAEMON_DAEMON_INTERNAL_H_
 #define MLFABRIC_DAEMON_DAEMON_INTERNAL_H_
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <string>
-
-#include <boost/asio/ip/tcp.hpp>
-
-#include "aggregator/packet_pool.h"
-#include "daemon/engine/element_types.h"
-#include "daemon/transport/packet.h"
-#include "proto/local.pb.h"
-#include "proto/scheduler.pb.h"
 
 namespace mlfabric::internal {
 
@@ -37,16 +27,8 @@ inline constexpr uint64_t kRoundChunkBytes = 32 * 1024;
 
 namespace mlfabric {
 
-// The names every daemon_*.cc uses (this header is private to them).
-namespace asio = boost::asio;
-using asio::ip::tcp;
-using daemon::ElementBytes;
 using internal::kMaxIdleGetConnections;
 using internal::kMaxTransferBytes;
-using internal::kRoundChunkBytes;
-using daemon::PoolType;
-using transport::PacketHeader;
-using transport::PacketKind;
 
 }  // namespace mlfabric
 
