@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
 
 #include <cstdlib>
 #include <cstring>
@@ -138,57 +141,180 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const ClientOptions& opt
   auto channel = ConnectAndRegister(options, v1::ROLE_WORKER, &worker->initial_version_,
                                     &worker->socket_path_, &worker->daemon_host_);
   if (!channel.ok()) return channel.status();
+  worker->options_ = options;
+  worker->options_.daemon_socket = worker->socket_path_;
+  worker->reconnect_s_ = options.reconnect_s;
+  if (worker->reconnect_s_ < 0) {
+    const char* env = std::getenv("MLFABRIC_RECONNECT_S");
+    worker->reconnect_s_ = env != nullptr && *env != '\0' ? std::atof(env) : 10.0;
+  }
+  // Push uids are unique across this worker's connections and any other
+  // worker's: a random start (never 0), then one up per push.
+  std::random_device random;
+  worker->next_uid_ = ((static_cast<uint64_t>(random()) << 32) ^ random()) | 1;
   worker->channel_ = std::move(*channel);
   worker->reader_ = std::thread([w = worker.get()] { w->ReaderLoop(); });
   return worker;
 }
 
 Worker::~Worker() {
-  if (channel_) channel_->Shutdown();
+  std::shared_ptr<LocalChannel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+    channel = channel_;
+  }
+  cv_.notify_all();
+  if (channel) channel->Shutdown();
   if (reader_.joinable()) reader_.join();
 }
 
+int64_t Worker::reconnects() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reconnects_;
+}
+
 void Worker::FailAll(const std::string& reason) {
-  std::map<uint64_t, std::function<void(PushResult)>> pushes;
+  std::map<uint64_t, PendingPush> pushes;
   std::map<uint64_t, std::shared_ptr<std::promise<absl::StatusOr<Model>>>> gets;
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
+    reconnecting_ = false;
     closed_reason_ = reason;
     pushes.swap(pushes_);
     gets.swap(gets_);
   }
+  cv_.notify_all();
   // The daemon that knew these pushes' fate is gone: one may have reached
   // its server and been applied. Say so rather than let "failed" promise
   // that it was not (a later push fails plainly: it never left here).
   const std::string unknown = absl::StrCat(
       reason, "; the push may have reached its server before: its outcome is unknown here");
-  for (auto& [id, done] : pushes) done(Failed(unknown));
+  for (auto& [id, push] : pushes) push.done(Failed(unknown));
   for (auto& [id, promise] : gets) promise->set_value(absl::UnavailableError(reason));
 }
 
+bool Worker::TakePush(uint64_t request_id, PendingPush* push) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pushes_.find(request_id);
+  if (it == pushes_.end()) return false;
+  *push = std::move(it->second);
+  pushes_.erase(it);
+  return true;
+}
+
+std::shared_ptr<LocalChannel> Worker::SendChannel(std::string* reason) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !reconnecting_ || closed_ || shutting_down_; });
+  if (closed_ || shutting_down_) {
+    *reason = closed_ ? closed_reason_ : "the worker is closing";
+    return nullptr;
+  }
+  return channel_;
+}
+
+bool Worker::Reconnect(const std::string& why) {
+  std::vector<std::shared_ptr<std::promise<absl::StatusOr<Model>>>> gets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_ || reconnect_s_ <= 0) return false;
+    reconnecting_ = true;
+    // A get's reply died with the daemon (and a round's get needs the
+    // push the old daemon knew): it fails, and may be asked again.
+    for (auto& [id, promise] : gets_) gets.push_back(promise);
+    gets_.clear();
+  }
+  for (auto& promise : gets) {
+    promise->set_value(absl::UnavailableError(
+        absl::StrCat(why, "; connecting to the daemon again: ask again")));
+  }
+  std::fprintf(stderr, "mlfabric: worker '%s': %s; connecting again for up to %.1f s\n",
+               options_.name.c_str(), why.c_str(), reconnect_s_);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(reconnect_s_));
+  std::string last = why;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return shutting_down_; })) {
+        break;
+      }
+    }
+    const double left =
+        std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) break;
+    ClientOptions options = options_;
+    options.connect_timeout_s = std::min(1.0, left);
+    int64_t version = 0;
+    std::string path, host;
+    auto channel = ConnectAndRegister(options, v1::ROLE_WORKER, &version, &path, &host);
+    if (!channel.ok()) {
+      last = std::string(channel.status().message());
+      continue;
+    }
+    // The pushes in flight are asked about on the new connection; their
+    // answers come as LocalPushDone like any other.
+    v1::LocalMessage query;
+    std::shared_ptr<LocalChannel> connected = std::move(*channel);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [id, push] : pushes_) {
+        v1::LocalOutcomeQuery::Entry* entry = query.mutable_outcome_query()->add_pushes();
+        entry->set_request_id(id);
+        entry->set_uid(push.uid);
+      }
+      channel_ = connected;
+      daemon_host_ = host;
+      reconnecting_ = false;
+      ++reconnects_;
+    }
+    cv_.notify_all();
+    if (query.outcome_query().pushes_size() > 0) {
+      if (absl::Status sent = connected->Send(query); !sent.ok()) {
+        last = std::string(sent.message());
+        std::lock_guard<std::mutex> lock(mu_);
+        reconnecting_ = true;
+        continue;
+      }
+    }
+    std::fprintf(stderr,
+                 "mlfabric: worker '%s': connected to the daemon again; asking how %d push(es) "
+                 "in flight ended\n",
+                 options_.name.c_str(), query.outcome_query().pushes_size());
+    return true;
+  }
+  FailAll(absl::StrCat(why, "; could not connect to the daemon again within ", reconnect_s_,
+                       " s: ", last));
+  return false;
+}
+
 void Worker::ReaderLoop() {
+  std::shared_ptr<LocalChannel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    channel = channel_;
+  }
   while (true) {
     v1::LocalMessage message;
     int fd = -1;
-    absl::Status status = channel_->Receive(&message, &fd);
+    absl::Status status = channel->Receive(&message, &fd);
     if (!status.ok()) {
-      FailAll(absl::StrCat("lost the connection to the MLfabric daemon at ", socket_path_, ": ",
-                           status.message()));
-      return;
+      const std::string why = absl::StrCat("lost the connection to the MLfabric daemon at ",
+                                           socket_path_, ": ", status.message());
+      if (!Reconnect(why)) {
+        FailAll(why);  // no-op if Reconnect failed everything already
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      channel = channel_;
+      continue;
     }
     if (message.has_push_done()) {
       const v1::LocalPushDone& done = message.push_done();
-      std::function<void(PushResult)> callback;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = pushes_.find(done.request_id());
-        if (it != pushes_.end()) {
-          callback = std::move(it->second);
-          pushes_.erase(it);
-        }
-      }
-      if (callback) {
+      PendingPush push;
+      if (TakePush(done.request_id(), &push)) {
         PushResult result;
         result.outcome = done.outcome() == v1::OUTCOME_APPLIED   ? PushOutcome::kApplied
                          : done.outcome() == v1::OUTCOME_DROPPED ? PushOutcome::kDropped
@@ -196,7 +322,16 @@ void Worker::ReaderLoop() {
         result.reason = done.reason();
         result.applied_version = done.applied_version();
         result.delay = done.delay();
-        callback(std::move(result));
+        // The scheduler has no record of it: if it has been running since
+        // before the push was handed over (a second's margin), the push
+        // never reached it, so it was not applied.
+        const double since_handed_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - push.handed).count();
+        if (done.no_record() && since_handed_s + 1.0 < done.scheduler_uptime_s()) {
+          result.reason =
+              "its daemon died before the scheduler heard of it: it was not applied";
+        }
+        push.done(std::move(result));
       }
     } else if (message.has_get_done()) {
       const v1::LocalGetDone& done = message.get_done();
@@ -268,28 +403,28 @@ void Worker::PushAsync(const std::string& server, const void* data, size_t bytes
     info->set_priority(tensor.priority == TensorSpec::kLayerOrder ? static_cast<int32_t>(i)
                                                                    : tensor.priority);
   }
+  std::string closed;
+  std::shared_ptr<LocalChannel> channel = SendChannel(&closed);
+  if (channel == nullptr) {
+    done(Failed(closed));
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) {
-      const std::string reason = closed_reason_;
-      done(Failed(reason));
-      return;
-    }
     const uint64_t id = next_request_id_++;
     push->set_request_id(id);
-    pushes_[id] = std::move(done);
+    push->set_uid(next_uid_++);
+    if (push->uid() == 0) push->set_uid(next_uid_++);
+    pushes_[id] = PendingPush{push->uid(), std::move(done), std::chrono::steady_clock::now()};
   }
-  absl::Status sent = channel_->Send(message, buffer->fd());
+  absl::Status sent = channel->Send(message, buffer->fd());
   if (!sent.ok()) {
-    std::function<void(PushResult)> callback;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pushes_.find(push->request_id());
-      if (it == pushes_.end()) return;  // the reader failed it already
-      callback = std::move(it->second);
-      pushes_.erase(it);
+    // Not handed over whole: the daemon never took it. (Were the
+    // connection lost meanwhile, the outcome query says the same.)
+    PendingPush failed;
+    if (TakePush(push->request_id(), &failed)) {
+      failed.done(Failed(absl::StrCat("cannot hand the push to the daemon: ", sent.message())));
     }
-    callback(Failed(absl::StrCat("cannot hand the push to the daemon: ", sent.message())));
   }
 }
 
@@ -308,19 +443,21 @@ absl::StatusOr<Model> Worker::Get(const std::string& server, int32_t priority) {
   if (priority < 0) {
     return absl::InvalidArgumentError(absl::StrCat("get priority ", priority, " is negative"));
   }
+  std::string closed;
+  std::shared_ptr<LocalChannel> channel = SendChannel(&closed);
+  if (channel == nullptr) return absl::UnavailableError(closed);
   auto promise = std::make_shared<std::promise<absl::StatusOr<Model>>>();
   auto future = promise->get_future();
   v1::LocalMessage message;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return absl::UnavailableError(closed_reason_);
     const uint64_t id = next_request_id_++;
     message.mutable_get()->set_request_id(id);
     gets_[id] = promise;
   }
   message.mutable_get()->set_server(server);
   message.mutable_get()->set_priority(priority);
-  if (auto sent = channel_->Send(message); !sent.ok()) {
+  if (auto sent = channel->Send(message); !sent.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (gets_.erase(message.get().request_id())) return sent;
   }

@@ -26,7 +26,9 @@
 #ifndef MLFABRIC_API_MLFABRIC_H_
 #define MLFABRIC_API_MLFABRIC_H_
 
+#include <chrono>
 #include <cstdint>
+#include <condition_variable>
 #include <functional>
 #include <future>
 #include <map>
@@ -52,6 +54,13 @@ struct ClientOptions {
   std::string job_token;
   std::string name;                 // worker or server name
   double connect_timeout_s = 30;    // wait this long for the daemon to come up
+  // Workers: when the daemon goes away (killed, restarted), connect to the
+  // daemon at the same socket again for up to this long. Pushes in flight
+  // stay pending and end with their real outcomes, which the new daemon
+  // asks the scheduler for (by each push's uid); gets in flight fail, and
+  // later pushes and gets wait for the new daemon. 0 = fail everything in
+  // flight at once. -1 = $MLFABRIC_RECONNECT_S, else 10 s.
+  double reconnect_s = -1;
   // Servers: > 0 makes this a synchronous-round (Mercury PS) server: each
   // round sums exactly `round_size` pushes computed from the same model
   // version. The server's daemon sums them packet by packet as they arrive
@@ -153,24 +162,48 @@ class Worker {
 
   // The model version the daemon reported at registration.
   int64_t initial_version() const { return initial_version_; }
+  // Times this worker connected to its daemon again after losing it.
+  int64_t reconnects() const;
   // The host name of this worker's daemon: workers that see the same name
   // share one daemon and one machine.
   const std::string& daemon_host() const { return daemon_host_; }
 
  private:
+  struct PendingPush {
+    uint64_t uid = 0;  // LocalPush.uid
+    std::function<void(PushResult)> done;
+    std::chrono::steady_clock::time_point handed;  // to the daemon
+  };
+
   Worker() = default;
   void ReaderLoop();
   void FailAll(const std::string& reason);
+  // The connection was lost (`why`): connects and registers again within
+  // reconnect_s and asks how the pending pushes ended; false if it could
+  // not (everything was failed then).
+  bool Reconnect(const std::string& why);
+  // The channel to send on once connected (waits while reconnecting, up
+  // to its deadline); null once closed (`*reason` says why).
+  std::shared_ptr<LocalChannel> SendChannel(std::string* reason);
+  // The push, taken out of pushes_ (false if it ended already).
+  bool TakePush(uint64_t request_id, PendingPush* push);
 
-  std::unique_ptr<LocalChannel> channel_;
+  ClientOptions options_;  // as connected, to connect and register again
+  double reconnect_s_ = 0;
   std::string socket_path_;
   std::string daemon_host_;
   int64_t initial_version_ = 0;
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // reconnecting_ or closed_ changed
+  std::shared_ptr<LocalChannel> channel_;  // guarded by mu_
+  bool reconnecting_ = false;
+  bool shutting_down_ = false;  // the destructor runs: no reconnecting
+  int64_t reconnects_ = 0;
   bool closed_ = false;
   std::string closed_reason_;
   uint64_t next_request_id_ = 1;
-  std::map<uint64_t, std::function<void(PushResult)>> pushes_;
+  uint64_t next_uid_ = 0;  // random start, then one up per push
+  std::map<uint64_t, PendingPush> pushes_;
   std::map<uint64_t, std::shared_ptr<std::promise<absl::StatusOr<Model>>>> gets_;
   std::thread reader_;
 };

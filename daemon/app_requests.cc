@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -115,6 +117,7 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
   request.set_norm(push.norm());
   *request.mutable_tensors() = push.tensors();
   request.set_dtype(push.dtype());
+  request.set_push_uid(push.uid());
   // The push is recorded under its local id before the RPC, and no lock is
   // held across it: a command naming the push that arrives before the
   // reply finds it by local id (PushTable::Adopt), and the command stream
@@ -128,6 +131,7 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
   pending.version = push.version();
   pending.norm = push.norm();
   pending.dtype = push.dtype();
+  pending.uid = push.uid();
   // Checksum the packets while the scheduler plans (see PacketChecksums);
   // not when sessions are sealed, whose tags replace the CRC.
   if (!parts_.keys->encryption()) {
@@ -271,6 +275,112 @@ void AppRequests::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
   // Ignored if the batch's gets gave up meanwhile.
   parts_.model_server->Answer(reply.request_id(), GetBatcher::Snapshot{
                                                 reply.model_version(), std::move(buffer), error});
+}
+
+void AppRequests::HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
+                                     const v1::LocalOutcomeQuery& query) {
+  auto answer = [app](uint64_t request_id, v1::Outcome outcome, const std::string& reason,
+                      int64_t applied_version, int64_t delay) {
+    v1::LocalMessage done;
+    v1::LocalPushDone* body = done.mutable_push_done();
+    body->set_request_id(request_id);
+    body->set_outcome(outcome);
+    body->set_reason(reason);
+    body->set_applied_version(applied_version);
+    body->set_delay(delay);
+    return app->channel->Send(done);
+  };
+  if (!app->registered || app->role != v1::ROLE_WORKER) {
+    for (const auto& entry : query.pushes()) {
+      (void)answer(entry.request_id(), v1::OUTCOME_FAILED,
+                   "register as a worker before asking how pushes ended", 0, 0);
+    }
+    return;
+  }
+  std::lock_guard<std::mutex> lock(lock_->mu);
+  ++get_threads_;  // Stop() waits for it as for a get
+  std::thread([this, app, query, answer] {
+    struct Done {
+      AppRequests* requests;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(requests->lock_->mu);
+        --requests->get_threads_;
+        requests->lock_->cv.notify_all();
+      }
+    } done_guard{this};
+    std::map<uint64_t, uint64_t> waiting;  // uid -> request id
+    for (const auto& entry : query.pushes()) {
+      if (entry.uid() == 0) {
+        (void)answer(entry.request_id(), v1::OUTCOME_FAILED,
+                     "its outcome is unknown: the push carries no uid to ask the scheduler by",
+                     0, 0);
+      } else {
+        waiting[entry.uid()] = entry.request_id();
+      }
+    }
+    MLF_LOG(INFO) << "worker '" << app->name << "' lost its daemon with " << waiting.size()
+                  << " push(es) in flight; asking the scheduler how they ended";
+    const auto give_up = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(kOutcomeQueryGiveUpS));
+    std::string why_not;
+    while (!waiting.empty()) {
+      if (stopping_->load()) {
+        why_not = "the daemon stopped before the scheduler said how it ended";
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= give_up) {
+        why_not = absl::StrCat("still in flight at the scheduler after ", kOutcomeQueryGiveUpS,
+                               " s of asking");
+        break;
+      }
+      v1::QueryOutcomesRequest request;
+      request.set_job(app->job);
+      request.set_worker(app->name);
+      for (const auto& [uid, request_id] : waiting) request.add_push_uids(uid);
+      request.set_wait_s(20);
+      v1::QueryOutcomesReply reply;
+      if (absl::Status asked = parts_.scheduler->QueryOutcomes(request, &reply); !asked.ok()) {
+        MLF_LOG(WARNING) << "cannot ask the scheduler how worker '" << app->name
+                         << "''s pushes ended: " << RpcErrorText(asked) << "; asking again";
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        continue;
+      }
+      for (const v1::PushState& push : reply.pushes()) {
+        auto it = waiting.find(push.push_uid());
+        if (it == waiting.end()) continue;
+        absl::Status sent = absl::OkStatus();
+        if (push.state() == v1::PushState::STATE_ENDED) {
+          sent = answer(it->second, push.outcome(), push.reason(), push.applied_version(),
+                        push.delay());
+        } else if (push.state() == v1::PushState::STATE_UNKNOWN) {
+          // The application tells "never reached the scheduler" from
+          // "unknown" by the scheduler's uptime (LocalPushDone.no_record).
+          v1::LocalMessage done;
+          v1::LocalPushDone* body = done.mutable_push_done();
+          body->set_request_id(it->second);
+          body->set_outcome(v1::OUTCOME_FAILED);
+          body->set_reason(
+              "its outcome is unknown: the scheduler has no record of it (its submission died "
+              "with the daemon, or it ended under a scheduler that restarted since)");
+          body->set_no_record(true);
+          body->set_scheduler_uptime_s(reply.uptime_s());
+          sent = app->channel->Send(done);
+        } else {
+          continue;  // in flight: asked again
+        }
+        waiting.erase(it);
+        if (!sent.ok()) return;  // the application left
+      }
+    }
+    for (const auto& [uid, request_id] : waiting) {
+      if (!answer(request_id, v1::OUTCOME_FAILED,
+                  absl::StrCat("its outcome is unknown: ", why_not), 0, 0)
+               .ok()) {
+        return;
+      }
+    }
+  }).detach();
 }
 
 void AppRequests::AppGone(const std::shared_ptr<AppSession>& app) {

@@ -12,6 +12,12 @@
 // - A get runs on a thread of its own (ModelFetcher), after the SSP clock
 //   allows it in a stale-synchronous job; WaitGets() returns once none is
 //   left.
+// - An application whose daemon died with pushes in flight connects
+//   again and asks how they ended (LocalOutcomeQuery): the scheduler is
+//   asked by the pushes' uids (QueryOutcomes, waiting while any is in
+//   flight, up to kOutcomeQueryGiveUpS in all), and each push is answered
+//   with its outcome, or failed as unknown when the scheduler has no record
+//   of it (never submitted, or ended under a scheduler that restarted).
 // - A server's acknowledgement ends its delivery (ServerEndpoints) or its
 //   synchronous round (RoundService) and is reported to the scheduler.
 // - A server or replica application that leaves is forgotten through the
@@ -57,6 +63,10 @@ namespace mlfabric::daemon {
 // The scheduler registration of an application's LocalRegister, with the
 // application's user (uid from SO_PEERCRED, -1 = unknown) for jobs that
 // admit one user only.
+// How long a LocalOutcomeQuery asks the scheduler about pushes still in
+// flight before it answers them failed as unknown.
+inline constexpr double kOutcomeQueryGiveUpS = 600;
+
 v1::RegisterEntityRequest EntityRequest(const std::string& host, int64_t uid,
                                         const v1::LocalRegister& request);
 
@@ -101,6 +111,8 @@ class AppRequests : public AppHandler {
   void HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) override;
   void HandleUpdateAck(const v1::LocalUpdateAck& ack) override;
   void HandleModelReply(const v1::LocalModelReply& reply, int fd) override;
+  void HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
+                          const v1::LocalOutcomeQuery& query) override;
   void AppGone(const std::shared_ptr<AppSession>& app) override;
 
  private:
@@ -110,7 +122,7 @@ class AppRequests : public AppHandler {
   const std::atomic<bool>* const stopping_;
   const Parts parts_;
   const ForgetLocked forget_;
-  int get_threads_ = 0;  // guarded by the lock
+  int get_threads_ = 0;  // gets and outcome queries running; guarded by the lock
   std::atomic<int64_t> pushes_submitted_{0};
 };
 

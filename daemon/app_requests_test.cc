@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -253,6 +254,76 @@ TEST_CASE("a server's acknowledgement is reported with the pushes it applied") {
   CHECK(reports[1].transfer_id() == 701);
   CHECK_FALSE(reports[1].applied());
   CHECK(reports[1].error() == "server refused the update: NaN in the update");
+}
+
+TEST_CASE("a worker that lost its daemon learns how its pushes ended") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  v1::LocalOutcomeQuery query;
+  for (uint64_t i = 1; i <= 3; ++i) {
+    v1::LocalOutcomeQuery::Entry* entry = query.add_pushes();
+    entry->set_request_id(10 + i);
+    entry->set_uid(0xa000 + i);
+  }
+  // Not registered: nobody to ask for.
+  rig.requests.HandleOutcomeQuery(worker->session, query);
+  for (int i = 0; i < 3; ++i) {
+    const v1::LocalMessage done = Rig::Next(*worker);
+    CHECK(done.push_done().outcome() == v1::OUTCOME_FAILED);
+    CHECK(done.push_done().reason() == "register as a worker before asking how pushes ended");
+  }
+
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  std::mutex mu;
+  std::vector<v1::QueryOutcomesRequest> asked;
+  rig.scheduler.query_hook = [&](const v1::QueryOutcomesRequest& request,
+                                 v1::QueryOutcomesReply* reply) {
+    std::lock_guard<std::mutex> guard(mu);
+    asked.push_back(request);
+    for (uint64_t uid : request.push_uids()) {
+      v1::PushState* push = reply->add_pushes();
+      push->set_push_uid(uid);
+      if (uid == 0xa001) {
+        push->set_state(v1::PushState::STATE_ENDED);
+        push->set_outcome(v1::OUTCOME_APPLIED);
+        push->set_applied_version(5);
+        push->set_delay(2);
+      } else if (uid == 0xa002) {  // in flight the first time asked
+        push->set_state(asked.size() == 1 ? v1::PushState::STATE_IN_FLIGHT
+                                          : v1::PushState::STATE_ENDED);
+        push->set_outcome(v1::OUTCOME_DROPPED);
+        push->set_reason("stale");
+      } else {
+        push->set_state(v1::PushState::STATE_UNKNOWN);
+      }
+    }
+    reply->set_uptime_s(42.5);
+    return absl::OkStatus();
+  };
+  rig.requests.HandleOutcomeQuery(worker->session, query);
+  std::map<uint64_t, v1::LocalPushDone> answers;
+  for (int i = 0; i < 3; ++i) {
+    const v1::LocalMessage done = Rig::Next(*worker);
+    REQUIRE(done.has_push_done());
+    answers[done.push_done().request_id()] = done.push_done();
+  }
+  rig.requests.WaitGets();  // the query's thread ended
+  CHECK(answers.at(11).outcome() == v1::OUTCOME_APPLIED);
+  CHECK(answers.at(11).applied_version() == 5);
+  CHECK(answers.at(11).delay() == 2);
+  CHECK(answers.at(12).outcome() == v1::OUTCOME_DROPPED);
+  CHECK(answers.at(12).reason() == "stale");
+  CHECK(answers.at(13).outcome() == v1::OUTCOME_FAILED);
+  CHECK(answers.at(13).reason().find("its outcome is unknown") != std::string::npos);
+  CHECK(answers.at(13).no_record());  // the application decides by the scheduler's uptime
+  CHECK(answers.at(13).scheduler_uptime_s() == 42.5);
+  std::lock_guard<std::mutex> guard(mu);
+  REQUIRE(asked.size() == 2);
+  CHECK(asked[0].job() == "job");
+  CHECK(asked[0].worker() == "w0");
+  CHECK(asked[0].push_uids_size() == 3);
+  CHECK(asked[1].push_uids_size() == 1);  // only the one still in flight
+  CHECK(asked[1].push_uids(0) == 0xa002);
 }
 
 TEST_CASE("a server that leaves is forgotten and reported to the scheduler") {

@@ -241,6 +241,7 @@ absl::Status Daemon::RegisterHost() {
         v1::InDoubtPush* doubt = request.add_in_doubt();
         DescribePush(transfer_id, push, doubt);
         doubt->set_local_id(push.local_id);
+        doubt->set_push_uid(push.uid);
       }
       for (const auto& [transfer_id, push] : pushes_.Held()) {
         DescribePush(transfer_id, push, request.add_held_sources());

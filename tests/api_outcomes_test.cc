@@ -8,6 +8,8 @@
 #include <stdlib.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
@@ -206,7 +208,9 @@ TEST_CASE("A push fails (it does not hang) when the worker's daemon dies") {
   auto server = RegisterAsServer(Params(*c, "s1", "ps0"));
   REQUIRE(server.ok());
   SumServer ps(std::move(*server), 1 << 18);
-  auto worker = RegisterAsWorker(Params(*c, "w1", "w1"));
+  RegistrationParams params = Params(*c, "w1", "w1");
+  params.client.reconnect_s = 0;  // no daemon comes back: fail at once
+  auto worker = RegisterAsWorker(params);
   REQUIRE(worker.ok());
   REQUIRE(launch::WaitUntil([&] { return (*worker)->Get("ps0").ok(); }, 30));
   std::vector<float> update(1 << 18, 1.0f);
@@ -229,6 +233,164 @@ TEST_CASE("A push fails (it does not hang) when the worker's daemon dies") {
   CHECK(absl::IsUnavailable(get.status()));
   auto late = (*worker)->Push("ps0", update.data(), 16, 0, 1.0).get();
   CHECK(late.outcome == PushOutcome::kFailed);
+}
+
+// A float32 sum server whose update callback waits at a gate until the
+// test opens it: an update handed to it is delivered but not applied yet.
+struct GatedSumServer {
+  std::unique_ptr<Server> server;
+  std::vector<float> model;
+  int64_t version = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  int entered = 0;
+  int applied = 0;
+  std::thread thread;
+  GatedSumServer(std::unique_ptr<Server> s, size_t dim) : server(std::move(s)), model(dim) {
+    version = server->initial_version();
+    server->RegisterUpdateCallback([this](const Server::Update& u) -> absl::StatusOr<int64_t> {
+      std::unique_lock<std::mutex> lock(mu);
+      ++entered;
+      cv.notify_all();
+      cv.wait_for(lock, std::chrono::seconds(60), [&] { return open; });
+      if (u.bytes != model.size() * sizeof(float)) return absl::InvalidArgumentError("size");
+      const float* v = reinterpret_cast<const float*>(u.data);
+      for (size_t i = 0; i < model.size(); ++i) model[i] += v[i];
+      ++applied;
+      return ++version;
+    });
+    server->RegisterRequestCallback([this]() -> absl::StatusOr<Server::Snapshot> {
+      std::lock_guard<std::mutex> lock(mu);
+      Server::Snapshot s;
+      s.version = version;
+      s.bytes.resize(model.size() * sizeof(float));
+      std::memcpy(s.bytes.data(), model.data(), s.bytes.size());
+      return s;
+    });
+    thread = std::thread([this] { (void)server->Serve(); });
+  }
+  ~GatedSumServer() {
+    Open();
+    server->Stop();
+    thread.join();
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = false;
+  }
+  bool AwaitEntered(int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(30), [&] { return entered >= n; });
+  }
+  int Applied() {
+    std::lock_guard<std::mutex> lock(mu);
+    return applied;
+  }
+  float At(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    return model[i];
+  }
+};
+
+TEST_CASE("A worker whose daemon died learns how its pushes ended from the daemon that replaced it") {
+  // w1's uplink paced to 20 Mbit/s: a 4 MiB push is 1.7 s on its way.
+  const std::string dir = launch::MakeTempDir("api-outcomes");
+  const std::string config = dir + "/scheduler.json";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "tau_max": 30}]})";
+  auto started = testing::Cluster::StartLoopback(
+      {"s1", "w1"}, {"--config=" + config, "--planner=mlfabric"}, {},
+      {{"w1", {"--uplink_bps=2e7"}}});
+  INFO(started.status().ToString());
+  REQUIRE(started.ok());
+  testing::Cluster& c = **started;
+  auto server = RegisterAsServer(Params(c, "s1", "ps0"));
+  REQUIRE(server.ok());
+  constexpr size_t kDim = 1 << 20;  // 4 MiB of float32
+  GatedSumServer ps(std::move(*server), kDim);
+  RegistrationParams params = Params(c, "w1", "w1");
+  params.client.reconnect_s = 30;
+  auto worker = RegisterAsWorker(params);
+  REQUIRE(worker.ok());
+  REQUIRE(launch::WaitUntil([&] { return (*worker)->Get("ps0").ok(); }, 30));
+  const int64_t initial = ps.server->initial_version();
+  std::vector<float> one(kDim, 1.0f), two(kDim, 2.0f), four(kDim, 4.0f);
+  const size_t bytes = kDim * sizeof(float);
+
+  SECTION("applied while the daemon was down: reported applied after it came back") {
+    // Delivered to the server, not yet applied, when w1's daemon dies.
+    auto first = (*worker)->Push("ps0", one.data(), bytes, 0, 1.0);
+    REQUIRE(ps.AwaitEntered(1));
+    REQUIRE(c.KillDaemon("w1").ok());
+    ps.Open();
+    REQUIRE(launch::WaitUntil([&] { return ps.Applied() == 1; }, 30));
+    CHECK(first.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);
+    REQUIRE(c.RestartDaemon("w1").ok());
+    REQUIRE(first.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+    const PushResult result = first.get();
+    INFO(result.reason);
+    CHECK(result.outcome == PushOutcome::kApplied);
+    CHECK(result.applied_version == initial + 1);
+    CHECK((*worker)->reconnects() == 1);
+    // Pushes and gets go on through the new daemon.
+    const PushResult later = (*worker)->Push("ps0", two.data(), bytes, 1, 1.0).get();
+    INFO(later.reason);
+    CHECK(later.outcome == PushOutcome::kApplied);
+    CHECK(ps.At(7) == 3.0f);
+    auto model = (*worker)->Get("ps0");
+    REQUIRE(model.ok());
+    CHECK(model->version == initial + 2);
+  }
+
+  SECTION("cut off mid-transfer: reported failed, and not in the model") {
+    ps.Open();
+    auto cut = (*worker)->Push("ps0", four.data(), bytes, 0, 1.0);
+    // Under way (paced) for about 1.7 s: kill its source half way.
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    REQUIRE(c.KillDaemon("w1").ok());
+    REQUIRE(c.RestartDaemon("w1").ok());
+    REQUIRE(cut.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+    const PushResult result = cut.get();
+    INFO(result.reason);
+    std::printf("push cut off mid-transfer: %s%s%s\n", PushOutcomeName(result.outcome),
+                result.reason.empty() ? "" : ": ", result.reason.c_str());
+    if (result.outcome == PushOutcome::kApplied) {
+      // The whole transfer made it before the kill after all (a slow start):
+      // then the model has it, once.
+      REQUIRE(launch::WaitUntil([&] { return ps.Applied() == 1; }, 30));
+      CHECK(ps.At(0) == 4.0f);
+    } else {
+      CHECK(result.outcome == PushOutcome::kFailed);
+      CHECK(result.reason.find("unknown") == std::string::npos);  // the scheduler knew
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      CHECK(ps.Applied() == 0);
+      CHECK(ps.At(0) == 0.0f);
+    }
+    CHECK((*worker)->reconnects() == 1);
+  }
+
+  SECTION("no daemon back in time: failed, saying its outcome is unknown") {
+    RegistrationParams impatient = Params(c, "w1", "w1-impatient");
+    impatient.client.reconnect_s = 1;
+    auto quick = RegisterAsWorker(impatient);
+    REQUIRE(quick.ok());
+    auto pending = (*quick)->Push("ps0", one.data(), bytes, 0, 1.0);
+    REQUIRE(ps.AwaitEntered(1));
+    REQUIRE(c.KillDaemon("w1").ok());
+    REQUIRE(pending.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+    const PushResult result = pending.get();
+    CHECK(result.outcome == PushOutcome::kFailed);
+    CHECK(result.reason.find("could not connect to the daemon again within 1 s") !=
+          std::string::npos);
+    CHECK(result.reason.find("its outcome is unknown here") != std::string::npos);
+    ps.Open();
+    REQUIRE(c.RestartDaemon("w1").ok());
+  }
 }
 
 }  // namespace

@@ -142,6 +142,9 @@ void AppSessions::ReadLoop(std::shared_ptr<AppSession> app) {
         handler_->HandleModelReply(message.model_reply(), fd);
         fd = -1;
         break;
+      case v1::LocalMessage::kOutcomeQuery:
+        handler_->HandleOutcomeQuery(app, message.outcome_query());
+        break;
       default:
         MLF_LOG(WARNING) << "unexpected local message " << message.body_case() << " from '"
                          << app->name << "'";

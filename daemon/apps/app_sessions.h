@@ -74,6 +74,10 @@ class AppHandler {
   virtual void HandleUpdateAck(const v1::LocalUpdateAck& ack) = 0;
   // `fd` (the model's shared memory, or -1) is the handler's to close.
   virtual void HandleModelReply(const v1::LocalModelReply& reply, int fd) = 0;
+  // An application that lost its previous daemon asks how its pushes
+  // ended; each is answered with a LocalPushDone.
+  virtual void HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
+                                  const v1::LocalOutcomeQuery& query) = 0;
   virtual void AppGone(const std::shared_ptr<AppSession>& app) = 0;
 };
 

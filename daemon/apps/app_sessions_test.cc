@@ -42,6 +42,10 @@ class Recorder final : public AppHandler {
     Note("model " + std::to_string(reply.request_id()));
     if (fd >= 0) ::close(fd);
   }
+  void HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
+                          const v1::LocalOutcomeQuery& query) override {
+    Note("outcomes " + app->name + " " + std::to_string(query.pushes_size()));
+  }
   void AppGone(const std::shared_ptr<AppSession>& app) override { Note("gone " + app->name); }
 
   // Waits (bounded) until `n` events were recorded; returns them.

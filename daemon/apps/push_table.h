@@ -49,6 +49,7 @@ class PushTable {
     int64_t version = 0;
     double norm = 0;
     v1::DType dtype = v1::DTYPE_FLOAT32;
+    uint64_t uid = 0;  // the application's id of the push (LocalPush.uid)
   };
 
   // Records a push about to be submitted; returns its local id (> 0).

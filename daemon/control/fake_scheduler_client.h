@@ -76,6 +76,18 @@ class FakeSchedulerClient final : public SchedulerClient {
                                 v1::PlanDistributionReply*) override {
     return absl::UnimplementedError("the fake plans no distribution");
   }
+  std::function<absl::Status(const v1::QueryOutcomesRequest&, v1::QueryOutcomesReply*)>
+      query_hook;
+  absl::Status QueryOutcomes(const v1::QueryOutcomesRequest& request,
+                             v1::QueryOutcomesReply* reply) override {
+    if (query_hook) return query_hook(request, reply);
+    for (uint64_t uid : request.push_uids()) {  // the fake knows no pushes
+      v1::PushState* push = reply->add_pushes();
+      push->set_push_uid(uid);
+      push->set_state(v1::PushState::STATE_UNKNOWN);
+    }
+    return absl::OkStatus();
+  }
   absl::Status AwaitClock(const v1::AwaitClockRequest&, v1::AwaitClockReply*) override {
     return absl::OkStatus();  // no ssp job: never waits
   }

@@ -164,6 +164,21 @@ class GrpcSchedulerClient final : public SchedulerClient {
     }
     return FromGrpc(status);
   }
+  absl::Status QueryOutcomes(const v1::QueryOutcomesRequest& request,
+                             v1::QueryOutcomesReply* reply) override {
+    std::unique_ptr<grpc::ClientContext> context = Signed(70, request.job());
+    {
+      std::lock_guard<std::mutex> lock(waits_mu_);
+      if (waits_cancelled_) return absl::CancelledError("the daemon is stopping");
+      waits_.insert(context.get());
+    }
+    const grpc::Status status = stub_->QueryOutcomes(context.get(), request, reply);
+    {
+      std::lock_guard<std::mutex> lock(waits_mu_);
+      waits_.erase(context.get());
+    }
+    return FromGrpc(status);
+  }
   void CancelWaits() override {
     std::lock_guard<std::mutex> lock(waits_mu_);
     waits_cancelled_ = true;

@@ -56,9 +56,13 @@ class SchedulerClient {
   // Blocks up to the scheduler's ssp_max_wait_s (at most an hour).
   virtual absl::Status AwaitClock(const v1::AwaitClockRequest& request,
                                   v1::AwaitClockReply* reply) = 0;
+  // Blocks up to request.wait_s (the scheduler bounds it to 60 s).
+  virtual absl::Status QueryOutcomes(const v1::QueryOutcomesRequest& request,
+                                     v1::QueryOutcomesReply* reply) = 0;
   virtual std::unique_ptr<ScheduleStream> StreamSchedules(
       const v1::StreamSchedulesRequest& request) = 0;
-  // Ends the calls in progress that may wait long (AwaitClock) with
+  // Ends the calls in progress that may wait long (AwaitClock,
+  // QueryOutcomes) with
   // Cancelled, and makes later ones fail at once; ends WaitForConnection
   // too. For stopping.
   virtual void CancelWaits() {}
@@ -74,7 +78,7 @@ class SchedulerClient {
 // control_auth.h). The cluster secret goes with RegisterHost; every later
 // call carries the host's name and the session token RegisterHost
 // returned; a job-scoped call (SubmitUpdate, ResolveServer, AwaitClock,
-// PlanDistribution) carries the token of its job, which the client learns
+// QueryOutcomes, PlanDistribution) carries the token of its job, which the client learns
 // from the RegisterEntity calls that succeeded. With `ca_pem` the channel
 // is TLS (the scheduler's certificate must carry `tls_name`, default the
 // address's host part), with `cert_pem`/`key_pem` mutual TLS.
@@ -88,7 +92,8 @@ struct ClientSecurity {
 
 // A client of the scheduler at `address` (host:port).
 // Deadlines: 2 s for RegisterHost and ReportBandwidth, 1 s for SyncClock,
-// 3610 s for AwaitClock (the scheduler bounds the wait), 10 s for the
+// 3610 s for AwaitClock and 70 s for QueryOutcomes (the scheduler bounds
+// the waits), 10 s for the
 // rest; the stream has none.
 // `keepalive_s`: the channel pings after that long without traffic and
 // drops the connection when a ping is not answered within as long, so a

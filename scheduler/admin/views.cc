@@ -43,6 +43,7 @@ json StatsJson(const SchedulerStats& s) {
           {"held_sources_recopied", s.held_sources_recopied},
           {"replica_bound_waits", s.replica_bound_waits},
           {"outcome_contradicted", s.outcome_contradicted},
+          {"outcome_queries", s.outcome_queries},
           {"plan_ms_total", s.plan_ms_total},
           {"plan_ms_max", s.plan_ms_max}};
 }
@@ -391,6 +392,9 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
   w.Family("mlfabric_scheduler_replica_bound_waits_total", "counter",
            "Pushes held back from a batch until the replica caught up (replica_bound strict).");
   w.Sample("mlfabric_scheduler_replica_bound_waits_total", {}, s.replica_bound_waits);
+  w.Family("mlfabric_scheduler_outcome_queries_total", "counter",
+           "QueryOutcomes calls: applications that lost their daemon asking how pushes ended.");
+  w.Sample("mlfabric_scheduler_outcome_queries_total", {}, s.outcome_queries);
   w.Family("mlfabric_scheduler_outcomes_contradicted_total", "counter",
            "Pushes a server applied after they were reported dropped or failed (should be 0).");
   w.Sample("mlfabric_scheduler_outcomes_contradicted_total", {}, s.outcome_contradicted);

@@ -242,6 +242,16 @@ void ClusterState::RememberOutcome(uint64_t transfer_id, RecentOutcome outcome) 
   }
 }
 
+void ClusterState::RememberPushUid(uint64_t uid, uint64_t transfer_id, const std::string& job,
+                                   const std::string& worker) {
+  if (uid == 0 || !push_uids.emplace(uid, PushUid{transfer_id, job, worker}).second) return;
+  push_uid_order.push_back(uid);
+  while (push_uid_order.size() > kPushUids) {
+    push_uids.erase(push_uid_order.front());
+    push_uid_order.pop_front();
+  }
+}
+
 void ClusterState::FailAggregate(uint64_t aggregate_id, const std::string& reason) {
   auto it = aggregates.find(aggregate_id);
   if (it == aggregates.end()) return;

@@ -75,6 +75,7 @@ struct UpdateRecord {
   // replica is, for now, ahead of the server by this update.
   bool replica_ahead = false;
   double submitted_s = 0;
+  uint64_t push_uid = 0;  // the application's id of the push (0 = none)
   TransferView planned;  // set once planned (dst, segments, deadline)
   // Its transfer to the server failed while the replica holds (or is
   // receiving) its copy: the server may be dying, and if its replica takes
@@ -367,6 +368,17 @@ class ClusterState {
   static constexpr size_t kRecentOutcomes = 65536;
   std::map<uint64_t, RecentOutcome> recent_outcomes;
   std::deque<uint64_t> recent_order;
+  // Pushes by their application's id (SubmitUpdateRequest.push_uid), the
+  // last kPushUids: how an application that lost its daemon learns how
+  // they ended (outcome_queries.h).
+  struct PushUid {
+    uint64_t transfer_id = 0;
+    std::string job;
+    std::string worker;
+  };
+  static constexpr size_t kPushUids = 2 * kRecentOutcomes;
+  std::map<uint64_t, PushUid> push_uids;
+  std::deque<uint64_t> push_uid_order;
   SchedulerStats stats;
   // Workers' iteration clocks and timings: a push counts when accepted,
   // its transfer time when it ends (Complete).
@@ -397,6 +409,10 @@ class ClusterState {
   // Keeps how push `transfer_id` ended, for a source that may not have
   // heard it (in_doubt.h); the first outcome recorded stands.
   void RememberOutcome(uint64_t transfer_id, RecentOutcome outcome);
+  // Names push `transfer_id` by its application's id `uid` (0: nothing);
+  // the first push of a uid stands.
+  void RememberPushUid(uint64_t uid, uint64_t transfer_id, const std::string& job,
+                       const std::string& worker);
   // Fails an aggregate and every constituent still in flight, and tells the
   // aggregator and the server's daemon to forget it.
   void FailAggregate(uint64_t aggregate_id, const std::string& reason);

@@ -180,6 +180,16 @@ grpc::Status SchedulerGrpcService::AwaitClock(grpc::ServerContext* context,
   return ToGrpcStatus(service_->AwaitClock(*request, reply));
 }
 
+grpc::Status SchedulerGrpcService::QueryOutcomes(grpc::ServerContext* context,
+                                                 const v1::QueryOutcomesRequest* request,
+                                                 v1::QueryOutcomesReply* reply) {
+  if (grpc::Status denied = Authorize(context, "QueryOutcomes", "", request->job());
+      !denied.ok()) {
+    return denied;
+  }
+  return ToGrpcStatus(service_->QueryOutcomes(*request, reply));
+}
+
 grpc::Status SchedulerGrpcService::SyncClock(grpc::ServerContext*, const v1::SyncClockRequest*,
                                              v1::SyncClockReply* reply) {
   reply->set_scheduler_time_s(service_->NowSeconds());

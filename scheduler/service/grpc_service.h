@@ -59,6 +59,8 @@ class SchedulerGrpcService final : public v1::Scheduler::Service {
                          v1::SyncClockReply* reply) override;
   grpc::Status AwaitClock(grpc::ServerContext* context, const v1::AwaitClockRequest* request,
                           v1::AwaitClockReply* reply) override;
+  grpc::Status QueryOutcomes(grpc::ServerContext* context, const v1::QueryOutcomesRequest* request,
+                             v1::QueryOutcomesReply* reply) override;
   grpc::Status PlanDistribution(grpc::ServerContext* context,
                                 const v1::PlanDistributionRequest* request,
                                 v1::PlanDistributionReply* reply) override;

@@ -432,6 +432,7 @@ void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& reques
     doubt.since_s = now_s;
     doubt.copy = {push.transfer_id(), request.host(), push.worker(), push.bytes(),
                   push.version(),     push.norm(),    push.dtype()};
+    state->RememberPushUid(push.push_uid(), push.transfer_id(), push.job(), push.worker());
   }
   for (const v1::AppliedPush& copied : request.replica_applied()) {
     state->at_replicas[copied.transfer_id()] = now_s;

@@ -61,6 +61,7 @@ enum Handler : uint8_t {
   kTick,       // advance the clock by n ms, run a batch cycle; no bytes
   kPlanDistribution,
   kReportEntityGone,  // a server leaving fails over to its replica
+  kQueryOutcomes,     // never waits here (wait_s 0)
   kHandlers,
 };
 
@@ -239,6 +240,16 @@ void Call(SchedulerService& service, FakeClock& clock, uint8_t handler, const ui
       v1::AwaitClockReply reply;
       if (!Parse(data, size, &request)) return;
       CheckStatus(service.AwaitClock(request, &reply));
+      return;
+    }
+    case kQueryOutcomes: {
+      v1::QueryOutcomesRequest request;
+      v1::QueryOutcomesReply reply;
+      if (!Parse(data, size, &request)) return;
+      request.set_wait_s(0);
+      const absl::Status status = service.QueryOutcomes(request, &reply);
+      CheckStatus(status);
+      if (status.ok() && reply.pushes_size() != request.push_uids_size()) std::abort();
       return;
     }
     case kStream: {

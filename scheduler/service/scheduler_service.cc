@@ -2,6 +2,8 @@
 // The control-plane handlers are in scheduler_handlers.cc.
 #include "scheduler/service/scheduler_service.h"
 
+#include "scheduler/service/outcome_queries.h"
+
 #include "scheduler/service/in_doubt.h"
 
 #include <algorithm>
@@ -96,6 +98,7 @@ void SchedulerService::Stop() {
   outbox_.Stop();
   servers_cv_.notify_all();
   clocks_cv_.notify_all();
+  outcomes_cv_.notify_all();
   loop_.Stop();
 }
 
@@ -410,6 +413,38 @@ void SchedulerService::RunBatchCycle() {
   std::lock_guard<std::mutex> lock(mu_);
   cycle.total_ms = ms_since(started);
   history_.RecordCycle(cycle);
+}
+
+absl::Status SchedulerService::QueryOutcomes(const v1::QueryOutcomesRequest& request,
+                                             v1::QueryOutcomesReply* reply) {
+  if (request.push_uids_size() > static_cast<int>(kMaxOutcomeQueryPushes)) {
+    return absl::InvalidArgumentError(absl::StrCat("push_uids: ", request.push_uids_size(),
+                                                   " uids; at most ", kMaxOutcomeQueryPushes));
+  }
+  if (!(request.wait_s() >= 0)) {
+    return absl::InvalidArgumentError("wait_s: must be a number >= 0");
+  }
+  const std::vector<uint64_t> uids(request.push_uids().begin(), request.push_uids().end());
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(std::min(request.wait_s(), kMaxOutcomeQueryWaitS)));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (state_.FindJob(request.job()) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", request.job(), "'"));
+  }
+  ++state_.stats.outcome_queries;
+  std::vector<v1::PushState> states;
+  while (true) {
+    states = PushStates(state_, request.job(), request.worker(), uids);
+    if (!AnyInFlight(states) || stopping_ || std::chrono::steady_clock::now() >= deadline) break;
+    // Outcomes are decided by reports and the batch loop: look again soon.
+    outcomes_cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() +
+                                                         std::chrono::milliseconds(50)));
+  }
+  for (v1::PushState& push : states) *reply->add_pushes() = std::move(push);
+  reply->set_uptime_s(clock_->NowSeconds() - started_s_);
+  return absl::OkStatus();
 }
 
 }  // namespace mlfabric

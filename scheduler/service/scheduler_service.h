@@ -98,6 +98,12 @@ class SchedulerService {
   // pushes ahead of its job's slowest live worker, up to ssp_max_wait_s.
   // Returns at once for jobs that are not ssp. NotFound for an unknown job.
   absl::Status AwaitClock(const v1::AwaitClockRequest& request, v1::AwaitClockReply* reply);
+  // How a worker's pushes ended, by their application's ids
+  // (outcome_queries.h): waits up to wait_s (at most 60) while any is in
+  // flight. NotFound for an unknown job; InvalidArgument for too many uids
+  // or a negative wait.
+  absl::Status QueryOutcomes(const v1::QueryOutcomesRequest& request,
+                             v1::QueryOutcomesReply* reply);
   absl::Status ReportCompletion(const v1::CompletionReport& request);
   absl::Status ReportBandwidth(const v1::BandwidthReport& request);
   // An application left its daemon. A server's replica is promoted
@@ -157,6 +163,7 @@ class SchedulerService {
   mutable std::mutex mu_;
   std::condition_variable servers_cv_;  // a server registered
   std::condition_variable clocks_cv_;   // an ssp worker's clock moved, or a host went down
+  std::condition_variable outcomes_cv_;  // the service stops (outcome queries poll)
   bool stopping_ = false;
   AdminHistory history_;
   ClusterState state_;

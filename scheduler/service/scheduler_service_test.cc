@@ -181,6 +181,58 @@ TEST_CASE("A push not yet scheduled cannot complete; it is planned at the next b
   CHECK(f.service.GetStats().applied == 1);
 }
 
+TEST_CASE("QueryOutcomes waits while a push is in flight and answers once it ended") {
+  Fixture f;
+  f.RegisterHost("s1");
+  f.RegisterHost("w1");
+  REQUIRE(f.RegisterServer("demo-token").ok());
+  v1::SubmitUpdateRequest submit = f.GoodSubmit();
+  submit.set_worker("w1");
+  submit.set_push_uid(0xfeed);
+  uint64_t id = 0;
+  REQUIRE(f.Submit(submit, &id).ok());
+  f.service.RunBatchCycle();  // planned: in flight
+
+  v1::QueryOutcomesRequest query;
+  query.set_job("demo");
+  query.set_worker("w1");
+  query.add_push_uids(0xfeed);
+  query.add_push_uids(0xbeef);  // never submitted
+  query.set_wait_s(0);
+  v1::QueryOutcomesReply now;
+  REQUIRE(f.service.QueryOutcomes(query, &now).ok());
+  REQUIRE(now.pushes_size() == 2);
+  CHECK(now.pushes(0).state() == v1::PushState::STATE_IN_FLIGHT);
+  CHECK(now.pushes(0).transfer_id() == id);
+  CHECK(now.pushes(1).state() == v1::PushState::STATE_UNKNOWN);
+
+  // A waiting query returns as soon as the server's daemon reports it applied.
+  query.set_wait_s(30);
+  v1::QueryOutcomesReply later;
+  std::thread asking([&] { REQUIRE(f.service.QueryOutcomes(query, &later).ok()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  v1::CompletionReport report;
+  report.set_host("s1");
+  report.set_transfer_id(id);
+  report.set_applied(true);
+  report.set_model_version(1);
+  v1::CompletionAck ack;
+  REQUIRE(f.rpc.ReportCompletion(&f.context, &report, &ack).ok());
+  asking.join();
+  REQUIRE(later.pushes_size() == 2);
+  CHECK(later.pushes(0).state() == v1::PushState::STATE_ENDED);
+  CHECK(later.pushes(0).outcome() == v1::OUTCOME_APPLIED);
+  CHECK(later.pushes(0).applied_version() == 1);
+  CHECK(f.service.GetStats().outcome_queries == 2);
+
+  v1::QueryOutcomesRequest bad = query;
+  bad.set_job("nope");
+  CHECK(f.service.QueryOutcomes(bad, &later).code() == absl::StatusCode::kNotFound);
+  bad = query;
+  bad.set_wait_s(-1);
+  CHECK(f.service.QueryOutcomes(bad, &later).code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("Bad submits get INVALID_ARGUMENT and good ones still pass") {
   Fixture f;
   f.RegisterHost("s1");

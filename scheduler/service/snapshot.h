@@ -58,6 +58,9 @@ struct SchedulerStats {
   // Pushes a server's daemon applied after this scheduler reported them
   // dropped or failed: exactly-once broken (should stay 0).
   int64_t outcome_contradicted = 0;
+  // QueryOutcomes calls: applications that lost their daemon asking how
+  // their pushes ended (outcome_queries.h).
+  int64_t outcome_queries = 0;
   double plan_ms_total = 0;  // summed planner compute time over all batches
   double plan_ms_max = 0;
 };

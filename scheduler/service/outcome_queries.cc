@@ -1,0 +1,43 @@
+#include "scheduler/service/outcome_queries.h"
+
+#include <algorithm>
+
+namespace mlfabric {
+
+std::vector<v1::PushState> PushStates(const ClusterState& state, const std::string& job,
+                                      const std::string& worker,
+                                      const std::vector<uint64_t>& uids) {
+  std::vector<v1::PushState> states;
+  states.reserve(uids.size());
+  for (uint64_t uid : uids) {
+    v1::PushState& push = states.emplace_back();
+    push.set_push_uid(uid);
+    push.set_state(v1::PushState::STATE_UNKNOWN);
+    auto named = state.push_uids.find(uid);
+    // Another job's or worker's push is none of this worker's business.
+    if (uid == 0 || named == state.push_uids.end() || named->second.job != job ||
+        named->second.worker != worker) {
+      continue;
+    }
+    const uint64_t transfer = named->second.transfer_id;
+    push.set_transfer_id(transfer);
+    if (auto ended = state.recent_outcomes.find(transfer); ended != state.recent_outcomes.end()) {
+      push.set_state(v1::PushState::STATE_ENDED);
+      push.set_outcome(ended->second.outcome);
+      push.set_reason(ended->second.reason);
+      push.set_applied_version(ended->second.applied_version);
+      push.set_delay(ended->second.delay);
+    } else if (state.updates.count(transfer) > 0 || state.in_doubt.count(transfer) > 0) {
+      push.set_state(v1::PushState::STATE_IN_FLIGHT);
+    }
+  }
+  return states;
+}
+
+bool AnyInFlight(const std::vector<v1::PushState>& states) {
+  return std::any_of(states.begin(), states.end(), [](const v1::PushState& push) {
+    return push.state() == v1::PushState::STATE_IN_FLIGHT;
+  });
+}
+
+}  // namespace mlfabric
