@@ -159,7 +159,9 @@ struct Ledger {
 
 // A worker thread: gets and pushes until stopped. Pushes can be paused
 // (Pause waits until none is in flight); gets go on meanwhile. When its
-// daemon goes away it connects again. No Catch2 assertion in here.
+// daemon goes away, its Worker connects to the daemon that replaces it
+// (ClientOptions::reconnect_s) and learns how the push in flight ended;
+// only a Worker that gave up is replaced. No Catch2 assertion in here.
 class TrainingWorker {
  public:
   TrainingWorker(const Cluster& c, int index, std::atomic<int64_t>* next_id, Ledger* ledger)
@@ -178,6 +180,13 @@ class TrainingWorker {
   void Resume() {
     std::lock_guard<std::mutex> lock(mu_);
     pushing_ = true;
+  }
+  // Waits (up to 10 s) until a push of this worker is under way: its
+  // daemon killed now dies with the push in flight.
+  void AwaitPushUnderWay() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t seen = pushes_started_;
+    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return pushes_started_ > seen; });
   }
   void Stop() {
     stop_.store(true);
@@ -213,8 +222,9 @@ class TrainingWorker {
           version = model->version;
         } else {
           ++ledger_->get_errors;
-          // The daemon went away: connect again (to its successor).
-          if (model.status().message().find("lost the connection") != std::string::npos) {
+          // The Worker gave up connecting to a successor: a new one.
+          if (model.status().message().find("could not connect to the daemon again") !=
+              std::string::npos) {
             worker.reset();
           }
         }
@@ -230,6 +240,11 @@ class TrainingWorker {
           ++ledger_->submitted;
         }
         record.submitted = Clock::now();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++pushes_started_;
+        }
+        cv_.notify_all();
         const PushResult r = worker
                                  ->Push(kServers[server], v.data(), v.size() * sizeof(float),
                                         version, /*norm=*/1.0)
@@ -270,6 +285,7 @@ class TrainingWorker {
   std::condition_variable cv_;
   bool pushing_ = true;
   bool in_push_ = false;
+  int64_t pushes_started_ = 0;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -323,8 +339,10 @@ class Run {
         std::this_thread::sleep_for(std::chrono::seconds(1));
         Check(c_->RestartDaemon("a1"));
       });
-      Inject("worker", "w1's daemon killed while w1 gets (it forwards the model), started again",
+      Inject("worker", "w1's daemon killed while w1 pushes and gets (it forwards the model), "
+             "started again",
              {0, 1}, 0, [&] {
+               workers_[0]->AwaitPushUnderWay();
                Check(c_->KillDaemon("w1"));
                Check(c_->RestartDaemon("w1"));
              });
@@ -451,13 +469,12 @@ class Run {
     record.kind = kind;
     record.description = description;
     detected_s_ = -1;
-    // A worker fault takes that worker's daemon away: its own pushes are
-    // paused first (see fault_driver.h), its gets go on.
-    if (worker >= 0 && kind == "worker") workers_[worker]->Pause();
+    // A worker fault takes that worker's daemon away while it pushes and
+    // gets: the push in flight ends with the outcome the scheduler decided,
+    // learned through the daemon that replaces it.
     const Clock::time_point at = Clock::now();
     const size_t errors_before = errors_.size();
     fault();
-    if (worker >= 0 && kind == "worker") workers_[worker]->Resume();
     record.detected_s = detected_s_;
     Clock::time_point resumed = at;
     record.recovered = launch::WaitUntil(

@@ -12,8 +12,9 @@
 // The faults, in script order (cycles of the repeatable ones, then the two
 // that cannot be undone, then the last cycle's scheduler restart):
 //   aggregator    a1's daemon killed (SIGKILL), started again 1 s later
-//   worker        w1's daemon killed while w1 gets (it forwards to others),
-//                 started again; w1 connects again and goes on
+//   worker        w1's daemon killed while w1 pushes and gets (it forwards
+//                 to others), started again; w1 connects again, learns how
+//                 its push in flight ended, and goes on
 //   link          w3's link cut in its namespace until the scheduler marks
 //                 w3 down, then restored
 //   scheduler     the scheduler killed and started again on its port
@@ -41,11 +42,13 @@
 // failover; the benchmark's earlier cycles restart it before and would
 // show such a loss.
 //
-// What the script does not do: kill a worker's daemon while that worker's
-// own push is in flight. Its application then loses the daemon that knew
-// the push's fate and reports it failed although the server may have
-// applied it (api/mlfabric.cc); w1's pushes are paused (its gets go on)
-// while its daemon dies.
+// w1's daemon dies while w1 pushes: the push in flight then ends with the
+// outcome the scheduler decided (applied if its bytes had reached the
+// server, failed if the daemon died before sending them), which w1's
+// Worker asks for through the daemon that replaces the dead one
+// (ClientOptions::reconnect_s, LocalOutcomeQuery). Before, w1's pushes
+// were paused for this fault: the application reported the push failed
+// although the server might have applied it.
 #ifndef MLFABRIC_TESTS_FAULT_DRIVER_H_
 #define MLFABRIC_TESTS_FAULT_DRIVER_H_
 
