@@ -32,6 +32,12 @@ struct RegistrationParams {
   ClientOptions client;
   int64_t delay_bound = -1;        // tau_max in model versions; -1 = the job's
   double divergence_bound = -1;    // Div_max (L2); -1 = the job's / none
+  // RegisterAsReplica: the replica starts from a snapshot of its server's
+  // model, installed through Replica::RegisterInstallCallback before the
+  // copies of later updates, so it may register mid-training (or stand by
+  // for a promoted server) and still hold the server's model. Without it
+  // the replica starts from its own initial model.
+  bool replica_snapshot = false;
 };
 
 absl::StatusOr<std::unique_ptr<Worker>> RegisterAsWorker(const RegistrationParams& params);

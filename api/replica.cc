@@ -35,6 +35,8 @@ absl::StatusOr<std::unique_ptr<Replica>> RegisterAsReplica(const std::string& se
   // The replica registers under its server's name: it keeps a copy of it,
   // and the scheduler sends it that server's replica transfers (§5.3).
   body->set_name(server);
+  body->set_installs_snapshots(params.replica_snapshot);
+  replica->snapshots_ = params.replica_snapshot;
   if (auto status = replica->channel_->Send(hello); !status.ok()) return status;
   v1::LocalMessage reply;
   int reply_fd = -1;
@@ -57,6 +59,10 @@ void Replica::Stop() {
 absl::Status Replica::Serve() {
   if (!on_update_) {
     return absl::FailedPreconditionError("register an update callback before Serve()");
+  }
+  if (snapshots_ && !on_install_) {
+    return absl::FailedPreconditionError(
+        "registered with replica_snapshot: register an install callback before Serve()");
   }
   while (true) {
     v1::LocalMessage message;
@@ -88,9 +94,43 @@ absl::Status Replica::Serve() {
       if (fd >= 0) ::close(fd);
       continue;
     }
+    if (message.update().snapshot()) {
+      if (auto sent = channel_->Send(InstallSnapshot(message.update(), fd)); !sent.ok()) {
+        return sent;
+      }
+      continue;
+    }
     const v1::LocalMessage ack = internal::ApplyDeliveredUpdate(message.update(), fd, on_update_);
     if (auto sent = channel_->Send(ack); !sent.ok()) return sent;
   }
+}
+
+v1::LocalMessage Replica::InstallSnapshot(const v1::LocalUpdate& update, int fd) {
+  v1::LocalMessage ack;
+  v1::LocalUpdateAck* body = ack.mutable_update_ack();
+  body->set_transfer_id(update.transfer_id());
+  if (!on_install_) {
+    if (fd >= 0) ::close(fd);
+    body->set_error("a snapshot of the server's model arrived, but no install callback is registered");
+    return ack;
+  }
+  const int64_t offset = std::max<int64_t>(0, update.data_offset());
+  auto buffer = SharedBuffer::Map(fd, static_cast<size_t>(offset + update.bytes()));
+  if (!buffer.ok()) {
+    body->set_error(std::string(buffer.status().message()));
+    return ack;
+  }
+  Install install;
+  install.version = update.version();
+  install.data = buffer->data() + offset;
+  install.bytes = static_cast<size_t>(update.bytes());
+  if (absl::Status installed = on_install_(install); !installed.ok()) {
+    body->set_error(std::string(installed.message()));
+    return ack;
+  }
+  ++installs_;
+  body->set_model_version(install.version);
+  return ack;
 }
 
 }  // namespace mlfabric

@@ -54,12 +54,26 @@ class Replica {
     int64_t model_version = 0;
   };
   using PromotionCallback = std::function<void(const Promotion&)>;
+  // A snapshot of the server's model (RegistrationParams::replica_snapshot):
+  // replace the model with these bytes, at `version`; the updates after it
+  // follow through the update callback.
+  struct Install {
+    int64_t version = 0;
+    const uint8_t* data = nullptr;
+    size_t bytes = 0;
+  };
+  using InstallCallback = std::function<absl::Status(const Install&)>;
   ~Replica();
   void RegisterUpdateCallback(UpdateCallback callback) { on_update_ = std::move(callback); }
   void RegisterRequestCallback(RequestCallback callback) { on_request_ = std::move(callback); }
   void RegisterPromotionCallback(PromotionCallback callback) {
     on_promotion_ = std::move(callback);
   }
+  // Required with RegistrationParams::replica_snapshot (Serve() refuses to
+  // start without it).
+  void RegisterInstallCallback(InstallCallback callback) { on_install_ = std::move(callback); }
+  // Snapshots installed so far.
+  int64_t installs() const { return installs_; }
   // True once the scheduler made this replica the server (read it from
   // Serve()'s thread, or after Serve() returned).
   bool promoted() const { return promoted_; }
@@ -72,11 +86,16 @@ class Replica {
   friend absl::StatusOr<std::unique_ptr<Replica>> RegisterAsReplica(const std::string&,
                                                                     const RegistrationParams&);
   Replica() = default;
+  // The ack of a snapshot delivery, after the install callback.
+  v1::LocalMessage InstallSnapshot(const v1::LocalUpdate& update, int fd);
   std::string server_;
   std::unique_ptr<LocalChannel> channel_;
   UpdateCallback on_update_;
   RequestCallback on_request_;
   PromotionCallback on_promotion_;
+  InstallCallback on_install_;
+  bool snapshots_ = false;  // registered with replica_snapshot
+  int64_t installs_ = 0;
   bool promoted_ = false;
   std::atomic<bool> stopping_{false};
 };

@@ -272,6 +272,11 @@ void AppRequests::HandleModelReply(const v1::LocalModelReply& reply, int fd) {
     }
   }
   if (fd >= 0) ::close(fd);
+  // A snapshot for a new replica (engine/replica_snapshots.h)?
+  if (parts_.snapshots != nullptr &&
+      parts_.snapshots->Answer(reply.request_id(), reply.model_version(), buffer, error)) {
+    return;
+  }
   // Ignored if the batch's gets gave up meanwhile.
   parts_.model_server->Answer(reply.request_id(), GetBatcher::Snapshot{
                                                 reply.model_version(), std::move(buffer), error});
@@ -410,6 +415,7 @@ v1::RegisterEntityRequest EntityRequest(const std::string& host, int64_t uid,
   entity.set_delay_bound(request.delay_bound());
   entity.set_divergence_bound(request.divergence_bound());
   if (request.has_shard()) *entity.mutable_shard() = request.shard();
+  entity.set_installs_snapshots(request.installs_snapshots());
   entity.set_app_uid(uid);
   if (uid >= 0) {
     char buffer[4096];

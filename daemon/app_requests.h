@@ -52,6 +52,7 @@
 #include "daemon/engine/model_fetcher.h"
 #include "daemon/engine/model_server.h"
 #include "daemon/engine/receive_lock.h"
+#include "daemon/engine/replica_snapshots.h"
 #include "daemon/engine/round_service.h"
 #include "daemon/engine/server_endpoints.h"
 #include "daemon/transport/data_auth.h"
@@ -86,6 +87,7 @@ class AppRequests : public AppHandler {
     RoundService* rounds = nullptr;
     ModelServer* model_server = nullptr;
     ModelFetcher* fetcher = nullptr;
+    ReplicaSnapshots* snapshots = nullptr;  // may be null
   };
   // Called under the receive lock when an application leaves: forgets it
   // and, if it was a server's or replica's endpoint, returns the report

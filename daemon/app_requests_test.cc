@@ -36,6 +36,12 @@ namespace {
 
 const auto kWait = std::chrono::seconds(10);
 
+SendScheduler::Options SendOptions() {
+  SendScheduler::Options options;
+  options.payload_bytes = 32 * 1024;
+  return options;
+}
+
 // AppRequests wired as the daemon wires it (daemon.cc), with no model
 // server or fetcher (gets of registered applications are not exercised
 // here: tests/push_get_test does, through real daemons).
@@ -106,7 +112,7 @@ struct Rig {
   boost::asio::io_context io;
   transport::PeerConnections peers{io, watchdog, 32 * 1024};
   AggregationTable aggregations{32 * 1024};
-  SendScheduler send{SendScheduler::Options{}, &clock, &peers, &aggregations,
+  SendScheduler send{SendOptions(), &clock, &peers, &aggregations,
                      [](uint64_t, const std::string&) {}};
   FakeSchedulerClient scheduler;
   CompletionReporter reporter{&scheduler, "h1"};

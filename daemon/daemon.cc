@@ -120,8 +120,10 @@ Daemon::Daemon(DaemonConfig config, const Clock* clock,
   // The receive side: its parts share lock_.
   incoming_ = std::make_unique<daemon::IncomingTransfers>(&buffer_pool_);
   servers_ = std::make_unique<daemon::ServerEndpoints>(&lock_, &buffer_pool_, &stopping_);
+  snapshots_ = std::make_unique<daemon::ReplicaSnapshots>(send_.get(), reporter_.get());
   deliveries_ = std::make_unique<daemon::Deliveries>(config_.host, incoming_.get(),
-                                                     servers_.get(), reporter_.get());
+                                                     servers_.get(), reporter_.get(),
+                                                     snapshots_.get());
   aggregation_ = std::make_unique<daemon::NetworkAggregation>(
       static_cast<uint32_t>(config_.payload_bytes), &aggregation_table_, incoming_.get(),
       send_.get(), reporter_.get());
@@ -195,7 +197,7 @@ absl::Status Daemon::Start() {
       &stopping_,
       daemon::AppRequests::Parts{scheduler_.get(), reporter_.get(), &pushes_, &data_keys_,
                                  servers_.get(), rounds_.get(), model_server_.get(),
-                                 fetcher_.get()},
+                                 fetcher_.get(), snapshots_.get()},
       [this](const std::shared_ptr<AppSession>& app) { return ForgetAppLocked(app); });
   apps_ = std::make_unique<daemon::AppSessions>(
       daemon::AppSessions::Options{config_.local_socket, config_.local_socket_group},
@@ -420,6 +422,7 @@ std::optional<v1::EntityGoneReport> Daemon::ForgetAppLocked(
   const std::string key = daemon::ServerKey(app->job_id, app->name);
   const std::string gone = absl::StrCat("server '", app->name, "' disconnected");
   rounds_->FailServerLocked(key, gone);
+  if (app->role == v1::ROLE_SERVER) snapshots_->FailServerLocked(key, gone);
   if (model_server_) model_server_->FailServer(key, gone);
   lock_.cv.notify_all();
   v1::EntityGoneReport report;

@@ -72,6 +72,7 @@
 #include "daemon/engine/incoming_transfers.h"
 #include "daemon/engine/network_aggregation.h"
 #include "daemon/engine/receive_lock.h"
+#include "daemon/engine/replica_snapshots.h"
 #include "daemon/engine/round_service.h"
 #include "daemon/engine/server_endpoints.h"
 #include "daemon/transport/get_client.h"
@@ -187,6 +188,9 @@ class Daemon {
   daemon::BufferPool buffer_pool_;
   std::unique_ptr<daemon::IncomingTransfers> incoming_;
   std::unique_ptr<daemon::ServerEndpoints> servers_;
+  // Snapshots of local servers for their new replicas; own lock for
+  // answers, the rest under the receive lock.
+  std::unique_ptr<daemon::ReplicaSnapshots> snapshots_;
   std::unique_ptr<daemon::Deliveries> deliveries_;
   std::unique_ptr<daemon::NetworkAggregation> aggregation_;
   std::unique_ptr<daemon::RoundService> rounds_;

@@ -128,6 +128,20 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
     case v1::DaemonCommand::kCancel:
       CancelLocked(command.cancel());
       break;
+    case v1::DaemonCommand::kSnapshot: {
+      // A snapshot of a local server for its new replica, at a cut in its
+      // commit order (engine/replica_snapshots.h).
+      const v1::SnapshotToReplica& snapshot = command.snapshot();
+      if (!servers_->KnownLocked(daemon::ServerKey(snapshot.job_id(), snapshot.server()))) {
+        reporter_->ReportFailure(snapshot.transfer_id(),
+                                 absl::StrCat("server '", snapshot.server(), "' is not on ",
+                                              config_.host));
+        break;
+      }
+      snapshots_->AddLocked(snapshot);
+      deliveries_->TryDeliverLocked(snapshot.job_id(), snapshot.server());
+      break;
+    }
     case v1::DaemonCommand::kOutcome: {
       const v1::PushOutcome& outcome = command.outcome();
       pushes_.Adopt(outcome.transfer_id(), outcome.local_id());

@@ -11,8 +11,12 @@
 namespace mlfabric::daemon {
 
 Deliveries::Deliveries(std::string host, IncomingTransfers* incoming, ServerEndpoints* servers,
-                       CompletionReporter* reporter)
-    : host_(std::move(host)), incoming_(incoming), servers_(servers), reporter_(reporter) {}
+                       CompletionReporter* reporter, ReplicaSnapshots* snapshots)
+    : host_(std::move(host)),
+      incoming_(incoming),
+      servers_(servers),
+      reporter_(reporter),
+      snapshots_(snapshots) {}
 
 void Deliveries::ExpectLocked(const v1::ExpectDelivery& expect) {
   const std::string key = ServerKey(expect.job_id(), expect.server());
@@ -55,6 +59,11 @@ void Deliveries::TryDeliverLocked(uint32_t job_id, const std::string& server) {
     part = unready_parts_.erase(part);
   }
   while (true) {
+    // A snapshot cut after the last position handed over is asked for
+    // before the next one (replica_snapshots.h).
+    if (snapshots_ != nullptr) {
+      snapshots_->FireLocked(key, sequencer_.NextPosition(key), servers_->AppLocked(key));
+    }
     const DeliverySequencer::Step step = sequencer_.Next(key, complete);
     if (step.kind == DeliverySequencer::Step::kNothing) return;
     const uint64_t transfer_id = step.info.transfer_id();
@@ -69,7 +78,11 @@ void Deliveries::TryDeliverLocked(uint32_t job_id, const std::string& server) {
     }
     const Incoming* incoming = incoming_->Find(transfer_id);
     std::string reason = incoming_->JobMismatch(transfer_id, job_id);
-    if (reason.empty() && incoming->total != static_cast<uint64_t>(step.info.bytes())) {
+    if (step.info.snapshot()) {  // any size: the 8-byte version, then the model
+      if (reason.empty() && incoming->total < 8) {
+        reason = absl::StrCat("a snapshot of ", incoming->total, " bytes has no version");
+      }
+    } else if (reason.empty() && incoming->total != static_cast<uint64_t>(step.info.bytes())) {
       reason = absl::StrCat("received ", incoming->total, " bytes but the schedule said ",
                             step.info.bytes());
     }
@@ -87,6 +100,17 @@ void Deliveries::TryDeliverLocked(uint32_t job_id, const std::string& server) {
     update->set_bytes(step.info.bytes());
     update->set_sequence(step.sequence);
     update->set_count(std::max(1, step.info.constituents_size()));
+    if (step.info.snapshot()) {
+      uint64_t version = 0;
+      for (int i = 0; i < 8; ++i) {
+        version |= static_cast<uint64_t>(incoming->buffer->data()[i]) << (8 * i);
+      }
+      update->set_snapshot(true);
+      update->set_data_offset(8);
+      update->set_version(static_cast<int64_t>(version));
+      update->set_bytes(static_cast<int64_t>(incoming->total) - 8);
+      update->set_count(0);
+    }
     absl::Status sent =
         servers_->HandLocked(key, message, incoming->buffer, step.info.group_push() != 0);
     if (!sent.ok()) {
@@ -216,6 +240,7 @@ void Deliveries::KeepHeldCopiesLocked() {
 }
 
 size_t Deliveries::ResetLocked() {
+  if (snapshots_ != nullptr) snapshots_->ResetLocked();
   const std::vector<uint64_t> pending = sequencer_.Reset();
   unready_parts_.clear();  // their positions went with the old scheduler
   for (uint64_t transfer : pending) incoming_->Erase(transfer);

@@ -29,6 +29,7 @@
 #include "daemon/control/completion_reporter.h"
 #include "daemon/engine/delivery_sequencer.h"
 #include "daemon/engine/incoming_transfers.h"
+#include "daemon/engine/replica_snapshots.h"
 #include "daemon/engine/server_endpoints.h"
 #include "proto/scheduler.pb.h"
 
@@ -36,8 +37,10 @@ namespace mlfabric::daemon {
 
 class Deliveries {
  public:
+  // `snapshots` (may be null) is asked for the snapshots due at each
+  // hand-over.
   Deliveries(std::string host, IncomingTransfers* incoming, ServerEndpoints* servers,
-             CompletionReporter* reporter);
+             CompletionReporter* reporter, ReplicaSnapshots* snapshots = nullptr);
   Deliveries(const Deliveries&) = delete;
   Deliveries& operator=(const Deliveries&) = delete;
 
@@ -48,7 +51,8 @@ class Deliveries {
   // `transfer` arrived whole: the endpoints expecting it deliver what they
   // can.
   void ArrivedLocked(uint64_t transfer);
-  // Hands `server`'s next updates over while they are complete.
+  // Hands `server`'s next updates over while they are complete (and asks
+  // for the replica snapshots due between them).
   void TryDeliverLocked(uint32_t job_id, const std::string& server);
   // The job that expects `transfer` here, if one does.
   std::optional<uint32_t> JobExpectingLocked(uint64_t transfer) const;
@@ -91,6 +95,7 @@ class Deliveries {
   IncomingTransfers* const incoming_;
   ServerEndpoints* const servers_;
   CompletionReporter* const reporter_;
+  ReplicaSnapshots* const snapshots_;
   DeliverySequencer sequencer_;  // commit order, by ServerKey
   // Held replica copies (and group parts) whose bytes were all in when the
   // schedule stream broke, by transfer id (their bytes stay in incoming_):

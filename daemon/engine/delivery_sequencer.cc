@@ -168,4 +168,9 @@ size_t DeliverySequencer::Pending(const std::string& key) const {
   return found == endpoints_.end() ? 0 : found->second.expected.size();
 }
 
+uint64_t DeliverySequencer::NextPosition(const std::string& key) const {
+  auto found = endpoints_.find(key);
+  return found == endpoints_.end() ? 1 : found->second.next_sequence;
+}
+
 }  // namespace mlfabric::daemon

@@ -88,6 +88,8 @@ class DeliverySequencer {
   std::vector<std::pair<uint32_t, std::string>> EndpointsExpecting(uint64_t transfer_id) const;
   // Announced positions of `key` not yet delivered or skipped.
   size_t Pending(const std::string& key) const;
+  // The position of `key` to deliver or skip next (1 before any).
+  uint64_t NextPosition(const std::string& key) const;
 
  private:
   struct Delivery {

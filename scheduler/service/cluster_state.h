@@ -145,6 +145,15 @@ struct ReplicaTrack {
   // stream (in_doubt.h). A failover counts them lost.
   int64_t missed = 0;
   double missed_norm = 0;
+  // A replica that installs snapshots (replica_sync.h) starts from the
+  // server's model taken after the last position assigned before its
+  // first copy: wanted at registration, sent at the next batch cycle
+  // (snapshot_id while it moves), synced once the replica installed it.
+  // A replica not synced is not promoted.
+  bool snapshot_wanted = false;
+  uint64_t snapshot_id = 0;
+  uint64_t snapshot_sequence = 0;  // its position at the replica
+  bool synced = true;
 };
 
 // One shard of a server group (server_groups.h): bytes [begin, end) of the
@@ -368,6 +377,8 @@ class ClusterState {
   static constexpr size_t kRecentOutcomes = 65536;
   std::map<uint64_t, RecentOutcome> recent_outcomes;
   std::deque<uint64_t> recent_order;
+  // Replica snapshots moving (replica_sync.h): transfer id -> (job, server).
+  std::map<uint64_t, std::pair<std::string, std::string>> replica_snapshots;
   // Pushes by their application's id (SubmitUpdateRequest.push_uid), the
   // last kPushUids: how an application that lost its daemon learns how
   // they ended (outcome_queries.h).

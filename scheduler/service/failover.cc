@@ -1,5 +1,7 @@
 #include "scheduler/service/failover.h"
 
+#include "scheduler/service/replica_sync.h"
+
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -66,6 +68,12 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
   const std::string to = replica_it->second;
   const std::string from = server.host;
   if (to == from || state->AliveHost(to) == nullptr) return false;
+  // A replica still waiting for its snapshot holds only part of the model.
+  if (!server_it->second.replica.synced) {
+    MLF_LOG(WARNING) << "job " << job_name << ": the replica of server " << server_name << " on "
+                     << to << " has not installed its snapshot yet: not promoted";
+    return false;
+  }
 
   FailoverView view;
   view.server = server_name;
@@ -154,6 +162,7 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
   // stream: its daemon numbers from 1. (Copies still moving stay tracked
   // by id in replica.in_flight until they end.)
   server.replica.next_sequence = 1;
+  ForgetReplicaSnapshot(state, &server);
   server.replica.applied = 0;
   server.replica.missed = 0;
   server.replica.missed_norm = 0;

@@ -16,6 +16,7 @@
 
 #include "scheduler/service/failover.h"
 #include "scheduler/service/in_doubt.h"
+#include "scheduler/service/replica_sync.h"
 #include "scheduler/service/server_groups.h"
 
 namespace mlfabric {
@@ -192,10 +193,22 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
       break;
     }
     case v1::ROLE_REPLICA:
-      // A replica names the server it shadows (§5.3); one per server.
+      // A replica names the server it shadows (§5.3); one per server. One
+      // that installs snapshots starts from the server's model
+      // (replica_sync.h).
       job->replica_hosts[request.name()] = request.host();
+      if (auto server = job->servers.find(request.name());
+          server != job->servers.end() && server->second.shards.empty()) {
+        ForgetReplicaSnapshot(&state_, &server->second);
+        if (request.installs_snapshots()) {
+          server->second.replica.snapshot_wanted = true;
+          server->second.replica.synced = false;
+          loop_.Wake();
+        }
+      }
       MLF_LOG(INFO) << "job " << request.job() << ": " << v1::Role_Name(request.role()) << " "
-                    << request.name() << " on " << request.host();
+                    << request.name() << " on " << request.host()
+                    << (request.installs_snapshots() ? " (starts from a snapshot)" : "");
       break;
     default:
       return absl::InvalidArgumentError("role: must be ROLE_WORKER, ROLE_SERVER or ROLE_REPLICA");
@@ -439,6 +452,10 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
     }
     return absl::OkStatus();
   }
+  if (ReplicaSnapshotEnded(&state_, request.transfer_id(), request.applied(),
+                           request.model_version(), request.error())) {
+    return absl::OkStatus();
+  }
   if (request.part_ready()) {
     return absl::NotFoundError(
         absl::StrCat("transfer ", request.transfer_id(), " is no part of a group push in flight"));
@@ -593,6 +610,7 @@ absl::Status SchedulerService::ReportEntityGone(const v1::EntityGoneReport& requ
       const std::string copy_why = absl::StrCat("the replica of server '", request.name(), "' left: ", why);
       if (auto server = job->servers.find(request.name()); server != job->servers.end()) {
         state_.DropReplicaPending(&server->second, copy_why);
+        ForgetReplicaSnapshot(&state_, &server->second);
       }
       std::vector<uint64_t> copies;
       for (const auto& [id, copy] : state_.replica_copies) {

@@ -3,6 +3,7 @@
 #include "scheduler/service/scheduler_service.h"
 
 #include "scheduler/service/outcome_queries.h"
+#include "scheduler/service/replica_sync.h"
 
 #include "scheduler/service/in_doubt.h"
 
@@ -379,6 +380,7 @@ void SchedulerService::RunBatchCycle() {
     cycle.start_s = now_s;
     state_.ExpireOverdue(now_s);
     ResolveInDoubt(&state_, config_.in_doubt_wait_s);
+    SendReplicaSnapshots(&state_);  // before any batch is cut (replica_sync.h)
     SampleLinksLocked(now_s);
     LogStragglersLocked(now_s);
     const bool use_reservations = planner_->UsesReservations();

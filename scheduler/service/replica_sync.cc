@@ -1,0 +1,94 @@
+#include "scheduler/service/replica_sync.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "scheduler/service/commands.h"
+
+namespace mlfabric {
+
+void SendReplicaSnapshots(ClusterState* state) {
+  for (auto& [job_name, job] : state->jobs) {
+    for (auto& [server_name, server] : job.servers) {
+      ReplicaTrack& replica = server.replica;
+      if (!replica.snapshot_wanted) continue;
+      auto replica_host = job.replica_hosts.find(server_name);
+      if (replica_host == job.replica_hosts.end()) {
+        replica.snapshot_wanted = false;  // it left
+        continue;
+      }
+      const HostState* to = state->AliveHost(replica_host->second);
+      if (to == nullptr || state->AliveHost(server.host) == nullptr) continue;  // later
+      const uint64_t id = state->NewTransferId();
+      const uint64_t cut = server.next_sequence - 1;
+      v1::DaemonCommand take;
+      v1::SnapshotToReplica* snapshot = take.mutable_snapshot();
+      snapshot->set_transfer_id(id);
+      snapshot->set_job_id(job.id);
+      snapshot->set_server(server_name);
+      snapshot->set_after_sequence(cut);
+      snapshot->set_dst_host(replica_host->second);
+      snapshot->set_dst_address(to->data_address);
+      v1::DaemonCommand expect;
+      v1::ExpectDelivery* delivery = expect.mutable_expect();
+      delivery->set_transfer_id(id);
+      delivery->set_job_id(job.id);
+      delivery->set_server("replica:" + server_name);
+      replica.snapshot_sequence = replica.next_sequence++;
+      delivery->set_sequence(replica.snapshot_sequence);
+      delivery->set_src_host(server.host);
+      delivery->set_worker("snapshot of " + server_name);
+      delivery->set_snapshot(true);
+      state->Enqueue(replica_host->second, std::move(expect));
+      state->Enqueue(server.host, std::move(take));
+      state->replica_snapshots[id] = {job_name, server_name};
+      replica.snapshot_wanted = false;
+      replica.snapshot_id = id;
+      MLF_LOG(INFO) << "job " << job_name << ": snapshot " << id << " of server " << server_name
+                    << " on " << server.host << " (after position " << cut
+                    << ") for its new replica on " << replica_host->second;
+    }
+  }
+}
+
+bool ReplicaSnapshotEnded(ClusterState* state, uint64_t transfer_id, bool applied,
+                          int64_t model_version, const std::string& error) {
+  auto it = state->replica_snapshots.find(transfer_id);
+  if (it == state->replica_snapshots.end()) return false;
+  const auto [job_name, server_name] = it->second;
+  state->replica_snapshots.erase(it);
+  JobState* job = state->FindJob(job_name);
+  if (job == nullptr) return true;
+  auto server = job->servers.find(server_name);
+  if (server == job->servers.end() || server->second.replica.snapshot_id != transfer_id) {
+    return true;  // the replica left or was promoted meanwhile
+  }
+  ReplicaTrack& replica = server->second.replica;
+  replica.snapshot_id = 0;
+  if (applied) {
+    replica.synced = true;
+    MLF_LOG(INFO) << "job " << job_name << ": the replica of server " << server_name
+                  << " installed its snapshot (version " << model_version << "): in sync";
+    return true;
+  }
+  // Sent again at a new cut; the copies before it are overwritten then.
+  replica.snapshot_wanted = true;
+  MLF_LOG(WARNING) << "job " << job_name << ": the snapshot of server " << server_name
+                   << " for its replica failed (" << error << "); taking another";
+  if (auto host = job->replica_hosts.find(server_name); host != job->replica_hosts.end()) {
+    // Its position at the replica is skipped, so the copies behind it go on.
+    state->Enqueue(host->second,
+                   commands::CancelDelivery(transfer_id, "replica:" + server_name,
+                                            replica.snapshot_sequence,
+                                            "its snapshot failed: " + error));
+  }
+  return true;
+}
+
+void ForgetReplicaSnapshot(ClusterState* state, ServerState* server) {
+  if (server->replica.snapshot_id != 0) state->replica_snapshots.erase(server->replica.snapshot_id);
+  server->replica.snapshot_id = 0;
+  server->replica.snapshot_wanted = false;
+  server->replica.synced = true;
+}
+
+}  // namespace mlfabric

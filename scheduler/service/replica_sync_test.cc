@@ -1,0 +1,110 @@
+// A new replica's snapshot (replica_sync.h) on a ClusterState with a
+// FakeClock, the commands read back as the daemons would.
+#include "scheduler/service/replica_sync.h"
+
+#include <catch2/catch.hpp>
+
+#include "scheduler/service/cluster_state_fixture.h"
+#include "scheduler/service/failover.h"
+
+namespace mlfabric {
+namespace {
+
+struct Fixture : ClusterStateFixture {
+  Fixture() : ClusterStateFixture({"s1", "r1", "w1"}) {
+    JobState& job = state.jobs["demo"];
+    job.id = 7;
+    job.config.name = "demo";
+    ServerState& server = job.servers["ps"];
+    server.host = "s1";
+    server.model_version = 12;
+    server.next_sequence = 15;  // positions 1..14 assigned, none copied
+    job.replica_hosts["ps"] = "r1";
+    server.replica.snapshot_wanted = true;  // as RegisterEntity sets it
+    server.replica.synced = false;
+  }
+  ServerState& server() { return state.jobs["demo"].servers["ps"]; }
+};
+
+TEST_CASE("the snapshot is cut after the last position assigned, first at the replica") {
+  Fixture f;
+  SendReplicaSnapshots(&f.state);
+  const std::vector<v1::DaemonCommand> at_server = f.Drain("s1");
+  const std::vector<v1::DaemonCommand> at_replica = f.Drain("r1");
+  REQUIRE(at_server.size() == 1);
+  REQUIRE(at_server[0].has_snapshot());
+  const v1::SnapshotToReplica& take = at_server[0].snapshot();
+  CHECK(take.after_sequence() == 14);
+  CHECK(take.server() == "ps");
+  CHECK(take.job_id() == 7);
+  CHECK(take.dst_host() == "r1");
+  CHECK(take.dst_address() == "r1:1");
+  REQUIRE(at_replica.size() == 1);
+  REQUIRE(at_replica[0].has_expect());
+  const v1::ExpectDelivery& expect = at_replica[0].expect();
+  CHECK(expect.transfer_id() == take.transfer_id());
+  CHECK(expect.server() == "replica:ps");
+  CHECK(expect.sequence() == 1);  // before every copy
+  CHECK(expect.snapshot());
+  CHECK(f.server().replica.next_sequence == 2);
+  CHECK_FALSE(f.server().replica.snapshot_wanted);
+  CHECK_FALSE(f.server().replica.synced);
+  // Sent once.
+  SendReplicaSnapshots(&f.state);
+  CHECK(f.Drain("s1").empty());
+}
+
+TEST_CASE("installed, the replica is in sync and may be promoted") {
+  Fixture f;
+  SendReplicaSnapshots(&f.state);
+  const uint64_t id = f.server().replica.snapshot_id;
+  REQUIRE(id != 0);
+  CHECK_FALSE(PromoteReplica(&f.state, "demo", "ps", "s1 is down"));  // not yet
+  CHECK(f.server().host == "s1");
+  CHECK(ReplicaSnapshotEnded(&f.state, id, /*applied=*/true, 12, ""));
+  CHECK(f.server().replica.synced);
+  CHECK(f.state.replica_snapshots.empty());
+  CHECK_FALSE(ReplicaSnapshotEnded(&f.state, 999, true, 0, ""));  // no snapshot's
+  CHECK(PromoteReplica(&f.state, "demo", "ps", "s1 is down"));
+  CHECK(f.server().host == "r1");
+}
+
+TEST_CASE("a failed snapshot is skipped at the replica and taken again at a new cut") {
+  Fixture f;
+  SendReplicaSnapshots(&f.state);
+  const uint64_t first = f.server().replica.snapshot_id;
+  f.Drain("s1");
+  f.Drain("r1");
+  f.server().next_sequence = 20;  // more positions assigned meanwhile (copied)
+  f.server().replica.next_sequence = 6;
+  CHECK(ReplicaSnapshotEnded(&f.state, first, /*applied=*/false, 0, "server refused"));
+  CHECK(f.server().replica.snapshot_wanted);
+  CHECK_FALSE(f.server().replica.synced);
+  const std::vector<v1::DaemonCommand> cancel = f.Drain("r1");
+  REQUIRE(cancel.size() == 1);
+  CHECK(cancel[0].cancel().transfer_id() == first);
+  CHECK(cancel[0].cancel().sequence() == 1);
+  SendReplicaSnapshots(&f.state);
+  const std::vector<v1::DaemonCommand> again = f.Drain("s1");
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].snapshot().after_sequence() == 19);
+  CHECK(again[0].snapshot().transfer_id() != first);
+  CHECK(f.Drain("r1")[0].expect().sequence() == 6);
+}
+
+TEST_CASE("no snapshot while a host is down, and none once the replica left") {
+  Fixture f;
+  f.state.hosts["r1"].alive = false;
+  SendReplicaSnapshots(&f.state);
+  CHECK(f.server().replica.snapshot_wanted);  // later
+  f.state.hosts["r1"].alive = true;
+  f.state.jobs["demo"].replica_hosts.erase("ps");
+  SendReplicaSnapshots(&f.state);
+  CHECK_FALSE(f.server().replica.snapshot_wanted);
+  CHECK(f.Drain("s1").empty());
+  ForgetReplicaSnapshot(&f.state, &f.server());
+  CHECK(f.server().replica.synced);
+}
+
+}  // namespace
+}  // namespace mlfabric
