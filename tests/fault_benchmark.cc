@@ -2,7 +2,7 @@
 // tests/fault_driver.h run for more cycles, printing each fault's recovery
 // time and the totals against the targets. Needs root (namespaces).
 //
-//   bazel run -c opt //tests:fault_benchmark -- --cycles=5   # 22 faults
+//   bazel run -c opt //tests:fault_benchmark -- --cycles=5   # 23 faults
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +18,7 @@ constexpr char kUsage[] =
     "Trains a job under a scripted sequence of faults and prints recovery times.\n"
     "Usage: fault_benchmark [--cycles=N]\n"
     "  --cycles=N  cycles of the repeatable faults (aggregator, worker daemon, link cut,\n"
-    "              scheduler restart), default 5; the run injects 4 * N + 2 faults\n";
+    "              scheduler restart), default 5; the run injects 4 * N + 3 faults\n";
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -64,6 +64,8 @@ struct SumModel {
   std::vector<double> model = std::vector<double>(kDim, 0.0);
   int64_t version = 0;
   bool promoted = false;
+  int64_t installs = 0;  // snapshots installed (a standby registered late)
+  int64_t applied_since_install = 0;
 
   absl::StatusOr<int64_t> Apply(const Server::Update& u) {
     std::lock_guard<std::mutex> lock(mu);
@@ -73,7 +75,20 @@ struct SumModel {
     const float* v = reinterpret_cast<const float*>(u.data);
     for (size_t k = 0; k < kDim; ++k) model[k] += v[k];
     version += u.count;
+    ++applied_since_install;
     return version;
+  }
+  absl::Status Install(const Replica::Install& snapshot) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (snapshot.bytes != kDim * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat("a snapshot of ", snapshot.bytes, " bytes"));
+    }
+    const float* v = reinterpret_cast<const float*>(snapshot.data);
+    for (size_t k = 0; k < kDim; ++k) model[k] = v[k];
+    version = snapshot.version;
+    ++installs;
+    applied_since_install = 0;
+    return absl::OkStatus();
   }
   absl::StatusOr<Server::Snapshot> Snapshot() {
     std::lock_guard<std::mutex> lock(mu);
@@ -86,19 +101,50 @@ struct SumModel {
   }
 };
 
-// A server application with its replica, both in this process.
+// A server application with its replica, both in this process, and a
+// second standby registered after the first one took over.
 struct ServerPair {
   std::string name;
-  SumModel server_model, replica_model;
+  SumModel server_model, replica_model, standby_model;
   std::unique_ptr<Server> server;
-  std::unique_ptr<Replica> replica;
-  std::thread server_thread, replica_thread;
+  std::unique_ptr<Replica> replica, standby;
+  std::thread server_thread, replica_thread, standby_thread;
 
   ~ServerPair() {
     if (server) server->Stop();
     if (replica) replica->Stop();
+    if (standby) standby->Stop();
     if (server_thread.joinable()) server_thread.join();
     if (replica_thread.joinable()) replica_thread.join();
+    if (standby_thread.joinable()) standby_thread.join();
+  }
+
+  // A new replica on `host` for the promoted one, from a snapshot of it.
+  absl::Status StartStandby(const Cluster& c, const std::string& host) {
+    RegistrationParams params;
+    params.client = Options(c, host, "standby2-" + name);
+    params.replica_snapshot = true;
+    auto registered = RegisterAsReplica(name, params);
+    if (!registered.ok()) return registered.status();
+    standby = std::move(*registered);
+    standby->RegisterUpdateCallback([this](const Server::Update& u) {
+      return standby_model.Apply(u);
+    });
+    standby->RegisterRequestCallback([this] { return standby_model.Snapshot(); });
+    standby->RegisterInstallCallback(
+        [this](const Replica::Install& snapshot) { return standby_model.Install(snapshot); });
+    standby->RegisterPromotionCallback([this](const Replica::Promotion& p) {
+      std::lock_guard<std::mutex> lock(standby_model.mu);
+      standby_model.promoted = true;
+      standby_model.version = std::max(standby_model.version, p.model_version);
+    });
+    standby_thread = std::thread([this] { (void)standby->Serve(); });
+    return absl::OkStatus();
+  }
+  // True once the standby installed its snapshot and applied updates after it.
+  bool StandbyInSync() {
+    std::lock_guard<std::mutex> lock(standby_model.mu);
+    return standby_model.installs >= 1 && standby_model.applied_since_install >= 3;
   }
 
   absl::Status Start(const Cluster& c, const std::string& server_host,
@@ -130,8 +176,13 @@ struct ServerPair {
     return absl::OkStatus();
   }
 
-  // The model workers train now: the promoted replica's after a failover.
+  // The model workers train now: the promoted replica's after a failover,
+  // the second standby's after the second.
   SumModel& current() {
+    {
+      std::lock_guard<std::mutex> lock(standby_model.mu);
+      if (standby_model.promoted) return standby_model;
+    }
     std::lock_guard<std::mutex> lock(replica_model.mu);
     return replica_model.promoted ? replica_model : server_model;
   }
@@ -326,7 +377,7 @@ class Run {
       workers_.push_back(std::make_unique<TrainingWorker>(*c_, w, &next_id_, &ledger_));
     }
     Progress("training: ps0 on s1 (replica r1), ps1 on s2 (replica r2), workers w1-w3, "
-             "aggregator a1; %d faults to come", 4 * options_.cycles + 2);
+             "aggregator a1; %d faults to come", 4 * options_.cycles + 3);
     WaitApplied(20);
 
     // The last cycle's scheduler restart comes after the failover: a
@@ -356,6 +407,15 @@ class Run {
            [&] { Check(c_->KillDaemon("r2")); });
     Inject("server", "s1's daemon (ps0's server) killed: r1 takes over", {0}, -1,
            [&] { Check(c_->KillDaemon("s1")); });
+    // A new standby for the promoted ps0 on s1, from a snapshot of r1's
+    // model; once in sync, r1 goes too and s1 serves again.
+    Check(c_->RestartDaemon("s1"));
+    Check(pairs_[0].StartStandby(*c_, "s1"));
+    if (!launch::WaitUntil([&] { return pairs_[0].StandbyInSync(); }, kRecoveryTimeout_s)) {
+      errors_.push_back("the new standby of ps0 on s1 did not install its snapshot");
+    }
+    Inject("server", "r1's daemon (ps0's promoted server) killed: the standby on s1, started "
+           "from a snapshot, takes over", {0}, -1, [&] { Check(c_->KillDaemon("r1")); });
     Inject("scheduler", "the scheduler killed and started again", {0, 1}, -1,
            [&] { Check(c_->RestartScheduler()); });
 

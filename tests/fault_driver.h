@@ -20,6 +20,9 @@
 //   scheduler     the scheduler killed and started again on its port
 //   replica       r2's daemon killed (ps1 trains on without a standby)
 //   server        s1's daemon killed: r1 becomes ps0 (failover)
+//   server        s1's daemon started again with a new standby of ps0 that
+//                 starts from a snapshot of r1's model; once in sync, r1's
+//                 daemon killed: the standby becomes ps0 (a second failover)
 //   scheduler     (the last cycle's restart)
 //
 // After each fault: training resumes (the recovery time is the fault, or
@@ -63,7 +66,8 @@ namespace mlfabric::testing {
 struct FaultRunOptions {
   // Cycles of the repeatable faults (aggregator, worker, link, scheduler);
   // the replica and the server are killed before the last cycle's
-  // scheduler restart: 4 * cycles + 2 faults.
+  // scheduler restart, and the second failover (to a standby started from
+  // a snapshot): 4 * cycles + 3 faults.
   int cycles = 1;
   // One line per fault on stdout as the run goes.
   bool progress = true;

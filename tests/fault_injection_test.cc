@@ -30,7 +30,7 @@ TEST_CASE("Training survives one fault of each kind with every push accounted fo
               static_cast<long long>(r.gets), static_cast<long long>(r.get_errors));
   for (const std::string& reason : r.reasons) std::printf("  %s\n", reason.c_str());
 
-  REQUIRE(r.faults.size() == 6);
+  REQUIRE(r.faults.size() == 7);
   for (const testing::FaultRecord& f : r.faults) {
     INFO(f.kind << ": " << f.description << " (recovery " << f.recovery_s << " s, lost "
                 << f.lost << ", extra " << f.extra << f.culprits << ")");
