@@ -27,6 +27,12 @@ AppRequests::AppRequests(Options options, ReceiveLock* lock, const Clock* clock,
       parts_(parts),
       forget_(std::move(forget)) {}
 
+AppRequests::ThreadDone::~ThreadDone() {
+  std::lock_guard<std::mutex> lock(requests_->lock_->mu);
+  --requests_->get_threads_;
+  requests_->lock_->cv.notify_all();
+}
+
 void AppRequests::WaitGets() {
   std::unique_lock<std::mutex> lock(lock_->mu);
   lock_->cv.wait(lock, [this] { return get_threads_ == 0; });
@@ -189,15 +195,7 @@ void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::Lo
   // Stop() shuts their connections down and waits until none is left.
   ++get_threads_;
   std::thread([this, app, get, job, round] {
-    // However it ends, Stop() learns that this get is over.
-    struct Done {
-      AppRequests* requests;
-      ~Done() {
-        std::lock_guard<std::mutex> lock(requests->lock_->mu);
-        --requests->get_threads_;
-        requests->lock_->cv.notify_all();
-      }
-    } done_guard{this};
+    const ThreadDone done_guard(this);  // however it ends, Stop() learns it did
     v1::LocalMessage done;
     v1::LocalGetDone* body = done.mutable_get_done();
     body->set_request_id(get.request_id());
@@ -305,14 +303,7 @@ void AppRequests::HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
   std::lock_guard<std::mutex> lock(lock_->mu);
   ++get_threads_;  // Stop() waits for it as for a get
   std::thread([this, app, query, answer] {
-    struct Done {
-      AppRequests* requests;
-      ~Done() {
-        std::lock_guard<std::mutex> lock(requests->lock_->mu);
-        --requests->get_threads_;
-        requests->lock_->cv.notify_all();
-      }
-    } done_guard{this};
+    const ThreadDone done_guard(this);
     std::map<uint64_t, uint64_t> waiting;  // uid -> request id
     for (const auto& entry : query.pushes()) {
       if (entry.uid() == 0) {

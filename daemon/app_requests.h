@@ -118,6 +118,16 @@ class AppRequests : public AppHandler {
   void AppGone(const std::shared_ptr<AppSession>& app) override;
 
  private:
+  // Ends one of the threads WaitGets waits for (a get's or a query's).
+  class ThreadDone {
+   public:
+    explicit ThreadDone(AppRequests* requests) : requests_(requests) {}
+    ~ThreadDone();
+
+   private:
+    AppRequests* const requests_;
+  };
+
   const Options options_;
   ReceiveLock* const lock_;
   const Clock* const clock_;

@@ -151,28 +151,26 @@ class GrpcSchedulerClient final : public SchedulerClient {
   }
   absl::Status AwaitClock(const v1::AwaitClockRequest& request,
                           v1::AwaitClockReply* reply) override {
-    std::unique_ptr<grpc::ClientContext> context = Signed(3610, request.job());
-    {
-      std::lock_guard<std::mutex> lock(waits_mu_);
-      if (waits_cancelled_) return absl::CancelledError("the daemon is stopping");
-      waits_.insert(context.get());
-    }
-    const grpc::Status status = stub_->AwaitClock(context.get(), request, reply);
-    {
-      std::lock_guard<std::mutex> lock(waits_mu_);
-      waits_.erase(context.get());
-    }
-    return FromGrpc(status);
+    return Waiting(3610, request.job(), [&](grpc::ClientContext* context) {
+      return stub_->AwaitClock(context, request, reply);
+    });
   }
   absl::Status QueryOutcomes(const v1::QueryOutcomesRequest& request,
                              v1::QueryOutcomesReply* reply) override {
-    std::unique_ptr<grpc::ClientContext> context = Signed(70, request.job());
+    return Waiting(70, request.job(), [&](grpc::ClientContext* context) {
+      return stub_->QueryOutcomes(context, request, reply);
+    });
+  }
+  // A call that may wait long: CancelWaits ends it.
+  template <typename Call>
+  absl::Status Waiting(double deadline_s, const std::string& job, Call call) {
+    std::unique_ptr<grpc::ClientContext> context = Signed(deadline_s, job);
     {
       std::lock_guard<std::mutex> lock(waits_mu_);
       if (waits_cancelled_) return absl::CancelledError("the daemon is stopping");
       waits_.insert(context.get());
     }
-    const grpc::Status status = stub_->QueryOutcomes(context.get(), request, reply);
+    const grpc::Status status = call(context.get());
     {
       std::lock_guard<std::mutex> lock(waits_mu_);
       waits_.erase(context.get());
