@@ -20,6 +20,26 @@ void SendReplicaSnapshots(ClusterState* state) {
       if (to == nullptr || state->AliveHost(server.host) == nullptr) continue;  // later
       const uint64_t id = state->NewTransferId();
       const uint64_t cut = server.next_sequence - 1;
+      // Every update up to the cut is in the snapshot, so no copy of one
+      // may follow it: punted copies are dropped (their sources free the
+      // bytes), pushes still in flight with a punted copy will not keep
+      // theirs, and copies held at sources across a scheduler restart are
+      // released. (A copy of such an update sent after the snapshot would
+      // be applied twice: found by the fault driver's second failover, a
+      // push punted for the old replica that applied after the promotion.)
+      const std::string why = "in the snapshot the new replica starts from";
+      state->DropReplicaPending(&server, why);
+      for (auto& [push, record] : state->updates) {
+        if (record.job == job_name && record.server == server_name) record.replica_punted = false;
+      }
+      for (auto it = state->held_at_sources.begin(); it != state->held_at_sources.end();) {
+        if (it->second.job != job_name || it->second.server != server_name) {
+          ++it;
+          continue;
+        }
+        state->Enqueue(it->second.copy.src_host, commands::ReleaseHold(it->first, why));
+        it = state->held_at_sources.erase(it);
+      }
       v1::DaemonCommand take;
       v1::SnapshotToReplica* snapshot = take.mutable_snapshot();
       snapshot->set_transfer_id(id);

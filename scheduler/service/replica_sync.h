@@ -11,7 +11,8 @@
 // The cut is the last position assigned to the server so far: every batch
 // cut from now on plans replica copies, and no batch is being planned
 // while the cycle starts, so positions up to the cut carry no copy and
-// every later one does. The server's daemon asks its application for the
+// every later one does. Copies of updates up to the cut that were punted
+// for an earlier replica (and would otherwise follow now) are dropped. The server's daemon asks its application for the
 // snapshot once it handed every position up to the cut over, before the
 // next one (SnapshotToReplica); the replica's daemon hands the snapshot
 // over at the replica's next position, before the copies. A replica is

@@ -54,6 +54,28 @@ TEST_CASE("the snapshot is cut after the last position assigned, first at the re
   CHECK(f.Drain("s1").empty());
 }
 
+TEST_CASE("copies punted for an earlier replica do not follow the snapshot") {
+  Fixture f;
+  // Applied at the server (up to the cut), its copy punted for the replica
+  // before; and one in flight whose copy was punted.
+  f.server().replica.pending.push_back({301, "w1", "w1", 64, 0, 1.0, v1::DTYPE_FLOAT32});
+  UpdateRecord& in_flight = f.AddPush("w1");
+  in_flight.replica_punted = true;
+  HeldAtSource& held = f.state.held_at_sources[302];
+  held.job = "demo";
+  held.server = "ps";
+  held.copy.src_host = "w1";
+  SendReplicaSnapshots(&f.state);
+  CHECK(f.server().replica.pending.empty());
+  CHECK_FALSE(in_flight.replica_punted);
+  CHECK(f.state.held_at_sources.empty());
+  int released = 0;
+  for (const v1::DaemonCommand& command : f.Drain("w1")) {
+    if (command.has_cancel() && command.cancel().release_hold()) ++released;
+  }
+  CHECK(released == 2);  // the sources free the bytes
+}
+
 TEST_CASE("installed, the replica is in sync and may be promoted") {
   Fixture f;
   SendReplicaSnapshots(&f.state);

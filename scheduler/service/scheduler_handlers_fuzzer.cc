@@ -143,6 +143,12 @@ void CheckCommand(const v1::DaemonCommand& command) {
         Fail("malformed PromoteReplica", command);
       }
       return;
+    case v1::DaemonCommand::kSnapshot:
+      if (command.snapshot().transfer_id() == 0 || command.snapshot().server().empty() ||
+          command.snapshot().dst_host().empty()) {
+        Fail("malformed SnapshotToReplica", command);
+      }
+      return;
     case v1::DaemonCommand::kCancel:
     case v1::DaemonCommand::kOutcome:
     case v1::DaemonCommand::kJobKey:
