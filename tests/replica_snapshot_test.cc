@@ -183,6 +183,67 @@ TEST_CASE("A replica registered mid-training starts from the server's model and 
   serving.join();
 }
 
+TEST_CASE("A replica registered before its server starts from the server's first model") {
+  const std::string dir = launch::MakeTempDir("replica-snapshot");
+  const std::string config = dir + "/scheduler.json";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
+                        << R"( "tau_max": 1000, "divergence_max": 1e7}]})";
+  auto started = testing::Cluster::StartLoopback({"s1", "r1", "w1"},
+                                                 {"--config=" + config, "--planner=mlfabric"});
+  INFO(started.status().ToString());
+  REQUIRE(started.ok());
+  testing::Cluster& c = **started;
+
+  // The standby is up first, with a model of its own (zeros).
+  SumModel replica_model;
+  RegistrationParams replica_params = Params(c, "r1", "r1");
+  replica_params.replica_snapshot = true;
+  auto replica = RegisterAsReplica("ps0", replica_params);
+  REQUIRE(replica.ok());
+  (*replica)->RegisterUpdateCallback([&](const Server::Update& u) { return replica_model.Apply(u); });
+  (*replica)->RegisterInstallCallback(
+      [&](const Replica::Install& snapshot) { return replica_model.Install(snapshot); });
+  std::thread standing_by([&] { (void)(*replica)->Serve(); });
+
+  // The server's first model is not the replica's.
+  SumModel server_model;
+  for (size_t k = 0; k < kDim; ++k) server_model.w[k] = static_cast<float>(k % 5);
+  server_model.version = 3;
+  auto server = RegisterAsServer(Params(c, "s1", "ps0"));
+  REQUIRE(server.ok());
+  (*server)->RegisterUpdateCallback([&](const Server::Update& u) { return server_model.Apply(u); });
+  (*server)->RegisterRequestCallback([&] { return server_model.Snapshot(); });
+  std::thread serving([&] { (void)(*server)->Serve(); });
+
+  auto worker = RegisterAsWorker(Params(c, "w1", "w1"));
+  REQUIRE(worker.ok());
+  REQUIRE(launch::WaitUntil([&] { return (*worker)->Get("ps0").ok(); }, 30));
+  std::vector<std::future<PushResult>> pushes;
+  for (int i = 0; i < 30; ++i) {
+    const std::vector<float> v = Update(i);
+    pushes.push_back((*worker)->Push("ps0", v.data(), v.size() * sizeof(float), 0, 1.0));
+  }
+  for (auto& p : pushes) {
+    REQUIRE(p.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+    const PushResult r = p.get();
+    INFO(r.reason);
+    CHECK(r.outcome == PushOutcome::kApplied);
+  }
+  REQUIRE(launch::WaitUntil(
+      [&] { return replica_model.Read().second == server_model.Read().second; }, 30));
+  const auto [server_w, server_version] = server_model.Read();
+  const auto [replica_w, replica_version] = replica_model.Read();
+  CHECK(server_version == 33);
+  CHECK(replica_version == server_version);
+  CHECK(replica_w == server_w);
+  CHECK(replica_model.installs == 1);
+
+  (*replica)->Stop();
+  standing_by.join();
+  (*server)->Stop();
+  serving.join();
+}
+
 TEST_CASE("A replica registered for snapshots needs an install callback") {
   const std::string dir = launch::MakeTempDir("replica-snapshot");
   const std::string config = dir + "/scheduler.json";

@@ -194,6 +194,7 @@ struct JobState {
   std::map<std::string, ServerState> servers;
   std::map<std::string, WorkerInfo> workers;
   std::map<std::string, std::string> replica_hosts;  // server -> its replica's host
+  std::set<std::string> snapshot_replicas;  // servers whose replica installs snapshots
   std::vector<FailoverView> failovers;  // oldest first (failover.h)
   int64_t applied = 0;
   int64_t dropped = 0;

@@ -6,6 +6,23 @@
 
 namespace mlfabric {
 
+bool WantReplicaSnapshot(ClusterState* state, JobState* job, const std::string& server_name,
+                         bool replica_registered) {
+  auto server = job->servers.find(server_name);
+  if (server == job->servers.end() || !server->second.shards.empty()) return false;
+  if (!job->replica_hosts.count(server_name)) return false;
+  ReplicaTrack& replica = server->second.replica;
+  if (replica_registered) {
+    ForgetReplicaSnapshot(state, &server->second);
+  } else if (replica.snapshot_id != 0 || replica.snapshot_wanted) {
+    return false;
+  }
+  if (!job->snapshot_replicas.count(server_name)) return false;
+  replica.snapshot_wanted = true;
+  replica.synced = false;
+  return true;
+}
+
 void SendReplicaSnapshots(ClusterState* state) {
   for (auto& [job_name, job] : state->jobs) {
     for (auto& [server_name, server] : job.servers) {

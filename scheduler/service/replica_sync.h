@@ -4,7 +4,8 @@
 // server's commit order and send it to the replica, ahead of the copies
 // of every update after the cut (mlfabric.md §5.3; issue 16).
 //
-//   RegisterEntity(ROLE_REPLICA, installs_snapshots) -> replica.snapshot_wanted
+//   RegisterEntity(ROLE_REPLICA, installs_snapshots) -> WantReplicaSnapshot
+//   RegisterEntity(ROLE_SERVER) -> WantReplicaSnapshot   // a replica there first
 //   SendReplicaSnapshots(&state);        // each batch cycle, before any cut
 //   ReplicaSnapshotEnded(&state, id, applied, version, error);   // its report
 //
@@ -29,6 +30,15 @@
 #include "scheduler/service/cluster_state.h"
 
 namespace mlfabric {
+
+// The replica of `server_name` registered (`replica_registered`), or the
+// server did while a replica that installs snapshots was there already (a
+// standby started before its server, or either of them registering again
+// with a restarted scheduler): a snapshot is wanted, unless one is on its
+// way already (the server registering again). A replica registering
+// forgets the snapshot of the one before it. True if one is wanted.
+bool WantReplicaSnapshot(ClusterState* state, JobState* job, const std::string& server_name,
+                         bool replica_registered);
 
 // Sends the snapshots wanted, where server and replica hosts are up.
 void SendReplicaSnapshots(ClusterState* state);

@@ -128,5 +128,43 @@ TEST_CASE("no snapshot while a host is down, and none once the replica left") {
   CHECK(f.server().replica.synced);
 }
 
+TEST_CASE("a replica that installs snapshots gets one when its server registers after it") {
+  Fixture f;
+  JobState& job = f.state.jobs["demo"];
+  ServerState& server = f.server();
+  ForgetReplicaSnapshot(&f.state, &server);
+  job.servers.erase("ps");  // the replica registered first: no server yet
+  job.snapshot_replicas.insert("ps");
+  CHECK_FALSE(WantReplicaSnapshot(&f.state, &job, "ps", /*replica_registered=*/true));
+  job.servers["ps"].host = "s1";  // now its server registers
+  CHECK(WantReplicaSnapshot(&f.state, &job, "ps", /*replica_registered=*/false));
+  CHECK(f.server().replica.snapshot_wanted);
+  CHECK_FALSE(f.server().replica.synced);
+  SendReplicaSnapshots(&f.state);
+  const uint64_t id = f.server().replica.snapshot_id;
+  REQUIRE(id != 0);
+  // The server registering again while its snapshot is on the way takes no
+  // second one; a replica registering again does.
+  CHECK_FALSE(WantReplicaSnapshot(&f.state, &job, "ps", false));
+  CHECK(f.server().replica.snapshot_id == id);
+  CHECK(WantReplicaSnapshot(&f.state, &job, "ps", true));
+  CHECK(f.server().replica.snapshot_id == 0);
+  CHECK(f.server().replica.snapshot_wanted);
+}
+
+TEST_CASE("a replica without snapshots, or none at all, wants none") {
+  Fixture f;
+  JobState& job = f.state.jobs["demo"];
+  ForgetReplicaSnapshot(&f.state, &f.server());
+  CHECK_FALSE(WantReplicaSnapshot(&f.state, &job, "ps", true));   // it installs none
+  CHECK_FALSE(WantReplicaSnapshot(&f.state, &job, "ps", false));
+  CHECK(f.server().replica.synced);
+  job.snapshot_replicas.insert("ps");
+  job.replica_hosts.erase("ps");
+  CHECK_FALSE(WantReplicaSnapshot(&f.state, &job, "ps", false));  // no replica
+  CHECK_FALSE(WantReplicaSnapshot(&f.state, &job, "nobody", false));
+  CHECK(f.server().replica.synced);
+}
+
 }  // namespace
 }  // namespace mlfabric

@@ -163,6 +163,7 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
                          "the scheduler restarted during the round; the next round goes on");
       }
       server.backup_workers = request.backup_workers();
+      if (WantReplicaSnapshot(&state_, job, request.name(), false)) loop_.Wake();
       servers_cv_.notify_all();
       ResolveInDoubt(&state_, config_.in_doubt_wait_s);  // its pushes in doubt are decided
       reply->set_model_version(server.model_version);
@@ -197,15 +198,12 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
       // that installs snapshots starts from the server's model
       // (replica_sync.h).
       job->replica_hosts[request.name()] = request.host();
-      if (auto server = job->servers.find(request.name());
-          server != job->servers.end() && server->second.shards.empty()) {
-        ForgetReplicaSnapshot(&state_, &server->second);
-        if (request.installs_snapshots()) {
-          server->second.replica.snapshot_wanted = true;
-          server->second.replica.synced = false;
-          loop_.Wake();
-        }
+      if (request.installs_snapshots()) {
+        job->snapshot_replicas.insert(request.name());
+      } else {
+        job->snapshot_replicas.erase(request.name());
       }
+      if (WantReplicaSnapshot(&state_, job, request.name(), true)) loop_.Wake();
       MLF_LOG(INFO) << "job " << request.job() << ": " << v1::Role_Name(request.role()) << " "
                     << request.name() << " on " << request.host()
                     << (request.installs_snapshots() ? " (starts from a snapshot)" : "");
