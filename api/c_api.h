@@ -161,9 +161,20 @@ typedef struct {
  * api/replica.h); the promotion has happened, so it cannot fail. */
 typedef void (*mlf_promotion_fn)(void* ctx, const mlf_promotion_view* promotion);
 
+/* Replaces the replica's model with a snapshot of the server's: `bytes`
+ * bytes at `version` (valid only during the callback); the updates after it
+ * follow through on_update. Returns 0, or a non-zero status code with a
+ * message in `err` (the snapshot fails and the scheduler sends another). */
+typedef int (*mlf_install_fn)(void* ctx, int64_t version, const void* data, uint64_t bytes,
+                              char* err, size_t err_len);
+
+/* `installs_snapshots` non-zero: the replica starts from a snapshot of its
+ * server's model (RegistrationParams::replica_snapshot); set an install
+ * callback before serving. */
 int64_t mlf_ext_replica_create(const char* server, const char* socket, const char* job,
                                const char* token, const char* name, int64_t delay_bound,
-                               double divergence_bound, int* code, char* err, size_t err_len);
+                               double divergence_bound, int installs_snapshots, int* code,
+                               char* err, size_t err_len);
 /* = mlf_ext_replica_set_callbacks(handle, on_update, NULL, NULL, ctx). */
 void mlf_ext_replica_set_callback(int64_t handle, mlf_update_fn on_update, void* ctx);
 /* Set before serving; `ctx` is passed to all three. on_update is required.
@@ -172,6 +183,9 @@ void mlf_ext_replica_set_callback(int64_t handle, mlf_update_fn on_update, void*
 void mlf_ext_replica_set_callbacks(int64_t handle, mlf_update_fn on_update,
                                    mlf_request_fn on_request, mlf_promotion_fn on_promotion,
                                    void* ctx);
+/* Set before serving, after mlf_ext_replica_set_callbacks (its `ctx` is
+ * passed); required when created with installs_snapshots. */
+void mlf_ext_replica_set_install_callback(int64_t handle, mlf_install_fn on_install);
 /* 1 once the scheduler made the replica the server, 0 before, -1 for an
  * unknown handle. Any thread, also while serving. */
 int mlf_ext_replica_promoted(int64_t handle);

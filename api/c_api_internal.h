@@ -78,6 +78,7 @@ struct Callbacks {
   mlf_update_fn on_update = nullptr;
   mlf_request_fn on_request = nullptr;
   mlf_promotion_fn on_promotion = nullptr;  // replicas only
+  mlf_install_fn on_install = nullptr;      // replicas that install snapshots
   void* ctx = nullptr;
 };
 

@@ -74,6 +74,16 @@ void RegisterReplicaCallbacks(Entry* entry) {
     view.model_version = p.model_version;
     callbacks.on_promotion(callbacks.ctx, &view);
   });
+  if (callbacks.on_install != nullptr) {
+    entry->replica->RegisterInstallCallback([callbacks](const Replica::Install& install) {
+      char err[2048] = {0};
+      const int code = callbacks.on_install(callbacks.ctx, install.version, install.data,
+                                            install.bytes, err, sizeof err);
+      if (code == 0) return absl::OkStatus();
+      return absl::Status(static_cast<absl::StatusCode>(code),
+                          err[0] != '\0' ? err : "the install callback failed without a message");
+    });
+  }
 }
 
 }  // namespace
@@ -293,7 +303,7 @@ void mlf_ext_server_set_callbacks(int64_t handle, mlf_update_fn on_update,
   auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->server) return;
   std::lock_guard<std::mutex> lock(entry->serve_mu);  // not while serving
-  entry->callbacks = {on_update, on_request, nullptr, ctx};
+  entry->callbacks = {on_update, on_request, nullptr, nullptr, ctx};
   mlfabric::c_api::Callbacks callbacks = entry->callbacks;
   entry->server->RegisterUpdateCallback(
       [callbacks](const mlfabric::Server::Update& u) { return mlfabric::c_api::CallUpdate(callbacks, u); });
@@ -334,8 +344,10 @@ void mlf_ext_server_destroy(int64_t handle) {
 
 int64_t mlf_ext_replica_create(const char* server, const char* socket, const char* job,
                                const char* token, const char* name, int64_t delay_bound,
-                               double divergence_bound, int* code, char* err, size_t err_len) {
+                               double divergence_bound, int installs_snapshots, int* code,
+                               char* err, size_t err_len) {
   auto params = mlfabric::c_api::Params(socket, job, token, name, delay_bound, divergence_bound);
+  params.replica_snapshot = installs_snapshots != 0;
   auto replica = mlfabric::RegisterAsReplica(server != nullptr ? server : "", params);
   if (!replica.ok()) return mlfabric::c_api::Fail(replica.status(), code, err, err_len);
   auto entry = std::make_shared<Entry>();
@@ -354,7 +366,15 @@ void mlf_ext_replica_set_callbacks(int64_t handle, mlf_update_fn on_update,
   auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->replica) return;
   std::lock_guard<std::mutex> lock(entry->serve_mu);  // not while serving
-  entry->callbacks = {on_update, on_request, on_promotion, ctx};
+  entry->callbacks = {on_update, on_request, on_promotion, entry->callbacks.on_install, ctx};
+  mlfabric::c_api::RegisterReplicaCallbacks(entry.get());
+}
+
+void mlf_ext_replica_set_install_callback(int64_t handle, mlf_install_fn on_install) {
+  auto entry = mlfabric::c_api::Find(handle);
+  if (!entry || !entry->replica) return;
+  std::lock_guard<std::mutex> lock(entry->serve_mu);  // not while serving
+  entry->callbacks.on_install = on_install;
   mlfabric::c_api::RegisterReplicaCallbacks(entry.get());
 }
 

@@ -23,7 +23,10 @@ job "demo" plus a second job "other" on the same scheduler).
      h1 (rank 1): the promotion callback runs once with server, old_host,
      reason and model_version, `promoted` turns True, the workers' gets are
      answered by the replica's request callback with its model and versions
-     that go on from the old server's, and later pushes are applied to it.
+     that go on from the old server's, and later pushes are applied to it;
+  7. a new Python standby of the promoted server, created with install=,
+     installs a snapshot of its model (the exact model, at its version),
+     then applies the copies of the later pushes and equals the server.
 Prints "python_api_check rank R: OK" on success.
 """
 import faulthandler
@@ -446,11 +449,68 @@ if rank == 1:
     expect(standby["requests"] > 0, "gets answered by the request callback: %d"
            % standby["requests"])
 barrier()
+print("rank %d: part 6 (failover) done" % rank, flush=True)
+barrier()
+
+# ---- 7. a new standby of pyfo on h0 starts from a snapshot of the promoted
+# replica's model (install callback), then follows the updates after it
+fresh = {"model": np.full(fo_size, -1, np.float32), "version": -1, "installs": [],
+         "applied": 0}
+fresh_replica = None
+if rank == 1 and replica is not None:  # pyps's replica, made without install=
+    raises(lambda: replica.register_install_callback(lambda v, data: None),
+           RuntimeError, "not created with snapshot=True")
+if rank == 0:
+    def fresh_install(v, data):
+        expect(isinstance(data, bytes), "install gets bytes: %r" % type(data))
+        fresh["installs"].append((v, np.frombuffer(data, np.float32).copy()))
+        fresh["model"][:] = np.frombuffer(data, np.float32)
+        fresh["version"] = v
+
+    def fresh_apply(update):
+        fresh["model"] += update.array(np.float32)
+        fresh["applied"] += update.count
+        fresh["version"] += update.count
+        return fresh["version"]
+
+    fresh_replica = mlfabric.Replica("pyfo", fresh_apply, install=fresh_install).start()
+    deadline = time.time() + 30
+    while not fresh["installs"] and time.time() < deadline and fresh_replica.error is None:
+        time.sleep(0.05)
+    expect(fresh_replica.error is None, "the new standby serves: %r" % fresh_replica.error)
+    expect(len(fresh["installs"]) == 1, "one snapshot installed: %d" % len(fresh["installs"]))
+    if fresh["installs"]:
+        v, model = fresh["installs"][0]
+        expect(v == final_version and np.array_equal(model, want),
+               "the snapshot is the promoted replica's model at v%d: v%d %s"
+               % (final_version, v, model))
+barrier()
+for turn in range(size):
+    if turn == rank:
+        v, _ = worker.get("pyfo")
+        r = worker.push("pyfo", np.full(fo_size, 100 * (rank + 1), np.float32), v)
+        expect(r["outcome"] == "applied", "push to pyfo after the snapshot applied: %s" % r)
+    barrier()
+want7 = want + np.full(fo_size, sum(100 * (r + 1) for r in range(size)), np.float32)
+last_version, last_data = worker.get("pyfo")
+expect(np.array_equal(np.frombuffer(last_data, np.float32), want7),
+       "pyfo after the snapshot's pushes: %s" % np.frombuffer(last_data, np.float32))
+if rank == 0:
+    deadline = time.time() + 30  # copies may be punted to a later batch
+    while fresh["applied"] < size and time.time() < deadline and fresh_replica.error is None:
+        time.sleep(0.05)
+    expect(fresh["applied"] == size and np.array_equal(fresh["model"], want7)
+           and fresh["version"] == last_version,
+           "the new standby equals the server: %s v%d (%d applied), want %s v%d"
+           % (fresh["model"], fresh["version"], fresh["applied"], want7, last_version))
+    fresh_replica.stop()
+    fresh_replica.close()
+barrier()
 if fo_replica is not None:
     fo_replica.stop()
     fo_replica.close()
     expect(fo_replica.promoted, "promoted is kept after close()")
-print("rank %d: part 6 (failover) done" % rank, flush=True)
+print("rank %d: part 7 (replica from a snapshot) done" % rank, flush=True)
 barrier()
 if server is not None:
     server.stop()

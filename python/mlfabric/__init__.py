@@ -16,7 +16,8 @@ Classes (pybind11 binding of the C++ API in api/):
         update callback (Update -> new version) and request callback
         (-> (version, bytes-like)) are Python functions; serve() or start()
     Replica(server, update=None, request=None, promotion=None, ...): a replica of
-        `server` (§5.3); when the server dies it is promoted: promotion(p), then request()
+        `server` (§5.3); when the server dies it is promoted: promotion(p), then request();
+        install=fn(version, bytes) starts it from a snapshot of the server's model
     SumServer(name, initial_float32): a C++ parameter server applying model += update
     Shard(group, index, count, begin, end), partition(sizes, count): server groups,
         a model split across several servers (both server classes take shard=...)
@@ -201,12 +202,26 @@ class Replica(_Serving, _ext.Replica):
         def promote(p):
             version[0] = max(version[0], p.model_version)
         mlfabric.Replica("ps0", apply, lambda: (version[0], model), promote).start()
+
+    A replica started while its server already holds a model (mid-training,
+    or a new standby after a failover) passes install: the scheduler has
+    the server's daemon send a snapshot of the model at a cut in its commit
+    order, install(version, data) replaces the replica's model with it
+    (data: bytes), and the copies of every update after the cut follow.
+    The replica is not promoted before it installed one.
+
+        def install(v, data):
+            model[:] = np.frombuffer(data, np.float32); version[0] = v
+        mlfabric.Replica("ps0", apply, lambda: (version[0], model), install=install)
     """
 
     def __init__(self, server, update=None, request=None, promotion=None, name="", socket="",
-                 job="", token="", delay_bound=None, divergence_bound=None):
+                 job="", token="", delay_bound=None, divergence_bound=None, install=None):
         _ext.Replica.__init__(self, server, name=name, socket=socket, job=job, token=token,
-                              delay_bound=delay_bound, divergence_bound=divergence_bound)
+                              delay_bound=delay_bound, divergence_bound=divergence_bound,
+                              snapshot=install is not None)
+        if install is not None:
+            self.register_install_callback(install)
         self._thread = None
         self.error = None
         if update is not None:

@@ -105,6 +105,7 @@ struct Handlers {
   py::object on_update = py::none();
   py::object on_request = py::none();
   py::object on_promotion = py::none();  // replicas only
+  py::object on_install = py::none();    // replicas that start from a snapshot
 
   static int Update(void* ctx, const mlf_update_view* view, int64_t* new_version, char* err,
                     size_t err_len) {
@@ -177,6 +178,33 @@ struct Handlers {
     } catch (const std::exception& e) {
       code = kInternal;
       message = std::string("the request callback failed: ") + e.what();
+    }
+    if (code != 0) std::snprintf(err, err_len, "%s", message.c_str());
+    return code;
+  }
+
+  // A snapshot of the server's model: install(version, data) with `data` a
+  // bytes copy (installed once per registration; a copy keeps it safe to
+  // hold). An exception fails the install: the scheduler sends another.
+  static int Install(void* ctx, int64_t version, const void* data, uint64_t bytes, char* err,
+                     size_t err_len) {
+    auto* self = static_cast<Handlers*>(ctx);
+    py::gil_scoped_acquire acquire;
+    std::string message;
+    int code = 0;
+    try {
+      if (self->on_install.is_none()) {
+        code = 9;
+        message = "no install callback is registered at this replica";
+      } else {
+        self->on_install(version, py::bytes(static_cast<const char*>(data), bytes));
+      }
+    } catch (py::error_already_set& e) {
+      code = kInternal;
+      message = PythonError(e, "install callback");
+    } catch (const std::exception& e) {
+      code = kInternal;
+      message = std::string("the install callback failed: ") + e.what();
     }
     if (code != 0) std::snprintf(err, err_len, "%s", message.c_str());
     return code;
@@ -298,7 +326,7 @@ class PyReplica {
  public:
   PyReplica(const std::string& server, const std::string& name, const std::string& socket,
             const std::string& job, const std::string& token, std::optional<int64_t> delay_bound,
-            std::optional<double> divergence_bound) {
+            std::optional<double> divergence_bound, bool snapshot) {
     const int64_t delay = DelayBound(delay_bound);
     const double divergence = DivergenceBound(divergence_bound);
     char err[kErrBytes] = {0};
@@ -306,14 +334,17 @@ class PyReplica {
     {
       py::gil_scoped_release release;
       handle_ = mlf_ext_replica_create(server.c_str(), socket.c_str(), job.c_str(), token.c_str(),
-                                       name.c_str(), delay, divergence, &code, err, sizeof err);
+                                       name.c_str(), delay, divergence, snapshot ? 1 : 0,
+                                       &code, err, sizeof err);
     }
     if (handle_ == 0) Raise(code, err);
     server_ = server;
+    snapshot_ = snapshot;
     // All three trampolines, once: the Python callables may be (re)set any
     // time, while serving too, since the trampolines read them under the GIL.
     mlf_ext_replica_set_callbacks(handle_, &Handlers::Update, &Handlers::Request,
                                   &Handlers::Promotion, &handlers_);
+    if (snapshot) mlf_ext_replica_set_install_callback(handle_, &Handlers::Install);
   }
   ~PyReplica() { Close(); }
   void SetUpdate(py::object fn) {
@@ -328,6 +359,14 @@ class PyReplica {
     if (!fn.is_none() && !PyCallable_Check(fn.ptr())) throw py::type_error("the promotion callback must be callable");
     handlers_.on_promotion = std::move(fn);
   }
+  void SetInstall(py::object fn) {
+    if (!fn.is_none() && !PyCallable_Check(fn.ptr())) throw py::type_error("the install callback must be callable");
+    if (!snapshot_ && !fn.is_none()) {
+      throw std::runtime_error("replica of '" + server_ +
+                               "' was not created with snapshot=True: no snapshot will come");
+    }
+    handlers_.on_install = std::move(fn);
+  }
   // Readable from any thread while serve() runs (an atomic in the C API);
   // after close(), what it was then.
   bool promoted() const { return handle_ != 0 ? mlf_ext_replica_promoted(handle_) == 1 : promoted_; }
@@ -336,6 +375,11 @@ class PyReplica {
     if (handlers_.on_update.is_none()) {
       throw std::runtime_error("replica of '" + server_ +
                                "': register an update callback before serve()");
+    }
+    if (snapshot_ && handlers_.on_install.is_none()) {
+      throw std::runtime_error("replica of '" + server_ +
+                               "' starts from a snapshot: register an install callback before "
+                               "serve()");
     }
     char err[kErrBytes] = {0};
     int code;
@@ -361,6 +405,7 @@ class PyReplica {
  private:
   int64_t handle_ = 0;
   std::string server_;
+  bool snapshot_ = false;  // starts from a snapshot of the server's model
   bool promoted_ = false;  // as it was at close()
   Handlers handlers_;
 };
@@ -440,10 +485,10 @@ void BindServers(py::module_& m) {
   py::class_<PyReplica>(m, "Replica")
       .def(py::init<const std::string&, const std::string&, const std::string&,
                     const std::string&, const std::string&, std::optional<int64_t>,
-                    std::optional<double>>(),
+                    std::optional<double>, bool>(),
            py::arg("server"), py::arg("name") = "", py::arg("socket") = "", py::arg("job") = "",
            py::arg("token") = "", py::arg("delay_bound") = py::none(),
-           py::arg("divergence_bound") = py::none())
+           py::arg("divergence_bound") = py::none(), py::arg("snapshot") = false)
       .def_property_readonly("server", &PyReplica::server)
       .def_property_readonly("promoted", &PyReplica::promoted,
                              "True once the scheduler made this replica the server.")
@@ -452,6 +497,9 @@ void BindServers(py::module_& m) {
            "Once promoted: answers the workers' gets, returning (version, bytes-like).")
       .def("register_promotion_callback", &PyReplica::SetPromotion, py::arg("callback"),
            "Called once with a Promotion when the scheduler makes this replica the server.")
+      .def("register_install_callback", &PyReplica::SetInstall, py::arg("callback"),
+           "snapshot=True: install(version, data) replaces the model with the server's "
+           "(data: bytes) before the updates after it arrive.")
       .def("serve", &PyReplica::Serve)
       .def("stop", &PyReplica::Stop)
       .def("close", &PyReplica::Close);
