@@ -198,8 +198,9 @@ void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
   std::optional<daemon::PushTable::Push> push = pushes_.Find(source);
   // A member of an aggregation on this host (the scheduler sends the task
   // first) is summed here; anything else for this host (a push to a server
-  // on it) goes through the data plane like any transfer.
-  if (push.has_value() && send.dst_host() == config_.host &&
+  // on it, a group push's part, which is a slice of the buffer) goes
+  // through the data plane like any transfer.
+  if (push.has_value() && send.dst_host() == config_.host && !send.part() &&
       aggregation_->AggregateOf(send.transfer_id()).has_value()) {
     aggregation_->AcceptLocalLocked(send, push->buffer);
     return;

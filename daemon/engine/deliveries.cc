@@ -117,10 +117,11 @@ void Deliveries::TryDeliverLocked(uint32_t job_id, const std::string& server) {
       reporter_->ReportFailure(transfer_id, absl::StrCat("cannot hand the update to server '",
                                                          server, "': ", sent.message()));
     } else {
-      // A restarted scheduler knows a group push, not its parts.
+      // A restarted scheduler knows a group push, not its parts; a group
+      // aggregate's part names its pushes.
       std::vector<uint64_t> pushes(step.info.constituents().begin(),
                                    step.info.constituents().end());
-      if (step.info.group_push() != 0) pushes = {step.info.group_push()};
+      if (step.info.group_push() != 0 && pushes.empty()) pushes = {step.info.group_push()};
       // A replica's aggregate of punted copies names pushes its server
       // applied and reported long ago: not this daemon's to report as
       // applied by a server, but as held by the replica (the copy's push,

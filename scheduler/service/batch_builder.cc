@@ -35,15 +35,19 @@ core::Batch BuildBatch(const BatchInputs& in) {
   batch.seed = in.seed;
   batch.streaming_aggregation = in.streaming_aggregation;
   std::set<std::string> involved = {in.server_host};
+  std::set<std::string> receivers = {in.server_host};  // of a part: never an aggregator
   for (const PendingUpdate& update : in.updates) {
     batch.updates.push_back(update.request);
     involved.insert(update.request.worker);
     // §10.2: the hosts of the model's further shards receive parts too.
-    for (const core::ShardPart& part : update.request.shards) involved.insert(part.server);
+    for (const core::ShardPart& part : update.request.shards) {
+      involved.insert(part.server);
+      receivers.insert(part.server);
+    }
   }
   if (CanShareAggregates(in)) {
     for (const std::string& host : in.aggregator_candidates) {
-      if (host == in.server_host) continue;
+      if (receivers.count(host)) continue;
       batch.aggregators.push_back(host);
       involved.insert(host);
     }

@@ -253,6 +253,10 @@ void ClusterState::RememberPushUid(uint64_t uid, uint64_t transfer_id, const std
 }
 
 void ClusterState::FailAggregate(uint64_t aggregate_id, const std::string& reason) {
+  if (IsGroupAggregate(*this, aggregate_id)) {
+    FailGroupAggregate(this, aggregate_id, reason);
+    return;
+  }
   auto it = aggregates.find(aggregate_id);
   if (it == aggregates.end()) return;
   const AggregateRecord aggregate = std::move(it->second);
@@ -324,6 +328,15 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
     FailAggregateWhenCancelled(id,
                                absl::StrCat("aggregator host ", host_name, " is down: ", reason));
   }
+  std::vector<uint64_t> group_sums_there;  // group aggregates whose sums are not all out
+  for (const auto& [id, group] : group_pushes) {
+    if (!group.constituents.empty() && !group.released && group.aggregator == host_name) {
+      group_sums_there.push_back(id);
+    }
+  }
+  for (uint64_t id : group_sums_there) {
+    FailGroupAggregate(this, id, absl::StrCat("aggregator host ", host_name, " is down: ", reason));
+  }
   std::vector<uint64_t> to_fail;
   for (auto& [id, record] : updates) {
     JobState* job = FindJob(record.job);
@@ -335,8 +348,10 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
       auto s = job->servers.find(shard.server);
       server_down = server_down || (s != job->servers.end() && s->second.host == host_name);
     }
-    // Every part of this group push is at its shard already.
-    if (auto group = group_pushes.find(id); group != group_pushes.end() && group->second.released) {
+    // Every part of this group push (or of its group aggregate) is at its
+    // shard already.
+    if (auto group = group_pushes.find(record.aggregate_id != 0 ? record.aggregate_id : id);
+        group != group_pushes.end() && group->second.released) {
       source_down = false;
     }
     if (!source_down && !server_down) continue;
@@ -440,6 +455,12 @@ void ClusterState::FailWhenCancelled(uint64_t transfer_id, const std::string& re
 }
 
 void ClusterState::FailAggregateWhenCancelled(uint64_t aggregate_id, const std::string& reason) {
+  // A group aggregate's sums are held at the shards until all are in:
+  // none was applied unless they were released (FailGroupAggregate says so).
+  if (IsGroupAggregate(*this, aggregate_id)) {
+    FailGroupAggregate(this, aggregate_id, reason);
+    return;
+  }
   auto it = aggregates.find(aggregate_id);
   if (it == aggregates.end()) return;
   AggregateRecord& aggregate = it->second;
@@ -695,6 +716,7 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
       }
       continue;
     }
+    if (IsGroupAggregate(*this, record.aggregate_id)) continue;  // below, once
     AppendSegments(record.planned.segments, &(*up)[record.planned.src]);
     AppendSegments(record.planned.segments, &(*down)[record.planned.dst]);
   }
@@ -710,6 +732,17 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
     for (const AggregateRecord::Hop& hop : aggregate.hops) {
       AppendSegments(hop.planned.segments, &(*up)[hop.planned.src]);
       AppendSegments(hop.planned.segments, &(*down)[hop.planned.dst]);
+    }
+  }
+  for (const auto& [id, group] : group_pushes) {
+    if (group.constituents.empty()) continue;  // a push's own: above
+    for (const TransferView& feed : group.feeds) {
+      AppendSegments(feed.segments, &(*up)[feed.src]);
+      AppendSegments(feed.segments, &(*down)[feed.dst]);
+    }
+    for (const GroupPart& part : group.parts) {
+      AppendSegments(part.planned.segments, &(*up)[part.planned.src]);
+      AppendSegments(part.planned.segments, &(*down)[part.planned.dst]);
     }
   }
 }

@@ -303,6 +303,15 @@ struct GroupPart {
 struct GroupPush {
   std::vector<GroupPart> parts;
   bool released = false;  // every part was ready: the shards may apply it
+  // A group aggregate (server_groups.h; §5.2 with §10.2): under an id of
+  // its own, the pushes `constituents` (commit order) summed at
+  // `aggregator`; each part is that sum's bytes for one shard, and
+  // `feeds` are the constituents' parts on their way to the aggregator.
+  // Empty `constituents`: the entry is a push's own (keyed by the push).
+  std::vector<uint64_t> constituents;
+  std::string aggregator;
+  uint64_t sequence = 0;  // the group's commit position
+  std::vector<TransferView> feeds;
 };
 
 // How a push ended, kept a while so that a source whose stream broke
@@ -374,6 +383,7 @@ class ClusterState {
   // Pushes to server groups in flight, by push id, and their parts' ids.
   std::map<uint64_t, GroupPush> group_pushes;
   std::map<uint64_t, uint64_t> group_parts;  // part transfer id -> push id
+  std::map<uint64_t, uint64_t> group_feeds;  // part to an aggregator -> group aggregate
   // The last kRecentOutcomes outcomes (Complete), by transfer id.
   static constexpr size_t kRecentOutcomes = 65536;
   std::map<uint64_t, RecentOutcome> recent_outcomes;

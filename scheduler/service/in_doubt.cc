@@ -109,7 +109,7 @@ std::optional<Known> KnownOutcomeOfCopy(const ClusterState& state, const v1::Exp
                                         const std::string& job, const std::string& server,
                                         double waited_s, double wait_s, int64_t* applied) {
   std::vector<uint64_t> pushes(copy.constituents().begin(), copy.constituents().end());
-  if (copy.group_push() != 0) pushes = {copy.group_push()};
+  if (copy.group_push() != 0 && pushes.empty()) pushes = {copy.group_push()};
   if (pushes.empty()) pushes.push_back(copy.source_transfer_id());
   *applied = 0;
   std::optional<Known> failed;
@@ -180,8 +180,17 @@ bool SettleKeptPart(ClusterState* state, uint64_t part_id, const HeldAtReplica& 
     }
   }
   const uint64_t push = held.copy.group_push();
-  const std::optional<Known> known = KnownOutcome(
-      *state, push, held.job, shard_state != nullptr ? shard_state->group : "", waited_s, wait_s);
+  // A group aggregate's part: applied at some shard if any of its pushes
+  // is known applied (a shard applies the sum whole), not if any is known
+  // not applied.
+  std::vector<uint64_t> pushes(held.copy.constituents().begin(), held.copy.constituents().end());
+  if (pushes.empty()) pushes = {push};
+  std::optional<Known> known;
+  for (uint64_t p : pushes) {
+    known = KnownOutcome(*state, p, held.job, shard_state != nullptr ? shard_state->group : "",
+                         waited_s, wait_s);
+    if (known.has_value()) break;
+  }
   if (!known.has_value()) return false;
   const bool here = group != nullptr && shard_state->host == held.replica_host &&
                     state->AliveHost(held.replica_host) != nullptr;

@@ -10,69 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "scheduler/service/commands.h"
+#include "scheduler/service/plan_dispatcher_run.h"
 
 namespace mlfabric {
-
-class PlanDispatcher::Run {
- public:
-  Run(const PlanDispatcher& dispatcher, const BatchWork& work, JobState* job)
-      : config_(dispatcher.config_),
-        state_(*dispatcher.state_),
-        work_(work),
-        job_(*job),
-        server_(job->servers[work.server]) {}
-
-  BatchView Dispatch(const std::string& planner_name);
-
- private:
-  // A transfer of `plan` as the admin history and the timeout check see it.
-  TransferView Planned(uint64_t id, const std::string& src, const std::string& dst,
-                       int64_t bytes, const core::Transfer& transfer, double deadline_s) const;
-  void DispatchDirect(UpdateRecord& record, const core::Transfer& transfer,
-                      const HostState& server_host);
-  // Sends the update to its first aggregator: `hop`, or (a streaming
-  // chain's member at the host its partial sum passes) its own host.
-  void DispatchViaAggregator(UpdateRecord& record, const core::Transfer* hop,
-                             uint64_t aggregate_id, double aggregate_end_s);
-  // Opens the aggregate the first time one of its constituents comes up in
-  // the commit order; returns its id, or 0 when it cannot be carried out.
-  // `chain`: a streaming chain's hops before `transfer`, upstream first
-  // (empty for Alg. 3's aggregates).
-  uint64_t OpenAggregate(const core::Transfer& transfer,
-                         const std::vector<const core::Transfer*>& chain,
-                         const HostState& server_host);
-  // The constituents of `transfer` still in flight, as transfer ids.
-  std::vector<uint64_t> LiveConstituents(const core::Transfer& transfer) const;
-  // A server group's batch (server_groups.h): each push's parts, one per
-  // shard, held at the shards under the push's group sequence number.
-  void DispatchGroup(const core::Plan& plan);
-  // §5.3: sends the plan's replica copies and marks the punted ones.
-  void DispatchReplica(const core::Plan& plan);
-  // One of the replica's aggregates: copies sent to the aggregator, summed
-  // there, delivered at the replica as one (their pushes in order).
-  void DispatchReplicaAggregate(const core::Transfer& aggregate,
-                                const std::map<std::string, const core::Transfer*>& feeds,
-                                const std::string& replica_name, const HostState& replica_host);
-  // Removes and returns push `source`'s punted copy (nullopt: none).
-  std::optional<PendingReplica> TakePunted(uint64_t source);
-  // What the replica's daemon expects of copy `copy` at the replica's next
-  // position (advances it).
-  commands::Expect ReplicaExpect(uint64_t copy, const std::string& src_host,
-                                 const PendingReplica& what);
-  void FailAll(const std::set<uint64_t>& ids, const std::string& reason);
-  // What `server`'s daemon expects of push `record` at its commit position:
-  // transfer `transfer_id` of `bytes` bytes (the push, or a group's part).
-  commands::Expect PushExpect(const UpdateRecord& record, uint64_t transfer_id,
-                              const std::string& server, int64_t bytes) const;
-
-  const SchedulerConfig& config_;
-  ClusterState& state_;
-  const BatchWork& work_;
-  JobState& job_;
-  ServerState& server_;
-  BatchView view_;
-  std::map<const core::Transfer*, uint64_t> aggregate_ids_;
-};
 
 PlanDispatcher::PlanDispatcher(const SchedulerConfig& config, ClusterState* state,
                                AdminHistory* history)
@@ -306,90 +246,6 @@ void PlanDispatcher::Run::DispatchViaAggregator(UpdateRecord& record, const core
   send.local_id = record.local_id;
   state_.Enqueue(record.src_host, commands::SendTransfer(send, hop->segments));
   ++state_.stats.planned;
-}
-
-void PlanDispatcher::Run::DispatchGroup(const core::Plan& plan) {
-  std::map<std::string, std::vector<const core::Transfer*>> transfers;  // by update
-  for (const core::Transfer& transfer : plan.transfers) {
-    if (transfer.kind == core::TransferKind::kDirect) {
-      transfers[transfer.update].push_back(&transfer);
-    }
-  }
-  const size_t shards = server_.shards.size();
-  for (const std::string& id_text : plan.order) {
-    const uint64_t id = std::stoull(id_text);
-    auto it = state_.updates.find(id);
-    if (it == state_.updates.end()) continue;  // failed meanwhile
-    UpdateRecord& record = it->second;
-    // Each shard's part: the plan's transfer to its host of its size.
-    std::vector<const core::Transfer*> unused = transfers[id_text];
-    std::vector<const core::Transfer*> parts(shards, nullptr);
-    std::vector<const HostState*> hosts(shards, nullptr);
-    std::string problem;
-    for (size_t i = 0; i < shards && problem.empty(); ++i) {
-      const ShardSlot& slot = server_.shards[i];
-      const std::string& host = job_.servers[slot.server].host;
-      hosts[i] = state_.AliveHost(host);
-      if (hosts[i] == nullptr) {
-        problem = absl::StrCat("shard ", i, " ('", slot.server, "') on ", host, " is down");
-        break;
-      }
-      for (auto t = unused.begin(); t != unused.end(); ++t) {
-        if ((*t)->dst == host && (*t)->bytes == slot.end - slot.begin) {
-          parts[i] = *t;
-          unused.erase(t);
-          break;
-        }
-      }
-      if (parts[i] == nullptr) {
-        problem = absl::StrCat("the plan has no transfer for its part to shard ", i,
-                               " (planner bug)");
-      }
-    }
-    if (!problem.empty()) {
-      state_.Complete(id, v1::OUTCOME_FAILED, problem, 0);
-      continue;
-    }
-    record.state = UpdateState::kInFlight;
-    record.sequence = server_.next_sequence++;
-    ++server_.in_flight;
-    double end_s = 0;
-    for (const core::Transfer* part : parts) end_s = std::max(end_s, part->end_s);
-    const double deadline_s = end_s + config_.transfer_slack_s;
-    record.planned =
-        Planned(id, record.src_host, server_.host, record.bytes, *parts[0], deadline_s);
-    record.planned.end_s = end_s;
-    GroupPush& push = state_.group_pushes[id];
-    for (size_t i = 0; i < shards; ++i) {
-      const ShardSlot& slot = server_.shards[i];
-      const core::Transfer& transfer = *parts[i];
-      GroupPart part;
-      part.id = state_.NewTransferId();
-      part.server = slot.server;
-      part.host = transfer.dst;
-      part.begin = slot.begin;
-      part.end = slot.end;
-      part.planned = Planned(part.id, record.src_host, part.host, slot.end - slot.begin,
-                             transfer, deadline_s);
-      view_.transfers.push_back(part.planned);
-      state_.group_parts[part.id] = id;
-
-      commands::Expect expect = PushExpect(record, part.id, slot.server, slot.end - slot.begin);
-      expect.held = true;
-      expect.group_push = id;
-      state_.Enqueue(part.host, commands::ExpectDelivery(expect));
-      commands::Send send{part.id, job_.id, part.host, hosts[i]->data_address,
-                          transfer.start_s, slot.end - slot.begin};
-      send.source_transfer_id = id;
-      send.local_id = record.local_id;
-      send.part = true;
-      send.part_offset = slot.begin;
-      state_.Enqueue(record.src_host, commands::SendTransfer(send, transfer.segments));
-      push.parts.push_back(std::move(part));
-    }
-    ++view_.scheduled;
-    ++state_.stats.planned;
-  }
 }
 
 std::vector<uint64_t> PlanDispatcher::Run::LiveConstituents(const core::Transfer& transfer) const {

@@ -332,9 +332,18 @@ bool SchedulerService::CutBatchLocked(
     std::sort(candidates.begin(), candidates.end());
     candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
   }
-  // No in-network aggregation for a group's pushes yet: the core plans
-  // §10.2's parts direct (README.md "Server groups").
-  if (!server.shards.empty()) candidates.clear();
+  // A group's pushes are summed at the job's aggregators (server_groups.h)
+  // shard by shard, which needs every shard's range to start on a whole
+  // element (the kernels sum float32 or float64). Not for rounds.
+  if (!server.shards.empty()) {
+    int64_t element = 4;
+    for (size_t i = 0; i < admitted; ++i) {
+      if (state_.updates[server.pending[i]].dtype == v1::DTYPE_FLOAT64) element = 8;
+    }
+    bool aligned = round_size == 0;
+    for (const ShardSlot& slot : server.shards) aligned = aligned && slot.begin % element == 0;
+    if (!aligned) candidates.clear();
+  }
   for (const std::string& name : candidates) {
     const HostState* host = state_.AliveHost(name);
     if (host != nullptr && !host->draining) in.aggregator_candidates.push_back(name);

@@ -182,20 +182,135 @@ void GroupPartReady(ClusterState* state, uint64_t part_id) {
   for (const GroupPart& p : push->parts) {
     if (!p.ready) return;
   }
-  auto record = state->updates.find(push_id);
-  if (record == state->updates.end()) return;
+  uint64_t sequence = push->sequence;
+  if (push->constituents.empty()) {
+    auto record = state->updates.find(push_id);
+    if (record == state->updates.end()) return;
+    sequence = record->second.sequence;
+  }
   push->released = true;
   for (const GroupPart& p : push->parts) {
-    state->Enqueue(p.host, commands::ReleaseDelivery(p.id, record->second.sequence));
+    state->Enqueue(p.host, commands::ReleaseDelivery(p.id, sequence));
   }
 }
 
+bool IsGroupAggregate(const ClusterState& state, uint64_t id) {
+  auto push = state.group_pushes.find(id);
+  return push != state.group_pushes.end() && !push->second.constituents.empty();
+}
+
+void FailGroupAggregate(ClusterState* state, uint64_t id, const std::string& reason) {
+  auto it = state->group_pushes.find(id);
+  if (it == state->group_pushes.end() || it->second.constituents.empty()) return;
+  const GroupPush group = std::move(it->second);
+  state->group_pushes.erase(it);
+  for (const GroupPart& part : group.parts) {
+    state->group_parts.erase(part.id);
+    if (!group.released) {
+      // Skipped at its shard (a held sum never released is never applied),
+      // and no longer summed at the aggregator.
+      state->Enqueue(part.host,
+                     commands::CancelDelivery(part.id, part.server, group.sequence, reason));
+      state->Enqueue(group.aggregator, commands::CancelDelivery(part.id, part.server, 0, reason));
+    }
+  }
+  for (const TransferView& feed : group.feeds) state->group_feeds.erase(feed.transfer_id);
+  const std::string why =
+      group.released
+          ? absl::StrCat(reason, " (after every shard had its part of the aggregate: shards "
+                                 "that applied theirs keep it)")
+          : absl::StrCat("its in-network aggregate failed: ", reason, "; no shard applied it");
+  for (uint64_t member : group.constituents) {
+    auto record = state->updates.find(member);
+    if (record == state->updates.end()) continue;
+    record->second.aggregate_id = 0;  // the aggregate is gone already
+    record->second.sequence = 0;      // its shards skip the position (above)
+    state->Complete(member, v1::OUTCOME_FAILED, why, 0);
+  }
+}
+
+namespace {
+
+// A group aggregate's part or feed ended (GroupPartEnded).
+void GroupAggregatePartEnded(ClusterState* state, uint64_t id, GroupPush* group,
+                             GroupPart* part, bool applied, int64_t version,
+                             const std::string& error) {
+  const std::string why = error.empty() ? std::string("failed") : error;
+  if (part == nullptr) {  // a feed: reported only when it fails
+    if (applied) return;
+    FailGroupAggregate(state, id,
+                       absl::StrCat("a part on its way to aggregator ", group->aggregator,
+                                    " failed: ", why));
+    return;
+  }
+  if (!applied) {
+    FailGroupAggregate(state, id,
+                       absl::StrCat("its sum for shard '", part->server, "' on ", part->host,
+                                    " from aggregator ", group->aggregator, ": ", why));
+    return;
+  }
+  part->applied = true;
+  part->version = version;
+  int64_t low = version, high = version;
+  for (const GroupPart& p : group->parts) {
+    if (!p.applied) return;
+    low = std::min(low, p.version);
+    high = std::max(high, p.version);
+  }
+  const GroupPush done = std::move(*group);
+  state->group_pushes.erase(id);
+  for (const GroupPart& p : done.parts) state->group_parts.erase(p.id);
+  for (const TransferView& feed : done.feeds) state->group_feeds.erase(feed.transfer_id);
+  if (low != high) {
+    MLF_LOG(ERROR) << "group aggregate " << id << " was applied at versions " << low << ".."
+                   << high << " across shards";
+  }
+  std::string job_name;
+  for (uint64_t member : done.constituents) {
+    if (auto record = state->updates.find(member); record != state->updates.end()) {
+      job_name = record->second.job;
+    }
+  }
+  if (JobState* job = state->FindJob(job_name)) {
+    for (const GroupPart& p : done.parts) {
+      ServerState& shard = job->servers[p.server];
+      shard.model_version = std::max(shard.model_version, p.version);
+      if (auto group_server = job->servers.find(shard.group); group_server != job->servers.end()) {
+        group_server->second.model_version = std::max(group_server->second.model_version, high);
+      }
+    }
+  }
+  // The shards applied the constituents as consecutive versions ending at
+  // `low`, in commit order.
+  const int64_t n = static_cast<int64_t>(done.constituents.size());
+  for (int64_t i = 0; i < n; ++i) {
+    auto record = state->updates.find(done.constituents[i]);
+    if (record == state->updates.end()) continue;
+    record->second.aggregate_id = 0;
+    state->Complete(done.constituents[i], v1::OUTCOME_APPLIED, "", low - (n - 1 - i));
+  }
+}
+
+}  // namespace
+
 void GroupPartEnded(ClusterState* state, uint64_t part_id, bool applied, int64_t version,
                     const std::string& error) {
+  if (auto feed = state->group_feeds.find(part_id); feed != state->group_feeds.end()) {
+    auto group = state->group_pushes.find(feed->second);
+    if (group != state->group_pushes.end()) {
+      GroupAggregatePartEnded(state, feed->second, &group->second, nullptr, applied, version,
+                              error);
+    }
+    return;
+  }
   uint64_t push_id = 0;
   GroupPart* part = nullptr;
   GroupPush* push = PushOf(state, part_id, &push_id, &part);
   if (push == nullptr) return;
+  if (!push->constituents.empty()) {
+    GroupAggregatePartEnded(state, push_id, push, part, applied, version, error);
+    return;
+  }
   auto record = state->updates.find(push_id);
   if (record == state->updates.end()) return;
   if (!applied) {

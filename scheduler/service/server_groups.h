@@ -14,6 +14,14 @@
 //   a part fails before     -> cancelled at every shard: no shard applies
 //   the release                it, and the push fails with the part's error
 //
+// A group aggregate (in-network aggregation of a group's pushes, §5.2 with
+// §10.2) is one such unit under an id of its own: each constituent push
+// sends each shard's part to the aggregator (a feed), the aggregator sums
+// the parts shard by shard and sends each sum to its shard, held there
+// under one group sequence number; released when every sum is in, applied
+// as `count` updates at every shard, and its pushes end with it (all
+// applied, or all failed with the reason).
+//
 // So every shard applies the same pushes in the same order (the group's
 // sequence numbers), with the same versions, and a push is applied at every
 // shard or at none. The one exception is documented in README.md ("Server
@@ -73,9 +81,21 @@ int64_t GroupBytes(const ServerState& group);
 // are released at every shard.
 void GroupPartReady(ClusterState* state, uint64_t part_id);
 
+// Whether `id` is a group aggregate's (GroupPush::constituents).
+bool IsGroupAggregate(const ClusterState& state, uint64_t id);
+
+// Group aggregate `id` fails: its sums not released are cancelled at their
+// shards (and the aggregation at the aggregator), and every constituent
+// still in flight fails with `reason` (said to have been applied at some
+// shards if it was released: those keep it, as a group push's). Its
+// bookkeeping is forgotten first, so re-entry through Complete is a no-op.
+void FailGroupAggregate(ClusterState* state, uint64_t id, const std::string& reason);
+
 // Part `part_id` ended at its shard (applied, with the shard's version) or
 // failed to move or be applied (with `error`). The push is applied when
-// every part is; it fails when one part fails.
+// every part is; it fails when one part fails. For a group aggregate the
+// part may also be a feed (only its failure is reported), and its
+// constituents are applied as consecutive versions ending at the shards'.
 void GroupPartEnded(ClusterState* state, uint64_t part_id, bool applied, int64_t version,
                     const std::string& error);
 

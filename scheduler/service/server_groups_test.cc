@@ -9,12 +9,13 @@
 #include <catch2/catch.hpp>
 
 #include "scheduler/service/cluster_state_fixture.h"
+#include "scheduler/service/plan_dispatcher.h"
 
 namespace mlfabric {
 namespace {
 
 struct Fixture : ClusterStateFixture {
-  Fixture() : ClusterStateFixture({"s1", "s2", "s3", "w1"}) {
+  Fixture() : ClusterStateFixture({"s1", "s2", "s3", "w1", "w2", "a1"}) {
     JobState& job = state.jobs["demo"];
     job.id = 3;
     job.config.name = "demo";
@@ -183,6 +184,193 @@ TEST_CASE("a shard host going down fails its unreleased pushes; a released one o
   for (int i = 0; i < 3; ++i) GroupPartEnded(&g.state, g.Part(released, i), true, 5, "");
   CHECK(g.state.updates.count(released) == 0);
   CHECK(g.job().servers["ps"].model_version == 5);
+}
+
+// A group batch of pushes from w1 and w2 (300 bytes each) planned as one
+// aggregate at a1 (core: every part of each push to a1, then one sum per
+// shard), dispatched as plan_dispatcher does.
+struct AggregateFixture : Fixture {
+  uint64_t u1 = 0, u2 = 0;
+  AggregateFixture() {
+    RegisterAll();
+    job().config.aggregators = {"a1"};
+    for (const char* src : {"w1", "w2"}) {
+      UpdateRecord& record = AddPush(src, 4);
+      record.bytes = 300;
+      (u1 == 0 ? u1 : u2) = record.transfer_id;
+    }
+    core::Plan plan;
+    plan.order = {std::to_string(u1), std::to_string(u2)};
+    auto transfer = [](const std::string& update, const std::string& src,
+                       const std::string& dst, core::TransferKind kind) {
+      core::Transfer t;
+      t.update = update;
+      t.src = src;
+      t.dst = dst;
+      t.kind = kind;
+      t.bytes = 100;
+      t.start_s = 100;
+      t.end_s = 101;
+      t.segments = {{100, 101, 800}};
+      return t;
+    };
+    for (uint64_t u : {u1, u2}) {
+      for (int part = 0; part < 3; ++part) {
+        plan.transfers.push_back(transfer(std::to_string(u), u == u1 ? "w1" : "w2", "a1",
+                                          core::TransferKind::kToAggregator));
+      }
+    }
+    for (int shard = 0; shard < 3; ++shard) {
+      core::Transfer sum = transfer("agg:" + std::to_string(shard + 1), "a1",
+                                    "s" + std::to_string(shard + 1), core::TransferKind::kAggregate);
+      sum.constituents = plan.order;
+      plan.transfers.push_back(sum);
+    }
+    BatchWork work;
+    work.job = "demo";
+    work.server = "ps";
+    work.batch.server = "s1";
+    work.plan = plan;
+    PlanDispatcher(config, &state, &history).Apply(work, "mlfabric");
+  }
+  uint64_t Group() const {
+    REQUIRE(state.group_pushes.size() == 1);
+    return state.group_pushes.begin()->first;
+  }
+  const GroupPush& Sums() const { return state.group_pushes.begin()->second; }
+};
+
+TEST_CASE("a group aggregate: one sum per shard, held under one position, its pushes applied") {
+  AggregateFixture f;
+  const uint64_t group = f.Group();
+  const GroupPush& sums = f.Sums();
+  CHECK(sums.constituents == std::vector<uint64_t>{f.u1, f.u2});
+  CHECK(sums.aggregator == "a1");
+  REQUIRE(sums.parts.size() == 3);
+  CHECK(sums.feeds.size() == 6);
+  CHECK(f.state.updates.at(f.u1).aggregate_id == group);
+  // Each shard holds its sum at the group's position, as an aggregate of 2.
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<v1::DaemonCommand> at_shard = f.Drain("s" + std::to_string(i + 1));
+    REQUIRE(at_shard.size() == 1);
+    const v1::ExpectDelivery& expect = at_shard[0].expect();
+    CHECK(expect.transfer_id() == sums.parts[i].id);
+    CHECK(expect.server() == "ps-" + std::to_string(i));
+    CHECK(expect.sequence() == sums.sequence);
+    CHECK(expect.held());
+    CHECK(expect.group_push() == group);
+    CHECK(expect.constituents_size() == 2);  // handed over as count 2
+    CHECK(expect.bytes() == 100);
+  }
+  // The aggregator sums each shard's parts and sends the sum to the shard.
+  const std::vector<v1::DaemonCommand> at_aggregator = f.Drain("a1");
+  REQUIRE(at_aggregator.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    const v1::AggregateTask& task = at_aggregator[i].aggregate();
+    CHECK(task.aggregate_id() == sums.parts[i].id);
+    CHECK(task.dst_host() == "s" + std::to_string(i + 1));
+    CHECK(task.constituents_size() == 2);
+    CHECK(task.bytes() == 100);
+  }
+  // Each source sends its push's three slices to the aggregator.
+  for (const char* src : {"w1", "w2"}) {
+    const std::vector<v1::DaemonCommand> sends = f.Drain(src);
+    REQUIRE(sends.size() == 3);
+    for (int i = 0; i < 3; ++i) {
+      CHECK(sends[i].send().dst_host() == "a1");
+      CHECK(sends[i].send().part());
+      CHECK(sends[i].send().part_offset() == 100 * i);
+      CHECK(sends[i].send().bytes() == 100);
+      CHECK(at_aggregator[i].aggregate().constituents(src == std::string("w1") ? 0 : 1) ==
+            sends[i].send().transfer_id());
+    }
+  }
+  const std::vector<uint64_t> parts = {sums.parts[0].id, sums.parts[1].id, sums.parts[2].id};
+  const uint64_t sequence = sums.sequence;
+  GroupPartReady(&f.state, parts[0]);
+  GroupPartReady(&f.state, parts[1]);
+  CHECK(f.Drain("s1").empty());
+  GroupPartReady(&f.state, parts[2]);
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<v1::DaemonCommand> release = f.Drain("s" + std::to_string(i + 1));
+    REQUIRE(release.size() == 1);
+    CHECK(release[0].release().transfer_id() == parts[i]);
+    CHECK(release[0].release().sequence() == sequence);
+  }
+  for (uint64_t part : parts) GroupPartEnded(&f.state, part, true, 6, "");
+  // Applied as consecutive versions ending at the shards' (5 then 6).
+  const std::vector<v1::DaemonCommand> first = f.Drain("w1");
+  const std::vector<v1::DaemonCommand> second = f.Drain("w2");
+  REQUIRE(first.size() == 1);
+  REQUIRE(second.size() == 1);
+  CHECK(first[0].outcome().outcome() == v1::OUTCOME_APPLIED);
+  CHECK(first[0].outcome().applied_version() == 5);
+  CHECK(second[0].outcome().applied_version() == 6);
+  CHECK(f.job().servers["ps"].model_version == 6);
+  CHECK(f.state.group_pushes.empty());
+  CHECK(f.state.group_parts.empty());
+  CHECK(f.state.group_feeds.empty());
+}
+
+TEST_CASE("a group aggregate fails whole: a feed lost, its aggregator or a source down") {
+  auto check_failed = [](AggregateFixture& f, const std::string& why, bool cancelled) {
+    for (const char* src : {"w1", "w2"}) {
+      if (!f.state.hosts[src].alive) continue;  // nothing reaches a host that is down
+      const std::vector<v1::DaemonCommand> outcome = f.Drain(src);
+      REQUIRE(!outcome.empty());
+      CHECK(outcome.back().outcome().outcome() == v1::OUTCOME_FAILED);
+      CHECK_THAT(outcome.back().outcome().reason(), Catch::Contains(why));
+    }
+    if (cancelled) {
+      for (const char* shard : {"s1", "s2", "s3"}) {
+        const std::vector<v1::DaemonCommand> at_shard = f.Drain(shard);
+        REQUIRE(!at_shard.empty());
+        CHECK(at_shard.back().has_cancel());  // its held position is skipped
+      }
+    }
+    CHECK(f.state.updates.empty());
+    CHECK(f.state.group_pushes.empty());
+    CHECK(f.state.group_parts.empty());
+    CHECK(f.state.group_feeds.empty());
+  };
+  SECTION("a part on its way to the aggregator fails") {
+    AggregateFixture f;
+    f.Drain("w1");
+    f.Drain("w2");
+    const uint64_t feed = f.Sums().feeds[1].transfer_id;
+    GroupPartEnded(&f.state, feed, false, 0, "connection reset by peer");
+    check_failed(f, "a part on its way to aggregator a1 failed: connection reset by peer", true);
+    std::vector<v1::DaemonCommand> at_aggregator = f.Drain("a1");
+    CHECK(at_aggregator.back().has_cancel());  // the sums are no longer built
+  }
+  SECTION("the aggregator host goes down") {
+    AggregateFixture f;
+    f.Drain("w1");
+    f.Drain("w2");
+    f.state.MarkHostDown("a1", "daemon disconnected");
+    check_failed(f, "aggregator host a1 is down", true);
+  }
+  SECTION("a source goes down before every sum is in; after, nothing fails") {
+    AggregateFixture f;
+    f.Drain("w1");
+    f.Drain("w2");
+    f.state.MarkHostDown("w1", "daemon disconnected");
+    check_failed(f, "source host w1 is down", true);
+
+    AggregateFixture g;
+    for (const GroupPart& part : g.Sums().parts) GroupPartReady(&g.state, part.id);
+    g.state.MarkHostDown("w1", "daemon disconnected");
+    CHECK(g.state.updates.size() == 2);  // every sum is at its shard already
+  }
+  SECTION("a shard refuses its sum after the release") {
+    AggregateFixture f;
+    f.Drain("w1");
+    f.Drain("w2");
+    for (const GroupPart& part : f.Sums().parts) GroupPartReady(&f.state, part.id);
+    const uint64_t part = f.Sums().parts[1].id;
+    GroupPartEnded(&f.state, part, false, 0, "server refused the update");
+    check_failed(f, "shards that applied theirs keep it", false);
+  }
 }
 
 }  // namespace

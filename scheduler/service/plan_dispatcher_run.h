@@ -1,0 +1,89 @@
+// PlanDispatcher::Run, one Apply's working state, shared by the files that
+// carry a plan out: plan_dispatcher.cc (a server's batch, its aggregates and
+// replica copies) and plan_dispatcher_groups.cc (a server group's batch).
+// Internal to the dispatcher; nothing else includes it.
+//
+// Thread safety: none; used under the scheduler service's lock.
+#ifndef MLFABRIC_SCHEDULER_SERVICE_PLAN_DISPATCHER_RUN_H_
+#define MLFABRIC_SCHEDULER_SERVICE_PLAN_DISPATCHER_RUN_H_
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "scheduler/service/commands.h"
+#include "scheduler/service/plan_dispatcher.h"
+
+namespace mlfabric {
+
+class PlanDispatcher::Run {
+ public:
+  Run(const PlanDispatcher& dispatcher, const BatchWork& work, JobState* job)
+      : config_(dispatcher.config_),
+        state_(*dispatcher.state_),
+        work_(work),
+        job_(*job),
+        server_(job->servers[work.server]) {}
+
+  BatchView Dispatch(const std::string& planner_name);
+
+ private:
+  // A transfer of `plan` as the admin history and the timeout check see it.
+  TransferView Planned(uint64_t id, const std::string& src, const std::string& dst,
+                       int64_t bytes, const core::Transfer& transfer, double deadline_s) const;
+  void DispatchDirect(UpdateRecord& record, const core::Transfer& transfer,
+                      const HostState& server_host);
+  // Sends the update to its first aggregator: `hop`, or (a streaming
+  // chain's member at the host its partial sum passes) its own host.
+  void DispatchViaAggregator(UpdateRecord& record, const core::Transfer* hop,
+                             uint64_t aggregate_id, double aggregate_end_s);
+  // Opens the aggregate the first time one of its constituents comes up in
+  // the commit order; returns its id, or 0 when it cannot be carried out.
+  // `chain`: a streaming chain's hops before `transfer`, upstream first
+  // (empty for Alg. 3's aggregates).
+  uint64_t OpenAggregate(const core::Transfer& transfer,
+                         const std::vector<const core::Transfer*>& chain,
+                         const HostState& server_host);
+  // The constituents of `transfer` still in flight, as transfer ids.
+  std::vector<uint64_t> LiveConstituents(const core::Transfer& transfer) const;
+  // A server group's batch (server_groups.h): each push's parts, one per
+  // shard, held at the shards under the push's group sequence number.
+  void DispatchGroup(const core::Plan& plan);
+  // One of a group batch's aggregates: `sums` (one per shard, from one
+  // aggregator) of the pushes they name, whose parts go there as `feeds`.
+  void DispatchGroupAggregate(
+      const std::vector<const core::Transfer*>& sums,
+      const std::map<std::string, std::vector<const core::Transfer*>>& feeds);
+  // §5.3: sends the plan's replica copies and marks the punted ones.
+  void DispatchReplica(const core::Plan& plan);
+  // One of the replica's aggregates: copies sent to the aggregator, summed
+  // there, delivered at the replica as one (their pushes in order).
+  void DispatchReplicaAggregate(const core::Transfer& aggregate,
+                                const std::map<std::string, const core::Transfer*>& feeds,
+                                const std::string& replica_name, const HostState& replica_host);
+  // Removes and returns push `source`'s punted copy (nullopt: none).
+  std::optional<PendingReplica> TakePunted(uint64_t source);
+  // What the replica's daemon expects of copy `copy` at the replica's next
+  // position (advances it).
+  commands::Expect ReplicaExpect(uint64_t copy, const std::string& src_host,
+                                 const PendingReplica& what);
+  void FailAll(const std::set<uint64_t>& ids, const std::string& reason);
+  // What `server`'s daemon expects of push `record` at its commit position:
+  // transfer `transfer_id` of `bytes` bytes (the push, or a group's part).
+  commands::Expect PushExpect(const UpdateRecord& record, uint64_t transfer_id,
+                              const std::string& server, int64_t bytes) const;
+
+  const SchedulerConfig& config_;
+  ClusterState& state_;
+  const BatchWork& work_;
+  JobState& job_;
+  ServerState& server_;
+  BatchView view_;
+  std::map<const core::Transfer*, uint64_t> aggregate_ids_;
+};
+
+}  // namespace mlfabric
+
+#endif  // MLFABRIC_SCHEDULER_SERVICE_PLAN_DISPATCHER_RUN_H_
