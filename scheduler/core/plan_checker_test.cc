@@ -76,5 +76,42 @@ TEST_CASE("Checker: replica divergence and prefix") {
   }
 }
 
+// A model split across s0, s1, s2 (§10.2): every part goes direct.
+struct ShardedFixture {
+  Batch batch;
+  Plan plan;
+  ShardedFixture() {
+    batch.server = "s0";
+    batch.tau_max = 10;
+    batch.hosts = {{"s0", 1e10, 1e9, {}, {}}, {"s1", 1e10, 1e9, {}, {}},
+                   {"s2", 1e10, 1e9, {}, {}}};
+    for (int i = 1; i <= 4; ++i) {
+      const std::string w = "w" + std::to_string(i);
+      batch.hosts.push_back({w, 1e10, 1e10, {}, {}});
+      batch.updates.push_back({"g" + std::to_string(i), w, 125000000, 0, 1,
+                               {{"s1", 100000000 + 5000000 * i}, {"s2", 125000000}}});
+    }
+    plan = MlfabricPlanner().PlanBatch(batch).value();
+    REQUIRE(CheckPlan(batch, plan).empty());
+    REQUIRE(Find(TransferKind::kDirect, "s1") >= 0);
+  }
+  int Find(TransferKind kind, const std::string& dst) const {
+    for (size_t k = 0; k < plan.transfers.size(); ++k) {
+      if (plan.transfers[k].kind == kind && plan.transfers[k].dst == dst) return static_cast<int>(k);
+    }
+    return -1;
+  }
+};
+
+TEST_CASE("Checker: a part of a sharded update that never reaches its host") {
+  ShardedFixture f;
+  const std::string id = f.plan.transfers[f.Find(TransferKind::kDirect, "s1")].update;
+  f.plan.transfers.erase(f.plan.transfers.begin() + f.Find(TransferKind::kDirect, "s1"));
+  CHECK(Mentions(CheckPlan(f.batch, f.plan), id + ": 0 of its parts delivered to s1, expected 1"));
+  ShardedFixture h;  // twice
+  h.plan.transfers.push_back(h.plan.transfers[h.Find(TransferKind::kDirect, "s2")]);
+  CHECK(Mentions(CheckPlan(h.batch, h.plan), ": 2 of its parts delivered to s2, expected 1"));
+}
+
 }  // namespace
 }  // namespace mlfabric::core
