@@ -76,11 +76,12 @@ struct SimConfig {
   // into `servers` byte ranges of (nearly) equal size, each held by its own
   // server on its own dedicated host and NIC (server_bps each). MLfabric-A/S
   // push every update as that many parts, planned together by the core
-  // (which sends sharded updates direct, without aggregation), apply an
-  // update once all its parts are in (the same commit order at every
-  // shard), and get the model as one distribution per shard (a worker has
-  // it when every part is in; the parts are of one version). The vanilla
-  // async PS and the all-reduce baselines ignore it (one server; none).
+  // (which may aggregate them: an aggregator then sends each shard one
+  // aggregate of its part), apply an update once all its parts are in
+  // (the same commit order at every shard), and get the model as one
+  // distribution per shard (a worker has it when every part is in; the
+  // parts are of one version). The vanilla async PS and the all-reduce
+  // baselines ignore it (one server; none).
   int servers = 1;
   int64_t model_bytes = 100'000'000;  // ResNet-50 (§7.1)
   double compute_s = 0.100;           // one iteration on a P100 at batch 32

@@ -72,10 +72,14 @@ class Mlfabric final : public Harness {
     std::shared_ptr<Weights> grad;
     State state = State::kWaiting;
   };
+  // An aggregate waiting for what it sums. Alg. 3 on a sharded model
+  // (§10.2) sends one aggregate per part, all from one aggregator with the
+  // same constituents and consecutive in the plan; they form one entry.
   struct PendingAggregate {
-    core::Transfer transfer;
+    std::vector<core::Transfer> transfers;  // one per part, in part order
     int needed = 0;
     int received = 0;
+    int running = 0;  // started transfers still moving
   };
 
   absl::Status Start() override {
@@ -272,18 +276,30 @@ class Mlfabric final : public Harness {
               [](const core::Commit& a, const core::Commit& b) { return a.position < b.position; });
     for (const core::Commit& c : commits) commit_queue_.push_back(c.update);
     std::set<std::string> planned;
-    // Aggregates that reach the server, by key; a streaming chain's hops
+    // Aggregates that reach a server, by key (the first one's name when a
+    // sharded group sends one per part); a streaming chain's hops
     // (core/aggregation.h) feed the one their `into` chain ends at.
     std::map<std::string, std::string> hop_final;  // hop's "agg:<n>" -> final key
     std::map<std::string, const core::Transfer*> by_name;
+    const core::Transfer* previous = nullptr;
+    std::string previous_key;
     for (const core::Transfer& t : plan->transfers) {
       Reserve(t);
+      const core::Transfer* last = previous;
+      previous = nullptr;
       if (t.kind != core::TransferKind::kAggregate) continue;
       by_name[t.update] = &t;
       if (!t.into.empty()) continue;
+      // Each aggregate delivers one part of every constituent.
+      for (const std::string& c : t.constituents) ++parts_left_[c];
+      previous = &t;
+      if (last != nullptr && last->src == t.src && last->constituents == t.constituents) {
+        aggregates_.at(previous_key).transfers.push_back(t);  // the group's next part
+        continue;
+      }
       const std::string key = prefix + t.update;
-      PendingAggregate& agg = aggregates_[key];
-      agg.transfer = t;
+      previous_key = key;
+      aggregates_[key].transfers = {t};
       for (const std::string& c : t.constituents) {
         aggregate_of_[c] = key;
         planned.insert(c);  // a chain member summed at its own host has no transfer
@@ -310,14 +326,14 @@ class Mlfabric final : public Harness {
     std::set<std::string> streaming;
     for (auto& [key, agg] : aggregates_) {
       if (key.compare(0, prefix.size(), prefix) != 0) continue;  // an earlier batch's
-      int transfers_in = 0;
+      std::set<std::string> sent;  // constituents with a transfer of their own
       for (const core::Transfer& t : plan->transfers) {
         if (t.kind == core::TransferKind::kToAggregator && aggregate_of_.count(t.update) &&
             aggregate_of_.at(t.update) == key) {
-          ++transfers_in;
+          sent.insert(t.update);
         }
       }
-      if (transfers_in < static_cast<int>(agg.transfer.constituents.size())) {
+      if (sent.size() < agg.transfers.front().constituents.size()) {
         streaming.insert(key);
         ++agg.needed;
       }
@@ -330,13 +346,13 @@ class Mlfabric final : public Harness {
         return;
       }
       ++result_.aggregates;
-      const std::vector<std::string> ids = agg.transfer.constituents;
+      const std::vector<std::string> ids = agg.transfers.front().constituents;
       for (const std::string& id : ids) aggregate_of_.erase(id);
       aggregates_.erase(key);
-      OnArrived(ids);
+      Delivered(ids);
     };
-    // A sharded update has one direct transfer per shard; it has arrived
-    // when all have.
+    // A sharded update has one delivery per part (a direct transfer or an
+    // aggregate); it has arrived when all have.
     for (const core::Transfer& t : plan->transfers) {
       if (t.kind == core::TransferKind::kDirect) ++parts_left_[t.update];
     }
@@ -345,12 +361,7 @@ class Mlfabric final : public Harness {
         case core::TransferKind::kDirect: {
           planned.insert(t.update);
           const std::string id = t.update;
-          StartPlanned(t, [this, id] {
-            auto left = parts_left_.find(id);
-            if (--left->second > 0) return;
-            parts_left_.erase(left);
-            OnArrived({id});
-          });
+          StartPlanned(t, [this, id] { Delivered({id}); });
           break;
         }
         case core::TransferKind::kToAggregator: {
@@ -386,15 +397,37 @@ class Mlfabric final : public Harness {
     }
   }
 
+  // Alg. 3's aggregates start once every constituent is in: one transfer,
+  // or one per part of a sharded model, each delivering that part of every
+  // constituent.
   void StartAggregate(const std::string& key) {
-    const core::Transfer t = aggregates_.at(key).transfer;
-    ++result_.aggregates;
-    StartPlanned(t, [this, key] {
-      const std::vector<std::string> ids = aggregates_.at(key).transfer.constituents;
-      for (const std::string& id : ids) aggregate_of_.erase(id);
-      aggregates_.erase(key);
-      OnArrived(ids);
-    });
+    PendingAggregate& agg = aggregates_.at(key);
+    const std::vector<core::Transfer> transfers = agg.transfers;
+    agg.running = static_cast<int>(transfers.size());
+    result_.aggregates += static_cast<int64_t>(transfers.size());
+    for (const core::Transfer& t : transfers) {
+      StartPlanned(t, [this, key, ids = t.constituents] {
+        PendingAggregate& done = aggregates_.at(key);
+        if (--done.running == 0) {
+          for (const std::string& id : ids) aggregate_of_.erase(id);
+          aggregates_.erase(key);
+        }
+        Delivered(ids);
+      });
+    }
+  }
+
+  // One part of each of `ids` is in (at its shard); those whose last part
+  // it was have arrived.
+  void Delivered(const std::vector<std::string>& ids) {
+    std::vector<std::string> arrived;
+    for (const std::string& id : ids) {
+      auto left = parts_left_.find(id);
+      if (--left->second > 0) continue;
+      parts_left_.erase(left);
+      arrived.push_back(id);
+    }
+    if (!arrived.empty()) OnArrived(arrived);
   }
 
   void OnArrived(const std::vector<std::string>& ids) {
@@ -584,7 +617,7 @@ class Mlfabric final : public Harness {
   std::deque<std::string> commit_queue_;
   std::map<std::string, PendingAggregate> aggregates_;
   std::map<std::string, std::string> aggregate_of_;
-  std::unordered_map<std::string, int> parts_left_;  // update -> direct parts still moving
+  std::unordered_map<std::string, int> parts_left_;  // update -> parts not yet delivered
   int64_t next_update_ = 0;
   int64_t batch_count_ = 0;
   int64_t get_count_ = 0;

@@ -12,6 +12,68 @@ namespace {
 
 double Slack(double x) { return 1e-9 * (std::abs(x) + 1.0); }
 
+// Whether two items' parts go to the same hosts in the same order (part 0
+// always goes to the input's dst_host).
+bool SameLayout(const AggregationItem& a, const AggregationItem& b) {
+  if (a.shards.size() != b.shards.size()) return false;
+  for (size_t p = 0; p < a.shards.size(); ++p) {
+    if (a.shards[p].dst_host != b.shards[p].dst_host) return false;
+  }
+  return true;
+}
+
+int64_t PartBytes(const AggregationItem& item, size_t part) {
+  return part == 0 ? item.bytes : item.shards[part - 1].bytes;
+}
+
+// Cuts the segments of one fill of `item`'s parts' sum (ending at `end_s`)
+// into one transfer per part, in part order: what filling and reserving
+// each part in turn on the same path gives, since a part finds the path
+// saturated until the previous one has ended.
+void AppendPartTransfers(const AggregationItem& item, int host, TransferKind kind,
+                         const std::vector<RateSegment>& segments, double end_s,
+                         std::vector<PlannedTransfer>* out) {
+  const size_t parts = item.shards.size() + 1;
+  size_t k = 0;                           // the segment the next part starts in
+  double from = segments.front().from_s;  // and where in it
+  for (size_t p = 0; p < parts; ++p) {
+    PlannedTransfer t;
+    t.update = item.update;
+    t.src = item.worker;
+    t.dst = host;
+    t.kind = kind;
+    t.bytes = PartBytes(item, p);
+    if (p + 1 == parts) {
+      // The last part takes the rest, up to the fill's own end.
+      for (; k < segments.size(); ++k) {
+        const RateSegment& s = segments[k];
+        if (s.to_s > from) t.segments.push_back({from, s.to_s, s.rate_bps});
+        if (k + 1 < segments.size()) from = segments[k + 1].from_s;
+      }
+      t.end_s = end_s;
+    } else {
+      double bits = 8.0 * static_cast<double>(t.bytes);
+      while (k < segments.size()) {
+        const RateSegment& s = segments[k];
+        const double available = s.rate_bps * (s.to_s - from);
+        if (bits <= available + 1e-3) {  // as the fill walk decides it fits
+          const double cut = std::min(s.to_s, from + bits / s.rate_bps);
+          if (cut > from) t.segments.push_back({from, cut, s.rate_bps});
+          from = cut;
+          if (cut >= s.to_s && k + 1 < segments.size()) from = segments[++k].from_s;
+          break;
+        }
+        if (s.to_s > from) t.segments.push_back({from, s.to_s, s.rate_bps});
+        bits -= available;
+        if (++k < segments.size()) from = segments[k].from_s;
+      }
+      t.end_s = t.segments.empty() ? from : t.segments.back().to_s;
+    }
+    t.start_s = t.segments.empty() ? t.end_s : t.segments.front().from_s;
+    out->push_back(std::move(t));
+  }
+}
+
 class SplitSearch {
  public:
   explicit SplitSearch(const AggregationInput& input)
@@ -25,22 +87,39 @@ class SplitSearch {
                               std::count(input.aggregators.begin(), input.aggregators.end(),
                                          host) == 1;
     }
+    item_bits_.reserve(m_);
     for (const AggregationItem& item : input.items) {
       max_bits_ = std::max(max_bits_, 8.0 * static_cast<double>(item.bytes));
+      double bits = 8.0 * static_cast<double>(item.bytes);
+      for (const AggregationPart& part : item.shards) bits += 8.0 * static_cast<double>(part.bytes);
+      item_bits_.push_back(bits);
+      sharded_ = sharded_ || !item.shards.empty();
     }
     prefix_max_.assign(m_ + 1, input.now_s);
-    for (int i = 0; i < m_; ++i) prefix_max_[i + 1] = std::max(prefix_max_[i], input.direct[i].end_s);
+    for (int i = 0; i < m_; ++i) prefix_max_[i + 1] = std::max(prefix_max_[i], DirectArrival(i));
     suffix_bits_.assign(m_ + 1, 0);
-    for (int i = m_ - 1; i >= 0; --i) {
-      suffix_bits_[i] = suffix_bits_[i + 1] + 8.0 * static_cast<double>(input.items[i].bytes);
-    }
+    for (int i = m_ - 1; i >= 0; --i) suffix_bits_[i] = suffix_bits_[i + 1] + item_bits_[i];
   }
 
-  // Applies item i's direct transfer to `net`.
+  // When item i's direct transfers (every part's) have all arrived.
+  double DirectArrival(int i) const {
+    double end = in_.direct[i].end_s;
+    if (static_cast<size_t>(i) < in_.shard_direct.size()) {
+      for (const PlannedTransfer& t : in_.shard_direct[i]) end = std::max(end, t.end_s);
+    }
+    return end;
+  }
+
+  // Applies item i's direct transfers to `net`.
   void ReserveDirect(int i, Network* net) const {
-    const PlannedTransfer& t = in_.direct[i];
-    if (t.end_s == kInfinity) return;
-    net->Reserve(net->PathBetween(t.src, t.dst), t.segments);
+    auto reserve = [net](const PlannedTransfer& t) {
+      if (t.end_s == kInfinity) return;
+      net->Reserve(net->PathBetween(t.src, t.dst), t.segments);
+    };
+    reserve(in_.direct[i]);
+    if (static_cast<size_t>(i) < in_.shard_direct.size()) {
+      for (const PlannedTransfer& t : in_.shard_direct[i]) reserve(t);
+    }
   }
 
   // DetAgg(n) on `net` (which holds the direct prefix of n items). Returns
@@ -62,49 +141,72 @@ class SplitSearch {
       }
       const int first = idx;
       double group_end = in_.now_s;
-      int64_t group_bytes = 0;
+      // Per part: the largest size among the members (the aggregate's size).
+      std::vector<int64_t> group_bytes(in_.items[first].shards.size() + 1, 0);
       AggregationGroup group;
       while (idx < m_) {
         const AggregationItem& item = in_.items[idx];
+        if (idx > first && !SameLayout(item, in_.items[first])) {
+          if (last) return kInfinity;
+          break;
+        }
         const Path path = net->PathBetween(item.worker, host);
-        const double bits = 8.0 * static_cast<double>(item.bytes);
-        const double end = net->FillInto(path, in_.now_s, bits, &segments);
+        const double end = net->FillInto(path, in_.now_s, item_bits_[idx], &segments);
         if (end == kInfinity && last) return kInfinity;
         if (!last && end > t_max) break;
         net->Reserve(path, segments);
         if (groups != nullptr) {
-          PlannedTransfer t;
-          t.update = item.update;
-          t.src = item.worker;
-          t.dst = host;
-          t.kind = in_.to_aggregator_kind;
-          t.bytes = item.bytes;
-          t.start_s = segments.front().from_s;
-          t.end_s = end;
-          t.segments = segments;
-          group.to_aggregator.push_back(std::move(t));
+          if (item.shards.empty()) {
+            PlannedTransfer t;
+            t.update = item.update;
+            t.src = item.worker;
+            t.dst = host;
+            t.kind = in_.to_aggregator_kind;
+            t.bytes = item.bytes;
+            t.start_s = segments.front().from_s;
+            t.end_s = end;
+            t.segments = segments;
+            group.to_aggregator.push_back(std::move(t));
+          } else {
+            AppendPartTransfers(item, host, in_.to_aggregator_kind, segments, end,
+                                &group.to_aggregator);
+          }
           group.items.push_back(idx);
         }
         group_end = std::max(group_end, end);
-        group_bytes = std::max(group_bytes, item.bytes);
+        for (size_t p = 0; p < group_bytes.size(); ++p) {
+          group_bytes[p] = std::max(group_bytes[p], PartBytes(item, p));
+        }
         ++idx;
       }
       if (idx == first) continue;
-      const Path path = net->PathBetween(host, in_.dst_host);
-      const double end = net->FillInto(path, group_end, 8.0 * static_cast<double>(group_bytes),
-                                       &segments);
-      if (end == kInfinity) return kInfinity;
-      net->Reserve(path, segments);
-      t_max = std::max(t_max, end);
+      // One aggregate per part, in part order, each reserved before the next.
+      for (size_t p = 0; p < group_bytes.size(); ++p) {
+        const int dst = p == 0 ? in_.dst_host : in_.items[first].shards[p - 1].dst_host;
+        const Path path = net->PathBetween(host, dst);
+        const double end = net->FillInto(
+            path, group_end, 8.0 * static_cast<double>(group_bytes[p]), &segments);
+        if (end == kInfinity) return kInfinity;
+        net->Reserve(path, segments);
+        t_max = std::max(t_max, end);
+        if (groups != nullptr) {
+          PlannedTransfer t;
+          t.src = host;
+          t.dst = dst;
+          t.kind = in_.aggregate_kind;
+          t.bytes = group_bytes[p];
+          t.start_s = segments.front().from_s;
+          t.end_s = end;
+          t.segments = segments;
+          if (p == 0) {
+            group.aggregate = std::move(t);
+          } else {
+            group.shard_aggregates.push_back(std::move(t));
+          }
+        }
+      }
       if (groups != nullptr) {
         group.aggregator = host;
-        group.aggregate.src = host;
-        group.aggregate.dst = in_.dst_host;
-        group.aggregate.kind = in_.aggregate_kind;
-        group.aggregate.bytes = group_bytes;
-        group.aggregate.start_s = segments.front().from_s;
-        group.aggregate.end_s = end;
-        group.aggregate.segments = segments;
         groups->push_back(std::move(group));
       }
       if (prune && t_max > best) return kInfinity;
@@ -139,11 +241,18 @@ class SplitSearch {
   // items idx.. still to place, on the network as it is at that point (the
   // argument above holds for it unchanged: the aggregators from j on have
   // not been used yet, and everything reserved so far ends by t_max).
+  //
+  // Sharded items: a group sends several aggregates from its aggregator's
+  // uplink, so one aggregate of the largest item size no longer bounds when
+  // the group has arrived; only the last aggregator's case (every remaining
+  // bit goes through its downlink) is used.
   double BoundFrom(int j, double t_max, int idx, const Network& net) const {
     const int k = static_cast<int>(in_.aggregators.size());
     if (k == 0) return -kInfinity;
     double rest = suffix_bits_[idx];
-    if (separate_aggregators_ && !net.has_fixed_paths()) {
+    if (sharded_) {
+      if (j + 1 < k) return -kInfinity;
+    } else if (separate_aggregators_ && !net.has_fixed_paths()) {
       double u = t_max;
       for (int i = j; i + 1 < k; ++i) {
         const int host = in_.aggregators[i];
@@ -168,9 +277,11 @@ class SplitSearch {
  private:
   const AggregationInput& in_;
   const int m_;
+  std::vector<double> item_bits_;  // per item: all its parts
   std::vector<double> prefix_max_;
   std::vector<double> suffix_bits_;
   bool separate_aggregators_ = false;
+  bool sharded_ = false;  // some item has shards
   double max_bits_ = 0;
 };
 
@@ -326,6 +437,12 @@ ChainResult AggregateChains(const AggregationInput& input, int max_hops, Network
   const int m = static_cast<int>(input.items.size());
   result.arrival_s.assign(m, kInfinity);
   result.total_s = input.now_s;
+  for (const AggregationItem& item : input.items) {
+    if (!item.shards.empty()) {
+      result.total_s = kInfinity;
+      return result;
+    }
+  }
   std::vector<int> aggregators = input.aggregators;
   std::sort(aggregators.begin(), aggregators.end());
   auto is_aggregator = [&](int host) {
@@ -415,9 +532,11 @@ AggregationResult AggregateWithSplit(const AggregationInput& input, int split, N
   for (int i = 0; i < split; ++i) search.ReserveDirect(i, net);
   result.total_s = search.DetAgg(split, net, kInfinity, false, &result.groups);
   result.arrival_s.assign(m, kInfinity);
-  for (int i = 0; i < split; ++i) result.arrival_s[i] = input.direct[i].end_s;
+  for (int i = 0; i < split; ++i) result.arrival_s[i] = search.DirectArrival(i);
   for (const AggregationGroup& group : result.groups) {
-    for (int i : group.items) result.arrival_s[i] = group.aggregate.end_s;
+    double arrival = group.aggregate.end_s;
+    for (const PlannedTransfer& t : group.shard_aggregates) arrival = std::max(arrival, t.end_s);
+    for (int i : group.items) result.arrival_s[i] = arrival;
   }
   return result;
 }

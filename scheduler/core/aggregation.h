@@ -23,6 +23,27 @@
 //    large as its largest constituent (a sum of equally shaped updates).
 //  - t_max never decreases (it is the running maximum of arrivals).
 //
+// Sharded items (our extension; §10.2 schedules a model split across
+// several servers without aggregation): an item with `shards` has parts
+// 0..S-1, part 0 to dst_host and part p to shards[p-1].dst_host. Its direct
+// arrival is the latest of its parts' direct transfers. At an aggregator
+// each part is a transfer of its own, in part order, each filled on the
+// path from the worker from now_s and reserved before the next; since they
+// share that path, the next part finds it saturated until the previous one
+// ends, so this is computed as one fill of the parts' sum cut at the part
+// boundaries (the same schedule, one fill instead of S). The item reaches
+// the aggregator with its last part, and the admission rule uses that time.
+// The aggregator then sends one aggregate per part, in part order, to that
+// part's host, as large as the group's largest part of that index, each
+// starting when the group's last member has arrived, reserved in turn; the
+// group (and each member) arrives with the latest of them. A group's
+// members share one part layout (the same hosts in the same order); an item
+// with another layout starts the next group (at the last aggregator the
+// split is infeasible). The lower bound below does not hold for the
+// per-part aggregates as it stands, so for sharded inputs only its
+// last-aggregator case is used (weaker pruning, same result).
+// AggregateChains does not take sharded items.
+//
 //   AggregationResult agg = Aggregate(input, &net, PlannerOptions{});
 //   // net (the network *without* the items' direct reservations on input)
 //   // now carries the chosen schedule: direct prefix + groups.
@@ -52,10 +73,19 @@
 
 namespace mlfabric::core {
 
+// One further part of a sharded item (§10.2): `bytes` to `dst_host`.
+struct AggregationPart {
+  int dst_host = -1;
+  int64_t bytes = 0;
+};
+
 struct AggregationItem {
   int update = -1;  // index into Batch::updates
   int worker = -1;
-  int64_t bytes = 0;
+  int64_t bytes = 0;  // part 0, to AggregationInput::dst_host
+  // Parts 1.. of an update to a model split across servers (§10.2,
+  // UpdateRequest::shards), in part order; empty for a single-server update.
+  std::vector<AggregationPart> shards;
 };
 
 struct AggregationInput {
@@ -65,6 +95,10 @@ struct AggregationInput {
   // Per item: its direct transfer to dst_host, computed on the input network
   // with the previous items' direct transfers reserved (Alg. 2 / list order).
   std::vector<PlannedTransfer> direct;
+  // Per item, for sharded items: the direct transfers of parts 1.., in part
+  // order, reserved after `direct` and before the next item's. May be empty
+  // (no item has shards) or shorter than `items`.
+  std::vector<std::vector<PlannedTransfer>> shard_direct;
   std::vector<int> aggregators;  // host indices, in pre-assigned group order
   TransferKind to_aggregator_kind = TransferKind::kToAggregator;
   TransferKind aggregate_kind = TransferKind::kAggregate;
@@ -73,8 +107,11 @@ struct AggregationInput {
 struct AggregationGroup {
   int aggregator = -1;
   std::vector<int> items;  // positions in AggregationInput::items
+  // Per member in commit order: one transfer per part, in part order.
   std::vector<PlannedTransfer> to_aggregator;
-  PlannedTransfer aggregate;
+  PlannedTransfer aggregate;  // part 0, to dst_host
+  // Sharded groups: parts 1.., in part order, each to its part's host.
+  std::vector<PlannedTransfer> shard_aggregates;
 };
 
 struct AggregationResult {
@@ -121,6 +158,8 @@ std::vector<PlannedTransfer> SequentialDirect(const std::vector<AggregationItem>
 // whose slow link would slow the whole chain stays out of it). A chain of one item is an
 // ordinary direct transfer; when every chain has one item the schedule is
 // Alg. 2's direct schedule. Order is preserved inside and across chains.
+// Sharded items (§10.2) are not chained: with any of them the result has
+// total_s = kInfinity and no chain.
 struct AggregationChain {
   std::vector<int> items;  // positions in AggregationInput::items, commit order
   std::vector<int> hosts;  // distinct; the chain runs hosts[0] -> ... -> dst

@@ -223,6 +223,251 @@ TEST_CASE("Streaming chains: random batches with worker aggregators keep every i
   }
 }
 
+// §10.2 extension: four workers push updates of a model split across three
+// servers s0, s1, s2 whose 1 Gbit/s downlinks are the bottleneck; two idle
+// 10 Gbit/s aggregators. Parts for s1 differ in size between updates.
+Batch ShardedSaturated() {
+  Batch batch;
+  batch.server = "s0";
+  batch.tau_max = 10;
+  batch.hosts = {{"s0", 1e10, 1e9, {}, {}}, {"s1", 1e10, 1e9, {}, {}}, {"s2", 1e10, 1e9, {}, {}},
+                 {"a1", 1e10, 1e10, {}, {}}, {"a2", 1e10, 1e10, {}, {}}};
+  for (int i = 1; i <= 4; ++i) {
+    const std::string w = "w" + std::to_string(i);
+    batch.hosts.push_back({w, 1e10, 1e10, {}, {}});
+    batch.updates.push_back({"g" + std::to_string(i), w, 125000000, 0, 1,
+                             {{"s1", 100000000 + 5000000 * i}, {"s2", 125000000}}});
+  }
+  batch.aggregators = {"a1", "a2"};
+  return batch;
+}
+
+const UpdateRequest& UpdateById(const Batch& batch, const std::string& id) {
+  for (const UpdateRequest& u : batch.updates) {
+    if (u.id == id) return u;
+  }
+  FAIL("no update " << id);
+  return batch.updates.front();
+}
+
+TEST_CASE("Sharded updates: one aggregate per part when the shards' links are saturated") {
+  const Batch batch = ShardedSaturated();
+  auto plan = MlfabricPlanner().PlanBatch(batch);
+  REQUIRE(plan.ok());
+  INFO(PlanToJson(*plan).dump(1));
+  CHECK(CheckPlan(batch, *plan).empty());
+  REQUIRE(plan->order.size() == 4);
+  CHECK(plan->aggregation_split < 4);
+  const std::vector<std::string> hosts = {"s0", "s1", "s2"};
+  int groups = 0, next_name = 1;
+  for (size_t k = 0; k < plan->transfers.size(); ++k) {
+    const Transfer& t = plan->transfers[k];
+    if (t.kind != TransferKind::kAggregate) continue;
+    // A group: its members' parts, then its three aggregates, contiguous.
+    ++groups;
+    REQUIRE(k + 3 <= plan->transfers.size());
+    const std::vector<std::string> members = t.constituents;
+    REQUIRE(!members.empty());
+    REQUIRE(k >= 3 * members.size());
+    const size_t first = k - 3 * members.size();
+    for (size_t j = 0; j < members.size(); ++j) {
+      const UpdateRequest& u = UpdateById(batch, members[j]);
+      const std::vector<int64_t> parts = {u.bytes, u.shards[0].bytes, u.shards[1].bytes};
+      for (size_t p = 0; p < 3; ++p) {
+        const Transfer& part = plan->transfers[first + 3 * j + p];
+        CHECK(part.kind == TransferKind::kToAggregator);
+        CHECK(part.update == u.id);
+        CHECK(part.src == u.worker);
+        CHECK(part.dst == t.src);
+        CHECK(part.bytes == parts[p]);
+      }
+    }
+    for (size_t p = 0; p < 3; ++p) {
+      const Transfer& a = plan->transfers[k + p];
+      CHECK(a.kind == TransferKind::kAggregate);
+      CHECK(a.update == "agg:" + std::to_string(next_name++));
+      CHECK(a.src == t.src);
+      CHECK(a.dst == hosts[p]);
+      CHECK(a.constituents == members);
+      int64_t largest = 0;
+      for (const std::string& id : members) {
+        const UpdateRequest& u = UpdateById(batch, id);
+        largest = std::max(largest, p == 0 ? u.bytes : u.shards[p - 1].bytes);
+      }
+      CHECK(a.bytes == largest);
+      CHECK(a.start_s >= plan->transfers[k - 1].end_s - 1e-12);  // after the last member
+    }
+    // The members are consecutive in the order and commit together.
+    const auto at = std::find(plan->order.begin(), plan->order.end(), members.front());
+    REQUIRE(at != plan->order.end());
+    const size_t position = at - plan->order.begin();
+    double arrival = 0;
+    for (size_t p = 0; p < 3; ++p) arrival = std::max(arrival, plan->transfers[k + p].end_s);
+    for (size_t j = 0; j < members.size(); ++j) {
+      CHECK(plan->order[position + j] == members[j]);
+      CHECK(plan->commits[position + j].at_s >= arrival - 1e-12);
+    }
+    k += 2;
+  }
+  CHECK(groups >= 1);
+
+  // Every part direct (no aggregators): each shard's 1 Gbit/s downlink
+  // takes four parts, 4 s. Aggregated: g1 direct until 1 s, g2-g4 reach a1
+  // by 0.88 s, and its aggregates follow g1 on the shards' links: 2 s.
+  Batch direct_batch = batch;
+  direct_batch.aggregators.clear();
+  auto direct = MlfabricPlanner().PlanBatch(direct_batch);
+  REQUIRE(direct.ok());
+  CHECK(CheckPlan(direct_batch, *direct).empty());
+  CHECK(direct->aggregation_split == 4);
+  CHECK(plan->commits.back().at_s <= direct->commits.back().at_s);
+  CHECK(direct->commits.back().at_s == Approx(4.0));
+  CHECK(plan->commits.back().at_s == Approx(2.0));
+  for (const std::string& host : hosts) CHECK(BytesInto(*plan, host) < BytesInto(*direct, host));
+}
+
+TEST_CASE("Sharded updates: the parts at an aggregator are what filling them in turn gives") {
+  // Two updates of three parts from one worker; the aggregator's downlink
+  // drops from 10 to 2.5 Gbit/s at 50 ms, so parts straddle the change.
+  Batch batch;
+  batch.server = "s0";
+  batch.hosts = {{"s0", 1e10, 1e10, {}, {}}, {"s1", 1e10, 1e10, {}, {}},
+                 {"s2", 1e10, 1e10, {}, {}}, {"w", 1e10, 1e10, {}, {}},
+                 {"a", 1e10, 1e10, {}, {{0.0, 1e10}, {0.05, 2.5e9}}}};
+  Network net = Network::FromBatch(batch).value();
+  AggregationInput input;
+  input.dst_host = net.HostIndex("s0");
+  input.aggregators = {net.HostIndex("a")};
+  const int w = net.HostIndex("w");
+  for (int i = 0; i < 2; ++i) {
+    input.items.push_back({i, w, 30000000 + 10000000 * i,
+                           {{net.HostIndex("s1"), 50000000}, {net.HostIndex("s2"), 20000000}}});
+  }
+  {
+    Network tentative = net;
+    for (const AggregationItem& item : input.items) {
+      std::vector<AggregationItem> parts = {{item.update, w, item.bytes}};
+      for (const AggregationPart& part : item.shards) parts.push_back({item.update, w, part.bytes});
+      input.direct.push_back(
+          SequentialDirect({parts[0]}, input.dst_host, 0, TransferKind::kDirect, &tentative)[0]);
+      input.shard_direct.emplace_back();
+      for (size_t p = 1; p < parts.size(); ++p) {
+        input.shard_direct.back().push_back(SequentialDirect(
+            {parts[p]}, item.shards[p - 1].dst_host, 0, TransferKind::kDirect, &tentative)[0]);
+      }
+    }
+  }
+  Network planned = net;
+  AggregationResult r = AggregateWithSplit(input, 0, &planned);
+  REQUIRE(r.groups.size() == 1);
+  const AggregationGroup& group = r.groups[0];
+  REQUIRE(group.to_aggregator.size() == 6);
+  REQUIRE(group.shard_aggregates.size() == 2);
+  // Each part filled on its own after the previous one is reserved.
+  Network by_hand = net;
+  const Path path = by_hand.PathBetween(w, input.aggregators[0]);
+  size_t j = 0;
+  double last = 0;
+  for (const AggregationItem& item : input.items) {
+    for (int64_t bytes : {item.bytes, item.shards[0].bytes, item.shards[1].bytes}) {
+      FillResult fill = by_hand.Fill(path, 0, 8.0 * static_cast<double>(bytes));
+      by_hand.Reserve(path, fill.segments);
+      const PlannedTransfer& t = group.to_aggregator[j++];
+      INFO("part " << j);
+      CHECK(t.bytes == bytes);
+      CHECK(t.start_s == Approx(fill.segments.front().from_s));
+      CHECK(t.end_s == Approx(fill.end_s));
+      CHECK(SegmentBits(t.segments) == Approx(8.0 * static_cast<double>(bytes)));
+      last = fill.end_s;
+    }
+  }
+  CHECK(last > 0.05);  // the later parts moved at 2.5 Gbit/s
+  // The aggregates: the larger part 0 (40 MB), 50 MB and 20 MB, from when
+  // the last part is in, to s0, s1, s2 in turn on a's uplink.
+  CHECK(group.aggregate.bytes == 40000000);
+  CHECK(group.shard_aggregates[0].bytes == 50000000);
+  CHECK(group.shard_aggregates[1].bytes == 20000000);
+  CHECK(group.aggregate.start_s == Approx(last));
+  CHECK(r.arrival_s[0] == r.arrival_s[1]);
+  CHECK(r.arrival_s[0] == Approx(std::max({group.aggregate.end_s, group.shard_aggregates[0].end_s,
+                                          group.shard_aggregates[1].end_s})));
+}
+
+TEST_CASE("Sharded updates: where aggregating cannot help, every part goes direct") {
+  // Three fast shard servers share the parts; an aggregator would have to
+  // take every member's three parts through its own downlink first.
+  Batch batch = ShardedSaturated();
+  for (HostLink& h : batch.hosts) h.downlink_bps = 1e10;
+  auto plan = MlfabricPlanner().PlanBatch(batch);
+  REQUIRE(plan.ok());
+  INFO(PlanToJson(*plan).dump(1));
+  CHECK(CheckPlan(batch, *plan).empty());
+  CHECK(plan->aggregation_split == 4);
+  for (const Transfer& t : plan->transfers) CHECK(t.kind == TransferKind::kDirect);
+  // Every split point is strictly worse than all direct, not a tie.
+  Network net = Network::FromBatch(batch).value();
+  AggregationInput input;
+  input.dst_host = net.HostIndex("s0");
+  input.aggregators = {net.HostIndex("a1"), net.HostIndex("a2")};
+  Network tentative = net;
+  for (const std::string& id : plan->order) {
+    const UpdateRequest& u = UpdateById(batch, id);
+    AggregationItem item{static_cast<int>(&u - batch.updates.data()), net.HostIndex(u.worker),
+                         u.bytes};
+    std::vector<PlannedTransfer> direct;
+    for (const Transfer& t : plan->transfers) {
+      if (t.update != id) continue;
+      PlannedTransfer p;
+      p.update = item.update;
+      p.src = item.worker;
+      p.dst = net.HostIndex(t.dst);
+      p.bytes = t.bytes;
+      p.start_s = t.start_s;
+      p.end_s = t.end_s;
+      p.segments = t.segments;
+      direct.push_back(std::move(p));
+    }
+    REQUIRE(direct.size() == 3);
+    for (const ShardPart& s : u.shards) item.shards.push_back({net.HostIndex(s.server), s.bytes});
+    input.items.push_back(std::move(item));
+    input.direct.push_back(direct[0]);
+    input.shard_direct.emplace_back(direct.begin() + 1, direct.end());
+  }
+  Network all = net;
+  const double direct_total = AggregateWithSplit(input, 4, &all).total_s;
+  CHECK(direct_total == Approx(plan->commits.back().at_s));
+  for (int n = 0; n < 4; ++n) {
+    Network state = net;
+    const double total = AggregateWithSplit(input, n, &state).total_s;
+    INFO("split " << n << ": " << total << " s against " << direct_total << " s all direct");
+    CHECK(total > direct_total * 1.1);
+  }
+}
+
+TEST_CASE("Sharded updates: no host that receives a part aggregates, nor with a replica") {
+  Batch batch = ShardedSaturated();
+  batch.aggregators = {"s1", "s2", "s0", "a1"};
+  auto plan = MlfabricPlanner().PlanBatch(batch);
+  REQUIRE(plan.ok());
+  CHECK(CheckPlan(batch, *plan).empty());
+  int aggregates = 0;
+  for (const Transfer& t : plan->transfers) {
+    if (t.kind == TransferKind::kToAggregator) CHECK(t.dst == "a1");
+    if (t.kind == TransferKind::kAggregate) {
+      ++aggregates;
+      CHECK(t.src == "a1");
+    }
+  }
+  CHECK(aggregates > 0);
+  // A replica (§5.3) is not planned with sharded aggregation: all direct.
+  batch.hosts.push_back({"r", 1e10, 1e10, {}, {}});
+  batch.replica = ReplicaSpec{"r", {}, 100.0, 0.5, 0.0, {}, {}, false};
+  plan = MlfabricPlanner().PlanBatch(batch);
+  REQUIRE(plan.ok());
+  CHECK(CheckPlan(batch, *plan).empty());
+  CHECK(plan->aggregation_split == static_cast<int>(plan->order.size()));
+}
+
 TEST_CASE("Without aggregators everything goes direct") {
   Fig6 f;
   f.input.aggregators.clear();

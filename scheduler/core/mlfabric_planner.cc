@@ -71,13 +71,14 @@ absl::Status ValidateReplica(const ReplicaSpec& replica, const Network& net,
 }
 
 // Aggregator hosts usable towards `dst`: known, distinct, neither the
-// destination nor `exclude`, in the seeded pre-assigned order.
+// destination nor in `exclude` (sorted), in the seeded pre-assigned order.
 std::vector<int> UsableAggregators(const std::vector<std::string>& names, const Network& net,
-                                   int dst, int exclude, uint64_t seed) {
+                                   int dst, const std::vector<int>& exclude, uint64_t seed) {
   std::vector<int> hosts;
   for (const std::string& name : names) {
     const int host = net.HostIndex(name);
-    if (host < 0 || host == dst || host == exclude) continue;
+    if (host < 0 || host == dst) continue;
+    if (std::binary_search(exclude.begin(), exclude.end(), host)) continue;
     if (std::find(hosts.begin(), hosts.end(), host) != hosts.end()) continue;
     hosts.push_back(host);
   }
@@ -126,33 +127,55 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
   const size_t m = ordering.order.size();
 
   // 2. Aggregation (Alg. 3). §10.2 describes multi-server scheduling without
-  // aggregation; updates with shards go direct.
+  // aggregation; aggregating sharded updates is our extension
+  // (aggregation.h): a member sends each of its parts to the aggregator,
+  // which sends one aggregate per part to that part's host. No host that
+  // receives a part (nor the replica) aggregates. A multi-server batch with
+  // a replica goes direct: §5.3 delays and punts one delivery per update,
+  // and the service does not plan replicas of sharded models.
   ServerSchedule server;
   server.order = ordering.order;
   server.arrival_s = ordering.arrival_s;
   server.delivered_by.assign(m, -1);
+  std::vector<int> excluded = {prepared.server, replica_host};
+  for (const PreparedUpdate& u : prepared.updates) {
+    for (size_t j = 1; j < u.parts.size(); ++j) excluded.push_back(u.parts[j].dst_host);
+  }
+  std::sort(excluded.begin(), excluded.end());
+  excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());
   std::vector<int> aggregators =
-      UsableAggregators(batch.aggregators, net, prepared.server, replica_host, batch.seed);
+      UsableAggregators(batch.aggregators, net, prepared.server, excluded, batch.seed);
   int split = static_cast<int>(m);
   std::vector<AggregationGroup> groups;
   std::optional<ChainResult> chains;
-  if (!prepared.multi_server && !aggregators.empty() && m > 0) {
+  const bool aggregate =
+      !aggregators.empty() && m > 0 && !(prepared.multi_server && batch.replica.has_value());
+  if (aggregate) {
     AggregationInput input;
     input.now_s = batch.now_s;
     input.dst_host = prepared.server;
     input.aggregators = aggregators;
     for (size_t i = 0; i < m; ++i) {
       const PreparedUpdate& u = prepared.updates[ordering.order[i]];
-      input.items.push_back({u.index, u.worker, u.parts[0].bytes});
+      AggregationItem item{u.index, u.worker, u.parts[0].bytes};
+      for (size_t j = 1; j < u.parts.size(); ++j) {
+        item.shards.push_back({u.parts[j].dst_host, u.parts[j].bytes});
+      }
+      input.items.push_back(std::move(item));
       input.direct.push_back(ordering.direct[i][0]);
+      if (prepared.multi_server) {
+        input.shard_direct.emplace_back(ordering.direct[i].begin() + 1, ordering.direct[i].end());
+      }
     }
     Network aggregated = base;
     AggregationResult agg = Aggregate(input, &aggregated, options_);
     // Streaming chains (aggregation.h) when they finish no later than
     // Alg. 3's best split: they spare the server's link. Not with a
-    // replica, whose §5.3 schedule delays and punts Alg. 3's transfers.
-    if (batch.streaming_aggregation && !batch.replica.has_value() && m > 1 &&
-        options_.max_chain_hops >= 1) {
+    // replica, whose §5.3 schedule delays and punts Alg. 3's transfers,
+    // nor for sharded updates (a chain carries one update's bytes to one
+    // host).
+    if (batch.streaming_aggregation && !batch.replica.has_value() && !prepared.multi_server &&
+        m > 1 && options_.max_chain_hops >= 1) {
       Network streamed = base;
       ChainResult chain = AggregateChains(input, options_.max_chain_hops, &streamed);
       if (chain.chained > 0 && chain.total_s <= agg.total_s + 1e-9 * (agg.total_s + 1.0)) {
@@ -185,15 +208,25 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
       server.transfer_position.push_back(i);
     }
   }
+  // A group: its members' transfers, then its aggregates (one per part),
+  // consecutive; its members are delivered by the latest aggregate.
   for (AggregationGroup& group : groups) {
     const int first = group.items.front();
     for (PlannedTransfer& t : group.to_aggregator) {
       server.transfers.push_back(std::move(t));
       server.transfer_position.push_back(first);
     }
-    for (int i : group.items) server.delivered_by[i] = static_cast<int>(server.transfers.size());
+    int latest = static_cast<int>(server.transfers.size());
     server.transfers.push_back(std::move(group.aggregate));
     server.transfer_position.push_back(first);
+    for (PlannedTransfer& t : group.shard_aggregates) {
+      if (t.end_s > server.transfers[latest].end_s) {
+        latest = static_cast<int>(server.transfers.size());
+      }
+      server.transfers.push_back(std::move(t));
+      server.transfer_position.push_back(first);
+    }
+    for (int i : group.items) server.delivered_by[i] = latest;
   }
 
   // 3. Replication (§5.3).
@@ -203,7 +236,7 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
     ReplicaConfig config;
     config.host = replica_host;
     config.aggregators = UsableAggregators(batch.replica->aggregators, net, replica_host,
-                                           prepared.server, batch.seed ^ kReplicaSeedSalt);
+                                           {prepared.server}, batch.seed ^ kReplicaSeedSalt);
     config.divergence_bound = batch.replica->divergence_bound;
     config.momentum = batch.replica->momentum;
     config.history_norm = batch.replica->history_norm;
@@ -224,15 +257,29 @@ absl::StatusOr<Plan> MlfabricPlanner::PlanBatch(const Batch& batch) const {
   for (const auto& [u, reason] : ordering.drops) plan.dropped.push_back({batch.updates[u].id, reason});
   for (int u : replication.dropped) plan.dropped.push_back({batch.updates[u].id, "replica_divergence"});
   int aggregate_count = 0;
+  // A group's aggregates are a run of consecutive aggregate transfers (its
+  // members' transfers come before each group), and each names the whole
+  // group: the positions delivered by a transfer of the run.
+  std::vector<std::string> run_constituents;
   for (size_t k = 0; k < server.transfers.size(); ++k) {
     Transfer t = ToTransfer(server.transfers[k], batch, net);
     if (t.kind == TransferKind::kAggregate) {
-      t.update = absl::StrCat("agg:", ++aggregate_count);
-      for (size_t i = 0; i < server.order.size(); ++i) {
-        if (server.delivered_by[i] == static_cast<int>(k)) {
-          t.constituents.push_back(batch.updates[server.order[i]].id);
+      if (k == 0 || server.transfers[k - 1].kind != TransferKind::kAggregate) {
+        size_t run_end = k;
+        while (run_end < server.transfers.size() &&
+               server.transfers[run_end].kind == TransferKind::kAggregate) {
+          ++run_end;
+        }
+        run_constituents.clear();
+        for (size_t i = 0; i < server.order.size(); ++i) {
+          const int by = server.delivered_by[i];
+          if (by >= static_cast<int>(k) && by < static_cast<int>(run_end)) {
+            run_constituents.push_back(batch.updates[server.order[i]].id);
+          }
         }
       }
+      t.update = absl::StrCat("agg:", ++aggregate_count);
+      t.constituents = run_constituents;
     }
     plan.transfers.push_back(std::move(t));
   }

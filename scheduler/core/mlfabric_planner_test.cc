@@ -87,6 +87,64 @@ TEST_CASE("Optimised, threaded and reference implementations give identical plan
   }
 }
 
+// §10.2 batches with aggregators (our extension: sharded updates are
+// aggregated too): 2..4 servers, random sizes and NICs, aggregators on
+// their own hosts or on workers, some updates with another part layout.
+RandomBatchOptions ShardedOptionsForSeed(uint64_t seed) {
+  RandomBatchOptions o;
+  o.seed = seed;
+  o.updates = 1 + static_cast<int>(seed % 30);
+  o.shards = 1 + static_cast<int>(seed % 3);
+  o.aggregators = 1 + static_cast<int>(seed % 4);
+  o.worker_aggregators = seed % 4 == 2;
+  o.profiles = seed % 2 == 1;
+  o.sync = seed % 7 == 0;
+  o.max_deadline = seed % 5 == 0 ? o.updates / 2 + 1 : 0;
+  o.outages = seed % 13 == 0;
+  o.mixed_shards = seed % 3 == 0;
+  return o;
+}
+
+TEST_CASE("Multi-server batches: aggregated plans keep every invariant") {
+  const MlfabricPlanner planner;
+  int aggregated = 0;
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    const Batch batch = RandomBatch(ShardedOptionsForSeed(seed));
+    INFO("seed " << seed << " (RandomBatch(ShardedOptionsForSeed(seed)))");
+    absl::StatusOr<Plan> plan = planner.PlanBatch(batch);
+    REQUIRE(plan.ok());
+    const std::vector<std::string> problems = CheckPlan(batch, *plan);
+    INFO(Problems(problems));
+    CHECK(problems.empty());
+    aggregated += plan->aggregation_split < static_cast<int>(plan->order.size());
+  }
+  std::cout << "multi-server batches: " << aggregated << " of 300 aggregated\n";
+  CHECK(aggregated > 30);
+}
+
+TEST_CASE("Multi-server batches: optimised, threaded and reference plans are identical") {
+  PlannerOptions reference;
+  reference.reference = true;
+  PlannerOptions threaded;
+  threaded.threads = 2;
+  threaded.min_splits_per_thread = 1;
+  const MlfabricPlanner fast, slow(reference), parallel(threaded);
+  for (uint64_t seed = 1; seed <= 120; ++seed) {
+    RandomBatchOptions options = ShardedOptionsForSeed(seed);
+    if (seed % 10 == 0) options.updates = 100;  // enough split points for two threads
+    const Batch batch = RandomBatch(options);
+    INFO("seed " << seed);
+    auto a = fast.PlanBatch(batch);
+    auto b = slow.PlanBatch(batch);
+    auto c = parallel.PlanBatch(batch);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    REQUIRE(c.ok());
+    CHECK(PlanToJson(*a).dump() == PlanToJson(*b).dump());
+    CHECK(PlanToJson(*a).dump() == PlanToJson(*c).dump());
+  }
+}
+
 TEST_CASE("Plans are deterministic given the batch, including its seed") {
   RandomBatchOptions options = OptionsForSeed(4);
   options.aggregators = 3;

@@ -33,6 +33,24 @@ struct Use {
   std::string transfer;
 };
 
+// The sizes of `u`'s parts that go to `host` (part 0 to the batch's
+// server, part j to shards[j-1].server, §10.2).
+std::vector<int64_t> PartSizesTo(const UpdateRequest& u, const std::string& host,
+                                 const std::string& server) {
+  std::vector<int64_t> sizes;
+  if (host == server) sizes.push_back(u.bytes);
+  for (const ShardPart& s : u.shards) {
+    if (s.server == host) sizes.push_back(s.bytes);
+  }
+  return sizes;
+}
+
+std::vector<int64_t> PartSizes(const UpdateRequest& u) {
+  std::vector<int64_t> sizes = {u.bytes};
+  for (const ShardPart& s : u.shards) sizes.push_back(s.bytes);
+  return sizes;
+}
+
 }  // namespace
 
 std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
@@ -93,6 +111,10 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
   for (const UpdateRequest& u : batch.updates) {
     for (const ShardPart& s : u.shards) server_hosts.insert(s.server);
   }
+  // (update, aggregator) -> sizes of the update's transfers to it: one per part.
+  std::map<std::pair<std::string, std::string>, std::vector<int64_t>> to_aggregator_sizes;
+  // (update, host) -> parts delivered there, directly or in an aggregate.
+  std::map<std::pair<std::string, std::string>, int> deliveries;
   for (size_t k = 0; k < plan.transfers.size(); ++k) {
     const Transfer& t = plan.transfers[k];
     const std::string name = absl::StrCat("transfers[", k, "] (", t.update, " ", t.src, "->",
@@ -114,22 +136,56 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
         tol * static_cast<double>(t.bytes) + 1.0) {
       problems.push_back(absl::StrCat(name, ": moves ", bits / 8.0, " bytes, size ", t.bytes));
     }
+    // A hop of a streaming chain ends at the next aggregator; the last one
+    // (and every Alg. 3 aggregate) at a server.
+    const bool hop = t.kind == TransferKind::kAggregate &&
+                     (!t.into.empty() || !server_hosts.count(t.dst));
     // The size the transfer should have.
     int64_t expected = -1;
-    if (t.kind == TransferKind::kAggregate || t.kind == TransferKind::kReplicaAggregate) {
+    if (t.kind == TransferKind::kAggregate && !hop) {
+      // The largest of the constituents' parts for this host (when an
+      // update has two parts for one host, either may be the one).
+      bool fits = !t.constituents.empty();
+      bool attained = false;
+      expected = 0;
+      for (const std::string& id : t.constituents) {
+        auto it = updates.find(id);
+        if (it == updates.end()) continue;
+        const std::vector<int64_t> sizes = PartSizesTo(*it->second, t.dst, batch.server);
+        if (sizes.empty()) {
+          problems.push_back(absl::StrCat(name, ": constituent ", id, " has no part for ", t.dst));
+          continue;
+        }
+        fits = fits && *std::min_element(sizes.begin(), sizes.end()) <= t.bytes;
+        attained = attained || std::count(sizes.begin(), sizes.end(), t.bytes) > 0;
+        expected = std::max(expected, *std::max_element(sizes.begin(), sizes.end()));
+      }
+      if (fits && attained) expected = t.bytes;
+    } else if (t.kind == TransferKind::kAggregate || t.kind == TransferKind::kReplicaAggregate) {
       expected = 0;
       for (const std::string& id : t.constituents) {
         auto it = sized.find(id);
         if (it != sized.end()) expected = std::max(expected, it->second->bytes);
       }
+    } else if (t.kind == TransferKind::kToAggregator) {
+      // Checked per (update, aggregator) below: one transfer per part.
+      to_aggregator_sizes[{t.update, t.dst}].push_back(t.bytes);
+      expected = t.bytes;
     } else if (auto it = sized.find(t.update); it != sized.end()) {
       expected = it->second->bytes;
-      for (const ShardPart& s : it->second->shards) {
-        if (s.server == t.dst && t.kind == TransferKind::kDirect) expected = s.bytes;
+      if (t.kind == TransferKind::kDirect) {
+        const std::vector<int64_t> sizes = PartSizesTo(*it->second, t.dst, batch.server);
+        if (!sizes.empty()) expected = sizes.front();
+        if (std::count(sizes.begin(), sizes.end(), t.bytes) > 0) expected = t.bytes;
       }
     }
     if (expected != t.bytes) {
       problems.push_back(absl::StrCat(name, ": size ", t.bytes, ", expected ", expected));
+    }
+    if (t.kind == TransferKind::kDirect) {
+      ++deliveries[{t.update, t.dst}];
+    } else if (t.kind == TransferKind::kAggregate && !hop) {
+      for (const std::string& id : t.constituents) ++deliveries[{id, t.dst}];
     }
     std::vector<std::string> links = {"up:" + t.src};
     if (auto it = fixed.find({t.src, t.dst}); it != fixed.end()) {
@@ -146,9 +202,6 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
     } else if (t.kind == TransferKind::kToAggregator) {
       to_aggregator.insert({t.update, t.dst});
     } else if (t.kind == TransferKind::kAggregate) {
-      // A hop of a streaming chain ends at the next aggregator; the last
-      // one at the server.
-      const bool hop = !t.into.empty() || !server_hosts.count(t.dst);
       if (hop) chain_hops.push_back(k);
       aggregate_names[t.update] = k;
       int last = -2;
@@ -174,6 +227,44 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
         } else {
           arrival[id] = std::max(arrival[id], t.end_s);
         }
+      }
+    }
+  }
+  for (const auto& [key, sizes] : to_aggregator_sizes) {
+    auto it = updates.find(key.first);
+    if (it == updates.end()) {
+      problems.push_back(absl::StrCat(key.first, ": sent to aggregator ", key.second,
+                                      " but not an input update"));
+      continue;
+    }
+    std::vector<int64_t> got = sizes, parts = PartSizes(*it->second);
+    std::sort(got.begin(), got.end());
+    std::sort(parts.begin(), parts.end());
+    if (got != parts) {
+      problems.push_back(absl::StrCat(key.first, ": ", got.size(), " transfers to aggregator ",
+                                      key.second, " do not carry its ", parts.size(),
+                                      " parts one each"));
+    }
+  }
+  // Every part of every ordered update reaches its host exactly once (a
+  // dropped update's none).
+  std::set<std::string> ordered(plan.order.begin(), plan.order.end());
+  for (const UpdateRequest& u : batch.updates) {
+    std::map<std::string, int> expected;
+    if (ordered.count(u.id)) {
+      ++expected[batch.server];
+      for (const ShardPart& s : u.shards) ++expected[s.server];
+    }
+    for (auto it = deliveries.lower_bound({u.id, std::string()});
+         it != deliveries.end() && it->first.first == u.id; ++it) {
+      expected.emplace(it->first.second, 0);
+    }
+    for (const auto& [host, parts] : expected) {
+      auto it = deliveries.find({u.id, host});
+      const int delivered = it == deliveries.end() ? 0 : it->second;
+      if (delivered != parts) {
+        problems.push_back(absl::StrCat(u.id, ": ", delivered, " of its parts delivered to ",
+                                        host, ", expected ", parts));
       }
     }
   }

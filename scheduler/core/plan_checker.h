@@ -7,7 +7,13 @@
 //    never before the update (or its aggregate) has arrived;
 //  - every input update appears exactly once in `order` or `dropped`;
 //  - bytes moved by each transfer equal its size, and sizes match the
-//    update (aggregates: their largest constituent);
+//    update (aggregates: their largest constituent; for a model split
+//    across servers, §10.2, their largest constituent part for the host
+//    they go to, and an update's transfers to an aggregator carry its
+//    parts one each);
+//  - every part of every ordered update reaches its host exactly once,
+//    directly or in one aggregate (a constituent arrives with the latest
+//    aggregate naming it), and a dropped update's none;
 //  - order preserved through aggregation: an aggregate's constituents are
 //    consecutive in `order` and commit together;
 //  - replica commits are a prefix of `order`, committed by the last server

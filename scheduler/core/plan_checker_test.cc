@@ -76,5 +76,79 @@ TEST_CASE("Checker: replica divergence and prefix") {
   }
 }
 
+// A model split across s0, s1, s2 (§10.2) whose 1 Gbit/s downlinks are
+// saturated: the planner sends g1 direct and aggregates g2..g4 at a1.
+struct ShardedFixture {
+  Batch batch;
+  Plan plan;
+  ShardedFixture() {
+    batch.server = "s0";
+    batch.tau_max = 10;
+    batch.hosts = {{"s0", 1e10, 1e9, {}, {}}, {"s1", 1e10, 1e9, {}, {}},
+                   {"s2", 1e10, 1e9, {}, {}}, {"a1", 1e10, 1e10, {}, {}}};
+    for (int i = 1; i <= 4; ++i) {
+      const std::string w = "w" + std::to_string(i);
+      batch.hosts.push_back({w, 1e10, 1e10, {}, {}});
+      batch.updates.push_back({"g" + std::to_string(i), w, 125000000, 0, 1,
+                               {{"s1", 100000000 + 5000000 * i}, {"s2", 125000000}}});
+    }
+    batch.aggregators = {"a1"};
+    plan = MlfabricPlanner().PlanBatch(batch).value();
+    REQUIRE(CheckPlan(batch, plan).empty());
+    REQUIRE(Find(TransferKind::kAggregate, "s1") >= 0);
+    REQUIRE(Find(TransferKind::kDirect, "s1") >= 0);
+  }
+  int Find(TransferKind kind, const std::string& dst) const {
+    for (size_t k = 0; k < plan.transfers.size(); ++k) {
+      if (plan.transfers[k].kind == kind && plan.transfers[k].dst == dst) return static_cast<int>(k);
+    }
+    return -1;
+  }
+};
+
+TEST_CASE("Checker: a sharded aggregate of the wrong size") {
+  ShardedFixture f;
+  // The aggregate to s1 must be as large as its largest constituent's s1
+  // part; s0's size (all parts for s0 are larger) is wrong there.
+  Transfer& t = f.plan.transfers[f.Find(TransferKind::kAggregate, "s1")];
+  t.bytes = 125000000;
+  for (RateSegment& s : t.segments) s.rate_bps *= 125.0 / 120.0;  // bytes moved still match
+  const auto problems = CheckPlan(f.batch, f.plan);
+  CHECK(Mentions(problems, "size 125000000, expected 120000000"));
+  CHECK(!Mentions(problems, "moves"));
+}
+
+TEST_CASE("Checker: a part of a sharded update that never reaches its host") {
+  ShardedFixture f;
+  f.plan.transfers.erase(f.plan.transfers.begin() + f.Find(TransferKind::kDirect, "s1"));
+  CHECK(Mentions(CheckPlan(f.batch, f.plan), "0 of its parts delivered to s1, expected 1"));
+  ShardedFixture g;  // an aggregate's parts
+  const std::vector<std::string> members =
+      g.plan.transfers[g.Find(TransferKind::kAggregate, "s2")].constituents;
+  g.plan.transfers.erase(g.plan.transfers.begin() + g.Find(TransferKind::kAggregate, "s2"));
+  const auto problems = CheckPlan(g.batch, g.plan);
+  for (const std::string& id : members) {
+    CHECK(Mentions(problems, id + ": 0 of its parts delivered to s2, expected 1"));
+  }
+  ShardedFixture h;  // twice: direct and in an aggregate
+  Transfer twice = h.plan.transfers[h.Find(TransferKind::kAggregate, "s1")];
+  twice.constituents.push_back(h.plan.order[0]);
+  h.plan.transfers.push_back(twice);
+  CHECK(Mentions(CheckPlan(h.batch, h.plan), h.plan.order[0] + ": 2 of its parts delivered to s1"));
+}
+
+TEST_CASE("Checker: a sharded update's transfers to its aggregator carry each part once") {
+  ShardedFixture f;
+  for (Transfer& t : f.plan.transfers) {
+    if (t.kind == TransferKind::kToAggregator && t.bytes != 125000000) {
+      // Its s1 part sent as a copy of its s0 part (the s1 part is missing).
+      for (RateSegment& s : t.segments) s.rate_bps *= 125000000.0 / static_cast<double>(t.bytes);
+      t.bytes = 125000000;
+      break;
+    }
+  }
+  CHECK(Mentions(CheckPlan(f.batch, f.plan), "do not carry its 3 parts one each"));
+}
+
 }  // namespace
 }  // namespace mlfabric::core

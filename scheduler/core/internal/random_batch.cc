@@ -127,6 +127,14 @@ Batch RandomBatch(const RandomBatchOptions& options) {
     for (int j = 1; j <= options.shards; ++j) {
       u.shards.push_back({"s" + std::to_string(j), rng.Between(options.min_bytes, options.max_bytes)});
     }
+    if (options.mixed_shards && !u.shards.empty()) {
+      const double x = rng.Uniform();
+      if (x < 0.2) {
+        std::reverse(u.shards.begin(), u.shards.end());
+      } else if (x < 0.35) {
+        u.shards.pop_back();
+      }
+    }
     batch.updates.push_back(std::move(u));
   }
   return batch;

@@ -21,6 +21,9 @@ struct RandomBatchOptions {
   bool profiles = false;       // time-varying uplink/downlink profiles
   bool sync = false;
   int shards = 0;              // further servers for §10.2 (0: single server)
+  // Some updates list their shards in another order or leave the last out
+  // (part layouts that differ within a batch).
+  bool mixed_shards = false;
   int max_deadline = 0;        // 0: 2 * updates
   // Some hosts lose all capacity for a while or for ever (stress for the
   // "no_bandwidth" and infeasible-split paths).
