@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
@@ -49,9 +50,10 @@ struct Rig {
   Rig()
       : rounds(RoundService::Options{}, &lock, &stopping, &incoming, &servers, &send, &reporter,
                &watchdog, &pool),
-        requests(AppRequests::Options{"h1", 32 * 1024}, &lock, &clock, &stopping,
+        requests(AppRequests::Options{"h1", 32 * 1024, /*reregister_wait_s=*/10}, &lock,
+                 &clock, &stopping,
                  AppRequests::Parts{&scheduler, &reporter, &pushes, &keys, &servers, &rounds,
-                                    nullptr, nullptr},
+                                    nullptr, nullptr, nullptr, &registrations},
                  [this](const std::shared_ptr<AppSession>& app) {
                    ++forgotten;
                    std::optional<v1::EntityGoneReport> report;
@@ -120,6 +122,7 @@ struct Rig {
   transport::DataKeys keys;
   RoundService rounds;
   int forgotten = 0;
+  std::atomic<uint64_t> registrations{1};
   AppRequests requests;
 };
 
@@ -220,6 +223,46 @@ TEST_CASE("a push that cannot be submitted ends at once, failed, with why") {
   CHECK(refused.find("job over its quota") != std::string::npos);
   CHECK(rig.requests.pushes_submitted() == 0);
   CHECK(rig.pushes.Unresolved().empty());  // nothing left waiting for an outcome
+}
+
+TEST_CASE("a push refused as unauthenticated is submitted again once the daemon re-registered") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  // A restarted scheduler that does not know this daemon's session yet;
+  // the daemon registers again meanwhile.
+  std::atomic<int> calls{0};
+  std::thread registering;
+  rig.scheduler.submit_hook = [&](const v1::SubmitUpdateRequest&, v1::SubmitUpdateReply* reply) {
+    if (calls.fetch_add(1) == 0) {
+      registering = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        rig.registrations.fetch_add(1);
+      });
+      return absl::UnauthenticatedError("host 'h1': a wrong session token");
+    }
+    reply->set_transfer_id(77);
+    return absl::OkStatus();
+  };
+  rig.Push(*worker, 1, 64);
+  registering.join();
+  CHECK(calls.load() == 2);
+  CHECK(rig.requests.pushes_submitted() == 1);
+  CHECK(rig.pushes.Find(77).has_value());
+  CHECK(worker->Quiet());  // waiting for its outcome, not failed
+
+  // Without a registration within the wait, it fails with the refusal.
+  Rig quick;
+  auto other = Rig::NewApp("w1", v1::ROLE_WORKER);
+  REQUIRE(quick.Register(*other, v1::ROLE_WORKER).registered().error().empty());
+  quick.scheduler.submit_hook = [](const v1::SubmitUpdateRequest&, v1::SubmitUpdateReply*) {
+    return absl::InvalidArgumentError("unknown job");  // not retried
+  };
+  quick.Push(*other, 2, 64);
+  const v1::LocalMessage message = Rig::Next(*other);
+  REQUIRE(message.has_push_done());
+  CHECK(message.push_done().reason().find("unknown job") != std::string::npos);
+  CHECK(quick.scheduler.submits().size() == 1);
 }
 
 TEST_CASE("a get before registering is answered with an error") {

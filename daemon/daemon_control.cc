@@ -70,6 +70,7 @@ void Daemon::ScheduleStreamLoop() {
         data_keys_.SetJobKey(reply.job_id(), reply.job_data_key());
       }
     }
+    registrations_.fetch_add(1);  // pushes refused meanwhile are submitted again
   }
 }
 
