@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -25,6 +26,7 @@
 #include "api/mlfabric.h"
 #include "testing/cluster.h"
 #include "testing/http_client.h"
+#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -61,7 +63,7 @@ ClientOptions Options(const testing::Cluster& c, const std::string& host, const 
 absl::StatusOr<std::unique_ptr<testing::Cluster>> StartCluster(
     const std::vector<std::string>& hosts,
     const std::map<std::string, std::vector<std::string>>& host_flags = {},
-    int64_t tau_max = 1000) {
+    int64_t tau_max = 1000, const std::string& aggregators = "") {
   testing::ClusterOptions options;
   options.hosts = hosts;
   options.admin = true;
@@ -69,7 +71,9 @@ absl::StatusOr<std::unique_ptr<testing::Cluster>> StartCluster(
   if (!cluster.ok()) return cluster.status();
   const std::string config = (*cluster)->dir() + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
-                        << R"( "tau_max": )" << tau_max << "}]}";
+                        << R"( "tau_max": )" << tau_max
+                        << (aggregators.empty() ? "" : R"(, "aggregators": )" + aggregators)
+                        << "}]}";
   if (absl::Status started =
           (*cluster)->Start({"--config=" + config, "--planner=mlfabric"}, {}, host_flags);
       !started.ok()) {
@@ -235,6 +239,159 @@ TEST_CASE("every shard applies every push of the group, in one order, exactly") 
   CHECK(servers["ps-2"]["host"] == "s3");
 }
 
+// The job's admin counters (GET /api/v1/cluster "stats").
+nlohmann::json Stats(const testing::Cluster& c) {
+  const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/cluster");
+  REQUIRE(r.status == 200);
+  return nlohmann::json::parse(r.body)["stats"];
+}
+
+// Four workers, one per host, push `pushes` updates each at once; returns
+// how many applied and adds them to *sum; other outcomes go to *problems.
+int PushFromFour(testing::Cluster& c, int64_t dim, int pushes, std::vector<double>* sum,
+                 std::vector<std::string>* problems) {
+  std::mutex mu;
+  int applied = 0;
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w) {
+    workers.emplace_back([&, w] {
+      auto worker = Worker::Connect(Options(c, "w" + std::to_string(w + 1), "w" + std::to_string(w)));
+      if (!worker.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        problems->push_back(std::string(worker.status().message()));
+        return;
+      }
+      for (int i = 0; i < pushes; ++i) {
+        const std::vector<float> v = Update(dim, w, i);
+        PushResult r = (*worker)->Push("ps", v.data(), v.size() * 4, 0, 1.0).get();
+        std::lock_guard<std::mutex> lock(mu);
+        if (r.outcome != PushOutcome::kApplied) {
+          problems->push_back(absl::StrCat(PushOutcomeName(r.outcome), ": ", r.reason));
+          continue;
+        }
+        ++applied;
+        for (int64_t k = 0; k < dim; ++k) (*sum)[k] += v[k];
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  return applied;
+}
+
+// Every shard holds exactly its part of `sum`, at version `applied`, and
+// all went through the same versions.
+void CheckShards(std::vector<std::unique_ptr<Shard>>& shards, const std::vector<double>& sum,
+                 int applied) {
+  int64_t offset = 0;
+  std::vector<int64_t> first_versions;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    Shard& s = *shards[i];
+    std::lock_guard<std::mutex> lock(s.mu);
+    INFO("shard " << i);
+    CHECK(s.version == applied);
+    if (i == 0) first_versions = s.versions;
+    CHECK(s.versions == first_versions);
+    size_t wrong = 0;
+    for (size_t k = 0; k < s.model.size(); ++k) wrong += s.model[k] != sum[offset + k];
+    CHECK(wrong == 0);
+    offset += static_cast<int64_t>(s.model.size());
+  }
+}
+
+TEST_CASE("a group's pushes are summed at an aggregator shard by shard, exactly") {
+  // The shards' links are slow (declared and paced at 20 Mbit/s down), the
+  // workers' and the aggregator's fast: the planner sends a batch's pushes
+  // to a1, which sends each shard one sum (§5.2 with §10.2).
+  constexpr int64_t kDim = 3001 * 3;
+  constexpr int kPushes = 8;
+  std::map<std::string, std::vector<std::string>> slow;
+  for (const std::string& host : kShardHosts) slow[host] = {"--downlink_bps=20000000"};
+  auto cluster = StartCluster({"s1", "s2", "s3", "w1", "w2", "w3", "w4", "a1"}, slow, 1000,
+                              R"(["a1"])");
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  testing::Cluster& c = **cluster;
+  std::vector<std::unique_ptr<Shard>> shards = StartShards(c, kDim);
+  auto reader = Worker::Connect(Options(c, "w1", "reader"));
+  REQUIRE(reader.ok());
+  REQUIRE(launch::WaitUntil([&] { return (*reader)->Get("ps").ok(); }, 30));
+
+  std::vector<double> sum(kDim, 0.0);
+  std::vector<std::string> problems;
+  const int applied = PushFromFour(c, kDim, kPushes, &sum, &problems);
+  for (const std::string& p : problems) WARN(p);
+  CHECK(problems.empty());
+  CHECK(applied == 4 * kPushes);
+  CheckShards(shards, sum, applied);
+  const nlohmann::json stats = Stats(c);
+  INFO(stats.dump());
+  CHECK(stats["aggregates"].get<int64_t>() >= 1);
+  // Some shard version moved by more than one: an aggregate applied whole.
+  bool summed = false;
+  {
+    std::lock_guard<std::mutex> lock(shards[0]->mu);
+    for (size_t v = 0; v < shards[0]->versions.size(); ++v) {
+      const int64_t before = v == 0 ? 0 : shards[0]->versions[v - 1];
+      summed = summed || shards[0]->versions[v] - before > 1;
+    }
+  }
+  CHECK(summed);
+  auto model = (*reader)->Get("ps");
+  REQUIRE(model.ok());
+  CHECK(model->version == applied);
+}
+
+TEST_CASE("an aggregator killed mid-sum fails its pushes at every shard; none applies them") {
+  // Workers' uplinks paced at 8 Mbit/s: the parts of a 480 KB push take
+  // about half a second to reach a1, which dies meanwhile.
+  constexpr int64_t kDim = 40000 * 3;
+  std::map<std::string, std::vector<std::string>> flags;
+  for (const std::string& host : kShardHosts) flags[host] = {"--downlink_bps=20000000"};
+  for (const char* w : {"w1", "w2", "w3", "w4"}) flags[w] = {"--uplink_bps=8000000"};
+  auto cluster = StartCluster({"s1", "s2", "s3", "w1", "w2", "w3", "w4", "a1"}, flags, 1000,
+                              R"(["a1"])");
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  testing::Cluster& c = **cluster;
+  std::vector<std::unique_ptr<Shard>> shards = StartShards(c, kDim);
+  auto reader = Worker::Connect(Options(c, "w1", "reader"));
+  REQUIRE(reader.ok());
+  REQUIRE(launch::WaitUntil([&] { return (*reader)->Get("ps").ok(); }, 30));
+
+  std::vector<double> sum(kDim, 0.0);
+  std::vector<std::string> problems;
+  // No Catch2 assertion on this thread: it reports through `killed`.
+  bool killed = false;
+  std::thread killer([&] {
+    auto aggregates = [&] {
+      const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/cluster");
+      const nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
+      return r.status == 200 && !j.is_discarded() ? j["stats"].value("aggregates", 0) : 0;
+    };
+    if (!launch::WaitUntil([&] { return aggregates() >= 1; }, 30)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    killed = c.KillDaemon("a1").ok();
+  });
+  const int applied = PushFromFour(c, kDim, 1, &sum, &problems);
+  killer.join();
+  REQUIRE(killed);
+  // The pushes summed at a1 failed, each with the reason; no shard holds
+  // any of them; the others applied everywhere.
+  CHECK(applied < 4);
+  for (const std::string& p : problems) {
+    INFO(p);
+    CHECK_THAT(p, Catch::Contains("a1"));
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  CheckShards(shards, sum, applied);
+  // Training goes on without the aggregator: the next pushes go direct.
+  problems.clear();
+  const int later = PushFromFour(c, kDim, 1, &sum, &problems);
+  for (const std::string& p : problems) WARN(p);
+  CHECK(later == 4);
+  CheckShards(shards, sum, applied + later);
+}
+
 TEST_CASE("a shard's daemon killed mid-push fails the push at every shard; none applies it") {
   // 1.5 M floats (6 MB) from a worker whose uplink is paced at 40 Mbit/s:
   // a push takes about 1.2 s, its parts sent one after another (§10.2).
@@ -293,14 +450,23 @@ TEST_CASE("a shard's daemon killed mid-push fails the push at every shard; none 
   CHECK_THAT(std::string(model.status().message()), Catch::Contains("ps-2"));
 }
 
-TEST_CASE("group pushes in flight while the scheduler restarts end once; every shard holds the same") {
+// 40 pushes from two workers, the scheduler restarted while they move:
+// every push ends once and every shard holds exactly those applied.
+void RestartWithGroupPushesInFlight(bool aggregate) {
   constexpr int64_t kDim = 3001 * 3;
   constexpr int kPushes = 40;
   // Workers' uplinks at 8 Mbit/s: a push takes about 36 ms to send, so
-  // at the restart some parts are still moving and others held.
-  auto cluster = StartCluster({"s1", "s2", "s3", "w1", "w2"},
-                              {{"w1", {"--uplink_bps=8000000"}}, {"w2", {"--uplink_bps=8000000"}}},
-                              /*tau_max=*/100000);
+  // at the restart some parts are still moving and others held. With
+  // `aggregate`, the shards' downlinks are slower still (4 Mbit/s), so
+  // the pushes of a batch are summed at a1 first.
+  std::map<std::string, std::vector<std::string>> flags = {
+      {"w1", {"--uplink_bps=8000000"}}, {"w2", {"--uplink_bps=8000000"}}};
+  std::vector<std::string> hosts = {"s1", "s2", "s3", "w1", "w2"};
+  if (aggregate) {
+    hosts.push_back("a1");
+    for (const std::string& host : kShardHosts) flags[host] = {"--downlink_bps=4000000"};
+  }
+  auto cluster = StartCluster(hosts, flags, /*tau_max=*/100000, aggregate ? R"(["a1"])" : "");
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   testing::Cluster& c = **cluster;
@@ -315,15 +481,35 @@ TEST_CASE("group pushes in flight while the scheduler restarts end once; every s
   }
   std::vector<std::vector<float>> sent;
   std::vector<std::future<PushResult>> results;
+  // With `aggregate`, the pushes go out 15 ms apart, so that batches sum a
+  // few each, and the scheduler is restarted once the first aggregate has
+  // applied: some applied, some summing, some waiting, some submitted
+  // while it is down or before their daemon registered again. (No Catch2
+  // assertion on that thread: `restarted` reports.)
+  std::atomic<bool> restarted{false};
+  std::thread restarter;
+  if (aggregate) {
+    restarter = std::thread([&] {
+      if (launch::WaitUntil([&] { return shards[0]->Version() >= 1; }, 30)) {
+        restarted = c.RestartScheduler().ok();
+      }
+    });
+  }
   for (int p = 0; p < kPushes; ++p) {
     sent.push_back(Update(kDim, p % 2, p));
     results.push_back(workers[p % 2]->Push("ps", sent.back().data(), sent.back().size() * 4, 0,
                                            1.0));
+    if (aggregate) std::this_thread::sleep_for(std::chrono::milliseconds(15));
   }
-  for (int i = 0; i < 3000 && shards[0]->Version() < 5; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (aggregate) {
+    restarter.join();
+    REQUIRE(restarted);
+  } else {
+    for (int i = 0; i < 3000 && shards[0]->Version() < 5; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    REQUIRE(c.RestartScheduler().ok());
   }
-  REQUIRE(c.RestartScheduler().ok());
 
   // Every push ends, exactly once (a future resolves once).
   std::vector<double> applied_sum(kDim, 0.0);
@@ -360,6 +546,14 @@ TEST_CASE("group pushes in flight while the scheduler restarts end once; every s
     CHECK(wrong == 0);
     offset += static_cast<int64_t>(s.model.size());
   }
+}
+
+TEST_CASE("group pushes in flight while the scheduler restarts end once; every shard holds the same") {
+  RestartWithGroupPushesInFlight(/*aggregate=*/false);
+}
+
+TEST_CASE("group aggregates in flight while the scheduler restarts end once; shards hold the same") {
+  RestartWithGroupPushesInFlight(/*aggregate=*/true);
 }
 
 }  // namespace
