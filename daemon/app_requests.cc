@@ -156,14 +156,15 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
   MLF_LOG(DEBUG) << "submitting push (local id " << local_id << ") of '" << app->name
                  << "' to server '" << push.server() << "'";
   v1::SubmitUpdateReply reply;
-  const uint64_t registrations = parts_.registrations ? parts_.registrations->load() : 0;
   absl::Status status = parts_.scheduler->SubmitUpdate(request, &reply);
-  if (absl::IsUnauthenticated(status) && AwaitRegistration(registrations)) {
-    // Refused before it was looked at (a restarted scheduler that does not
-    // know this daemon's session yet): submitting again cannot double it.
-    MLF_LOG(INFO) << "push (local id " << local_id << ") refused as unauthenticated ("
-                  << status.message() << "); submitted again after registering";
-    status = parts_.scheduler->SubmitUpdate(request, &reply);
+  std::string refused;
+  if (absl::IsUnauthenticated(status) && parts_.registering != nullptr &&
+      parts_.registering->load()) {
+    // A restarted scheduler that does not know this daemon's session yet.
+    // The push fails at once, as while the scheduler was down (a
+    // synchronous round's members fail alike, none submitted again).
+    refused = "the scheduler restarted and does not know this daemon yet (it is registering "
+              "again, within seconds): push again";
   }
   if (!status.ok()) {
     parts_.pushes->SubmitFailed(local_id);
@@ -173,7 +174,8 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
     pushes_submitted_.fetch_add(1);
   }
   if (!status.ok()) {
-    fail(absl::StrCat("scheduler refused the push: ", RpcErrorText(status)));
+    fail(absl::StrCat("scheduler refused the push: ", refused.empty() ? RpcErrorText(status)
+                                                                      : refused));
     return;
   }
   if (checksums == nullptr) return;
@@ -184,17 +186,6 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
                  << checksums->parts() << " threads) in "
                  << absl::StrFormat("%.3f", clock_->NowSeconds() - start_s) << " s, done at "
                  << absl::StrFormat("%.6f", clock_->NowSeconds());
-}
-
-bool AppRequests::AwaitRegistration(uint64_t seen) const {
-  if (parts_.registrations == nullptr) return false;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(options_.reregister_wait_s);
-  while (parts_.registrations->load() == seen) {
-    if (stopping_->load() || std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) {

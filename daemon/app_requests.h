@@ -76,10 +76,7 @@ class AppRequests : public AppHandler {
   struct Options {
     std::string host;
     int64_t payload_bytes = 32 * 1024;  // the packets a push's checksums cover
-    // A push the scheduler refused as unauthenticated (a restarted one,
-    // before this daemon registered again) is submitted once more when the
-    // registration is done, if it is within this long.
-    double reregister_wait_s = 10;
+
   };
   // What the requests are carried out with; all must outlive this.
   struct Parts {
@@ -92,9 +89,9 @@ class AppRequests : public AppHandler {
     ModelServer* model_server = nullptr;
     ModelFetcher* fetcher = nullptr;
     ReplicaSnapshots* snapshots = nullptr;  // may be null
-    // Counts the daemon's registrations with the scheduler (its host and
-    // applications, again after a lost stream); may be null.
-    const std::atomic<uint64_t>* registrations = nullptr;
+    // True while the daemon registers again after a lost schedule stream
+    // (its host, then its applications); may be null.
+    const std::atomic<bool>* registering = nullptr;
   };
   // Called under the receive lock when an application leaves: forgets it
   // and, if it was a server's or replica's endpoint, returns the report
@@ -125,9 +122,6 @@ class AppRequests : public AppHandler {
   void AppGone(const std::shared_ptr<AppSession>& app) override;
 
  private:
-  // Waits (up to reregister_wait_s) until the daemon has registered again
-  // since it counted `seen` registrations; false if it did not.
-  bool AwaitRegistration(uint64_t seen) const;
   // Ends one of the threads WaitGets waits for (a get's or a query's).
   class ThreadDone {
    public:

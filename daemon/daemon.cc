@@ -197,14 +197,13 @@ absl::Status Daemon::Start() {
       &stopping_,
       daemon::AppRequests::Parts{scheduler_.get(), reporter_.get(), &pushes_, &data_keys_,
                                  servers_.get(), rounds_.get(), model_server_.get(),
-                                 fetcher_.get(), snapshots_.get(), &registrations_},
+                                 fetcher_.get(), snapshots_.get(), &registering_},
       [this](const std::shared_ptr<AppSession>& app) { return ForgetAppLocked(app); });
   apps_ = std::make_unique<daemon::AppSessions>(
       daemon::AppSessions::Options{config_.local_socket, config_.local_socket_group},
       app_requests_.get());
   if (auto status = apps_->Listen(); !status.ok()) return status;
   if (auto status = RegisterHost(); !status.ok()) return status;
-  registrations_.fetch_add(1);
 
   if (auto status = StartMonitor(); !status.ok()) return status;
   threads_.emplace_back([this] { ScheduleStreamLoop(); });

@@ -173,8 +173,9 @@ class Daemon {
   // own bookkeeping's (registration state, get threads, fatal_).
   mutable daemon::ReceiveLock lock_;
   std::atomic<bool> stopping_{false};
-  // Registrations with the scheduler done (host, then its applications).
-  std::atomic<uint64_t> registrations_{0};
+  // From a lost schedule stream until the host and its applications have
+  // registered again.
+  std::atomic<bool> registering_{false};
   absl::Status fatal_;
   // This host's pushes until their outcome (own lock, a leaf).
   daemon::PushTable pushes_;

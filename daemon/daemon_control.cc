@@ -35,6 +35,7 @@ void Daemon::ScheduleStreamLoop() {
     MLF_LOG(WARNING) << "lost the scheduler's schedule stream: " << daemon::RpcErrorText(status)
                      << "; its plans end here, and the pushes in flight wait for the "
                      << "scheduler's word once this daemon has registered again";
+    registering_.store(true);  // pushes refused meanwhile say why
     ScheduleLost();
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     if (auto status = RegisterHost(); !status.ok()) {
@@ -70,7 +71,7 @@ void Daemon::ScheduleStreamLoop() {
         data_keys_.SetJobKey(reply.job_id(), reply.job_data_key());
       }
     }
-    registrations_.fetch_add(1);  // pushes refused meanwhile are submitted again
+    registering_.store(false);
   }
 }
 

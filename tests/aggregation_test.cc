@@ -249,7 +249,10 @@ TEST_CASE("Streaming chains: killing a chain's middle host fails that chain's pu
   CHECK(failed->WaitFor(0).value_or(-1) == 3);
   CHECK(failed->Log().find("push failed") != std::string::npos);
   CHECK(failed->Log().find("w2") != std::string::npos);
-  // Without w2, new pushes chain through w1 and w3 (or go direct) and apply.
+  // Without w2, new pushes chain through w1 and w3 (or go direct) and apply
+  // (once the scheduler has noticed w2 is gone).
+  REQUIRE(WaitUntil([&] { return c.scheduler().Log().find("host w2 is down") != std::string::npos; },
+                    30));
   for (const std::string host : {"w1", "w3"}) {
     Subprocess* later = StartPusher(c, host, host + "-later", 5);
     auto code = later->WaitFor(60);
@@ -281,7 +284,11 @@ TEST_CASE("Killing the aggregator fails its pushes; later pushes go direct") {
   INFO(failed->Log());
   CHECK(failed->WaitFor(0).value_or(-1) == 3);
   CHECK(failed->Log().find("push failed") != std::string::npos);
-  // With a1 gone, new pushes are planned direct and apply.
+  // With a1 gone, new pushes are planned direct and apply (once the
+  // scheduler has noticed: until then a1 may still be planned, and such a
+  // push fails, with its reason).
+  REQUIRE(WaitUntil([&] { return c.scheduler().Log().find("host a1 is down") != std::string::npos; },
+                    30));
   Subprocess* later = StartPusher(c, "w1", "w1-later", 5);
   auto code = later->WaitFor(60);
   INFO(later->Log());

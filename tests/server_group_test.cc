@@ -527,9 +527,18 @@ void RestartWithGroupPushesInFlight(bool aggregate) {
     }
   }
   WARN("restart: " << applied << " applied, " << failed << " failed");
-  // A push after the restart applies too: the shards registered again.
+  // A push after the restart applies too: the shards registered again. (If
+  // its own daemon has not yet, the push fails at once, saying to push
+  // again: so it does, for up to 10 s.)
   const std::vector<float> after = Update(kDim, 0, 99);
-  const PushResult r = workers[0]->Push("ps", after.data(), after.size() * 4, 0, 1.0).get();
+  PushResult r;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    r = workers[0]->Push("ps", after.data(), after.size() * 4, 0, 1.0).get();
+    if (r.outcome != PushOutcome::kFailed || r.reason.find("push again") == std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
   INFO(r.reason);
   REQUIRE(r.outcome == PushOutcome::kApplied);
   ++applied;
