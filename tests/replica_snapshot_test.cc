@@ -65,6 +65,19 @@ struct SumModel {
   }
 };
 
+// ps0's job (loose bounds) on hosts s1, r1 and w1.
+std::unique_ptr<testing::Cluster> StartCluster() {
+  const std::string dir = launch::MakeTempDir("replica-snapshot");
+  const std::string config = dir + "/scheduler.json";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
+                        << R"( "tau_max": 1000, "divergence_max": 1e7}]})";
+  auto started = testing::Cluster::StartLoopback({"s1", "r1", "w1"},
+                                                 {"--config=" + config, "--planner=mlfabric"});
+  INFO(started.status().ToString());
+  REQUIRE(started.ok());
+  return std::move(*started);
+}
+
 RegistrationParams Params(const testing::Cluster& c, const std::string& host,
                           const std::string& name) {
   RegistrationParams params;
@@ -81,15 +94,8 @@ std::vector<float> Update(int i) {
 }
 
 TEST_CASE("A replica registered mid-training starts from the server's model and stays exact") {
-  const std::string dir = launch::MakeTempDir("replica-snapshot");
-  const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
-                        << R"( "tau_max": 1000, "divergence_max": 1e7}]})";
-  auto started = testing::Cluster::StartLoopback({"s1", "r1", "w1"},
-                                                 {"--config=" + config, "--planner=mlfabric"});
-  INFO(started.status().ToString());
-  REQUIRE(started.ok());
-  testing::Cluster& c = **started;
+  const std::unique_ptr<testing::Cluster> started = StartCluster();
+  testing::Cluster& c = *started;
 
   // The server starts from a model that is not zero: a replica starting
   // from its own (zero) model could not end equal.
@@ -184,15 +190,8 @@ TEST_CASE("A replica registered mid-training starts from the server's model and 
 }
 
 TEST_CASE("A replica registered before its server starts from the server's first model") {
-  const std::string dir = launch::MakeTempDir("replica-snapshot");
-  const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
-                        << R"( "tau_max": 1000, "divergence_max": 1e7}]})";
-  auto started = testing::Cluster::StartLoopback({"s1", "r1", "w1"},
-                                                 {"--config=" + config, "--planner=mlfabric"});
-  INFO(started.status().ToString());
-  REQUIRE(started.ok());
-  testing::Cluster& c = **started;
+  const std::unique_ptr<testing::Cluster> started = StartCluster();
+  testing::Cluster& c = *started;
 
   // The standby is up first, with a model of its own (zeros).
   SumModel replica_model;

@@ -298,23 +298,37 @@ void CheckShards(std::vector<std::unique_ptr<Shard>>& shards, const std::vector<
   }
 }
 
+// Shards s1..s3 (downlinks declared and paced at 20 Mbit/s, plus
+// `more_flags`), workers w1..w4 and the aggregator a1, named in the job's
+// config; the group "ps" of `dim` floats started and readable.
+struct AggregatingGroup {
+  std::unique_ptr<testing::Cluster> cluster;
+  std::vector<std::unique_ptr<Shard>> shards;
+  std::unique_ptr<Worker> reader;
+  AggregatingGroup(int64_t dim, std::map<std::string, std::vector<std::string>> more_flags) {
+    for (const std::string& host : kShardHosts) more_flags[host].push_back("--downlink_bps=20000000");
+    auto started = StartCluster({"s1", "s2", "s3", "w1", "w2", "w3", "w4", "a1"}, more_flags,
+                                1000, R"(["a1"])");
+    INFO(started.status().ToString());
+    REQUIRE(started.ok());
+    cluster = std::move(*started);
+    shards = StartShards(*cluster, dim);
+    auto worker = Worker::Connect(Options(*cluster, "w1", "reader"));
+    REQUIRE(worker.ok());
+    reader = std::move(*worker);
+    REQUIRE(launch::WaitUntil([&] { return reader->Get("ps").ok(); }, 30));
+  }
+};
+
 TEST_CASE("a group's pushes are summed at an aggregator shard by shard, exactly") {
   // The shards' links are slow (declared and paced at 20 Mbit/s down), the
   // workers' and the aggregator's fast: the planner sends a batch's pushes
   // to a1, which sends each shard one sum (§5.2 with §10.2).
   constexpr int64_t kDim = 3001 * 3;
   constexpr int kPushes = 8;
-  std::map<std::string, std::vector<std::string>> slow;
-  for (const std::string& host : kShardHosts) slow[host] = {"--downlink_bps=20000000"};
-  auto cluster = StartCluster({"s1", "s2", "s3", "w1", "w2", "w3", "w4", "a1"}, slow, 1000,
-                              R"(["a1"])");
-  INFO(cluster.status().ToString());
-  REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
-  std::vector<std::unique_ptr<Shard>> shards = StartShards(c, kDim);
-  auto reader = Worker::Connect(Options(c, "w1", "reader"));
-  REQUIRE(reader.ok());
-  REQUIRE(launch::WaitUntil([&] { return (*reader)->Get("ps").ok(); }, 30));
+  AggregatingGroup group(kDim, {});
+  testing::Cluster& c = *group.cluster;
+  std::vector<std::unique_ptr<Shard>>& shards = group.shards;
 
   std::vector<double> sum(kDim, 0.0);
   std::vector<std::string> problems;
@@ -336,7 +350,7 @@ TEST_CASE("a group's pushes are summed at an aggregator shard by shard, exactly"
     }
   }
   CHECK(summed);
-  auto model = (*reader)->Get("ps");
+  auto model = group.reader->Get("ps");
   REQUIRE(model.ok());
   CHECK(model->version == applied);
 }
@@ -346,17 +360,10 @@ TEST_CASE("an aggregator killed mid-sum fails its pushes at every shard; none ap
   // about half a second to reach a1, which dies meanwhile.
   constexpr int64_t kDim = 40000 * 3;
   std::map<std::string, std::vector<std::string>> flags;
-  for (const std::string& host : kShardHosts) flags[host] = {"--downlink_bps=20000000"};
   for (const char* w : {"w1", "w2", "w3", "w4"}) flags[w] = {"--uplink_bps=8000000"};
-  auto cluster = StartCluster({"s1", "s2", "s3", "w1", "w2", "w3", "w4", "a1"}, flags, 1000,
-                              R"(["a1"])");
-  INFO(cluster.status().ToString());
-  REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
-  std::vector<std::unique_ptr<Shard>> shards = StartShards(c, kDim);
-  auto reader = Worker::Connect(Options(c, "w1", "reader"));
-  REQUIRE(reader.ok());
-  REQUIRE(launch::WaitUntil([&] { return (*reader)->Get("ps").ok(); }, 30));
+  AggregatingGroup group(kDim, flags);
+  testing::Cluster& c = *group.cluster;
+  std::vector<std::unique_ptr<Shard>>& shards = group.shards;
 
   std::vector<double> sum(kDim, 0.0);
   std::vector<std::string> problems;
