@@ -41,6 +41,7 @@
 #include "absl/status/status.h"
 #include "daemon/control/scheduler_client.h"
 #include "daemon/engine/get_batcher.h"
+#include "daemon/engine/model_request_ids.h"
 #include "daemon/engine/send_scheduler.h"
 #include "daemon/transport/packet.h"
 #include "daemon/transport/send_watchdog.h"
@@ -138,11 +139,11 @@ class ModelServer {
   std::atomic<bool> stopping_{false};
   GetBatcher gets_;
   // Fresh gets' snapshot requests, by request id (kSoloId set), until answered.
-  static constexpr uint64_t kSoloId = uint64_t{1} << 62;
+  static constexpr uint64_t kSoloId = kSoloRequestBit;
   uint64_t next_solo_ = 1;
   std::map<uint64_t, std::optional<GetBatcher::Snapshot>> solo_;
   // Shard snapshots by version, per key, and the requests still out.
-  static constexpr uint64_t kHistoryId = uint64_t{1} << 61;
+  static constexpr uint64_t kHistoryId = kHistoryRequestBit;
   uint64_t next_history_ = 1;
   std::map<uint64_t, std::string> history_requests_;
   std::map<std::string, std::map<int64_t, GetBatcher::Snapshot>> history_;

@@ -28,15 +28,16 @@
 
 #include "daemon/apps/app_sessions.h"
 #include "daemon/control/completion_reporter.h"
+#include "daemon/engine/model_request_ids.h"
 #include "daemon/engine/send_scheduler.h"
 #include "ipc/local_ipc.h"
 #include "proto/scheduler.pb.h"
 
 namespace mlfabric::daemon {
 
-// Model requests for snapshots use ids with this bit set (the model
-// server's count up from 1).
-inline constexpr uint64_t kSnapshotRequestBit = uint64_t{1} << 62;
+// Model requests for snapshots use ids with this bit set (one of the
+// request id spaces of model_request_ids.h).
+inline constexpr uint64_t kSnapshotRequestBit = kReplicaRequestBit;
 
 class ReplicaSnapshots {
  public:

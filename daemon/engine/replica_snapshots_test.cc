@@ -115,6 +115,10 @@ TEST_CASE("the snapshot is asked for right after the cut, before the next update
   // Answered again: a snapshot id still, ignored (never the model server's).
   CHECK(f.snapshots.Answer(ask.model_request().request_id(), 7, nullptr, ""));
   CHECK_FALSE(f.snapshots.Answer(3, 7, nullptr, ""));  // a get's: not ours
+  // Nor a group get's fresh read or a shard's kept snapshot (they once
+  // shared the bit, and a fresh read then waited 30 s for its answer).
+  CHECK_FALSE(f.snapshots.Answer(kSoloRequestBit | 1, 7, nullptr, ""));
+  CHECK_FALSE(f.snapshots.Answer(kHistoryRequestBit | 1, 7, nullptr, ""));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK(f.scheduler.completions().empty());  // scheduled, nothing failed
 }
