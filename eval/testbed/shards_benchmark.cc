@@ -4,8 +4,12 @@
 // every server host with the same link rate. Prints the gradients applied
 // per second of each run and, per pair of runs, the S-shard / one-server
 // ratio (runs alternate 1, S, 1, S, ...: the machine is shared and noisy).
+// --aggregators=K adds K aggregator hosts (same links) named in the job's
+// config; --compare=aggregation then pairs S shards without them against
+// S shards with them (in-network aggregation of the group's pushes).
 //
 //   bazel run -c opt //eval/testbed:shards_benchmark -- --shards=4 --workers=16
+//   bazel run -c opt //eval/testbed:shards_benchmark -- --aggregators=4 --compare=aggregation
 //
 // Hosts are network namespaces with htb-shaped links (root); without root
 // the run stops with the reason (--mode=loopback runs on 127.0.0.1 with the
@@ -51,6 +55,8 @@ struct Flags {
   int64_t tau_max = 60;
   std::string mode = "netns";
   std::vector<std::string> daemon_flags;  // given to every daemon
+  int aggregators = 0;                    // hosts a1..aK, named in the job's config
+  std::string compare = "servers";        // servers: 1 vs S; aggregation: S without vs with
 };
 
 // A server (or shard) that sums what it is given, float32.
@@ -73,26 +79,34 @@ struct RunResult {
   std::string first_error;
 };
 
-absl::StatusOr<RunResult> Run(const Flags& flags, int shards) {
+absl::StatusOr<RunResult> Run(const Flags& flags, int shards, int aggregators) {
   testing::ClusterOptions options;
   options.topology = flags.mode == "netns" ? testing::Topology::kNetns : testing::Topology::kLoopback;
   std::map<std::string, std::vector<std::string>> host_flags;
   const std::string rate = absl::StrFormat("%.0f", flags.link_bps);
   for (int i = 1; i <= shards; ++i) options.hosts.push_back(absl::StrCat("s", i));
   for (int i = 1; i <= flags.workers; ++i) options.hosts.push_back(absl::StrCat("w", i));
+  std::string aggregator_list;
+  for (int i = 1; i <= aggregators; ++i) {
+    options.hosts.push_back(absl::StrCat("a", i));
+    absl::StrAppend(&aggregator_list, i > 1 ? ", " : "", "\"a", i, "\"");
+  }
   for (const std::string& host : options.hosts) {
     options.rates[host] = {flags.link_bps, flags.link_bps};
     host_flags[host] = {"--uplink_bps=" + rate, "--downlink_bps=" + rate};
     for (const std::string& f : flags.daemon_flags) host_flags[host].push_back(f);
   }
   options.rate = {flags.link_bps, flags.link_bps};
-  options.prefix = absl::StrCat("mlfsh", shards, "-");
+  options.prefix = absl::StrCat("mlfsh", shards, aggregators > 0 ? "a" : "", "-");
   auto cluster = testing::Cluster::Create(options);
   if (!cluster.ok()) return cluster.status();
   testing::Cluster& c = **cluster;
   const std::string config = c.dir() + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": ")" << kToken << R"(",)"
-                        << R"( "tau_max": )" << flags.tau_max << "}]}";
+                        << R"( "tau_max": )" << flags.tau_max
+                        << (aggregators > 0 ? absl::StrCat(R"(, "aggregators": [)", aggregator_list, "]")
+                                            : std::string())
+                        << "}]}";
   if (absl::Status s = c.Start({"--config=" + config, "--planner=mlfabric"}, {}, host_flags);
       !s.ok()) {
     return s;
@@ -245,6 +259,9 @@ int main(int argc, char** argv) {
   reader.Int("pairs", &pairs, 1, 20);
   reader.Int("tau_max", &flags.tau_max, 0, 1000000);
   reader.String("mode", &flags.mode);
+  int64_t aggregators = 0;
+  reader.Int("aggregators", &aggregators, 0, 64);
+  reader.Enum("compare", &flags.compare, {"servers", "aggregation"});
   std::string daemon_flags;
   reader.String("daemon_flags", &daemon_flags);
   for (absl::string_view f : absl::StrSplit(daemon_flags, ',', absl::SkipEmpty())) {
@@ -255,51 +272,64 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "shards_benchmark: %s\nflags: --shards=S (4) --workers=W (16) --model_bytes (1 MiB) "
                  "--link_bps (100e6) --compute_ms (100) --seconds (20) --warmup_s (3) --pairs (2) "
-                 "--tau_max (60) --mode=netns|loopback --daemon_flags=--a=1,--b=2\n",
+                 "--tau_max (60) --mode=netns|loopback --daemon_flags=--a=1,--b=2 "
+                 "--aggregators=K (0) --compare=servers|aggregation (servers)\n",
                  s.ok() ? "--mode must be netns or loopback" : std::string(s.message()).c_str());
     return 2;
   }
   flags.shards = static_cast<int>(shards);
   flags.workers = static_cast<int>(workers);
   flags.pairs = static_cast<int>(pairs);
+  flags.aggregators = static_cast<int>(aggregators);
+  if (flags.compare == "aggregation" && flags.aggregators == 0) {
+    std::fprintf(stderr, "shards_benchmark: --compare=aggregation needs --aggregators=K > 0\n");
+    return 2;
+  }
   if (flags.model_bytes % (4 * flags.shards) != 0 && flags.model_bytes % 4 != 0) {
     std::fprintf(stderr, "shards_benchmark: --model_bytes must be a multiple of 4\n");
     return 2;
   }
   std::printf("shards_benchmark: %d workers, model %lld bytes, every host's link %.0f Mbit/s, "
-              "compute %lld ms, %s; %.0f s measured after %.0f s per run\n",
+              "compute %lld ms, %s, %d aggregator(s); %.0f s measured after %.0f s per run\n",
               flags.workers, static_cast<long long>(flags.model_bytes), flags.link_bps / 1e6,
-              static_cast<long long>(flags.compute_ms), flags.mode.c_str(), flags.seconds,
-              flags.warmup_s);
+              static_cast<long long>(flags.compute_ms), flags.mode.c_str(), flags.aggregators,
+              flags.seconds, flags.warmup_s);
+  const bool by_aggregation = flags.compare == "aggregation";
   std::vector<double> ratios;
   for (int pair = 0; pair < flags.pairs; ++pair) {
     double rate[2] = {0, 0};
     for (int k = 0; k < 2; ++k) {
-      const int s = k == 0 ? 1 : flags.shards;
+      const int s = k == 0 && !by_aggregation ? 1 : flags.shards;
+      const int a = by_aggregation && k == 0 ? 0 : flags.aggregators;
       std::fflush(stdout);
-      auto r = Run(flags, s);
+      auto r = Run(flags, s, a);
       if (!r.ok()) {
         std::fprintf(stderr, "shards_benchmark: run with %d server(s): %s\n", s,
                      r.status().ToString().c_str());
         return 1;
       }
       rate[k] = r->applied / r->seconds;
-      std::printf("pair %d  %2d server%s  applied %6.1f/s  dropped %lld  failed %lld  gets %lld "
-                  "(mean %.0f ms, %lld errors)%s%s\n",
-                  pair + 1, s, s == 1 ? " " : "s", rate[k], static_cast<long long>(r->dropped),
+      std::printf("pair %d  %2d server%s, %d aggregator(s)  applied %6.1f/s  dropped %lld  "
+                  "failed %lld  gets %lld (mean %.0f ms, %lld errors)%s%s\n",
+                  pair + 1, s, s == 1 ? " " : "s", a, rate[k], static_cast<long long>(r->dropped),
                   static_cast<long long>(r->failed), static_cast<long long>(r->gets),
                   r->gets > 0 ? 1000 * r->get_s_total / r->gets : 0.0,
                   static_cast<long long>(r->get_errors), r->first_error.empty() ? "" : "  first error: ",
                   r->first_error.c_str());
     }
     ratios.push_back(rate[0] > 0 ? rate[1] / rate[0] : 0);
-    std::printf("pair %d  ratio %d shards / 1 server: %.2fx\n", pair + 1, flags.shards,
-                ratios.back());
+    if (by_aggregation) {
+      std::printf("pair %d  ratio %d shards with / without %d aggregator(s): %.2fx\n", pair + 1,
+                  flags.shards, flags.aggregators, ratios.back());
+    } else {
+      std::printf("pair %d  ratio %d shards / 1 server: %.2fx\n", pair + 1, flags.shards,
+                  ratios.back());
+    }
   }
   std::sort(ratios.begin(), ratios.end());
   const size_t mid = ratios.size() / 2;
   const double median = ratios.size() % 2 ? ratios[mid] : (ratios[mid - 1] + ratios[mid]) / 2;
-  std::printf("shards_benchmark: median ratio %.2fx over %d pairs (target >= 3x)\n", median,
-              flags.pairs);
+  std::printf("shards_benchmark: median ratio %.2fx over %d pairs%s\n", median, flags.pairs,
+              by_aggregation ? "" : " (target >= 3x)");
   return 0;
 }
