@@ -86,6 +86,24 @@ RegistrationParams Params(const testing::Cluster& c, const std::string& host,
   return params;
 }
 
+// ps0 on s1 serving `model` (a thread until *serving is joined), and a
+// worker on w1 that has seen it answer a get.
+std::unique_ptr<Worker> ServeAndConnect(testing::Cluster& c, SumModel& model,
+                                        std::unique_ptr<Server>* server, std::thread* serving) {
+  auto registered = RegisterAsServer(Params(c, "s1", "ps0"));
+  REQUIRE(registered.ok());
+  *server = std::move(*registered);
+  Server* raw = server->get();
+  raw->RegisterUpdateCallback([&model](const Server::Update& u) { return model.Apply(u); });
+  raw->RegisterRequestCallback([&model] { return model.Snapshot(); });
+  *serving = std::thread([raw] { (void)raw->Serve(); });
+  auto worker = RegisterAsWorker(Params(c, "w1", "w1"));
+  REQUIRE(worker.ok());
+  std::unique_ptr<Worker> connected = std::move(*worker);
+  REQUIRE(launch::WaitUntil([&] { return connected->Get("ps0").ok(); }, 30));
+  return connected;
+}
+
 // Update i: i + 1 in slot i % kDim, 1 everywhere else (integers: exact).
 std::vector<float> Update(int i) {
   std::vector<float> v(kDim, 1.0f);
@@ -101,21 +119,15 @@ TEST_CASE("A replica registered mid-training starts from the server's model and 
   // from its own (zero) model could not end equal.
   SumModel server_model;
   for (size_t k = 0; k < kDim; ++k) server_model.w[k] = static_cast<float>(k % 7);
-  auto server = RegisterAsServer(Params(c, "s1", "ps0"));
-  REQUIRE(server.ok());
-  (*server)->RegisterUpdateCallback([&](const Server::Update& u) { return server_model.Apply(u); });
-  (*server)->RegisterRequestCallback([&] { return server_model.Snapshot(); });
-  std::thread serving([&] { (void)(*server)->Serve(); });
-
-  auto worker = RegisterAsWorker(Params(c, "w1", "w1"));
-  REQUIRE(worker.ok());
-  REQUIRE(launch::WaitUntil([&] { return (*worker)->Get("ps0").ok(); }, 30));
+  std::unique_ptr<Server> server;
+  std::thread serving;
+  const std::unique_ptr<Worker> worker = ServeAndConnect(c, server_model, &server, &serving);
   std::vector<float> expected(kDim);
   for (size_t k = 0; k < kDim; ++k) expected[k] = static_cast<float>(k % 7);
   int applied = 0;
   auto push = [&](int i) {
     const std::vector<float> v = Update(i);
-    return (*worker)->Push("ps0", v.data(), v.size() * sizeof(float), 0, 1.0);
+    return worker->Push("ps0", v.data(), v.size() * sizeof(float), 0, 1.0);
   };
   auto settle = [&](std::vector<std::future<PushResult>>& pushes, int first) {
     for (size_t n = 0; n < pushes.size(); ++n) {
@@ -177,7 +189,7 @@ TEST_CASE("A replica registered mid-training starts from the server's model and 
   absl::StatusOr<mlfabric::Model> model = absl::UnavailableError("not asked");
   REQUIRE(launch::WaitUntil(
       [&] {
-        model = (*worker)->Get("ps0");
+        model = worker->Get("ps0");
         return model.ok();
       },
       30));
@@ -185,7 +197,7 @@ TEST_CASE("A replica registered mid-training starts from the server's model and 
 
   (*replica)->Stop();
   standing_by.join();
-  (*server)->Stop();
+  server->Stop();
   serving.join();
 }
 
@@ -208,19 +220,13 @@ TEST_CASE("A replica registered before its server starts from the server's first
   SumModel server_model;
   for (size_t k = 0; k < kDim; ++k) server_model.w[k] = static_cast<float>(k % 5);
   server_model.version = 3;
-  auto server = RegisterAsServer(Params(c, "s1", "ps0"));
-  REQUIRE(server.ok());
-  (*server)->RegisterUpdateCallback([&](const Server::Update& u) { return server_model.Apply(u); });
-  (*server)->RegisterRequestCallback([&] { return server_model.Snapshot(); });
-  std::thread serving([&] { (void)(*server)->Serve(); });
-
-  auto worker = RegisterAsWorker(Params(c, "w1", "w1"));
-  REQUIRE(worker.ok());
-  REQUIRE(launch::WaitUntil([&] { return (*worker)->Get("ps0").ok(); }, 30));
+  std::unique_ptr<Server> server;
+  std::thread serving;
+  const std::unique_ptr<Worker> worker = ServeAndConnect(c, server_model, &server, &serving);
   std::vector<std::future<PushResult>> pushes;
   for (int i = 0; i < 30; ++i) {
     const std::vector<float> v = Update(i);
-    pushes.push_back((*worker)->Push("ps0", v.data(), v.size() * sizeof(float), 0, 1.0));
+    pushes.push_back(worker->Push("ps0", v.data(), v.size() * sizeof(float), 0, 1.0));
   }
   for (auto& p : pushes) {
     REQUIRE(p.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
@@ -239,7 +245,7 @@ TEST_CASE("A replica registered before its server starts from the server's first
 
   (*replica)->Stop();
   standing_by.join();
-  (*server)->Stop();
+  server->Stop();
   serving.join();
 }
 

@@ -64,7 +64,11 @@ TEST_CASE("Random batches: every plan satisfies the invariants") {
   (void)delayed;
 }
 
-TEST_CASE("Optimised, threaded and reference implementations give identical plans") {
+// The optimised, threaded and reference planners give identical plans for
+// the random batches of seeds 1..120 (`options_for(seed)`; every tenth
+// batch has `large` updates, enough split points for two threads).
+template <typename OptionsFor>
+void CheckImplementationsAgree(OptionsFor options_for, int large) {
   PlannerOptions reference;
   reference.reference = true;
   PlannerOptions threaded;
@@ -72,8 +76,8 @@ TEST_CASE("Optimised, threaded and reference implementations give identical plan
   threaded.min_splits_per_thread = 1;  // take the threaded path whenever it exists
   const MlfabricPlanner fast, slow(reference), parallel(threaded);
   for (uint64_t seed = 1; seed <= 120; ++seed) {
-    RandomBatchOptions options = OptionsForSeed(seed);
-    if (seed % 10 == 0) options.updates = 150;  // enough split points for two threads
+    RandomBatchOptions options = options_for(seed);
+    if (seed % 10 == 0) options.updates = large;
     const Batch batch = RandomBatch(options);
     INFO("seed " << seed);
     auto a = fast.PlanBatch(batch);
@@ -85,6 +89,10 @@ TEST_CASE("Optimised, threaded and reference implementations give identical plan
     CHECK(PlanToJson(*a).dump() == PlanToJson(*b).dump());
     CHECK(PlanToJson(*a).dump() == PlanToJson(*c).dump());
   }
+}
+
+TEST_CASE("Optimised, threaded and reference implementations give identical plans") {
+  CheckImplementationsAgree(OptionsForSeed, 150);
 }
 
 // §10.2 batches with aggregators (our extension: sharded updates are
@@ -123,26 +131,7 @@ TEST_CASE("Multi-server batches: aggregated plans keep every invariant") {
 }
 
 TEST_CASE("Multi-server batches: optimised, threaded and reference plans are identical") {
-  PlannerOptions reference;
-  reference.reference = true;
-  PlannerOptions threaded;
-  threaded.threads = 2;
-  threaded.min_splits_per_thread = 1;
-  const MlfabricPlanner fast, slow(reference), parallel(threaded);
-  for (uint64_t seed = 1; seed <= 120; ++seed) {
-    RandomBatchOptions options = ShardedOptionsForSeed(seed);
-    if (seed % 10 == 0) options.updates = 100;  // enough split points for two threads
-    const Batch batch = RandomBatch(options);
-    INFO("seed " << seed);
-    auto a = fast.PlanBatch(batch);
-    auto b = slow.PlanBatch(batch);
-    auto c = parallel.PlanBatch(batch);
-    REQUIRE(a.ok());
-    REQUIRE(b.ok());
-    REQUIRE(c.ok());
-    CHECK(PlanToJson(*a).dump() == PlanToJson(*b).dump());
-    CHECK(PlanToJson(*a).dump() == PlanToJson(*c).dump());
-  }
+  CheckImplementationsAgree(ShardedOptionsForSeed, 100);
 }
 
 TEST_CASE("Plans are deterministic given the batch, including its seed") {
