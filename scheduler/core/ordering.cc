@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <utility>
 
 namespace mlfabric::core {
 
@@ -19,6 +20,7 @@ class Orderer {
     const int n = static_cast<int>(batch.updates.size());
     paths_.resize(n);
     peaks_.resize(n);
+    shared_.resize(n);
     key_.assign(n, 0);
     alive_.assign(n, true);
     for (int u = 0; u < n; ++u) {
@@ -36,6 +38,7 @@ class Orderer {
         }
       }
       by_deadline_[update.deadline].push_back(u);
+      if (update.parts.size() > 1) NoteSharedLinks(u);
     }
     sorted_.resize(n);
     for (int u = 0; u < n; ++u) sorted_[u] = u;
@@ -169,6 +172,39 @@ class Orderer {
     return end;
   }
 
+  // Links that several parts of a multi-part update cross (its worker's
+  // uplink, unless a topology says otherwise), with the bits they carry.
+  void NoteSharedLinks(int u) {
+    const PreparedUpdate& update = batch_.updates[u];
+    std::map<int, std::pair<int, double>> crossing;  // link -> parts, bits
+    for (size_t j = 0; j < update.parts.size(); ++j) {
+      for (int link : paths_[u][j].links) {
+        auto& [parts, bits] = crossing[link];
+        ++parts;
+        bits += update.parts[j].bits;
+      }
+    }
+    for (const auto& [link, use] : crossing) {
+      if (use.first > 1) shared_[u].push_back({link, use.second});
+    }
+  }
+
+  // A lower bound on TEn(u) for a multi-part update: however its parts share
+  // a link, together they move no more bits by time t than that link's
+  // residual capacity carries from now to t, so the last one ends no sooner
+  // than one transfer of all their bits over that link alone would (§10.2:
+  // S parts leave through one uplink; the per-part bound below sees only
+  // one part's bits). Exact for the link's current reservations.
+  double SharedLinkBound(int u, const Network& net) const {
+    double bound = 0;
+    for (const auto& [link, bits] : shared_[u]) {
+      Path alone;
+      alone.links.push_back(link);
+      bound = std::max(bound, net.FillEnd(alone, batch_.now_s, bits));
+    }
+    return bound;
+  }
+
   // A lower bound on TEn(u): no part moves a byte before every link of its
   // path has residual capacity, nor faster than the path's peak rate.
   double LowerBound(int u, const Network& net) const {
@@ -217,6 +253,10 @@ class Orderer {
       if (best.update >= 0) {
         const double bound = LowerBound(u, net);
         if (bound - Slack(bound) > best.t_en) continue;
+        if (!shared_[u].empty()) {
+          const double shared = SharedLinkBound(u, net);
+          if (shared - Slack(shared) > best.t_en) continue;
+        }
       }
       const double t = TEn(u, net);
       if (Better(t, u, best)) best = {u, t};
@@ -259,6 +299,7 @@ class Orderer {
   const PlannerOptions& options_;
   std::vector<std::vector<Path>> paths_;
   std::vector<std::vector<double>> peaks_;
+  std::vector<std::vector<std::pair<int, double>>> shared_;  // NoteSharedLinks
   std::vector<double> key_;
   std::vector<int> dst_downlinks_;
   std::vector<bool> alive_;

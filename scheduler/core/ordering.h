@@ -29,7 +29,10 @@
 // candidates are scanned in order of a static lower bound
 // key(g) = max_j bits_j / peak(path_j) and the scan stops once
 // open_floor + key(g) exceeds the best t_en found (a transfer moves no byte
-// before its destination downlink first has residual capacity); the
+// before its destination downlink first has residual capacity), and a
+// candidate is skipped when a lower bound on its t_en already exceeds that
+// best (per part; for a multi-part update also all its parts' bits through
+// the link they share, its worker's uplink); the
 // look-ahead uses the network journal instead of a copy and its pick is
 // reused as the next step's pick.
 //
