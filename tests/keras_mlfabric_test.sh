@@ -16,6 +16,6 @@ export CHECK_PLANNER=mlfabric
 # python_api_test run with it).
 export MLFABRIC_ALLREDUCE_MPI_BELOW=0
 out="$TEST_TMPDIR/out.txt"
-"$root/tools/run/mlfabric-run" -v -np 3 --planner mlfabric --delay_bound 1 \
+"$root/tools/run/mlfabric-run" -v -np 3 --ranks_per_host 1 --planner mlfabric --delay_bound 1 \
   "$python" -X faulthandler "$root/tests/keras_check.py" 2>&1 | tee "$out"
 [[ $(grep -c "keras_check rank [0-2]: OK" "$out") == 3 ]]

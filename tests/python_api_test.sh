@@ -12,7 +12,7 @@ fi
 root="$TEST_SRCDIR/mlfabric"
 export PYTHONPATH="$root/python"
 out="$TEST_TMPDIR/out.txt"
-timeout 280 "$root/tools/run/mlfabric-run" -v -np 2 --extra_job other:other-token \
+timeout 280 "$root/tools/run/mlfabric-run" -v -np 2 --ranks_per_host 1 --extra_job other:other-token \
   --divergence_bound 1000 \
   "$python" -X faulthandler "$root/tests/python_api_check.py" 2>&1 | tee "$out"
 [[ $(grep -c "python_api_check rank [0-1]: OK" "$out") == 2 ]]

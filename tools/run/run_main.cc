@@ -6,9 +6,11 @@
 //   mlfabric-run -np 8 --hostfile hosts.txt --planner fifo --delay_bound 8 python3 train.py
 //
 // Unless MLFABRIC_SOCKET_DIR names a directory where daemons already listen
-// (h<host>.sock), it starts mlfabric-scheduler and one mlfabricd per rank (an
-// emulated host each, on loopback; --ranks_per_host K puts K ranks on each)
-// in a private directory, runs
+// (h<host>.sock), it starts mlfabric-scheduler and one mlfabricd for this
+// machine, shared by all its ranks as on any host of a cluster
+// (--ranks_per_host K instead emulates a host of K ranks each, every one
+// with a daemon of its own on loopback, so that the scheduler has a network
+// to plan) in a private directory, runs
 //   mpirun -np N [--hostfile F] --oversubscribe mlfabric-run --exec-rank -- CMD...
 // and in every rank, before exec'ing CMD, exports
 //   MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_LOCAL_RANK, MLFABRIC_LOCAL_SIZE,
@@ -63,10 +65,13 @@ constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...
                       $MLFABRIC_JOB_TOKEN, else a random one made for this run)
   --extra_job NAME:TOKEN  another job the scheduler admits (repeatable), e.g.
                       for a second program sharing these daemons
-  --ranks_per_host K  ranks that share each emulated host's daemon (default
-                      1: a host per rank); ranks r and r' share one when
-                      r / K == r' / K, as K ranks on one machine would
-                      (their AllReduce sums in shared memory there)
+  --ranks_per_host K  emulate hosts of K ranks on this machine, each with a
+                      daemon of its own on loopback: ranks r and r' share one
+                      when r / K == r' / K (1: a host per rank, so that the
+                      scheduler plans a network even here). Default: every
+                      rank shares this machine's one daemon, as the ranks of
+                      a machine do with --hostfile (an AllReduce sums in
+                      shared memory then); with MLFABRIC_SOCKET_DIR, 1
   --mpirun_arg ARG    extra argument for mpirun (repeatable; with a hostfile
                       also for the mpirun that starts the daemons)
   --head_address A    with a hostfile: this machine's address the hosts reach
@@ -134,7 +139,7 @@ int ExecRank(int argc, char** argv, int first) {
 
 int main(int argc, char** argv) {
   using namespace mlfabric::launch;
-  int np = 1, delay_bound = 30, ssp = -1, ranks_per_host = 1;
+  int np = 1, delay_bound = 30, ssp = -1, ranks_per_host = 0;  // 0: not given
   std::string divergence_bound;  // empty: none
   std::vector<std::pair<std::string, std::string>> extra_jobs;
   std::string hostfile, planner = "mlfabric", job = "demo", token;
@@ -250,6 +255,14 @@ int main(int argc, char** argv) {
                  "machine; with --hostfile, Open MPI places them (its slots=, or --mpirun_arg "
                  "--map-by)\n";
     return 2;
+  }
+  if (ranks_per_host == 0) {
+    // The ranks of one machine share its daemon, here as on every host of
+    // a --hostfile run. Daemons started by someone else (MLFABRIC_SOCKET_DIR,
+    // examples/many_hosts.sh) are one per rank, h<rank>.sock.
+    const char* existing = std::getenv("MLFABRIC_SOCKET_DIR");
+    const bool own_daemons = (existing == nullptr || *existing == '\0') && hostfile.empty();
+    ranks_per_host = own_daemons ? np : 1;
   }
 
   if (token.empty()) {
