@@ -324,9 +324,10 @@ class Testbed:
             config[key] = json.loads(value)
         if ssp:
             config["jobs"][0]["staleness_k"] = int(system[len("mlfabric-ssp"):])
-        if system.startswith("mlfabric-a") and a.aggregators:
+        if (system.startswith("mlfabric-a") or ssp) and a.aggregators:
             # §7: aggregators co-hosted with the workers (the simulator's
-            # default k = every worker machine).
+            # default k = every worker machine). SSP's workers are
+            # MLfabric-A's with iteration clocks: the same network help.
             config["jobs"][0]["aggregators"] = list(self.workers)
         with open(os.path.join(d, "scheduler.json"), "w") as f:
             json.dump(config, f, indent=1)
@@ -684,7 +685,8 @@ def parse_args(argv):
     p.add_argument("--target_accuracy", type=float, default=0.70)
     p.add_argument("--duration_s", type=float, default=60, help="cap per system")
     p.add_argument("--aggregators", type=int, default=1,
-                   help="1: MLfabric-A may aggregate on every worker host (§5.2, §7); 0: none")
+                   help="1: MLfabric-A and SSP may aggregate on every worker host (§5.2, §7); "
+                        "0: none")
     p.add_argument("--mpi_mca", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Open MPI --mca setting for rr-sync/tr-sync (repeatable), "
                         "e.g. mpi_yield_when_idle=0 (default 1, see README)")
