@@ -32,9 +32,8 @@ void BatchLoop::Wake() {
 void BatchLoop::Loop() {
   const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double, std::milli>(interval_ms_));
-  auto next = std::chrono::steady_clock::now();
+  auto next = std::chrono::steady_clock::now() + interval;
   while (true) {
-    next += interval;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_until(lock, next, [this] { return stopping_ || woken_; });
@@ -42,6 +41,11 @@ void BatchLoop::Loop() {
       woken_ = false;
     }
     cycle_();
+    // The next tick stays on its schedule: a cycle run early because it was
+    // woken does not take the place of the tick due after it (which plans
+    // what arrived since), and ticks a slow cycle overran are not made up.
+    const auto now = std::chrono::steady_clock::now();
+    while (next <= now) next += interval;
   }
 }
 

@@ -1,6 +1,7 @@
 // BatchLoop: the scheduler's one batching thread (DESIGN.md §3 step 2): it
 // runs a batch cycle every `interval_ms` on a steady schedule (a slow cycle
-// delays the next, it never piles them up), and at once when woken.
+// delays the next, it never piles them up), and at once when woken (which
+// leaves the schedule as it was).
 //
 //   BatchLoop loop(100, [&] { service.RunBatchCycle(); });
 //   loop.Start();

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -32,6 +34,30 @@ TEST_CASE("a woken loop runs a cycle without waiting for its (hour-long) tick") 
   }
   loop.Stop();  // returns although the next tick is an hour away
   CHECK(cycles == 2);
+}
+
+TEST_CASE("a woken cycle leaves the tick after it where it was") {
+  // Ticks every 2 s; woken after about 1 s, the loop still runs the tick
+  // due at 2 s (an earlier version waited a whole interval from the woken
+  // cycle, 3 s, so what arrived after it waited up to two intervals).
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::chrono::steady_clock::time_point> at;
+  BatchLoop loop(2000, [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    at.push_back(std::chrono::steady_clock::now());
+    cv.notify_all();
+  });
+  loop.Start();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  loop.Wake();
+  std::unique_lock<std::mutex> lock(mu);
+  REQUIRE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return at.size() >= 2; }));
+  const double gap_s = std::chrono::duration<double>(at[1] - at[0]).count();
+  lock.unlock();
+  loop.Stop();
+  INFO("from the woken cycle to the next: " << gap_s << " s");
+  CHECK(gap_s < 1.9);
 }
 
 TEST_CASE("the loop ticks on its own") {
