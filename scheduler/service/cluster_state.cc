@@ -705,19 +705,6 @@ void ClusterState::DropReplicaPending(ServerState* server, const std::string& re
   server->replica.pending.clear();
 }
 
-bool ClusterState::LinksIdleAfter(const std::string& up_host, const std::string& down_host,
-                                  double now_s) const {
-  std::map<std::string, std::vector<core::RateSegment>> up, down;
-  Reservations(&up, &down);
-  auto busy = [now_s](const std::vector<core::RateSegment>& segments) {
-    return std::any_of(segments.begin(), segments.end(), [now_s](const core::RateSegment& s) {
-      return s.rate_bps > 0 && s.to_s > now_s;
-    });
-  };
-  return !(up.count(up_host) && busy(up.at(up_host))) &&
-         !(down.count(down_host) && busy(down.at(down_host)));
-}
-
 void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,
                                 std::map<std::string, std::vector<core::RateSegment>>* down) const {
   for (const auto& [id, record] : updates) {

@@ -488,10 +488,6 @@ class ClusterState {
   // In-flight reservations on each host's uplink/downlink, as segments.
   void Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,
                     std::map<std::string, std::vector<core::RateSegment>>* down) const;
-  // Whether nothing in flight is reserved on `up_host`'s uplink or
-  // `down_host`'s downlink after `now_s` (SchedulerConfig::plan_idle_pushes).
-  bool LinksIdleAfter(const std::string& up_host, const std::string& down_host,
-                      double now_s) const;
 
  private:
   void RecordDrop(const UpdateRecord& record, v1::Outcome outcome, const std::string& category,

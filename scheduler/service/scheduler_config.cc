@@ -50,7 +50,6 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Int("straggler_window", &config.straggler_window, 2, 100000);
   reader.Double("ssp_max_wait_s", &config.ssp_max_wait_s, 0.01, 3600);
   reader.Bool("streaming_aggregation", &config.streaming_aggregation);
-  reader.Bool("plan_idle_pushes", &config.plan_idle_pushes);
   reader.Enum("replica_aggregation", &config.replica_aggregation, {"all", "punted", "none"});
   reader.Enum("replica_bound", &config.replica_bound, {"plan", "strict"});
   reader.Bool("get_trees", &config.get_trees);
@@ -214,10 +213,6 @@ Every key can be set in the JSON file or as a flag; flags win.
                        so the server's downlink carries one copy per chain
                        (scheduler/core/README.md); false = the paper's
                        Alg. 3 alone                      (default true)
-  --plan_idle_pushes   an asynchronous push whose source uplink and server
-                       downlink have nothing reserved, and no other push
-                       waiting for its server, is planned at once rather
-                       than at the next batch tick      (default false)
   --replica_aggregation  all|punted|none: a replica's copies may be summed
                        on their way at the job's aggregators (§5.3), so the
                        replica's downlink carries one transfer per

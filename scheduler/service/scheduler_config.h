@@ -101,11 +101,6 @@ struct SchedulerConfig {
   // Update batches may go through streaming chains (core/aggregation.h,
   // AggregateChains) besides Alg. 3; false plans Alg. 3 alone.
   bool streaming_aggregation = true;
-  // An asynchronous push that finds its links idle (nothing reserved from
-  // now on on its source's uplink and its server's downlink) and no other
-  // push waiting for its server is planned at once instead of at the next
-  // batch tick; false: every asynchronous push waits for the tick (§5).
-  bool plan_idle_pushes = false;
   // §5.3: a replica's copies may be summed on their way at the job's
   // aggregators (Alg. 3 towards the replica): "all" (copies of pushes in
   // flight too: such an aggregate is held at the replica until all its

@@ -337,13 +337,10 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
   reply->set_transfer_id(record.transfer_id);
   const int64_t round = record.version;
   state_.updates[record.transfer_id] = std::move(record);
-  // Planned now, not at the next tick: a complete synchronous round (issue
-  // 19), and with plan_idle_pushes a lone asynchronous push on idle links.
-  const ServerState& to = server->second;
-  const bool idle = config_.plan_idle_pushes && RoundSize(*job, to) == 0 && to.shards.empty() &&
-                    to.pending.size() == 1 &&
-                    state_.LinksIdleAfter(request.src_host(), to.host, clock_->NowSeconds());
-  if (RoundComplete(*job, to, round) || idle) loop_.Wake();
+  // A synchronous round is planned as soon as all its pushes are in, not at
+  // the next batch tick: an AllReduce then costs a plan, not up to a batch
+  // interval (issue 19). Asynchronous pushes keep batching.
+  if (RoundComplete(*job, server->second, round)) loop_.Wake();
   return absl::OkStatus();
 }
 
@@ -541,8 +538,9 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
     return absl::NotFoundError(
         absl::StrCat("transfer ", request.transfer_id(), " is not in flight"));
   }
-  // Still waiting in its server's batch: no daemon was told to move it, so
-  // none can report it (completing it here would leave its id pending).
+  // Still waiting in its server's batch: no daemon has been told to move it,
+  // so none can report it (and completing it here would leave its id in the
+  // server's pending list for the next batch to plan as an empty update).
   if (it->second.state == UpdateState::kPending) {
     return absl::FailedPreconditionError(absl::StrCat(
         "transfer_id ", request.transfer_id(), " is not scheduled yet; only a transfer in flight ",

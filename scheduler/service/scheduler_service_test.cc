@@ -605,57 +605,6 @@ TEST_CASE("A synchronous round is planned as soon as its last push arrives, not 
   service.Stop();
 }
 
-TEST_CASE("With plan_idle_pushes a lone asynchronous push on idle links is planned at once") {
-  SchedulerConfig config = DemoJob();
-  config.batch_interval_ms = 3600e3;  // an hour: only an early wake-up plans in time
-  config.plan_idle_pushes = true;
-  FakeClock clock{10.0};
-  SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
-  Handlers rpc{&service};
-  grpc::ServerContext context;
-  for (const char* name : {"s1", "w1", "w2"}) {
-    v1::RegisterHostRequest request;
-    request.set_protocol_version(1);
-    request.set_host(name);
-    request.set_data_address("127.0.0.1:1");
-    v1::RegisterHostReply reply;
-    REQUIRE(rpc.RegisterHost(&context, &request, &reply).ok());
-  }
-  v1::RegisterEntityRequest server;
-  server.set_job("demo");
-  server.set_job_token("demo-token");
-  server.set_role(v1::ROLE_SERVER);
-  server.set_name("ps");
-  server.set_host("s1");
-  v1::RegisterEntityReply registered;
-  REQUIRE(rpc.RegisterEntity(&context, &server, &registered).ok());
-  service.Start();
-  auto push = [&](const std::string& worker) {
-    v1::SubmitUpdateRequest request;
-    request.set_job("demo");
-    request.set_src_host(worker);
-    request.set_worker(worker);
-    request.set_server("ps");
-    request.set_bytes(1 << 20);
-    v1::SubmitUpdateReply reply;
-    REQUIRE(rpc.SubmitUpdate(&context, &request, &reply).ok());
-  };
-  auto planned = [&] { return service.Snapshot().in_flight.size(); };
-  push("w1");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (planned() < 1 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  CHECK(planned() == 1);
-  // The clock stands still, so w1's push holds the server's downlink: w2's
-  // waits for the (hour-long) tick.
-  push("w2");
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  CHECK(planned() == 1);
-  CHECK(service.GetStats().batches == 1);
-  service.Stop();
-}
-
 }  // namespace
 }  // namespace mlfabric
 
