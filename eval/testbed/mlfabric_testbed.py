@@ -11,7 +11,8 @@ its start (same seeds) and the same compute stragglers:
   mlfabric-s-b<b>  the same with b backup workers: each round sums the first
                    N - b gradients; late ones are left out (issue 15)
   mlfabric-ssp<K>  async PS in stale-synchronous mode: a worker more than K
-                   pushes ahead of the slowest waits at its get (issue 15)
+                   pushes ahead of the slowest waits at its get (issue 15);
+                   like mlfabric-a, it may aggregate on the workers' hosts
   rr-sync          sync SGD, Open MPI MPI_Allreduce, ring (tuned algorithm 4)
   tr-sync          sync SGD, Open MPI MPI_Allreduce as tuned reduce + bcast
                    (algorithm 2 "nonoverlapping", binomial reduce and bcast)
