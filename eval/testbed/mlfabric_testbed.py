@@ -12,7 +12,9 @@ its start (same seeds) and the same compute stragglers:
                    N - b gradients; late ones are left out (issue 15)
   mlfabric-ssp<K>  async PS in stale-synchronous mode: a worker more than K
                    pushes ahead of the slowest waits at its get (issue 15);
-                   like mlfabric-a, it may aggregate on the workers' hosts
+                   like mlfabric-a, it may aggregate on the workers' hosts;
+                   delay bound: the paper's 30, scaled like mlfabric-a30
+  mlfabric-ssp<K>-a<tau>  the same with delay bound tau (scaled the same way)
   rr-sync          sync SGD, Open MPI MPI_Allreduce, ring (tuned algorithm 4)
   tr-sync          sync SGD, Open MPI MPI_Allreduce as tuned reduce + bcast
                    (algorithm 2 "nonoverlapping", binomial reduce and bcast)
@@ -306,12 +308,19 @@ class Testbed:
         mode = "ssp" if ssp else "sync" if system.startswith("mlfabric-s") else "async"
         # ssp: K bounds iterations; versions are bounded by tau_max as for
         # MLfabric-A at this scale (30 scaled by workers / 30).
+        # mlfabric-ssp<K>-a<tau> names the bound (already scaled, as
+        # mlfabric-a<tau> is by parse_args).
+        ssp_tau = ssp_system(system)[1] if ssp else None
         tau = (int(system[len("mlfabric-a"):]) if system.startswith("mlfabric-a") else
+               ssp_tau if ssp_tau is not None else
                (max(1, round(30 * a.workers / 30)) if a.scale_tau else 30) if ssp else 1000000)
         port = 50051 if self.cluster.mode == "netns" else free_port()
         config = {"listen_address": "0.0.0.0", "grpc_port": port,
                   "port_file": os.path.join(d, "scheduler.port"), "planner": planner,
                   "log_level": "warning", "transfer_slack_s": 30,
+                  # The admin endpoint, on the scheduler's host only: where
+                  # each applied push's time went (fetch_push_phases).
+                  "admin_port": 0, "admin_port_file": os.path.join(d, "admin.port"),
                   "default_link_bps": self.server_bps,
                   "jobs": [{"name": JOB, "token": TOKEN, "mode": mode, "tau_max": tau}]}
         # Hosts authenticate with a cluster secret made for this run (a
@@ -324,7 +333,7 @@ class Testbed:
             key, _, value = item.partition("=")
             config[key] = json.loads(value)
         if ssp:
-            config["jobs"][0]["staleness_k"] = int(system[len("mlfabric-ssp"):])
+            config["jobs"][0]["staleness_k"] = ssp_system(system)[0]
         if (system.startswith("mlfabric-a") or ssp) and a.aggregators:
             # §7: aggregators co-hosted with the workers (the simulator's
             # default k = every worker machine). SSP's workers are
@@ -432,9 +441,27 @@ class Testbed:
                            self.args.duration_s + self.args.grace_s)
         open(stop_file + ".done", "w").close()
         server.wait(timeout=60)
+        self.fetch_push_phases(d)
         if any(codes) or server.returncode:
             raise RuntimeError("exit codes: workers %s, server %s (logs in %s)" %
                                (codes, server.returncode, d))
+
+    def fetch_push_phases(self, d):
+        """Saves the scheduler's /api/v1/delays (its push phases) as <d>/delays.json.
+
+        Best effort: a run without them still counts; collect() reports None.
+        """
+        try:
+            port = open(os.path.join(d, "admin.port")).read().strip()
+            out = self.cluster.run("sch", [sys.executable, "-c",
+                                           "import urllib.request,sys; sys.stdout.write("
+                                           "urllib.request.urlopen('http://127.0.0.1:%s"
+                                           "/api/v1/delays', timeout=10).read().decode())" % port],
+                                   timeout=30)
+            with open(os.path.join(d, "delays.json"), "w") as f:
+                f.write(out.stdout)
+        except Exception as e:  # noqa: BLE001 (a figure, not the run)
+            print("%s: no push phases from the admin endpoint: %s" % (d, e), flush=True)
 
     def run_sync_mlfabric(self, d, started, backup=0):
         ranks = []
@@ -579,6 +606,8 @@ class Testbed:
                               r["server_applied"] == r["applied"] and not r["get_errors"] and
                               r["workers_finished"] == len(self.workers))
             r["iterations"] = r["pushes"]
+            r.update(iteration_phases(logs, a.window))
+            r["scheduler_push_phases"] = read_push_phases(d)
         else:
             curve = [(e["t"] - t0, e["accuracy"]) for e in logs.get("w1", [])
                      if e["event"] == "iter" and "accuracy" in e]
@@ -627,15 +656,63 @@ def is_async(system):
             system == "vanilla")
 
 
+def iteration_phases(logs, window):
+    """Where an asynchronous worker's iteration goes (means over all workers).
+
+    A worker's log has, per iteration, its compute time and its push's
+    t_push and t_done; `iter_s` runs from one push to the next. With
+    --window=1 an iteration is compute, then the push until its outcome,
+    then the get of the next model: `get_s` is what is left of the next
+    iteration after its compute and this push. With --window=2 the push
+    overlaps the next iteration, so get_s is not meaningful there (None).
+    """
+    applied, dropped, get = [], [], []
+    for ev in logs.values():
+        iters = {e["iter"]: e for e in ev if e["event"] == "iter"}
+        for p in (e for e in ev if e["event"] == "push"):
+            wait = p["t_done"] - p["t_push"]
+            (applied if p["outcome"] == "applied" else dropped).append(wait)
+            nxt = iters.get(p["iter"] + 1)
+            if nxt is not None and "compute_s" in nxt:
+                get.append(nxt["iter_s"] - nxt["compute_s"] - wait)
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
+    g = mean(get)
+    return {"push_applied_s": mean(applied), "push_dropped_s": mean(dropped),
+            "get_s": g if window == 1 and g is not None and g >= 0 else None}
+
+
+def read_push_phases(d):
+    """The job's mean push phases from <d>/delays.json (scheduler view), or None."""
+    try:
+        with open(os.path.join(d, "delays.json")) as f:
+            return json.load(f)["push_phases"].get(JOB)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def ssp_system(system):
+    """(K, tau or None) of "mlfabric-ssp<K>" or "mlfabric-ssp<K>-a<tau>", else None."""
+    if not system.startswith("mlfabric-ssp"):
+        return None
+    k, _, tau = system[len("mlfabric-ssp"):].partition("-a")
+    if not k.isdigit() or (tau and not tau.isdigit()) or (_ and not tau):
+        return None
+    return int(k), int(tau) if tau else None
+
+
 def backup_workers(system):
     return int(system[len("mlfabric-s-b"):]) if system.startswith("mlfabric-s-b") else 0
+
+def ms(seconds):
+    return "%.0f" % (1e3 * seconds) if seconds is not None else "-"
+
 
 def summary_table(results, target):
     rows = []
     systems = results["systems"]
     ref = systems.get("rr-sync", {}).get("tta_s")
-    header = ("system", "TTA s", "vs RR", "final acc", "iters", "mean iter ms", "applied",
-              "dropped", "failed", "delay p50/p99", "ok")
+    header = ("system", "TTA s", "vs RR", "final acc", "iters", "mean iter ms", "push ms",
+              "get ms", "applied", "dropped", "failed", "delay p50/p99", "ok")
     rows.append(header)
     for name, r in systems.items():
         delays = r.get("delays") or []
@@ -648,14 +725,25 @@ def summary_table(results, target):
                      "%.3f" % r["final_accuracy"] if r.get("final_accuracy") is not None else "-",
                      str(r.get("iterations", 0)),
                      "%.0f" % (1e3 * r["mean_iteration_s"]) if r.get("mean_iteration_s") else "-",
+                     ms(r.get("push_applied_s")), ms(r.get("get_s")),
                      str(r.get("applied", 0)), str(r.get("dropped", 0)), str(r.get("failed", 0)),
                      dtxt, "yes" if r.get("accounted") and not r.get("error") else "NO"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
                        enumerate(zip(row, widths))) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines) + "\n(TTA: time to %.0f%% test accuracy; vs RR: RR-Sync TTA / TTA)" % (
-        100 * target)
+    for name, r in systems.items():
+        ph = r.get("scheduler_push_phases")
+        if ph and ph.get("applied"):
+            lines.append("%s: an applied push at the scheduler took %s ms: %s ms waiting for its "
+                         "batch, %s ms planned until its bytes reach the server, %s ms later than "
+                         "planned (means of %d)" % (
+                             name, ms(ph["latency_s"]), ms(ph["queued_s"]), ms(ph["planned_s"]),
+                             ms(ph["late_s"]), ph["applied"]))
+    return "\n".join(lines) + (
+        "\n(TTA: time to %.0f%% test accuracy; vs RR: RR-Sync TTA / TTA; asynchronous "
+        "workers: push ms = mean from a push to its outcome, applied ones; get ms = mean "
+        "wait for the next model, --window=1 only)" % (100 * target))
 
 
 def parse_args(argv):
@@ -735,16 +823,25 @@ def parse_args(argv):
             if args.scale_tau:
                 tau = max(1, round(tau * args.workers / 30))
             s = "mlfabric-a%d" % tau
-        elif s.startswith("mlfabric-s-b") or s.startswith("mlfabric-ssp"):
-            digits = s[len("mlfabric-s-b"):] if s.startswith("mlfabric-s-b") else s[len("mlfabric-ssp"):]
+        elif s.startswith("mlfabric-ssp"):
+            parsed = ssp_system(s)
+            if parsed is None:
+                p.error("system %r: expected mlfabric-ssp<K> or mlfabric-ssp<K>-a<delay bound>" % s)
+            k, tau = parsed
+            if tau is not None:
+                if args.scale_tau:
+                    tau = max(1, round(tau * args.workers / 30))
+                s = "mlfabric-ssp%d-a%d" % (k, tau)
+        elif s.startswith("mlfabric-s-b"):
+            digits = s[len("mlfabric-s-b"):]
             if not digits.isdigit():
-                p.error("system %r: expected mlfabric-s-b<backup workers> or mlfabric-ssp<K>" % s)
-            if s.startswith("mlfabric-s-b") and int(digits) >= args.workers:
+                p.error("system %r: expected mlfabric-s-b<backup workers>" % s)
+            if int(digits) >= args.workers:
                 p.error("system %r: backup workers must be fewer than --workers (%d)"
                         % (s, args.workers))
         elif s not in ("mlfabric-s", "vanilla", "rr-sync", "tr-sync"):
             p.error("unknown system %r (known: mlfabric-a<tau>, mlfabric-s, mlfabric-s-b<b>, "
-                    "mlfabric-ssp<K>, vanilla, rr-sync, tr-sync)" % s)
+                    "mlfabric-ssp<K>[-a<tau>], vanilla, rr-sync, tr-sync)" % s)
         if s in resolved:
             p.error("system %r listed twice (after delay-bound scaling)" % s)
         resolved.append(s)

@@ -38,6 +38,15 @@ for name, s in systems.items():
     if name in ("mlfabric-a30", "vanilla"):
         assert s["server_applied"] == s["applied"], name
         assert s["pushes"] == s["applied"] + s["dropped"] + s["failed"], name
+        # Where the pushes' time went: the workers' view and the
+        # scheduler's (its admin endpoint), which must add up.
+        if s["applied"]:
+            assert s["push_applied_s"] is not None and s["push_applied_s"] > 0, name
+            ph = s["scheduler_push_phases"]
+            assert ph and ph["applied"] > 0, "%s: no push phases from the scheduler" % name
+            assert ph["queued_s"] >= 0 and ph["planned_s"] > 0, "%s: %s" % (name, ph)
+            assert abs(ph["queued_s"] + ph["planned_s"] + ph["late_s"] - ph["latency_s"]) < 1e-6, \
+                "%s: push phases do not add up: %s" % (name, ph)
         if s["failed"]:
             # Reported, not fatal: a failed push is an API outcome with a
             # reason (see README); the accounting above must still hold.

@@ -60,6 +60,7 @@ class FakeBackend : public AdminBackend {
     snap_.delay_histogram.counts = {1, 0, 2, 1};
     snap_.delay_histogram.total = 4;
     snap_.delay_histogram.sum = 9;
+    snap_.push_phases["demo"] = {4, 2.0, 0.25, 1.0, 0.75};
   }
   ClusterSnapshot Snapshot() const override { return snap_; }
   absl::Status UpdateJobParams(const std::string& job, const JobParamsUpdate& update) override {
@@ -100,6 +101,10 @@ TEST_CASE("GET routes return JSON with the snapshot's values") {
   CHECK(jobs["jobs"][0]["workers"][0]["name"] == "w3");
   CHECK(jobs["jobs"][0]["workers"][0]["straggler"] == true);
   CHECK(jobs["jobs"][0]["workers"][0]["iterations"] == 12);
+  json delays = json::parse(handler.Handle({"GET", "/api/v1/delays", "", ""}).body);
+  CHECK(delays["push_phases"]["demo"]["applied"] == 4);
+  CHECK(delays["push_phases"]["demo"]["latency_s"] == 0.5);  // means over the 4
+  CHECK(delays["push_phases"]["demo"]["planned_s"] == 0.25);
   CHECK(handler.Handle({"GET", "/api/v1/nope", "", ""}).status == 404);
   // Bytes that are not UTF-8 in what is echoed back (found by the fuzzer:
   // the JSON encoder threw and took the scheduler down).
@@ -123,6 +128,9 @@ TEST_CASE("Prometheus text has typed families, escaped labels, cumulative bucket
   CHECK(r.body.find("mlfabric_link_available_bps{host=\"w1\",direction=\"up\"} 1500000000") !=
         std::string::npos);
   CHECK(r.body.find("mlfabric_drops_total{reason=\"stale\"} 2") != std::string::npos);
+  CHECK(r.body.find("mlfabric_push_phase_seconds_total{job=\"demo\",phase=\"late\"} 0.75\n") !=
+        std::string::npos);
+  CHECK(r.body.find("mlfabric_push_phase_pushes_total{job=\"demo\"} 4\n") != std::string::npos);
   CHECK(r.body.find("mlfabric_worker_straggler{job=\"demo\\\"x\",worker=\"w3\"} 1") !=
         std::string::npos);
   CHECK(r.body.find("mlfabric_worker_iterations_total{job=\"demo\\\"x\",worker=\"w3\"} 12") !=

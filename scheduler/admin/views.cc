@@ -285,12 +285,28 @@ json DelaysJson(const ClusterSnapshot& snap) {
                       {"src", d.src},
                       {"delay", d.delay},
                       {"latency_s", d.latency_s},
+                      {"queued_s", d.queued_s},
+                      {"planned_s", d.planned_s},
+                      {"late_s", d.late_s},
                       {"at_s", d.at_s}});
+  }
+  // Where an applied push's time went, mean over all of a job's planned
+  // pushes: waiting for its batch, the plan until its bytes reach the
+  // server, and the commit's report later than planned.
+  json phases = json::object();
+  for (const auto& [job, p] : snap.push_phases) {
+    const double n = std::max<int64_t>(1, p.count);
+    phases[job] = {{"applied", p.count},
+                   {"latency_s", p.latency_s / n},
+                   {"queued_s", p.queued_s / n},
+                   {"planned_s", p.planned_s / n},
+                   {"late_s", p.late_s / n}};
   }
   const DelayHistogram& h = snap.delay_histogram;
   return {{"now_s", snap.now_s},
           {"histogram",
            {{"bounds", h.bounds}, {"counts", h.counts}, {"total", h.total}, {"sum", h.sum}}},
+          {"push_phases", phases},
           {"recent", recent}};
 }
 
@@ -561,6 +577,21 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
   w.Sample("mlfabric_update_delay_bucket", {{"le", "+Inf"}}, h.total);
   w.Sample("mlfabric_update_delay_sum", {}, h.sum);
   w.Sample("mlfabric_update_delay_count", {}, h.total);
+  w.Family("mlfabric_push_phase_seconds_total", "counter",
+           "Applied, planned pushes: seconds waiting for the batch (queued), from the plan to "
+           "the bytes' planned arrival at the server (planned), and the commit's report later "
+           "than planned (late).");
+  for (const auto& [job, p] : snap.push_phases) {
+    w.Sample("mlfabric_push_phase_seconds_total", {{"job", job}, {"phase", "queued"}}, p.queued_s);
+    w.Sample("mlfabric_push_phase_seconds_total", {{"job", job}, {"phase", "planned"}},
+             p.planned_s);
+    w.Sample("mlfabric_push_phase_seconds_total", {{"job", job}, {"phase", "late"}}, p.late_s);
+  }
+  w.Family("mlfabric_push_phase_pushes_total", "counter",
+           "Applied, planned pushes counted in mlfabric_push_phase_seconds_total.");
+  for (const auto& [job, p] : snap.push_phases) {
+    w.Sample("mlfabric_push_phase_pushes_total", {{"job", job}}, p.count);
+  }
   if (!snap.recent_batches.empty()) {
     w.Family("mlfabric_last_batch_compute_seconds", "gauge",
              "Planner compute time of the most recent batch of each server.");

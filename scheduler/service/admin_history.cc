@@ -37,6 +37,14 @@ void AdminHistory::RecordDelay(const DelayView& delay) {
   ++h.counts[bucket];
   ++h.total;
   h.sum += delay.delay;
+  if (delay.planned_s > 0) {
+    PushPhases& p = push_phases_[delay.job];
+    ++p.count;
+    p.latency_s += delay.latency_s;
+    p.queued_s += delay.queued_s;
+    p.planned_s += delay.planned_s;
+    p.late_s += delay.late_s;
+  }
 }
 
 bool AdminHistory::LinkSampleDue(double now_s) {
@@ -59,6 +67,7 @@ void AdminHistory::CopyInto(ClusterSnapshot* snap) const {
   snap->drops_by_category = drops_by_category_;
   snap->recent_delays.assign(recent_delays_.begin(), recent_delays_.end());
   snap->delay_histogram = delay_histogram_;
+  snap->push_phases = push_phases_;
   snap->link_samples.assign(link_samples_.begin(), link_samples_.end());
   snap->recent_cycles.assign(recent_cycles_.begin(), recent_cycles_.end());
 }

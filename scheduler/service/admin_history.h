@@ -36,7 +36,8 @@ class AdminHistory {
   void RecordBatch(BatchView batch);
   // Counts the drop under its category (all time) and keeps it among the recent.
   void RecordDrop(DropView drop);
-  // Keeps the delay among the recent and adds it to the histogram.
+  // Keeps the delay among the recent, adds it to the histogram and, if it
+  // was planned, its parts to its job's PushPhases.
   void RecordDelay(const DelayView& delay);
   // True (and the sample clock advanced) when a link sample is due at `now_s`.
   bool LinkSampleDue(double now_s);
@@ -44,7 +45,7 @@ class AdminHistory {
   void RecordCycle(const CycleView& cycle);
 
   // Fills the snapshot's history fields (recent_*, drops_by_category,
-  // delay_histogram, link_samples, recent_cycles).
+  // delay_histogram, push_phases, link_samples, recent_cycles).
   void CopyInto(ClusterSnapshot* snap) const;
 
  private:
@@ -54,6 +55,7 @@ class AdminHistory {
   std::map<std::string, int64_t> drops_by_category_;
   std::deque<DelayView> recent_delays_;
   DelayHistogram delay_histogram_;
+  std::map<std::string, PushPhases> push_phases_;
   std::deque<LinkSample> link_samples_;
   std::deque<CycleView> recent_cycles_;
   double last_link_sample_s_ = -1e300;

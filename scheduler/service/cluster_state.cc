@@ -170,6 +170,17 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
     view.delay = delay;
     view.at_s = clock_->NowSeconds();
     view.latency_s = view.at_s - record.submitted_s;
+    // Its bytes reach the server at the end of its own transfer, or of the
+    // aggregate that carried them there.
+    const TransferView* to_server = &record.planned;
+    if (auto agg = aggregates.find(record.aggregate_id); agg != aggregates.end()) {
+      to_server = &agg->second.planned;
+    }
+    if (to_server->planned_at_s > 0) {
+      view.queued_s = to_server->planned_at_s - record.submitted_s;
+      view.planned_s = to_server->end_s - to_server->planned_at_s;
+      view.late_s = view.at_s - to_server->end_s;
+    }
     history_->RecordDelay(view);
   } else {
     if (job) ++(outcome == v1::OUTCOME_DROPPED ? job->dropped : job->failed);

@@ -63,6 +63,53 @@ TEST_CASE("a push ends exactly once, and its source is told how") {
   CHECK(snap.recent_delays[0].latency_s == 100.0);
 }
 
+TEST_CASE("an applied push's latency splits into queued, planned and late") {
+  Fixture f;
+  // Submitted at 100 (the fixture's clock), planned at 100.25 to reach the
+  // server at 100.75, reported applied at 100.875.
+  const uint64_t direct = f.Push("w1");
+  f.state.updates[direct].state = UpdateState::kInFlight;
+  f.state.updates[direct].planned.planned_at_s = 100.25;
+  f.state.updates[direct].planned.end_s = 100.75;
+  // Two pushes summed at a1: each is timed by the aggregate's transfer to
+  // the server, not by its own hop to a1.
+  const uint64_t first = f.Push("w1"), second = f.Push("w2");
+  AggregateRecord& aggregate = f.Aggregate77({first, second});
+  aggregate.planned.planned_at_s = 100.5;
+  aggregate.planned.end_s = 101.0;
+  f.state.updates[first].planned.planned_at_s = 100.5;
+  f.state.updates[first].planned.end_s = 100.625;
+  // Never planned (as after a failover): in the recent list, not the means.
+  const uint64_t unplanned = f.Push("w2");
+  for (uint64_t id : {direct, first, second, unplanned}) f.state.updates[id].submitted_s = 100;
+  f.clock.Set(100.875);
+  f.state.Complete(direct, v1::OUTCOME_APPLIED, "", 6);
+  f.clock.Set(101.25);
+  f.state.Complete(first, v1::OUTCOME_APPLIED, "", 7);
+  f.state.Complete(second, v1::OUTCOME_APPLIED, "", 8);
+  f.state.Complete(unplanned, v1::OUTCOME_APPLIED, "", 9);
+  ClusterSnapshot snap;
+  f.history.CopyInto(&snap);
+  REQUIRE(snap.recent_delays.size() == 4);
+  const DelayView& d = snap.recent_delays[0];
+  CHECK(d.queued_s == 0.25);
+  CHECK(d.planned_s == 0.5);
+  CHECK(d.late_s == 0.125);
+  CHECK(d.queued_s + d.planned_s + d.late_s == d.latency_s);
+  for (int i : {1, 2}) {
+    CHECK(snap.recent_delays[i].queued_s == 0.5);
+    CHECK(snap.recent_delays[i].planned_s == 0.5);
+    CHECK(snap.recent_delays[i].late_s == 0.25);
+  }
+  CHECK(snap.recent_delays[3].planned_s == 0);
+  const PushPhases& phases = snap.push_phases.at("demo");
+  CHECK(phases.count == 3);
+  CHECK(phases.queued_s == 1.25);
+  CHECK(phases.planned_s == 1.5);
+  CHECK(phases.late_s == 0.625);
+  CHECK(phases.latency_s == 0.875 + 1.25 + 1.25);
+}
+
 TEST_CASE("a failed in-flight push frees its commit position at the server") {
   Fixture f;
   const uint64_t id = f.Push("w1");

@@ -42,6 +42,7 @@ TransferView PlanDispatcher::Run::Planned(uint64_t id, const std::string& src,
   planned.start_s = transfer.start_s;
   planned.end_s = transfer.end_s;
   planned.deadline_s = deadline_s;
+  planned.planned_at_s = work_.batch.now_s;
   planned.segments = transfer.segments;
   return planned;
 }

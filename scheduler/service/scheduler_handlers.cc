@@ -515,16 +515,17 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
       server.model_version = std::max(server.model_version, request.model_version());
       in_round = RoundSize(*job, server) > 0;
     }
-    state_.aggregates.erase(agg);
     // The server applied the constituents as consecutive versions ending at
     // model_version, in commit order; a synchronous round's members all
-    // land in the one version the round produced.
+    // land in the one version the round produced. (Erased after: each
+    // Complete reads when the aggregate was planned to reach the server.)
     const int64_t n = static_cast<int64_t>(constituents.size());
     for (int64_t i = 0; i < n; ++i) {
       state_.Complete(constituents[i], v1::OUTCOME_APPLIED, "",
                       in_round ? request.model_version()
                                : request.model_version() - (n - 1 - i));
     }
+    state_.aggregates.erase(request.transfer_id());
     return absl::OkStatus();
   }
   auto it = state_.updates.find(request.transfer_id());

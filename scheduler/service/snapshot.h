@@ -164,6 +164,7 @@ struct TransferView {
   double start_s = 0;
   double end_s = 0;
   double deadline_s = 0;  // fails as timed out if not completed by then
+  double planned_at_s = 0;  // when its batch was planned (batch.now_s)
   std::vector<core::RateSegment> segments;
 };
 
@@ -199,7 +200,10 @@ struct DropView {
 };
 
 // An applied push: its staleness (updates applied since v(g), §3.1) and how
-// long it took from SubmitUpdate to the server's commit.
+// long it took from SubmitUpdate to the server's commit, in three parts:
+// waiting for its batch to be planned, the plan's own time until its bytes
+// (alone or summed on the way) reach the server, and how much later than
+// planned the server's daemon reported the commit (negative: sooner).
 struct DelayView {
   uint64_t transfer_id = 0;
   std::string job;
@@ -207,7 +211,21 @@ struct DelayView {
   std::string src;
   int64_t delay = 0;
   double latency_s = 0;
+  double queued_s = 0;
+  double planned_s = 0;
+  double late_s = 0;
   double at_s = 0;
+};
+
+// The same parts summed over every applied push of a job that was planned
+// (all time; a push applied without a plan, such as after a failover, is
+// not counted), for the mean of each.
+struct PushPhases {
+  int64_t count = 0;
+  double latency_s = 0;
+  double queued_s = 0;
+  double planned_s = 0;
+  double late_s = 0;
 };
 
 // Per-link usage at one instant, sampled every `kLinkSamplePeriodS`.
@@ -256,6 +274,7 @@ struct ClusterSnapshot {
   std::vector<DropView> recent_drops;      // oldest first
   std::map<std::string, int64_t> drops_by_category;  // dropped and failed, all time
   std::vector<DelayView> recent_delays;    // oldest first
+  std::map<std::string, PushPhases> push_phases;  // by job
   DelayHistogram delay_histogram;
   std::vector<LinkSample> link_samples;    // oldest first
   std::vector<CycleView> recent_cycles;    // oldest first; cycles that planned something
