@@ -716,6 +716,15 @@ void ClusterState::DropReplicaPending(ServerState* server, const std::string& re
   server->replica.pending.clear();
 }
 
+void ClusterState::ReserveDistribution(std::vector<DistributionLeg> legs) {
+  const double now_s = clock_->NowSeconds();
+  distribution_legs.erase(
+      std::remove_if(distribution_legs.begin(), distribution_legs.end(),
+                     [now_s](const DistributionLeg& leg) { return leg.end_s <= now_s; }),
+      distribution_legs.end());
+  for (DistributionLeg& leg : legs) distribution_legs.push_back(std::move(leg));
+}
+
 void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,
                                 std::map<std::string, std::vector<core::RateSegment>>* down) const {
   for (const auto& [id, record] : updates) {
@@ -730,6 +739,12 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
     if (IsGroupAggregate(*this, record.aggregate_id)) continue;  // below, once
     AppendSegments(record.planned.segments, &(*up)[record.planned.src]);
     AppendSegments(record.planned.segments, &(*down)[record.planned.dst]);
+  }
+  const double now_s = clock_->NowSeconds();
+  for (const DistributionLeg& leg : distribution_legs) {
+    if (leg.end_s <= now_s) continue;
+    AppendSegments(leg.segments, &(*up)[leg.src]);
+    AppendSegments(leg.segments, &(*down)[leg.dst]);
   }
   for (const auto& [id, copy] : replica_copies) {
     for (const ReplicaCopy::Leg& leg : copy.legs) {

@@ -352,6 +352,13 @@ class ClusterState {
   std::map<std::string, JobState> jobs;
   std::map<uint64_t, UpdateRecord> updates;
   std::map<uint64_t, AggregateRecord> aggregates;
+  // A planned distribution's stream (server or distributor -> requester).
+  struct DistributionLeg {
+    std::string src, dst;
+    std::vector<core::RateSegment> segments;
+    double end_s = 0;
+  };
+  std::vector<DistributionLeg> distribution_legs;  // ReserveDistribution
   // A chain hop's transfer id -> the aggregate (in `aggregates`) it feeds.
   std::map<uint64_t, uint64_t> aggregate_hops;
   std::map<uint64_t, ReplicaCopy> replica_copies;  // by copy transfer id
@@ -485,9 +492,16 @@ class ClusterState {
   // replica (applied) or cancelled there (not applied).
   void SettleHeldCopies(uint64_t transfer_id, bool applied, const std::string& reason);
 
-  // In-flight reservations on each host's uplink/downlink, as segments.
+  // In-flight reservations on each host's uplink/downlink, as segments:
+  // planned pushes, aggregates, replica copies and (ReserveDistribution)
+  // model distributions that have not ended.
   void Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,
                     std::map<std::string, std::vector<core::RateSegment>>* down) const;
+
+  // A model distribution's planned streams (§10.3), reserved until they
+  // end so that the pushes and distributions planned meanwhile know the
+  // links they take. Forgets legs that ended.
+  void ReserveDistribution(std::vector<DistributionLeg> legs);
 
  private:
   void RecordDrop(const UpdateRecord& record, v1::Outcome outcome, const std::string& category,

@@ -57,6 +57,7 @@ absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(ConfigReader reader) {
   reader.Int("get_tree_max_fanout", &config.get_tree_max_fanout, 1, 1024);
   reader.Double("get_tree_min_saving", &config.get_tree_min_saving, 0, 0.99);
   reader.Double("get_deadline_slack", &config.get_deadline_slack, 0, 1e6);
+  reader.Bool("get_reservations", &config.get_reservations);
   reader.String("admin_address", &config.admin_address);
   reader.Int("admin_port", &config.admin_port, -1, 65535);
   reader.String("admin_port_file", &config.admin_port_file);
@@ -247,6 +248,9 @@ Every key can be set in the JSON file or as a flag; flags win.
   --get_deadline_slack store_forward: > 0 lets a get batch end this many times
                        later than its fastest tree if that spends fewer server
                        copies; 0 = fastest tree         (default 0)
+  --get_reservations   reserve each planned distribution's streams on their
+                       links until they end, for the pushes planned
+                       meanwhile                        (default false)
   --admin_address      admin HTTP bind address          (default 127.0.0.1)
   --admin_port         admin HTTP port, 0 = free port, -1 = off (default -1)
   --admin_port_file    write the bound admin port to this file (default none)

@@ -122,6 +122,11 @@ struct SchedulerConfig {
   // forwarders' uplinks and a hop per level, which the estimate leaves out).
   double get_tree_min_saving = 0.2;
   double get_deadline_slack = 0;
+  // A planned distribution's streams are reserved on their links until
+  // they end (ClusterState::ReserveDistribution), so pushes planned
+  // meanwhile see that a forwarder's uplink or a requester's downlink is
+  // taken; false plans pushes as if gets moved nothing.
+  bool get_reservations = false;
   // Admin HTTP endpoint (scheduler/admin/README.md). -1 disables it.
   std::string admin_address = "127.0.0.1";
   int64_t admin_port = -1;                    // 0 = pick a free port

@@ -775,6 +775,7 @@ absl::Status SchedulerService::PlanDistribution(const v1::PlanDistributionReques
     plan = core::PlanModelDistribution(plan_in, spare);
   }
   if (!plan.ok()) return plan.status();
+  if (config_.get_reservations) ReserveDistribution(plan_in.now_s, *plan);
   for (const core::Delivery& delivery : plan->deliveries) {
     v1::DistributionRoute* route = reply->add_routes();
     route->set_host(delivery.host);

@@ -458,4 +458,21 @@ absl::Status SchedulerService::QueryOutcomes(const v1::QueryOutcomesRequest& req
   return absl::OkStatus();
 }
 
+void SchedulerService::ReserveDistribution(double now_s, const core::DistributionPlan& plan) {
+  std::vector<ClusterState::DistributionLeg> legs;
+  // store_forward plans have timed transfers; cut_through ones a stream per
+  // requester from its parent at the plan's rate until it has the model.
+  for (const core::Transfer& t : plan.transfers) {
+    legs.push_back({t.src, t.dst, t.segments, t.end_s});
+  }
+  if (plan.transfers.empty()) {
+    for (const core::Delivery& d : plan.deliveries) {
+      if (d.rate_bps <= 0 || d.at_s <= now_s) continue;
+      legs.push_back({d.via, d.host, {{now_s, d.at_s, d.rate_bps}}, d.at_s});
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  state_.ReserveDistribution(std::move(legs));
+}
+
 }  // namespace mlfabric

@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "proto/scheduler.pb.h"
+#include "scheduler/core/distribution.h"
 #include "scheduler/core/planner.h"
 #include "scheduler/service/admin_history.h"
 #include "scheduler/service/batch_loop.h"
@@ -139,6 +140,9 @@ class SchedulerService {
   const ControlAuth& auth() const { return auth_; }
 
  private:
+  // get_reservations: the plan's streams, reserved on their links until
+  // they end (ClusterState::ReserveDistribution). Takes the lock.
+  void ReserveDistribution(double now_s, const core::DistributionPlan& plan);
   // Cuts one server's batch; false when it has nothing to plan.
   bool CutBatchLocked(const std::string& job_name, JobState& job, const std::string& server_name,
                       ServerState& server, double now_s, bool use_reservations,
