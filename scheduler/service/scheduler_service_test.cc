@@ -57,8 +57,10 @@ struct Handlers {
 };
 
 struct Fixture {
+  explicit Fixture(const SchedulerConfig& config = ShortServerWait())
+      : service(config, &clock, std::make_unique<core::FifoPlanner>()) {}
   FakeClock clock{100.0};
-  SchedulerService service{ShortServerWait(), &clock, std::make_unique<core::FifoPlanner>()};
+  SchedulerService service;
   Handlers rpc{&service};
   grpc::ServerContext context;
 
@@ -770,26 +772,9 @@ TEST_CASE("get_reservations: a planned distribution's streams are reserved until
     SchedulerConfig config = ShortServerWait();
     config.get_reservations = reserve;
     config.default_link_bps = 8e6;  // 1 MB/s: a 100 kB model takes 0.1 s
-    FakeClock clock{100.0};
-    SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
-    Handlers rpc{&service};
-    grpc::ServerContext context;
-    for (const char* name : {"s1", "w1", "w2"}) {
-      v1::RegisterHostRequest request;
-      request.set_protocol_version(1);
-      request.set_host(name);
-      request.set_data_address("127.0.0.1:1");
-      v1::RegisterHostReply reply;
-      REQUIRE(rpc.RegisterHost(&context, &request, &reply).ok());
-    }
-    v1::RegisterEntityRequest server;
-    server.set_job("demo");
-    server.set_job_token("demo-token");
-    server.set_role(v1::ROLE_SERVER);
-    server.set_name("ps0");
-    server.set_host("s1");
-    v1::RegisterEntityReply registered;
-    REQUIRE(rpc.RegisterEntity(&context, &server, &registered).ok());
+    Fixture f(config);
+    for (const char* name : {"s1", "w1", "w2"}) f.RegisterHost(name);
+    REQUIRE(f.RegisterServer("demo-token").ok());
     v1::PlanDistributionRequest request;
     request.set_host("s1");
     request.set_job("demo");
@@ -798,9 +783,9 @@ TEST_CASE("get_reservations: a planned distribution's streams are reserved until
     request.add_requesters("w1");
     request.add_requesters("w2");
     v1::PlanDistributionReply reply;
-    REQUIRE(service.PlanDistribution(request, &reply).ok());
+    REQUIRE(f.service.PlanDistribution(request, &reply).ok());
     auto reserved = [&](const std::string& host, bool up) {
-      for (const HostView& h : service.Snapshot().hosts) {
+      for (const HostView& h : f.service.Snapshot().hosts) {
         if (h.name == host) return up ? h.reserved_up_bps : h.reserved_down_bps;
       }
       FAIL("no host " << host);
@@ -808,11 +793,11 @@ TEST_CASE("get_reservations: a planned distribution's streams are reserved until
     };
     // Both requesters receive, and the server's uplink sends, while the
     // plan's streams last (at most 2 x 0.1 s here).
-    clock.Set(100.05);
+    f.clock.Set(100.05);
     CHECK((reserved("s1", true) > 0) == reserve);
     CHECK((reserved("w1", false) > 0) == reserve);
     CHECK((reserved("w2", false) > 0) == reserve);
-    clock.Set(101.0);  // every stream has ended
+    f.clock.Set(101.0);  // every stream has ended
     CHECK(reserved("s1", true) == 0);
     CHECK(reserved("w1", false) == 0);
   }
