@@ -77,8 +77,8 @@ constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...
   --head_address A    with a hostfile: this machine's address the hosts reach
                       the scheduler at (default: the source address of the
                       route to the first host)
-  --daemon_arg FLAG   with a hostfile: a flag for every host's mlfabricd
-                      (repeatable)
+  --daemon_arg FLAG   a flag for every host's mlfabricd, emulated or real
+                      (repeatable), e.g. --daemon_arg=--log_level=debug
   -v                  print what is started
 Every rank gets MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_DAEMON_SOCKET, ...
 )";
@@ -424,7 +424,7 @@ int main(int argc, char** argv) {
     const int host_count = (np + ranks_per_host - 1) / ranks_per_host;
     for (int h = 0; h < host_count; ++h) hosts.push_back("h" + std::to_string(h));
     auto started = mlfabric::testing::Cluster::StartLoopback(
-        hosts, {"--config=" + config, "--planner=" + planner});
+        hosts, {"--config=" + config, "--planner=" + planner}, daemon_args);
     if (!started.ok()) {
       std::cerr << "mlfabric-run: cannot start the scheduler and daemons: "
                 << started.status().message() << "\n";
