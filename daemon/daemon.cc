@@ -156,6 +156,10 @@ Daemon::Stats Daemon::GetStats() const {
   stats.rounds = rounds_->rounds_delivered();
   stats.aggregates = aggregation_->completed();
   stats.gets_routed = rounds_->gets_routed();
+  stats.local_round_gets = rounds_->local_gets();
+  stats.local_round_get_bytes = rounds_->local_get_bytes();
+  stats.local_transfers = receiver_->local_transfers();
+  stats.local_transfer_bytes = receiver_->local_bytes();
   std::lock_guard<std::mutex> lock(lock_.mu);
   if (fetcher_) stats.copies_forwarded = fetcher_->copies_forwarded();
   if (model_server_) {
@@ -190,6 +194,7 @@ absl::Status Daemon::Start() {
       daemon::ModelFetcher::Options{config_.host, receiver_->address(), config_.get_timeout_s,
                                     config_.failover_wait_s},
       resolver_.get(), get_client_.get(), send_.get(), send_watchdog_.get());
+  fetcher_->SetLocalRoundSums(rounds_.get());
 
   // Local applications.
   app_requests_ = std::make_unique<daemon::AppRequests>(

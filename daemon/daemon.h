@@ -110,6 +110,12 @@ class Daemon {
     int64_t model_copies_sent = 0;  // of those gets, copies this daemon sent itself
     int64_t gets_routed = 0;        // of those gets, sent to a distributor instead (§10.3)
     int64_t copies_forwarded = 0;   // copies this daemon forwarded as a distributor
+    // Round sums read by applications on this host without a socket.
+    int64_t local_round_gets = 0;
+    int64_t local_round_get_bytes = 0;
+    // Transfers between parts of this host, taken in without a socket.
+    int64_t local_transfers = 0;
+    int64_t local_transfer_bytes = 0;
   };
   Stats GetStats() const;
 
@@ -128,7 +134,16 @@ class Daemon {
   void HandleCommand(const v1::DaemonCommand& command);
   // kSend: a push (or a replica copy, or a group push's part) of this host
   // scheduled (daemon_control.cc). Requires the receive lock.
-  void ScheduleSendLocked(const v1::SendTransfer& send);
+  // A transfer between two parts of this host (DeliverLocal).
+  struct LocalSend {
+    v1::SendTransfer send;
+    std::shared_ptr<SharedBuffer> buffer;
+  };
+  // Carries out one scheduler command; same-host transfers it yields are
+  // left in `local`, to be taken in once the lock is free.
+  void ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSend>* local);
+  void DeliverLocal(const LocalSend& local);
+  void ScheduleSendLocked(const v1::SendTransfer& send, std::vector<LocalSend>* local);
   // kCancel. Requires the receive lock.
   void CancelLocked(const v1::CancelDelivery& cancel);
   // Requires the receive lock. The scheduler's PromoteReplica: this host's

@@ -96,6 +96,29 @@ void Daemon::ScheduleLost() {
 }
 
 void Daemon::HandleCommand(const v1::DaemonCommand& command) {
+  std::vector<LocalSend> local;
+  ApplyCommand(command, &local);
+  // Same-host transfers are taken in without the lock (the receive side
+  // takes it per step), in the order their commands came.
+  for (LocalSend& send : local) DeliverLocal(send);
+}
+
+void Daemon::DeliverLocal(const LocalSend& local) {
+  transport::PacketHeader begin;
+  begin.kind = transport::PacketKind::kBegin;
+  begin.job = local.send.job_id();
+  begin.transfer = local.send.transfer_id();
+  begin.offset = local.buffer->size();
+  absl::Status delivered = receiver_->DeliverLocal(begin, *local.buffer,
+                                                   static_cast<uint32_t>(config_.payload_bytes));
+  if (!delivered.ok()) {
+    MLF_LOG(WARNING) << "transfer " << local.send.transfer_id() << " within " << config_.host
+                     << " failed: " << delivered.message();
+    reporter_->ReportFailure(local.send.transfer_id(), std::string(delivered.message()));
+  }
+}
+
+void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSend>* local) {
   std::lock_guard<std::mutex> lock(lock_.mu);
   switch (command.command_case()) {
     case v1::DaemonCommand::kSend:
@@ -104,7 +127,7 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
       pushes_.Adopt(command.send().part() ? command.send().source_transfer_id()
                                           : command.send().transfer_id(),
                     command.send().local_id());
-      ScheduleSendLocked(command.send());
+      ScheduleSendLocked(command.send(), local);
       break;
     case v1::DaemonCommand::kAggregate:
       aggregation_->StartLocked(command.aggregate());
@@ -157,6 +180,10 @@ void Daemon::HandleCommand(const v1::DaemonCommand& command) {
       body->set_reason(outcome.reason());
       body->set_applied_version(outcome.applied_version());
       body->set_delay(outcome.delay());
+      // Nobody else here holds the buffer (a sender still writing it, a
+      // checksum being computed, a held replica copy): the application may
+      // fill it again for its next push instead of making a new one.
+      body->set_buffer_released(push->buffer != nullptr && push->buffer.use_count() == 1);
       (void)push->app->channel->Send(done);
       break;
     }
@@ -185,9 +212,16 @@ void Daemon::CancelLocked(const v1::CancelDelivery& cancel) {
   deliveries_->CancelLocked(cancel);
 }
 
-void Daemon::ScheduleSendLocked(const v1::SendTransfer& send) {
+void Daemon::ScheduleSendLocked(const v1::SendTransfer& send, std::vector<LocalSend>* local) {
   auto schedule = [&](std::shared_ptr<SharedBuffer> buffer, std::vector<v1::TensorInfo> tensors,
                       std::shared_ptr<const transport::PacketChecksums> checksums) {
+    // Same host: no socket, and no pacing (the bytes use no NIC; taken in
+    // at once, they are ready no later than the plan says).
+    if (send.dst_host() == config_.host && buffer != nullptr && buffer->size() > 0 &&
+        static_cast<int64_t>(buffer->size()) == send.bytes()) {
+      local->push_back(LocalSend{send, std::move(buffer)});
+      return;
+    }
     absl::Status scheduled =
         send_->Schedule(send, std::move(buffer), std::move(tensors), std::move(checksums));
     if (!scheduled.ok()) {

@@ -64,7 +64,10 @@ int main(int argc, char** argv) {
                 << " copies sent from here, " << stats.gets_routed << " through distributors; "
                 << stats.copies_forwarded << " copies forwarded), sent " << stats.bytes_sent
                 << " B, received " << stats.bytes_received << " B, delivered "
-                << stats.deliveries << ", malformed sessions " << stats.malformed_sessions;
+                << stats.deliveries << ", malformed sessions " << stats.malformed_sessions
+                << "; without a socket: " << stats.local_transfers << " transfers within this host ("
+                << stats.local_transfer_bytes << " B), " << stats.local_round_gets
+                << " round sums read here (" << stats.local_round_get_bytes << " B)";
   if (!status.ok()) {
     std::cerr << "mlfabricd: " << status.message() << "\n";
     _exit(1);

@@ -2,8 +2,10 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include <utility>
 
@@ -200,6 +202,42 @@ absl::Status DataReceiver::Begin(const PacketHeader& header) {
                                                     header.job));
   }
   parts_.incoming->Add(header.transfer, header.job, header.offset, std::move(pooled));
+  return absl::OkStatus();
+}
+
+absl::Status DataReceiver::DeliverLocal(const PacketHeader& begin, const SharedBuffer& data,
+                                        uint32_t packet_bytes) {
+  if (begin.offset != data.size() || packet_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("local transfer ", begin.transfer, " of ",
+                                                   begin.offset, " bytes from a buffer of ",
+                                                   data.size()));
+  }
+  RETURN_IF_ERROR(Begin(begin));
+  std::shared_ptr<SharedBuffer> buffer = BufferFor(begin);
+  if (buffer == nullptr) return absl::OkStatus();  // cancelled meanwhile
+  // One copy, without the lock (nobody else writes a transfer's buffer
+  // before its bytes are accepted below).
+  std::memcpy(buffer->data(), data.data(), data.size());
+  const uint8_t* base = buffer->data();
+  std::lock_guard<std::mutex> lock(lock_->mu);
+  // As in Arrived: the incoming transfer holds the buffer while it is
+  // incoming; once it is not, AcceptLocked does not touch it.
+  buffer.reset();
+  PacketHeader piece = begin;
+  piece.kind = transport::PacketKind::kData;
+  uint64_t offset = 0;
+  do {
+    piece.offset = offset;
+    piece.length = static_cast<uint32_t>(std::min<uint64_t>(packet_bytes, data.size() - offset));
+    bool complete = false;
+    RETURN_IF_ERROR(AcceptLocked(piece, base + offset, &complete));
+    // AcceptLocked counts bytes received on sessions; these were not.
+    bytes_received_.fetch_sub(piece.length);
+    offset += piece.length;
+    if (parts_.incoming->Find(begin.transfer) == nullptr) break;  // ended (or cancelled)
+  } while (offset < data.size());
+  local_transfers_.fetch_add(1);
+  local_bytes_.fetch_add(static_cast<int64_t>(data.size()));
   return absl::OkStatus();
 }
 

@@ -82,6 +82,18 @@ class DataReceiver : public transport::DataSessionHandler {
   int64_t bytes_received() const { return bytes_received_.load(); }
   int64_t malformed_sessions() const { return malformed_sessions_.load(); }
 
+  // A transfer whose source is this host too (a push to a server or a
+  // round root here, a replica copy or a group part for this host): its
+  // bytes `data` are taken as if they had arrived on a session, in
+  // `packet_bytes` pieces (so rounds and aggregates sum them on the same
+  // grid), but never cross a socket. Must be called without the lock. An
+  // error (begun twice, another job's transfer) is the transfer's failure.
+  absl::Status DeliverLocal(const transport::PacketHeader& begin, const SharedBuffer& data,
+                            uint32_t packet_bytes);
+  // Transfers and bytes delivered that way.
+  int64_t local_transfers() const { return local_transfers_.load(); }
+  int64_t local_bytes() const { return local_bytes_.load(); }
+
   // transport::DataSessionHandler.
   absl::Status Begin(const transport::PacketHeader& header) override;
   std::shared_ptr<SharedBuffer> BufferFor(const transport::PacketHeader& header) override;
@@ -123,6 +135,8 @@ class DataReceiver : public transport::DataSessionHandler {
   std::set<std::shared_ptr<boost::asio::ip::tcp::socket>> sessions_;
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> malformed_sessions_{0};
+  std::atomic<int64_t> local_transfers_{0};
+  std::atomic<int64_t> local_bytes_{0};
 };
 
 }  // namespace mlfabric::daemon

@@ -294,6 +294,12 @@ absl::Status ModelFetcher::FetchFrom(const v1::ResolveServerReply& where,
   // A synchronous-round server answers a worker that pushed round r with
   // that round's sum, streamed as its chunks complete (Mercury PS).
   const bool round_get = where.round_size() > 0 && round >= 0;
+  // Same host: the sum never crosses a socket (the root rank of an
+  // AllReduce reads the sum its own daemon makes).
+  // Its errors read as the server's daemon's reply would.
+  if (round_get && local_rounds_ != nullptr && where.host() == options_.host) {
+    return local_rounds_->AwaitSum(where.job_id(), server, round, version, model);
+  }
   if (round_get) request.offset = static_cast<uint64_t>(round) + 1;
   request.transfer = next_request_++;
   v1::DataGetRequest body;

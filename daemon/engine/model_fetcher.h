@@ -13,7 +13,8 @@
 // remembers it), asks the server's daemon, and receives the model there or
 // from the distributor the server's daemon names; if that distributor
 // cannot forward, the server's daemon answers itself. `round` >= 0 asks a
-// synchronous-round server for that round's sum. Every copy received is
+// synchronous-round server for that round's sum; when that server is on
+// this host, the sum is read here (LocalRoundSums), without a socket. Every copy received is
 // kept (RelayTable) so that requesters routed here get it packet by packet
 // as it arrives (cut-through), through the SendScheduler's queue. A copy
 // that fails mid-way fails the requesters below it, with the reason.
@@ -33,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/control/server_resolver.h"
+#include "daemon/engine/local_round_sums.h"
 #include "daemon/engine/relay_table.h"
 #include "daemon/engine/send_scheduler.h"
 #include "daemon/transport/get_client.h"
@@ -75,6 +77,12 @@ class ModelFetcher {
   absl::Status ServeRelay(int fd, const transport::PacketHeader& request,
                           const v1::DataGetRequest& body);
 
+  // Round sums of servers on this host are read from `local` (no data
+  // session to our own daemon, local_round_sums.h); null: every get goes
+  // through a socket. Set before the first Fetch; `local` must outlive
+  // this object.
+  void SetLocalRoundSums(LocalRoundSums* local) { local_rounds_ = local; }
+
   // Ends every wait of ServeRelay.
   void Stop();
 
@@ -105,6 +113,7 @@ class ModelFetcher {
   transport::GetClient* const client_;
   SendScheduler* const send_;
   transport::SendWatchdog* const watchdog_;
+  LocalRoundSums* local_rounds_ = nullptr;
 
   std::mutex mu_;
   std::condition_variable cv_;  // a copy's state changed, or stopping

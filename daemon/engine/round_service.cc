@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -176,6 +177,85 @@ std::optional<std::vector<v1::CompletionReport>> RoundService::AcknowledgedLocke
   return reports;
 }
 
+std::string RoundService::AwaitBegunLocked(std::unique_lock<std::mutex>& lock,
+                                           const std::string& key, const std::string& server,
+                                           int64_t round_number,
+                                           std::chrono::steady_clock::time_point deadline,
+                                           int64_t* bytes) {
+  if (servers_->AppLocked(key) == nullptr) {
+    return absl::StrCat("server '", server, "' is not connected to ", options_.host,
+                        "'s daemon");
+  }
+  // The round begins when its first member is announced; a get may come
+  // first (the worker pushed and asked at once).
+  using GetState = RoundTable::GetState;
+  GetState state = GetState::kNotYet;
+  std::string failure;
+  lock_->cv.wait_until(lock, deadline, [&] {
+    state = table_.Lookup(key, round_number, &failure, bytes);
+    return stopping_->load() || state != GetState::kNotYet;
+  });
+  if (stopping_->load()) return "the daemon is stopping";
+  switch (state) {
+    case GetState::kGone:
+      return absl::StrCat("round ", round_number, " of server '", server, "' is gone: this worker is ",
+                          options_.rounds_kept, " or more rounds behind (see --rounds_kept)");
+    case GetState::kNotYet:
+      return absl::StrCat("round ", round_number, " of server '", server, "' did not begin within ",
+                          options_.round_wait_s, " s (see --round_wait_s): did every worker push?");
+    case GetState::kFailed:
+      return absl::StrCat("round ", round_number, " failed: ", failure);
+    case GetState::kBegun:
+      break;
+  }
+  return "";
+}
+
+absl::Status RoundService::AwaitSum(uint32_t job, const std::string& server, int64_t round_number,
+                                    int64_t* version, std::shared_ptr<SharedBuffer>* sum) {
+  const std::string key = ServerKey(job, server);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(options_.round_wait_s));
+  std::shared_ptr<SharedBuffer> complete;
+  {
+    std::unique_lock<std::mutex> lock(lock_->mu);
+    int64_t bytes = -1;
+    std::string error = AwaitBegunLocked(lock, key, server, round_number, deadline, &bytes);
+    if (!error.empty()) return absl::UnavailableError(error);
+    // Complete once every chunk is final; ApplyLocked wakes us per change.
+    std::string failure;
+    lock_->cv.wait_until(lock, deadline, [&] {
+      failure = table_.Failure(key, round_number);
+      complete = table_.CompleteSum(key, round_number);
+      return stopping_->load() || !failure.empty() || complete != nullptr;
+    });
+    if (!failure.empty()) {
+      return absl::AbortedError(absl::StrCat("round ", round_number, " failed: ", failure));
+    }
+    if (stopping_->load()) return absl::CancelledError("the daemon is stopping");
+    if (complete == nullptr) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("round ", round_number, " of server '", server, "' was not complete within ",
+                       options_.round_wait_s, " s"));
+    }
+    if (static_cast<int64_t>(complete->size()) < bytes) {
+      return absl::InternalError(absl::StrCat("round ", round_number, "'s sum holds ",
+                                              complete->size(), " bytes, not ", bytes));
+    }
+    // The copy below reads it without the lock: the round keeps it (and
+    // our reference keeps it from the pool) until it is evicted.
+    *version = round_number + 1;
+    auto copy = SharedBuffer::Create(static_cast<size_t>(bytes));
+    if (!copy.ok()) return copy.status();
+    *sum = std::make_shared<SharedBuffer>(std::move(*copy));
+  }
+  std::memcpy((*sum)->data(), complete->data(), (*sum)->size());
+  local_gets_.fetch_add(1);
+  local_get_bytes_.fetch_add(static_cast<int64_t>((*sum)->size()));
+  return absl::OkStatus();
+}
+
 absl::Status RoundService::ServeGet(int fd, const PacketHeader& request,
                                     const v1::DataGetRequest& body, int64_t round_number) {
   const std::string& server = body.server();
@@ -187,33 +267,7 @@ absl::Status RoundService::ServeGet(int fd, const PacketHeader& request,
   int64_t bytes = -1;
   {
     std::unique_lock<std::mutex> lock(lock_->mu);
-    if (servers_->AppLocked(key) == nullptr) {
-      error = absl::StrCat("server '", server, "' is not connected to ", options_.host,
-                           "'s daemon");
-    } else {
-      // The round begins when its first member is announced; a get may come
-      // first (the worker pushed and asked at once).
-      using GetState = RoundTable::GetState;
-      GetState state = GetState::kNotYet;
-      std::string failure;
-      lock_->cv.wait_until(lock, deadline, [&] {
-        state = table_.Lookup(key, round_number, &failure, &bytes);
-        return stopping_->load() || state != GetState::kNotYet;
-      });
-      if (stopping_->load()) {
-        error = "the daemon is stopping";
-      } else if (state == GetState::kGone) {
-        error = absl::StrCat("round ", round_number, " of server '", server,
-                             "' is gone: this worker is ", options_.rounds_kept,
-                             " or more rounds behind (see --rounds_kept)");
-      } else if (state == GetState::kNotYet) {
-        error = absl::StrCat("round ", round_number, " of server '", server,
-                             "' did not begin within ", options_.round_wait_s,
-                             " s (see --round_wait_s): did every worker push?");
-      } else if (state == GetState::kFailed) {
-        error = absl::StrCat("round ", round_number, " failed: ", failure);
-      }
-    }
+    error = AwaitBegunLocked(lock, key, server, round_number, deadline, &bytes);
   }
   // Reply header as for a model get; the round's result is version round + 1.
   v1::DataGetReply reply;

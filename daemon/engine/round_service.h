@@ -10,6 +10,7 @@
 //   rounds.JoinLocked(expect);                       // a member announced
 //   rounds.FoldPacketLocked(transfer, data, offset, length);
 //   rounds.ServeGet(fd, request, body, round);       // a worker's get (blocks)
+//   rounds.AwaitSum(job, server, round, &v, &sum);   // a get from this host
 //
 // A failure (a member cancelled, the server gone, a bad size) fails the
 // whole round: each member is reported failed once, and the gets waiting
@@ -22,6 +23,9 @@
 #define MLFABRIC_DAEMON_ENGINE_ROUND_SERVICE_H_
 
 #include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -34,6 +38,7 @@
 #include "daemon/engine/round_table.h"
 #include "daemon/engine/send_scheduler.h"
 #include "daemon/engine/incoming_transfers.h"
+#include "daemon/engine/local_round_sums.h"
 #include "daemon/engine/receive_lock.h"
 #include "daemon/engine/server_endpoints.h"
 #include "daemon/transport/packet.h"
@@ -43,7 +48,7 @@
 
 namespace mlfabric::daemon {
 
-class RoundService {
+class RoundService : public LocalRoundSums {
  public:
   struct Options {
     std::string host;
@@ -89,10 +94,25 @@ class RoundService {
   absl::Status ServeGet(int fd, const transport::PacketHeader& request,
                         const v1::DataGetRequest& body, int64_t round);
 
+  // An application on this host asks for round `round`'s sum
+  // (LocalRoundSums): waits up to round_wait_s for the round to begin and
+  // then for its sum to be complete, and copies it into a buffer of the
+  // caller's; no socket. Errors are ServeGet's.
+  absl::Status AwaitSum(uint32_t job, const std::string& server, int64_t round,
+                        int64_t* version, std::shared_ptr<SharedBuffer>* sum) override;
+
   int64_t rounds_delivered() const { return rounds_delivered_.load(); }
   int64_t gets_routed() const { return gets_routed_.load(); }
+  // Round sums handed to applications on this host without a socket.
+  int64_t local_gets() const { return local_gets_.load(); }
+  int64_t local_get_bytes() const { return local_get_bytes_.load(); }
 
  private:
+  // Waits (on the receive lock's condition, `lock` held) until round
+  // `round` of `key` has begun; "" then, else why it cannot be had.
+  std::string AwaitBegunLocked(std::unique_lock<std::mutex>& lock, const std::string& key,
+                               const std::string& server, int64_t round,
+                               std::chrono::steady_clock::time_point deadline, int64_t* bytes);
   void ApplyLocked(RoundTable::Effects& fx);
   void DeliverLocked(const std::string& key, int64_t round, RoundTable::Effects* fx);
 
@@ -108,6 +128,8 @@ class RoundService {
   RoundRoutes routes_;   // which earlier requester forwards a sum to each later one
   std::atomic<int64_t> rounds_delivered_{0};
   std::atomic<int64_t> gets_routed_{0};
+  std::atomic<int64_t> local_gets_{0};
+  std::atomic<int64_t> local_get_bytes_{0};
 };
 
 }  // namespace mlfabric::daemon

@@ -267,6 +267,14 @@ std::optional<RoundTable::Acknowledged> RoundTable::Acknowledge(uint64_t id) {
   return acknowledged;
 }
 
+std::shared_ptr<SharedBuffer> RoundTable::CompleteSum(const std::string& key,
+                                                     int64_t number) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = rounds_.find(Key{key, number});
+  if (it == rounds_.end() || !it->second.failed.empty() || !it->second.complete) return nullptr;
+  return it->second.sum;
+}
+
 RoundTable::GetState RoundTable::Lookup(const std::string& key, int64_t number,
                                         std::string* error, int64_t* bytes) const {
   std::lock_guard<std::mutex> lock(mu_);

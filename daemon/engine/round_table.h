@@ -153,6 +153,10 @@ class RoundTable {
   void RemoveWatcher(const std::string& key, int64_t round, uint64_t stream);
   // Why the round failed; empty if it has not (or is not known).
   std::string Failure(const std::string& key, int64_t round) const;
+  // The round's whole sum once every chunk of it is final (null before,
+  // and for a round that failed or is not known). The holder keeps the
+  // buffer from going back to the pool while it reads it.
+  std::shared_ptr<SharedBuffer> CompleteSum(const std::string& key, int64_t round) const;
 
   size_t rounds() const;
 
