@@ -195,6 +195,29 @@ void Worker::FailAll(const std::string& reason) {
   for (auto& [id, promise] : gets) promise->set_value(absl::UnavailableError(reason));
 }
 
+std::shared_ptr<SharedBuffer> Worker::TakePooledBuffer(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pooled_.find(bytes);
+  if (it == pooled_.end() || it->second.empty()) return nullptr;
+  std::shared_ptr<SharedBuffer> buffer = std::move(it->second.back());
+  it->second.pop_back();
+  pooled_bytes_ -= bytes;
+  return buffer;
+}
+
+void Worker::PoolBuffer(std::shared_ptr<SharedBuffer> buffer) {
+  // Only a buffer nobody else here holds (a caller never sees it).
+  if (buffer == nullptr || buffer->size() == 0 || buffer.use_count() != 1) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<SharedBuffer>>& same = pooled_[buffer->size()];
+  if (same.size() >= kPooledBuffersPerSize || pooled_bytes_ + buffer->size() > kMaxPooledBytes) {
+    return;
+  }
+  pooled_bytes_ += buffer->size();
+  same.push_back(std::move(buffer));
+}
+
 bool Worker::TakePush(uint64_t request_id, PendingPush* push) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = pushes_.find(request_id);
@@ -331,6 +354,7 @@ void Worker::ReaderLoop() {
           result.reason =
               "its daemon died before the scheduler heard of it: it was not applied";
         }
+        if (done.buffer_released()) PoolBuffer(std::move(push.buffer));
         push.done(std::move(result));
       }
     } else if (message.has_get_done()) {
@@ -380,11 +404,15 @@ void Worker::PushAsync(const std::string& server, const void* data, size_t bytes
       return;
     }
   }
-  auto buffer = SharedBuffer::Create(bytes);
-  if (!buffer.ok()) {
-    done(Failed(absl::StrCat("cannot allocate shared memory for the push: ",
-                             buffer.status().message())));
-    return;
+  std::shared_ptr<SharedBuffer> buffer = TakePooledBuffer(bytes);
+  if (buffer == nullptr) {
+    auto created = SharedBuffer::Create(bytes);
+    if (!created.ok()) {
+      done(Failed(absl::StrCat("cannot allocate shared memory for the push: ",
+                               created.status().message())));
+      return;
+    }
+    buffer = std::make_shared<SharedBuffer>(std::move(*created));
   }
   if (bytes > 0) std::memcpy(buffer->data(), data, bytes);
   v1::LocalMessage message;
@@ -415,7 +443,8 @@ void Worker::PushAsync(const std::string& server, const void* data, size_t bytes
     push->set_request_id(id);
     push->set_uid(next_uid_++);
     if (push->uid() == 0) push->set_uid(next_uid_++);
-    pushes_[id] = PendingPush{push->uid(), std::move(done), std::chrono::steady_clock::now()};
+    pushes_[id] =
+        PendingPush{push->uid(), std::move(done), std::chrono::steady_clock::now(), buffer};
   }
   absl::Status sent = channel->Send(message, buffer->fd());
   if (!sent.ok()) {

@@ -173,7 +173,17 @@ class Worker {
     uint64_t uid = 0;  // LocalPush.uid
     std::function<void(PushResult)> done;
     std::chrono::steady_clock::time_point handed;  // to the daemon
+    // The shared buffer the daemon was handed; reused once it says it
+    // released it (LocalPushDone.buffer_released).
+    std::shared_ptr<SharedBuffer> buffer;
   };
+  // Shared buffers of pushes that ended, kept for the next push of the
+  // same size: a fresh memfd costs the allocation and zeroing of every
+  // page, on both sides, each push. Bounded per size and in all.
+  static constexpr size_t kPooledBuffersPerSize = 4;
+  static constexpr size_t kMaxPooledBytes = size_t{512} << 20;
+  std::shared_ptr<SharedBuffer> TakePooledBuffer(size_t bytes);
+  void PoolBuffer(std::shared_ptr<SharedBuffer> buffer);
 
   Worker() = default;
   void ReaderLoop();
@@ -204,6 +214,8 @@ class Worker {
   uint64_t next_request_id_ = 1;
   uint64_t next_uid_ = 0;  // random start, then one up per push
   std::map<uint64_t, PendingPush> pushes_;
+  std::map<size_t, std::vector<std::shared_ptr<SharedBuffer>>> pooled_;  // guarded by mu_
+  size_t pooled_bytes_ = 0;                                              // guarded by mu_
   std::map<uint64_t, std::shared_ptr<std::promise<absl::StatusOr<Model>>>> gets_;
   std::thread reader_;
 };
