@@ -18,7 +18,7 @@
 // after the large one's first packet arrived and before its last did, and
 // then completes before it (or, with a priority value above the large
 // one's, strictly after it). The preemption latency in packet-times is
-// printed, not asserted; daemon/bench measures it on a shaped link.
+// printed, not asserted; bench/ measures it on a shaped link.
 #include <catch2/catch.hpp>
 
 #include <chrono>

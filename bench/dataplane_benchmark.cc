@@ -1,6 +1,6 @@
 // Data-plane benchmarks of issue 4, printed as one table (daemon/README.md):
 //
-//   bazel run -c opt //daemon/bench:dataplane_benchmark [-- --gib=1 --rounds=3]
+//   bazel run -c opt //bench:dataplane_benchmark [-- --gib=1 --rounds=3]
 //   ... -- --compare_auth=true   adds sets with data-plane authentication off
 //                                and on, alternated, and their ratio (issue 17)
 //   ... -- --compare_encryption=true  the same with payload encryption on
@@ -23,7 +23,7 @@
 //  4. CPU seconds per GB moved, of the sending and the receiving daemon
 //     (user + system from /proc, over the pushes only).
 // Benchmark 2 (preemption on a shaped link) needs network namespaces:
-// //daemon/bench:preemption_benchmark.
+// //bench:preemption_benchmark.
 //
 // Every ratio is taken within one run on one machine; absolute figures
 // depend on the machine and on what else runs on it.

@@ -1,7 +1,7 @@
 // Benchmark 2 of issue 4: preemption latency of an urgent tensor behind a
 // large low-priority transfer on a shaped link (Mercury, mercury.md §IV).
 //
-//   bazel run -c opt //daemon/bench:preemption_benchmark [-- --link_mbps=200]
+//   bazel run -c opt //bench:preemption_benchmark [-- --link_mbps=200]
 //
 // Two hosts in network namespaces (launch/cluster.h, kNetns; needs root),
 // w1's uplink an htb class of --link_mbps. The FIFO planner starts every
