@@ -551,6 +551,22 @@ absl::Status AnswerModelRequest(LocalChannel& channel, const v1::LocalModelReque
   return channel.Send(reply, buffer->fd());
 }
 
+absl::Status ServeMessages(
+    LocalChannel& channel, const std::atomic<bool>& stopping,
+    absl::FunctionRef<absl::Status(const v1::LocalMessage& message, int fd)> handle) {
+  while (true) {
+    v1::LocalMessage message;
+    int fd = -1;
+    absl::Status status = channel.Receive(&message, &fd);
+    if (!status.ok()) {
+      if (stopping.load()) return absl::OkStatus();
+      return absl::UnavailableError(
+          absl::StrCat("lost the connection to the MLfabric daemon: ", status.message()));
+    }
+    if (absl::Status handled = handle(message, fd); !handled.ok()) return handled;
+  }
+}
+
 }  // namespace internal
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Connect(const ClientOptions& options) {
@@ -574,28 +590,17 @@ absl::Status Server::Serve() {
     return absl::FailedPreconditionError(
         "register both an update callback and a request callback before Serve()");
   }
-  while (true) {
-    v1::LocalMessage message;
-    int fd = -1;
-    absl::Status status = channel_->Receive(&message, &fd);
-    if (!status.ok()) {
-      if (stopping_.load()) return absl::OkStatus();
-      return absl::UnavailableError(
-          absl::StrCat("lost the connection to the MLfabric daemon: ", status.message()));
-    }
-    if (message.has_update()) {
-      const v1::LocalMessage ack = internal::ApplyDeliveredUpdate(message.update(), fd, on_update_);
-      if (auto sent = channel_->Send(ack); !sent.ok()) return sent;
-    } else if (message.has_model_request()) {
-      if (fd >= 0) ::close(fd);
-      if (auto sent = internal::AnswerModelRequest(*channel_, message.model_request(), on_request_);
-          !sent.ok()) {
-        return sent;
-      }
-    } else if (fd >= 0) {
-      ::close(fd);
-    }
-  }
+  return internal::ServeMessages(
+      *channel_, stopping_, [&](const v1::LocalMessage& message, int fd) -> absl::Status {
+        if (message.has_update()) {
+          return channel_->Send(internal::ApplyDeliveredUpdate(message.update(), fd, on_update_));
+        }
+        if (fd >= 0) ::close(fd);
+        if (message.has_model_request()) {
+          return internal::AnswerModelRequest(*channel_, message.model_request(), on_request_);
+        }
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace mlfabric

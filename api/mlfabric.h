@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ipc/local_ipc.h"
@@ -278,6 +279,14 @@ v1::LocalMessage ApplyDeliveredUpdate(const v1::LocalUpdate& update, int fd,
 // empty callback is an error). Fails only when the channel does.
 absl::Status AnswerModelRequest(LocalChannel& channel, const v1::LocalModelRequest& request,
                                 const Server::RequestCallback& on_request);
+// The serve loop of a Server and a Replica: receives each message from the
+// daemon and hands it to `handle` with the memfd that came with it (-1:
+// none; `handle` owns it). Returns the first error `handle` returns; OK when
+// the channel ends after `stopping` was set (Stop()); Unavailable, naming
+// the cause, when it ends otherwise.
+absl::Status ServeMessages(
+    LocalChannel& channel, const std::atomic<bool>& stopping,
+    absl::FunctionRef<absl::Status(const v1::LocalMessage& message, int fd)> handle);
 }  // namespace internal
 
 }  // namespace mlfabric

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
 
 namespace mlfabric {
 
@@ -64,45 +63,31 @@ absl::Status Replica::Serve() {
     return absl::FailedPreconditionError(
         "registered with replica_snapshot: register an install callback before Serve()");
   }
-  while (true) {
-    v1::LocalMessage message;
-    int fd = -1;
-    absl::Status status = channel_->Receive(&message, &fd);
-    if (!status.ok()) {
-      if (stopping_.load()) return absl::OkStatus();
-      return absl::UnavailableError(
-          absl::StrCat("lost the connection to the MLfabric daemon: ", status.message()));
-    }
-    if (message.has_promoted()) {
-      if (fd >= 0) ::close(fd);
-      promoted_ = true;
-      if (on_promotion_) {
-        on_promotion_(Promotion{message.promoted().server(), message.promoted().old_host(),
-                                message.promoted().reason(), message.promoted().model_version()});
-      }
-      continue;
-    }
-    if (message.has_model_request()) {
-      if (fd >= 0) ::close(fd);
-      if (auto sent = internal::AnswerModelRequest(*channel_, message.model_request(), on_request_);
-          !sent.ok()) {
-        return sent;
-      }
-      continue;
-    }
-    if (!message.has_update()) {
-      if (fd >= 0) ::close(fd);
-      continue;
-    }
-    if (message.update().snapshot()) {
-      if (auto sent = channel_->Send(InstallSnapshot(message.update(), fd)); !sent.ok()) {
-        return sent;
-      }
-      continue;
-    }
-    const v1::LocalMessage ack = internal::ApplyDeliveredUpdate(message.update(), fd, on_update_);
-    if (auto sent = channel_->Send(ack); !sent.ok()) return sent;
-  }
+  return internal::ServeMessages(
+      *channel_, stopping_, [&](const v1::LocalMessage& message, int fd) -> absl::Status {
+        if (message.has_promoted()) {
+          if (fd >= 0) ::close(fd);
+          promoted_ = true;
+          if (on_promotion_) {
+            on_promotion_(Promotion{message.promoted().server(), message.promoted().old_host(),
+                                    message.promoted().reason(),
+                                    message.promoted().model_version()});
+          }
+          return absl::OkStatus();
+        }
+        if (message.has_model_request()) {
+          if (fd >= 0) ::close(fd);
+          return internal::AnswerModelRequest(*channel_, message.model_request(), on_request_);
+        }
+        if (!message.has_update()) {
+          if (fd >= 0) ::close(fd);
+          return absl::OkStatus();
+        }
+        if (message.update().snapshot()) {
+          return channel_->Send(InstallSnapshot(message.update(), fd));
+        }
+        return channel_->Send(internal::ApplyDeliveredUpdate(message.update(), fd, on_update_));
+      });
 }
 
 v1::LocalMessage Replica::InstallSnapshot(const v1::LocalUpdate& update, int fd) {

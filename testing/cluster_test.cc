@@ -15,17 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "testing/cluster.h"
-#include "testing/netns_network.h"
+#include "launch/cluster.h"
+#include "launch/netns_network.h"
+#include "launch/process.h"
 #include "testing/prereq.h"
-#include "tools/launch/process.h"
 
-namespace mlfabric::testing {
+namespace mlfabric::launch {
 namespace {
-
-using launch::BinaryPath;
-using launch::ReadFile;
-using launch::WaitUntil;
 
 bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -267,4 +263,4 @@ TEST_CASE("Namespaces: a taken prefix is refused, and cleanup by prefix removes 
 }
 
 }  // namespace
-}  // namespace mlfabric::testing
+}  // namespace mlfabric::launch

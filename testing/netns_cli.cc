@@ -26,12 +26,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
-#include "testing/netns_network.h"
+#include "launch/netns_network.h"
 
 namespace mlfabric::testing {
 namespace {
 
 using nlohmann::json;
+using launch::NetnsLayout;
+using launch::NetnsNetwork;
 
 constexpr char kUsage[] =
     "usage: mlfabric-netns "

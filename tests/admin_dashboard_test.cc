@@ -15,10 +15,10 @@
 #include <thread>
 
 #include "nlohmann/json.hpp"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "proto/scheduler.grpc.pb.h"
-#include "testing/cluster.h"
 #include "testing/http_client.h"
-#include "tools/launch/process.h"
 #include "testing/prereq.h"
 
 namespace mlfabric {
@@ -78,13 +78,13 @@ TEST_CASE("The dashboard loads in headless chromium without console messages and
        "priority_class": 1}
     ]})";
   const std::string admin_port_file = dir + "/admin.port";
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       {"s1", "w1", "w2", "w3"},
       {"--config=" + config_path, "--admin_port=0", "--admin_port_file=" + admin_port_file}, {},
       {}, /*cluster_secret=*/false);  // the test reports bandwidth for the hosts
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   const int port = std::atoi(ReadFile(admin_port_file).c_str());
   REQUIRE(port > 0);
 

@@ -22,10 +22,10 @@
 #include "common/clock.h"
 #include "monitor/bandwidth_monitor.h"
 #include "nlohmann/json.hpp"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "proto/scheduler.grpc.pb.h"
-#include "testing/cluster.h"
 #include "testing/http_client.h"
-#include "tools/launch/process.h"
 #include "testing/prereq.h"
 
 namespace mlfabric {
@@ -42,7 +42,7 @@ using testing::RawHttp;
 constexpr char kToken[] = "test-admin-token";
 
 struct AdminCluster {
-  std::unique_ptr<testing::Cluster> cluster;
+  std::unique_ptr<launch::Cluster> cluster;
   int admin_port = 0;
 
   static AdminCluster Start(const std::vector<std::string>& hosts,
@@ -56,7 +56,7 @@ struct AdminCluster {
     flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
     // Hosts are not authenticated: one test reports bandwidth for w1 as
     // its monitor would (tests/security_test covers authenticated hosts).
-    auto cluster = testing::Cluster::StartLoopback(hosts, flags, {}, host_flags,
+    auto cluster = launch::Cluster::StartLoopback(hosts, flags, {}, host_flags,
                                                    /*cluster_secret=*/false);
     INFO(cluster.status().ToString());
     REQUIRE(cluster.ok());
@@ -85,7 +85,7 @@ std::string RunfilePath(const std::string& path) {
   return std::string(dir ? dir : ".") + "/mlfabric/" + path;
 }
 
-void RunWorkers(testing::Cluster& c, const std::vector<std::string>& workers, int pushes) {
+void RunWorkers(launch::Cluster& c, const std::vector<std::string>& workers, int pushes) {
   // Pushes to a server that has not registered yet are refused: wait for it.
   REQUIRE(WaitUntil(
       [&] { return ReadFile(c.dir() + "/scheduler.log").find("server ps0") != std::string::npos; },
@@ -108,7 +108,7 @@ void RunWorkers(testing::Cluster& c, const std::vector<std::string>& workers, in
 
 TEST_CASE("JSON and /metrics describe the live cluster; prometheus_client parses /metrics") {
   AdminCluster ac = AdminCluster::Start({"s1", "w1", "w2"});
-  testing::Cluster& c = *ac.cluster;
+  launch::Cluster& c = *ac.cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=256"});
   REQUIRE(server.ok());
@@ -236,7 +236,7 @@ TEST_CASE("A daemon's own monitor feeds the scheduler's network view") {
 TEST_CASE("A replayed bandwidth change reaches the network view within lag + period; "
           "the next plan uses it") {
   AdminCluster ac = AdminCluster::Start({"s1", "w1"});
-  testing::Cluster& c = *ac.cluster;
+  launch::Cluster& c = *ac.cluster;
   auto stub = v1::Scheduler::NewStub(
       grpc::CreateChannel(c.scheduler_address(), grpc::InsecureChannelCredentials()));
 

@@ -17,10 +17,10 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
-#include "testing/cluster.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/http_client.h"
 #include "tests/test_util.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -52,7 +52,7 @@ const char* const kAggregateMark = "sum_server: aggregate of ";
 // w1..w3 push 20 integer-valued 1 MiB updates each (8 in flight) to
 // sum_server on s1; every push must end applied and the model must be the
 // exact sum whatever was aggregated where. Returns the server's log.
-std::string SumThreeWorkers(testing::Cluster& c, int seed) {
+std::string SumThreeWorkers(launch::Cluster& c, int seed) {
   const int kPushes = 20, kDim = 262144;
   const std::string model_path = c.dir() + "/model.txt";
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
@@ -97,7 +97,7 @@ std::vector<int> AggregateSizes(const std::string& server_log) {
 // commit order) has delivered nothing for 1 s, so that an aggregate is
 // waiting there, then kills it. If deliveries go on for 2.5 s, nothing
 // was waiting there at that moment: it resumes the daemon and tries again.
-void KillWhileHolding(testing::Cluster& c, Subprocess* server, const std::string& host) {
+void KillWhileHolding(launch::Cluster& c, Subprocess* server, const std::string& host) {
   for (int attempt = 0; attempt < 10; ++attempt) {
     c.daemon(host).Signal(SIGSTOP);
     std::string seen = server->Log();
@@ -121,7 +121,7 @@ void KillWhileHolding(testing::Cluster& c, Subprocess* server, const std::string
 }
 
 // A sum_server on s1 that logs every delivery, for the kill tests.
-Subprocess* StartLoggingServer(testing::Cluster& c) {
+Subprocess* StartLoggingServer(launch::Cluster& c) {
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=262144",
                                       "--progress_every=1"});
@@ -131,7 +131,7 @@ Subprocess* StartLoggingServer(testing::Cluster& c) {
 
 // A worker on `host` that pushes 1 MiB updates (8 in flight) until the
 // first push that does not end applied, or `pushes` of them.
-Subprocess* StartPusher(testing::Cluster& c, const std::string& host, const std::string& name,
+Subprocess* StartPusher(launch::Cluster& c, const std::string& host, const std::string& name,
                         int pushes = 100000, int window = 8) {
   auto worker = c.StartApp(name, {BinaryPath("testing/apps/vector_worker"),
                                   "--socket=" + c.Socket(host), "--name=" + name,
@@ -143,12 +143,12 @@ Subprocess* StartPusher(testing::Cluster& c, const std::string& host, const std:
 
 // s1 and three workers that may aggregate (streaming chains), the
 // scheduler's admin endpoint on.
-std::unique_ptr<testing::Cluster> StartChainCluster(
+std::unique_ptr<launch::Cluster> StartChainCluster(
     const std::map<std::string, std::vector<std::string>>& host_flags) {
-  testing::ClusterOptions options;
+  launch::ClusterOptions options;
   options.hosts = {"s1", "w1", "w2", "w3"};
   options.admin = true;
-  auto created = testing::Cluster::Create(options);
+  auto created = launch::Cluster::Create(options);
   INFO(created.status().ToString());
   REQUIRE(created.ok());
   const std::string config = (*created)->dir() + "/scheduler.json";
@@ -178,11 +178,11 @@ Subprocess* FirstToFail(const std::vector<Subprocess*>& workers) {
 
 TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
   const std::string config = AggregatingConfig();
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       {"s1", "a1", "w1", "w2", "w3"}, {"--config=" + config}, {}, SlowServer());
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   const std::string log = SumThreeWorkers(c, 10);
   // Some deliveries really were aggregates summed by a1's daemon.
   const int aggregates = testing::CountOccurrences(log, kAggregateMark);
@@ -200,8 +200,8 @@ TEST_CASE("Aggregated updates sum exactly at the server, all applied") {
 // grouping; the server applies in commit order (the daemon's sequencer)
 // and every push ends applied.
 TEST_CASE("Streaming chains: updates through multi-hop partial sums sum exactly at the server") {
-  std::unique_ptr<testing::Cluster> cluster = StartChainCluster(SlowServer());
-  testing::Cluster& c = *cluster;
+  std::unique_ptr<launch::Cluster> cluster = StartChainCluster(SlowServer());
+  launch::Cluster& c = *cluster;
   const std::string log = SumThreeWorkers(c, 20);
   // Partial sums did stream from worker to worker: chain hops were
   // dispatched, and the server received aggregates of more updates than
@@ -224,9 +224,9 @@ TEST_CASE("Streaming chains: updates through multi-hop partial sums sum exactly 
 TEST_CASE("Streaming chains: killing a chain's middle host fails that chain's pushes; later ones apply") {
   // A 100 Mbit/s server downlink keeps chains queued for it, so that one
   // through w2 is waiting when w2 stops.
-  std::unique_ptr<testing::Cluster> cluster =
+  std::unique_ptr<launch::Cluster> cluster =
       StartChainCluster({{"s1", {"--downlink_bps=1e8"}}});
-  testing::Cluster& c = *cluster;
+  launch::Cluster& c = *cluster;
   Subprocess* server = StartLoggingServer(c);
   // One push in flight per worker: each waits for its last outcome, so the
   // three stay in step and every batch is one chain through all three.
@@ -264,11 +264,11 @@ TEST_CASE("Streaming chains: killing a chain's middle host fails that chain's pu
 
 TEST_CASE("Killing the aggregator fails its pushes; later pushes go direct") {
   const std::string config = AggregatingConfig();
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       {"s1", "a1", "w1", "w2"}, {"--config=" + config}, {}, SlowServer());
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   Subprocess* server = StartLoggingServer(c);
   const std::vector<Subprocess*> workers = {StartPusher(c, "w1", "w1"), StartPusher(c, "w2", "w2")};
   REQUIRE(WaitUntil([&] { return server->Log().find(kAggregateMark) != std::string::npos; }, 60));

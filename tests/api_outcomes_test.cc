@@ -18,26 +18,26 @@
 #include "api/allreduce.h"
 #include "api/registration.h"
 #include "api/replica.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 
 namespace mlfabric {
 namespace {
 
 
-std::unique_ptr<testing::Cluster> StartCluster(int tau_max, const std::vector<std::string>& hosts) {
+std::unique_ptr<launch::Cluster> StartCluster(int tau_max, const std::vector<std::string>& hosts) {
   const std::string dir = launch::MakeTempDir("api-outcomes");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "tau_max": )"
                         << tau_max << "}]}";
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       hosts, {"--config=" + config, "--planner=mlfabric"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   return std::move(*cluster);
 }
 
-RegistrationParams Params(const testing::Cluster& c, const std::string& host,
+RegistrationParams Params(const launch::Cluster& c, const std::string& host,
                           const std::string& name) {
   RegistrationParams params;
   params.client.daemon_socket = c.Socket(host);
@@ -303,12 +303,12 @@ TEST_CASE("A worker whose daemon died learns how its pushes ended from the daemo
   const std::string dir = launch::MakeTempDir("api-outcomes");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "tau_max": 30}]})";
-  auto started = testing::Cluster::StartLoopback(
+  auto started = launch::Cluster::StartLoopback(
       {"s1", "w1"}, {"--config=" + config, "--planner=mlfabric"}, {},
       {{"w1", {"--uplink_bps=2e7"}}});
   INFO(started.status().ToString());
   REQUIRE(started.ok());
-  testing::Cluster& c = **started;
+  launch::Cluster& c = **started;
   auto server = RegisterAsServer(Params(c, "s1", "ps0"));
   REQUIRE(server.ok());
   constexpr size_t kDim = 1 << 20;  // 4 MiB of float32

@@ -16,9 +16,9 @@
 #include <iostream>
 #include <set>
 
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/apps/dataplane_trace.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -36,7 +36,7 @@ double NowSeconds() {
 }
 
 struct Cluster {
-  std::unique_ptr<testing::Cluster> cluster;
+  std::unique_ptr<launch::Cluster> cluster;
   int admin_port = 0;
 };
 
@@ -44,7 +44,7 @@ Cluster StartCluster(const std::string& planner, const std::vector<std::string>&
                      const std::map<std::string, std::vector<std::string>>& host_flags) {
   const std::string dir = launch::MakeTempDir("delivery_order");
   const std::string port_file = dir + "/admin.port";
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       hosts, {"--planner=" + planner, "--admin_port=0", "--admin_port_file=" + port_file},
       {"--log_level=debug"}, host_flags);
   INFO(cluster.status().ToString());
@@ -53,7 +53,7 @@ Cluster StartCluster(const std::string& planner, const std::vector<std::string>&
   return {std::move(*cluster), std::atoi(ReadFile(port_file).c_str())};
 }
 
-std::vector<std::string> Pusher(testing::Cluster& c, const std::string& host,
+std::vector<std::string> Pusher(launch::Cluster& c, const std::string& host,
                                 const std::string& name, int64_t bytes, int pushes, int seed) {
   return {BinaryPath("testing/apps/dataplane_pusher"),
           "--socket=" + c.Socket(host),
@@ -81,7 +81,7 @@ TEST_CASE("FIFO planner: small updates that overtake a large one wait for it at 
   // w1's uplink is paced at 1 Gbit/s: its 128 MiB update is on the wire for
   // ~1 s while w2's small ones (committed after it) arrive in a few ms.
   Cluster cl = StartCluster("fifo", {"s1", "w1", "w2"}, {{"w1", {"--uplink_bps=1e9"}}});
-  testing::Cluster& c = *cl.cluster;
+  launch::Cluster& c = *cl.cluster;
   const int64_t kLargeBytes = 128 << 20, kSmallBytes = 64 << 10;
   const int kSmallPushes = 8;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
@@ -135,7 +135,7 @@ TEST_CASE("FIFO planner: small updates that overtake a large one wait for it at 
 
 TEST_CASE("MLfabric planner: delivery follows the planner's commit order, not submit order") {
   Cluster cl = StartCluster("mlfabric", {"s1", "w1", "w2", "w3"}, {});
-  testing::Cluster& c = *cl.cluster;
+  launch::Cluster& c = *cl.cluster;
   // Three workers push updates of three sizes; pushes from several workers
   // meet in batches, where the planner orders them (§5.1).
   const std::vector<int64_t> sizes = {4 << 20, 64 << 10, 1 << 20};

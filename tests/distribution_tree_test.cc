@@ -29,9 +29,9 @@
 #include <vector>
 
 #include "api/registration.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "tests/test_util.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -45,7 +45,7 @@ std::string WorkerHost(int w) { return "w" + std::to_string(w); }
 // the order of events, not by timing).
 class HeldServer {
  public:
-  HeldServer(testing::Cluster& cluster, size_t model_bytes)
+  HeldServer(launch::Cluster& cluster, size_t model_bytes)
       : cluster_(cluster), model_bytes_(model_bytes) {}
 
   void ExpectJoined(int total) { joined_ = total; }
@@ -69,7 +69,7 @@ class HeldServer {
   }
 
  private:
-  testing::Cluster& cluster_;
+  launch::Cluster& cluster_;
   const size_t model_bytes_;
   std::atomic<int> joined_{0};
   std::atomic<int> snapshots_{0};
@@ -123,7 +123,7 @@ std::set<std::string> Below(const std::map<std::string, std::string>& via,
   return below;
 }
 
-std::unique_ptr<testing::Cluster> StartCluster(const std::string& dir,
+std::unique_ptr<launch::Cluster> StartCluster(const std::string& dir,
                                                const std::vector<std::string>& scheduler_flags,
                                                const std::vector<std::string>& worker_flags) {
   const std::string config = dir + "/scheduler.json";
@@ -140,13 +140,13 @@ std::unique_ptr<testing::Cluster> StartCluster(const std::string& dir,
   }
   std::vector<std::string> flags = {"--config=" + config, "--log_level=debug"};
   flags.insert(flags.end(), scheduler_flags.begin(), scheduler_flags.end());
-  auto started = testing::Cluster::StartLoopback(hosts, flags, {}, host_flags);
+  auto started = launch::Cluster::StartLoopback(hosts, flags, {}, host_flags);
   INFO(started.status().ToString());
   REQUIRE(started.ok());
   return std::move(*started);
 }
 
-std::vector<std::unique_ptr<Worker>> ConnectWorkers(testing::Cluster& c) {
+std::vector<std::unique_ptr<Worker>> ConnectWorkers(launch::Cluster& c) {
   std::vector<std::unique_ptr<Worker>> workers;
   for (int w = 1; w <= kWorkers; ++w) {
     ClientOptions options;
@@ -162,7 +162,7 @@ std::vector<std::unique_ptr<Worker>> ConnectWorkers(testing::Cluster& c) {
 
 // The server application on s1 and one worker per worker host.
 struct Apps {
-  Apps(testing::Cluster& c, size_t model_bytes)
+  Apps(launch::Cluster& c, size_t model_bytes)
       : held(c, model_bytes),
         server(c.Socket("s1"), "ps0", testing::NextVersion, [this] { return held(); }),
         workers(ConnectWorkers(c)) {

@@ -27,10 +27,10 @@
 
 #include "api/registration.h"
 #include "api/replica.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/http_client.h"
 #include "testing/prereq.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -75,7 +75,7 @@ struct SumModel {
   }
 };
 
-ClientOptions Options(const testing::Cluster& c, const std::string& host, const std::string& name) {
+ClientOptions Options(const launch::Cluster& c, const std::string& host, const std::string& name) {
   ClientOptions options;
   options.daemon_socket = c.Socket(host);
   options.name = name;
@@ -105,19 +105,19 @@ struct Setup {
   double replica_down_bps = 0;
 };
 
-absl::StatusOr<std::unique_ptr<testing::Cluster>> StartCluster(const Setup& setup) {
-  testing::ClusterOptions options;
+absl::StatusOr<std::unique_ptr<launch::Cluster>> StartCluster(const Setup& setup) {
+  launch::ClusterOptions options;
   options.hosts = {"s1", "r1", "w1", "w2"};
   options.admin = true;
   std::map<std::string, std::vector<std::string>> host_flags;
   if (setup.netns) {
-    options.topology = testing::Topology::kNetns;
+    options.topology = launch::Topology::kNetns;
     if (setup.replica_down_bps > 0) {
       options.rates["r1"].down_bps = setup.replica_down_bps;
       host_flags["r1"] = {"--downlink_bps=" + std::to_string(setup.replica_down_bps)};
     }
   }
-  auto cluster = testing::Cluster::Create(options);
+  auto cluster = launch::Cluster::Create(options);
   if (!cluster.ok()) return cluster.status();
   const std::string config = (*cluster)->dir() + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
@@ -131,7 +131,7 @@ absl::StatusOr<std::unique_ptr<testing::Cluster>> StartCluster(const Setup& setu
   return std::move(*cluster);
 }
 
-void StartJob(testing::Cluster& c, Job* job) {
+void StartJob(launch::Cluster& c, Job* job) {
   auto server = Server::Connect(Options(c, "s1", "ps0"));
   REQUIRE(server.ok());
   job->server = std::move(*server);
@@ -188,7 +188,7 @@ double Norm(const std::vector<float>& v) {
 
 // Two workers get and push until `stop`; no Catch2 assertion in here (the
 // threads are not Catch2's).
-void Train(testing::Cluster& c, std::atomic<bool>& stop, Ledger* ledger,
+void Train(launch::Cluster& c, std::atomic<bool>& stop, Ledger* ledger,
            std::vector<std::thread>* threads) {
   for (int w = 0; w < 2; ++w) {
     threads->emplace_back([&c, &stop, ledger, w] {
@@ -228,7 +228,7 @@ void Train(testing::Cluster& c, std::atomic<bool>& stop, Ledger* ledger,
   }
 }
 
-nlohmann::json Failovers(const testing::Cluster& c) {
+nlohmann::json Failovers(const launch::Cluster& c) {
   const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/jobs");
   REQUIRE(r.status == 200);
   return nlohmann::json::parse(r.body)["jobs"][0]["failovers"];
@@ -242,7 +242,7 @@ int64_t Applied(SumModel& m) {
 // Trains, lets `fault` take the server away, trains on, and checks that the
 // promoted replica's model is exactly the sum of what was reported applied.
 void RunFailover(const char* what, const Setup& setup,
-                 const std::function<void(testing::Cluster&, Job&)>& fault) {
+                 const std::function<void(launch::Cluster&, Job&)>& fault) {
   auto started = StartCluster(setup);
   if (!started.ok() && setup.netns &&
       started.status().code() == absl::StatusCode::kFailedPrecondition) {
@@ -250,7 +250,7 @@ void RunFailover(const char* what, const Setup& setup,
   }
   INFO(started.status().ToString());
   REQUIRE(started.ok());
-  std::unique_ptr<testing::Cluster> c = std::move(*started);
+  std::unique_ptr<launch::Cluster> c = std::move(*started);
   Job job;
   StartJob(*c, &job);
   Ledger ledger;
@@ -324,7 +324,7 @@ void RunFailover(const char* what, const Setup& setup,
 }
 
 TEST_CASE("The server's daemon is killed: the replica takes over and training goes on, exact") {
-  RunFailover("daemon killed", Setup{}, [](testing::Cluster& c, Job&) {
+  RunFailover("daemon killed", Setup{}, [](launch::Cluster& c, Job&) {
     c.daemon("s1").Signal(SIGKILL);
   });
 }
@@ -338,13 +338,13 @@ TEST_CASE("Copies the replica lacked at the failover come from the workers' held
   setup.netns = true;
   setup.replica_down_bps = 20e6;
   RunFailover("daemon killed, copies punted", setup,
-              [](testing::Cluster& c, Job&) { c.daemon("s1").Signal(SIGKILL); });
+              [](launch::Cluster& c, Job&) { c.daemon("s1").Signal(SIGKILL); });
 }
 
 TEST_CASE("A server cut off by a partition fails over within the keepalive bound") {
   Setup setup;
   setup.netns = true;
-  RunFailover("server partitioned", setup, [](testing::Cluster& c, Job&) {
+  RunFailover("server partitioned", setup, [](launch::Cluster& c, Job&) {
     auto cut = c.Exec("s1", {"ip", "link", "set", "dev", "veth0", "down"});
     INFO(cut.status().ToString());
     REQUIRE(cut.ok());
@@ -353,7 +353,7 @@ TEST_CASE("A server cut off by a partition fails over within the keepalive bound
 
 TEST_CASE("The server application leaves: its daemon reports it and the replica takes over") {
   RunFailover("application left", Setup{},
-              [](testing::Cluster&, Job& job) { job.server->Stop(); });
+              [](launch::Cluster&, Job& job) { job.server->Stop(); });
 }
 
 }  // namespace

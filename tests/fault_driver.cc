@@ -22,13 +22,16 @@
 #include "api/mlfabric.h"
 #include "api/registration.h"
 #include "api/replica.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 
 namespace mlfabric::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using launch::Cluster;
+using launch::ClusterOptions;
+using launch::Topology;
 
 // An update: a one-hot part that names the push (coordinate id mod
 // kSlots), then integer values, so float sums stay exact.

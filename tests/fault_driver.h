@@ -2,7 +2,7 @@
 // processes while a scripted sequence of faults hits it, and accounts for
 // every push.
 //
-// The cluster: hosts in network namespaces (testing/cluster.h, kNetns):
+// The cluster: hosts in network namespaces (launch/cluster.h, kNetns):
 // ps0 on s1 with its hot-standby replica on r1, ps1 on s2 with its replica
 // on r2, an aggregator host a1, and three workers w1..w3 whose daemons also
 // forward the model to each other (distribution trees). The servers and

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "api/registration.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "tests/test_util.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -32,11 +32,11 @@ TEST_CASE("Concurrent gets share one snapshot: same bytes, same version") {
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
   std::vector<std::string> hosts = {"s1"};
   for (int w = 1; w <= kWorkers; ++w) hosts.push_back("w" + std::to_string(w));
-  auto started = testing::Cluster::StartLoopback(hosts, {"--config=" + config}, {},
+  auto started = launch::Cluster::StartLoopback(hosts, {"--config=" + config}, {},
                                                  {{"s1", {"--log_level=debug"}}});
   INFO(started.status().ToString());
   REQUIRE(started.ok());
-  testing::Cluster& c = **started;
+  launch::Cluster& c = **started;
 
   std::atomic<int> snapshots{0};
   std::atomic<bool> held_until_joined{true};

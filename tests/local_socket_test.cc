@@ -14,8 +14,8 @@
 #include <string>
 
 #include "api/registration.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -39,7 +39,7 @@ TEST_CASE("Local socket modes, and a job that admits one user") {
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "user": ")" << me
                         << R"("}, {"name": "locked", "token": "locked-token", "user": "nobody"}]})";
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       {"w1", "w2"}, {"--config=" + config}, {},
       {{"w2", {"--local_socket_group=" + CurrentGroup()}}});
   INFO(cluster.status().ToString());
@@ -68,7 +68,7 @@ TEST_CASE("Local socket modes, and a job that admits one user") {
 }
 
 TEST_CASE("An unknown --local_socket_group stops the daemon with the reason") {
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       {"w1"}, {}, {"--local_socket_group=no-such-group-x"});
   REQUIRE_FALSE(cluster.ok());
   CHECK(std::string(cluster.status().message()).find("no group named 'no-such-group-x'") !=

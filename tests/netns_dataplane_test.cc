@@ -1,5 +1,5 @@
 // The daemon's data plane on a shaped link: two hosts s1 and w1, each in its
-// own network namespace, w1's uplink an htb class (testing/cluster.h,
+// own network namespace, w1's uplink an htb class (launch/cluster.h,
 // kNetns). Needs root; otherwise prints "SKIPPED: <reason>".
 //
 // 1. Pacing follows the schedule (DESIGN.md §5, "Pacing"): with the FIFO
@@ -24,10 +24,10 @@
 #include <iostream>
 #include <thread>
 
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/apps/dataplane_trace.h"
-#include "testing/cluster.h"
 #include "testing/prereq.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -45,13 +45,13 @@ double NowSeconds() {
 // Creates the testbed (s1 and w1 in namespaces, w1's uplink at `link_bps`,
 // every other direction unshaped, the scheduler's admin port on) or
 // explains why not (the caller prints SKIPPED).
-std::unique_ptr<testing::Cluster> CreateOrSkip(double link_bps, std::string* why) {
-  testing::ClusterOptions options;
-  options.topology = testing::Topology::kNetns;
+std::unique_ptr<launch::Cluster> CreateOrSkip(double link_bps, std::string* why) {
+  launch::ClusterOptions options;
+  options.topology = launch::Topology::kNetns;
   options.hosts = {"s1", "w1"};
   options.rates["w1"].up_bps = link_bps;
   options.admin = true;
-  auto bed = testing::Cluster::Create(options);
+  auto bed = launch::Cluster::Create(options);
   if (!bed.ok()) {
     // Only a missing privilege or tool is a reason to skip.
     REQUIRE(bed.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -69,7 +69,7 @@ std::unique_ptr<testing::Cluster> CreateOrSkip(double link_bps, std::string* why
   }
 
 // Bytes delivered so far to s1 (its end of the shaped path).
-absl::StatusOr<uint64_t> ServerRxBytes(testing::Cluster& bed) {
+absl::StatusOr<uint64_t> ServerRxBytes(launch::Cluster& bed) {
   auto bytes = bed.ReadLinkBytes();
   if (!bytes.ok()) return bytes.status();
   return bytes->at("s1").down;
@@ -77,7 +77,7 @@ absl::StatusOr<uint64_t> ServerRxBytes(testing::Cluster& bed) {
 
 // The newest planned transfer to `server` of `bytes` bytes with an id
 // above `after` (ids grow with every submitted push).
-std::optional<PlannedTransfer> NewestPlanned(testing::Cluster& bed, const std::string& server,
+std::optional<PlannedTransfer> NewestPlanned(launch::Cluster& bed, const std::string& server,
                                              int64_t bytes, uint64_t after) {
   auto planned = bench::FetchPlannedTransfers(bed.admin_port(), server);
   if (!planned.ok()) return std::nullopt;
@@ -91,7 +91,7 @@ std::optional<PlannedTransfer> NewestPlanned(testing::Cluster& bed, const std::s
   return newest;
 }
 
-uint64_t LastPlannedId(testing::Cluster& bed) {
+uint64_t LastPlannedId(launch::Cluster& bed) {
   uint64_t last = 0;
   for (const std::string server : {"psa", "psb"}) {
     auto planned = bench::FetchPlannedTransfers(bed.admin_port(), server);
@@ -101,7 +101,7 @@ uint64_t LastPlannedId(testing::Cluster& bed) {
   return last;
 }
 
-std::vector<std::string> Pusher(testing::Cluster& bed, const std::string& job,
+std::vector<std::string> Pusher(launch::Cluster& bed, const std::string& job,
                                 const std::string& server, int64_t bytes, int seed,
                                 const std::string& go_file = "") {
   std::vector<std::string> argv = {BinaryPath("testing/apps/dataplane_pusher"),
@@ -194,7 +194,7 @@ constexpr int64_t kJobBytes = 16 << 20;  // 0.7 s at 200 Mbit/s
 
 // Two jobs with a server each on s1; each job has pushed once from w1, job
 // "a" first, so w1's queue has registered a then b (TLs-One ranks a first).
-void StartTwoJobs(testing::Cluster& bed, const std::string& mode, double period_s) {
+void StartTwoJobs(launch::Cluster& bed, const std::string& mode, double period_s) {
   const std::string config = bed.dir() + "/jobs.json";
   std::ofstream(config) << R"({"jobs": [{"name": "a", "token": "token-a-0123456789"},
                                       {"name": "b", "token": "token-b-0123456789"}]})";
@@ -226,7 +226,7 @@ struct Race {
 
 // Releases `first_job`'s transfer, then `second_job`'s while it is on the
 // wire; returns both arrivals.
-Race RunRace(testing::Cluster& bed, const std::string& first_job, const std::string& second_job,
+Race RunRace(launch::Cluster& bed, const std::string& first_job, const std::string& second_job,
              int seed) {
   const uint64_t before = LastPlannedId(bed);
   const std::string go_file = bed.dir() + "/go-" + std::to_string(seed);

@@ -1,6 +1,6 @@
 // A silent partition ends what it cuts off in bounded time (DESIGN.md §3a,
 // issue 16 item 4): hosts s1 and w1 in their own network namespaces
-// (testing/cluster.h, kNetns), w1's uplink shaped to 4 Mbit/s so that a
+// (launch/cluster.h, kNetns), w1's uplink shaped to 4 Mbit/s so that a
 // 4 MiB push is still on the wire when w1's interface goes down. Nothing
 // tells either side: no RST, no FIN. gRPC keepalive (--keepalive_s, default
 // 2 s, on both the scheduler and the daemons) must notice: the scheduler
@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "api/registration.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/prereq.h"
 #include "tests/test_util.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -38,16 +38,16 @@ double SecondsSince(Clock::time_point start) {
 }
 
 TEST_CASE("A silent partition fails the cut-off push and marks the host down, no hang") {
-  testing::ClusterOptions options;
-  options.topology = testing::Topology::kNetns;
+  launch::ClusterOptions options;
+  options.topology = launch::Topology::kNetns;
   options.hosts = {"s1", "w1"};
   options.rates["w1"].up_bps = 4e6;
-  auto created = testing::Cluster::Create(options);
+  auto created = launch::Cluster::Create(options);
   if (!created.ok()) {
     REQUIRE(created.status().code() == absl::StatusCode::kFailedPrecondition);
     MLFABRIC_SKIP_TEST(std::string(created.status().message()));
   }
-  testing::Cluster& c = **created;
+  launch::Cluster& c = **created;
   const std::string config = c.dir() + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
   REQUIRE(c.Start({"--config=" + config, "--planner=fifo"}, {},

@@ -18,7 +18,7 @@
 // after the large one's first packet arrived and before its last did, and
 // then completes before it (or, with a priority value above the large
 // one's, strictly after it). The preemption latency in packet-times is
-// printed, not asserted; daemon/bench measures it on a shaped link.
+// printed, not asserted; bench/ measures it on a shaped link.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -26,9 +26,9 @@
 #include <fstream>
 #include <iostream>
 
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/apps/dataplane_trace.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -70,12 +70,12 @@ struct PreemptionRun {
 PreemptionRun RunPreemption(int urgent_priority) {
   const std::string dir = launch::MakeTempDir("preemption");
   const std::string admin_port_file = dir + "/admin.port";
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       {"s1", "w1"}, {"--planner=fifo", "--admin_port=0", "--admin_port_file=" + admin_port_file},
       {"--log_level=debug"}, {{"w1", {"--uplink_bps=" + std::to_string(kUplinkBps)}}});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   REQUIRE(WaitUntil([&] { return !ReadFile(admin_port_file).empty(); }, 10));
   const int admin_port = std::atoi(ReadFile(admin_port_file).c_str());
 

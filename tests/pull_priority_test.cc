@@ -43,8 +43,8 @@
 #include <string>
 #include <vector>
 
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -124,7 +124,7 @@ struct ServerSpec {
 // TensorLights mode `job_priority` and paced at kReplyBps for replies, and
 // the given servers on s1.
 struct PullCluster {
-  std::unique_ptr<testing::Cluster> cluster;
+  std::unique_ptr<launch::Cluster> cluster;
   std::map<std::string, launch::Subprocess*> servers;
   std::map<std::string, int> gets_served;  // "served get" lines per server so far
   int races = 0;
@@ -139,7 +139,7 @@ std::unique_ptr<PullCluster> StartPullCluster(const std::string& job_priority,
   const std::string config = dir + "/jobs.json";
   std::ofstream(config) << R"({"jobs": [{"name": "a", "token": "token-a-0123456789"},
                                       {"name": "b", "token": "token-b-0123456789"}]})";
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       {"s1", "w1"}, {"--config=" + config}, {"--job_priority=" + job_priority},
       {{"s1", {"--unscheduled_bps=" + std::to_string(kReplyBps)}}});
   INFO(cluster.status().ToString());
@@ -320,10 +320,10 @@ TEST_CASE("fifo: without job ranks the same get waits behind the other job's rep
 // A worker's daemon keeps the connection of a finished get and sends the
 // next get to that server's daemon on it: five gets, one data session.
 TEST_CASE("Repeated gets reuse one connection to the server's daemon") {
-  auto cluster = testing::Cluster::StartLoopback({"s1", "w1"}, {}, {"--log_level=debug"});
+  auto cluster = launch::Cluster::StartLoopback({"s1", "w1"}, {}, {"--log_level=debug"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   const int64_t bytes = 1 << 20;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
                                       "--socket=" + c.Socket("s1"),
@@ -361,12 +361,12 @@ TEST_CASE("Repeated gets reuse one connection to the server's daemon") {
 // reply is still in flight (for seconds) when w1 stops, whatever loopback's
 // speed: the kernel's socket buffers fill and the sender's write stalls.
 TEST_CASE("A get requester that stops reading does not stall the server daemon's sender") {
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       {"s1", "w1", "w2"}, {}, {"--log_level=debug"},
       {{"s1", {"--send_timeout_s=2", "--unscheduled_bps=" + std::to_string(kReplyBps)}}});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   const int64_t model_bytes = int64_t{256} << 20;
   auto ps0 = c.StartApp("ps0", {BinaryPath("testing/apps/dataplane_server"),
                                 "--socket=" + c.Socket("s1"), "--name=ps0",

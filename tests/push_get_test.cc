@@ -7,10 +7,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "proto/scheduler.grpc.pb.h"
-#include "testing/cluster.h"
 #include "tests/test_util.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -27,10 +27,10 @@ std::string WriteFile(const std::string& dir, const std::string& name, const std
 }
 
 TEST_CASE("Three workers' integer pushes sum exactly at the server, all applied") {
-  auto cluster = testing::Cluster::StartLoopback({"s1", "w1", "w2", "w3"});
+  auto cluster = launch::Cluster::StartLoopback({"s1", "w1", "w2", "w3"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   const int kPushes = 15, kDim = 5000;
   const std::string model_path = c.dir() + "/model.txt";
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
@@ -90,13 +90,13 @@ TEST_CASE("A bad config exits non-zero with a message naming the key") {
 TEST_CASE("Invalid submits get INVALID_ARGUMENT and the scheduler keeps serving") {
   // This test submits for host w1 without being it: hosts are not
   // authenticated here (tests/security_test covers that they can be).
-  testing::ClusterOptions options;
+  launch::ClusterOptions options;
   options.hosts = {"s1", "w1"};
   options.cluster_secret = false;
-  auto cluster = testing::Cluster::Create(options);
+  auto cluster = launch::Cluster::Create(options);
   REQUIRE(cluster.ok());
   REQUIRE((*cluster)->Start().ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=64"});
   REQUIRE(server.ok());
@@ -141,10 +141,10 @@ TEST_CASE("Invalid submits get INVALID_ARGUMENT and the scheduler keeps serving"
 }
 
 TEST_CASE("Killing a worker's daemon mid-push fails that push; others go on") {
-  auto cluster = testing::Cluster::StartLoopback({"s1", "w1", "w2"});
+  auto cluster = launch::Cluster::StartLoopback({"s1", "w1", "w2"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=262144",
                                       "--progress_every=1"});
@@ -186,10 +186,10 @@ namespace mlfabric {
 namespace {
 
 TEST_CASE("The scheduler and daemons exit cleanly and promptly on SIGTERM") {
-  auto cluster = testing::Cluster::StartLoopback({"s1", "w1"});
+  auto cluster = launch::Cluster::StartLoopback({"s1", "w1"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   auto server = c.StartApp("server", {launch::BinaryPath("testing/apps/sum_server"),
                                       "--socket=" + c.Socket("s1"), "--dim=64"});
   REQUIRE(server.ok());

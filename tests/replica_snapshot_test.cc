@@ -18,8 +18,8 @@
 
 #include "api/registration.h"
 #include "api/replica.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -66,19 +66,19 @@ struct SumModel {
 };
 
 // ps0's job (loose bounds) on hosts s1, r1 and w1.
-std::unique_ptr<testing::Cluster> StartCluster() {
+std::unique_ptr<launch::Cluster> StartCluster() {
   const std::string dir = launch::MakeTempDir("replica-snapshot");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
                         << R"( "tau_max": 1000, "divergence_max": 1e7}]})";
-  auto started = testing::Cluster::StartLoopback({"s1", "r1", "w1"},
+  auto started = launch::Cluster::StartLoopback({"s1", "r1", "w1"},
                                                  {"--config=" + config, "--planner=mlfabric"});
   INFO(started.status().ToString());
   REQUIRE(started.ok());
   return std::move(*started);
 }
 
-RegistrationParams Params(const testing::Cluster& c, const std::string& host,
+RegistrationParams Params(const launch::Cluster& c, const std::string& host,
                           const std::string& name) {
   RegistrationParams params;
   params.client.daemon_socket = c.Socket(host);
@@ -88,7 +88,7 @@ RegistrationParams Params(const testing::Cluster& c, const std::string& host,
 
 // ps0 on s1 serving `model` (a thread until *serving is joined), and a
 // worker on w1 that has seen it answer a get.
-std::unique_ptr<Worker> ServeAndConnect(testing::Cluster& c, SumModel& model,
+std::unique_ptr<Worker> ServeAndConnect(launch::Cluster& c, SumModel& model,
                                         std::unique_ptr<Server>* server, std::thread* serving) {
   auto registered = RegisterAsServer(Params(c, "s1", "ps0"));
   REQUIRE(registered.ok());
@@ -112,8 +112,8 @@ std::vector<float> Update(int i) {
 }
 
 TEST_CASE("A replica registered mid-training starts from the server's model and stays exact") {
-  const std::unique_ptr<testing::Cluster> started = StartCluster();
-  testing::Cluster& c = *started;
+  const std::unique_ptr<launch::Cluster> started = StartCluster();
+  launch::Cluster& c = *started;
 
   // The server starts from a model that is not zero: a replica starting
   // from its own (zero) model could not end equal.
@@ -202,8 +202,8 @@ TEST_CASE("A replica registered mid-training starts from the server's model and 
 }
 
 TEST_CASE("A replica registered before its server starts from the server's first model") {
-  const std::unique_ptr<testing::Cluster> started = StartCluster();
-  testing::Cluster& c = *started;
+  const std::unique_ptr<launch::Cluster> started = StartCluster();
+  launch::Cluster& c = *started;
 
   // The standby is up first, with a model of its own (zeros).
   SumModel replica_model;
@@ -253,7 +253,7 @@ TEST_CASE("A replica registered for snapshots needs an install callback") {
   const std::string dir = launch::MakeTempDir("replica-snapshot");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
-  auto started = testing::Cluster::StartLoopback({"s1", "r1"},
+  auto started = launch::Cluster::StartLoopback({"s1", "r1"},
                                                  {"--config=" + config, "--planner=mlfabric"});
   REQUIRE(started.ok());
   RegistrationParams params = Params(**started, "r1", "r1");

@@ -24,9 +24,9 @@
 
 #include "api/registration.h"
 #include "api/replica.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/http_client.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -38,18 +38,18 @@ constexpr size_t kDim = 65536;  // 256 KiB updates
 // host declares a downlink 50 times slower than the others, so copies are
 // punted (§5.3) and the next batches may sum them on their way.
 // `scheduler_flags` are added to the scheduler's command line.
-std::unique_ptr<testing::Cluster> StartCluster(double divergence_max, bool aggregator = false,
+std::unique_ptr<launch::Cluster> StartCluster(double divergence_max, bool aggregator = false,
                                                std::vector<std::string> scheduler_flags = {}) {
   const std::string dir = launch::MakeTempDir("replica");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "tau_max": 1000,)"
                         << (aggregator ? R"( "aggregators": ["a1"],)" : "")
                         << R"( "divergence_max": )" << divergence_max << "}]}";
-  testing::ClusterOptions options;
+  launch::ClusterOptions options;
   options.hosts = {"s1", "r1", "w1", "w2"};
   if (aggregator) options.hosts.push_back("a1");
   options.admin = true;  // the replica's lag and divergence estimate are read there
-  auto cluster = testing::Cluster::Create(options);
+  auto cluster = launch::Cluster::Create(options);
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   std::map<std::string, std::vector<std::string>> host_flags;
@@ -62,7 +62,7 @@ std::unique_ptr<testing::Cluster> StartCluster(double divergence_max, bool aggre
 }
 
 // The admin endpoint's view of ps0's replica (GET /api/v1/jobs).
-nlohmann::json ReplicaView(const testing::Cluster& c) {
+nlohmann::json ReplicaView(const launch::Cluster& c) {
   const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/jobs");
   REQUIRE(r.status == 200);
   const nlohmann::json jobs = nlohmann::json::parse(r.body);
@@ -73,7 +73,7 @@ nlohmann::json ReplicaView(const testing::Cluster& c) {
   return nullptr;
 }
 
-ClientOptions Options(const testing::Cluster& c, const std::string& host, const std::string& name) {
+ClientOptions Options(const launch::Cluster& c, const std::string& host, const std::string& name) {
   ClientOptions options;
   options.daemon_socket = c.Socket(host);
   options.name = name;
@@ -125,7 +125,7 @@ struct Job {
 
 // `replica_apply_ms`: the replica application takes that long for each
 // update it is handed (a slow standby: its copies count as applied late).
-void StartJob(testing::Cluster& c, Job* job, int replica_apply_ms = 0) {
+void StartJob(launch::Cluster& c, Job* job, int replica_apply_ms = 0) {
   auto server = Server::Connect(Options(c, "s1", "ps0"));
   REQUIRE(server.ok());
   job->server = std::move(*server);
@@ -156,7 +156,7 @@ void StartJob(testing::Cluster& c, Job* job, int replica_apply_ms = 0) {
 
 // Two workers push `pushes` updates each, concurrently, each waiting for
 // its outcomes; returns how many were applied.
-int PushAll(testing::Cluster& c, int pushes) {
+int PushAll(launch::Cluster& c, int pushes) {
   std::atomic<int> applied{0};
   std::vector<std::thread> threads;
   for (int w = 0; w < 2; ++w) {
@@ -210,7 +210,7 @@ TEST_CASE("The replica receives every update the server applied and ends with th
 }
 
 // The admin endpoint's service-wide counters (GET /api/v1/cluster).
-nlohmann::json Stats(const testing::Cluster& c) {
+nlohmann::json Stats(const launch::Cluster& c) {
   const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/cluster");
   REQUIRE(r.status == 200);
   return nlohmann::json::parse(r.body)["stats"];
@@ -271,7 +271,7 @@ TEST_CASE("With a tight divergence bound the replica still ends exact") {
 
 // The scheduler's divergence estimate for ps0, or -1 when it cannot be
 // read (no Catch2 assertion: the sampler runs on its own thread).
-double Estimate(const testing::Cluster& c) {
+double Estimate(const launch::Cluster& c) {
   const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/jobs");
   if (r.status != 200) return -1;
   const nlohmann::json jobs = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
@@ -294,7 +294,7 @@ struct Sample {
   int64_t server_applied = 0;  // updates the server had applied by then
 };
 
-Sample TakeSample(const testing::Cluster& c, Job& job) {
+Sample TakeSample(const launch::Cluster& c, Job& job) {
   std::lock_guard<std::mutex> s(job.server_model.mu);
   std::lock_guard<std::mutex> r(job.replica_model.mu);
   Sample sample;
@@ -311,7 +311,7 @@ Sample TakeSample(const testing::Cluster& c, Job& job) {
 
 // PushAll(c, pushes) while a sampler takes a sample every 5 ms; *applied
 // is PushAll's.
-std::vector<Sample> SampleWhilePushing(testing::Cluster& c, Job& job, int pushes, int* applied) {
+std::vector<Sample> SampleWhilePushing(launch::Cluster& c, Job& job, int pushes, int* applied) {
   std::atomic<bool> done{false};
   std::vector<Sample> samples;
   std::thread sampler([&] {

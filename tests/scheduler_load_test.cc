@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "nlohmann/json.hpp"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
 #include "testing/http_client.h"
 #include "testing/loadgen/load_generator.h"
 
@@ -24,10 +24,10 @@ namespace {
 
 constexpr char kToken[] = "load-test-token-0123456789";
 
-std::unique_ptr<testing::Cluster> StartScheduler() {
-  testing::ClusterOptions options;
+std::unique_ptr<launch::Cluster> StartScheduler() {
+  launch::ClusterOptions options;
   options.admin = true;
-  auto cluster = testing::Cluster::Create(options);
+  auto cluster = launch::Cluster::Create(options);
   REQUIRE(cluster.ok());
   const std::string config = (*cluster)->dir() + "/load.json";
   nlohmann::json aggregators = nlohmann::json::array();
@@ -46,7 +46,7 @@ std::unique_ptr<testing::Cluster> StartScheduler() {
   return std::move(*cluster);
 }
 
-testing::LoadOptions Options(testing::Cluster& cluster) {
+testing::LoadOptions Options(launch::Cluster& cluster) {
   testing::LoadOptions options;
   options.scheduler_address = cluster.scheduler_address();
   std::ifstream(cluster.dir() + "/cluster.secret") >> options.cluster_secret;
@@ -60,7 +60,7 @@ testing::LoadOptions Options(testing::Cluster& cluster) {
 }
 
 TEST_CASE("300 emulated daemons: every push ends once, every get is answered") {
-  std::unique_ptr<testing::Cluster> cluster = StartScheduler();
+  std::unique_ptr<launch::Cluster> cluster = StartScheduler();
   testing::LoadGenerator load(Options(*cluster));
   const absl::Status started = load.Start();
   INFO(started.message());
@@ -91,7 +91,7 @@ TEST_CASE("300 emulated daemons: every push ends once, every get is answered") {
 }
 
 TEST_CASE("The load generator reports what the scheduler refused") {
-  std::unique_ptr<testing::Cluster> cluster = StartScheduler();
+  std::unique_ptr<launch::Cluster> cluster = StartScheduler();
   testing::LoadOptions options = Options(*cluster);
   options.workers = 4;
   options.job_token = "not-the-token";

@@ -21,9 +21,9 @@
 #include "api/allreduce.h"
 #include "api/registration.h"
 #include "api/replica.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "tests/test_util.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -39,7 +39,7 @@ struct SumModel {
   std::chrono::milliseconds delay{0};
 
   // Serves ps0 on `host` of `c` from this model.
-  testing::InProcessServer Serve(testing::Cluster& c, const std::string& host) {
+  testing::InProcessServer Serve(launch::Cluster& c, const std::string& host) {
     return testing::InProcessServer(
         c.Socket(host), "ps0",
         [this](const Server::Update& u) -> absl::StatusOr<int64_t> {
@@ -64,7 +64,7 @@ struct SumModel {
 
 // A loopback cluster of `hosts` whose job "demo" has `job_fields` (JSON
 // members after the token), its scheduler given `flags` too.
-std::unique_ptr<testing::Cluster> StartCluster(const std::string& name,
+std::unique_ptr<launch::Cluster> StartCluster(const std::string& name,
                                                const std::vector<std::string>& hosts,
                                                const std::string& job_fields,
                                                std::vector<std::string> flags = {}) {
@@ -72,7 +72,7 @@ std::unique_ptr<testing::Cluster> StartCluster(const std::string& name,
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789")"
                         << job_fields << "}]}";
   flags.push_back("--config=" + config);
-  auto started = testing::Cluster::StartLoopback(hosts, flags);
+  auto started = launch::Cluster::StartLoopback(hosts, flags);
   INFO(started.status().ToString());
   REQUIRE(started.ok());
   return std::move(*started);
@@ -80,7 +80,7 @@ std::unique_ptr<testing::Cluster> StartCluster(const std::string& name,
 
 // Waits (60 s at most) until the restarted scheduler's log names every
 // one of `registrations` ("server ps0 on s1", ...) after it listened again.
-bool RegisteredAgain(testing::Cluster& c, const std::vector<std::string>& registrations) {
+bool RegisteredAgain(launch::Cluster& c, const std::vector<std::string>& registrations) {
   return launch::WaitUntil(
       [&] {
         const std::string log = c.scheduler().Log();
@@ -96,7 +96,7 @@ bool RegisteredAgain(testing::Cluster& c, const std::vector<std::string>& regist
 
 TEST_CASE("After a scheduler restart, pushes apply again and the model stays exact") {
   auto cluster = StartCluster("scheduler-restart", {"s1", "w1"}, "");
-  testing::Cluster& c = *cluster;
+  launch::Cluster& c = *cluster;
 
   SumModel summed;
   testing::InProcessServer server = summed.Serve(c, "s1");
@@ -139,7 +139,7 @@ TEST_CASE("After a scheduler restart, pushes apply again and the model stays exa
 TEST_CASE("Pushes in flight while the scheduler restarts end exactly once, as the server says") {
   auto cluster = StartCluster("scheduler-restart-in-flight", {"s1", "w1", "w2"},
                               R"(, "tau_max": 100000)");
-  testing::Cluster& c = *cluster;
+  launch::Cluster& c = *cluster;
 
   // A slow server: updates queue at its daemon, so that at the restart
   // some are applied, some handed over, some still on their way.
@@ -241,7 +241,7 @@ struct ReplicaRun {
 
 ReplicaRun RunReplicaAcrossRestart(const std::string& name, const std::string& job_fields) {
   auto cluster = StartCluster(name, {"s1", "r1", "w1"}, job_fields, {"--planner=mlfabric"});
-  testing::Cluster& c = *cluster;
+  launch::Cluster& c = *cluster;
   SumModel summed;
   summed.delay = std::chrono::milliseconds(40);
   testing::InProcessServer server = summed.Serve(c, "s1");
@@ -346,7 +346,7 @@ TEST_CASE("Punted copies held at their source cross a restart: the replica has w
 
 TEST_CASE("A synchronous AllReduce job goes on across a scheduler restart") {
   auto cluster = StartCluster("scheduler-restart-allreduce", {"h0", "h1"}, "");
-  testing::Cluster& c = *cluster;
+  launch::Cluster& c = *cluster;
 
   constexpr int kRanks = 2;
   constexpr size_t kCount = 4096;

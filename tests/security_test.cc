@@ -24,10 +24,10 @@
 #include "daemon/transport/data_auth.h"
 #include "daemon/transport/framing.h"
 #include "daemon/transport/get_client.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "proto/scheduler.grpc.pb.h"
-#include "testing/cluster.h"
 #include "testing/http_client.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -48,7 +48,7 @@ struct JobA {
   std::mutex mu;
   int64_t version = 0;
 
-  explicit JobA(testing::Cluster& cluster, const std::string& job = "a",
+  explicit JobA(launch::Cluster& cluster, const std::string& job = "a",
                 const std::string& token = kTokenA) {
     ClientOptions options;
     options.daemon_socket = cluster.Socket("s1");
@@ -83,7 +83,7 @@ struct JobA {
 
   // Pushes `n` vectors of ones from w1 and gets the model: every element
   // must then be `expect`.
-  void Train(testing::Cluster& cluster, int n, float expect, const std::string& job = "a",
+  void Train(launch::Cluster& cluster, int n, float expect, const std::string& job = "a",
              const std::string& token = kTokenA) {
     ClientOptions options;
     options.daemon_socket = cluster.Socket("w1");
@@ -139,10 +139,10 @@ TEST_CASE("Every port refuses callers without credentials or with another job's"
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "a", "token": ")" << kTokenA
                         << R"("}, {"name": "b", "token": ")" << kTokenB << R"("}]})";
-  auto started = testing::Cluster::StartLoopback({"s1", "w1"}, {"--config=" + config});
+  auto started = launch::Cluster::StartLoopback({"s1", "w1"}, {"--config=" + config});
   INFO(started.status().ToString());
   REQUIRE(started.ok());
-  testing::Cluster& cluster = **started;
+  launch::Cluster& cluster = **started;
   JobA a(cluster);
   a.Train(cluster, 3, 3.0f);
   JobA b(cluster, "b", kTokenB);  // job B has a server on s1 too
@@ -352,11 +352,11 @@ TEST_CASE("With data_plane_encryption every data session is sealed and training 
   const std::string dir = launch::MakeTempDir("sealed");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "a", "token": ")" << kTokenA << R"("}]})";
-  auto started = testing::Cluster::StartLoopback(
+  auto started = launch::Cluster::StartLoopback(
       {"s1", "w1"}, {"--config=" + config, "--data_plane_encryption=true"});
   INFO(started.status().ToString());
   REQUIRE(started.ok());
-  testing::Cluster& cluster = **started;
+  launch::Cluster& cluster = **started;
   JobA a(cluster);
   a.Train(cluster, 3, 3.0f);  // pushes and gets, every byte sealed
   CHECK(Contains(cluster.daemon("s1").Log(), "authenticated the data session of w1 at 127.0.0.1:"));
@@ -450,13 +450,13 @@ TEST_CASE("A mutual-TLS cluster trains end to end; a certificate from another CA
                         "--tls_cert_file=" + ours + host + ".pem",
                         "--tls_key_file=" + ours + host + ".key"};
   }
-  testing::ClusterOptions options;
+  launch::ClusterOptions options;
   options.hosts = {"s1", "w1"};
   options.cluster_secret = false;  // the certificates alone authenticate hosts
   options.admin = true;
-  auto created = testing::Cluster::Create(options);
+  auto created = launch::Cluster::Create(options);
   REQUIRE(created.ok());
-  testing::Cluster& cluster = **created;
+  launch::Cluster& cluster = **created;
   absl::Status started =
       cluster.Start({"--tls_cert_file=" + ours + "scheduler.pem",
                      "--tls_key_file=" + ours + "scheduler.key",

@@ -24,9 +24,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "api/mlfabric.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/http_client.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -53,21 +53,21 @@ struct Shard {
   }
 };
 
-ClientOptions Options(const testing::Cluster& c, const std::string& host, const std::string& name) {
+ClientOptions Options(const launch::Cluster& c, const std::string& host, const std::string& name) {
   ClientOptions options;
   options.daemon_socket = c.Socket(host);
   options.name = name;
   return options;
 }
 
-absl::StatusOr<std::unique_ptr<testing::Cluster>> StartCluster(
+absl::StatusOr<std::unique_ptr<launch::Cluster>> StartCluster(
     const std::vector<std::string>& hosts,
     const std::map<std::string, std::vector<std::string>>& host_flags = {},
     int64_t tau_max = 1000, const std::string& aggregators = "") {
-  testing::ClusterOptions options;
+  launch::ClusterOptions options;
   options.hosts = hosts;
   options.admin = true;
-  auto cluster = testing::Cluster::Create(options);
+  auto cluster = launch::Cluster::Create(options);
   if (!cluster.ok()) return cluster.status();
   const std::string config = (*cluster)->dir() + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789",)"
@@ -83,7 +83,7 @@ absl::StatusOr<std::unique_ptr<testing::Cluster>> StartCluster(
 }
 
 // Starts the three shards of group "ps" for a model of `dim` floats.
-std::vector<std::unique_ptr<Shard>> StartShards(testing::Cluster& c, int64_t dim,
+std::vector<std::unique_ptr<Shard>> StartShards(launch::Cluster& c, int64_t dim,
                                                 std::chrono::milliseconds delay = {}) {
   auto ranges = SplitModel(dim * sizeof(float), static_cast<int>(kShardHosts.size()));
   REQUIRE(ranges.ok());
@@ -141,7 +141,7 @@ TEST_CASE("every shard applies every push of the group, in one order, exactly") 
   auto cluster = StartCluster({"s1", "s2", "s3", "w1", "w2"});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   std::vector<std::unique_ptr<Shard>> shards = StartShards(c, kDim);
 
   // Four workers, two per host, push concurrently and record what applied.
@@ -240,7 +240,7 @@ TEST_CASE("every shard applies every push of the group, in one order, exactly") 
 }
 
 // The job's admin counters (GET /api/v1/cluster "stats").
-nlohmann::json Stats(const testing::Cluster& c) {
+nlohmann::json Stats(const launch::Cluster& c) {
   const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/cluster");
   REQUIRE(r.status == 200);
   return nlohmann::json::parse(r.body)["stats"];
@@ -248,7 +248,7 @@ nlohmann::json Stats(const testing::Cluster& c) {
 
 // Four workers, one per host, push `pushes` updates each at once; returns
 // how many applied and adds them to *sum; other outcomes go to *problems.
-int PushFromFour(testing::Cluster& c, int64_t dim, int pushes, std::vector<double>* sum,
+int PushFromFour(launch::Cluster& c, int64_t dim, int pushes, std::vector<double>* sum,
                  std::vector<std::string>* problems) {
   std::mutex mu;
   int applied = 0;
@@ -302,7 +302,7 @@ void CheckShards(std::vector<std::unique_ptr<Shard>>& shards, const std::vector<
 // `more_flags`), workers w1..w4 and the aggregator a1, named in the job's
 // config; the group "ps" of `dim` floats started and readable.
 struct AggregatingGroup {
-  std::unique_ptr<testing::Cluster> cluster;
+  std::unique_ptr<launch::Cluster> cluster;
   std::vector<std::unique_ptr<Shard>> shards;
   std::unique_ptr<Worker> reader;
   AggregatingGroup(int64_t dim, std::map<std::string, std::vector<std::string>> more_flags) {
@@ -327,7 +327,7 @@ TEST_CASE("a group's pushes are summed at an aggregator shard by shard, exactly"
   constexpr int64_t kDim = 3001 * 3;
   constexpr int kPushes = 8;
   AggregatingGroup group(kDim, {});
-  testing::Cluster& c = *group.cluster;
+  launch::Cluster& c = *group.cluster;
   std::vector<std::unique_ptr<Shard>>& shards = group.shards;
 
   std::vector<double> sum(kDim, 0.0);
@@ -362,7 +362,7 @@ TEST_CASE("an aggregator killed mid-sum fails its pushes at every shard; none ap
   std::map<std::string, std::vector<std::string>> flags;
   for (const char* w : {"w1", "w2", "w3", "w4"}) flags[w] = {"--uplink_bps=8000000"};
   AggregatingGroup group(kDim, flags);
-  testing::Cluster& c = *group.cluster;
+  launch::Cluster& c = *group.cluster;
   std::vector<std::unique_ptr<Shard>>& shards = group.shards;
 
   std::vector<double> sum(kDim, 0.0);
@@ -406,7 +406,7 @@ TEST_CASE("a shard's daemon killed mid-push fails the push at every shard; none 
   auto cluster = StartCluster({"s1", "s2", "s3", "w1"}, {{"w1", {"--uplink_bps=40000000"}}});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   std::vector<std::unique_ptr<Shard>> shards = StartShards(c, kDim);
   auto worker = Worker::Connect(Options(c, "w1", "w0"));
   REQUIRE(worker.ok());
@@ -476,7 +476,7 @@ void RestartWithGroupPushesInFlight(bool aggregate) {
   auto cluster = StartCluster(hosts, flags, /*tau_max=*/100000, aggregate ? R"(["a1"])" : "");
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   // Slow applications: at the restart some pushes are applied, some held
   // or released at the shards, some still moving.
   std::vector<std::unique_ptr<Shard>> shards = StartShards(c, kDim, std::chrono::milliseconds(20));

@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "api/registration.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/http_client.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -31,12 +31,12 @@ using nlohmann::json;
 constexpr int64_t kStaleness = 2;
 constexpr size_t kDim = 1024;
 
-std::unique_ptr<testing::Cluster> StartCluster(double max_wait_s) {
+std::unique_ptr<launch::Cluster> StartCluster(double max_wait_s) {
   const std::string dir = launch::MakeTempDir("ssp");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789", "mode": "ssp",)"
                         << R"( "staleness_k": )" << kStaleness << "}]}";
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       {"s1", "w1", "w2"},
       {"--config=" + config, "--planner=mlfabric", "--admin_port=0",
        "--admin_port_file={dir}/admin.port",
@@ -48,14 +48,14 @@ std::unique_ptr<testing::Cluster> StartCluster(double max_wait_s) {
   return std::move(*cluster);
 }
 
-json Jobs(const testing::Cluster& c) {
+json Jobs(const launch::Cluster& c) {
   const int port = std::atoi(launch::ReadFile(c.dir() + "/admin.port").c_str());
   testing::HttpResult r = testing::Http(port, "GET", "/api/v1/jobs");
   REQUIRE(r.status == 200);
   return json::parse(r.body)["jobs"][0];
 }
 
-ClientOptions Options(const testing::Cluster& c, const std::string& host, const std::string& name) {
+ClientOptions Options(const launch::Cluster& c, const std::string& host, const std::string& name) {
   ClientOptions options;
   options.daemon_socket = c.Socket(host);
   options.name = name;
@@ -70,7 +70,7 @@ struct SumServer {
   std::unique_ptr<Server> server;
   std::thread thread;
 
-  explicit SumServer(const testing::Cluster& c) {
+  explicit SumServer(const launch::Cluster& c) {
     auto connected = Server::Connect(Options(c, "s1", "ps0"));
     REQUIRE(connected.ok());
     server = std::move(*connected);

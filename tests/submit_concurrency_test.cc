@@ -16,9 +16,9 @@
 #include <thread>
 
 #include "api/registration.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "tests/test_util.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
@@ -28,12 +28,12 @@ TEST_CASE("A push waiting on the scheduler does not hold back another push on th
   const std::string dir = launch::MakeTempDir("submit-concurrency");
   const std::string config = dir + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
-  auto started = testing::Cluster::StartLoopback(
+  auto started = launch::Cluster::StartLoopback(
       {"s1", "w1"}, {"--config=" + config, "--server_wait_s=8"}, {},
       {{"w1", {"--log_level=debug"}}});
   INFO(started.status().ToString());
   REQUIRE(started.ok());
-  testing::Cluster& c = **started;
+  launch::Cluster& c = **started;
 
   testing::InProcessServer server(c.Socket("s1"), "ps0", testing::NextVersion,
                                   testing::TinyModel);

@@ -19,15 +19,15 @@
 #include <vector>
 
 #include "api/registration.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "tests/test_util.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric {
 namespace {
 
 
-std::unique_ptr<testing::Cluster> StartCluster(
+std::unique_ptr<launch::Cluster> StartCluster(
     const std::vector<std::string>& hosts, const std::vector<std::string>& extra_flags = {},
     const std::map<std::string, std::vector<std::string>>& host_flags = {}) {
   const std::string dir = launch::MakeTempDir("sync-round");
@@ -35,13 +35,13 @@ std::unique_ptr<testing::Cluster> StartCluster(
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
   std::vector<std::string> flags = {"--config=" + config, "--planner=mlfabric"};
   flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
-  auto cluster = testing::Cluster::StartLoopback(hosts, flags, {}, host_flags);
+  auto cluster = launch::Cluster::StartLoopback(hosts, flags, {}, host_flags);
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
   return std::move(*cluster);
 }
 
-ClientOptions Options(const testing::Cluster& c, const std::string& host, const std::string& name) {
+ClientOptions Options(const launch::Cluster& c, const std::string& host, const std::string& name) {
   ClientOptions options;
   options.daemon_socket = c.Socket(host);
   options.name = name;
@@ -134,7 +134,7 @@ WorkerResult RunWorker(Worker& worker, int index, int workers, int rounds, size_
   return out;
 }
 
-void RunRounds(testing::Cluster& c, const std::vector<std::string>& worker_hosts, int rounds,
+void RunRounds(launch::Cluster& c, const std::vector<std::string>& worker_hosts, int rounds,
                size_t dim) {
   const int n = static_cast<int>(worker_hosts.size());
   ClientOptions server_options = Options(c, "s1", "ps0");

@@ -1,7 +1,7 @@
 """An emulated cluster on one machine: one network namespace per host.
 
 Issue #7 (emulated testbed). A thin Python face on the project's one
-namespace layout, which is implemented in C++ (testing/netns_network.h) and
+namespace layout, which is implemented in C++ (launch/netns_network.h) and
 driven here through its command, ``mlfabric-netns`` (testing/netns_cli.cc;
 JSON on stdout). The layout: every emulated host gets its own network
 namespace ``<prefix><host>`` with one interface (``veth0`` by default) and an

@@ -69,7 +69,7 @@
 #include "api/registration.h"
 #include "api/replica.h"
 #include "common/config.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
 #include "testing/http_client.h"
 
 namespace mlfabric {
@@ -288,9 +288,9 @@ struct RunResult {
 };
 
 absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int run_index) {
-  testing::ClusterOptions options;
+  launch::ClusterOptions options;
   options.topology =
-      flags.mode == "netns" ? testing::Topology::kNetns : testing::Topology::kLoopback;
+      flags.mode == "netns" ? launch::Topology::kNetns : launch::Topology::kLoopback;
   options.admin = true;
   std::map<std::string, std::vector<std::string>> host_flags;
   const std::string rate = absl::StrFormat("%.0f", flags.link_bps);
@@ -304,17 +304,17 @@ absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int ru
   const std::string worker_rate = absl::StrFormat("%.0f", worker_bps);
   for (const std::string& host : options.hosts) {
     const bool worker = host[0] == 'w';
-    options.rates[host] = worker ? testing::LinkRate{worker_bps, worker_bps}
-                                 : testing::LinkRate{flags.link_bps, flags.link_bps};
+    options.rates[host] = worker ? launch::LinkRate{worker_bps, worker_bps}
+                                 : launch::LinkRate{flags.link_bps, flags.link_bps};
     const std::string& r = worker ? worker_rate : rate;
     host_flags[host] = {"--uplink_bps=" + r, "--downlink_bps=" + r};
   }
   options.rate = {flags.link_bps, flags.link_bps};
   // Unique per process and run (a run killed earlier may have left its own).
   options.prefix = absl::StrCat("rb", ::getpid() % 100000, "-", run_index, "-");
-  auto cluster = testing::Cluster::Create(options);
+  auto cluster = launch::Cluster::Create(options);
   if (!cluster.ok()) return cluster.status();
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   const std::string config = c.dir() + "/scheduler.json";
   nlohmann::json job = {{"name", "demo"},
                         {"token", kToken},

@@ -34,7 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "api/mlfabric.h"
 #include "common/config.h"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
 
 namespace mlfabric {
 namespace {
@@ -80,8 +80,8 @@ struct RunResult {
 };
 
 absl::StatusOr<RunResult> Run(const Flags& flags, int shards, int aggregators) {
-  testing::ClusterOptions options;
-  options.topology = flags.mode == "netns" ? testing::Topology::kNetns : testing::Topology::kLoopback;
+  launch::ClusterOptions options;
+  options.topology = flags.mode == "netns" ? launch::Topology::kNetns : launch::Topology::kLoopback;
   std::map<std::string, std::vector<std::string>> host_flags;
   const std::string rate = absl::StrFormat("%.0f", flags.link_bps);
   for (int i = 1; i <= shards; ++i) options.hosts.push_back(absl::StrCat("s", i));
@@ -98,9 +98,9 @@ absl::StatusOr<RunResult> Run(const Flags& flags, int shards, int aggregators) {
   }
   options.rate = {flags.link_bps, flags.link_bps};
   options.prefix = absl::StrCat("mlfsh", shards, aggregators > 0 ? "a" : "", "-");
-  auto cluster = testing::Cluster::Create(options);
+  auto cluster = launch::Cluster::Create(options);
   if (!cluster.ok()) return cluster.status();
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   const std::string config = c.dir() + "/scheduler.json";
   std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": ")" << kToken << R"(",)"
                         << R"( "tau_max": )" << flags.tau_max

@@ -117,6 +117,16 @@ class _Serving:
     background thread (the GIL is released while it waits; callbacks take
     it). An error that ends serving is kept in `.error` and raised by stop()."""
 
+    def _init_serving(self, update, request):
+        """What a server's and a replica's __init__ share: not serving yet,
+        and the update and request callbacks when given."""
+        self._thread = None
+        self.error = None
+        if update is not None:
+            self.register_update_callback(update)
+        if request is not None:
+            self.register_request_callback(request)
+
     def start(self):
         if getattr(self, "_thread", None) is not None:
             raise RuntimeError("%r is already serving" % self)
@@ -175,12 +185,7 @@ class Server(_Serving, _ext.Server):
         _ext.Server.__init__(self, name, socket=socket, job=job, token=token,
                              delay_bound=delay_bound, divergence_bound=divergence_bound,
                              shard=_shard_tuple(shard))
-        self._thread = None
-        self.error = None
-        if update is not None:
-            self.register_update_callback(update)
-        if request is not None:
-            self.register_request_callback(request)
+        self._init_serving(update, request)
 
     def __repr__(self):
         return "<mlfabric.Server %r>" % self.name
@@ -222,12 +227,7 @@ class Replica(_Serving, _ext.Replica):
                               snapshot=install is not None)
         if install is not None:
             self.register_install_callback(install)
-        self._thread = None
-        self.error = None
-        if update is not None:
-            self.register_update_callback(update)
-        if request is not None:
-            self.register_request_callback(request)
+        self._init_serving(update, request)
         if promotion is not None:
             self.register_promotion_callback(promotion)
 

@@ -306,14 +306,65 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     return _DistributedGradientTape(gradtape, compression, op, reducer)
 
 
+def _keras_distributed_optimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                 compression=Compression.none, sparse_as_dense=False,
+                                 gradient_predivide_factor=1.0, op=Average,
+                                 backward_passes_per_step=1, average_aggregated_gradients=False,
+                                 num_groups=0, groups=None, reducer=None, average=None,
+                                 backup_workers=0):
+    """mlfabric.keras.DistributedOptimizer (see there), here so that both
+    mlfabric.keras and this module's DistributedOptimizer use it without
+    this module importing mlfabric.keras."""
+    del device_dense, device_sparse, sparse_as_dense, num_groups, groups
+    if average is not None:
+        op = Average if average else Sum
+    op = _resolve_op(None, op, "mlfabric.keras.DistributedOptimizer")
+    if gradient_predivide_factor != 1.0:
+        raise ValueError("mlfabric: gradient_predivide_factor is not supported (use 1.0)")
+    passes = int(backward_passes_per_step)
+    if passes < 1:
+        raise ValueError("mlfabric.keras.DistributedOptimizer: backward_passes_per_step must be "
+                         ">= 1, got %r" % (backward_passes_per_step,))
+    if backup_workers:
+        if reducer is not None:
+            raise ValueError("mlfabric.keras.DistributedOptimizer: give reducer or backup_workers, "
+                             "not both")
+        reducer = mlfabric.backup_reducer(backup_workers)
+    if getattr(optimizer, "gradient_accumulation_steps", None):
+        raise ValueError("mlfabric.keras.DistributedOptimizer: the optimizer already accumulates "
+                         "gradients (gradient_accumulation_steps); use backward_passes_per_step")
+    base = type(optimizer)
+
+    class _Distributed(base):
+        # Keras 3 calls _clip_gradients exactly once per variable update,
+        # with the (accumulated, averaged) gradients, before clipping and
+        # the update step: the one place where every rank's gradients must
+        # be combined. It is a private hook; tests/horovod_keras_check.py
+        # fails if a Keras upgrade moves it.
+        def _clip_gradients(self, grads):
+            if passes > 1 and not average_aggregated_gradients:
+                # Keras averages the N accumulated passes; Horovod sums them.
+                grads = [None if g is None else g * passes for g in grads]
+            grads = grouped_allreduce(list(grads), op=op, compression=compression,
+                                      reducer=reducer or mlfabric.reducer())
+            return super()._clip_gradients(grads)
+
+    _Distributed.__name__ = "Distributed" + base.__name__
+    config = optimizer.get_config()
+    if passes > 1:
+        config["gradient_accumulation_steps"] = passes
+    if name is not None:
+        config["name"] = name
+    return _Distributed.from_config(config)
+
+
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=1, op=Average,
                          average_aggregated_gradients=False, **kwargs):
     """Horovod's DistributedOptimizer for a Keras 3 optimizer (the same as
     mlfabric.keras.DistributedOptimizer)."""
-    from mlfabric import keras as _keras
-    return _keras.DistributedOptimizer(
+    return _keras_distributed_optimizer(
         optimizer, name=name, compression=compression,
         backward_passes_per_step=backward_passes_per_step, op=op,
         average_aggregated_gradients=average_aggregated_gradients, **kwargs)

@@ -99,6 +99,19 @@ struct Promotion {
   int64_t model_version = 0;  // the old server's: continue version numbers from here
 };
 
+// Runs a C API serve loop (mlf_ext_server_serve, mlf_ext_replica_serve) on
+// `handle` with the GIL released, so the callbacks can take it, and raises
+// the error it ends with.
+void ServeWithoutGil(int (*serve)(int64_t handle, char* err, size_t err_len), int64_t handle) {
+  char err[kErrBytes] = {0};
+  int code;
+  {
+    py::gil_scoped_release release;
+    code = serve(handle, err, sizeof err);
+  }
+  if (code != 0) Raise(code, err);
+}
+
 // State shared with the C trampolines of a server or replica; its Python
 // callables are only touched with the GIL held.
 struct Handlers {
@@ -291,13 +304,7 @@ class PyServer {
                                "': register an update callback and a request callback before "
                                "serve()");
     }
-    char err[kErrBytes] = {0};
-    int code;
-    {
-      py::gil_scoped_release release;
-      code = mlf_ext_server_serve(handle_, err, sizeof err);
-    }
-    if (code != 0) Raise(code, err);
+    ServeWithoutGil(&mlf_ext_server_serve, handle_);
   }
   void Stop() {
     if (handle_ != 0) mlf_ext_server_stop(handle_);
@@ -381,13 +388,7 @@ class PyReplica {
                                "' starts from a snapshot: register an install callback before "
                                "serve()");
     }
-    char err[kErrBytes] = {0};
-    int code;
-    {
-      py::gil_scoped_release release;
-      code = mlf_ext_replica_serve(handle_, err, sizeof err);
-    }
-    if (code != 0) Raise(code, err);
+    ServeWithoutGil(&mlf_ext_replica_serve, handle_);
   }
   void Stop() {
     if (handle_ != 0) mlf_ext_replica_stop(handle_);

@@ -9,7 +9,6 @@
 #include "common/logging.h"
 #include "common/secrets.h"
 #include "scheduler/service/commands.h"
-#include "scheduler/service/server_groups.h"
 
 namespace mlfabric {
 namespace {
@@ -130,8 +129,7 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
     }
   }
   // A group push's parts not yet released are skipped at every shard.
-  EndGroupPush(this, transfer_id, record.state == UpdateState::kInFlight ? record.sequence : 0,
-               reason);
+  EndGroupPush(transfer_id, record.state == UpdateState::kInFlight ? record.sequence : 0, reason);
   SettleHeldCopies(transfer_id, outcome == v1::OUTCOME_APPLIED, reason);
   v1::DaemonCommand command = commands::PushOutcome(transfer_id, record.local_id, outcome, reason);
   v1::PushOutcome* result = command.mutable_outcome();
@@ -264,8 +262,8 @@ void ClusterState::RememberPushUid(uint64_t uid, uint64_t transfer_id, const std
 }
 
 void ClusterState::FailAggregate(uint64_t aggregate_id, const std::string& reason) {
-  if (IsGroupAggregate(*this, aggregate_id)) {
-    FailGroupAggregate(this, aggregate_id, reason);
+  if (IsGroupAggregate(aggregate_id)) {
+    FailGroupAggregate(aggregate_id, reason);
     return;
   }
   auto it = aggregates.find(aggregate_id);
@@ -291,6 +289,55 @@ void ClusterState::FailAggregate(uint64_t aggregate_id, const std::string& reaso
     Complete(constituent, v1::OUTCOME_FAILED,
              absl::StrCat("its in-network aggregate failed: ", reason), 0);
   }
+}
+
+bool ClusterState::IsGroupAggregate(uint64_t id) const {
+  auto push = group_pushes.find(id);
+  return push != group_pushes.end() && !push->second.constituents.empty();
+}
+
+void ClusterState::FailGroupAggregate(uint64_t id, const std::string& reason) {
+  auto it = group_pushes.find(id);
+  if (it == group_pushes.end() || it->second.constituents.empty()) return;
+  const GroupPush group = std::move(it->second);
+  group_pushes.erase(it);
+  for (const GroupPart& part : group.parts) {
+    group_parts.erase(part.id);
+    if (!group.released) {
+      // Skipped at its shard (a held sum never released is never applied),
+      // and no longer summed at the aggregator.
+      Enqueue(part.host, commands::CancelDelivery(part.id, part.server, group.sequence, reason));
+      Enqueue(group.aggregator, commands::CancelDelivery(part.id, part.server, 0, reason));
+    }
+  }
+  for (const TransferView& feed : group.feeds) group_feeds.erase(feed.transfer_id);
+  const std::string why =
+      group.released
+          ? absl::StrCat(reason, " (after every shard had its part of the aggregate: shards "
+                                 "that applied theirs keep it)")
+          : absl::StrCat("its in-network aggregate failed: ", reason, "; no shard applied it");
+  for (uint64_t member : group.constituents) {
+    auto record = updates.find(member);
+    if (record == updates.end()) continue;
+    record->second.aggregate_id = 0;  // the aggregate is gone already
+    record->second.sequence = 0;      // its shards skip the position (above)
+    Complete(member, v1::OUTCOME_FAILED, why, 0);
+  }
+}
+
+bool ClusterState::EndGroupPush(uint64_t push_id, uint64_t sequence, const std::string& reason) {
+  auto push = group_pushes.find(push_id);
+  if (push == group_pushes.end()) return false;
+  for (const GroupPart& part : push->second.parts) {
+    // A held part never released is never applied: skipping it keeps the
+    // shard's later pushes moving.
+    if (!push->second.released && sequence != 0) {
+      Enqueue(part.host, commands::CancelDelivery(part.id, part.server, sequence, reason));
+    }
+    group_parts.erase(part.id);
+  }
+  group_pushes.erase(push);
+  return true;
 }
 
 void ClusterState::FailRound(const std::string& job_name, const std::string& server_name,
@@ -346,7 +393,7 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
     }
   }
   for (uint64_t id : group_sums_there) {
-    FailGroupAggregate(this, id, absl::StrCat("aggregator host ", host_name, " is down: ", reason));
+    FailGroupAggregate(id, absl::StrCat("aggregator host ", host_name, " is down: ", reason));
   }
   std::vector<uint64_t> to_fail;
   for (auto& [id, record] : updates) {
@@ -468,8 +515,8 @@ void ClusterState::FailWhenCancelled(uint64_t transfer_id, const std::string& re
 void ClusterState::FailAggregateWhenCancelled(uint64_t aggregate_id, const std::string& reason) {
   // A group aggregate's sums are held at the shards until all are in:
   // none was applied unless they were released (FailGroupAggregate says so).
-  if (IsGroupAggregate(*this, aggregate_id)) {
-    FailGroupAggregate(this, aggregate_id, reason);
+  if (IsGroupAggregate(aggregate_id)) {
+    FailGroupAggregate(aggregate_id, reason);
     return;
   }
   auto it = aggregates.find(aggregate_id);
@@ -736,7 +783,7 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
       }
       continue;
     }
-    if (IsGroupAggregate(*this, record.aggregate_id)) continue;  // below, once
+    if (IsGroupAggregate(record.aggregate_id)) continue;  // below, once
     AppendSegments(record.planned.segments, &(*up)[record.planned.src]);
     AppendSegments(record.planned.segments, &(*down)[record.planned.dst]);
   }

@@ -492,6 +492,21 @@ class ClusterState {
   // replica (applied) or cancelled there (not applied).
   void SettleHeldCopies(uint64_t transfer_id, bool applied, const std::string& reason);
 
+  // Server groups' share of the outcome state machine (server_groups.h
+  // builds on these). Whether `id` is a group aggregate's
+  // (GroupPush::constituents).
+  bool IsGroupAggregate(uint64_t id) const;
+  // Group aggregate `id` fails: its sums not released are cancelled at their
+  // shards (and the aggregation at the aggregator), and every constituent
+  // still in flight fails with `reason` (said to have been applied at some
+  // shards if it was released: those keep it, as a group push's). Its
+  // bookkeeping is forgotten first, so re-entry through Complete is a no-op.
+  void FailGroupAggregate(uint64_t id, const std::string& reason);
+  // Complete's share: push `push_id` (at group sequence `sequence`) ended;
+  // its parts not yet released are cancelled at their shards, and the push's
+  // bookkeeping is forgotten. False if it is no group push.
+  bool EndGroupPush(uint64_t push_id, uint64_t sequence, const std::string& reason);
+
   // In-flight reservations on each host's uplink/downlink, as segments:
   // planned pushes, aggregates, replica copies and (ReserveDistribution)
   // model distributions that have not ended.

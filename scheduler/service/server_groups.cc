@@ -194,41 +194,6 @@ void GroupPartReady(ClusterState* state, uint64_t part_id) {
   }
 }
 
-bool IsGroupAggregate(const ClusterState& state, uint64_t id) {
-  auto push = state.group_pushes.find(id);
-  return push != state.group_pushes.end() && !push->second.constituents.empty();
-}
-
-void FailGroupAggregate(ClusterState* state, uint64_t id, const std::string& reason) {
-  auto it = state->group_pushes.find(id);
-  if (it == state->group_pushes.end() || it->second.constituents.empty()) return;
-  const GroupPush group = std::move(it->second);
-  state->group_pushes.erase(it);
-  for (const GroupPart& part : group.parts) {
-    state->group_parts.erase(part.id);
-    if (!group.released) {
-      // Skipped at its shard (a held sum never released is never applied),
-      // and no longer summed at the aggregator.
-      state->Enqueue(part.host,
-                     commands::CancelDelivery(part.id, part.server, group.sequence, reason));
-      state->Enqueue(group.aggregator, commands::CancelDelivery(part.id, part.server, 0, reason));
-    }
-  }
-  for (const TransferView& feed : group.feeds) state->group_feeds.erase(feed.transfer_id);
-  const std::string why =
-      group.released
-          ? absl::StrCat(reason, " (after every shard had its part of the aggregate: shards "
-                                 "that applied theirs keep it)")
-          : absl::StrCat("its in-network aggregate failed: ", reason, "; no shard applied it");
-  for (uint64_t member : group.constituents) {
-    auto record = state->updates.find(member);
-    if (record == state->updates.end()) continue;
-    record->second.aggregate_id = 0;  // the aggregate is gone already
-    record->second.sequence = 0;      // its shards skip the position (above)
-    state->Complete(member, v1::OUTCOME_FAILED, why, 0);
-  }
-}
-
 namespace {
 
 // A group aggregate's part or feed ended (GroupPartEnded).
@@ -238,15 +203,14 @@ void GroupAggregatePartEnded(ClusterState* state, uint64_t id, GroupPush* group,
   const std::string why = error.empty() ? std::string("failed") : error;
   if (part == nullptr) {  // a feed: reported only when it fails
     if (applied) return;
-    FailGroupAggregate(state, id,
-                       absl::StrCat("a part on its way to aggregator ", group->aggregator,
-                                    " failed: ", why));
+    state->FailGroupAggregate(id, absl::StrCat("a part on its way to aggregator ",
+                                               group->aggregator, " failed: ", why));
     return;
   }
   if (!applied) {
-    FailGroupAggregate(state, id,
-                       absl::StrCat("its sum for shard '", part->server, "' on ", part->host,
-                                    " from aggregator ", group->aggregator, ": ", why));
+    state->FailGroupAggregate(
+        id, absl::StrCat("its sum for shard '", part->server, "' on ", part->host,
+                         " from aggregator ", group->aggregator, ": ", why));
     return;
   }
   part->applied = true;
@@ -352,22 +316,6 @@ void GroupPartEnded(ClusterState* state, uint64_t part_id, bool applied, int64_t
     }
   }
   state->Complete(push_id, v1::OUTCOME_APPLIED, "", low);
-}
-
-bool EndGroupPush(ClusterState* state, uint64_t push_id, uint64_t sequence,
-                  const std::string& reason) {
-  auto push = state->group_pushes.find(push_id);
-  if (push == state->group_pushes.end()) return false;
-  for (const GroupPart& part : push->second.parts) {
-    // A held part never released is never applied: skipping it keeps the
-    // shard's later pushes moving.
-    if (!push->second.released && sequence != 0) {
-      state->Enqueue(part.host, commands::CancelDelivery(part.id, part.server, sequence, reason));
-    }
-    state->group_parts.erase(part.id);
-  }
-  state->group_pushes.erase(push);
-  return true;
 }
 
 }  // namespace mlfabric

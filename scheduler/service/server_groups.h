@@ -33,6 +33,11 @@
 //   GroupPartReady(&state, part_id);                        // ReportCompletion
 //   GroupPartEnded(&state, part_id, applied, version, error);
 //
+// How a group push or group aggregate ends when something else ends it (a
+// push completed, a host down, an aggregate failed) is ClusterState's own
+// (cluster_state.h: EndGroupPush, FailGroupAggregate), so that this part
+// sits above cluster_state and cluster_state never includes it.
+//
 // Thread safety: none; called under the scheduler service's lock.
 #ifndef MLFABRIC_SCHEDULER_SERVICE_SERVER_GROUPS_H_
 #define MLFABRIC_SCHEDULER_SERVICE_SERVER_GROUPS_H_
@@ -81,16 +86,6 @@ int64_t GroupBytes(const ServerState& group);
 // are released at every shard.
 void GroupPartReady(ClusterState* state, uint64_t part_id);
 
-// Whether `id` is a group aggregate's (GroupPush::constituents).
-bool IsGroupAggregate(const ClusterState& state, uint64_t id);
-
-// Group aggregate `id` fails: its sums not released are cancelled at their
-// shards (and the aggregation at the aggregator), and every constituent
-// still in flight fails with `reason` (said to have been applied at some
-// shards if it was released: those keep it, as a group push's). Its
-// bookkeeping is forgotten first, so re-entry through Complete is a no-op.
-void FailGroupAggregate(ClusterState* state, uint64_t id, const std::string& reason);
-
 // Part `part_id` ended at its shard (applied, with the shard's version) or
 // failed to move or be applied (with `error`). The push is applied when
 // every part is; it fails when one part fails. For a group aggregate the
@@ -98,12 +93,6 @@ void FailGroupAggregate(ClusterState* state, uint64_t id, const std::string& rea
 // constituents are applied as consecutive versions ending at the shards'.
 void GroupPartEnded(ClusterState* state, uint64_t part_id, bool applied, int64_t version,
                     const std::string& error);
-
-// Complete's share: push `push_id` (at group sequence `sequence`) ended;
-// its parts not yet released are cancelled at their shards, and the push's
-// bookkeeping is forgotten. False if it is no group push.
-bool EndGroupPush(ClusterState* state, uint64_t push_id, uint64_t sequence,
-                  const std::string& reason);
 
 }  // namespace mlfabric
 

@@ -2,7 +2,7 @@
 // the receiving daemon's arrival trace, the server application's delivery
 // order, the scheduler's planned transfers (admin endpoint) and a process's
 // CPU time. Plain parsing; the processes are started by the caller
-// (tools/launch/process.h).
+// (launch/process.h).
 //
 //   auto arrivals = ParseArrivals(cluster.daemon("s1").Log());  // needs --log_level=debug
 //   auto planned = FetchPlannedTransfers(admin_port, "ps0");     // commit order

@@ -30,12 +30,15 @@
 #include "common/config.h"
 #include "common/secrets.h"
 #include "nlohmann/json.hpp"
-#include "testing/cluster.h"
+#include "launch/cluster.h"
 #include "testing/http_client.h"
 #include "testing/loadgen/load_generator.h"
 
 namespace mlfabric::testing {
 namespace {
+
+using launch::Cluster;
+using launch::ClusterOptions;
 
 constexpr char kUsage[] = R"(mlfabric-loadgen: drive a real mlfabric-scheduler with emulated daemons
 

@@ -15,8 +15,8 @@
 #include <string>
 
 #include "common/config.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 
 namespace {
 
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
               planner.c_str(), hosts.size(), static_cast<long long>(workers),
               static_cast<long long>(dim), seconds);
   std::fflush(stdout);
-  auto cluster_or = testing::Cluster::StartLoopback(
+  auto cluster_or = launch::Cluster::StartLoopback(
       hosts, {"--planner=" + planner, "--admin_port=0", "--admin_port_file={dir}/admin.port",
               "--straggler_factor=" + std::to_string(straggler_factor)});
   if (!cluster_or.ok()) {
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
               << "\n";
     return 1;
   }
-  testing::Cluster& cluster = **cluster_or;
+  launch::Cluster& cluster = **cluster_or;
   std::printf("started mlfabric-scheduler at %s and mlfabricd on", cluster.scheduler_address().c_str());
   for (const auto& host : hosts) std::printf(" %s", host.c_str());
   std::printf(" (logs in %s)\n", cluster.dir().c_str());

@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "tools/launch/process.h"
+#include "launch/process.h"
 
 namespace mlfabric::run {
 

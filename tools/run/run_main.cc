@@ -42,8 +42,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/secrets.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "tools/run/hosts.h"
 
 namespace {
@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
   std::string mpirun_path = "/usr/bin/mpirun";
   if (::access(mpirun_path.c_str(), X_OK) != 0) mpirun_path = "mpirun";
 
-  std::unique_ptr<mlfabric::testing::Cluster> cluster;
+  std::unique_ptr<mlfabric::launch::Cluster> cluster;
   // Many hosts: the scheduler here, a daemon per host through mpirun.
   std::unique_ptr<Subprocess> scheduler, daemons;
   std::string socket_dir, config_dir, ompi_dir, hosts_dir;
@@ -423,7 +423,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> hosts;
     const int host_count = (np + ranks_per_host - 1) / ranks_per_host;
     for (int h = 0; h < host_count; ++h) hosts.push_back("h" + std::to_string(h));
-    auto started = mlfabric::testing::Cluster::StartLoopback(
+    auto started = mlfabric::launch::Cluster::StartLoopback(
         hosts, {"--config=" + config, "--planner=" + planner}, daemon_args);
     if (!started.ok()) {
       std::cerr << "mlfabric-run: cannot start the scheduler and daemons: "

@@ -36,8 +36,8 @@
 // when namespaces cannot be used here (tests print "SKIPPED: <reason>" via
 // testing/prereq.h); any later failure is an error.
 // Thread safety: none; drive from one thread.
-#ifndef MLFABRIC_TESTING_CLUSTER_H_
-#define MLFABRIC_TESTING_CLUSTER_H_
+#ifndef MLFABRIC_LAUNCH_CLUSTER_H_
+#define MLFABRIC_LAUNCH_CLUSTER_H_
 
 #include <map>
 #include <memory>
@@ -47,10 +47,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "testing/netns_network.h"
-#include "tools/launch/process.h"
+#include "launch/netns_network.h"
+#include "launch/process.h"
 
-namespace mlfabric::testing {
+namespace mlfabric::launch {
 
 enum class Topology { kLoopback, kNetns };
 
@@ -178,6 +178,6 @@ class Cluster {
   std::vector<std::unique_ptr<launch::Subprocess>> apps_;
 };
 
-}  // namespace mlfabric::testing
+}  // namespace mlfabric::launch
 
-#endif  // MLFABRIC_TESTING_CLUSTER_H_
+#endif  // MLFABRIC_LAUNCH_CLUSTER_H_

@@ -1,6 +1,6 @@
 // Data-plane benchmarks of issue 4, printed as one table (daemon/README.md):
 //
-//   bazel run -c opt //daemon/bench:dataplane_benchmark [-- --gib=1 --rounds=3]
+//   bazel run -c opt //bench:dataplane_benchmark [-- --gib=1 --rounds=3]
 //   ... -- --compare_auth=true   adds sets with data-plane authentication off
 //                                and on, alternated, and their ratio (issue 17)
 //   ... -- --compare_encryption=true  the same with payload encryption on
@@ -23,7 +23,7 @@
 //  4. CPU seconds per GB moved, of the sending and the receiving daemon
 //     (user + system from /proc, over the pushes only).
 // Benchmark 2 (preemption on a shaped link) needs network namespaces:
-// //daemon/bench:preemption_benchmark.
+// //bench:preemption_benchmark.
 //
 // Every ratio is taken within one run on one machine; absolute figures
 // depend on the machine and on what else runs on it.
@@ -47,9 +47,9 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "common/config.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/apps/dataplane_trace.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric::bench {
 namespace {
@@ -203,7 +203,7 @@ const char* Describe(DataPlane plane) {
 
 absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds,
                                                  DataPlane plane = DataPlane::kAuthenticated) {
-  auto cluster = testing::Cluster::StartLoopback(
+  auto cluster = launch::Cluster::StartLoopback(
       {"s1", "w1"},
       {"--planner=fifo",
        plane == DataPlane::kPlain ? "--data_plane_auth=false" : "--data_plane_auth=true",
@@ -212,7 +212,7 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds,
       // Pacing far above loopback speed: the path, not the token bucket, limits.
       {"--log_level=debug", "--uplink_bps=1e12", "--downlink_bps=1e12"});
   if (!cluster.ok()) return cluster.status();
-  testing::Cluster& c = **cluster;
+  launch::Cluster& c = **cluster;
   auto server = c.StartApp("server", {BinaryPath("testing/apps/dataplane_server"),
                                       "--socket=" + c.Socket("s1"), "--verify=false"});
   if (!server.ok()) return server.status();

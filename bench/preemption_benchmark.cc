@@ -1,9 +1,9 @@
 // Benchmark 2 of issue 4: preemption latency of an urgent tensor behind a
 // large low-priority transfer on a shaped link (Mercury, mercury.md §IV).
 //
-//   bazel run -c opt //daemon/bench:preemption_benchmark [-- --link_mbps=200]
+//   bazel run -c opt //bench:preemption_benchmark [-- --link_mbps=200]
 //
-// Two hosts in network namespaces (testing/cluster.h, kNetns; needs root),
+// Two hosts in network namespaces (launch/cluster.h, kNetns; needs root),
 // w1's uplink an htb class of --link_mbps. The FIFO planner starts every
 // transfer at once, so the urgent one meets the large one in w1's
 // PriorityPacketQueue. A 48 MiB transfer (priority 10) is sent; while it is
@@ -29,9 +29,9 @@
 #include <thread>
 
 #include "common/config.h"
+#include "launch/cluster.h"
+#include "launch/process.h"
 #include "testing/apps/dataplane_trace.h"
-#include "testing/cluster.h"
-#include "tools/launch/process.h"
 
 namespace mlfabric::bench {
 namespace {
@@ -55,14 +55,14 @@ struct Result {
 };
 
 absl::StatusOr<Result> Measure(double link_bps, double declared_bps, int urgent) {
-  testing::ClusterOptions options;
-  options.topology = testing::Topology::kNetns;
+  launch::ClusterOptions options;
+  options.topology = launch::Topology::kNetns;
   options.hosts = {"s1", "w1"};
   options.rates["w1"].up_bps = link_bps;
   options.admin = true;
-  auto bed = testing::Cluster::Create(options);
+  auto bed = launch::Cluster::Create(options);
   if (!bed.ok()) return bed.status();
-  testing::Cluster& b = **bed;
+  launch::Cluster& b = **bed;
   if (auto status = b.Start({"--planner=fifo"}, {"--log_level=debug"},
                                    {{"w1", {"--uplink_bps=" + std::to_string(declared_bps)}}});
       !status.ok()) {

@@ -1,4 +1,4 @@
-#include "testing/cluster.h"
+#include "launch/cluster.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/secrets.h"
 
-namespace mlfabric::testing {
+namespace mlfabric::launch {
 namespace {
 
 using launch::BinaryPath;
@@ -306,4 +306,4 @@ Cluster::~Cluster() {
   }
 }
 
-}  // namespace mlfabric::testing
+}  // namespace mlfabric::launch

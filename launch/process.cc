@@ -1,4 +1,4 @@
-#include "tools/launch/process.h"
+#include "launch/process.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-#include "testing/netns_network.h"
+#include "launch/netns_network.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -22,7 +22,7 @@
 
 extern char** environ;
 
-namespace mlfabric::testing {
+namespace mlfabric::launch {
 namespace {
 
 constexpr int kMaxInterfaceName = 15;  // IFNAMSIZ - 1
@@ -483,4 +483,4 @@ std::vector<std::string> NetnsNetwork::CleanupPrefix(const std::string& prefix) 
   return removed;
 }
 
-}  // namespace mlfabric::testing
+}  // namespace mlfabric::launch

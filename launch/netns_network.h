@@ -1,7 +1,7 @@
 // An emulated network on one machine: one Linux network namespace per host,
 // all joined by a bridge in a switch namespace, every host NIC shaped by htb
 // in both directions. This is the only implementation of that layout: the
-// C++ cluster launcher (testing/cluster.h) builds on it, and the Python
+// C++ cluster launcher (launch/cluster.h) builds on it, and the Python
 // testbed (eval/testbed/netns_cluster.py) drives it through the
 // `mlfabric-netns` command (testing/netns_cli.cc).
 //
@@ -42,8 +42,8 @@
 // Thread safety: NetnsLayout is a value. A NetnsNetwork's SetRate,
 // ReadLinkBytes, Wrap and Exec may be called from any thread; Destroy is
 // not concurrent with anything else.
-#ifndef MLFABRIC_TESTING_NETNS_NETWORK_H_
-#define MLFABRIC_TESTING_NETNS_NETWORK_H_
+#ifndef MLFABRIC_LAUNCH_NETNS_NETWORK_H_
+#define MLFABRIC_LAUNCH_NETNS_NETWORK_H_
 
 #include <sys/types.h>
 
@@ -57,7 +57,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace mlfabric::testing {
+namespace mlfabric::launch {
 
 // Names and addresses of a network; pure, needs no privilege.
 struct NetnsLayout {
@@ -181,6 +181,6 @@ class NetnsNetwork {
   bool owned_ = false;
 };
 
-}  // namespace mlfabric::testing
+}  // namespace mlfabric::launch
 
-#endif  // MLFABRIC_TESTING_NETNS_NETWORK_H_
+#endif  // MLFABRIC_LAUNCH_NETNS_NETWORK_H_

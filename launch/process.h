@@ -1,6 +1,6 @@
 // Starting and stopping processes on this machine, and the small helpers
 // around it: a general process library for the user tools (mlfabric-run,
-// the demo), the cluster launcher (testing/cluster.h) and the tests.
+// the demo), the cluster launcher (launch/cluster.h) and the tests.
 //
 //   auto proc = Subprocess::Start({BinaryPath("daemon/mlfabricd"), "--host=w1"}, log_path);
 //   proc->WaitFor(10.0);   // exit code, or nullopt if still running at the deadline
@@ -9,8 +9,8 @@
 // unless it has exited, so a failed run leaves no orphans.
 // Thread safety: none; drive each Subprocess from one thread. The free
 // functions are safe from any thread.
-#ifndef MLFABRIC_TOOLS_LAUNCH_PROCESS_H_
-#define MLFABRIC_TOOLS_LAUNCH_PROCESS_H_
+#ifndef MLFABRIC_LAUNCH_PROCESS_H_
+#define MLFABRIC_LAUNCH_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -62,4 +62,4 @@ class Subprocess {
 
 }  // namespace mlfabric::launch
 
-#endif  // MLFABRIC_TOOLS_LAUNCH_PROCESS_H_
+#endif  // MLFABRIC_LAUNCH_PROCESS_H_
