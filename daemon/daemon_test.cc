@@ -115,6 +115,24 @@ struct Fixture {
     released = true;
     cv.notify_all();
   }
+  // Returns once every failure report that the commands pushed so far (and
+  // what the daemon handled before them) cause has reached the fake. The
+  // daemon handles commands in order, under the lock its other handlers
+  // (an application leaving, ...) take too, and sends failure reports from
+  // one FIFO queue. A send naming a push the daemon does not have
+  // (`marker`) is handled after everything before it and reported failed
+  // through that queue: once its report is in, any report queued before
+  // it is in too.
+  void AwaitEarlierReports(uint64_t marker) {
+    v1::DaemonCommand command;
+    v1::SendTransfer* send = command.mutable_send();
+    send->set_transfer_id(marker);
+    send->set_dst_host("s1");
+    send->set_dst_address("127.0.0.1:1");
+    send->set_bytes(4096);
+    scheduler->PushCommand(command);
+    REQUIRE(scheduler->WaitForCompletionOf(marker, std::chrono::seconds(30)));
+  }
   static v1::DaemonCommand Outcome(uint64_t transfer, uint64_t local_id, v1::Outcome outcome,
                                    const std::string& reason = "") {
     v1::DaemonCommand command;
@@ -224,9 +242,13 @@ TEST_CASE("Daemon: a server application that goes away fails what it was to appl
   f.scheduler->PushCommand(command);
   server.reset();  // before or after the daemon took the expectation
   REQUIRE(f.scheduler->WaitForCompletions(1, std::chrono::seconds(30)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a second report would come now
+  // The first report means the daemon has handled both the expectation and
+  // the server leaving (whichever came second failed it); a second report
+  // of either would be queued by now, ahead of the marker's.
+  f.AwaitEarlierReports(9001);
   const std::vector<v1::CompletionReport> reports = f.scheduler->completions();
-  REQUIRE(reports.size() == 1);
+  REQUIRE(reports.size() == 2);
+  CHECK(reports[1].transfer_id() == 9001);
   CHECK(reports[0].transfer_id() == 300);
   CHECK(!reports[0].applied());
   CHECK(reports[0].error().find("server 'ps'") != std::string::npos);
@@ -262,8 +284,12 @@ TEST_CASE("Daemon: a cancellation to confirm is answered not applied when skippe
   cancel.mutable_cancel()->set_transfer_id(401);
   cancel.mutable_cancel()->set_sequence(2);
   f.scheduler->PushCommand(cancel);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  CHECK(f.scheduler->completions().size() == 1);
+  // An answer to it would be queued while the daemon handles the
+  // cancellation, ahead of the marker handled after it.
+  f.AwaitEarlierReports(9002);
+  const std::vector<v1::CompletionReport> reports = f.scheduler->completions();
+  REQUIRE(reports.size() == 2);
+  CHECK(reports[1].transfer_id() == 9002);
 }
 
 TEST_CASE("Daemon: Stop ends a get that waits on a daemon that never answers") {

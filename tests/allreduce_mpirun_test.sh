@@ -24,7 +24,10 @@ grep -q "and $daemons mlfabricd; logs in" "$out"
 # mlfabric-run stopped what it started: no daemon of this run is left.
 dir=$(sed -n 's/.*logs in \(.*\)$/\1/p' "$out" | head -1)
 [[ -n "$dir" ]]
-! pgrep -f "$dir/h0.sock" >/dev/null
+if pgrep -f "$dir/h0.sock" >/dev/null; then
+  echo "FAIL: a daemon of this run ($dir/h0.sock) still runs after mlfabric-run exited"
+  exit 1
+fi
 echo "mlfabric-run stopped the scheduler and daemons in $dir"
 
 # A rank that returns an error from main while the others wait in a
@@ -41,6 +44,9 @@ if [[ "$*" == "--ranks_per_host 1" ]]; then
   cat "$failed"
   [[ $code -ne 0 && $code -ne 124 ]] || { echo "FAILED: exit $code (124: the job hung)"; exit 1; }
   grep -q "rank 1 of 2 exits with status 3" "$failed"
-  ! grep -q "passed a collective" "$failed"
+  if grep -q "passed a collective" "$failed"; then
+    echo "FAIL: a rank passed a collective that the failed rank never joined"
+    exit 1
+  fi
   echo "a rank's error exit stopped the job (mlfabric-run exit $code)"
 fi

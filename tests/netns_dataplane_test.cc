@@ -13,9 +13,11 @@
 //    in fifo (arrival order), always for the top job in TLs-One, and in
 //    TLs-RR for whichever job is on top in the current rotation period.
 //
-// Order assertions are exact. Rate assertions are one-sided where noise
-// could only push one way: the receiver can never see more than the
-// scheduled rate (plus one burst); the lower bound is loose (half).
+// Order assertions are exact. Rate assertions bound the receiver's goodput
+// from both sides (the bounds and why are at the checks): never more than
+// the scheduled rate plus one burst, and within 10% below it (the token
+// bucket, not noise, sets the rate: measured 100.4 and 250.7 Mbit/s for
+// 100 and 250 scheduled, daemon/README.md).
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -180,10 +182,19 @@ TEST_CASE("Throughput follows the scheduled rate below the link rate, and the li
   CHECK(slow.goodput_bps <= 100e6 * 1.02);
   CHECK(fast.goodput_bps <= 250e6 * 1.02);
   CHECK(over.goodput_bps <= kLink * 1.02);
-  // And not far below it.
-  CHECK(slow.goodput_bps >= 100e6 * 0.5);
-  CHECK(fast.goodput_bps >= 250e6 * 0.5);
-  CHECK(over.goodput_bps >= kLink * 0.5);
+  // And at most 10% below it. The pacer's token bucket refills at the
+  // scheduled rate and the link has room to spare (400 Mbit/s), so the
+  // goodput is the rate (measured 1.004x and 1.003x): a 1 s transfer
+  // (12 MiB at 100 Mbit/s) loses 10% only if the pacer stalls ~100 ms in
+  // all, far more than scheduling noise on a shared 2-core machine, and
+  // what a pacer that over-sleeps or a rate in the wrong unit would do.
+  CHECK(slow.goodput_bps >= 100e6 * 0.9);
+  CHECK(fast.goodput_bps >= 250e6 * 0.9);
+  // Link-bound: the goodput is the link less TCP/IP headers (1448 of
+  // every 1514 bytes on the wire, 0.956) and htb's accounting; measured
+  // 383.7 Mbit/s (0.96x). 0.85x leaves 11% for noise, and still fails a
+  // sender that, told 1 Gbit/s, paces below the link.
+  CHECK(over.goodput_bps >= kLink * 0.85);
   // The faster schedule is faster; the over-stated one is link-bound.
   CHECK(fast.goodput_bps > slow.goodput_bps * 1.5);
 }

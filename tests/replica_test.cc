@@ -358,13 +358,24 @@ TEST_CASE("Sampled during training, the true divergence stays within the bound a
               over_estimate);
   CHECK(samples.size() >= 20);
   CHECK(unread == 0);
-  // The samples span the training, not only its ends. (Whether one of them
-  // caught the replica behind depends on timing: the replica of this case
-  // applies at once, so its lag lasts a copy's transfer; the strict case
-  // below, with a slow replica, checks that the samples see lag.)
+  // The samples span the training, not only its ends, and caught the
+  // replica behind: without lag the bound checks below would hold for a
+  // scheduler that never planned a copy late or never bounded anything.
   CHECK(during > 0);
+  CHECK(worst > 0);
   CHECK(over_bound == 0);
   CHECK(over_estimate == 0);
+  // And the lag is only ever a delay: every update the server applied
+  // reaches the replica, which ends with the server's model exactly.
+  const bool caught_up = launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(job.replica_model.mu);
+    return job.replica_model.applied >= server_applied;
+  }, 30);
+  CHECK(caught_up);
+  std::lock_guard<std::mutex> s(job.server_model.mu);
+  std::lock_guard<std::mutex> r(job.replica_model.mu);
+  CHECK(job.replica_model.applied == job.server_model.applied);
+  CHECK(job.replica_model.model == job.server_model.model);  // integer-valued: exact
 }
 
 TEST_CASE("replica_bound strict: a slow replica is never more than the bound behind") {

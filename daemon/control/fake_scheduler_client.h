@@ -118,6 +118,16 @@ class FakeSchedulerClient final : public SchedulerClient {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, timeout, [&] { return completions_.size() >= count; });
   }
+  // Waits until a completion of `transfer_id` was reported; false on timeout.
+  bool WaitForCompletionOf(uint64_t transfer_id, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] {
+      for (const v1::CompletionReport& report : completions_) {
+        if (report.transfer_id() == transfer_id) return true;
+      }
+      return false;
+    });
+  }
 
  private:
   class Stream final : public ScheduleStream {

@@ -2,10 +2,10 @@
 # Smoke version of the testbed experiment: 3 workers, every system for a few
 # seconds, on a namespace cluster (or loopback, with "SKIPPED: ..." printed
 # for the namespace part). Asserts on the structure of results.json: every
-# system ran, every push is accounted for (ended exactly once: applied,
-# dropped or failed with a reason, printed; server count == workers' applied
-# count), sync ranks did equal rounds, traffic crossed the shaped links, and
-# no time is negative. Not on speed.
+# system ran, every push is accounted for (ended exactly once: applied or
+# dropped; none failed, as no fault is injected; server count == workers'
+# applied count), sync ranks did equal rounds, traffic crossed the shaped
+# links, and no time is negative. Not on speed.
 set -euo pipefail
 root="$TEST_SRCDIR/mlfabric"
 out="$TEST_TMPDIR/testbed"
@@ -47,10 +47,11 @@ for name, s in systems.items():
             assert ph["queued_s"] >= 0 and ph["planned_s"] > 0, "%s: %s" % (name, ph)
             assert abs(ph["queued_s"] + ph["planned_s"] + ph["late_s"] - ph["latency_s"]) < 1e-6, \
                 "%s: push phases do not add up: %s" % (name, ph)
-        if s["failed"]:
-            # Reported, not fatal: a failed push is an API outcome with a
-            # reason (see README); the accounting above must still hold.
-            print("WARNING: %s: %d pushes failed: %s" % (name, s["failed"], s["fail_reasons"]))
+    # Nothing here injects a fault (no host, daemon, link or scheduler is
+    # stopped, and the shaped links carry every plan), so a failed push is
+    # a defect, not an outcome to tolerate.
+    assert not s.get("failed"), "%s: %d pushes failed: %s" % (
+        name, s["failed"], s.get("fail_reasons"))
     if r["config"]["mode"] == "netns":
         assert s["links"] and all(l["up_bytes"] >= 0 for l in s["links"].values()), name
         moved = sum(l["up_bytes"] for h, l in s["links"].items() if h.startswith("w"))

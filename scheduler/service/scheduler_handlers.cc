@@ -272,6 +272,7 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
   auto server = job->servers.find(request.server());
   if (server == job->servers.end() && owner_elsewhere().empty() && config_.server_wait_s > 0) {
     // Workers often start before their server: give it a moment to register.
+    ++state_.stats.server_waits;
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(config_.server_wait_s));

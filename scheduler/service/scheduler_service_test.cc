@@ -6,12 +6,24 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "scheduler/core/fifo_planner.h"
 
 namespace mlfabric {
 namespace {
+
+// Polls `condition` until it holds or `timeout_s` passed (the service
+// does its work on its own threads; these tests wait for its effects).
+bool WaitFor(const std::function<bool()>& condition, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
 
 // Job "demo" with token "demo-token" (no job ships by default).
 SchedulerConfig DemoJob() {
@@ -211,16 +223,24 @@ TEST_CASE("QueryOutcomes waits while a push is in flight and answers once it end
   // A waiting query returns as soon as the server's daemon reports it applied.
   query.set_wait_s(30);
   v1::QueryOutcomesReply later;
-  std::thread asking([&] { REQUIRE(f.service.QueryOutcomes(query, &later).ok()); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  absl::Status asked;
+  std::thread asking([&] { asked = f.service.QueryOutcomes(query, &later); });
+  // The query counts itself and looks at the push under the service's lock,
+  // which it gives up only to wait: once GetStats (same lock) sees it
+  // counted, it is waiting, and the report below is what ends the wait.
+  const bool waiting =
+      WaitFor([&] { return f.service.GetStats().outcome_queries == 2; }, 30);
   v1::CompletionReport report;
   report.set_host("s1");
   report.set_transfer_id(id);
   report.set_applied(true);
   report.set_model_version(1);
   v1::CompletionAck ack;
-  REQUIRE(f.rpc.ReportCompletion(&f.context, &report, &ack).ok());
+  const bool reported = f.rpc.ReportCompletion(&f.context, &report, &ack).ok();
   asking.join();
+  REQUIRE(waiting);
+  REQUIRE(reported);
+  REQUIRE(asked.ok());
   REQUIRE(later.pushes_size() == 2);
   CHECK(later.pushes(0).state() == v1::PushState::STATE_ENDED);
   CHECK(later.pushes(0).outcome() == v1::OUTCOME_APPLIED);
@@ -505,12 +525,19 @@ TEST_CASE("A push waits for its server to register (workers may start first)") {
   MultiJob f;
   f.Host("s1");
   f.Host("w1");
-  std::thread late_server([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    REQUIRE(f.Server("a", "token-a", "psA", "s1").ok());
-  });
-  CHECK(f.Push("a", "psA").ok());
-  late_server.join();
+  grpc::Status pushed;
+  std::thread push([&] { pushed = f.Push("a", "psA"); });
+  // The server registers only once the push is waiting for it: the push
+  // counts its wait under the service's lock, which it gives up only to
+  // wait, so once GetStats (same lock) sees the count it is waiting.
+  const bool waiting =
+      WaitFor([&] { return f.service.GetStats().server_waits == 1; }, 30);
+  const grpc::Status registered = f.Server("a", "token-a", "psA", "s1");
+  push.join();
+  REQUIRE(waiting);
+  REQUIRE(registered.ok());
+  CHECK(pushed.ok());
+  CHECK(f.service.GetStats().rejected == 0);
 }
 
 TEST_CASE("Admin actions: job parameters and draining") {

@@ -61,6 +61,9 @@ struct SchedulerStats {
   // QueryOutcomes calls: applications that lost their daemon asking how
   // their pushes ended (outcome_queries.h).
   int64_t outcome_queries = 0;
+  // Pushes that arrived before their server registered and waited for it
+  // (server_wait_s), whether it came in time or not.
+  int64_t server_waits = 0;
   double plan_ms_total = 0;  // summed planner compute time over all batches
   double plan_ms_max = 0;
 };
