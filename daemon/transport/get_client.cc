@@ -1,6 +1,8 @@
 #include "daemon/transport/get_client.h"
 
 #include <algorithm>
+#include <iterator>
+#include <map>
 
 #include <utility>
 
@@ -123,6 +125,10 @@ absl::Status GetClient::Receive(Connection& connection, SharedBuffer& buffer,
   }
   FrameReader& reader = *connection.reader;
   uint64_t received = 0;
+  // The ranges written so far (begin -> end, merged): a byte that came
+  // twice would let `received` reach `total` with a hole left unwritten,
+  // and the buffer may be a reused one (its old bytes would show through).
+  std::map<uint64_t, uint64_t> covered;
   while (received < total) {
     auto data = reader.ReadHeader();
     if (!data.ok()) {
@@ -138,10 +144,29 @@ absl::Status GetClient::Receive(Connection& connection, SharedBuffer& buffer,
         data->length > total - data->offset) {
       return absl::DataLossError("get: malformed model packet");
     }
+    const uint64_t begin = data->offset, end = data->offset + data->length;
+    auto next = covered.upper_bound(begin);
+    if ((next != covered.end() && next->first < end) ||
+        (next != covered.begin() && std::prev(next)->second > begin)) {
+      return absl::DataLossError(absl::StrCat("get: bytes [", begin, ", ", end,
+                                              ") of the model arrived twice"));
+    }
     uint8_t* dst = buffer.data() + data->offset;
     RETURN_IF_ERROR(reader.ReadPayload(dst, data->length));
     RETURN_IF_ERROR(VerifyPayload(*data, dst));
     received += data->length;
+    if (end > begin) {
+      uint64_t merged_begin = begin, merged_end = end;
+      if (next != covered.begin() && std::prev(next)->second == begin) {
+        merged_begin = std::prev(next)->first;
+        covered.erase(std::prev(next));
+      }
+      if (next != covered.end() && next->first == end) {
+        merged_end = next->second;
+        covered.erase(next);
+      }
+      covered[merged_begin] = merged_end;
+    }
     if (arrived) arrived(data->offset, data->offset + data->length);
   }
   return absl::OkStatus();
