@@ -520,5 +520,89 @@ TEST_CASE("DataReceiver stops while a connection is open and idle") {
   CHECK(error);
 }
 
+// ---- same-host transfers (DeliverLocal): no socket
+
+transport::PacketHeader LocalBegin(uint32_t job, uint64_t transfer, uint64_t total) {
+  transport::PacketHeader begin;
+  begin.kind = transport::PacketKind::kBegin;
+  begin.job = job;
+  begin.transfer = transfer;
+  begin.offset = total;
+  return begin;
+}
+
+SharedBuffer BufferOf(const std::vector<uint8_t>& bytes) {
+  auto created = SharedBuffer::Create(bytes.size());
+  REQUIRE(created.ok());
+  std::memcpy(created->data(), bytes.data(), bytes.size());
+  return std::move(*created);
+}
+
+TEST_CASE("DataReceiver::DeliverLocal hands a same-host update to its server, no socket") {
+  Rig rig;
+  constexpr uint64_t kTransfer = 601;
+  const std::vector<uint8_t> bytes = Pattern(kTransfer, 3 * kPayloadBytes + 77);
+  const int64_t total = static_cast<int64_t>(bytes.size());
+  rig.ExpectDelivery(Expect(kTransfer, /*sequence=*/1, total));
+  const SharedBuffer source = BufferOf(bytes);
+  REQUIRE(rig.receiver.DeliverLocal(LocalBegin(kJob, kTransfer, total), source, kPayloadBytes)
+              .ok());
+  v1::LocalUpdate update;
+  std::vector<uint8_t> delivered;
+  rig.NextUpdate(&update, &delivered);
+  CHECK(update.transfer_id() == kTransfer);
+  CHECK(update.sequence() == 1);
+  CHECK(delivered == bytes);
+  // Counted as local, not as bytes received on a session.
+  CHECK(rig.receiver.bytes_received() == 0);
+  CHECK(rig.receiver.local_transfers() == 1);
+  CHECK(rig.receiver.local_bytes() == total);
+  CHECK(rig.SettledReports().empty());
+}
+
+TEST_CASE("DataReceiver::DeliverLocal before the expectation: kept, then delivered") {
+  Rig rig;
+  constexpr uint64_t kTransfer = 602;
+  const std::vector<uint8_t> bytes = Pattern(kTransfer, kPayloadBytes / 2);
+  const int64_t total = static_cast<int64_t>(bytes.size());
+  REQUIRE(rig.receiver.DeliverLocal(LocalBegin(kJob, kTransfer, total), BufferOf(bytes),
+                                    kPayloadBytes)
+              .ok());
+  {
+    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    CHECK(rig.incoming.Complete(kTransfer));
+    CHECK(rig.deliveries.delivered() == 0);
+  }
+  rig.ExpectDelivery(Expect(kTransfer, /*sequence=*/1, total));
+  v1::LocalUpdate update;
+  std::vector<uint8_t> delivered;
+  rig.NextUpdate(&update, &delivered);
+  CHECK(update.transfer_id() == kTransfer);
+  CHECK(delivered == bytes);
+}
+
+TEST_CASE("DataReceiver::DeliverLocal refuses another job's transfer and a second begin") {
+  Rig rig;
+  constexpr uint64_t kTransfer = 603;
+  const std::vector<uint8_t> bytes = Pattern(kTransfer, kPayloadBytes);
+  const int64_t total = static_cast<int64_t>(bytes.size());
+  rig.ExpectDelivery(Expect(kTransfer, /*sequence=*/1, total));
+  const absl::Status other =
+      rig.receiver.DeliverLocal(LocalBegin(kOtherJob, kTransfer, total), BufferOf(bytes),
+                                kPayloadBytes);
+  CHECK(absl::IsPermissionDenied(other));
+  REQUIRE(rig.receiver.DeliverLocal(LocalBegin(kJob, kTransfer, total), BufferOf(bytes),
+                                    kPayloadBytes)
+              .ok());
+  v1::LocalUpdate update;
+  std::vector<uint8_t> delivered;
+  rig.NextUpdate(&update, &delivered);
+  CHECK(delivered == bytes);
+  // A size that disagrees with the buffer is refused before anything starts.
+  CHECK(absl::IsInvalidArgument(rig.receiver.DeliverLocal(LocalBegin(kJob, 604, total + 1),
+                                                          BufferOf(bytes), kPayloadBytes)));
+  CHECK(rig.receiver.local_transfers() == 1);
+}
+
 }  // namespace
 }  // namespace mlfabric::daemon

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
@@ -546,6 +547,84 @@ TEST_CASE("RoundService sums early packets of a member whose round evicts an old
   const auto reports = rig.SettledReports();
   REQUIRE(reports.size() == 1);
   CHECK(reports[0].transfer_id() == 81);
+}
+
+
+// ---- a get from the root's own host (LocalRoundSums): no socket
+
+TEST_CASE("RoundService::AwaitSum hands an application on this host the exact sum, no socket") {
+  Rig rig;
+  rig.Connect();
+  const auto a = Floats(1.0f, 0.5f), b = Floats(-3.0f, 100.0f);
+  const auto a_bytes = AsBytes(a), b_bytes = AsBytes(b);
+  // The get comes first (the root rank pushed and asked at once): it waits
+  // for the round to begin and then for its last chunk.
+  int64_t version = -1;
+  std::shared_ptr<SharedBuffer> sum;
+  absl::Status got;
+  std::thread getter([&] { got = rig.rounds.AwaitSum(kJob, kServer, 0, &version, &sum); });
+  rig.Join(Member(11, 0));
+  rig.Join(Member(12, 0));
+  rig.FoldAll(11, a_bytes);
+  rig.Fold(12, b_bytes, 0, kBytes / 2);
+  rig.Fold(12, b_bytes, kBytes / 2, kBytes);
+  getter.join();
+  REQUIRE(got.ok());
+  CHECK(version == 1);  // round 0 yields version 1
+  REQUIRE(sum != nullptr);
+  REQUIRE(sum->size() == static_cast<size_t>(kBytes));
+  const std::vector<float> values =
+      Elements<float>(std::vector<uint8_t>(sum->data(), sum->data() + sum->size()));
+  for (size_t i = 0; i < kElements; ++i) {
+    INFO("element " << i);
+    CHECK(values[i] == a[i] + b[i]);
+  }
+  CHECK(rig.rounds.local_gets() == 1);
+  CHECK(rig.rounds.local_get_bytes() == kBytes);
+  // A copy of its own: the round's sum can go back to the pool meanwhile.
+  auto handed = NextUpdate(rig.ps);
+  REQUIRE(handed.has_value());
+  CHECK(sum->data() != nullptr);
+  CHECK(Elements<float>(handed->sum) == values);
+}
+
+TEST_CASE("RoundService::AwaitSum of a round that fails says why, as a get from another host") {
+  Rig rig;
+  rig.Connect();
+  int64_t version = -1;
+  std::shared_ptr<SharedBuffer> sum;
+  absl::Status got;
+  std::thread getter([&] { got = rig.rounds.AwaitSum(kJob, kServer, 3, &version, &sum); });
+  rig.Join(Member(21, 3));
+  rig.FoldAll(21, AsBytes(Floats(1.0f, 0.0f)));
+  // The second member comes with another size: the round fails.
+  rig.Join(Member(22, 3, 2, kBytes + 4));
+  getter.join();
+  // Unavailable if the get found the round failed as it began, Aborted if
+  // it was already waiting for the sum: as the two answers of another host.
+  CHECK((got.code() == absl::StatusCode::kAborted || got.code() == absl::StatusCode::kUnavailable));
+  CHECK(Contains(std::string(got.message()), "round 3 failed: "));
+  CHECK(sum == nullptr);
+  CHECK(rig.rounds.local_gets() == 0);
+}
+
+TEST_CASE("RoundService::AwaitSum of a round that never begins ends after round_wait_s") {
+  Rig rig;  // round_wait_s = 1
+  rig.Connect();
+  int64_t version = -1;
+  std::shared_ptr<SharedBuffer> sum;
+  const absl::Status got = rig.rounds.AwaitSum(kJob, kServer, 0, &version, &sum);
+  CHECK(got.code() == absl::StatusCode::kUnavailable);
+  CHECK(Contains(std::string(got.message()), "did not begin within"));
+}
+
+TEST_CASE("RoundService::AwaitSum of a server that is not here says so at once") {
+  Rig rig;  // no server application connected
+  int64_t version = -1;
+  std::shared_ptr<SharedBuffer> sum;
+  const absl::Status got = rig.rounds.AwaitSum(kJob, kServer, 0, &version, &sum);
+  CHECK(got.code() == absl::StatusCode::kUnavailable);
+  CHECK(Contains(std::string(got.message()), "is not connected to ps-host's daemon"));
 }
 
 }  // namespace
