@@ -203,7 +203,13 @@ std::shared_ptr<SharedBuffer> Worker::TakePooledBuffer(size_t bytes) {
   std::shared_ptr<SharedBuffer> buffer = std::move(it->second.back());
   it->second.pop_back();
   pooled_bytes_ -= bytes;
+  ++buffers_reused_;
   return buffer;
+}
+
+int64_t Worker::push_buffers_reused() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return buffers_reused_;
 }
 
 void Worker::PoolBuffer(std::shared_ptr<SharedBuffer> buffer) {
@@ -368,6 +374,19 @@ void Worker::ReaderLoop() {
           gets_.erase(it);
         }
       }
+      // A lent buffer goes back to the daemon once its model is gone (or
+      // at once, if nobody waits for it or it cannot be mapped).
+      std::shared_ptr<void> lease;
+      if (done.buffer_id() != 0) {
+        std::weak_ptr<LocalChannel> lender = channel;
+        lease = std::shared_ptr<void>(nullptr, [lender, id = done.buffer_id()](void*) {
+          if (std::shared_ptr<LocalChannel> to = lender.lock()) {
+            v1::LocalMessage release;
+            release.mutable_release()->add_buffer_ids(id);
+            (void)to->Send(release);  // a closed channel: the daemon forgot it anyway
+          }
+        });
+      }
       if (!promise) {
         if (fd >= 0) ::close(fd);
         continue;
@@ -385,6 +404,7 @@ void Worker::ReaderLoop() {
       }
       Model model;
       model.version = done.model_version();
+      model.lease = std::move(lease);
       model.buffer = std::move(*buffer);
       promise->set_value(std::move(model));
     } else if (fd >= 0) {

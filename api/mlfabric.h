@@ -133,6 +133,10 @@ enum class ElementType : int32_t {
 
 struct Model {
   int64_t version = 0;
+  // Gives the buffer back to the daemon for a later get once this model is
+  // gone (declared before `buffer`, so it runs after the unmap); empty
+  // when the daemon did not lend the buffer.
+  std::shared_ptr<void> lease;
   SharedBuffer buffer;  // the model's bytes, zero-copy from the daemon
   const uint8_t* data() const { return buffer.data(); }
   size_t size() const { return buffer.size(); }
@@ -168,6 +172,9 @@ class Worker {
   // The host name of this worker's daemon: workers that see the same name
   // share one daemon and one machine.
   const std::string& daemon_host() const { return daemon_host_; }
+  // Pushes whose shared buffer was one of an earlier push, which the
+  // daemon had released (instead of a new memfd).
+  int64_t push_buffers_reused() const;
 
  private:
   struct PendingPush {
@@ -217,6 +224,7 @@ class Worker {
   std::map<uint64_t, PendingPush> pushes_;
   std::map<size_t, std::vector<std::shared_ptr<SharedBuffer>>> pooled_;  // guarded by mu_
   size_t pooled_bytes_ = 0;                                              // guarded by mu_
+  int64_t buffers_reused_ = 0;                                           // guarded by mu_
   std::map<uint64_t, std::shared_ptr<std::promise<absl::StatusOr<Model>>>> gets_;
   std::thread reader_;
 };

@@ -235,8 +235,36 @@ void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::Lo
     }
     body->set_model_version(version);
     body->set_bytes(static_cast<int64_t>(model->size()));
+    if (parts_.pool != nullptr && model->size() > 0) {
+      // Lent: the application says when it has unmapped it (HandleRelease),
+      // and the buffer serves a later get of the same size.
+      const uint64_t id = next_buffer_id_.fetch_add(1);
+      body->set_buffer_id(id);
+      std::lock_guard<std::mutex> lock(lock_->mu);
+      app->lent_buffers[id] = model;
+      buffers_lent_.fetch_add(1);
+    }
     (void)app->channel->Send(done, model->fd());
   }).detach();
+}
+
+void AppRequests::HandleRelease(const std::shared_ptr<AppSession>& app,
+                                const v1::LocalRelease& release) {
+  std::vector<std::shared_ptr<SharedBuffer>> returned;
+  {
+    std::lock_guard<std::mutex> lock(lock_->mu);
+    for (uint64_t id : release.buffer_ids()) {
+      auto it = app->lent_buffers.find(id);
+      if (it == app->lent_buffers.end()) continue;  // not lent, or twice: ignored
+      returned.push_back(std::move(it->second));
+      app->lent_buffers.erase(it);
+    }
+  }
+  // Kept only if nobody else here holds it (a relay still forwarding it).
+  for (std::shared_ptr<SharedBuffer>& buffer : returned) {
+    if (parts_.pool != nullptr) parts_.pool->Recycle(std::move(buffer));
+    buffers_returned_.fetch_add(1);
+  }
 }
 
 void AppRequests::HandleUpdateAck(const v1::LocalUpdateAck& ack) {

@@ -47,6 +47,7 @@
 #include "common/clock.h"
 #include "daemon/apps/app_sessions.h"
 #include "daemon/apps/push_table.h"
+#include "daemon/engine/buffer_pool.h"
 #include "daemon/control/completion_reporter.h"
 #include "daemon/control/scheduler_client.h"
 #include "daemon/engine/model_fetcher.h"
@@ -92,6 +93,9 @@ class AppRequests : public AppHandler {
     // True while the daemon registers again after a lost schedule stream
     // (its host, then its applications); may be null.
     const std::atomic<bool>* registering = nullptr;
+    // Where get buffers the applications released go, for later gets; may
+    // be null (released buffers are freed then).
+    BufferPool* pool = nullptr;
   };
   // Called under the receive lock when an application leaves: forgets it
   // and, if it was a server's or replica's endpoint, returns the report
@@ -108,6 +112,9 @@ class AppRequests : public AppHandler {
   void WaitGets();
   // Pushes the scheduler accepted.
   int64_t pushes_submitted() const { return pushes_submitted_.load(); }
+  // Get buffers lent to applications and given back for reuse.
+  int64_t buffers_lent() const { return buffers_lent_.load(); }
+  int64_t buffers_returned() const { return buffers_returned_.load(); }
 
   // daemon::AppHandler.
   void HandleRegister(const std::shared_ptr<AppSession>& app,
@@ -119,6 +126,8 @@ class AppRequests : public AppHandler {
   void HandleModelReply(const v1::LocalModelReply& reply, int fd) override;
   void HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
                           const v1::LocalOutcomeQuery& query) override;
+  void HandleRelease(const std::shared_ptr<AppSession>& app,
+                     const v1::LocalRelease& release) override;
   void AppGone(const std::shared_ptr<AppSession>& app) override;
 
  private:
@@ -140,6 +149,9 @@ class AppRequests : public AppHandler {
   const ForgetLocked forget_;
   int get_threads_ = 0;  // gets and outcome queries running; guarded by the lock
   std::atomic<int64_t> pushes_submitted_{0};
+  std::atomic<int64_t> buffers_lent_{0};
+  std::atomic<int64_t> buffers_returned_{0};
+  std::atomic<uint64_t> next_buffer_id_{1};
 };
 
 }  // namespace mlfabric::daemon

@@ -160,6 +160,10 @@ Daemon::Stats Daemon::GetStats() const {
   stats.local_round_get_bytes = rounds_->local_get_bytes();
   stats.local_transfers = receiver_->local_transfers();
   stats.local_transfer_bytes = receiver_->local_bytes();
+  if (app_requests_) {
+    stats.get_buffers_lent = app_requests_->buffers_lent();
+    stats.get_buffers_returned = app_requests_->buffers_returned();
+  }
   std::lock_guard<std::mutex> lock(lock_.mu);
   if (fetcher_) stats.copies_forwarded = fetcher_->copies_forwarded();
   if (model_server_) {
@@ -195,6 +199,7 @@ absl::Status Daemon::Start() {
                                     config_.failover_wait_s},
       resolver_.get(), get_client_.get(), send_.get(), send_watchdog_.get());
   fetcher_->SetLocalRoundSums(rounds_.get());
+  fetcher_->SetBufferPool(&buffer_pool_);
 
   // Local applications.
   app_requests_ = std::make_unique<daemon::AppRequests>(
@@ -202,7 +207,7 @@ absl::Status Daemon::Start() {
       &stopping_,
       daemon::AppRequests::Parts{scheduler_.get(), reporter_.get(), &pushes_, &data_keys_,
                                  servers_.get(), rounds_.get(), model_server_.get(),
-                                 fetcher_.get(), snapshots_.get(), &registering_},
+                                 fetcher_.get(), snapshots_.get(), &registering_, &buffer_pool_},
       [this](const std::shared_ptr<AppSession>& app) { return ForgetAppLocked(app); });
   apps_ = std::make_unique<daemon::AppSessions>(
       daemon::AppSessions::Options{config_.local_socket, config_.local_socket_group},

@@ -116,6 +116,9 @@ class Daemon {
     // Transfers between parts of this host, taken in without a socket.
     int64_t local_transfers = 0;
     int64_t local_transfer_bytes = 0;
+    // Get buffers lent to applications, and those they gave back.
+    int64_t get_buffers_lent = 0;
+    int64_t get_buffers_returned = 0;
   };
   Stats GetStats() const;
 

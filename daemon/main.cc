@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
                 << stats.deliveries << ", malformed sessions " << stats.malformed_sessions
                 << "; without a socket: " << stats.local_transfers << " transfers within this host ("
                 << stats.local_transfer_bytes << " B), " << stats.local_round_gets
-                << " round sums read here (" << stats.local_round_get_bytes << " B)";
+                << " round sums read here (" << stats.local_round_get_bytes << " B); get buffers "
+                << "lent " << stats.get_buffers_lent << ", given back " << stats.get_buffers_returned;
   if (!status.ok()) {
     std::cerr << "mlfabricd: " << status.message() << "\n";
     _exit(1);

@@ -145,6 +145,9 @@ void AppSessions::ReadLoop(std::shared_ptr<AppSession> app) {
       case v1::LocalMessage::kOutcomeQuery:
         handler_->HandleOutcomeQuery(app, message.outcome_query());
         break;
+      case v1::LocalMessage::kRelease:
+        handler_->HandleRelease(app, message.release());
+        break;
       default:
         MLF_LOG(WARNING) << "unexpected local message " << message.body_case() << " from '"
                          << app->name << "'";

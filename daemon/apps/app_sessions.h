@@ -59,6 +59,9 @@ struct AppSession {
   // Synchronous-round servers: the version of this app's latest push to
   // each server, which names the round its next get streams back.
   std::map<std::string, int64_t> last_round_push;
+  // Get buffers lent to the application (LocalGetDone.buffer_id), until
+  // it releases them or leaves. Guarded by the receive lock.
+  std::map<uint64_t, std::shared_ptr<SharedBuffer>> lent_buffers;
 };
 
 // What the daemon does with its applications' messages.
@@ -78,6 +81,9 @@ class AppHandler {
   // ended; each is answered with a LocalPushDone.
   virtual void HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
                                   const v1::LocalOutcomeQuery& query) = 0;
+  // The application unmapped buffers the daemon lent it with its gets.
+  virtual void HandleRelease(const std::shared_ptr<AppSession>& app,
+                             const v1::LocalRelease& release) = 0;
   virtual void AppGone(const std::shared_ptr<AppSession>& app) = 0;
 };
 

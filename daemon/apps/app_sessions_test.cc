@@ -46,6 +46,10 @@ class Recorder final : public AppHandler {
                           const v1::LocalOutcomeQuery& query) override {
     Note("outcomes " + app->name + " " + std::to_string(query.pushes_size()));
   }
+  void HandleRelease(const std::shared_ptr<AppSession>& app,
+                     const v1::LocalRelease& release) override {
+    Note("release " + app->name + " " + std::to_string(release.buffer_ids_size()));
+  }
   void AppGone(const std::shared_ptr<AppSession>& app) override { Note("gone " + app->name); }
 
   // Waits (bounded) until `n` events were recorded; returns them.

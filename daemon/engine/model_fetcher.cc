@@ -133,9 +133,13 @@ absl::Status ModelFetcher::Receive(transport::GetClient::Connection& connection,
                                    const std::string& relay_key, const std::string& source,
                                    std::shared_ptr<SharedBuffer>* model) {
   const uint64_t total = connection.header.offset;
-  auto created = SharedBuffer::Create(total);
-  if (!created.ok()) return created.status();
-  auto buffer = std::make_shared<SharedBuffer>(std::move(*created));
+  // A buffer an application gave back after an earlier get, else new.
+  std::shared_ptr<SharedBuffer> buffer = pool_ != nullptr ? pool_->Take(total) : nullptr;
+  if (buffer == nullptr) {
+    auto created = SharedBuffer::Create(total);
+    if (!created.ok()) return created.status();
+    buffer = std::make_shared<SharedBuffer>(std::move(*created));
+  }
   const uint64_t batch = connection.reply.batch();
   bool relaying = false;  // this get keeps the copy others may be routed to
   if (!relay_key.empty() && batch != 0 && total > 0) {

@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/control/server_resolver.h"
+#include "daemon/engine/buffer_pool.h"
 #include "daemon/engine/local_round_sums.h"
 #include "daemon/engine/relay_table.h"
 #include "daemon/engine/send_scheduler.h"
@@ -82,6 +83,10 @@ class ModelFetcher {
   // through a socket. Set before the first Fetch; `local` must outlive
   // this object.
   void SetLocalRoundSums(LocalRoundSums* local) { local_rounds_ = local; }
+  // Models are received into buffers taken from `pool` when it has one of
+  // their size (applications give get buffers back, AppRequests); null:
+  // always a new one. Set before the first Fetch.
+  void SetBufferPool(BufferPool* pool) { pool_ = pool; }
 
   // Ends every wait of ServeRelay.
   void Stop();
@@ -114,6 +119,7 @@ class ModelFetcher {
   SendScheduler* const send_;
   transport::SendWatchdog* const watchdog_;
   LocalRoundSums* local_rounds_ = nullptr;
+  BufferPool* pool_ = nullptr;
 
   std::mutex mu_;
   std::condition_variable cv_;  // a copy's state changed, or stopping

@@ -29,6 +29,7 @@ RoundService::RoundService(Options options, ReceiveLock* lock, const std::atomic
       send_(send),
       reporter_(reporter),
       watchdog_(watchdog),
+      pool_(pool),
       table_(options_.rounds_kept, options_.chunk_bytes, pool),
       routes_(options_.round_tree_fanout, options_.rounds_kept) {}
 
@@ -246,9 +247,13 @@ absl::Status RoundService::AwaitSum(uint32_t job, const std::string& server, int
     // The copy below reads it without the lock: the round keeps it (and
     // our reference keeps it from the pool) until it is evicted.
     *version = round_number + 1;
-    auto copy = SharedBuffer::Create(static_cast<size_t>(bytes));
-    if (!copy.ok()) return copy.status();
-    *sum = std::make_shared<SharedBuffer>(std::move(*copy));
+    // A buffer an application gave back (AppRequests lends them), else new.
+    *sum = pool_ != nullptr ? pool_->Take(static_cast<size_t>(bytes)) : nullptr;
+    if (*sum == nullptr) {
+      auto copy = SharedBuffer::Create(static_cast<size_t>(bytes));
+      if (!copy.ok()) return copy.status();
+      *sum = std::make_shared<SharedBuffer>(std::move(*copy));
+    }
   }
   std::memcpy((*sum)->data(), complete->data(), (*sum)->size());
   local_gets_.fetch_add(1);

@@ -124,6 +124,7 @@ class RoundService : public LocalRoundSums {
   SendScheduler* const send_;
   CompletionReporter* const reporter_;
   transport::SendWatchdog* const watchdog_;
+  BufferPool* const pool_;  // may be null
   RoundTable table_;     // own lock, a leaf under the receive lock
   RoundRoutes routes_;   // which earlier requester forwards a sum to each later one
   std::atomic<int64_t> rounds_delivered_{0};
