@@ -2,7 +2,7 @@
 // of --dim values (deterministic from --seed), keeping up to --window pushes
 // in flight, then gets the model once. Writes the element-wise sum of what
 // it pushed to --out and prints one line per outcome kind:
-//   vector_worker w1: applied=20 dropped=0 failed=0 get_version=57
+//   vector_worker w1: applied=20 dropped=0 failed=0 get_version=57 buffers_reused=16
 // Stops pushing after the first failed push. Exits 0 only if every push
 // was applied, 3 otherwise.
 #include <algorithm>
@@ -111,6 +111,6 @@ int main(int argc, char** argv) {
   }
   std::cout << "vector_worker " << options.name << ": applied=" << applied
             << " dropped=" << dropped << " failed=" << failed << " get_version=" << get_version
-            << std::endl;
+            << " buffers_reused=" << (*worker)->push_buffers_reused() << std::endl;
   return applied == pushes && failed == 0 ? 0 : 3;
 }
