@@ -7,7 +7,10 @@
 //   ...
 //   pool.Recycle(std::move(buffer));   // kept only if nobody else holds it
 //
-// Bounded: at most kMaxPooledBytes in all and kMaxPerSize buffers of one size.
+// Bounded: at most kMaxPooledBytes in all and kMaxPerSize buffers of one size
+// (a synchronous root holds rounds_kept sums, the receive buffers of a
+// round's members and the copies lent to its own ranks' gets, all of one
+// size: 4 per size made every other round allocate afresh).
 // Thread safety: all methods may be called concurrently (own lock).
 #ifndef MLFABRIC_DAEMON_ENGINE_BUFFER_POOL_H_
 #define MLFABRIC_DAEMON_ENGINE_BUFFER_POOL_H_
@@ -25,7 +28,7 @@ namespace mlfabric::daemon {
 class BufferPool {
  public:
   static constexpr size_t kMaxPooledBytes = size_t{2} << 30;
-  static constexpr size_t kMaxPerSize = 4;
+  static constexpr size_t kMaxPerSize = 16;
 
   std::shared_ptr<SharedBuffer> Take(size_t size);
   // Keeps `buffer` for reuse if no one else holds it and the bounds allow.

@@ -39,10 +39,12 @@ std::string ModelFetcher::RelayKey(uint32_t job_id, const std::string& server, b
   return absl::StrCat(job_id, "/", server, round ? "#round" : "");
 }
 
-void ModelFetcher::ApplyLocked(const RelayTable::Effects& effects) {
+void ModelFetcher::ApplyLocked(RelayTable::Effects effects) {
   for (const auto& [id, range] : effects.forward) send_->QueueReply(id, range.first, range.second);
   for (uint64_t id : effects.complete) send_->EndReply(id);
   for (const auto& [id, why] : effects.fail) send_->FailReply(id, why);
+  if (pool_ == nullptr) return;
+  for (std::shared_ptr<SharedBuffer>& copy : effects.dropped) pool_->Recycle(std::move(copy));
 }
 
 absl::Status ModelFetcher::ServeRelay(int fd, const PacketHeader& request,
@@ -146,7 +148,7 @@ absl::Status ModelFetcher::Receive(transport::GetClient::Connection& connection,
     std::lock_guard<std::mutex> lock(mu_);
     RelayTable::Effects effects;
     relaying = relays_.Begin(relay_key, batch, connection.reply.version(), buffer, &effects);
-    ApplyLocked(effects);
+    ApplyLocked(std::move(effects));
     cv_.notify_all();  // requesters routed here may be waiting for the copy (ServeRelay)
   }
   absl::Status received = client_->Receive(

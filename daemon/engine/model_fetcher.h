@@ -111,7 +111,8 @@ class ModelFetcher {
   absl::Status Receive(transport::GetClient::Connection& connection, const std::string& relay_key,
                        const std::string& source, std::shared_ptr<SharedBuffer>* model);
   // Carries out what the relay table said. Requires mu_.
-  void ApplyLocked(const RelayTable::Effects& effects);
+  // Dropped copies go back to the buffer pool.
+  void ApplyLocked(RelayTable::Effects effects);
 
   const Options options_;
   ServerResolver* const resolver_;

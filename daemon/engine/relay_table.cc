@@ -32,6 +32,7 @@ void RelayTable::EvictLocked(const std::string& key, Effects* effects) {
     for (uint64_t stream : of_key[i]->second.watchers) {
       effects->fail.emplace_back(stream, "the distributor dropped its copy (a newer one came)");
     }
+    effects->dropped.push_back(std::move(of_key[i]->second.model));
     copies_.erase(of_key[i]);
   }
 }

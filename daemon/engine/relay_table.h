@@ -51,6 +51,9 @@ class RelayTable {
     std::vector<std::pair<uint64_t, Range>> forward;   // (stream, range) to queue
     std::vector<uint64_t> complete;                   // streams with all ranges queued
     std::vector<std::pair<uint64_t, std::string>> fail;  // (stream, why)
+    // Copies let go of: their buffers may serve again (a BufferPool keeps
+    // one only once nobody else, e.g. the application, holds it).
+    std::vector<std::shared_ptr<SharedBuffer>> dropped;
   };
 
   // kGone: not kept, and a later copy of the same server is (it was
