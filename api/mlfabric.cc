@@ -195,35 +195,6 @@ void Worker::FailAll(const std::string& reason) {
   for (auto& [id, promise] : gets) promise->set_value(absl::UnavailableError(reason));
 }
 
-std::shared_ptr<SharedBuffer> Worker::TakePooledBuffer(size_t bytes) {
-  if (bytes == 0) return nullptr;
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = pooled_.find(bytes);
-  if (it == pooled_.end() || it->second.empty()) return nullptr;
-  std::shared_ptr<SharedBuffer> buffer = std::move(it->second.back());
-  it->second.pop_back();
-  pooled_bytes_ -= bytes;
-  ++buffers_reused_;
-  return buffer;
-}
-
-int64_t Worker::push_buffers_reused() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return buffers_reused_;
-}
-
-void Worker::PoolBuffer(std::shared_ptr<SharedBuffer> buffer) {
-  // Only a buffer nobody else here holds (a caller never sees it).
-  if (buffer == nullptr || buffer->size() == 0 || buffer.use_count() != 1) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::shared_ptr<SharedBuffer>>& same = pooled_[buffer->size()];
-  if (same.size() >= kPooledBuffersPerSize || pooled_bytes_ + buffer->size() > kMaxPooledBytes) {
-    return;
-  }
-  pooled_bytes_ += buffer->size();
-  same.push_back(std::move(buffer));
-}
-
 bool Worker::TakePush(uint64_t request_id, PendingPush* push) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = pushes_.find(request_id);
@@ -360,7 +331,7 @@ void Worker::ReaderLoop() {
           result.reason =
               "its daemon died before the scheduler heard of it: it was not applied";
         }
-        if (done.buffer_released()) PoolBuffer(std::move(push.buffer));
+        if (done.buffer_released()) push_buffers_.Recycle(std::move(push.buffer));
         push.done(std::move(result));
       }
     } else if (message.has_get_done()) {
@@ -424,7 +395,7 @@ void Worker::PushAsync(const std::string& server, const void* data, size_t bytes
       return;
     }
   }
-  std::shared_ptr<SharedBuffer> buffer = TakePooledBuffer(bytes);
+  std::shared_ptr<SharedBuffer> buffer = push_buffers_.Take(bytes);
   if (buffer == nullptr) {
     auto created = SharedBuffer::Create(bytes);
     if (!created.ok()) {

@@ -42,6 +42,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ipc/buffer_pool.h"
 #include "ipc/local_ipc.h"
 
 namespace mlfabric {
@@ -174,7 +175,7 @@ class Worker {
   const std::string& daemon_host() const { return daemon_host_; }
   // Pushes whose shared buffer was one of an earlier push, which the
   // daemon had released (instead of a new memfd).
-  int64_t push_buffers_reused() const;
+  int64_t push_buffers_reused() const { return push_buffers_.reused(); }
 
  private:
   struct PendingPush {
@@ -185,13 +186,10 @@ class Worker {
     // released it (LocalPushDone.buffer_released).
     std::shared_ptr<SharedBuffer> buffer;
   };
-  // Shared buffers of pushes that ended, kept for the next push of the
-  // same size: a fresh memfd costs the allocation and zeroing of every
-  // page, on both sides, each push. Bounded per size and in all.
-  static constexpr size_t kPooledBuffersPerSize = 4;
-  static constexpr size_t kMaxPooledBytes = size_t{512} << 20;
-  std::shared_ptr<SharedBuffer> TakePooledBuffer(size_t bytes);
-  void PoolBuffer(std::shared_ptr<SharedBuffer> buffer);
+  // Shared buffers of pushes that ended (the daemon released them), kept
+  // for the next push of the same size: a fresh memfd costs the allocation
+  // and zeroing of every page, on both sides, each push.
+  BufferPool push_buffers_{BufferPool::Bounds{4, size_t{512} << 20}};
 
   Worker() = default;
   void ReaderLoop();
@@ -222,9 +220,6 @@ class Worker {
   uint64_t next_request_id_ = 1;
   uint64_t next_uid_ = 0;  // random start, then one up per push
   std::map<uint64_t, PendingPush> pushes_;
-  std::map<size_t, std::vector<std::shared_ptr<SharedBuffer>>> pooled_;  // guarded by mu_
-  size_t pooled_bytes_ = 0;                                              // guarded by mu_
-  int64_t buffers_reused_ = 0;                                           // guarded by mu_
   std::map<uint64_t, std::shared_ptr<std::promise<absl::StatusOr<Model>>>> gets_;
   std::thread reader_;
 };

@@ -47,7 +47,7 @@
 #include "common/clock.h"
 #include "daemon/apps/app_sessions.h"
 #include "daemon/apps/push_table.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "daemon/control/completion_reporter.h"
 #include "daemon/control/scheduler_client.h"
 #include "daemon/engine/model_fetcher.h"

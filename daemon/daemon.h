@@ -63,7 +63,7 @@
 #include "daemon/control/server_resolver.h"
 #include "daemon/daemon_config.h"
 #include "daemon/engine/aggregation_table.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "daemon/engine/model_fetcher.h"
 #include "daemon/engine/model_server.h"
 #include "daemon/engine/send_scheduler.h"
@@ -206,7 +206,7 @@ class Daemon {
   // own loop; own lock, taken under the receive lock (never the other way).
   std::unique_ptr<daemon::SendScheduler> send_;
   // The receive side (engine/): its parts share the receive lock.
-  daemon::BufferPool buffer_pool_;
+  BufferPool buffer_pool_;  // receive buffers, round sums, lent get buffers
   std::unique_ptr<daemon::IncomingTransfers> incoming_;
   std::unique_ptr<daemon::ServerEndpoints> servers_;
   // Snapshots of local servers for their new replicas; own lock for

@@ -35,7 +35,7 @@
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "daemon/control/completion_reporter.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "daemon/engine/model_fetcher.h"
 #include "daemon/engine/model_server.h"
 #include "daemon/engine/deliveries.h"

@@ -34,7 +34,7 @@
 #include "daemon/control/completion_reporter.h"
 #include "daemon/control/fake_scheduler_client.h"
 #include "daemon/engine/aggregation_table.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "daemon/engine/send_scheduler.h"
 #include "daemon/engine/deliveries.h"
 #include "daemon/engine/fake_app.h"

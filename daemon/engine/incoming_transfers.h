@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "ipc/local_ipc.h"
 
 namespace mlfabric::daemon {

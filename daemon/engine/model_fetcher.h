@@ -34,7 +34,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/control/server_resolver.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "daemon/engine/local_round_sums.h"
 #include "daemon/engine/relay_table.h"
 #include "daemon/engine/send_scheduler.h"

@@ -23,7 +23,7 @@
 #include "daemon/control/completion_reporter.h"
 #include "daemon/control/fake_scheduler_client.h"
 #include "daemon/engine/aggregation_table.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "daemon/engine/send_scheduler.h"
 #include "daemon/engine/incoming_transfers.h"
 #include "daemon/transport/framing.h"

@@ -9,7 +9,7 @@
 #include "common/clock.h"
 #include "daemon/control/fake_scheduler_client.h"
 #include "daemon/engine/aggregation_table.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "daemon/engine/deliveries.h"
 #include "daemon/engine/fake_app.h"
 #include "daemon/engine/incoming_transfers.h"

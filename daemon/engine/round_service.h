@@ -33,7 +33,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/control/completion_reporter.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "daemon/engine/round_routes.h"
 #include "daemon/engine/round_table.h"
 #include "daemon/engine/send_scheduler.h"

@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "aggregator/packet_pool.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "ipc/local_ipc.h"
 #include "proto/scheduler.pb.h"
 

@@ -34,7 +34,7 @@
 #include "absl/status/status.h"
 #include "daemon/apps/app_sessions.h"
 #include "daemon/engine/applied_log.h"
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 #include "daemon/engine/model_server.h"
 #include "daemon/engine/receive_lock.h"
 #include "ipc/local_ipc.h"

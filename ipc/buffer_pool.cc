@@ -1,8 +1,8 @@
-#include "daemon/engine/buffer_pool.h"
+#include "ipc/buffer_pool.h"
 
 #include <utility>
 
-namespace mlfabric::daemon {
+namespace mlfabric {
 
 std::shared_ptr<SharedBuffer> BufferPool::Take(size_t size) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -11,16 +11,17 @@ std::shared_ptr<SharedBuffer> BufferPool::Take(size_t size) {
   std::shared_ptr<SharedBuffer> buffer = std::move(it->second.back());
   it->second.pop_back();
   pooled_bytes_ -= size;
+  ++reused_;
   return buffer;
 }
 
 void BufferPool::Recycle(std::shared_ptr<SharedBuffer> buffer) {
   // Only a buffer nobody else holds may be written again.
-  if (buffer == nullptr || buffer.use_count() != 1) return;
+  if (buffer == nullptr || buffer->size() == 0 || buffer.use_count() != 1) return;
   std::lock_guard<std::mutex> lock(mu_);
   const size_t size = buffer->size();
   auto& free_list = free_[size];
-  if (free_list.size() >= kMaxPerSize || pooled_bytes_ + size > kMaxPooledBytes) return;
+  if (free_list.size() >= bounds_.max_per_size || pooled_bytes_ + size > bounds_.max_bytes) return;
   pooled_bytes_ += size;
   free_list.push_back(std::move(buffer));
 }
@@ -30,4 +31,9 @@ size_t BufferPool::pooled_bytes() const {
   return pooled_bytes_;
 }
 
-}  // namespace mlfabric::daemon
+int64_t BufferPool::reused() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reused_;
+}
+
+}  // namespace mlfabric
