@@ -177,6 +177,21 @@ int PushAll(launch::Cluster& c, int pushes) {
   return applied.load();
 }
 
+// The replica applies every update the server had applied
+// (`server_applied`) and ends with the server's model, exactly (sums of
+// integers).
+void CheckReplicaCatchesUp(Job& job, std::int64_t server_applied) {
+  const bool caught_up = launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(job.replica_model.mu);
+    return job.replica_model.applied >= server_applied;
+  }, 30);
+  CHECK(caught_up);
+  std::lock_guard<std::mutex> s(job.server_model.mu);
+  std::lock_guard<std::mutex> r(job.replica_model.mu);
+  CHECK(job.replica_model.applied == job.server_model.applied);
+  CHECK(job.replica_model.model == job.server_model.model);
+}
+
 TEST_CASE("The replica receives every update the server applied and ends with the same model") {
   auto c = StartCluster(/*divergence_max=*/0);
   Job job;
@@ -259,14 +274,7 @@ TEST_CASE("With a tight divergence bound the replica still ends exact") {
     std::lock_guard<std::mutex> s(job.server_model.mu);
     server_applied = job.server_model.applied;
   }
-  const bool caught_up = launch::WaitUntil([&] {
-    std::lock_guard<std::mutex> lock(job.replica_model.mu);
-    return job.replica_model.applied >= server_applied;
-  }, 30);
-  CHECK(caught_up);
-  std::lock_guard<std::mutex> s(job.server_model.mu);
-  std::lock_guard<std::mutex> r(job.replica_model.mu);
-  CHECK(job.replica_model.model == job.server_model.model);
+  CheckReplicaCatchesUp(job, server_applied);
 }
 
 // The scheduler's divergence estimate for ps0, or -1 when it cannot be
@@ -367,15 +375,7 @@ TEST_CASE("Sampled during training, the true divergence stays within the bound a
   CHECK(over_estimate == 0);
   // And the lag is only ever a delay: every update the server applied
   // reaches the replica, which ends with the server's model exactly.
-  const bool caught_up = launch::WaitUntil([&] {
-    std::lock_guard<std::mutex> lock(job.replica_model.mu);
-    return job.replica_model.applied >= server_applied;
-  }, 30);
-  CHECK(caught_up);
-  std::lock_guard<std::mutex> s(job.server_model.mu);
-  std::lock_guard<std::mutex> r(job.replica_model.mu);
-  CHECK(job.replica_model.applied == job.server_model.applied);
-  CHECK(job.replica_model.model == job.server_model.model);  // integer-valued: exact
+  CheckReplicaCatchesUp(job, server_applied);
 }
 
 TEST_CASE("replica_bound strict: a slow replica is never more than the bound behind") {
