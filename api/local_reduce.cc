@@ -318,7 +318,9 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
   for (size_t k = 0; k < chunks; ++k) {
     const size_t first = k * chunk_elements;
     const size_t n = std::min(chunk_elements, count - std::min(count, first));
-    std::memcpy(Slot(index_), bytes + first * element, n * element);
+    // A call of no elements still meets the others at the barriers; its
+    // `data` may be null, which memcpy may not be given even for 0 bytes.
+    if (n > 0) std::memcpy(Slot(index_), bytes + first * element, n * element);
     if (auto status = Barrier(timeout_s); !status.ok()) return status;
     if (k == 0) {
       // Every member reads the same shapes, so all return here or none.
@@ -346,7 +348,9 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
       }
     }
     if (auto status = Barrier(timeout_s); !status.ok()) return status;
-    if (cross == nullptr || leader) std::memcpy(bytes + first * element, result, n * element);
+    if ((cross == nullptr || leader) && n > 0) {
+      std::memcpy(bytes + first * element, result, n * element);
+    }
   }
   if (cross == nullptr || count == 0) return absl::OkStatus();
 
@@ -368,9 +372,9 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
   for (size_t k = 0; k < chunks; ++k) {
     const size_t first = k * chunk_elements;
     const size_t n = std::min(chunk_elements, count - std::min(count, first));
-    if (leader) std::memcpy(result, bytes + first * element, n * element);
+    if (leader && n > 0) std::memcpy(result, bytes + first * element, n * element);
     if (auto status = Barrier(timeout_s); !status.ok()) return status;
-    if (!leader) std::memcpy(bytes + first * element, result, n * element);
+    if (!leader && n > 0) std::memcpy(bytes + first * element, result, n * element);
     // The leader refills the result slot only after every member read it
     // (the next call's first write to it comes after two barriers anyway).
     if (k + 1 < chunks) {

@@ -20,6 +20,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -90,13 +91,25 @@ std::vector<T> Input(int i, int call, size_t count, int range) {
   return v;
 }
 
+// a + b as the kernels sum: integers wrap (two's complement), computed in
+// the unsigned type (signed overflow is undefined in C++).
+template <typename T>
+T WrappingSum(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return static_cast<T>(a + b);
+  }
+}
+
 template <typename T>
 int CheckSum(LocalReduceGroup& g, ElementType type, int call, size_t count, int range) {
   std::vector<T> mine = Input<T>(g.index(), call, count, range);
   std::vector<T> expected(count, T{});
   for (int i = 0; i < g.members(); ++i) {
     std::vector<T> theirs = Input<T>(i, call, count, range);
-    for (size_t e = 0; e < count; ++e) expected[e] = static_cast<T>(expected[e] + theirs[e]);
+    for (size_t e = 0; e < count; ++e) expected[e] = WrappingSum(expected[e], theirs[e]);
   }
   absl::Status status = g.AllReduce(mine.data(), count, type, nullptr, 30);
   if (!status.ok()) return Fail(g.index(), std::string(status.message()));
