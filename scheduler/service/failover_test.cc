@@ -61,6 +61,9 @@ struct Fixture : ClusterStateFixture {
     }
     return nullptr;
   }
+  // A pointer into commands that die at the end of the statement: refused.
+  static const v1::PushOutcome* OutcomeOf(std::vector<v1::DaemonCommand>&& commands,
+                                          uint64_t id) = delete;
 };
 
 TEST_CASE("the replica becomes the server; pushes in flight end by what it holds") {
@@ -318,7 +321,9 @@ TEST_CASE("at a failover, held copies of undecided pushes are released after the
   CHECK(at_r1[1].release().transfer_id() == racing_copy);
   CHECK(f.state.decided_by_copy.count(racing_copy) == 1);
   f.state.EndReplicaCopy(racing_copy, /*applied=*/true, "", 41);
-  const v1::PushOutcome* outcome = Fixture::OutcomeOf(f.Drain("w2"), racing);
+  // Kept: OutcomeOf points into the drained commands.
+  const std::vector<v1::DaemonCommand> at_w2 = f.Drain("w2");
+  const v1::PushOutcome* outcome = Fixture::OutcomeOf(at_w2, racing);
   REQUIRE(outcome != nullptr);
   CHECK(outcome->outcome() == v1::OUTCOME_APPLIED);
 }
