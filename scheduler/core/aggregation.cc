@@ -97,8 +97,16 @@ class SplitSearch {
     }
     prefix_max_.assign(m_ + 1, input.now_s);
     for (int i = 0; i < m_; ++i) prefix_max_[i + 1] = std::max(prefix_max_[i], DirectArrival(i));
+    // The bits that must cross some aggregator's downlink: an item whose
+    // worker is itself an aggregator may be summed there without crossing
+    // one (a same-host transfer reserves no link), so the bound leaves its
+    // bits out.
     suffix_bits_.assign(m_ + 1, 0);
-    for (int i = m_ - 1; i >= 0; --i) suffix_bits_[i] = suffix_bits_[i + 1] + item_bits_[i];
+    for (int i = m_ - 1; i >= 0; --i) {
+      const bool on_aggregator =
+          std::count(input.aggregators.begin(), input.aggregators.end(), input.items[i].worker) > 0;
+      suffix_bits_[i] = suffix_bits_[i + 1] + (on_aggregator ? 0.0 : item_bits_[i]);
+    }
   }
 
   // When item i's direct transfers (every part's) have all arrived.

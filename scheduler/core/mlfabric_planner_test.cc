@@ -204,6 +204,37 @@ TEST_CASE("Synchronous mode aggregates the list and drops nothing") {
   }
 }
 
+TEST_CASE("A round root's own contribution stays on its host (no NIC, no detour)") {
+  // A synchronous AllReduce of two ranks, its root on h0: h0's update is a
+  // copy in memory; routing it through h1's aggregator and back (three NIC
+  // crossings) must never look better, whichever hosts may aggregate.
+  for (const std::vector<std::string>& aggregators :
+       std::vector<std::vector<std::string>>{{}, {"h1"}, {"h0", "h1"}}) {
+    Batch batch;
+    batch.mode = Mode::kSync;
+    batch.server = "h0";
+    batch.aggregators = aggregators;
+    batch.hosts = {{"h0", 1e10, 1e10, {}, {}}, {"h1", 1e10, 1e10, {}, {}}};
+    batch.updates = {{"g0", "h0", 4 << 20, 0, 1.0, {}}, {"g1", "h1", 4 << 20, 0, 1.0, {}}};
+    INFO("aggregators " << aggregators.size());
+    auto plan = MlfabricPlanner().PlanBatch(batch);
+    REQUIRE(plan.ok());
+    CHECK(Problems(CheckPlan(batch, *plan)).empty());
+    int crossings = 0;
+    for (const Transfer& t : plan->transfers) {
+      INFO(t.update << " " << t.src << " -> " << t.dst);
+      CHECK_FALSE((t.src == "h0" && t.dst == "h1"));
+      crossings += t.src != t.dst;
+    }
+    CHECK(crossings == 1);  // h1's update, once
+    // h0's own is in after a copy in memory, h1's once its 4 MiB crossed
+    // at 10 Gbit/s.
+    REQUIRE(plan->commits.size() == 2);
+    CHECK(plan->commits[0].at_s == Approx(8.0 * (4 << 20) / kLocalCopyBps));
+    CHECK(plan->commits[1].at_s == Approx(8.0 * (4 << 20) / 1e10));
+  }
+}
+
 // Mean commit time (relative to now) of `order` scheduled one after another
 // on the network, as Alg. 2 schedules a fixed order.
 double MeanCommitOfOrder(const Batch& batch, const std::vector<int>& order) {

@@ -50,7 +50,13 @@ double Walk(const std::vector<LinkProfile>& links, const Path& path, double star
             double bits, bool reference, std::vector<RateSegment>* segments) {
   constexpr int kMaxLinks = LinkList::kMaxLinks;
   const int n = path.links.size();
-  if (n == 0 || n > kMaxLinks) return kInfinity;
+  if (n > kMaxLinks) return kInfinity;
+  if (n == 0) {  // same host: a copy in memory, no link to share
+    const double from = std::max(t0, start_s);
+    const double to = from + bits / kLocalCopyBps;
+    if (segments != nullptr && to > from) segments->push_back({from, to, kLocalCopyBps});
+    return to;
+  }
   const LinkProfile* p[kMaxLinks];
   size_t k[kMaxLinks];
   double t = std::max(t0, start_s);
@@ -177,14 +183,17 @@ int Network::HostIndex(const std::string& name) const {
 
 Path Network::PathBetween(int src_host, int dst_host) const {
   Path path;
-  path.links.push_back(UplinkOf(src_host));
+  const std::vector<int>* fixed = nullptr;
   if (!fixed_paths_.empty()) {
     auto it = fixed_paths_.find(static_cast<int64_t>(src_host) *
                                     static_cast<int64_t>(host_names_.size()) +
                                 dst_host);
-    if (it != fixed_paths_.end()) {
-      for (int id : it->second) path.links.push_back(id);
-    }
+    if (it != fixed_paths_.end()) fixed = &it->second;
+  }
+  if (src_host == dst_host && fixed == nullptr) return path;  // a copy in memory
+  path.links.push_back(UplinkOf(src_host));
+  if (fixed != nullptr) {
+    for (int id : *fixed) path.links.push_back(id);
   }
   path.links.push_back(DownlinkOf(dst_host));
   return path;

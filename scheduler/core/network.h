@@ -14,9 +14,13 @@
 //   FillResult fill = net.Fill(path, batch.now_s, 8.0 * bytes);
 //   net.Reserve(path, fill.segments);             // NetUp
 //
-// A transfer whose source and destination are the same host is charged to
-// that host's uplink and downlink like any other: conservative (the daemon's
-// local path is never slower) and it keeps every transfer checkable.
+// A transfer whose source and destination are the same host crosses no
+// link (DESIGN.md §5: the daemon hands it over in shared memory and the
+// planner charges no NIC for it): its path is empty and it moves at
+// kLocalCopyBps from its start, reserving nothing. Charging it to the
+// host's uplink and downlink instead made the planner halve a root's
+// incoming rate for its own contribution and route that contribution
+// through another host's aggregator (three crossings instead of none).
 //
 // Undo: `BeginJournal()` makes every later change recordable so that
 // `RollbackTo(mark)` restores the exact previous state (bit for bit); the
@@ -40,6 +44,11 @@
 namespace mlfabric::core {
 
 inline constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+// The rate of a same-host transfer (an empty path): a copy in memory. A
+// conservative figure for one core's memcpy plus the receive side's sum
+// (memcpy alone measured 8.5 GB/s on the 2-core test machine).
+inline constexpr double kLocalCopyBps = 5e10;
 
 // One link's residual capacity: `rates_bps[k]` holds on
 // [times_s[k], times_s[k+1]); the last rate holds for ever. times_s[0] is the
@@ -95,6 +104,8 @@ class Network {
   const std::string& HostName(int host) const { return host_names_[host]; }
   int UplinkOf(int host) const { return 2 * host; }
   int DownlinkOf(int host) const { return 2 * host + 1; }
+  // Empty when src_host == dst_host (a copy in memory, see above) and no
+  // explicit topology path is given for the pair.
   Path PathBetween(int src_host, int dst_host) const;
 
   double start_s() const { return start_s_; }

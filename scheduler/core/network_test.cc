@@ -48,6 +48,24 @@ TEST_CASE("NetUp subtracts the profile from every link of the path (Fig. 4(c))")
   CHECK(second.segments[0].rate_bps == Approx(6e7));
 }
 
+TEST_CASE("A same-host transfer crosses no link: a copy in memory, nothing reserved") {
+  Network net = Network::FromBatch(OneLinkBatch({{0, 1e6}})).value();
+  const int s = net.HostIndex("s");
+  const Path path = net.PathBetween(s, s);
+  CHECK(path.links.empty());
+  FillResult fill = net.Fill(path, 2.0, 8e9);
+  REQUIRE(fill.feasible);
+  REQUIRE(fill.segments.size() == 1);
+  CHECK(fill.segments[0].from_s == 2.0);
+  CHECK(fill.segments[0].rate_bps == kLocalCopyBps);
+  CHECK(fill.end_s == Approx(2.0 + 8e9 / kLocalCopyBps));
+  CHECK(SegmentBits(fill.segments) == Approx(8e9));
+  CHECK(net.FillEnd(path, 2.0, 8e9, /*reference=*/true) == fill.end_s);
+  net.Reserve(path, fill.segments);
+  CHECK(net.link(net.UplinkOf(s)).RateAt(2.1) == Approx(1e9));
+  CHECK(net.link(net.DownlinkOf(s)).RateAt(2.1) == Approx(1e9));
+}
+
 TEST_CASE("A path that never offers capacity is infeasible") {
   Network net = Network::FromBatch(OneLinkBatch({{0, 1e6}, {1, 0}})).value();
   const Path path = net.PathBetween(net.HostIndex("w"), net.HostIndex("s"));

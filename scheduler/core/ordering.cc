@@ -27,9 +27,11 @@ class Orderer {
       const PreparedUpdate& update = batch.updates[u];
       for (const PreparedPart& part : update.parts) {
         Path path = net->PathBetween(update.worker, part.dst_host);
-        double peak = kInfinity;
+        // A same-host part (empty path) moves at the local copy rate.
+        double peak = path.links.empty() ? kLocalCopyBps : kInfinity;
         for (int link : path.links) peak = std::min(peak, net->PeakRate(link));
         key_[u] = std::max(key_[u], peak > 0 ? part.bits / peak : kInfinity);
+        local_parts_ = local_parts_ || path.links.empty();
         paths_[u].push_back(std::move(path));
         peaks_[u].push_back(peak);
         const int down = net->DownlinkOf(part.dst_host);
@@ -244,7 +246,9 @@ class Orderer {
       }
       return best;
     }
-    double floor = kInfinity;
+    // No update ends before the earliest destination downlink opens, plus
+    // its key; a same-host part needs no downlink, so then only `now`.
+    double floor = local_parts_ ? net.start_s() : kInfinity;
     for (int link : dst_downlinks_) floor = std::min(floor, net.OpenFrom(link));
     for (int p = head_; p >= 0; p = next_[p]) {
       const int u = sorted_[p];
@@ -302,6 +306,7 @@ class Orderer {
   std::vector<std::vector<std::pair<int, double>>> shared_;  // NoteSharedLinks
   std::vector<double> key_;
   std::vector<int> dst_downlinks_;
+  bool local_parts_ = false;  // some part's worker is its destination host
   std::vector<bool> alive_;
   std::map<int64_t, std::vector<int>> by_deadline_;
   // Alive updates as a linked list in `key_` order.

@@ -187,11 +187,15 @@ std::vector<std::string> CheckPlan(const Batch& batch, const Plan& plan,
     } else if (t.kind == TransferKind::kAggregate && !hop) {
       for (const std::string& id : t.constituents) ++deliveries[{id, t.dst}];
     }
-    std::vector<std::string> links = {"up:" + t.src};
+    // A same-host transfer crosses no link (network.h, DESIGN.md §5).
+    std::vector<std::string> links;
     if (auto it = fixed.find({t.src, t.dst}); it != fixed.end()) {
+      links.push_back("up:" + t.src);
       for (const std::string& l : it->second) links.push_back("link:" + l);
+      links.push_back("down:" + t.dst);
+    } else if (t.src != t.dst) {
+      links = {"up:" + t.src, "down:" + t.dst};
     }
-    links.push_back("down:" + t.dst);
     for (const std::string& l : links) {
       for (const RateSegment& s : t.segments) uses[l].push_back({s.from_s, s.to_s, s.rate_bps, name});
     }

@@ -1,7 +1,8 @@
 // Checks a plan against the invariants anyone can check from outside
 // (DESIGN.md §4) plus the ones the MLfabric planner promises:
 //  - no link's reserved rate exceeds its available bandwidth at any time
-//    (host uplinks/downlinks and explicit topology links);
+//    (host uplinks/downlinks and explicit topology links; a same-host
+//    transfer crosses none, network.h);
 //  - (async) each ordered update's 1-based position i <= v(g) + tau_max - v_init;
 //  - commits: one per ordered update, positions 1..n, times non-decreasing,
 //    never before the update (or its aggregate) has arrived;
