@@ -39,6 +39,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
   reader.Int("rounds_kept", &config.rounds_kept, 2, 1024);
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
+  reader.Double("pacing_quantum_us", &config.pacing_quantum_us, 0, 1e5);
   reader.Double("send_timeout_s", &config.send_timeout_s, 0.1, 3600);
   reader.Double("clock_sync_period_s", &config.clock_sync_period_s, 0.1, 3600);
   reader.Enum("job_priority", &config.job_priority, {"fifo", "one", "rr"});
@@ -170,6 +171,10 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --clock_sync_period_s how often to refresh the scheduler clock offset (default 10)
   --unscheduled_bps     rate budget for unscheduled traffic (get replies);
                         0 = unlimited (default 0)
+  --pacing_quantum_us   a paced transfer may catch up with its planned rate
+                        for this long at full speed (its token bucket holds
+                        rate x quantum, at least two packets); 0..100000,
+                        0 = two packets (default 500)
   --send_timeout_s      a write to another daemon that makes no progress for
                         this long fails that peer's transfers or that get
                         reply, so one stuck peer cannot hold the sender (default 30)

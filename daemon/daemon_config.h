@@ -71,6 +71,10 @@ struct DaemonConfig {
   int64_t rounds_kept = 4;
   double clock_sync_period_s = 10;           // how often the clock offset is refreshed
   double unscheduled_bps = 0;                // budget for get replies; 0 = unlimited
+  // How long a paced transfer may send at full speed to catch up with its
+  // rate: its token bucket holds rate x this (at least two packets). See
+  // daemon/engine/send_scheduler.h; 0 = two packets whatever the rate.
+  double pacing_quantum_us = 500;
   double send_timeout_s = 30;                // a data write that makes no progress this long fails
   std::string job_priority = "fifo";         // TensorLights mode: fifo | one | rr
   double job_priority_period_s = 20;         // rr rotation period

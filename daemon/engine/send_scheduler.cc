@@ -19,6 +19,9 @@ namespace {
 // drained before it looks at its queue again.
 constexpr double kPeerBusyRetryS = 0.001;
 
+// The largest token bucket, in packets (Options::pacing_quantum_s).
+constexpr double kMaxBurstPackets = 64;
+
 // The most a Mercury header's priority field holds.
 uint16_t HeaderPriority(uint32_t priority) {
   return static_cast<uint16_t>(std::min<uint32_t>(priority, 65535));
@@ -37,18 +40,22 @@ SendScheduler::SendScheduler(Options options, const Clock* clock,
       queue_(options_.job_priority) {
   if (options_.unscheduled_bps > 0) {
     auto bucket = TokenBucket::Create(options_.unscheduled_bps,
-                                      2.0 * static_cast<double>(options_.payload_bytes),
-                                      clock_->NowSeconds());
+                                      BurstBytes(options_.unscheduled_bps), clock_->NowSeconds());
     if (bucket.ok()) unscheduled_.emplace(std::move(*bucket));
   }
+}
+
+double SendScheduler::BurstBytes(double rate_bps) const {
+  const double packet = static_cast<double>(options_.payload_bytes);
+  const double quantum = rate_bps / 8.0 * std::max(0.0, options_.pacing_quantum_s);
+  return std::clamp(quantum, 2.0 * packet, kMaxBurstPackets * packet);
 }
 
 SendScheduler::~SendScheduler() { Stop(); }
 
 absl::Status SendScheduler::Start() {
   if (options_.unscheduled_bps > 0 && !unscheduled_.has_value()) {
-    return TokenBucket::Create(options_.unscheduled_bps,
-                               2.0 * static_cast<double>(options_.payload_bytes),
+    return TokenBucket::Create(options_.unscheduled_bps, BurstBytes(options_.unscheduled_bps),
                                clock_->NowSeconds())
         .status();
   }
@@ -97,8 +104,10 @@ absl::Status SendScheduler::Schedule(const v1::SendTransfer& send,
     // An unpaced transfer: everything may go from its start time on.
     segments.push_back({send.start_s(), send.start_s() + 1e-3, 1e13});
   }
+  double peak_bps = 0;
+  for (const RateSegment& segment : segments) peak_bps = std::max(peak_bps, segment.rate_bps);
   PacerOptions pacing;
-  pacing.burst_bytes = 2.0 * static_cast<double>(options_.payload_bytes);
+  pacing.burst_bytes = BurstBytes(peak_bps);
   std::lock_guard<std::mutex> lock(mu_);
   auto pacer = TransferPacer::Create(std::move(segments), clock_offset_s_, pacing);
   if (!pacer.ok()) {

@@ -172,6 +172,44 @@ TEST_CASE("SendScheduler paces a transfer by its rate segments, in scheduler tim
   CHECK(f.writer.Take().size() == 1);
 }
 
+TEST_CASE("SendScheduler lets a paced transfer that woke late catch up by rate x quantum") {
+  // 1,000 packets a second. A sender that looks again only every 20 ms (a
+  // slow wake-up) sends 20 packets per look while its bucket holds 20 ms of
+  // its rate; with the two-packet bucket it fell to 2 packets per look,
+  // 100 a second, whatever the planned rate.
+  for (const double quantum_s : {0.0, 0.02}) {
+    FakeClock clock(100.0);
+    RecordingWriter writer;
+    AggregationTable aggregations(kPacket);
+    SendScheduler::Options options;
+    options.payload_bytes = kPacket;
+    options.pacing_quantum_s = quantum_s;
+    SendScheduler send(options, &clock, &writer, &aggregations, [](uint64_t, const std::string&) {});
+    v1::SendTransfer transfer = Transfer(3, 100 * kPacket, 100.0);
+    auto* segment = transfer.add_segments();
+    segment->set_from_s(100.0);
+    segment->set_to_s(100.1);
+    segment->set_rate_bps(8.0 * kPacket * 1000);
+    REQUIRE(send.Schedule(transfer, Buffer(100 * kPacket), {}).ok());
+    INFO("quantum " << quantum_s << " s");
+    clock.Set(100.02);
+    send.SendReady();
+    const size_t first = writer.Take().size() - 1;  // without the kBegin
+    clock.Set(100.04);
+    send.SendReady();
+    const size_t second = writer.Take().size();
+    if (quantum_s == 0) {
+      CHECK(first == 2);
+      CHECK(second == 2);
+    } else {
+      CHECK(first == 20);
+      CHECK(second == 20);
+    }
+    // The rate still holds: no more than 40 ms of it went in 40 ms.
+    CHECK(first + second <= 40);
+  }
+}
+
 TEST_CASE("SendScheduler does not let a paced transfer hold back another's packets") {
   Fixture f;
   // Transfer 3 (released first, so ahead in the queue) may send one packet
