@@ -111,6 +111,7 @@ Daemon::Daemon(DaemonConfig config, const Clock* clock,
   send.payload_bytes = static_cast<uint32_t>(config_.payload_bytes);
   send.unscheduled_bps = config_.unscheduled_bps;
   send.pacing_quantum_s = config_.pacing_quantum_us * 1e-6;
+  send.coalesce_bytes = static_cast<uint64_t>(config_.coalesce_bytes);
   send.job_priority = MakeJobPriorityPolicy(config_);
   send_ = std::make_unique<daemon::SendScheduler>(
       std::move(send), clock_, peers_.get(), &aggregation_table_,

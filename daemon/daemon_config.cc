@@ -40,6 +40,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Int("rounds_kept", &config.rounds_kept, 2, 1024);
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
   reader.Double("pacing_quantum_us", &config.pacing_quantum_us, 0, 1e5);
+  reader.Int("coalesce_bytes", &config.coalesce_bytes, 0, int64_t{16} << 20);
   reader.Double("send_timeout_s", &config.send_timeout_s, 0.1, 3600);
   reader.Double("clock_sync_period_s", &config.clock_sync_period_s, 0.1, 3600);
   reader.Enum("job_priority", &config.job_priority, {"fifo", "one", "rr"});
@@ -175,6 +176,12 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         for this long at full speed (its token bucket holds
                         rate x quantum, at least two packets); 0..100000,
                         0 = two packets (default 500)
+  --coalesce_bytes      consecutive packets for one peer or get reply leave
+                        in one gather write of at most this many bytes; what
+                        the kernel does not take at once goes back to the
+                        queue, so urgent packets still go first; 0..16777216,
+                        at most --payload_bytes = one packet per write
+                        (default 262144)
   --send_timeout_s      a write to another daemon that makes no progress for
                         this long fails that peer's transfers or that get
                         reply, so one stuck peer cannot hold the sender (default 30)

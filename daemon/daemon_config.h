@@ -75,6 +75,10 @@ struct DaemonConfig {
   // rate: its token bucket holds rate x this (at least two packets). See
   // daemon/engine/send_scheduler.h; 0 = two packets whatever the rate.
   double pacing_quantum_us = 500;
+  // Consecutive packets for one peer leave in one gather write of at most
+  // this many bytes (daemon/engine/send_scheduler.h); <= payload_bytes:
+  // one packet per write.
+  int64_t coalesce_bytes = 256 << 10;
   double send_timeout_s = 30;                // a data write that makes no progress this long fails
   std::string job_priority = "fifo";         // TensorLights mode: fifo | one | rr
   double job_priority_period_s = 20;         // rr rotation period

@@ -449,12 +449,12 @@ double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
           packet_next_s = now + kPeerBusyRetryS;
         } else {
           sent = SendTransferPacketLocked(lock, *packet, out->second, now, &packet_next_s,
-                                          &peer_busy);
+                                          &peer_busy, waiting);
           if (!sent) busy_peers.insert(peer);
         }
       } else if (auto reply = replies_.find(packet->transfer_id); reply != replies_.end()) {
         sent = SendReplyPacketLocked(lock, *packet, reply->second, reply->first, now,
-                                     &packet_next_s);
+                                     &packet_next_s, waiting);
       } else {  // failed meanwhile
         queue_.RemoveTransfer(packet->transfer_id);
         removed = true;
@@ -481,36 +481,70 @@ double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
 
 bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
                                           const PacketDescriptor& packet, Reply& reply,
-                                          uint64_t id, double now, double* next_s) {
+                                          uint64_t id, double now, double* next_s,
+                                          const absl::flat_hash_set<TransferId>& skip) {
   // Unscheduled traffic has its own budget (DESIGN.md §5).
   if (unscheduled_.has_value() && !unscheduled_->TryConsume(packet.length_bytes, now)) {
     *next_s = unscheduled_->NextSendTime(packet.length_bytes, now);
     return false;
   }
-  queue_.Remove(packet);
+  std::vector<Taken> taken;
+  taken.push_back({packet, 0});
+  queue_.Remove(packet, &taken.back().sequence);
+  // Coalesce: the next most urgent packets while they are this reply's and
+  // the budget allows.
+  uint64_t bytes = packet.length_bytes;
+  while (true) {
+    std::optional<PacketDescriptor> more = queue_.PeekSkipping(now, skip);
+    if (!more.has_value() || more->transfer_id != id ||
+        bytes + more->length_bytes > options_.coalesce_bytes) {
+      break;
+    }
+    if (unscheduled_.has_value() && !unscheduled_->TryConsume(more->length_bytes, now)) break;
+    taken.push_back({*more, 0});
+    queue_.Remove(*more, &taken.back().sequence);
+    bytes += more->length_bytes;
+  }
   reply.writing = true;
   const std::shared_ptr<SharedBuffer> buffer = reply.buffer;  // keeps the payload alive
-  PacketHeader data;
-  data.kind = PacketKind::kData;
-  data.job = reply.job_id;
-  data.transfer = reply.request;
-  data.priority = HeaderPriority(reply.priority);
-  const auto* payload = reinterpret_cast<const uint8_t*>(packet.payload);
-  data.offset = static_cast<uint64_t>(payload - buffer->data());
+  std::vector<transport::Frame> frames;
+  frames.reserve(taken.size());
+  for (const Taken& t : taken) {
+    transport::Frame frame;
+    frame.header.kind = PacketKind::kData;
+    frame.header.job = reply.job_id;
+    frame.header.transfer = reply.request;
+    frame.header.priority = HeaderPriority(reply.priority);
+    frame.payload = t.packet.payload;
+    frame.length = t.packet.length_bytes;
+    frame.header.offset = static_cast<uint64_t>(
+        reinterpret_cast<const uint8_t*>(t.packet.payload) - buffer->data());
+    frames.push_back(frame);
+  }
   const int fd = reply.fd;
   lock.unlock();
-  absl::Status status = writer_->WriteToSocket(fd, data, payload, packet.length_bytes);
+  absl::StatusOr<size_t> written = writer_->WriteFramesToSocket(fd, frames);
   lock.lock();
   // The reply stays in replies_ while `writing` (AwaitReply waits for it).
   reply.writing = false;
-  if (status.ok()) {
-    ++reply.sent;
-    bytes_sent_ += packet.length_bytes;
+  if (written.ok()) {
+    ++writes_;
+    for (size_t i = 0; i < taken.size(); ++i) {
+      const PacketDescriptor& p = taken[i].packet;
+      if (i < *written) {
+        ++reply.sent;
+        bytes_sent_ += p.length_bytes;
+        continue;
+      }
+      // Not taken by the kernel: back in its place, its budget returned.
+      if (unscheduled_.has_value()) unscheduled_->Refund(p.length_bytes);
+      if (reply.error.empty() && reply.failed.empty()) (void)queue_.Restore(p, taken[i].sequence);
+    }
   } else {
-    reply.error = absl::StrCat("sending the get reply failed: ", status.message());
+    reply.error = absl::StrCat("sending the get reply failed: ", written.status().message());
     MLF_LOG(WARNING) << "get reply " << reply.request << " (job " << reply.job_id << ", "
                      << reply.sent << " of " << reply.total_packets
-                     << " packets sent): " << status.message();
+                     << " packets sent): " << written.status().message();
     queue_.RemoveTransfer(id);
   }
   cv_.notify_all();  // AwaitReply
@@ -519,7 +553,8 @@ bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
 
 bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
                                              const PacketDescriptor& packet, Outgoing& outgoing,
-                                             double now, double* next_s, bool* peer_busy) {
+                                             double now, double* next_s, bool* peer_busy,
+                                             const absl::flat_hash_set<TransferId>& skip) {
   // A peer whose connection has not drained (its link is slower than
   // planned) does not stall the packets for other peers; look again soon.
   // (With one transfer or reply in hand there are no others to serve.)
@@ -532,52 +567,94 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
     *next_s = outgoing.pacer->NextSendTime(packet.length_bytes, now);
     return false;
   }
-  queue_.Remove(packet);
-  const bool begin = !outgoing.begun;
-  if (begin) {
-    MLF_LOG(DEBUG) << "sending transfer " << packet.transfer_id << " from "
-                   << absl::StrFormat("%.6f", now);
-    if (outgoing.checksums != nullptr) outgoing.checksums->MarkSending();
-  }
-  outgoing.begun = true;
+  std::vector<Taken> taken;
+  taken.push_back({packet, 0});
+  queue_.Remove(packet, &taken.back().sequence);
+  // Coalesce (DESIGN.md §5): the next most urgent packets, in the queue's
+  // order, while they go to the same peer, their pacers have the tokens and
+  // the write stays under coalesce_bytes. The first packet for another
+  // peer, or one that must wait, ends the run: nothing is sent out of order.
   const v1::SendTransfer send = outgoing.send;
-  const std::shared_ptr<SharedBuffer> buffer = outgoing.buffer;  // keeps the payload alive
-  const auto* payload = reinterpret_cast<const uint8_t*>(packet.payload);
-  std::optional<uint32_t> crc;
-  if (outgoing.checksums != nullptr) {
-    crc = outgoing.checksums->Find(static_cast<uint64_t>(payload - buffer->data()),
-                                   packet.length_bytes);
+  uint64_t bytes = packet.length_bytes;
+  while (true) {
+    std::optional<PacketDescriptor> more = queue_.PeekSkipping(now, skip);
+    if (!more.has_value() || bytes + more->length_bytes > options_.coalesce_bytes) break;
+    auto out = outgoing_.find(more->transfer_id);
+    if (out == outgoing_.end() || out->second.send.dst_address() != send.dst_address() ||
+        !out->second.pacer->TryConsume(more->length_bytes, now)) {
+      break;
+    }
+    taken.push_back({*more, 0});
+    queue_.Remove(*more, &taken.back().sequence);
+    bytes += more->length_bytes;
+  }
+  // The frames: each transfer's kBegin before its first data packet.
+  std::vector<transport::Frame> frames;
+  std::vector<int> frame_packet;  // per frame: index in `taken`, or -1 for a kBegin
+  std::vector<std::shared_ptr<SharedBuffer>> held;  // keeps the payloads alive
+  frames.reserve(taken.size() + 1);
+  for (size_t i = 0; i < taken.size(); ++i) {
+    const PacketDescriptor& p = taken[i].packet;
+    Outgoing& out = outgoing_.at(p.transfer_id);
+    if (held.empty() || held.back() != out.buffer) held.push_back(out.buffer);
+    if (!out.begun) {
+      MLF_LOG(DEBUG) << "sending transfer " << p.transfer_id << " from "
+                     << absl::StrFormat("%.6f", now);
+      if (out.checksums != nullptr) out.checksums->MarkSending();
+      out.begun = true;
+      transport::Frame begin;
+      begin.header.kind = PacketKind::kBegin;
+      begin.header.job = out.send.job_id();
+      begin.header.transfer = out.send.transfer_id();
+      begin.header.offset = static_cast<uint64_t>(out.send.bytes());
+      frames.push_back(begin);
+      frame_packet.push_back(-1);
+    }
+    transport::Frame data;
+    data.header.kind = PacketKind::kData;
+    data.header.job = out.send.job_id();
+    data.header.transfer = out.send.transfer_id();
+    data.header.tensor = p.tensor_id;
+    data.header.priority = HeaderPriority(p.tensor_priority);
+    const auto* payload = reinterpret_cast<const uint8_t*>(p.payload);
+    data.header.offset = static_cast<uint64_t>(payload - out.buffer->data());  // within the transfer
+    data.payload = payload;
+    data.length = p.length_bytes;
+    if (out.checksums != nullptr) data.crc = out.checksums->Find(data.header.offset, p.length_bytes);
+    frames.push_back(data);
+    frame_packet.push_back(static_cast<int>(i));
   }
   lock.unlock();
-  absl::Status status;
-  if (begin) {
-    PacketHeader header;
-    header.kind = PacketKind::kBegin;
-    header.job = send.job_id();
-    header.transfer = send.transfer_id();
-    header.offset = static_cast<uint64_t>(send.bytes());
-    status = writer_->WriteToPeer(send, header, nullptr, 0, std::nullopt);
-  }
-  if (status.ok()) {
-    PacketHeader header;
-    header.kind = PacketKind::kData;
-    header.job = send.job_id();
-    header.transfer = send.transfer_id();
-    header.tensor = packet.tensor_id;
-    header.priority = HeaderPriority(packet.tensor_priority);
-    header.offset = static_cast<uint64_t>(payload - buffer->data());  // within the transfer
-    status = writer_->WriteToPeer(send, header, payload, packet.length_bytes, crc);
-  }
+  absl::StatusOr<size_t> written = writer_->WriteFramesToPeer(send, frames);
   lock.lock();
-  if (!status.ok()) {
+  if (!written.ok()) {
     MLF_LOG(WARNING) << "transfer " << send.transfer_id() << " to " << send.dst_host()
-                     << " failed: " << status.message();
-    FailDestinationLocked(send.dst_address(), std::string(status.message()));
+                     << " failed: " << written.status().message();
+    FailDestinationLocked(send.dst_address(), std::string(written.status().message()));
     return true;
   }
-  bytes_sent_ += packet.length_bytes;
-  auto done = outgoing_.find(send.transfer_id());
-  if (done != outgoing_.end() && --done->second.packets_left == 0) outgoing_.erase(done);
+  ++writes_;
+  // Every transfer may have been cancelled or failed while unlocked.
+  for (size_t f = 0; f < frames.size(); ++f) {
+    const int i = frame_packet[f];
+    const uint64_t id = frames[f].header.transfer;
+    auto out = outgoing_.find(id);
+    if (out == outgoing_.end()) continue;
+    if (f >= *written) {
+      // Not taken by the kernel: back where it was in the queue, with its
+      // tokens, so that a more urgent packet released meanwhile goes first.
+      if (i < 0) {
+        out->second.begun = false;
+      } else {
+        out->second.pacer->Refund(taken[i].packet.length_bytes);
+        (void)queue_.Restore(taken[i].packet, taken[i].sequence);
+      }
+      continue;
+    }
+    if (i < 0) continue;
+    bytes_sent_ += taken[i].packet.length_bytes;
+    if (--out->second.packets_left == 0) outgoing_.erase(out);
+  }
   return true;
 }
 

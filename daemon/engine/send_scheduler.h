@@ -53,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "daemon/engine/aggregation_table.h"
@@ -71,6 +72,7 @@ class SendScheduler {
     uint32_t payload_bytes = 32 << 10;
     // Get replies' own budget in bit/s (DESIGN.md §5); 0 = unpaced.
     double unscheduled_bps = 0;
+    JobPriorityPolicy job_priority;
     // A paced transfer's token bucket holds what its fastest segment sends
     // in this long (at least two packets, at most kMaxBurstPackets). The
     // loop sleeps between bursts, and a sleep costs a wake-up (50-150 us
@@ -81,7 +83,12 @@ class SendScheduler {
     // picks packet by packet from the priority queue, so an urgent packet
     // waits no longer than before. 0: two packets.
     double pacing_quantum_s = 500e-6;
-    JobPriorityPolicy job_priority;
+    // Consecutive packets for one peer (or one get reply) leave in one
+    // gather write of at most this many bytes; what the kernel does not
+    // take at once goes back to the queue in its place, so an urgent packet
+    // released meanwhile waits only for what the kernel holds. A value at
+    // or below payload_bytes writes one packet at a time.
+    uint64_t coalesce_bytes = 256 << 10;
   };
   using FailureSink = std::function<void(uint64_t transfer_id, const std::string& reason)>;
 
@@ -153,6 +160,9 @@ class SendScheduler {
   double SendReady();
 
   int64_t bytes_sent() const { return bytes_sent_.load(); }
+  // Writes (system calls, give or take a finished partial packet) so far:
+  // with coalescing, fewer than the packets sent.
+  int64_t writes() const { return writes_.load(); }
   size_t queued_packets() const;
 
  private:
@@ -190,14 +200,25 @@ class SendScheduler {
   void QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index);
   void FailDestinationLocked(const std::string& dst_address, const std::string& reason);
   void EnsureJobLocked(uint32_t job);
-  // One packet of a reply, or false if the budget says wait until *next_s.
+  // A packet taken from the queue for a write, and its place there.
+  struct Taken {
+    PacketDescriptor packet;
+    uint64_t sequence = 0;
+  };
+  // One packet of a reply and the ones that follow it in the queue for the
+  // same reply (a coalesced write; `skip` as PeekSkipping), or false if the
+  // budget says wait until *next_s.
   bool SendReplyPacketLocked(std::unique_lock<std::mutex>& lock, const PacketDescriptor& packet,
-                             Reply& reply, uint64_t id, double now, double* next_s);
-  // One packet of a scheduled transfer, or false if its pacer says wait
-  // until *next_s, or its peer's connection has not drained (*peer_busy).
+                             Reply& reply, uint64_t id, double now, double* next_s,
+                             const absl::flat_hash_set<TransferId>& skip);
+  // One packet of a scheduled transfer and the ones that follow it in the
+  // queue for the same peer (a coalesced write), or false if its pacer says
+  // wait until *next_s, or its peer's connection has not drained
+  // (*peer_busy).
   bool SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
                                 const PacketDescriptor& packet, Outgoing& outgoing, double now,
-                                double* next_s, bool* peer_busy);
+                                double* next_s, bool* peer_busy,
+                                const absl::flat_hash_set<TransferId>& skip);
 
   // The last pass's peers whose connections had not drained (one transfer
   // to each), for the loop to wait on (PacketWriter::WaitPeerWritable).
@@ -222,6 +243,7 @@ class SendScheduler {
   std::optional<TokenBucket> unscheduled_;
   uint64_t next_reply_ = 1;
   std::atomic<int64_t> bytes_sent_{0};
+  std::atomic<int64_t> writes_{0};
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 #include "daemon/engine/send_scheduler.h"
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -127,6 +128,15 @@ int Drain(Fixture& f) {
   return passes;
 }
 
+int Drain(SendScheduler& send, FakeClock& clock) {
+  int passes = 0;
+  for (double next = send.SendReady(); next != kNever && passes < 1000; ++passes) {
+    clock.Set(std::max(next, clock.NowSeconds()) + 1e-6);
+    next = send.SendReady();
+  }
+  return passes;
+}
+
 TEST_CASE("SendScheduler releases a transfer at its start time, most urgent tensor first") {
   Fixture f;
   // Tensor 7 (priority 2) is laid out first, tensor 8 (priority 0) second.
@@ -208,6 +218,86 @@ TEST_CASE("SendScheduler lets a paced transfer that woke late catch up by rate x
     // The rate still holds: no more than 40 ms of it went in 40 ms.
     CHECK(first + second <= 40);
   }
+}
+
+// Records coalesced writes call by call; the first call takes only
+// `first_take` frames (the kernel's room) and runs `during_first` (as if
+// something were released while the write was in the kernel).
+class CoalescingWriter final : public transport::PacketWriter {
+ public:
+  struct Sent {
+    PacketKind kind;
+    uint64_t transfer;
+    uint64_t offset;
+  };
+  absl::Status WriteToPeer(const v1::SendTransfer&, const PacketHeader&, const void*, uint32_t,
+                           std::optional<uint32_t>) override {
+    return absl::InternalError("coalesced writes only");
+  }
+  absl::Status WriteToSocket(int, const PacketHeader&, const void*, uint32_t) override {
+    return absl::InternalError("coalesced writes only");
+  }
+  absl::StatusOr<size_t> WriteFramesToPeer(const v1::SendTransfer&,
+                                           absl::Span<const transport::Frame> frames) override {
+    const size_t take = calls.empty() ? std::min(first_take, frames.size()) : frames.size();
+    calls.push_back(frames.size());
+    for (size_t i = 0; i < take; ++i) {
+      sent.push_back({frames[i].header.kind, frames[i].header.transfer, frames[i].header.offset});
+    }
+    if (calls.size() == 1 && during_first) during_first();
+    return take;
+  }
+  size_t first_take = SIZE_MAX;
+  std::function<void()> during_first;
+  std::vector<size_t> calls;  // frames offered per call
+  std::vector<Sent> sent;     // frames written, in order
+};
+
+TEST_CASE("SendScheduler coalesces a peer's packets; an urgent one waits only for what was taken") {
+  FakeClock clock(100.0);
+  CoalescingWriter writer;
+  AggregationTable aggregations(kPacket);
+  SendScheduler::Options options;
+  options.payload_bytes = kPacket;
+  options.coalesce_bytes = 8 * kPacket;
+  SendScheduler send(options, &clock, &writer, &aggregations, [](uint64_t, const std::string&) {});
+  // A long, unpaced, low-priority transfer (20 packets) to one peer.
+  REQUIRE(send.Schedule(Transfer(1, 20 * kPacket, 100.0), Buffer(20 * kPacket),
+                        {Tensor(1, 20 * kPacket, 9)})
+              .ok());
+  // The kernel takes the kBegin and 2 packets of the first write; meanwhile
+  // an urgent transfer for the same peer is released.
+  writer.first_take = 3;
+  writer.during_first = [&] {
+    REQUIRE(send.Schedule(Transfer(2, kPacket, 100.0), Buffer(kPacket), {Tensor(2, kPacket, 0)})
+                .ok());
+  };
+  CHECK(Drain(send, clock) < 1000);
+  // The first write offered a whole run: kBegin + 8 packets (the cap).
+  REQUIRE(writer.calls.size() >= 2);
+  CHECK(writer.calls[0] == 9);
+  // The urgent transfer went right after the packets the kernel had taken.
+  REQUIRE(writer.sent.size() >= 5);
+  CHECK(writer.sent[0].kind == PacketKind::kBegin);
+  CHECK(writer.sent[0].transfer == 1);
+  CHECK(writer.sent[1].transfer == 1);
+  CHECK(writer.sent[2].transfer == 1);
+  CHECK(writer.sent[3].kind == PacketKind::kBegin);
+  CHECK(writer.sent[3].transfer == 2);
+  CHECK(writer.sent[4].transfer == 2);
+  // Every packet of transfer 1 exactly once, in its order, the ones put
+  // back included.
+  std::vector<uint64_t> offsets;
+  for (const auto& s : writer.sent) {
+    if (s.kind == PacketKind::kData && s.transfer == 1) offsets.push_back(s.offset);
+  }
+  REQUIRE(offsets.size() == 20);
+  for (size_t i = 0; i < offsets.size(); ++i) CHECK(offsets[i] == i * kPacket);
+  CHECK(send.bytes_sent() == 21 * kPacket);
+  CHECK(!send.Has(1));
+  CHECK(!send.Has(2));
+  // Fewer writes than packets: 21 packets in at most 5 writes.
+  CHECK(send.writes() <= 5);
 }
 
 TEST_CASE("SendScheduler does not let a paced transfer hold back another's packets") {

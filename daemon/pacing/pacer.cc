@@ -104,6 +104,12 @@ bool TransferPacer::TryConsume(uint64_t bytes, double now_s) {
   return true;
 }
 
+void TransferPacer::Refund(uint64_t bytes) {
+  bytes = std::min(bytes, bytes_consumed_);
+  tokens_ = std::min(options_.burst_bytes, tokens_ + static_cast<double>(bytes));
+  bytes_consumed_ -= bytes;
+}
+
 double TransferPacer::NextSendTime(uint64_t bytes, double now_s) {
   Advance(now_s + clock_offset_s_);
   const double need = static_cast<double>(bytes) - tokens_;
@@ -164,6 +170,10 @@ bool TokenBucket::TryConsume(uint64_t bytes, double now_s) {
   if (tokens_ + kSlackBytes < static_cast<double>(bytes)) return false;
   tokens_ = std::max(0.0, tokens_ - static_cast<double>(bytes));
   return true;
+}
+
+void TokenBucket::Refund(uint64_t bytes) {
+  tokens_ = std::min(burst_bytes_, tokens_ + static_cast<double>(bytes));
 }
 
 double TokenBucket::NextSendTime(uint64_t bytes, double now_s) {

@@ -72,6 +72,9 @@ class TransferPacer {
   // Takes `bytes` tokens if available at now_s; false (and no change)
   // otherwise.
   bool TryConsume(uint64_t bytes, double now_s);
+  // Gives back `bytes` taken by TryConsume and not sent after all (up to
+  // the burst).
+  void Refund(uint64_t bytes);
   // Earliest local time >= now_s at which `bytes` may be sent; kNever if
   // never (bytes > burst_bytes, or the schedule has ended with no tail).
   double NextSendTime(uint64_t bytes, double now_s);
@@ -114,6 +117,8 @@ class TokenBucket {
 
   uint64_t AvailableBytes(double now_s);
   bool TryConsume(uint64_t bytes, double now_s);
+  // Gives back `bytes` taken by TryConsume and not sent (up to the burst).
+  void Refund(uint64_t bytes);
   // kNever if bytes > burst_bytes or the rate is 0 and tokens are short.
   double NextSendTime(uint64_t bytes, double now_s);
   // Changes the rate from now_s on (tokens accrued so far are kept).

@@ -123,6 +123,25 @@ TEST_CASE("Burst limit caps accumulated tokens") {
   CHECK(pacer->NextSendTime(5000, 50) == Approx(50.005));
 }
 
+TEST_CASE("Refund gives back tokens taken and not sent, up to the burst") {
+  auto pacer = TransferPacer::Create({{0, 100, 8e6}}, 0, {10000.0, -1});  // 1 MB/s
+  REQUIRE(pacer.ok());
+  REQUIRE(pacer->TryConsume(6000, 50));
+  REQUIRE(pacer->TryConsume(4000, 50));
+  CHECK(pacer->bytes_consumed() == 10000);
+  pacer->Refund(4000);
+  CHECK(pacer->bytes_consumed() == 6000);
+  CHECK(pacer->AvailableBytes(50) == 4000);
+  pacer->Refund(1 << 20);  // never above the burst, nor below nothing consumed
+  CHECK(pacer->AvailableBytes(50) == 10000);
+  CHECK(pacer->bytes_consumed() == 0);
+  auto bucket = TokenBucket::Create(8e6, 10000, 0);
+  REQUIRE(bucket.ok());
+  REQUIRE(bucket->TryConsume(10000, 0));
+  bucket->Refund(3000);
+  CHECK(bucket->AvailableBytes(0) == 3000);
+}
+
 TEST_CASE("Clock offset maps local time to scheduler time") {
   // The daemon's clock is 2 s behind the scheduler: scheduler = local + 2.
   auto pacer = TransferPacer::Create({{10.0, 11.0, 8e8}}, 2.0, {64 * 1024, 0});

@@ -1,5 +1,6 @@
 #include "daemon/queue/priority_packet_queue.h"
 
+#include <algorithm>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -143,6 +144,26 @@ std::optional<PacketDescriptor> PriorityPacketQueue::PeekSkipping(
 }
 
 bool PriorityPacketQueue::Remove(const PacketDescriptor& packet) {
+  uint64_t sequence = 0;
+  return Remove(packet, &sequence);
+}
+
+absl::Status PriorityPacketQueue::Restore(const PacketDescriptor& packet, uint64_t sequence) {
+  auto job = jobs_.find(packet.job_id);
+  if (job == jobs_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", packet.job_id, " left the queue"));
+  }
+  // A FIFO is sorted by sequence: the packet goes back to its own place.
+  std::deque<Entry>& fifo = job->second[packet.tensor_priority];
+  auto at = std::lower_bound(fifo.begin(), fifo.end(), sequence,
+                             [](const Entry& e, uint64_t s) { return e.sequence < s; });
+  fifo.insert(at, {sequence, packet});
+  ++size_;
+  queued_bytes_ += packet.length_bytes;
+  return absl::OkStatus();
+}
+
+bool PriorityPacketQueue::Remove(const PacketDescriptor& packet, uint64_t* sequence) {
   auto job = jobs_.find(packet.job_id);
   if (job == jobs_.end()) return false;
   auto queue = job->second.find(packet.tensor_priority);
@@ -151,6 +172,7 @@ bool PriorityPacketQueue::Remove(const PacketDescriptor& packet) {
   for (auto e = fifo.begin(); e != fifo.end(); ++e) {
     if (e->packet.transfer_id == packet.transfer_id && e->packet.tensor_id == packet.tensor_id &&
         e->packet.offset_bytes == packet.offset_bytes) {
+      *sequence = e->sequence;
       fifo.erase(e);
       if (fifo.empty()) job->second.erase(queue);
       --size_;

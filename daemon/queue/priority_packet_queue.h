@@ -125,6 +125,14 @@ class PriorityPacketQueue {
   // Removes the queued packet `packet` (a Peek or PeekSkipping result:
   // same transfer, tensor and offset); false when it is not queued.
   bool Remove(const PacketDescriptor& packet);
+  // The same, also giving the packet's place in the order (*sequence), so
+  // that a packet taken but not sent can be put back where it was.
+  bool Remove(const PacketDescriptor& packet, uint64_t* sequence);
+  // Puts back a packet that Remove(packet, &sequence) took: the order is
+  // exactly as if it had never left (a coalesced write the kernel took
+  // only part of, send_scheduler.h). FailedPrecondition if its job is no
+  // longer registered.
+  absl::Status Restore(const PacketDescriptor& packet, uint64_t sequence);
 
   // Drops every queued packet of one transfer (cancel, drop, failure);
   // returns how many were removed. Order of the rest is unchanged.

@@ -235,5 +235,36 @@ TEST_CASE("PeekSkipping keeps the strict order among the transfers not skipped")
   CHECK(q.empty());
 }
 
+TEST_CASE("Restore puts a removed packet back exactly where it was") {
+  PriorityPacketQueue q = MakeQueue(JobPriorityMode::kFifo, {1, 2});
+  REQUIRE(q.Push(Packet(1, 0, 0, 10)).ok());
+  REQUIRE(q.Push(Packet(2, 0, 0, 20)).ok());
+  REQUIRE(q.Push(Packet(1, 0, 100, 10)).ok());
+  REQUIRE(q.Push(Packet(1, 0, 200, 10)).ok());
+  // Taken for a write, in order; the kernel took only the first.
+  uint64_t s1 = 0, s2 = 0, s3 = 0;
+  const PacketDescriptor a = *q.Peek(0);
+  REQUIRE(q.Remove(a, &s1));
+  const PacketDescriptor b = *q.Peek(0);
+  REQUIRE(q.Remove(b, &s2));
+  const PacketDescriptor c = *q.Peek(0);
+  REQUIRE(q.Remove(c, &s3));
+  CHECK(b.transfer_id == 20);
+  // Something more urgent arrived meanwhile; the rest goes back.
+  REQUIRE(q.Push(Packet(1, 0, 300, 10)).ok());  // later arrival: behind them
+  REQUIRE(q.Restore(c, s3).ok());
+  REQUIRE(q.Restore(b, s2).ok());
+  CHECK(q.size() == 4);
+  CHECK(q.queued_bytes() == 400);
+  CHECK(q.Pop(0)->transfer_id == 20);
+  CHECK(q.Pop(0)->offset_bytes == 100);
+  CHECK(q.Pop(0)->offset_bytes == 200);
+  CHECK(q.Pop(0)->offset_bytes == 300);
+  CHECK(q.empty());
+  // A job that left cannot have its packet back.
+  REQUIRE(q.RemoveJob(2).ok());
+  CHECK(q.Restore(b, s2).code() == absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace mlfabric::daemon

@@ -1,11 +1,14 @@
 #include "daemon/transport/framing.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -131,6 +134,72 @@ absl::Status WritePacket(SendWatchdog& watchdog, int fd, PacketHeader header, co
   }
   iovec iov[2] = {{head, sizeof(head)}, {const_cast<void*>(payload), length}};
   return watchdog.SendAll(fd, iov, length > 0 ? 2 : 1);
+}
+
+absl::StatusOr<size_t> WriteFrames(SendWatchdog& watchdog, int fd,
+                                   absl::Span<const Frame> frames) {
+  if (frames.empty()) return size_t{0};
+  if (CipherOf(fd) != nullptr) {
+    // Sealed: one packet at a time, while the kernel takes more at once.
+    for (size_t i = 0; i < frames.size(); ++i) {
+      if (i > 0) {
+        pollfd p{fd, POLLOUT, 0};
+        if (::poll(&p, 1, 0) <= 0 || (p.revents & POLLOUT) == 0) return i;
+      }
+      const Frame& f = frames[i];
+      RETURN_IF_ERROR(WritePacket(watchdog, fd, f.header, f.payload, f.length, f.crc));
+    }
+    return frames.size();
+  }
+  // Plaintext: every header, then one gather write of all frames.
+  constexpr size_t kMaxFrames = 256;  // IOV_MAX is 1024: two entries a frame
+  const size_t n = std::min(frames.size(), kMaxFrames);
+  std::vector<uint8_t> heads(n * kHeaderBytes);
+  std::vector<iovec> iov;
+  iov.reserve(2 * n);
+  std::vector<size_t> frame_end(n);  // index in iov one past each frame
+  for (size_t i = 0; i < n; ++i) {
+    PacketHeader header = frames[i].header;
+    header.flags &= static_cast<uint16_t>(~kFlagSealed);
+    uint8_t* head = heads.data() + i * kHeaderBytes;
+    if (frames[i].crc.has_value()) {
+      header.length = frames[i].length;
+      header.crc32c = *frames[i].crc;
+      EncodeHeader(header, head);
+    } else {
+      EncodePacketHeader(header, frames[i].payload, frames[i].length, head);
+    }
+    iov.push_back({head, kHeaderBytes});
+    if (frames[i].length > 0) iov.push_back({const_cast<void*>(frames[i].payload), frames[i].length});
+    frame_end[i] = iov.size();
+  }
+  msghdr message{};
+  message.msg_iov = iov.data();
+  message.msg_iovlen = iov.size();
+  ssize_t taken = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (taken < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat("send failed: ", std::strerror(errno)));
+    }
+    taken = 0;
+  }
+  // The frames the kernel took whole, and the one it took part of (or the
+  // first, if it took nothing: that one is written whatever it takes).
+  size_t left = static_cast<size_t>(taken);
+  size_t entry = 0;
+  while (entry < iov.size() && left >= iov[entry].iov_len) left -= iov[entry++].iov_len;
+  size_t whole = 0;
+  while (whole < n && frame_end[whole] <= entry) ++whole;
+  if (whole == n) return n;
+  const size_t start = whole == 0 ? 0 : frame_end[whole - 1];
+  const bool begun = entry > start || left > 0;
+  if (whole > 0 && !begun) return whole;
+  // Finish frame `whole` (begun, or the first): the rest of its entries.
+  iov[entry].iov_base = static_cast<uint8_t*>(iov[entry].iov_base) + left;
+  iov[entry].iov_len -= left;
+  RETURN_IF_ERROR(watchdog.SendAll(fd, iov.data() + entry,
+                                   static_cast<int>(frame_end[whole] - entry)));
+  return whole + 1;
 }
 
 absl::StatusOr<boost::asio::ip::tcp::endpoint> ParseEndpoint(const std::string& address) {

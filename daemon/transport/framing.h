@@ -27,7 +27,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "daemon/transport/packet.h"
+#include "daemon/transport/packet_writer.h"
 #include "daemon/transport/payload_cipher.h"
 #include "daemon/transport/send_watchdog.h"
 
@@ -68,6 +70,15 @@ class FrameReader {
 // payload's CRC-32C computed earlier (otherwise it is computed here).
 absl::Status WritePacket(SendWatchdog& watchdog, int fd, PacketHeader header, const void* payload,
                          uint32_t length, std::optional<uint32_t> crc = std::nullopt);
+
+// Coalesced writes (packet_writer.h, PacketWriter::WriteFramesToPeer):
+// frames[0] whole, bounded by `watchdog`, then what the socket takes of the
+// rest without waiting: one gather write of them all on a plaintext
+// socket, each packet sealed and written while the socket stays writable
+// on an encrypted one (a packet is sealed only when it is sent, so the
+// sequence of nonces never skips). A frame begun is finished. Returns how
+// many frames were written whole.
+absl::StatusOr<size_t> WriteFrames(SendWatchdog& watchdog, int fd, absl::Span<const Frame> frames);
 
 // "ip:port" -> endpoint; InvalidArgument naming the address otherwise.
 absl::StatusOr<boost::asio::ip::tcp::endpoint> ParseEndpoint(const std::string& address);

@@ -19,14 +19,50 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "daemon/transport/packet.h"
 #include "proto/scheduler.pb.h"
 
 namespace mlfabric::transport {
 
+// One packet of a coalesced write: its header, and its payload in the
+// sender's buffer (not copied).
+struct Frame {
+  PacketHeader header;
+  const void* payload = nullptr;
+  uint32_t length = 0;
+  std::optional<uint32_t> crc;  // the payload's CRC-32C, if known
+};
+
 class PacketWriter {
  public:
   virtual ~PacketWriter() = default;
+
+  // Coalesced writes (DESIGN.md §5): `frames` (at least one) in order, the
+  // first one whole (waiting as WriteToPeer would), then as many of the
+  // rest as the connection takes now without waiting, in as few system
+  // calls as it can; a frame begun is finished. Returns how many frames
+  // were written whole (>= 1); the caller keeps the rest, so an urgent
+  // packet released meanwhile waits at most for what the kernel already
+  // holds. An error means the connection is gone, as for WriteToPeer.
+  // The default writes them all, one by one.
+  virtual absl::StatusOr<size_t> WriteFramesToPeer(const v1::SendTransfer& send,
+                                                   absl::Span<const Frame> frames) {
+    for (const Frame& f : frames) {
+      absl::Status s = WriteToPeer(send, f.header, f.payload, f.length, f.crc);
+      if (!s.ok()) return s;
+    }
+    return frames.size();
+  }
+  // The same on a session's own socket `fd` (a get reply).
+  virtual absl::StatusOr<size_t> WriteFramesToSocket(int fd, absl::Span<const Frame> frames) {
+    for (const Frame& f : frames) {
+      absl::Status s = WriteToSocket(fd, f.header, f.payload, f.length);
+      if (!s.ok()) return s;
+    }
+    return frames.size();
+  }
 
   // One packet to the daemon at `send.dst_address()` (connected on first
   // use). `crc` is the payload's CRC-32C if already known. An error means

@@ -92,23 +92,36 @@ void PeerConnections::WaitPeerWritable(const std::vector<v1::SendTransfer>& send
 absl::Status PeerConnections::WriteToPeer(const v1::SendTransfer& send,
                                           const PacketHeader& header, const void* payload,
                                           uint32_t length, std::optional<uint32_t> crc) {
+  Frame frame{header, payload, length, crc};
+  absl::StatusOr<size_t> written = WriteFramesToPeer(send, absl::MakeConstSpan(&frame, 1));
+  return written.status();
+}
+
+absl::StatusOr<size_t> PeerConnections::WriteFramesToPeer(const v1::SendTransfer& send,
+                                                          absl::Span<const Frame> frames) {
   auto connected = Connect(send);
   if (!connected.ok()) return connected.status();
   std::shared_ptr<Peer> peer = std::move(*connected);
   const int fd = peer->socket->native_handle();
-  absl::Status status;
-  if (!peer->auth.Allows(header.job)) {
-    absl::StatusOr<std::string> proof = JobProof(peer->auth, *keys_, header.job);
+  absl::StatusOr<size_t> written = size_t{0};
+  // Each job's first packet on this connection follows the job's proof.
+  for (const Frame& f : frames) {
+    if (peer->auth.Allows(f.header.job)) continue;
+    absl::StatusOr<std::string> proof = JobProof(peer->auth, *keys_, f.header.job);
     if (!proof.ok()) return proof.status();  // nothing was written: the connection stays
     PacketHeader frame;
     frame.kind = PacketKind::kJobProof;
-    frame.job = header.job;
+    frame.job = f.header.job;
     frame.length = static_cast<uint32_t>(proof->size());
-    status = WritePacket(watchdog_, fd, frame, proof->data(), frame.length);
-    if (status.ok()) peer->auth.jobs.insert(header.job);
+    absl::Status status = WritePacket(watchdog_, fd, frame, proof->data(), frame.length);
+    if (!status.ok()) {
+      written = status;
+      break;
+    }
+    peer->auth.jobs.insert(f.header.job);
   }
-  if (status.ok()) status = WritePacket(watchdog_, fd, header, payload, length, crc);
-  if (!status.ok()) {
+  if (written.ok()) written = WriteFrames(watchdog_, fd, frames);
+  if (!written.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     boost::system::error_code ignored;
     DetachCipher(fd);
@@ -117,7 +130,12 @@ absl::Status PeerConnections::WriteToPeer(const v1::SendTransfer& send,
       peers_.erase(it);
     }
   }
-  return status;
+  return written;
+}
+
+absl::StatusOr<size_t> PeerConnections::WriteFramesToSocket(int fd,
+                                                            absl::Span<const Frame> frames) {
+  return WriteFrames(watchdog_, fd, frames);
 }
 
 absl::Status PeerConnections::WriteToSocket(int fd, const PacketHeader& header,

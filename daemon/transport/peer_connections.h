@@ -50,6 +50,11 @@ class PeerConnections final : public PacketWriter {
                            std::optional<uint32_t> crc) override;
   absl::Status WriteToSocket(int fd, const PacketHeader& header, const void* payload,
                              uint32_t length) override;
+  // Coalesced (framing.h WriteFrames): one gather write where the kernel
+  // takes it, the rest left to the caller.
+  absl::StatusOr<size_t> WriteFramesToPeer(const v1::SendTransfer& send,
+                                           absl::Span<const Frame> frames) override;
+  absl::StatusOr<size_t> WriteFramesToSocket(int fd, absl::Span<const Frame> frames) override;
   // POLLOUT on the peer's connection: with TCP_NOTSENT_LOWAT, set once the
   // kernel holds less than about two packets unsent for it.
   bool PeerWritable(const v1::SendTransfer& send) override;
