@@ -21,7 +21,8 @@
 //  3. Weighted-sum kernel GB/s against memcpy on the same buffers:
 //     //aggregator:reduce_benchmark's 64 MiB float32 rows (target >= 80%).
 //  4. CPU seconds per GB moved, of the sending and the receiving daemon
-//     (user + system from /proc, over the pushes only).
+//     (user + system from /proc, over the pushes only), and their context
+//     switches per MiB (every thread's, /proc/<pid>/task/*/status).
 // Benchmark 2 (preemption on a shaped link) needs network namespaces:
 // //bench:preemption_benchmark.
 //
@@ -182,6 +183,8 @@ struct Round {
   double raw_fresh_bytes_per_s = 0;  // fresh memfd destination, like the daemon's
   double sender_cpu_s_per_gb = 0;
   double receiver_cpu_s_per_gb = 0;
+  double sender_switches_per_mib = 0;  // context switches, all threads
+  double receiver_switches_per_mib = 0;
 };
 
 // Rounds alternate the daemon and the raw socket so both see the same
@@ -238,12 +241,16 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds,
     }
     const auto sender_cpu0 = ProcessCpuSeconds(c.daemon("w1").pid());
     const auto receiver_cpu0 = ProcessCpuSeconds(c.daemon("s1").pid());
+    const auto sender_cs0 = ProcessContextSwitches(c.daemon("w1").pid());
+    const auto receiver_cs0 = ProcessContextSwitches(c.daemon("s1").pid());
     std::ofstream(go_file) << "go\n";
     if ((*pusher)->WaitFor(600) != 0) {
       return absl::InternalError("the push was not applied: " + (*pusher)->Log());
     }
     const auto sender_cpu1 = ProcessCpuSeconds(c.daemon("w1").pid());
     const auto receiver_cpu1 = ProcessCpuSeconds(c.daemon("s1").pid());
+    const auto sender_cs1 = ProcessContextSwitches(c.daemon("w1").pid());
+    const auto receiver_cs1 = ProcessContextSwitches(c.daemon("s1").pid());
     const std::vector<Arrival> arrivals = ParseArrivals(c.daemon("s1").Log());
     if (arrivals.size() != static_cast<size_t>(r + 1)) {  // one per push, warm-up included
       return absl::DataLossError(absl::StrCat("expected ", r + 1, " arrival lines in the ",
@@ -257,6 +264,13 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds,
     }
     if (receiver_cpu0.ok() && receiver_cpu1.ok()) {
       round.receiver_cpu_s_per_gb = (*receiver_cpu1 - *receiver_cpu0) / gb;
+    }
+    const double mib = a.bytes / double{1 << 20};
+    if (sender_cs0.ok() && sender_cs1.ok()) {
+      round.sender_switches_per_mib = static_cast<double>(*sender_cs1 - *sender_cs0) / mib;
+    }
+    if (receiver_cs0.ok() && receiver_cs1.ok()) {
+      round.receiver_switches_per_mib = static_cast<double>(*receiver_cs1 - *receiver_cs0) / mib;
     }
     round.raw_fresh_bytes_per_s = MeasureRawSocket(source, /*fresh_sink=*/true);
     // Whether the receiving daemon reused a receive buffer (its debug log
@@ -414,6 +428,9 @@ int Main(int argc, char** argv) {
               median(&Round::sender_cpu_s_per_gb));
   std::printf("| 4 | receiving daemon CPU per GB moved | %.3f CPU-s/GB | |\n",
               median(&Round::receiver_cpu_s_per_gb));
+  std::printf("| 4 | sending / receiving daemon context switches per MiB moved | %.2f / %.2f | "
+              "<= 4 (1 per 256 KiB) |\n",
+              median(&Round::sender_switches_per_mib), median(&Round::receiver_switches_per_mib));
   // Sets of the compared setting and the table's (authentication on),
   // alternated (table, other, table, other); each round normalised by the
   // raw socket of the same round, so the machine's load cancels out.

@@ -6,6 +6,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -142,6 +144,26 @@ absl::StatusOr<double> ProcessCpuSeconds(pid_t pid) {
     return absl::DataLossError(absl::StrCat("cannot parse /proc/", pid, "/stat"));
   }
   return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+absl::StatusOr<int64_t> ProcessContextSwitches(pid_t pid) {
+  std::error_code error;
+  const std::filesystem::path tasks = absl::StrCat("/proc/", pid, "/task");
+  std::filesystem::directory_iterator it(tasks, error);
+  if (error) return absl::NotFoundError(absl::StrCat("no ", tasks.string(), ": ", error.message()));
+  int64_t total = 0;
+  for (; it != std::filesystem::directory_iterator(); it.increment(error)) {
+    if (error) break;
+    std::ifstream in(it->path() / "status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0 ||
+          line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) {
+        total += std::atoll(line.c_str() + line.find(':') + 1);
+      }
+    }
+  }
+  return total;
 }
 
 }  // namespace mlfabric::bench

@@ -72,6 +72,12 @@ absl::StatusOr<std::vector<PlannedTransfer>> FetchPlannedTransfers(int admin_por
 // User + system CPU seconds a live process has used (from /proc/<pid>/stat).
 absl::StatusOr<double> ProcessCpuSeconds(pid_t pid);
 
+// Context switches (voluntary + involuntary) of every thread of a live
+// process so far, summed over /proc/<pid>/task/*/status (the process's
+// own status counts only its main thread). Threads that ended are not
+// counted: read it where the process's threads are long-lived.
+absl::StatusOr<int64_t> ProcessContextSwitches(pid_t pid);
+
 }  // namespace mlfabric::bench
 
 #endif  // MLFABRIC_TESTING_APPS_DATAPLANE_TRACE_H_
