@@ -267,6 +267,7 @@ bool Worker::Reconnect(const std::string& why) {
       }
       channel_ = connected;
       daemon_host_ = host;
+      get_mappings_.Clear();  // the old daemon's buffers are not lent again
       reconnecting_ = false;
       ++reconnects_;
     }
@@ -367,8 +368,12 @@ void Worker::ReaderLoop() {
         promise->set_value(absl::UnavailableError(done.error()));
         continue;
       }
-      auto buffer = fd >= 0 ? SharedBuffer::Map(fd, static_cast<size_t>(done.bytes()))
-                            : SharedBuffer::Create(0);
+      // A lent buffer comes back with a later get: its mapping is kept.
+      // One that is not lent is the daemon's only once.
+      const size_t bytes = static_cast<size_t>(done.bytes());
+      auto buffer = fd < 0                   ? SharedBuffer::Create(0)
+                    : done.buffer_id() != 0 ? get_mappings_.Map(fd, bytes)
+                                            : SharedBuffer::Map(fd, bytes);
       if (!buffer.ok()) {
         promise->set_value(buffer.status());
         continue;

@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "ipc/buffer_pool.h"
 #include "ipc/local_ipc.h"
+#include "ipc/mapped_buffers.h"
 
 namespace mlfabric {
 
@@ -135,8 +136,10 @@ enum class ElementType : int32_t {
 struct Model {
   int64_t version = 0;
   // Gives the buffer back to the daemon for a later get once this model is
-  // gone (declared before `buffer`, so it runs after the unmap); empty
-  // when the daemon did not lend the buffer.
+  // gone (declared before `buffer`, so it runs after the buffer is
+  // dropped); empty when the daemon did not lend the buffer. A lent buffer
+  // is a view of the Worker's kept mapping (get_mappings_), which nothing
+  // reads until the daemon lends the buffer again with new contents.
   std::shared_ptr<void> lease;
   SharedBuffer buffer;  // the model's bytes, zero-copy from the daemon
   const uint8_t* data() const { return buffer.data(); }
@@ -176,6 +179,10 @@ class Worker {
   // Pushes whose shared buffer was one of an earlier push, which the
   // daemon had released (instead of a new memfd).
   int64_t push_buffers_reused() const { return push_buffers_.reused(); }
+  // Lent get buffers mapped, and those that reused the mapping of an
+  // earlier get (the daemon lent the same buffer again).
+  int64_t get_buffers_mapped() const { return get_mappings_.misses(); }
+  int64_t get_buffers_reused() const { return get_mappings_.hits(); }
 
  private:
   struct PendingPush {
@@ -190,6 +197,13 @@ class Worker {
   // for the next push of the same size: a fresh memfd costs the allocation
   // and zeroing of every page, on both sides, each push.
   BufferPool push_buffers_{BufferPool::Bounds{4, size_t{512} << 20}};
+  // The mappings of buffers the daemon lent with gets: it lends the same
+  // ones again (from its pool, after LocalRelease), and mapping each afresh
+  // cost a mmap with MAP_POPULATE and a munmap per get. Safe to keep: the
+  // daemon refills a lent buffer only after the Model that viewed it is
+  // gone, and the next Model to view it is handed out after that refill.
+  // Only this daemon's buffers: cleared when connecting to another.
+  MappedBuffers get_mappings_;
 
   Worker() = default;
   void ReaderLoop();

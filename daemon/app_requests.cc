@@ -104,7 +104,17 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
     fail("push carries no shared-memory buffer");
     return;
   }
-  auto buffer = SharedBuffer::Map(fd, static_cast<size_t>(std::max<int64_t>(push.bytes(), 0)));
+  // The application's push buffers come back once released: a buffer
+  // mapped before is reused (no new mmap with MAP_POPULATE, no munmap).
+  // The cache's share of the mapping is not a SharedBuffer, so the push's
+  // shared_ptr below is still the only holder once senders and checksums
+  // are done: LocalPushDone.buffer_released (daemon_control.cc) keeps
+  // meaning "the daemon no longer touches these bytes", and nothing reads
+  // the kept mapping until the application pushes the buffer again.
+  bool reused = false;
+  auto buffer = app->push_mappings.Map(
+      fd, static_cast<size_t>(std::max<int64_t>(push.bytes(), 0)), &reused);
+  if (buffer.ok()) (reused ? push_buffers_reused_ : push_buffers_mapped_).fetch_add(1);
   if (!buffer.ok()) {
     fail(std::string(buffer.status().message()));
     return;
@@ -418,6 +428,8 @@ void AppRequests::HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
 }
 
 void AppRequests::AppGone(const std::shared_ptr<AppSession>& app) {
+  // Pushes still in flight keep their own share of their mappings.
+  app->push_mappings.Clear();
   std::optional<v1::EntityGoneReport> report;
   {
     std::lock_guard<std::mutex> lock(lock_->mu);

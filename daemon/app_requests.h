@@ -115,6 +115,10 @@ class AppRequests : public AppHandler {
   // Get buffers lent to applications and given back for reuse.
   int64_t buffers_lent() const { return buffers_lent_.load(); }
   int64_t buffers_returned() const { return buffers_returned_.load(); }
+  // Push buffers mapped, and those whose earlier mapping was reused
+  // (AppSession::push_mappings).
+  int64_t push_buffers_mapped() const { return push_buffers_mapped_.load(); }
+  int64_t push_buffers_reused() const { return push_buffers_reused_.load(); }
 
   // daemon::AppHandler.
   void HandleRegister(const std::shared_ptr<AppSession>& app,
@@ -151,6 +155,8 @@ class AppRequests : public AppHandler {
   std::atomic<int64_t> pushes_submitted_{0};
   std::atomic<int64_t> buffers_lent_{0};
   std::atomic<int64_t> buffers_returned_{0};
+  std::atomic<int64_t> push_buffers_mapped_{0};
+  std::atomic<int64_t> push_buffers_reused_{0};
   std::atomic<uint64_t> next_buffer_id_{1};
 };
 

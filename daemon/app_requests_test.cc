@@ -199,6 +199,65 @@ TEST_CASE("a push is recorded, submitted, and waits for its outcome") {
   CHECK(worker->Quiet());  // its outcome comes from the command stream
 }
 
+TEST_CASE("a push buffer sent again reuses its mapping, per application") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  auto other = Rig::NewApp("w1", v1::ROLE_WORKER);
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  REQUIRE(rig.Register(*other, v1::ROLE_WORKER).registered().error().empty());
+  uint64_t next_transfer = 600;
+  rig.scheduler.submit_hook = [&](const v1::SubmitUpdateRequest&, v1::SubmitUpdateReply* reply) {
+    reply->set_transfer_id(++next_transfer);
+    return absl::OkStatus();
+  };
+  auto buffer = SharedBuffer::Create(8192);
+  REQUIRE(buffer.ok());
+  auto push = [&](FakeApp& app, uint64_t request_id, int64_t bytes) {
+    v1::LocalPush message;
+    message.set_request_id(request_id);
+    message.set_server("ps");
+    message.set_bytes(bytes);
+    rig.requests.HandlePush(app.session, message, ::dup(buffer->fd()));
+  };
+
+  buffer->data()[0] = 1;
+  push(*worker, 1, 8192);
+  std::optional<PushTable::Push> first = rig.pushes.TakeForOutcome(601, false);
+  REQUIRE(first.has_value());
+  CHECK(first->buffer->data()[0] == 1);
+  // What buffer_released asks: the kept mapping is no holder of the push's buffer.
+  CHECK(first->buffer.use_count() == 1);
+  first.reset();
+
+  buffer->data()[0] = 2;  // the worker refills the released buffer
+  push(*worker, 2, 8192);
+  CHECK(rig.requests.push_buffers_mapped() == 1);
+  CHECK(rig.requests.push_buffers_reused() == 1);
+  std::optional<PushTable::Push> second = rig.pushes.Find(602);
+  REQUIRE(second.has_value());
+  CHECK(second->buffer->data()[0] == 2);
+  CHECK(second->buffer->size() == 8192);
+
+  // Another application's descriptor of the same file is not looked up
+  // in this one's mappings.
+  push(*other, 1, 4096);
+  CHECK(rig.requests.push_buffers_mapped() == 2);
+  CHECK(worker->session->push_mappings.entries() == 1);
+  CHECK(other->session->push_mappings.entries() == 1);
+
+  // A claim beyond the file is refused as before.
+  push(*worker, 3, 1 << 20);
+  v1::LocalMessage refused = Rig::Next(*worker);
+  REQUIRE(refused.has_push_done());
+  CHECK(refused.push_done().outcome() == v1::OUTCOME_FAILED);
+  CHECK(refused.push_done().reason().find("claims") != std::string::npos);
+
+  // Leaving drops the application's mappings; its push in flight keeps its bytes.
+  rig.requests.AppGone(worker->session);
+  CHECK(worker->session->push_mappings.entries() == 0);
+  CHECK(second->buffer->data()[0] == 2);
+}
+
 TEST_CASE("a push that cannot be submitted ends at once, failed, with why") {
   Rig rig;
   auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);

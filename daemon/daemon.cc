@@ -165,6 +165,8 @@ Daemon::Stats Daemon::GetStats() const {
   if (app_requests_) {
     stats.get_buffers_lent = app_requests_->buffers_lent();
     stats.get_buffers_returned = app_requests_->buffers_returned();
+    stats.push_buffers_mapped = app_requests_->push_buffers_mapped();
+    stats.push_buffers_reused = app_requests_->push_buffers_reused();
   }
   std::lock_guard<std::mutex> lock(lock_.mu);
   if (fetcher_) stats.copies_forwarded = fetcher_->copies_forwarded();

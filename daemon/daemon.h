@@ -119,6 +119,9 @@ class Daemon {
     // Get buffers lent to applications, and those they gave back.
     int64_t get_buffers_lent = 0;
     int64_t get_buffers_returned = 0;
+    // Push buffers mapped, and those that reused an earlier mapping.
+    int64_t push_buffers_mapped = 0;
+    int64_t push_buffers_reused = 0;
   };
   Stats GetStats() const;
 

@@ -182,7 +182,9 @@ void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSen
       body->set_delay(outcome.delay());
       // Nobody else here holds the buffer (a sender still writing it, a
       // checksum being computed, a held replica copy): the application may
-      // fill it again for its next push instead of making a new one.
+      // fill it again for its next push instead of making a new one. The
+      // application's push_mappings keep a share of the mapping, not of
+      // this SharedBuffer, and never touch the bytes: they do not count.
       body->set_buffer_released(push->buffer != nullptr && push->buffer.use_count() == 1);
       (void)push->app->channel->Send(done);
       break;

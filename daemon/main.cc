@@ -68,7 +68,9 @@ int main(int argc, char** argv) {
                 << "; without a socket: " << stats.local_transfers << " transfers within this host ("
                 << stats.local_transfer_bytes << " B), " << stats.local_round_gets
                 << " round sums read here (" << stats.local_round_get_bytes << " B); get buffers "
-                << "lent " << stats.get_buffers_lent << ", given back " << stats.get_buffers_returned;
+                << "lent " << stats.get_buffers_lent << ", given back " << stats.get_buffers_returned
+                << "; push buffers mapped " << stats.push_buffers_mapped << ", reused "
+                << stats.push_buffers_reused;
   if (!status.ok()) {
     std::cerr << "mlfabricd: " << status.message() << "\n";
     _exit(1);

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -31,16 +32,37 @@ absl::Status ErrnoError(const std::string& what) {
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<SharedMapping>> SharedMapping::Map(int fd, size_t size) {
+  // A received buffer is read (or written) whole: map its pages at once
+  // (unless huge, see kPopulateMaxBytes).
+  void* mapped =
+      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | PopulateFlag(size), fd, 0);
+  if (mapped == MAP_FAILED) {
+    absl::Status error = ErrnoError("mmap of received buffer");
+    ::close(fd);
+    return error;
+  }
+  return std::shared_ptr<SharedMapping>(
+      new SharedMapping(fd, static_cast<uint8_t*>(mapped), size));
+}
+
+SharedMapping::~SharedMapping() {
+  ::munmap(data_, size_);
+  ::close(fd_);
+}
+
 SharedBuffer::~SharedBuffer() {
+  if (mapping_ != nullptr) return;  // a view: the mapping's last holder unmaps
   if (data_ != nullptr && size_ > 0) ::munmap(data_, size_);
   if (fd_ >= 0) ::close(fd_);
 }
 
 SharedBuffer::SharedBuffer(SharedBuffer&& other) noexcept
-    : fd_(other.fd_), data_(other.data_), size_(other.size_) {
+    : fd_(other.fd_), data_(other.data_), size_(other.size_), mapping_(std::move(other.mapping_)) {
   other.fd_ = -1;
   other.data_ = nullptr;
   other.size_ = 0;
+  other.mapping_ = nullptr;
 }
 
 SharedBuffer& SharedBuffer::operator=(SharedBuffer&& other) noexcept {
@@ -49,6 +71,26 @@ SharedBuffer& SharedBuffer::operator=(SharedBuffer&& other) noexcept {
     new (this) SharedBuffer(std::move(other));
   }
   return *this;
+}
+
+SharedBuffer SharedBuffer::View(std::shared_ptr<SharedMapping> mapping, size_t size) {
+  SharedBuffer buffer;
+  buffer.fd_ = mapping->fd();
+  buffer.data_ = mapping->data();
+  buffer.size_ = std::min(size, mapping->size());
+  buffer.mapping_ = std::move(mapping);
+  return buffer;
+}
+
+absl::StatusOr<ReceivedFile> StatReceived(int fd, size_t size) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError("fstat on received buffer");
+  if (static_cast<uint64_t>(st.st_size) < size) {
+    return absl::InvalidArgumentError(absl::StrCat("shared buffer holds ", st.st_size,
+                                                   " bytes but the message claims ", size));
+  }
+  return ReceivedFile{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                      static_cast<uint64_t>(st.st_size)};
 }
 
 absl::StatusOr<SharedBuffer> SharedBuffer::Create(size_t size) {
@@ -77,12 +119,7 @@ absl::StatusOr<SharedBuffer> SharedBuffer::Create(size_t size) {
 absl::StatusOr<SharedBuffer> SharedBuffer::Map(int fd, size_t size) {
   SharedBuffer buffer;
   buffer.fd_ = fd;
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError("fstat on received buffer");
-  if (static_cast<uint64_t>(st.st_size) < size) {
-    return absl::InvalidArgumentError(absl::StrCat("shared buffer holds ", st.st_size,
-                                                   " bytes but the message claims ", size));
-  }
+  if (absl::StatusOr<ReceivedFile> file = StatReceived(fd, size); !file.ok()) return file.status();
   buffer.size_ = size;
   if (size > 0) {
     // A received buffer is read (or written) whole: map its pages at once

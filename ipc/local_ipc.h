@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -28,8 +29,39 @@
 
 namespace mlfabric {
 
-// A shared-memory buffer backed by a memfd, mapped read-write. Move-only;
-// unmaps and closes on destruction.
+// One read-write mmap of a memfd with its descriptor, which several
+// SharedBuffers may view (MappedBuffers hands the mapping of a buffer that
+// comes back again to each of them): unmapped and closed when its last
+// holder drops it, so no holder ever sees the memory go.
+//
+// Thread safety: immutable after Map; the shared_ptr may be copied from
+// any thread.
+class SharedMapping {
+ public:
+  // Maps the first `size` bytes (> 0) of `fd`, taking ownership of `fd`
+  // (closed on failure too). The caller has checked that the file holds
+  // them (StatReceived).
+  static absl::StatusOr<std::shared_ptr<SharedMapping>> Map(int fd, size_t size);
+  ~SharedMapping();
+  SharedMapping(const SharedMapping&) = delete;
+  SharedMapping& operator=(const SharedMapping&) = delete;
+
+  int fd() const { return fd_; }
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  SharedMapping(int fd, uint8_t* data, size_t size) : fd_(fd), data_(data), size_(size) {}
+
+  const int fd_;
+  uint8_t* const data_;
+  const size_t size_;
+};
+
+// A shared-memory buffer backed by a memfd, mapped read-write. Move-only.
+// It owns its mapping and descriptor (unmapped and closed on destruction),
+// or is a view of a SharedMapping it holds a share of (View): then the
+// mapping goes when its last holder does.
 class SharedBuffer {
  public:
   SharedBuffer() = default;
@@ -43,6 +75,9 @@ class SharedBuffer {
   // Maps a received descriptor (takes ownership of `fd`); the file must hold
   // at least `size` bytes.
   static absl::StatusOr<SharedBuffer> Map(int fd, size_t size);
+  // The first `size` bytes (<= mapping->size()) of a shared mapping; fd()
+  // is the mapping's descriptor.
+  static SharedBuffer View(std::shared_ptr<SharedMapping> mapping, size_t size);
 
   uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }
@@ -53,7 +88,20 @@ class SharedBuffer {
   int fd_ = -1;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  // Set for a view: the mapping (and descriptor) belong to it, not to us.
+  std::shared_ptr<SharedMapping> mapping_;
 };
+
+// Where a received descriptor's file is (its identity) and how long it is.
+struct ReceivedFile {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  uint64_t bytes = 0;
+};
+
+// fstat of a received descriptor (not closed here): kInvalidArgument if the
+// file holds fewer than the `size` bytes a message claims for it.
+absl::StatusOr<ReceivedFile> StatReceived(int fd, size_t size);
 
 inline constexpr uint32_t kMaxLocalMessageBytes = 1 << 20;
 

@@ -4,7 +4,8 @@
 # tests/allreduce_check.cc (exact sums against MPI_Allreduce); then the
 # daemons' own counters, from the lines they log as they stop, say that
 # the root rank read round sums on its own host (h0) without a data
-# session, and that every get buffer a daemon lent to its rank came back.
+# session, that every get buffer a daemon lent to its rank came back, and
+# that the push buffers a rank sent again were not mapped again.
 set -euo pipefail
 run="$TEST_SRCDIR/mlfabric/tools/run/mlfabric-run"
 check="$TEST_SRCDIR/mlfabric/tests/allreduce_check"
@@ -45,6 +46,17 @@ for host in h0 h1; do
   echo "$host: get buffers lent $lent, given back $back"
   if [[ -z "$lent" || "$lent" -lt 1 || "$lent" != "$back" ]]; then
     echo "FAIL: $host lent $lent get buffers and got $back back"
+    exit 1
+  fi
+done
+# "...; push buffers mapped N, reused M": a rank refills the push buffers
+# its daemon released, and the daemon finds their mappings.
+for host in h0 h1; do
+  mapped=$(field "$host" "push buffers mapped")
+  reused=$(field "$host" "reused")
+  echo "$host: push buffers mapped $mapped, reused $reused"
+  if [[ -z "$reused" || "$reused" -lt 1 ]]; then
+    echo "FAIL: $host mapped every push buffer afresh (mapped $mapped, reused ${reused:-none})"
     exit 1
   fi
 done

@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "ipc/local_ipc.h"
+#include "ipc/mapped_buffers.h"
 #include "proto/local.pb.h"
 #include "proto/scheduler.pb.h"
 
@@ -62,6 +63,11 @@ struct AppSession {
   // Get buffers lent to the application (LocalGetDone.buffer_id), until
   // it releases them or leaves. Guarded by the receive lock.
   std::map<uint64_t, std::shared_ptr<SharedBuffer>> lent_buffers;
+  // The mappings of this application's push buffers, which it refills
+  // and sends again once released. Its own: another application's files
+  // are never looked up here. Cleared when it leaves (the handler's
+  // AppGone); its own lock.
+  MappedBuffers push_mappings;
 };
 
 // What the daemon does with its applications' messages.
@@ -81,7 +87,8 @@ class AppHandler {
   // ended; each is answered with a LocalPushDone.
   virtual void HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
                                   const v1::LocalOutcomeQuery& query) = 0;
-  // The application unmapped buffers the daemon lent it with its gets.
+  // The application no longer reads buffers the daemon lent it with its
+  // gets (it may keep them mapped until they are lent again).
   virtual void HandleRelease(const std::shared_ptr<AppSession>& app,
                              const v1::LocalRelease& release) = 0;
   virtual void AppGone(const std::shared_ptr<AppSession>& app) = 0;
