@@ -143,7 +143,8 @@ Daemon::Daemon(DaemonConfig config, const Clock* clock,
   receiver_ = std::make_unique<daemon::DataReceiver>(
       &lock_, clock_, &stopping_, &data_keys_, static_cast<uint64_t>(kMaxTransferBytes),
       daemon::DataReceiver::Parts{incoming_.get(), rounds_.get(), aggregation_.get(),
-                                  deliveries_.get(), reporter_.get(), &buffer_pool_});
+                                  deliveries_.get(), reporter_.get(), &buffer_pool_},
+      static_cast<int>(config_.io_threads));
 }
 
 Daemon::~Daemon() { Stop(); }

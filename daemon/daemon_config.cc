@@ -41,6 +41,7 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
   reader.Double("pacing_quantum_us", &config.pacing_quantum_us, 0, 1e5);
   reader.Int("coalesce_bytes", &config.coalesce_bytes, 0, int64_t{16} << 20);
+  reader.Int("io_threads", &config.io_threads, 1, 64);
   reader.Double("send_timeout_s", &config.send_timeout_s, 0.1, 3600);
   reader.Double("clock_sync_period_s", &config.clock_sync_period_s, 0.1, 3600);
   reader.Enum("job_priority", &config.job_priority, {"fifo", "one", "rr"});
@@ -182,6 +183,9 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         queue, so urgent packets still go first; 0..16777216,
                         at most --payload_bytes = one packet per write
                         (default 262144)
+  --io_threads          threads that read all incoming data sessions, 1..64;
+                        a session takes one only while it has bytes to read
+                        (default 2)
   --send_timeout_s      a write to another daemon that makes no progress for
                         this long fails that peer's transfers or that get
                         reply, so one stuck peer cannot hold the sender (default 30)

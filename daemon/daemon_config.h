@@ -79,6 +79,8 @@ struct DaemonConfig {
   // this many bytes (daemon/engine/send_scheduler.h); <= payload_bytes:
   // one packet per write.
   int64_t coalesce_bytes = 256 << 10;
+  // Threads that read every incoming data session (DataReceiver).
+  int64_t io_threads = 2;
   double send_timeout_s = 30;                // a data write that makes no progress this long fails
   std::string job_priority = "fifo";         // TensorLights mode: fifo | one | rr
   double job_priority_period_s = 20;         // rr rotation period

@@ -1,5 +1,6 @@
 #include "daemon/engine/data_receiver.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 
+#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,19 +23,55 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using transport::PacketHeader;
 
+namespace {
+
+// Asio puts a socket in non-blocking mode for every async wait; the
+// handshake and a get reply (written by the sender loop) use it blocking,
+// bounded by their own timeouts. Reads never wait (MSG_DONTWAIT).
+void MakeBlocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0 && (flags & O_NONBLOCK) != 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+}
+
+}  // namespace
+
+// One accepted connection and its session.
+struct DataReceiver::Session {
+  Session(tcp::socket s, std::string peer_name, uint64_t max_transfer_bytes,
+          const transport::DataKeys* keys)
+      : socket(std::move(s)),
+        peer(std::move(peer_name)),
+        session(socket.native_handle(), peer, max_transfer_bytes, keys),
+        handshake_deadline(socket.get_executor()) {}
+  tcp::socket socket;
+  const std::string peer;
+  transport::DataSession session;
+  // An authenticated session that has not started its handshake in time
+  // is closed (it costs no thread meanwhile, but it holds a descriptor).
+  asio::steady_timer handshake_deadline;
+  bool closed = false;  // guarded by the receive lock
+};
+
 DataReceiver::DataReceiver(ReceiveLock* lock, const Clock* clock,
                            const std::atomic<bool>* stopping, transport::DataKeys* keys,
-                           uint64_t max_transfer_bytes, Parts parts)
+                           uint64_t max_transfer_bytes, Parts parts, int io_threads)
     : lock_(lock),
       clock_(clock),
       stopping_(stopping),
       keys_(keys),
       max_transfer_bytes_(max_transfer_bytes),
-      parts_(parts) {}
+      parts_(parts),
+      io_threads_(std::max(1, io_threads)) {}
 
 DataReceiver::~DataReceiver() {
   StopAccepting();
   StopSessions();
+  work_.reset();
+  io_.stop();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  handshakes_.join();
 }
 
 absl::Status DataReceiver::Listen(const std::string& address, int port) {
@@ -57,71 +95,162 @@ absl::Status DataReceiver::Listen(const std::string& address, int port) {
 void DataReceiver::Start(ModelServer* model_server, ModelFetcher* fetcher) {
   model_server_ = model_server;
   fetcher_ = fetcher;
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  work_.emplace(asio::make_work_guard(io_));
+  Accept();
+  for (int i = 0; i < io_threads_; ++i) threads_.emplace_back([this] { io_.run(); });
 }
 
 void DataReceiver::StopAccepting() {
-  closing_.store(true);
+  if (closing_.exchange(true)) return;
   if (acceptor_) {
-    // close() alone does not wake a thread blocked in accept(); shutdown does.
-    boost::system::error_code ignored;
-    ::shutdown(acceptor_->native_handle(), SHUT_RDWR);
-    acceptor_->close(ignored);
+    // On an I/O thread: the acceptor is not thread-safe.
+    std::promise<void> closed;
+    auto done = closed.get_future();
+    asio::post(io_, [this, &closed] {
+      boost::system::error_code ignored;
+      acceptor_->close(ignored);
+      closed.set_value();
+    });
+    if (threads_.empty()) {
+      io_.restart();
+      io_.poll();  // Start was never called: nothing else runs io_
+    }
+    done.wait();
   }
-  if (accept_thread_.joinable()) accept_thread_.join();
 }
 
 void DataReceiver::StopSessions() {
-  // No new session starts now: a read blocked on a quiet peer returns once
-  // its socket is shut down.
+  // No new session starts now: shutting a socket down wakes its wait (or
+  // the blocking handshake or get on it), and the session then ends.
   std::unique_lock<std::mutex> lock(lock_->mu);
-  for (const auto& socket : sessions_) ::shutdown(socket->native_handle(), SHUT_RDWR);
+  for (const auto& session : sessions_) {
+    ::shutdown(session->socket.native_handle(), SHUT_RDWR);
+  }
+  if (threads_.empty()) return;
   lock_->cv.wait(lock, [this] { return sessions_.empty(); });
 }
 
-void DataReceiver::AcceptLoop() {
-  while (!stopping_->load() && !closing_.load()) {
-    auto socket = std::make_shared<tcp::socket>(io_);
-    boost::system::error_code error;
-    acceptor_->accept(*socket, error);
+size_t DataReceiver::sessions() const {
+  std::lock_guard<std::mutex> lock(lock_->mu);
+  return sessions_.size();
+}
+
+void DataReceiver::Accept() {
+  acceptor_->async_accept([this](const boost::system::error_code& error, tcp::socket socket) {
     if (error) {
-      if (stopping_->load() || closing_.load()) return;
+      if (stopping_->load() || closing_.load() || error == asio::error::operation_aborted) return;
       // Out of descriptors or memory, or a connection reset while queued:
       // the next accept may work. Anything else ends the data plane.
       const int code = error.value();
       if (code == EMFILE || code == ENFILE || code == ENOBUFS || code == ENOMEM ||
           code == ECONNABORTED || code == EINTR) {
         MLF_LOG(WARNING) << "data accept failed: " << error.message() << "; retrying";
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
+        auto retry = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(50));
+        retry->async_wait([this, retry](const boost::system::error_code&) {
+          if (!closing_.load()) Accept();
+        });
+        return;
       }
       MLF_LOG(ERROR) << "data accept failed: " << error.message();
       return;
     }
-    socket->set_option(tcp::no_delay(true), error);
-    std::lock_guard<std::mutex> lock(lock_->mu);
-    sessions_.insert(socket);
-    // Detached: a finished session is reclaimed at once; StopSessions()
-    // shuts the sessions' sockets down and waits until none is left.
-    std::thread([this, socket = std::move(socket)]() mutable {
-      SessionLoop(std::move(socket));
-    }).detach();
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    const auto peer = socket.remote_endpoint(ignored);
+    std::string peer_name = absl::StrCat(peer.address().to_string(), ":", peer.port());
+    MLF_LOG(DEBUG) << "data session from " << peer_name;
+    auto session = std::make_shared<Session>(std::move(socket), std::move(peer_name),
+                                             max_transfer_bytes_, keys_);
+    {
+      std::lock_guard<std::mutex> lock(lock_->mu);
+      sessions_.insert(session);
+    }
+    if (keys_ != nullptr && keys_->enabled()) {
+      session->handshake_deadline.expires_after(
+          std::chrono::seconds(transport::kHandshakeTimeoutS));
+      session->handshake_deadline.async_wait([session](const boost::system::error_code& e) {
+        // Not cancelled: the peer sent nothing in time; the wait below
+        // wakes and the handshake fails at once.
+        if (!e) ::shutdown(session->socket.native_handle(), SHUT_RDWR);
+      });
+      WhenReadable(session, &DataReceiver::HandshakeThen);
+    } else {
+      (void)session->session.Handshake(*this);  // no keys: nothing to exchange
+      WhenReadable(session, &DataReceiver::Read);
+    }
+    if (!closing_.load()) Accept();
+  });
+}
+
+void DataReceiver::WhenReadable(
+    const std::shared_ptr<Session>& session,
+    void (DataReceiver::*next)(const std::shared_ptr<Session>&)) {
+  session->socket.async_wait(tcp::socket::wait_read,
+                             [this, session, next](const boost::system::error_code& error) {
+                               if (error) {
+                                 // Cancelled or failed: the session ends
+                                 // with what it read.
+                                 session->session.End(*this, "");
+                                 Close(session);
+                                 return;
+                               }
+                               (this->*next)(session);
+                             });
+}
+
+void DataReceiver::HandshakeThen(const std::shared_ptr<Session>& session) {
+  session->handshake_deadline.cancel();
+  // It blocks (bounded by its timeouts): on the handshake pool, not on an
+  // I/O thread.
+  MakeBlocking(session->socket.native_handle());
+  asio::post(handshakes_, [this, session]() mutable {
+    const bool open = session->session.Handshake(*this);
+    asio::post(io_, [this, session = std::move(session), open] {
+      if (open) {
+        Read(session);
+      } else {
+        Close(session);
+      }
+    });
+  });
+}
+
+void DataReceiver::Read(const std::shared_ptr<Session>& session) {
+  switch (session->session.Pump(*this)) {
+    case transport::DataSession::Step::kWouldBlock:
+      WhenReadable(session, &DataReceiver::Read);
+      return;
+    case transport::DataSession::Step::kEnded:
+      Close(session);
+      return;
+    case transport::DataSession::Step::kGetRequest:
+      // The reply streams from the sender loop while the serving code
+      // waits for it (up to a round's wait): not on an I/O thread.
+      MakeBlocking(session->socket.native_handle());
+      std::thread([this, session]() mutable {
+        const bool open = session->session.ServeGet(*this);
+        // The session moves into the posted handler: once it runs, this
+        // thread holds nothing of the receiver's.
+        asio::post(io_, [this, session = std::move(session), open] {
+          if (open) {
+            Read(session);
+          } else {
+            Close(session);
+          }
+        });
+      }).detach();
+      return;
   }
 }
 
-void DataReceiver::SessionLoop(std::shared_ptr<tcp::socket> socket) {
-  boost::system::error_code ignored;
-  const auto peer = socket->remote_endpoint(ignored);
-  const std::string peer_name = absl::StrCat(peer.address().to_string(), ":", peer.port());
-  MLF_LOG(DEBUG) << "data session from " << peer_name;
-  transport::DataSession session(socket->native_handle(), peer_name, max_transfer_bytes_, keys_);
-  session.Run(*this, *stopping_);
+void DataReceiver::Close(const std::shared_ptr<Session>& session) {
   std::lock_guard<std::mutex> lock(lock_->mu);
-  socket->close(ignored);
-  sessions_.erase(socket);
-  // The last reference, let go under the lock: once StopSessions() sees
-  // no session, none touches io_ any more.
-  socket.reset();
+  if (session->closed) return;
+  session->closed = true;
+  boost::system::error_code ignored;
+  session->handshake_deadline.cancel();
+  session->socket.close(ignored);
+  sessions_.erase(session);
   lock_->cv.notify_all();  // StopSessions() waits for the last session
 }
 

@@ -1,7 +1,13 @@
 // DataReceiver: the receive side of this daemon's data plane (DESIGN.md
-// §5): it accepts other daemons' TCP connections and runs one
-// transport::DataSession per connection on a thread of its own, as that
-// session's handler. A CRC-checked data packet is summed into its
+// §5): it accepts other daemons' TCP connections and drives one
+// transport::DataSession per connection, as that session's handler, from a
+// small fixed set of I/O threads (Options::io_threads): a session takes a
+// thread only while it has bytes to read. An authenticated session's
+// handshake runs on a fixed pool of its own (it blocks, bounded by its
+// timeouts) once the peer has sent something; a connection that sends
+// nothing costs no thread and is closed after the handshake timeout. A get
+// request is served on a thread of its own (the reply streams from the
+// sender loop and the serving code waits for it), as before. A CRC-checked data packet is summed into its
 // synchronous round (RoundService) or in-network aggregate
 // (NetworkAggregation), or kept until the transfer is whole and delivered
 // in commit order (Deliveries). Get requests go to the model server (a
@@ -18,8 +24,9 @@
 // Malformed input closes just its session (logged, counted); the transfers
 // it carried are reported failed, nothing else is touched.
 //
-// Thread safety: the handler methods run on the sessions' threads and
-// take the receive side's lock (receive_lock.h) for bookkeeping only.
+// Thread safety: the handler methods run on the I/O threads (and a get's
+// own thread) and take the receive side's lock (receive_lock.h) for
+// bookkeeping only.
 #ifndef MLFABRIC_DAEMON_ENGINE_DATA_RECEIVER_H_
 #define MLFABRIC_DAEMON_ENGINE_DATA_RECEIVER_H_
 
@@ -29,6 +36,8 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
+#include <optional>
 
 #include <boost/asio.hpp>
 
@@ -61,8 +70,10 @@ class DataReceiver : public transport::DataSessionHandler {
   };
   // `keys` may be null (no authentication); `max_transfer_bytes` bounds
   // what a session accepts.
+  // `io_threads` (>= 1) read every session's sockets.
   DataReceiver(ReceiveLock* lock, const Clock* clock, const std::atomic<bool>* stopping,
-               transport::DataKeys* keys, uint64_t max_transfer_bytes, Parts parts);
+               transport::DataKeys* keys, uint64_t max_transfer_bytes, Parts parts,
+               int io_threads = 2);
   ~DataReceiver() override;
   DataReceiver(const DataReceiver&) = delete;
   DataReceiver& operator=(const DataReceiver&) = delete;
@@ -74,12 +85,14 @@ class DataReceiver : public transport::DataSessionHandler {
   // Accepts connections from now on; gets are answered by `model_server`
   // and `fetcher` (which must outlive this).
   void Start(ModelServer* model_server, ModelFetcher* fetcher);
-  // No connection is accepted after this (the accept thread ends).
+  // No connection is accepted after this.
   void StopAccepting();
   // Shuts every session's socket down and waits until the last ended.
   void StopSessions();
 
   int64_t bytes_received() const { return bytes_received_.load(); }
+  // Sessions open now (accepted, not yet ended).
+  size_t sessions() const;
   int64_t malformed_sessions() const { return malformed_sessions_.load(); }
 
   // A transfer whose source is this host too (a push to a server or a
@@ -107,8 +120,15 @@ class DataReceiver : public transport::DataSessionHandler {
              const std::string& close_reason) override;
 
  private:
-  void AcceptLoop();
-  void SessionLoop(std::shared_ptr<boost::asio::ip::tcp::socket> socket);
+  struct Session;
+  void Accept();
+  // Waits (without a thread) until the session's socket is readable, then
+  // runs `next` on an I/O thread.
+  void WhenReadable(const std::shared_ptr<Session>& session, void (DataReceiver::*next)(
+                                                                 const std::shared_ptr<Session>&));
+  void HandshakeThen(const std::shared_ptr<Session>& session);
+  void Read(const std::shared_ptr<Session>& session);
+  void Close(const std::shared_ptr<Session>& session);
   // A CRC-checked data packet: summed into its round or aggregate or kept;
   // a transfer complete is summed or delivered (*complete). An error closes
   // the session.
@@ -126,13 +146,16 @@ class DataReceiver : public transport::DataSessionHandler {
   const Parts parts_;
   ModelServer* model_server_ = nullptr;
   ModelFetcher* fetcher_ = nullptr;
+  const int io_threads_;
   boost::asio::io_context io_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+  std::vector<std::thread> threads_;       // io_threads_ running io_
+  boost::asio::thread_pool handshakes_{2};  // authenticated sessions' handshakes
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   std::string address_;
-  std::thread accept_thread_;
   std::atomic<bool> closing_{false};  // StopAccepting() was called
-  // The sockets of the sessions running now (guarded by the lock).
-  std::set<std::shared_ptr<boost::asio::ip::tcp::socket>> sessions_;
+  // The sessions open now (guarded by the lock).
+  std::set<std::shared_ptr<Session>> sessions_;
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> malformed_sessions_{0};
   std::atomic<int64_t> local_transfers_{0};
