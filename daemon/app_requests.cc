@@ -163,8 +163,10 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
   }
   const uint64_t local_id = parts_.pushes->Record(std::move(pending));
   request.set_local_id(local_id);
+  const double submit_s = clock_->NowSeconds();
   MLF_LOG(DEBUG) << "submitting push (local id " << local_id << ") of '" << app->name
-                 << "' to server '" << push.server() << "'";
+                 << "' to server '" << push.server() << "' at "
+                 << absl::StrFormat("%.6f", submit_s);
   v1::SubmitUpdateReply reply;
   absl::Status status = parts_.scheduler->SubmitUpdate(request, &reply);
   std::string refused;
@@ -182,6 +184,9 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
     // A command may have adopted it already; either way it is known now.
     parts_.pushes->Submitted(local_id, reply.transfer_id());
     pushes_submitted_.fetch_add(1);
+    MLF_LOG(DEBUG) << "submitted push (local id " << local_id << ") as " << reply.transfer_id()
+                   << " in " << absl::StrFormat("%.3f", (clock_->NowSeconds() - submit_s) * 1e3)
+                   << " ms";
   }
   if (!status.ok()) {
     fail(absl::StrCat("scheduler refused the push: ", refused.empty() ? RpcErrorText(status)
