@@ -415,6 +415,8 @@ void SchedulerService::RunBatchCycle() {
                    << item.batch.updates.size() << " updates planned in " << item.compute_ms
                    << " ms on thread " << item.worker_thread;
     std::lock_guard<std::mutex> lock(mu_);
+    // The batch's streams wake once its commands are all queued.
+    const CommandOutbox::WakeupHold hold(&outbox_);
     dispatcher_.Apply(item, planner_->Name());
     ++cycle.batches;
     cycle.updates += static_cast<int64_t>(item.batch.updates.size());
