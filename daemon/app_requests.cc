@@ -164,9 +164,80 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
   const uint64_t local_id = parts_.pushes->Record(std::move(pending));
   request.set_local_id(local_id);
   MLF_LOG(DEBUG) << "submitting push (local id " << local_id << ") of '" << app->name
-                 << "' to server '" << push.server() << "'";
-  v1::SubmitUpdateReply reply;
-  absl::Status status = parts_.scheduler->SubmitUpdate(request, &reply);
+                 << "' to server '" << push.server() << "' at "
+                 << absl::StrFormat("%.6f", clock_->NowSeconds());
+  {
+    std::lock_guard<std::mutex> lock(lock_->mu);
+    ++get_threads_;  // WaitGets waits for the submission to end
+  }
+  Submit(Submission{app, std::move(request), local_id, push.request_id(), clock_->NowSeconds()});
+  // The reader thread goes on at once: the packets are checksummed while
+  // the scheduler plans, and the application's next message (its get)
+  // does not wait for the reply.
+  if (checksums == nullptr) return;
+  const double start_s = clock_->NowSeconds();
+  checksums->SumAll(bytes->data());
+  MLF_LOG(DEBUG) << "checksummed push (local id " << local_id << "): " << checksums->Ready()
+                 << " of " << checksums->packets() << " packets ahead of the sender ("
+                 << checksums->parts() << " threads) in "
+                 << absl::StrFormat("%.3f", clock_->NowSeconds() - start_s) << " s, done at "
+                 << absl::StrFormat("%.6f", clock_->NowSeconds());
+}
+
+void AppRequests::Submit(Submission submission) {
+  {
+    absl::MutexLock lock(&submit_mu_);
+    auto [queue, first] = submission_queues_.try_emplace(submission.app.get());
+    if (!first) {
+      // Behind the application's submission in flight: pushes reach the
+      // scheduler in the order the application made them.
+      queue->second.push_back(std::move(submission));
+      return;
+    }
+  }
+  Issue(std::move(submission));
+}
+
+void AppRequests::Issue(Submission submission) {
+  v1::SubmitUpdateRequest request = std::move(submission.request);
+  submission.request.Clear();
+  parts_.scheduler->SubmitUpdateAsync(
+      std::move(request),
+      [this, submission = std::move(submission)](absl::Status status,
+                                                 v1::SubmitUpdateReply reply) {
+        // Ends last: once WaitGets returned, nothing here touches `this`.
+        const ThreadDone done_guard(this);
+        Submitted(submission, std::move(status), reply);
+        Next(submission.app.get());
+      });
+}
+
+void AppRequests::Next(const AppSession* app) {
+  while (true) {
+    Submission next;
+    {
+      absl::MutexLock lock(&submit_mu_);
+      auto queue = submission_queues_.find(app);
+      if (queue == submission_queues_.end()) return;
+      if (queue->second.empty()) {
+        submission_queues_.erase(queue);
+        return;
+      }
+      next = std::move(queue->second.front());
+      queue->second.pop_front();
+    }
+    if (!stopping_->load()) {
+      Issue(std::move(next));
+      return;
+    }
+    const ThreadDone done_guard(this);
+    Submitted(next, absl::CancelledError("the daemon stopped before submitting it"), {});
+  }
+}
+
+void AppRequests::Submitted(const Submission& submission, absl::Status status,
+                            const v1::SubmitUpdateReply& reply) {
+  const uint64_t local_id = submission.local_id;
   std::string refused;
   if (absl::IsUnauthenticated(status) && parts_.registering != nullptr &&
       parts_.registering->load()) {
@@ -178,24 +249,21 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
   }
   if (!status.ok()) {
     parts_.pushes->SubmitFailed(local_id);
-  } else {
-    // A command may have adopted it already; either way it is known now.
-    parts_.pushes->Submitted(local_id, reply.transfer_id());
-    pushes_submitted_.fetch_add(1);
-  }
-  if (!status.ok()) {
-    fail(absl::StrCat("scheduler refused the push: ", refused.empty() ? RpcErrorText(status)
-                                                                      : refused));
+    v1::LocalMessage done;
+    done.mutable_push_done()->set_request_id(submission.request_id);
+    done.mutable_push_done()->set_outcome(v1::OUTCOME_FAILED);
+    done.mutable_push_done()->set_reason(absl::StrCat(
+        "scheduler refused the push: ", refused.empty() ? RpcErrorText(status) : refused));
+    (void)submission.app->channel->Send(done);
     return;
   }
-  if (checksums == nullptr) return;
-  const double start_s = clock_->NowSeconds();
-  checksums->SumAll(bytes->data());
-  MLF_LOG(DEBUG) << "checksummed push " << reply.transfer_id() << ": " << checksums->Ready()
-                 << " of " << checksums->packets() << " packets ahead of the sender ("
-                 << checksums->parts() << " threads) in "
-                 << absl::StrFormat("%.3f", clock_->NowSeconds() - start_s) << " s, done at "
-                 << absl::StrFormat("%.6f", clock_->NowSeconds());
+  // A command may have adopted it already; either way it is known now.
+  parts_.pushes->Submitted(local_id, reply.transfer_id());
+  pushes_submitted_.fetch_add(1);
+  MLF_LOG(DEBUG) << "submitted push (local id " << local_id << ") as " << reply.transfer_id()
+                 << " in "
+                 << absl::StrFormat("%.3f", (clock_->NowSeconds() - submission.submit_s) * 1e3)
+                 << " ms";
 }
 
 void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) {

@@ -7,8 +7,14 @@
 //   wire. The push is recorded in the PushTable under a local id before
 //   its SubmitUpdate, and no lock is held across the RPC: a command that
 //   names the push before the reply finds it (PushTable::Adopt), and the
-//   command stream never waits for a submission. Its packets are
-//   checksummed while the scheduler plans.
+//   command stream never waits for a submission. The SubmitUpdate is
+//   asynchronous (SchedulerClient::SubmitUpdateAsync): the application's
+//   reader thread checksums the packets while the scheduler plans and then
+//   takes its next message (its get) without waiting for the reply. An
+//   application's pushes reach the scheduler in the order it made them:
+//   one submission of it is in flight at a time, the others wait in the
+//   daemon. A push the scheduler refuses is answered failed when the reply
+//   comes; one still waiting when the daemon stops fails.
 // - A get runs on a thread of its own (ModelFetcher), after the SSP clock
 //   allows it in a stale-synchronous job; WaitGets() returns once none is
 //   left.
@@ -32,18 +38,23 @@
 // stream), a get with the model or an error.
 //
 // Thread safety: the handler methods run on the applications' reader
-// threads; they take the receive lock (engine/receive_lock.h) for
-// bookkeeping only, never across an RPC.
+// threads, submissions end on the scheduler client's threads; they take
+// the receive lock (engine/receive_lock.h) for bookkeeping only, never
+// across an RPC.
 #ifndef MLFABRIC_DAEMON_APP_REQUESTS_H_
 #define MLFABRIC_DAEMON_APP_REQUESTS_H_
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "daemon/apps/app_sessions.h"
 #include "daemon/apps/push_table.h"
@@ -108,7 +119,8 @@ class AppRequests : public AppHandler {
   AppRequests(const AppRequests&) = delete;
   AppRequests& operator=(const AppRequests&) = delete;
 
-  // Blocks until no get is running (call once nothing starts new ones).
+  // Blocks until no get, outcome query or submission is running (call once
+  // nothing starts new ones).
   void WaitGets();
   // Pushes the scheduler accepted.
   int64_t pushes_submitted() const { return pushes_submitted_.load(); }
@@ -135,7 +147,8 @@ class AppRequests : public AppHandler {
   void AppGone(const std::shared_ptr<AppSession>& app) override;
 
  private:
-  // Ends one of the threads WaitGets waits for (a get's or a query's).
+  // Ends one of the things WaitGets waits for (a get, a query or a
+  // submission).
   class ThreadDone {
    public:
     explicit ThreadDone(AppRequests* requests) : requests_(requests) {}
@@ -145,13 +158,37 @@ class AppRequests : public AppHandler {
     AppRequests* const requests_;
   };
 
+  // A push's SubmitUpdate, from the reader thread to its reply.
+  struct Submission {
+    std::shared_ptr<AppSession> app;
+    v1::SubmitUpdateRequest request;  // moved out when issued
+    uint64_t local_id = 0;
+    uint64_t request_id = 0;  // the application's id for the push
+    double submit_s = 0;      // when the daemon took it (clock_)
+  };
+  // Issues `submission`, or queues it behind its application's submission
+  // in flight.
+  void Submit(Submission submission) ABSL_LOCKS_EXCLUDED(submit_mu_);
+  void Issue(Submission submission) ABSL_LOCKS_EXCLUDED(submit_mu_);
+  // The submission of `app` in flight ended: issues its next one, if any.
+  void Next(const AppSession* app) ABSL_LOCKS_EXCLUDED(submit_mu_);
+  // Records the reply in the PushTable, or fails the push to the application.
+  void Submitted(const Submission& submission, absl::Status status,
+                 const v1::SubmitUpdateReply& reply);
+
   const Options options_;
   ReceiveLock* const lock_;
   const Clock* const clock_;
   const std::atomic<bool>* const stopping_;
   const Parts parts_;
   const ForgetLocked forget_;
-  int get_threads_ = 0;  // gets and outcome queries running; guarded by the lock
+  // Gets, outcome queries and submissions running; guarded by the lock.
+  int get_threads_ = 0;
+  absl::Mutex submit_mu_;  // a leaf
+  // An application's entry exists while one submission of it is in
+  // flight; it holds those waiting behind that one, in order.
+  std::map<const AppSession*, std::deque<Submission>> submission_queues_
+      ABSL_GUARDED_BY(submit_mu_);
   std::atomic<int64_t> pushes_submitted_{0};
   std::atomic<int64_t> buffers_lent_{0};
   std::atomic<int64_t> buffers_returned_{0};

@@ -310,6 +310,93 @@ TEST_CASE("a push refused while the daemon registers again after a restart says 
   CHECK(message.push_done().reason().find("a wrong session token") != std::string::npos);
 }
 
+TEST_CASE("a push's submission holds up neither the application nor its command") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  rig.scheduler.defer_submits = true;
+  rig.scheduler.submit_hook = [](const v1::SubmitUpdateRequest& request,
+                                 v1::SubmitUpdateReply* reply) {
+    if (request.version() == 4) return absl::UnavailableError("scheduler unreachable");
+    reply->set_transfer_id(700 + request.local_id());
+    return absl::OkStatus();
+  };
+  // Both handled while no reply came: the reader thread goes on at once.
+  rig.Push(*worker, /*request_id=*/1, 4096);
+  v1::LocalPush second;
+  second.set_request_id(2);
+  second.set_server("ps");
+  second.set_bytes(64);
+  second.set_version(4);
+  auto buffer = SharedBuffer::Create(64);
+  REQUIRE(buffer.ok());
+  rig.requests.HandlePush(worker->session, second, ::dup(buffer->fd()));
+  // One submission of an application in flight at a time, in its order.
+  std::vector<v1::SubmitUpdateRequest> submits = rig.scheduler.submits();
+  REQUIRE(submits.size() == 1);
+  CHECK(submits[0].version() == 3);
+  const uint64_t first_local = submits[0].local_id();
+  // The plan overtakes the reply: the command finds the push by local id.
+  rig.pushes.Adopt(700 + first_local, first_local);
+  REQUIRE(rig.pushes.Find(700 + first_local).has_value());
+  REQUIRE(rig.scheduler.CompleteSubmit());
+  CHECK(rig.pushes.Find(700 + first_local).has_value());
+  CHECK(rig.requests.pushes_submitted() == 1);
+  // The reply issued the next one; the scheduler refuses it.
+  submits = rig.scheduler.submits();
+  REQUIRE(submits.size() == 2);
+  CHECK(submits[1].version() == 4);
+  CHECK(submits[1].local_id() > first_local);
+  CHECK(worker->Quiet());
+  REQUIRE(rig.scheduler.CompleteSubmit());
+  const v1::LocalMessage message = Rig::Next(*worker);
+  REQUIRE(message.has_push_done());
+  CHECK(message.push_done().request_id() == 2);
+  CHECK(message.push_done().outcome() == v1::OUTCOME_FAILED);
+  CHECK(message.push_done().reason().find("scheduler unreachable") != std::string::npos);
+  // Only the submitted push waits for its outcome.
+  const auto unresolved = rig.pushes.Unresolved();
+  REQUIRE(unresolved.size() == 1);
+  CHECK(unresolved[0].first == 700 + first_local);
+  rig.requests.WaitGets();  // nothing in flight
+}
+
+TEST_CASE("pushes still waiting to be submitted when the daemon stops fail") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  rig.scheduler.defer_submits = true;
+  rig.scheduler.submit_hook = [](const v1::SubmitUpdateRequest& request,
+                                 v1::SubmitUpdateReply* reply) {
+    reply->set_transfer_id(900 + request.local_id());
+    return absl::OkStatus();
+  };
+  rig.Push(*worker, 1, 64);
+  rig.Push(*worker, 2, 64);
+  rig.Push(*worker, 3, 64);
+  REQUIRE(rig.scheduler.submits().size() == 1);
+  rig.stopping = true;
+  // WaitGets waits for the submission in flight, which the reply ends.
+  std::atomic<bool> waited{false};
+  std::thread waiter([&] {
+    rig.requests.WaitGets();
+    waited = true;
+  });
+  CHECK_FALSE(waited.load());
+  REQUIRE(rig.scheduler.CompleteSubmit());
+  waiter.join();
+  CHECK(rig.scheduler.submits().size() == 1);  // the others were never sent
+  CHECK(rig.requests.pushes_submitted() == 1);
+  for (uint64_t request_id : {2, 3}) {
+    const v1::LocalMessage message = Rig::Next(*worker);
+    REQUIRE(message.has_push_done());
+    CHECK(message.push_done().request_id() == request_id);
+    CHECK(message.push_done().outcome() == v1::OUTCOME_FAILED);
+    CHECK(message.push_done().reason().find("the daemon stopped") != std::string::npos);
+  }
+  CHECK(rig.pushes.Unresolved().size() == 1);
+}
+
 TEST_CASE("a get before registering is answered with an error") {
   Rig rig;
   auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "daemon/daemon_internal.h"
 
@@ -119,9 +120,23 @@ void Daemon::DeliverLocal(const LocalSend& local) {
 }
 
 void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSend>* local) {
+  const double received_s = clock_->NowSeconds();
   std::lock_guard<std::mutex> lock(lock_.mu);
   switch (command.command_case()) {
-    case v1::DaemonCommand::kSend:
+    case v1::DaemonCommand::kSend: {
+      // When the plan arrived (and got the receive lock) against when it
+      // lets the bytes go, in this daemon's clock: the push-to-first-packet
+      // path, with "submitting push" and "sending transfer".
+      const double now_s = clock_->NowSeconds();
+      MLF_LOG(DEBUG) << "send command for transfer " << command.send().transfer_id()
+                     << " (local id " << command.send().local_id() << ") to "
+                     << command.send().dst_host() << " at " << absl::StrFormat("%.6f", received_s)
+                     << " (lock after " << absl::StrFormat("%.3f", (now_s - received_s) * 1e3)
+                     << " ms)"
+                     << ", planned start "
+                     << absl::StrFormat("%+.3f",
+                                        (command.send().start_s() - clock_offset_s_ - now_s) * 1e3)
+                     << " ms from now";
       // A push's commands may overtake its SubmitUpdate reply.
       // A group push's part names the push as its source.
       pushes_.Adopt(command.send().part() ? command.send().source_transfer_id()
@@ -129,9 +144,17 @@ void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSen
                     command.send().local_id());
       ScheduleSendLocked(command.send(), local);
       break;
-    case v1::DaemonCommand::kAggregate:
+    }
+    case v1::DaemonCommand::kAggregate: {
+      const double now_s = clock_->NowSeconds();
+      MLF_LOG(DEBUG) << "aggregate command for transfer " << command.aggregate().aggregate_id()
+                     << " at " << absl::StrFormat("%.6f", now_s) << ", planned start "
+                     << absl::StrFormat("%+.3f", (command.aggregate().start_s() - clock_offset_s_ -
+                                                  now_s) * 1e3)
+                     << " ms from now";
       aggregation_->StartLocked(command.aggregate());
       break;
+    }
     case v1::DaemonCommand::kPromote:
       PromoteReplicaLocked(command.promote());
       break;

@@ -51,6 +51,37 @@ class FakeSchedulerClient final : public SchedulerClient {
     }
     return submit_hook ? submit_hook(request, reply) : absl::OkStatus();
   }
+  // With `defer_submits`, SubmitUpdateAsync only records the call (and its
+  // request, as SubmitUpdate does); the test answers it with
+  // CompleteSubmit, as a gRPC reply would, on the test's thread.
+  bool defer_submits = false;
+  void SubmitUpdateAsync(v1::SubmitUpdateRequest request, SubmitDone done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (defer_submits) {
+        submits_.push_back(request);
+        deferred_.push_back({std::move(request), std::move(done)});
+        cv_.notify_all();
+        return;
+      }
+    }
+    SchedulerClient::SubmitUpdateAsync(std::move(request), std::move(done));
+  }
+  // Answers the oldest deferred submission through submit_hook (OK with an
+  // empty reply without one); false if none is waiting.
+  bool CompleteSubmit() {
+    Deferred call;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (deferred_.empty()) return false;
+      call = std::move(deferred_.front());
+      deferred_.pop_front();
+    }
+    v1::SubmitUpdateReply reply;
+    absl::Status status = submit_hook ? submit_hook(call.request, &reply) : absl::OkStatus();
+    call.done(std::move(status), std::move(reply));
+    return true;
+  }
   absl::Status ReportCompletion(const v1::CompletionReport& report) override {
     absl::Status status = completion_hook ? completion_hook(report) : absl::OkStatus();
     std::lock_guard<std::mutex> lock(mu_);
@@ -153,8 +184,14 @@ class FakeSchedulerClient final : public SchedulerClient {
     bool cancelled_ = false;
   };
 
+  struct Deferred {
+    v1::SubmitUpdateRequest request;
+    SubmitDone done;
+  };
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::deque<Deferred> deferred_;
   std::deque<v1::DaemonCommand> commands_;
   std::vector<v1::CompletionReport> completions_;
   std::vector<v1::SubmitUpdateRequest> submits_;

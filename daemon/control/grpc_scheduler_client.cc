@@ -125,6 +125,24 @@ class GrpcSchedulerClient final : public SchedulerClient {
                             v1::SubmitUpdateReply* reply) override {
     return FromGrpc(stub_->SubmitUpdate(Signed(10, request.job()).get(), request, reply));
   }
+  void SubmitUpdateAsync(v1::SubmitUpdateRequest request, SubmitDone done) override {
+    // What the call refers to until its callback ran.
+    struct Call {
+      std::unique_ptr<grpc::ClientContext> context;
+      v1::SubmitUpdateRequest request;
+      v1::SubmitUpdateReply reply;
+      SubmitDone done;
+    };
+    auto call = std::make_shared<Call>();
+    call->context = Signed(10, request.job());
+    call->request = std::move(request);
+    call->done = std::move(done);
+    Call* raw = call.get();
+    stub_->async()->SubmitUpdate(raw->context.get(), &raw->request, &raw->reply,
+                                 [call = std::move(call)](grpc::Status status) {
+                                   call->done(FromGrpc(status), std::move(call->reply));
+                                 });
+  }
   absl::Status ReportCompletion(const v1::CompletionReport& report) override {
     v1::CompletionAck ack;
     return FromGrpc(stub_->ReportCompletion(Signed(10, "").get(), report, &ack));

@@ -8,14 +8,19 @@
 //   v1::SubmitUpdateReply reply;
 //   absl::Status status = client->SubmitUpdate(request, &reply);
 //   if (!status.ok()) Log(RpcErrorText(status));   // "PERMISSION_DENIED: server 'ps' ..."
+//   client->SubmitUpdateAsync(request, [](absl::Status status, v1::SubmitUpdateReply reply) {
+//     ...                                          // later, on a gRPC thread
+//   });
 //
 // Errors carry the scheduler's canonical code and message unchanged.
 // Thread safety: every method may be called concurrently (gRPC stubs are).
 #ifndef MLFABRIC_DAEMON_CONTROL_SCHEDULER_CLIENT_H_
 #define MLFABRIC_DAEMON_CONTROL_SCHEDULER_CLIENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "proto/scheduler.pb.h"
@@ -44,6 +49,17 @@ class SchedulerClient {
                                       v1::RegisterEntityReply* reply) = 0;
   virtual absl::Status SubmitUpdate(const v1::SubmitUpdateRequest& request,
                                     v1::SubmitUpdateReply* reply) = 0;
+  // SubmitUpdate without waiting for the reply: `done` is called once with
+  // its outcome, on one of the client's own threads (gRPC's callback
+  // threads, a fixed pool), or within this call by a client that has no
+  // asynchronous calls (this default). `done` must not block: it runs
+  // where other calls' replies are handled.
+  using SubmitDone = std::function<void(absl::Status, v1::SubmitUpdateReply)>;
+  virtual void SubmitUpdateAsync(v1::SubmitUpdateRequest request, SubmitDone done) {
+    v1::SubmitUpdateReply reply;
+    absl::Status status = SubmitUpdate(request, &reply);
+    done(std::move(status), std::move(reply));
+  }
   virtual absl::Status ReportCompletion(const v1::CompletionReport& report) = 0;
   virtual absl::Status ReportBandwidth(const v1::BandwidthReport& report) = 0;
   virtual absl::Status ReportEntityGone(const v1::EntityGoneReport& report) = 0;

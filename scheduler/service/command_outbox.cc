@@ -61,12 +61,20 @@ void CommandOutbox::KeyLocked(Queue& queue, uint32_t job) {
   queue.keyed.insert(job);
 }
 
+void CommandOutbox::NotifyLocked(const std::string& host) {
+  if (holds_ > 0) {
+    held_wakeups_.insert(host);
+    return;
+  }
+  WakeupLocked(host).notify_all();
+}
+
 void CommandOutbox::EnsureJobKey(const std::string& host, uint32_t job) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = queues_.find(host);
   if (it == queues_.end()) return;
   KeyLocked(it->second, job);
-  WakeupLocked(host).notify_all();
+  NotifyLocked(host);
 }
 
 void CommandOutbox::Push(const std::string& host, v1::DaemonCommand command) {
@@ -75,7 +83,19 @@ void CommandOutbox::Push(const std::string& host, v1::DaemonCommand command) {
   if (it == queues_.end()) return;
   KeyLocked(it->second, JobOf(command));
   it->second.commands.push_back(std::move(command));
-  WakeupLocked(host).notify_all();
+  NotifyLocked(host);
+}
+
+void CommandOutbox::HoldWakeups() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++holds_;
+}
+
+void CommandOutbox::ReleaseWakeups() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (holds_ == 0 || --holds_ > 0) return;
+  for (const std::string& host : held_wakeups_) WakeupLocked(host).notify_all();
+  held_wakeups_.clear();
 }
 
 CommandOutbox::PopResult CommandOutbox::Pop(const std::string& host, uint64_t incarnation,

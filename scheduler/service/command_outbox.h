@@ -63,6 +63,26 @@ class CommandOutbox {
   // Ends every Pop with kStopped, now and later.
   void Stop();
 
+  // While a hold is on (HoldWakeups until the matching ReleaseWakeups;
+  // holds nest), Push and EnsureJobKey queue without waking the streams,
+  // and the release wakes each host that got a command meanwhile. The
+  // batch loop holds while it queues a batch's commands: each stream it
+  // woke wrote at once, and on a busy machine took the core the rest of
+  // the batch was being queued from, so one host's command of a
+  // synchronous round went out a millisecond or more after another's.
+  void HoldWakeups();
+  void ReleaseWakeups();
+  class WakeupHold {
+   public:
+    explicit WakeupHold(CommandOutbox* outbox) : outbox_(outbox) { outbox_->HoldWakeups(); }
+    ~WakeupHold() { outbox_->ReleaseWakeups(); }
+    WakeupHold(const WakeupHold&) = delete;
+    WakeupHold& operator=(const WakeupHold&) = delete;
+
+   private:
+    CommandOutbox* const outbox_;
+  };
+
   // Commands waiting for `host` (0 when it has no open queue).
   size_t Queued(const std::string& host) const;
 
@@ -78,12 +98,16 @@ class CommandOutbox {
   // a thousand daemons' streams took more CPU than the planner,
   // testing/loadgen).
   std::condition_variable& WakeupLocked(const std::string& host);
+  // Wakes `host`'s stream now, or at the release of the hold that is on.
+  void NotifyLocked(const std::string& host);
 
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<std::condition_variable>> wakeups_;
   std::map<std::string, Queue> queues_;
   std::map<uint32_t, std::string> job_keys_;
   bool stopped_ = false;
+  int holds_ = 0;
+  std::set<std::string> held_wakeups_;  // hosts to wake when the holds end
 };
 
 }  // namespace mlfabric

@@ -68,5 +68,38 @@ TEST_CASE("a waiting stream wakes for a push, a close and a stop") {
   CHECK(result == Result::kStopped);
 }
 
+TEST_CASE("commands queued under a hold wake their streams when the last hold ends") {
+  CommandOutbox outbox;
+  outbox.Open("w1", 1);
+  outbox.Open("w2", 1);
+  v1::DaemonCommand out1, out2;
+  Result result1 = Result::kTimeout, result2 = Result::kTimeout;
+  std::thread waiter1([&] { result1 = outbox.Pop("w1", 1, std::chrono::seconds(30), &out1); });
+  std::thread waiter2([&] { result2 = outbox.Pop("w2", 1, std::chrono::seconds(30), &out2); });
+  {
+    const CommandOutbox::WakeupHold batch(&outbox);
+    {
+      const CommandOutbox::WakeupHold nested(&outbox);
+      outbox.Push("w1", Outcome(1));
+    }
+    outbox.Push("w2", Outcome(2));
+    // Queued while held: a stream that looks finds them.
+    CHECK(outbox.Queued("w1") == 1);
+    CHECK(outbox.Queued("w2") == 1);
+  }
+  // Long before the waits run out: the release woke both.
+  waiter1.join();
+  waiter2.join();
+  CHECK(result1 == Result::kCommand);
+  CHECK(out1.outcome().transfer_id() == 1);
+  CHECK(result2 == Result::kCommand);
+  CHECK(out2.outcome().transfer_id() == 2);
+  // No hold: a push wakes at once, as before.
+  std::thread waiter3([&] { result1 = outbox.Pop("w1", 1, std::chrono::seconds(30), &out1); });
+  outbox.Push("w1", Outcome(3));
+  waiter3.join();
+  CHECK(out1.outcome().transfer_id() == 3);
+}
+
 }  // namespace
 }  // namespace mlfabric

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 
 namespace mlfabric {
@@ -110,6 +111,11 @@ grpc::Status SchedulerGrpcService::StreamSchedules(
     switch (service_->outbox().Pop(host, incarnation, std::chrono::milliseconds(100), &command)) {
       case CommandOutbox::PopResult::kCommand:
         if (!writer->Write(command)) end_reason = "schedule stream broken";
+        if (command.has_send()) {
+          MLF_LOG(DEBUG) << "wrote send command for transfer " << command.send().transfer_id()
+                         << " to " << host << " at "
+                         << absl::StrFormat("%.6f", service_->NowSeconds());
+        }
         break;
       case CommandOutbox::PopResult::kTimeout:
         break;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "scheduler/core/distribution.h"
 #include "scheduler/core/network.h"
 #include "common/logging.h"
@@ -341,7 +342,12 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
   // A synchronous round is planned as soon as all its pushes are in, not at
   // the next batch tick: an AllReduce then costs a plan, not up to a batch
   // interval (issue 19). Asynchronous pushes keep batching.
-  if (RoundComplete(*job, server->second, round)) loop_.Wake();
+  const bool complete = RoundComplete(*job, server->second, round);
+  MLF_LOG(DEBUG) << "push " << reply->transfer_id() << " (local id " << request.local_id()
+                 << ") from " << request.src_host() << " for round " << round << " at "
+                 << absl::StrFormat("%.6f", clock_->NowSeconds())
+                 << (complete ? ": round complete, planning now" : "");
+  if (complete) loop_.Wake();
   return absl::OkStatus();
 }
 

@@ -79,6 +79,9 @@ constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...
                       route to the first host)
   --daemon_arg FLAG   a flag for every host's mlfabricd, emulated or real
                       (repeatable), e.g. --daemon_arg=--log_level=debug
+  --scheduler_arg FLAG
+                      a flag for mlfabric-scheduler (repeatable), e.g.
+                      --scheduler_arg=--log_level=debug
   -v                  print what is started
 Every rank gets MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_DAEMON_SOCKET, ...
 )";
@@ -143,7 +146,7 @@ int main(int argc, char** argv) {
   std::string divergence_bound;  // empty: none
   std::vector<std::pair<std::string, std::string>> extra_jobs;
   std::string hostfile, planner = "mlfabric", job = "demo", token;
-  std::vector<std::string> mpirun_args, daemon_args;
+  std::vector<std::string> mpirun_args, daemon_args, scheduler_args;
   std::string head_address;
   bool verbose = false;
   int i = 1;
@@ -227,6 +230,8 @@ int main(int argc, char** argv) {
       head_address = value("--head_address");
     } else if (arg == "--daemon_arg") {
       daemon_args.push_back(value("--daemon_arg"));
+    } else if (arg == "--scheduler_arg") {
+      scheduler_args.push_back(value("--scheduler_arg"));
     } else if (arg == "--mpirun_arg") {
       mpirun_args.push_back(value("--mpirun_arg"));
     } else if (arg == "-v") {
@@ -337,12 +342,13 @@ int main(int argc, char** argv) {
     }
     ::chmod((socket_dir + "/cluster.secret").c_str(), 0600);
     setenv("MLFABRIC_CLUSTER_SECRET", secret.c_str(), 1);
-    auto started = Subprocess::Start(
-        {BinaryPath("scheduler/mlfabric-scheduler"), "--config=" + socket_dir + "/scheduler.json",
-         "--planner=" + planner, "--listen_address=" + head_address, "--grpc_port=0",
-         "--port_file=" + socket_dir + "/scheduler.port",
-         "--cluster_secret_file=" + socket_dir + "/cluster.secret"},
-        socket_dir + "/scheduler.log");
+    std::vector<std::string> scheduler_argv = {
+        BinaryPath("scheduler/mlfabric-scheduler"), "--config=" + socket_dir + "/scheduler.json",
+        "--planner=" + planner, "--listen_address=" + head_address, "--grpc_port=0",
+        "--port_file=" + socket_dir + "/scheduler.port",
+        "--cluster_secret_file=" + socket_dir + "/cluster.secret"};
+    scheduler_argv.insert(scheduler_argv.end(), scheduler_args.begin(), scheduler_args.end());
+    auto started = Subprocess::Start(scheduler_argv, socket_dir + "/scheduler.log");
     const std::string port_file = socket_dir + "/scheduler.port";
     if (!started.ok() ||
         !WaitUntil([&] { return !ReadFile(port_file).empty() || !(*started)->Running(); }, 30) ||
@@ -423,8 +429,9 @@ int main(int argc, char** argv) {
     std::vector<std::string> hosts;
     const int host_count = (np + ranks_per_host - 1) / ranks_per_host;
     for (int h = 0; h < host_count; ++h) hosts.push_back("h" + std::to_string(h));
-    auto started = mlfabric::launch::Cluster::StartLoopback(
-        hosts, {"--config=" + config, "--planner=" + planner}, daemon_args);
+    std::vector<std::string> scheduler_argv = {"--config=" + config, "--planner=" + planner};
+    scheduler_argv.insert(scheduler_argv.end(), scheduler_args.begin(), scheduler_args.end());
+    auto started = mlfabric::launch::Cluster::StartLoopback(hosts, scheduler_argv, daemon_args);
     if (!started.ok()) {
       std::cerr << "mlfabric-run: cannot start the scheduler and daemons: "
                 << started.status().message() << "\n";
