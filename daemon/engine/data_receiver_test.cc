@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -518,6 +519,46 @@ TEST_CASE("DataReceiver stops while a connection is open and idle") {
   boost::system::error_code error;
   late.connect(*transport::ParseEndpoint(rig.receiver.address()), error);
   CHECK(error);
+}
+
+// Threads of this process now (/proc/self/task).
+size_t ThreadCount() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    ++n;
+  }
+  return n;
+}
+
+TEST_CASE("DataReceiver reads many sessions on its fixed I/O threads, none per session") {
+  Rig rig;
+  const size_t before = ThreadCount();
+  // 200 connections that never send a byte, and 64 in the middle of a
+  // transfer each (begun, one packet of two in).
+  std::vector<std::unique_ptr<Sender>> idle;
+  for (int i = 0; i < 200; ++i) {
+    idle.push_back(std::make_unique<Sender>(rig.receiver.address(), rig.watchdog));
+  }
+  std::vector<std::unique_ptr<Sender>> busy;
+  for (uint64_t i = 0; i < 64; ++i) {
+    const uint64_t transfer = 700 + i;
+    const std::vector<uint8_t> bytes = Pattern(transfer, 2 * kPayloadBytes);
+    busy.push_back(std::make_unique<Sender>(rig.receiver.address(), rig.watchdog));
+    busy.back()->Begin(kJob, transfer, bytes.size());
+    busy.back()->Data(kJob, transfer, bytes, 0, kPayloadBytes);
+  }
+  REQUIRE(rig.ReceivedBytes(64 * kPayloadBytes));
+  REQUIRE(Eventually([&] { return rig.receiver.sessions() == 264; }));
+  // Before this change: a thread per connection, 264 more.
+  CHECK(ThreadCount() == before);
+  // Each session still goes on: the second packets complete the transfers.
+  for (uint64_t i = 0; i < 64; ++i) {
+    const uint64_t transfer = 700 + i;
+    const std::vector<uint8_t> bytes = Pattern(transfer, 2 * kPayloadBytes);
+    busy[i]->Data(kJob, transfer, bytes, kPayloadBytes, kPayloadBytes);
+  }
+  CHECK(rig.ReceivedBytes(128 * kPayloadBytes));
+  CHECK(ThreadCount() == before);
 }
 
 // ---- same-host transfers (DeliverLocal): no socket
