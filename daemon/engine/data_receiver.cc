@@ -227,7 +227,7 @@ void DataReceiver::Read(const std::shared_ptr<Session>& session) {
       // The reply streams from the sender loop while the serving code
       // waits for it (up to a round's wait): not on an I/O thread.
       MakeBlocking(session->socket.native_handle());
-      std::thread([this, session]() mutable {
+      serving_.Run([this, session]() mutable {
         const bool open = session->session.ServeGet(*this);
         // The session moves into the posted handler: once it runs, this
         // thread holds nothing of the receiver's.
@@ -238,7 +238,7 @@ void DataReceiver::Read(const std::shared_ptr<Session>& session) {
             Close(session);
           }
         });
-      }).detach();
+      });
       return;
   }
 }

@@ -6,8 +6,9 @@
 // handshake runs on a fixed pool of its own (it blocks, bounded by its
 // timeouts) once the peer has sent something; a connection that sends
 // nothing costs no thread and is closed after the handshake timeout. A get
-// request is served on a thread of its own (the reply streams from the
-// sender loop and the serving code waits for it), as before. A CRC-checked data packet is summed into its
+// request is served on a thread of BlockingWork (the reply streams from
+// the sender loop and the serving code waits for it): one per get being
+// served at once, reused, not one per get. A CRC-checked data packet is summed into its
 // synchronous round (RoundService) or in-network aggregate
 // (NetworkAggregation), or kept until the transfer is whole and delivered
 // in commit order (Deliveries). Get requests go to the model server (a
@@ -47,6 +48,7 @@
 #include "ipc/buffer_pool.h"
 #include "daemon/engine/model_fetcher.h"
 #include "daemon/engine/model_server.h"
+#include "daemon/engine/blocking_work.h"
 #include "daemon/engine/deliveries.h"
 #include "daemon/engine/incoming_transfers.h"
 #include "daemon/engine/network_aggregation.h"
@@ -151,6 +153,7 @@ class DataReceiver : public transport::DataSessionHandler {
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;       // io_threads_ running io_
   boost::asio::thread_pool handshakes_{2};  // authenticated sessions' handshakes
+  BlockingWork serving_;                    // served gets, on reused threads
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   std::string address_;
   std::atomic<bool> closing_{false};  // StopAccepting() was called
