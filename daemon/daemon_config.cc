@@ -182,10 +182,10 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         the kernel does not take at once goes back to the
                         queue, so urgent packets still go first; 0..16777216,
                         at most --payload_bytes = one packet per write
-                        (default 262144)
+                        (default 0)
   --io_threads          threads that read all incoming data sessions, 1..64;
                         a session takes one only while it has bytes to read
-                        (default 2)
+                        (default 1)
   --send_timeout_s      a write to another daemon that makes no progress for
                         this long fails that peer's transfers or that get
                         reply, so one stuck peer cannot hold the sender (default 30)

@@ -77,10 +77,12 @@ struct DaemonConfig {
   double pacing_quantum_us = 500;
   // Consecutive packets for one peer leave in one gather write of at most
   // this many bytes (daemon/engine/send_scheduler.h); <= payload_bytes:
-  // one packet per write.
-  int64_t coalesce_bytes = 256 << 10;
-  // Threads that read every incoming data session (DataReceiver).
-  int64_t io_threads = 2;
+  // one packet per write (the default; daemon/README.md says why).
+  int64_t coalesce_bytes = 0;
+  // Threads that read every incoming data session (DataReceiver). One
+  // runs the event loop and the handlers without handing them over; two
+  // measured 13-17 context switches per MiB received against 0.6-4.5.
+  int64_t io_threads = 1;
   double send_timeout_s = 30;                // a data write that makes no progress this long fails
   std::string job_priority = "fifo";         // TensorLights mode: fifo | one | rr
   double job_priority_period_s = 20;         // rr rotation period

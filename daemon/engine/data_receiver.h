@@ -75,7 +75,7 @@ class DataReceiver : public transport::DataSessionHandler {
   // `io_threads` (>= 1) read every session's sockets.
   DataReceiver(ReceiveLock* lock, const Clock* clock, const std::atomic<bool>* stopping,
                transport::DataKeys* keys, uint64_t max_transfer_bytes, Parts parts,
-               int io_threads = 2);
+               int io_threads = 1);
   ~DataReceiver() override;
   DataReceiver(const DataReceiver&) = delete;
   DataReceiver& operator=(const DataReceiver&) = delete;

@@ -479,6 +479,22 @@ double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
   return kNever;
 }
 
+void SendScheduler::AdaptLimitLocked(uint64_t* limit, const std::vector<transport::Frame>& frames,
+                                     size_t written) const {
+  // What the kernel took is what it will likely take next time: offering
+  // much more only encodes frames that go back to the queue (on a backed-up
+  // connection that doubled the sender's CPU per byte). All taken: offer
+  // twice as much next time, up to the cap.
+  const uint64_t packet = options_.payload_bytes;
+  if (written >= frames.size()) {
+    *limit = std::min<uint64_t>(options_.coalesce_bytes, std::max<uint64_t>(*limit, packet) * 2);
+    return;
+  }
+  uint64_t taken = 0;
+  for (size_t f = 0; f < written; ++f) taken += frames[f].length;
+  *limit = std::max<uint64_t>(packet, taken + packet);
+}
+
 bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
                                           const PacketDescriptor& packet, Reply& reply,
                                           uint64_t id, double now, double* next_s,
@@ -488,16 +504,18 @@ bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
     *next_s = unscheduled_->NextSendTime(packet.length_bytes, now);
     return false;
   }
-  std::vector<Taken> taken;
+  std::vector<Taken>& taken = taken_;  // reused: only the loop's thread writes
+  taken.clear();
   taken.push_back({packet, 0});
   queue_.Remove(packet, &taken.back().sequence);
   // Coalesce: the next most urgent packets while they are this reply's and
   // the budget allows.
+  if (reply.coalesce_limit == 0) reply.coalesce_limit = options_.coalesce_bytes;
   uint64_t bytes = packet.length_bytes;
   while (true) {
     std::optional<PacketDescriptor> more = queue_.PeekSkipping(now, skip);
     if (!more.has_value() || more->transfer_id != id ||
-        bytes + more->length_bytes > options_.coalesce_bytes) {
+        bytes + more->length_bytes > reply.coalesce_limit) {
       break;
     }
     if (unscheduled_.has_value() && !unscheduled_->TryConsume(more->length_bytes, now)) break;
@@ -507,8 +525,8 @@ bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
   }
   reply.writing = true;
   const std::shared_ptr<SharedBuffer> buffer = reply.buffer;  // keeps the payload alive
-  std::vector<transport::Frame> frames;
-  frames.reserve(taken.size());
+  std::vector<transport::Frame>& frames = frames_;
+  frames.clear();
   for (const Taken& t : taken) {
     transport::Frame frame;
     frame.header.kind = PacketKind::kData;
@@ -529,6 +547,7 @@ bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
   reply.writing = false;
   if (written.ok()) {
     ++writes_;
+    AdaptLimitLocked(&reply.coalesce_limit, frames, *written);
     for (size_t i = 0; i < taken.size(); ++i) {
       const PacketDescriptor& p = taken[i].packet;
       if (i < *written) {
@@ -567,7 +586,8 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
     *next_s = outgoing.pacer->NextSendTime(packet.length_bytes, now);
     return false;
   }
-  std::vector<Taken> taken;
+  std::vector<Taken>& taken = taken_;  // reused: only the loop's thread writes
+  taken.clear();
   taken.push_back({packet, 0});
   queue_.Remove(packet, &taken.back().sequence);
   // Coalesce (DESIGN.md §5): the next most urgent packets, in the queue's
@@ -575,10 +595,12 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
   // the write stays under coalesce_bytes. The first packet for another
   // peer, or one that must wait, ends the run: nothing is sent out of order.
   const v1::SendTransfer send = outgoing.send;
+  uint64_t& limit = coalesce_limit_.try_emplace(send.dst_address(), options_.coalesce_bytes)
+                        .first->second;
   uint64_t bytes = packet.length_bytes;
   while (true) {
     std::optional<PacketDescriptor> more = queue_.PeekSkipping(now, skip);
-    if (!more.has_value() || bytes + more->length_bytes > options_.coalesce_bytes) break;
+    if (!more.has_value() || bytes + more->length_bytes > limit) break;
     auto out = outgoing_.find(more->transfer_id);
     if (out == outgoing_.end() || out->second.send.dst_address() != send.dst_address() ||
         !out->second.pacer->TryConsume(more->length_bytes, now)) {
@@ -589,10 +611,12 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
     bytes += more->length_bytes;
   }
   // The frames: each transfer's kBegin before its first data packet.
-  std::vector<transport::Frame> frames;
-  std::vector<int> frame_packet;  // per frame: index in `taken`, or -1 for a kBegin
-  std::vector<std::shared_ptr<SharedBuffer>> held;  // keeps the payloads alive
-  frames.reserve(taken.size() + 1);
+  std::vector<transport::Frame>& frames = frames_;
+  std::vector<int>& frame_packet = frame_packet_;  // per frame: index in `taken`, or -1 for a kBegin
+  std::vector<std::shared_ptr<SharedBuffer>>& held = held_;  // keeps the payloads alive
+  frames.clear();
+  frame_packet.clear();
+  held.clear();
   for (size_t i = 0; i < taken.size(); ++i) {
     const PacketDescriptor& p = taken[i].packet;
     Outgoing& out = outgoing_.at(p.transfer_id);
@@ -631,9 +655,11 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
     MLF_LOG(WARNING) << "transfer " << send.transfer_id() << " to " << send.dst_host()
                      << " failed: " << written.status().message();
     FailDestinationLocked(send.dst_address(), std::string(written.status().message()));
+    held.clear();
     return true;
   }
   ++writes_;
+  AdaptLimitLocked(&coalesce_limit_[send.dst_address()], frames, *written);
   // Every transfer may have been cancelled or failed while unlocked.
   for (size_t f = 0; f < frames.size(); ++f) {
     const int i = frame_packet[f];
@@ -655,6 +681,7 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
     bytes_sent_ += taken[i].packet.length_bytes;
     if (--out->second.packets_left == 0) outgoing_.erase(out);
   }
+  held.clear();
   return true;
 }
 
