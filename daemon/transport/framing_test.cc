@@ -26,6 +26,33 @@ struct Pair {
   }
 };
 
+std::vector<Frame> FramesOf(const std::vector<std::vector<uint8_t>>& payloads) {
+  std::vector<Frame> frames;
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    Frame f;
+    f.header.transfer = 3;
+    f.header.offset = i;
+    f.payload = payloads[i].data();
+    f.length = static_cast<uint32_t>(payloads[i].size());
+    frames.push_back(f);
+  }
+  return frames;
+}
+
+// Reads every payload back, in order, and checks it.
+void ReadAll(FrameReader& reader, const std::vector<std::vector<uint8_t>>& payloads) {
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    auto header = reader.ReadHeader();
+    REQUIRE(header.ok());
+    CHECK(header->offset == i);
+    REQUIRE(header->length == payloads[i].size());
+    std::vector<uint8_t> got(header->length);
+    REQUIRE(reader.ReadPayload(got.data(), got.size()).ok());
+    CHECK(got == payloads[i]);
+    CHECK(VerifyPayload(*header, got.data()).ok());
+  }
+}
+
 TEST_CASE("packets written back to back are read back exactly") {
   Pair pair;
   SendWatchdog watchdog(5);
@@ -42,46 +69,10 @@ TEST_CASE("packets written back to back are read back exactly") {
     }
   });
   FrameReader reader(pair.fds[1]);
-  for (size_t i = 0; i < payloads.size(); ++i) {
-    auto header = reader.ReadHeader();
-    REQUIRE(header.ok());
-    CHECK(header->offset == i);
-    REQUIRE(header->length == payloads[i].size());
-    std::vector<uint8_t> got(header->length);
-    REQUIRE(reader.ReadPayload(got.data(), got.size()).ok());
-    CHECK(got == payloads[i]);
-    CHECK(VerifyPayload(*header, got.data()).ok());
-  }
+  ReadAll(reader, payloads);
   writer.join();
   pair.CloseWriter();
   CHECK(reader.ReadHeader().status().code() == absl::StatusCode::kUnavailable);
-}
-
-std::vector<Frame> FramesOf(const std::vector<std::vector<uint8_t>>& payloads) {
-  std::vector<Frame> frames;
-  for (size_t i = 0; i < payloads.size(); ++i) {
-    Frame f;
-    f.header.transfer = 3;
-    f.header.offset = i;
-    f.payload = payloads[i].data();
-    f.length = static_cast<uint32_t>(payloads[i].size());
-    frames.push_back(f);
-  }
-  return frames;
-}
-
-void ReadAll(int fd, const std::vector<std::vector<uint8_t>>& payloads) {
-  FrameReader reader(fd);
-  for (size_t i = 0; i < payloads.size(); ++i) {
-    auto header = reader.ReadHeader();
-    REQUIRE(header.ok());
-    CHECK(header->offset == i);
-    REQUIRE(header->length == payloads[i].size());
-    std::vector<uint8_t> got(header->length);
-    REQUIRE(reader.ReadPayload(got.data(), got.size()).ok());
-    CHECK(got == payloads[i]);
-    CHECK(VerifyPayload(*header, got.data()).ok());
-  }
 }
 
 TEST_CASE("coalesced frames leave in one gather write when the socket has room") {
@@ -95,7 +86,8 @@ TEST_CASE("coalesced frames leave in one gather write when the socket has room")
   absl::StatusOr<size_t> written = WriteFrames(watchdog, pair.fds[0], frames);
   REQUIRE(written.ok());
   CHECK(*written == frames.size());
-  ReadAll(pair.fds[1], payloads);
+  FrameReader reader(pair.fds[1]);
+  ReadAll(reader, payloads);
 }
 
 TEST_CASE("coalesced frames: what the kernel does not take is left, every frame arrives whole") {
@@ -121,7 +113,8 @@ TEST_CASE("coalesced frames: what the kernel does not take is left, every frame 
       ++calls;
     }
   });
-  ReadAll(pair.fds[1], payloads);
+  FrameReader reader(pair.fds[1]);
+  ReadAll(reader, payloads);
   writer.join();
   CHECK(calls >= 1);
 }
