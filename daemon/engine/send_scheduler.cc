@@ -586,41 +586,61 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
     *next_s = outgoing.pacer->NextSendTime(packet.length_bytes, now);
     return false;
   }
-  std::vector<Taken>& taken = taken_;  // reused: only the loop's thread writes
-  taken.clear();
-  taken.push_back({packet, 0});
-  queue_.Remove(packet, &taken.back().sequence);
+  const v1::SendTransfer send = outgoing.send;
+  TakeTransferRunLocked(packet, send.dst_address(), now, skip);
+  TransferFramesLocked(now);
+  lock.unlock();
+  absl::StatusOr<size_t> written = writer_->WriteFramesToPeer(send, frames_);
+  lock.lock();
+  if (!written.ok()) {
+    MLF_LOG(WARNING) << "transfer " << send.transfer_id() << " to " << send.dst_host()
+                     << " failed: " << written.status().message();
+    FailDestinationLocked(send.dst_address(), std::string(written.status().message()));
+    held_.clear();
+    return true;
+  }
+  ++writes_;
+  AdaptLimitLocked(&coalesce_limit_[send.dst_address()], frames_, *written);
+  SettleTransferWriteLocked(*written);
+  held_.clear();
+  return true;
+}
+
+void SendScheduler::TakeTransferRunLocked(const PacketDescriptor& first, const std::string& peer,
+                                          double now,
+                                          const absl::flat_hash_set<TransferId>& skip) {
+  taken_.clear();
+  taken_.push_back({first, 0});
+  queue_.Remove(first, &taken_.back().sequence);
   // Coalesce (DESIGN.md §5): the next most urgent packets, in the queue's
   // order, while they go to the same peer, their pacers have the tokens and
-  // the write stays under coalesce_bytes. The first packet for another
+  // the write stays under the peer's limit. The first packet for another
   // peer, or one that must wait, ends the run: nothing is sent out of order.
-  const v1::SendTransfer send = outgoing.send;
-  uint64_t& limit = coalesce_limit_.try_emplace(send.dst_address(), options_.coalesce_bytes)
-                        .first->second;
-  uint64_t bytes = packet.length_bytes;
+  const uint64_t limit = coalesce_limit_.try_emplace(peer, options_.coalesce_bytes).first->second;
+  uint64_t bytes = first.length_bytes;
   while (true) {
     std::optional<PacketDescriptor> more = queue_.PeekSkipping(now, skip);
     if (!more.has_value() || bytes + more->length_bytes > limit) break;
     auto out = outgoing_.find(more->transfer_id);
-    if (out == outgoing_.end() || out->second.send.dst_address() != send.dst_address() ||
+    if (out == outgoing_.end() || out->second.send.dst_address() != peer ||
         !out->second.pacer->TryConsume(more->length_bytes, now)) {
       break;
     }
-    taken.push_back({*more, 0});
-    queue_.Remove(*more, &taken.back().sequence);
+    taken_.push_back({*more, 0});
+    queue_.Remove(*more, &taken_.back().sequence);
     bytes += more->length_bytes;
   }
-  // The frames: each transfer's kBegin before its first data packet.
-  std::vector<transport::Frame>& frames = frames_;
-  std::vector<int>& frame_packet = frame_packet_;  // per frame: index in `taken`, or -1 for a kBegin
-  std::vector<std::shared_ptr<SharedBuffer>>& held = held_;  // keeps the payloads alive
-  frames.clear();
-  frame_packet.clear();
-  held.clear();
-  for (size_t i = 0; i < taken.size(); ++i) {
-    const PacketDescriptor& p = taken[i].packet;
+}
+
+void SendScheduler::TransferFramesLocked(double now) {
+  frames_.clear();
+  frame_packet_.clear();
+  held_.clear();
+  for (size_t i = 0; i < taken_.size(); ++i) {
+    const PacketDescriptor& p = taken_[i].packet;
     Outgoing& out = outgoing_.at(p.transfer_id);
-    if (held.empty() || held.back() != out.buffer) held.push_back(out.buffer);
+    if (held_.empty() || held_.back() != out.buffer) held_.push_back(out.buffer);
+    // Each transfer's kBegin goes before its first data packet.
     if (!out.begun) {
       MLF_LOG(DEBUG) << "sending transfer " << p.transfer_id << " from "
                      << absl::StrFormat("%.6f", now);
@@ -631,8 +651,8 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
       begin.header.job = out.send.job_id();
       begin.header.transfer = out.send.transfer_id();
       begin.header.offset = static_cast<uint64_t>(out.send.bytes());
-      frames.push_back(begin);
-      frame_packet.push_back(-1);
+      frames_.push_back(begin);
+      frame_packet_.push_back(-1);
     }
     transport::Frame data;
     data.header.kind = PacketKind::kData;
@@ -645,44 +665,32 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
     data.payload = payload;
     data.length = p.length_bytes;
     if (out.checksums != nullptr) data.crc = out.checksums->Find(data.header.offset, p.length_bytes);
-    frames.push_back(data);
-    frame_packet.push_back(static_cast<int>(i));
+    frames_.push_back(data);
+    frame_packet_.push_back(static_cast<int>(i));
   }
-  lock.unlock();
-  absl::StatusOr<size_t> written = writer_->WriteFramesToPeer(send, frames);
-  lock.lock();
-  if (!written.ok()) {
-    MLF_LOG(WARNING) << "transfer " << send.transfer_id() << " to " << send.dst_host()
-                     << " failed: " << written.status().message();
-    FailDestinationLocked(send.dst_address(), std::string(written.status().message()));
-    held.clear();
-    return true;
-  }
-  ++writes_;
-  AdaptLimitLocked(&coalesce_limit_[send.dst_address()], frames, *written);
+}
+
+void SendScheduler::SettleTransferWriteLocked(size_t written) {
   // Every transfer may have been cancelled or failed while unlocked.
-  for (size_t f = 0; f < frames.size(); ++f) {
-    const int i = frame_packet[f];
-    const uint64_t id = frames[f].header.transfer;
-    auto out = outgoing_.find(id);
+  for (size_t f = 0; f < frames_.size(); ++f) {
+    const int i = frame_packet_[f];
+    auto out = outgoing_.find(frames_[f].header.transfer);
     if (out == outgoing_.end()) continue;
-    if (f >= *written) {
+    if (f >= written) {
       // Not taken by the kernel: back where it was in the queue, with its
       // tokens, so that a more urgent packet released meanwhile goes first.
       if (i < 0) {
         out->second.begun = false;
       } else {
-        out->second.pacer->Refund(taken[i].packet.length_bytes);
-        (void)queue_.Restore(taken[i].packet, taken[i].sequence);
+        out->second.pacer->Refund(taken_[i].packet.length_bytes);
+        (void)queue_.Restore(taken_[i].packet, taken_[i].sequence);
       }
       continue;
     }
     if (i < 0) continue;
-    bytes_sent_ += taken[i].packet.length_bytes;
+    bytes_sent_ += taken_[i].packet.length_bytes;
     if (--out->second.packets_left == 0) outgoing_.erase(out);
   }
-  held.clear();
-  return true;
 }
 
 }  // namespace mlfabric::daemon

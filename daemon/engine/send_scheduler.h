@@ -204,6 +204,14 @@ class SendScheduler {
   void QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index);
   void FailDestinationLocked(const std::string& dst_address, const std::string& reason);
   void EnsureJobLocked(uint32_t job);
+  // The steps of SendTransferPacketLocked: take `first` and the packets
+  // that may follow it to `peer` into taken_; turn them into frames_ (with
+  // frame_packet_ and held_); then account for the `written` frames the
+  // kernel took and put the rest back.
+  void TakeTransferRunLocked(const PacketDescriptor& first, const std::string& peer, double now,
+                             const absl::flat_hash_set<TransferId>& skip);
+  void TransferFramesLocked(double now);
+  void SettleTransferWriteLocked(size_t written);
   // The next coalesced write's size after one that offered `frames` and
   // had `written` of them taken.
   void AdaptLimitLocked(uint64_t* limit, const std::vector<transport::Frame>& frames,
