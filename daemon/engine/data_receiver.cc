@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstring>
 
-#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +71,10 @@ DataReceiver::~DataReceiver() {
     if (t.joinable()) t.join();
   }
   handshakes_.join();
+  if (acceptor_) {
+    boost::system::error_code ignored;
+    acceptor_->close(ignored);
+  }
 }
 
 absl::Status DataReceiver::Listen(const std::string& address, int port) {
@@ -102,21 +105,11 @@ void DataReceiver::Start(ModelServer* model_server, ModelFetcher* fetcher) {
 
 void DataReceiver::StopAccepting() {
   if (closing_.exchange(true)) return;
-  if (acceptor_) {
-    // On an I/O thread: the acceptor is not thread-safe.
-    std::promise<void> closed;
-    auto done = closed.get_future();
-    asio::post(io_, [this, &closed] {
-      boost::system::error_code ignored;
-      acceptor_->close(ignored);
-      closed.set_value();
-    });
-    if (threads_.empty()) {
-      io_.restart();
-      io_.poll();  // Start was never called: nothing else runs io_
-    }
-    done.wait();
-  }
+  // Wakes the pending accept from any thread, without waiting for the I/O
+  // thread (which may be waiting for the receive lock): the accept fails,
+  // sees closing_ and is not issued again. The acceptor itself is closed
+  // once the I/O threads are gone (~DataReceiver).
+  if (acceptor_) ::shutdown(acceptor_->native_handle(), SHUT_RDWR);
 }
 
 void DataReceiver::StopSessions() {
