@@ -162,6 +162,10 @@ struct ShardSlot {
   std::string server;  // empty: not registered yet
   int64_t begin = 0;
   int64_t end = 0;
+  // Group positions this shard's daemon must skip, with why, told once the
+  // shard registers (again): another shard caught up on a push at them
+  // while this one was not registered with this scheduler (in_doubt.h).
+  std::vector<std::pair<uint64_t, std::string>> owed_skips;
 };
 
 struct ServerState {

@@ -161,6 +161,26 @@ bool Redeliver(ClusterState* state, uint64_t copy_id, const HeldAtReplica& held,
   return true;
 }
 
+}  // namespace
+
+void SkipGroupPosition(ClusterState* state, const JobState& job, const std::string& host,
+                       const std::string& shard, uint64_t position, const std::string& reason) {
+  // Announced as a placeholder, then cancelled: the daemon's sequencer
+  // passes a cancelled position like any other (delivery_sequencer.h).
+  const uint64_t gap = state->NewTransferId();
+  v1::DaemonCommand placeholder;
+  v1::ExpectDelivery* e = placeholder.mutable_expect();
+  e->set_transfer_id(gap);
+  e->set_job_id(job.id);
+  e->set_server(shard);
+  e->set_sequence(position);
+  e->set_held(true);
+  state->Enqueue(host, std::move(placeholder));
+  state->Enqueue(host, commands::CancelDelivery(gap, shard, position, reason));
+}
+
+namespace {
+
 // A group push's part that a shard's daemon kept across the restart
 // (`held`): delivered at that shard, at the group's next position (which
 // every other shard skips), if any shard applied the push; dropped there if
@@ -215,24 +235,20 @@ bool SettleKeptPart(ClusterState* state, uint64_t part_id, const HeldAtReplica& 
   expect->set_held(false);
   state->Enqueue(held.replica_host, std::move(command));
   // The other shards applied the push before the restart: they skip this
-  // position (announced as a placeholder, then cancelled).
-  for (const ShardSlot& slot : group->shards) {
-    if (slot.server.empty() || slot.server == shard) continue;
-    auto other = job->servers.find(slot.server);
-    if (other == job->servers.end()) continue;
-    const uint64_t gap = state->NewTransferId();
-    v1::DaemonCommand placeholder;
-    v1::ExpectDelivery* e = placeholder.mutable_expect();
-    e->set_transfer_id(gap);
-    e->set_job_id(job->id);
-    e->set_server(slot.server);
-    e->set_sequence(position);
-    e->set_held(true);
-    state->Enqueue(other->second.host, std::move(placeholder));
-    state->Enqueue(other->second.host,
-                   commands::CancelDelivery(gap, slot.server, position,
-                                            "shard '" + shard + "' catches up on group push " +
-                                                std::to_string(push)));
+  // position. One not registered with this scheduler yet (or whose host is
+  // down) is told when it registers (RegisterShard): its daemon numbers
+  // from 1 again too, and a position it never hears of would hold back
+  // every later push to the group at that shard.
+  const std::string reason =
+      "shard '" + shard + "' catches up on group push " + std::to_string(push);
+  for (ShardSlot& slot : group->shards) {
+    if (slot.server == shard) continue;
+    auto other = slot.server.empty() ? job->servers.end() : job->servers.find(slot.server);
+    if (other == job->servers.end() || state->AliveHost(other->second.host) == nullptr) {
+      slot.owed_skips.emplace_back(position, reason);
+      continue;
+    }
+    SkipGroupPosition(state, *job, other->second.host, slot.server, position, reason);
   }
   MLF_LOG(INFO) << "part " << part_id << " of group push " << push << ", kept at shard '" << shard
                 << "' on " << held.replica_host

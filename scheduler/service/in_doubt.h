@@ -46,6 +46,9 @@
 #ifndef MLFABRIC_SCHEDULER_SERVICE_IN_DOUBT_H_
 #define MLFABRIC_SCHEDULER_SERVICE_IN_DOUBT_H_
 
+#include <cstdint>
+#include <string>
+
 #include "proto/scheduler.pb.h"
 #include "scheduler/service/cluster_state.h"
 
@@ -59,6 +62,11 @@ void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& reques
 bool AcceptLateCompletion(ClusterState* state, const v1::CompletionReport& report);
 // Ends every push in doubt that can be ended now (see the banner).
 void ResolveInDoubt(ClusterState* state, double wait_s);
+// Tells shard `shard` of `job` on `host` to pass group position
+// `position` (a placeholder announced, then cancelled with `reason`): a
+// group part kept across the restart took that position at another shard.
+void SkipGroupPosition(ClusterState* state, const JobState& job, const std::string& host,
+                       const std::string& shard, uint64_t position, const std::string& reason);
 
 }  // namespace mlfabric
 

@@ -4,6 +4,7 @@
 #include "scheduler/service/in_doubt.h"
 
 #include "scheduler/service/failover.h"
+#include "scheduler/service/server_groups.h"
 
 #include <map>
 #include <string>
@@ -500,6 +501,52 @@ TEST_CASE("a group part kept at a shard is dropped when no shard applied its pus
   CHECK(at_s1[0].cancel().transfer_id() == part);
   CHECK(f.Drain("r1").empty());
   CHECK(f.state.jobs["demo"].servers["g"].next_sequence == 1);
+}
+
+TEST_CASE("a shard that registers after a group part was caught up skips that position then") {
+  Fixture f;
+  AddGroup(&f);
+  // A third shard, g2 on w1, has not registered with this scheduler yet.
+  JobState& job = f.state.jobs["demo"];
+  job.servers["g"].shards.push_back({"", 64, 96});
+  const uint64_t push = f.OldId(5), part = f.OldId(25);
+  DoubtToGroup(&f, push);
+  KeepAtShard(&f, part, push);
+  v1::RegisterHostRequest r1;
+  r1.set_host("r1");
+  v1::AppliedPush* applied = r1.add_applied();
+  applied->set_transfer_id(push);
+  applied->set_model_version(7);
+  applied->set_acknowledged(true);
+  AcceptHostReport(&f.state, r1);
+  ResolveInDoubt(&f.state, 30);
+  REQUIRE(f.Drain("s1").size() == 1);  // g0's part at position 1
+  REQUIRE(f.Drain("r1").size() == 2);  // g1 skips it
+  CHECK(f.Drain("w1").size() == 1);    // the push's outcome, nothing for g2
+  REQUIRE(job.servers["g"].shards[2].owed_skips.size() == 1);
+
+  // g2 registers: its daemon is told to pass position 1 as well, once.
+  v1::RegisterEntityRequest g2;
+  g2.set_job("demo");
+  g2.set_name("g2");
+  g2.set_host("w1");
+  g2.mutable_shard()->set_group("g");
+  g2.mutable_shard()->set_index(2);
+  g2.mutable_shard()->set_count(3);
+  g2.mutable_shard()->set_begin(64);
+  g2.mutable_shard()->set_end(96);
+  REQUIRE(RegisterShard(&f.state, &job, g2).ok());
+  const auto at_w1 = f.Drain("w1");
+  REQUIRE(at_w1.size() == 2);
+  CHECK(at_w1[0].expect().server() == "g2");
+  CHECK(at_w1[0].expect().sequence() == 1);
+  CHECK(at_w1[0].expect().job_id() == 7);
+  CHECK(at_w1[1].cancel().transfer_id() == at_w1[0].expect().transfer_id());
+  CHECK(at_w1[1].cancel().sequence() == 1);
+  CHECK_THAT(at_w1[1].cancel().reason(), Catch::Contains("catches up on group push"));
+  CHECK(job.servers["g"].shards[2].owed_skips.empty());
+  REQUIRE(RegisterShard(&f.state, &job, g2).ok());  // registering again owes nothing
+  CHECK(f.Drain("w1").empty());
 }
 
 }  // namespace

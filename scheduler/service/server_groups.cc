@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "scheduler/service/commands.h"
+#include "scheduler/service/in_doubt.h"
 
 namespace mlfabric {
 
@@ -79,13 +80,24 @@ absl::Status RegisterShard(ClusterState* state, JobState* job,
                                          spec.index(), " must end there, not at ", spec.end()));
     }
   }
-  slot = {name, spec.begin(), spec.end()};
+  slot.server = name;
+  slot.begin = spec.begin();
+  slot.end = spec.end();
   if (spec.index() == 0) group.host = request.host();
   // Registering again with a restarted scheduler: the group's versions go
-  // on from the shards' (all equal, as every shard applies every push).
+  // on from the shards' (all equal, as every shard applies every push),
+  // and the positions other shards caught up on meanwhile are passed.
   group.model_version = std::max(group.model_version, request.model_version());
   job->servers[name].group = group_name;
-  (void)state;
+  for (const auto& [position, reason] : slot.owed_skips) {
+    SkipGroupPosition(state, *job, request.host(), name, position, reason);
+  }
+  if (!slot.owed_skips.empty()) {
+    MLF_LOG(INFO) << "shard '" << name << "' of group '" << group_name << "' on "
+                  << request.host() << " skips " << slot.owed_skips.size()
+                  << " position(s) other shards caught up on while it was away";
+  }
+  slot.owed_skips.clear();
   return absl::OkStatus();
 }
 
