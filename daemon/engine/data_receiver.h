@@ -48,7 +48,7 @@
 #include "ipc/buffer_pool.h"
 #include "daemon/engine/model_fetcher.h"
 #include "daemon/engine/model_server.h"
-#include "daemon/engine/blocking_work.h"
+#include "common/blocking_work.h"
 #include "daemon/engine/deliveries.h"
 #include "daemon/engine/incoming_transfers.h"
 #include "daemon/engine/network_aggregation.h"

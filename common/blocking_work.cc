@@ -1,16 +1,29 @@
-#include "daemon/engine/blocking_work.h"
+#include "common/blocking_work.h"
 
 #include <chrono>
 #include <thread>
 #include <utility>
 
-namespace mlfabric::daemon {
+namespace mlfabric {
 
 BlockingWork::~BlockingWork() {
   std::unique_lock<std::mutex> lock(mu_);
   stopping_ = true;
   cv_.notify_all();
   ended_.wait(lock, [this] { return threads_ == 0; });
+  JoinEndedLocked();
+}
+
+void BlockingWork::JoinEndedLocked() {
+  // An ended thread has left Worker() (it only unlocks mu_ on its way
+  // out), so the join returns at once.
+  for (const std::thread::id& id : ended_ids_) {
+    auto found = running_.find(id);
+    if (found == running_.end()) continue;
+    found->second.join();
+    running_.erase(found);
+  }
+  ended_ids_.clear();
 }
 
 void BlockingWork::Run(std::function<void()> item) {
@@ -21,10 +34,12 @@ void BlockingWork::Run(std::function<void()> item) {
     cv_.notify_one();
     return;
   }
+  JoinEndedLocked();
   ++threads_;
   ++started_;
-  // Detached: the destructor waits for threads_ to reach 0 instead.
-  std::thread([this] { Worker(); }).detach();
+  std::thread thread([this] { Worker(); });
+  const std::thread::id id = thread.get_id();
+  running_.emplace(id, std::move(thread));
 }
 
 void BlockingWork::Worker() {
@@ -43,6 +58,7 @@ void BlockingWork::Worker() {
     lock.lock();
   }
   --threads_;
+  ended_ids_.push_back(std::this_thread::get_id());
   ended_.notify_all();
 }
 
@@ -56,4 +72,4 @@ size_t BlockingWork::started() const {
   return started_;
 }
 
-}  // namespace mlfabric::daemon
+}  // namespace mlfabric

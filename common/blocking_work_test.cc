@@ -1,4 +1,4 @@
-#include "daemon/engine/blocking_work.h"
+#include "common/blocking_work.h"
 
 #include <atomic>
 #include <chrono>
@@ -8,7 +8,7 @@
 
 #include <catch2/catch.hpp>
 
-namespace mlfabric::daemon {
+namespace mlfabric {
 namespace {
 
 // Polls `done` (every millisecond) for up to 5 s.
@@ -68,4 +68,4 @@ TEST_CASE("BlockingWork's idle threads end, and its destructor waits for running
 }
 
 }  // namespace
-}  // namespace mlfabric::daemon
+}  // namespace mlfabric
