@@ -1,6 +1,8 @@
 #include "daemon/apps/app_sessions.h"
 
+#include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -8,11 +10,36 @@
 
 #include <cerrno>
 #include <cstring>
+#include <future>
+#include <utility>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace mlfabric::daemon {
+
+namespace asio = boost::asio;
+
+namespace {
+
+// True if `fd` has something to read now (a message, or its end).
+bool ReadableNow(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+
+}  // namespace
+
+AppSessions::Reader::Reader(asio::io_context& io, std::shared_ptr<AppSession> session)
+    : app(std::move(session)), readable(io, app->channel->fd()) {}
+
+AppSessions::Reader::~Reader() {
+  // The channel closes the descriptor; the wait only lets go of it.
+  (void)readable.release();
+}
 
 AppSessions::AppSessions(Options options, AppHandler* handler)
     : options_(std::move(options)), handler_(handler) {}
@@ -63,19 +90,38 @@ absl::Status AppSessions::Listen() {
 }
 
 void AppSessions::Start() {
-  acceptor_ = std::thread([this] { AcceptLoop(); });
+  // Accepted in a loop until EAGAIN each time the socket is readable.
+  ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
+  guard_.emplace(io_.get_executor());
+  listening_.emplace(io_, listen_fd_);
+  WaitForConnection();
+  io_thread_ = std::thread([this] { io_.run(); });
 }
 
 void AppSessions::Stop() {
   if (stopping_.exchange(true)) return;
-  // shutdown wakes a thread blocked in accept(); close alone does not.
-  if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
-  if (acceptor_.joinable()) acceptor_.join();  // no reader starts after this
+  if (io_thread_.joinable()) {
+    // Wakes the wait for connections; the I/O thread sees stopping_ and
+    // accepts no more. Once this posted no-op has run, no session is
+    // being added.
+    if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+    std::promise<void> passed;
+    asio::post(io_, [&passed] { passed.set_value(); });
+    passed.get_future().wait();
+  }
   {
+    // Each shut-down connection reads as ended: its session ends on a
+    // handler thread (AppGone), and the I/O thread is needed until then.
     std::unique_lock<std::mutex> lock(mu_);
     for (const auto& app : sessions_) app->channel->Shutdown();
-    readers_done_.wait(lock, [&] { return readers_ == 0; });
+    sessions_done_.wait(lock, [&] { return active_ == 0; });
   }
+  if (io_thread_.joinable()) {
+    guard_.reset();
+    io_.stop();
+    io_thread_.join();
+  }
+  if (listening_.has_value()) (void)listening_->release();
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
     ::unlink(options_.path.c_str());
@@ -87,11 +133,33 @@ std::vector<std::shared_ptr<AppSession>> AppSessions::Sessions() const {
   return {sessions_.begin(), sessions_.end()};
 }
 
-void AppSessions::AcceptLoop() {
+void AppSessions::WaitForConnection() {
+  listening_->async_wait(asio::posix::stream_descriptor::wait_read,
+                         [this](const boost::system::error_code& error) {
+                           if (stopping_.load()) return;
+                           if (error) {
+                             MLF_LOG(ERROR) << "local accept failed: " << error.message();
+                             return;
+                           }
+                           AcceptPending();
+                         });
+}
+
+void AppSessions::AcceptPending() {
   while (!stopping_.load()) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED) break;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors or memory: the next attempt may work.
+        MLF_LOG(WARNING) << "local accept failed: " << std::strerror(errno) << "; retrying";
+        auto retry = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(50));
+        retry->async_wait([this, retry](const boost::system::error_code&) {
+          if (!stopping_.load()) AcceptPending();
+        });
+        return;
+      }
       if (!stopping_.load()) MLF_LOG(ERROR) << "local accept failed: " << std::strerror(errno);
       return;
     }
@@ -103,65 +171,99 @@ void AppSessions::AcceptLoop() {
       app->pid = cred.pid;
     }
     app->channel = std::make_shared<LocalChannel>(fd);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_.load()) app->channel->Shutdown();
-    sessions_.insert(app);
-    ++readers_;
-    // Detached: a finished reader is reclaimed at once; Stop() shuts the
-    // connections down and waits for the count to reach zero.
-    std::thread([this, app] { ReadLoop(app); }).detach();
+    auto reader = std::make_shared<Reader>(io_, app);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sessions_.insert(app);
+      ++active_;
+    }
+    WaitForMessages(std::move(reader));
   }
+  if (!stopping_.load()) WaitForConnection();
 }
 
-void AppSessions::ReadLoop(std::shared_ptr<AppSession> app) {
-  while (!stopping_.load()) {
-    v1::LocalMessage message;
-    int fd = -1;
-    absl::Status status = app->channel->Receive(&message, &fd);
-    if (!status.ok()) {
-      if (status.code() != absl::StatusCode::kUnavailable) {
-        MLF_LOG(WARNING) << "closing local session of '" << app->name << "': " << status.message();
-      }
-      break;
+void AppSessions::WaitForMessages(std::shared_ptr<Reader> reader) {
+  Reader& r = *reader;
+  // Readable (or ended, or shut down by Stop): the messages go to a
+  // handler thread. A failed wait ends the session there.
+  r.readable.async_wait(asio::posix::stream_descriptor::wait_read,
+                        [this, reader = std::move(reader)](const boost::system::error_code& error) {
+                          if (error) {
+                            MLF_LOG(WARNING) << "local session of '" << reader->app->name
+                                             << "' cannot be waited on: " << error.message();
+                            work_.Run([this, reader] { End(reader); });
+                            return;
+                          }
+                          work_.Run([this, reader] { Drain(reader); });
+                        });
+}
+
+void AppSessions::Drain(std::shared_ptr<Reader> reader) {
+  // Whole messages, one after another, while more are there; the next
+  // wait is armed only after, so one application's messages are handled
+  // one at a time, in order.
+  do {
+    if (stopping_.load() || !HandleOne(reader->app)) {
+      End(reader);
+      return;
     }
-    switch (message.body_case()) {
-      case v1::LocalMessage::kRegister:
-        handler_->HandleRegister(app, message.register_());
-        break;
-      case v1::LocalMessage::kPush:
-        handler_->HandlePush(app, message.push(), fd);
-        fd = -1;
-        break;
-      case v1::LocalMessage::kGet:
-        handler_->HandleGet(app, message.get());
-        break;
-      case v1::LocalMessage::kUpdateAck:
-        handler_->HandleUpdateAck(message.update_ack());
-        break;
-      case v1::LocalMessage::kModelReply:
-        handler_->HandleModelReply(message.model_reply(), fd);
-        fd = -1;
-        break;
-      case v1::LocalMessage::kOutcomeQuery:
-        handler_->HandleOutcomeQuery(app, message.outcome_query());
-        break;
-      case v1::LocalMessage::kRelease:
-        handler_->HandleRelease(app, message.release());
-        break;
-      default:
-        MLF_LOG(WARNING) << "unexpected local message " << message.body_case() << " from '"
-                         << app->name << "'";
+  } while (ReadableNow(reader->app->channel->fd()));
+  asio::post(io_, [this, reader = std::move(reader)]() mutable {
+    WaitForMessages(std::move(reader));
+  });
+}
+
+bool AppSessions::HandleOne(const std::shared_ptr<AppSession>& app) {
+  v1::LocalMessage message;
+  int fd = -1;
+  absl::Status status = app->channel->Receive(&message, &fd);
+  if (!status.ok()) {
+    if (status.code() != absl::StatusCode::kUnavailable) {
+      MLF_LOG(WARNING) << "closing local session of '" << app->name << "': " << status.message();
     }
-    if (fd >= 0) ::close(fd);
+    return false;
   }
+  switch (message.body_case()) {
+    case v1::LocalMessage::kRegister:
+      handler_->HandleRegister(app, message.register_());
+      break;
+    case v1::LocalMessage::kPush:
+      handler_->HandlePush(app, message.push(), fd);
+      fd = -1;
+      break;
+    case v1::LocalMessage::kGet:
+      handler_->HandleGet(app, message.get());
+      break;
+    case v1::LocalMessage::kUpdateAck:
+      handler_->HandleUpdateAck(message.update_ack());
+      break;
+    case v1::LocalMessage::kModelReply:
+      handler_->HandleModelReply(message.model_reply(), fd);
+      fd = -1;
+      break;
+    case v1::LocalMessage::kOutcomeQuery:
+      handler_->HandleOutcomeQuery(app, message.outcome_query());
+      break;
+    case v1::LocalMessage::kRelease:
+      handler_->HandleRelease(app, message.release());
+      break;
+    default:
+      MLF_LOG(WARNING) << "unexpected local message " << message.body_case() << " from '"
+                       << app->name << "'";
+  }
+  if (fd >= 0) ::close(fd);
+  return true;
+}
+
+void AppSessions::End(const std::shared_ptr<Reader>& reader) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    sessions_.erase(app);
+    sessions_.erase(reader->app);
   }
-  handler_->AppGone(app);
+  handler_->AppGone(reader->app);
   std::lock_guard<std::mutex> lock(mu_);
-  --readers_;
-  readers_done_.notify_all();
+  --active_;
+  sessions_done_.notify_all();
 }
 
 }  // namespace mlfabric::daemon

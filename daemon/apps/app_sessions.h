@@ -4,18 +4,25 @@
 //
 //   AppSessions apps({.path = "/run/mlfabric.sock", .group = ""}, &handler);
 //   RETURN_IF_ERROR(apps.Listen());   // bound 0600 (or 0660 to `group`)
-//   apps.Start();                     // accepts; one reader thread per app
+//   apps.Start();                     // accepts; reads when an app has sent
 //   ...
-//   apps.Stop();                      // wakes every reader; unlinks the socket
+//   apps.Stop();                      // ends every session; unlinks the socket
 //
 // The socket is created 0600 (umask), given to `group` with mode 0660 if
 // one is configured, and only then listens: no one else can connect in
 // between. Each connection's credentials (SO_PEERCRED) are kept in its
 // session. Every message an application sends is handed to the handler
-// on that application's reader thread, in order; when the connection
-// ends (or cannot be read), AppGone is called once. Descriptors attached
-// to a push or a model reply pass to the handler; any other attached
-// descriptor is closed.
+// in order, one at a time per application; when the connection ends (or
+// cannot be read), AppGone is called once. Descriptors attached to a push
+// or a model reply pass to the handler; any other attached descriptor is
+// closed.
+//
+// Threads: one I/O thread (an Asio io_context) accepts and waits until an
+// application's socket is readable; the messages then there are handled
+// on a reused thread (BlockingWork: a handler may wait, e.g. for the
+// scheduler), after which the wait is armed again. An idle application
+// holds no thread; the threads in use are as many as the applications
+// whose messages are being handled at once.
 //
 // Thread safety: any method from any thread. The session set has its own
 // lock, not held while calling the handler.
@@ -28,12 +35,18 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+
 #include "absl/status/status.h"
+#include "common/blocking_work.h"
 #include "ipc/local_ipc.h"
 #include "ipc/mapped_buffers.h"
 #include "proto/local.pb.h"
@@ -99,6 +112,8 @@ class AppSessions {
   struct Options {
     std::string path;   // the Unix-domain socket
     std::string group;  // if set: the socket is 0660 and owned by this group
+    // A handler thread with nothing to handle for this long ends.
+    double handler_idle_s = 10.0;
   };
 
   // `handler` must outlive this object.
@@ -116,20 +131,44 @@ class AppSessions {
 
   // The connected applications now.
   std::vector<std::shared_ptr<AppSession>> Sessions() const;
+  // Threads that handle messages now (busy or idle), and started so far.
+  size_t handler_threads() const { return work_.threads(); }
+  size_t handler_threads_started() const { return work_.started(); }
 
  private:
-  void AcceptLoop();
-  void ReadLoop(std::shared_ptr<AppSession> app);
+  // A session and the wait for its socket to be readable (the channel
+  // keeps the descriptor: the wait releases it rather than closing it).
+  struct Reader {
+    Reader(boost::asio::io_context& io, std::shared_ptr<AppSession> session);
+    ~Reader();
+    std::shared_ptr<AppSession> app;
+    boost::asio::posix::stream_descriptor readable;
+  };
+
+  // On the I/O thread.
+  void WaitForConnection();
+  void AcceptPending();
+  void WaitForMessages(std::shared_ptr<Reader> reader);
+  // On a handler thread: the messages there now, in order.
+  void Drain(std::shared_ptr<Reader> reader);
+  // Receives and hands over one message; false when the session ends.
+  bool HandleOne(const std::shared_ptr<AppSession>& app);
+  void End(const std::shared_ptr<Reader>& reader);
 
   const Options options_;
   AppHandler* const handler_;
   int listen_fd_ = -1;
   std::atomic<bool> stopping_{false};
-  std::thread acceptor_;
+  boost::asio::io_context io_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard_;
+  std::optional<boost::asio::posix::stream_descriptor> listening_;
+  std::thread io_thread_;
   mutable std::mutex mu_;
-  std::condition_variable readers_done_;
+  std::condition_variable sessions_done_;
   std::set<std::shared_ptr<AppSession>> sessions_;
-  int readers_ = 0;  // reader threads still running
+  int active_ = 0;  // sessions not ended yet (AppGone not returned)
+  // Last: destroyed first, once no handler runs (Stop waited for them).
+  BlockingWork work_{options_.handler_idle_s};
 };
 
 }  // namespace mlfabric::daemon

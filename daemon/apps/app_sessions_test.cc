@@ -4,6 +4,7 @@
 // Stop that ends every session.
 #include "daemon/apps/app_sessions.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -125,6 +127,53 @@ TEST_CASE("AppSessions hands each application's messages over in order, then App
   CHECK(events[5] == "gone w1");
   apps.Stop();
   CHECK(::access(path.c_str(), F_OK) != 0);  // the socket file is gone
+}
+
+// Threads of this process now.
+int ThreadCount() {
+  DIR* dir = ::opendir("/proc/self/task");
+  REQUIRE(dir != nullptr);
+  int n = 0;
+  while (const dirent* entry = ::readdir(dir)) n += entry->d_name[0] != '.';
+  ::closedir(dir);
+  return n;
+}
+
+TEST_CASE("AppSessions: connected applications with nothing to say hold no thread") {
+  Recorder recorder;
+  const std::string path = SocketPath("idle");
+  AppSessions::Options options{path, ""};
+  options.handler_idle_s = 0.1;
+  AppSessions apps(options, &recorder);
+  REQUIRE(apps.Listen().ok());
+  apps.Start();
+  const int before = ThreadCount();  // the test's, plus the I/O thread
+  constexpr int kApps = 32;
+  std::vector<std::unique_ptr<LocalChannel>> connected;
+  for (int i = 0; i < kApps; ++i) {
+    connected.push_back(Connect(path));
+    v1::LocalMessage message;
+    message.mutable_register_()->set_name("w" + std::to_string(i));
+    REQUIRE(connected.back()->Send(message).ok());
+  }
+  REQUIRE(recorder.Await(kApps).size() == kApps);
+  CHECK(apps.Sessions().size() == kApps);
+  // Their messages handled, the handler threads end; the sessions stay
+  // (one thread per application would keep 32 alive).
+  for (int i = 0; i < 300 && apps.handler_threads() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(apps.handler_threads() == 0);
+  CHECK(ThreadCount() == before);
+  CHECK(apps.Sessions().size() == kApps);
+  // Each still has its messages handled, in order.
+  v1::LocalMessage message;
+  message.mutable_get()->set_server("ps");
+  REQUIRE(connected[17]->Send(message).ok());
+  REQUIRE(recorder.Await(kApps + 1).size() == kApps + 1);
+  CHECK(recorder.Await(kApps + 1).back() == "get w17 ps");
+  apps.Stop();
+  CHECK(recorder.Await(2 * kApps + 1).size() == 2 * kApps + 1);  // each gone once
 }
 
 TEST_CASE("AppSessions Stop ends every connected application's session") {
