@@ -171,12 +171,12 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
     ++get_threads_;  // WaitGets waits for the submission to end
   }
   Submit(Submission{app, std::move(request), local_id, push.request_id(), clock_->NowSeconds()});
-  // The reader thread goes on at once: the packets are checksummed while
+  // The handler thread goes on at once: the packets are checksummed while
   // the scheduler plans, and the application's next message (its get)
   // does not wait for the reply.
   if (checksums == nullptr) return;
   const double start_s = clock_->NowSeconds();
-  checksums->SumAll(bytes->data());
+  checksums->SumAll(bytes->data(), parts_.compute);
   MLF_LOG(DEBUG) << "checksummed push (local id " << local_id << "): " << checksums->Ready()
                  << " of " << checksums->packets() << " packets ahead of the sender ("
                  << checksums->parts() << " threads) in "
@@ -278,11 +278,10 @@ void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::Lo
   std::lock_guard<std::mutex> lock(lock_->mu);
   auto pushed = app->last_round_push.find(get.server());
   const int64_t round = pushed == app->last_round_push.end() ? -1 : pushed->second;
-  // Get threads are detached: a finished thread is reclaimed at once (kept
-  // joinable, one per get, they piled up until thread creation failed).
-  // Stop() shuts their connections down and waits until none is left.
+  // On a reused thread (a get waits for its model for an unknown time);
+  // WaitGets() waits until none is left.
   ++get_threads_;
-  std::thread([this, app, get, job, round] {
+  blocking_.Run([this, app, get, job, round] {
     const ThreadDone done_guard(this);  // however it ends, Stop() learns it did
     v1::LocalMessage done;
     v1::LocalGetDone* body = done.mutable_get_done();
@@ -323,7 +322,7 @@ void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::Lo
       buffers_lent_.fetch_add(1);
     }
     (void)app->channel->Send(done, model->fd());
-  }).detach();
+  });
 }
 
 void AppRequests::HandleRelease(const std::shared_ptr<AppSession>& app,
@@ -418,7 +417,7 @@ void AppRequests::HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
   }
   std::lock_guard<std::mutex> lock(lock_->mu);
   ++get_threads_;  // Stop() waits for it as for a get
-  std::thread([this, app, query, answer] {
+  blocking_.Run([this, app, query, answer] {
     const ThreadDone done_guard(this);
     std::map<uint64_t, uint64_t> waiting;  // uid -> request id
     for (const auto& entry : query.pushes()) {
@@ -492,7 +491,7 @@ void AppRequests::HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
         return;
       }
     }
-  }).detach();
+  });
 }
 
 void AppRequests::AppGone(const std::shared_ptr<AppSession>& app) {

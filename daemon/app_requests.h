@@ -9,15 +9,16 @@
 //   names the push before the reply finds it (PushTable::Adopt), and the
 //   command stream never waits for a submission. The SubmitUpdate is
 //   asynchronous (SchedulerClient::SubmitUpdateAsync): the application's
-//   reader thread checksums the packets while the scheduler plans and then
+//   handler thread checksums the packets while the scheduler plans and then
 //   takes its next message (its get) without waiting for the reply. An
 //   application's pushes reach the scheduler in the order it made them:
 //   one submission of it is in flight at a time, the others wait in the
 //   daemon. A push the scheduler refuses is answered failed when the reply
 //   comes; one still waiting when the daemon stops fails.
-// - A get runs on a thread of its own (ModelFetcher), after the SSP clock
-//   allows it in a stale-synchronous job; WaitGets() returns once none is
-//   left.
+// - A get runs on a reused thread (BlockingWork; it waits for its model
+//   from the ModelFetcher), after the SSP clock allows it in a
+//   stale-synchronous job; WaitGets() returns once none is left. So does
+//   an outcome query.
 // - An application whose daemon died with pushes in flight connects
 //   again and asks how they ended (LocalOutcomeQuery): the scheduler is
 //   asked by the pushes' uids (QueryOutcomes, waiting while any is in
@@ -37,8 +38,9 @@
 // outcome (here, if the scheduler refuses it; later, from the command
 // stream), a get with the model or an error.
 //
-// Thread safety: the handler methods run on the applications' reader
-// threads, submissions end on the scheduler client's threads; they take
+// Thread safety: the handler methods run on AppSessions' handler
+// threads (one message of an application at a time), submissions end on
+// the scheduler client's threads; they take
 // the receive lock (engine/receive_lock.h) for bookkeeping only, never
 // across an RPC.
 #ifndef MLFABRIC_DAEMON_APP_REQUESTS_H_
@@ -53,8 +55,11 @@
 #include <optional>
 #include <string>
 
+#include <boost/asio/thread_pool.hpp>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/blocking_work.h"
 #include "common/clock.h"
 #include "daemon/apps/app_sessions.h"
 #include "daemon/apps/push_table.h"
@@ -107,6 +112,9 @@ class AppRequests : public AppHandler {
     // Where get buffers the applications released go, for later gets; may
     // be null (released buffers are freed then).
     BufferPool* pool = nullptr;
+    // Threads that help sum a large push's checksums; may be null (the
+    // handler thread sums them alone).
+    boost::asio::thread_pool* compute = nullptr;
   };
   // Called under the receive lock when an application leaves: forgets it
   // and, if it was a server's or replica's endpoint, returns the report
@@ -158,7 +166,7 @@ class AppRequests : public AppHandler {
     AppRequests* const requests_;
   };
 
-  // A push's SubmitUpdate, from the reader thread to its reply.
+  // A push's SubmitUpdate, from the handler thread to its reply.
   struct Submission {
     std::shared_ptr<AppSession> app;
     v1::SubmitUpdateRequest request;  // moved out when issued
@@ -195,6 +203,9 @@ class AppRequests : public AppHandler {
   std::atomic<int64_t> push_buffers_mapped_{0};
   std::atomic<int64_t> push_buffers_reused_{0};
   std::atomic<uint64_t> next_buffer_id_{1};
+  // Gets and outcome queries. Last: destroyed first (WaitGets has waited
+  // for what runs there).
+  BlockingWork blocking_;
 };
 
 }  // namespace mlfabric::daemon
