@@ -207,12 +207,15 @@ absl::Status Daemon::Start() {
   fetcher_->SetBufferPool(&buffer_pool_);
 
   // Local applications.
+  compute_ = std::make_unique<boost::asio::thread_pool>(
+      std::clamp<unsigned>(std::thread::hardware_concurrency(), 2, 8) - 1);
   app_requests_ = std::make_unique<daemon::AppRequests>(
       daemon::AppRequests::Options{config_.host, config_.payload_bytes}, &lock_, clock_,
       &stopping_,
       daemon::AppRequests::Parts{scheduler_.get(), reporter_.get(), &pushes_, &data_keys_,
                                  servers_.get(), rounds_.get(), model_server_.get(),
-                                 fetcher_.get(), snapshots_.get(), &registering_, &buffer_pool_},
+                                 fetcher_.get(), snapshots_.get(), &registering_, &buffer_pool_,
+                                 compute_.get()},
       [this](const std::shared_ptr<AppSession>& app) { return ForgetAppLocked(app); });
   apps_ = std::make_unique<daemon::AppSessions>(
       daemon::AppSessions::Options{config_.local_socket, config_.local_socket_group},
@@ -414,6 +417,7 @@ void Daemon::Stop() {
   // The data sessions (no new one starts now), then the gets.
   receiver_->StopSessions();
   if (app_requests_) app_requests_->WaitGets();
+  if (compute_) compute_->join();  // apps_->Stop() ended every push's summing
 }
 
 absl::Status Daemon::Wait() {

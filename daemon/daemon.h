@@ -186,6 +186,9 @@ class Daemon {
   boost::asio::io_context io_;
   // The asking side of model gets, with the connections kept for the next.
   std::unique_ptr<transport::GetClient> get_client_;
+  // A fixed pool for compute the applications' requests need (a large
+  // push's checksums): cores - 1 threads, at most 7, none per push.
+  std::unique_ptr<boost::asio::thread_pool> compute_;
   // What the local applications ask, and their socket and sessions.
   std::unique_ptr<daemon::AppRequests> app_requests_;
   std::unique_ptr<daemon::AppSessions> apps_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <thread>
 
+#include <boost/asio/post.hpp>
+
 #include "common/crc32c.h"
 
 namespace mlfabric::transport {
@@ -55,11 +57,28 @@ void PacketChecksums::SumPart(const uint8_t* data, size_t part) {
   }
 }
 
-void PacketChecksums::SumAll(const uint8_t* data) {
-  std::vector<std::thread> helpers;
-  for (size_t p = 1; p < parts_; ++p) helpers.emplace_back([this, data, p] { SumPart(data, p); });
-  SumPart(data, 0);
-  for (std::thread& helper : helpers) helper.join();
+void PacketChecksums::ClaimParts(const uint8_t* data) {
+  for (size_t part = next_part_.fetch_add(1); part < parts_; part = next_part_.fetch_add(1)) {
+    SumPart(data, part);
+    std::lock_guard<std::mutex> lock(finished_mu_);
+    ++parts_finished_;
+    finished_cv_.notify_all();
+  }
+}
+
+void PacketChecksums::SumAll(const uint8_t* data, boost::asio::thread_pool* pool) {
+  if (pool != nullptr) {
+    // A helper that runs after the caller claimed every part finds none
+    // left; it keeps this object alive until then.
+    for (size_t p = 1; p < parts_; ++p) {
+      boost::asio::post(*pool, [self = shared_from_this(), data] { self->ClaimParts(data); });
+    }
+  }
+  ClaimParts(data);
+  // The parts a helper claimed may still be running: `data` is the
+  // caller's, so they must be done before this returns.
+  std::unique_lock<std::mutex> lock(finished_mu_);
+  finished_cv_.wait(lock, [this] { return parts_finished_ == parts_; });
 }
 
 std::optional<uint32_t> PacketChecksums::Find(uint64_t offset, uint32_t length) const {

@@ -4,25 +4,31 @@
 // the CRC costing the sender more than the kernel's copy (daemon/README.md).
 //
 //   auto sums = PacketChecksums::ForPush(tensors, buffer.size(), payload_bytes);
-//   std::thread([=] { sums->SumAll(buffer.data()); }).detach();   // or call it inline
+//   sums->SumAll(buffer.data(), &compute_pool);   // parts also on the pool's threads
 //   ...
 //   std::optional<uint32_t> crc = sums->Find(offset, length);     // sender: nullopt -> sum it
 //   sums->MarkSending();   // the first packet goes: summing ahead would only take its CPU
 //
 // Packets are in the order the sender cuts them (PacketLayout). Large
-// pushes are summed by up to one thread per core, each over a contiguous
-// part; a part's first done[p] checksums are final (release/acquire), so
-// the sender can use whatever is done.
+// pushes are cut into up to one part per core, each a contiguous run of
+// packets summed by whichever thread claims it first: the caller of SumAll
+// or a thread of the daemon's fixed compute pool (no thread is started
+// per push). A part's first done[p] checksums are final
+// (release/acquire), so the sender can use whatever is done.
 // Thread safety: SumAll's threads write, Find/Ready read concurrently.
 #ifndef MLFABRIC_DAEMON_TRANSPORT_PACKET_CHECKSUMS_H_
 #define MLFABRIC_DAEMON_TRANSPORT_PACKET_CHECKSUMS_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
+
+#include <boost/asio/thread_pool.hpp>
 
 #include "proto/local.pb.h"
 
@@ -35,17 +41,19 @@ void PacketLayout(const std::vector<v1::TensorInfo>& tensors, uint64_t total,
                   uint64_t payload_bytes, std::vector<uint64_t>* offsets,
                   std::vector<uint32_t>* lengths);
 
-class PacketChecksums {
+class PacketChecksums : public std::enable_shared_from_this<PacketChecksums> {
  public:
-  // The layout of a push and how many threads will sum it (1 to 8, at most
-  // one per core and per kPacketsPerThread packets).
+  // The layout of a push and how many parts it is summed in (1 to 8, at
+  // most one per core and per kPacketsPerThread packets).
   static std::shared_ptr<PacketChecksums> ForPush(const std::vector<v1::TensorInfo>& tensors,
                                                   uint64_t total, uint64_t payload_bytes);
   static constexpr size_t kPacketsPerThread = 256;
 
-  // Sums every packet of `data`, on the calling thread plus parts()-1
-  // helper threads; returns when done or when MarkSending stopped it.
-  void SumAll(const uint8_t* data);
+  // Sums every packet of `data` on the calling thread, with the threads of
+  // `pool` (may be null) helping with the parts they claim before it does;
+  // returns when every part is done or when MarkSending stopped it. `data`
+  // must stay valid until then.
+  void SumAll(const uint8_t* data, boost::asio::thread_pool* pool = nullptr);
   // The precomputed CRC of the packet at [offset, +length), if there is one.
   std::optional<uint32_t> Find(uint64_t offset, uint32_t length) const;
   // Packets summed so far, over all parts.
@@ -56,6 +64,8 @@ class PacketChecksums {
 
  private:
   void SumPart(const uint8_t* data, size_t part);
+  // Sums parts not claimed yet, until none is left.
+  void ClaimParts(const uint8_t* data);
 
   std::vector<uint64_t> offsets_;  // packet start within the transfer, ascending
   std::vector<uint32_t> lengths_;
@@ -64,6 +74,10 @@ class PacketChecksums {
   size_t parts_ = 0;
   std::unique_ptr<std::atomic<size_t>[]> done_;
   mutable std::atomic<bool> sending_{false};
+  std::atomic<size_t> next_part_{0};  // the next part to claim
+  std::mutex finished_mu_;
+  std::condition_variable finished_cv_;
+  size_t parts_finished_ = 0;  // guarded by finished_mu_
 };
 
 }  // namespace mlfabric::transport

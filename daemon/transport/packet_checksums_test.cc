@@ -3,6 +3,7 @@
 #include <numeric>
 #include <vector>
 
+#include <boost/asio/thread_pool.hpp>
 #include <catch2/catch.hpp>
 
 #include "common/crc32c.h"
@@ -53,6 +54,22 @@ TEST_CASE("every packet's checksum is found once summed, by several threads") {
   }
   CHECK(sums->Find(1, payload) == std::nullopt);       // not a packet start
   CHECK(sums->Find(0, payload - 1) == std::nullopt);   // not that packet's length
+}
+
+TEST_CASE("a push's parts are summed by the caller and a fixed pool's threads") {
+  const size_t payload = 64;
+  std::vector<uint8_t> data(payload * PacketChecksums::kPacketsPerThread * 8);
+  std::iota(data.begin(), data.end(), 7);
+  boost::asio::thread_pool pool(2);
+  for (int push = 0; push < 20; ++push) {  // more pushes than the pool has threads
+    auto sums = PacketChecksums::ForPush({}, data.size(), payload);
+    sums->SumAll(data.data(), &pool);
+    REQUIRE(sums->Ready() == sums->packets());
+    for (uint64_t offset = 0; offset < data.size(); offset += payload * 97) {
+      CHECK(sums->Find(offset, payload) == Crc32c(data.data() + offset, payload));
+    }
+  }
+  pool.join();
 }
 
 TEST_CASE("once sending starts, summing ahead stops") {
