@@ -36,6 +36,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -138,334 +139,363 @@ int ExecRank(int argc, char** argv, int first) {
   return 127;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace mlfabric::launch;
-  int np = 1, delay_bound = 30, ssp = -1, ranks_per_host = 0;  // 0: not given
+// What the command line asks for.
+struct RunOptions {
+  int np = 1;
+  int delay_bound = 30;
+  int ssp = -1;             // -1: asynchronous
+  int ranks_per_host = 0;   // 0: not given
   std::string divergence_bound;  // empty: none
   std::vector<std::pair<std::string, std::string>> extra_jobs;
   std::string hostfile, planner = "mlfabric", job = "demo", token;
   std::vector<std::string> mpirun_args, daemon_args, scheduler_args;
   std::string head_address;
   bool verbose = false;
-  int i = 1;
-  auto value = [&](const char* flag) -> std::string {
-    if (i + 1 >= argc) {
-      std::cerr << "mlfabric-run: " << flag << " needs a value\n" << kUsage;
-      std::exit(2);
-    }
-    return argv[++i];
-  };
-  for (; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--exec-daemon") return mlfabric::run::RunHostDaemon(argc, argv, i + 1);
-    if (arg == "--exec-rank") {
-      if (i + 1 < argc && std::string(argv[i + 1]) == "--") ++i;
-      if (i + 1 >= argc) return 2;
-      return ExecRank(argc, argv, i + 1);
-    }
-    if (arg == "--") { ++i; break; }
-    if (arg == "-h" || arg == "--help") { std::cout << kUsage; return 0; }
-    if (arg == "-np" || arg == "-n" || arg == "--np") {
-      np = std::atoi(value("-np").c_str());
-    } else if (arg == "--hostfile" || arg == "-hostfile") {
-      hostfile = value("--hostfile");
-    } else if (arg == "--planner") {
-      planner = value("--planner");
-    } else if (arg == "--delay_bound") {
-      const std::string text = value("--delay_bound");
-      char* end = nullptr;
-      const long parsed = std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || parsed < 0 || parsed > 1000000) {
-        std::cerr << "mlfabric-run: --delay_bound must be an integer in [0, 1000000] (model "
-                     "versions), not '" << text << "'\n";
-        return 2;
-      }
-      delay_bound = static_cast<int>(parsed);
-    } else if (arg == "--ssp") {
-      const std::string text = value("--ssp");
-      char* end = nullptr;
-      const long parsed = std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || parsed < 0 || parsed > 1000000) {
-        std::cerr << "mlfabric-run: --ssp must be an integer in [0, 1000000] (iterations a "
-                     "worker may run ahead of the slowest), not '" << text << "'\n";
-        return 2;
-      }
-      ssp = static_cast<int>(parsed);
-    } else if (arg == "--divergence_bound") {
-      divergence_bound = value("--divergence_bound");
-      char* end = nullptr;
-      const double parsed = std::strtod(divergence_bound.c_str(), &end);
-      if (divergence_bound.empty() || *end != '\0' || !(parsed > 0) || parsed > 1e12) {
-        std::cerr << "mlfabric-run: --divergence_bound must be a positive number (an L2 "
-                     "distance), not '" << divergence_bound << "'\n";
-        return 2;
-      }
-    } else if (arg == "--extra_job") {
-      const std::string spec = value("--extra_job");
-      const size_t colon = spec.find(':');
-      if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size() ||
-          spec.find_first_of("\"\\") != std::string::npos) {
-        std::cerr << "mlfabric-run: --extra_job must be NAME:TOKEN (no quotes), not '" << spec
-                  << "'\n";
-        return 2;
-      }
-      extra_jobs.emplace_back(spec.substr(0, colon), spec.substr(colon + 1));
-    } else if (arg == "--job") {
-      job = value("--job");
-    } else if (arg == "--token") {
-      token = value("--token");
-    } else if (arg == "--ranks_per_host") {
-      const std::string text = value("--ranks_per_host");
-      char* end = nullptr;
-      const long parsed = std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || parsed < 1 || parsed > 1024) {
-        std::cerr << "mlfabric-run: --ranks_per_host must be an integer in [1, 1024], not '"
-                  << text << "'\n";
-        return 2;
-      }
-      ranks_per_host = static_cast<int>(parsed);
-    } else if (arg == "--head_address") {
-      head_address = value("--head_address");
-    } else if (arg == "--daemon_arg") {
-      daemon_args.push_back(value("--daemon_arg"));
-    } else if (arg == "--scheduler_arg") {
-      scheduler_args.push_back(value("--scheduler_arg"));
-    } else if (arg == "--mpirun_arg") {
-      mpirun_args.push_back(value("--mpirun_arg"));
-    } else if (arg == "-v") {
-      verbose = true;
-    } else if (!arg.empty() && arg[0] == '-') {
-      std::cerr << "mlfabric-run: unknown option " << arg << "\n" << kUsage;
-      return 2;
-    } else {
-      break;
-    }
+  int command = 0;  // argv index of the command to run
+};
+
+// An integer flag's value in [low, high]; otherwise says so (`what` names
+// its unit) and returns nullopt.
+std::optional<int> IntegerFlag(const std::string& flag, const std::string& text, long low,
+                               long high, const std::string& what) {
+  char* end = nullptr;
+  const long parsed = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || parsed < low || parsed > high) {
+    std::cerr << "mlfabric-run: " << flag << " must be an integer in [" << low << ", " << high
+              << "]" << what << ", not '" << text << "'\n";
+    return std::nullopt;
   }
-  if (i >= argc) {
+  return static_cast<int>(parsed);
+}
+
+// Reads the options that take a value. Returns 0, or the exit code.
+int ParseValueOption(const std::string& arg, const std::string& text, RunOptions* o) {
+  if (arg == "-np" || arg == "-n" || arg == "--np") {
+    o->np = std::atoi(text.c_str());
+  } else if (arg == "--hostfile" || arg == "-hostfile") {
+    o->hostfile = text;
+  } else if (arg == "--planner") {
+    o->planner = text;
+  } else if (arg == "--delay_bound") {
+    auto parsed = IntegerFlag(arg, text, 0, 1000000, " (model versions)");
+    if (!parsed) return 2;
+    o->delay_bound = *parsed;
+  } else if (arg == "--ssp") {
+    auto parsed = IntegerFlag(arg, text, 0, 1000000,
+                              " (iterations a worker may run ahead of the slowest)");
+    if (!parsed) return 2;
+    o->ssp = *parsed;
+  } else if (arg == "--divergence_bound") {
+    char* end = nullptr;
+    const double parsed = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !(parsed > 0) || parsed > 1e12) {
+      std::cerr << "mlfabric-run: --divergence_bound must be a positive number (an L2 "
+                   "distance), not '" << text << "'\n";
+      return 2;
+    }
+    o->divergence_bound = text;
+  } else if (arg == "--extra_job") {
+    const size_t colon = text.find(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == text.size() ||
+        text.find_first_of("\"\\") != std::string::npos) {
+      std::cerr << "mlfabric-run: --extra_job must be NAME:TOKEN (no quotes), not '" << text
+                << "'\n";
+      return 2;
+    }
+    o->extra_jobs.emplace_back(text.substr(0, colon), text.substr(colon + 1));
+  } else if (arg == "--job") {
+    o->job = text;
+  } else if (arg == "--token") {
+    o->token = text;
+  } else if (arg == "--ranks_per_host") {
+    auto parsed = IntegerFlag(arg, text, 1, 1024, "");
+    if (!parsed) return 2;
+    o->ranks_per_host = *parsed;
+  } else if (arg == "--head_address") {
+    o->head_address = text;
+  } else if (arg == "--daemon_arg") {
+    o->daemon_args.push_back(text);
+  } else if (arg == "--scheduler_arg") {
+    o->scheduler_args.push_back(text);
+  } else if (arg == "--mpirun_arg") {
+    o->mpirun_args.push_back(text);
+  }
+  return 0;
+}
+
+bool TakesValue(const std::string& arg) {
+  for (const char* flag : {"-np", "-n", "--np", "--hostfile", "-hostfile", "--planner",
+                           "--delay_bound", "--ssp", "--divergence_bound", "--extra_job", "--job",
+                           "--token", "--ranks_per_host", "--head_address", "--daemon_arg",
+                           "--scheduler_arg", "--mpirun_arg"}) {
+    if (arg == flag) return true;
+  }
+  return false;
+}
+
+// The checks between options, and the defaults that depend on others.
+// Returns 0, or the exit code.
+int CheckOptions(int argc, RunOptions* o) {
+  if (o->command >= argc) {
     std::cerr << "mlfabric-run: no command to run\n" << kUsage;
     return 2;
   }
-  if (np < 1 || np > 1024) {
+  if (o->np < 1 || o->np > 1024) {
     std::cerr << "mlfabric-run: -np must be between 1 and 1024\n";
     return 2;
   }
-  if (planner != "fifo" && planner != "mlfabric") {
-    std::cerr << "mlfabric-run: --planner must be fifo or mlfabric, not '" << planner << "'\n";
+  if (o->planner != "fifo" && o->planner != "mlfabric") {
+    std::cerr << "mlfabric-run: --planner must be fifo or mlfabric, not '" << o->planner
+              << "'\n";
     return 2;
   }
-  if (ranks_per_host > 1 && !hostfile.empty()) {
+  if (o->ranks_per_host > 1 && !o->hostfile.empty()) {
     std::cerr << "mlfabric-run: --ranks_per_host places ranks on emulated hosts of this "
                  "machine; with --hostfile, Open MPI places them (its slots=, or --mpirun_arg "
                  "--map-by)\n";
     return 2;
   }
-  if (ranks_per_host == 0) {
+  if (o->ranks_per_host == 0) {
     // The ranks of one machine share its daemon, here as on every host of
     // a --hostfile run. Daemons started by someone else (MLFABRIC_SOCKET_DIR,
     // examples/many_hosts.sh) are one per rank, h<rank>.sock.
     const char* existing = std::getenv("MLFABRIC_SOCKET_DIR");
-    const bool own_daemons = (existing == nullptr || *existing == '\0') && hostfile.empty();
-    ranks_per_host = own_daemons ? np : 1;
+    const bool own_daemons = (existing == nullptr || *existing == '\0') && o->hostfile.empty();
+    o->ranks_per_host = own_daemons ? o->np : 1;
   }
-
-  if (token.empty()) {
+  if (o->token.empty()) {
     // No token ships: the caller's, or one made for this run (the ranks
     // get it as MLFABRIC_JOB_TOKEN).
     const char* given = std::getenv("MLFABRIC_JOB_TOKEN");
-    token = given != nullptr && *given != '\0' ? given : mlfabric::RandomHex(16);
+    o->token = given != nullptr && *given != '\0' ? given : mlfabric::RandomHex(16);
   }
-  if (::geteuid() == 0) {
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  }
-  std::error_code error;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", error).string();
-  std::string mpirun_path = "/usr/bin/mpirun";
-  if (::access(mpirun_path.c_str(), X_OK) != 0) mpirun_path = "mpirun";
+  return 0;
+}
 
-  std::unique_ptr<mlfabric::launch::Cluster> cluster;
-  // Many hosts: the scheduler here, a daemon per host through mpirun.
-  std::unique_ptr<Subprocess> scheduler, daemons;
-  std::string socket_dir, config_dir, ompi_dir, hosts_dir;
-  auto write_config = [&](const std::string& config) {
-    std::ofstream out(config);
-    out << "{\"jobs\": [{\"name\": \"" << job << "\", \"token\": \"" << token
-        << "\", \"tau_max\": " << delay_bound;
-    if (ssp >= 0) out << ", \"mode\": \"ssp\", \"staleness_k\": " << ssp;
-    if (!divergence_bound.empty()) out << ", \"divergence_max\": " << divergence_bound;
-    out << "}";
-    for (const auto& [name, secret] : extra_jobs) {
-      out << ", {\"name\": \"" << name << "\", \"token\": \"" << secret
-          << "\", \"tau_max\": " << delay_bound << "}";
-    }
-    out << "]}\n";
-  };
-  if (const char* existing = std::getenv("MLFABRIC_SOCKET_DIR"); existing && *existing) {
-    socket_dir = existing;
-    if (verbose) std::cerr << "mlfabric-run: using the daemons in " << socket_dir << "\n";
-  } else if (!hostfile.empty()) {
-    const std::string text = ReadFile(hostfile);
-    auto entries = mlfabric::run::ParseHostfile(text);
-    if (text.empty() || !entries.ok()) {
-      std::cerr << "mlfabric-run: " << hostfile << ": "
-                << (text.empty() ? "cannot read it, or it is empty"
-                                 : std::string(entries.status().message()))
-                << "\n";
-      return 2;
-    }
-    std::vector<std::string> hosts;
-    for (const auto& entry : *entries) hosts.push_back(entry.host);
-    if (head_address.empty()) head_address = mlfabric::run::RouteSource(hosts.front());
-    if (head_address.empty()) {
-      std::cerr << "mlfabric-run: no route from here to " << hosts.front()
-                << "; name this machine's address with --head_address\n";
-      return 2;
-    }
-    // In /tmp, not under $TEST_TMPDIR: the same path must exist on every
-    // host, and Unix socket paths are short (108 bytes).
-    std::string pattern = "/tmp/mlfabric-run-hosts-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      std::cerr << "mlfabric-run: cannot make a directory in /tmp: " << std::strerror(errno)
-                << "\n";
-      return 1;
-    }
-    socket_dir = pattern;
-    hosts_dir = socket_dir;
-    write_config(socket_dir + "/scheduler.json");
-    // The hosts authenticate with a secret made for this run; it reaches
-    // the other hosts in mpirun's environment for the launchers (-x).
-    const std::string secret = mlfabric::RandomHex(32);
-    {
-      std::ofstream(socket_dir + "/cluster.secret") << secret << "\n";
-    }
-    ::chmod((socket_dir + "/cluster.secret").c_str(), 0600);
-    setenv("MLFABRIC_CLUSTER_SECRET", secret.c_str(), 1);
-    std::vector<std::string> scheduler_argv = {
-        BinaryPath("scheduler/mlfabric-scheduler"), "--config=" + socket_dir + "/scheduler.json",
-        "--planner=" + planner, "--listen_address=" + head_address, "--grpc_port=0",
-        "--port_file=" + socket_dir + "/scheduler.port",
-        "--cluster_secret_file=" + socket_dir + "/cluster.secret"};
-    scheduler_argv.insert(scheduler_argv.end(), scheduler_args.begin(), scheduler_args.end());
-    auto started = Subprocess::Start(scheduler_argv, socket_dir + "/scheduler.log");
-    const std::string port_file = socket_dir + "/scheduler.port";
-    if (!started.ok() ||
-        !WaitUntil([&] { return !ReadFile(port_file).empty() || !(*started)->Running(); }, 30) ||
-        ReadFile(port_file).empty()) {
-      std::cerr << "mlfabric-run: the scheduler did not start at " << head_address << ": "
-                << (started.ok() ? (*started)->Log() : std::string(started.status().message()))
-                << "\n";
-      return 1;
-    }
-    scheduler = std::move(*started);
-    const std::string address =
-        head_address + ":" + std::to_string(std::atoi(ReadFile(port_file).c_str()));
-    setenv("MLFABRIC_SCHEDULER", address.c_str(), 1);
-    std::vector<std::string> launch = {mpirun_path, "--hostfile", hostfile, "--map-by",
-                                       "ppr:1:node", "-np", std::to_string(hosts.size()),
-                                       "-x", "MLFABRIC_CLUSTER_SECRET"};
-    launch.insert(launch.end(), mpirun_args.begin(), mpirun_args.end());
-    launch.insert(launch.end(), {self, "--exec-daemon", "--dir", socket_dir, "--scheduler",
-                                 address, "--hosts", absl::StrJoin(hosts, ",")});
-    for (const std::string& flag : daemon_args) launch.insert(launch.end(), {"--daemon_arg", flag});
-    // The job starts once every host's daemon serves (each launcher says
-    // so through mpirun's output). Open MPI 4.1 launching through an rsh
-    // agent now and then starts every orted and then no process (seen
-    // here in about one launch in five across network namespaces, and by
-    // eval/testbed under load): a launch that has started no daemon after
-    // 20 s is stopped and made again, three times at most.
-    std::vector<std::string> missing;
-    for (int attempt = 1; attempt <= 3; ++attempt) {
-      const auto began = std::chrono::steady_clock::now();
-      auto launched = Subprocess::Start(launch, socket_dir + "/daemons.log");
-      if (!launched.ok()) {
-        std::cerr << "mlfabric-run: cannot start the daemons' mpirun: "
-                  << launched.status().message() << "\n";
-        return 1;
-      }
-      daemons = std::move(*launched);
-      auto serving = [&](const std::string& host) {
-        return daemons->Log().find("host " + host + ": mlfabricd serving") != std::string::npos;
-      };
-      auto started_any = [&] {
-        return daemons->Log().find(": mlfabricd (pid") != std::string::npos;
-      };
-      WaitUntil([&] {
-        return std::all_of(hosts.begin(), hosts.end(), serving) || !daemons->Running() ||
-               (!started_any() && attempt < 3 &&
-                std::chrono::steady_clock::now() - began > std::chrono::seconds(20));
-      }, 90);
-      missing.clear();
-      for (const std::string& host : hosts) {
-        if (!serving(host)) missing.push_back(host);
-      }
-      if (missing.empty()) break;
-      const bool stalled = !started_any() && daemons->Running();
-      daemons->Stop(15);
-      if (!stalled || attempt == 3) break;
-      std::cerr << "mlfabric-run: the daemons' mpirun started no daemon in 20 s (attempt "
-                << attempt << " of 3); stopping it and launching again\n";
-    }
-    if (!missing.empty()) {
-      std::cerr << "mlfabric-run: no daemon serves on " << absl::StrJoin(missing, ", ")
-                << "; the daemons' mpirun said:\n" << daemons->Log() << "\n";
-      scheduler->Stop(5);
-      std::cerr << "mlfabric-run: logs in " << socket_dir << "\n";
-      return 1;
-    }
-    unsetenv("MLFABRIC_CLUSTER_SECRET");  // the job's ranks need no secret
-    setenv("MLFABRIC_HOSTS", absl::StrJoin(hosts, ",").c_str(), 1);
-    if (verbose) {
-      std::cerr << "mlfabric-run: started mlfabric-scheduler at " << address << " (planner "
-                << planner << ", tau_max " << delay_bound << ") and, through mpirun, one "
-                << "mlfabricd on each of " << absl::StrJoin(hosts, ", ") << "; logs in "
-                << socket_dir << "\n";
-    }
-  } else {
-    config_dir = MakeTempDir("mlfabric-run-config");
-    const std::string config = config_dir + "/scheduler.json";
-    write_config(config);
-    std::vector<std::string> hosts;
-    const int host_count = (np + ranks_per_host - 1) / ranks_per_host;
-    for (int h = 0; h < host_count; ++h) hosts.push_back("h" + std::to_string(h));
-    std::vector<std::string> scheduler_argv = {"--config=" + config, "--planner=" + planner};
-    scheduler_argv.insert(scheduler_argv.end(), scheduler_args.begin(), scheduler_args.end());
-    auto started = mlfabric::launch::Cluster::StartLoopback(hosts, scheduler_argv, daemon_args);
-    if (!started.ok()) {
-      std::cerr << "mlfabric-run: cannot start the scheduler and daemons: "
-                << started.status().message() << "\n";
-      return 1;
-    }
-    cluster = std::move(*started);
-    socket_dir = cluster->dir();
-    setenv("MLFABRIC_SCHEDULER", cluster->scheduler_address().c_str(), 1);
-    if (verbose) {
-      std::cerr << "mlfabric-run: started mlfabric-scheduler at " << cluster->scheduler_address()
-                << " (planner " << planner << ", tau_max " << delay_bound << ") and "
-                << hosts.size() << " mlfabricd; logs in " << socket_dir << "\n";
-    }
+// The scheduler's config: the job, and the extra jobs it admits.
+void WriteSchedulerConfig(const RunOptions& o, const std::string& path) {
+  std::ofstream out(path);
+  out << "{\"jobs\": [{\"name\": \"" << o.job << "\", \"token\": \"" << o.token
+      << "\", \"tau_max\": " << o.delay_bound;
+  if (o.ssp >= 0) out << ", \"mode\": \"ssp\", \"staleness_k\": " << o.ssp;
+  if (!o.divergence_bound.empty()) out << ", \"divergence_max\": " << o.divergence_bound;
+  out << "}";
+  for (const auto& [name, secret] : o.extra_jobs) {
+    out << ", {\"name\": \"" << name << "\", \"token\": \"" << secret
+        << "\", \"tau_max\": " << o.delay_bound << "}";
   }
+  out << "]}\n";
+}
+
+// What a run started, to stop when the job ends.
+struct Started {
+  std::unique_ptr<mlfabric::launch::Cluster> cluster;  // this machine's hosts
+  // Many hosts: the scheduler here, a daemon per host through mpirun.
+  std::unique_ptr<mlfabric::launch::Subprocess> scheduler, daemons;
+  std::string socket_dir, config_dir, ompi_dir, hosts_dir;
+  std::vector<std::string> hosts;  // many hosts: their names
+};
+
+// Many hosts: the scheduler here, reachable at the head address, with a
+// secret made for this run. Returns its address, or empty (said why).
+std::string StartHeadScheduler(const RunOptions& o, const std::string& head_address,
+                               Started* run) {
+  using mlfabric::launch::Subprocess;
+  const std::string& dir = run->socket_dir;
+  WriteSchedulerConfig(o, dir + "/scheduler.json");
+  // The hosts authenticate with a secret made for this run; it reaches
+  // the other hosts in mpirun's environment for the launchers (-x).
+  const std::string secret = mlfabric::RandomHex(32);
+  {
+    std::ofstream(dir + "/cluster.secret") << secret << "\n";
+  }
+  ::chmod((dir + "/cluster.secret").c_str(), 0600);
+  setenv("MLFABRIC_CLUSTER_SECRET", secret.c_str(), 1);
+  std::vector<std::string> argv = {
+      mlfabric::launch::BinaryPath("scheduler/mlfabric-scheduler"),
+      "--config=" + dir + "/scheduler.json", "--planner=" + o.planner,
+      "--listen_address=" + head_address, "--grpc_port=0", "--port_file=" + dir + "/scheduler.port",
+      "--cluster_secret_file=" + dir + "/cluster.secret"};
+  argv.insert(argv.end(), o.scheduler_args.begin(), o.scheduler_args.end());
+  auto started = Subprocess::Start(argv, dir + "/scheduler.log");
+  const std::string port_file = dir + "/scheduler.port";
+  auto port = [&] { return mlfabric::launch::ReadFile(port_file); };
+  if (!started.ok() ||
+      !mlfabric::launch::WaitUntil([&] { return !port().empty() || !(*started)->Running(); },
+                                   30) ||
+      port().empty()) {
+    std::cerr << "mlfabric-run: the scheduler did not start at " << head_address << ": "
+              << (started.ok() ? (*started)->Log() : std::string(started.status().message()))
+              << "\n";
+    return "";
+  }
+  run->scheduler = std::move(*started);
+  return head_address + ":" + std::to_string(std::atoi(port().c_str()));
+}
+
+// Many hosts: one mlfabricd per host through a second mpirun. The job
+// starts once every host's daemon serves (each launcher says so through
+// mpirun's output). Open MPI 4.1 launching through an rsh agent now and
+// then starts every orted and then no process (seen here in about one
+// launch in five across network namespaces, and by eval/testbed under
+// load): a launch that has started no daemon after 20 s is stopped and
+// made again, three times at most. Returns the hosts with no daemon.
+std::vector<std::string> LaunchHostDaemons(const std::vector<std::string>& launch,
+                                           Started* run) {
+  using mlfabric::launch::Subprocess;
+  std::vector<std::string> missing;
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    const auto began = std::chrono::steady_clock::now();
+    auto launched = Subprocess::Start(launch, run->socket_dir + "/daemons.log");
+    if (!launched.ok()) {
+      std::cerr << "mlfabric-run: cannot start the daemons' mpirun: "
+                << launched.status().message() << "\n";
+      return run->hosts;
+    }
+    run->daemons = std::move(*launched);
+    Subprocess& daemons = *run->daemons;
+    auto serving = [&](const std::string& host) {
+      return daemons.Log().find("host " + host + ": mlfabricd serving") != std::string::npos;
+    };
+    auto started_any = [&] { return daemons.Log().find(": mlfabricd (pid") != std::string::npos; };
+    mlfabric::launch::WaitUntil([&] {
+      return std::all_of(run->hosts.begin(), run->hosts.end(), serving) || !daemons.Running() ||
+             (!started_any() && attempt < 3 &&
+              std::chrono::steady_clock::now() - began > std::chrono::seconds(20));
+    }, 90);
+    missing.clear();
+    for (const std::string& host : run->hosts) {
+      if (!serving(host)) missing.push_back(host);
+    }
+    if (missing.empty()) break;
+    const bool stalled = !started_any() && daemons.Running();
+    daemons.Stop(15);
+    if (!stalled || attempt == 3) break;
+    std::cerr << "mlfabric-run: the daemons' mpirun started no daemon in 20 s (attempt "
+              << attempt << " of 3); stopping it and launching again\n";
+  }
+  return missing;
+}
+
+// With --hostfile: the scheduler here and a daemon on every host. Returns
+// 0, or the exit code.
+int StartManyHosts(const RunOptions& o, const std::string& self, const std::string& mpirun_path,
+                   Started* run) {
+  const std::string text = mlfabric::launch::ReadFile(o.hostfile);
+  auto entries = mlfabric::run::ParseHostfile(text);
+  if (text.empty() || !entries.ok()) {
+    std::cerr << "mlfabric-run: " << o.hostfile << ": "
+              << (text.empty() ? "cannot read it, or it is empty"
+                               : std::string(entries.status().message()))
+              << "\n";
+    return 2;
+  }
+  for (const auto& entry : *entries) run->hosts.push_back(entry.host);
+  std::string head_address = o.head_address;
+  if (head_address.empty()) head_address = mlfabric::run::RouteSource(run->hosts.front());
+  if (head_address.empty()) {
+    std::cerr << "mlfabric-run: no route from here to " << run->hosts.front()
+              << "; name this machine's address with --head_address\n";
+    return 2;
+  }
+  // In /tmp, not under $TEST_TMPDIR: the same path must exist on every
+  // host, and Unix socket paths are short (108 bytes).
+  std::string pattern = "/tmp/mlfabric-run-hosts-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    std::cerr << "mlfabric-run: cannot make a directory in /tmp: " << std::strerror(errno)
+              << "\n";
+    return 1;
+  }
+  run->socket_dir = pattern;
+  run->hosts_dir = pattern;
+  const std::string address = StartHeadScheduler(o, head_address, run);
+  if (address.empty()) return 1;
+  setenv("MLFABRIC_SCHEDULER", address.c_str(), 1);
+  const std::string hosts = absl::StrJoin(run->hosts, ",");
+  std::vector<std::string> launch = {mpirun_path, "--hostfile", o.hostfile, "--map-by",
+                                     "ppr:1:node", "-np", std::to_string(run->hosts.size()),
+                                     "-x", "MLFABRIC_CLUSTER_SECRET"};
+  launch.insert(launch.end(), o.mpirun_args.begin(), o.mpirun_args.end());
+  launch.insert(launch.end(), {self, "--exec-daemon", "--dir", run->socket_dir, "--scheduler",
+                               address, "--hosts", hosts});
+  for (const std::string& flag : o.daemon_args) launch.insert(launch.end(), {"--daemon_arg", flag});
+  const std::vector<std::string> missing = LaunchHostDaemons(launch, run);
+  if (!missing.empty()) {
+    std::cerr << "mlfabric-run: no daemon serves on " << absl::StrJoin(missing, ", ")
+              << "; the daemons' mpirun said:\n"
+              << (run->daemons ? run->daemons->Log() : "") << "\n";
+    run->scheduler->Stop(5);
+    std::cerr << "mlfabric-run: logs in " << run->socket_dir << "\n";
+    return 1;
+  }
+  unsetenv("MLFABRIC_CLUSTER_SECRET");  // the job's ranks need no secret
+  setenv("MLFABRIC_HOSTS", hosts.c_str(), 1);
+  if (o.verbose) {
+    std::cerr << "mlfabric-run: started mlfabric-scheduler at " << address << " (planner "
+              << o.planner << ", tau_max " << o.delay_bound << ") and, through mpirun, one "
+              << "mlfabricd on each of " << absl::StrJoin(run->hosts, ", ") << "; logs in "
+              << run->socket_dir << "\n";
+  }
+  return 0;
+}
+
+// This machine only: the scheduler and a daemon per emulated host, on
+// loopback. Returns 0, or the exit code.
+int StartOnThisMachine(const RunOptions& o, Started* run) {
+  run->config_dir = mlfabric::launch::MakeTempDir("mlfabric-run-config");
+  const std::string config = run->config_dir + "/scheduler.json";
+  WriteSchedulerConfig(o, config);
+  std::vector<std::string> hosts;
+  const int host_count = (o.np + o.ranks_per_host - 1) / o.ranks_per_host;
+  for (int h = 0; h < host_count; ++h) hosts.push_back("h" + std::to_string(h));
+  std::vector<std::string> scheduler_argv = {"--config=" + config, "--planner=" + o.planner};
+  scheduler_argv.insert(scheduler_argv.end(), o.scheduler_args.begin(), o.scheduler_args.end());
+  auto started = mlfabric::launch::Cluster::StartLoopback(hosts, scheduler_argv, o.daemon_args);
+  if (!started.ok()) {
+    std::cerr << "mlfabric-run: cannot start the scheduler and daemons: "
+              << started.status().message() << "\n";
+    return 1;
+  }
+  run->cluster = std::move(*started);
+  run->socket_dir = run->cluster->dir();
+  setenv("MLFABRIC_SCHEDULER", run->cluster->scheduler_address().c_str(), 1);
+  if (o.verbose) {
+    std::cerr << "mlfabric-run: started mlfabric-scheduler at "
+              << run->cluster->scheduler_address() << " (planner " << o.planner << ", tau_max "
+              << o.delay_bound << ") and " << hosts.size() << " mlfabricd; logs in "
+              << run->socket_dir << "\n";
+  }
+  return 0;
+}
+
+// The environment every rank gets (through mpirun's -x, MpirunCommand).
+void ExportJobEnvironment(const RunOptions& o, const std::string& socket_dir) {
   setenv("MLFABRIC_SOCKET_DIR", socket_dir.c_str(), 1);
-  setenv("MLFABRIC_JOB", job.c_str(), 1);
-  setenv("MLFABRIC_JOB_TOKEN", token.c_str(), 1);
+  setenv("MLFABRIC_JOB", o.job.c_str(), 1);
+  setenv("MLFABRIC_JOB_TOKEN", o.token.c_str(), 1);
   // Emulated hosts only: with a hostfile each rank's host is the machine it runs on.
-  if (hostfile.empty()) {
-    setenv("MLFABRIC_RANKS_PER_HOST", std::to_string(ranks_per_host).c_str(), 1);
+  if (o.hostfile.empty()) {
+    setenv("MLFABRIC_RANKS_PER_HOST", std::to_string(o.ranks_per_host).c_str(), 1);
   } else {
     unsetenv("MLFABRIC_RANKS_PER_HOST");
   }
-  setenv("MLFABRIC_DELAY_BOUND", std::to_string(delay_bound).c_str(), 1);
-  if (!divergence_bound.empty()) {
-    setenv("MLFABRIC_DIVERGENCE_BOUND", divergence_bound.c_str(), 1);
+  setenv("MLFABRIC_DELAY_BOUND", std::to_string(o.delay_bound).c_str(), 1);
+  if (!o.divergence_bound.empty()) {
+    setenv("MLFABRIC_DIVERGENCE_BOUND", o.divergence_bound.c_str(), 1);
   } else {
     unsetenv("MLFABRIC_DIVERGENCE_BOUND");
   }
   if (const char* path = std::getenv("PATH")) setenv("MLFABRIC_USER_PATH", path, 1);
+}
 
-  std::vector<std::string> command = {"mpirun", "-np", std::to_string(np)};
-  if (!hostfile.empty()) {
-    command.insert(command.end(), {"--hostfile", hostfile});
+// mpirun with the ranks' environment, each rank starting as
+// `mlfabric-run --exec-rank -- COMMAND...`.
+std::vector<std::string> MpirunCommand(const RunOptions& o, int argc, char** argv,
+                                       const std::string& self, const std::string& mpirun_path,
+                                       Started* run) {
+  std::vector<std::string> command = {mpirun_path, "-np", std::to_string(o.np)};
+  if (!o.hostfile.empty()) {
+    command.insert(command.end(), {"--hostfile", o.hostfile});
   } else {
     command.push_back("--oversubscribe");
     // Open MPI names its session directory and its shared-memory segments
@@ -478,9 +508,9 @@ int main(int argc, char** argv) {
       std::string pattern = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm/mlfabric-run-XXXXXX"
                                                              : "/tmp/mlfabric-run-XXXXXX";
       if (::mkdtemp(pattern.data()) != nullptr) {
-        ompi_dir = pattern;
-        command.insert(command.end(), {"--mca", "orte_tmpdir_base", ompi_dir, "--mca",
-                                       "btl_vader_backing_directory", ompi_dir});
+        run->ompi_dir = pattern;
+        command.insert(command.end(), {"--mca", "orte_tmpdir_base", run->ompi_dir, "--mca",
+                                       "btl_vader_backing_directory", run->ompi_dir});
       }
     }
   }
@@ -492,64 +522,135 @@ int main(int argc, char** argv) {
                            "MLFABRIC_ALLREDUCE_PIECES", "MLFABRIC_ALLREDUCE_MPI_BELOW"}) {
     if (std::getenv(name)) command.insert(command.end(), {"-x", name});
   }
-  command.insert(command.end(), mpirun_args.begin(), mpirun_args.end());
+  command.insert(command.end(), o.mpirun_args.begin(), o.mpirun_args.end());
   command.insert(command.end(), {self, "--exec-rank", "--"});
-  command.insert(command.end(), argv + i, argv + argc);
-  command[0] = mpirun_path;
-  if (verbose) {
+  command.insert(command.end(), argv + o.command, argv + argc);
+  return command;
+}
+
+// Waits for the job's mpirun; a signal, or the daemons' mpirun ending,
+// stops it. Returns its exit code.
+int WaitForJob(mlfabric::launch::Subprocess& mpirun, const Started& run) {
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  std::optional<int> code;
+  while (!(code = mpirun.WaitFor(0.2)).has_value()) {
+    if (g_signal != 0) {
+      std::cerr << "mlfabric-run: interrupted; stopping the job and what it started\n";
+      return mpirun.Stop(10);
+    }
+    if (run.daemons != nullptr && !run.daemons->Running()) {
+      std::cerr << "mlfabric-run: the daemons' mpirun ended (a daemon failed?): "
+                << run.daemons->Log() << "\nmlfabric-run: stopping the job\n";
+      const int stopped = mpirun.Stop(10);
+      return stopped == 0 ? 1 : stopped;
+    }
+  }
+  return *code;
+}
+
+// Stops what the run started and removes its directories (the logs stay
+// when the job failed).
+void StopStarted(const RunOptions& o, int code, Started* run) {
+  if (run->daemons != nullptr) {
+    // SIGTERM: mpirun signals every host's launcher, which stops its
+    // daemon and removes its socket (a launcher killed outright takes its
+    // daemon with it: PR_SET_PDEATHSIG).
+    run->daemons->Stop(15);
+    // mpirun may end before a launcher's daemon has: wait (bounded) for
+    // the sockets visible from here (hosts on this machine or a shared
+    // filesystem) to go, so that none outlives this command.
+    const bool gone = mlfabric::launch::WaitUntil(
+        [&] {
+          return std::none_of(run->hosts.begin(), run->hosts.end(), [&](const std::string& h) {
+            return ::access((run->socket_dir + "/" + h + ".sock").c_str(), F_OK) == 0;
+          });
+        },
+        15);
+    if (!gone) {
+      std::cerr << "mlfabric-run: a daemon's socket is still in " << run->socket_dir << "\n";
+    }
+    if (o.verbose) std::cerr << "mlfabric-run: stopped the daemons\n";
+  }
+  if (run->scheduler != nullptr) run->scheduler->Stop(5);
+  std::error_code error;
+  if (!run->config_dir.empty()) std::filesystem::remove_all(run->config_dir, error);
+  if (!run->ompi_dir.empty()) std::filesystem::remove_all(run->ompi_dir, error);
+  if (!run->hosts_dir.empty() && code == 0) std::filesystem::remove_all(run->hosts_dir, error);
+  if (code != 0 && (run->cluster || !run->hosts_dir.empty())) {
+    std::cerr << "mlfabric-run: the job exited with " << code << "; logs in " << run->socket_dir
+              << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  RunOptions o;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--exec-daemon") return mlfabric::run::RunHostDaemon(argc, argv, i + 1);
+    if (arg == "--exec-rank") {
+      if (i + 1 < argc && std::string(argv[i + 1]) == "--") ++i;
+      if (i + 1 >= argc) return 2;
+      return ExecRank(argc, argv, i + 1);
+    }
+    if (arg == "--") { ++i; break; }
+    if (arg == "-h" || arg == "--help") { std::cout << kUsage; return 0; }
+    if (const size_t eq = arg.find('='); eq != std::string::npos && TakesValue(arg.substr(0, eq))) {
+      // --flag=value, as the usage shows for --daemon_arg.
+      if (int code = ParseValueOption(arg.substr(0, eq), arg.substr(eq + 1), &o); code != 0) {
+        return code;
+      }
+    } else if (TakesValue(arg)) {
+      if (i + 1 >= argc) {
+        std::cerr << "mlfabric-run: " << arg << " needs a value\n" << kUsage;
+        return 2;
+      }
+      if (int code = ParseValueOption(arg, argv[++i], &o); code != 0) return code;
+    } else if (arg == "-v") {
+      o.verbose = true;
+    } else if (!arg.empty() && arg[0] == '-') {
+      std::cerr << "mlfabric-run: unknown option " << arg << "\n" << kUsage;
+      return 2;
+    } else {
+      break;
+    }
+  }
+  o.command = i;
+  if (int code = CheckOptions(argc, &o); code != 0) return code;
+  if (::geteuid() == 0) {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+  std::error_code error;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", error).string();
+  std::string mpirun_path = "/usr/bin/mpirun";
+  if (::access(mpirun_path.c_str(), X_OK) != 0) mpirun_path = "mpirun";
+
+  Started run;
+  if (const char* existing = std::getenv("MLFABRIC_SOCKET_DIR"); existing && *existing) {
+    run.socket_dir = existing;
+    if (o.verbose) std::cerr << "mlfabric-run: using the daemons in " << run.socket_dir << "\n";
+  } else if (int code = !o.hostfile.empty() ? StartManyHosts(o, self, mpirun_path, &run)
+                                            : StartOnThisMachine(o, &run);
+             code != 0) {
+    return code;
+  }
+  ExportJobEnvironment(o, run.socket_dir);
+  const std::vector<std::string> command = MpirunCommand(o, argc, argv, self, mpirun_path, &run);
+  if (o.verbose) {
     std::cerr << "mlfabric-run:";
     for (const auto& part : command) std::cerr << " " << part;
     std::cerr << "\n";
   }
-  auto mpirun = Subprocess::Start(command, "");
+  auto mpirun = mlfabric::launch::Subprocess::Start(command, "");
   if (!mpirun.ok()) {
     std::cerr << "mlfabric-run: cannot start mpirun: " << mpirun.status().message() << "\n";
     return 1;
   }
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
-  std::optional<int> code;
-  while (!(code = (*mpirun)->WaitFor(0.2)).has_value()) {
-    if (g_signal != 0) {
-      std::cerr << "mlfabric-run: interrupted; stopping the job and what it started\n";
-      code = (*mpirun)->Stop(10);
-      break;
-    }
-    if (daemons != nullptr && !daemons->Running()) {
-      std::cerr << "mlfabric-run: the daemons' mpirun ended (a daemon failed?): "
-                << daemons->Log() << "\nmlfabric-run: stopping the job\n";
-      code = (*mpirun)->Stop(10);
-      if (*code == 0) code = 1;
-      break;
-    }
-  }
-  if (daemons != nullptr) {
-    // SIGTERM: mpirun signals every host's launcher, which stops its
-    // daemon and removes its socket (a launcher killed outright takes its
-    // daemon with it: PR_SET_PDEATHSIG).
-    daemons->Stop(15);
-    // mpirun may end before a launcher's daemon has: wait (bounded) for
-    // the sockets visible from here (hosts on this machine or a shared
-    // filesystem) to go, so that none outlives this command.
-    const std::vector<std::string> hosts =
-        absl::StrSplit(std::string(std::getenv("MLFABRIC_HOSTS")), ',', absl::SkipEmpty());
-    const bool gone = WaitUntil(
-        [&] {
-          return std::none_of(hosts.begin(), hosts.end(), [&](const std::string& host) {
-            return ::access((socket_dir + "/" + host + ".sock").c_str(), F_OK) == 0;
-          });
-        },
-        15);
-    if (!gone) std::cerr << "mlfabric-run: a daemon's socket is still in " << socket_dir << "\n";
-    if (verbose) std::cerr << "mlfabric-run: stopped the daemons\n";
-  }
-  if (scheduler != nullptr) scheduler->Stop(5);
-  if (!config_dir.empty()) std::filesystem::remove_all(config_dir, error);
-  if (!ompi_dir.empty()) std::filesystem::remove_all(ompi_dir, error);
-  if (!hosts_dir.empty() && *code == 0) std::filesystem::remove_all(hosts_dir, error);
-  if (*code != 0 && (cluster || !hosts_dir.empty())) {
-    std::cerr << "mlfabric-run: the job exited with " << *code << "; logs in " << socket_dir
-              << "\n";
-  }
-  return *code;
+  const int code = WaitForJob(**mpirun, run);
+  StopStarted(o, code, &run);
+  return code;
 }
