@@ -160,74 +160,64 @@ std::string RouteSource(const std::string& host) {
   return source;
 }
 
-int RunHostDaemon(int argc, char** argv, int first) {
+namespace {
+
+// What the launcher is told (mlfabric-run passes it through mpirun).
+struct HostDaemonArgs {
   std::string dir, scheduler;
   std::vector<std::string> hosts, daemon_args;
+};
+
+// Parses --dir, --scheduler, --hosts and --daemon_arg. Returns 0, or the
+// exit code.
+int ParseHostDaemonArgs(int argc, char** argv, int first, HostDaemonArgs* a) {
   for (int i = first; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     if (arg == "--dir") {
-      dir = value();
+      a->dir = value();
     } else if (arg == "--scheduler") {
-      scheduler = value();
+      a->scheduler = value();
     } else if (arg == "--hosts") {
-      hosts = absl::StrSplit(value(), ',', absl::SkipEmpty());
+      a->hosts = absl::StrSplit(value(), ',', absl::SkipEmpty());
     } else if (arg == "--daemon_arg") {
-      daemon_args.push_back(value());
+      a->daemon_args.push_back(value());
     } else {
       std::cerr << "mlfabric-run --exec-daemon: unknown argument " << arg << "\n";
       return 2;
     }
   }
-  if (dir.empty() || scheduler.empty() || hosts.empty()) {
+  if (a->dir.empty() || a->scheduler.empty() || a->hosts.empty()) {
     std::cerr << "mlfabric-run --exec-daemon: needs --dir, --scheduler and --hosts\n";
     return 2;
   }
+  return 0;
+}
+
+// Which of the hosts this machine is: by address or name, else by the
+// launcher's rank (mpirun places one launcher per host in hostfile
+// order). Empty if neither says.
+std::string ThisHost(const std::vector<std::string>& hosts) {
   int index = FindLocalHost(hosts, LocalNames());
   if (index < 0) {
-    // mpirun places one launcher per host in hostfile order.
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
     index = rank != nullptr ? std::atoi(rank) : -1;
     if (index < 0 || index >= static_cast<int>(hosts.size())) {
       std::cerr << "mlfabric-run --exec-daemon: none of the hosts (" << absl::StrJoin(hosts, ",")
                 << ") is an address or name of this machine\n";
-      return 1;
+      return "";
     }
   }
-  const std::string host = hosts[index];
-  const std::string address = ResolveIpv4(host);
-  if (address.empty()) {
-    std::cerr << "mlfabric-run --exec-daemon: host '" << host << "' has no IPv4 address\n";
-    return 1;
-  }
-  ::mkdir(dir.c_str(), 0700);  // on other machines (here it exists)
-  const std::string socket = dir + "/" + host + ".sock";
-  const std::string secret_file = dir + "/" + host + ".secret";
-  std::vector<std::string> args = {launch::BinaryPath("daemon/mlfabricd"), "--host=" + host,
-                                   "--scheduler=" + scheduler, "--local_socket=" + socket,
-                                   "--listen_address=" + address};
-  if (const char* secret = std::getenv("MLFABRIC_CLUSTER_SECRET"); secret && *secret) {
-    const int fd = ::open(secret_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (fd < 0 || ::write(fd, secret, std::strlen(secret)) < 0) {
-      std::cerr << "mlfabric-run --exec-daemon: cannot write " << secret_file << ": "
-                << std::strerror(errno) << "\n";
-      if (fd >= 0) ::close(fd);
-      return 1;
-    }
-    ::close(fd);
-    args.push_back("--cluster_secret_file=" + secret_file);
-  }
-  args.insert(args.end(), daemon_args.begin(), daemon_args.end());
-  const std::string log = dir + "/" + host + ".log";
+  return hosts[index];
+}
 
-  signal(SIGTERM, OnStop);
-  signal(SIGINT, OnStop);
-  signal(SIGHUP, OnStop);
+// Forks and execs the daemon with its output in `log`; it goes when this
+// launcher goes, even by SIGKILL (mpirun kills what is left of a job it
+// tears down). Returns its pid, or -1.
+pid_t StartDaemon(std::vector<std::string> args, const std::string& log) {
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
-    // The daemon goes when this launcher goes, even by SIGKILL (mpirun
-    // kills what is left of a job it tears down).
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(1);
     signal(SIGTERM, SIG_DFL);
@@ -246,21 +236,27 @@ int RunHostDaemon(int argc, char** argv, int first) {
     std::fprintf(stderr, "cannot run %s: %s\n", exec_args[0], std::strerror(errno));
     ::_exit(127);
   }
-  if (pid < 0) {
-    std::cerr << "mlfabric-run --exec-daemon: fork: " << std::strerror(errno) << "\n";
-    return 1;
-  }
-  std::cerr << "mlfabric-run: host " << host << ": mlfabricd (pid " << pid << ") at " << address
-            << ", socket " << socket << ", log " << log << "\n";
+  if (pid < 0) std::cerr << "mlfabric-run --exec-daemon: fork: " << std::strerror(errno) << "\n";
+  return pid;
+}
+
+// Until the launcher is told to stop or the daemon exits: once the daemon
+// listens it has read its secret, which is removed, and the host says it
+// serves. Returns the daemon's exit code if it exited (a failure: a daemon
+// that leaves during a job), or 0 once it was stopped.
+int SuperviseDaemon(pid_t pid, const std::string& host, const std::string& socket,
+                    const std::string& secret_file, const std::string& log) {
   int status = 0;
-  bool exited = false, secret_removed = false;
+  bool secret_removed = false;
   while (!g_stop) {
-    const pid_t done = ::waitpid(pid, &status, WNOHANG);
-    if (done == pid) {
-      exited = true;
-      break;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      std::string tail = launch::ReadFile(log);
+      if (tail.size() > 600) tail = "..." + tail.substr(tail.size() - 600);
+      std::cerr << "mlfabric-run: host " << host << ": mlfabricd exited with " << code << "; "
+                << log << " ends:\n" << tail << "\n";
+      return code == 0 ? 1 : code;
     }
-    // The daemon has read its secret once it listens on its socket.
     if (!secret_removed && ::access(socket.c_str(), F_OK) == 0) {
       ::unlink(secret_file.c_str());
       secret_removed = true;
@@ -272,24 +268,57 @@ int RunHostDaemon(int argc, char** argv, int first) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  int code = 0;
-  if (!exited) {
-    ::kill(pid, SIGTERM);
-    for (int i = 0; i < 100 && ::waitpid(pid, &status, WNOHANG) != pid; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    if (::kill(pid, 0) == 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-    }
-  } else {
-    code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    std::string tail = launch::ReadFile(log);
-    if (tail.size() > 600) tail = "..." + tail.substr(tail.size() - 600);
-    std::cerr << "mlfabric-run: host " << host << ": mlfabricd exited with " << code << "; "
-              << log << " ends:\n" << tail << "\n";
-    if (code == 0) code = 1;  // a daemon that leaves during a job is a failure
+  ::kill(pid, SIGTERM);
+  for (int i = 0; i < 100 && ::waitpid(pid, &status, WNOHANG) != pid; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  if (::kill(pid, 0) == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int RunHostDaemon(int argc, char** argv, int first) {
+  HostDaemonArgs a;
+  if (int code = ParseHostDaemonArgs(argc, argv, first, &a); code != 0) return code;
+  const std::string host = ThisHost(a.hosts);
+  if (host.empty()) return 1;
+  const std::string address = ResolveIpv4(host);
+  if (address.empty()) {
+    std::cerr << "mlfabric-run --exec-daemon: host '" << host << "' has no IPv4 address\n";
+    return 1;
+  }
+  ::mkdir(a.dir.c_str(), 0700);  // on other machines (here it exists)
+  const std::string socket = a.dir + "/" + host + ".sock";
+  const std::string secret_file = a.dir + "/" + host + ".secret";
+  std::vector<std::string> args = {launch::BinaryPath("daemon/mlfabricd"), "--host=" + host,
+                                   "--scheduler=" + a.scheduler, "--local_socket=" + socket,
+                                   "--listen_address=" + address};
+  if (const char* secret = std::getenv("MLFABRIC_CLUSTER_SECRET"); secret && *secret) {
+    const int fd = ::open(secret_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || ::write(fd, secret, std::strlen(secret)) < 0) {
+      std::cerr << "mlfabric-run --exec-daemon: cannot write " << secret_file << ": "
+                << std::strerror(errno) << "\n";
+      if (fd >= 0) ::close(fd);
+      return 1;
+    }
+    ::close(fd);
+    args.push_back("--cluster_secret_file=" + secret_file);
+  }
+  args.insert(args.end(), a.daemon_args.begin(), a.daemon_args.end());
+  const std::string log = a.dir + "/" + host + ".log";
+
+  signal(SIGTERM, OnStop);
+  signal(SIGINT, OnStop);
+  signal(SIGHUP, OnStop);
+  const pid_t pid = StartDaemon(std::move(args), log);
+  if (pid < 0) return 1;
+  std::cerr << "mlfabric-run: host " << host << ": mlfabricd (pid " << pid << ") at " << address
+            << ", socket " << socket << ", log " << log << "\n";
+  const int code = SuperviseDaemon(pid, host, socket, secret_file, log);
   ::unlink(secret_file.c_str());
   ::unlink(socket.c_str());
   return code;
