@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <iostream>
 #include <sstream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "launch/cluster.h"
@@ -40,61 +42,49 @@ constexpr char kHelp[] = R"(mlfabric-demo: MLfabric end to end on this machine.
               flags workers that were merely descheduled for a moment.
 )";
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace mlfabric;
-  auto cl = ParseCommandLine(argc, argv);
-  if (!cl.ok()) {
-    std::cerr << "mlfabric-demo: " << cl.status().message() << "\n";
-    return 2;
-  }
-  if (cl->help) {
-    std::cout << kHelp;
-    return 0;
-  }
-  ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
+struct DemoOptions {
   double seconds = 8;
   int64_t workers = 3, dim = 256;
   std::string planner = "mlfabric";
   int64_t slow_worker = 0;
   double slow_ms = 150;
   double straggler_factor = 3;
-  reader.Double("seconds", &seconds, 1, 3600);
-  reader.Int("slow_worker", &slow_worker, 0, 64);
-  reader.Double("slow_ms", &slow_ms, 0, 60000);
-  reader.Double("straggler_factor", &straggler_factor, 1, 1000);
-  reader.Int("workers", &workers, 1, 64);
-  reader.Int("dim", &dim, 1, 1 << 20);
-  reader.Enum("planner", &planner, {"fifo", "mlfabric"});
+};
+
+// Reads the flags. Returns 0, or the exit code (-1: --help printed).
+int ParseOptions(int argc, char** argv, DemoOptions* o) {
+  auto cl = mlfabric::ParseCommandLine(argc, argv);
+  if (!cl.ok()) {
+    std::cerr << "mlfabric-demo: " << cl.status().message() << "\n";
+    return 2;
+  }
+  if (cl->help) {
+    std::cout << kHelp;
+    return -1;
+  }
+  mlfabric::ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
+  reader.Double("seconds", &o->seconds, 1, 3600);
+  reader.Int("slow_worker", &o->slow_worker, 0, 64);
+  reader.Double("slow_ms", &o->slow_ms, 0, 60000);
+  reader.Double("straggler_factor", &o->straggler_factor, 1, 1000);
+  reader.Int("workers", &o->workers, 1, 64);
+  reader.Int("dim", &o->dim, 1, 1 << 20);
+  reader.Enum("planner", &o->planner, {"fifo", "mlfabric"});
   if (auto status = reader.Finish(); !status.ok()) {
     std::cerr << "mlfabric-demo: " << status.message() << "\n" << kHelp;
     return 2;
   }
-  if (slow_worker > workers) {
-    std::cerr << "mlfabric-demo: --slow_worker=" << slow_worker << " but there are only "
-              << workers << " workers (1.." << workers << ", or 0 for none)\n";
+  if (o->slow_worker > o->workers) {
+    std::cerr << "mlfabric-demo: --slow_worker=" << o->slow_worker << " but there are only "
+              << o->workers << " workers (1.." << o->workers << ", or 0 for none)\n";
     return 2;
   }
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
+  return 0;
+}
 
-  std::vector<std::string> hosts = {"s1"};
-  for (int w = 1; w <= workers; ++w) hosts.push_back("w" + std::to_string(w));
-  std::printf("MLfabric demo: scheduler (planner %s) + %zu daemons + 1 server + %lld workers "
-              "on loopback, training logistic regression (%lld features) for %.0f s\n",
-              planner.c_str(), hosts.size(), static_cast<long long>(workers),
-              static_cast<long long>(dim), seconds);
-  std::fflush(stdout);
-  auto cluster_or = launch::Cluster::StartLoopback(
-      hosts, {"--planner=" + planner, "--admin_port=0", "--admin_port_file={dir}/admin.port",
-              "--straggler_factor=" + std::to_string(straggler_factor)});
-  if (!cluster_or.ok()) {
-    std::cerr << "mlfabric-demo: cannot start the cluster: " << cluster_or.status().message()
-              << "\n";
-    return 1;
-  }
-  launch::Cluster& cluster = **cluster_or;
+// Says where the scheduler, the daemons' logs and the dashboard are.
+void PrintStarted(mlfabric::launch::Cluster& cluster, const std::vector<std::string>& hosts) {
+  using namespace mlfabric;
   std::printf("started mlfabric-scheduler at %s and mlfabricd on", cluster.scheduler_address().c_str());
   for (const auto& host : hosts) std::printf(" %s", host.c_str());
   std::printf(" (logs in %s)\n", cluster.dir().c_str());
@@ -106,16 +96,20 @@ int main(int argc, char** argv) {
                 std::atoi(port.c_str()));
   }
   std::fflush(stdout);
+}
 
-  const std::string dim_flag = "--dim=" + std::to_string(dim);
+// The server, on s1, once it has registered; null if it did not (said why).
+mlfabric::launch::Subprocess* StartServer(mlfabric::launch::Cluster& cluster,
+                                          const DemoOptions& o) {
+  using namespace mlfabric;
   auto server = cluster.StartApp(
       "server",
       {launch::BinaryPath("tools/demo/logreg_server"), "--socket=" + cluster.Socket("s1"),
-       dim_flag, "--duration_s=" + std::to_string(seconds + 1.5)},
+       "--dim=" + std::to_string(o.dim), "--duration_s=" + std::to_string(o.seconds + 1.5)},
       /*inherit_output=*/true);
   if (!server.ok()) {
     std::cerr << "mlfabric-demo: " << server.status().message() << "\n";
-    return 1;
+    return nullptr;
   }
   const std::string scheduler_log = cluster.dir() + "/scheduler.log";
   if (!launch::WaitUntil(
@@ -125,54 +119,96 @@ int main(int argc, char** argv) {
           },
           30)) {
     std::cerr << "mlfabric-demo: the server did not register:\n" << (*server)->Log();
-    return 1;
+    return nullptr;
   }
-  std::vector<launch::Subprocess*> worker_procs;
-  for (int w = 1; w <= workers && !g_interrupted.load(); ++w) {
+  return *server;
+}
+
+// The workers w1..wN; empty if one could not start (said why).
+std::vector<mlfabric::launch::Subprocess*> StartWorkers(mlfabric::launch::Cluster& cluster,
+                                                        const DemoOptions& o) {
+  using namespace mlfabric;
+  std::vector<launch::Subprocess*> workers;
+  for (int w = 1; w <= o.workers && !g_interrupted.load(); ++w) {
     const std::string host = "w" + std::to_string(w);
     auto worker = cluster.StartApp(
         host,
         {launch::BinaryPath("tools/demo/logreg_worker"), "--socket=" + cluster.Socket(host),
-         "--name=" + host, "--shard=" + std::to_string(w), dim_flag,
-         "--duration_s=" + std::to_string(seconds),
-         "--compute_delay_ms=" + std::to_string(w == slow_worker ? slow_ms : 0.0)},
+         "--name=" + host, "--shard=" + std::to_string(w), "--dim=" + std::to_string(o.dim),
+         "--duration_s=" + std::to_string(o.seconds),
+         "--compute_delay_ms=" + std::to_string(w == o.slow_worker ? o.slow_ms : 0.0)},
         /*inherit_output=*/true);
     if (!worker.ok()) {
       std::cerr << "mlfabric-demo: " << worker.status().message() << "\n";
-      return 1;
+      return {};
     }
-    worker_procs.push_back(*worker);
+    workers.push_back(*worker);
   }
-  int failures = 0;
-  for (auto* worker : worker_procs) {
-    std::optional<int> code;
-    launch::WaitUntil(
-        [&] {
-          code = worker->WaitFor(0);
-          return code.has_value() || g_interrupted.load();
-        },
-        seconds + 60);
-    if (!code.has_value() || *code != 0) ++failures;
-  }
-  std::optional<int> server_code;
-  launch::WaitUntil(
+  return workers;
+}
+
+// Waits for `process` to end (bounded, or until interrupted): true if it
+// exited 0.
+bool EndedCleanly(mlfabric::launch::Subprocess* process, double timeout_s) {
+  std::optional<int> code;
+  mlfabric::launch::WaitUntil(
       [&] {
-        server_code = (*server)->WaitFor(0);
-        return server_code.has_value() || g_interrupted.load();
+        code = process->WaitFor(0);
+        return code.has_value() || g_interrupted.load();
       },
-      30);
-  if (!server_code.has_value() || *server_code != 0) ++failures;
-  if (g_interrupted.load()) {
-    std::printf("mlfabric-demo: interrupted; stopping every process it started\n");
-    return 130;
-  }
-  // What the scheduler said about stragglers (scheduler/service/straggler_tracker.h).
-  std::istringstream log(launch::ReadFile(scheduler_log));
+      timeout_s);
+  return code.has_value() && *code == 0;
+}
+
+// What the scheduler said about stragglers (scheduler/service/straggler_tracker.h).
+void PrintStragglers(const std::string& scheduler_log) {
+  std::istringstream log(mlfabric::launch::ReadFile(scheduler_log));
   for (std::string line; std::getline(log, line);) {
     if (line.find("straggler: worker") != std::string::npos) {
       std::printf("scheduler: %s\n", line.substr(line.find("straggler: worker")).c_str());
     }
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace mlfabric;
+  DemoOptions o;
+  if (int code = ParseOptions(argc, argv, &o); code != 0) return code < 0 ? 0 : code;
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+
+  std::vector<std::string> hosts = {"s1"};
+  for (int w = 1; w <= o.workers; ++w) hosts.push_back("w" + std::to_string(w));
+  std::printf("MLfabric demo: scheduler (planner %s) + %zu daemons + 1 server + %lld workers "
+              "on loopback, training logistic regression (%lld features) for %.0f s\n",
+              o.planner.c_str(), hosts.size(), static_cast<long long>(o.workers),
+              static_cast<long long>(o.dim), o.seconds);
+  std::fflush(stdout);
+  auto cluster_or = launch::Cluster::StartLoopback(
+      hosts, {"--planner=" + o.planner, "--admin_port=0", "--admin_port_file={dir}/admin.port",
+              "--straggler_factor=" + std::to_string(o.straggler_factor)});
+  if (!cluster_or.ok()) {
+    std::cerr << "mlfabric-demo: cannot start the cluster: " << cluster_or.status().message()
+              << "\n";
+    return 1;
+  }
+  launch::Cluster& cluster = **cluster_or;
+  PrintStarted(cluster, hosts);
+  launch::Subprocess* server = StartServer(cluster, o);
+  if (server == nullptr) return 1;
+  const std::vector<launch::Subprocess*> workers = StartWorkers(cluster, o);
+  if (workers.empty() && !g_interrupted.load()) return 1;
+  int failures = 0;
+  for (auto* worker : workers) failures += !EndedCleanly(worker, o.seconds + 60);
+  failures += !EndedCleanly(server, 30);
+  if (g_interrupted.load()) {
+    std::printf("mlfabric-demo: interrupted; stopping every process it started\n");
+    return 130;
+  }
+  const std::string scheduler_log = cluster.dir() + "/scheduler.log";
+  PrintStragglers(scheduler_log);
   if (failures > 0) {
     std::printf("mlfabric-demo: FAILED (%d process(es) did not finish cleanly). Scheduler log:\n%s",
                 failures, launch::ReadFile(scheduler_log).c_str());
