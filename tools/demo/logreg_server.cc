@@ -10,10 +10,69 @@
 #include <iostream>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "api/mlfabric.h"
 #include "common/config.h"
 #include "tools/demo/logreg.h"
+
+namespace {
+
+// The model and how far it got; the callbacks and the progress lines share it.
+struct LogregModel {
+  std::mutex mu;
+  std::vector<float> weights;
+  int64_t version = 0;
+  int64_t applied = 0;
+};
+
+// model += update, in commit order; gets read a copy.
+void ServeModel(mlfabric::Server& server, LogregModel* m) {
+  using mlfabric::Server;
+  server.RegisterUpdateCallback([m](const Server::Update& u) -> absl::StatusOr<int64_t> {
+    if (u.bytes != m->weights.size() * sizeof(float)) {
+      return absl::InvalidArgumentError("update has the wrong size for this model");
+    }
+    const float* delta = reinterpret_cast<const float*>(u.data);
+    std::lock_guard<std::mutex> lock(m->mu);
+    for (size_t j = 0; j < m->weights.size(); ++j) m->weights[j] += delta[j];
+    m->applied += u.count;
+    m->version += u.count;
+    return m->version;
+  });
+  server.RegisterRequestCallback([m]() -> absl::StatusOr<Server::Snapshot> {
+    std::lock_guard<std::mutex> lock(m->mu);
+    Server::Snapshot snapshot;
+    snapshot.version = m->version;
+    snapshot.bytes.resize(m->weights.size() * sizeof(float));
+    std::memcpy(snapshot.bytes.data(), m->weights.data(), snapshot.bytes.size());
+    return snapshot;
+  });
+}
+
+// Once a second until `duration_s`: the test loss and accuracy of a copy.
+void PrintProgress(const mlfabric::demo::Dataset& test, double duration_s, LogregModel* m) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int tick = 1; tick <= static_cast<int>(duration_s); ++tick) {
+    std::this_thread::sleep_until(start + std::chrono::seconds(tick));
+    std::vector<float> snapshot;
+    int64_t seen_applied, seen_version;
+    {
+      std::lock_guard<std::mutex> lock(m->mu);
+      snapshot = m->weights;
+      seen_applied = m->applied;
+      seen_version = m->version;
+    }
+    const mlfabric::demo::Evaluation now = mlfabric::demo::Evaluate(test, snapshot);
+    std::printf("[%4.1fs] server: %5lld updates applied | model v%-5lld | test loss %.4f | accuracy %5.1f%%\n",
+                static_cast<double>(tick), static_cast<long long>(seen_applied),
+                static_cast<long long>(seen_version), now.loss, 100 * now.accuracy);
+    std::fflush(stdout);
+  }
+  std::this_thread::sleep_until(start + std::chrono::duration<double>(duration_s));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace mlfabric;
@@ -41,62 +100,23 @@ int main(int argc, char** argv) {
     std::cerr << "logreg_server: " << server.status().message() << "\n";
     return 1;
   }
-  std::mutex mu;
-  std::vector<float> model(dim + 1, 0.0f);
-  int64_t version = (*server)->initial_version();
-  int64_t applied = 0;
-  (*server)->RegisterUpdateCallback([&](const Server::Update& u) -> absl::StatusOr<int64_t> {
-    if (u.bytes != model.size() * sizeof(float)) {
-      return absl::InvalidArgumentError("update has the wrong size for this model");
-    }
-    const float* delta = reinterpret_cast<const float*>(u.data);
-    std::lock_guard<std::mutex> lock(mu);
-    for (size_t j = 0; j < model.size(); ++j) model[j] += delta[j];
-    applied += u.count;
-    version += u.count;
-    return version;
-  });
-  (*server)->RegisterRequestCallback([&]() -> absl::StatusOr<Server::Snapshot> {
-    std::lock_guard<std::mutex> lock(mu);
-    Server::Snapshot snapshot;
-    snapshot.version = version;
-    snapshot.bytes.resize(model.size() * sizeof(float));
-    std::memcpy(snapshot.bytes.data(), model.data(), snapshot.bytes.size());
-    return snapshot;
-  });
+  LogregModel m;
+  m.weights.assign(dim + 1, 0.0f);
+  m.version = (*server)->initial_version();
+  ServeModel(**server, &m);
   std::thread serving([&] {
     if (auto status = (*server)->Serve(); !status.ok()) {
       std::cerr << "logreg_server: " << status.message() << "\n";
     }
   });
-  const double initial_loss = demo::Evaluate(test, model).loss;
-  const auto start = std::chrono::steady_clock::now();
-  demo::Evaluation last{initial_loss, 0};
-  for (int tick = 1; tick <= static_cast<int>(duration_s); ++tick) {
-    std::this_thread::sleep_until(start + std::chrono::seconds(tick));
-    std::vector<float> snapshot;
-    int64_t seen_applied, seen_version;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      snapshot = model;
-      seen_applied = applied;
-      seen_version = version;
-    }
-    last = demo::Evaluate(test, snapshot);
-    std::printf("[%4.1fs] server: %5lld updates applied | model v%-5lld | test loss %.4f | accuracy %5.1f%%\n",
-                static_cast<double>(tick), static_cast<long long>(seen_applied),
-                static_cast<long long>(seen_version), last.loss, 100 * last.accuracy);
-    std::fflush(stdout);
-  }
-  std::this_thread::sleep_until(start + std::chrono::duration<double>(duration_s));
+  const double initial_loss = demo::Evaluate(test, m.weights).loss;
+  PrintProgress(test, duration_s, &m);
   (*server)->Stop();
   serving.join();
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    last = demo::Evaluate(test, model);
-    std::printf("server: done | %lld updates applied | model v%lld | test loss %.4f -> %.4f | accuracy %.1f%%\n",
-                static_cast<long long>(applied), static_cast<long long>(version), initial_loss,
-                last.loss, 100 * last.accuracy);
-  }
+  std::lock_guard<std::mutex> lock(m.mu);
+  const demo::Evaluation last = demo::Evaluate(test, m.weights);
+  std::printf("server: done | %lld updates applied | model v%lld | test loss %.4f -> %.4f | accuracy %.1f%%\n",
+              static_cast<long long>(m.applied), static_cast<long long>(m.version), initial_loss,
+              last.loss, 100 * last.accuracy);
   return last.loss < initial_loss ? 0 : 4;
 }

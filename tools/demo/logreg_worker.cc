@@ -10,101 +10,125 @@
 #include <deque>
 #include <future>
 #include <iostream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "api/mlfabric.h"
 #include "common/config.h"
 #include "tools/demo/logreg.h"
 
-int main(int argc, char** argv) {
-  using namespace mlfabric;
-  auto cl = ParseCommandLine(argc, argv);
-  if (!cl.ok()) return 2;
-  ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
-  ClientOptions options;
+namespace {
+
+struct Flags {
+  mlfabric::ClientOptions options;
   std::string server = "ps0";
   int64_t dim = 256, seed = 42, shard = 1, samples = 8000, batch = 64, window = 2;
   double duration_s = 8, lr = 0.3, compute_delay_ms = 0;
-  reader.String("socket", &options.daemon_socket);
-  reader.String("name", &options.name);
-  reader.String("server", &server);
-  reader.Int("dim", &dim, 1, 1 << 20);
-  reader.Int("seed", &seed, 0, 1 << 30);
-  reader.Int("shard", &shard, 1, 1 << 20);
-  reader.Int("samples", &samples, 1, 1 << 22);
-  reader.Int("batch", &batch, 1, 1 << 16);
-  reader.Int("window", &window, 1, 64);
-  reader.Double("duration_s", &duration_s, 0.1, 86400);
-  reader.Double("lr", &lr, 1e-6, 100);
+};
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  auto cl = mlfabric::ParseCommandLine(argc, argv);
+  if (!cl.ok()) return false;
+  mlfabric::ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
+  reader.String("socket", &f->options.daemon_socket);
+  reader.String("name", &f->options.name);
+  reader.String("server", &f->server);
+  reader.Int("dim", &f->dim, 1, 1 << 20);
+  reader.Int("seed", &f->seed, 0, 1 << 30);
+  reader.Int("shard", &f->shard, 1, 1 << 20);
+  reader.Int("samples", &f->samples, 1, 1 << 22);
+  reader.Int("batch", &f->batch, 1, 1 << 16);
+  reader.Int("window", &f->window, 1, 64);
+  reader.Double("duration_s", &f->duration_s, 0.1, 86400);
+  reader.Double("lr", &f->lr, 1e-6, 100);
   // An emulated straggler: each iteration's compute takes this much longer.
-  reader.Double("compute_delay_ms", &compute_delay_ms, 0, 60000);
+  reader.Double("compute_delay_ms", &f->compute_delay_ms, 0, 60000);
   if (auto status = reader.Finish(); !status.ok()) {
     std::cerr << "logreg_worker: " << status.message() << "\n";
-    return 2;
+    return false;
   }
-  if (options.name.empty()) options.name = "w" + std::to_string(shard);
+  if (f->options.name.empty()) f->options.name = "w" + std::to_string(f->shard);
+  return true;
+}
+
+// How this worker's pushes ended.
+struct Outcomes {
+  int64_t pushes = 0, applied = 0, dropped = 0, failed = 0, delay_sum = 0;
+  std::string first_error;
+
+  void Count(const mlfabric::PushResult& r) {
+    if (r.outcome == mlfabric::PushOutcome::kApplied) {
+      ++applied;
+      delay_sum += r.delay;
+    } else if (r.outcome == mlfabric::PushOutcome::kDropped) {
+      ++dropped;
+    } else {
+      Fail(r.reason);
+    }
+  }
+  void Fail(const std::string& why) {
+    ++failed;
+    if (first_error.empty()) first_error = why;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace mlfabric;
+  Flags f;
+  if (!ParseFlags(argc, argv, &f)) return 2;
   const demo::Dataset data =
-      demo::MakeDataset(static_cast<int>(dim), static_cast<int>(samples),
-                        static_cast<uint32_t>(seed), static_cast<uint32_t>(shard));
-  auto worker = Worker::Connect(options);
+      demo::MakeDataset(static_cast<int>(f.dim), static_cast<int>(f.samples),
+                        static_cast<uint32_t>(f.seed), static_cast<uint32_t>(f.shard));
+  auto worker = Worker::Connect(f.options);
   if (!worker.ok()) {
     std::cerr << "logreg_worker: " << worker.status().message() << "\n";
     return 1;
   }
-  int64_t pushes = 0, applied = 0, dropped = 0, failed = 0, delay_sum = 0;
-  std::string first_error;
+  Outcomes o;
   std::deque<std::future<PushResult>> in_flight;
   auto settle = [&] {
-    PushResult r = in_flight.front().get();
+    o.Count(in_flight.front().get());
     in_flight.pop_front();
-    if (r.outcome == PushOutcome::kApplied) {
-      ++applied;
-      delay_sum += r.delay;
-    } else if (r.outcome == PushOutcome::kDropped) {
-      ++dropped;
-    } else {
-      ++failed;
-      if (first_error.empty()) first_error = r.reason;
-    }
   };
   const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(duration_s);
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(f.duration_s);
   size_t cursor = 0;
-  while (std::chrono::steady_clock::now() < deadline && failed == 0) {
-    auto model = (*worker)->Get(server);
+  while (std::chrono::steady_clock::now() < deadline && o.failed == 0) {
+    auto model = (*worker)->Get(f.server);
     if (!model.ok()) {
-      ++failed;
-      first_error = std::string(model.status().message());
+      o.Fail(std::string(model.status().message()));
       break;
     }
     std::vector<float> weights(model->size() / sizeof(float));
     std::memcpy(weights.data(), model->data(), weights.size() * sizeof(float));
-    if (weights.size() != static_cast<size_t>(dim + 1)) {
-      first_error = "model from the server has the wrong size";
-      ++failed;
+    if (weights.size() != static_cast<size_t>(f.dim + 1)) {
+      o.Fail("model from the server has the wrong size");
       break;
     }
-    std::vector<float> update = demo::Gradient(data, weights, cursor, batch);
-    if (compute_delay_ms > 0) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_delay_ms));
+    std::vector<float> update = demo::Gradient(data, weights, cursor, f.batch);
+    if (f.compute_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(f.compute_delay_ms));
     }
-    cursor += batch;
+    cursor += f.batch;
     double norm2 = 0;
     for (float& g : update) {
-      g = static_cast<float>(-lr * g);
+      g = static_cast<float>(-f.lr * g);
       norm2 += double(g) * g;
     }
-    in_flight.push_back((*worker)->Push(server, update.data(), update.size() * sizeof(float),
+    in_flight.push_back((*worker)->Push(f.server, update.data(), update.size() * sizeof(float),
                                         model->version, std::sqrt(norm2)));
-    ++pushes;
-    while (static_cast<int64_t>(in_flight.size()) >= window) settle();
+    ++o.pushes;
+    while (static_cast<int64_t>(in_flight.size()) >= f.window) settle();
   }
   while (!in_flight.empty()) settle();
   std::printf("worker %s: %lld pushes | applied %lld, dropped %lld, failed %lld | mean delay %.1f%s%s\n",
-              options.name.c_str(), static_cast<long long>(pushes),
-              static_cast<long long>(applied), static_cast<long long>(dropped),
-              static_cast<long long>(failed),
-              applied ? static_cast<double>(delay_sum) / applied : 0.0,
-              first_error.empty() ? "" : " | first error: ", first_error.c_str());
-  return failed == 0 ? 0 : 3;
+              f.options.name.c_str(), static_cast<long long>(o.pushes),
+              static_cast<long long>(o.applied), static_cast<long long>(o.dropped),
+              static_cast<long long>(o.failed),
+              o.applied ? static_cast<double>(o.delay_sum) / o.applied : 0.0,
+              o.first_error.empty() ? "" : " | first error: ", o.first_error.c_str());
+  return o.failed == 0 ? 0 : 3;
 }
