@@ -134,6 +134,9 @@ class DistributionSearch {
  private:
   bool Requested(int host) const { return position_[host] < num_requesters(); }
   std::vector<int> RestFor(int used);
+  // Evaluate's one copy of the model from `src` to `dst` from `t0` on,
+  // reserved (and kept in `*c` when `record`); kInfinity when it cannot be.
+  double Send(int src, int dst, double t0, bool record, Candidate* c);
   // Pruning (a): a case sends u - 1 + n copies over the server's uplink
   // that some requester waits for (n when u = 0), so it cannot end before
   // this; true when that is certainly after `limit_s`.
@@ -171,6 +174,12 @@ class DistributionSearch {
   // left by then, or surely leave a distributor none (as in (c), (d)).
   // Equal to Evaluate(n, chain.used, bound_s, false).total_s, bit for bit.
   double FanOut(const ServerChain& chain, int n, double bound_s);
+  // Earliest's test: true when case n of `chain` (with lower bound `lower`
+  // on its total) certainly cannot beat `best`.
+  bool RuledOut(const Choice& best, const ServerChain& chain, int n, double lower) const;
+  // Earliest's search over the cases with u = `used`, best-first, updating
+  // `*best`. Returns false when no larger u can be reached either.
+  bool TryUsed(int used, int guess, Choice* best);
 
   const double now_s_;
   const int64_t model_bytes_;
@@ -189,6 +198,8 @@ class DistributionSearch {
   std::vector<char> is_used_;
   std::vector<RateSegment> scratch_;
   std::vector<int> room_;  // FanOut's per-u capacities
+  // TryUsed's min-heap of (lower bound, -n): best-first, ties to the larger n.
+  std::vector<std::pair<double, int>> heap_;
 };
 
 std::vector<int> DistributionSearch::RestFor(int used) {
@@ -202,33 +213,35 @@ std::vector<int> DistributionSearch::RestFor(int used) {
   return rest;
 }
 
+double DistributionSearch::Send(int src, int dst, double t0, bool record, Candidate* c) {
+  const Path path = state_.PathBetween(src, dst);
+  if (!record) {
+    const double end = state_.FillInto(path, t0, bits_, &scratch_);
+    if (end == kInfinity) return kInfinity;
+    state_.Reserve(path, scratch_);
+    return end;
+  }
+  FillResult fill = state_.Fill(path, t0, bits_);
+  if (!fill.feasible) return kInfinity;
+  state_.Reserve(path, fill.segments);
+  PlannedTransfer t;
+  t.src = src;
+  t.dst = dst;
+  t.bytes = model_bytes_;
+  t.start_s = fill.segments.front().from_s;
+  t.end_s = fill.end_s;
+  t.segments = std::move(fill.segments);
+  c->transfers.push_back(std::move(t));
+  return c->transfers.back().end_s;
+}
+
 Candidate DistributionSearch::Evaluate(int n, int used, double bound_s, bool record) {
   const std::vector<int> rest = RestFor(used);
   const size_t mark = state_.JournalMark();
   Candidate c;
   c.direct = n;
   c.used = used;
-  auto send = [&](int src, int dst, double t0) {
-    const Path path = state_.PathBetween(src, dst);
-    if (!record) {
-      const double end = state_.FillInto(path, t0, bits_, &scratch_);
-      if (end == kInfinity) return kInfinity;
-      state_.Reserve(path, scratch_);
-      return end;
-    }
-    FillResult fill = state_.Fill(path, t0, bits_);
-    if (!fill.feasible) return kInfinity;
-    state_.Reserve(path, fill.segments);
-    PlannedTransfer t;
-    t.src = src;
-    t.dst = dst;
-    t.bytes = model_bytes_;
-    t.start_s = fill.segments.front().from_s;
-    t.end_s = fill.end_s;
-    t.segments = std::move(fill.segments);
-    c.transfers.push_back(std::move(t));
-    return c.transfers.back().end_s;
-  };
+  auto send = [&](int src, int dst, double t0) { return Send(src, dst, t0, record, &c); };
   auto run = [&]() {
     std::vector<double> received(used, kInfinity);
     double server_done = now_s_;
@@ -522,23 +535,72 @@ double DistributionSearch::FanOut(const ServerChain& chain, int n, double bound_
   return feasible ? total : kInfinity;
 }
 
+bool DistributionSearch::RuledOut(const Choice& best, const ServerChain& chain, int n,
+                                  double lower) const {
+  if (best.total_s == kInfinity) return false;
+  if (CertainlyAfter(lower, best.total_s)) return true;
+  if (std::make_tuple(-n, chain.used) > std::make_tuple(-best.direct, best.used) &&
+      (chain.waited[n] >= best.total_s || lower - Slack(lower) >= best.total_s)) {
+    return true;  // at best a tie, which it loses
+  }
+  return CertainlyAfter(LastGroupBound(chain, n, best.total_s), best.total_s);
+}
+
+bool DistributionSearch::TryUsed(int used, int guess, Choice* best) {
+  const auto heap_order = std::greater<std::pair<double, int>>();
+  // The chain is extended (recomputed, doubling) only while its cases may
+  // still come first; lower bounds are computed lazily in n, since the
+  // chain's exact part of them only grows with n.
+  int n_cap = std::min(num_requesters(), 2 * guess + 16);
+  ServerChain chain = Chain(used, best->total_s, n_cap);
+  // Residual capacity only shrinks as the server sends more, so a
+  // distributor it cannot reach stays unreachable for every larger u.
+  if (!chain.reachable) return false;
+  const int m = static_cast<int>(chain.rest.size());
+  heap_.clear();
+  int next_n = used == 0 ? m : 0;
+  for (;;) {
+    // Bound every n that might come before the heap's best.
+    for (;;) {
+      if (next_n >= static_cast<int>(chain.done.size())) {
+        if (chain.complete) break;
+        n_cap = std::min(num_requesters(), 2 * n_cap);
+        chain = Chain(used, best->total_s, n_cap);
+        continue;
+      }
+      if (chain.waited[next_n] > best->total_s) break;  // and every larger n
+      if (!heap_.empty() && chain.waited[next_n] > heap_.front().first) break;
+      const int n = next_n++;
+      const double lower = std::max(chain.waited[n], LastGroupBound(chain, n, kInfinity));
+      if (lower == kInfinity || RuledOut(*best, chain, n, lower)) continue;  // infeasible or no win
+      heap_.push_back({lower, -n});
+      std::push_heap(heap_.begin(), heap_.end(), heap_order);
+    }
+    if (heap_.empty()) break;
+    std::pop_heap(heap_.begin(), heap_.end(), heap_order);
+    const auto [lower, neg_n] = heap_.back();
+    heap_.pop_back();
+    const int n = -neg_n;
+    // Every case left has a lower bound at least this one's.
+    if (best->total_s != kInfinity && CertainlyAfter(lower, best->total_s)) break;
+    // A chain recomputed against a better total may stop before n: then
+    // n certainly cannot meet it.
+    if (n >= static_cast<int>(chain.done.size()) || RuledOut(*best, chain, n, lower)) continue;
+    const double total = FanOut(chain, n, best->total_s);
+    if (total != kInfinity && std::make_tuple(total, -n, used) <
+                                  std::make_tuple(best->total_s, -best->direct, best->used)) {
+      *best = {total, n, used};
+    }
+  }
+  return true;
+}
+
 // Per-batch objective: the earliest total, ties to the larger n, then the
 // smaller u. Values of u are taken outwards from a guess at the best one,
 // and each u's cases best-first by a lower bound on their total, so that a
 // good total is found early and the bounds then rule out the rest.
 Choice DistributionSearch::Earliest() {
   Choice best;
-  // True when case n (with lower bound `lower` on its total) certainly
-  // cannot beat `best`.
-  auto ruled_out = [&](const ServerChain& chain, int n, double lower) {
-    if (best.total_s == kInfinity) return false;
-    if (CertainlyAfter(lower, best.total_s)) return true;
-    if (std::make_tuple(-n, chain.used) > std::make_tuple(-best.direct, best.used) &&
-        (chain.waited[n] >= best.total_s || lower - Slack(lower) >= best.total_s)) {
-      return true;  // at best a tie, which it loses
-    }
-    return CertainlyAfter(LastGroupBound(chain, n, best.total_s), best.total_s);
-  };
   // The guess: u distributors and n direct copies take about (u + n) copy
   // times on the server's link, in which the non-last distributors serve
   // about u^2 / 2 + u n requesters; the last one about as many as the
@@ -547,57 +609,7 @@ Choice DistributionSearch::Earliest() {
   const int num_d = num_distributors();
   const int guess = std::min(
       num_d, static_cast<int>(std::lround(std::sqrt(2.0 * num_requesters()))));
-  // Min-heap of (lower bound, -n): best-first, ties to the larger n.
-  std::vector<std::pair<double, int>> heap;
-  const auto heap_order = std::greater<std::pair<double, int>>();
-  // Returns false when no larger u can be reached either.
-  auto try_used = [&](int used) {
-    // The chain is extended (recomputed, doubling) only while its cases
-    // may still come first; lower bounds are computed lazily in n, since
-    // the chain's exact part of them only grows with n.
-    int n_cap = std::min(num_requesters(), 2 * guess + 16);
-    ServerChain chain = Chain(used, best.total_s, n_cap);
-    // Residual capacity only shrinks as the server sends more, so a
-    // distributor it cannot reach stays unreachable for every larger u.
-    if (!chain.reachable) return false;
-    const int m = static_cast<int>(chain.rest.size());
-    heap.clear();
-    int next_n = used == 0 ? m : 0;
-    for (;;) {
-      // Bound every n that might come before the heap's best.
-      for (;;) {
-        if (next_n >= static_cast<int>(chain.done.size())) {
-          if (chain.complete) break;
-          n_cap = std::min(num_requesters(), 2 * n_cap);
-          chain = Chain(used, best.total_s, n_cap);
-          continue;
-        }
-        if (chain.waited[next_n] > best.total_s) break;  // and every larger n
-        if (!heap.empty() && chain.waited[next_n] > heap.front().first) break;
-        const int n = next_n++;
-        const double lower = std::max(chain.waited[n], LastGroupBound(chain, n, kInfinity));
-        if (lower == kInfinity || ruled_out(chain, n, lower)) continue;  // infeasible, or no win
-        heap.push_back({lower, -n});
-        std::push_heap(heap.begin(), heap.end(), heap_order);
-      }
-      if (heap.empty()) break;
-      std::pop_heap(heap.begin(), heap.end(), heap_order);
-      const auto [lower, neg_n] = heap.back();
-      heap.pop_back();
-      const int n = -neg_n;
-      // Every case left has a lower bound at least this one's.
-      if (best.total_s != kInfinity && CertainlyAfter(lower, best.total_s)) break;
-      // A chain recomputed against a better total may stop before n: then
-      // n certainly cannot meet it.
-      if (n >= static_cast<int>(chain.done.size()) || ruled_out(chain, n, lower)) continue;
-      const double total = FanOut(chain, n, best.total_s);
-      if (total != kInfinity && std::make_tuple(total, -n, used) <
-                                    std::make_tuple(best.total_s, -best.direct, best.used)) {
-        best = {total, n, used};
-      }
-    }
-    return true;
-  };
+  auto try_used = [&](int used) { return TryUsed(used, guess, &best); };
   int up = guess;        // next u to try upwards
   int down = guess - 1;  // and downwards
   auto try_up = [&]() {
