@@ -438,6 +438,64 @@ bool LinksDistinct(const Path& path) {
   return std::adjacent_find(links.begin(), links.end()) == links.end();
 }
 
+// True when `host` may sum in a chain: one of the (sorted) aggregators, and
+// not the destination.
+bool ChainAggregator(int host, const AggregationInput& input,
+                     const std::vector<int>& sorted_aggregators) {
+  return host != input.dst_host &&
+         std::binary_search(sorted_aggregators.begin(), sorted_aggregators.end(), host);
+}
+
+// Adds item `next` to `*chain`, whose stream runs over `*path` and ends at
+// `*end`, when it may join and that does not raise the sum of the arrivals
+// (updating `*path` and `*end`). False: the chain stops before `next`.
+bool ExtendChain(const AggregationInput& input, int next, int max_hops,
+                 const std::vector<int>& sorted_aggregators, Network* net,
+                 std::vector<RateSegment>* segments, AggregationChain* chain, Path* path,
+                 double* end) {
+  const AggregationItem& item = input.items[next];
+  // Every hop forwards the partial sum of equally shaped updates.
+  if (item.bytes != chain->bytes) return false;
+  // Another update of a host in the chain is summed there (no link);
+  // a new host joins at the end, next to dst.
+  const auto at = std::find(chain->hosts.begin(), chain->hosts.end(), item.worker);
+  const int node = static_cast<int>(at - chain->hosts.begin());
+  std::vector<int> hosts = chain->hosts;
+  Path longer = *path;
+  double longer_end = *end;
+  const bool aggregator = ChainAggregator(item.worker, input, sorted_aggregators);
+  if (at != chain->hosts.end()) {
+    if (!aggregator) return false;  // it would sum there
+  } else {
+    if (!aggregator || static_cast<int>(hosts.size()) >= max_hops) return false;
+    hosts.push_back(item.worker);
+    const std::optional<Path> chained = ChainPath(hosts, input.dst_host, *net);
+    if (!chained.has_value() || !LinksDistinct(*chained)) return false;
+    longer = *chained;
+    longer_end = net->FillEnd(longer, input.now_s, 8.0 * static_cast<double>(chain->bytes));
+    if (longer_end == kInfinity) return false;
+  }
+  // The alternative: this chain as it is, then the item on its own.
+  const size_t mark = net->JournalMark();
+  net->FillInto(*path, input.now_s, 8.0 * static_cast<double>(chain->bytes), segments);
+  net->Reserve(*path, *segments);
+  const double alone_end = net->FillEnd(net->PathBetween(item.worker, input.dst_host),
+                                        input.now_s, 8.0 * static_cast<double>(item.bytes));
+  net->RollbackTo(mark);
+  // Extend when that does not raise the sum of the arrivals: a member
+  // that slows the chain (a slow link, N3) delays every member.
+  const double members = static_cast<double>(chain->items.size());
+  const double extended = (members + 1) * longer_end;
+  const double separate = members * *end + alone_end;
+  if (extended > separate + Slack(separate)) return false;
+  chain->items.push_back(next);
+  chain->node.push_back(node);
+  chain->hosts = std::move(hosts);
+  *path = longer;
+  *end = longer_end;
+  return true;
+}
+
 }  // namespace
 
 ChainResult AggregateChains(const AggregationInput& input, int max_hops, Network* net) {
@@ -453,10 +511,6 @@ ChainResult AggregateChains(const AggregationInput& input, int max_hops, Network
   }
   std::vector<int> aggregators = input.aggregators;
   std::sort(aggregators.begin(), aggregators.end());
-  auto is_aggregator = [&](int host) {
-    return host != input.dst_host &&
-           std::binary_search(aggregators.begin(), aggregators.end(), host);
-  };
   std::vector<RateSegment> segments;
   net->BeginJournal();  // the alternatives below are tried and undone
   int idx = 0;
@@ -473,48 +527,10 @@ ChainResult AggregateChains(const AggregationInput& input, int max_hops, Network
       return result;
     }
     chain.node = {0};
-    while (idx + static_cast<int>(chain.items.size()) < m) {
-      const int next = idx + static_cast<int>(chain.items.size());
-      const AggregationItem& item = input.items[next];
-      // Every hop forwards the partial sum of equally shaped updates.
-      if (item.bytes != chain.bytes) break;
-      // Another update of a host in the chain is summed there (no link);
-      // a new host joins at the end, next to dst.
-      const auto at = std::find(chain.hosts.begin(), chain.hosts.end(), item.worker);
-      const int node = static_cast<int>(at - chain.hosts.begin());
-      std::vector<int> hosts = chain.hosts;
-      Path longer = path;
-      double longer_end = end;
-      if (at != chain.hosts.end()) {
-        if (!is_aggregator(item.worker)) break;  // it would sum there
-      } else {
-        if (!is_aggregator(item.worker) || static_cast<int>(hosts.size()) >= max_hops) break;
-        hosts.push_back(item.worker);
-        const std::optional<Path> chained = ChainPath(hosts, input.dst_host, *net);
-        if (!chained.has_value() || !LinksDistinct(*chained)) break;
-        longer = *chained;
-        longer_end = net->FillEnd(longer, input.now_s, 8.0 * static_cast<double>(chain.bytes));
-        if (longer_end == kInfinity) break;
-      }
-      // The alternative: this chain as it is, then the item on its own.
-      const size_t mark = net->JournalMark();
-      net->FillInto(path, input.now_s, 8.0 * static_cast<double>(chain.bytes), &segments);
-      net->Reserve(path, segments);
-      const double alone_end =
-          net->FillEnd(net->PathBetween(item.worker, input.dst_host), input.now_s,
-                       8.0 * static_cast<double>(item.bytes));
-      net->RollbackTo(mark);
-      // Extend when that does not raise the sum of the arrivals: a member
-      // that slows the chain (a slow link, N3) delays every member.
-      const double members = static_cast<double>(chain.items.size());
-      const double extended = (members + 1) * longer_end;
-      const double separate = members * end + alone_end;
-      if (extended > separate + Slack(separate)) break;
-      chain.items.push_back(next);
-      chain.node.push_back(node);
-      chain.hosts = std::move(hosts);
-      path = longer;
-      end = longer_end;
+    // The next items join one by one while each may and pays its way.
+    while (idx + static_cast<int>(chain.items.size()) < m &&
+           ExtendChain(input, idx + static_cast<int>(chain.items.size()), max_hops, aggregators,
+                       net, &segments, &chain, &path, &end)) {
     }
     const double bits = 8.0 * static_cast<double>(chain.bytes);
     end = net->FillInto(path, input.now_s, bits, &segments);
