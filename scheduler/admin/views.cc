@@ -359,86 +359,104 @@ json CyclesJson(const ClusterSnapshot& snap) {
           {"cycles", cycles}};
 }
 
-std::string RenderPrometheus(const ClusterSnapshot& snap) {
-  PromWriter w;
+namespace {
+
+// The scheduler's own families: uptime, cycles, and what became of updates
+// and of the transfers that carry them.
+void WriteUpdateMetrics(const ClusterSnapshot& snap, PromWriter* w) {
   const SchedulerStats& s = snap.stats;
-  w.Family("mlfabric_scheduler_uptime_seconds", "gauge", "Seconds since the scheduler started.");
-  w.Sample("mlfabric_scheduler_uptime_seconds", {}, snap.now_s - snap.started_s);
-  w.Family("mlfabric_scheduler_batch_cycles_total", "counter",
-           "Batching cycles that planned at least one server.");
-  w.Sample("mlfabric_scheduler_batch_cycles_total", {}, s.batches);
-  w.Family("mlfabric_scheduler_updates_total", "counter", "Pushed updates by how they ended.");
+  w->Family("mlfabric_scheduler_uptime_seconds", "gauge", "Seconds since the scheduler started.");
+  w->Sample("mlfabric_scheduler_uptime_seconds", {}, snap.now_s - snap.started_s);
+  w->Family("mlfabric_scheduler_batch_cycles_total", "counter",
+            "Batching cycles that planned at least one server.");
+  w->Sample("mlfabric_scheduler_batch_cycles_total", {}, s.batches);
+  w->Family("mlfabric_scheduler_updates_total", "counter", "Pushed updates by how they ended.");
   for (const auto& [outcome, n] : std::vector<std::pair<std::string, int64_t>>{
            {"planned", s.planned}, {"applied", s.applied}, {"dropped", s.dropped},
            {"failed", s.failed}, {"rejected", s.rejected}}) {
-    w.Sample("mlfabric_scheduler_updates_total", {{"outcome", outcome}}, n);
+    w->Sample("mlfabric_scheduler_updates_total", {{"outcome", outcome}}, n);
   }
-  w.Family("mlfabric_scheduler_timed_out_total", "counter",
-           "In-flight transfers failed for missing their deadline.");
-  w.Sample("mlfabric_scheduler_timed_out_total", {}, s.timed_out);
-  w.Family("mlfabric_scheduler_aggregates_total", "counter",
-           "In-network aggregates dispatched to aggregator daemons (section 5.2).");
-  w.Sample("mlfabric_scheduler_aggregates_total", {}, s.aggregates);
-  w.Family("mlfabric_scheduler_chain_hops_total", "counter",
-           "Partial sums streamed from one aggregator to the next (streaming chains).");
-  w.Sample("mlfabric_scheduler_chain_hops_total", {}, s.chain_hops);
-  w.Family("mlfabric_scheduler_replica_copies_total", "counter",
-           "Replica transfers dispatched to keep hot standbys within bound (section 5.3).");
-  w.Sample("mlfabric_scheduler_replica_copies_total", {}, s.replica_copies);
-  w.Family("mlfabric_scheduler_replica_aggregates_total", "counter",
-           "Replica transfers that are sums of punted copies made at an aggregator.");
-  w.Sample("mlfabric_scheduler_replica_aggregates_total", {}, s.replica_aggregates);
-  w.Family("mlfabric_scheduler_replica_bytes_total", "counter",
-           "Bytes of the replica transfers dispatched to replicas' hosts.");
-  w.Sample("mlfabric_scheduler_replica_bytes_total", {}, s.replica_bytes);
-  w.Family("mlfabric_scheduler_replica_updates_total", "counter",
-           "Updates the replica transfers carry (an aggregate carries several).");
-  w.Sample("mlfabric_scheduler_replica_updates_total", {}, s.replica_updates);
-  w.Family("mlfabric_scheduler_bandwidth_reports_total", "counter",
-           "ReportBandwidth calls accepted.");
-  w.Sample("mlfabric_scheduler_bandwidth_reports_total", {}, s.bandwidth_reports);
-  w.Family("mlfabric_scheduler_in_doubt_pushes_total", "counter",
-           "Pushes in flight when a scheduler died, ended by this one, by outcome.");
-  w.Sample("mlfabric_scheduler_in_doubt_pushes_total", {{"outcome", "applied"}},
-           s.in_doubt_applied);
-  w.Sample("mlfabric_scheduler_in_doubt_pushes_total", {{"outcome", "failed"}}, s.in_doubt_failed);
-  w.Family("mlfabric_scheduler_held_copies_recopied_total", "counter",
-           "Punted replica copies held at their sources across a scheduler restart, planned again.");
-  w.Sample("mlfabric_scheduler_held_copies_recopied_total", {}, s.held_sources_recopied);
-  w.Family("mlfabric_scheduler_replica_bound_waits_total", "counter",
-           "Pushes held back from a batch until the replica caught up (replica_bound strict).");
-  w.Sample("mlfabric_scheduler_replica_bound_waits_total", {}, s.replica_bound_waits);
-  w.Family("mlfabric_scheduler_outcome_queries_total", "counter",
-           "QueryOutcomes calls: applications that lost their daemon asking how pushes ended.");
-  w.Sample("mlfabric_scheduler_outcome_queries_total", {}, s.outcome_queries);
-  w.Family("mlfabric_scheduler_outcomes_contradicted_total", "counter",
-           "Pushes a server applied after they were reported dropped or failed (should be 0).");
-  w.Sample("mlfabric_scheduler_outcomes_contradicted_total", {}, s.outcome_contradicted);
-  w.Family("mlfabric_scheduler_plan_seconds_total", "counter", "Planner compute time, summed.");
-  w.Sample("mlfabric_scheduler_plan_seconds_total", {}, s.plan_ms_total / 1e3);
-  w.Family("mlfabric_scheduler_plan_seconds_max", "gauge", "Longest single batch plan.");
-  w.Sample("mlfabric_scheduler_plan_seconds_max", {}, s.plan_ms_max / 1e3);
-  w.Family("mlfabric_scheduler_batch_cycle_seconds", "gauge",
-           "Batch cycle time over the recent cycles that planned something, by quantile.");
-  w.Sample("mlfabric_scheduler_batch_cycle_seconds", {{"quantile", "0.5"}},
-           CycleQuantileMs(snap, 0.5) / 1e3);
-  w.Sample("mlfabric_scheduler_batch_cycle_seconds", {{"quantile", "0.99"}},
-           CycleQuantileMs(snap, 0.99) / 1e3);
-  w.Family("mlfabric_scheduler_in_flight_transfers", "gauge", "Transfers scheduled, not done.");
-  w.Sample("mlfabric_scheduler_in_flight_transfers", {}, snap.in_flight.size());
+  w->Family("mlfabric_scheduler_timed_out_total", "counter",
+            "In-flight transfers failed for missing their deadline.");
+  w->Sample("mlfabric_scheduler_timed_out_total", {}, s.timed_out);
+  w->Family("mlfabric_scheduler_aggregates_total", "counter",
+            "In-network aggregates dispatched to aggregator daemons (section 5.2).");
+  w->Sample("mlfabric_scheduler_aggregates_total", {}, s.aggregates);
+  w->Family("mlfabric_scheduler_chain_hops_total", "counter",
+            "Partial sums streamed from one aggregator to the next (streaming chains).");
+  w->Sample("mlfabric_scheduler_chain_hops_total", {}, s.chain_hops);
+}
 
-  w.Family("mlfabric_host_up", "gauge", "1 if the host's daemon is registered and streaming.");
-  for (const HostView& h : snap.hosts) w.Sample("mlfabric_host_up", {{"host", h.name}}, h.alive);
-  w.Family("mlfabric_host_draining", "gauge", "1 if an operator drained the host.");
+// Replica copies (§5.3), bandwidth reports, and what a restarted scheduler
+// settled or was asked about pushes of its predecessor.
+void WriteReplicaAndRecoveryMetrics(const ClusterSnapshot& snap, PromWriter* w) {
+  const SchedulerStats& s = snap.stats;
+  w->Family("mlfabric_scheduler_replica_copies_total", "counter",
+            "Replica transfers dispatched to keep hot standbys within bound (section 5.3).");
+  w->Sample("mlfabric_scheduler_replica_copies_total", {}, s.replica_copies);
+  w->Family("mlfabric_scheduler_replica_aggregates_total", "counter",
+            "Replica transfers that are sums of punted copies made at an aggregator.");
+  w->Sample("mlfabric_scheduler_replica_aggregates_total", {}, s.replica_aggregates);
+  w->Family("mlfabric_scheduler_replica_bytes_total", "counter",
+            "Bytes of the replica transfers dispatched to replicas' hosts.");
+  w->Sample("mlfabric_scheduler_replica_bytes_total", {}, s.replica_bytes);
+  w->Family("mlfabric_scheduler_replica_updates_total", "counter",
+            "Updates the replica transfers carry (an aggregate carries several).");
+  w->Sample("mlfabric_scheduler_replica_updates_total", {}, s.replica_updates);
+  w->Family("mlfabric_scheduler_bandwidth_reports_total", "counter",
+            "ReportBandwidth calls accepted.");
+  w->Sample("mlfabric_scheduler_bandwidth_reports_total", {}, s.bandwidth_reports);
+  w->Family("mlfabric_scheduler_in_doubt_pushes_total", "counter",
+            "Pushes in flight when a scheduler died, ended by this one, by outcome.");
+  w->Sample("mlfabric_scheduler_in_doubt_pushes_total", {{"outcome", "applied"}},
+            s.in_doubt_applied);
+  w->Sample("mlfabric_scheduler_in_doubt_pushes_total", {{"outcome", "failed"}}, s.in_doubt_failed);
+  w->Family("mlfabric_scheduler_held_copies_recopied_total", "counter",
+            "Punted replica copies held at their sources across a scheduler restart, "
+            "planned again.");
+  w->Sample("mlfabric_scheduler_held_copies_recopied_total", {}, s.held_sources_recopied);
+  w->Family("mlfabric_scheduler_replica_bound_waits_total", "counter",
+            "Pushes held back from a batch until the replica caught up (replica_bound strict).");
+  w->Sample("mlfabric_scheduler_replica_bound_waits_total", {}, s.replica_bound_waits);
+  w->Family("mlfabric_scheduler_outcome_queries_total", "counter",
+            "QueryOutcomes calls: applications that lost their daemon asking how pushes ended.");
+  w->Sample("mlfabric_scheduler_outcome_queries_total", {}, s.outcome_queries);
+  w->Family("mlfabric_scheduler_outcomes_contradicted_total", "counter",
+            "Pushes a server applied after they were reported dropped or failed (should be 0).");
+  w->Sample("mlfabric_scheduler_outcomes_contradicted_total", {}, s.outcome_contradicted);
+}
+
+// Planner and batch-cycle time, and the transfers in flight.
+void WritePlanTimingMetrics(const ClusterSnapshot& snap, PromWriter* w) {
+  const SchedulerStats& s = snap.stats;
+  w->Family("mlfabric_scheduler_plan_seconds_total", "counter", "Planner compute time, summed.");
+  w->Sample("mlfabric_scheduler_plan_seconds_total", {}, s.plan_ms_total / 1e3);
+  w->Family("mlfabric_scheduler_plan_seconds_max", "gauge", "Longest single batch plan.");
+  w->Sample("mlfabric_scheduler_plan_seconds_max", {}, s.plan_ms_max / 1e3);
+  w->Family("mlfabric_scheduler_batch_cycle_seconds", "gauge",
+            "Batch cycle time over the recent cycles that planned something, by quantile.");
+  w->Sample("mlfabric_scheduler_batch_cycle_seconds", {{"quantile", "0.5"}},
+            CycleQuantileMs(snap, 0.5) / 1e3);
+  w->Sample("mlfabric_scheduler_batch_cycle_seconds", {{"quantile", "0.99"}},
+            CycleQuantileMs(snap, 0.99) / 1e3);
+  w->Family("mlfabric_scheduler_in_flight_transfers", "gauge", "Transfers scheduled, not done.");
+  w->Sample("mlfabric_scheduler_in_flight_transfers", {}, snap.in_flight.size());
+}
+
+// Per host: liveness, draining, report age, and each link's rates.
+void WriteHostMetrics(const ClusterSnapshot& snap, PromWriter* w) {
+  w->Family("mlfabric_host_up", "gauge", "1 if the host's daemon is registered and streaming.");
+  for (const HostView& h : snap.hosts) w->Sample("mlfabric_host_up", {{"host", h.name}}, h.alive);
+  w->Family("mlfabric_host_draining", "gauge", "1 if an operator drained the host.");
   for (const HostView& h : snap.hosts) {
-    w.Sample("mlfabric_host_draining", {{"host", h.name}}, h.draining);
+    w->Sample("mlfabric_host_draining", {{"host", h.name}}, h.draining);
   }
-  w.Family("mlfabric_host_report_age_seconds", "gauge",
-           "Seconds since the host's last bandwidth report (absent if none).");
+  w->Family("mlfabric_host_report_age_seconds", "gauge",
+            "Seconds since the host's last bandwidth report (absent if none).");
   for (const HostView& h : snap.hosts) {
     if (h.last_report_s >= 0) {
-      w.Sample("mlfabric_host_report_age_seconds", {{"host", h.name}},
-               snap.now_s - h.last_report_s);
+      w->Sample("mlfabric_host_report_age_seconds", {{"host", h.name}},
+                snap.now_s - h.last_report_s);
     }
   }
   struct LinkMetric {
@@ -458,150 +476,176 @@ std::string RenderPrometheus(const ClusterSnapshot& snap) {
        &HostView::available_up_bps, &HostView::available_down_bps},
   };
   for (const LinkMetric& m : link_metrics) {
-    w.Family(m.name, "gauge", m.help);
+    w->Family(m.name, "gauge", m.help);
     for (const HostView& h : snap.hosts) {
-      w.Sample(m.name, {{"host", h.name}, {"direction", "up"}}, h.*(m.up));
-      w.Sample(m.name, {{"host", h.name}, {"direction", "down"}}, h.*(m.down));
+      w->Sample(m.name, {{"host", h.name}, {"direction", "up"}}, h.*(m.up));
+      w->Sample(m.name, {{"host", h.name}, {"direction", "down"}}, h.*(m.down));
     }
   }
+}
 
-  w.Family("mlfabric_job_model_version", "gauge", "Model version at each server.");
+// Per job and server: model versions, queues, replica lag, failovers, the
+// delay bound and pushes by outcome.
+void WriteJobMetrics(const ClusterSnapshot& snap, PromWriter* w) {
+  w->Family("mlfabric_job_model_version", "gauge", "Model version at each server.");
   for (const JobView& j : snap.jobs) {
     for (const ServerView& sv : j.servers) {
-      w.Sample("mlfabric_job_model_version", {{"job", j.params.name}, {"server", sv.name}},
-               sv.model_version);
+      w->Sample("mlfabric_job_model_version", {{"job", j.params.name}, {"server", sv.name}},
+                sv.model_version);
     }
   }
-  w.Family("mlfabric_job_pending_updates", "gauge", "Updates waiting for the next batch.");
+  w->Family("mlfabric_job_pending_updates", "gauge", "Updates waiting for the next batch.");
   for (const JobView& j : snap.jobs) {
     for (const ServerView& sv : j.servers) {
-      w.Sample("mlfabric_job_pending_updates", {{"job", j.params.name}, {"server", sv.name}},
-               sv.pending);
+      w->Sample("mlfabric_job_pending_updates", {{"job", j.params.name}, {"server", sv.name}},
+                sv.pending);
     }
   }
-  w.Family("mlfabric_replica_lag_updates", "gauge",
-           "Updates a server applied that its hot-standby replica has not yet (§5.3).");
-  for (const JobView& j : snap.jobs) {
-    for (const ServerView& sv : j.servers) {
-      if (sv.replica_host.empty()) continue;
-      w.Sample("mlfabric_replica_lag_updates", {{"job", j.params.name}, {"server", sv.name}},
-               sv.replica_lag);
-    }
-  }
-  w.Family("mlfabric_replica_divergence_estimate", "gauge",
-           "The planner's bound on ||w_server - w_replica||: the sum of the lagging updates' "
-           "norms (§5.3).");
+  w->Family("mlfabric_replica_lag_updates", "gauge",
+            "Updates a server applied that its hot-standby replica has not yet (§5.3).");
   for (const JobView& j : snap.jobs) {
     for (const ServerView& sv : j.servers) {
       if (sv.replica_host.empty()) continue;
-      w.Sample("mlfabric_replica_divergence_estimate",
-               {{"job", j.params.name}, {"server", sv.name}}, sv.divergence_estimate);
+      w->Sample("mlfabric_replica_lag_updates", {{"job", j.params.name}, {"server", sv.name}},
+                sv.replica_lag);
     }
   }
-  w.Family("mlfabric_failovers_total", "counter",
-           "Servers of the job whose replica took over (mlfabric.md §3.3).");
+  w->Family("mlfabric_replica_divergence_estimate", "gauge",
+            "The planner's bound on ||w_server - w_replica||: the sum of the lagging updates' "
+            "norms (§5.3).");
   for (const JobView& j : snap.jobs) {
-    w.Sample("mlfabric_failovers_total", {{"job", j.params.name}},
-             static_cast<int64_t>(j.failovers.size()));
+    for (const ServerView& sv : j.servers) {
+      if (sv.replica_host.empty()) continue;
+      w->Sample("mlfabric_replica_divergence_estimate",
+                {{"job", j.params.name}, {"server", sv.name}}, sv.divergence_estimate);
+    }
   }
-  w.Family("mlfabric_failover_lost_updates_total", "counter",
-           "Updates a failed server had applied that never reached the replica that took over.");
+  w->Family("mlfabric_failovers_total", "counter",
+            "Servers of the job whose replica took over (mlfabric.md §3.3).");
+  for (const JobView& j : snap.jobs) {
+    w->Sample("mlfabric_failovers_total", {{"job", j.params.name}},
+              static_cast<int64_t>(j.failovers.size()));
+  }
+  w->Family("mlfabric_failover_lost_updates_total", "counter",
+            "Updates a failed server had applied that never reached the replica that took over.");
   for (const JobView& j : snap.jobs) {
     int64_t lost = 0;
     for (const FailoverView& f : j.failovers) lost += f.lost_updates;
-    w.Sample("mlfabric_failover_lost_updates_total", {{"job", j.params.name}}, lost);
+    w->Sample("mlfabric_failover_lost_updates_total", {{"job", j.params.name}}, lost);
   }
-  w.Family("mlfabric_job_tau_max", "gauge", "The job's delay bound.");
+  w->Family("mlfabric_job_tau_max", "gauge", "The job's delay bound.");
   for (const JobView& j : snap.jobs) {
-    w.Sample("mlfabric_job_tau_max", {{"job", j.params.name}}, j.params.tau_max);
+    w->Sample("mlfabric_job_tau_max", {{"job", j.params.name}}, j.params.tau_max);
   }
-  w.Family("mlfabric_job_updates_total", "counter", "A job's pushes by outcome.");
+  w->Family("mlfabric_job_updates_total", "counter", "A job's pushes by outcome.");
   for (const JobView& j : snap.jobs) {
-    w.Sample("mlfabric_job_updates_total", {{"job", j.params.name}, {"outcome", "applied"}},
-             j.applied);
-    w.Sample("mlfabric_job_updates_total", {{"job", j.params.name}, {"outcome", "dropped"}},
-             j.dropped);
-    w.Sample("mlfabric_job_updates_total", {{"job", j.params.name}, {"outcome", "failed"}},
-             j.failed);
+    w->Sample("mlfabric_job_updates_total", {{"job", j.params.name}, {"outcome", "applied"}},
+              j.applied);
+    w->Sample("mlfabric_job_updates_total", {{"job", j.params.name}, {"outcome", "dropped"}},
+              j.dropped);
+    w->Sample("mlfabric_job_updates_total", {{"job", j.params.name}, {"outcome", "failed"}},
+              j.failed);
   }
-  w.Family("mlfabric_worker_iterations_total", "counter",
-           "A worker's pushes to its job: its iteration clock.");
-  for (const JobView& j : snap.jobs) {
-    for (const WorkerTiming& wt : j.workers) {
-      w.Sample("mlfabric_worker_iterations_total", {{"job", j.params.name}, {"worker", wt.worker}},
-               wt.iterations);
-    }
-  }
-  w.Family("mlfabric_worker_iteration_seconds", "gauge",
-           "Median time between a worker's consecutive pushes.");
+}
+
+// Per worker: iteration clock and stragglers; ssp jobs' waiting gets.
+void WriteWorkerMetrics(const ClusterSnapshot& snap, PromWriter* w) {
+  w->Family("mlfabric_worker_iterations_total", "counter",
+            "A worker's pushes to its job: its iteration clock.");
   for (const JobView& j : snap.jobs) {
     for (const WorkerTiming& wt : j.workers) {
-      w.Sample("mlfabric_worker_iteration_seconds",
-               {{"job", j.params.name}, {"worker", wt.worker}}, wt.iteration_s);
+      w->Sample("mlfabric_worker_iterations_total", {{"job", j.params.name}, {"worker", wt.worker}},
+                wt.iterations);
     }
   }
-  w.Family("mlfabric_worker_straggler", "gauge",
-           "1 when the worker is slower than straggler_factor x its job's median.");
+  w->Family("mlfabric_worker_iteration_seconds", "gauge",
+            "Median time between a worker's consecutive pushes.");
   for (const JobView& j : snap.jobs) {
     for (const WorkerTiming& wt : j.workers) {
-      w.Sample("mlfabric_worker_straggler", {{"job", j.params.name}, {"worker", wt.worker}},
-               wt.straggler ? 1 : 0);
+      w->Sample("mlfabric_worker_iteration_seconds",
+                {{"job", j.params.name}, {"worker", wt.worker}}, wt.iteration_s);
     }
   }
-  w.Family("mlfabric_job_ssp_waiting", "gauge",
-           "ssp jobs: workers waiting at a get for the slowest worker.");
+  w->Family("mlfabric_worker_straggler", "gauge",
+            "1 when the worker is slower than straggler_factor x its job's median.");
   for (const JobView& j : snap.jobs) {
-    w.Sample("mlfabric_job_ssp_waiting", {{"job", j.params.name}},
-             static_cast<int64_t>(j.ssp_waiting.size()));
+    for (const WorkerTiming& wt : j.workers) {
+      w->Sample("mlfabric_worker_straggler", {{"job", j.params.name}, {"worker", wt.worker}},
+                wt.straggler ? 1 : 0);
+    }
   }
-  w.Family("mlfabric_job_ssp_waits_total", "counter",
-           "ssp jobs: gets that waited for the slowest worker (timed_out: gave up).");
+  w->Family("mlfabric_job_ssp_waiting", "gauge",
+            "ssp jobs: workers waiting at a get for the slowest worker.");
   for (const JobView& j : snap.jobs) {
-    w.Sample("mlfabric_job_ssp_waits_total", {{"job", j.params.name}, {"result", "caught_up"}},
-             j.ssp_waits - j.ssp_wait_timeouts);
-    w.Sample("mlfabric_job_ssp_waits_total", {{"job", j.params.name}, {"result", "timed_out"}},
-             j.ssp_wait_timeouts);
+    w->Sample("mlfabric_job_ssp_waiting", {{"job", j.params.name}},
+              static_cast<int64_t>(j.ssp_waiting.size()));
   }
-  w.Family("mlfabric_drops_total", "counter", "Pushes dropped or failed, by reason.");
+  w->Family("mlfabric_job_ssp_waits_total", "counter",
+            "ssp jobs: gets that waited for the slowest worker (timed_out: gave up).");
+  for (const JobView& j : snap.jobs) {
+    w->Sample("mlfabric_job_ssp_waits_total", {{"job", j.params.name}, {"result", "caught_up"}},
+              j.ssp_waits - j.ssp_wait_timeouts);
+    w->Sample("mlfabric_job_ssp_waits_total", {{"job", j.params.name}, {"result", "timed_out"}},
+              j.ssp_wait_timeouts);
+  }
+}
+
+// Drops by reason, the staleness histogram, push phases and the latest
+// batches' compute time.
+void WriteDropAndDelayMetrics(const ClusterSnapshot& snap, PromWriter* w) {
+  w->Family("mlfabric_drops_total", "counter", "Pushes dropped or failed, by reason.");
   for (const auto& [reason, n] : snap.drops_by_category) {
-    w.Sample("mlfabric_drops_total", {{"reason", reason}}, n);
+    w->Sample("mlfabric_drops_total", {{"reason", reason}}, n);
   }
-  w.Family("mlfabric_update_delay", "histogram",
-           "Staleness of applied updates: updates applied since the one computed on.");
+  w->Family("mlfabric_update_delay", "histogram",
+            "Staleness of applied updates: updates applied since the one computed on.");
   const DelayHistogram& h = snap.delay_histogram;
   int64_t cumulative = 0;
   for (size_t i = 0; i < h.bounds.size(); ++i) {
     cumulative += h.counts[i];
-    w.Sample("mlfabric_update_delay_bucket", {{"le", Number(h.bounds[i])}}, cumulative);
+    w->Sample("mlfabric_update_delay_bucket", {{"le", Number(h.bounds[i])}}, cumulative);
   }
-  w.Sample("mlfabric_update_delay_bucket", {{"le", "+Inf"}}, h.total);
-  w.Sample("mlfabric_update_delay_sum", {}, h.sum);
-  w.Sample("mlfabric_update_delay_count", {}, h.total);
-  w.Family("mlfabric_push_phase_seconds_total", "counter",
-           "Applied, planned pushes: seconds waiting for the batch (queued), from the plan to "
-           "the bytes' planned arrival at the server (planned), and the commit's report later "
-           "than planned (late).");
+  w->Sample("mlfabric_update_delay_bucket", {{"le", "+Inf"}}, h.total);
+  w->Sample("mlfabric_update_delay_sum", {}, h.sum);
+  w->Sample("mlfabric_update_delay_count", {}, h.total);
+  w->Family("mlfabric_push_phase_seconds_total", "counter",
+            "Applied, planned pushes: seconds waiting for the batch (queued), from the plan to "
+            "the bytes' planned arrival at the server (planned), and the commit's report later "
+            "than planned (late).");
   for (const auto& [job, p] : snap.push_phases) {
-    w.Sample("mlfabric_push_phase_seconds_total", {{"job", job}, {"phase", "queued"}}, p.queued_s);
-    w.Sample("mlfabric_push_phase_seconds_total", {{"job", job}, {"phase", "planned"}},
-             p.planned_s);
-    w.Sample("mlfabric_push_phase_seconds_total", {{"job", job}, {"phase", "late"}}, p.late_s);
+    w->Sample("mlfabric_push_phase_seconds_total", {{"job", job}, {"phase", "queued"}}, p.queued_s);
+    w->Sample("mlfabric_push_phase_seconds_total", {{"job", job}, {"phase", "planned"}},
+              p.planned_s);
+    w->Sample("mlfabric_push_phase_seconds_total", {{"job", job}, {"phase", "late"}}, p.late_s);
   }
-  w.Family("mlfabric_push_phase_pushes_total", "counter",
-           "Applied, planned pushes counted in mlfabric_push_phase_seconds_total.");
+  w->Family("mlfabric_push_phase_pushes_total", "counter",
+            "Applied, planned pushes counted in mlfabric_push_phase_seconds_total.");
   for (const auto& [job, p] : snap.push_phases) {
-    w.Sample("mlfabric_push_phase_pushes_total", {{"job", job}}, p.count);
+    w->Sample("mlfabric_push_phase_pushes_total", {{"job", job}}, p.count);
   }
   if (!snap.recent_batches.empty()) {
-    w.Family("mlfabric_last_batch_compute_seconds", "gauge",
-             "Planner compute time of the most recent batch of each server.");
+    w->Family("mlfabric_last_batch_compute_seconds", "gauge",
+              "Planner compute time of the most recent batch of each server.");
     std::map<std::pair<std::string, std::string>, double> last;
     for (const BatchView& b : snap.recent_batches) last[{b.job, b.server}] = b.compute_ms / 1e3;
     for (const auto& [key, seconds] : last) {
-      w.Sample("mlfabric_last_batch_compute_seconds", {{"job", key.first}, {"server", key.second}},
-               seconds);
+      w->Sample("mlfabric_last_batch_compute_seconds", {{"job", key.first}, {"server", key.second}},
+                seconds);
     }
   }
+}
+
+}  // namespace
+
+std::string RenderPrometheus(const ClusterSnapshot& snap) {
+  PromWriter w;
+  WriteUpdateMetrics(snap, &w);
+  WriteReplicaAndRecoveryMetrics(snap, &w);
+  WritePlanTimingMetrics(snap, &w);
+  WriteHostMetrics(snap, &w);
+  WriteJobMetrics(snap, &w);
+  WriteWorkerMetrics(snap, &w);
+  WriteDropAndDelayMetrics(snap, &w);
   return w.Text();
 }
 
