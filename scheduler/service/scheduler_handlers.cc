@@ -30,6 +30,92 @@ namespace {
 constexpr double kMinLinkBps = 1e3;
 constexpr double kMaxLinkBps = 1e13;
 
+// ReportCompletion for a transfer towards a replica: a punted copy on its
+// way to the replica's aggregator, or a replica copy. False: neither.
+bool EndReplicaTransfer(ClusterState* state, const v1::CompletionReport& request) {
+  // A punted copy on its way to the replica's aggregator reports only
+  // when it fails to move; the aggregate fails with it.
+  if (auto feed = state->replica_feeds.find(request.transfer_id());
+      feed != state->replica_feeds.end()) {
+    if (!request.applied()) {
+      state->EndReplicaCopy(feed->second, /*applied=*/false,
+                            absl::StrCat("its punted copy ", feed->first, " failed to reach the "
+                                         "aggregator",
+                                         request.error().empty() ? "" : ": ", request.error()),
+                            0);
+    }
+    return true;
+  }
+  if (state->replica_copies.count(request.transfer_id())) {
+    state->EndReplicaCopy(request.transfer_id(), request.applied(),
+                          request.error().empty() ? "replica copy failed" : request.error(),
+                          request.model_version());
+    return true;
+  }
+  return false;
+}
+
+// ReportCompletion for a hop of a streaming chain. False: it is none.
+bool EndChainHop(ClusterState* state, const v1::CompletionReport& request) {
+  // A streaming chain's partial sum reports only when it fails to move.
+  if (auto hop = state->aggregate_hops.find(request.transfer_id());
+      hop != state->aggregate_hops.end()) {
+    if (!request.applied()) {
+      // Named by the host that sends it (the receiver may know only an address).
+      std::string from;
+      if (auto agg = state->aggregates.find(hop->second); agg != state->aggregates.end()) {
+        for (const AggregateRecord::Hop& h : agg->second.hops) {
+          if (h.id == hop->first) from = h.host;
+        }
+      }
+      state->FailAggregate(
+          hop->second,
+          absl::StrCat("its chain's partial sum ", hop->first,
+                       from.empty() ? "" : absl::StrCat(" from ", from), " failed",
+                       request.error().empty() ? "" : absl::StrCat(": ", request.error())));
+    }
+    return true;
+  }
+  return false;
+}
+
+// ReportCompletion for an aggregate: its constituents are applied, or the
+// aggregate fails. False: it is none.
+bool EndAggregate(ClusterState* state, const v1::CompletionReport& request) {
+  if (auto agg = state->aggregates.find(request.transfer_id()); agg != state->aggregates.end()) {
+    if (!request.applied()) {
+      // Skipped at the server as asked (FailAggregateWhenCancelled): it
+      // fails for the first reason.
+      const std::string asked = agg->second.cancel_pending;  // FailAggregate erases it
+      state->FailAggregate(agg->first, !asked.empty()          ? asked
+                                       : request.error().empty() ? "aggregate failed"
+                                                                 : request.error());
+      return true;
+    }
+    const std::vector<uint64_t> constituents = agg->second.constituents;
+    for (const AggregateRecord::Hop& hop : agg->second.hops) state->aggregate_hops.erase(hop.id);
+    bool in_round = false;
+    if (JobState* job = state->FindJob(agg->second.job)) {
+      ServerState& server = job->servers[agg->second.server];
+      server.model_version = std::max(server.model_version, request.model_version());
+      in_round = RoundSize(*job, server) > 0;
+    }
+    // The server applied the constituents as consecutive versions ending at
+    // model_version, in commit order; a synchronous round's members all
+    // land in the one version the round produced. (Erased after: each
+    // Complete reads when the aggregate was planned to reach the server.)
+    const int64_t n = static_cast<int64_t>(constituents.size());
+    for (int64_t i = 0; i < n; ++i) {
+      state->Complete(constituents[i], v1::OUTCOME_APPLIED, "",
+                      in_round ? request.model_version()
+                               : request.model_version() - (n - 1 - i));
+    }
+    state->aggregates.erase(request.transfer_id());
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& request,
@@ -466,75 +552,14 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
     return absl::NotFoundError(
         absl::StrCat("transfer ", request.transfer_id(), " is no part of a group push in flight"));
   }
-  // A punted copy on its way to the replica's aggregator reports only
-  // when it fails to move; the aggregate fails with it.
-  if (auto feed = state_.replica_feeds.find(request.transfer_id());
-      feed != state_.replica_feeds.end()) {
-    if (!request.applied()) {
-      state_.EndReplicaCopy(feed->second, /*applied=*/false,
-                            absl::StrCat("its punted copy ", feed->first, " failed to reach the "
-                                         "aggregator",
-                                         request.error().empty() ? "" : ": ", request.error()),
-                            0);
-    }
+  if (EndReplicaTransfer(&state_, request) || EndChainHop(&state_, request) ||
+      EndAggregate(&state_, request)) {
     return absl::OkStatus();
   }
-  if (state_.replica_copies.count(request.transfer_id())) {
-    state_.EndReplicaCopy(request.transfer_id(), request.applied(),
-                          request.error().empty() ? "replica copy failed" : request.error(),
-                          request.model_version());
-    return absl::OkStatus();
-  }
-  // A streaming chain's partial sum reports only when it fails to move.
-  if (auto hop = state_.aggregate_hops.find(request.transfer_id());
-      hop != state_.aggregate_hops.end()) {
-    if (!request.applied()) {
-      // Named by the host that sends it (the receiver may know only an address).
-      std::string from;
-      if (auto agg = state_.aggregates.find(hop->second); agg != state_.aggregates.end()) {
-        for (const AggregateRecord::Hop& h : agg->second.hops) {
-          if (h.id == hop->first) from = h.host;
-        }
-      }
-      state_.FailAggregate(
-          hop->second,
-          absl::StrCat("its chain's partial sum ", hop->first,
-                       from.empty() ? "" : absl::StrCat(" from ", from), " failed",
-                       request.error().empty() ? "" : absl::StrCat(": ", request.error())));
-    }
-    return absl::OkStatus();
-  }
-  if (auto agg = state_.aggregates.find(request.transfer_id()); agg != state_.aggregates.end()) {
-    if (!request.applied()) {
-      // Skipped at the server as asked (FailAggregateWhenCancelled): it
-      // fails for the first reason.
-      const std::string asked = agg->second.cancel_pending;  // FailAggregate erases it
-      state_.FailAggregate(agg->first, !asked.empty()          ? asked
-                                       : request.error().empty() ? "aggregate failed"
-                                                                 : request.error());
-      return absl::OkStatus();
-    }
-    const std::vector<uint64_t> constituents = agg->second.constituents;
-    for (const AggregateRecord::Hop& hop : agg->second.hops) state_.aggregate_hops.erase(hop.id);
-    bool in_round = false;
-    if (JobState* job = state_.FindJob(agg->second.job)) {
-      ServerState& server = job->servers[agg->second.server];
-      server.model_version = std::max(server.model_version, request.model_version());
-      in_round = RoundSize(*job, server) > 0;
-    }
-    // The server applied the constituents as consecutive versions ending at
-    // model_version, in commit order; a synchronous round's members all
-    // land in the one version the round produced. (Erased after: each
-    // Complete reads when the aggregate was planned to reach the server.)
-    const int64_t n = static_cast<int64_t>(constituents.size());
-    for (int64_t i = 0; i < n; ++i) {
-      state_.Complete(constituents[i], v1::OUTCOME_APPLIED, "",
-                      in_round ? request.model_version()
-                               : request.model_version() - (n - 1 - i));
-    }
-    state_.aggregates.erase(request.transfer_id());
-    return absl::OkStatus();
-  }
+  return CompletePushLocked(request);
+}
+
+absl::Status SchedulerService::CompletePushLocked(const v1::CompletionReport& request) {
   auto it = state_.updates.find(request.transfer_id());
   if (it == state_.updates.end()) {
     // A delivery of the scheduler before a restart: its pushes may be in

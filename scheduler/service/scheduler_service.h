@@ -152,6 +152,9 @@ class SchedulerService {
   void SampleLinksLocked(double now_s);
   // Once a second: logs each worker whose straggler flag turned on or off.
   void LogStragglersLocked(double now_s);
+  // ReportCompletion for a push's own transfer, or for one planned before a
+  // restart (in_doubt.h). Requires mu_.
+  absl::Status CompletePushLocked(const v1::CompletionReport& request);
   // True when every push of synchronous round `round` of `server` is in
   // (admitted earlier or pending now). Requires mu_.
   bool RoundComplete(const JobState& job, const ServerState& server, int64_t round) const;
