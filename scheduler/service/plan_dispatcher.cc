@@ -68,7 +68,7 @@ void PlanDispatcher::Run::FailAll(const std::set<uint64_t>& ids, const std::stri
   for (uint64_t id : ids) state_.Complete(id, v1::OUTCOME_FAILED, reason, 0);
 }
 
-BatchView PlanDispatcher::Run::Dispatch(const std::string& planner_name) {
+void PlanDispatcher::Run::RecordBatch() {
   const absl::StatusOr<core::Plan>& plan = work_.plan;
   view_.id = work_.batch_id;
   view_.job = work_.job;
@@ -85,6 +85,11 @@ BatchView PlanDispatcher::Run::Dispatch(const std::string& planner_name) {
     view_.error = std::string(plan.status().message());
   }
   view_.dropped = static_cast<int64_t>(view_.drops.size());
+}
+
+BatchView PlanDispatcher::Run::Dispatch(const std::string& planner_name) {
+  const absl::StatusOr<core::Plan>& plan = work_.plan;
+  RecordBatch();
 
   std::set<uint64_t> in_batch;
   for (const core::UpdateRequest& update : work_.batch.updates) {
@@ -114,84 +119,88 @@ BatchView PlanDispatcher::Run::Dispatch(const std::string& planner_name) {
     DispatchGroup(*plan);
     return std::move(view_);
   }
-  std::map<std::string, const core::Transfer*> direct, to_aggregator, aggregate_of;
-  // Streaming chains (core/aggregation.h): a hop's partial sum feeds the
-  // aggregate named by its `into`; aggregate_of maps to the last aggregate,
-  // the one that reaches the server.
-  std::map<std::string, const core::Transfer*> feeds;  // "agg:<n>" -> the hop into it
-  for (const core::Transfer& transfer : plan->transfers) {
-    if (transfer.kind == core::TransferKind::kDirect) direct[transfer.update] = &transfer;
+  const PlanIndex index = IndexPlan(*plan);
+  for (const std::string& id_text : plan->order) DispatchUpdate(id_text, index, *server_host);
+  DispatchReplica(*plan);
+  return std::move(view_);
+}
+
+PlanDispatcher::Run::PlanIndex PlanDispatcher::Run::IndexPlan(const core::Plan& plan) {
+  PlanIndex index;
+  for (const core::Transfer& transfer : plan.transfers) {
+    if (transfer.kind == core::TransferKind::kDirect) index.direct[transfer.update] = &transfer;
     if (transfer.kind == core::TransferKind::kToAggregator) {
-      to_aggregator[transfer.update] = &transfer;
+      index.to_aggregator[transfer.update] = &transfer;
     }
     if (transfer.kind == core::TransferKind::kAggregate) {
       if (!transfer.into.empty()) {
-        feeds[transfer.into] = &transfer;
+        index.feeds[transfer.into] = &transfer;
         continue;
       }
       for (const std::string& constituent : transfer.constituents) {
-        aggregate_of[constituent] = &transfer;
+        index.aggregate_of[constituent] = &transfer;
       }
     }
   }
-  for (const std::string& id_text : plan->order) {
-    const uint64_t id = std::stoull(id_text);
-    auto it = state_.updates.find(id);
-    if (it == state_.updates.end()) continue;  // failed meanwhile
-    if (auto transfer = direct.find(id_text); transfer != direct.end()) {
-      DispatchDirect(it->second, *transfer->second, *server_host);
-      continue;
-    }
-    auto aggregate = aggregate_of.find(id_text);
-    if (aggregate == aggregate_of.end()) {
-      state_.Complete(id, v1::OUTCOME_FAILED,
-                      "the plan has no transfer for this update (planner bug)", 0);
-      continue;
-    }
-    std::vector<const core::Transfer*> chain;
-    for (auto up = feeds.find(aggregate->second->update); up != feeds.end();
-         up = feeds.find(up->second->update)) {
-      chain.insert(chain.begin(), up->second);
-    }
-    const core::Transfer* hop = nullptr;
-    if (auto found = to_aggregator.find(id_text); found != to_aggregator.end()) {
-      hop = found->second;
-    }
-    // Without a transfer, a chain member is summed at its own host, which
-    // must then be the first aggregator the chain names it at.
-    bool local = false;
-    std::vector<const core::Transfer*> nodes = chain;
-    nodes.push_back(aggregate->second);
-    for (const core::Transfer* node : nodes) {
-      if (std::count(node->constituents.begin(), node->constituents.end(), id_text)) {
-        local = node->src == it->second.src_host;
-        break;
-      }
-    }
-    if (hop == nullptr && !local) {
-      // An aggregate opened for earlier members would wait for it forever.
-      if (auto opened = aggregate_ids_.find(aggregate->second);
-          opened != aggregate_ids_.end() && opened->second != 0) {
-        state_.FailAggregate(opened->second,
-                             absl::StrCat("member ", id, " has no transfer in the plan"));
-      }
-      state_.Complete(id, v1::OUTCOME_FAILED,
-                      "the plan has no transfer for this update (planner bug)", 0);
-      continue;
-    }
-    const uint64_t aggregate_id = OpenAggregate(*aggregate->second, chain, *server_host);
-    if (aggregate_id == 0) {
-      state_.Complete(id, v1::OUTCOME_FAILED,
-                      absl::StrCat("an aggregator host of its aggregate (",
-                                   aggregate->second->src, chain.empty() ? "" : " or a chain hop",
-                                   ") is down"),
-                      0);
-      continue;
-    }
-    DispatchViaAggregator(it->second, hop, aggregate_id, aggregate->second->end_s);
+  return index;
+}
+
+void PlanDispatcher::Run::DispatchUpdate(const std::string& id_text, const PlanIndex& index,
+                                         const HostState& server_host) {
+  const uint64_t id = std::stoull(id_text);
+  auto it = state_.updates.find(id);
+  if (it == state_.updates.end()) return;  // failed meanwhile
+  if (auto transfer = index.direct.find(id_text); transfer != index.direct.end()) {
+    DispatchDirect(it->second, *transfer->second, server_host);
+    return;
   }
-  DispatchReplica(*plan);
-  return std::move(view_);
+  auto aggregate = index.aggregate_of.find(id_text);
+  if (aggregate == index.aggregate_of.end()) {
+    state_.Complete(id, v1::OUTCOME_FAILED,
+                    "the plan has no transfer for this update (planner bug)", 0);
+    return;
+  }
+  std::vector<const core::Transfer*> chain;
+  for (auto up = index.feeds.find(aggregate->second->update); up != index.feeds.end();
+       up = index.feeds.find(up->second->update)) {
+    chain.insert(chain.begin(), up->second);
+  }
+  const core::Transfer* hop = nullptr;
+  if (auto found = index.to_aggregator.find(id_text); found != index.to_aggregator.end()) {
+    hop = found->second;
+  }
+  // Without a transfer, a chain member is summed at its own host, which
+  // must then be the first aggregator the chain names it at.
+  bool local = false;
+  std::vector<const core::Transfer*> nodes = chain;
+  nodes.push_back(aggregate->second);
+  for (const core::Transfer* node : nodes) {
+    if (std::count(node->constituents.begin(), node->constituents.end(), id_text)) {
+      local = node->src == it->second.src_host;
+      break;
+    }
+  }
+  if (hop == nullptr && !local) {
+    // An aggregate opened for earlier members would wait for it forever.
+    if (auto opened = aggregate_ids_.find(aggregate->second);
+        opened != aggregate_ids_.end() && opened->second != 0) {
+      state_.FailAggregate(opened->second,
+                           absl::StrCat("member ", id, " has no transfer in the plan"));
+    }
+    state_.Complete(id, v1::OUTCOME_FAILED,
+                    "the plan has no transfer for this update (planner bug)", 0);
+    return;
+  }
+  const uint64_t aggregate_id = OpenAggregate(*aggregate->second, chain, server_host);
+  if (aggregate_id == 0) {
+    state_.Complete(id, v1::OUTCOME_FAILED,
+                    absl::StrCat("an aggregator host of its aggregate (",
+                                 aggregate->second->src, chain.empty() ? "" : " or a chain hop",
+                                 ") is down"),
+                    0);
+    return;
+  }
+  DispatchViaAggregator(it->second, hop, aggregate_id, aggregate->second->end_s);
 }
 
 void PlanDispatcher::Run::DispatchDirect(UpdateRecord& record, const core::Transfer& transfer,

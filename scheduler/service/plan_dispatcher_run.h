@@ -30,6 +30,24 @@ class PlanDispatcher::Run {
   BatchView Dispatch(const std::string& planner_name);
 
  private:
+  // A single server's plan's transfers by the update they carry. Streaming
+  // chains (core/aggregation.h): a hop's partial sum feeds the aggregate
+  // named by its `into`; aggregate_of maps to the last aggregate, the one
+  // that reaches the server.
+  struct PlanIndex {
+    std::map<std::string, const core::Transfer*> direct, to_aggregator, aggregate_of;
+    std::map<std::string, const core::Transfer*> feeds;  // "agg:<n>" -> the hop into it
+  };
+  static PlanIndex IndexPlan(const core::Plan& plan);
+
+  // Fills view_: the batch and how its planning went, as the admin history
+  // shows it.
+  void RecordBatch();
+  // Carries out update `id_text` of a single server's plan, in commit order:
+  // direct, or to the first aggregator of its aggregate (opened on its first
+  // constituent). An update that failed meanwhile is skipped.
+  void DispatchUpdate(const std::string& id_text, const PlanIndex& index,
+                      const HostState& server_host);
   // A transfer of `plan` as the admin history and the timeout check see it.
   TransferView Planned(uint64_t id, const std::string& src, const std::string& dst,
                        int64_t bytes, const core::Transfer& transfer, double deadline_s) const;
