@@ -41,76 +41,87 @@ void PlanDispatcher::Run::DispatchGroup(const core::Plan& plan) {
     const uint64_t id = std::stoull(id_text);
     auto it = state_.updates.find(id);
     if (it == state_.updates.end()) continue;  // failed meanwhile
-    UpdateRecord& record = it->second;
-    // Each shard's part: the plan's transfer to its host of its size.
-    std::vector<const core::Transfer*> unused = transfers[id_text];
     std::vector<const core::Transfer*> parts(shards, nullptr);
     std::vector<const HostState*> hosts(shards, nullptr);
-    std::string problem;
-    for (size_t i = 0; i < shards && problem.empty(); ++i) {
-      const ShardSlot& slot = server_.shards[i];
-      const std::string& host = job_.servers[slot.server].host;
-      hosts[i] = state_.AliveHost(host);
-      if (hosts[i] == nullptr) {
-        problem = absl::StrCat("shard ", i, " ('", slot.server, "') on ", host, " is down");
-        break;
-      }
-      for (auto t = unused.begin(); t != unused.end(); ++t) {
-        if ((*t)->dst == host && (*t)->bytes == slot.end - slot.begin) {
-          parts[i] = *t;
-          unused.erase(t);
-          break;
-        }
-      }
-      if (parts[i] == nullptr) {
-        problem = absl::StrCat("the plan has no transfer for its part to shard ", i,
-                               " (planner bug)");
-      }
-    }
+    const std::string problem = MatchGroupParts(transfers[id_text], &parts, &hosts);
     if (!problem.empty()) {
       state_.Complete(id, v1::OUTCOME_FAILED, problem, 0);
       continue;
     }
-    record.state = UpdateState::kInFlight;
-    record.sequence = server_.next_sequence++;
-    ++server_.in_flight;
-    double end_s = 0;
-    for (const core::Transfer* part : parts) end_s = std::max(end_s, part->end_s);
-    const double deadline_s = end_s + config_.transfer_slack_s;
-    record.planned =
-        Planned(id, record.src_host, server_.host, record.bytes, *parts[0], deadline_s);
-    record.planned.end_s = end_s;
-    GroupPush& push = state_.group_pushes[id];
-    for (size_t i = 0; i < shards; ++i) {
-      const ShardSlot& slot = server_.shards[i];
-      const core::Transfer& transfer = *parts[i];
-      GroupPart part;
-      part.id = state_.NewTransferId();
-      part.server = slot.server;
-      part.host = transfer.dst;
-      part.begin = slot.begin;
-      part.end = slot.end;
-      part.planned = Planned(part.id, record.src_host, part.host, slot.end - slot.begin,
-                             transfer, deadline_s);
-      view_.transfers.push_back(part.planned);
-      state_.group_parts[part.id] = id;
-
-      commands::Expect expect = PushExpect(record, part.id, slot.server, slot.end - slot.begin);
-      expect.held = true;
-      expect.group_push = id;
-      state_.Enqueue(part.host, commands::ExpectDelivery(expect));
-      commands::Send send{part.id, job_.id, part.host, hosts[i]->data_address,
-                          transfer.start_s, slot.end - slot.begin};
-      send.source_transfer_id = id;
-      send.local_id = record.local_id;
-      send.part = true;
-      send.part_offset = slot.begin;
-      state_.Enqueue(record.src_host, commands::SendTransfer(send, transfer.segments));
-      push.parts.push_back(std::move(part));
-    }
-    ++view_.scheduled;
-    ++state_.stats.planned;
+    DispatchGroupPush(id, it->second, parts, hosts);
   }
+}
+
+std::string PlanDispatcher::Run::MatchGroupParts(std::vector<const core::Transfer*> unused,
+                                                 std::vector<const core::Transfer*>* parts,
+                                                 std::vector<const HostState*>* hosts) {
+  std::string problem;
+  for (size_t i = 0; i < parts->size() && problem.empty(); ++i) {
+    const ShardSlot& slot = server_.shards[i];
+    const std::string& host = job_.servers[slot.server].host;
+    (*hosts)[i] = state_.AliveHost(host);
+    if ((*hosts)[i] == nullptr) {
+      problem = absl::StrCat("shard ", i, " ('", slot.server, "') on ", host, " is down");
+      break;
+    }
+    for (auto t = unused.begin(); t != unused.end(); ++t) {
+      if ((*t)->dst == host && (*t)->bytes == slot.end - slot.begin) {
+        (*parts)[i] = *t;
+        unused.erase(t);
+        break;
+      }
+    }
+    if ((*parts)[i] == nullptr) {
+      problem = absl::StrCat("the plan has no transfer for its part to shard ", i,
+                             " (planner bug)");
+    }
+  }
+  return problem;
+}
+
+void PlanDispatcher::Run::DispatchGroupPush(uint64_t id, UpdateRecord& record,
+                                            const std::vector<const core::Transfer*>& parts,
+                                            const std::vector<const HostState*>& hosts) {
+  const size_t shards = parts.size();
+  record.state = UpdateState::kInFlight;
+  record.sequence = server_.next_sequence++;
+  ++server_.in_flight;
+  double end_s = 0;
+  for (const core::Transfer* part : parts) end_s = std::max(end_s, part->end_s);
+  const double deadline_s = end_s + config_.transfer_slack_s;
+  record.planned =
+      Planned(id, record.src_host, server_.host, record.bytes, *parts[0], deadline_s);
+  record.planned.end_s = end_s;
+  GroupPush& push = state_.group_pushes[id];
+  for (size_t i = 0; i < shards; ++i) {
+    const ShardSlot& slot = server_.shards[i];
+    const core::Transfer& transfer = *parts[i];
+    GroupPart part;
+    part.id = state_.NewTransferId();
+    part.server = slot.server;
+    part.host = transfer.dst;
+    part.begin = slot.begin;
+    part.end = slot.end;
+    part.planned = Planned(part.id, record.src_host, part.host, slot.end - slot.begin,
+                           transfer, deadline_s);
+    view_.transfers.push_back(part.planned);
+    state_.group_parts[part.id] = id;
+
+    commands::Expect expect = PushExpect(record, part.id, slot.server, slot.end - slot.begin);
+    expect.held = true;
+    expect.group_push = id;
+    state_.Enqueue(part.host, commands::ExpectDelivery(expect));
+    commands::Send send{part.id, job_.id, part.host, hosts[i]->data_address,
+                        transfer.start_s, slot.end - slot.begin};
+    send.source_transfer_id = id;
+    send.local_id = record.local_id;
+    send.part = true;
+    send.part_offset = slot.begin;
+    state_.Enqueue(record.src_host, commands::SendTransfer(send, transfer.segments));
+    push.parts.push_back(std::move(part));
+  }
+  ++view_.scheduled;
+  ++state_.stats.planned;
 }
 
 void PlanDispatcher::Run::DispatchGroupAggregate(

@@ -69,6 +69,17 @@ class PlanDispatcher::Run {
   // A server group's batch (server_groups.h): each push's parts, one per
   // shard, held at the shards under the push's group sequence number.
   void DispatchGroup(const core::Plan& plan);
+  // For a push of a group batch: each shard's part (the plan's transfer,
+  // from `unused`, to the shard's host of the shard's size) and that host.
+  // Returns why the push cannot go, or "" when every shard has its part.
+  std::string MatchGroupParts(std::vector<const core::Transfer*> unused,
+                              std::vector<const core::Transfer*>* parts,
+                              std::vector<const HostState*>* hosts);
+  // Sends a group push's `parts` to the shards' `hosts`, held there under
+  // the push's group sequence number.
+  void DispatchGroupPush(uint64_t id, UpdateRecord& record,
+                         const std::vector<const core::Transfer*>& parts,
+                         const std::vector<const HostState*>& hosts);
   // One of a group batch's aggregates: `sums` (one per shard, from one
   // aggregator) of the pushes they name, whose parts go there as `feeds`.
   void DispatchGroupAggregate(
