@@ -375,6 +375,23 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
   host->second.alive = false;
   outbox_->Close(host_name);
   MLF_LOG(WARNING) << "host " << host_name << " is down: " << reason;
+  FailAggregatesOn(host_name, reason);
+  const std::vector<uint64_t> to_fail = TakeUpdatesThrough(host_name);
+  EndReplicaCopiesOn(host_name, reason);
+  for (uint64_t id : to_fail) {
+    auto record = updates.find(id);
+    if (record == updates.end()) continue;  // ended already (its round or aggregate failed)
+    if (record->second.src_host == host_name) {
+      // Its bytes may be at its server's daemon already.
+      FailWhenCancelled(id, absl::StrCat("source host ", host_name, " is down: ", reason));
+    } else {
+      Complete(id, v1::OUTCOME_FAILED,
+               absl::StrCat("server host ", host_name, " is down: ", reason), 0);
+    }
+  }
+}
+
+void ClusterState::FailAggregatesOn(const std::string& host_name, const std::string& reason) {
   std::vector<uint64_t> aggregates_there;
   for (const auto& [id, aggregate] : aggregates) {
     bool there = aggregate.host == host_name;
@@ -395,6 +412,9 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
   for (uint64_t id : group_sums_there) {
     FailGroupAggregate(id, absl::StrCat("aggregator host ", host_name, " is down: ", reason));
   }
+}
+
+std::vector<uint64_t> ClusterState::TakeUpdatesThrough(const std::string& host_name) {
   std::vector<uint64_t> to_fail;
   for (auto& [id, record] : updates) {
     JobState* job = FindJob(record.job);
@@ -419,6 +439,10 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
     }
     to_fail.push_back(id);
   }
+  return to_fail;
+}
+
+void ClusterState::EndReplicaCopiesOn(const std::string& host_name, const std::string& reason) {
   // Replica copies from or to the host are gone; a replica that is gone
   // takes its punted copies with it.
   std::vector<uint64_t> copies_there;
@@ -456,17 +480,6 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
         server.replica.missed = 0;
         server.replica.missed_norm = 0;
       }
-    }
-  }
-  for (uint64_t id : to_fail) {
-    auto record = updates.find(id);
-    if (record == updates.end()) continue;  // ended already (its round or aggregate failed)
-    if (record->second.src_host == host_name) {
-      // Its bytes may be at its server's daemon already.
-      FailWhenCancelled(id, absl::StrCat("source host ", host_name, " is down: ", reason));
-    } else {
-      Complete(id, v1::OUTCOME_FAILED,
-               absl::StrCat("server host ", host_name, " is down: ", reason), 0);
     }
   }
 }

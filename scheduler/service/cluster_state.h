@@ -523,6 +523,15 @@ class ClusterState {
   void ReserveDistribution(std::vector<DistributionLeg> legs);
 
  private:
+  // MarkHostDown's steps. Fails the aggregates (Alg. 3's, a streaming
+  // chain's, a server group's) the host sums or forwards.
+  void FailAggregatesOn(const std::string& host_name, const std::string& reason);
+  // The pushes whose source or server (a shard's too) is on the host, taken
+  // out of their servers' pending lists, for the caller to fail.
+  std::vector<uint64_t> TakeUpdatesThrough(const std::string& host_name);
+  // Ends the replica copies from, to or fed by the host (or leaves a held
+  // one to its pushes' outcomes), and a replica on the host's punted copies.
+  void EndReplicaCopiesOn(const std::string& host_name, const std::string& reason);
   void RecordDrop(const UpdateRecord& record, v1::Outcome outcome, const std::string& category,
                   const std::string& reason);
 
