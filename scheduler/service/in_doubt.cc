@@ -256,6 +256,74 @@ bool SettleKeptPart(ClusterState* state, uint64_t part_id, const HeldAtReplica& 
   return true;
 }
 
+// Counts what the replica lacks for good when a kept copy or aggregate is
+// not applied there: its pushes the server applied (`*applied` of them, as
+// far as known now), less those copied again from their sources
+// (SettleHeldSources), which are not lacking. Leaves in `*applied` how
+// many it counted.
+void CountMissed(ClusterState* state, const HeldAtReplica& held, const std::string& server,
+                 int64_t* applied) {
+  const int64_t carried = std::max(1, held.copy.constituents_size());
+  std::vector<uint64_t> pushes(held.copy.constituents().begin(),
+                               held.copy.constituents().end());
+  if (pushes.empty()) pushes.push_back(held.copy.source_transfer_id());
+  for (uint64_t push : pushes) *applied -= state->recopied_from_source.count(push);
+  if (*applied <= 0) return;
+  if (JobState* job = state->FindJob(held.job); job != nullptr && job->servers.count(server)) {
+    ReplicaTrack& replica = job->servers[server].replica;
+    replica.missed += *applied;
+    replica.missed_norm += held.copy.norm() * static_cast<double>(*applied) / carried;
+  }
+}
+
+// Decides kept replica copy `copy_id` (not a group part) once its pushes'
+// outcomes are known: delivered, dropped or cancelled. False: not yet.
+bool SettleKeptCopy(ClusterState* state, uint64_t copy_id, const HeldAtReplica& held,
+                    double waited_s, double wait_s) {
+  std::string server = held.copy.server();
+  if (absl::StartsWith(server, "replica:")) server = server.substr(8);
+  int64_t applied = 0;
+  const std::optional<Known> known =
+      KnownOutcomeOfCopy(*state, held.copy, held.job, server, waited_s, wait_s, &applied);
+  if (!known.has_value()) return false;
+  if (!known->applied) CountMissed(state, held, server, &applied);
+  if (held.incomplete) {
+    // Dropped at the replica's daemon: if its pushes applied, the replica
+    // lacks them, unless their sources send them again (they hold them
+    // until SettleHeldSources decides).
+    const bool deciding = std::any_of(
+        held.copy.constituents().begin(), held.copy.constituents().end(),
+        [&](uint64_t push) { return state->held_at_sources.count(push) > 0; }) ||
+        state->held_at_sources.count(held.copy.source_transfer_id()) > 0;
+    if (deciding) return false;
+    if (known->applied) {
+      CountMissed(state, held, server, &applied);
+      if (applied > 0) {
+        MLF_LOG(WARNING) << "the replica of '" << server << "' on " << held.replica_host
+                         << " lacks push " << held.copy.source_transfer_id()
+                         << ": its copy was still arriving when the scheduler went";
+      }
+    }
+    return true;
+  }
+  if (known->applied) {
+    if (Redeliver(state, copy_id, held, server)) {
+      MLF_LOG(INFO) << "replica copy " << copy_id << " of push " << held.copy.source_transfer_id()
+                    << ", kept at " << held.replica_host << " across the restart: delivered";
+      return true;
+    }
+    if (waited_s < wait_s) return false;  // its replica has not registered again yet
+    MLF_LOG(WARNING) << "replica copy " << copy_id << " of applied push "
+                     << held.copy.source_transfer_id() << " kept at " << held.replica_host
+                     << ": the replica did not register again within " << wait_s
+                     << " s; dropped, the replica lacks this update";
+  }
+  state->Enqueue(held.replica_host,
+                 commands::CancelDelivery(copy_id, held.copy.server(), 0,
+                                          known->applied ? "its replica is gone" : known->why));
+  return true;
+}
+
 // Decides the kept replica copies and group parts whose pushes' outcomes
 // are known.
 void SettleKeptCopies(ClusterState* state, double wait_s) {
@@ -263,85 +331,66 @@ void SettleKeptCopies(ClusterState* state, double wait_s) {
   for (auto it = state->held_at_replicas.begin(); it != state->held_at_replicas.end();) {
     const uint64_t copy_id = it->first;
     const HeldAtReplica& held = it->second;
-    if (held.copy.group_push() != 0) {
-      if (SettleKeptPart(state, copy_id, held, now_s - held.since_s, wait_s)) {
-        it = state->held_at_replicas.erase(it);
-      } else {
-        ++it;
-      }
-      continue;
-    }
-    std::string server = held.copy.server();
-    if (absl::StartsWith(server, "replica:")) server = server.substr(8);
-    const double waited_s = now_s - held.since_s;
-    int64_t applied = 0;
-    const std::optional<Known> known =
-        KnownOutcomeOfCopy(*state, held.copy, held.job, server, waited_s, wait_s, &applied);
-    if (!known.has_value()) {
-      ++it;
-      continue;
-    }
-    const int64_t carried = std::max(1, held.copy.constituents_size());
-    // Pushes the server applied (as far as known now) whose copy or
-    // aggregate the replica will not apply: it lacks them for good.
-    auto count_missed = [&] {
-      // Pushes copied again from their sources (SettleHeldSources) are not
-      // lacking.
-      std::vector<uint64_t> pushes(held.copy.constituents().begin(),
-                                   held.copy.constituents().end());
-      if (pushes.empty()) pushes.push_back(held.copy.source_transfer_id());
-      for (uint64_t push : pushes) applied -= state->recopied_from_source.count(push);
-      if (applied <= 0) return;
-      if (JobState* job = state->FindJob(held.job); job != nullptr && job->servers.count(server)) {
-        ReplicaTrack& replica = job->servers[server].replica;
-        replica.missed += applied;
-        replica.missed_norm += held.copy.norm() * static_cast<double>(applied) / carried;
-      }
-    };
-    if (!known->applied) count_missed();
-    if (held.incomplete) {
-      // Dropped at the replica's daemon: if its pushes applied, the replica
-      // lacks them, unless their sources send them again (they hold them
-      // until SettleHeldSources decides).
-      const bool deciding = std::any_of(
-          held.copy.constituents().begin(), held.copy.constituents().end(),
-          [&](uint64_t push) { return state->held_at_sources.count(push) > 0; }) ||
-          state->held_at_sources.count(held.copy.source_transfer_id()) > 0;
-      if (deciding) {
-        ++it;
-        continue;
-      }
-      if (known->applied) {
-        count_missed();
-        if (applied > 0) {
-          MLF_LOG(WARNING) << "the replica of '" << server << "' on " << held.replica_host
-                           << " lacks push " << held.copy.source_transfer_id()
-                           << ": its copy was still arriving when the scheduler went";
-        }
-      }
+    const bool settled =
+        held.copy.group_push() != 0
+            ? SettleKeptPart(state, copy_id, held, now_s - held.since_s, wait_s)
+            : SettleKeptCopy(state, copy_id, held, now_s - held.since_s, wait_s);
+    if (settled) {
       it = state->held_at_replicas.erase(it);
-      continue;
+    } else {
+      ++it;
     }
-    if (known->applied) {
-      if (Redeliver(state, copy_id, held, server)) {
-        MLF_LOG(INFO) << "replica copy " << copy_id << " of push " << held.copy.source_transfer_id()
-                      << ", kept at " << held.replica_host << " across the restart: delivered";
-        it = state->held_at_replicas.erase(it);
+  }
+}
+
+// A push held at its source whose server's replica is registered: the
+// source lets it go if the replica has its copy (applied, or kept there
+// whole) or the copy is on its way; otherwise the copy joins the server's
+// pending copies for the next batch to send. The caller forgets the hold.
+void SettleWithReplica(ClusterState* state, uint64_t push, const HeldAtSource& held,
+                       ServerState* server, const std::string& replica_host) {
+  ReplicaTrack& track = server->replica;
+  if (held.from_doubt) {
+    // The replica's daemon has registered (its application has): what
+    // it applied and what it kept are known here now.
+    bool kept = false, incomplete = false;
+    for (const auto& [copy_id, at] : state->held_at_replicas) {
+      const auto& in = at.copy.constituents();
+      if (at.copy.source_transfer_id() != push &&
+          std::find(in.begin(), in.end(), push) == in.end()) {
         continue;
       }
-      if (waited_s < wait_s) {  // its replica has not registered again yet
-        ++it;
-        continue;
-      }
-      MLF_LOG(WARNING) << "replica copy " << copy_id << " of applied push "
-                       << held.copy.source_transfer_id() << " kept at " << held.replica_host
-                       << ": the replica did not register again within " << wait_s
-                       << " s; dropped, the replica lacks this update";
+      (at.incomplete ? incomplete : kept) = true;
     }
-    state->Enqueue(held.replica_host,
-                   commands::CancelDelivery(copy_id, held.copy.server(), 0,
-                                            known->applied ? "its replica is gone" : known->why));
-    it = state->held_at_replicas.erase(it);
+    if (state->at_replicas.count(push) || (kept && !incomplete)) {
+      // The replica has it, or its kept copy is delivered once the push
+      // is known applied (SettleKeptCopies): the source may let go.
+      state->Enqueue(held.copy.src_host,
+                     commands::ReleaseHold(push, "the replica has its copy"));
+      return;
+    }
+    // Its copy was still arriving at the replica (counted missed
+    // otherwise), or never left: sent again from the source.
+    if (incomplete) state->recopied_from_source.insert(push);
+  }
+  const bool known =
+      std::any_of(track.pending.begin(), track.pending.end(),
+                  [&](const PendingReplica& p) { return p.id == push; }) ||
+      std::any_of(state->replica_copies.begin(), state->replica_copies.end(),
+                  [&](const auto& copy) {
+                    const std::vector<uint64_t>& in = copy.second.constituents;
+                    return copy.second.source == push ||
+                           std::find(in.begin(), in.end(), push) != in.end();
+                  });
+  if (known && held.from_doubt) {
+    state->Enqueue(held.copy.src_host,
+                   commands::ReleaseHold(push, "its replica copy is on its way"));
+  } else if (!known) {  // a stream that broke while this scheduler lived knows it
+    track.pending.push_back(held.copy);
+    ++state->stats.held_sources_recopied;
+    MLF_LOG(INFO) << "replica copy of push " << push << ", held at " << held.copy.src_host
+                  << " across the restart: planned again for the replica of '"
+                  << held.server << "' on " << replica_host;
   }
 }
 
@@ -370,50 +419,7 @@ void SettleHeldSources(ClusterState* state, double wait_s) {
                              state->AliveHost(replica->second) != nullptr &&
                              replica->second != server->host;
     if (has_replica) {
-      ReplicaTrack& track = server->replica;
-      if (held.from_doubt) {
-        // The replica's daemon has registered (its application has): what
-        // it applied and what it kept are known here now.
-        bool kept = false, incomplete = false;
-        for (const auto& [copy_id, at] : state->held_at_replicas) {
-          const auto& in = at.copy.constituents();
-          if (at.copy.source_transfer_id() != push &&
-              std::find(in.begin(), in.end(), push) == in.end()) {
-            continue;
-          }
-          (at.incomplete ? incomplete : kept) = true;
-        }
-        if (state->at_replicas.count(push) || (kept && !incomplete)) {
-          // The replica has it, or its kept copy is delivered once the push
-          // is known applied (SettleKeptCopies): the source may let go.
-          state->Enqueue(held.copy.src_host,
-                         commands::ReleaseHold(push, "the replica has its copy"));
-          it = state->held_at_sources.erase(it);
-          continue;
-        }
-        // Its copy was still arriving at the replica (counted missed
-        // otherwise), or never left: sent again from the source.
-        if (incomplete) state->recopied_from_source.insert(push);
-      }
-      const bool known =
-          std::any_of(track.pending.begin(), track.pending.end(),
-                      [&](const PendingReplica& p) { return p.id == push; }) ||
-          std::any_of(state->replica_copies.begin(), state->replica_copies.end(),
-                      [&](const auto& copy) {
-                        const std::vector<uint64_t>& in = copy.second.constituents;
-                        return copy.second.source == push ||
-                               std::find(in.begin(), in.end(), push) != in.end();
-                      });
-      if (known && held.from_doubt) {
-        state->Enqueue(held.copy.src_host,
-                       commands::ReleaseHold(push, "its replica copy is on its way"));
-      } else if (!known) {  // a stream that broke while this scheduler lived knows it
-        track.pending.push_back(held.copy);
-        ++state->stats.held_sources_recopied;
-        MLF_LOG(INFO) << "replica copy of push " << push << ", held at " << held.copy.src_host
-                      << " across the restart: planned again for the replica of '"
-                      << held.server << "' on " << replica->second;
-      }
+      SettleWithReplica(state, push, held, server, replica->second);
       it = state->held_at_sources.erase(it);
       continue;
     }
