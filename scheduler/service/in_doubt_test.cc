@@ -439,6 +439,17 @@ void KeepAtShard(Fixture* f, uint64_t part, uint64_t push) {
   AcceptHostReport(&f->state, s1);
 }
 
+// r1 registers having applied `push` at shard g1 as `version`.
+void ShardAppliedAtR1(Fixture* f, uint64_t push, int64_t version) {
+  v1::RegisterHostRequest r1;
+  r1.set_host("r1");
+  v1::AppliedPush* applied = r1.add_applied();
+  applied->set_transfer_id(push);
+  applied->set_model_version(version);
+  applied->set_acknowledged(true);
+  AcceptHostReport(&f->state, r1);
+}
+
 TEST_CASE("a group part kept at a shard is delivered there if another shard applied its push") {
   Fixture f;
   AddGroup(&f);
@@ -454,13 +465,7 @@ TEST_CASE("a group part kept at a shard is delivered there if another shard appl
 
   // r1 comes back: shard g1 applied the push.
   f.state.hosts["r1"].alive = true;
-  v1::RegisterHostRequest r1;
-  r1.set_host("r1");
-  v1::AppliedPush* applied = r1.add_applied();
-  applied->set_transfer_id(push);
-  applied->set_model_version(7);
-  applied->set_acknowledged(true);
-  AcceptHostReport(&f.state, r1);
+  ShardAppliedAtR1(&f, push, 7);
   ResolveInDoubt(&f.state, 30);
   const auto at_w1 = f.Drain("w1");
   REQUIRE(at_w1.size() == 1);
@@ -512,13 +517,7 @@ TEST_CASE("a shard that registers after a group part was caught up skips that po
   const uint64_t push = f.OldId(5), part = f.OldId(25);
   DoubtToGroup(&f, push);
   KeepAtShard(&f, part, push);
-  v1::RegisterHostRequest r1;
-  r1.set_host("r1");
-  v1::AppliedPush* applied = r1.add_applied();
-  applied->set_transfer_id(push);
-  applied->set_model_version(7);
-  applied->set_acknowledged(true);
-  AcceptHostReport(&f.state, r1);
+  ShardAppliedAtR1(&f, push, 7);
   ResolveInDoubt(&f.state, 30);
   REQUIRE(f.Drain("s1").size() == 1);  // g0's part at position 1
   REQUIRE(f.Drain("r1").size() == 2);  // g1 skips it
