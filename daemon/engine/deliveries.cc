@@ -10,6 +10,50 @@
 
 namespace mlfabric::daemon {
 
+namespace {
+
+// Why the complete transfer cannot be handed over as `info` announced it,
+// or "" if it can.
+std::string SizeMismatch(const v1::ExpectDelivery& info, const Incoming& incoming) {
+  if (info.snapshot()) {  // any size: the 8-byte version, then the model
+    if (incoming.total < 8) {
+      return absl::StrCat("a snapshot of ", incoming.total, " bytes has no version");
+    }
+  } else if (incoming.total != static_cast<uint64_t>(info.bytes())) {
+    return absl::StrCat("received ", incoming.total, " bytes but the schedule said ",
+                        info.bytes());
+  }
+  return "";
+}
+
+// The update as the server application gets it; a snapshot's version is
+// its first 8 bytes (little-endian), the model the rest.
+v1::LocalMessage UpdateMessage(const DeliverySequencer::Step& step, const Incoming& incoming) {
+  v1::LocalMessage message;
+  v1::LocalUpdate* update = message.mutable_update();
+  update->set_transfer_id(step.info.transfer_id());
+  update->set_worker(step.info.worker());
+  update->set_version(step.info.version());
+  update->set_norm(step.info.norm());
+  update->set_bytes(step.info.bytes());
+  update->set_sequence(step.sequence);
+  update->set_count(std::max(1, step.info.constituents_size()));
+  if (step.info.snapshot()) {
+    uint64_t version = 0;
+    for (int i = 0; i < 8; ++i) {
+      version |= static_cast<uint64_t>(incoming.buffer->data()[i]) << (8 * i);
+    }
+    update->set_snapshot(true);
+    update->set_data_offset(8);
+    update->set_version(static_cast<int64_t>(version));
+    update->set_bytes(static_cast<int64_t>(incoming.total) - 8);
+    update->set_count(0);
+  }
+  return message;
+}
+
+}  // namespace
+
 Deliveries::Deliveries(std::string host, IncomingTransfers* incoming, ServerEndpoints* servers,
                        CompletionReporter* reporter, ReplicaSnapshots* snapshots)
     : host_(std::move(host)),
@@ -47,17 +91,8 @@ std::optional<uint32_t> Deliveries::JobExpectingLocked(uint64_t transfer) const 
 void Deliveries::TryDeliverLocked(uint32_t job_id, const std::string& server) {
   const std::string key = ServerKey(job_id, server);
   if (!servers_->KnownLocked(key)) return;
+  ReportReadyPartsLocked(key);
   auto complete = [this](uint64_t transfer) { return incoming_->Complete(transfer); };
-  // Parts of group pushes (issue 18) held here whose bytes are all in: the
-  // scheduler releases them once every shard's part is.
-  for (auto part = unready_parts_.begin(); part != unready_parts_.end();) {
-    if (part->second != key || !complete(part->first)) {
-      ++part;
-      continue;
-    }
-    reporter_->ReportPartReady(part->first);
-    part = unready_parts_.erase(part);
-  }
   while (true) {
     // A snapshot cut after the last position handed over is asked for
     // before the next one (replica_snapshots.h).
@@ -68,79 +103,78 @@ void Deliveries::TryDeliverLocked(uint32_t job_id, const std::string& server) {
     if (step.kind == DeliverySequencer::Step::kNothing) return;
     const uint64_t transfer_id = step.info.transfer_id();
     if (step.kind == DeliverySequencer::Step::kSkip) {
-      MLF_LOG(INFO) << "skipping update " << transfer_id << " (sequence " << step.sequence
-                    << "): " << step.reason;
-      // A held copy kept across the lost stream keeps its bytes for its
-      // new announcement.
-      if (!orphan_copies_.count(transfer_id)) incoming_->Erase(transfer_id);
-      unready_parts_.erase(transfer_id);
+      SkipLocked(step);
       continue;
     }
     const Incoming* incoming = incoming_->Find(transfer_id);
     std::string reason = incoming_->JobMismatch(transfer_id, job_id);
-    if (step.info.snapshot()) {  // any size: the 8-byte version, then the model
-      if (reason.empty() && incoming->total < 8) {
-        reason = absl::StrCat("a snapshot of ", incoming->total, " bytes has no version");
-      }
-    } else if (reason.empty() && incoming->total != static_cast<uint64_t>(step.info.bytes())) {
-      reason = absl::StrCat("received ", incoming->total, " bytes but the schedule said ",
-                            step.info.bytes());
-    }
+    if (reason.empty()) reason = SizeMismatch(step.info, *incoming);
     if (!reason.empty()) {
       reporter_->ReportFailure(transfer_id, reason);
       sequencer_.Cancel(key, step.sequence, reason);
       continue;
     }
-    v1::LocalMessage message;
-    v1::LocalUpdate* update = message.mutable_update();
-    update->set_transfer_id(transfer_id);
-    update->set_worker(step.info.worker());
-    update->set_version(step.info.version());
-    update->set_norm(step.info.norm());
-    update->set_bytes(step.info.bytes());
-    update->set_sequence(step.sequence);
-    update->set_count(std::max(1, step.info.constituents_size()));
-    if (step.info.snapshot()) {
-      uint64_t version = 0;
-      for (int i = 0; i < 8; ++i) {
-        version |= static_cast<uint64_t>(incoming->buffer->data()[i]) << (8 * i);
-      }
-      update->set_snapshot(true);
-      update->set_data_offset(8);
-      update->set_version(static_cast<int64_t>(version));
-      update->set_bytes(static_cast<int64_t>(incoming->total) - 8);
-      update->set_count(0);
-    }
-    absl::Status sent =
-        servers_->HandLocked(key, message, incoming->buffer, step.info.group_push() != 0);
-    if (!sent.ok()) {
-      reporter_->ReportFailure(transfer_id, absl::StrCat("cannot hand the update to server '",
-                                                         server, "': ", sent.message()));
-    } else {
-      // A restarted scheduler knows a group push, not its parts; a group
-      // aggregate's part names its pushes.
-      std::vector<uint64_t> pushes(step.info.constituents().begin(),
-                                   step.info.constituents().end());
-      if (step.info.group_push() != 0 && pushes.empty()) pushes = {step.info.group_push()};
-      // A replica's aggregate of punted copies names pushes its server
-      // applied and reported long ago: not this daemon's to report as
-      // applied by a server, but as held by the replica (the copy's push,
-      // or the aggregate's), so a restarted scheduler copies none twice.
-      if (absl::StartsWith(step.info.server(), "replica:")) {
-        std::vector<uint64_t> copied = std::move(pushes);
-        if (copied.empty() && step.info.source_transfer_id() != 0) {
-          copied.push_back(step.info.source_transfer_id());
-        }
-        if (!copied.empty()) servers_->replica_log().Handed(transfer_id, std::move(copied));
-        pushes.clear();
-      }
-      servers_->applied_log().Handed(transfer_id, std::move(pushes));
-    }
+    HandOverLocked(key, server, step, *incoming);
+    // Handed over or failed to: the position is settled either way.
     delivered_.fetch_add(1);
     incoming_->Erase(transfer_id);
     orphan_copies_.erase(transfer_id);
     sequencer_.Advance(key);
   }
+}
+
+void Deliveries::ReportReadyPartsLocked(const std::string& key) {
+  for (auto part = unready_parts_.begin(); part != unready_parts_.end();) {
+    if (part->second != key || !incoming_->Complete(part->first)) {
+      ++part;
+      continue;
+    }
+    reporter_->ReportPartReady(part->first);
+    part = unready_parts_.erase(part);
+  }
+}
+
+void Deliveries::SkipLocked(const DeliverySequencer::Step& step) {
+  const uint64_t transfer_id = step.info.transfer_id();
+  MLF_LOG(INFO) << "skipping update " << transfer_id << " (sequence " << step.sequence
+                << "): " << step.reason;
+  // A held copy kept across the lost stream keeps its bytes for its
+  // new announcement.
+  if (!orphan_copies_.count(transfer_id)) incoming_->Erase(transfer_id);
+  unready_parts_.erase(transfer_id);
+}
+
+void Deliveries::HandOverLocked(const std::string& key, const std::string& server,
+                                const DeliverySequencer::Step& step, const Incoming& incoming) {
+  const uint64_t transfer_id = step.info.transfer_id();
+  absl::Status sent = servers_->HandLocked(key, UpdateMessage(step, incoming), incoming.buffer,
+                                           step.info.group_push() != 0);
+  if (!sent.ok()) {
+    reporter_->ReportFailure(transfer_id, absl::StrCat("cannot hand the update to server '",
+                                                       server, "': ", sent.message()));
+    return;
+  }
+  LogHandedLocked(transfer_id, step.info);
+}
+
+void Deliveries::LogHandedLocked(uint64_t transfer_id, const v1::ExpectDelivery& info) {
+  // A restarted scheduler knows a group push, not its parts; a group
+  // aggregate's part names its pushes.
+  std::vector<uint64_t> pushes(info.constituents().begin(), info.constituents().end());
+  if (info.group_push() != 0 && pushes.empty()) pushes = {info.group_push()};
+  // A replica's aggregate of punted copies names pushes its server
+  // applied and reported long ago: not this daemon's to report as
+  // applied by a server, but as held by the replica (the copy's push,
+  // or the aggregate's), so a restarted scheduler copies none twice.
+  if (absl::StartsWith(info.server(), "replica:")) {
+    std::vector<uint64_t> copied = std::move(pushes);
+    if (copied.empty() && info.source_transfer_id() != 0) {
+      copied.push_back(info.source_transfer_id());
+    }
+    if (!copied.empty()) servers_->replica_log().Handed(transfer_id, std::move(copied));
+    pushes.clear();
+  }
+  servers_->applied_log().Handed(transfer_id, std::move(pushes));
 }
 
 void Deliveries::ReleaseLocked(const v1::ReleaseDelivery& release) {

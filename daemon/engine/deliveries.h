@@ -89,6 +89,19 @@ class Deliveries {
   int64_t delivered() const { return delivered_.load(); }
 
  private:
+  // Reports the held parts of group pushes (issue 18) expected at `key`
+  // whose bytes are all in: the scheduler releases them once every
+  // shard's part is.
+  void ReportReadyPartsLocked(const std::string& key);
+  // A cancelled position of the commit order, passed over.
+  void SkipLocked(const DeliverySequencer::Step& step);
+  // Hands the complete update `step` to `server`'s application and logs
+  // what it carries; a failure to is reported as the transfer's.
+  void HandOverLocked(const std::string& key, const std::string& server,
+                      const DeliverySequencer::Step& step, const Incoming& incoming);
+  // Notes the pushes the update `transfer_id` just handed over carries:
+  // applied by a server, or copied to a replica (ServerEndpoints' logs).
+  void LogHandedLocked(uint64_t transfer_id, const v1::ExpectDelivery& info);
   void KeepHeldCopiesLocked();
 
   const std::string host_;
