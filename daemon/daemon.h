@@ -150,6 +150,18 @@ class Daemon {
   void ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSend>* local);
   void DeliverLocal(const LocalSend& local);
   void ScheduleSendLocked(const v1::SendTransfer& send, std::vector<LocalSend>* local);
+  // ApplyCommand's commands with more to them than a call, one each
+  // (daemon_control.cc). Require the receive lock.
+  // kSend: adopts the push the command names and schedules it; logs when
+  // the plan came (`received_s`) against when it lets the bytes go.
+  void ApplySendLocked(const v1::SendTransfer& send, double received_s,
+                       std::vector<LocalSend>* local);
+  // kAggregate: an in-network aggregation starts here.
+  void ApplyAggregateLocked(const v1::AggregateTask& aggregate);
+  // kSnapshot: a local server's snapshot for its new replica.
+  void ApplySnapshotLocked(const v1::SnapshotToReplica& snapshot);
+  // kOutcome: tells the pushing application its push's outcome.
+  void ApplyOutcomeLocked(const v1::PushOutcome& outcome);
   // kCancel. Requires the receive lock.
   void CancelLocked(const v1::CancelDelivery& cancel);
   // Requires the receive lock. The scheduler's PromoteReplica: this host's

@@ -123,38 +123,12 @@ void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSen
   const double received_s = clock_->NowSeconds();
   std::lock_guard<std::mutex> lock(lock_.mu);
   switch (command.command_case()) {
-    case v1::DaemonCommand::kSend: {
-      // When the plan arrived (and got the receive lock) against when it
-      // lets the bytes go, in this daemon's clock: the push-to-first-packet
-      // path, with "submitting push" and "sending transfer".
-      const double now_s = clock_->NowSeconds();
-      MLF_LOG(DEBUG) << "send command for transfer " << command.send().transfer_id()
-                     << " (local id " << command.send().local_id() << ") to "
-                     << command.send().dst_host() << " at " << absl::StrFormat("%.6f", received_s)
-                     << " (lock after " << absl::StrFormat("%.3f", (now_s - received_s) * 1e3)
-                     << " ms)"
-                     << ", planned start "
-                     << absl::StrFormat("%+.3f",
-                                        (command.send().start_s() - clock_offset_s_ - now_s) * 1e3)
-                     << " ms from now";
-      // A push's commands may overtake its SubmitUpdate reply.
-      // A group push's part names the push as its source.
-      pushes_.Adopt(command.send().part() ? command.send().source_transfer_id()
-                                          : command.send().transfer_id(),
-                    command.send().local_id());
-      ScheduleSendLocked(command.send(), local);
+    case v1::DaemonCommand::kSend:
+      ApplySendLocked(command.send(), received_s, local);
       break;
-    }
-    case v1::DaemonCommand::kAggregate: {
-      const double now_s = clock_->NowSeconds();
-      MLF_LOG(DEBUG) << "aggregate command for transfer " << command.aggregate().aggregate_id()
-                     << " at " << absl::StrFormat("%.6f", now_s) << ", planned start "
-                     << absl::StrFormat("%+.3f", (command.aggregate().start_s() - clock_offset_s_ -
-                                                  now_s) * 1e3)
-                     << " ms from now";
-      aggregation_->StartLocked(command.aggregate());
+    case v1::DaemonCommand::kAggregate:
+      ApplyAggregateLocked(command.aggregate());
       break;
-    }
     case v1::DaemonCommand::kPromote:
       PromoteReplicaLocked(command.promote());
       break;
@@ -176,45 +150,77 @@ void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSen
     case v1::DaemonCommand::kCancel:
       CancelLocked(command.cancel());
       break;
-    case v1::DaemonCommand::kSnapshot: {
-      // A snapshot of a local server for its new replica, at a cut in its
-      // commit order (engine/replica_snapshots.h).
-      const v1::SnapshotToReplica& snapshot = command.snapshot();
-      if (!servers_->KnownLocked(daemon::ServerKey(snapshot.job_id(), snapshot.server()))) {
-        reporter_->ReportFailure(snapshot.transfer_id(),
-                                 absl::StrCat("server '", snapshot.server(), "' is not on ",
-                                              config_.host));
-        break;
-      }
-      snapshots_->AddLocked(snapshot);
-      deliveries_->TryDeliverLocked(snapshot.job_id(), snapshot.server());
+    case v1::DaemonCommand::kSnapshot:
+      ApplySnapshotLocked(command.snapshot());
       break;
-    }
-    case v1::DaemonCommand::kOutcome: {
-      const v1::PushOutcome& outcome = command.outcome();
-      pushes_.Adopt(outcome.transfer_id(), outcome.local_id());
-      std::optional<daemon::PushTable::Push> push =
-          pushes_.TakeForOutcome(outcome.transfer_id(), outcome.hold_for_replica());
-      if (!push.has_value()) break;
-      v1::LocalMessage done;
-      v1::LocalPushDone* body = done.mutable_push_done();
-      body->set_request_id(push->request_id);
-      body->set_outcome(outcome.outcome());
-      body->set_reason(outcome.reason());
-      body->set_applied_version(outcome.applied_version());
-      body->set_delay(outcome.delay());
-      // Nobody else here holds the buffer (a sender still writing it, a
-      // checksum being computed, a held replica copy): the application may
-      // fill it again for its next push instead of making a new one. The
-      // application's push_mappings keep a share of the mapping, not of
-      // this SharedBuffer, and never touch the bytes: they do not count.
-      body->set_buffer_released(push->buffer != nullptr && push->buffer.use_count() == 1);
-      (void)push->app->channel->Send(done);
+    case v1::DaemonCommand::kOutcome:
+      ApplyOutcomeLocked(command.outcome());
       break;
-    }
     default:
       MLF_LOG(WARNING) << "ignoring an unknown command from the scheduler";
   }
+}
+
+void Daemon::ApplySendLocked(const v1::SendTransfer& send, double received_s,
+                             std::vector<LocalSend>* local) {
+  // When the plan arrived (and got the receive lock) against when it
+  // lets the bytes go, in this daemon's clock: the push-to-first-packet
+  // path, with "submitting push" and "sending transfer".
+  const double now_s = clock_->NowSeconds();
+  MLF_LOG(DEBUG) << "send command for transfer " << send.transfer_id() << " (local id "
+                 << send.local_id() << ") to " << send.dst_host() << " at "
+                 << absl::StrFormat("%.6f", received_s) << " (lock after "
+                 << absl::StrFormat("%.3f", (now_s - received_s) * 1e3) << " ms)"
+                 << ", planned start "
+                 << absl::StrFormat("%+.3f", (send.start_s() - clock_offset_s_ - now_s) * 1e3)
+                 << " ms from now";
+  // A push's commands may overtake its SubmitUpdate reply.
+  // A group push's part names the push as its source.
+  pushes_.Adopt(send.part() ? send.source_transfer_id() : send.transfer_id(), send.local_id());
+  ScheduleSendLocked(send, local);
+}
+
+void Daemon::ApplyAggregateLocked(const v1::AggregateTask& aggregate) {
+  const double now_s = clock_->NowSeconds();
+  MLF_LOG(DEBUG) << "aggregate command for transfer " << aggregate.aggregate_id() << " at "
+                 << absl::StrFormat("%.6f", now_s) << ", planned start "
+                 << absl::StrFormat("%+.3f", (aggregate.start_s() - clock_offset_s_ - now_s) * 1e3)
+                 << " ms from now";
+  aggregation_->StartLocked(aggregate);
+}
+
+void Daemon::ApplySnapshotLocked(const v1::SnapshotToReplica& snapshot) {
+  // A snapshot of a local server for its new replica, at a cut in its
+  // commit order (engine/replica_snapshots.h).
+  if (!servers_->KnownLocked(daemon::ServerKey(snapshot.job_id(), snapshot.server()))) {
+    reporter_->ReportFailure(snapshot.transfer_id(),
+                             absl::StrCat("server '", snapshot.server(), "' is not on ",
+                                          config_.host));
+    return;
+  }
+  snapshots_->AddLocked(snapshot);
+  deliveries_->TryDeliverLocked(snapshot.job_id(), snapshot.server());
+}
+
+void Daemon::ApplyOutcomeLocked(const v1::PushOutcome& outcome) {
+  pushes_.Adopt(outcome.transfer_id(), outcome.local_id());
+  std::optional<daemon::PushTable::Push> push =
+      pushes_.TakeForOutcome(outcome.transfer_id(), outcome.hold_for_replica());
+  if (!push.has_value()) return;
+  v1::LocalMessage done;
+  v1::LocalPushDone* body = done.mutable_push_done();
+  body->set_request_id(push->request_id);
+  body->set_outcome(outcome.outcome());
+  body->set_reason(outcome.reason());
+  body->set_applied_version(outcome.applied_version());
+  body->set_delay(outcome.delay());
+  // Nobody else here holds the buffer (a sender still writing it, a
+  // checksum being computed, a held replica copy): the application may
+  // fill it again for its next push instead of making a new one. The
+  // application's push_mappings keep a share of the mapping, not of
+  // this SharedBuffer, and never touch the bytes: they do not count.
+  body->set_buffer_released(push->buffer != nullptr && push->buffer.use_count() == 1);
+  (void)push->app->channel->Send(done);
 }
 
 void Daemon::CancelLocked(const v1::CancelDelivery& cancel) {
