@@ -10,70 +10,82 @@
 
 namespace mlfabric {
 
-absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
-  auto reader_or = ConfigReader::FromCommandLine(cl);
-  if (!reader_or.ok()) return reader_or.status();
-  ConfigReader& reader = *reader_or;
-  DaemonConfig config;
-  reader.String("host", &config.host);
-  reader.String("scheduler", &config.scheduler);
-  reader.String("listen_address", &config.listen_address);
-  reader.Int("data_port", &config.data_port, 0, 65535);
-  reader.String("local_socket", &config.local_socket);
-  reader.String("local_socket_group", &config.local_socket_group);
-  reader.Double("uplink_bps", &config.uplink_bps, 0, 1e13);
-  reader.Double("downlink_bps", &config.downlink_bps, 0, 1e13);
-  reader.Int("payload_bytes", &config.payload_bytes, transport::kMinPayloadBytes,
+namespace {
+
+// The daemon's own keys: where it listens and connects, link rates, timeouts, gets, rounds,
+// pacing and sending.
+void ReadDaemonKeys(ConfigReader& reader, DaemonConfig* config) {
+  reader.String("host", &config->host);
+  reader.String("scheduler", &config->scheduler);
+  reader.String("listen_address", &config->listen_address);
+  reader.Int("data_port", &config->data_port, 0, 65535);
+  reader.String("local_socket", &config->local_socket);
+  reader.String("local_socket_group", &config->local_socket_group);
+  reader.Double("uplink_bps", &config->uplink_bps, 0, 1e13);
+  reader.Double("downlink_bps", &config->downlink_bps, 0, 1e13);
+  reader.Int("payload_bytes", &config->payload_bytes, transport::kMinPayloadBytes,
              transport::kMaxPayloadBytes);
-  reader.Double("register_timeout_s", &config.register_timeout_s, 0.1, 3600);
-  reader.Double("get_timeout_s", &config.get_timeout_s, 0.1, 3600);
-  reader.Double("failover_wait_s", &config.failover_wait_s, 0, 600);
-  reader.Double("keepalive_s", &config.keepalive_s, 0.1, 3600);
-  reader.Double("get_batch_wait_s", &config.get_batch_wait_s, 0, 3600);
-  reader.Int("get_tree_min_bytes", &config.get_tree_min_bytes, 0, int64_t{1} << 40);
-  reader.Int("round_tree_fanout", &config.round_tree_fanout, 0, 1024);
-  reader.Int("get_late_joins", &config.get_late_joins, 0, 1024);
-  reader.Double("get_late_join_min_share", &config.get_late_join_min_share, 0, 1e6);
-  reader.Int("group_snapshot_history", &config.group_snapshot_history, 0, 1024);
-  reader.Double("resolve_ttl_s", &config.resolve_ttl_s, 0, 3600);
-  reader.Double("round_wait_s", &config.round_wait_s, 0.1, 86400);
-  reader.Int("rounds_kept", &config.rounds_kept, 2, 1024);
-  reader.Double("unscheduled_bps", &config.unscheduled_bps, 0, 1e13);
-  reader.Double("pacing_quantum_us", &config.pacing_quantum_us, 0, 1e5);
-  reader.Int("coalesce_bytes", &config.coalesce_bytes, 0, int64_t{16} << 20);
-  reader.Int("io_threads", &config.io_threads, 1, 64);
-  reader.Double("send_timeout_s", &config.send_timeout_s, 0.1, 3600);
-  reader.Double("clock_sync_period_s", &config.clock_sync_period_s, 0.1, 3600);
-  reader.Enum("job_priority", &config.job_priority, {"fifo", "one", "rr"});
-  reader.Double("job_priority_period_s", &config.job_priority_period_s, 0.01, 86400);
-  reader.Enum("log_level", &config.log_level, {"debug", "info", "warning", "error"});
-  reader.String("monitor_interface", &config.monitor_interface);
-  reader.String("monitor_trace", &config.monitor_trace);
-  reader.String("monitor_tc_class", &config.monitor_tc_class);
-  reader.Double("monitor_period_s", &config.monitor_period_s, 0.001, 60);
-  reader.Double("monitor_ewma_tau_s", &config.monitor_ewma_tau_s, 0.001, 600);
-  reader.Double("report_lag_s", &config.report_lag_s, 0, 60);
-  reader.Double("report_threshold", &config.report_threshold, 0, 10);
-  reader.Double("report_max_interval_s", &config.report_max_interval_s, 0.01, 3600);
-  reader.String("cluster_secret_file", &config.cluster_secret_file);
-  reader.String("scheduler_ca_file", &config.scheduler_ca_file);
-  reader.String("tls_cert_file", &config.tls_cert_file);
-  reader.String("tls_key_file", &config.tls_key_file);
-  reader.String("scheduler_tls_name", &config.scheduler_tls_name);
-  if (!config.cluster_secret_file.empty()) {
-    absl::StatusOr<std::string> secret = ReadSecretFile(config.cluster_secret_file);
+  reader.Double("register_timeout_s", &config->register_timeout_s, 0.1, 3600);
+  reader.Double("get_timeout_s", &config->get_timeout_s, 0.1, 3600);
+  reader.Double("failover_wait_s", &config->failover_wait_s, 0, 600);
+  reader.Double("keepalive_s", &config->keepalive_s, 0.1, 3600);
+  reader.Double("get_batch_wait_s", &config->get_batch_wait_s, 0, 3600);
+  reader.Int("get_tree_min_bytes", &config->get_tree_min_bytes, 0, int64_t{1} << 40);
+  reader.Int("round_tree_fanout", &config->round_tree_fanout, 0, 1024);
+  reader.Int("get_late_joins", &config->get_late_joins, 0, 1024);
+  reader.Double("get_late_join_min_share", &config->get_late_join_min_share, 0, 1e6);
+  reader.Int("group_snapshot_history", &config->group_snapshot_history, 0, 1024);
+  reader.Double("resolve_ttl_s", &config->resolve_ttl_s, 0, 3600);
+  reader.Double("round_wait_s", &config->round_wait_s, 0.1, 86400);
+  reader.Int("rounds_kept", &config->rounds_kept, 2, 1024);
+  reader.Double("unscheduled_bps", &config->unscheduled_bps, 0, 1e13);
+  reader.Double("pacing_quantum_us", &config->pacing_quantum_us, 0, 1e5);
+  reader.Int("coalesce_bytes", &config->coalesce_bytes, 0, int64_t{16} << 20);
+  reader.Int("io_threads", &config->io_threads, 1, 64);
+  reader.Double("send_timeout_s", &config->send_timeout_s, 0.1, 3600);
+  reader.Double("clock_sync_period_s", &config->clock_sync_period_s, 0.1, 3600);
+  reader.Enum("job_priority", &config->job_priority, {"fifo", "one", "rr"});
+  reader.Double("job_priority_period_s", &config->job_priority_period_s, 0.01, 86400);
+  reader.Enum("log_level", &config->log_level, {"debug", "info", "warning", "error"});
+}
+
+// The bandwidth monitor's keys (monitor/README.md).
+void ReadMonitorKeys(ConfigReader& reader, DaemonConfig* config) {
+  reader.String("monitor_interface", &config->monitor_interface);
+  reader.String("monitor_trace", &config->monitor_trace);
+  reader.String("monitor_tc_class", &config->monitor_tc_class);
+  reader.Double("monitor_period_s", &config->monitor_period_s, 0.001, 60);
+  reader.Double("monitor_ewma_tau_s", &config->monitor_ewma_tau_s, 0.001, 600);
+  reader.Double("report_lag_s", &config->report_lag_s, 0, 60);
+  reader.Double("report_threshold", &config->report_threshold, 0, 10);
+  reader.Double("report_max_interval_s", &config->report_max_interval_s, 0.01, 3600);
+}
+
+// Authentication to the scheduler: where the cluster secret and the TLS files are.
+void ReadAuthKeys(ConfigReader& reader, DaemonConfig* config) {
+  reader.String("cluster_secret_file", &config->cluster_secret_file);
+  reader.String("scheduler_ca_file", &config->scheduler_ca_file);
+  reader.String("tls_cert_file", &config->tls_cert_file);
+  reader.String("tls_key_file", &config->tls_key_file);
+  reader.String("scheduler_tls_name", &config->scheduler_tls_name);
+}
+
+// What the secret and PEM files hold; a file that cannot be read is its key's error.
+void ReadAuthFiles(ConfigReader& reader, DaemonConfig* config) {
+  if (!config->cluster_secret_file.empty()) {
+    absl::StatusOr<std::string> secret = ReadSecretFile(config->cluster_secret_file);
     if (secret.ok()) {
-      config.cluster_secret = *secret;
+      config->cluster_secret = *secret;
     } else {
       reader.AddError("cluster_secret_file", std::string(secret.status().message()));
     }
   }
-  for (auto [key, path, out] : {std::tuple{"scheduler_ca_file", &config.scheduler_ca_file,
-                                           &config.scheduler_ca_pem},
-                                std::tuple{"tls_cert_file", &config.tls_cert_file,
-                                           &config.tls_cert_pem},
-                                std::tuple{"tls_key_file", &config.tls_key_file,
-                                           &config.tls_key_pem}}) {
+  for (auto [key, path, out] : {std::tuple{"scheduler_ca_file", &config->scheduler_ca_file,
+                                           &config->scheduler_ca_pem},
+                                std::tuple{"tls_cert_file", &config->tls_cert_file,
+                                           &config->tls_cert_pem},
+                                std::tuple{"tls_key_file", &config->tls_key_file,
+                                           &config->tls_key_pem}}) {
     if (path->empty()) continue;
     std::ifstream in(*path);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -82,6 +94,11 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
     }
     *out = std::move(text);
   }
+}
+
+// What no single key's range checks: keys that go together, the required host, link rates the
+// scheduler would refuse.
+void CheckKeys(const DaemonConfig& config, ConfigReader& reader) {
   if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
     reader.AddError("tls_cert_file", "tls_cert_file and tls_key_file go together");
   }
@@ -100,6 +117,20 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
                                         "at least 1000"));
     }
   }
+}
+
+}  // namespace
+
+absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
+  auto reader_or = ConfigReader::FromCommandLine(cl);
+  if (!reader_or.ok()) return reader_or.status();
+  ConfigReader& reader = *reader_or;
+  DaemonConfig config;
+  ReadDaemonKeys(reader, &config);
+  ReadMonitorKeys(reader, &config);
+  ReadAuthKeys(reader, &config);
+  ReadAuthFiles(reader, &config);
+  CheckKeys(config, reader);
   if (auto status = reader.Finish(); !status.ok()) return status;
   if (config.local_socket.empty()) {
     config.local_socket = absl::StrCat("/tmp/mlfabricd-", config.host, ".sock");
@@ -107,7 +138,12 @@ absl::StatusOr<DaemonConfig> LoadDaemonConfig(const CommandLine& cl) {
   return config;
 }
 
-std::string DaemonConfigHelp() {
+namespace {
+
+// DaemonConfigHelp's sections, in its order; each ends with its last line's newline.
+
+// The usage, then where the daemon listens and connects, link rates, packets.
+const char* UsageHelp() {
   return R"(mlfabricd: the MLfabric per-host daemon.
 
 Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
@@ -124,7 +160,11 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --downlink_bps        NIC downlink capacity in bit/s, 0 or >= 1000;
                         0 = scheduler default               (default 0)
   --payload_bytes       Mercury packet payload, 4096..1048576 (default 32768)
-  --register_timeout_s  how long to wait for the scheduler (default 30)
+)";
+}
+
+const char* TimeoutsHelp() {
+  return R"(  --register_timeout_s  how long to wait for the scheduler (default 30)
   --get_timeout_s       how long a get waits for the server (default 30)
   --failover_wait_s     a get of a server with a hot-standby replica that
                         fails waits this long for the replica to take over,
@@ -133,7 +173,12 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         no answer within as long: the connection is dead, and
                         the pushes in flight wait for the scheduler's word
                         once this daemon has registered again (default 2)
-  --get_batch_wait_s    gets that arrive while a server's previous batch of
+)";
+}
+
+// Model gets: batches, distribution trees, late joins, snapshots, resolving.
+const char* GetsHelp() {
+  return R"(  --get_batch_wait_s    gets that arrive while a server's previous batch of
                         replies is leaving share one snapshot, taken when it
                         has left or after this long (default 2)
   --get_tree_min_bytes  a batch of gets of a model at least this large from
@@ -159,7 +204,11 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --resolve_ttl_s       how long the scheduler's answer to where a server
                         lives serves this host's gets; a failed get asks
                         again, 0 = ask for every get (default 1)
-  --round_tree_fanout   a synchronous round's sum of at least
+)";
+}
+
+const char* RoundsHelp() {
+  return R"(  --round_tree_fanout   a synchronous round's sum of at least
                         get_tree_min_bytes reaches its workers through a tree
                         over the order their gets arrive: the root's host
                         sends this many copies, each receiver forwards to at
@@ -170,7 +219,12 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --rounds_kept         synchronous rounds kept at a round server's daemon for
                         the gets of workers behind (late backup workers);
                         2..1024 (default 4)
-  --clock_sync_period_s how often to refresh the scheduler clock offset (default 10)
+)";
+}
+
+// Also clock sync, job priority and logging, which come between.
+const char* SendingHelp() {
+  return R"(  --clock_sync_period_s how often to refresh the scheduler clock offset (default 10)
   --unscheduled_bps     rate budget for unscheduled traffic (get replies);
                         0 = unlimited (default 0)
   --pacing_quantum_us   a paced transfer may catch up with its planned rate
@@ -193,7 +247,11 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
                         (TensorLights; default fifo)
   --job_priority_period_s  rr rotation period in seconds (default 20)
   --log_level           debug | info | warning | error (default info)
-  Bandwidth monitor (off unless an interface or a trace is given):
+)";
+}
+
+const char* MonitorHelp() {
+  return R"(  Bandwidth monitor (off unless an interface or a trace is given):
   --monitor_interface   NIC whose /sys counters to sample (default none)
   --monitor_tc_class    htb class (e.g. 1:10) shaping the NIC: its ceil is the uplink (default none)
   --monitor_trace       replay N1-N3: "n2,seed=3,period_s=5,scale=0.01" (default none)
@@ -202,7 +260,11 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --report_lag_s        reporting lag, 0.2-2 s in the paper (default 0.2)
   --report_threshold    relative change that triggers a report (default 0.1)
   --report_max_interval_s  report at least this often (default 2)
-  Authentication to the scheduler (see the README's Security section):
+)";
+}
+
+const char* AuthHelp() {
+  return R"(  Authentication to the scheduler (see the README's Security section):
   --cluster_secret_file a file (mode 0600) with the scheduler's cluster secret
                         (default none)
   --scheduler_ca_file   talk to the scheduler over TLS, trusting this CA (PEM)
@@ -212,6 +274,13 @@ Usage: mlfabricd --host=NAME [--config FILE] [--KEY=VALUE ...]
   --scheduler_tls_name  the name the scheduler's certificate must carry
                         (default: the host part of --scheduler)
 )";
+}
+
+}  // namespace
+
+std::string DaemonConfigHelp() {
+  return absl::StrCat(UsageHelp(), TimeoutsHelp(), GetsHelp(), RoundsHelp(), SendingHelp(),
+                      MonitorHelp(), AuthHelp());
 }
 
 }  // namespace mlfabric
