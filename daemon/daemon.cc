@@ -257,59 +257,13 @@ absl::Status Daemon::RegisterHost() {
     std::set<uint64_t> unacknowledged;  // by a server application, as the request says
     {
       std::lock_guard<std::mutex> lock(lock_.mu);
-      for (const auto& [transfer_id, push] : pushes_.Unresolved()) {
-        v1::InDoubtPush* doubt = request.add_in_doubt();
-        DescribePush(transfer_id, push, doubt);
-        doubt->set_local_id(push.local_id);
-        doubt->set_push_uid(push.uid);
-      }
-      for (const auto& [transfer_id, push] : pushes_.Held()) {
-        DescribePush(transfer_id, push, request.add_held_sources());
-      }
-      for (const daemon::AppliedLog::Entry& entry : servers_->replica_log().Report()) {
-        DescribeApplied(entry, request.add_replica_applied());
-      }
-      for (const daemon::AppliedLog::Entry& entry : servers_->applied_log().Report()) {
-        DescribeApplied(entry, request.add_applied());
-        if (!entry.acknowledged) unacknowledged.insert(entry.push);
-      }
-      deliveries_->DescribeHeldCopiesLocked(&request);
+      DescribeForRegistrationLocked(&request, &unacknowledged);
     }
     v1::RegisterHostReply reply;
     absl::Status status = scheduler_->RegisterHost(request, &reply);
     const double received_s = clock_->NowSeconds();
     if (status.ok()) {
-      std::unique_lock<std::mutex> lock(lock_.mu);
-      incarnation_ = reply.incarnation();
-      deliveries_->ToldLocked();
-      if (scheduler_epoch_ != 0 && reply.scheduler_epoch() != scheduler_epoch_) {
-        // A restarted scheduler numbers every server's commit positions from
-        // 1 again: the old positions would hold its deliveries back as old.
-        // Those still waiting were cancelled when the stream broke; their
-        // pushes are in doubt at their sources, and this registration's
-        // applied log tells the new scheduler they were not applied.
-        const size_t pending = deliveries_->ResetLocked();
-        // It may number jobs differently: where servers live is asked anew.
-        resolver_->Clear();
-        MLF_LOG(WARNING) << "the scheduler restarted (epoch " << scheduler_epoch_ << " -> "
-                         << reply.scheduler_epoch() << "): forgot its commit positions and "
-                         << pending << " update(s) still expected";
-      }
-      scheduler_epoch_ = reply.scheduler_epoch();
-      data_keys_.SetClusterKey(reply.data_key());
-      data_keys_.SetEncryption(reply.data_encryption());
-      // NTP-style: the reply was stamped halfway through the round trip.
-      clock_offset_s_ = reply.scheduler_time_s() - (sent_s + received_s) / 2;
-      send_->SetClockOffset(clock_offset_s_);
-      MLF_LOG(INFO) << "registered with the scheduler (incarnation " << incarnation_
-                    << ", clock offset " << clock_offset_s_ * 1e3 << " ms, rtt "
-                    << (received_s - sent_s) * 1e3 << " ms)";
-      // The client signs with the new session from here on: acknowledgements
-      // that came after the request was built are told again.
-      const std::vector<v1::CompletionReport> late_acks = AcknowledgedDuringRegistration(
-          servers_->applied_log(), std::move(unacknowledged), config_.host);
-      lock.unlock();  // no RPC under the lock
-      for (const v1::CompletionReport& report : late_acks) reporter_->ReportNow(report);
+      AdoptRegistration(reply, sent_s, received_s, std::move(unacknowledged));
       return absl::OkStatus();
     }
     last_error = daemon::RpcErrorText(status);
@@ -319,6 +273,62 @@ absl::Status Daemon::RegisterHost() {
   }
   return absl::UnavailableError(absl::StrCat("cannot register with the scheduler at ",
                                              config_.scheduler, ": ", last_error));
+}
+
+void Daemon::DescribeForRegistrationLocked(v1::RegisterHostRequest* request,
+                                           std::set<uint64_t>* unacknowledged) {
+  for (const auto& [transfer_id, push] : pushes_.Unresolved()) {
+    v1::InDoubtPush* doubt = request->add_in_doubt();
+    DescribePush(transfer_id, push, doubt);
+    doubt->set_local_id(push.local_id);
+    doubt->set_push_uid(push.uid);
+  }
+  for (const auto& [transfer_id, push] : pushes_.Held()) {
+    DescribePush(transfer_id, push, request->add_held_sources());
+  }
+  for (const daemon::AppliedLog::Entry& entry : servers_->replica_log().Report()) {
+    DescribeApplied(entry, request->add_replica_applied());
+  }
+  for (const daemon::AppliedLog::Entry& entry : servers_->applied_log().Report()) {
+    DescribeApplied(entry, request->add_applied());
+    if (!entry.acknowledged) unacknowledged->insert(entry.push);
+  }
+  deliveries_->DescribeHeldCopiesLocked(request);
+}
+
+void Daemon::AdoptRegistration(const v1::RegisterHostReply& reply, double sent_s,
+                               double received_s, std::set<uint64_t> unacknowledged) {
+  std::unique_lock<std::mutex> lock(lock_.mu);
+  incarnation_ = reply.incarnation();
+  deliveries_->ToldLocked();
+  if (scheduler_epoch_ != 0 && reply.scheduler_epoch() != scheduler_epoch_) {
+    // A restarted scheduler numbers every server's commit positions from
+    // 1 again: the old positions would hold its deliveries back as old.
+    // Those still waiting were cancelled when the stream broke; their
+    // pushes are in doubt at their sources, and this registration's
+    // applied log tells the new scheduler they were not applied.
+    const size_t pending = deliveries_->ResetLocked();
+    // It may number jobs differently: where servers live is asked anew.
+    resolver_->Clear();
+    MLF_LOG(WARNING) << "the scheduler restarted (epoch " << scheduler_epoch_ << " -> "
+                     << reply.scheduler_epoch() << "): forgot its commit positions and "
+                     << pending << " update(s) still expected";
+  }
+  scheduler_epoch_ = reply.scheduler_epoch();
+  data_keys_.SetClusterKey(reply.data_key());
+  data_keys_.SetEncryption(reply.data_encryption());
+  // NTP-style: the reply was stamped halfway through the round trip.
+  clock_offset_s_ = reply.scheduler_time_s() - (sent_s + received_s) / 2;
+  send_->SetClockOffset(clock_offset_s_);
+  MLF_LOG(INFO) << "registered with the scheduler (incarnation " << incarnation_
+                << ", clock offset " << clock_offset_s_ * 1e3 << " ms, rtt "
+                << (received_s - sent_s) * 1e3 << " ms)";
+  // The client signs with the new session from here on: acknowledgements
+  // that came after the request was built are told again.
+  const std::vector<v1::CompletionReport> late_acks = AcknowledgedDuringRegistration(
+      servers_->applied_log(), std::move(unacknowledged), config_.host);
+  lock.unlock();  // no RPC under the lock
+  for (const v1::CompletionReport& report : late_acks) reporter_->ReportNow(report);
 }
 
 void Daemon::ClockSyncLoop() {

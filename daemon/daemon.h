@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -129,6 +130,18 @@ class Daemon {
   using AppSession = daemon::AppSession;
 
   absl::Status RegisterHost();
+  // Requires the receive lock. What a registration tells the scheduler:
+  // the pushes in doubt, the held sources, what the servers and replicas
+  // here applied, the held copies; `unacknowledged` gets the applied
+  // pushes no server application has acknowledged yet.
+  void DescribeForRegistrationLocked(v1::RegisterHostRequest* request,
+                                     std::set<uint64_t>* unacknowledged);
+  // Takes the receive lock. A registration went through: its incarnation,
+  // scheduler epoch, data keys and clock offset (`sent_s` .. `received_s`
+  // the round trip) hold from now on; acknowledgements of
+  // `unacknowledged` that came meanwhile are reported again.
+  void AdoptRegistration(const v1::RegisterHostReply& reply, double sent_s, double received_s,
+                         std::set<uint64_t> unacknowledged);
   absl::Status StartMonitor();
   // Re-estimates clock_offset_s_ every clock_sync_period_s (best of three
   // round trips) and hands it to the pacers.
