@@ -177,6 +177,112 @@ std::vector<size_t> Ranking(const daemon::JobPriorityPolicy& policy, double now_
   return ranking;
 }
 
+// --dry_run: the commands that would set up, rotate (rr) and remove the
+// priorities.
+void PrintDryRun(const Flags& flags, const std::vector<TcCommand>& setup,
+                 const daemon::JobPriorityPolicy& policy) {
+  for (const TcCommand& c : setup) std::printf("%s\n", FormatCommand(c).c_str());
+  if (flags.mode == daemon::JobPriorityMode::kRr && flags.jobs.size() > 1) {
+    std::printf("# every %g s, e.g. at %g s:\n", flags.period_s, flags.period_s);
+    auto rotated = RankCommands(flags.config, flags.jobs, Ranking(policy, flags.period_s));
+    for (const TcCommand& c : rotated.value()) {
+      std::printf("%s\n", FormatCommand(c).c_str());
+    }
+  }
+  std::printf("# on exit:\n");
+  for (const TcCommand& c : TeardownCommands(flags.config)) {
+    std::printf("%s\n", FormatCommand(c).c_str());
+  }
+}
+
+// Whether tc may change `interface` here (CAP_NET_ADMIN); says why not.
+bool CanChangeNic(const std::string& interface) {
+  absl::StatusOr<bool> net_admin = HasNetAdmin();
+  if (net_admin.ok() && *net_admin) return true;
+  std::fprintf(stderr,
+               "mlfabric-nicprio: cannot install NIC priorities on %s: %s. "
+               "tc needs CAP_NET_ADMIN (run as root, or grant it with "
+               "`setcap cap_net_admin+ep`). Nothing was changed.\n",
+               interface.c_str(),
+               net_admin.ok() ? "CAP_NET_ADMIN is not in this process's effective "
+                                "capability set"
+                              : net_admin.status().ToString().c_str());
+  return false;
+}
+
+// Blocks the stop signals (SIGTERM, SIGINT, SIGHUP) and returns them.
+// Signals are taken synchronously with sigtimedwait: no handler, no
+// global flag.
+sigset_t BlockStopSignals() {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop_signals, sig);
+  sigprocmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
+
+// Removes the priorities; false (having said why) if that failed.
+bool Teardown(const NicPrioConfig& config) {
+  absl::Status s = RunAll(TeardownCommands(config));
+  if (!s.ok()) std::fprintf(stderr, "mlfabric-nicprio: teardown: %s\n", s.ToString().c_str());
+  return s.ok();
+}
+
+// Runs `setup`; false (having said why, and removed what was installed)
+// if a command failed.
+bool Install(const NicPrioConfig& config, const std::vector<TcCommand>& setup) {
+  // The first command creates the root qdisc; if it fails nothing of ours
+  // exists and we must not delete someone else's qdisc.
+  if (absl::Status s = Run(setup.front()); !s.ok()) {
+    std::fprintf(stderr, "mlfabric-nicprio: %s; nothing was changed\n", s.ToString().c_str());
+    return false;
+  }
+  if (absl::Status s = RunAll({setup.begin() + 1, setup.end()}); !s.ok()) {
+    std::fprintf(stderr, "mlfabric-nicprio: %s; removing what was installed\n",
+                 s.ToString().c_str());
+    Teardown(config);
+    return false;
+  }
+  return true;
+}
+
+// Re-ranks the jobs at each change time of `policy` (its clock started at
+// `start`) until a stop signal, then removes the priorities; returns the
+// exit code.
+int HoldUntilStopped(const Flags& flags, const daemon::JobPriorityPolicy& policy,
+                     const sigset_t& stop_signals, std::chrono::steady_clock::time_point start) {
+  auto elapsed_s = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  for (;;) {
+    const double next_s = policy.NextChangeTime(elapsed_s());
+    siginfo_t info;
+    int sig;
+    if (std::isinf(next_s)) {
+      sig = sigwaitinfo(&stop_signals, &info);
+    } else {
+      const double wait_s = std::max(0.0, next_s - elapsed_s());
+      timespec timeout;
+      timeout.tv_sec = static_cast<time_t>(wait_s);
+      timeout.tv_nsec = static_cast<long>((wait_s - std::floor(wait_s)) * 1e9);
+      sig = sigtimedwait(&stop_signals, &info, &timeout);
+    }
+    if (sig > 0) {
+      std::fprintf(stderr, "mlfabric-nicprio: %s: removing NIC priorities\n", strsignal(sig));
+      break;
+    }
+    if (errno == EINTR) continue;
+    if (elapsed_s() < next_s) continue;  // woke early
+    auto rank = RankCommands(flags.config, flags.jobs, Ranking(policy, next_s));
+    if (absl::Status s = rank.ok() ? RunAll(*rank) : rank.status(); !s.ok()) {
+      std::fprintf(stderr, "mlfabric-nicprio: rotation failed: %s\n", s.ToString().c_str());
+      Teardown(flags.config);
+      return 1;
+    }
+  }
+  return Teardown(flags.config) ? 0 : 1;
+}
+
 int Main(int argc, char** argv) {
   absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
   if (!flags.ok()) {
@@ -198,92 +304,18 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (flags->dry_run) {
-    for (const TcCommand& c : *setup) std::printf("%s\n", FormatCommand(c).c_str());
-    if (flags->mode == daemon::JobPriorityMode::kRr && flags->jobs.size() > 1) {
-      std::printf("# every %g s, e.g. at %g s:\n", flags->period_s, flags->period_s);
-      auto rotated =
-          RankCommands(flags->config, flags->jobs, Ranking(*policy, flags->period_s));
-      for (const TcCommand& c : rotated.value()) {
-        std::printf("%s\n", FormatCommand(c).c_str());
-      }
-    }
-    std::printf("# on exit:\n");
-    for (const TcCommand& c : TeardownCommands(flags->config)) {
-      std::printf("%s\n", FormatCommand(c).c_str());
-    }
+    PrintDryRun(*flags, *setup, *policy);
     return 0;
   }
-  absl::StatusOr<bool> net_admin = HasNetAdmin();
-  if (!net_admin.ok() || !*net_admin) {
-    std::fprintf(stderr,
-                 "mlfabric-nicprio: cannot install NIC priorities on %s: %s. "
-                 "tc needs CAP_NET_ADMIN (run as root, or grant it with "
-                 "`setcap cap_net_admin+ep`). Nothing was changed.\n",
-                 flags->config.interface.c_str(),
-                 net_admin.ok() ? "CAP_NET_ADMIN is not in this process's effective "
-                                  "capability set"
-                                : net_admin.status().ToString().c_str());
-    return 3;
-  }
+  if (!CanChangeNic(flags->config.interface)) return 3;
 
-  // Signals are taken synchronously with sigtimedwait: no handler, no
-  // global flag.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop_signals, sig);
-  sigprocmask(SIG_BLOCK, &stop_signals, nullptr);
-
+  const sigset_t stop_signals = BlockStopSignals();
   const auto start = std::chrono::steady_clock::now();
-  auto elapsed_s = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  auto teardown = [&] {
-    absl::Status s = RunAll(TeardownCommands(flags->config));
-    if (!s.ok()) std::fprintf(stderr, "mlfabric-nicprio: teardown: %s\n", s.ToString().c_str());
-    return s.ok();
-  };
-  // The first command creates the root qdisc; if it fails nothing of ours
-  // exists and we must not delete someone else's qdisc.
-  if (absl::Status s = Run(setup->front()); !s.ok()) {
-    std::fprintf(stderr, "mlfabric-nicprio: %s; nothing was changed\n", s.ToString().c_str());
-    return 1;
-  }
-  if (absl::Status s = RunAll({setup->begin() + 1, setup->end()}); !s.ok()) {
-    std::fprintf(stderr, "mlfabric-nicprio: %s; removing what was installed\n",
-                 s.ToString().c_str());
-    teardown();
-    return 1;
-  }
+  if (!Install(flags->config, *setup)) return 1;
   std::fprintf(stderr, "mlfabric-nicprio: installed %zu job classes on %s (mode %s)\n",
                flags->jobs.size(), flags->config.interface.c_str(),
                daemon::JobPriorityModeName(flags->mode));
-  for (;;) {
-    const double next_s = policy->NextChangeTime(elapsed_s());
-    siginfo_t info;
-    int sig;
-    if (std::isinf(next_s)) {
-      sig = sigwaitinfo(&stop_signals, &info);
-    } else {
-      const double wait_s = std::max(0.0, next_s - elapsed_s());
-      timespec timeout;
-      timeout.tv_sec = static_cast<time_t>(wait_s);
-      timeout.tv_nsec = static_cast<long>((wait_s - std::floor(wait_s)) * 1e9);
-      sig = sigtimedwait(&stop_signals, &info, &timeout);
-    }
-    if (sig > 0) {
-      std::fprintf(stderr, "mlfabric-nicprio: %s: removing NIC priorities\n", strsignal(sig));
-      break;
-    }
-    if (errno == EINTR) continue;
-    if (elapsed_s() < next_s) continue;  // woke early
-    auto rank = RankCommands(flags->config, flags->jobs, Ranking(*policy, next_s));
-    if (absl::Status s = rank.ok() ? RunAll(*rank) : rank.status(); !s.ok()) {
-      std::fprintf(stderr, "mlfabric-nicprio: rotation failed: %s\n", s.ToString().c_str());
-      teardown();
-      return 1;
-    }
-  }
-  return teardown() ? 0 : 1;
+  return HoldUntilStopped(*flags, *policy, stop_signals, start);
 }
 
 }  // namespace
