@@ -74,6 +74,20 @@ PushResult Failed(const std::string& reason) {
   return result;
 }
 
+// Gives the daemon's buffer `buffer_id`, lent with a get, back over
+// `channel` when the last holder lets go (unless the channel is gone).
+std::shared_ptr<void> LentBufferLease(const std::shared_ptr<LocalChannel>& channel,
+                                      uint64_t buffer_id) {
+  std::weak_ptr<LocalChannel> lender = channel;
+  return std::shared_ptr<void>(nullptr, [lender, id = buffer_id](void*) {
+    if (std::shared_ptr<LocalChannel> to = lender.lock()) {
+      v1::LocalMessage release;
+      release.mutable_release()->add_buffer_ids(id);
+      (void)to->Send(release);  // a closed channel: the daemon forgot it anyway
+    }
+  });
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> SplitModel(int64_t bytes, int count,
@@ -313,80 +327,76 @@ void Worker::ReaderLoop() {
       continue;
     }
     if (message.has_push_done()) {
-      const v1::LocalPushDone& done = message.push_done();
-      PendingPush push;
-      if (TakePush(done.request_id(), &push)) {
-        PushResult result;
-        result.outcome = done.outcome() == v1::OUTCOME_APPLIED   ? PushOutcome::kApplied
-                         : done.outcome() == v1::OUTCOME_DROPPED ? PushOutcome::kDropped
-                                                                 : PushOutcome::kFailed;
-        result.reason = done.reason();
-        result.applied_version = done.applied_version();
-        result.delay = done.delay();
-        // The scheduler has no record of it: if it has been running since
-        // before the push was handed over (a second's margin), the push
-        // never reached it, so it was not applied.
-        const double since_handed_s =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - push.handed).count();
-        if (done.no_record() && since_handed_s + 1.0 < done.scheduler_uptime_s()) {
-          result.reason =
-              "its daemon died before the scheduler heard of it: it was not applied";
-        }
-        if (done.buffer_released()) push_buffers_.Recycle(std::move(push.buffer));
-        push.done(std::move(result));
-      }
+      PushDone(message.push_done());
     } else if (message.has_get_done()) {
-      const v1::LocalGetDone& done = message.get_done();
-      std::shared_ptr<std::promise<absl::StatusOr<Model>>> promise;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = gets_.find(done.request_id());
-        if (it != gets_.end()) {
-          promise = it->second;
-          gets_.erase(it);
-        }
-      }
-      // A lent buffer goes back to the daemon once its model is gone (or
-      // at once, if nobody waits for it or it cannot be mapped).
-      std::shared_ptr<void> lease;
-      if (done.buffer_id() != 0) {
-        std::weak_ptr<LocalChannel> lender = channel;
-        lease = std::shared_ptr<void>(nullptr, [lender, id = done.buffer_id()](void*) {
-          if (std::shared_ptr<LocalChannel> to = lender.lock()) {
-            v1::LocalMessage release;
-            release.mutable_release()->add_buffer_ids(id);
-            (void)to->Send(release);  // a closed channel: the daemon forgot it anyway
-          }
-        });
-      }
-      if (!promise) {
-        if (fd >= 0) ::close(fd);
-        continue;
-      }
-      if (!done.error().empty()) {
-        if (fd >= 0) ::close(fd);
-        promise->set_value(absl::UnavailableError(done.error()));
-        continue;
-      }
-      // A lent buffer comes back with a later get: its mapping is kept.
-      // One that is not lent is the daemon's only once.
-      const size_t bytes = static_cast<size_t>(done.bytes());
-      auto buffer = fd < 0                   ? SharedBuffer::Create(0)
-                    : done.buffer_id() != 0 ? get_mappings_.Map(fd, bytes)
-                                            : SharedBuffer::Map(fd, bytes);
-      if (!buffer.ok()) {
-        promise->set_value(buffer.status());
-        continue;
-      }
-      Model model;
-      model.version = done.model_version();
-      model.lease = std::move(lease);
-      model.buffer = std::move(*buffer);
-      promise->set_value(std::move(model));
+      GetDone(message.get_done(), fd, channel);
     } else if (fd >= 0) {
       ::close(fd);
     }
   }
+}
+
+void Worker::PushDone(const v1::LocalPushDone& done) {
+  PendingPush push;
+  if (!TakePush(done.request_id(), &push)) return;
+  PushResult result;
+  result.outcome = done.outcome() == v1::OUTCOME_APPLIED   ? PushOutcome::kApplied
+                   : done.outcome() == v1::OUTCOME_DROPPED ? PushOutcome::kDropped
+                                                           : PushOutcome::kFailed;
+  result.reason = done.reason();
+  result.applied_version = done.applied_version();
+  result.delay = done.delay();
+  // The scheduler has no record of it: if it has been running since
+  // before the push was handed over (a second's margin), the push
+  // never reached it, so it was not applied.
+  const double since_handed_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - push.handed).count();
+  if (done.no_record() && since_handed_s + 1.0 < done.scheduler_uptime_s()) {
+    result.reason = "its daemon died before the scheduler heard of it: it was not applied";
+  }
+  if (done.buffer_released()) push_buffers_.Recycle(std::move(push.buffer));
+  push.done(std::move(result));
+}
+
+void Worker::GetDone(const v1::LocalGetDone& done, int fd,
+                     const std::shared_ptr<LocalChannel>& channel) {
+  std::shared_ptr<std::promise<absl::StatusOr<Model>>> promise;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = gets_.find(done.request_id());
+    if (it != gets_.end()) {
+      promise = it->second;
+      gets_.erase(it);
+    }
+  }
+  // A lent buffer goes back to the daemon once its model is gone (or
+  // at once, if nobody waits for it or it cannot be mapped).
+  std::shared_ptr<void> lease;
+  if (done.buffer_id() != 0) lease = LentBufferLease(channel, done.buffer_id());
+  if (!promise) {
+    if (fd >= 0) ::close(fd);
+    return;
+  }
+  if (!done.error().empty()) {
+    if (fd >= 0) ::close(fd);
+    promise->set_value(absl::UnavailableError(done.error()));
+    return;
+  }
+  // A lent buffer comes back with a later get: its mapping is kept.
+  // One that is not lent is the daemon's only once.
+  const size_t bytes = static_cast<size_t>(done.bytes());
+  auto buffer = fd < 0                   ? SharedBuffer::Create(0)
+                : done.buffer_id() != 0 ? get_mappings_.Map(fd, bytes)
+                                        : SharedBuffer::Map(fd, bytes);
+  if (!buffer.ok()) {
+    promise->set_value(buffer.status());
+    return;
+  }
+  Model model;
+  model.version = done.model_version();
+  model.lease = std::move(lease);
+  model.buffer = std::move(*buffer);
+  promise->set_value(std::move(model));
 }
 
 void Worker::PushAsync(const std::string& server, const void* data, size_t bytes,

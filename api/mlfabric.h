@@ -207,6 +207,10 @@ class Worker {
 
   Worker() = default;
   void ReaderLoop();
+  // ReaderLoop's answers from the daemon: a push ended (its callback
+  // runs), a get ended (its model, lent buffer `fd`, or error is set).
+  void PushDone(const v1::LocalPushDone& done);
+  void GetDone(const v1::LocalGetDone& done, int fd, const std::shared_ptr<LocalChannel>& channel);
   void FailAll(const std::string& reason);
   // The connection was lost (`why`): connects and registers again within
   // reconnect_s and asks how the pending pushes ended; false if it could
