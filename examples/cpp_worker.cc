@@ -128,6 +128,83 @@ int Fail(const std::string& what, const absl::Status& status) {
   return 1;
 }
 
+// Rank 0 also hosts the parameter server "ps0" (registered as a server).
+absl::StatusOr<std::unique_ptr<ParameterServer>> ConnectParameterServer(
+    mlfabric::RegistrationParams params) {
+  params.client.name = "ps0";
+  auto server = mlfabric::RegisterAsServer(params);
+  if (!server.ok()) return server.status();
+  return std::make_unique<ParameterServer>(std::move(*server));
+}
+
+// One step of training: get the model, compute the gradient on this rank's
+// shard (`*loss`: the loss of the model it got), push -lr * grad. An error
+// is the get's; how the push ended is in the result.
+absl::StatusOr<mlfabric::PushResult> TrainOneStep(mlfabric::Worker& worker,
+                                                  const std::vector<float>& x,
+                                                  const std::vector<float>& y, double* loss) {
+  std::vector<float> grad;
+  auto model = worker.Get("ps0");
+  if (!model.ok()) return model.status();
+  *loss = LossAndGradient(reinterpret_cast<const float*>(model->data()), x, y, &grad);
+  double norm = 0;
+  for (float g : grad) norm += double{g} * g;
+  std::vector<float> update(grad.size());
+  for (size_t i = 0; i < grad.size(); ++i) update[i] = -kLearningRate * grad[i];
+  // Two tensors, consecutive in the buffer: "w" (kDim floats) then "b".
+  const std::vector<mlfabric::TensorSpec> tensors = {
+      {/*id=*/0, /*bytes=*/kDim * sizeof(float), /*priority=*/0},
+      {/*id=*/1, /*bytes=*/sizeof(float), /*priority=*/1}};
+  return worker
+      .Push("ps0", update.data(), update.size() * sizeof(float), model->version,
+            std::sqrt(norm), tensors)
+      .get();
+}
+
+// Counts how a push ended into `outcomes` (see main).
+void CountOutcome(const mlfabric::PushResult& result, int rank, std::vector<int64_t>* outcomes) {
+  switch (result.outcome) {
+    case mlfabric::PushOutcome::kApplied:
+      ++(*outcomes)[0];
+      (*outcomes)[3] += result.delay;
+      break;
+    case mlfabric::PushOutcome::kDropped:
+      ++(*outcomes)[1];  // result.reason says why (e.g. "stale")
+      break;
+    case mlfabric::PushOutcome::kFailed:
+      ++(*outcomes)[2];
+      std::fprintf(stderr, "rank %d: push failed: %s\n", rank, result.reason.c_str());
+      break;
+  }
+}
+
+// Rank 0, once every rank's `outcomes` are summed: prints the run's
+// summary and returns the exit code (an error is the get's).
+absl::StatusOr<int> CheckTraining(mlfabric::Worker& worker, ParameterServer& ps,
+                                  const std::vector<int64_t>& outcomes, int size,
+                                  double first_loss, const std::vector<float>& x,
+                                  const std::vector<float>& y) {
+  std::vector<float> grad;
+  auto model = worker.Get("ps0");
+  if (!model.ok()) return model.status();
+  const double final_loss =
+      LossAndGradient(reinterpret_cast<const float*>(model->data()), x, y, &grad);
+  std::printf(
+      "cpp_worker: %d workers x %d pushes: applied %lld, dropped %lld, failed %lld, mean delay "
+      "%.2f; server applied %lld; model v%lld; loss %.4f -> %.6f\n",
+      size, kSteps, static_cast<long long>(outcomes[0]), static_cast<long long>(outcomes[1]),
+      static_cast<long long>(outcomes[2]),
+      outcomes[0] > 0 ? static_cast<double>(outcomes[3]) / outcomes[0] : 0.0,
+      static_cast<long long>(ps.applied()), static_cast<long long>(model->version), first_loss,
+      final_loss);
+  if (ps.applied() != outcomes[0] || outcomes[2] != 0 ||
+      outcomes[0] + outcomes[1] != int64_t{size} * kSteps || !(final_loss < first_loss / 10)) {
+    std::fprintf(stderr, "cpp_worker: FAILED (see the line above)\n");
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main() {
@@ -152,11 +229,9 @@ int main() {
 
   std::unique_ptr<ParameterServer> ps;
   if (rank == 0) {
-    mlfabric::RegistrationParams server_params = params;
-    server_params.client.name = "ps0";
-    auto server = mlfabric::RegisterAsServer(server_params);
+    auto server = ConnectParameterServer(params);
     if (!server.ok()) return Fail("RegisterAsServer", server.status());
-    ps = std::make_unique<ParameterServer>(std::move(*server));
+    ps = std::move(*server);
   }
   if (auto status = barrier(); !status.ok()) return Fail("barrier", status);  // ps0 is up
 
@@ -165,42 +240,17 @@ int main() {
   if (!worker_or.ok()) return Fail("RegisterAsWorker", worker_or.status());
   mlfabric::Worker& worker = **worker_or;
 
-  std::vector<float> x, y, grad;
+  std::vector<float> x, y;
   MakeShard(rank, &x, &y);
   // outcomes[0..2] = applied, dropped, failed; outcomes[3] = sum of delays.
   std::vector<int64_t> outcomes(4, 0);
   double first_loss = -1;
   for (int step = 0; step < kSteps; ++step) {
-    auto model = worker.Get("ps0");
-    if (!model.ok()) return Fail("Get", model.status());
-    const double loss =
-        LossAndGradient(reinterpret_cast<const float*>(model->data()), x, y, &grad);
+    double loss = 0;
+    auto result = TrainOneStep(worker, x, y, &loss);
+    if (!result.ok()) return Fail("Get", result.status());
     if (first_loss < 0) first_loss = loss;
-    double norm = 0;
-    for (float g : grad) norm += double{g} * g;
-    std::vector<float> update(grad.size());
-    for (size_t i = 0; i < grad.size(); ++i) update[i] = -kLearningRate * grad[i];
-    // Two tensors, consecutive in the buffer: "w" (kDim floats) then "b".
-    const std::vector<mlfabric::TensorSpec> tensors = {
-        {/*id=*/0, /*bytes=*/kDim * sizeof(float), /*priority=*/0},
-        {/*id=*/1, /*bytes=*/sizeof(float), /*priority=*/1}};
-    mlfabric::PushResult result = worker
-        .Push("ps0", update.data(), update.size() * sizeof(float), model->version,
-              std::sqrt(norm), tensors)
-        .get();
-    switch (result.outcome) {
-      case mlfabric::PushOutcome::kApplied:
-        ++outcomes[0];
-        outcomes[3] += result.delay;
-        break;
-      case mlfabric::PushOutcome::kDropped:
-        ++outcomes[1];  // result.reason says why (e.g. "stale")
-        break;
-      case mlfabric::PushOutcome::kFailed:
-        ++outcomes[2];
-        std::fprintf(stderr, "rank %d: push failed: %s\n", rank, result.reason.c_str());
-        break;
-    }
+    CountOutcome(*result, rank, &outcomes);
   }
   if (auto status = reducer.AllReduce(outcomes.data(), outcomes.size(),
                                       mlfabric::DataType::kInt64);
@@ -209,23 +259,9 @@ int main() {
   }
   int exit_code = 0;
   if (rank == 0) {
-    auto model = worker.Get("ps0");
-    if (!model.ok()) return Fail("Get", model.status());
-    const double final_loss =
-        LossAndGradient(reinterpret_cast<const float*>(model->data()), x, y, &grad);
-    std::printf(
-        "cpp_worker: %d workers x %d pushes: applied %lld, dropped %lld, failed %lld, mean delay "
-        "%.2f; server applied %lld; model v%lld; loss %.4f -> %.6f\n",
-        size, kSteps, static_cast<long long>(outcomes[0]), static_cast<long long>(outcomes[1]),
-        static_cast<long long>(outcomes[2]),
-        outcomes[0] > 0 ? static_cast<double>(outcomes[3]) / outcomes[0] : 0.0,
-        static_cast<long long>(ps->applied()), static_cast<long long>(model->version), first_loss,
-        final_loss);
-    if (ps->applied() != outcomes[0] || outcomes[2] != 0 ||
-        outcomes[0] + outcomes[1] != int64_t{size} * kSteps || !(final_loss < first_loss / 10)) {
-      std::fprintf(stderr, "cpp_worker: FAILED (see the line above)\n");
-      exit_code = 1;
-    }
+    auto checked = CheckTraining(worker, *ps, outcomes, size, first_loss, x, y);
+    if (!checked.ok()) return Fail("Get", checked.status());
+    exit_code = *checked;
   }
   // Broadcast rank 0's verdict, and keep ps0 up until every rank is done.
   int32_t verdict = exit_code;
