@@ -121,67 +121,64 @@ sim::Weights ComputeGradient(const Flags& f, const sim::SgdTask& task, const sim
   return g;
 }
 
-int RunServer(const Flags& f, EventLog& log) {
-  const sim::SgdTask task(f.sim.sgd, f.sim.seed);
-  sim::Weights model = task.InitialWeights();
+// The async server's model and counters, shared by the daemon's callbacks
+// and the evaluation loop.
+struct ServerState {
   std::mutex mu;
+  sim::Weights model;
   int64_t version = 0, applied_updates = 0, deliveries = 0;
   std::vector<int64_t> count_hist;  // deliveries by constituent count
-  auto server = Server::Connect(f.client);
-  if (!server.ok()) {
-    std::cerr << "testbed_app server: " << server.status().message() << "\n";
-    return 1;
-  }
-  version = (*server)->initial_version();
-  const size_t values = model.size();
+};
+
+// Applies delivered updates to `s` and answers gets with its model.
+void RegisterServerCallbacks(const Flags& f, Server& server, ServerState& s) {
+  const size_t values = s.model.size();
   const double scale = -f.sim.sgd.lr / static_cast<double>(f.workers);
-  (*server)->RegisterUpdateCallback([&](const Server::Update& u) -> absl::StatusOr<int64_t> {
+  server.RegisterUpdateCallback([&s, values, scale](
+                                    const Server::Update& u) -> absl::StatusOr<int64_t> {
     if (u.bytes < values * sizeof(float)) {
       return absl::InvalidArgumentError("update is shorter than the model's gradient");
     }
     const float* g = reinterpret_cast<const float*>(u.data);
-    std::lock_guard<std::mutex> lock(mu);
+    std::lock_guard<std::mutex> lock(s.mu);
     // Async PS: each constituent gradient applied with lr / N (linear
     // scaling, as the simulator does); an aggregate is their sum.
-    for (size_t j = 0; j < values; ++j) model[j] += scale * g[j];
-    applied_updates += u.count;
-    version += u.count;
-    ++deliveries;
-    if (static_cast<int64_t>(count_hist.size()) <= u.count) count_hist.resize(u.count + 1, 0);
-    ++count_hist[u.count];
-    return version;
+    for (size_t j = 0; j < values; ++j) s.model[j] += scale * g[j];
+    s.applied_updates += u.count;
+    s.version += u.count;
+    ++s.deliveries;
+    if (static_cast<int64_t>(s.count_hist.size()) <= u.count) s.count_hist.resize(u.count + 1, 0);
+    ++s.count_hist[u.count];
+    return s.version;
   });
-  (*server)->RegisterRequestCallback([&]() -> absl::StatusOr<Server::Snapshot> {
+  server.RegisterRequestCallback([&f, &s, values]() -> absl::StatusOr<Server::Snapshot> {
     Server::Snapshot snapshot;
-    std::lock_guard<std::mutex> lock(mu);
-    snapshot.version = version;
+    std::lock_guard<std::mutex> lock(s.mu);
+    snapshot.version = s.version;
     // The model travels padded to the update size, like the gradient: a
     // get moves as many bytes as a ResNet-50 model would, scaled (README).
     std::vector<float> m(PayloadFloats(f, values), 0.0f);
-    std::copy(model.begin(), model.end(), m.begin());
+    std::copy(s.model.begin(), s.model.end(), m.begin());
     snapshot.bytes.resize(m.size() * sizeof(float));
     std::memcpy(snapshot.bytes.data(), m.data(), snapshot.bytes.size());
     return snapshot;
   });
-  std::thread serving([&] {
-    if (auto status = (*server)->Serve(); !status.ok()) {
-      std::cerr << "testbed_app server: " << status.message() << "\n";
-    }
-  });
-  const double start = Now();
+}
+
+// Samples test accuracy every --eval_interval_s from `start` until it
+// reaches the target (returns when it did) or --duration_s passed (-1).
+double EvaluateUntilDone(const Flags& f, const sim::SgdTask& task, ServerState& s,
+                         EventLog& log, double start) {
   double reached_s = -1;
-  // Evaluate until the target or the duration; keep serving until the
-  // orchestrator says the workers are done (<stop_file>.done), so their last
-  // pushes still end applied or dropped, never failed.
   for (double next = start;; next += f.eval_interval_s) {
     SleepUntil(next);
     sim::Weights snapshot;
     int64_t seen_applied, seen_version;
     {
-      std::lock_guard<std::mutex> lock(mu);
-      snapshot = model;
-      seen_applied = applied_updates;
-      seen_version = version;
+      std::lock_guard<std::mutex> lock(s.mu);
+      snapshot = s.model;
+      seen_applied = s.applied_updates;
+      seen_version = s.version;
     }
     const double accuracy = task.TestAccuracy(snapshot);
     log.Write({{"event", "eval"}, {"t", Now()}, {"applied", seen_applied},
@@ -189,6 +186,30 @@ int RunServer(const Flags& f, EventLog& log) {
     if (reached_s < 0 && accuracy >= f.target_accuracy) reached_s = Now();
     if (reached_s >= 0 || Now() - start >= f.duration_s) break;
   }
+  return reached_s;
+}
+
+int RunServer(const Flags& f, EventLog& log) {
+  const sim::SgdTask task(f.sim.sgd, f.sim.seed);
+  ServerState s;
+  s.model = task.InitialWeights();
+  auto server = Server::Connect(f.client);
+  if (!server.ok()) {
+    std::cerr << "testbed_app server: " << server.status().message() << "\n";
+    return 1;
+  }
+  s.version = (*server)->initial_version();
+  RegisterServerCallbacks(f, **server, s);
+  std::thread serving([&] {
+    if (auto status = (*server)->Serve(); !status.ok()) {
+      std::cerr << "testbed_app server: " << status.message() << "\n";
+    }
+  });
+  const double start = Now();
+  // Evaluate until the target or the duration; keep serving until the
+  // orchestrator says the workers are done (<stop_file>.done), so their last
+  // pushes still end applied or dropped, never failed.
+  const double reached_s = EvaluateUntilDone(f, task, s, log, start);
   Touch(f.stop_file);
   const double linger_until = Now() + 120;
   while (!FileExists(f.stop_file + ".done") && Now() < linger_until) {
@@ -196,12 +217,68 @@ int RunServer(const Flags& f, EventLog& log) {
   }
   (*server)->Stop();
   serving.join();
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   log.Write({{"event", "summary"}, {"role", "server"}, {"t", Now()}, {"start", start},
-             {"applied", applied_updates}, {"deliveries", deliveries},
-             {"deliveries_by_count", count_hist}, {"version", version},
-             {"accuracy", task.TestAccuracy(model)}, {"reached_t", reached_s}});
+             {"applied", s.applied_updates}, {"deliveries", s.deliveries},
+             {"deliveries_by_count", s.count_hist}, {"version", s.version},
+             {"accuracy", task.TestAccuracy(s.model)}, {"reached_t", reached_s}});
   return 0;
+}
+
+// A worker's push whose outcome is not in yet.
+struct InFlight {
+  std::future<PushResult> result;
+  int64_t iteration;
+  int64_t version;
+  double pushed_t;
+};
+
+// How a worker's pushes ended, for its summary.
+struct PushTally {
+  int64_t pushes = 0, applied = 0, dropped = 0, failed = 0;
+  std::map<std::string, int64_t> drop_reasons, fail_reasons;
+  std::string first_error;
+};
+
+// Waits for the oldest push in flight, logs its outcome and counts it.
+void SettleOldest(std::deque<InFlight>& in_flight, PushTally& tally, EventLog& log) {
+  InFlight p = std::move(in_flight.front());
+  in_flight.pop_front();
+  PushResult r = p.result.get();
+  nlohmann::json e = {{"event", "push"}, {"iter", p.iteration}, {"version", p.version},
+                      {"t_push", p.pushed_t}, {"t_done", Now()},
+                      {"outcome", PushOutcomeName(r.outcome)}};
+  if (r.outcome == PushOutcome::kApplied) {
+    ++tally.applied;
+    e["delay"] = r.delay;
+  } else if (r.outcome == PushOutcome::kDropped) {
+    ++tally.dropped;
+    ++tally.drop_reasons[r.reason];
+    e["reason"] = r.reason;
+  } else {
+    ++tally.failed;
+    ++tally.fail_reasons[r.reason];
+    e["reason"] = r.reason;
+    if (tally.first_error.empty()) tally.first_error = r.reason;
+  }
+  log.Write(e);
+}
+
+// The server's model for `iteration`.
+absl::StatusOr<Model> GetModel(Worker& worker, const std::string& server, int64_t iteration) {
+  auto model = worker.Get(server);
+  // Workers and the server start together: until the server has
+  // registered, a get is refused with NOT_FOUND. Wait for it (only before
+  // the first model arrives; pushes already wait server_wait_s). The
+  // daemon reports it as "... NOT_FOUND: server 'ps0' ... is not registered".
+  for (const double wait_until = Now() + 30;
+       iteration == 0 && !model.ok() &&
+       model.status().message().find("is not registered") != absl::string_view::npos &&
+       Now() < wait_until;
+       model = worker.Get(server)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return model;
 }
 
 int RunWorker(const Flags& f, EventLog& log) {
@@ -213,39 +290,10 @@ int RunWorker(const Flags& f, EventLog& log) {
   }
   const size_t values = task.InitialWeights().size();
   std::vector<float> payload(PayloadFloats(f, values), 0.0f);
-  struct InFlight {
-    std::future<PushResult> result;
-    int64_t iteration;
-    int64_t version;
-    double pushed_t;
-  };
   std::deque<InFlight> in_flight;
-  int64_t pushes = 0, applied = 0, dropped = 0, failed = 0;
-  std::map<std::string, int64_t> drop_reasons, fail_reasons;
-  std::string first_error, get_error;
+  PushTally tally;
+  std::string get_error;
   bool get_failed = false;
-  auto settle = [&] {
-    InFlight p = std::move(in_flight.front());
-    in_flight.pop_front();
-    PushResult r = p.result.get();
-    nlohmann::json e = {{"event", "push"}, {"iter", p.iteration}, {"version", p.version},
-                        {"t_push", p.pushed_t}, {"t_done", Now()},
-                        {"outcome", PushOutcomeName(r.outcome)}};
-    if (r.outcome == PushOutcome::kApplied) {
-      ++applied;
-      e["delay"] = r.delay;
-    } else if (r.outcome == PushOutcome::kDropped) {
-      ++dropped;
-      ++drop_reasons[r.reason];
-      e["reason"] = r.reason;
-    } else {
-      ++failed;
-      ++fail_reasons[r.reason];
-      e["reason"] = r.reason;
-      if (first_error.empty()) first_error = r.reason;
-    }
-    log.Write(e);
-  };
   const double start = Now();
   const int index = static_cast<int>(f.worker_index);
   double last_iter_end = start;
@@ -255,18 +303,7 @@ int RunWorker(const Flags& f, EventLog& log) {
   // get ends the worker: it has no model to compute on.
   for (int64_t iteration = 0;; ++iteration) {
     if (FileExists(f.stop_file) || Now() - start > f.duration_s + 60) break;
-    auto model = (*worker)->Get(f.server);
-    // Workers and the server start together: until the server has
-    // registered, a get is refused with NOT_FOUND. Wait for it (only before
-    // the first model arrives; pushes already wait server_wait_s). The
-    // daemon reports it as "... NOT_FOUND: server 'ps0' ... is not registered".
-    for (const double wait_until = Now() + 30;
-         iteration == 0 && !model.ok() &&
-         model.status().message().find("is not registered") != absl::string_view::npos &&
-         Now() < wait_until;
-         model = (*worker)->Get(f.server)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    auto model = GetModel(**worker, f.server, iteration);
     if (!model.ok()) {
       get_failed = true;
       get_error = std::string(model.status().message());
@@ -293,14 +330,17 @@ int RunWorker(const Flags& f, EventLog& log) {
     in_flight.push_back({(*worker)->Push(f.server, payload.data(), payload.size() * sizeof(float),
                                          model->version, std::sqrt(norm2)),
                          iteration, model->version, now});
-    ++pushes;
-    while (static_cast<int64_t>(in_flight.size()) >= f.window) settle();
+    ++tally.pushes;
+    while (static_cast<int64_t>(in_flight.size()) >= f.window) {
+      SettleOldest(in_flight, tally, log);
+    }
   }
-  while (!in_flight.empty()) settle();
+  while (!in_flight.empty()) SettleOldest(in_flight, tally, log);
   log.Write({{"event", "summary"}, {"role", "worker"}, {"t", Now()}, {"start", start},
-             {"pushes", pushes}, {"applied", applied}, {"dropped", dropped}, {"failed", failed},
-             {"drop_reasons", drop_reasons}, {"fail_reasons", fail_reasons},
-             {"first_error", first_error}, {"get_error", get_error}});
+             {"pushes", tally.pushes}, {"applied", tally.applied}, {"dropped", tally.dropped},
+             {"failed", tally.failed}, {"drop_reasons", tally.drop_reasons},
+             {"fail_reasons", tally.fail_reasons}, {"first_error", tally.first_error},
+             {"get_error", get_error}});
   return get_failed ? 3 : 0;
 }
 
