@@ -81,6 +81,7 @@ struct Flags {
   std::string barrier;  // HOST:PORT
   double start_at_unix = 0;
   std::string out;
+  bool help = false;
 };
 
 class Stopwatch {
@@ -472,17 +473,11 @@ int RunSingle(Worker& worker, const Flags& flags, const std::vector<ScaledLayer>
   return 0;
 }
 
-int Main(int argc, char** argv) {
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   auto cl = ParseCommandLine(argc, argv);
-  if (!cl.ok()) {
-    std::cerr << "profile_worker: " << cl.status().message() << "\n";
-    return 2;
-  }
+  if (!cl.ok()) return cl.status();
   auto reader = ConfigReader::FromCommandLine(*cl);
-  if (!reader.ok()) {
-    std::cerr << "profile_worker: " << reader.status().message() << "\n";
-    return 2;
-  }
+  if (!reader.ok()) return reader.status();
   Flags flags;
   flags.client.name = "worker";
   reader->String("socket", &flags.client.daemon_socket);
@@ -511,11 +506,48 @@ int Main(int argc, char** argv) {
   if (flags.layout == "per_layer" && !flags.barrier.empty()) {
     reader->AddError("barrier", "the barrier is for --layout=single (synchronous jobs)");
   }
-  if (auto status = reader->Finish(); !status.ok()) {
-    std::cerr << "profile_worker: " << status.message() << "\n";
+  if (auto status = reader->Finish(); !status.ok()) return status;
+  flags.help = cl->help;
+  return flags;
+}
+
+// The --out document: the run's settings, layers, iterations and pushes.
+nlohmann::json Report(const Flags& flags, const std::vector<ScaledLayer>& layers,
+                      const nlohmann::json& iterations, const PushTally& tally,
+                      double start_unix, double end_unix) {
+  return {
+      {"worker", flags.client.name},   {"job", flags.client.job},
+      {"model", flags.model},          {"layout", flags.layout},
+      {"variant", flags.variant},      {"byte_scale", flags.byte_scale},
+      {"compute_scale", flags.compute_scale},
+      {"start_unix", start_unix},      {"end_unix", end_unix},
+      {"layers", LayersJson(layers)},  {"iterations", iterations},
+      {"pushes",
+       {{"issued", tally.issued},
+        {"applied", tally.applied},
+        {"dropped", tally.dropped},
+        {"failed", tally.failed},
+        {"mean_delay", tally.applied ? double(tally.delay_sum) / tally.applied : 0.0}}},
+      {"gets", tally.gets},            {"get_failures", tally.get_failures},
+      {"errors", tally.errors}};
+}
+
+// Writes `report` to `out` whole (a temporary file renamed over it).
+void WriteReport(const std::string& out, const nlohmann::json& report) {
+  std::ofstream file(out + ".tmp");
+  file << report.dump(1) << "\n";
+  file.close();
+  std::rename((out + ".tmp").c_str(), out.c_str());
+}
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<Flags> parsed = ParseFlags(argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << "profile_worker: " << parsed.status().message() << "\n";
     return 2;
   }
-  if (cl->help) {
+  Flags& flags = *parsed;
+  if (flags.help) {
     std::cout << "profile_worker --model=vgg16|resnet50|resnet32 --layout=per_layer|single "
                  "--variant=prio|fifo|whole --byte_scale=50 --compute_scale=1 [--compute_total_s=S] "
                  "--iterations=10 "
@@ -545,26 +577,8 @@ int Main(int argc, char** argv) {
                ? RunPerLayer(**worker, flags, layers, clock, tally, iterations)
                : RunSingle(**worker, flags, layers, clock, tally, iterations);
   const double end_unix = UnixNow();
-  nlohmann::json out = {
-      {"worker", flags.client.name},   {"job", flags.client.job},
-      {"model", flags.model},          {"layout", flags.layout},
-      {"variant", flags.variant},      {"byte_scale", flags.byte_scale},
-      {"compute_scale", flags.compute_scale},
-      {"start_unix", start_unix},      {"end_unix", end_unix},
-      {"layers", LayersJson(layers)},  {"iterations", iterations},
-      {"pushes",
-       {{"issued", tally.issued},
-        {"applied", tally.applied},
-        {"dropped", tally.dropped},
-        {"failed", tally.failed},
-        {"mean_delay", tally.applied ? double(tally.delay_sum) / tally.applied : 0.0}}},
-      {"gets", tally.gets},            {"get_failures", tally.get_failures},
-      {"errors", tally.errors}};
   if (!flags.out.empty()) {
-    std::ofstream file(flags.out + ".tmp");
-    file << out.dump(1) << "\n";
-    file.close();
-    std::rename((flags.out + ".tmp").c_str(), flags.out.c_str());
+    WriteReport(flags.out, Report(flags, layers, iterations, tally, start_unix, end_unix));
   }
   std::cout << "profile_worker " << flags.client.name << ": done, " << iterations.size()
             << " iterations, pushes issued " << tally.issued << " applied " << tally.applied
