@@ -66,7 +66,12 @@ void FluidSim::RecomputeRates() {
   const int links = 2 * hosts_;
   std::vector<double> capacity(links);
   for (int l = 0; l < links; ++l) capacity[l] = trace_->CapacityBps(l / 2, l % 2 == 0, now_s_);
+  ShareFairly(RateReservedFlows(capacity));
+  NoteLinkLoad(capacity);
+}
 
+std::vector<double> FluidSim::RateReservedFlows(const std::vector<double>& capacity) {
+  const int links = static_cast<int>(capacity.size());
   // Reserved flows: the planned rate, scaled down where the links cannot
   // carry the sum of reservations any more.
   std::vector<double> planned_sum(links, 0);
@@ -100,7 +105,11 @@ void FluidSim::RecomputeRates() {
     residual[f.down_link] -= f.rate_bps;
   }
   for (double& r : residual) r = std::max(0.0, r);
+  return residual;
+}
 
+void FluidSim::ShareFairly(std::vector<double> residual) {
+  const int links = static_cast<int>(residual.size());
   // Best-effort flows: max-min fair share of the residual (progressive
   // filling with a lazily updated heap of per-link fair shares).
   std::vector<std::vector<Flow*>> on_link(links);
@@ -135,7 +144,10 @@ void FluidSim::RecomputeRates() {
     residual[link] = std::max(0.0, residual[link] - share * unfrozen[link]);
     unfrozen[link] = 0;
   }
+}
 
+void FluidSim::NoteLinkLoad(const std::vector<double>& capacity) {
+  const int links = static_cast<int>(capacity.size());
   std::vector<double> load(links, 0);
   for (const auto& [id, f] : flows_) {
     load[f.up_link] += f.rate_bps;

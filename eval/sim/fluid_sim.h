@@ -108,6 +108,14 @@ class FluidSim {
 
   void AddFlow(Flow flow);
   void RecomputeRates();
+  // RecomputeRates' steps, over the links' `capacity` now. Rates the
+  // reserved flows (their plan, scaled down on overbooked links) and
+  // returns what they leave of each link.
+  std::vector<double> RateReservedFlows(const std::vector<double>& capacity);
+  // Shares the `residual` capacity max-min fairly among best-effort flows.
+  void ShareFairly(std::vector<double> residual);
+  // Updates stats_.max_link_load with the links' load under the new rates.
+  void NoteLinkLoad(const std::vector<double>& capacity);
   // Time of the next rate change of the current flow set (completion,
   // segment boundary, trace period), assuming rates stay as computed.
   double NextFlowChangeS() const;
