@@ -59,6 +59,104 @@ void TruncateServer(ServerSchedule* server, size_t cut) {
   for (int& d : server->delivered_by) d = remap[d];
 }
 
+// The replica's schedule before the bound is enforced: Alg. 3 towards the
+// replica over the stream (pending ++ order), on the network the server
+// schedule left, then the direct tail.
+struct TentativeReplica {
+  AggregationInput input;
+  AggregationResult agg;
+  std::vector<PlannedTransfer> tail;  // aggregate_pending_only: this batch's copies
+  std::vector<double> commit_s;       // honest commit per stream position
+};
+
+TentativeReplica PlanTentative(const PreparedBatch& batch, const ReplicaConfig& replica,
+                               const ServerSchedule& server, Network* net,
+                               const PlannerOptions& options) {
+  TentativeReplica plan;
+  AggregationInput& input = plan.input;
+  input.now_s = batch.now_s;
+  input.dst_host = replica.host;
+  input.items = replica.pending;
+  std::vector<AggregationItem> direct_tail;  // aggregate_pending_only: this batch's copies
+  for (int u : server.order) {
+    const AggregationItem item{u, batch.updates[u].worker, batch.updates[u].parts[0].bytes};
+    (replica.aggregate_pending_only ? direct_tail : input.items).push_back(item);
+  }
+  {
+    Network tentative = *net;
+    input.direct = SequentialDirect(input.items, replica.host, batch.now_s, TransferKind::kReplica,
+                                    &tentative);
+  }
+  input.aggregators = replica.aggregators;
+  input.to_aggregator_kind = TransferKind::kReplica;
+  input.aggregate_kind = TransferKind::kReplicaAggregate;
+  plan.agg = Aggregate(input, net, options);
+  // The direct tail goes after Alg. 3's schedule, in stream order.
+  plan.tail = SequentialDirect(direct_tail, replica.host, batch.now_s, TransferKind::kReplica, net);
+  for (const PlannedTransfer& t : plan.tail) plan.agg.arrival_s.push_back(t.end_s);
+  plan.commit_s = HonestCommits(plan.agg.arrival_s);
+  return plan;
+}
+
+// Moves the last of the `kept` server deliveries to start at `t_e` when its
+// path has the capacity from then on; false, with the network as it was,
+// when it does not (or `t_e` is no later than its start).
+bool DelayLastDelivery(ServerSchedule* server, size_t kept, double t_e, Network* net) {
+  PlannedTransfer& last = server->transfers[server->delivered_by[kept - 1]];
+  if (!(t_e < kInfinity && t_e > last.start_s)) return false;
+  const Path path = net->PathBetween(last.src, last.dst);
+  net->Release(path, last.segments);
+  FillResult fill = net->Fill(path, t_e, 8.0 * static_cast<double>(last.bytes));
+  if (!fill.feasible) {
+    net->Reserve(path, last.segments);
+    return false;
+  }
+  net->Reserve(path, fill.segments);
+  const int delivered = server->delivered_by[kept - 1];
+  for (size_t i = 0; i < kept; ++i) {
+    if (server->delivered_by[i] == delivered) server->arrival_s[i] = fill.end_s;
+  }
+  last.start_s = fill.segments.front().from_s;
+  last.end_s = fill.end_s;
+  last.segments = std::move(fill.segments);
+  return true;
+}
+
+// The server gives up its last delivery (a direct update or a whole
+// aggregate), adding its updates to `dropped`; returns the positions kept.
+size_t DropLastDelivery(ServerSchedule* server, size_t kept, std::vector<int>* dropped) {
+  size_t cut = kept - 1;
+  while (cut > 0 && server->delivered_by[cut - 1] == server->delivered_by[kept - 1]) --cut;
+  for (size_t i = cut; i < kept; ++i) dropped->push_back(server->order[i]);
+  TruncateServer(server, cut);
+  return cut;
+}
+
+// Freezes the stream prefix committed by T_last (`r` positions) with the
+// transfers that bring it; punts the rest.
+void FreezeStream(const ReplicaConfig& replica, const ServerSchedule& server,
+                  const TentativeReplica& plan, size_t kept, size_t r, ReplicationResult* result) {
+  const size_t pending = replica.pending.size();
+  const size_t stream = pending + kept;
+  for (size_t i = 0; i < stream; ++i) {
+    result->stream.push_back(i < pending ? replica.pending[i].update : server.order[i - pending]);
+  }
+  for (size_t i = 0; i < r; ++i) result->commit_s.push_back(plan.commit_s[i]);
+  for (size_t i = r; i < stream; ++i) result->punted.push_back(result->stream[i]);
+  for (int i = 0; i < plan.agg.split && static_cast<size_t>(i) < r; ++i) {
+    result->transfers.push_back(plan.input.direct[i]);
+  }
+  for (const AggregationGroup& group : plan.agg.groups) {
+    if (static_cast<size_t>(group.items.back()) >= r) break;
+    for (const PlannedTransfer& t : group.to_aggregator) result->transfers.push_back(t);
+    result->transfers.push_back(group.aggregate);
+  }
+  const size_t aggregated = plan.input.items.size();  // stream positions Alg. 3 planned
+  for (size_t i = 0; i < plan.tail.size() && aggregated + i < r; ++i) {
+    result->transfers.push_back(plan.tail[i]);
+  }
+}
+
 }  // namespace
 
 ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& replica,
@@ -77,33 +175,8 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
     result.divergence = table.Bound(0, lead);
     return result;
   }
-
-  // Tentative replica schedule: Alg. 3 towards the replica over the stream
-  // (pending ++ order), on the network the server schedule left.
-  AggregationInput input;
-  input.now_s = batch.now_s;
-  input.dst_host = replica.host;
-  input.items = replica.pending;
-  std::vector<AggregationItem> direct_tail;  // aggregate_pending_only: this batch's copies
-  for (int u : server->order) {
-    const AggregationItem item{u, batch.updates[u].worker, batch.updates[u].parts[0].bytes};
-    (replica.aggregate_pending_only ? direct_tail : input.items).push_back(item);
-  }
-  {
-    Network tentative = *net;
-    input.direct = SequentialDirect(input.items, replica.host, batch.now_s, TransferKind::kReplica,
-                                    &tentative);
-  }
-  input.aggregators = replica.aggregators;
-  input.to_aggregator_kind = TransferKind::kReplica;
-  input.aggregate_kind = TransferKind::kReplicaAggregate;
-  AggregationResult agg = Aggregate(input, net, options);
-  // The direct tail goes after Alg. 3's schedule, in stream order.
-  const std::vector<PlannedTransfer> tail =
-      SequentialDirect(direct_tail, replica.host, batch.now_s, TransferKind::kReplica, net);
-  for (const PlannedTransfer& t : tail) agg.arrival_s.push_back(t.end_s);
-  const size_t aggregated = input.items.size();  // stream positions Alg. 3 planned
-  const std::vector<double> replica_commit = HonestCommits(agg.arrival_s);
+  const TentativeReplica plan = PlanTentative(batch, replica, *server, net, options);
+  const std::vector<double>& replica_commit = plan.commit_s;
 
   size_t kept = m;  // server positions kept (all unless no delay can keep the bound)
   auto server_state = [&]() { return lead + pending + kept; };
@@ -131,55 +204,19 @@ ReplicationResult Replicate(const PreparedBatch& batch, const ReplicaConfig& rep
     // replica catches up).
     size_t needed = r + 1;
     while (needed < pending + kept && violated(needed)) ++needed;
-    const double t_e = replica_commit[needed - 1];
-    PlannedTransfer& last = server->transfers[server->delivered_by[kept - 1]];
-    if (t_e < kInfinity && t_e > last.start_s) {
-      const Path path = net->PathBetween(last.src, last.dst);
-      net->Release(path, last.segments);
-      FillResult fill = net->Fill(path, t_e, 8.0 * static_cast<double>(last.bytes));
-      if (fill.feasible) {
-        net->Reserve(path, fill.segments);
-        const int delivered = server->delivered_by[kept - 1];
-        for (size_t i = 0; i < kept; ++i) {
-          if (server->delivered_by[i] == delivered) server->arrival_s[i] = fill.end_s;
-        }
-        last.start_s = fill.segments.front().from_s;
-        last.end_s = fill.end_s;
-        last.segments = std::move(fill.segments);
-        result.delayed_last = true;
-        r = committed_by(last_commit());
-        continue;
-      }
-      net->Reserve(path, last.segments);
+    if (DelayLastDelivery(server, kept, replica_commit[needed - 1], net)) {
+      result.delayed_last = true;
+      r = committed_by(last_commit());
+      continue;
     }
     // No delay helps (the replica, or the last transfer's path after a_e,
     // never offers the capacity): the server gives up its last delivery
-    // (a direct update or a whole aggregate) and tries again.
-    size_t cut = kept - 1;
-    while (cut > 0 && server->delivered_by[cut - 1] == server->delivered_by[kept - 1]) --cut;
-    for (size_t i = cut; i < kept; ++i) result.dropped.push_back(server->order[i]);
-    TruncateServer(server, cut);
-    kept = cut;
+    // and tries again.
+    kept = DropLastDelivery(server, kept, &result.dropped);
     r = committed_by(last_commit());
   }
   result.divergence = table.Bound(replica_state(r), server_state());
-
-  // Freeze the stream prefix committed by T_last; punt the rest.
-  const size_t stream = pending + kept;
-  for (size_t i = 0; i < stream; ++i) {
-    result.stream.push_back(i < pending ? replica.pending[i].update : server->order[i - pending]);
-  }
-  for (size_t i = 0; i < r; ++i) result.commit_s.push_back(replica_commit[i]);
-  for (size_t i = r; i < stream; ++i) result.punted.push_back(result.stream[i]);
-  for (int i = 0; i < agg.split && static_cast<size_t>(i) < r; ++i) {
-    result.transfers.push_back(input.direct[i]);
-  }
-  for (const AggregationGroup& group : agg.groups) {
-    if (static_cast<size_t>(group.items.back()) >= r) break;
-    for (const PlannedTransfer& t : group.to_aggregator) result.transfers.push_back(t);
-    result.transfers.push_back(group.aggregate);
-  }
-  for (size_t i = 0; i < tail.size() && aggregated + i < r; ++i) result.transfers.push_back(tail[i]);
+  FreezeStream(replica, *server, plan, kept, r, &result);
   return result;
 }
 
