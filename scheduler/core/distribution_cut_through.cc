@@ -80,10 +80,8 @@ double MeanRate(const std::vector<ProfilePoint>& profile, double capacity_bps, d
   }
 }
 
-}  // namespace
-
-absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRequest& request,
-                                                            const CutThroughOptions& options) {
+absl::Status CheckCutThroughOptions(const DistributionRequest& request,
+                                   const CutThroughOptions& options) {
   if (request.model_bytes <= 0) {
     return absl::InvalidArgumentError("model_bytes: must be a positive integer");
   }
@@ -97,28 +95,48 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
   if (!(options.min_saving >= 0 && options.min_saving < 1)) {
     return absl::InvalidArgumentError("min_saving: must be in [0, 1)");
   }
-  ASSIGN_OR_RETURN(Batch batch, DistributionBatch(request));
-  std::map<std::string, const HostLink*> links;
-  for (const HostLink& h : request.hosts) links[h.name] = &h;
-  const double bits = 8.0 * static_cast<double>(request.model_bytes);
-  // Each of `copies` streams' rate when a host's uplink sends them
-  // together, and a host's downlink's rate for one copy.
-  auto up = [&](const std::string& name, size_t copies = 1) {
-    const HostLink& h = *links.at(name);
+  return absl::OkStatus();
+}
+
+// The rates a stream of the model gets on the request's hosts' links.
+class LinkRates {
+ public:
+  explicit LinkRates(const DistributionRequest& request)
+      : now_s_(request.now_s), bits_(8.0 * static_cast<double>(request.model_bytes)) {
+    for (const HostLink& h : request.hosts) links_[h.name] = &h;
+  }
+
+  bool Has(const std::string& name) const { return links_.count(name) > 0; }
+
+  // Each of `copies` streams' rate when a host's uplink sends them together.
+  double Up(const std::string& name, size_t copies = 1) const {
+    const HostLink& h = *links_.at(name);
     const double n = static_cast<double>(std::max<size_t>(copies, 1));
-    return MeanRate(h.uplink_profile, h.uplink_bps, request.now_s, n * bits) / n;
-  };
-  auto down = [&](const std::string& name) {
-    const HostLink& h = *links.at(name);
-    return MeanRate(h.downlink_profile, h.downlink_bps, request.now_s, bits);
-  };
-  if (links.count(request.server) == 0) {
+    return MeanRate(h.uplink_profile, h.uplink_bps, now_s_, n * bits_) / n;
+  }
+
+  // A host's downlink's rate for one copy.
+  double Down(const std::string& name) const {
+    const HostLink& h = *links_.at(name);
+    return MeanRate(h.downlink_profile, h.downlink_bps, now_s_, bits_);
+  }
+
+ private:
+  double now_s_;
+  double bits_;
+  std::map<std::string, const HostLink*> links_;
+};
+
+// The server and every requester are hosts; no requester is the server or
+// asks twice.
+absl::Status CheckRequesters(const DistributionRequest& request, const LinkRates& rates) {
+  if (!rates.Has(request.server)) {
     return absl::InvalidArgumentError(absl::StrCat("server: '", request.server, "' is not in hosts"));
   }
   std::set<std::string> seen;
   for (size_t i = 0; i < request.requesters.size(); ++i) {
     const std::string& name = request.requesters[i];
-    if (links.count(name) == 0) {
+    if (!rates.Has(name)) {
       return absl::InvalidArgumentError(absl::StrCat("requesters[", i, "]: '", name,
                                                      "' is not in hosts"));
     }
@@ -129,14 +147,68 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
       return absl::InvalidArgumentError(absl::StrCat("requesters[", i, "]: duplicate '", name, "'"));
     }
   }
+  return absl::OkStatus();
+}
+
+// The F-ary tree over the requesters in `order` (fastest uplinks first):
+// each one's stream rate, depth and arrival, and the plan's total.
+DistributionPlan PlanTree(const DistributionRequest& request, const CutThroughOptions& options,
+                          const LinkRates& rates, const std::vector<size_t>& order,
+                          size_t fanout) {
+  const double bits = 8.0 * static_cast<double>(request.model_bytes);
+  const double packet_bits =
+      8.0 * static_cast<double>(std::min<int64_t>(options.packet_bytes, request.model_bytes));
+  const size_t n = order.size();
+  auto parent = [&](size_t k) -> long {
+    return k < fanout ? -1 : static_cast<long>((k - fanout) / fanout);
+  };
+  auto children = [&](long node) -> size_t {  // node -1 = the server
+    const size_t first = node < 0 ? 0 : fanout + static_cast<size_t>(node) * fanout;
+    return first >= n ? 0 : std::min(fanout, n - first);
+  };
+  std::vector<double> rate(n), at(n);
+  std::vector<int> depth(n);
+  DistributionPlan plan;
+  plan.deliveries.resize(n);
+  for (size_t k = 0; k < n; ++k) {  // parents come first
+    const std::string& host = request.requesters[order[k]];
+    const long p = parent(k);
+    const std::string& from =
+        p < 0 ? request.server : request.requesters[order[static_cast<size_t>(p)]];
+    double r = std::min(rates.Up(from, children(p)), rates.Down(host));
+    int d = 1;
+    if (p >= 0) {
+      r = std::min(r, rate[static_cast<size_t>(p)]);
+      d = depth[static_cast<size_t>(p)] + 1;
+    }
+    rate[k] = r;
+    depth[k] = d;
+    at[k] = r > 0 ? request.now_s + bits / r + (d - 1) * (packet_bits / r + options.hop_s)
+                  : kInfinity;
+    plan.deliveries[order[k]] = {host, at[k], from, r, rates.Up(host),
+                                 static_cast<int>(children(static_cast<long>(k)))};
+    plan.total_s = std::max(plan.total_s, at[k]);
+    if (p < 0) plan.copy_bps = plan.copy_bps > 0 ? std::min(plan.copy_bps, r) : r;
+  }
+  plan.direct = static_cast<int>(children(-1));
+  plan.distributors_used = 0;  // every copy past the server's is forwarded by a requester
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRequest& request,
+                                                            const CutThroughOptions& options) {
+  RETURN_IF_ERROR(CheckCutThroughOptions(request, options));
+  ASSIGN_OR_RETURN(Batch batch, DistributionBatch(request));
+  const LinkRates rates(request);
+  RETURN_IF_ERROR(CheckRequesters(request, rates));
   // Fastest uplinks first (they become the inner nodes); ties keep request order.
   std::vector<size_t> order(request.requesters.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return up(request.requesters[a]) > up(request.requesters[b]);
+    return rates.Up(request.requesters[a]) > rates.Up(request.requesters[b]);
   });
-  const double packet_bits =
-      8.0 * static_cast<double>(std::min<int64_t>(options.packet_bytes, request.model_bytes));
   const size_t n = order.size();
   DistributionPlan best;
   best.total_s = n == 0 ? request.now_s : kInfinity;
@@ -150,39 +222,10 @@ absl::StatusOr<DistributionPlan> PlanCutThroughDistribution(const DistributionRe
   }
   double star_s = 0;
   for (const size_t fanout : fanouts) {
-    auto parent = [&](size_t k) -> long { return k < fanout ? -1 : static_cast<long>((k - fanout) / fanout); };
-    auto children = [&](long node) -> size_t {  // node -1 = the server
-      const size_t first = node < 0 ? 0 : fanout + static_cast<size_t>(node) * fanout;
-      return first >= n ? 0 : std::min(fanout, n - first);
-    };
-    std::vector<double> rate(n), at(n);
-    std::vector<int> depth(n);
-    DistributionPlan plan;
-    plan.deliveries.resize(n);
-    for (size_t k = 0; k < n; ++k) {  // parents come first
-      const std::string& host = request.requesters[order[k]];
-      const long p = parent(k);
-      const std::string& from = p < 0 ? request.server : request.requesters[order[static_cast<size_t>(p)]];
-      double r = std::min(up(from, children(p)), down(host));
-      int d = 1;
-      if (p >= 0) {
-        r = std::min(r, rate[static_cast<size_t>(p)]);
-        d = depth[static_cast<size_t>(p)] + 1;
-      }
-      rate[k] = r;
-      depth[k] = d;
-      at[k] = r > 0 ? request.now_s + bits / r + (d - 1) * (packet_bits / r + options.hop_s)
-                    : kInfinity;
-      plan.deliveries[order[k]] = {host, at[k], from, r, up(host),
-                                   static_cast<int>(children(static_cast<long>(k)))};
-      plan.total_s = std::max(plan.total_s, at[k]);
-      if (p < 0) plan.copy_bps = plan.copy_bps > 0 ? std::min(plan.copy_bps, r) : r;
-    }
-    plan.direct = static_cast<int>(children(-1));
-    plan.distributors_used = 0;  // every copy past the server's is forwarded by a requester
+    DistributionPlan plan = PlanTree(request, options, rates, order, fanout);
     if (fanout == fanouts.front()) {  // the star
       star_s = plan.total_s - request.now_s;
-      const double share = up(request.server, n);
+      const double share = rates.Up(request.server, n);
       const bool bound = n > 0 && plan.copy_bps >= (1 - options.min_saving) * share;
       best = std::move(plan);
       best.server_bound = bound;
