@@ -690,16 +690,10 @@ Choice DistributionSearch::FewestCopies(double deadline_s) {
   }
 }
 
-}  // namespace
-
-absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest& request,
-                                                       const DistributionOptions& options) {
-  if (request.model_bytes <= 0) {
-    return absl::InvalidArgumentError("model_bytes: must be a positive integer");
-  }
-  ASSIGN_OR_RETURN(Batch batch, DistributionBatch(request));
-  ASSIGN_OR_RETURN(Network net, Network::FromBatch(batch));
-  const int server = net.HostIndex(request.server);
+// The requesters' host indices, in request order; each must be a host other
+// than the server and ask once.
+absl::StatusOr<std::vector<int>> RequesterHosts(const DistributionRequest& request,
+                                                const Network& net, int server) {
   std::vector<int> requesters;
   std::vector<char> is_requester(request.hosts.size(), 0);
   for (size_t i = 0; i < request.requesters.size(); ++i) {
@@ -718,6 +712,13 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
     is_requester[host] = 1;
     requesters.push_back(host);
   }
+  return requesters;
+}
+
+// The distributors' host indices in their seeded pre-assigned order (the
+// server and repeats left out).
+absl::StatusOr<std::vector<int>> DistributorHosts(const DistributionRequest& request,
+                                                  const Network& net, int server) {
   std::vector<int> distributors;
   std::vector<char> is_distributor(request.hosts.size(), 0);
   for (size_t i = 0; i < request.distributors.size(); ++i) {
@@ -730,29 +731,32 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
     is_distributor[host] = 1;
     distributors.push_back(host);
   }
-  distributors = ShuffleAggregators(std::move(distributors), request.seed);
+  return ShuffleAggregators(std::move(distributors), request.seed);
+}
 
-  DistributionSearch search(request, net, server, requesters, std::move(distributors));
+// The winning case in full (total kInfinity when none reaches everyone).
+Candidate BestCase(DistributionSearch* search, const DistributionOptions& options) {
   const bool by_deadline = options.deadline_s < DistributionOptions::kNoDeadline;
   Candidate best;
   if (options.reference) {
-    if (by_deadline) best = search.ReferenceFewestCopies(options.deadline_s);
+    if (by_deadline) best = search->ReferenceFewestCopies(options.deadline_s);
     // If no case meets the deadline, the per-batch objective decides.
-    if (best.total_s == kInfinity) best = search.ReferenceEarliest();
+    if (best.total_s == kInfinity) best = search->ReferenceEarliest();
   } else {
     Choice choice;
-    if (by_deadline) choice = search.FewestCopies(options.deadline_s);
-    if (choice.total_s == kInfinity) choice = search.Earliest();
+    if (by_deadline) choice = search->FewestCopies(options.deadline_s);
+    if (choice.total_s == kInfinity) choice = search->Earliest();
     // The search ran without recording; replay the winner in full (the
     // same fills, so the same plan).
     if (choice.total_s != kInfinity) {
-      best = search.Evaluate(choice.direct, choice.used, kInfinity, true);
+      best = search->Evaluate(choice.direct, choice.used, kInfinity, true);
     }
   }
-  if (best.total_s == kInfinity) {
-    return absl::FailedPreconditionError(
-        "no distribution reaches every requester: some path has no capacity");
-  }
+  return best;
+}
+
+DistributionPlan ToDistributionPlan(const Candidate& best, const Network& net,
+                                    const std::vector<int>& requesters) {
   DistributionPlan plan;
   plan.direct = best.direct;
   plan.distributors_used = best.used;
@@ -776,6 +780,27 @@ absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest
                                  net.HostName(best.via[i])};
   }
   return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest& request,
+                                                       const DistributionOptions& options) {
+  if (request.model_bytes <= 0) {
+    return absl::InvalidArgumentError("model_bytes: must be a positive integer");
+  }
+  ASSIGN_OR_RETURN(Batch batch, DistributionBatch(request));
+  ASSIGN_OR_RETURN(Network net, Network::FromBatch(batch));
+  const int server = net.HostIndex(request.server);
+  ASSIGN_OR_RETURN(std::vector<int> requesters, RequesterHosts(request, net, server));
+  ASSIGN_OR_RETURN(std::vector<int> distributors, DistributorHosts(request, net, server));
+  DistributionSearch search(request, net, server, requesters, std::move(distributors));
+  const Candidate best = BestCase(&search, options);
+  if (best.total_s == kInfinity) {
+    return absl::FailedPreconditionError(
+        "no distribution reaches every requester: some path has no capacity");
+  }
+  return ToDistributionPlan(best, net, requesters);
 }
 
 
