@@ -148,74 +148,16 @@ class SplitSearch {
         if (bound - Slack(bound) > best) return kInfinity;
       }
       const int first = idx;
-      double group_end = in_.now_s;
-      // Per part: the largest size among the members (the aggregate's size).
-      std::vector<int64_t> group_bytes(in_.items[first].shards.size() + 1, 0);
-      AggregationGroup group;
-      while (idx < m_) {
-        const AggregationItem& item = in_.items[idx];
-        if (idx > first && !SameLayout(item, in_.items[first])) {
-          if (last) return kInfinity;
-          break;
-        }
-        const Path path = net->PathBetween(item.worker, host);
-        const double end = net->FillInto(path, in_.now_s, item_bits_[idx], &segments);
-        if (end == kInfinity && last) return kInfinity;
-        if (!last && end > t_max) break;
-        net->Reserve(path, segments);
-        if (groups != nullptr) {
-          if (item.shards.empty()) {
-            PlannedTransfer t;
-            t.update = item.update;
-            t.src = item.worker;
-            t.dst = host;
-            t.kind = in_.to_aggregator_kind;
-            t.bytes = item.bytes;
-            t.start_s = segments.front().from_s;
-            t.end_s = end;
-            t.segments = segments;
-            group.to_aggregator.push_back(std::move(t));
-          } else {
-            AppendPartTransfers(item, host, in_.to_aggregator_kind, segments, end,
-                                &group.to_aggregator);
-          }
-          group.items.push_back(idx);
-        }
-        group_end = std::max(group_end, end);
-        for (size_t p = 0; p < group_bytes.size(); ++p) {
-          group_bytes[p] = std::max(group_bytes[p], PartBytes(item, p));
-        }
-        ++idx;
-      }
+      OpenGroup open;
+      open.end_s = in_.now_s;
+      open.bytes.assign(in_.items[first].shards.size() + 1, 0);
+      const bool record = groups != nullptr;
+      if (!FillGroup(host, last, t_max, &idx, net, &segments, &open, record)) return kInfinity;
       if (idx == first) continue;
-      // One aggregate per part, in part order, each reserved before the next.
-      for (size_t p = 0; p < group_bytes.size(); ++p) {
-        const int dst = p == 0 ? in_.dst_host : in_.items[first].shards[p - 1].dst_host;
-        const Path path = net->PathBetween(host, dst);
-        const double end = net->FillInto(
-            path, group_end, 8.0 * static_cast<double>(group_bytes[p]), &segments);
-        if (end == kInfinity) return kInfinity;
-        net->Reserve(path, segments);
-        t_max = std::max(t_max, end);
-        if (groups != nullptr) {
-          PlannedTransfer t;
-          t.src = host;
-          t.dst = dst;
-          t.kind = in_.aggregate_kind;
-          t.bytes = group_bytes[p];
-          t.start_s = segments.front().from_s;
-          t.end_s = end;
-          t.segments = segments;
-          if (p == 0) {
-            group.aggregate = std::move(t);
-          } else {
-            group.shard_aggregates.push_back(std::move(t));
-          }
-        }
-      }
-      if (groups != nullptr) {
-        group.aggregator = host;
-        groups->push_back(std::move(group));
+      if (!SendAggregates(host, first, net, &segments, &t_max, &open, record)) return kInfinity;
+      if (record) {
+        open.group.aggregator = host;
+        groups->push_back(std::move(open.group));
       }
       if (prune && t_max > best) return kInfinity;
     }
@@ -283,6 +225,97 @@ class SplitSearch {
   double DirectOnlyTotal() const { return prefix_max_[m_]; }
 
  private:
+  // A group DetAgg is filling: when its last member has arrived, per part
+  // the largest size among the members (the aggregate's size), and (when
+  // recording) the transfers.
+  struct OpenGroup {
+    double end_s = 0;
+    std::vector<int64_t> bytes;
+    AggregationGroup group;
+  };
+
+  // Sends items from `*idx` on to aggregator `host` while they share the
+  // first one's part layout and (unless `last`, which takes them all)
+  // arrive by `t_max`. False when that makes the split infeasible.
+  bool FillGroup(int host, bool last, double t_max, int* idx, Network* net,
+                 std::vector<RateSegment>* segments, OpenGroup* open, bool record) const {
+    const int first = *idx;
+    while (*idx < m_) {
+      const AggregationItem& item = in_.items[*idx];
+      if (*idx > first && !SameLayout(item, in_.items[first])) {
+        if (last) return false;
+        break;
+      }
+      const Path path = net->PathBetween(item.worker, host);
+      const double end = net->FillInto(path, in_.now_s, item_bits_[*idx], segments);
+      if (end == kInfinity && last) return false;
+      if (!last && end > t_max) break;
+      net->Reserve(path, *segments);
+      if (record) {
+        RecordToAggregator(item, host, *segments, end, &open->group);
+        open->group.items.push_back(*idx);
+      }
+      open->end_s = std::max(open->end_s, end);
+      for (size_t p = 0; p < open->bytes.size(); ++p) {
+        open->bytes[p] = std::max(open->bytes[p], PartBytes(item, p));
+      }
+      ++*idx;
+    }
+    return true;
+  }
+
+  // An item's transfer(s) to its group's aggregator: one, or one per part.
+  void RecordToAggregator(const AggregationItem& item, int host,
+                          const std::vector<RateSegment>& segments, double end,
+                          AggregationGroup* group) const {
+    if (!item.shards.empty()) {
+      AppendPartTransfers(item, host, in_.to_aggregator_kind, segments, end,
+                          &group->to_aggregator);
+      return;
+    }
+    PlannedTransfer t;
+    t.update = item.update;
+    t.src = item.worker;
+    t.dst = host;
+    t.kind = in_.to_aggregator_kind;
+    t.bytes = item.bytes;
+    t.start_s = segments.front().from_s;
+    t.end_s = end;
+    t.segments = segments;
+    group->to_aggregator.push_back(std::move(t));
+  }
+
+  // One aggregate per part from `host` (the group starting at item
+  // `first`), in part order, each reserved before the next; `*t_max` grows
+  // to their ends. False when one can never arrive.
+  bool SendAggregates(int host, int first, Network* net, std::vector<RateSegment>* segments,
+                      double* t_max, OpenGroup* open, bool record) const {
+    for (size_t p = 0; p < open->bytes.size(); ++p) {
+      const int dst = p == 0 ? in_.dst_host : in_.items[first].shards[p - 1].dst_host;
+      const Path path = net->PathBetween(host, dst);
+      const double end = net->FillInto(
+          path, open->end_s, 8.0 * static_cast<double>(open->bytes[p]), segments);
+      if (end == kInfinity) return false;
+      net->Reserve(path, *segments);
+      *t_max = std::max(*t_max, end);
+      if (!record) continue;
+      PlannedTransfer t;
+      t.src = host;
+      t.dst = dst;
+      t.kind = in_.aggregate_kind;
+      t.bytes = open->bytes[p];
+      t.start_s = segments->front().from_s;
+      t.end_s = end;
+      t.segments = *segments;
+      if (p == 0) {
+        open->group.aggregate = std::move(t);
+      } else {
+        open->group.shard_aggregates.push_back(std::move(t));
+      }
+    }
+    return true;
+  }
+
   const AggregationInput& in_;
   const int m_;
   std::vector<double> item_bits_;  // per item: all its parts
