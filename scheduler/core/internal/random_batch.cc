@@ -46,6 +46,84 @@ std::vector<ProfilePoint> RandomProfile(Rng& rng, double now_s) {
   return profile;
 }
 
+// Adds host `name` (a server: 10 Gbit/s each way; else N2 rates, with
+// profiles or an outage when the options ask for them).
+void AddHost(const RandomBatchOptions& options, const std::string& name, bool server, Rng& rng,
+             Batch* batch) {
+  HostLink host;
+  host.name = name;
+  host.uplink_bps = server ? 1e10 : rng.NicRate();
+  host.downlink_bps = server ? 1e10 : rng.NicRate();
+  if (options.profiles && !server) {
+    host.uplink_profile = RandomProfile(rng, batch->now_s);
+    host.downlink_profile = RandomProfile(rng, batch->now_s);
+  }
+  if (options.outages && rng.Uniform() < 0.3) {
+    std::vector<ProfilePoint>& profile =
+        rng.Uniform() < 0.5 ? host.uplink_profile : host.downlink_profile;
+    const double rate = rng.NicRate();
+    const double down_at = batch->now_s + 0.05 * rng.Uniform();
+    profile = {{batch->now_s - 1, rate}, {down_at, 0.0}};
+    if (rng.Uniform() < 0.5) profile.push_back({down_at + rng.Uniform(), rate});
+  }
+  batch->hosts.push_back(std::move(host));
+}
+
+// The replica "r0", its aggregators, lead, punted pushes and bound.
+void AddReplica(const RandomBatchOptions& options, int workers, Rng& rng, Batch* batch) {
+  AddHost(options, "r0", true, rng, batch);
+  ReplicaSpec replica;
+  replica.host = "r0";
+  for (int a = 0; a < options.replica_aggregators; ++a) {
+    const std::string name = "ra" + std::to_string(a);
+    AddHost(options, name, false, rng, batch);
+    replica.aggregators.push_back(name);
+  }
+  replica.momentum = 0.9 * rng.Uniform();
+  replica.history_norm = rng.Uniform();
+  const int lead = static_cast<int>(rng.Between(0, 2));
+  for (int i = 0; i < lead; ++i) replica.lead.push_back(rng.Uniform());
+  const int pending = static_cast<int>(rng.Between(0, 3)) - 1;  // often none
+  for (int i = 0; i < pending; ++i) {
+    UpdateRequest u;
+    u.id = "p" + std::to_string(i);
+    u.worker = "w" + std::to_string(rng.Between(0, workers - 1));
+    u.bytes = rng.Between(options.min_bytes, options.max_bytes);
+    u.norm = 0.1 + rng.Uniform();
+    replica.pending.push_back(std::move(u));
+  }
+  // Between "everything must be replicated" and "almost nothing".
+  replica.divergence_bound = rng.Uniform() * 0.5 * options.updates;
+  batch->replica = std::move(replica);
+}
+
+// The updates g0, g1, ... with their deadlines, norms and shards.
+void AddUpdates(const RandomBatchOptions& options, int workers, Rng& rng, Batch* batch) {
+  const int max_deadline = options.max_deadline > 0 ? options.max_deadline : 2 * options.updates;
+  for (int i = 0; i < options.updates; ++i) {
+    UpdateRequest u;
+    u.id = "g" + std::to_string(i);
+    u.worker = "w" + std::to_string(rng.Between(0, workers - 1));
+    u.bytes = rng.Between(options.min_bytes, options.max_bytes);
+    const int64_t deadline = rng.Between(1, max_deadline);
+    u.version = deadline + batch->v_init - batch->tau_max;
+    u.norm = 0.1 + rng.Uniform();
+    for (int j = 1; j <= options.shards; ++j) {
+      u.shards.push_back(
+          {"s" + std::to_string(j), rng.Between(options.min_bytes, options.max_bytes)});
+    }
+    if (options.mixed_shards && !u.shards.empty()) {
+      const double x = rng.Uniform();
+      if (x < 0.2) {
+        std::reverse(u.shards.begin(), u.shards.end());
+      } else if (x < 0.35) {
+        u.shards.pop_back();
+      }
+    }
+    batch->updates.push_back(std::move(u));
+  }
+}
+
 }  // namespace
 
 Batch RandomBatch(const RandomBatchOptions& options) {
@@ -57,86 +135,23 @@ Batch RandomBatch(const RandomBatchOptions& options) {
   batch.v_init = 1000;
   batch.server = "s0";
   batch.seed = options.seed;
-  auto add_host = [&](const std::string& name, bool server) {
-    HostLink host;
-    host.name = name;
-    host.uplink_bps = server ? 1e10 : rng.NicRate();
-    host.downlink_bps = server ? 1e10 : rng.NicRate();
-    if (options.profiles && !server) {
-      host.uplink_profile = RandomProfile(rng, batch.now_s);
-      host.downlink_profile = RandomProfile(rng, batch.now_s);
-    }
-    if (options.outages && rng.Uniform() < 0.3) {
-      std::vector<ProfilePoint>& profile =
-          rng.Uniform() < 0.5 ? host.uplink_profile : host.downlink_profile;
-      const double rate = rng.NicRate();
-      const double down_at = batch.now_s + 0.05 * rng.Uniform();
-      profile = {{batch.now_s - 1, rate}, {down_at, 0.0}};
-      if (rng.Uniform() < 0.5) profile.push_back({down_at + rng.Uniform(), rate});
-    }
-    batch.hosts.push_back(std::move(host));
-  };
-  add_host("s0", true);
-  for (int j = 1; j <= options.shards; ++j) add_host("s" + std::to_string(j), true);
+  AddHost(options, "s0", true, rng, &batch);
+  for (int j = 1; j <= options.shards; ++j) {
+    AddHost(options, "s" + std::to_string(j), true, rng, &batch);
+  }
   const int workers = options.workers > 0 ? options.workers : std::max(1, options.updates / 2);
-  for (int w = 0; w < workers; ++w) add_host("w" + std::to_string(w), false);
+  for (int w = 0; w < workers; ++w) AddHost(options, "w" + std::to_string(w), false, rng, &batch);
   for (int a = 0; a < options.aggregators; ++a) {
     if (options.worker_aggregators) {
       batch.aggregators.push_back("w" + std::to_string(a % workers));
       continue;
     }
     const std::string name = "a" + std::to_string(a);
-    add_host(name, false);
+    AddHost(options, name, false, rng, &batch);
     batch.aggregators.push_back(name);
   }
-  if (options.replica) {
-    add_host("r0", true);
-    ReplicaSpec replica;
-    replica.host = "r0";
-    for (int a = 0; a < options.replica_aggregators; ++a) {
-      const std::string name = "ra" + std::to_string(a);
-      add_host(name, false);
-      replica.aggregators.push_back(name);
-    }
-    replica.momentum = 0.9 * rng.Uniform();
-    replica.history_norm = rng.Uniform();
-    const int lead = static_cast<int>(rng.Between(0, 2));
-    for (int i = 0; i < lead; ++i) replica.lead.push_back(rng.Uniform());
-    const int pending = static_cast<int>(rng.Between(0, 3)) - 1;  // often none
-    for (int i = 0; i < pending; ++i) {
-      UpdateRequest u;
-      u.id = "p" + std::to_string(i);
-      u.worker = "w" + std::to_string(rng.Between(0, workers - 1));
-      u.bytes = rng.Between(options.min_bytes, options.max_bytes);
-      u.norm = 0.1 + rng.Uniform();
-      replica.pending.push_back(std::move(u));
-    }
-    // Between "everything must be replicated" and "almost nothing".
-    replica.divergence_bound = rng.Uniform() * 0.5 * options.updates;
-    batch.replica = std::move(replica);
-  }
-  const int max_deadline = options.max_deadline > 0 ? options.max_deadline : 2 * options.updates;
-  for (int i = 0; i < options.updates; ++i) {
-    UpdateRequest u;
-    u.id = "g" + std::to_string(i);
-    u.worker = "w" + std::to_string(rng.Between(0, workers - 1));
-    u.bytes = rng.Between(options.min_bytes, options.max_bytes);
-    const int64_t deadline = rng.Between(1, max_deadline);
-    u.version = deadline + batch.v_init - batch.tau_max;
-    u.norm = 0.1 + rng.Uniform();
-    for (int j = 1; j <= options.shards; ++j) {
-      u.shards.push_back({"s" + std::to_string(j), rng.Between(options.min_bytes, options.max_bytes)});
-    }
-    if (options.mixed_shards && !u.shards.empty()) {
-      const double x = rng.Uniform();
-      if (x < 0.2) {
-        std::reverse(u.shards.begin(), u.shards.end());
-      } else if (x < 0.35) {
-        u.shards.pop_back();
-      }
-    }
-    batch.updates.push_back(std::move(u));
-  }
+  if (options.replica) AddReplica(options, workers, rng, &batch);
+  AddUpdates(options, workers, rng, &batch);
   return batch;
 }
 
