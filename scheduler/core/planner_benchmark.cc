@@ -170,6 +170,43 @@ DistributionRequest RandomDistribution(int requesters, int distributors, uint64_
   return r;
 }
 
+// Plans every request with its options `repetitions` times; returns the
+// median and fastest wall ms per plan and the median CPU ms per plan, with
+// the first pass's plans in `*plans` (unless null).
+std::tuple<double, double, double> TimeDistributions(
+    const std::vector<DistributionRequest>& requests,
+    const std::vector<DistributionOptions>& options, int repetitions,
+    std::vector<DistributionPlan>* plans) {
+  std::vector<double> pass_ms, pass_cpu_ms;
+  auto cpu_now_ms = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+  };
+  for (int rep = 0; rep < repetitions; ++rep) {
+    const double cpu_start = cpu_now_ms();
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      absl::StatusOr<DistributionPlan> plan = PlanModelDistribution(requests[i], options[i]);
+      if (!plan.ok()) {
+        std::fprintf(stderr, "distribution failed: %s\n",
+                     std::string(plan.status().message()).c_str());
+        std::exit(1);
+      }
+      if (rep == 0 && plans != nullptr) plans->push_back(*std::move(plan));
+    }
+    pass_cpu_ms.push_back((cpu_now_ms() - cpu_start) / static_cast<double>(requests.size()));
+    pass_ms.push_back(std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start)
+                          .count() /
+                      static_cast<double>(requests.size()));
+  }
+  std::sort(pass_ms.begin(), pass_ms.end());
+  std::sort(pass_cpu_ms.begin(), pass_cpu_ms.end());
+  return std::make_tuple(pass_ms[pass_ms.size() / 2], pass_ms.front(),
+                         pass_cpu_ms[pass_cpu_ms.size() / 2]);
+}
+
 // Times PlanModelDistribution (and its exhaustive reference, unless
 // `quick` and the size makes it take minutes) per size, for the per-batch
 // objective and for the deadline objective (issue 14) with each request's
@@ -193,40 +230,9 @@ bool DistributionBenchmark(bool quick) {
                                             7919 * row.requesters + p + 1));
     }
     // Options per request (the deadline depends on the request).
-    auto time_all = [&](const std::vector<DistributionOptions>& options, int repetitions,
-                        std::vector<DistributionPlan>* plans) {
-      std::vector<double> pass_ms, pass_cpu_ms;
-      auto cpu_now_ms = [] {
-        timespec ts;
-        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-        return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
-      };
-      for (int rep = 0; rep < repetitions; ++rep) {
-        const double cpu_start = cpu_now_ms();
-        const auto start = std::chrono::steady_clock::now();
-        for (size_t i = 0; i < requests.size(); ++i) {
-          absl::StatusOr<DistributionPlan> plan = PlanModelDistribution(requests[i], options[i]);
-          if (!plan.ok()) {
-            std::fprintf(stderr, "distribution failed: %s\n",
-                         std::string(plan.status().message()).c_str());
-            std::exit(1);
-          }
-          if (rep == 0 && plans != nullptr) plans->push_back(*std::move(plan));
-        }
-        pass_cpu_ms.push_back((cpu_now_ms() - cpu_start) / static_cast<double>(requests.size()));
-        pass_ms.push_back(std::chrono::duration<double, std::milli>(
-                              std::chrono::steady_clock::now() - start)
-                              .count() /
-                          static_cast<double>(requests.size()));
-      }
-      std::sort(pass_ms.begin(), pass_ms.end());
-      std::sort(pass_cpu_ms.begin(), pass_cpu_ms.end());
-      return std::make_tuple(pass_ms[pass_ms.size() / 2], pass_ms.front(),
-                             pass_cpu_ms[pass_cpu_ms.size() / 2]);
-    };
     std::vector<DistributionOptions> earliest(requests.size());
     std::vector<DistributionPlan> per_batch;
-    time_all(earliest, 1, &per_batch);  // to set the deadlines
+    TimeDistributions(requests, earliest, 1, &per_batch);  // to set the deadlines
     std::vector<DistributionOptions> by_deadline(requests.size());
     for (size_t i = 0; i < requests.size(); ++i) {
       by_deadline[i].deadline_s =
@@ -235,7 +241,7 @@ bool DistributionBenchmark(bool quick) {
     for (const bool deadline : {false, true}) {
       const std::vector<DistributionOptions>& options = deadline ? by_deadline : earliest;
       std::vector<DistributionPlan> fast_plans, ref_plans;
-      const auto fast = time_all(options, row.repetitions, &fast_plans);
+      const auto fast = TimeDistributions(requests, options, row.repetitions, &fast_plans);
       std::string verdict = "identical";
       double ref_ms = 0;
       if (quick && row.requesters > 100) {
@@ -243,7 +249,7 @@ bool DistributionBenchmark(bool quick) {
       } else {
         std::vector<DistributionOptions> reference = options;
         for (DistributionOptions& o : reference) o.reference = true;
-        ref_ms = std::get<0>(time_all(reference, 1, &ref_plans));
+        ref_ms = std::get<0>(TimeDistributions(requests, reference, 1, &ref_plans));
         for (size_t i = 0; i < fast_plans.size(); ++i) {
           if (DistributionPlanToText(fast_plans[i]) != DistributionPlanToText(ref_plans[i])) {
             verdict = "DIFFERENT (reference)";
@@ -316,19 +322,11 @@ bool ShardedBenchmark(int servers) {
   return identical;
 }
 
-int Main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  if (argc > 1 && std::strcmp(argv[1], "--distribution") == 0) {
-    return DistributionBenchmark(argc > 2 && std::strcmp(argv[2], "--quick") == 0) ? 0 : 1;
-  }
-  if (argc > 1 && std::strncmp(argv[1], "--servers=", 10) == 0) {
-    const int servers = std::atoi(argv[1] + 10);
-    if (servers < 1) {
-      std::fprintf(stderr, "--servers=S: S must be a positive number of servers\n");
-      return 2;
-    }
-    return ShardedBenchmark(servers) ? 0 : 1;
-  }
+// One §7.4 setup: 0 has the aggregators on their own hosts, 1 co-hosted
+// with workers (§7), 2 co-hosted without a replica, where streaming chains
+// are considered too (aggregation.h; with a replica the planner runs Alg. 3
+// alone). Prints its table; false if some plans differ or fail a check.
+bool SetupBenchmark(int setup, bool quick) {
   PlannerOptions two_threads;
   two_threads.threads = 2;
   PlannerOptions reference;
@@ -344,10 +342,6 @@ int Main(int argc, char** argv) {
   const std::vector<Row> rows = {
       {10, 20, 200, 20}, {100, 5, 40, 1}, {500, 3, 15, 1}, {1000, 3, 9, 1}};
   bool identical = true;
-  // Setups: aggregators on their own hosts, co-hosted with workers (§7),
-  // and co-hosted without a replica, where streaming chains are considered
-  // too (aggregation.h; with a replica the planner runs Alg. 3 alone).
-  for (int setup = 0; setup < 3; ++setup) {
   const bool cohosted = setup > 0, replica = setup < 2;
   std::printf("%sMLfabric planner, paper §7.4 setup (deadlines ~ U(1, 2|U|), |U|/2 workers,\n"
               "congestion-free core, 4 aggregators %s, %s)\n\n",
@@ -397,6 +391,26 @@ int Main(int argc, char** argv) {
                 ref_ms > 0 ? ref_ms / fast.ms_per_batch : 0.0, verdict.c_str());
     std::fflush(stdout);
   }
+  return identical;
+}
+
+int Main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  if (argc > 1 && std::strcmp(argv[1], "--distribution") == 0) {
+    return DistributionBenchmark(argc > 2 && std::strcmp(argv[2], "--quick") == 0) ? 0 : 1;
+  }
+  if (argc > 1 && std::strncmp(argv[1], "--servers=", 10) == 0) {
+    const int servers = std::atoi(argv[1] + 10);
+    if (servers < 1) {
+      std::fprintf(stderr, "--servers=S: S must be a positive number of servers\n");
+      return 2;
+    }
+    return ShardedBenchmark(servers) ? 0 : 1;
+  }
+  bool identical = true;
+  for (int setup = 0; setup < 3; ++setup) {
+    // Every setup runs even after one fails.
+    identical = SetupBenchmark(setup, quick) && identical;
   }
   std::printf("\npaper (§7.4, one thread): |U|=100: 30 ms, 500: 440 ms, 1000: 1460 ms; "
               "|U|<10: 5 ms\n");
