@@ -116,6 +116,92 @@ bool EndAggregate(ClusterState* state, const v1::CompletionReport& request) {
   return false;
 }
 
+// SubmitUpdate: the push's own fields (its type, size, version, norm and
+// tensors).
+absl::Status CheckPushFields(const v1::SubmitUpdateRequest& request, int64_t max_update_bytes) {
+  if (!v1::DType_IsValid(request.dtype())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype: unknown element type ", request.dtype()));
+  }
+  if (request.bytes() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bytes: must be positive, got ", request.bytes()));
+  }
+  if (request.bytes() > max_update_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes: ", request.bytes(), " exceeds max_update_bytes (", max_update_bytes, ")"));
+  }
+  if (request.version() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("version: must be >= 0, got ", request.version()));
+  }
+  if (!std::isfinite(request.norm()) || request.norm() < 0) {
+    return absl::InvalidArgumentError("norm: must be finite and >= 0");
+  }
+  if (request.tensors_size() > 0) {
+    uint64_t total = 0;
+    for (const auto& tensor : request.tensors()) total += tensor.bytes();
+    if (total != static_cast<uint64_t>(request.bytes())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensors: sizes add up to ", total, " bytes, not ", request.bytes()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// SubmitUpdate: the pushing host is registered and not drained.
+absl::Status CheckPushSource(const ClusterState& state, const v1::SubmitUpdateRequest& request) {
+  const HostState* src = state.AliveHost(request.src_host());
+  if (src == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("src_host '", request.src_host(), "' is not registered"));
+  }
+  if (src->draining) {
+    return absl::UnavailableError(absl::StrCat(
+        "src_host '", request.src_host(), "' is drained by an operator; it takes no new pushes"));
+  }
+  return absl::OkStatus();
+}
+
+// PlanDistribution: `host`'s links as the planner sees them, its rates
+// less what the scheduled transfers have reserved from `now_s` on.
+core::HostLink ResidualHostLink(const std::string& name, const HostState& host, double now_s,
+                                const std::map<std::string, std::vector<core::RateSegment>>& up,
+                                const std::map<std::string, std::vector<core::RateSegment>>& down) {
+  core::HostLink l{name, host.uplink_bps, host.downlink_bps, {}, {}};
+  if (auto it = up.find(name); it != up.end()) {
+    l.uplink_profile = core::ResidualProfile(host.uplink_bps, now_s, it->second);
+  }
+  if (auto it = down.find(name); it != down.end()) {
+    l.downlink_profile = core::ResidualProfile(host.downlink_bps, now_s, it->second);
+  }
+  return l;
+}
+
+// PlanDistribution: a route per requester (via a forwarding requester, with
+// its address, or from the server) and the plan's figures.
+void FillDistributionReply(const core::DistributionPlan& plan,
+                           const core::DistributionRequest& plan_in,
+                           const std::map<std::string, std::string>& addresses,
+                           v1::PlanDistributionReply* reply) {
+  for (const core::Delivery& delivery : plan.deliveries) {
+    v1::DistributionRoute* route = reply->add_routes();
+    route->set_host(delivery.host);
+    if (delivery.via != plan_in.server) {
+      route->set_via_host(delivery.via);
+      auto address = addresses.find(delivery.via);
+      route->set_via_address(address == addresses.end() ? std::string() : address->second);
+    }
+    route->set_rate_bps(delivery.rate_bps);
+    route->set_uplink_bps(delivery.uplink_bps);
+    route->set_children(delivery.children);
+  }
+  reply->set_copy_bps(plan.copy_bps);
+  reply->set_server_bound(plan.server_bound);
+  reply->set_server_copies(plan.direct + plan.distributors_used);
+  reply->set_total_s(plan.total_s - plan_in.now_s);
+}
+
 }  // namespace
 
 absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& request,
@@ -204,101 +290,114 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
   reply->set_ssp(job->config.mode == JobMode::kSsp);
   reply->set_staleness(job->config.staleness_k);
   switch (request.role()) {
-    case v1::ROLE_SERVER: {
-      for (const auto& [other_name, other] : state_.jobs) {
-        if (&other != job && other.servers.count(request.name()) &&
-            other.servers.at(request.name()).host == request.host()) {
-          MLF_LOG(INFO) << "server name '" << request.name() << "' on " << request.host()
-                        << " is used by jobs '" << other_name << "' and '" << request.job()
-                        << "'; they stay separate";
-        }
-      }
-      if (request.round_size() < 0 || request.round_size() > 65536) {
-        return absl::InvalidArgumentError(absl::StrCat("round_size ", request.round_size(),
-                                                       " is out of range [0, 65536]"));
-      }
-      if (request.backup_workers() < 0 ||
-          (request.backup_workers() > 0 && request.backup_workers() >= request.round_size())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "backup_workers ", request.backup_workers(), " must be in [0, round_size ",
-            request.round_size(), ") (a round needs at least one push)"));
-      }
-      if (auto known = job->servers.find(request.name());
-          known != job->servers.end() && known->second.host != request.host() &&
-          !job->failovers.empty() && state_.AliveHost(known->second.host) != nullptr) {
-        // Its replica took over (failover.h): the model it serves is the
-        // job's now, and an old server coming back must not replace it.
-        return absl::FailedPreconditionError(absl::StrCat(
-            "server '", request.name(), "' of job '", request.job(), "' failed over to host ",
-            known->second.host, " and is served from there; register as its replica "
-            "(RegisterAsReplica) to stand by again"));
-      }
-      RETURN_IF_ERROR(RegisterServerOfGroups(&state_, job, request));  // server_groups.h
-      ServerState& server = job->servers[request.name()];
-      server.host = request.host();
-      // Registering again with a restarted scheduler: its rounds go on from
-      // the version its daemon last saw.
-      server.model_version = std::max(server.model_version, request.model_version());
-      server.round_size = request.round_size();
-      if (request.model_version() > 0 && RoundSize(*job, server) > 0 &&
-          server.rounds.count(request.model_version()) == 0) {
-        // The round that may have been in progress when the old scheduler
-        // died was planned by it alone: it fails, with the reason, so that
-        // no worker's get waits for it (its daemon spares a round it has
-        // handed to the application already).
-        state_.FailRound(request.job(), request.name(), request.model_version(),
-                         "the scheduler restarted during the round; the next round goes on");
-      }
-      server.backup_workers = request.backup_workers();
-      if (WantReplicaSnapshot(&state_, job, request.name(), false)) loop_.Wake();
-      servers_cv_.notify_all();
-      ResolveInDoubt(&state_, config_.in_doubt_wait_s);  // its pushes in doubt are decided
-      reply->set_model_version(server.model_version);
-      MLF_LOG(INFO) << "job " << request.job() << ": server " << request.name() << " on "
-                    << request.host() << ShardText(request.shard());
-      break;
-    }
-    case v1::ROLE_WORKER: {
-      if (request.delay_bound() < -1) {
-        return absl::InvalidArgumentError(absl::StrCat("delay_bound ", request.delay_bound(),
-                                                       " is negative (-1 = the job's)"));
-      }
-      if (request.delay_bound() >= 0) {
-        RETURN_IF_ERROR(ValidateDelayBound("delay_bound", request.delay_bound()));
-      }
-      if (!std::isfinite(request.divergence_bound())) {
-        return absl::InvalidArgumentError("divergence_bound: must be finite");
-      }
-      WorkerInfo& worker = job->workers[request.name()];
-      worker.host = request.host();
-      worker.delay_bound = request.delay_bound();
-      worker.divergence_bound = request.divergence_bound() > 0 ? request.divergence_bound() : -1;
-      MLF_LOG(INFO) << "job " << request.job() << ": worker " << request.name() << " on "
-                    << request.host()
-                    << (worker.delay_bound >= 0
-                            ? absl::StrCat(" (delay bound ", worker.delay_bound, ")")
-                            : std::string());
-      break;
-    }
+    case v1::ROLE_SERVER:
+      return RegisterServerLocked(job, request, reply);
+    case v1::ROLE_WORKER:
+      return RegisterWorkerLocked(job, request);
     case v1::ROLE_REPLICA:
-      // A replica names the server it shadows (§5.3); one per server. One
-      // that installs snapshots starts from the server's model
-      // (replica_sync.h).
-      job->replica_hosts[request.name()] = request.host();
-      if (request.installs_snapshots()) {
-        job->snapshot_replicas.insert(request.name());
-      } else {
-        job->snapshot_replicas.erase(request.name());
-      }
-      if (WantReplicaSnapshot(&state_, job, request.name(), true)) loop_.Wake();
-      MLF_LOG(INFO) << "job " << request.job() << ": " << v1::Role_Name(request.role()) << " "
-                    << request.name() << " on " << request.host()
-                    << (request.installs_snapshots() ? " (starts from a snapshot)" : "");
-      break;
+      RegisterReplicaLocked(job, request);
+      return absl::OkStatus();
     default:
       return absl::InvalidArgumentError("role: must be ROLE_WORKER, ROLE_SERVER or ROLE_REPLICA");
   }
+}
+
+absl::Status SchedulerService::RegisterServerLocked(JobState* job,
+                                                    const v1::RegisterEntityRequest& request,
+                                                    v1::RegisterEntityReply* reply) {
+  for (const auto& [other_name, other] : state_.jobs) {
+    if (&other != job && other.servers.count(request.name()) &&
+        other.servers.at(request.name()).host == request.host()) {
+      MLF_LOG(INFO) << "server name '" << request.name() << "' on " << request.host()
+                    << " is used by jobs '" << other_name << "' and '" << request.job()
+                    << "'; they stay separate";
+    }
+  }
+  if (request.round_size() < 0 || request.round_size() > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat("round_size ", request.round_size(),
+                                                   " is out of range [0, 65536]"));
+  }
+  if (request.backup_workers() < 0 ||
+      (request.backup_workers() > 0 && request.backup_workers() >= request.round_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backup_workers ", request.backup_workers(), " must be in [0, round_size ",
+        request.round_size(), ") (a round needs at least one push)"));
+  }
+  if (auto known = job->servers.find(request.name());
+      known != job->servers.end() && known->second.host != request.host() &&
+      !job->failovers.empty() && state_.AliveHost(known->second.host) != nullptr) {
+    // Its replica took over (failover.h): the model it serves is the
+    // job's now, and an old server coming back must not replace it.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "server '", request.name(), "' of job '", request.job(), "' failed over to host ",
+        known->second.host, " and is served from there; register as its replica "
+        "(RegisterAsReplica) to stand by again"));
+  }
+  RETURN_IF_ERROR(RegisterServerOfGroups(&state_, job, request));  // server_groups.h
+  ServerState& server = job->servers[request.name()];
+  server.host = request.host();
+  // Registering again with a restarted scheduler: its rounds go on from
+  // the version its daemon last saw.
+  server.model_version = std::max(server.model_version, request.model_version());
+  server.round_size = request.round_size();
+  if (request.model_version() > 0 && RoundSize(*job, server) > 0 &&
+      server.rounds.count(request.model_version()) == 0) {
+    // The round that may have been in progress when the old scheduler
+    // died was planned by it alone: it fails, with the reason, so that
+    // no worker's get waits for it (its daemon spares a round it has
+    // handed to the application already).
+    state_.FailRound(request.job(), request.name(), request.model_version(),
+                     "the scheduler restarted during the round; the next round goes on");
+  }
+  server.backup_workers = request.backup_workers();
+  if (WantReplicaSnapshot(&state_, job, request.name(), false)) loop_.Wake();
+  servers_cv_.notify_all();
+  ResolveInDoubt(&state_, config_.in_doubt_wait_s);  // its pushes in doubt are decided
+  reply->set_model_version(server.model_version);
+  MLF_LOG(INFO) << "job " << request.job() << ": server " << request.name() << " on "
+                << request.host() << ShardText(request.shard());
   return absl::OkStatus();
+}
+
+absl::Status SchedulerService::RegisterWorkerLocked(JobState* job,
+                                                    const v1::RegisterEntityRequest& request) {
+  if (request.delay_bound() < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("delay_bound ", request.delay_bound(),
+                                                   " is negative (-1 = the job's)"));
+  }
+  if (request.delay_bound() >= 0) {
+    RETURN_IF_ERROR(ValidateDelayBound("delay_bound", request.delay_bound()));
+  }
+  if (!std::isfinite(request.divergence_bound())) {
+    return absl::InvalidArgumentError("divergence_bound: must be finite");
+  }
+  WorkerInfo& worker = job->workers[request.name()];
+  worker.host = request.host();
+  worker.delay_bound = request.delay_bound();
+  worker.divergence_bound = request.divergence_bound() > 0 ? request.divergence_bound() : -1;
+  MLF_LOG(INFO) << "job " << request.job() << ": worker " << request.name() << " on "
+                << request.host()
+                << (worker.delay_bound >= 0
+                        ? absl::StrCat(" (delay bound ", worker.delay_bound, ")")
+                        : std::string());
+  return absl::OkStatus();
+}
+
+void SchedulerService::RegisterReplicaLocked(JobState* job,
+                                             const v1::RegisterEntityRequest& request) {
+  // A replica names the server it shadows (§5.3); one per server. One
+  // that installs snapshots starts from the server's model
+  // (replica_sync.h).
+  job->replica_hosts[request.name()] = request.host();
+  if (request.installs_snapshots()) {
+    job->snapshot_replicas.insert(request.name());
+  } else {
+    job->snapshot_replicas.erase(request.name());
+  }
+  if (WantReplicaSnapshot(&state_, job, request.name(), true)) loop_.Wake();
+  MLF_LOG(INFO) << "job " << request.job() << ": " << v1::Role_Name(request.role()) << " "
+                << request.name() << " on " << request.host()
+                << (request.installs_snapshots() ? " (starts from a snapshot)" : "");
 }
 
 absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& request,
@@ -313,42 +412,21 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
   if (job == nullptr) {
     return reject(absl::InvalidArgumentError(absl::StrCat("unknown job '", request.job(), "'")));
   }
-  if (!v1::DType_IsValid(request.dtype())) {
-    return reject(absl::InvalidArgumentError(
-        absl::StrCat("dtype: unknown element type ", request.dtype())));
+  if (absl::Status fields = CheckPushFields(request, config_.max_update_bytes); !fields.ok()) {
+    return reject(fields);
   }
-  if (request.bytes() <= 0) {
-    return reject(absl::InvalidArgumentError(
-        absl::StrCat("bytes: must be positive, got ", request.bytes())));
+  if (absl::Status src = CheckPushSource(state_, request); !src.ok()) return reject(src);
+  absl::StatusOr<ServerState*> server = WaitForPushServerLocked(&lock, job, request);
+  if (!server.ok()) return reject(server.status());
+  if (absl::Status ready = CheckPushServerLocked(&lock, job, request, *server); !ready.ok()) {
+    return reject(ready);
   }
-  if (request.bytes() > config_.max_update_bytes) {
-    return reject(absl::InvalidArgumentError(absl::StrCat(
-        "bytes: ", request.bytes(), " exceeds max_update_bytes (", config_.max_update_bytes, ")")));
-  }
-  if (request.version() < 0) {
-    return reject(absl::InvalidArgumentError(
-        absl::StrCat("version: must be >= 0, got ", request.version())));
-  }
-  if (!std::isfinite(request.norm()) || request.norm() < 0) {
-    return reject(absl::InvalidArgumentError("norm: must be finite and >= 0"));
-  }
-  if (request.tensors_size() > 0) {
-    uint64_t total = 0;
-    for (const auto& tensor : request.tensors()) total += tensor.bytes();
-    if (total != static_cast<uint64_t>(request.bytes())) {
-      return reject(absl::InvalidArgumentError(absl::StrCat(
-          "tensors: sizes add up to ", total, " bytes, not ", request.bytes())));
-    }
-  }
-  const HostState* src = state_.AliveHost(request.src_host());
-  if (src == nullptr) {
-    return reject(absl::FailedPreconditionError(
-        absl::StrCat("src_host '", request.src_host(), "' is not registered")));
-  }
-  if (src->draining) {
-    return reject(absl::UnavailableError(absl::StrCat(
-        "src_host '", request.src_host(), "' is drained by an operator; it takes no new pushes")));
-  }
+  AcceptPushLocked(job, *server, request, reply);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ServerState*> SchedulerService::WaitForPushServerLocked(
+    std::unique_lock<std::mutex>* lock, JobState* job, const v1::SubmitUpdateRequest& request) {
   // The job owning `server` if it is another job's, else "".
   auto owner_elsewhere = [&]() -> std::string {
     for (const auto& [other_name, other] : state_.jobs) {
@@ -363,48 +441,58 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(config_.server_wait_s));
-    servers_cv_.wait_until(lock, deadline, [&] {
+    servers_cv_.wait_until(*lock, deadline, [&] {
       return stopping_ || job->servers.count(request.server()) > 0;
     });
     server = job->servers.find(request.server());
     if (state_.AliveHost(request.src_host()) == nullptr) {
-      return reject(absl::FailedPreconditionError(
+      return absl::FailedPreconditionError(
           absl::StrCat("src_host '", request.src_host(), "' went down while waiting for server '",
-                       request.server(), "'")));
+                       request.server(), "'"));
     }
   }
   if (server == job->servers.end()) {
     if (const std::string owner = owner_elsewhere(); !owner.empty()) {
-      return reject(absl::PermissionDeniedError(absl::StrCat(
+      return absl::PermissionDeniedError(absl::StrCat(
           "server '", request.server(), "' belongs to job '", owner, "', not to job '",
-          request.job(), "': a job's pushes may only go to its own servers")));
+          request.job(), "': a job's pushes may only go to its own servers"));
     }
-    return reject(absl::FailedPreconditionError(
+    return absl::FailedPreconditionError(
         absl::StrCat("server '", request.server(), "' of job '", request.job(),
                      "' is not registered (waited ", config_.server_wait_s,
-                     " s; see server_wait_s)")));
+                     " s; see server_wait_s)"));
   }
-  if (!server->second.shards.empty() && config_.server_wait_s > 0) {
+  return &server->second;
+}
+
+absl::Status SchedulerService::CheckPushServerLocked(std::unique_lock<std::mutex>* lock,
+                                                     JobState* job,
+                                                     const v1::SubmitUpdateRequest& request,
+                                                     ServerState* server) {
+  if (!server->shards.empty() && config_.server_wait_s > 0) {
     // A server group whose shards are still registering: as for a server.
-    servers_cv_.wait_for(lock, std::chrono::duration<double>(config_.server_wait_s), [&] {
-      return stopping_ || GroupIncomplete(state_, *job, server->second).empty();
+    servers_cv_.wait_for(*lock, std::chrono::duration<double>(config_.server_wait_s), [&] {
+      return stopping_ || GroupIncomplete(state_, *job, *server).empty();
     });
   }
-  if (absl::Status group = CheckGroupPush(state_, *job, server->first, server->second,
-                                          request.bytes());  // server_groups.h
-      !group.ok()) {
-    return reject(group);
-  }
-  const HostState* server_host = state_.AliveHost(server->second.host);
+  RETURN_IF_ERROR(CheckGroupPush(state_, *job, request.server(), *server,
+                                 request.bytes()));  // server_groups.h
+  const HostState* server_host = state_.AliveHost(server->host);
   if (server_host == nullptr) {
-    return reject(absl::UnavailableError(absl::StrCat(
-        "server '", request.server(), "' is down (host '", server->second.host, "')")));
+    return absl::UnavailableError(absl::StrCat(
+        "server '", request.server(), "' is down (host '", server->host, "')"));
   }
   if (server_host->draining) {
-    return reject(absl::UnavailableError(
-        absl::StrCat("server '", request.server(), "' is on host '", server->second.host,
-                     "', which an operator drained; no new pushes")));
+    return absl::UnavailableError(
+        absl::StrCat("server '", request.server(), "' is on host '", server->host,
+                     "', which an operator drained; no new pushes"));
   }
+  return absl::OkStatus();
+}
+
+void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
+                                        const v1::SubmitUpdateRequest& request,
+                                        v1::SubmitUpdateReply* reply) {
   UpdateRecord record;
   record.transfer_id = state_.NewTransferId();
   record.job = request.job();
@@ -421,20 +509,19 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
   state_.RememberPushUid(record.push_uid, record.transfer_id, record.job, record.worker);
   state_.stragglers.OnPush(record.job, record.worker, record.submitted_s);
   if (job->config.mode == JobMode::kSsp) clocks_cv_.notify_all();
-  server->second.pending.push_back(record.transfer_id);
+  server->pending.push_back(record.transfer_id);
   reply->set_transfer_id(record.transfer_id);
   const int64_t round = record.version;
   state_.updates[record.transfer_id] = std::move(record);
   // A synchronous round is planned as soon as all its pushes are in, not at
   // the next batch tick: an AllReduce then costs a plan, not up to a batch
   // interval (issue 19). Asynchronous pushes keep batching.
-  const bool complete = RoundComplete(*job, server->second, round);
+  const bool complete = RoundComplete(*job, *server, round);
   MLF_LOG(DEBUG) << "push " << reply->transfer_id() << " (local id " << request.local_id()
                  << ") from " << request.src_host() << " for round " << round << " at "
                  << absl::StrFormat("%.6f", clock_->NowSeconds())
                  << (complete ? ": round complete, planning now" : "");
   if (complete) loop_.Wake();
-  return absl::OkStatus();
 }
 
 bool SchedulerService::RoundComplete(const JobState& job, const ServerState& server,
@@ -729,67 +816,76 @@ absl::Status SchedulerService::PlanDistribution(const v1::PlanDistributionReques
   std::map<std::string, std::string> addresses;  // requester -> data address
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const JobState* job = state_.FindJob(request.job());
-    if (job == nullptr) {
-      return absl::NotFoundError(absl::StrCat("unknown job '", request.job(), "'"));
-    }
-    auto server = job->servers.find(request.server());
-    if (server == job->servers.end()) {
-      return absl::NotFoundError(absl::StrCat("server '", request.server(), "' of job '",
-                                              request.job(), "' is not registered"));
-    }
-    if (server->second.host != request.host()) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("host '", request.host(), "' does not serve '", request.server(),
-                       "' (its host is '", server->second.host, "')"));
-    }
-    const double now_s = clock_->NowSeconds();
-    std::map<std::string, std::vector<core::RateSegment>> up, down;
-    state_.Reservations(&up, &down);
-    auto link = [&](const std::string& name, const HostState& host) {
-      core::HostLink l{name, host.uplink_bps, host.downlink_bps, {}, {}};
-      if (auto it = up.find(name); it != up.end()) {
-        l.uplink_profile = core::ResidualProfile(host.uplink_bps, now_s, it->second);
-      }
-      if (auto it = down.find(name); it != down.end()) {
-        l.downlink_profile = core::ResidualProfile(host.downlink_bps, now_s, it->second);
-      }
-      return l;
-    };
-    const HostState* server_host = state_.AliveHost(request.host());
-    if (server_host == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("host '", request.host(), "' is down"));
-    }
-    plan_in.now_s = now_s;
-    plan_in.server = request.host();
-    plan_in.model_bytes = request.model_bytes();
-    plan_in.hosts.push_back(link(request.host(), *server_host));
-    std::set<std::string> seen;
-    for (const std::string& name : request.requesters()) {
-      if (name == request.host() || !seen.insert(name).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "requesters: '", name, "' is ",
-            name == request.host() ? "the server's own host" : "named twice"));
-      }
-      const HostState* host = state_.AliveHost(name);
-      if (host == nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("requester '", name, "' is not a live host"));
-      }
-      plan_in.requesters.push_back(name);
-      addresses[name] = host->data_address;
-      plan_in.hosts.push_back(link(name, *host));
-      if (host->draining) {  // it receives, but forwards to nobody (a leaf)
-        plan_in.hosts.back().uplink_bps = kMinLinkBps;
-        plan_in.hosts.back().uplink_profile.clear();
-      }
-      // Every requester may forward (it receives the model anyway); a
-      // draining host is not asked to.
-      if (config_.get_trees && !host->draining) plan_in.distributors.push_back(name);
-    }
-    plan_in.seed = static_cast<uint64_t>(++distributions_planned_);
+    RETURN_IF_ERROR(DistributionRequestLocked(request, &plan_in, &addresses));
   }
   // The core is pure: plan outside the lock.
+  absl::StatusOr<core::DistributionPlan> plan = PlanDistributionTree(plan_in);
+  if (!plan.ok()) return plan.status();
+  if (config_.get_reservations) ReserveDistribution(plan_in.now_s, *plan);
+  FillDistributionReply(*plan, plan_in, addresses, reply);
+  MLF_LOG(DEBUG) << "distribution for '" << request.job() << "/" << request.server() << "': "
+                 << request.requesters_size() << " requesters, " << reply->server_copies()
+                 << " server copies, " << reply->total_s() << " s";
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerService::DistributionRequestLocked(
+    const v1::PlanDistributionRequest& request, core::DistributionRequest* plan_in,
+    std::map<std::string, std::string>* addresses) {
+  const JobState* job = state_.FindJob(request.job());
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", request.job(), "'"));
+  }
+  auto server = job->servers.find(request.server());
+  if (server == job->servers.end()) {
+    return absl::NotFoundError(absl::StrCat("server '", request.server(), "' of job '",
+                                            request.job(), "' is not registered"));
+  }
+  if (server->second.host != request.host()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("host '", request.host(), "' does not serve '", request.server(),
+                     "' (its host is '", server->second.host, "')"));
+  }
+  const double now_s = clock_->NowSeconds();
+  std::map<std::string, std::vector<core::RateSegment>> up, down;
+  state_.Reservations(&up, &down);
+  const HostState* server_host = state_.AliveHost(request.host());
+  if (server_host == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("host '", request.host(), "' is down"));
+  }
+  plan_in->now_s = now_s;
+  plan_in->server = request.host();
+  plan_in->model_bytes = request.model_bytes();
+  plan_in->hosts.push_back(ResidualHostLink(request.host(), *server_host, now_s, up, down));
+  std::set<std::string> seen;
+  for (const std::string& name : request.requesters()) {
+    if (name == request.host() || !seen.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "requesters: '", name, "' is ",
+          name == request.host() ? "the server's own host" : "named twice"));
+    }
+    const HostState* host = state_.AliveHost(name);
+    if (host == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("requester '", name, "' is not a live host"));
+    }
+    plan_in->requesters.push_back(name);
+    (*addresses)[name] = host->data_address;
+    plan_in->hosts.push_back(ResidualHostLink(name, *host, now_s, up, down));
+    if (host->draining) {  // it receives, but forwards to nobody (a leaf)
+      plan_in->hosts.back().uplink_bps = kMinLinkBps;
+      plan_in->hosts.back().uplink_profile.clear();
+    }
+    // Every requester may forward (it receives the model anyway); a
+    // draining host is not asked to.
+    if (config_.get_trees && !host->draining) plan_in->distributors.push_back(name);
+  }
+  plan_in->seed = static_cast<uint64_t>(++distributions_planned_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<core::DistributionPlan> SchedulerService::PlanDistributionTree(
+    const core::DistributionRequest& plan_in) const {
   const bool cut_through = config_.get_trees && config_.get_tree_planner == "cut_through";
   absl::StatusOr<core::DistributionPlan> plan;
   if (cut_through) {
@@ -806,27 +902,7 @@ absl::Status SchedulerService::PlanDistribution(const v1::PlanDistributionReques
     spare.deadline_s = plan_in.now_s + config_.get_deadline_slack * (plan->total_s - plan_in.now_s);
     plan = core::PlanModelDistribution(plan_in, spare);
   }
-  if (!plan.ok()) return plan.status();
-  if (config_.get_reservations) ReserveDistribution(plan_in.now_s, *plan);
-  for (const core::Delivery& delivery : plan->deliveries) {
-    v1::DistributionRoute* route = reply->add_routes();
-    route->set_host(delivery.host);
-    if (delivery.via != plan_in.server) {
-      route->set_via_host(delivery.via);
-      route->set_via_address(addresses[delivery.via]);
-    }
-    route->set_rate_bps(delivery.rate_bps);
-    route->set_uplink_bps(delivery.uplink_bps);
-    route->set_children(delivery.children);
-  }
-  reply->set_copy_bps(plan->copy_bps);
-  reply->set_server_bound(plan->server_bound);
-  reply->set_server_copies(plan->direct + plan->distributors_used);
-  reply->set_total_s(plan->total_s - plan_in.now_s);
-  MLF_LOG(DEBUG) << "distribution for '" << request.job() << "/" << request.server() << "': "
-                 << request.requesters_size() << " requesters, " << reply->server_copies()
-                 << " server copies, " << reply->total_s() << " s";
-  return absl::OkStatus();
+  return plan;
 }
 
 }  // namespace mlfabric

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "proto/scheduler.pb.h"
 #include "scheduler/core/distribution.h"
@@ -152,6 +153,34 @@ class SchedulerService {
   void SampleLinksLocked(double now_s);
   // Once a second: logs each worker whose straggler flag turned on or off.
   void LogStragglersLocked(double now_s);
+  // RegisterEntity, per role, once the job, token, host and user check out.
+  // Requires mu_.
+  absl::Status RegisterServerLocked(JobState* job, const v1::RegisterEntityRequest& request,
+                                    v1::RegisterEntityReply* reply);
+  absl::Status RegisterWorkerLocked(JobState* job, const v1::RegisterEntityRequest& request);
+  void RegisterReplicaLocked(JobState* job, const v1::RegisterEntityRequest& request);
+  // SubmitUpdate: the push's server, waiting up to server_wait_s for it to
+  // register (releasing `*lock` meanwhile). Requires mu_, held by `*lock`.
+  absl::StatusOr<ServerState*> WaitForPushServerLocked(std::unique_lock<std::mutex>* lock,
+                                                       JobState* job,
+                                                       const v1::SubmitUpdateRequest& request);
+  // SubmitUpdate: the server (and its group, waited for as above) can take
+  // the push. Requires mu_, held by `*lock`.
+  absl::Status CheckPushServerLocked(std::unique_lock<std::mutex>* lock, JobState* job,
+                                     const v1::SubmitUpdateRequest& request,
+                                     ServerState* server);
+  // SubmitUpdate: records the accepted push as pending at `server`.
+  // Requires mu_.
+  void AcceptPushLocked(JobState* job, ServerState* server, const v1::SubmitUpdateRequest& request,
+                        v1::SubmitUpdateReply* reply);
+  // PlanDistribution: the core's request (current residual link rates) and
+  // the requesters' data addresses. Requires mu_.
+  absl::Status DistributionRequestLocked(const v1::PlanDistributionRequest& request,
+                                         core::DistributionRequest* plan_in,
+                                         std::map<std::string, std::string>* addresses);
+  // PlanDistribution: runs the configured planner on `plan_in` (no lock).
+  absl::StatusOr<core::DistributionPlan> PlanDistributionTree(
+      const core::DistributionRequest& plan_in) const;
   // ReportCompletion for a push's own transfer, or for one planned before a
   // restart (in_doubt.h). Requires mu_.
   absl::Status CompletePushLocked(const v1::CompletionReport& request);
