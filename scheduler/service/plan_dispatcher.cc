@@ -290,64 +290,78 @@ uint64_t PlanDispatcher::Run::OpenAggregate(const core::Transfer& transfer,
                                 transfer.end_s + config_.transfer_slack_s);
     view_.transfers.push_back(aggregate.planned);
     const UpdateRecord& first = state_.updates[constituents.front()];
-
-    commands::Expect expect;
-    expect.transfer_id = id;
-    expect.job_id = job_.id;
-    expect.server = work_.server;
-    expect.sequence = aggregate.sequence;
-    expect.bytes = transfer.bytes;
-    expect.src_host = transfer.src;
-    expect.worker = absl::StrCat("aggregate of ", constituents.size());
-    expect.version = first.version;
-    expect.constituents = constituents;
-    expect.round_size = work_.round_size;
-    expect.contributions = static_cast<int32_t>(constituents.size());
-    expect.dtype = first.dtype;
-    state_.Enqueue(server_.host, commands::ExpectDelivery(expect));
-
-    // A chain: every hop sums what reaches its host (the previous hop's
-    // partial sum and the members added there) and streams it on.
-    uint64_t upstream = 0;
-    std::vector<uint64_t> summed;  // constituents in the partial sums so far
-    std::vector<const core::Transfer*> nodes = chain;
-    nodes.push_back(&transfer);
-    for (size_t j = 0; j < nodes.size(); ++j) {
-      const core::Transfer& node = *nodes[j];
-      const bool last = j + 1 == nodes.size();
-      const uint64_t node_id = last ? id : state_.NewTransferId();
-      commands::Aggregate task;
-      task.aggregate_id = node_id;
-      task.job_id = job_.id;
-      if (upstream != 0) task.constituents.push_back(upstream);
-      for (uint64_t member : LiveConstituents(node)) {
-        if (std::find(summed.begin(), summed.end(), member) != summed.end()) continue;
-        task.constituents.push_back(member);
-        summed.push_back(member);
-      }
-      const HostState* next = last ? &server_host : state_.AliveHost(node.dst);
-      task.dst_host = last ? server_.host : node.dst;
-      task.dst_address = next != nullptr ? next->data_address : std::string();
-      task.start_s = node.start_s;
-      task.bytes = node.bytes;
-      task.dtype = first.dtype;
-      state_.Enqueue(node.src, commands::AggregateTask(task, node.segments));
-      ++(last ? state_.stats.aggregates : state_.stats.chain_hops);
-      if (!last) {
-        AggregateRecord::Hop hop;
-        hop.id = node_id;
-        hop.host = node.src;
-        hop.planned = Planned(node_id, node.src, node.dst, node.bytes, node,
-                              transfer.end_s + config_.transfer_slack_s);
-        view_.transfers.push_back(hop.planned);
-        aggregate.hops.push_back(std::move(hop));
-        state_.aggregate_hops[node_id] = id;
-      }
-      upstream = node_id;
-    }
+    ExpectAggregate(transfer, aggregate, first);
+    SendAggregateTasks(transfer, chain, server_host, first, &aggregate);
   }
   aggregate_ids_[&transfer] = id;
   return id;
+}
+
+void PlanDispatcher::Run::ExpectAggregate(const core::Transfer& transfer,
+                                          const AggregateRecord& aggregate,
+                                          const UpdateRecord& first) {
+  const std::vector<uint64_t>& constituents = aggregate.constituents;
+  commands::Expect expect;
+  expect.transfer_id = aggregate.id;
+  expect.job_id = job_.id;
+  expect.server = work_.server;
+  expect.sequence = aggregate.sequence;
+  expect.bytes = transfer.bytes;
+  expect.src_host = transfer.src;
+  expect.worker = absl::StrCat("aggregate of ", constituents.size());
+  expect.version = first.version;
+  expect.constituents = constituents;
+  expect.round_size = work_.round_size;
+  expect.contributions = static_cast<int32_t>(constituents.size());
+  expect.dtype = first.dtype;
+  state_.Enqueue(server_.host, commands::ExpectDelivery(expect));
+}
+
+void PlanDispatcher::Run::SendAggregateTasks(const core::Transfer& transfer,
+                                             const std::vector<const core::Transfer*>& chain,
+                                             const HostState& server_host,
+                                             const UpdateRecord& first,
+                                             AggregateRecord* aggregate) {
+  const uint64_t id = aggregate->id;
+  // A chain: every hop sums what reaches its host (the previous hop's
+  // partial sum and the members added there) and streams it on.
+  uint64_t upstream = 0;
+  std::vector<uint64_t> summed;  // constituents in the partial sums so far
+  std::vector<const core::Transfer*> nodes = chain;
+  nodes.push_back(&transfer);
+  for (size_t j = 0; j < nodes.size(); ++j) {
+    const core::Transfer& node = *nodes[j];
+    const bool last = j + 1 == nodes.size();
+    const uint64_t node_id = last ? id : state_.NewTransferId();
+    commands::Aggregate task;
+    task.aggregate_id = node_id;
+    task.job_id = job_.id;
+    if (upstream != 0) task.constituents.push_back(upstream);
+    for (uint64_t member : LiveConstituents(node)) {
+      if (std::find(summed.begin(), summed.end(), member) != summed.end()) continue;
+      task.constituents.push_back(member);
+      summed.push_back(member);
+    }
+    const HostState* next = last ? &server_host : state_.AliveHost(node.dst);
+    task.dst_host = last ? server_.host : node.dst;
+    task.dst_address = next != nullptr ? next->data_address : std::string();
+    task.start_s = node.start_s;
+    task.bytes = node.bytes;
+    task.dtype = first.dtype;
+    state_.Enqueue(node.src, commands::AggregateTask(task, node.segments));
+    ++(last ? state_.stats.aggregates : state_.stats.chain_hops);
+    if (!last) {
+      AggregateRecord::Hop hop;
+      hop.id = node_id;
+      hop.host = node.src;
+      hop.planned = Planned(node_id, node.src, node.dst, node.bytes, node,
+                            transfer.end_s + config_.transfer_slack_s);
+      view_.transfers.push_back(hop.planned);
+      aggregate->hops.push_back(std::move(hop));
+      state_.aggregate_hops[node_id] = id;
+    }
+    upstream = node_id;
+  }
 }
 
 void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
@@ -446,38 +460,12 @@ commands::Expect PlanDispatcher::Run::ReplicaExpect(uint64_t copy, const std::st
 void PlanDispatcher::Run::DispatchReplicaAggregate(
     const core::Transfer& aggregate, const std::map<std::string, const core::Transfer*>& feeds,
     const std::string& replica_name, const HostState& replica_host) {
-  // Punted copies (their pushes applied) and copies of this batch's pushes
-  // (in flight: the aggregate is held at the replica until every one of
-  // them applied, and cancelled as soon as one does not).
-  struct Member {
-    PendingReplica what;
-    const core::Transfer* feed;
-    bool in_flight;
-  };
-  std::vector<Member> members;
-  for (const std::string& id_text : aggregate.constituents) {
-    const uint64_t id = std::stoull(id_text);
-    auto feed = feeds.find(id_text);
-    if (auto record = state_.updates.find(id); record != state_.updates.end()) {
-      if (feed == feeds.end()) continue;
-      const UpdateRecord& r = record->second;
-      members.push_back({{id, r.src_host, r.worker, r.bytes, r.version, r.norm, r.dtype},
-                         feed->second, true});
-      continue;
-    }
-    std::optional<PendingReplica> punted = TakePunted(id);
-    if (!punted.has_value()) continue;  // failed meanwhile, or its source is gone
-    if (feed == feeds.end()) {
-      server_.replica.pending.push_back(*punted);
-      continue;
-    }
-    members.push_back({*punted, feed->second, false});
-  }
+  const std::vector<ReplicaMember> members = ReplicaMembers(aggregate, feeds);
   const HostState* aggregator = state_.AliveHost(aggregate.src);
   if (members.empty()) return;
   if (aggregator == nullptr) {
     // Punted copies wait for the next batch; the others become punted.
-    for (const Member& m : members) {
+    for (const ReplicaMember& m : members) {
       if (!m.in_flight) {
         server_.replica.pending.push_back(m.what);
       } else if (auto record = state_.updates.find(m.what.id); record != state_.updates.end()) {
@@ -499,7 +487,7 @@ void PlanDispatcher::Run::DispatchReplicaAggregate(
   task.start_s = aggregate.start_s;
   task.bytes = sum.bytes;
   task.dtype = sum.dtype;
-  for (const Member& member : members) {
+  for (const ReplicaMember& member : members) {
     const PendingReplica& what = member.what;
     const core::Transfer* feed = member.feed;
     const uint64_t feed_id = state_.NewTransferId();
@@ -534,6 +522,30 @@ void PlanDispatcher::Run::DispatchReplicaAggregate(
   ++state_.stats.replica_aggregates;
   state_.stats.replica_bytes += sum.bytes;
   state_.stats.replica_updates += static_cast<int64_t>(members.size());
+}
+
+std::vector<PlanDispatcher::Run::ReplicaMember> PlanDispatcher::Run::ReplicaMembers(
+    const core::Transfer& aggregate, const std::map<std::string, const core::Transfer*>& feeds) {
+  std::vector<ReplicaMember> members;
+  for (const std::string& id_text : aggregate.constituents) {
+    const uint64_t id = std::stoull(id_text);
+    auto feed = feeds.find(id_text);
+    if (auto record = state_.updates.find(id); record != state_.updates.end()) {
+      if (feed == feeds.end()) continue;
+      const UpdateRecord& r = record->second;
+      members.push_back({{id, r.src_host, r.worker, r.bytes, r.version, r.norm, r.dtype},
+                         feed->second, true});
+      continue;
+    }
+    std::optional<PendingReplica> punted = TakePunted(id);
+    if (!punted.has_value()) continue;  // failed meanwhile, or its source is gone
+    if (feed == feeds.end()) {
+      server_.replica.pending.push_back(*punted);
+      continue;
+    }
+    members.push_back({*punted, feed->second, false});
+  }
+  return members;
 }
 
 }  // namespace mlfabric

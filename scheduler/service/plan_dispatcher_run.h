@@ -64,6 +64,16 @@ class PlanDispatcher::Run {
   uint64_t OpenAggregate(const core::Transfer& transfer,
                          const std::vector<const core::Transfer*>& chain,
                          const HostState& server_host);
+  // At the server: what its daemon expects of the aggregate (`first`: its
+  // first constituent's push).
+  void ExpectAggregate(const core::Transfer& transfer, const AggregateRecord& aggregate,
+                       const UpdateRecord& first);
+  // The aggregate's tasks: one per hop of `chain`, upstream first, each
+  // recorded in `aggregate`, and the last, `transfer`, to the server.
+  void SendAggregateTasks(const core::Transfer& transfer,
+                          const std::vector<const core::Transfer*>& chain,
+                          const HostState& server_host, const UpdateRecord& first,
+                          AggregateRecord* aggregate);
   // The constituents of `transfer` still in flight, as transfer ids.
   std::vector<uint64_t> LiveConstituents(const core::Transfer& transfer) const;
   // A server group's batch (server_groups.h): each push's parts, one per
@@ -92,6 +102,19 @@ class PlanDispatcher::Run {
   void DispatchReplicaAggregate(const core::Transfer& aggregate,
                                 const std::map<std::string, const core::Transfer*>& feeds,
                                 const std::string& replica_name, const HostState& replica_host);
+  // A member of a replica aggregate: a punted copy (its push applied) or a
+  // copy of this batch's push (in flight: the aggregate is held at the
+  // replica until every one of them applied, and cancelled as soon as one
+  // does not), with the plan's transfer that feeds it to the aggregator.
+  struct ReplicaMember {
+    PendingReplica what;
+    const core::Transfer* feed;
+    bool in_flight;
+  };
+  // The aggregate's members that can still go, in its order. A punted copy
+  // the plan gives no feed waits for the next batch.
+  std::vector<ReplicaMember> ReplicaMembers(
+      const core::Transfer& aggregate, const std::map<std::string, const core::Transfer*>& feeds);
   // Removes and returns push `source`'s punted copy (nullopt: none).
   std::optional<PendingReplica> TakePunted(uint64_t source);
   // What the replica's daemon expects of copy `copy` at the replica's next
