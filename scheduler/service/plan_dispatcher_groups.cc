@@ -131,27 +131,61 @@ void PlanDispatcher::Run::DispatchGroupAggregate(
   if (members.empty()) return;
   const std::string& aggregator_name = sums.front()->src;
   const size_t shards = server_.shards.size();
-  // Each shard's sum and each member's part for it: the plan's transfers to
-  // its host (from the aggregator) of its size, in the plan's order.
-  std::string problem;
   const HostState* aggregator = state_.AliveHost(aggregator_name);
-  if (aggregator == nullptr) problem = absl::StrCat("aggregator host ", aggregator_name, " is down");
-  std::vector<const core::Transfer*> sum_of(shards, nullptr);
-  std::vector<const HostState*> hosts(shards, nullptr);
-  std::vector<std::vector<const core::Transfer*>> part_of(members.size());
-  for (size_t m = 0; m < members.size() && problem.empty(); ++m) {
+  GroupAggregateParts parts;
+  const std::string problem =
+      aggregator == nullptr ? absl::StrCat("aggregator host ", aggregator_name, " is down")
+                            : MatchGroupAggregate(sums, feeds, members, &parts);
+  if (!problem.empty()) {
+    for (uint64_t member : members) state_.Complete(member, v1::OUTCOME_FAILED, problem, 0);
+    return;
+  }
+  const uint64_t id = state_.NewTransferId();
+  GroupPush& group = state_.group_pushes[id];
+  group.constituents = members;
+  group.aggregator = aggregator_name;
+  group.sequence = server_.next_sequence++;
+  double end_s = 0;
+  for (const core::Transfer* sum : parts.sum_of) end_s = std::max(end_s, sum->end_s);
+  const double deadline_s = end_s + config_.transfer_slack_s;
+  // feed[m][i]: member m's part for shard i, on its way to the aggregator.
+  std::vector<std::vector<uint64_t>> feed(members.size(), std::vector<uint64_t>(shards));
+  for (auto& row : feed) {
+    for (uint64_t& f : row) {
+      f = state_.NewTransferId();
+      state_.group_feeds[f] = id;
+    }
+  }
+  SendGroupSums(id, parts, feed, deadline_s, &group);
+  ++state_.stats.aggregates;
+  SendGroupFeeds(id, parts, feed, *aggregator, end_s, deadline_s, &group);
+  view_.transfers.insert(view_.transfers.end(), group.feeds.begin(), group.feeds.end());
+}
+
+std::string PlanDispatcher::Run::MatchGroupAggregate(
+    const std::vector<const core::Transfer*>& sums,
+    const std::map<std::string, std::vector<const core::Transfer*>>& feeds,
+    const std::vector<uint64_t>& members, GroupAggregateParts* out) {
+  const std::string& aggregator_name = sums.front()->src;
+  const size_t shards = server_.shards.size();
+  std::vector<const core::Transfer*>& sum_of = out->sum_of;
+  std::vector<const HostState*>& hosts = out->hosts;
+  std::vector<std::vector<const core::Transfer*>>& part_of = out->part_of;
+  sum_of.assign(shards, nullptr);
+  hosts.assign(shards, nullptr);
+  part_of.assign(members.size(), {});
+  for (size_t m = 0; m < members.size(); ++m) {
     auto found = feeds.find(std::to_string(members[m]));
     if (found != feeds.end()) part_of[m] = found->second;
   }
   std::vector<const core::Transfer*> unused_sums = sums;
-  for (size_t i = 0; i < shards && problem.empty(); ++i) {
+  for (size_t i = 0; i < shards; ++i) {
     const ShardSlot& slot = server_.shards[i];
     const int64_t size = slot.end - slot.begin;
     const std::string& host = job_.servers[slot.server].host;
     hosts[i] = state_.AliveHost(host);
     if (hosts[i] == nullptr) {
-      problem = absl::StrCat("shard ", i, " ('", slot.server, "') on ", host, " is down");
-      break;
+      return absl::StrCat("shard ", i, " ('", slot.server, "') on ", host, " is down");
     }
     for (auto t = unused_sums.begin(); t != unused_sums.end(); ++t) {
       if ((*t)->dst == host && (*t)->bytes == size && (*t)->src == aggregator_name) {
@@ -173,41 +207,30 @@ void PlanDispatcher::Run::DispatchGroupAggregate(
       std::iter_swap(t, from);
     }
     if (!parts_found) {
-      problem = absl::StrCat("the plan has no aggregate transfer for shard ", i,
-                             " of its aggregate (planner bug)");
+      return absl::StrCat("the plan has no aggregate transfer for shard ", i,
+                          " of its aggregate (planner bug)");
     }
   }
-  if (!problem.empty()) {
-    for (uint64_t member : members) state_.Complete(member, v1::OUTCOME_FAILED, problem, 0);
-    return;
-  }
-  const uint64_t id = state_.NewTransferId();
-  GroupPush& group = state_.group_pushes[id];
-  group.constituents = members;
-  group.aggregator = aggregator_name;
-  group.sequence = server_.next_sequence++;
-  double end_s = 0;
-  for (const core::Transfer* sum : sum_of) end_s = std::max(end_s, sum->end_s);
-  const double deadline_s = end_s + config_.transfer_slack_s;
+  return "";
+}
+
+void PlanDispatcher::Run::SendGroupSums(uint64_t id, const GroupAggregateParts& parts,
+                                        const std::vector<std::vector<uint64_t>>& feed,
+                                        double deadline_s, GroupPush* group) {
+  const std::vector<uint64_t>& members = group->constituents;
+  const std::string& aggregator_name = group->aggregator;
   const UpdateRecord& first = state_.updates[members.front()];
-  // feed[m][i]: member m's part for shard i, on its way to the aggregator.
-  std::vector<std::vector<uint64_t>> feed(members.size(), std::vector<uint64_t>(shards));
-  for (auto& row : feed) {
-    for (uint64_t& f : row) {
-      f = state_.NewTransferId();
-      state_.group_feeds[f] = id;
-    }
-  }
-  for (size_t i = 0; i < shards; ++i) {
+  for (size_t i = 0; i < server_.shards.size(); ++i) {
     const ShardSlot& slot = server_.shards[i];
     const int64_t size = slot.end - slot.begin;
+    const core::Transfer& sum = *parts.sum_of[i];
     GroupPart part;
     part.id = state_.NewTransferId();
     part.server = slot.server;
-    part.host = sum_of[i]->dst;
+    part.host = sum.dst;
     part.begin = slot.begin;
     part.end = slot.end;
-    part.planned = Planned(part.id, aggregator_name, part.host, size, *sum_of[i], deadline_s);
+    part.planned = Planned(part.id, aggregator_name, part.host, size, sum, deadline_s);
     view_.transfers.push_back(part.planned);
     state_.group_parts[part.id] = id;
 
@@ -215,7 +238,7 @@ void PlanDispatcher::Run::DispatchGroupAggregate(
     expect.transfer_id = part.id;
     expect.job_id = job_.id;
     expect.server = slot.server;
-    expect.sequence = group.sequence;
+    expect.sequence = group->sequence;
     expect.bytes = size;
     expect.src_host = aggregator_name;
     expect.worker = absl::StrCat("aggregate of ", members.size());
@@ -232,29 +255,36 @@ void PlanDispatcher::Run::DispatchGroupAggregate(
     task.job_id = job_.id;
     for (const auto& row : feed) task.constituents.push_back(row[i]);
     task.dst_host = part.host;
-    task.dst_address = hosts[i]->data_address;
-    task.start_s = sum_of[i]->start_s;
+    task.dst_address = parts.hosts[i]->data_address;
+    task.start_s = sum.start_s;
     task.bytes = size;
     task.dtype = first.dtype;
-    state_.Enqueue(aggregator_name, commands::AggregateTask(task, sum_of[i]->segments));
-    group.parts.push_back(std::move(part));
+    state_.Enqueue(aggregator_name, commands::AggregateTask(task, sum.segments));
+    group->parts.push_back(std::move(part));
   }
-  ++state_.stats.aggregates;
+}
+
+void PlanDispatcher::Run::SendGroupFeeds(uint64_t id, const GroupAggregateParts& parts,
+                                         const std::vector<std::vector<uint64_t>>& feed,
+                                         const HostState& aggregator, double end_s,
+                                         double deadline_s, GroupPush* group) {
+  const std::vector<uint64_t>& members = group->constituents;
+  const std::string& aggregator_name = group->aggregator;
   for (size_t m = 0; m < members.size(); ++m) {
     UpdateRecord& record = state_.updates[members[m]];
     record.state = UpdateState::kInFlight;
-    record.sequence = group.sequence;
+    record.sequence = group->sequence;
     record.aggregate_id = id;
     ++server_.in_flight;
     record.planned = Planned(record.transfer_id, record.src_host, aggregator_name, record.bytes,
-                             *part_of[m][0], deadline_s);
+                             *parts.part_of[m][0], deadline_s);
     record.planned.end_s = end_s;
-    for (size_t i = 0; i < shards; ++i) {
+    for (size_t i = 0; i < server_.shards.size(); ++i) {
       const ShardSlot& slot = server_.shards[i];
-      const core::Transfer& hop = *part_of[m][i];
-      group.feeds.push_back(Planned(feed[m][i], record.src_host, aggregator_name,
-                                    slot.end - slot.begin, hop, deadline_s));
-      commands::Send send{feed[m][i], job_.id, aggregator_name, aggregator->data_address,
+      const core::Transfer& hop = *parts.part_of[m][i];
+      group->feeds.push_back(Planned(feed[m][i], record.src_host, aggregator_name,
+                                     slot.end - slot.begin, hop, deadline_s));
+      commands::Send send{feed[m][i], job_.id, aggregator_name, aggregator.data_address,
                           hop.start_s, slot.end - slot.begin};
       send.source_transfer_id = record.transfer_id;
       send.local_id = record.local_id;
@@ -265,7 +295,6 @@ void PlanDispatcher::Run::DispatchGroupAggregate(
     ++view_.scheduled;
     ++state_.stats.planned;
   }
-  view_.transfers.insert(view_.transfers.end(), group.feeds.begin(), group.feeds.end());
 }
 
 }  // namespace mlfabric

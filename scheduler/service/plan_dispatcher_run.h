@@ -95,6 +95,30 @@ class PlanDispatcher::Run {
   void DispatchGroupAggregate(
       const std::vector<const core::Transfer*>& sums,
       const std::map<std::string, std::vector<const core::Transfer*>>& feeds);
+  // The plan's transfers for one group aggregate: per shard, its sum (from
+  // the aggregator) and the shard's host; per member, its parts on their
+  // way to the aggregator, part i for shard i.
+  struct GroupAggregateParts {
+    std::vector<const core::Transfer*> sum_of;
+    std::vector<const HostState*> hosts;
+    std::vector<std::vector<const core::Transfer*>> part_of;
+  };
+  // Finds them, in the plan's order, for the live `members`; returns why
+  // the aggregate cannot go, or "" when every shard has its sum and parts.
+  std::string MatchGroupAggregate(
+      const std::vector<const core::Transfer*>& sums,
+      const std::map<std::string, std::vector<const core::Transfer*>>& feeds,
+      const std::vector<uint64_t>& members, GroupAggregateParts* out);
+  // Each shard's sum: expected at the shard (held under the group's
+  // sequence number) and summed at the aggregator from the `feed` ids.
+  void SendGroupSums(uint64_t id, const GroupAggregateParts& parts,
+                     const std::vector<std::vector<uint64_t>>& feed, double deadline_s,
+                     GroupPush* group);
+  // Each member's parts, sent to the aggregator as feed[m][i]; the member
+  // is in flight in aggregate `id`.
+  void SendGroupFeeds(uint64_t id, const GroupAggregateParts& parts,
+                      const std::vector<std::vector<uint64_t>>& feed, const HostState& aggregator,
+                      double end_s, double deadline_s, GroupPush* group);
   // §5.3: sends the plan's replica copies and marks the punted ones.
   void DispatchReplica(const core::Plan& plan);
   // One of the replica's aggregates: copies sent to the aggregator, summed
