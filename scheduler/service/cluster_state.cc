@@ -115,71 +115,20 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
   const UpdateRecord& record = it->second;
   JobState* job = FindJob(record.job);
   stragglers.OnOutcome(record.job, record.worker, record.submitted_s, clock_->NowSeconds());
-  if (record.state == UpdateState::kInFlight && job != nullptr) {
-    auto server = job->servers.find(record.server);
-    if (server != job->servers.end()) {
-      --server->second.in_flight;
-      if (outcome != v1::OUTCOME_APPLIED && record.aggregate_id == 0 && record.sequence != 0 &&
-          !group_pushes.count(transfer_id)) {
-        // The server's daemon waits for this sequence number: tell it to
-        // skip, so later updates are not held back behind it.
-        Enqueue(server->second.host,
-                commands::CancelDelivery(transfer_id, record.server, record.sequence, reason));
-      }
-    }
-  }
+  LeaveServer(transfer_id, record, job, outcome, reason);
   // A group push's parts not yet released are skipped at every shard.
   EndGroupPush(transfer_id, record.state == UpdateState::kInFlight ? record.sequence : 0, reason);
   SettleHeldCopies(transfer_id, outcome == v1::OUTCOME_APPLIED, reason);
-  v1::DaemonCommand command = commands::PushOutcome(transfer_id, record.local_id, outcome, reason);
-  v1::PushOutcome* result = command.mutable_outcome();
-  if (outcome == v1::OUTCOME_APPLIED) {
-    result->set_applied_version(applied_version);
-    // Its replica copy was punted (§5.3): the source keeps the bytes until
-    // a later batch sends them to the replica.
-    if (record.replica_punted && job != nullptr) {
-      job->servers[record.server].replica.pending.push_back(
-          {transfer_id, record.src_host, record.worker, record.bytes, record.version,
-           record.norm, record.dtype});
-      result->set_hold_for_replica(true);
-    }
-    // The update was computed on v(g) and applied as version applied_version:
-    // applied_version - 1 - v(g) other updates came in between (§3.1).
-    result->set_delay(std::max<int64_t>(0, applied_version - 1 - record.version));
-    ++stats.applied;
-  } else if (outcome == v1::OUTCOME_DROPPED) {
-    ++stats.dropped;
-  } else {
-    ++stats.failed;
-    MLF_LOG(WARNING) << "push " << transfer_id << " from " << record.src_host
-                     << " failed: " << reason;
-  }
-  const int64_t delay = result->delay();
+  v1::DaemonCommand command =
+      OutcomeCommand(transfer_id, record, job, outcome, reason, applied_version);
+  const v1::PushOutcome& result = command.outcome();
+  const int64_t delay = result.delay();
   RememberOutcome(transfer_id,
-                  {outcome, reason, applied_version, delay, result->hold_for_replica()});
+                  {outcome, reason, applied_version, delay, result.hold_for_replica()});
   Enqueue(record.src_host, std::move(command));
   if (outcome == v1::OUTCOME_APPLIED) {
     if (job) ++job->applied;
-    DelayView view;
-    view.transfer_id = transfer_id;
-    view.job = record.job;
-    view.server = record.server;
-    view.src = record.src_host;
-    view.delay = delay;
-    view.at_s = clock_->NowSeconds();
-    view.latency_s = view.at_s - record.submitted_s;
-    // Its bytes reach the server at the end of its own transfer, or of the
-    // aggregate that carried them there.
-    const TransferView* to_server = &record.planned;
-    if (auto agg = aggregates.find(record.aggregate_id); agg != aggregates.end()) {
-      to_server = &agg->second.planned;
-    }
-    if (to_server->planned_at_s > 0) {
-      view.queued_s = to_server->planned_at_s - record.submitted_s;
-      view.planned_s = to_server->end_s - to_server->planned_at_s;
-      view.late_s = view.at_s - to_server->end_s;
-    }
-    history_->RecordDelay(view);
+    RecordAppliedDelay(transfer_id, record, delay);
   } else {
     if (job) ++(outcome == v1::OUTCOME_DROPPED ? job->dropped : job->failed);
     RecordDrop(record, outcome,
@@ -204,6 +153,75 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
     FailAggregate(aggregate_id, absl::StrCat("constituent ", transfer_id, " from ", src_host,
                                              " failed: ", reason));
   }
+}
+
+void ClusterState::LeaveServer(uint64_t transfer_id, const UpdateRecord& record, JobState* job,
+                               v1::Outcome outcome, const std::string& reason) {
+  if (record.state != UpdateState::kInFlight || job == nullptr) return;
+  auto server = job->servers.find(record.server);
+  if (server == job->servers.end()) return;
+  --server->second.in_flight;
+  if (outcome != v1::OUTCOME_APPLIED && record.aggregate_id == 0 && record.sequence != 0 &&
+      !group_pushes.count(transfer_id)) {
+    // The server's daemon waits for this sequence number: tell it to
+    // skip, so later updates are not held back behind it.
+    Enqueue(server->second.host,
+            commands::CancelDelivery(transfer_id, record.server, record.sequence, reason));
+  }
+}
+
+v1::DaemonCommand ClusterState::OutcomeCommand(uint64_t transfer_id, const UpdateRecord& record,
+                                               JobState* job, v1::Outcome outcome,
+                                               const std::string& reason,
+                                               int64_t applied_version) {
+  v1::DaemonCommand command = commands::PushOutcome(transfer_id, record.local_id, outcome, reason);
+  v1::PushOutcome* result = command.mutable_outcome();
+  if (outcome == v1::OUTCOME_APPLIED) {
+    result->set_applied_version(applied_version);
+    // Its replica copy was punted (§5.3): the source keeps the bytes until
+    // a later batch sends them to the replica.
+    if (record.replica_punted && job != nullptr) {
+      job->servers[record.server].replica.pending.push_back(
+          {transfer_id, record.src_host, record.worker, record.bytes, record.version,
+           record.norm, record.dtype});
+      result->set_hold_for_replica(true);
+    }
+    // The update was computed on v(g) and applied as version applied_version:
+    // applied_version - 1 - v(g) other updates came in between (§3.1).
+    result->set_delay(std::max<int64_t>(0, applied_version - 1 - record.version));
+    ++stats.applied;
+  } else if (outcome == v1::OUTCOME_DROPPED) {
+    ++stats.dropped;
+  } else {
+    ++stats.failed;
+    MLF_LOG(WARNING) << "push " << transfer_id << " from " << record.src_host
+                     << " failed: " << reason;
+  }
+  return command;
+}
+
+void ClusterState::RecordAppliedDelay(uint64_t transfer_id, const UpdateRecord& record,
+                                      int64_t delay) {
+  DelayView view;
+  view.transfer_id = transfer_id;
+  view.job = record.job;
+  view.server = record.server;
+  view.src = record.src_host;
+  view.delay = delay;
+  view.at_s = clock_->NowSeconds();
+  view.latency_s = view.at_s - record.submitted_s;
+  // Its bytes reach the server at the end of its own transfer, or of the
+  // aggregate that carried them there.
+  const TransferView* to_server = &record.planned;
+  if (auto agg = aggregates.find(record.aggregate_id); agg != aggregates.end()) {
+    to_server = &agg->second.planned;
+  }
+  if (to_server->planned_at_s > 0) {
+    view.queued_s = to_server->planned_at_s - record.submitted_s;
+    view.planned_s = to_server->end_s - to_server->planned_at_s;
+    view.late_s = view.at_s - to_server->end_s;
+  }
+  history_->RecordDelay(view);
 }
 
 void ClusterState::SettleHeldCopies(uint64_t transfer_id, bool applied,
@@ -672,82 +690,92 @@ void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::str
   }
   JobState* job = FindJob(copy.job);
   double norm = 0;
-  if (job != nullptr) {
-    ServerState& server = job->servers[copy.server];
-    if (auto in_flight = server.replica.in_flight.find(copy_id);
-        in_flight != server.replica.in_flight.end()) {
-      norm = in_flight->second;
-      server.replica.in_flight.erase(in_flight);
-    }
-    if (applied) {
-      server.replica.applied += copy.Updates();
-      // After a failover the replica is the server: its version is the model's.
-      if (copy.failover) server.model_version = std::max(server.model_version, model_version);
-      if (auto source = updates.find(copy.source); source != updates.end()) {
-        source->second.replica_ahead = true;
-      }
-      for (uint64_t member : copy.constituents) {
-        if (auto source = updates.find(member); source != updates.end()) {
-          source->second.replica_ahead = true;
-        }
-      }
-    }
-  }
-  if (!applied) {
-    if (copy.constituents.empty()) {
-      MLF_LOG(WARNING) << "replica copy " << copy_id << " of push " << copy.source
-                       << " failed: " << reason;
-    } else {
-      MLF_LOG(WARNING) << "replica aggregate " << copy_id << " of " << copy.constituents.size()
-                       << " copies (pushes " << copy.constituents.front() << ".."
-                       << copy.constituents.back() << ") failed: " << reason;
-    }
-    CancelReplicaCopy(copy_id, copy, reason);
-    // Pushes in the server's model and now never in the replica's: the
-    // copy's push if it applied, an aggregate's pushes that applied.
-    int64_t missed = 0;
-    double missed_norm = 0;
-    if (copy.constituents.empty()) {
-      if (auto told = recent_outcomes.find(copy.source);
-          told != recent_outcomes.end() && told->second.outcome == v1::OUTCOME_APPLIED) {
-        missed = 1;
-        missed_norm = norm;
-      }
-    } else {
-      for (const auto& [member, member_norm] : copy.applied_members) {
-        ++missed;
-        missed_norm += member_norm;
-      }
-      // Its pushes still in flight get a copy of their own once applied
-      // (§5.3's punted copies: their sources keep the bytes).
-      for (uint64_t member : copy.unsettled) {
-        if (auto record = updates.find(member); record != updates.end()) {
-          record->second.replica_punted = true;
-        }
-      }
-    }
-    if (!copy.failover && job != nullptr && missed > 0) {
-      ReplicaTrack& replica = job->servers[copy.server].replica;
-      replica.missed += missed;
-      replica.missed_norm += missed_norm;
-    }
-    // Its update is in the old server's model and now in no model.
-    if (copy.failover && job != nullptr) {
-      for (auto failover = job->failovers.rbegin(); failover != job->failovers.rend();
-           ++failover) {
-        if (failover->server != copy.server) continue;
-        failover->lost_updates += copy.Updates();
-        failover->lost_norm += norm;
-        break;
-      }
-    }
-  }
+  if (job != nullptr) norm = EndReplicaCopyAtServer(copy_id, copy, job, applied, model_version);
+  if (!applied) FailReplicaCopy(copy_id, copy, job, norm, reason);
   // Pushes in flight to a server that failed over end as their copy did.
   auto [decided, decided_end] = decided_by_copy.equal_range(copy_id);
   std::vector<UpdateRecord> records;
   for (auto d = decided; d != decided_end; ++d) records.push_back(std::move(d->second));
   decided_by_copy.erase(decided, decided_end);
-  for (UpdateRecord& record : records) EndDecidedByCopy(std::move(record), applied, reason, model_version);
+  for (UpdateRecord& record : records) {
+    EndDecidedByCopy(std::move(record), applied, reason, model_version);
+  }
+}
+
+double ClusterState::EndReplicaCopyAtServer(uint64_t copy_id, const ReplicaCopy& copy,
+                                            JobState* job, bool applied, int64_t model_version) {
+  double norm = 0;
+  ServerState& server = job->servers[copy.server];
+  if (auto in_flight = server.replica.in_flight.find(copy_id);
+      in_flight != server.replica.in_flight.end()) {
+    norm = in_flight->second;
+    server.replica.in_flight.erase(in_flight);
+  }
+  if (applied) {
+    server.replica.applied += copy.Updates();
+    // After a failover the replica is the server: its version is the model's.
+    if (copy.failover) server.model_version = std::max(server.model_version, model_version);
+    if (auto source = updates.find(copy.source); source != updates.end()) {
+      source->second.replica_ahead = true;
+    }
+    for (uint64_t member : copy.constituents) {
+      if (auto source = updates.find(member); source != updates.end()) {
+        source->second.replica_ahead = true;
+      }
+    }
+  }
+  return norm;
+}
+
+void ClusterState::FailReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy, JobState* job,
+                                   double norm, const std::string& reason) {
+  if (copy.constituents.empty()) {
+    MLF_LOG(WARNING) << "replica copy " << copy_id << " of push " << copy.source
+                     << " failed: " << reason;
+  } else {
+    MLF_LOG(WARNING) << "replica aggregate " << copy_id << " of " << copy.constituents.size()
+                     << " copies (pushes " << copy.constituents.front() << ".."
+                     << copy.constituents.back() << ") failed: " << reason;
+  }
+  CancelReplicaCopy(copy_id, copy, reason);
+  // Pushes in the server's model and now never in the replica's: the
+  // copy's push if it applied, an aggregate's pushes that applied.
+  int64_t missed = 0;
+  double missed_norm = 0;
+  if (copy.constituents.empty()) {
+    if (auto told = recent_outcomes.find(copy.source);
+        told != recent_outcomes.end() && told->second.outcome == v1::OUTCOME_APPLIED) {
+      missed = 1;
+      missed_norm = norm;
+    }
+  } else {
+    for (const auto& [member, member_norm] : copy.applied_members) {
+      ++missed;
+      missed_norm += member_norm;
+    }
+    // Its pushes still in flight get a copy of their own once applied
+    // (§5.3's punted copies: their sources keep the bytes).
+    for (uint64_t member : copy.unsettled) {
+      if (auto record = updates.find(member); record != updates.end()) {
+        record->second.replica_punted = true;
+      }
+    }
+  }
+  if (!copy.failover && job != nullptr && missed > 0) {
+    ReplicaTrack& replica = job->servers[copy.server].replica;
+    replica.missed += missed;
+    replica.missed_norm += missed_norm;
+  }
+  // Its update is in the old server's model and now in no model.
+  if (copy.failover && job != nullptr) {
+    for (auto failover = job->failovers.rbegin(); failover != job->failovers.rend();
+         ++failover) {
+      if (failover->server != copy.server) continue;
+      failover->lost_updates += copy.Updates();
+      failover->lost_norm += norm;
+      break;
+    }
+  }
 }
 
 void ClusterState::EndDecidedByCopy(UpdateRecord record, bool applied, const std::string& reason,

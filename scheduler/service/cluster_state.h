@@ -534,6 +534,25 @@ class ClusterState {
   void EndReplicaCopiesOn(const std::string& host_name, const std::string& reason);
   void RecordDrop(const UpdateRecord& record, v1::Outcome outcome, const std::string& category,
                   const std::string& reason);
+  // Complete's steps. An in-flight push leaves its server's count, and a
+  // failed one's sequence number is skipped there.
+  void LeaveServer(uint64_t transfer_id, const UpdateRecord& record, JobState* job,
+                   v1::Outcome outcome, const std::string& reason);
+  // The outcome the push's source is told (counted; a punted replica copy
+  // is queued for a later batch and its bytes held).
+  v1::DaemonCommand OutcomeCommand(uint64_t transfer_id, const UpdateRecord& record,
+                                   JobState* job, v1::Outcome outcome, const std::string& reason,
+                                   int64_t applied_version);
+  // An applied push's delay and timing, for the admin history.
+  void RecordAppliedDelay(uint64_t transfer_id, const UpdateRecord& record, int64_t delay);
+  // EndReplicaCopy's steps. At the server's replica track: the copy is no
+  // longer in flight (returns the norm it had), and an applied one counts.
+  double EndReplicaCopyAtServer(uint64_t copy_id, const ReplicaCopy& copy, JobState* job,
+                                bool applied, int64_t model_version);
+  // A copy that failed: cancelled, its applied pushes counted as missed by
+  // the replica (or lost, after a failover), its unsettled ones punted.
+  void FailReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy, JobState* job, double norm,
+                       const std::string& reason);
 
   const SchedulerConfig& config_;
   const Clock* clock_;
