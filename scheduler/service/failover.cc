@@ -55,6 +55,136 @@ bool SendCatchUpCopy(ClusterState* state, const JobState& job, const std::string
   return true;
 }
 
+// PromoteReplica step 1: pushes in flight to the old server. Those the
+// replica holds are applied; those whose copy (or aggregate) is still
+// moving wait for it (decided_by_copy).
+void SettleInFlightByReplica(ClusterState* state, const std::string& job_name,
+                             const std::string& server_name, const ServerState& server,
+                             FailoverView* view) {
+  std::map<uint64_t, uint64_t> copy_of;  // push -> its copy (or aggregate) still moving
+  for (const auto& [copy_id, copy] : state->replica_copies) {
+    if (copy.job != job_name || copy.server != server_name) continue;
+    if (copy.constituents.empty()) copy_of[copy.source] = copy_id;
+    for (uint64_t member : copy.unsettled) copy_of[member] = copy_id;
+  }
+  std::vector<uint64_t> held, decided;
+  for (const auto& [id, record] : state->updates) {
+    if (!OfServer(record, job_name, server_name) || record.state != UpdateState::kInFlight) {
+      continue;
+    }
+    if (record.replica_ahead) {
+      held.push_back(id);
+    } else if (copy_of.count(id)) {
+      decided.push_back(id);
+    }
+  }
+  for (uint64_t id : held) {
+    // In the replica's model: applied, as of the last version known.
+    state->Complete(id, v1::OUTCOME_APPLIED, "", server.model_version);
+    ++view->in_flight_applied;
+  }
+  for (uint64_t id : decided) {
+    auto it = state->updates.find(id);
+    UpdateRecord record = std::move(it->second);
+    state->updates.erase(it);
+    // Nothing at either daemon waits for it as the server's delivery now.
+    record.sequence = 0;
+    record.aggregate_id = 0;
+    record.round_member = false;
+    record.replica_punted = false;
+    record.failure_pending.clear();
+    state->decided_by_copy.emplace(copy_of[id], std::move(record));
+    ++view->in_flight_awaiting;
+  }
+}
+
+// PromoteReplica step 2: partial sums at the old server's daemon are gone
+// with it (its open rounds and aggregates fail).
+void FailPartialSums(ClusterState* state, const std::string& job_name,
+                     const std::string& server_name, const ServerState& server,
+                     const std::string& why) {
+  std::vector<int64_t> rounds;
+  for (const auto& [round, round_state] : server.rounds) {
+    if (round_state.failed.empty()) rounds.push_back(round);
+  }
+  for (int64_t round : rounds) state->FailRound(job_name, server_name, round, why);
+  std::vector<uint64_t> aggregates;
+  for (const auto& [id, aggregate] : state->aggregates) {
+    if (aggregate.job == job_name && aggregate.server == server_name) aggregates.push_back(id);
+  }
+  for (uint64_t id : aggregates) state->FailAggregate(id, why);
+}
+
+// PromoteReplica step 3: the rest of the in-flight pushes are not in the
+// model served from now on.
+void FailLostInFlight(ClusterState* state, const std::string& job_name,
+                      const std::string& server_name, const std::string& why,
+                      FailoverView* view) {
+  std::vector<uint64_t> lost_in_flight;
+  for (const auto& [id, record] : state->updates) {
+    if (OfServer(record, job_name, server_name) && record.state == UpdateState::kInFlight) {
+      lost_in_flight.push_back(id);
+    }
+  }
+  view->in_flight_failed = static_cast<int64_t>(lost_in_flight.size());
+  for (uint64_t id : lost_in_flight) {
+    state->Complete(id, v1::OUTCOME_FAILED,
+                    absl::StrCat(why, ": the push was in flight to ", view->from_host,
+                                 ", which may have applied it before it went, and ", view->to_host,
+                                 " never received it, so it is not in the model served from now "
+                                 "on; push it again"),
+                    0);
+  }
+}
+
+// PromoteReplica step 4: the replica is the server. Its daemon's commit
+// positions continue where the replica's stream left them.
+void MakeReplicaTheServer(ClusterState* state, JobState* job, const std::string& job_name,
+                          const std::string& server_name, ServerState* server,
+                          const std::string& from, const std::string& to, const std::string& why) {
+  server->host = to;
+  server->next_sequence = server->replica.next_sequence;
+  // A replica that registers for the promoted server later is a new
+  // stream: its daemon numbers from 1. (Copies still moving stay tracked
+  // by id in replica.in_flight until they end.)
+  server->replica.next_sequence = 1;
+  ForgetReplicaSnapshot(state, server);
+  server->replica.applied = 0;
+  server->replica.missed = 0;
+  server->replica.missed_norm = 0;
+  job->replica_hosts.erase(server_name);
+  for (auto& [copy_id, copy] : state->replica_copies) {
+    if (copy.job == job_name && copy.server == server_name) copy.failover = true;
+  }
+  state->Enqueue(to, commands::PromoteReplica(job->id, server_name, from, why,
+                                              server->model_version));
+  // The copies held at the replica for pushes still undecided (step 1) may
+  // be applied now: they decide their pushes. Those of failed pushes were
+  // cancelled there above, before this.
+  for (auto& [copy_id, copy] : state->replica_copies) {
+    if (copy.job != job_name || copy.server != server_name || !copy.held) continue;
+    copy.held = false;
+    state->Enqueue(to, commands::ReleaseDelivery(copy_id, copy.sequence));
+  }
+}
+
+// PromoteReplica step 5: applied at the old server, punted from the
+// replica's stream: their sources still hold the bytes, so the new server
+// gets them now.
+void SendCatchUpCopies(ClusterState* state, const JobState& job, const std::string& server_name,
+                       ServerState* server, FailoverView* view) {
+  std::vector<PendingReplica> punted;
+  punted.swap(server->replica.pending);
+  for (const PendingReplica& pending : punted) {
+    if (SendCatchUpCopy(state, job, server_name, server, pending)) {
+      ++view->catch_up_copies;
+    } else {
+      ++view->lost_updates;
+      view->lost_norm += pending.norm;
+    }
+  }
+}
+
 }  // namespace
 
 bool PromoteReplica(ClusterState* state, const std::string& job_name,
@@ -87,113 +217,11 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
   view.lost_norm = server.replica.missed_norm;
   const std::string why = absl::StrCat("server '", server_name, "' failed over from ", from,
                                        " to its replica on ", to, " (", reason, ")");
-
-  // 1. Pushes in flight to the old server: what the replica holds decides.
-  std::map<uint64_t, uint64_t> copy_of;  // push -> its copy (or aggregate) still moving
-  for (const auto& [copy_id, copy] : state->replica_copies) {
-    if (copy.job != job_name || copy.server != server_name) continue;
-    if (copy.constituents.empty()) copy_of[copy.source] = copy_id;
-    for (uint64_t member : copy.unsettled) copy_of[member] = copy_id;
-  }
-  std::vector<uint64_t> held, decided;
-  for (const auto& [id, record] : state->updates) {
-    if (!OfServer(record, job_name, server_name) || record.state != UpdateState::kInFlight) {
-      continue;
-    }
-    if (record.replica_ahead) {
-      held.push_back(id);
-    } else if (copy_of.count(id)) {
-      decided.push_back(id);
-    }
-  }
-  for (uint64_t id : held) {
-    // In the replica's model: applied, as of the last version known.
-    state->Complete(id, v1::OUTCOME_APPLIED, "", server.model_version);
-    ++view.in_flight_applied;
-  }
-  for (uint64_t id : decided) {
-    auto it = state->updates.find(id);
-    UpdateRecord record = std::move(it->second);
-    state->updates.erase(it);
-    // Nothing at either daemon waits for it as the server's delivery now.
-    record.sequence = 0;
-    record.aggregate_id = 0;
-    record.round_member = false;
-    record.replica_punted = false;
-    record.failure_pending.clear();
-    state->decided_by_copy.emplace(copy_of[id], std::move(record));
-    ++view.in_flight_awaiting;
-  }
-
-  // 2. Partial sums at the old server's daemon are gone with it.
-  std::vector<int64_t> rounds;
-  for (const auto& [round, round_state] : server.rounds) {
-    if (round_state.failed.empty()) rounds.push_back(round);
-  }
-  for (int64_t round : rounds) state->FailRound(job_name, server_name, round, why);
-  std::vector<uint64_t> aggregates;
-  for (const auto& [id, aggregate] : state->aggregates) {
-    if (aggregate.job == job_name && aggregate.server == server_name) aggregates.push_back(id);
-  }
-  for (uint64_t id : aggregates) state->FailAggregate(id, why);
-
-  // 3. The rest of the in-flight pushes: not in the model served from now on.
-  std::vector<uint64_t> lost_in_flight;
-  for (const auto& [id, record] : state->updates) {
-    if (OfServer(record, job_name, server_name) && record.state == UpdateState::kInFlight) {
-      lost_in_flight.push_back(id);
-    }
-  }
-  view.in_flight_failed = static_cast<int64_t>(lost_in_flight.size());
-  for (uint64_t id : lost_in_flight) {
-    state->Complete(id, v1::OUTCOME_FAILED,
-                    absl::StrCat(why, ": the push was in flight to ", from,
-                                 ", which may have applied it before it went, and ", to,
-                                 " never received it, so it is not in the model served from now "
-                                 "on; push it again"),
-                    0);
-  }
-
-  // 4. The replica is the server. Its daemon's commit positions continue
-  // where the replica's stream left them.
-  server.host = to;
-  server.next_sequence = server.replica.next_sequence;
-  // A replica that registers for the promoted server later is a new
-  // stream: its daemon numbers from 1. (Copies still moving stay tracked
-  // by id in replica.in_flight until they end.)
-  server.replica.next_sequence = 1;
-  ForgetReplicaSnapshot(state, &server);
-  server.replica.applied = 0;
-  server.replica.missed = 0;
-  server.replica.missed_norm = 0;
-  job->replica_hosts.erase(replica_it);
-  for (auto& [copy_id, copy] : state->replica_copies) {
-    if (copy.job == job_name && copy.server == server_name) copy.failover = true;
-  }
-  state->Enqueue(to, commands::PromoteReplica(job->id, server_name, from, why,
-                                              server.model_version));
-  // The copies held at the replica for pushes still undecided (step 1) may
-  // be applied now: they decide their pushes. Those of failed pushes were
-  // cancelled there above, before this.
-  for (auto& [copy_id, copy] : state->replica_copies) {
-    if (copy.job != job_name || copy.server != server_name || !copy.held) continue;
-    copy.held = false;
-    state->Enqueue(to, commands::ReleaseDelivery(copy_id, copy.sequence));
-  }
-
-  // 5. Applied at the old server, punted from the replica's stream: their
-  // sources still hold the bytes, so the new server gets them now.
-  std::vector<PendingReplica> punted;
-  punted.swap(server.replica.pending);
-  for (const PendingReplica& pending : punted) {
-    if (SendCatchUpCopy(state, *job, server_name, &server, pending)) {
-      ++view.catch_up_copies;
-    } else {
-      ++view.lost_updates;
-      view.lost_norm += pending.norm;
-    }
-  }
-
+  SettleInFlightByReplica(state, job_name, server_name, server, &view);
+  FailPartialSums(state, job_name, server_name, server, why);
+  FailLostInFlight(state, job_name, server_name, why, &view);
+  MakeReplicaTheServer(state, job, job_name, server_name, &server, from, to, why);
+  SendCatchUpCopies(state, *job, server_name, &server, &view);
   MLF_LOG(WARNING) << "job " << job_name << ": " << why << " at model version "
                    << view.model_version << "; in flight: " << view.in_flight_applied
                    << " held by the replica (applied), " << view.in_flight_awaiting
