@@ -19,16 +19,15 @@ const char* DTypeName(v1::DType dtype) {
   }
 }
 
-bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
-                  UpdateRecord* record) {
-  const int64_t round = record->version;
-  const uint64_t id = record->transfer_id;
-  // Rounds before the previous one can no longer be joined: forget them,
-  // but remember the last kFailedRoundsKept that failed. A failed round
-  // moves the server on at once, so a member can arrive after later rounds
-  // failed too (a host whose ranks passed differing shapes spoils its
-  // rounds without waiting for them: AllReduce's SpoilRound); it must
-  // learn why its round failed, not that it is stale.
+namespace {
+
+// Rounds before the previous one can no longer be joined: forget them,
+// but remember the last kFailedRoundsKept that failed. A failed round
+// moves the server on at once, so a member can arrive after later rounds
+// failed too (a host whose ranks passed differing shapes spoils its
+// rounds without waiting for them: AllReduce's SpoilRound); it must
+// learn why its round failed, not that it is stale.
+void ForgetOldRounds(ServerState* server) {
   constexpr size_t kFailedRoundsKept = 64;
   size_t failed_kept = 0;
   const auto joinable = server->rounds.lower_bound(server->model_version - 1);
@@ -41,6 +40,37 @@ bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
       it = std::make_reverse_iterator(server->rounds.erase(std::next(it).base()));
     }
   }
+}
+
+// Why `record` cannot join a synchronous round that sums `round_state`'s
+// shape and type ("" when it can).
+std::string RoundMismatch(const RoundState& round_state, const UpdateRecord& record,
+                          int64_t round) {
+  const uint64_t id = record.transfer_id;
+  std::string mismatch;
+  if (record.dtype == v1::DTYPE_OPAQUE) {
+    mismatch = absl::StrCat("a synchronous round sums its pushes: push ", id, " from '",
+                            record.worker,
+                            "' is opaque bytes; push float32, float64, int32 or int64");
+  } else if (round_state.bytes >= 0 &&
+             (round_state.bytes != record.bytes || round_state.dtype != record.dtype)) {
+    // "mismatch:" lets AllReduce tell callers the inputs differ across ranks.
+    mismatch = absl::StrCat(
+        "mismatch: push ", id, " from '", record.worker, "' has ", record.bytes, " bytes of ",
+        DTypeName(record.dtype), " but round ", round, " sums ", round_state.bytes,
+        " bytes of ", DTypeName(round_state.dtype),
+        " (every rank must pass the same shape and type)");
+  }
+  return mismatch;
+}
+
+}  // namespace
+
+bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
+                  UpdateRecord* record) {
+  const int64_t round = record->version;
+  const uint64_t id = record->transfer_id;
+  ForgetOldRounds(server);
   if (auto known = server->rounds.find(round);
       known != server->rounds.end() && !known->second.failed.empty()) {
     state->Complete(id, v1::OUTCOME_FAILED,
@@ -81,20 +111,7 @@ bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
                     0);
     return false;
   }
-  std::string mismatch;
-  if (record->dtype == v1::DTYPE_OPAQUE) {
-    mismatch = absl::StrCat("a synchronous round sums its pushes: push ", id, " from '",
-                            record->worker,
-                            "' is opaque bytes; push float32, float64, int32 or int64");
-  } else if (round_state.bytes >= 0 &&
-             (round_state.bytes != record->bytes || round_state.dtype != record->dtype)) {
-    // "mismatch:" lets AllReduce tell callers the inputs differ across ranks.
-    mismatch = absl::StrCat(
-        "mismatch: push ", id, " from '", record->worker, "' has ", record->bytes, " bytes of ",
-        DTypeName(record->dtype), " but round ", round, " sums ", round_state.bytes,
-        " bytes of ", DTypeName(round_state.dtype),
-        " (every rank must pass the same shape and type)");
-  }
+  const std::string mismatch = RoundMismatch(round_state, *record, round);
   if (!mismatch.empty()) {
     const std::string job_name = record->job, server_name = record->server;
     state->Complete(id, v1::OUTCOME_FAILED, mismatch, 0);  // erases *record
