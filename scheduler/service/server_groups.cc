@@ -10,14 +10,23 @@
 
 namespace mlfabric {
 
-absl::Status RegisterShard(ClusterState* state, JobState* job,
-                           const v1::RegisterEntityRequest& request) {
+namespace {
+
+// An error in field `field` of shard `name`'s ShardSpec.
+absl::Status InvalidShard(const std::string& name, const std::string& field,
+                          const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("shard.", field, " of server '", name, "': ", what));
+}
+
+// RegisterShard: the spec on its own, and against the job's servers (the
+// group is not a plain server, the shard not a group nor another group's).
+absl::Status CheckShardSpec(const JobState& job, const v1::RegisterEntityRequest& request) {
   const v1::ShardSpec& spec = request.shard();
   const std::string& name = request.name();
   const std::string& group_name = spec.group();
   auto invalid = [&](const std::string& field, const std::string& what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard.", field, " of server '", name, "': ", what));
+    return InvalidShard(name, field, what);
   };
   if (group_name == name) return invalid("group", "must differ from the shard's own name");
   if (spec.count() < 1 || spec.count() > kMaxShards) {
@@ -36,50 +45,73 @@ absl::Status RegisterShard(ClusterState* state, JobState* job,
   if (request.round_size() != 0) {
     return invalid("group", "a shard cannot run synchronous rounds (round_size must be 0)");
   }
-  auto existing = job->servers.find(group_name);
-  if (existing != job->servers.end() && existing->second.shards.empty()) {
+  auto existing = job.servers.find(group_name);
+  if (existing != job.servers.end() && existing->second.shards.empty()) {
     return invalid("group", absl::StrCat("'", group_name,
                                          "' is a server of this job, not a server group"));
   }
-  if (auto self = job->servers.find(name);
-      self != job->servers.end() && !self->second.shards.empty()) {
+  if (auto self = job.servers.find(name);
+      self != job.servers.end() && !self->second.shards.empty()) {
     return invalid("group", absl::StrCat("'", name, "' is itself a server group"));
   }
-  if (auto self = job->servers.find(name);
-      self != job->servers.end() && !self->second.group.empty() &&
+  if (auto self = job.servers.find(name);
+      self != job.servers.end() && !self->second.group.empty() &&
       (self->second.group != group_name)) {
     return invalid("group", absl::StrCat("'", name, "' is a shard of group '",
                                          self->second.group, "' already"));
   }
-  ServerState& group = job->servers[group_name];
-  if (group.shards.empty()) {
-    group.shards.resize(spec.count());
-  } else if (static_cast<int>(group.shards.size()) != spec.count()) {
-    return invalid("count", absl::StrCat("group '", group_name, "' has ", group.shards.size(),
-                                         " shards, this one says ", spec.count()));
-  }
-  ShardSlot& slot = group.shards[spec.index()];
-  if (!slot.server.empty() && slot.server != name) {
-    return invalid("index", absl::StrCat("shard ", spec.index(), " of group '", group_name,
-                                         "' is '", slot.server, "' already"));
-  }
+  return absl::OkStatus();
+}
+
+// RegisterShard: the shard's byte range meets those of its registered
+// neighbours in `group`.
+absl::Status CheckShardNeighbours(const ServerState& group, const std::string& name,
+                                  const v1::ShardSpec& spec) {
   if (spec.index() > 0) {
     const ShardSlot& before = group.shards[spec.index() - 1];
     if (!before.server.empty() && before.end != spec.begin()) {
-      return invalid("begin", absl::StrCat("shard ", spec.index() - 1, " ('", before.server,
-                                           "') ends at byte ", before.end, ", so shard ",
-                                           spec.index(), " must begin there, not at ",
-                                           spec.begin()));
+      return InvalidShard(name, "begin",
+                          absl::StrCat("shard ", spec.index() - 1, " ('", before.server,
+                                       "') ends at byte ", before.end, ", so shard ",
+                                       spec.index(), " must begin there, not at ",
+                                       spec.begin()));
     }
   }
   if (spec.index() + 1 < spec.count()) {
     const ShardSlot& after = group.shards[spec.index() + 1];
     if (!after.server.empty() && after.begin != spec.end()) {
-      return invalid("end", absl::StrCat("shard ", spec.index() + 1, " ('", after.server,
-                                         "') begins at byte ", after.begin, ", so shard ",
-                                         spec.index(), " must end there, not at ", spec.end()));
+      return InvalidShard(name, "end",
+                          absl::StrCat("shard ", spec.index() + 1, " ('", after.server,
+                                       "') begins at byte ", after.begin, ", so shard ",
+                                       spec.index(), " must end there, not at ", spec.end()));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RegisterShard(ClusterState* state, JobState* job,
+                           const v1::RegisterEntityRequest& request) {
+  const v1::ShardSpec& spec = request.shard();
+  const std::string& name = request.name();
+  const std::string& group_name = spec.group();
+  if (absl::Status checked = CheckShardSpec(*job, request); !checked.ok()) return checked;
+  ServerState& group = job->servers[group_name];
+  if (group.shards.empty()) {
+    group.shards.resize(spec.count());
+  } else if (static_cast<int>(group.shards.size()) != spec.count()) {
+    return InvalidShard(name, "count",
+                        absl::StrCat("group '", group_name, "' has ", group.shards.size(),
+                                     " shards, this one says ", spec.count()));
+  }
+  ShardSlot& slot = group.shards[spec.index()];
+  if (!slot.server.empty() && slot.server != name) {
+    return InvalidShard(name, "index",
+                        absl::StrCat("shard ", spec.index(), " of group '", group_name,
+                                     "' is '", slot.server, "' already"));
+  }
+  if (absl::Status meets = CheckShardNeighbours(group, name, spec); !meets.ok()) return meets;
   slot.server = name;
   slot.begin = spec.begin();
   slot.end = spec.end();
