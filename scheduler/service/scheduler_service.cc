@@ -268,18 +268,7 @@ bool SchedulerService::CutBatchLocked(
                              job.replica_hosts.count(server_name) > 0 && use_reservations;
   if (server.pending.empty() && !flush_replica) return false;
   const int32_t round_size = RoundSize(job, server);
-  if (round_size > 0) {
-    const std::vector<uint64_t> candidates = server.pending;
-    server.pending.clear();
-    for (uint64_t id : candidates) {
-      auto record = state_.updates.find(id);
-      if (record == state_.updates.end()) continue;
-      if (AdmitToRound(&state_, &server, round_size, &record->second)) {
-        server.pending.push_back(id);
-      }
-    }
-    if (server.pending.empty()) return false;
-  }
+  if (round_size > 0 && !AdmitRoundPushesLocked(&server, round_size)) return false;
   // replica_bound "strict": only the pushes the replica's progress leaves
   // room for; the rest wait (punted copies still go, so room is made).
   size_t admitted = server.pending.size();
@@ -308,46 +297,8 @@ bool SchedulerService::CutBatchLocked(
   in.server_host = server.host;
   in.seed = item->batch_id;
   in.streaming_aggregation = config_.streaming_aggregation;
-  // A server group's push (server_groups.h): shard 0's part is the
-  // update's own, the others are its §10.2 components, reserved together.
-  std::vector<core::ShardPart> parts;
-  for (size_t i = 1; i < server.shards.size(); ++i) {
-    const ShardSlot& slot = server.shards[i];
-    parts.push_back({job.servers[slot.server].host, slot.end - slot.begin});
-  }
-  for (size_t i = 0; i < admitted; ++i) {
-    const uint64_t id = server.pending[i];
-    const UpdateRecord& record = state_.updates[id];
-    const int64_t bytes = server.shards.empty() ? record.bytes
-                                                : server.shards[0].end - server.shards[0].begin;
-    in.updates.push_back({{std::to_string(id), record.src_host, bytes, record.version,
-                           record.norm, parts},
-                          AggregatableElementType(record.dtype)});
-  }
-  // §6: a synchronous round's aggregation tree is built over the job's own
-  // workers unless the job names its aggregators.
-  std::vector<std::string> candidates = job.config.aggregators;
-  if (candidates.empty() && round_size > 0) {
-    for (const auto& [name, worker] : job.workers) candidates.push_back(worker.host);
-    std::sort(candidates.begin(), candidates.end());
-    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
-  }
-  // A group's pushes are summed at the job's aggregators (server_groups.h)
-  // shard by shard, which needs every shard's range to start on a whole
-  // element (the kernels sum float32 or float64). Not for rounds.
-  if (!server.shards.empty()) {
-    int64_t element = 4;
-    for (size_t i = 0; i < admitted; ++i) {
-      if (state_.updates[server.pending[i]].dtype == v1::DTYPE_FLOAT64) element = 8;
-    }
-    bool aligned = round_size == 0;
-    for (const ShardSlot& slot : server.shards) aligned = aligned && slot.begin % element == 0;
-    if (!aligned) candidates.clear();
-  }
-  for (const std::string& name : candidates) {
-    const HostState* host = state_.AliveHost(name);
-    if (host != nullptr && !host->draining) in.aggregator_candidates.push_back(name);
-  }
+  AddBatchUpdatesLocked(job, server, admitted, &in);
+  in.aggregator_candidates = AggregatorCandidatesLocked(job, server, admitted, round_size);
   // §5.3: a registered replica gets this batch's updates (and the copies
   // punted earlier) within the divergence bound.
   if (round_size == 0 && use_reservations) {
@@ -373,6 +324,71 @@ bool SchedulerService::CutBatchLocked(
   };
   item->batch = BuildBatch(in);
   return true;
+}
+
+bool SchedulerService::AdmitRoundPushesLocked(ServerState* server, int32_t round_size) {
+  const std::vector<uint64_t> candidates = server->pending;
+  server->pending.clear();
+  for (uint64_t id : candidates) {
+    auto record = state_.updates.find(id);
+    if (record == state_.updates.end()) continue;
+    if (AdmitToRound(&state_, server, round_size, &record->second)) {
+      server->pending.push_back(id);
+    }
+  }
+  return !server->pending.empty();
+}
+
+void SchedulerService::AddBatchUpdatesLocked(JobState& job, const ServerState& server,
+                                             size_t admitted, BatchInputs* in) {
+  // A server group's push (server_groups.h): shard 0's part is the
+  // update's own, the others are its §10.2 components, reserved together.
+  std::vector<core::ShardPart> parts;
+  for (size_t i = 1; i < server.shards.size(); ++i) {
+    const ShardSlot& slot = server.shards[i];
+    parts.push_back({job.servers[slot.server].host, slot.end - slot.begin});
+  }
+  for (size_t i = 0; i < admitted; ++i) {
+    const uint64_t id = server.pending[i];
+    const UpdateRecord& record = state_.updates[id];
+    const int64_t bytes = server.shards.empty() ? record.bytes
+                                                : server.shards[0].end - server.shards[0].begin;
+    in->updates.push_back({{std::to_string(id), record.src_host, bytes, record.version,
+                            record.norm, parts},
+                           AggregatableElementType(record.dtype)});
+  }
+}
+
+std::vector<std::string> SchedulerService::AggregatorCandidatesLocked(const JobState& job,
+                                                                      const ServerState& server,
+                                                                      size_t admitted,
+                                                                      int32_t round_size) {
+  // §6: a synchronous round's aggregation tree is built over the job's own
+  // workers unless the job names its aggregators.
+  std::vector<std::string> candidates = job.config.aggregators;
+  if (candidates.empty() && round_size > 0) {
+    for (const auto& [name, worker] : job.workers) candidates.push_back(worker.host);
+    std::sort(candidates.begin(), candidates.end());
+    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+  }
+  // A group's pushes are summed at the job's aggregators (server_groups.h)
+  // shard by shard, which needs every shard's range to start on a whole
+  // element (the kernels sum float32 or float64). Not for rounds.
+  if (!server.shards.empty()) {
+    int64_t element = 4;
+    for (size_t i = 0; i < admitted; ++i) {
+      if (state_.updates[server.pending[i]].dtype == v1::DTYPE_FLOAT64) element = 8;
+    }
+    bool aligned = round_size == 0;
+    for (const ShardSlot& slot : server.shards) aligned = aligned && slot.begin % element == 0;
+    if (!aligned) candidates.clear();
+  }
+  std::vector<std::string> usable;
+  for (const std::string& name : candidates) {
+    const HostState* host = state_.AliveHost(name);
+    if (host != nullptr && !host->draining) usable.push_back(name);
+  }
+  return usable;
 }
 
 void SchedulerService::RunBatchCycle() {

@@ -44,6 +44,7 @@
 #include "scheduler/core/distribution.h"
 #include "scheduler/core/planner.h"
 #include "scheduler/service/admin_history.h"
+#include "scheduler/service/batch_builder.h"
 #include "scheduler/service/batch_loop.h"
 #include "scheduler/service/batch_work.h"
 #include "scheduler/service/cluster_state.h"
@@ -150,6 +151,16 @@ class SchedulerService {
                       const std::map<std::string, std::vector<core::RateSegment>>& up,
                       const std::map<std::string, std::vector<core::RateSegment>>& down,
                       BatchWork* item);
+  // CutBatchLocked's steps. A synchronous round's pending pushes that may
+  // join it (the others end at once); false when none may.
+  bool AdmitRoundPushesLocked(ServerState* server, int32_t round_size);
+  // The first `admitted` pending pushes as the batch's updates.
+  void AddBatchUpdatesLocked(JobState& job, const ServerState& server, size_t admitted,
+                             BatchInputs* in);
+  // The live, undrained hosts that may sum this batch's pushes.
+  std::vector<std::string> AggregatorCandidatesLocked(const JobState& job,
+                                                      const ServerState& server, size_t admitted,
+                                                      int32_t round_size);
   void SampleLinksLocked(double now_s);
   // Once a second: logs each worker whose straggler flag turned on or off.
   void LogStragglersLocked(double now_s);
