@@ -27,6 +27,27 @@ AppRequests::AppRequests(Options options, ReceiveLock* lock, const Clock* clock,
       parts_(parts),
       forget_(std::move(forget)) {}
 
+namespace {
+
+// The scheduler's SubmitUpdate for an application's push from `host`.
+v1::SubmitUpdateRequest SubmitRequestFor(const std::string& host, const AppSession& app,
+                                         const v1::LocalPush& push) {
+  v1::SubmitUpdateRequest request;
+  request.set_job(app.job);
+  request.set_src_host(host);
+  request.set_worker(app.name);
+  request.set_server(push.server());
+  request.set_bytes(push.bytes());
+  request.set_version(push.version());
+  request.set_norm(push.norm());
+  *request.mutable_tensors() = push.tensors();
+  request.set_dtype(push.dtype());
+  request.set_push_uid(push.uid());
+  return request;
+}
+
+}  // namespace
+
 AppRequests::ThreadDone::~ThreadDone() {
   std::lock_guard<std::mutex> lock(requests_->lock_->mu);
   --requests_->get_threads_;
@@ -91,6 +112,27 @@ void AppRequests::HandleRegister(const std::shared_ptr<AppSession>& app,
   }
 }
 
+PushTable::Push AppRequests::PendingPush(const std::shared_ptr<AppSession>& app,
+                                        const v1::LocalPush& push, SharedBuffer buffer) const {
+  PushTable::Push pending;
+  pending.app = app;
+  pending.server = push.server();
+  pending.request_id = push.request_id();
+  pending.buffer = std::make_shared<SharedBuffer>(std::move(buffer));
+  pending.tensors.assign(push.tensors().begin(), push.tensors().end());
+  pending.version = push.version();
+  pending.norm = push.norm();
+  pending.dtype = push.dtype();
+  pending.uid = push.uid();
+  // Checksum the packets while the scheduler plans (see PacketChecksums);
+  // not when sessions are sealed, whose tags replace the CRC.
+  if (!parts_.keys->encryption()) {
+    pending.checksums = transport::PacketChecksums::ForPush(pending.tensors, pending.buffer->size(),
+                                                         options_.payload_bytes);
+  }
+  return pending;
+}
+
 void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push,
                         int fd) {
   auto fail = [&](const std::string& reason) {
@@ -123,37 +165,12 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
     fail("register as a worker before pushing");
     return;
   }
-  v1::SubmitUpdateRequest request;
-  request.set_job(app->job);
-  request.set_src_host(options_.host);
-  request.set_worker(app->name);
-  request.set_server(push.server());
-  request.set_bytes(push.bytes());
-  request.set_version(push.version());
-  request.set_norm(push.norm());
-  *request.mutable_tensors() = push.tensors();
-  request.set_dtype(push.dtype());
-  request.set_push_uid(push.uid());
+  v1::SubmitUpdateRequest request = SubmitRequestFor(options_.host, *app, push);
   // The push is recorded under its local id before the RPC, and no lock is
   // held across it: a command naming the push that arrives before the
   // reply finds it by local id (PushTable::Adopt), and the command stream
   // never waits for a submission.
-  PushTable::Push pending;
-  pending.app = app;
-  pending.server = push.server();
-  pending.request_id = push.request_id();
-  pending.buffer = std::make_shared<SharedBuffer>(std::move(*buffer));
-  pending.tensors.assign(push.tensors().begin(), push.tensors().end());
-  pending.version = push.version();
-  pending.norm = push.norm();
-  pending.dtype = push.dtype();
-  pending.uid = push.uid();
-  // Checksum the packets while the scheduler plans (see PacketChecksums);
-  // not when sessions are sealed, whose tags replace the CRC.
-  if (!parts_.keys->encryption()) {
-    pending.checksums = transport::PacketChecksums::ForPush(pending.tensors, pending.buffer->size(),
-                                                         options_.payload_bytes);
-  }
+  PushTable::Push pending = PendingPush(app, push, std::move(*buffer));
   const std::shared_ptr<transport::PacketChecksums> checksums = pending.checksums;
   const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
   {
@@ -419,79 +436,85 @@ void AppRequests::HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
   ++get_threads_;  // Stop() waits for it as for a get
   blocking_.Run([this, app, query, answer] {
     const ThreadDone done_guard(this);
-    std::map<uint64_t, uint64_t> waiting;  // uid -> request id
-    for (const auto& entry : query.pushes()) {
-      if (entry.uid() == 0) {
-        (void)answer(entry.request_id(), v1::OUTCOME_FAILED,
-                     "its outcome is unknown: the push carries no uid to ask the scheduler by",
-                     0, 0);
-      } else {
-        waiting[entry.uid()] = entry.request_id();
-      }
-    }
-    MLF_LOG(INFO) << "worker '" << app->name << "' lost its daemon with " << waiting.size()
-                  << " push(es) in flight; asking the scheduler how they ended";
-    const auto give_up = std::chrono::steady_clock::now() +
-                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(kOutcomeQueryGiveUpS));
-    std::string why_not;
-    while (!waiting.empty()) {
-      if (stopping_->load()) {
-        why_not = "the daemon stopped before the scheduler said how it ended";
-        break;
-      }
-      if (std::chrono::steady_clock::now() >= give_up) {
-        why_not = absl::StrCat("still in flight at the scheduler after ", kOutcomeQueryGiveUpS,
-                               " s of asking");
-        break;
-      }
-      v1::QueryOutcomesRequest request;
-      request.set_job(app->job);
-      request.set_worker(app->name);
-      for (const auto& [uid, request_id] : waiting) request.add_push_uids(uid);
-      request.set_wait_s(20);
-      v1::QueryOutcomesReply reply;
-      if (absl::Status asked = parts_.scheduler->QueryOutcomes(request, &reply); !asked.ok()) {
-        MLF_LOG(WARNING) << "cannot ask the scheduler how worker '" << app->name
-                         << "''s pushes ended: " << RpcErrorText(asked) << "; asking again";
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        continue;
-      }
-      for (const v1::PushState& push : reply.pushes()) {
-        auto it = waiting.find(push.push_uid());
-        if (it == waiting.end()) continue;
-        absl::Status sent = absl::OkStatus();
-        if (push.state() == v1::PushState::STATE_ENDED) {
-          sent = answer(it->second, push.outcome(), push.reason(), push.applied_version(),
-                        push.delay());
-        } else if (push.state() == v1::PushState::STATE_UNKNOWN) {
-          // The application tells "never reached the scheduler" from
-          // "unknown" by the scheduler's uptime (LocalPushDone.no_record).
-          v1::LocalMessage done;
-          v1::LocalPushDone* body = done.mutable_push_done();
-          body->set_request_id(it->second);
-          body->set_outcome(v1::OUTCOME_FAILED);
-          body->set_reason(
-              "its outcome is unknown: the scheduler has no record of it (its submission died "
-              "with the daemon, or it ended under a scheduler that restarted since)");
-          body->set_no_record(true);
-          body->set_scheduler_uptime_s(reply.uptime_s());
-          sent = app->channel->Send(done);
-        } else {
-          continue;  // in flight: asked again
-        }
-        waiting.erase(it);
-        if (!sent.ok()) return;  // the application left
-      }
-    }
-    for (const auto& [uid, request_id] : waiting) {
-      if (!answer(request_id, v1::OUTCOME_FAILED,
-                  absl::StrCat("its outcome is unknown: ", why_not), 0, 0)
-               .ok()) {
-        return;
-      }
-    }
+    AnswerOutcomeQuery(app, query, answer);
   });
+}
+
+void AppRequests::AnswerOutcomeQuery(const std::shared_ptr<AppSession>& app,
+                                     const v1::LocalOutcomeQuery& query,
+                                     const OutcomeAnswer& answer) {
+  std::map<uint64_t, uint64_t> waiting;  // uid -> request id
+  for (const auto& entry : query.pushes()) {
+    if (entry.uid() == 0) {
+      (void)answer(entry.request_id(), v1::OUTCOME_FAILED,
+                   "its outcome is unknown: the push carries no uid to ask the scheduler by",
+                   0, 0);
+    } else {
+      waiting[entry.uid()] = entry.request_id();
+    }
+  }
+  MLF_LOG(INFO) << "worker '" << app->name << "' lost its daemon with " << waiting.size()
+                << " push(es) in flight; asking the scheduler how they ended";
+  const auto give_up = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(kOutcomeQueryGiveUpS));
+  std::string why_not;
+  while (!waiting.empty()) {
+    if (stopping_->load()) {
+      why_not = "the daemon stopped before the scheduler said how it ended";
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= give_up) {
+      why_not = absl::StrCat("still in flight at the scheduler after ", kOutcomeQueryGiveUpS,
+                             " s of asking");
+      break;
+    }
+    v1::QueryOutcomesRequest request;
+    request.set_job(app->job);
+    request.set_worker(app->name);
+    for (const auto& [uid, request_id] : waiting) request.add_push_uids(uid);
+    request.set_wait_s(20);
+    v1::QueryOutcomesReply reply;
+    if (absl::Status asked = parts_.scheduler->QueryOutcomes(request, &reply); !asked.ok()) {
+      MLF_LOG(WARNING) << "cannot ask the scheduler how worker '" << app->name
+                       << "''s pushes ended: " << RpcErrorText(asked) << "; asking again";
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      continue;
+    }
+    for (const v1::PushState& push : reply.pushes()) {
+      auto it = waiting.find(push.push_uid());
+      if (it == waiting.end()) continue;
+      absl::Status sent = absl::OkStatus();
+      if (push.state() == v1::PushState::STATE_ENDED) {
+        sent = answer(it->second, push.outcome(), push.reason(), push.applied_version(),
+                      push.delay());
+      } else if (push.state() == v1::PushState::STATE_UNKNOWN) {
+        // The application tells "never reached the scheduler" from
+        // "unknown" by the scheduler's uptime (LocalPushDone.no_record).
+        v1::LocalMessage done;
+        v1::LocalPushDone* body = done.mutable_push_done();
+        body->set_request_id(it->second);
+        body->set_outcome(v1::OUTCOME_FAILED);
+        body->set_reason(
+            "its outcome is unknown: the scheduler has no record of it (its submission died "
+            "with the daemon, or it ended under a scheduler that restarted since)");
+        body->set_no_record(true);
+        body->set_scheduler_uptime_s(reply.uptime_s());
+        sent = app->channel->Send(done);
+      } else {
+        continue;  // in flight: asked again
+      }
+      waiting.erase(it);
+      if (!sent.ok()) return;  // the application left
+    }
+  }
+  for (const auto& [uid, request_id] : waiting) {
+    if (!answer(request_id, v1::OUTCOME_FAILED,
+                absl::StrCat("its outcome is unknown: ", why_not), 0, 0)
+             .ok()) {
+      return;
+    }
+  }
 }
 
 void AppRequests::AppGone(const std::shared_ptr<AppSession>& app) {

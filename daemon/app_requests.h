@@ -180,6 +180,18 @@ class AppRequests : public AppHandler {
   void Issue(Submission submission) ABSL_LOCKS_EXCLUDED(submit_mu_);
   // The submission of `app` in flight ended: issues its next one, if any.
   void Next(const AppSession* app) ABSL_LOCKS_EXCLUDED(submit_mu_);
+  // Answers one of a worker's pushes (request id, outcome, reason, applied
+  // version, delay) with a LocalPushDone.
+  using OutcomeAnswer = std::function<absl::Status(uint64_t, v1::Outcome, const std::string&,
+                                                   int64_t, int64_t)>;
+  // Asks the scheduler how the pushes of `query` ended, for up to
+  // kOutcomeQueryGiveUpS, and answers each (on a thread of blocking_).
+  void AnswerOutcomeQuery(const std::shared_ptr<AppSession>& app,
+                          const v1::LocalOutcomeQuery& query, const OutcomeAnswer& answer);
+  // The PushTable's record of `push`, its bytes in `buffer` (and its
+  // checksums to compute, unless sessions are sealed).
+  PushTable::Push PendingPush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push,
+                              SharedBuffer buffer) const;
   // Records the reply in the PushTable, or fails the push to the application.
   void Submitted(const Submission& submission, absl::Status status,
                  const v1::SubmitUpdateReply& reply);
