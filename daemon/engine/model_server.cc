@@ -149,58 +149,11 @@ absl::Status ModelServer::Serve(int fd, const PacketHeader& request,
     // A group get's shard behind the others (model_fetcher.h FetchGroup):
     // its own snapshot now, sent from here, not one of the next batch.
     SoloSnapshot(key, server, body.min_version(), &error, &version, &model);
+  } else if (!connected) {
+    error = absl::StrCat("server '", server, "' is not connected to ", options_.host,
+                         "'s daemon");
   } else {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!connected) {
-      error = absl::StrCat("server '", server, "' is not connected to ", options_.host,
-                           "'s daemon");
-    } else {
-      // One snapshot per batch of gets (§10.3, daemon/engine/get_batcher.h).
-      // A get that asks to be answered from here takes no part in the tree.
-      ticket = gets_.Join(key, body.no_relay() ? "" : body.requester_host(),
-                          body.requester_address());
-      MLF_LOG(DEBUG) << "get " << request.transfer << " of server '" << server
-                     << "' joins model batch " << ticket->batch
-                     << (ticket->ask    ? " (takes its snapshot)"
-                         : ticket->late ? " (late, as a leaf of its leaving tree)"
-                                        : "");
-      if (ticket->ask) {
-        // The previous batch's replies leave first; gets arriving meanwhile
-        // join this batch.
-        cv_.wait_for(lock, std::chrono::duration<double>(options_.get_batch_wait_s), [&] {
-          return gets_.MayAsk(ticket->batch) || stopping_.load();
-        });
-        if (!gets_.Result(ticket->batch).has_value()) {  // else ended meanwhile (server gone)
-          lock.unlock();
-          absl::Status sent = apps_->AskSnapshot(key, ticket->batch, -1);
-          lock.lock();
-          if (absl::IsNotFound(sent)) {
-            gets_.FailKey(key, absl::StrCat("server '", server, "' disconnected"));
-          } else if (!sent.ok()) {
-            gets_.Answer(ticket->batch,
-                         {0, nullptr,
-                          absl::StrCat("cannot reach server '", server, "': ", sent.message())});
-          }
-          cv_.notify_all();
-        }
-      }
-      if (!cv_.wait_for(lock, std::chrono::duration<double>(options_.get_timeout_s), [&] {
-            return gets_.Result(ticket->batch).has_value() || stopping_.load();
-          })) {
-        // The whole batch gives up together.
-        gets_.Answer(ticket->batch, {0, nullptr,
-                                     absl::StrCat("server '", server, "' did not answer within ",
-                                                  options_.get_timeout_s, " s")});
-        cv_.notify_all();
-      }
-      if (std::optional<GetBatcher::Snapshot> snapshot = gets_.Result(ticket->batch)) {
-        error = snapshot->error;
-        version = snapshot->version;
-        model = snapshot->model;
-      } else {
-        error = "the daemon is stopping";
-      }
-    }
+    ticket = BatchSnapshot(key, request, body, &error, &version, &model);
   }
   // However the reply ends, this get has left its batch (the next batch may
   // take its snapshot once every get of this one has).
@@ -214,16 +167,7 @@ absl::Status ModelServer::Serve(int fd, const PacketHeader& request,
   // the model from here or from a distributor of the same batch.
   GetBatcher::Route route;
   if (error.empty() && model && ticket.has_value()) {
-    if (ticket->ask) {
-      RouteBatch(key, request.job, server, ticket->batch, static_cast<int64_t>(model->size()));
-    }
-    std::unique_lock<std::mutex> lock(mu_);
-    std::optional<GetBatcher::Route> routed;
-    cv_.wait_for(lock, std::chrono::duration<double>(options_.get_timeout_s), [&] {
-      routed = gets_.RouteOf(ticket->batch, ticket->member);
-      return routed.has_value() || stopping_.load();
-    });
-    if (routed.has_value()) route = *routed;  // else: direct
+    route = AwaitRoute(key, request.job, server, *ticket, static_cast<int64_t>(model->size()));
   }
   v1::DataGetReply reply;
   reply.set_version(version);
@@ -252,6 +196,84 @@ absl::Status ModelServer::Serve(int fd, const PacketHeader& request,
     leave();
     return absl::OkStatus();
   }
+  absl::Status streamed = StreamModel(fd, request, model, ticket);
+  leave();
+  return streamed;
+}
+
+std::optional<GetBatcher::Ticket> ModelServer::BatchSnapshot(
+    const std::string& key, const PacketHeader& request, const v1::DataGetRequest& body,
+    std::string* error, int64_t* version, std::shared_ptr<SharedBuffer>* model) {
+  const std::string& server = body.server();
+  std::unique_lock<std::mutex> lock(mu_);
+  // One snapshot per batch of gets (§10.3, daemon/engine/get_batcher.h).
+  // A get that asks to be answered from here takes no part in the tree.
+  const GetBatcher::Ticket ticket = gets_.Join(
+      key, body.no_relay() ? "" : body.requester_host(), body.requester_address());
+  MLF_LOG(DEBUG) << "get " << request.transfer << " of server '" << server
+                 << "' joins model batch " << ticket.batch
+                 << (ticket.ask    ? " (takes its snapshot)"
+                     : ticket.late ? " (late, as a leaf of its leaving tree)"
+                                   : "");
+  if (ticket.ask) AskBatchSnapshotLocked(lock, key, server, ticket.batch);
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(options_.get_timeout_s), [&] {
+        return gets_.Result(ticket.batch).has_value() || stopping_.load();
+      })) {
+    // The whole batch gives up together.
+    gets_.Answer(ticket.batch, {0, nullptr,
+                                absl::StrCat("server '", server, "' did not answer within ",
+                                             options_.get_timeout_s, " s")});
+    cv_.notify_all();
+  }
+  if (std::optional<GetBatcher::Snapshot> snapshot = gets_.Result(ticket.batch)) {
+    *error = snapshot->error;
+    *version = snapshot->version;
+    *model = snapshot->model;
+  } else {
+    *error = "the daemon is stopping";
+  }
+  return ticket;
+}
+
+void ModelServer::AskBatchSnapshotLocked(std::unique_lock<std::mutex>& lock,
+                                         const std::string& key, const std::string& server,
+                                         uint64_t batch) {
+  // The previous batch's replies leave first; gets arriving meanwhile
+  // join this batch.
+  cv_.wait_for(lock, std::chrono::duration<double>(options_.get_batch_wait_s), [&] {
+    return gets_.MayAsk(batch) || stopping_.load();
+  });
+  if (gets_.Result(batch).has_value()) return;  // ended meanwhile (server gone)
+  lock.unlock();
+  absl::Status sent = apps_->AskSnapshot(key, batch, -1);
+  lock.lock();
+  if (absl::IsNotFound(sent)) {
+    gets_.FailKey(key, absl::StrCat("server '", server, "' disconnected"));
+  } else if (!sent.ok()) {
+    gets_.Answer(batch, {0, nullptr,
+                         absl::StrCat("cannot reach server '", server, "': ", sent.message())});
+  }
+  cv_.notify_all();
+}
+
+GetBatcher::Route ModelServer::AwaitRoute(const std::string& key, uint32_t job_id,
+                                          const std::string& server,
+                                          const GetBatcher::Ticket& ticket,
+                                          int64_t model_bytes) {
+  if (ticket.ask) RouteBatch(key, job_id, server, ticket.batch, model_bytes);
+  std::unique_lock<std::mutex> lock(mu_);
+  std::optional<GetBatcher::Route> routed;
+  cv_.wait_for(lock, std::chrono::duration<double>(options_.get_timeout_s), [&] {
+    routed = gets_.RouteOf(ticket.batch, ticket.member);
+    return routed.has_value() || stopping_.load();
+  });
+  if (routed.has_value()) return *routed;
+  return GetBatcher::Route();  // direct
+}
+
+absl::Status ModelServer::StreamModel(int fd, const PacketHeader& request,
+                                      const std::shared_ptr<SharedBuffer>& model,
+                                      const std::optional<GetBatcher::Ticket>& ticket) {
   // The model's packets go out through the priority queue (ReplyStream).
   const auto stream_start = std::chrono::steady_clock::now();
   const uint64_t stream = send_->ReserveReplyId();
@@ -282,7 +304,6 @@ absl::Status ModelServer::Serve(int fd, const PacketHeader& request,
     }
     WaitSent(fd, wait_s);
   }
-  leave();
   return streamed;
 }
 

@@ -119,6 +119,27 @@ class ModelServer {
   // member's route (direct when no tree applies or the plan fails).
   void RouteBatch(const std::string& key, uint32_t job_id, const std::string& server,
                   uint64_t batch, int64_t model_bytes);
+  // Serve, for a get that joins a batch: joins it, takes the batch's
+  // snapshot if it is the first (AskBatchSnapshotLocked) and waits for it.
+  std::optional<GetBatcher::Ticket> BatchSnapshot(const std::string& key,
+                                                  const transport::PacketHeader& request,
+                                                  const v1::DataGetRequest& body,
+                                                  std::string* error, int64_t* version,
+                                                  std::shared_ptr<SharedBuffer>* model);
+  // Asks the application for batch `batch`'s snapshot once the previous
+  // batch may let it (mu_ held through `lock`, released while asking).
+  void AskBatchSnapshotLocked(std::unique_lock<std::mutex>& lock, const std::string& key,
+                              const std::string& server, uint64_t batch);
+  // This get's route in its batch's tree (planned here by the get that took
+  // the snapshot); direct when none comes within get_timeout_s.
+  GetBatcher::Route AwaitRoute(const std::string& key, uint32_t job_id,
+                               const std::string& server, const GetBatcher::Ticket& ticket,
+                               int64_t model_bytes);
+  // Sends `model` from here and waits until its bytes have (mostly) left
+  // the host.
+  absl::Status StreamModel(int fd, const transport::PacketHeader& request,
+                           const std::shared_ptr<SharedBuffer>& model,
+                           const std::optional<GetBatcher::Ticket>& ticket);
   // Returns once `fd`'s send queue holds at most a few packets not yet
   // acknowledged by the peer (or after timeout_s, or when stopping).
   void WaitSent(int fd, double timeout_s);
