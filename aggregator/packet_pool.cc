@@ -52,6 +52,47 @@ std::string RangeName(uint64_t offset, uint64_t size) {
   return absl::StrCat("[", offset, ", ", offset + size, ")");
 }
 
+// PacketPool::Add: the range [offset, offset + size) lies in the aggregate
+// and on element boundaries.
+absl::Status CheckRange(TransferId transfer, ContributorId contributor_id,
+                        const AggregationSpec& spec, uint64_t offset, uint64_t size) {
+  const size_t element = DTypeBytes(spec.dtype);
+  if (offset > spec.bytes || size > spec.bytes - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", transfer, ": contributor ", contributor_id, " range ",
+                     RangeName(offset, size), " is outside the ", spec.bytes,
+                     "-byte aggregate"));
+  }
+  if (offset % element != 0 || size % element != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer ", transfer, ": contributor ", contributor_id, " range ",
+        RangeName(offset, size), " does not start and end on ", DTypeName(spec.dtype),
+        " element boundaries (", element, " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// PacketPool::Add: records [offset, end) in `covered`, merging it with the
+// adjacent ranges `prev` and `next` (covered.end() when there is none). In-order
+// senders only ever extend their one range in place.
+void RecordCoverage(absl::btree_map<uint64_t, uint64_t>& covered,
+                    absl::btree_map<uint64_t, uint64_t>::iterator prev,
+                    absl::btree_map<uint64_t, uint64_t>::iterator next, uint64_t offset,
+                    uint64_t end) {
+  const bool joins_prev = prev != covered.end() && prev->second == offset;
+  const bool joins_next = next != covered.end() && next->first == end;
+  if (joins_prev) {
+    prev->second = joins_next ? next->second : end;
+    if (joins_next) covered.erase(next);
+  } else if (joins_next) {
+    const uint64_t next_end = next->second;
+    covered.erase(next);
+    covered.emplace(offset, next_end);
+  } else {
+    covered.emplace_hint(next, offset, end);
+  }
+}
+
 }  // namespace
 
 size_t DTypeBytes(DType dtype) {
@@ -210,17 +251,9 @@ absl::Status PacketPool::Add(TransferId transfer, ContributorId contributor_id, 
   const AggregationSpec& spec = state.spec;
   const size_t element = DTypeBytes(spec.dtype);
   const uint64_t size = payload.size();
-  if (offset > spec.bytes || size > spec.bytes - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("transfer ", transfer, ": contributor ", contributor_id, " range ",
-                     RangeName(offset, size), " is outside the ", spec.bytes,
-                     "-byte aggregate"));
-  }
-  if (offset % element != 0 || size % element != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transfer ", transfer, ": contributor ", contributor_id, " range ",
-        RangeName(offset, size), " does not start and end on ", DTypeName(spec.dtype),
-        " element boundaries (", element, " bytes)"));
+  if (absl::Status in_range = CheckRange(transfer, contributor_id, spec, offset, size);
+      !in_range.ok()) {
+    return in_range;
   }
   if (size == 0) return absl::OkStatus();
   const uint64_t end = offset + size;
@@ -253,23 +286,14 @@ absl::Status PacketPool::Add(TransferId transfer, ContributorId contributor_id, 
   const size_t n = size / element;
   SumInto(spec.dtype, dst, src, contributor.weight, n);
 
-  // Record the coverage, merging with adjacent ranges. In-order senders
-  // only ever extend their one range in place.
-  const bool joins_prev = prev != contributor.covered.end() && prev->second == offset;
-  const bool joins_next = next != contributor.covered.end() && next->first == end;
-  if (joins_prev) {
-    prev->second = joins_next ? next->second : end;
-    if (joins_next) contributor.covered.erase(next);
-  } else if (joins_next) {
-    const uint64_t next_end = next->second;
-    contributor.covered.erase(next);
-    contributor.covered.emplace(offset, next_end);
-  } else {
-    contributor.covered.emplace_hint(next, offset, end);
-  }
+  RecordCoverage(contributor.covered, prev, next, offset, end);
+  CreditPackets(state, contributor.count, offset, end, ready);
+  return absl::OkStatus();
+}
 
-  // Credit the grid packets the range touches (DESIGN.md §5: a packet is
-  // final when every expected contribution covered all of its bytes).
+void PacketPool::CreditPackets(TransferState& state, uint32_t count, uint64_t offset,
+                               uint64_t end, std::vector<uint32_t>* ready) {
+  const AggregationSpec& spec = state.spec;
   const uint64_t packet_bytes = spec.packet_bytes;
   const uint64_t expected = spec.expected_contributions;
   const uint64_t first = offset / packet_bytes;
@@ -281,7 +305,7 @@ absl::Status PacketPool::Add(TransferId transfer, ContributorId contributor_id, 
     const uint64_t full = (p_end - p_begin) * expected;
     uint64_t& credit = state.credit[p];
     const bool was_partial = credit != 0;
-    credit += covered * contributor.count;
+    credit += covered * count;
     if (credit == full) {
       if (was_partial) {
         --state.partial;
@@ -294,7 +318,6 @@ absl::Status PacketPool::Add(TransferId transfer, ContributorId contributor_id, 
       ++partial_packets_;
     }
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<const PacketPool::TransferState*> PacketPool::Find(TransferId transfer) const {

@@ -174,6 +174,12 @@ class PacketPool {
     std::vector<std::unique_ptr<ContributorState>> contributors;
   };
   absl::StatusOr<const TransferState*> Find(TransferId transfer) const;
+  // Add: credits the grid packets [offset, end) touches with a contributor
+  // of `count` contributions (DESIGN.md §5: a packet is final when every
+  // expected contribution covered all of its bytes), appending those that
+  // became final to state.ready and `ready`.
+  void CreditPackets(TransferState& state, uint32_t count, uint64_t offset, uint64_t end,
+                     std::vector<uint32_t>* ready);
 
   absl::flat_hash_map<TransferId, std::unique_ptr<TransferState>> transfers_;
   // The one lookup of the hot path: (transfer, contributor) -> its state.
