@@ -93,6 +93,44 @@ std::string Errno(const char* what, const std::string& name) {
   return absl::StrCat(what, " '", name, "': ", std::strerror(errno));
 }
 
+// When LocalReduceGroup::Join gives up (now + its timeout_s).
+using Deadline = decltype(Clock::now() + std::chrono::duration<double>(0));
+
+// LocalReduceGroup::Join: the group's shared memory of `total` bytes, open
+// for reading and writing; the leader (index 0) creates and sizes it, the
+// others wait until it has.
+absl::StatusOr<int> OpenShared(const std::string& name, int index, size_t total,
+                               Deadline deadline, double timeout_s) {
+  int fd = -1;
+  if (index == 0) {
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return absl::InternalError(Errno("cannot create shared memory", name));
+    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+      const std::string error = Errno("cannot size shared memory", name);
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      return absl::InternalError(error);
+    }
+    return fd;
+  }
+  // The leader may not have created it yet, or not sized it.
+  while (true) {
+    fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    struct stat st {};
+    if (fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == total) return fd;
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+    if (Clock::now() >= deadline) {
+      // A leader that died between creating and sizing it leaves the name.
+      ::shm_unlink(name.c_str());
+      return absl::DeadlineExceededError(absl::StrCat(
+          "host-local AllReduce group '", name, "': its leader did not create it within ",
+          timeout_s, " s"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 }  // namespace
 
 struct MemberInfo {
@@ -149,37 +187,11 @@ absl::StatusOr<std::unique_ptr<LocalReduceGroup>> LocalReduceGroup::Join(
   }
   slot_bytes = RoundUp(std::max<size_t>(slot_bytes, 64), 64);
   const size_t total = RoundUp(sizeof(Header), kPage) + (members + 1) * slot_bytes;
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
-  int fd = -1;
-  if (index == 0) {
-    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) return absl::InternalError(Errno("cannot create shared memory", name));
-    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
-      const std::string error = Errno("cannot size shared memory", name);
-      ::close(fd);
-      ::shm_unlink(name.c_str());
-      return absl::InternalError(error);
-    }
-  } else {
-    // The leader may not have created it yet, or not sized it.
-    while (true) {
-      fd = ::shm_open(name.c_str(), O_RDWR, 0);
-      struct stat st {};
-      if (fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == total) break;
-      if (fd >= 0) ::close(fd);
-      fd = -1;
-      if (Clock::now() >= deadline) {
-        // A leader that died between creating and sizing it leaves the name.
-        ::shm_unlink(name.c_str());
-        return absl::DeadlineExceededError(absl::StrCat(
-            "host-local AllReduce group '", name, "': its leader did not create it within ",
-            timeout_s, " s"));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-  void* mapped = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
+  const Deadline deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  absl::StatusOr<int> fd = OpenShared(name, index, total, deadline, timeout_s);
+  if (!fd.ok()) return fd.status();
+  void* mapped = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  ::close(*fd);
   if (mapped == MAP_FAILED) {
     if (index == 0) ::shm_unlink(name.c_str());
     return absl::InternalError(Errno("cannot map shared memory", name));
@@ -323,18 +335,7 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
     if (n > 0) std::memcpy(Slot(index_), bytes + first * element, n * element);
     if (auto status = Barrier(timeout_s); !status.ok()) return status;
     if (k == 0) {
-      // Every member reads the same shapes, so all return here or none.
-      for (int j = 1; j < members_; ++j) {
-        const MemberInfo& a = h->member[0];
-        const MemberInfo& b = h->member[j];
-        if (a.count[parity] != b.count[parity] || a.type[parity] != b.type[parity]) {
-          if (cross != nullptr && leader && cross->spoil) cross->spoil();
-          return absl::InvalidArgumentError(absl::StrCat(
-              "AllReduce inputs differ across ranks: rank ", a.rank, " passes ", a.count[parity],
-              " ", TypeName(a.type[parity]), ", rank ", b.rank, " passes ", b.count[parity], " ",
-              TypeName(b.type[parity])));
-        }
-      }
+      if (auto same = CheckSameInputs(parity, cross); !same.ok()) return same;
     }
     // This member's slice of the chunk, summed over the slots in member
     // order: the same bits whichever member sums which slice.
@@ -353,12 +354,40 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
     }
   }
   if (cross == nullptr || count == 0) return absl::OkStatus();
+  return CrossHostReduce(data, count, type, *cross, timeout_s, chunks, chunk_elements, element);
+}
 
-  // Across hosts: the leader's step, its status to every member, then the
-  // result back through the result slot.
+absl::Status LocalReduceGroup::CheckSameInputs(int parity, const CrossHost* cross) {
+  Header* h = header_;
+  const bool leader = index_ == 0;
+  // Every member reads the same shapes, so all return here or none.
+  for (int j = 1; j < members_; ++j) {
+    const MemberInfo& a = h->member[0];
+    const MemberInfo& b = h->member[j];
+    if (a.count[parity] != b.count[parity] || a.type[parity] != b.type[parity]) {
+      if (cross != nullptr && leader && cross->spoil) cross->spoil();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AllReduce inputs differ across ranks: rank ", a.rank, " passes ", a.count[parity],
+          " ", TypeName(a.type[parity]), ", rank ", b.rank, " passes ", b.count[parity], " ",
+          TypeName(b.type[parity])));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalReduceGroup::CrossHostReduce(void* data, size_t count, ElementType type,
+                                               const CrossHost& cross, double timeout_s,
+                                               size_t chunks, size_t chunk_elements,
+                                               size_t element) {
+  Header* h = header_;
+  auto* bytes = static_cast<uint8_t*>(data);
+  const bool leader = index_ == 0;
+  uint8_t* result = Slot(members_);
+  // The leader's step, its status to every member, then the result back
+  // through the result slot.
   if (leader) {
     const absl::Status status =
-        cross->reduce ? cross->reduce(data, count, type) : absl::InternalError("no cross-host step");
+        cross.reduce ? cross.reduce(data, count, type) : absl::InternalError("no cross-host step");
     h->cross_code = static_cast<int32_t>(status.code());
     std::snprintf(h->cross_message, sizeof(h->cross_message), "%s",
                   std::string(status.message()).c_str());

@@ -102,6 +102,14 @@ class LocalReduceGroup {
   void Break(const std::string& reason);
   absl::Status BrokenStatus() const;
   uint8_t* Slot(int i) const;
+  // AllReduce: every member's call has the same count and type as the
+  // leader's (call parity `parity`); else the leader spoils `cross`'s round.
+  absl::Status CheckSameInputs(int parity, const CrossHost* cross);
+  // AllReduce across hosts, once the host's sum is in the leader's `data`
+  // (`chunks` of `chunk_elements` elements of `element` bytes).
+  absl::Status CrossHostReduce(void* data, size_t count, ElementType type, const CrossHost& cross,
+                               double timeout_s, size_t chunks, size_t chunk_elements,
+                               size_t element);
 
   const int index_;
   const int members_;
