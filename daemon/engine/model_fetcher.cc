@@ -47,6 +47,37 @@ void ModelFetcher::ApplyLocked(RelayTable::Effects effects) {
   for (std::shared_ptr<SharedBuffer>& copy : effects.dropped) pool_->Recycle(std::move(copy));
 }
 
+std::shared_ptr<SharedBuffer> ModelFetcher::AwaitRelayCopy(const std::string& key,
+                                                          uint64_t batch,
+                                                          const std::string& server,
+                                                          const std::string& who,
+                                                          v1::DataGetReply* reply) {
+  using State = RelayTable::State;
+  // Our own get of the batch may not have its reply header yet.
+  std::unique_lock<std::mutex> lock(mu_);
+  State state = State::kUnknown;
+  cv_.wait_for(lock, std::chrono::duration<double>(options_.get_timeout_s), [&] {
+    state = relays_.StateOf(key, batch);
+    return state != State::kUnknown || stopping_;
+  });
+  RelayTable::Watch peek = relays_.AddWatcher(key, batch, 0);
+  if (stopping_) {
+    reply->set_error(absl::StrCat(who, " is stopping"));
+  } else if (peek.state == State::kUnknown || peek.state == State::kGone) {
+    reply->set_error(absl::StrCat(
+        who, " has no copy of batch ", batch, " of server '", server, "' ",
+        peek.state == State::kGone ? "any more"
+                                   : absl::StrCat("(its own get did not begin within ",
+                                                  options_.get_timeout_s, " s)")));
+  } else if (peek.state == State::kFailed) {
+    reply->set_error(absl::StrCat(who, " could not receive the model: ", peek.error));
+  } else {
+    reply->set_version(peek.version);
+    return peek.model;
+  }
+  return nullptr;
+}
+
 absl::Status ModelFetcher::ServeRelay(int fd, const PacketHeader& request,
                                       const v1::DataGetRequest& body) {
   // offset = round + 1: a synchronous round's sum (batch = round + 1).
@@ -54,33 +85,9 @@ absl::Status ModelFetcher::ServeRelay(int fd, const PacketHeader& request,
   const uint64_t batch = body.relay_batch();
   const std::string who = absl::StrCat("distributor ", options_.host);
   using State = RelayTable::State;
-  // Our own get of the batch may not have its reply header yet.
   v1::DataGetReply reply;
   reply.set_batch(batch);
-  std::shared_ptr<SharedBuffer> model;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    State state = State::kUnknown;
-    cv_.wait_for(lock, std::chrono::duration<double>(options_.get_timeout_s), [&] {
-      state = relays_.StateOf(key, batch);
-      return state != State::kUnknown || stopping_;
-    });
-    RelayTable::Watch peek = relays_.AddWatcher(key, batch, 0);
-    if (stopping_) {
-      reply.set_error(absl::StrCat(who, " is stopping"));
-    } else if (peek.state == State::kUnknown || peek.state == State::kGone) {
-      reply.set_error(absl::StrCat(
-          who, " has no copy of batch ", batch, " of server '", body.server(), "' ",
-          peek.state == State::kGone ? "any more"
-                                     : absl::StrCat("(its own get did not begin within ",
-                                                    options_.get_timeout_s, " s)")));
-    } else if (peek.state == State::kFailed) {
-      reply.set_error(absl::StrCat(who, " could not receive the model: ", peek.error));
-    } else {
-      reply.set_version(peek.version);
-      model = peek.model;
-    }
-  }
+  std::shared_ptr<SharedBuffer> model = AwaitRelayCopy(key, batch, body.server(), who, &reply);
   RETURN_IF_ERROR(transport::WriteGetReply(
       *watchdog_, fd, request, reply, model ? static_cast<int64_t>(model->size()) : 0));
   if (!model || model->size() == 0) return absl::OkStatus();
@@ -327,9 +334,16 @@ absl::Status ModelFetcher::FetchFrom(const v1::ResolveServerReply& where,
     client_->Keep(direct);
     return absl::OkStatus();
   }
-  // §10.3: the model comes from a distributor of the same batch, packet by
-  // packet as it receives it. A failure there fails this get only.
   client_->Keep(direct);  // nothing follows on it
+  return FetchThroughDistributor(where, server, relay_key, direct, request, body, version,
+                                 model);
+}
+
+absl::Status ModelFetcher::FetchThroughDistributor(
+    const v1::ResolveServerReply& where, const std::string& server,
+    const std::string& relay_key, const transport::GetClient::Connection& direct,
+    PacketHeader request, v1::DataGetRequest body, int64_t* version,
+    std::shared_ptr<SharedBuffer>* model) {
   const std::string distributor =
       absl::StrCat(direct.reply.relay_host(), " (", direct.reply.relay_address(), ")");
   auto from_distributor = [&](const absl::Status& s) {

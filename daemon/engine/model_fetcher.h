@@ -105,11 +105,27 @@ class ModelFetcher {
   absl::Status FetchFrom(const v1::ResolveServerReply& where, const std::string& server,
                          int64_t round, uint32_t priority, int64_t* version,
                          std::shared_ptr<SharedBuffer>* model, int64_t fresh_min_version = -1);
+  // FetchFrom, when the server's reply on `direct` routes the get through a
+  // distributor of the same batch (§10.3): the model comes from there,
+  // packet by packet as it receives it. A failure there fails this get
+  // only; if the distributor forwards nothing, the server's daemon is
+  // asked again. `request` and `body` are the direct get's.
+  absl::Status FetchThroughDistributor(const v1::ResolveServerReply& where,
+                                       const std::string& server, const std::string& relay_key,
+                                       const transport::GetClient::Connection& direct,
+                                       transport::PacketHeader request, v1::DataGetRequest body,
+                                       int64_t* version, std::shared_ptr<SharedBuffer>* model);
   // Reads the model that follows a get's reply header; a non-empty
   // `relay_key` keeps the copy for requesters routed here. `source` names
   // where it comes from, for their errors.
   absl::Status Receive(transport::GetClient::Connection& connection, const std::string& relay_key,
                        const std::string& source, std::shared_ptr<SharedBuffer>* model);
+  // ServeRelay: this daemon's copy of `key`'s batch `batch` once its own
+  // get has begun (up to get_timeout_s); null with `reply`'s error set when
+  // there is none to forward, else with `reply`'s version set.
+  std::shared_ptr<SharedBuffer> AwaitRelayCopy(const std::string& key, uint64_t batch,
+                                               const std::string& server, const std::string& who,
+                                               v1::DataGetReply* reply);
   // Carries out what the relay table said. Requires mu_.
   // Dropped copies go back to the buffer pool.
   void ApplyLocked(RelayTable::Effects effects);
