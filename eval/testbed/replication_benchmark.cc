@@ -77,6 +77,8 @@ namespace {
 
 constexpr char kToken[] = "replication-benchmark-token-0123";
 
+using Clock = std::chrono::steady_clock;
+
 struct Flags {
   int workers = 8;
   int64_t model_bytes = 1 << 20;
@@ -287,18 +289,19 @@ struct RunResult {
   double checkpoint_s = 0;
 };
 
-absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int run_index) {
+// Run's cluster: s1 (the server), r1 (the replica), st1 (the checkpoint
+// store, for remote checkpoints) and the workers, with their links;
+// `host_flags` gets each daemon's pacing flags.
+launch::ClusterOptions RunCluster(const Flags& flags, bool remote_checkpoint,
+                                  const std::vector<std::string>& workers, int run_index,
+                                  std::map<std::string, std::vector<std::string>>* host_flags) {
   launch::ClusterOptions options;
   options.topology =
       flags.mode == "netns" ? launch::Topology::kNetns : launch::Topology::kLoopback;
   options.admin = true;
-  std::map<std::string, std::vector<std::string>> host_flags;
   const std::string rate = absl::StrFormat("%.0f", flags.link_bps);
-  const bool remote_checkpoint = setting.kind == Kind::kCheckpoint && flags.checkpoint == "remote";
   options.hosts = {"s1", "r1"};
   if (remote_checkpoint) options.hosts.push_back("st1");
-  std::vector<std::string> workers;
-  for (int i = 1; i <= flags.workers; ++i) workers.push_back(absl::StrCat("w", i));
   options.hosts.insert(options.hosts.end(), workers.begin(), workers.end());
   const double worker_bps = flags.worker_link_bps > 0 ? flags.worker_link_bps : flags.link_bps;
   const std::string worker_rate = absl::StrFormat("%.0f", worker_bps);
@@ -307,14 +310,19 @@ absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int ru
     options.rates[host] = worker ? launch::LinkRate{worker_bps, worker_bps}
                                  : launch::LinkRate{flags.link_bps, flags.link_bps};
     const std::string& r = worker ? worker_rate : rate;
-    host_flags[host] = {"--uplink_bps=" + r, "--downlink_bps=" + r};
+    (*host_flags)[host] = {"--uplink_bps=" + r, "--downlink_bps=" + r};
   }
   options.rate = {flags.link_bps, flags.link_bps};
   // Unique per process and run (a run killed earlier may have left its own).
   options.prefix = absl::StrCat("rb", ::getpid() % 100000, "-", run_index, "-");
-  auto cluster = launch::Cluster::Create(options);
-  if (!cluster.ok()) return cluster.status();
-  launch::Cluster& c = **cluster;
+  return options;
+}
+
+// Starts the run's scheduler (job "demo"; Div_max for a replica setting)
+// and daemons.
+absl::Status StartRun(launch::Cluster& c, const Flags& flags, const Setting& setting,
+                      const std::vector<std::string>& workers,
+                      const std::map<std::string, std::vector<std::string>>& host_flags) {
   const std::string config = c.dir() + "/scheduler.json";
   nlohmann::json job = {{"name", "demo"},
                         {"token", kToken},
@@ -323,21 +331,199 @@ absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int ru
                         {"aggregators", workers}};
   if (setting.kind == Kind::kReplica) job["divergence_max"] = static_cast<double>(setting.k);
   std::ofstream(config) << nlohmann::json{{"jobs", {job}}}.dump();
-  if (absl::Status s = c.Start({"--config=" + config, "--planner=mlfabric",
-                                "--replica_aggregation=" + flags.replica_aggregation,
-                                "--replica_bound=" + flags.replica_bound},
-                               {}, host_flags);
-      !s.ok()) {
-    return s;
-  }
+  return c.Start({"--config=" + config, "--planner=mlfabric",
+                  "--replica_aggregation=" + flags.replica_aggregation,
+                  "--replica_bound=" + flags.replica_bound},
+                 {}, host_flags);
+}
 
-  auto client_for = [&](const std::string& host, const std::string& name) {
-    ClientOptions client;
-    client.daemon_socket = c.Socket(host);
-    client.job_token = kToken;
-    client.name = name;
-    return client;
+ClientOptions ClientFor(launch::Cluster& c, const std::string& host, const std::string& name) {
+  ClientOptions client;
+  client.daemon_socket = c.Socket(host);
+  client.job_token = kToken;
+  client.name = name;
+  return client;
+}
+
+// Remote checkpoints: the store listens on st1, and the server's model
+// sends its checkpoints there from s1 (server_model.checkpoint_fd).
+absl::Status ConnectCheckpointStore(launch::Cluster& c, CheckpointStore& store,
+                                    SumModel& server_model) {
+  const bool netns = c.network() != nullptr;
+  const std::string store_address = c.HostAddress("st1");
+  auto port = store.Listen(netns ? c.network()->layout().HostNamespace("st1") : "",
+                           store_address, c.dir() + "/st1-checkpoint.bin");
+  if (!port.ok()) return port.status();
+  return InNamespace(netns ? c.network()->layout().HostNamespace("s1") : "",
+                     [&]() -> absl::Status {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(*port));
+    ::inet_pton(AF_INET, store_address.c_str(), &addr.sin_addr);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      if (fd >= 0) ::close(fd);
+      return absl::InternalError(absl::StrCat("cannot reach the checkpoint store at ",
+                                              store_address, ": ", std::strerror(errno)));
+    }
+    server_model.checkpoint_fd = fd;
+    return absl::OkStatus();
+  });
+}
+
+// What a run's workers count, under `mu`: pushes settled between
+// measure_from and stop.
+struct Tally {
+  std::mutex mu;
+  RunResult result;
+  Clock::time_point measure_from, stop;
+};
+
+// Worker w of a run: gets the model, computes, pushes (at most three
+// pushes pending) until tally.stop.
+void RunWorker(const Flags& flags, const ClientOptions& client, int w, size_t elements,
+               Tally& tally) {
+  auto worker = Worker::Connect(client);
+  if (!worker.ok()) {
+    std::lock_guard<std::mutex> lock(tally.mu);
+    if (tally.result.first_error.empty()) {
+      tally.result.first_error = std::string(worker.status().message());
+    }
+    return;
+  }
+  // Integer-valued, so the replica's model can be compared exactly.
+  const std::vector<float> update(elements, static_cast<float>(w + 1));
+  std::deque<std::future<PushResult>> pending;
+  auto settle = [&](PushResult r) {
+    const Clock::time_point now = Clock::now();
+    std::lock_guard<std::mutex> lock(tally.mu);
+    if (now < tally.measure_from || now >= tally.stop) return;
+    RunResult& result = tally.result;
+    if (r.outcome == PushOutcome::kApplied) ++result.applied;
+    if (r.outcome == PushOutcome::kDropped) ++result.dropped;
+    if (r.outcome == PushOutcome::kFailed) {
+      ++result.failed;
+      if (result.first_error.empty()) result.first_error = r.reason;
+    }
   };
+  while (Clock::now() < tally.stop) {
+    auto model = (*worker)->Get("ps");
+    if (!model.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(tally.mu);
+        if (tally.result.first_error.empty()) {
+          tally.result.first_error = std::string(model.status().message());
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(flags.compute_ms));
+    // Norm 1 per update: Div_max counts updates.
+    pending.push_back((*worker)->Push("ps", update.data(), update.size() * sizeof(float),
+                                      model->version, /*norm=*/1.0));
+    while (!pending.empty() &&
+           (pending.size() > 2 ||
+            pending.front().wait_for(std::chrono::seconds(0)) == std::future_status::ready)) {
+      settle(pending.front().get());
+      pending.pop_front();
+    }
+  }
+  while (!pending.empty()) {
+    settle(pending.front().get());
+    pending.pop_front();
+  }
+}
+
+// Mid-run: what the scheduler plans and knows, for a closer look.
+void DumpAdminViews(launch::Cluster& c, const Flags& flags, int run_index) {
+  for (const char* view : {"batches", "jobs", "transfers", "cluster"}) {
+    const testing::HttpResult r = testing::Http(c.admin_port(), "GET", absl::StrCat("/api/v1/", view));
+    std::ofstream(absl::StrCat(flags.admin_dump, "/run", run_index, "-", view, ".json")) << r.body;
+  }
+}
+
+// The replica's lag as the models show it, not as the scheduler
+// estimates it: the bound must hold for these. The most, every 10 ms of
+// the measured time.
+void SampleReplicaLag(SumModel& server_model, SumModel& replica_model, Tally& tally) {
+  std::this_thread::sleep_until(tally.measure_from);
+  while (Clock::now() < tally.stop) {
+    int64_t lag = 0;
+    {
+      std::lock_guard<std::mutex> s(server_model.mu);
+      std::lock_guard<std::mutex> rl(replica_model.mu);
+      lag = server_model.version - replica_model.version;
+    }
+    std::lock_guard<std::mutex> lock(tally.mu);
+    tally.result.replica_lag_max = std::max(tally.result.replica_lag_max, lag);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// At the end of a replica run: the scheduler's replica counters and the
+// replica's lag.
+void ReadReplicaStats(launch::Cluster& c, SumModel& server_model, SumModel& replica_model,
+                      RunResult* result) {
+  const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/cluster");
+  const nlohmann::json stats =
+      nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false).value("stats", nlohmann::json());
+  if (stats.is_object()) {
+    result->replica_copies = stats.value("replica_copies", int64_t{0});
+    result->replica_aggregates = stats.value("replica_aggregates", int64_t{0});
+    result->replica_bytes = stats.value("replica_bytes", int64_t{0});
+    result->replica_updates = stats.value("replica_updates", int64_t{0});
+  }
+  std::lock_guard<std::mutex> s(server_model.mu);
+  std::lock_guard<std::mutex> rl(replica_model.mu);
+  result->replica_lag = server_model.version - replica_model.version;
+}
+
+// Run's measured part, with the server (and replica) serving: the workers
+// push for warmup_s + seconds; the result counts the last `seconds`.
+RunResult MeasureRun(launch::Cluster& c, const Flags& flags, const Setting& setting,
+                     int run_index, const std::vector<std::string>& workers, size_t elements,
+                     SumModel& server_model, SumModel& replica_model) {
+  Tally tally;
+  tally.measure_from = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(flags.warmup_s));
+  tally.stop = tally.measure_from + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(flags.seconds));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < flags.workers; ++w) {
+    threads.emplace_back([&, w] {
+      RunWorker(flags, ClientFor(c, workers[w], absl::StrCat("worker", w)), w, elements, tally);
+    });
+  }
+  if (!flags.admin_dump.empty()) {
+    std::this_thread::sleep_until(tally.measure_from + (tally.stop - tally.measure_from) / 2);
+    DumpAdminViews(c, flags, run_index);
+  }
+  if (setting.kind == Kind::kReplica) SampleReplicaLag(server_model, replica_model, tally);
+  for (std::thread& t : threads) t.join();
+  RunResult result = std::move(tally.result);
+  result.seconds = flags.seconds;
+  if (setting.kind == Kind::kReplica) ReadReplicaStats(c, server_model, replica_model, &result);
+  {
+    std::lock_guard<std::mutex> lock(server_model.mu);
+    result.checkpoints = server_model.checkpoints;
+    result.checkpoint_s = server_model.checkpoint_s;
+    if (!server_model.error.empty() && result.first_error.empty()) result.first_error = server_model.error;
+  }
+  return result;
+}
+
+absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int run_index) {
+  const bool remote_checkpoint = setting.kind == Kind::kCheckpoint && flags.checkpoint == "remote";
+  std::vector<std::string> workers;
+  for (int i = 1; i <= flags.workers; ++i) workers.push_back(absl::StrCat("w", i));
+  std::map<std::string, std::vector<std::string>> host_flags;
+  auto cluster = launch::Cluster::Create(
+      RunCluster(flags, remote_checkpoint, workers, run_index, &host_flags));
+  if (!cluster.ok()) return cluster.status();
+  launch::Cluster& c = **cluster;
+  if (absl::Status s = StartRun(c, flags, setting, workers, host_flags); !s.ok()) return s;
+
   const size_t elements = static_cast<size_t>(flags.model_bytes / 4);
   SumModel server_model, replica_model;
   server_model.model.assign(elements, 0.0f);
@@ -348,29 +534,12 @@ absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int ru
     server_model.checkpoint_path = c.dir() + "/checkpoint.bin";
   }
   if (remote_checkpoint) {
-    const bool netns = c.network() != nullptr;
-    const std::string store_address = c.HostAddress("st1");
-    auto port = store.Listen(netns ? c.network()->layout().HostNamespace("st1") : "",
-                             store_address, c.dir() + "/st1-checkpoint.bin");
-    if (!port.ok()) return port.status();
-    absl::Status connected =
-        InNamespace(netns ? c.network()->layout().HostNamespace("s1") : "", [&]() -> absl::Status {
-          const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-          sockaddr_in addr{};
-          addr.sin_family = AF_INET;
-          addr.sin_port = htons(static_cast<uint16_t>(*port));
-          ::inet_pton(AF_INET, store_address.c_str(), &addr.sin_addr);
-          if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-            if (fd >= 0) ::close(fd);
-            return absl::InternalError(absl::StrCat("cannot reach the checkpoint store at ",
-                                                    store_address, ": ", std::strerror(errno)));
-          }
-          server_model.checkpoint_fd = fd;
-          return absl::OkStatus();
-        });
-    if (!connected.ok()) return connected;
+    if (absl::Status connected = ConnectCheckpointStore(c, store, server_model);
+        !connected.ok()) {
+      return connected;
+    }
   }
-  auto server = Server::Connect(client_for("s1", "ps"));
+  auto server = Server::Connect(ClientFor(c, "s1", "ps"));
   if (!server.ok()) return server.status();
   (*server)->RegisterUpdateCallback([&](const Server::Update& u) { return server_model.Apply(u); });
   (*server)->RegisterRequestCallback([&]() -> absl::StatusOr<Server::Snapshot> {
@@ -392,7 +561,7 @@ absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int ru
   };
   if (setting.kind == Kind::kReplica) {
     RegistrationParams params;
-    params.client = client_for("r1", "standby");
+    params.client = ClientFor(c, "r1", "standby");
     auto registered = RegisterAsReplica("ps", params);
     if (!registered.ok()) {
       stop_apps();
@@ -402,115 +571,90 @@ absl::StatusOr<RunResult> Run(const Flags& flags, const Setting& setting, int ru
     replica->RegisterUpdateCallback([&](const Server::Update& u) { return replica_model.Apply(u); });
     replica_thread = std::thread([&] { (void)replica->Serve(); });
   }
-
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point measure_from =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(flags.warmup_s));
-  const Clock::time_point stop =
-      measure_from + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(flags.seconds));
-  std::mutex mu;
-  RunResult result;
-  std::vector<std::thread> threads;
-  for (int w = 0; w < flags.workers; ++w) {
-    threads.emplace_back([&, w] {
-      auto worker = Worker::Connect(client_for(workers[w], absl::StrCat("worker", w)));
-      if (!worker.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (result.first_error.empty()) result.first_error = std::string(worker.status().message());
-        return;
-      }
-      // Integer-valued, so the replica's model can be compared exactly.
-      const std::vector<float> update(elements, static_cast<float>(w + 1));
-      std::deque<std::future<PushResult>> pending;
-      auto settle = [&](PushResult r) {
-        const Clock::time_point now = Clock::now();
-        std::lock_guard<std::mutex> lock(mu);
-        if (now < measure_from || now >= stop) return;
-        if (r.outcome == PushOutcome::kApplied) ++result.applied;
-        if (r.outcome == PushOutcome::kDropped) ++result.dropped;
-        if (r.outcome == PushOutcome::kFailed) {
-          ++result.failed;
-          if (result.first_error.empty()) result.first_error = r.reason;
-        }
-      };
-      while (Clock::now() < stop) {
-        auto model = (*worker)->Get("ps");
-        if (!model.ok()) {
-          {
-            std::lock_guard<std::mutex> lock(mu);
-            if (result.first_error.empty()) result.first_error = std::string(model.status().message());
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-          continue;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(flags.compute_ms));
-        // Norm 1 per update: Div_max counts updates.
-        pending.push_back((*worker)->Push("ps", update.data(), update.size() * sizeof(float),
-                                          model->version, /*norm=*/1.0));
-        while (!pending.empty() &&
-               (pending.size() > 2 ||
-                pending.front().wait_for(std::chrono::seconds(0)) == std::future_status::ready)) {
-          settle(pending.front().get());
-          pending.pop_front();
-        }
-      }
-      while (!pending.empty()) {
-        settle(pending.front().get());
-        pending.pop_front();
-      }
-    });
-  }
-  if (!flags.admin_dump.empty()) {
-    // Mid-run: what the scheduler plans and knows, for a closer look.
-    std::this_thread::sleep_until(measure_from + (stop - measure_from) / 2);
-    for (const char* view : {"batches", "jobs", "transfers", "cluster"}) {
-      const testing::HttpResult r = testing::Http(c.admin_port(), "GET", absl::StrCat("/api/v1/", view));
-      std::ofstream(absl::StrCat(flags.admin_dump, "/run", run_index, "-", view, ".json")) << r.body;
-    }
-  }
-  if (setting.kind == Kind::kReplica) {
-    // The replica's lag as the models show it, not as the scheduler
-    // estimates it: the bound must hold for these.
-    std::this_thread::sleep_until(measure_from);
-    while (Clock::now() < stop) {
-      int64_t lag = 0;
-      {
-        std::lock_guard<std::mutex> s(server_model.mu);
-        std::lock_guard<std::mutex> rl(replica_model.mu);
-        lag = server_model.version - replica_model.version;
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      result.replica_lag_max = std::max(result.replica_lag_max, lag);
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-  for (std::thread& t : threads) t.join();
-  result.seconds = flags.seconds;
-  if (setting.kind == Kind::kReplica) {
-    const testing::HttpResult r = testing::Http(c.admin_port(), "GET", "/api/v1/cluster");
-    const nlohmann::json stats =
-        nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false).value("stats", nlohmann::json());
-    if (stats.is_object()) {
-      result.replica_copies = stats.value("replica_copies", int64_t{0});
-      result.replica_aggregates = stats.value("replica_aggregates", int64_t{0});
-      result.replica_bytes = stats.value("replica_bytes", int64_t{0});
-      result.replica_updates = stats.value("replica_updates", int64_t{0});
-    }
-    std::lock_guard<std::mutex> s(server_model.mu);
-    std::lock_guard<std::mutex> rl(replica_model.mu);
-    result.replica_lag = server_model.version - replica_model.version;
-  }
-  {
-    std::lock_guard<std::mutex> lock(server_model.mu);
-    result.checkpoints = server_model.checkpoints;
-    result.checkpoint_s = server_model.checkpoint_s;
-    if (!server_model.error.empty() && result.first_error.empty()) result.first_error = server_model.error;
-  }
+  RunResult result =
+      MeasureRun(c, flags, setting, run_index, workers, elements, server_model, replica_model);
   stop_apps();
   if (server_model.checkpoint_fd >= 0) ::close(server_model.checkpoint_fd);
   return result;
+}
+
+// main: --workers and the rest into `flags` (its defaults for those not
+// given).
+absl::Status ReadFlags(ConfigReader& reader, Flags* flags) {
+  int64_t workers = flags->workers, rounds = flags->rounds;
+  std::string bounds = "1,8,32,128";
+  reader.Int("workers", &workers, 1, 64);
+  reader.Int("model_bytes", &flags->model_bytes, 4 * 64, int64_t{1} << 30);
+  reader.Double("link_bps", &flags->link_bps, 1e6, 1e11);
+  reader.Int("compute_ms", &flags->compute_ms, 0, 60000);
+  reader.Double("seconds", &flags->seconds, 1, 3600);
+  reader.Double("warmup_s", &flags->warmup_s, 0, 600);
+  reader.Int("rounds", &rounds, 1, 20);
+  reader.Int("tau_max", &flags->tau_max, 0, 1000000);
+  reader.String("bounds", &bounds);
+  reader.String("mode", &flags->mode);
+  reader.Enum("checkpoint", &flags->checkpoint, {"remote", "local"});
+  reader.Enum("replica_aggregation", &flags->replica_aggregation, {"all", "punted", "none"});
+  reader.Enum("replica_bound", &flags->replica_bound, {"plan", "strict"});
+  reader.Double("worker_link_bps", &flags->worker_link_bps, 0, 1e11);
+  reader.String("admin_dump", &flags->admin_dump);
+  absl::Status status = reader.Finish();
+  flags->bounds.clear();
+  for (absl::string_view b : absl::StrSplit(bounds, ',', absl::SkipEmpty())) {
+    int64_t k = 0;
+    if (!absl::SimpleAtoi(b, &k) || k < 0) {
+      status = absl::InvalidArgumentError(absl::StrCat("--bounds: '", b, "' is not a whole number >= 0"));
+      break;
+    }
+    flags->bounds.push_back(k);
+  }
+  if (status.ok() && flags->mode != "netns" && flags->mode != "loopback") {
+    status = absl::InvalidArgumentError("--mode must be netns or loopback");
+  }
+  if (status.ok() && (flags->model_bytes % 4 != 0 || flags->bounds.empty())) {
+    status = absl::InvalidArgumentError("--model_bytes must be a multiple of 4 and --bounds non-empty");
+  }
+  flags->workers = static_cast<int>(workers);
+  flags->rounds = static_cast<int>(rounds);
+  return status;
+}
+
+// main: the run's settings, before the first run.
+void PrintHeader(const Flags& flags) {
+  std::printf("replication_benchmark: %d workers, model %lld bytes, links %.0f Mbit/s (workers' "
+              "%.0f), checkpoints %s, replica aggregation %s, replica bound %s, compute %lld ms, "
+              "tau_max %lld, %s; "
+              "%.0f s measured after "
+              "%.0f s per run; K = %s\n",
+              flags.workers, static_cast<long long>(flags.model_bytes), flags.link_bps / 1e6,
+              (flags.worker_link_bps > 0 ? flags.worker_link_bps : flags.link_bps) / 1e6,
+              flags.checkpoint.c_str(), flags.replica_aggregation.c_str(),
+              flags.replica_bound.c_str(), static_cast<long long>(flags.compute_ms), static_cast<long long>(flags.tau_max),
+              flags.mode.c_str(), flags.seconds, flags.warmup_s,
+              absl::StrJoin(flags.bounds, ",").c_str());
+}
+
+// main: what a replica or checkpoint run did besides its pushes ("" for
+// none).
+std::string RunDetails(const Flags& flags, const Setting& setting, const RunResult& run) {
+  std::string extra;
+  if (setting.kind == Kind::kReplica) {
+    const double reduction =
+        run.replica_bytes > 0 ? static_cast<double>(run.replica_updates) * flags.model_bytes /
+                                    static_cast<double>(run.replica_bytes)
+                              : 0;
+    extra = absl::StrFormat(
+        "  replica: %lld updates in %lld transfers (%lld aggregates), data reduction %.2fx, "
+        "lag at end %lld, most %lld",
+        static_cast<long long>(run.replica_updates), static_cast<long long>(run.replica_copies),
+        static_cast<long long>(run.replica_aggregates), reduction,
+        static_cast<long long>(run.replica_lag), static_cast<long long>(run.replica_lag_max));
+  } else if (setting.kind == Kind::kCheckpoint) {
+    extra = absl::StrFormat("  %lld checkpoints, %.1f ms each",
+                            static_cast<long long>(run.checkpoints),
+                            run.checkpoints > 0 ? 1000 * run.checkpoint_s / run.checkpoints : 0.0);
+  }
+  return extra;
 }
 
 }  // namespace
@@ -525,39 +669,7 @@ int main(int argc, char** argv) {
   }
   ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
   Flags flags;
-  int64_t workers = flags.workers, rounds = flags.rounds;
-  std::string bounds = "1,8,32,128";
-  reader.Int("workers", &workers, 1, 64);
-  reader.Int("model_bytes", &flags.model_bytes, 4 * 64, int64_t{1} << 30);
-  reader.Double("link_bps", &flags.link_bps, 1e6, 1e11);
-  reader.Int("compute_ms", &flags.compute_ms, 0, 60000);
-  reader.Double("seconds", &flags.seconds, 1, 3600);
-  reader.Double("warmup_s", &flags.warmup_s, 0, 600);
-  reader.Int("rounds", &rounds, 1, 20);
-  reader.Int("tau_max", &flags.tau_max, 0, 1000000);
-  reader.String("bounds", &bounds);
-  reader.String("mode", &flags.mode);
-  reader.Enum("checkpoint", &flags.checkpoint, {"remote", "local"});
-  reader.Enum("replica_aggregation", &flags.replica_aggregation, {"all", "punted", "none"});
-  reader.Enum("replica_bound", &flags.replica_bound, {"plan", "strict"});
-  reader.Double("worker_link_bps", &flags.worker_link_bps, 0, 1e11);
-  reader.String("admin_dump", &flags.admin_dump);
-  absl::Status status = reader.Finish();
-  flags.bounds.clear();
-  for (absl::string_view b : absl::StrSplit(bounds, ',', absl::SkipEmpty())) {
-    int64_t k = 0;
-    if (!absl::SimpleAtoi(b, &k) || k < 0) {
-      status = absl::InvalidArgumentError(absl::StrCat("--bounds: '", b, "' is not a whole number >= 0"));
-      break;
-    }
-    flags.bounds.push_back(k);
-  }
-  if (status.ok() && flags.mode != "netns" && flags.mode != "loopback") {
-    status = absl::InvalidArgumentError("--mode must be netns or loopback");
-  }
-  if (status.ok() && (flags.model_bytes % 4 != 0 || flags.bounds.empty())) {
-    status = absl::InvalidArgumentError("--model_bytes must be a multiple of 4 and --bounds non-empty");
-  }
+  absl::Status status = ReadFlags(reader, &flags);
   if (!status.ok()) {
     std::fprintf(stderr,
                  "replication_benchmark: %s\nflags: --workers (8) --model_bytes (1 MiB) --link_bps "
@@ -569,19 +681,7 @@ int main(int argc, char** argv) {
                  std::string(status.message()).c_str());
     return 2;
   }
-  flags.workers = static_cast<int>(workers);
-  flags.rounds = static_cast<int>(rounds);
-  std::printf("replication_benchmark: %d workers, model %lld bytes, links %.0f Mbit/s (workers' "
-              "%.0f), checkpoints %s, replica aggregation %s, replica bound %s, compute %lld ms, "
-              "tau_max %lld, %s; "
-              "%.0f s measured after "
-              "%.0f s per run; K = %s\n",
-              flags.workers, static_cast<long long>(flags.model_bytes), flags.link_bps / 1e6,
-              (flags.worker_link_bps > 0 ? flags.worker_link_bps : flags.link_bps) / 1e6,
-              flags.checkpoint.c_str(), flags.replica_aggregation.c_str(),
-              flags.replica_bound.c_str(), static_cast<long long>(flags.compute_ms), static_cast<long long>(flags.tau_max),
-              flags.mode.c_str(), flags.seconds, flags.warmup_s,
-              absl::StrJoin(flags.bounds, ",").c_str());
+  PrintHeader(flags);
   std::vector<Setting> settings = {{Kind::kNone, 0}};
   for (int64_t k : flags.bounds) {
     settings.push_back({Kind::kReplica, k});
@@ -601,23 +701,7 @@ int main(int argc, char** argv) {
       }
       const double rate = r->applied / r->seconds;
       if (setting.kind == Kind::kNone) baseline = rate;
-      std::string extra;
-      if (setting.kind == Kind::kReplica) {
-        const double reduction =
-            r->replica_bytes > 0 ? static_cast<double>(r->replica_updates) * flags.model_bytes /
-                                       static_cast<double>(r->replica_bytes)
-                                 : 0;
-        extra = absl::StrFormat(
-            "  replica: %lld updates in %lld transfers (%lld aggregates), data reduction %.2fx, "
-            "lag at end %lld, most %lld",
-            static_cast<long long>(r->replica_updates), static_cast<long long>(r->replica_copies),
-            static_cast<long long>(r->replica_aggregates), reduction,
-            static_cast<long long>(r->replica_lag), static_cast<long long>(r->replica_lag_max));
-      } else if (setting.kind == Kind::kCheckpoint) {
-        extra = absl::StrFormat("  %lld checkpoints, %.1f ms each",
-                                static_cast<long long>(r->checkpoints),
-                                r->checkpoints > 0 ? 1000 * r->checkpoint_s / r->checkpoints : 0.0);
-      }
+      const std::string extra = RunDetails(flags, setting, *r);
       const std::string overhead =
           setting.kind == Kind::kNone || rate <= 0
               ? std::string("     -")
