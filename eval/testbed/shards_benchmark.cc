@@ -42,6 +42,8 @@ namespace {
 // The run's own job token (the scheduler config below names it).
 constexpr char kToken[] = "shards-benchmark-token-0123456789";
 
+using Clock = std::chrono::steady_clock;
+
 struct Flags {
   int shards = 4;
   int workers = 16;
@@ -79,7 +81,10 @@ struct RunResult {
   std::string first_error;
 };
 
-absl::StatusOr<RunResult> Run(const Flags& flags, int shards, int aggregators) {
+// Run's cluster (shard hosts s1..sS, workers w1..wW, aggregators
+// a1..aK, every link at link_bps) with its scheduler and daemons started.
+absl::StatusOr<std::unique_ptr<launch::Cluster>> StartCluster(const Flags& flags, int shards,
+                                                              int aggregators) {
   launch::ClusterOptions options;
   options.topology = flags.mode == "netns" ? launch::Topology::kNetns : launch::Topology::kLoopback;
   std::map<std::string, std::vector<std::string>> host_flags;
@@ -111,15 +116,19 @@ absl::StatusOr<RunResult> Run(const Flags& flags, int shards, int aggregators) {
       !s.ok()) {
     return s;
   }
+  return cluster;
+}
 
-  // The server, or the group's shards (whole float32 elements each).
+// The server, or the group's shards, each on its host s1..sS and serving.
+absl::Status StartServers(launch::Cluster& c, const Flags& flags, int shards,
+                          std::vector<std::unique_ptr<SumServer>>* servers) {
+  // Whole float32 elements each.
   std::vector<std::pair<int64_t, int64_t>> ranges = {{0, flags.model_bytes}};
   if (shards > 1) {
     auto split = SplitModel(flags.model_bytes, shards);
     if (!split.ok()) return split.status();
     ranges = *split;
   }
-  std::vector<std::unique_ptr<SumServer>> servers;
   for (int i = 0; i < shards; ++i) {
     auto s = std::make_unique<SumServer>();
     ClientOptions client;
@@ -153,87 +162,158 @@ absl::StatusOr<RunResult> Run(const Flags& flags, int shards, int aggregators) {
       return snap;
     });
     raw->thread = std::thread([raw] { (void)raw->server->Serve(); });
-    servers.push_back(std::move(s));
+    servers->push_back(std::move(s));
   }
+  return absl::OkStatus();
+}
 
-  // Workers: get, compute, push (at most two pushes of a worker in flight).
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point measure_from =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(flags.warmup_s));
-  const Clock::time_point stop =
-      measure_from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(flags.seconds));
+// What a run's workers count, under `mu`: gets asked and pushes settled
+// between measure_from and stop.
+struct Tally {
   std::mutex mu;
   RunResult result;
+  Clock::time_point measure_from, stop;
+};
+
+// Worker w of a run, on host w<w+1>: get, compute, push (at most two
+// pushes in flight) until tally.stop.
+void RunWorker(launch::Cluster& c, const Flags& flags, int w, Tally& tally) {
+  ClientOptions client;
+  client.daemon_socket = c.Socket(absl::StrCat("w", w + 1));
+  client.job_token = kToken;
+  client.name = absl::StrCat("worker", w);
+  auto worker = Worker::Connect(client);
+  if (!worker.ok()) {
+    std::lock_guard<std::mutex> lock(tally.mu);
+    ++tally.result.get_errors;
+    if (tally.result.first_error.empty()) {
+      tally.result.first_error = std::string(worker.status().message());
+    }
+    return;
+  }
+  std::vector<float> update(flags.model_bytes / 4, 1e-3f * (w + 1));
+  const double norm = std::sqrt(static_cast<double>(update.size())) * 1e-3 * (w + 1);
+  std::deque<std::future<PushResult>> pending;
+  auto settle = [&](PushResult r) {
+    const bool counted = Clock::now() >= tally.measure_from && Clock::now() < tally.stop;
+    std::lock_guard<std::mutex> lock(tally.mu);
+    if (!counted) return;
+    if (r.outcome == PushOutcome::kApplied) ++tally.result.applied;
+    if (r.outcome == PushOutcome::kDropped) ++tally.result.dropped;
+    if (r.outcome == PushOutcome::kFailed) {
+      ++tally.result.failed;
+      if (tally.result.first_error.empty()) tally.result.first_error = r.reason;
+    }
+  };
+  while (Clock::now() < tally.stop) {
+    const Clock::time_point asked = Clock::now();
+    auto model = (*worker)->Get("ps");
+    const double get_s = std::chrono::duration<double>(Clock::now() - asked).count();
+    int64_t version = 0;
+    {
+      std::lock_guard<std::mutex> lock(tally.mu);
+      if (asked >= tally.measure_from && asked < tally.stop) {
+        ++tally.result.gets;
+        tally.result.get_s_total += get_s;
+      }
+      if (!model.ok()) {
+        ++tally.result.get_errors;
+        if (tally.result.first_error.empty()) {
+          tally.result.first_error = std::string(model.status().message());
+        }
+      } else {
+        version = model->version;
+      }
+    }
+    if (!model.ok()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(flags.compute_ms));
+    pending.push_back((*worker)->Push("ps", update.data(), update.size() * sizeof(float),
+                                      version, norm));
+    while (!pending.empty() &&
+           (pending.size() > 2 ||
+            pending.front().wait_for(std::chrono::seconds(0)) == std::future_status::ready)) {
+      settle(pending.front().get());
+      pending.pop_front();
+    }
+  }
+  while (!pending.empty()) {
+    settle(pending.front().get());
+    pending.pop_front();
+  }
+}
+
+absl::StatusOr<RunResult> Run(const Flags& flags, int shards, int aggregators) {
+  auto cluster = StartCluster(flags, shards, aggregators);
+  if (!cluster.ok()) return cluster.status();
+  launch::Cluster& c = **cluster;
+  std::vector<std::unique_ptr<SumServer>> servers;
+  if (absl::Status s = StartServers(c, flags, shards, &servers); !s.ok()) return s;
+
+  // Workers: get, compute, push (at most two pushes of a worker in flight).
+  Tally tally;
+  const Clock::time_point start = Clock::now();
+  tally.measure_from =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(flags.warmup_s));
+  tally.stop = tally.measure_from + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(flags.seconds));
   std::vector<std::thread> threads;
   for (int w = 0; w < flags.workers; ++w) {
-    threads.emplace_back([&, w] {
-      ClientOptions client;
-      client.daemon_socket = c.Socket(absl::StrCat("w", w + 1));
-      client.job_token = kToken;
-      client.name = absl::StrCat("worker", w);
-      auto worker = Worker::Connect(client);
-      if (!worker.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        ++result.get_errors;
-        if (result.first_error.empty()) result.first_error = std::string(worker.status().message());
-        return;
-      }
-      std::vector<float> update(flags.model_bytes / 4, 1e-3f * (w + 1));
-      const double norm = std::sqrt(static_cast<double>(update.size())) * 1e-3 * (w + 1);
-      std::deque<std::future<PushResult>> pending;
-      auto settle = [&](PushResult r) {
-        const bool counted = Clock::now() >= measure_from && Clock::now() < stop;
-        std::lock_guard<std::mutex> lock(mu);
-        if (!counted) return;
-        if (r.outcome == PushOutcome::kApplied) ++result.applied;
-        if (r.outcome == PushOutcome::kDropped) ++result.dropped;
-        if (r.outcome == PushOutcome::kFailed) {
-          ++result.failed;
-          if (result.first_error.empty()) result.first_error = r.reason;
-        }
-      };
-      while (Clock::now() < stop) {
-        const Clock::time_point asked = Clock::now();
-        auto model = (*worker)->Get("ps");
-        const double get_s = std::chrono::duration<double>(Clock::now() - asked).count();
-        int64_t version = 0;
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          if (asked >= measure_from && asked < stop) {
-            ++result.gets;
-            result.get_s_total += get_s;
-          }
-          if (!model.ok()) {
-            ++result.get_errors;
-            if (result.first_error.empty()) result.first_error = std::string(model.status().message());
-          } else {
-            version = model->version;
-          }
-        }
-        if (!model.ok()) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-          continue;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(flags.compute_ms));
-        pending.push_back((*worker)->Push("ps", update.data(), update.size() * sizeof(float),
-                                          version, norm));
-        while (!pending.empty() &&
-               (pending.size() > 2 ||
-                pending.front().wait_for(std::chrono::seconds(0)) == std::future_status::ready)) {
-          settle(pending.front().get());
-          pending.pop_front();
-        }
-      }
-      while (!pending.empty()) {
-        settle(pending.front().get());
-        pending.pop_front();
-      }
-    });
+    threads.emplace_back([&, w] { RunWorker(c, flags, w, tally); });
   }
   for (std::thread& t : threads) t.join();
+  RunResult result = std::move(tally.result);
   result.seconds = flags.seconds;
   return result;
+}
+
+// main: --shards and the rest into `flags` (its defaults for those not
+// given); false, after saying why, when they do not fit.
+bool ReadFlags(ConfigReader& reader, Flags* flags) {
+  int64_t shards = flags->shards, workers = flags->workers, pairs = flags->pairs;
+  reader.Int("shards", &shards, 2, 64);
+  reader.Int("workers", &workers, 1, 64);
+  reader.Int("model_bytes", &flags->model_bytes, 4 * 64, int64_t{1} << 30);
+  reader.Double("link_bps", &flags->link_bps, 1e6, 1e11);
+  reader.Int("compute_ms", &flags->compute_ms, 0, 60000);
+  reader.Double("seconds", &flags->seconds, 1, 3600);
+  reader.Double("warmup_s", &flags->warmup_s, 0, 600);
+  reader.Int("pairs", &pairs, 1, 20);
+  reader.Int("tau_max", &flags->tau_max, 0, 1000000);
+  reader.String("mode", &flags->mode);
+  int64_t aggregators = 0;
+  reader.Int("aggregators", &aggregators, 0, 64);
+  reader.Enum("compare", &flags->compare, {"servers", "aggregation"});
+  std::string daemon_flags;
+  reader.String("daemon_flags", &daemon_flags);
+  for (absl::string_view f : absl::StrSplit(daemon_flags, ',', absl::SkipEmpty())) {
+    flags->daemon_flags.emplace_back(f);
+  }
+  if (absl::Status s = reader.Finish(); !s.ok() ||
+                                        (flags->mode != "netns" && flags->mode != "loopback")) {
+    std::fprintf(stderr,
+                 "shards_benchmark: %s\nflags: --shards=S (4) --workers=W (16) --model_bytes (1 MiB) "
+                 "--link_bps (100e6) --compute_ms (100) --seconds (20) --warmup_s (3) --pairs (2) "
+                 "--tau_max (60) --mode=netns|loopback --daemon_flags=--a=1,--b=2 "
+                 "--aggregators=K (0) --compare=servers|aggregation (servers)\n",
+                 s.ok() ? "--mode must be netns or loopback" : std::string(s.message()).c_str());
+    return false;
+  }
+  flags->shards = static_cast<int>(shards);
+  flags->workers = static_cast<int>(workers);
+  flags->pairs = static_cast<int>(pairs);
+  flags->aggregators = static_cast<int>(aggregators);
+  if (flags->compare == "aggregation" && flags->aggregators == 0) {
+    std::fprintf(stderr, "shards_benchmark: --compare=aggregation needs --aggregators=K > 0\n");
+    return false;
+  }
+  if (flags->model_bytes % (4 * flags->shards) != 0 && flags->model_bytes % 4 != 0) {
+    std::fprintf(stderr, "shards_benchmark: --model_bytes must be a multiple of 4\n");
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -248,47 +328,7 @@ int main(int argc, char** argv) {
   }
   ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
   Flags flags;
-  int64_t shards = flags.shards, workers = flags.workers, pairs = flags.pairs;
-  reader.Int("shards", &shards, 2, 64);
-  reader.Int("workers", &workers, 1, 64);
-  reader.Int("model_bytes", &flags.model_bytes, 4 * 64, int64_t{1} << 30);
-  reader.Double("link_bps", &flags.link_bps, 1e6, 1e11);
-  reader.Int("compute_ms", &flags.compute_ms, 0, 60000);
-  reader.Double("seconds", &flags.seconds, 1, 3600);
-  reader.Double("warmup_s", &flags.warmup_s, 0, 600);
-  reader.Int("pairs", &pairs, 1, 20);
-  reader.Int("tau_max", &flags.tau_max, 0, 1000000);
-  reader.String("mode", &flags.mode);
-  int64_t aggregators = 0;
-  reader.Int("aggregators", &aggregators, 0, 64);
-  reader.Enum("compare", &flags.compare, {"servers", "aggregation"});
-  std::string daemon_flags;
-  reader.String("daemon_flags", &daemon_flags);
-  for (absl::string_view f : absl::StrSplit(daemon_flags, ',', absl::SkipEmpty())) {
-    flags.daemon_flags.emplace_back(f);
-  }
-  if (absl::Status s = reader.Finish(); !s.ok() ||
-                                        (flags.mode != "netns" && flags.mode != "loopback")) {
-    std::fprintf(stderr,
-                 "shards_benchmark: %s\nflags: --shards=S (4) --workers=W (16) --model_bytes (1 MiB) "
-                 "--link_bps (100e6) --compute_ms (100) --seconds (20) --warmup_s (3) --pairs (2) "
-                 "--tau_max (60) --mode=netns|loopback --daemon_flags=--a=1,--b=2 "
-                 "--aggregators=K (0) --compare=servers|aggregation (servers)\n",
-                 s.ok() ? "--mode must be netns or loopback" : std::string(s.message()).c_str());
-    return 2;
-  }
-  flags.shards = static_cast<int>(shards);
-  flags.workers = static_cast<int>(workers);
-  flags.pairs = static_cast<int>(pairs);
-  flags.aggregators = static_cast<int>(aggregators);
-  if (flags.compare == "aggregation" && flags.aggregators == 0) {
-    std::fprintf(stderr, "shards_benchmark: --compare=aggregation needs --aggregators=K > 0\n");
-    return 2;
-  }
-  if (flags.model_bytes % (4 * flags.shards) != 0 && flags.model_bytes % 4 != 0) {
-    std::fprintf(stderr, "shards_benchmark: --model_bytes must be a multiple of 4\n");
-    return 2;
-  }
+  if (!ReadFlags(reader, &flags)) return 2;
   std::printf("shards_benchmark: %d workers, model %lld bytes, every host's link %.0f Mbit/s, "
               "compute %lld ms, %s, %d aggregator(s); %.0f s measured after %.0f s per run\n",
               flags.workers, static_cast<long long>(flags.model_bytes), flags.link_bps / 1e6,
