@@ -204,6 +204,70 @@ const char* Describe(DataPlane plane) {
   return "";
 }
 
+// The two daemons' CPU time and context switches at one moment of a round.
+struct DaemonCounters {
+  absl::StatusOr<double> sender_cpu, receiver_cpu;
+  absl::StatusOr<int64_t> sender_switches, receiver_switches;
+};
+
+DaemonCounters ReadCounters(launch::Cluster& c) {
+  return {ProcessCpuSeconds(c.daemon("w1").pid()), ProcessCpuSeconds(c.daemon("s1").pid()),
+          ProcessContextSwitches(c.daemon("w1").pid()),
+          ProcessContextSwitches(c.daemon("s1").pid())};
+}
+
+// The daemons' CPU per GB and context switches per MiB of transfer `a`,
+// from the counters before and after it (left at 0 where one is missing).
+void SetDaemonCosts(const DaemonCounters& before, const DaemonCounters& after, const Arrival& a,
+                    Round* round) {
+  const double gb = a.bytes / 1e9;
+  if (before.sender_cpu.ok() && after.sender_cpu.ok()) {
+    round->sender_cpu_s_per_gb = (*after.sender_cpu - *before.sender_cpu) / gb;
+  }
+  if (before.receiver_cpu.ok() && after.receiver_cpu.ok()) {
+    round->receiver_cpu_s_per_gb = (*after.receiver_cpu - *before.receiver_cpu) / gb;
+  }
+  const double mib = a.bytes / double{1 << 20};
+  if (before.sender_switches.ok() && after.sender_switches.ok()) {
+    round->sender_switches_per_mib =
+        static_cast<double>(*after.sender_switches - *before.sender_switches) / mib;
+  }
+  if (before.receiver_switches.ok() && after.receiver_switches.ok()) {
+    round->receiver_switches_per_mib =
+        static_cast<double>(*after.receiver_switches - *before.receiver_switches) / mib;
+  }
+}
+
+// Whether the receiving daemon reused a receive buffer for its last
+// transfer (its debug log says per transfer): a new one pays a page fault
+// per 4 KiB.
+bool PooledBuffer(const std::string& s1_log) {
+  const size_t last_buffer = s1_log.rfind(" receive buffer");
+  return last_buffer != std::string::npos &&
+         s1_log.rfind("reusing a pooled", last_buffer) != std::string::npos &&
+         s1_log.rfind("reusing a pooled", last_buffer) > s1_log.rfind('\n', last_buffer);
+}
+
+// When the sending daemon stopped checksumming the push ahead of the
+// sender (it starts when the push arrives, and stops when it is done or
+// the transfer's first packet goes, after which the sender sums each
+// packet itself), relative to the first packet: ~0 = the transfer began
+// before all packets were summed ahead.
+std::string ChecksumsAhead(const std::string& w1_log) {
+  // Sealed sessions have no checksums (the tag replaces the CRC).
+  std::string checksums = "no checksums ahead";
+  const size_t done = w1_log.rfind(" s, done at ");
+  const size_t sending = w1_log.rfind("sending transfer ");
+  if (done != std::string::npos && sending != std::string::npos) {
+    const double done_s = std::atof(w1_log.c_str() + done + 12);
+    const size_t from = w1_log.find(" from ", sending);
+    const double first_s = std::atof(w1_log.c_str() + from + 6);
+    checksums = absl::StrFormat("checksums ahead until %+.0f ms from the first packet",
+                                1e3 * (done_s - first_s));
+  }
+  return checksums;
+}
+
 absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds,
                                                  DataPlane plane = DataPlane::kAuthenticated) {
   auto cluster = launch::Cluster::StartLoopback(
@@ -239,66 +303,23 @@ absl::StatusOr<std::vector<Round>> MeasureRounds(int64_t bytes, int rounds,
     if (!WaitUntil([&] { return (*pusher)->Log().find("ready") != std::string::npos; }, 60)) {
       return absl::DeadlineExceededError("the pusher did not start: " + (*pusher)->Log());
     }
-    const auto sender_cpu0 = ProcessCpuSeconds(c.daemon("w1").pid());
-    const auto receiver_cpu0 = ProcessCpuSeconds(c.daemon("s1").pid());
-    const auto sender_cs0 = ProcessContextSwitches(c.daemon("w1").pid());
-    const auto receiver_cs0 = ProcessContextSwitches(c.daemon("s1").pid());
+    const DaemonCounters before = ReadCounters(c);
     std::ofstream(go_file) << "go\n";
     if ((*pusher)->WaitFor(600) != 0) {
       return absl::InternalError("the push was not applied: " + (*pusher)->Log());
     }
-    const auto sender_cpu1 = ProcessCpuSeconds(c.daemon("w1").pid());
-    const auto receiver_cpu1 = ProcessCpuSeconds(c.daemon("s1").pid());
-    const auto sender_cs1 = ProcessContextSwitches(c.daemon("w1").pid());
-    const auto receiver_cs1 = ProcessContextSwitches(c.daemon("s1").pid());
+    const DaemonCounters after = ReadCounters(c);
     const std::vector<Arrival> arrivals = ParseArrivals(c.daemon("s1").Log());
     if (arrivals.size() != static_cast<size_t>(r + 1)) {  // one per push, warm-up included
       return absl::DataLossError(absl::StrCat("expected ", r + 1, " arrival lines in the ",
                                               "receiving daemon's log, found ", arrivals.size()));
     }
     const Arrival& a = arrivals.back();
-    const double gb = a.bytes / 1e9;
     round.daemon_bytes_per_s = a.bytes / (a.complete_s - a.first_packet_s);
-    if (sender_cpu0.ok() && sender_cpu1.ok()) {
-      round.sender_cpu_s_per_gb = (*sender_cpu1 - *sender_cpu0) / gb;
-    }
-    if (receiver_cpu0.ok() && receiver_cpu1.ok()) {
-      round.receiver_cpu_s_per_gb = (*receiver_cpu1 - *receiver_cpu0) / gb;
-    }
-    const double mib = a.bytes / double{1 << 20};
-    if (sender_cs0.ok() && sender_cs1.ok()) {
-      round.sender_switches_per_mib = static_cast<double>(*sender_cs1 - *sender_cs0) / mib;
-    }
-    if (receiver_cs0.ok() && receiver_cs1.ok()) {
-      round.receiver_switches_per_mib = static_cast<double>(*receiver_cs1 - *receiver_cs0) / mib;
-    }
+    SetDaemonCosts(before, after, a, &round);
     round.raw_fresh_bytes_per_s = MeasureRawSocket(source, /*fresh_sink=*/true);
-    // Whether the receiving daemon reused a receive buffer (its debug log
-    // says per transfer): a new one pays a page fault per 4 KiB.
-    const std::string s1_log = c.daemon("s1").Log();
-    const size_t last_buffer = s1_log.rfind(" receive buffer");
-    const bool pooled = last_buffer != std::string::npos &&
-                        s1_log.rfind("reusing a pooled", last_buffer) != std::string::npos &&
-                        s1_log.rfind("reusing a pooled", last_buffer) > s1_log.rfind('\n', last_buffer);
-    // When the sending daemon stopped checksumming the push ahead of the
-    // sender (it starts when the push arrives, and stops when it is done or
-    // the transfer's first packet goes, after which the sender sums each
-    // packet itself), relative to the first packet: ~0 = the transfer began
-    // before all packets were summed ahead.
-    const std::string w1_log = c.daemon("w1").Log();
-    // Sealed sessions have no checksums (the tag replaces the CRC).
-    std::string checksums = "no checksums ahead";
-    {
-      const size_t done = w1_log.rfind(" s, done at ");
-      const size_t sending = w1_log.rfind("sending transfer ");
-      if (done != std::string::npos && sending != std::string::npos) {
-        const double done_s = std::atof(w1_log.c_str() + done + 12);
-        const size_t from = w1_log.find(" from ", sending);
-        const double first_s = std::atof(w1_log.c_str() + from + 6);
-        checksums = absl::StrFormat("checksums ahead until %+.0f ms from the first packet",
-                                    1e3 * (done_s - first_s));
-      }
-    }
+    const bool pooled = PooledBuffer(c.daemon("s1").Log());
+    const std::string checksums = ChecksumsAhead(c.daemon("w1").Log());
     std::printf("  %s %d: daemon %.2f GB/s (%s receive buffer; %s), iperf3 %.2f GB/s, raw socket "
                 "%.2f GB/s (fresh memfd sink %.2f GB/s), daemon CPU %.3f + %.3f s/GB\n",
                 r == 0 ? "warm-up" : "round", r, round.daemon_bytes_per_s / 1e9,
@@ -336,6 +357,111 @@ ReduceRow MeasureReduce() {
   }
   row = ReduceRow{0, 0, 0, row.output};
   return row;
+}
+
+// The table of benchmarks 1, 3 and 4 (medians over `rounds`, of
+// `rounds_count` rounds of `gib` GiB each).
+void PrintTable(const std::vector<Round>& rounds, const ReduceRow& reduce, double gib,
+                int64_t rounds_count) {
+  auto median = [&](double Round::*field) {
+    std::vector<double> values;
+    for (const Round& r : rounds) values.push_back(r.*field);
+    return Median(values);
+  };
+  // Rounds where iperf3 did not run (printed as 0.00) are left out of its figures.
+  std::vector<double> ratios, fresh_ratios, iperf3_ratios;
+  for (const Round& r : rounds) {
+    if (r.iperf3_bytes_per_s > 0) iperf3_ratios.push_back(r.daemon_bytes_per_s / r.iperf3_bytes_per_s);
+    ratios.push_back(r.daemon_bytes_per_s / r.raw_bytes_per_s);
+    fresh_ratios.push_back(r.daemon_bytes_per_s / r.raw_fresh_bytes_per_s);
+  }
+  const double daemon = median(&Round::daemon_bytes_per_s);
+  const double raw = median(&Round::raw_bytes_per_s);
+  const double raw_fresh = median(&Round::raw_fresh_bytes_per_s);
+  std::printf("\n| # | figure (median of %lld rounds) | measured | target |\n"
+              "| --- | --- | --- | --- |\n",
+              static_cast<long long>(rounds_count));
+  std::printf("| 1 | daemon-to-daemon goodput, loopback, %.2f GiB transfers | %.2f GB/s (%.1f Gbit/s) | |\n",
+              gib, daemon / 1e9, daemon * 8 / 1e9);
+  if (iperf3_ratios.empty()) {
+    std::printf("| 1 | iperf3, same path | not measured: /usr/bin/iperf3 is missing (tools/bootstrap installs it) | |\n");
+  } else {
+    std::vector<double> measured;
+    for (const Round& r : rounds) {
+      if (r.iperf3_bytes_per_s > 0) measured.push_back(r.iperf3_bytes_per_s);
+    }
+    const double iperf3 = Median(measured);
+    std::printf("| 1 | iperf3, same path, one stream | %.2f GB/s (%.1f Gbit/s) | |\n", iperf3 / 1e9,
+                iperf3 * 8 / 1e9);
+  }
+  std::printf("| 1 | raw Asio socket, same path and frames, warm buffer | %.2f GB/s (%.1f Gbit/s) | |\n",
+              raw / 1e9, raw * 8 / 1e9);
+  std::printf("| 1 | raw Asio socket into a fresh memfd buffer | %.2f GB/s (%.1f Gbit/s) | |\n",
+              raw_fresh / 1e9, raw_fresh * 8 / 1e9);
+  if (!iperf3_ratios.empty()) {
+    std::printf("| 1 | daemon / iperf3 (per-round ratio) | %.0f%% | >= 95%% |\n",
+                100 * Median(iperf3_ratios));
+  }
+  std::printf("| 1 | daemon / raw socket (per-round ratio) | %.0f%% | >= 95%% |\n",
+              100 * Median(ratios));
+  std::printf("| 1 | daemon / raw socket into fresh memfd | %.0f%% | |\n",
+              100 * Median(fresh_ratios));
+  std::printf("| 3 | weighted sum float32 64 MiB, 1 thread / memcpy | %.2f / %.2f GB/s = %.0f%% | >= 80%% |\n",
+              reduce.single_gbps, reduce.memcpy_gbps, 100 * reduce.single_gbps / reduce.memcpy_gbps);
+  std::printf("| 3 | weighted sum float32 64 MiB, multi-thread / memcpy | %.2f / %.2f GB/s = %.0f%% | >= 80%% |\n",
+              reduce.multi_gbps, reduce.memcpy_gbps, 100 * reduce.multi_gbps / reduce.memcpy_gbps);
+  std::printf("| 4 | sending daemon CPU per GB moved | %.3f CPU-s/GB | |\n",
+              median(&Round::sender_cpu_s_per_gb));
+  std::printf("| 4 | receiving daemon CPU per GB moved | %.3f CPU-s/GB | |\n",
+              median(&Round::receiver_cpu_s_per_gb));
+  std::printf("| 4 | sending / receiving daemon context switches per MiB moved | %.2f / %.2f | "
+              "<= 4 (1 per 256 KiB) |\n",
+              median(&Round::sender_switches_per_mib), median(&Round::receiver_switches_per_mib));
+}
+
+// Sets of the compared setting and the table's (authentication on),
+// alternated (table, other, table, other); each round normalised by the
+// raw socket of the same round, so the machine's load cancels out.
+bool CompareDataPlanes(const std::vector<Round>& rounds, int64_t bytes, int64_t rounds_count,
+                       DataPlane other, const char* what) {
+  std::vector<Round> base = rounds, others;
+  for (int set = 0; set < 3; ++set) {
+    const DataPlane plane = set == 1 ? DataPlane::kAuthenticated : other;
+    std::printf("%s, set %d:\n", Describe(plane), set + 2);
+    auto more = MeasureRounds(bytes, static_cast<int>(rounds_count), plane);
+    if (!more.ok()) {
+      std::fprintf(stderr, "dataplane_benchmark: %s\n",
+                   std::string(more.status().message()).c_str());
+      return false;
+    }
+    auto& into = plane == DataPlane::kAuthenticated ? base : others;
+    into.insert(into.end(), more->begin(), more->end());
+  }
+  auto ratio = [](const std::vector<Round>& rs) {
+    std::vector<double> v;
+    for (const Round& r : rs) v.push_back(r.daemon_bytes_per_s / r.raw_bytes_per_s);
+    return Median(v);
+  };
+  auto cpu = [](const std::vector<Round>& rs, double Round::*field) {
+    std::vector<double> v;
+    for (const Round& r : rs) v.push_back(r.*field);
+    return Median(v);
+  };
+  for (const auto* rs : {&base, &others}) {
+    const DataPlane plane = rs == &base ? DataPlane::kAuthenticated : other;
+    std::printf("| 1 | daemon / raw socket, %s (%zu rounds) | %.0f%% | |\n", Describe(plane),
+                rs->size(), 100 * ratio(*rs));
+    std::printf("| 4 | sending / receiving daemon CPU per GB, %s | %.3f / %.3f CPU-s/GB | |\n",
+                Describe(plane), cpu(*rs, &Round::sender_cpu_s_per_gb),
+                cpu(*rs, &Round::receiver_cpu_s_per_gb));
+  }
+  // Authentication is measured by what it costs the plain data plane,
+  // encryption by what it costs the authenticated one.
+  const bool auth = other == DataPlane::kPlain;
+  std::printf("| 1 | goodput %s (ratio of the medians) | %.0f%% | %s |\n", what,
+              100 * (auth ? ratio(base) / ratio(others) : ratio(others) / ratio(base)),
+              auth ? ">= 95%" : "");
+  return true;
 }
 
 int Main(int argc, char** argv) {
@@ -377,105 +503,15 @@ int Main(int argc, char** argv) {
                  reduce.output.c_str());
     return 1;
   }
-  auto median = [&](double Round::*field) {
-    std::vector<double> values;
-    for (const Round& r : *rounds) values.push_back(r.*field);
-    return Median(values);
-  };
-  // Rounds where iperf3 did not run (printed as 0.00) are left out of its figures.
-  std::vector<double> ratios, fresh_ratios, iperf3_ratios;
-  for (const Round& r : *rounds) {
-    if (r.iperf3_bytes_per_s > 0) iperf3_ratios.push_back(r.daemon_bytes_per_s / r.iperf3_bytes_per_s);
-    ratios.push_back(r.daemon_bytes_per_s / r.raw_bytes_per_s);
-    fresh_ratios.push_back(r.daemon_bytes_per_s / r.raw_fresh_bytes_per_s);
+  PrintTable(*rounds, reduce, gib, rounds_count);
+  if (compare_auth &&
+      !CompareDataPlanes(*rounds, bytes, rounds_count, DataPlane::kPlain,
+                         "with authentication / without")) {
+    return 1;
   }
-  const double daemon = median(&Round::daemon_bytes_per_s);
-  const double raw = median(&Round::raw_bytes_per_s);
-  const double raw_fresh = median(&Round::raw_fresh_bytes_per_s);
-  std::printf("\n| # | figure (median of %lld rounds) | measured | target |\n"
-              "| --- | --- | --- | --- |\n",
-              static_cast<long long>(rounds_count));
-  std::printf("| 1 | daemon-to-daemon goodput, loopback, %.2f GiB transfers | %.2f GB/s (%.1f Gbit/s) | |\n",
-              gib, daemon / 1e9, daemon * 8 / 1e9);
-  if (iperf3_ratios.empty()) {
-    std::printf("| 1 | iperf3, same path | not measured: /usr/bin/iperf3 is missing (tools/bootstrap installs it) | |\n");
-  } else {
-    std::vector<double> measured;
-    for (const Round& r : *rounds) {
-      if (r.iperf3_bytes_per_s > 0) measured.push_back(r.iperf3_bytes_per_s);
-    }
-    const double iperf3 = Median(measured);
-    std::printf("| 1 | iperf3, same path, one stream | %.2f GB/s (%.1f Gbit/s) | |\n", iperf3 / 1e9,
-                iperf3 * 8 / 1e9);
-  }
-  std::printf("| 1 | raw Asio socket, same path and frames, warm buffer | %.2f GB/s (%.1f Gbit/s) | |\n",
-              raw / 1e9, raw * 8 / 1e9);
-  std::printf("| 1 | raw Asio socket into a fresh memfd buffer | %.2f GB/s (%.1f Gbit/s) | |\n",
-              raw_fresh / 1e9, raw_fresh * 8 / 1e9);
-  if (!iperf3_ratios.empty()) {
-    std::printf("| 1 | daemon / iperf3 (per-round ratio) | %.0f%% | >= 95%% |\n",
-                100 * Median(iperf3_ratios));
-  }
-  std::printf("| 1 | daemon / raw socket (per-round ratio) | %.0f%% | >= 95%% |\n",
-              100 * Median(ratios));
-  std::printf("| 1 | daemon / raw socket into fresh memfd | %.0f%% | |\n",
-              100 * Median(fresh_ratios));
-  std::printf("| 3 | weighted sum float32 64 MiB, 1 thread / memcpy | %.2f / %.2f GB/s = %.0f%% | >= 80%% |\n",
-              reduce.single_gbps, reduce.memcpy_gbps, 100 * reduce.single_gbps / reduce.memcpy_gbps);
-  std::printf("| 3 | weighted sum float32 64 MiB, multi-thread / memcpy | %.2f / %.2f GB/s = %.0f%% | >= 80%% |\n",
-              reduce.multi_gbps, reduce.memcpy_gbps, 100 * reduce.multi_gbps / reduce.memcpy_gbps);
-  std::printf("| 4 | sending daemon CPU per GB moved | %.3f CPU-s/GB | |\n",
-              median(&Round::sender_cpu_s_per_gb));
-  std::printf("| 4 | receiving daemon CPU per GB moved | %.3f CPU-s/GB | |\n",
-              median(&Round::receiver_cpu_s_per_gb));
-  std::printf("| 4 | sending / receiving daemon context switches per MiB moved | %.2f / %.2f | "
-              "<= 4 (1 per 256 KiB) |\n",
-              median(&Round::sender_switches_per_mib), median(&Round::receiver_switches_per_mib));
-  // Sets of the compared setting and the table's (authentication on),
-  // alternated (table, other, table, other); each round normalised by the
-  // raw socket of the same round, so the machine's load cancels out.
-  auto compare = [&](DataPlane other, const char* what) -> bool {
-    std::vector<Round> base = *rounds, others;
-    for (int set = 0; set < 3; ++set) {
-      const DataPlane plane = set == 1 ? DataPlane::kAuthenticated : other;
-      std::printf("%s, set %d:\n", Describe(plane), set + 2);
-      auto more = MeasureRounds(bytes, static_cast<int>(rounds_count), plane);
-      if (!more.ok()) {
-        std::fprintf(stderr, "dataplane_benchmark: %s\n",
-                     std::string(more.status().message()).c_str());
-        return false;
-      }
-      auto& into = plane == DataPlane::kAuthenticated ? base : others;
-      into.insert(into.end(), more->begin(), more->end());
-    }
-    auto ratio = [](const std::vector<Round>& rs) {
-      std::vector<double> v;
-      for (const Round& r : rs) v.push_back(r.daemon_bytes_per_s / r.raw_bytes_per_s);
-      return Median(v);
-    };
-    auto cpu = [](const std::vector<Round>& rs, double Round::*field) {
-      std::vector<double> v;
-      for (const Round& r : rs) v.push_back(r.*field);
-      return Median(v);
-    };
-    for (const auto* rs : {&base, &others}) {
-      const DataPlane plane = rs == &base ? DataPlane::kAuthenticated : other;
-      std::printf("| 1 | daemon / raw socket, %s (%zu rounds) | %.0f%% | |\n", Describe(plane),
-                  rs->size(), 100 * ratio(*rs));
-      std::printf("| 4 | sending / receiving daemon CPU per GB, %s | %.3f / %.3f CPU-s/GB | |\n",
-                  Describe(plane), cpu(*rs, &Round::sender_cpu_s_per_gb),
-                  cpu(*rs, &Round::receiver_cpu_s_per_gb));
-    }
-    // Authentication is measured by what it costs the plain data plane,
-    // encryption by what it costs the authenticated one.
-    const bool auth = other == DataPlane::kPlain;
-    std::printf("| 1 | goodput %s (ratio of the medians) | %.0f%% | %s |\n", what,
-                100 * (auth ? ratio(base) / ratio(others) : ratio(others) / ratio(base)),
-                auth ? ">= 95%" : "");
-    return true;
-  };
-  if (compare_auth && !compare(DataPlane::kPlain, "with authentication / without")) return 1;
-  if (compare_encryption && !compare(DataPlane::kEncrypted, "with encryption / without")) {
+  if (compare_encryption &&
+      !CompareDataPlanes(*rounds, bytes, rounds_count, DataPlane::kEncrypted,
+                         "with encryption / without")) {
     return 1;
   }
   return 0;
