@@ -54,6 +54,29 @@ struct Result {
   int overtook = 0;                 // urgent pushes complete before the large one
 };
 
+// Measure, once every push is done: the large push's goodput and each
+// urgent push's latency from the planned transfers and the receiving
+// daemon's arrival trace.
+absl::StatusOr<Result> ReadResult(launch::Cluster& b, const PlannedTransfer& large_planned) {
+  auto planned = FetchPlannedTransfers(b.admin_port(), "ps0");
+  if (!planned.ok()) return planned.status();
+  const std::vector<Arrival> arrivals = ParseArrivals(b.daemon("s1").Log());
+  auto large_arrival = FindArrival(arrivals, large_planned.transfer_id);
+  if (!large_arrival) return absl::NotFoundError("no arrival line for the large transfer");
+  Result result;
+  result.goodput_bps = 8.0 * large_arrival->bytes /
+                       (large_arrival->complete_s - large_arrival->first_packet_s);
+  result.packet_s = 8.0 * (32 << 10) / result.goodput_bps;
+  for (const PlannedTransfer& t : *planned) {
+    if (t.bytes != kUrgentBytes) continue;
+    auto a = FindArrival(arrivals, t.transfer_id);
+    if (!a) return absl::NotFoundError("no arrival line for an urgent transfer");
+    result.latencies_s.push_back(a->complete_s - t.start_s);
+    if (a->complete_s < large_arrival->complete_s) ++result.overtook;
+  }
+  return result;
+}
+
 absl::StatusOr<Result> Measure(double link_bps, double declared_bps, int urgent) {
   launch::ClusterOptions options;
   options.topology = launch::Topology::kNetns;
@@ -117,23 +140,7 @@ absl::StatusOr<Result> Measure(double link_bps, double declared_bps, int urgent)
   if ((*large)->WaitFor(120) != 0) {
     return absl::InternalError("large push failed: " + (*large)->Log());
   }
-  auto planned = FetchPlannedTransfers(b.admin_port(), "ps0");
-  if (!planned.ok()) return planned.status();
-  const std::vector<Arrival> arrivals = ParseArrivals(b.daemon("s1").Log());
-  auto large_arrival = FindArrival(arrivals, large_planned->transfer_id);
-  if (!large_arrival) return absl::NotFoundError("no arrival line for the large transfer");
-  Result result;
-  result.goodput_bps = 8.0 * large_arrival->bytes /
-                       (large_arrival->complete_s - large_arrival->first_packet_s);
-  result.packet_s = 8.0 * (32 << 10) / result.goodput_bps;
-  for (const PlannedTransfer& t : *planned) {
-    if (t.bytes != kUrgentBytes) continue;
-    auto a = FindArrival(arrivals, t.transfer_id);
-    if (!a) return absl::NotFoundError("no arrival line for an urgent transfer");
-    result.latencies_s.push_back(a->complete_s - t.start_s);
-    if (a->complete_s < large_arrival->complete_s) ++result.overtook;
-  }
-  return result;
+  return ReadResult(b, *large_planned);
 }
 
 int Main(int argc, char** argv) {
