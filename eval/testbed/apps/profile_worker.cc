@@ -195,29 +195,70 @@ nlohmann::json LayersJson(const std::vector<ScaledLayer>& layers) {
 }
 
 // ---- --layout=per_layer ----------------------------------------------------
-int RunPerLayer(Worker& worker, const Flags& flags, const std::vector<ScaledLayer>& layers,
-                const Stopwatch& clock, PushTally& tally, nlohmann::json& iterations) {
-  const size_t n = layers.size();
-  std::vector<std::string> servers(n);
-  std::vector<std::vector<float>> grads(n);
-  std::vector<double> norms(n);
-  for (size_t i = 0; i < n; ++i) {
-    servers[i] = absl::StrCat(flags.server_prefix, "L", i);
-    grads[i].assign(layers[i].bytes / 4, 1e-3f);
-    norms[i] = 1e-3 * std::sqrt(static_cast<double>(grads[i].size()));
-  }
-  std::vector<std::atomic<int64_t>> versions(n);
-  std::vector<std::shared_future<double>> available(n);  // time the layer's model arrived
-  std::vector<std::thread> threads;  // guarded by threads_mu (whole: the sender adds too)
-  std::mutex threads_mu;
-  // whole: one sender pushes the layers one at a time, in production order,
-  // each only after the previous one is applied (no packet interleaving).
-  std::mutex queue_mu;
-  std::condition_variable queue_cv;
-  std::deque<std::pair<size_t, std::shared_ptr<std::promise<double>>>> queue;
-  std::thread sender;
-  std::vector<std::vector<std::shared_future<double>>> arrivals;  // per iteration
+// One run of the per-layer layout: the state its pushes, its puller and (for
+// whole) its sender share.
+class PerLayerRun {
+ public:
+  using Done = std::shared_ptr<std::promise<double>>;  // set when the layer's model arrived
 
+  PerLayerRun(Worker& worker, const Flags& flags, const std::vector<ScaledLayer>& layers,
+              const Stopwatch& clock, PushTally& tally)
+      : worker_(worker),
+        flags_(flags),
+        layers_(layers),
+        clock_(clock),
+        tally_(tally),
+        n_(layers.size()),
+        servers_(n_),
+        grads_(n_),
+        norms_(n_),
+        versions_(n_),
+        available_(n_) {
+    for (size_t i = 0; i < n_; ++i) {
+      servers_[i] = absl::StrCat(flags.server_prefix, "L", i);
+      grads_[i].assign(layers[i].bytes / 4, 1e-3f);
+      norms_[i] = 1e-3 * std::sqrt(static_cast<double>(grads_[i].size()));
+    }
+  }
+
+  int Run(nlohmann::json& iterations) {
+    puller_ = std::thread([this] { PullLoop(); });
+    for (size_t i = 0; i < n_; ++i) {  // the initial model
+      auto done = std::make_shared<std::promise<double>>();
+      available_[i] = done->get_future().share();
+      EnqueuePull(i, done);
+    }
+    if (flags_.variant == "whole") sender_ = std::thread([this] { SendLoop(); });
+
+    double compute = 0;  // the compute timeline: never sleeps past it twice
+    for (int64_t it = 0; it <= flags_.iterations; ++it) {
+      nlohmann::json record;
+      const double fp_start = clock_.Now();
+      const double stall = ForwardPass(fp_start, compute);
+      record["iteration"] = it;
+      record["fp_start_s"] = fp_start;
+      record["fp_stall_s"] = stall;
+      if (!iterations.empty()) {
+        iterations.back()["iteration_s"] =
+            fp_start - iterations.back()["fp_start_s"].get<double>();
+        iterations.back()["next_fp_stall_s"] = stall;
+      }
+      if (it == flags_.iterations) break;  // the last forward pass only closes the last iteration
+      BackwardPass(compute);
+      record["bp_end_s"] = clock_.Now();
+      iterations.push_back(record);
+      arrivals_.push_back(available_);
+      if (it % 5 == 0) {
+        std::cout << "profile_worker " << flags_.client.name << ": iteration " << it << " stall "
+                  << stall << " s" << std::endl;
+      }
+    }
+    JoinAll();
+    RecordArrivals(iterations);
+    return 0;
+  }
+
+ private:
   // Pulls: get replies leave the server's daemon as plain TCP streams, with
   // no packet priority, so concurrent gets share the link fairly and a
   // front layer's model waits behind back layers'. With --max_pulls=1 (the
@@ -225,179 +266,200 @@ int RunPerLayer(Worker& worker, const Flags& flags, const std::vector<ScaledLaye
   // (lowest layer index) of the layers whose push is done for prio, in
   // push-completion order for fifo and whole -- priority (or FIFO) in the
   // pull direction too (mercury.md §IV-A). --max_pulls=0: all at once.
-  std::mutex pull_mu;
-  std::condition_variable pull_cv;
-  std::map<std::pair<int64_t, uint64_t>, std::pair<size_t, std::shared_ptr<std::promise<double>>>>
-      pulls;  // (key, sequence) -> layer; key = layer index (prio) or 0
-  uint64_t pull_sequence = 0;
-  bool pulls_done = false;
-  auto enqueue_pull = [&](size_t i, std::shared_ptr<std::promise<double>> done) {
-    std::lock_guard<std::mutex> lock(pull_mu);
-    const int64_t key = flags.variant == "prio" ? static_cast<int64_t>(i) : 0;
-    pulls[{key, pull_sequence++}] = {i, std::move(done)};
-    pull_cv.notify_all();
-  };
-  int64_t pulls_in_flight = 0;
-  std::vector<std::thread> pull_threads;  // guarded by pull_mu
-  std::thread puller([&] {
-    std::unique_lock<std::mutex> lock(pull_mu);
+  void EnqueuePull(size_t i, Done done) {
+    std::lock_guard<std::mutex> lock(pull_mu_);
+    const int64_t key = flags_.variant == "prio" ? static_cast<int64_t>(i) : 0;
+    pulls_[{key, pull_sequence_++}] = {i, std::move(done)};
+    pull_cv_.notify_all();
+  }
+
+  // The puller thread: starts each queued pull once --max_pulls allows.
+  void PullLoop() {
+    std::unique_lock<std::mutex> lock(pull_mu_);
     while (true) {
-      pull_cv.wait(lock, [&] {
-        return (!pulls.empty() && (flags.max_pulls == 0 || pulls_in_flight < flags.max_pulls)) ||
-               (pulls.empty() && pulls_done);
+      pull_cv_.wait(lock, [&] {
+        return (!pulls_.empty() &&
+                (flags_.max_pulls == 0 || pulls_in_flight_ < flags_.max_pulls)) ||
+               (pulls_.empty() && pulls_done_);
       });
-      if (pulls.empty()) return;
-      auto item = pulls.begin()->second;
-      pulls.erase(pulls.begin());
-      ++pulls_in_flight;
-      pull_threads.emplace_back([&, item] {
-        auto model = worker.Get(servers[item.first]);
-        tally.Got(model.status());
-        if (model.ok()) versions[item.first] = model->version;
-        item.second->set_value(clock.Now());
-        std::lock_guard<std::mutex> done(pull_mu);
-        --pulls_in_flight;
-        pull_cv.notify_all();
+      if (pulls_.empty()) return;
+      auto item = pulls_.begin()->second;
+      pulls_.erase(pulls_.begin());
+      ++pulls_in_flight_;
+      pull_threads_.emplace_back([this, item] {
+        auto model = worker_.Get(servers_[item.first]);
+        tally_.Got(model.status());
+        if (model.ok()) versions_[item.first] = model->version;
+        item.second->set_value(clock_.Now());
+        std::lock_guard<std::mutex> done(pull_mu_);
+        --pulls_in_flight_;
+        pull_cv_.notify_all();
       });
     }
-  });
+  }
+
   // Waits for layer i's push, then queues its pull.
-  auto fetch = [&](size_t i, std::shared_ptr<std::promise<double>> done,
-                   std::future<PushResult> push) {
-    if (push.valid()) tally.Record(push.get());
-    enqueue_pull(i, std::move(done));
-  };
-  for (size_t i = 0; i < n; ++i) {  // the initial model
-    auto done = std::make_shared<std::promise<double>>();
-    available[i] = done->get_future().share();
-    enqueue_pull(i, done);
+  void Fetch(size_t i, Done done, std::future<PushResult> push) {
+    if (push.valid()) tally_.Record(push.get());
+    EnqueuePull(i, std::move(done));
   }
 
-  if (flags.variant == "whole") {
-    sender = std::thread([&] {
-      while (true) {
-        std::pair<size_t, std::shared_ptr<std::promise<double>>> item;
-        {
-          std::unique_lock<std::mutex> lock(queue_mu);
-          queue_cv.wait(lock, [&] { return !queue.empty(); });
-          item = queue.front();
-          queue.pop_front();
-        }
-        const size_t i = item.first;
-        if (i == n) return;
-        {
-          std::lock_guard<std::mutex> lock(tally.mu);
-          ++tally.issued;
-        }
-        PushResult r = worker.Push(servers[i], grads[i].data(), layers[i].bytes, versions[i],
-                                   norms[i], {{0, layers[i].bytes, 0}}).get();
-        std::promise<PushResult> settled;
-        settled.set_value(r);
-        std::lock_guard<std::mutex> lock(threads_mu);
-        threads.emplace_back(fetch, i, item.second, settled.get_future());
+  // whole: one sender pushes the layers one at a time, in production order,
+  // each only after the previous one is applied (no packet interleaving).
+  void SendLoop() {
+    while (true) {
+      std::pair<size_t, Done> item;
+      {
+        std::unique_lock<std::mutex> lock(queue_mu_);
+        queue_cv_.wait(lock, [&] { return !queue_.empty(); });
+        item = queue_.front();
+        queue_.pop_front();
       }
-    });
+      const size_t i = item.first;
+      if (i == n_) return;
+      {
+        std::lock_guard<std::mutex> lock(tally_.mu);
+        ++tally_.issued;
+      }
+      PushResult r = worker_.Push(servers_[i], grads_[i].data(), layers_[i].bytes, versions_[i],
+                                  norms_[i], {{0, layers_[i].bytes, 0}}).get();
+      std::promise<PushResult> settled;
+      settled.set_value(r);
+      std::lock_guard<std::mutex> lock(threads_mu_);
+      threads_.emplace_back(&PerLayerRun::Fetch, this, i, item.second, settled.get_future());
+    }
   }
 
-  double compute = 0;  // the compute timeline: never sleeps past it twice
-  for (int64_t it = 0; it <= flags.iterations; ++it) {
-    nlohmann::json record;
-    const double fp_start = clock.Now();
+  // Front layer first, each once its model is there; returns the time
+  // spent waiting for models.
+  double ForwardPass(double fp_start, double& compute) {
     double stall = 0;
     compute = std::max(compute, fp_start);
-    for (size_t i = 0; i < n; ++i) {
-      const double t = clock.Now();
-      available[i].wait();
-      const double waited = clock.Now() - t;
+    for (size_t i = 0; i < n_; ++i) {
+      const double t = clock_.Now();
+      available_[i].wait();
+      const double waited = clock_.Now() - t;
       if (waited > 1e-4) {
         stall += waited;
-        compute = std::max(compute, clock.Now());
+        compute = std::max(compute, clock_.Now());
       }
-      compute += layers[i].forward_s;
-      clock.SleepUntil(compute);
+      compute += layers_[i].forward_s;
+      clock_.SleepUntil(compute);
     }
-    record["iteration"] = it;
-    record["fp_start_s"] = fp_start;
-    record["fp_stall_s"] = stall;
-    if (!iterations.empty()) {
-      iterations.back()["iteration_s"] = fp_start - iterations.back()["fp_start_s"].get<double>();
-      iterations.back()["next_fp_stall_s"] = stall;
-    }
-    if (it == flags.iterations) break;  // the last forward pass only closes the last iteration
-    // Backward pass: last layer first; each gradient goes out when produced.
-    std::vector<std::shared_ptr<std::promise<double>>> done(n);
-    for (size_t i = 0; i < n; ++i) {
+    return stall;
+  }
+
+  // Backward pass: last layer first; each gradient goes out when produced.
+  void BackwardPass(double& compute) {
+    std::vector<Done> done(n_);
+    for (size_t i = 0; i < n_; ++i) {
       done[i] = std::make_shared<std::promise<double>>();
-      available[i] = done[i]->get_future().share();
+      available_[i] = done[i]->get_future().share();
     }
-    double bp_end = 0;
-    for (size_t k = 0; k < n; ++k) {
-      const size_t i = n - 1 - k;
-      compute += layers[i].backward_s;
-      clock.SleepUntil(compute);
-      if (flags.variant == "whole") {
-        std::lock_guard<std::mutex> lock(queue_mu);
-        queue.push_back({i, done[i]});
-        queue_cv.notify_one();
+    for (size_t k = 0; k < n_; ++k) {
+      const size_t i = n_ - 1 - k;
+      compute += layers_[i].backward_s;
+      clock_.SleepUntil(compute);
+      if (flags_.variant == "whole") {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        queue_.push_back({i, done[i]});
+        queue_cv_.notify_one();
       } else {
-        const int32_t priority = flags.variant == "prio" ? static_cast<int32_t>(i) : 0;
-        {
-          std::lock_guard<std::mutex> lock(tally.mu);
-          ++tally.issued;
-        }
-        std::future<PushResult> push = worker.Push(servers[i], grads[i].data(), layers[i].bytes,
-                                                   versions[i], norms[i],
-                                                   {{0, layers[i].bytes, priority}});
-        std::lock_guard<std::mutex> lock(threads_mu);
-        if (flags.rounds) {
-          // Mercury PS (mercury.md §IV Key idea 3): the get streams the
-          // round's sum back packet by packet while the pushes still
-          // arrive, so it is issued right away.
-          threads.emplace_back([&tally, push = std::move(push)]() mutable {
-            tally.Record(push.get());
-          });
-          enqueue_pull(i, done[i]);
-        } else {
-          threads.emplace_back(fetch, i, done[i], std::move(push));
-        }
+        PushLayer(i, done[i]);
       }
     }
-    bp_end = clock.Now();
-    record["bp_end_s"] = bp_end;
-    iterations.push_back(record);
-    arrivals.push_back(available);
-    if (it % 5 == 0) {
-      std::cout << "profile_worker " << flags.client.name << ": iteration " << it << " stall "
-                << stall << " s" << std::endl;
-    }
   }
-  if (sender.joinable()) {
+
+  // prio and fifo: layer i's push now, its pull after it (or right away).
+  void PushLayer(size_t i, Done done) {
+    const int32_t priority = flags_.variant == "prio" ? static_cast<int32_t>(i) : 0;
     {
-      std::lock_guard<std::mutex> lock(queue_mu);
-      queue.push_back({n, nullptr});  // stop
-      queue_cv.notify_one();
+      std::lock_guard<std::mutex> lock(tally_.mu);
+      ++tally_.issued;
     }
-    sender.join();
+    std::future<PushResult> push = worker_.Push(servers_[i], grads_[i].data(), layers_[i].bytes,
+                                                versions_[i], norms_[i],
+                                                {{0, layers_[i].bytes, priority}});
+    std::lock_guard<std::mutex> lock(threads_mu_);
+    if (flags_.rounds) {
+      // Mercury PS (mercury.md §IV Key idea 3): the get streams the
+      // round's sum back packet by packet while the pushes still
+      // arrive, so it is issued right away.
+      threads_.emplace_back([this, push = std::move(push)]() mutable {
+        tally_.Record(push.get());
+      });
+      EnqueuePull(i, done);
+    } else {
+      threads_.emplace_back(&PerLayerRun::Fetch, this, i, done, std::move(push));
+    }
   }
-  for (auto& t : threads) t.join();
-  {
-    std::lock_guard<std::mutex> lock(pull_mu);
-    pulls_done = true;
-    pull_cv.notify_all();
+
+  // Stops the sender, then waits for every push and pull.
+  void JoinAll() {
+    if (sender_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        queue_.push_back({n_, nullptr});  // stop
+        queue_cv_.notify_one();
+      }
+      sender_.join();
+    }
+    for (auto& t : threads_) t.join();
+    {
+      std::lock_guard<std::mutex> lock(pull_mu_);
+      pulls_done_ = true;
+      pull_cv_.notify_all();
+    }
+    puller_.join();
+    for (auto& t : pull_threads_) t.join();
   }
-  puller.join();
-  for (auto& t : pull_threads) t.join();
+
   // When each iteration's models came back, relative to the end of its
   // backward pass: the first layer (what the next forward pass needs
   // first) and all layers.
-  for (size_t k = 0; k < arrivals.size(); ++k) {
-    const double bp_end = iterations[k]["bp_end_s"].get<double>();
-    double all = 0;
-    for (const auto& a : arrivals[k]) all = std::max(all, a.get());
-    iterations[k]["front_ready_s"] = arrivals[k][0].get() - bp_end;
-    iterations[k]["all_ready_s"] = all - bp_end;
+  void RecordArrivals(nlohmann::json& iterations) {
+    for (size_t k = 0; k < arrivals_.size(); ++k) {
+      const double bp_end = iterations[k]["bp_end_s"].get<double>();
+      double all = 0;
+      for (const auto& a : arrivals_[k]) all = std::max(all, a.get());
+      iterations[k]["front_ready_s"] = arrivals_[k][0].get() - bp_end;
+      iterations[k]["all_ready_s"] = all - bp_end;
+    }
   }
-  return 0;
+
+  Worker& worker_;
+  const Flags& flags_;
+  const std::vector<ScaledLayer>& layers_;
+  const Stopwatch& clock_;
+  PushTally& tally_;
+  const size_t n_;
+  std::vector<std::string> servers_;
+  std::vector<std::vector<float>> grads_;
+  std::vector<double> norms_;
+  std::vector<std::atomic<int64_t>> versions_;
+  std::vector<std::shared_future<double>> available_;  // time the layer's model arrived
+  std::vector<std::thread> threads_;  // guarded by threads_mu_ (whole: the sender adds too)
+  std::mutex threads_mu_;
+  std::mutex queue_mu_;  // whole: the sender's queue
+  std::condition_variable queue_cv_;
+  std::deque<std::pair<size_t, Done>> queue_;
+  std::thread sender_;
+  std::vector<std::vector<std::shared_future<double>>> arrivals_;  // per iteration
+  std::mutex pull_mu_;
+  std::condition_variable pull_cv_;
+  std::map<std::pair<int64_t, uint64_t>, std::pair<size_t, Done>>
+      pulls_;  // (key, sequence) -> layer; key = layer index (prio) or 0
+  uint64_t pull_sequence_ = 0;
+  bool pulls_done_ = false;
+  int64_t pulls_in_flight_ = 0;
+  std::vector<std::thread> pull_threads_;  // guarded by pull_mu_
+  std::thread puller_;
+};
+
+int RunPerLayer(Worker& worker, const Flags& flags, const std::vector<ScaledLayer>& layers,
+                const Stopwatch& clock, PushTally& tally, nlohmann::json& iterations) {
+  PerLayerRun run(worker, flags, layers, clock, tally);
+  return run.Run(iterations);
 }
 
 // ---- --layout=single ---------------------------------------------------------
