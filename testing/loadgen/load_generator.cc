@@ -139,6 +139,13 @@ class LoadGenerator::Impl {
     std::uniform_real_distribution<double> u(-options_.jitter, options_.jitter);
     return options_.period_s * (1 + u(rng));
   }
+  // Start's steps: host i (servers' hosts first) registers and opens its
+  // schedule stream; server s and worker w register their entities.
+  absl::Status RegisterHost(int i, const daemon::ClientSecurity& security);
+  absl::Status RegisterServer(int s);
+  absl::Status RegisterWorker(int w);
+  // Each host's first report and clock sync, each worker's first get.
+  void ScheduleFirstEvents(std::mt19937_64& rng);
   void Schedule(int driver, Event event);
   void Error(const std::string& text);
   void CountRpc(const absl::Status& status, bool counted_elsewhere = false);
@@ -224,88 +231,111 @@ absl::Status LoadGenerator::Impl::Start() {
   daemon::ClientSecurity security;
   security.cluster_secret = options_.cluster_secret;
   for (int i = 0; i < options_.servers + worker_hosts; ++i) {
-    auto host = std::make_unique<Host>();
-    host->name = i < options_.servers ? absl::StrFormat("srv%d", i)
-                                      : absl::StrFormat("h%04d", i - options_.servers);
-    host->driver = i % options_.driver_threads;
-    host->client = daemon::MakeGrpcSchedulerClient(options_.scheduler_address, 2, security);
-    v1::RegisterHostRequest request;
-    request.set_protocol_version(1);
-    request.set_host(host->name);
-    request.set_data_address(absl::StrCat("127.0.0.1:", 20000 + i));
-    request.set_uplink_bps(options_.link_bps);
-    request.set_downlink_bps(options_.link_bps);
-    const double sent_s = LocalNow();
-    request.set_daemon_time_s(sent_s);
-    v1::RegisterHostReply reply;
-    absl::Status status = absl::UnavailableError("not tried");
-    // The first connection may take a moment (the scheduler just started).
-    for (int attempt = 0; attempt < 20 && !status.ok(); ++attempt) {
-      if (attempt > 0) host->client->WaitForConnection(1);
-      status = host->client->RegisterHost(request, &reply);
-      ++rpcs_;
-    }
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("host ", host->name, ": RegisterHost: ",
-                                                      daemon::RpcErrorText(status)));
-    }
-    if (i == 0) offset_s_ = reply.scheduler_time_s() - (sent_s + LocalNow()) / 2;
-    v1::StreamSchedulesRequest stream;
-    stream.set_host(host->name);
-    stream.set_incarnation(reply.incarnation());
-    host->stream = host->client->StreamSchedules(stream);
-    hosts_.push_back(std::move(host));
-    const int index = static_cast<int>(hosts_.size()) - 1;
-    hosts_.back()->reader = std::thread([this, index] { ReaderLoop(index); });
+    if (absl::Status status = RegisterHost(i, security); !status.ok()) return status;
   }
   for (int s = 0; s < options_.servers; ++s) {
-    auto server = std::make_unique<Server>();
-    server->name = absl::StrFormat("ps%d", s);
-    server->host = s;
-    server->rng.seed(options_.seed * 104729 + s);
-    v1::RegisterEntityRequest request;
-    request.set_job(options_.job);
-    request.set_job_token(options_.job_token);
-    request.set_role(v1::ROLE_SERVER);
-    request.set_name(server->name);
-    request.set_host(hosts_[s]->name);
-    v1::RegisterEntityReply reply;
-    absl::Status status = hosts_[s]->client->RegisterEntity(request, &reply);
-    ++rpcs_;
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("server ", server->name, ": RegisterEntity: ",
-                                                      daemon::RpcErrorText(status)));
-    }
-    server_by_name_[server->name] = s;
-    servers_.push_back(std::move(server));
+    if (absl::Status status = RegisterServer(s); !status.ok()) return status;
   }
   for (int w = 0; w < options_.workers; ++w) {
-    Worker worker;
-    worker.name = absl::StrFormat("w%04d", w);
-    worker.host = options_.servers + w / options_.workers_per_host;
-    worker.server = w % options_.servers;
-    worker.driver = w % options_.driver_threads;
-    v1::RegisterEntityRequest request;
-    request.set_job(options_.job);
-    request.set_job_token(options_.job_token);
-    request.set_role(v1::ROLE_WORKER);
-    request.set_name(worker.name);
-    request.set_host(hosts_[worker.host]->name);
-    request.set_delay_bound(-1);
-    request.set_divergence_bound(-1);
-    v1::RegisterEntityReply reply;
-    absl::Status status = hosts_[worker.host]->client->RegisterEntity(request, &reply);
-    ++rpcs_;
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("worker ", worker.name, ": RegisterEntity: ",
-                                                      daemon::RpcErrorText(status)));
-    }
-    workers_.push_back(std::move(worker));
+    if (absl::Status status = RegisterWorker(w); !status.ok()) return status;
   }
   for (size_t s = 0; s < servers_.size(); ++s) {
     servers_[s]->delivery = std::thread([this, s] { DeliveryLoop(static_cast<int>(s)); });
     servers_[s]->distribution = std::thread([this, s] { DistributionLoop(static_cast<int>(s)); });
   }
+  ScheduleFirstEvents(rng);
+  for (size_t d = 0; d < drivers_.size(); ++d) {
+    drivers_[d]->thread = std::thread([this, d] { DriverLoop(static_cast<int>(d)); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadGenerator::Impl::RegisterHost(int i, const daemon::ClientSecurity& security) {
+  auto host = std::make_unique<Host>();
+  host->name = i < options_.servers ? absl::StrFormat("srv%d", i)
+                                    : absl::StrFormat("h%04d", i - options_.servers);
+  host->driver = i % options_.driver_threads;
+  host->client = daemon::MakeGrpcSchedulerClient(options_.scheduler_address, 2, security);
+  v1::RegisterHostRequest request;
+  request.set_protocol_version(1);
+  request.set_host(host->name);
+  request.set_data_address(absl::StrCat("127.0.0.1:", 20000 + i));
+  request.set_uplink_bps(options_.link_bps);
+  request.set_downlink_bps(options_.link_bps);
+  const double sent_s = LocalNow();
+  request.set_daemon_time_s(sent_s);
+  v1::RegisterHostReply reply;
+  absl::Status status = absl::UnavailableError("not tried");
+  // The first connection may take a moment (the scheduler just started).
+  for (int attempt = 0; attempt < 20 && !status.ok(); ++attempt) {
+    if (attempt > 0) host->client->WaitForConnection(1);
+    status = host->client->RegisterHost(request, &reply);
+    ++rpcs_;
+  }
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("host ", host->name, ": RegisterHost: ",
+                                                    daemon::RpcErrorText(status)));
+  }
+  if (i == 0) offset_s_ = reply.scheduler_time_s() - (sent_s + LocalNow()) / 2;
+  v1::StreamSchedulesRequest stream;
+  stream.set_host(host->name);
+  stream.set_incarnation(reply.incarnation());
+  host->stream = host->client->StreamSchedules(stream);
+  hosts_.push_back(std::move(host));
+  const int index = static_cast<int>(hosts_.size()) - 1;
+  hosts_.back()->reader = std::thread([this, index] { ReaderLoop(index); });
+  return absl::OkStatus();
+}
+
+absl::Status LoadGenerator::Impl::RegisterServer(int s) {
+  auto server = std::make_unique<Server>();
+  server->name = absl::StrFormat("ps%d", s);
+  server->host = s;
+  server->rng.seed(options_.seed * 104729 + s);
+  v1::RegisterEntityRequest request;
+  request.set_job(options_.job);
+  request.set_job_token(options_.job_token);
+  request.set_role(v1::ROLE_SERVER);
+  request.set_name(server->name);
+  request.set_host(hosts_[s]->name);
+  v1::RegisterEntityReply reply;
+  absl::Status status = hosts_[s]->client->RegisterEntity(request, &reply);
+  ++rpcs_;
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("server ", server->name, ": RegisterEntity: ",
+                                                    daemon::RpcErrorText(status)));
+  }
+  server_by_name_[server->name] = s;
+  servers_.push_back(std::move(server));
+  return absl::OkStatus();
+}
+
+absl::Status LoadGenerator::Impl::RegisterWorker(int w) {
+  Worker worker;
+  worker.name = absl::StrFormat("w%04d", w);
+  worker.host = options_.servers + w / options_.workers_per_host;
+  worker.server = w % options_.servers;
+  worker.driver = w % options_.driver_threads;
+  v1::RegisterEntityRequest request;
+  request.set_job(options_.job);
+  request.set_job_token(options_.job_token);
+  request.set_role(v1::ROLE_WORKER);
+  request.set_name(worker.name);
+  request.set_host(hosts_[worker.host]->name);
+  request.set_delay_bound(-1);
+  request.set_divergence_bound(-1);
+  v1::RegisterEntityReply reply;
+  absl::Status status = hosts_[worker.host]->client->RegisterEntity(request, &reply);
+  ++rpcs_;
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("worker ", worker.name, ": RegisterEntity: ",
+                                                    daemon::RpcErrorText(status)));
+  }
+  workers_.push_back(std::move(worker));
+  return absl::OkStatus();
+}
+
+void LoadGenerator::Impl::ScheduleFirstEvents(std::mt19937_64& rng) {
   // Every host reports and syncs at its own phase; every worker starts
   // with a get at a random point of its first period.
   std::uniform_real_distribution<double> phase(0, 1);
@@ -321,10 +351,6 @@ absl::Status LoadGenerator::Impl::Start() {
     Schedule(workers_[w].driver,
              {now_s + phase(rng) * options_.period_s, EventKind::kGet, static_cast<int>(w), 0});
   }
-  for (size_t d = 0; d < drivers_.size(); ++d) {
-    drivers_[d]->thread = std::thread([this, d] { DriverLoop(static_cast<int>(d)); });
-  }
-  return absl::OkStatus();
 }
 
 void LoadGenerator::Impl::DriverLoop(int index) {
