@@ -20,9 +20,61 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "api/mlfabric.h"
 #include "common/config.h"
+
+namespace {
+
+using mlfabric::Server;
+
+// "ok", or how update `u` differs from dataplane_pusher's pattern.
+std::string Verdict(const Server::Update& u) {
+  if (u.bytes < 4 || u.bytes % 4 != 0) return "corrupt: size is not whole words";
+  const size_t words = u.bytes / 4;
+  float first;
+  std::memcpy(&first, u.data, 4);
+  const uint64_t seed = static_cast<uint64_t>(first);
+  for (size_t j = 1; j < words; ++j) {
+    float value;
+    std::memcpy(&value, u.data + 4 * j, 4);
+    if (value != static_cast<float>((seed + j) % 4096)) {
+      return "corrupt at word " + std::to_string(j);
+    }
+  }
+  return "ok";
+}
+
+// The served model of `version` when it is more than 8 bytes: word j =
+// (version + j) mod 4096.
+void FillPattern(int64_t version, std::vector<uint8_t>* pattern) {
+  const uint64_t base = static_cast<uint64_t>(version);
+  for (size_t j = 0; j < pattern->size() / 4; ++j) {
+    const float value = static_cast<float>((base + j) % 4096);
+    std::memcpy(pattern->data() + 4 * j, &value, 4);
+  }
+}
+
+// The line for a delivered update (the order of these lines is the order
+// the daemon handed the updates over).
+void PrintUpdate(const std::string& name, const Server::Update& u, const std::string& verdict) {
+  std::cout << "dataplane_server " << name << ": update sequence " << u.sequence
+            << " transfer " << u.transfer_id << " bytes " << u.bytes << " worker " << u.worker
+            << " count " << u.count << " " << verdict << std::endl;
+}
+
+// The steady clock's second now, to the microsecond.
+std::string SteadyNow() {
+  const double now_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  char at[32];
+  std::snprintf(at, sizeof(at), "%.6f", now_s);
+  return at;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace mlfabric;
@@ -61,30 +113,10 @@ int main(int argc, char** argv) {
   int64_t version = (*server)->initial_version();
   int64_t applied = 0;
   (*server)->RegisterUpdateCallback([&](const Server::Update& u) -> absl::StatusOr<int64_t> {
-    std::string verdict = "ok";
-    if (verify) {
-      if (u.bytes < 4 || u.bytes % 4 != 0) {
-        verdict = "corrupt: size is not whole words";
-      } else {
-        const size_t words = u.bytes / 4;
-        float first;
-        std::memcpy(&first, u.data, 4);
-        const uint64_t seed = static_cast<uint64_t>(first);
-        for (size_t j = 1; j < words; ++j) {
-          float value;
-          std::memcpy(&value, u.data + 4 * j, 4);
-          if (value != static_cast<float>((seed + j) % 4096)) {
-            verdict = "corrupt at word " + std::to_string(j);
-            break;
-          }
-        }
-      }
-    }
+    const std::string verdict = verify ? Verdict(u) : "ok";
     applied += u.count;
     version += u.count;
-    std::cout << "dataplane_server " << options.name << ": update sequence " << u.sequence
-              << " transfer " << u.transfer_id << " bytes " << u.bytes << " worker " << u.worker
-              << " count " << u.count << " " << verdict << std::endl;
+    PrintUpdate(options.name, u, verdict);
     if (expect_updates > 0 && applied >= expect_updates && applied - u.count < expect_updates) {
       std::cout << "dataplane_server " << options.name << ": done" << std::endl;
     }
@@ -97,11 +129,7 @@ int main(int argc, char** argv) {
   int64_t pattern_version = -1;
   auto build_pattern = [&] {
     pattern.resize(static_cast<size_t>(model_bytes));
-    const uint64_t base = static_cast<uint64_t>(version);
-    for (size_t j = 0; j < pattern.size() / 4; ++j) {
-      const float value = static_cast<float>((base + j) % 4096);
-      std::memcpy(pattern.data() + 4 * j, &value, 4);
-    }
+    FillPattern(version, &pattern);
     pattern_version = version;
   };
   if (model_bytes > 8) build_pattern();
@@ -115,10 +143,7 @@ int main(int argc, char** argv) {
       if (pattern_version != version) build_pattern();
       snapshot.bytes = pattern;
     }
-    const double now_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    char at[32];
-    std::snprintf(at, sizeof(at), "%.6f", now_s);
+    const std::string at = SteadyNow();
     std::cout << "dataplane_server " << options.name << ": served get version " << version
               << " bytes " << snapshot.bytes.size() << " at_s " << at << std::endl;
     return snapshot;
