@@ -12,9 +12,52 @@
 #include <future>
 #include <iostream>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "api/mlfabric.h"
 #include "common/config.h"
+
+namespace {
+
+using mlfabric::TensorSpec;
+using mlfabric::Worker;
+
+// A push of `dim` floats as two tensors: the front half first, as layer
+// order would have it (one tensor when there is no front half).
+std::vector<TensorSpec> Tensors(int64_t dim) {
+  const uint64_t half = static_cast<uint64_t>(dim / 2) * sizeof(float);
+  std::vector<TensorSpec> tensors = {{0, half, 0},
+                                     {1, static_cast<uint64_t>(dim) * sizeof(float) - half, 1}};
+  if (half == 0) tensors.erase(tensors.begin());
+  return tensors;
+}
+
+// Gets the model once: its version, or -1 with `failed` counted (also when
+// it is not `dim` floats long, with its version).
+int64_t GetOnce(Worker& worker, const std::string& name, const std::string& server, int64_t dim,
+                int* failed) {
+  auto model = worker.Get(server);
+  if (!model.ok()) {
+    std::cout << "vector_worker " << name << ": get failed: " << model.status().message()
+              << std::endl;
+    ++*failed;
+    return -1;
+  }
+  if (model->size() != static_cast<size_t>(dim) * sizeof(float)) ++*failed;
+  return model->version;
+}
+
+// Writes `sum`, one value a line, to `out` (through a temporary file, so
+// a reader never sees half of it).
+void WriteSum(const std::string& out, const std::vector<double>& sum) {
+  std::ofstream file(out + ".tmp");
+  for (double v : sum) file << v << "\n";
+  file.close();
+  std::rename((out + ".tmp").c_str(), out.c_str());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace mlfabric;
@@ -75,11 +118,7 @@ int main(int argc, char** argv) {
       sum[j] += update[j];
       norm2 += double(update[j]) * update[j];
     }
-    // Two tensors: the front half first, as layer order would have it.
-    const uint64_t half = static_cast<uint64_t>(dim / 2) * sizeof(float);
-    std::vector<TensorSpec> tensors = {{0, half, 0},
-                                       {1, static_cast<uint64_t>(dim) * sizeof(float) - half, 1}};
-    if (half == 0) tensors.erase(tensors.begin());
+    std::vector<TensorSpec> tensors = Tensors(dim);
     in_flight.push_back((*worker)->Push(server, update.data(), update.size() * sizeof(float),
                                         known_version, std::sqrt(norm2), tensors));
     if (static_cast<int64_t>(in_flight.size()) >= window) {
@@ -92,23 +131,8 @@ int main(int argc, char** argv) {
     in_flight.pop_front();
   }
   int64_t get_version = -1;
-  if (do_get) {
-    auto model = (*worker)->Get(server);
-    if (!model.ok()) {
-      std::cout << "vector_worker " << options.name << ": get failed: " << model.status().message()
-                << std::endl;
-      ++failed;
-    } else {
-      get_version = model->version;
-      if (model->size() != static_cast<size_t>(dim) * sizeof(float)) ++failed;
-    }
-  }
-  if (!out.empty()) {
-    std::ofstream file(out + ".tmp");
-    for (double v : sum) file << v << "\n";
-    file.close();
-    std::rename((out + ".tmp").c_str(), out.c_str());
-  }
+  if (do_get) get_version = GetOnce(**worker, options.name, server, dim, &failed);
+  if (!out.empty()) WriteSum(out, sum);
   std::cout << "vector_worker " << options.name << ": applied=" << applied
             << " dropped=" << dropped << " failed=" << failed << " get_version=" << get_version
             << " buffers_reused=" << (*worker)->push_buffers_reused() << std::endl;
