@@ -21,6 +21,7 @@
 #include <deque>
 #include <future>
 #include <iostream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,33 @@ void FillUpdate(std::vector<float>* words, int64_t seed) {
   (*words)[0] = static_cast<float>(seed);
   for (size_t j = 1; j < words->size(); ++j) {
     (*words)[j] = static_cast<float>((static_cast<uint64_t>(seed) + j) % 4096);
+  }
+}
+
+// Equal tensors of whole words of `words`; the last one takes the
+// remainder. Tensor t's priority is priority + t * priority_step; false,
+// after saying so, when one falls outside [0, 65535].
+bool TensorLayout(uint64_t words, int64_t tensors, int64_t priority, int64_t priority_step,
+                  std::vector<mlfabric::TensorSpec>* layout) {
+  for (int64_t t = 0; t < tensors; ++t) {
+    const uint64_t tensor_words =
+        t + 1 < tensors ? words / tensors : words - (words / tensors) * (tensors - 1);
+    const int64_t p = priority + t * priority_step;
+    if (p < 0 || p > 65535) {
+      std::cerr << "dataplane_pusher: tensor " << t << " gets priority " << p
+                << ", outside [0, 65535]\n";
+      return false;
+    }
+    layout->push_back({static_cast<uint32_t>(t), tensor_words * 4, static_cast<int32_t>(p)});
+  }
+  return true;
+}
+
+// Says "ready", then waits until `go_file` exists.
+void AwaitGoFile(const std::string& name, const std::string& go_file) {
+  std::cout << "dataplane_pusher " << name << ": ready" << std::endl;
+  while (::access(go_file.c_str(), F_OK) != 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
@@ -74,20 +102,9 @@ int main(int argc, char** argv) {
               << bytes << ", tensors " << tensors << ")\n";
     return 2;
   }
-  // Equal tensors of whole words; the last one takes the remainder.
   const uint64_t words = static_cast<uint64_t>(bytes) / 4;
   std::vector<TensorSpec> layout;
-  for (int64_t t = 0; t < tensors; ++t) {
-    const uint64_t tensor_words =
-        t + 1 < tensors ? words / tensors : words - (words / tensors) * (tensors - 1);
-    const int64_t p = priority + t * priority_step;
-    if (p < 0 || p > 65535) {
-      std::cerr << "dataplane_pusher: tensor " << t << " gets priority " << p
-                << ", outside [0, 65535]\n";
-      return 2;
-    }
-    layout.push_back({static_cast<uint32_t>(t), tensor_words * 4, static_cast<int32_t>(p)});
-  }
+  if (!TensorLayout(words, tensors, priority, priority_step, &layout)) return 2;
   auto worker = Worker::Connect(options);
   if (!worker.ok()) {
     std::cerr << "dataplane_pusher: " << worker.status().message() << "\n";
@@ -95,12 +112,7 @@ int main(int argc, char** argv) {
   }
   std::vector<float> update(words);
   FillUpdate(&update, seed);
-  if (!go_file.empty()) {
-    std::cout << "dataplane_pusher " << options.name << ": ready" << std::endl;
-    while (::access(go_file.c_str(), F_OK) != 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
+  if (!go_file.empty()) AwaitGoFile(options.name, go_file);
   int applied = 0, dropped = 0, failed = 0;
   int64_t known_version = (*worker)->initial_version();
   std::deque<std::future<PushResult>> in_flight;
