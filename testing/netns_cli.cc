@@ -80,6 +80,64 @@ std::optional<double> Rate(const std::map<std::string, std::string>& flags,
   return value;
 }
 
+// Main's --name=value flags (argv[2] on) into `flags`; what is wrong with
+// them ("" when nothing).
+std::string ParseFlags(int argc, char** argv, std::map<std::string, std::string>* flags) {
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0) return "unexpected argument '" + arg + "'";
+    const size_t eq = arg.find('=');
+    if (eq == std::string::npos) return "flag '" + arg + "' needs =value";
+    (*flags)[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
+  }
+  for (const auto& [name, value] : *flags) {
+    static const char* const kKnown[] = {"prefix", "hosts",   "subnet", "ifname", "rate_bps",
+                                         "host",   "up_bps", "down_bps", "signal"};
+    bool known = false;
+    for (const char* k : kKnown) known = known || name == k;
+    if (!known) return "unknown flag --" + name;
+  }
+  return "";
+}
+
+// Main's subcommands on an existing network: destroy, set-rate,
+// link-bytes and kill-all.
+int RunOnNetwork(const std::string& command, const NetnsLayout& layout,
+                 std::map<std::string, std::string>& flags, NetnsNetwork& net) {
+  if (command == "destroy") {
+    if (absl::Status done = net.Destroy(); !done.ok()) return Fail(done);
+    std::cout << json{{"destroyed", layout.Namespaces()}}.dump() << "\n";
+    return 0;
+  }
+  if (command == "set-rate") {
+    if (!flags.count("host")) return Usage("set-rate needs --host");
+    bool bad = false;
+    const std::optional<double> up = Rate(flags, "up_bps", &bad);
+    const std::optional<double> down = Rate(flags, "down_bps", &bad);
+    if (bad) return Usage("--up_bps and --down_bps must be positive numbers");
+    if (absl::Status set = net.SetRate(flags["host"], up, down); !set.ok()) return Fail(set);
+    std::cout << json{{"host", flags["host"]}}.dump() << "\n";
+    return 0;
+  }
+  if (command == "link-bytes") {
+    auto counters = net.ReadLinkBytes();
+    if (!counters.ok()) return Fail(counters.status());
+    json out = json::object();
+    for (const auto& [host, bytes] : *counters) {
+      out[host] = {{"up", bytes.up}, {"down", bytes.down}};
+    }
+    std::cout << out.dump() << "\n";
+    return 0;
+  }
+  // kill-all
+  int signal = SIGKILL;
+  if (flags.count("signal") && !absl::SimpleAtoi(flags["signal"], &signal)) {
+    return Usage("--signal must be a number");
+  }
+  std::cout << json{{"signalled", net.SignalAll(signal)}}.dump() << "\n";
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc < 2) return Usage("no subcommand");
   const std::string command = argv[1];
@@ -89,19 +147,8 @@ int Main(int argc, char** argv) {
   for (const char* c : kCommands) known_command = known_command || command == c;
   if (!known_command) return Usage("unknown subcommand '" + command + "'");
   std::map<std::string, std::string> flags;
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--", 0) != 0) return Usage("unexpected argument '" + arg + "'");
-    const size_t eq = arg.find('=');
-    if (eq == std::string::npos) return Usage("flag '" + arg + "' needs =value");
-    flags[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
-  }
-  for (const auto& [name, value] : flags) {
-    static const char* const kKnown[] = {"prefix", "hosts",   "subnet", "ifname", "rate_bps",
-                                         "host",   "up_bps", "down_bps", "signal"};
-    bool known = false;
-    for (const char* k : kKnown) known = known || name == k;
-    if (!known) return Usage("unknown flag --" + name);
+  if (const std::string error = ParseFlags(argc, argv, &flags); !error.empty()) {
+    return Usage(error);
   }
   const std::string prefix = flags.count("prefix") ? flags["prefix"] : "mlft-";
 
@@ -142,39 +189,7 @@ int Main(int argc, char** argv) {
   }
   auto network = NetnsNetwork::Attach(layout);
   if (!network.ok()) return Fail(network.status());
-  NetnsNetwork& net = **network;
-  if (command == "destroy") {
-    if (absl::Status done = net.Destroy(); !done.ok()) return Fail(done);
-    std::cout << json{{"destroyed", layout.Namespaces()}}.dump() << "\n";
-    return 0;
-  }
-  if (command == "set-rate") {
-    if (!flags.count("host")) return Usage("set-rate needs --host");
-    bool bad = false;
-    const std::optional<double> up = Rate(flags, "up_bps", &bad);
-    const std::optional<double> down = Rate(flags, "down_bps", &bad);
-    if (bad) return Usage("--up_bps and --down_bps must be positive numbers");
-    if (absl::Status set = net.SetRate(flags["host"], up, down); !set.ok()) return Fail(set);
-    std::cout << json{{"host", flags["host"]}}.dump() << "\n";
-    return 0;
-  }
-  if (command == "link-bytes") {
-    auto counters = net.ReadLinkBytes();
-    if (!counters.ok()) return Fail(counters.status());
-    json out = json::object();
-    for (const auto& [host, bytes] : *counters) {
-      out[host] = {{"up", bytes.up}, {"down", bytes.down}};
-    }
-    std::cout << out.dump() << "\n";
-    return 0;
-  }
-  // kill-all
-  int signal = SIGKILL;
-  if (flags.count("signal") && !absl::SimpleAtoi(flags["signal"], &signal)) {
-    return Usage("--signal must be a number");
-  }
-  std::cout << json{{"signalled", net.SignalAll(signal)}}.dump() << "\n";
-  return 0;
+  return RunOnNetwork(command, layout, flags, **network);
 }
 
 }  // namespace
