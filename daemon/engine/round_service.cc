@@ -261,6 +261,20 @@ absl::Status RoundService::AwaitSum(uint32_t job, const std::string& server, int
   return absl::OkStatus();
 }
 
+std::string RoundService::OpenSumStreamLocked(const std::string& key, int64_t round_number,
+                                              uint64_t stream, int fd,
+                                              const PacketHeader& request) {
+  std::optional<RoundTable::Watch> watch = table_.AddWatcher(key, round_number, stream);
+  if (!watch.has_value()) return table_.Failure(key, round_number);
+  size_t packets = 0;
+  for (const auto& [begin, end] : watch->chunks) {
+    packets += (end - begin + options_.payload_bytes - 1) / options_.payload_bytes;
+  }
+  send_->OpenReply(stream, fd, request, watch->sum, packets);
+  for (const auto& [begin, end] : watch->ready) send_->QueueReply(stream, begin, end);
+  return "";
+}
+
 absl::Status RoundService::ServeGet(int fd, const PacketHeader& request,
                                     const v1::DataGetRequest& body, int64_t round_number) {
   const std::string& server = body.server();
@@ -303,17 +317,7 @@ absl::Status RoundService::ServeGet(int fd, const PacketHeader& request,
   std::string failed_meanwhile;
   {
     std::lock_guard<std::mutex> lock(lock_->mu);  // round effects are applied under it
-    std::optional<RoundTable::Watch> watch = table_.AddWatcher(key, round_number, stream);
-    if (!watch.has_value()) {
-      failed_meanwhile = table_.Failure(key, round_number);
-    } else {
-      size_t packets = 0;
-      for (const auto& [begin, end] : watch->chunks) {
-        packets += (end - begin + options_.payload_bytes - 1) / options_.payload_bytes;
-      }
-      send_->OpenReply(stream, fd, request, watch->sum, packets);
-      for (const auto& [begin, end] : watch->ready) send_->QueueReply(stream, begin, end);
-    }
+    failed_meanwhile = OpenSumStreamLocked(key, round_number, stream, fd, request);
   }
   absl::Status streamed =
       failed_meanwhile.empty()

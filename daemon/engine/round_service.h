@@ -113,6 +113,11 @@ class RoundService : public LocalRoundSums {
   std::string AwaitBegunLocked(std::unique_lock<std::mutex>& lock, const std::string& key,
                                const std::string& server, int64_t round,
                                std::chrono::steady_clock::time_point deadline, int64_t* bytes);
+  // ServeGet: watches round `round_number` of `key` for reply `stream`
+  // and queues the chunks already final (lock_->mu held); "" then, else
+  // why the round failed meanwhile.
+  std::string OpenSumStreamLocked(const std::string& key, int64_t round_number, uint64_t stream,
+                                  int fd, const transport::PacketHeader& request);
   void ApplyLocked(RoundTable::Effects& fx);
   void DeliverLocked(const std::string& key, int64_t round, RoundTable::Effects* fx);
 
