@@ -23,6 +23,53 @@ GetClient::GetClient(boost::asio::io_context& io, SendWatchdog& watchdog,
       keys_(keys),
       my_host_(std::move(my_host)) {}
 
+absl::Status GetClient::Connect(const std::string& peer, const std::string& address,
+                                const tcp::endpoint& endpoint, Connection* out) {
+  out->socket = std::make_shared<tcp::socket>(io_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return absl::UnavailableError("get: the daemon is stopping");
+    // Forget the connections that are gone, then remember this one.
+    opened_.erase(std::remove_if(opened_.begin(), opened_.end(),
+                                 [](const auto& weak) { return weak.expired(); }),
+                  opened_.end());
+    opened_.push_back(out->socket);
+  }
+  boost::system::error_code error;
+  out->socket->connect(endpoint, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("get: cannot reach ", peer, " at ", address, ": ",
+                                               error.message()));
+  }
+  out->socket->set_option(tcp::no_delay(true), error);
+  out->auth = SessionAuth();
+  if (keys_ != nullptr) {
+    auto auth = InitiatorHandshake(out->socket->native_handle(), *keys_, my_host_,
+                                   absl::StrCat(peer, " at ", address));
+    if (!auth.ok()) return absl::Status(auth.status().code(), absl::StrCat("get: ", auth.status().message()));
+    out->auth = std::move(*auth);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PacketHeader> GetClient::Exchange(const PacketHeader& request,
+                                                 const std::string& payload, Connection* out) {
+  if (!out->auth.Allows(request.job)) {
+    ASSIGN_OR_RETURN(std::string proof, JobProof(out->auth, *keys_, request.job));
+    PacketHeader frame;
+    frame.kind = PacketKind::kJobProof;
+    frame.job = request.job;
+    frame.length = static_cast<uint32_t>(proof.size());
+    RETURN_IF_ERROR(WritePacket(watchdog_, out->socket->native_handle(), frame, proof.data(),
+                                frame.length));
+    out->auth.jobs.insert(request.job);
+  }
+  RETURN_IF_ERROR(WritePacket(watchdog_, out->socket->native_handle(), request, payload.data(),
+                              static_cast<uint32_t>(payload.size())));
+  out->reader.emplace(out->socket->native_handle());
+  return out->reader->ReadHeader();
+}
+
 absl::Status GetClient::Request(const std::string& peer, const std::string& address,
                                 const PacketHeader& request, const v1::DataGetRequest& body,
                                 Connection* out) {
@@ -42,60 +89,17 @@ absl::Status GetClient::Request(const std::string& peer, const std::string& addr
     }
   }
   const bool reused = out->socket != nullptr;
-  auto connect = [&]() -> absl::Status {
-    out->socket = std::make_shared<tcp::socket>(io_);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (shut_down_) return absl::UnavailableError("get: the daemon is stopping");
-      // Forget the connections that are gone, then remember this one.
-      opened_.erase(std::remove_if(opened_.begin(), opened_.end(),
-                                   [](const auto& weak) { return weak.expired(); }),
-                    opened_.end());
-      opened_.push_back(out->socket);
-    }
-    boost::system::error_code error;
-    out->socket->connect(*endpoint, error);
-    if (error) {
-      return absl::UnavailableError(absl::StrCat("get: cannot reach ", peer, " at ", address, ": ",
-                                                 error.message()));
-    }
-    out->socket->set_option(tcp::no_delay(true), error);
-    out->auth = SessionAuth();
-    if (keys_ != nullptr) {
-      auto auth = InitiatorHandshake(out->socket->native_handle(), *keys_, my_host_,
-                                     absl::StrCat(peer, " at ", address));
-      if (!auth.ok()) return absl::Status(auth.status().code(), absl::StrCat("get: ", auth.status().message()));
-      out->auth = std::move(*auth);
-    }
-    return absl::OkStatus();
-  };
-  if (!reused) RETURN_IF_ERROR(connect());
+  if (!reused) RETURN_IF_ERROR(Connect(peer, address, *endpoint, out));
   const std::string payload = body.SerializeAsString();
-  auto exchange = [&]() -> absl::StatusOr<PacketHeader> {
-    if (!out->auth.Allows(request.job)) {
-      ASSIGN_OR_RETURN(std::string proof, JobProof(out->auth, *keys_, request.job));
-      PacketHeader frame;
-      frame.kind = PacketKind::kJobProof;
-      frame.job = request.job;
-      frame.length = static_cast<uint32_t>(proof.size());
-      RETURN_IF_ERROR(WritePacket(watchdog_, out->socket->native_handle(), frame, proof.data(),
-                                  frame.length));
-      out->auth.jobs.insert(request.job);
-    }
-    RETURN_IF_ERROR(WritePacket(watchdog_, out->socket->native_handle(), request, payload.data(),
-                                static_cast<uint32_t>(payload.size())));
-    out->reader.emplace(out->socket->native_handle());
-    return out->reader->ReadHeader();
-  };
-  absl::StatusOr<PacketHeader> reply = exchange();
+  absl::StatusOr<PacketHeader> reply = Exchange(request, payload, out);
   if (reply.status().code() == absl::StatusCode::kFailedPrecondition) {
     return absl::FailedPreconditionError(absl::StrCat("get: ", reply.status().message()));
   }
   if (reused && !reply.ok()) {
     // The far end had closed the kept connection (its daemon restarted):
     // once more on a new one.
-    RETURN_IF_ERROR(connect());
-    reply = exchange();
+    RETURN_IF_ERROR(Connect(peer, address, *endpoint, out));
+    reply = Exchange(request, payload, out);
   }
   if (!reply.ok()) return absl::UnavailableError(absl::StrCat("get: ", reply.status().message()));
   if (reply->kind != PacketKind::kGetReply || reply->transfer != request.transfer) {

@@ -43,6 +43,7 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "daemon/transport/data_auth.h"
 #include "daemon/transport/framing.h"
 #include "daemon/transport/packet.h"
@@ -95,6 +96,15 @@ class GetClient {
   void Shutdown();
 
  private:
+  // Request's steps: a new connection to `peer` at `address` (with its
+  // handshake when keys_ is set) into `out`; and the request on it, after
+  // the job's proof when the session has not proven it yet, up to the
+  // reply's header.
+  absl::Status Connect(const std::string& peer, const std::string& address,
+                       const boost::asio::ip::tcp::endpoint& endpoint, Connection* out);
+  absl::StatusOr<PacketHeader> Exchange(const PacketHeader& request, const std::string& payload,
+                                        Connection* out);
+
   boost::asio::io_context& io_;
   SendWatchdog& watchdog_;
   const size_t max_idle_per_address_;
