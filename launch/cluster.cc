@@ -29,6 +29,21 @@ std::string UniquePrefix() {
   return absl::StrCat("m", ::getpid() % 10000000, "x", clusters++ % 100, "-");
 }
 
+// For a scheduler started without --config: job "demo" with the token in
+// MLFABRIC_JOB_TOKEN (a new one, exported, when unset), written to `dir`.
+// Returns the config's path.
+std::string WriteDemoJobConfig(const std::string& dir) {
+  const char* given = std::getenv("MLFABRIC_JOB_TOKEN");
+  const std::string token = given != nullptr && *given != '\0' ? given : RandomHex(16);
+  ::setenv("MLFABRIC_JOB_TOKEN", token.c_str(), 1);
+  const std::string config = dir + "/jobs.json";
+  {
+    std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": ")" << token << R"("}]})";
+  }
+  ::chmod(config.c_str(), 0600);
+  return config;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(const ClusterOptions& options) {
@@ -126,17 +141,7 @@ absl::Status Cluster::Start(const std::vector<std::string>& scheduler_flags,
                                       [](const std::string& flag) {
                                         return absl::StartsWith(flag, "--config");
                                       });
-  if (!configured) {
-    const char* given = std::getenv("MLFABRIC_JOB_TOKEN");
-    const std::string token = given != nullptr && *given != '\0' ? given : RandomHex(16);
-    ::setenv("MLFABRIC_JOB_TOKEN", token.c_str(), 1);
-    const std::string config = dir_ + "/jobs.json";
-    {
-      std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": ")" << token << R"("}]})";
-    }
-    ::chmod(config.c_str(), 0600);
-    argv.push_back("--config=" + config);
-  }
+  if (!configured) argv.push_back("--config=" + WriteDemoJobConfig(dir_));
   // The sealed variants of the data-plane tests (tests/BUILD) run every
   // path with payload encryption on.
   if (const char* sealed = std::getenv("MLFABRIC_TEST_DATA_PLANE_ENCRYPTION");
@@ -162,26 +167,38 @@ absl::Status Cluster::Start(const std::vector<std::string>& scheduler_flags,
   port_ = std::atoi(ReadFile(port_file).c_str());
   if (admin_) admin_port_ = std::atoi(ReadFile(admin_port_file).c_str());
   for (const std::string& host : hosts_) {
-    std::vector<std::string> daemon_argv = {BinaryPath("daemon/mlfabricd"), "--host=" + host,
-                                            "--scheduler=" + scheduler_address(),
-                                            "--local_socket=" + Socket(host)};
-    if (netns) {
-      daemon_argv.push_back("--listen_address=" + HostAddress(host));
-      daemon_argv = network_->Wrap(host, daemon_argv);
+    if (absl::Status started = StartDaemon(host, secret_flags, daemon_flags, host_flags);
+        !started.ok()) {
+      return started;
     }
-    for (const std::string& flag : secret_flags) daemon_argv.push_back(flag);
-    for (const std::string& flag : daemon_flags) daemon_argv.push_back(SubstituteDir(flag));
-    if (auto extra = host_flags.find(host); extra != host_flags.end()) {
-      for (const std::string& flag : extra->second) daemon_argv.push_back(SubstituteDir(flag));
-    }
-    auto daemon = Subprocess::Start(daemon_argv, dir_ + "/" + host + ".log");
-    if (!daemon.ok()) return daemon.status();
-    daemons_[host] = std::move(*daemon);
-    daemon_argv_[host] = std::move(daemon_argv);
   }
   for (const std::string& host : hosts_) {
     if (absl::Status serving = WaitForDaemon(host, 0); !serving.ok()) return serving;
   }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::StartDaemon(
+    const std::string& host, const std::vector<std::string>& secret_flags,
+    const std::vector<std::string>& daemon_flags,
+    const std::map<std::string, std::vector<std::string>>& host_flags) {
+  const bool netns = topology_ == Topology::kNetns;
+  std::vector<std::string> daemon_argv = {BinaryPath("daemon/mlfabricd"), "--host=" + host,
+                                          "--scheduler=" + scheduler_address(),
+                                          "--local_socket=" + Socket(host)};
+  if (netns) {
+    daemon_argv.push_back("--listen_address=" + HostAddress(host));
+    daemon_argv = network_->Wrap(host, daemon_argv);
+  }
+  for (const std::string& flag : secret_flags) daemon_argv.push_back(flag);
+  for (const std::string& flag : daemon_flags) daemon_argv.push_back(SubstituteDir(flag));
+  if (auto extra = host_flags.find(host); extra != host_flags.end()) {
+    for (const std::string& flag : extra->second) daemon_argv.push_back(SubstituteDir(flag));
+  }
+  auto daemon = Subprocess::Start(daemon_argv, dir_ + "/" + host + ".log");
+  if (!daemon.ok()) return daemon.status();
+  daemons_[host] = std::move(*daemon);
+  daemon_argv_[host] = std::move(daemon_argv);
   return absl::OkStatus();
 }
 

@@ -159,6 +159,11 @@ class Cluster {
  private:
   Cluster() = default;
   absl::Status RequireNetns() const;
+  // Start: `host`'s daemon, with the cluster secret's flags, then every
+  // daemon's flags and then the host's own.
+  absl::Status StartDaemon(const std::string& host, const std::vector<std::string>& secret_flags,
+                           const std::vector<std::string>& daemon_flags,
+                           const std::map<std::string, std::vector<std::string>>& host_flags);
   // Waits until `host`'s daemon logs "serving" after byte `log_from` of its log.
   absl::Status WaitForDaemon(const std::string& host, size_t log_from);
   std::string SubstituteDir(std::string flag) const;
