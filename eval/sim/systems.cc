@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -209,9 +211,40 @@ class Mlfabric final : public Harness {
 
   // --- pushes ---------------------------------------------------------------
   void PlanPushes() {
-    // The same batch assembly as the live scheduler (BuildBatch): every
-    // simulated update is float32 of the model's size, so all can share
-    // aggregates.
+    const core::Batch batch = PushBatch();
+    const std::string prefix = absl::StrCat("b", batch_count_++, ":");
+    pending_push_.clear();
+    std::optional<core::Plan> plan = TimedPlan(batch);
+    if (!plan.has_value() || !ApplyDrops(*plan)) return;
+    std::vector<core::Commit> commits = plan->commits;
+    std::sort(commits.begin(), commits.end(),
+              [](const core::Commit& a, const core::Commit& b) { return a.position < b.position; });
+    for (const core::Commit& c : commits) commit_queue_.push_back(c.update);
+    std::set<std::string> planned;
+    std::map<std::string, std::string> hop_final;  // hop's "agg:<n>" -> final key
+    IndexAggregates(*plan, prefix, &planned, &hop_final);
+    const std::set<std::string> streaming = StreamingAggregates(*plan, prefix);
+    // A sharded update has one delivery per part (a direct transfer or an
+    // aggregate); it has arrived when all have.
+    for (const core::Transfer& t : plan->transfers) {
+      if (t.kind == core::TransferKind::kDirect) ++parts_left_[t.update];
+    }
+    if (!StartTransfers(*plan, prefix, hop_final, streaming, &planned)) return;
+    for (const core::UpdateRequest& r : batch.updates) {
+      Update& u = updates_.at(r.id);
+      if (u.state == State::kDropped) continue;
+      if (!planned.count(r.id)) {
+        Fail(absl::InternalError(absl::StrCat("plan has neither a transfer nor a drop for ", r.id)));
+        return;
+      }
+      u.state = State::kPlanned;
+    }
+  }
+
+  // The batch of the pending pushes, assembled as the live scheduler does
+  // (BuildBatch): every simulated update is float32 of the model's size, so
+  // all can share aggregates.
+  core::Batch PushBatch() {
     BatchInputs in;
     in.now_s = sim_.now();
     in.mode = sync_ ? core::Mode::kSync : core::Mode::kAsync;
@@ -240,17 +273,19 @@ class Mlfabric final : public Harness {
            1});
     }
     in.host_link = [this](const std::string& name) { return HostView(index_.at(name)); };
-    const core::Batch batch = BuildBatch(in);
-    const std::string prefix = absl::StrCat("b", batch_count_++, ":");
-    pending_push_.clear();
+    return BuildBatch(in);
+  }
 
+  // The planner's plan of `batch`, its wall time counted; nullopt (the run
+  // failed) if it has none.
+  std::optional<core::Plan> TimedPlan(const core::Batch& batch) {
     const auto started = WallClock::now();
     absl::StatusOr<core::Plan> plan = planner_->PlanBatch(batch);
     const double ms = std::chrono::duration<double, std::milli>(WallClock::now() - started).count();
     if (!plan.ok()) {
       Fail(absl::InternalError(absl::StrCat("planner failed at t=", batch.now_s, " s: ",
                                             plan.status().message())));
-      return;
+      return std::nullopt;
     }
     planner_ms_total_ += ms;
     result_.planner_ms_max = std::max(result_.planner_ms_max, ms);
@@ -258,12 +293,17 @@ class Mlfabric final : public Harness {
     batch_updates_total_ += static_cast<int64_t>(batch.updates.size());
     result_.planner_ms_mean = planner_ms_total_ / result_.planner_calls;
     result_.planner_mean_batch = static_cast<double>(batch_updates_total_) / result_.planner_calls;
+    return std::move(*plan);
+  }
 
-    for (const core::Drop& d : plan->dropped) {
+  // Ends the plan's dropped updates; false (the run failed) if a
+  // synchronous plan dropped one.
+  bool ApplyDrops(const core::Plan& plan) {
+    for (const core::Drop& d : plan.dropped) {
       Update& u = updates_.at(d.id);
       if (sync_) {
         Fail(absl::InternalError(absl::StrCat("sync plan dropped ", d.id, ": ", d.reason)));
-        return;
+        return false;
       }
       u.state = State::kDropped;
       u.grad.reset();
@@ -271,19 +311,21 @@ class Mlfabric final : public Harness {
       ++result_.drop_reasons[d.reason];
       Resolved(u.worker);
     }
-    std::vector<core::Commit> commits = plan->commits;
-    std::sort(commits.begin(), commits.end(),
-              [](const core::Commit& a, const core::Commit& b) { return a.position < b.position; });
-    for (const core::Commit& c : commits) commit_queue_.push_back(c.update);
-    std::set<std::string> planned;
-    // Aggregates that reach a server, by key (the first one's name when a
-    // sharded group sends one per part); a streaming chain's hops
-    // (core/aggregation.h) feed the one their `into` chain ends at.
-    std::map<std::string, std::string> hop_final;  // hop's "agg:<n>" -> final key
+    return true;
+  }
+
+  // Reserves every transfer's rates and records the plan's aggregates that
+  // reach a server, by key (the first one's name when a sharded group sends
+  // one per part); a streaming chain's hops (core/aggregation.h) feed the
+  // one their `into` chain ends at (*hop_final). Each aggregate's
+  // constituents go to *planned.
+  void IndexAggregates(const core::Plan& plan, const std::string& prefix,
+                       std::set<std::string>* planned,
+                       std::map<std::string, std::string>* hop_final) {
     std::map<std::string, const core::Transfer*> by_name;
     const core::Transfer* previous = nullptr;
     std::string previous_key;
-    for (const core::Transfer& t : plan->transfers) {
+    for (const core::Transfer& t : plan.transfers) {
       Reserve(t);
       const core::Transfer* last = previous;
       previous = nullptr;
@@ -302,32 +344,36 @@ class Mlfabric final : public Harness {
       aggregates_[key].transfers = {t};
       for (const std::string& c : t.constituents) {
         aggregate_of_[c] = key;
-        planned.insert(c);  // a chain member summed at its own host has no transfer
+        planned->insert(c);  // a chain member summed at its own host has no transfer
       }
     }
-    for (const core::Transfer& t : plan->transfers) {
+    for (const core::Transfer& t : plan.transfers) {
       if (t.kind != core::TransferKind::kAggregate || t.into.empty()) continue;
       const core::Transfer* next = &t;
       while (!next->into.empty()) next = by_name.at(next->into);
       const std::string key = prefix + next->update;
-      hop_final[t.update] = key;
+      (*hop_final)[t.update] = key;
       ++aggregates_.at(key).needed;
     }
-    for (const core::Transfer& t : plan->transfers) {
+    for (const core::Transfer& t : plan.transfers) {
       if (t.kind == core::TransferKind::kToAggregator) {
         ++aggregates_.at(aggregate_of_.at(t.update)).needed;
       }
     }
-    // Alg. 3's aggregates start once every constituent is in (store and
-    // forward); a chain streams, so all of its hops start as planned (in
-    // lock-step, on the same rates) and it has arrived when every part of it
-    // has: then needed counts the aggregate's own transfer too. A chain is
-    // an aggregate some member of which came without a transfer of its own.
+  }
+
+  // Alg. 3's aggregates start once every constituent is in (store and
+  // forward); a chain streams, so all of its hops start as planned (in
+  // lock-step, on the same rates) and it has arrived when every part of it
+  // has: then needed counts the aggregate's own transfer too. A chain is
+  // an aggregate some member of which came without a transfer of its own.
+  // Returns this batch's chains.
+  std::set<std::string> StreamingAggregates(const core::Plan& plan, const std::string& prefix) {
     std::set<std::string> streaming;
     for (auto& [key, agg] : aggregates_) {
       if (key.compare(0, prefix.size(), prefix) != 0) continue;  // an earlier batch's
       std::set<std::string> sent;  // constituents with a transfer of their own
-      for (const core::Transfer& t : plan->transfers) {
+      for (const core::Transfer& t : plan.transfers) {
         if (t.kind == core::TransferKind::kToAggregator && aggregate_of_.count(t.update) &&
             aggregate_of_.at(t.update) == key) {
           sent.insert(t.update);
@@ -338,63 +384,61 @@ class Mlfabric final : public Harness {
         ++agg.needed;
       }
     }
-    auto part_done = [this](const std::string& key, bool chain) {
-      PendingAggregate& agg = aggregates_.at(key);
-      if (++agg.received < agg.needed) return;
-      if (!chain) {
-        StartAggregate(key);
-        return;
-      }
-      ++result_.aggregates;
-      const std::vector<std::string> ids = agg.transfers.front().constituents;
-      for (const std::string& id : ids) aggregate_of_.erase(id);
-      aggregates_.erase(key);
-      Delivered(ids);
-    };
-    // A sharded update has one delivery per part (a direct transfer or an
-    // aggregate); it has arrived when all have.
-    for (const core::Transfer& t : plan->transfers) {
-      if (t.kind == core::TransferKind::kDirect) ++parts_left_[t.update];
+    return streaming;
+  }
+
+  // One part of aggregate `key` is in: once all are, Alg. 3's aggregate
+  // starts, and a chain has arrived.
+  void AggregatePartDone(const std::string& key, bool chain) {
+    PendingAggregate& agg = aggregates_.at(key);
+    if (++agg.received < agg.needed) return;
+    if (!chain) {
+      StartAggregate(key);
+      return;
     }
-    for (const core::Transfer& t : plan->transfers) {
+    ++result_.aggregates;
+    const std::vector<std::string> ids = agg.transfers.front().constituents;
+    for (const std::string& id : ids) aggregate_of_.erase(id);
+    aggregates_.erase(key);
+    Delivered(ids);
+  }
+
+  // Starts the plan's transfers at their planned times; false (the run
+  // failed) on a transfer kind the simulator does not plan.
+  bool StartTransfers(const core::Plan& plan, const std::string& prefix,
+                      const std::map<std::string, std::string>& hop_final,
+                      const std::set<std::string>& streaming, std::set<std::string>* planned) {
+    for (const core::Transfer& t : plan.transfers) {
       switch (t.kind) {
         case core::TransferKind::kDirect: {
-          planned.insert(t.update);
+          planned->insert(t.update);
           const std::string id = t.update;
           StartPlanned(t, [this, id] { Delivered({id}); });
           break;
         }
         case core::TransferKind::kToAggregator: {
-          planned.insert(t.update);
+          planned->insert(t.update);
           const std::string key = aggregate_of_.at(t.update);
           const bool chain = streaming.count(key) > 0;
-          StartPlanned(t, [part_done, key, chain] { part_done(key, chain); });
+          StartPlanned(t, [this, key, chain] { AggregatePartDone(key, chain); });
           break;
         }
         case core::TransferKind::kAggregate: {
           if (auto hop = hop_final.find(t.update); hop != hop_final.end()) {
             const std::string key = hop->second;
-            StartPlanned(t, [part_done, key] { part_done(key, true); });
+            StartPlanned(t, [this, key] { AggregatePartDone(key, true); });
           } else if (streaming.count(prefix + t.update)) {
             const std::string key = prefix + t.update;
-            StartPlanned(t, [part_done, key] { part_done(key, true); });
+            StartPlanned(t, [this, key] { AggregatePartDone(key, true); });
           }
           break;  // Alg. 3's: started when its constituents are in
         }
         default:
           Fail(absl::InternalError("unexpected replica transfer without a replica"));
-          return;
+          return false;
       }
     }
-    for (const core::UpdateRequest& r : batch.updates) {
-      Update& u = updates_.at(r.id);
-      if (u.state == State::kDropped) continue;
-      if (!planned.count(r.id)) {
-        Fail(absl::InternalError(absl::StrCat("plan has neither a transfer nor a drop for ", r.id)));
-        return;
-      }
-      u.state = State::kPlanned;
-    }
+    return true;
   }
 
   // Alg. 3's aggregates start once every constituent is in: one transfer,
