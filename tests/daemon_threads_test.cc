@@ -37,12 +37,21 @@ constexpr int kGets = 100;
 constexpr int kAtOnce = 10;
 constexpr size_t kModelBytes = 64 * 1024;
 
+// The process's own threads: those named after it (mlfabricd). gRPC's
+// threads (named default-executo, event_engine, ...) are gRPC's to grow
+// and are left out.
 int Threads(launch::Subprocess& process) {
   const std::string dir = "/proc/" + std::to_string(process.pid()) + "/task";
   DIR* tasks = ::opendir(dir.c_str());
   if (tasks == nullptr) return -1;
   int n = 0;
-  while (const dirent* entry = ::readdir(tasks)) n += entry->d_name[0] != '.';
+  while (const dirent* entry = ::readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream comm(dir + "/" + entry->d_name + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    n += name == "mlfabricd";
+  }
   ::closedir(tasks);
   return n;
 }
@@ -139,9 +148,12 @@ TEST_CASE("a daemon's threads follow the work in flight, not the connections") {
   const int w1_connected = Threads(w1), s1_connected = Threads(s1);
   INFO("w1 threads: " << w1_before << " -> " << w1_connected << "; s1: " << s1_before << " -> "
                       << s1_connected);
-  // At most the one handler thread that took the registrations (started
-  // while the first get's was still busy).
-  CHECK(w1_connected <= w1_before + 1);
+  // At most the few handler threads that took the registrations: they
+  // come one at a time (each waits for its reply), but a thread may still
+  // be finishing one (arming its application's wait again) as the next
+  // arrives, and then another starts. One thread per application would be
+  // 31 more.
+  CHECK(w1_connected <= w1_before + 3);
   CHECK(s1_connected <= s1_before);
 
   // 100 gets, 10 at a time from 10 applications.
