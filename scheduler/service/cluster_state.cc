@@ -123,8 +123,8 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
       OutcomeCommand(transfer_id, record, job, outcome, reason, applied_version);
   const v1::PushOutcome& result = command.outcome();
   const int64_t delay = result.delay();
-  RememberOutcome(transfer_id,
-                  {outcome, reason, applied_version, delay, result.hold_for_replica()});
+  outcomes_.Remember(transfer_id,
+                     {outcome, reason, applied_version, delay, result.hold_for_replica()});
   Enqueue(record.src_host, std::move(command));
   if (outcome == v1::OUTCOME_APPLIED) {
     if (job) ++job->applied;
@@ -257,25 +257,6 @@ void ClusterState::SettleHeldCopies(uint64_t transfer_id, bool applied,
   for (uint64_t copy_id : cancelled) {
     EndReplicaCopy(copy_id, /*applied=*/false,
                    absl::StrCat("its push ", transfer_id, " did not apply: ", reason), 0);
-  }
-}
-
-void ClusterState::RememberOutcome(uint64_t transfer_id, RecentOutcome outcome) {
-  if (!recent_outcomes.emplace(transfer_id, std::move(outcome)).second) return;
-  recent_order.push_back(transfer_id);
-  while (recent_order.size() > kRecentOutcomes) {
-    recent_outcomes.erase(recent_order.front());
-    recent_order.pop_front();
-  }
-}
-
-void ClusterState::RememberPushUid(uint64_t uid, uint64_t transfer_id, const std::string& job,
-                                   const std::string& worker) {
-  if (uid == 0 || !push_uids.emplace(uid, PushUid{transfer_id, job, worker}).second) return;
-  push_uid_order.push_back(uid);
-  while (push_uid_order.size() > kPushUids) {
-    push_uids.erase(push_uid_order.front());
-    push_uid_order.pop_front();
   }
 }
 
@@ -743,8 +724,8 @@ void ClusterState::FailReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy, Jo
   int64_t missed = 0;
   double missed_norm = 0;
   if (copy.constituents.empty()) {
-    if (auto told = recent_outcomes.find(copy.source);
-        told != recent_outcomes.end() && told->second.outcome == v1::OUTCOME_APPLIED) {
+    if (const RecentOutcome* told = outcomes_.Find(copy.source);
+        told != nullptr && told->outcome == v1::OUTCOME_APPLIED) {
       missed = 1;
       missed_norm = norm;
     }

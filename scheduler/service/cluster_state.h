@@ -32,6 +32,7 @@
 #include "scheduler/core/types.h"
 #include "scheduler/service/admin_history.h"
 #include "scheduler/service/command_outbox.h"
+#include "scheduler/service/outcome_log.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/snapshot.h"
 #include "scheduler/service/straggler_tracker.h"
@@ -320,16 +321,6 @@ struct GroupPush {
 
 // How a push ended, kept a while so that a source whose stream broke
 // before the outcome reached it can be told again.
-struct RecentOutcome {
-  v1::Outcome outcome = v1::OUTCOME_UNSPECIFIED;
-  std::string reason;
-  int64_t applied_version = 0;
-  int64_t delay = 0;
-  // The source was told to hold the push for a replica copy to come: told
-  // again if it did not hear, or it would free the bytes the copy needs.
-  bool hold_for_replica = false;
-};
-
 // Job policies (pure).
 // The round size in force for a server: the pushes a round sums and closes
 // with. M = as registered, else the number of workers of a sync-mode job;
@@ -395,23 +386,8 @@ class ClusterState {
   std::map<uint64_t, GroupPush> group_pushes;
   std::map<uint64_t, uint64_t> group_parts;  // part transfer id -> push id
   std::map<uint64_t, uint64_t> group_feeds;  // part to an aggregator -> group aggregate
-  // The last kRecentOutcomes outcomes (Complete), by transfer id.
-  static constexpr size_t kRecentOutcomes = 65536;
-  std::map<uint64_t, RecentOutcome> recent_outcomes;
-  std::deque<uint64_t> recent_order;
   // Replica snapshots moving (replica_sync.h): transfer id -> (job, server).
   std::map<uint64_t, std::pair<std::string, std::string>> replica_snapshots;
-  // Pushes by their application's id (SubmitUpdateRequest.push_uid), the
-  // last kPushUids: how an application that lost its daemon learns how
-  // they ended (outcome_queries.h).
-  struct PushUid {
-    uint64_t transfer_id = 0;
-    std::string job;
-    std::string worker;
-  };
-  static constexpr size_t kPushUids = 2 * kRecentOutcomes;
-  std::map<uint64_t, PushUid> push_uids;
-  std::deque<uint64_t> push_uid_order;
   SchedulerStats stats;
   // Workers' iteration clocks and timings: a push counts when accepted,
   // its transfer time when it ends (Complete).
@@ -439,13 +415,10 @@ class ClusterState {
   // a push ends once.
   void Complete(uint64_t transfer_id, v1::Outcome outcome, const std::string& reason,
                 int64_t applied_version);
-  // Keeps how push `transfer_id` ended, for a source that may not have
-  // heard it (in_doubt.h); the first outcome recorded stands.
-  void RememberOutcome(uint64_t transfer_id, RecentOutcome outcome);
-  // Names push `transfer_id` by its application's id `uid` (0: nothing);
-  // the first push of a uid stands.
-  void RememberPushUid(uint64_t uid, uint64_t transfer_id, const std::string& job,
-                       const std::string& worker);
+  // How the last pushes ended, for sources that may not have heard
+  // (in_doubt.h), and the applications' uids for them (outcome_queries.h).
+  OutcomeLog& outcomes() { return outcomes_; }
+  const OutcomeLog& outcomes() const { return outcomes_; }
   // Fails an aggregate and every constituent still in flight, and tells the
   // aggregator and the server's daemon to forget it.
   void FailAggregate(uint64_t aggregate_id, const std::string& reason);
@@ -562,6 +535,7 @@ class ClusterState {
   uint64_t next_transfer_id_ = 1;
   std::set<uint64_t> incarnations_;  // issued by this scheduler
   uint64_t next_batch_id_ = 1;
+  OutcomeLog outcomes_;
 };
 
 }  // namespace mlfabric

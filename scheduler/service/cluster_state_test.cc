@@ -151,13 +151,13 @@ TEST_CASE("a push at its server's daemon fails only once that daemon confirms it
   CHECK(at_server[0].cancel().reason() == "source host w1 is down: daemon disconnected");
   // It skipped one (reporting it not applied) ...
   f.state.FailTransfer(skipped, "source host w1 is down: daemon disconnected", 0);
-  REQUIRE(f.state.recent_outcomes.count(skipped) == 1);
-  CHECK(f.state.recent_outcomes.at(skipped).outcome == v1::OUTCOME_FAILED);
-  CHECK(f.state.recent_outcomes.at(skipped).reason ==
+  REQUIRE(f.state.outcomes().Find(skipped) != nullptr);
+  CHECK(f.state.outcomes().Find(skipped)->outcome == v1::OUTCOME_FAILED);
+  CHECK(f.state.outcomes().Find(skipped)->reason ==
         "source host w1 is down: daemon disconnected");
   // ... and had handed the other to the application, which applied it.
   f.state.Complete(handed, v1::OUTCOME_APPLIED, "", 12);
-  CHECK(f.state.recent_outcomes.at(handed).outcome == v1::OUTCOME_APPLIED);
+  CHECK(f.state.outcomes().Find(handed)->outcome == v1::OUTCOME_APPLIED);
   CHECK(f.state.stats.failed == 1);
   CHECK(f.state.stats.applied == 1);
 
@@ -168,8 +168,8 @@ TEST_CASE("a push at its server's daemon fails only once that daemon confirms it
   CHECK(f.state.updates.count(unanswered) == 1);
   f.state.ExpireOverdue(f.clock.NowSeconds() + 2 * f.config.keepalive_s +
                         f.config.transfer_slack_s + 1);
-  REQUIRE(f.state.recent_outcomes.count(unanswered) == 1);
-  CHECK(f.state.recent_outcomes.at(unanswered).reason.find("did not confirm") !=
+  REQUIRE(f.state.outcomes().Find(unanswered) != nullptr);
+  CHECK(f.state.outcomes().Find(unanswered)->reason.find("did not confirm") !=
         std::string::npos);
 }
 

@@ -23,7 +23,7 @@ void Tell(ClusterState* state, const InDoubtPush& push, v1::Outcome outcome,
       commands::PushOutcome(push.transfer_id, push.local_id, outcome, reason);
   if (outcome == v1::OUTCOME_APPLIED) command.mutable_outcome()->set_applied_version(applied_version);
   if (hold_for_replica) command.mutable_outcome()->set_hold_for_replica(true);
-  state->RememberOutcome(push.transfer_id, {outcome, reason, applied_version, 0, hold_for_replica});
+  state->outcomes().Remember(push.transfer_id, {outcome, reason, applied_version, 0, hold_for_replica});
   state->Enqueue(push.src_host, std::move(command));
   if (outcome == v1::OUTCOME_APPLIED) {
     ++state->stats.in_doubt_applied;
@@ -41,11 +41,11 @@ void Applied(ClusterState* state, const std::string& host, uint64_t push, int64_
   state->delivering.erase(push);
   state->applied_elsewhere[push] = {version, state->NowSeconds()};
   // A push this scheduler already ended as not applied: a promise broken.
-  if (auto known = state->recent_outcomes.find(push);
-      known != state->recent_outcomes.end() && known->second.outcome != v1::OUTCOME_APPLIED) {
+  if (const RecentOutcome* known = state->outcomes().Find(push);
+      known != nullptr && known->outcome != v1::OUTCOME_APPLIED) {
     ++state->stats.outcome_contradicted;
-    MLF_LOG(ERROR) << "push " << push << " was reported " << v1::Outcome_Name(known->second.outcome)
-                   << " (" << known->second.reason << ") but host " << host
+    MLF_LOG(ERROR) << "push " << push << " was reported " << v1::Outcome_Name(known->outcome)
+                   << " (" << known->reason << ") but host " << host
                    << "'s server applied it as version " << version;
   }
 }
@@ -76,9 +76,8 @@ std::optional<Known> KnownOutcome(const ClusterState& state, uint64_t push, cons
   if (state.updates.count(push) || state.delivering.count(push) || state.in_doubt.count(push)) {
     return std::nullopt;  // still being decided
   }
-  if (auto told = state.recent_outcomes.find(push); told != state.recent_outcomes.end()) {
-    return Known{told->second.outcome == v1::OUTCOME_APPLIED, told->second.applied_version,
-                 told->second.reason};
+  if (const RecentOutcome* told = state.outcomes().Find(push)) {
+    return Known{told->outcome == v1::OUTCOME_APPLIED, told->applied_version, told->reason};
   }
   if (auto applied = state.applied_elsewhere.find(push); applied != state.applied_elsewhere.end()) {
     return Known{true, applied->second.first, ""};
@@ -463,7 +462,7 @@ void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& reques
     doubt.since_s = now_s;
     doubt.copy = {push.transfer_id(), request.host(), push.worker(), push.bytes(),
                   push.version(),     push.norm(),    push.dtype()};
-    state->RememberPushUid(push.push_uid(), push.transfer_id(), push.job(), push.worker());
+    state->outcomes().RememberUid(push.push_uid(), push.transfer_id(), push.job(), push.worker());
   }
   for (const v1::AppliedPush& copied : request.replica_applied()) {
     state->at_replicas[copied.transfer_id()] = now_s;
@@ -527,14 +526,13 @@ void ResolveInDoubt(ClusterState* state, double wait_s) {
       it = state->in_doubt.erase(it);
       continue;
     }
-    if (auto told = state->recent_outcomes.find(push.transfer_id);
-        told != state->recent_outcomes.end()) {
+    if (const RecentOutcome* told = state->outcomes().Find(push.transfer_id)) {
       // This scheduler ended it; its source did not hear.
-      v1::DaemonCommand command = commands::PushOutcome(
-          push.transfer_id, push.local_id, told->second.outcome, told->second.reason);
-      command.mutable_outcome()->set_applied_version(told->second.applied_version);
-      command.mutable_outcome()->set_delay(told->second.delay);
-      command.mutable_outcome()->set_hold_for_replica(told->second.hold_for_replica);
+      v1::DaemonCommand command =
+          commands::PushOutcome(push.transfer_id, push.local_id, told->outcome, told->reason);
+      command.mutable_outcome()->set_applied_version(told->applied_version);
+      command.mutable_outcome()->set_delay(told->delay);
+      command.mutable_outcome()->set_hold_for_replica(told->hold_for_replica);
       state->Enqueue(push.src_host, std::move(command));
       it = state->in_doubt.erase(it);
       continue;

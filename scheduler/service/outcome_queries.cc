@@ -13,20 +13,17 @@ std::vector<v1::PushState> PushStates(const ClusterState& state, const std::stri
     v1::PushState& push = states.emplace_back();
     push.set_push_uid(uid);
     push.set_state(v1::PushState::STATE_UNKNOWN);
-    auto named = state.push_uids.find(uid);
+    const OutcomeLog::PushUid* named = state.outcomes().FindUid(uid);
     // Another job's or worker's push is none of this worker's business.
-    if (uid == 0 || named == state.push_uids.end() || named->second.job != job ||
-        named->second.worker != worker) {
-      continue;
-    }
-    const uint64_t transfer = named->second.transfer_id;
+    if (named == nullptr || named->job != job || named->worker != worker) continue;
+    const uint64_t transfer = named->transfer_id;
     push.set_transfer_id(transfer);
-    if (auto ended = state.recent_outcomes.find(transfer); ended != state.recent_outcomes.end()) {
+    if (const RecentOutcome* ended = state.outcomes().Find(transfer)) {
       push.set_state(v1::PushState::STATE_ENDED);
-      push.set_outcome(ended->second.outcome);
-      push.set_reason(ended->second.reason);
-      push.set_applied_version(ended->second.applied_version);
-      push.set_delay(ended->second.delay);
+      push.set_outcome(ended->outcome);
+      push.set_reason(ended->reason);
+      push.set_applied_version(ended->applied_version);
+      push.set_delay(ended->delay);
     } else if (state.updates.count(transfer) > 0 || state.in_doubt.count(transfer) > 0) {
       push.set_state(v1::PushState::STATE_IN_FLIGHT);
     }

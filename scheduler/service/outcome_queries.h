@@ -8,7 +8,7 @@
 //   std::vector<v1::PushState> states = PushStates(state, "demo", "w1", {uid1, uid2});
 //   if (AnyInFlight(states)) ... wait and ask again ...
 //
-// A uid is known for the last ClusterState::kPushUids pushes submitted (or
+// A uid is known for the last OutcomeLog::kPushUids pushes submitted (or
 // reported in doubt by a daemon to a restarted scheduler) and only to the
 // job and worker that submitted it. Ended: the outcome the push's source
 // was sent. In flight: still planned, moving, awaiting its server, or in

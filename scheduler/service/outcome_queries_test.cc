@@ -16,7 +16,7 @@ struct Fixture : ClusterStateFixture {
   uint64_t Submit(uint64_t uid, const std::string& worker = "w1") {
     UpdateRecord& push = AddPush(worker);
     push.push_uid = uid;
-    state.RememberPushUid(uid, push.transfer_id, "demo", worker);
+    state.outcomes().RememberUid(uid, push.transfer_id, "demo", worker);
     return push.transfer_id;
   }
 };
@@ -60,26 +60,13 @@ TEST_CASE("a push in doubt after a scheduler restart is in flight until decided"
   InDoubtPush& doubt = f.state.in_doubt[77];
   doubt.transfer_id = 77;
   doubt.src_host = "w1";
-  f.state.RememberPushUid(3001, 77, "demo", "w1");
+  f.state.outcomes().RememberUid(3001, 77, "demo", "w1");
   CHECK(PushStates(f.state, "demo", "w1", {3001})[0].state() == v1::PushState::STATE_IN_FLIGHT);
   f.state.in_doubt.erase(77);
-  f.state.RememberOutcome(77, {v1::OUTCOME_FAILED, "its source's stream broke", 0, 0, false});
+  f.state.outcomes().Remember(77, {v1::OUTCOME_FAILED, "its source's stream broke", 0, 0, false});
   const v1::PushState decided = PushStates(f.state, "demo", "w1", {3001})[0];
   CHECK(decided.state() == v1::PushState::STATE_ENDED);
   CHECK(decided.outcome() == v1::OUTCOME_FAILED);
-}
-
-TEST_CASE("the first push of a uid stands, and the oldest uids are forgotten") {
-  Fixture f;
-  f.state.RememberPushUid(5, 100, "demo", "w1");
-  f.state.RememberPushUid(5, 200, "demo", "w1");  // a second push claiming it
-  CHECK(f.state.push_uids.at(5).transfer_id == 100);
-  for (uint64_t uid = 10; uid < 10 + ClusterState::kPushUids; ++uid) {
-    f.state.RememberPushUid(uid, uid, "demo", "w1");
-  }
-  CHECK(f.state.push_uids.size() == ClusterState::kPushUids);
-  CHECK(f.state.push_uids.count(5) == 0);
-  CHECK(f.state.push_uids.count(10 + ClusterState::kPushUids - 1) == 1);
 }
 
 }  // namespace

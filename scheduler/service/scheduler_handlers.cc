@@ -506,7 +506,7 @@ void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
   record.dtype = request.dtype();
   record.submitted_s = clock_->NowSeconds();
   record.push_uid = request.push_uid();
-  state_.RememberPushUid(record.push_uid, record.transfer_id, record.job, record.worker);
+  state_.outcomes().RememberUid(record.push_uid, record.transfer_id, record.job, record.worker);
   state_.stragglers.OnPush(record.job, record.worker, record.submitted_s);
   if (job->config.mode == JobMode::kSsp) clocks_cv_.notify_all();
   server->pending.push_back(record.transfer_id);
