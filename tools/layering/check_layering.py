@@ -8,7 +8,10 @@ Reads the source tree and fails, naming file:line, on
     are peers and may not use each other either, so no cycle can form);
   - an import between modules of python/mlfabric that is not to a lower
     module in PYTHON_ORDER (module-level or inside a function alike);
-  - a top-level directory that is in no layer (place a new package first).
+  - a top-level directory that is in no layer (place a new package first);
+  - a cycle of `#include`s between our files, within a package or across
+    (a .cc including its own private header that includes the public one is
+    no cycle: only headers can close one).
 Test code (cc_test/sh_test rules, testonly targets, *_test.cc and fuzzer
 sources) may also use TEST_HELPERS, leaves of the test infrastructure with
 no dependencies of their own.
@@ -148,6 +151,61 @@ def check_packages(root, rank, problems):
                         edge(top, target + "/" + label, key, f"{rel}:{n}", test)
 
 
+def include_cycles(root, tops):
+    """The strongly connected sets of two or more of our files under `tops`
+    that include each other (Tarjan's algorithm, iterative), each sorted."""
+    edges = {}
+    for top in tops:
+        for path in walk(root, top):
+            if not path.endswith(CPP_SUFFIXES):
+                continue
+            rel = os.path.relpath(path, root)
+            with open(path, errors="replace") as f:
+                included = [m.group(1) for m in map(INCLUDE.match, f) if m]
+            edges[rel] = [i for i in included if os.path.isfile(os.path.join(root, i))]
+    index, low, on_stack, stack, cycles = {}, {}, set(), [], []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(edges.get(start, ())))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(edges.get(child, ()))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                members = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    members.append(member)
+                    if member == node:
+                        break
+                if len(members) > 1:
+                    cycles.append(sorted(members))
+    return cycles
+
+
+def check_include_cycles(root, rank, problems):
+    tops = sorted(t for t in rank if os.path.isdir(os.path.join(root, t)))
+    for cycle in include_cycles(root, tops):
+        problems.append("files that include each other: " + " -> ".join(cycle) +
+                        " (move what they share into a header below both)")
+
+
 def python_module(package_dir, path):
     rel = os.path.relpath(path, os.path.dirname(package_dir))[:-3].split(os.sep)
     if rel[-1] == "__init__":
@@ -212,6 +270,7 @@ def main(argv):
     root = argv[1] if len(argv) > 1 else os.getcwd()
     problems = []
     check_packages(root, layer_of(), problems)
+    check_include_cycles(root, layer_of(), problems)
     check_python(root, problems)
     if problems:
         print("Dependencies that do not run down the layer order "
