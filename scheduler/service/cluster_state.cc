@@ -98,11 +98,6 @@ JobState* ClusterState::FindJob(const std::string& job) {
   return it == jobs.end() ? nullptr : &it->second;
 }
 
-const HostState* ClusterState::AliveHost(const std::string& host) const {
-  auto it = hosts.find(host);
-  return it == hosts.end() || !it->second.alive ? nullptr : &it->second;
-}
-
 void ClusterState::Enqueue(const std::string& host, v1::DaemonCommand command) {
   if (AliveHost(host) == nullptr) return;
   outbox_->Push(host, std::move(command));
@@ -369,9 +364,7 @@ void ClusterState::FailRound(const std::string& job_name, const std::string& ser
 }
 
 void ClusterState::MarkHostDown(const std::string& host_name, const std::string& reason) {
-  auto host = hosts.find(host_name);
-  if (host == hosts.end()) return;
-  host->second.alive = false;
+  if (!hosts_.MarkDown(host_name)) return;
   outbox_->Close(host_name);
   MLF_LOG(WARNING) << "host " << host_name << " is down: " << reason;
   FailAggregatesOn(host_name, reason);

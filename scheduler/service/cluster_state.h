@@ -11,7 +11,7 @@
 // down what cannot finish without the push (its aggregate, its round).
 //
 //   ClusterState state(config, clock, &outbox, &history);
-//   state.hosts["w1"] = ...;                // by the registration handlers
+//   state.hosts().Register("w1") = ...;     // by the registration handlers
 //   state.Complete(id, v1::OUTCOME_DROPPED, "stale: ...", 0);
 //   state.MarkHostDown("w1", "daemon disconnected");
 //
@@ -32,27 +32,13 @@
 #include "scheduler/core/types.h"
 #include "scheduler/service/admin_history.h"
 #include "scheduler/service/command_outbox.h"
+#include "scheduler/service/host_table.h"
 #include "scheduler/service/outcome_log.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/snapshot.h"
 #include "scheduler/service/straggler_tracker.h"
 
 namespace mlfabric {
-
-struct HostState {
-  std::string data_address;
-  double capacity_up_bps = 0;
-  double capacity_down_bps = 0;
-  double uplink_bps = 0;  // latest report, else the capacity
-  double downlink_bps = 0;
-  double last_report_s = -1;
-  int64_t reports = 0;
-  bool draining = false;
-  uint64_t incarnation = 0;
-  // Every call of this incarnation carries it (control_auth.h).
-  std::string session_token;
-  bool alive = false;
-};
 
 enum class UpdateState { kPending, kInFlight };
 
@@ -343,7 +329,6 @@ class ClusterState {
   ClusterState(const SchedulerConfig& config, const Clock* clock, CommandOutbox* outbox,
                AdminHistory* history);
 
-  std::map<std::string, HostState> hosts;
   std::map<std::string, JobState> jobs;
   std::map<uint64_t, UpdateRecord> updates;
   std::map<uint64_t, AggregateRecord> aggregates;
@@ -406,8 +391,11 @@ class ClusterState {
   uint64_t NewBatchId() { return next_batch_id_++; }
   double NowSeconds() const { return clock_->NowSeconds(); }
 
+  // The hosts that registered, and which are alive (host_table.h).
+  HostTable& hosts() { return hosts_; }
+  const HostTable& hosts() const { return hosts_; }
   JobState* FindJob(const std::string& job);
-  const HostState* AliveHost(const std::string& host) const;
+  const HostState* AliveHost(const std::string& host) const { return hosts_.Alive(host); }
   // Queues a command for `host` if it is alive (a dead host's part is failed).
   void Enqueue(const std::string& host, v1::DaemonCommand command);
 
@@ -535,6 +523,7 @@ class ClusterState {
   uint64_t next_transfer_id_ = 1;
   std::set<uint64_t> incarnations_;  // issued by this scheduler
   uint64_t next_batch_id_ = 1;
+  HostTable hosts_;
   OutcomeLog outcomes_;
 };
 

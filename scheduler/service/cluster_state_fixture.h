@@ -28,7 +28,7 @@ struct ClusterStateFixture {
 
   explicit ClusterStateFixture(std::initializer_list<const char*> hosts) {
     for (const char* host : hosts) {
-      HostState& h = state.hosts[host];
+      HostState& h = state.hosts().Register(host);
       h.alive = true;
       h.incarnation = state.NewIncarnation();
       h.data_address = std::string(host) + ":1";
@@ -56,7 +56,7 @@ struct ClusterStateFixture {
   std::vector<v1::DaemonCommand> Drain(const std::string& host) {
     std::vector<v1::DaemonCommand> out;
     v1::DaemonCommand command;
-    while (outbox.Pop(host, state.hosts[host].incarnation, std::chrono::milliseconds(0),
+    while (outbox.Pop(host, state.hosts().Register(host).incarnation, std::chrono::milliseconds(0),
                       &command) == CommandOutbox::PopResult::kCommand) {
       out.push_back(command);
     }

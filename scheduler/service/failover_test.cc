@@ -140,7 +140,7 @@ TEST_CASE("pushes in flight whose copies were summed into one held aggregate end
   for (bool applied : {true, false}) {
     CAPTURE(applied);
     Fixture f;
-    f.state.hosts["a1"].alive = true;
+    f.state.hosts().Register("a1").alive = true;
     const uint64_t a = f.Push("w1", /*in_flight=*/true);
     const uint64_t b = f.Push("w2", /*in_flight=*/true);
     const uint64_t aggregate = f.state.NewTransferId();
@@ -184,7 +184,7 @@ TEST_CASE("updates the old server applied reach the new one from their sources, 
   server.replica.pending.push_back({501, "w1", "w1", 64, 38, 2.0});  // punted
   server.replica.pending.push_back({502, "w2", "w2", 64, 39, 5.0});  // punted, source gone
   const uint64_t moving = f.Copy(503, "w1", 7.0);                    // copy still moving
-  f.state.hosts["w2"].alive = false;
+  f.state.hosts().Register("w2").alive = false;
 
   REQUIRE(PromoteReplica(&f.state, "demo", "ps", "server application left"));
   // 501 goes to the new server as its next delivery, named by the server.
@@ -220,7 +220,7 @@ TEST_CASE("updates the old server applied reach the new one from their sources, 
 
 TEST_CASE("no live replica: nothing moves, and the server's pushes fail as before") {
   Fixture f;
-  f.state.hosts["r1"].alive = false;
+  f.state.hosts().Register("r1").alive = false;
   const uint64_t in_flight = f.Push("w1", /*in_flight=*/true);
   CHECK_FALSE(PromoteReplica(&f.state, "demo", "ps", "gone"));
   CHECK(FailOverServersOn(&f.state, "s1", "gone") == 0);

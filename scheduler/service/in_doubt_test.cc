@@ -139,7 +139,7 @@ TEST_CASE("a kept replica aggregate is delivered again if all its pushes applied
 
 TEST_CASE("a kept copy waits for its server's host, and for the replica to register again") {
   Fixture f;
-  f.state.hosts["s1"].alive = false;  // the server's host has not registered yet
+  f.state.hosts().Register("s1").alive = false;  // the server's host has not registered yet
   f.state.jobs["demo"].replica_hosts.clear();  // nor has the replica application
   const uint64_t push = f.OldId(5), copy = f.OldId(15);
   v1::RegisterHostRequest r1;
@@ -151,7 +151,7 @@ TEST_CASE("a kept copy waits for its server's host, and for the replica to regis
   CHECK(f.state.held_at_replicas.size() == 1);
 
   // s1 comes back: it applied the push. The replica is not registered yet.
-  f.state.hosts["s1"].alive = true;
+  f.state.hosts().Register("s1").alive = true;
   f.ServerApplied(push, 3);
   ResolveInDoubt(&f.state, 30);
   CHECK(f.Drain("r1").empty());
@@ -457,14 +457,14 @@ TEST_CASE("a group part kept at a shard is delivered there if another shard appl
   DoubtToGroup(&f, push);
   // s1 (shard g0, also the group's host) kept the part: the release that
   // r1 had reached it too late. r1 is not back yet: nothing is decided.
-  f.state.hosts["r1"].alive = false;
+  f.state.hosts().Register("r1").alive = false;
   KeepAtShard(&f, part, push);
   ResolveInDoubt(&f.state, 30);
   CHECK(f.Drain("w1").empty());
   CHECK(f.Drain("s1").empty());
 
   // r1 comes back: shard g1 applied the push.
-  f.state.hosts["r1"].alive = true;
+  f.state.hosts().Register("r1").alive = true;
   ShardAppliedAtR1(&f, push, 7);
   ResolveInDoubt(&f.state, 30);
   const auto at_w1 = f.Drain("w1");

@@ -116,10 +116,10 @@ TEST_CASE("a failed snapshot is skipped at the replica and taken again at a new 
 
 TEST_CASE("no snapshot while a host is down, and none once the replica left") {
   Fixture f;
-  f.state.hosts["r1"].alive = false;
+  f.state.hosts().Register("r1").alive = false;
   SendReplicaSnapshots(&f.state);
   CHECK(f.server().replica.snapshot_wanted);  // later
-  f.state.hosts["r1"].alive = true;
+  f.state.hosts().Register("r1").alive = true;
   f.state.jobs["demo"].replica_hosts.erase("ps");
   SendReplicaSnapshots(&f.state);
   CHECK_FALSE(f.server().replica.snapshot_wanted);

@@ -227,7 +227,7 @@ absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& reque
     FailOverServersOn(&state_, request.host(), "host re-registered (daemon restarted)");
     state_.MarkHostDown(request.host(), "host re-registered (daemon restarted)");
   }
-  HostState& host = state_.hosts[request.host()];
+  HostState& host = state_.hosts().Register(request.host());
   host.data_address = request.data_address();
   host.capacity_up_bps =
       request.uplink_bps() > 0 ? request.uplink_bps() : config_.default_link_bps;
@@ -541,8 +541,8 @@ bool SchedulerService::RoundComplete(const JobState& job, const ServerState& ser
 
 absl::Status SchedulerService::BeginStream(const std::string& host_name, uint64_t incarnation) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = state_.hosts.find(host_name);
-  if (it == state_.hosts.end() || it->second.incarnation != incarnation) {
+  const HostState* host = state_.hosts().Find(host_name);
+  if (host == nullptr || host->incarnation != incarnation) {
     return absl::FailedPreconditionError(
         absl::StrCat("host '", host_name, "' must RegisterHost before streaming schedules"));
   }
@@ -553,8 +553,8 @@ void SchedulerService::EndStream(const std::string& host_name, uint64_t incarnat
                                  const std::string& reason) {
   if (reason.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = state_.hosts.find(host_name);
-  if (it != state_.hosts.end() && it->second.incarnation == incarnation && !stopping_) {
+  const HostState* host = state_.hosts().Find(host_name);
+  if (host != nullptr && host->incarnation == incarnation && !stopping_) {
     FailOverServersOn(&state_, host_name, reason);
     state_.MarkHostDown(host_name, reason);
     clocks_cv_.notify_all();  // its workers no longer hold back an ssp job
@@ -749,8 +749,8 @@ absl::Status SchedulerService::ReportEntityGone(const v1::EntityGoneReport& requ
 
 absl::Status SchedulerService::ReportBandwidth(const v1::BandwidthReport& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = state_.hosts.find(request.host());
-  if (it == state_.hosts.end()) {
+  HostState* host = state_.hosts().Find(request.host());
+  if (host == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("host '", request.host(), "' is not registered"));
   }
@@ -761,10 +761,10 @@ absl::Status SchedulerService::ReportBandwidth(const v1::BandwidthReport& reques
                                                      kMinLinkBps, ", ", kMaxLinkBps, "]"));
     }
   }
-  it->second.uplink_bps = request.uplink_bps();
-  it->second.downlink_bps = request.downlink_bps();
-  it->second.last_report_s = clock_->NowSeconds();
-  ++it->second.reports;
+  host->uplink_bps = request.uplink_bps();
+  host->downlink_bps = request.downlink_bps();
+  host->last_report_s = clock_->NowSeconds();
+  ++host->reports;
   ++state_.stats.bandwidth_reports;
   return absl::OkStatus();
 }

@@ -64,9 +64,9 @@ absl::Status SchedulerService::CheckHostSession(const std::string& host,
                                                 const std::string& session) const {
   if (!auth_.hosts_authenticated()) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = state_.hosts.find(host);
-  if (it == state_.hosts.end() || it->second.session_token.empty() ||
-      !ConstantTimeEquals(session, it->second.session_token)) {
+  const HostState* registered = state_.hosts().Find(host);
+  if (registered == nullptr || registered->session_token.empty() ||
+      !ConstantTimeEquals(session, registered->session_token)) {
     return absl::UnauthenticatedError(absl::StrCat(
         "host '", host, "': ", session.empty() ? "no" : "a wrong",
         " session token; a daemon registers its host first and presents the token it got"));
@@ -119,7 +119,7 @@ ClusterSnapshot SchedulerService::Snapshot() const {
   snap.stats = state_.stats;
   std::map<std::string, std::vector<core::RateSegment>> up, down;
   state_.Reservations(&up, &down);
-  for (const auto& [name, host] : state_.hosts) {
+  for (const auto& [name, host] : state_.hosts().all()) {
     HostView view;
     view.name = name;
     view.data_address = host.data_address;
@@ -209,11 +209,11 @@ absl::Status SchedulerService::UpdateJobParams(const std::string& job_name,
 
 absl::Status SchedulerService::DrainHost(const std::string& host_name, bool drain) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = state_.hosts.find(host_name);
-  if (it == state_.hosts.end()) {
+  HostState* host = state_.hosts().Find(host_name);
+  if (host == nullptr) {
     return absl::NotFoundError(absl::StrCat("host '", host_name, "' is not registered"));
   }
-  it->second.draining = drain;
+  host->draining = drain;
   MLF_LOG(INFO) << "admin: host " << host_name << (drain ? " drained" : " back in service");
   return absl::OkStatus();
 }
@@ -224,7 +224,7 @@ void SchedulerService::SampleLinksLocked(double now_s) {
   state_.Reservations(&up, &down);
   LinkSample sample;
   sample.at_s = now_s;
-  for (const auto& [name, host] : state_.hosts) {
+  for (const auto& [name, host] : state_.hosts().all()) {
     if (!host.alive) continue;
     sample.links.push_back({name, core::RateAt(up[name], now_s), core::RateAt(down[name], now_s),
                             host.uplink_bps, host.downlink_bps});
@@ -310,7 +310,10 @@ bool SchedulerService::CutBatchLocked(
     }
   }
   in.host_link = [&](const std::string& name) {
-    const HostState& host = state_.hosts[name];
+    // A name no daemon registered has no links (and no entry is made for it).
+    static const HostState kUnregistered;
+    const HostState* registered = state_.hosts().Find(name);
+    const HostState& host = registered != nullptr ? *registered : kUnregistered;
     core::HostLink link{name, host.uplink_bps, host.downlink_bps, {}, {}};
     if (use_reservations) {
       if (auto it = up.find(name); it != up.end()) {

@@ -104,7 +104,7 @@ TEST_CASE("shards register into a group whose ranges must tile the model") {
   CHECK(GroupBytes(group) == 300);
   CHECK(group.host == "s1");  // shard 0's
   CHECK(f.job().servers["ps-2"].group == "ps");
-  f.state.hosts["s3"].alive = false;
+  f.state.hosts().Register("s3").alive = false;
   CHECK(GroupIncomplete(f.state, f.job(), group) == "shard 2 ('ps-2') is down");
 }
 
@@ -315,7 +315,7 @@ TEST_CASE("a group aggregate: one sum per shard, held under one position, its pu
 TEST_CASE("a group aggregate fails whole: a feed lost, its aggregator or a source down") {
   auto check_failed = [](AggregateFixture& f, const std::string& why, bool cancelled) {
     for (const char* src : {"w1", "w2"}) {
-      if (!f.state.hosts[src].alive) continue;  // nothing reaches a host that is down
+      if (f.state.AliveHost(src) == nullptr) continue;  // nothing reaches a host that is down
       const std::vector<v1::DaemonCommand> outcome = f.Drain(src);
       REQUIRE(!outcome.empty());
       CHECK(outcome.back().outcome().outcome() == v1::OUTCOME_FAILED);
