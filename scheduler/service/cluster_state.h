@@ -34,6 +34,7 @@
 #include "scheduler/service/command_outbox.h"
 #include "scheduler/service/host_table.h"
 #include "scheduler/service/outcome_log.h"
+#include "scheduler/service/pending_replica.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/snapshot.h"
 #include "scheduler/service/straggler_tracker.h"
@@ -113,15 +114,6 @@ struct RoundState {
 };
 
 // A hot-standby replica's view of one server (§5.3).
-struct PendingReplica {
-  uint64_t id = 0;  // the push, applied at the server, not yet copied
-  std::string src_host;
-  std::string worker;
-  int64_t bytes = 0;
-  int64_t version = 0;
-  double norm = 0;
-  v1::DType dtype = v1::DTYPE_FLOAT32;
-};
 struct ReplicaTrack {
   std::vector<PendingReplica> pending;   // copies punted to a later batch
   std::map<uint64_t, double> in_flight;  // copy transfer id -> update norm
