@@ -35,6 +35,7 @@
 #include "scheduler/service/host_table.h"
 #include "scheduler/service/outcome_log.h"
 #include "scheduler/service/pending_replica.h"
+#include "scheduler/service/restart_ledger.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/snapshot.h"
 #include "scheduler/service/straggler_tracker.h"
@@ -234,42 +235,6 @@ struct ReplicaCopy {
   }
 };
 
-// A push whose source's schedule stream broke while it was in flight: the
-// source's daemon names it when it registers again, and waits for its
-// outcome (in_doubt.h; issue 16 item 4).
-struct InDoubtPush {
-  uint64_t transfer_id = 0;
-  uint64_t local_id = 0;
-  std::string src_host;
-  std::string job;
-  std::string server;
-  double since_s = 0;
-  PendingReplica copy;  // as submitted, should its replica need a copy
-};
-
-// A replica copy whose bytes a replica's daemon kept when its schedule
-// stream broke, waiting for its push's outcome (in_doubt.h).
-struct HeldAtReplica {
-  std::string job;
-  std::string replica_host;
-  v1::ExpectDelivery copy;  // as first announced
-  bool incomplete = false;  // dropped there, bytes incomplete: only counted
-  double since_s = 0;
-};
-
-// An applied push whose replica copy was punted (§5.3) and whose bytes its
-// source still held when it registered again (in_doubt.h): the copy is
-// planned again once the server's replica is registered.
-struct HeldAtSource {
-  std::string job;
-  std::string server;
-  PendingReplica copy;
-  double since_s = 0;
-  // A push in doubt that turned out applied: its source was told to hold
-  // it, and the replica may have its copy already (kept there, or applied).
-  bool from_doubt = false;
-};
-
 // A push to a server group in flight (server_groups.h): one part per
 // shard, each its own transfer, held at its shard until every part is in.
 struct GroupPart {
@@ -343,22 +308,9 @@ class ClusterState {
   // (an aggregate copy decides all its pushes in flight).
   std::multimap<uint64_t, UpdateRecord> decided_by_copy;
   // A restarted scheduler's account of the pushes of its predecessor's
-  // plans (in_doubt.h): those in doubt at their sources, and what the
-  // servers' daemons applied (version, when heard) or were applying.
-  std::map<uint64_t, InDoubtPush> in_doubt;
-  std::map<uint64_t, std::pair<int64_t, double>> applied_elsewhere;
-  // Replica copies a replica's daemon kept across its lost stream, held
-  // for their pushes' outcomes (in_doubt.h), by copy transfer id.
-  std::map<uint64_t, HeldAtReplica> held_at_replicas;
-  // Punted replica copies whose sources registered again holding them, by
-  // push id (in_doubt.h).
-  std::map<uint64_t, HeldAtSource> held_at_sources;
-  // Pushes whose copies replicas' daemons applied or were applying, as
-  // they reported registering again (push id -> when heard), and pushes
-  // copied again from their sources (in_doubt.h).
-  std::map<uint64_t, double> at_replicas;
-  std::set<uint64_t> recopied_from_source;
-  std::set<uint64_t> delivering;
+  // plans (restart_ledger.h; in_doubt.h decides them).
+  RestartLedger& restart() { return restart_; }
+  const RestartLedger& restart() const { return restart_; }
   // Pushes to server groups in flight, by push id, and their parts' ids.
   std::map<uint64_t, GroupPush> group_pushes;
   std::map<uint64_t, uint64_t> group_parts;  // part transfer id -> push id
@@ -511,6 +463,7 @@ class ClusterState {
   const Clock* clock_;
   CommandOutbox* outbox_;
   AdminHistory* history_;
+  RestartLedger restart_;
   uint64_t epoch_ = 0;
   uint64_t next_transfer_id_ = 1;
   std::set<uint64_t> incarnations_;  // issued by this scheduler

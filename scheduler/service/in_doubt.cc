@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "scheduler/service/commands.h"
+#include "scheduler/service/restart_ledger.h"
 
 namespace mlfabric {
 namespace {
@@ -38,8 +40,7 @@ void Tell(ClusterState* state, const InDoubtPush& push, v1::Outcome outcome,
 }
 
 void Applied(ClusterState* state, const std::string& host, uint64_t push, int64_t version) {
-  state->delivering.erase(push);
-  state->applied_elsewhere[push] = {version, state->NowSeconds()};
+  state->restart().MarkAppliedElsewhere(push, version, state->NowSeconds());
   // A push this scheduler already ended as not applied: a promise broken.
   if (const RecentOutcome* known = state->outcomes().Find(push);
       known != nullptr && known->outcome != v1::OUTCOME_APPLIED) {
@@ -73,14 +74,15 @@ struct Known {
 };
 std::optional<Known> KnownOutcome(const ClusterState& state, uint64_t push, const std::string& job,
                                   const std::string& server, double waited_s, double wait_s) {
-  if (state.updates.count(push) || state.delivering.count(push) || state.in_doubt.count(push)) {
+  if (state.updates.count(push) || state.restart().IsDelivering(push) ||
+      state.restart().IsInDoubt(push)) {
     return std::nullopt;  // still being decided
   }
   if (const RecentOutcome* told = state.outcomes().Find(push)) {
     return Known{told->outcome == v1::OUTCOME_APPLIED, told->applied_version, told->reason};
   }
-  if (auto applied = state.applied_elsewhere.find(push); applied != state.applied_elsewhere.end()) {
-    return Known{true, applied->second.first, ""};
+  if (const std::optional<int64_t> version = state.restart().AppliedVersion(push)) {
+    return Known{true, *version, ""};
   }
   if ((push >> kEpochShift) == state.epoch()) {
     return Known{false, 0, "this scheduler has no record of its push"};
@@ -266,7 +268,9 @@ void CountMissed(ClusterState* state, const HeldAtReplica& held, const std::stri
   std::vector<uint64_t> pushes(held.copy.constituents().begin(),
                                held.copy.constituents().end());
   if (pushes.empty()) pushes.push_back(held.copy.source_transfer_id());
-  for (uint64_t push : pushes) *applied -= state->recopied_from_source.count(push);
+  for (uint64_t push : pushes) {
+    if (state->restart().WasRecopiedFromSource(push)) --*applied;
+  }
   if (*applied <= 0) return;
   if (JobState* job = state->FindJob(held.job); job != nullptr && job->servers.count(server)) {
     ReplicaTrack& replica = job->servers[server].replica;
@@ -292,8 +296,8 @@ bool SettleKeptCopy(ClusterState* state, uint64_t copy_id, const HeldAtReplica& 
     // until SettleHeldSources decides).
     const bool deciding = std::any_of(
         held.copy.constituents().begin(), held.copy.constituents().end(),
-        [&](uint64_t push) { return state->held_at_sources.count(push) > 0; }) ||
-        state->held_at_sources.count(held.copy.source_transfer_id()) > 0;
+        [&](uint64_t push) { return state->restart().IsHeldAtSource(push); }) ||
+        state->restart().IsHeldAtSource(held.copy.source_transfer_id());
     if (deciding) return false;
     if (known->applied) {
       CountMissed(state, held, server, &applied);
@@ -327,19 +331,11 @@ bool SettleKeptCopy(ClusterState* state, uint64_t copy_id, const HeldAtReplica& 
 // are known.
 void SettleKeptCopies(ClusterState* state, double wait_s) {
   const double now_s = state->NowSeconds();
-  for (auto it = state->held_at_replicas.begin(); it != state->held_at_replicas.end();) {
-    const uint64_t copy_id = it->first;
-    const HeldAtReplica& held = it->second;
-    const bool settled =
-        held.copy.group_push() != 0
-            ? SettleKeptPart(state, copy_id, held, now_s - held.since_s, wait_s)
-            : SettleKeptCopy(state, copy_id, held, now_s - held.since_s, wait_s);
-    if (settled) {
-      it = state->held_at_replicas.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  state->restart().EraseHeldAtReplicaIf([&](uint64_t copy_id, const HeldAtReplica& held) {
+    return held.copy.group_push() != 0
+               ? SettleKeptPart(state, copy_id, held, now_s - held.since_s, wait_s)
+               : SettleKeptCopy(state, copy_id, held, now_s - held.since_s, wait_s);
+  });
 }
 
 // A push held at its source whose server's replica is registered: the
@@ -352,16 +348,8 @@ void SettleWithReplica(ClusterState* state, uint64_t push, const HeldAtSource& h
   if (held.from_doubt) {
     // The replica's daemon has registered (its application has): what
     // it applied and what it kept are known here now.
-    bool kept = false, incomplete = false;
-    for (const auto& [copy_id, at] : state->held_at_replicas) {
-      const auto& in = at.copy.constituents();
-      if (at.copy.source_transfer_id() != push &&
-          std::find(in.begin(), in.end(), push) == in.end()) {
-        continue;
-      }
-      (at.incomplete ? incomplete : kept) = true;
-    }
-    if (state->at_replicas.count(push) || (kept && !incomplete)) {
+    const RestartLedger::KeptCopies kept = state->restart().KeptCopiesOf(push);
+    if (state->restart().IsAtReplica(push) || (kept.whole && !kept.incomplete)) {
       // The replica has it, or its kept copy is delivered once the push
       // is known applied (SettleKeptCopies): the source may let go.
       state->Enqueue(held.copy.src_host,
@@ -370,7 +358,7 @@ void SettleWithReplica(ClusterState* state, uint64_t push, const HeldAtSource& h
     }
     // Its copy was still arriving at the replica (counted missed
     // otherwise), or never left: sent again from the source.
-    if (incomplete) state->recopied_from_source.insert(push);
+    if (kept.incomplete) state->restart().MarkRecopiedFromSource(push);
   }
   const bool known =
       std::any_of(track.pending.begin(), track.pending.end(),
@@ -393,52 +381,54 @@ void SettleWithReplica(ClusterState* state, uint64_t push, const HeldAtSource& h
   }
 }
 
-// Plans again the replica copies sources hold across a restart: punted
-// copies of pushes applied before it, and pushes in doubt that turned out
-// applied (whose copies may have been punted, or lost on their way). Each
-// joins its server's pending copies (the next batch's §5.3 plan sends it)
-// once the server's replica is registered, unless the replica has the copy
-// already (applied, or kept there): then the source lets go. After wait_s
-// without a replica, the source frees the bytes.
+// Plans again the replica copy a source holds across a restart: the
+// punted copy of a push applied before it, or of a push in doubt that
+// turned out applied (whose copy may have been punted, or lost on its
+// way). It joins its server's pending copies (the next batch's §5.3 plan
+// sends it) once the server's replica is registered, unless the replica
+// has the copy already (applied, or kept there): then the source lets go.
+// After wait_s without a replica, the source frees the bytes. False: not
+// decided yet.
+bool SettleHeldSource(ClusterState* state, uint64_t push, const HeldAtSource& held, double now_s,
+                      double wait_s) {
+  JobState* job = state->FindJob(held.job);
+  ServerState* server = nullptr;
+  if (job != nullptr) {
+    if (auto found = job->servers.find(held.server); found != job->servers.end()) {
+      server = &found->second;
+    }
+  }
+  const auto replica = job != nullptr ? job->replica_hosts.find(held.server)
+                                      : std::map<std::string, std::string>::iterator();
+  const bool has_replica = server != nullptr && replica != job->replica_hosts.end() &&
+                           state->AliveHost(replica->second) != nullptr &&
+                           replica->second != server->host;
+  if (has_replica) {
+    SettleWithReplica(state, push, held, server, replica->second);
+    return true;
+  }
+  if (now_s - held.since_s < wait_s) return false;  // its replica is not registered (again) yet
+  const std::string why =
+      absl::StrCat("server '", held.server, "' has no registered replica ", wait_s,
+                   " s after its source registered again (in_doubt_wait_s)");
+  state->Enqueue(held.copy.src_host, commands::ReleaseHold(push, why));
+  // A punted copy had a replica to go to; a push in doubt may never have.
+  if (server != nullptr && !held.from_doubt) {
+    ++server->replica.missed;
+    server->replica.missed_norm += held.copy.norm;
+  }
+  MLF_LOG(WARNING) << "replica copy of push " << push << ", held at " << held.copy.src_host
+                   << " across the restart: released, " << why;
+  return true;
+}
+
+// Decides every copy held at its source that can be decided now
+// (SettleHeldSource), and forgets it.
 void SettleHeldSources(ClusterState* state, double wait_s) {
   const double now_s = state->NowSeconds();
-  for (auto it = state->held_at_sources.begin(); it != state->held_at_sources.end();) {
-    const uint64_t push = it->first;
-    const HeldAtSource& held = it->second;
-    JobState* job = state->FindJob(held.job);
-    ServerState* server = nullptr;
-    if (job != nullptr) {
-      if (auto found = job->servers.find(held.server); found != job->servers.end()) {
-        server = &found->second;
-      }
-    }
-    const auto replica = job != nullptr ? job->replica_hosts.find(held.server)
-                                        : std::map<std::string, std::string>::iterator();
-    const bool has_replica = server != nullptr && replica != job->replica_hosts.end() &&
-                             state->AliveHost(replica->second) != nullptr &&
-                             replica->second != server->host;
-    if (has_replica) {
-      SettleWithReplica(state, push, held, server, replica->second);
-      it = state->held_at_sources.erase(it);
-      continue;
-    }
-    if (now_s - held.since_s < wait_s) {  // its replica has not registered (again) yet
-      ++it;
-      continue;
-    }
-    const std::string why =
-        absl::StrCat("server '", held.server, "' has no registered replica ", wait_s,
-                     " s after its source registered again (in_doubt_wait_s)");
-    state->Enqueue(held.copy.src_host, commands::ReleaseHold(push, why));
-    // A punted copy had a replica to go to; a push in doubt may never have.
-    if (server != nullptr && !held.from_doubt) {
-      ++server->replica.missed;
-      server->replica.missed_norm += held.copy.norm;
-    }
-    MLF_LOG(WARNING) << "replica copy of push " << push << ", held at " << held.copy.src_host
-                     << " across the restart: released, " << why;
-    it = state->held_at_sources.erase(it);
-  }
+  state->restart().EraseHeldAtSourceIf([&](uint64_t push, const HeldAtSource& held) {
+    return SettleHeldSource(state, push, held, now_s, wait_s);
+  });
 }
 
 }  // namespace
@@ -447,13 +437,13 @@ void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& reques
   for (const v1::AppliedPush& entry : request.applied()) {
     if (entry.acknowledged()) {
       Applied(state, request.host(), entry.transfer_id(), entry.model_version());
-    } else if (!state->applied_elsewhere.count(entry.transfer_id())) {
-      state->delivering.insert(entry.transfer_id());
+    } else {
+      state->restart().MarkDelivering(entry.transfer_id());
     }
   }
   const double now_s = state->NowSeconds();
   for (const v1::InDoubtPush& push : request.in_doubt()) {
-    InDoubtPush& doubt = state->in_doubt[push.transfer_id()];
+    InDoubtPush doubt;
     doubt.transfer_id = push.transfer_id();
     doubt.local_id = push.local_id();
     doubt.src_host = request.host();
@@ -462,26 +452,29 @@ void AcceptHostReport(ClusterState* state, const v1::RegisterHostRequest& reques
     doubt.since_s = now_s;
     doubt.copy = {push.transfer_id(), request.host(), push.worker(), push.bytes(),
                   push.version(),     push.norm(),    push.dtype()};
+    state->restart().AddInDoubt(std::move(doubt));
     state->outcomes().RememberUid(push.push_uid(), push.transfer_id(), push.job(), push.worker());
   }
   for (const v1::AppliedPush& copied : request.replica_applied()) {
-    state->at_replicas[copied.transfer_id()] = now_s;
+    state->restart().MarkAtReplica(copied.transfer_id(), now_s);
   }
   for (const v1::HeldCopy& held : request.held_copies()) {
-    HeldAtReplica& kept = state->held_at_replicas[held.copy().transfer_id()];
+    HeldAtReplica kept;
     kept.job = held.job();
     kept.replica_host = request.host();
     kept.copy = held.copy();
     kept.incomplete = held.incomplete();
     kept.since_s = now_s;
+    state->restart().KeepAtReplica(held.copy().transfer_id(), std::move(kept));
   }
   for (const v1::HeldSource& source : request.held_sources()) {
-    HeldAtSource& held = state->held_at_sources[source.transfer_id()];
+    HeldAtSource held;
     held.job = source.job();
     held.server = source.server();
     held.copy = {source.transfer_id(), request.host(), source.worker(), source.bytes(),
                  source.version(),     source.norm(),  source.dtype()};
     held.since_s = now_s;
+    state->restart().HoldAtSource(source.transfer_id(), std::move(held));
   }
   if (request.held_sources_size() > 0) {
     MLF_LOG(WARNING) << "host " << request.host() << " registered holding "
@@ -504,7 +497,7 @@ bool AcceptLateCompletion(ClusterState* state, const v1::CompletionReport& repor
   if (pushes.empty()) pushes.push_back(report.transfer_id());
   bool known = false;
   for (uint64_t push : pushes) {
-    known = known || state->in_doubt.count(push) > 0 || state->delivering.count(push) > 0;
+    known = known || state->restart().IsInDoubt(push) || state->restart().IsDelivering(push);
   }
   if (!known) return false;
   const int64_t n = static_cast<int64_t>(pushes.size());
@@ -512,86 +505,75 @@ bool AcceptLateCompletion(ClusterState* state, const v1::CompletionReport& repor
     if (report.applied()) {
       Applied(state, report.host(), pushes[i], report.model_version() - (n - 1 - i));
     } else {
-      state->delivering.erase(pushes[i]);
+      state->restart().EndDelivering(pushes[i]);
     }
   }
   return true;
 }
 
+namespace {
+
+// Ends push in doubt `push` if its outcome is known now (see in_doubt.h's
+// banner), telling its source. False: not yet.
+bool EndInDoubt(ClusterState* state, const InDoubtPush& push, double now_s, double wait_s) {
+  if (state->updates.count(push.transfer_id)) return true;  // still live here: ends as usual
+  if (const RecentOutcome* told = state->outcomes().Find(push.transfer_id)) {
+    // This scheduler ended it; its source did not hear.
+    v1::DaemonCommand command =
+        commands::PushOutcome(push.transfer_id, push.local_id, told->outcome, told->reason);
+    command.mutable_outcome()->set_applied_version(told->applied_version);
+    command.mutable_outcome()->set_delay(told->delay);
+    command.mutable_outcome()->set_hold_for_replica(told->hold_for_replica);
+    state->Enqueue(push.src_host, std::move(command));
+    return true;
+  }
+  if (const std::optional<int64_t> version = state->restart().AppliedVersion(push.transfer_id)) {
+    // Its replica copy may have been punted, or lost with the stream:
+    // the source keeps the bytes until the replica is known to have it
+    // or gets a copy of it (SettleHeldSources).
+    Tell(state, push, v1::OUTCOME_APPLIED, "", *version, /*hold_for_replica=*/true);
+    state->restart().HoldAtSource(push.transfer_id, {push.job, push.server, push.copy, now_s,
+                                                     /*from_doubt=*/true});
+    return true;
+  }
+  if (state->restart().IsDelivering(push.transfer_id)) {  // its application's ack decides
+    return false;
+  }
+  std::string why;
+  const JobState* job = state->FindJob(push.job);
+  const ServerState* server = nullptr;
+  if (job != nullptr) {
+    if (auto found = job->servers.find(push.server); found != job->servers.end()) {
+      server = &found->second;
+    }
+  }
+  if ((push.transfer_id >> kEpochShift) == state->epoch()) {
+    why = "this scheduler has no record of it";
+  } else if (server != nullptr && AllHostsBack(*state, *job, *server)) {
+    why = absl::StrCat("the scheduler restarted while it was in flight, and the daemon of "
+                       "server '", push.server, "' on ", server->host,
+                       " did not apply it (it cancelled the lost schedule's deliveries); "
+                       "push it again");
+  } else if (now_s - push.since_s >= wait_s) {
+    why = absl::StrCat("the scheduler restarted while it was in flight, and the host of "
+                       "server '", push.server, "' did not register with the new scheduler within ",
+                       wait_s, " s (in_doubt_wait_s): not applied at any live server");
+  } else {
+    return false;
+  }
+  Tell(state, push, v1::OUTCOME_FAILED, why, 0);
+  return true;
+}
+
+}  // namespace
+
 void ResolveInDoubt(ClusterState* state, double wait_s) {
   const double now_s = state->NowSeconds();
-  for (auto it = state->in_doubt.begin(); it != state->in_doubt.end();) {
-    const InDoubtPush& push = it->second;
-    if (state->updates.count(push.transfer_id)) {  // still live here: ends as usual
-      it = state->in_doubt.erase(it);
-      continue;
-    }
-    if (const RecentOutcome* told = state->outcomes().Find(push.transfer_id)) {
-      // This scheduler ended it; its source did not hear.
-      v1::DaemonCommand command =
-          commands::PushOutcome(push.transfer_id, push.local_id, told->outcome, told->reason);
-      command.mutable_outcome()->set_applied_version(told->applied_version);
-      command.mutable_outcome()->set_delay(told->delay);
-      command.mutable_outcome()->set_hold_for_replica(told->hold_for_replica);
-      state->Enqueue(push.src_host, std::move(command));
-      it = state->in_doubt.erase(it);
-      continue;
-    }
-    if (auto applied = state->applied_elsewhere.find(push.transfer_id);
-        applied != state->applied_elsewhere.end()) {
-      // Its replica copy may have been punted, or lost with the stream:
-      // the source keeps the bytes until the replica is known to have it
-      // or gets a copy of it (SettleHeldSources).
-      Tell(state, push, v1::OUTCOME_APPLIED, "", applied->second.first, /*hold_for_replica=*/true);
-      HeldAtSource& held = state->held_at_sources[push.transfer_id];
-      held.job = push.job;
-      held.server = push.server;
-      held.copy = push.copy;
-      held.since_s = now_s;
-      held.from_doubt = true;
-      it = state->in_doubt.erase(it);
-      continue;
-    }
-    if (state->delivering.count(push.transfer_id)) {  // its application's ack decides
-      ++it;
-      continue;
-    }
-    std::string why;
-    const JobState* job = state->FindJob(push.job);
-    const ServerState* server = nullptr;
-    if (job != nullptr) {
-      if (auto found = job->servers.find(push.server); found != job->servers.end()) {
-        server = &found->second;
-      }
-    }
-    if ((push.transfer_id >> kEpochShift) == state->epoch()) {
-      why = "this scheduler has no record of it";
-    } else if (server != nullptr && AllHostsBack(*state, *job, *server)) {
-      why = absl::StrCat("the scheduler restarted while it was in flight, and the daemon of "
-                         "server '", push.server, "' on ", server->host,
-                         " did not apply it (it cancelled the lost schedule's deliveries); "
-                         "push it again");
-    } else if (now_s - push.since_s >= wait_s) {
-      why = absl::StrCat("the scheduler restarted while it was in flight, and the host of "
-                         "server '", push.server, "' did not register with the new scheduler within ",
-                         wait_s, " s (in_doubt_wait_s): not applied at any live server");
-    } else {
-      ++it;
-      continue;
-    }
-    Tell(state, push, v1::OUTCOME_FAILED, why, 0);
-    it = state->in_doubt.erase(it);
-  }
+  state->restart().EraseInDoubtIf(
+      [&](const InDoubtPush& push) { return EndInDoubt(state, push, now_s, wait_s); });
   SettleHeldSources(state, wait_s);
   SettleKeptCopies(state, wait_s);
-  const double keep_s = std::max(kAppliedKeepS, 2 * wait_s);
-  for (auto it = state->applied_elsewhere.begin(); it != state->applied_elsewhere.end();) {
-    it = now_s - it->second.second > keep_s ? state->applied_elsewhere.erase(it) : std::next(it);
-  }
-  for (auto it = state->at_replicas.begin(); it != state->at_replicas.end();) {
-    it = now_s - it->second > keep_s ? state->at_replicas.erase(it) : std::next(it);
-  }
-  if (state->held_at_replicas.empty()) state->recopied_from_source.clear();
+  state->restart().Prune(now_s, std::max(kAppliedKeepS, 2 * wait_s));
 }
 
 }  // namespace mlfabric

@@ -93,7 +93,7 @@ TEST_CASE("kept replica copies are delivered again if their push applied, droppe
   REQUIRE(at_r1[1].has_cancel());
   CHECK(at_r1[1].cancel().transfer_id() == not_applied_copy);
   CHECK(at_r1[1].cancel().reason().find("did not apply") != std::string::npos);
-  CHECK(f.state.held_at_replicas.empty());
+  CHECK(f.state.restart().HeldAtReplicaCount() == 0);
   // The replica's daemon reporting the copy applied ends it as any copy.
   f.state.EndReplicaCopy(applied_copy, /*applied=*/true, "", 12);
   CHECK(f.state.jobs["demo"].servers["ps"].replica.applied == 1);
@@ -133,7 +133,7 @@ TEST_CASE("a kept replica aggregate is delivered again if all its pushes applied
       CHECK(replica.missed == 1);
       CHECK(replica.missed_norm == Approx(1.25));
     }
-    CHECK(f.state.held_at_replicas.empty());
+    CHECK(f.state.restart().HeldAtReplicaCount() == 0);
   }
 }
 
@@ -148,7 +148,7 @@ TEST_CASE("a kept copy waits for its server's host, and for the replica to regis
   AcceptHostReport(&f.state, r1);
   ResolveInDoubt(&f.state, 30);
   CHECK(f.Drain("r1").empty());
-  CHECK(f.state.held_at_replicas.size() == 1);
+  CHECK(f.state.restart().HeldAtReplicaCount() == 1);
 
   // s1 comes back: it applied the push. The replica is not registered yet.
   f.state.hosts().Register("s1").alive = true;
@@ -180,7 +180,7 @@ TEST_CASE("a kept copy whose replica never registers again is dropped after the 
   REQUIRE(at_r1.size() == 1);
   REQUIRE(at_r1[0].has_cancel());
   CHECK(at_r1[0].cancel().transfer_id() == copy);
-  CHECK(f.state.held_at_replicas.empty());
+  CHECK(f.state.restart().HeldAtReplicaCount() == 0);
 }
 
 TEST_CASE("a copy dropped while arriving counts against the replica if its push applied") {
@@ -198,7 +198,7 @@ TEST_CASE("a copy dropped while arriving counts against the replica if its push 
   f.ServerApplied(applied, 0);
   ResolveInDoubt(&f.state, 30);
   CHECK(f.Drain("r1").empty());  // nothing kept there to deliver or drop
-  CHECK(f.state.held_at_replicas.empty());
+  CHECK(f.state.restart().HeldAtReplicaCount() == 0);
   const ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
   CHECK(replica.missed == 1);
   CHECK(replica.missed_norm == 2.5);
@@ -233,7 +233,7 @@ TEST_CASE("a punted copy its source held across the restart is planned again, on
   ResolveInDoubt(&f.state, 30);
   ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
   CHECK(replica.pending.empty());
-  CHECK(f.state.held_at_sources.size() == 1);
+  CHECK(f.state.restart().HeldAtSourceCount() == 1);
 
   f.state.jobs["demo"].replica_hosts["ps"] = "r1";
   ResolveInDoubt(&f.state, 30);
@@ -242,7 +242,7 @@ TEST_CASE("a punted copy its source held across the restart is planned again, on
   CHECK(replica.pending[0].src_host == "w1");
   CHECK(replica.pending[0].bytes == 64);
   CHECK(replica.pending[0].norm == 1.5);
-  CHECK(f.state.held_at_sources.empty());
+  CHECK(f.state.restart().HeldAtSourceCount() == 0);
   CHECK(f.state.stats.held_sources_recopied == 1);
   CHECK(f.Drain("w1").empty());  // the source keeps the bytes for the copy
 
@@ -269,7 +269,7 @@ TEST_CASE("a punted copy held at its source is released if the server has no rep
   CHECK(at_w1[0].cancel().release_hold());
   CHECK(at_w1[0].cancel().transfer_id() == push);
   CHECK(at_w1[0].cancel().reason().find("no registered replica") != std::string::npos);
-  CHECK(f.state.held_at_sources.empty());
+  CHECK(f.state.restart().HeldAtSourceCount() == 0);
   const ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
   CHECK(replica.pending.empty());
   CHECK(replica.missed == 1);
@@ -334,9 +334,9 @@ TEST_CASE("a push in doubt that applied is held at its source until its replica 
   CHECK(replica.pending[0].version == 8);
   CHECK(replica.pending[0].norm == 0.5);
   // The copy that was arriving is sent again, so it is not counted lost.
-  CHECK(f.state.held_at_replicas.empty());
+  CHECK(f.state.restart().HeldAtReplicaCount() == 0);
   CHECK(replica.missed == 0);
-  CHECK(f.state.held_at_sources.empty());
+  CHECK(f.state.restart().HeldAtSourceCount() == 0);
 }
 
 TEST_CASE("a push in doubt that applied, with no replica, is released after the wait") {
@@ -485,7 +485,7 @@ TEST_CASE("a group part kept at a shard is delivered there if another shard appl
   CHECK(at_r1[1].cancel().transfer_id() == at_r1[0].expect().transfer_id());
   CHECK(at_r1[1].cancel().sequence() == 1);
   CHECK(f.state.jobs["demo"].servers["g"].next_sequence == 2);
-  CHECK(f.state.held_at_replicas.empty());
+  CHECK(f.state.restart().HeldAtReplicaCount() == 0);
 }
 
 TEST_CASE("a group part kept at a shard is dropped when no shard applied its push") {

@@ -57,12 +57,13 @@ TEST_CASE("a push nobody submitted, or another worker's or job's, is unknown") {
 
 TEST_CASE("a push in doubt after a scheduler restart is in flight until decided") {
   Fixture f;
-  InDoubtPush& doubt = f.state.in_doubt[77];
+  InDoubtPush doubt;
   doubt.transfer_id = 77;
   doubt.src_host = "w1";
+  f.state.restart().AddInDoubt(doubt);
   f.state.outcomes().RememberUid(3001, 77, "demo", "w1");
   CHECK(PushStates(f.state, "demo", "w1", {3001})[0].state() == v1::PushState::STATE_IN_FLIGHT);
-  f.state.in_doubt.erase(77);
+  f.state.restart().EraseInDoubtIf([](const InDoubtPush& push) { return push.transfer_id == 77; });
   f.state.outcomes().Remember(77, {v1::OUTCOME_FAILED, "its source's stream broke", 0, 0, false});
   const v1::PushState decided = PushStates(f.state, "demo", "w1", {3001})[0];
   CHECK(decided.state() == v1::PushState::STATE_ENDED);

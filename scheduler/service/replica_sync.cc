@@ -49,14 +49,14 @@ void SendReplicaSnapshots(ClusterState* state) {
       for (auto& [push, record] : state->updates) {
         if (record.job == job_name && record.server == server_name) record.replica_punted = false;
       }
-      for (auto it = state->held_at_sources.begin(); it != state->held_at_sources.end();) {
-        if (it->second.job != job_name || it->second.server != server_name) {
-          ++it;
-          continue;
-        }
-        state->Enqueue(it->second.copy.src_host, commands::ReleaseHold(it->first, why));
-        it = state->held_at_sources.erase(it);
-      }
+      // (By name: C++17 lambdas cannot capture the structured bindings.)
+      const std::string& this_job = job_name;
+      const std::string& this_server = server_name;
+      state->restart().EraseHeldAtSourceIf([&](uint64_t push, const HeldAtSource& held) {
+        if (held.job != this_job || held.server != this_server) return false;
+        state->Enqueue(held.copy.src_host, commands::ReleaseHold(push, why));
+        return true;
+      });
       v1::DaemonCommand take;
       v1::SnapshotToReplica* snapshot = take.mutable_snapshot();
       snapshot->set_transfer_id(id);

@@ -61,14 +61,15 @@ TEST_CASE("copies punted for an earlier replica do not follow the snapshot") {
   f.server().replica.pending.push_back({301, "w1", "w1", 64, 0, 1.0, v1::DTYPE_FLOAT32});
   UpdateRecord& in_flight = f.AddPush("w1");
   in_flight.replica_punted = true;
-  HeldAtSource& held = f.state.held_at_sources[302];
+  HeldAtSource held;
   held.job = "demo";
   held.server = "ps";
   held.copy.src_host = "w1";
+  f.state.restart().HoldAtSource(302, held);
   SendReplicaSnapshots(&f.state);
   CHECK(f.server().replica.pending.empty());
   CHECK_FALSE(in_flight.replica_punted);
-  CHECK(f.state.held_at_sources.empty());
+  CHECK(f.state.restart().HeldAtSourceCount() == 0);
   int released = 0;
   for (const v1::DaemonCommand& command : f.Drain("w1")) {
     if (command.has_cancel() && command.cancel().release_hold()) ++released;
