@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -157,7 +158,7 @@ void ClusterState::LeaveServer(uint64_t transfer_id, const UpdateRecord& record,
   if (server == job->servers.end()) return;
   --server->second.in_flight;
   if (outcome != v1::OUTCOME_APPLIED && record.aggregate_id == 0 && record.sequence != 0 &&
-      !group_pushes.count(transfer_id)) {
+      !groups_.Contains(transfer_id)) {
     // The server's daemon waits for this sequence number: tell it to
     // skip, so later updates are not held back behind it.
     Enqueue(server->second.host,
@@ -285,18 +286,12 @@ void ClusterState::FailAggregate(uint64_t aggregate_id, const std::string& reaso
   }
 }
 
-bool ClusterState::IsGroupAggregate(uint64_t id) const {
-  auto push = group_pushes.find(id);
-  return push != group_pushes.end() && !push->second.constituents.empty();
-}
+bool ClusterState::IsGroupAggregate(uint64_t id) const { return groups_.IsAggregate(id); }
 
 void ClusterState::FailGroupAggregate(uint64_t id, const std::string& reason) {
-  auto it = group_pushes.find(id);
-  if (it == group_pushes.end() || it->second.constituents.empty()) return;
-  const GroupPush group = std::move(it->second);
-  group_pushes.erase(it);
+  if (!groups_.IsAggregate(id)) return;
+  const GroupPush group = *groups_.Take(id);
   for (const GroupPart& part : group.parts) {
-    group_parts.erase(part.id);
     if (!group.released) {
       // Skipped at its shard (a held sum never released is never applied),
       // and no longer summed at the aggregator.
@@ -304,7 +299,6 @@ void ClusterState::FailGroupAggregate(uint64_t id, const std::string& reason) {
       Enqueue(group.aggregator, commands::CancelDelivery(part.id, part.server, 0, reason));
     }
   }
-  for (const TransferView& feed : group.feeds) group_feeds.erase(feed.transfer_id);
   const std::string why =
       group.released
           ? absl::StrCat(reason, " (after every shard had its part of the aggregate: shards "
@@ -320,17 +314,15 @@ void ClusterState::FailGroupAggregate(uint64_t id, const std::string& reason) {
 }
 
 bool ClusterState::EndGroupPush(uint64_t push_id, uint64_t sequence, const std::string& reason) {
-  auto push = group_pushes.find(push_id);
-  if (push == group_pushes.end()) return false;
-  for (const GroupPart& part : push->second.parts) {
+  std::optional<GroupPush> push = groups_.Take(push_id);
+  if (!push) return false;
+  for (const GroupPart& part : push->parts) {
     // A held part never released is never applied: skipping it keeps the
     // shard's later pushes moving.
-    if (!push->second.released && sequence != 0) {
+    if (!push->released && sequence != 0) {
       Enqueue(part.host, commands::CancelDelivery(part.id, part.server, sequence, reason));
     }
-    group_parts.erase(part.id);
   }
-  group_pushes.erase(push);
   return true;
 }
 
@@ -395,13 +387,8 @@ void ClusterState::FailAggregatesOn(const std::string& host_name, const std::str
     FailAggregateWhenCancelled(id,
                                absl::StrCat("aggregator host ", host_name, " is down: ", reason));
   }
-  std::vector<uint64_t> group_sums_there;  // group aggregates whose sums are not all out
-  for (const auto& [id, group] : group_pushes) {
-    if (!group.constituents.empty() && !group.released && group.aggregator == host_name) {
-      group_sums_there.push_back(id);
-    }
-  }
-  for (uint64_t id : group_sums_there) {
+  // Group aggregates whose sums are not all out.
+  for (uint64_t id : groups_.AggregatesUnreleasedAt(host_name)) {
     FailGroupAggregate(id, absl::StrCat("aggregator host ", host_name, " is down: ", reason));
   }
 }
@@ -420,8 +407,9 @@ std::vector<uint64_t> ClusterState::TakeUpdatesThrough(const std::string& host_n
     }
     // Every part of this group push (or of its group aggregate) is at its
     // shard already.
-    if (auto group = group_pushes.find(record.aggregate_id != 0 ? record.aggregate_id : id);
-        group != group_pushes.end() && group->second.released) {
+    if (const GroupPush* group =
+            groups_.Find(record.aggregate_id != 0 ? record.aggregate_id : id);
+        group != nullptr && group->released) {
       source_down = false;
     }
     if (!source_down && !server_down) continue;
@@ -481,11 +469,11 @@ void ClusterState::FailWhenCancelled(uint64_t transfer_id, const std::string& re
   if (it == updates.end()) return;
   UpdateRecord& record = it->second;
   if (!record.cancel_pending.empty()) return;  // asked already
-  if (auto group = group_pushes.find(transfer_id); group != group_pushes.end()) {
+  if (const GroupPush* group = groups_.Find(transfer_id)) {
     // Its parts are held at the shards until all are in: none was applied
     // unless they were released, and Complete cancels those that were not.
     Complete(transfer_id, v1::OUTCOME_FAILED,
-             group->second.released
+             group->released
                  ? absl::StrCat(reason, " (after every shard had its part: shards that "
                                         "applied theirs keep it)")
                  : reason,
@@ -791,8 +779,8 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
                                 std::map<std::string, std::vector<core::RateSegment>>* down) const {
   for (const auto& [id, record] : updates) {
     if (record.state != UpdateState::kInFlight) continue;
-    if (auto group = group_pushes.find(id); group != group_pushes.end()) {
-      for (const GroupPart& part : group->second.parts) {
+    if (const GroupPush* group = groups_.Find(id)) {
+      for (const GroupPart& part : group->parts) {
         AppendSegments(part.planned.segments, &(*up)[part.planned.src]);
         AppendSegments(part.planned.segments, &(*down)[part.planned.dst]);
       }
@@ -822,8 +810,8 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
       AppendSegments(hop.planned.segments, &(*down)[hop.planned.dst]);
     }
   }
-  for (const auto& [id, group] : group_pushes) {
-    if (group.constituents.empty()) continue;  // a push's own: above
+  groups_.ForEach([&](uint64_t /*id*/, const GroupPush& group) {
+    if (group.constituents.empty()) return;  // a push's own: above
     for (const TransferView& feed : group.feeds) {
       AppendSegments(feed.segments, &(*up)[feed.src]);
       AppendSegments(feed.segments, &(*down)[feed.dst]);
@@ -832,7 +820,7 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
       AppendSegments(part.planned.segments, &(*up)[part.planned.src]);
       AppendSegments(part.planned.segments, &(*down)[part.planned.dst]);
     }
-  }
+  });
 }
 
 void ClusterState::RecordDrop(const UpdateRecord& record, v1::Outcome outcome,

@@ -36,6 +36,7 @@
 #include "scheduler/service/outcome_log.h"
 #include "scheduler/service/pending_replica.h"
 #include "scheduler/service/restart_ledger.h"
+#include "scheduler/service/group_ledger.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/snapshot.h"
 #include "scheduler/service/straggler_tracker.h"
@@ -235,35 +236,6 @@ struct ReplicaCopy {
   }
 };
 
-// A push to a server group in flight (server_groups.h): one part per
-// shard, each its own transfer, held at its shard until every part is in.
-struct GroupPart {
-  uint64_t id = 0;     // the part's transfer id
-  std::string server;  // the shard
-  std::string host;
-  int64_t begin = 0;   // bytes [begin, end) of the push
-  int64_t end = 0;
-  bool ready = false;    // all its bytes are at the shard's daemon
-  bool applied = false;
-  int64_t version = 0;   // the shard's model version after applying it
-  TransferView planned;  // source -> the shard's host
-};
-struct GroupPush {
-  std::vector<GroupPart> parts;
-  bool released = false;  // every part was ready: the shards may apply it
-  // A group aggregate (server_groups.h; §5.2 with §10.2): under an id of
-  // its own, the pushes `constituents` (commit order) summed at
-  // `aggregator`; each part is that sum's bytes for one shard, and
-  // `feeds` are the constituents' parts on their way to the aggregator.
-  // Empty `constituents`: the entry is a push's own (keyed by the push).
-  std::vector<uint64_t> constituents;
-  std::string aggregator;
-  uint64_t sequence = 0;  // the group's commit position
-  std::vector<TransferView> feeds;
-};
-
-// How a push ended, kept a while so that a source whose stream broke
-// before the outcome reached it can be told again.
 // Job policies (pure).
 // The round size in force for a server: the pushes a round sums and closes
 // with. M = as registered, else the number of workers of a sync-mode job;
@@ -311,10 +283,9 @@ class ClusterState {
   // plans (restart_ledger.h; in_doubt.h decides them).
   RestartLedger& restart() { return restart_; }
   const RestartLedger& restart() const { return restart_; }
-  // Pushes to server groups in flight, by push id, and their parts' ids.
-  std::map<uint64_t, GroupPush> group_pushes;
-  std::map<uint64_t, uint64_t> group_parts;  // part transfer id -> push id
-  std::map<uint64_t, uint64_t> group_feeds;  // part to an aggregator -> group aggregate
+  // Pushes to server groups in flight, and their parts and feeds.
+  GroupLedger& groups() { return groups_; }
+  const GroupLedger& groups() const { return groups_; }
   // Replica snapshots moving (replica_sync.h): transfer id -> (job, server).
   std::map<uint64_t, std::pair<std::string, std::string>> replica_snapshots;
   SchedulerStats stats;
@@ -464,6 +435,7 @@ class ClusterState {
   CommandOutbox* outbox_;
   AdminHistory* history_;
   RestartLedger restart_;
+  GroupLedger groups_;
   uint64_t epoch_ = 0;
   uint64_t next_transfer_id_ = 1;
   std::set<uint64_t> incarnations_;  // issued by this scheduler

@@ -92,7 +92,6 @@ void PlanDispatcher::Run::DispatchGroupPush(uint64_t id, UpdateRecord& record,
   record.planned =
       Planned(id, record.src_host, server_.host, record.bytes, *parts[0], deadline_s);
   record.planned.end_s = end_s;
-  GroupPush& push = state_.group_pushes[id];
   for (size_t i = 0; i < shards; ++i) {
     const ShardSlot& slot = server_.shards[i];
     const core::Transfer& transfer = *parts[i];
@@ -105,7 +104,6 @@ void PlanDispatcher::Run::DispatchGroupPush(uint64_t id, UpdateRecord& record,
     part.planned = Planned(part.id, record.src_host, part.host, slot.end - slot.begin,
                            transfer, deadline_s);
     view_.transfers.push_back(part.planned);
-    state_.group_parts[part.id] = id;
 
     commands::Expect expect = PushExpect(record, part.id, slot.server, slot.end - slot.begin);
     expect.held = true;
@@ -118,7 +116,7 @@ void PlanDispatcher::Run::DispatchGroupPush(uint64_t id, UpdateRecord& record,
     send.part = true;
     send.part_offset = slot.begin;
     state_.Enqueue(record.src_host, commands::SendTransfer(send, transfer.segments));
-    push.parts.push_back(std::move(part));
+    state_.groups().AddPart(id, std::move(part));
   }
   ++view_.scheduled;
   ++state_.stats.planned;
@@ -141,7 +139,7 @@ void PlanDispatcher::Run::DispatchGroupAggregate(
     return;
   }
   const uint64_t id = state_.NewTransferId();
-  GroupPush& group = state_.group_pushes[id];
+  GroupPush& group = state_.groups().Open(id);
   group.constituents = members;
   group.aggregator = aggregator_name;
   group.sequence = server_.next_sequence++;
@@ -151,10 +149,7 @@ void PlanDispatcher::Run::DispatchGroupAggregate(
   // feed[m][i]: member m's part for shard i, on its way to the aggregator.
   std::vector<std::vector<uint64_t>> feed(members.size(), std::vector<uint64_t>(shards));
   for (auto& row : feed) {
-    for (uint64_t& f : row) {
-      f = state_.NewTransferId();
-      state_.group_feeds[f] = id;
-    }
+    for (uint64_t& f : row) f = state_.NewTransferId();
   }
   SendGroupSums(id, parts, feed, deadline_s, &group);
   ++state_.stats.aggregates;
@@ -216,7 +211,7 @@ std::string PlanDispatcher::Run::MatchGroupAggregate(
 
 void PlanDispatcher::Run::SendGroupSums(uint64_t id, const GroupAggregateParts& parts,
                                         const std::vector<std::vector<uint64_t>>& feed,
-                                        double deadline_s, GroupPush* group) {
+                                        double deadline_s, const GroupPush* group) {
   const std::vector<uint64_t>& members = group->constituents;
   const std::string& aggregator_name = group->aggregator;
   const UpdateRecord& first = state_.updates[members.front()];
@@ -232,7 +227,6 @@ void PlanDispatcher::Run::SendGroupSums(uint64_t id, const GroupAggregateParts& 
     part.end = slot.end;
     part.planned = Planned(part.id, aggregator_name, part.host, size, sum, deadline_s);
     view_.transfers.push_back(part.planned);
-    state_.group_parts[part.id] = id;
 
     commands::Expect expect;
     expect.transfer_id = part.id;
@@ -260,14 +254,14 @@ void PlanDispatcher::Run::SendGroupSums(uint64_t id, const GroupAggregateParts& 
     task.bytes = size;
     task.dtype = first.dtype;
     state_.Enqueue(aggregator_name, commands::AggregateTask(task, sum.segments));
-    group->parts.push_back(std::move(part));
+    state_.groups().AddPart(id, std::move(part));
   }
 }
 
 void PlanDispatcher::Run::SendGroupFeeds(uint64_t id, const GroupAggregateParts& parts,
                                          const std::vector<std::vector<uint64_t>>& feed,
                                          const HostState& aggregator, double end_s,
-                                         double deadline_s, GroupPush* group) {
+                                         double deadline_s, const GroupPush* group) {
   const std::vector<uint64_t>& members = group->constituents;
   const std::string& aggregator_name = group->aggregator;
   for (size_t m = 0; m < members.size(); ++m) {
@@ -282,8 +276,8 @@ void PlanDispatcher::Run::SendGroupFeeds(uint64_t id, const GroupAggregateParts&
     for (size_t i = 0; i < server_.shards.size(); ++i) {
       const ShardSlot& slot = server_.shards[i];
       const core::Transfer& hop = *parts.part_of[m][i];
-      group->feeds.push_back(Planned(feed[m][i], record.src_host, aggregator_name,
-                                     slot.end - slot.begin, hop, deadline_s));
+      state_.groups().AddFeed(id, Planned(feed[m][i], record.src_host, aggregator_name,
+                                          slot.end - slot.begin, hop, deadline_s));
       commands::Send send{feed[m][i], job_.id, aggregator_name, aggregator.data_address,
                           hop.start_s, slot.end - slot.begin};
       send.source_transfer_id = record.transfer_id;

@@ -113,12 +113,12 @@ class PlanDispatcher::Run {
   // sequence number) and summed at the aggregator from the `feed` ids.
   void SendGroupSums(uint64_t id, const GroupAggregateParts& parts,
                      const std::vector<std::vector<uint64_t>>& feed, double deadline_s,
-                     GroupPush* group);
+                     const GroupPush* group);
   // Each member's parts, sent to the aggregator as feed[m][i]; the member
   // is in flight in aggregate `id`.
   void SendGroupFeeds(uint64_t id, const GroupAggregateParts& parts,
                       const std::vector<std::vector<uint64_t>>& feed, const HostState& aggregator,
-                      double end_s, double deadline_s, GroupPush* group);
+                      double end_s, double deadline_s, const GroupPush* group);
   // §5.3: sends the plan's replica copies and marks the punted ones.
   void DispatchReplica(const core::Plan& plan);
   // One of the replica's aggregates: copies sent to the aggregator, summed

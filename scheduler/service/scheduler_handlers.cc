@@ -621,8 +621,7 @@ absl::Status SchedulerService::AwaitClock(const v1::AwaitClockRequest& request,
 
 absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state_.group_parts.count(request.transfer_id()) ||
-      state_.group_feeds.count(request.transfer_id())) {  // server_groups.h
+  if (state_.groups().IsPartOrFeed(request.transfer_id())) {  // server_groups.h
     if (request.part_ready()) {
       GroupPartReady(&state_, request.transfer_id());
     } else {

@@ -1,6 +1,7 @@
 #include "scheduler/service/server_groups.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -200,28 +201,12 @@ int64_t GroupBytes(const ServerState& group) {
   return group.shards.empty() ? 0 : group.shards.back().end;
 }
 
-namespace {
-
-GroupPush* PushOf(ClusterState* state, uint64_t part_id, uint64_t* push_id, GroupPart** part) {
-  auto owner = state->group_parts.find(part_id);
-  if (owner == state->group_parts.end()) return nullptr;
-  auto push = state->group_pushes.find(owner->second);
-  if (push == state->group_pushes.end()) return nullptr;
-  *push_id = owner->second;
-  for (GroupPart& p : push->second.parts) {
-    if (p.id == part_id) *part = &p;
-  }
-  return *part == nullptr ? nullptr : &push->second;
-}
-
-}  // namespace
-
 void GroupPartReady(ClusterState* state, uint64_t part_id) {
-  uint64_t push_id = 0;
-  GroupPart* part = nullptr;
-  GroupPush* push = PushOf(state, part_id, &push_id, &part);
-  if (push == nullptr) return;
-  part->ready = true;
+  const GroupLedger::PartOf owner = state->groups().FindPart(part_id);
+  if (owner.push == nullptr) return;
+  const uint64_t push_id = owner.push_id;
+  GroupPush* push = owner.push;
+  owner.part->ready = true;
   if (push->released) return;
   for (const GroupPart& p : push->parts) {
     if (!p.ready) return;
@@ -265,10 +250,7 @@ void GroupAggregatePartEnded(ClusterState* state, uint64_t id, GroupPush* group,
     low = std::min(low, p.version);
     high = std::max(high, p.version);
   }
-  const GroupPush done = std::move(*group);
-  state->group_pushes.erase(id);
-  for (const GroupPart& p : done.parts) state->group_parts.erase(p.id);
-  for (const TransferView& feed : done.feeds) state->group_feeds.erase(feed.transfer_id);
+  const GroupPush done = *state->groups().Take(id);
   if (low != high) {
     MLF_LOG(ERROR) << "group aggregate " << id << " was applied at versions " << low << ".."
                    << high << " across shards";
@@ -303,18 +285,17 @@ void GroupAggregatePartEnded(ClusterState* state, uint64_t id, GroupPush* group,
 
 void GroupPartEnded(ClusterState* state, uint64_t part_id, bool applied, int64_t version,
                     const std::string& error) {
-  if (auto feed = state->group_feeds.find(part_id); feed != state->group_feeds.end()) {
-    auto group = state->group_pushes.find(feed->second);
-    if (group != state->group_pushes.end()) {
-      GroupAggregatePartEnded(state, feed->second, &group->second, nullptr, applied, version,
-                              error);
+  if (std::optional<uint64_t> aggregate = state->groups().AggregateFed(part_id)) {
+    if (GroupPush* group = state->groups().Find(*aggregate)) {
+      GroupAggregatePartEnded(state, *aggregate, group, nullptr, applied, version, error);
     }
     return;
   }
-  uint64_t push_id = 0;
-  GroupPart* part = nullptr;
-  GroupPush* push = PushOf(state, part_id, &push_id, &part);
-  if (push == nullptr) return;
+  const GroupLedger::PartOf owner = state->groups().FindPart(part_id);
+  if (owner.push == nullptr) return;
+  const uint64_t push_id = owner.push_id;
+  GroupPush* push = owner.push;
+  GroupPart* part = owner.part;
   if (!push->constituents.empty()) {
     GroupAggregatePartEnded(state, push_id, push, part, applied, version, error);
     return;

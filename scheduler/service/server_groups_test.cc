@@ -56,7 +56,6 @@ struct Fixture : ClusterStateFixture {
     ServerState& group = job().servers["ps"];
     group.pending.clear();
     ++group.in_flight;
-    GroupPush& push = state.group_pushes[record.transfer_id];
     for (int i = 0; i < 3; ++i) {
       GroupPart part;
       part.id = state.NewTransferId();
@@ -64,12 +63,11 @@ struct Fixture : ClusterStateFixture {
       part.host = "s" + std::to_string(i + 1);
       part.begin = 100 * i;
       part.end = 100 * (i + 1);
-      state.group_parts[part.id] = record.transfer_id;
-      push.parts.push_back(part);
+      state.groups().AddPart(record.transfer_id, part);
     }
     return record.transfer_id;
   }
-  uint64_t Part(uint64_t push, int i) { return state.group_pushes.at(push).parts[i].id; }
+  uint64_t Part(uint64_t push, int i) { return state.groups().Find(push)->parts.at(i).id; }
 };
 
 TEST_CASE("shards register into a group whose ranges must tile the model") {
@@ -132,8 +130,7 @@ TEST_CASE("a group push is released when every part is in, applied when every sh
   CHECK(outcome[0].outcome().applied_version() == 5);
   CHECK(f.job().servers["ps"].model_version == 5);
   CHECK(f.job().servers["ps-1"].model_version == 5);
-  CHECK(f.state.group_pushes.empty());
-  CHECK(f.state.group_parts.empty());
+  CHECK(f.state.groups().empty());
 }
 
 TEST_CASE("a part that fails before the release fails the push at every shard") {
@@ -156,7 +153,7 @@ TEST_CASE("a part that fails before the release fails the push at every shard") 
     CHECK(commands[0].cancel().sequence() == 5);
     CHECK(commands[0].cancel().server() == "ps-" + std::to_string(i));
   }
-  CHECK(f.state.group_parts.empty());
+  CHECK(f.state.groups().empty());
   // A late ready report of a part of the failed push changes nothing.
   GroupPartReady(&f.state, parts[1]);
   CHECK(f.Drain("s2").empty());
@@ -234,10 +231,12 @@ struct AggregateFixture : Fixture {
     PlanDispatcher(config, &state, &history).Apply(work, "mlfabric");
   }
   uint64_t Group() const {
-    REQUIRE(state.group_pushes.size() == 1);
-    return state.group_pushes.begin()->first;
+    REQUIRE(state.groups().size() == 1);
+    uint64_t group = 0;
+    state.groups().ForEach([&](uint64_t id, const GroupPush&) { group = id; });
+    return group;
   }
-  const GroupPush& Sums() const { return state.group_pushes.begin()->second; }
+  const GroupPush& Sums() const { return *state.groups().Find(Group()); }
 };
 
 TEST_CASE("a group aggregate: one sum per shard, held under one position, its pushes applied") {
@@ -307,9 +306,7 @@ TEST_CASE("a group aggregate: one sum per shard, held under one position, its pu
   CHECK(first[0].outcome().applied_version() == 5);
   CHECK(second[0].outcome().applied_version() == 6);
   CHECK(f.job().servers["ps"].model_version == 6);
-  CHECK(f.state.group_pushes.empty());
-  CHECK(f.state.group_parts.empty());
-  CHECK(f.state.group_feeds.empty());
+  CHECK(f.state.groups().empty());
 }
 
 TEST_CASE("a group aggregate fails whole: a feed lost, its aggregator or a source down") {
@@ -329,9 +326,7 @@ TEST_CASE("a group aggregate fails whole: a feed lost, its aggregator or a sourc
       }
     }
     CHECK(f.state.updates.empty());
-    CHECK(f.state.group_pushes.empty());
-    CHECK(f.state.group_parts.empty());
-    CHECK(f.state.group_feeds.empty());
+    CHECK(f.state.groups().empty());
   };
   SECTION("a part on its way to the aggregator fails") {
     AggregateFixture f;
