@@ -223,23 +223,23 @@ void ClusterState::RecordAppliedDelay(uint64_t transfer_id, const UpdateRecord& 
 void ClusterState::SettleHeldCopies(uint64_t transfer_id, bool applied,
                                     const std::string& reason) {
   std::vector<uint64_t> cancelled;
-  for (auto& [copy_id, copy] : replica_copies) {
-    if (!copy.held) continue;
+  replicas_.ForEachCopy([&](uint64_t copy_id, ReplicaCopy& copy) {
+    if (!copy.held) return;
     if (!copy.constituents.empty()) {  // an aggregate: all its pushes decide
-      if (copy.unsettled.erase(transfer_id) == 0) continue;
+      if (copy.unsettled.erase(transfer_id) == 0) return;
       if (!applied) {
         cancelled.push_back(copy_id);
-        continue;
+        return;
       }
       for (size_t i = 0; i < copy.constituents.size(); ++i) {
         if (copy.constituents[i] == transfer_id) copy.applied_members[transfer_id] = copy.norms[i];
       }
-      if (!copy.unsettled.empty()) continue;
+      if (!copy.unsettled.empty()) return;
       copy.held = false;
       Enqueue(copy.replica_host, commands::ReleaseDelivery(copy_id, copy.sequence, copy.source_down));
-      continue;
+      return;
     }
-    if (copy.source != transfer_id) continue;
+    if (copy.source != transfer_id) return;
     copy.held = false;
     if (applied) {
       Enqueue(copy.replica_host,
@@ -247,7 +247,7 @@ void ClusterState::SettleHeldCopies(uint64_t transfer_id, bool applied,
     } else {
       cancelled.push_back(copy_id);
     }
-  }
+  });
   // The server did not apply it: neither may the replica (its model would
   // hold an update no worker was told was applied).
   for (uint64_t copy_id : cancelled) {
@@ -425,8 +425,8 @@ std::vector<uint64_t> ClusterState::TakeUpdatesThrough(const std::string& host_n
 void ClusterState::EndReplicaCopiesOn(const std::string& host_name, const std::string& reason) {
   // Replica copies from or to the host are gone; a replica that is gone
   // takes its punted copies with it.
-  std::vector<uint64_t> copies_there;
-  for (auto& [id, copy] : replica_copies) {
+  std::vector<std::pair<uint64_t, const char*>> copies_there;  // with the host's role
+  replicas_.ForEachCopy([&](uint64_t id, ReplicaCopy& copy) {
     // A held copy (or aggregate) from the host, or fed by it, may be whole
     // at the replica already: its pushes' outcomes decide it
     // (SettleHeldCopies), as long as the replica is there.
@@ -434,17 +434,17 @@ void ClusterState::EndReplicaCopiesOn(const std::string& host_name, const std::s
         std::find(copy.feeders.begin(), copy.feeders.end(), host_name) != copy.feeders.end();
     if (copy.held && (copy.src_host == host_name || feeds_it) && copy.replica_host != host_name) {
       copy.source_down = true;
-      continue;
+      return;
     }
     if (copy.src_host == host_name || copy.replica_host == host_name || feeds_it) {
-      copies_there.push_back(id);
+      const char* role = copy.replica_host == host_name ? "replica"
+                         : copy.src_host == host_name && !copy.constituents.empty()
+                             ? "aggregator"
+                             : "source";
+      copies_there.emplace_back(id, role);
     }
-  }
-  for (uint64_t id : copies_there) {
-    const ReplicaCopy& copy = replica_copies.at(id);
-    const char* role = copy.replica_host == host_name ? "replica"
-                       : copy.src_host == host_name && !copy.constituents.empty() ? "aggregator"
-                                                                                   : "source";
+  });
+  for (const auto& [id, role] : copies_there) {
     EndReplicaCopy(id, /*applied=*/false,
                    absl::StrCat(role, " host ", host_name,
                                 " is down: ", reason),
@@ -552,10 +552,7 @@ void ClusterState::FailTransfer(uint64_t transfer_id, const std::string& reason,
     Complete(transfer_id, v1::OUTCOME_FAILED, why, 0);
     return;
   }
-  bool copy_moving = false;
-  for (const auto& [copy_id, copy] : replica_copies) {
-    copy_moving = copy_moving || copy.source == transfer_id;
-  }
+  const bool copy_moving = !replicas_.CopiesOf(transfer_id).empty();
   if ((record.replica_ahead || copy_moving) && grace_s > 0 && record.failure_pending.empty()) {
     record.failure_pending = reason;
     record.fail_at_s = clock_->NowSeconds() + grace_s;
@@ -578,11 +575,9 @@ void ClusterState::ExpireOverdue(double now_s) {
     const std::string reason = it->second.failure_pending;
     // No failover came: its copy must not make the replica hold what the
     // server never applied, if it can still be stopped.
-    std::vector<uint64_t> copies;
-    for (const auto& [copy_id, copy] : replica_copies) {
-      if (copy.source == id) copies.push_back(copy_id);
+    for (uint64_t copy : replicas_.CopiesOf(id)) {
+      EndReplicaCopy(copy, /*applied=*/false, reason, 0);
     }
-    for (uint64_t copy : copies) EndReplicaCopy(copy, /*applied=*/false, reason, 0);
     Complete(id, v1::OUTCOME_FAILED, reason, 0);
   }
   // Cancellations their server's daemon never confirmed (it never answers:
@@ -643,23 +638,15 @@ void ClusterState::CancelReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy,
 
 void ClusterState::EndReplicaCopy(uint64_t copy_id, bool applied, const std::string& reason,
                                   int64_t model_version) {
-  auto it = replica_copies.find(copy_id);
-  if (it == replica_copies.end()) return;
-  const ReplicaCopy copy = std::move(it->second);
-  replica_copies.erase(it);
-  for (auto feed = replica_feeds.begin(); feed != replica_feeds.end();) {
-    feed = feed->second == copy_id ? replica_feeds.erase(feed) : std::next(feed);
-  }
+  std::optional<ReplicaCopy> taken = replicas_.TakeCopy(copy_id);
+  if (!taken) return;
+  const ReplicaCopy copy = std::move(*taken);
   JobState* job = FindJob(copy.job);
   double norm = 0;
   if (job != nullptr) norm = EndReplicaCopyAtServer(copy_id, copy, job, applied, model_version);
   if (!applied) FailReplicaCopy(copy_id, copy, job, norm, reason);
   // Pushes in flight to a server that failed over end as their copy did.
-  auto [decided, decided_end] = decided_by_copy.equal_range(copy_id);
-  std::vector<UpdateRecord> records;
-  for (auto d = decided; d != decided_end; ++d) records.push_back(std::move(d->second));
-  decided_by_copy.erase(decided, decided_end);
-  for (UpdateRecord& record : records) {
+  for (UpdateRecord& record : replicas_.TakeDecidedBy(copy_id)) {
     EndDecidedByCopy(std::move(record), applied, reason, model_version);
   }
 }
@@ -796,12 +783,12 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
     AppendSegments(leg.segments, &(*up)[leg.src]);
     AppendSegments(leg.segments, &(*down)[leg.dst]);
   }
-  for (const auto& [id, copy] : replica_copies) {
+  replicas_.ForEachCopy([&](uint64_t /*id*/, const ReplicaCopy& copy) {
     for (const ReplicaCopy::Leg& leg : copy.legs) {
       AppendSegments(leg.segments, &(*up)[leg.src]);
       AppendSegments(leg.segments, &(*down)[leg.dst]);
     }
-  }
+  });
   for (const auto& [id, aggregate] : aggregates) {
     AppendSegments(aggregate.planned.segments, &(*up)[aggregate.planned.src]);
     AppendSegments(aggregate.planned.segments, &(*down)[aggregate.planned.dst]);

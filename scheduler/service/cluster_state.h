@@ -37,6 +37,7 @@
 #include "scheduler/service/pending_replica.h"
 #include "scheduler/service/restart_ledger.h"
 #include "scheduler/service/group_ledger.h"
+#include "scheduler/service/replica_ledger.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/snapshot.h"
 #include "scheduler/service/straggler_tracker.h"
@@ -150,56 +151,6 @@ struct JobState {
   int64_t failed = 0;
 };
 
-// A replica copy in flight: push `source`'s bytes from `src_host` to the
-// replica, delivered there at `sequence`.
-struct ReplicaCopy {
-  std::string job;
-  std::string server;
-  uint64_t source = 0;
-  std::string src_host;
-  std::string replica_host;
-  uint64_t sequence = 0;
-  // Still moving when its replica became the server (failover.h): its
-  // source's update is in the old server's model, so losing the copy loses
-  // the update (counted in the job's last failover).
-  bool failover = false;
-  // Announced to the promoted replica's daemon under the server's own name
-  // (sent after the promotion), not "replica:<server>".
-  bool to_promoted = false;
-  // Sent alongside its push, before the server applied it: the replica's
-  // daemon holds it until Complete releases it (the push applied) or
-  // cancels it (the push failed), or the replica is promoted.
-  bool held = false;
-  // Its source's host went down while it was held: released only if its
-  // bytes are all in at the replica (ReleaseDelivery.cancel_if_incomplete).
-  bool source_down = false;
-  // An aggregate of copies (§5.3 with the replica's aggregators): the
-  // pushes summed into it, in commit order, and the hosts that send them
-  // to the aggregator (`src_host`), each as its own transfer
-  // (ClusterState::replica_feeds). `source` is 0. It is `held` while some
-  // of its pushes are still in flight (`unsettled`): released once all
-  // applied, cancelled as soon as one does not (the others' copies are
-  // then sent again, or counted missed). `applied_members`: the pushes
-  // known applied at the server, with their norms.
-  std::vector<uint64_t> constituents;
-  std::vector<double> norms;  // per constituent
-  std::vector<std::string> feeders;
-  std::set<uint64_t> unsettled;
-  std::map<uint64_t, double> applied_members;
-  // Its planned transfers (a direct copy's one; an aggregate's feeds and
-  // the aggregate), reserved on their links while it lasts, as a push's
-  // are (ClusterState::Reservations): the next batches plan around them.
-  struct Leg {
-    std::string src, dst;
-    std::vector<core::RateSegment> segments;
-  };
-  std::vector<Leg> legs;
-  // The updates it carries.
-  int64_t Updates() const {
-    return constituents.empty() ? 1 : static_cast<int64_t>(constituents.size());
-  }
-};
-
 // Job policies (pure).
 // The round size in force for a server: the pushes a round sums and closes
 // with. M = as registered, else the number of workers of a sync-mode job;
@@ -234,15 +185,11 @@ class ClusterState {
   std::vector<DistributionLeg> distribution_legs;  // ReserveDistribution
   // A chain hop's transfer id -> the aggregate (in `aggregates`) it feeds.
   std::map<uint64_t, uint64_t> aggregate_hops;
-  std::map<uint64_t, ReplicaCopy> replica_copies;  // by copy transfer id
-  // A punted copy's transfer to its aggregator -> the replica aggregate it
-  // feeds (a key of replica_copies).
-  std::map<uint64_t, uint64_t> replica_feeds;
-  // Pushes in flight to a server that failed over whose fate is their
-  // replica copy's (failover.h): applied if the copy is, failed if not.
-  // Out of `updates`, so that nothing else ends them first; by copy id
-  // (an aggregate copy decides all its pushes in flight).
-  std::multimap<uint64_t, UpdateRecord> decided_by_copy;
+  // Replica copies in flight, their feeds, the pushes they decide after a
+  // failover (out of `updates`, so that nothing else ends them first), and
+  // replica snapshots moving.
+  ReplicaLedger& replicas() { return replicas_; }
+  const ReplicaLedger& replicas() const { return replicas_; }
   // A restarted scheduler's account of the pushes of its predecessor's
   // plans (restart_ledger.h; in_doubt.h decides them).
   RestartLedger& restart() { return restart_; }
@@ -250,8 +197,6 @@ class ClusterState {
   // Pushes to server groups in flight, and their parts and feeds.
   GroupLedger& groups() { return groups_; }
   const GroupLedger& groups() const { return groups_; }
-  // Replica snapshots moving (replica_sync.h): transfer id -> (job, server).
-  std::map<uint64_t, std::pair<std::string, std::string>> replica_snapshots;
   SchedulerStats stats;
   // Workers' iteration clocks and timings: a push counts when accepted,
   // its transfer time when it ends (Complete).
@@ -324,7 +269,7 @@ class ClusterState {
   void CancelReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy, const std::string& reason);
   // A replica copy ended, applied at the replica or not (reported by its
   // daemon, or a host it needed went down): the replica's counts, the push
-  // it decides (decided_by_copy), and a failover's loss.
+  // it decides (ReplicaLedger::TakeDecidedBy), and a failover's loss.
   // `model_version`: the replica's, when applied.
   void EndReplicaCopy(uint64_t copy_id, bool applied, const std::string& reason,
                       int64_t model_version);
@@ -400,6 +345,7 @@ class ClusterState {
   AdminHistory* history_;
   RestartLedger restart_;
   GroupLedger groups_;
+  ReplicaLedger replicas_;
   uint64_t epoch_ = 0;
   uint64_t next_transfer_id_ = 1;
   std::set<uint64_t> incarnations_;  // issued by this scheduler

@@ -206,9 +206,9 @@ struct ReplicaAggregateFixture : ClusterStateFixture {
     copy.norms = {1.0, 2.0};
     copy.applied_members = {{11, 1.0}, {12, 2.0}};
     copy.feeders = {"w1", "w2"};
-    state.replica_copies[90] = copy;
-    state.replica_feeds[91] = 90;
-    state.replica_feeds[92] = 90;
+    state.replicas().AddCopy(90, copy);
+    state.replicas().AddFeed(91, 90);
+    state.replicas().AddFeed(92, 90);
     job.servers["ps"].replica.in_flight[90] = 3.0;
   }
   ReplicaTrack& replica() { return state.jobs["demo"].servers["ps"].replica; }
@@ -216,8 +216,8 @@ struct ReplicaAggregateFixture : ClusterStateFixture {
 
 TEST_CASE("a replica copy's planned transfers stay reserved on their links while it lasts") {
   ReplicaAggregateFixture f;
-  f.state.replica_copies[90].legs = {{"w1", "a1", {{100, 101, 5e8}}},
-                                     {"a1", "r1", {{101, 102, 1e9}}}};
+  f.state.replicas().FindCopy(90)->legs = {{"w1", "a1", {{100, 101, 5e8}}},
+                                            {"a1", "r1", {{101, 102, 1e9}}}};
   std::map<std::string, std::vector<core::RateSegment>> up, down;
   f.state.Reservations(&up, &down);
   REQUIRE(down.count("r1") == 1);
@@ -236,15 +236,15 @@ TEST_CASE("a replica aggregate applied counts every update it carries") {
   f.state.EndReplicaCopy(90, /*applied=*/true, "", 7);
   CHECK(f.replica().applied == 2);
   CHECK(f.replica().in_flight.empty());
-  CHECK(f.state.replica_feeds.empty());
+  CHECK(f.state.replicas().feed_count() == 0);
   CHECK(f.Drain("r1").empty());
 }
 
 TEST_CASE("a replica aggregate whose feeder goes down is cancelled and its updates counted missed") {
   ReplicaAggregateFixture f;
   f.state.MarkHostDown("w2", "daemon disconnected");
-  CHECK(f.state.replica_copies.empty());
-  CHECK(f.state.replica_feeds.empty());
+  CHECK(f.state.replicas().copy_count() == 0);
+  CHECK(f.state.replicas().feed_count() == 0);
   // Both pushes are in the server's model and now never in the replica's.
   CHECK(f.replica().missed == 2);
   CHECK(f.replica().missed_norm == 3.0);
@@ -266,7 +266,7 @@ struct HeldAggregateFixture : ReplicaAggregateFixture {
       state.updates[id].state = UpdateState::kInFlight;
       state.updates[id].norm = 1.0;
     }
-    ReplicaCopy& copy = state.replica_copies[90];
+    ReplicaCopy& copy = *state.replicas().FindCopy(90);
     copy.constituents = {a, b};
     copy.norms = {1.0, 1.0};
     copy.applied_members.clear();
@@ -294,7 +294,7 @@ TEST_CASE("a held replica aggregate is cancelled when one of its pushes fails") 
   HeldAggregateFixture f;
   f.state.Complete(f.a, v1::OUTCOME_APPLIED, "", 6);
   f.state.Complete(f.b, v1::OUTCOME_FAILED, "timed out", 0);
-  CHECK(f.state.replica_copies.empty());
+  CHECK(f.state.replicas().copy_count() == 0);
   const auto at_replica = f.Drain("r1");
   REQUIRE(at_replica.size() == 1);
   CHECK(at_replica[0].cancel().transfer_id() == 90);
@@ -306,10 +306,10 @@ TEST_CASE("a held replica aggregate is cancelled when one of its pushes fails") 
 TEST_CASE("a push of a cancelled held aggregate still in flight gets a copy of its own later") {
   HeldAggregateFixture f;
   f.state.MarkHostDown("a1", "daemon disconnected");  // held: its pushes decide
-  REQUIRE(f.state.replica_copies.count(90) == 1);
-  CHECK(f.state.replica_copies[90].source_down);
+  REQUIRE(f.state.replicas().HasCopy(90));
+  CHECK(f.state.replicas().FindCopy(90)->source_down);
   f.state.Complete(f.a, v1::OUTCOME_FAILED, "timed out", 0);
-  CHECK(f.state.replica_copies.empty());
+  CHECK(f.state.replicas().copy_count() == 0);
   // b, still in flight, is punted: once applied its source keeps the bytes
   // for a copy in a later batch.
   REQUIRE(f.state.updates.count(f.b) == 1);
@@ -323,7 +323,7 @@ TEST_CASE("a push of a cancelled held aggregate still in flight gets a copy of i
 TEST_CASE("a replica aggregate whose aggregator goes down names it") {
   ReplicaAggregateFixture f;
   f.state.MarkHostDown("a1", "daemon disconnected");
-  CHECK(f.state.replica_copies.empty());
+  CHECK(f.state.replicas().copy_count() == 0);
   CHECK(f.replica().missed == 2);
   const auto at_replica = f.Drain("r1");
   REQUIRE(at_replica.size() == 1);

@@ -31,7 +31,7 @@ bool SendCatchUpCopy(ClusterState* state, const JobState& job, const std::string
                      server->next_sequence++};
   record.failover = true;
   record.to_promoted = true;
-  state->replica_copies[copy] = record;
+  ReplicaCopy& recorded = state->replicas().AddCopy(copy, record);
   server->replica.in_flight[copy] = pending.norm;
 
   commands::Expect expect;
@@ -48,7 +48,7 @@ bool SendCatchUpCopy(ClusterState* state, const JobState& job, const std::string
   const double now_s = state->NowSeconds();
   const double rate_bps = std::max(1.0, std::min(src->uplink_bps, dst->downlink_bps));
   const double end_s = now_s + static_cast<double>(pending.bytes) * 8.0 / rate_bps;
-  state->replica_copies[copy].legs = {{pending.src_host, server->host, {{now_s, end_s, rate_bps}}}};
+  recorded.legs = {{pending.src_host, server->host, {{now_s, end_s, rate_bps}}}};
   commands::Send send{copy, job.id, server->host, dst->data_address, now_s, pending.bytes};
   send.source_transfer_id = pending.id;
   state->Enqueue(pending.src_host, commands::SendTransfer(send, {{now_s, end_s, rate_bps}}));
@@ -57,16 +57,16 @@ bool SendCatchUpCopy(ClusterState* state, const JobState& job, const std::string
 
 // PromoteReplica step 1: pushes in flight to the old server. Those the
 // replica holds are applied; those whose copy (or aggregate) is still
-// moving wait for it (decided_by_copy).
+// moving wait for it (ReplicaLedger::AddDecidedByCopy).
 void SettleInFlightByReplica(ClusterState* state, const std::string& job_name,
                              const std::string& server_name, const ServerState& server,
                              FailoverView* view) {
   std::map<uint64_t, uint64_t> copy_of;  // push -> its copy (or aggregate) still moving
-  for (const auto& [copy_id, copy] : state->replica_copies) {
-    if (copy.job != job_name || copy.server != server_name) continue;
+  state->replicas().ForEachCopy([&](uint64_t copy_id, const ReplicaCopy& copy) {
+    if (copy.job != job_name || copy.server != server_name) return;
     if (copy.constituents.empty()) copy_of[copy.source] = copy_id;
     for (uint64_t member : copy.unsettled) copy_of[member] = copy_id;
-  }
+  });
   std::vector<uint64_t> held, decided;
   for (const auto& [id, record] : state->updates) {
     if (!OfServer(record, job_name, server_name) || record.state != UpdateState::kInFlight) {
@@ -93,7 +93,7 @@ void SettleInFlightByReplica(ClusterState* state, const std::string& job_name,
     record.round_member = false;
     record.replica_punted = false;
     record.failure_pending.clear();
-    state->decided_by_copy.emplace(copy_of[id], std::move(record));
+    state->replicas().AddDecidedByCopy(copy_of[id], std::move(record));
     ++view->in_flight_awaiting;
   }
 }
@@ -153,19 +153,19 @@ void MakeReplicaTheServer(ClusterState* state, JobState* job, const std::string&
   server->replica.missed = 0;
   server->replica.missed_norm = 0;
   job->replica_hosts.erase(server_name);
-  for (auto& [copy_id, copy] : state->replica_copies) {
+  state->replicas().ForEachCopy([&](uint64_t /*copy_id*/, ReplicaCopy& copy) {
     if (copy.job == job_name && copy.server == server_name) copy.failover = true;
-  }
+  });
   state->Enqueue(to, commands::PromoteReplica(job->id, server_name, from, why,
                                               server->model_version));
   // The copies held at the replica for pushes still undecided (step 1) may
   // be applied now: they decide their pushes. Those of failed pushes were
   // cancelled there above, before this.
-  for (auto& [copy_id, copy] : state->replica_copies) {
-    if (copy.job != job_name || copy.server != server_name || !copy.held) continue;
+  state->replicas().ForEachCopy([&](uint64_t copy_id, ReplicaCopy& copy) {
+    if (copy.job != job_name || copy.server != server_name || !copy.held) return;
     copy.held = false;
     state->Enqueue(to, commands::ReleaseDelivery(copy_id, copy.sequence));
-  }
+  });
 }
 
 // PromoteReplica step 5: applied at the old server, punted from the

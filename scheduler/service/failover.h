@@ -11,7 +11,7 @@
 //   since the replica's model is the one served from now on: applied if
 //   the replica applied their copy (copies may overtake the server's
 //   transfer), decided by their copy if one is still moving
-//   (ClusterState::decided_by_copy), failed otherwise. They are not
+//   (ReplicaLedger::AddDecidedByCopy), failed otherwise. They are not
 //   re-sent to the new server: the old one may have applied them before it
 //   went, and its report may be lost, so a re-sent copy could be applied
 //   twice in the workers' accounting; failing them is exact.

@@ -46,9 +46,9 @@ struct Fixture : ClusterStateFixture {
   // `held`: sent alongside its push, held at the replica until its outcome.
   uint64_t Copy(uint64_t source, const std::string& src, double norm, bool held = false) {
     const uint64_t copy = state.NewTransferId();
-    state.replica_copies[copy] = {"demo", "ps", source, src, "r1",
-                                  server().replica.next_sequence++};
-    state.replica_copies[copy].held = held;
+    ReplicaCopy& added = state.replicas().AddCopy(
+        copy, {"demo", "ps", source, src, "r1", server().replica.next_sequence++});
+    added.held = held;
     server().replica.in_flight[copy] = norm;
     return copy;
   }
@@ -111,7 +111,7 @@ TEST_CASE("the replica becomes the server; pushes in flight end by what it holds
   // In flight with its copy moving: undecided until the copy ends.
   CHECK(Fixture::OutcomeOf(at_w2, racing) == nullptr);
   CHECK(f.state.updates.count(racing) == 0);
-  CHECK(f.state.decided_by_copy.count(racing_copy) == 1);
+  CHECK(f.state.replicas().CountDecidedBy(racing_copy) == 1);
   f.state.ExpireOverdue(2e9);  // nothing expires it meanwhile
   CHECK(f.Drain("w2").empty());
   f.state.EndReplicaCopy(racing_copy, /*applied=*/true, "", 43);
@@ -150,20 +150,20 @@ TEST_CASE("pushes in flight whose copies were summed into one held aggregate end
     copy.feeders = {"w1", "w2"};
     copy.unsettled = {a, b};
     copy.held = true;
-    f.state.replica_copies[aggregate] = copy;
+    f.state.replicas().AddCopy(aggregate, copy);
     f.server().replica.in_flight[aggregate] = 2;
 
     REQUIRE(FailOverServersOn(&f.state, "s1", "daemon disconnected") == 1);
     f.state.MarkHostDown("s1", "daemon disconnected");
     // Both wait for the aggregate, which the promoted replica may now apply.
-    CHECK(f.state.decided_by_copy.count(aggregate) == 2);
+    CHECK(f.state.replicas().CountDecidedBy(aggregate) == 2);
     bool released = false;
     for (const v1::DaemonCommand& c : f.Drain("r1")) {
       released = released || (c.has_release() && c.release().transfer_id() == aggregate);
     }
     CHECK(released);
     f.state.EndReplicaCopy(aggregate, applied, applied ? "" : "aggregator a1 is down", 42);
-    CHECK(f.state.decided_by_copy.empty());
+    CHECK(f.state.replicas().decided_count() == 0);
     const auto at_w1 = f.Drain("w1");
     const auto at_w2 = f.Drain("w2");
     REQUIRE(Fixture::OutcomeOf(at_w1, a) != nullptr);
@@ -276,7 +276,7 @@ TEST_CASE("a push whose transfer failed while its replica holds its copy waits f
   REQUIRE(Fixture::OutcomeOf(late, lone) != nullptr);
   CHECK(Fixture::OutcomeOf(late, lone)->outcome() == v1::OUTCOME_FAILED);
   CHECK(Fixture::OutcomeOf(late, lone)->reason() == "connection reset");
-  CHECK(g.state.replica_copies.count(lone_copy) == 0);
+  CHECK_FALSE(g.state.replicas().HasCopy(lone_copy));
   const auto at_r1 = g.Drain("r1");
   REQUIRE(at_r1.size() == 1);
   CHECK(at_r1[0].cancel().transfer_id() == lone_copy);
@@ -293,9 +293,10 @@ TEST_CASE("a held copy is released when its push applies and cancelled when it f
   auto at_r1 = f.Drain("r1");
   REQUIRE(at_r1.size() == 1);
   REQUIRE(at_r1[0].has_release());
+  REQUIRE(f.state.replicas().HasCopy(good_copy));
   CHECK(at_r1[0].release().transfer_id() == good_copy);
-  CHECK(at_r1[0].release().sequence() == f.state.replica_copies.at(good_copy).sequence);
-  CHECK_FALSE(f.state.replica_copies.at(good_copy).held);
+  CHECK(at_r1[0].release().sequence() == f.state.replicas().FindCopy(good_copy)->sequence);
+  CHECK_FALSE(f.state.replicas().FindCopy(good_copy)->held);
 
   // The server never applied `bad` (its aggregate failed, say): the replica
   // must not either.
@@ -305,7 +306,7 @@ TEST_CASE("a held copy is released when its push applies and cancelled when it f
   REQUIRE(at_r1[0].has_cancel());
   CHECK(at_r1[0].cancel().transfer_id() == bad_copy);
   CHECK(at_r1[0].cancel().server() == "replica:ps");
-  CHECK(f.state.replica_copies.count(bad_copy) == 0);
+  CHECK_FALSE(f.state.replicas().HasCopy(bad_copy));
   CHECK(f.server().replica.in_flight.count(bad_copy) == 0);
 }
 
@@ -319,7 +320,7 @@ TEST_CASE("at a failover, held copies of undecided pushes are released after the
   CHECK(at_r1[0].has_promote());
   REQUIRE(at_r1[1].has_release());
   CHECK(at_r1[1].release().transfer_id() == racing_copy);
-  CHECK(f.state.decided_by_copy.count(racing_copy) == 1);
+  CHECK(f.state.replicas().CountDecidedBy(racing_copy) == 1);
   f.state.EndReplicaCopy(racing_copy, /*applied=*/true, "", 41);
   // Kept: OutcomeOf points into the drained commands.
   const std::vector<v1::DaemonCommand> at_w2 = f.Drain("w2");
@@ -334,8 +335,8 @@ TEST_CASE("a held copy whose source went down waits for its push; if applied, on
   const uint64_t copy = f.Copy(push, "w2", 2, /*held=*/true);
   f.state.MarkHostDown("w2", "daemon disconnected");
   // The copy may be whole at r1: kept; the push waits for s1's daemon.
-  REQUIRE(f.state.replica_copies.count(copy) == 1);
-  CHECK(f.state.replica_copies.at(copy).source_down);
+  REQUIRE(f.state.replicas().HasCopy(copy));
+  CHECK(f.state.replicas().FindCopy(copy)->source_down);
   CHECK(f.Drain("r1").empty());
   const auto at_s1 = f.Drain("s1");
   REQUIRE(at_s1.size() == 1);

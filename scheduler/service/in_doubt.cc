@@ -149,7 +149,7 @@ bool Redeliver(ClusterState* state, uint64_t copy_id, const HeldAtReplica& held,
                      held.copy.src_host(), held.replica_host, next++};
   record.to_promoted = promoted;
   record.constituents.assign(held.copy.constituents().begin(), held.copy.constituents().end());
-  state->replica_copies[copy_id] = record;
+  state->replicas().AddCopy(copy_id, record);
   server->second.replica.in_flight[copy_id] = held.copy.norm();
   v1::DaemonCommand command;
   v1::ExpectDelivery* expect = command.mutable_expect();
@@ -363,12 +363,7 @@ void SettleWithReplica(ClusterState* state, uint64_t push, const HeldAtSource& h
   const bool known =
       std::any_of(track.pending.begin(), track.pending.end(),
                   [&](const PendingReplica& p) { return p.id == push; }) ||
-      std::any_of(state->replica_copies.begin(), state->replica_copies.end(),
-                  [&](const auto& copy) {
-                    const std::vector<uint64_t>& in = copy.second.constituents;
-                    return copy.second.source == push ||
-                           std::find(in.begin(), in.end(), push) != in.end();
-                  });
+      state->replicas().CarriesPush(push);
   if (known && held.from_doubt) {
     state->Enqueue(held.copy.src_host,
                    commands::ReleaseHold(push, "its replica copy is on its way"));

@@ -86,8 +86,8 @@ TEST_CASE("kept replica copies are delivered again if their push applied, droppe
   CHECK(again.sequence() == 3);
   CHECK_FALSE(again.held());
   CHECK(again.source_transfer_id() == applied);
-  REQUIRE(f.state.replica_copies.count(applied_copy) == 1);
-  CHECK(f.state.replica_copies.at(applied_copy).source == applied);
+  REQUIRE(f.state.replicas().HasCopy(applied_copy));
+  CHECK(f.state.replicas().FindCopy(applied_copy)->source == applied);
   CHECK(f.state.jobs["demo"].servers["ps"].replica.in_flight.at(applied_copy) == 2.5);
   // The other: dropped, saying why.
   REQUIRE(at_r1[1].has_cancel());
@@ -122,8 +122,8 @@ TEST_CASE("a kept replica aggregate is delivered again if all its pushes applied
       REQUIRE(at_r1[0].has_expect());
       CHECK(at_r1[0].expect().constituents_size() == 2);
       CHECK_FALSE(at_r1[0].expect().held());
-      REQUIRE(f.state.replica_copies.count(aggregate) == 1);
-      CHECK(f.state.replica_copies.at(aggregate).Updates() == 2);
+      REQUIRE(f.state.replicas().HasCopy(aggregate));
+      CHECK(f.state.replicas().FindCopy(aggregate)->Updates() == 2);
       CHECK(replica.missed == 0);
     } else {
       REQUIRE(at_r1[0].has_cancel());

@@ -406,11 +406,11 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
       continue;  // failed meanwhile
     }
     const uint64_t copy = state_.NewTransferId();
-    state_.replica_copies[copy] = {work_.job, work_.server, source, what.src_host,
-                                   replica->second, server_.replica.next_sequence};
-    state_.replica_copies[copy].held = held;
-    state_.replica_copies[copy].legs = {
-        {what.src_host, replica->second, transfer->second->segments}};
+    ReplicaCopy record{work_.job, work_.server, source, what.src_host,
+                       replica->second, server_.replica.next_sequence};
+    record.held = held;
+    record.legs = {{what.src_host, replica->second, transfer->second->segments}};
+    state_.replicas().AddCopy(copy, std::move(record));
     server_.replica.in_flight[copy] = what.norm;
 
     commands::Expect expect = ReplicaExpect(copy, what.src_host, what);
@@ -500,7 +500,7 @@ void PlanDispatcher::Run::DispatchReplicaAggregate(
     } else {
       record.applied_members[what.id] = what.norm;
     }
-    state_.replica_feeds[feed_id] = id;
+    state_.replicas().AddFeed(feed_id, id);
     sum.norm += what.norm;  // |sum of u| <= sum of |u|
     sum.version = std::max(sum.version, what.version);
     record.legs.push_back({what.src_host, aggregate.src, feed->segments});
@@ -511,7 +511,7 @@ void PlanDispatcher::Run::DispatchReplicaAggregate(
   }
   record.held = !record.unsettled.empty();
   record.legs.push_back({aggregate.src, replica_name, aggregate.segments});
-  state_.replica_copies[id] = record;
+  state_.replicas().AddCopy(id, record);
   server_.replica.in_flight[id] = sum.norm;
   commands::Expect expect = ReplicaExpect(id, aggregate.src, sum);
   expect.constituents = record.constituents;

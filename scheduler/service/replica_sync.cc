@@ -1,5 +1,7 @@
 #include "scheduler/service/replica_sync.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "scheduler/service/commands.h"
@@ -77,7 +79,7 @@ void SendReplicaSnapshots(ClusterState* state) {
       delivery->set_snapshot(true);
       state->Enqueue(replica_host->second, std::move(expect));
       state->Enqueue(server.host, std::move(take));
-      state->replica_snapshots[id] = {job_name, server_name};
+      state->replicas().AddSnapshot(id, {job_name, server_name});
       replica.snapshot_wanted = false;
       replica.snapshot_id = id;
       MLF_LOG(INFO) << "job " << job_name << ": snapshot " << id << " of server " << server_name
@@ -89,10 +91,9 @@ void SendReplicaSnapshots(ClusterState* state) {
 
 bool ReplicaSnapshotEnded(ClusterState* state, uint64_t transfer_id, bool applied,
                           int64_t model_version, const std::string& error) {
-  auto it = state->replica_snapshots.find(transfer_id);
-  if (it == state->replica_snapshots.end()) return false;
-  const auto [job_name, server_name] = it->second;
-  state->replica_snapshots.erase(it);
+  std::optional<ReplicaSnapshot> snapshot = state->replicas().TakeSnapshot(transfer_id);
+  if (!snapshot) return false;
+  const auto [job_name, server_name] = *snapshot;
   JobState* job = state->FindJob(job_name);
   if (job == nullptr) return true;
   auto server = job->servers.find(server_name);
@@ -122,7 +123,9 @@ bool ReplicaSnapshotEnded(ClusterState* state, uint64_t transfer_id, bool applie
 }
 
 void ForgetReplicaSnapshot(ClusterState* state, ServerState* server) {
-  if (server->replica.snapshot_id != 0) state->replica_snapshots.erase(server->replica.snapshot_id);
+  if (server->replica.snapshot_id != 0) {
+    state->replicas().TakeSnapshot(server->replica.snapshot_id);  // no longer awaited
+  }
   server->replica.snapshot_id = 0;
   server->replica.snapshot_wanted = false;
   server->replica.synced = true;

@@ -86,7 +86,7 @@ TEST_CASE("installed, the replica is in sync and may be promoted") {
   CHECK(f.server().host == "s1");
   CHECK(ReplicaSnapshotEnded(&f.state, id, /*applied=*/true, 12, ""));
   CHECK(f.server().replica.synced);
-  CHECK(f.state.replica_snapshots.empty());
+  CHECK(f.state.replicas().snapshot_count() == 0);
   CHECK_FALSE(ReplicaSnapshotEnded(&f.state, 999, true, 0, ""));  // no snapshot's
   CHECK(PromoteReplica(&f.state, "demo", "ps", "s1 is down"));
   CHECK(f.server().host == "r1");

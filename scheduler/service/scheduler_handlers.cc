@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,18 +36,18 @@ constexpr double kMaxLinkBps = 1e13;
 bool EndReplicaTransfer(ClusterState* state, const v1::CompletionReport& request) {
   // A punted copy on its way to the replica's aggregator reports only
   // when it fails to move; the aggregate fails with it.
-  if (auto feed = state->replica_feeds.find(request.transfer_id());
-      feed != state->replica_feeds.end()) {
+  if (std::optional<uint64_t> aggregate =
+          state->replicas().AggregateFed(request.transfer_id())) {
     if (!request.applied()) {
-      state->EndReplicaCopy(feed->second, /*applied=*/false,
-                            absl::StrCat("its punted copy ", feed->first, " failed to reach the "
-                                         "aggregator",
+      state->EndReplicaCopy(*aggregate, /*applied=*/false,
+                            absl::StrCat("its punted copy ", request.transfer_id(),
+                                         " failed to reach the aggregator",
                                          request.error().empty() ? "" : ": ", request.error()),
                             0);
     }
     return true;
   }
-  if (state->replica_copies.count(request.transfer_id())) {
+  if (state->replicas().HasCopy(request.transfer_id())) {
     state->EndReplicaCopy(request.transfer_id(), request.applied(),
                           request.error().empty() ? "replica copy failed" : request.error(),
                           request.model_version());
@@ -731,11 +732,11 @@ absl::Status SchedulerService::ReportEntityGone(const v1::EntityGoneReport& requ
         ForgetReplicaSnapshot(&state_, &server->second);
       }
       std::vector<uint64_t> copies;
-      for (const auto& [id, copy] : state_.replica_copies) {
+      state_.replicas().ForEachCopy([&](uint64_t id, const ReplicaCopy& copy) {
         if (copy.job == request.job() && copy.server == request.name() && !copy.to_promoted) {
           copies.push_back(id);
         }
-      }
+      });
       for (uint64_t id : copies) state_.EndReplicaCopy(id, /*applied=*/false, copy_why, 0);
       MLF_LOG(WARNING) << "job " << request.job() << ": the replica of server " << request.name()
                        << " on " << request.host() << " left; the server runs without one";
