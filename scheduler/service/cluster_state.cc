@@ -209,8 +209,8 @@ void ClusterState::RecordAppliedDelay(uint64_t transfer_id, const UpdateRecord& 
   // Its bytes reach the server at the end of its own transfer, or of the
   // aggregate that carried them there.
   const TransferView* to_server = &record.planned;
-  if (auto agg = aggregates.find(record.aggregate_id); agg != aggregates.end()) {
-    to_server = &agg->second.planned;
+  if (const AggregateRecord* aggregate = aggregates_.Find(record.aggregate_id)) {
+    to_server = &aggregate->planned;
   }
   if (to_server->planned_at_s > 0) {
     view.queued_s = to_server->planned_at_s - record.submitted_s;
@@ -261,15 +261,14 @@ void ClusterState::FailAggregate(uint64_t aggregate_id, const std::string& reaso
     FailGroupAggregate(aggregate_id, reason);
     return;
   }
-  auto it = aggregates.find(aggregate_id);
-  if (it == aggregates.end()) return;
-  const AggregateRecord aggregate = std::move(it->second);
-  aggregates.erase(it);  // before failing constituents, which call back here
+  // Taken out before failing constituents, which call back here.
+  std::optional<AggregateRecord> taken = aggregates_.Take(aggregate_id);
+  if (!taken.has_value()) return;
+  const AggregateRecord& aggregate = *taken;
   const v1::DaemonCommand cancel =
       commands::CancelDelivery(aggregate_id, aggregate.server, aggregate.sequence, reason);
   Enqueue(aggregate.host, cancel);
   for (const AggregateRecord::Hop& hop : aggregate.hops) {
-    aggregate_hops.erase(hop.id);
     Enqueue(hop.host, commands::CancelDelivery(hop.id, aggregate.server, 0, reason));
   }
   if (JobState* job = FindJob(aggregate.job)) {
@@ -376,12 +375,14 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
 }
 
 void ClusterState::FailAggregatesOn(const std::string& host_name, const std::string& reason) {
-  std::vector<uint64_t> aggregates_there;
-  for (const auto& [id, aggregate] : aggregates) {
-    bool there = aggregate.host == host_name;
-    for (const AggregateRecord::Hop& hop : aggregate.hops) there = there || hop.host == host_name;
-    if (there) aggregates_there.push_back(id);
-  }
+  const std::vector<uint64_t> aggregates_there =
+      aggregates_.Select([&](const AggregateRecord& aggregate) {
+        bool there = aggregate.host == host_name;
+        for (const AggregateRecord::Hop& hop : aggregate.hops) {
+          there = there || hop.host == host_name;
+        }
+        return there;
+      });
   for (uint64_t id : aggregates_there) {
     // It may have sent its whole sum to the server already.
     FailAggregateWhenCancelled(id,
@@ -512,9 +513,9 @@ void ClusterState::FailAggregateWhenCancelled(uint64_t aggregate_id, const std::
     FailGroupAggregate(aggregate_id, reason);
     return;
   }
-  auto it = aggregates.find(aggregate_id);
-  if (it == aggregates.end()) return;
-  AggregateRecord& aggregate = it->second;
+  AggregateRecord* found = aggregates_.Find(aggregate_id);
+  if (found == nullptr) return;
+  AggregateRecord& aggregate = *found;
   if (!aggregate.cancel_pending.empty()) return;  // asked already
   const HostState* server_host = nullptr;
   if (JobState* job = FindJob(aggregate.job)) {
@@ -537,8 +538,8 @@ void ClusterState::FailAggregateWhenCancelled(uint64_t aggregate_id, const std::
 bool ClusterState::AwaitingCancel(const UpdateRecord& record) const {
   if (!record.cancel_pending.empty()) return true;
   if (record.aggregate_id == 0) return false;
-  auto aggregate = aggregates.find(record.aggregate_id);
-  return aggregate != aggregates.end() && !aggregate->second.cancel_pending.empty();
+  const AggregateRecord* aggregate = aggregates_.Find(record.aggregate_id);
+  return aggregate != nullptr && !aggregate->cancel_pending.empty();
 }
 
 void ClusterState::FailTransfer(uint64_t transfer_id, const std::string& reason,
@@ -595,17 +596,15 @@ void ClusterState::ExpireOverdue(double now_s) {
         it->second.cancel_pending, " (its server's daemon did not confirm skipping it)");
     Complete(id, v1::OUTCOME_FAILED, reason, 0);
   }
-  std::vector<uint64_t> unconfirmed_aggregates;
-  for (const auto& [id, aggregate] : aggregates) {
-    if (!aggregate.cancel_pending.empty() && now_s > aggregate.cancel_deadline_s) {
-      unconfirmed_aggregates.push_back(id);
-    }
-  }
+  const std::vector<uint64_t> unconfirmed_aggregates =
+      aggregates_.Select([now_s](const AggregateRecord& aggregate) {
+        return !aggregate.cancel_pending.empty() && now_s > aggregate.cancel_deadline_s;
+      });
   for (uint64_t id : unconfirmed_aggregates) {
-    auto it = aggregates.find(id);
-    if (it == aggregates.end()) continue;
+    const AggregateRecord* aggregate = aggregates_.Find(id);
+    if (aggregate == nullptr) continue;
     const std::string reason = absl::StrCat(
-        it->second.cancel_pending, " (its server's daemon did not confirm skipping it)");
+        aggregate->cancel_pending, " (its server's daemon did not confirm skipping it)");
     FailAggregate(id, reason);
   }
   std::vector<uint64_t> overdue;
@@ -755,11 +754,11 @@ void ClusterState::DropReplicaPending(ServerState* server, const std::string& re
 
 void ClusterState::ReserveDistribution(std::vector<DistributionLeg> legs) {
   const double now_s = clock_->NowSeconds();
-  distribution_legs.erase(
-      std::remove_if(distribution_legs.begin(), distribution_legs.end(),
+  distribution_legs_.erase(
+      std::remove_if(distribution_legs_.begin(), distribution_legs_.end(),
                      [now_s](const DistributionLeg& leg) { return leg.end_s <= now_s; }),
-      distribution_legs.end());
-  for (DistributionLeg& leg : legs) distribution_legs.push_back(std::move(leg));
+      distribution_legs_.end());
+  for (DistributionLeg& leg : legs) distribution_legs_.push_back(std::move(leg));
 }
 
 void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,
@@ -778,7 +777,7 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
     AppendSegments(record.planned.segments, &(*down)[record.planned.dst]);
   }
   const double now_s = clock_->NowSeconds();
-  for (const DistributionLeg& leg : distribution_legs) {
+  for (const DistributionLeg& leg : distribution_legs_) {
     if (leg.end_s <= now_s) continue;
     AppendSegments(leg.segments, &(*up)[leg.src]);
     AppendSegments(leg.segments, &(*down)[leg.dst]);
@@ -789,14 +788,14 @@ void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegm
       AppendSegments(leg.segments, &(*down)[leg.dst]);
     }
   });
-  for (const auto& [id, aggregate] : aggregates) {
+  aggregates_.ForEach([&](const AggregateRecord& aggregate) {
     AppendSegments(aggregate.planned.segments, &(*up)[aggregate.planned.src]);
     AppendSegments(aggregate.planned.segments, &(*down)[aggregate.planned.dst]);
     for (const AggregateRecord::Hop& hop : aggregate.hops) {
       AppendSegments(hop.planned.segments, &(*up)[hop.planned.src]);
       AppendSegments(hop.planned.segments, &(*down)[hop.planned.dst]);
     }
-  }
+  });
   groups_.ForEach([&](uint64_t /*id*/, const GroupPush& group) {
     if (group.constituents.empty()) return;  // a push's own: above
     for (const TransferView& feed : group.feeds) {

@@ -31,45 +31,20 @@
 #include "proto/scheduler.pb.h"
 #include "scheduler/core/types.h"
 #include "scheduler/service/admin_history.h"
+#include "scheduler/service/aggregate_ledger.h"
 #include "scheduler/service/command_outbox.h"
+#include "scheduler/service/group_ledger.h"
 #include "scheduler/service/host_table.h"
 #include "scheduler/service/outcome_log.h"
 #include "scheduler/service/pending_replica.h"
-#include "scheduler/service/restart_ledger.h"
-#include "scheduler/service/group_ledger.h"
 #include "scheduler/service/replica_ledger.h"
+#include "scheduler/service/restart_ledger.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/snapshot.h"
 #include "scheduler/service/straggler_tracker.h"
 #include "scheduler/service/update_record.h"
 
 namespace mlfabric {
-
-// An in-network aggregate (§5.2): its constituents go to `host`, which sums
-// them and sends one transfer to the server, delivered at one sequence
-// number and applied as constituents.size() updates. A streaming chain's
-// aggregate (core/aggregation.h) also has `hops`: the partial sums that
-// stream from aggregator to aggregator before `host` (their transfer ids,
-// hosts and schedules), each one an aggregation at its host too.
-struct AggregateRecord {
-  struct Hop {
-    uint64_t id = 0;
-    std::string host;      // where this partial sum is summed and sent from
-    TransferView planned;  // host -> the next aggregator
-  };
-  uint64_t id = 0;
-  std::string job;
-  std::string server;
-  std::string host;                    // the aggregator
-  std::vector<uint64_t> constituents;  // in commit order
-  uint64_t sequence = 0;
-  TransferView planned;  // aggregator -> server
-  std::vector<Hop> hops;  // upstream first
-  // It fails with this reason once the server's daemon confirms it skipped
-  // its commit position (FailAggregateWhenCancelled), or is applied.
-  std::string cancel_pending;
-  double cancel_deadline_s = 0;
-};
 
 // One synchronous round of a Mercury-PS server: the pushes computed from
 // model version `version`, summed at the server's daemon.
@@ -175,16 +150,15 @@ class ClusterState {
 
   std::map<std::string, JobState> jobs;
   std::map<uint64_t, UpdateRecord> updates;
-  std::map<uint64_t, AggregateRecord> aggregates;
   // A planned distribution's stream (server or distributor -> requester).
   struct DistributionLeg {
     std::string src, dst;
     std::vector<core::RateSegment> segments;
     double end_s = 0;
   };
-  std::vector<DistributionLeg> distribution_legs;  // ReserveDistribution
-  // A chain hop's transfer id -> the aggregate (in `aggregates`) it feeds.
-  std::map<uint64_t, uint64_t> aggregate_hops;
+  // The in-network aggregates in flight and their chains' hops (§5.2).
+  AggregateLedger& aggregates() { return aggregates_; }
+  const AggregateLedger& aggregates() const { return aggregates_; }
   // Replica copies in flight, their feeds, the pushes they decide after a
   // failover (out of `updates`, so that nothing else ends them first), and
   // replica snapshots moving.
@@ -343,6 +317,8 @@ class ClusterState {
   const Clock* clock_;
   CommandOutbox* outbox_;
   AdminHistory* history_;
+  std::vector<DistributionLeg> distribution_legs_;  // ReserveDistribution
+  AggregateLedger aggregates_;
   RestartLedger restart_;
   GroupLedger groups_;
   ReplicaLedger replicas_;

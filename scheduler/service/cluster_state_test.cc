@@ -29,7 +29,7 @@ struct Fixture : ClusterStateFixture {
   // Pushes `constituents`, in flight, summed at a1 into aggregate 77,
   // which s1's daemon expects at commit position 3.
   AggregateRecord& Aggregate77(const std::vector<uint64_t>& constituents) {
-    AggregateRecord& aggregate = state.aggregates[77];
+    AggregateRecord& aggregate = state.aggregates().Open(77);
     aggregate = {77, "demo", "ps", "a1", constituents, 3, {}, {}};
     for (uint64_t id : constituents) {
       state.updates[id].state = UpdateState::kInFlight;
@@ -335,7 +335,7 @@ TEST_CASE("an aggregate's failure fails its constituents and cancels it at both 
   const uint64_t a = f.Push("w1"), b = f.Push("w2");
   f.Aggregate77({a, b});
   f.state.Complete(a, v1::OUTCOME_FAILED, "w1 vanished", 0);
-  CHECK(f.state.aggregates.empty());
+  CHECK(f.state.aggregates().size() == 0);
   CHECK(f.state.updates.empty());  // b went down with its aggregate
   CHECK(f.state.stats.failed == 2);
   const auto at_aggregator = f.Drain("a1");
@@ -355,15 +355,14 @@ TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels
   // partial sum summed at w2 and sent to a1, which sends aggregate 77.
   Fixture f;
   const uint64_t a = f.Push("w1"), b = f.Push("w2");
-  AggregateRecord& aggregate = f.Aggregate77({a, b});
+  f.Aggregate77({a, b});
   AggregateRecord::Hop hop;
   hop.id = 78;
   hop.host = "w2";
   hop.planned.src = "w2";
   hop.planned.dst = "a1";
   hop.planned.segments = {{0.0, 1.0, 1e9}};
-  aggregate.hops.push_back(hop);
-  f.state.aggregate_hops[78] = 77;
+  f.state.aggregates().AddHop(77, hop);
   // The hop's reservation is part of the network the planner sees.
   std::map<std::string, std::vector<core::RateSegment>> up, down;
   f.state.Reservations(&up, &down);
@@ -373,17 +372,17 @@ TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels
   f.state.MarkHostDown("w2", "connection lost");
   // The sum may be at s1's daemon already: it is asked to skip it and
   // confirm; nothing has failed yet.
-  REQUIRE(f.state.aggregates.count(77) == 1);
+  REQUIRE(f.state.aggregates().Find(77) != nullptr);
   CHECK(f.state.updates.size() == 2);
   const auto at_s1 = f.Drain("s1");
   REQUIRE(at_s1.size() == 1);
   CHECK(at_s1[0].cancel().transfer_id() == 77);
   CHECK(at_s1[0].cancel().confirm());
   // It skipped it (the completion report the handler turns into this).
-  const std::string asked = f.state.aggregates.at(77).cancel_pending;
+  const std::string asked = f.state.aggregates().Find(77)->cancel_pending;
   f.state.FailAggregate(77, asked);
-  CHECK(f.state.aggregates.empty());
-  CHECK(f.state.aggregate_hops.empty());
+  CHECK(f.state.aggregates().size() == 0);
+  CHECK(f.state.aggregates().hops() == 0);
   CHECK(f.state.updates.empty());  // both pushes ended
   const auto at_a1 = f.Drain("a1");
   REQUIRE(at_a1.size() == 1);
@@ -403,7 +402,7 @@ TEST_CASE("an aggregate whose aggregator went down is applied if the server had 
     f.state.updates[id].planned.deadline_s = 50;  // past: they are overdue too
   }
   f.state.MarkHostDown("a1", "daemon disconnected");
-  REQUIRE(f.state.aggregates.count(77) == 1);
+  REQUIRE(f.state.aggregates().Find(77) != nullptr);
   const auto at_s1 = f.Drain("s1");
   REQUIRE(at_s1.size() == 1);
   CHECK(at_s1[0].cancel().confirm());
@@ -413,7 +412,7 @@ TEST_CASE("an aggregate whose aggregator went down is applied if the server had 
   CHECK(f.state.updates.size() == 2);
   // s1's application had the sum: both constituents applied, as versions
   // 9 and 10 (what the completion handler does for an applied aggregate).
-  f.state.aggregates.erase(77);
+  f.state.aggregates().Take(77);
   f.state.Complete(a, v1::OUTCOME_APPLIED, "", 9);
   f.state.Complete(b, v1::OUTCOME_APPLIED, "", 10);
   CHECK(f.state.stats.applied == 2);

@@ -108,10 +108,10 @@ void FailPartialSums(ClusterState* state, const std::string& job_name,
     if (round_state.failed.empty()) rounds.push_back(round);
   }
   for (int64_t round : rounds) state->FailRound(job_name, server_name, round, why);
-  std::vector<uint64_t> aggregates;
-  for (const auto& [id, aggregate] : state->aggregates) {
-    if (aggregate.job == job_name && aggregate.server == server_name) aggregates.push_back(id);
-  }
+  const std::vector<uint64_t> aggregates =
+      state->aggregates().Select([&](const AggregateRecord& aggregate) {
+        return aggregate.job == job_name && aggregate.server == server_name;
+      });
   for (uint64_t id : aggregates) state->FailAggregate(id, why);
 }
 

@@ -200,6 +200,11 @@ void PlanDispatcher::Run::DispatchUpdate(const std::string& id_text, const PlanI
                     0);
     return;
   }
+  if (state_.aggregates().Find(aggregate_id) == nullptr) {  // failed by an earlier member
+    state_.Complete(id, v1::OUTCOME_FAILED,
+                    "its in-network aggregate failed before it was dispatched", 0);
+    return;
+  }
   DispatchViaAggregator(it->second, hop, aggregate_id, aggregate->second->end_s);
 }
 
@@ -229,18 +234,19 @@ void PlanDispatcher::Run::DispatchDirect(UpdateRecord& record, const core::Trans
 
 void PlanDispatcher::Run::DispatchViaAggregator(UpdateRecord& record, const core::Transfer* hop,
                                                 uint64_t aggregate_id, double aggregate_end_s) {
+  const AggregateRecord& aggregate = *state_.aggregates().Find(aggregate_id);  // open
   // A chain member summed where it is: a transfer to its own host, which
   // the daemon folds into the aggregation without a socket.
   core::Transfer local;
   if (hop == nullptr) {
     local.src = local.dst = record.src_host;
-    local.start_s = state_.aggregates[aggregate_id].planned.start_s;
+    local.start_s = aggregate.planned.start_s;
     local.end_s = local.start_s;
     hop = &local;
   }
   const HostState* aggregator = state_.AliveHost(hop->dst);
   record.state = UpdateState::kInFlight;
-  record.sequence = state_.aggregates[aggregate_id].sequence;
+  record.sequence = aggregate.sequence;
   record.aggregate_id = aggregate_id;
   ++server_.in_flight;
   // It is applied only when its aggregate is.
@@ -279,8 +285,7 @@ uint64_t PlanDispatcher::Run::OpenAggregate(const core::Transfer& transfer,
   for (const core::Transfer* hop : chain) hosts_alive = hosts_alive && state_.AliveHost(hop->src);
   if (hosts_alive && !constituents.empty()) {
     id = state_.NewTransferId();
-    AggregateRecord& aggregate = state_.aggregates[id];
-    aggregate.id = id;
+    AggregateRecord& aggregate = state_.aggregates().Open(id);
     aggregate.job = work_.job;
     aggregate.server = work_.server;
     aggregate.host = transfer.src;
@@ -357,8 +362,7 @@ void PlanDispatcher::Run::SendAggregateTasks(const core::Transfer& transfer,
       hop.planned = Planned(node_id, node.src, node.dst, node.bytes, node,
                             transfer.end_s + config_.transfer_slack_s);
       view_.transfers.push_back(hop.planned);
-      aggregate->hops.push_back(std::move(hop));
-      state_.aggregate_hops[node_id] = id;
+      state_.aggregates().AddHop(id, std::move(hop));
     }
     upstream = node_id;
   }

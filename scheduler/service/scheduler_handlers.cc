@@ -59,62 +59,60 @@ bool EndReplicaTransfer(ClusterState* state, const v1::CompletionReport& request
 // ReportCompletion for a hop of a streaming chain. False: it is none.
 bool EndChainHop(ClusterState* state, const v1::CompletionReport& request) {
   // A streaming chain's partial sum reports only when it fails to move.
-  if (auto hop = state->aggregate_hops.find(request.transfer_id());
-      hop != state->aggregate_hops.end()) {
-    if (!request.applied()) {
-      // Named by the host that sends it (the receiver may know only an address).
-      std::string from;
-      if (auto agg = state->aggregates.find(hop->second); agg != state->aggregates.end()) {
-        for (const AggregateRecord::Hop& h : agg->second.hops) {
-          if (h.id == hop->first) from = h.host;
-        }
+  const std::optional<uint64_t> aggregate_id =
+      state->aggregates().AggregateOfHop(request.transfer_id());
+  if (!aggregate_id.has_value()) return false;
+  if (!request.applied()) {
+    // Named by the host that sends it (the receiver may know only an address).
+    std::string from;
+    if (const AggregateRecord* aggregate = state->aggregates().Find(*aggregate_id)) {
+      for (const AggregateRecord::Hop& hop : aggregate->hops) {
+        if (hop.id == request.transfer_id()) from = hop.host;
       }
-      state->FailAggregate(
-          hop->second,
-          absl::StrCat("its chain's partial sum ", hop->first,
-                       from.empty() ? "" : absl::StrCat(" from ", from), " failed",
-                       request.error().empty() ? "" : absl::StrCat(": ", request.error())));
     }
-    return true;
+    state->FailAggregate(
+        *aggregate_id,
+        absl::StrCat("its chain's partial sum ", request.transfer_id(),
+                     from.empty() ? "" : absl::StrCat(" from ", from), " failed",
+                     request.error().empty() ? "" : absl::StrCat(": ", request.error())));
   }
-  return false;
+  return true;
 }
 
 // ReportCompletion for an aggregate: its constituents are applied, or the
 // aggregate fails. False: it is none.
 bool EndAggregate(ClusterState* state, const v1::CompletionReport& request) {
-  if (auto agg = state->aggregates.find(request.transfer_id()); agg != state->aggregates.end()) {
-    if (!request.applied()) {
-      // Skipped at the server as asked (FailAggregateWhenCancelled): it
-      // fails for the first reason.
-      const std::string asked = agg->second.cancel_pending;  // FailAggregate erases it
-      state->FailAggregate(agg->first, !asked.empty()          ? asked
-                                       : request.error().empty() ? "aggregate failed"
-                                                                 : request.error());
-      return true;
-    }
-    const std::vector<uint64_t> constituents = agg->second.constituents;
-    for (const AggregateRecord::Hop& hop : agg->second.hops) state->aggregate_hops.erase(hop.id);
-    bool in_round = false;
-    if (JobState* job = state->FindJob(agg->second.job)) {
-      ServerState& server = job->servers[agg->second.server];
-      server.model_version = std::max(server.model_version, request.model_version());
-      in_round = RoundSize(*job, server) > 0;
-    }
-    // The server applied the constituents as consecutive versions ending at
-    // model_version, in commit order; a synchronous round's members all
-    // land in the one version the round produced. (Erased after: each
-    // Complete reads when the aggregate was planned to reach the server.)
-    const int64_t n = static_cast<int64_t>(constituents.size());
-    for (int64_t i = 0; i < n; ++i) {
-      state->Complete(constituents[i], v1::OUTCOME_APPLIED, "",
-                      in_round ? request.model_version()
-                               : request.model_version() - (n - 1 - i));
-    }
-    state->aggregates.erase(request.transfer_id());
+  AggregateRecord* aggregate = state->aggregates().Find(request.transfer_id());
+  if (aggregate == nullptr) return false;
+  if (!request.applied()) {
+    // Skipped at the server as asked (FailAggregateWhenCancelled): it
+    // fails for the first reason.
+    const std::string asked = aggregate->cancel_pending;  // FailAggregate forgets it
+    state->FailAggregate(request.transfer_id(), !asked.empty()            ? asked
+                                                : request.error().empty() ? "aggregate failed"
+                                                                          : request.error());
     return true;
   }
-  return false;
+  const std::vector<uint64_t> constituents = aggregate->constituents;
+  state->aggregates().ForgetHops(request.transfer_id());
+  bool in_round = false;
+  if (JobState* job = state->FindJob(aggregate->job)) {
+    ServerState& server = job->servers[aggregate->server];
+    server.model_version = std::max(server.model_version, request.model_version());
+    in_round = RoundSize(*job, server) > 0;
+  }
+  // The server applied the constituents as consecutive versions ending at
+  // model_version, in commit order; a synchronous round's members all
+  // land in the one version the round produced. (Taken out after: each
+  // Complete reads when the aggregate was planned to reach the server.)
+  const int64_t n = static_cast<int64_t>(constituents.size());
+  for (int64_t i = 0; i < n; ++i) {
+    state->Complete(constituents[i], v1::OUTCOME_APPLIED, "",
+                    in_round ? request.model_version()
+                             : request.model_version() - (n - 1 - i));
+  }
+  state->aggregates().Take(request.transfer_id());
+  return true;
 }
 
 // SubmitUpdate: the push's own fields (its type, size, version, norm and
