@@ -45,7 +45,7 @@ int32_t RoundSize(const JobState& job, const ServerState& server) {
 
 int64_t DelayBound(const JobState& job) {
   // An ssp job's K bounds iterations (AwaitClock); versions stay bounded
-  // by tau_max, as for async jobs.
+  // by tau_max, as for async jobs_.
   int64_t bound = job.config.tau_max;
   for (const auto& [name, worker] : job.workers) {
     if (worker.delay_bound >= 0) bound = std::min(bound, worker.delay_bound);
@@ -90,13 +90,54 @@ ClusterState::ClusterState(const SchedulerConfig& config, const Clock* clock,
     JobState state;
     state.id = next_job_id++;
     state.config = job;
-    jobs[job.name] = std::move(state);
+    jobs_[job.name] = std::move(state);
   }
 }
 
 JobState* ClusterState::FindJob(const std::string& job) {
-  auto it = jobs.find(job);
-  return it == jobs.end() ? nullptr : &it->second;
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+const JobState* ClusterState::FindJob(const std::string& job) const {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+void ClusterState::ForEachServer(
+    absl::FunctionRef<void(const std::string& job_name, JobState& job,
+                           const std::string& server_name, ServerState& server)>
+        visit) {
+  for (auto& [job_name, job] : jobs_) {
+    for (auto& [server_name, server] : job.servers) visit(job_name, job, server_name, server);
+  }
+}
+
+UpdateRecord& ClusterState::AddPush(UpdateRecord record) {
+  const uint64_t id = record.transfer_id;
+  return updates_[id] = std::move(record);
+}
+
+UpdateRecord* ClusterState::FindPush(uint64_t transfer_id) {
+  auto it = updates_.find(transfer_id);
+  return it == updates_.end() ? nullptr : &it->second;
+}
+
+const UpdateRecord* ClusterState::FindPush(uint64_t transfer_id) const {
+  auto it = updates_.find(transfer_id);
+  return it == updates_.end() ? nullptr : &it->second;
+}
+
+void ClusterState::ForEachPush(absl::FunctionRef<void(UpdateRecord& record)> visit) {
+  for (auto& [id, record] : updates_) visit(record);
+}
+
+std::optional<UpdateRecord> ClusterState::TakePush(uint64_t transfer_id) {
+  auto it = updates_.find(transfer_id);
+  if (it == updates_.end()) return std::nullopt;
+  UpdateRecord record = std::move(it->second);
+  updates_.erase(it);
+  return record;
 }
 
 void ClusterState::Enqueue(const std::string& host, v1::DaemonCommand command) {
@@ -106,8 +147,8 @@ void ClusterState::Enqueue(const std::string& host, v1::DaemonCommand command) {
 
 void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std::string& reason,
                             int64_t applied_version) {
-  auto it = updates.find(transfer_id);
-  if (it == updates.end()) return;
+  auto it = updates_.find(transfer_id);
+  if (it == updates_.end()) return;
   const UpdateRecord& record = it->second;
   JobState* job = FindJob(record.job);
   stragglers.OnOutcome(record.job, record.worker, record.submitted_s, clock_->NowSeconds());
@@ -137,7 +178,7 @@ void ClusterState::Complete(uint64_t transfer_id, v1::Outcome outcome, const std
   const std::string round_job = record.job, round_server = record.server;
   const std::string src_host = record.src_host;
   const int64_t round = record.version;
-  updates.erase(it);
+  updates_.erase(it);
   // Without this member the synchronous round can never be complete.
   if (fails_round) {
     FailRound(round_job, round_server, round,
@@ -276,8 +317,8 @@ void ClusterState::FailAggregate(uint64_t aggregate_id, const std::string& reaso
     if (server != job->servers.end()) Enqueue(server->second.host, cancel);
   }
   for (uint64_t constituent : aggregate.constituents) {
-    auto record = updates.find(constituent);
-    if (record == updates.end()) continue;
+    auto record = updates_.find(constituent);
+    if (record == updates_.end()) continue;
     record->second.aggregate_id = 0;  // the aggregate is gone already
     record->second.sequence = 0;      // nothing at the server waits for it
     Complete(constituent, v1::OUTCOME_FAILED,
@@ -304,8 +345,8 @@ void ClusterState::FailGroupAggregate(uint64_t id, const std::string& reason) {
                                  "that applied theirs keep it)")
           : absl::StrCat("its in-network aggregate failed: ", reason, "; no shard applied it");
   for (uint64_t member : group.constituents) {
-    auto record = updates.find(member);
-    if (record == updates.end()) continue;
+    auto record = updates_.find(member);
+    if (record == updates_.end()) continue;
     record->second.aggregate_id = 0;  // the aggregate is gone already
     record->second.sequence = 0;      // its shards skip the position (above)
     Complete(member, v1::OUTCOME_FAILED, why, 0);
@@ -341,7 +382,7 @@ void ClusterState::FailRound(const std::string& job_name, const std::string& ser
                    << " failed: " << reason;
   Enqueue(server->second.host, commands::FailRound(server_name, round, job->id, reason));
   std::vector<uint64_t> members;
-  for (const auto& [id, record] : updates) {
+  for (const auto& [id, record] : updates_) {
     if (record.job == job_name && record.server == server_name && record.version == round &&
         (record.round_member || record.state == UpdateState::kPending)) {
       members.push_back(id);
@@ -362,8 +403,8 @@ void ClusterState::MarkHostDown(const std::string& host_name, const std::string&
   const std::vector<uint64_t> to_fail = TakeUpdatesThrough(host_name);
   EndReplicaCopiesOn(host_name, reason);
   for (uint64_t id : to_fail) {
-    auto record = updates.find(id);
-    if (record == updates.end()) continue;  // ended already (its round or aggregate failed)
+    auto record = updates_.find(id);
+    if (record == updates_.end()) continue;  // ended already (its round or aggregate failed)
     if (record->second.src_host == host_name) {
       // Its bytes may be at its server's daemon already.
       FailWhenCancelled(id, absl::StrCat("source host ", host_name, " is down: ", reason));
@@ -396,7 +437,7 @@ void ClusterState::FailAggregatesOn(const std::string& host_name, const std::str
 
 std::vector<uint64_t> ClusterState::TakeUpdatesThrough(const std::string& host_name) {
   std::vector<uint64_t> to_fail;
-  for (auto& [id, record] : updates) {
+  for (auto& [id, record] : updates_) {
     JobState* job = FindJob(record.job);
     if (job == nullptr) continue;
     ServerState& server = job->servers[record.server];
@@ -451,7 +492,7 @@ void ClusterState::EndReplicaCopiesOn(const std::string& host_name, const std::s
                                 " is down: ", reason),
                    0);
   }
-  for (auto& [job_name, job] : jobs) {
+  for (auto& [job_name, job] : jobs_) {
     for (auto& [server_name, server] : job.servers) {
       auto replica = job.replica_hosts.find(server_name);
       if (replica != job.replica_hosts.end() && replica->second == host_name) {
@@ -466,8 +507,8 @@ void ClusterState::EndReplicaCopiesOn(const std::string& host_name, const std::s
 }
 
 void ClusterState::FailWhenCancelled(uint64_t transfer_id, const std::string& reason) {
-  auto it = updates.find(transfer_id);
-  if (it == updates.end()) return;
+  auto it = updates_.find(transfer_id);
+  if (it == updates_.end()) return;
   UpdateRecord& record = it->second;
   if (!record.cancel_pending.empty()) return;  // asked already
   if (const GroupPush* group = groups_.Find(transfer_id)) {
@@ -544,8 +585,8 @@ bool ClusterState::AwaitingCancel(const UpdateRecord& record) const {
 
 void ClusterState::FailTransfer(uint64_t transfer_id, const std::string& reason,
                                 double grace_s) {
-  auto it = updates.find(transfer_id);
-  if (it == updates.end()) return;
+  auto it = updates_.find(transfer_id);
+  if (it == updates_.end()) return;
   UpdateRecord& record = it->second;
   if (!record.cancel_pending.empty()) {
     // Its server's daemon skipped it, as asked: it fails for the first reason.
@@ -567,12 +608,12 @@ void ClusterState::FailTransfer(uint64_t transfer_id, const std::string& reason,
 
 void ClusterState::ExpireOverdue(double now_s) {
   std::vector<uint64_t> pending_failures;
-  for (const auto& [id, record] : updates) {
+  for (const auto& [id, record] : updates_) {
     if (!record.failure_pending.empty() && now_s >= record.fail_at_s) pending_failures.push_back(id);
   }
   for (uint64_t id : pending_failures) {
-    auto it = updates.find(id);
-    if (it == updates.end()) continue;
+    auto it = updates_.find(id);
+    if (it == updates_.end()) continue;
     const std::string reason = it->second.failure_pending;
     // No failover came: its copy must not make the replica hold what the
     // server never applied, if it can still be stopped.
@@ -584,14 +625,14 @@ void ClusterState::ExpireOverdue(double now_s) {
   // Cancellations their server's daemon never confirmed (it never answers:
   // a lost command); not waited for longer.
   std::vector<uint64_t> unconfirmed;
-  for (const auto& [id, record] : updates) {
+  for (const auto& [id, record] : updates_) {
     if (!record.cancel_pending.empty() && now_s > record.cancel_deadline_s) {
       unconfirmed.push_back(id);
     }
   }
   for (uint64_t id : unconfirmed) {
-    auto it = updates.find(id);
-    if (it == updates.end()) continue;
+    auto it = updates_.find(id);
+    if (it == updates_.end()) continue;
     const std::string reason = absl::StrCat(
         it->second.cancel_pending, " (its server's daemon did not confirm skipping it)");
     Complete(id, v1::OUTCOME_FAILED, reason, 0);
@@ -608,15 +649,15 @@ void ClusterState::ExpireOverdue(double now_s) {
     FailAggregate(id, reason);
   }
   std::vector<uint64_t> overdue;
-  for (const auto& [id, record] : updates) {
+  for (const auto& [id, record] : updates_) {
     if (record.state == UpdateState::kInFlight && now_s > record.planned.deadline_s &&
         !AwaitingCancel(record)) {
       overdue.push_back(id);
     }
   }
   for (uint64_t id : overdue) {
-    auto it = updates.find(id);
-    if (it == updates.end()) continue;  // ended with an earlier one's aggregate or round
+    auto it = updates_.find(id);
+    if (it == updates_.end()) continue;  // ended with an earlier one's aggregate or round
     const UpdateRecord& record = it->second;
     const std::string reason = absl::StrCat(
         "timed out: transfer ", id, " from ", record.src_host, " to ", record.planned.dst,
@@ -663,11 +704,11 @@ double ClusterState::EndReplicaCopyAtServer(uint64_t copy_id, const ReplicaCopy&
     server.replica.applied += copy.Updates();
     // After a failover the replica is the server: its version is the model's.
     if (copy.failover) server.model_version = std::max(server.model_version, model_version);
-    if (auto source = updates.find(copy.source); source != updates.end()) {
+    if (auto source = updates_.find(copy.source); source != updates_.end()) {
       source->second.replica_ahead = true;
     }
     for (uint64_t member : copy.constituents) {
-      if (auto source = updates.find(member); source != updates.end()) {
+      if (auto source = updates_.find(member); source != updates_.end()) {
         source->second.replica_ahead = true;
       }
     }
@@ -704,7 +745,7 @@ void ClusterState::FailReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy, Jo
     // Its pushes still in flight get a copy of their own once applied
     // (§5.3's punted copies: their sources keep the bytes).
     for (uint64_t member : copy.unsettled) {
-      if (auto record = updates.find(member); record != updates.end()) {
+      if (auto record = updates_.find(member); record != updates_.end()) {
         record->second.replica_punted = true;
       }
     }
@@ -729,7 +770,7 @@ void ClusterState::FailReplicaCopy(uint64_t copy_id, const ReplicaCopy& copy, Jo
 void ClusterState::EndDecidedByCopy(UpdateRecord record, bool applied, const std::string& reason,
                                     int64_t model_version) {
   const uint64_t id = record.transfer_id;
-  updates[id] = std::move(record);
+  updates_[id] = std::move(record);
   if (applied) {
     Complete(id, v1::OUTCOME_APPLIED, "", model_version);
   } else {
@@ -763,7 +804,7 @@ void ClusterState::ReserveDistribution(std::vector<DistributionLeg> legs) {
 
 void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,
                                 std::map<std::string, std::vector<core::RateSegment>>* down) const {
-  for (const auto& [id, record] : updates) {
+  for (const auto& [id, record] : updates_) {
     if (record.state != UpdateState::kInFlight) continue;
     if (const GroupPush* group = groups_.Find(id)) {
       for (const GroupPart& part : group->parts) {

@@ -10,6 +10,17 @@
 // daemon to skip a commit position that will never be filled, and takes
 // down what cannot finish without the push (its aggregate, its round).
 //
+// Its state has owners. ClusterState itself owns the jobs (as configured)
+// and the pushes not yet ended, since the outcome state machine is the
+// only way a push leaves; each other concern is a part with its own
+// contract and test, reached through an accessor:
+//   hosts()       HostTable        registered hosts, alive or not
+//   aggregates()  AggregateLedger  in-network aggregates and chain hops (§5.2)
+//   groups()      GroupLedger      pushes to server groups and their parts
+//   replicas()    ReplicaLedger    replica copies, their feeds, snapshots (§5.3)
+//   restart()     RestartLedger    a restarted scheduler's pushes in doubt
+//   outcomes()    OutcomeLog       how the last pushes ended, and their uids
+//
 //   ClusterState state(config, clock, &outbox, &history);
 //   state.hosts().Register("w1") = ...;     // by the registration handlers
 //   state.Complete(id, v1::OUTCOME_DROPPED, "stale: ...", 0);
@@ -23,10 +34,12 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "common/clock.h"
 #include "proto/scheduler.pb.h"
 #include "scheduler/core/types.h"
@@ -148,8 +161,29 @@ class ClusterState {
   ClusterState(const SchedulerConfig& config, const Clock* clock, CommandOutbox* outbox,
                AdminHistory* history);
 
-  std::map<std::string, JobState> jobs;
-  std::map<uint64_t, UpdateRecord> updates;
+  // Jobs, as configured (the scheduler's config file), by name.
+  JobState* FindJob(const std::string& job);
+  const JobState* FindJob(const std::string& job) const;
+  const std::map<std::string, JobState>& jobs() const { return jobs_; }
+  // Visits every server of every job, to change it in place.
+  void ForEachServer(absl::FunctionRef<void(const std::string& job_name, JobState& job,
+                                            const std::string& server_name, ServerState& server)>
+                         visit);
+  // The job `name`, made with a default configuration if there is none
+  // (unit tests; a scheduler's jobs come from its configuration).
+  JobState& GetOrAddJob(const std::string& name) { return jobs_[name]; }
+
+  // The pushes not yet ended, by transfer id (see the banner): added when
+  // accepted (SubmitUpdate, or a restart's in-doubt push planned again),
+  // taken out only by Complete, or by a failover that hands a push's fate
+  // to its replica copy (TakePush).
+  UpdateRecord& AddPush(UpdateRecord record);
+  UpdateRecord* FindPush(uint64_t transfer_id);
+  const UpdateRecord* FindPush(uint64_t transfer_id) const;
+  const std::map<uint64_t, UpdateRecord>& pushes() const { return updates_; }
+  std::optional<UpdateRecord> TakePush(uint64_t transfer_id);
+  // Visits every push not yet ended, to change it in place.
+  void ForEachPush(absl::FunctionRef<void(UpdateRecord& record)> visit);
   // A planned distribution's stream (server or distributor -> requester).
   struct DistributionLeg {
     std::string src, dst;
@@ -192,7 +226,6 @@ class ClusterState {
   // The hosts that registered, and which are alive (host_table.h).
   HostTable& hosts() { return hosts_; }
   const HostTable& hosts() const { return hosts_; }
-  JobState* FindJob(const std::string& job);
   const HostState* AliveHost(const std::string& host) const { return hosts_.Alive(host); }
   // Queues a command for `host` if it is alive (a dead host's part is failed).
   void Enqueue(const std::string& host, v1::DaemonCommand command);
@@ -317,6 +350,8 @@ class ClusterState {
   const Clock* clock_;
   CommandOutbox* outbox_;
   AdminHistory* history_;
+  std::map<std::string, JobState> jobs_;
+  std::map<uint64_t, UpdateRecord> updates_;  // pushes not yet ended
   std::vector<DistributionLeg> distribution_legs_;  // ReserveDistribution
   AggregateLedger aggregates_;
   RestartLedger restart_;

@@ -4,7 +4,7 @@
 // an open outbox and a data address.
 //
 //   struct Fixture : ClusterStateFixture {
-//     Fixture() : ClusterStateFixture({"s1", "w1"}) { state.jobs["demo"]... }
+//     Fixture() : ClusterStateFixture({"s1", "w1"}) { state.GetOrAddJob("demo")... }
 //   };
 #ifndef MLFABRIC_SCHEDULER_SERVICE_CLUSTER_STATE_FIXTURE_H_
 #define MLFABRIC_SCHEDULER_SERVICE_CLUSTER_STATE_FIXTURE_H_
@@ -48,8 +48,8 @@ struct ClusterStateFixture {
     record.local_id = 40 + record.transfer_id;
     record.bytes = 64;
     record.version = version;
-    state.jobs["demo"].servers["ps"].pending.push_back(record.transfer_id);
-    return state.updates[record.transfer_id] = record;
+    state.GetOrAddJob("demo").servers["ps"].pending.push_back(record.transfer_id);
+    return state.AddPush(record);
   }
 
   // Every command queued for `host`, in order, as its daemon would read them.

@@ -19,7 +19,7 @@ namespace {
 
 struct Fixture : ClusterStateFixture {
   Fixture() : ClusterStateFixture({"s1", "w1", "w2", "a1"}) {
-    state.jobs["demo"].servers["ps"].host = "s1";
+    state.GetOrAddJob("demo").servers["ps"].host = "s1";
   }
 
   uint64_t Push(const std::string& src, int64_t version = 5) {
@@ -32,19 +32,65 @@ struct Fixture : ClusterStateFixture {
     AggregateRecord& aggregate = state.aggregates().Open(77);
     aggregate = {77, "demo", "ps", "a1", constituents, 3, {}, {}};
     for (uint64_t id : constituents) {
-      state.updates[id].state = UpdateState::kInFlight;
-      state.updates[id].aggregate_id = 77;
-      state.updates[id].sequence = 3;
+      state.FindPush(id)->state = UpdateState::kInFlight;
+      state.FindPush(id)->aggregate_id = 77;
+      state.FindPush(id)->sequence = 3;
     }
     return aggregate;
   }
 };
 
+TEST_CASE("the pushes not yet ended: found, taken out once, and gone after Complete") {
+  Fixture f;
+  const uint64_t a = f.Push("w1"), b = f.Push("w2");
+  REQUIRE(f.state.FindPush(a) != nullptr);
+  CHECK(f.state.FindPush(a)->src_host == "w1");
+  CHECK(f.state.pushes().size() == 2);
+  std::optional<UpdateRecord> taken = f.state.TakePush(b);  // a failover's hand-over
+  REQUIRE(taken.has_value());
+  CHECK(taken->src_host == "w2");
+  CHECK_FALSE(f.state.TakePush(b).has_value());
+  CHECK(f.state.FindPush(b) == nullptr);
+  int visited = 0;
+  f.state.ForEachPush([&](UpdateRecord& record) {
+    ++visited;
+    record.norm = 2.5;  // changed in place
+  });
+  CHECK(visited == 1);
+  CHECK(f.state.FindPush(a)->norm == 2.5);
+  f.state.Complete(a, v1::OUTCOME_APPLIED, "", 1);
+  CHECK(f.state.pushes().empty());
+}
+
+TEST_CASE("jobs come from the configuration; every server can be changed in place") {
+  SchedulerConfig config;
+  config.jobs.push_back(JobConfig{});
+  config.jobs.back().name = "demo";
+  FakeClock clock{100.0};
+  CommandOutbox outbox;
+  AdminHistory history{8};
+  ClusterState state{config, &clock, &outbox, &history};
+  REQUIRE(state.FindJob("demo") != nullptr);
+  CHECK(state.FindJob("demo")->id == 1);
+  CHECK(state.FindJob("other") == nullptr);
+  CHECK(state.jobs().size() == 1);
+  state.FindJob("demo")->servers["ps"].host = "s1";
+  state.FindJob("demo")->servers["ps2"].host = "s2";
+  std::vector<std::string> seen;
+  state.ForEachServer([&](const std::string& job_name, JobState& job,
+                          const std::string& server_name, ServerState& server) {
+    seen.push_back(job_name + "/" + server_name);
+    server.model_version = 7;
+  });
+  CHECK(seen == std::vector<std::string>{"demo/ps", "demo/ps2"});
+  CHECK(state.FindJob("demo")->servers["ps2"].model_version == 7);
+}
+
 TEST_CASE("a push ends exactly once, and its source is told how") {
   Fixture f;
   const uint64_t id = f.Push("w1", 5);
-  f.state.updates[id].state = UpdateState::kInFlight;
-  f.state.jobs["demo"].servers["ps"].in_flight = 1;
+  f.state.FindPush(id)->state = UpdateState::kInFlight;
+  f.state.GetOrAddJob("demo").servers["ps"].in_flight = 1;
   f.state.Complete(id, v1::OUTCOME_APPLIED, "", 9);
   f.state.Complete(id, v1::OUTCOME_FAILED, "late report", 0);  // ignored: it has ended
   const auto commands = f.Drain("w1");
@@ -56,7 +102,7 @@ TEST_CASE("a push ends exactly once, and its source is told how") {
   CHECK(outcome.delay() == 3);  // versions 6, 7 and 8 came in between
   CHECK(f.state.stats.applied == 1);
   CHECK(f.state.stats.failed == 0);
-  CHECK(f.state.jobs["demo"].servers["ps"].in_flight == 0);
+  CHECK(f.state.GetOrAddJob("demo").servers["ps"].in_flight == 0);
   ClusterSnapshot snap;
   f.history.CopyInto(&snap);
   REQUIRE(snap.recent_delays.size() == 1);
@@ -68,20 +114,20 @@ TEST_CASE("an applied push's latency splits into queued, planned and late") {
   // Submitted at 100 (the fixture's clock), planned at 100.25 to reach the
   // server at 100.75, reported applied at 100.875.
   const uint64_t direct = f.Push("w1");
-  f.state.updates[direct].state = UpdateState::kInFlight;
-  f.state.updates[direct].planned.planned_at_s = 100.25;
-  f.state.updates[direct].planned.end_s = 100.75;
+  f.state.FindPush(direct)->state = UpdateState::kInFlight;
+  f.state.FindPush(direct)->planned.planned_at_s = 100.25;
+  f.state.FindPush(direct)->planned.end_s = 100.75;
   // Two pushes summed at a1: each is timed by the aggregate's transfer to
   // the server, not by its own hop to a1.
   const uint64_t first = f.Push("w1"), second = f.Push("w2");
   AggregateRecord& aggregate = f.Aggregate77({first, second});
   aggregate.planned.planned_at_s = 100.5;
   aggregate.planned.end_s = 101.0;
-  f.state.updates[first].planned.planned_at_s = 100.5;
-  f.state.updates[first].planned.end_s = 100.625;
+  f.state.FindPush(first)->planned.planned_at_s = 100.5;
+  f.state.FindPush(first)->planned.end_s = 100.625;
   // Never planned (as after a failover): in the recent list, not the means.
   const uint64_t unplanned = f.Push("w2");
-  for (uint64_t id : {direct, first, second, unplanned}) f.state.updates[id].submitted_s = 100;
+  for (uint64_t id : {direct, first, second, unplanned}) f.state.FindPush(id)->submitted_s = 100;
   f.clock.Set(100.875);
   f.state.Complete(direct, v1::OUTCOME_APPLIED, "", 6);
   f.clock.Set(101.25);
@@ -113,8 +159,8 @@ TEST_CASE("an applied push's latency splits into queued, planned and late") {
 TEST_CASE("a failed in-flight push frees its commit position at the server") {
   Fixture f;
   const uint64_t id = f.Push("w1");
-  f.state.updates[id].state = UpdateState::kInFlight;
-  f.state.updates[id].sequence = 4;
+  f.state.FindPush(id)->state = UpdateState::kInFlight;
+  f.state.FindPush(id)->sequence = 4;
   f.state.Complete(id, v1::OUTCOME_FAILED, "connection reset", 0);
   const auto at_server = f.Drain("s1");
   REQUIRE(at_server.size() == 1);
@@ -130,8 +176,8 @@ TEST_CASE("a push at its server's daemon fails only once that daemon confirms it
   Fixture f;
   auto in_flight = [&](uint64_t sequence) {
     const uint64_t id = f.Push("w1");
-    UpdateRecord& record = f.state.updates[id];
-    f.state.jobs["demo"].servers["ps"].pending.clear();
+    UpdateRecord& record = *f.state.FindPush(id);
+    f.state.GetOrAddJob("demo").servers["ps"].pending.clear();
     record.state = UpdateState::kInFlight;
     record.sequence = sequence;
     record.planned.deadline_s = 1e9;
@@ -141,8 +187,8 @@ TEST_CASE("a push at its server's daemon fails only once that daemon confirms it
   const uint64_t handed = in_flight(5);
   f.state.MarkHostDown("w1", "daemon disconnected");
   // Both wait: the server's daemon is asked to skip their positions.
-  CHECK(f.state.updates.count(skipped) == 1);
-  CHECK(f.state.updates.count(handed) == 1);
+  CHECK(f.state.pushes().count(skipped) == 1);
+  CHECK(f.state.pushes().count(handed) == 1);
   const auto at_server = f.Drain("s1");
   REQUIRE(at_server.size() == 2);
   CHECK(at_server[0].cancel().transfer_id() == skipped);
@@ -165,7 +211,7 @@ TEST_CASE("a push at its server's daemon fails only once that daemon confirms it
   const uint64_t unanswered = in_flight(6);
   f.state.FailWhenCancelled(unanswered, "timed out");
   f.state.ExpireOverdue(f.clock.NowSeconds() + 1);
-  CHECK(f.state.updates.count(unanswered) == 1);
+  CHECK(f.state.pushes().count(unanswered) == 1);
   f.state.ExpireOverdue(f.clock.NowSeconds() + 2 * f.config.keepalive_s +
                         f.config.transfer_slack_s + 1);
   REQUIRE(f.state.outcomes().Find(unanswered) != nullptr);
@@ -178,15 +224,15 @@ TEST_CASE("a host going down fails every push from or to it, once, with the reas
   const uint64_t from_w1 = f.Push("w1");
   const uint64_t from_w2 = f.Push("w2");
   f.state.MarkHostDown("w1", "daemon disconnected");
-  CHECK(f.state.updates.count(from_w1) == 0);
-  CHECK(f.state.updates.count(from_w2) == 1);
-  CHECK(f.state.jobs["demo"].servers["ps"].pending == std::vector<uint64_t>{from_w2});
+  CHECK(f.state.pushes().count(from_w1) == 0);
+  CHECK(f.state.pushes().count(from_w2) == 1);
+  CHECK(f.state.GetOrAddJob("demo").servers["ps"].pending == std::vector<uint64_t>{from_w2});
   CHECK(f.state.stats.failed == 1);
   // The dead host's queue is closed: nothing waits there for a stream.
   CHECK(f.outbox.Queued("w1") == 0);
 
   f.state.MarkHostDown("s1", "daemon disconnected");  // the server: w2's push fails too
-  CHECK(f.state.updates.empty());
+  CHECK(f.state.pushes().empty());
   const auto at_w2 = f.Drain("w2");
   REQUIRE(at_w2.size() == 1);
   CHECK(at_w2[0].outcome().outcome() == v1::OUTCOME_FAILED);
@@ -198,7 +244,7 @@ TEST_CASE("a host going down fails every push from or to it, once, with the reas
 // expected at r1's replica endpoint at position 1.
 struct ReplicaAggregateFixture : ClusterStateFixture {
   ReplicaAggregateFixture() : ClusterStateFixture({"s1", "r1", "w1", "w2", "a1"}) {
-    JobState& job = state.jobs["demo"];
+    JobState& job = state.GetOrAddJob("demo");
     job.servers["ps"].host = "s1";
     job.replica_hosts["ps"] = "r1";
     ReplicaCopy copy{"demo", "ps", 0, "a1", "r1", 1};
@@ -211,7 +257,7 @@ struct ReplicaAggregateFixture : ClusterStateFixture {
     state.replicas().AddFeed(92, 90);
     job.servers["ps"].replica.in_flight[90] = 3.0;
   }
-  ReplicaTrack& replica() { return state.jobs["demo"].servers["ps"].replica; }
+  ReplicaTrack& replica() { return state.GetOrAddJob("demo").servers["ps"].replica; }
 };
 
 TEST_CASE("a replica copy's planned transfers stay reserved on their links while it lasts") {
@@ -263,8 +309,8 @@ struct HeldAggregateFixture : ReplicaAggregateFixture {
     a = Push("w1");
     b = Push("w2");
     for (uint64_t id : {a, b}) {
-      state.updates[id].state = UpdateState::kInFlight;
-      state.updates[id].norm = 1.0;
+      state.FindPush(id)->state = UpdateState::kInFlight;
+      state.FindPush(id)->norm = 1.0;
     }
     ReplicaCopy& copy = *state.replicas().FindCopy(90);
     copy.constituents = {a, b};
@@ -312,8 +358,8 @@ TEST_CASE("a push of a cancelled held aggregate still in flight gets a copy of i
   CHECK(f.state.replicas().copy_count() == 0);
   // b, still in flight, is punted: once applied its source keeps the bytes
   // for a copy in a later batch.
-  REQUIRE(f.state.updates.count(f.b) == 1);
-  CHECK(f.state.updates[f.b].replica_punted);
+  REQUIRE(f.state.pushes().count(f.b) == 1);
+  CHECK(f.state.FindPush(f.b)->replica_punted);
   CHECK(f.replica().missed == 0);
   f.state.Complete(f.b, v1::OUTCOME_APPLIED, "", 6);
   REQUIRE(f.replica().pending.size() == 1);
@@ -336,7 +382,7 @@ TEST_CASE("an aggregate's failure fails its constituents and cancels it at both 
   f.Aggregate77({a, b});
   f.state.Complete(a, v1::OUTCOME_FAILED, "w1 vanished", 0);
   CHECK(f.state.aggregates().size() == 0);
-  CHECK(f.state.updates.empty());  // b went down with its aggregate
+  CHECK(f.state.pushes().empty());  // b went down with its aggregate
   CHECK(f.state.stats.failed == 2);
   const auto at_aggregator = f.Drain("a1");
   REQUIRE(at_aggregator.size() == 1);
@@ -373,7 +419,7 @@ TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels
   // The sum may be at s1's daemon already: it is asked to skip it and
   // confirm; nothing has failed yet.
   REQUIRE(f.state.aggregates().Find(77) != nullptr);
-  CHECK(f.state.updates.size() == 2);
+  CHECK(f.state.pushes().size() == 2);
   const auto at_s1 = f.Drain("s1");
   REQUIRE(at_s1.size() == 1);
   CHECK(at_s1[0].cancel().transfer_id() == 77);
@@ -383,7 +429,7 @@ TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels
   f.state.FailAggregate(77, asked);
   CHECK(f.state.aggregates().size() == 0);
   CHECK(f.state.aggregates().hops() == 0);
-  CHECK(f.state.updates.empty());  // both pushes ended
+  CHECK(f.state.pushes().empty());  // both pushes ended
   const auto at_a1 = f.Drain("a1");
   REQUIRE(at_a1.size() == 1);
   CHECK(at_a1[0].cancel().transfer_id() == 77);
@@ -396,10 +442,10 @@ TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels
 TEST_CASE("an aggregate whose aggregator went down is applied if the server had it already") {
   Fixture f;
   const uint64_t a = f.Push("w1"), b = f.Push("w2");
-  f.state.jobs["demo"].servers["ps"].pending.clear();
+  f.state.GetOrAddJob("demo").servers["ps"].pending.clear();
   f.Aggregate77({a, b});
   for (uint64_t id : {a, b}) {
-    f.state.updates[id].planned.deadline_s = 50;  // past: they are overdue too
+    f.state.FindPush(id)->planned.deadline_s = 50;  // past: they are overdue too
   }
   f.state.MarkHostDown("a1", "daemon disconnected");
   REQUIRE(f.state.aggregates().Find(77) != nullptr);
@@ -409,7 +455,7 @@ TEST_CASE("an aggregate whose aggregator went down is applied if the server had 
   // Timeouts meanwhile do not fail (or count) its constituents again.
   f.state.ExpireOverdue(f.clock.NowSeconds() + 1);
   CHECK(f.state.stats.timed_out == 0);
-  CHECK(f.state.updates.size() == 2);
+  CHECK(f.state.pushes().size() == 2);
   // s1's application had the sum: both constituents applied, as versions
   // 9 and 10 (what the completion handler does for an applied aggregate).
   f.state.aggregates().Take(77);
@@ -421,13 +467,13 @@ TEST_CASE("an aggregate whose aggregator went down is applied if the server had 
 
 TEST_CASE("a failed round fails every member and moves the server past it") {
   Fixture f;
-  f.state.jobs["demo"].servers["ps"].model_version = 5;
+  f.state.GetOrAddJob("demo").servers["ps"].model_version = 5;
   const uint64_t a = f.Push("w1", 5), b = f.Push("w2", 5), later = f.Push("w2", 6);
   f.state.FailRound("demo", "ps", 5, "mismatch: sizes differ");
-  CHECK(f.state.updates.count(a) == 0);
-  CHECK(f.state.updates.count(b) == 0);
-  CHECK(f.state.updates.count(later) == 1);
-  CHECK(f.state.jobs["demo"].servers["ps"].model_version == 6);
+  CHECK(f.state.pushes().count(a) == 0);
+  CHECK(f.state.pushes().count(b) == 0);
+  CHECK(f.state.pushes().count(later) == 1);
+  CHECK(f.state.GetOrAddJob("demo").servers["ps"].model_version == 6);
   const auto at_server = f.Drain("s1");
   REQUIRE(at_server.size() == 1);
   CHECK(at_server[0].cancel().fail_round());
@@ -437,7 +483,7 @@ TEST_CASE("a failed round fails every member and moves the server past it") {
 TEST_CASE("in-flight pushes past their deadline time out; planned ones are reserved") {
   Fixture f;
   const uint64_t id = f.Push("w1");
-  UpdateRecord& record = f.state.updates[id];
+  UpdateRecord& record = *f.state.FindPush(id);
   record.state = UpdateState::kInFlight;
   record.planned.src = "w1";
   record.planned.dst = "s1";
@@ -448,9 +494,9 @@ TEST_CASE("in-flight pushes past their deadline time out; planned ones are reser
   CHECK(up["w1"].size() == 1);
   CHECK(down["s1"].size() == 1);
   f.state.ExpireOverdue(105);
-  CHECK(f.state.updates.count(id) == 1);
+  CHECK(f.state.pushes().count(id) == 1);
   f.state.ExpireOverdue(111);
-  CHECK(f.state.updates.count(id) == 0);
+  CHECK(f.state.pushes().count(id) == 0);
   CHECK(f.state.stats.timed_out == 1);
 }
 

@@ -68,7 +68,7 @@ void SettleInFlightByReplica(ClusterState* state, const std::string& job_name,
     for (uint64_t member : copy.unsettled) copy_of[member] = copy_id;
   });
   std::vector<uint64_t> held, decided;
-  for (const auto& [id, record] : state->updates) {
+  for (const auto& [id, record] : state->pushes()) {
     if (!OfServer(record, job_name, server_name) || record.state != UpdateState::kInFlight) {
       continue;
     }
@@ -84,9 +84,7 @@ void SettleInFlightByReplica(ClusterState* state, const std::string& job_name,
     ++view->in_flight_applied;
   }
   for (uint64_t id : decided) {
-    auto it = state->updates.find(id);
-    UpdateRecord record = std::move(it->second);
-    state->updates.erase(it);
+    UpdateRecord record = *state->TakePush(id);
     // Nothing at either daemon waits for it as the server's delivery now.
     record.sequence = 0;
     record.aggregate_id = 0;
@@ -121,7 +119,7 @@ void FailLostInFlight(ClusterState* state, const std::string& job_name,
                       const std::string& server_name, const std::string& why,
                       FailoverView* view) {
   std::vector<uint64_t> lost_in_flight;
-  for (const auto& [id, record] : state->updates) {
+  for (const auto& [id, record] : state->pushes()) {
     if (OfServer(record, job_name, server_name) && record.state == UpdateState::kInFlight) {
       lost_in_flight.push_back(id);
     }
@@ -235,7 +233,7 @@ bool PromoteReplica(ClusterState* state, const std::string& job_name,
 
 int FailOverServersOn(ClusterState* state, const std::string& host, const std::string& reason) {
   std::vector<std::pair<std::string, std::string>> servers;
-  for (const auto& [job_name, job] : state->jobs) {
+  for (const auto& [job_name, job] : state->jobs()) {
     for (const auto& [server_name, server] : job.servers) {
       if (server.host == host && job.replica_hosts.count(server_name)) {
         servers.emplace_back(job_name, server_name);

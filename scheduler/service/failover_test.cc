@@ -16,7 +16,7 @@ namespace {
 
 struct Fixture : ClusterStateFixture {
   Fixture() : ClusterStateFixture({"s1", "r1", "w1", "w2"}) {
-    JobState& job = state.jobs["demo"];
+    JobState& job = state.GetOrAddJob("demo");
     job.id = 7;
     job.config.name = "demo";
     ServerState& server = job.servers["ps"];
@@ -27,7 +27,7 @@ struct Fixture : ClusterStateFixture {
     job.replica_hosts["ps"] = "r1";
   }
 
-  ServerState& server() { return state.jobs["demo"].servers["ps"]; }
+  ServerState& server() { return state.GetOrAddJob("demo").servers["ps"]; }
 
   uint64_t Push(const std::string& src, bool in_flight, double norm = 1) {
     UpdateRecord& record = AddPush(src);
@@ -71,7 +71,7 @@ TEST_CASE("the replica becomes the server; pushes in flight end by what it holds
   const uint64_t waiting = f.Push("w1", /*in_flight=*/false);
   const uint64_t lost = f.Push("w1", /*in_flight=*/true);
   const uint64_t held = f.Push("w2", /*in_flight=*/true);
-  f.state.updates[held].replica_ahead = true;  // its copy was applied first
+  f.state.FindPush(held)->replica_ahead = true;  // its copy was applied first
   const uint64_t racing = f.Push("w2", /*in_flight=*/true);
   const uint64_t racing_copy = f.Copy(racing, "w2", 3);
 
@@ -80,7 +80,7 @@ TEST_CASE("the replica becomes the server; pushes in flight end by what it holds
 
   // The server lives on r1, its commit order continuing the replica's.
   CHECK(f.server().host == "r1");
-  CHECK(f.state.jobs["demo"].replica_hosts.count("ps") == 0);
+  CHECK(f.state.GetOrAddJob("demo").replica_hosts.count("ps") == 0);
   CHECK(f.server().next_sequence == 32);
   const auto at_r1 = f.Drain("r1");
   REQUIRE(at_r1.size() == 1);
@@ -93,7 +93,7 @@ TEST_CASE("the replica becomes the server; pushes in flight end by what it holds
         std::string::npos);
 
   // Waiting: still waiting, for the new host (MarkHostDown left it).
-  CHECK(f.state.updates.count(waiting) == 1);
+  CHECK(f.state.pushes().count(waiting) == 1);
   CHECK(f.server().pending == std::vector<uint64_t>{waiting});
   // In flight, not at the replica: failed, saying why.
   const auto at_w1 = f.Drain("w1");
@@ -110,7 +110,7 @@ TEST_CASE("the replica becomes the server; pushes in flight end by what it holds
   CHECK(held_outcome->outcome() == v1::OUTCOME_APPLIED);
   // In flight with its copy moving: undecided until the copy ends.
   CHECK(Fixture::OutcomeOf(at_w2, racing) == nullptr);
-  CHECK(f.state.updates.count(racing) == 0);
+  CHECK(f.state.pushes().count(racing) == 0);
   CHECK(f.state.replicas().CountDecidedBy(racing_copy) == 1);
   f.state.ExpireOverdue(2e9);  // nothing expires it meanwhile
   CHECK(f.Drain("w2").empty());
@@ -122,7 +122,7 @@ TEST_CASE("the replica becomes the server; pushes in flight end by what it holds
   CHECK(racing_outcome->applied_version() == 43);
   CHECK(f.server().model_version == 43);  // the promoted replica's version is the model's
 
-  const JobState& job = f.state.jobs["demo"];
+  const JobState& job = f.state.GetOrAddJob("demo");
   REQUIRE(job.failovers.size() == 1);
   const FailoverView& failover = job.failovers[0];
   CHECK(failover.from_host == "s1");
@@ -173,7 +173,7 @@ TEST_CASE("pushes in flight whose copies were summed into one held aggregate end
     CHECK(Fixture::OutcomeOf(at_w2, b)->outcome() == expected);
     if (!applied) {
       // Both were in the old server's model maybe, and are in none now.
-      CHECK(f.state.jobs["demo"].failovers.back().lost_updates == 2);
+      CHECK(f.state.GetOrAddJob("demo").failovers.back().lost_updates == 2);
     }
   }
 }
@@ -203,13 +203,13 @@ TEST_CASE("updates the old server applied reach the new one from their sources, 
   CHECK(at_w1[0].send().segments_size() == 1);
   CHECK(server.replica.pending.empty());
 
-  const FailoverView* failover = &f.state.jobs["demo"].failovers.back();
+  const FailoverView* failover = &f.state.GetOrAddJob("demo").failovers.back();
   CHECK(failover->catch_up_copies == 1);
   CHECK(failover->lost_updates == 1);  // 502: its source is gone too
   CHECK(failover->lost_norm == 5.0);
   // A copy that was moving fails after all: its update is lost too.
   f.state.EndReplicaCopy(moving, /*applied=*/false, "source host w1 is down", 0);
-  failover = &f.state.jobs["demo"].failovers.back();
+  failover = &f.state.GetOrAddJob("demo").failovers.back();
   CHECK(failover->lost_updates == 2);
   CHECK(failover->lost_norm == 12.0);
   // And the promoted daemon is told to skip its position, by the server's name.
@@ -225,7 +225,7 @@ TEST_CASE("no live replica: nothing moves, and the server's pushes fail as befor
   CHECK_FALSE(PromoteReplica(&f.state, "demo", "ps", "gone"));
   CHECK(FailOverServersOn(&f.state, "s1", "gone") == 0);
   CHECK(f.server().host == "s1");
-  CHECK(f.state.jobs["demo"].failovers.empty());
+  CHECK(f.state.GetOrAddJob("demo").failovers.empty());
   f.state.MarkHostDown("s1", "gone");
   const auto at_w1 = f.Drain("w1");
   const v1::PushOutcome* outcome = Fixture::OutcomeOf(at_w1, in_flight);
@@ -233,14 +233,14 @@ TEST_CASE("no live replica: nothing moves, and the server's pushes fail as befor
   CHECK(outcome->reason().find("server host s1 is down") != std::string::npos);
 
   Fixture same_host;
-  same_host.state.jobs["demo"].replica_hosts["ps"] = "s1";  // nowhere to go
+  same_host.state.GetOrAddJob("demo").replica_hosts["ps"] = "s1";  // nowhere to go
   CHECK_FALSE(PromoteReplica(&same_host.state, "demo", "ps", "gone"));
 }
 
 TEST_CASE("a push whose transfer failed while its replica holds its copy waits for a failover") {
   Fixture f;
   const uint64_t held = f.Push("w1", /*in_flight=*/true);
-  f.state.updates[held].replica_ahead = true;
+  f.state.FindPush(held)->replica_ahead = true;
   const uint64_t racing = f.Push("w2", /*in_flight=*/true);
   const uint64_t racing_copy = f.Copy(racing, "w2", 2);
   const uint64_t plain = f.Push("w1", /*in_flight=*/true);
@@ -354,7 +354,7 @@ TEST_CASE("a held copy whose source went down waits for its push; if applied, on
   CHECK(f.server().replica.missed == 1);
   CHECK(f.server().replica.missed_norm == 2);
   REQUIRE(FailOverServersOn(&f.state, "s1", "daemon disconnected") == 1);
-  CHECK(f.state.jobs["demo"].failovers[0].lost_updates == 1);
+  CHECK(f.state.GetOrAddJob("demo").failovers[0].lost_updates == 1);
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ struct Known {
 };
 std::optional<Known> KnownOutcome(const ClusterState& state, uint64_t push, const std::string& job,
                                   const std::string& server, double waited_s, double wait_s) {
-  if (state.updates.count(push) || state.restart().IsDelivering(push) ||
+  if (state.pushes().count(push) || state.restart().IsDelivering(push) ||
       state.restart().IsInDoubt(push)) {
     return std::nullopt;  // still being decided
   }
@@ -87,10 +87,9 @@ std::optional<Known> KnownOutcome(const ClusterState& state, uint64_t push, cons
   if ((push >> kEpochShift) == state.epoch()) {
     return Known{false, 0, "this scheduler has no record of its push"};
   }
-  if (auto job_state = state.jobs.find(job); job_state != state.jobs.end()) {
-    auto found = job_state->second.servers.find(server);
-    if (found != job_state->second.servers.end() &&
-        AllHostsBack(state, job_state->second, found->second)) {
+  if (const JobState* job_state = state.FindJob(job)) {
+    auto found = job_state->servers.find(server);
+    if (found != job_state->servers.end() && AllHostsBack(state, *job_state, found->second)) {
       return Known{false, 0,
                    absl::StrCat("the daemon of server '", server, "' on ", found->second.host,
                                 " did not apply its push")};
@@ -511,7 +510,7 @@ namespace {
 // Ends push in doubt `push` if its outcome is known now (see in_doubt.h's
 // banner), telling its source. False: not yet.
 bool EndInDoubt(ClusterState* state, const InDoubtPush& push, double now_s, double wait_s) {
-  if (state->updates.count(push.transfer_id)) return true;  // still live here: ends as usual
+  if (state->pushes().count(push.transfer_id)) return true;  // still live here: ends as usual
   if (const RecentOutcome* told = state->outcomes().Find(push.transfer_id)) {
     // This scheduler ended it; its source did not hear.
     v1::DaemonCommand command =

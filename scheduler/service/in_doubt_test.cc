@@ -19,7 +19,7 @@ namespace {
 
 struct Fixture : ClusterStateFixture {
   Fixture() : ClusterStateFixture({"s1", "r1", "w1"}) {
-    JobState& job = state.jobs["demo"];
+    JobState& job = state.GetOrAddJob("demo");
     job.id = 7;
     job.config.name = "demo";
     ServerState& server = job.servers["ps"];
@@ -88,7 +88,7 @@ TEST_CASE("kept replica copies are delivered again if their push applied, droppe
   CHECK(again.source_transfer_id() == applied);
   REQUIRE(f.state.replicas().HasCopy(applied_copy));
   CHECK(f.state.replicas().FindCopy(applied_copy)->source == applied);
-  CHECK(f.state.jobs["demo"].servers["ps"].replica.in_flight.at(applied_copy) == 2.5);
+  CHECK(f.state.GetOrAddJob("demo").servers["ps"].replica.in_flight.at(applied_copy) == 2.5);
   // The other: dropped, saying why.
   REQUIRE(at_r1[1].has_cancel());
   CHECK(at_r1[1].cancel().transfer_id() == not_applied_copy);
@@ -96,7 +96,7 @@ TEST_CASE("kept replica copies are delivered again if their push applied, droppe
   CHECK(f.state.restart().HeldAtReplicaCount() == 0);
   // The replica's daemon reporting the copy applied ends it as any copy.
   f.state.EndReplicaCopy(applied_copy, /*applied=*/true, "", 12);
-  CHECK(f.state.jobs["demo"].servers["ps"].replica.applied == 1);
+  CHECK(f.state.GetOrAddJob("demo").servers["ps"].replica.applied == 1);
 }
 
 TEST_CASE("a kept replica aggregate is delivered again if all its pushes applied") {
@@ -117,7 +117,7 @@ TEST_CASE("a kept replica aggregate is delivered again if all its pushes applied
     ResolveInDoubt(&f.state, 30);
     const auto at_r1 = f.Drain("r1");
     REQUIRE(at_r1.size() == 1);
-    const ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
+    const ReplicaTrack& replica = f.state.GetOrAddJob("demo").servers["ps"].replica;
     if (all_applied) {
       REQUIRE(at_r1[0].has_expect());
       CHECK(at_r1[0].expect().constituents_size() == 2);
@@ -140,7 +140,7 @@ TEST_CASE("a kept replica aggregate is delivered again if all its pushes applied
 TEST_CASE("a kept copy waits for its server's host, and for the replica to register again") {
   Fixture f;
   f.state.hosts().Register("s1").alive = false;  // the server's host has not registered yet
-  f.state.jobs["demo"].replica_hosts.clear();  // nor has the replica application
+  f.state.GetOrAddJob("demo").replica_hosts.clear();  // nor has the replica application
   const uint64_t push = f.OldId(5), copy = f.OldId(15);
   v1::RegisterHostRequest r1;
   r1.set_host("r1");
@@ -156,7 +156,7 @@ TEST_CASE("a kept copy waits for its server's host, and for the replica to regis
   ResolveInDoubt(&f.state, 30);
   CHECK(f.Drain("r1").empty());
 
-  f.state.jobs["demo"].replica_hosts["ps"] = "r1";
+  f.state.GetOrAddJob("demo").replica_hosts["ps"] = "r1";
   ResolveInDoubt(&f.state, 30);
   const auto at_r1 = f.Drain("r1");
   REQUIRE(at_r1.size() == 1);
@@ -165,7 +165,7 @@ TEST_CASE("a kept copy waits for its server's host, and for the replica to regis
 
 TEST_CASE("a kept copy whose replica never registers again is dropped after the wait") {
   Fixture f;
-  f.state.jobs["demo"].replica_hosts.clear();
+  f.state.GetOrAddJob("demo").replica_hosts.clear();
   const uint64_t push = f.OldId(5), copy = f.OldId(15);
   v1::RegisterHostRequest r1;
   r1.set_host("r1");
@@ -199,14 +199,14 @@ TEST_CASE("a copy dropped while arriving counts against the replica if its push 
   ResolveInDoubt(&f.state, 30);
   CHECK(f.Drain("r1").empty());  // nothing kept there to deliver or drop
   CHECK(f.state.restart().HeldAtReplicaCount() == 0);
-  const ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
+  const ReplicaTrack& replica = f.state.GetOrAddJob("demo").servers["ps"].replica;
   CHECK(replica.missed == 1);
   CHECK(replica.missed_norm == 2.5);
   // A failover now says what the promoted model lacks.
   REQUIRE(FailOverServersOn(&f.state, "s1", "daemon disconnected") == 1);
-  REQUIRE(f.state.jobs["demo"].failovers.size() == 1);
-  CHECK(f.state.jobs["demo"].failovers[0].lost_updates == 1);
-  CHECK(f.state.jobs["demo"].failovers[0].lost_norm == 2.5);
+  REQUIRE(f.state.GetOrAddJob("demo").failovers.size() == 1);
+  CHECK(f.state.GetOrAddJob("demo").failovers[0].lost_updates == 1);
+  CHECK(f.state.GetOrAddJob("demo").failovers[0].lost_norm == 2.5);
 }
 
 // w1's daemon registers again holding applied push `push` for its punted
@@ -227,15 +227,15 @@ v1::RegisterHostRequest HoldingSource(uint64_t push) {
 
 TEST_CASE("a punted copy its source held across the restart is planned again, once") {
   Fixture f;
-  f.state.jobs["demo"].replica_hosts.clear();  // the replica has not registered yet
+  f.state.GetOrAddJob("demo").replica_hosts.clear();  // the replica has not registered yet
   const uint64_t push = f.OldId(5);
   AcceptHostReport(&f.state, HoldingSource(push));
   ResolveInDoubt(&f.state, 30);
-  ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
+  ReplicaTrack& replica = f.state.GetOrAddJob("demo").servers["ps"].replica;
   CHECK(replica.pending.empty());
   CHECK(f.state.restart().HeldAtSourceCount() == 1);
 
-  f.state.jobs["demo"].replica_hosts["ps"] = "r1";
+  f.state.GetOrAddJob("demo").replica_hosts["ps"] = "r1";
   ResolveInDoubt(&f.state, 30);
   REQUIRE(replica.pending.size() == 1);
   CHECK(replica.pending[0].id == push);
@@ -256,7 +256,7 @@ TEST_CASE("a punted copy its source held across the restart is planned again, on
 
 TEST_CASE("a punted copy held at its source is released if the server has no replica") {
   Fixture f;
-  f.state.jobs["demo"].replica_hosts.clear();
+  f.state.GetOrAddJob("demo").replica_hosts.clear();
   const uint64_t push = f.OldId(5);
   AcceptHostReport(&f.state, HoldingSource(push));
   ResolveInDoubt(&f.state, 30);
@@ -270,7 +270,7 @@ TEST_CASE("a punted copy held at its source is released if the server has no rep
   CHECK(at_w1[0].cancel().transfer_id() == push);
   CHECK(at_w1[0].cancel().reason().find("no registered replica") != std::string::npos);
   CHECK(f.state.restart().HeldAtSourceCount() == 0);
-  const ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
+  const ReplicaTrack& replica = f.state.GetOrAddJob("demo").servers["ps"].replica;
   CHECK(replica.pending.empty());
   CHECK(replica.missed == 1);
   CHECK(replica.missed_norm == 1.5);
@@ -325,7 +325,7 @@ TEST_CASE("a push in doubt that applied is held at its source until its replica 
   CHECK(held[copied]);
   CHECK(released.size() == 1);
   CHECK(released[copied]);  // the replica has it
-  const ReplicaTrack& replica = f.state.jobs["demo"].servers["ps"].replica;
+  const ReplicaTrack& replica = f.state.GetOrAddJob("demo").servers["ps"].replica;
   REQUIRE(replica.pending.size() == 2);  // copied again from w1, in order
   CHECK(replica.pending[0].id == missing);
   CHECK(replica.pending[1].id == arriving);
@@ -341,7 +341,7 @@ TEST_CASE("a push in doubt that applied is held at its source until its replica 
 
 TEST_CASE("a push in doubt that applied, with no replica, is released after the wait") {
   Fixture f;
-  f.state.jobs["demo"].replica_hosts.clear();
+  f.state.GetOrAddJob("demo").replica_hosts.clear();
   const uint64_t push = f.OldId(5);
   AcceptHostReport(&f.state, Doubting(push));
   f.ServerApplied(push, 1);
@@ -355,7 +355,7 @@ TEST_CASE("a push in doubt that applied, with no replica, is released after the 
   REQUIRE(at_w1.size() == 1);
   CHECK(at_w1[0].cancel().release_hold());
   // No replica was known: nothing counted against one.
-  CHECK(f.state.jobs["demo"].servers["ps"].replica.missed == 0);
+  CHECK(f.state.GetOrAddJob("demo").servers["ps"].replica.missed == 0);
 }
 
 TEST_CASE("an outcome told again keeps its hold for the replica copy") {
@@ -369,12 +369,12 @@ TEST_CASE("an outcome told again keeps its hold for the replica copy") {
   record.worker = "w1";
   record.bytes = 64;
   record.replica_punted = true;  // its copy comes in a later batch
-  f.state.updates[record.transfer_id] = record;
+  f.state.AddPush(record);
   f.state.Complete(record.transfer_id, v1::OUTCOME_APPLIED, "", 5);
   auto at_w1 = f.Drain("w1");
   REQUIRE(at_w1.size() == 1);
   CHECK(at_w1[0].outcome().hold_for_replica());
-  f.state.updates.erase(record.transfer_id);
+  f.state.TakePush(record.transfer_id);
 
   // w1's stream broke before it heard: it registers with the push in doubt.
   v1::RegisterHostRequest w1;
@@ -395,7 +395,7 @@ TEST_CASE("an outcome told again keeps its hold for the replica copy") {
 
 // Group "g" of job demo: shard g0 on s1, shard g1 on r1 (issue 18).
 void AddGroup(Fixture* f) {
-  JobState& job = f->state.jobs["demo"];
+  JobState& job = f->state.GetOrAddJob("demo");
   ServerState& group = job.servers["g"];
   group.host = "s1";
   group.shards = {{"g0", 0, 32}, {"g1", 32, 64}};
@@ -484,7 +484,7 @@ TEST_CASE("a group part kept at a shard is delivered there if another shard appl
   CHECK(at_r1[0].expect().sequence() == 1);
   CHECK(at_r1[1].cancel().transfer_id() == at_r1[0].expect().transfer_id());
   CHECK(at_r1[1].cancel().sequence() == 1);
-  CHECK(f.state.jobs["demo"].servers["g"].next_sequence == 2);
+  CHECK(f.state.GetOrAddJob("demo").servers["g"].next_sequence == 2);
   CHECK(f.state.restart().HeldAtReplicaCount() == 0);
 }
 
@@ -505,14 +505,14 @@ TEST_CASE("a group part kept at a shard is dropped when no shard applied its pus
   REQUIRE(at_s1.size() == 1);
   CHECK(at_s1[0].cancel().transfer_id() == part);
   CHECK(f.Drain("r1").empty());
-  CHECK(f.state.jobs["demo"].servers["g"].next_sequence == 1);
+  CHECK(f.state.GetOrAddJob("demo").servers["g"].next_sequence == 1);
 }
 
 TEST_CASE("a shard that registers after a group part was caught up skips that position then") {
   Fixture f;
   AddGroup(&f);
   // A third shard, g2 on w1, has not registered with this scheduler yet.
-  JobState& job = f.state.jobs["demo"];
+  JobState& job = f.state.GetOrAddJob("demo");
   job.servers["g"].shards.push_back({"", 64, 96});
   const uint64_t push = f.OldId(5), part = f.OldId(25);
   DoubtToGroup(&f, push);

@@ -24,7 +24,7 @@ std::vector<v1::PushState> PushStates(const ClusterState& state, const std::stri
       push.set_reason(ended->reason);
       push.set_applied_version(ended->applied_version);
       push.set_delay(ended->delay);
-    } else if (state.updates.count(transfer) > 0 || state.restart().IsInDoubt(transfer)) {
+    } else if (state.pushes().count(transfer) > 0 || state.restart().IsInDoubt(transfer)) {
       push.set_state(v1::PushState::STATE_IN_FLIGHT);
     }
   }

@@ -9,8 +9,8 @@ namespace {
 
 struct Fixture : ClusterStateFixture {
   Fixture() : ClusterStateFixture({"s1", "w1", "w2"}) {
-    state.jobs["demo"].servers["ps"].host = "s1";
-    state.jobs["other"];
+    state.GetOrAddJob("demo").servers["ps"].host = "s1";
+    state.GetOrAddJob("other");
   }
   // A push of worker w1 named by `uid`, submitted and not yet ended.
   uint64_t Submit(uint64_t uid, const std::string& worker = "w1") {

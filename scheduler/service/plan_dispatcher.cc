@@ -113,7 +113,7 @@ BatchView PlanDispatcher::Run::Dispatch(const std::string& planner_name) {
   }
   for (const core::Drop& drop : plan->dropped) {
     const uint64_t id = std::stoull(drop.id);
-    if (state_.updates.count(id)) state_.Complete(id, v1::OUTCOME_DROPPED, drop.reason, 0);
+    if (state_.pushes().count(id)) state_.Complete(id, v1::OUTCOME_DROPPED, drop.reason, 0);
   }
   if (!server_.shards.empty()) {
     DispatchGroup(*plan);
@@ -148,10 +148,10 @@ PlanDispatcher::Run::PlanIndex PlanDispatcher::Run::IndexPlan(const core::Plan& 
 void PlanDispatcher::Run::DispatchUpdate(const std::string& id_text, const PlanIndex& index,
                                          const HostState& server_host) {
   const uint64_t id = std::stoull(id_text);
-  auto it = state_.updates.find(id);
-  if (it == state_.updates.end()) return;  // failed meanwhile
+  auto* it = state_.FindPush(id);
+  if (it == nullptr) return;  // failed meanwhile
   if (auto transfer = index.direct.find(id_text); transfer != index.direct.end()) {
-    DispatchDirect(it->second, *transfer->second, server_host);
+    DispatchDirect((*it), *transfer->second, server_host);
     return;
   }
   auto aggregate = index.aggregate_of.find(id_text);
@@ -176,7 +176,7 @@ void PlanDispatcher::Run::DispatchUpdate(const std::string& id_text, const PlanI
   nodes.push_back(aggregate->second);
   for (const core::Transfer* node : nodes) {
     if (std::count(node->constituents.begin(), node->constituents.end(), id_text)) {
-      local = node->src == it->second.src_host;
+      local = node->src == it->src_host;
       break;
     }
   }
@@ -205,7 +205,7 @@ void PlanDispatcher::Run::DispatchUpdate(const std::string& id_text, const PlanI
                     "its in-network aggregate failed before it was dispatched", 0);
     return;
   }
-  DispatchViaAggregator(it->second, hop, aggregate_id, aggregate->second->end_s);
+  DispatchViaAggregator((*it), hop, aggregate_id, aggregate->second->end_s);
 }
 
 void PlanDispatcher::Run::DispatchDirect(UpdateRecord& record, const core::Transfer& transfer,
@@ -268,7 +268,7 @@ std::vector<uint64_t> PlanDispatcher::Run::LiveConstituents(const core::Transfer
   std::vector<uint64_t> constituents;
   for (const std::string& text : transfer.constituents) {
     const uint64_t constituent = std::stoull(text);
-    if (state_.updates.count(constituent)) constituents.push_back(constituent);
+    if (state_.pushes().count(constituent)) constituents.push_back(constituent);
   }
   return constituents;
 }
@@ -294,7 +294,7 @@ uint64_t PlanDispatcher::Run::OpenAggregate(const core::Transfer& transfer,
     aggregate.planned = Planned(id, transfer.src, server_.host, transfer.bytes, transfer,
                                 transfer.end_s + config_.transfer_slack_s);
     view_.transfers.push_back(aggregate.planned);
-    const UpdateRecord& first = state_.updates[constituents.front()];
+    const UpdateRecord& first = state_.pushes().at(constituents.front());  // live, above
     ExpectAggregate(transfer, aggregate, first);
     SendAggregateTasks(transfer, chain, server_host, first, &aggregate);
   }
@@ -399,10 +399,10 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     PendingReplica what;
     // A copy of a push still in flight waits at the replica for its outcome.
     bool held = false;
-    if (auto record = state_.updates.find(source); record != state_.updates.end()) {
-      what = {source,          record->second.src_host, record->second.worker,
-              record->second.bytes, record->second.version, record->second.norm,
-              record->second.dtype};
+    if (auto* record = state_.FindPush(source)) {
+      what = {source,          record->src_host, record->worker,
+              record->bytes, record->version, record->norm,
+              record->dtype};
       held = true;
     } else if (std::optional<PendingReplica> punted = TakePunted(source)) {
       what = *punted;
@@ -430,8 +430,8 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     ++state_.stats.replica_updates;
   }
   for (const std::string& id_text : plan.punted) {
-    auto record = state_.updates.find(std::stoull(id_text));
-    if (record != state_.updates.end()) record->second.replica_punted = true;
+    auto* record = state_.FindPush(std::stoull(id_text));
+    if (record != nullptr) record->replica_punted = true;
   }
 }
 
@@ -472,8 +472,8 @@ void PlanDispatcher::Run::DispatchReplicaAggregate(
     for (const ReplicaMember& m : members) {
       if (!m.in_flight) {
         server_.replica.pending.push_back(m.what);
-      } else if (auto record = state_.updates.find(m.what.id); record != state_.updates.end()) {
-        record->second.replica_punted = true;
+      } else if (auto* record = state_.FindPush(m.what.id)) {
+        record->replica_punted = true;
       }
     }
     return;
@@ -534,9 +534,9 @@ std::vector<PlanDispatcher::Run::ReplicaMember> PlanDispatcher::Run::ReplicaMemb
   for (const std::string& id_text : aggregate.constituents) {
     const uint64_t id = std::stoull(id_text);
     auto feed = feeds.find(id_text);
-    if (auto record = state_.updates.find(id); record != state_.updates.end()) {
+    if (auto* record = state_.FindPush(id)) {
       if (feed == feeds.end()) continue;
-      const UpdateRecord& r = record->second;
+      const UpdateRecord& r = (*record);
       members.push_back({{id, r.src_host, r.worker, r.bytes, r.version, r.norm, r.dtype},
                          feed->second, true});
       continue;

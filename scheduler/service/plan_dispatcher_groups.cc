@@ -39,8 +39,8 @@ void PlanDispatcher::Run::DispatchGroup(const core::Plan& plan) {
     }
     if (summed_later.count(id_text)) continue;  // with its aggregate's first push
     const uint64_t id = std::stoull(id_text);
-    auto it = state_.updates.find(id);
-    if (it == state_.updates.end()) continue;  // failed meanwhile
+    auto* it = state_.FindPush(id);
+    if (it == nullptr) continue;  // failed meanwhile
     std::vector<const core::Transfer*> parts(shards, nullptr);
     std::vector<const HostState*> hosts(shards, nullptr);
     const std::string problem = MatchGroupParts(transfers[id_text], &parts, &hosts);
@@ -48,7 +48,7 @@ void PlanDispatcher::Run::DispatchGroup(const core::Plan& plan) {
       state_.Complete(id, v1::OUTCOME_FAILED, problem, 0);
       continue;
     }
-    DispatchGroupPush(id, it->second, parts, hosts);
+    DispatchGroupPush(id, (*it), parts, hosts);
   }
 }
 
@@ -214,7 +214,7 @@ void PlanDispatcher::Run::SendGroupSums(uint64_t id, const GroupAggregateParts& 
                                         double deadline_s, const GroupPush* group) {
   const std::vector<uint64_t>& members = group->constituents;
   const std::string& aggregator_name = group->aggregator;
-  const UpdateRecord& first = state_.updates[members.front()];
+  const UpdateRecord& first = state_.pushes().at(members.front());  // live when opened
   for (size_t i = 0; i < server_.shards.size(); ++i) {
     const ShardSlot& slot = server_.shards[i];
     const int64_t size = slot.end - slot.begin;
@@ -265,7 +265,9 @@ void PlanDispatcher::Run::SendGroupFeeds(uint64_t id, const GroupAggregateParts&
   const std::vector<uint64_t>& members = group->constituents;
   const std::string& aggregator_name = group->aggregator;
   for (size_t m = 0; m < members.size(); ++m) {
-    UpdateRecord& record = state_.updates[members[m]];
+    UpdateRecord* found = state_.FindPush(members[m]);
+    if (found == nullptr) continue;  // failed meanwhile
+    UpdateRecord& record = *found;
     record.state = UpdateState::kInFlight;
     record.sequence = group->sequence;
     record.aggregate_id = id;

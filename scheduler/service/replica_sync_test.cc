@@ -12,7 +12,7 @@ namespace {
 
 struct Fixture : ClusterStateFixture {
   Fixture() : ClusterStateFixture({"s1", "r1", "w1"}) {
-    JobState& job = state.jobs["demo"];
+    JobState& job = state.GetOrAddJob("demo");
     job.id = 7;
     job.config.name = "demo";
     ServerState& server = job.servers["ps"];
@@ -23,7 +23,7 @@ struct Fixture : ClusterStateFixture {
     server.replica.snapshot_wanted = true;  // as RegisterEntity sets it
     server.replica.synced = false;
   }
-  ServerState& server() { return state.jobs["demo"].servers["ps"]; }
+  ServerState& server() { return state.GetOrAddJob("demo").servers["ps"]; }
 };
 
 TEST_CASE("the snapshot is cut after the last position assigned, first at the replica") {
@@ -121,7 +121,7 @@ TEST_CASE("no snapshot while a host is down, and none once the replica left") {
   SendReplicaSnapshots(&f.state);
   CHECK(f.server().replica.snapshot_wanted);  // later
   f.state.hosts().Register("r1").alive = true;
-  f.state.jobs["demo"].replica_hosts.erase("ps");
+  f.state.GetOrAddJob("demo").replica_hosts.erase("ps");
   SendReplicaSnapshots(&f.state);
   CHECK_FALSE(f.server().replica.snapshot_wanted);
   CHECK(f.Drain("s1").empty());
@@ -131,7 +131,7 @@ TEST_CASE("no snapshot while a host is down, and none once the replica left") {
 
 TEST_CASE("a replica that installs snapshots gets one when its server registers after it") {
   Fixture f;
-  JobState& job = f.state.jobs["demo"];
+  JobState& job = f.state.GetOrAddJob("demo");
   ServerState& server = f.server();
   ForgetReplicaSnapshot(&f.state, &server);
   job.servers.erase("ps");  // the replica registered first: no server yet
@@ -155,7 +155,7 @@ TEST_CASE("a replica that installs snapshots gets one when its server registers 
 
 TEST_CASE("a replica without snapshots, or none at all, wants none") {
   Fixture f;
-  JobState& job = f.state.jobs["demo"];
+  JobState& job = f.state.GetOrAddJob("demo");
   ForgetReplicaSnapshot(&f.state, &f.server());
   CHECK_FALSE(WantReplicaSnapshot(&f.state, &job, "ps", true));   // it installs none
   CHECK_FALSE(WantReplicaSnapshot(&f.state, &job, "ps", false));

@@ -9,7 +9,7 @@ namespace mlfabric {
 double OutstandingNorm(const ClusterState& state, const std::string& job,
                        const std::string& server) {
   double sum = 0;
-  for (const auto& [id, update] : state.updates) {
+  for (const auto& [id, update] : state.pushes()) {
     if ((update.replica_punted || update.replica_ahead) && update.job == job &&
         update.server == server) {
       sum += update.norm;
@@ -39,8 +39,8 @@ size_t StrictReplicaAdmits(const ClusterState& state, const JobState& job,
   double held = DivergenceEstimate(state, job, server_name, server);
   size_t admitted = 0;
   for (uint64_t id : server.pending) {
-    auto record = state.updates.find(id);
-    const double norm = record == state.updates.end() ? 0.0 : weight * record->second.norm;
+    auto* record = state.FindPush(id);
+    const double norm = record == nullptr ? 0.0 : weight * record->norm;
     const bool nothing_outstanding = held <= 0 && admitted == 0;
     if (!nothing_outstanding && held + norm > bound) break;
     held += norm;
@@ -99,8 +99,8 @@ void AllowReplicaAggregation(const ClusterState& state, const ServerState& serve
   for (const PendingReplica& p : server.replica.pending) copies.emplace_back(p.bytes, p.dtype);
   if (!pending_only) {
     for (uint64_t id : server.pending) {
-      if (auto record = state.updates.find(id); record != state.updates.end()) {
-        copies.emplace_back(record->second.bytes, record->second.dtype);
+      if (auto* record = state.FindPush(id)) {
+        copies.emplace_back(record->bytes, record->dtype);
       }
     }
   }

@@ -11,7 +11,7 @@ namespace {
 
 struct Fixture : ClusterStateFixture {
   Fixture() : ClusterStateFixture({"s1", "r1", "w1"}) {
-    JobState& job = state.jobs["demo"];
+    JobState& job = state.GetOrAddJob("demo");
     job.config.name = "demo";
     job.config.divergence_max = 100;
     job.servers["ps"].host = "s1";
@@ -27,12 +27,12 @@ struct Fixture : ClusterStateFixture {
     record.norm = norm;
     record.replica_punted = punted;
     record.replica_ahead = ahead;
-    state.updates[record.transfer_id] = record;
+    state.AddPush(record);
     return record.transfer_id;
   }
 
   double Budget() {
-    JobState& job = state.jobs["demo"];
+    JobState& job = state.GetOrAddJob("demo");
     auto spec = ReplicaSpecFor(&state, job, "ps", &job.servers["ps"]);
     REQUIRE(spec.has_value());
     return spec->divergence_bound;
@@ -57,20 +57,20 @@ TEST_CASE("the batch gets the bound less what stays outstanding through it") {
   CHECK(f.Budget() == 50);
 
   // With momentum an update's effect grows, up to 1 / (1 - gamma).
-  f.state.jobs["demo"].config.momentum = 0.5;
+  f.state.GetOrAddJob("demo").config.momentum = 0.5;
   CHECK(f.Budget() == 0);  // 100 - 2 x 50, never below zero
-  f.state.jobs["demo"].config.momentum = 0;
+  f.state.GetOrAddJob("demo").config.momentum = 0;
   f.Update(60, /*punted=*/true, /*ahead=*/false);
   CHECK(f.Budget() == 0);
 
   // No bound: copies go as they can, whatever is outstanding.
-  f.state.jobs["demo"].config.divergence_max = 0;
+  f.state.GetOrAddJob("demo").config.divergence_max = 0;
   CHECK(f.Budget() > 1e29);
 }
 
 TEST_CASE("strict bound: pushes are planned only while the replica has room for them") {
   Fixture f;
-  JobState& job = f.state.jobs["demo"];
+  JobState& job = f.state.GetOrAddJob("demo");
   ServerState& server = job.servers["ps"];
   auto push = [&](double norm) {
     server.pending.push_back(f.Update(norm, /*punted=*/false, /*ahead=*/false));
@@ -118,7 +118,7 @@ TEST_CASE("strict bound: pushes are planned only while the replica has room for 
 
 TEST_CASE("the divergence estimate counts copies in flight, punted and outstanding, with momentum") {
   Fixture f;
-  JobState& job = f.state.jobs["demo"];
+  JobState& job = f.state.GetOrAddJob("demo");
   ServerState& server = job.servers["ps"];
   CHECK(DivergenceEstimate(f.state, job, "ps", server) == 0);
   server.replica.in_flight[901] = 10;

@@ -241,7 +241,7 @@ absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& reque
   outbox_.Open(request.host(), host.incarnation);
   // An aggregator of a job gets its data key now: a constituent's sender
   // may prove the job to it before the task reaches it.
-  for (const auto& [job_name, job] : state_.jobs) {
+  for (const auto& [job_name, job] : state_.jobs()) {
     const auto& aggregators = job.config.aggregators;
     if (std::find(aggregators.begin(), aggregators.end(), request.host()) != aggregators.end()) {
       outbox_.EnsureJobKey(request.host(), job.id);
@@ -304,7 +304,7 @@ absl::Status SchedulerService::RegisterEntity(const v1::RegisterEntityRequest& r
 absl::Status SchedulerService::RegisterServerLocked(JobState* job,
                                                     const v1::RegisterEntityRequest& request,
                                                     v1::RegisterEntityReply* reply) {
-  for (const auto& [other_name, other] : state_.jobs) {
+  for (const auto& [other_name, other] : state_.jobs()) {
     if (&other != job && other.servers.count(request.name()) &&
         other.servers.at(request.name()).host == request.host()) {
       MLF_LOG(INFO) << "server name '" << request.name() << "' on " << request.host()
@@ -428,7 +428,7 @@ absl::StatusOr<ServerState*> SchedulerService::WaitForPushServerLocked(
     std::unique_lock<std::mutex>* lock, JobState* job, const v1::SubmitUpdateRequest& request) {
   // The job owning `server` if it is another job's, else "".
   auto owner_elsewhere = [&]() -> std::string {
-    for (const auto& [other_name, other] : state_.jobs) {
+    for (const auto& [other_name, other] : state_.jobs()) {
       if (other_name != request.job() && other.servers.count(request.server())) return other_name;
     }
     return "";
@@ -511,7 +511,7 @@ void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
   server->pending.push_back(record.transfer_id);
   reply->set_transfer_id(record.transfer_id);
   const int64_t round = record.version;
-  state_.updates[record.transfer_id] = std::move(record);
+  state_.AddPush(std::move(record));
   // A synchronous round is planned as soon as all its pushes are in, not at
   // the next batch tick: an AllReduce then costs a plan, not up to a batch
   // interval (issue 19). Asynchronous pushes keep batching.
@@ -532,8 +532,8 @@ bool SchedulerService::RoundComplete(const JobState& job, const ServerState& ser
     members = known->second.workers.size();
   }
   for (uint64_t id : server.pending) {
-    auto it = state_.updates.find(id);
-    if (it != state_.updates.end() && it->second.version == round) ++members;
+    auto* it = state_.FindPush(id);
+    if (it != nullptr && it->version == round) ++members;
   }
   return members >= static_cast<size_t>(round_size);
 }
@@ -645,8 +645,8 @@ absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& requ
 }
 
 absl::Status SchedulerService::CompletePushLocked(const v1::CompletionReport& request) {
-  auto it = state_.updates.find(request.transfer_id());
-  if (it == state_.updates.end()) {
+  auto* it = state_.FindPush(request.transfer_id());
+  if (it == nullptr) {
     // A delivery of the scheduler before a restart: its pushes may be in
     // doubt at their sources (in_doubt.h).
     if (AcceptLateCompletion(&state_, request)) {
@@ -659,14 +659,14 @@ absl::Status SchedulerService::CompletePushLocked(const v1::CompletionReport& re
   // Still waiting in its server's batch: no daemon has been told to move it,
   // so none can report it (and completing it here would leave its id in the
   // server's pending list for the next batch to plan as an empty update).
-  if (it->second.state == UpdateState::kPending) {
+  if (it->state == UpdateState::kPending) {
     return absl::FailedPreconditionError(absl::StrCat(
         "transfer_id ", request.transfer_id(), " is not scheduled yet; only a transfer in flight ",
         "can complete"));
   }
   if (request.applied()) {
-    if (JobState* job = state_.FindJob(it->second.job)) {
-      ServerState& server = job->servers[it->second.server];
+    if (JobState* job = state_.FindJob(it->job)) {
+      ServerState& server = job->servers[it->server];
       server.model_version = std::max(server.model_version, request.model_version());
     }
     state_.Complete(request.transfer_id(), v1::OUTCOME_APPLIED, "", request.model_version());
@@ -675,10 +675,10 @@ absl::Status SchedulerService::CompletePushLocked(const v1::CompletionReport& re
     // the failure is not the server's own word (its daemon or application
     // refusing it): the server may be dying, and the scheduler may not
     // have noticed yet (within the keepalive).
-    const JobState* job = state_.FindJob(it->second.job);
+    const JobState* job = state_.FindJob(it->job);
     const bool from_server =
-        job != nullptr && job->servers.count(it->second.server) &&
-        job->servers.at(it->second.server).host == request.host();
+        job != nullptr && job->servers.count(it->server) &&
+        job->servers.at(it->server).host == request.host();
     state_.FailTransfer(request.transfer_id(),
                         request.error().empty() ? "transfer failed" : request.error(),
                         from_server ? 0 : 2 * config_.keepalive_s + 1);

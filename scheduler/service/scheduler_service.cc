@@ -55,7 +55,7 @@ SchedulerService::SchedulerService(SchedulerConfig config, const Clock* clock,
       state_(config_, clock_, &outbox_, &history_),
       dispatcher_(config_, &state_, &history_),
       loop_(config_.batch_interval_ms, [this] { RunBatchCycle(); }) {
-  for (const auto& [name, job] : state_.jobs) auth_.AddJob(job.id, name, job.config.token);
+  for (const auto& [name, job] : state_.jobs()) auth_.AddJob(job.id, name, job.config.token);
   // A host given work of a job gets the job's data key first.
   outbox_.SetJobKeys(auth_.job_keys());
 }
@@ -77,9 +77,9 @@ absl::Status SchedulerService::CheckHostSession(const std::string& host,
 absl::Status SchedulerService::CheckJobToken(const std::string& job,
                                              const std::string& token) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = state_.jobs.find(job);
-  if (it == state_.jobs.end()) return absl::OkStatus();
-  if (!ConstantTimeEquals(token, it->second.config.token)) {
+  const JobState* known = state_.FindJob(job);
+  if (known == nullptr) return absl::OkStatus();
+  if (!ConstantTimeEquals(token, known->config.token)) {
     return absl::PermissionDeniedError(absl::StrCat("job '", job, "': ",
                                                     token.empty() ? "no" : "a wrong",
                                                     " job token on the call"));
@@ -137,7 +137,7 @@ ClusterSnapshot SchedulerService::Snapshot() const {
     view.available_down_bps = std::max(0.0, view.reported_down_bps - view.reserved_down_bps);
     snap.hosts.push_back(std::move(view));
   }
-  for (const auto& [name, job] : state_.jobs) {
+  for (const auto& [name, job] : state_.jobs()) {
     JobView view;
     view.id = job.id;
     view.params = job.config;
@@ -170,7 +170,7 @@ ClusterSnapshot SchedulerService::Snapshot() const {
     }
     snap.jobs.push_back(std::move(view));
   }
-  for (const auto& [id, record] : state_.updates) {
+  for (const auto& [id, record] : state_.pushes()) {
     if (record.state == UpdateState::kInFlight) snap.in_flight.push_back(record.planned);
   }
   history_.CopyInto(&snap);
@@ -236,7 +236,7 @@ void SchedulerService::LogStragglersLocked(double now_s) {
   if (stragglers_logged_s_ >= 0 && now_s - stragglers_logged_s_ < 1.0) return;
   stragglers_logged_s_ = now_s;
   std::set<std::pair<std::string, std::string>> now;
-  for (const auto& [job_name, job] : state_.jobs) {
+  for (const auto& [job_name, job] : state_.jobs()) {
     for (const WorkerTiming& w : state_.stragglers.Evaluate(job_name)) {
       const auto key = std::make_pair(job_name, w.worker);
       if (w.straggler) now.insert(key);
@@ -333,9 +333,9 @@ bool SchedulerService::AdmitRoundPushesLocked(ServerState* server, int32_t round
   const std::vector<uint64_t> candidates = server->pending;
   server->pending.clear();
   for (uint64_t id : candidates) {
-    auto record = state_.updates.find(id);
-    if (record == state_.updates.end()) continue;
-    if (AdmitToRound(&state_, server, round_size, &record->second)) {
+    auto* record = state_.FindPush(id);
+    if (record == nullptr) continue;
+    if (AdmitToRound(&state_, server, round_size, record)) {
       server->pending.push_back(id);
     }
   }
@@ -353,7 +353,7 @@ void SchedulerService::AddBatchUpdatesLocked(JobState& job, const ServerState& s
   }
   for (size_t i = 0; i < admitted; ++i) {
     const uint64_t id = server.pending[i];
-    const UpdateRecord& record = state_.updates[id];
+    const UpdateRecord& record = state_.pushes().at(id);  // pending: not ended
     const int64_t bytes = server.shards.empty() ? record.bytes
                                                 : server.shards[0].end - server.shards[0].begin;
     in->updates.push_back({{std::to_string(id), record.src_host, bytes, record.version,
@@ -380,7 +380,7 @@ std::vector<std::string> SchedulerService::AggregatorCandidatesLocked(const JobS
   if (!server.shards.empty()) {
     int64_t element = 4;
     for (size_t i = 0; i < admitted; ++i) {
-      if (state_.updates[server.pending[i]].dtype == v1::DTYPE_FLOAT64) element = 8;
+      if (state_.pushes().at(server.pending[i]).dtype == v1::DTYPE_FLOAT64) element = 8;
     }
     bool aligned = round_size == 0;
     for (const ShardSlot& slot : server.shards) aligned = aligned && slot.begin % element == 0;
@@ -414,15 +414,14 @@ void SchedulerService::RunBatchCycle() {
     const bool use_reservations = planner_->UsesReservations();
     std::map<std::string, std::vector<core::RateSegment>> up, down;
     if (use_reservations) state_.Reservations(&up, &down);
-    for (auto& [job_name, job] : state_.jobs) {
-      for (auto& [server_name, server] : job.servers) {
-        BatchWork item;
-        if (CutBatchLocked(job_name, job, server_name, server, now_s, use_reservations, up, down,
-                           &item)) {
-          work.push_back(std::move(item));
-        }
+    state_.ForEachServer([&](const std::string& job_name, JobState& job,
+                             const std::string& server_name, ServerState& server) {
+      BatchWork item;
+      if (CutBatchLocked(job_name, job, server_name, server, now_s, use_reservations, up, down,
+                         &item)) {
+        work.push_back(std::move(item));
       }
-    }
+    });
     if (!work.empty()) ++state_.stats.batches;
   }
   if (work.empty()) return;

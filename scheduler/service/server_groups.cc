@@ -213,9 +213,9 @@ void GroupPartReady(ClusterState* state, uint64_t part_id) {
   }
   uint64_t sequence = push->sequence;
   if (push->constituents.empty()) {
-    auto record = state->updates.find(push_id);
-    if (record == state->updates.end()) return;
-    sequence = record->second.sequence;
+    auto* record = state->FindPush(push_id);
+    if (record == nullptr) return;
+    sequence = record->sequence;
   }
   push->released = true;
   for (const GroupPart& p : push->parts) {
@@ -257,8 +257,8 @@ void GroupAggregatePartEnded(ClusterState* state, uint64_t id, GroupPush* group,
   }
   std::string job_name;
   for (uint64_t member : done.constituents) {
-    if (auto record = state->updates.find(member); record != state->updates.end()) {
-      job_name = record->second.job;
+    if (auto* record = state->FindPush(member)) {
+      job_name = record->job;
     }
   }
   if (JobState* job = state->FindJob(job_name)) {
@@ -274,9 +274,9 @@ void GroupAggregatePartEnded(ClusterState* state, uint64_t id, GroupPush* group,
   // `low`, in commit order.
   const int64_t n = static_cast<int64_t>(done.constituents.size());
   for (int64_t i = 0; i < n; ++i) {
-    auto record = state->updates.find(done.constituents[i]);
-    if (record == state->updates.end()) continue;
-    record->second.aggregate_id = 0;
+    auto* record = state->FindPush(done.constituents[i]);
+    if (record == nullptr) continue;
+    record->aggregate_id = 0;
     state->Complete(done.constituents[i], v1::OUTCOME_APPLIED, "", low - (n - 1 - i));
   }
 }
@@ -300,8 +300,8 @@ void GroupPartEnded(ClusterState* state, uint64_t part_id, bool applied, int64_t
     GroupAggregatePartEnded(state, push_id, push, part, applied, version, error);
     return;
   }
-  auto record = state->updates.find(push_id);
-  if (record == state->updates.end()) return;
+  auto* record = state->FindPush(push_id);
+  if (record == nullptr) return;
   if (!applied) {
     const size_t index = static_cast<size_t>(part - push->parts.data());
     const std::string where =
@@ -328,12 +328,12 @@ void GroupPartEnded(ClusterState* state, uint64_t part_id, bool applied, int64_t
   if (low != high) {
     // Cannot happen while every shard applies the group's sequence; said
     // loudly if it does (a shard application counting versions its own way).
-    MLF_LOG(ERROR) << "push " << push_id << " to group '" << record->second.server
+    MLF_LOG(ERROR) << "push " << push_id << " to group '" << record->server
                    << "' was applied at versions " << low << ".." << high << " across shards";
   }
-  JobState* job = state->FindJob(record->second.job);
+  JobState* job = state->FindJob(record->job);
   if (job != nullptr) {
-    ServerState& group = job->servers[record->second.server];
+    ServerState& group = job->servers[record->server];
     group.model_version = std::max(group.model_version, high);
     for (const GroupPart& p : push->parts) {
       ServerState& shard = job->servers[p.server];

@@ -16,11 +16,11 @@ namespace {
 
 struct Fixture : ClusterStateFixture {
   Fixture() : ClusterStateFixture({"s1", "s2", "s3", "w1", "w2", "a1"}) {
-    JobState& job = state.jobs["demo"];
+    JobState& job = state.GetOrAddJob("demo");
     job.id = 3;
     job.config.name = "demo";
   }
-  JobState& job() { return state.jobs["demo"]; }
+  JobState& job() { return state.GetOrAddJob("demo"); }
 
   absl::Status Register(const std::string& name, const std::string& host, int index, int count,
                         int64_t begin, int64_t end, const std::string& group = "ps") {
@@ -177,9 +177,9 @@ TEST_CASE("a shard host going down fails its unreleased pushes; a released one o
   const uint64_t released = g.InFlight();
   for (int i = 0; i < 3; ++i) GroupPartReady(&g.state, g.Part(released, i));
   g.state.MarkHostDown("w1", "daemon disconnected");
-  CHECK(g.state.updates.count(released) == 1);  // every part is at its shard already
+  CHECK(g.state.pushes().count(released) == 1);  // every part is at its shard already
   for (int i = 0; i < 3; ++i) GroupPartEnded(&g.state, g.Part(released, i), true, 5, "");
-  CHECK(g.state.updates.count(released) == 0);
+  CHECK(g.state.pushes().count(released) == 0);
   CHECK(g.job().servers["ps"].model_version == 5);
 }
 
@@ -247,7 +247,7 @@ TEST_CASE("a group aggregate: one sum per shard, held under one position, its pu
   CHECK(sums.aggregator == "a1");
   REQUIRE(sums.parts.size() == 3);
   CHECK(sums.feeds.size() == 6);
-  CHECK(f.state.updates.at(f.u1).aggregate_id == group);
+  CHECK(f.state.pushes().at(f.u1).aggregate_id == group);
   // Each shard holds its sum at the group's position, as an aggregate of 2.
   for (int i = 0; i < 3; ++i) {
     const std::vector<v1::DaemonCommand> at_shard = f.Drain("s" + std::to_string(i + 1));
@@ -325,7 +325,7 @@ TEST_CASE("a group aggregate fails whole: a feed lost, its aggregator or a sourc
         CHECK(at_shard.back().has_cancel());  // its held position is skipped
       }
     }
-    CHECK(f.state.updates.empty());
+    CHECK(f.state.pushes().empty());
     CHECK(f.state.groups().empty());
   };
   SECTION("a part on its way to the aggregator fails") {
@@ -355,7 +355,7 @@ TEST_CASE("a group aggregate fails whole: a feed lost, its aggregator or a sourc
     AggregateFixture g;
     for (const GroupPart& part : g.Sums().parts) GroupPartReady(&g.state, part.id);
     g.state.MarkHostDown("w1", "daemon disconnected");
-    CHECK(g.state.updates.size() == 2);  // every sum is at its shard already
+    CHECK(g.state.pushes().size() == 2);  // every sum is at its shard already
   }
   SECTION("a shard refuses its sum after the release") {
     AggregateFixture f;
