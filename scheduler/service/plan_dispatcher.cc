@@ -400,9 +400,8 @@ void PlanDispatcher::Run::DispatchReplica(const core::Plan& plan) {
     // A copy of a push still in flight waits at the replica for its outcome.
     bool held = false;
     if (auto* record = state_.FindPush(source)) {
-      what = {source,          record->src_host, record->worker,
-              record->bytes, record->version, record->norm,
-              record->dtype};
+      what = {source,          record->src_host, record->worker, record->bytes,
+              record->version, record->norm,     record->dtype};
       held = true;
     } else if (std::optional<PendingReplica> punted = TakePunted(source)) {
       what = *punted;

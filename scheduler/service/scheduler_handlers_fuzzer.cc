@@ -149,6 +149,9 @@ void CheckCommand(const v1::DaemonCommand& command) {
         Fail("malformed SnapshotToReplica", command);
       }
       return;
+    case v1::DaemonCommand::kRelease:
+      if (command.release().transfer_id() == 0) Fail("malformed ReleaseDelivery", command);
+      return;
     case v1::DaemonCommand::kCancel:
     case v1::DaemonCommand::kOutcome:
     case v1::DaemonCommand::kJobKey:
@@ -163,18 +166,68 @@ bool Parse(const uint8_t* data, size_t size, Request* request) {
   return request->ParseFromArray(data, static_cast<int>(size));
 }
 
+// A registered host gets a non-zero incarnation.
+void CallRegisterHost(SchedulerService& service, const uint8_t* data, size_t size) {
+  v1::RegisterHostRequest request;
+  v1::RegisterHostReply reply;
+  if (!Parse(data, size, &request)) return;
+  const absl::Status status = service.RegisterHost(request, &reply);
+  CheckStatus(status);
+  if (status.ok() && reply.incarnation() == 0) Fail("incarnation 0", reply);
+}
+
+// A distribution plan names every requester once, at finite rates.
+void CallPlanDistribution(SchedulerService& service, const uint8_t* data, size_t size) {
+  v1::PlanDistributionRequest request;
+  v1::PlanDistributionReply reply;
+  if (!Parse(data, size, &request)) return;
+  const absl::Status status = service.PlanDistribution(request, &reply);
+  CheckStatus(status);
+  // A plan names every requester once, in order, and only live hosts.
+  if (status.ok() && reply.routes_size() != request.requesters_size()) std::abort();
+  // The rates a daemon places late gets by are finite and not negative.
+  for (const v1::DistributionRoute& route : reply.routes()) {
+    if (!(route.rate_bps() >= 0 && std::isfinite(route.rate_bps()) &&
+          route.uplink_bps() >= 0 && std::isfinite(route.uplink_bps()) &&
+          route.children() >= 0)) {
+      std::abort();
+    }
+  }
+  if (!(reply.copy_bps() >= 0 && std::isfinite(reply.copy_bps()))) std::abort();
+}
+
+// An outcome query answers every uid asked.
+void CallQueryOutcomes(SchedulerService& service, const uint8_t* data, size_t size) {
+  v1::QueryOutcomesRequest request;
+  v1::QueryOutcomesReply reply;
+  if (!Parse(data, size, &request)) return;
+  request.set_wait_s(0);
+  const absl::Status status = service.QueryOutcomes(request, &reply);
+  CheckStatus(status);
+  if (status.ok() && reply.pushes_size() != request.push_uids_size()) std::abort();
+}
+
+// A host that may stream reads only well-formed commands.
+void CallStream(SchedulerService& service, const uint8_t* data, size_t size) {
+  v1::StreamSchedulesRequest request;
+  if (!Parse(data, size, &request)) return;
+  const absl::Status status = service.BeginStream(request.host(), request.incarnation());
+  CheckStatus(status);
+  if (!status.ok()) return;
+  v1::DaemonCommand command;
+  while (service.outbox().Queued(request.host()) > 0 &&
+         service.outbox().Pop(request.host(), request.incarnation(),
+                              std::chrono::milliseconds(0),
+                              &command) == CommandOutbox::PopResult::kCommand) {
+    CheckCommand(command);
+  }
+}
+
 void Call(SchedulerService& service, FakeClock& clock, uint8_t handler, const uint8_t* data,
           size_t size) {
   switch (handler) {
-    case kRegisterHost: {
-      v1::RegisterHostRequest request;
-      v1::RegisterHostReply reply;
-      if (!Parse(data, size, &request)) return;
-      const absl::Status status = service.RegisterHost(request, &reply);
-      CheckStatus(status);
-      if (status.ok() && reply.incarnation() == 0) Fail("incarnation 0", reply);
-      return;
-    }
+    case kRegisterHost:
+      return CallRegisterHost(service, data, size);
     case kRegisterEntity: {
       v1::RegisterEntityRequest request;
       v1::RegisterEntityReply reply;
@@ -216,25 +269,8 @@ void Call(SchedulerService& service, FakeClock& clock, uint8_t handler, const ui
       CheckStatus(service.ResolveServer(request, &reply));
       return;
     }
-    case kPlanDistribution: {
-      v1::PlanDistributionRequest request;
-      v1::PlanDistributionReply reply;
-      if (!Parse(data, size, &request)) return;
-      const absl::Status status = service.PlanDistribution(request, &reply);
-      CheckStatus(status);
-      // A plan names every requester once, in order, and only live hosts.
-      if (status.ok() && reply.routes_size() != request.requesters_size()) std::abort();
-      // The rates a daemon places late gets by are finite and not negative.
-      for (const v1::DistributionRoute& route : reply.routes()) {
-        if (!(route.rate_bps() >= 0 && std::isfinite(route.rate_bps()) &&
-              route.uplink_bps() >= 0 && std::isfinite(route.uplink_bps()) &&
-              route.children() >= 0)) {
-          std::abort();
-        }
-      }
-      if (!(reply.copy_bps() >= 0 && std::isfinite(reply.copy_bps()))) std::abort();
-      return;
-    }
+    case kPlanDistribution:
+      return CallPlanDistribution(service, data, size);
     case kSyncClock: {
       v1::SyncClockRequest request;
       if (!Parse(data, size, &request)) return;
@@ -248,31 +284,10 @@ void Call(SchedulerService& service, FakeClock& clock, uint8_t handler, const ui
       CheckStatus(service.AwaitClock(request, &reply));
       return;
     }
-    case kQueryOutcomes: {
-      v1::QueryOutcomesRequest request;
-      v1::QueryOutcomesReply reply;
-      if (!Parse(data, size, &request)) return;
-      request.set_wait_s(0);
-      const absl::Status status = service.QueryOutcomes(request, &reply);
-      CheckStatus(status);
-      if (status.ok() && reply.pushes_size() != request.push_uids_size()) std::abort();
-      return;
-    }
-    case kStream: {
-      v1::StreamSchedulesRequest request;
-      if (!Parse(data, size, &request)) return;
-      const absl::Status status = service.BeginStream(request.host(), request.incarnation());
-      CheckStatus(status);
-      if (!status.ok()) return;
-      v1::DaemonCommand command;
-      while (service.outbox().Queued(request.host()) > 0 &&
-             service.outbox().Pop(request.host(), request.incarnation(),
-                                  std::chrono::milliseconds(0),
-                                  &command) == CommandOutbox::PopResult::kCommand) {
-        CheckCommand(command);
-      }
-      return;
-    }
+    case kQueryOutcomes:
+      return CallQueryOutcomes(service, data, size);
+    case kStream:
+      return CallStream(service, data, size);
     case kEndStream: {
       v1::StreamSchedulesRequest request;
       if (!Parse(data, size, &request)) return;
