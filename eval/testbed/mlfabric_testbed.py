@@ -47,90 +47,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import netns_cluster  # noqa: E402
+from testbed_results import (  # noqa: E402
+    JOB, backup_workers, is_async, iteration_phases, read_push_phases, ssp_system,
+    summary_table)
+from testbed_traces import NETWORK, TraceDriver, capacity_integral  # noqa: E402
 
-RATES_BPS = [1e9, 2.5e9, 3.3e9, 5e9, 10e9]  # mlfabric.md §7, monitor/trace.h
-NETWORK = {  # eval/sim/sim_config.cc, monitor/trace.cc
-    "N0": [0, 0, 0, 0, 1],
-    "N1": [0, 0, 0, 0.1, 0.9],
-    "N2": [0, 0.1, 0.1, 0.1, 0.7],
-    "N3": [0.5, 0, 0, 0, 0.5],
-}
 COMPUTE = {"C0": (0, 1), "C1": (0.10, 2), "C2": (0.10, 4), "C3": (0.04, 2)}  # (r, s)
 PAPER_UPDATE_BYTES = 100e6  # ResNet-50 (§7.1)
 PAPER_NIC_BPS = 10e9
-JOB, TOKEN = "tb", "tb-token-0123456789"  # >= 16 characters off loopback
-MASK = (1 << 64) - 1
-
-
-def _mix(x):
-    """SplitMix64, exactly monitor/trace.cc's Mix."""
-    x = (x + 0x9E3779B97F4A7C15) & MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
-    return x ^ (x >> 31)
-
-
-def trace_rate(setting, seed, step, direction, scale):
-    """BandwidthTrace::Draw of monitor/trace.cc (direction 0 up, 1 down)."""
-    bits = _mix(_mix(seed) ^ _mix((step * 2 + direction) & MASK))
-    u = (bits >> 11) * 2.0 ** -53
-    cumulative = 0.0
-    for p, rate in zip(NETWORK[setting], RATES_BPS):
-        cumulative += p
-        if u < cumulative:
-            return rate * scale
-    return RATES_BPS[-1] * scale
-
-
-class TraceDriver(threading.Thread):
-    """Every period_s sets each worker host's htb rates to the N-trace."""
-
-    def __init__(self, cluster, hosts, setting, seeds, period_s, scale):
-        super().__init__(daemon=True)
-        self.cluster, self.hosts, self.setting = cluster, hosts, setting
-        self.seeds, self.period_s, self.scale = seeds, period_s, scale
-        self.stop_event = threading.Event()
-        self.history = []  # (t, host, up_bps, down_bps)
-        self.error = None
-
-    def rates_at_step(self, step):
-        return {h: (trace_rate(self.setting, self.seeds[h], step, 0, self.scale),
-                    trace_rate(self.setting, self.seeds[h], step, 1, self.scale))
-                for h in self.hosts}
-
-    def apply(self, step):
-        now = time.time()
-        for h, (up, down) in self.rates_at_step(step).items():
-            self.cluster.set_rate(h, up_bps=up, down_bps=down)
-            self.history.append((now, h, up, down))
-
-    def run(self):
-        start = time.time()
-        step = 0
-        try:
-            while not self.stop_event.is_set():
-                self.apply(step)
-                step += 1
-                self.stop_event.wait(max(0.0, start + step * self.period_s - time.time()))
-        except Exception as e:  # reported by the caller
-            self.error = str(e)
-
-    def stop(self):
-        self.stop_event.set()
-        if self.ident is not None:  # started
-            self.join(timeout=10)
-
-
-def capacity_integral(history, host, t0, t1, direction):
-    """Bits the host's link could carry in [t0, t1] under the applied trace."""
-    points = [(t, up if direction == 0 else down) for t, h, up, down in history if h == host]
-    total = 0.0
-    for i, (t, rate) in enumerate(points):
-        end = points[i + 1][0] if i + 1 < len(points) else t1
-        lo, hi = max(t, t0), min(end, t1)
-        if hi > lo:
-            total += rate * (hi - lo)
-    return total
+TOKEN = "tb-token-0123456789"  # >= 16 characters off loopback
 
 
 def free_port():
@@ -648,102 +573,6 @@ class Testbed:
         r["trace"] = [(t - t_begin, h, up, down) for t, h, up, down in driver.history]
         return r
 
-
-
-def is_async(system):
-    """Systems whose workers push to a parameter server (server.jsonl)."""
-    return (system.startswith("mlfabric-a") or system.startswith("mlfabric-ssp") or
-            system == "vanilla")
-
-
-def iteration_phases(logs, window):
-    """Where an asynchronous worker's iteration goes (means over all workers).
-
-    A worker's log has, per iteration, its compute time and its push's
-    t_push and t_done; `iter_s` runs from one push to the next. With
-    --window=1 an iteration is compute, then the push until its outcome,
-    then the get of the next model: `get_s` is what is left of the next
-    iteration after its compute and this push. With --window=2 the push
-    overlaps the next iteration, so get_s is not meaningful there (None).
-    """
-    applied, dropped, get = [], [], []
-    for ev in logs.values():
-        iters = {e["iter"]: e for e in ev if e["event"] == "iter"}
-        for p in (e for e in ev if e["event"] == "push"):
-            wait = p["t_done"] - p["t_push"]
-            (applied if p["outcome"] == "applied" else dropped).append(wait)
-            nxt = iters.get(p["iter"] + 1)
-            if nxt is not None and "compute_s" in nxt:
-                get.append(nxt["iter_s"] - nxt["compute_s"] - wait)
-    mean = lambda xs: sum(xs) / len(xs) if xs else None
-    g = mean(get)
-    return {"push_applied_s": mean(applied), "push_dropped_s": mean(dropped),
-            "get_s": g if window == 1 and g is not None and g >= 0 else None}
-
-
-def read_push_phases(d):
-    """The job's mean push phases from <d>/delays.json (scheduler view), or None."""
-    try:
-        with open(os.path.join(d, "delays.json")) as f:
-            return json.load(f)["push_phases"].get(JOB)
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def ssp_system(system):
-    """(K, tau or None) of "mlfabric-ssp<K>" or "mlfabric-ssp<K>-a<tau>", else None."""
-    if not system.startswith("mlfabric-ssp"):
-        return None
-    k, _, tau = system[len("mlfabric-ssp"):].partition("-a")
-    if not k.isdigit() or (tau and not tau.isdigit()) or (_ and not tau):
-        return None
-    return int(k), int(tau) if tau else None
-
-
-def backup_workers(system):
-    return int(system[len("mlfabric-s-b"):]) if system.startswith("mlfabric-s-b") else 0
-
-def ms(seconds):
-    return "%.0f" % (1e3 * seconds) if seconds is not None else "-"
-
-
-def summary_table(results, target):
-    rows = []
-    systems = results["systems"]
-    ref = systems.get("rr-sync", {}).get("tta_s")
-    header = ("system", "TTA s", "vs RR", "final acc", "iters", "mean iter ms", "push ms",
-              "get ms", "applied", "dropped", "failed", "delay p50/p99", "ok")
-    rows.append(header)
-    for name, r in systems.items():
-        delays = r.get("delays") or []
-        dtxt = "%d/%d" % (delays[len(delays) // 2], delays[min(len(delays) - 1,
-                                                               int(0.99 * len(delays)))]) \
-            if delays else "-"
-        tta = r.get("tta_s")
-        rows.append((name, "%.1f" % tta if tta is not None else ">%.0f" % r.get("wall_s", 0),
-                     "%.2fx" % (ref / tta) if ref and tta else "-",
-                     "%.3f" % r["final_accuracy"] if r.get("final_accuracy") is not None else "-",
-                     str(r.get("iterations", 0)),
-                     "%.0f" % (1e3 * r["mean_iteration_s"]) if r.get("mean_iteration_s") else "-",
-                     ms(r.get("push_applied_s")), ms(r.get("get_s")),
-                     str(r.get("applied", 0)), str(r.get("dropped", 0)), str(r.get("failed", 0)),
-                     dtxt, "yes" if r.get("accounted") and not r.get("error") else "NO"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                       enumerate(zip(row, widths))) for row in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    for name, r in systems.items():
-        ph = r.get("scheduler_push_phases")
-        if ph and ph.get("applied"):
-            lines.append("%s: an applied push at the scheduler took %s ms: %s ms waiting for its "
-                         "batch, %s ms planned until its bytes reach the server, %s ms later than "
-                         "planned (means of %d)" % (
-                             name, ms(ph["latency_s"]), ms(ph["queued_s"]), ms(ph["planned_s"]),
-                             ms(ph["late_s"]), ph["applied"]))
-    return "\n".join(lines) + (
-        "\n(TTA: time to %.0f%% test accuracy; vs RR: RR-Sync TTA / TTA; asynchronous "
-        "workers: push ms = mean from a push to its outcome, applied ones; get ms = mean "
-        "wait for the next model, --window=1 only)" % (100 * target))
 
 
 def parse_args(argv):
