@@ -194,7 +194,7 @@ class ClusterState {
   AggregateLedger& aggregates() { return aggregates_; }
   const AggregateLedger& aggregates() const { return aggregates_; }
   // Replica copies in flight, their feeds, the pushes they decide after a
-  // failover (out of `updates`, so that nothing else ends them first), and
+  // failover (out of pushes(), so that nothing else ends them first), and
   // replica snapshots moving.
   ReplicaLedger& replicas() { return replicas_; }
   const ReplicaLedger& replicas() const { return replicas_; }

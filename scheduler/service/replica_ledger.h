@@ -6,7 +6,7 @@
 //
 // A daemon reports on a feed by its transfer id only, so the ledger keeps
 // which aggregate copy each feed goes to, and forgets a copy's feeds with
-// it (TakeCopy). Pushes decided by a copy are out of ClusterState::updates,
+// it (TakeCopy). Pushes decided by a copy are out of ClusterState::pushes(),
 // so that nothing else ends them first; they are kept here by copy id
 // until the copy ends (an aggregate copy decides all its pushes in flight).
 //

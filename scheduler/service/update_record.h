@@ -1,7 +1,7 @@
 // UpdateRecord: what the scheduler knows of one push from SubmitUpdate to
 // its outcome (the outcome state machine is ClusterState's, cluster_state.h).
 // In a header of its own so that owners keeping records beside
-// ClusterState::updates (ReplicaLedger's pushes decided by their replica
+// ClusterState::pushes() (ReplicaLedger's pushes decided by their replica
 // copy) need not include cluster_state.h.
 //
 //   UpdateRecord record;
