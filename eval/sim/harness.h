@@ -70,6 +70,7 @@ class Harness {
     if (result_.accuracy_curve.empty() || result_.accuracy_curve.back().first < sim_.now()) {
       result_.accuracy_curve.push_back({sim_.now(), last_accuracy_});
     }
+    Finish();
     result_.fluid = sim_.stats();
     result_.wall_s = std::chrono::duration<double>(WallClock::now() - started).count();
     return result_;
@@ -80,6 +81,8 @@ class Harness {
   // Gradients pushed and neither applied nor dropped, counted from the
   // system's own state (not from the counters).
   virtual int64_t InFlight() const = 0;
+  // Fills the system's own summary fields of result_ at the end of a run.
+  virtual void Finish() {}
 
   void Fail(absl::Status status) {
     if (status_.ok()) status_ = std::move(status);

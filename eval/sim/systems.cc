@@ -2,6 +2,8 @@
 
 #include "eval/sim/harness.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,13 +30,45 @@ using internal::Harness;
 using internal::Snapshot;
 using internal::WallClock;
 
+// CPU seconds used so far by the calling thread. The planning time charged
+// to simulated time is measured with it rather than the wall clock: the
+// simulator's planner runs on the calling thread (PlannerOptions::threads
+// is 1 from MakePlanner), so this is the call's whole cost, and it leaves
+// out the time the thread waited for a core, which on a shared machine
+// would charge other processes' load to the scheduler and make the
+// simulated schedule depend on it.
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Mean, 99th percentile (nearest rank) and maximum of `ms` (0s when empty).
+struct Spread {
+  double mean = 0, p99 = 0, max = 0;
+};
+Spread SpreadOf(std::vector<double> ms) {
+  Spread s;
+  if (ms.empty()) return s;
+  std::sort(ms.begin(), ms.end());
+  double sum = 0;
+  for (double v : ms) sum += v;
+  s.mean = sum / static_cast<double>(ms.size());
+  const size_t rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(ms.size())));
+  s.p99 = ms[std::max<size_t>(rank, 1) - 1];
+  s.max = ms.back();
+  return s;
+}
+
 // ---------------------------------------------------------------------------
 // MLfabric-A / MLfabric-S: the real core planner, executed per plan.
 class Mlfabric final : public Harness {
  public:
-  Mlfabric(const SimConfig& c, const SystemSpec& s, const ProgressFn& p)
+  Mlfabric(const SimConfig& c, const SystemSpec& s, const ProgressFn& p,
+           const PlanningTimeFn& planning_time)
       : Harness(c, s, /*ps=*/true, p),
         sync_(s.kind == SystemKind::kMlfabricS),
+        planning_time_(planning_time),
         server_(layout_.server),
         hosts_(layout_.hosts),
         iteration_(c.workers, 0),
@@ -74,6 +108,13 @@ class Mlfabric final : public Harness {
     std::shared_ptr<Weights> grad;
     State state = State::kWaiting;
   };
+  // A cut batch of pushes and its plan, which takes effect once planned.
+  struct PushWork {
+    core::Batch batch;
+    std::string prefix;  // of its aggregates' keys
+    core::Plan plan;
+    bool late = false;   // a batch tick came while it was being planned
+  };
   // An aggregate waiting for what it sums. Alg. 3 on a sharded model
   // (§10.2) sends one aggregate per part, all from one aggregator with the
   // same constituents and consecutive in the plan; they form one entry.
@@ -100,6 +141,13 @@ class Mlfabric final : public Harness {
       if (u.state != State::kApplied && u.state != State::kDropped) ++n;
     }
     return n;
+  }
+
+  void Finish() override {
+    const Spread planning = SpreadOf(planning_ms_);
+    result_.planning_ms_mean = planning.mean;
+    result_.planning_ms_p99 = planning.p99;
+    result_.planning_ms_max = planning.max;
   }
 
   void OnModel(int w, Snapshot model, int64_t version) {
@@ -146,7 +194,16 @@ class Mlfabric final : public Harness {
   void ScheduleTick(int64_t k) {
     sim_.At(k * config_.batch_interval_s, [this, k] {
       PruneReservations();
-      if (!pending_push_.empty()) PlanPushes();
+      // The live scheduler plans one batch at a time (its BatchLoop, one
+      // thread per scheduler): a tick that finds the planner still busy
+      // cuts nothing, and its pushes wait for the first tick after the plan
+      // is ready (ticks overrun are not made up). Gets are planned apart
+      // from the batch cycle (the live get handler), so they keep the ticks.
+      if (planning_ != nullptr) {
+        planning_->late = true;
+      } else if (!pending_push_.empty()) {
+        CutPushes();
+      }
       if (!pending_get_.empty() && GetBatchDue()) PlanGets();
       ScheduleTick(k + 1);
     });
@@ -210,27 +267,61 @@ class Mlfabric final : public Harness {
   }
 
   // --- pushes ---------------------------------------------------------------
-  void PlanPushes() {
-    const core::Batch batch = PushBatch();
-    const std::string prefix = absl::StrCat("b", batch_count_++, ":");
+  // Cuts the pending pushes into a batch and plans it on the real core.
+  // mlfabric §7.4 measures the scheduler's overhead per batch; here it is
+  // paid in simulated time: the plan takes effect (drops, reservations,
+  // transfers, commit order) only at the cut plus the planning time, as the
+  // live scheduler dispatches a plan when its planner call returns. Its
+  // times stay those of the cut (the planner saw the network then), so
+  // transfers due meanwhile start late on what is left of their segments.
+  void CutPushes() {
+    auto work = std::make_shared<PushWork>();
+    work->batch = PushBatch();
+    work->prefix = absl::StrCat("b", batch_count_, ":");
+    PlanningSample sample{batch_count_++, sim_.now(),
+                          static_cast<int>(work->batch.updates.size()), 0.0};
     pending_push_.clear();
-    std::optional<core::Plan> plan = TimedPlan(batch);
-    if (!plan.has_value() || !ApplyDrops(*plan)) return;
-    std::vector<core::Commit> commits = plan->commits;
+    std::optional<core::Plan> plan = TimedPlan(work->batch, &sample.measured_s);
+    if (!plan.has_value()) return;
+    work->plan = std::move(*plan);
+    const double planning_s = planning_time_ ? planning_time_(sample) : sample.measured_s;
+    if (!(planning_s >= 0)) {
+      Fail(absl::InvalidArgumentError(
+          absl::StrCat("planning time of batch ", sample.batch, ": ", planning_s, " s")));
+      return;
+    }
+    planning_ms_.push_back(1e3 * planning_s);
+    if (config_.instant_planning || planning_s == 0) {
+      ApplyPushPlan(*work);
+      return;
+    }
+    planning_ = work;
+    sim_.At(sim_.now() + planning_s, [this, work] {
+      planning_.reset();
+      if (work->late) ++result_.late_plans;
+      ApplyPushPlan(*work);
+    });
+  }
+
+  // Puts a batch's plan into effect now.
+  void ApplyPushPlan(const PushWork& work) {
+    const core::Plan& plan = work.plan;
+    if (!ApplyDrops(plan)) return;
+    std::vector<core::Commit> commits = plan.commits;
     std::sort(commits.begin(), commits.end(),
               [](const core::Commit& a, const core::Commit& b) { return a.position < b.position; });
     for (const core::Commit& c : commits) commit_queue_.push_back(c.update);
     std::set<std::string> planned;
     std::map<std::string, std::string> hop_final;  // hop's "agg:<n>" -> final key
-    IndexAggregates(*plan, prefix, &planned, &hop_final);
-    const std::set<std::string> streaming = StreamingAggregates(*plan, prefix);
+    IndexAggregates(plan, work.prefix, &planned, &hop_final);
+    const std::set<std::string> streaming = StreamingAggregates(plan, work.prefix);
     // A sharded update has one delivery per part (a direct transfer or an
     // aggregate); it has arrived when all have.
-    for (const core::Transfer& t : plan->transfers) {
+    for (const core::Transfer& t : plan.transfers) {
       if (t.kind == core::TransferKind::kDirect) ++parts_left_[t.update];
     }
-    if (!StartTransfers(*plan, prefix, hop_final, streaming, &planned)) return;
-    for (const core::UpdateRequest& r : batch.updates) {
+    if (!StartTransfers(plan, work.prefix, hop_final, streaming, &planned)) return;
+    for (const core::UpdateRequest& r : work.batch.updates) {
       Update& u = updates_.at(r.id);
       if (u.state == State::kDropped) continue;
       if (!planned.count(r.id)) {
@@ -276,11 +367,13 @@ class Mlfabric final : public Harness {
     return BuildBatch(in);
   }
 
-  // The planner's plan of `batch`, its wall time counted; nullopt (the run
-  // failed) if it has none.
-  std::optional<core::Plan> TimedPlan(const core::Batch& batch) {
+  // The planner's plan of `batch`, its wall time counted and its CPU time
+  // in *cpu_s; nullopt (the run failed) if it has none.
+  std::optional<core::Plan> TimedPlan(const core::Batch& batch, double* cpu_s) {
     const auto started = WallClock::now();
+    const double cpu_started = ThreadCpuSeconds();
     absl::StatusOr<core::Plan> plan = planner_->PlanBatch(batch);
+    *cpu_s = ThreadCpuSeconds() - cpu_started;
     const double ms = std::chrono::duration<double, std::milli>(WallClock::now() - started).count();
     if (!plan.ok()) {
       Fail(absl::InternalError(absl::StrCat("planner failed at t=", batch.now_s, " s: ",
@@ -641,6 +734,7 @@ class Mlfabric final : public Harness {
   }
 
   const bool sync_;
+  const PlanningTimeFn planning_time_;  // nullptr: the measured CPU time
   const int server_;
   const int hosts_;
   std::vector<std::string> names_;
@@ -670,6 +764,8 @@ class Mlfabric final : public Harness {
   int arrived_in_round_ = 0;
   double planner_ms_total_ = 0;
   int64_t batch_updates_total_ = 0;
+  std::shared_ptr<PushWork> planning_;  // the batch being planned; nullptr: planner free
+  std::vector<double> planning_ms_;     // every push batch's planning time
 };
 
 }  // namespace
@@ -693,13 +789,14 @@ absl::StatusOr<SystemSpec> ParseSystem(const std::string& name) {
 }
 
 absl::StatusOr<SystemResult> RunSystem(const SimConfig& config, const SystemSpec& spec,
-                                       const ProgressFn& progress) {
+                                       const ProgressFn& progress,
+                                       const PlanningTimeFn& planning_time) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   std::unique_ptr<Harness> harness;
   switch (spec.kind) {
     case SystemKind::kMlfabricA:
     case SystemKind::kMlfabricS:
-      harness = std::make_unique<Mlfabric>(config, spec, progress);
+      harness = std::make_unique<Mlfabric>(config, spec, progress, planning_time);
       break;
     case SystemKind::kAsync:
       harness = internal::MakeAsyncPs(config, spec, progress);

@@ -30,7 +30,11 @@
 //
 // A run ends when the test accuracy first reaches config.target_accuracy or
 // at config.max_sim_s. Deterministic given config.seed, except the wall-clock
-// fields (wall_s, planner_ms_*). Thread safety: RunSystem is reentrant.
+// fields (wall_s, planner_ms_*), as long as MLfabric's planning time is not
+// measured: with config.instant_planning or a deterministic PlanningTimeFn.
+// By default MLfabric-A/S charge the planner's measured CPU time to simulated
+// time, and then every field may vary a little from run to run.
+// Thread safety: RunSystem is reentrant.
 #ifndef MLFABRIC_EVAL_SIM_SYSTEMS_H_
 #define MLFABRIC_EVAL_SIM_SYSTEMS_H_
 
@@ -99,6 +103,15 @@ struct SystemResult {
   double planner_mean_batch = 0;
   double planner_ms_mean = 0;     // wall clock, not deterministic
   double planner_ms_max = 0;
+  // MLfabric-A/S push batches: planning time per batch as the planning-time
+  // source gave it (by default the CPU time of the planner call; measured
+  // with config.instant_planning too, though not charged then), and the
+  // plans that were late: a batch tick came while they were being planned,
+  // so that tick cut no batch (always 0 with config.instant_planning).
+  double planning_ms_mean = 0;
+  double planning_ms_p99 = 0;
+  double planning_ms_max = 0;
+  int64_t late_plans = 0;
   FluidStats fluid;
   double wall_s = 0;              // wall clock, not deterministic
 };
@@ -106,8 +119,21 @@ struct SystemResult {
 // Called about once per simulated eval point (for progress output).
 using ProgressFn = std::function<void(const std::string& system, double sim_s, double accuracy)>;
 
+// An MLfabric-A/S push batch handed to the planner: what a planning-time
+// source is told about it.
+struct PlanningSample {
+  int64_t batch = 0;      // the run's batches counted from 0
+  double cut_s = 0;       // simulated time of the cut, when its planning starts
+  int updates = 0;        // updates in the batch
+  double measured_s = 0;  // CPU seconds the real planner call took here
+};
+// Simulated seconds a batch's planning takes (>= 0). nullptr: measured_s.
+// Tests inject a fake planner clock through it.
+using PlanningTimeFn = std::function<double(const PlanningSample&)>;
+
 absl::StatusOr<SystemResult> RunSystem(const SimConfig& config, const SystemSpec& spec,
-                                       const ProgressFn& progress = nullptr);
+                                       const ProgressFn& progress = nullptr,
+                                       const PlanningTimeFn& planning_time = nullptr);
 
 }  // namespace mlfabric::sim
 
