@@ -131,6 +131,25 @@ TEST_CASE("the measured planning time is charged and reported by default") {
   CHECK(r.applied + r.dropped + r.in_flight == r.pushed);
 }
 
+TEST_CASE("a plan still being planned at the end is late and its pushes in flight") {
+  // As at 1000 workers and 96 shards, where the first batch (~900 updates)
+  // plans for longer than a short run lasts.
+  const SimConfig config = Small();
+  std::vector<PlanningSample> samples;
+  const SystemResult r =
+      RunSystem(config, ParseSystem("mlfabric-a-30").value(), nullptr,
+                [&samples, &config](const PlanningSample& s) {
+                  samples.push_back(s);
+                  return 10 * config.max_sim_s;
+                })
+          .value();
+  CHECK(samples.size() == 1);  // the planner never became free again
+  CHECK(r.late_plans == 1);
+  CHECK(r.applied == 0);
+  CHECK(r.dropped == 0);
+  CHECK(r.in_flight == r.pushed);
+}
+
 TEST_CASE("a negative planning time fails the run") {
   const SimConfig config = Small();
   const absl::StatusOr<SystemResult> r =

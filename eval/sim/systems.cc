@@ -200,6 +200,9 @@ class Mlfabric final : public Harness {
       // is ready (ticks overrun are not made up). Gets are planned apart
       // from the batch cycle (the live get handler), so they keep the ticks.
       if (planning_ != nullptr) {
+        // Counted here, not when it takes effect: a plan may still be in
+        // the planner when the run ends.
+        if (!planning_->late) ++result_.late_plans;
         planning_->late = true;
       } else if (!pending_push_.empty()) {
         CutPushes();
@@ -298,7 +301,6 @@ class Mlfabric final : public Harness {
     planning_ = work;
     sim_.At(sim_.now() + planning_s, [this, work] {
       planning_.reset();
-      if (work->late) ++result_.late_plans;
       ApplyPushPlan(*work);
     });
   }
