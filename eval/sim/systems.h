@@ -6,7 +6,10 @@
 //                     core planner "mlfabric" (ordering, delay bound TAU,
 //                     drops, aggregation over the aggregator hosts) and
 //                     executed per plan on reserved rate segments; the server
-//                     applies in the plan's commit order. Workers are
+//                     applies in the plan's commit order. A plan takes effect
+//                     once the planner is done with it (its CPU time, one
+//                     batch at a time; SimConfig::instant_planning: at the
+//                     cut). Workers are
 //                     pipelined: push, then at once get the freshest model
 //                     (max_outstanding_pushes bounds unresolved pushes);
 //                     gets wait at the server while it still sends the
