@@ -3,7 +3,8 @@
 # on every non-test .cc under daemon/), after proving on two small snippets
 # that the check can fail: one touching an ABSL_GUARDED_BY member without
 # its lock and calling a ...Locked helper unlocked must fail with clang's
-# thread-safety errors, and the same class used correctly must pass. Without
+# thread-safety errors, and the same class used correctly must pass (both
+# with common/mutex.h's Mutex, the daemon's). Without
 # clang this reports a skip with the reason (a failure under CI, where
 # tools/bootstrap installs clang).
 set -euo pipefail
@@ -18,7 +19,10 @@ tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 snippet() {
   cat >"$tmp/$1.cc" <<SNIPPET
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
+
+using mlfabric::Mutex;
+using mlfabric::MutexLock;
 
 class Counter {
  public:
@@ -27,13 +31,13 @@ class Counter {
  private:
   void BumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++count_; }
 
-  absl::Mutex mu_;
+  Mutex mu_;
   int count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 SNIPPET
 }
 snippet unguarded 'int Bump() { BumpLocked(); return count_; }'
-snippet guarded 'int Bump() { absl::MutexLock lock(&mu_); BumpLocked(); return count_; }'
+snippet guarded 'int Bump() { MutexLock lock(&mu_); BumpLocked(); return count_; }'
 
 if tools/thread_safety_check "$tmp/unguarded.cc" >"$tmp/unguarded.log" 2>&1; then
   cat "$tmp/unguarded.log"
@@ -54,6 +58,6 @@ if ! tools/thread_safety_check "$tmp/guarded.cc" >"$tmp/guarded.log" 2>&1; then
   echo "thread_safety_test: a correctly locked access failed the check" >&2
   exit 1
 fi
-echo "thread_safety_test: the same access under absl::MutexLock passes"
+echo "thread_safety_test: the same access under MutexLock passes"
 
 tools/thread_safety_check
