@@ -28,7 +28,7 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> AggregationTable::Start(
   if (!created.ok()) return created.status();
   auto sum = std::make_shared<SharedBuffer>(std::move(*created));
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (aggregations_.count(id)) {
     return absl::AlreadyExistsError(absl::StrCat("aggregate ", id, " is already in progress"));
   }
@@ -66,33 +66,33 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> AggregationTable::Start(
 }
 
 bool AggregationTable::Active(uint64_t aggregate) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return aggregations_.count(aggregate) != 0;
 }
 
 std::optional<uint64_t> AggregationTable::AggregateOf(uint64_t constituent) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = aggregate_of_.find(constituent);
   if (it == aggregate_of_.end()) return std::nullopt;
   return it->second;
 }
 
 std::optional<int64_t> AggregationTable::Bytes(uint64_t aggregate) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = aggregations_.find(aggregate);
   if (it == aggregations_.end()) return std::nullopt;
   return it->second.task.bytes();
 }
 
 std::optional<uint32_t> AggregationTable::JobOf(uint64_t aggregate) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = aggregations_.find(aggregate);
   if (it == aggregations_.end()) return std::nullopt;
   return it->second.task.job_id();
 }
 
 std::string AggregationTable::Destination(uint64_t aggregate) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = aggregations_.find(aggregate);
   return it == aggregations_.end() ? std::string() : it->second.task.dst_host();
 }
@@ -100,7 +100,7 @@ std::string AggregationTable::Destination(uint64_t aggregate) const {
 absl::Status AggregationTable::Fold(uint64_t aggregate, uint64_t constituent,
                                     const uint8_t* data, uint64_t offset, uint32_t length,
                                     std::vector<uint32_t>* ready) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!aggregations_.count(aggregate)) {
     return absl::NotFoundError(absl::StrCat("aggregate ", aggregate, " is not in progress"));
   }
@@ -116,7 +116,7 @@ absl::Status AggregationTable::Fold(uint64_t aggregate, uint64_t constituent,
 }
 
 AggregationTable::Finish AggregationTable::FinishConstituent(uint64_t constituent) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Finish finish;
   auto member = aggregate_of_.find(constituent);
   if (member == aggregate_of_.end()) return finish;
@@ -138,7 +138,7 @@ AggregationTable::Finish AggregationTable::FinishConstituent(uint64_t constituen
 }
 
 std::optional<std::vector<uint64_t>> AggregationTable::Remove(uint64_t aggregate) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = aggregations_.find(aggregate);
   if (it == aggregations_.end()) return std::nullopt;
   std::vector<uint64_t> waited;
@@ -152,14 +152,14 @@ std::optional<std::vector<uint64_t>> AggregationTable::Remove(uint64_t aggregate
 }
 
 std::vector<uint32_t> AggregationTable::ReadyPackets(uint64_t aggregate) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto ready = pool_.ReadyPackets(aggregate);
   if (!ready.ok()) return {};
   return std::vector<uint32_t>(ready->begin(), ready->end());
 }
 
 size_t AggregationTable::active() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return aggregations_.size();
 }
 

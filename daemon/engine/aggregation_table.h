@@ -34,14 +34,15 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "aggregator/packet_pool.h"
+#include "common/mutex.h"
 #include "ipc/local_ipc.h"
 #include "proto/scheduler.pb.h"
 
@@ -111,10 +112,10 @@ class AggregationTable {
   };
 
   const uint32_t packet_bytes_;
-  mutable std::mutex mu_;
-  aggregator::PacketPool pool_;                    // guarded by mu_
-  std::map<uint64_t, Aggregation> aggregations_;   // by aggregate id; guarded by mu_
-  std::map<uint64_t, uint64_t> aggregate_of_;      // constituent -> aggregate; guarded by mu_
+  mutable Mutex mu_;
+  aggregator::PacketPool pool_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Aggregation> aggregations_ ABSL_GUARDED_BY(mu_);  // by aggregate id
+  std::map<uint64_t, uint64_t> aggregate_of_ ABSL_GUARDED_BY(mu_);     // constituent -> aggregate
 };
 
 }  // namespace mlfabric::daemon

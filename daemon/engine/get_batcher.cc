@@ -7,7 +7,7 @@ namespace mlfabric::daemon {
 
 GetBatcher::Ticket GetBatcher::Join(const std::string& key, const std::string& requester,
                                     const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++stats_.gets;
   Key& state = keys_[key];
   Ticket ticket;
@@ -85,7 +85,7 @@ int GetBatcher::LateParent(const Batch& b, const std::string& requester) {
 }
 
 bool GetBatcher::MayAsk(uint64_t batch) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = batches_.find(batch);
   if (it == batches_.end()) return true;
   auto key = keys_.find(it->second.key);
@@ -93,7 +93,7 @@ bool GetBatcher::MayAsk(uint64_t batch) const {
 }
 
 void GetBatcher::Answer(uint64_t batch, Snapshot snapshot) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = batches_.find(batch);
   if (it == batches_.end() || it->second.answered) return;
   it->second.answered = true;
@@ -109,7 +109,7 @@ void GetBatcher::Answer(uint64_t batch, Snapshot snapshot) {
 }
 
 void GetBatcher::FailKey(const std::string& key, const std::string& error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto state = keys_.find(key);
   if (state == keys_.end() || state->second.open == 0) return;
   const uint64_t id = state->second.open;
@@ -122,14 +122,14 @@ void GetBatcher::FailKey(const std::string& key, const std::string& error) {
 }
 
 std::optional<GetBatcher::Snapshot> GetBatcher::Result(uint64_t batch) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = batches_.find(batch);
   if (it == batches_.end() || !it->second.answered) return std::nullopt;
   return it->second.snapshot;
 }
 
 std::vector<std::string> GetBatcher::Requesters(uint64_t batch) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = batches_.find(batch);
   if (it == batches_.end()) return {};
   return it->second.requesters;
@@ -137,7 +137,7 @@ std::vector<std::string> GetBatcher::Requesters(uint64_t batch) const {
 
 void GetBatcher::SetRoutes(uint64_t batch, std::vector<Route> routes,
                            int late_joins_per_member, double min_late_bps) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = batches_.find(batch);
   if (it == batches_.end()) return;
   Batch& b = it->second;
@@ -148,7 +148,7 @@ void GetBatcher::SetRoutes(uint64_t batch, std::vector<Route> routes,
 }
 
 std::optional<GetBatcher::Route> GetBatcher::RouteOf(uint64_t batch, int member) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = batches_.find(batch);
   if (it == batches_.end()) return Route{};
   const Batch& b = it->second;
@@ -159,7 +159,7 @@ std::optional<GetBatcher::Route> GetBatcher::RouteOf(uint64_t batch, int member)
 }
 
 int GetBatcher::DirectCopies(uint64_t batch) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = batches_.find(batch);
   if (it == batches_.end()) return 0;
   const Batch& b = it->second;
@@ -171,7 +171,7 @@ int GetBatcher::DirectCopies(uint64_t batch) const {
 }
 
 void GetBatcher::Leave(uint64_t batch) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = batches_.find(batch);
   if (it == batches_.end()) return;
   ++it->second.left;
@@ -192,12 +192,12 @@ void GetBatcher::EraseIfLeftLocked(uint64_t id) {
 }
 
 GetBatcher::Stats GetBatcher::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 
 size_t GetBatcher::batches() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return batches_.size();
 }
 

@@ -33,11 +33,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 #include "ipc/local_ipc.h"
 
 namespace mlfabric::daemon {
@@ -138,15 +139,15 @@ class GetBatcher {
     uint64_t leaving = 0;  // the last answered batch, until all its gets left
   };
 
-  void EraseIfLeftLocked(uint64_t id);
+  void EraseIfLeftLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The member of `b` a late get from `requester` goes below, or -1.
   static int LateParent(const Batch& b, const std::string& requester);
 
-  mutable std::mutex mu_;
-  std::map<uint64_t, Batch> batches_;  // guarded by mu_
-  std::map<std::string, Key> keys_;    // guarded by mu_
-  uint64_t next_id_ = 1;               // guarded by mu_
-  Stats stats_;                        // guarded by mu_
+  mutable Mutex mu_;
+  std::map<uint64_t, Batch> batches_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Key> keys_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mlfabric::daemon

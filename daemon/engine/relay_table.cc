@@ -6,7 +6,7 @@ namespace mlfabric::daemon {
 
 bool RelayTable::Begin(const std::string& key, uint64_t batch, int64_t version,
                        std::shared_ptr<SharedBuffer> model, Effects* effects) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto [it, added] = copies_.try_emplace({key, batch});
   if (!added && it->second.state != State::kFailed) return false;
   Copy& copy = it->second;  // a failed copy has no watchers left
@@ -39,7 +39,7 @@ void RelayTable::EvictLocked(const std::string& key, Effects* effects) {
 
 RelayTable::Effects RelayTable::Arrived(const std::string& key, uint64_t batch, uint64_t begin,
                                         uint64_t end) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Effects effects;
   auto it = copies_.find({key, batch});
   if (it == copies_.end() || it->second.state != State::kReceiving || end <= begin) {
@@ -58,7 +58,7 @@ RelayTable::Effects RelayTable::Arrived(const std::string& key, uint64_t batch, 
 
 RelayTable::Effects RelayTable::Finish(const std::string& key, uint64_t batch,
                                        const std::string& error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Effects effects;
   auto it = copies_.find({key, batch});
   if (it == copies_.end() || it->second.state != State::kReceiving) return effects;
@@ -78,7 +78,7 @@ RelayTable::Effects RelayTable::Finish(const std::string& key, uint64_t batch,
 
 RelayTable::Watch RelayTable::AddWatcher(const std::string& key, uint64_t batch,
                                          uint64_t stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Watch watch;
   auto it = copies_.find({key, batch});
   if (it == copies_.end()) {
@@ -101,7 +101,7 @@ RelayTable::Watch RelayTable::AddWatcher(const std::string& key, uint64_t batch,
 
 RelayTable::State RelayTable::StateOf(const std::string& key, uint64_t batch,
                                       std::string* error) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = copies_.find({key, batch});
   if (it == copies_.end()) {
     auto later = copies_.upper_bound({key, batch});
@@ -112,18 +112,18 @@ RelayTable::State RelayTable::StateOf(const std::string& key, uint64_t batch,
 }
 
 void RelayTable::RemoveWatcher(const std::string& key, uint64_t batch, uint64_t stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = copies_.find({key, batch});
   if (it != copies_.end()) it->second.watchers.erase(stream);
 }
 
 RelayTable::Stats RelayTable::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 
 size_t RelayTable::copies() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return copies_.size();
 }
 

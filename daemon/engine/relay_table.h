@@ -31,12 +31,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 #include "ipc/local_ipc.h"
 
 namespace mlfabric::daemon {
@@ -104,12 +105,12 @@ class RelayTable {
   };
   using Id = std::pair<std::string, uint64_t>;
 
-  void EvictLocked(const std::string& key, Effects* effects);
+  void EvictLocked(const std::string& key, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable std::mutex mu_;
-  std::map<Id, Copy> copies_;  // guarded by mu_
-  uint64_t next_order_ = 1;    // guarded by mu_
-  Stats stats_;                // guarded by mu_
+  mutable Mutex mu_;
+  std::map<Id, Copy> copies_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mlfabric::daemon

@@ -35,7 +35,7 @@ void ReplicaSnapshots::FireLocked(const std::string& key, uint64_t next_position
     }
     uint64_t id = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       id = next_request_++;
       asked_[id] = command;
     }
@@ -45,7 +45,7 @@ void ReplicaSnapshots::FireLocked(const std::string& key, uint64_t next_position
     ask.mutable_model_request()->set_request_id(id);
     if (absl::Status sent = app->channel->Send(ask); !sent.ok()) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         asked_.erase(id);
       }
       reporter_->ReportFailure(command.transfer_id(),
@@ -73,7 +73,7 @@ bool ReplicaSnapshots::Answer(uint64_t request_id, int64_t version,
                               std::shared_ptr<SharedBuffer> model, const std::string& error) {
   v1::SnapshotToReplica command;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = asked_.find(request_id);
     if (it == asked_.end()) return (request_id & kSnapshotRequestBit) != 0;
     command = std::move(it->second);

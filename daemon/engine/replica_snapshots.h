@@ -15,17 +15,19 @@
 // another.
 //
 // Thread safety: the `...Locked` methods require the receive side's lock
-// (receive_lock.h); Answer takes only its own.
+// (receive_lock.h, a std::mutex the compiler does not check); Answer takes
+// only its own, a leaf (annotated: tools/thread_safety_check checks it).
 #ifndef MLFABRIC_DAEMON_ENGINE_REPLICA_SNAPSHOTS_H_
 #define MLFABRIC_DAEMON_ENGINE_REPLICA_SNAPSHOTS_H_
 
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 #include "daemon/apps/app_sessions.h"
 #include "daemon/control/completion_reporter.h"
 #include "daemon/engine/model_request_ids.h"
@@ -68,9 +70,9 @@ class ReplicaSnapshots {
   SendScheduler* const send_;
   CompletionReporter* const reporter_;
   std::map<std::string, std::vector<v1::SnapshotToReplica>> due_;  // guarded by the receive lock
-  std::mutex mu_;
-  std::map<uint64_t, v1::SnapshotToReplica> asked_;  // by request id
-  uint64_t next_request_ = kSnapshotRequestBit;
+  Mutex mu_;  // a leaf
+  std::map<uint64_t, v1::SnapshotToReplica> asked_ ABSL_GUARDED_BY(mu_);  // by request id
+  uint64_t next_request_ ABSL_GUARDED_BY(mu_) = kSnapshotRequestBit;
 };
 
 }  // namespace mlfabric::daemon

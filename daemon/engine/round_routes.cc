@@ -4,7 +4,7 @@ namespace mlfabric::daemon {
 
 RoundRoutes::Route RoundRoutes::Join(const std::string& key, int64_t round,
                                      const std::string& host, const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (fanout_ <= 0 || host.empty() || address.empty()) return {};
   // Forget rounds of this key older than the newest rounds_kept.
   auto first = rounds_.lower_bound({key, INT64_MIN});

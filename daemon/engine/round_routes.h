@@ -26,11 +26,13 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 
 namespace mlfabric::daemon {
 
@@ -55,8 +57,8 @@ class RoundRoutes {
 
   const int fanout_;
   const int64_t rounds_kept_;
-  std::mutex mu_;
-  std::map<std::pair<std::string, int64_t>, Round> rounds_;  // guarded by mu_
+  Mutex mu_;
+  std::map<std::pair<std::string, int64_t>, Round> rounds_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mlfabric::daemon

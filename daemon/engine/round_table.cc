@@ -59,7 +59,7 @@ void RoundTable::FailLocked(const Key& key, Round& round, const std::string& rea
 
 void RoundTable::Join(const v1::ExpectDelivery& expect, bool server_connected, Effects* fx) {
   const std::string key = absl::StrCat(expect.job_id(), "/", expect.server());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Key round_key{key, expect.version()};
   Round& round = GetOrCreateLocked(key, expect.version(), fx);
   const uint64_t transfer = expect.transfer_id();
@@ -70,7 +70,9 @@ void RoundTable::Join(const v1::ExpectDelivery& expect, bool server_connected, E
                             absl::StrCat("round ", round.round, " failed: ", round.failed));
     return;
   }
-  auto fail = [&](const std::string& reason) { FailLocked(round_key, round, reason, fx); };
+  auto fail = [&](const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    FailLocked(round_key, round, reason, fx);
+  };
   const std::optional<aggregator::DType> type = PoolType(expect.dtype());
   if (round.bytes < 0) {
     const size_t element = ElementBytes(expect.dtype());
@@ -138,7 +140,7 @@ void RoundTable::Join(const v1::ExpectDelivery& expect, bool server_connected, E
 }
 
 std::optional<std::pair<std::string, int64_t>> RoundTable::RoundOf(uint64_t transfer) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = round_of_.find(transfer);
   if (it == round_of_.end()) return std::nullopt;
   return it->second;
@@ -146,7 +148,7 @@ std::optional<std::pair<std::string, int64_t>> RoundTable::RoundOf(uint64_t tran
 
 void RoundTable::Fold(uint64_t transfer, const uint8_t* data, uint64_t offset, uint32_t length,
                       Effects* fx) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto member = round_of_.find(transfer);
   if (member == round_of_.end()) return;
   auto it = rounds_.find(member->second);
@@ -183,7 +185,7 @@ void RoundTable::Fold(uint64_t transfer, const uint8_t* data, uint64_t offset, u
 
 void RoundTable::Fail(const std::string& key, int64_t number, const std::string& reason,
                       Effects* fx) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Round& round = GetOrCreateLocked(key, number, fx);
   // Handed to the application already: its acknowledgement decides (a
   // restarted scheduler fails the round it may have been in; in_doubt.h).
@@ -192,7 +194,7 @@ void RoundTable::Fail(const std::string& key, int64_t number, const std::string&
 }
 
 bool RoundTable::FailMemberRound(uint64_t transfer, const std::string& reason, Effects* fx) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto member = round_of_.find(transfer);
   if (member == round_of_.end()) return false;
   auto it = rounds_.find(member->second);
@@ -205,7 +207,7 @@ bool RoundTable::FailMemberRound(uint64_t transfer, const std::string& reason, E
 
 void RoundTable::FailServer(const std::string& key, const std::string& reason, Effects* fx,
                             bool spare_delivering) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto it = rounds_.lower_bound(Key{key, std::numeric_limits<int64_t>::min()});
        it != rounds_.end() && it->first.first == key; ++it) {
     if (spare_delivering && it->second.delivering) continue;
@@ -215,7 +217,7 @@ void RoundTable::FailServer(const std::string& key, const std::string& reason, E
 
 std::optional<RoundTable::Delivery> RoundTable::BeginDelivery(const std::string& key,
                                                               int64_t number) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = rounds_.find(Key{key, number});
   if (it == rounds_.end()) return std::nullopt;
   Round& round = it->second;
@@ -235,7 +237,7 @@ std::optional<RoundTable::Delivery> RoundTable::BeginDelivery(const std::string&
 }
 
 void RoundTable::DeliveryFailed(uint64_t id, const std::string& reason, Effects* fx) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto delivery = deliveries_.find(id);
   if (delivery == deliveries_.end()) return;
   const Key key = delivery->second;
@@ -245,12 +247,12 @@ void RoundTable::DeliveryFailed(uint64_t id, const std::string& reason, Effects*
 }
 
 bool RoundTable::IsDelivery(uint64_t id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return deliveries_.count(id) != 0;
 }
 
 std::optional<RoundTable::Acknowledged> RoundTable::Acknowledge(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto delivery = deliveries_.find(id);
   if (delivery == deliveries_.end()) return std::nullopt;
   const Key key = delivery->second;
@@ -269,7 +271,7 @@ std::optional<RoundTable::Acknowledged> RoundTable::Acknowledge(uint64_t id) {
 
 std::shared_ptr<SharedBuffer> RoundTable::CompleteSum(const std::string& key,
                                                      int64_t number) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = rounds_.find(Key{key, number});
   if (it == rounds_.end() || !it->second.failed.empty() || !it->second.complete) return nullptr;
   return it->second.sum;
@@ -277,7 +279,7 @@ std::shared_ptr<SharedBuffer> RoundTable::CompleteSum(const std::string& key,
 
 RoundTable::GetState RoundTable::Lookup(const std::string& key, int64_t number,
                                         std::string* error, int64_t* bytes) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = rounds_.find(Key{key, number});
   if (it != rounds_.end()) {
     if (!it->second.failed.empty()) {
@@ -300,7 +302,7 @@ RoundTable::GetState RoundTable::Lookup(const std::string& key, int64_t number,
 
 std::optional<RoundTable::Watch> RoundTable::AddWatcher(const std::string& key, int64_t number,
                                                         uint64_t stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = rounds_.find(Key{key, number});
   if (it == rounds_.end()) return std::nullopt;
   Round& round = it->second;
@@ -317,7 +319,7 @@ std::optional<RoundTable::Watch> RoundTable::AddWatcher(const std::string& key, 
 }
 
 void RoundTable::RemoveWatcher(const std::string& key, int64_t number, uint64_t stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = rounds_.find(Key{key, number});
   if (it == rounds_.end()) return;
   auto& watchers = it->second.watchers;
@@ -325,13 +327,13 @@ void RoundTable::RemoveWatcher(const std::string& key, int64_t number, uint64_t 
 }
 
 std::string RoundTable::Failure(const std::string& key, int64_t number) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = rounds_.find(Key{key, number});
   return it == rounds_.end() ? std::string() : it->second.failed;
 }
 
 size_t RoundTable::rounds() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return rounds_.size();
 }
 

@@ -43,13 +43,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "aggregator/packet_pool.h"
+#include "common/mutex.h"
 #include "ipc/buffer_pool.h"
 #include "ipc/local_ipc.h"
 #include "proto/scheduler.pb.h"
@@ -180,19 +181,21 @@ class RoundTable {
   };
   using Key = std::pair<std::string, int64_t>;
 
-  Round& GetOrCreateLocked(const std::string& key, int64_t round, Effects* fx);
-  void FailLocked(const Key& key, Round& round, const std::string& reason, Effects* fx);
+  Round& GetOrCreateLocked(const std::string& key, int64_t round, Effects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(const Key& key, Round& round, const std::string& reason, Effects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::pair<uint64_t, uint64_t> ChunkRange(const Round& round, uint32_t chunk) const;
 
   const int64_t rounds_kept_;
   const uint64_t chunk_bytes_;
   BufferPool* const buffers_;
-  mutable std::mutex mu_;
-  aggregator::PacketPool pool_;                 // guarded by mu_
-  std::map<Key, Round> rounds_;                 // guarded by mu_
-  std::map<uint64_t, Key> round_of_;            // member transfer -> round; guarded by mu_
-  std::map<uint64_t, Key> deliveries_;          // delivery id -> round; guarded by mu_
-  uint64_t next_id_ = 1;                        // guarded by mu_
+  mutable Mutex mu_;
+  aggregator::PacketPool pool_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, Round> rounds_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Key> round_of_ ABSL_GUARDED_BY(mu_);    // member transfer -> round
+  std::map<uint64_t, Key> deliveries_ ABSL_GUARDED_BY(mu_);  // delivery id -> round
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace mlfabric::daemon
