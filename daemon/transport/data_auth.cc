@@ -85,41 +85,43 @@ std::string JobMac(const std::string& key, const SessionAuth& auth, uint32_t job
 }  // namespace
 
 void DataKeys::SetClusterKey(std::string key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   cluster_key_ = std::move(key);
 }
 
 void DataKeys::SetJobKey(uint32_t job, std::string key) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     job_keys_[job] = std::move(key);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void DataKeys::SetEncryption(bool on) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   encryption_ = on;
 }
 
 bool DataKeys::encryption() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return encryption_ && !cluster_key_.empty();
 }
 
 bool DataKeys::enabled() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return !cluster_key_.empty();
 }
 
 std::string DataKeys::cluster_key() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return cluster_key_;
 }
 
 std::optional<std::string> DataKeys::JobKey(uint32_t job, std::chrono::milliseconds wait) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, wait, [&] { return job_keys_.count(job) > 0; });
+  MutexLock lock(&mu_);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (job_keys_.count(job) == 0 && !cv_.WaitWithDeadline(&mu_, deadline)) {
+  }
   auto it = job_keys_.find(job);
   if (it == job_keys_.end()) return std::nullopt;
   return it->second;

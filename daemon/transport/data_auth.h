@@ -39,17 +39,17 @@
 #define MLFABRIC_DAEMON_TRANSPORT_DATA_AUTH_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "daemon/transport/payload_cipher.h"
 
 namespace mlfabric::transport {
@@ -71,11 +71,11 @@ class DataKeys {
                                     std::chrono::milliseconds wait = std::chrono::milliseconds(0)) const;
 
  private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::string cluster_key_;
-  bool encryption_ = false;
-  std::map<uint32_t, std::string> job_keys_;
+  mutable Mutex mu_;
+  mutable CondVar cv_;  // a job key was set
+  std::string cluster_key_ ABSL_GUARDED_BY(mu_);
+  bool encryption_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<uint32_t, std::string> job_keys_ ABSL_GUARDED_BY(mu_);
 };
 
 // One session's authentication state.

@@ -27,7 +27,7 @@ absl::Status GetClient::Connect(const std::string& peer, const std::string& addr
                                 const tcp::endpoint& endpoint, Connection* out) {
   out->socket = std::make_shared<tcp::socket>(io_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("get: the daemon is stopping");
     // Forget the connections that are gone, then remember this one.
     opened_.erase(std::remove_if(opened_.begin(), opened_.end(),
@@ -79,7 +79,7 @@ absl::Status GetClient::Request(const std::string& peer, const std::string& addr
   // A connection left by an earlier get to that daemon is reused (its
   // session there is waiting for the next request); a new one otherwise.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("get: the daemon is stopping");
     auto idle = idle_.find(address);
     if (idle != idle_.end()) {
@@ -178,7 +178,7 @@ absl::Status GetClient::Receive(Connection& connection, SharedBuffer& buffer,
 
 void GetClient::Keep(Connection& connection) {
   if (!connection.socket) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!shut_down_ && idle_.count(connection.address) < max_idle_per_address_) {
     idle_.emplace(connection.address,
                   Idle{std::move(connection.socket), std::move(connection.auth)});
@@ -186,7 +186,7 @@ void GetClient::Keep(Connection& connection) {
 }
 
 void GetClient::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   shut_down_ = true;
   boost::system::error_code ignored;
   for (const auto& weak : opened_) {
@@ -198,7 +198,7 @@ void GetClient::Shutdown() {
 }
 
 size_t GetClient::idle() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return idle_.size();
 }
 

@@ -34,7 +34,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,8 +41,10 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "daemon/transport/data_auth.h"
 #include "daemon/transport/framing.h"
 #include "daemon/transport/packet.h"
@@ -115,11 +116,11 @@ class GetClient {
     std::shared_ptr<boost::asio::ip::tcp::socket> socket;
     SessionAuth auth;
   };
-  mutable std::mutex mu_;
-  std::multimap<std::string, Idle> idle_;  // by address
+  mutable Mutex mu_;
+  std::multimap<std::string, Idle> idle_ ABSL_GUARDED_BY(mu_);  // by address
   // Every connection opened, while it lives (Shutdown reaches them).
-  std::vector<std::weak_ptr<boost::asio::ip::tcp::socket>> opened_;
-  bool shut_down_ = false;
+  std::vector<std::weak_ptr<boost::asio::ip::tcp::socket>> opened_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The answering side: the header of a get's reply on socket `fd` (offset =

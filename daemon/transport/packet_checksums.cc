@@ -60,9 +60,9 @@ void PacketChecksums::SumPart(const uint8_t* data, size_t part) {
 void PacketChecksums::ClaimParts(const uint8_t* data) {
   for (size_t part = next_part_.fetch_add(1); part < parts_; part = next_part_.fetch_add(1)) {
     SumPart(data, part);
-    std::lock_guard<std::mutex> lock(finished_mu_);
+    MutexLock lock(&finished_mu_);
     ++parts_finished_;
-    finished_cv_.notify_all();
+    finished_cv_.SignalAll();
   }
 }
 
@@ -77,8 +77,8 @@ void PacketChecksums::SumAll(const uint8_t* data, boost::asio::thread_pool* pool
   ClaimParts(data);
   // The parts a helper claimed may still be running: `data` is the
   // caller's, so they must be done before this returns.
-  std::unique_lock<std::mutex> lock(finished_mu_);
-  finished_cv_.wait(lock, [this] { return parts_finished_ == parts_; });
+  MutexLock lock(&finished_mu_);
+  while (parts_finished_ != parts_) finished_cv_.Wait(&finished_mu_);
 }
 
 std::optional<uint32_t> PacketChecksums::Find(uint64_t offset, uint32_t length) const {

@@ -20,16 +20,16 @@
 #define MLFABRIC_DAEMON_TRANSPORT_PACKET_CHECKSUMS_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include <boost/asio/thread_pool.hpp>
 
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 #include "proto/local.pb.h"
 
 namespace mlfabric::transport {
@@ -65,7 +65,7 @@ class PacketChecksums : public std::enable_shared_from_this<PacketChecksums> {
  private:
   void SumPart(const uint8_t* data, size_t part);
   // Sums parts not claimed yet, until none is left.
-  void ClaimParts(const uint8_t* data);
+  void ClaimParts(const uint8_t* data) ABSL_LOCKS_EXCLUDED(finished_mu_);
 
   std::vector<uint64_t> offsets_;  // packet start within the transfer, ascending
   std::vector<uint32_t> lengths_;
@@ -75,9 +75,9 @@ class PacketChecksums : public std::enable_shared_from_this<PacketChecksums> {
   std::unique_ptr<std::atomic<size_t>[]> done_;
   mutable std::atomic<bool> sending_{false};
   std::atomic<size_t> next_part_{0};  // the next part to claim
-  std::mutex finished_mu_;
-  std::condition_variable finished_cv_;
-  size_t parts_finished_ = 0;  // guarded by finished_mu_
+  Mutex finished_mu_;
+  CondVar finished_cv_;  // parts_finished_ grew
+  size_t parts_finished_ ABSL_GUARDED_BY(finished_mu_) = 0;
 };
 
 }  // namespace mlfabric::transport

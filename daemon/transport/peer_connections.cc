@@ -24,7 +24,7 @@ PeerConnections::PeerConnections(boost::asio::io_context& io, SendWatchdog& watc
 
 absl::StatusOr<std::shared_ptr<PeerConnections::Peer>> PeerConnections::Connect(
     const v1::SendTransfer& send) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto& peer = peers_[send.dst_address()];
   if (peer != nullptr && peer->socket->is_open()) return peer;
   auto endpoint = ParseEndpoint(send.dst_address());
@@ -61,7 +61,7 @@ absl::StatusOr<std::shared_ptr<PeerConnections::Peer>> PeerConnections::Connect(
 bool PeerConnections::PeerWritable(const v1::SendTransfer& send) {
   int fd = -1;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = peers_.find(send.dst_address());
     if (it == peers_.end()) return true;  // connects on the first write
     fd = it->second->socket->native_handle();
@@ -76,7 +76,7 @@ void PeerConnections::WaitPeerWritable(const std::vector<v1::SendTransfer>& send
   std::vector<pollfd> fds;
   std::vector<std::shared_ptr<Peer>> held;  // keeps each socket open while polled
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const v1::SendTransfer& send : sends) {
       auto it = peers_.find(send.dst_address());
       if (it == peers_.end()) return;  // gone or not connected yet: look again now
@@ -122,7 +122,7 @@ absl::StatusOr<size_t> PeerConnections::WriteFramesToPeer(const v1::SendTransfer
   }
   if (written.ok()) written = WriteFrames(watchdog_, fd, frames);
   if (!written.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     boost::system::error_code ignored;
     DetachCipher(fd);
     peer->socket->close(ignored);
@@ -144,7 +144,7 @@ absl::Status PeerConnections::WriteToSocket(int fd, const PacketHeader& header,
 }
 
 void PeerConnections::CloseAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   boost::system::error_code ignored;
   for (auto& [address, peer] : peers_) {
     DetachCipher(peer->socket->native_handle());
@@ -153,7 +153,7 @@ void PeerConnections::CloseAll() {
 }
 
 size_t PeerConnections::open() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& [address, peer] : peers_) n += peer != nullptr && peer->socket->is_open();
   return n;

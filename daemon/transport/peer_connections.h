@@ -25,13 +25,14 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "daemon/transport/data_auth.h"
 #include "daemon/transport/packet_writer.h"
 #include "daemon/transport/send_watchdog.h"
@@ -70,15 +71,16 @@ class PeerConnections final : public PacketWriter {
     std::shared_ptr<boost::asio::ip::tcp::socket> socket;
     SessionAuth auth;  // its jobs change only in the (one) writer
   };
-  absl::StatusOr<std::shared_ptr<Peer>> Connect(const v1::SendTransfer& send);
+  absl::StatusOr<std::shared_ptr<Peer>> Connect(const v1::SendTransfer& send)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   boost::asio::io_context& io_;
   SendWatchdog& watchdog_;
   const int lowat_bytes_;
   const DataKeys* const keys_;
   const std::string my_host_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Peer>> peers_;  // by address
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);  // by address
 };
 
 }  // namespace mlfabric::transport

@@ -43,22 +43,22 @@ SendWatchdog::SendWatchdog(double timeout_s)
 
 SendWatchdog::~SendWatchdog() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 void SendWatchdog::Register(Write* write) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   write->next = writes_;
   if (writes_ != nullptr) writes_->prev = write;
   writes_ = write;
 }
 
 void SendWatchdog::Unregister(Write* write) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (write->prev != nullptr) write->prev->next = write->next;
   if (write->next != nullptr) write->next->prev = write->prev;
   if (writes_ == write) writes_ = write->next;
@@ -66,8 +66,12 @@ void SendWatchdog::Unregister(Write* write) {
 
 void SendWatchdog::WatchLoop() {
   const auto period = std::chrono::duration<double>(std::clamp(timeout_s_ / 4, 0.01, 1.0));
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!cv_.wait_for(lock, period, [&] { return stopping_; })) {
+  MutexLock lock(&mu_);
+  for (;;) {
+    const auto deadline = std::chrono::steady_clock::now() + period;
+    while (!stopping_ && !cv_.WaitWithDeadline(&mu_, deadline)) {
+    }
+    if (stopping_) break;
     const int64_t now = NowNs();
     for (Write* write = writes_; write != nullptr; write = write->next) {
       if (write->timed_out.load()) continue;

@@ -31,12 +31,12 @@
 #include <sys/uio.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "common/mutex.h"
 
 namespace mlfabric::transport {
 
@@ -73,16 +73,18 @@ class SendWatchdog {
     Write* next = nullptr;
   };
 
-  void Register(Write* write);
-  void Unregister(Write* write);
-  void WatchLoop();
+  void Register(Write* write) ABSL_LOCKS_EXCLUDED(mu_);
+  void Unregister(Write* write) ABSL_LOCKS_EXCLUDED(mu_);
+  void WatchLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const double timeout_s_;
   const int64_t timeout_ns_;
-  std::mutex mu_;           // guards writes_ and stopping_
-  Write* writes_ = nullptr;  // doubly linked list of writes in progress
-  bool stopping_ = false;
-  std::condition_variable cv_;
+  Mutex mu_;
+  // Doubly linked list of writes in progress (their prev, next, acked_seen
+  // and acked are under mu_ too).
+  Write* writes_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  CondVar cv_;  // stopping_ was set
   std::atomic<int64_t> timeouts_{0};
   std::thread thread_;
 };
