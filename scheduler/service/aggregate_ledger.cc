@@ -10,16 +10,6 @@ AggregateRecord& AggregateLedger::Open(uint64_t id) {
   return aggregate;
 }
 
-AggregateRecord* AggregateLedger::Find(uint64_t id) {
-  auto it = aggregates_.find(id);
-  return it == aggregates_.end() ? nullptr : &it->second;
-}
-
-const AggregateRecord* AggregateLedger::Find(uint64_t id) const {
-  auto it = aggregates_.find(id);
-  return it == aggregates_.end() ? nullptr : &it->second;
-}
-
 void AggregateLedger::AddHop(uint64_t aggregate_id, AggregateRecord::Hop hop) {
   AggregateRecord* aggregate = Find(aggregate_id);
   if (aggregate == nullptr) return;

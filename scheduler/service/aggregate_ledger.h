@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "common/map_util.h"
 #include "absl/functional/function_ref.h"
 #include "scheduler/service/snapshot.h"
 
@@ -67,8 +68,8 @@ class AggregateLedger {
   // A new aggregate under transfer id `id` (ids are never reused), for the
   // dispatcher to fill in.
   AggregateRecord& Open(uint64_t id);
-  AggregateRecord* Find(uint64_t id);
-  const AggregateRecord* Find(uint64_t id) const;
+  AggregateRecord* Find(uint64_t id) { return FindOrNull(aggregates_, id); }
+  const AggregateRecord* Find(uint64_t id) const { return FindOrNull(aggregates_, id); }
   // Appends `hop` to aggregate `aggregate_id`'s chain and indexes it. No-op
   // for an aggregate that is not in the ledger.
   void AddHop(uint64_t aggregate_id, AggregateRecord::Hop hop);

@@ -94,16 +94,6 @@ ClusterState::ClusterState(const SchedulerConfig& config, const Clock* clock,
   }
 }
 
-JobState* ClusterState::FindJob(const std::string& job) {
-  auto it = jobs_.find(job);
-  return it == jobs_.end() ? nullptr : &it->second;
-}
-
-const JobState* ClusterState::FindJob(const std::string& job) const {
-  auto it = jobs_.find(job);
-  return it == jobs_.end() ? nullptr : &it->second;
-}
-
 void ClusterState::ForEachServer(
     absl::FunctionRef<void(const std::string& job_name, JobState& job,
                            const std::string& server_name, ServerState& server)>
@@ -116,16 +106,6 @@ void ClusterState::ForEachServer(
 UpdateRecord& ClusterState::AddPush(UpdateRecord record) {
   const uint64_t id = record.transfer_id;
   return updates_[id] = std::move(record);
-}
-
-UpdateRecord* ClusterState::FindPush(uint64_t transfer_id) {
-  auto it = updates_.find(transfer_id);
-  return it == updates_.end() ? nullptr : &it->second;
-}
-
-const UpdateRecord* ClusterState::FindPush(uint64_t transfer_id) const {
-  auto it = updates_.find(transfer_id);
-  return it == updates_.end() ? nullptr : &it->second;
 }
 
 void ClusterState::ForEachPush(absl::FunctionRef<void(UpdateRecord& record)> visit) {

@@ -41,6 +41,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "common/clock.h"
+#include "common/map_util.h"
 #include "proto/scheduler.pb.h"
 #include "scheduler/core/types.h"
 #include "scheduler/service/admin_history.h"
@@ -162,8 +163,8 @@ class ClusterState {
                AdminHistory* history);
 
   // Jobs, as configured (the scheduler's config file), by name.
-  JobState* FindJob(const std::string& job);
-  const JobState* FindJob(const std::string& job) const;
+  JobState* FindJob(const std::string& job) { return FindOrNull(jobs_, job); }
+  const JobState* FindJob(const std::string& job) const { return FindOrNull(jobs_, job); }
   const std::map<std::string, JobState>& jobs() const { return jobs_; }
   // Visits every server of every job, to change it in place.
   void ForEachServer(absl::FunctionRef<void(const std::string& job_name, JobState& job,
@@ -178,8 +179,10 @@ class ClusterState {
   // taken out only by Complete, or by a failover that hands a push's fate
   // to its replica copy (TakePush).
   UpdateRecord& AddPush(UpdateRecord record);
-  UpdateRecord* FindPush(uint64_t transfer_id);
-  const UpdateRecord* FindPush(uint64_t transfer_id) const;
+  UpdateRecord* FindPush(uint64_t transfer_id) { return FindOrNull(updates_, transfer_id); }
+  const UpdateRecord* FindPush(uint64_t transfer_id) const {
+    return FindOrNull(updates_, transfer_id);
+  }
   const std::map<uint64_t, UpdateRecord>& pushes() const { return updates_; }
   std::optional<UpdateRecord> TakePush(uint64_t transfer_id);
   // Visits every push not yet ended, to change it in place.

@@ -18,16 +18,6 @@ void GroupLedger::AddFeed(uint64_t aggregate_id, TransferView feed) {
   pushes_[aggregate_id].feeds.push_back(std::move(feed));
 }
 
-GroupPush* GroupLedger::Find(uint64_t id) {
-  auto push = pushes_.find(id);
-  return push == pushes_.end() ? nullptr : &push->second;
-}
-
-const GroupPush* GroupLedger::Find(uint64_t id) const {
-  auto push = pushes_.find(id);
-  return push == pushes_.end() ? nullptr : &push->second;
-}
-
 bool GroupLedger::IsAggregate(uint64_t id) const {
   const GroupPush* push = Find(id);
   return push != nullptr && !push->constituents.empty();

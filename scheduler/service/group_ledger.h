@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "common/map_util.h"
 #include "absl/functional/function_ref.h"
 #include "scheduler/service/snapshot.h"
 
@@ -78,8 +79,8 @@ class GroupLedger {
   void AddFeed(uint64_t aggregate_id, TransferView feed);
 
   // Entry `id`, or nullptr if it is not in flight.
-  GroupPush* Find(uint64_t id);
-  const GroupPush* Find(uint64_t id) const;
+  GroupPush* Find(uint64_t id) { return FindOrNull(pushes_, id); }
+  const GroupPush* Find(uint64_t id) const { return FindOrNull(pushes_, id); }
   bool Contains(uint64_t id) const { return pushes_.count(id) != 0; }
   // Whether `id` is a group aggregate's entry (GroupPush::constituents).
   bool IsAggregate(uint64_t id) const;

@@ -2,16 +2,6 @@
 
 namespace mlfabric {
 
-HostState* HostTable::Find(const std::string& name) {
-  auto it = hosts_.find(name);
-  return it == hosts_.end() ? nullptr : &it->second;
-}
-
-const HostState* HostTable::Find(const std::string& name) const {
-  auto it = hosts_.find(name);
-  return it == hosts_.end() ? nullptr : &it->second;
-}
-
 const HostState* HostTable::Alive(const std::string& name) const {
   const HostState* host = Find(name);
   return host != nullptr && host->alive ? host : nullptr;

@@ -22,6 +22,8 @@
 #include <map>
 #include <string>
 
+#include "common/map_util.h"
+
 namespace mlfabric {
 
 struct HostState {
@@ -45,8 +47,8 @@ class HostTable {
   // gets its old entry, for the handler to overwrite.
   HostState& Register(const std::string& name) { return hosts_[name]; }
   // Host `name`'s entry, alive or not; null if it never registered.
-  HostState* Find(const std::string& name);
-  const HostState* Find(const std::string& name) const;
+  HostState* Find(const std::string& name) { return FindOrNull(hosts_, name); }
+  const HostState* Find(const std::string& name) const { return FindOrNull(hosts_, name); }
   // Host `name`'s entry if it is alive, else null.
   const HostState* Alive(const std::string& name) const;
   // Host `name` is down (again, perhaps: a host's stream can end after it

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "common/map_util.h"
+
 namespace mlfabric {
 namespace {
 
@@ -18,12 +20,6 @@ void KeepFirst(std::map<uint64_t, Value>* entries, std::deque<uint64_t>* order, 
   }
 }
 
-template <typename Value>
-const Value* FindIn(const std::map<uint64_t, Value>& entries, uint64_t key) {
-  auto it = entries.find(key);
-  return it == entries.end() ? nullptr : &it->second;
-}
-
 }  // namespace
 
 void OutcomeLog::Remember(uint64_t transfer_id, RecentOutcome outcome) {
@@ -31,7 +27,7 @@ void OutcomeLog::Remember(uint64_t transfer_id, RecentOutcome outcome) {
 }
 
 const RecentOutcome* OutcomeLog::Find(uint64_t transfer_id) const {
-  return FindIn(outcomes_, transfer_id);
+  return FindOrNull(outcomes_, transfer_id);
 }
 
 void OutcomeLog::RememberUid(uint64_t uid, uint64_t transfer_id, const std::string& job,
@@ -40,6 +36,8 @@ void OutcomeLog::RememberUid(uint64_t uid, uint64_t transfer_id, const std::stri
   KeepFirst(&uids_, &uid_order_, kPushUids, uid, PushUid{transfer_id, job, worker});
 }
 
-const OutcomeLog::PushUid* OutcomeLog::FindUid(uint64_t uid) const { return FindIn(uids_, uid); }
+const OutcomeLog::PushUid* OutcomeLog::FindUid(uint64_t uid) const {
+  return FindOrNull(uids_, uid);
+}
 
 }  // namespace mlfabric

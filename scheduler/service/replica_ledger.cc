@@ -10,16 +10,6 @@ ReplicaCopy& ReplicaLedger::AddCopy(uint64_t copy_id, ReplicaCopy copy) {
   return copies_.insert_or_assign(copy_id, std::move(copy)).first->second;
 }
 
-ReplicaCopy* ReplicaLedger::FindCopy(uint64_t copy_id) {
-  auto copy = copies_.find(copy_id);
-  return copy == copies_.end() ? nullptr : &copy->second;
-}
-
-const ReplicaCopy* ReplicaLedger::FindCopy(uint64_t copy_id) const {
-  auto copy = copies_.find(copy_id);
-  return copy == copies_.end() ? nullptr : &copy->second;
-}
-
 std::optional<ReplicaCopy> ReplicaLedger::TakeCopy(uint64_t copy_id) {
   auto it = copies_.find(copy_id);
   if (it == copies_.end()) return std::nullopt;

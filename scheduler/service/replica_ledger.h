@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/map_util.h"
 #include "absl/functional/function_ref.h"
 #include "scheduler/core/types.h"
 #include "scheduler/service/update_record.h"
@@ -102,8 +103,8 @@ class ReplicaLedger {
   // Records copy `copy_id` (replacing one of that id); returns it as stored.
   ReplicaCopy& AddCopy(uint64_t copy_id, ReplicaCopy copy);
   // Copy `copy_id`, or nullptr if it is not in flight.
-  ReplicaCopy* FindCopy(uint64_t copy_id);
-  const ReplicaCopy* FindCopy(uint64_t copy_id) const;
+  ReplicaCopy* FindCopy(uint64_t copy_id) { return FindOrNull(copies_, copy_id); }
+  const ReplicaCopy* FindCopy(uint64_t copy_id) const { return FindOrNull(copies_, copy_id); }
   bool HasCopy(uint64_t copy_id) const { return copies_.count(copy_id) != 0; }
   // Takes copy `copy_id` out, with the feeds that go to it; nullopt if it
   // is not in flight. The pushes it decides stay (TakeDecidedBy).
