@@ -49,14 +49,14 @@ v1::SubmitUpdateRequest SubmitRequestFor(const std::string& host, const AppSessi
 }  // namespace
 
 AppRequests::ThreadDone::~ThreadDone() {
-  std::lock_guard<std::mutex> lock(requests_->lock_->mu);
+  ReceiveLock::Hold lock(requests_->lock_);
   --requests_->get_threads_;
-  requests_->lock_->cv.notify_all();
+  requests_->lock_->NotifyAll();
 }
 
 void AppRequests::WaitGets() {
-  std::unique_lock<std::mutex> lock(lock_->mu);
-  lock_->cv.wait(lock, [this] { return get_threads_ == 0; });
+  ReceiveLock::Hold lock(lock_);
+  while (get_threads_ != 0) lock_->Wait();
 }
 
 void AppRequests::HandleRegister(const std::shared_ptr<AppSession>& app,
@@ -81,7 +81,7 @@ void AppRequests::HandleRegister(const std::shared_ptr<AppSession>& app,
     parts_.keys->SetJobKey(entity_reply.job_id(), entity_reply.job_data_key());
   }
   {
-    std::lock_guard<std::mutex> lock(lock_->mu);
+    ReceiveLock::Hold lock(lock_);
     app->job = request.job();
     app->job_token = request.job_token();
     app->name = request.name();
@@ -101,7 +101,7 @@ void AppRequests::HandleRegister(const std::shared_ptr<AppSession>& app,
   // for the lock and finds it (it was failed as "not connected" before).
   body->set_model_version(entity_reply.model_version());
   body->set_host(options_.host);
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   (void)app->channel->Send(reply);  // one small message on a new connection
   if (request.role() == v1::ROLE_SERVER) {
     parts_.servers->PublishLocked(ServerKey(app->job_id, app->name), app);
@@ -175,7 +175,7 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
   const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
   {
     // Names the round a later get streams back, if the server runs rounds.
-    std::lock_guard<std::mutex> lock(lock_->mu);
+    ReceiveLock::Hold lock(lock_);
     app->last_round_push[push.server()] = push.version();
   }
   const uint64_t local_id = parts_.pushes->Record(std::move(pending));
@@ -184,7 +184,7 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
                  << "' to server '" << push.server() << "' at "
                  << absl::StrFormat("%.6f", clock_->NowSeconds());
   {
-    std::lock_guard<std::mutex> lock(lock_->mu);
+    ReceiveLock::Hold lock(lock_);
     ++get_threads_;  // WaitGets waits for the submission to end
   }
   Submit(Submission{app, std::move(request), local_id, push.request_id(), clock_->NowSeconds()});
@@ -292,7 +292,7 @@ void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::Lo
     return;
   }
   const std::string job = app->job;
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   auto pushed = app->last_round_push.find(get.server());
   const int64_t round = pushed == app->last_round_push.end() ? -1 : pushed->second;
   // On a reused thread (a get waits for its model for an unknown time);
@@ -334,7 +334,7 @@ void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::Lo
       // and the buffer serves a later get of the same size.
       const uint64_t id = next_buffer_id_.fetch_add(1);
       body->set_buffer_id(id);
-      std::lock_guard<std::mutex> lock(lock_->mu);
+      ReceiveLock::Hold lock(lock_);
       app->lent_buffers[id] = model;
       buffers_lent_.fetch_add(1);
     }
@@ -346,7 +346,7 @@ void AppRequests::HandleRelease(const std::shared_ptr<AppSession>& app,
                                 const v1::LocalRelease& release) {
   std::vector<std::shared_ptr<SharedBuffer>> returned;
   {
-    std::lock_guard<std::mutex> lock(lock_->mu);
+    ReceiveLock::Hold lock(lock_);
     for (uint64_t id : release.buffer_ids()) {
       auto it = app->lent_buffers.find(id);
       if (it == app->lent_buffers.end()) continue;  // not lent, or twice: ignored
@@ -365,7 +365,7 @@ void AppRequests::HandleUpdateAck(const v1::LocalUpdateAck& ack) {
   std::optional<std::vector<v1::CompletionReport>> round_reports;
   std::vector<uint64_t> pushes;
   {
-    std::lock_guard<std::mutex> lock(lock_->mu);
+    ReceiveLock::Hold lock(lock_);
     round_reports = parts_.rounds->AcknowledgedLocked(ack);
     if (!round_reports.has_value()) pushes = parts_.servers->AcknowledgedLocked(ack);
   }
@@ -432,7 +432,7 @@ void AppRequests::HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
     }
     return;
   }
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   ++get_threads_;  // Stop() waits for it as for a get
   blocking_.Run([this, app, query, answer] {
     const ThreadDone done_guard(this);
@@ -522,7 +522,7 @@ void AppRequests::AppGone(const std::shared_ptr<AppSession>& app) {
   app->push_mappings.Clear();
   std::optional<v1::EntityGoneReport> report;
   {
-    std::lock_guard<std::mutex> lock(lock_->mu);
+    ReceiveLock::Hold lock(lock_);
     report = forget_(app);
   }
   // A server's replica takes over at once, not when the daemon goes too.

@@ -203,7 +203,7 @@ class AppRequests : public AppHandler {
   const Parts parts_;
   const ForgetLocked forget_;
   // Gets, outcome queries and submissions running; guarded by the lock.
-  int get_threads_ = 0;
+  int get_threads_ ABSL_GUARDED_BY(receive_side) = 0;
   absl::Mutex submit_mu_;  // a leaf
   // An application's entry exists while one submission of it is in
   // flight; it holds those waiting behind that one, in order.

@@ -144,7 +144,7 @@ TEST_CASE("a server registers with the scheduler and is published once answered"
   CHECK(reply.registered().host() == "h1");
   CHECK(ps->session->registered);
   CHECK(ps->session->job_id == 7);
-  std::lock_guard<std::mutex> guard(rig.lock.mu);
+  ReceiveLock::Hold guard(&rig.lock);
   CHECK(rig.servers.AppLocked(ServerKey(7, "ps")) == ps->session);
 }
 
@@ -152,7 +152,7 @@ TEST_CASE("a replica is published as replica:<server>") {
   Rig rig;
   auto replica = Rig::NewApp("ps", v1::ROLE_REPLICA);
   REQUIRE(rig.Register(*replica, v1::ROLE_REPLICA).registered().error().empty());
-  std::lock_guard<std::mutex> guard(rig.lock.mu);
+  ReceiveLock::Hold guard(&rig.lock);
   CHECK(rig.servers.AppLocked(ServerKey(0, "replica:ps")) == replica->session);
   CHECK(rig.servers.AppLocked(ServerKey(0, "ps")) == nullptr);
 }
@@ -414,7 +414,7 @@ TEST_CASE("a get before registering is answered with an error") {
 TEST_CASE("a server's acknowledgement is reported with the pushes it applied") {
   Rig rig;
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     rig.servers.applied_log().Handed(700, {71, 72});
   }
   v1::LocalUpdateAck ack;
@@ -521,7 +521,7 @@ TEST_CASE("a server that leaves is forgotten and reported to the scheduler") {
   REQUIRE(gone.size() == 1);
   CHECK(gone[0].name() == "ps");
   CHECK(gone[0].role() == v1::ROLE_SERVER);
-  std::lock_guard<std::mutex> guard(rig.lock.mu);
+  ReceiveLock::Hold guard(&rig.lock);
   CHECK(rig.servers.AppLocked(ServerKey(0, "ps")) == nullptr);
 }
 

@@ -169,7 +169,7 @@ Daemon::Stats Daemon::GetStats() const {
     stats.push_buffers_mapped = app_requests_->push_buffers_mapped();
     stats.push_buffers_reused = app_requests_->push_buffers_reused();
   }
-  std::lock_guard<std::mutex> lock(lock_.mu);
+  daemon::ReceiveLock::Hold lock(&lock_);
   if (fetcher_) stats.copies_forwarded = fetcher_->copies_forwarded();
   if (model_server_) {
     const daemon::ModelServer::Stats gets = model_server_->stats();
@@ -216,7 +216,9 @@ absl::Status Daemon::Start() {
                                  servers_.get(), rounds_.get(), model_server_.get(),
                                  fetcher_.get(), snapshots_.get(), &registering_, &buffer_pool_,
                                  compute_.get()},
-      [this](const std::shared_ptr<AppSession>& app) { return ForgetAppLocked(app); });
+      // AppRequests calls it under the receive lock (ForgetLocked).
+      [this](const std::shared_ptr<AppSession>& app)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side) { return ForgetAppLocked(app); });
   apps_ = std::make_unique<daemon::AppSessions>(
       daemon::AppSessions::Options{config_.local_socket, config_.local_socket_group},
       app_requests_.get());
@@ -256,7 +258,7 @@ absl::Status Daemon::RegisterHost() {
     request.set_daemon_time_s(sent_s);
     std::set<uint64_t> unacknowledged;  // by a server application, as the request says
     {
-      std::lock_guard<std::mutex> lock(lock_.mu);
+      daemon::ReceiveLock::Hold lock(&lock_);
       DescribeForRegistrationLocked(&request, &unacknowledged);
     }
     v1::RegisterHostReply reply;
@@ -298,7 +300,7 @@ void Daemon::DescribeForRegistrationLocked(v1::RegisterHostRequest* request,
 
 void Daemon::AdoptRegistration(const v1::RegisterHostReply& reply, double sent_s,
                                double received_s, std::set<uint64_t> unacknowledged) {
-  std::unique_lock<std::mutex> lock(lock_.mu);
+  daemon::ReceiveLock::Hold lock(&lock_);
   incarnation_ = reply.incarnation();
   deliveries_->ToldLocked();
   if (scheduler_epoch_ != 0 && reply.scheduler_epoch() != scheduler_epoch_) {
@@ -327,16 +329,21 @@ void Daemon::AdoptRegistration(const v1::RegisterHostReply& reply, double sent_s
   // that came after the request was built are told again.
   const std::vector<v1::CompletionReport> late_acks = AcknowledgedDuringRegistration(
       servers_->applied_log(), std::move(unacknowledged), config_.host);
-  lock.unlock();  // no RPC under the lock
+  lock.Unlock();  // no RPC under the lock
   for (const v1::CompletionReport& report : late_acks) reporter_->ReportNow(report);
 }
 
 void Daemon::ClockSyncLoop() {
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(lock_.mu);
-      lock_.cv.wait_for(lock, std::chrono::duration<double>(config_.clock_sync_period_s),
-                   [this] { return stopping_.load(); });
+      daemon::ReceiveLock::Hold lock(&lock_);
+      const auto deadline =
+          std::chrono::steady_clock::now() +
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+              std::chrono::duration<double>(config_.clock_sync_period_s));
+      while (!stopping_.load() && std::chrono::steady_clock::now() < deadline) {
+        lock_.WaitUntil(deadline);
+      }
       if (stopping_.load()) return;
     }
     double best_rtt_s = 1e9, best_offset_s = 0;
@@ -354,7 +361,7 @@ void Daemon::ClockSyncLoop() {
       }
     }
     if (best_rtt_s == 1e9) continue;  // scheduler unreachable: the stream loop handles it
-    std::lock_guard<std::mutex> lock(lock_.mu);
+    daemon::ReceiveLock::Hold lock(&lock_);
     if (std::abs(best_offset_s - clock_offset_s_) > 1e-3) {
       MLF_LOG(INFO) << "clock offset " << clock_offset_s_ * 1e3 << " -> " << best_offset_s * 1e3
                     << " ms (rtt " << best_rtt_s * 1e3 << " ms)";
@@ -405,7 +412,7 @@ void Daemon::Stop() {
   if (stopping_.exchange(true)) return;
   if (monitor_) monitor_->Stop();
   {
-    std::lock_guard<std::mutex> lock(lock_.mu);
+    daemon::ReceiveLock::Hold lock(&lock_);
     if (stream_) stream_->Cancel();
   }
   if (apps_) apps_->Stop();  // no get starts after this
@@ -414,7 +421,7 @@ void Daemon::Stop() {
   get_client_->Shutdown();
   scheduler_->CancelWaits();
   if (model_server_) model_server_->Stop();
-  lock_.cv.notify_all();
+  lock_.NotifyAll();
   // Failures not yet reported are dropped: the scheduler marks this host down anyway.
   reporter_->Stop();
   receiver_->StopAccepting();
@@ -431,8 +438,8 @@ void Daemon::Stop() {
 }
 
 absl::Status Daemon::Wait() {
-  std::unique_lock<std::mutex> lock(lock_.mu);
-  lock_.cv.wait(lock, [this] { return stopping_.load() || !fatal_.ok(); });
+  daemon::ReceiveLock::Hold lock(&lock_);
+  while (!stopping_.load() && fatal_.ok()) lock_.Wait();
   return fatal_;
 }
 
@@ -453,7 +460,7 @@ std::optional<v1::EntityGoneReport> Daemon::ForgetAppLocked(
   rounds_->FailServerLocked(key, gone);
   if (app->role == v1::ROLE_SERVER) snapshots_->FailServerLocked(key, gone);
   if (model_server_) model_server_->FailServer(key, gone);
-  lock_.cv.notify_all();
+  lock_.NotifyAll();
   v1::EntityGoneReport report;
   report.set_host(config_.host);
   report.set_job(app->job);

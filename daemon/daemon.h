@@ -135,7 +135,8 @@ class Daemon {
   // here applied, the held copies; `unacknowledged` gets the applied
   // pushes no server application has acknowledged yet.
   void DescribeForRegistrationLocked(v1::RegisterHostRequest* request,
-                                     std::set<uint64_t>* unacknowledged);
+                                     std::set<uint64_t>* unacknowledged)
+                                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side);
   // Takes the receive lock. A registration went through: its incarnation,
   // scheduler epoch, data keys and clock offset (`sent_s` .. `received_s`
   // the round trip) hold from now on; acknowledgements of
@@ -162,30 +163,38 @@ class Daemon {
   // left in `local`, to be taken in once the lock is free.
   void ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSend>* local);
   void DeliverLocal(const LocalSend& local);
-  void ScheduleSendLocked(const v1::SendTransfer& send, std::vector<LocalSend>* local);
+  void ScheduleSendLocked(const v1::SendTransfer& send, std::vector<LocalSend>* local)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side);
   // ApplyCommand's commands with more to them than a call, one each
   // (daemon_control.cc). Require the receive lock.
   // kSend: adopts the push the command names and schedules it; logs when
   // the plan came (`received_s`) against when it lets the bytes go.
   void ApplySendLocked(const v1::SendTransfer& send, double received_s,
-                       std::vector<LocalSend>* local);
+                       std::vector<LocalSend>* local)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side);
   // kAggregate: an in-network aggregation starts here.
-  void ApplyAggregateLocked(const v1::AggregateTask& aggregate);
+  void ApplyAggregateLocked(const v1::AggregateTask& aggregate)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side);
   // kSnapshot: a local server's snapshot for its new replica.
-  void ApplySnapshotLocked(const v1::SnapshotToReplica& snapshot);
+  void ApplySnapshotLocked(const v1::SnapshotToReplica& snapshot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side);
   // kOutcome: tells the pushing application its push's outcome.
-  void ApplyOutcomeLocked(const v1::PushOutcome& outcome);
+  void ApplyOutcomeLocked(const v1::PushOutcome& outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side);
   // kCancel. Requires the receive lock.
-  void CancelLocked(const v1::CancelDelivery& cancel);
+  void CancelLocked(const v1::CancelDelivery& cancel)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side);
   // Requires the receive lock. The scheduler's PromoteReplica: this host's
   // replica of a server is the server now (scheduler/service/failover.h).
-  void PromoteReplicaLocked(const v1::PromoteReplica& promote);
+  void PromoteReplicaLocked(const v1::PromoteReplica& promote)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side);
 
   // Requires the receive lock. Forgets a server or replica application's
   // endpoint and fails what it expected; returns the scheduler's report
   // when the application was the endpoint's (AppRequests sends it
   // without the lock).
-  std::optional<v1::EntityGoneReport> ForgetAppLocked(const std::shared_ptr<AppSession>& app);
+  std::optional<v1::EntityGoneReport> ForgetAppLocked(const std::shared_ptr<AppSession>& app)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side);
 
   // This host's uplink now: the monitor's last report, else the configured
   // capacity; 0 = not known.
@@ -203,9 +212,10 @@ class Daemon {
   // get otherwise).
   std::unique_ptr<daemon::ServerResolver> resolver_;
   std::unique_ptr<daemon::CompletionReporter> reporter_;
-  std::shared_ptr<daemon::ScheduleStream> stream_;  // guarded by the receive lock
-  uint64_t incarnation_ = 0;
-  uint64_t scheduler_epoch_ = 0;  // of the scheduler last registered with
+  std::shared_ptr<daemon::ScheduleStream> stream_ ABSL_GUARDED_BY(daemon::receive_side);
+  uint64_t incarnation_ ABSL_GUARDED_BY(daemon::receive_side) = 0;
+  // Of the scheduler last registered with.
+  uint64_t scheduler_epoch_ ABSL_GUARDED_BY(daemon::receive_side) = 0;
   double clock_offset_s_ = 0;  // scheduler time - local time
 
   boost::asio::io_context io_;
@@ -225,7 +235,7 @@ class Daemon {
   // From a lost schedule stream until the host and its applications have
   // registered again.
   std::atomic<bool> registering_{false};
-  absl::Status fatal_;
+  absl::Status fatal_ ABSL_GUARDED_BY(daemon::receive_side);
   // This host's pushes until their outcome (own lock, a leaf).
   daemon::PushTable pushes_;
   // One kept data connection per peer daemon.
@@ -238,7 +248,7 @@ class Daemon {
   std::unique_ptr<daemon::SendScheduler> send_;
   // The receive side (engine/): its parts share the receive lock.
   BufferPool buffer_pool_;  // receive buffers, round sums, lent get buffers
-  std::unique_ptr<daemon::IncomingTransfers> incoming_;
+  std::unique_ptr<daemon::IncomingTransfers> incoming_ ABSL_PT_GUARDED_BY(daemon::receive_side);
   std::unique_ptr<daemon::ServerEndpoints> servers_;
   // Snapshots of local servers for their new replicas; own lock for
   // answers, the rest under the receive lock.

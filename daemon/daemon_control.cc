@@ -19,13 +19,13 @@ void Daemon::ScheduleStreamLoop() {
   while (!stopping_.load()) {
     v1::StreamSchedulesRequest request;
     {
-      std::lock_guard<std::mutex> lock(lock_.mu);
+      daemon::ReceiveLock::Hold lock(&lock_);
       request.set_host(config_.host);
       request.set_incarnation(incarnation_);
     }
     std::shared_ptr<daemon::ScheduleStream> stream = scheduler_->StreamSchedules(request);
     {
-      std::lock_guard<std::mutex> lock(lock_.mu);
+      daemon::ReceiveLock::Hold lock(&lock_);
       stream_ = stream;
       if (stopping_.load()) stream->Cancel();  // Stop() ran before the stream was known
     }
@@ -40,7 +40,7 @@ void Daemon::ScheduleStreamLoop() {
     ScheduleLost();
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     if (auto status = RegisterHost(); !status.ok()) {
-      std::lock_guard<std::mutex> lock(lock_.mu);
+      daemon::ReceiveLock::Hold lock(&lock_);
       for (const daemon::PushTable::Push& push : pushes_.TakeAllSubmitted()) {
         v1::LocalMessage done;
         done.mutable_push_done()->set_request_id(push.request_id);
@@ -51,7 +51,7 @@ void Daemon::ScheduleStreamLoop() {
         (void)push.app->channel->Send(done);
       }
       fatal_ = status;
-      lock_.cv.notify_all();
+      lock_.NotifyAll();
       return;
     }
     // The scheduler may have restarted: registered applications register again.
@@ -61,7 +61,7 @@ void Daemon::ScheduleStreamLoop() {
       v1::RegisterEntityRequest entity =
           daemon::EntityRequest(config_.host, app->uid, app->registration);
       if (app->role == v1::ROLE_SERVER) {
-        std::lock_guard<std::mutex> lock(lock_.mu);
+        daemon::ReceiveLock::Hold lock(&lock_);
         if (std::optional<int64_t> version =
                 servers_->VersionLocked(daemon::ServerKey(app->job_id, app->name))) {
           entity.set_model_version(*version);
@@ -77,7 +77,7 @@ void Daemon::ScheduleStreamLoop() {
 }
 
 void Daemon::ScheduleLost() {
-  std::lock_guard<std::mutex> lock(lock_.mu);
+  daemon::ReceiveLock::Hold lock(&lock_);
   // Pushes in flight stay in doubt: the scheduler this daemon registers
   // with next tells their outcomes (issue 16 item 4). Their bytes stop
   // here; pushes still being submitted fail when their SubmitUpdate does.
@@ -121,7 +121,7 @@ void Daemon::DeliverLocal(const LocalSend& local) {
 
 void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSend>* local) {
   const double received_s = clock_->NowSeconds();
-  std::lock_guard<std::mutex> lock(lock_.mu);
+  daemon::ReceiveLock::Hold lock(&lock_);
   switch (command.command_case()) {
     case v1::DaemonCommand::kSend:
       ApplySendLocked(command.send(), received_s, local);
@@ -342,7 +342,7 @@ void Daemon::PromoteReplicaLocked(const v1::PromoteReplica& promote) {
   body->set_model_version(promote.model_version());
   (void)app->channel->Send(note);
   deliveries_->TryDeliverLocked(promote.job_id(), promote.server());
-  lock_.cv.notify_all();  // gets waiting for the server (AwaitServer)
+  lock_.NotifyAll();  // gets waiting for the server (AwaitServer)
 }
 
 }  // namespace mlfabric

@@ -115,16 +115,16 @@ void DataReceiver::StopAccepting() {
 void DataReceiver::StopSessions() {
   // No new session starts now: shutting a socket down wakes its wait (or
   // the blocking handshake or get on it), and the session then ends.
-  std::unique_lock<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   for (const auto& session : sessions_) {
     ::shutdown(session->socket.native_handle(), SHUT_RDWR);
   }
   if (threads_.empty()) return;
-  lock_->cv.wait(lock, [this] { return sessions_.empty(); });
+  while (!sessions_.empty()) lock_->Wait();
 }
 
 size_t DataReceiver::sessions() const {
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   return sessions_.size();
 }
 
@@ -155,7 +155,7 @@ void DataReceiver::Accept() {
     auto session = std::make_shared<Session>(std::move(socket), std::move(peer_name),
                                              max_transfer_bytes_, keys_);
     {
-      std::lock_guard<std::mutex> lock(lock_->mu);
+      ReceiveLock::Hold lock(lock_);
       sessions_.insert(session);
     }
     if (keys_ != nullptr && keys_->enabled()) {
@@ -237,14 +237,14 @@ void DataReceiver::Read(const std::shared_ptr<Session>& session) {
 }
 
 void DataReceiver::Close(const std::shared_ptr<Session>& session) {
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   if (session->closed) return;
   session->closed = true;
   boost::system::error_code ignored;
   session->handshake_deadline.cancel();
   session->socket.close(ignored);
   sessions_.erase(session);
-  lock_->cv.notify_all();  // StopSessions() waits for the last session
+  lock_->NotifyAll();  // StopSessions() waits for the last session
 }
 
 absl::Status DataReceiver::AcceptLocked(const PacketHeader& header, const uint8_t* dst,
@@ -295,7 +295,7 @@ absl::Status DataReceiver::AcceptLocked(const PacketHeader& header, const uint8_
 absl::Status DataReceiver::Begin(const PacketHeader& header) {
   std::shared_ptr<SharedBuffer> pooled;
   {
-    std::lock_guard<std::mutex> lock(lock_->mu);
+    ReceiveLock::Hold lock(lock_);
     if (parts_.incoming->Contains(header.transfer)) {
       return absl::AlreadyExistsError(absl::StrCat("transfer ", header.transfer, " begun twice"));
     }
@@ -308,7 +308,7 @@ absl::Status DataReceiver::Begin(const PacketHeader& header) {
     if (!buffer.ok()) return buffer.status();
     pooled = std::make_shared<SharedBuffer>(std::move(*buffer));
   }
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   if (parts_.incoming->Contains(header.transfer)) {
     parts_.pool->Recycle(std::move(pooled));
     return absl::AlreadyExistsError(absl::StrCat("transfer ", header.transfer, " begun twice"));
@@ -341,7 +341,7 @@ absl::Status DataReceiver::DeliverLocal(const PacketHeader& begin, const SharedB
   // before its bytes are accepted below).
   std::memcpy(buffer->data(), data.data(), data.size());
   const uint8_t* base = buffer->data();
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   // As in Arrived: the incoming transfer holds the buffer while it is
   // incoming; once it is not, AcceptLocked does not touch it.
   buffer.reset();
@@ -372,7 +372,7 @@ std::optional<uint32_t> DataReceiver::ExpectedJobLocked(uint64_t transfer) const
 }
 
 std::shared_ptr<SharedBuffer> DataReceiver::BufferFor(const PacketHeader& header) {
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   const Incoming* incoming = parts_.incoming->Find(header.transfer);
   return incoming == nullptr ? nullptr : incoming->buffer;
 }
@@ -380,7 +380,7 @@ std::shared_ptr<SharedBuffer> DataReceiver::BufferFor(const PacketHeader& header
 absl::Status DataReceiver::Arrived(const PacketHeader& header,
                                    std::shared_ptr<SharedBuffer> buffer, bool* complete) {
   const uint8_t* dst = buffer->data() + header.offset;
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   // Let go of the buffer first: a buffer is recycled only if nobody else
   // holds it, by the server's acknowledgement (the moment the lock is
   // free) or, for a summed round or aggregate member, inside
@@ -408,14 +408,14 @@ absl::Status DataReceiver::GetRequest(int fd, const PacketHeader& header,
 }
 
 void DataReceiver::Aborted(const PacketHeader& header, const std::string& reason) {
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   parts_.incoming->Erase(header.transfer);
   parts_.reporter->ReportFailure(header.transfer, absl::StrCat("sender aborted: ", reason));
 }
 
 void DataReceiver::Ended(const std::string& peer, const std::set<uint64_t>& unfinished,
                          const std::string& close_reason) {
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   if (!close_reason.empty()) {
     malformed_sessions_.fetch_add(1);
     MLF_LOG(WARNING) << "closing data session from " << peer << ": " << close_reason;

@@ -63,7 +63,7 @@ class DataReceiver : public transport::DataSessionHandler {
  public:
   // What packets and requests are handed to; all must outlive this.
   struct Parts {
-    IncomingTransfers* incoming = nullptr;
+    IncomingTransfers* incoming ABSL_PT_GUARDED_BY(receive_side) = nullptr;
     RoundService* rounds = nullptr;
     NetworkAggregation* aggregation = nullptr;
     Deliveries* deliveries = nullptr;
@@ -135,10 +135,11 @@ class DataReceiver : public transport::DataSessionHandler {
   // a transfer complete is summed or delivered (*complete). An error closes
   // the session.
   absl::Status AcceptLocked(const transport::PacketHeader& header, const uint8_t* dst,
-                            bool* complete);
+                            bool* complete) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // The job a transfer is expected for (a round member, an aggregate's
   // constituent or a delivery), if this host expects it yet.
-  std::optional<uint32_t> ExpectedJobLocked(uint64_t transfer) const;
+  std::optional<uint32_t> ExpectedJobLocked(uint64_t transfer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
 
   ReceiveLock* const lock_;
   const Clock* const clock_;
@@ -158,7 +159,7 @@ class DataReceiver : public transport::DataSessionHandler {
   std::string address_;
   std::atomic<bool> closing_{false};  // StopAccepting() was called
   // The sessions open now (guarded by the lock).
-  std::set<std::shared_ptr<Session>> sessions_;
+  std::set<std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(receive_side);
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> malformed_sessions_{0};
   std::atomic<int64_t> local_transfers_{0};

@@ -120,7 +120,7 @@ struct Rig {
     REQUIRE(receiver.Listen("127.0.0.1", 0).ok());
     REQUIRE(!receiver.address().empty());
     receiver.Start(nullptr, nullptr);
-    std::lock_guard<std::mutex> guard(lock.mu);
+    ReceiveLock::Hold guard(&lock);
     servers.PublishLocked(ServerKey(kJob, kServer), ps.session);
   }
   ~Rig() {
@@ -130,14 +130,14 @@ struct Rig {
   }
 
   void ExpectDelivery(const v1::ExpectDelivery& expect) {
-    std::lock_guard<std::mutex> guard(lock.mu);
+    ReceiveLock::Hold guard(&lock);
     deliveries.ExpectLocked(expect);
   }
   // Waits until `bytes` were received in all, then until the packet that
   // made them is done with (it is accepted under the lock).
   bool ReceivedBytes(int64_t bytes) {
     const bool reached = Eventually([&] { return receiver.bytes_received() >= bytes; });
-    std::lock_guard<std::mutex> guard(lock.mu);
+    ReceiveLock::Hold guard(&lock);
     return reached && receiver.bytes_received() == bytes;
   }
   // Every report the scheduler got, once all queued so far are out (the
@@ -304,7 +304,7 @@ TEST_CASE("DataReceiver hands an expected update sent in several packets to its 
   sender.Data(kJob, kTransfer, bytes, 3 * kPayloadBytes, 1000);
   REQUIRE(rig.ReceivedBytes(total - kPayloadBytes));
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(rig.deliveries.delivered() == 0);
     REQUIRE(rig.incoming.Find(kTransfer) != nullptr);
     CHECK(rig.incoming.Find(kTransfer)->received == static_cast<uint64_t>(total - kPayloadBytes));
@@ -325,7 +325,7 @@ TEST_CASE("DataReceiver hands an expected update sent in several packets to its 
   CHECK(rig.receiver.bytes_received() == total);
   CHECK(rig.receiver.malformed_sessions() == 0);
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(rig.deliveries.delivered() == 1);
     CHECK(!rig.incoming.Contains(kTransfer));  // handed over: the endpoint holds the buffer now
   }
@@ -344,7 +344,7 @@ TEST_CASE("DataReceiver delivers a transfer that arrived before its expectation"
   REQUIRE(rig.ReceivedBytes(total));
   {
     // Whole and kept, nobody to hand it to yet.
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(rig.incoming.Complete(kTransfer));
     CHECK(rig.deliveries.delivered() == 0);
     CHECK(rig.ps.Quiet(0));
@@ -407,7 +407,7 @@ TEST_CASE("DataReceiver closes a malformed session and fails only its unfinished
         std::string::npos);
   CHECK(failed.error().find(reason) != std::string::npos);
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(!rig.incoming.Contains(kBad));
     // The other session's transfer is untouched.
     REQUIRE(rig.incoming.Find(kGood) != nullptr);
@@ -442,7 +442,7 @@ TEST_CASE("DataReceiver refuses a transfer of another job than the one expecting
     REQUIRE(intruder.ClosedByReceiver());
     REQUIRE(Eventually([&] { return rig.receiver.malformed_sessions() == 1; }));
     {
-      std::lock_guard<std::mutex> guard(rig.lock.mu);
+      ReceiveLock::Hold guard(&rig.lock);
       CHECK(!rig.incoming.Contains(kTransfer));
       CHECK(rig.deliveries.delivered() == 0);
       CHECK(rig.ps.Quiet(0));
@@ -474,7 +474,7 @@ TEST_CASE("DataReceiver refuses a transfer of another job than the one expecting
     CHECK(reports[0].error().find("arrived as job 2's data but is job 1's") !=
           std::string::npos);
     CHECK(rig.ps.Quiet(50));
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(rig.deliveries.delivered() == 0);
   }
 }
@@ -510,7 +510,7 @@ TEST_CASE("DataReceiver stops while a connection is open and idle") {
         std::string::npos);
   CHECK(rig.receiver.malformed_sessions() == 0);
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(!rig.incoming.Contains(kTransfer));
   }
   // No connection is accepted any more.
@@ -610,7 +610,7 @@ TEST_CASE("DataReceiver::DeliverLocal before the expectation: kept, then deliver
                                     kPayloadBytes)
               .ok());
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(rig.incoming.Complete(kTransfer));
     CHECK(rig.deliveries.delivered() == 0);
   }

@@ -92,7 +92,9 @@ void Deliveries::TryDeliverLocked(uint32_t job_id, const std::string& server) {
   const std::string key = ServerKey(job_id, server);
   if (!servers_->KnownLocked(key)) return;
   ReportReadyPartsLocked(key);
-  auto complete = [this](uint64_t transfer) { return incoming_->Complete(transfer); };
+  auto complete = [this](uint64_t transfer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side) {
+    return incoming_->Complete(transfer);
+  };
   while (true) {
     // A snapshot cut after the last position handed over is asked for
     // before the next one (replica_snapshots.h).

@@ -23,7 +23,7 @@ struct Fixture {
   FakeApp ps{1, "ps", v1::ROLE_SERVER};
 
   Fixture() {
-    std::lock_guard<std::mutex> guard(lock.mu);
+    ReceiveLock::Hold guard(&lock);
     servers.PublishLocked(ServerKey(1, "ps"), ps.session);
   }
   static v1::ExpectDelivery Expect(uint64_t transfer, uint64_t sequence, int64_t bytes = 16,
@@ -64,27 +64,27 @@ struct Fixture {
 TEST_CASE("updates are handed over in commit order, each once its bytes are in") {
   Fixture f;
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.deliveries.ExpectLocked(Fixture::Expect(10, 1));
     f.deliveries.ExpectLocked(Fixture::Expect(20, 2));
     f.Arrive(20, 16, 0xbb);  // second first: held back
   }
   CHECK(f.ps.Quiet());
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.Arrive(10, 16, 0xaa);
   }
   CHECK(f.Next() == std::make_pair(uint64_t{10}, uint8_t{0xaa}));
   CHECK(f.Next() == std::make_pair(uint64_t{20}, uint8_t{0xbb}));
   CHECK(f.deliveries.delivered() == 2);
-  std::lock_guard<std::mutex> guard(f.lock.mu);
+  ReceiveLock::Hold guard(&f.lock);
   CHECK(f.incoming.size() == 0);  // handed over: the server holds the bytes now
 }
 
 TEST_CASE("an update for a server that is not connected fails at once") {
   Fixture f;
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.deliveries.ExpectLocked(Fixture::Expect(30, 1, 16, "absent"));
   }
   REQUIRE(f.scheduler.WaitForCompletions(1, std::chrono::seconds(30)));
@@ -97,7 +97,7 @@ TEST_CASE("an update for a server that is not connected fails at once") {
 TEST_CASE("a cancelled position is skipped and the next one delivered") {
   Fixture f;
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.deliveries.ExpectLocked(Fixture::Expect(10, 1));
     f.deliveries.ExpectLocked(Fixture::Expect(20, 2));
     f.Arrive(20, 16, 0xbb);
@@ -117,7 +117,7 @@ TEST_CASE("a cancelled position is skipped and the next one delivered") {
 TEST_CASE("an update of the wrong size or job is refused, not handed over") {
   Fixture f;
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.deliveries.ExpectLocked(Fixture::Expect(10, 1, /*bytes=*/32));
     f.deliveries.ExpectLocked(Fixture::Expect(20, 2));
     f.deliveries.ExpectLocked(Fixture::Expect(30, 3));
@@ -144,7 +144,7 @@ TEST_CASE("a held replica copy waits for its release, or is cancelled if its sou
   second.set_held(true);
   second.set_source_transfer_id(5);
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.servers.PublishLocked(ServerKey(1, "replica:ps"), replica.session);
     f.deliveries.ExpectLocked(held);
     f.deliveries.ExpectLocked(second);
@@ -152,7 +152,7 @@ TEST_CASE("a held replica copy waits for its release, or is cancelled if its sou
   }
   CHECK(replica.Quiet());
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     v1::ReleaseDelivery release;
     release.set_transfer_id(40);
     release.set_sequence(1);
@@ -164,7 +164,7 @@ TEST_CASE("a held replica copy waits for its release, or is cancelled if its sou
   ::close(fd);
   CHECK(message.update().transfer_id() == 40);
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.Arrive(41, 16, 0x22, /*whole=*/false);
     v1::ReleaseDelivery release;
     release.set_transfer_id(41);
@@ -190,7 +190,7 @@ TEST_CASE("at a lost schedule stream, held copies in are kept for the next sched
   v1::ExpectDelivery partial = Fixture::Expect(51, 2, 16, "replica:ps");
   partial.set_held(true);
   partial.set_source_transfer_id(6);
-  std::lock_guard<std::mutex> guard(f.lock.mu);
+  ReceiveLock::Hold guard(&f.lock);
   f.servers.PublishLocked(ServerKey(1, "replica:ps"), replica.session);
   f.deliveries.ExpectLocked(whole);
   f.deliveries.ExpectLocked(partial);
@@ -219,7 +219,7 @@ TEST_CASE("at a lost schedule stream, held copies in are kept for the next sched
 TEST_CASE("a restarted scheduler's positions start afresh") {
   Fixture f;
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.deliveries.ExpectLocked(Fixture::Expect(10, 1));
     f.deliveries.ExpectLocked(Fixture::Expect(20, 2));
     f.Arrive(20, 16, 0xbb);
@@ -234,7 +234,7 @@ TEST_CASE("a restarted scheduler's positions start afresh") {
 
 TEST_CASE("what a departed server expected fails, and its endpoint stays known") {
   Fixture f;
-  std::lock_guard<std::mutex> guard(f.lock.mu);
+  ReceiveLock::Hold guard(&f.lock);
   f.deliveries.ExpectLocked(Fixture::Expect(10, 1));
   f.deliveries.ExpectLocked(Fixture::Expect(20, 2));
   const std::optional<std::string> key = f.servers.ForgetLocked(f.ps.session);

@@ -31,6 +31,7 @@
 #include "daemon/engine/aggregation_table.h"
 #include "daemon/engine/send_scheduler.h"
 #include "daemon/engine/incoming_transfers.h"
+#include "daemon/engine/receive_lock.h"
 #include "ipc/local_ipc.h"
 #include "proto/scheduler.pb.h"
 
@@ -51,34 +52,39 @@ class NetworkAggregation {
 
   // A kAggregate command: the aggregate's buffer and its gated send; the
   // constituents that (partly) arrived before it are summed now.
-  void StartLocked(const v1::AggregateTask& task);
+  void StartLocked(const v1::AggregateTask& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // A packet [offset, +length) of constituent `transfer` (of `total`
   // bytes) arrived at `data`: summed, and the aggregate's packets that
   // became complete queued. False if the aggregate failed.
   bool FoldPacketLocked(uint64_t aggregate, uint64_t transfer, uint64_t total,
-                        const uint8_t* data, uint64_t offset, uint32_t length);
+                        const uint8_t* data, uint64_t offset, uint32_t length)
+                            ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // `transfer` arrived whole: true if it is a constituent here (its bytes
   // are in the sum and its receive buffer is recycled).
-  bool FinishLocked(uint64_t transfer);
+  bool FinishLocked(uint64_t transfer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // A push of this host whose schedule names this host and one of its
   // aggregates (a streaming chain's member): summed here, as if it had
   // arrived whole.
-  void AcceptLocalLocked(const v1::SendTransfer& send, std::shared_ptr<SharedBuffer> buffer);
+  void AcceptLocalLocked(const v1::SendTransfer& send, std::shared_ptr<SharedBuffer> buffer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // The scheduler cancelled the aggregate (`Drop`), or it cannot be
   // completed here (`Fail`, reported to the scheduler).
-  void DropLocked(uint64_t aggregate, const std::string& reason);
-  void FailLocked(uint64_t aggregate, const std::string& reason);
+  void DropLocked(uint64_t aggregate, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  void FailLocked(uint64_t aggregate, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
 
   // Aggregates completed and forwarded.
   int64_t completed() const { return completed_.load(); }
 
  private:
   bool FoldRangeLocked(uint64_t aggregate, uint64_t transfer, const uint8_t* data,
-                       uint64_t offset, uint32_t length);
+                       uint64_t offset, uint32_t length)
+                           ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
 
   const uint32_t payload_bytes_;
   AggregationTable* const table_;
-  IncomingTransfers* const incoming_;
+  IncomingTransfers* const incoming_ ABSL_PT_GUARDED_BY(receive_side);
   SendScheduler* const send_;
   CompletionReporter* const reporter_;
   std::atomic<int64_t> completed_{0};

@@ -46,7 +46,7 @@ struct Fixture {
   FakeApp ps{1, "ps", v1::ROLE_SERVER};
 
   Fixture() {
-    std::lock_guard<std::mutex> guard(lock.mu);
+    ReceiveLock::Hold guard(&lock);
     servers.PublishLocked(ServerKey(1, "ps"), ps.session);
   }
   static v1::SnapshotToReplica Command(uint64_t id, uint64_t after) {
@@ -89,7 +89,7 @@ struct Fixture {
 TEST_CASE("the snapshot is asked for right after the cut, before the next update") {
   Fixture f;
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.deliveries.ExpectLocked(Fixture::Expect(10, 1));
     f.deliveries.ExpectLocked(Fixture::Expect(20, 2));
     f.snapshots.AddLocked(Fixture::Command(500, /*after=*/1));
@@ -97,7 +97,7 @@ TEST_CASE("the snapshot is asked for right after the cut, before the next update
   }
   CHECK(f.ps.Quiet());  // position 1 not handed over yet: nothing asked
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.Arrive(20, std::vector<uint8_t>(16, 2));
     f.Arrive(10, std::vector<uint8_t>(16, 1));
   }
@@ -126,7 +126,7 @@ TEST_CASE("the snapshot is asked for right after the cut, before the next update
 TEST_CASE("a cut already passed is asked for at once; one never answered fails") {
   Fixture f;
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.snapshots.AddLocked(Fixture::Command(501, /*after=*/0));  // before any update
     f.deliveries.TryDeliverLocked(1, "ps");
   }
@@ -139,7 +139,7 @@ TEST_CASE("a cut already passed is asked for at once; one never answered fails")
 
   // The server leaves before a cut is reached: that snapshot fails.
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.snapshots.AddLocked(Fixture::Command(502, /*after=*/5));
     f.snapshots.FailServerLocked(ServerKey(1, "ps"), "server 'ps' disconnected");
   }
@@ -156,7 +156,7 @@ TEST_CASE("a replica is handed its snapshot: the version, then the model") {
   std::vector<uint8_t> bytes(8 + 32, 0xab);
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(uint64_t{0x0102} >> (8 * i));
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.servers.PublishLocked(ServerKey(1, "replica:ps"), replica.session);
     f.deliveries.ExpectLocked(snapshot);
     f.Arrive(600, bytes);

@@ -121,7 +121,7 @@ void RoundService::ApplyLocked(RoundTable::Effects& fx) {
     }
     for (const auto& [key, round] : now.complete) DeliverLocked(key, round, &fx);
     if (now.changed) {
-      lock_->cv.notify_all();
+      lock_->NotifyAll();
       send_->Wake();  // round gets whose round failed (AwaitReply's predicate)
     }
   }
@@ -178,8 +178,7 @@ std::optional<std::vector<v1::CompletionReport>> RoundService::AcknowledgedLocke
   return reports;
 }
 
-std::string RoundService::AwaitBegunLocked(std::unique_lock<std::mutex>& lock,
-                                           const std::string& key, const std::string& server,
+std::string RoundService::AwaitBegunLocked(const std::string& key, const std::string& server,
                                            int64_t round_number,
                                            std::chrono::steady_clock::time_point deadline,
                                            int64_t* bytes) {
@@ -192,10 +191,12 @@ std::string RoundService::AwaitBegunLocked(std::unique_lock<std::mutex>& lock,
   using GetState = RoundTable::GetState;
   GetState state = GetState::kNotYet;
   std::string failure;
-  lock_->cv.wait_until(lock, deadline, [&] {
+  while (true) {
     state = table_.Lookup(key, round_number, &failure, bytes);
-    return stopping_->load() || state != GetState::kNotYet;
-  });
+    if (stopping_->load() || state != GetState::kNotYet) break;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    lock_->WaitUntil(deadline);
+  }
   if (stopping_->load()) return "the daemon is stopping";
   switch (state) {
     case GetState::kGone:
@@ -220,17 +221,19 @@ absl::Status RoundService::AwaitSum(uint32_t job, const std::string& server, int
                             std::chrono::duration<double>(options_.round_wait_s));
   std::shared_ptr<SharedBuffer> complete;
   {
-    std::unique_lock<std::mutex> lock(lock_->mu);
+    ReceiveLock::Hold lock(lock_);
     int64_t bytes = -1;
-    std::string error = AwaitBegunLocked(lock, key, server, round_number, deadline, &bytes);
+    std::string error = AwaitBegunLocked(key, server, round_number, deadline, &bytes);
     if (!error.empty()) return absl::UnavailableError(error);
     // Complete once every chunk is final; ApplyLocked wakes us per change.
     std::string failure;
-    lock_->cv.wait_until(lock, deadline, [&] {
+    while (true) {
       failure = table_.Failure(key, round_number);
       complete = table_.CompleteSum(key, round_number);
-      return stopping_->load() || !failure.empty() || complete != nullptr;
-    });
+      if (stopping_->load() || !failure.empty() || complete != nullptr) break;
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      lock_->WaitUntil(deadline);
+    }
     if (!failure.empty()) {
       return absl::AbortedError(absl::StrCat("round ", round_number, " failed: ", failure));
     }
@@ -285,8 +288,8 @@ absl::Status RoundService::ServeGet(int fd, const PacketHeader& request,
   std::string error;
   int64_t bytes = -1;
   {
-    std::unique_lock<std::mutex> lock(lock_->mu);
-    error = AwaitBegunLocked(lock, key, server, round_number, deadline, &bytes);
+    ReceiveLock::Hold lock(lock_);
+    error = AwaitBegunLocked(key, server, round_number, deadline, &bytes);
   }
   // Reply header as for a model get; the round's result is version round + 1.
   v1::DataGetReply reply;
@@ -316,7 +319,7 @@ absl::Status RoundService::ServeGet(int fd, const PacketHeader& request,
   const uint64_t stream = send_->ReserveReplyId();
   std::string failed_meanwhile;
   {
-    std::lock_guard<std::mutex> lock(lock_->mu);  // round effects are applied under it
+    ReceiveLock::Hold lock(lock_);  // round effects are applied under it
     failed_meanwhile = OpenSumStreamLocked(key, round_number, stream, fd, request);
   }
   absl::Status streamed =

@@ -67,25 +67,28 @@ class RoundService : public LocalRoundSums {
   RoundService& operator=(const RoundService&) = delete;
 
   // Whether `transfer` is a member of a round here; the job of its round.
-  bool IsMemberLocked(uint64_t transfer) const;
-  std::optional<uint32_t> JobOfLocked(uint64_t transfer) const;
+  bool IsMemberLocked(uint64_t transfer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  std::optional<uint32_t> JobOfLocked(uint64_t transfer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // A member announced (kExpect with round_size): it joins its round, and
   // the packets that arrived before are summed now.
-  void JoinLocked(const v1::ExpectDelivery& expect);
+  void JoinLocked(const v1::ExpectDelivery& expect) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // A packet of member `transfer` arrived at `data`: summed.
   void FoldPacketLocked(uint64_t transfer, const uint8_t* data, uint64_t offset,
-                        uint32_t length);
+                        uint32_t length) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // Fails `key`'s rounds (its server left, the scheduler went away);
   // `spare_delivering` keeps a round whose sum was handed over already.
   void FailServerLocked(const std::string& key, const std::string& reason,
-                        bool spare_delivering = false);
-  void FailLocked(const std::string& key, int64_t round, const std::string& reason);
+                        bool spare_delivering = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  void FailLocked(const std::string& key, int64_t round, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // Fails the round `transfer` is a member of; false if it is none's.
-  bool FailMemberLocked(uint64_t transfer, const std::string& reason);
+  bool FailMemberLocked(uint64_t transfer, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // The server acknowledged `ack.transfer_id()`: if it was a round's sum,
   // the report of each member (nullopt if it was no round's).
   std::optional<std::vector<v1::CompletionReport>> AcknowledgedLocked(
-      const v1::LocalUpdateAck& ack);
+      const v1::LocalUpdateAck& ack) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
 
   // A worker's daemon asks for round `round`'s sum of `body.server()`
   // (data-plane get, offset = round + 1): waits up to round_wait_s for the
@@ -108,23 +111,25 @@ class RoundService : public LocalRoundSums {
   int64_t local_get_bytes() const { return local_get_bytes_.load(); }
 
  private:
-  // Waits (on the receive lock's condition, `lock` held) until round
+  // Waits (on the receive lock's condition, the lock held) until round
   // `round` of `key` has begun; "" then, else why it cannot be had.
-  std::string AwaitBegunLocked(std::unique_lock<std::mutex>& lock, const std::string& key,
-                               const std::string& server, int64_t round,
-                               std::chrono::steady_clock::time_point deadline, int64_t* bytes);
+  std::string AwaitBegunLocked(const std::string& key, const std::string& server, int64_t round,
+                               std::chrono::steady_clock::time_point deadline, int64_t* bytes)
+                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // ServeGet: watches round `round_number` of `key` for reply `stream`
-  // and queues the chunks already final (lock_->mu held); "" then, else
+  // and queues the chunks already final (the receive lock held); "" then, else
   // why the round failed meanwhile.
   std::string OpenSumStreamLocked(const std::string& key, int64_t round_number, uint64_t stream,
-                                  int fd, const transport::PacketHeader& request);
-  void ApplyLocked(RoundTable::Effects& fx);
-  void DeliverLocked(const std::string& key, int64_t round, RoundTable::Effects* fx);
+                                  int fd, const transport::PacketHeader& request)
+                                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  void ApplyLocked(RoundTable::Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  void DeliverLocked(const std::string& key, int64_t round, RoundTable::Effects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
 
   const Options options_;
   ReceiveLock* const lock_;
   const std::atomic<bool>* const stopping_;
-  IncomingTransfers* const incoming_;
+  IncomingTransfers* const incoming_ ABSL_PT_GUARDED_BY(receive_side);
   ServerEndpoints* const servers_;
   SendScheduler* const send_;
   CompletionReporter* const reporter_;

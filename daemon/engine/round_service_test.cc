@@ -73,11 +73,11 @@ struct Rig {
                &watchdog, &pool) {}
 
   void Connect() {
-    std::lock_guard<std::mutex> guard(lock.mu);
+    ReceiveLock::Hold guard(&lock);
     servers.PublishLocked(Key(), ps.session);
   }
   void Join(const v1::ExpectDelivery& expect) {
-    std::lock_guard<std::mutex> guard(lock.mu);
+    ReceiveLock::Hold guard(&lock);
     rounds.JoinLocked(expect);
   }
   // Bytes [begin, end) of member `transfer`, as the data receiver folds
@@ -85,7 +85,7 @@ struct Rig {
   void Fold(uint64_t transfer, const std::vector<uint8_t>& bytes, uint64_t begin, uint64_t end) {
     for (uint64_t offset = begin; offset < end; offset += kPacket) {
       const uint32_t length = static_cast<uint32_t>(std::min<uint64_t>(kPacket, end - offset));
-      std::lock_guard<std::mutex> guard(lock.mu);
+      ReceiveLock::Hold guard(&lock);
       rounds.FoldPacketLocked(transfer, bytes.data() + offset, offset, length);
     }
   }
@@ -99,7 +99,7 @@ struct Rig {
     ack.set_transfer_id(delivery);
     ack.set_model_version(model_version);
     ack.set_error(error);
-    std::lock_guard<std::mutex> guard(lock.mu);
+    ReceiveLock::Hold guard(&lock);
     return rounds.AcknowledgedLocked(ack);
   }
   // Every report the scheduler got, once all queued so far are out (the
@@ -213,7 +213,7 @@ void ArriveEarly(Rig& rig, uint64_t transfer, const std::vector<uint8_t>& bytes,
   REQUIRE(created.ok());
   auto buffer = std::make_shared<SharedBuffer>(std::move(*created));
   std::memcpy(buffer->data(), bytes.data(), std::min<uint64_t>(upto, bytes.size()));
-  std::lock_guard<std::mutex> guard(rig.lock.mu);
+  ReceiveLock::Hold guard(&rig.lock);
   Incoming& in = rig.incoming.Add(transfer, job, total, std::move(buffer));
   for (uint64_t offset = 0; offset < upto; offset += kPacket) {
     const uint32_t length = static_cast<uint32_t>(std::min<uint64_t>(kPacket, upto - offset));
@@ -230,7 +230,7 @@ TEST_CASE("RoundService sums a round, hands it over once and reports each member
 
   rig.Join(Member(11, 0));
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(rig.rounds.IsMemberLocked(11));
     CHECK(!rig.rounds.IsMemberLocked(12));
     CHECK(rig.rounds.JobOfLocked(11) == std::optional<uint32_t>(kJob));
@@ -261,7 +261,7 @@ TEST_CASE("RoundService sums a round, hands it over once and reports each member
   CHECK(rig.ps.Quiet());  // exactly one update
   CHECK(rig.rounds.rounds_delivered() == 1);
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     // Handed over, its acknowledgement to come: logged as such.
     const auto entries = rig.servers.applied_log().Report();
     CHECK(entries.size() == 2);
@@ -286,7 +286,7 @@ TEST_CASE("RoundService sums a round, hands it over once and reports each member
   // A second acknowledgement of the same delivery reports nothing again.
   CHECK(!rig.Ack(update.transfer_id()).has_value());
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(rig.servers.applied_log().Contains(11));
     CHECK(rig.servers.applied_log().Contains(12));
     for (const auto& entry : rig.servers.applied_log().Report()) {
@@ -309,13 +309,13 @@ TEST_CASE("RoundService sums the packets that arrived before their member was an
 
   rig.Join(Member(21, 0, 2, kBytes, v1::DTYPE_INT32));
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     // All of 21 is summed: its receive buffer is let go.
     CHECK(rig.incoming.Find(21) == nullptr);
   }
   rig.Join(Member(22, 0, 2, kBytes, v1::DTYPE_INT32));
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     Incoming* in = rig.incoming.Find(22);  // still receiving
     REQUIRE(in != nullptr);
     CHECK(in->unfolded.empty());
@@ -369,7 +369,7 @@ TEST_CASE("RoundService fails the whole round when a member arrived with another
   CHECK(rig.ps.Quiet());
   CHECK(rig.rounds.rounds_delivered() == 0);
   // Its bytes are of no use: not left in the incoming table for good.
-  std::lock_guard<std::mutex> guard(rig.lock.mu);
+  ReceiveLock::Hold guard(&rig.lock);
   CHECK_FALSE(rig.incoming.Contains(32));
 }
 
@@ -382,7 +382,7 @@ TEST_CASE("RoundService fails the round of a member that failed, and only a memb
   rig.Join(Member(42, 3));
   rig.Fold(41, a_bytes, 0, 160);
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(!rig.rounds.FailMemberLocked(999, "no such push"));
     CHECK(rig.rounds.FailMemberLocked(42, "its sender died"));
     // Still a member (true), but its round is reported failed once only.
@@ -414,7 +414,7 @@ TEST_CASE("RoundService fails a round whose server is not connected") {
 
   SECTION("when its members are announced") {
     {
-      std::lock_guard<std::mutex> guard(rig.lock.mu);
+      ReceiveLock::Hold guard(&rig.lock);
       (void)rig.servers.EnsureLocked(Key());  // known, no application
     }
     rig.Join(Member(51, 0));
@@ -440,7 +440,7 @@ TEST_CASE("RoundService fails a round whose server is not connected") {
     rig.Join(Member(52, 0));
     rig.FoldAll(51, a_bytes);
     {
-      std::lock_guard<std::mutex> guard(rig.lock.mu);
+      ReceiveLock::Hold guard(&rig.lock);
       CHECK(rig.servers.ForgetLocked(rig.ps.session) == std::optional<std::string>(Key()));
     }
     rig.FoldAll(52, a_bytes);
@@ -485,7 +485,7 @@ TEST_CASE("RoundService reports a round the server refused as not applied, with 
   std::sort(members.begin(), members.end());
   CHECK(members == std::vector<uint64_t>{61, 62});
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     CHECK(!rig.servers.applied_log().Contains(61));
     CHECK(!rig.servers.applied_log().Contains(62));
     CHECK(rig.servers.applied_log().Report().empty());
@@ -504,7 +504,7 @@ TEST_CASE("RoundService: a server's failure spares a round handed over already")
   REQUIRE(handed.has_value());
   rig.Join(Member(72, 1, 1));  // round 1 still summing
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     rig.rounds.FailServerLocked(Key(), "scheduler restarted", /*spare_delivering=*/true);
   }
   const auto failed = rig.SettledReports();
@@ -534,7 +534,7 @@ TEST_CASE("RoundService sums early packets of a member whose round evicts an old
   ArriveEarly(rig, 83, AsBytes(c), kBytes, kBytes);
   rig.Join(Member(83, 2, 1));  // round 2 begins: round 0 goes (failed)
   {
-    std::lock_guard<std::mutex> guard(rig.lock.mu);
+    ReceiveLock::Hold guard(&rig.lock);
     // All of 83 was in: summed and let go, as when no round is evicted.
     CHECK(rig.incoming.Find(83) == nullptr);
   }

@@ -17,7 +17,7 @@ ServerEndpoints::ServerEndpoints(ReceiveLock* lock, BufferPool* pool,
 
 void ServerEndpoints::PublishLocked(const std::string& key, std::shared_ptr<AppSession> app) {
   endpoints_[key] = std::move(app);
-  lock_->cv.notify_all();  // gets waiting for this server (AwaitServer)
+  lock_->NotifyAll();  // gets waiting for this server (AwaitServer)
 }
 
 std::shared_ptr<AppSession> ServerEndpoints::AppLocked(const std::string& key) const {
@@ -47,7 +47,7 @@ std::optional<std::string> ServerEndpoints::ForgetLocked(const std::shared_ptr<A
   if (it == endpoints_.end() || it->second != app) return std::nullopt;
   it->second = nullptr;
   snapshot_waiters_.erase(key);
-  lock_->cv.notify_all();
+  lock_->NotifyAll();
   return key;
 }
 
@@ -59,7 +59,7 @@ std::shared_ptr<AppSession> ServerEndpoints::RenameLocked(const std::string& fro
     endpoints_.erase(it);
   }
   endpoints_[to] = app;
-  lock_->cv.notify_all();
+  lock_->NotifyAll();
   return app;
 }
 
@@ -147,11 +147,15 @@ int64_t ServerEndpoints::HandedVersionLocked(const std::string& key) const {
 }
 
 bool ServerEndpoints::AwaitServer(const std::string& key, double wait_s) {
-  std::unique_lock<std::mutex> lock(lock_->mu);
-  auto connected = [&] { return AppLocked(key) != nullptr; };
-  lock_->cv.wait_for(lock, std::chrono::duration<double>(wait_s),
-                     [&] { return connected() || stopping_->load(); });
-  return connected();
+  ReceiveLock::Hold lock(lock_);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(wait_s));
+  while (AppLocked(key) == nullptr && !stopping_->load() &&
+         std::chrono::steady_clock::now() < deadline) {
+    lock_->WaitUntil(deadline);
+  }
+  return AppLocked(key) != nullptr;
 }
 
 absl::Status ServerEndpoints::AskSnapshot(const std::string& key, uint64_t request_id,
@@ -160,7 +164,7 @@ absl::Status ServerEndpoints::AskSnapshot(const std::string& key, uint64_t reque
   ask.mutable_model_request()->set_request_id(request_id);
   std::shared_ptr<AppSession> app;
   {
-    std::lock_guard<std::mutex> lock(lock_->mu);
+    ReceiveLock::Hold lock(lock_);
     app = AppLocked(key);
     if (app == nullptr) return absl::NotFoundError(absl::StrCat("no server '", key, "' here"));
     // The application reads its channel in order: a request sent right
@@ -176,7 +180,7 @@ absl::Status ServerEndpoints::AskSnapshot(const std::string& key, uint64_t reque
 }
 
 std::string ServerEndpoints::JobOf(const std::string& key) {
-  std::lock_guard<std::mutex> lock(lock_->mu);
+  ReceiveLock::Hold lock(lock_);
   const std::shared_ptr<AppSession> app = AppLocked(key);
   return app != nullptr ? app->job : "";
 }

@@ -57,21 +57,27 @@ class ServerEndpoints : public ServerApps {
   void SetModelServer(ModelServer* model_server) { model_server_ = model_server; }
 
   // `app` serves `key` from now on (and waiters are woken).
-  void PublishLocked(const std::string& key, std::shared_ptr<AppSession> app);
+  void PublishLocked(const std::string& key, std::shared_ptr<AppSession> app)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // The application serving `key`; null if none is connected.
-  std::shared_ptr<AppSession> AppLocked(const std::string& key) const;
-  bool KnownLocked(const std::string& key) const { return endpoints_.count(key) > 0; }
+  std::shared_ptr<AppSession> AppLocked(const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  bool KnownLocked(const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side) { return endpoints_.count(key) > 0; }
   // Records `key` as known (with no application if none registered) and
   // returns its application (or null).
-  std::shared_ptr<AppSession> EnsureLocked(const std::string& key);
+  std::shared_ptr<AppSession> EnsureLocked(const std::string& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // Every endpoint known here, connected or not.
-  std::vector<std::string> KeysLocked() const;
+  std::vector<std::string> KeysLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // `app` went away: forgets what it was handed and, if it served an
   // endpoint, that endpoint's application; returns that endpoint's key.
-  std::optional<std::string> ForgetLocked(const std::shared_ptr<AppSession>& app);
+  std::optional<std::string> ForgetLocked(const std::shared_ptr<AppSession>& app)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // A promoted replica: the application of `from` serves `to` now; returns
   // it (null if none was connected).
-  std::shared_ptr<AppSession> RenameLocked(const std::string& from, const std::string& to);
+  std::shared_ptr<AppSession> RenameLocked(const std::string& from, const std::string& to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
 
   // Hands an update (`message`, with `buffer`'s descriptor) to `key`'s
   // application; on success it awaits acknowledgement, and snapshot
@@ -79,18 +85,21 @@ class ServerEndpoints : public ServerApps {
   // shard's history snapshot when `group_part`). The error of the send
   // otherwise. Requires a connected application.
   absl::Status HandLocked(const std::string& key, const v1::LocalMessage& message,
-                          std::shared_ptr<SharedBuffer> buffer, bool group_part);
+                          std::shared_ptr<SharedBuffer> buffer, bool group_part)
+                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // The application acknowledged update `ack.transfer_id()`: its buffer is
   // recycled, its version noted; returns the pushes it applied (the
   // applied log's, for the report).
-  std::vector<uint64_t> AcknowledgedLocked(const v1::LocalUpdateAck& ack);
+  std::vector<uint64_t> AcknowledgedLocked(const v1::LocalUpdateAck& ack)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // A synchronous round's sum was acknowledged at `version`: each member
   // applied (when `applied`) as of that version.
   void RoundAcknowledgedLocked(const std::string& key, uint64_t delivery,
                                const std::vector<uint64_t>& members, int64_t version,
-                               bool applied);
+                               bool applied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // The version `key`'s acknowledgements said, if any.
-  std::optional<int64_t> VersionLocked(const std::string& key) const;
+  std::optional<int64_t> VersionLocked(const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // The pushes the servers here applied, and those whose copies the
   // replicas here were handed.
   AppliedLog& applied_log() { return applied_log_; }
@@ -105,23 +114,27 @@ class ServerEndpoints : public ServerApps {
  private:
   // The version `key`'s application will have once it applied every
   // update handed to it (each advancing it by one).
-  int64_t HandedVersionLocked(const std::string& key) const;
-  void SendWaitingSnapshotsLocked(const std::string& key, const std::shared_ptr<AppSession>& app);
+  int64_t HandedVersionLocked(const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  void SendWaitingSnapshotsLocked(const std::string& key, const std::shared_ptr<AppSession>& app)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
 
   ReceiveLock* const lock_;
   BufferPool* const pool_;
   const std::atomic<bool>* const stopping_;
   ModelServer* model_server_ = nullptr;
-  std::map<std::string, std::shared_ptr<AppSession>> endpoints_;  // null: not connected
+  // null: not connected
+  std::map<std::string, std::shared_ptr<AppSession>> endpoints_ ABSL_GUARDED_BY(receive_side);
   // Each endpoint's model version as its acknowledgements said: told to a
   // restarted scheduler when the server registers again.
-  std::map<std::string, int64_t> versions_;
+  std::map<std::string, int64_t> versions_ ABSL_GUARDED_BY(receive_side);
   // Updates handed over and not acknowledged, by transfer id.
   std::map<uint64_t, std::pair<std::shared_ptr<AppSession>, std::shared_ptr<SharedBuffer>>>
-      awaiting_ack_;
+      awaiting_ack_ ABSL_GUARDED_BY(receive_side);
   // Snapshot requests waiting until the update that makes their version is
   // handed over, by key: (version, request id).
-  std::map<std::string, std::vector<std::pair<int64_t, uint64_t>>> snapshot_waiters_;
+  std::map<std::string, std::vector<std::pair<int64_t, uint64_t>>> snapshot_waiters_
+      ABSL_GUARDED_BY(receive_side);
   AppliedLog applied_log_;
   AppliedLog replica_log_;
 };

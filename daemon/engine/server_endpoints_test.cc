@@ -25,7 +25,7 @@ struct Fixture {
     v1::LocalMessage message;
     message.mutable_update()->set_transfer_id(transfer);
     message.mutable_update()->set_sequence(sequence);
-    std::lock_guard<std::mutex> guard(lock.mu);
+    ReceiveLock::Hold guard(&lock);
     REQUIRE(servers.HandLocked(key, message, shared, group).ok());
     return shared;
   }
@@ -43,7 +43,7 @@ TEST_CASE("ServerKey names a job's server") { CHECK(ServerKey(12, "ps") == "12/p
 TEST_CASE("a published server is handed updates, and its acknowledgements count") {
   Fixture f;
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     CHECK(f.servers.AppLocked(f.key) == nullptr);
     f.servers.PublishLocked(f.key, f.ps.session);
     CHECK(f.servers.AppLocked(f.key) == f.ps.session);
@@ -56,7 +56,7 @@ TEST_CASE("a published server is handed updates, and its acknowledgements count"
   v1::LocalUpdateAck ack;
   ack.set_transfer_id(100);
   ack.set_model_version(5);
-  std::lock_guard<std::mutex> guard(f.lock.mu);
+  ReceiveLock::Hold guard(&f.lock);
   const std::vector<uint64_t> pushes = f.servers.AcknowledgedLocked(ack);
   CHECK(pushes == std::vector<uint64_t>{11, 12});
   CHECK(f.servers.VersionLocked(f.key) == 5);
@@ -69,7 +69,7 @@ TEST_CASE("handing an update to no application fails and records nothing") {
   REQUIRE(buffer.ok());
   v1::LocalMessage message;
   message.mutable_update()->set_transfer_id(1);
-  std::lock_guard<std::mutex> guard(f.lock.mu);
+  ReceiveLock::Hold guard(&f.lock);
   CHECK_FALSE(f.servers
                   .HandLocked(f.key, message, std::make_shared<SharedBuffer>(std::move(*buffer)),
                               false)
@@ -79,7 +79,7 @@ TEST_CASE("handing an update to no application fails and records nothing") {
 TEST_CASE("a snapshot of a version not handed yet goes right after the update that makes it") {
   Fixture f;
   {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.servers.PublishLocked(f.key, f.ps.session);
   }
   // Version 0 now: a snapshot at version 2 waits for two updates.
@@ -103,7 +103,7 @@ TEST_CASE("a snapshot of a version not handed yet goes right after the update th
 TEST_CASE("a server that leaves is forgotten with what it was handed") {
   Fixture f;
   FakeApp worker{1, "w0", v1::ROLE_WORKER};
-  std::lock_guard<std::mutex> guard(f.lock.mu);
+  ReceiveLock::Hold guard(&f.lock);
   f.servers.PublishLocked(f.key, f.ps.session);
   CHECK_FALSE(f.servers.ForgetLocked(worker.session).has_value());  // no endpoint of its own
   CHECK(f.servers.ForgetLocked(f.ps.session) == f.key);
@@ -116,7 +116,7 @@ TEST_CASE("a promoted replica serves under the server's key") {
   Fixture f;
   FakeApp replica{1, "ps", v1::ROLE_REPLICA};
   const std::string from = ServerKey(1, "replica:ps");
-  std::lock_guard<std::mutex> guard(f.lock.mu);
+  ReceiveLock::Hold guard(&f.lock);
   f.servers.PublishLocked(from, replica.session);
   CHECK(f.servers.RenameLocked(from, f.key) == replica.session);
   CHECK(f.servers.AppLocked(f.key) == replica.session);
@@ -128,7 +128,7 @@ TEST_CASE("AwaitServer waits for a registering server, and gives up") {
   Fixture f;
   CHECK_FALSE(f.servers.AwaitServer(f.key, 0.05));
   std::thread registering([&] {
-    std::lock_guard<std::mutex> guard(f.lock.mu);
+    ReceiveLock::Hold guard(&f.lock);
     f.servers.PublishLocked(f.key, f.ps.session);
   });
   CHECK(f.servers.AwaitServer(f.key, 30));
@@ -139,7 +139,7 @@ TEST_CASE("AwaitServer waits for a registering server, and gives up") {
 
 TEST_CASE("a round's acknowledgement logs each member applied at the round's version") {
   Fixture f;
-  std::lock_guard<std::mutex> guard(f.lock.mu);
+  ReceiveLock::Hold guard(&f.lock);
   f.servers.RoundAcknowledgedLocked(f.key, /*delivery=*/500, {21, 22}, /*version=*/4, true);
   CHECK(f.servers.applied_log().Contains(21));
   CHECK(f.servers.applied_log().Contains(22));
