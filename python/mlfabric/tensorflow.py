@@ -18,6 +18,9 @@ MLfabric's own ops (parameter-server push/get from TensorFlow):
 The kernels are asynchronous and only forward into the C++ core; calls on one
 AllReducer run in call order, so every rank must issue the same sequence.
 """
+import pickle
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
@@ -67,25 +70,63 @@ def _resolve_op(average, op, where):
     return op
 
 
+# In a graph (tf.function, TF1) independent collectives may run in any
+# order, but calls on one AllReducer must come in the same order on every
+# rank: each collective op of a graph runs after the one created before it.
+# Every rank builds the same graph in the same order, so this order is the
+# same everywhere (Horovod matches tensors by name instead).
+_last_collective = weakref.WeakKeyDictionary()
+
+
 def _sum(tensor, reducer):
+    """The one place that creates an AllReduce op: the element-wise sum of
+    `tensor` over the ranks, ordered after the graph's previous collective."""
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor)
-    return _ops.mlfabric_allreduce(tensor, handle=reducer.handle)
+    if tf.executing_eagerly():
+        return _ops.mlfabric_allreduce(tensor, handle=reducer.handle)
+    graph = tf.compat.v1.get_default_graph()
+    previous = _last_collective.get(graph)
+    with tf.control_dependencies([] if previous is None else [previous]):
+        total = _ops.mlfabric_allreduce(tensor, handle=reducer.handle)
+    _last_collective[graph] = total
+    return total
 
 
-def allreduce(tensor, average=None, device_dense="", device_sparse="",
-              compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, name=None, reducer=None):
-    """The average (default, or op=Average) or sum (op=Sum) of `tensor` over
-    all ranks, as Horovod's `hvd.allreduce`. Differentiable: the gradient of
-    the result is the allreduce of the gradient. `compression` is applied to
-    what crosses the network (Compression.fp16: float32/64 travel as
-    float16). `device_*` are accepted and ignored (CPU tensors)."""
-    del device_dense, device_sparse, name
-    op = _resolve_op(average, op, "mlfabric.tensorflow.allreduce")
-    reducer = reducer or mlfabric.reducer()
-    tensor = tf.convert_to_tensor(tensor)  # IndexedSlices become dense
-    _check_dtype(tensor)
+class ProcessSet:
+    """Horovod's process set, for the one set MLfabric has: every rank
+    (`global_process_set`). rank()/size()/included() as Horovod's."""
+    process_set_id = 0
+    ranks = None
+
+    def rank(self):
+        return mlfabric.rank()
+
+    def size(self):
+        return mlfabric.size()
+
+    def included(self):
+        return True
+
+    def __repr__(self):
+        return "ProcessSet(process_set_id=0, ranks=all)"
+
+
+global_process_set = ProcessSet()
+
+
+def _check_process_set(process_set, where):
+    """Accepts the global process set (or its id 0); MLfabric has no other."""
+    if process_set is None or process_set is global_process_set or process_set == 0:
+        return
+    if getattr(process_set, "process_set_id", None) == 0:
+        return
+    raise ValueError("%s: process_set %r is not supported; MLfabric has only the global process "
+                     "set (every rank), hvd.global_process_set" % (where, process_set))
+
+
+def _reduce_value(tensor, op, compression, prescale_factor, postscale_factor, reducer):
+    """The forward value of a dense allreduce (no gradient of its own)."""
     if prescale_factor != 1.0:
         tensor = tensor * tf.cast(prescale_factor, tensor.dtype)
     wire, ctx = compression.compress(tensor)
@@ -99,10 +140,74 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     return total
 
 
+def _allreduce_dense(tensor, op, compression, prescale_factor, postscale_factor, reducer):
+    """A dense allreduce whose gradient is Horovod's: the allreduce of the
+    upstream gradient with the same op and the same pre- and postscale."""
+    @tf.custom_gradient
+    def reduce(x):
+        def grad(dy):
+            return _allreduce_dense(dy, op, compression, prescale_factor, postscale_factor,
+                                    reducer)
+        return _reduce_value(x, op, compression, prescale_factor, postscale_factor,
+                             reducer), grad
+    return reduce(tensor)
+
+
+def _allreduce_sparse(slices, op, prescale_factor, postscale_factor, reducer, where):
+    """Horovod's allreduce of a tf.IndexedSlices: an allgather of its values
+    and of its indices (duplicates stay; a sum over equal indices is the
+    allreduce of the dense tensor), values divided by the size for Average."""
+    if op not in (Average, Sum):
+        raise ValueError("%s: op %r cannot reduce a tf.IndexedSlices (Average or Sum only; "
+                         "sparse_as_dense=True reduces it as a dense tensor)" % (where, op))
+    if reducer.summed != reducer.size:
+        raise ValueError("%s: a tf.IndexedSlices cannot be reduced with backup workers (use "
+                         "sparse_as_dense=True)" % where)
+    values = allgather(slices.values, reducer=reducer)
+    indices = allgather(slices.indices, reducer=reducer)
+    scale = prescale_factor * postscale_factor / (reducer.size if op == Average else 1)
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="",
+              compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, name=None, process_set=None, ignore_name_scope=False,
+              reducer=None):
+    """The average (default, or op=Average) or sum (op=Sum) of `tensor` over
+    all ranks, as Horovod's `hvd.allreduce`: postscale * reduce(prescale *
+    tensor). Differentiable as Horovod's: the gradient is the allreduce of
+    the upstream gradient with the same op, prescale and postscale. A
+    tf.IndexedSlices is reduced as Horovod does, by allgathering its values
+    and indices (Average divides the values by the size). `compression` is
+    applied to what crosses the network (Compression.fp16: float32/64
+    travel as float16). `device_*`, `name` and `ignore_name_scope` are
+    accepted and ignored (CPU tensors; ops are matched by call order)."""
+    del device_dense, device_sparse, name, ignore_name_scope
+    where = "mlfabric.tensorflow.allreduce"
+    _check_process_set(process_set, where)
+    op = _resolve_op(average, op, where)
+    reducer = reducer or mlfabric.reducer()
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_sparse(tensor, op, prescale_factor, postscale_factor, reducer, where)
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor)
+    return _allreduce_dense(tensor, op, compression, prescale_factor, postscale_factor, reducer)
+
+
 @tf.RegisterGradient("MlfabricAllreduce")
 def _allreduce_grad(op, grad):
-    # d(sum_r x_r)/dx_r = 1: the gradient of the sum is the sum of the gradients.
-    return _ops.mlfabric_allreduce(grad, handle=op.get_attr("handle"))
+    # The raw op is a sum: d(sum_r x_r)/dx_r = 1, so its gradient is the sum
+    # of the gradients. (allreduce, allgather and broadcast define their own.)
+    return _sum(grad, _ReducerHandle(op.get_attr("handle")))
+
+
+class _ReducerHandle:
+    """An AllReducer known only by its handle (in a registered gradient)."""
+
+    def __init__(self, handle):
+        self.handle = handle
 
 
 # Tensor fusion (Horovod's HOROVOD_FUSION_THRESHOLD): a step's tensors travel
@@ -161,8 +266,10 @@ def _fusion_buckets(tensors, threshold):
     return buckets
 
 
-def grouped_allreduce(tensors, average=None, compression=Compression.none, op=None,
-                      reducer=None, fusion_threshold_bytes=None):
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=None, reducer=None,
+                      fusion_threshold_bytes=None):
     """The allreduce of each tensor of a list (None entries pass through),
     fused as Horovod's tensor fusion: one AllReduce per dtype for up to
     `fusion_threshold_bytes` (default: fusion_threshold(), from
@@ -170,45 +277,45 @@ def grouped_allreduce(tensors, average=None, compression=Compression.none, op=No
     flat buffer, summed, and unpacked. Each element is summed over the same
     ranks as without fusion (the sum is element-wise), and every dtype keeps
     its own precision. The fused AllReduces run one after another in bucket
-    order, the same on every rank."""
-    op = _resolve_op(average, op, "mlfabric.tensorflow.grouped_allreduce")
+    order, the same on every rank. A tf.IndexedSlices entry is reduced
+    alone, as allreduce does (allgather of values and indices)."""
+    where = "mlfabric.tensorflow.grouped_allreduce"
+    del device_dense, device_sparse
+    _check_process_set(process_set, where)
+    op = _resolve_op(average, op, where)
     threshold = fusion_threshold() if fusion_threshold_bytes is None else int(
         fusion_threshold_bytes)
     if threshold < 0:
-        raise ValueError("mlfabric.tensorflow.grouped_allreduce: fusion_threshold_bytes must be "
-                         ">= 0, got %d" % threshold)
-    positions = [i for i, t in enumerate(tensors) if t is not None]
-    present = [tf.convert_to_tensor(tensors[i]) for i in positions]
+        raise ValueError("%s: fusion_threshold_bytes must be >= 0, got %d" % (where, threshold))
+    reducer = reducer or mlfabric.reducer()
+    out = list(tensors)
+    sparse = [i for i, t in enumerate(out) if isinstance(t, tf.IndexedSlices)]
+    for i in sparse:
+        out[i] = _allreduce_sparse(out[i], op, prescale_factor, postscale_factor, reducer, where)
+    positions = [i for i, t in enumerate(out) if t is not None and i not in sparse]
+    present = [tf.convert_to_tensor(out[i]) for i in positions]
     if not present:
-        return list(tensors)
+        return out
     # bfloat16 has no AllReduce of its own: it travels as float32 (exact)
     # and is rounded back once, as the single-buffer fusion always did.
     wire = [tf.cast(t, tf.float32) if t.dtype == tf.bfloat16 else t for t in present]
     for t in wire:
         _check_dtype(t)
-    reduced = [None] * len(present)
-    previous = []
     for bucket in _fusion_buckets(wire, threshold):
-        # A control dependency on the previous bucket's sum: in a graph the
-        # AllReduce ops would otherwise be independent and could run in a
-        # different order on different ranks (calls on one AllReducer must
-        # come in the same order everywhere).
-        with tf.control_dependencies(previous):
-            parts = [wire[i] for i in bucket]
-            if len(parts) == 1:
-                flat = tf.reshape(parts[0], [-1])
-            else:
-                flat = tf.concat([tf.reshape(t, [-1]) for t in parts], axis=0)
-            total = allreduce(flat, op=op, compression=compression, reducer=reducer)
-        previous = [total]
+        # Buckets run in order: _sum orders a graph's collectives.
+        parts = [wire[i] for i in bucket]
+        if len(parts) == 1:
+            flat = tf.reshape(parts[0], [-1])
+        else:
+            flat = tf.concat([tf.reshape(t, [-1]) for t in parts], axis=0)
+        total = _allreduce_dense(flat, op, compression, prescale_factor, postscale_factor,
+                                 reducer)
         sizes = [tf.size(t) for t in parts]
         pieces = [total] if len(parts) == 1 else tf.split(total, sizes)
         for i, piece in zip(bucket, pieces):
             # (op=Average of an integer tensor divides into floats: cast back.)
-            reduced[i] = tf.cast(tf.reshape(piece, tf.shape(present[i])), present[i].dtype)
-    out = list(tensors)
-    for i, r in zip(positions, reduced):
-        out[i] = r
+            out[positions[i]] = tf.cast(tf.reshape(piece, tf.shape(present[i])),
+                                        present[i].dtype)
     return out
 
 
@@ -218,67 +325,164 @@ def allreduce_list(tensors, average=False, reducer=None, compression=Compression
                              compression=compression)
 
 
-def allgather(tensor, name=None, reducer=None):
+def _allgather_rows(tensor, reducer):
+    """(rows before this rank's, all rows, this rank's rows) as int64 tensors,
+    from one AllReduce of a one-hot vector of row counts."""
+    mine = tf.shape(tensor, out_type=tf.int64)[0]
+    counts = tf.tensor_scatter_nd_update(tf.zeros([reducer.size], tf.int64),
+                                         [[reducer.rank]], tf.reshape(mine, [1]))
+    rows = _sum(counts, reducer)
+    return tf.reduce_sum(rows[:reducer.rank]), tf.reduce_sum(rows), mine
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, reducer=None):
     """Concatenates every rank's `tensor` along the first dimension, in rank
     order (as Horovod's `hvd.allgather`; first dimensions may differ, the
-    others must match). Built on the AllReduce: one small AllReduce of the
-    first dimensions, then one of a zero-filled buffer holding each rank's
-    rows at its offset (the sum of one value and zeros is that value)."""
-    del name
+    others must match), eagerly or in a graph. Built on the AllReduce: one
+    small AllReduce of the first dimensions, then one of a zero-filled
+    buffer holding each rank's rows at its offset (the sum of one value and
+    zeros is that value). Gradient, as Horovod's: the upstream gradient
+    averaged over ranks, then this rank's rows of it."""
+    del name, ignore_name_scope
+    _check_process_set(process_set, "mlfabric.tensorflow.allgather")
     reducer = reducer or mlfabric.reducer()
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor)
     if tensor.shape.rank == 0:
         tensor = tf.reshape(tensor, [1])
-    rows = np.zeros(reducer.size, np.int64)
-    rows[reducer.rank] = int(tensor.shape[0])
-    rows = np.asarray(_sum(tf.constant(rows), reducer))
-    inner = tensor.shape[1:]
-    before, total = int(rows[:reducer.rank].sum()), int(rows.sum())
-    padded = tf.concat([tf.zeros([before] + inner.as_list(), tensor.dtype), tensor,
-                        tf.zeros([total - before - int(tensor.shape[0])] + inner.as_list(),
-                                 tensor.dtype)], axis=0)
-    return _sum(padded, reducer)
+    before, total, mine = _allgather_rows(tensor, reducer)
+    inner = tensor.shape.rank - 1
+
+    @tf.custom_gradient
+    def gather(x):
+        padding = tf.concat([tf.stack([[before, total - before - mine]]),
+                             tf.zeros([inner, 2], tf.int64)], axis=0)
+        gathered = _sum(tf.pad(x, padding), reducer)
+        gathered.set_shape([None] + x.shape[1:].as_list())
+
+        def grad(dy):
+            averaged = _allreduce_dense(dy, Average, Compression.none, 1.0, 1.0, reducer)
+            begin = tf.concat([tf.reshape(before, [1]), tf.zeros([inner], tf.int64)], axis=0)
+            return tf.slice(averaged, begin, tf.shape(x, out_type=tf.int64))
+        return gathered, grad
+    return gather(tensor)
 
 
-def broadcast(tensor, root_rank=0, name=None, reducer=None):
-    """Rank `root_rank`'s value of `tensor` on every rank."""
-    del name
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None,
+                      reducer=None):
+    """allgather of each tensor of a list, one after another, as Horovod's
+    grouped_allgather (same results; Horovod fuses them)."""
+    del name, ignore_name_scope
+    _check_process_set(process_set, "mlfabric.tensorflow.grouped_allgather")
+    return [allgather(t, reducer=reducer) for t in tensors]
+
+
+def _check_root(root_rank, reducer, where):
+    if not 0 <= int(root_rank) < reducer.size:
+        raise ValueError("%s: root_rank %d is not a rank (size %d)"
+                         % (where, root_rank, reducer.size))
+
+
+def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_set=None,
+              reducer=None):
+    """Rank `root_rank`'s value of `tensor` on every rank. Gradient, as
+    Horovod's: on the root the upstream gradient averaged over ranks, zero
+    elsewhere."""
+    del name, ignore_name_scope
+    where = "mlfabric.tensorflow.broadcast"
+    _check_process_set(process_set, where)
     reducer = reducer or mlfabric.reducer()
-    if not 0 <= root_rank < reducer.size:
-        raise ValueError("mlfabric.tensorflow.broadcast: root_rank %d is not a rank (size %d)"
-                         % (root_rank, reducer.size))
+    _check_root(root_rank, reducer, where)
     value = tf.convert_to_tensor(tensor)
     _check_dtype(value)
-    mine = value if reducer.rank == root_rank else tf.zeros_like(value)
-    return _ops.mlfabric_allreduce(mine, handle=reducer.handle)
+    is_root = reducer.rank == root_rank
+
+    @tf.custom_gradient
+    def bcast(x):
+        def grad(dy):
+            averaged = _allreduce_dense(dy, Average, Compression.none, 1.0, 1.0, reducer)
+            return averaged if is_root else tf.zeros_like(averaged)
+        return _sum(x if is_root else tf.zeros_like(x), reducer), grad
+    return bcast(value)
 
 
-def broadcast_variables(variables, root_rank=0, reducer=None, root=None):
-    """Sets every variable to its value on rank `root_rank`."""
+def broadcast_variables(variables, root_rank=0, process_set=None, inplace=False, reducer=None,
+                        root=None):
+    """Sets every variable to its value on rank `root_rank` (Horovod's;
+    `inplace` is accepted: MLfabric always assigns the received values)."""
+    del inplace
     if root is not None:  # MLfabric's earlier keyword
         root_rank = root
-    for v in list(variables):
-        v.assign(broadcast(v, root_rank, reducer=reducer))
+    _check_process_set(process_set, "mlfabric.tensorflow.broadcast_variables")
+    assigns = [v.assign(broadcast(v, root_rank, reducer=reducer)) for v in list(variables)]
+    if not tf.executing_eagerly() and not tf.inside_function():
+        return tf.group(*assigns)  # a TF1 graph: the op to run
+    return None
+
+
+def broadcast_(variables, root_rank, name=None, process_set=None, reducer=None):
+    """Horovod's in-place broadcast: every variable takes its value on rank
+    `root_rank`; returns the variables' new values (a list of tensors)."""
+    del name
+    _check_process_set(process_set, "mlfabric.tensorflow.broadcast_")
+    variables = list(variables)
+    values = []
+    for v in variables:
+        with tf.control_dependencies([v.assign(broadcast(v, root_rank, reducer=reducer))]):
+            values.append(v.read_value())
+    return values
 
 
 class _DistributedGradientTape:
     """Wraps a tf.GradientTape: gradient() returns the gradients averaged
-    (or summed) over all ranks, fused (grouped_allreduce)."""
+    (or summed) over all ranks, fused (grouped_allreduce); gradients of
+    local sources (PartialDistributedGradientTape) stay local."""
 
-    def __init__(self, tape, compression, op, reducer):
+    def __init__(self, tape, compression, op, reducer, sparse_as_dense=False,
+                 prescale_factor=1.0, postscale_factor=1.0, local_sources=(),
+                 scale_local_gradients=True):
         self._tape = tape
         self._compression = compression
         self._op = op
         self._reducer = reducer
+        self._sparse_as_dense = sparse_as_dense
+        self._prescale_factor = prescale_factor
+        self._postscale_factor = postscale_factor
+        self._local = {id(v) for v in local_sources}
+        self._scale_local = scale_local_gradients
+
+    def register_local_source(self, source):
+        """Horovod's: `source`'s gradient is not reduced over ranks."""
+        self._local.add(id(source))
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
-        flat = tf.nest.flatten(grads)
-        dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in flat]
-        reduced = grouped_allreduce(dense, op=self._op, compression=self._compression,
-                                    reducer=self._reducer)
+        reduced = self._reduce(tf.nest.flatten(grads), tf.nest.flatten(sources))
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def _reduce(self, flat, flat_sources):
+        """The gradients `flat` of `flat_sources` reduced over ranks, fused;
+        local sources' gradients kept (divided by the size when
+        scale_local_gradients, as Horovod)."""
+        if self._sparse_as_dense:
+            flat = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                    for g in flat]
+        local = [id(s) in self._local for s in flat_sources]
+        shared = grouped_allreduce([None if loc else g for g, loc in zip(flat, local)],
+                                   op=self._op, compression=self._compression,
+                                   prescale_factor=self._prescale_factor,
+                                   postscale_factor=self._postscale_factor,
+                                   reducer=self._reducer)
+        size = (self._reducer or mlfabric.reducer()).size
+        out = []
+        for g, loc, reduced in zip(flat, local, shared):
+            if not loc or g is None or not self._scale_local:
+                out.append(reduced if not loc else g)
+            elif isinstance(g, tf.IndexedSlices):
+                out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape))
+            else:
+                out.append(g / size)
+        return out
 
     def __getattr__(self, name):
         return getattr(self._tape, name)
@@ -291,71 +495,139 @@ class _DistributedGradientTape:
         return self._tape.__exit__(*exc)
 
 
+def _predivide(op, gradient_predivide_factor, reducer, where):
+    """Horovod's gradient_predivide_factor f: op Average becomes Sum with
+    prescale 1/f and postscale f/size (the same average, divided partly
+    before the sum). Returns (op, prescale, postscale)."""
+    if gradient_predivide_factor == 1.0:
+        return op, 1.0, 1.0
+    if op != Average:
+        raise ValueError("%s: gradient_predivide_factor needs op == Average, got %r"
+                         % (where, op))
+    size = (reducer or mlfabric.reducer()).size
+    f = float(gradient_predivide_factor)
+    return Sum, 1.0 / f, f / size
+
+
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
                             compression=Compression.none, sparse_as_dense=False,
                             op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                            reducer=None):
+                            groups=None, process_set=None, reducer=None):
     """Horovod's DistributedGradientTape: `tape.gradient(loss, vars)` returns
-    the gradients averaged over ranks (op=Sum: summed). Sparse gradients are
-    reduced as dense tensors; `num_groups` is ignored (fusion is by dtype and
-    MLFABRIC_FUSION_THRESHOLD, grouped_allreduce)."""
-    del device_dense, device_sparse, sparse_as_dense, num_groups
-    op = _resolve_op(None, op, "mlfabric.tensorflow.DistributedGradientTape")
-    if gradient_predivide_factor != 1.0:
-        raise ValueError("mlfabric: gradient_predivide_factor is not supported (use 1.0)")
-    return _DistributedGradientTape(gradtape, compression, op, reducer)
+    the gradients averaged over ranks (op=Sum: summed). Sparse gradients
+    (tf.IndexedSlices) are allgathered as Horovod does, or reduced dense
+    with sparse_as_dense=True. `num_groups`/`groups` are ignored (fusion is
+    by dtype and MLFABRIC_FUSION_THRESHOLD, grouped_allreduce)."""
+    del device_dense, device_sparse, num_groups, groups
+    where = "mlfabric.tensorflow.DistributedGradientTape"
+    _check_process_set(process_set, where)
+    op = _resolve_op(None, op, where)
+    op, pre, post = _predivide(op, gradient_predivide_factor, reducer, where)
+    return _DistributedGradientTape(gradtape, compression, op, reducer, sparse_as_dense,
+                                    pre, post)
 
 
-def _keras_distributed_optimizer(optimizer, name=None, device_dense="", device_sparse="",
-                                 compression=Compression.none, sparse_as_dense=False,
-                                 gradient_predivide_factor=1.0, op=Average,
-                                 backward_passes_per_step=1, average_aggregated_gradients=False,
-                                 num_groups=0, groups=None, reducer=None, average=None,
-                                 backup_workers=0):
-    """mlfabric.keras.DistributedOptimizer (see there), here so that both
-    mlfabric.keras and this module's DistributedOptimizer use it without
-    this module importing mlfabric.keras."""
-    del device_dense, device_sparse, sparse_as_dense, num_groups, groups
-    if average is not None:
-        op = Average if average else Sum
-    op = _resolve_op(None, op, "mlfabric.keras.DistributedOptimizer")
-    if gradient_predivide_factor != 1.0:
-        raise ValueError("mlfabric: gradient_predivide_factor is not supported (use 1.0)")
-    passes = int(backward_passes_per_step)
-    if passes < 1:
-        raise ValueError("mlfabric.keras.DistributedOptimizer: backward_passes_per_step must be "
-                         ">= 1, got %r" % (backward_passes_per_step,))
-    if backup_workers:
-        if reducer is not None:
-            raise ValueError("mlfabric.keras.DistributedOptimizer: give reducer or backup_workers, "
-                             "not both")
-        reducer = mlfabric.backup_reducer(backup_workers)
-    if getattr(optimizer, "gradient_accumulation_steps", None):
-        raise ValueError("mlfabric.keras.DistributedOptimizer: the optimizer already accumulates "
-                         "gradients (gradient_accumulation_steps); use backward_passes_per_step")
-    base = type(optimizer)
+def _layer_variables(local_layers):
+    if local_layers is None:
+        return []
+    layers = local_layers if isinstance(local_layers, (list, tuple)) else [local_layers]
+    variables = []
+    for layer in layers:
+        if not hasattr(layer, "trainable_weights"):
+            raise ValueError("local_layers: expected Keras layers, got %r" % (layer,))
+        variables.extend(layer.trainable_weights)
+    return variables
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=None, local_layers=None,
+                                   scale_local_gradients=True, reducer=None):
+    """Horovod's PartialDistributedGradientTape: as DistributedGradientTape,
+    but the gradients of `local_layers`' trainable weights (and of sources
+    given to tape.register_local_source) are not reduced; with
+    scale_local_gradients they are divided by the size, as Horovod does."""
+    tape = DistributedGradientTape(gradtape, compression=compression,
+                                   sparse_as_dense=sparse_as_dense, op=op,
+                                   gradient_predivide_factor=gradient_predivide_factor,
+                                   process_set=process_set, reducer=reducer)
+    tape._local = {id(v) for v in _layer_variables(local_layers)}
+    tape._scale_local = scale_local_gradients
+    return tape
+
+
+def _distributed_optimizer_class(base, compression=Compression.none, sparse_as_dense=False,
+                                 op=Average, prescale=1.0, postscale=1.0, passes=1,
+                                 average_aggregated_gradients=False, reducer=None, local=(),
+                                 scale_local_gradients=True):
+    """A subclass of the Keras 3 optimizer class `base` whose updates apply
+    the gradients reduced over ranks (DistributedOptimizer's class)."""
 
     class _Distributed(base):
         # Keras 3 calls _clip_gradients exactly once per variable update,
         # with the (accumulated, averaged) gradients, before clipping and
         # the update step: the one place where every rank's gradients must
         # be combined. It is a private hook; tests/horovod_keras_check.py
-        # fails if a Keras upgrade moves it.
+        # fails if a Keras upgrade moves it. _backend_apply_gradients is
+        # where the variables of those gradients are known.
+        def _backend_apply_gradients(self, grads, trainable_variables):
+            self._mlfabric_variables = list(trainable_variables)
+            return super()._backend_apply_gradients(grads, trainable_variables)
+
         def _clip_gradients(self, grads):
             if passes > 1 and not average_aggregated_gradients:
                 # Keras averages the N accumulated passes; Horovod sums them.
                 grads = [None if g is None else g * passes for g in grads]
-            grads = grouped_allreduce(list(grads), op=op, compression=compression,
-                                      reducer=reducer or mlfabric.reducer())
+            tape = _DistributedGradientTape(None, compression, op, reducer, sparse_as_dense,
+                                            prescale, postscale, (), scale_local_gradients)
+            tape._local = set(local)
+            variables = getattr(self, "_mlfabric_variables", [None] * len(grads))
+            grads = tape._reduce(list(grads), list(variables))
             return super()._clip_gradients(grads)
 
     _Distributed.__name__ = "Distributed" + base.__name__
+    return _Distributed
+
+
+def _keras_distributed_optimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                 compression=Compression.none, sparse_as_dense=False,
+                                 gradient_predivide_factor=1.0, op=Average,
+                                 backward_passes_per_step=1, average_aggregated_gradients=False,
+                                 num_groups=0, groups=None, process_set=None, reducer=None,
+                                 average=None, backup_workers=0, local_layers=None,
+                                 scale_local_gradients=True):
+    """mlfabric.keras.DistributedOptimizer and PartialDistributedOptimizer
+    (see there), here so that both mlfabric.keras and this module's
+    DistributedOptimizer use it without this module importing mlfabric.keras."""
+    del device_dense, device_sparse, num_groups, groups
+    where = "mlfabric.keras.DistributedOptimizer"
+    _check_process_set(process_set, where)
+    if average is not None:
+        op = Average if average else Sum
+    op = _resolve_op(None, op, where)
+    passes = int(backward_passes_per_step)
+    if passes < 1:
+        raise ValueError("%s: backward_passes_per_step must be >= 1, got %r"
+                         % (where, backward_passes_per_step))
+    if backup_workers:
+        if reducer is not None:
+            raise ValueError("%s: give reducer or backup_workers, not both" % where)
+        reducer = mlfabric.backup_reducer(backup_workers)
+    op, prescale, postscale = _predivide(op, gradient_predivide_factor, reducer, where)
+    if getattr(optimizer, "gradient_accumulation_steps", None):
+        raise ValueError("%s: the optimizer already accumulates gradients "
+                         "(gradient_accumulation_steps); use backward_passes_per_step" % where)
+    local = {id(v) for v in _layer_variables(local_layers)}
+    cls = _distributed_optimizer_class(type(optimizer), compression, sparse_as_dense, op, prescale,
+                                       postscale, passes, average_aggregated_gradients, reducer,
+                                       local, scale_local_gradients)
     config = optimizer.get_config()
     if passes > 1:
         config["gradient_accumulation_steps"] = passes
     if name is not None:
         config["name"] = name
-    return _Distributed.from_config(config)
+    return cls.from_config(config)
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
@@ -365,9 +637,171 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """Horovod's DistributedOptimizer for a Keras 3 optimizer (the same as
     mlfabric.keras.DistributedOptimizer)."""
     return _keras_distributed_optimizer(
-        optimizer, name=name, compression=compression,
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step, op=op,
         average_aggregated_gradients=average_aggregated_gradients, **kwargs)
+
+
+# ---- Horovod's small API: ranks as tensors, build flags, join, objects.
+
+def _check_set_id(process_set_id, where):
+    if process_set_id != 0:
+        raise ValueError("%s: process_set_id %r is not supported; MLfabric has only the global "
+                         "process set (id 0)" % (where, process_set_id))
+
+
+def rank_op(name=None):
+    """This process's rank as an int32 tensor (fixed for the process's life:
+    MLfabric has no elastic membership)."""
+    return tf.constant(mlfabric.rank(), tf.int32, name=name)
+
+
+def local_rank_op(name=None):
+    """local_rank() as an int32 tensor."""
+    return tf.constant(mlfabric.local_rank(), tf.int32, name=name)
+
+
+def size_op(process_set_id=0, name=None):
+    """size() as an int32 tensor (process_set_id 0, the global set, only)."""
+    _check_set_id(process_set_id, "mlfabric.tensorflow.size_op")
+    return tf.constant(mlfabric.size(), tf.int32, name=name)
+
+
+def local_size_op(name=None):
+    """local_size() as an int32 tensor."""
+    return tf.constant(mlfabric.local_size(), tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 (int32): every rank is in the global process set, the only one."""
+    _check_set_id(process_set_id, "mlfabric.tensorflow.process_set_included_op")
+    mlfabric.reducer()
+    return tf.constant(1, tf.int32, name=name)
+
+
+def mpi_built(verbose=False):
+    """True: every MLfabric build has the mpi AllReduce backend (Open MPI is
+    opened at run time)."""
+    return True
+
+
+def mpi_enabled():
+    """True when this process's AllReducer uses the mpi backend."""
+    return mlfabric.reducer().backend == "mpi"
+
+
+def mpi_threads_supported():
+    """True when the mpi backend is in use (MLfabric calls MPI from one
+    thread per AllReducer, which needs no MPI_THREAD_MULTIPLE)."""
+    return mpi_enabled()
+
+
+def gloo_built(verbose=False):
+    """False: MLfabric has no Gloo backend."""
+    return False
+
+
+def gloo_enabled():
+    """False: MLfabric has no Gloo backend."""
+    return False
+
+
+def nccl_built(verbose=False):
+    """The NCCL version (e.g. 22105) when this process's AllReducer uses the
+    nccl backend, else 0. MLfabric opens libnccl at run time, so whether
+    it is usable is known only once init() chose a backend."""
+    if mlfabric.reducer().backend != "nccl":
+        return 0
+    import ctypes
+    version = ctypes.c_int(0)
+    ctypes.CDLL("libnccl.so.2").ncclGetVersion(ctypes.byref(version))
+    return int(version.value)
+
+
+def cuda_built(verbose=False):
+    """False: MLfabric's TensorFlow kernels are CPU kernels (GPU tensors are
+    copied to the host; the nccl backend stages buffers itself)."""
+    return False
+
+
+def rocm_built(verbose=False):
+    """False: no ROCm kernels."""
+    return False
+
+
+def ddl_built(verbose=False):
+    """False: no IBM DDL backend."""
+    return False
+
+
+def ccl_built(verbose=False):
+    """False: no oneCCL backend."""
+    return False
+
+
+def join(device="", process_set=None):
+    """A barrier: returns once every rank has called join(), as an int32
+    tensor holding -1. Unlike Horovod's join, it does not stand in for the
+    collectives of ranks that ran out of data (every rank must still issue
+    the same collectives), and MLfabric cannot tell which rank joined last,
+    which Horovod returns: hence -1."""
+    del device
+    _check_process_set(process_set, "mlfabric.tensorflow.join")
+    if not tf.executing_eagerly():
+        with tf.control_dependencies([_sum(tf.zeros([1], tf.int32), mlfabric.reducer())]):
+            return tf.constant(-1, tf.int32)
+    _sum(tf.zeros([1], tf.int32), mlfabric.reducer())
+    return tf.constant(-1, tf.int32)
+
+
+def _eager_only(where):
+    if not tf.executing_eagerly():
+        raise RuntimeError("%s runs eagerly only (it pickles Python objects); call it outside "
+                           "tf.function" % where)
+
+
+def _to_words(data):
+    """bytes as int64 words (zero-padded to 8 bytes), exact through a sum."""
+    padded = data + b"\0" * (-len(data) % 8)
+    return np.frombuffer(padded, np.int64).copy()
+
+
+def allgather_object(obj, session=None, name=None, process_set=None):
+    """Every rank's picklable `obj`, as a list in rank order (Horovod's)."""
+    del session, name
+    where = "mlfabric.tensorflow.allgather_object"
+    _check_process_set(process_set, where)
+    _eager_only(where)
+    data = pickle.dumps(obj)
+    lengths = allgather(tf.constant([len(data)], tf.int64)).numpy()
+    words = allgather(tf.constant(_to_words(data))).numpy().tobytes()
+    out, offset = [], 0
+    for n in lengths:
+        out.append(pickle.loads(words[offset:offset + int(n)]))
+        offset += int(n) + (-int(n) % 8)
+    return out
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
+    """Rank `root_rank`'s picklable `obj` on every rank (Horovod's; other
+    ranks' `obj` is ignored)."""
+    del session, name
+    where = "mlfabric.tensorflow.broadcast_object"
+    _check_process_set(process_set, where)
+    _eager_only(where)
+    reducer = mlfabric.reducer()
+    _check_root(root_rank, reducer, where)
+    data = pickle.dumps(obj) if reducer.rank == root_rank else b""
+    n = int(broadcast(tf.constant([len(data)], tf.int64), root_rank).numpy()[0])
+    words = _to_words(data) if data else np.zeros((n + 7) // 8, np.int64)
+    received = broadcast(tf.constant(words), root_rank).numpy().tobytes()
+    return pickle.loads(received[:n])
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
+    """A function fn(obj) -> broadcast_object(obj, root_rank) (Horovod's)."""
+    _check_process_set(process_set, "mlfabric.tensorflow.broadcast_object_fn")
+    return lambda obj: broadcast_object(obj, root_rank, session=session, name=name)
 
 
 def push(worker, server, updates, version, norm=None, priorities=None):

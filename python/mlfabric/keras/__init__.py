@@ -41,6 +41,10 @@ import mlfabric
 from mlfabric import tensorflow as mtf
 from mlfabric import init, is_initialized, local_rank, local_size, rank, shutdown, size  # noqa: F401
 from mlfabric.tensorflow import Average, Compression, Sum  # noqa: F401
+from mlfabric.tensorflow import (allgather_object, broadcast_object, broadcast_object_fn,  # noqa: F401
+                                 ccl_built, cuda_built, ddl_built, global_process_set, gloo_built,
+                                 gloo_enabled, join, mpi_built, mpi_enabled, nccl_built,
+                                 rocm_built)
 from mlfabric.keras import callbacks  # noqa: F401
 from mlfabric.keras.callbacks import (BroadcastGlobalVariablesCallback,  # noqa: F401
                                       MetricAverageCallback)
@@ -50,8 +54,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, reducer=None, average=None,
-                         backup_workers=0):
+                         num_groups=0, groups=None, process_set=None, scale_local_gradients=True,
+                         reducer=None, average=None, backup_workers=0):
     """Wraps a Keras 3 optimizer so that each update applies the gradients
     averaged (op=Average, the default) or summed (op=Sum) over all ranks,
     as Horovod's `hvd.DistributedOptimizer`. The gradients of one step
@@ -64,10 +68,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     communicates and applies once every N steps (Keras's
     gradient_accumulation_steps does the accumulating); the accumulated
     gradient is their sum, or their mean with
-    average_aggregated_gradients=True, as in Horovod. `device_*`,
-    `sparse_as_dense` (sparse gradients are always reduced dense),
-    `num_groups` and `groups` (fusion is by dtype and threshold) are
-    accepted and ignored. `average` is MLfabric's earlier keyword (True = Average).
+    average_aggregated_gradients=True, as in Horovod. Sparse gradients
+    (tf.IndexedSlices, e.g. of an Embedding) are allgathered as Horovod
+    does, or reduced dense with sparse_as_dense=True.
+    gradient_predivide_factor=f (op=Average only) sums gradients scaled by
+    1/f and scales the sum by f/size, as Horovod. `device_*`, `num_groups`
+    and `groups` (fusion is by dtype and threshold) are accepted and
+    ignored; process_set must be the global set. `average` is MLfabric's
+    earlier keyword (True = Average).
 
     backup_workers=b (MLfabric's, not Horovod's; Chen et al., 2016): each
     step's AllReduce sums the first size - b ranks' gradients to reach the
@@ -81,32 +89,74 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         gradient_predivide_factor=gradient_predivide_factor, op=op,
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
-        groups=groups, reducer=reducer, average=average, backup_workers=backup_workers)
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
+        reducer=reducer, average=average, backup_workers=backup_workers)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=None, local_layers=None,
+                                scale_local_gradients=True):
+    """Horovod's PartialDistributedOptimizer: DistributedOptimizer, except
+    that the gradients of `local_layers`' trainable weights (a layer or a
+    list of layers) are applied without reducing them over ranks; with
+    scale_local_gradients they are divided by the size, as Horovod does."""
+    if local_layers is None:
+        raise ValueError("mlfabric.keras.PartialDistributedOptimizer: local_layers is required "
+                         "(a Keras layer or a list of layers); use DistributedOptimizer otherwise")
+    return mtf._keras_distributed_optimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, local_layers=local_layers,
+        scale_local_gradients=scale_local_gradients)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none, legacy_opts=False):
+    """Loads a saved Keras 3 model (keras.models.load_model) and makes its
+    optimizer, with the state it was saved with, a DistributedOptimizer
+    (Horovod's hvd.load_model). The loaded optimizer object becomes an
+    instance of its distributed subclass, which adds behaviour and no
+    state, so nothing is copied. `custom_optimizers` and `legacy_opts` are
+    accepted and unused: any optimizer class, custom or not, is wrapped
+    (custom classes still go in `custom_objects` for Keras to load them)."""
+    del custom_optimizers, legacy_opts
+    model = keras.models.load_model(filepath, custom_objects=custom_objects)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not type(optimizer).__name__.startswith("Distributed"):
+        optimizer.__class__ = mtf._distributed_optimizer_class(type(optimizer),
+                                                               compression=compression)
+    return model
 
 
 def allreduce(value, name=None, average=True, prescale_factor=1.0, postscale_factor=1.0,
-              op=None, compression=Compression.none):
+              op=None, compression=Compression.none, process_set=None):
     """The average (or, with average=False or op=Sum, the sum) of a
     tensor-like value over ranks, as a tensor."""
     if op is not None:
         average = None
     return mtf.allreduce(tf.convert_to_tensor(value), average=average, op=op,
                          compression=compression, prescale_factor=prescale_factor,
-                         postscale_factor=postscale_factor, name=name)
+                         postscale_factor=postscale_factor, name=name, process_set=process_set)
 
 
-def allgather(value, name=None):
+def allgather(value, name=None, process_set=None):
     """Every rank's value concatenated along the first dimension."""
-    return mtf.allgather(tf.convert_to_tensor(value), name=name)
+    return mtf.allgather(tf.convert_to_tensor(value), name=name, process_set=process_set)
 
 
-def broadcast(value, root_rank, name=None):
+def broadcast(value, root_rank, name=None, process_set=None):
     """Rank `root_rank`'s value on every rank."""
-    return mtf.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
+    return mtf.broadcast(tf.convert_to_tensor(value), root_rank, name=name,
+                         process_set=process_set)
 
 
-def broadcast_variables(variables, root_rank=0):
-    mtf.broadcast_variables(variables, root_rank)
+def broadcast_variables(variables, root_rank=0, process_set=None):
+    mtf.broadcast_variables(variables, root_rank, process_set=process_set)
 
 
 def _flat(arrays):

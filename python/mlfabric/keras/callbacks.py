@@ -27,22 +27,33 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Makes every rank's model (and optimizer state) equal rank
     `root_rank`'s: the model's variables before the first batch, and again
     with the optimizer's variables (created by the first step) after it, as
-    Horovod does."""
+    Horovod does. `local_variables` (variables or a list of them, e.g. a
+    PartialDistributedOptimizer's local layers' weights) keep each rank's
+    own values."""
 
-    def __init__(self, root_rank=0, device="", root=None):
+    def __init__(self, root_rank=0, device="", local_variables=None, root=None):
         super().__init__()
         self.root_rank = root if root is not None else root_rank
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple)):
+            local_variables = [local_variables]
+        self._local = {id(v) for v in local_variables}
         self._done = False
 
+    def _broadcast(self, variables):
+        shared = [v for v in variables if id(v) not in self._local]
+        mtf.broadcast_variables(shared, root_rank=self.root_rank)
+
     def on_train_begin(self, logs=None):
-        mtf.broadcast_variables(self.model.variables, root_rank=self.root_rank)
+        self._broadcast(self.model.variables)
 
     def on_train_batch_end(self, batch, logs=None):
         if self._done:
             return
         self._done = True
-        mtf.broadcast_variables(self.model.variables, root_rank=self.root_rank)
-        mtf.broadcast_variables(self.model.optimizer.variables, root_rank=self.root_rank)
+        self._broadcast(self.model.variables)
+        self._broadcast(self.model.optimizer.variables)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
