@@ -10,6 +10,13 @@ under `mlfabric-run` (python/README.md lists where we differ):
     tape = hvd.DistributedGradientTape(tape)     # tape.gradient() averages over ranks
     hvd.broadcast_variables(model.variables, root_rank=0)
 
+Gradients are Horovod's: allreduce -> the allreduce of the upstream
+gradient (same op, prescale, postscale); allgather -> the upstream gradient
+averaged over ranks, this rank's rows; broadcast -> that average on the
+root, zero elsewhere. tf.IndexedSlices are allgathered (values and indices)
+unless sparse_as_dense=True. Only the global process set exists; any other
+process_set raises ValueError.
+
 MLfabric's own ops (parameter-server push/get from TensorFlow):
 
     outcome, version, delay = hvd.push(worker, "ps0", [w0, b0, w1], version)  # priorities 0, 1, 2
