@@ -59,16 +59,28 @@ class ABSL_LOCKABLE Mutex {
   std::mutex mu_;
 };
 
-// Holds a Mutex for its scope.
+// Holds a Mutex for its scope; Unlock and Lock release it for a stretch
+// (e.g. a call that must not run under it) and take it back.
 class ABSL_SCOPED_LOCKABLE MutexLock {
  public:
   explicit MutexLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
-  ~MutexLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+  ~MutexLock() ABSL_UNLOCK_FUNCTION() {
+    if (held_) mu_->Unlock();
+  }
+  void Unlock() ABSL_UNLOCK_FUNCTION() {
+    held_ = false;
+    mu_->Unlock();
+  }
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    mu_->Lock();
+    held_ = true;
+  }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
 
  private:
   Mutex* const mu_;
+  bool held_ = true;
 };
 
 class CondVar {
@@ -97,6 +109,30 @@ class CondVar {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Adopted lock(mu);
     return cv_.wait_until(lock.lock, deadline) == std::cv_status::timeout;
+  }
+
+  // The waits above until `ready()` is true (checked first, and after
+  // every wake-up); the timed ones return whether it is. `ready` runs with
+  // `mu` held; give a lambda ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) so that
+  // clang checks its body as such:
+  //   cv_.Await(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !items_.empty(); });
+  template <typename Predicate>
+  void Await(Mutex* mu, Predicate ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Adopted lock(mu);
+    cv_.wait(lock.lock, std::move(ready));
+  }
+  template <typename Rep, typename Period, typename Predicate>
+  bool AwaitWithTimeout(Mutex* mu, std::chrono::duration<Rep, Period> timeout, Predicate ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Adopted lock(mu);
+    return cv_.wait_for(lock.lock, timeout, std::move(ready));
+  }
+  template <typename Duration, typename Predicate>
+  bool AwaitWithDeadline(Mutex* mu,
+                         std::chrono::time_point<std::chrono::steady_clock, Duration> deadline,
+                         Predicate ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Adopted lock(mu);
+    return cv_.wait_until(lock.lock, deadline, std::move(ready));
   }
 
   void Signal() { cv_.notify_one(); }

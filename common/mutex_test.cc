@@ -81,5 +81,36 @@ TEST_CASE("MutexLock excludes other holders") {
   REQUIRE(count == 200000);
 }
 
+TEST_CASE("CondVar's predicate waits return once the predicate holds, or say it does not") {
+  Mutex mu;
+  CondVar changed;
+  int value = 0;
+  std::thread setter([&] {
+    for (int i = 0; i < 3; ++i) {
+      std::this_thread::sleep_for(milliseconds(5));
+      MutexLock lock(&mu);
+      ++value;
+      changed.SignalAll();
+    }
+  });
+  {
+    MutexLock lock(&mu);
+    changed.Await(&mu, [&] { return value == 3; });  // wakes on 1 and 2 and waits on
+    REQUIRE(value == 3);
+    REQUIRE_FALSE(changed.AwaitWithTimeout(&mu, milliseconds(10), [&] { return value == 4; }));
+    REQUIRE(changed.AwaitWithDeadline(&mu, steady_clock::now(), [&] { return value == 3; }));
+  }
+  setter.join();
+}
+
+TEST_CASE("MutexLock can let go for a stretch and take the mutex back") {
+  Mutex mu;
+  MutexLock lock(&mu);
+  lock.Unlock();
+  std::thread other([&] { MutexLock inner(&mu); });  // would block forever if still held
+  other.join();
+  lock.Lock();
+}
+
 }  // namespace
 }  // namespace mlfabric

@@ -29,10 +29,10 @@ ModelFetcher::ModelFetcher(Options options, ServerResolver* resolver,
 
 void ModelFetcher::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 std::string ModelFetcher::RelayKey(uint32_t job_id, const std::string& server, bool round) {
@@ -54,12 +54,14 @@ std::shared_ptr<SharedBuffer> ModelFetcher::AwaitRelayCopy(const std::string& ke
                                                           v1::DataGetReply* reply) {
   using State = RelayTable::State;
   // Our own get of the batch may not have its reply header yet.
-  std::unique_lock<std::mutex> lock(mu_);
-  State state = State::kUnknown;
-  cv_.wait_for(lock, std::chrono::duration<double>(options_.get_timeout_s), [&] {
-    state = relays_.StateOf(key, batch);
-    return state != State::kUnknown || stopping_;
-  });
+  MutexLock lock(&mu_);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(options_.get_timeout_s));
+  while (relays_.StateOf(key, batch) == State::kUnknown && !stopping_ &&
+         std::chrono::steady_clock::now() < deadline) {
+    cv_.WaitWithDeadline(&mu_, deadline);
+  }
   RelayTable::Watch peek = relays_.AddWatcher(key, batch, 0);
   if (stopping_) {
     reply->set_error(absl::StrCat(who, " is stopping"));
@@ -95,7 +97,7 @@ absl::Status ModelFetcher::ServeRelay(int fd, const PacketHeader& request,
   const uint64_t stream = send_->ReserveReplyId();
   std::string failed_meanwhile;
   {
-    std::lock_guard<std::mutex> lock(mu_);  // relay effects are applied under it
+    MutexLock lock(&mu_);  // relay effects are applied under it
     send_->OpenReply(stream, fd, request, model,
                      std::numeric_limits<size_t>::max());
     RelayTable::Watch watch = relays_.AddWatcher(key, batch, stream);
@@ -152,20 +154,20 @@ absl::Status ModelFetcher::Receive(transport::GetClient::Connection& connection,
   const uint64_t batch = connection.reply.batch();
   bool relaying = false;  // this get keeps the copy others may be routed to
   if (!relay_key.empty() && batch != 0 && total > 0) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     RelayTable::Effects effects;
     relaying = relays_.Begin(relay_key, batch, connection.reply.version(), buffer, &effects);
     ApplyLocked(std::move(effects));
-    cv_.notify_all();  // requesters routed here may be waiting for the copy (ServeRelay)
+    cv_.SignalAll();  // requesters routed here may be waiting for the copy (ServeRelay)
   }
   absl::Status received = client_->Receive(
       connection, *buffer, [&](uint64_t begin, uint64_t end) {
         if (!relaying) return;
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         ApplyLocked(relays_.Arrived(relay_key, batch, begin, end));
       });
   if (relaying) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // Requesters below us learn where the chain broke.
     const std::string broken =
         received.ok() ? "" : absl::StrCat("its copy from ", source, " failed: ", received.message());
@@ -200,8 +202,9 @@ absl::Status ModelFetcher::Fetch(const std::string& job, const std::string& serv
                             std::chrono::duration<double>(options_.failover_wait_s));
   while (std::chrono::steady_clock::now() < deadline) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_; })) break;
+      MutexLock lock(&mu_);
+      if (!stopping_) cv_.WaitWithTimeout(&mu_, std::chrono::milliseconds(200));
+      if (stopping_) break;
     }
     v1::ResolveServerReply moved;
     if (!resolver_->Resolve(job, server, &moved).ok()) continue;
@@ -274,7 +277,7 @@ absl::Status ModelFetcher::FetchGroup(const std::string& job, const std::string&
                      << n << " shards in " << attempt + 1 << " round(s)";
       break;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("daemon stopping");
   }
   if (!ask.empty()) {

@@ -26,13 +26,12 @@
 #define MLFABRIC_DAEMON_ENGINE_MODEL_FETCHER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/mutex.h"
 #include "daemon/control/server_resolver.h"
 #include "ipc/buffer_pool.h"
 #include "daemon/engine/local_round_sums.h"
@@ -128,7 +127,7 @@ class ModelFetcher {
                                                v1::DataGetReply* reply);
   // Carries out what the relay table said. Requires mu_.
   // Dropped copies go back to the buffer pool.
-  void ApplyLocked(RelayTable::Effects effects);
+  void ApplyLocked(RelayTable::Effects effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   ServerResolver* const resolver_;
@@ -138,9 +137,12 @@ class ModelFetcher {
   LocalRoundSums* local_rounds_ = nullptr;
   BufferPool* pool_ = nullptr;
 
-  std::mutex mu_;
-  std::condition_variable cv_;  // a copy's state changed, or stopping
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;  // a copy's state changed, or stopping
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Own lock, a leaf: read without mu_; its changes are made, and their
+  // effects applied, under mu_ so that the reply streams they feed see
+  // them in order.
   RelayTable relays_;
   std::atomic<uint64_t> next_request_{1};
   std::atomic<int64_t> copies_forwarded_{0};

@@ -29,14 +29,14 @@ ModelServer::ModelServer(Options options, ServerApps* apps, SchedulerClient* sch
 
 uint64_t ModelServer::NewHistoryRequest(const std::string& key) {
   if (options_.snapshot_history == 0) return 0;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t id = kHistoryId | next_history_++;
   history_requests_[id] = key;
   return id;
 }
 
 void ModelServer::Answer(uint64_t batch, GetBatcher::Snapshot snapshot) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if ((batch & kHistoryId) != 0) {
     auto request = history_requests_.find(batch);
     if (request == history_requests_.end()) return;
@@ -46,7 +46,7 @@ void ModelServer::Answer(uint64_t batch, GetBatcher::Snapshot snapshot) {
     std::map<int64_t, GetBatcher::Snapshot>& kept = history_[key];
     kept[snapshot.version] = std::move(snapshot);
     while (kept.size() > options_.snapshot_history) kept.erase(kept.begin());
-    cv_.notify_all();
+    cv_.SignalAll();
     return;
   }
   if ((batch & kSoloId) != 0) {
@@ -54,7 +54,7 @@ void ModelServer::Answer(uint64_t batch, GetBatcher::Snapshot snapshot) {
   } else {
     gets_.Answer(batch, std::move(snapshot));
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void ModelServer::SoloSnapshot(const std::string& key, const std::string& server,
@@ -63,7 +63,7 @@ void ModelServer::SoloSnapshot(const std::string& key, const std::string& server
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(options_.get_timeout_s));
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // The version asked for, kept from right after its update (a server
   // group's shard; NewHistoryRequest).
   if (auto kept = history_.find(key); kept != history_.end() && min_version >= 0) {
@@ -76,15 +76,17 @@ void ModelServer::SoloSnapshot(const std::string& key, const std::string& server
   while (true) {
     const uint64_t id = kSoloId | next_solo_++;
     solo_[id];
-    lock.unlock();
+    lock.Unlock();
     absl::Status asked = apps_->AskSnapshot(key, id, min_version);
-    lock.lock();
+    lock.Lock();
     if (!asked.ok()) {
       solo_.erase(id);
       *error = absl::StrCat("cannot reach server '", server, "': ", asked.message());
       return;
     }
-    cv_.wait_until(lock, deadline, [&] { return solo_[id].has_value() || stopping_.load(); });
+    cv_.AwaitWithDeadline(&mu_, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return solo_[id].has_value() || stopping_.load();
+    });
     std::optional<GetBatcher::Snapshot> snapshot = std::move(solo_[id]);
     solo_.erase(id);
     if (!snapshot.has_value()) {
@@ -101,7 +103,8 @@ void ModelServer::SoloSnapshot(const std::string& key, const std::string& server
     }
     // Not there yet: its update is being applied (a group push released at
     // every shard at once).
-    if (cv_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stopping_.load(); }) ||
+    if (cv_.AwaitWithTimeout(&mu_, std::chrono::milliseconds(2),
+                             [&] { return stopping_.load(); }) ||
         std::chrono::steady_clock::now() >= deadline) {
       *error = absl::StrCat("server '", server, "' is at version ", snapshot->version,
                             " and did not reach ", min_version, " within ",
@@ -112,22 +115,22 @@ void ModelServer::SoloSnapshot(const std::string& key, const std::string& server
 }
 
 void ModelServer::FailServer(const std::string& key, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   history_.erase(key);
   gets_.FailKey(key, why);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void ModelServer::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 ModelServer::Stats ModelServer::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const GetBatcher::Stats batches = gets_.stats();
   return {batches.gets, batches.snapshots, copies_sent_.load(), routed_.load()};
 }
@@ -159,9 +162,9 @@ absl::Status ModelServer::Serve(int fd, const PacketHeader& request,
   // take its snapshot once every get of this one has).
   auto leave = [&] {
     if (!ticket.has_value()) return;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     gets_.Leave(ticket->batch);
-    cv_.notify_all();
+    cv_.SignalAll();
   };
   // §10.3: the batch's distribution tree says whether this requester gets
   // the model from here or from a distributor of the same batch.
@@ -205,7 +208,7 @@ std::optional<GetBatcher::Ticket> ModelServer::BatchSnapshot(
     const std::string& key, const PacketHeader& request, const v1::DataGetRequest& body,
     std::string* error, int64_t* version, std::shared_ptr<SharedBuffer>* model) {
   const std::string& server = body.server();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // One snapshot per batch of gets (§10.3, daemon/engine/get_batcher.h).
   // A get that asks to be answered from here takes no part in the tree.
   const GetBatcher::Ticket ticket = gets_.Join(
@@ -215,15 +218,17 @@ std::optional<GetBatcher::Ticket> ModelServer::BatchSnapshot(
                  << (ticket.ask    ? " (takes its snapshot)"
                      : ticket.late ? " (late, as a leaf of its leaving tree)"
                                    : "");
-  if (ticket.ask) AskBatchSnapshotLocked(lock, key, server, ticket.batch);
-  if (!cv_.wait_for(lock, std::chrono::duration<double>(options_.get_timeout_s), [&] {
-        return gets_.Result(ticket.batch).has_value() || stopping_.load();
-      })) {
+  if (ticket.ask) AskBatchSnapshotLocked(key, server, ticket.batch);
+  if (!cv_.AwaitWithTimeout(&mu_, std::chrono::duration<double>(options_.get_timeout_s),
+                            [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                              return gets_.Result(ticket.batch).has_value() ||
+                                     stopping_.load();
+                            })) {
     // The whole batch gives up together.
     gets_.Answer(ticket.batch, {0, nullptr,
                                 absl::StrCat("server '", server, "' did not answer within ",
                                              options_.get_timeout_s, " s")});
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   if (std::optional<GetBatcher::Snapshot> snapshot = gets_.Result(ticket.batch)) {
     *error = snapshot->error;
@@ -235,25 +240,25 @@ std::optional<GetBatcher::Ticket> ModelServer::BatchSnapshot(
   return ticket;
 }
 
-void ModelServer::AskBatchSnapshotLocked(std::unique_lock<std::mutex>& lock,
-                                         const std::string& key, const std::string& server,
+void ModelServer::AskBatchSnapshotLocked(const std::string& key, const std::string& server,
                                          uint64_t batch) {
   // The previous batch's replies leave first; gets arriving meanwhile
   // join this batch.
-  cv_.wait_for(lock, std::chrono::duration<double>(options_.get_batch_wait_s), [&] {
-    return gets_.MayAsk(batch) || stopping_.load();
-  });
+  cv_.AwaitWithTimeout(&mu_, std::chrono::duration<double>(options_.get_batch_wait_s),
+                       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                         return gets_.MayAsk(batch) || stopping_.load();
+                       });
   if (gets_.Result(batch).has_value()) return;  // ended meanwhile (server gone)
-  lock.unlock();
+  mu_.Unlock();
   absl::Status sent = apps_->AskSnapshot(key, batch, -1);
-  lock.lock();
+  mu_.Lock();
   if (absl::IsNotFound(sent)) {
     gets_.FailKey(key, absl::StrCat("server '", server, "' disconnected"));
   } else if (!sent.ok()) {
     gets_.Answer(batch, {0, nullptr,
                          absl::StrCat("cannot reach server '", server, "': ", sent.message())});
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 GetBatcher::Route ModelServer::AwaitRoute(const std::string& key, uint32_t job_id,
@@ -261,12 +266,13 @@ GetBatcher::Route ModelServer::AwaitRoute(const std::string& key, uint32_t job_i
                                           const GetBatcher::Ticket& ticket,
                                           int64_t model_bytes) {
   if (ticket.ask) RouteBatch(key, job_id, server, ticket.batch, model_bytes);
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::optional<GetBatcher::Route> routed;
-  cv_.wait_for(lock, std::chrono::duration<double>(options_.get_timeout_s), [&] {
-    routed = gets_.RouteOf(ticket.batch, ticket.member);
-    return routed.has_value() || stopping_.load();
-  });
+  cv_.AwaitWithTimeout(&mu_, std::chrono::duration<double>(options_.get_timeout_s),
+                       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                         routed = gets_.RouteOf(ticket.batch, ticket.member);
+                         return routed.has_value() || stopping_.load();
+                       });
   if (routed.has_value()) return *routed;
   return GetBatcher::Route();  // direct
 }
@@ -389,9 +395,9 @@ void ModelServer::RouteBatch(const std::string& key, uint32_t job_id, const std:
   // (at most get_late_joins below each member).
   const int late_joins =
       tree_size && late_joins_help ? static_cast<int>(options_.get_late_joins) : 0;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   gets_.SetRoutes(batch, std::move(routes), late_joins, min_late_bps);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 }  // namespace mlfabric::daemon

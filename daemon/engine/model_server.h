@@ -29,16 +29,15 @@
 #define MLFABRIC_DAEMON_ENGINE_MODEL_SERVER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
-#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/mutex.h"
 #include "daemon/control/scheduler_client.h"
 #include "daemon/engine/get_batcher.h"
 #include "daemon/engine/model_request_ids.h"
@@ -127,9 +126,9 @@ class ModelServer {
                                                   std::string* error, int64_t* version,
                                                   std::shared_ptr<SharedBuffer>* model);
   // Asks the application for batch `batch`'s snapshot once the previous
-  // batch may let it (mu_ held through `lock`, released while asking).
-  void AskBatchSnapshotLocked(std::unique_lock<std::mutex>& lock, const std::string& key,
-                              const std::string& server, uint64_t batch);
+  // batch may let it (mu_ held, released while asking).
+  void AskBatchSnapshotLocked(const std::string& key, const std::string& server, uint64_t batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // This get's route in its batch's tree (planned here by the get that took
   // the snapshot); direct when none comes within get_timeout_s.
   GetBatcher::Route AwaitRoute(const std::string& key, uint32_t job_id,
@@ -155,19 +154,20 @@ class ModelServer {
   void SoloSnapshot(const std::string& key, const std::string& server, int64_t min_version,
                     std::string* error, int64_t* version, std::shared_ptr<SharedBuffer>* model);
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   std::atomic<bool> stopping_{false};
-  GetBatcher gets_;
+  GetBatcher gets_;  // own lock, a leaf: its waits are on cv_, under mu_
   // Fresh gets' snapshot requests, by request id (kSoloId set), until answered.
   static constexpr uint64_t kSoloId = kSoloRequestBit;
-  uint64_t next_solo_ = 1;
-  std::map<uint64_t, std::optional<GetBatcher::Snapshot>> solo_;
+  uint64_t next_solo_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::optional<GetBatcher::Snapshot>> solo_ ABSL_GUARDED_BY(mu_);
   // Shard snapshots by version, per key, and the requests still out.
   static constexpr uint64_t kHistoryId = kHistoryRequestBit;
-  uint64_t next_history_ = 1;
-  std::map<uint64_t, std::string> history_requests_;
-  std::map<std::string, std::map<int64_t, GetBatcher::Snapshot>> history_;
+  uint64_t next_history_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::string> history_requests_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::map<int64_t, GetBatcher::Snapshot>> history_
+      ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> copies_sent_{0};
   std::atomic<int64_t> routed_{0};
 };
