@@ -23,6 +23,41 @@ void AddWrapping(U* __restrict dst, const U* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+// Element-wise min, max or (wrapping, for integers) product of `n` values.
+// Integer products are taken in an unsigned type at least as wide as int,
+// so that no signed overflow happens and the result wraps modulo 2^width.
+template <typename T>
+void CombineValues(ReduceOp op, T* __restrict dst, const T* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    switch (op) {
+      case ReduceOp::kMin: dst[i] = src[i] < dst[i] ? src[i] : dst[i]; break;
+      case ReduceOp::kMax: dst[i] = src[i] > dst[i] ? src[i] : dst[i]; break;
+      case ReduceOp::kProduct:
+        if constexpr (std::is_integral_v<T>) {
+          using Wide = std::conditional_t<(sizeof(T) <= sizeof(unsigned)), unsigned, uint64_t>;
+          dst[i] = static_cast<T>(static_cast<Wide>(dst[i]) * static_cast<Wide>(src[i]));
+        } else {
+          dst[i] = dst[i] * src[i];
+        }
+        break;
+      case ReduceOp::kSum: dst[i] = dst[i] + src[i]; break;  // not reached: SumInto
+    }
+  }
+}
+
+// float16 (common/half.h): each operation in float, rounded back to half.
+void CombineHalves(ReduceOp op, uint16_t* dst, const uint16_t* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float a = HalfToFloat(dst[i]), b = HalfToFloat(src[i]);
+    switch (op) {
+      case ReduceOp::kMin: dst[i] = b < a ? src[i] : dst[i]; break;
+      case ReduceOp::kMax: dst[i] = b > a ? src[i] : dst[i]; break;
+      case ReduceOp::kProduct: dst[i] = FloatToHalf(a * b); break;
+      case ReduceOp::kSum: dst[i] = FloatToHalf(a + b); break;
+    }
+  }
+}
+
 }  // namespace
 
 void SumInto(DType dtype, void* dst, const void* src, double weight, size_t n) {
@@ -43,6 +78,38 @@ void SumInto(DType dtype, void* dst, const void* src, double weight, size_t n) {
     case DType::kFloat16:
       AddHalves(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
       return;
+    case DType::kInt8:
+    case DType::kUint8:
+      AddWrapping(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+      return;
+    case DType::kInt16:
+    case DType::kUint16:
+      AddWrapping(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
+      return;
+  }
+}
+
+void ReduceInto(ReduceOp op, DType dtype, void* dst, const void* src, size_t n) {
+  if (op == ReduceOp::kSum) return SumInto(dtype, dst, src, 1.0, n);
+  switch (dtype) {
+    case DType::kFloat32:
+      return CombineValues(op, static_cast<float*>(dst), static_cast<const float*>(src), n);
+    case DType::kFloat64:
+      return CombineValues(op, static_cast<double*>(dst), static_cast<const double*>(src), n);
+    case DType::kInt32:
+      return CombineValues(op, static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n);
+    case DType::kInt64:
+      return CombineValues(op, static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n);
+    case DType::kInt8:
+      return CombineValues(op, static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), n);
+    case DType::kUint8:
+      return CombineValues(op, static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+    case DType::kInt16:
+      return CombineValues(op, static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n);
+    case DType::kUint16:
+      return CombineValues(op, static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
+    case DType::kFloat16:
+      return CombineHalves(op, static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
   }
 }
 
@@ -102,8 +169,26 @@ size_t DTypeBytes(DType dtype) {
     case DType::kInt32: return sizeof(int32_t);
     case DType::kInt64: return sizeof(int64_t);
     case DType::kFloat16: return sizeof(uint16_t);
+    case DType::kInt8: return sizeof(int8_t);
+    case DType::kUint8: return sizeof(uint8_t);
+    case DType::kInt16: return sizeof(int16_t);
+    case DType::kUint16: return sizeof(uint16_t);
   }
   return 0;
+}
+
+bool IsIntegerDType(DType dtype) {
+  return dtype != DType::kFloat32 && dtype != DType::kFloat64 && dtype != DType::kFloat16;
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProduct: return "product";
+  }
+  return "unknown";
 }
 
 const char* DTypeName(DType dtype) {
@@ -113,6 +198,10 @@ const char* DTypeName(DType dtype) {
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
     case DType::kFloat16: return "float16";
+    case DType::kInt8: return "int8";
+    case DType::kUint8: return "uint8";
+    case DType::kInt16: return "int16";
+    case DType::kUint16: return "uint16";
   }
   return "unknown";
 }
@@ -205,8 +294,7 @@ absl::Status PacketPool::AddContributor(TransferId transfer, ContributorId id, d
                                                    " has count 0 (must stand for at least one "
                                                    "contribution)"));
   }
-  const bool unweighted = spec.dtype == DType::kInt32 || spec.dtype == DType::kInt64 ||
-                          spec.dtype == DType::kFloat16;
+  const bool unweighted = spec.dtype != DType::kFloat32 && spec.dtype != DType::kFloat64;
   if (unweighted && weight != 1.0) {
     return absl::InvalidArgumentError(
         absl::StrCat("transfer ", transfer, ": contributor ", id, " has weight ", weight,

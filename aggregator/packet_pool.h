@@ -20,8 +20,9 @@
 //  - The sum lives in a caller-owned buffer (e.g. the shared-memory buffer
 //    the daemon sends from and hands to the server); nothing is copied out.
 //  - float32/float64 (weighted, with the vectorised kernels of reduce.h, so
-//    results are bit-identical with the scalar `dst += w * src`) and
-//    int32/int64 (unweighted, wrapping modulo 2^32 / 2^64), and float16
+//    results are bit-identical with the scalar `dst += w * src`),
+//    int8/uint8/int16/uint16/int32/int64 (unweighted, wrapping modulo 2^width,
+//    as Open MPI's MPI_SUM does), and float16
 //    (unweighted; each addition in float, rounded to half: common/half.h).
 //
 // Completeness is counted in bytes: grid packet p is complete when
@@ -69,15 +70,26 @@
 
 namespace mlfabric::aggregator {
 
-enum class DType { kFloat32, kFloat64, kInt32, kInt64, kFloat16 };
+enum class DType { kFloat32, kFloat64, kInt32, kInt64, kFloat16, kInt8, kUint8, kInt16, kUint16 };
 size_t DTypeBytes(DType dtype);
 const char* DTypeName(DType dtype);
+bool IsIntegerDType(DType dtype);
+
+// The element-wise reductions of the host-local AllReduce (Horovod's Sum,
+// Min, Max, Product). The packet pool only sums.
+enum class ReduceOp { kSum, kMin, kMax, kProduct };
+const char* ReduceOpName(ReduceOp op);
 
 // dst[i] += weight * src[i] for `n` elements of `dtype`: floats through the
 // reduce.h kernels; integers unweighted, wrapping; float16 unweighted, each
 // addition rounded to half (common/half.h). The packet pool's sum, and the
 // AllReduce's host-local one (api/local_reduce.h).
 void SumInto(DType dtype, void* dst, const void* src, double weight, size_t n);
+// dst[i] = op(dst[i], src[i]) for `n` elements of `dtype`, unweighted:
+// kSum as SumInto with weight 1; integer products wrap modulo 2^width (as
+// Open MPI's MPI_PROD); float16 compares, and multiplies in float rounded
+// to half per operation.
+void ReduceInto(ReduceOp op, DType dtype, void* dst, const void* src, size_t n);
 
 using TransferId = uint64_t;
 using ContributorId = uint64_t;  // contributors are transfer ids

@@ -270,6 +270,10 @@ void ModelSum(DType dtype, std::byte* sum, const std::byte* src, double weight, 
     case DType::kFloat64: ModelAdd<double>(sum, src, weight, bytes / 8); break;
     case DType::kInt32: ModelAdd<uint32_t>(sum, src, weight, bytes / 4); break;
     case DType::kInt64: ModelAdd<uint64_t>(sum, src, weight, bytes / 8); break;
+    case DType::kInt8:
+    case DType::kUint8: ModelAdd<uint8_t>(sum, src, weight, bytes); break;
+    case DType::kInt16:
+    case DType::kUint16: ModelAdd<uint16_t>(sum, src, weight, bytes / 2); break;
     case DType::kFloat16: FAIL("float16 has no weighted model here"); break;
   }
 }
@@ -601,6 +605,59 @@ TEST_CASE("float16 sums in float, rounded to half per addition, with weight 1 on
   CHECK(*pool.Complete(4));
   CHECK(HalfToFloat(sum[0]) == 2048.0f);  // 2049 is not a half: ties to the even 2048
   CHECK(HalfToFloat(sum[1]) == 2050.0f);  // 2049.5 rounds to 2050
+}
+
+TEST_CASE("8- and 16-bit integer sums wrap as Open MPI's MPI_SUM does") {
+  std::vector<int8_t> a = {127, -128, 100, -1}, b = {1, -1, 100, 1};
+  SumInto(DType::kInt8, a.data(), b.data(), 1.0, a.size());
+  CHECK(a == std::vector<int8_t>{-128, 127, -56, 0});
+  std::vector<uint8_t> ua = {255, 0, 200}, ub = {1, 0, 100};
+  SumInto(DType::kUint8, ua.data(), ub.data(), 1.0, ua.size());
+  CHECK(ua == std::vector<uint8_t>{0, 0, 44});
+  std::vector<int16_t> c = {32767, -32768}, d = {1, -1};
+  SumInto(DType::kInt16, c.data(), d.data(), 1.0, c.size());
+  CHECK(c == std::vector<int16_t>{-32768, 32767});
+  std::vector<uint16_t> uc = {65535, 40000}, ud = {2, 40000};
+  SumInto(DType::kUint16, uc.data(), ud.data(), 1.0, uc.size());
+  CHECK(uc == std::vector<uint16_t>{1, 14464});
+  CHECK(DTypeBytes(DType::kInt8) == 1);
+  CHECK(DTypeBytes(DType::kUint16) == 2);
+  CHECK(std::string(DTypeName(DType::kUint8)) == "uint8");
+  CHECK(IsIntegerDType(DType::kInt16));
+  CHECK(!IsIntegerDType(DType::kFloat16));
+}
+
+TEST_CASE("Min, max and product per element; integer products wrap") {
+  std::vector<int16_t> a = {3, -7, 300, 5}, b = {-2, 4, 300, 5};
+  std::vector<int16_t> lo = a, hi = a, prod = a;
+  ReduceInto(ReduceOp::kMin, DType::kInt16, lo.data(), b.data(), a.size());
+  ReduceInto(ReduceOp::kMax, DType::kInt16, hi.data(), b.data(), a.size());
+  ReduceInto(ReduceOp::kProduct, DType::kInt16, prod.data(), b.data(), a.size());
+  CHECK(lo == std::vector<int16_t>{-2, -7, 300, 5});
+  CHECK(hi == std::vector<int16_t>{3, 4, 300, 5});
+  // 300 * 300 = 90000 = 24464 modulo 2^16.
+  CHECK(prod == std::vector<int16_t>{-6, -28, 24464, 25});
+  std::vector<uint16_t> u = {65535}, v = {65535};
+  ReduceInto(ReduceOp::kProduct, DType::kUint16, u.data(), v.data(), 1);
+  CHECK(u[0] == 1);  // (2^16 - 1)^2 = 1 modulo 2^16, with no signed overflow on the way
+  std::vector<uint8_t> x = {200, 3}, y = {100, 250};
+  ReduceInto(ReduceOp::kMin, DType::kUint8, x.data(), y.data(), 2);
+  CHECK(x == std::vector<uint8_t>{100, 3});
+  std::vector<double> f = {1.5, -2.0}, g = {-3.0, 0.25};
+  ReduceInto(ReduceOp::kProduct, DType::kFloat64, f.data(), g.data(), 2);
+  CHECK(f == std::vector<double>{-4.5, -0.5});
+  std::vector<uint16_t> h = {FloatToHalf(2.0f), FloatToHalf(-1.0f)};
+  const std::vector<uint16_t> k = {FloatToHalf(3.0f), FloatToHalf(-4.0f)};
+  ReduceInto(ReduceOp::kMax, DType::kFloat16, h.data(), k.data(), 2);
+  CHECK(HalfToFloat(h[0]) == 3.0f);
+  CHECK(HalfToFloat(h[1]) == -1.0f);
+  ReduceInto(ReduceOp::kProduct, DType::kFloat16, h.data(), k.data(), 2);
+  CHECK(HalfToFloat(h[0]) == 9.0f);
+  CHECK(HalfToFloat(h[1]) == 4.0f);
+  std::vector<int32_t> s = {5}, t = {6};
+  ReduceInto(ReduceOp::kSum, DType::kInt32, s.data(), t.data(), 1);
+  CHECK(s[0] == 11);
+  CHECK(std::string(ReduceOpName(ReduceOp::kProduct)) == "product");
 }
 
 TEST_CASE("Unregistering forgets the transfer and its partial packets") {
