@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "aggregator/packet_pool.h"
 #include "api/local_reduce.h"
 
 namespace mlfabric {
@@ -27,6 +28,11 @@ const char* DataTypeName(DataType dtype) {
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
     case DataType::kFloat16: return "float16";
+    case DataType::kInt8: return "int8";
+    case DataType::kUint8: return "uint8";
+    case DataType::kInt16: return "int16";
+    case DataType::kUint16: return "uint16";
+    case DataType::kBool: return "bool";
   }
   return "unknown";
 }
@@ -38,18 +44,41 @@ size_t DataTypeSize(DataType dtype) {
     case DataType::kInt32: return 4;
     case DataType::kInt64: return 8;
     case DataType::kFloat16: return 2;
+    case DataType::kInt8: return 1;
+    case DataType::kUint8: return 1;
+    case DataType::kInt16: return 2;
+    case DataType::kUint16: return 2;
+    case DataType::kBool: return 1;
   }
   return 0;
 }
 
 absl::StatusOr<DataType> ParseDataType(const std::string& name) {
-  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kInt32, DataType::kInt64,
-                     DataType::kFloat16}) {
-    if (name == DataTypeName(t)) return t;
+  for (int code = 1; code <= static_cast<int>(DataType::kBool); ++code) {
+    if (name == DataTypeName(static_cast<DataType>(code))) return static_cast<DataType>(code);
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unsupported dtype '", name,
-      "': AllReduce supports float16, float32, float64, int32 and int64"));
+      "': AllReduce supports float16, float32, float64, int8, uint8, int16, uint16, int32 and "
+      "int64 (and Broadcast bool)"));
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProduct: return "product";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ReduceOp> ParseReduceOp(const std::string& name) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    if (name == ReduceOpName(op)) return op;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown reduce op '", name, "': use sum, min, max or product"));
 }
 
 namespace {
@@ -69,14 +98,54 @@ namespace internal {
 bool LaunchedByMpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
 }  // namespace internal
 
+absl::Status AllReducer::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  if (DataTypeSize(dtype) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported dtype code ", static_cast<int>(dtype),
+        " for AllReduce: use float16, float32, float64, int8, uint8, int16, uint16, int32 or "
+        "int64"));
+  }
+  if (dtype == DataType::kBool) {
+    return absl::InvalidArgumentError(
+        "AllReduce does not reduce bool (as Horovod, bool is for broadcast and allgather only)");
+  }
+  if (std::string(ReduceOpName(op)) == "unknown") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown reduce op code ", static_cast<int>(op),
+                                                   ": use sum, min, max or product"));
+  }
+  return Reduce(data, count, dtype, op);
+}
+
 absl::Status AllReducer::Broadcast(void* data, size_t count, DataType dtype, int root) {
+  if (DataTypeSize(dtype) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype code ", static_cast<int>(dtype), " for Broadcast"));
+  }
+  // The ranks agree on the root first (one small sum, each rank's root at
+  // its own place), so a differing root fails every rank instead of
+  // summing two ranks' buffers; an invalid root is reported after it, so
+  // that no rank leaves the others waiting.
+  std::vector<int64_t> roots(static_cast<size_t>(size_), 0);
+  roots[static_cast<size_t>(rank_)] = root;
+  if (auto status = Reduce(roots.data(), roots.size(), DataType::kInt64, ReduceOp::kSum);
+      !status.ok()) {
+    return status;
+  }
+  for (int r = 1; r < size_; ++r) {
+    if (roots[static_cast<size_t>(r)] != roots[0]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Mismatched Broadcast root rank: rank 0 passed root ", roots[0], " while rank ", r,
+          " passed root ", roots[static_cast<size_t>(r)]));
+    }
+  }
   if (root < 0 || root >= size_) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast root ", root, " is not a rank (size ", size_, ")"));
   }
-  // A sum where every rank but the root contributes zeros is exact.
+  // A sum where every rank but the root contributes zeros is exact (bool
+  // as its bytes).
   if (rank_ != root) std::memset(data, 0, count * DataTypeSize(dtype));
-  return AllReduce(data, count, dtype);
+  return Reduce(data, count, dtype == DataType::kBool ? DataType::kUint8 : dtype, ReduceOp::kSum);
 }
 
 std::vector<std::string> AvailableAllReduceBackends() {
@@ -122,7 +191,9 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeAllReducer(const AllReduceOption
       below = static_cast<size_t>(value);
     }
     auto fabric = internal::MakeMlfabricAllReducer(options, rank, size);
-    if (!fabric.ok() || below == 0 || size == 1 || options.backup_workers > 0 ||
+    // Under mpirun every call agrees through MPI first, and ops other than
+    // sum go through MPI (below == 0: every sum through the scheduler).
+    if (!fabric.ok() || size == 1 || options.backup_workers > 0 ||
         !internal::LaunchedByMpirun()) {
       return fabric;
     }
@@ -155,8 +226,31 @@ ElementType ToElementType(DataType dtype) {
     case DataType::kInt32: return ElementType::kInt32;
     case DataType::kInt64: return ElementType::kInt64;
     case DataType::kFloat16: return ElementType::kFloat16;
+    case DataType::kInt8: return ElementType::kInt8;
+    case DataType::kUint8: return ElementType::kUint8;
+    case DataType::kInt16: return ElementType::kInt16;
+    case DataType::kUint16: return ElementType::kUint16;
+    case DataType::kBool: return ElementType::kUint8;  // Broadcast's bytes
   }
   return ElementType::kOpaque;
+}
+
+aggregator::ReduceOp PoolOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return aggregator::ReduceOp::kSum;
+    case ReduceOp::kMin: return aggregator::ReduceOp::kMin;
+    case ReduceOp::kMax: return aggregator::ReduceOp::kMax;
+    case ReduceOp::kProduct: return aggregator::ReduceOp::kProduct;
+  }
+  return aggregator::ReduceOp::kSum;
+}
+
+// A reduce op the daemons' rounds cannot carry (they sum, packet by packet).
+absl::Status RoundsOnlySum(ReduceOp op) {
+  return absl::UnimplementedError(absl::StrCat(
+      "reduce op ", ReduceOpName(op),
+      " is not implemented by the mlfabric AllReduce backend's rounds (its daemons sum); "
+      "launch with mlfabric-run or mpirun, where it goes through MPI, or use backend \"mpi\""));
 }
 
 // The root's server application: its daemon does the summing; it only
@@ -308,12 +402,15 @@ class MlfabricAllReducer : public AllReducer {
         " waited ", timeout_s, " s; rank 0 runs it): ", last.message()));
   }
 
-  absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
-    if (DataTypeSize(dtype) == 0) {
-      return absl::InvalidArgumentError("unsupported dtype for AllReduce");
-    }
+ protected:
+  absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     const size_t bytes = count * DataTypeSize(dtype);
     if (bytes == 0) return absl::OkStatus();  // nothing to sum, no round used
+    if (op != ReduceOp::kSum) {
+      // The round fails for ranks that passed sum (no one waits for it).
+      SpoilRound();
+      return RoundsOnlySum(op);
+    }
     const int64_t round = version_;
     // A failed round still uses its number (the scheduler moves on too).
     version_ = round + 1;
@@ -405,13 +502,14 @@ class MlfabricAllReducer : public AllReducer {
     // A round spoiled by a host whose ranks disagree (SpoilRound) fails
     // with "... is opaque bytes".
     if (what.find("is opaque bytes") != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return absl::FailedPreconditionError(absl::StrCat(
           "AllReduce inputs differ across ranks (round ", round,
-          "): the ranks on another host passed differing shapes, and its leader left the round (",
+          "): another rank left the round, for a reduce op other than sum or because the ranks "
+          "on its host passed differing shapes (",
           what, ")"));
     }
     if (what.find("mismatch:") != std::string::npos) {
-      return absl::InvalidArgumentError(
+      return absl::FailedPreconditionError(
           absl::StrCat("AllReduce inputs differ across ranks (round ", round, "): ", what));
     }
     return absl::UnavailableError(absl::StrCat("AllReduce round ", round, ": ", what));
@@ -466,21 +564,23 @@ class HierarchicalAllReducer : public AllReducer {
   const char* backend() const override { return "mlfabric"; }
   int local_size() const override { return group_->members(); }
 
-  absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
-    if (DataTypeSize(dtype) == 0) {
-      return absl::InvalidArgumentError("unsupported dtype for AllReduce");
-    }
+ protected:
+  // Any op on one host (in shared memory); across hosts the leaders'
+  // rounds refuse all but sum (RoundsOnlySum), after the host's part.
+  absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     if (count == 0) return absl::OkStatus();  // as the flat path: no round used
-    if (hosts_ == 1) return group_->AllReduce(data, count, ToElementType(dtype), nullptr, timeout_s_);
+    if (hosts_ == 1) {
+      return group_->AllReduce(data, count, ToElementType(dtype), nullptr, timeout_s_, PoolOp(op));
+    }
     LocalReduceGroup::CrossHost cross;
-    cross.reduce = [this, dtype](void* sum, size_t n, ElementType) -> absl::Status {
+    cross.reduce = [this, dtype, op](void* sum, size_t n, ElementType) -> absl::Status {
       if (across_hosts_ == nullptr) return absl::InternalError("not this host's leader");
-      return across_hosts_->AllReduce(sum, n, dtype);
+      return across_hosts_->AllReduce(sum, n, dtype, op);
     };
     cross.spoil = [this] {
       if (across_hosts_ != nullptr) across_hosts_->SpoilRound();
     };
-    return group_->AllReduce(data, count, ToElementType(dtype), &cross, timeout_s_);
+    return group_->AllReduce(data, count, ToElementType(dtype), &cross, timeout_s_, PoolOp(op));
   }
 
  private:
@@ -504,7 +604,7 @@ class HierarchicalAllReducer : public AllReducer {
 // for a round others skipped: a piece with no elements (count < P) is
 // pushed as one zero element of another type than the data's, and any
 // difference in count then shows as a piece whose size or type differs
-// at its root ("mismatch:", InvalidArgument).
+// at its root ("mismatch:", FailedPrecondition).
 class PiecesAllReducer : public AllReducer {
  public:
   PiecesAllReducer(int rank, int size, std::vector<std::unique_ptr<MlfabricAllReducer>> pieces)
@@ -523,10 +623,14 @@ class PiecesAllReducer : public AllReducer {
   // Calls in which at least one of this rank's pieces was left out.
   int64_t left_out() const override { return left_out_; }
 
-  absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
+ protected:
+  absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     const size_t element = DataTypeSize(dtype);
-    if (element == 0) return absl::InvalidArgumentError("unsupported dtype for AllReduce");
     if (count == 0) return absl::OkStatus();  // as the flat path: no round used
+    if (op != ReduceOp::kSum) {
+      for (auto& piece : pieces_) piece->SpoilRound();  // each fails for ranks that sum
+      return RoundsOnlySum(op);
+    }
     const size_t n = pieces_.size();
     std::vector<absl::Status> status(n);
     std::vector<int64_t> left_before(n);
@@ -554,7 +658,10 @@ class PiecesAllReducer : public AllReducer {
     const absl::Status* first = nullptr;
     for (const absl::Status& s : status) {
       if (s.ok()) continue;
-      if (first == nullptr || (absl::IsInvalidArgument(s) && !absl::IsInvalidArgument(*first))) {
+      const auto mistake = [](const absl::Status& e) {
+        return absl::IsInvalidArgument(e) || absl::IsFailedPrecondition(e);
+      };
+      if (first == nullptr || (mistake(s) && !mistake(*first))) {
         first = &s;
       }
     }

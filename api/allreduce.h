@@ -1,12 +1,14 @@
 // AllReduce behind one call (DESIGN.md §3, mlfabric.md §6): every rank hands
 // in a buffer of the same dtype and length and gets back the element-wise sum
-// over all ranks. Backends are strategies picked in one factory
+// (or min, max or product: ReduceOp) over all ranks. Backends are strategies picked in one factory
 // (MakeAllReducer), so training code names a backend once and never again:
 //
 //   AllReduceOptions options;             // rank/size default to the launcher's env
 //   options.backend = "mlfabric";         // "mlfabric" | "mpi" | "nccl" | "auto"
 //   ASSIGN_OR_RETURN(std::unique_ptr<AllReducer> reducer, MakeAllReducer(options));
 //   RETURN_IF_ERROR(reducer->AllReduce(grad.data(), grad.size(), DataType::kFloat32));
+//   RETURN_IF_ERROR(reducer->AllReduce(steps.data(), steps.size(), DataType::kInt64,
+//                                      ReduceOp::kMax));
 //
 // Backends:
 //   mlfabric  §6: push(root) + get(root) in synchronous mode (under
@@ -30,8 +32,21 @@
 //             MakeAllReducer returns an error naming "mlfabric" and "mpi".
 //   auto      nccl when usable, else mpi when launched by mpirun, else mlfabric.
 //
-// Every backend first checks that all ranks agree on dtype and length and
-// returns InvalidArgument naming both when they do not (no rank hangs).
+// Reduce ops: kSum on every backend. kMin, kMax and kProduct on mpi
+// (MPI_MIN/MAX/PROD) and nccl; on mlfabric the daemons' rounds only sum,
+// so under mpirun (mlfabric-run) those calls go through MPI_Allreduce
+// whatever their size, ranks on one host alone reduce them in shared
+// memory (api/local_reduce.h), and otherwise the call fails on every rank
+// with Unimplemented naming the op and the backend.
+//
+// Every backend first checks that all ranks agree on dtype, length and
+// reduce op (and Broadcast on the root) and returns FailedPrecondition on
+// every rank when they do not, naming the ranks and the values that
+// differ ("Mismatched AllReduce dtype: rank 0 passed float32 while rank 1
+// passed float64"), never a hang. Under mpirun that is one small
+// MPI_Allgather before any data moves; in the mlfabric backend's own
+// rounds the root's scheduler finds the differing push and fails the
+// round for every rank.
 // Calls are collective: every rank must make the same sequence of calls.
 // Thread safety: an AllReducer is not thread-safe; call it from one thread
 // (the Python and TensorFlow layers serialise calls for you).
@@ -51,14 +66,27 @@
 namespace mlfabric {
 
 // kFloat16 is IEEE binary16: summed in float, each addition rounded to half
-// (common/half.h), as MPI and NCCL half reductions do.
-enum class DataType : int32_t { kFloat32 = 1, kFloat64 = 2, kInt32 = 3, kInt64 = 4, kFloat16 = 5 };
+// (common/half.h), as MPI and NCCL half reductions do. Integer sums and
+// products wrap modulo 2^width (two's complement), as Open MPI's do. kBool
+// (one byte, 0 or 1) is for Broadcast only, as in Horovod: AllReduce
+// refuses it.
+enum class DataType : int32_t {
+  kFloat32 = 1, kFloat64 = 2, kInt32 = 3, kInt64 = 4, kFloat16 = 5,
+  kInt8 = 6, kUint8 = 7, kInt16 = 8, kUint16 = 9, kBool = 10,
+};
 
 // "float32", ...; size in bytes of one element (0 for an unknown value).
 const char* DataTypeName(DataType dtype);
 size_t DataTypeSize(DataType dtype);
-// Parses "float32" | "float64" | "int32" | "int64".
+// Parses the names DataTypeName gives ("float32", "uint8", "bool", ...).
 absl::StatusOr<DataType> ParseDataType(const std::string& name);
+
+// The element-wise reduction of an AllReduce (Horovod's hvd.Sum, hvd.Min,
+// hvd.Max, hvd.Product; Average is Sum divided by the caller).
+enum class ReduceOp : int32_t { kSum = 0, kMin = 1, kMax = 2, kProduct = 3 };
+// "sum", "min", "max", "product" ("unknown" for another value).
+const char* ReduceOpName(ReduceOp op);
+absl::StatusOr<ReduceOp> ParseReduceOp(const std::string& name);
 
 struct AllReduceOptions {
   std::string backend = "auto";     // mlfabric | mpi | nccl | auto
@@ -112,9 +140,11 @@ struct AllReduceOptions {
   // is bound by latency, where a planned round (the push's submission, the
   // commands, the get) costs milliseconds and its network-aware plan has
   // nothing to gain; larger calls take the scheduler's path. Every call
-  // first agrees on length and dtype through one small MPI collective, so
-  // all ranks take the same path. 0: every call through the scheduler.
-  // Environment MLFABRIC_ALLREDUCE_MPI_BELOW (bytes) overrides.
+  // first agrees on length, dtype and reduce op through one small MPI
+  // collective, so all ranks take the same path; calls with an op other
+  // than sum always take MPI's. 0: every sum through the scheduler (the
+  // agreement and the other ops still through MPI). Environment
+  // MLFABRIC_ALLREDUCE_MPI_BELOW (bytes) overrides.
   size_t mpi_below_bytes = 64 * 1024;
 };
 
@@ -125,9 +155,12 @@ int EnvSize();
 class AllReducer {
  public:
   virtual ~AllReducer() = default;
-  // In place: `data` holds `count` elements of `dtype` and receives the sum.
-  virtual absl::Status AllReduce(void* data, size_t count, DataType dtype) = 0;
-  // In place: every rank receives root's buffer (shapes must agree).
+  // In place: `data` holds `count` elements of `dtype` and receives their
+  // reduction by `op` over all ranks. InvalidArgument for kBool or an
+  // unknown dtype or op (this rank only: check before calling collectively).
+  absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op = ReduceOp::kSum);
+  // In place: every rank receives root's buffer (shapes and root must agree;
+  // kBool too).
   virtual absl::Status Broadcast(void* data, size_t count, DataType dtype, int root);
   virtual const char* backend() const = 0;
   int rank() const { return rank_; }
@@ -145,6 +178,9 @@ class AllReducer {
 
  protected:
   AllReducer(int rank, int size) : rank_(rank), size_(size) {}
+  // The backend's AllReduce, once `dtype` and `op` are known to be valid
+  // and dtype is not kBool.
+  virtual absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
 
  private:
   int rank_;

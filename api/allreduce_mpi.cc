@@ -6,8 +6,11 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "aggregator/packet_pool.h"
 #include "api/allreduce.h"
 #include "common/half.h"
 
@@ -73,9 +76,24 @@ absl::StatusOr<MPI_Datatype> MpiType(DataType dtype) {
     case DataType::kFloat64: return MPI_DOUBLE;
     case DataType::kInt32: return MPI_INT32_T;
     case DataType::kInt64: return MPI_INT64_T;
-    case DataType::kFloat16: return MPI_UINT16_T;  // summed by HalfSum below
+    case DataType::kFloat16: return MPI_UINT16_T;  // reduced by the Half* ops below
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kUint8: return MPI_UINT8_T;
+    case DataType::kInt16: return MPI_INT16_T;
+    case DataType::kUint16: return MPI_UINT16_T;
+    case DataType::kBool: return MPI_UINT8_T;  // Broadcast only: its bytes
   }
   return absl::InvalidArgumentError("unsupported dtype for the mpi AllReduce backend");
+}
+
+MPI_Op MpiOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+  }
+  return MPI_SUM;
 }
 
 std::string MpiError(int code) {
@@ -91,50 +109,86 @@ void HalfSum(void* in, void* inout, int* len, MPI_Datatype*) {
   AddHalves(static_cast<uint16_t*>(inout), static_cast<const uint16_t*>(in),
             static_cast<size_t>(*len));
 }
+template <aggregator::ReduceOp kOp>
+void HalfCombine(void* in, void* inout, int* len, MPI_Datatype*) {
+  aggregator::ReduceInto(kOp, aggregator::DType::kFloat16, inout, in, static_cast<size_t>(*len));
+}
 
-// One small MPI_Allreduce(MAX) of (len, -len, dtype, -dtype) tells every
-// rank whether all agree, so a mismatch is an error instead of a hang.
-absl::Status MpiCheckAgreement(int rank, size_t count, DataType dtype) {
-  int64_t local[4] = {static_cast<int64_t>(count), -static_cast<int64_t>(count),
-                      static_cast<int64_t>(dtype), -static_cast<int64_t>(dtype)};
-  int64_t global[4];
-  int code = MPI_Allreduce(local, global, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-  if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
-  if (global[0] != -global[1] || global[2] != -global[3]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AllReduce inputs differ across ranks: lengths range from ", -global[1], " to ",
-        global[0], ", dtypes ", DataTypeName(static_cast<DataType>(-global[3])), " to ",
-        DataTypeName(static_cast<DataType>(global[2])), " (rank ", rank, " passed ", count,
-        " x ", DataTypeName(dtype), ")"));
+// What every rank of a collective must agree on. `root` is -1 for an
+// AllReduce, `op` -1 for a Broadcast.
+struct CallShape {
+  int64_t count;
+  int64_t dtype;
+  int64_t op;
+  int64_t root;
+};
+static_assert(sizeof(CallShape) == 4 * sizeof(int64_t), "sent as 4 MPI_INT64_T");
+
+// One small MPI_Allgather of every rank's CallShape before any data moves:
+// every rank sees every rank's values, so all return the same
+// FailedPrecondition naming the first field that differs, rank 0's value
+// and the first rank whose value differs from it (as Horovod's
+// "Mismatched ..." errors), instead of a hang.
+absl::Status MpiCheckAgreement(const char* what, const CallShape& mine) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<CallShape> all(static_cast<size_t>(size));
+  int code = MPI_Allgather(&mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, MPI_COMM_WORLD);
+  if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allgather: " + MpiError(code));
+  const auto dtype_name = [](int64_t v) { return DataTypeName(static_cast<DataType>(v)); };
+  const auto op_name = [](int64_t v) { return ReduceOpName(static_cast<ReduceOp>(v)); };
+  for (int r = 1; r < size; ++r) {
+    const CallShape& a = all[0];
+    const CallShape& b = all[static_cast<size_t>(r)];
+    std::string field, first, other;
+    if (a.count != b.count) {
+      field = "length", first = absl::StrCat(a.count, " elements");
+      other = absl::StrCat(b.count, " elements");
+    } else if (a.dtype != b.dtype) {
+      field = "dtype", first = dtype_name(a.dtype), other = dtype_name(b.dtype);
+    } else if (a.op != b.op) {
+      field = "reduce op", first = op_name(a.op), other = op_name(b.op);
+    } else if (a.root != b.root) {
+      field = "root rank", first = absl::StrCat(a.root), other = absl::StrCat(b.root);
+    } else {
+      continue;
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Mismatched ", what, " ", field, ": rank 0 passed ", first, " while rank ", r,
+        " passed ", other, " (", what, " inputs differ across ranks)"));
   }
   return absl::OkStatus();
+}
+
+CallShape ReduceShape(size_t count, DataType dtype, ReduceOp op) {
+  return {static_cast<int64_t>(count), static_cast<int64_t>(dtype), static_cast<int64_t>(op), -1};
 }
 
 class MpiAllReducer : public AllReducer {
  public:
   MpiAllReducer(int rank, int size) : AllReducer(rank, size) {
-    MPI_Op_create(&HalfSum, /*commute=*/1, &half_sum_);
+    MPI_Op_create(&HalfSum, /*commute=*/1, &half_ops_[0]);
+    MPI_Op_create(&HalfCombine<aggregator::ReduceOp::kMin>, 1, &half_ops_[1]);
+    MPI_Op_create(&HalfCombine<aggregator::ReduceOp::kMax>, 1, &half_ops_[2]);
+    MPI_Op_create(&HalfCombine<aggregator::ReduceOp::kProduct>, 1, &half_ops_[3]);
   }
   ~MpiAllReducer() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Op_free(&half_sum_);
+    if (finalized) return;
+    for (MPI_Op& op : half_ops_) MPI_Op_free(&op);
   }
   const char* backend() const override { return "mpi"; }
 
-  absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
+  // MPI_Allreduce once every rank is known to pass `count` x `dtype` and `op`.
+  absl::Status ReduceAgreed(void* data, size_t count, DataType dtype, ReduceOp op) {
     auto type = MpiType(dtype);
     if (!type.ok()) return type.status();
-    if (auto status = CheckAgreement(count, dtype); !status.ok()) return status;
-    return SumAgreed(data, count, dtype);
-  }
-
-  // MPI_Allreduce once every rank is known to pass `count` x `dtype`.
-  absl::Status SumAgreed(void* data, size_t count, DataType dtype) {
-    auto type = MpiType(dtype);
-    if (!type.ok()) return type.status();
-    const MPI_Op op = dtype == DataType::kFloat16 ? half_sum_ : MPI_SUM;
-    int code = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), *type, op,
+    // MPI has no half type: float16 travels as 16-bit words, reduced by
+    // user-defined (commutative) ops in float, rounded per operation.
+    const MPI_Op mpi_op =
+        dtype == DataType::kFloat16 ? half_ops_[static_cast<int>(op)] : MpiOp(op);
+    int code = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), *type, mpi_op,
                              MPI_COMM_WORLD);
     if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
     return absl::OkStatus();
@@ -143,27 +197,42 @@ class MpiAllReducer : public AllReducer {
   absl::Status Broadcast(void* data, size_t count, DataType dtype, int root) override {
     auto type = MpiType(dtype);
     if (!type.ok()) return type.status();
+    // The root is agreed on first, so a root invalid on one rank only is
+    // a mismatch on every rank, not a rank left in MPI_Bcast.
+    if (auto status = MpiCheckAgreement(
+            "Broadcast", {static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, root});
+        !status.ok()) {
+      return status;
+    }
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank"));
     }
-    if (auto status = CheckAgreement(count, dtype); !status.ok()) return status;
     int code = MPI_Bcast(data, static_cast<int>(count), *type, root, MPI_COMM_WORLD);
     if (code != MPI_SUCCESS) return absl::InternalError("MPI_Bcast: " + MpiError(code));
     return absl::OkStatus();
   }
 
- private:
-  MPI_Op half_sum_ = MPI_OP_NULL;
-
-  absl::Status CheckAgreement(size_t count, DataType dtype) {
-    return MpiCheckAgreement(rank(), count, dtype);
+ protected:
+  absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    auto type = MpiType(dtype);
+    if (!type.ok()) return type.status();
+    if (auto status = MpiCheckAgreement("AllReduce", ReduceShape(count, dtype, op));
+        !status.ok()) {
+      return status;
+    }
+    return ReduceAgreed(data, count, dtype, op);
   }
+
+ private:
+  MPI_Op half_ops_[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // by ReduceOp
 };
 
 // mlfabric backend under mpirun (AllReduceOptions::mpi_below_bytes): a
 // call whose buffer is smaller than `below` goes through MPI_Allreduce,
-// a larger one through `fabric` (the scheduler's rounds). Every call
-// first agrees on length and dtype across ranks (one small collective),
+// a larger one through `fabric` (the scheduler's rounds); so does every
+// call with a reduce op other than sum, which the daemons' rounds cannot
+// carry. Every call first agrees on length, dtype and op across ranks
+// (one small collective),
 // so every rank takes the same path, and differing inputs are an error on
 // every rank, never a rank in MPI waiting for one in a scheduler round.
 class SmallViaMpiAllReducer : public AllReducer {
@@ -180,13 +249,16 @@ class SmallViaMpiAllReducer : public AllReducer {
   int64_t left_out() const override { return fabric_->left_out(); }
   int local_size() const override { return fabric_->local_size(); }
 
-  absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
-    if (DataTypeSize(dtype) == 0) {
-      return absl::InvalidArgumentError("unsupported dtype for AllReduce");
+ protected:
+  absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    if (auto agreed = MpiCheckAgreement("AllReduce", ReduceShape(count, dtype, op));
+        !agreed.ok()) {
+      return agreed;
     }
-    if (auto agreed = MpiCheckAgreement(rank(), count, dtype); !agreed.ok()) return agreed;
-    if (count * DataTypeSize(dtype) >= below_) return fabric_->AllReduce(data, count, dtype);
-    return mpi_->SumAgreed(data, count, dtype);
+    if (op == ReduceOp::kSum && count * DataTypeSize(dtype) >= below_) {
+      return fabric_->AllReduce(data, count, dtype);
+    }
+    return mpi_->ReduceAgreed(data, count, dtype, op);
   }
 
  private:

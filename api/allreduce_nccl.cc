@@ -85,8 +85,23 @@ ncclDataType_t NcclType(DataType dtype) {
     case DataType::kInt32: return ncclInt32;
     case DataType::kInt64: return ncclInt64;
     case DataType::kFloat16: return ncclFloat16;
+    case DataType::kInt8: return ncclInt8;
+    case DataType::kUint8: return ncclUint8;
+    case DataType::kBool: return ncclUint8;
+    case DataType::kInt16:
+    case DataType::kUint16: break;  // NCCL has no 16-bit integers: NcclAllReducer uses MPI
   }
   return ncclFloat32;
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kProduct: return ncclProd;
+  }
+  return ncclSum;
 }
 
 class NcclAllReducer : public AllReducer {
@@ -96,7 +111,11 @@ class NcclAllReducer : public AllReducer {
       : AllReducer(rank, size), mpi_(std::move(mpi)), comm_(comm), stream_(stream) {}
   const char* backend() const override { return "nccl"; }
 
-  absl::Status AllReduce(void* data, size_t count, DataType dtype) override {
+ protected:
+  absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    if (dtype == DataType::kInt16 || dtype == DataType::kUint16) {
+      return mpi_->AllReduce(data, count, dtype, op);  // NCCL has no 16-bit integers
+    }
     const CudaNccl& api = Load();
     const size_t bytes = count * DataTypeSize(dtype);
     void* device = nullptr;
@@ -105,7 +124,7 @@ class NcclAllReducer : public AllReducer {
     }
     api.memcpy(device, data, bytes, cudaMemcpyHostToDevice);
     ncclResult_t result =
-        api.all_reduce(device, device, count, NcclType(dtype), ncclSum, comm_, stream_);
+        api.all_reduce(device, device, count, NcclType(dtype), NcclOp(op), comm_, stream_);
     api.stream_synchronize(stream_);
     api.memcpy(data, device, bytes, cudaMemcpyDeviceToHost);
     api.free(device);

@@ -52,6 +52,10 @@ std::optional<aggregator::DType> PoolType(ElementType type) {
     case ElementType::kInt32: return aggregator::DType::kInt32;
     case ElementType::kInt64: return aggregator::DType::kInt64;
     case ElementType::kFloat16: return aggregator::DType::kFloat16;
+    case ElementType::kInt8: return aggregator::DType::kInt8;
+    case ElementType::kUint8: return aggregator::DType::kUint8;
+    case ElementType::kInt16: return aggregator::DType::kInt16;
+    case ElementType::kUint16: return aggregator::DType::kUint16;
     case ElementType::kOpaque: return std::nullopt;
   }
   return std::nullopt;
@@ -142,6 +146,7 @@ struct MemberInfo {
   // while the others still read this one's.
   uint64_t count[2];
   int32_t type[2];
+  int32_t op[2];  // aggregator::ReduceOp
 };
 
 struct LocalReduceGroup::Header {
@@ -307,7 +312,8 @@ absl::Status LocalReduceGroup::Barrier(double timeout_s) {
 }
 
 absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType type,
-                                         const CrossHost* cross, double timeout_s) {
+                                         const CrossHost* cross, double timeout_s,
+                                         aggregator::ReduceOp op) {
   Header* h = header_;
   if (h->broken.load(std::memory_order_acquire) != 0) return BrokenStatus();
   const std::optional<aggregator::DType> sum_type = PoolType(type);
@@ -319,6 +325,7 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
   const int parity = static_cast<int>(calls_++ % 2);
   me.count[parity] = count;
   me.type[parity] = static_cast<int32_t>(type);
+  me.op[parity] = static_cast<int32_t>(op);
   auto* bytes = static_cast<uint8_t*>(data);
   const size_t chunk_elements = slot_bytes_ / element;
   const size_t chunks = std::max<size_t>(1, (count + chunk_elements - 1) / chunk_elements);
@@ -344,8 +351,8 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
     if (end > begin) {
       std::memcpy(result + begin * element, Slot(0) + begin * element, (end - begin) * element);
       for (int j = 1; j < members_; ++j) {
-        aggregator::SumInto(*sum_type, result + begin * element, Slot(j) + begin * element, 1.0,
-                            end - begin);
+        aggregator::ReduceInto(op, *sum_type, result + begin * element,
+                               Slot(j) + begin * element, end - begin);
       }
     }
     if (auto status = Barrier(timeout_s); !status.ok()) return status;
@@ -364,12 +371,17 @@ absl::Status LocalReduceGroup::CheckSameInputs(int parity, const CrossHost* cros
   for (int j = 1; j < members_; ++j) {
     const MemberInfo& a = h->member[0];
     const MemberInfo& b = h->member[j];
-    if (a.count[parity] != b.count[parity] || a.type[parity] != b.type[parity]) {
+    if (a.count[parity] != b.count[parity] || a.type[parity] != b.type[parity] ||
+        a.op[parity] != b.op[parity]) {
       if (cross != nullptr && leader && cross->spoil) cross->spoil();
-      return absl::InvalidArgumentError(absl::StrCat(
+      const auto op_name = [](int32_t op) {
+        return aggregator::ReduceOpName(static_cast<aggregator::ReduceOp>(op));
+      };
+      return absl::FailedPreconditionError(absl::StrCat(
           "AllReduce inputs differ across ranks: rank ", a.rank, " passes ", a.count[parity],
-          " ", TypeName(a.type[parity]), ", rank ", b.rank, " passes ", b.count[parity], " ",
-          TypeName(b.type[parity])));
+          " ", TypeName(a.type[parity]), " (", op_name(a.op[parity]), "), rank ", b.rank,
+          " passes ", b.count[parity], " ", TypeName(b.type[parity]), " (",
+          op_name(b.op[parity]), ")"));
     }
   }
   return absl::OkStatus();

@@ -26,8 +26,9 @@
 // gone) or that does not arrive within the call's timeout breaks the group,
 // and every member's call fails with a reason naming that rank; the group
 // stays broken (later calls fail at once with the same reason). Calls whose
-// element count or dtype differ across members fail on every member with
-// InvalidArgument naming both, and the group goes on.
+// element count, dtype or reduce op differ across members fail on every
+// member with FailedPrecondition naming both ranks and values, and the
+// group goes on.
 //
 // Thread safety: one call at a time per member (as AllReducer).
 #ifndef MLFABRIC_API_LOCAL_REDUCE_H_
@@ -43,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "aggregator/packet_pool.h"
 #include "api/mlfabric.h"
 
 namespace mlfabric::internal {
@@ -77,15 +79,15 @@ class LocalReduceGroup {
     std::function<void()> spoil;
   };
 
-  // In place on every member: `data` receives the sum over the group (and
-  // over the other hosts when `cross` is not null; only the leader's is
-  // called, the others must pass one too so that all take the same
-  // steps). `type` is float16/32/64 or int32/64 (kOpaque cannot be
-  // summed). A member not at the barrier within `timeout_s` breaks the
+  // In place on every member: `data` receives the reduction by `op` (sum
+  // by default) over the group (and over the other hosts when `cross` is
+  // not null; only the leader's is called, the others must pass one too so
+  // that all take the same steps). `type` is a float or integer type
+  // (kOpaque cannot be reduced). A member not at the barrier within `timeout_s` breaks the
   // group; while the leader's `cross` runs, the others wait up to
   // 1.5 * timeout_s + 10 s (it has `timeout_s` of its own).
   absl::Status AllReduce(void* data, size_t count, ElementType type, const CrossHost* cross,
-                         double timeout_s);
+                         double timeout_s, aggregator::ReduceOp op = aggregator::ReduceOp::kSum);
 
   int index() const { return index_; }
   int members() const { return members_; }
@@ -102,7 +104,7 @@ class LocalReduceGroup {
   void Break(const std::string& reason);
   absl::Status BrokenStatus() const;
   uint8_t* Slot(int i) const;
-  // AllReduce: every member's call has the same count and type as the
+  // AllReduce: every member's call has the same count, type and op as the
   // leader's (call parity `parity`); else the leader spoils `cross`'s round.
   absl::Status CheckSameInputs(int parity, const CrossHost* cross);
   // AllReduce across hosts, once the host's sum is in the leader's `data`

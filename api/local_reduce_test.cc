@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -117,6 +118,37 @@ int CheckSum(LocalReduceGroup& g, ElementType type, int call, size_t count, int 
   return 0;
 }
 
+// The reduction of every member's input by `op`, computed here: min and max
+// by comparison, products wrapping modulo 2^width (in a wide unsigned type).
+template <typename T>
+int CheckOp(LocalReduceGroup& g, ElementType type, aggregator::ReduceOp op, int call,
+            size_t count, int range) {
+  std::vector<T> mine = Input<T>(g.index(), call, count, range);
+  std::vector<T> expected = Input<T>(0, call, count, range);
+  for (int i = 1; i < g.members(); ++i) {
+    std::vector<T> theirs = Input<T>(i, call, count, range);
+    for (size_t e = 0; e < count; ++e) {
+      T& x = expected[e];
+      if (op == aggregator::ReduceOp::kMin) x = std::min(x, theirs[e]);
+      if (op == aggregator::ReduceOp::kMax) x = std::max(x, theirs[e]);
+      if (op == aggregator::ReduceOp::kProduct) {
+        if constexpr (std::is_integral_v<T>) {
+          x = static_cast<T>(static_cast<uint64_t>(x) * static_cast<uint64_t>(theirs[e]));
+        } else {
+          x = x * theirs[e];  // exact: three factors of at most 1000
+        }
+      }
+    }
+  }
+  absl::Status status = g.AllReduce(mine.data(), count, type, nullptr, 30, op);
+  if (!status.ok()) return Fail(g.index(), std::string(status.message()));
+  if (mine != expected) {
+    return Fail(g.index(), std::string("wrong ") + aggregator::ReduceOpName(op) + " in call " +
+                               std::to_string(call));
+  }
+  return 0;
+}
+
 int CheckHalfSum(LocalReduceGroup& g, int call, size_t count) {
   std::vector<float> mine_f = Input<float>(g.index(), call, count, 8);
   std::vector<uint16_t> mine(count);
@@ -153,6 +185,11 @@ TEST_CASE("Members sum every type exactly, over several chunks, to the same valu
     failed += CheckHalfSum(g, 5, 4097);
     failed += CheckSum<float>(g, ElementType::kFloat32, 6, 1, 1000);
     failed += CheckSum<float>(g, ElementType::kFloat32, 7, 0, 1000);
+    // 8- and 16-bit integers wrap as MPI_SUM does (values up to 127 / 30000).
+    failed += CheckSum<int8_t>(g, ElementType::kInt8, 41, 9000, 127);
+    failed += CheckSum<uint8_t>(g, ElementType::kUint8, 42, 5000, 255);
+    failed += CheckSum<int16_t>(g, ElementType::kInt16, 43, 3000, 30000);
+    failed += CheckSum<uint16_t>(g, ElementType::kUint16, 44, 3000, 65535);
     for (int call = 8; call < 40; ++call) {  // many small calls reuse the barrier
       failed += CheckSum<int32_t>(g, ElementType::kInt32, call, 17, 100);
     }
@@ -198,6 +235,46 @@ TEST_CASE("The leader's cross-host step reaches every member, and so does its er
   CHECK(codes == std::vector<int>({0, 0, 0}));
 }
 
+TEST_CASE("Min, max and product over several chunks; integer products wrap") {
+  using aggregator::ReduceOp;
+  const std::string name = UniqueName();
+  const std::vector<int> codes = RunMembers(3, [&](int i) {
+    auto group = JoinAs(name, i, 3);
+    if (!group.ok()) return Fail(i, std::string(group.status().message()));
+    LocalReduceGroup& g = **group;
+    int failed = 0;
+    int call = 1;
+    for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+      failed += CheckOp<int8_t>(g, ElementType::kInt8, op, call++, 9000, 127);
+      failed += CheckOp<uint8_t>(g, ElementType::kUint8, op, call++, 5000, 255);
+      failed += CheckOp<int16_t>(g, ElementType::kInt16, op, call++, 3000, 30000);
+      failed += CheckOp<uint16_t>(g, ElementType::kUint16, op, call++, 3000, 65535);
+      failed += CheckOp<int64_t>(g, ElementType::kInt64, op, call++, 1025, 1 << 30);
+      failed += CheckOp<double>(g, ElementType::kFloat64, op, call++, 700, 1000);
+    }
+    return failed == 0 ? 0 : 2;
+  });
+  CHECK(codes == std::vector<int>({0, 0, 0}));
+}
+
+TEST_CASE("Reduce ops that differ fail every member with FailedPrecondition naming both") {
+  const std::string name = UniqueName();
+  const std::vector<int> codes = RunMembers(2, [&](int i) {
+    auto group = JoinAs(name, i, 2);
+    if (!group.ok()) return Fail(i, std::string(group.status().message()));
+    std::vector<int32_t> v(10, 1);
+    const auto op = i == 0 ? aggregator::ReduceOp::kMin : aggregator::ReduceOp::kMax;
+    absl::Status s = (*group)->AllReduce(v.data(), v.size(), ElementType::kInt32, nullptr, 30, op);
+    if (s.code() != absl::StatusCode::kFailedPrecondition ||
+        std::string(s.message()).find("rank 10 passes 10 int32 (min), rank 11 passes 10 int32 "
+                                      "(max)") == std::string::npos) {
+      return Fail(i, "op mismatch not reported: " + s.ToString());
+    }
+    return CheckSum<int32_t>(**group, ElementType::kInt32, 1, 10, 10);
+  });
+  CHECK(codes == std::vector<int>({0, 0}));
+}
+
 TEST_CASE("Shapes that differ fail on every member, naming both, and the group goes on") {
   const std::string name = UniqueName();
   const std::vector<int> codes = RunMembers(2, [&](int i) {
@@ -215,8 +292,9 @@ TEST_CASE("Shapes that differ fail on every member, naming both, and the group g
     cross.spoil = [&] { spoiled = true; };
     absl::Status s = (*group)->AllReduce(v.data(), v.size(), ElementType::kFloat32, &cross, 30);
     if (reduced || spoiled != (i == 0)) return Fail(i, "the leader must spoil, not reduce");
-    if (s.code() != absl::StatusCode::kInvalidArgument ||
-        std::string(s.message()).find("rank 10 passes 10 float32, rank 11 passes 12 float32") ==
+    if (s.code() != absl::StatusCode::kFailedPrecondition ||
+        std::string(s.message()).find(
+            "rank 10 passes 10 float32 (sum), rank 11 passes 12 float32 (sum)") ==
             std::string::npos) {
       return Fail(i, "mismatch not reported: " + s.ToString());
     }

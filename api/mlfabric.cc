@@ -136,7 +136,11 @@ static_assert(static_cast<int32_t>(ElementType::kFloat32) == v1::DTYPE_FLOAT32 &
                   static_cast<int32_t>(ElementType::kOpaque) == v1::DTYPE_OPAQUE &&
                   static_cast<int32_t>(ElementType::kInt32) == v1::DTYPE_INT32 &&
                   static_cast<int32_t>(ElementType::kInt64) == v1::DTYPE_INT64 &&
-                  static_cast<int32_t>(ElementType::kFloat16) == v1::DTYPE_FLOAT16,
+                  static_cast<int32_t>(ElementType::kFloat16) == v1::DTYPE_FLOAT16 &&
+                  static_cast<int32_t>(ElementType::kInt8) == v1::DTYPE_INT8 &&
+                  static_cast<int32_t>(ElementType::kUint8) == v1::DTYPE_UINT8 &&
+                  static_cast<int32_t>(ElementType::kInt16) == v1::DTYPE_INT16 &&
+                  static_cast<int32_t>(ElementType::kUint16) == v1::DTYPE_UINT16,
               "ElementType mirrors v1::DType");
 
 const char* PushOutcomeName(PushOutcome outcome) {

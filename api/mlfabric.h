@@ -131,6 +131,7 @@ struct TensorSpec {
 enum class ElementType : int32_t {
   kFloat32 = 0, kFloat64 = 1, kOpaque = 2, kInt32 = 3, kInt64 = 4,
   kFloat16 = 5,  // IEEE binary16 (the fp16 AllReduce)
+  kInt8 = 6, kUint8 = 7, kInt16 = 8, kUint16 = 9,  // summed wrapping modulo 2^width
 };
 
 struct Model {

@@ -20,6 +20,10 @@ inline size_t ElementBytes(v1::DType dtype) {
     case v1::DTYPE_INT32: return sizeof(int32_t);
     case v1::DTYPE_INT64: return sizeof(int64_t);
     case v1::DTYPE_FLOAT16: return sizeof(uint16_t);
+    case v1::DTYPE_INT8: return sizeof(int8_t);
+    case v1::DTYPE_UINT8: return sizeof(uint8_t);
+    case v1::DTYPE_INT16: return sizeof(int16_t);
+    case v1::DTYPE_UINT16: return sizeof(uint16_t);
     default: return 0;
   }
 }
@@ -32,6 +36,10 @@ inline std::optional<aggregator::DType> PoolType(v1::DType dtype) {
     case v1::DTYPE_INT32: return aggregator::DType::kInt32;
     case v1::DTYPE_INT64: return aggregator::DType::kInt64;
     case v1::DTYPE_FLOAT16: return aggregator::DType::kFloat16;
+    case v1::DTYPE_INT8: return aggregator::DType::kInt8;
+    case v1::DTYPE_UINT8: return aggregator::DType::kUint8;
+    case v1::DTYPE_INT16: return aggregator::DType::kInt16;
+    case v1::DTYPE_UINT16: return aggregator::DType::kUint16;
     default: return std::nullopt;
   }
 }

@@ -14,6 +14,10 @@ const char* DTypeName(v1::DType dtype) {
     case v1::DTYPE_INT32: return "int32";
     case v1::DTYPE_INT64: return "int64";
     case v1::DTYPE_FLOAT16: return "float16";
+    case v1::DTYPE_INT8: return "int8";
+    case v1::DTYPE_UINT8: return "uint8";
+    case v1::DTYPE_INT16: return "int16";
+    case v1::DTYPE_UINT16: return "uint16";
     case v1::DTYPE_OPAQUE: return "opaque bytes";
     default: return "an unknown type";
   }
@@ -51,7 +55,7 @@ std::string RoundMismatch(const RoundState& round_state, const UpdateRecord& rec
   if (record.dtype == v1::DTYPE_OPAQUE) {
     mismatch = absl::StrCat("a synchronous round sums its pushes: push ", id, " from '",
                             record.worker,
-                            "' is opaque bytes; push float32, float64, int32 or int64");
+                            "' is opaque bytes; push floats or integers");
   } else if (round_state.bytes >= 0 &&
              (round_state.bytes != record.bytes || round_state.dtype != record.dtype)) {
     // "mismatch:" lets AllReduce tell callers the inputs differ across ranks.
