@@ -21,7 +21,14 @@
 extern "C" {
 #endif
 
-enum { MLF_FLOAT32 = 1, MLF_FLOAT64 = 2, MLF_INT32 = 3, MLF_INT64 = 4, MLF_FLOAT16 = 5 };
+/* Element types (api/allreduce.h DataType, value for value); MLF_BOOL is
+ * for broadcasts only. */
+enum {
+  MLF_FLOAT32 = 1, MLF_FLOAT64 = 2, MLF_INT32 = 3, MLF_INT64 = 4, MLF_FLOAT16 = 5,
+  MLF_INT8 = 6, MLF_UINT8 = 7, MLF_INT16 = 8, MLF_UINT16 = 9, MLF_BOOL = 10
+};
+/* Reduce ops of an allreduce (api/allreduce.h ReduceOp, value for value). */
+enum { MLF_SUM = 0, MLF_MIN = 1, MLF_MAX = 2, MLF_PRODUCT = 3 };
 enum { MLF_APPLIED = 0, MLF_DROPPED = 1, MLF_FAILED = 2 };
 
 /* code: 0 = ok; otherwise an absl::StatusCode value and `message` says why. */
@@ -80,8 +87,11 @@ int mlf_ext_allreducer_local_size(int64_t handle);
 int mlf_ext_allreducer_size(int64_t handle);
 const char* mlf_ext_allreducer_backend(int64_t handle);
 /* Collective: every rank makes the same calls in the same order; they run
- * one at a time, in call order, on the handle's thread, where `done` runs. */
-void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dtype,
+ * one at a time, in call order, on the handle's thread, where `done` runs.
+ * `op`: MLF_SUM, MLF_MIN, MLF_MAX or MLF_PRODUCT. Inputs (length, dtype, op,
+ * root) that differ across ranks complete every rank's call with code 9
+ * (FailedPrecondition). */
+void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dtype, int op,
                              mlf_done_fn done, void* ctx);
 void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dtype, int root,
                              mlf_done_fn done, void* ctx);

@@ -137,8 +137,14 @@ const char* mlf_ext_allreducer_backend(int64_t handle) {
   return entry && entry->reducer ? entry->reducer->backend() : "";
 }
 
+static_assert(MLF_BOOL == static_cast<int>(mlfabric::DataType::kBool) &&
+                  MLF_UINT16 == static_cast<int>(mlfabric::DataType::kUint16) &&
+                  MLF_PRODUCT == static_cast<int>(mlfabric::ReduceOp::kProduct),
+              "the C codes mirror DataType and ReduceOp");
+
+// `op` is the reduce op of an allreduce (ignored for a broadcast).
 static void ExtCollective(int64_t handle, bool broadcast, void* data, uint64_t count, int dtype,
-                          int root, mlf_done_fn done, void* ctx) {
+                          int op, int root, mlf_done_fn done, void* ctx) {
   auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->reducer) {
     done(ctx, static_cast<int>(absl::StatusCode::kInvalidArgument),
@@ -146,26 +152,27 @@ static void ExtCollective(int64_t handle, bool broadcast, void* data, uint64_t c
     return;
   }
   std::shared_ptr<mlfabric::AllReducer> reducer = entry->reducer;
-  entry->serial->Submit([reducer, broadcast, data, count, dtype, root, done, ctx] {
+  entry->serial->Submit([reducer, broadcast, data, count, dtype, op, root, done, ctx] {
     const auto type = static_cast<mlfabric::DataType>(dtype);
     absl::Status status =
         mlfabric::DataTypeSize(type) == 0
             ? absl::InvalidArgumentError(absl::StrCat(
-                  "unsupported dtype code ", dtype, ": use float16, float32, float64, int32 or int64"))
+                  "unsupported dtype code ", dtype,
+                  ": use float16, float32, float64, int8, uint8, int16, uint16, int32 or int64"))
         : broadcast ? reducer->Broadcast(data, count, type, root)
-                    : reducer->AllReduce(data, count, type);
+                    : reducer->AllReduce(data, count, type, static_cast<mlfabric::ReduceOp>(op));
     done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str());
   });
 }
 
-void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dtype,
+void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dtype, int op,
                              mlf_done_fn done, void* ctx) {
-  ExtCollective(handle, false, data, count, dtype, 0, done, ctx);
+  ExtCollective(handle, false, data, count, dtype, op, 0, done, ctx);
 }
 
 void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dtype, int root,
                              mlf_done_fn done, void* ctx) {
-  ExtCollective(handle, true, data, count, dtype, root, done, ctx);
+  ExtCollective(handle, true, data, count, dtype, MLF_SUM, root, done, ctx);
 }
 
 void mlf_ext_allreducer_destroy(int64_t handle) { mlfabric::c_api::Remove(handle); }

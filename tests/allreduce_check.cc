@@ -2,8 +2,14 @@
 // Every rank checks that the mlfabric and mpi AllReduce backends (and nccl
 // where a GPU makes it usable) return exactly what a direct MPI_Allreduce
 // returns on integer-valued data of several dtypes and lengths, that
-// Broadcast delivers rank 0's buffer, that inputs which differ across ranks
-// are an error on every rank (no hang), and that bad backend names and
+// Broadcast delivers rank 0's buffer, that int8/uint8/int16/uint16 under sum,
+// min, max and product (and the older dtypes under min/max/product) equal
+// the values computed here and MPI_Allreduce's, that bool is refused by
+// AllReduce and broadcast exactly, that inputs (length, dtype, reduce op,
+// broadcast root) which differ across ranks are a FailedPrecondition on
+// every rank naming both (no hang), that the mlfabric backend without MPI
+// refuses min/max/product across hosts (Unimplemented) and reduces them
+// in shared memory on one host, and that bad backend names and
 // dtypes are errors naming the alternatives. Where nccl cannot run,
 // MakeAllReducer must say why, and rank 0 prints
 // "note: NCCL AllReduce not run: <why>" (only a missing GPU is a reason;
@@ -21,6 +27,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "api/allreduce.h"
@@ -57,6 +64,167 @@ template <> MPI_Datatype MpiTypeOf<float>() { return MPI_FLOAT; }
 template <> MPI_Datatype MpiTypeOf<double>() { return MPI_DOUBLE; }
 template <> MPI_Datatype MpiTypeOf<int32_t>() { return MPI_INT32_T; }
 template <> MPI_Datatype MpiTypeOf<int64_t>() { return MPI_INT64_T; }
+template <> MPI_Datatype MpiTypeOf<int8_t>() { return MPI_INT8_T; }
+template <> MPI_Datatype MpiTypeOf<uint8_t>() { return MPI_UINT8_T; }
+template <> MPI_Datatype MpiTypeOf<int16_t>() { return MPI_INT16_T; }
+template <> MPI_Datatype MpiTypeOf<uint16_t>() { return MPI_UINT16_T; }
+
+MPI_Op MpiOpOf(mlfabric::ReduceOp op) {
+  switch (op) {
+    case mlfabric::ReduceOp::kSum: return MPI_SUM;
+    case mlfabric::ReduceOp::kMin: return MPI_MIN;
+    case mlfabric::ReduceOp::kMax: return MPI_MAX;
+    case mlfabric::ReduceOp::kProduct: return MPI_PROD;
+  }
+  return MPI_SUM;
+}
+
+// op(a, b) as computed here: integers wrap modulo 2^width (two's
+// complement, in uint64_t, so no signed overflow).
+template <typename T>
+T Apply(mlfabric::ReduceOp op, T a, T b) {
+  using mlfabric::ReduceOp;
+  if (op == ReduceOp::kMin) return std::min(a, b);
+  if (op == ReduceOp::kMax) return std::max(a, b);
+  if constexpr (std::is_integral_v<T>) {
+    const uint64_t x = static_cast<uint64_t>(a), y = static_cast<uint64_t>(b);
+    return static_cast<T>(op == ReduceOp::kProduct ? x * y : x + y);
+  } else {
+    return op == ReduceOp::kProduct ? a * b : a + b;
+  }
+}
+
+// Every rank's Data<T>(count, r, round) reduced by `op`: computed in the
+// test from every rank's (deterministic) input, and compared with both
+// the backend's result and a direct MPI_Allreduce (Open MPI's wrap-around).
+template <typename T>
+void CheckOp(mlfabric::AllReducer& reducer, mlfabric::DataType dtype, mlfabric::ReduceOp op,
+             size_t count, int round) {
+  std::vector<T> mine = Data<T>(count, reducer.rank(), round);
+  std::vector<T> expected = Data<T>(count, 0, round);
+  for (int r = 1; r < reducer.size(); ++r) {
+    const std::vector<T> theirs = Data<T>(count, r, round);
+    for (size_t i = 0; i < count; ++i) expected[i] = Apply(op, expected[i], theirs[i]);
+  }
+  std::vector<T> by_mpi(count);
+  MPI_Allreduce(mine.data(), by_mpi.data(), static_cast<int>(count), MpiTypeOf<T>(), MpiOpOf(op),
+                MPI_COMM_WORLD);
+  size_t at = 0;
+  while (at < count && by_mpi[at] == expected[at]) ++at;
+  // Open MPI 4.1's op/avx saturates 8- and 16-bit sums that overflow
+  // (open-mpi/ompi#8045): the backends wrap, as C does, and are checked
+  // against the values computed here only.
+  const bool saturating_mpi = sizeof(T) <= 2 && std::is_integral_v<T> &&
+                              op == mlfabric::ReduceOp::kSum;
+  EXPECT(at == count || saturating_mpi,
+         "MPI_Allreduce %s %s x %zu differs from the value computed here at [%zu]: %lld, "
+         "expected %lld",
+         mlfabric::ReduceOpName(op), mlfabric::DataTypeName(dtype), count, at,
+         at < count ? static_cast<long long>(by_mpi[at]) : 0LL,
+         at < count ? static_cast<long long>(expected[at]) : 0LL);
+  absl::Status status = reducer.AllReduce(mine.data(), count, dtype, op);
+  EXPECT(status.ok(), "%s %s %s x %zu: %s", reducer.backend(), mlfabric::ReduceOpName(op),
+         mlfabric::DataTypeName(dtype), count, std::string(status.message()).c_str());
+  EXPECT(mine == expected, "%s %s %s x %zu round %d: wrong result", reducer.backend(),
+         mlfabric::ReduceOpName(op), mlfabric::DataTypeName(dtype), count, round);
+}
+
+// Every new dtype under every op, and the old ones under the new ops.
+// Data values lie in [-1000, 1000], so 8-bit sums and every product wrap.
+int CheckOps(mlfabric::AllReducer& reducer, int round) {
+  using namespace mlfabric;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    CheckOp<int8_t>(reducer, DataType::kInt8, op, 1001, round++);
+    CheckOp<uint8_t>(reducer, DataType::kUint8, op, 1001, round++);
+    CheckOp<int16_t>(reducer, DataType::kInt16, op, 513, round++);
+    CheckOp<uint16_t>(reducer, DataType::kUint16, op, 513, round++);
+    CheckOp<int32_t>(reducer, DataType::kInt32, op, 257, round++);
+    CheckOp<int64_t>(reducer, DataType::kInt64, op, 257, round++);
+    CheckOp<double>(reducer, DataType::kFloat64, op, 257, round++);
+  }
+  CheckOp<float>(reducer, DataType::kFloat32, ReduceOp::kMax, 100003, round++);
+  // bool is refused by AllReduce on this rank alone (no collective call).
+  std::vector<uint8_t> flags(4, 1);
+  absl::Status status = reducer.AllReduce(flags.data(), flags.size(), DataType::kBool);
+  EXPECT(absl::IsInvalidArgument(status) && status.message().find("bool") != absl::string_view::npos,
+         "%s bool AllReduce: %s", reducer.backend(), status.ToString().c_str());
+  // ... but broadcast: rank 0's bytes.
+  std::vector<uint8_t> b(33, 0);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = reducer.rank() == 0 ? (i % 3 == 0) : 0;
+  status = reducer.Broadcast(b.data(), b.size(), DataType::kBool, 0);
+  size_t wrong = 0;
+  for (size_t i = 0; i < b.size(); ++i) wrong += b[i] != (i % 3 == 0 ? 1 : 0);
+  EXPECT(status.ok() && wrong == 0, "%s bool broadcast: %s, %zu wrong", reducer.backend(),
+         status.ToString().c_str(), wrong);
+  return round;
+}
+
+// Ranks that pass different reduce ops or broadcast roots: FailedPrecondition
+// on every rank, naming both values, and the collective still works after.
+void CheckOpMismatch(mlfabric::AllReducer& reducer, int round) {
+  using namespace mlfabric;
+  std::vector<int32_t> v(16, 1);
+  const ReduceOp op = reducer.rank() == reducer.size() - 1 ? ReduceOp::kMax : ReduceOp::kMin;
+  absl::Status status = reducer.AllReduce(v.data(), v.size(), DataType::kInt32, op);
+  EXPECT(absl::IsFailedPrecondition(status) &&
+             status.message().find("Mismatched AllReduce reduce op") != absl::string_view::npos &&
+             status.message().find("rank 0 passed min while rank") != absl::string_view::npos &&
+             status.message().find("passed max") != absl::string_view::npos,
+         "%s mismatched op: %s", reducer.backend(), status.ToString().c_str());
+  std::vector<float> b(8, 1.0f);
+  status = reducer.Broadcast(b.data(), b.size(), DataType::kFloat32,
+                             reducer.rank() == reducer.size() - 1 ? 1 : 0);
+  EXPECT(absl::IsFailedPrecondition(status) &&
+             status.message().find("root rank") != absl::string_view::npos &&
+             status.message().find("rank 0 passed root 0 while rank") != absl::string_view::npos,
+         "%s mismatched broadcast root: %s", reducer.backend(), status.ToString().c_str());
+  CheckOp<int32_t>(reducer, DataType::kInt32, ReduceOp::kMin, 64, round);
+}
+
+// The mlfabric backend without MPI (as launched without mpirun): reduce
+// ops other than sum are refused by the daemons' rounds on every rank
+// (Unimplemented), unless every rank shares one host, where shared memory
+// reduces them; ranks that disagree on the op all fail, none waits.
+void CheckOpsWithoutMpi(mlfabric::AllReduceOptions options, int size) {
+  using namespace mlfabric;
+  options.backend = "mlfabric";
+  options.root_server = options.client.job + "-no-mpi-root";
+  auto made = internal::MakeMlfabricAllReducer(options, g_rank, size);
+  EXPECT(made.ok(), "mlfabric reducer without MPI: %s", made.status().ToString().c_str());
+  if (!made.ok()) return;
+  AllReducer& reducer = **made;
+  const bool one_host = reducer.local_size() == size;
+  std::vector<int16_t> v(100, static_cast<int16_t>(g_rank + 1));
+  absl::Status status = reducer.AllReduce(v.data(), v.size(), DataType::kInt16, ReduceOp::kMax);
+  if (one_host) {
+    EXPECT(status.ok() && v[0] == size && v[99] == size, "max in shared memory: %s, %d",
+           status.ToString().c_str(), v[0]);
+  } else {
+    EXPECT(absl::IsUnimplemented(status) && status.message().find("reduce op max") !=
+                                                 absl::string_view::npos &&
+               status.message().find("mlfabric") != absl::string_view::npos,
+           "max without MPI: %s", status.ToString().c_str());
+  }
+  // Rank 0 asks for min, the others for sum: every rank fails, none hangs.
+  status = reducer.AllReduce(v.data(), v.size(), DataType::kInt16,
+                             g_rank == 0 ? ReduceOp::kMin : ReduceOp::kSum);
+  EXPECT(absl::IsFailedPrecondition(status) || (g_rank == 0 && absl::IsUnimplemented(status)),
+         "min against sum without MPI: %s", status.ToString().c_str());
+  // A length that differs, found by the root's scheduler (or the host's
+  // shared memory): FailedPrecondition on every rank.
+  std::vector<int8_t> odd(g_rank == size - 1 ? 12 : 10, 1);
+  status = reducer.AllReduce(odd.data(), odd.size(), DataType::kInt8);
+  EXPECT(absl::IsFailedPrecondition(status) &&
+             status.message().find("differ across ranks") != absl::string_view::npos,
+         "mismatched length without MPI: %s", status.ToString().c_str());
+  // The rounds go on, summing the new types.
+  std::vector<uint8_t> u(5000, 200);
+  status = reducer.AllReduce(u.data(), u.size(), DataType::kUint8);
+  const uint8_t want = static_cast<uint8_t>(200 * size);
+  EXPECT(status.ok() && u[0] == want && u[4999] == want, "uint8 sum without MPI: %s, %d",
+         status.ToString().c_str(), u[0]);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
 
 template <typename T>
 void CheckExact(mlfabric::AllReducer& reducer, mlfabric::DataType dtype, size_t count, int round) {
@@ -355,37 +523,41 @@ int main() {
     // Inputs that differ across ranks: an error on every rank, no hang.
     std::vector<float> odd(g_rank == size - 1 ? 11 : 10, 1.0f);
     absl::Status status = reducer->AllReduce(odd.data(), odd.size(), DataType::kFloat32);
-    EXPECT(absl::IsInvalidArgument(status) &&
+    EXPECT(absl::IsFailedPrecondition(status) &&
                status.message().find("differ across ranks") != absl::string_view::npos,
            "%s mismatched length: %s", reducer->backend(), status.ToString().c_str());
     // Fewer elements than pieces, and differing: a rank's empty piece
     // meets another's element there (no rank waits for a skipped round).
     std::vector<float> few(g_rank == size - 1 ? 2 : 3, 1.0f);
     status = reducer->AllReduce(few.data(), few.size(), DataType::kFloat32);
-    EXPECT(absl::IsInvalidArgument(status) &&
+    EXPECT(absl::IsFailedPrecondition(status) &&
                status.message().find("differ across ranks") != absl::string_view::npos,
            "%s mismatched short length: %s", reducer->backend(), status.ToString().c_str());
     // One rank's buffer large, the others' small: with small calls by MPI
     // the two sizes would take different paths; all ranks agree first.
     std::vector<float> uneven(g_rank == size - 1 ? 100000 : 10, 1.0f);
     status = reducer->AllReduce(uneven.data(), uneven.size(), DataType::kFloat32);
-    EXPECT(absl::IsInvalidArgument(status) &&
+    EXPECT(absl::IsFailedPrecondition(status) &&
                status.message().find("differ across ranks") != absl::string_view::npos,
            "%s mismatched large and small length: %s", reducer->backend(),
            status.ToString().c_str());
     std::vector<double> as_double(10, 1.0);
     void* mixed = g_rank == 0 ? static_cast<void*>(as_double.data()) : odd.data();
     status = reducer->AllReduce(mixed, 10, g_rank == 0 ? DataType::kFloat64 : DataType::kFloat32);
-    EXPECT(absl::IsInvalidArgument(status) &&
-               status.message().find("float64") != absl::string_view::npos,
+    EXPECT(absl::IsFailedPrecondition(status) &&
+               status.message().find("rank 0 passed float64 while rank 1 passed float32") !=
+                   absl::string_view::npos,
            "%s mismatched dtype: %s", reducer->backend(), status.ToString().c_str());
     // And the collective still works afterwards.
     CheckExact<float>(*reducer, DataType::kFloat32, 64, round++);
+    round = CheckOps(*reducer, round);
+    CheckOpMismatch(*reducer, round++);
   }
 
   auto bad = ParseDataType("bfloat16");
   EXPECT(!bad.ok() && bad.status().message().find("float32") != absl::string_view::npos,
          "bfloat16: %s", bad.status().ToString().c_str());
+  CheckOpsWithoutMpi(options, size);
   CheckBackupWorkers(options, 1);
   CheckBackupWorkers(options, 0);
   options.backend = "mpi";

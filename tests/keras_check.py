@@ -102,7 +102,7 @@ expect(np.array_equal(grad, np.full(3, float((rank + 1) * size), np.float32)),
 try:
     mtf.allreduce(tf.ones([rank + 1]))
     expect(False, "shapes that differ across ranks raise")
-except tf.errors.InvalidArgumentError as e:
+except tf.errors.FailedPreconditionError as e:
     expect("differ across ranks" in str(e), "message names the mismatch: %s" % e)
 try:
     mlfabric.allreduce(np.ones(4, np.float64 if rank == 0 else np.float32))

@@ -354,8 +354,19 @@ def local_size():
     return value if value is not None else 1
 
 
-def allreduce(array, average=False):
-    out = reducer().allreduce(array)
+# Reduce ops of allreduce (Horovod's names; AllReducer.allreduce takes them too).
+Sum = "sum"
+Min = "min"
+Max = "max"
+Product = "product"
+
+
+def allreduce(array, average=False, op=Sum):
+    """The element-wise sum (or op=Min, Max, Product) of `array` over all
+    ranks; average=True divides the sum by the size."""
+    if average and op != Sum:
+        raise ValueError("mlfabric.allreduce: average=True averages a sum, not op=%r" % (op,))
+    out = reducer().allreduce(array, op)
     return out / reducer().size if average else out
 
 

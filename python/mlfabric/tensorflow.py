@@ -39,21 +39,31 @@ from mlfabric import init, is_initialized, local_rank, local_size, rank, shutdow
 _lib.load_core()
 _ops = tf.load_op_library(_lib.find("mlfabric_tf_ops.so"))
 
-_COLLECTIVE_TYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+_COLLECTIVE_TYPES = (tf.float16, tf.float32, tf.float64, tf.int8, tf.uint8, tf.int16, tf.uint16,
+                     tf.int32, tf.int64)
 _PUSH_TYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
 
 Compression = _compression.Compression
 
-# Reduction ops, as in Horovod (hvd.Average, hvd.Sum, hvd.Adasum).
+# Reduction ops, as in Horovod (hvd.Average, hvd.Sum, hvd.Min, hvd.Max,
+# hvd.Product, hvd.Adasum).
 Average = "average"
 Sum = "sum"
+Min = "min"
+Max = "max"
+Product = "product"
 Adasum = "adasum"
+_OPS = (Average, Sum, Min, Max, Product)
 
 
-def _check_dtype(tensor):
+def _check_dtype(tensor, allow_bool=False):
+    """Horovod's dtypes: bool only where `allow_bool` (broadcast, allgather)."""
+    if tensor.dtype == tf.bool and allow_bool:
+        return
     if tensor.dtype not in _COLLECTIVE_TYPES:
         raise TypeError("mlfabric: unsupported dtype %s; collectives take float16, float32, "
-                        "float64, int32 or int64" % tensor.dtype.name)
+                        "float64, int8, uint8, int16, uint16, int32 or int64 (broadcast and "
+                        "allgather also bool)" % tensor.dtype.name)
 
 
 def _check_push_dtype(tensor):
@@ -70,10 +80,11 @@ def _resolve_op(average, op, where):
     if op is None:
         op = Sum if average is False else Average
     if op == Adasum:
-        raise ValueError("%s: op=Adasum is not supported by MLfabric; use hvd.Average or hvd.Sum"
-                         % where)
-    if op not in (Average, Sum):
-        raise ValueError("%s: unknown op %r; use hvd.Average or hvd.Sum" % (where, op))
+        raise ValueError("%s: op=Adasum is not supported by MLfabric; use hvd.Average, hvd.Sum, "
+                         "hvd.Min, hvd.Max or hvd.Product" % where)
+    if op not in _OPS:
+        raise ValueError("%s: unknown op %r; use hvd.Average, hvd.Sum, hvd.Min, hvd.Max or "
+                         "hvd.Product" % (where, op))
     return op
 
 
@@ -85,17 +96,19 @@ def _resolve_op(average, op, where):
 _last_collective = weakref.WeakKeyDictionary()
 
 
-def _sum(tensor, reducer):
-    """The one place that creates an AllReduce op: the element-wise sum of
-    `tensor` over the ranks, ordered after the graph's previous collective."""
+def _sum(tensor, reducer, op=Sum):
+    """The one place that creates an AllReduce op: the element-wise sum
+    (also for Average), minimum, maximum or product of `tensor` over the
+    ranks, ordered after the graph's previous collective."""
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor)
+    reduce_op = Sum if op == Average else op
     if tf.executing_eagerly():
-        return _ops.mlfabric_allreduce(tensor, handle=reducer.handle)
+        return _ops.mlfabric_allreduce(tensor, handle=reducer.handle, reduce_op=reduce_op)
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective.get(graph)
     with tf.control_dependencies([] if previous is None else [previous]):
-        total = _ops.mlfabric_allreduce(tensor, handle=reducer.handle)
+        total = _ops.mlfabric_allreduce(tensor, handle=reducer.handle, reduce_op=reduce_op)
     _last_collective[graph] = total
     return total
 
@@ -134,10 +147,15 @@ def _check_process_set(process_set, where):
 
 def _reduce_value(tensor, op, compression, prescale_factor, postscale_factor, reducer):
     """The forward value of a dense allreduce (no gradient of its own)."""
+
+
+def _as_bytes(tensor):
+    """bool travels as uint8 through the sum (broadcast, allgather)."""
+    return tf.cast(tensor, tf.uint8) if tensor.dtype == tf.bool else tensor
     if prescale_factor != 1.0:
         tensor = tensor * tf.cast(prescale_factor, tensor.dtype)
     wire, ctx = compression.compress(tensor)
-    total = compression.decompress(_sum(wire, reducer), ctx)
+    total = compression.decompress(_sum(wire, reducer, op), ctx)
     if op == Average:
         # Over the contributions actually summed (backup workers leave the
         # latest out: reducer.summed < reducer.size).
@@ -205,9 +223,13 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
 
 @tf.RegisterGradient("MlfabricAllreduce")
 def _allreduce_grad(op, grad):
-    # The raw op is a sum: d(sum_r x_r)/dx_r = 1, so its gradient is the sum
-    # of the gradients. (allreduce, allgather and broadcast define their own.)
-    return _sum(grad, _ReducerHandle(op.get_attr("handle")))
+    # The raw op's gradient, as Horovod's: the same reduction of the
+    # gradients (for a sum, d(sum_r x_r)/dx_r = 1). allreduce, allgather and
+    # broadcast define their own.
+    reduce_op = op.get_attr("reduce_op")
+    if isinstance(reduce_op, bytes):
+        reduce_op = reduce_op.decode()
+    return _sum(grad, _ReducerHandle(op.get_attr("handle")), reduce_op)
 
 
 class _ReducerHandle:
@@ -354,7 +376,9 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, redu
     _check_process_set(process_set, "mlfabric.tensorflow.allgather")
     reducer = reducer or mlfabric.reducer()
     tensor = tf.convert_to_tensor(tensor)
-    _check_dtype(tensor)
+    _check_dtype(tensor, allow_bool=True)
+    if tensor.dtype == tf.bool:
+        return tf.cast(allgather(_as_bytes(tensor), reducer=reducer), tf.bool)
     if tensor.shape.rank == 0:
         tensor = tf.reshape(tensor, [1])
     before, total, mine = _allgather_rows(tensor, reducer)
@@ -401,7 +425,11 @@ def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_s
     reducer = reducer or mlfabric.reducer()
     _check_root(root_rank, reducer, where)
     value = tf.convert_to_tensor(tensor)
-    _check_dtype(value)
+    _check_dtype(value, allow_bool=True)
+    if value.dtype == tf.bool:  # travels as uint8; not differentiable
+        wire = _as_bytes(value)
+        mine = wire if reducer.rank == root_rank else tf.zeros_like(wire)
+        return tf.cast(_sum(mine, reducer), tf.bool)
     is_root = reducer.rank == root_rank
 
     @tf.custom_gradient

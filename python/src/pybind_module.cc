@@ -32,17 +32,42 @@ namespace mlfabric::python {
 namespace {
 
 
-// float16 is a collective type only (the fp16 AllReduce); pushes to
-// servers carry float32, float64, int32 or int64.
-int DtypeCode(const py::dtype& dtype, bool collective = false) {
+// float16 and the 8- and 16-bit integers are collective types only; bool
+// is for broadcasts only (as Horovod); pushes to servers carry float32,
+// float64, int32 or int64.
+int DtypeCode(const py::dtype& dtype, bool collective = false, bool broadcast = false) {
   if (dtype.is(py::dtype::of<float>())) return MLF_FLOAT32;
   if (dtype.is(py::dtype::of<double>())) return MLF_FLOAT64;
   if (dtype.is(py::dtype::of<int32_t>())) return MLF_INT32;
   if (dtype.is(py::dtype::of<int64_t>())) return MLF_INT64;
-  if (collective && dtype.is(py::dtype("float16"))) return MLF_FLOAT16;
+  if (collective) {
+    if (dtype.is(py::dtype("float16"))) return MLF_FLOAT16;
+    if (dtype.is(py::dtype::of<int8_t>())) return MLF_INT8;
+    if (dtype.is(py::dtype::of<uint8_t>())) return MLF_UINT8;
+    if (dtype.is(py::dtype::of<int16_t>())) return MLF_INT16;
+    if (dtype.is(py::dtype::of<uint16_t>())) return MLF_UINT16;
+    if (broadcast && dtype.is(py::dtype::of<bool>())) return MLF_BOOL;
+  }
   throw py::type_error("unsupported dtype " + py::str(py::handle(dtype)).cast<std::string>() +
-                       (collective ? ": AllReduce supports float16, float32, float64, int32 and int64"
+                       (collective ? ": AllReduce supports float16, float32, float64, int8, uint8, "
+                                     "int16, uint16, int32 and int64 (broadcast also bool)"
                                    : ": MLfabric supports float32, float64, int32 and int64"));
+}
+
+// Horovod's op names (mlfabric.Sum, ...: "sum", "min", "max", "product").
+int OpCode(const std::string& op) {
+  if (op == "sum") return MLF_SUM;
+  if (op == "min") return MLF_MIN;
+  if (op == "max") return MLF_MAX;
+  if (op == "product") return MLF_PRODUCT;
+  throw py::value_error("unknown reduce op '" + op + "': use \"sum\", \"min\", \"max\" or "
+                        "\"product\" (mlfabric.Sum, Min, Max, Product)");
+}
+
+// Inputs that differ across ranks (FailedPrecondition) are the caller's
+// bad input: ValueError, as for other bad arguments.
+[[noreturn]] void RaiseCollective(int code, const std::string& message) {
+  Raise(code == 9 ? 3 : code, message);
 }
 
 class AllReducer {
@@ -75,9 +100,11 @@ class AllReducer {
   int local_size() const { return mlf_ext_allreducer_local_size(handle_); }
   std::string backend() const { return mlf_ext_allreducer_backend(handle_); }
 
-  // Returns a new array holding the sum over ranks (the input is untouched).
-  py::array AllReduce(py::array input) {
+  // Returns a new array holding the reduction by `op` over ranks (the input
+  // is untouched).
+  py::array AllReduce(py::array input, const std::string& op_name) {
     const int dtype = DtypeCode(input.dtype(), /*collective=*/true);
+    const int op = OpCode(op_name);
     py::array out = py::array(input.dtype(), std::vector<py::ssize_t>(input.shape(),
                                                                        input.shape() + input.ndim()));
     out = py::array::ensure(out, py::array::c_style);
@@ -87,14 +114,14 @@ class AllReducer {
     int code;
     {
       py::gil_scoped_release release;
-      code = Collective(false, out.mutable_data(), out.size(), dtype, 0, err, sizeof err);
+      code = Collective(false, out.mutable_data(), out.size(), dtype, op, 0, err, sizeof err);
     }
-    if (code != 0) Raise(code, err);
+    if (code != 0) RaiseCollective(code, err);
     return out;
   }
 
   py::array Broadcast(py::array input, int root) {
-    const int dtype = DtypeCode(input.dtype(), /*collective=*/true);
+    const int dtype = DtypeCode(input.dtype(), /*collective=*/true, /*broadcast=*/true);
     py::array out = py::array::ensure(input, py::array::c_style | py::array::forcecast);
     out = py::array(out.dtype(), std::vector<py::ssize_t>(out.shape(), out.shape() + out.ndim()),
                     out.data());  // a copy
@@ -102,16 +129,16 @@ class AllReducer {
     int code;
     {
       py::gil_scoped_release release;
-      code = Collective(true, out.mutable_data(), out.size(), dtype, root, err, sizeof err);
+      code = Collective(true, out.mutable_data(), out.size(), dtype, MLF_SUM, root, err, sizeof err);
     }
-    if (code != 0) Raise(code, err);
+    if (code != 0) RaiseCollective(code, err);
     return out;
   }
 
  private:
   // Blocks (without the GIL) until this rank's part of the collective ends.
-  int Collective(bool broadcast, void* data, uint64_t count, int dtype, int root, char* err,
-                 size_t err_len) {
+  int Collective(bool broadcast, void* data, uint64_t count, int dtype, int op, int root,
+                 char* err, size_t err_len) {
     struct Waiter {
       std::mutex mu;
       std::condition_variable cv;
@@ -130,7 +157,7 @@ class AllReducer {
     if (broadcast) {
       mlf_ext_broadcast_async(handle_, data, count, dtype, root, done, &waiter);
     } else {
-      mlf_ext_allreduce_async(handle_, data, count, dtype, done, &waiter);
+      mlf_ext_allreduce_async(handle_, data, count, dtype, op, done, &waiter);
     }
     std::unique_lock<std::mutex> lock(waiter.mu);
     waiter.cv.wait(lock, [&] { return waiter.done; });
@@ -364,7 +391,7 @@ void BindClients(py::module_& m) {
       .def_property_readonly("summed", &AllReducer::summed)
       .def_property_readonly("local_size", &AllReducer::local_size)
       .def_property_readonly("backend", &AllReducer::backend)
-      .def("allreduce", &AllReducer::AllReduce, py::arg("array"))
+      .def("allreduce", &AllReducer::AllReduce, py::arg("array"), py::arg("op") = "sum")
       .def("broadcast", &AllReducer::Broadcast, py::arg("array"), py::arg("root") = 0)
       .def("close", &AllReducer::Close);
   py::register_exception<PushFailed>(m, "PushFailedError", PyExc_RuntimeError);

@@ -33,25 +33,43 @@ int DtypeCode(tensorflow::DataType dtype) {
     case tensorflow::DT_INT32: return MLF_INT32;
     case tensorflow::DT_INT64: return MLF_INT64;
     case tensorflow::DT_HALF: return MLF_FLOAT16;
+    case tensorflow::DT_INT8: return MLF_INT8;
+    case tensorflow::DT_UINT8: return MLF_UINT8;
+    case tensorflow::DT_INT16: return MLF_INT16;
+    case tensorflow::DT_UINT16: return MLF_UINT16;
     default: return 0;
   }
 }
 
+int OpCode(const std::string& op) {
+  if (op == "min") return MLF_MIN;
+  if (op == "max") return MLF_MAX;
+  if (op == "product") return MLF_PRODUCT;
+  return MLF_SUM;  // the attr allows only these four
+}
+
+// bool has no reduction (Horovod broadcasts and allgathers it only): the
+// Python layer sends it as uint8 through the sum.
 REGISTER_OP("MlfabricAllreduce")
-    .Attr("T: {half, float, double, int32, int64}")
+    .Attr("T: {half, float, double, int8, uint8, int16, uint16, int32, int64}")
     .Attr("handle: int")
+    .Attr("reduce_op: {'sum', 'min', 'max', 'product'} = 'sum'")
     .Input("tensor: T")
     .Output("sum: T")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       c->set_output(0, c->input(0));
       return absl::OkStatus();
     })
-    .Doc("Sum of `tensor` over all ranks of the AllReducer `handle`.");
+    .Doc("Element-wise reduction (`reduce_op`) of `tensor` over all ranks of the AllReducer "
+         "`handle`; inputs that differ across ranks fail every rank with FailedPrecondition.");
 
 class AllreduceOp : public AsyncOpKernel {
  public:
   explicit AllreduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("handle", &handle_));
+    std::string op;
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
+    op_ = OpCode(op);
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     const Tensor& input = c->input(0);
@@ -69,7 +87,7 @@ class AllreduceOp : public AsyncOpKernel {
     auto* ctx = new Ctx{c, std::move(done)};
     mlf_ext_allreduce_async(
         handle_, const_cast<char*>(output->tensor_data().data()), input.NumElements(),
-        DtypeCode(input.dtype()),
+        DtypeCode(input.dtype()), op_,
         [](void* p, int code, const char* message) {
           auto* ctx = static_cast<Ctx*>(p);
           ctx->c->SetStatus(ToStatus(code, message));
@@ -81,6 +99,7 @@ class AllreduceOp : public AsyncOpKernel {
 
  private:
   int64_t handle_ = 0;
+  int op_ = MLF_SUM;
 };
 REGISTER_KERNEL_BUILDER(Name("MlfabricAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
 

@@ -1,0 +1,147 @@
+"""Run in every rank by tests/collective_ops_test.sh under mlfabric-run (2 ranks,
+a host each): Horovod's dtypes and reduce ops through MLfabric's collectives.
+
+For the mpi and the mlfabric AllReduce backends (the latter under mpirun: sums
+through the scheduler's rounds, min/max/product through MPI):
+  1. numpy (mlfabric.AllReducer.allreduce(array, op)): int8, uint8, int16 and
+     uint16 under sum, min, max and product, exactly the values computed here
+     from both ranks' inputs (integers wrap modulo 2^width, as Open MPI's);
+  2. TensorFlow, eagerly and in a tf.function: hvd.allreduce with op=Min, Max,
+     Product (and Sum, Average) on those dtypes and float32; grouped_allreduce
+     with op=Max over mixed dtypes; broadcast and allgather of bool;
+  3. mismatches fail every rank, never hang: a reduce op or a shape that
+     differs across ranks raises tf.errors.FailedPreconditionError (numpy:
+     ValueError) naming the ranks and values; hvd.Adasum and bool allreduce
+     are refused with a clear error.
+Prints "collective_ops_check rank R: OK" on success.
+"""
+import faulthandler
+import os
+import sys
+
+faulthandler.dump_traceback_later(240, exit=True)  # never hang the test
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import mlfabric
+import numpy as np
+import tensorflow as tf
+
+import mlfabric.tensorflow as hvd
+
+failures = []
+mlfabric.init(backend="mpi")
+rank, size = mlfabric.rank(), mlfabric.size()
+assert size == 2, "run with mlfabric-run -np 2"
+
+INT_TYPES = (np.int8, np.uint8, np.int16, np.uint16)
+OPS = {mlfabric.Sum: lambda a, b: a + b, mlfabric.Min: np.minimum,
+       mlfabric.Max: np.maximum, mlfabric.Product: lambda a, b: a * b}
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+        print("rank %d: FAILED %s" % (rank, what), file=sys.stderr, flush=True)
+
+
+def raises(fn, exc, *texts):
+    try:
+        fn()
+    except exc as e:
+        for text in texts:
+            expect(text in str(e), "%s names %r: %s" % (exc.__name__, text, e))
+        return
+    except Exception as e:  # noqa: BLE001 - any other exception is a failure too
+        expect(False, "expected %s, got %s: %s" % (exc.__name__, type(e).__name__, e))
+        return
+    expect(False, "expected %s, nothing raised" % exc.__name__)
+
+
+def data(r, dtype, n=300):
+    """Rank r's input: values in [-450, 450] cast to `dtype` (8-bit ones
+    wrap on the way, and every product overflows)."""
+    values = (np.arange(n, dtype=np.int64) * (r + 3)) % 901 - 450
+    return values.astype(dtype)
+
+
+def expected(dtype, op):
+    with np.errstate(over="ignore"):
+        return OPS[op](data(0, dtype), data(1, dtype)).astype(dtype)
+
+
+for backend in ("mpi", "mlfabric"):
+    red = mlfabric.AllReducer(backend=backend)
+    # ---- 1. numpy
+    for dtype in INT_TYPES:
+        for op in OPS:
+            out = red.allreduce(data(rank, dtype), op)
+            expect(out.dtype == dtype and np.array_equal(out, expected(dtype, op)),
+                   "%s numpy %s %s" % (backend, np.dtype(dtype).name, op))
+
+    # ---- 2. TensorFlow, eager and in a tf.function
+    @tf.function
+    def reduce_in_graph(t, op):
+        return hvd.allreduce(t, op=op, reducer=red)
+
+    for dtype in INT_TYPES:
+        mine = tf.constant(data(rank, dtype))
+        for op, name in ((hvd.Min, "min"), (hvd.Max, "max"), (hvd.Product, "product"),
+                         (hvd.Sum, "sum")):
+            want = expected(dtype, name)
+            eager = hvd.allreduce(mine, op=op, reducer=red)
+            expect(eager.dtype == mine.dtype and np.array_equal(eager.numpy(), want),
+                   "%s tf eager %s %s" % (backend, np.dtype(dtype).name, name))
+            graph = reduce_in_graph(mine, op)
+            expect(np.array_equal(graph.numpy(), want),
+                   "%s tf.function %s %s" % (backend, np.dtype(dtype).name, name))
+    x = tf.constant([1.5, -2.0, 3.0], tf.float32) * float(rank + 1)
+    got = {op: hvd.allreduce(x, op=op, reducer=red).numpy()
+           for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Average)}
+    expect(np.array_equal(got[hvd.Min], [1.5, -4.0, 3.0]), "%s float32 min %s" % (backend, got))
+    expect(np.array_equal(got[hvd.Max], [3.0, -2.0, 6.0]), "%s float32 max %s" % (backend, got))
+    expect(np.array_equal(got[hvd.Product], [4.5, 8.0, 18.0]), "%s product %s" % (backend, got))
+    expect(np.array_equal(got[hvd.Average], [2.25, -3.0, 4.5]), "%s average %s" % (backend, got))
+    # prescale/postscale around Max: max(2 * x_r) * 0.5.
+    scaled = hvd.allreduce(x, op=hvd.Max, prescale_factor=2.0, postscale_factor=0.5, reducer=red)
+    expect(np.array_equal(scaled.numpy(), [3.0, -2.0, 6.0]), "%s scaled max" % backend)
+    grouped = hvd.grouped_allreduce(
+        [tf.constant(data(rank, np.int8)), x, tf.constant(data(rank, np.uint16))], op=hvd.Max,
+        reducer=red)
+    expect(np.array_equal(grouped[0].numpy(), expected(np.int8, "max")) and
+           np.array_equal(grouped[1].numpy(), [3.0, -2.0, 6.0]) and
+           np.array_equal(grouped[2].numpy(), expected(np.uint16, "max")),
+           "%s grouped_allreduce op=Max" % backend)
+    flags = tf.constant([True, False, rank == 0])
+    expect(np.array_equal(hvd.broadcast(flags, 1, reducer=red).numpy(), [True, False, False]),
+           "%s broadcast bool" % backend)
+    gathered = hvd.allgather(tf.constant([rank == 1] * (rank + 1)), reducer=red)
+    expect(gathered.dtype == tf.bool and
+           np.array_equal(gathered.numpy(), [False, True, True]), "%s allgather bool" % backend)
+    expect(np.array_equal(red.broadcast(np.array([rank == 0, True]), 0), [True, True]),
+           "%s numpy broadcast bool" % backend)
+
+    # ---- 3. mismatches and refusals
+    raises(lambda: hvd.allreduce(tf.ones([4], tf.int8), op=hvd.Min if rank == 0 else hvd.Max,
+                                 reducer=red),
+           tf.errors.FailedPreconditionError, "Mismatched AllReduce reduce op",
+           "rank 0 passed min while rank 1 passed max")
+    raises(lambda: hvd.allreduce(tf.ones([rank + 2], tf.uint16), op=hvd.Sum, reducer=red),
+           tf.errors.FailedPreconditionError, "Mismatched AllReduce length",
+           "rank 0 passed 2 elements while rank 1 passed 3 elements")
+    raises(lambda: red.allreduce(np.ones(3, np.int16), "max" if rank else "min"), ValueError,
+           "reduce op")
+    raises(lambda: hvd.allreduce(tf.ones([2]), op=hvd.Adasum, reducer=red), ValueError,
+           "Adasum is not supported")
+    raises(lambda: hvd.allreduce(tf.ones([2], tf.bool), reducer=red), TypeError, "bool")
+    raises(lambda: red.allreduce(np.ones(2, bool)), TypeError, "broadcast also bool")
+    raises(lambda: red.allreduce(np.ones(2, np.int8), "median"), ValueError, "unknown reduce op")
+    # Still in step after the errors.
+    out = red.allreduce(np.full(3, rank + 1, np.int8), mlfabric.Product)
+    expect(np.array_equal(out, np.full(3, 2, np.int8)), "%s product after errors" % backend)
+    red.close()
+
+failed = len(failures)
+total = mlfabric.allreduce(np.array([failed], np.int64))
+if total[0] == 0:
+    print("collective_ops_check rank %d: OK" % rank, flush=True)
+mlfabric.shutdown()
+sys.exit(0 if total[0] == 0 else 1)
