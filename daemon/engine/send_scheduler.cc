@@ -54,10 +54,13 @@ double SendScheduler::BurstBytes(double rate_bps) const {
 SendScheduler::~SendScheduler() { Stop(); }
 
 absl::Status SendScheduler::Start() {
-  if (options_.unscheduled_bps > 0 && !unscheduled_.has_value()) {
-    return TokenBucket::Create(options_.unscheduled_bps, BurstBytes(options_.unscheduled_bps),
-                               clock_->NowSeconds())
-        .status();
+  {
+    MutexLock lock(&mu_);
+    if (options_.unscheduled_bps > 0 && !unscheduled_.has_value()) {
+      return TokenBucket::Create(options_.unscheduled_bps, BurstBytes(options_.unscheduled_bps),
+                                 clock_->NowSeconds())
+          .status();
+    }
   }
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
@@ -65,16 +68,16 @@ absl::Status SendScheduler::Start() {
 
 void SendScheduler::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void SendScheduler::SetClockOffset(double offset_s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   clock_offset_s_ = offset_s;
   for (auto& [id, outgoing] : outgoing_) outgoing.pacer->SetClockOffset(offset_s);
 }
@@ -108,7 +111,7 @@ absl::Status SendScheduler::Schedule(const v1::SendTransfer& send,
   for (const RateSegment& segment : segments) peak_bps = std::max(peak_bps, segment.rate_bps);
   PacerOptions pacing;
   pacing.burst_bytes = BurstBytes(peak_bps);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto pacer = TransferPacer::Create(std::move(segments), clock_offset_s_, pacing);
   if (!pacer.ok()) {
     return absl::InvalidArgumentError(
@@ -126,13 +129,13 @@ absl::Status SendScheduler::Schedule(const v1::SendTransfer& send,
   outgoing.pacer.emplace(std::move(*pacer));
   outgoing.gated = gated;
   release_at_.emplace(outgoing.pacer->start_local_s(), send.transfer_id());
-  cv_.notify_all();
+  cv_.SignalAll();
   return absl::OkStatus();
 }
 
 void SendScheduler::QueueAggregatePackets(uint64_t id, const std::vector<uint32_t>& ready) {
   if (ready.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = outgoing_.find(id);
   if (it == outgoing_.end() || !it->second.released) return;  // release queues what is ready
   for (uint32_t index : ready) QueueAggregatePacketLocked(it->second, index);
@@ -151,35 +154,35 @@ void SendScheduler::QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t inde
       static_cast<uint32_t>(std::min<uint64_t>(grid, outgoing.buffer->size() - offset));
   packet.payload = reinterpret_cast<const std::byte*>(outgoing.buffer->data() + offset);
   (void)queue_.Push(packet);  // the job is registered at release
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool SendScheduler::Cancel(uint64_t id, const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = outgoing_.find(id);
   if (it == outgoing_.end()) return false;
   queue_.RemoveTransfer(id);
   // Part of it may be at the next hop already: tell it to drop the rest.
   if (it->second.begun) aborts_.emplace_back(it->second.send, reason);
   outgoing_.erase(it);
-  cv_.notify_all();
+  cv_.SignalAll();
   return true;
 }
 
 void SendScheduler::DropAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [id, outgoing] : outgoing_) queue_.RemoveTransfer(id);
   outgoing_.clear();
   release_at_.clear();
 }
 
 bool SendScheduler::Has(uint64_t id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return outgoing_.count(id) > 0;
 }
 
 size_t SendScheduler::queued_packets() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return queue_.size();
 }
 
@@ -257,13 +260,13 @@ void SendScheduler::FailDestinationLocked(const std::string& dst_address,
 // ---------------------------------------------------------------- replies
 
 uint64_t SendScheduler::ReserveReplyId() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return (uint64_t{1} << 62) | next_reply_++;
 }
 
 void SendScheduler::OpenReply(uint64_t id, int fd, const PacketHeader& request,
                               std::shared_ptr<SharedBuffer> buffer, size_t total_packets) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Reply& reply = replies_[id];
   reply.fd = fd;
   reply.job_id = request.job;
@@ -276,16 +279,16 @@ void SendScheduler::OpenReply(uint64_t id, int fd, const PacketHeader& request,
 
 void SendScheduler::SetReplyBuffer(uint64_t id, std::shared_ptr<SharedBuffer> buffer,
                                    size_t total_packets) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = replies_.find(id);
   if (it == replies_.end()) return;
   it->second.buffer = std::move(buffer);
   it->second.total_packets = total_packets;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void SendScheduler::QueueReply(uint64_t id, uint64_t begin, uint64_t end) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = replies_.find(id);
   if (it == replies_.end() || it->second.buffer == nullptr) return;
   Reply& reply = it->second;
@@ -300,56 +303,56 @@ void SendScheduler::QueueReply(uint64_t id, uint64_t begin, uint64_t end) {
       options_.payload_bytes);
   if (!split.ok()) {  // cannot happen for a non-empty range; fail the reply, not the daemon
     reply.error = absl::StrCat("cannot packetise the reply: ", split.status().message());
-    cv_.notify_all();
+    cv_.SignalAll();
     return;
   }
   for (const PacketDescriptor& packet : *split) {
     (void)queue_.Push(packet);  // the job was registered when the reply opened
     ++reply.queued;
   }
-  cv_.notify_all();  // the sender loop
+  cv_.SignalAll();  // the sender loop
 }
 
 void SendScheduler::EndReply(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto it = replies_.find(id); it != replies_.end()) {
     it->second.total_packets = it->second.queued;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 
 void SendScheduler::FailReply(uint64_t id, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto it = replies_.find(id); it != replies_.end() && it->second.failed.empty()) {
     it->second.failed = why;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 
-void SendScheduler::Wake() { cv_.notify_all(); }
+void SendScheduler::Wake() { cv_.SignalAll(); }
 
 absl::Status SendScheduler::AwaitReply(uint64_t id, const std::function<std::string()>& failed,
                                        std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = replies_.find(id);
   if (it == replies_.end()) return absl::NotFoundError(absl::StrCat("no reply stream ", id));
   Reply& reply = it->second;  // map nodes stay put until erased below
   std::string why;
   bool ended = false;
-  auto done = [&] {
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reply.sent == reply.total_packets || !reply.error.empty() || stopping_) return true;
     why = reply.failed.empty() ? failed() : reply.failed;
     return !why.empty();
   };
   // Whoever makes `failed` true calls Wake(); the slice is a safety net.
   while (!(ended = done()) && std::chrono::steady_clock::now() < deadline) {
-    cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() +
-                                                std::chrono::milliseconds(200)));
+    cv_.WaitWithDeadline(&mu_, std::min(deadline, std::chrono::steady_clock::now() +
+                                                     std::chrono::milliseconds(200)));
   }
   // Nothing more of it goes out; a packet being written is finished first,
   // so the caller may write to the socket again.
   queue_.RemoveTransfer(id);
-  cv_.wait(lock, [&] { return !reply.writing; });
+  cv_.Await(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !reply.writing; });
   const Reply last = std::move(reply);
   replies_.erase(id);
   if (!last.error.empty()) return absl::UnavailableError(last.error);
@@ -361,20 +364,20 @@ absl::Status SendScheduler::AwaitReply(uint64_t id, const std::function<std::str
 }
 
 void SendScheduler::CloseReply(uint64_t id) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = replies_.find(id);
   if (it == replies_.end()) return;
   queue_.RemoveTransfer(id);
-  cv_.wait(lock, [&] { return !it->second.writing; });
+  cv_.Await(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !it->second.writing; });
   replies_.erase(it);
 }
 
 // ------------------------------------------------------------------ loop
 
 void SendScheduler::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stopping_) {
-    const double wake = SendReadyLocked(lock);
+    const double wake = SendReadyLocked();
     if (stopping_) break;
     if (!busy_sends_.empty()) {
       // Packets wait for peers whose connections have not drained: wait
@@ -384,31 +387,31 @@ void SendScheduler::Loop() {
       busy_sends_.clear();
       const double timeout_s =
           std::clamp(wake - clock_->NowSeconds(), 0.0, kPeerBusyRetryS);
-      lock.unlock();
+      lock.Unlock();
       writer_->WaitPeerWritable(busy, timeout_s);
-      lock.lock();
+      lock.Lock();
       continue;
     }
     if (wake == kNever) {
-      cv_.wait(lock);
+      cv_.Wait(&mu_);
     } else {
       const double now = clock_->NowSeconds();
-      cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, wake - now)));
+      cv_.WaitWithTimeout(&mu_, std::chrono::duration<double>(std::max(0.0, wake - now)));
     }
   }
 }
 
 double SendScheduler::SendReady() {
-  std::unique_lock<std::mutex> lock(mu_);
-  return SendReadyLocked(lock);
+  MutexLock lock(&mu_);
+  return SendReadyLocked();
 }
 
-double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
+double SendScheduler::SendReadyLocked() {
   while (!stopping_) {
     while (!aborts_.empty()) {
       const auto [send, reason] = aborts_.front();
       aborts_.erase(aborts_.begin());
-      lock.unlock();
+      mu_.Unlock();
       PacketHeader abort;
       abort.kind = PacketKind::kAbort;
       abort.job = send.job_id();
@@ -416,7 +419,7 @@ double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
       const std::string text = reason.substr(0, transport::kMaxControlBytes);
       (void)writer_->WriteToPeer(send, abort, text.data(), static_cast<uint32_t>(text.size()),
                                  std::nullopt);
-      lock.lock();
+      mu_.Lock();
     }
     const double now = clock_->NowSeconds();
     while (!release_at_.empty() && release_at_.begin()->first <= now) {
@@ -448,12 +451,12 @@ double SendScheduler::SendReadyLocked(std::unique_lock<std::mutex>& lock) {
         if (peer_busy) {
           packet_next_s = now + kPeerBusyRetryS;
         } else {
-          sent = SendTransferPacketLocked(lock, *packet, out->second, now, &packet_next_s,
+          sent = SendTransferPacketLocked(*packet, out->second, now, &packet_next_s,
                                           &peer_busy, waiting);
           if (!sent) busy_peers.insert(peer);
         }
       } else if (auto reply = replies_.find(packet->transfer_id); reply != replies_.end()) {
-        sent = SendReplyPacketLocked(lock, *packet, reply->second, reply->first, now,
+        sent = SendReplyPacketLocked(*packet, reply->second, reply->first, now,
                                      &packet_next_s, waiting);
       } else {  // failed meanwhile
         queue_.RemoveTransfer(packet->transfer_id);
@@ -495,8 +498,7 @@ void SendScheduler::AdaptLimitLocked(uint64_t* limit, const std::vector<transpor
   *limit = std::max<uint64_t>(packet, taken + packet);
 }
 
-bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
-                                          const PacketDescriptor& packet, Reply& reply,
+bool SendScheduler::SendReplyPacketLocked(const PacketDescriptor& packet, Reply& reply,
                                           uint64_t id, double now, double* next_s,
                                           const absl::flat_hash_set<TransferId>& skip) {
   // Unscheduled traffic has its own budget (DESIGN.md §5).
@@ -540,9 +542,9 @@ bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
     frames.push_back(frame);
   }
   const int fd = reply.fd;
-  lock.unlock();
+  mu_.Unlock();
   absl::StatusOr<size_t> written = writer_->WriteFramesToSocket(fd, frames);
-  lock.lock();
+  mu_.Lock();
   // The reply stays in replies_ while `writing` (AwaitReply waits for it).
   reply.writing = false;
   if (written.ok()) {
@@ -566,12 +568,11 @@ bool SendScheduler::SendReplyPacketLocked(std::unique_lock<std::mutex>& lock,
                      << " packets sent): " << written.status().message();
     queue_.RemoveTransfer(id);
   }
-  cv_.notify_all();  // AwaitReply
+  cv_.SignalAll();  // AwaitReply
   return true;
 }
 
-bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
-                                             const PacketDescriptor& packet, Outgoing& outgoing,
+bool SendScheduler::SendTransferPacketLocked(const PacketDescriptor& packet, Outgoing& outgoing,
                                              double now, double* next_s, bool* peer_busy,
                                              const absl::flat_hash_set<TransferId>& skip) {
   // A peer whose connection has not drained (its link is slower than
@@ -589,9 +590,9 @@ bool SendScheduler::SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
   const v1::SendTransfer send = outgoing.send;
   TakeTransferRunLocked(packet, send.dst_address(), now, skip);
   TransferFramesLocked(now);
-  lock.unlock();
+  mu_.Unlock();
   absl::StatusOr<size_t> written = writer_->WriteFramesToPeer(send, frames_);
-  lock.lock();
+  mu_.Lock();
   if (!written.ok()) {
     MLF_LOG(WARNING) << "transfer " << send.transfer_id() << " to " << send.dst_host()
                      << " failed: " << written.status().message();

@@ -41,12 +41,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -56,6 +54,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "daemon/engine/aggregation_table.h"
 #include "daemon/transport/packet_checksums.h"
 #include "daemon/pacing/pacer.h"
@@ -199,23 +198,26 @@ class SendScheduler {
   // Token cap of a bucket whose fastest rate is `rate_bps`.
   double BurstBytes(double rate_bps) const;
   void Loop();
-  double SendReadyLocked(std::unique_lock<std::mutex>& lock);
-  void ReleaseLocked(uint64_t id);
-  void QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index);
-  void FailDestinationLocked(const std::string& dst_address, const std::string& reason);
-  void EnsureJobLocked(uint32_t job);
+  double SendReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueAggregatePacketLocked(Outgoing& outgoing, uint32_t index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailDestinationLocked(const std::string& dst_address, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EnsureJobLocked(uint32_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The steps of SendTransferPacketLocked: take `first` and the packets
   // that may follow it to `peer` into taken_; turn them into frames_ (with
   // frame_packet_ and held_); then account for the `written` frames the
   // kernel took and put the rest back.
   void TakeTransferRunLocked(const PacketDescriptor& first, const std::string& peer, double now,
-                             const absl::flat_hash_set<TransferId>& skip);
-  void TransferFramesLocked(double now);
-  void SettleTransferWriteLocked(size_t written);
+                             const absl::flat_hash_set<TransferId>& skip)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TransferFramesLocked(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SettleTransferWriteLocked(size_t written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next coalesced write's size after one that offered `frames` and
   // had `written` of them taken.
   void AdaptLimitLocked(uint64_t* limit, const std::vector<transport::Frame>& frames,
-                        size_t written) const;
+                        size_t written) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A packet taken from the queue for a write, and its place there.
   struct Taken {
     PacketDescriptor packet;
@@ -224,17 +226,17 @@ class SendScheduler {
   // One packet of a reply and the ones that follow it in the queue for the
   // same reply (a coalesced write; `skip` as PeekSkipping), or false if the
   // budget says wait until *next_s.
-  bool SendReplyPacketLocked(std::unique_lock<std::mutex>& lock, const PacketDescriptor& packet,
-                             Reply& reply, uint64_t id, double now, double* next_s,
-                             const absl::flat_hash_set<TransferId>& skip);
+  bool SendReplyPacketLocked(const PacketDescriptor& packet, Reply& reply, uint64_t id, double now,
+                             double* next_s, const absl::flat_hash_set<TransferId>& skip)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One packet of a scheduled transfer and the ones that follow it in the
   // queue for the same peer (a coalesced write), or false if its pacer says
   // wait until *next_s, or its peer's connection has not drained
   // (*peer_busy).
-  bool SendTransferPacketLocked(std::unique_lock<std::mutex>& lock,
-                                const PacketDescriptor& packet, Outgoing& outgoing, double now,
+  bool SendTransferPacketLocked(const PacketDescriptor& packet, Outgoing& outgoing, double now,
                                 double* next_s, bool* peer_busy,
-                                const absl::flat_hash_set<TransferId>& skip);
+                                const absl::flat_hash_set<TransferId>& skip)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The last pass's peers whose connections had not drained (one transfer
   // to each), for the loop to wait on (PacketWriter::WaitPeerWritable).
@@ -246,26 +248,27 @@ class SendScheduler {
   AggregationTable* const aggregations_;
   const FailureSink on_failure_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  double clock_offset_s_ = 0;
-  PriorityPacketQueue queue_;
-  std::map<uint64_t, Outgoing> outgoing_;       // by transfer id
-  std::multimap<double, uint64_t> release_at_;  // local start time -> transfer
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  double clock_offset_s_ ABSL_GUARDED_BY(mu_) = 0;
+  PriorityPacketQueue queue_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);       // by transfer id
+  std::multimap<double, uint64_t> release_at_ ABSL_GUARDED_BY(mu_);  // local start time -> transfer
   // Begun transfers given up: the loop tells the peer.
-  std::vector<std::pair<v1::SendTransfer, std::string>> aborts_;
-  std::map<uint64_t, Reply> replies_;  // by reply id
-  // The loop's scratch for one coalesced write (kept to save allocations).
+  std::vector<std::pair<v1::SendTransfer, std::string>> aborts_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Reply> replies_ ABSL_GUARDED_BY(mu_);  // by reply id
+  // The loop's scratch for one coalesced write (kept to save allocations):
+  // the loop thread's own, filled under mu_ and written out without it.
   std::vector<Taken> taken_;
   std::vector<transport::Frame> frames_;
   std::vector<int> frame_packet_;
   std::vector<std::shared_ptr<SharedBuffer>> held_;
   // Per peer: how many bytes the next coalesced write offers, following
   // what the kernel took of the last one (AdaptLimitLocked).
-  std::map<std::string, uint64_t> coalesce_limit_;
-  std::optional<TokenBucket> unscheduled_;
-  uint64_t next_reply_ = 1;
+  std::map<std::string, uint64_t> coalesce_limit_ ABSL_GUARDED_BY(mu_);
+  std::optional<TokenBucket> unscheduled_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_reply_ ABSL_GUARDED_BY(mu_) = 1;
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> writes_{0};
   std::thread thread_;

@@ -145,13 +145,13 @@ def _check_process_set(process_set, where):
                      "set (every rank), hvd.global_process_set" % (where, process_set))
 
 
-def _reduce_value(tensor, op, compression, prescale_factor, postscale_factor, reducer):
-    """The forward value of a dense allreduce (no gradient of its own)."""
-
-
 def _as_bytes(tensor):
     """bool travels as uint8 through the sum (broadcast, allgather)."""
     return tf.cast(tensor, tf.uint8) if tensor.dtype == tf.bool else tensor
+
+
+def _reduce_value(tensor, op, compression, prescale_factor, postscale_factor, reducer):
+    """The forward value of a dense allreduce (no gradient of its own)."""
     if prescale_factor != 1.0:
         tensor = tensor * tf.cast(prescale_factor, tensor.dtype)
     wire, ctx = compression.compress(tensor)
