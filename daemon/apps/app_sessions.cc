@@ -112,9 +112,11 @@ void AppSessions::Stop() {
   {
     // Each shut-down connection reads as ended: its session ends on a
     // handler thread (AppGone), and the I/O thread is needed until then.
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& app : sessions_) app->channel->Shutdown();
-    sessions_done_.wait(lock, [&] { return active_ == 0; });
+    sessions_done_.Await(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return active_ == 0;
+    });
   }
   if (io_thread_.joinable()) {
     guard_.reset();
@@ -129,7 +131,7 @@ void AppSessions::Stop() {
 }
 
 std::vector<std::shared_ptr<AppSession>> AppSessions::Sessions() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return {sessions_.begin(), sessions_.end()};
 }
 
@@ -173,7 +175,7 @@ void AppSessions::AcceptPending() {
     app->channel = std::make_shared<LocalChannel>(fd);
     auto reader = std::make_shared<Reader>(io_, app);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       sessions_.insert(app);
       ++active_;
     }
@@ -257,13 +259,13 @@ bool AppSessions::HandleOne(const std::shared_ptr<AppSession>& app) {
 
 void AppSessions::End(const std::shared_ptr<Reader>& reader) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     sessions_.erase(reader->app);
   }
   handler_->AppGone(reader->app);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   --active_;
-  sessions_done_.notify_all();
+  sessions_done_.SignalAll();
 }
 
 }  // namespace mlfabric::daemon

@@ -30,11 +30,9 @@
 #define MLFABRIC_DAEMON_APPS_APP_SESSIONS_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -47,6 +45,7 @@
 
 #include "absl/status/status.h"
 #include "common/blocking_work.h"
+#include "common/mutex.h"
 #include "ipc/local_ipc.h"
 #include "ipc/mapped_buffers.h"
 #include "proto/local.pb.h"
@@ -163,10 +162,10 @@ class AppSessions {
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard_;
   std::optional<boost::asio::posix::stream_descriptor> listening_;
   std::thread io_thread_;
-  mutable std::mutex mu_;
-  std::condition_variable sessions_done_;
-  std::set<std::shared_ptr<AppSession>> sessions_;
-  int active_ = 0;  // sessions not ended yet (AppGone not returned)
+  mutable Mutex mu_;
+  CondVar sessions_done_;
+  std::set<std::shared_ptr<AppSession>> sessions_ ABSL_GUARDED_BY(mu_);
+  int active_ ABSL_GUARDED_BY(mu_) = 0;  // sessions not ended yet (AppGone not returned)
   // Last: destroyed first, once no handler runs (Stop waited for them).
   BlockingWork work_{options_.handler_idle_s};
 };

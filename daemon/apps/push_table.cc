@@ -3,7 +3,7 @@
 namespace mlfabric::daemon {
 
 uint64_t PushTable::Record(Push push) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t local = next_local_++;
   push.local_id = local;
   submitting_.emplace(local, std::move(push));
@@ -11,7 +11,7 @@ uint64_t PushTable::Record(Push push) {
 }
 
 void PushTable::Submitted(uint64_t local_id, uint64_t transfer_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = submitting_.find(local_id);
   if (it == submitting_.end()) return;  // adopted already
   pushes_[transfer_id] = std::move(it->second);
@@ -19,12 +19,12 @@ void PushTable::Submitted(uint64_t local_id, uint64_t transfer_id) {
 }
 
 void PushTable::SubmitFailed(uint64_t local_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   submitting_.erase(local_id);
 }
 
 void PushTable::Adopt(uint64_t transfer_id, uint64_t local_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (local_id == 0 || pushes_.count(transfer_id)) return;
   auto it = submitting_.find(local_id);
   if (it == submitting_.end()) return;
@@ -33,7 +33,7 @@ void PushTable::Adopt(uint64_t transfer_id, uint64_t local_id) {
 }
 
 std::optional<PushTable::Push> PushTable::Find(uint64_t transfer_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = pushes_.find(transfer_id);
   if (it == pushes_.end()) return std::nullopt;
   return it->second;
@@ -41,7 +41,7 @@ std::optional<PushTable::Push> PushTable::Find(uint64_t transfer_id) const {
 
 std::optional<PushTable::Push> PushTable::TakeForOutcome(uint64_t transfer_id,
                                                          bool hold_for_replica) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = pushes_.find(transfer_id);
   if (it == pushes_.end()) return std::nullopt;
   Push push = std::move(it->second);
@@ -51,7 +51,7 @@ std::optional<PushTable::Push> PushTable::TakeForOutcome(uint64_t transfer_id,
 }
 
 std::optional<PushTable::Push> PushTable::TakeHeld(uint64_t transfer_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = held_.find(transfer_id);
   if (it == held_.end()) return std::nullopt;
   Push push = std::move(it->second);
@@ -60,7 +60,7 @@ std::optional<PushTable::Push> PushTable::TakeHeld(uint64_t transfer_id) {
 }
 
 std::vector<PushTable::Push> PushTable::TakeAllSubmitted() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<Push> all;
   all.reserve(pushes_.size());
   for (auto& [id, push] : pushes_) all.push_back(std::move(push));
@@ -69,22 +69,22 @@ std::vector<PushTable::Push> PushTable::TakeAllSubmitted() {
 }
 
 std::vector<std::pair<uint64_t, PushTable::Push>> PushTable::Unresolved() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return {pushes_.begin(), pushes_.end()};
 }
 
 std::vector<std::pair<uint64_t, PushTable::Push>> PushTable::Held() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return {held_.begin(), held_.end()};
 }
 
 size_t PushTable::submitted() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return pushes_.size();
 }
 
 size_t PushTable::held() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return held_.size();
 }
 

@@ -21,12 +21,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/apps/app_sessions.h"
 #include "daemon/transport/packet_checksums.h"
 #include "ipc/local_ipc.h"
@@ -84,11 +84,11 @@ class PushTable {
   size_t held() const;
 
  private:
-  mutable std::mutex mu_;
-  uint64_t next_local_ = 1;
-  std::map<uint64_t, Push> submitting_;  // by local id
-  std::map<uint64_t, Push> pushes_;      // by transfer id
-  std::map<uint64_t, Push> held_;        // by transfer id
+  mutable Mutex mu_;
+  uint64_t next_local_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Push> submitting_ ABSL_GUARDED_BY(mu_);  // by local id
+  std::map<uint64_t, Push> pushes_ ABSL_GUARDED_BY(mu_);      // by transfer id
+  std::map<uint64_t, Push> held_ ABSL_GUARDED_BY(mu_);        // by transfer id
 };
 
 }  // namespace mlfabric::daemon

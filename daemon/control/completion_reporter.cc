@@ -30,11 +30,11 @@ void CompletionReporter::ReportPartReady(uint64_t transfer_id) {
 
 void CompletionReporter::Queue(v1::CompletionReport report) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return;
     queue_.push_back(std::move(report));
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void CompletionReporter::ReportNow(const v1::CompletionReport& report) {
@@ -47,11 +47,11 @@ void CompletionReporter::ReportNow(const v1::CompletionReport& report) {
 
 void CompletionReporter::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     queue_.clear();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -59,8 +59,9 @@ void CompletionReporter::Loop() {
   while (true) {
     v1::CompletionReport report;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      cv_.Await(&mu_,
+                [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping
       report = std::move(queue_.front());
       queue_.pop_front();

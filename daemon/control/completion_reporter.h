@@ -14,13 +14,12 @@
 #ifndef MLFABRIC_DAEMON_CONTROL_COMPLETION_REPORTER_H_
 #define MLFABRIC_DAEMON_CONTROL_COMPLETION_REPORTER_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "common/mutex.h"
 #include "daemon/control/scheduler_client.h"
 
 namespace mlfabric::daemon {
@@ -46,10 +45,10 @@ class CompletionReporter {
 
   SchedulerClient* const client_;
   const std::string host_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::CompletionReport> queue_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<v1::CompletionReport> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -4,13 +4,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "daemon/control/scheduler_client.h"
 #include "proto/scheduler.grpc.pb.h"
 
@@ -105,7 +105,7 @@ class GrpcSchedulerClient final : public SchedulerClient {
     }
     const absl::Status status = FromGrpc(stub_->RegisterHost(context.get(), request, reply));
     if (status.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       host_ = request.host();
       session_ = reply->session_token();
     }
@@ -116,7 +116,7 @@ class GrpcSchedulerClient final : public SchedulerClient {
     auto context = Signed(10, "");
     const absl::Status status = FromGrpc(stub_->RegisterEntity(context.get(), request, reply));
     if (status.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       job_tokens_[request.job()] = request.job_token();
     }
     return status;
@@ -184,19 +184,19 @@ class GrpcSchedulerClient final : public SchedulerClient {
   absl::Status Waiting(double deadline_s, const std::string& job, Call call) {
     std::unique_ptr<grpc::ClientContext> context = Signed(deadline_s, job);
     {
-      std::lock_guard<std::mutex> lock(waits_mu_);
+      MutexLock lock(&waits_mu_);
       if (waits_cancelled_) return absl::CancelledError("the daemon is stopping");
       waits_.insert(context.get());
     }
     const grpc::Status status = call(context.get());
     {
-      std::lock_guard<std::mutex> lock(waits_mu_);
+      MutexLock lock(&waits_mu_);
       waits_.erase(context.get());
     }
     return FromGrpc(status);
   }
   void CancelWaits() override {
-    std::lock_guard<std::mutex> lock(waits_mu_);
+    MutexLock lock(&waits_mu_);
     waits_cancelled_ = true;
     for (grpc::ClientContext* context : waits_) context->TryCancel();
   }
@@ -214,7 +214,7 @@ class GrpcSchedulerClient final : public SchedulerClient {
       const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
       if (state == GRPC_CHANNEL_READY) return true;
       {
-        std::lock_guard<std::mutex> lock(waits_mu_);
+        MutexLock lock(&waits_mu_);
         if (waits_cancelled_) return false;
       }
       const auto now = std::chrono::system_clock::now();
@@ -232,7 +232,7 @@ class GrpcSchedulerClient final : public SchedulerClient {
  private:
   // The host's session and, for a job-scoped call, the job's token.
   void Sign(grpc::ClientContext* context, const std::string& job) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!host_.empty()) context->AddMetadata(kHostMetadata, host_);
     if (!session_.empty()) context->AddMetadata(kSessionMetadata, session_);
     if (!job.empty()) {
@@ -250,13 +250,14 @@ class GrpcSchedulerClient final : public SchedulerClient {
   const ClientSecurity security_;
   const std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Scheduler::Stub> stub_;
-  std::mutex mu_;  // a leaf
-  std::string host_;
-  std::string session_;
-  std::map<std::string, std::string> job_tokens_;  // from RegisterEntity calls that succeeded
-  std::mutex waits_mu_;
-  std::set<grpc::ClientContext*> waits_;  // AwaitClock calls in progress
-  bool waits_cancelled_ = false;
+  Mutex mu_;  // a leaf
+  std::string host_ ABSL_GUARDED_BY(mu_);
+  std::string session_ ABSL_GUARDED_BY(mu_);
+  // From RegisterEntity calls that succeeded.
+  std::map<std::string, std::string> job_tokens_ ABSL_GUARDED_BY(mu_);
+  Mutex waits_mu_;
+  std::set<grpc::ClientContext*> waits_ ABSL_GUARDED_BY(waits_mu_);  // AwaitClock calls in progress
+  bool waits_cancelled_ ABSL_GUARDED_BY(waits_mu_) = false;
 };
 
 }  // namespace

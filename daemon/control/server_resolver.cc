@@ -10,7 +10,7 @@ absl::Status ServerResolver::Resolve(const std::string& job, const std::string& 
   const auto key = std::make_pair(job, server);
   uint64_t generation = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it != entries_.end() && clock_->NowSeconds() < it->second.until_s) {
       *where = it->second.where;
@@ -26,7 +26,7 @@ absl::Status ServerResolver::Resolve(const std::string& job, const std::string& 
   absl::Status status = scheduler_->ResolveServer(request, &reply);
   if (!status.ok()) return status;
   *where = reply;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // An answer asked for before a Clear() may be the old scheduler's.
   if (ttl_s_ > 0 && generation == generation_) {
     entries_[key] = Entry{std::move(reply), clock_->NowSeconds() + ttl_s_};
@@ -35,18 +35,18 @@ absl::Status ServerResolver::Resolve(const std::string& job, const std::string& 
 }
 
 void ServerResolver::Forget(const std::string& job, const std::string& server) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   entries_.erase(std::make_pair(job, server));
 }
 
 void ServerResolver::Clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   entries_.clear();
   ++generation_;
 }
 
 int64_t ServerResolver::calls() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return calls_;
 }
 

@@ -23,12 +23,12 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "daemon/control/scheduler_client.h"
 #include "proto/scheduler.pb.h"
 
@@ -57,10 +57,10 @@ class ServerResolver {
   SchedulerClient* const scheduler_;
   const Clock* const clock_;
   const double ttl_s_;
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, std::string>, Entry> entries_;  // guarded by mu_
-  uint64_t generation_ = 0;  // guarded by mu_; Clear() bumps it
-  int64_t calls_ = 0;        // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::pair<std::string, std::string>, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Clear() bumps it
+  int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace mlfabric::daemon

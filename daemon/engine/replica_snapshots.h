@@ -15,8 +15,8 @@
 // another.
 //
 // Thread safety: the `...Locked` methods require the receive side's lock
-// (receive_lock.h, a std::mutex the compiler does not check); Answer takes
-// only its own, a leaf (annotated: tools/thread_safety_check checks it).
+// (receive_lock.h); Answer takes only its own, a leaf. Both are checked
+// by tools/thread_safety_check.
 #ifndef MLFABRIC_DAEMON_ENGINE_REPLICA_SNAPSHOTS_H_
 #define MLFABRIC_DAEMON_ENGINE_REPLICA_SNAPSHOTS_H_
 
@@ -31,6 +31,7 @@
 #include "daemon/apps/app_sessions.h"
 #include "daemon/control/completion_reporter.h"
 #include "daemon/engine/model_request_ids.h"
+#include "daemon/engine/receive_lock.h"
 #include "daemon/engine/send_scheduler.h"
 #include "ipc/local_ipc.h"
 #include "proto/scheduler.pb.h"
@@ -49,16 +50,18 @@ class ReplicaSnapshots {
 
   // A snapshot to take once `key` ("<job id>/<server>") has handed every
   // position up to command.after_sequence() over.
-  void AddLocked(const v1::SnapshotToReplica& command);
+  void AddLocked(const v1::SnapshotToReplica& command) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // `key`'s next position to hand over is `next_position`: asks `app` (its
   // server application; null: none connected, the snapshots fail) for the
   // snapshots due, before that position is handed over.
   void FireLocked(const std::string& key, uint64_t next_position,
-                  const std::shared_ptr<AppSession>& app);
+                  const std::shared_ptr<AppSession>& app)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // The server of `key` left: its snapshots not yet asked for fail.
-  void FailServerLocked(const std::string& key, const std::string& why);
+  void FailServerLocked(const std::string& key, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // Forgets the snapshots not yet asked for (a restarted scheduler).
-  void ResetLocked() { due_.clear(); }
+  void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side) { due_.clear(); }
 
   // The application's answer to request `request_id`; false if it was not
   // a snapshot's (its id lacks kSnapshotRequestBit). Sends it (or reports
@@ -69,7 +72,7 @@ class ReplicaSnapshots {
  private:
   SendScheduler* const send_;
   CompletionReporter* const reporter_;
-  std::map<std::string, std::vector<v1::SnapshotToReplica>> due_;  // guarded by the receive lock
+  std::map<std::string, std::vector<v1::SnapshotToReplica>> due_ ABSL_GUARDED_BY(receive_side);
   Mutex mu_;  // a leaf
   std::map<uint64_t, v1::SnapshotToReplica> asked_ ABSL_GUARDED_BY(mu_);  // by request id
   uint64_t next_request_ ABSL_GUARDED_BY(mu_) = kSnapshotRequestBit;
