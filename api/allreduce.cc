@@ -148,6 +148,77 @@ absl::Status AllReducer::Broadcast(void* data, size_t count, DataType dtype, int
   return Reduce(data, count, dtype == DataType::kBool ? DataType::kUint8 : dtype, ReduceOp::kSum);
 }
 
+std::vector<int64_t> ReduceScatterRows(int64_t rows, int size) {
+  std::vector<int64_t> out(static_cast<size_t>(std::max(size, 0)), 0);
+  if (size <= 0 || rows <= 0) return out;
+  for (int r = 0; r < size; ++r) out[static_cast<size_t>(r)] = rows / size + (r < rows % size);
+  return out;
+}
+
+absl::Status AllReducer::Alltoall(const void* send, int64_t rows, int64_t row_elements,
+                                  const std::vector<int64_t>& send_rows, DataType dtype,
+                                  const AlltoallRecvBuffer& recv_buffer,
+                                  std::vector<int64_t>* recv_rows) {
+  if (DataTypeSize(dtype) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype code ", static_cast<int>(dtype), " for Alltoall"));
+  }
+  if (send_rows.size() != static_cast<size_t>(size_)) {
+    return absl::InvalidArgumentError(absl::StrCat("Alltoall: ", send_rows.size(),
+                                                   " send counts for ", size_,
+                                                   " ranks (one per rank)"));
+  }
+  int64_t total = 0;
+  for (size_t d = 0; d < send_rows.size(); ++d) {
+    if (send_rows[d] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Alltoall: send count ", send_rows[d], " for rank ", d, " is negative"));
+    }
+    total += send_rows[d];
+  }
+  if (total != rows || row_elements < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Alltoall: the send counts add up to ", total, " rows but the tensor has ", rows,
+        " rows (of ", row_elements, " elements)"));
+  }
+  return DoAlltoall(send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
+}
+
+absl::Status AllReducer::ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
+                                       DataType dtype, ReduceOp op, void* out) {
+  if (DataTypeSize(dtype) == 0 || dtype == DataType::kBool) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported dtype ", DataTypeName(dtype), " (code ", static_cast<int>(dtype),
+        ") for ReduceScatter: use float16, float32, float64, int8, uint8, int16, uint16, int32 "
+        "or int64"));
+  }
+  if (std::string(ReduceOpName(op)) == "unknown") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown reduce op code ", static_cast<int>(op),
+                                                   ": use sum, min, max or product"));
+  }
+  if (rows < 0 || row_elements < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ReduceScatter: negative shape ", rows, " x ",
+                                                   row_elements));
+  }
+  return DoReduceScatter(data, rows, row_elements, dtype, op, out);
+}
+
+absl::Status AllReducer::DoAlltoall(const void*, int64_t, const std::vector<int64_t>&, DataType,
+                                    const AlltoallRecvBuffer&, std::vector<int64_t>*) {
+  return absl::UnimplementedError(absl::StrCat(
+      "Alltoall is not implemented by the ", backend(),
+      " AllReduce backend here (it runs through MPI: use backend \"mpi\", or \"mlfabric\" "
+      "launched by mlfabric-run)"));
+}
+
+absl::Status AllReducer::DoReduceScatter(const void*, int64_t, int64_t, DataType, ReduceOp,
+                                         void*) {
+  return absl::UnimplementedError(absl::StrCat(
+      "ReduceScatter is not implemented by the ", backend(),
+      " AllReduce backend here (it runs through MPI: use backend \"mpi\", or \"mlfabric\" "
+      "launched by mlfabric-run)"));
+}
+
 std::vector<std::string> AvailableAllReduceBackends() {
   std::vector<std::string> names = {"mlfabric", "mpi"};
   std::string why_not;

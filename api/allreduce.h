@@ -47,6 +47,33 @@
 // MPI_Allgather before any data moves; in the mlfabric backend's own
 // rounds the root's scheduler finds the differing push and fails the
 // round for every rank.
+// Alltoall and ReduceScatter (Horovod's hvd.alltoall, hvd.reducescatter)
+// work on rows: a buffer is `rows` rows of `row_elements` elements each
+// (a tensor's first dimension and the product of the others).
+//   Alltoall: rank r sends send_rows[d] consecutive rows to rank d (in
+//   rank order) and receives, in rank order, the rows every rank sent it.
+//   The ranks first exchange their row counts, then the caller's
+//   `recv_buffer` is asked for room for the received rows, then the rows
+//   move, so a framework allocates its output once it knows its size.
+//   ReduceScatter: every rank passes the same `rows` x `row_elements`; the
+//   rows are reduced by `op` and rank r receives its slice of the result:
+//   ReduceScatterRows(rows, size)[r] rows, the first dimension divided as
+//   evenly as possible with the earlier ranks taking one extra row each
+//   (Horovod's split), starting after the rows of the ranks before it.
+// Backends: mpi (MPI_Alltoallv after an MPI_Alltoall of the counts;
+// MPI_Reduce_scatter). mlfabric under mpirun carries both through MPI,
+// as its non-sum reductions, after the same agreement (dtype, row length,
+// and for ReduceScatter length and op; a difference fails every rank with
+// FailedPrecondition). Elsewhere (mlfabric without mpirun, nccl) they
+// return Unimplemented naming the collective and the backend.
+// How they would map onto the daemons' push/get later (MLfabric §6): an
+// Alltoall is one push per destination rank to a server that rank runs,
+// whose get returns what every rank pushed to it, with no sum; a
+// ReduceScatter is the layout AllReduceOptions::pieces already uses (piece
+// k summed at the root rank k runs) with the pieces cut at
+// ReduceScatterRows' boundaries and the final broadcast of each piece
+// left out: rank k gets only its own piece.
+//
 // Calls are collective: every rank must make the same sequence of calls.
 // Thread safety: an AllReducer is not thread-safe; call it from one thread
 // (the Python and TensorFlow layers serialise calls for you).
@@ -55,6 +82,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -152,6 +180,17 @@ struct AllReduceOptions {
 int EnvRank();
 int EnvSize();
 
+// Rows each rank receives from a ReduceScatter of `rows` rows over `size`
+// ranks: rows / size each, and one more for each of the first rows % size
+// ranks (Horovod's split).
+std::vector<int64_t> ReduceScatterRows(int64_t rows, int size);
+
+// Alltoall's receive buffer: given the rows each rank sends this one (in
+// rank order), room for their sum times row_elements elements (nullptr is
+// fine when that is 0), or an error that fails the call on this rank.
+using AlltoallRecvBuffer =
+    std::function<absl::StatusOr<void*>(const std::vector<int64_t>& recv_rows)>;
+
 class AllReducer {
  public:
   virtual ~AllReducer() = default;
@@ -162,6 +201,19 @@ class AllReducer {
   // In place: every rank receives root's buffer (shapes and root must agree;
   // kBool too).
   virtual absl::Status Broadcast(void* data, size_t count, DataType dtype, int root);
+  // Sends send_rows[d] rows of `send` to rank d; `recv_buffer` receives
+  // every rank's rows for this one, in rank order, and *recv_rows their
+  // counts. kBool is allowed (no arithmetic). InvalidArgument (this rank
+  // only) for a send_rows whose length is not size() or whose sum is not
+  // `rows`, a negative count or an unknown dtype.
+  absl::Status Alltoall(const void* send, int64_t rows, int64_t row_elements,
+                        const std::vector<int64_t>& send_rows, DataType dtype,
+                        const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows);
+  // Reduces every rank's `rows` x `row_elements` buffer `data` by `op`;
+  // `out` receives this rank's ReduceScatterRows(rows, size())[rank()]
+  // rows of the result. Same dtype and op rules as AllReduce.
+  absl::Status ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
+                             DataType dtype, ReduceOp op, void* out);
   virtual const char* backend() const = 0;
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -181,6 +233,14 @@ class AllReducer {
   // The backend's AllReduce, once `dtype` and `op` are known to be valid
   // and dtype is not kBool.
   virtual absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+  // The backend's Alltoall and ReduceScatter once the arguments are
+  // checked; by default Unimplemented naming the collective and backend().
+  virtual absl::Status DoAlltoall(const void* send, int64_t row_elements,
+                                  const std::vector<int64_t>& send_rows, DataType dtype,
+                                  const AlltoallRecvBuffer& recv_buffer,
+                                  std::vector<int64_t>* recv_rows);
+  virtual absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
+                                       DataType dtype, ReduceOp op, void* out);
 
  private:
   int rank_;

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -127,13 +128,16 @@ void HalfCombine(void* in, void* inout, int* len, MPI_Datatype*) {
 
 // What every rank of a collective must agree on. `root` is -1 for an
 // AllReduce, `op` -1 for a Broadcast.
+// `row` is the elements per row of an Alltoall or ReduceScatter (-1 for
+// the others).
 struct CallShape {
   int64_t count;
   int64_t dtype;
   int64_t op;
   int64_t root;
+  int64_t row = -1;
 };
-static_assert(sizeof(CallShape) == 4 * sizeof(int64_t), "sent as 4 MPI_INT64_T");
+static_assert(sizeof(CallShape) == 5 * sizeof(int64_t), "sent as 5 MPI_INT64_T");
 
 // One small MPI_Allgather of every rank's CallShape before any data moves:
 // every rank sees every rank's values, so all return the same
@@ -144,7 +148,7 @@ absl::Status MpiCheckAgreement(const char* what, const CallShape& mine) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::vector<CallShape> all(static_cast<size_t>(size));
-  int code = MPI_Allgather(&mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, MPI_COMM_WORLD);
+  int code = MPI_Allgather(&mine, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, MPI_COMM_WORLD);
   if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allgather: " + MpiError(code));
   const auto dtype_name = [](int64_t v) { return DataTypeName(static_cast<DataType>(v)); };
   const auto op_name = [](int64_t v) { return ReduceOpName(static_cast<ReduceOp>(v)); };
@@ -159,6 +163,9 @@ absl::Status MpiCheckAgreement(const char* what, const CallShape& mine) {
       field = "dtype", first = dtype_name(a.dtype), other = dtype_name(b.dtype);
     } else if (a.op != b.op) {
       field = "reduce op", first = op_name(a.op), other = op_name(b.op);
+    } else if (a.row != b.row) {
+      field = "row length", first = absl::StrCat(a.row, " elements per row");
+      other = absl::StrCat(b.row, " elements per row");
     } else if (a.root != b.root) {
       field = "root rank", first = absl::StrCat("root ", a.root);
       other = absl::StrCat("root ", b.root);
@@ -174,6 +181,36 @@ absl::Status MpiCheckAgreement(const char* what, const CallShape& mine) {
 
 CallShape ReduceShape(size_t count, DataType dtype, ReduceOp op) {
   return {static_cast<int64_t>(count), static_cast<int64_t>(dtype), static_cast<int64_t>(op), -1};
+}
+
+CallShape AlltoallShape(int64_t row_elements, DataType dtype) {
+  return {-1, static_cast<int64_t>(dtype), -1, -1, row_elements};
+}
+
+CallShape ReduceScatterShape(int64_t rows, int64_t row_elements, DataType dtype, ReduceOp op) {
+  return {rows * row_elements, static_cast<int64_t>(dtype), static_cast<int64_t>(op), -1,
+          row_elements};
+}
+
+// MPI counts and displacements are int: each rank's part, in elements.
+absl::StatusOr<std::vector<int>> IntCounts(const std::vector<int64_t>& rows, int64_t row_elements,
+                                           const char* what) {
+  std::vector<int> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t elements = rows[i] * row_elements;
+    if (elements > std::numeric_limits<int>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", elements, " elements for one rank exceed MPI's int count"));
+    }
+    out[i] = static_cast<int>(elements);
+  }
+  return out;
+}
+
+std::vector<int> Displacements(const std::vector<int>& counts) {
+  std::vector<int> out(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) out[i] = out[i - 1] + counts[i - 1];
+  return out;
 }
 
 class MpiAllReducer : public AllReducer {
@@ -200,14 +237,59 @@ class MpiAllReducer : public AllReducer {
     if (!type.ok()) return type.status();
     // MPI has no half type: float16 travels as 16-bit words, reduced by
     // user-defined (commutative) ops in float, rounded per operation.
-    const bool small_int = dtype == DataType::kInt8 || dtype == DataType::kUint8 ||
-                           dtype == DataType::kInt16 || dtype == DataType::kUint16;
-    const MPI_Op mpi_op = dtype == DataType::kFloat16             ? half_ops_[static_cast<int>(op)]
-                          : small_int && op == ReduceOp::kSum ? small_int_sum_
-                                                              : MpiOp(op);
-    int code = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), *type, mpi_op,
-                             MPI_COMM_WORLD);
+    int code = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), *type,
+                             OpFor(dtype, op), MPI_COMM_WORLD);
     if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
+    return absl::OkStatus();
+  }
+
+  // The Alltoall once every rank is known to pass `dtype` and
+  // `row_elements`: the row counts first (MPI_Alltoall), then the rows
+  // (MPI_Alltoallv) into the buffer `recv_buffer` gives for them.
+  absl::Status AlltoallAgreed(const void* send, int64_t row_elements,
+                              const std::vector<int64_t>& send_rows, DataType dtype,
+                              const AlltoallRecvBuffer& recv_buffer,
+                              std::vector<int64_t>* recv_rows) {
+    auto type = MpiType(dtype);
+    if (!type.ok()) return type.status();
+    std::vector<int64_t> received(send_rows.size(), 0);
+    int code = MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, received.data(), 1, MPI_INT64_T,
+                            MPI_COMM_WORLD);
+    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Alltoall: " + MpiError(code));
+    auto send_counts = IntCounts(send_rows, row_elements, "Alltoall");
+    auto recv_counts = IntCounts(received, row_elements, "Alltoall");
+    absl::StatusOr<void*> buffer = absl::InternalError("no receive buffer");
+    absl::Status local = !send_counts.ok()   ? send_counts.status()
+                         : !recv_counts.ok() ? recv_counts.status()
+                                             : (buffer = recv_buffer(received)).status();
+    // A rank that cannot take part (counts too large for MPI, no buffer)
+    // must not leave the others in MPI_Alltoallv: every rank learns it.
+    int ok = local.ok() ? 1 : 0, all_ok = 0;
+    code = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
+    if (!local.ok()) return local;
+    if (all_ok == 0) {
+      return absl::AbortedError("Alltoall: another rank could not take part (see its error)");
+    }
+    if (recv_rows != nullptr) *recv_rows = received;
+    code = MPI_Alltoallv(send, send_counts->data(), Displacements(*send_counts).data(), *type,
+                         *buffer, recv_counts->data(), Displacements(*recv_counts).data(), *type,
+                         MPI_COMM_WORLD);
+    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Alltoallv: " + MpiError(code));
+    return absl::OkStatus();
+  }
+
+  // MPI_Reduce_scatter once every rank is known to pass the same shape,
+  // dtype and op; rank r's part is ReduceScatterRows' r-th.
+  absl::Status ReduceScatterAgreed(const void* data, int64_t rows, int64_t row_elements,
+                                   DataType dtype, ReduceOp op, void* out) {
+    auto type = MpiType(dtype);
+    if (!type.ok()) return type.status();
+    auto counts = IntCounts(ReduceScatterRows(rows, size()), row_elements, "ReduceScatter");
+    if (!counts.ok()) return counts.status();
+    int code = MPI_Reduce_scatter(data, out, counts->data(), *type, OpFor(dtype, op),
+                                  MPI_COMM_WORLD);
+    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Reduce_scatter: " + MpiError(code));
     return absl::OkStatus();
   }
 
@@ -240,7 +322,39 @@ class MpiAllReducer : public AllReducer {
     return ReduceAgreed(data, count, dtype, op);
   }
 
+  absl::Status DoAlltoall(const void* send, int64_t row_elements,
+                          const std::vector<int64_t>& send_rows, DataType dtype,
+                          const AlltoallRecvBuffer& recv_buffer,
+                          std::vector<int64_t>* recv_rows) override {
+    if (auto status = MpiCheckAgreement("Alltoall", AlltoallShape(row_elements, dtype));
+        !status.ok()) {
+      return status;
+    }
+    return AlltoallAgreed(send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
+  }
+
+  absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
+                               DataType dtype, ReduceOp op, void* out) override {
+    if (auto status = MpiCheckAgreement("ReduceScatter",
+                                        ReduceScatterShape(rows, row_elements, dtype, op));
+        !status.ok()) {
+      return status;
+    }
+    return ReduceScatterAgreed(data, rows, row_elements, dtype, op, out);
+  }
+
  private:
+  // MPI has no half type: float16 travels as 16-bit words, reduced by
+  // user-defined (commutative) ops in float, rounded per operation; 8- and
+  // 16-bit sums wrap (SmallIntSum).
+  MPI_Op OpFor(DataType dtype, ReduceOp op) const {
+    const bool small_int = dtype == DataType::kInt8 || dtype == DataType::kUint8 ||
+                           dtype == DataType::kInt16 || dtype == DataType::kUint16;
+    return dtype == DataType::kFloat16        ? half_ops_[static_cast<int>(op)]
+           : small_int && op == ReduceOp::kSum ? small_int_sum_
+                                               : MpiOp(op);
+  }
+
   MPI_Op half_ops_[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // by ReduceOp
   MPI_Op small_int_sum_ = MPI_OP_NULL;
 };
@@ -279,7 +393,27 @@ class SmallViaMpiAllReducer : public AllReducer {
     return mpi_->ReduceAgreed(data, count, dtype, op);
   }
 
+  // The daemons' rounds only sum whole buffers: both go through MPI
+  // (api/allreduce.h says how they would map onto push/get).
+  absl::Status DoAlltoall(const void* send, int64_t row_elements,
+                          const std::vector<int64_t>& send_rows, DataType dtype,
+                          const AlltoallRecvBuffer& recv_buffer,
+                          std::vector<int64_t>* recv_rows) override {
+    return mpi_->Alltoall(send, SumOf(send_rows), row_elements, send_rows, dtype, recv_buffer,
+                          recv_rows);
+  }
+  absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
+                               DataType dtype, ReduceOp op, void* out) override {
+    return mpi_->ReduceScatter(data, rows, row_elements, dtype, op, out);
+  }
+
  private:
+  static int64_t SumOf(const std::vector<int64_t>& values) {
+    int64_t total = 0;
+    for (int64_t v : values) total += v;
+    return total;
+  }
+
   std::unique_ptr<AllReducer> fabric_;
   std::unique_ptr<MpiAllReducer> mpi_;
   const size_t below_;
