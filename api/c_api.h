@@ -95,6 +95,25 @@ void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dty
                              mlf_done_fn done, void* ctx);
 void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dtype, int root,
                              mlf_done_fn done, void* ctx);
+/* Alltoall (AllReducer::Alltoall): `send` holds `rows` rows of
+ * `row_elements` elements; send_rows[d] (n = size entries) rows go to rank d.
+ * Once the counts are exchanged, `alloc` runs on the handle's thread with
+ * the rows each rank sends this one (n entries) and returns 0 with
+ * *buffer set to room for their sum x row_elements elements (NULL when
+ * empty), or a status code with a message in `err`; then the rows move and
+ * `done` runs. `send` and `send_rows` must stay valid until then. */
+typedef int (*mlf_alloc_fn)(void* ctx, const int64_t* recv_rows, int n, void** buffer, char* err,
+                            size_t err_len);
+void mlf_ext_alltoall_async(int64_t handle, const void* send, int64_t rows, int64_t row_elements,
+                            const int64_t* send_rows, int n, int dtype, mlf_alloc_fn alloc,
+                            mlf_done_fn done, void* ctx);
+/* ReduceScatter (AllReducer::ReduceScatter): `out` receives this rank's
+ * mlf_reducescatter_rows(rows, size, rank) rows of the reduction. */
+void mlf_ext_reducescatter_async(int64_t handle, const void* data, int64_t rows,
+                                 int64_t row_elements, int dtype, int op, void* out,
+                                 mlf_done_fn done, void* ctx);
+/* Horovod's split of `rows` over `size` ranks: rank `rank`'s rows. */
+int64_t mlf_reducescatter_rows(int64_t rows, int size, int rank);
 void mlf_ext_allreducer_destroy(int64_t handle);
 
 /* ---- Worker (api/registration.h RegisterAsWorker). delay_bound -1 and

@@ -1,6 +1,7 @@
 // The C interface's workers (both Table 1 bounds, per-tensor priorities),
 // general servers and replicas with the caller's callbacks, and AllReduce,
 // over the C++ API (see c_api.h). Same handle table as c_api.cc.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -173,6 +174,56 @@ void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dty
 void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dtype, int root,
                              mlf_done_fn done, void* ctx) {
   ExtCollective(handle, true, data, count, dtype, MLF_SUM, root, done, ctx);
+}
+
+void mlf_ext_alltoall_async(int64_t handle, const void* send, int64_t rows, int64_t row_elements,
+                            const int64_t* send_rows, int n, int dtype, mlf_alloc_fn alloc,
+                            mlf_done_fn done, void* ctx) {
+  auto entry = mlfabric::c_api::Find(handle);
+  if (!entry || !entry->reducer) {
+    done(ctx, static_cast<int>(absl::StatusCode::kInvalidArgument),
+         mlfabric::c_api::BadHandle(handle, "AllReducer").c_str());
+    return;
+  }
+  std::shared_ptr<mlfabric::AllReducer> reducer = entry->reducer;
+  std::vector<int64_t> counts(send_rows, send_rows + std::max(n, 0));
+  entry->serial->Submit([reducer, send, rows, row_elements, counts, dtype, alloc, done, ctx] {
+    auto buffer = [alloc, ctx](const std::vector<int64_t>& recv) -> absl::StatusOr<void*> {
+      void* out = nullptr;
+      char err[512] = {0};
+      const int code = alloc(ctx, recv.data(), static_cast<int>(recv.size()), &out, err,
+                             sizeof err);
+      if (code != 0) return absl::Status(static_cast<absl::StatusCode>(code), err);
+      return out;
+    };
+    absl::Status status = reducer->Alltoall(send, rows, row_elements, counts,
+                                            static_cast<mlfabric::DataType>(dtype), buffer,
+                                            nullptr);
+    done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str());
+  });
+}
+
+void mlf_ext_reducescatter_async(int64_t handle, const void* data, int64_t rows,
+                                 int64_t row_elements, int dtype, int op, void* out,
+                                 mlf_done_fn done, void* ctx) {
+  auto entry = mlfabric::c_api::Find(handle);
+  if (!entry || !entry->reducer) {
+    done(ctx, static_cast<int>(absl::StatusCode::kInvalidArgument),
+         mlfabric::c_api::BadHandle(handle, "AllReducer").c_str());
+    return;
+  }
+  std::shared_ptr<mlfabric::AllReducer> reducer = entry->reducer;
+  entry->serial->Submit([reducer, data, rows, row_elements, dtype, op, out, done, ctx] {
+    absl::Status status =
+        reducer->ReduceScatter(data, rows, row_elements, static_cast<mlfabric::DataType>(dtype),
+                               static_cast<mlfabric::ReduceOp>(op), out);
+    done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str());
+  });
+}
+
+int64_t mlf_reducescatter_rows(int64_t rows, int size, int rank) {
+  if (rank < 0 || rank >= size) return 0;
+  return mlfabric::ReduceScatterRows(rows, size)[static_cast<size_t>(rank)];
 }
 
 void mlf_ext_allreducer_destroy(int64_t handle) { mlfabric::c_api::Remove(handle); }

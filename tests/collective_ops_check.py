@@ -9,7 +9,12 @@ through the scheduler's rounds, min/max/product through MPI):
   2. TensorFlow, eagerly and in a tf.function: hvd.allreduce with op=Min, Max,
      Product (and Sum, Average) on those dtypes and float32; grouped_allreduce
      with op=Max over mixed dtypes; broadcast and allgather of bool;
-  3. mismatches fail every rank, never hang: a reduce op or a shape that
+  3. alltoall (even, uneven and zero splits, an empty tensor, bool) and
+     reducescatter / grouped_reducescatter (Sum, Average, Min, an uneven
+     first dimension, prescale/postscale), eagerly and in a tf.function,
+     exactly the values computed here, and their gradients as Horovod's
+     tests expect them;
+  4. mismatches fail every rank, never hang: a reduce op or a shape that
      differs across ranks raises tf.errors.FailedPreconditionError (numpy:
      ValueError) naming the ranks and values; hvd.Adasum and bool allreduce
      are refused with a clear error.
@@ -119,7 +124,115 @@ for backend in ("mpi", "mlfabric"):
     expect(np.array_equal(red.broadcast(np.array([rank == 0, True]), 0), [True, True]),
            "%s numpy broadcast bool" % backend)
 
-    # ---- 3. mismatches and refusals
+    # ---- 3. alltoall and reducescatter
+    def rows_of(r, n, cols=2):
+        return (100 * r + np.arange(n * cols)).reshape(n, cols).astype(np.int32)
+
+    def a2a_want(inputs, splits):
+        """What this rank receives: from each rank s, in rank order, the rows
+        s sends it (its splits[s][rank] rows after those for lower ranks)."""
+        parts = []
+        for s_rank, (x, sp) in enumerate(zip(inputs, splits)):
+            begin = sum(sp[:rank])
+            parts.append(x[begin:begin + sp[rank]])
+        return np.concatenate(parts), [sp[rank] for sp in splits]
+
+    @tf.function
+    def a2a_in_graph(t, splits):
+        return hvd.alltoall(t, splits=splits, reducer=red)
+
+    cases = {"even": ([4, 4], [[2, 2], [2, 2]]), "uneven": ([4, 2], [[1, 3], [2, 0]]),
+             "zero": ([0, 3], [[0, 0], [0, 3]])}
+    for case, (lengths, splits) in cases.items():
+        inputs = [rows_of(r, lengths[r]) for r in range(size)]
+        want, want_splits = a2a_want(inputs, splits)
+        for mode, fn in (("eager", lambda t, sp: hvd.alltoall(t, splits=sp, reducer=red)),
+                         ("tf.function", a2a_in_graph)):
+            out, received = fn(tf.constant(inputs[rank]), tf.constant(splits[rank]))
+            expect(out.dtype == tf.int32 and out.shape == want.shape and
+                   np.array_equal(out.numpy(), want) and
+                   np.array_equal(received.numpy(), want_splits),
+                   "%s alltoall %s %s: %s %s" % (backend, case, mode, out.numpy().tolist(),
+                                                 received.numpy().tolist()))
+    even = hvd.alltoall(tf.constant(rows_of(rank, 4)), reducer=red)  # no splits: tensor only
+    expect(isinstance(even, tf.Tensor) and
+           np.array_equal(even.numpy(), a2a_want([rows_of(0, 4), rows_of(1, 4)],
+                                                 [[2, 2], [2, 2]])[0]),
+           "%s alltoall without splits" % backend)
+    flags = hvd.alltoall(tf.constant([rank == 0, True, False]), splits=[1, 2], reducer=red)[0]
+    expect(np.array_equal(flags.numpy(), [True, False] if rank == 0
+                          else [True, False, True, False]), "%s alltoall bool %s" % (backend, flags))
+    # Gradient: d(sum(out**2)/2)/dx = alltoall(out, received splits) = x.
+    x = tf.constant(rows_of(rank, 4 if rank == 0 else 2).astype(np.float32))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        out, _ = hvd.alltoall(x, splits=[[1, 3], [2, 0]][rank], reducer=red)
+        loss = tf.reduce_sum(out * out) / 2
+    grad = tape.gradient(loss, x)
+    expect(grad is not None and np.array_equal(grad.numpy(), x.numpy()),
+           "%s alltoall gradient %s" % (backend, None if grad is None else grad.numpy()))
+
+    def rs_input(r, dtype=np.int32):
+        return ((r + 1) * np.arange(10).reshape(5, 2) + r).astype(dtype)
+
+    mine_rows = slice(0, 3) if rank == 0 else slice(3, 5)  # 5 rows: 3 + 2
+
+    @tf.function
+    def rs_in_graph(t, op):
+        return hvd.reducescatter(t, op=op, reducer=red)
+
+    for op, fold in ((hvd.Sum, lambda a, b: a + b), (hvd.Min, np.minimum),
+                     (hvd.Max, np.maximum)):
+        want = fold(rs_input(0), rs_input(1))[mine_rows]
+        for mode, fn in (("eager", lambda t, o: hvd.reducescatter(t, op=o, reducer=red)),
+                         ("tf.function", rs_in_graph)):
+            out = fn(tf.constant(rs_input(rank)), op)
+            expect(out.dtype == tf.int32 and np.array_equal(out.numpy(), want),
+                   "%s reducescatter %s %s: %s" % (backend, op, mode, out.numpy().tolist()))
+    avg_want = ((rs_input(0, np.float32) + rs_input(1, np.float32)) / 2)[mine_rows]
+    avg = hvd.reducescatter(tf.constant(rs_input(rank, np.float32)), reducer=red)  # Average
+    expect(np.array_equal(avg.numpy(), avg_want), "%s reducescatter average %s" % (backend, avg))
+    scaled = hvd.reducescatter(tf.constant(rs_input(rank, np.float32)), op=hvd.Sum,
+                               prescale_factor=2.0, postscale_factor=0.25, reducer=red)
+    expect(np.array_equal(scaled.numpy(), avg_want), "%s reducescatter scaled" % backend)
+    grouped = hvd.grouped_reducescatter(
+        [tf.constant(rs_input(rank)), tf.constant(rs_input(rank, np.float32)[:, :1])],
+        op=hvd.Sum, reducer=red)
+    expect(np.array_equal(grouped[0].numpy(), (rs_input(0) + rs_input(1))[mine_rows]) and
+           np.array_equal(grouped[1].numpy(),
+                          (rs_input(0, np.float32) + rs_input(1, np.float32))[mine_rows, :1]),
+           "%s grouped_reducescatter" % backend)
+    # Gradients as Horovod's tests expect: ones * size for Sum, ones for Average.
+    for op, factor in ((hvd.Sum, size), (hvd.Average, 1)):
+        x = tf.constant(rs_input(rank, np.float32))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = hvd.reducescatter(x, op=op, reducer=red)
+        grad = tape.gradient(out, x)
+        expect(grad is not None and np.array_equal(grad.numpy(), np.full((5, 2), factor)),
+               "%s reducescatter %s gradient %s" % (backend, op,
+                                                    None if grad is None else grad.numpy()))
+    raises(lambda: hvd.reducescatter(tf.ones([4, 2], tf.float32 if rank == 0 else tf.float64),
+                                     op=hvd.Sum, reducer=red),
+           tf.errors.FailedPreconditionError, "Mismatched ReduceScatter dtype",
+           "rank 0 passed float32 while rank 1 passed float64")
+    raises(lambda: hvd.reducescatter(tf.ones([4, 2]), op=hvd.Min if rank == 0 else hvd.Max,
+                                     reducer=red),
+           tf.errors.FailedPreconditionError, "Mismatched ReduceScatter reduce op")
+    raises(lambda: hvd.reducescatter(tf.ones([3 + rank, 2]), op=hvd.Sum, reducer=red),
+           tf.errors.FailedPreconditionError, "Mismatched ReduceScatter length")
+    raises(lambda: hvd.alltoall(tf.ones([2, 3 + rank]), splits=[1, 1], reducer=red),
+           tf.errors.FailedPreconditionError, "Mismatched Alltoall row length",
+           "rank 0 passed 3 elements per row while rank 1 passed 4 elements per row")
+    raises(lambda: hvd.alltoall(tf.ones([2, 2], tf.int32 if rank == 0 else tf.int64),
+                                splits=[1, 1], reducer=red),
+           tf.errors.FailedPreconditionError, "Mismatched Alltoall dtype")
+    raises(lambda: hvd.alltoall(tf.ones([3]), splits=[1, 1, 1], reducer=red), ValueError,
+           "3 splits for 2 ranks")
+    raises(lambda: hvd.alltoall(tf.ones([3]), reducer=red), tf.errors.InvalidArgumentError,
+           "must divide")
+
+    # ---- 4. mismatches and refusals
     raises(lambda: hvd.allreduce(tf.ones([4], tf.int8), op=hvd.Min if rank == 0 else hvd.Max,
                                  reducer=red),
            tf.errors.FailedPreconditionError, "Mismatched AllReduce reduce op",

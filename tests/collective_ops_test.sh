@@ -3,7 +3,8 @@
 # tests/collective_ops_check.py checks Horovod's dtypes (int8, uint8, int16,
 # uint16, bool) and reduce ops (Min, Max, Product) through the mpi and
 # mlfabric backends, numpy and TensorFlow (eager and tf.function), and that
-# mismatched ops and shapes raise FailedPreconditionError on every rank.
+# mismatched ops and shapes raise FailedPreconditionError on every rank;
+# alltoall, reducescatter and grouped_reducescatter with their gradients.
 # Skips, saying why, when the venv has no TensorFlow.
 set -euo pipefail
 source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"

@@ -13,7 +13,9 @@ under `mlfabric-run` (python/README.md lists where we differ):
 Gradients are Horovod's: allreduce -> the allreduce of the upstream
 gradient (same op, prescale, postscale); allgather -> the upstream gradient
 averaged over ranks, this rank's rows; broadcast -> that average on the
-root, zero elsewhere. tf.IndexedSlices are allgathered (values and indices)
+root, zero elsewhere; alltoall -> the alltoall of the upstream gradient
+with the received splits; reducescatter -> the allgather of the upstream
+gradient (times the size for op=Sum). tf.IndexedSlices are allgathered (values and indices)
 unless sparse_as_dense=True. Only the global process set exists; any other
 process_set raises ValueError.
 
@@ -103,14 +105,22 @@ def _sum(tensor, reducer, op=Sum):
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor)
     reduce_op = Sum if op == Average else op
+    return _ordered(lambda: _ops.mlfabric_allreduce(tensor, handle=reducer.handle,
+                                                    reduce_op=reduce_op))
+
+
+def _ordered(make_op):
+    """Runs `make_op()` (which creates one collective op and returns its
+    outputs) after the graph's previous collective; eagerly, at once."""
     if tf.executing_eagerly():
-        return _ops.mlfabric_allreduce(tensor, handle=reducer.handle, reduce_op=reduce_op)
+        return make_op()
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective.get(graph)
     with tf.control_dependencies([] if previous is None else [previous]):
-        total = _ops.mlfabric_allreduce(tensor, handle=reducer.handle, reduce_op=reduce_op)
-    _last_collective[graph] = total
-    return total
+        outputs = make_op()
+    last = outputs[0] if isinstance(outputs, (list, tuple)) else outputs
+    _last_collective[graph] = last
+    return outputs
 
 
 class ProcessSet:
@@ -406,6 +416,126 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
     del name, ignore_name_scope
     _check_process_set(process_set, "mlfabric.tensorflow.grouped_allgather")
     return [allgather(t, reducer=reducer) for t in tensors]
+
+
+def _alltoall(tensor, splits, reducer):
+    """(output, received splits) of one MlfabricAlltoall, ordered; its
+    gradient is Horovod's: the alltoall of the upstream gradient with the
+    received splits (each row goes back to the rank it came from)."""
+    @tf.custom_gradient
+    def exchange(x):
+        output, received = _ordered(
+            lambda: _ops.mlfabric_alltoall(x, splits, handle=reducer.handle))
+
+        def grad(dy, _):
+            return _alltoall(dy, received, reducer)[0]
+        return (output, received), grad
+    return exchange(tensor)
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None,
+             reducer=None):
+    """Horovod's `hvd.alltoall`: sends splits[d] rows (first dimension) of
+    `tensor` to rank d and returns the rows every rank sent this one,
+    concatenated in rank order. Without `splits` the first dimension is
+    divided equally (it must divide by the size) and only the tensor is
+    returned; with `splits`, `(tensor, received_splits)` as Horovod, where
+    received_splits[s] (int32) rows came from rank s. Splits may be uneven or
+    zero and the tensor empty; the other dimensions must match on every
+    rank. Gradient, as Horovod's: the alltoall of the upstream gradient with
+    the received splits."""
+    del name, ignore_name_scope
+    where = "mlfabric.tensorflow.alltoall"
+    _check_process_set(process_set, where)
+    reducer = reducer or mlfabric.reducer()
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor, allow_bool=True)
+    if tensor.shape.rank == 0:
+        raise ValueError("%s: a scalar cannot be split; give a tensor with a first dimension"
+                         % where)
+    wire = tf.constant([], tf.int32) if splits is None else tf.cast(splits, tf.int32)
+    if wire.shape.rank not in (None, 1):
+        raise ValueError("%s: splits must be a vector (one count per rank), got shape %s"
+                         % (where, wire.shape))
+    if wire.shape.rank == 1 and splits is not None and wire.shape[0] not in (None, reducer.size):
+        raise ValueError("%s: %d splits for %d ranks (one count per rank)"
+                         % (where, wire.shape[0], reducer.size))
+    if tensor.dtype == tf.bool:  # moves as bytes; not differentiable
+        output, received = _ordered(
+            lambda: _ops.mlfabric_alltoall(tensor, wire, handle=reducer.handle))
+    else:
+        output, received = _alltoall(tensor, wire, reducer)
+    return output if splits is None else (output, received)
+
+
+def _reducescatter_value(tensor, op, prescale_factor, postscale_factor, reducer):
+    """The forward value: postscale * reducescatter(prescale * tensor), Average
+    as the sum divided by the size."""
+    if prescale_factor != 1.0:
+        tensor = tensor * tf.cast(prescale_factor, tensor.dtype)
+    reduce_op = Sum if op == Average else op
+    out = _ordered(lambda: _ops.mlfabric_reducescatter(tensor, handle=reducer.handle,
+                                                       reduce_op=reduce_op))
+    if op == Average:
+        out = out / tf.cast(reducer.size, out.dtype)
+    if postscale_factor != 1.0:
+        out = out * tf.cast(postscale_factor, out.dtype)
+    return out
+
+
+def _reducescatter(tensor, op, prescale_factor, postscale_factor, reducer):
+    """A reducescatter whose gradient is Horovod's: the allgather of the
+    upstream gradient, times the size for op=Sum (Horovod scales only Sum)."""
+    @tf.custom_gradient
+    def scatter(x):
+        def grad(dy):
+            if op == Sum:
+                dy = dy * tf.cast(reducer.size, dy.dtype)
+            return allgather(dy, reducer=reducer)
+        return _reducescatter_value(x, op, prescale_factor, postscale_factor, reducer), grad
+    return scatter(tensor)
+
+
+def _check_reducescatter(tensor, op, process_set, reducer, where):
+    _check_process_set(process_set, where)
+    op = _resolve_op(None, op, where)
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("%s: a scalar cannot be scattered; give a tensor with a first dimension"
+                         % where)
+    if reducer.summed != reducer.size:
+        raise ValueError("%s: not available with backup workers" % where)
+    return tensor, op
+
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  process_set=None, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0, reducer=None):
+    """Horovod's `hvd.reducescatter`: reduces `tensor` (same shape on every
+    rank) over the ranks by `op` (Average by default; Sum, Min, Max,
+    Product) and returns this rank's rows of the result: the first
+    dimension divided as evenly as possible, the earlier ranks taking one
+    extra row each. postscale * reducescatter(prescale * tensor).
+    Gradient, as Horovod's: the allgather of the upstream gradient (times
+    the size for op=Sum)."""
+    del device_dense, name, ignore_name_scope
+    where = "mlfabric.tensorflow.reducescatter"
+    reducer = reducer or mlfabric.reducer()
+    tensor, op = _check_reducescatter(tensor, op, process_set, reducer, where)
+    wire, ctx = compression.compress(tensor)
+    out = _reducescatter(wire, op, prescale_factor, postscale_factor, reducer)
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          process_set=None, prescale_factor=1.0, postscale_factor=1.0,
+                          reducer=None):
+    """reducescatter of each tensor of a list, one after another, as
+    Horovod's grouped_reducescatter (same results; Horovod fuses them)."""
+    return [reducescatter(t, device_dense, compression, op, process_set=process_set,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                          reducer=reducer) for t in tensors]
 
 
 def _check_root(root_rank, reducer, where):

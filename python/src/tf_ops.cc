@@ -1,8 +1,10 @@
-// TensorFlow custom ops MlfabricAllreduce, MlfabricPush, MlfabricGet. Each
+// TensorFlow custom ops MlfabricAllreduce, MlfabricAlltoall,
+// MlfabricReducescatter, MlfabricPush, MlfabricGet. Each
 // kernel is asynchronous and only converts tensors and forwards a completion
 // callback into the client core through api/c_api.h and
 // api/c_api.h: no scheduling logic here (per-tensor priorities
 // are handed down as given), and no Debian Abseil (TensorFlow brings its own).
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -37,6 +39,7 @@ int DtypeCode(tensorflow::DataType dtype) {
     case tensorflow::DT_UINT8: return MLF_UINT8;
     case tensorflow::DT_INT16: return MLF_INT16;
     case tensorflow::DT_UINT16: return MLF_UINT16;
+    case tensorflow::DT_BOOL: return MLF_BOOL;  // alltoall only (data movement)
     default: return 0;
   }
 }
@@ -102,6 +105,163 @@ class AllreduceOp : public AsyncOpKernel {
   int op_ = MLF_SUM;
 };
 REGISTER_KERNEL_BUILDER(Name("MlfabricAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
+
+// A tensor as rows along its first dimension (a scalar is one row).
+int64_t RowElements(const tensorflow::TensorShape& shape) {
+  int64_t elements = 1;
+  for (int d = 1; d < shape.dims(); ++d) elements *= shape.dim_size(d);
+  return elements;
+}
+
+REGISTER_OP("MlfabricAlltoall")
+    .Attr("T: {bool, half, float, double, int8, uint8, int16, uint16, int32, int64}")
+    .Attr("handle: int")
+    .Input("tensor: T")
+    .Input("splits: int32")
+    .Output("output: T")
+    .Output("received_splits: int32")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle output;
+      TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(0), 0, c->UnknownDim(), &output));
+      c->set_output(0, output);
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc("Sends splits[d] rows (first dimension) of `tensor` to rank d and concatenates, in "
+         "rank order, the rows every rank sent this one; received_splits[s] rows came from "
+         "rank s. Empty `splits`: the first dimension divided equally (it must divide).");
+
+class AlltoallOp : public AsyncOpKernel {
+ public:
+  explicit AlltoallOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("handle", &handle_));
+  }
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    const Tensor& input = c->input(0);
+    const Tensor& splits = c->input(1);
+    OP_REQUIRES_ASYNC(c, input.dims() >= 1,
+                      absl::InvalidArgumentError("alltoall: the tensor needs a first dimension "
+                                                 "(a scalar cannot be split)"),
+                      done);
+    const int size = mlf_ext_allreducer_size(handle_);
+    const int64_t rows = input.dim_size(0);
+    std::vector<int64_t> send_rows;
+    if (splits.NumElements() == 0) {
+      OP_REQUIRES_ASYNC(c, size > 0 && rows % size == 0,
+                        absl::InvalidArgumentError(
+                            "alltoall: without splits the first dimension (" +
+                            std::to_string(rows) + ") must divide by the number of ranks (" +
+                            std::to_string(size) + ")"),
+                        done);
+      send_rows.assign(size, rows / size);
+    } else {
+      auto flat = splits.flat<int32_t>();
+      send_rows.assign(flat.data(), flat.data() + flat.size());
+    }
+    struct Ctx {
+      OpKernelContext* c;
+      DoneCallback done;
+      Tensor input;  // keeps the send buffer alive
+      std::vector<int64_t> send_rows;
+    };
+    auto* ctx = new Ctx{c, std::move(done), input, std::move(send_rows)};
+    mlf_ext_alltoall_async(
+        handle_, ctx->input.tensor_data().data(), rows, RowElements(input.shape()),
+        ctx->send_rows.data(), static_cast<int>(ctx->send_rows.size()), DtypeCode(input.dtype()),
+        [](void* p, const int64_t* recv_rows, int n, void** buffer, char* err, size_t err_len) {
+          auto* ctx = static_cast<Ctx*>(p);
+          int64_t total = 0;
+          for (int i = 0; i < n; ++i) total += recv_rows[i];
+          tensorflow::TensorShape shape = ctx->input.shape();
+          shape.set_dim(0, total);
+          Tensor* out = nullptr;
+          Tensor* received = nullptr;
+          absl::Status status = ctx->c->allocate_output(0, shape, &out);
+          if (status.ok()) status = ctx->c->allocate_output(1, {n}, &received);
+          if (!status.ok()) {
+            std::snprintf(err, err_len, "alltoall: %s", std::string(status.message()).c_str());
+            return static_cast<int>(status.code());
+          }
+          for (int i = 0; i < n; ++i) {
+            received->flat<int32_t>()(i) = static_cast<int32_t>(recv_rows[i]);
+          }
+          *buffer = const_cast<char*>(out->tensor_data().data());
+          return 0;
+        },
+        [](void* p, int code, const char* message) {
+          auto* ctx = static_cast<Ctx*>(p);
+          ctx->c->SetStatus(ToStatus(code, message));
+          ctx->done();
+          delete ctx;
+        },
+        ctx);
+  }
+
+ private:
+  int64_t handle_ = 0;
+};
+REGISTER_KERNEL_BUILDER(Name("MlfabricAlltoall").Device(tensorflow::DEVICE_CPU), AlltoallOp);
+
+REGISTER_OP("MlfabricReducescatter")
+    .Attr("T: {half, float, double, int8, uint8, int16, uint16, int32, int64}")
+    .Attr("handle: int")
+    .Attr("reduce_op: {'sum', 'min', 'max', 'product'} = 'sum'")
+    .Input("tensor: T")
+    .Output("output: T")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle output;
+      TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(0), 0, c->UnknownDim(), &output));
+      c->set_output(0, output);
+      return absl::OkStatus();
+    })
+    .Doc("Reduces `tensor` over all ranks by `reduce_op`; rank r gets its rows of the result, "
+         "the first dimension divided as evenly as possible with the earlier ranks taking the "
+         "extra rows (Horovod's split).");
+
+class ReducescatterOp : public AsyncOpKernel {
+ public:
+  explicit ReducescatterOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("handle", &handle_));
+    std::string op;
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
+    op_ = OpCode(op);
+  }
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    const Tensor& input = c->input(0);
+    OP_REQUIRES_ASYNC(c, input.dims() >= 1,
+                      absl::InvalidArgumentError("reducescatter: the tensor needs a first "
+                                                 "dimension (a scalar cannot be scattered)"),
+                      done);
+    const int64_t rows = input.dim_size(0);
+    tensorflow::TensorShape shape = input.shape();
+    shape.set_dim(0, mlf_reducescatter_rows(rows, mlf_ext_allreducer_size(handle_),
+                                            mlf_ext_allreducer_rank(handle_)));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(c, c->allocate_output(0, shape, &output), done);
+    struct Ctx {
+      OpKernelContext* c;
+      DoneCallback done;
+      Tensor input;  // keeps the send buffer alive
+    };
+    auto* ctx = new Ctx{c, std::move(done), input};
+    mlf_ext_reducescatter_async(
+        handle_, ctx->input.tensor_data().data(), rows, RowElements(input.shape()),
+        DtypeCode(input.dtype()), op_, const_cast<char*>(output->tensor_data().data()),
+        [](void* p, int code, const char* message) {
+          auto* ctx = static_cast<Ctx*>(p);
+          ctx->c->SetStatus(ToStatus(code, message));
+          ctx->done();
+          delete ctx;
+        },
+        ctx);
+  }
+
+ private:
+  int64_t handle_ = 0;
+  int op_ = MLF_SUM;
+};
+REGISTER_KERNEL_BUILDER(Name("MlfabricReducescatter").Device(tensorflow::DEVICE_CPU),
+                        ReducescatterOp);
 
 REGISTER_OP("MlfabricPush")
     .Attr("T: list({float, double, int32, int64})")
