@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -185,6 +186,90 @@ void CheckOpMismatch(mlfabric::AllReducer& reducer, int round) {
 // ops other than sum are refused by the daemons' rounds on every rank
 // (Unimplemented), unless every rank shares one host, where shared memory
 // reduces them; ranks that disagree on the op all fail, none waits.
+// Alltoall with uneven and zero counts (rank r sends (r + d) % 3 rows of 2
+// int32 to rank d, row values naming sender, destination and index) and
+// ReduceScatter (Horovod's split of an uneven first dimension) under sum,
+// min and product, against values computed here; then mismatches.
+void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer) {
+  using namespace mlfabric;
+  const int size = reducer.size();
+  const auto rows_to = [](int from, int to) { return int64_t{(from + to) % 3}; };
+  const auto value = [](int from, int to, int64_t i, int col) {
+    return static_cast<int32_t>(1000 * from + 100 * to + 10 * i + col);
+  };
+  std::vector<int64_t> send_rows;
+  std::vector<int32_t> send;
+  for (int d = 0; d < size; ++d) {
+    send_rows.push_back(rows_to(g_rank, d));
+    for (int64_t i = 0; i < send_rows.back(); ++i) {
+      for (int col = 0; col < 2; ++col) send.push_back(value(g_rank, d, i, col));
+    }
+  }
+  std::vector<int32_t> recv;
+  std::vector<int64_t> recv_rows;
+  absl::Status status = reducer.Alltoall(
+      send.data(), static_cast<int64_t>(send.size() / 2), 2, send_rows, DataType::kInt32,
+      [&recv](const std::vector<int64_t>& rows) -> absl::StatusOr<void*> {
+        int64_t total = 0;
+        for (int64_t r : rows) total += r;
+        recv.resize(static_cast<size_t>(total * 2));
+        return static_cast<void*>(recv.data());
+      },
+      &recv_rows);
+  std::vector<int32_t> want;
+  std::vector<int64_t> want_rows;
+  for (int s = 0; s < size; ++s) {
+    want_rows.push_back(rows_to(s, g_rank));
+    for (int64_t i = 0; i < want_rows.back(); ++i) {
+      for (int col = 0; col < 2; ++col) want.push_back(value(s, g_rank, i, col));
+    }
+  }
+  EXPECT(status.ok() && recv == want && recv_rows == want_rows, "%s alltoall: %s",
+         reducer.backend(), status.ToString().c_str());
+
+  const int64_t rows = 2 * size + 1;  // uneven: rank 0 gets one extra row
+  const std::vector<int64_t> split = ReduceScatterRows(rows, size);
+  EXPECT(split[0] == 3 && split[static_cast<size_t>(size - 1)] == 2, "split %lld .. %lld",
+         static_cast<long long>(split[0]), static_cast<long long>(split.back()));
+  int64_t begin = 0;
+  for (int r = 0; r < g_rank; ++r) begin += split[static_cast<size_t>(r)];
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kProduct}) {
+    std::vector<int64_t> in(static_cast<size_t>(rows * 3));
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int64_t>(i) - 7 + g_rank;
+    std::vector<int64_t> out(static_cast<size_t>(split[static_cast<size_t>(g_rank)] * 3), -1);
+    status = reducer.ReduceScatter(in.data(), rows, 3, DataType::kInt64, op, out.data());
+    bool right = status.ok();
+    for (size_t j = 0; j < out.size() && right; ++j) {
+      const int64_t i = begin * 3 + static_cast<int64_t>(j);
+      int64_t expect = op == ReduceOp::kProduct ? 1 : op == ReduceOp::kMin ? std::numeric_limits<int64_t>::max() : 0;
+      for (int r = 0; r < size; ++r) {
+        const int64_t v = i - 7 + r;
+        expect = op == ReduceOp::kSum ? expect + v : op == ReduceOp::kMin ? std::min(expect, v)
+                                                                          : expect * v;
+      }
+      right = out[j] == expect;
+    }
+    EXPECT(right, "%s reducescatter %s: %s", reducer.backend(), ReduceOpName(op),
+           status.ToString().c_str());
+  }
+  std::vector<float> f(static_cast<size_t>(g_rank == 0 ? 8 : 6), 1.0f), g(8);
+  status = reducer.ReduceScatter(f.data(), static_cast<int64_t>(f.size() / 2), 2,
+                                 DataType::kFloat32, ReduceOp::kSum, g.data());
+  EXPECT(absl::IsFailedPrecondition(status) &&
+             status.message().find("Mismatched ReduceScatter length") != absl::string_view::npos,
+         "%s reducescatter mismatch: %s", reducer.backend(), status.ToString().c_str());
+  status = reducer.Alltoall(
+      f.data(), 0, g_rank == 0 ? 3 : 4, std::vector<int64_t>(static_cast<size_t>(size), 0),
+      DataType::kFloat32, [](const std::vector<int64_t>&) -> absl::StatusOr<void*> {
+        return nullptr;
+      },
+      nullptr);
+  EXPECT(absl::IsFailedPrecondition(status) &&
+             status.message().find("rank 0 passed 3 elements per row while rank 1 passed 4") !=
+                 absl::string_view::npos,
+         "%s alltoall mismatch: %s", reducer.backend(), status.ToString().c_str());
+}
+
 void CheckOpsWithoutMpi(mlfabric::AllReduceOptions options, int size) {
   using namespace mlfabric;
   options.backend = "mlfabric";
@@ -205,6 +290,13 @@ void CheckOpsWithoutMpi(mlfabric::AllReduceOptions options, int size) {
                status.message().find("mlfabric") != absl::string_view::npos,
            "max without MPI: %s", status.ToString().c_str());
   }
+  std::vector<float> out(100);
+  status = reducer.ReduceScatter(out.data(), 100, 1, DataType::kFloat32, ReduceOp::kSum,
+                                 out.data());
+  EXPECT(absl::IsUnimplemented(status) &&
+             status.message().find("ReduceScatter is not implemented by the mlfabric") !=
+                 absl::string_view::npos,
+         "reducescatter without MPI: %s", status.ToString().c_str());
   // Rank 0 asks for min, the others for sum: every rank fails, none hangs.
   status = reducer.AllReduce(v.data(), v.size(), DataType::kInt16,
                              g_rank == 0 ? ReduceOp::kMin : ReduceOp::kSum);
@@ -552,6 +644,7 @@ int main() {
     CheckExact<float>(*reducer, DataType::kFloat32, 64, round++);
     round = CheckOps(*reducer, round);
     CheckOpMismatch(*reducer, round++);
+    CheckAlltoallAndScatter(*reducer);
   }
 
   auto bad = ParseDataType("bfloat16");
