@@ -155,17 +155,19 @@ std::vector<int64_t> ReduceScatterRows(int64_t rows, int size) {
   return out;
 }
 
-absl::Status AllReducer::Alltoall(const void* send, int64_t rows, int64_t row_elements,
-                                  const std::vector<int64_t>& send_rows, DataType dtype,
-                                  const AlltoallRecvBuffer& recv_buffer,
-                                  std::vector<int64_t>* recv_rows) {
+namespace {
+
+// The first reason an Alltoall's arguments are invalid on this rank; OK if none.
+absl::Status CheckAlltoallArguments(int64_t rows, int64_t row_elements,
+                                    const std::vector<int64_t>& send_rows, DataType dtype,
+                                    int size) {
   if (DataTypeSize(dtype) == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported dtype code ", static_cast<int>(dtype), " for Alltoall"));
   }
-  if (send_rows.size() != static_cast<size_t>(size_)) {
+  if (send_rows.size() != static_cast<size_t>(size)) {
     return absl::InvalidArgumentError(absl::StrCat("Alltoall: ", send_rows.size(),
-                                                   " send counts for ", size_,
+                                                   " send counts for ", size,
                                                    " ranks (one per rank)"));
   }
   int64_t total = 0;
@@ -181,11 +183,12 @@ absl::Status AllReducer::Alltoall(const void* send, int64_t rows, int64_t row_el
         "Alltoall: the send counts add up to ", total, " rows but the tensor has ", rows,
         " rows (of ", row_elements, " elements)"));
   }
-  return DoAlltoall(send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
+  return absl::OkStatus();
 }
 
-absl::Status AllReducer::ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
-                                       DataType dtype, ReduceOp op, void* out) {
+// The same for a ReduceScatter.
+absl::Status CheckReduceScatterArguments(int64_t rows, int64_t row_elements, DataType dtype,
+                                         ReduceOp op) {
   if (DataTypeSize(dtype) == 0 || dtype == DataType::kBool) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unsupported dtype ", DataTypeName(dtype), " (code ", static_cast<int>(dtype),
@@ -199,6 +202,28 @@ absl::Status AllReducer::ReduceScatter(const void* data, int64_t rows, int64_t r
   if (rows < 0 || row_elements < 0) {
     return absl::InvalidArgumentError(absl::StrCat("ReduceScatter: negative shape ", rows, " x ",
                                                    row_elements));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AllReducer::Alltoall(const void* send, int64_t rows, int64_t row_elements,
+                                  const std::vector<int64_t>& send_rows, DataType dtype,
+                                  const AlltoallRecvBuffer& recv_buffer,
+                                  std::vector<int64_t>* recv_rows) {
+  if (absl::Status invalid = CheckAlltoallArguments(rows, row_elements, send_rows, dtype, size_);
+      !invalid.ok()) {
+    return RefuseCollective("Alltoall", std::move(invalid));
+  }
+  return DoAlltoall(send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
+}
+
+absl::Status AllReducer::ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
+                                       DataType dtype, ReduceOp op, void* out) {
+  if (absl::Status invalid = CheckReduceScatterArguments(rows, row_elements, dtype, op);
+      !invalid.ok()) {
+    return RefuseCollective("ReduceScatter", std::move(invalid));
   }
   return DoReduceScatter(data, rows, row_elements, dtype, op, out);
 }

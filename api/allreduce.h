@@ -241,6 +241,15 @@ class AllReducer {
                                   std::vector<int64_t>* recv_rows);
   virtual absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                                        DataType dtype, ReduceOp op, void* out);
+  // A rank whose own arguments to an Alltoall or ReduceScatter are invalid
+  // (say, a negative split on this rank only) still takes part in the
+  // ranks' agreement step, marked invalid, so that the other ranks fail
+  // with FailedPrecondition naming it instead of waiting for it; returns
+  // `invalid`. Backends without an agreement step return it at once.
+  virtual absl::Status RefuseCollective(const char* what, absl::Status invalid) {
+    (void)what;
+    return invalid;
+  }
 
  private:
   int rank_;

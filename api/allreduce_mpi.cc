@@ -144,12 +144,23 @@ static_assert(sizeof(CallShape) == 5 * sizeof(int64_t), "sent as 5 MPI_INT64_T")
 // FailedPrecondition naming the first field that differs, rank 0's value
 // and the first rank whose value differs from it (as Horovod's
 // "Mismatched ..." errors), instead of a hang.
+// A rank whose own arguments are invalid takes part with this count
+// (AllReducer::RefuseCollective), and every rank fails naming it.
+constexpr int64_t kInvalidArguments = std::numeric_limits<int64_t>::min();
+
 absl::Status MpiCheckAgreement(const char* what, const CallShape& mine) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::vector<CallShape> all(static_cast<size_t>(size));
   int code = MPI_Allgather(&mine, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, MPI_COMM_WORLD);
   if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allgather: " + MpiError(code));
+  for (int r = 0; r < size; ++r) {
+    if (all[static_cast<size_t>(r)].count == kInvalidArguments) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": rank ", r, " passed invalid arguments (its own error says which);",
+                       " no data moved"));
+    }
+  }
   const auto dtype_name = [](int64_t v) { return DataTypeName(static_cast<DataType>(v)); };
   const auto op_name = [](int64_t v) { return ReduceOpName(static_cast<ReduceOp>(v)); };
   for (int r = 1; r < size; ++r) {
@@ -230,6 +241,12 @@ class MpiAllReducer : public AllReducer {
     MPI_Op_free(&small_int_sum_);
   }
   const char* backend() const override { return "mpi"; }
+
+  // Takes part in the agreement marked invalid: the other ranks fail too.
+  absl::Status RefuseCollective(const char* what, absl::Status invalid) override {
+    (void)MpiCheckAgreement(what, {kInvalidArguments, -1, -1, -1, -1});
+    return invalid;
+  }
 
   // MPI_Allreduce once every rank is known to pass `count` x `dtype` and `op`.
   absl::Status ReduceAgreed(void* data, size_t count, DataType dtype, ReduceOp op) {
@@ -391,6 +408,10 @@ class SmallViaMpiAllReducer : public AllReducer {
       return fabric_->AllReduce(data, count, dtype);
     }
     return mpi_->ReduceAgreed(data, count, dtype, op);
+  }
+
+  absl::Status RefuseCollective(const char* what, absl::Status invalid) override {
+    return mpi_->RefuseCollective(what, std::move(invalid));
   }
 
   // The daemons' rounds only sum whole buffers: both go through MPI

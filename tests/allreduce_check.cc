@@ -31,6 +31,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "api/allreduce.h"
 #include "common/half.h"
 #include "testing/prereq.h"
@@ -268,6 +269,27 @@ void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer) {
              status.message().find("rank 0 passed 3 elements per row while rank 1 passed 4") !=
                  absl::string_view::npos,
          "%s alltoall mismatch: %s", reducer.backend(), status.ToString().c_str());
+  // Invalid arguments on one rank only (a negative split on the last
+  // rank): that rank's own InvalidArgument, FailedPrecondition naming it on
+  // the others, and no rank left waiting.
+  std::vector<int64_t> splits(static_cast<size_t>(size), 0);
+  if (g_rank == size - 1) splits[0] = -1, splits[1] = 1;
+  status = reducer.Alltoall(
+      f.data(), 0, 2, splits, DataType::kFloat32,
+      [](const std::vector<int64_t>&) -> absl::StatusOr<void*> { return nullptr; }, nullptr);
+  const std::string named = absl::StrCat("rank ", size - 1, " passed invalid arguments");
+  EXPECT(g_rank == size - 1 ? absl::IsInvalidArgument(status) &&
+                                  status.message().find("is negative") != absl::string_view::npos
+                            : absl::IsFailedPrecondition(status) &&
+                                  status.message().find(named) != absl::string_view::npos,
+         "%s alltoall, invalid on one rank: %s", reducer.backend(), status.ToString().c_str());
+  status = reducer.ReduceScatter(f.data(), g_rank == size - 1 ? -1 : 2, 2, DataType::kFloat32,
+                                 ReduceOp::kSum, g.data());
+  EXPECT(g_rank == size - 1 ? absl::IsInvalidArgument(status)
+                            : absl::IsFailedPrecondition(status) &&
+                                  status.message().find(named) != absl::string_view::npos,
+         "%s reducescatter, invalid on one rank: %s", reducer.backend(),
+         status.ToString().c_str());
 }
 
 void CheckOpsWithoutMpi(mlfabric::AllReduceOptions options, int size) {
