@@ -58,6 +58,18 @@ void AddHost(const RandomBatchOptions& options, const std::string& name, bool se
     host.uplink_profile = RandomProfile(rng, batch->now_s);
     host.downlink_profile = RandomProfile(rng, batch->now_s);
   }
+  if (options.busy_points > 0) {
+    for (const bool up : {true, false}) {
+      std::vector<ProfilePoint>* profile = up ? &host.uplink_profile : &host.downlink_profile;
+      const double capacity = up ? host.uplink_bps : host.downlink_bps;
+      double t = batch->now_s;
+      for (int i = 0; i < options.busy_points; ++i) {
+        profile->push_back({t, capacity * (rng.Uniform() < 0.3 ? 0.0 : rng.Uniform())});
+        t += 0.3 * rng.Uniform() / options.busy_points;
+      }
+      profile->push_back({t, capacity});
+    }
+  }
   if (options.outages && rng.Uniform() < 0.3) {
     std::vector<ProfilePoint>& profile =
         rng.Uniform() < 0.5 ? host.uplink_profile : host.downlink_profile;
@@ -104,13 +116,15 @@ void AddUpdates(const RandomBatchOptions& options, int workers, Rng& rng, Batch*
     UpdateRequest u;
     u.id = "g" + std::to_string(i);
     u.worker = "w" + std::to_string(rng.Between(0, workers - 1));
-    u.bytes = rng.Between(options.min_bytes, options.max_bytes);
+    u.bytes = options.equal_shards ? options.max_bytes / (options.shards + 1)
+                                   : rng.Between(options.min_bytes, options.max_bytes);
     const int64_t deadline = rng.Between(1, max_deadline);
     u.version = deadline + batch->v_init - batch->tau_max;
     u.norm = 0.1 + rng.Uniform();
     for (int j = 1; j <= options.shards; ++j) {
-      u.shards.push_back(
-          {"s" + std::to_string(j), rng.Between(options.min_bytes, options.max_bytes)});
+      u.shards.push_back({"s" + std::to_string(j),
+                          options.equal_shards ? u.bytes
+                                               : rng.Between(options.min_bytes, options.max_bytes)});
     }
     if (options.mixed_shards && !u.shards.empty()) {
       const double x = rng.Uniform();

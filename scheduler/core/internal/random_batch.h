@@ -28,6 +28,13 @@ struct RandomBatchOptions {
   // Some hosts lose all capacity for a while or for ever (stress for the
   // "no_bandwidth" and infeasible-split paths).
   bool outages = false;
+  // The simulator's sharded batches (eval/sim, 1000 workers, S shards):
+  // every part the same size (`max_bytes` / (shards + 1)), and every link
+  // already carrying reservations of earlier batches (a residual profile
+  // with `busy_points` random steps over the next 0.3 s). Workers are
+  // machines: with `workers` < `updates` several updates share an uplink.
+  bool equal_shards = false;
+  int busy_points = 0;
   int64_t min_bytes = 1000000;
   int64_t max_bytes = 100000000;
   uint64_t seed = 1;
