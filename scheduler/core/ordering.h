@@ -24,6 +24,18 @@
 // every other update g had t_en(g) >= t_en(g*) before NetUp(g*), and NetUp
 // only lowers residuals, so the next pick cannot finish first. Alg. 2 line
 // 11 can therefore only fire after a deadline-forced pick (as §5.1.3 says).
+// That argument holds for single-part batches only. A multi-part update's
+// t_en (eq. 18, its parts reserved one after another) is not monotone in
+// the reservations: a busier downlink can hold one part back and let
+// another part onto the shared uplink early enough to finish sooner, so
+// after an unforced pick of a multi-part batch the next pick may finish
+// first. Nothing is dropped then: the look-ahead still runs only after
+// forced picks, as §5.1.3 defines it, and the order is still the
+// shortest-first choice at each step; only the arrival times are not
+// sorted. (Reserving an update's parts at once, each on a share of the
+// uplink, makes t_en monotone, but it changes the plans of every sharded
+// batch and made busy-link batches 1.6-8x slower to plan; README.md,
+// "Benchmark (§7.4)".)
 //
 // Optimised implementation (PlannerOptions::reference = false), same result:
 // candidates are scanned in order of a static lower bound
