@@ -61,6 +61,17 @@ import profile_cluster as pc  # noqa: E402
 JOB, TOKEN = "mercury", "mercury-token-0123456789"  # >= 16 characters off loopback
 
 
+def log_tails(out, names, lines=4):
+    """The last lines of each of `names`' logs in `out`, for an error that
+    must say why without them (a test's logs go with its sandbox)."""
+    text = ""
+    for name in names:
+        path = os.path.join(out, name + ".log")
+        tail = open(path).read().splitlines()[-lines:] if os.path.exists(path) else ["(no log)"]
+        text += "\n  %s.log: %s" % (name, "\n    ".join(tail) or "(empty)")
+    return text
+
+
 def run_variant(cluster, args, model, variant, out):
     cp = pc.ControlPlane(cluster, args.bin_root, out)
     # "prio+rounds"/"fifo+rounds": Mercury PS rounds with streamed sums.
@@ -104,7 +115,10 @@ def run_variant(cluster, args, model, variant, out):
         deadline = time.time() + args.timeout_s
         while any(p.poll() is None for p in procs.values()):
             if time.time() > deadline:
-                raise RuntimeError("workers did not finish within %.0f s" % args.timeout_s)
+                ended = {w: p.returncode for w, p in procs.items() if p.poll() is not None}
+                raise RuntimeError("workers did not finish within %.0f s (ended: %s)%s"
+                                   % (args.timeout_s, ended or "none",
+                                      log_tails(out, workers + ["server"])))
             cp.check_alive()
             progress.update("%d/%d workers done" % (
                 sum(p.poll() is not None for p in procs.values()), len(procs)))
