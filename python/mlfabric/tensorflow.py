@@ -58,6 +58,14 @@ Adasum = "adasum"
 _OPS = (Average, Sum, Min, Max, Product)
 
 
+def __getattr__(name):
+    # SyncBatchNormalization subclasses a Keras layer: Keras is imported on
+    # first use only.
+    if name == "SyncBatchNormalization":
+        from mlfabric._sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
 def _check_dtype(tensor, allow_bool=False):
     """Horovod's dtypes: bool only where `allow_bool` (broadcast, allgather)."""
     if tensor.dtype == tf.bool and allow_bool:
