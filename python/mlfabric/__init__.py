@@ -6,6 +6,8 @@ Horovod-like use (launch with `mlfabric-run -np 4 python3 train.py`):
     mlfabric.init()                     # backend "auto": mpi under mlfabric-run
     print(mlfabric.rank(), mlfabric.size())
     total = mlfabric.allreduce(np.ones(3, np.float32))
+    rows, received = mlfabric.alltoall(x, splits=[2, 1])   # Horovod's alltoall
+    mine = mlfabric.reducescatter(x, op=mlfabric.Sum)       # this rank's rows
 
 Classes (pybind11 binding of the C++ API in api/):
     AllReducer(backend="auto"|"mlfabric"|"mpi"|"nccl", socket="", job="", token="")
@@ -354,20 +356,93 @@ def local_size():
     return value if value is not None else 1
 
 
-# Reduce ops of allreduce (Horovod's names; AllReducer.allreduce takes them too).
+# Reduce ops (Horovod's names; AllReducer.allreduce and .reducescatter take
+# all but Average, which is Sum divided by the size).
+Average = "average"
 Sum = "sum"
 Min = "min"
 Max = "max"
 Product = "product"
+_OPS = (Average, Sum, Min, Max, Product)
+
+
+def _check_op(op, where):
+    if op not in _OPS:
+        raise ValueError("%s: unknown op %r; use mlfabric.Average, Sum, Min, Max or Product"
+                         % (where, op))
 
 
 def allreduce(array, average=False, op=Sum):
     """The element-wise sum (or op=Min, Max, Product) of `array` over all
-    ranks; average=True divides the sum by the size."""
-    if average and op != Sum:
+    ranks; average=True (or op=Average) divides the sum by the size (a
+    float result, also for integer arrays)."""
+    _check_op(op, "mlfabric.allreduce")
+    if average and op not in (Sum, Average):
         raise ValueError("mlfabric.allreduce: average=True averages a sum, not op=%r" % (op,))
-    out = reducer().allreduce(array, op)
+    average = average or op == Average
+    out = reducer().allreduce(array, Sum if op == Average else op)
     return out / reducer().size if average else out
+
+
+def _alltoall_rows(arr, splits, size):
+    """The rows `arr` sends each rank, or a ValueError's text naming the bad
+    argument."""
+    if arr.ndim == 0:
+        return None, "array: a scalar cannot be split; give an array with a first dimension"
+    rows = arr.shape[0]
+    if splits is None:
+        if rows % size:
+            return None, ("array: without splits the first dimension (%d rows) must divide by "
+                          "the number of ranks (%d)" % (rows, size))
+        return [rows // size] * size, None
+    counts = np.asarray(splits)
+    if counts.ndim != 1 or len(counts) != size:
+        return None, ("splits: expected %d row counts (one per rank), got %r"
+                      % (size, splits))
+    if counts.dtype.kind not in "iu":
+        return None, "splits: expected integer row counts, got %r (%s)" % (splits, counts.dtype)
+    if (counts < 0).any():
+        d = int(np.flatnonzero(counts < 0)[0])
+        return None, "splits: the count %d for rank %d is negative" % (counts[d], d)
+    if counts.sum() != rows:
+        return None, ("splits: the counts %s add up to %d rows but the array has %d rows"
+                      % (counts.tolist(), counts.sum(), rows))
+    return [int(c) for c in counts], None
+
+
+def alltoall(array, splits=None):
+    """Horovod's alltoall: sends splits[d] rows (first dimension) of `array`
+    to rank d and returns the rows every rank sent this one, concatenated
+    in rank order. Without `splits` the first dimension is divided equally
+    (it must divide by the size) and only the array is returned; with
+    `splits`, (array, received_splits) as Horovod, received_splits[s]
+    (int32) being the rows that came from rank s. Splits may be uneven or
+    zero; the other dimensions and the dtype must match on every rank.
+    Bad splits raise ValueError naming them, here, and ValueError naming
+    this rank on the other ranks (no rank is left waiting)."""
+    red = reducer()
+    arr = np.asarray(array)
+    send, problem = _alltoall_rows(arr, splits, red.size)
+    if problem is not None:
+        red.refuse("alltoall")
+        raise ValueError("mlfabric.alltoall: " + problem)
+    out, received = red.alltoall(arr, send)
+    return out if splits is None else (out, received)
+
+
+def reducescatter(array, op=Average):
+    """Horovod's reducescatter: reduces `array` (the same shape on every
+    rank) over the ranks by `op` (Average, the default, Sum, Min, Max or
+    Product) and returns this rank's rows of the result: the first
+    dimension divided as evenly as possible, the earlier ranks taking one
+    extra row each. Average is the sum divided by the size (a float
+    result, also for integer arrays)."""
+    red = reducer()
+    if op not in _OPS:
+        red.refuse("reducescatter")
+        _check_op(op, "mlfabric.reducescatter")
+    out = red.reducescatter(np.asarray(array), Sum if op == Average else op)
+    return out / red.size if op == Average else out
 
 
 def broadcast(array, root=0):

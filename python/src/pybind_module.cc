@@ -135,17 +135,154 @@ class AllReducer {
     return out;
   }
 
+  // Alltoall (AllReducer::Alltoall): send_rows[d] rows (first dimension)
+  // of `input` to rank d; returns (the rows every rank sent this one, in
+  // rank order, as one array; the row counts received from each rank).
+  // The send counts are checked by the C++ layer, which still joins the
+  // ranks' agreement step so that the other ranks fail too (ValueError).
+  py::tuple Alltoall(py::array input, const std::vector<int64_t>& send_rows) {
+    int dtype = 0;
+    try {
+      dtype = DtypeCode(input.dtype(), /*collective=*/true, /*broadcast=*/true);
+    } catch (...) {
+      Refuse("alltoall");
+      throw;
+    }
+    if (input.ndim() < 1) {
+      Refuse("alltoall");
+      throw py::value_error("alltoall: a scalar cannot be split by rows");
+    }
+    py::array send = py::array::ensure(input, py::array::c_style);
+    std::vector<py::ssize_t> shape(send.shape(), send.shape() + send.ndim());
+    const int64_t rows = shape[0];
+    int64_t row_elements = 1;
+    for (size_t d = 1; d < shape.size(); ++d) row_elements *= shape[d];
+    struct Received {
+      size_t element_bytes;
+      int64_t row_elements;
+      std::vector<int64_t> rows;
+      std::unique_ptr<char[]> data;
+      int64_t total = 0;
+    } received{static_cast<size_t>(send.itemsize()), row_elements, {}, nullptr};
+    auto alloc = [](void* ctx, const int64_t* recv_rows, int n, void** buffer, char*,
+                    size_t) -> int {
+      auto* r = static_cast<Received*>(static_cast<Waiter*>(ctx)->extra);
+      r->rows.assign(recv_rows, recv_rows + n);
+      for (int i = 0; i < n; ++i) r->total += recv_rows[i];
+      const size_t bytes = static_cast<size_t>(r->total * r->row_elements) * r->element_bytes;
+      r->data.reset(new char[bytes > 0 ? bytes : 1]);
+      *buffer = r->data.get();
+      return 0;
+    };
+    char err[kErrBytes] = {0};
+    int code;
+    {
+      py::gil_scoped_release release;
+      code = Wait(err, sizeof err, [&](mlf_done_fn done, void* waiter) {
+        mlf_ext_alltoall_async(handle_, send.data(), rows, row_elements, send_rows.data(),
+                               static_cast<int>(send_rows.size()), dtype, alloc, done, waiter);
+      }, &received);
+    }
+    if (code != 0) RaiseCollective(code, err);
+    shape[0] = static_cast<py::ssize_t>(received.total);
+    py::array out(send.dtype(), shape);
+    if (out.nbytes() > 0) std::memcpy(out.mutable_data(), received.data.get(), out.nbytes());
+    py::array_t<int32_t> counts(static_cast<py::ssize_t>(received.rows.size()));
+    for (size_t i = 0; i < received.rows.size(); ++i) {
+      counts.mutable_at(i) = static_cast<int32_t>(received.rows[i]);
+    }
+    return py::make_tuple(out, counts);
+  }
+
+  // Takes part in the next "alltoall" or "reducescatter" as a rank whose
+  // arguments are invalid, so that every other rank fails with ValueError
+  // naming this one instead of waiting for it; the caller then raises its
+  // own error. (A backend without an agreement step returns at once.)
+  void Refuse(const std::string& what) {
+    if (what != "alltoall" && what != "reducescatter") {
+      throw py::value_error("refuse: expected \"alltoall\" or \"reducescatter\", got '" +
+                            what + "'");
+    }
+    char err[kErrBytes] = {0};
+    py::gil_scoped_release release;
+    Wait(err, sizeof err, [&](mlf_done_fn done, void* waiter) {
+      if (what == "alltoall") {  // no send counts for `size` ranks: refused
+        mlf_ext_alltoall_async(
+            handle_, nullptr, 0, 0, nullptr, 0, MLF_UINT8,
+            [](void*, const int64_t*, int, void**, char*, size_t) { return 0; }, done, waiter);
+      } else {  // a negative row count: refused
+        mlf_ext_reducescatter_async(handle_, nullptr, -1, 0, MLF_FLOAT32, MLF_SUM, nullptr, done,
+                                    waiter);
+      }
+    });
+  }
+
+  // ReduceScatter (AllReducer::ReduceScatter): this rank's rows of the
+  // reduction by `op` of every rank's `input` (same shape everywhere).
+  py::array ReduceScatter(py::array input, const std::string& op_name) {
+    int dtype = 0, op = 0;
+    try {
+      dtype = DtypeCode(input.dtype(), /*collective=*/true);
+      op = OpCode(op_name);
+    } catch (...) {
+      Refuse("reducescatter");
+      throw;
+    }
+    if (input.ndim() < 1) {
+      Refuse("reducescatter");
+      throw py::value_error("reducescatter: a scalar cannot be scattered by rows");
+    }
+    py::array data = py::array::ensure(input, py::array::c_style);
+    std::vector<py::ssize_t> shape(data.shape(), data.shape() + data.ndim());
+    const int64_t rows = shape[0];
+    int64_t row_elements = 1;
+    for (size_t d = 1; d < shape.size(); ++d) row_elements *= shape[d];
+    shape[0] = static_cast<py::ssize_t>(mlf_reducescatter_rows(rows, size(), rank()));
+    py::array out(data.dtype(), shape);
+    void* out_data = out.mutable_data();
+    char err[kErrBytes] = {0};
+    int code;
+    {
+      py::gil_scoped_release release;
+      code = Wait(err, sizeof err, [&](mlf_done_fn done, void* waiter) {
+        mlf_ext_reducescatter_async(handle_, data.data(), rows, row_elements, dtype, op, out_data,
+                                    done, waiter);
+      });
+    }
+    if (code != 0) RaiseCollective(code, err);
+    return out;
+  }
+
  private:
   // Blocks (without the GIL) until this rank's part of the collective ends.
   int Collective(bool broadcast, void* data, uint64_t count, int dtype, int op, int root,
                  char* err, size_t err_len) {
-    struct Waiter {
-      std::mutex mu;
-      std::condition_variable cv;
-      bool done = false;
-      int code = 0;
-      std::string message;
-    } waiter;
+    return Wait(err, err_len, [&](mlf_done_fn done, void* waiter) {
+      if (broadcast) {
+        mlf_ext_broadcast_async(handle_, data, count, dtype, root, done, waiter);
+      } else {
+        mlf_ext_allreduce_async(handle_, data, count, dtype, op, done, waiter);
+      }
+    });
+  }
+
+  // What a blocked call waits on; `extra` is an Alltoall's Received (its
+  // allocation callback gets the same context as `done`).
+  struct Waiter {
+    void* extra = nullptr;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    int code = 0;
+    std::string message;
+  };
+
+  // Starts a collective with start(done, &waiter) and blocks until `done`
+  // ran; returns its code, the message in `err`.
+  template <typename Start>
+  static int Wait(char* err, size_t err_len, Start start, void* extra = nullptr) {
+    Waiter waiter;
+    waiter.extra = extra;
     auto done = [](void* ctx, int code, const char* message) {
       auto* w = static_cast<Waiter*>(ctx);
       std::lock_guard<std::mutex> lock(w->mu);
@@ -154,11 +291,7 @@ class AllReducer {
       w->done = true;
       w->cv.notify_all();
     };
-    if (broadcast) {
-      mlf_ext_broadcast_async(handle_, data, count, dtype, root, done, &waiter);
-    } else {
-      mlf_ext_allreduce_async(handle_, data, count, dtype, op, done, &waiter);
-    }
+    start(done, &waiter);
     std::unique_lock<std::mutex> lock(waiter.mu);
     waiter.cv.wait(lock, [&] { return waiter.done; });
     if (waiter.code != 0) std::snprintf(err, err_len, "%s", waiter.message.c_str());
@@ -393,6 +526,9 @@ void BindClients(py::module_& m) {
       .def_property_readonly("backend", &AllReducer::backend)
       .def("allreduce", &AllReducer::AllReduce, py::arg("array"), py::arg("op") = "sum")
       .def("broadcast", &AllReducer::Broadcast, py::arg("array"), py::arg("root") = 0)
+      .def("alltoall", &AllReducer::Alltoall, py::arg("array"), py::arg("send_rows"))
+      .def("reducescatter", &AllReducer::ReduceScatter, py::arg("array"), py::arg("op") = "sum")
+      .def("refuse", &AllReducer::Refuse, py::arg("collective"))
       .def("close", &AllReducer::Close);
   py::register_exception<PushFailed>(m, "PushFailedError", PyExc_RuntimeError);
   py::class_<PendingPush>(m, "PendingPush")
