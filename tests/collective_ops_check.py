@@ -16,7 +16,9 @@ through the scheduler's rounds, min/max/product through MPI):
      tests expect them;
   4. mismatches fail every rank, never hang: a reduce op or a shape that
      differs across ranks raises tf.errors.FailedPreconditionError (numpy:
-     ValueError) naming the ranks and values; hvd.Adasum and bool allreduce
+     ValueError) naming the ranks and values, and so does a broadcast
+     root_rank that differs across ranks (eagerly and in a tf.function, for
+     float32 and bool, and broadcast_object); hvd.Adasum and bool allreduce
      are refused with a clear error.
 Prints "collective_ops_check rank R: OK" on success.
 """
@@ -242,6 +244,26 @@ for backend in ("mpi", "mlfabric"):
            "rank 0 passed 2 elements while rank 1 passed 3 elements")
     raises(lambda: red.allreduce(np.ones(3, np.int16), "max" if rank else "min"), ValueError,
            "reduce op")
+    # A broadcast root that differs across ranks fails every rank naming
+    # the ranks and their roots (it would otherwise sum both tensors), eagerly
+    # and in a tf.function; so does a root that is a rank on one rank only;
+    # a root that is no rank anywhere is InvalidArgument on every rank.
+    for how, bcast in (("eager", hvd.broadcast),
+                       ("tf.function", tf.function(hvd.broadcast, autograph=False))):
+        for dtype in (tf.float32, tf.bool):
+            raises(lambda: bcast(tf.ones([3], dtype), root_rank=rank, reducer=red),
+                   tf.errors.FailedPreconditionError, "Mismatched Broadcast root rank",
+                   "rank 0 passed root 0 while rank 1 passed root 1")
+        raises(lambda: bcast(tf.ones([2]), root_rank=0 if rank == 0 else 7, reducer=red),
+               tf.errors.FailedPreconditionError, "rank 0 passed root 0 while rank 1 passed "
+               "root 7")
+        raises(lambda: bcast(tf.ones([2]), root_rank=5, reducer=red),
+               tf.errors.InvalidArgumentError, "broadcast root 5 is not a rank")
+        out = bcast(tf.fill([2], float(rank + 1)), root_rank=1, reducer=red)
+        expect(np.array_equal(np.asarray(out), [2.0, 2.0]),
+               "%s %s broadcast after the root errors" % (backend, how))
+    raises(lambda: hvd.broadcast_object(("o", rank), root_rank=rank),
+           tf.errors.FailedPreconditionError, "Mismatched Broadcast root rank")
     raises(lambda: hvd.allreduce(tf.ones([2]), op=hvd.Adasum, reducer=red), ValueError,
            "Adasum is not supported")
     raises(lambda: hvd.allreduce(tf.ones([2], tf.bool), reducer=red), TypeError, "bool")

@@ -58,6 +58,7 @@ Adasum = "adasum"
 _OPS = (Average, Sum, Min, Max, Product)
 
 
+
 def __getattr__(name):
     # SyncBatchNormalization subclasses a Keras layer: Keras is imported on
     # first use only.
@@ -546,28 +547,33 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
                           reducer=reducer) for t in tensors]
 
 
-def _check_root(root_rank, reducer, where):
-    if not 0 <= int(root_rank) < reducer.size:
-        raise ValueError("%s: root_rank %d is not a rank (size %d)"
-                         % (where, root_rank, reducer.size))
+def _broadcast_value(tensor, root_rank, reducer):
+    """One MlfabricBroadcast, ordered: the ranks agree on the root (and
+    length and dtype) before any data moves, so a root_rank that differs
+    across ranks, or is not a rank, fails every rank."""
+    return _ordered(lambda: _ops.mlfabric_broadcast(tensor, handle=reducer.handle,
+                                                    root_rank=root_rank))
 
 
 def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_set=None,
               reducer=None):
-    """Rank `root_rank`'s value of `tensor` on every rank. Gradient, as
-    Horovod's: on the root the upstream gradient averaged over ranks, zero
+    """Rank `root_rank`'s value of `tensor` on every rank. The ranks first
+    agree on the root: a root_rank that differs across ranks raises
+    tf.errors.FailedPreconditionError on every rank, naming the ranks and
+    their roots ("Mismatched Broadcast root rank: rank 0 passed root 0
+    while rank 1 passed root 1"); one that is not a rank,
+    tf.errors.InvalidArgumentError on every rank. Gradient, as Horovod's:
+    on the root the upstream gradient averaged over ranks, zero
     elsewhere."""
     del name, ignore_name_scope
     where = "mlfabric.tensorflow.broadcast"
     _check_process_set(process_set, where)
     reducer = reducer or mlfabric.reducer()
-    _check_root(root_rank, reducer, where)
+    root_rank = int(root_rank)
     value = tf.convert_to_tensor(tensor)
     _check_dtype(value, allow_bool=True)
-    if value.dtype == tf.bool:  # travels as uint8; not differentiable
-        wire = _as_bytes(value)
-        mine = wire if reducer.rank == root_rank else tf.zeros_like(wire)
-        return tf.cast(_sum(mine, reducer), tf.bool)
+    if value.dtype == tf.bool:  # not differentiable
+        return _broadcast_value(value, root_rank, reducer)
     is_root = reducer.rank == root_rank
 
     @tf.custom_gradient
@@ -575,7 +581,7 @@ def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_s
         def grad(dy):
             averaged = _allreduce_dense(dy, Average, Compression.none, 1.0, 1.0, reducer)
             return averaged if is_root else tf.zeros_like(averaged)
-        return _sum(x if is_root else tf.zeros_like(x), reducer), grad
+        return _broadcast_value(x, root_rank, reducer), grad
     return bcast(value)
 
 
@@ -963,7 +969,6 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None
     _check_process_set(process_set, where)
     _eager_only(where)
     reducer = mlfabric.reducer()
-    _check_root(root_rank, reducer, where)
     data = pickle.dumps(obj) if reducer.rank == root_rank else b""
     n = int(broadcast(tf.constant([len(data)], tf.int64), root_rank).numpy()[0])
     words = _to_words(data) if data else np.zeros((n + 7) // 8, np.int64)

@@ -1,4 +1,4 @@
-// TensorFlow custom ops MlfabricAllreduce, MlfabricAlltoall,
+// TensorFlow custom ops MlfabricAllreduce, MlfabricBroadcast, MlfabricAlltoall,
 // MlfabricReducescatter, MlfabricPush, MlfabricGet. Each
 // kernel is asynchronous and only converts tensors and forwards a completion
 // callback into the client core through api/c_api.h and
@@ -105,6 +105,61 @@ class AllreduceOp : public AsyncOpKernel {
   int op_ = MLF_SUM;
 };
 REGISTER_KERNEL_BUILDER(Name("MlfabricAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
+
+// Horovod's broadcast as AllReducer::Broadcast: the ranks first agree on
+// the root (and length and dtype), so a root_rank that differs across
+// ranks fails every rank with FailedPrecondition naming the ranks and
+// their roots instead of summing two ranks' tensors.
+REGISTER_OP("MlfabricBroadcast")
+    .Attr("T: {bool, half, float, double, int8, uint8, int16, uint16, int32, int64}")
+    .Attr("handle: int")
+    .Attr("root_rank: int")
+    .Input("tensor: T")
+    .Output("output: T")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc("Rank `root_rank`'s `tensor` on every rank of the AllReducer `handle`; a root, "
+         "length or dtype that differs across ranks fails every rank with FailedPrecondition.");
+
+class BroadcastOp : public AsyncOpKernel {
+ public:
+  explicit BroadcastOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("handle", &handle_));
+    OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
+  }
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    const Tensor& input = c->input(0);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(c, c->allocate_output(0, input.shape(), &output), done);
+    const size_t bytes = input.TotalBytes();
+    if (bytes > 0) {
+      std::memcpy(const_cast<char*>(output->tensor_data().data()), input.tensor_data().data(),
+                  bytes);
+    }
+    struct Ctx {
+      OpKernelContext* c;
+      DoneCallback done;
+    };
+    auto* ctx = new Ctx{c, std::move(done)};
+    mlf_ext_broadcast_async(
+        handle_, const_cast<char*>(output->tensor_data().data()), input.NumElements(),
+        DtypeCode(input.dtype()), static_cast<int>(root_),
+        [](void* p, int code, const char* message) {
+          auto* ctx = static_cast<Ctx*>(p);
+          ctx->c->SetStatus(ToStatus(code, message));
+          ctx->done();
+          delete ctx;
+        },
+        ctx);
+  }
+
+ private:
+  int64_t handle_ = 0;
+  int64_t root_ = 0;
+};
+REGISTER_KERNEL_BUILDER(Name("MlfabricBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
 
 // A tensor as rows along its first dimension (a scalar is one row).
 int64_t RowElements(const tensorflow::TensorShape& shape) {
