@@ -561,8 +561,9 @@ def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_s
     agree on the root: a root_rank that differs across ranks raises
     tf.errors.FailedPreconditionError on every rank, naming the ranks and
     their roots ("Mismatched Broadcast root rank: rank 0 passed root 0
-    while rank 1 passed root 1"); one that is not a rank,
-    tf.errors.InvalidArgumentError on every rank. Gradient, as Horovod's:
+    while rank 1 passed root 1"); one that is not a rank, ValueError on
+    every rank (in a graph: tf.errors.InvalidArgumentError when it runs).
+    Gradient, as Horovod's:
     on the root the upstream gradient averaged over ranks, zero
     elsewhere."""
     del name, ignore_name_scope
@@ -572,6 +573,15 @@ def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_s
     root_rank = int(root_rank)
     value = tf.convert_to_tensor(tensor)
     _check_dtype(value, allow_bool=True)
+    if not 0 <= root_rank < reducer.size and tf.executing_eagerly():
+        # This rank still joins the ranks' agreement, so none is left
+        # waiting: the same bad root fails every rank (ValueError here), a
+        # differing one with FailedPreconditionError.
+        try:
+            _broadcast_value(value, root_rank, reducer)
+        except tf.errors.InvalidArgumentError as e:
+            raise ValueError("%s: root_rank %d is not a rank (size %d)"
+                             % (where, root_rank, reducer.size)) from e
     if value.dtype == tf.bool:  # not differentiable
         return _broadcast_value(value, root_rank, reducer)
     is_root = reducer.rank == root_rank
