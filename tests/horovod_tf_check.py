@@ -17,7 +17,8 @@ tests/horovod_tf_test.sh under mlfabric-run (2 ranks). Checks, on every rank:
      allgather_object/broadcast_object/broadcast_object_fn, broadcast_,
      gradient_predivide_factor, PartialDistributedGradientTape, Keras
      PartialDistributedOptimizer, BroadcastGlobalVariablesCallback with
-     local_variables, load_model, and process_set errors.
+     local_variables, load_model, broadcast_global_variables in a TF1
+     session, and process_set errors (add_process_set, remove_process_set).
 Prints "horovod_tf_check rank R: OK".
 """
 import faulthandler
@@ -210,6 +211,32 @@ expect(v1.numpy().tolist() == [1.0, 2.0] and v2.numpy().tolist() == [10]
 v3 = tf.Variable([float(rank)])
 tf.function(lambda: hvd.broadcast_variables([v3], root_rank=1))()
 expect(v3.numpy().tolist() == [1.0], "broadcast_variables in a tf.function")
+# A TF1 graph and session: broadcast_global_variables' op sets every global
+# variable to rank 1's value; eagerly it refuses, as Horovod's.
+with tf.Graph().as_default():
+    g1 = tf.compat.v1.Variable([float(rank), 5.0 * rank])
+    g2 = tf.compat.v1.Variable(rank + 7, dtype=tf.int32)
+    bcast_op = hvd.broadcast_global_variables(1)
+    with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(bcast_op)
+        got = session.run([g1, g2])
+expect(got[0].tolist() == [1.0, 5.0] and int(got[1]) == 8,
+       "broadcast_global_variables in a TF1 session: %r" % (got,))
+for module in (hvd, hvd_keras):
+    try:
+        module.broadcast_global_variables(0)
+        expect(False, "broadcast_global_variables eagerly: nothing raised")
+    except RuntimeError as e:
+        expect("broadcast_variables" in str(e), "eager broadcast_global_variables: %s" % e)
+for fn, arg, text in ((hvd.add_process_set, [0], "ranks [0]"),
+                      (hvd.remove_process_set, hvd.global_process_set, "cannot be removed")):
+    try:
+        fn(arg)
+        expect(False, "%s: nothing raised" % fn.__name__)
+    except ValueError as e:
+        expect(text in str(e) and "only the global process set" in str(e),
+               "%s: %s" % (fn.__name__, e))
 
 w = tf.Variable([1.0, 2.0])
 x_local = tf.constant([1.0 + rank, 3.0 * rank])

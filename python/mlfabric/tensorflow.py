@@ -154,6 +154,22 @@ class ProcessSet:
 global_process_set = ProcessSet()
 
 
+def add_process_set(process_set):
+    """Horovod's dynamic process sets: MLfabric has only the global set, so
+    this raises ValueError naming the ranks asked for."""
+    ranks = getattr(process_set, "ranks", process_set)
+    raise ValueError("mlfabric.tensorflow.add_process_set: MLfabric has only the global process "
+                     "set (every rank), hvd.global_process_set; cannot add one of ranks %r"
+                     % (ranks,))
+
+
+def remove_process_set(process_set):
+    """Horovod's: the global process set cannot be removed, and there is no
+    other (ValueError)."""
+    raise ValueError("mlfabric.tensorflow.remove_process_set: %r cannot be removed; MLfabric has "
+                     "only the global process set" % (process_set,))
+
+
 def _check_process_set(process_set, where):
     """Accepts the global process set (or its id 0); MLfabric has no other."""
     if process_set is None or process_set is global_process_set or process_set == 0:
@@ -607,6 +623,19 @@ def broadcast_variables(variables, root_rank=0, process_set=None, inplace=False,
     if not tf.executing_eagerly() and not tf.inside_function():
         return tf.group(*assigns)  # a TF1 graph: the op to run
     return None
+
+
+def broadcast_global_variables(root_rank):
+    """Horovod's TF1 call: the op that sets every variable of
+    tf.compat.v1.global_variables() to its value on rank `root_rank` (run
+    it in the session after initialising the variables). Eagerly, as
+    Horovod, RuntimeError: TF2 has no global variables collection; use
+    broadcast_variables(model.variables, root_rank)."""
+    if tf.executing_eagerly():
+        raise RuntimeError("mlfabric.tensorflow.broadcast_global_variables() does not run "
+                           "eagerly (TF2 has no global variables); use "
+                           "hvd.broadcast_variables(<model/optimizer variables>, root_rank)")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 def broadcast_(variables, root_rank, name=None, process_set=None, reducer=None):

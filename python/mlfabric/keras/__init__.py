@@ -160,6 +160,12 @@ def broadcast_variables(variables, root_rank=0, process_set=None):
     mtf.broadcast_variables(variables, root_rank, process_set=process_set)
 
 
+def broadcast_global_variables(root_rank):
+    """Horovod's (TF1 graphs only; eagerly RuntimeError, as Horovod): see
+    mlfabric.tensorflow.broadcast_global_variables."""
+    return mtf.broadcast_global_variables(root_rank)
+
+
 def _flat(arrays):
     return np.concatenate([np.asarray(a, dtype=np.float32).ravel() for a in arrays])
 
