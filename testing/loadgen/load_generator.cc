@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <queue>
 #include <random>
@@ -83,8 +84,30 @@ std::vector<std::string> LoadReport::Problems() const {
     out.push_back(absl::StrCat(applied, " pushes reported applied but the servers applied ",
                                delivered));
   }
+  if (shard_disagreements > 0) {
+    out.push_back(absl::StrCat(shard_disagreements,
+                               " server groups whose shards applied different numbers of pushes"));
+  }
   for (const std::string& error : errors) out.push_back("error: " + error);
   return out;
+}
+
+void LoadReport::Add(const LoadReport& o) {
+  elapsed_s = std::max(elapsed_s, o.elapsed_s);
+  hosts += o.hosts;
+  for (auto [mine, theirs] :
+       {std::pair{&pushes, o.pushes}, {&submit_errors, o.submit_errors}, {&applied, o.applied},
+        {&dropped, o.dropped}, {&failed, o.failed}, {&duplicate_outcomes, o.duplicate_outcomes},
+        {&unknown_outcomes, o.unknown_outcomes}, {&without_outcome, o.without_outcome},
+        {&gets, o.gets}, {&gets_answered, o.gets_answered}, {&distributions, o.distributions},
+        {&distribution_errors, o.distribution_errors}, {&delivered, o.delivered},
+        {&delivery_reports, o.delivery_reports}, {&cancelled, o.cancelled}, {&rpcs, o.rpcs},
+        {&rpc_errors, o.rpc_errors}, {&commands, o.commands}, {&stream_breaks, o.stream_breaks},
+        {&shard_disagreements, o.shard_disagreements}}) {
+    *mine += theirs;
+  }
+  for (const auto& [reason, count] : o.reasons) reasons[reason] += count;
+  errors.insert(errors.end(), o.errors.begin(), o.errors.end());
 }
 
 class LoadGenerator::Impl {
@@ -108,16 +131,32 @@ class LoadGenerator::Impl {
   struct Worker {
     std::string name;
     int host = 0;
-    int server = 0;
+    int target = 0;
     int driver = 0;
+  };
+  // What a worker pushes to: one server, or a group's shards.
+  struct Target {
+    std::string name;
+    std::vector<int> servers;  // indices into servers_, in shard order
+  };
+  // A worker's get in progress: answered when every shard of its target is.
+  struct PendingGet {
+    int remaining = 0;
+    double ready_s = 0;       // local clock: the latest shard's answer
+    int64_t version = 0;      // the oldest shard's version
   };
   struct Server {
     std::string name;
     int host = 0;
+    int target = 0;
+    int shard = 0;            // index in its group (0 for a plain server)
+    int64_t part_bytes = 0;   // its part of the model
     std::mutex mu;
     std::condition_variable cv;
     std::map<uint64_t, v1::ExpectDelivery> expected;  // by sequence
     std::map<uint64_t, v1::CancelDelivery> cancelled;  // by sequence
+    std::set<uint64_t> unready;   // held group parts not yet reported ready, by sequence
+    std::set<uint64_t> released;  // held group parts released, by transfer id
     uint64_t next_sequence = 1;
     int64_t model_version = 0;
     std::vector<int> gets;  // workers waiting, in request order
@@ -144,6 +183,7 @@ class LoadGenerator::Impl {
   absl::Status RegisterHost(int i, const daemon::ClientSecurity& security);
   absl::Status RegisterServer(int s);
   absl::Status RegisterWorker(int w);
+  int ServerCount() const { return options_.servers * options_.shards; }
   // Each host's first report and clock sync, each worker's first get.
   void ScheduleFirstEvents(std::mt19937_64& rng);
   void Schedule(int driver, Event event);
@@ -151,6 +191,8 @@ class LoadGenerator::Impl {
   void CountRpc(const absl::Status& status, bool counted_elsewhere = false);
 
   void DriverLoop(int index);
+  void RequestGet(int worker);
+  void AnswerGet(int worker, double ready_s, int64_t version, std::mt19937_64& rng);
   void Push(int worker, int64_t version);
   void ReportBandwidth(int host, std::mt19937_64& rng);
   void SyncClock(int host);
@@ -158,15 +200,27 @@ class LoadGenerator::Impl {
   void Handle(int host, const v1::DaemonCommand& command);
   void NoteArrival(uint64_t transfer_id, double end_s);
   void DeliveryLoop(int server);
+  // DeliveryLoop's steps, with `lock` on server.mu (released while calling).
+  // Reports held parts whose bytes are in as ready; the time until the next
+  // one's are (at most 0.1 s).
+  double ReportReadyParts(Server& server, std::unique_lock<std::mutex>& lock);
+  void SkipCancelled(Server& server, std::unique_lock<std::mutex>& lock);
+  void Apply(Server& server, std::unique_lock<std::mutex>& lock);
   void DistributionLoop(int server);
   void Shutdown();
+  int64_t ShardDisagreements() const;
 
   const LoadOptions options_;
   double offset_s_ = 0;  // scheduler clock - local clock
   std::vector<std::unique_ptr<Host>> hosts_;
   std::vector<Worker> workers_;
   std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<Target> targets_;
   std::map<std::string, int> server_by_name_;
+  std::unordered_map<int, int> server_by_host_;  // host index -> server on it
+
+  std::mutex gets_mu_;
+  std::vector<PendingGet> pending_gets_;  // by worker
   std::vector<std::unique_ptr<Driver>> drivers_;
   double started_s_ = 0;
 
@@ -215,9 +269,16 @@ void LoadGenerator::Impl::Schedule(int driver, Event event) {
 
 absl::Status LoadGenerator::Impl::Start() {
   if (options_.workers < 1 || options_.workers_per_host < 1 || options_.servers < 1 ||
-      options_.driver_threads < 1) {
+      options_.shards < 1 || options_.driver_threads < 1) {
     return absl::InvalidArgumentError(
-        "workers, workers_per_host, servers and driver_threads must be >= 1");
+        "workers, workers_per_host, servers, shards and driver_threads must be >= 1");
+  }
+  if (options_.shards > 1 &&
+      (options_.update_bytes % 4 != 0 || options_.update_bytes / 4 < options_.shards)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update_bytes: a model in ", options_.shards, " shards of whole float32 elements needs ",
+        "a multiple of 4 bytes and at least ", 4 * options_.shards, ", got ",
+        options_.update_bytes));
   }
   started_s_ = LocalNow();
   std::mt19937_64 rng(options_.seed);
@@ -230,12 +291,16 @@ absl::Status LoadGenerator::Impl::Start() {
   // Server hosts first, then worker hosts, each with its own connection.
   daemon::ClientSecurity security;
   security.cluster_secret = options_.cluster_secret;
-  for (int i = 0; i < options_.servers + worker_hosts; ++i) {
+  for (int i = 0; i < ServerCount() + worker_hosts; ++i) {
     if (absl::Status status = RegisterHost(i, security); !status.ok()) return status;
   }
-  for (int s = 0; s < options_.servers; ++s) {
+  for (int t = 0; t < options_.servers; ++t) {
+    targets_.push_back({absl::StrFormat("ps%d", t), {}});
+  }
+  for (int s = 0; s < ServerCount(); ++s) {
     if (absl::Status status = RegisterServer(s); !status.ok()) return status;
   }
+  pending_gets_.resize(options_.workers);
   for (int w = 0; w < options_.workers; ++w) {
     if (absl::Status status = RegisterWorker(w); !status.ok()) return status;
   }
@@ -252,8 +317,9 @@ absl::Status LoadGenerator::Impl::Start() {
 
 absl::Status LoadGenerator::Impl::RegisterHost(int i, const daemon::ClientSecurity& security) {
   auto host = std::make_unique<Host>();
-  host->name = i < options_.servers ? absl::StrFormat("srv%d", i)
-                                    : absl::StrFormat("h%04d", i - options_.servers);
+  host->name = options_.host_prefix + (i < ServerCount()
+                                           ? absl::StrFormat("srv%d", i)
+                                           : absl::StrFormat("h%04d", i - ServerCount()));
   host->driver = i % options_.driver_threads;
   host->client = daemon::MakeGrpcSchedulerClient(options_.scheduler_address, 2, security);
   v1::RegisterHostRequest request;
@@ -289,15 +355,31 @@ absl::Status LoadGenerator::Impl::RegisterHost(int i, const daemon::ClientSecuri
 
 absl::Status LoadGenerator::Impl::RegisterServer(int s) {
   auto server = std::make_unique<Server>();
-  server->name = absl::StrFormat("ps%d", s);
+  server->target = s / options_.shards;
+  server->shard = s % options_.shards;
+  const std::string& group = targets_[server->target].name;
+  server->name = options_.shards == 1 ? group : absl::StrFormat("%s-%d", group, server->shard);
   server->host = s;
   server->rng.seed(options_.seed * 104729 + s);
+  // Shard j of S holds elements [n*j/S, n*(j+1)/S) of the model's n floats.
+  const int64_t elements = options_.update_bytes / 4;
+  const int64_t begin = 4 * (elements * server->shard / options_.shards);
+  const int64_t end = 4 * (elements * (server->shard + 1) / options_.shards);
+  server->part_bytes = options_.shards == 1 ? options_.update_bytes : end - begin;
   v1::RegisterEntityRequest request;
   request.set_job(options_.job);
   request.set_job_token(options_.job_token);
   request.set_role(v1::ROLE_SERVER);
   request.set_name(server->name);
   request.set_host(hosts_[s]->name);
+  if (options_.shards > 1) {
+    v1::ShardSpec* spec = request.mutable_shard();
+    spec->set_group(group);
+    spec->set_index(server->shard);
+    spec->set_count(options_.shards);
+    spec->set_begin(begin);
+    spec->set_end(end);
+  }
   v1::RegisterEntityReply reply;
   absl::Status status = hosts_[s]->client->RegisterEntity(request, &reply);
   ++rpcs_;
@@ -306,6 +388,8 @@ absl::Status LoadGenerator::Impl::RegisterServer(int s) {
                                                     daemon::RpcErrorText(status)));
   }
   server_by_name_[server->name] = s;
+  server_by_host_[s] = s;
+  targets_[server->target].servers.push_back(s);
   servers_.push_back(std::move(server));
   return absl::OkStatus();
 }
@@ -313,8 +397,8 @@ absl::Status LoadGenerator::Impl::RegisterServer(int s) {
 absl::Status LoadGenerator::Impl::RegisterWorker(int w) {
   Worker worker;
   worker.name = absl::StrFormat("w%04d", w);
-  worker.host = options_.servers + w / options_.workers_per_host;
-  worker.server = w % options_.servers;
+  worker.host = ServerCount() + w / options_.workers_per_host;
+  worker.target = w % options_.servers;
   worker.driver = w % options_.driver_threads;
   v1::RegisterEntityRequest request;
   request.set_job(options_.job);
@@ -371,15 +455,7 @@ void LoadGenerator::Impl::DriverLoop(int index) {
     lock.unlock();
     switch (event.kind) {
       case EventKind::kGet:
-        if (!load_stopped_) {
-          Server& server = *servers_[workers_[event.index].server];
-          ++gets_;
-          {
-            std::lock_guard<std::mutex> server_lock(server.mu);
-            server.gets.push_back(event.index);
-          }
-          server.cv.notify_all();
-        }
+        if (!load_stopped_) RequestGet(event.index);
         break;
       case EventKind::kPush:
         if (!load_stopped_) Push(event.index, event.version);
@@ -393,6 +469,41 @@ void LoadGenerator::Impl::DriverLoop(int index) {
     }
     lock.lock();
   }
+}
+
+void LoadGenerator::Impl::RequestGet(int index) {
+  const Target& target = targets_[workers_[index].target];
+  ++gets_;
+  {
+    std::lock_guard<std::mutex> lock(gets_mu_);
+    pending_gets_[index] = {static_cast<int>(target.servers.size()), 0,
+                            std::numeric_limits<int64_t>::max()};
+  }
+  for (int s : target.servers) {
+    Server& server = *servers_[s];
+    {
+      std::lock_guard<std::mutex> server_lock(server.mu);
+      server.gets.push_back(index);
+    }
+    server.cv.notify_all();
+  }
+}
+
+void LoadGenerator::Impl::AnswerGet(int index, double ready_s, int64_t version,
+                                    std::mt19937_64& rng) {
+  {
+    std::lock_guard<std::mutex> lock(gets_mu_);
+    PendingGet& get = pending_gets_[index];
+    get.ready_s = std::max(get.ready_s, ready_s);
+    get.version = std::min(get.version, version);
+    if (--get.remaining > 0) return;
+    ready_s = get.ready_s;
+    version = get.version;
+  }
+  ++gets_answered_;
+  // The worker has the model once every tree delivered its part, and
+  // pushes after computing on it.
+  Schedule(workers_[index].driver, {ready_s + ComputeTime(rng), EventKind::kPush, index, version});
 }
 
 void LoadGenerator::Impl::Push(int index, int64_t version) {
@@ -409,7 +520,7 @@ void LoadGenerator::Impl::Push(int index, int64_t version) {
   request.set_job(options_.job);
   request.set_src_host(host.name);
   request.set_worker(worker.name);
-  request.set_server(servers_[worker.server]->name);
+  request.set_server(targets_[worker.target].name);
   request.set_bytes(options_.update_bytes);
   request.set_version(version);
   request.set_norm(1.0);
@@ -513,6 +624,7 @@ void LoadGenerator::Impl::Handle(int index, const v1::DaemonCommand& command) {
       {
         std::lock_guard<std::mutex> lock(server.mu);
         server.expected[expect.sequence()] = expect;
+        if (expect.held() && expect.group_push() != 0) server.unready.insert(expect.sequence());
       }
       server.cv.notify_all();
       break;
@@ -529,7 +641,23 @@ void LoadGenerator::Impl::Handle(int index, const v1::DaemonCommand& command) {
         // Not found: handed over already; its report answers (as mlfabricd).
         if (cancel.sequence() >= server.next_sequence) {
           server.cancelled[cancel.sequence()] = cancel;
+          server.unready.erase(cancel.sequence());
         }
+      }
+      server.cv.notify_all();
+      break;
+    }
+    case v1::DaemonCommand::kRelease: {
+      auto it = server_by_host_.find(index);
+      if (it == server_by_host_.end()) {
+        Error(absl::StrCat("host ", hosts_[index]->name, " holds no server but was told to ",
+                           "release transfer ", command.release().transfer_id()));
+        break;
+      }
+      Server& server = *servers_[it->second];
+      {
+        std::lock_guard<std::mutex> lock(server.mu);
+        server.released.insert(command.release().transfer_id());
       }
       server.cv.notify_all();
       break;
@@ -571,72 +699,131 @@ void LoadGenerator::Impl::Handle(int index, const v1::DaemonCommand& command) {
 
 void LoadGenerator::Impl::DeliveryLoop(int index) {
   Server& server = *servers_[index];
-  Host& host = *hosts_[server.host];
   std::unique_lock<std::mutex> lock(server.mu);
   while (!done_) {
+    const double next_ready_s = ReportReadyParts(server, lock);
     const uint64_t sequence = server.next_sequence;
-    if (auto cancelled = server.cancelled.find(sequence); cancelled != server.cancelled.end()) {
-      const v1::CancelDelivery cancel = cancelled->second;
-      server.cancelled.erase(cancelled);
-      server.expected.erase(sequence);
-      ++server.next_sequence;
-      lock.unlock();
-      ++cancelled_;
-      if (cancel.confirm()) {
-        v1::CompletionReport report;
-        report.set_host(host.name);
-        report.set_transfer_id(cancel.transfer_id());
-        report.set_applied(false);
-        report.set_error(cancel.reason());
-        ++delivery_reports_;
-        CountRpc(host.client->ReportCompletion(report));
-      }
-      lock.lock();
+    if (server.cancelled.count(sequence) > 0) {
+      SkipCancelled(server, lock);
       continue;
     }
     auto expected = server.expected.find(sequence);
-    if (expected == server.expected.end()) {
-      server.cv.wait_for(lock, std::chrono::milliseconds(100));
-      continue;
+    double wait_s = next_ready_s;
+    if (expected != server.expected.end() &&
+        (!expected->second.held() || server.released.count(expected->second.transfer_id()))) {
+      double end_s = -1;
+      {
+        std::lock_guard<std::mutex> arrivals_lock(arrivals_mu_);
+        auto it = arrivals_.find(expected->second.transfer_id());
+        if (it != arrivals_.end()) end_s = it->second;
+      }
+      // A released part's bytes are in: it was reported ready.
+      if (expected->second.held()) end_s = 0;
+      wait_s = std::min(wait_s, end_s < 0 ? 0.1 : end_s - SchedulerNow());
+      if (wait_s <= 0) {
+        Apply(server, lock);
+        continue;
+      }
     }
-    double end_s = -1;
-    {
-      std::lock_guard<std::mutex> arrivals_lock(arrivals_mu_);
-      auto it = arrivals_.find(expected->second.transfer_id());
-      if (it != arrivals_.end()) end_s = it->second;
+    server.cv.wait_for(lock, std::chrono::duration<double>(std::clamp(wait_s, 0.001, 0.1)));
+  }
+}
+
+double LoadGenerator::Impl::ReportReadyParts(Server& server, std::unique_lock<std::mutex>& lock) {
+  double next_s = 0.1;
+  if (server.unready.empty()) return next_s;
+  std::vector<uint64_t> ready;  // transfer ids
+  const double now_s = SchedulerNow();
+  {
+    std::lock_guard<std::mutex> arrivals_lock(arrivals_mu_);
+    for (auto sequence = server.unready.begin(); sequence != server.unready.end();) {
+      auto expected = server.expected.find(*sequence);
+      auto arrival = expected == server.expected.end()
+                         ? arrivals_.end()
+                         : arrivals_.find(expected->second.transfer_id());
+      if (arrival == arrivals_.end() || arrival->second > now_s) {
+        if (arrival != arrivals_.end()) next_s = std::min(next_s, arrival->second - now_s);
+        ++sequence;
+        continue;
+      }
+      ready.push_back(expected->second.transfer_id());
+      sequence = server.unready.erase(sequence);
     }
-    const double wait_s = end_s < 0 ? 0.1 : end_s - SchedulerNow();
-    if (wait_s > 0) {
-      server.cv.wait_for(lock, std::chrono::duration<double>(std::min(wait_s, 0.1)));
-      continue;
-    }
-    // Its bytes are in: the application applies it (an aggregate as its
-    // constituents, in order).
-    const v1::ExpectDelivery expect = std::move(expected->second);
-    server.expected.erase(expected);
-    ++server.next_sequence;
-    const int64_t count = std::max(1, expect.constituents_size());
-    server.model_version += count;
+  }
+  if (ready.empty()) return next_s;
+  lock.unlock();
+  Host& host = *hosts_[server.host];
+  for (uint64_t transfer_id : ready) {
     v1::CompletionReport report;
     report.set_host(host.name);
-    report.set_transfer_id(expect.transfer_id());
-    report.set_applied(true);
-    report.set_model_version(server.model_version);
-    if (expect.constituents_size() > 0) {
-      for (uint64_t id : expect.constituents()) report.add_pushes(id);
-    } else {
-      report.add_pushes(expect.transfer_id());
-    }
-    lock.unlock();
-    {
-      std::lock_guard<std::mutex> arrivals_lock(arrivals_mu_);
-      arrivals_.erase(expect.transfer_id());
-    }
-    delivered_ += count;
+    report.set_transfer_id(transfer_id);
+    report.set_part_ready(true);
     ++delivery_reports_;
     CountRpc(host.client->ReportCompletion(report));
-    lock.lock();
   }
+  lock.lock();
+  return 0;  // the state may have changed meanwhile
+}
+
+void LoadGenerator::Impl::SkipCancelled(Server& server, std::unique_lock<std::mutex>& lock) {
+  const uint64_t sequence = server.next_sequence;
+  auto cancelled = server.cancelled.find(sequence);
+  const v1::CancelDelivery cancel = cancelled->second;
+  server.cancelled.erase(cancelled);
+  if (auto expected = server.expected.find(sequence); expected != server.expected.end()) {
+    server.released.erase(expected->second.transfer_id());
+    server.expected.erase(expected);
+  }
+  server.unready.erase(sequence);
+  ++server.next_sequence;
+  lock.unlock();
+  ++cancelled_;
+  if (cancel.confirm()) {
+    Host& host = *hosts_[server.host];
+    v1::CompletionReport report;
+    report.set_host(host.name);
+    report.set_transfer_id(cancel.transfer_id());
+    report.set_applied(false);
+    report.set_error(cancel.reason());
+    ++delivery_reports_;
+    CountRpc(host.client->ReportCompletion(report));
+  }
+  lock.lock();
+}
+
+void LoadGenerator::Impl::Apply(Server& server, std::unique_lock<std::mutex>& lock) {
+  // Its bytes are in: the application applies it (an aggregate as its
+  // constituents, in order; a group's part as the push it belongs to).
+  auto expected = server.expected.find(server.next_sequence);
+  const v1::ExpectDelivery expect = std::move(expected->second);
+  server.expected.erase(expected);
+  server.released.erase(expect.transfer_id());
+  ++server.next_sequence;
+  const int64_t count = std::max(1, expect.constituents_size());
+  server.model_version += count;
+  Host& host = *hosts_[server.host];
+  v1::CompletionReport report;
+  report.set_host(host.name);
+  report.set_transfer_id(expect.transfer_id());
+  report.set_applied(true);
+  report.set_model_version(server.model_version);
+  if (expect.constituents_size() > 0) {
+    for (uint64_t id : expect.constituents()) report.add_pushes(id);
+  } else if (expect.group_push() != 0) {
+    report.add_pushes(expect.group_push());
+  } else {
+    report.add_pushes(expect.transfer_id());
+  }
+  lock.unlock();
+  {
+    std::lock_guard<std::mutex> arrivals_lock(arrivals_mu_);
+    arrivals_.erase(expect.transfer_id());
+  }
+  // A group's pushes are counted once, at its first shard.
+  if (server.shard == 0) delivered_ += count;
+  ++delivery_reports_;
+  CountRpc(host.client->ReportCompletion(report));
+  lock.lock();
 }
 
 void LoadGenerator::Impl::DistributionLoop(int index) {
@@ -659,12 +846,12 @@ void LoadGenerator::Impl::DistributionLoop(int index) {
     request.set_host(host.name);
     request.set_job(options_.job);
     request.set_server(server.name);
-    request.set_model_bytes(options_.update_bytes);
+    request.set_model_bytes(server.part_bytes);
     std::set<int> seen;
     for (int w : batch) {
       if (seen.insert(workers_[w].host).second) request.add_requesters(hosts_[workers_[w].host]->name);
     }
-    double total_s = 8.0 * static_cast<double>(options_.update_bytes) *
+    double total_s = 8.0 * static_cast<double>(server.part_bytes) *
                      static_cast<double>(seen.size()) / options_.link_bps;
     v1::PlanDistributionReply reply;
     const absl::Status status = host.client->PlanDistribution(request, &reply);
@@ -684,13 +871,9 @@ void LoadGenerator::Impl::DistributionLoop(int index) {
     lock.lock();
     server.busy_until_s = SchedulerNow() + total_s;
     const double now_s = LocalNow();
-    for (int w : batch) {
-      ++gets_answered_;
-      // The worker has the model once the tree delivered it, and pushes
-      // after computing on it.
-      Schedule(workers_[w].driver,
-               {now_s + total_s + ComputeTime(server.rng), EventKind::kPush, w, version});
-    }
+    lock.unlock();
+    for (int w : batch) AnswerGet(w, now_s + total_s, version, server.rng);
+    lock.lock();
   }
 }
 
@@ -739,8 +922,22 @@ LoadReport LoadGenerator::Impl::Drain(double timeout_s) {
   // Let the last reports of applied pushes land before counting.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   LoadReport report = Snapshot();
+  report.shard_disagreements = ShardDisagreements();
   Shutdown();
   return report;
+}
+
+int64_t LoadGenerator::Impl::ShardDisagreements() const {
+  int64_t disagreements = 0;
+  for (const Target& target : targets_) {
+    std::set<int64_t> versions;
+    for (int s : target.servers) {
+      std::lock_guard<std::mutex> lock(servers_[s]->mu);
+      versions.insert(servers_[s]->model_version);
+    }
+    if (versions.size() > 1) ++disagreements;
+  }
+  return disagreements;
 }
 
 void LoadGenerator::Impl::Shutdown() {

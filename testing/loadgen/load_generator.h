@@ -26,10 +26,20 @@
 //   LoadReport report = load.Drain(30);   // every push ended, every get answered?
 //   if (!report.Consistent()) Print(report.Problems());
 //
+// With `shards` > 1 every push target is a server group (mlfabric.md
+// §10.2): `shards` shard servers, each on its own host, splitting the model
+// by byte ranges. A shard's host reports each held part ready once its
+// planned transfer would have ended (CompletionReport.part_ready), applies
+// it in sequence order once released (ReleaseDelivery), and answers its
+// part of every get; a worker has the model when every shard answered.
+// Several jobs in one scheduler: one LoadGenerator each, with distinct
+// `host_prefix`es; LoadReport::Add sums their reports.
+//
 // What it checks (Consistent): every SubmitUpdate and PlanDistribution was
 // answered without error, every push ended exactly once (applied, dropped
-// or failed), every get was answered, no schedule stream broke, and the
-// pushes reported applied are exactly those the servers applied.
+// or failed), every get was answered, no schedule stream broke, the
+// pushes reported applied are exactly those the servers applied, and
+// (after Drain) every shard of a group applied as many pushes as the others.
 // Thread safety: Start, StopLoad, Drain and Snapshot from one thread.
 #ifndef MLFABRIC_TESTING_LOADGEN_LOAD_GENERATOR_H_
 #define MLFABRIC_TESTING_LOADGEN_LOAD_GENERATOR_H_
@@ -51,7 +61,13 @@ struct LoadOptions {
   std::string job_token;
   int workers = 1000;
   int workers_per_host = 1;
-  int servers = 1;             // each on its own host; worker i pushes to server i % servers
+  int servers = 1;             // push targets; worker i pushes to target i % servers
+  // 1: each target is one server on its own host. > 1: each target is a
+  // server group "ps<i>" of this many shard servers "ps<i>-<j>", each on its
+  // own host, splitting the model by byte ranges of whole float32 elements
+  // (update_bytes must then be a multiple of 4 and hold >= shards elements).
+  int shards = 1;
+  std::string host_prefix;     // before every host's name: several jobs in one scheduler
   double period_s = 0.1;       // a worker's compute time between its get and its push
   double jitter = 0.2;         // +- this fraction of period_s, uniformly
   int64_t update_bytes = 100'000'000;
@@ -90,12 +106,16 @@ struct LoadReport {
   int64_t rpc_errors = 0;       // of those, failed (other than the counted ones above)
   int64_t commands = 0;         // DaemonCommands received on the streams
   int64_t stream_breaks = 0;    // streams that ended before StopLoad's Drain
+  int64_t shard_disagreements = 0;  // after Drain: groups whose shards applied different counts
   std::vector<std::string> errors;  // the first few error texts
 
   // True when nothing was lost, duplicated or refused (see the header).
   bool Consistent() const;
   // What Consistent() found wrong, one line each.
   std::vector<std::string> Problems() const;
+  // Adds another generator's counts (several jobs): sums, and the longer
+  // elapsed time; errors are appended.
+  void Add(const LoadReport& other);
 };
 
 class LoadGenerator {
