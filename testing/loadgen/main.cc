@@ -4,6 +4,8 @@
 // control-plane messages it carries at 1000 workers (issue 18 item 3).
 //
 //   bazel run -c opt //testing/loadgen:mlfabric-loadgen -- --workers=1000 --duration_s=600
+//   ... -- --workers=1000 --shards=64       # one model in 64 shards (mlfabric.md §10.2)
+//   ... -- --jobs=10 --workers=100          # ten independent jobs
 //
 // It starts the scheduler itself (a private directory under /tmp, removed
 // afterwards; --scheduler_flag=--KEY=VALUE passes flags on), prints a
@@ -19,13 +21,17 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/secrets.h"
@@ -42,14 +48,22 @@ using launch::ClusterOptions;
 
 constexpr char kUsage[] = R"(mlfabric-loadgen: drive a real mlfabric-scheduler with emulated daemons
 
-  --workers=N              workers (default 1000)
+  --workers=N              workers per job (default 1000)
+  --jobs=J                 independent jobs, each with --workers workers and its own
+                           servers and hosts (default 1)
   --workers_per_host=N     workers per emulated host (default 1: a host each)
-  --servers=N              parameter servers, each on its own host (default 1)
+  --servers=N              push targets per job: parameter servers, each on its own host,
+                           or server groups with --shards (default 1)
+  --shards=S               each target is a server group of S shard servers, each on its
+                           own host, splitting the model by byte ranges (default 1: no group;
+                           the scheduler takes at most 64)
   --period_ms=MS           a worker's compute time between get and push (default 100)
-  --update_mb=MB           update and model size (default 100)
+  --update_mb=MB           update and model size (default 100; with --shards > 1 or
+                           --jobs > 1: half of what the links can carry, see below)
   --link_gbps=G            every host's NIC, each direction (default 10)
-  --aggregators=N          the job names the first N worker hosts as aggregators (default 0)
-  --tau_max=N              the job's delay bound (default 30)
+  --aggregators=N          each job names its first N worker hosts as aggregators (default 0)
+  --tau_max=N              each job's delay bound (default 30; with --shards > 1 or
+                           --jobs > 1: from the workers of a target, see below)
   --planner=NAME           mlfabric or fifo (default mlfabric)
   --batch_interval_ms=MS   the scheduler's batch interval (default 100)
   --duration_s=S           how long the workers push (default 60)
@@ -58,16 +72,26 @@ constexpr char kUsage[] = R"(mlfabric-loadgen: drive a real mlfabric-scheduler w
   --driver_threads=N       threads making the emulated daemons' calls (default 8)
   --scheduler_flag=FLAG    passed to mlfabric-scheduler (comma-separated for several)
   --json=PATH              also write the summary as JSON here
+
+With --shards > 1 or --jobs > 1 the defaults make a load the links carry, so
+that the scheduler has to plan (not drop) most pushes: --update_mb is half of
+link_gbps * period_ms * shards / (8 * workers per target), the size at which a
+shard's downlink would be full if every worker pushed once per period, and
+--tau_max is 2 * workers per target * (period_ms + batch_interval_ms) / period_ms
+(a push waits for about one push of every other worker of its target per
+period, for its compute and its wait for a batch). The summary says which values were used.
 )";
 
 struct ProcSample {
-  double cpu_s = 0;     // user + system
+  double t_s = 0;       // since the load began
+  double cpu_s = 0;     // user + system, since the process started
   double rss_mb = 0;
   double hwm_mb = 0;    // peak resident
 };
 
-ProcSample SampleProcess(pid_t pid) {
+ProcSample SampleProcess(pid_t pid, double t_s) {
   ProcSample sample;
+  sample.t_s = t_s;
   std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
   std::string line;
   if (std::getline(stat, line)) {
@@ -96,15 +120,20 @@ double Quantile(std::vector<double> values, double q) {
   return values[rank];
 }
 
+double Max(const std::vector<double>& values) {
+  return values.empty() ? 0 : *std::max_element(values.begin(), values.end());
+}
+
 // Collects the scheduler's batch cycles (GET /api/v1/cycles) that started
 // after the last one it saw, so that the whole run's cycles are counted
 // once however long it runs (the endpoint keeps the last 1,024).
 class CycleCollector {
  public:
   explicit CycleCollector(int admin_port) : admin_port_(admin_port) {}
-  // New cycles' total times (ms), also kept for the run's figures.
-  std::vector<double> Poll() {
-    std::vector<double> fresh;
+  // How many new cycles; their total and planning times (ms) are kept for
+  // the run's figures and for recent().
+  size_t Poll() {
+    size_t fresh = 0;
     HttpResult r = Http(admin_port_, "GET", "/api/v1/cycles");
     if (r.status != 200) return fresh;
     const nlohmann::json body = nlohmann::json::parse(r.body, nullptr, false);
@@ -113,36 +142,78 @@ class CycleCollector {
       const double start_s = cycle.value("start_s", 0.0);
       if (start_s <= last_start_s_) continue;
       last_start_s_ = start_s;
-      fresh.push_back(cycle.value("total_ms", 0.0));
+      ++fresh;
+      all_.push_back(cycle.value("total_ms", 0.0));
+      plan_.push_back(cycle.value("plan_ms", 0.0));
       updates_.push_back(cycle.value("updates", 0.0));
+      batches_.push_back(cycle.value("batches", 0.0));
     }
-    all_.insert(all_.end(), fresh.begin(), fresh.end());
     return fresh;
   }
+  // The last `n` cycles' total or planning times.
+  static std::vector<double> Last(const std::vector<double>& v, size_t n) {
+    return {v.end() - static_cast<std::ptrdiff_t>(std::min(n, v.size())), v.end()};
+  }
   const std::vector<double>& all() const { return all_; }
+  const std::vector<double>& plan() const { return plan_; }
   const std::vector<double>& updates() const { return updates_; }
+  const std::vector<double>& batches() const { return batches_; }
 
  private:
   const int admin_port_;
   double last_start_s_ = -1e300;
-  std::vector<double> all_;
-  std::vector<double> updates_;
+  std::vector<double> all_;      // each cycle's total time, ms
+  std::vector<double> plan_;     // its planners' wall time, ms (batches in parallel)
+  std::vector<double> updates_;  // updates planned in it
+  std::vector<double> batches_;  // servers (batches) planned in it
 };
 
 // The command line's settings (kUsage).
 struct LoadFlags {
-  int64_t workers = 1000, workers_per_host = 1, servers = 1, aggregators = 0, tau_max = 30,
-          driver_threads = 8;
+  int64_t workers = 1000, jobs = 1, workers_per_host = 1, servers = 1, shards = 1,
+          aggregators = 0, tau_max = 30, driver_threads = 8;
   double period_ms = 100, update_mb = 100, link_gbps = 10, batch_interval_ms = 100,
          duration_s = 60, drain_s = 60, progress_s = 10;
   std::string planner = "mlfabric", json_path;
   std::vector<std::string> scheduler_flags;
 };
 
+// With several shards or jobs, the update size and delay bound the user
+// did not set are chosen so that the links carry the load (kUsage):
+//  - a target's W workers push at most once per period each, and every
+//    push puts B/S bytes on each of its S shards' downlinks (and every get
+//    the same on their uplinks), so the busiest link carries at most
+//    8 * B * W / (S * period_s) bit/s; half the link rate leaves room for
+//    the bandwidth reports' dips (up to 20% below the NIC's rate) and for
+//    workers whose gets came fast. A worker's own uplink caps B at
+//    link_bps * period_s / 8 as well.
+//  - a push's delay is the number of pushes its target applied between
+//    the worker's get and its own. That time is its compute (one period)
+//    plus up to one batch interval before it is planned plus its transfer,
+//    and the target applies about W pushes per period when the scheduler
+//    keeps up: about W * (period + interval) / period. tau_max is twice
+//    that; stale drops beyond it mean the scheduler is behind.
+void ChooseDefaults(const std::map<std::string, std::string>& given, LoadFlags* f) {
+  if (f->shards == 1 && f->jobs == 1) return;  // the one-server benchmark as it was
+  const double per_target = std::ceil(static_cast<double>(f->workers) / f->servers);
+  const double link_bytes_per_period = f->link_gbps * 1e9 * f->period_ms / 1e3 / 8;
+  if (given.count("update_mb") == 0) {
+    const double bytes =
+        0.5 * std::min(link_bytes_per_period * f->shards / per_target, link_bytes_per_period);
+    f->update_mb = std::floor(bytes / 4) * 4 / 1e6;  // whole float32 elements
+  }
+  if (given.count("tau_max") == 0) {
+    f->tau_max = static_cast<int64_t>(
+        std::ceil(2 * per_target * (f->period_ms + f->batch_interval_ms) / f->period_ms));
+  }
+}
+
 absl::Status ReadFlags(ConfigReader& reader, LoadFlags* f) {
   reader.Int("workers", &f->workers, 1, 100000);
+  reader.Int("jobs", &f->jobs, 1, 1000);
   reader.Int("workers_per_host", &f->workers_per_host, 1, 100000);
   reader.Int("servers", &f->servers, 1, 1000);
+  reader.Int("shards", &f->shards, 1, 1000);
   reader.Int("aggregators", &f->aggregators, 0, 100000);
   reader.Int("tau_max", &f->tau_max, 0, 1000000);
   reader.Int("driver_threads", &f->driver_threads, 1, 256);
@@ -161,24 +232,37 @@ absl::Status ReadFlags(ConfigReader& reader, LoadFlags* f) {
   return reader.Finish();
 }
 
-// Writes the job "load" (and its aggregators, the first worker hosts) to
+// Job j's name and its hosts' prefix: "load" and none for one job, as
+// before; "load<j>" and "j<j>-" for several.
+std::string JobName(const LoadFlags& f, int64_t j) {
+  return f.jobs == 1 ? "load" : absl::StrCat("load", j);
+}
+std::string HostPrefix(const LoadFlags& f, int64_t j) {
+  return f.jobs == 1 ? "" : absl::StrCat("j", j, "-");
+}
+
+// Writes the jobs (each with its aggregators, its first worker hosts) to
 // the scheduler's config and starts the scheduler.
 absl::Status StartScheduler(Cluster& cluster, const LoadFlags& f, int worker_hosts,
-                            const std::string& token) {
-  nlohmann::json job = {{"name", "load"}, {"token", token}, {"mode", "async"},
-                        {"tau_max", f.tau_max}};
-  if (f.aggregators > 0) {
-    nlohmann::json names = nlohmann::json::array();
-    for (int64_t i = 0; i < std::min<int64_t>(f.aggregators, worker_hosts); ++i) {
-      char name[16];
-      std::snprintf(name, sizeof(name), "h%04d", static_cast<int>(i));
-      names.push_back(name);
+                            const std::vector<std::string>& tokens) {
+  nlohmann::json jobs = nlohmann::json::array();
+  for (int64_t j = 0; j < f.jobs; ++j) {
+    nlohmann::json job = {{"name", JobName(f, j)}, {"token", tokens[j]}, {"mode", "async"},
+                          {"tau_max", f.tau_max}};
+    if (f.aggregators > 0) {
+      nlohmann::json names = nlohmann::json::array();
+      for (int64_t i = 0; i < std::min<int64_t>(f.aggregators, worker_hosts); ++i) {
+        char name[16];
+        std::snprintf(name, sizeof(name), "h%04d", static_cast<int>(i));
+        names.push_back(HostPrefix(f, j) + name);
+      }
+      job["aggregators"] = names;
     }
-    job["aggregators"] = names;
+    jobs.push_back(job);
   }
   const std::string config_path = cluster.dir() + "/load.json";
   {
-    std::ofstream(config_path) << nlohmann::json{{"jobs", {job}}}.dump(2);
+    std::ofstream(config_path) << nlohmann::json{{"jobs", jobs}}.dump(2);
   }
   std::vector<std::string> flags = {"--config=" + config_path, "--planner=" + f.planner,
                                     absl::StrCat("--batch_interval_ms=", f.batch_interval_ms)};
@@ -186,7 +270,8 @@ absl::Status StartScheduler(Cluster& cluster, const LoadFlags& f, int worker_hos
   return cluster.Start(flags);
 }
 
-LoadOptions MakeLoadOptions(Cluster& cluster, const LoadFlags& f, const std::string& token) {
+LoadOptions MakeLoadOptions(Cluster& cluster, const LoadFlags& f, int64_t job,
+                            const std::string& token) {
   std::string secret;
   {
     std::ifstream file(cluster.dir() + "/cluster.secret");
@@ -195,22 +280,50 @@ LoadOptions MakeLoadOptions(Cluster& cluster, const LoadFlags& f, const std::str
   LoadOptions options;
   options.scheduler_address = cluster.scheduler_address();
   options.cluster_secret = secret;
-  options.job = "load";
+  options.job = JobName(f, job);
   options.job_token = token;
+  options.host_prefix = HostPrefix(f, job);
   options.workers = static_cast<int>(f.workers);
   options.workers_per_host = static_cast<int>(f.workers_per_host);
   options.servers = static_cast<int>(f.servers);
+  options.shards = static_cast<int>(f.shards);
   options.period_s = f.period_ms / 1e3;
-  options.update_bytes = static_cast<int64_t>(f.update_mb * 1e6);
+  options.update_bytes = static_cast<int64_t>(std::llround(f.update_mb * 1e6));
+  if (f.shards > 1) options.update_bytes -= options.update_bytes % 4;
   options.link_bps = f.link_gbps * 1e9;
-  options.driver_threads = static_cast<int>(f.driver_threads);
+  // The driver threads are shared out among the jobs, at least two each.
+  options.driver_threads =
+      static_cast<int>(std::max<int64_t>(2, (f.driver_threads + f.jobs - 1) / f.jobs));
+  options.seed = 1 + static_cast<uint64_t>(job);
   return options;
 }
 
+// Every job's generator; their reports summed.
+struct Load {
+  std::vector<std::unique_ptr<LoadGenerator>> jobs;
+  LoadReport Snapshot() const {
+    LoadReport sum;
+    for (const auto& job : jobs) sum.Add(job->Snapshot());
+    return sum;
+  }
+  LoadReport Drain(double timeout_s) {
+    for (auto& job : jobs) job->StopLoad();
+    LoadReport sum;
+    for (auto& job : jobs) sum.Add(job->Drain(timeout_s));
+    return sum;
+  }
+};
+
+// Pushes ended per second since `before`: applied, dropped, failed.
+std::string OutcomeRates(const LoadReport& r, const LoadReport& before, double dt) {
+  return absl::StrFormat("applied %5.0f dropped %5.0f failed %3.0f", (r.applied - before.applied) / dt,
+                         (r.dropped - before.dropped) / dt, (r.failed - before.failed) / dt);
+}
+
 // The load for duration_s, with a progress line every progress_s; returns
-// the time it ran. `rss_series` gets the scheduler's RSS at each line.
-double RunLoad(LoadGenerator& load, CycleCollector& cycles, pid_t scheduler_pid,
-               const LoadFlags& f, const ProcSample& first, std::vector<double>* rss_series) {
+// the time it ran. `samples` gets the scheduler's CPU and RSS at each line.
+double RunLoad(const Load& load, CycleCollector& cycles, pid_t scheduler_pid, const LoadFlags& f,
+               ProcSample first, std::vector<ProcSample>* samples) {
   ProcSample last = first;
   LoadReport previous = load.Snapshot();
   const auto begin = std::chrono::steady_clock::now();
@@ -218,22 +331,23 @@ double RunLoad(LoadGenerator& load, CycleCollector& cycles, pid_t scheduler_pid,
   while (elapsed_s < f.duration_s) {
     const double step_s = std::min(f.progress_s, f.duration_s - elapsed_s);
     std::this_thread::sleep_for(std::chrono::duration<double>(step_s));
+    const double before_s = elapsed_s;
     elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    const std::vector<double> fresh = cycles.Poll();
-    const ProcSample now = SampleProcess(scheduler_pid);
+    const size_t fresh = cycles.Poll();
+    const ProcSample now = SampleProcess(scheduler_pid, elapsed_s);
     const LoadReport r = load.Snapshot();
-    const double dt = step_s;
-    rss_series->push_back(now.rss_mb);
-    std::printf("t=%5.0fs pushes/s %6.0f outcomes/s %6.0f (applied %4.0f) gets/s %6.0f "
-                "ctl msgs/s %6.0f | cycles %3zu p50 %6.1f ms p99 %6.1f ms | scheduler CPU "
-                "%3.0f%% RSS %5.0f MB\n",
-                elapsed_s, (r.pushes - previous.pushes) / dt,
-                ((r.applied + r.dropped + r.failed) -
-                 (previous.applied + previous.dropped + previous.failed)) / dt,
-                (r.applied - previous.applied) / dt, (r.gets_answered - previous.gets_answered) / dt,
-                ((r.rpcs + r.commands) - (previous.rpcs + previous.commands)) / dt, fresh.size(),
-                Quantile(fresh, 0.5), Quantile(fresh, 0.99), 100 * (now.cpu_s - last.cpu_s) / dt,
-                now.rss_mb);
+    const double dt = elapsed_s - before_s;
+    samples->push_back(now);
+    const std::vector<double> total = CycleCollector::Last(cycles.all(), fresh);
+    const std::vector<double> plan = CycleCollector::Last(cycles.plan(), fresh);
+    std::printf("t=%5.0fs pushes/s %6.0f: %s | gets/s %6.0f ctl msgs/s %6.0f | cycles %3zu "
+                "p50 %6.1f p99 %6.1f ms, planning p50 %6.1f p99 %6.1f ms | scheduler CPU %3.0f%% "
+                "RSS %5.0f MB\n",
+                elapsed_s, (r.pushes - previous.pushes) / dt, OutcomeRates(r, previous, dt).c_str(),
+                (r.gets_answered - previous.gets_answered) / dt,
+                ((r.rpcs + r.commands) - (previous.rpcs + previous.commands)) / dt, fresh,
+                Quantile(total, 0.5), Quantile(total, 0.99), Quantile(plan, 0.5),
+                Quantile(plan, 0.99), 100 * (now.cpu_s - last.cpu_s) / dt, now.rss_mb);
     std::fflush(stdout);
     previous = r;
     last = now;
@@ -244,90 +358,142 @@ double RunLoad(LoadGenerator& load, CycleCollector& cycles, pid_t scheduler_pid,
 // The run's figures, for the summary and --json.
 struct Summary {
   double elapsed_s = 0, register_s = 0;
-  double p50 = 0, p99 = 0, max_ms = 0, mean_updates = 0, msgs_per_s = 0, cpu_pct = 0;
+  double p50 = 0, p99 = 0, max_ms = 0, plan_p50 = 0, plan_p99 = 0, plan_max = 0;
+  double mean_updates = 0, mean_batches = 0, msgs_per_s = 0, cpu_pct = 0;
   int64_t over = 0;  // cycles longer than the batch interval
+  // The scheduler at the load's start, middle (the progress line nearest
+  // half way) and end, and after the drain.
+  ProcSample start, middle, end, drained;
   std::vector<double> rss_series;
 };
 
+double Mean(const std::vector<double>& v) {
+  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
 Summary Summarize(const LoadFlags& f, const CycleCollector& cycles, const LoadReport& under_load,
-                  const ProcSample& first, const ProcSample& loaded, double elapsed_s) {
+                  const std::vector<ProcSample>& samples, double elapsed_s) {
   Summary s;
   s.elapsed_s = elapsed_s;
   const std::vector<double>& all = cycles.all();
   s.p50 = Quantile(all, 0.5);
   s.p99 = Quantile(all, 0.99);
-  s.max_ms = all.empty() ? 0 : *std::max_element(all.begin(), all.end());
+  s.max_ms = Max(all);
+  s.plan_p50 = Quantile(cycles.plan(), 0.5);
+  s.plan_p99 = Quantile(cycles.plan(), 0.99);
+  s.plan_max = Max(cycles.plan());
   s.over = std::count_if(all.begin(), all.end(),
                          [&](double ms) { return ms > f.batch_interval_ms; });
-  s.mean_updates =
-      cycles.updates().empty()
-          ? 0
-          : std::accumulate(cycles.updates().begin(), cycles.updates().end(), 0.0) /
-                static_cast<double>(cycles.updates().size());
+  s.mean_updates = Mean(cycles.updates());
+  s.mean_batches = Mean(cycles.batches());
   s.msgs_per_s = (under_load.rpcs + under_load.commands) / under_load.elapsed_s;
-  s.cpu_pct = 100 * (loaded.cpu_s - first.cpu_s) / elapsed_s;
+  s.start = samples.front();
+  s.end = samples.back();
+  s.middle = *std::min_element(samples.begin(), samples.end(), [&](const auto& a, const auto& b) {
+    return std::abs(a.t_s - elapsed_s / 2) < std::abs(b.t_s - elapsed_s / 2);
+  });
+  s.cpu_pct = 100 * (s.end.cpu_s - s.start.cpu_s) / elapsed_s;
+  for (size_t i = 1; i < samples.size(); ++i) s.rss_series.push_back(samples[i].rss_mb);
   return s;
 }
 
-void PrintSummary(const LoadFlags& f, const Summary& s, const LoadReport& report,
-                  const LoadReport& under_load, size_t cycles, const ProcSample& end) {
+void PrintOutcomes(const LoadFlags& f, const Summary& s, const LoadReport& report,
+                   const LoadReport& under_load) {
   const double elapsed_s = s.elapsed_s;
-  rusage self{};
-  ::getrusage(RUSAGE_SELF, &self);
-  const double self_cpu_s = self.ru_utime.tv_sec + self.ru_utime.tv_usec / 1e6 +
-                            self.ru_stime.tv_sec + self.ru_stime.tv_usec / 1e6;
-  std::printf("\nsummary (%.0f s of load, %lld workers):\n", elapsed_s,
-              static_cast<long long>(f.workers));
+  std::printf("\nsummary (%.0f s of load, %lld job(s) x %lld workers, %lld target(s) x %lld "
+              "shard(s) each, %.3f MB updates, tau_max %lld):\n",
+              elapsed_s, static_cast<long long>(f.jobs), static_cast<long long>(f.workers),
+              static_cast<long long>(f.servers), static_cast<long long>(f.shards), f.update_mb,
+              static_cast<long long>(f.tau_max));
   std::printf("  pushes %lld (%.0f/s): applied %lld, dropped %lld, failed %lld, open %lld\n",
               static_cast<long long>(report.pushes), under_load.pushes / elapsed_s,
               static_cast<long long>(report.applied), static_cast<long long>(report.dropped),
               static_cast<long long>(report.failed),
               static_cast<long long>(report.without_outcome));
+  const LoadReport none;
+  std::printf("  per second under load: %s; applied fraction %.3f\n",
+              OutcomeRates(under_load, none, elapsed_s).c_str(),
+              report.pushes > 0 ? static_cast<double>(report.applied) / report.pushes : 0.0);
   for (const auto& [reason, count] : report.reasons) {
-    std::printf("    %-40s %lld\n", reason.c_str(), static_cast<long long>(count));
+    std::printf("    %-48s %lld (%.1f/s)\n", reason.c_str(), static_cast<long long>(count),
+                count / elapsed_s);
   }
   std::printf("  gets %lld answered of %lld in %lld distributions\n",
               static_cast<long long>(report.gets_answered), static_cast<long long>(report.gets),
               static_cast<long long>(report.distributions));
-  std::printf("  batch cycles %zu (%.0f updates each on average): p50 %.1f ms, p99 %.1f ms, "
-              "max %.1f ms, %lld longer than the %.0f ms interval\n",
-              cycles, s.mean_updates, s.p50, s.p99, s.max_ms, static_cast<long long>(s.over),
-              f.batch_interval_ms);
-  std::printf("  control-plane messages %.0f/s (unary calls and stream commands)\n", s.msgs_per_s);
-  std::printf("  scheduler CPU %.0f%% of one core under load; RSS %.0f MB after %.0f s, %.0f MB "
-              "at the end; peak %.0f MB\n",
-              s.cpu_pct, s.rss_series.empty() ? 0.0 : s.rss_series.front(),
-              std::min(f.progress_s, elapsed_s), end.rss_mb, end.hwm_mb);
-  std::printf("  this load generator: %.0f%% of one core\n",
-              100 * self_cpu_s / (elapsed_s + s.register_s));
 }
 
-void WriteJson(const LoadFlags& f, const Summary& s, const LoadReport& report, size_t cycles,
-               const ProcSample& end) {
+void PrintSummary(const LoadFlags& f, const Summary& s, const LoadReport& report,
+                  const LoadReport& under_load, size_t cycles) {
+  PrintOutcomes(f, s, report, under_load);
+  rusage self{};
+  ::getrusage(RUSAGE_SELF, &self);
+  const double self_cpu_s = self.ru_utime.tv_sec + self.ru_utime.tv_usec / 1e6 +
+                            self.ru_stime.tv_sec + self.ru_stime.tv_usec / 1e6;
+  std::printf("  batch cycles %zu (%.0f updates in %.1f batches each on average): p50 %.1f ms, "
+              "p99 %.1f ms, max %.1f ms, %lld longer than the %.0f ms interval\n",
+              cycles, s.mean_updates, s.mean_batches, s.p50, s.p99, s.max_ms,
+              static_cast<long long>(s.over), f.batch_interval_ms);
+  std::printf("  planning per cycle (the scheduler's plan_ms: its batches planned in parallel): "
+              "p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+              s.plan_p50, s.plan_p99, s.plan_max);
+  std::printf("  control-plane messages %.0f/s (unary calls and stream commands)\n", s.msgs_per_s);
+  std::printf("  scheduler CPU %.0f%% of one core under load; CPU s / RSS MB at start %.1f / %.0f, "
+              "middle (t=%.0f s) %.1f / %.0f, end %.1f / %.0f, after drain %.1f / %.0f; "
+              "peak %.0f MB\n",
+              s.cpu_pct, s.start.cpu_s, s.start.rss_mb, s.middle.t_s, s.middle.cpu_s,
+              s.middle.rss_mb, s.end.cpu_s, s.end.rss_mb, s.drained.cpu_s, s.drained.rss_mb,
+              s.drained.hwm_mb);
+  std::printf("  this load generator: %.0f%% of one core\n",
+              100 * self_cpu_s / (s.elapsed_s + s.register_s));
+}
+
+nlohmann::json SampleJson(const ProcSample& p) {
+  return {{"t_s", p.t_s}, {"cpu_s", p.cpu_s}, {"rss_mb", p.rss_mb}};
+}
+
+void WriteJson(const LoadFlags& f, const Summary& s, const LoadReport& report,
+               const LoadReport& under_load, size_t cycles) {
+  const double dt = s.elapsed_s;
   nlohmann::json out = {{"workers", f.workers},
+                        {"jobs", f.jobs},
                         {"hosts", report.hosts},
                         {"servers", f.servers},
+                        {"shards", f.shards},
+                        {"update_mb", f.update_mb},
+                        {"tau_max", f.tau_max},
                         {"duration_s", s.elapsed_s},
                         {"pushes", report.pushes},
                         {"applied", report.applied},
                         {"dropped", report.dropped},
                         {"failed", report.failed},
+                        {"applied_per_s", under_load.applied / dt},
+                        {"dropped_per_s", under_load.dropped / dt},
+                        {"failed_per_s", under_load.failed / dt},
                         {"reasons", report.reasons},
                         {"gets", report.gets},
                         {"cycles", cycles},
                         {"cycle_p50_ms", s.p50},
                         {"cycle_p99_ms", s.p99},
                         {"cycle_max_ms", s.max_ms},
+                        {"plan_p50_ms", s.plan_p50},
+                        {"plan_p99_ms", s.plan_p99},
+                        {"plan_max_ms", s.plan_max},
                         {"cycles_over_interval", s.over},
                         {"messages_per_s", s.msgs_per_s},
                         {"scheduler_cpu_pct", s.cpu_pct},
+                        {"scheduler_start", SampleJson(s.start)},
+                        {"scheduler_middle", SampleJson(s.middle)},
+                        {"scheduler_end", SampleJson(s.end)},
+                        {"scheduler_drained", SampleJson(s.drained)},
                         {"rss_mb_series", s.rss_series},
-                        {"peak_rss_mb", end.hwm_mb},
+                        {"peak_rss_mb", s.drained.hwm_mb},
                         {"consistent", report.Consistent()}};
   std::ofstream(f.json_path) << out.dump(2) << "\n";
 }
 
-int Main(int argc, char** argv) {
+// Reads the flags; 0 to go on, else the exit code (help printed, or a bad flag).
+int ParseFlags(int argc, char** argv, LoadFlags* f) {
   auto cl = ParseCommandLine(argc, argv);
   if (!cl.ok()) {
     std::cerr << "mlfabric-loadgen: " << cl.status().message() << "\n" << kUsage;
@@ -335,15 +501,35 @@ int Main(int argc, char** argv) {
   }
   if (cl->help) {
     std::cout << kUsage;
-    return 0;
+    return -1;
   }
   ConfigReader reader(nlohmann::json::object(), "flags", cl->flags);
-  LoadFlags f;
-  if (absl::Status status = ReadFlags(reader, &f); !status.ok()) {
+  if (absl::Status status = ReadFlags(reader, f); !status.ok()) {
     std::cerr << "mlfabric-loadgen: " << status.message() << "\n" << kUsage;
     return 2;
   }
+  ChooseDefaults(cl->flags, f);
+  return 0;
+}
 
+// Starts every job's generator (registration included); the time it took.
+absl::StatusOr<double> StartLoad(Cluster& cluster, const LoadFlags& f,
+                                 const std::vector<std::string>& tokens, Load* load) {
+  const auto registering = std::chrono::steady_clock::now();
+  for (int64_t j = 0; j < f.jobs; ++j) {
+    load->jobs.push_back(
+        std::make_unique<LoadGenerator>(MakeLoadOptions(cluster, f, j, tokens[j])));
+    if (absl::Status started = load->jobs.back()->Start(); !started.ok()) {
+      return absl::Status(started.code(),
+                          absl::StrCat("job ", JobName(f, j), ": ", started.message()));
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - registering).count();
+}
+
+int Main(int argc, char** argv) {
+  LoadFlags f;
+  if (int code = ParseFlags(argc, argv, &f); code != 0) return code < 0 ? 0 : code;
   ClusterOptions cluster_options;
   cluster_options.admin = true;  // the batch cycles come from GET /api/v1/cycles
   auto cluster = Cluster::Create(cluster_options);
@@ -353,51 +539,47 @@ int Main(int argc, char** argv) {
   }
   const int worker_hosts =
       static_cast<int>((f.workers + f.workers_per_host - 1) / f.workers_per_host);
-  const std::string token = RandomHex(16);
-  if (absl::Status started = StartScheduler(**cluster, f, worker_hosts, token); !started.ok()) {
+  std::vector<std::string> tokens;
+  for (int64_t j = 0; j < f.jobs; ++j) tokens.push_back(RandomHex(16));
+  if (absl::Status started = StartScheduler(**cluster, f, worker_hosts, tokens); !started.ok()) {
     std::cerr << "mlfabric-loadgen: " << started.message() << "\n";
     return 1;
   }
-  const LoadOptions options = MakeLoadOptions(**cluster, f, token);
   const pid_t scheduler_pid = (*cluster)->scheduler().pid();
-  std::printf("mlfabric-loadgen: %lld workers on %d hosts, %lld server(s), %.0f ms compute, "
-              "%.1f MB updates, %.1f Gbit/s NICs, planner %s, %.0f ms batches, %.0f s; "
-              "scheduler pid %d, admin port %d, %u CPUs\n",
-              static_cast<long long>(f.workers), worker_hosts, static_cast<long long>(f.servers),
-              f.period_ms, f.update_mb, f.link_gbps, f.planner.c_str(), f.batch_interval_ms,
-              f.duration_s, static_cast<int>(scheduler_pid), (*cluster)->admin_port(),
-              std::thread::hardware_concurrency());
+  std::printf("mlfabric-loadgen: %lld job(s) x %lld workers on %d hosts each, %lld target(s) x %lld "
+              "shard(s), %.0f ms compute, %.3f MB updates, tau_max %lld, %.1f Gbit/s NICs, "
+              "planner %s, %.0f ms batches, %.0f s; scheduler pid %d, admin port %d, %u CPUs\n",
+              static_cast<long long>(f.jobs), static_cast<long long>(f.workers), worker_hosts,
+              static_cast<long long>(f.servers), static_cast<long long>(f.shards), f.period_ms,
+              f.update_mb, static_cast<long long>(f.tau_max), f.link_gbps, f.planner.c_str(),
+              f.batch_interval_ms, f.duration_s, static_cast<int>(scheduler_pid),
+              (*cluster)->admin_port(), std::thread::hardware_concurrency());
   std::fflush(stdout);
 
-  LoadGenerator load(options);
-  const auto registering = std::chrono::steady_clock::now();
-  if (absl::Status started = load.Start(); !started.ok()) {
-    std::cerr << "mlfabric-loadgen: " << started.message() << "\n";
+  Load load;
+  absl::StatusOr<double> register_s = StartLoad(**cluster, f, tokens, &load);
+  if (!register_s.ok()) {
+    std::cerr << "mlfabric-loadgen: " << register_s.status().message() << "\n";
     return 1;
   }
-  const double register_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - registering).count();
   std::printf("registered %lld hosts and %lld entities in %.2f s\n",
-              static_cast<long long>(worker_hosts + f.servers),
-              static_cast<long long>(f.workers + f.servers), register_s);
+              static_cast<long long>(f.jobs * (worker_hosts + f.servers * f.shards)),
+              static_cast<long long>(f.jobs * (f.workers + f.servers * f.shards)), *register_s);
   std::fflush(stdout);
 
   CycleCollector cycles((*cluster)->admin_port());
   cycles.Poll();  // registration's cycles are not the load's
-  const ProcSample first = SampleProcess(scheduler_pid);
-  std::vector<double> rss_series;
-  const double elapsed_s = RunLoad(load, cycles, scheduler_pid, f, first, &rss_series);
+  std::vector<ProcSample> samples = {SampleProcess(scheduler_pid, 0)};
+  const double elapsed_s = RunLoad(load, cycles, scheduler_pid, f, samples.front(), &samples);
   const LoadReport under_load = load.Snapshot();
-  const ProcSample loaded = SampleProcess(scheduler_pid);
   cycles.Poll();
   LoadReport report = load.Drain(f.drain_s);
-  const ProcSample end = SampleProcess(scheduler_pid);
 
-  Summary summary = Summarize(f, cycles, under_load, first, loaded, elapsed_s);
-  summary.register_s = register_s;
-  summary.rss_series = std::move(rss_series);
-  PrintSummary(f, summary, report, under_load, cycles.all().size(), end);
-  if (!f.json_path.empty()) WriteJson(f, summary, report, cycles.all().size(), end);
+  Summary summary = Summarize(f, cycles, under_load, samples, elapsed_s);
+  summary.register_s = *register_s;
+  summary.drained = SampleProcess(scheduler_pid, elapsed_s);
+  PrintSummary(f, summary, report, under_load, cycles.all().size());
+  if (!f.json_path.empty()) WriteJson(f, summary, report, under_load, cycles.all().size());
   if (!report.Consistent()) {
     std::printf("INCONSISTENT:\n");
     for (const std::string& problem : report.Problems()) std::printf("  %s\n", problem.c_str());
