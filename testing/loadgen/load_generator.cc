@@ -198,7 +198,9 @@ class LoadGenerator::Impl {
   void SyncClock(int host);
   void ReaderLoop(int host);
   void Handle(int host, const v1::DaemonCommand& command);
-  void NoteArrival(uint64_t transfer_id, double end_s);
+  // Transfer `transfer_id` to host `dst_host` has its bytes in at `end_s`;
+  // wakes the server there, if any.
+  void NoteArrival(uint64_t transfer_id, double end_s, const std::string& dst_host);
   void DeliveryLoop(int server);
   // DeliveryLoop's steps, with `lock` on server.mu (released while calling).
   // Reports held parts whose bytes are in as ready; the time until the next
@@ -218,6 +220,7 @@ class LoadGenerator::Impl {
   std::vector<Target> targets_;
   std::map<std::string, int> server_by_name_;
   std::unordered_map<int, int> server_by_host_;  // host index -> server on it
+  std::unordered_map<std::string, int> server_by_host_name_;
 
   std::mutex gets_mu_;
   std::vector<PendingGet> pending_gets_;  // by worker
@@ -389,6 +392,7 @@ absl::Status LoadGenerator::Impl::RegisterServer(int s) {
   }
   server_by_name_[server->name] = s;
   server_by_host_[s] = s;
+  server_by_host_name_[hosts_[s]->name] = s;
   targets_[server->target].servers.push_back(s);
   servers_.push_back(std::move(server));
   return absl::OkStatus();
@@ -592,24 +596,30 @@ void LoadGenerator::Impl::ReaderLoop(int index) {
   }
 }
 
-void LoadGenerator::Impl::NoteArrival(uint64_t transfer_id, double end_s) {
+void LoadGenerator::Impl::NoteArrival(uint64_t transfer_id, double end_s,
+                                      const std::string& dst_host) {
   {
     std::lock_guard<std::mutex> lock(arrivals_mu_);
     arrivals_[transfer_id] = end_s;
   }
-  for (auto& server : servers_) server->cv.notify_all();
+  // Waking only the server it goes to: with many shards, waking all of
+  // them for every part was most of this generator's CPU.
+  auto it = server_by_host_name_.find(dst_host);
+  if (it != server_by_host_name_.end()) servers_[it->second]->cv.notify_all();
 }
 
 void LoadGenerator::Impl::Handle(int index, const v1::DaemonCommand& command) {
   switch (command.command_case()) {
     case v1::DaemonCommand::kSend: {
       const v1::SendTransfer& send = command.send();
-      NoteArrival(send.transfer_id(), TransferEnd(send.start_s(), send.segments(), send.bytes()));
+      NoteArrival(send.transfer_id(), TransferEnd(send.start_s(), send.segments(), send.bytes()),
+                  send.dst_host());
       break;
     }
     case v1::DaemonCommand::kAggregate: {
       const v1::AggregateTask& task = command.aggregate();
-      NoteArrival(task.aggregate_id(), TransferEnd(task.start_s(), task.segments(), task.bytes()));
+      NoteArrival(task.aggregate_id(), TransferEnd(task.start_s(), task.segments(), task.bytes()),
+                  task.dst_host());
       break;
     }
     case v1::DaemonCommand::kExpect: {

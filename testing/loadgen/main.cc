@@ -397,6 +397,23 @@ Summary Summarize(const LoadFlags& f, const CycleCollector& cycles, const LoadRe
   return s;
 }
 
+// Drop and failure reasons by kind: the text before its first ':' (a
+// timeout names its transfer, so each would be a reason of its own), with
+// how many and the first example.
+struct ReasonKind {
+  int64_t count = 0;
+  std::string example;
+};
+std::map<std::string, ReasonKind> ReasonKinds(const std::map<std::string, int64_t>& reasons) {
+  std::map<std::string, ReasonKind> kinds;
+  for (const auto& [reason, count] : reasons) {
+    ReasonKind& kind = kinds[reason.substr(0, reason.find(':'))];
+    kind.count += count;
+    if (kind.example.empty()) kind.example = reason;
+  }
+  return kinds;
+}
+
 void PrintOutcomes(const LoadFlags& f, const Summary& s, const LoadReport& report,
                    const LoadReport& under_load) {
   const double elapsed_s = s.elapsed_s;
@@ -414,9 +431,11 @@ void PrintOutcomes(const LoadFlags& f, const Summary& s, const LoadReport& repor
   std::printf("  per second under load: %s; applied fraction %.3f\n",
               OutcomeRates(under_load, none, elapsed_s).c_str(),
               report.pushes > 0 ? static_cast<double>(report.applied) / report.pushes : 0.0);
-  for (const auto& [reason, count] : report.reasons) {
-    std::printf("    %-48s %lld (%.1f/s)\n", reason.c_str(), static_cast<long long>(count),
-                count / elapsed_s);
+  for (const auto& [kind, reasons] : ReasonKinds(report.reasons)) {
+    std::printf("    %-24s %lld (%.1f/s)", kind.c_str(), static_cast<long long>(reasons.count),
+                reasons.count / elapsed_s);
+    if (reasons.example != kind) std::printf(", e.g. \"%s\"", reasons.example.c_str());
+    std::printf("\n");
   }
   std::printf("  gets %lld answered of %lld in %lld distributions\n",
               static_cast<long long>(report.gets_answered), static_cast<long long>(report.gets),
@@ -455,6 +474,10 @@ nlohmann::json SampleJson(const ProcSample& p) {
 void WriteJson(const LoadFlags& f, const Summary& s, const LoadReport& report,
                const LoadReport& under_load, size_t cycles) {
   const double dt = s.elapsed_s;
+  nlohmann::json reasons = nlohmann::json::object();
+  for (const auto& [kind, r] : ReasonKinds(report.reasons)) {
+    reasons[kind] = {{"count", r.count}, {"example", r.example}};
+  }
   nlohmann::json out = {{"workers", f.workers},
                         {"jobs", f.jobs},
                         {"hosts", report.hosts},
@@ -470,7 +493,7 @@ void WriteJson(const LoadFlags& f, const Summary& s, const LoadReport& report,
                         {"applied_per_s", under_load.applied / dt},
                         {"dropped_per_s", under_load.dropped / dt},
                         {"failed_per_s", under_load.failed / dt},
-                        {"reasons", report.reasons},
+                        {"reasons", reasons},
                         {"gets", report.gets},
                         {"cycles", cycles},
                         {"cycle_p50_ms", s.p50},
