@@ -314,6 +314,21 @@ struct Load {
   }
 };
 
+// What happened between two snapshots: the counts the rates come from.
+// (With several jobs, the first ones push while the last ones register.)
+LoadReport Since(const LoadReport& now, const LoadReport& before) {
+  LoadReport d;
+  d.elapsed_s = now.elapsed_s - before.elapsed_s;
+  d.pushes = now.pushes - before.pushes;
+  d.applied = now.applied - before.applied;
+  d.dropped = now.dropped - before.dropped;
+  d.failed = now.failed - before.failed;
+  d.rpcs = now.rpcs - before.rpcs;
+  d.commands = now.commands - before.commands;
+  d.gets_answered = now.gets_answered - before.gets_answered;
+  return d;
+}
+
 // Pushes ended per second since `before`: applied, dropped, failed.
 std::string OutcomeRates(const LoadReport& r, const LoadReport& before, double dt) {
   return absl::StrFormat("applied %5.0f dropped %5.0f failed %3.0f", (r.applied - before.applied) / dt,
@@ -422,7 +437,7 @@ void PrintOutcomes(const LoadFlags& f, const Summary& s, const LoadReport& repor
               elapsed_s, static_cast<long long>(f.jobs), static_cast<long long>(f.workers),
               static_cast<long long>(f.servers), static_cast<long long>(f.shards), f.update_mb,
               static_cast<long long>(f.tau_max));
-  std::printf("  pushes %lld (%.0f/s): applied %lld, dropped %lld, failed %lld, open %lld\n",
+  std::printf("  pushes %lld (%.0f/s under load): applied %lld, dropped %lld, failed %lld, open %lld\n",
               static_cast<long long>(report.pushes), under_load.pushes / elapsed_s,
               static_cast<long long>(report.applied), static_cast<long long>(report.dropped),
               static_cast<long long>(report.failed),
@@ -593,8 +608,9 @@ int Main(int argc, char** argv) {
   CycleCollector cycles((*cluster)->admin_port());
   cycles.Poll();  // registration's cycles are not the load's
   std::vector<ProcSample> samples = {SampleProcess(scheduler_pid, 0)};
+  const LoadReport at_start = load.Snapshot();
   const double elapsed_s = RunLoad(load, cycles, scheduler_pid, f, samples.front(), &samples);
-  const LoadReport under_load = load.Snapshot();
+  const LoadReport under_load = Since(load.Snapshot(), at_start);
   cycles.Poll();
   LoadReport report = load.Drain(f.drain_s);
 
