@@ -331,8 +331,9 @@ LoadReport Since(const LoadReport& now, const LoadReport& before) {
 
 // Pushes ended per second since `before`: applied, dropped, failed.
 std::string OutcomeRates(const LoadReport& r, const LoadReport& before, double dt) {
-  return absl::StrFormat("applied %5.0f dropped %5.0f failed %3.0f", (r.applied - before.applied) / dt,
-                         (r.dropped - before.dropped) / dt, (r.failed - before.failed) / dt);
+  return absl::StrFormat("applied %5.0f dropped %5.0f failed %3.0f",
+                         (r.applied - before.applied) / dt, (r.dropped - before.dropped) / dt,
+                         (r.failed - before.failed) / dt);
 }
 
 // The load for duration_s, with a progress line every progress_s; returns
@@ -437,7 +438,8 @@ void PrintOutcomes(const LoadFlags& f, const Summary& s, const LoadReport& repor
               elapsed_s, static_cast<long long>(f.jobs), static_cast<long long>(f.workers),
               static_cast<long long>(f.servers), static_cast<long long>(f.shards), f.update_mb,
               static_cast<long long>(f.tau_max));
-  std::printf("  pushes %lld (%.0f/s under load): applied %lld, dropped %lld, failed %lld, open %lld\n",
+  std::printf("  pushes %lld (%.0f/s under load): applied %lld, dropped %lld, failed %lld, "
+              "open %lld\n",
               static_cast<long long>(report.pushes), under_load.pushes / elapsed_s,
               static_cast<long long>(report.applied), static_cast<long long>(report.dropped),
               static_cast<long long>(report.failed),
@@ -584,8 +586,8 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const pid_t scheduler_pid = (*cluster)->scheduler().pid();
-  std::printf("mlfabric-loadgen: %lld job(s) x %lld workers on %d hosts each, %lld target(s) x %lld "
-              "shard(s), %.0f ms compute, %.3f MB updates, tau_max %lld, %.1f Gbit/s NICs, "
+  std::printf("mlfabric-loadgen: %lld job(s) x %lld workers on %d hosts each, %lld target(s) x "
+              "%lld shard(s), %.0f ms compute, %.3f MB updates, tau_max %lld, %.1f Gbit/s NICs, "
               "planner %s, %.0f ms batches, %.0f s; scheduler pid %d, admin port %d, %u CPUs\n",
               static_cast<long long>(f.jobs), static_cast<long long>(f.workers), worker_hosts,
               static_cast<long long>(f.servers), static_cast<long long>(f.shards), f.period_ms,
