@@ -6,7 +6,8 @@
 Fails (exit 1), naming file and line, when:
   - a relative link in a Markdown file names a file that does not exist, or
     an anchor that is not a heading of the file it points into;
-  - README.md is longer than README_MAX_LINES lines;
+  - README.md is longer than README_MAX_LINES lines, or docs/results.md
+    than RESULTS_MAX_LINES;
   - a command in one of README.md's shell code blocks names a Bazel target
     that no BUILD file defines, or a script that does not exist;
   - README.md, python/README.md or a file under docs/ mentions an issue
@@ -19,6 +20,7 @@ import re
 import sys
 
 README_MAX_LINES = 200
+RESULTS_MAX_LINES = 600  # docs/results.md: today's figures only
 SKIP_DIRS = {".git", "node_modules", "__pycache__"}
 TEXT_SUFFIXES = (".md", ".h", ".cc", ".py", ".sh", ".bzl", ".proto", ".json", ".txt", "BUILD",
                  ".toml", ".cfg", ".html", ".js", ".css")
@@ -152,6 +154,13 @@ def main(root):
         if lines > README_MAX_LINES:
             errors.append("README.md: %d lines; keep it to %d (move detail into docs/)" % (lines, README_MAX_LINES))
         check_readme_commands(root, errors)
+    results = os.path.join(root, "docs", "results.md")
+    if os.path.exists(results):
+        with open(results, encoding="utf-8") as f:
+            lines = sum(1 for _ in f)
+        if lines > RESULTS_MAX_LINES:
+            errors.append("docs/results.md: %d lines; keep it to %d (today's figures only)" %
+                          (lines, RESULTS_MAX_LINES))
     for error in errors:
         print(error)
     if errors:
