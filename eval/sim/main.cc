@@ -41,7 +41,7 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
                          false: k extra idle hosts (old setting, -1 means 4)
   --distributors=K       model distributors k° (§10.3): the first K aggregator
                          hosts; -1: all of them; 0: every copy from the server
-                         (faster with many --servers: docs/results.md Part 3 §7)
+                         (faster with many --servers: docs/results.md §5.4)
                                                                  default -1
   --workers_per_host=W   workers sharing one machine/NIC (§7: 30 on 15)  default 2
   --intra_host_bps=R     copy rate between workers of one machine  default 8e10
