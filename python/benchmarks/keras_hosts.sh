@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Keras steps per second across shaped links, mpi against mlfabric
-# (python/README.md, "Across shaped links"): two network-namespace hosts,
+# (docs/results.md §3.3): two network-namespace hosts,
 # one rank each, links shaped to --rate_bps, launched by mlfabric-run from
 # a third namespace with a hostfile (Open MPI over TCP between the hosts,
 # mpi_yield_when_idle 1). Runs python/benchmarks/keras_steps.py in pairs,
