@@ -103,8 +103,9 @@ enum class DataType : int32_t {
   kInt8 = 6, kUint8 = 7, kInt16 = 8, kUint16 = 9, kBool = 10,
 };
 
-// "float32", ...; size in bytes of one element (0 for an unknown value).
+// "float32", "uint8", ... ("unknown" for another value).
 const char* DataTypeName(DataType dtype);
+// Size in bytes of one element (0 for an unknown value).
 size_t DataTypeSize(DataType dtype);
 // Parses the names DataTypeName gives ("float32", "uint8", "bool", ...).
 absl::StatusOr<DataType> ParseDataType(const std::string& name);
@@ -114,19 +115,22 @@ absl::StatusOr<DataType> ParseDataType(const std::string& name);
 enum class ReduceOp : int32_t { kSum = 0, kMin = 1, kMax = 2, kProduct = 3 };
 // "sum", "min", "max", "product" ("unknown" for another value).
 const char* ReduceOpName(ReduceOp op);
+// Parses the names ReduceOpName gives; InvalidArgument naming the others.
 absl::StatusOr<ReduceOp> ParseReduceOp(const std::string& name);
 
+// What MakeAllReducer builds: the backend, this process's rank and the
+// world's size, and the mlfabric backend's settings.
 struct AllReduceOptions {
   std::string backend = "auto";     // mlfabric | mpi | nccl | auto
   // Rank and world size; -1 = from MLFABRIC_RANK/MLFABRIC_SIZE, else from
   // Open MPI's OMPI_COMM_WORLD_RANK/SIZE, else 0 and 1.
   int rank = -1;
-  int size = -1;
+  int size = -1;  // the world size, as for rank
   // mlfabric backend: how this rank reaches its daemon (name defaults to
   // "rank<r>"), the root server's name and the rank that runs it.
   ClientOptions client;
   std::string root_server;          // default "<job>-allreduce-root"
-  int root_rank = 0;
+  int root_rank = 0;                // the rank that runs the root server
   double timeout_s = 300;           // a collective that takes longer fails
   // mlfabric backend: backup workers (Chen et al., 2016). Each AllReduce
   // sums the first size - backup_workers contributions the scheduler
@@ -176,8 +180,9 @@ struct AllReduceOptions {
   size_t mpi_below_bytes = 64 * 1024;
 };
 
-// The rank and size the launcher (mlfabric-run / mpirun) gave this process.
+// The rank the launcher (mlfabric-run / mpirun) gave this process.
 int EnvRank();
+// The world size the launcher gave this process.
 int EnvSize();
 
 // Rows each rank receives from a ReduceScatter of `rows` rows over `size`
@@ -191,6 +196,8 @@ std::vector<int64_t> ReduceScatterRows(int64_t rows, int size);
 using AlltoallRecvBuffer =
     std::function<absl::StatusOr<void*>(const std::vector<int64_t>& recv_rows)>;
 
+// A collective backend (MakeAllReducer builds one): AllReduce, Broadcast,
+// Alltoall and ReduceScatter over all ranks. See the top of this file.
 class AllReducer {
  public:
   virtual ~AllReducer() = default;
@@ -214,9 +221,10 @@ class AllReducer {
   // rows of the result. Same dtype and op rules as AllReduce.
   absl::Status ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                              DataType dtype, ReduceOp op, void* out);
+  // "mlfabric", "mpi" or "nccl".
   virtual const char* backend() const = 0;
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const { return rank_; }  // this process's rank
+  int size() const { return size_; }  // the number of ranks
   // How many ranks' contributions each sum holds: size() unless backup
   // workers leave the latest ones out.
   virtual int summed() const { return size_; }
@@ -229,7 +237,7 @@ class AllReducer {
   virtual int local_size() const { return 1; }
 
  protected:
-  AllReducer(int rank, int size) : rank_(rank), size_(size) {}
+  AllReducer(int rank, int size) : rank_(rank), size_(size) {}  // for backends
   // The backend's AllReduce, once `dtype` and `op` are known to be valid
   // and dtype is not kBool.
   virtual absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
@@ -239,6 +247,7 @@ class AllReducer {
                                   const std::vector<int64_t>& send_rows, DataType dtype,
                                   const AlltoallRecvBuffer& recv_buffer,
                                   std::vector<int64_t>* recv_rows);
+  // (the ReduceScatter of the pair above)
   virtual absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                                        DataType dtype, ReduceOp op, void* out);
   // A rank whose own arguments to an Alltoall or ReduceScatter are invalid

@@ -29,12 +29,17 @@ enum {
 };
 /* Reduce ops of an allreduce (api/allreduce.h ReduceOp, value for value). */
 enum { MLF_SUM = 0, MLF_MIN = 1, MLF_MAX = 2, MLF_PRODUCT = 3 };
+/* How a push ended (api/mlfabric.h PushOutcome). */
 enum { MLF_APPLIED = 0, MLF_DROPPED = 1, MLF_FAILED = 2 };
 
 /* code: 0 = ok; otherwise an absl::StatusCode value and `message` says why. */
 typedef void (*mlf_done_fn)(void* ctx, int code, const char* message);
+/* A push's end: `outcome` MLF_APPLIED (with the version after applying and
+ * the delay), MLF_DROPPED or MLF_FAILED (with `reason`). */
 typedef void (*mlf_push_done_fn)(void* ctx, int outcome, const char* reason,
                                  int64_t applied_version, int64_t delay);
+/* A get's end: code 0 with the model's version and bytes (valid only during
+ * the call), or an error code and `message`. */
 typedef void (*mlf_get_done_fn)(void* ctx, int code, const char* message, int64_t version,
                                 const void* data, uint64_t bytes);
 
@@ -47,17 +52,19 @@ int64_t mlf_sum_server_start(const char* socket, const char* job, const char* to
 /* One shard of a server group (api/mlfabric.h ClientOptions::shard; README
  * "Server groups"): bytes [begin, end) of the model pushed to `group`. */
 typedef struct {
-  const char* group;
-  int32_t index;
-  int32_t count;
-  int64_t begin;
-  int64_t end;
+  const char* group;  /* the group's name, as workers push to it */
+  int32_t index;      /* this shard's position in the group, from 0 */
+  int32_t count;      /* the group's number of shards */
+  int64_t begin;      /* the first byte of the model it holds */
+  int64_t end;        /* one past its last byte */
 } mlf_shard;
 /* mlf_sum_server_start for shard `shard`: `initial` holds its part only. */
 int64_t mlf_sum_server_start_shard(const char* socket, const char* job, const char* token,
                                    const char* name, const mlf_shard* shard, const float* initial,
                                    uint64_t count, char* err, size_t err_len);
+/* Updates the summing server applied so far. */
 int64_t mlf_sum_server_applied(int64_t handle);
+/* Stops the summing server and forgets its handle. */
 void mlf_sum_server_stop(int64_t handle);
 
 /* ---- Workers with both Table 1 bounds and per-tensor priorities, general
@@ -79,12 +86,15 @@ void mlf_sum_server_stop(int64_t handle);
 int64_t mlf_ext_allreducer_create(const char* backend, const char* socket, const char* job,
                                   const char* token, double timeout_s, const char* root_server,
                                   int backup_workers, int* code, char* err, size_t err_len);
+/* This process's rank (AllReducer::rank). */
 int mlf_ext_allreducer_rank(int64_t handle);
 /* Contributions each sum holds (AllReducer::summed). */
 int mlf_ext_allreducer_summed(int64_t handle);
 /* Ranks that sum with this one in shared memory (AllReducer::local_size). */
 int mlf_ext_allreducer_local_size(int64_t handle);
+/* The number of ranks (AllReducer::size). */
 int mlf_ext_allreducer_size(int64_t handle);
+/* "mlfabric", "mpi" or "nccl" (AllReducer::backend). */
 const char* mlf_ext_allreducer_backend(int64_t handle);
 /* Collective: every rank makes the same calls in the same order; they run
  * one at a time, in call order, on the handle's thread, where `done` runs.
@@ -93,6 +103,8 @@ const char* mlf_ext_allreducer_backend(int64_t handle);
  * (FailedPrecondition). */
 void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dtype, int op,
                              mlf_done_fn done, void* ctx);
+/* Broadcast (AllReducer::Broadcast) of root's `data`, in place; collective,
+ * as mlf_ext_allreduce_async. */
 void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dtype, int root,
                              mlf_done_fn done, void* ctx);
 /* Alltoall (AllReducer::Alltoall): `send` holds `rows` rows of
@@ -104,6 +116,7 @@ void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dty
  * `done` runs. `send` and `send_rows` must stay valid until then. */
 typedef int (*mlf_alloc_fn)(void* ctx, const int64_t* recv_rows, int n, void** buffer, char* err,
                             size_t err_len);
+/* Starts the Alltoall described above. */
 void mlf_ext_alltoall_async(int64_t handle, const void* send, int64_t rows, int64_t row_elements,
                             const int64_t* send_rows, int n, int dtype, mlf_alloc_fn alloc,
                             mlf_done_fn done, void* ctx);
@@ -114,6 +127,7 @@ void mlf_ext_reducescatter_async(int64_t handle, const void* data, int64_t rows,
                                  mlf_done_fn done, void* ctx);
 /* Horovod's split of `rows` over `size` ranks: rank `rank`'s rows. */
 int64_t mlf_reducescatter_rows(int64_t rows, int size, int rank);
+/* Forgets the handle; safe right after a collective completed. */
 void mlf_ext_allreducer_destroy(int64_t handle);
 
 /* ---- Worker (api/registration.h RegisterAsWorker). delay_bound -1 and
@@ -121,6 +135,7 @@ void mlf_ext_allreducer_destroy(int64_t handle);
 int64_t mlf_ext_worker_create(const char* socket, const char* job, const char* token,
                               const char* name, int64_t delay_bound, double divergence_bound,
                               int* code, char* err, size_t err_len);
+/* The model version the daemon reported at registration. */
 int64_t mlf_ext_worker_initial_version(int64_t handle);
 /* Pushes `n` tensors as one update: their bytes are concatenated in order
  * (tensor i gets id i) into one shared-memory buffer before this returns.
@@ -130,27 +145,30 @@ int64_t mlf_ext_worker_initial_version(int64_t handle);
 void mlf_ext_push_async(int64_t handle, const char* server, size_t n, const void* const* data,
                         const uint64_t* bytes, const int32_t* priorities, int64_t version,
                         double norm, mlf_push_done_fn done, void* ctx);
-/* Runs on the handle's own thread (FIFO); the model bytes are valid only
- * during `done`. */
-// `priority`: of the reply's packets in the server daemon's queue (lower
-// first; see mlfabric::Worker::Get).
+/* Gets the model of `server`; `done` runs on the handle's own thread (FIFO)
+ * and the model bytes are valid only during it. `priority`: of the reply's
+ * packets in the server daemon's queue (lower first; see
+ * mlfabric::Worker::Get). */
 void mlf_ext_get_async(int64_t handle, const char* server, int32_t priority, mlf_get_done_fn done,
                        void* ctx);
+/* Disconnects the worker and forgets its handle. */
 void mlf_ext_worker_destroy(int64_t handle);
 
 /* ---- Servers and replicas with caller callbacks (api/mlfabric.h Server,
  * api/replica.h Replica). The callbacks run on the thread that calls
  * mlf_ext_server_serve / mlf_ext_replica_serve, one at a time, in commit
  * order. */
+
+/* One delivery to a server or replica (api/mlfabric.h Server::Update). */
 typedef struct {
-  uint64_t transfer_id;
+  uint64_t transfer_id; /* the scheduler's id of the push (or aggregate) */
   uint64_t sequence;   /* commit position at this server */
   int64_t count;       /* pushes summed into this delivery (>1: an aggregate, §5.2) */
-  const char* worker;
+  const char* worker;  /* the worker that pushed it */
   int64_t version;     /* v(g): the model version the update was computed from */
-  double norm;
+  double norm;         /* the update's L2 norm */
   const void* data;    /* valid only during the callback */
-  uint64_t bytes;
+  uint64_t bytes;      /* how many bytes */
 } mlf_update_view;
 
 /* Returns 0 and sets *new_version, or a non-zero status code with a message
@@ -167,6 +185,7 @@ void mlf_ext_snapshot_set(void* snapshot, int64_t version, const void* data, uin
 int64_t mlf_ext_server_create(const char* socket, const char* job, const char* token,
                               const char* name, int64_t delay_bound, double divergence_bound,
                               const mlf_shard* shard, int* code, char* err, size_t err_len);
+/* The model version the daemon reported at registration. */
 int64_t mlf_ext_server_initial_version(int64_t handle);
 /* Both callbacks must be set before serving; `ctx` is passed to both. */
 void mlf_ext_server_set_callbacks(int64_t handle, mlf_update_fn on_update,
@@ -174,6 +193,7 @@ void mlf_ext_server_set_callbacks(int64_t handle, mlf_update_fn on_update,
 /* Blocks until mlf_ext_server_stop (returns 0) or the daemon goes away
  * (returns the status code, message in `err`). */
 int mlf_ext_server_serve(int64_t handle, char* err, size_t err_len);
+/* Makes a running serve call return. */
 void mlf_ext_server_stop(int64_t handle);
 /* Stops and forgets the handle; a running serve call returns first. */
 void mlf_ext_server_destroy(int64_t handle);
@@ -181,7 +201,7 @@ void mlf_ext_server_destroy(int64_t handle);
 /* What a replica's promotion callback receives (api/replica.h
  * Replica::Promotion); the strings are valid only during the callback. */
 typedef struct {
-  const char* server;
+  const char* server;     /* the server the replica now is */
   const char* old_host;   /* where the server was */
   const char* reason;     /* why it failed over */
   int64_t model_version;  /* the old server's: continue version numbers from here */
@@ -218,8 +238,12 @@ void mlf_ext_replica_set_install_callback(int64_t handle, mlf_install_fn on_inst
 /* 1 once the scheduler made the replica the server, 0 before, -1 for an
  * unknown handle. Any thread, also while serving. */
 int mlf_ext_replica_promoted(int64_t handle);
+/* Blocks until mlf_ext_replica_stop (returns 0) or the daemon goes away
+ * (returns the status code, message in `err`). */
 int mlf_ext_replica_serve(int64_t handle, char* err, size_t err_len);
+/* Makes a running serve call return. */
 void mlf_ext_replica_stop(int64_t handle);
+/* Stops and forgets the handle; a running serve call returns first. */
 void mlf_ext_replica_destroy(int64_t handle);
 
 #ifdef __cplusplus

@@ -48,10 +48,12 @@
 
 namespace mlfabric {
 
+// How an application reaches its host's daemon and who it is there: the
+// options of Worker::Connect and Server::Connect (and of RegistrationParams).
 struct ClientOptions {
   // The daemon's --local_socket; empty = $MLFABRIC_DAEMON_SOCKET.
   std::string daemon_socket;
-  std::string job = "demo";
+  std::string job = "demo";  // the job this application belongs to
   // The job's token from the scheduler's config; empty = $MLFABRIC_JOB_TOKEN
   // (none ships by default: registering without one is an error).
   std::string job_token;
@@ -81,8 +83,8 @@ struct ClientOptions {
   int backup_workers = 0;
   // Workers: their delay and divergence bounds (RegistrationParams), sent
   // to the scheduler; -1 = the job's.
-  int64_t delay_bound = -1;
-  double divergence_bound = -1;
+  int64_t delay_bound = -1;       // tau_max in model versions (§5.1)
+  double divergence_bound = -1;   // Div_max, an L2 distance (§5.3)
   // Servers: one shard of a server group (README.md "Server groups";
   // mlfabric.md §10.2). This server holds bytes [begin, end) of a model
   // that workers push to and get from by the group's name; shard 0 begins
@@ -90,11 +92,11 @@ struct ClientOptions {
   // The push a shard's update callback sees is its own part only.
   struct Shard {
     std::string group;  // empty: not a shard
-    int index = 0;
-    int count = 0;
-    int64_t begin = 0;
-    int64_t end = 0;
-  } shard;
+    int index = 0;      // this shard's position in the group, from 0
+    int count = 0;      // the group's number of shards
+    int64_t begin = 0;  // the first byte of the model this shard holds
+    int64_t end = 0;    // one past its last byte
+  } shard;  // this server's place in its group
 };
 
 // Byte ranges [begin, end) that split a model of `bytes` bytes into `count`
@@ -104,12 +106,16 @@ struct ClientOptions {
 absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> SplitModel(int64_t bytes, int count,
                                                                     int64_t element_bytes = 4);
 
+// How a push ended: applied at its server, dropped by the planner (with a
+// reason, e.g. "stale"), or failed (with the error).
 enum class PushOutcome { kApplied, kDropped, kFailed };
 
+// "applied", "dropped" or "failed".
 const char* PushOutcomeName(PushOutcome outcome);
 
+// The end of one push: every push ends exactly once, as one of the three.
 struct PushResult {
-  PushOutcome outcome = PushOutcome::kFailed;
+  PushOutcome outcome = PushOutcome::kFailed;  // applied, dropped or failed
   std::string reason;            // why it was dropped or failed
   int64_t applied_version = 0;   // model version after applying (applied)
   int64_t delay = 0;             // updates applied since v(g) (applied)
@@ -120,10 +126,10 @@ struct PushResult {
 // i-th tensor of the push priority i: front layers first, as in Mercury
 // (mercury.md §IV); any other negative priority fails the push.
 struct TensorSpec {
-  static constexpr int32_t kLayerOrder = -1;
-  uint32_t id = 0;
-  uint64_t bytes = 0;
-  int32_t priority = kLayerOrder;
+  static constexpr int32_t kLayerOrder = -1;  // priority = the tensor's index
+  uint32_t id = 0;                   // the tensor's id within the push
+  uint64_t bytes = 0;                // its bytes, after the previous tensor's
+  int32_t priority = kLayerOrder;    // lower is sent first
 };
 
 // Element type of a pushed buffer: what aggregators and synchronous-round
@@ -134,8 +140,10 @@ enum class ElementType : int32_t {
   kInt8 = 6, kUint8 = 7, kInt16 = 8, kUint16 = 9,  // summed wrapping modulo 2^width
 };
 
+// A model returned by Worker::Get: its version and its bytes, a view of a
+// shared buffer the daemon filled (no copy).
 struct Model {
-  int64_t version = 0;
+  int64_t version = 0;  // the server's model version
   // Gives the buffer back to the daemon for a later get once this model is
   // gone (declared before `buffer`, so it runs after the buffer is
   // dropped); empty when the daemon did not lend the buffer. A lent buffer
@@ -143,12 +151,17 @@ struct Model {
   // reads until the daemon lends the buffer again with new contents.
   std::shared_ptr<void> lease;
   SharedBuffer buffer;  // the model's bytes, zero-copy from the daemon
-  const uint8_t* data() const { return buffer.data(); }
-  size_t size() const { return buffer.size(); }
+  const uint8_t* data() const { return buffer.data(); }  // the model's first byte
+  size_t size() const { return buffer.size(); }          // the model's bytes
 };
 
+// A training process's handle on its daemon: pushes updates to servers and
+// gets their models. Thread-safe; one per process is enough.
 class Worker {
  public:
+  // Connects to the daemon at options.daemon_socket and registers as worker
+  // options.name of options.job; fails naming what was wrong (no daemon, a
+  // bad token, a negative delay bound).
   static absl::StatusOr<std::unique_ptr<Worker>> Connect(const ClientOptions& options);
   ~Worker();
 
@@ -159,6 +172,8 @@ class Worker {
                                int64_t version, double norm,
                                const std::vector<TensorSpec>& tensors = {},
                                ElementType type = ElementType::kFloat32);
+  // As Push, but calls `done` with the result (on the worker's reader
+  // thread) instead of returning a future.
   void PushAsync(const std::string& server, const void* data, size_t bytes, int64_t version,
                  double norm, std::function<void(PushResult)> done,
                  const std::vector<TensorSpec>& tensors = {},
@@ -183,7 +198,7 @@ class Worker {
   // Lent get buffers mapped, and those that reused the mapping of an
   // earlier get (the daemon lent the same buffer again).
   int64_t get_buffers_mapped() const { return get_mappings_.misses(); }
-  int64_t get_buffers_reused() const { return get_mappings_.hits(); }
+  int64_t get_buffers_reused() const { return get_mappings_.hits(); }  // of which reused
 
  private:
   struct PendingPush {
@@ -243,40 +258,53 @@ class Worker {
   std::thread reader_;
 };
 
+// A parameter server's handle on its daemon: the daemon hands it updates in
+// commit order (the update callback) and asks it for model snapshots to
+// answer gets (the request callback).
 class Server {
  public:
+  // One delivery: a pushed update, or an in-network aggregate of `count`.
   struct Update {
-    uint64_t transfer_id = 0;
+    uint64_t transfer_id = 0;  // the scheduler's id of the push (or aggregate)
     uint64_t sequence = 0;   // commit position at this server
     // Pushed updates summed into this delivery: 1, or the number of
     // constituents of an in-network aggregate (§5.2). Apply it as that many
     // updates: the model version advances by `count`.
     int64_t count = 1;
-    std::string worker;
+    std::string worker;      // the worker that pushed it
     int64_t version = 0;     // v(g)
-    double norm = 0;
-    const uint8_t* data = nullptr;
-    size_t bytes = 0;
+    double norm = 0;         // the update's L2 norm, as pushed
+    const uint8_t* data = nullptr;  // its bytes, valid during the callback
+    size_t bytes = 0;        // how many
   };
+  // The model a get is answered with.
   struct Snapshot {
-    int64_t version = 0;
-    std::vector<uint8_t> bytes;
+    int64_t version = 0;          // the model's version
+    std::vector<uint8_t> bytes;   // the model's bytes
   };
   // Applies one update (or aggregate of `count` updates); returns the model
   // version after applying it, or an error that fails the push(es).
   using UpdateCallback = std::function<absl::StatusOr<int64_t>(const Update&)>;
+  // Returns the current model, to answer a batch of gets.
   using RequestCallback = std::function<absl::StatusOr<Snapshot>()>;
 
+  // Connects to the daemon and registers as server options.name of
+  // options.job (a round server with options.round_size > 0, a shard with
+  // options.shard.group set).
   static absl::StatusOr<std::unique_ptr<Server>> Connect(const ClientOptions& options);
   ~Server();
 
+  // The update callback; set it before Serve().
   void RegisterUpdateCallback(UpdateCallback callback) { on_update_ = std::move(callback); }
+  // The request callback; set it before Serve().
   void RegisterRequestCallback(RequestCallback callback) { on_request_ = std::move(callback); }
 
   // Serves deliveries and model requests until Stop() or the daemon goes
   // away (then returns kUnavailable).
   absl::Status Serve();
+  // Makes Serve() return; may be called from any thread.
   void Stop();
+  // The model version the daemon reported at registration.
   int64_t initial_version() const { return initial_version_; }
 
  private:

@@ -28,8 +28,10 @@
 
 namespace mlfabric {
 
+// Table 1's registration (MLfabric §4): an application's connection and its
+// bounds.
 struct RegistrationParams {
-  ClientOptions client;
+  ClientOptions client;  // the daemon, the job and this application's name
   int64_t delay_bound = -1;        // tau_max in model versions; -1 = the job's
   double divergence_bound = -1;    // Div_max (L2); -1 = the job's / none
   // RegisterAsReplica: the replica starts from a snapshot of its server's
@@ -40,7 +42,9 @@ struct RegistrationParams {
   bool replica_snapshot = false;
 };
 
+// A worker with the params' bounds (after CheckBounds).
 absl::StatusOr<std::unique_ptr<Worker>> RegisterAsWorker(const RegistrationParams& params);
+// A server of the params' job.
 absl::StatusOr<std::unique_ptr<Server>> RegisterAsServer(const RegistrationParams& params);
 
 // Checks `params` against the job's bounds exported by the launcher.

@@ -40,12 +40,16 @@
 
 namespace mlfabric {
 
+// A hot-standby replica of a server (MLfabric §5.3): it applies copies of
+// the server's updates within the job's divergence bound, and takes over as
+// the server when the server fails (RegisterAsReplica).
 class Replica {
  public:
-  using UpdateCallback = Server::UpdateCallback;
-  using RequestCallback = Server::RequestCallback;
+  using UpdateCallback = Server::UpdateCallback;    // as the server's
+  using RequestCallback = Server::RequestCallback;  // as the server's
+  // What the scheduler says when it makes this replica the server.
   struct Promotion {
-    std::string server;
+    std::string server;    // the server this replica now is
     std::string old_host;  // where the server was
     std::string reason;    // why it failed over
     // The old server's model version: continue version numbers from here
@@ -53,19 +57,24 @@ class Replica {
     // the version go back.
     int64_t model_version = 0;
   };
+  // Called once, when this replica becomes the server.
   using PromotionCallback = std::function<void(const Promotion&)>;
   // A snapshot of the server's model (RegistrationParams::replica_snapshot):
   // replace the model with these bytes, at `version`; the updates after it
   // follow through the update callback.
   struct Install {
-    int64_t version = 0;
-    const uint8_t* data = nullptr;
-    size_t bytes = 0;
+    int64_t version = 0;            // the snapshot's model version
+    const uint8_t* data = nullptr;  // its bytes, valid during the callback
+    size_t bytes = 0;               // how many
   };
+  // Installs a snapshot; an error fails the replica's start.
   using InstallCallback = std::function<absl::Status(const Install&)>;
   ~Replica();
+  // Applies a copy of one of the server's updates, in the server's order.
   void RegisterUpdateCallback(UpdateCallback callback) { on_update_ = std::move(callback); }
+  // Answers gets once this replica is the server.
   void RegisterRequestCallback(RequestCallback callback) { on_request_ = std::move(callback); }
+  // Learns of the promotion (see PromotionCallback).
   void RegisterPromotionCallback(PromotionCallback callback) {
     on_promotion_ = std::move(callback);
   }
@@ -77,9 +86,11 @@ class Replica {
   // True once the scheduler made this replica the server (read it from
   // Serve()'s thread, or after Serve() returned).
   bool promoted() const { return promoted_; }
+  // The server this replica stands by for.
   const std::string& server() const { return server_; }
   // Applies delivered updates until Stop() or the daemon goes away.
   absl::Status Serve();
+  // Makes Serve() return; may be called from any thread.
   void Stop();
 
  private:
