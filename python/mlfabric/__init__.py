@@ -284,10 +284,12 @@ def init(backend=None, timeout_s=300.0):
 
 
 def is_initialized():
+    """True once init() has run (and shutdown() has not)."""
     return _reducer is not None
 
 
 def reducer():
+    """The process-wide AllReducer that init() made; RuntimeError before init()."""
     if _reducer is None:
         raise RuntimeError("call mlfabric.init() first")
     return _reducer
@@ -316,6 +318,7 @@ def backup_reducer(backup_workers, timeout_s=300.0):
 
 
 def shutdown():
+    """Closes the AllReducers init() and backup_reducer() made; init() may run again."""
     global _reducer
     for r in _backup_reducers.values():
         r.close()
@@ -326,10 +329,12 @@ def shutdown():
 
 
 def rank():
+    """This process's rank (init() first)."""
     return reducer().rank
 
 
 def size():
+    """The number of ranks (init() first)."""
     return reducer().size
 
 
@@ -446,4 +451,6 @@ def reducescatter(array, op=Average):
 
 
 def broadcast(array, root=0):
+    """Every rank receives a copy of rank `root`'s numpy array (shapes, dtypes
+    and root must agree across ranks)."""
     return reducer().broadcast(array, root)

@@ -14,10 +14,12 @@ class NoneCompressor:
 
     @staticmethod
     def compress(tensor):
+        """Returns (tensor, None): nothing to undo."""
         return tensor, None
 
     @staticmethod
     def decompress(tensor, ctx):
+        """Returns the tensor as it is."""
         return tensor
 
 
@@ -26,12 +28,15 @@ class FP16Compressor:
 
     @staticmethod
     def compress(tensor):
+        """Returns (tensor as float16, its dtype) for a wider floating-point
+        tensor, else (tensor, None)."""
         if tensor.dtype.is_floating and tensor.dtype != tf.float16:
             return tf.cast(tensor, tf.float16), tensor.dtype
         return tensor, None
 
     @staticmethod
     def decompress(tensor, ctx):
+        """Casts the tensor back to the dtype compress() recorded in ctx."""
         return tensor if ctx is None else tf.cast(tensor, ctx)
 
 

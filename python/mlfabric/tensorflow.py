@@ -139,12 +139,15 @@ class ProcessSet:
     ranks = None
 
     def rank(self):
+        """This process's rank in the set: its global rank."""
         return mlfabric.rank()
 
     def size(self):
+        """The number of ranks in the set: all of them."""
         return mlfabric.size()
 
     def included(self):
+        """True: every rank is in the global set."""
         return True
 
     def __repr__(self):

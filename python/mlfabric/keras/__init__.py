@@ -157,6 +157,7 @@ def broadcast(value, root_rank, name=None, process_set=None):
 
 
 def broadcast_variables(variables, root_rank=0, process_set=None):
+    """Assigns rank `root_rank`'s values to `variables` on every rank."""
     mtf.broadcast_variables(variables, root_rank, process_set=process_set)
 
 
@@ -243,6 +244,7 @@ class AsyncPSTrainer:
         return self._server
 
     def stop_server(self):
+        """Stops and closes the server start_server() started on this rank, if any."""
         if self._server is not None:
             self._server.stop()
             if isinstance(self._server, mlfabric.Server):
@@ -250,6 +252,7 @@ class AsyncPSTrainer:
             self._server = None
 
     def server_applied(self):
+        """Updates the server on this rank applied so far; -1 without one."""
         if self._server is None:
             return -1
         if isinstance(self._server, mlfabric.Server):

@@ -46,9 +46,12 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         mtf.broadcast_variables(shared, root_rank=self.root_rank)
 
     def on_train_begin(self, logs=None):
+        """Broadcasts the model's variables from root_rank."""
         self._broadcast(self.model.variables)
 
     def on_train_batch_end(self, batch, logs=None):
+        """After the first batch, broadcasts the model's and the optimizer's
+        variables once more (the optimizer creates its variables then)."""
         if self._done:
             return
         self._done = True
@@ -64,6 +67,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         super().__init__()
 
     def on_epoch_end(self, epoch, logs=None):
+        """Averages the epoch's metrics over all ranks, in place."""
         if not logs:
             return
         keys = sorted(logs)
@@ -104,6 +108,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             optimizer.learning_rate = new_lr  # assigns the optimizer's variable
 
     def on_train_begin(self, logs=None):
+        """Learns steps_per_epoch from the fit when it was not given."""
         if self.steps_per_epoch is None:
             self.steps_per_epoch = self.params.get("steps") if self.params else None
         if not self.staircase and not self.steps_per_epoch:
@@ -111,11 +116,13 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                              "dataset)" % type(self).__name__)
 
     def on_epoch_begin(self, epoch, logs=None):
+        """Sets the epoch's learning rate (staircase schedules)."""
         self.current_epoch = epoch
         if self.staircase and self._in_range(epoch):
             self._adjust(epoch)
 
     def on_train_batch_begin(self, batch, logs=None):
+        """Sets the batch's learning rate (smooth schedules)."""
         if self.staircase:
             return
         epoch = self.current_epoch + float(batch) / self.steps_per_epoch
@@ -123,6 +130,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self._adjust(epoch)
 
     def on_epoch_end(self, epoch, logs=None):
+        """Reports the learning rate in the epoch's logs."""
         if logs is not None:
             logs["learning_rate"] = float(self.model.optimizer.learning_rate)
 
@@ -144,6 +152,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         self.verbose = verbose
 
     def on_epoch_end(self, epoch, logs=None):
+        """Reports the learning rate, and the end of the warm-up once."""
         super().on_epoch_end(epoch, logs)
         if epoch == self.warmup_epochs - 1 and self.verbose > 0 and mlfabric.rank() == 0:
             print("\nEpoch %d: finished gradual learning rate warmup to %g."
