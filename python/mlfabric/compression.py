@@ -3,7 +3,7 @@
 `Compression.none` sends tensors as they are; `Compression.fp16` sends
 float32 and float64 tensors as float16 (half the bytes of float32) and
 casts the result back: the daemons and MPI sum the float16 values, each
-addition rounded to float16 (python/README.md, "Coming from Horovod").
+addition rounded to float16 (docs/user-guide/horovod.md).
 Other dtypes pass through unchanged.
 """
 import tensorflow as tf
