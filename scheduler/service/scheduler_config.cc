@@ -23,6 +23,10 @@ const char* JobModeName(JobMode mode) {
   return "async";
 }
 
+const char* MemberLossName(MemberLoss loss) {
+  return loss == MemberLoss::kFail ? "fail" : "shrink";
+}
+
 absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const CommandLine& cl) {
   auto reader_or = ConfigReader::FromCommandLine(cl);
   if (!reader_or.ok()) return reader_or.status();
@@ -101,6 +105,9 @@ void ReadJobs(ConfigReader* reader, SchedulerConfig* config) {
     job.mode = mode == "sync" ? JobMode::kSync : mode == "ssp" ? JobMode::kSsp : JobMode::kAsync;
     job_reader.Int("staleness_k", &job.staleness_k, 0, kMaxDelayBound);
     job_reader.Int("backup_workers", &job.backup_workers, 0, 65535);
+    std::string member_loss = MemberLossName(job.member_loss);
+    job_reader.Enum("member_loss", &member_loss, {"shrink", "fail"});
+    job.member_loss = member_loss == "fail" ? MemberLoss::kFail : MemberLoss::kShrink;
     job_reader.String("user", &job.user);
     job_reader.Double("divergence_max", &job.divergence_max, 0, 1e12);
     job_reader.Double("momentum", &job.momentum, 0, 0.999999);
@@ -336,6 +343,9 @@ const char* JobsHelp() {
   return R"(  jobs (file only)     [{"name", "token", "tau_max", "mode" (async|sync|ssp),
                          "staleness_k", "backup_workers" (sync: a round
                          closes with workers - backup_workers pushes),
+                         "member_loss" (sync: shrink|fail, what the round
+                         in progress does when a worker leaves; default
+                         shrink),
                          "divergence_max", "momentum", "user" (only
                          applications running as this user may register),
                          "priority_class" (0..7, 0 = most urgent),

@@ -20,6 +20,14 @@ enum class JobMode { kAsync, kSync, kSsp };
 // "async" | "sync" | "ssp", as written in configs and shown by the admin API.
 const char* JobModeName(JobMode mode);
 
+// What a sync job's round in progress does when one of its members leaves
+// (job_membership.h; round_tracker.h LoseMember): kShrink goes on with the
+// members left, kFail fails it once with the reason. Either way the next
+// round is sized by the members left.
+enum class MemberLoss { kShrink, kFail };
+// "shrink" | "fail", as written in configs and shown by the admin API.
+const char* MemberLossName(MemberLoss loss);
+
 // The largest delay bound (tau_max, an SSP job's K, a worker's own bound) a
 // job may have, in model versions.
 inline constexpr int64_t kMaxDelayBound = 1000000;
@@ -41,6 +49,11 @@ struct JobConfig {
   // sync only: a round closes with its first (workers - backup_workers)
   // pushes; later ones are dropped as late_for_round (Chen et al., 2016).
   int64_t backup_workers = 0;
+  // sync only, rounds sized by the job's members: a member leaving during a
+  // round. "shrink" (default): the round completes with the members that
+  // pushed if they make the new size, else waits for the members left;
+  // "fail": the round fails once, naming the worker and why it left.
+  MemberLoss member_loss = MemberLoss::kShrink;
   double divergence_max = 0;    // Div_max for a hot-standby replica (§5.3); 0 = none
   double momentum = 0;          // optimiser momentum gamma used by the divergence bound
   int64_t priority_class = 0;   // 0 = most urgent; its batches are planned first

@@ -110,19 +110,22 @@ TEST_CASE("Scheduler config: job parameters, admin keys, and their errors") {
     "admin_port": 0, "admin_token": "x", "planner_threads": 3, "transfer_slack_s": 2.5,
     "jobs": [{"name": "a", "token": "ta", "mode": "ssp", "staleness_k": 4,
               "divergence_max": 5.0, "momentum": 0.9, "priority_class": 2},
-             {"name": "b", "token": "tb"}]})");
+             {"name": "b", "token": "tb"},
+             {"name": "c", "token": "tc", "mode": "sync", "member_loss": "fail"}]})");
   auto config = Load({"--config=" + path});
   REQUIRE(config.ok());
   CHECK(config->admin_port == 0);
   CHECK(config->admin_address == "127.0.0.1");
   CHECK(config->planner_threads == 3);
   CHECK(config->transfer_slack_s == 2.5);
-  REQUIRE(config->jobs.size() == 2);
+  REQUIRE(config->jobs.size() == 3);
   CHECK(config->jobs[0].mode == JobMode::kSsp);
   CHECK(config->jobs[0].staleness_k == 4);
   CHECK(config->jobs[0].momentum == 0.9);
   CHECK(config->jobs[0].priority_class == 2);
   CHECK(config->jobs[1].mode == JobMode::kAsync);
+  CHECK(config->jobs[1].member_loss == MemberLoss::kShrink);  // the default
+  CHECK(config->jobs[2].member_loss == MemberLoss::kFail);
   CHECK_FALSE(config->admin_read_auth);
   auto read_auth = Load({"--config=" + path, "--admin_read_auth=true"});
   REQUIRE(read_auth.ok());
@@ -133,6 +136,7 @@ TEST_CASE("Scheduler config: job parameters, admin keys, and their errors") {
            {R"({"jobs": [{"name": "a", "token": "t", "momentum": 1.5}]})", "momentum"},
            {R"({"jobs": [{"name": "a", "token": "t", "priority_class": 9}]})", "priority_class"},
            {R"({"jobs": [{"name": "a", "token": "t", "mode": "bsp"}]})", "mode"},
+           {R"({"jobs": [{"name": "a", "token": "t", "member_loss": "wait"}]})", "member_loss"},
            {R"({"jobs": [{"name": "a"}]})", "token"},
            {R"({"admin_read_auth": true})", "admin_read_auth"}}) {
     auto bad = Load({"--config=" + WriteTemp("bad_job.json", text)});
