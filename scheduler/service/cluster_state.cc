@@ -36,11 +36,17 @@ void AppendSegments(const std::vector<core::RateSegment>& segments,
 
 int32_t RoundSize(const JobState& job, const ServerState& server) {
   if (server.round_size > 0) return std::max(1, server.round_size - server.backup_workers);
-  if (job.config.mode == JobMode::kSync && !job.workers.empty()) {
-    const int64_t workers = static_cast<int64_t>(job.workers.size());
-    return static_cast<int32_t>(std::max<int64_t>(1, workers - job.config.backup_workers));
+  if (MemberSizedRounds(job, server)) {
+    const int64_t members = static_cast<int64_t>(job.membership.size());
+    return static_cast<int32_t>(std::max<int64_t>(1, members - job.config.backup_workers));
   }
   return 0;
+}
+
+bool MemberSizedRounds(const JobState& job, const ServerState& server) {
+  // Once a worker registered: a job whose members all left stays
+  // synchronous (size 1) rather than turning asynchronous.
+  return server.round_size == 0 && job.config.mode == JobMode::kSync && !job.workers.empty();
 }
 
 int64_t DelayBound(const JobState& job) {
@@ -355,12 +361,18 @@ void ClusterState::FailRound(const std::string& job_name, const std::string& ser
   RoundState& state = server->second.rounds[round];
   if (!state.failed.empty()) return;  // already failing (re-entered from Complete)
   state.failed = reason;
+  if (MemberSizedRounds(*job, server->second)) {
+    // Which members the round was counted against.
+    if (state.generation == 0) state.generation = job->membership.generation();
+    state.failed = absl::StrCat(reason, " (round ", round, " opened at membership generation ",
+                                state.generation, ")");
+  }
   // A failed round still uses its number: the workers' next round is
   // round + 1, so one bad round does not wedge the collective.
   server->second.model_version = std::max(server->second.model_version, round + 1);
   MLF_LOG(WARNING) << "job " << job_name << ": round " << round << " of server " << server_name
-                   << " failed: " << reason;
-  Enqueue(server->second.host, commands::FailRound(server_name, round, job->id, reason));
+                   << " failed: " << state.failed;
+  Enqueue(server->second.host, commands::FailRound(server_name, round, job->id, state.failed));
   std::vector<uint64_t> members;
   for (const auto& [id, record] : updates_) {
     if (record.job == job_name && record.server == server_name && record.version == round &&
@@ -371,7 +383,8 @@ void ClusterState::FailRound(const std::string& job_name, const std::string& ser
   for (uint64_t id : members) {
     auto& pending = server->second.pending;
     pending.erase(std::remove(pending.begin(), pending.end(), id), pending.end());
-    Complete(id, v1::OUTCOME_FAILED, absl::StrCat("round ", round, " failed: ", reason), 0);
+    Complete(id, v1::OUTCOME_FAILED, absl::StrCat("round ", round, " failed: ", state.failed),
+             0);
   }
 }
 

@@ -49,6 +49,7 @@
 #include "scheduler/service/command_outbox.h"
 #include "scheduler/service/group_ledger.h"
 #include "scheduler/service/host_table.h"
+#include "scheduler/service/job_membership.h"
 #include "scheduler/service/outcome_log.h"
 #include "scheduler/service/pending_replica.h"
 #include "scheduler/service/replica_ledger.h"
@@ -64,6 +65,11 @@ namespace mlfabric {
 // model version `version`, summed at the server's daemon.
 struct RoundState {
   std::set<std::string> workers;  // who has a push in it
+  // Set when its first push is admitted, and kept: the pushes it closes
+  // with (its server's daemon is told this size with every member) and the
+  // job's membership generation then (job_membership.h).
+  int32_t size = 0;
+  uint64_t generation = 0;
   int64_t bytes = -1;             // every member's size and type
   v1::DType dtype = v1::DTYPE_FLOAT32;
   std::string failed;  // why the round failed, if it did
@@ -131,7 +137,8 @@ struct JobState {
   uint32_t id = 0;
   JobConfig config;
   std::map<std::string, ServerState> servers;
-  std::map<std::string, WorkerInfo> workers;
+  std::map<std::string, WorkerInfo> workers;  // every worker that registered
+  JobMembership membership;  // the live ones, and their generation
   std::map<std::string, std::string> replica_hosts;  // server -> its replica's host
   std::set<std::string> snapshot_replicas;  // servers whose replica installs snapshots
   std::vector<FailoverView> failovers;  // oldest first (failover.h)
@@ -142,10 +149,15 @@ struct JobState {
 
 // Job policies (pure).
 // The round size in force for a server: the pushes a round sums and closes
-// with. M = as registered, else the number of workers of a sync-mode job;
-// less the backup workers (the server's, else the sync job's), at least 1.
-// 0: not a synchronous-round server.
+// with. M = as registered, else the number of live members of a sync-mode
+// job (job_membership.h) once a worker registered; less the backup workers
+// (the server's, else the sync job's), at least 1. 0: not a
+// synchronous-round server. A round keeps the size it opened with
+// (RoundState::size).
 int32_t RoundSize(const JobState& job, const ServerState& server);
+// Whether the server's rounds are sized by the job's members (a sync-mode
+// job's server registered without M).
+bool MemberSizedRounds(const JobState& job, const ServerState& server);
 // The tightest delay bound among the job's workers and its tau_max (an ssp
 // job's K bounds iterations instead, scheduler_service.h AwaitClock).
 int64_t DelayBound(const JobState& job);

@@ -507,7 +507,19 @@ TEST_CASE("job policies: round size, delay bound and divergence bound") {
   job.config.mode = JobMode::kSync;
   job.workers["a"] = {};
   job.workers["b"] = {};
+  job.workers["c"] = {};
+  // Sized by the live members, not every worker that registered.
+  for (const char* w : {"a", "b", "c"}) job.membership.Join(w, 1.0, "registered");
+  CHECK(RoundSize(job, server) == 3);
+  job.membership.Leave("c", 2.0, "its host is down");
   CHECK(RoundSize(job, server) == 2);
+  job.config.backup_workers = 1;
+  CHECK(RoundSize(job, server) == 1);
+  job.membership.Leave("b", 3.0, "its host is down");
+  CHECK(RoundSize(job, server) == 1);  // at least one push
+  job.membership.Leave("a", 4.0, "its host is down");
+  CHECK(RoundSize(job, server) == 1);  // a job whose members all left stays synchronous
+  job.config.backup_workers = 0;
   server.round_size = 5;
   CHECK(RoundSize(job, server) == 5);
   job.config.tau_max = 30;

@@ -222,7 +222,7 @@ void PlanDispatcher::Run::DispatchDirect(UpdateRecord& record, const core::Trans
   ++view_.scheduled;
 
   commands::Expect expect = PushExpect(record, record.transfer_id, work_.server, record.bytes);
-  expect.round_size = work_.round_size;
+  expect.round_size = AnnouncedRoundSize(record.version);
   expect.contributions = 1;
   state_.Enqueue(server_.host, commands::ExpectDelivery(expect));
   commands::Send send{record.transfer_id, job_.id, server_.host, server_host.data_address,
@@ -230,6 +230,13 @@ void PlanDispatcher::Run::DispatchDirect(UpdateRecord& record, const core::Trans
   send.local_id = record.local_id;
   state_.Enqueue(record.src_host, commands::SendTransfer(send, transfer.segments));
   ++state_.stats.planned;
+}
+
+int32_t PlanDispatcher::Run::AnnouncedRoundSize(int64_t round) const {
+  if (work_.round_size <= 0) return 0;
+  auto known = server_.rounds.find(round);
+  return known != server_.rounds.end() && known->second.size > 0 ? known->second.size
+                                                                  : work_.round_size;
 }
 
 void PlanDispatcher::Run::DispatchViaAggregator(UpdateRecord& record, const core::Transfer* hop,
@@ -316,7 +323,7 @@ void PlanDispatcher::Run::ExpectAggregate(const core::Transfer& transfer,
   expect.worker = absl::StrCat("aggregate of ", constituents.size());
   expect.version = first.version;
   expect.constituents = constituents;
-  expect.round_size = work_.round_size;
+  expect.round_size = AnnouncedRoundSize(first.version);
   expect.contributions = static_cast<int32_t>(constituents.size());
   expect.dtype = first.dtype;
   state_.Enqueue(server_.host, commands::ExpectDelivery(expect));

@@ -53,6 +53,10 @@ class PlanDispatcher::Run {
                        int64_t bytes, const core::Transfer& transfer, double deadline_s) const;
   void DispatchDirect(UpdateRecord& record, const core::Transfer& transfer,
                       const HostState& server_host);
+  // The size the server's daemon sums round `round` against: the one it
+  // opened with (RoundState::size), not the batch's, should the job's
+  // membership have changed since; 0 for a batch of no rounds.
+  int32_t AnnouncedRoundSize(int64_t round) const;
   // Sends the update to its first aggregator: `hop`, or (a streaming
   // chain's member at the host its partial sum passes) its own host.
   void DispatchViaAggregator(UpdateRecord& record, const core::Transfer* hop,

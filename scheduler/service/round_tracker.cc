@@ -1,9 +1,14 @@
 #include "scheduler/service/round_tracker.h"
 
+#include <algorithm>
 #include <iterator>
+#include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace mlfabric {
 
@@ -106,12 +111,15 @@ bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
                     0);
     return false;
   }
-  if (static_cast<int32_t>(round_state.workers.size()) >= round_size) {
+  // A round keeps the size it opened with: its server's daemon sums every
+  // member against it, whatever the membership does meanwhile.
+  const int32_t size = round_state.size > 0 ? round_state.size : round_size;
+  if (static_cast<int32_t>(round_state.workers.size()) >= size) {
     // With backup workers the round closed without this push (Chen et al.,
     // 2016); without, a surplus worker pushed.
     state->Complete(id, v1::OUTCOME_DROPPED,
                     absl::StrCat("late_for_round: round ", round, " closed with its first ",
-                                 round_size, " pushes; get the round's sum and go on"),
+                                 size, " pushes; get the round's sum and go on"),
                     0);
     return false;
   }
@@ -122,11 +130,139 @@ bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
     state->FailRound(job_name, server_name, round, mismatch);
     return false;
   }
+  if (round_state.size == 0) {
+    const JobState* job = state->FindJob(record->job);
+    round_state.size = size;
+    round_state.generation = job != nullptr ? job->membership.generation() : 0;
+  }
   round_state.bytes = record->bytes;
   round_state.dtype = record->dtype;
   round_state.workers.insert(record->worker);
   record->round_member = true;
+  if (static_cast<int32_t>(round_state.workers.size()) == size) {
+    MLF_LOG(DEBUG) << "job " << record->job << ": round " << round << " of server "
+                   << record->server << " has its " << size << " pushes (membership generation "
+                   << round_state.generation << ")";
+  }
   return true;
+}
+
+namespace {
+
+// The leaver's pushes not yet admitted to a round of `server_name` fail:
+// they would take a survivor's place in a round sized without them.
+void FailLeaversPending(ClusterState* state, const std::string& job_name,
+                        const std::string& server_name, ServerState* server,
+                        const std::string& worker, const std::string& reason) {
+  std::vector<uint64_t> ids;
+  for (uint64_t id : server->pending) {
+    const UpdateRecord* record = state->FindPush(id);
+    if (record != nullptr && record->job == job_name && record->worker == worker &&
+        !record->round_member) {
+      ids.push_back(id);
+    }
+  }
+  for (uint64_t id : ids) {
+    auto& pending = server->pending;
+    pending.erase(std::remove(pending.begin(), pending.end(), id), pending.end());
+    state->Complete(id, v1::OUTCOME_FAILED, reason, 0);
+  }
+}
+
+// The rounds of `server` a push is in (admitted or pending) that have not
+// failed or got all their pushes, with whether they can still complete:
+// their pushes in plus the live members yet to push reach their size.
+std::map<int64_t, bool> OpenRounds(const ClusterState& state, const JobState& job,
+                                   const ServerState& server) {
+  std::map<int64_t, bool> open;
+  for (const auto& [round, round_state] : server.rounds) {
+    if (round < server.model_version || !round_state.failed.empty() ||
+        round_state.workers.empty() ||
+        static_cast<int32_t>(round_state.workers.size()) >= round_state.size) {
+      continue;
+    }
+    size_t can_come = round_state.workers.size();
+    for (const std::string& member : job.membership.members()) {
+      can_come += round_state.workers.count(member) ? 0 : 1;
+    }
+    open[round] = static_cast<int32_t>(can_come) >= round_state.size;
+  }
+  for (uint64_t id : server.pending) {
+    const UpdateRecord* record = state.FindPush(id);
+    if (record == nullptr || record->version < server.model_version) continue;
+    auto known = server.rounds.find(record->version);
+    // Not sized yet: it is sized by the members left when admitted.
+    if (known == server.rounds.end() || known->second.workers.empty()) {
+      open.emplace(record->version, true);
+    }
+  }
+  return open;
+}
+
+}  // namespace
+
+void MemberJoined(ClusterState* state, const std::string& job_name, const std::string& worker,
+                  const std::string& host) {
+  JobState* job = state->FindJob(job_name);
+  if (job == nullptr ||
+      !job->membership.Join(worker, state->NowSeconds(), absl::StrCat("registered on ", host))) {
+    return;
+  }
+  MLF_LOG(INFO) << "job " << job_name << ": worker " << worker << " joined on " << host
+                << "; membership generation " << job->membership.generation() << ", "
+                << job->membership.size() << " member(s)";
+}
+
+void MemberLeft(ClusterState* state, const std::string& job_name, const std::string& worker,
+                const std::string& why) {
+  JobState* job = state->FindJob(job_name);
+  if (job == nullptr || !job->membership.Leave(worker, state->NowSeconds(), why)) return;
+  const uint64_t generation = job->membership.generation();
+  MLF_LOG(WARNING) << "job " << job_name << ": worker " << worker << " left (" << why
+                   << "); membership generation " << generation << ", "
+                   << job->membership.size() << " member(s)";
+  const std::string left = absl::StrCat("worker '", worker, "' left the job (", why,
+                                        ") at membership generation ", generation);
+  std::vector<std::string> servers;
+  for (const auto& [name, server] : job->servers) {
+    if (MemberSizedRounds(*job, server)) servers.push_back(name);
+  }
+  for (const std::string& name : servers) {
+    ServerState& server = job->servers.at(name);
+    FailLeaversPending(state, job_name, name, &server, worker, left);
+    const int32_t next_size = RoundSize(*job, server);
+    for (const auto& [round, can_complete] : OpenRounds(*state, *job, server)) {
+      if (job->config.member_loss == MemberLoss::kFail) {
+        state->FailRound(job_name, name, round,
+                         absl::StrCat(left, "; the job's member_loss is fail, so the round ",
+                                      "fails and the next one has size ", next_size));
+      } else if (!can_complete) {
+        const RoundState& round_state = server.rounds.at(round);
+        state->FailRound(
+            job_name, name, round,
+            absl::StrCat(left, "; server '", name, "''s daemon sums the round against size ",
+                         round_state.size, ", which the ", round_state.workers.size(),
+                         " push(es) in and the members left cannot reach (a round cannot ",
+                         "shrink once announced), so it fails; the next round has size ",
+                         next_size));
+      }
+    }
+  }
+}
+
+void MembersOnHostLeft(ClusterState* state, const std::string& host, const std::string& why) {
+  std::vector<std::pair<std::string, std::string>> leaving;  // job, worker
+  for (const auto& [job_name, job] : state->jobs()) {
+    for (const std::string& member : job.membership.members()) {
+      auto info = job.workers.find(member);
+      if (info != job.workers.end() && info->second.host == host) {
+        leaving.emplace_back(job_name, member);
+      }
+    }
+  }
+  for (const auto& [job_name, worker] : leaving) {
+    MemberLeft(state, job_name, worker, absl::StrCat("its host ", host, " is down: ", why));
+  }
 }
 
 }  // namespace mlfabric

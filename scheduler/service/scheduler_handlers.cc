@@ -19,6 +19,7 @@
 #include "scheduler/service/failover.h"
 #include "scheduler/service/in_doubt.h"
 #include "scheduler/service/replica_sync.h"
+#include "scheduler/service/round_tracker.h"
 #include "scheduler/service/server_groups.h"
 
 namespace mlfabric {
@@ -225,6 +226,7 @@ absl::Status SchedulerService::RegisterHost(const v1::RegisterHostRequest& reque
   if (state_.AliveHost(request.host()) != nullptr) {
     FailOverServersOn(&state_, request.host(), "host re-registered (daemon restarted)");
     state_.MarkHostDown(request.host(), "host re-registered (daemon restarted)");
+    MembersOnHostLeft(&state_, request.host(), "host re-registered (daemon restarted)");
   }
   HostState& host = state_.hosts().Register(request.host());
   host.data_address = request.data_address();
@@ -374,6 +376,7 @@ absl::Status SchedulerService::RegisterWorkerLocked(JobState* job,
   worker.host = request.host();
   worker.delay_bound = request.delay_bound();
   worker.divergence_bound = request.divergence_bound() > 0 ? request.divergence_bound() : -1;
+  MemberJoined(&state_, request.job(), request.name(), request.host());  // round_tracker.h
   MLF_LOG(INFO) << "job " << request.job() << ": worker " << request.name() << " on "
                 << request.host()
                 << (worker.delay_bound >= 0
@@ -419,6 +422,13 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
   if (!server.ok()) return reject(server.status());
   if (absl::Status ready = CheckPushServerLocked(&lock, job, request, *server); !ready.ok()) {
     return reject(ready);
+  }
+  if (MemberSizedRounds(*job, **server) && job->workers.count(request.worker()) > 0 &&
+      !job->membership.Contains(request.worker())) {
+    // Its rounds are sized without it now: a push would take a member's place.
+    return reject(absl::FailedPreconditionError(absl::StrCat(
+        "worker '", request.worker(), "' is no member of job '", request.job(), "' (it left: ",
+        job->membership.WhyLeft(request.worker()), "); register it again to rejoin")));
   }
   AcceptPushLocked(job, *server, request, reply);
   return absl::OkStatus();
@@ -525,11 +535,12 @@ void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
 
 bool SchedulerService::RoundComplete(const JobState& job, const ServerState& server,
                                      int64_t round) const {
-  const int32_t round_size = RoundSize(job, server);
+  int32_t round_size = RoundSize(job, server);
   if (round_size <= 0) return false;
   size_t members = 0;
   if (auto known = server.rounds.find(round); known != server.rounds.end()) {
     members = known->second.workers.size();
+    if (known->second.size > 0) round_size = known->second.size;  // sized when it opened
   }
   for (uint64_t id : server.pending) {
     auto* it = state_.FindPush(id);
@@ -556,6 +567,8 @@ void SchedulerService::EndStream(const std::string& host_name, uint64_t incarnat
   if (host != nullptr && host->incarnation == incarnation && !stopping_) {
     FailOverServersOn(&state_, host_name, reason);
     state_.MarkHostDown(host_name, reason);
+    MembersOnHostLeft(&state_, host_name, reason);  // round_tracker.h
+    loop_.Wake();  // a round its workers held back may be complete now
     clocks_cv_.notify_all();  // its workers no longer hold back an ssp job
   }
 }
@@ -740,8 +753,22 @@ absl::Status SchedulerService::ReportEntityGone(const v1::EntityGoneReport& requ
                        << " on " << request.host() << " left; the server runs without one";
       return absl::OkStatus();
     }
+    case v1::ROLE_WORKER: {
+      auto worker = job->workers.find(request.name());
+      if (worker == job->workers.end() || worker->second.host != request.host()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker '", request.name(), "' of job '", request.job(),
+            "' is not registered from host ", request.host()));
+      }
+      // Its pushes in rounds end with their own outcomes; the job's rounds
+      // go on without it (round_tracker.h MemberLeft).
+      MemberLeft(&state_, request.job(), request.name(), why);
+      loop_.Wake();  // a round it held back may be complete now
+      return absl::OkStatus();
+    }
     default:
-      return absl::OkStatus();  // a worker's pushes end with their own outcomes
+      return absl::InvalidArgumentError(
+          "role: must be ROLE_WORKER, ROLE_SERVER or ROLE_REPLICA");
   }
 }
 
