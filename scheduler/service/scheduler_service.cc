@@ -160,6 +160,10 @@ ClusterSnapshot SchedulerService::Snapshot() const {
       view.servers.push_back(std::move(sv));
     }
     view.failovers = job.failovers;
+    const JobMembership& membership = job.membership;
+    view.members.assign(membership.members().begin(), membership.members().end());
+    view.generation = membership.generation();
+    view.membership_changes.assign(membership.history().begin(), membership.history().end());
     view.workers = state_.stragglers.Evaluate(name);
     for (const auto& [key, wait] : ssp_waiting_) {
       if (key.first == name) view.ssp_waiting.push_back(wait);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "scheduler/core/types.h"
+#include "scheduler/service/job_membership.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/straggler_tracker.h"
 
@@ -148,6 +149,11 @@ struct JobView {
   };
   std::vector<SspWait> ssp_waiting;
   std::vector<FailoverView> failovers;  // oldest first
+  // Its live workers and their generation (job_membership.h), with the
+  // last changes, oldest first.
+  std::vector<std::string> members;
+  uint64_t generation = 1;
+  std::vector<MembershipChange> membership_changes;
   int64_t ssp_waits = 0;          // gets that had to wait, since start
   int64_t ssp_wait_timeouts = 0;  // of which gave up after ssp_max_wait_s
   int64_t applied = 0;

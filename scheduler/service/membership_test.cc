@@ -1,0 +1,231 @@
+// Job membership through the scheduler service's handlers (no sockets): a
+// sync job's workers join and leave, every change is a generation, and the
+// round a leaver held open follows the job's member_loss. The batch loop is
+// not started: each test cuts batches itself (RunBatchCycle). Across real
+// processes: tests/sync_round_test ("a worker's host dies").
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "scheduler/core/fifo_planner.h"
+#include "scheduler/service/scheduler_service.h"
+
+namespace mlfabric {
+namespace {
+
+struct SyncJob {
+  explicit SyncJob(MemberLoss loss) : service(Config(loss), &clock, Planner()) {
+    for (const char* host : {"s1", "w1", "w2", "w3"}) {
+      v1::RegisterHostRequest request;
+      request.set_protocol_version(1);
+      request.set_host(host);
+      request.set_data_address("127.0.0.1:1");
+      v1::RegisterHostReply reply;
+      REQUIRE(service.RegisterHost(request, &reply).ok());
+      incarnations[host] = reply.incarnation();
+    }
+    REQUIRE(Register(v1::ROLE_SERVER, "ps0", "s1").ok());
+    for (const char* w : {"w1", "w2", "w3"}) REQUIRE(Register(v1::ROLE_WORKER, w, w).ok());
+  }
+  static SchedulerConfig Config(MemberLoss loss) {
+    SchedulerConfig config;
+    config.batch_interval_ms = 3600e3;  // batches are cut by the test only
+    JobConfig job{"demo", "demo-token", 30, JobMode::kSync};
+    job.member_loss = loss;
+    config.jobs = {job};
+    return config;
+  }
+  static std::unique_ptr<core::Planner> Planner() { return std::make_unique<core::FifoPlanner>(); }
+
+  absl::Status Register(v1::Role role, const std::string& name, const std::string& host) {
+    v1::RegisterEntityRequest request;
+    request.set_job("demo");
+    request.set_job_token("demo-token");
+    request.set_role(role);
+    request.set_name(name);
+    request.set_host(host);
+    v1::RegisterEntityReply reply;
+    return service.RegisterEntity(request, &reply);
+  }
+  // Worker `worker` (on the host of its name unless `host` is given)
+  // pushes round `round`; its transfer id, or 0 if refused (*status says).
+  uint64_t Push(const std::string& worker, int64_t round, absl::Status* status = nullptr,
+                const std::string& host = "") {
+    v1::SubmitUpdateRequest request;
+    request.set_job("demo");
+    request.set_src_host(host.empty() ? worker : host);
+    request.set_worker(worker);
+    request.set_server("ps0");
+    request.set_bytes(4096);
+    request.set_version(round);
+    v1::SubmitUpdateReply reply;
+    absl::Status submitted = service.SubmitUpdate(request, &reply);
+    if (status != nullptr) *status = submitted;
+    return submitted.ok() ? reply.transfer_id() : 0;
+  }
+  absl::Status AppGone(const std::string& worker, v1::Role role = v1::ROLE_WORKER) {
+    v1::EntityGoneReport report;
+    report.set_job("demo");
+    report.set_host(worker);
+    report.set_role(role);
+    report.set_name(worker);
+    report.set_reason("its connection to the daemon closed");
+    return service.ReportEntityGone(report);
+  }
+  JobView Job() const { return service.Snapshot().jobs.at(0); }
+  // How push `id` ended ("" while it has not).
+  DropView Ended(uint64_t id) const {
+    for (const DropView& d : service.Snapshot().recent_drops) {
+      if (d.transfer_id == id) return d;
+    }
+    return {};
+  }
+  size_t InFlight() const { return service.Snapshot().in_flight.size(); }
+
+  FakeClock clock{10.0};
+  SchedulerService service;
+  std::map<std::string, uint64_t> incarnations;
+};
+
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST_CASE("Membership: each join and leave is a generation, with when and why") {
+  SyncJob f(MemberLoss::kShrink);
+  JobView job = f.Job();
+  CHECK(job.members == std::vector<std::string>{"w1", "w2", "w3"});
+  CHECK(job.generation == 4);  // 1, then three joins
+  // Registering again (an application reconnecting) changes nothing.
+  REQUIRE(f.Register(v1::ROLE_WORKER, "w1", "w1").ok());
+  CHECK(f.Job().generation == 4);
+
+  f.clock.Advance(1.0);
+  REQUIRE(f.AppGone("w3").ok());
+  job = f.Job();
+  CHECK(job.members == std::vector<std::string>{"w1", "w2"});
+  CHECK(job.generation == 5);
+  REQUIRE(job.membership_changes.size() == 4);
+  const MembershipChange& left = job.membership_changes.back();
+  CHECK(left.worker == "w3");
+  CHECK_FALSE(left.joined);
+  CHECK(left.at_s == 11.0);
+  CHECK(Has(left.reason, "its application left host w3"));
+  CHECK(left.generation == 5);
+
+  // Its host's stream ends: the worker on it leaves.
+  f.service.EndStream("w2", f.incarnations["w2"], "daemon disconnected");
+  job = f.Job();
+  CHECK(job.members == std::vector<std::string>{"w1"});
+  CHECK(job.generation == 6);
+  CHECK(Has(job.membership_changes.back().reason, "its host w2 is down: daemon disconnected"));
+
+  // A worker that left is refused until it registers again.
+  absl::Status refused;
+  CHECK(f.Push("w3", 0, &refused) == 0);
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Has(std::string(refused.message()), "worker 'w3' is no member of job 'demo'"));
+  CHECK(Has(std::string(refused.message()), "(generation 5)"));
+  REQUIRE(f.Register(v1::ROLE_WORKER, "w3", "w3").ok());
+  CHECK(f.Job().generation == 7);
+  CHECK(f.Push("w3", 0) != 0);
+}
+
+TEST_CASE("Membership: reports about workers that are not there are refused with the reason") {
+  SyncJob f(MemberLoss::kShrink);
+  v1::EntityGoneReport report;
+  report.set_job("demo");
+  report.set_host("w1");
+  report.set_role(v1::ROLE_WORKER);
+  report.set_name("w2");  // registered from host w2, not w1
+  absl::Status wrong_host = f.service.ReportEntityGone(report);
+  CHECK(wrong_host.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Has(std::string(wrong_host.message()), "worker 'w2' of job 'demo' is not registered "
+                                               "from host w1"));
+  report.set_name("nobody");
+  CHECK(f.service.ReportEntityGone(report).code() == absl::StatusCode::kFailedPrecondition);
+  report.set_role(v1::ROLE_UNSPECIFIED);
+  CHECK(f.service.ReportEntityGone(report).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(f.Job().generation == 4);
+}
+
+TEST_CASE("shrink: a round whose pushes still wait completes with the members left") {
+  SyncJob f(MemberLoss::kShrink);
+  const uint64_t a = f.Push("w1", 0), b = f.Push("w2", 0);
+  const uint64_t leavers = f.Push("w3", 0);  // then its application goes
+  REQUIRE(f.AppGone("w3").ok());
+  // The leaver's push waiting for a batch fails: it would take a place in
+  // a round sized without it.
+  CHECK(f.Ended(leavers).outcome == "failed");
+  CHECK(Has(f.Ended(leavers).reason, "worker 'w3' left the job"));
+  f.service.RunBatchCycle();
+  CHECK(f.InFlight() == 2);
+  CHECK(f.Ended(a).outcome.empty());
+  CHECK(f.Ended(b).outcome.empty());
+  // Round 0 closed with the two: a third push is surplus.
+  const uint64_t surplus = f.Push("extra", 0, nullptr, "w1");
+  f.service.RunBatchCycle();
+  CHECK(f.Ended(surplus).category == "late_for_round");
+  CHECK(Has(f.Ended(surplus).reason, "round 0 closed with its first 2 pushes"));
+}
+
+TEST_CASE("shrink: a round the leaver already pushed to goes on at its size") {
+  SyncJob f(MemberLoss::kShrink);
+  const uint64_t leavers = f.Push("w3", 0);
+  f.service.RunBatchCycle();  // announced: round 0 sums 3 pushes
+  REQUIRE(f.AppGone("w3").ok());
+  CHECK(f.Ended(leavers).outcome.empty());  // its bytes may still come
+  const uint64_t a = f.Push("w1", 0), b = f.Push("w2", 0);
+  f.service.RunBatchCycle();
+  CHECK(f.InFlight() == 3);
+  CHECK(f.Ended(a).outcome.empty());
+  CHECK(f.Ended(b).outcome.empty());
+}
+
+TEST_CASE("shrink: an announced round the members left cannot fill fails, saying why") {
+  SyncJob f(MemberLoss::kShrink);
+  const uint64_t a = f.Push("w1", 0);
+  f.service.RunBatchCycle();  // announced to the server's daemon with size 3
+  REQUIRE(f.AppGone("w3").ok());
+  const DropView ended = f.Ended(a);
+  INFO(ended.reason);
+  CHECK(ended.outcome == "failed");
+  CHECK(Has(ended.reason, "round 0 failed: worker 'w3' left the job"));
+  CHECK(Has(ended.reason, "at membership generation 5"));
+  CHECK(Has(ended.reason, "sums the round against size 3"));
+  CHECK(Has(ended.reason, "the next round has size 2"));
+  CHECK(Has(ended.reason, "(round 0 opened at membership generation 4)"));
+}
+
+TEST_CASE("fail: the open round fails once with the reason; the next has the new size") {
+  SyncJob f(MemberLoss::kFail);
+  const uint64_t a = f.Push("w1", 0), b = f.Push("w2", 0);
+  f.service.RunBatchCycle();
+  REQUIRE(f.InFlight() == 2);
+  REQUIRE(f.AppGone("w3").ok());
+  for (uint64_t id : {a, b}) {
+    const DropView ended = f.Ended(id);
+    INFO(ended.reason);
+    CHECK(ended.outcome == "failed");
+    CHECK(Has(ended.reason, "round 0 failed: worker 'w3' left the job (its application left "
+                            "host w3"));
+    CHECK(Has(ended.reason, "at membership generation 5"));
+    CHECK(Has(ended.reason, "member_loss is fail"));
+    CHECK(Has(ended.reason, "the next one has size 2"));
+    CHECK(Has(ended.reason, "(round 0 opened at membership generation 4)"));
+  }
+  // Once: another member leaving later finds no round 0 to fail again.
+  CHECK(f.InFlight() == 0);
+  const uint64_t c = f.Push("w1", 1), d = f.Push("w2", 1);
+  f.service.RunBatchCycle();
+  CHECK(f.InFlight() == 2);
+  CHECK(f.Ended(c).outcome.empty());
+  CHECK(f.Ended(d).outcome.empty());
+  const uint64_t surplus = f.Push("extra", 1, nullptr, "w1");
+  f.service.RunBatchCycle();
+  CHECK(Has(f.Ended(surplus).reason, "round 1 closed with its first 2 pushes"));
+}
+
+}  // namespace
+}  // namespace mlfabric
