@@ -41,6 +41,9 @@ class FakeBackend : public AdminBackend {
     slow.slowdown = 4;
     slow.straggler = true;
     job.workers.push_back(slow);
+    job.members = {"w1", "w3"};
+    job.generation = 4;
+    job.membership_changes = {{101.5, "w2", false, "its host w2 is down", 4}};
     snap_.jobs.push_back(job);
     BatchView batch;
     batch.id = 7;
@@ -101,6 +104,16 @@ TEST_CASE("GET routes return JSON with the snapshot's values") {
   CHECK(jobs["jobs"][0]["workers"][0]["name"] == "w3");
   CHECK(jobs["jobs"][0]["workers"][0]["straggler"] == true);
   CHECK(jobs["jobs"][0]["workers"][0]["iterations"] == 12);
+  CHECK(jobs["jobs"][0]["members"] == 2);
+  CHECK(jobs["jobs"][0]["member_names"] == json({"w1", "w3"}));
+  CHECK(jobs["jobs"][0]["generation"] == 4);
+  CHECK(jobs["jobs"][0]["member_loss"] == "shrink");
+  const json change = jobs["jobs"][0]["membership_changes"][0];
+  CHECK(change["worker"] == "w2");
+  CHECK(change["event"] == "left");
+  CHECK(change["reason"] == "its host w2 is down");
+  CHECK(change["generation"] == 4);
+  CHECK(change["at_s"] == 101.5);
   json delays = json::parse(handler.Handle({"GET", "/api/v1/delays", "", ""}).body);
   CHECK(delays["push_phases"]["demo"]["applied"] == 4);
   CHECK(delays["push_phases"]["demo"]["latency_s"] == 0.5);  // means over the 4
@@ -131,6 +144,9 @@ TEST_CASE("Prometheus text has typed families, escaped labels, cumulative bucket
   CHECK(r.body.find("mlfabric_push_phase_seconds_total{job=\"demo\",phase=\"late\"} 0.75\n") !=
         std::string::npos);
   CHECK(r.body.find("mlfabric_push_phase_pushes_total{job=\"demo\"} 4\n") != std::string::npos);
+  CHECK(r.body.find("mlfabric_job_membership_generation{job=\"demo\\\"x\"} 4\n") !=
+        std::string::npos);
+  CHECK(r.body.find("mlfabric_job_members{job=\"demo\\\"x\"} 2\n") != std::string::npos);
   CHECK(r.body.find("mlfabric_worker_straggler{job=\"demo\\\"x\",worker=\"w3\"} 1") !=
         std::string::npos);
   CHECK(r.body.find("mlfabric_worker_iterations_total{job=\"demo\\\"x\",worker=\"w3\"} 12") !=

@@ -159,7 +159,8 @@ function renderJobs(jobs) {
       `${w.straggler ? '<b class="bad">straggler</b> ' : ""}${esc(w.name)}: ${num(w.iterations)} it, ` +
       `${(1000 * w.iteration_s).toFixed(0)} ms/it` +
       (w.slowdown ? ` (${w.slowdown.toFixed(1)}&times; median)` : "")).join("<br>");
-    return `<tr><td><b>${esc(j.name)}</b></td><td>${esc(mode)}</td><td class="n">${j.tau_max}</td>
+    const members = j.generation ? `<br>${num(j.members)} members, generation ${num(j.generation)}` : "";
+    return `<tr><td><b>${esc(j.name)}</b></td><td>${esc(mode)}${members}</td><td class="n">${j.tau_max}</td>
       <td class="n">${j.priority_class}</td><td>${servers}</td><td>${workers}</td>
       <td class="n">${num(j.applied)}</td><td class="n">${num(j.dropped)}</td><td class="n">${num(j.failed)}</td></tr>`;
   }).join("");

@@ -219,6 +219,14 @@ json JobsJson(const ClusterSnapshot& snap) {
                            {"lost_updates", f.lost_updates},
                            {"lost_norm", f.lost_norm}});
     }
+    json membership_changes = json::array();
+    for (const MembershipChange& c : j.membership_changes) {
+      membership_changes.push_back({{"at_s", c.at_s},
+                                    {"worker", c.worker},
+                                    {"event", c.joined ? "joined" : "left"},
+                                    {"reason", c.reason},
+                                    {"generation", c.generation}});
+    }
     jobs.push_back({{"name", j.params.name},
                     {"id", j.id},
                     {"mode", JobModeName(j.params.mode)},
@@ -236,7 +244,12 @@ json JobsJson(const ClusterSnapshot& snap) {
                     {"ssp_waiting", ssp_waiting},
                     {"ssp_waits", j.ssp_waits},
                     {"ssp_wait_timeouts", j.ssp_wait_timeouts},
-                    {"failovers", failovers}});
+                    {"failovers", failovers},
+                    {"member_loss", MemberLossName(j.params.member_loss)},
+                    {"members", j.members.size()},
+                    {"member_names", j.members},
+                    {"generation", j.generation},
+                    {"membership_changes", membership_changes}});
   }
   return {{"now_s", snap.now_s}, {"jobs", jobs}};
 }
@@ -532,6 +545,17 @@ void WriteJobMetrics(const ClusterSnapshot& snap, PromWriter* w) {
     int64_t lost = 0;
     for (const FailoverView& f : j.failovers) lost += f.lost_updates;
     w->Sample("mlfabric_failover_lost_updates_total", {{"job", j.params.name}}, lost);
+  }
+  w->Family("mlfabric_job_members", "gauge", "A job's live workers (its membership).");
+  for (const JobView& j : snap.jobs) {
+    w->Sample("mlfabric_job_members", {{"job", j.params.name}},
+              static_cast<double>(j.members.size()));
+  }
+  w->Family("mlfabric_job_membership_generation", "gauge",
+            "A job's membership generation: 1, plus one per worker joining or leaving.");
+  for (const JobView& j : snap.jobs) {
+    w->Sample("mlfabric_job_membership_generation", {{"job", j.params.name}},
+              static_cast<double>(j.generation));
   }
   w->Family("mlfabric_job_tau_max", "gauge", "The job's delay bound.");
   for (const JobView& j : snap.jobs) {
