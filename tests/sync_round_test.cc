@@ -12,6 +12,7 @@
 #include <cstring>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -27,12 +28,15 @@ namespace mlfabric {
 namespace {
 
 
+// `job_keys`: more keys of job "demo" in the scheduler's config.
 std::unique_ptr<launch::Cluster> StartCluster(
     const std::vector<std::string>& hosts, const std::vector<std::string>& extra_flags = {},
-    const std::map<std::string, std::vector<std::string>>& host_flags = {}) {
+    const std::map<std::string, std::vector<std::string>>& host_flags = {},
+    const std::string& job_keys = "") {
   const std::string dir = launch::MakeTempDir("sync-round");
   const std::string config = dir + "/scheduler.json";
-  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789"}]})";
+  std::ofstream(config) << R"({"jobs": [{"name": "demo", "token": "demo-token-0123456789")"
+                        << job_keys << "}]}";
   std::vector<std::string> flags = {"--config=" + config, "--planner=mlfabric"};
   flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
   auto cluster = launch::Cluster::StartLoopback(hosts, flags, {}, host_flags);
@@ -98,10 +102,12 @@ struct WorkerResult {
   std::vector<int64_t> applied_versions;
 };
 
-// One worker's rounds: push round r, get the sum, check it exactly.
-WorkerResult RunWorker(Worker& worker, int index, int workers, int rounds, size_t dim) {
+// One worker's rounds [first_round, rounds): push round r, get the sum,
+// check it exactly (the sum of workers 0 .. workers - 1).
+WorkerResult RunWorker(Worker& worker, int index, int workers, int rounds, size_t dim,
+                       int first_round = 0) {
   WorkerResult out;
-  for (int r = 0; r < rounds; ++r) {
+  for (int r = first_round; r < rounds; ++r) {
     const std::vector<float> mine = Update(index, r, dim);
     auto pushed = worker.Push("ps0", mine.data(), mine.size() * sizeof(float), r, 0.0);
     auto sum = worker.Get("ps0");
@@ -297,6 +303,107 @@ TEST_CASE("A round some worker never joins fails after round_timeout_s; no get h
   }
   std::lock_guard<std::mutex> lock(ps.mu);
   CHECK(ps.rounds.empty());
+}
+
+// A server whose rounds are sized by the job's members: checks that round r
+// arrives once, summed over exactly `members_of(r)` workers 0 .. n - 1.
+struct MemberSizedServer {
+  std::unique_ptr<Server> server;
+  std::mutex mu;
+  std::vector<int64_t> rounds;
+  std::vector<int> counts;
+  std::vector<std::string> errors;
+  std::thread thread;
+  MemberSizedServer(std::unique_ptr<Server> s, std::function<int(int)> members_of, size_t dim)
+      : server(std::move(s)) {
+    server->RegisterUpdateCallback([this, members_of, dim](const Server::Update& u)
+                                       -> absl::StatusOr<int64_t> {
+      std::lock_guard<std::mutex> lock(mu);
+      const int round = static_cast<int>(u.version);
+      const int n = members_of(round);
+      std::vector<float> sum(dim), got(dim);
+      for (int w = 0; w < n; ++w) {
+        const std::vector<float> v = Update(w, round, dim);
+        for (size_t i = 0; i < dim; ++i) sum[i] += v[i];
+      }
+      if (u.bytes != dim * sizeof(float)) {
+        errors.push_back("round " + std::to_string(round) + " has " + std::to_string(u.bytes) +
+                         " bytes");
+      } else {
+        std::memcpy(got.data(), u.data, u.bytes);
+        if (got != sum) errors.push_back("round " + std::to_string(round) + " sum differs");
+      }
+      rounds.push_back(u.version);
+      counts.push_back(u.count);
+      return u.version + 1;
+    });
+    server->RegisterRequestCallback([]() -> absl::StatusOr<Server::Snapshot> {
+      return Server::Snapshot{0, std::vector<uint8_t>(4, 0)};
+    });
+    thread = std::thread([this] { (void)server->Serve(); });
+  }
+  ~MemberSizedServer() {
+    server->Stop();
+    thread.join();
+  }
+};
+
+// Runs rounds [first, last) on `workers` (indices 0 .. n - 1) in parallel.
+void RunMembers(std::vector<std::unique_ptr<Worker>>& workers, int n, int first, int last,
+                size_t dim) {
+  std::vector<WorkerResult> results(n);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < n; ++w) {
+    threads.emplace_back([&, w] { results[w] = RunWorker(*workers[w], w, n, last, dim, first); });
+  }
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < n; ++w) {
+    for (const std::string& e : results[w].errors) FAIL_CHECK("worker " << w << ": " << e);
+    REQUIRE(results[w].applied_versions.size() == static_cast<size_t>(last - first));
+    for (int r = first; r < last; ++r) {
+      CHECK(results[w].applied_versions[r - first] == r + 1);
+    }
+  }
+}
+
+TEST_CASE("A sync job whose worker's host dies goes on with the survivors; sums stay exact") {
+  // Elastic membership: a sync-mode job's server registered without a round
+  // size has rounds sized by the job's live workers. Worker 2's daemon is
+  // killed (its host dies); the scheduler drops it from the membership and
+  // the next rounds are summed over the two survivors.
+  auto c = StartCluster({"s1", "w1", "w2", "w3"}, {}, {}, R"(, "mode": "sync")");
+  constexpr size_t kDim = 100000;
+  constexpr int kBefore = 2, kRounds = 5;
+  auto server = Server::Connect(Options(*c, "s1", "ps0"));  // no round size: the members'
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  MemberSizedServer ps(std::move(*server), [](int round) { return round < kBefore ? 3 : 2; },
+                       kDim);
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (int w = 0; w < 3; ++w) {  // all registered before the first push
+    auto worker = Worker::Connect(Options(*c, "w" + std::to_string(w + 1), "w" + std::to_string(w)));
+    REQUIRE(worker.ok());
+    workers.push_back(std::move(*worker));
+  }
+  RunMembers(workers, 3, 0, kBefore, kDim);
+
+  REQUIRE(c->KillDaemon("w3").ok());
+  workers.pop_back();
+  REQUIRE(launch::WaitUntil([&] {
+    return c->scheduler().Log().find("worker w2 left") != std::string::npos;
+  }, 30));
+  const std::string log = c->scheduler().Log();
+  CHECK(log.find("membership generation 5, 2 member(s)") != std::string::npos);
+
+  RunMembers(workers, 2, kBefore, kRounds, kDim);
+  REQUIRE(launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(ps.mu);
+    return static_cast<int>(ps.rounds.size()) >= kRounds;
+  }, 30));
+  std::lock_guard<std::mutex> lock(ps.mu);
+  for (const std::string& e : ps.errors) FAIL_CHECK("server: " << e);
+  CHECK(ps.rounds == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(ps.counts == std::vector<int>{3, 3, 2, 2, 2});
 }
 
 }  // namespace
