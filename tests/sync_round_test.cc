@@ -406,5 +406,63 @@ TEST_CASE("A sync job whose worker's host dies goes on with the survivors; sums 
   CHECK(ps.counts == std::vector<int>{3, 3, 2, 2, 2});
 }
 
+TEST_CASE("member_loss fail: the round a dying worker leaves open fails once, saying why") {
+  // The survivors' pushes of round 2 are at the scheduler (its debug log
+  // says so) when worker 2's host dies: round 2 fails on both with the
+  // reason; round 3 is summed over the two, exact.
+  auto c = StartCluster({"s1", "w1", "w2", "w3"}, {"--log_level=debug"}, {},
+                        R"(, "mode": "sync", "member_loss": "fail")");
+  constexpr size_t kDim = 1000;
+  auto server = Server::Connect(Options(*c, "s1", "ps0"));
+  REQUIRE(server.ok());
+  MemberSizedServer ps(std::move(*server), [](int round) { return round < 2 ? 3 : 2; }, kDim);
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (int w = 0; w < 3; ++w) {
+    auto worker = Worker::Connect(Options(*c, "w" + std::to_string(w + 1), "w" + std::to_string(w)));
+    REQUIRE(worker.ok());
+    workers.push_back(std::move(*worker));
+  }
+  RunMembers(workers, 3, 0, 2, kDim);
+
+  std::vector<std::string> ended(2);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      const std::vector<float> mine = Update(w, 2, kDim);
+      auto pushed = workers[w]->Push("ps0", mine.data(), mine.size() * sizeof(float), 2, 0.0);
+      auto sum = workers[w]->Get("ps0");
+      const PushResult result = pushed.get();
+      ended[w] = std::string(PushOutcomeName(result.outcome)) + ": " + result.reason + " | " +
+                 (sum.ok() ? "get ok" : std::string(sum.status().message()));
+    });
+  }
+  REQUIRE(launch::WaitUntil([&] {
+    return testing::CountOccurrences(c->scheduler().Log(), " for round 2 at ") >= 2;
+  }, 30));
+  REQUIRE(c->KillDaemon("w3").ok());
+  for (auto& t : threads) t.join();
+  workers.pop_back();
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w << ": " << ended[w]);
+    CHECK(ended[w].rfind("failed: ", 0) == 0);
+    // Directly, or through the in-network aggregate it was planned into.
+    CHECK(ended[w].find("round 2 failed: worker 'w2' left the job (its host w3 is down") !=
+          std::string::npos);
+    CHECK(ended[w].find("at membership generation 5") != std::string::npos);
+    CHECK(ended[w].find("member_loss is fail") != std::string::npos);
+    CHECK(ended[w].find("(round 2 opened at membership generation 4)") != std::string::npos);
+    CHECK(ended[w].find("get ok") == std::string::npos);
+  }
+  RunMembers(workers, 2, 3, 4, kDim);
+  REQUIRE(launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(ps.mu);
+    return ps.rounds.size() >= 3;
+  }, 30));
+  std::lock_guard<std::mutex> lock(ps.mu);
+  for (const std::string& e : ps.errors) FAIL_CHECK("server: " << e);
+  CHECK(ps.rounds == std::vector<int64_t>{0, 1, 3});
+  CHECK(ps.counts == std::vector<int>{3, 3, 2});
+}
+
 }  // namespace
 }  // namespace mlfabric
