@@ -50,15 +50,42 @@ void CommandOutbox::SetJobKeys(std::map<uint32_t, std::string> keys) {
   job_keys_ = std::move(keys);
 }
 
+v1::DaemonCommand CommandOutbox::JobPriorityCommand(uint32_t job, int32_t priority_class) {
+  v1::DaemonCommand command;
+  command.mutable_job_priority()->set_job_id(job);
+  command.mutable_job_priority()->set_priority_class(priority_class);
+  return command;
+}
+
 void CommandOutbox::KeyLocked(Queue& queue, uint32_t job) {
   if (job == 0 || queue.keyed.count(job)) return;
-  auto key = job_keys_.find(job);
-  if (key == job_keys_.end()) return;
-  v1::DaemonCommand command;
-  command.mutable_job_key()->set_job_id(job);
-  command.mutable_job_key()->set_key(key->second);
-  queue.commands.push_back(std::move(command));
   queue.keyed.insert(job);
+  if (auto key = job_keys_.find(job); key != job_keys_.end()) {
+    v1::DaemonCommand command;
+    command.mutable_job_key()->set_job_id(job);
+    command.mutable_job_key()->set_key(key->second);
+    queue.commands.push_back(std::move(command));
+  }
+  if (auto cls = job_classes_.find(job); cls != job_classes_.end()) {
+    queue.commands.push_back(JobPriorityCommand(job, cls->second));
+  }
+}
+
+void CommandOutbox::SetJobClass(uint32_t job, int32_t priority_class) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto known = job_classes_.find(job);
+  const int32_t before = known == job_classes_.end() ? 0 : known->second;
+  if (priority_class == 0) {
+    job_classes_.erase(job);
+  } else {
+    job_classes_[job] = priority_class;
+  }
+  if (priority_class == before) return;
+  for (auto& [host, queue] : queues_) {
+    if (!queue.keyed.count(job)) continue;  // told with the job's first command
+    queue.commands.push_back(JobPriorityCommand(job, priority_class));
+    NotifyLocked(host);
+  }
 }
 
 void CommandOutbox::NotifyLocked(const std::string& host) {

@@ -101,5 +101,58 @@ TEST_CASE("commands queued under a hold wake their streams when the last hold en
   CHECK(out1.outcome().transfer_id() == 3);
 }
 
+v1::DaemonCommand Send(uint32_t job) {
+  v1::DaemonCommand command;
+  command.mutable_send()->set_job_id(job);
+  return command;
+}
+
+TEST_CASE("a job's priority class reaches a host before its first command, and every change at once") {
+  CommandOutbox outbox;
+  outbox.SetJobKeys({{7, "key-of-7"}});
+  outbox.SetJobClass(7, 3);
+  outbox.SetJobClass(8, 0);  // class 0 is the default: nothing to send
+  outbox.Open("w1", 1);
+  outbox.Open("w2", 1);
+  outbox.Push("w1", Send(7));
+  v1::DaemonCommand out;
+  REQUIRE(outbox.Pop("w1", 1, kNoWait, &out) == Result::kCommand);
+  CHECK(out.has_job_key());
+  REQUIRE(outbox.Pop("w1", 1, kNoWait, &out) == Result::kCommand);
+  REQUIRE(out.has_job_priority());
+  CHECK(out.job_priority().job_id() == 7);
+  CHECK(out.job_priority().priority_class() == 3);
+  REQUIRE(outbox.Pop("w1", 1, kNoWait, &out) == Result::kCommand);
+  CHECK(out.has_send());
+  // Job 8 has class 0 and no key: its send comes alone.
+  outbox.Push("w2", Send(8));
+  REQUIRE(outbox.Pop("w2", 1, kNoWait, &out) == Result::kCommand);
+  CHECK(out.has_send());
+
+  // A change reaches the hosts that know the job (w1 knows 7; w2 knows 8).
+  outbox.SetJobClass(7, 1);
+  outbox.SetJobClass(7, 1);  // unchanged: nothing more
+  outbox.SetJobClass(8, 5);
+  REQUIRE(outbox.Pop("w1", 1, kNoWait, &out) == Result::kCommand);
+  CHECK(out.job_priority().job_id() == 7);
+  CHECK(out.job_priority().priority_class() == 1);
+  CHECK(outbox.Queued("w1") == 0);
+  REQUIRE(outbox.Pop("w2", 1, kNoWait, &out) == Result::kCommand);
+  CHECK(out.job_priority().job_id() == 8);
+  CHECK(out.job_priority().priority_class() == 5);
+  CHECK(outbox.Queued("w2") == 0);
+  // Back to 0 is a change too.
+  outbox.SetJobClass(8, 0);
+  REQUIRE(outbox.Pop("w2", 1, kNoWait, &out) == Result::kCommand);
+  CHECK(out.job_priority().priority_class() == 0);
+  // A host registering again is introduced afresh, with the current class.
+  outbox.Open("w1", 2);
+  outbox.Push("w1", Send(7));
+  REQUIRE(outbox.Pop("w1", 2, kNoWait, &out) == Result::kCommand);
+  CHECK(out.has_job_key());
+  REQUIRE(outbox.Pop("w1", 2, kNoWait, &out) == Result::kCommand);
+  CHECK(out.job_priority().priority_class() == 1);
+}
+
 }  // namespace
 }  // namespace mlfabric
