@@ -135,6 +135,20 @@ void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSen
     case v1::DaemonCommand::kJobKey:
       data_keys_.SetJobKey(command.job_key().job_id(), command.job_key().key());
       break;
+    case v1::DaemonCommand::kJobPriority: {
+      const v1::JobPriority& priority = command.job_priority();
+      if (priority.priority_class() < 0 || priority.priority_class() > 7) {
+        MLF_LOG(WARNING) << "job priority command for job " << priority.job_id()
+                         << " names class " << priority.priority_class()
+                         << ", outside [0, 7]; ignored";
+        break;
+      }
+      send_->SetJobPriorityClass(priority.job_id(), priority.priority_class());
+      MLF_LOG(INFO) << "job " << priority.job_id() << " has priority class "
+                    << priority.priority_class() << " (ranks co-located jobs under "
+                    << "--job_priority=" << config_.job_priority << ")";
+      break;
+    }
     case v1::DaemonCommand::kExpect:
       if (command.expect().round_size() > 0) {
         rounds_->JoinLocked(command.expect());

@@ -82,11 +82,35 @@ void SendScheduler::SetClockOffset(double offset_s) {
   for (auto& [id, outgoing] : outgoing_) outgoing.pacer->SetClockOffset(offset_s);
 }
 
+double SendScheduler::JobRankKeyLocked(uint32_t job) const {
+  auto cls = job_classes_.find(job);
+  const double priority_class = cls == job_classes_.end() ? 0 : cls->second;
+  return priority_class * 4294967296.0 + static_cast<double>(job);
+}
+
 void SendScheduler::EnsureJobLocked(uint32_t job) {
-  // Rank by the scheduler's job id (config order), so that TLs-One/RR rank
-  // co-located jobs the same way on every daemon, whatever order their
-  // traffic first reached each one.
-  if (!queue_.policy().HasJob(job)) (void)queue_.AddJob(job, static_cast<double>(job));
+  // Rank by the scheduler's priority class, then its job id (config
+  // order), so that TLs-One/RR rank co-located jobs the same way on every
+  // daemon, whatever order their traffic first reached each one.
+  if (!queue_.policy().HasJob(job)) (void)queue_.AddJob(job, JobRankKeyLocked(job));
+}
+
+void SendScheduler::SetJobPriorityClass(uint32_t job, int32_t priority_class) {
+  MutexLock lock(&mu_);
+  if (priority_class == 0) {
+    job_classes_.erase(job);
+  } else {
+    job_classes_[job] = priority_class;
+  }
+  if (queue_.policy().HasJob(job)) (void)queue_.SetJobRankKey(job, JobRankKeyLocked(job));
+  cv_.SignalAll();  // the loop may pick another packet first now
+}
+
+std::vector<uint32_t> SendScheduler::JobRanking(double now_s) const {
+  MutexLock lock(&mu_);
+  std::vector<uint32_t> jobs;
+  for (JobId job : queue_.policy().Ranking(now_s)) jobs.push_back(static_cast<uint32_t>(job));
+  return jobs;
 }
 
 absl::Status SendScheduler::Schedule(const v1::SendTransfer& send,

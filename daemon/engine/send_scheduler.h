@@ -107,6 +107,13 @@ class SendScheduler {
 
   // Scheduler time - local time, for every pacer (present and future).
   void SetClockOffset(double offset_s);
+  // The scheduler's priority class of `job` (0..7, 0 = most urgent; a
+  // JobPriority command): under TLs-One/RR the job ranks by its class
+  // first and its id second, from the next packet on, whether or not it
+  // has sent anything yet. kFifo ranks no job above another.
+  void SetJobPriorityClass(uint32_t job, int32_t priority_class);
+  // The jobs from most to least urgent at local time `now_s` (tests, logs).
+  std::vector<uint32_t> JobRanking(double now_s) const;
 
   // ---- scheduled transfers
   // Queues `buffer` for `send`'s start time. `gated`: an aggregate, whose
@@ -205,6 +212,8 @@ class SendScheduler {
   void FailDestinationLocked(const std::string& dst_address, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnsureJobLocked(uint32_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job's rank key: its class, then its id (the same on every daemon).
+  double JobRankKeyLocked(uint32_t job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The steps of SendTransferPacketLocked: take `first` and the packets
   // that may follow it to `peer` into taken_; turn them into frames_ (with
   // frame_packet_ and held_); then account for the `written` frames the
@@ -253,6 +262,7 @@ class SendScheduler {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   double clock_offset_s_ ABSL_GUARDED_BY(mu_) = 0;
   PriorityPacketQueue queue_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, int32_t> job_classes_ ABSL_GUARDED_BY(mu_);  // by job id; absent = 0
   std::map<uint64_t, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);       // by transfer id
   std::multimap<double, uint64_t> release_at_ ABSL_GUARDED_BY(mu_);  // local start time -> transfer
   // Begun transfers given up: the loop tells the peer.

@@ -160,6 +160,31 @@ TEST_CASE("SendScheduler releases a transfer at its start time, most urgent tens
   CHECK(f.send.bytes_sent() == 48);
 }
 
+TEST_CASE("SendScheduler ranks co-located jobs by their priority class, then their id") {
+  SendScheduler::Options options = Fixture::Options(0);
+  options.job_priority = JobPriorityPolicy({JobPriorityMode::kOne});
+  FakeClock clock(100.0);
+  RecordingWriter writer;
+  AggregationTable aggregations(kPacket);
+  SendScheduler send(options, &clock, &writer, &aggregations,
+                     [](uint64_t, const std::string&) {});
+  // Job 9's class is set before any of its traffic; job 5 keeps class 0.
+  send.SetJobPriorityClass(9, 0);
+  REQUIRE(send.Schedule(Transfer(1, 32, 101.0, "peer", /*job=*/5), Buffer(32), {}).ok());
+  REQUIRE(send.Schedule(Transfer(2, 32, 101.0, "peer", /*job=*/9), Buffer(32), {}).ok());
+  send.SetJobPriorityClass(5, 3);  // job 5 demoted while both wait
+  clock.Set(101.01);
+  CHECK(Drain(send, clock) < 1000);
+  std::vector<uint64_t> order;
+  for (const auto& w : writer.Take()) {
+    if (w.kind != PacketKind::kBegin) order.push_back(w.transfer);
+  }
+  CHECK(order == std::vector<uint64_t>{2, 2, 1, 1});  // job 9's packets first
+  CHECK(send.JobRanking(0) == std::vector<uint32_t>{9, 5});
+  send.SetJobPriorityClass(5, 0);  // back to the default: ids decide again
+  CHECK(send.JobRanking(0) == std::vector<uint32_t>{5, 9});
+}
+
 TEST_CASE("SendScheduler paces a transfer by its rate segments, in scheduler time") {
   Fixture f;
   f.send.SetClockOffset(50.0);  // scheduler time = local + 50

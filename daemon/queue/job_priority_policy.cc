@@ -70,6 +70,19 @@ absl::Status JobPriorityPolicy::RemoveJob(JobId job) {
   return absl::OkStatus();
 }
 
+absl::Status JobPriorityPolicy::SetRankKey(JobId job, double rank_key) {
+  auto it = base_index_.find(job);
+  if (it == base_index_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job, " not registered"));
+  }
+  if (std::isnan(rank_key)) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", job, ": rank_key is NaN"));
+  }
+  base_order_[it->second].rank_key = rank_key;
+  Rebuild();
+  return absl::OkStatus();
+}
+
 void JobPriorityPolicy::Rebuild() {
   // Strict weak ordering on (rank_key, arrival): arrival is unique.
   std::sort(base_order_.begin(), base_order_.end(),

@@ -84,6 +84,10 @@ class JobPriorityPolicy {
   absl::Status AddJob(JobId job, double rank_key = 0.0);
   // Job departure; re-ranks. NotFound if unknown.
   absl::Status RemoveJob(JobId job);
+  // Changes a registered job's rank_key (its arrival stays) and re-ranks:
+  // a job whose priority is set while it runs. NotFound if unknown,
+  // InvalidArgument for NaN.
+  absl::Status SetRankKey(JobId job, double rank_key);
   bool HasJob(JobId job) const { return base_index_.contains(job); }
   size_t num_jobs() const { return base_order_.size(); }
 

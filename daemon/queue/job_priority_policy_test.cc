@@ -60,6 +60,20 @@ TEST_CASE("one ranks by key then arrival and re-ranks on arrival/departure") {
   CHECK(policy.NextChangeTime(0) == std::numeric_limits<double>::infinity());
 }
 
+TEST_CASE("a running job's rank key can change, keeping its arrival") {
+  JobPriorityPolicy policy = Make(JobPriorityMode::kOne);
+  REQUIRE(policy.AddJob(1, 1.0).ok());
+  REQUIRE(policy.AddJob(2, 2.0).ok());
+  REQUIRE(policy.AddJob(3, 2.0).ok());
+  CHECK(policy.Ranking(0) == std::vector<JobId>{1, 2, 3});
+  REQUIRE(policy.SetRankKey(3, 0.5).ok());  // job 3's priority raised
+  CHECK(policy.Ranking(0) == std::vector<JobId>{3, 1, 2});
+  REQUIRE(policy.SetRankKey(3, 2.0).ok());  // back to 2: ties go by arrival again
+  CHECK(policy.Ranking(0) == std::vector<JobId>{1, 2, 3});
+  CHECK(policy.SetRankKey(9, 0).code() == absl::StatusCode::kNotFound);
+  CHECK(policy.SetRankKey(1, std::nan("")).code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("rr rotates the ranking every period (tensorlights §IV-C, Fig. 4)") {
   JobPriorityPolicy policy = Make(JobPriorityMode::kRr, 20.0, 100.0);
   REQUIRE(policy.AddJob(1).ok());

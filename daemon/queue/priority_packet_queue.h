@@ -105,6 +105,11 @@ class PriorityPacketQueue {
   // RemoveJob drops the job's queued packets and returns how many.
   absl::Status AddJob(JobId job, double rank_key = 0.0);
   absl::StatusOr<size_t> RemoveJob(JobId job);
+  // A registered job's new rank_key (JobPriorityPolicy::SetRankKey); its
+  // queued packets leave in the new order from the next Pop.
+  absl::Status SetJobRankKey(JobId job, double rank_key) {
+    return policy_.SetRankKey(job, rank_key);
+  }
 
   // Enqueues a packet. FailedPrecondition if its job is not registered
   // (so a packet can never sit in the queue unranked).
