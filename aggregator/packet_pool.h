@@ -1,5 +1,5 @@
 // Packet-level immediate aggregation (mercury.md §IV-A key idea 3 and
-// §IV-C "Mercury PS"; DESIGN.md §5 "Aggregation"; issue 4).
+// §IV-C "Mercury PS"; docs/architecture.md §5 "Aggregation"; issue 4).
 //
 // Contributions to one aggregate (pushes of a synchronous round, or the
 // updates an in-network AggregateTask combines) are summed into the
@@ -187,7 +187,7 @@ class PacketPool {
   };
   absl::StatusOr<const TransferState*> Find(TransferId transfer) const;
   // Add: credits the grid packets [offset, end) touches with a contributor
-  // of `count` contributions (DESIGN.md §5: a packet is final when every
+  // of `count` contributions (docs/architecture.md §5: a packet is final when every
   // expected contribution covered all of its bytes), appending those that
   // became final to state.ready and `ready`.
   void CreditPackets(TransferState& state, uint32_t count, uint64_t offset, uint64_t end,

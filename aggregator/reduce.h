@@ -1,4 +1,4 @@
-// Weighted-sum reduction kernels for aggregation (DESIGN.md §5; the
+// Weighted-sum reduction kernels for aggregation (docs/architecture.md §5; the
 // "Aggregator" of mercury.md §IV-C, which must sum "much faster than the
 // NIC" so packet-level aggregation is never the bottleneck).
 //

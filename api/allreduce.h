@@ -1,4 +1,4 @@
-// AllReduce behind one call (DESIGN.md §3, mlfabric.md §6): every rank hands
+// AllReduce behind one call (docs/architecture.md §3, mlfabric.md §6): every rank hands
 // in a buffer of the same dtype and length and gets back the element-wise sum
 // (or min, max or product: ReduceOp) over all ranks. Backends are strategies picked in one factory
 // (MakeAllReducer), so training code names a backend once and never again:

@@ -1,4 +1,4 @@
-// MLfabric's C++ API (DESIGN.md §3, mlfabric.md Table 1): what a training
+// MLfabric's C++ API (docs/architecture.md §3, mlfabric.md Table 1): what a training
 // program links to hand every model-update transfer to MLfabric.
 //
 // Worker:
@@ -85,7 +85,7 @@ struct ClientOptions {
   // to the scheduler; -1 = the job's.
   int64_t delay_bound = -1;       // tau_max in model versions (§5.1)
   double divergence_bound = -1;   // Div_max, an L2 distance (§5.3)
-  // Servers: one shard of a server group (README.md "Server groups";
+  // Servers: one shard of a server group (docs/user-guide/sharded-servers.md;
   // mlfabric.md §10.2). This server holds bytes [begin, end) of a model
   // that workers push to and get from by the group's name; shard 0 begins
   // at 0 and each shard begins where the one before it ends (SplitModel).

@@ -1,4 +1,4 @@
-// Typed configuration from JSON files and command-line flags (DESIGN.md §8).
+// Typed configuration from JSON files and command-line flags (docs/architecture.md §8).
 //
 // Precedence: built-in default < JSON file < command-line flag. A process
 // declares one config struct with documented defaults and reads it with a

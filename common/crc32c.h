@@ -1,5 +1,5 @@
 // CRC-32C (Castagnoli), the checksum in every Mercury packet header
-// (DESIGN.md §5). Picks the fastest path the CPU has, once, at first use:
+// (docs/architecture.md §5). Picks the fastest path the CPU has, once, at first use:
 // AVX-512 VPCLMULQDQ folding (~110 GB/s on a cache-hot 32 KiB packet on
 // Sapphire Rapids), three interleaved SSE4.2 crc32 chains (~28 GB/s), or
 // slicing-by-8 tables elsewhere. All paths give identical results

@@ -1,4 +1,4 @@
-// Secrets and their checks (DESIGN.md §3a): random tokens, HMAC-SHA256 and
+// Secrets and their checks (docs/architecture.md §3a): random tokens, HMAC-SHA256 and
 // constant-time comparison, on OpenSSL's libcrypto, plus reading a secret
 // from a file the way the scheduler and the daemon both do.
 //

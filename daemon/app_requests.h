@@ -1,5 +1,5 @@
 // AppRequests: what this host's local applications ask of the daemon (the
-// daemon::AppHandler of its AppSessions, DESIGN.md §3): registration with
+// daemon::AppHandler of its AppSessions, docs/architecture.md §3): registration with
 // the scheduler, pushes, gets, servers' acknowledgements and model replies,
 // and an application leaving.
 //

@@ -394,7 +394,7 @@ absl::Status Daemon::StartMonitor() {
       MLF_LOG(WARNING) << "cannot report bandwidth: " << daemon::RpcErrorText(status);
     }
   };
-  // MLfabric's own data-plane bytes are not background load (DESIGN.md §6).
+  // MLfabric's own data-plane bytes are not background load (docs/architecture.md §6).
   auto own = [this] {
     return monitor::OwnBytes{static_cast<uint64_t>(receiver_->bytes_received()),
                              static_cast<uint64_t>(send_->bytes_sent())};

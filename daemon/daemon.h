@@ -1,4 +1,4 @@
-// Daemon: mlfabricd (DESIGN.md §2, §3, §5): the wiring of the daemon's
+// Daemon: mlfabricd (docs/architecture.md §2, §3, §5): the wiring of the daemon's
 // parts. Each part owns its state; the Daemon builds them, starts and
 // stops them in order, and hands each scheduler command to the part it is
 // for.

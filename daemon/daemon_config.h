@@ -1,4 +1,4 @@
-// Configuration of mlfabricd (DESIGN.md §8): defaults below < --config JSON
+// Configuration of mlfabricd (docs/architecture.md §8): defaults below < --config JSON
 // < flags of the same names. Unknown keys and bad values name the key.
 #ifndef MLFABRIC_DAEMON_DAEMON_CONFIG_H_
 #define MLFABRIC_DAEMON_DAEMON_CONFIG_H_
@@ -97,7 +97,7 @@ struct DaemonConfig {
   double report_lag_s = 0.2;                 // reporting lag (paper §7: 0.2-2 s)
   double report_threshold = 0.1;             // relative change that triggers a report
   double report_max_interval_s = 2.0;        // report at least this often
-  // Authentication to the scheduler (DESIGN.md §3a): the cluster secret
+  // Authentication to the scheduler (docs/architecture.md §3a): the cluster secret
   // (from a file, mode 0600) and/or TLS. With scheduler_ca_file the
   // control plane runs over TLS, the scheduler's certificate checked
   // against that CA for the name scheduler_tls_name (default: the host

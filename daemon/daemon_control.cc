@@ -1,5 +1,5 @@
 // Daemon: the control plane: the schedule stream and the commands on it
-// (DESIGN.md §3 step 3), each handed to the part it is for.
+// (docs/architecture.md §3 step 3), each handed to the part it is for.
 #include "daemon/daemon.h"
 
 #include <chrono>

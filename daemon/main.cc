@@ -1,4 +1,4 @@
-// mlfabricd: the MLfabric per-host daemon (DESIGN.md §2). Run with --help.
+// mlfabricd: the MLfabric per-host daemon (docs/architecture.md §2). Run with --help.
 #include <signal.h>
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-// A complete MLfabric program in C++ (README "Use from C++"): asynchronous
+// A complete MLfabric program in C++ (docs/user-guide/cpp.md): asynchronous
 // parameter-server training of a linear model, launched with
 //
 //   bazel build //examples:cpp_worker //tools/run:mlfabric-run

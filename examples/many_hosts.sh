@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Runs an MLfabric job on the hosts of an Open MPI hostfile (README "Launch
-# on many hosts"):
+# Runs an MLfabric job on the hosts of an Open MPI hostfile (docs/operations/many-hosts.md):
 #
 #   examples/many_hosts.sh HOSTFILE NP COMMAND [ARGS...]
 #   examples/many_hosts.sh hosts.txt 8 python3 train.py      # hosts.txt: "node1 slots=4" ...

@@ -1,4 +1,4 @@
-"""A complete MLfabric program with Keras 3 (README "Use from Keras").
+"""A complete MLfabric program with Keras 3 (docs/user-guide/python-keras.md).
 
     bazel build //python:runtime //tools/run:mlfabric-run
     export PYTHONPATH=$PWD/python       # or: pip install -e ./python

@@ -1,4 +1,4 @@
-// Local IPC between an application and its host's daemon (DESIGN.md §2):
+// Local IPC between an application and its host's daemon (docs/architecture.md §2):
 // length-prefixed LocalMessage protos over a Unix-domain stream socket, with
 // tensor bytes in shared memory (a memfd) whose descriptor travels as
 // SCM_RIGHTS ancillary data, so the socket never carries tensor bytes.

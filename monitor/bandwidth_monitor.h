@@ -1,4 +1,4 @@
-// BandwidthMonitor: one host's monitor (DESIGN.md §6), run by mlfabricd. Each
+// BandwidthMonitor: one host's monitor (docs/architecture.md §6), run by mlfabricd. Each
 // tick it samples the NIC counters (if an interface is configured) and the
 // daemon's own traffic, updates a BandwidthEstimator, applies the trace's
 // capacity (if replaying one) and asks a ReportPolicy whether to report;
@@ -55,7 +55,7 @@ struct MonitorConfig {
   double report_max_interval_s = 2.0;  // heartbeat
   std::string trace;                   // "" or a BandwidthTrace spec, e.g. "n3,seed=1,period_s=5"
   // htb class shaping `interface` (e.g. "1:10"): its ceil, read every
-  // second, is the uplink capacity (DESIGN.md §6). "" = off.
+  // second, is the uplink capacity (docs/architecture.md §6). "" = off.
   std::string tc_class;
 };
 

@@ -1,5 +1,5 @@
 // BandwidthEstimator: available bandwidth per direction of one host's NIC,
-// from cumulative byte counters (DESIGN.md §6). Pure: samples (with their
+// from cumulative byte counters (docs/architecture.md §6). Pure: samples (with their
 // timestamps) in, estimates out; no clock, no I/O, no threads.
 //
 // Model. Between two samples the NIC moved `d_total` bytes in a direction,

@@ -1,5 +1,5 @@
 // ReportPolicy: when a host's monitor tells the scheduler its available
-// bandwidth (DESIGN.md §6). Pure: estimates with timestamps in, reports out.
+// bandwidth (docs/architecture.md §6). Pure: estimates with timestamps in, reports out.
 //
 // Reporting lag. An estimate made at time t only becomes reportable at
 // t + lag_s (the paper's §7 studies lags of 0.2-2 s: how stale the

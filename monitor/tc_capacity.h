@@ -1,4 +1,4 @@
-// Capacity of a shaped link from its htb class (DESIGN.md §6: "tc class
+// Capacity of a shaped link from its htb class (docs/architecture.md §6: "tc class
 // rates where a shaped link is present"). When a host NIC is shaped with
 // htb, the class's ceil is the most the link can carry, so it replaces the
 // configured capacity the estimator subtracts background traffic from.

@@ -1,4 +1,4 @@
-// mlfabric-scheduler: the central scheduler (DESIGN.md §2). Serves the
+// mlfabric-scheduler: the central scheduler (docs/architecture.md §2). Serves the
 // control-plane gRPC API to daemons and plans pushed updates every
 // batch_interval_ms; with --admin_port >= 0 it also serves the admin web
 // endpoint (scheduler/admin/README.md). Run with --help for the flags.
@@ -99,7 +99,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> GrpcCredentials(
   return grpc::SslServerCredentials(tls);
 }
 
-// Keepalive both ways (DESIGN.md §3a): the daemons ping every keepalive_s
+// Keepalive both ways (docs/architecture.md §3a): the daemons ping every keepalive_s
 // too, so their pings must not count as abuse.
 void SetKeepalive(double keepalive_s, grpc::ServerBuilder* builder) {
   const int keepalive_ms = static_cast<int>(keepalive_s * 1000);

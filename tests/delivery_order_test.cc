@@ -1,5 +1,5 @@
 // Cross-process test: the server's daemon hands updates to the server
-// application in exactly the order the scheduler committed them (DESIGN.md
+// application in exactly the order the scheduler committed them (docs/architecture.md
 // §3 step 6, mlfabric.md §5.1), even when they arrive in another order.
 //
 // With the FIFO planner every batch starts at once, so a large update from

@@ -1,5 +1,5 @@
 // A batch of gets answered through a distribution tree (mlfabric.md §10.3,
-// DESIGN.md §3): the server's daemon asks the scheduler for the batch's tree
+// docs/architecture.md §3): the server's daemon asks the scheduler for the batch's tree
 // and sends the model to some requesters; the others are routed to one of
 // those (a distributor), which forwards each packet as it arrives. Real
 // scheduler and daemons, on loopback.

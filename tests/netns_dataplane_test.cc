@@ -2,7 +2,7 @@
 // own network namespace, w1's uplink an htb class (launch/cluster.h,
 // kNetns). Needs root; otherwise prints "SKIPPED: <reason>".
 //
-// 1. Pacing follows the schedule (DESIGN.md §5, "Pacing"): with the FIFO
+// 1. Pacing follows the schedule (docs/architecture.md §5, "Pacing"): with the FIFO
 //    planner a transfer's one rate segment is the worker's declared uplink.
 //    On a 400 Mbit/s link, declared rates of 100 and 250 Mbit/s are what
 //    the receiver measures (the token bucket, not the link, limits), and a

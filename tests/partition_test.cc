@@ -1,4 +1,4 @@
-// A silent partition ends what it cuts off in bounded time (DESIGN.md §3a,
+// A silent partition ends what it cuts off in bounded time (docs/architecture.md §3a,
 // issue 16 item 4): hosts s1 and w1 in their own network namespaces
 // (launch/cluster.h, kNetns), w1's uplink shaped to 4 Mbit/s so that a
 // 4 MiB push is still on the wire when w1's interface goes down. Nothing

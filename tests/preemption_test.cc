@@ -1,5 +1,5 @@
 // Cross-process test of Mercury's packet-priority preemption (mercury.md
-// §IV, DESIGN.md §5): a small tensor pushed while a 1 GiB low-priority
+// §IV, docs/architecture.md §5): a small tensor pushed while a 1 GiB low-priority
 // transfer from the same host is in flight goes out ahead of the rest of
 // it, over the same TCP connection, through the sending daemon's
 // PriorityPacketQueue.

@@ -1,4 +1,4 @@
-// mlfabric-plan: plans one batch of update transfers (DESIGN.md §4) with the
+// mlfabric-plan: plans one batch of update transfers (docs/architecture.md §4) with the
 // same core the scheduler service runs, for what-if analysis and for checking
 // the scheduler from outside.
 //
@@ -28,7 +28,7 @@ void PrintUsage(std::ostream& out) {
          "\n"
          "Reads one batch of update-transfer requests as JSON (stdin, or --in FILE)\n"
          "and writes the plan as JSON (stdout, or --out FILE). The formats are the\n"
-         "planner contract of DESIGN.md section 4; units are bytes, seconds and\n"
+         "planner contract of docs/architecture.md section 4; units are bytes, seconds and\n"
          "bits per second.\n"
          "\n"
          "  --in FILE        read the batch from FILE instead of stdin\n"

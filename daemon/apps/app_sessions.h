@@ -1,4 +1,4 @@
-// The daemon's local applications (DESIGN.md §3): workers, servers and
+// The daemon's local applications (docs/architecture.md §3): workers, servers and
 // replicas on this host, each on its own connection to the daemon's
 // Unix-domain socket (ipc/local_ipc.h).
 //

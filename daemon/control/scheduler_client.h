@@ -90,7 +90,7 @@ class SchedulerClient {
   virtual bool WaitForConnection(double timeout_s) { return true; }
 };
 
-// How the client proves who it is (DESIGN.md §3a; scheduler/service/
+// How the client proves who it is (docs/architecture.md §3a; scheduler/service/
 // control_auth.h). The cluster secret goes with RegisterHost; every later
 // call carries the host's name and the session token RegisterHost
 // returned; a job-scoped call (SubmitUpdate, ResolveServer, AwaitClock,

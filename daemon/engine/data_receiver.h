@@ -1,4 +1,4 @@
-// DataReceiver: the receive side of this daemon's data plane (DESIGN.md
+// DataReceiver: the receive side of this daemon's data plane (docs/architecture.md
 // §5): it accepts other daemons' TCP connections and drives one
 // transport::DataSession per connection, as that session's handler, from a
 // small fixed set of I/O threads (Options::io_threads): a session takes a

@@ -1,6 +1,6 @@
 // Deliveries: updates handed to this host's server and replica
 // applications strictly in the commit order the scheduler planned
-// (mlfabric.md §3.3, DESIGN.md §3 step 5), once their bytes are in.
+// (mlfabric.md §3.3, docs/architecture.md §3 step 5), once their bytes are in.
 //
 // The DeliverySequencer holds the order; this part carries it out: it
 // hands complete transfers over (ServerEndpoints), skips and fails what

@@ -1,5 +1,5 @@
 // DeliverySequencer: the daemon's in-order delivery to server (and replica)
-// applications (DESIGN.md §3 step 6). The scheduler announces which update
+// applications (docs/architecture.md §3 step 6). The scheduler announces which update
 // takes each commit position of an endpoint ("<job id>/<server>"); updates
 // are handed over strictly in that order, a position the scheduler (or the
 // daemon) cancelled is skipped, and nothing passes a position that is not

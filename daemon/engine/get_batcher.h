@@ -1,5 +1,5 @@
 // GetBatcher: the gets a server's daemon answers, in batches that share one
-// model snapshot (mlfabric.md §10.3, DESIGN.md §3 "The server's link is the
+// model snapshot (mlfabric.md §10.3, docs/architecture.md §3 "The server's link is the
 // scarce resource").
 //
 // Gets for one server ("<job id>/<server>") that arrive while its previous

@@ -1,5 +1,5 @@
 // The asking side of model gets, and the distributor's side of §10.3's
-// trees (mlfabric.md §10.3; DESIGN.md §3 "The server's link is the scarce
+// trees (mlfabric.md §10.3; docs/architecture.md §3 "The server's link is the scarce
 // resource").
 //
 //   ModelFetcher fetcher(options, &resolver, &get_client, &send, &watchdog);

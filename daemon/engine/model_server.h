@@ -1,4 +1,4 @@
-// The server side of model gets (mlfabric.md §10.3; DESIGN.md §3): gets of
+// The server side of model gets (mlfabric.md §10.3; docs/architecture.md §3): gets of
 // a server application on this host, answered in batches that share one
 // snapshot, each batch sent down the distribution tree the scheduler plans
 // for it.

@@ -1,4 +1,4 @@
-// ReceiveLock: the one lock of the daemon's receive side (DESIGN.md §5).
+// ReceiveLock: the one lock of the daemon's receive side (docs/architecture.md §5).
 //
 // A data packet's arrival touches the transfers being received
 // (IncomingTransfers), a synchronous round (RoundService), an in-network

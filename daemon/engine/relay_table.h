@@ -1,6 +1,6 @@
 // RelayTable: the model copies this daemon receives for its own gets, kept
 // so that it can forward them as a distributor (mlfabric.md §10.3,
-// DESIGN.md §3 "The server's link is the scarce resource").
+// docs/architecture.md §3 "The server's link is the scarce resource").
 //
 // A server's daemon answers a batch of gets through a distribution tree:
 // some requesters get the model from it, the others are told to ask one of

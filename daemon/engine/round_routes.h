@@ -1,5 +1,5 @@
 // RoundRoutes: how the workers of a synchronous round receive its sum from
-// the root's daemon (Mercury PS, §6 of mlfabric.md; DESIGN.md §3 "The
+// the root's daemon (Mercury PS, §6 of mlfabric.md; docs/architecture.md §3 "The
 // server's link is the scarce resource"): through a tree over the order in
 // which their gets arrive, instead of one copy per worker from the root.
 //

@@ -525,7 +525,7 @@ void SendScheduler::AdaptLimitLocked(uint64_t* limit, const std::vector<transpor
 bool SendScheduler::SendReplyPacketLocked(const PacketDescriptor& packet, Reply& reply,
                                           uint64_t id, double now, double* next_s,
                                           const absl::flat_hash_set<TransferId>& skip) {
-  // Unscheduled traffic has its own budget (DESIGN.md §5).
+  // Unscheduled traffic has its own budget (docs/architecture.md §5).
   if (unscheduled_.has_value() && !unscheduled_->TryConsume(packet.length_bytes, now)) {
     *next_s = unscheduled_->NextSendTime(packet.length_bytes, now);
     return false;
@@ -637,7 +637,7 @@ void SendScheduler::TakeTransferRunLocked(const PacketDescriptor& first, const s
   taken_.clear();
   taken_.push_back({first, 0});
   queue_.Remove(first, &taken_.back().sequence);
-  // Coalesce (DESIGN.md §5): the next most urgent packets, in the queue's
+  // Coalesce (docs/architecture.md §5): the next most urgent packets, in the queue's
   // order, while they go to the same peer, their pacers have the tokens and
   // the write stays under the peer's limit. The first packet for another
   // peer, or one that must wait, ends the run: nothing is sent out of order.

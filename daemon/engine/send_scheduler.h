@@ -1,4 +1,4 @@
-// The daemon's send side (DESIGN.md §5; mercury.md §IV; tensorlights.md
+// The daemon's send side (docs/architecture.md §5; mercury.md §IV; tensorlights.md
 // §IV): scheduled transfers released at their start time and paced by
 // their rate segments, in-network aggregates whose packets leave as their
 // sums complete (§5.2), and get replies, all through one priority packet
@@ -69,7 +69,7 @@ class SendScheduler {
  public:
   struct Options {
     uint32_t payload_bytes = 32 << 10;
-    // Get replies' own budget in bit/s (DESIGN.md §5); 0 = unpaced.
+    // Get replies' own budget in bit/s (docs/architecture.md §5); 0 = unpaced.
     double unscheduled_bps = 0;
     JobPriorityPolicy job_priority;
     // A paced transfer's token bucket holds what its fastest segment sends

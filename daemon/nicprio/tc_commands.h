@@ -1,5 +1,5 @@
 // TensorLights host NIC priorities as `tc` command lines (tensorlights.md
-// §V "Implementation"; DESIGN.md §5).
+// §V "Implementation"; docs/architecture.md §5).
 //
 // TensorLights enforces job priority on the host running co-located
 // parameter servers with Linux htb: each job's PS traffic is mapped to a

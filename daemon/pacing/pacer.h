@@ -1,4 +1,4 @@
-// Time-sliced rate enforcement for the daemon (DESIGN.md §5 "Pacing";
+// Time-sliced rate enforcement for the daemon (docs/architecture.md §5 "Pacing";
 // mlfabric.md §5: the scheduler reserves bandwidth per transfer as rate
 // segments, and a transfer must neither start early nor exceed them, or it
 // eats bandwidth reserved for another transfer).

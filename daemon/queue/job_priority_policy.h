@@ -4,7 +4,7 @@
 // (§IV-B) gives each job's model-update traffic a distinct priority so that
 // the workers of one job are not turned into stragglers by contention with
 // another job; the daemon's queue applies that job priority ABOVE Mercury's
-// per-tensor priority. Three modes (DESIGN.md §5):
+// per-tensor priority. Three modes (docs/architecture.md §5):
 //
 //   kFifo  No job priority: every job has rank 0, so jobs compete only
 //          through their tensor priorities and, at equal tensor priority,

@@ -1,6 +1,6 @@
 // The daemon's send queue: Mercury packet-level priority scheduling
 // (mercury.md §IV-A key idea 2, §IV-C "Sending Buffer") with TensorLights
-// job priority above it (tensorlights.md §IV, DESIGN.md §5).
+// job priority above it (tensorlights.md §IV, docs/architecture.md §5).
 //
 // A tensor is cut into Mercury packets (SplitTensor); the queue holds only
 // PacketDescriptors -- a header plus a view into the sender's buffer, never

@@ -1,5 +1,5 @@
 // One incoming data session between daemons: the receive side of the
-// Mercury data plane (mercury.md §IV; DESIGN.md §5).
+// Mercury data plane (mercury.md §IV; docs/architecture.md §5).
 //
 //   class Receiver : public transport::DataSessionHandler { ... };
 //   transport::DataSession session(socket_fd, peer_name, max_transfer_bytes);

@@ -1,4 +1,4 @@
-// Mercury framing on a TCP socket (mercury.md §IV; DESIGN.md §5): what the
+// Mercury framing on a TCP socket (mercury.md §IV; docs/architecture.md §5): what the
 // daemon's sessions read and write, packet by packet.
 //
 //   FrameReader reader(socket.native_handle());

@@ -1,4 +1,4 @@
-// GetClient: the asking side of a model get between daemons (DESIGN.md §3,
+// GetClient: the asking side of a model get between daemons (docs/architecture.md §3,
 // mlfabric.md §10.3): one request on a data connection to the daemon that
 // answers it (the server's, or a distributor's), the reply's header and
 // body, then the model's packets.

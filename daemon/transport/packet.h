@@ -1,4 +1,4 @@
-// Mercury packet framing (DESIGN.md §5, mercury.md §IV): every byte that
+// Mercury packet framing (docs/architecture.md §5, mercury.md §IV): every byte that
 // moves between daemons travels as a fixed 44-byte little-endian header
 // followed by `length` payload bytes.
 //

@@ -1,4 +1,4 @@
-// libFuzzer target for the Mercury packet parser (DESIGN.md §5): any bytes
+// libFuzzer target for the Mercury packet parser (docs/architecture.md §5): any bytes
 // must yield a header or an error, never a crash, and an accepted header
 // must respect the payload limits. Build and run with clang:
 //

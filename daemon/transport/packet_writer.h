@@ -1,4 +1,4 @@
-// Where the daemon's sender loop writes its packets (DESIGN.md §5).
+// Where the daemon's sender loop writes its packets (docs/architecture.md §5).
 //
 // The send scheduler (daemon/engine/send_scheduler.h) decides what leaves
 // and when; a PacketWriter puts it on a socket. The daemon's writer is
@@ -39,7 +39,7 @@ class PacketWriter {
  public:
   virtual ~PacketWriter() = default;
 
-  // Coalesced writes (DESIGN.md §5): `frames` (at least one) in order, the
+  // Coalesced writes (docs/architecture.md §5): `frames` (at least one) in order, the
   // first one whole (waiting as WriteToPeer would), then as many of the
   // rest as the connection takes now without waiting, in as few system
   // calls as it can; a frame begun is finished. Returns how many frames

@@ -1,5 +1,5 @@
 // The daemon's outgoing data connections: one TCP connection per peer
-// daemon, opened on the first packet for it and kept (DESIGN.md §5).
+// daemon, opened on the first packet for it and kept (docs/architecture.md §5).
 //
 //   PeerConnections peers(io, watchdog, /*payload_bytes=*/32 << 10);
 //   RETURN_IF_ERROR(peers.WriteToPeer(send, header, payload, length, crc));

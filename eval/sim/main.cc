@@ -1,4 +1,4 @@
-// mlfabric-sim: the discrete-event simulator at scale (issue 7, DESIGN.md §9).
+// mlfabric-sim: the discrete-event simulator at scale (issue 7, docs/architecture.md §9).
 //
 //   bazel run -c opt //eval/sim:mlfabric-sim -- --workers=30 --compute=C1 --network=N1
 //       --systems=mlfabric-a-30,async,rr-sync --json_out=/tmp/run.json

@@ -23,7 +23,7 @@
 // The learning problem is the simulator's (eval/sim/sgd_task.h: softmax
 // regression on a seeded Gaussian mixture), so testbed and simulator measure
 // the same convergence. Its gradient is carried as float32 at the start of a
-// payload of --update_bytes (zero padded; see README "Scaling"): transfer
+// payload of --update_bytes (zero padded; see eval/testbed/README.md "Scaling"): transfer
 // sizes follow the scaled ResNet-50 update while the real gradient decides
 // accuracy. Compute time per iteration follows the C-setting exactly as the
 // simulator draws it (sim::ComputeTimeS: factor s with probability r, seeded

@@ -62,7 +62,7 @@ PushFailedError = _ext.PushFailedError
 _serving = weakref.WeakSet()
 
 Shard = collections.namedtuple("Shard", "group index count begin end")
-Shard.__doc__ = """One shard of a server group (README.md "Server groups"): the server
+Shard.__doc__ = """One shard of a server group (docs/user-guide/sharded-servers.md): the server
 holding bytes [begin, end) of the model that workers push to and get from by
 the group's name. Shard 0 begins at 0; each begins where the one before ends."""
 

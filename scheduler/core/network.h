@@ -1,4 +1,4 @@
-// The scheduler's network model (DESIGN.md §4, paper §5.1 and Fig. 4).
+// The scheduler's network model (docs/architecture.md §4, paper §5.1 and Fig. 4).
 //
 // Every link (a host's uplink, a host's downlink, or an explicit topology
 // link) has a piecewise-constant *residual* capacity over time: the
@@ -15,7 +15,7 @@
 //   net.Reserve(path, fill.segments);             // NetUp
 //
 // A transfer whose source and destination are the same host crosses no
-// link (DESIGN.md §5: the daemon hands it over in shared memory and the
+// link (docs/architecture.md §5: the daemon hands it over in shared memory and the
 // planner charges no NIC for it): its path is empty and it moves at
 // kLocalCopyBps from its start, reserving nothing. Charging it to the
 // host's uplink and downlink instead made the planner halve a root's

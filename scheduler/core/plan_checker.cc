@@ -263,7 +263,7 @@ int64_t Checker::ExpectedAggregateSize(const Transfer& t, const std::string& nam
 }
 
 void Checker::RecordLinkUses(const Transfer& t, const std::string& name) {
-  // A same-host transfer crosses no link (network.h, DESIGN.md §5).
+  // A same-host transfer crosses no link (network.h, docs/architecture.md §5).
   std::vector<std::string> links;
   if (auto it = fixed_.find({t.src, t.dst}); it != fixed_.end()) {
     links.push_back("up:" + t.src);

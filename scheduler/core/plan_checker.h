@@ -1,5 +1,5 @@
 // Checks a plan against the invariants anyone can check from outside
-// (DESIGN.md §4) plus the ones the MLfabric planner promises:
+// (docs/architecture.md §4) plus the ones the MLfabric planner promises:
 //  - no link's reserved rate exceeds its available bandwidth at any time
 //    (host uplinks/downlinks and explicit topology links; a same-host
 //    transfer crosses none, network.h);

@@ -25,7 +25,7 @@ absl::Status CheckObject(const Json& json, const std::string& field,
     for (const char* key : known) found = found || it.key() == key;
     if (!found) {
       return Error(field.empty() ? it.key() : absl::StrCat(field, ".", it.key()),
-                   "unknown key (check its spelling against DESIGN.md §4)");
+                   "unknown key (check its spelling against docs/architecture.md §4)");
     }
   }
   return absl::OkStatus();

@@ -1,4 +1,4 @@
-// JSON codec for the planner contract of DESIGN.md §4: a Batch in, a Plan
+// JSON codec for the planner contract of docs/architecture.md §4: a Batch in, a Plan
 // out (units: bytes, seconds, bits per second). Used by the `mlfabric-plan`
 // CLI and by tests; the service speaks protobuf and does not need it.
 //
@@ -45,7 +45,7 @@ absl::StatusOr<Batch> BatchFromJsonText(const std::string& text);
 // The inverse of BatchFromJson (every field written; round-trips exactly).
 nlohmann::ordered_json BatchToJson(const Batch& batch);
 
-// The plan exactly as DESIGN.md §4 lays it out (keys in that order).
+// The plan exactly as docs/architecture.md §4 lays it out (keys in that order).
 nlohmann::ordered_json PlanToJson(const Plan& plan);
 
 }  // namespace mlfabric::core

@@ -1,4 +1,4 @@
-// libFuzzer target for the planner JSON contract (plan_json.h, DESIGN.md):
+// libFuzzer target for the planner JSON contract (plan_json.h, docs/architecture.md):
 // any text must parse to a batch or give an error, never a crash; an
 // accepted batch encodes and parses back to the same JSON; and both
 // planners answer a small accepted batch with a plan or an error, never a

@@ -1,5 +1,5 @@
 // The planner interface: what the scheduler service calls once per server
-// per batch (DESIGN.md §3 step 2). Implementations are pure: the batch holds
+// per batch (docs/architecture.md §3 step 2). Implementations are pure: the batch holds
 // every input (time, network, randomness seed), the plan is the only output.
 //
 //   std::unique_ptr<Planner> planner = MakePlanner("fifo").value();

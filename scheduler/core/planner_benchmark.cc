@@ -34,7 +34,7 @@
 // ms/batch is the median wall time over timed passes (the fastest in
 // brackets, the median process CPU time in square brackets: on a shared
 // machine the CPU time shows what the planner itself costs);
-// figures are printed, never asserted (DESIGN.md §10: machines are noisy).
+// figures are printed, never asserted (docs/architecture.md §10: machines are noisy).
 #include <malloc.h>
 #include <time.h>
 

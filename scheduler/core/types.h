@@ -1,5 +1,5 @@
 // Value types of the scheduler core: one batch of update-transfer requests
-// in, one plan out. They mirror the planner JSON contract of DESIGN.md §4
+// in, one plan out. They mirror the planner JSON contract of docs/architecture.md §4
 // field for field (units: bytes, seconds, bits per second), so the service,
 // the `mlfabric-plan` CLI and the tests all speak the same language.
 //
@@ -45,7 +45,7 @@ struct ShardPart {
   int64_t bytes = 0;
 };
 
-// One pushed update waiting to be scheduled (DESIGN.md §3 step 1).
+// One pushed update waiting to be scheduled (docs/architecture.md §3 step 1).
 struct UpdateRequest {
   std::string id;
   std::string worker;   // source host

@@ -1,5 +1,5 @@
 // The batch builder: turns one server's pending updates and the cluster's
-// view of the network into the core::Batch the planner takes (DESIGN.md §3
+// view of the network into the core::Batch the planner takes (docs/architecture.md §3
 // step 2). Pure: the live scheduler service and the simulator (eval/sim)
 // build their batches with it, so both plan exactly the same inputs.
 //

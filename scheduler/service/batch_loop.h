@@ -1,4 +1,4 @@
-// BatchLoop: the scheduler's one batching thread (DESIGN.md §3 step 2): it
+// BatchLoop: the scheduler's one batching thread (docs/architecture.md §3 step 2): it
 // runs a batch cycle every `interval_ms` on a steady schedule (a slow cycle
 // delays the next, it never piles them up), and at once when woken (which
 // leaves the schedule as it was).

@@ -1,6 +1,6 @@
 // ClusterState: everything the scheduler knows about hosts, jobs, servers
 // and pushes, and the outcome state machine that ends every push exactly
-// once (DESIGN.md §3 step 7): applied (with its version and delay),
+// once (docs/architecture.md §3 step 7): applied (with its version and delay),
 // dropped (with the planner's reason) or failed (with the error).
 //
 // A push is kPending from SubmitUpdate until a batch plans it, then

@@ -1,5 +1,5 @@
 // CommandOutbox: the scheduler's per-host queues of DaemonCommands, drained
-// by each daemon's StreamSchedules call (DESIGN.md §3 step 3).
+// by each daemon's StreamSchedules call (docs/architecture.md §3 step 3).
 //
 // A host's queue exists from its registration (Open, with the incarnation
 // the scheduler handed out) until it is marked down (Close) or registers

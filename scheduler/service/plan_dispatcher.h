@@ -1,4 +1,4 @@
-// PlanDispatcher: carries a planned batch out (DESIGN.md §3 step 3). For
+// PlanDispatcher: carries a planned batch out (docs/architecture.md §3 step 3). For
 // each update in commit order it sends the source daemon its SendTransfer
 // and the server's daemon (or the aggregator's) what to expect at which
 // commit position; it opens each in-network aggregate (§5.2) the first time

@@ -1,5 +1,5 @@
 // RestartLedger: a restarted scheduler's account of its predecessor's
-// pushes (DESIGN.md §3a "Scheduler restart"; in_doubt.h): what the daemons
+// pushes (docs/architecture.md §3a "Scheduler restart"; in_doubt.h): what the daemons
 // tell it as they register again, kept until each push ends exactly once.
 //
 // It keeps, by push (or copy) transfer id:

@@ -1,4 +1,4 @@
-// Configuration of mlfabric-scheduler (DESIGN.md §8): built-in defaults
+// Configuration of mlfabric-scheduler (docs/architecture.md §8): built-in defaults
 // below, overridden by the --config JSON file, overridden by flags of the
 // same names. Unknown keys, wrong types and out-of-range values are errors.
 #ifndef MLFABRIC_SCHEDULER_SERVICE_SCHEDULER_CONFIG_H_
@@ -150,7 +150,7 @@ struct SchedulerConfig {
   bool admin_read_auth = false;
   // The admin endpoint serves HTTPS only, with tls_cert_file/tls_key_file.
   bool admin_https = false;
-  // Authentication (DESIGN.md §3a, scheduler/service/README.md "Security").
+  // Authentication (docs/architecture.md §3a, docs/operations/security.md).
   // Hosts authenticate with the cluster secret (read from this file, mode
   // 0600) or, with tls_client_ca_file, a client certificate whose common
   // name is the host's name. Either is required on a non-loopback

@@ -1,4 +1,4 @@
-// SchedulerService: mlfabric-scheduler's state and logic (DESIGN.md §3),
+// SchedulerService: mlfabric-scheduler's state and logic (docs/architecture.md §3),
 // with no gRPC in it: the handlers take the protocol's messages and return
 // absl::Status; SchedulerGrpcService (grpc_service.h) is the face that
 // converts to grpc::Status and runs the StreamSchedules streams.

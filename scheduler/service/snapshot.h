@@ -70,7 +70,7 @@ struct SchedulerStats {
 };
 
 // One host's NIC as the scheduler sees it now. The network view the planner
-// gets is `reported - reserved` per direction (DESIGN.md §4).
+// gets is `reported - reserved` per direction (docs/architecture.md §4).
 struct HostView {
   std::string name;
   std::string data_address;
@@ -94,7 +94,7 @@ struct ServerView {
   int64_t model_version = 0;
   int64_t pending = 0;
   int64_t in_flight = 0;
-  // Server groups (README "Server groups"): a group's shards, in byte
+  // Server groups (docs/user-guide/sharded-servers.md): a group's shards, in byte
   // order; a shard's group.
   std::vector<std::string> shards;
   std::string group;

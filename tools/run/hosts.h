@@ -1,4 +1,4 @@
-// mlfabric-run across the hosts of an Open MPI hostfile (DESIGN.md §9):
+// mlfabric-run across the hosts of an Open MPI hostfile (docs/architecture.md §9):
 // which hosts a hostfile names, which of them is this machine, and the
 // per-host daemon launcher that mlfabric-run starts on every host through
 // mpirun itself (no ssh of its own):

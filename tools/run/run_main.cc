@@ -1,5 +1,5 @@
 // mlfabric-run: launches a training job with Open MPI's mpirun, with
-// MLfabric's scheduler and daemons up for it (DESIGN.md §9).
+// MLfabric's scheduler and daemons up for it (docs/architecture.md §9).
 //
 //   mlfabric-run -np 4 python3 train.py
 //   mlfabric-run -np 4 ./my_cpp_worker --flag=value
@@ -54,7 +54,7 @@ constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...
   -np N               number of ranks (default 1)
   --hostfile FILE     Open MPI hostfile (default: this host only); starts the
                       scheduler here and one mlfabricd on every host of it,
-                      through mpirun (README "Launch on many hosts")
+                      through mpirun (docs/operations/many-hosts.md)
   --planner P         scheduler planner: mlfabric | fifo (default mlfabric;
                       fifo is the vanilla-PS baseline)
   --delay_bound K     the job's tau_max in model versions (default 30)

@@ -14,14 +14,14 @@ line differs; run under `mlfabric-run -np N`):
         hvd.callbacks.MetricAverageCallback(),
         hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1 * hvd.size(), warmup_epochs=3)])
 
-Asynchronous parameter server (MLfabric-A, DESIGN.md §3):
+Asynchronous parameter server (MLfabric-A, docs/architecture.md §3):
 
     trainer = hvd.AsyncPSTrainer(model, loss_fn, server="ps0", learning_rate=0.05)
     if hvd.rank() == 0: trainer.start_server()     # hosts the model (python=True: in numpy)
     stats = trainer.train(dataset_batches, steps=200)   # pushes -lr*grad per layer, gets the model
     stats["dropped"], stats["delays"]                   # dropped updates, delay of each applied one
 
-A model split across S servers (a server group, README.md "Server groups"):
+A model split across S servers (a server group, docs/user-guide/sharded-servers.md):
 
     trainer = hvd.AsyncPSTrainer(model, loss_fn, server="ps", shards=2)
     if hvd.rank() < 2: trainer.start_server(shard=hvd.rank())  # "ps-0", "ps-1"
