@@ -445,6 +445,18 @@ absl::Status Daemon::Wait() {
 
 std::optional<v1::EntityGoneReport> Daemon::ForgetAppLocked(
     const std::shared_ptr<AppSession>& app) {
+  if (app->role == v1::ROLE_WORKER) {
+    // The scheduler removes it from its job's members (elastic rounds,
+    // scheduler/service/round_tracker.h); its pushes end on their own.
+    if (!app->registered) return std::nullopt;
+    v1::EntityGoneReport report;
+    report.set_host(config_.host);
+    report.set_job(app->job);
+    report.set_role(app->role);
+    report.set_name(app->name);
+    report.set_reason("its connection to the daemon closed");
+    return report;
+  }
   const std::optional<std::string> endpoint = servers_->ForgetLocked(app);
   if (!endpoint.has_value()) return std::nullopt;
   const std::string why = absl::StrCat("server '", app->name, "' disconnected before applying it");

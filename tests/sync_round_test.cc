@@ -406,6 +406,44 @@ TEST_CASE("A sync job whose worker's host dies goes on with the survivors; sums 
   CHECK(ps.counts == std::vector<int>{3, 3, 2, 2, 2});
 }
 
+TEST_CASE("A sync job whose worker application exits goes on with the others; sums stay exact") {
+  // The same, but only worker 2's application ends (its daemon stays): the
+  // daemon reports it gone (ReportEntityGone, ROLE_WORKER) and the rounds
+  // after it are summed over the two others.
+  auto c = StartCluster({"s1", "w1", "w2", "w3"}, {}, {}, R"(, "mode": "sync")");
+  constexpr size_t kDim = 100000;
+  constexpr int kBefore = 2, kRounds = 5;
+  auto server = Server::Connect(Options(*c, "s1", "ps0"));
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  MemberSizedServer ps(std::move(*server), [](int round) { return round < kBefore ? 3 : 2; },
+                       kDim);
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (int w = 0; w < 3; ++w) {
+    auto worker = Worker::Connect(Options(*c, "w" + std::to_string(w + 1), "w" + std::to_string(w)));
+    REQUIRE(worker.ok());
+    workers.push_back(std::move(*worker));
+  }
+  RunMembers(workers, 3, 0, kBefore, kDim);
+
+  workers.pop_back();  // w2's application closes its connection to w3's daemon
+  REQUIRE(launch::WaitUntil([&] {
+    return c->scheduler().Log().find("worker w2 left (its application left host w3") !=
+           std::string::npos;
+  }, 30));
+  CHECK(c->scheduler().Log().find("membership generation 5, 2 member(s)") != std::string::npos);
+
+  RunMembers(workers, 2, kBefore, kRounds, kDim);
+  REQUIRE(launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(ps.mu);
+    return static_cast<int>(ps.rounds.size()) >= kRounds;
+  }, 30));
+  std::lock_guard<std::mutex> lock(ps.mu);
+  for (const std::string& e : ps.errors) FAIL_CHECK("server: " << e);
+  CHECK(ps.rounds == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(ps.counts == std::vector<int>{3, 3, 2, 2, 2});
+}
+
 TEST_CASE("member_loss fail: the round a dying worker leaves open fails once, saying why") {
   // The survivors' pushes of round 2 are at the scheduler (its debug log
   // says so) when worker 2's host dies: round 2 fails on both with the
