@@ -28,6 +28,8 @@ The kernels are asynchronous and only forward into the C++ core; calls on one
 AllReducer run in call order, so every rank must issue the same sequence.
 """
 import pickle
+import sys
+import types
 import weakref
 
 import numpy as np
@@ -188,19 +190,28 @@ def _as_bytes(tensor):
     return tf.cast(tensor, tf.uint8) if tensor.dtype == tf.bool else tensor
 
 
+def _scale(tensor, factor):
+    """tensor * factor as Horovod scales: integers in float64 and float16 in
+    float32 (then cast back, truncating), other types in their own."""
+    if factor == 1.0:
+        return tensor
+    dtype = tensor.dtype
+    wide = tf.float32 if dtype == tf.float16 else tf.float64 if dtype.is_integer else dtype
+    if wide == dtype:
+        return tensor * tf.cast(factor, dtype)
+    return tf.cast(tf.cast(tensor, wide) * tf.cast(factor, wide), dtype)
+
+
 def _reduce_value(tensor, op, compression, prescale_factor, postscale_factor, reducer):
     """The forward value of a dense allreduce (no gradient of its own)."""
-    if prescale_factor != 1.0:
-        tensor = tensor * tf.cast(prescale_factor, tensor.dtype)
+    tensor = _scale(tensor, prescale_factor)
     wire, ctx = compression.compress(tensor)
     total = compression.decompress(_sum(wire, reducer, op), ctx)
     if op == Average:
         # Over the contributions actually summed (backup workers leave the
         # latest out: reducer.summed < reducer.size).
         total = total / tf.cast(reducer.summed, total.dtype)
-    if postscale_factor != 1.0:
-        total = total * tf.cast(postscale_factor, total.dtype)
-    return total
+    return _scale(total, postscale_factor)
 
 
 def _allreduce_dense(tensor, op, compression, prescale_factor, postscale_factor, reducer):
@@ -499,16 +510,13 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 def _reducescatter_value(tensor, op, prescale_factor, postscale_factor, reducer):
     """The forward value: postscale * reducescatter(prescale * tensor), Average
     as the sum divided by the size."""
-    if prescale_factor != 1.0:
-        tensor = tensor * tf.cast(prescale_factor, tensor.dtype)
+    tensor = _scale(tensor, prescale_factor)
     reduce_op = Sum if op == Average else op
     out = _ordered(lambda: _ops.mlfabric_reducescatter(tensor, handle=reducer.handle,
                                                        reduce_op=reduce_op))
     if op == Average:
         out = out / tf.cast(reducer.size, out.dtype)
-    if postscale_factor != 1.0:
-        out = out * tf.cast(postscale_factor, out.dtype)
-    return out
+    return _scale(out, postscale_factor)
 
 
 def _reducescatter(tensor, op, prescale_factor, postscale_factor, reducer):
@@ -1061,3 +1069,15 @@ def get(worker, server, dtype=tf.float32, priority=0):
     among this job's traffic (lower first; 0, the default, is the most
     urgent)."""
     return _ops.mlfabric_get(handle=worker.handle, server=server, T=dtype, priority=priority)
+
+
+def _executing_eagerly():
+    """Horovod's horovod.tensorflow.util._executing_eagerly."""
+    return tf.executing_eagerly()
+
+
+# Horovod's `horovod.tensorflow.util`, for programs (and Horovod's own tests)
+# that import from it: `from mlfabric.tensorflow.util import _executing_eagerly`.
+util = types.ModuleType(__name__ + ".util", "Horovod's horovod.tensorflow.util helpers.")
+util._executing_eagerly = _executing_eagerly
+sys.modules[util.__name__] = util
