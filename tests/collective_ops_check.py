@@ -7,7 +7,9 @@ through the scheduler's rounds, min/max/product through MPI):
      uint16 under sum, min, max and product, exactly the values computed here
      from both ranks' inputs (integers wrap modulo 2^width, as Open MPI's);
   2. TensorFlow, eagerly and in a tf.function: hvd.allreduce with op=Min, Max,
-     Product (and Sum, Average) on those dtypes and float32; grouped_allreduce
+     Product (and Sum, Average) on those dtypes and float32; pre- and
+     postscale of int32 in float64 and float16 in float32, as Horovod's;
+     grouped_allreduce
      with op=Max over mixed dtypes; broadcast and allgather of bool;
   3. alltoall (even, uneven and zero splits, an empty tensor, bool) and
      reducescatter / grouped_reducescatter (Sum, Average, Min, an uneven
@@ -110,6 +112,17 @@ for backend in ("mpi", "mlfabric"):
     # prescale/postscale around Max: max(2 * x_r) * 0.5.
     scaled = hvd.allreduce(x, op=hvd.Max, prescale_factor=2.0, postscale_factor=0.5, reducer=red)
     expect(np.array_equal(scaled.numpy(), [3.0, -2.0, 6.0]), "%s scaled max" % backend)
+    # Horovod scales integers in float64 and float16 in float32, truncating
+    # back: int32 prescale 0.19 of [10, -7, 3] is [1, -1, 0] on each rank.
+    ints = tf.constant([10, -7, 3], tf.int32)
+    pre = hvd.allreduce(ints, op=hvd.Sum, prescale_factor=0.19, reducer=red)
+    expect(np.array_equal(pre.numpy(), [2, -2, 0]), "%s int32 prescale %s" % (backend, pre))
+    post = hvd.allreduce(ints, op=hvd.Sum, postscale_factor=0.19, reducer=red)
+    expect(np.array_equal(post.numpy(), [3, -2, 1]), "%s int32 postscale %s" % (backend, post))
+    halves = tf.constant([1.5, 2.5], tf.float16)
+    half_pre = hvd.allreduce(halves, op=hvd.Sum, prescale_factor=0.3, reducer=red)
+    want = (np.float32([1.5, 2.5]) * np.float32(0.3)).astype(np.float16) * np.float16(2)
+    expect(np.array_equal(half_pre.numpy(), want), "%s float16 prescale %s" % (backend, half_pre))
     grouped = hvd.grouped_allreduce(
         [tf.constant(data(rank, np.int8)), x, tf.constant(data(rank, np.uint16))], op=hvd.Max,
         reducer=red)
