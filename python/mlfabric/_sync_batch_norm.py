@@ -30,6 +30,12 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     has no fused kernel); `synchronized=True` (tf.distribute's) is refused.
     `reducer`: the AllReducer (default: mlfabric.init()'s)."""
 
+    # The Sum allreduce with its gradient, (tensor, reducer) -> tensor. This
+    # module sits below mlfabric.tensorflow in the package's layer order
+    # (tools/layering), so mlfabric.tensorflow sets it when it hands the
+    # class out.
+    _sum_over_ranks = None
+
     def __init__(self, fused=None, reducer=None, **kwargs):
         if fused:
             raise ValueError("SyncBatchNormalization: fused=True is not supported (Keras 3 "
@@ -62,8 +68,11 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         # whose cancellation float64 absorbs for float32 data far from 0.
         count, mean, m2 = (tf.cast(t, tf.float64) for t in (count, mean, m2))
         stats = tf.stack([count * mean, m2 + count * tf.square(mean), count])
-        from mlfabric import tensorflow as mtf
-        total, total_sq, count = tf.unstack(mtf.allreduce(stats, op=mtf.Sum, reducer=reducer))
+        sum_over_ranks = type(self)._sum_over_ranks
+        if sum_over_ranks is None:
+            raise RuntimeError("SyncBatchNormalization: take it from mlfabric.tensorflow or "
+                               "mlfabric.keras, which give it their allreduce")
+        total, total_sq, count = tf.unstack(sum_over_ranks(stats, reducer))
         mean = tf.math.divide_no_nan(total, count)
         # Rounding can leave a variance a hair below 0.
         variance = tf.maximum(tf.math.divide_no_nan(total_sq, count) - tf.square(mean), 0.0)

@@ -65,8 +65,12 @@ def __getattr__(name):
     # SyncBatchNormalization subclasses a Keras layer: Keras is imported on
     # first use only.
     if name == "SyncBatchNormalization":
-        from mlfabric._sync_batch_norm import SyncBatchNormalization
-        return SyncBatchNormalization
+        from mlfabric import _sync_batch_norm
+        layer = _sync_batch_norm.SyncBatchNormalization
+        if layer._sum_over_ranks is None:
+            layer._sum_over_ranks = staticmethod(
+                lambda tensor, reducer: allreduce(tensor, op=Sum, reducer=reducer))
+        return layer
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 def _check_dtype(tensor, allow_bool=False):

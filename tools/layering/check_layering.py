@@ -55,6 +55,7 @@ PYTHON_ORDER = [
     ("mlfabric._lib", "loads the native core"),
     ("mlfabric", "the core API (the package's __init__)"),
     ("mlfabric.compression", "TensorFlow compression of tensors"),
+    ("mlfabric._sync_batch_norm", "SyncBatchNormalization, on the core API's allreduce"),
     ("mlfabric.tensorflow", "TensorFlow ops and the Horovod TensorFlow API"),
     ("mlfabric.keras", "Keras 3 API, built on mlfabric.tensorflow"),
 ]

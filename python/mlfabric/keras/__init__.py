@@ -45,10 +45,11 @@ from mlfabric.tensorflow import (allgather_object, broadcast_object, broadcast_o
                                  ccl_built, cuda_built, ddl_built, global_process_set, gloo_built,
                                  gloo_enabled, join, mpi_built, mpi_enabled, nccl_built,
                                  rocm_built)
-from mlfabric._sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from mlfabric.keras import callbacks  # noqa: F401
 from mlfabric.keras.callbacks import (BroadcastGlobalVariablesCallback,  # noqa: F401
                                       MetricAverageCallback)
+
+SyncBatchNormalization = mtf.SyncBatchNormalization  # with mlfabric.tensorflow's allreduce
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
