@@ -152,6 +152,12 @@ void CheckCommand(const v1::DaemonCommand& command) {
     case v1::DaemonCommand::kRelease:
       if (command.release().transfer_id() == 0) Fail("malformed ReleaseDelivery", command);
       return;
+    case v1::DaemonCommand::kJobPriority:
+      if (command.job_priority().priority_class() < 0 ||
+          command.job_priority().priority_class() > 7) {
+        Fail("malformed JobPriority", command);
+      }
+      return;
     case v1::DaemonCommand::kCancel:
     case v1::DaemonCommand::kOutcome:
     case v1::DaemonCommand::kJobKey:
