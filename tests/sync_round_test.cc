@@ -366,11 +366,13 @@ void RunMembers(std::vector<std::unique_ptr<Worker>>& workers, int n, int first,
   }
 }
 
-TEST_CASE("A sync job whose worker's host dies goes on with the survivors; sums stay exact") {
-  // Elastic membership: a sync-mode job's server registered without a round
-  // size has rounds sized by the job's live workers. Worker 2's daemon is
-  // killed (its host dies); the scheduler drops it from the membership and
-  // the next rounds are summed over the two survivors.
+// Three members push kBefore rounds of a sync-mode job whose server has no
+// round size (rounds sized by the live members); `leave` removes worker 2
+// (w3's), and the scheduler's log must say `left_line`; the next rounds are
+// summed over the two others, each once, with exact sums.
+void MemberLeavesAndRoundsGoOn(
+    const std::function<void(launch::Cluster&, std::vector<std::unique_ptr<Worker>>&)>& leave,
+    const std::string& left_line) {
   auto c = StartCluster({"s1", "w1", "w2", "w3"}, {}, {}, R"(, "mode": "sync")");
   constexpr size_t kDim = 100000;
   constexpr int kBefore = 2, kRounds = 5;
@@ -387,13 +389,12 @@ TEST_CASE("A sync job whose worker's host dies goes on with the survivors; sums 
   }
   RunMembers(workers, 3, 0, kBefore, kDim);
 
-  REQUIRE(c->KillDaemon("w3").ok());
-  workers.pop_back();
+  leave(*c, workers);
   REQUIRE(launch::WaitUntil([&] {
-    return c->scheduler().Log().find("worker w2 left") != std::string::npos;
+    return c->scheduler().Log().find(left_line) != std::string::npos;
   }, 30));
-  const std::string log = c->scheduler().Log();
-  CHECK(log.find("membership generation 5, 2 member(s)") != std::string::npos);
+  // Three joins and one leave.
+  CHECK(c->scheduler().Log().find("membership generation 5, 2 member(s)") != std::string::npos);
 
   RunMembers(workers, 2, kBefore, kRounds, kDim);
   REQUIRE(launch::WaitUntil([&] {
@@ -406,42 +407,25 @@ TEST_CASE("A sync job whose worker's host dies goes on with the survivors; sums 
   CHECK(ps.counts == std::vector<int>{3, 3, 2, 2, 2});
 }
 
+TEST_CASE("A sync job whose worker's host dies goes on with the survivors; sums stay exact") {
+  // Elastic membership: worker 2's daemon is killed (its host dies); the
+  // scheduler drops it from the membership.
+  MemberLeavesAndRoundsGoOn(
+      [](launch::Cluster& c, std::vector<std::unique_ptr<Worker>>& workers) {
+        REQUIRE(c.KillDaemon("w3").ok());
+        workers.pop_back();
+      },
+      "worker w2 left");
+}
+
 TEST_CASE("A sync job whose worker application exits goes on with the others; sums stay exact") {
-  // The same, but only worker 2's application ends (its daemon stays): the
-  // daemon reports it gone (ReportEntityGone, ROLE_WORKER) and the rounds
-  // after it are summed over the two others.
-  auto c = StartCluster({"s1", "w1", "w2", "w3"}, {}, {}, R"(, "mode": "sync")");
-  constexpr size_t kDim = 100000;
-  constexpr int kBefore = 2, kRounds = 5;
-  auto server = Server::Connect(Options(*c, "s1", "ps0"));
-  INFO(server.status().ToString());
-  REQUIRE(server.ok());
-  MemberSizedServer ps(std::move(*server), [](int round) { return round < kBefore ? 3 : 2; },
-                       kDim);
-  std::vector<std::unique_ptr<Worker>> workers;
-  for (int w = 0; w < 3; ++w) {
-    auto worker = Worker::Connect(Options(*c, "w" + std::to_string(w + 1), "w" + std::to_string(w)));
-    REQUIRE(worker.ok());
-    workers.push_back(std::move(*worker));
-  }
-  RunMembers(workers, 3, 0, kBefore, kDim);
-
-  workers.pop_back();  // w2's application closes its connection to w3's daemon
-  REQUIRE(launch::WaitUntil([&] {
-    return c->scheduler().Log().find("worker w2 left (its application left host w3") !=
-           std::string::npos;
-  }, 30));
-  CHECK(c->scheduler().Log().find("membership generation 5, 2 member(s)") != std::string::npos);
-
-  RunMembers(workers, 2, kBefore, kRounds, kDim);
-  REQUIRE(launch::WaitUntil([&] {
-    std::lock_guard<std::mutex> lock(ps.mu);
-    return static_cast<int>(ps.rounds.size()) >= kRounds;
-  }, 30));
-  std::lock_guard<std::mutex> lock(ps.mu);
-  for (const std::string& e : ps.errors) FAIL_CHECK("server: " << e);
-  CHECK(ps.rounds == std::vector<int64_t>{0, 1, 2, 3, 4});
-  CHECK(ps.counts == std::vector<int>{3, 3, 2, 2, 2});
+  // Only worker 2's application ends (its daemon stays): the daemon reports
+  // it gone (ReportEntityGone, ROLE_WORKER).
+  MemberLeavesAndRoundsGoOn(
+      [](launch::Cluster&, std::vector<std::unique_ptr<Worker>>& workers) {
+        workers.pop_back();  // w2's application closes its connection to w3's daemon
+      },
+      "worker w2 left (its application left host w3");
 }
 
 TEST_CASE("member_loss fail: the round a dying worker leaves open fails once, saying why") {
