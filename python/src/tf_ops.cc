@@ -66,6 +66,34 @@ REGISTER_OP("MlfabricAllreduce")
     .Doc("Element-wise reduction (`reduce_op`) of `tensor` over all ranks of the AllReducer "
          "`handle`; inputs that differ across ranks fail every rank with FailedPrecondition.");
 
+// The end of an in-place collective (an mlf_done_fn): sets the kernel's
+// status, calls its done callback and frees itself.
+struct CollectiveDone {
+  OpKernelContext* c;
+  AsyncOpKernel::DoneCallback done;
+  static void Run(void* p, int code, const char* message) {
+    auto* self = static_cast<CollectiveDone*>(p);
+    self->c->SetStatus(ToStatus(code, message));
+    self->done();
+    delete self;
+  }
+};
+
+// Output 0, shaped as input 0 and holding a copy of it, for a collective
+// that works in place; nullptr once the kernel has failed (and `done` ran).
+char* InPlaceOutput(OpKernelContext* c, const AsyncOpKernel::DoneCallback& done) {
+  const Tensor& input = c->input(0);
+  Tensor* output = nullptr;
+  if (auto status = c->allocate_output(0, input.shape(), &output); !status.ok()) {
+    c->SetStatus(status);
+    done();
+    return nullptr;
+  }
+  char* data = const_cast<char*>(output->tensor_data().data());
+  if (input.TotalBytes() > 0) std::memcpy(data, input.tensor_data().data(), input.TotalBytes());
+  return data;
+}
+
 class AllreduceOp : public AsyncOpKernel {
  public:
   explicit AllreduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
@@ -75,29 +103,11 @@ class AllreduceOp : public AsyncOpKernel {
     op_ = OpCode(op);
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    char* data = InPlaceOutput(c, done);
+    if (data == nullptr) return;
     const Tensor& input = c->input(0);
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK_ASYNC(c, c->allocate_output(0, input.shape(), &output), done);
-    const size_t bytes = input.TotalBytes();
-    if (bytes > 0) {
-      std::memcpy(const_cast<char*>(output->tensor_data().data()), input.tensor_data().data(),
-                  bytes);
-    }
-    struct Ctx {
-      OpKernelContext* c;
-      DoneCallback done;
-    };
-    auto* ctx = new Ctx{c, std::move(done)};
-    mlf_ext_allreduce_async(
-        handle_, const_cast<char*>(output->tensor_data().data()), input.NumElements(),
-        DtypeCode(input.dtype()), op_,
-        [](void* p, int code, const char* message) {
-          auto* ctx = static_cast<Ctx*>(p);
-          ctx->c->SetStatus(ToStatus(code, message));
-          ctx->done();
-          delete ctx;
-        },
-        ctx);
+    mlf_ext_allreduce_async(handle_, data, input.NumElements(), DtypeCode(input.dtype()), op_,
+                            &CollectiveDone::Run, new CollectiveDone{c, std::move(done)});
   }
 
  private:
@@ -130,29 +140,12 @@ class BroadcastOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    char* data = InPlaceOutput(c, done);
+    if (data == nullptr) return;
     const Tensor& input = c->input(0);
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK_ASYNC(c, c->allocate_output(0, input.shape(), &output), done);
-    const size_t bytes = input.TotalBytes();
-    if (bytes > 0) {
-      std::memcpy(const_cast<char*>(output->tensor_data().data()), input.tensor_data().data(),
-                  bytes);
-    }
-    struct Ctx {
-      OpKernelContext* c;
-      DoneCallback done;
-    };
-    auto* ctx = new Ctx{c, std::move(done)};
-    mlf_ext_broadcast_async(
-        handle_, const_cast<char*>(output->tensor_data().data()), input.NumElements(),
-        DtypeCode(input.dtype()), static_cast<int>(root_),
-        [](void* p, int code, const char* message) {
-          auto* ctx = static_cast<Ctx*>(p);
-          ctx->c->SetStatus(ToStatus(code, message));
-          ctx->done();
-          delete ctx;
-        },
-        ctx);
+    mlf_ext_broadcast_async(handle_, data, input.NumElements(), DtypeCode(input.dtype()),
+                            static_cast<int>(root_), &CollectiveDone::Run,
+                            new CollectiveDone{c, std::move(done)});
   }
 
  private:
