@@ -442,6 +442,39 @@ absl::StatusOr<absl::Span<const std::byte>> PacketPool::Packet(TransferId transf
   return absl::Span<const std::byte>((*state)->sum + begin, end - begin);
 }
 
+absl::Status PacketPool::LowerExpected(TransferId transfer, uint32_t expected,
+                                       std::vector<uint32_t>* ready) {
+  auto it = transfers_.find(transfer);
+  if (it == transfers_.end()) {
+    return absl::NotFoundError(absl::StrCat("transfer ", transfer, " not registered"));
+  }
+  TransferState& state = *it->second;
+  if (expected == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", transfer, ": expected contributions cannot be lowered to 0"));
+  }
+  if (expected < state.joined || expected > state.spec.expected_contributions) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transfer ", transfer, ": cannot expect ", expected, " contributions with ",
+        state.joined, " joined and ", state.spec.expected_contributions, " expected so far"));
+  }
+  if (expected == state.spec.expected_contributions) return absl::OkStatus();
+  state.spec.expected_contributions = expected;
+  // No packet was ready: its credit is at most (its bytes x joined), below
+  // the old full credit. Those every joined contributor covered are now.
+  const uint64_t packet_bytes = state.spec.packet_bytes;
+  for (uint64_t p = 0; p < state.credit.size(); ++p) {
+    const uint64_t p_begin = p * packet_bytes;
+    const uint64_t p_end = std::min(p_begin + packet_bytes, state.spec.bytes);
+    if (state.credit[p] != (p_end - p_begin) * expected) continue;
+    --state.partial;  // full credit is never 0, so it was partial
+    --partial_packets_;
+    state.ready.push_back(static_cast<uint32_t>(p));
+    if (ready != nullptr) ready->push_back(static_cast<uint32_t>(p));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint32_t> PacketPool::JoinedContributions(TransferId transfer) const {
   absl::StatusOr<const TransferState*> state = Find(transfer);
   if (!state.ok()) return state.status();

@@ -150,6 +150,16 @@ class PacketPool {
   absl::Status Add(TransferId transfer, ContributorId contributor, uint64_t offset,
                    absl::Span<const std::byte> payload, std::vector<uint32_t>* ready);
 
+  // The sum is complete at `expected` contributions from now on, fewer
+  // than announced when the transfer was registered (a synchronous round
+  // whose member left before it pushed: docs/architecture.md §7). Packets
+  // every joined contributor has covered become ready now, appended to
+  // `ready` (if not null) as Add does. FailedPrecondition (naming both
+  // numbers) if `expected` is below the contributions joined so far or
+  // above the registered count; InvalidArgument for 0; NotFound for an
+  // unknown transfer. On error nothing changes.
+  absl::Status LowerExpected(TransferId transfer, uint32_t expected, std::vector<uint32_t>* ready);
+
   // Grid packets complete so far, in completion order; whether all are.
   absl::StatusOr<absl::Span<const uint32_t>> ReadyPackets(TransferId transfer) const;
   absl::StatusOr<bool> Complete(TransferId transfer) const;

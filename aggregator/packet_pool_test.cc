@@ -689,5 +689,50 @@ TEST_CASE("Unregistering forgets the transfer and its partial packets") {
   CHECK(ReadyOf(pool, 1) == std::vector<uint32_t>{0, 1, 2, 3, 4});
 }
 
+TEST_CASE("Lowering the expected count releases the packets the joined contributors covered") {
+  // A round of 3 members on a 16-float grid; the third leaves before it
+  // pushes, so the sum closes with the two that joined.
+  PacketPool pool;
+  std::vector<int32_t> sum(40, 0);  // packets of 16, 16, 8 elements
+  REQUIRE(pool.RegisterTransfer(9, Spec(DType::kInt32, 160, 64, 3), MutableBytes(sum)).ok());
+  REQUIRE(pool.AddContributor(9, 100).ok());
+  std::vector<int32_t> a(40), b(40);
+  for (int i = 0; i < 40; ++i) {
+    a[i] = i;
+    b[i] = 1000 * i;
+  }
+  std::vector<uint32_t> ready;
+  REQUIRE(pool.Add(9, 100, 0, Bytes(a), &ready).ok());
+  // Below the contributions joined: refused, nothing changes.
+  REQUIRE(pool.AddContributor(9, 200).ok());
+  CHECK(pool.LowerExpected(9, 1, &ready).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(pool.LowerExpected(9, 0, &ready).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(pool.LowerExpected(9, 4, &ready).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(pool.LowerExpected(8, 2, &ready).code() == absl::StatusCode::kNotFound);
+  REQUIRE(pool.Add(9, 200, 16 * 4, Slice(b, 16, 40), &ready).ok());
+  CHECK(ready.empty());
+  CHECK(pool.partial_packets() == 3);
+
+  REQUIRE(pool.LowerExpected(9, 2, &ready).ok());
+  CHECK(ready == std::vector<uint32_t>{1, 2});  // packet 0 still lacks b[0, 16)
+  CHECK(pool.partial_packets() == 1);
+  CHECK_FALSE(*pool.Complete(9));
+  // A third contributor no longer fits.
+  CHECK(pool.AddContributor(9, 300).code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(pool.Add(9, 200, 0, Slice(b, 0, 16), &ready).ok());
+  CHECK(ready == std::vector<uint32_t>{1, 2, 0});
+  CHECK(ReadyOf(pool, 9) == ready);
+  CHECK(*pool.Complete(9));
+  CHECK(pool.partial_packets() == 0);
+  for (int i = 0; i < 40; ++i) {
+    INFO("element " << i);
+    CHECK(sum[i] == a[i] + b[i]);
+  }
+  // Lowering to the count it has is a no-op.
+  ready.clear();
+  REQUIRE(pool.LowerExpected(9, 2, &ready).ok());
+  CHECK(ready.empty());
+}
+
 }  // namespace
 }  // namespace mlfabric::aggregator
