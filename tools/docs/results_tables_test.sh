@@ -1,0 +1,60 @@
+#!/bin/bash
+# Fails when a generated table of docs/results.md differs from what
+# results_tables.py renders from the committed JSON, after proving on
+# fixtures that the check catches a drifted table, a marker naming no
+# table and a table whose markers are gone, and that --write repairs the
+# drift. Reads the doc and the JSON from the source tree this script's
+# runfile links to, so the test is tagged "external" (never cached).
+set -euo pipefail
+script="${TEST_SRCDIR:-.}/mlfabric/tools/docs/results_tables.py"
+root="$(cd "$(dirname "$(readlink -f "$script")")/../.." && pwd)"
+if [[ ! -f $root/WORKSPACE || ! -f $root/docs/results.md ]]; then
+  echo "results_tables_test: cannot find the source tree from $script (got $root)" >&2
+  exit 1
+fi
+fixture="$(mktemp -d)"
+trap 'rm -rf "$fixture"' EXIT
+
+# expect_failure NAME MESSAGE: the check must fail on $fixture/NAME and say MESSAGE.
+expect_failure() {
+  local out
+  if out="$(python3 "$script" --root "$root" --doc "$fixture/$1" --check 2>&1)"; then
+    echo "results_tables_test: the check passed $1; it said:" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+  if ! grep -qF -- "$2" <<<"$out"; then
+    echo "results_tables_test: on $1 the check did not report \"$2\"; it said:" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+}
+
+# A cell of the simulator's Table 2 changed by hand.
+sed '/^<!-- table: sim-table2 /,/^<!-- end table -->/s/| simulator, τ = 30 | 0\.[0-9][0-9] |/| simulator, τ = 30 | 9.99 |/' \
+    "$root/docs/results.md" >"$fixture/drifted.md"
+if cmp -s "$root/docs/results.md" "$fixture/drifted.md"; then
+  echo "results_tables_test: the fixture did not change the Table 2 row; has the table moved?" >&2
+  exit 1
+fi
+expect_failure drifted.md "table(s) sim-table2 differ from their JSON"
+expect_failure drifted.md "-| simulator, τ = 30 | 9.99 |"
+
+# --write puts the rendered table back, and nothing else changes.
+python3 "$script" --root "$root" --doc "$fixture/drifted.md" --write >/dev/null
+python3 "$script" --root "$root" --doc "$fixture/drifted.md" --check >/dev/null
+sed '/^<!-- table: sim-table2 /,/^<!-- end table -->/d' "$root/docs/results.md" >"$fixture/a.md"
+sed '/^<!-- table: sim-table2 /,/^<!-- end table -->/d' "$fixture/drifted.md" >"$fixture/b.md"
+if ! diff -u "$fixture/a.md" "$fixture/b.md"; then
+  echo "results_tables_test: --write changed lines outside the drifted table" >&2
+  exit 1
+fi
+
+sed 's/^<!-- table: sim-overhead /<!-- table: no-such-table /' "$root/docs/results.md" >"$fixture/unknown.md"
+expect_failure unknown.md "no generated table is named 'no-such-table'"
+sed '/^<!-- table: sim-overhead /d' "$root/docs/results.md" >"$fixture/unmarked.md"
+expect_failure unmarked.md "no markers for the generated table(s) sim-overhead"
+sed '0,/^<!-- end table -->/{/^<!-- end table -->/d}' "$root/docs/results.md" >"$fixture/unended.md"
+expect_failure unended.md "has no '<!-- end table -->' after it"
+
+exec python3 "$script" --root "$root" --check
