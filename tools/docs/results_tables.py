@@ -255,6 +255,63 @@ def planner_sim_shards(root):
     return table(["batch", "p50", "p99", "Alg. 2's share"], rows)
 
 
+# --- §3 and §4: AllReduce and the data plane ------------------------------
+
+
+def allreduce_hosts(root):
+    """§3.2: a daemon per rank against Open MPI over TCP, the per-pair means
+    and the ratio of their sums (as bench/allreduce_hosts.sh prints it)."""
+    where = "docs/results/allreduce-hosts.json"
+    data = one(root, where)
+    targets = field(data, "target_ratio", where)
+    rows = []
+    for entry in field(data, "results", where):
+        fabric, mpi = field(entry, "mlfabric_ms", where), field(entry, "mpi_tcp_ms", where)
+        count = field(entry, "count", where)
+        if str(count) not in targets:
+            raise Problem("%s: no target_ratio for %d floats" % (where, count))
+        rows.append([str(field(entry, "ranks", where)), fixed(count, 0),
+                     ", ".join(sig(v, 3) for v in fabric) + " ms",
+                     ", ".join(sig(v, 3) for v in mpi) + " ms",
+                     sig(sum(fabric) / sum(mpi), 2) + "×", "≤ %g×" % targets[str(count)]])
+    return table(["ranks", "float32 elements", "mlfabric", "Open MPI over TCP", "ratio", "target"],
+                 rows)
+
+
+def dataplane(root):
+    """§4: the data-plane figures against their targets."""
+    where = "docs/results/dataplane.json"
+    data = one(root, where)
+    target = field(data, "targets", where)
+    cpu, switches = field(data, "cpu_s_per_gb", where), field(data, "context_switches_per_mib", where)
+    two = lambda v: fixed(v, 2)
+    encryption = field(data, "encryption", where)
+    auth = field(data, "authentication", where)
+    preemption = field(data, "preemption", where)
+    rows = [
+        ["goodput, daemon / raw socket",
+         ", ".join(percent(v) for v in field(data, "goodput_daemon_over_raw", where)),
+         target["goodput"]],
+        ["CPU per GB, sending / receiving daemon", "%s / %s CPU-s" % (
+            span(field(cpu, "sending", where), two), span(field(cpu, "receiving", where), two)),
+         target["cpu"]],
+        ["context switches per MiB, sending / receiving", "%s / %s" % (
+            span(field(switches, "sending", where), two),
+            span(field(switches, "receiving", where), two)), target["context_switches"]],
+        ["goodput with payload encryption / without", "%s (CPU %s / %s CPU-s per GB)" % (
+            percent(field(encryption, "goodput_ratio", where)),
+            two(field(encryption, "cpu_s_per_gb_with", where)),
+            two(field(encryption, "cpu_s_per_gb_without", where))), target["encryption"]],
+        ["goodput with authentication / without (%s)" % field(auth, "date", where),
+         percent(field(auth, "goodput_ratio", where)), target["authentication"]],
+        ["an urgent packet behind a %d MiB transfer, paced link" % field(
+            preemption, "transfer_mib", where), "median %s packet-times" % " and ".join(
+                sig(v, 2) for v in field(preemption, "urgent_packet_delay_median_packet_times",
+                                         where)), target["preemption"]],
+    ]
+    return table(["figure", "measured", "target"], rows)
+
+
 # --- the doc ----------------------------------------------------------------
 
 # name: (the files it reads, as the marker names them; the renderer).
@@ -264,6 +321,8 @@ TABLES = {
     "sim-overhead": ("eval/sim/results/overhead.json", sim_overhead),
     "sim-shards-1000": ("docs/results/sim-shards-1000.json", sim_shards_1000),
     "planner-sim-shards": ("docs/results/planner-sim-shards.json", planner_sim_shards),
+    "allreduce-hosts": ("docs/results/allreduce-hosts.json", allreduce_hosts),
+    "dataplane": ("docs/results/dataplane.json", dataplane),
 }
 
 
