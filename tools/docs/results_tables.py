@@ -71,10 +71,10 @@ def span(values, fmt):
 
 
 def table(header, rows, rule=None):
-    lines = ["| " + " | ".join(header) + " |",
-             rule or "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+    """A Markdown table; an empty cell is written "| |"."""
+    def line(cells):
+        return "|" + "".join(" %s |" % cell if cell else " |" for cell in cells)
+    return [line(header), rule or line("---" for _ in header)] + [line(row) for row in rows]
 
 
 # --- loading --------------------------------------------------------------
@@ -193,9 +193,7 @@ def sim_table2(root):
         rows.append(["simulator, τ = %d" % tau] +
                     ["%.2f" % (sum(cells[key]) / len(cells[key])) for key in TABLE2_CELLS])
     header = [""] + ["%s-%s" % key for key in TABLE2_CELLS]
-    lines = table(header, rows, rule="|" + "---|" * len(header))
-    lines[0] = lines[0].replace("|  |", "| |", 1)
-    return lines
+    return table(header, rows, rule="|" + "---|" * len(header))
 
 
 # The paper's planning times of a batch (MLfabric §7.4), beside the simulator's.
@@ -253,6 +251,86 @@ def planner_sim_shards(root):
                      "%s ms" % fixed(field(batch, "p99_ms", where), 0),
                      percent(field(batch, "alg2_share", where))])
     return table(["batch", "p50", "p99", "Alg. 2's share"], rows)
+
+
+# --- §2: Mercury and TensorLights -------------------------------------------
+
+
+def signed_percent(ratio):
+    """ratio - 1 as a percentage with a typographic minus: −19.7 %."""
+    return ("%+.1f %%" % (100 * (ratio - 1))).replace("-", "−").lstrip("+")
+
+
+def summaries(root, path, run_name, *keys):
+    """{the run's keys: summary} of one named run of an ablation's results
+    file; one key gives plain values, several give tuples."""
+    data = one(root, path)
+    where = "%s: run %s" % (path, run_name)
+    out = {}
+    for run in field(field(field(data, "runs", path), run_name, where), "runs", where):
+        name = tuple(field(run, key, where) for key in keys)
+        if run.get("error"):
+            raise Problem("%s: %s failed: %s" % (where, "/".join(name), run["error"]))
+        out[name if len(name) > 1 else name[0]] = field(run, "summary", where)
+    return out, where
+
+
+MERCURY_MODELS = [("vgg16", "VGG-16"), ("resnet50", "ResNet-50")]
+
+
+def mercury(root):
+    """§2.1: the Mercury ablation's mean iteration per variant (run
+    mercury-final) and the plain PS (run mercury-single)."""
+    path = "eval/testbed/mercury_results.json"
+    final, where = summaries(root, path, "mercury-final", "model", "variant")
+    single, where_single = summaries(root, path, "mercury-single", "model", "variant")
+    rows = []
+    for model, title in MERCURY_MODELS:
+        def get(runs, variant, where):
+            summary = runs.get((model, variant))
+            if summary is None:
+                raise Problem("%s: no %s %s run" % (where, model, variant))
+            return field(summary, "iteration_mean_s", where), field(summary, "front_ready_mean_s", where)
+        for variant, label, baseline in [("prio", "prio", "fifo"), ("fifo", "fifo", None),
+                                         ("prio+rounds", "prio+rounds", "fifo+rounds")]:
+            mean, front = get(final, variant, where)
+            versus = ""
+            if baseline:
+                versus = signed_percent(mean / get(final, baseline, where)[0])
+                versus += "" if baseline == "fifo" else " (vs %s)" % baseline
+            rows.append([title, label, "%.3f s" % mean, versus, "%.3f s" % front])
+        mean, front = get(single, "single", where_single)
+        rows.append([title, "single (plain PS)", "%.3f s" % mean, "", "%.3f s" % front])
+    return table(["model", "variant", "iteration, mean", "vs fifo",
+                  "first layer back after the backward pass"], rows)
+
+
+TLS_VARIANTS = [("fifo", "FIFO"), ("one", "TLs-One"), ("rr", "TLs-RR")]
+
+
+def tensorlights(root):
+    """§2.2: setting C's two runs (tls-C, tls-C2), each variant against the
+    FIFO of its own run."""
+    path = "eval/testbed/tls_results.json"
+    runs = [summaries(root, path, name, "variant") for name in ("tls-C", "tls-C2")]
+    period = field(field(field(one(root, path), "runs", path)["tls-C"], "config", path),
+                   "rr_period_s", path)
+    rows = []
+    for variant, label in TLS_VARIANTS:
+        jct, versus, spread = [], [], []
+        for summary_of, where in runs:
+            if variant not in summary_of or "fifo" not in summary_of:
+                raise Problem("%s: no %s or fifo run" % (where, variant))
+            mean = field(summary_of[variant], "avg_jct_s", where)
+            jct.append("%.2f s" % mean)
+            versus.append(signed_percent(mean / field(summary_of["fifo"], "avg_jct_s", where)))
+            spread.append("%.4f" % field(summary_of[variant], "barrier_var_mean_s2", where))
+        if variant == "rr":
+            label += " (every %g s)" % period
+        rows.append([label, ", ".join(jct), "" if variant == "fifo" else ", ".join(versus),
+                     ", ".join(spread) + " s²"])
+    return table(["variant", "average job completion time (two runs)", "against FIFO",
+                  "barrier-wait variance, mean"], rows)
 
 
 # --- §3 and §4: AllReduce and the data plane ------------------------------
@@ -316,6 +394,8 @@ def dataplane(root):
 
 # name: (the files it reads, as the marker names them; the renderer).
 TABLES = {
+    "mercury": ("eval/testbed/mercury_results.json: runs mercury-final, mercury-single", mercury),
+    "tensorlights": ("eval/testbed/tls_results.json: runs tls-C, tls-C2", tensorlights),
     "sim-planning-charged": ("docs/results/sim-planning-charged.json", sim_planning_charged),
     "sim-table2": ("eval/sim/results/table2-*.json", sim_table2),
     "sim-overhead": ("eval/sim/results/overhead.json", sim_overhead),
