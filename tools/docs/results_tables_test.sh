@@ -50,6 +50,25 @@ if ! diff -u "$fixture/a.md" "$fixture/b.md"; then
   exit 1
 fi
 
+# A new run's JSON without --write: the table no longer matches its file.
+tree="$fixture/tree"
+mkdir -p "$tree/eval/sim" "$tree/eval/testbed" "$tree/docs"
+cp -r "$root/eval/sim/results" "$tree/eval/sim/"
+cp "$root"/eval/testbed/*_results.json "$tree/eval/testbed/"
+cp -r "$root/docs/results" "$tree/docs/"
+python3 -c 'import json, sys
+path = sys.argv[1]
+data = json.load(open(path))
+data["overhead"][-1]["ms_mean"] = 70.0
+json.dump(data, open(path, "w"))' "$tree/eval/sim/results/overhead.json"
+cp "$root/docs/results.md" "$fixture/rerun.md"
+if out="$(python3 "$script" --root "$tree" --doc "$fixture/rerun.md" --check 2>&1)" ||
+    ! grep -qF -- "/ 70 ms | 1460 ms |" <<<"$out"; then
+  echo "results_tables_test: a changed overhead.json did not fail the check with its new row; it said:" >&2
+  echo "$out" >&2
+  exit 1
+fi
+
 sed 's/^<!-- table: sim-overhead /<!-- table: no-such-table /' "$root/docs/results.md" >"$fixture/unknown.md"
 expect_failure unknown.md "no generated table is named 'no-such-table'"
 sed '/^<!-- table: sim-overhead /d' "$root/docs/results.md" >"$fixture/unmarked.md"
