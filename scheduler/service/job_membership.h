@@ -14,6 +14,7 @@
 //   members.Join("w1", 10.0, "registered on host h1");   // generation 2
 //   members.Leave("w1", 12.5, "its host h1 is down");    // generation 3
 //   members.size();                                      // 0
+//   members.JoinedAt("w1");                              // 0: no member
 //
 // Pure: no clock, no I/O. Thread safety: none (the scheduler service's lock).
 #ifndef MLFABRIC_SCHEDULER_SERVICE_JOB_MEMBERSHIP_H_
@@ -49,6 +50,13 @@ class JobMembership {
   bool Leave(const std::string& worker, double now_s, const std::string& reason);
 
   bool Contains(const std::string& worker) const { return members_.count(worker) > 0; }
+  // The generation `worker`'s current membership began with (its latest
+  // join); 0 if it is no member. A worker is a member of generation g when
+  // JoinedAt(worker) is in [1, g]: one that left and joined again after g
+  // is not, though it is a member now.
+  uint64_t JoinedAt(const std::string& worker) const;
+  // The members of generation `generation` that are members still.
+  size_t MembersSince(uint64_t generation) const;
   size_t size() const { return members_.size(); }
   const std::set<std::string>& members() const { return members_; }
   uint64_t generation() const { return generation_; }
@@ -61,6 +69,7 @@ class JobMembership {
   void Record(const std::string& worker, bool joined, double now_s, const std::string& reason);
 
   std::set<std::string> members_;
+  std::map<std::string, uint64_t> joined_at_;  // by member
   uint64_t generation_ = 1;
   std::deque<MembershipChange> history_;
   std::map<std::string, MembershipChange> left_;  // workers not rejoined, by name

@@ -51,5 +51,27 @@ TEST_CASE("The history keeps the newest changes only") {
   CHECK(members.generation() == 201);
 }
 
+TEST_CASE("JoinedAt tells a member of an older generation from one that joined again since") {
+  JobMembership members;
+  members.Join("w1", 1.0, "registered");  // generation 2
+  members.Join("w2", 2.0, "registered");  // 3
+  CHECK(members.JoinedAt("w1") == 2);
+  CHECK(members.JoinedAt("w2") == 3);
+  CHECK(members.JoinedAt("nobody") == 0);
+  CHECK(members.MembersSince(2) == 1);
+  CHECK(members.MembersSince(3) == 2);
+  members.Leave("w1", 3.0, "its host is down");  // 4
+  CHECK(members.JoinedAt("w1") == 0);
+  CHECK(members.MembersSince(3) == 1);
+  members.Join("w1", 4.0, "registered again");  // 5
+  // A member now, but not of generation 3 or 4.
+  CHECK(members.JoinedAt("w1") == 5);
+  CHECK(members.MembersSince(4) == 1);
+  CHECK(members.MembersSince(5) == 2);
+  // Registering again while a member keeps its generation.
+  members.Join("w2", 5.0, "registered again");
+  CHECK(members.JoinedAt("w2") == 3);
+}
+
 }  // namespace
 }  // namespace mlfabric
