@@ -51,19 +51,21 @@ bool MemberSizedRounds(const JobState& job, const ServerState& server) {
 
 int64_t DelayBound(const JobState& job) {
   // An ssp job's K bounds iterations (AwaitClock); versions stay bounded
-  // by tau_max, as for async jobs_.
+  // by tau_max, as for async jobs. A worker that left bounds nothing.
   int64_t bound = job.config.tau_max;
-  for (const auto& [name, worker] : job.workers) {
-    if (worker.delay_bound >= 0) bound = std::min(bound, worker.delay_bound);
+  for (const std::string& name : job.membership.members()) {
+    const WorkerInfo* worker = FindOrNull(job.workers, name);
+    if (worker != nullptr && worker->delay_bound >= 0) bound = std::min(bound, worker->delay_bound);
   }
   return bound;
 }
 
 double DivergenceBound(const JobState& job) {
   double bound = job.config.divergence_max;
-  for (const auto& [name, worker] : job.workers) {
-    if (worker.divergence_bound > 0) {
-      bound = bound > 0 ? std::min(bound, worker.divergence_bound) : worker.divergence_bound;
+  for (const std::string& name : job.membership.members()) {
+    const WorkerInfo* worker = FindOrNull(job.workers, name);
+    if (worker != nullptr && worker->divergence_bound > 0) {
+      bound = bound > 0 ? std::min(bound, worker->divergence_bound) : worker->divergence_bound;
     }
   }
   return bound;

@@ -158,10 +158,12 @@ int32_t RoundSize(const JobState& job, const ServerState& server);
 // Whether the server's rounds are sized by the job's members (a sync-mode
 // job's server registered without M).
 bool MemberSizedRounds(const JobState& job, const ServerState& server);
-// The tightest delay bound among the job's workers and its tau_max (an ssp
-// job's K bounds iterations instead, scheduler_service.h AwaitClock).
+// The tightest delay bound among the job's live members (job_membership.h:
+// a worker that left bounds nothing) and its tau_max (an ssp job's K bounds
+// iterations instead, scheduler_service.h AwaitClock).
 int64_t DelayBound(const JobState& job);
-// The tightest divergence bound (§5.3); 0 = none.
+// The tightest divergence bound (§5.3) among the job's divergence_max and
+// its live members' own; 0 = none.
 double DivergenceBound(const JobState& job);
 
 // The epoch of a scheduler started at Unix time `wall_s`: whole seconds

@@ -522,16 +522,29 @@ TEST_CASE("job policies: round size, delay bound and divergence bound") {
   job.config.backup_workers = 0;
   server.round_size = 5;
   CHECK(RoundSize(job, server) == 5);
+  // The bounds are the live members' too: a worker that left binds no one.
   job.config.tau_max = 30;
   CHECK(DelayBound(job) == 30);
   job.workers["a"].delay_bound = 4;
+  CHECK(DelayBound(job) == 30);  // 'a' left
+  job.membership.Join("a", 5.0, "registered again");
   CHECK(DelayBound(job) == 4);
   job.config.mode = JobMode::kSsp;
   job.config.staleness_k = 2;
   CHECK(DelayBound(job) == 4);  // K bounds clocks, not versions
   CHECK(DivergenceBound(job) == 0);
   job.workers["b"].divergence_bound = 3.5;
+  CHECK(DivergenceBound(job) == 0);  // 'b' left
+  job.membership.Join("b", 6.0, "registered again");
   CHECK(DivergenceBound(job) == 3.5);
+  job.config.divergence_max = 2.0;
+  CHECK(DivergenceBound(job) == 2.0);
+  job.config.divergence_max = 5.0;
+  CHECK(DivergenceBound(job) == 3.5);
+  job.membership.Leave("b", 7.0, "its application left");
+  job.membership.Leave("a", 7.0, "its application left");
+  CHECK(DivergenceBound(job) == 5.0);
+  CHECK(DelayBound(job) == 30);
 }
 
 }  // namespace

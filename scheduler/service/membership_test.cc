@@ -5,7 +5,9 @@
 // processes: tests/sync_round_test ("a worker's host dies").
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "scheduler/core/fifo_planner.h"
@@ -15,7 +17,8 @@ namespace mlfabric {
 namespace {
 
 struct SyncJob {
-  explicit SyncJob(MemberLoss loss) : service(Config(loss), &clock, Planner()) {
+  explicit SyncJob(MemberLoss loss, JobMode mode = JobMode::kSync)
+      : service(Config(loss, mode), &clock, Planner()) {
     for (const char* host : {"s1", "w1", "w2", "w3"}) {
       v1::RegisterHostRequest request;
       request.set_protocol_version(1);
@@ -28,11 +31,15 @@ struct SyncJob {
     REQUIRE(Register(v1::ROLE_SERVER, "ps0", "s1").ok());
     for (const char* w : {"w1", "w2", "w3"}) REQUIRE(Register(v1::ROLE_WORKER, w, w).ok());
   }
-  static SchedulerConfig Config(MemberLoss loss) {
+  static SchedulerConfig Config(MemberLoss loss, JobMode mode) {
     SchedulerConfig config;
     config.batch_interval_ms = 3600e3;  // batches are cut by the test only
-    JobConfig job{"demo", "demo-token", 30, JobMode::kSync};
+    // Long enough that a get held back by a worker that left cannot pass
+    // for one that was let go (it would come back timed out).
+    config.ssp_max_wait_s = 120;
+    JobConfig job{"demo", "demo-token", 30, mode};
     job.member_loss = loss;
+    job.staleness_k = 1;
     config.jobs = {job};
     return config;
   }
@@ -90,6 +97,17 @@ struct SyncJob {
 
 bool Has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+// Waits for `done` (polled), up to 30 s; false if it never came.
+template <typename Done>
+bool WaitFor(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 TEST_CASE("Membership: each join and leave is a generation, with when and why") {
@@ -225,6 +243,40 @@ TEST_CASE("fail: the open round fails once with the reason; the next has the new
   const uint64_t surplus = f.Push("extra", 1, nullptr, "w1");
   f.service.RunBatchCycle();
   CHECK(Has(f.Ended(surplus).reason, "round 1 closed with its first 2 pushes"));
+}
+
+TEST_CASE("ssp: a slowest worker that leaves no longer holds the others back") {
+  SyncJob f(MemberLoss::kShrink, JobMode::kSsp);  // K = 1
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(f.Push("w1", i) != 0);
+    REQUIRE(f.Push("w2", i) != 0);
+  }
+  // w3 has pushed nothing: w1, three ahead, waits at its get for it.
+  v1::AwaitClockReply reply;
+  absl::Status awaited;
+  std::thread get([&] {
+    v1::AwaitClockRequest request;
+    request.set_job("demo");
+    request.set_worker("w1");
+    awaited = f.service.AwaitClock(request, &reply);
+  });
+  const bool waiting = WaitFor([&] { return !f.Job().ssp_waiting.empty(); });
+  CHECK(waiting);
+  if (waiting) {
+    const JobView::SspWait wait = f.Job().ssp_waiting.at(0);
+    CHECK(wait.slowest_worker == "w3");
+    CHECK(wait.slowest_clock == 0);
+  }
+  // Its application goes (its daemon lives on): it is no member now, and
+  // the waiting get goes ahead, within K of the slowest live member.
+  REQUIRE(f.AppGone("w3").ok());
+  get.join();
+  REQUIRE(awaited.ok());
+  CHECK_FALSE(reply.timed_out());
+  CHECK(reply.clock() == 3);
+  CHECK(reply.slowest_clock() == 3);
+  CHECK(reply.slowest_worker() != "w3");
+  CHECK(f.Job().ssp_waiting.empty());
 }
 
 }  // namespace

@@ -576,8 +576,11 @@ void SchedulerService::EndStream(const std::string& host_name, uint64_t incarnat
 std::pair<std::string, int64_t> SchedulerService::SlowestWorkerLocked(
     const std::string& job_name, const JobState& job) const {
   std::pair<std::string, int64_t> slowest{"", -1};
-  for (const auto& [name, info] : job.workers) {
-    if (state_.AliveHost(info.host) == nullptr) continue;  // gone: does not hold others back
+  // Only live members: a worker that left (its host died, or its
+  // application disconnected from a daemon that lives on) holds no one back.
+  for (const std::string& name : job.membership.members()) {
+    const WorkerInfo* info = FindOrNull(job.workers, name);
+    if (info == nullptr || state_.AliveHost(info->host) == nullptr) continue;
     const int64_t clock = state_.stragglers.Iterations(job_name, name);
     if (slowest.second < 0 || clock < slowest.second) slowest = {name, clock};
   }
@@ -764,6 +767,7 @@ absl::Status SchedulerService::ReportEntityGone(const v1::EntityGoneReport& requ
       // go on without it (round_tracker.h MemberLeft).
       MemberLeft(&state_, request.job(), request.name(), why);
       loop_.Wake();  // a round it held back may be complete now
+      clocks_cv_.notify_all();  // nor does it hold back an ssp job's clocks
       return absl::OkStatus();
     }
     default:

@@ -218,7 +218,8 @@ class SchedulerService {
   // ssp gets waiting, by (job, worker), and counts per job since start.
   std::map<std::pair<std::string, std::string>, JobView::SspWait> ssp_waiting_;
   std::map<std::string, std::pair<int64_t, int64_t>> ssp_wait_counts_;  // job -> (waits, timeouts)
-  // The job's slowest worker on a live host: (name, clock); ("", -1) if none.
+  // The job's slowest live member (job_membership.h) on a live host:
+  // (name, clock); ("", -1) if none.
   std::pair<std::string, int64_t> SlowestWorkerLocked(const std::string& job_name,
                                                       const JobState& job) const;
   double stragglers_logged_s_ = -1;
