@@ -35,7 +35,9 @@ void AppendSegments(const std::vector<core::RateSegment>& segments,
 }  // namespace
 
 int32_t RoundSize(const JobState& job, const ServerState& server) {
-  if (server.round_size > 0) return std::max(1, server.round_size - server.backup_workers);
+  if (server.round_size > 0) {
+    return std::max(1, server.round_size - RanksLeft(job, server) - server.backup_workers);
+  }
   if (MemberSizedRounds(job, server)) {
     const int64_t members = static_cast<int64_t>(job.membership.size());
     return static_cast<int32_t>(std::max<int64_t>(1, members - job.config.backup_workers));
@@ -47,6 +49,18 @@ bool MemberSizedRounds(const JobState& job, const ServerState& server) {
   // Once a worker registered: a job whose members all left stays
   // synchronous (size 1) rather than turning asynchronous.
   return server.round_size == 0 && job.config.mode == JobMode::kSync && !job.workers.empty();
+}
+
+bool ElasticRanks(const JobState& job, const ServerState& server) {
+  return server.round_size > 0 && job.config.member_loss == MemberLoss::kShrink &&
+         job.config.member_loss_explicit;
+}
+
+int32_t RanksLeft(const JobState& job, const ServerState& server) {
+  if (!ElasticRanks(job, server)) return 0;
+  int32_t left = 0;
+  for (const std::string& rank : server.ranks) left += job.membership.Contains(rank) ? 0 : 1;
+  return left;
 }
 
 int64_t DelayBound(const JobState& job) {

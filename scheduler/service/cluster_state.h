@@ -65,9 +65,14 @@ namespace mlfabric {
 // model version `version`, summed at the server's daemon.
 struct RoundState {
   std::set<std::string> workers;  // who has a push in it
-  // Set when its first push is admitted, and kept: the pushes it closes
-  // with (its server's daemon is told this size with every member) and the
-  // job's membership generation then (job_membership.h).
+  // Set when its first push is accepted (OpenRound, round_tracker.h), and
+  // kept: the pushes it closes with (its server's daemon is told this size
+  // with every member) and the job's membership generation then
+  // (job_membership.h). Only members of that generation contribute to it:
+  // a worker that joins (or joins again) later counts from a later round.
+  // Before the round is announced to its server's daemon (no push
+  // admitted yet), a member leaving may lower its size (member_loss
+  // shrink); the generation stays.
   int32_t size = 0;
   uint64_t generation = 0;
   int64_t bytes = -1;             // every member's size and type
@@ -124,6 +129,9 @@ struct ServerState {
   int64_t in_flight = 0;
   int32_t round_size = 0;                 // as registered; see RoundSize
   int32_t backup_workers = 0;             // as registered (round servers)
+  // A server registered with round_size (an AllReduce root): the workers
+  // whose pushes its rounds admitted, its ranks (ElasticRanks).
+  std::set<std::string> ranks;
   std::map<int64_t, RoundState> rounds;   // by the members' version
 };
 
@@ -149,15 +157,25 @@ struct JobState {
 
 // Job policies (pure).
 // The round size in force for a server: the pushes a round sums and closes
-// with. M = as registered, else the number of live members of a sync-mode
-// job (job_membership.h) once a worker registered; less the backup workers
-// (the server's, else the sync job's), at least 1. 0: not a
-// synchronous-round server. A round keeps the size it opened with
-// (RoundState::size).
+// with. M = as registered (less its ranks that left, ElasticRanks), else
+// the number of live members of a sync-mode job (job_membership.h) once a
+// worker registered; less the backup workers (the server's, else the sync
+// job's), at least 1. 0: not a synchronous-round server. A round keeps the
+// size it opened with (RoundState::size), or a smaller one (MemberLeft).
 int32_t RoundSize(const JobState& job, const ServerState& server);
 // Whether the server's rounds are sized by the job's members (a sync-mode
 // job's server registered without M).
 bool MemberSizedRounds(const JobState& job, const ServerState& server);
+// Whether a server registered with M (an AllReduce root, any job mode)
+// follows its ranks' membership: only when the job's config says
+// "member_loss": "shrink" in so many words. Its rounds then have M less
+// its ranks (ServerState::ranks) that left the job; a rank that never
+// pushed is not known, so it counts until it has. Otherwise M is kept and
+// a rank that leaves fails the round it leaves open (round_tracker.h).
+bool ElasticRanks(const JobState& job, const ServerState& server);
+// The server's ranks that are no live members of the job (0 unless
+// ElasticRanks).
+int32_t RanksLeft(const JobState& job, const ServerState& server);
 // The tightest delay bound among the job's live members (job_membership.h:
 // a worker that left bounds nothing) and its tau_max (an ssp job's K bounds
 // iterations instead, scheduler_service.h AwaitClock).

@@ -17,9 +17,12 @@ namespace mlfabric {
 namespace {
 
 struct SyncJob {
-  explicit SyncJob(MemberLoss loss, JobMode mode = JobMode::kSync)
-      : service(Config(loss, mode), &clock, Planner()) {
-    for (const char* host : {"s1", "w1", "w2", "w3"}) {
+  // `round_size` > 0: ps0 is registered with it (as an AllReduce root is);
+  // `loss_written`: the config writes member_loss (JobConfig::member_loss_explicit).
+  explicit SyncJob(MemberLoss loss, JobMode mode = JobMode::kSync, int32_t round_size = 0,
+                   bool loss_written = false)
+      : service(Config(loss, mode, loss_written), &clock, Planner()) {
+    for (const char* host : {"s1", "w1", "w2", "w3", "w4"}) {
       v1::RegisterHostRequest request;
       request.set_protocol_version(1);
       request.set_host(host);
@@ -28,10 +31,10 @@ struct SyncJob {
       REQUIRE(service.RegisterHost(request, &reply).ok());
       incarnations[host] = reply.incarnation();
     }
-    REQUIRE(Register(v1::ROLE_SERVER, "ps0", "s1").ok());
+    REQUIRE(Register(v1::ROLE_SERVER, "ps0", "s1", round_size).ok());
     for (const char* w : {"w1", "w2", "w3"}) REQUIRE(Register(v1::ROLE_WORKER, w, w).ok());
   }
-  static SchedulerConfig Config(MemberLoss loss, JobMode mode) {
+  static SchedulerConfig Config(MemberLoss loss, JobMode mode, bool loss_written) {
     SchedulerConfig config;
     config.batch_interval_ms = 3600e3;  // batches are cut by the test only
     // Long enough that a get held back by a worker that left cannot pass
@@ -39,14 +42,17 @@ struct SyncJob {
     config.ssp_max_wait_s = 120;
     JobConfig job{"demo", "demo-token", 30, mode};
     job.member_loss = loss;
+    job.member_loss_explicit = loss_written;
     job.staleness_k = 1;
     config.jobs = {job};
     return config;
   }
   static std::unique_ptr<core::Planner> Planner() { return std::make_unique<core::FifoPlanner>(); }
 
-  absl::Status Register(v1::Role role, const std::string& name, const std::string& host) {
+  absl::Status Register(v1::Role role, const std::string& name, const std::string& host,
+                        int32_t round_size = 0) {
     v1::RegisterEntityRequest request;
+    request.set_round_size(round_size);
     request.set_job("demo");
     request.set_job_token("demo-token");
     request.set_role(role);
@@ -277,6 +283,116 @@ TEST_CASE("ssp: a slowest worker that leaves no longer holds the others back") {
   CHECK(reply.slowest_clock() == 3);
   CHECK(reply.slowest_worker() != "w3");
   CHECK(f.Job().ssp_waiting.empty());
+}
+
+TEST_CASE("A worker that joins while a round is open counts from the next round") {
+  SyncJob f(MemberLoss::kShrink);
+  const uint64_t a = f.Push("w1", 0);  // round 0 opens: size 3, generation 4
+  REQUIRE(f.Register(v1::ROLE_WORKER, "w4", "w4").ok());  // generation 5
+  CHECK(f.Job().generation == 5);
+  const uint64_t joiner = f.Push("w4", 0);  // pushed before the others: there is room
+  const uint64_t b = f.Push("w2", 0), c = f.Push("w3", 0);
+  f.service.RunBatchCycle();
+  // Round 0 is summed over the three of its generation; the newcomer's
+  // push is refused, naming both generations, not summed.
+  CHECK(f.InFlight() == 3);
+  for (uint64_t id : {a, b, c}) CHECK(f.Ended(id).outcome.empty());
+  const DropView refused = f.Ended(joiner);
+  INFO(refused.reason);
+  CHECK(refused.outcome == "dropped");
+  CHECK(refused.category == "stale_generation");
+  CHECK(Has(refused.reason, "worker 'w4' joined job 'demo' at membership generation 5, after "
+                            "round 0 opened at generation 4"));
+  CHECK(Has(refused.reason, "push round 1"));
+  // Round 1 opens at generation 5: it counts all four.
+  std::vector<uint64_t> next;
+  for (const char* w : {"w1", "w2", "w3", "w4"}) next.push_back(f.Push(w, 1));
+  const uint64_t surplus = f.Push("extra", 1, nullptr, "w1");
+  f.service.RunBatchCycle();
+  for (uint64_t id : next) CHECK(f.Ended(id).outcome.empty());
+  CHECK(f.InFlight() == 7);
+  CHECK(Has(f.Ended(surplus).reason, "round 1 closed with its first 4 pushes"));
+}
+
+TEST_CASE("A round announced before a worker joined does not take its push") {
+  SyncJob f(MemberLoss::kShrink);
+  const uint64_t a = f.Push("w1", 0);
+  f.service.RunBatchCycle();  // announced: size 3, generation 4
+  REQUIRE(f.Register(v1::ROLE_WORKER, "w4", "w4").ok());
+  const uint64_t joiner = f.Push("w4", 0);
+  f.service.RunBatchCycle();
+  CHECK(f.Ended(joiner).category == "stale_generation");
+  const uint64_t b = f.Push("w2", 0), c = f.Push("w3", 0);
+  f.service.RunBatchCycle();
+  CHECK(f.InFlight() == 3);
+  for (uint64_t id : {a, b, c}) CHECK(f.Ended(id).outcome.empty());
+}
+
+TEST_CASE("A worker that left and joined again is refused by the round opened before") {
+  SyncJob f(MemberLoss::kShrink);
+  const uint64_t a = f.Push("w1", 0);  // round 0 opens at generation 4, size 3
+  REQUIRE(f.AppGone("w3").ok());      // generation 5: round 0, not announced, has size 2
+  REQUIRE(f.Register(v1::ROLE_WORKER, "w3", "w3").ok());  // generation 6
+  const uint64_t rejoined = f.Push("w3", 0);
+  f.service.RunBatchCycle();
+  const DropView refused = f.Ended(rejoined);
+  INFO(refused.reason);
+  CHECK(refused.category == "stale_generation");
+  CHECK(Has(refused.reason, "joined job 'demo' at membership generation 6, after round 0 "
+                            "opened at generation 4"));
+  const uint64_t b = f.Push("w2", 0);
+  f.service.RunBatchCycle();
+  CHECK(f.InFlight() == 2);  // round 0: w1 and w2, its generation's members left
+  CHECK(f.Ended(a).outcome.empty());
+  CHECK(f.Ended(b).outcome.empty());
+  // A worker that never registered is no member of any generation.
+  const uint64_t stranger = f.Push("w9", 1, nullptr, "w1");
+  f.service.RunBatchCycle();
+  CHECK(f.Ended(stranger).category == "not_a_member");
+  CHECK(Has(f.Ended(stranger).reason, "worker 'w9' is no member of job 'demo'"));
+}
+
+TEST_CASE("An AllReduce root's rounds follow its ranks when member_loss is written shrink") {
+  SyncJob f(MemberLoss::kShrink, JobMode::kAsync, /*round_size=*/3, /*loss_written=*/true);
+  for (const char* w : {"w1", "w2", "w3"}) REQUIRE(f.Push(w, 0) != 0);
+  f.service.RunBatchCycle();  // round 0: its three ranks are known
+  REQUIRE(f.InFlight() == 3);
+  const uint64_t a = f.Push("w1", 1);  // round 1 opens with size 3
+  REQUIRE(f.AppGone("w3").ok());
+  const uint64_t b = f.Push("w2", 1);
+  const uint64_t surplus = f.Push("extra", 1, nullptr, "w1");
+  f.service.RunBatchCycle();
+  // Round 1, not yet announced when rank w3 left, is summed over two.
+  CHECK(f.Ended(a).outcome.empty());
+  CHECK(f.Ended(b).outcome.empty());
+  CHECK(f.InFlight() == 5);
+  CHECK(Has(f.Ended(surplus).reason, "round 1 closed with its first 2 pushes"));
+  // Its rank joining again counts from a round opened after.
+  REQUIRE(f.Register(v1::ROLE_WORKER, "w3", "w3").ok());
+  const uint64_t late = f.Push("w3", 1);
+  f.service.RunBatchCycle();
+  CHECK(f.Ended(late).outcome == "dropped");
+}
+
+TEST_CASE("An AllReduce root keeps its size by default: a rank leaving fails its round once") {
+  SyncJob f(MemberLoss::kShrink, JobMode::kAsync, /*round_size=*/3);  // member_loss not written
+  for (const char* w : {"w1", "w2", "w3"}) REQUIRE(f.Push(w, 0) != 0);
+  f.service.RunBatchCycle();
+  const uint64_t a = f.Push("w1", 1);
+  f.service.RunBatchCycle();
+  REQUIRE(f.AppGone("w3").ok());
+  const DropView ended = f.Ended(a);
+  INFO(ended.reason);
+  CHECK(ended.outcome == "failed");
+  CHECK(Has(ended.reason, "round 1 failed: worker 'w3' left the job"));
+  CHECK(Has(ended.reason, "registered with round size 3 (an AllReduce root)"));
+  CHECK(Has(ended.reason, "the next one waits for all 3 again"));
+  // Round 2 waits for three: a third push is no surplus.
+  std::vector<uint64_t> next;
+  for (const char* w : {"w1", "w2"}) next.push_back(f.Push(w, 2));
+  next.push_back(f.Push("extra", 2, nullptr, "w1"));
+  f.service.RunBatchCycle();
+  for (uint64_t id : next) CHECK(f.Ended(id).outcome.empty());
 }
 
 }  // namespace

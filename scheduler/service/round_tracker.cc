@@ -73,7 +73,45 @@ std::string RoundMismatch(const RoundState& round_state, const UpdateRecord& rec
   return mismatch;
 }
 
+// Why `record`'s worker may not contribute to a round opened at membership
+// generation `round_state.generation` ("" when it may): the contributors of
+// a member-sized round are the members of that generation (a worker that
+// joined, or left and joined again, since counts from a later round); an
+// elastic AllReduce root's are its ranks, less those that left and came back
+// since. The generation of a contribution is its worker's membership when it
+// is admitted (JobMembership::JoinedAt), so a push needs no field for it.
+std::string NotOfGeneration(const JobState& job, const ServerState& server,
+                            const RoundState& round_state, const UpdateRecord& record,
+                            int64_t round) {
+  const uint64_t generation = round_state.generation;
+  const bool members = MemberSizedRounds(job, server);
+  const bool ranks = ElasticRanks(job, server) && server.ranks.count(record.worker) > 0;
+  if (generation == 0 || (!members && !ranks)) return "";
+  const uint64_t joined = job.membership.JoinedAt(record.worker);
+  if (joined == 0) {
+    return absl::StrCat("not_a_member: worker '", record.worker, "' is no member of job '",
+                        record.job, "' (membership generation ", job.membership.generation(),
+                        "); round ", round, " sums the members of generation ", generation,
+                        "; register it to join from a later round");
+  }
+  if (joined <= generation) return "";
+  return absl::StrCat("stale_generation: worker '", record.worker, "' joined job '", record.job,
+                      "' at membership generation ", joined, ", after round ", round,
+                      " opened at generation ", generation,
+                      "; it counts from the next round it finds open: get round ", round,
+                      "'s sum and push round ", round + 1);
+}
+
 }  // namespace
+
+void OpenRound(const JobState& job, ServerState* server, int64_t round) {
+  const int32_t size = RoundSize(job, *server);
+  if (size <= 0 || round < server->model_version || round > server->model_version + 1) return;
+  RoundState& round_state = server->rounds[round];
+  if (round_state.size > 0 || !round_state.failed.empty()) return;
+  round_state.size = size;
+  round_state.generation = job.membership.generation();
+}
 
 bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
                   UpdateRecord* record) {
@@ -123,6 +161,13 @@ bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
                     0);
     return false;
   }
+  if (const JobState* job = state->FindJob(record->job); job != nullptr) {
+    const std::string stale = NotOfGeneration(*job, *server, round_state, *record, round);
+    if (!stale.empty()) {
+      state->Complete(id, v1::OUTCOME_DROPPED, stale, 0);
+      return false;
+    }
+  }
   const std::string mismatch = RoundMismatch(round_state, *record, round);
   if (!mismatch.empty()) {
     const std::string job_name = record->job, server_name = record->server;
@@ -138,6 +183,7 @@ bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
   round_state.bytes = record->bytes;
   round_state.dtype = record->dtype;
   round_state.workers.insert(record->worker);
+  if (server->round_size > 0) server->ranks.insert(record->worker);
   record->round_member = true;
   if (static_cast<int32_t>(round_state.workers.size()) == size) {
     MLF_LOG(DEBUG) << "job " << record->job << ": round " << round << " of server "
@@ -169,9 +215,28 @@ void FailLeaversPending(ClusterState* state, const std::string& job_name,
   }
 }
 
+// Who can still make `round_state` complete: its pushes in, plus the
+// contributors of its generation yet to push that are members still (an
+// elastic AllReduce root: its ranks, less those that left).
+size_t CanCome(const JobState& job, const ServerState& server, const RoundState& round_state) {
+  size_t can_come = round_state.workers.size();
+  if (server.round_size > 0) {
+    int64_t live = server.round_size - RanksLeft(job, server);
+    for (const std::string& w : round_state.workers) live -= job.membership.Contains(w) ? 1 : 0;
+    return can_come + static_cast<size_t>(std::max<int64_t>(0, live));
+  }
+  for (const std::string& member : job.membership.members()) {
+    if (round_state.workers.count(member) == 0 &&
+        job.membership.JoinedAt(member) <= round_state.generation) {
+      ++can_come;
+    }
+  }
+  return can_come;
+}
+
 // The rounds of `server` a push is in (admitted or pending) that have not
-// failed or got all their pushes, with whether they can still complete:
-// their pushes in plus the live members yet to push reach their size.
+// failed or got all their pushes, with whether they can still complete
+// (CanCome reaches their size).
 std::map<int64_t, bool> OpenRounds(const ClusterState& state, const JobState& job,
                                    const ServerState& server) {
   std::map<int64_t, bool> open;
@@ -181,22 +246,75 @@ std::map<int64_t, bool> OpenRounds(const ClusterState& state, const JobState& jo
         static_cast<int32_t>(round_state.workers.size()) >= round_state.size) {
       continue;
     }
-    size_t can_come = round_state.workers.size();
-    for (const std::string& member : job.membership.members()) {
-      can_come += round_state.workers.count(member) ? 0 : 1;
-    }
-    open[round] = static_cast<int32_t>(can_come) >= round_state.size;
+    open[round] = static_cast<int32_t>(CanCome(job, server, round_state)) >= round_state.size;
   }
   for (uint64_t id : server.pending) {
     const UpdateRecord* record = state.FindPush(id);
     if (record == nullptr || record->version < server.model_version) continue;
     auto known = server.rounds.find(record->version);
-    // Not sized yet: it is sized by the members left when admitted.
+    // Not announced yet: its size can still go down (ShrinkUnannounced).
     if (known == server.rounds.end() || known->second.workers.empty()) {
       open.emplace(record->version, true);
     }
   }
   return open;
+}
+
+// member_loss shrink: the rounds of `server` opened but not yet announced
+// to its daemon (no push admitted) are sized by the contributors of their
+// generation left (an elastic AllReduce root: its ranks left).
+void ShrinkUnannounced(const JobState& job, ServerState* server) {
+  for (auto& [round, round_state] : server->rounds) {
+    if (round < server->model_version || !round_state.failed.empty() ||
+        !round_state.workers.empty() || round_state.size <= 0) {
+      continue;
+    }
+    int32_t left = RoundSize(job, *server);
+    if (server->round_size == 0) {
+      const int64_t backup = job.config.backup_workers;
+      left = static_cast<int32_t>(std::max<int64_t>(
+          1, static_cast<int64_t>(job.membership.MembersSince(round_state.generation)) - backup));
+    }
+    round_state.size = std::min(round_state.size, left);
+  }
+}
+
+// MemberLeft at one server whose rounds counted `worker`: its pending
+// pushes fail, and its open rounds follow the member_loss in force there (a
+// server registered with M that is not ElasticRanks: fail, and M is kept).
+void SettleRoundsLeft(ClusterState* state, const std::string& job_name, JobState* job,
+                      const std::string& name, const std::string& worker,
+                      const std::string& left) {
+  ServerState& server = job->servers.at(name);
+  const bool explicit_size = server.round_size > 0;
+  const bool shrink = explicit_size ? ElasticRanks(*job, server)
+                                    : job->config.member_loss == MemberLoss::kShrink;
+  FailLeaversPending(state, job_name, name, &server, worker, left);
+  if (shrink) ShrinkUnannounced(*job, &server);
+  const int32_t next_size = RoundSize(*job, server);
+  for (const auto& [round, can_complete] : OpenRounds(*state, *job, server)) {
+    if (!shrink && explicit_size) {
+      state->FailRound(
+          job_name, name, round,
+          absl::StrCat(left, "; server '", name, "' was registered with round size ",
+                       server.round_size, " (an AllReduce root), which keeps it unless the "
+                       "job's config says \"member_loss\": \"shrink\", so the round fails; "
+                       "the next one waits for all ", next_size, " again"));
+    } else if (!shrink) {
+      state->FailRound(job_name, name, round,
+                       absl::StrCat(left, "; the job's member_loss is fail, so the round ",
+                                    "fails and the next one has size ", next_size));
+    } else if (!can_complete) {
+      const RoundState& round_state = server.rounds.at(round);
+      state->FailRound(
+          job_name, name, round,
+          absl::StrCat(left, "; server '", name, "''s daemon sums the round against size ",
+                       round_state.size, ", which the ", round_state.workers.size(),
+                       " push(es) in and the members left cannot reach (a round cannot ",
+                       "shrink once announced), so it fails; the next round has size ",
+                       next_size));
+    }
+  }
 }
 
 }  // namespace
@@ -225,28 +343,13 @@ void MemberLeft(ClusterState* state, const std::string& job_name, const std::str
                                         ") at membership generation ", generation);
   std::vector<std::string> servers;
   for (const auto& [name, server] : job->servers) {
-    if (MemberSizedRounds(*job, server)) servers.push_back(name);
+    // A server registered with M: only where the leaver is one of its ranks.
+    if (MemberSizedRounds(*job, server) || server.ranks.count(worker) > 0) {
+      servers.push_back(name);
+    }
   }
   for (const std::string& name : servers) {
-    ServerState& server = job->servers.at(name);
-    FailLeaversPending(state, job_name, name, &server, worker, left);
-    const int32_t next_size = RoundSize(*job, server);
-    for (const auto& [round, can_complete] : OpenRounds(*state, *job, server)) {
-      if (job->config.member_loss == MemberLoss::kFail) {
-        state->FailRound(job_name, name, round,
-                         absl::StrCat(left, "; the job's member_loss is fail, so the round ",
-                                      "fails and the next one has size ", next_size));
-      } else if (!can_complete) {
-        const RoundState& round_state = server.rounds.at(round);
-        state->FailRound(
-            job_name, name, round,
-            absl::StrCat(left, "; server '", name, "''s daemon sums the round against size ",
-                         round_state.size, ", which the ", round_state.workers.size(),
-                         " push(es) in and the members left cannot reach (a round cannot ",
-                         "shrink once announced), so it fails; the next round has size ",
-                         next_size));
-      }
-    }
+    SettleRoundsLeft(state, job_name, job, name, worker, left);
   }
 }
 

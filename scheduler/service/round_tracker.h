@@ -8,21 +8,25 @@
 // (ClusterState::FailRound), so no worker waits for a sum that can never be
 // complete.
 //
-// A round is sized when its first push is admitted (RoundState::size, with
-// the membership generation then) and keeps that size: every member is
-// announced to the server's daemon with it, and the daemon sums against it.
+// A round opens with its first accepted push (OpenRound: RoundState::size,
+// with the membership generation then) and keeps that size: every member
+// is announced to the server's daemon with it, and the daemon sums against
+// it. Only the members of that generation contribute: a worker that joins
+// while the round is open counts from the next one (AdmitToRound).
 // A worker leaving mid-round is MemberLeft's; the daemon cannot yet be told
 // a smaller size for a round it was announced, so under member_loss
 // "shrink" such a round completes only if the pushes in and those the
 // members left still owe reach its size (a follow-up: a daemon command that
 // lowers an announced round's size, so it completes with the survivors).
 //
-// Not yet elastic: servers registered with an explicit M (AllReduce roots).
-// Their members are the ranks, not the job's workers, so a rank that dies
-// still fails its round (its push never comes, round_timeout_s) and the
-// next rounds wait for M pushes again. A follow-up maps the ranks to the
-// job's membership so those rounds shrink too.
+// Servers registered with an explicit M (AllReduce roots): their members
+// are their ranks (ServerState::ranks, the workers whose pushes their
+// rounds admitted), not all the job's workers. With the job's config
+// saying "member_loss": "shrink" (ElasticRanks), their rounds shrink as
+// member-sized ones do; otherwise a rank that leaves fails the round it
+// leaves open, at once, and the next rounds wait for M pushes again.
 //
+//   OpenRound(job, &server, record.version);          // at SubmitUpdate
 //   if (AdmitToRound(&state, &server, RoundSize(job, server), &record)) { plan it }
 //   MemberLeft(&state, "job", "w3", "its application left host h3");
 //
@@ -37,8 +41,19 @@
 
 namespace mlfabric {
 
+// Round `round` of `server` opens with its first accepted push
+// (SubmitUpdate), if it is the server's open or next round: it takes the
+// size in force (RoundSize) and the job's membership generation then
+// (RoundState), so a worker that registers while it is open changes
+// neither and counts from a later round.
+void OpenRound(const JobState& job, ServerState* server, int64_t round);
+
 // True when `record` joined its round; otherwise it has ended (dropped or
-// failed, through `state`) and *record must not be used again.
+// failed, through `state`) and *record must not be used again. A push whose
+// worker is no contributor of the generation the round opened under is
+// dropped, the reason naming both generations: "stale_generation: ..." (it
+// joined, or left and joined again, after the round opened) or
+// "not_a_member: ..." (it is no member of a member-sized round's job).
 bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
                   UpdateRecord* record);
 
@@ -48,13 +63,14 @@ bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
 void MemberJoined(ClusterState* state, const std::string& job_name, const std::string& worker,
                   const std::string& host);
 // Worker `worker` left, `why`: a new generation. At each server whose
-// rounds the members size (MemberSizedRounds), its pushes not yet in a
-// round fail, and the rounds it leaves open follow the job's member_loss:
+// rounds the members size (MemberSizedRounds) or that counts it among its
+// ranks, its pushes not yet in a round fail, and the rounds it leaves open
+// follow the job's member_loss (a server with M not ElasticRanks: fail):
 // kFail fails each once, naming the worker, why it left and the new
 // generation; kShrink lets a round go on when its pushes in plus those the
 // members left owe still reach its size, and fails it otherwise. A round
-// not sized yet (its pushes still waiting for a batch) is sized by the
-// members left when they are admitted, so it completes with them.
+// not yet announced (its pushes still waiting for a batch) is resized to
+// the members of its generation left, so it completes with them.
 void MemberLeft(ClusterState* state, const std::string& job_name, const std::string& worker,
                 const std::string& why);
 // Host `host` is down (after ClusterState::MarkHostDown): its members leave.

@@ -108,6 +108,7 @@ void ReadJobs(ConfigReader* reader, SchedulerConfig* config) {
     std::string member_loss = MemberLossName(job.member_loss);
     job_reader.Enum("member_loss", &member_loss, {"shrink", "fail"});
     job.member_loss = member_loss == "fail" ? MemberLoss::kFail : MemberLoss::kShrink;
+    job.member_loss_explicit = jobs[i].is_object() && jobs[i].contains("member_loss");
     job_reader.String("user", &job.user);
     job_reader.Double("divergence_max", &job.divergence_max, 0, 1e12);
     job_reader.Double("momentum", &job.momentum, 0, 0.999999);
@@ -343,9 +344,13 @@ const char* JobsHelp() {
   return R"(  jobs (file only)     [{"name", "token", "tau_max", "mode" (async|sync|ssp),
                          "staleness_k", "backup_workers" (sync: a round
                          closes with workers - backup_workers pushes),
-                         "member_loss" (sync: shrink|fail, what the round
-                         in progress does when a worker leaves; default
-                         shrink),
+                         "member_loss" (shrink|fail, what the round in
+                         progress does when a worker leaves; default
+                         shrink for a sync job's member-sized rounds;
+                         servers registered with a round size, such as
+                         AllReduce roots, shrink with their ranks only
+                         when it is written "shrink", else keep it and
+                         fail the round a rank leaves open),
                          "divergence_max", "momentum", "user" (only
                          applications running as this user may register),
                          "priority_class" (0..7, 0 = most urgent),

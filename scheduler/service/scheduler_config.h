@@ -49,11 +49,17 @@ struct JobConfig {
   // sync only: a round closes with its first (workers - backup_workers)
   // pushes; later ones are dropped as late_for_round (Chen et al., 2016).
   int64_t backup_workers = 0;
-  // sync only, rounds sized by the job's members: a member leaving during a
-  // round. "shrink" (default): the round completes with the members that
-  // pushed if they make the new size, else waits for the members left;
-  // "fail": the round fails once, naming the worker and why it left.
+  // A member leaving during a round of a sync job's members (or, set
+  // explicitly, of an AllReduce root's ranks: member_loss_explicit).
+  // "shrink" (default): the round completes with the members that pushed
+  // if they make the new size, else waits for the members left; "fail":
+  // the round fails once, naming the worker and why it left.
   MemberLoss member_loss = MemberLoss::kShrink;
+  // Whether the config wrote member_loss. Servers registered with a round
+  // size (AllReduce roots) shrink with their ranks only when it says
+  // "shrink" in so many words: an AllReduce's caller may divide by the
+  // world size, so a sum over fewer ranks must be asked for.
+  bool member_loss_explicit = false;
   double divergence_max = 0;    // Div_max for a hot-standby replica (§5.3); 0 = none
   double momentum = 0;          // optimiser momentum gamma used by the divergence bound
   int64_t priority_class = 0;   // 0 = most urgent; its batches are planned first

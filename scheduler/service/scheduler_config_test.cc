@@ -126,6 +126,9 @@ TEST_CASE("Scheduler config: job parameters, admin keys, and their errors") {
   CHECK(config->jobs[1].mode == JobMode::kAsync);
   CHECK(config->jobs[1].member_loss == MemberLoss::kShrink);  // the default
   CHECK(config->jobs[2].member_loss == MemberLoss::kFail);
+  // Written or not: only a written "shrink" makes AllReduce roots elastic.
+  CHECK_FALSE(config->jobs[1].member_loss_explicit);
+  CHECK(config->jobs[2].member_loss_explicit);
   CHECK_FALSE(config->admin_read_auth);
   auto read_auth = Load({"--config=" + path, "--admin_read_auth=true"});
   REQUIRE(read_auth.ok());

@@ -522,6 +522,7 @@ void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
   reply->set_transfer_id(record.transfer_id);
   const int64_t round = record.version;
   state_.AddPush(std::move(record));
+  OpenRound(*job, server, round);  // round_tracker.h: its size and generation
   // A synchronous round is planned as soon as all its pushes are in, not at
   // the next batch tick: an AllReduce then costs a plan, not up to a batch
   // interval (issue 19). Asynchronous pushes keep batching.
