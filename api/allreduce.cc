@@ -353,7 +353,7 @@ absl::Status RoundsOnlySum(ReduceOp op) {
 // acknowledges each complete round and tells late joiners the version.
 class RootServer {
  public:
-  // `size`: the contributions each round sums.
+  // `size`: the contributions each round sums (at most).
   RootServer(std::unique_ptr<Server> server, int size) : server_(std::move(server)), size_(size) {
     version_ = server_->initial_version();
     first_version_ = version_;
@@ -378,9 +378,11 @@ class RootServer {
  private:
   absl::StatusOr<int64_t> OnUpdate(const Server::Update& u) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (u.count != size_) {
+    // Fewer when ranks left a job whose config writes "member_loss":
+    // "shrink": the scheduler then sizes the rounds by the ranks left.
+    if (u.count < 1 || u.count > size_) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "AllReduce root expects rounds of ", size_, " pushes, got ", u.count,
+          "AllReduce root expects rounds of at most ", size_, " pushes, got ", u.count,
           ": push to the AllReduce root only through AllReduce"));
     }
     version_ = std::max(version_, u.version + 1);
