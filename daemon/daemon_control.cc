@@ -164,6 +164,12 @@ void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSen
     case v1::DaemonCommand::kCancel:
       CancelLocked(command.cancel());
       break;
+    case v1::DaemonCommand::kShrinkRound: {
+      const v1::ShrinkRound& shrink = command.shrink_round();
+      rounds_->ShrinkLocked(daemon::ServerKey(shrink.job_id(), shrink.server()), shrink.round(),
+                            shrink.size(), shrink.reason());
+      break;
+    }
     case v1::DaemonCommand::kSnapshot:
       ApplySnapshotLocked(command.snapshot());
       break;

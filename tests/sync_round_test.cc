@@ -428,62 +428,109 @@ TEST_CASE("A sync job whose worker application exits goes on with the others; su
       "worker w2 left (its application left host w3");
 }
 
-TEST_CASE("member_loss fail: the round a dying worker leaves open fails once, saying why") {
-  // The survivors' pushes of round 2 are at the scheduler (its debug log
-  // says so) when worker 2's host dies: round 2 fails on both with the
-  // reason; round 3 is summed over the two, exact.
-  auto c = StartCluster({"s1", "w1", "w2", "w3"}, {"--log_level=debug"}, {},
-                        R"(, "mode": "sync", "member_loss": "fail")");
-  constexpr size_t kDim = 1000;
-  auto server = Server::Connect(Options(*c, "s1", "ps0"));
-  REQUIRE(server.ok());
-  MemberSizedServer ps(std::move(*server), [](int round) { return round < 2 ? 3 : 2; }, kDim);
+// Three members run rounds 0 and 1 of a sync job with `member_loss`; the
+// survivors' pushes of round 2 are announced to the server's daemon (the
+// scheduler's debug log says so) when worker 2's host dies. How each
+// survivor's round-2 push and get ended ("<outcome>: <reason> | get ok"
+// or the get's error), and the survivors, for rounds after.
+struct MemberDiesMidRound {
+  static constexpr size_t kDim = 1000;
+  std::unique_ptr<launch::Cluster> c;
+  std::unique_ptr<MemberSizedServer> ps;
   std::vector<std::unique_ptr<Worker>> workers;
-  for (int w = 0; w < 3; ++w) {
-    auto worker = Worker::Connect(Options(*c, "w" + std::to_string(w + 1), "w" + std::to_string(w)));
-    REQUIRE(worker.ok());
-    workers.push_back(std::move(*worker));
-  }
-  RunMembers(workers, 3, 0, 2, kDim);
+  std::vector<std::string> ended = std::vector<std::string>(2);
 
-  std::vector<std::string> ended(2);
-  std::vector<std::thread> threads;
-  for (int w = 0; w < 2; ++w) {
-    threads.emplace_back([&, w] {
-      const std::vector<float> mine = Update(w, 2, kDim);
-      auto pushed = workers[w]->Push("ps0", mine.data(), mine.size() * sizeof(float), 2, 0.0);
-      auto sum = workers[w]->Get("ps0");
-      const PushResult result = pushed.get();
-      ended[w] = std::string(PushOutcomeName(result.outcome)) + ": " + result.reason + " | " +
-                 (sum.ok() ? "get ok" : std::string(sum.status().message()));
-    });
+  MemberDiesMidRound(const std::string& member_loss, std::function<int(int)> members_of) {
+    c = StartCluster({"s1", "w1", "w2", "w3"}, {"--log_level=debug"}, {},
+                     R"(, "mode": "sync", "member_loss": ")" + member_loss + R"(")");
+    auto server = Server::Connect(Options(*c, "s1", "ps0"));
+    REQUIRE(server.ok());
+    ps = std::make_unique<MemberSizedServer>(std::move(*server), members_of, kDim);
+    for (int w = 0; w < 3; ++w) {
+      auto worker =
+          Worker::Connect(Options(*c, "w" + std::to_string(w + 1), "w" + std::to_string(w)));
+      REQUIRE(worker.ok());
+      workers.push_back(std::move(*worker));
+    }
+    RunMembers(workers, 3, 0, 2, kDim);
+    std::vector<std::thread> threads;
+    for (int w = 0; w < 2; ++w) {
+      threads.emplace_back([this, w] {
+        const std::vector<float> mine = Update(w, 2, kDim);
+        auto pushed = workers[w]->Push("ps0", mine.data(), mine.size() * sizeof(float), 2, 0.0);
+        auto sum = workers[w]->Get("ps0");
+        const PushResult result = pushed.get();
+        std::string got = "get ok";
+        if (!sum.ok()) {
+          got = std::string(sum.status().message());
+        } else if (sum->size() != kDim * sizeof(float)) {
+          got = "get of " + std::to_string(sum->size()) + " bytes";
+        } else {
+          // Exactly the two survivors' updates.
+          const std::vector<float> a = Update(0, 2, kDim), b = Update(1, 2, kDim);
+          std::vector<float> values(kDim);
+          std::memcpy(values.data(), sum->data(), sum->size());
+          for (size_t i = 0; i < kDim; ++i) {
+            if (values[i] != a[i] + b[i]) got = "get ok but element " + std::to_string(i) + " differs";
+          }
+        }
+        ended[w] = std::string(PushOutcomeName(result.outcome)) + ": " + result.reason + " | " + got;
+      });
+    }
+    REQUIRE(launch::WaitUntil([&] {
+      return testing::CountOccurrences(c->scheduler().Log(), " for round 2 at ") >= 2;
+    }, 30));
+    REQUIRE(c->KillDaemon("w3").ok());
+    for (auto& t : threads) t.join();
+    workers.pop_back();
   }
-  REQUIRE(launch::WaitUntil([&] {
-    return testing::CountOccurrences(c->scheduler().Log(), " for round 2 at ") >= 2;
-  }, 30));
-  REQUIRE(c->KillDaemon("w3").ok());
-  for (auto& t : threads) t.join();
-  workers.pop_back();
+
+  // Round 3 on the two survivors; the server then has `rounds` with `counts`.
+  void RoundThreeAndCheck(const std::vector<int64_t>& rounds, const std::vector<int>& counts) {
+    RunMembers(workers, 2, 3, 4, kDim);
+    REQUIRE(launch::WaitUntil([&] {
+      std::lock_guard<std::mutex> lock(ps->mu);
+      return ps->rounds.size() >= rounds.size();
+    }, 30));
+    std::lock_guard<std::mutex> lock(ps->mu);
+    for (const std::string& e : ps->errors) FAIL_CHECK("server: " << e);
+    CHECK(ps->rounds == rounds);
+    CHECK(ps->counts == counts);
+  }
+};
+
+TEST_CASE("member_loss fail: the round a dying worker leaves open fails once, saying why") {
+  // Round 2 fails on both survivors with the reason; round 3 is summed over
+  // the two, exact.
+  MemberDiesMidRound f("fail", [](int round) { return round < 2 ? 3 : 2; });
   for (int w = 0; w < 2; ++w) {
-    INFO("worker " << w << ": " << ended[w]);
-    CHECK(ended[w].rfind("failed: ", 0) == 0);
+    INFO("worker " << w << ": " << f.ended[w]);
+    CHECK(f.ended[w].rfind("failed: ", 0) == 0);
     // Directly, or through the in-network aggregate it was planned into.
-    CHECK(ended[w].find("round 2 failed: worker 'w2' left the job (its host w3 is down") !=
+    CHECK(f.ended[w].find("round 2 failed: worker 'w2' left the job (its host w3 is down") !=
           std::string::npos);
-    CHECK(ended[w].find("at membership generation 5") != std::string::npos);
-    CHECK(ended[w].find("member_loss is fail") != std::string::npos);
-    CHECK(ended[w].find("(round 2 opened at membership generation 4)") != std::string::npos);
-    CHECK(ended[w].find("get ok") == std::string::npos);
+    CHECK(f.ended[w].find("at membership generation 5") != std::string::npos);
+    CHECK(f.ended[w].find("member_loss is fail") != std::string::npos);
+    CHECK(f.ended[w].find("(round 2 opened at membership generation 4)") != std::string::npos);
+    CHECK(f.ended[w].find("get ok") == std::string::npos);
   }
-  RunMembers(workers, 2, 3, 4, kDim);
-  REQUIRE(launch::WaitUntil([&] {
-    std::lock_guard<std::mutex> lock(ps.mu);
-    return ps.rounds.size() >= 3;
-  }, 30));
-  std::lock_guard<std::mutex> lock(ps.mu);
-  for (const std::string& e : ps.errors) FAIL_CHECK("server: " << e);
-  CHECK(ps.rounds == std::vector<int64_t>{0, 1, 3});
-  CHECK(ps.counts == std::vector<int>{3, 3, 2});
+  f.RoundThreeAndCheck({0, 1, 3}, {3, 3, 2});
+}
+
+TEST_CASE("member_loss shrink: the round a dying worker leaves open completes with the others") {
+  // The server's daemon had round 2 announced with size 3; the scheduler
+  // tells it to close with 2, so both survivors' pushes apply, their gets
+  // return the exact sum of the two, and the server is handed count 2.
+  MemberDiesMidRound f("shrink", [](int round) { return round < 2 ? 3 : 2; });
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w << ": " << f.ended[w]);
+    CHECK(f.ended[w].rfind("applied: ", 0) == 0);
+    CHECK(f.ended[w].find("| get ok") != std::string::npos);
+    CHECK(f.ended[w].find("differs") == std::string::npos);
+  }
+  CHECK(f.c->scheduler().Log().find("round 2 closes with 2 of its 3 pushes (member_loss shrink)") !=
+        std::string::npos);
+  f.RoundThreeAndCheck({0, 1, 2, 3}, {3, 3, 2, 2});
 }
 
 }  // namespace

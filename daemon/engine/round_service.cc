@@ -102,6 +102,13 @@ void RoundService::FailLocked(const std::string& key, int64_t round, const std::
   ApplyLocked(fx);
 }
 
+void RoundService::ShrinkLocked(const std::string& key, int64_t round, int32_t size,
+                                const std::string& reason) {
+  RoundTable::Effects fx;
+  table_.Shrink(key, round, size, reason, &fx);
+  ApplyLocked(fx);
+}
+
 bool RoundService::FailMemberLocked(uint64_t transfer, const std::string& reason) {
   RoundTable::Effects fx;
   const bool member = table_.FailMemberRound(transfer, reason, &fx);

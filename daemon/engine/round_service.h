@@ -82,6 +82,9 @@ class RoundService : public LocalRoundSums {
                         bool spare_delivering = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   void FailLocked(const std::string& key, int64_t round, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  // Round `round` of `key` closes with `size` pushes (RoundTable::Shrink).
+  void ShrinkLocked(const std::string& key, int64_t round, int32_t size, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // Fails the round `transfer` is a member of; false if it is none's.
   bool FailMemberLocked(uint64_t transfer, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);

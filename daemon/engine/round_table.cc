@@ -168,6 +168,10 @@ void RoundTable::Fold(uint64_t transfer, const uint8_t* data, uint64_t offset, u
                fx);
     return;
   }
+  ReleaseLocked(it->first, round, ready_before, fx);
+}
+
+void RoundTable::ReleaseLocked(const Key& key, Round& round, size_t ready_before, Effects* fx) {
   if (round.ready.size() == ready_before) return;
   // Workers' gets stream the new chunks at once (Mercury PS).
   for (uint64_t stream : round.watchers) {
@@ -179,8 +183,39 @@ void RoundTable::Fold(uint64_t transfer, const uint8_t* data, uint64_t offset, u
   fx->changed = true;
   if (round.ready.size() == round.packets) {
     round.complete = true;
-    fx->complete.push_back(it->first);
+    fx->complete.push_back(key);
   }
+}
+
+void RoundTable::Shrink(const std::string& key, int64_t number, int32_t size,
+                        const std::string& reason, Effects* fx) {
+  MutexLock lock(&mu_);
+  auto it = rounds_.find(Key{key, number});
+  if (it == rounds_.end()) return;
+  Round& round = it->second;
+  if (round.bytes < 0 || !round.failed.empty() || round.complete || round.reported ||
+      size >= round.size) {
+    return;
+  }
+  if (size < round.contributions || size <= 0) {
+    FailLocked(it->first, round,
+               absl::StrCat("asked to close with ", size, " pushes (", reason, ") but ",
+                            round.contributions, " were announced"),
+               fx);
+    return;
+  }
+  const size_t ready_before = round.ready.size();
+  if (absl::Status lowered =
+          pool_.LowerExpected(round.pool_id, static_cast<uint32_t>(size), &round.ready);
+      !lowered.ok()) {
+    FailLocked(it->first, round, absl::StrCat("closing with ", size, " pushes: ", lowered.message()),
+               fx);
+    return;
+  }
+  MLF_LOG(INFO) << "round " << number << " of server " << key << " closes with " << size
+                << " of its " << round.size << " pushes: " << reason;
+  round.size = size;
+  ReleaseLocked(it->first, round, ready_before, fx);
 }
 
 void RoundTable::Fail(const std::string& key, int64_t number, const std::string& reason,

@@ -95,6 +95,16 @@ class RoundTable {
   void Fold(uint64_t transfer, const uint8_t* data, uint64_t offset, uint32_t length,
             Effects* fx);
 
+  // Round `round` of `key` closes with `size` pushes, fewer than it was
+  // announced with: a member left the job before it pushed and the job's
+  // member_loss is shrink (docs/architecture.md §7). The chunks its members
+  // announced so far have covered become final now, and the round may be
+  // complete. A round not begun here is left alone (its members are
+  // announced with the new size); one that ended, or a size that is not
+  // lower, changes nothing; a size below the pushes already announced fails
+  // the round, naming both.
+  void Shrink(const std::string& key, int64_t round, int32_t size, const std::string& reason,
+              Effects* fx);
   // Fails round `round` of `key` (created, to stay failed, if not known
   // yet); a round that ended is left as it is.
   void Fail(const std::string& key, int64_t round, const std::string& reason, Effects* fx);
@@ -186,6 +196,10 @@ class RoundTable {
   void FailLocked(const Key& key, Round& round, const std::string& reason, Effects* fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::pair<uint64_t, uint64_t> ChunkRange(const Round& round, uint32_t chunk) const;
+  // The round's packets from `ready_before` on became final: queued for
+  // its watchers, and the round is complete once all are.
+  void ReleaseLocked(const Key& key, Round& round, size_t ready_before, Effects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t rounds_kept_;
   const uint64_t chunk_bytes_;

@@ -97,6 +97,64 @@ TEST_CASE("RoundTable sums a round chunk by chunk and streams final chunks to wa
   CHECK(!table.Acknowledge(delivery->id).has_value());
 }
 
+TEST_CASE("RoundTable: a round shrinks to the members that pushed when one leaves") {
+  RoundTable table(4, kChunk);
+  RoundTable::Effects fx;
+  // Round 3 of three members; two are announced and one has all its bytes in.
+  table.Join(Member(21, 3, 3, 32), true, &fx);
+  table.Join(Member(22, 3, 3, 32), true, &fx);
+  auto watch = table.AddWatcher(kKey, 3, /*stream=*/700);
+  REQUIRE(watch.has_value());
+  const auto a = Ints(8, 5), b = Ints(8, 6);
+  table.Fold(21, Bytes(a), 0, 32, &fx);
+  table.Fold(22, Bytes(b), 0, 16, &fx);  // chunk 0 of the second member
+  CHECK(fx.chunks.empty());
+  // A size that is not lower, or a round not begun here: nothing changes.
+  fx = {};
+  table.Shrink(kKey, 3, 3, "no change", &fx);
+  table.Shrink(kKey, 9, 1, "not begun", &fx);
+  CHECK(fx.chunks.empty());
+  CHECK(fx.failed.empty());
+  CHECK(table.Lookup(kKey, 9, nullptr) == RoundTable::GetState::kNotYet);
+
+  // The third leaves: chunk 0, which both announced members covered, is final now.
+  table.Shrink(kKey, 3, 2, "worker 'w3' left the job", &fx);
+  CHECK(fx.failed.empty());
+  REQUIRE(fx.chunks.size() == 1);
+  CHECK(fx.chunks[0].stream == 700);
+  CHECK(fx.chunks[0].begin == 0);
+  CHECK(fx.complete.empty());
+  // A member announced after the shrink carries the new size; a third one
+  // no longer fits.
+  fx = {};
+  table.Fold(22, Bytes(b) + 16, 16, 16, &fx);
+  REQUIRE(fx.complete.size() == 1);
+  for (size_t i = 0; i < 8; ++i) CHECK(At(*watch->sum, i) == 11);
+  auto delivery = table.BeginDelivery(kKey, 3);
+  REQUIRE(delivery.has_value());
+  CHECK(delivery->size == 2);
+  CHECK(delivery->members == std::vector<uint64_t>{21, 22});
+
+  // Below the pushes already announced: the round fails, naming both.
+  fx = {};
+  table.Join(Member(31, 4, 3, 32), true, &fx);
+  table.Join(Member(32, 4, 3, 32), true, &fx);
+  table.Shrink(kKey, 4, 1, "two left", &fx);
+  REQUIRE(fx.failed.size() == 2);
+  CHECK(fx.failed[0].second.find("asked to close with 1 pushes (two left) but 2 were announced") !=
+        std::string::npos);
+  // Shrunk before its last member is announced: that member matches.
+  fx = {};
+  table.Join(Member(41, 5, 3, 32), true, &fx);
+  table.Shrink(kKey, 5, 2, "one left", &fx);
+  table.Join(Member(42, 5, 2, 32), true, &fx);
+  CHECK(fx.failed.empty());
+  table.Fold(41, Bytes(a), 0, 32, &fx);
+  table.Fold(42, Bytes(b), 0, 32, &fx);
+  REQUIRE(fx.complete.size() == 1);
+  CHECK(fx.complete[0] == std::make_pair(kKey, int64_t{5}));
+}
+
 TEST_CASE("RoundTable fails the whole round on a mismatched member or one too many") {
   RoundTable table(4, kChunk);
   RoundTable::Effects fx;

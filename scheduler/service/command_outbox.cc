@@ -38,6 +38,8 @@ uint32_t JobOf(const v1::DaemonCommand& command) {
       return command.aggregate().job_id();
     case v1::DaemonCommand::kCancel:
       return command.cancel().job_id();
+    case v1::DaemonCommand::kShrinkRound:
+      return command.shrink_round().job_id();
     default:
       return 0;
   }

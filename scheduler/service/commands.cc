@@ -119,6 +119,18 @@ v1::DaemonCommand FailRound(const std::string& server, int64_t round, uint32_t j
   return command;
 }
 
+v1::DaemonCommand ShrinkRound(const std::string& server, int64_t round, uint32_t job_id,
+                              int32_t size, const std::string& reason) {
+  v1::DaemonCommand command;
+  v1::ShrinkRound* shrink = command.mutable_shrink_round();
+  shrink->set_job_id(job_id);
+  shrink->set_server(server);
+  shrink->set_round(round);
+  shrink->set_size(size);
+  shrink->set_reason(reason);
+  return command;
+}
+
 v1::DaemonCommand PushOutcome(uint64_t transfer_id, uint64_t local_id, v1::Outcome outcome,
                               const std::string& reason) {
   v1::DaemonCommand command;

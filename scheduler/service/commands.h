@@ -83,6 +83,9 @@ v1::DaemonCommand ReleaseHold(uint64_t transfer_id, const std::string& reason);
 // Fail synchronous round `round` of `server` at its daemon.
 v1::DaemonCommand FailRound(const std::string& server, int64_t round, uint32_t job_id,
                             const std::string& reason);
+// Synchronous round `round` of `server` closes with `size` pushes.
+v1::DaemonCommand ShrinkRound(const std::string& server, int64_t round, uint32_t job_id,
+                              int32_t size, const std::string& reason);
 // A push's final outcome, for the source daemon (which tells the application).
 v1::DaemonCommand PushOutcome(uint64_t transfer_id, uint64_t local_id, v1::Outcome outcome,
                               const std::string& reason);

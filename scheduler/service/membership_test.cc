@@ -207,19 +207,55 @@ TEST_CASE("shrink: a round the leaver already pushed to goes on at its size") {
   CHECK(f.Ended(b).outcome.empty());
 }
 
-TEST_CASE("shrink: an announced round the members left cannot fill fails, saying why") {
+// The commands queued for `host` (incarnation `f.incarnations[host]`) so far.
+std::vector<v1::DaemonCommand> Queued(SyncJob& f, const std::string& host) {
+  std::vector<v1::DaemonCommand> out;
+  v1::DaemonCommand command;
+  while (f.service.outbox().Pop(host, f.incarnations[host], std::chrono::milliseconds(0),
+                                &command) == CommandOutbox::PopResult::kCommand) {
+    out.push_back(command);
+  }
+  return out;
+}
+
+TEST_CASE("shrink: an announced round closes with the pushes in and the members left") {
   SyncJob f(MemberLoss::kShrink);
   const uint64_t a = f.Push("w1", 0);
   f.service.RunBatchCycle();  // announced to the server's daemon with size 3
+  std::vector<v1::DaemonCommand> at_s1 = Queued(f, "s1");
+  int expects = 0;
+  for (const v1::DaemonCommand& c : at_s1) {
+    if (c.has_expect()) {
+      ++expects;
+      CHECK(c.expect().round_size() == 3);
+    }
+  }
+  REQUIRE(expects == 1);
   REQUIRE(f.AppGone("w3").ok());
-  const DropView ended = f.Ended(a);
-  INFO(ended.reason);
-  CHECK(ended.outcome == "failed");
-  CHECK(Has(ended.reason, "round 0 failed: worker 'w3' left the job"));
-  CHECK(Has(ended.reason, "at membership generation 5"));
-  CHECK(Has(ended.reason, "sums the round against size 3"));
-  CHECK(Has(ended.reason, "the next round has size 2"));
-  CHECK(Has(ended.reason, "(round 0 opened at membership generation 4)"));
+  CHECK(f.Ended(a).outcome.empty());  // not failed: the round goes on with two
+  // The server's daemon is told, after the member it was announced.
+  at_s1 = Queued(f, "s1");
+  REQUIRE(at_s1.size() == 1);
+  REQUIRE(at_s1[0].has_shrink_round());
+  const v1::ShrinkRound& shrink = at_s1[0].shrink_round();
+  CHECK(shrink.server() == "ps0");
+  CHECK(shrink.round() == 0);
+  CHECK(shrink.size() == 2);
+  INFO(shrink.reason());
+  CHECK(Has(shrink.reason(), "worker 'w3' left the job"));
+  CHECK(Has(shrink.reason(), "at membership generation 5"));
+  CHECK(Has(shrink.reason(), "round 0 closes with 2 of its 3 pushes (member_loss shrink)"));
+  // w2's push joins the round announced with the new size; a third is surplus.
+  const uint64_t b = f.Push("w2", 0);
+  f.service.RunBatchCycle();
+  CHECK(f.Ended(b).outcome.empty());
+  for (const v1::DaemonCommand& c : Queued(f, "s1")) {
+    if (c.has_expect()) CHECK(c.expect().round_size() == 2);
+  }
+  CHECK(f.InFlight() == 2);
+  // A second leaver: the round, with both its pushes in, is full and not shrunk again.
+  REQUIRE(f.AppGone("w2").ok());
+  for (const v1::DaemonCommand& c : Queued(f, "s1")) CHECK_FALSE(c.has_shrink_round());
 }
 
 TEST_CASE("fail: the open round fails once with the reason; the next has the new size") {

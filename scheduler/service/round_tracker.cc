@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "scheduler/service/commands.h"
 
 namespace mlfabric {
 
@@ -260,6 +261,24 @@ std::map<int64_t, bool> OpenRounds(const ClusterState& state, const JobState& jo
   return open;
 }
 
+// member_loss shrink: round `round` of `server`, announced to its daemon,
+// which the pushes in and the contributors left still owe (CanCome) cannot
+// fill, closes with those. Its server's daemon is told after every member
+// it was announced (the same command stream), so it sums against the new
+// size from then on and delivers the sum with that count.
+void ShrinkRound(ClusterState* state, const std::string& job_name, const JobState& job,
+                 const std::string& server_name,
+                 ServerState* server, int64_t round, const std::string& left) {
+  RoundState& round_state = server->rounds.at(round);
+  const auto size = static_cast<int32_t>(CanCome(job, *server, round_state));
+  const std::string reason =
+      absl::StrCat(left, "; round ", round, " closes with ", size, " of its ", round_state.size,
+                   " pushes (member_loss shrink)");
+  MLF_LOG(INFO) << "job " << job_name << ": " << reason;
+  round_state.size = size;
+  state->Enqueue(server->host, commands::ShrinkRound(server_name, round, job.id, size, reason));
+}
+
 // member_loss shrink: the rounds of `server` opened but not yet announced
 // to its daemon (no push admitted) are sized by the contributors of their
 // generation left (an elastic AllReduce root: its ranks left).
@@ -305,14 +324,7 @@ void SettleRoundsLeft(ClusterState* state, const std::string& job_name, JobState
                        absl::StrCat(left, "; the job's member_loss is fail, so the round ",
                                     "fails and the next one has size ", next_size));
     } else if (!can_complete) {
-      const RoundState& round_state = server.rounds.at(round);
-      state->FailRound(
-          job_name, name, round,
-          absl::StrCat(left, "; server '", name, "''s daemon sums the round against size ",
-                       round_state.size, ", which the ", round_state.workers.size(),
-                       " push(es) in and the members left cannot reach (a round cannot ",
-                       "shrink once announced), so it fails; the next round has size ",
-                       next_size));
+      ShrinkRound(state, job_name, *job, name, &server, round, left);
     }
   }
 }

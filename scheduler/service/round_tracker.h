@@ -13,11 +13,11 @@
 // is announced to the server's daemon with it, and the daemon sums against
 // it. Only the members of that generation contribute: a worker that joins
 // while the round is open counts from the next one (AdmitToRound).
-// A worker leaving mid-round is MemberLeft's; the daemon cannot yet be told
-// a smaller size for a round it was announced, so under member_loss
-// "shrink" such a round completes only if the pushes in and those the
-// members left still owe reach its size (a follow-up: a daemon command that
-// lowers an announced round's size, so it completes with the survivors).
+// A worker leaving mid-round is MemberLeft's: under member_loss "shrink"
+// the round closes with the pushes in and those the members of its
+// generation left still owe, and a round already announced to its server's
+// daemon is lowered there by a ShrinkRound command (RoundTable::Shrink), so
+// it completes with the survivors.
 //
 // Servers registered with an explicit M (AllReduce roots): their members
 // are their ranks (ServerState::ranks, the workers whose pushes their

@@ -158,6 +158,11 @@ void CheckCommand(const v1::DaemonCommand& command) {
         Fail("malformed JobPriority", command);
       }
       return;
+    case v1::DaemonCommand::kShrinkRound:
+      if (command.shrink_round().server().empty() || command.shrink_round().size() <= 0) {
+        Fail("malformed ShrinkRound", command);
+      }
+      return;
     case v1::DaemonCommand::kCancel:
     case v1::DaemonCommand::kOutcome:
     case v1::DaemonCommand::kJobKey:
