@@ -398,6 +398,7 @@ void Worker::GetDone(const v1::LocalGetDone& done, int fd,
   }
   Model model;
   model.version = done.model_version();
+  model.count = done.contributions();
   model.lease = std::move(lease);
   model.buffer = std::move(*buffer);
   promise->set_value(std::move(model));

@@ -144,6 +144,12 @@ enum class ElementType : int32_t {
 // shared buffer the daemon filled (no copy).
 struct Model {
   int64_t version = 0;  // the server's model version
+  // After a push to a synchronous-round server, Get returns the round's sum:
+  // this is how many pushes it sums. That is the round's size, or fewer when
+  // a member left the job mid-round and the round shrank to the others
+  // (docs/user-guide/sync-training.md, "Job membership"): divide by it, not
+  // by the number of workers you started with. 0 for a model.
+  int32_t count = 0;
   // Gives the buffer back to the daemon for a later get once this model is
   // gone (declared before `buffer`, so it runs after the buffer is
   // dropped); empty when the daemon did not lend the buffer. A lent buffer

@@ -319,9 +319,10 @@ void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::Lo
     }
     int64_t version = 0;
     std::shared_ptr<SharedBuffer> model;
+    uint32_t contributions = 0;
     absl::Status status = parts_.fetcher->Fetch(job, get.server(), round,
                                           static_cast<uint32_t>(std::max(0, get.priority())),
-                                          &version, &model);
+                                          &version, &model, -1, &contributions);
     if (!status.ok()) {
       body->set_error(std::string(status.message()));
       (void)app->channel->Send(done);
@@ -329,6 +330,7 @@ void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::Lo
     }
     body->set_model_version(version);
     body->set_bytes(static_cast<int64_t>(model->size()));
+    body->set_contributions(static_cast<int32_t>(contributions));
     if (parts_.pool != nullptr && model->size() > 0) {
       // Lent: the application says when it has unmapped it (HandleRelease),
       // and the buffer serves a later get of the same size.

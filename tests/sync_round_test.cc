@@ -123,10 +123,10 @@ WorkerResult RunWorker(Worker& worker, int index, int workers, int rounds, size_
                            std::string(sum.status().message()));
       continue;
     }
-    if (sum->version != r + 1 || sum->size() != dim * sizeof(float)) {
+    if (sum->version != r + 1 || sum->size() != dim * sizeof(float) || sum->count != workers) {
       out.errors.push_back("round " + std::to_string(r) + " get returned version " +
                            std::to_string(sum->version) + ", " + std::to_string(sum->size()) +
-                           " bytes");
+                           " bytes, a sum of " + std::to_string(sum->count) + " pushes");
       continue;
     }
     std::vector<float> expected(dim), got(dim);
@@ -463,6 +463,8 @@ struct MemberDiesMidRound {
         std::string got = "get ok";
         if (!sum.ok()) {
           got = std::string(sum.status().message());
+        } else if (sum->count != 2) {
+          got = "get ok but of a sum of " + std::to_string(sum->count) + " pushes";
         } else if (sum->size() != kDim * sizeof(float)) {
           got = "get of " + std::to_string(sum->size()) + " bytes";
         } else {

@@ -28,10 +28,12 @@ class LocalRoundSums {
   virtual ~LocalRoundSums() = default;
   // Round `round` of server `server` of job `job` (on this host): once its
   // sum is complete, a copy of it in `*sum` and the version it yields in
-  // `*version`. The same errors, in the same words, as a get of the round
-  // from another host.
+  // `*version`, and (if `contributions` is not null) the pushes it sums.
+  // The same errors, in the same words, as a get of the round from another
+  // host.
   virtual absl::Status AwaitSum(uint32_t job, const std::string& server, int64_t round,
-                                int64_t* version, std::shared_ptr<SharedBuffer>* sum) = 0;
+                                int64_t* version, std::shared_ptr<SharedBuffer>* sum,
+                                uint32_t* contributions) = 0;
 };
 
 }  // namespace mlfabric::daemon

@@ -40,7 +40,9 @@ std::string ModelFetcher::RelayKey(uint32_t job_id, const std::string& server, b
 }
 
 void ModelFetcher::ApplyLocked(RelayTable::Effects effects) {
-  for (const auto& [id, range] : effects.forward) send_->QueueReply(id, range.first, range.second);
+  for (const auto& [id, range] : effects.forward) {
+    send_->QueueReply(id, range.first, range.second, effects.contributions);
+  }
   for (uint64_t id : effects.complete) send_->EndReply(id);
   for (const auto& [id, why] : effects.fail) send_->FailReply(id, why);
   if (pool_ == nullptr) return;
@@ -109,7 +111,9 @@ absl::Status ModelFetcher::ServeRelay(int fd, const PacketHeader& request,
       // the whole copy before this thread runs again (model_fetcher_test
       // read 0 about once in 20 runs when this came after).
       ++copies_forwarded_;
-      for (const auto& [begin, end] : watch.ready) send_->QueueReply(stream, begin, end);
+      for (const auto& [begin, end] : watch.ready) {
+        send_->QueueReply(stream, begin, end, watch.contributions);
+      }
       if (watch.state == State::kDone) send_->EndReply(stream);
       MLF_LOG(DEBUG) << "forwards batch " << batch << " of server '" << body.server()
                      << "' to get " << request.transfer << " ("
@@ -164,7 +168,7 @@ absl::Status ModelFetcher::Receive(transport::GetClient::Connection& connection,
       connection, *buffer, [&](uint64_t begin, uint64_t end) {
         if (!relaying) return;
         MutexLock lock(&mu_);
-        ApplyLocked(relays_.Arrived(relay_key, batch, begin, end));
+        ApplyLocked(relays_.Arrived(relay_key, batch, begin, end, connection.contributions));
       });
   if (relaying) {
     MutexLock lock(&mu_);
@@ -180,7 +184,8 @@ absl::Status ModelFetcher::Receive(transport::GetClient::Connection& connection,
 absl::Status ModelFetcher::Fetch(const std::string& job, const std::string& server, int64_t round,
                                  uint32_t priority, int64_t* version,
                                  std::shared_ptr<SharedBuffer>* model,
-                                 int64_t fresh_min_version) {
+                                 int64_t fresh_min_version, uint32_t* contributions) {
+  if (contributions != nullptr) *contributions = 0;
   v1::ResolveServerReply where;
   absl::Status status = resolver_->Resolve(job, server, &where);
   if (!status.ok()) {
@@ -189,7 +194,8 @@ absl::Status ModelFetcher::Fetch(const std::string& job, const std::string& serv
   if (where.shards_size() > 0) return FetchGroup(job, server, where, priority, version, model);
   // A get that fails asks the scheduler where the server is next time (it
   // may have moved, or the scheduler restarted).
-  status = FetchFrom(where, server, round, priority, version, model, fresh_min_version);
+  status = FetchFrom(where, server, round, priority, version, model, fresh_min_version,
+                     contributions);
   if (status.ok()) return status;
   resolver_->Forget(job, server);
   if (!where.has_replica() || options_.failover_wait_s <= 0) return status;
@@ -212,7 +218,8 @@ absl::Status ModelFetcher::Fetch(const std::string& job, const std::string& serv
       resolver_->Forget(job, server);  // not yet: ask the scheduler again
       continue;
     }
-    absl::Status again = FetchFrom(moved, server, round, priority, version, model);
+    absl::Status again =
+        FetchFrom(moved, server, round, priority, version, model, -1, contributions);
     if (again.ok()) return again;
     resolver_->Forget(job, server);
     return absl::Status(again.code(),
@@ -302,7 +309,7 @@ absl::Status ModelFetcher::FetchGroup(const std::string& job, const std::string&
 absl::Status ModelFetcher::FetchFrom(const v1::ResolveServerReply& where,
                                      const std::string& server, int64_t round, uint32_t priority,
                                      int64_t* version, std::shared_ptr<SharedBuffer>* model,
-                                     int64_t fresh_min_version) {
+                                     int64_t fresh_min_version, uint32_t* contributions) {
   PacketHeader request;
   request.kind = PacketKind::kGetRequest;
   request.job = where.job_id();
@@ -314,7 +321,7 @@ absl::Status ModelFetcher::FetchFrom(const v1::ResolveServerReply& where,
   // AllReduce reads the sum its own daemon makes).
   // Its errors read as the server's daemon's reply would.
   if (round_get && local_rounds_ != nullptr && where.host() == options_.host) {
-    return local_rounds_->AwaitSum(where.job_id(), server, round, version, model);
+    return local_rounds_->AwaitSum(where.job_id(), server, round, version, model, contributions);
   }
   if (round_get) request.offset = static_cast<uint64_t>(round) + 1;
   request.transfer = next_request_++;
@@ -334,19 +341,20 @@ absl::Status ModelFetcher::FetchFrom(const v1::ResolveServerReply& where,
   if (direct.reply.relay_host().empty()) {
     RETURN_IF_ERROR(Receive(direct, relay_key, absl::StrCat(where.host(), "'s daemon"), model));
     *version = direct.reply.version();
+    if (contributions != nullptr) *contributions = direct.contributions;
     client_->Keep(direct);
     return absl::OkStatus();
   }
   client_->Keep(direct);  // nothing follows on it
   return FetchThroughDistributor(where, server, relay_key, direct, request, body, version,
-                                 model);
+                                 model, contributions);
 }
 
 absl::Status ModelFetcher::FetchThroughDistributor(
     const v1::ResolveServerReply& where, const std::string& server,
     const std::string& relay_key, const transport::GetClient::Connection& direct,
     PacketHeader request, v1::DataGetRequest body, int64_t* version,
-    std::shared_ptr<SharedBuffer>* model) {
+    std::shared_ptr<SharedBuffer>* model, uint32_t* contributions) {
   const std::string distributor =
       absl::StrCat(direct.reply.relay_host(), " (", direct.reply.relay_address(), ")");
   auto from_distributor = [&](const absl::Status& s) {
@@ -370,6 +378,7 @@ absl::Status ModelFetcher::FetchThroughDistributor(
     RETURN_IF_ERROR(client_->Request(where.host(), where.data_address(), request, body, &again));
     RETURN_IF_ERROR(Receive(again, relay_key, absl::StrCat(where.host(), "'s daemon"), model));
     *version = again.reply.version();
+    if (contributions != nullptr) *contributions = again.contributions;
     client_->Keep(again);
     return absl::OkStatus();
   }
@@ -385,6 +394,7 @@ absl::Status ModelFetcher::FetchThroughDistributor(
     return from_distributor(s);
   }
   *version = relay.reply.version();
+  if (contributions != nullptr) *contributions = relay.contributions;
   client_->Keep(relay);
   return absl::OkStatus();
 }

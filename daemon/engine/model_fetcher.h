@@ -67,9 +67,12 @@ class ModelFetcher {
   // distributor).
   // `fresh_min_version` >= 0: a snapshot taken now, of at least that
   // version, sent by the server's daemon itself (DataGetRequest.fresh).
+  // `contributions` (if not null): for round `round`'s sum, the pushes it
+  // sums (fewer than the round was opened with when it shrank); 0 for a
+  // model.
   absl::Status Fetch(const std::string& job, const std::string& server, int64_t round,
                      uint32_t priority, int64_t* version, std::shared_ptr<SharedBuffer>* model,
-                     int64_t fresh_min_version = -1);
+                     int64_t fresh_min_version = -1, uint32_t* contributions = nullptr);
 
   // As a distributor: answers get `request` (body.relay_batch() != 0) on
   // socket `fd` with our copy of that batch, forwarded as it arrives. An
@@ -103,7 +106,8 @@ class ModelFetcher {
   static constexpr int kGroupGetAttempts = 50;
   absl::Status FetchFrom(const v1::ResolveServerReply& where, const std::string& server,
                          int64_t round, uint32_t priority, int64_t* version,
-                         std::shared_ptr<SharedBuffer>* model, int64_t fresh_min_version = -1);
+                         std::shared_ptr<SharedBuffer>* model, int64_t fresh_min_version = -1,
+                         uint32_t* contributions = nullptr);
   // FetchFrom, when the server's reply on `direct` routes the get through a
   // distributor of the same batch (§10.3): the model comes from there,
   // packet by packet as it receives it. A failure there fails this get
@@ -113,7 +117,8 @@ class ModelFetcher {
                                        const std::string& server, const std::string& relay_key,
                                        const transport::GetClient::Connection& direct,
                                        transport::PacketHeader request, v1::DataGetRequest body,
-                                       int64_t* version, std::shared_ptr<SharedBuffer>* model);
+                                       int64_t* version, std::shared_ptr<SharedBuffer>* model,
+                                       uint32_t* contributions);
   // Reads the model that follows a get's reply header; a non-empty
   // `relay_key` keeps the copy for requesters routed here. `source` names
   // where it comes from, for their errors.

@@ -38,7 +38,7 @@ void RelayTable::EvictLocked(const std::string& key, Effects* effects) {
 }
 
 RelayTable::Effects RelayTable::Arrived(const std::string& key, uint64_t batch, uint64_t begin,
-                                        uint64_t end) {
+                                        uint64_t end, uint32_t contributions) {
   MutexLock lock(&mu_);
   Effects effects;
   auto it = copies_.find({key, batch});
@@ -46,6 +46,8 @@ RelayTable::Effects RelayTable::Arrived(const std::string& key, uint64_t batch, 
     return effects;
   }
   Copy& copy = it->second;
+  if (contributions > 0) copy.contributions = contributions;
+  effects.contributions = copy.contributions;
   // Consecutive packets extend the last range, so a finished copy is one.
   if (!copy.arrived.empty() && copy.arrived.back().second == begin) {
     copy.arrived.back().second = end;
@@ -93,6 +95,7 @@ RelayTable::Watch RelayTable::AddWatcher(const std::string& key, uint64_t batch,
   watch.version = copy.version;
   watch.model = copy.model;
   watch.ready = copy.arrived;
+  watch.contributions = copy.contributions;
   if (stream == 0) return watch;  // a look only
   ++stats_.forwards;
   if (copy.state == State::kReceiving) copy.watchers.insert(stream);

@@ -55,6 +55,8 @@ class RelayTable {
     // Copies let go of: their buffers may serve again (a BufferPool keeps
     // one only once nobody else, e.g. the application, holds it).
     std::vector<std::shared_ptr<SharedBuffer>> dropped;
+    // A round's sum: the pushes it sums, for the forwarded packets (0: a model).
+    uint32_t contributions = 0;
   };
 
   // kGone: not kept, and a later copy of the same server is (it was
@@ -66,6 +68,7 @@ class RelayTable {
     std::shared_ptr<SharedBuffer> model;  // read-only for watchers
     std::vector<Range> ready;  // arrived so far; queue these first
     std::string error;         // kFailed: why
+    uint32_t contributions = 0;  // a round's sum: the pushes it sums
   };
 
   // Our own get of `batch` has its reply header: `model` will be filled.
@@ -75,8 +78,10 @@ class RelayTable {
   // replaced.
   bool Begin(const std::string& key, uint64_t batch, int64_t version,
              std::shared_ptr<SharedBuffer> model, Effects* effects);
-  // Bytes [begin, end) of the copy have arrived.
-  Effects Arrived(const std::string& key, uint64_t batch, uint64_t begin, uint64_t end);
+  // Bytes [begin, end) of the copy have arrived; `contributions` > 0: the
+  // copy is a round's sum of that many pushes (their packets said so).
+  Effects Arrived(const std::string& key, uint64_t batch, uint64_t begin, uint64_t end,
+                  uint32_t contributions = 0);
   // Our own get ended: complete (error empty) or failed.
   Effects Finish(const std::string& key, uint64_t batch, const std::string& error);
 
@@ -99,6 +104,7 @@ class RelayTable {
     int64_t version = 0;
     std::shared_ptr<SharedBuffer> model;
     std::vector<Range> arrived;
+    uint32_t contributions = 0;
     std::string error;
     std::set<uint64_t> watchers;
     uint64_t order = 0;  // Begin order, to drop the oldest of a key

@@ -124,7 +124,8 @@ void RoundService::ApplyLocked(RoundTable::Effects& fx) {
     for (const auto& [member, reason] : now.failed) reporter_->ReportFailure(member, reason);
     // Workers' gets stream the new chunks at once (Mercury PS).
     for (const RoundTable::Chunk& chunk : now.chunks) {
-      send_->QueueReply(chunk.stream, chunk.begin, chunk.end);
+      send_->QueueReply(chunk.stream, chunk.begin, chunk.end,
+                        static_cast<uint32_t>(std::max(0, chunk.contributions)));
     }
     for (const auto& [key, round] : now.complete) DeliverLocked(key, round, &fx);
     if (now.changed) {
@@ -221,7 +222,8 @@ std::string RoundService::AwaitBegunLocked(const std::string& key, const std::st
 }
 
 absl::Status RoundService::AwaitSum(uint32_t job, const std::string& server, int64_t round_number,
-                                    int64_t* version, std::shared_ptr<SharedBuffer>* sum) {
+                                    int64_t* version, std::shared_ptr<SharedBuffer>* sum,
+                                    uint32_t* contributions) {
   const std::string key = ServerKey(job, server);
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -257,6 +259,9 @@ absl::Status RoundService::AwaitSum(uint32_t job, const std::string& server, int
     // The copy below reads it without the lock: the round keeps it (and
     // our reference keeps it from the pool) until it is evicted.
     *version = round_number + 1;
+    if (contributions != nullptr) {
+      *contributions = static_cast<uint32_t>(std::max(0, table_.Size(key, round_number)));
+    }
     // A buffer an application gave back (AppRequests lends them), else new.
     *sum = pool_ != nullptr ? pool_->Take(static_cast<size_t>(bytes)) : nullptr;
     if (*sum == nullptr) {
@@ -281,7 +286,8 @@ std::string RoundService::OpenSumStreamLocked(const std::string& key, int64_t ro
     packets += (end - begin + options_.payload_bytes - 1) / options_.payload_bytes;
   }
   send_->OpenReply(stream, fd, request, watch->sum, packets);
-  for (const auto& [begin, end] : watch->ready) send_->QueueReply(stream, begin, end);
+  const auto contributions = static_cast<uint32_t>(std::max(0, watch->contributions));
+  for (const auto& [begin, end] : watch->ready) send_->QueueReply(stream, begin, end, contributions);
   return "";
 }
 

@@ -105,7 +105,8 @@ class RoundService : public LocalRoundSums {
   // then for its sum to be complete, and copies it into a buffer of the
   // caller's; no socket. Errors are ServeGet's.
   absl::Status AwaitSum(uint32_t job, const std::string& server, int64_t round,
-                        int64_t* version, std::shared_ptr<SharedBuffer>* sum) override;
+                        int64_t* version, std::shared_ptr<SharedBuffer>* sum,
+                        uint32_t* contributions) override;
 
   int64_t rounds_delivered() const { return rounds_delivered_.load(); }
   int64_t gets_routed() const { return gets_routed_.load(); }

@@ -562,7 +562,9 @@ TEST_CASE("RoundService::AwaitSum hands an application on this host the exact su
   int64_t version = -1;
   std::shared_ptr<SharedBuffer> sum;
   absl::Status got;
-  std::thread getter([&] { got = rig.rounds.AwaitSum(kJob, kServer, 0, &version, &sum); });
+  uint32_t contributions = 0;
+  std::thread getter(
+      [&] { got = rig.rounds.AwaitSum(kJob, kServer, 0, &version, &sum, &contributions); });
   rig.Join(Member(11, 0));
   rig.Join(Member(12, 0));
   rig.FoldAll(11, a_bytes);
@@ -571,6 +573,7 @@ TEST_CASE("RoundService::AwaitSum hands an application on this host the exact su
   getter.join();
   REQUIRE(got.ok());
   CHECK(version == 1);  // round 0 yields version 1
+  CHECK(contributions == 2);
   REQUIRE(sum != nullptr);
   REQUIRE(sum->size() == static_cast<size_t>(kBytes));
   const std::vector<float> values =
@@ -594,7 +597,7 @@ TEST_CASE("RoundService::AwaitSum of a round that fails says why, as a get from 
   int64_t version = -1;
   std::shared_ptr<SharedBuffer> sum;
   absl::Status got;
-  std::thread getter([&] { got = rig.rounds.AwaitSum(kJob, kServer, 3, &version, &sum); });
+  std::thread getter([&] { got = rig.rounds.AwaitSum(kJob, kServer, 3, &version, &sum, nullptr); });
   rig.Join(Member(21, 3));
   rig.FoldAll(21, AsBytes(Floats(1.0f, 0.0f)));
   // The second member comes with another size: the round fails.
@@ -613,7 +616,7 @@ TEST_CASE("RoundService::AwaitSum of a round that never begins ends after round_
   rig.Connect();
   int64_t version = -1;
   std::shared_ptr<SharedBuffer> sum;
-  const absl::Status got = rig.rounds.AwaitSum(kJob, kServer, 0, &version, &sum);
+  const absl::Status got = rig.rounds.AwaitSum(kJob, kServer, 0, &version, &sum, nullptr);
   CHECK(got.code() == absl::StatusCode::kUnavailable);
   CHECK(Contains(std::string(got.message()), "did not begin within"));
 }
@@ -622,7 +625,7 @@ TEST_CASE("RoundService::AwaitSum of a server that is not here says so at once")
   Rig rig;  // no server application connected
   int64_t version = -1;
   std::shared_ptr<SharedBuffer> sum;
-  const absl::Status got = rig.rounds.AwaitSum(kJob, kServer, 0, &version, &sum);
+  const absl::Status got = rig.rounds.AwaitSum(kJob, kServer, 0, &version, &sum, nullptr);
   CHECK(got.code() == absl::StatusCode::kUnavailable);
   CHECK(Contains(std::string(got.message()), "is not connected to ps-host's daemon"));
 }

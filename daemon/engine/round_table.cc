@@ -177,7 +177,7 @@ void RoundTable::ReleaseLocked(const Key& key, Round& round, size_t ready_before
   for (uint64_t stream : round.watchers) {
     for (size_t i = ready_before; i < round.ready.size(); ++i) {
       const auto [begin, end] = ChunkRange(round, round.ready[i]);
-      fx->chunks.push_back({stream, begin, end});
+      fx->chunks.push_back({stream, begin, end, round.size});
     }
   }
   fx->changed = true;
@@ -304,6 +304,12 @@ std::optional<RoundTable::Acknowledged> RoundTable::Acknowledge(uint64_t id) {
   return acknowledged;
 }
 
+int32_t RoundTable::Size(const std::string& key, int64_t number) const {
+  MutexLock lock(&mu_);
+  auto it = rounds_.find(Key{key, number});
+  return it == rounds_.end() || it->second.bytes < 0 ? 0 : it->second.size;
+}
+
 std::shared_ptr<SharedBuffer> RoundTable::CompleteSum(const std::string& key,
                                                      int64_t number) const {
   MutexLock lock(&mu_);
@@ -350,6 +356,7 @@ std::optional<RoundTable::Watch> RoundTable::AddWatcher(const std::string& key, 
     watch.chunks.push_back(ChunkRange(round, static_cast<uint32_t>(chunk)));
   }
   for (uint32_t chunk : round.ready) watch.ready.push_back(ChunkRange(round, chunk));
+  watch.contributions = round.size;
   return watch;
 }
 

@@ -70,6 +70,9 @@ class RoundTable {
     uint64_t stream = 0;
     uint64_t begin = 0;
     uint64_t end = 0;
+    // The pushes the round sums: final by the time any chunk is (a round
+    // shrinks only before its first chunk is final).
+    int32_t contributions = 0;
   };
   struct Effects {
     // Member pushes that cannot be applied: report each failed with its reason.
@@ -159,6 +162,7 @@ class RoundTable {
     int64_t bytes = 0;
     std::vector<std::pair<uint64_t, uint64_t>> chunks;  // every chunk of the grid
     std::vector<std::pair<uint64_t, uint64_t>> ready;   // final so far
+    int32_t contributions = 0;  // the round's size now (final once a chunk is)
   };
   std::optional<Watch> AddWatcher(const std::string& key, int64_t round, uint64_t stream);
   void RemoveWatcher(const std::string& key, int64_t round, uint64_t stream);
@@ -168,6 +172,9 @@ class RoundTable {
   // and for a round that failed or is not known). The holder keeps the
   // buffer from going back to the pool while it reads it.
   std::shared_ptr<SharedBuffer> CompleteSum(const std::string& key, int64_t round) const;
+  // The pushes the round sums (its announced size, or the size it shrank
+  // to); 0 if it is not known or has not begun.
+  int32_t Size(const std::string& key, int64_t round) const;
 
   size_t rounds() const;
 

@@ -311,11 +311,13 @@ void SendScheduler::SetReplyBuffer(uint64_t id, std::shared_ptr<SharedBuffer> bu
   cv_.SignalAll();
 }
 
-void SendScheduler::QueueReply(uint64_t id, uint64_t begin, uint64_t end) {
+void SendScheduler::QueueReply(uint64_t id, uint64_t begin, uint64_t end,
+                               uint32_t contributions) {
   MutexLock lock(&mu_);
   auto it = replies_.find(id);
   if (it == replies_.end() || it->second.buffer == nullptr) return;
   Reply& reply = it->second;
+  if (contributions > 0) reply.contributions = contributions;
   TensorRef ref;
   ref.job_id = reply.job_id;
   ref.transfer_id = id;
@@ -558,6 +560,7 @@ bool SendScheduler::SendReplyPacketLocked(const PacketDescriptor& packet, Reply&
     frame.header.kind = PacketKind::kData;
     frame.header.job = reply.job_id;
     frame.header.transfer = reply.request;
+    frame.header.tensor = reply.contributions;
     frame.header.priority = HeaderPriority(reply.priority);
     frame.payload = t.packet.payload;
     frame.length = t.packet.length_bytes;

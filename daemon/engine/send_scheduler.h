@@ -145,8 +145,10 @@ class SendScheduler {
                  std::shared_ptr<SharedBuffer> buffer, size_t total_packets);
   void SetReplyBuffer(uint64_t id, std::shared_ptr<SharedBuffer> buffer, size_t total_packets);
   // Queues the packets of [begin, end) of the reply's buffer; unknown ids
-  // are ignored (the reply ended meanwhile).
-  void QueueReply(uint64_t id, uint64_t begin, uint64_t end);
+  // are ignored (the reply ended meanwhile). `contributions` > 0: the reply
+  // is a synchronous round's sum of that many pushes, said in the `tensor`
+  // field of its data packets from now on (packet.h).
+  void QueueReply(uint64_t id, uint64_t begin, uint64_t end, uint32_t contributions = 0);
   // No more packets come: the reply is complete once those queued are out.
   void EndReply(uint64_t id);
   // Ends the reply with `why` (the first reason wins).
@@ -192,6 +194,7 @@ class SendScheduler {
     uint32_t job_id = 0;
     uint64_t request = 0;  // the asking daemon's request id
     uint32_t priority = 0;
+    uint32_t contributions = 0;  // a round's sum: the pushes it sums
     std::shared_ptr<SharedBuffer> buffer;
     size_t total_packets = 0;
     size_t queued = 0;

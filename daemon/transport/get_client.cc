@@ -76,6 +76,7 @@ absl::Status GetClient::Request(const std::string& peer, const std::string& addr
   auto endpoint = ParseEndpoint(address);
   if (!endpoint.ok()) return endpoint.status();
   out->address = address;
+  out->contributions = 0;
   // A connection left by an earlier get to that daemon is reused (its
   // session there is waiting for the next request); a new one otherwise.
   {
@@ -155,6 +156,13 @@ absl::Status GetClient::Receive(Connection& connection, SharedBuffer& buffer,
       return absl::DataLossError(absl::StrCat("get: bytes [", begin, ", ", end,
                                               ") of the model arrived twice"));
     }
+    if (data->tensor != 0 && connection.contributions != 0 &&
+        data->tensor != connection.contributions) {
+      return absl::DataLossError(absl::StrCat("get: packets of one sum say it sums ",
+                                              connection.contributions, " and ", data->tensor,
+                                              " pushes"));
+    }
+    if (data->tensor != 0) connection.contributions = data->tensor;
     uint8_t* dst = buffer.data() + data->offset;
     RETURN_IF_ERROR(reader.ReadPayload(dst, data->length));
     RETURN_IF_ERROR(VerifyPayload(*data, dst));

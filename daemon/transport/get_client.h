@@ -65,6 +65,9 @@ class GetClient {
     std::optional<FrameReader> reader;
     PacketHeader header;
     v1::DataGetReply reply;
+    // Set by Receive: for a synchronous round's sum, the pushes it sums
+    // (its packets' `tensor` field, packet.h); 0 for a model.
+    uint32_t contributions = 0;
   };
 
   // Connections are kept per address, at most `max_idle_per_address`; a

@@ -11,7 +11,9 @@
 //       10    2 reserved   zero
 //       12    4 job        numeric job id from the scheduler
 //       16    8 transfer   cluster-unique transfer id
-//       24    4 tensor     tensor id within the transfer
+//       24    4 tensor     tensor id within the transfer (in the data
+//                          packets of a get reply: for a synchronous
+//                          round's sum, the pushes it sums; else 0)
 //       28    4 length     payload bytes
 //       32    8 offset     byte offset of the payload within the transfer
 //       40    4 crc32c     CRC-32C of the payload
