@@ -116,6 +116,32 @@ absl::Status AllReducer::AllReduce(void* data, size_t count, DataType dtype, Red
   return Reduce(data, count, dtype, op);
 }
 
+absl::Status AllReducer::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                                   const CallOptions& call) {
+  if (!call.shape.has_value()) return AllReduce(data, count, dtype, op);
+  int64_t product = 1;
+  for (int64_t dim : *call.shape) {
+    if (dim < 0) {
+      return RefuseCollective("AllReduce", absl::InvalidArgumentError(absl::StrCat(
+                                               "AllReduce: shape [", absl::StrJoin(*call.shape, ", "),
+                                               "] has a negative dimension")));
+    }
+    product *= dim;
+  }
+  if (product != static_cast<int64_t>(count)) {
+    return RefuseCollective(
+        "AllReduce", absl::InvalidArgumentError(absl::StrCat(
+                         "AllReduce: shape [", absl::StrJoin(*call.shape, ", "), "] holds ",
+                         product, " elements but the call passes ", count)));
+  }
+  // The dtype and op checks of the plain call, then the shaped reduce.
+  if (DataTypeSize(dtype) == 0 || dtype == DataType::kBool ||
+      std::string(ReduceOpName(op)) == "unknown") {
+    return AllReduce(data, count, dtype, op);
+  }
+  return ReduceShaped(data, count, dtype, op, *call.shape);
+}
+
 absl::Status AllReducer::Broadcast(void* data, size_t count, DataType dtype, int root) {
   if (DataTypeSize(dtype) == 0) {
     return absl::InvalidArgumentError(

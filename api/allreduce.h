@@ -46,7 +46,10 @@
 // passed float64"), never a hang. Under mpirun that is one small
 // MPI_Allgather before any data moves; in the mlfabric backend's own
 // rounds the root's scheduler finds the differing push and fails the
-// round for every rank.
+// round for every rank. A call that names its tensor's shape
+// (CallOptions) is also checked for equal shapes under mpirun, in that
+// same MPI_Allgather (a hash of the shape; the shapes themselves are
+// gathered only to name them once they differ).
 // Alltoall and ReduceScatter (Horovod's hvd.alltoall, hvd.reducescatter)
 // work on rows: a buffer is `rows` rows of `row_elements` elements each
 // (a tensor's first dimension and the product of the others).
@@ -84,6 +87,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -180,6 +184,21 @@ struct AllReduceOptions {
   size_t mpi_below_bytes = 64 * 1024;
 };
 
+// What a caller may say about one AllReduce beyond its buffer.
+struct CallOptions {
+  // The tensor's dimensions, as the caller's framework knows them ({} is a
+  // scalar); its product must be the call's count. When set, the ranks
+  // must agree on the shape too, not only on the element count, as
+  // Horovod requires: [17, 1311] against [17, 23, 57] fails every rank
+  // with FailedPrecondition "Mismatched AllReduce tensor shapes" naming
+  // the ranks and both shapes. Checked where the ranks agree through MPI
+  // (the mpi backend, and mlfabric under mpirun / mlfabric-run), inside
+  // the one agreement collective that runs anyway; the mlfabric backend's
+  // own rounds (launched without mpirun, or with backup workers) and nccl
+  // agree on length and dtype only. Unset: only the count is agreed.
+  std::optional<std::vector<int64_t>> shape;
+};
+
 // The rank the launcher (mlfabric-run / mpirun) gave this process.
 int EnvRank();
 // The world size the launcher gave this process.
@@ -205,6 +224,12 @@ class AllReducer {
   // reduction by `op` over all ranks. InvalidArgument for kBool or an
   // unknown dtype or op (this rank only: check before calling collectively).
   absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op = ReduceOp::kSum);
+  // The same with what the caller knows about the call (CallOptions: the
+  // tensor's shape). A shape whose product is not `count`, or with a
+  // negative dimension, is InvalidArgument on this rank, and the other
+  // ranks fail naming it (RefuseCollective).
+  absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                         const CallOptions& call);
   // In place: every rank receives root's buffer (shapes and root must agree;
   // kBool too).
   virtual absl::Status Broadcast(void* data, size_t count, DataType dtype, int root);
@@ -241,6 +266,14 @@ class AllReducer {
   // The backend's AllReduce, once `dtype` and `op` are known to be valid
   // and dtype is not kBool.
   virtual absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+  // Reduce with the call's tensor shape (valid, its product is `count`),
+  // for backends whose agreement step can compare it; by default the
+  // shape is not compared (CallOptions says where it is).
+  virtual absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
+                                    const std::vector<int64_t>& shape) {
+    (void)shape;
+    return Reduce(data, count, dtype, op);
+  }
   // The backend's Alltoall and ReduceScatter once the arguments are
   // checked; by default Unimplemented naming the collective and backend().
   virtual absl::Status DoAlltoall(const void* send, int64_t row_elements,

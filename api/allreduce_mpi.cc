@@ -2,6 +2,7 @@
 #include <dlfcn.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -129,15 +130,41 @@ void HalfCombine(void* in, void* inout, int* len, MPI_Datatype*) {
 // What every rank of a collective must agree on. `root` is -1 for an
 // AllReduce, `op` -1 for a Broadcast.
 // `row` is the elements per row of an Alltoall or ReduceScatter (-1 for
-// the others).
+// the others). `dims` is the number of dimensions of the tensor shape the
+// caller named (CallOptions::shape; -1 when it named none) and
+// `shape_hash` a hash of that shape: one fixed-size record carries any
+// shape, and the dimensions themselves cross only when they differ.
 struct CallShape {
   int64_t count;
   int64_t dtype;
   int64_t op;
   int64_t root;
   int64_t row = -1;
+  int64_t dims = -1;
+  int64_t shape_hash = 0;
 };
-static_assert(sizeof(CallShape) == 5 * sizeof(int64_t), "sent as 5 MPI_INT64_T");
+constexpr int kCallShapeWords = 7;
+static_assert(sizeof(CallShape) == kCallShapeWords * sizeof(int64_t),
+              "sent as kCallShapeWords MPI_INT64_T");
+
+// FNV-1a over the dimensions (and their number, so [] and [1] differ).
+int64_t ShapeHash(const std::vector<int64_t>& shape) {
+  uint64_t hash = 1469598103934665603ull;
+  const auto mix = [&hash](int64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      hash = (hash ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) * 1099511628211ull;
+    }
+  };
+  mix(static_cast<int64_t>(shape.size()));
+  for (int64_t d : shape) mix(d);
+  return static_cast<int64_t>(hash);
+}
+
+std::string ShapeText(const int64_t* dims, int64_t n) {
+  std::string out = "[";
+  for (int64_t i = 0; i < n; ++i) absl::StrAppend(&out, i > 0 ? ", " : "", dims[i]);
+  return out + "]";
+}
 
 // One small MPI_Allgather of every rank's CallShape before any data moves:
 // every rank sees every rank's values, so all return the same
@@ -148,11 +175,42 @@ static_assert(sizeof(CallShape) == 5 * sizeof(int64_t), "sent as 5 MPI_INT64_T")
 // (AllReducer::RefuseCollective), and every rank fails naming it.
 constexpr int64_t kInvalidArguments = std::numeric_limits<int64_t>::min();
 
-absl::Status MpiCheckAgreement(const char* what, const CallShape& mine) {
+// Every rank's shape (the gathered records say how many dimensions each
+// has), gathered once the hashes showed that some differ: every rank saw
+// the same records, so every rank comes here. FailedPrecondition naming
+// rank 0's shape and the first rank whose shape differs.
+absl::Status ShapeMismatch(const char* what, const std::vector<CallShape>& all,
+                           const std::vector<int64_t>& mine) {
+  const int size = static_cast<int>(all.size());
+  std::vector<int> counts(all.size()), offsets(all.size(), 0);
+  for (int r = 0; r < size; ++r) {
+    counts[r] = static_cast<int>(std::max<int64_t>(all[r].dims, 0));
+    if (r > 0) offsets[r] = offsets[r - 1] + counts[r - 1];
+  }
+  std::vector<int64_t> dims(static_cast<size_t>(offsets.back() + counts.back()));
+  int code = MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_INT64_T, dims.data(),
+                            counts.data(), offsets.data(), MPI_INT64_T, MPI_COMM_WORLD);
+  if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allgatherv: " + MpiError(code));
+  for (int r = 1; r < size; ++r) {
+    if (all[r].dims < 0 || all[r].shape_hash == all[0].shape_hash) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Mismatched ", what, " tensor shapes: rank 0 passed shape ",
+        ShapeText(dims.data(), counts[0]), " while rank ", r, " passed shape ",
+        ShapeText(dims.data() + offsets[r], counts[r]), " (", what,
+        " inputs differ across ranks)"));
+  }
+  return absl::InternalError("shape hashes differ but no rank's shape does");
+}
+
+// `shape`: this rank's tensor shape when the caller named one (its number
+// of dimensions and hash are in `mine`).
+absl::Status MpiCheckAgreement(const char* what, const CallShape& mine,
+                               const std::vector<int64_t>* shape = nullptr) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::vector<CallShape> all(static_cast<size_t>(size));
-  int code = MPI_Allgather(&mine, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, MPI_COMM_WORLD);
+  int code = MPI_Allgather(&mine, kCallShapeWords, MPI_INT64_T, all.data(), kCallShapeWords,
+                           MPI_INT64_T, MPI_COMM_WORLD);
   if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allgather: " + MpiError(code));
   for (int r = 0; r < size; ++r) {
     if (all[static_cast<size_t>(r)].count == kInvalidArguments) {
@@ -180,6 +238,9 @@ absl::Status MpiCheckAgreement(const char* what, const CallShape& mine) {
     } else if (a.root != b.root) {
       field = "root rank", first = absl::StrCat("root ", a.root);
       other = absl::StrCat("root ", b.root);
+    } else if (a.dims >= 0 && b.dims >= 0 && a.shape_hash != b.shape_hash) {
+      // Ranks that named no shape agree with any (a C++ caller's buffer).
+      return ShapeMismatch(what, all, shape != nullptr ? *shape : std::vector<int64_t>());
     } else {
       continue;
     }
@@ -190,8 +251,15 @@ absl::Status MpiCheckAgreement(const char* what, const CallShape& mine) {
   return absl::OkStatus();
 }
 
-CallShape ReduceShape(size_t count, DataType dtype, ReduceOp op) {
-  return {static_cast<int64_t>(count), static_cast<int64_t>(dtype), static_cast<int64_t>(op), -1};
+CallShape ReduceShape(size_t count, DataType dtype, ReduceOp op,
+                      const std::vector<int64_t>* shape = nullptr) {
+  CallShape out{static_cast<int64_t>(count), static_cast<int64_t>(dtype),
+                static_cast<int64_t>(op), -1};
+  if (shape != nullptr) {
+    out.dims = static_cast<int64_t>(shape->size());
+    out.shape_hash = ShapeHash(*shape);
+  }
+  return out;
 }
 
 CallShape AlltoallShape(int64_t row_elements, DataType dtype) {
@@ -244,7 +312,7 @@ class MpiAllReducer : public AllReducer {
 
   // Takes part in the agreement marked invalid: the other ranks fail too.
   absl::Status RefuseCollective(const char* what, absl::Status invalid) override {
-    (void)MpiCheckAgreement(what, {kInvalidArguments, -1, -1, -1, -1});
+    (void)MpiCheckAgreement(what, {kInvalidArguments, -1, -1, -1});
     return invalid;
   }
 
@@ -339,6 +407,18 @@ class MpiAllReducer : public AllReducer {
     return ReduceAgreed(data, count, dtype, op);
   }
 
+  // The shape joins the one agreement collective (CallShape::shape_hash).
+  absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
+                            const std::vector<int64_t>& shape) override {
+    auto type = MpiType(dtype);
+    if (!type.ok()) return type.status();
+    if (auto status = MpiCheckAgreement("AllReduce", ReduceShape(count, dtype, op, &shape), &shape);
+        !status.ok()) {
+      return status;
+    }
+    return ReduceAgreed(data, count, dtype, op);
+  }
+
   absl::Status DoAlltoall(const void* send, int64_t row_elements,
                           const std::vector<int64_t>& send_rows, DataType dtype,
                           const AlltoallRecvBuffer& recv_buffer,
@@ -400,14 +480,14 @@ class SmallViaMpiAllReducer : public AllReducer {
 
  protected:
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
-    if (auto agreed = MpiCheckAgreement("AllReduce", ReduceShape(count, dtype, op));
-        !agreed.ok()) {
-      return agreed;
-    }
-    if (op == ReduceOp::kSum && count * DataTypeSize(dtype) >= below_) {
-      return fabric_->AllReduce(data, count, dtype);
-    }
-    return mpi_->ReduceAgreed(data, count, dtype, op);
+    return ReduceAfter(MpiCheckAgreement("AllReduce", ReduceShape(count, dtype, op)), data, count,
+                       dtype, op);
+  }
+  absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
+                            const std::vector<int64_t>& shape) override {
+    return ReduceAfter(
+        MpiCheckAgreement("AllReduce", ReduceShape(count, dtype, op, &shape), &shape), data,
+        count, dtype, op);
   }
 
   absl::Status RefuseCollective(const char* what, absl::Status invalid) override {
@@ -429,6 +509,16 @@ class SmallViaMpiAllReducer : public AllReducer {
   }
 
  private:
+  // The sum through the scheduler or MPI, once `agreed` says the ranks agree.
+  absl::Status ReduceAfter(absl::Status agreed, void* data, size_t count, DataType dtype,
+                           ReduceOp op) {
+    if (!agreed.ok()) return agreed;
+    if (op == ReduceOp::kSum && count * DataTypeSize(dtype) >= below_) {
+      return fabric_->AllReduce(data, count, dtype);
+    }
+    return mpi_->ReduceAgreed(data, count, dtype, op);
+  }
+
   static int64_t SumOf(const std::vector<int64_t>& values) {
     int64_t total = 0;
     for (int64_t v : values) total += v;

@@ -103,6 +103,12 @@ const char* mlf_ext_allreducer_backend(int64_t handle);
  * (FailedPrecondition). */
 void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dtype, int op,
                              mlf_done_fn done, void* ctx);
+/* The same with the tensor's shape (`dims`, `ndims` entries; ndims < 0:
+ * none, as mlf_ext_allreduce_async): under mpirun the ranks must also
+ * agree on it (AllReducer::AllReduce with CallOptions::shape), else code 9
+ * naming the ranks and shapes. `dims` is copied before this returns. */
+void mlf_ext_allreduce_shaped_async(int64_t handle, void* data, uint64_t count, int dtype, int op,
+                                    const int64_t* dims, int ndims, mlf_done_fn done, void* ctx);
 /* Broadcast (AllReducer::Broadcast) of root's `data`, in place; collective,
  * as mlf_ext_allreduce_async. */
 void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dtype, int root,

@@ -143,9 +143,11 @@ static_assert(MLF_BOOL == static_cast<int>(mlfabric::DataType::kBool) &&
                   MLF_PRODUCT == static_cast<int>(mlfabric::ReduceOp::kProduct),
               "the C codes mirror DataType and ReduceOp");
 
-// `op` is the reduce op of an allreduce (ignored for a broadcast).
+// `op` is the reduce op of an allreduce (ignored for a broadcast);
+// `call` what the caller said about an allreduce (its shape).
 static void ExtCollective(int64_t handle, bool broadcast, void* data, uint64_t count, int dtype,
-                          int op, int root, mlf_done_fn done, void* ctx) {
+                          int op, int root, mlf_done_fn done, void* ctx,
+                          mlfabric::CallOptions call = {}) {
   auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->reducer) {
     done(ctx, static_cast<int>(absl::StatusCode::kInvalidArgument),
@@ -153,7 +155,8 @@ static void ExtCollective(int64_t handle, bool broadcast, void* data, uint64_t c
     return;
   }
   std::shared_ptr<mlfabric::AllReducer> reducer = entry->reducer;
-  entry->serial->Submit([reducer, broadcast, data, count, dtype, op, root, done, ctx] {
+  entry->serial->Submit([reducer, broadcast, data, count, dtype, op, root, done, ctx,
+                         call = std::move(call)] {
     const auto type = static_cast<mlfabric::DataType>(dtype);
     absl::Status status =
         mlfabric::DataTypeSize(type) == 0
@@ -161,7 +164,8 @@ static void ExtCollective(int64_t handle, bool broadcast, void* data, uint64_t c
                   "unsupported dtype code ", dtype,
                   ": use float16, float32, float64, int8, uint8, int16, uint16, int32 or int64"))
         : broadcast ? reducer->Broadcast(data, count, type, root)
-                    : reducer->AllReduce(data, count, type, static_cast<mlfabric::ReduceOp>(op));
+                    : reducer->AllReduce(data, count, type, static_cast<mlfabric::ReduceOp>(op),
+                                         call);
     done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str());
   });
 }
@@ -169,6 +173,13 @@ static void ExtCollective(int64_t handle, bool broadcast, void* data, uint64_t c
 void mlf_ext_allreduce_async(int64_t handle, void* data, uint64_t count, int dtype, int op,
                              mlf_done_fn done, void* ctx) {
   ExtCollective(handle, false, data, count, dtype, op, 0, done, ctx);
+}
+
+void mlf_ext_allreduce_shaped_async(int64_t handle, void* data, uint64_t count, int dtype, int op,
+                                    const int64_t* dims, int ndims, mlf_done_fn done, void* ctx) {
+  mlfabric::CallOptions call;
+  if (ndims >= 0) call.shape.emplace(dims, dims + ndims);
+  ExtCollective(handle, false, data, count, dtype, op, 0, done, ctx, std::move(call));
 }
 
 void mlf_ext_broadcast_async(int64_t handle, void* data, uint64_t count, int dtype, int root,

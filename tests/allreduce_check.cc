@@ -6,8 +6,9 @@
 // min, max and product (and the older dtypes under min/max/product) equal
 // the values computed here and MPI_Allreduce's, that bool is refused by
 // AllReduce and broadcast exactly, that inputs (length, dtype, reduce op,
-// broadcast root) which differ across ranks are a FailedPrecondition on
-// every rank naming both (no hang), that the mlfabric backend without MPI
+// broadcast root, and the tensor shape a call names in CallOptions) which
+// differ across ranks are a FailedPrecondition on every rank naming both
+// (no hang), that the mlfabric backend without MPI
 // refuses min/max/product across hosts (Unimplemented) and reduces them
 // in shared memory on one host, and that bad backend names and
 // dtypes are errors naming the alternatives. Where nccl cannot run,
@@ -383,6 +384,57 @@ void CheckHalf(mlfabric::AllReducer& reducer, size_t count, int round) {
          reducer.backend(), count, round, wrong, count);
 }
 
+// AllReduce with the tensor's shape (CallOptions): equal shapes sum; equal
+// element counts in different shapes ([2, 6] against [12], [] against
+// [1]) fail every rank with FailedPrecondition naming the ranks and both
+// shapes; a shape that does not hold the call's count fails this rank
+// with InvalidArgument and the others naming it; a call without a shape
+// agrees with any. Then the collective still sums.
+void CheckShapes(mlfabric::AllReducer& reducer, int round) {
+  using namespace mlfabric;
+  const bool last = reducer.rank() == reducer.size() - 1;
+  std::vector<float> v(12, 1.0f);
+  CallOptions call;
+  call.shape = std::vector<int64_t>{2, 6};
+  absl::Status status = reducer.AllReduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum,
+                                          call);
+  EXPECT(status.ok() && v[11] == static_cast<float>(reducer.size()), "%s equal shapes: %s",
+         reducer.backend(), status.ToString().c_str());
+  call.shape = last ? std::vector<int64_t>{12} : std::vector<int64_t>{2, 6};
+  status = reducer.AllReduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, call);
+  const std::string want = absl::StrCat("Mismatched AllReduce tensor shapes: rank 0 passed shape "
+                                        "[2, 6] while rank ", reducer.size() - 1,
+                                        " passed shape [12]");
+  EXPECT(absl::IsFailedPrecondition(status) &&
+             status.message().find(want) != absl::string_view::npos,
+         "%s mismatched shapes: %s", reducer.backend(), status.ToString().c_str());
+  float one = 1.0f;
+  call.shape = last ? std::vector<int64_t>{1} : std::vector<int64_t>{};
+  status = reducer.AllReduce(&one, 1, DataType::kFloat32, ReduceOp::kMax, call);
+  EXPECT(absl::IsFailedPrecondition(status) &&
+             status.message().find("rank 0 passed shape [] while rank") !=
+                 absl::string_view::npos,
+         "%s scalar against [1]: %s", reducer.backend(), status.ToString().c_str());
+  call.shape = last ? std::vector<int64_t>{3, 5} : std::vector<int64_t>{3, 4};
+  status = reducer.AllReduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, call);
+  if (last) {
+    EXPECT(absl::IsInvalidArgument(status) &&
+               status.message().find("shape [3, 5] holds 15 elements but the call passes 12") !=
+                   absl::string_view::npos,
+           "%s shape not holding the count: %s", reducer.backend(), status.ToString().c_str());
+  } else {
+    EXPECT(absl::IsFailedPrecondition(status) &&
+               status.message().find("passed invalid arguments") != absl::string_view::npos,
+           "%s another rank's invalid shape: %s", reducer.backend(), status.ToString().c_str());
+  }
+  call.shape = std::vector<int64_t>{12};
+  status = last ? reducer.AllReduce(v.data(), v.size(), DataType::kFloat32)
+                : reducer.AllReduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, call);
+  EXPECT(status.ok(), "%s a call without shape against [12]: %s", reducer.backend(),
+         status.ToString().c_str());
+  CheckExact<float>(reducer, DataType::kFloat32, 64, round);
+}
+
 // Backup workers (mlfabric backend, one backup): the last rank starts each
 // phase only after rank 0 tells it (MPI) that the others are done, so it is
 // late every round by construction, not by timing. Phase 1: 3 rounds; every
@@ -666,6 +718,7 @@ int main() {
     CheckExact<float>(*reducer, DataType::kFloat32, 64, round++);
     round = CheckOps(*reducer, round);
     CheckOpMismatch(*reducer, round++);
+    CheckShapes(*reducer, round++);
     CheckAlltoallAndScatter(*reducer);
   }
 

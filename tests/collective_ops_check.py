@@ -18,7 +18,8 @@ through the scheduler's rounds, min/max/product through MPI):
      tests expect them;
   4. mismatches fail every rank, never hang: a reduce op or a shape that
      differs across ranks raises tf.errors.FailedPreconditionError (numpy:
-     ValueError) naming the ranks and values, and so does a broadcast
+     ValueError) naming the ranks and values, so do tensors of equal length
+     in different shapes ([17, 1311] against [17, 23, 57]), and so does a broadcast
      root_rank that differs across ranks (eagerly and in a tf.function, for
      float32 and bool, and broadcast_object); hvd.Adasum and bool allreduce
      are refused with a clear error.
@@ -255,6 +256,22 @@ for backend in ("mpi", "mlfabric"):
     raises(lambda: hvd.allreduce(tf.ones([rank + 2], tf.uint16), op=hvd.Sum, reducer=red),
            tf.errors.FailedPreconditionError, "Mismatched AllReduce length",
            "rank 0 passed 2 elements while rank 1 passed 3 elements")
+    # Equal element counts in different shapes fail every rank, as Horovod's
+    # "Mismatched allreduce tensor shapes", eagerly and in a tf.function;
+    # then the ranks are still in step.
+    for how, reduce in (("eager", hvd.allreduce),
+                        ("tf.function", tf.function(hvd.allreduce, autograph=False))):
+        raises(lambda: reduce(tf.ones([17, 23 * 57] if rank == 0 else [17, 23, 57]), op=hvd.Sum,
+                              reducer=red),
+               tf.errors.FailedPreconditionError, "Mismatched AllReduce tensor shapes",
+               "rank 0 passed shape [17, 1311] while rank 1 passed shape [17, 23, 57]")
+        raises(lambda: reduce(tf.ones([] if rank == 0 else [1], tf.int32), op=hvd.Max,
+                              reducer=red),
+               tf.errors.FailedPreconditionError,
+               "rank 0 passed shape [] while rank 1 passed shape [1]")
+        out = reduce(tf.ones([2, 3]), op=hvd.Sum, reducer=red)
+        expect(np.array_equal(np.asarray(out), np.full([2, 3], 2.0)),
+               "%s %s allreduce after the shape errors" % (backend, how))
     raises(lambda: red.allreduce(np.ones(3, np.int16), "max" if rank else "min"), ValueError,
            "reduce op")
     # A broadcast root that differs across ranks fails every rank naming

@@ -64,7 +64,8 @@ REGISTER_OP("MlfabricAllreduce")
       return absl::OkStatus();
     })
     .Doc("Element-wise reduction (`reduce_op`) of `tensor` over all ranks of the AllReducer "
-         "`handle`; inputs that differ across ranks fail every rank with FailedPrecondition.");
+         "`handle`; inputs (dtype, length, shape, op) that differ across ranks fail every rank "
+         "with FailedPrecondition.");
 
 // The end of an in-place collective (an mlf_done_fn): sets the kernel's
 // status, calls its done callback and frees itself.
@@ -106,8 +107,14 @@ class AllreduceOp : public AsyncOpKernel {
     char* data = InPlaceOutput(c, done);
     if (data == nullptr) return;
     const Tensor& input = c->input(0);
-    mlf_ext_allreduce_async(handle_, data, input.NumElements(), DtypeCode(input.dtype()), op_,
-                            &CollectiveDone::Run, new CollectiveDone{c, std::move(done)});
+    // The shape too, so that ranks whose tensors differ in shape but not
+    // in element count fail (as Horovod's "Mismatched allreduce tensor
+    // shapes"), not only those whose lengths differ.
+    std::vector<int64_t> dims(static_cast<size_t>(input.dims()));
+    for (int d = 0; d < input.dims(); ++d) dims[d] = input.dim_size(d);
+    mlf_ext_allreduce_shaped_async(handle_, data, input.NumElements(), DtypeCode(input.dtype()),
+                                   op_, dims.data(), static_cast<int>(dims.size()),
+                                   &CollectiveDone::Run, new CollectiveDone{c, std::move(done)});
   }
 
  private:
