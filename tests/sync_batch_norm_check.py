@@ -14,8 +14,10 @@ sizes on the two ranks (3 and 5 rows):
   3. inference (training=False) normalizes with the moving statistics;
   4. in a Keras model trained by model.fit with hvd.DistributedOptimizer,
      every rank ends with the same weights and moving statistics;
-  5. get_config/from_config round trip; fused=True and synchronized=True
-     are refused with ValueError.
+  5. get_config/from_config round trip; Horovod's constructor arguments
+     are accepted (fused=False, virtual_batch_size=None and adjustment=None,
+     which Keras 3 has not, dropped); fused=True, a virtual_batch_size, an
+     adjustment and synchronized=True are refused with ValueError.
 Prints "sync_batch_norm_check rank R: OK" on success.
 """
 import faulthandler
@@ -138,6 +140,23 @@ again = keras.layers.deserialize(keras.layers.serialize(layer))
 expect(type(again) is hvd.SyncBatchNormalization and again.momentum == 0.7,
        "serialize/deserialize round trip: %r" % (again,))
 raises(lambda: hvd.SyncBatchNormalization(fused=True), ValueError, "fused=True")
+# Horovod's constructor, every argument at its default: Keras 3 has no fused,
+# virtual_batch_size or adjustment, which are dropped at their "off" values
+# and refused otherwise.
+for module in (hvd, hvd_keras):
+    layer = module.SyncBatchNormalization(
+        axis=1, momentum=0.9, epsilon=1e-3, center=True, scale=True,
+        beta_initializer="zeros", gamma_initializer="ones", moving_mean_initializer="zeros",
+        moving_variance_initializer="ones", beta_regularizer=None, gamma_regularizer=None,
+        beta_constraint=None, gamma_constraint=None, renorm=False, renorm_clipping=None,
+        renorm_momentum=0.99, fused=False, trainable=True, virtual_batch_size=None,
+        adjustment=None, name="horovod_args")
+    expect(layer.axis == 1 and layer.momentum == 0.9 and layer.name == "horovod_args",
+           "Horovod's constructor arguments: %r" % (layer.get_config(),))
+    raises(lambda: module.SyncBatchNormalization(virtual_batch_size=4), ValueError,
+           "virtual_batch_size=4 is not supported")
+    raises(lambda: module.SyncBatchNormalization(adjustment=lambda shape: (1.0, 0.0)),
+           ValueError, "adjustment is not supported")
 raises(lambda: hvd.SyncBatchNormalization(synchronized=True), ValueError, "synchronized=True")
 
 failed = len(failures)

@@ -26,9 +26,19 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     Every rank must call the layer the same number of times in the same
     order (it issues one AllReduce per training call); inference uses the
     moving statistics and communicates nothing. On one rank it is
-    BatchNormalization. `fused` is Horovod's argument: only False/None (Keras 3
-    has no fused kernel); `synchronized=True` (tf.distribute's) is refused.
-    `reducer`: the AllReducer (default: mlfabric.init()'s)."""
+    BatchNormalization.
+
+    Takes Horovod's constructor arguments (those of TF2's Keras 2
+    BatchNormalization). Three of them Keras 3 no longer has; they are
+    accepted at the values that mean "off" and dropped: `fused` (None or
+    False; Keras 3 has no fused kernel), `virtual_batch_size` (None: the
+    statistics of the whole batch) and `adjustment` (None: no random
+    adjustment of the normalised values). Another value raises ValueError
+    naming the argument rather than being silently ignored. `renorm`,
+    `renorm_clipping`, `renorm_momentum`, `trainable` and `name` go to Keras
+    3's BatchNormalization, which has them. `synchronized=True`
+    (tf.distribute's) is refused. `reducer`: the AllReducer (default:
+    mlfabric.init()'s)."""
 
     # The Sum allreduce with its gradient, (tensor, reducer) -> tensor. This
     # module sits below mlfabric.tensorflow in the package's layer order
@@ -36,10 +46,18 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     # class out.
     _sum_over_ranks = None
 
-    def __init__(self, fused=None, reducer=None, **kwargs):
+    def __init__(self, fused=None, virtual_batch_size=None, adjustment=None, reducer=None,
+                 **kwargs):
         if fused:
             raise ValueError("SyncBatchNormalization: fused=True is not supported (Keras 3 "
                              "has no fused batch normalization)")
+        if virtual_batch_size is not None:
+            raise ValueError("SyncBatchNormalization: virtual_batch_size=%r is not supported "
+                             "(Keras 3's BatchNormalization has no ghost batches; leave it "
+                             "None)" % (virtual_batch_size,))
+        if adjustment is not None:
+            raise ValueError("SyncBatchNormalization: adjustment is not supported (Keras 3's "
+                             "BatchNormalization has none; leave it None)")
         if kwargs.get("synchronized"):
             raise ValueError("SyncBatchNormalization: synchronized=True is tf.distribute's "
                              "synchronization; this layer synchronizes through MLfabric "
