@@ -14,7 +14,8 @@ tests/horovod_tf_test.sh under mlfabric-run (2 ranks). Checks, on every rank:
      to a single-process run on the concatenated batch;
   3. the small API: rank_op/size_op/local_rank_op/local_size_op/
      process_set_included_op, the build flags, join, grouped_allgather,
-     allgather_object/broadcast_object/broadcast_object_fn, broadcast_,
+     allgather_object/broadcast_object/broadcast_object_fn (eagerly, at a
+     tf.function's trace and in a TF1 session), broadcast_,
      gradient_predivide_factor, PartialDistributedGradientTape, Keras
      PartialDistributedOptimizer, BroadcastGlobalVariablesCallback with
      local_variables, load_model, broadcast_global_variables in a TF1
@@ -223,6 +224,49 @@ with tf.Graph().as_default():
         got = session.run([g1, g2])
 expect(got[0].tolist() == [1.0, 5.0] and int(got[1]) == 8,
        "broadcast_global_variables in a TF1 session: %r" % (got,))
+# The object collectives in graphs, as Horovod's. In a tf.function the
+# objects cross the ranks at trace time and the trace keeps them (a second
+# call does not retrace). In a TF1 graph they run at once in the default or
+# the given session, outside the graph's order of collectives: a collective
+# op created later does not depend on them (or every later step would run
+# them again).
+traced = []
+
+
+@tf.function(autograph=False)
+def objects_in_function(x):
+    traced.append((hvd.allgather_object({"r": rank}),
+                   hvd.broadcast_object(("root", rank), root_rank=1)))
+    return hvd.allreduce(x, op=hvd.Sum)
+
+
+for _ in range(2):
+    out = objects_in_function(tf.constant([1.0, 2.0]))
+expect(traced == [([{"r": 0}, {"r": 1}], ("root", 1))] and out.numpy().tolist() == [2.0, 4.0],
+       "object collectives in a tf.function: %r, %r" % (traced, out))
+with tf.Graph().as_default() as graph:
+    x = tf.compat.v1.placeholder(tf.float32, [2])
+    total = hvd.allreduce(x, op=hvd.Sum)
+    with tf.compat.v1.Session() as session:
+        before = len(graph.get_operations())
+        gathered = hvd.allgather_object({"r": rank, "pad": "y" * rank})
+        sent = hvd.broadcast_object(("root", rank), root_rank=1, session=session)
+        objects_ops = set(graph.get_operations()[before:])
+        after = hvd.allreduce(x * 2.0, op=hvd.Sum)
+        got = session.run([total, after], {x: [1.0, 2.0]})
+expect(gathered == [{"r": 0, "pad": ""}, {"r": 1, "pad": "y"}] and sent == ("root", 1),
+       "object collectives in a TF1 session: %r, %r" % (gathered, sent))
+expect(got[0].tolist() == [2.0, 4.0] and got[1].tolist() == [4.0, 8.0],
+       "collectives around the object collectives in a TF1 session: %r" % (got,))
+later = [op for op in graph.get_operations() if op.type == "MlfabricAllreduce"][-1]
+expect(not objects_ops.intersection(later.control_inputs),
+       "a later collective depends on the object collectives: %r" % (later.control_inputs,))
+with tf.Graph().as_default():
+    try:
+        hvd.broadcast_object(1)
+        expect(False, "broadcast_object in a graph without a session: nothing raised")
+    except RuntimeError as e:
+        expect("session" in str(e), "no session: %s" % e)
 for module in (hvd, hvd_keras):
     try:
         module.broadcast_global_variables(0)

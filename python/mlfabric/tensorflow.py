@@ -987,10 +987,43 @@ def join(device="", process_set=None):
     return tf.constant(-1, tf.int32)
 
 
-def _eager_only(where):
-    if not tf.executing_eagerly():
-        raise RuntimeError("%s runs eagerly only (it pickles Python objects); call it outside "
-                           "tf.function" % where)
+def _object_fetcher(session, where):
+    """How the object collectives read a collective's value, as Horovod's:
+    eagerly at once; while a tf.function is traced, eagerly outside it
+    (tf.init_scope), so the object crosses the ranks at trace time and the
+    trace holds the result; in a TF1 graph through `session` or the default
+    session. Returns fetch(make), where make() builds the collective and
+    returns its tensor."""
+    if tf.inside_function():
+        with tf.init_scope():
+            eager_outside = tf.executing_eagerly()
+        if eager_outside:
+            def fetch_at_trace(make):
+                with tf.init_scope():
+                    return make().numpy()
+            return fetch_at_trace
+    if tf.executing_eagerly():
+        return lambda make: make().numpy()
+    session = session or tf.compat.v1.get_default_session()
+    if session is None:
+        raise RuntimeError("%s in a TF1 graph runs its collectives in a session: pass "
+                           "session= or call it under a default session (with "
+                           "session.as_default()), or call it eagerly" % where)
+
+    def fetch_in_session(make):
+        # Run at once, so outside the graph's order of collectives: later
+        # ops must not depend on it, or every later step would run it again.
+        graph = session.graph
+        with graph.as_default():
+            saved = _last_collective.pop(graph, None)
+            try:
+                tensor = make()
+            finally:
+                _last_collective.pop(graph, None)
+                if saved is not None:
+                    _last_collective[graph] = saved
+        return session.run(tensor)
+    return fetch_in_session
 
 
 def _to_words(data):
@@ -1000,14 +1033,17 @@ def _to_words(data):
 
 
 def allgather_object(obj, session=None, name=None, process_set=None):
-    """Every rank's picklable `obj`, as a list in rank order (Horovod's)."""
-    del session, name
+    """Every rank's picklable `obj`, as a list in rank order (Horovod's):
+    eagerly, in a tf.function (at trace time: every rank must trace it at
+    the same point of its collectives) or in a TF1 graph (through `session`
+    or the default session)."""
+    del name
     where = "mlfabric.tensorflow.allgather_object"
     _check_process_set(process_set, where)
-    _eager_only(where)
+    fetch = _object_fetcher(session, where)
     data = pickle.dumps(obj)
-    lengths = allgather(tf.constant([len(data)], tf.int64)).numpy()
-    words = allgather(tf.constant(_to_words(data))).numpy().tobytes()
+    lengths = fetch(lambda: allgather(tf.constant([len(data)], tf.int64)))
+    words = fetch(lambda: allgather(tf.constant(_to_words(data)))).tobytes()
     out, offset = [], 0
     for n in lengths:
         out.append(pickle.loads(words[offset:offset + int(n)]))
@@ -1017,16 +1053,19 @@ def allgather_object(obj, session=None, name=None, process_set=None):
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
     """Rank `root_rank`'s picklable `obj` on every rank (Horovod's; other
-    ranks' `obj` is ignored)."""
-    del session, name
+    ranks' `obj` is ignored): eagerly, in a tf.function (serialised and
+    broadcast at trace time: every rank must trace it at the same point of
+    its collectives) or in a TF1 graph (through `session` or the default
+    session)."""
+    del name
     where = "mlfabric.tensorflow.broadcast_object"
     _check_process_set(process_set, where)
-    _eager_only(where)
+    fetch = _object_fetcher(session, where)
     reducer = mlfabric.reducer()
     data = pickle.dumps(obj) if reducer.rank == root_rank else b""
-    n = int(broadcast(tf.constant([len(data)], tf.int64), root_rank).numpy()[0])
+    n = int(fetch(lambda: broadcast(tf.constant([len(data)], tf.int64), root_rank))[0])
     words = _to_words(data) if data else np.zeros((n + 7) // 8, np.int64)
-    received = broadcast(tf.constant(words), root_rank).numpy().tobytes()
+    received = fetch(lambda: broadcast(tf.constant(words), root_rank)).tobytes()
     return pickle.loads(received[:n])
 
 
