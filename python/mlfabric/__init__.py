@@ -280,7 +280,30 @@ def init(backend=None, timeout_s=300.0):
         if _reducer.size > 1:
             import sys
             sys.excepthook = _abort_on_uncaught(sys.excepthook)
+        _learn_cross(_reducer)
     return _reducer
+
+
+_cross = (0, 1)  # (cross_rank, cross_size), learned by init()
+
+
+def _learn_cross(red):
+    """Horovod's cross communicator: the ranks whose local rank is this
+    rank's, one per host, in rank order. All ranks on one host (size ==
+    local_size, which is then so on every rank): (0, 1) at once. Otherwise
+    one small AllReduce at init() tells every rank each rank's local rank
+    (from the launcher's environment), so hosts of different sizes count
+    right."""
+    global _cross
+    mine = local_rank()
+    if red.size == local_size():
+        _cross = (0, 1)
+        return
+    locals_ = np.zeros(red.size, np.int64)
+    locals_[red.rank] = mine + 1  # 0 stays "no rank here" in the sum
+    locals_ = red.allreduce(locals_)
+    same = locals_ == mine + 1
+    _cross = (int(np.count_nonzero(same[:red.rank])), int(np.count_nonzero(same)))
 
 
 def is_initialized():
@@ -359,6 +382,21 @@ def local_size():
     reducer()
     value = _env_int(("MLFABRIC_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"))
     return value if value is not None else 1
+
+
+def cross_rank():
+    """This rank's host among the hosts (Horovod's cross_rank): its index
+    among the ranks of the same local rank, in rank order; 0 when every
+    rank runs on one host."""
+    reducer()
+    return _cross[0]
+
+
+def cross_size():
+    """The number of hosts with a rank of this rank's local rank (Horovod's
+    cross_size; the number of hosts when each runs as many ranks)."""
+    reducer()
+    return _cross[1]
 
 
 # Reduce ops (Horovod's names; AllReducer.allreduce and .reducescatter take

@@ -38,7 +38,8 @@ import tensorflow as tf
 import mlfabric
 from mlfabric import _lib
 from mlfabric import compression as _compression
-from mlfabric import init, is_initialized, local_rank, local_size, rank, shutdown, size  # noqa: F401
+from mlfabric import (cross_rank, cross_size, init, is_initialized, local_rank,  # noqa: F401
+                      local_size, rank, shutdown, size)
 
 _lib.load_core()
 _ops = tf.load_op_library(_lib.find("mlfabric_tf_ops.so"))

@@ -39,7 +39,8 @@ import tensorflow as tf
 
 import mlfabric
 from mlfabric import tensorflow as mtf
-from mlfabric import init, is_initialized, local_rank, local_size, rank, shutdown, size  # noqa: F401
+from mlfabric import (cross_rank, cross_size, init, is_initialized, local_rank,  # noqa: F401
+                      local_size, rank, shutdown, size)
 from mlfabric.tensorflow import Average, Compression, Sum  # noqa: F401
 from mlfabric.tensorflow import (allgather_object, broadcast_object, broadcast_object_fn,  # noqa: F401
                                  ccl_built, cuda_built, ddl_built, global_process_set, gloo_built,
