@@ -6,19 +6,25 @@
 #   bazel build //api:allreduce_benchmark //tools/run:mlfabric-run
 #   bench/allreduce_hosts.sh [--ranks "2 4"] [--counts "1024 16384 ..."] [--pairs 2]
 #                            [--repeats 30] [--mlfabric_args "--daemon_arg ..."]
-#                            [--baseline OTHER_TREE]
+#                            [--baseline OTHER_TREE] [--json FILE] [--bazel_bin DIR]
 #
 # Prints one line per (ranks, float32 count): the mean milliseconds per
 # AllReduce of every pair, mlfabric first, and the ratio mlfabric / MPI of
-# the pairs' sums. --baseline also runs the same mlfabric command from
+# the pairs' sums. --json FILE also writes the run as JSON in the structure
+# of docs/results/allreduce-hosts.json (what, date, commit, command, note,
+# the per-pair means of every cell, the target ratios of the sizes that
+# have one), so that a new run can replace that file and
+# `python3 tools/docs/results_tables.py --write` renders its table. --baseline also runs the same mlfabric command from
 # another checkout's bazel-bin (built the same way, e.g. an older commit
 # in a git worktree) in every pair, and adds its column and the ratio
 # mlfabric / baseline. Counts below the backend's MPI threshold
 # (MLFABRIC_ALLREDUCE_MPI_BELOW, 64 KiB by default) are summed by MPI
 # under mlfabric too; the script sets the threshold to 0 so that every
-# size measures the mlfabric data path.
+# size measures the mlfabric data path. --bazel_bin DIR runs the binaries
+# of DIR/tools/run and DIR/api instead of bazel-bin's (a test's runfiles).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+invocation=("$0" "$@")
 
 ranks="2 4"
 counts="1024 16384 262144 1048576 4194304 16777216"
@@ -26,6 +32,8 @@ pairs=2
 repeats=30
 mlfabric_args=""
 baseline=""
+json=""
+bazel_bin=bazel-bin
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --ranks) ranks="$2"; shift 2 ;;
@@ -34,13 +42,26 @@ while [[ $# -gt 0 ]]; do
     --repeats) repeats="$2"; shift 2 ;;
     --mlfabric_args) mlfabric_args="$2"; shift 2 ;;
     --baseline) baseline="$2"; shift 2 ;;
+    --json) json="$2"; shift 2 ;;
+    --bazel_bin) bazel_bin="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "allreduce_hosts.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 
-run=bazel-bin/tools/run/mlfabric-run
-bench=bazel-bin/api/allreduce_benchmark
+for value in $ranks $counts $pairs $repeats; do
+  if [[ ! "$value" =~ ^[1-9][0-9]*$ ]]; then
+    echo "allreduce_hosts.sh: '$value' in --ranks, --counts, --pairs or --repeats is not a positive integer" >&2
+    exit 2
+  fi
+done
+if [[ -n "$json" && ! -d "$(dirname "$json")" ]]; then
+  echo "allreduce_hosts.sh: --json $json: no directory $(dirname "$json")" >&2
+  exit 2
+fi
+
+run=$bazel_bin/tools/run/mlfabric-run
+bench=$bazel_bin/api/allreduce_benchmark
 binaries=("$run" "$bench")
 if [[ -n "$baseline" ]]; then
   binaries+=("$baseline/bazel-bin/tools/run/mlfabric-run" "$baseline/bazel-bin/api/allreduce_benchmark")
@@ -61,10 +82,19 @@ mean_ms() {
     echo "$out" | tail -5 >&2
     exit 1
   fi
-  echo "$out" | sed -n 's/.*: \([0-9.]*\) ms per AllReduce.*/\1/p' | tail -1
+  local ms
+  ms=$(echo "$out" | sed -n 's/.*: \([0-9.]*\) ms per AllReduce.*/\1/p' | tail -1)
+  if [[ -z "$ms" ]]; then
+    echo "allreduce_hosts.sh: no \"ms per AllReduce\" line in the output of: $*" >&2
+    echo "$out" | tail -5 >&2
+    exit 1
+  fi
+  echo "$ms"
 }
 
-echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $commit" \
      "load $(cut -d' ' -f1 /proc/loadavg)"
 if [[ -n "$baseline" ]]; then
   echo "# baseline: $baseline (commit $(git -C "$baseline" rev-parse --short HEAD 2>/dev/null || echo '?'))"
@@ -73,10 +103,70 @@ if [[ -n "$baseline" ]]; then
 else
   printf '%-6s %-10s %-28s %-28s %s\n' ranks floats "mlfabric ms (per pair)" "mpi-tcp ms (per pair)" ratio
 fi
+# The arguments after the first, joined by the first.
+join_by() {
+  local separator="$1" out="" item
+  shift
+  for item in "$@"; do out+="${out:+$separator}$item"; done
+  echo "$out"
+}
+# A JSON string of $1 (command lines hold no control characters).
+json_string() {
+  local s="${1//\\/\\\\}"
+  s="${s//\"/\\\"}"
+  printf '"%s"' "$s"
+}
+# The command that measured this run, without --json and --bazel_bin:
+# arguments with spaces in double quotes, as docs/results.md writes them.
+measured_command() {
+  local words=("bench/allreduce_hosts.sh") i
+  for ((i = 1; i < ${#invocation[@]}; ++i)); do
+    case "${invocation[i]}" in
+      --json|--bazel_bin) ((++i)); continue ;;
+    esac
+    if [[ "${invocation[i]}" =~ [[:space:]] ]]; then
+      words+=("\"${invocation[i]}\"")
+    else
+      words+=("${invocation[i]}")
+    fi
+  done
+  echo "bazel build //api:allreduce_benchmark //tools/run:mlfabric-run && ${words[*]}"
+}
+# The goal mlfabric / MPI over TCP per float32 count (docs/results.md §3.2);
+# sizes without one get no target.
+declare -A target_ratio=([65536]=3 [1048576]=2 [16777216]=1.5)
+# The run as docs/results/allreduce-hosts.json holds it (results_tables.py
+# renders §3.2 from it).
+write_json() {
+  local targets=() count
+  for count in $counts; do
+    if [[ -n "${target_ratio[$count]:-}" ]]; then
+      targets+=("\"$count\": ${target_ratio[$count]}")
+    fi
+  done
+  echo "{"
+  echo "  \"what\": \"AllReduce with a daemon per rank (emulated hosts over loopback TCP) against Open MPI restricted to TCP, alternated in one run (docs/results.md §3.2)\","
+  echo "  \"date\": \"$(date -u +%Y-%m-%d)\","
+  echo "  \"commit\": \"$commit\","
+  echo "  \"command\": $(json_string "$(measured_command)"),"
+  echo "  \"note\": \"Written by bench/allreduce_hosts.sh --json: per (ranks, float32 count) the mean milliseconds per AllReduce of each pair, mlfabric with --ranks_per_host 1 and Open MPI with OMPI_MCA_btl=tcp,self$([[ -n "$baseline" ]] && echo ", and baseline_ms the same mlfabric command from the tree $baseline"). The table's ratio is the sum of the mlfabric means over the sum of the MPI means, as the script prints it. target_ratio is the goal per size, not a measurement.\","
+  if [[ -n "$baseline" ]]; then
+    echo "  \"baseline_commit\": \"$(git -C "$baseline" rev-parse --short HEAD 2>/dev/null || echo unknown)\","
+  fi
+  echo "  \"results\": ["
+  local i
+  for ((i = 0; i < ${#cells[@]}; ++i)); do
+    echo "    ${cells[i]}$( ((i + 1 < ${#cells[@]})) && echo ",")"
+  done
+  echo "  ],"
+  echo "  \"target_ratio\": {$(join_by ", " "${targets[@]}")}"
+  echo "}"
+}
 # Sum of the first list over the sum of the second ("a b -- c d").
 ratio_of() {
   printf '%s\n' "$@" | awk '/--/{m=1; next} {if (m) b+=$1; else a+=$1} END {printf "%.2f", a / b}'
 }
+cells=()
 for n in $ranks; do
   for count in $counts; do
     fabric=() mpi=() base=()
@@ -101,5 +191,16 @@ for n in $ranks; do
     else
       printf '%-6s %-10s %-28s %-28s %s\n' "$n" "$count" "${fabric[*]}" "${mpi[*]}" "$to_mpi"
     fi
+    cell="{\"ranks\": $n, \"count\": $count, \"mlfabric_ms\": [$(join_by ", " "${fabric[@]}")],"
+    cell+=" \"mpi_tcp_ms\": [$(join_by ", " "${mpi[@]}")]"
+    if [[ -n "$baseline" ]]; then
+      cell+=", \"baseline_ms\": [$(join_by ", " "${base[@]}")]"
+    fi
+    cells+=("$cell}")
   done
 done
+if [[ -n "$json" ]]; then
+  write_json >"$json.tmp"
+  mv "$json.tmp" "$json"
+  echo "# wrote $json"
+fi
