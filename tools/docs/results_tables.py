@@ -109,6 +109,91 @@ def field(obj, key, where):
     return obj[key]
 
 
+# --- §1: the emulated testbed ---------------------------------------------
+
+
+def consistent(ratio, numerator, denominator, what, where):
+    """A ratio transcribed as printed (from unrounded figures) must agree
+    with the rounded figures beside it within their rounding."""
+    if abs(float(ratio) - numerator / denominator) > 0.02 * float(ratio):
+        raise Problem("%s: %s: %.2f is not %g / %g" % (where, what, ratio, numerator, denominator))
+
+
+def testbed_table2(root):
+    """§1.2: Table 2 on the testbed, speedup (RR-Sync's time / MLfabric-A's)."""
+    where = "docs/results/testbed-table2.json"
+    data = one(root, where)
+    cells = {}
+    for cell in field(data, "cells", where):
+        key = (field(cell, "compute", where), field(cell, "network", where))
+        rr, fabric = field(cell, "rr_sync_s", where), field(cell, "mlfabric_a_s", where)
+        consistent(field(cell, "speedup", where), rr, fabric, "%s-%s speedup" % key, where)
+        cells[key] = "%.2f (%.1f / %.1f s)" % (cell["speedup"], rr, fabric)
+    if sorted(cells) != sorted(TABLE2_CELLS):
+        raise Problem("%s: expected the nine cells C1-C3 × N1-N3" % where)
+    paper = field(data, "paper", where)
+    rows = [[c] + [cells[(c, n)] for n in ("N1", "N2", "N3")] for c in ("C1", "C2", "C3")]
+    rows.append(["paper", "; ".join("%s %s" % (c, ", ".join("%.2f" % v for v in field(paper, c, where)))
+                                    for c in ("C1", "C2", "C3")), "", ""])
+    return table(["", "N1", "N2", "N3"], rows)
+
+
+def per_run_ratios(where):
+    """§1.3, §1.6: a ratio per run for each cell, and their mean."""
+    def render(root):
+        data = one(root, where)
+        rows = []
+        for cell in field(data, "cells", where):
+            ratios = field(cell, "ratios", where)
+            if not ratios:
+                raise Problem("%s: %s has no runs" % (where, cell.get("cell")))
+            rows.append([field(cell, "cell", where), ", ".join("%.2f" % v for v in ratios),
+                         "%.2f" % (sum(ratios) / len(ratios))])
+        return table(["cell", field(data, "label", where), "mean"], rows)
+    return render
+
+
+def testbed_iteration(root):
+    """§1.5: the parts of an asynchronous worker's iteration; a part's
+    phases (a level below, marked –) must sum to it."""
+    where = "docs/results/testbed-iteration.json"
+    data = one(root, where)
+    rows = []
+    for part in field(data, "parts", where):
+        rows.append([field(part, "part", where), str(field(part, "ms", where))])
+        phases = part.get("parts", [])
+        if phases and sum(field(p, "ms", where) for p in phases) != part["ms"]:
+            raise Problem("%s: the parts of '%s' do not sum to its %d ms" % (where, part["part"], part["ms"]))
+        rows += [["– " + field(p, "part", where), str(p["ms"])] for p in phases]
+    return table(["part of a %d ms iteration" % field(data, "iteration_ms", where), "ms"], rows)
+
+
+def testbed_root_per_rank(root):
+    """§1.6: one AllReduce root against a root per rank, C2-N3."""
+    where = "docs/results/testbed-root-per-rank.json"
+    data = one(root, where)
+    rr = float(field(data, "rr_sync_s", where))
+    rows = []
+    for row in field(data, "rows", where):
+        one_root, per_rank = field(row, "one_root_s", where), field(row, "root_per_rank_s", where)
+        rows.append(["MLfabric-S, b = %d" % field(row, "backup_workers", where), "%.1f s" % one_root,
+                     "%.1f s" % per_rank, "%.2f×" % (one_root / per_rank), "%.2f×" % (rr / per_rank)])
+    return table(["C2-N3", "one root", "a root per rank", "gain", "vs RR-Sync (%.1f s)" % rr], rows)
+
+
+def testbed_shards(root):
+    """§1.8: one server against four shards, per alternated pair."""
+    where = "docs/results/testbed-shards.json"
+    rows = []
+    for i, pair in enumerate(field(one(root, where), "pairs", where), 1):
+        single, shards = field(pair, "one_server_applied_per_s", where), field(pair, "shards_applied_per_s", where)
+        consistent(field(pair, "ratio", where), shards, single, "pair %d's ratio" % i, where)
+        rows.append([str(i), "%.1f, %s ms" % (single, fixed(field(pair, "one_server_get_ms", where), 0)),
+                     "%.1f, %s ms" % (shards, fixed(field(pair, "shards_get_ms", where), 0)),
+                     "%.2f×" % pair["ratio"]])
+    return table(["pair", "one server: applied/s, get", "four shards: applied/s, get", "ratio"], rows)
+
+
 # --- §5: the simulator ------------------------------------------------------
 
 
@@ -336,6 +421,26 @@ def tensorlights(root):
 # --- §3 and §4: AllReduce and the data plane ------------------------------
 
 
+def allreduce_one_host(root):
+    """§3.1: ranks sharing one machine's daemon against Open MPI, each run's
+    mean as transcribed and the ratio of their sums (the rule of §3.2)."""
+    where = "docs/results/allreduce-one-host.json"
+    rows = []
+    for entry in field(one(root, where), "results", where):
+        mpi, fabric = field(entry, "mpi_ms", where), field(entry, "mlfabric_ms", where)
+        count = field(entry, "count", where)
+        if not mpi or len(fabric) != len(mpi):
+            raise Problem("%s: %d floats: mpi_ms and mlfabric_ms need one mean per run each"
+                          % (where, count))
+        ratio = sig(sum(fabric) / sum(mpi), 2) + "×"
+        if entry.get("summed_by_mpi"):
+            ratio += " (by MPI below 64 KiB)"
+        rows.append([str(field(entry, "ranks", where)), fixed(count, 0),
+                     ", ".join("%g" % v for v in mpi) + " ms",
+                     ", ".join("%g" % v for v in fabric) + " ms", ratio])
+    return table(["ranks", "float32 elements", "Open MPI", "mlfabric", "mlfabric / MPI"], rows)
+
+
 def allreduce_hosts(root):
     """§3.2: a daemon per rank against Open MPI over TCP, the per-pair means
     and the ratio of their sums (as bench/allreduce_hosts.sh prints it and
@@ -397,6 +502,13 @@ def dataplane(root):
 
 # name: (the files it reads, as the marker names them; the renderer).
 TABLES = {
+    "testbed-table2": ("docs/results/testbed-table2.json", testbed_table2),
+    "testbed-c2-repeated": ("docs/results/testbed-c2-repeated.json",
+                            per_run_ratios("docs/results/testbed-c2-repeated.json")),
+    "testbed-iteration": ("docs/results/testbed-iteration.json", testbed_iteration),
+    "testbed-ssp": ("docs/results/testbed-ssp.json", per_run_ratios("docs/results/testbed-ssp.json")),
+    "testbed-root-per-rank": ("docs/results/testbed-root-per-rank.json", testbed_root_per_rank),
+    "testbed-shards": ("docs/results/testbed-shards.json", testbed_shards),
     "mercury": ("eval/testbed/mercury_results.json: runs mercury-final, mercury-single", mercury),
     "tensorlights": ("eval/testbed/tls_results.json: runs tls-C, tls-C2", tensorlights),
     "sim-planning-charged": ("docs/results/sim-planning-charged.json", sim_planning_charged),
@@ -404,6 +516,7 @@ TABLES = {
     "sim-overhead": ("eval/sim/results/overhead.json", sim_overhead),
     "sim-shards-1000": ("docs/results/sim-shards-1000.json", sim_shards_1000),
     "planner-sim-shards": ("docs/results/planner-sim-shards.json", planner_sim_shards),
+    "allreduce-one-host": ("docs/results/allreduce-one-host.json", allreduce_one_host),
     "allreduce-hosts": ("docs/results/allreduce-hosts.json", allreduce_hosts),
     "dataplane": ("docs/results/dataplane.json", dataplane),
 }

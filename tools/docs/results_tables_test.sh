@@ -76,6 +76,19 @@ if out="$(python3 "$script" --root "$tree" --doc "$fixture/rerun.md" --check 2>&
   exit 1
 fi
 
+# A transcribed ratio that its rounded figures do not give is refused.
+python3 -c 'import json, sys
+path = sys.argv[1]
+data = json.load(open(path))
+data["pairs"][0]["ratio"] = 4.0
+json.dump(data, open(path, "w"))' "$tree/docs/results/testbed-shards.json"
+if out="$(python3 "$script" --root "$tree" --doc "$fixture/rerun.md" --check 2>&1)" ||
+    ! grep -qF -- "pair 1's ratio: 4.00 is not 36.2 / 11.1" <<<"$out"; then
+  echo "results_tables_test: a ratio its figures do not give did not fail the check; it said:" >&2
+  echo "$out" >&2
+  exit 1
+fi
+
 sed 's/^<!-- table: sim-overhead /<!-- table: no-such-table /' "$base" >"$fixture/unknown.md"
 expect_failure unknown.md "no generated table is named 'no-such-table'"
 sed '/^<!-- table: sim-overhead /d' "$base" >"$fixture/unmarked.md"
