@@ -153,6 +153,84 @@ def per_run_ratios(where):
     return render
 
 
+def testbed_all_systems(root):
+    """§1.4: every system in C1-N1, a column group per seed; the speedup
+    over the baseline (RR-Sync) is transcribed and checked."""
+    where = "docs/results/testbed-all-systems.json"
+    data = one(root, where)
+    systems = field(data, "systems", where)
+    baseline = field(data, "baseline", where)
+    base = {r["seed"]: r for s in systems if s.get("label") == baseline for r in s["runs"]}
+    seeds = sorted(base)
+    if not seeds:
+        raise Problem("%s: no system is the baseline '%s'" % (where, baseline))
+    header = ["system"]
+    for seed in seeds:
+        header += ["seed %d: time to 70 %% (vs RR-Sync)" % seed, "mean iteration", "applied / dropped"]
+    rows = []
+    for system in systems:
+        label = field(system, "label", where)
+        runs = {field(r, "seed", where): r for r in field(system, "runs", where)}
+        if sorted(runs) != seeds:
+            raise Problem("%s: %s needs a run of every seed %s" % (where, label, seeds))
+        row = [label]
+        for seed in seeds:
+            run, time = runs[seed], field(runs[seed], "tta_s", where)
+            cell = "%.1f s" % time
+            if label != baseline:
+                consistent(field(run, "vs_baseline", where), base[seed]["tta_s"], time,
+                           "%s, seed %d" % (label, seed), where)
+                cell += " (%.2f×)" % run["vs_baseline"]
+            counts = str(field(run, "applied", where))
+            if "dropped" in run:
+                counts += " / %d" % run["dropped"]
+            row += [cell, "%d ms" % field(run, "mean_iteration_ms", where), counts]
+        rows.append(row)
+    return table(header, rows)
+
+
+def overhead(pct):
+    """+9 %, 0 %, −2 %."""
+    return "0 %" if pct == 0 else ("%+d %%" % pct).replace("-", "−")
+
+
+REPLICA_AGGREGATIONS = ["all", "punted", "none"]
+
+
+def testbed_replication(root):
+    """§1.7: a replica per aggregation against a checkpoint every K updates."""
+    where = "docs/results/testbed-replication.json"
+    rows = []
+    for row in field(one(root, where), "aggregation", where):
+        k = field(row, "k", where)
+        cells = ["no bound" if k is None else str(k)]
+        for aggregation in REPLICA_AGGREGATIONS:
+            replica = field(row, aggregation, where)
+            cell = overhead(field(replica, "overhead_pct", where))
+            if "reduction" in replica:
+                cell += ", %.2f×" % replica["reduction"]
+            cells.append(cell)
+        cells.append(", ".join(overhead(v) for v in field(row, "checkpoint_overhead_pct", where)))
+        rows.append(cells)
+    return table(["K", "replica, `all` (default): overhead, data reduction", "replica, `punted`",
+                  "replica, `none`", "checkpoint every K (three sessions)"], rows)
+
+
+def testbed_replica_bound(root):
+    """§1.7: the replica's bound kept by the plan or by the data plane; the
+    first row names the lag's unit."""
+    where = "docs/results/testbed-replication.json"
+    rows = []
+    for i, row in enumerate(field(one(root, where), "bound", where)):
+        cells = [str(field(row, "k", where))]
+        for mode in ("plan", "strict"):
+            lag = field(field(row, mode, where), "most_lag", where)
+            unit = (" update" if lag == 1 else " updates") if i == 0 else ""
+            cells.append("%s, %d%s" % (overhead(row[mode]["overhead_pct"]), lag, unit))
+        rows.append(cells)
+    return table(["K", "`plan`: overhead, most lag", "`strict`: overhead, most lag"], rows)
+
+
 def testbed_iteration(root):
     """§1.5: the parts of an asynchronous worker's iteration; a part's
     phases (a level below, marked –) must sum to it."""
@@ -505,9 +583,12 @@ TABLES = {
     "testbed-table2": ("docs/results/testbed-table2.json", testbed_table2),
     "testbed-c2-repeated": ("docs/results/testbed-c2-repeated.json",
                             per_run_ratios("docs/results/testbed-c2-repeated.json")),
+    "testbed-all-systems": ("docs/results/testbed-all-systems.json", testbed_all_systems),
     "testbed-iteration": ("docs/results/testbed-iteration.json", testbed_iteration),
     "testbed-ssp": ("docs/results/testbed-ssp.json", per_run_ratios("docs/results/testbed-ssp.json")),
     "testbed-root-per-rank": ("docs/results/testbed-root-per-rank.json", testbed_root_per_rank),
+    "testbed-replication": ("docs/results/testbed-replication.json", testbed_replication),
+    "testbed-replica-bound": ("docs/results/testbed-replication.json", testbed_replica_bound),
     "testbed-shards": ("docs/results/testbed-shards.json", testbed_shards),
     "mercury": ("eval/testbed/mercury_results.json: runs mercury-final, mercury-single", mercury),
     "tensorlights": ("eval/testbed/tls_results.json: runs tls-C, tls-C2", tensorlights),
