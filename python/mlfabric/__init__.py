@@ -28,7 +28,9 @@ which mlfabric-run sets; bounds None = the job's (mlfabric-run --delay_bound).
 Errors raise ValueError (bad input, e.g. shapes that differ across ranks, a
 negative delay bound), TypeError (unsupported dtype), PermissionError (a
 push to another job's server), PushFailedError (a push that failed) or
-RuntimeError.
+RuntimeError. A collective whose round failed because a worker left the
+job raises mlfabric.elastic.MembershipChangedError (a RuntimeError), which
+mlfabric.elastic.run recovers from.
 """
 import atexit
 import collections
@@ -39,6 +41,7 @@ import weakref
 import numpy as np
 
 from mlfabric import _lib
+from mlfabric import _elastic_errors  # a worker leaving: MembershipChangedError
 
 _ext = _lib.load_extension()
 AllReducer = _ext.AllReducer
@@ -415,6 +418,7 @@ def _check_op(op, where):
                          % (where, op))
 
 
+@_elastic_errors.raises_membership_changed
 def allreduce(array, average=False, op=Sum):
     """The element-wise sum (or op=Min, Max, Product) of `array` over all
     ranks; average=True (or op=Average) divides the sum by the size (a
@@ -453,6 +457,7 @@ def _alltoall_rows(arr, splits, size):
     return [int(c) for c in counts], None
 
 
+@_elastic_errors.raises_membership_changed
 def alltoall(array, splits=None):
     """Horovod's alltoall: sends splits[d] rows (first dimension) of `array`
     to rank d and returns the rows every rank sent this one, concatenated
@@ -473,6 +478,7 @@ def alltoall(array, splits=None):
     return out if splits is None else (out, received)
 
 
+@_elastic_errors.raises_membership_changed
 def reducescatter(array, op=Average):
     """Horovod's reducescatter: reduces `array` (the same shape on every
     rank) over the ranks by `op` (Average, the default, Sum, Min, Max or
@@ -488,6 +494,7 @@ def reducescatter(array, op=Average):
     return out / red.size if op == Average else out
 
 
+@_elastic_errors.raises_membership_changed
 def broadcast(array, root=0):
     """Every rank receives a copy of rank `root`'s numpy array (shapes, dtypes
     and root must agree across ranks)."""

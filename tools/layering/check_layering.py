@@ -53,7 +53,10 @@ TEST_HELPERS = {
 # python/mlfabric modules, lowest first; a module may import lower ones only.
 PYTHON_ORDER = [
     ("mlfabric._lib", "loads the native core"),
+    ("mlfabric._elastic_errors", "the membership-change error the collectives raise"),
     ("mlfabric", "the core API (the package's __init__)"),
+    ("mlfabric.elastic", "Horovod's elastic State, ObjectState and run, on the core API"),
+    ("mlfabric._tensorflow_elastic", "the TensorFlow and Keras elastic states"),
     ("mlfabric.compression", "TensorFlow compression of tensors"),
     ("mlfabric._sync_batch_norm", "SyncBatchNormalization, on the core API's allreduce"),
     ("mlfabric.tensorflow", "TensorFlow ops and the Horovod TensorFlow API"),
