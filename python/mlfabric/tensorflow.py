@@ -38,6 +38,7 @@ import tensorflow as tf
 import mlfabric
 from mlfabric import _lib
 from mlfabric import compression as _compression
+from mlfabric import _tensorflow_elastic as elastic  # hvd.elastic (Horovod's elastic states)
 from mlfabric import (cross_rank, cross_size, init, is_initialized, local_rank,  # noqa: F401
                       local_size, rank, shutdown, size)
 
@@ -129,7 +130,7 @@ def _ordered(make_op):
     """Runs `make_op()` (which creates one collective op and returns its
     outputs) after the graph's previous collective; eagerly, at once."""
     if tf.executing_eagerly():
-        return make_op()
+        return elastic.raises_membership_changed(make_op)()
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective.get(graph)
     with tf.control_dependencies([] if previous is None else [previous]):

@@ -47,6 +47,7 @@ from mlfabric.tensorflow import (allgather_object, broadcast_object, broadcast_o
                                  gloo_enabled, join, mpi_built, mpi_enabled, nccl_built,
                                  rocm_built)
 from mlfabric.keras import callbacks  # noqa: F401
+from mlfabric.keras import elastic  # noqa: F401  (hvd.elastic)
 from mlfabric.keras.callbacks import (BroadcastGlobalVariablesCallback,  # noqa: F401
                                       MetricAverageCallback)
 
