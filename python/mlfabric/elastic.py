@@ -131,12 +131,15 @@ class ObjectState(State):
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
 
     def save(self):
+        """Keeps the current values of the attributes for restore()."""
         self._saved_state = {name: getattr(self, name) for name in self._saved_state}
 
     def restore(self):
+        """Sets the attributes back to the values last saved."""
         self._set_attrs()
 
     def sync(self):
+        """Sets every rank's attributes to rank 0's saved values."""
         if self._saved_state:
             self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()

@@ -41,16 +41,19 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.batches_remaining = self.batches_per_commit
 
     def on_train_begin(self, logs=None):
+        """Counts batches to the next commit from zero."""
         # Every (re)start counts from zero on every rank.
         self.batches_remaining = self.batches_per_commit
 
     def on_batch_end(self, batch, logs=None):
+        """Commits the state every batches_per_commit batches."""
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
             self.state.commit()
             self.batches_remaining = self.batches_per_commit
 
     def on_epoch_end(self, epoch, logs=None):
+        """Commits the state at each epoch's end."""
         self.state.commit()
 
 
@@ -67,9 +70,11 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.steps_per_epoch = None
 
     def on_train_begin(self, logs=None):
+        """Forgets the steps per epoch of an earlier fit()."""
         self.steps_per_epoch = None
 
     def on_epoch_begin(self, epoch, logs=None):
+        """Sets params["steps"] to the steps left after state.batch."""
         params = self.params or {}
         if params.get("steps"):
             if self.steps_per_epoch is None:
@@ -77,9 +82,11 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
             params["steps"] = self.steps_per_epoch - self.state.batch
 
     def on_batch_end(self, batch, logs=None):
+        """Records the batch just finished in state.batch."""
         self.state.batch = batch
 
     def on_epoch_end(self, epoch, logs=None):
+        """Sets state.batch back to 0."""
         self.state.batch = 0
 
 
@@ -96,7 +103,9 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
         self.initial_epoch = state.epoch
 
     def on_train_begin(self, logs=None):
+        """Takes the state's epoch as where this fit() starts."""
         self.initial_epoch = self.state.epoch
 
     def on_epoch_end(self, epoch, logs=None):
+        """Records the epochs completed in all in state.epoch."""
         self.state.epoch = self.initial_epoch + epoch + 1
