@@ -480,7 +480,9 @@ class MlfabricAllReducer : public AllReducer {
   }
 
   const char* backend() const override { return "mlfabric"; }
-  int summed() const override { return size() - backup_workers_; }
+  // The last sum's count (Model::count: fewer than the ranks when a rank
+  // left and the job's rounds shrank), else the ranks less the backups.
+  int summed() const override { return last_count_ > 0 ? last_count_ : size() - backup_workers_; }
   // Takes part in this round without a contribution to sum: a push of one
   // opaque byte, which fails the round for every rank ("is opaque bytes",
   // reported as inputs that differ). Used by a host whose own ranks passed
@@ -552,6 +554,7 @@ class MlfabricAllReducer : public AllReducer {
     // acknowledged the round) follows later, and the next call (or the
     // destructor) collects it while its own round is under way, instead of
     // this call waiting for another round trip through the scheduler.
+    if (sum.ok() && sum->count > 0) last_count_ = sum->count;
     if (backup_workers_ == 0 && sum.ok() && sum->size() == bytes) {
       std::memcpy(data, sum->data(), bytes);
       unconfirmed_ = std::move(pushed);
@@ -643,6 +646,7 @@ class MlfabricAllReducer : public AllReducer {
   const double linger_s_;  // AllReduceOptions::root_linger_s
   double longest_round_s_ = 0;  // of the last rounds (root with backup workers)
   int64_t left_out_ = 0;
+  int last_count_ = 0;  // the last sum's Model::count
   const std::string root_;
   const double timeout_s_;
   std::unique_ptr<Worker> worker_;

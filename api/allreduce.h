@@ -251,7 +251,9 @@ class AllReducer {
   int rank() const { return rank_; }  // this process's rank
   int size() const { return size_; }  // the number of ranks
   // How many ranks' contributions each sum holds: size() unless backup
-  // workers leave the latest ones out.
+  // workers leave the latest ones out. mlfabric backend: the last sum's
+  // count, which is also smaller after a rank left a job whose config says
+  // "member_loss": "shrink" (docs/user-guide/sync-training.md).
   virtual int summed() const { return size_; }
   // How many of this rank's contributions were left out of their sums so
   // far (late, with backup workers).
