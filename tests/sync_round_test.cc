@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/allreduce.h"
 #include "api/registration.h"
 #include "launch/cluster.h"
 #include "launch/process.h"
@@ -533,6 +534,77 @@ TEST_CASE("member_loss shrink: the round a dying worker leaves open completes wi
   CHECK(f.c->scheduler().Log().find("round 2 closes with 2 of its 3 pushes (member_loss shrink)") !=
         std::string::npos);
   f.RoundThreeAndCheck({0, 1, 2, 3}, {3, 3, 2, 2});
+}
+
+
+TEST_CASE("An elastic AllReduce (member_loss written shrink) goes on with 3 of 4 ranks, exact") {
+  // Rank r on host h<r>; rank 0 runs the root. After three rounds of four,
+  // rank 3's application ends and its host dies: the survivors' rounds are
+  // summed over the three of them, exactly, and summed() says 3.
+  auto c = StartCluster({"h0", "h1", "h2", "h3"}, {}, {}, R"(, "member_loss": "shrink")");
+  constexpr int kRanks = 4, kBefore = 3, kAfter = 4;
+  constexpr size_t kCount = 20000;
+  auto value = [](int round, int rank, size_t k) {
+    return static_cast<int32_t>(round * 1000 + rank * 10 + static_cast<int>(k % 7));
+  };
+  auto expected = [&](int round, int ranks, size_t k) {
+    int32_t sum = 0;
+    for (int r = 0; r < ranks; ++r) sum += value(round, r, k);
+    return sum;
+  };
+  std::vector<std::string> errors(kRanks);
+  std::vector<int> summed_after(kRanks, -1);
+  std::atomic<int> before_done{0};
+  std::atomic<bool> gone{false};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      AllReduceOptions options;
+      options.backend = "mlfabric";
+      options.rank = r;
+      options.size = kRanks;
+      options.timeout_s = 60;
+      options.client.daemon_socket = c->Socket("h" + std::to_string(r));
+      auto reducer = MakeAllReducer(options);
+      if (!reducer.ok()) {
+        errors[r] = "construct: " + std::string(reducer.status().message());
+        ++before_done;
+        return;
+      }
+      auto run = [&](int round, int ranks_in) {
+        std::vector<int32_t> data(kCount);
+        for (size_t k = 0; k < kCount; ++k) data[k] = value(round, r, k);
+        const absl::Status status = (*reducer)->AllReduce(data.data(), kCount, DataType::kInt32);
+        if (!status.ok()) return "round " + std::to_string(round) + ": " + std::string(status.message());
+        for (size_t k = 0; k < kCount; ++k) {
+          if (data[k] != expected(round, ranks_in, k)) {
+            return "round " + std::to_string(round) + ": element " + std::to_string(k) + " is " +
+                   std::to_string(data[k]) + ", not the sum over " + std::to_string(ranks_in);
+          }
+        }
+        return std::string();
+      };
+      for (int round = 0; round < kBefore && errors[r].empty(); ++round) errors[r] = run(round, kRanks);
+      ++before_done;
+      if (r == kRanks - 1) return;  // its reducer ends here; its host dies below
+      while (!gone.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      for (int round = kBefore; round < kBefore + kAfter && errors[r].empty(); ++round) {
+        errors[r] = run(round, kRanks - 1);
+      }
+      summed_after[r] = (*reducer)->summed();
+    });
+  }
+  REQUIRE(launch::WaitUntil([&] { return before_done.load() == kRanks; }, 120));
+  ranks.back().join();
+  REQUIRE(c->KillDaemon("h3").ok());
+  gone.store(true);
+  for (int r = 0; r < kRanks - 1; ++r) ranks[r].join();
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r].empty());
+    if (!errors[r].empty()) std::printf("rank %d: %s\n", r, errors[r].c_str());
+  }
+  for (int r = 0; r < kRanks - 1; ++r) CHECK(summed_after[r] == kRanks - 1);
 }
 
 }  // namespace
