@@ -1,4 +1,4 @@
-"""Run in every rank by tests/elastic_test.sh under mlfabric-run (2 ranks):
+"""Run in every rank by //tests:elastic_test under mlfabric-run (2 ranks):
 Horovod's elastic state API (`hvd.elastic`) on MLfabric's collectives.
   1. ObjectState (numpy broadcast by default, and with
      hvd.broadcast_object): sync makes every rank's attributes rank 0's;

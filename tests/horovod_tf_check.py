@@ -1,5 +1,5 @@
 """Horovod's `horovod.tensorflow` semantics, run in every rank by
-tests/horovod_tf_test.sh under mlfabric-run (2 ranks). Checks, on every rank:
+//tests:horovod_tf_test under mlfabric-run (2 ranks). Checks, on every rank:
   1. gradients as Horovod defines them and as its test suite computes the
      expectations (test_horovod_allreduce_grad_cpu, ..._average_grad_cpu,
      ..._allgather_grad_cpu, ..._broadcast_grad_cpu): allreduce -> the

@@ -1,4 +1,4 @@
-"""Run in every rank by tests/sync_batch_norm_test.sh under mlfabric-run (2
+"""Run in every rank by //tests:sync_batch_norm_test under mlfabric-run (2
 ranks, a host each): mlfabric.tensorflow / mlfabric.keras
 SyncBatchNormalization against one keras BatchNormalization over the two
 ranks' batches concatenated, which every rank computes locally.
