@@ -72,6 +72,23 @@ def log_tails(out, names, lines=4):
     return text
 
 
+def log_warnings(out, names, lines=8):
+    """The last warning and error lines (" W " / " E " after the time) of
+    each of `names`' logs in `out`: a variant that hangs says what the
+    scheduler and the daemons saw (a round that never filled, a dropped
+    push) before its sandbox goes."""
+    text = ""
+    for name in names:
+        path = os.path.join(out, name + ".log")
+        if not os.path.exists(path):
+            continue
+        found = [line for line in open(path, errors="replace").read().splitlines()
+                 if " W " in line[:26] or " E " in line[:26]][-lines:]
+        if found:
+            text += "\n  %s.log warnings:\n    %s" % (name, "\n    ".join(found))
+    return text
+
+
 def run_variant(cluster, args, model, variant, out):
     cp = pc.ControlPlane(cluster, args.bin_root, out)
     # "prio+rounds"/"fifo+rounds": Mercury PS rounds with streamed sums.
@@ -118,7 +135,9 @@ def run_variant(cluster, args, model, variant, out):
                 ended = {w: p.returncode for w, p in procs.items() if p.poll() is not None}
                 raise RuntimeError("workers did not finish within %.0f s (ended: %s)%s"
                                    % (args.timeout_s, ended or "none",
-                                      log_tails(out, workers + ["server"])))
+                                      log_tails(out, workers + ["server"]) +
+                                      log_warnings(out, ["scheduler", "daemon-ps"] +
+                                                   ["daemon-" + w for w in workers])))
             cp.check_alive()
             progress.update("%d/%d workers done" % (
                 sum(p.poll() is not None for p in procs.values()), len(procs)))
