@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "aggregator/packet_pool.h"
+#include "api/call_agreement.h"
 #include "api/local_reduce.h"
 
 namespace mlfabric {
@@ -375,6 +376,155 @@ absl::Status RoundsOnlySum(ReduceOp op) {
       "launch with mlfabric-run or mpirun, where it goes through MPI, or use backend \"mpi\""));
 }
 
+// ------------------------------- Alltoall and ReduceScatter built from sums
+// The daemons' rounds only sum whole buffers (MLfabric §6: push, then get
+// the sum), so the mlfabric backend builds both collectives from sums in
+// which each rank fills only its own part of a zeroed buffer: the sum of
+// one value and zeros is that value (bit for bit when summed as bytes).
+//  - Agreement first: one int64 sum of [size x kCallShapeWords] words,
+//    rank r's CallShape in row r, compared as MPI's agreement compares them
+//    (api/call_agreement.h), so a mismatch fails every rank, never a hang.
+//  - ReduceScatter: the AllReduce of the whole buffer under `op`, then this
+//    rank's rows of it (ReduceScatterRows). Each rank receives the whole
+//    result where a ring's reduce-scatter would send it 1/size of it.
+//  - Alltoall: one int64 sum of the [size x size] row counts, then one byte
+//    sum of every block, laid out by destination and then source, plus one
+//    flag byte per rank that could not take its part (no receive buffer);
+//    each rank keeps its destination's blocks. Every rank contributes the
+//    whole exchange, mostly zeros: size times what MPI_Alltoallv moves, the
+//    price of servers that only sum. Under mpirun it goes through MPI.
+// With backup workers a sum may leave a rank out, so neither is offered.
+
+absl::Status AgreeBySum(AllReducer& reducer, const char* what, const CallShape& mine) {
+  const size_t size = static_cast<size_t>(reducer.size());
+  std::vector<int64_t> words(size * kCallShapeWords, 0);
+  std::memcpy(&words[static_cast<size_t>(reducer.rank()) * kCallShapeWords], &mine, sizeof(mine));
+  if (auto status = reducer.AllReduce(words.data(), words.size(), DataType::kInt64); !status.ok()) {
+    return status;
+  }
+  std::vector<CallShape> all(size);
+  std::memcpy(all.data(), words.data(), words.size() * sizeof(int64_t));
+  bool shapes_differ = false;  // neither collective names a shape
+  return CompareCallShapes(what, all, &shapes_differ);
+}
+
+absl::Status NoBackupWorkers(const char* what, int backups) {
+  if (backups == 0) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      what, " needs every rank's part; the mlfabric backend's sums with ", backups,
+      " backup worker(s) may leave ranks out (use AllReduce, or no backup workers)"));
+}
+
+// `agree`: false when the ranks have agreed already (through MPI).
+absl::Status ReduceScatterBySums(AllReducer& reducer, const void* data, int64_t rows,
+                                 int64_t row_elements, DataType dtype, ReduceOp op, void* out,
+                                 bool agree = true) {
+  if (agree) {
+    if (auto agreed = AgreeBySum(reducer, "ReduceScatter",
+                                 ReduceScatterShape(rows, row_elements, dtype, op));
+        !agreed.ok()) {
+      return agreed;
+    }
+  }
+  const size_t row_bytes = static_cast<size_t>(row_elements) * DataTypeSize(dtype);
+  const auto* in = static_cast<const uint8_t*>(data);
+  std::vector<uint8_t> whole(in, in + static_cast<size_t>(rows) * row_bytes);
+  if (auto status = reducer.AllReduce(whole.data(), static_cast<size_t>(rows * row_elements),
+                                      dtype, op);
+      !status.ok()) {
+    return status;
+  }
+  const std::vector<int64_t> split = ReduceScatterRows(rows, reducer.size());
+  int64_t before = 0;
+  for (int r = 0; r < reducer.rank(); ++r) before += split[static_cast<size_t>(r)];
+  std::memcpy(out, whole.data() + static_cast<size_t>(before) * row_bytes,
+              static_cast<size_t>(split[static_cast<size_t>(reducer.rank())]) * row_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status AlltoallBySums(AllReducer& reducer, const void* send, int64_t row_elements,
+                            const std::vector<int64_t>& send_rows, DataType dtype,
+                            const AlltoallRecvBuffer& recv_buffer,
+                            std::vector<int64_t>* recv_rows) {
+  if (auto agreed = AgreeBySum(reducer, "Alltoall", AlltoallShape(row_elements, dtype));
+      !agreed.ok()) {
+    return agreed;
+  }
+  const size_t size = static_cast<size_t>(reducer.size());
+  const size_t me = static_cast<size_t>(reducer.rank());
+  std::vector<int64_t> counts(size * size, 0);  // [s * size + d]: rows s sends to d
+  std::copy(send_rows.begin(), send_rows.end(), counts.begin() + static_cast<ptrdiff_t>(me * size));
+  if (auto status = reducer.AllReduce(counts.data(), counts.size(), DataType::kInt64);
+      !status.ok()) {
+    return status;
+  }
+  const size_t row_bytes = static_cast<size_t>(row_elements) * DataTypeSize(dtype);
+  std::vector<size_t> offset(size * size);  // [d * size + s]: where block (s -> d) sits
+  size_t total = 0;
+  for (size_t d = 0; d < size; ++d) {
+    for (size_t s = 0; s < size; ++s) {
+      offset[d * size + s] = total;
+      total += static_cast<size_t>(counts[s * size + d]) * row_bytes;
+    }
+  }
+  std::vector<int64_t> received(size);
+  for (size_t s = 0; s < size; ++s) received[s] = counts[s * size + me];
+  const absl::StatusOr<void*> buffer = recv_buffer(received);
+  // Every rank takes part in the data sum, a rank without a buffer too (its
+  // flag byte says so), so that none is left waiting for it.
+  std::vector<uint8_t> all(total + size, 0);
+  size_t from = 0;
+  for (size_t d = 0; d < size; ++d) {
+    const size_t n = static_cast<size_t>(send_rows[d]) * row_bytes;
+    if (n > 0) std::memcpy(&all[offset[d * size + me]], static_cast<const uint8_t*>(send) + from, n);
+    from += n;
+  }
+  all[total + me] = buffer.ok() ? 0 : 1;
+  if (auto status = reducer.AllReduce(all.data(), all.size(), DataType::kUint8); !status.ok()) {
+    return status;
+  }
+  if (!buffer.ok()) return buffer.status();
+  for (size_t r = 0; r < size; ++r) {
+    if (all[total + r] != 0) {
+      return absl::AbortedError(absl::StrCat("Alltoall: rank ", r,
+                                             " could not take part (see its error)"));
+    }
+  }
+  const size_t mine = (me + 1 < size ? offset[(me + 1) * size] : total) - offset[me * size];
+  if (mine > 0) std::memcpy(*buffer, &all[offset[me * size]], mine);
+  if (recv_rows != nullptr) *recv_rows = received;
+  return absl::OkStatus();
+}
+
+// The mlfabric backend's reducers: their Alltoall and ReduceScatter are
+// built from their own sums, and a rank whose arguments are invalid takes
+// part in the agreement, marked invalid.
+class SumsAllReducer : public AllReducer {
+ public:
+  using AllReducer::AllReducer;
+
+ protected:
+  // Backup workers the sums allow (a sum may then leave ranks out).
+  virtual int backups() const = 0;
+
+  absl::Status DoAlltoall(const void* send, int64_t row_elements,
+                          const std::vector<int64_t>& send_rows, DataType dtype,
+                          const AlltoallRecvBuffer& recv_buffer,
+                          std::vector<int64_t>* recv_rows) override {
+    if (auto refused = NoBackupWorkers("Alltoall", backups()); !refused.ok()) return refused;
+    return AlltoallBySums(*this, send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
+  }
+  absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
+                               DataType dtype, ReduceOp op, void* out) override {
+    if (auto refused = NoBackupWorkers("ReduceScatter", backups()); !refused.ok()) return refused;
+    return ReduceScatterBySums(*this, data, rows, row_elements, dtype, op, out);
+  }
+  absl::Status RefuseCollective(const char* what, absl::Status invalid) override {
+    if (backups() == 0) (void)AgreeBySum(*this, what, InvalidCallShape());
+    return invalid;
+  }
+};
+
 // The root's server application: its daemon does the summing; it only
 // acknowledges each complete round and tells late joiners the version.
 class RootServer {
@@ -440,12 +590,12 @@ class RootServer {
   int64_t first_version_ = 0;
 };
 
-class MlfabricAllReducer : public AllReducer {
+class MlfabricAllReducer : public SumsAllReducer {
  public:
   MlfabricAllReducer(int rank, int size, int backup_workers, std::string root, double timeout_s,
                      double linger_s, std::unique_ptr<Worker> worker,
                      std::unique_ptr<RootServer> root_server)
-      : AllReducer(rank, size),
+      : SumsAllReducer(rank, size),
         backup_workers_(backup_workers),
         linger_s_(linger_s),
         root_(std::move(root)),
@@ -498,6 +648,7 @@ class MlfabricAllReducer : public AllReducer {
   // The host name of this rank's daemon ("" from a daemon too old to say).
   const std::string& daemon_host() const { return worker_->daemon_host(); }
   int64_t left_out() const override { return left_out_; }
+  int backup_workers() const { return backup_workers_; }
 
   // Waits until the root answers a get (it registered), up to `timeout_s`.
   absl::Status AwaitRoot(double timeout_s) {
@@ -529,6 +680,7 @@ class MlfabricAllReducer : public AllReducer {
   }
 
  protected:
+  int backups() const override { return backup_workers_; }
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     const size_t bytes = count * DataTypeSize(dtype);
     if (bytes == 0) return absl::OkStatus();  // nothing to sum, no round used
@@ -668,13 +820,13 @@ class MlfabricAllReducer : public AllReducer {
 // round in which each rank contributes its daemon's host name (hashed) and
 // a random nonce: every rank then knows every group, and the leaders'
 // nonces name the groups' shared memory.
-class HierarchicalAllReducer : public AllReducer {
+class HierarchicalAllReducer : public SumsAllReducer {
  public:
   HierarchicalAllReducer(int rank, int size, double timeout_s, int hosts,
                          std::unique_ptr<LocalReduceGroup> group,
                          std::unique_ptr<MlfabricAllReducer> across_hosts,
                          std::unique_ptr<AllReducer> flat)
-      : AllReducer(rank, size),
+      : SumsAllReducer(rank, size),
         timeout_s_(timeout_s),
         hosts_(hosts),
         group_(std::move(group)),
@@ -693,6 +845,7 @@ class HierarchicalAllReducer : public AllReducer {
   int local_size() const override { return group_->members(); }
 
  protected:
+  int backups() const override { return 0; }  // made only without backup workers
   // Any op on one host (in shared memory); across hosts the leaders'
   // rounds refuse all but sum (RoundsOnlySum), after the host's part.
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
@@ -733,10 +886,10 @@ class HierarchicalAllReducer : public AllReducer {
 // pushed as one zero element of another type than the data's, and any
 // difference in count then shows as a piece whose size or type differs
 // at its root ("mismatch:", FailedPrecondition).
-class PiecesAllReducer : public AllReducer {
+class PiecesAllReducer : public SumsAllReducer {
  public:
   PiecesAllReducer(int rank, int size, std::vector<std::unique_ptr<MlfabricAllReducer>> pieces)
-      : AllReducer(rank, size), pieces_(std::move(pieces)) {}
+      : SumsAllReducer(rank, size), pieces_(std::move(pieces)) {}
 
   ~PiecesAllReducer() override {
     // Each root waits for its last round to reach it (and lingers, with
@@ -752,6 +905,7 @@ class PiecesAllReducer : public AllReducer {
   int64_t left_out() const override { return left_out_; }
 
  protected:
+  int backups() const override { return pieces_[0]->backup_workers(); }
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     const size_t element = DataTypeSize(dtype);
     if (count == 0) return absl::OkStatus();  // as the flat path: no round used
@@ -944,6 +1098,12 @@ absl::StatusOr<int> PiecesWanted(const AllReduceOptions& options, int size) {
 }
 
 }  // namespace
+
+absl::Status ReduceScatterAgreedBySum(AllReducer& reducer, const void* data, int64_t rows,
+                                      int64_t row_elements, DataType dtype, ReduceOp op,
+                                      void* out) {
+  return ReduceScatterBySums(reducer, data, rows, row_elements, dtype, op, out, /*agree=*/false);
+}
 
 absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllReduceOptions& options,
                                                                   int rank, int size) {

@@ -64,18 +64,21 @@
 //   evenly as possible with the earlier ranks taking one extra row each
 //   (Horovod's split), starting after the rows of the ranks before it.
 // Backends: mpi (MPI_Alltoallv after an MPI_Alltoall of the counts;
-// MPI_Reduce_scatter). mlfabric under mpirun carries both through MPI,
-// as its non-sum reductions, after the same agreement (dtype, row length,
-// and for ReduceScatter length and op; a difference fails every rank with
-// FailedPrecondition). Elsewhere (mlfabric without mpirun, nccl) they
-// return Unimplemented naming the collective and the backend.
-// How they would map onto the daemons' push/get later (MLfabric §6): an
-// Alltoall is one push per destination rank to a server that rank runs,
-// whose get returns what every rank pushed to it, with no sum; a
-// ReduceScatter is the layout AllReduceOptions::pieces already uses (piece
-// k summed at the root rank k runs) with the pieces cut at
-// ReduceScatterRows' boundaries and the final broadcast of each piece
-// left out: rank k gets only its own piece.
+// MPI_Reduce_scatter). The mlfabric backend builds both from its rounds'
+// sums (MLfabric §6: push, then get the sum), each rank filling only its
+// part of a zeroed buffer, after the same agreement carried by one small
+// sum (dtype, row length, and for ReduceScatter length and op; a
+// difference fails every rank with FailedPrecondition): a ReduceScatter is
+// the AllReduce of the whole buffer, of which each rank keeps its rows;
+// an Alltoall is one sum of the row counts, then one byte sum of every
+// block laid out by destination, of which each rank keeps its own (exact
+// for every dtype; every rank contributes the whole exchange, size times
+// MPI's bytes). Under mpirun a ReduceScatter summing at least
+// mpi_below_bytes takes the rounds, the rest (other ops, small buffers,
+// every Alltoall) MPI. Not with backup workers (a sum may leave ranks
+// out: Unimplemented); nccl: Unimplemented. A server that gathers without
+// summing would let an Alltoall move only its own bytes: one push per
+// destination rank to a server that rank runs.
 //
 // Calls are collective: every rank must make the same sequence of calls.
 // Thread safety: an AllReducer is not thread-safe; call it from one thread

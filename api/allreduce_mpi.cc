@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "aggregator/packet_pool.h"
 #include "api/allreduce.h"
+#include "api/call_agreement.h"
 #include "common/half.h"
 
 namespace mlfabric {
@@ -127,53 +128,9 @@ void HalfCombine(void* in, void* inout, int* len, MPI_Datatype*) {
   aggregator::ReduceInto(kOp, aggregator::DType::kFloat16, inout, in, static_cast<size_t>(*len));
 }
 
-// What every rank of a collective must agree on. `root` is -1 for an
-// AllReduce, `op` -1 for a Broadcast.
-// `row` is the elements per row of an Alltoall or ReduceScatter (-1 for
-// the others). `dims` is the number of dimensions of the tensor shape the
-// caller named (CallOptions::shape; -1 when it named none) and
-// `shape_hash` a hash of that shape: one fixed-size record carries any
-// shape, and the dimensions themselves cross only when they differ.
-struct CallShape {
-  int64_t count;
-  int64_t dtype;
-  int64_t op;
-  int64_t root;
-  int64_t row = -1;
-  int64_t dims = -1;
-  int64_t shape_hash = 0;
-};
-constexpr int kCallShapeWords = 7;
-static_assert(sizeof(CallShape) == kCallShapeWords * sizeof(int64_t),
-              "sent as kCallShapeWords MPI_INT64_T");
-
-// FNV-1a over the dimensions (and their number, so [] and [1] differ).
-int64_t ShapeHash(const std::vector<int64_t>& shape) {
-  uint64_t hash = 1469598103934665603ull;
-  const auto mix = [&hash](int64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      hash = (hash ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) * 1099511628211ull;
-    }
-  };
-  mix(static_cast<int64_t>(shape.size()));
-  for (int64_t d : shape) mix(d);
-  return static_cast<int64_t>(hash);
-}
-
-std::string ShapeText(const int64_t* dims, int64_t n) {
-  std::string out = "[";
-  for (int64_t i = 0; i < n; ++i) absl::StrAppend(&out, i > 0 ? ", " : "", dims[i]);
-  return out + "]";
-}
-
-// One small MPI_Allgather of every rank's CallShape before any data moves:
-// every rank sees every rank's values, so all return the same
-// FailedPrecondition naming the first field that differs, rank 0's value
-// and the first rank whose value differs from it (as Horovod's
-// "Mismatched ..." errors), instead of a hang.
-// A rank whose own arguments are invalid takes part with this count
-// (AllReducer::RefuseCollective), and every rank fails naming it.
-constexpr int64_t kInvalidArguments = std::numeric_limits<int64_t>::min();
+// One small MPI_Allgather of every rank's CallShape (api/call_agreement.h)
+// before any data moves: every rank sees every rank's values, so all
+// return the same FailedPrecondition (CompareCallShapes) instead of a hang.
 
 // Every rank's shape (the gathered records say how many dimensions each
 // has), gathered once the hashes showed that some differ: every rank saw
@@ -212,63 +169,10 @@ absl::Status MpiCheckAgreement(const char* what, const CallShape& mine,
   int code = MPI_Allgather(&mine, kCallShapeWords, MPI_INT64_T, all.data(), kCallShapeWords,
                            MPI_INT64_T, MPI_COMM_WORLD);
   if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allgather: " + MpiError(code));
-  for (int r = 0; r < size; ++r) {
-    if (all[static_cast<size_t>(r)].count == kInvalidArguments) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": rank ", r, " passed invalid arguments (its own error says which);",
-                       " no data moved"));
-    }
-  }
-  const auto dtype_name = [](int64_t v) { return DataTypeName(static_cast<DataType>(v)); };
-  const auto op_name = [](int64_t v) { return ReduceOpName(static_cast<ReduceOp>(v)); };
-  for (int r = 1; r < size; ++r) {
-    const CallShape& a = all[0];
-    const CallShape& b = all[static_cast<size_t>(r)];
-    std::string field, first, other;
-    if (a.count != b.count) {
-      field = "length", first = absl::StrCat(a.count, " elements");
-      other = absl::StrCat(b.count, " elements");
-    } else if (a.dtype != b.dtype) {
-      field = "dtype", first = dtype_name(a.dtype), other = dtype_name(b.dtype);
-    } else if (a.op != b.op) {
-      field = "reduce op", first = op_name(a.op), other = op_name(b.op);
-    } else if (a.row != b.row) {
-      field = "row length", first = absl::StrCat(a.row, " elements per row");
-      other = absl::StrCat(b.row, " elements per row");
-    } else if (a.root != b.root) {
-      field = "root rank", first = absl::StrCat("root ", a.root);
-      other = absl::StrCat("root ", b.root);
-    } else if (a.dims >= 0 && b.dims >= 0 && a.shape_hash != b.shape_hash) {
-      // Ranks that named no shape agree with any (a C++ caller's buffer).
-      return ShapeMismatch(what, all, shape != nullptr ? *shape : std::vector<int64_t>());
-    } else {
-      continue;
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Mismatched ", what, " ", field, ": rank 0 passed ", first, " while rank ", r,
-        " passed ", other, " (", what, " inputs differ across ranks)"));
-  }
-  return absl::OkStatus();
-}
-
-CallShape ReduceShape(size_t count, DataType dtype, ReduceOp op,
-                      const std::vector<int64_t>* shape = nullptr) {
-  CallShape out{static_cast<int64_t>(count), static_cast<int64_t>(dtype),
-                static_cast<int64_t>(op), -1};
-  if (shape != nullptr) {
-    out.dims = static_cast<int64_t>(shape->size());
-    out.shape_hash = ShapeHash(*shape);
-  }
-  return out;
-}
-
-CallShape AlltoallShape(int64_t row_elements, DataType dtype) {
-  return {-1, static_cast<int64_t>(dtype), -1, -1, row_elements};
-}
-
-CallShape ReduceScatterShape(int64_t rows, int64_t row_elements, DataType dtype, ReduceOp op) {
-  return {rows * row_elements, static_cast<int64_t>(dtype), static_cast<int64_t>(op), -1,
-          row_elements};
+  bool shapes_differ = false;
+  absl::Status agreed = CompareCallShapes(what, all, &shapes_differ);
+  if (!agreed.ok() || !shapes_differ) return agreed;
+  return ShapeMismatch(what, all, shape != nullptr ? *shape : std::vector<int64_t>());
 }
 
 // MPI counts and displacements are int: each rank's part, in elements.
@@ -312,7 +216,7 @@ class MpiAllReducer : public AllReducer {
 
   // Takes part in the agreement marked invalid: the other ranks fail too.
   absl::Status RefuseCollective(const char* what, absl::Status invalid) override {
-    (void)MpiCheckAgreement(what, {kInvalidArguments, -1, -1, -1});
+    (void)MpiCheckAgreement(what, InvalidCallShape());
     return invalid;
   }
 
@@ -494,8 +398,8 @@ class SmallViaMpiAllReducer : public AllReducer {
     return mpi_->RefuseCollective(what, std::move(invalid));
   }
 
-  // The daemons' rounds only sum whole buffers: both go through MPI
-  // (api/allreduce.h says how they would map onto push/get).
+  // An Alltoall built from the daemons' sums moves size times MPI's bytes
+  // (allreduce.cc): under mpirun it goes through MPI.
   absl::Status DoAlltoall(const void* send, int64_t row_elements,
                           const std::vector<int64_t>& send_rows, DataType dtype,
                           const AlltoallRecvBuffer& recv_buffer,
@@ -503,9 +407,21 @@ class SmallViaMpiAllReducer : public AllReducer {
     return mpi_->Alltoall(send, SumOf(send_rows), row_elements, send_rows, dtype, recv_buffer,
                           recv_rows);
   }
+  // A large sum through the scheduler's rounds (the AllReduce of the whole
+  // buffer, then this rank's rows), the rest through MPI; both paths start
+  // with the same agreement collective, so every rank takes the same one.
   absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                                DataType dtype, ReduceOp op, void* out) override {
-    return mpi_->ReduceScatter(data, rows, row_elements, dtype, op, out);
+    const size_t bytes = static_cast<size_t>(rows * row_elements) * DataTypeSize(dtype);
+    if (op != ReduceOp::kSum || bytes < below_) {
+      return mpi_->ReduceScatter(data, rows, row_elements, dtype, op, out);
+    }
+    if (auto agreed = MpiCheckAgreement("ReduceScatter",
+                                        ReduceScatterShape(rows, row_elements, dtype, op));
+        !agreed.ok()) {
+      return agreed;
+    }
+    return ReduceScatterAgreedBySum(*fabric_, data, rows, row_elements, dtype, op, out);
   }
 
  private:
