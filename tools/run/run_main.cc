@@ -45,6 +45,7 @@
 #include "common/secrets.h"
 #include "launch/cluster.h"
 #include "launch/process.h"
+#include "tools/run/elastic.h"
 #include "tools/run/hosts.h"
 
 namespace {
@@ -90,23 +91,74 @@ Every rank gets MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_DAEMON_SOCKET, ...
 volatile sig_atomic_t g_signal = 0;
 void OnSignal(int signal) { g_signal = signal; }
 
+// What --exec-rank is told in elastic mode (tools/run/elastic.h), where
+// mpirun's rank numbers mean nothing: every rank is a launch of its own.
+struct ElasticRank {
+  std::string rank, size, local_rank, local_size, hostname;  // hostname empty: not elastic
+};
+
+// Reads --rank, --size, --local_rank, --local_size and --hostname up to
+// "--"; returns the index of the command, or -1 (said why).
+int ParseExecRankArgs(int argc, char** argv, int first, ElasticRank* e) {
+  for (int i = first; i < argc; i += 2) {
+    const std::string arg = argv[i];
+    if (arg == "--") return i + 1 < argc ? i + 1 : -1;
+    std::string* value = arg == "--rank"         ? &e->rank
+                         : arg == "--size"       ? &e->size
+                         : arg == "--local_rank" ? &e->local_rank
+                         : arg == "--local_size" ? &e->local_size
+                         : arg == "--hostname"   ? &e->hostname
+                                                 : nullptr;
+    if (value == nullptr && arg.rfind("-", 0) != 0) return i;  // the command, no "--"
+    if (value == nullptr || i + 1 >= argc) {
+      std::cerr << "mlfabric-run --exec-rank: unexpected argument " << arg << "\n";
+      return -1;
+    }
+    *value = argv[i + 1];
+  }
+  return first < argc ? first : -1;
+}
+
+// Elastic mode: the rank's host's daemon is <dir>/<host>.sock, which its
+// launcher may still be starting. Returns 0, or the exit code.
+int UseElasticDaemon(const ElasticRank& e, const std::string& dir) {
+  setenv("MLFABRIC_HOSTNAME", e.hostname.c_str(), 1);
+  setenv("MLFABRIC_ELASTIC", "1", 1);
+  const std::string socket = dir + "/" + e.hostname + ".sock";
+  if (!mlfabric::launch::WaitUntil([&] { return ::access(socket.c_str(), F_OK) == 0; }, 60)) {
+    std::cerr << "mlfabric-run: rank " << e.rank << ": no daemon at " << socket
+              << " after 60 s (see " << dir << "/" << e.hostname << ".log on that host)\n";
+    return 1;
+  }
+  setenv("MLFABRIC_DAEMON_SOCKET", socket.c_str(), 1);
+  return 0;
+}
+
 int ExecRank(int argc, char** argv, int first) {
   auto env = [](const char* name, const char* fallback) {
     const char* value = std::getenv(name);
     return std::string(value && *value ? value : fallback);
   };
-  const std::string rank = env("OMPI_COMM_WORLD_RANK", "0");
-  const std::string size = env("OMPI_COMM_WORLD_SIZE", "1");
+  ElasticRank e;
+  first = ParseExecRankArgs(argc, argv, first, &e);
+  if (first < 0) return 2;
+  const bool elastic = !e.hostname.empty();
+  const std::string rank = elastic ? e.rank : env("OMPI_COMM_WORLD_RANK", "0");
+  const std::string size = elastic ? e.size : env("OMPI_COMM_WORLD_SIZE", "1");
   const std::string dir = env("MLFABRIC_SOCKET_DIR", "");
   setenv("MLFABRIC_RANK", rank.c_str(), 1);
   setenv("MLFABRIC_SIZE", size.c_str(), 1);
-  setenv("MLFABRIC_LOCAL_RANK", env("OMPI_COMM_WORLD_LOCAL_RANK", "0").c_str(), 1);
-  setenv("MLFABRIC_LOCAL_SIZE", env("OMPI_COMM_WORLD_LOCAL_SIZE", "1").c_str(), 1);
+  setenv("MLFABRIC_LOCAL_RANK",
+         (elastic ? e.local_rank : env("OMPI_COMM_WORLD_LOCAL_RANK", "0")).c_str(), 1);
+  setenv("MLFABRIC_LOCAL_SIZE",
+         (elastic ? e.local_size : env("OMPI_COMM_WORLD_LOCAL_SIZE", "1")).c_str(), 1);
   setenv("MLFABRIC_WORKER_NAME", ("rank" + rank).c_str(), 1);
   // --ranks_per_host K: ranks r with the same r / K share host h<r / K>.
   const int per_host = std::max(1, std::atoi(env("MLFABRIC_RANKS_PER_HOST", "1").c_str()));
   const std::string host = std::to_string(std::atoi(rank.c_str()) / per_host);
-  if (const std::string hosts = env("MLFABRIC_HOSTS", ""); !hosts.empty() && !dir.empty()) {
+  if (elastic) {
+    if (int code = UseElasticDaemon(e, dir); code != 0) return code;
+  } else if (const std::string hosts = env("MLFABRIC_HOSTS", ""); !hosts.empty() && !dir.empty()) {
     // Many hosts: the daemon of the host this rank runs on.
     const std::vector<std::string> names = absl::StrSplit(hosts, ',', absl::SkipEmpty());
     const int index = mlfabric::run::FindLocalHost(names, mlfabric::run::LocalNames());
@@ -151,7 +203,12 @@ struct RunOptions {
   std::vector<std::string> mpirun_args, daemon_args, scheduler_args;
   std::string head_address;
   bool verbose = false;
+  bool np_given = false;
   int command = 0;  // argv index of the command to run
+  // Elastic mode (tools/run/elastic.h), on with a host discovery script.
+  std::string discovery_script;
+  int min_np = 0, max_np = 0;  // 0: not given
+  double discovery_interval_s = 1.0, discovery_timeout_s = 10.0, elastic_timeout_s = 600.0;
 };
 
 // An integer flag's value in [low, high]; otherwise says so (`what` names
@@ -168,10 +225,55 @@ std::optional<int> IntegerFlag(const std::string& flag, const std::string& text,
   return static_cast<int>(parsed);
 }
 
+// A duration flag's value in (0, 1e6] seconds; otherwise says so.
+std::optional<double> SecondsFlag(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double parsed = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(parsed > 0) || parsed > 1e6) {
+    std::cerr << "mlfabric-run: " << flag << " must be a number of seconds in (0, 1e6], not '"
+              << text << "'\n";
+    return std::nullopt;
+  }
+  return parsed;
+}
+
+// Horovod spells them with dashes; mlfabric-run's own flags use underscores.
+std::string Canonical(const std::string& flag) {
+  if (flag == "--min_np") return "--min-np";
+  if (flag == "--max_np") return "--max-np";
+  if (flag == "--host_discovery_script") return "--host-discovery-script";
+  return flag;
+}
+
+// The elastic mode's options. Returns 0, or the exit code (said why); 1 if
+// `arg` is none of them.
+int ParseElasticOption(const std::string& arg, const std::string& text, RunOptions* o) {
+  if (arg == "--host-discovery-script") {
+    o->discovery_script = text;
+  } else if (arg == "--min-np" || arg == "--max-np") {
+    auto parsed = IntegerFlag(arg, text, 1, 1024, " (ranks)");
+    if (!parsed) return 2;
+    (arg == "--min-np" ? o->min_np : o->max_np) = *parsed;
+  } else if (arg == "--discovery_interval_s" || arg == "--discovery_timeout_s" ||
+             arg == "--elastic_timeout_s") {
+    auto parsed = SecondsFlag(arg, text);
+    if (!parsed) return 2;
+    (arg == "--discovery_interval_s"  ? o->discovery_interval_s
+     : arg == "--discovery_timeout_s" ? o->discovery_timeout_s
+                                      : o->elastic_timeout_s) = *parsed;
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
 // Reads the options that take a value. Returns 0, or the exit code.
-int ParseValueOption(const std::string& arg, const std::string& text, RunOptions* o) {
+int ParseValueOption(const std::string& flag, const std::string& text, RunOptions* o) {
+  const std::string arg = Canonical(flag);
+  if (int code = ParseElasticOption(arg, text, o); code != 1) return code;
   if (arg == "-np" || arg == "-n" || arg == "--np") {
     o->np = std::atoi(text.c_str());
+    o->np_given = true;
   } else if (arg == "--hostfile" || arg == "-hostfile") {
     o->hostfile = text;
   } else if (arg == "--planner") {
@@ -227,10 +329,47 @@ bool TakesValue(const std::string& arg) {
   for (const char* flag : {"-np", "-n", "--np", "--hostfile", "-hostfile", "--planner",
                            "--delay_bound", "--ssp", "--divergence_bound", "--extra_job", "--job",
                            "--token", "--ranks_per_host", "--head_address", "--daemon_arg",
-                           "--scheduler_arg", "--mpirun_arg"}) {
-    if (arg == flag) return true;
+                           "--scheduler_arg", "--mpirun_arg", "--host-discovery-script",
+                           "--min-np", "--max-np", "--discovery_interval_s",
+                           "--discovery_timeout_s", "--elastic_timeout_s"}) {
+    if (Canonical(arg) == flag) return true;
   }
   return false;
+}
+
+// Elastic mode's flags against the others. Returns 0, or the exit code.
+int CheckElasticOptions(const RunOptions& o) {
+  auto refuse = [](const std::string& why) {
+    std::cerr << "mlfabric-run: " << why << "\n";
+    return 2;
+  };
+  if (o.discovery_script.empty()) {
+    if (o.min_np > 0 || o.max_np > 0) {
+      return refuse("--min-np and --max-np need --host-discovery-script (elastic mode: the "
+                    "script lists the hosts ranks may run on)");
+    }
+    return 0;
+  }
+  if (o.np_given) {
+    return refuse("-np does not go with --host-discovery-script: in elastic mode the ranks are "
+                  "the discovered slots, between --min-np and --max-np");
+  }
+  if (!o.hostfile.empty()) {
+    return refuse("--hostfile does not go with --host-discovery-script: the script lists the "
+                  "hosts");
+  }
+  if (o.ranks_per_host > 0) {
+    return refuse("--ranks_per_host does not go with --host-discovery-script: every discovered "
+                  "host has a daemon of its own");
+  }
+  if (o.min_np > 0 && o.max_np > 0 && o.min_np > o.max_np) {
+    return refuse("--min-np " + std::to_string(o.min_np) + " is more than --max-np " +
+                  std::to_string(o.max_np));
+  }
+  if (const char* dir = std::getenv("MLFABRIC_SOCKET_DIR"); dir != nullptr && *dir != '\0') {
+    return refuse("elastic mode starts a daemon per discovered host; unset MLFABRIC_SOCKET_DIR");
+  }
+  return 0;
 }
 
 // The checks between options, and the defaults that depend on others.
@@ -249,6 +388,7 @@ int CheckOptions(int argc, RunOptions* o) {
               << "'\n";
     return 2;
   }
+  if (int code = CheckElasticOptions(*o); code != 0) return code;
   if (o->ranks_per_host > 1 && !o->hostfile.empty()) {
     std::cerr << "mlfabric-run: --ranks_per_host places ranks on emulated hosts of this "
                  "machine; with --hostfile, Open MPI places them (its slots=, or --mpirun_arg "
@@ -277,6 +417,9 @@ void WriteSchedulerConfig(const RunOptions& o, const std::string& path) {
   std::ofstream out(path);
   out << "{\"jobs\": [{\"name\": \"" << o.job << "\", \"token\": \"" << o.token
       << "\", \"tau_max\": " << o.delay_bound;
+  // Elastic: a round in progress completes with the ranks that are left
+  // (docs/user-guide/sync-training.md "Job membership").
+  if (!o.discovery_script.empty()) out << ", \"member_loss\": \"shrink\"";
   if (o.ssp >= 0) out << ", \"mode\": \"ssp\", \"staleness_k\": " << o.ssp;
   if (!o.divergence_bound.empty()) out << ", \"divergence_max\": " << o.divergence_bound;
   out << "}";
@@ -377,6 +520,21 @@ std::vector<std::string> LaunchHostDaemons(const std::vector<std::string>& launc
   return missing;
 }
 
+// Many hosts: the run's directory for sockets and logs. In /tmp, not under
+// $TEST_TMPDIR: the same path must exist on every host, and Unix socket
+// paths are short (108 bytes). False if it cannot be made (said why).
+bool MakeHostsDir(Started* run) {
+  std::string pattern = "/tmp/mlfabric-run-hosts-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    std::cerr << "mlfabric-run: cannot make a directory in /tmp: " << std::strerror(errno)
+              << "\n";
+    return false;
+  }
+  run->socket_dir = pattern;
+  run->hosts_dir = pattern;
+  return true;
+}
+
 // With --hostfile: the scheduler here and a daemon on every host. Returns
 // 0, or the exit code.
 int StartManyHosts(const RunOptions& o, const std::string& self, const std::string& mpirun_path,
@@ -398,16 +556,7 @@ int StartManyHosts(const RunOptions& o, const std::string& self, const std::stri
               << "; name this machine's address with --head_address\n";
     return 2;
   }
-  // In /tmp, not under $TEST_TMPDIR: the same path must exist on every
-  // host, and Unix socket paths are short (108 bytes).
-  std::string pattern = "/tmp/mlfabric-run-hosts-XXXXXX";
-  if (::mkdtemp(pattern.data()) == nullptr) {
-    std::cerr << "mlfabric-run: cannot make a directory in /tmp: " << std::strerror(errno)
-              << "\n";
-    return 1;
-  }
-  run->socket_dir = pattern;
-  run->hosts_dir = pattern;
+  if (!MakeHostsDir(run)) return 1;
   const std::string address = StartHeadScheduler(o, head_address, run);
   if (address.empty()) return 1;
   setenv("MLFABRIC_SCHEDULER", address.c_str(), 1);
@@ -474,7 +623,7 @@ void ExportJobEnvironment(const RunOptions& o, const std::string& socket_dir) {
   setenv("MLFABRIC_JOB", o.job.c_str(), 1);
   setenv("MLFABRIC_JOB_TOKEN", o.token.c_str(), 1);
   // Emulated hosts only: with a hostfile each rank's host is the machine it runs on.
-  if (o.hostfile.empty()) {
+  if (o.hostfile.empty() && o.discovery_script.empty()) {
     setenv("MLFABRIC_RANKS_PER_HOST", std::to_string(o.ranks_per_host).c_str(), 1);
   } else {
     unsetenv("MLFABRIC_RANKS_PER_HOST");
@@ -487,6 +636,14 @@ void ExportJobEnvironment(const RunOptions& o, const std::string& socket_dir) {
   }
   if (const char* path = std::getenv("PATH")) setenv("MLFABRIC_USER_PATH", path, 1);
 }
+
+// What mpirun passes on to the ranks (-x), when set.
+constexpr const char* kRankEnvironment[] = {
+    "MLFABRIC_SOCKET_DIR",         "MLFABRIC_JOB",           "MLFABRIC_JOB_TOKEN",
+    "MLFABRIC_DELAY_BOUND",        "MLFABRIC_DIVERGENCE_BOUND", "MLFABRIC_SCHEDULER",
+    "MLFABRIC_USER_PATH",          "MLFABRIC_ALLREDUCE_BACKEND", "MLFABRIC_RANKS_PER_HOST",
+    "MLFABRIC_LOCAL_REDUCE",       "MLFABRIC_HOSTS",         "MLFABRIC_ALLREDUCE_PIECES",
+    "MLFABRIC_ALLREDUCE_MPI_BELOW"};
 
 // mpirun with the ranks' environment, each rank starting as
 // `mlfabric-run --exec-rank -- COMMAND...`.
@@ -514,12 +671,7 @@ std::vector<std::string> MpirunCommand(const RunOptions& o, int argc, char** arg
       }
     }
   }
-  for (const char* name : {"MLFABRIC_SOCKET_DIR", "MLFABRIC_JOB", "MLFABRIC_JOB_TOKEN",
-                           "MLFABRIC_DELAY_BOUND", "MLFABRIC_DIVERGENCE_BOUND",
-                           "MLFABRIC_SCHEDULER", "MLFABRIC_USER_PATH",
-                           "MLFABRIC_ALLREDUCE_BACKEND", "MLFABRIC_RANKS_PER_HOST",
-                           "MLFABRIC_LOCAL_REDUCE", "MLFABRIC_HOSTS",
-                           "MLFABRIC_ALLREDUCE_PIECES", "MLFABRIC_ALLREDUCE_MPI_BELOW"}) {
+  for (const char* name : kRankEnvironment) {
     if (std::getenv(name)) command.insert(command.end(), {"-x", name});
   }
   command.insert(command.end(), o.mpirun_args.begin(), o.mpirun_args.end());
@@ -583,6 +735,62 @@ void StopStarted(const RunOptions& o, int code, Started* run) {
   }
 }
 
+// Elastic mode (tools/run/elastic.h): the first discovery, the scheduler
+// here, then ranks and daemons as the hosts come and go. Returns the job's
+// exit code.
+int RunElasticJob(const RunOptions& o, int argc, char** argv, const std::string& self,
+                  const std::string& mpirun_path) {
+  mlfabric::run::ElasticOptions e;
+  e.script = o.discovery_script;
+  e.discovery_timeout_s = o.discovery_timeout_s;
+  // A script that fails at start is fatal; later, a warning.
+  auto first = mlfabric::run::RunDiscovery(e.script, e.discovery_timeout_s);
+  if (!first.ok() || first->empty()) {
+    std::cerr << "mlfabric-run: "
+              << (first.ok() ? "host discovery script " + e.script + " listed no host at start"
+                             : std::string(first.status().message()))
+              << "\n";
+    return 2;
+  }
+  std::string head_address = o.head_address;
+  if (head_address.empty()) head_address = mlfabric::run::RouteSource(first->front().host);
+  if (head_address.empty()) {
+    std::cerr << "mlfabric-run: no route from here to " << first->front().host
+              << "; name this machine's address with --head_address\n";
+    return 2;
+  }
+  Started run;
+  if (!MakeHostsDir(&run)) return 1;
+  const std::string address = StartHeadScheduler(o, head_address, &run);
+  if (address.empty()) return 1;
+  e.cluster_secret = std::getenv("MLFABRIC_CLUSTER_SECRET");
+  unsetenv("MLFABRIC_CLUSTER_SECRET");  // the ranks need none
+  setenv("MLFABRIC_SCHEDULER", address.c_str(), 1);
+  ExportJobEnvironment(o, run.socket_dir);
+  e.limits.min_np = std::max(1, o.min_np);
+  if (o.max_np > 0) e.limits.max_np = o.max_np;
+  e.discovery_interval_s = o.discovery_interval_s;
+  e.elastic_timeout_s = o.elastic_timeout_s;
+  e.self = self;
+  e.mpirun_path = mpirun_path;
+  e.socket_dir = run.socket_dir;
+  e.scheduler_address = address;
+  e.mpirun_args = o.mpirun_args;
+  e.daemon_args = o.daemon_args;
+  e.forwarded_env.assign(std::begin(kRankEnvironment), std::end(kRankEnvironment));
+  e.command.assign(argv + o.command, argv + argc);
+  e.verbose = o.verbose;
+  if (o.verbose) {
+    std::cerr << "mlfabric-run: elastic: started mlfabric-scheduler at " << address
+              << " (member_loss shrink); logs in " << run.socket_dir << "\n";
+  }
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  const int code = mlfabric::run::RunElastic(e, *first, &g_signal);
+  StopStarted(o, code, &run);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -591,11 +799,7 @@ int main(int argc, char** argv) {
   for (; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--exec-daemon") return mlfabric::run::RunHostDaemon(argc, argv, i + 1);
-    if (arg == "--exec-rank") {
-      if (i + 1 < argc && std::string(argv[i + 1]) == "--") ++i;
-      if (i + 1 >= argc) return 2;
-      return ExecRank(argc, argv, i + 1);
-    }
+    if (arg == "--exec-rank") return ExecRank(argc, argv, i + 1);
     if (arg == "--") { ++i; break; }
     if (arg == "-h" || arg == "--help") { std::cout << kUsage; return 0; }
     if (const size_t eq = arg.find('='); eq != std::string::npos && TakesValue(arg.substr(0, eq))) {
@@ -629,6 +833,7 @@ int main(int argc, char** argv) {
   std::string mpirun_path = "/usr/bin/mpirun";
   if (::access(mpirun_path.c_str(), X_OK) != 0) mpirun_path = "mpirun";
 
+  if (!o.discovery_script.empty()) return RunElasticJob(o, argc, argv, self, mpirun_path);
   Started run;
   if (const char* existing = std::getenv("MLFABRIC_SOCKET_DIR"); existing && *existing) {
     run.socket_dir = existing;
