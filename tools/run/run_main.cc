@@ -25,6 +25,9 @@
 // With --hostfile (and no MLFABRIC_SOCKET_DIR) it starts the scheduler here
 // and one mlfabricd on every host of the hostfile through a second mpirun
 // (tools/run/hosts.h); each rank uses its own host's daemon.
+// With --host-discovery-script (elastic mode, tools/run/elastic.h) there is
+// no job-wide mpirun: every rank is a launch of its own, started, stopped
+// and replaced as the script's hosts change, each host with its daemon.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -85,6 +88,30 @@ constexpr char kUsage[] = R"(usage: mlfabric-run [options] [--] COMMAND [ARGS...
                       a flag for mlfabric-scheduler (repeatable), e.g.
                       --scheduler_arg=--log_level=debug
   -v                  print what is started
+
+Elastic mode (Horovod's horovodrun --host-discovery-script), instead of -np
+and --hostfile; docs/operations/many-hosts.md "Elastic launching":
+  --host-discovery-script SCRIPT
+                      an executable printing the hosts ranks may run on,
+                      one `host` or `host:slots` a line; run at start (a
+                      failure is fatal) and every --discovery_interval_s
+                      (a failure then is a warning; the last hosts stay).
+                      Every slot gets a rank (one launch each: a process
+                      here, `mpirun -np 1 --host H` elsewhere) and every
+                      host an mlfabricd; a vanished host's ranks are
+                      stopped, a failed rank is replaced (a host is
+                      blacklisted after 3 failures); the job ends with 0
+                      once its ranks exit 0
+  --min-np N          fewer running ranks than N for --elastic_timeout_s
+                      ends the job with an error; no rank starts until N
+                      can (default 1)
+  --max-np M          at most M ranks (default: every slot)
+  --discovery_interval_s S  (default 1)
+  --discovery_timeout_s S   a discovery run longer than S fails (default 10)
+  --elastic_timeout_s S     (default 600)
+  Ranks also get MLFABRIC_HOSTNAME (the discovered host) and
+  MLFABRIC_ELASTIC=1; a started rank takes the lowest free rank number, and
+  MLFABRIC_SIZE is the number of ranks running once it has started.
 Every rank gets MLFABRIC_RANK, MLFABRIC_SIZE, MLFABRIC_DAEMON_SOCKET, ...
 )";
 
