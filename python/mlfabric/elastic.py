@@ -20,8 +20,10 @@ round with "... left the job ... at membership generation G", see
 docs/user-guide/sync-training.md "Job membership"), the collective raises
 `MembershipChangedError` (Horovod's name: `HostsUpdatedInterrupt`); `run`
 then restores the last commit, calls the reset callbacks, syncs and calls
-`func` again. MLfabric's launcher does not add or restart ranks: the
-recovery is in-process, with the ranks that are still running.
+`func` again. The recovery is in-process, with the ranks that are still
+running: `mlfabric-run --host-discovery-script` stops the ranks of hosts
+that vanish and starts replacements, but a rank started later is not
+announced to the running ones (docs/operations/many-hosts.md).
 
 State objects keep their commit in host memory (a copy per rank):
     commit()   save() then check_host_updates()
