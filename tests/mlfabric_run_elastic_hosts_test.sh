@@ -7,7 +7,10 @@
 # `mpirun -np 1 --host H` launch and every host gets its own mlfabricd:
 # checks that the ranks run in their host's namespace with its daemon's
 # socket, that n2's rank and daemon stop when it vanishes, that its return
-# starts a daemon again and a rank with the freed number, that the job ends
+# starts a daemon again and a rank with the freed number, that every rank
+# is a worker of the job (tests/elastic_member.cc registers through its
+# host's daemon: the scheduler logs it joining, leaving with its host and
+# joining again under its number), that the job ends
 # with 0 once its ranks have, and that no daemon, scheduler, launcher or
 # socket is left. Needs root (namespaces): prints "SKIPPED: <reason>"
 # without, fails under CI.
@@ -51,13 +54,13 @@ mkdir -p "$work"
 printf '#!/bin/sh\ncat %s/hosts\n' "$work" > "$work/discover.sh"
 chmod +x "$work/discover.sh"
 # A rank: says where it runs (the namespace's host name) and with which
-# daemon, then runs until $work/done exists.
+# daemon, then registers as the job's worker until $work/done exists.
 cat > "$work/rank.sh" <<EOF
 #!/bin/sh
 test -S "\$MLFABRIC_DAEMON_SOCKET" || { echo "rank \$MLFABRIC_RANK: no daemon socket" >&2; exit 9; }
 echo "start rank=\$MLFABRIC_RANK size=\$MLFABRIC_SIZE host=\$MLFABRIC_HOSTNAME uts=\$(hostname)" \
   "socket=\$MLFABRIC_DAEMON_SOCKET" >> "$work/ranks.txt"
-while [ ! -e "$work/done" ]; do sleep 0.1; done
+exec "$root/tests/elastic_member" "$work/done"
 EOF
 chmod +x "$work/rank.sh"
 : > "$work/ranks.txt"
@@ -84,6 +87,9 @@ wait_for "$log" "host $n2 appeared: starting rank 2 (slot 1 of 1; size 3)"
 wait_for "$work/ranks.txt" "start rank=2 size=3 host=$n2 uts=${prefix}n2 socket=/tmp/mlfabric-run-hosts-.*/$n2.sock"
 wait_for "$work/ranks.txt" "host=$n1 uts=${prefix}n1" 2
 dir=$(sed -n "s/.*socket=\(.*\)\/$n2.sock$/\1/p" "$work/ranks.txt" | head -1)
+for r in 0 1; do wait_for "$dir/scheduler.log" "job demo: worker rank$r joined on $n1"; done
+wait_for "$dir/scheduler.log" "job demo: worker rank2 joined on $n2"
+wait_for "$log" "elastic_member rank2: registered on $n2 (size 3)"
 
 echo "== n2 vanishes"
 printf '%s:2\n' "$n1" > "$work/hosts"
@@ -92,12 +98,15 @@ wait_for "$log" "rank 2 on $n2 exited with .* (stopped)"
 wait_for "$log" "host $n2: stopped its mlfabricd"
 [[ ! -e $dir/$n2.sock ]] || { echo "FAILED: $n2's daemon socket is left"; cat "$log"; exit 1; }
 [[ -e $dir/$n1.sock ]]
+wait_for "$dir/scheduler.log" "job demo: worker rank2 left ("
 
 echo "== n2 is back"
 printf '%s:2\n%s:1\n' "$n1" "$n2" > "$work/hosts"
 wait_for "$log" "host $n2: starting its mlfabricd through mpirun" 2
 wait_for "$log" "host $n2 appeared: starting rank 2 (slot 1 of 1; size 3)" 2
 wait_for "$work/ranks.txt" "start rank=2 size=3 host=$n2 uts=${prefix}n2" 2
+wait_for "$dir/scheduler.log" "job demo: worker rank2 joined on $n2" 2
+grep "job demo: worker" "$dir/scheduler.log"
 touch "$work/done"
 code=0; wait "$pid" || code=$?
 cat "$log"
