@@ -33,7 +33,10 @@ absl::StatusOr<std::vector<HostfileEntry>> RunDiscovery(const std::string& scrip
                                             std::strerror(errno)));
   }
   const pid_t pid = ::fork();
+  if (pid > 0) ::setpgid(pid, pid);  // also in the child: whichever runs first
   if (pid == 0) {
+    // A group of its own: a timeout kills what the script started too.
+    ::setpgid(0, 0);
     ::dup2(out, 1);
     const int in = ::open("/dev/null", O_RDONLY);
     if (in >= 0) ::dup2(in, 0);
@@ -52,7 +55,7 @@ absl::StatusOr<std::vector<HostfileEntry>> RunDiscovery(const std::string& scrip
       return true;
     }, timeout_s);
     if (!code) {
-      ::kill(pid, SIGKILL);
+      ::kill(-pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
   }

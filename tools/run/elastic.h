@@ -54,7 +54,8 @@ struct ElasticOptions {
 
 // Runs the script (no shell, stdin /dev/null, stderr inherited) and parses
 // what it printed. An error names the script: it could not start, exited
-// non-zero, ran past `timeout_s` (it is killed), or printed a bad line.
+// non-zero, ran past `timeout_s` (it is killed, with the processes it
+// started: it runs in a process group of its own), or printed a bad line.
 absl::StatusOr<std::vector<HostfileEntry>> RunDiscovery(const std::string& script,
                                                         double timeout_s);
 
