@@ -2,8 +2,9 @@
 # Fails when a generated table of docs/results.md differs from what
 # results_tables.py renders from the committed JSON, after proving on
 # fixtures that the check catches a drifted table, a marker naming no
-# table and a table whose markers are gone, and that --write repairs the
-# drift. Reads the doc and the JSON from the source tree this script's
+# table, a table whose markers are gone, a table written by hand outside
+# the markers and a summary figure naming nothing, that the summary follows
+# the files its figures come from, and that --write repairs the drift. Reads the doc and the JSON from the source tree this script's
 # runfile links to, so the test is tagged "external" (never cached).
 set -euo pipefail
 script="${TEST_SRCDIR:-.}/mlfabric/tools/docs/results_tables.py"
@@ -89,10 +90,44 @@ if out="$(python3 "$script" --root "$tree" --doc "$fixture/rerun.md" --check 2>&
   exit 1
 fi
 
+# The Summary's measured cells are computed from the sections' files: a
+# new shards run changes the summary too.
+python3 -c 'import json, sys
+path = sys.argv[1]
+data = json.load(open(path))
+data["pairs"][0]["ratio"] = 3.0
+data["pairs"][0]["shards_applied_per_s"] = 33.3
+json.dump(data, open(path, "w"))' "$tree/docs/results/testbed-shards.json"
+if out="$(python3 "$script" --root "$tree" --doc "$fixture/rerun.md" --check 2>&1)" ||
+    ! grep -qF -- "+| four shards ≥ 3× the updates per second of one server | | 3.00–3.45× |" <<<"$out"; then
+  echo "results_tables_test: a new shards ratio did not change the summary's cell; it said:" >&2
+  echo "$out" >&2
+  exit 1
+fi
+# A summary cell naming no computed figure is refused.
+python3 -c 'import json, sys
+path = sys.argv[1]
+data = json.load(open(path))
+data["goals"][0]["measured"] = "{testbed-table2: no such figure}"
+json.dump(data, open(path, "w"))' "$tree/docs/results/summary.json"
+if out="$(python3 "$script" --root "$tree" --doc "$fixture/rerun.md" --check 2>&1)" ||
+    ! grep -qF -- "'{testbed-table2: no such figure}' names no computed figure" <<<"$out"; then
+  echo "results_tables_test: an unknown summary figure did not fail the check; it said:" >&2
+  echo "$out" >&2
+  exit 1
+fi
+
+# A table written by hand, outside the markers, fails the check.
+awk '{print} /^## 8\. Not measured here/ {print ""; print "| a | b |"; print "| --- | --- |"; print "| 1 | 2 |"}' \
+    "$base" >"$fixture/hand.md"
+expect_failure hand.md "a Markdown table outside the generated-table markers"
 sed 's/^<!-- table: sim-overhead /<!-- table: no-such-table /' "$base" >"$fixture/unknown.md"
 expect_failure unknown.md "no generated table is named 'no-such-table'"
-sed '/^<!-- table: sim-overhead /d' "$base" >"$fixture/unmarked.md"
+sed '/^<!-- table: sim-overhead /,/^<!-- end table -->/d' "$base" >"$fixture/unmarked.md"
 expect_failure unmarked.md "no markers for the generated table(s) sim-overhead"
+# Its opening marker alone gone: the table is one written by hand.
+sed '/^<!-- table: sim-overhead /d' "$base" >"$fixture/unopened.md"
+expect_failure unopened.md "a Markdown table outside the generated-table markers"
 sed '0,/^<!-- end table -->/{/^<!-- end table -->/d}' "$base" >"$fixture/unended.md"
 expect_failure unended.md "has no '<!-- end table -->' after it"
 
