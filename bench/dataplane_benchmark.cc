@@ -1,6 +1,9 @@
 // Data-plane benchmarks of issue 4, printed as one table (daemon/README.md):
 //
 //   bazel run -c opt //bench:dataplane_benchmark [-- --gib=1 --rounds=3]
+//   ... -- --json FILE           also writes the run in the structure of
+//                                docs/results/dataplane.json (docs/results.md
+//                                §4), or adds it to FILE when FILE exists
 //   ... -- --compare_auth=true   adds sets with data-plane authentication off
 //                                and on, alternated, and their ratio (issue 17)
 //   ... -- --compare_encryption=true  the same with payload encryption on
@@ -30,6 +33,9 @@
 // depend on the machine and on what else runs on it.
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <cstdlib>
+#include <ctime>
 #include <boost/asio.hpp>
 #include <chrono>
 #include <cstdio>
@@ -60,6 +66,8 @@ using asio::ip::tcp;
 using launch::BinaryPath;
 using launch::ReadFile;
 using launch::WaitUntil;
+// Keys kept in the order written, as docs/results/ files read.
+using Json = nlohmann::ordered_json;
 
 constexpr size_t kPayloadBytes = 32 << 10;  // the daemon's default
 constexpr size_t kHeaderBytes = 44;         // Mercury header (daemon/transport/packet.h)
@@ -419,11 +427,19 @@ void PrintTable(const std::vector<Round>& rounds, const ReduceRow& reduce, doubl
               median(&Round::sender_switches_per_mib), median(&Round::receiver_switches_per_mib));
 }
 
+// What a comparison of two data planes found: goodput with / without (the
+// ratio of the medians of daemon / raw socket) and the sending daemon's CPU
+// per GB with and without.
+struct Comparison {
+  double goodput_ratio = 0, cpu_with = 0, cpu_without = 0;
+};
+
 // Sets of the compared setting and the table's (authentication on),
 // alternated (table, other, table, other); each round normalised by the
 // raw socket of the same round, so the machine's load cancels out.
-bool CompareDataPlanes(const std::vector<Round>& rounds, int64_t bytes, int64_t rounds_count,
-                       DataPlane other, const char* what) {
+std::optional<Comparison> CompareDataPlanes(const std::vector<Round>& rounds, int64_t bytes,
+                                            int64_t rounds_count, DataPlane other,
+                                            const char* what) {
   std::vector<Round> base = rounds, others;
   for (int set = 0; set < 3; ++set) {
     const DataPlane plane = set == 1 ? DataPlane::kAuthenticated : other;
@@ -432,7 +448,7 @@ bool CompareDataPlanes(const std::vector<Round>& rounds, int64_t bytes, int64_t 
     if (!more.ok()) {
       std::fprintf(stderr, "dataplane_benchmark: %s\n",
                    std::string(more.status().message()).c_str());
-      return false;
+      return std::nullopt;
     }
     auto& into = plane == DataPlane::kAuthenticated ? base : others;
     into.insert(into.end(), more->begin(), more->end());
@@ -458,10 +474,175 @@ bool CompareDataPlanes(const std::vector<Round>& rounds, int64_t bytes, int64_t 
   // Authentication is measured by what it costs the plain data plane,
   // encryption by what it costs the authenticated one.
   const bool auth = other == DataPlane::kPlain;
+  const std::vector<Round>& with = auth ? base : others;
+  const std::vector<Round>& without = auth ? others : base;
+  Comparison out{ratio(with) / ratio(without), cpu(with, &Round::sender_cpu_s_per_gb),
+                 cpu(without, &Round::sender_cpu_s_per_gb)};
   std::printf("| 1 | goodput %s (ratio of the medians) | %.0f%% | %s |\n", what,
-              100 * (auth ? ratio(base) / ratio(others) : ratio(others) / ratio(base)),
-              auth ? ">= 95%" : "");
-  return true;
+              100 * out.goodput_ratio, auth ? ">= 95%" : "");
+  return out;
+}
+
+// The run's figures as docs/results/dataplane.json holds them (the §4 table
+// of docs/results.md): the per-round goodput ratio's median, and the
+// daemons' CPU per GB and context switches per MiB as ranges over runs.
+Json RunJson(const std::vector<Round>& rounds) {
+  auto median = [&](double Round::*field) {
+    std::vector<double> values;
+    for (const Round& r : rounds) values.push_back(r.*field);
+    return Median(values);
+  };
+  std::vector<double> ratios;
+  for (const Round& r : rounds) ratios.push_back(r.daemon_bytes_per_s / r.raw_bytes_per_s);
+  auto range = [](double v) { return Json{{"min", v}, {"max", v}}; };
+  return {{"goodput_daemon_over_raw", {Median(ratios)}},
+          {"cpu_s_per_gb",
+           {{"sending", range(median(&Round::sender_cpu_s_per_gb))},
+            {"receiving", range(median(&Round::receiver_cpu_s_per_gb))}}},
+          {"context_switches_per_mib",
+           {{"sending", range(median(&Round::sender_switches_per_mib))},
+            {"receiving", range(median(&Round::receiver_switches_per_mib))}}}};
+}
+
+// A {min, max} range widened to hold `more`'s.
+Json Widen(const Json& range, const Json& more) {
+  return {{"min", std::min(range.at("min").get<double>(), more.at("min").get<double>())},
+          {"max", std::max(range.at("max").get<double>(), more.at("max").get<double>())}};
+}
+
+// `run` (RunJson) added to `file`, the figures of earlier runs: the goodput
+// ratios appended, the ranges widened.
+void AddRun(const Json& run, Json* file) {
+  auto& goodput = (*file)["goodput_daemon_over_raw"];
+  goodput.push_back(run["goodput_daemon_over_raw"][0]);
+  for (const char* figure : {"cpu_s_per_gb", "context_switches_per_mib"}) {
+    for (const char* daemon : {"sending", "receiving"}) {
+      (*file)[figure][daemon] = Widen((*file)[figure][daemon], run[figure][daemon]);
+    }
+  }
+}
+
+// The short commit of the tree this runs from (bazel run's workspace), or
+// null.
+Json Commit() {
+  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  const std::string command = absl::StrCat("git -C '", workspace ? workspace : ".",
+                                           "' rev-parse --short HEAD 2>/dev/null");
+  std::string out;
+  if (FILE* pipe = ::popen(command.c_str(), "r")) {
+    char buffer[64];
+    while (std::fgets(buffer, sizeof(buffer), pipe)) out += buffer;
+    ::pclose(pipe);
+  }
+  while (!out.empty() && std::isspace(static_cast<unsigned char>(out.back()))) out.pop_back();
+  return out.empty() ? Json(nullptr) : Json(out);
+}
+
+// The command that measured this run, without --json.
+std::string MeasuredCommand(int argc, char** argv) {
+  std::string command = "bazel run -c opt //bench:dataplane_benchmark --";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json") {
+      ++i;
+    } else if (arg.rfind("--json=", 0) != 0) {
+      absl::StrAppend(&command, " ", arg);
+    }
+  }
+  return command;
+}
+
+// A relative --json path is taken from where `bazel run` was started.
+std::string JsonPath(const std::string& path) {
+  const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");
+  return path.empty() || path[0] == '/' || !cwd ? path : absl::StrCat(cwd, "/", path);
+}
+
+std::string Today() {
+  const std::time_t now = std::time(nullptr);
+  char date[16];
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  return date;
+}
+
+// `a` and `b` joined by `word` unless `a` already holds `b`.
+std::string Join(const std::string& a, const std::string& word, const std::string& b) {
+  return a.empty() || a.find(b) != std::string::npos ? (a.empty() ? b : a) : a + word + b;
+}
+
+constexpr const char* kJsonNote =
+    "Written by dataplane_benchmark --json: goodput_daemon_over_raw is the 'daemon / raw socket "
+    "(per-round ratio)' median of each run; the CPU (CPU-s per GB moved) and context-switch "
+    "(per MiB) figures are the range over the runs ({min, max}) of each run's medians; "
+    "encryption and authentication are goodput with / without (ratio of the medians) and the "
+    "sending daemon's CPU per GB with and without. A run with --json FILE adds itself to FILE "
+    "when it exists; preemption is //bench:preemption_benchmark's (root), kept from the file. "
+    "targets are the goals, not measurements.";
+
+// The runs `path` holds already (checked before this run starts), or a new
+// file's first fields.
+absl::StatusOr<Json> EarlierRuns(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0 && ::access(path.substr(0, slash).c_str(), W_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--json ", path, ": no writable directory ", path.substr(0, slash)));
+  }
+  std::ifstream in(path);
+  if (!in) {
+    return Json{{"what", "The data plane: 1 GiB pushes between two daemons over loopback against "
+                         "a raw Asio socket pair with the same frames; payload encryption, "
+                         "authentication and preemption on a shaped link (docs/results.md §4)"},
+                {"date", ""}, {"commit", nullptr}, {"command", Json::array()}, {"note", ""}};
+  }
+  Json file = Json::parse(in, nullptr, false);
+  if (file.is_discarded() || !file.contains("goodput_daemon_over_raw") ||
+      !file["goodput_daemon_over_raw"].is_array() || !file.contains("cpu_s_per_gb") ||
+      !file.contains("context_switches_per_mib") || !file["date"].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--json ", path, ": exists but is not the JSON of dataplane_benchmark runs "
+        "(docs/results/dataplane.json's structure)"));
+  }
+  return file;
+}
+
+// Writes `file` (EarlierRuns) with this run's figures added to `path`, in
+// the structure of docs/results/dataplane.json.
+absl::Status WriteJson(const std::string& path, Json file, const Json& run,
+                       const std::optional<Comparison>& auth,
+                       const std::optional<Comparison>& encryption, const std::string& command) {
+  if (file.contains("goodput_daemon_over_raw")) {
+    AddRun(run, &file);
+  } else {
+    file.update(run);
+  }
+  file["date"] = Join(file["date"].get<std::string>(), " to ", Today());
+  const Json commit = Commit();
+  if (commit.is_string()) {
+    file["commit"] = Join(file["commit"].is_string() ? file["commit"].get<std::string>() : "",
+                          " and ", commit.get<std::string>());
+  }
+  if (!file["command"].is_array()) file["command"] = Json::array({file["command"]});
+  if (std::find(file["command"].begin(), file["command"].end(), command) == file["command"].end()) {
+    file["command"].push_back(command);
+  }
+  file["note"] = kJsonNote;
+  if (encryption) {
+    file["encryption"] = {{"goodput_ratio", encryption->goodput_ratio},
+                          {"cpu_s_per_gb_with", encryption->cpu_with},
+                          {"cpu_s_per_gb_without", encryption->cpu_without}};
+  }
+  if (auth) file["authentication"] = {{"date", Today()}, {"goodput_ratio", auth->goodput_ratio}};
+  if (!file.contains("targets")) {
+    file["targets"] = {{"goodput", "≥ 95 %"}, {"cpu", "≤ 1.5× the raw socket's"},
+                       {"context_switches", "≤ 4 per MiB"}, {"encryption", "≥ 80 %"},
+                       {"authentication", "≥ 95 %"}, {"preemption", "≤ 2 packet-times"}};
+  }
+  std::ofstream out(path + ".tmp");
+  out << file.dump(2) << "\n";
+  if (!out.flush() || std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("--json ", path, ": cannot write it"));
+  }
+  return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
@@ -479,8 +660,16 @@ int Main(int argc, char** argv) {
   reader.Bool("compare_auth", &compare_auth);
   bool compare_encryption = false;
   reader.Bool("compare_encryption", &compare_encryption);
+  std::string json_path;
+  reader.String("json", &json_path);
   if (auto status = reader.Finish(); !status.ok()) {
     std::cerr << "dataplane_benchmark: " << status.message() << "\n";
+    return 2;
+  }
+  json_path = JsonPath(json_path);
+  absl::StatusOr<Json> earlier = json_path.empty() ? Json::object() : EarlierRuns(json_path);
+  if (!earlier.ok()) {
+    std::cerr << "dataplane_benchmark: " << earlier.status().message() << "\n";
     return 2;
   }
   const int64_t bytes = static_cast<int64_t>(gib * (1 << 30)) / 4 * 4;
@@ -504,15 +693,26 @@ int Main(int argc, char** argv) {
     return 1;
   }
   PrintTable(*rounds, reduce, gib, rounds_count);
+  std::optional<Comparison> auth, encryption;
   if (compare_auth &&
-      !CompareDataPlanes(*rounds, bytes, rounds_count, DataPlane::kPlain,
-                         "with authentication / without")) {
+      !(auth = CompareDataPlanes(*rounds, bytes, rounds_count, DataPlane::kPlain,
+                                 "with authentication / without"))) {
     return 1;
   }
   if (compare_encryption &&
-      !CompareDataPlanes(*rounds, bytes, rounds_count, DataPlane::kEncrypted,
-                         "with encryption / without")) {
+      !(encryption = CompareDataPlanes(*rounds, bytes, rounds_count, DataPlane::kEncrypted,
+                                       "with encryption / without"))) {
     return 1;
+  }
+  if (!json_path.empty()) {
+    const absl::Status written =
+        WriteJson(json_path, *std::move(earlier), RunJson(*rounds), auth, encryption,
+                  MeasuredCommand(argc, argv));
+    if (!written.ok()) {
+      std::cerr << "dataplane_benchmark: " << written.message() << "\n";
+      return 1;
+    }
+    std::printf("dataplane_benchmark: wrote %s\n", json_path.c_str());
   }
   return 0;
 }
