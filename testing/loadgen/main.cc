@@ -507,6 +507,9 @@ void WriteJson(const LoadFlags& f, const Summary& s, const LoadReport& report,
                         {"applied", report.applied},
                         {"dropped", report.dropped},
                         {"failed", report.failed},
+                        {"applied_fraction", report.pushes > 0 ? static_cast<double>(report.applied) /
+                                                                     report.pushes
+                                                               : 0.0},
                         {"applied_per_s", under_load.applied / dt},
                         {"dropped_per_s", under_load.dropped / dt},
                         {"failed_per_s", under_load.failed / dt},
