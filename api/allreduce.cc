@@ -616,13 +616,17 @@ class MlfabricAllReducer : public SumsAllReducer {
     // The root's last round must reach its server application before it
     // disconnects, or the round would fail for ranks still streaming it.
     if (root_server_ != nullptr) root_server_->AwaitVersion(version_, std::min(timeout_s_, 30.0));
-    // With backup workers, ranks may be a round behind the root: they push
-    // their last round (late, left out) and get its sum after the root
-    // finished. Its server stays up a while for them (bounded).
-    if (root_server_ != nullptr && backup_workers_ > 0) {
+    // Other ranks may still be collecting the last round's sum: their get
+    // can reach the root's daemon after the root returned from its last
+    // call (a loaded host's daemon forwards it late), and with backup
+    // workers ranks may be a round behind: they push their last round
+    // (late, left out) and get its sum after the root finished. Its server
+    // stays up a while for them (bounded).
+    if (root_server_ != nullptr && size() > 1) {
+      const double floor_s = backup_workers_ > 0 ? 1.0 : 0.5;
       const double linger_s =
           linger_s_ >= 0 ? linger_s_
-                         : std::min(timeout_s_, std::max(1.0, 3.0 * longest_round_s_));
+                         : std::min(timeout_s_, std::max(floor_s, 3.0 * longest_round_s_));
       std::this_thread::sleep_for(std::chrono::duration<double>(linger_s));
     }
     worker_.reset();

@@ -149,11 +149,13 @@ struct AllReduceOptions {
   // before any rank's first AllReduce (Python's backup_reducer() does a
   // barrier). Other backends: 0.
   int backup_workers = 0;
-  // mlfabric backend with backup workers: how long the root rank's reducer,
-  // when destroyed, keeps its root server up so that ranks a round behind
-  // can still contribute to, and collect, the last round (otherwise their
-  // last AllReduce fails with "... is not connected"). -1: three times the
-  // longest of its last rounds, at least 1 s and at most timeout_s.
+  // mlfabric backend: how long the root rank's reducer, when destroyed,
+  // keeps its root server up so that ranks still collecting the last
+  // round's sum (a get forwarded late by a loaded host), or with backup
+  // workers a round behind, can still contribute to and collect it
+  // (otherwise their last AllReduce fails with "... is not connected").
+  // -1: three times the longest of its last rounds, at least 1 s with
+  // backup workers and 0.5 s without, and at most timeout_s.
   double root_linger_s = -1;
   // mlfabric backend without backup workers: ranks whose daemon is the
   // same (one machine) sum in shared memory, and only one rank per host
