@@ -4,8 +4,7 @@
 # unshare --uts`): the command line gets a host name and a /tmp of its own,
 # as on a machine of its own. Sharing both made Open MPI's launch hang in
 # about 1 job of 4 (the daemons' and the job's ORTE daemons on "one" host
-# name in one /tmp). Used by tests/mlfabric_run_hosts_test.sh and
-# python/benchmarks/keras_hosts.sh.
+# name in one /tmp). The agents testing/netns_agent.sh writes run it.
 ns="$1"; shift
 hostname "$ns"
 TMPDIR="/tmp/$ns"

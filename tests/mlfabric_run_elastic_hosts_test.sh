@@ -31,17 +31,8 @@ n1=$(address n1); n2=$(address n2)
 
 # mpirun calls `agent HOST COMMAND...` as it would ssh (as in
 # mlfabric_run_hosts_test.sh: the host's namespace, host name and /tmp).
-enter="$root/testing/netns_enter.sh"
 agent="$TEST_TMPDIR/netns-agent"
-{
-  echo '#!/bin/sh'
-  echo 'host="$1"; shift'
-  echo 'case "$host" in'
-  for h in n1 n2; do echo "  $(address $h)) ns=${prefix}$h;;"; done
-  echo '  *) echo "netns-agent: unknown host $host" >&2; exit 1;;'
-  echo 'esac'
-  echo "exec ip netns exec \"\$ns\" unshare --uts \"$enter\" \"\$ns\" \"\$*\""
-} > "$agent"
+"$root/testing/netns_agent.sh" "$prefix" "$layout" n1 n2 > "$agent"
 chmod +x "$agent"
 mpi=(--mpirun_arg --mca --mpirun_arg plm_rsh_agent --mpirun_arg "$agent"
      --mpirun_arg --mca --mpirun_arg plm_rsh_no_tree_spawn --mpirun_arg 1

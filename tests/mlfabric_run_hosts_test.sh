@@ -28,17 +28,8 @@ address() { python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts"][sys
 # in the host's network namespace and, as on a machine of its own, with its
 # own host name (a UTS namespace) and temporary directory
 # (testing/netns_enter.sh).
-enter="$root/testing/netns_enter.sh"
 agent="$TEST_TMPDIR/netns-agent"
-{
-  echo '#!/bin/sh'
-  echo 'host="$1"; shift'
-  echo 'case "$host" in'
-  for h in n1 n2 n3; do echo "  $(address $h)) ns=${prefix}$h;;"; done
-  echo '  *) echo "netns-agent: unknown host $host" >&2; exit 1;;'
-  echo 'esac'
-  echo "exec ip netns exec \"\$ns\" unshare --uts \"$enter\" \"\$ns\" \"\$*\""
-} > "$agent"
+"$root/testing/netns_agent.sh" "$prefix" "$layout" n1 n2 n3 > "$agent"
 chmod +x "$agent"
 hostfile="$TEST_TMPDIR/hostfile"
 for h in n1 n2 n3; do echo "$(address $h) slots=2"; done > "$hostfile"
