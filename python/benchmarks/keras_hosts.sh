@@ -9,8 +9,11 @@
 #
 #   bazel build //python:runtime //tools/run:mlfabric-run //testing:mlfabric-netns
 #   python/benchmarks/keras_hosts.sh [--model digits|mobilenetv2] [--pairs 2] \
-#       [--rate_bps 8.9e8] [--straggle 0.10,4] [--env NAME=VALUE]...
+#       [--rate_bps 8.9e8] [--straggle 0.10,4] [--env NAME=VALUE]... [--json FILE]
 #
+# --json FILE also writes the run as its model's entry of FILE, in the
+# structure of docs/results/keras-hosts.json (keras_hosts_json.py), so that
+# `python3 tools/docs/results_tables.py --write` renders its table.
 # --env passes a variable to every rank of the mlfabric runs (for example
 # MLFABRIC_ALLREDUCE_MPI_BELOW=0: every AllReduce through the scheduler).
 # Needs root (network namespaces) and the venv of tools/bootstrap.
@@ -20,18 +23,24 @@ bin="$root/bazel-bin"
 run="$bin/tools/run/mlfabric-run"
 netns="$bin/testing/mlfabric-netns"
 python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
-model=digits pairs=2 rate=8.9e8 straggle=0.10,4
+invocation=("python/benchmarks/keras_hosts.sh")  # the command measured, without --json
+model=digits pairs=2 rate=8.9e8 straggle=0.10,4 json=""
 envs=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --model) model=$2; shift 2;;
-    --pairs) pairs=$2; shift 2;;
-    --rate_bps) rate=$2; shift 2;;
-    --straggle) straggle=$2; shift 2;;
-    --env) envs+=("$2"); shift 2;;
+    --model) model=$2; invocation+=("$1" "$2"); shift 2;;
+    --pairs) pairs=$2; invocation+=("$1" "$2"); shift 2;;
+    --rate_bps) rate=$2; invocation+=("$1" "$2"); shift 2;;
+    --straggle) straggle=$2; invocation+=("$1" "$2"); shift 2;;
+    --env) envs+=("$2"); invocation+=("$1" "$2"); shift 2;;
+    --json) json=$2; shift 2;;
     *) echo "keras_hosts.sh: unknown argument '$1' (see the comment at the top)" >&2; exit 2;;
   esac
 done
+if [[ -n "$json" && ! -d "$(dirname "$json")" ]]; then
+  echo "keras_hosts.sh: --json $json: no directory $(dirname "$json")" >&2
+  exit 2
+fi
 [[ $(id -u) == 0 ]] || { echo "keras_hosts.sh: network namespaces need root" >&2; exit 2; }
 for f in "$run" "$netns"; do
   [[ -x $f ]] || { echo "keras_hosts.sh: $f is not built: bazel build //python:runtime //tools/run:mlfabric-run //testing:mlfabric-netns" >&2; exit 2; }
@@ -46,15 +55,7 @@ address() { python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts"][sys
 
 # mpirun's "ssh": enter the host's namespace with a host name and /tmp of
 # its own (testing/netns_enter.sh says why).
-{
-  echo '#!/bin/sh'
-  echo 'host="$1"; shift'
-  echo 'case "$host" in'
-  for h in n1 n2; do echo "  $(address $h)) ns=${prefix}$h;;"; done
-  echo '  *) echo "netns-agent: unknown host $host" >&2; exit 1;;'
-  echo 'esac'
-  echo "exec ip netns exec \"\$ns\" unshare --uts \"$root/testing/netns_enter.sh\" \"\$ns\" \"\$*\""
-} > "$work/agent"
+"$root/testing/netns_agent.sh" "$prefix" "$layout" n1 n2 > "$work/agent"
 chmod +x "$work/agent"
 for h in n1 n2; do echo "$(address $h) slots=1"; done > "$work/hostfile"
 mpi=()
@@ -77,4 +78,12 @@ for ((p = 1; p <= pairs; ++p)); do
   a=$(steps mpi)
   b=$(steps mlfabric ${envs[@]+"${envs[@]}"})
   python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print('pair %s: mpi %.1f, mlfabric %.1f steps/s: %.2fx' % (sys.argv[3], a, b, b / a))" "$a" "$b" "$p"
+  echo "$a $b" >> "$work/pairs"
 done
+if [[ -n "$json" ]]; then
+  env_args=()
+  for kv in ${envs[@]+"${envs[@]}"}; do env_args+=(--env "$kv"); done
+  python3 "$root/python/benchmarks/keras_hosts_json.py" "$json" --model "$model" \
+    --rate_bps "$rate" --straggle "$straggle" --pairs "$work/pairs" \
+    --command "$(printf '%q ' "${invocation[@]}" | sed 's/ $//')" ${env_args[@]+"${env_args[@]}"}
+fi
