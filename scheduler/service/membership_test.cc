@@ -321,6 +321,26 @@ TEST_CASE("ssp: a slowest worker that leaves no longer holds the others back") {
   CHECK(f.Job().ssp_waiting.empty());
 }
 
+TEST_CASE("A worker that leaves is out of the job's straggler figures") {
+  SyncJob f(MemberLoss::kShrink);
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(f.Push("w1", i) != 0);
+    REQUIRE(f.Push("w2", i) != 0);
+    REQUIRE(f.Push("w3", i) != 0);
+  }
+  const auto listed = [&f](const std::string& worker) {
+    for (const WorkerTiming& w : f.Job().workers) {
+      if (w.worker == worker) return true;
+    }
+    return false;
+  };
+  CHECK(listed("w3"));
+  REQUIRE(f.AppGone("w3").ok());
+  CHECK_FALSE(listed("w3"));
+  CHECK(listed("w1"));
+  CHECK(listed("w2"));
+}
+
 TEST_CASE("A worker that joins while a round is open counts from the next round") {
   SyncJob f(MemberLoss::kShrink);
   const uint64_t a = f.Push("w1", 0);  // round 0 opens: size 3, generation 4

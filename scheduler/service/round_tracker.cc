@@ -338,6 +338,7 @@ void MemberJoined(ClusterState* state, const std::string& job_name, const std::s
       !job->membership.Join(worker, state->NowSeconds(), absl::StrCat("registered on ", host))) {
     return;
   }
+  state->stragglers.Rejoin(job_name, worker);
   MLF_LOG(INFO) << "job " << job_name << ": worker " << worker << " joined on " << host
                 << "; membership generation " << job->membership.generation() << ", "
                 << job->membership.size() << " member(s)";
@@ -347,6 +348,7 @@ void MemberLeft(ClusterState* state, const std::string& job_name, const std::str
                 const std::string& why) {
   JobState* job = state->FindJob(job_name);
   if (job == nullptr || !job->membership.Leave(worker, state->NowSeconds(), why)) return;
+  state->stragglers.Leave(job_name, worker);  // out of the job's median, clock kept
   const uint64_t generation = job->membership.generation();
   MLF_LOG(WARNING) << "job " << job_name << ": worker " << worker << " left (" << why
                    << "); membership generation " << generation << ", "

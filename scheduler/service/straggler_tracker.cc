@@ -49,8 +49,17 @@ void StragglerTracker::OnOutcome(const std::string& job, const std::string& work
   if (submitted_s >= s.last_push_s) s.last_transfer_s = now_s - submitted_s;
 }
 
-void StragglerTracker::Forget(const std::string& job, const std::string& worker) {
-  workers_.erase({job, worker});
+void StragglerTracker::Leave(const std::string& job, const std::string& worker) {
+  auto it = workers_.find({job, worker});
+  if (it != workers_.end()) it->second.left = true;
+}
+
+void StragglerTracker::Rejoin(const std::string& job, const std::string& worker) {
+  auto it = workers_.find({job, worker});
+  if (it == workers_.end() || !it->second.left) return;
+  it->second.left = false;
+  it->second.last_push_s = -1;  // its next push starts a new iteration
+  it->second.last_transfer_s = -1;
 }
 
 std::vector<WorkerTiming> StragglerTracker::Evaluate(const std::string& job) const {
@@ -59,6 +68,7 @@ std::vector<WorkerTiming> StragglerTracker::Evaluate(const std::string& job) con
   for (auto it = workers_.lower_bound({job, ""}); it != workers_.end() && it->first.first == job;
        ++it) {
     const Samples& s = it->second;
+    if (s.left) continue;
     WorkerTiming t;
     t.worker = it->first.second;
     t.iterations = s.iterations;

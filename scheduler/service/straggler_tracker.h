@@ -54,10 +54,15 @@ class StragglerTracker {
   void OnPush(const std::string& job, const std::string& worker, double now_s);
   void OnOutcome(const std::string& job, const std::string& worker, double submitted_s,
                  double now_s);
-  // Forgets a job's worker (it left the job).
-  void Forget(const std::string& job, const std::string& worker);
+  // The worker left the job (elastic training, JobMembership): it is no
+  // longer listed or judged, and its times leave the job's median; its
+  // clock (Iterations) and samples are kept for a rejoin.
+  void Leave(const std::string& job, const std::string& worker);
+  // The worker is a member again: listed and judged as before, and the
+  // time it was away is no iteration of its.
+  void Rejoin(const std::string& job, const std::string& worker);
 
-  // The job's workers, by name, with the straggler flags.
+  // The job's workers that have not left, by name, with the straggler flags.
   std::vector<WorkerTiming> Evaluate(const std::string& job) const;
   bool IsStraggler(const std::string& job, const std::string& worker) const;
   // The worker's clock: pushes submitted so far (0 before its first).
@@ -68,6 +73,7 @@ class StragglerTracker {
     int64_t iterations = 0;
     double last_push_s = -1;
     double last_transfer_s = -1;
+    bool left = false;  // Leave: out of the job until Rejoin
     std::deque<double> iteration_s;
     std::deque<double> transfer_s;
     std::deque<double> compute_s;

@@ -63,8 +63,30 @@ TEST_CASE("the window forgets old samples: a worker that recovers is no longer f
   CHECK(tracker.IsStraggler("job", "c"));
   for (int i = 0; i < 6; ++i) tracker.OnPush("job", "c", 5.0 + 0.1 * (i + 1));  // recovered
   CHECK_FALSE(tracker.IsStraggler("job", "c"));
-  tracker.Forget("job", "c");
+  tracker.Leave("job", "c");
   CHECK(tracker.Evaluate("job").size() == 2);
+}
+
+TEST_CASE("a worker that left is out of the median and unjudged; a rejoin keeps its clock") {
+  StragglerTracker tracker({1.5, 20, 3});
+  Run(&tracker, "a", 0.1, 0.01, 10);
+  Run(&tracker, "b", 0.3, 0.01, 10);
+  Run(&tracker, "c", 0.3, 0.01, 10);
+  // The median is 0.3: a, at a third of it, is no straggler, b and c neither.
+  CHECK_FALSE(tracker.IsStraggler("job", "b"));
+  tracker.Leave("job", "c");
+  // Without c the median of a and b is 0.2, and b (1.5x it) is not above 1.5x.
+  CHECK(tracker.Evaluate("job").size() == 2);
+  CHECK(Find(tracker.Evaluate("job"), "b").slowdown == Approx(1.5));
+  CHECK_FALSE(tracker.IsStraggler("job", "c"));
+  CHECK(tracker.Iterations("job", "c") == 10);  // its clock is kept
+  tracker.Leave("job", "b");
+  CHECK(Find(tracker.Evaluate("job"), "a").slowdown == 0);  // nobody left to compare with
+  tracker.Rejoin("job", "c");
+  // Its first push after the rejoin is no iteration: the time away is not counted.
+  tracker.OnPush("job", "c", 1000.0);
+  CHECK(tracker.Iterations("job", "c") == 11);
+  CHECK(Find(tracker.Evaluate("job"), "c").iteration_s == Approx(0.3));
 }
 
 TEST_CASE("jobs are judged separately") {
