@@ -78,6 +78,7 @@ wait_for "$log" "host $n2 appeared: starting rank 2 (slot 1 of 1; size 3)"
 wait_for "$work/ranks.txt" "start rank=2 size=3 host=$n2 uts=${prefix}n2 socket=/tmp/mlfabric-run-hosts-.*/$n2.sock"
 wait_for "$work/ranks.txt" "host=$n1 uts=${prefix}n1" 2
 dir=$(sed -n "s/.*socket=\(.*\)\/$n2.sock$/\1/p" "$work/ranks.txt" | head -1)
+[[ -n $dir ]] || { echo "FAILED: no run directory in $work/ranks.txt"; exit 1; }
 for r in 0 1; do wait_for "$dir/scheduler.log" "job demo: worker rank$r joined on $n1"; done
 wait_for "$dir/scheduler.log" "job demo: worker rank2 joined on $n2"
 wait_for "$log" "elastic_member rank2: registered on $n2 (size 3)"
@@ -105,6 +106,7 @@ cat "$log"
 [[ $(grep -c "^start " "$work/ranks.txt") == 4 ]]
 grep -q "host $n1: stopped its mlfabricd" "$log"
 [[ ! -e $dir ]] || { echo "FAILED: $dir is left after a job that succeeded"; exit 1; }
-left=$(pgrep -af "mlfabric-run-hosts|$work/rank.sh" | grep -v pgrep || true)
+# This run's processes only (another job's mlfabric-run may be running).
+left=$(pgrep -af "$dir|$work/rank.sh" | grep -v pgrep || true)
 [[ -z $left ]] || { echo "FAILED: left running: $left"; exit 1; }
 echo "mlfabric-run elastic: n2's rank and daemon followed its discovery"
