@@ -43,6 +43,7 @@ v1::SubmitUpdateRequest SubmitRequestFor(const std::string& host, const AppSessi
   *request.mutable_tensors() = push.tensors();
   request.set_dtype(push.dtype());
   request.set_push_uid(push.uid());
+  if (push.has_shape()) *request.mutable_shape() = push.shape();
   return request;
 }
 

@@ -88,13 +88,19 @@ struct Rig {
     if (fd >= 0) ::close(fd);
     return message;
   }
-  // Pushes `bytes` bytes to "ps" (in shared memory unless `fd_less`).
-  void Push(FakeApp& app, uint64_t request_id, int64_t bytes, bool fd_less = false) {
+  // Pushes `bytes` bytes to "ps" (in shared memory unless `fd_less`),
+  // naming the tensor shape `shape` if given.
+  void Push(FakeApp& app, uint64_t request_id, int64_t bytes, bool fd_less = false,
+            const std::optional<std::vector<int64_t>>& shape = std::nullopt) {
     v1::LocalPush push;
     push.set_request_id(request_id);
     push.set_server("ps");
     push.set_bytes(bytes);
     push.set_version(3);
+    if (shape.has_value()) {
+      v1::TensorShape* dims = push.mutable_shape();  // set even when a scalar's []
+      for (int64_t dim : *shape) dims->add_dims(dim);
+    }
     if (fd_less) {
       requests.HandlePush(app.session, push, -1);
       return;
@@ -197,6 +203,23 @@ TEST_CASE("a push is recorded, submitted, and waits for its outcome") {
   CHECK(push->request_id == 1);
   CHECK(push->buffer->size() == 4096);
   CHECK(worker->Quiet());  // its outcome comes from the command stream
+}
+
+TEST_CASE("a push's tensor shape reaches the scheduler; a scalar's differs from none") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  rig.Push(*worker, /*request_id=*/1, 4096, false, std::vector<int64_t>{32, 32});
+  rig.Push(*worker, /*request_id=*/2, 4, false, std::vector<int64_t>{});
+  rig.Push(*worker, /*request_id=*/3, 4);
+  const auto submits = rig.scheduler.submits();
+  REQUIRE(submits.size() == 3);
+  REQUIRE(submits[0].has_shape());
+  CHECK(std::vector<int64_t>(submits[0].shape().dims().begin(), submits[0].shape().dims().end()) ==
+        std::vector<int64_t>{32, 32});
+  CHECK(submits[1].has_shape());
+  CHECK(submits[1].shape().dims_size() == 0);
+  CHECK(!submits[2].has_shape());
 }
 
 TEST_CASE("a push buffer sent again reuses its mapping, per application") {

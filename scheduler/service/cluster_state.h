@@ -78,6 +78,10 @@ struct RoundState {
   int64_t bytes = -1;             // every member's size and type
   v1::DType dtype = v1::DTYPE_FLOAT32;
   std::string failed;  // why the round failed, if it did
+  // The tensor shape of its first admitted push that named one, and that
+  // push's worker: later pushes naming a shape must name the same.
+  std::optional<std::vector<int64_t>> shape;
+  std::string shape_worker;
 };
 
 // A hot-standby replica's view of one server (§5.3).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "scheduler/service/commands.h"
 
@@ -52,28 +53,6 @@ void ForgetOldRounds(ServerState* server) {
   }
 }
 
-// Why `record` cannot join a synchronous round that sums `round_state`'s
-// shape and type ("" when it can).
-std::string RoundMismatch(const RoundState& round_state, const UpdateRecord& record,
-                          int64_t round) {
-  const uint64_t id = record.transfer_id;
-  std::string mismatch;
-  if (record.dtype == v1::DTYPE_OPAQUE) {
-    mismatch = absl::StrCat("a synchronous round sums its pushes: push ", id, " from '",
-                            record.worker,
-                            "' is opaque bytes; push floats or integers");
-  } else if (round_state.bytes >= 0 &&
-             (round_state.bytes != record.bytes || round_state.dtype != record.dtype)) {
-    // "mismatch:" lets AllReduce tell callers the inputs differ across ranks.
-    mismatch = absl::StrCat(
-        "mismatch: push ", id, " from '", record.worker, "' has ", record.bytes, " bytes of ",
-        DTypeName(record.dtype), " but round ", round, " sums ", round_state.bytes,
-        " bytes of ", DTypeName(round_state.dtype),
-        " (every rank must pass the same shape and type)");
-  }
-  return mismatch;
-}
-
 // Why `record`'s worker may not contribute to a round opened at membership
 // generation `round_state.generation` ("" when it may): the contributors of
 // a member-sized round are the members of that generation (a worker that
@@ -103,7 +82,36 @@ std::string NotOfGeneration(const JobState& job, const ServerState& server,
                       "'s sum and push round ", round + 1);
 }
 
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
 }  // namespace
+
+std::string RoundMismatch(const RoundState& round_state, const UpdateRecord& record,
+                          int64_t round) {
+  const uint64_t id = record.transfer_id;
+  if (record.dtype == v1::DTYPE_OPAQUE) {
+    return absl::StrCat("a synchronous round sums its pushes: push ", id, " from '",
+                        record.worker, "' is opaque bytes; push floats or integers");
+  }
+  // "mismatch:" lets AllReduce tell callers the inputs differ across ranks.
+  if (round_state.bytes >= 0 &&
+      (round_state.bytes != record.bytes || round_state.dtype != record.dtype)) {
+    return absl::StrCat("mismatch: push ", id, " from '", record.worker, "' has ", record.bytes,
+                        " bytes of ", DTypeName(record.dtype), " but round ", round, " sums ",
+                        round_state.bytes, " bytes of ", DTypeName(round_state.dtype),
+                        " (every rank must pass the same shape and type)");
+  }
+  if (round_state.shape.has_value() && record.shape.has_value() &&
+      *round_state.shape != *record.shape) {
+    return absl::StrCat("mismatch: push ", id, " from '", record.worker, "' has shape ",
+                        ShapeText(*record.shape), " but round ", round, " sums shape ",
+                        ShapeText(*round_state.shape), " from '", round_state.shape_worker,
+                        "' (every rank must pass the same shape and type)");
+  }
+  return "";
+}
 
 void OpenRound(const JobState& job, ServerState* server, int64_t round) {
   const int32_t size = RoundSize(job, *server);
@@ -183,6 +191,10 @@ bool AdmitToRound(ClusterState* state, ServerState* server, int32_t round_size,
   }
   round_state.bytes = record->bytes;
   round_state.dtype = record->dtype;
+  if (!round_state.shape.has_value() && record->shape.has_value()) {
+    round_state.shape = record->shape;
+    round_state.shape_worker = record->worker;
+  }
   round_state.workers.insert(record->worker);
   if (server->round_size > 0) server->ranks.insert(record->worker);
   record->round_member = true;

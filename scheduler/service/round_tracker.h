@@ -79,6 +79,20 @@ void MembersOnHostLeft(ClusterState* state, const std::string& host, const std::
 // "float32", ... for error messages.
 const char* DTypeName(v1::DType dtype);
 
+// The most dimensions a push's shape may name (SubmitUpdate refuses more).
+constexpr int kMaxShapeDims = 64;
+
+// Why `record` cannot join synchronous round `round`, which sums
+// `round_state`'s bytes, type and shape ("" when it can): opaque bytes are
+// never summed; a record whose bytes or dtype differ from the round's
+// first push, or that names a shape other than the one the round's first
+// push naming a shape named, fails with "mismatch: ..." naming both sides
+// (AllReduce's callers get FailedPrecondition with it). A record, or a
+// round, without a shape agrees with any shape, as a rank that names none
+// under MPI's agreement (api/call_agreement.h). Pure.
+std::string RoundMismatch(const RoundState& round_state, const UpdateRecord& record,
+                          int64_t round);
+
 }  // namespace mlfabric
 
 #endif  // MLFABRIC_SCHEDULER_SERVICE_ROUND_TRACKER_H_

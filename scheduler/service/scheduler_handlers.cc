@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "scheduler/core/distribution.h"
 #include "scheduler/core/network.h"
 #include "common/logging.h"
@@ -137,6 +138,18 @@ absl::Status CheckPushFields(const v1::SubmitUpdateRequest& request, int64_t max
   }
   if (!std::isfinite(request.norm()) || request.norm() < 0) {
     return absl::InvalidArgumentError("norm: must be finite and >= 0");
+  }
+  if (request.has_shape()) {
+    if (request.shape().dims_size() > kMaxShapeDims) {
+      return absl::InvalidArgumentError(absl::StrCat("shape: ", request.shape().dims_size(),
+                                                     " dimensions, more than ", kMaxShapeDims));
+    }
+    for (int64_t dim : request.shape().dims()) {
+      if (dim < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shape: [", absl::StrJoin(request.shape().dims(), ", "), "] has a negative dimension"));
+      }
+    }
   }
   if (request.tensors_size() > 0) {
     uint64_t total = 0;
@@ -515,6 +528,9 @@ void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
   record.dtype = request.dtype();
   record.submitted_s = clock_->NowSeconds();
   record.push_uid = request.push_uid();
+  if (request.has_shape()) {
+    record.shape.emplace(request.shape().dims().begin(), request.shape().dims().end());
+  }
   state_.outcomes().RememberUid(record.push_uid, record.transfer_id, record.job, record.worker);
   state_.stragglers.OnPush(record.job, record.worker, record.submitted_s);
   if (job->config.mode == JobMode::kSsp) clocks_cv_.notify_all();

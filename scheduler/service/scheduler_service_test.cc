@@ -7,7 +7,9 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "scheduler/core/fifo_planner.h"
 
@@ -791,6 +793,79 @@ TEST_CASE("A member of a failed round hears why, even after later rounds failed 
     ++told;
   }
   CHECK(told == 2);
+}
+
+TEST_CASE("tensor shapes: a round's pushes of equal bytes in different shapes all fail") {
+  SchedulerConfig config = DemoJob();
+  config.batch_interval_ms = 3600e3;
+  FakeClock clock{10.0};
+  SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
+  Handlers rpc{&service};
+  grpc::ServerContext context;
+  for (const char* name : {"s1", "w1", "w2", "w3"}) {
+    v1::RegisterHostRequest request;
+    request.set_protocol_version(1);
+    request.set_host(name);
+    request.set_data_address("127.0.0.1:1");
+    v1::RegisterHostReply reply;
+    REQUIRE(rpc.RegisterHost(&context, &request, &reply).ok());
+  }
+  v1::RegisterEntityRequest server;
+  server.set_job("demo");
+  server.set_job_token("demo-token");
+  server.set_role(v1::ROLE_SERVER);
+  server.set_name("root");
+  server.set_host("s1");
+  server.set_round_size(3);
+  v1::RegisterEntityReply registered;
+  REQUIRE(rpc.RegisterEntity(&context, &server, &registered).ok());
+  // A push of 12 float32 naming `dims` (none when nullopt).
+  auto push = [&](const std::string& worker, int64_t round,
+                  std::optional<std::vector<int64_t>> dims) -> absl::StatusOr<uint64_t> {
+    v1::SubmitUpdateRequest request;
+    request.set_job("demo");
+    request.set_src_host(worker);
+    request.set_worker(worker);
+    request.set_server("root");
+    request.set_bytes(48);
+    request.set_version(round);
+    request.set_dtype(v1::DTYPE_FLOAT32);
+    if (dims.has_value()) {
+      v1::TensorShape* shape = request.mutable_shape();
+      for (int64_t d : *dims) shape->add_dims(d);
+    }
+    v1::SubmitUpdateReply reply;
+    grpc::Status status = rpc.SubmitUpdate(&context, &request, &reply);
+    if (!status.ok()) return absl::InvalidArgumentError(status.error_message());
+    return reply.transfer_id();
+  };
+  auto reason_of = [&](uint64_t id) -> std::string {
+    for (const DropView& d : service.Snapshot().recent_drops) {
+      if (d.transfer_id == id) return d.outcome + ": " + d.reason;
+    }
+    return "";
+  };
+  // w3 names no shape (it agrees with any); w2's differs from w1's.
+  auto none = push("w3", 0, std::nullopt);
+  auto first = push("w1", 0, std::vector<int64_t>{2, 6});
+  auto odd = push("w2", 0, std::vector<int64_t>{12});
+  REQUIRE(none.ok());
+  REQUIRE(first.ok());
+  REQUIRE(odd.ok());
+  service.RunBatchCycle();
+  for (uint64_t id : {*none, *first, *odd}) {
+    const std::string reason = reason_of(id);
+    INFO(id << ": " << reason);
+    CHECK(reason.rfind("failed: ", 0) == 0);
+    CHECK(reason.find("mismatch: push " + std::to_string(*odd) +
+                      " from 'w2' has shape [12] but round 0 sums shape [2, 6] from 'w1'") !=
+          std::string::npos);
+  }
+  // A shape with a negative dimension is refused at submission, naming it.
+  auto negative = push("w1", 1, std::vector<int64_t>{3, -4});
+  CHECK(!negative.ok());
+  CHECK(std::string(negative.status().message()).find("shape: [3, -4] has a negative dimension") !=
+        std::string::npos);
 }
 
 }  // namespace

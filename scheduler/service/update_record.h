@@ -13,7 +13,9 @@
 #define MLFABRIC_SCHEDULER_SERVICE_UPDATE_RECORD_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "proto/scheduler.pb.h"
 #include "scheduler/service/snapshot.h"
@@ -55,6 +57,9 @@ struct UpdateRecord {
   // over already, it is applied instead.
   std::string cancel_pending;
   double cancel_deadline_s = 0;
+  // The tensor shape the push named (SubmitUpdateRequest.shape), if any: a
+  // synchronous round compares it (round_tracker.h).
+  std::optional<std::vector<int64_t>> shape;
 };
 
 }  // namespace mlfabric
