@@ -120,6 +120,12 @@ absl::Status AllReducer::AllReduce(void* data, size_t count, DataType dtype, Red
 absl::Status AllReducer::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
                                    const CallOptions& call) {
   if (!call.shape.has_value()) return AllReduce(data, count, dtype, op);
+  if (call.shape->size() > static_cast<size_t>(CallOptions::kMaxDims)) {
+    return RefuseCollective(
+        "AllReduce", absl::InvalidArgumentError(absl::StrCat(
+                         "AllReduce: shape has ", call.shape->size(),
+                         " dimensions, more than the ", CallOptions::kMaxDims, " allowed")));
+  }
   int64_t product = 1;
   for (int64_t dim : *call.shape) {
     if (dim < 0) {
@@ -686,6 +692,20 @@ class MlfabricAllReducer : public SumsAllReducer {
  protected:
   int backups() const override { return backup_workers_; }
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    return SumRound(data, count, dtype, op, std::nullopt);
+  }
+  absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
+                            const std::vector<int64_t>& shape) override {
+    return SumRound(data, count, dtype, op, shape);
+  }
+
+ public:
+  // One round: pushes `count` elements to the root, naming `shape` (the
+  // whole tensor's, for a piece or a host's sum; the root's scheduler fails
+  // the round for every rank when two pushes name different shapes) and
+  // gets the sum. `dtype` and `op` are valid (AllReduce checked them).
+  absl::Status SumRound(void* data, size_t count, DataType dtype, ReduceOp op,
+                        const std::optional<std::vector<int64_t>>& shape) {
     const size_t bytes = count * DataTypeSize(dtype);
     if (bytes == 0) return absl::OkStatus();  // nothing to sum, no round used
     if (op != ReduceOp::kSum) {
@@ -698,7 +718,7 @@ class MlfabricAllReducer : public SumsAllReducer {
     version_ = round + 1;
     const RoundTimer timer(this);
     auto pushed = worker_->Push(root_, data, bytes, round, 0.0, {TensorSpec{0, bytes, 0}},
-                                ToElementType(dtype));
+                                ToElementType(dtype), shape);
     // The get streams the sum back as its packets complete at the root.
     absl::StatusOr<Model> sum = worker_->Get(root_);
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
@@ -853,22 +873,38 @@ class HierarchicalAllReducer : public SumsAllReducer {
   // Any op on one host (in shared memory); across hosts the leaders'
   // rounds refuse all but sum (RoundsOnlySum), after the host's part.
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    return HostThenHosts(data, count, dtype, op, nullptr);
+  }
+  absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
+                            const std::vector<int64_t>& shape) override {
+    return HostThenHosts(data, count, dtype, op, &shape);
+  }
+
+ private:
+  // The host's members agree (shapes too, when named) and reduce in shared
+  // memory; the leader's round across hosts carries the shape they agreed.
+  absl::Status HostThenHosts(void* data, size_t count, DataType dtype, ReduceOp op,
+                             const std::vector<int64_t>* shape) {
     if (count == 0) return absl::OkStatus();  // as the flat path: no round used
     if (hosts_ == 1) {
-      return group_->AllReduce(data, count, ToElementType(dtype), nullptr, timeout_s_, PoolOp(op));
+      return group_->AllReduce(data, count, ToElementType(dtype), nullptr, timeout_s_, PoolOp(op),
+                               shape);
     }
     LocalReduceGroup::CrossHost cross;
-    cross.reduce = [this, dtype, op](void* sum, size_t n, ElementType) -> absl::Status {
+    cross.reduce = [this, dtype, op](void* sum, size_t n, ElementType,
+                                     const std::vector<int64_t>* agreed) -> absl::Status {
       if (across_hosts_ == nullptr) return absl::InternalError("not this host's leader");
-      return across_hosts_->AllReduce(sum, n, dtype, op);
+      std::optional<std::vector<int64_t>> host_shape;
+      if (agreed != nullptr) host_shape = *agreed;
+      return across_hosts_->SumRound(sum, n, dtype, op, host_shape);
     };
     cross.spoil = [this] {
       if (across_hosts_ != nullptr) across_hosts_->SpoilRound();
     };
-    return group_->AllReduce(data, count, ToElementType(dtype), &cross, timeout_s_, PoolOp(op));
+    return group_->AllReduce(data, count, ToElementType(dtype), &cross, timeout_s_, PoolOp(op),
+                             shape);
   }
 
- private:
   const double timeout_s_;
   const int hosts_;
   std::unique_ptr<LocalReduceGroup> group_;
@@ -911,6 +947,17 @@ class PiecesAllReducer : public SumsAllReducer {
  protected:
   int backups() const override { return pieces_[0]->backup_workers(); }
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    return SumPieces(data, count, dtype, op, std::nullopt);
+  }
+  absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
+                            const std::vector<int64_t>& shape) override {
+    return SumPieces(data, count, dtype, op, shape);
+  }
+
+ private:
+  // Every piece's round names the whole tensor's shape.
+  absl::Status SumPieces(void* data, size_t count, DataType dtype, ReduceOp op,
+                         const std::optional<std::vector<int64_t>>& shape) {
     const size_t element = DataTypeSize(dtype);
     if (count == 0) return absl::OkStatus();  // as the flat path: no round used
     if (op != ReduceOp::kSum) {
@@ -926,11 +973,11 @@ class PiecesAllReducer : public SumsAllReducer {
       const size_t begin = count * k / n, end = count * (k + 1) / n;
       if (begin == end) {
         int64_t pad = 0;
-        status[k] = pieces_[k]->AllReduce(&pad, 1, pad_type);
+        status[k] = pieces_[k]->SumRound(&pad, 1, pad_type, ReduceOp::kSum, shape);
         return;
       }
-      status[k] = pieces_[k]->AllReduce(static_cast<uint8_t*>(data) + begin * element,
-                                        end - begin, dtype);
+      status[k] = pieces_[k]->SumRound(static_cast<uint8_t*>(data) + begin * element,
+                                       end - begin, dtype, ReduceOp::kSum, shape);
     };
     std::vector<std::thread> threads;
     threads.reserve(n - 1);
@@ -957,7 +1004,6 @@ class PiecesAllReducer : public SumsAllReducer {
                         absl::StrCat(first->message(), " (piece ", k + 1, " of ", n, ")"));
   }
 
- private:
   std::vector<std::unique_ptr<MlfabricAllReducer>> pieces_;
   int64_t left_out_ = 0;
 };

@@ -202,6 +202,8 @@ struct CallOptions {
   // own rounds (launched without mpirun, or with backup workers) and nccl
   // agree on length and dtype only. Unset: only the count is agreed.
   std::optional<std::vector<int64_t>> shape;
+  // The most dimensions `shape` may have (more: InvalidArgument).
+  static constexpr int kMaxDims = 64;
 };
 
 // The rank the launcher (mlfabric-run / mpirun) gave this process.

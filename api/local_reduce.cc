@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "aggregator/packet_pool.h"
 
 namespace mlfabric::internal {
@@ -147,6 +148,10 @@ struct MemberInfo {
   uint64_t count[2];
   int32_t type[2];
   int32_t op[2];  // aggregator::ReduceOp
+  // The tensor shape the call named: its number of dimensions (-1: none)
+  // and the first kMaxShapeDims of them.
+  int32_t dims[2];
+  int64_t shape[2][LocalReduceGroup::kMaxShapeDims];
 };
 
 struct LocalReduceGroup::Header {
@@ -313,7 +318,8 @@ absl::Status LocalReduceGroup::Barrier(double timeout_s) {
 
 absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType type,
                                          const CrossHost* cross, double timeout_s,
-                                         aggregator::ReduceOp op) {
+                                         aggregator::ReduceOp op,
+                                         const std::vector<int64_t>* shape) {
   Header* h = header_;
   if (h->broken.load(std::memory_order_acquire) != 0) return BrokenStatus();
   const std::optional<aggregator::DType> sum_type = PoolType(type);
@@ -326,6 +332,12 @@ absl::Status LocalReduceGroup::AllReduce(void* data, size_t count, ElementType t
   me.count[parity] = count;
   me.type[parity] = static_cast<int32_t>(type);
   me.op[parity] = static_cast<int32_t>(op);
+  me.dims[parity] = shape != nullptr ? static_cast<int32_t>(shape->size()) : -1;
+  if (shape != nullptr) {
+    const size_t kept = std::min<size_t>(shape->size(), kMaxShapeDims);
+    std::copy(shape->begin(), shape->begin() + static_cast<std::ptrdiff_t>(kept),
+              me.shape[parity]);
+  }
   auto* bytes = static_cast<uint8_t*>(data);
   const size_t chunk_elements = slot_bytes_ / element;
   const size_t chunks = std::max<size_t>(1, (count + chunk_elements - 1) / chunk_elements);
@@ -384,6 +396,45 @@ absl::Status LocalReduceGroup::CheckSameInputs(int parity, const CrossHost* cros
           op_name(b.op[parity]), ")"));
     }
   }
+  absl::Status shapes = AgreedShape(parity, &agreed_shape_);
+  if (!shapes.ok() && cross != nullptr && leader && cross->spoil) cross->spoil();
+  return shapes;
+}
+
+absl::Status LocalReduceGroup::AgreedShape(int parity,
+                                           std::optional<std::vector<int64_t>>* agreed) const {
+  const Header* h = header_;
+  agreed->reset();
+  int first = -1;  // the first member that named a shape
+  const auto text = [&](int j) {
+    const MemberInfo& m = h->member[j];
+    const int kept = std::min<int>(m.dims[parity], kMaxShapeDims);
+    std::string out = absl::StrCat(
+        "[", absl::StrJoin(m.shape[parity], m.shape[parity] + kept, ", "));
+    if (m.dims[parity] > kept) absl::StrAppend(&out, ", ...");
+    return out + "]";
+  };
+  for (int j = 0; j < members_; ++j) {
+    const MemberInfo& b = h->member[j];
+    if (b.dims[parity] < 0) continue;
+    if (first < 0) {
+      first = j;
+      continue;
+    }
+    const MemberInfo& a = h->member[first];
+    const int kept = std::min<int>(a.dims[parity], kMaxShapeDims);
+    if (a.dims[parity] != b.dims[parity] ||
+        !std::equal(a.shape[parity], a.shape[parity] + kept, b.shape[parity])) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Mismatched AllReduce tensor shapes: rank ", a.rank, " passed shape ", text(first),
+          " while rank ", b.rank, " passed shape ", text(j), " (ranks on one host)"));
+    }
+  }
+  if (first >= 0) {
+    const MemberInfo& a = h->member[first];
+    const int kept = std::min<int>(a.dims[parity], kMaxShapeDims);
+    agreed->emplace(a.shape[parity], a.shape[parity] + kept);
+  }
   return absl::OkStatus();
 }
 
@@ -399,7 +450,9 @@ absl::Status LocalReduceGroup::CrossHostReduce(void* data, size_t count, Element
   // through the result slot.
   if (leader) {
     const absl::Status status =
-        cross.reduce ? cross.reduce(data, count, type) : absl::InternalError("no cross-host step");
+        cross.reduce ? cross.reduce(data, count, type,
+                                    agreed_shape_.has_value() ? &*agreed_shape_ : nullptr)
+                     : absl::InternalError("no cross-host step");
     h->cross_code = static_cast<int32_t>(status.code());
     std::snprintf(h->cross_message, sizeof(h->cross_message), "%s",
                   std::string(status.message()).c_str());

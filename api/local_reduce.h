@@ -28,7 +28,9 @@
 // stays broken (later calls fail at once with the same reason). Calls whose
 // element count, dtype or reduce op differ across members fail on every
 // member with FailedPrecondition naming both ranks and values, and the
-// group goes on.
+// group goes on; so do calls whose named tensor shapes differ (a member
+// that names none agrees with any), with Horovod's "Mismatched AllReduce
+// tensor shapes" naming both ranks and shapes.
 //
 // Thread safety: one call at a time per member (as AllReducer).
 #ifndef MLFABRIC_API_LOCAL_REDUCE_H_
@@ -40,7 +42,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -68,11 +72,18 @@ class LocalReduceGroup {
   LocalReduceGroup(const LocalReduceGroup&) = delete;
   LocalReduceGroup& operator=(const LocalReduceGroup&) = delete;
 
+  // The most dimensions a call's shape may name.
+  static constexpr int kMaxShapeDims = 64;
+
   // The leader's steps across hosts.
   struct CrossHost {
     // Between the host's sum and the result: in place, `count` elements
-    // (the host's sum in, every host's out).
-    std::function<absl::Status(void* data, size_t count, ElementType type)> reduce;
+    // (the host's sum in, every host's out). `shape`: the tensor shape the
+    // host's members agreed on (the first one named), nullptr when none
+    // named one; the other hosts' rounds compare it.
+    std::function<absl::Status(void* data, size_t count, ElementType type,
+                               const std::vector<int64_t>* shape)>
+        reduce;
     // Instead of `reduce` when this host's ranks passed differing shapes:
     // takes part in the other hosts' round so that it fails for them too
     // (they must not sum a round this host left).
@@ -83,11 +94,15 @@ class LocalReduceGroup {
   // by default) over the group (and over the other hosts when `cross` is
   // not null; only the leader's is called, the others must pass one too so
   // that all take the same steps). `type` is a float or integer type
-  // (kOpaque cannot be reduced). A member not at the barrier within `timeout_s` breaks the
-  // group; while the leader's `cross` runs, the others wait up to
-  // 1.5 * timeout_s + 10 s (it has `timeout_s` of its own).
+  // (kOpaque cannot be reduced). `shape`: the tensor's dimensions when the
+  // caller named them (dimensions after the first kMaxShapeDims are not
+  // compared; AllReducer refuses such shapes), nullptr when not. A member not at the barrier
+  // within `timeout_s` breaks the group; while the leader's `cross` runs,
+  // the others wait up to 1.5 * timeout_s + 10 s (it has `timeout_s` of
+  // its own).
   absl::Status AllReduce(void* data, size_t count, ElementType type, const CrossHost* cross,
-                         double timeout_s, aggregator::ReduceOp op = aggregator::ReduceOp::kSum);
+                         double timeout_s, aggregator::ReduceOp op = aggregator::ReduceOp::kSum,
+                         const std::vector<int64_t>* shape = nullptr);
 
   int index() const { return index_; }
   int members() const { return members_; }
@@ -106,7 +121,12 @@ class LocalReduceGroup {
   uint8_t* Slot(int i) const;
   // AllReduce: every member's call has the same count, type and op as the
   // leader's (call parity `parity`); else the leader spoils `cross`'s round.
+  // Also their named shapes, the first one named kept in agreed_shape_.
   absl::Status CheckSameInputs(int parity, const CrossHost* cross);
+  // The shapes the members named for call parity `parity`: the first one
+  // named (by member index) into *agreed, or FailedPrecondition naming two
+  // members whose shapes differ.
+  absl::Status AgreedShape(int parity, std::optional<std::vector<int64_t>>* agreed) const;
   // AllReduce across hosts, once the host's sum is in the leader's `data`
   // (`chunks` of `chunk_elements` elements of `element` bytes).
   absl::Status CrossHostReduce(void* data, size_t count, ElementType type, const CrossHost& cross,
@@ -120,6 +140,8 @@ class LocalReduceGroup {
   const size_t slot_bytes_;
   Header* const header_;
   uint64_t calls_ = 0;  // AllReduce calls so far (the same on every member)
+  // The current call's shape as its members agreed (CheckSameInputs).
+  std::optional<std::vector<int64_t>> agreed_shape_;
 };
 
 }  // namespace mlfabric::internal

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -206,7 +207,7 @@ TEST_CASE("The leader's cross-host step reaches every member, and so does its er
     LocalReduceGroup& g = **group;
     // "Another host" holding twice this host's sum: the result is 3x.
     LocalReduceGroup::CrossHost triple;
-    triple.reduce = [](void* data, size_t count, ElementType type) {
+    triple.reduce = [](void* data, size_t count, ElementType type, const std::vector<int64_t>*) {
       if (type != ElementType::kInt64) return absl::InternalError("type");
       auto* v = static_cast<int64_t*>(data);
       for (size_t e = 0; e < count; ++e) v[e] *= 3;
@@ -220,7 +221,7 @@ TEST_CASE("The leader's cross-host step reaches every member, and so does its er
       if (v[e] != 3 * (3 * static_cast<int64_t>(e) + 3)) return Fail(i, "wrong cross-host sum");
     }
     LocalReduceGroup::CrossHost refuse;
-    refuse.reduce = [](void*, size_t, ElementType) {
+    refuse.reduce = [](void*, size_t, ElementType, const std::vector<int64_t>*) {
       return absl::UnavailableError("AllReduce round 7: the root is gone");
     };
     s = g.AllReduce(v.data(), v.size(), ElementType::kInt64, &refuse, 30);
@@ -285,7 +286,7 @@ TEST_CASE("Shapes that differ fail on every member, naming both, and the group g
     // reducing: a shape left out there would desynchronise the rounds.
     bool spoiled = false, reduced = false;
     LocalReduceGroup::CrossHost cross;
-    cross.reduce = [&](void*, size_t, ElementType) {
+    cross.reduce = [&](void*, size_t, ElementType, const std::vector<int64_t>*) {
       reduced = true;
       return absl::OkStatus();
     };
@@ -301,6 +302,52 @@ TEST_CASE("Shapes that differ fail on every member, naming both, and the group g
     return CheckSum<float>(**group, ElementType::kFloat32, 1, 10, 10);
   });
   CHECK(codes == std::vector<int>({0, 0}));
+}
+
+TEST_CASE("Tensor shapes: equal ones reach the cross-host step, differing ones fail all") {
+  const std::string name = UniqueName();
+  const std::vector<int> codes = RunMembers(3, [&](int i) {
+    auto group = JoinAs(name, i, 3);
+    if (!group.ok()) return Fail(i, std::string(group.status().message()));
+    std::vector<float> v(12, 1.0f);
+    std::optional<std::vector<int64_t>> crossed;  // the shape the leader's step was given
+    bool spoiled = false;
+    LocalReduceGroup::CrossHost cross;
+    cross.reduce = [&](void*, size_t, ElementType, const std::vector<int64_t>* shape) {
+      crossed.reset();
+      if (shape != nullptr) crossed = *shape;
+      return absl::OkStatus();
+    };
+    cross.spoil = [&] { spoiled = true; };
+    // Member 0 names none, which agrees with any: the host's shape is [2, 6].
+    const std::vector<int64_t> two_six{2, 6}, twelve{12};
+    absl::Status s = (*group)->AllReduce(v.data(), v.size(), ElementType::kFloat32, &cross, 30,
+                                         aggregator::ReduceOp::kSum, i == 0 ? nullptr : &two_six);
+    if (!s.ok()) return Fail(i, "equal shapes: " + s.ToString());
+    if (i == 0 && crossed != two_six) return Fail(i, "the host's shape did not reach the leader");
+    // Member 2 names [12]: every member fails naming both, the leader spoils.
+    s = (*group)->AllReduce(v.data(), v.size(), ElementType::kFloat32, &cross, 30,
+                            aggregator::ReduceOp::kSum, i == 2 ? &twelve : &two_six);
+    if (spoiled != (i == 0)) return Fail(i, "the leader must spoil the other hosts' round");
+    if (s.code() != absl::StatusCode::kFailedPrecondition ||
+        std::string(s.message()).find("Mismatched AllReduce tensor shapes: rank 10 passed shape "
+                                      "[2, 6] while rank 12 passed shape [12]") ==
+            std::string::npos) {
+      return Fail(i, "shape mismatch not reported: " + s.ToString());
+    }
+    // A scalar's [] differs from [1].
+    const std::vector<int64_t> scalar{}, one{1};
+    float x = 1.0f;
+    s = (*group)->AllReduce(&x, 1, ElementType::kFloat32, nullptr, 30, aggregator::ReduceOp::kSum,
+                            i == 1 ? &one : &scalar);
+    if (s.code() != absl::StatusCode::kFailedPrecondition ||
+        std::string(s.message()).find("passed shape [] while rank 11 passed shape [1]") ==
+            std::string::npos) {
+      return Fail(i, "[] against [1] not reported: " + s.ToString());
+    }
+    return CheckSum<float>(**group, ElementType::kFloat32, 1, 12, 10);
+  });
+  CHECK(codes == std::vector<int>({0, 0, 0}));
 }
 
 TEST_CASE("A member that exits breaks the group: the others' calls fail naming it") {

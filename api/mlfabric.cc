@@ -406,7 +406,8 @@ void Worker::GetDone(const v1::LocalGetDone& done, int fd,
 
 void Worker::PushAsync(const std::string& server, const void* data, size_t bytes,
                        int64_t version, double norm, std::function<void(PushResult)> done,
-                       const std::vector<TensorSpec>& tensors, ElementType type) {
+                       const std::vector<TensorSpec>& tensors, ElementType type,
+                       const std::optional<std::vector<int64_t>>& shape) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].priority < 0 && tensors[i].priority != TensorSpec::kLayerOrder) {
       done(Failed(absl::StrCat("tensor ", tensors[i].id, " (index ", i, "): priority ",
@@ -434,6 +435,10 @@ void Worker::PushAsync(const std::string& server, const void* data, size_t bytes
   push->set_norm(norm);
   // ElementType mirrors v1::DType value for value.
   push->set_dtype(static_cast<v1::DType>(static_cast<int32_t>(type)));
+  if (shape.has_value()) {
+    v1::TensorShape* dims = push->mutable_shape();  // set even for a scalar's []
+    for (int64_t dim : *shape) dims->add_dims(dim);
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorSpec& tensor = tensors[i];
     v1::TensorInfo* info = push->add_tensors();
@@ -470,12 +475,14 @@ void Worker::PushAsync(const std::string& server, const void* data, size_t bytes
 
 std::future<PushResult> Worker::Push(const std::string& server, const void* data, size_t bytes,
                                      int64_t version, double norm,
-                                     const std::vector<TensorSpec>& tensors, ElementType type) {
+                                     const std::vector<TensorSpec>& tensors, ElementType type,
+                                     const std::optional<std::vector<int64_t>>& shape) {
   auto promise = std::make_shared<std::promise<PushResult>>();
   std::future<PushResult> future = promise->get_future();
   PushAsync(
       server, data, bytes, version, norm,
-      [promise](PushResult result) { promise->set_value(std::move(result)); }, tensors, type);
+      [promise](PushResult result) { promise->set_value(std::move(result)); }, tensors, type,
+      shape);
   return future;
 }
 

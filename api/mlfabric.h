@@ -33,6 +33,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -173,17 +174,24 @@ class Worker {
 
   // Pushes `bytes` bytes (copied once, into shared memory) computed from
   // model version `version`, with the update's L2 norm (used for replica
-  // divergence bounds).
+  // divergence bounds). `shape`, when given, is the dimensions of the
+  // tensor the bytes hold ({} is a scalar; a piece of a larger tensor names
+  // the whole tensor's): a synchronous-round server's round then also
+  // requires every push naming a shape to name the same one, and fails for
+  // every member ("mismatch: ... has shape [..] but round R sums shape
+  // [..]") when two differ. No shape agrees with any.
   std::future<PushResult> Push(const std::string& server, const void* data, size_t bytes,
                                int64_t version, double norm,
                                const std::vector<TensorSpec>& tensors = {},
-                               ElementType type = ElementType::kFloat32);
+                               ElementType type = ElementType::kFloat32,
+                               const std::optional<std::vector<int64_t>>& shape = std::nullopt);
   // As Push, but calls `done` with the result (on the worker's reader
   // thread) instead of returning a future.
   void PushAsync(const std::string& server, const void* data, size_t bytes, int64_t version,
                  double norm, std::function<void(PushResult)> done,
                  const std::vector<TensorSpec>& tensors = {},
-                 ElementType type = ElementType::kFloat32);
+                 ElementType type = ElementType::kFloat32,
+                 const std::optional<std::vector<int64_t>>& shape = std::nullopt);
 
   // The server's current model (blocks). `priority` orders the reply's
   // packets in the server daemon's queue among this job's traffic (lower
