@@ -320,6 +320,53 @@ void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer, bool any_op = true) 
          status.ToString().c_str());
 }
 
+// Tensor shapes in the mlfabric backend's own rounds (no MPI agreement):
+// equal lengths in different shapes fail every rank with FailedPrecondition
+// naming both shapes -- found by the root's scheduler, or by the shared
+// memory of ranks on one host. The lower half of the ranks passes [2, 6],
+// the upper half [12], so that ranks sharing a host (consecutive ranks)
+// agree and their leaders' rounds differ at the root; then only the last
+// rank differs, which its host's ranks (or the root) find. Equal shapes,
+// and a rank naming none among them, sum exactly; the rounds go on.
+void CheckShapesWithoutMpi(mlfabric::AllReducer& reducer, const char* what) {
+  using namespace mlfabric;
+  const int size = reducer.size();
+  std::vector<float> t(12, 1.0f);
+  CallOptions call;
+  call.shape = g_rank >= size / 2 ? std::vector<int64_t>{12} : std::vector<int64_t>{2, 6};
+  absl::Status status =
+      reducer.AllReduce(t.data(), t.size(), DataType::kFloat32, ReduceOp::kSum, call);
+  const auto names_both = [](const absl::Status& s) {
+    const std::string m(s.message());
+    return absl::IsFailedPrecondition(s) && m.find("[2, 6]") != std::string::npos &&
+           m.find("[12]") != std::string::npos &&
+           (m.find("differ across ranks") != std::string::npos ||
+            m.find("Mismatched AllReduce tensor shapes") != std::string::npos);
+  };
+  EXPECT(names_both(status), "%s: [2, 6] against [12] without MPI: %s", what,
+         status.ToString().c_str());
+  call.shape = g_rank == size - 1 ? std::vector<int64_t>{12} : std::vector<int64_t>{2, 6};
+  status = reducer.AllReduce(t.data(), t.size(), DataType::kFloat32, ReduceOp::kSum, call);
+  EXPECT((absl::IsFailedPrecondition(status) &&
+          status.message().find("differ across ranks") != absl::string_view::npos) ||
+             names_both(status),
+         "%s: the last rank's [12] against [2, 6] without MPI: %s", what,
+         status.ToString().c_str());
+  // Equal shapes sum exactly; rank 1 names none, which agrees with any.
+  call.shape = std::vector<int64_t>{2, 6};
+  std::vector<float> v(12);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i * (g_rank + 1));
+  status = g_rank == 1 ? reducer.AllReduce(v.data(), v.size(), DataType::kFloat32)
+                       : reducer.AllReduce(v.data(), v.size(), DataType::kFloat32,
+                                           ReduceOp::kSum, call);
+  size_t wrong = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    wrong += v[i] != static_cast<float>(i * size * (size + 1) / 2);
+  }
+  EXPECT(status.ok() && wrong == 0, "%s: equal shapes without MPI: %s, %zu wrong", what,
+         status.ToString().c_str(), wrong);
+}
+
 void CheckOpsWithoutMpi(mlfabric::AllReduceOptions options, int size) {
   using namespace mlfabric;
   options.backend = "mlfabric";
@@ -362,12 +409,26 @@ void CheckOpsWithoutMpi(mlfabric::AllReduceOptions options, int size) {
   EXPECT(absl::IsFailedPrecondition(status) &&
              status.message().find("differ across ranks") != absl::string_view::npos,
          "mismatched length without MPI: %s", status.ToString().c_str());
+  CheckShapesWithoutMpi(reducer, "one root");
   // The rounds go on, summing the new types.
   std::vector<uint8_t> u(5000, 200);
   status = reducer.AllReduce(u.data(), u.size(), DataType::kUint8);
   const uint8_t want = static_cast<uint8_t>(200 * size);
   EXPECT(status.ok() && u[0] == want && u[4999] == want, "uint8 sum without MPI: %s, %d",
          status.ToString().c_str(), u[0]);
+  // A root per rank (pieces; ranks sharing a host keep one root): every
+  // piece's round names the whole tensor's shape.
+  options.pieces = 0;
+  options.root_server = options.client.job + "-no-mpi-pieces";
+  auto pieces = internal::MakeMlfabricAllReducer(options, g_rank, size);
+  EXPECT(pieces.ok(), "mlfabric reducer in pieces without MPI: %s",
+         pieces.status().ToString().c_str());
+  if (pieces.ok()) {
+    CheckShapesWithoutMpi(**pieces, "pieces");
+    status = (*pieces)->AllReduce(u.data(), u.size(), DataType::kUint8);
+    EXPECT(status.ok() && u[0] == static_cast<uint8_t>(want * size),
+           "uint8 sum in pieces without MPI: %s, %d", status.ToString().c_str(), u[0]);
+  }
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
