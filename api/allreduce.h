@@ -18,8 +18,9 @@
 //             round's pushes over an aggregation tree built from the job's
 //             workers (Alg. 3), the root's daemon sums arriving packets and
 //             streams each finished packet of the sum back to every rank's
-//             get (Mercury PS). Inputs that differ across ranks fail the
-//             round on every rank with InvalidArgument. Without backup
+//             get (Mercury PS). Inputs that differ across ranks (length,
+//             dtype, and the tensor shape a call names) fail the round on
+//             every rank with FailedPrecondition. Without backup
 //             workers a call returns once the sum is in; the push's
 //             outcome (the root's server application acknowledging the
 //             round) is collected during the next call or the destructor,
@@ -47,9 +48,15 @@
 // MPI_Allgather before any data moves; in the mlfabric backend's own
 // rounds the root's scheduler finds the differing push and fails the
 // round for every rank. A call that names its tensor's shape
-// (CallOptions) is also checked for equal shapes under mpirun, in that
+// (CallOptions) is also checked for equal shapes: under mpirun in that
 // same MPI_Allgather (a hash of the shape; the shapes themselves are
-// gathered only to name them once they differ).
+// gathered only to name them once they differ); in the mlfabric backend's
+// own rounds each push names the shape (Worker::Push; every piece the
+// whole tensor's) and the root's scheduler fails the round on every rank
+// when two differ ("mismatch: push 12 from 'rank1' has shape [17, 23, 57]
+// but round 4 sums shape [17, 1311] from 'rank0' ..."), after ranks
+// sharing a host compared theirs in shared memory (api/local_reduce.h;
+// their leader's push names the shape they agreed on).
 // Alltoall and ReduceScatter (Horovod's hvd.alltoall, hvd.reducescatter)
 // work on rows: a buffer is `rows` rows of `row_elements` elements each
 // (a tensor's first dimension and the product of the others).
@@ -195,12 +202,18 @@ struct CallOptions {
   // scalar); its product must be the call's count. When set, the ranks
   // must agree on the shape too, not only on the element count, as
   // Horovod requires: [17, 1311] against [17, 23, 57] fails every rank
-  // with FailedPrecondition "Mismatched AllReduce tensor shapes" naming
-  // the ranks and both shapes. Checked where the ranks agree through MPI
-  // (the mpi backend, and mlfabric under mpirun / mlfabric-run), inside
-  // the one agreement collective that runs anyway; the mlfabric backend's
-  // own rounds (launched without mpirun, or with backup workers) and nccl
-  // agree on length and dtype only. Unset: only the count is agreed.
+  // with FailedPrecondition naming the ranks (or workers) and both shapes.
+  // Checked where the ranks agree through MPI (the mpi backend, and
+  // mlfabric under mpirun / mlfabric-run), inside the one agreement
+  // collective that runs anyway ("Mismatched AllReduce tensor shapes");
+  // in the mlfabric backend's own rounds (launched without mpirun, or with
+  // backup workers) by the root's scheduler, every push naming the shape
+  // ("AllReduce inputs differ across ranks (round R): mismatch: ... has
+  // shape [..] but round R sums shape [..] ..."), and among ranks sharing
+  // a host in shared memory. With backup workers, a push that comes after
+  // its round closed is left out before its shape is compared. nccl does
+  // not compare shapes. Unset: only the count is agreed; a rank that
+  // names no shape agrees with any.
   std::optional<std::vector<int64_t>> shape;
   // The most dimensions `shape` may have (more: InvalidArgument).
   static constexpr int kMaxDims = 64;
