@@ -689,17 +689,6 @@ class MlfabricAllReducer : public SumsAllReducer {
         " waited ", timeout_s, " s; rank 0 runs it): ", last.message()));
   }
 
- protected:
-  int backups() const override { return backup_workers_; }
-  absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
-    return SumRound(data, count, dtype, op, std::nullopt);
-  }
-  absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
-                            const std::vector<int64_t>& shape) override {
-    return SumRound(data, count, dtype, op, shape);
-  }
-
- public:
   // One round: pushes `count` elements to the root, naming `shape` (the
   // whole tensor's, for a piece or a host's sum; the root's scheduler fails
   // the round for every rank when two pushes name different shapes) and
@@ -761,6 +750,16 @@ class MlfabricAllReducer : public SumsAllReducer {
     if (!previous.ok()) return previous;
     std::memcpy(data, sum->data(), bytes);
     return absl::OkStatus();
+  }
+
+ protected:
+  int backups() const override { return backup_workers_; }
+  absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    return SumRound(data, count, dtype, op, std::nullopt);
+  }
+  absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
+                            const std::vector<int64_t>& shape) override {
+    return SumRound(data, count, dtype, op, shape);
   }
 
  private:
