@@ -196,6 +196,16 @@ grpc::Status SchedulerGrpcService::QueryOutcomes(grpc::ServerContext* context,
   return ToGrpcStatus(service_->QueryOutcomes(*request, reply));
 }
 
+grpc::Status SchedulerGrpcService::QueryMembership(grpc::ServerContext* context,
+                                                   const v1::QueryMembershipRequest* request,
+                                                   v1::QueryMembershipReply* reply) {
+  if (grpc::Status denied = Authorize(context, "QueryMembership", "", request->job());
+      !denied.ok()) {
+    return denied;
+  }
+  return ToGrpcStatus(service_->QueryMembership(*request, reply));
+}
+
 grpc::Status SchedulerGrpcService::SyncClock(grpc::ServerContext*, const v1::SyncClockRequest*,
                                              v1::SyncClockReply* reply) {
   reply->set_scheduler_time_s(service_->NowSeconds());

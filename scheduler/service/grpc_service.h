@@ -64,6 +64,9 @@ class SchedulerGrpcService final : public v1::Scheduler::Service {
   grpc::Status PlanDistribution(grpc::ServerContext* context,
                                 const v1::PlanDistributionRequest* request,
                                 v1::PlanDistributionReply* reply) override;
+  grpc::Status QueryMembership(grpc::ServerContext* context,
+                               const v1::QueryMembershipRequest* request,
+                               v1::QueryMembershipReply* reply) override;
 
  private:
   // OK, or the refusal (logged). `host`: the host the request names ("" if

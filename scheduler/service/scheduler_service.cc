@@ -496,6 +496,24 @@ absl::Status SchedulerService::QueryOutcomes(const v1::QueryOutcomesRequest& req
   return absl::OkStatus();
 }
 
+absl::Status SchedulerService::QueryMembership(const v1::QueryMembershipRequest& request,
+                                               v1::QueryMembershipReply* reply) {
+  if (request.worker().empty()) {
+    return absl::InvalidArgumentError("worker: empty; the asking worker's name is needed");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobState* job = state_.FindJob(request.job());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", request.job(), "'"));
+  if (job->workers.count(request.worker()) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("worker '", request.worker(),
+                                                      "' is not registered with job '",
+                                                      request.job(), "'"));
+  }
+  reply->set_generation(job->membership.generation());
+  for (const std::string& member : job->membership.members()) reply->add_members(member);
+  return absl::OkStatus();
+}
+
 void SchedulerService::ReserveDistribution(double now_s, const core::DistributionPlan& plan) {
   std::vector<ClusterState::DistributionLeg> legs;
   // store_forward plans have timed transfers; cut_through ones a stream per

@@ -107,6 +107,13 @@ class SchedulerService {
   // or a negative wait.
   absl::Status QueryOutcomes(const v1::QueryOutcomesRequest& request,
                              v1::QueryOutcomesReply* reply);
+  // The job's membership (job_membership.h): its generation and its live
+  // workers' names, sorted. NotFound for an unknown job; InvalidArgument
+  // for an empty worker name; FailedPrecondition for a worker that never
+  // registered with the job (one that left is answered: it learns it is
+  // no member).
+  absl::Status QueryMembership(const v1::QueryMembershipRequest& request,
+                               v1::QueryMembershipReply* reply);
   absl::Status ReportCompletion(const v1::CompletionReport& request);
   absl::Status ReportBandwidth(const v1::BandwidthReport& request);
   // An application left its daemon. A server's replica is promoted

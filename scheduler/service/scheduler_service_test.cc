@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -255,6 +256,65 @@ TEST_CASE("QueryOutcomes waits while a push is in flight and answers once it end
   bad = query;
   bad.set_wait_s(-1);
   CHECK(f.service.QueryOutcomes(bad, &later).code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("QueryMembership answers the generation and the sorted live workers") {
+  Fixture f;
+  f.RegisterHost("h1");
+  f.RegisterHost("h2");
+  auto register_worker = [&](const std::string& name, const std::string& host) {
+    v1::RegisterEntityRequest request;
+    request.set_job("demo");
+    request.set_job_token("demo-token");
+    request.set_role(v1::ROLE_WORKER);
+    request.set_name(name);
+    request.set_host(host);
+    v1::RegisterEntityReply reply;
+    return f.rpc.RegisterEntity(&f.context, &request, &reply);
+  };
+  v1::QueryMembershipRequest query;
+  query.set_job("demo");
+  query.set_worker("w2");
+  v1::QueryMembershipReply reply;
+  // Before it registered, the asking worker is refused by name.
+  absl::Status status = f.service.QueryMembership(query, &reply);
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(status.message() == "worker 'w2' is not registered with job 'demo'");
+
+  REQUIRE(register_worker("w2", "h1").ok());
+  REQUIRE(register_worker("w10", "h2").ok());
+  REQUIRE(register_worker("w2", "h1").ok());  // again: no change
+  REQUIRE(f.service.QueryMembership(query, &reply).ok());
+  CHECK(reply.generation() == 3);  // 1, then one per join
+  CHECK(std::vector<std::string>(reply.members().begin(), reply.members().end()) ==
+        std::vector<std::string>{"w10", "w2"});
+
+  v1::EntityGoneReport gone;
+  gone.set_host("h2");
+  gone.set_job("demo");
+  gone.set_role(v1::ROLE_WORKER);
+  gone.set_name("w10");
+  gone.set_reason("its connection to the daemon closed");
+  REQUIRE(f.service.ReportEntityGone(gone).ok());
+  reply.Clear();
+  REQUIRE(f.service.QueryMembership(query, &reply).ok());
+  CHECK(reply.generation() == 4);
+  CHECK(std::vector<std::string>(reply.members().begin(), reply.members().end()) ==
+        std::vector<std::string>{"w2"});
+  // A worker that left may still ask: it learns it is no member.
+  query.set_worker("w10");
+  reply.Clear();
+  REQUIRE(f.service.QueryMembership(query, &reply).ok());
+  CHECK(reply.members_size() == 1);
+
+  v1::QueryMembershipRequest bad = query;
+  bad.set_job("nope");
+  status = f.service.QueryMembership(bad, &reply);
+  CHECK(status.code() == absl::StatusCode::kNotFound);
+  CHECK(status.message() == "unknown job 'nope'");
+  bad = query;
+  bad.set_worker("");
+  CHECK(f.service.QueryMembership(bad, &reply).code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("Bad submits get INVALID_ARGUMENT and good ones still pass") {
