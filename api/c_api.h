@@ -82,10 +82,14 @@ void mlf_sum_server_stop(int64_t handle);
  * safe to destroy right after a collective completes (no executor thread
  * ever drops the last reference to its own handle). */
 /* root_server: NULL or "" = "<job>-allreduce-root"; backup_workers: see
- * AllReduceOptions (mlfabric backend only). */
+ * AllReduceOptions (mlfabric backend only); rank, size: -1 = from the
+ * launcher's environment (MLFABRIC_RANK/MLFABRIC_SIZE), as
+ * AllReduceOptions::rank/size (an elastic rank rebuilding its reducer for
+ * a new membership passes them). */
 int64_t mlf_ext_allreducer_create(const char* backend, const char* socket, const char* job,
                                   const char* token, double timeout_s, const char* root_server,
-                                  int backup_workers, int* code, char* err, size_t err_len);
+                                  int backup_workers, int rank, int size, int* code, char* err,
+                                  size_t err_len);
 /* This process's rank (AllReducer::rank). */
 int mlf_ext_allreducer_rank(int64_t handle);
 /* Contributions each sum holds (AllReducer::summed). */
@@ -157,6 +161,13 @@ void mlf_ext_push_async(int64_t handle, const char* server, size_t n, const void
  * mlfabric::Worker::Get). */
 void mlf_ext_get_async(int64_t handle, const char* server, int32_t priority, mlf_get_done_fn done,
                        void* ctx);
+/* The job's membership (mlfabric::Worker::Membership): its generation and
+ * its live workers' names, sorted, written to `names` one after another,
+ * each ended by '\0' (`*names_used` bytes in all). Returns 0, or a nonzero
+ * status code with `err` saying why (OutOfRange: `names_len` is too small,
+ * `*names_used` is what is needed). Blocks for one round trip. */
+int mlf_ext_worker_membership(int64_t handle, uint64_t* generation, char* names, size_t names_len,
+                              size_t* names_used, char* err, size_t err_len);
 /* Disconnects the worker and forgets its handle. */
 void mlf_ext_worker_destroy(int64_t handle);
 

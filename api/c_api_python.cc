@@ -96,8 +96,11 @@ extern "C" {
 
 int64_t mlf_ext_allreducer_create(const char* backend, const char* socket, const char* job,
                                   const char* token, double timeout_s, const char* root_server,
-                                  int backup_workers, int* code, char* err, size_t err_len) {
+                                  int backup_workers, int rank, int size, int* code, char* err,
+                                  size_t err_len) {
   mlfabric::AllReduceOptions options;
+  options.rank = rank;
+  options.size = size;
   options.backend = mlfabric::c_api::Or(backend, nullptr, "auto");
   const auto params = mlfabric::c_api::Params(socket, job, token, "", -1, -1);
   options.client = params.client;
@@ -252,6 +255,37 @@ int64_t mlf_ext_worker_create(const char* socket, const char* job, const char* t
   entry->worker = std::move(*worker);
   entry->serial = std::make_unique<mlfabric::c_api::Serial>();
   return mlfabric::c_api::Add(std::move(entry));
+}
+
+int mlf_ext_worker_membership(int64_t handle, uint64_t* generation, char* names, size_t names_len,
+                              size_t* names_used, char* err, size_t err_len) {
+  auto entry = mlfabric::c_api::Find(handle);
+  absl::StatusOr<mlfabric::JobMembers> members =
+      entry && entry->worker
+          ? entry->worker->Membership()
+          : absl::StatusOr<mlfabric::JobMembers>(
+                absl::InvalidArgumentError(mlfabric::c_api::BadHandle(handle, "Worker")));
+  int code = 0;
+  if (!members.ok()) {
+    mlfabric::c_api::Fail(members.status(), &code, err, err_len);
+    return code;
+  }
+  size_t used = 0;
+  for (const std::string& name : members->members) used += name.size() + 1;
+  if (names_used != nullptr) *names_used = used;
+  if (used > names_len || (used > 0 && names == nullptr)) {
+    mlfabric::c_api::Fail(absl::OutOfRangeError(absl::StrCat("the members' names need ", used,
+                                                             " bytes; ", names_len, " given")),
+                          &code, err, err_len);
+    return code;
+  }
+  char* at = names;
+  for (const std::string& name : members->members) {
+    std::memcpy(at, name.c_str(), name.size() + 1);
+    at += name.size() + 1;
+  }
+  if (generation != nullptr) *generation = members->generation;
+  return 0;
 }
 
 int64_t mlf_ext_worker_initial_version(int64_t handle) {

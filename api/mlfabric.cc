@@ -203,6 +203,7 @@ void Worker::FailAll(const std::string& reason) {
     pushes.swap(pushes_);
     gets.swap(gets_);
   }
+  for (auto& promise : TakeMemberships()) promise->set_value(absl::UnavailableError(reason));
   cv_.notify_all();
   // The daemon that knew these pushes' fate is gone: one may have reached
   // its server and been applied. Say so rather than let "failed" promise
@@ -244,6 +245,10 @@ bool Worker::Reconnect(const std::string& why) {
     gets_.clear();
   }
   for (auto& promise : gets) {
+    promise->set_value(absl::UnavailableError(
+        absl::StrCat(why, "; connecting to the daemon again: ask again")));
+  }
+  for (auto& promise : TakeMemberships()) {
     promise->set_value(absl::UnavailableError(
         absl::StrCat(why, "; connecting to the daemon again: ask again")));
   }
@@ -334,6 +339,9 @@ void Worker::ReaderLoop() {
       PushDone(message.push_done());
     } else if (message.has_get_done()) {
       GetDone(message.get_done(), fd, channel);
+    } else if (message.has_membership()) {
+      MembershipDone(message.membership());
+      if (fd >= 0) ::close(fd);
     } else if (fd >= 0) {
       ::close(fd);
     }
@@ -507,6 +515,53 @@ absl::StatusOr<Model> Worker::Get(const std::string& server, int32_t priority) {
   if (auto sent = channel->Send(message); !sent.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (gets_.erase(message.get().request_id())) return sent;
+  }
+  return future.get();
+}
+
+std::vector<std::shared_ptr<std::promise<absl::StatusOr<JobMembers>>>> Worker::TakeMemberships() {
+  std::vector<std::shared_ptr<std::promise<absl::StatusOr<JobMembers>>>> taken;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, promise] : memberships_) taken.push_back(promise);
+  memberships_.clear();
+  return taken;
+}
+
+void Worker::MembershipDone(const v1::LocalMembership& done) {
+  std::shared_ptr<std::promise<absl::StatusOr<JobMembers>>> promise;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = memberships_.find(done.request_id());
+    if (it == memberships_.end()) return;
+    promise = std::move(it->second);
+    memberships_.erase(it);
+  }
+  if (!done.error().empty()) {
+    promise->set_value(absl::UnavailableError(done.error()));
+    return;
+  }
+  JobMembers members;
+  members.generation = done.generation();
+  members.members.assign(done.members().begin(), done.members().end());
+  promise->set_value(std::move(members));
+}
+
+absl::StatusOr<JobMembers> Worker::Membership() {
+  std::string closed;
+  std::shared_ptr<LocalChannel> channel = SendChannel(&closed);
+  if (channel == nullptr) return absl::UnavailableError(closed);
+  auto promise = std::make_shared<std::promise<absl::StatusOr<JobMembers>>>();
+  auto future = promise->get_future();
+  v1::LocalMessage message;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t id = next_request_id_++;
+    message.mutable_membership_query()->set_request_id(id);
+    memberships_[id] = promise;
+  }
+  if (auto sent = channel->Send(message); !sent.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (memberships_.erase(message.membership_query().request_id())) return sent;
   }
   return future.get();
 }

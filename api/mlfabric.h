@@ -162,6 +162,14 @@ struct Model {
   size_t size() const { return buffer.size(); }          // the model's bytes
 };
 
+// A job's membership (elastic training, docs/user-guide/sync-training.md
+// "Job membership"): its live workers and a generation that grows by one
+// with every join or leave, as the scheduler knew them when asked.
+struct JobMembers {
+  uint64_t generation = 0;
+  std::vector<std::string> members;  // worker names, sorted bytewise
+};
+
 // A training process's handle on its daemon: pushes updates to servers and
 // gets their models. Thread-safe; one per process is enough.
 class Worker {
@@ -198,6 +206,11 @@ class Worker {
   // first, like TensorSpec::priority); the job's own rank (TensorLights)
   // comes before it.
   absl::StatusOr<Model> Get(const std::string& server, int32_t priority = 0);
+
+  // The job's membership now, asked of the scheduler through the daemon
+  // (blocks for one round trip). An error names what failed: the daemon
+  // lost, the scheduler unreachable, or the job or worker unknown to it.
+  absl::StatusOr<JobMembers> Membership();
 
   // The model version the daemon reported at registration.
   int64_t initial_version() const { return initial_version_; }
@@ -241,6 +254,9 @@ class Worker {
   // runs), a get ended (its model, lent buffer `fd`, or error is set).
   void PushDone(const v1::LocalPushDone& done);
   void GetDone(const v1::LocalGetDone& done, int fd, const std::shared_ptr<LocalChannel>& channel);
+  void MembershipDone(const v1::LocalMembership& done);
+  // The membership queries waiting, taken out (they fail with the caller's error).
+  std::vector<std::shared_ptr<std::promise<absl::StatusOr<JobMembers>>>> TakeMemberships();
   void FailAll(const std::string& reason);
   // The connection was lost (`why`): connects and registers again within
   // reconnect_s and asks how the pending pushes ended; false if it could
@@ -269,6 +285,7 @@ class Worker {
   uint64_t next_uid_ = 0;  // random start, then one up per push
   std::map<uint64_t, PendingPush> pushes_;
   std::map<uint64_t, std::shared_ptr<std::promise<absl::StatusOr<Model>>>> gets_;
+  std::map<uint64_t, std::shared_ptr<std::promise<absl::StatusOr<JobMembers>>>> memberships_;
   std::thread reader_;
 };
 

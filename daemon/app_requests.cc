@@ -443,6 +443,38 @@ void AppRequests::HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
   });
 }
 
+void AppRequests::HandleMembershipQuery(const std::shared_ptr<AppSession>& app,
+                                        const v1::LocalMembershipQuery& query) {
+  if (!app->registered || app->role != v1::ROLE_WORKER) {
+    v1::LocalMessage answer;
+    answer.mutable_membership()->set_request_id(query.request_id());
+    answer.mutable_membership()->set_error(
+        "register as a worker before asking for the job's membership");
+    (void)app->channel->Send(answer);
+    return;
+  }
+  v1::QueryMembershipRequest request;
+  request.set_job(app->job);
+  request.set_worker(app->name);
+  ReceiveLock::Hold lock(lock_);
+  ++get_threads_;  // Stop() waits for it as for a get
+  blocking_.Run([this, app, request, id = query.request_id()] {
+    const ThreadDone done_guard(this);
+    v1::QueryMembershipReply reply;
+    v1::LocalMessage answer;
+    v1::LocalMembership* body = answer.mutable_membership();
+    body->set_request_id(id);
+    if (absl::Status asked = parts_.scheduler->QueryMembership(request, &reply); !asked.ok()) {
+      body->set_error(absl::StrCat("the scheduler did not answer the membership query: ",
+                                   RpcErrorText(asked)));
+    } else {
+      body->set_generation(reply.generation());
+      body->mutable_members()->Swap(reply.mutable_members());
+    }
+    (void)app->channel->Send(answer);  // fails only if the application left
+  });
+}
+
 void AppRequests::AnswerOutcomeQuery(const std::shared_ptr<AppSession>& app,
                                      const v1::LocalOutcomeQuery& query,
                                      const OutcomeAnswer& answer) {

@@ -150,6 +150,11 @@ class AppRequests : public AppHandler {
   void HandleModelReply(const v1::LocalModelReply& reply, int fd) override;
   void HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
                           const v1::LocalOutcomeQuery& query) override;
+  // Asks the scheduler (QueryMembership, on a thread of blocking_) for the
+  // app's job's membership; an app not registered as a worker is answered
+  // with an error at once.
+  void HandleMembershipQuery(const std::shared_ptr<AppSession>& app,
+                             const v1::LocalMembershipQuery& query) override;
   void HandleRelease(const std::shared_ptr<AppSession>& app,
                      const v1::LocalRelease& release) override;
   void AppGone(const std::shared_ptr<AppSession>& app) override;

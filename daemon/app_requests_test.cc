@@ -460,6 +460,55 @@ TEST_CASE("a server's acknowledgement is reported with the pushes it applied") {
   CHECK(reports[1].error() == "server refused the update: NaN in the update");
 }
 
+TEST_CASE("a worker asks its job's membership; the scheduler's answer or error comes back") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  v1::LocalMembershipQuery query;
+  query.set_request_id(21);
+  // Not registered: nobody to ask for.
+  rig.requests.HandleMembershipQuery(worker->session, query);
+  v1::LocalMessage answer = Rig::Next(*worker);
+  REQUIRE(answer.has_membership());
+  CHECK(answer.membership().request_id() == 21);
+  CHECK(answer.membership().error() ==
+        "register as a worker before asking for the job's membership");
+
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  std::mutex mu;
+  std::vector<v1::QueryMembershipRequest> asked;
+  rig.scheduler.membership_hook = [&](const v1::QueryMembershipRequest& request,
+                                      v1::QueryMembershipReply* reply) {
+    std::lock_guard<std::mutex> guard(mu);
+    asked.push_back(request);
+    if (asked.size() > 1) return absl::NotFoundError("unknown job 'job'");
+    reply->set_generation(7);
+    reply->add_members("w0");
+    reply->add_members("w1");
+    return absl::OkStatus();
+  };
+  query.set_request_id(22);
+  rig.requests.HandleMembershipQuery(worker->session, query);
+  answer = Rig::Next(*worker);
+  REQUIRE(answer.has_membership());
+  CHECK(answer.membership().request_id() == 22);
+  CHECK(answer.membership().error().empty());
+  CHECK(answer.membership().generation() == 7);
+  CHECK(std::vector<std::string>(answer.membership().members().begin(),
+                                 answer.membership().members().end()) ==
+        std::vector<std::string>{"w0", "w1"});
+
+  query.set_request_id(23);
+  rig.requests.HandleMembershipQuery(worker->session, query);
+  answer = Rig::Next(*worker);
+  CHECK(answer.membership().request_id() == 23);
+  CHECK(answer.membership().error().find("unknown job 'job'") != std::string::npos);
+  rig.requests.WaitGets();
+  std::lock_guard<std::mutex> guard(mu);
+  REQUIRE(asked.size() == 2);
+  CHECK(asked[0].job() == "job");
+  CHECK(asked[0].worker() == "w0");
+}
+
 TEST_CASE("a worker that lost its daemon learns how its pushes ended") {
   Rig rig;
   auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);

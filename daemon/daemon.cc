@@ -449,6 +449,15 @@ std::optional<v1::EntityGoneReport> Daemon::ForgetAppLocked(
     // The scheduler removes it from its job's members (elastic rounds,
     // scheduler/service/round_tracker.h); its pushes end on their own.
     if (!app->registered) return std::nullopt;
+    // The worker is still connected through another application session
+    // of this daemon (a process may hold several, e.g. an elastic rank
+    // rebuilding its AllReducer): it has not left its job.
+    for (const std::shared_ptr<AppSession>& other : apps_->Sessions()) {
+      if (other != app && other->registered && other->role == v1::ROLE_WORKER &&
+          other->job == app->job && other->name == app->name) {
+        return std::nullopt;
+      }
+    }
     v1::EntityGoneReport report;
     report.set_host(config_.host);
     report.set_job(app->job);

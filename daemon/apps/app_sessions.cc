@@ -249,6 +249,9 @@ bool AppSessions::HandleOne(const std::shared_ptr<AppSession>& app) {
     case v1::LocalMessage::kRelease:
       handler_->HandleRelease(app, message.release());
       break;
+    case v1::LocalMessage::kMembershipQuery:
+      handler_->HandleMembershipQuery(app, message.membership_query());
+      break;
     default:
       MLF_LOG(WARNING) << "unexpected local message " << message.body_case() << " from '"
                        << app->name << "'";

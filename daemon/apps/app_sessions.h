@@ -99,6 +99,10 @@ class AppHandler {
   // ended; each is answered with a LocalPushDone.
   virtual void HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
                                   const v1::LocalOutcomeQuery& query) = 0;
+  // A worker application asks who its job's live workers are; answered
+  // with a LocalMembership under the query's request id.
+  virtual void HandleMembershipQuery(const std::shared_ptr<AppSession>& app,
+                                     const v1::LocalMembershipQuery& query) = 0;
   // The application no longer reads buffers the daemon lent it with its
   // gets (it may keep them mapped until they are lent again).
   virtual void HandleRelease(const std::shared_ptr<AppSession>& app,

@@ -44,6 +44,10 @@ class Recorder final : public AppHandler {
     Note("model " + std::to_string(reply.request_id()));
     if (fd >= 0) ::close(fd);
   }
+  void HandleMembershipQuery(const std::shared_ptr<AppSession>&,
+                             const v1::LocalMembershipQuery& query) override {
+    Note("membership " + std::to_string(query.request_id()));
+  }
   void HandleOutcomeQuery(const std::shared_ptr<AppSession>& app,
                           const v1::LocalOutcomeQuery& query) override {
     Note("outcomes " + app->name + " " + std::to_string(query.pushes_size()));

@@ -107,6 +107,13 @@ class FakeSchedulerClient final : public SchedulerClient {
                                 v1::PlanDistributionReply*) override {
     return absl::UnimplementedError("the fake plans no distribution");
   }
+  std::function<absl::Status(const v1::QueryMembershipRequest&, v1::QueryMembershipReply*)>
+      membership_hook;
+  absl::Status QueryMembership(const v1::QueryMembershipRequest& request,
+                               v1::QueryMembershipReply* reply) override {
+    if (membership_hook) return membership_hook(request, reply);
+    return absl::NotFoundError("the fake knows no jobs");
+  }
   std::function<absl::Status(const v1::QueryOutcomesRequest&, v1::QueryOutcomesReply*)>
       query_hook;
   absl::Status QueryOutcomes(const v1::QueryOutcomesRequest& request,

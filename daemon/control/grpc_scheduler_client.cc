@@ -179,6 +179,10 @@ class GrpcSchedulerClient final : public SchedulerClient {
       return stub_->QueryOutcomes(context, request, reply);
     });
   }
+  absl::Status QueryMembership(const v1::QueryMembershipRequest& request,
+                               v1::QueryMembershipReply* reply) override {
+    return FromGrpc(stub_->QueryMembership(Signed(10, request.job()).get(), request, reply));
+  }
   // A call that may wait long: CancelWaits ends it.
   template <typename Call>
   absl::Status Waiting(double deadline_s, const std::string& job, Call call) {

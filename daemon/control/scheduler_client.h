@@ -75,6 +75,9 @@ class SchedulerClient {
   // Blocks up to request.wait_s (the scheduler bounds it to 60 s).
   virtual absl::Status QueryOutcomes(const v1::QueryOutcomesRequest& request,
                                      v1::QueryOutcomesReply* reply) = 0;
+  // A job's membership (answers at once).
+  virtual absl::Status QueryMembership(const v1::QueryMembershipRequest& request,
+                                       v1::QueryMembershipReply* reply) = 0;
   virtual std::unique_ptr<ScheduleStream> StreamSchedules(
       const v1::StreamSchedulesRequest& request) = 0;
   // Ends the calls in progress that may wait long (AwaitClock,
@@ -94,7 +97,7 @@ class SchedulerClient {
 // control_auth.h). The cluster secret goes with RegisterHost; every later
 // call carries the host's name and the session token RegisterHost
 // returned; a job-scoped call (SubmitUpdate, ResolveServer, AwaitClock,
-// QueryOutcomes, PlanDistribution) carries the token of its job, which the client learns
+// QueryOutcomes, PlanDistribution, QueryMembership) carries the token of its job, which the client learns
 // from the RegisterEntity calls that succeeded. With `ca_pem` the channel
 // is TLS (the scheduler's certificate must carry `tls_name`, default the
 // address's host part), with `cert_pem`/`key_pem` mutual TLS.

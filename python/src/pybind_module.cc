@@ -74,14 +74,14 @@ class AllReducer {
  public:
   AllReducer(const std::string& backend, const std::string& socket, const std::string& job,
              const std::string& token, double timeout_s, const std::string& root_server,
-             int backup_workers) {
+             int backup_workers, int rank, int size) {
     char err[kErrBytes] = {0};
     int code = 0;
     {
       py::gil_scoped_release release;
       handle_ = mlf_ext_allreducer_create(backend.c_str(), socket.c_str(), job.c_str(),
                                           token.c_str(), timeout_s, root_server.c_str(),
-                                          backup_workers, &code, err, sizeof err);
+                                          backup_workers, rank, size, &code, err, sizeof err);
     }
     if (handle_ == 0) Raise(code, err);
   }
@@ -385,6 +385,32 @@ class Worker {
   int64_t handle() const { return handle_; }
   int64_t initial_version() const { return mlf_ext_worker_initial_version(handle_); }
 
+  // (generation, [names]): Worker::Membership.
+  py::tuple Membership() {
+    std::vector<char> names(4096);
+    uint64_t generation = 0;
+    size_t used = 0;
+    char err[kErrBytes] = {0};
+    int code = 0;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      {
+        py::gil_scoped_release release;
+        code = mlf_ext_worker_membership(handle_, &generation, names.data(), names.size(), &used,
+                                         err, sizeof err);
+      }
+      if (code != 11 || used <= names.size()) break;  // 11: OutOfRange, room too small
+      names.resize(used);  // the members changed between asks at most twice more
+    }
+    if (code != 0) Raise(code, err);
+    py::list members;
+    for (size_t at = 0; at < used;) {
+      const std::string name(names.data() + at);
+      at += name.size() + 1;
+      members.append(name);
+    }
+    return py::make_tuple(generation, members);
+  }
+
   // `update` is one array or a list/tuple of arrays (the model's tensors, in
   // layer order). Tensor i gets priority priorities[i], default i.
   PendingPush PushNowait(const std::string& server, py::object update, int64_t version,
@@ -514,10 +540,11 @@ class Worker {
 void BindClients(py::module_& m) {
   py::class_<AllReducer>(m, "AllReducer")
       .def(py::init<const std::string&, const std::string&, const std::string&,
-                    const std::string&, double, const std::string&, int>(),
+                    const std::string&, double, const std::string&, int, int, int>(),
            py::arg("backend") = "auto", py::arg("socket") = "", py::arg("job") = "",
            py::arg("token") = "", py::arg("timeout_s") = 300.0, py::arg("root_server") = "",
-           py::arg("backup_workers") = 0)
+           py::arg("backup_workers") = 0, py::arg("rank") = -1, py::arg("size") = -1,
+           "rank, size: -1 = from MLFABRIC_RANK/MLFABRIC_SIZE (the launcher's)")
       .def_property_readonly("handle", &AllReducer::handle)
       .def_property_readonly("rank", &AllReducer::rank)
       .def_property_readonly("size", &AllReducer::size)
@@ -560,6 +587,9 @@ void BindClients(py::module_& m) {
           "`version`, with its L2 norm (default: computed). Returns {outcome: applied|dropped, "
           "reason, applied_version, delay}; a failed push raises PushFailedError.")
       .def("get", &Worker::Get, py::arg("server"), py::arg("priority") = 0)
+      .def("membership", &Worker::Membership,
+           "The job's membership now: (generation, [live workers' names, sorted]), asked of "
+           "the scheduler through the daemon.")
       .def("close", &Worker::Close);
 }
 
