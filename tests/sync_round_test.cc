@@ -607,5 +607,40 @@ TEST_CASE("An elastic AllReduce (member_loss written shrink) goes on with 3 of 4
   for (int r = 0; r < kRanks - 1; ++r) CHECK(summed_after[r] == kRanks - 1);
 }
 
+TEST_CASE("Workers of a job see each other's membership and its generation change when one leaves") {
+  auto c = StartCluster({"w1", "w2"}, {}, {}, R"(, "mode": "sync")");
+  auto w0 = Worker::Connect(Options(*c, "w1", "w0"));
+  REQUIRE(w0.ok());
+  auto w1 = Worker::Connect(Options(*c, "w2", "w1"));
+  REQUIRE(w1.ok());
+  const std::vector<std::string> both = {"w0", "w1"};
+  for (Worker* worker : {w0->get(), w1->get()}) {
+    absl::StatusOr<JobMembers> members = worker->Membership();
+    INFO(members.status().ToString());
+    REQUIRE(members.ok());
+    CHECK(members->generation == 3);  // 1, then two joins
+    CHECK(members->members == both);
+  }
+  {
+    // A second connection under w1's name (an elastic rank rebuilding its
+    // AllReducer holds one) joins nothing, and closing it leaves nothing:
+    // w1 is still connected.
+    auto again = Worker::Connect(Options(*c, "w2", "w1"));
+    REQUIRE(again.ok());
+    absl::StatusOr<JobMembers> members = (*again)->Membership();
+    REQUIRE(members.ok());
+    CHECK(members->generation == 3);
+  }
+  w0->reset();  // its application's connection closes: the daemon reports it gone
+  absl::StatusOr<JobMembers> after;
+  REQUIRE(launch::WaitUntil([&] {
+    after = (*w1)->Membership();
+    return after.ok() && after->members.size() == 1;
+  }, 30));
+  CHECK(after->generation == 4);
+  CHECK(after->members == std::vector<std::string>{"w1"});
+  CHECK(c->scheduler().Log().find("worker w1 left") == std::string::npos);
+}
+
 }  // namespace
 }  // namespace mlfabric
