@@ -36,6 +36,7 @@ import atexit
 import collections
 import os
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -275,31 +276,139 @@ def _abort_on_uncaught(previous):
 def init(backend=None, timeout_s=300.0):
     """Creates the process-wide AllReducer (idempotent); returns it. In a job
     of several ranks, an exception no code catches then ends the job (every
-    rank) instead of leaving the others waiting."""
+    rank) instead of leaving the others waiting.
+
+    Elastic mode (MLFABRIC_ELASTIC=1, which mlfabric-run's elastic mode
+    sets): the rank and size come from the job's membership instead of
+    MLFABRIC_RANK/MLFABRIC_SIZE (see _elastic_reducer), once at least
+    MLFABRIC_SIZE workers are members (waiting up to timeout_s), and the
+    backend "auto" is "mlfabric"."""
     global _reducer
     if _reducer is None:
         backend = backend or os.environ.get("MLFABRIC_ALLREDUCE_BACKEND", "auto")
-        _reducer = AllReducer(backend=backend, timeout_s=timeout_s)
-        if _reducer.size > 1:
+        if _elastic():
+            # Ranks sharing a host would sum in shared memory first, where a
+            # rank that dies mid-sum leaves the others waiting: through the
+            # daemons only, unless asked for.
+            os.environ.setdefault("MLFABRIC_LOCAL_REDUCE", "0")
+            _elastic_settings.update(backend="mlfabric" if backend == "auto" else backend,
+                                     timeout_s=timeout_s)
+            generation, members = _await_members(_env_int(("MLFABRIC_SIZE",)) or 1, timeout_s)
+            _reducer = _elastic_reducer(generation, members)
+        else:
+            _reducer = AllReducer(backend=backend, timeout_s=timeout_s)
+        if _reducer.size > 1 or _elastic():
             import sys
             sys.excepthook = _abort_on_uncaught(sys.excepthook)
-        _learn_cross(_reducer)
+        _learn_cross(_reducer, collective=_elastic())
     return _reducer
+
+
+def _elastic():
+    """Elastic mode: launched by mlfabric-run --host-discovery-script."""
+    return os.environ.get("MLFABRIC_ELASTIC") == "1"
+
+
+_membership_worker = None
+_membership_lock = threading.Lock()
+
+
+def _member_name():
+    """This rank's worker name in its job: the one its AllReducer registers
+    (MLFABRIC_WORKER_NAME, which mlfabric-run sets; else rank<r>)."""
+    name = os.environ.get("MLFABRIC_WORKER_NAME", "")
+    if not name and _elastic() and _reducer is None:
+        raise RuntimeError("mlfabric: elastic mode (MLFABRIC_ELASTIC=1) needs MLFABRIC_WORKER_NAME, "
+                           "this rank's worker name (mlfabric-run's elastic mode sets it)")
+    return name if name else "rank%d" % rank()
+
+
+def membership():
+    """The job's membership now, asked of the scheduler through this host's
+    daemon: (generation, [live workers' names, sorted]). The generation
+    grows by one whenever a worker joins (registers) or leaves (its
+    application or host is gone). The first call connects to the daemon
+    as this rank's worker (MLFABRIC_WORKER_NAME, else rank<r>: the name its
+    AllReducer uses, so it joins nothing new) and keeps that connection
+    until shutdown(). RuntimeError if the daemon or scheduler cannot
+    answer (the message says why)."""
+    global _membership_worker
+    with _membership_lock:
+        if _membership_worker is None:
+            _membership_worker = Worker(name=_member_name())
+        generation, members = _membership_worker.membership()
+    return int(generation), [str(m) for m in members]
+
+
+# Elastic mode: how init() built the reducer (to build it again), and the
+# membership generation the current one was built for.
+_elastic_settings = {"backend": "mlfabric", "timeout_s": 300.0}
+_generation = None
+
+
+def _await_members(count, timeout_s):
+    """The membership once it has at least `count` members, or as it is
+    after timeout_s (a rank that never came)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        generation, members = membership()
+        if len(members) >= count or time.monotonic() >= deadline:
+            return generation, members
+        time.sleep(0.05)  # the ranks of a starting job register within moments
+
+
+def _elastic_reducer(generation, members):
+    """An AllReducer for membership `generation`: rank = the index of this
+    rank's worker name in the sorted `members`, size = their number, root
+    server "<job>-allreduce-root-g<generation>" (the rounds of two
+    memberships never mix). Sets MLFABRIC_RANK/MLFABRIC_SIZE to match."""
+    global _generation
+    name = _member_name()
+    if name not in members:
+        raise RuntimeError("mlfabric: worker %r is no member of its job at membership "
+                           "generation %d (members: %s)" % (name, generation, ", ".join(members)))
+    new_rank, new_size = members.index(name), len(members)
+    job = os.environ.get("MLFABRIC_JOB", "demo")
+    red = AllReducer(backend=_elastic_settings["backend"],
+                     timeout_s=_elastic_settings["timeout_s"],
+                     root_server="%s-allreduce-root-g%d" % (job, generation),
+                     rank=new_rank, size=new_size)
+    os.environ["MLFABRIC_RANK"], os.environ["MLFABRIC_SIZE"] = str(new_rank), str(new_size)
+    _generation = generation
+    return red
+
+
+def _rendezvous(generation, members):
+    """Elastic mode, after a membership change every rank agreed on
+    (mlfabric.elastic.run's reset): closes the AllReducers and builds the
+    process-wide one again for `generation` and `members`; then rank() and
+    size() are the new ones. A collective: every member calls it."""
+    global _reducer
+    for r in _backup_reducers.values():
+        r.close()
+    _backup_reducers.clear()
+    if _reducer is not None:
+        _reducer.close()
+        _reducer = None
+    _reducer = _elastic_reducer(generation, members)
+    _learn_cross(_reducer, collective=True)
 
 
 _cross = (0, 1)  # (cross_rank, cross_size), learned by init()
 
 
-def _learn_cross(red):
+def _learn_cross(red, collective=False):
     """Horovod's cross communicator: the ranks whose local rank is this
     rank's, one per host, in rank order. All ranks on one host (size ==
     local_size, which is then so on every rank): (0, 1) at once. Otherwise
     one small AllReduce at init() tells every rank each rank's local rank
     (from the launcher's environment), so hosts of different sizes count
-    right."""
+    right. collective=True (elastic mode): always the AllReduce, since
+    after a membership change size == local_size may hold on some ranks
+    only."""
     global _cross
     mine = local_rank()
-    if red.size == local_size():
+    if red.size == local_size() and not collective:
         _cross = (0, 1)
         return
     locals_ = np.zeros(red.size, np.int64)
@@ -344,14 +453,19 @@ def backup_reducer(backup_workers, timeout_s=300.0):
 
 
 def shutdown():
-    """Closes the AllReducers init() and backup_reducer() made; init() may run again."""
-    global _reducer
+    """Closes the AllReducers init() and backup_reducer() made, and the
+    connection membership() opened; init() may run again."""
+    global _reducer, _membership_worker
     for r in _backup_reducers.values():
         r.close()
     _backup_reducers.clear()
     if _reducer is not None:
         _reducer.close()
         _reducer = None
+    with _membership_lock:
+        if _membership_worker is not None:
+            _membership_worker.close()
+            _membership_worker = None
 
 
 def rank():

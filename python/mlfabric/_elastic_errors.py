@@ -19,11 +19,16 @@ class MembershipChangedError(RuntimeError):
     left the job), or state.check_host_updates() found a host update.
     `run` recovers from it: restore, reset callbacks, sync, call again.
     `skip_sync=True` (Horovod's HostsUpdatedInterrupt argument) skips the
-    sync before the next call."""
+    sync before the next call. `membership`: (generation, members) every
+    rank agreed on (check_host_updates broadcasts rank 0's), which run()
+    rebuilds the AllReducer for in elastic mode; None when unknown (a
+    failed collective: the next commit finds the change)."""
 
-    def __init__(self, message="the job's membership changed", skip_sync=False):
+    def __init__(self, message="the job's membership changed", skip_sync=False,
+                 membership=None):
         super().__init__(message)
         self.skip_sync = bool(skip_sync)
+        self.membership = membership
 
 
 # Horovod's name (horovod.common.exceptions.HostsUpdatedInterrupt).

@@ -97,16 +97,30 @@ class State:
 
     def check_host_updates(self):
         """Raises MembershipChangedError on every rank if rank 0 recorded a
-        host update since the last check (a collective: the latest
-        timestamp is broadcast from rank 0, so all ranks agree)."""
+        host update since the last check, or (elastic mode,
+        MLFABRIC_ELASTIC=1) rank 0 finds the job's membership generation
+        (mlfabric.membership()) other than the one this rank's AllReducer
+        was built for. A collective: rank 0's timestamp and membership are
+        broadcast, so all ranks agree; the error carries that membership
+        (`.membership`), which run() rebuilds the AllReducer for."""
         previous = self._last_updated_timestamp
         latest = max([previous] + self._host_updates)
         self._host_updates = []
-        self._last_updated_timestamp = self._bcast_object(latest)
-        if self._last_updated_timestamp > previous:
+        members = None
+        if _membership_checked() and self._rank() == 0:
+            members = mlfabric.membership()
+        latest, members = self._bcast_object((latest, members))
+        self._last_updated_timestamp = latest
+        if latest > previous:
             raise MembershipChangedError(
-                "hosts were updated (timestamp %r after %r)"
-                % (self._last_updated_timestamp, previous), skip_sync=False)
+                "hosts were updated (timestamp %r after %r)" % (latest, previous),
+                skip_sync=False, membership=members)
+        if members is not None and members[0] != mlfabric._generation:
+            raise MembershipChangedError(
+                "the job's membership changed: generation %d, %d member(s) (%s), after "
+                "generation %d" % (members[0], len(members[1]), ", ".join(members[1]),
+                                   mlfabric._generation),
+                skip_sync=False, membership=members)
 
     def save(self):
         """Saves the state in host memory."""
@@ -151,6 +165,12 @@ class ObjectState(State):
             setattr(self, name, value)
 
 
+def _membership_checked():
+    """Whether commits look at the job's membership: in elastic mode, once
+    init() built the AllReducer for a membership generation."""
+    return mlfabric._elastic() and mlfabric._generation is not None
+
+
 def run_fn(func, reset=None):
     """run() with a `reset()` called before the reset callbacks on each
     retry (Horovod's horovod.common.elastic.run_fn)."""
@@ -159,9 +179,12 @@ def run_fn(func, reset=None):
         if not isinstance(state, State):
             raise TypeError("%s: the first argument must be an elastic State, got %r"
                             % (getattr(func, "__name__", "run"), state))
-        retry, skip_sync = False, False
+        retry, skip_sync, members = False, False, None
         while True:
             if retry:
+                if members is not None and _membership_checked():
+                    # Re-rendezvous: every rank got rank 0's membership.
+                    mlfabric._rendezvous(*members)
                 if reset is not None:
                     reset()
                 state.on_reset()
@@ -176,6 +199,7 @@ def run_fn(func, reset=None):
                 _report(changed)
                 state.restore()
                 skip_sync = changed.skip_sync
+                members = changed.membership
             retry = True
     return wrapper
 
