@@ -166,7 +166,7 @@ struct Model {
 // "Job membership"): its live workers and a generation that grows by one
 // with every join or leave, as the scheduler knew them when asked.
 struct JobMembers {
-  uint64_t generation = 0;
+  uint64_t generation = 0;           // grows by one with every join or leave
   std::vector<std::string> members;  // worker names, sorted bytewise
 };
 

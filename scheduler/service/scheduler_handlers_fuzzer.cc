@@ -62,6 +62,7 @@ enum Handler : uint8_t {
   kPlanDistribution,
   kReportEntityGone,  // a server leaving fails over to its replica
   kQueryOutcomes,     // never waits here (wait_s 0)
+  kQueryMembership,
   kHandlers,
 };
 
@@ -218,6 +219,20 @@ void CallQueryOutcomes(SchedulerService& service, const uint8_t* data, size_t si
   if (status.ok() && reply.pushes_size() != request.push_uids_size()) std::abort();
 }
 
+// A membership answer is sorted and unique, of a generation >= 1.
+void CallQueryMembership(SchedulerService& service, const uint8_t* data, size_t size) {
+  v1::QueryMembershipRequest request;
+  v1::QueryMembershipReply reply;
+  if (!Parse(data, size, &request)) return;
+  const absl::Status status = service.QueryMembership(request, &reply);
+  CheckStatus(status);
+  if (!status.ok()) return;
+  if (reply.generation() < 1) std::abort();
+  for (int i = 1; i < reply.members_size(); ++i) {
+    if (!(reply.members(i - 1) < reply.members(i))) std::abort();
+  }
+}
+
 // A host that may stream reads only well-formed commands.
 void CallStream(SchedulerService& service, const uint8_t* data, size_t size) {
   v1::StreamSchedulesRequest request;
@@ -297,6 +312,8 @@ void Call(SchedulerService& service, FakeClock& clock, uint8_t handler, const ui
     }
     case kQueryOutcomes:
       return CallQueryOutcomes(service, data, size);
+    case kQueryMembership:
+      return CallQueryMembership(service, data, size);
     case kStream:
       return CallStream(service, data, size);
     case kEndStream: {
