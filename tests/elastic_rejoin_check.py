@@ -5,7 +5,7 @@ commit per step) that trains at least STEPS steps and until its size is
 WANT again, so a rank killed mid-run must be replaced and re-rendezvous
 before the job can end. Each rank writes its pid to DIR/pid-<worker
 name>, rank 0 its step to DIR/progress, and every rank its final state
-to DIR/final-<worker name>: "step total size rank generation".
+to DIR/final-<worker name>: "step total size rank generation members".
 
     elastic_rejoin_check.py DIR STEPS WANT
 """
@@ -48,8 +48,9 @@ def train(state):
 
 
 train(state)
-write(os.path.join(out, "final-" + name), "%d %s %d %d %d\n" % (
+generation, members = mlfabric.membership()
+write(os.path.join(out, "final-" + name), "%d %s %d %d %d %s\n" % (
     state.step, ",".join("%g" % v for v in state.total), mlfabric.size(), mlfabric.rank(),
-    mlfabric.membership()[0]))
+    generation, ",".join(members)))
 print("elastic_rejoin_check %s: rank %d of %d, step %d" % (name, mlfabric.rank(), mlfabric.size(),
                                                            state.step))

@@ -55,6 +55,9 @@ cat "${finals[@]}"
   { echo "FAILED: the ranks ended with different states"; exit 1; }
 [[ $(cut -d' ' -f5 "${finals[@]}" | sort -u | wc -l) == 1 ]] ||
   { echo "FAILED: the ranks ended in different membership generations"; exit 1; }
+# mlfabric.membership() on every rank: the three workers, sorted.
+[[ $(cut -d' ' -f6 "${finals[@]}" | sort -u) == "rank0,rank1,rank2" ]] ||
+  { echo "FAILED: the members seen at the end differ"; exit 1; }
 read -r step total size _ < "$work/final-rank0"
 [[ $size == 3 && $step -ge 40 ]] || { echo "FAILED: final size $size, step $step"; exit 1; }
 for r in 0 1 2; do
