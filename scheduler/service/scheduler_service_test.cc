@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <thread>
@@ -646,14 +647,11 @@ TEST_CASE("float32 and float64 updates can share in-network aggregates; nothing 
 namespace mlfabric {
 namespace {
 
-TEST_CASE("A synchronous round is planned as soon as its last push arrives, not at the tick") {
-  SchedulerConfig config = DemoJob();
-  config.batch_interval_ms = 3600e3;  // an hour: only the early wake-up can plan in time
-  FakeClock clock{10.0};
-  SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
-  Handlers rpc{&service};
+// Registers hosts `hosts` (data address 127.0.0.1:1) and job demo's
+// synchronous-round server "root" on s1, summing `round_size` pushes.
+void RegisterRoundRoot(Handlers& rpc, std::initializer_list<const char*> hosts, int round_size) {
   grpc::ServerContext context;
-  for (const char* name : {"s1", "w1", "w2"}) {
+  for (const char* name : hosts) {
     v1::RegisterHostRequest request;
     request.set_protocol_version(1);
     request.set_host(name);
@@ -667,9 +665,19 @@ TEST_CASE("A synchronous round is planned as soon as its last push arrives, not 
   server.set_role(v1::ROLE_SERVER);
   server.set_name("root");
   server.set_host("s1");
-  server.set_round_size(2);
+  server.set_round_size(round_size);
   v1::RegisterEntityReply registered;
   REQUIRE(rpc.RegisterEntity(&context, &server, &registered).ok());
+}
+
+TEST_CASE("A synchronous round is planned as soon as its last push arrives, not at the tick") {
+  SchedulerConfig config = DemoJob();
+  config.batch_interval_ms = 3600e3;  // an hour: only the early wake-up can plan in time
+  FakeClock clock{10.0};
+  SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
+  Handlers rpc{&service};
+  grpc::ServerContext context;
+  RegisterRoundRoot(rpc, {"s1", "w1", "w2"}, 2);
   service.Start();
   auto push = [&](const std::string& worker) {
     v1::SubmitUpdateRequest request;
@@ -809,23 +817,7 @@ TEST_CASE("A member of a failed round hears why, even after later rounds failed 
   SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
   Handlers rpc{&service};
   grpc::ServerContext context;
-  for (const char* name : {"s1", "w1", "w2"}) {
-    v1::RegisterHostRequest request;
-    request.set_protocol_version(1);
-    request.set_host(name);
-    request.set_data_address("127.0.0.1:1");
-    v1::RegisterHostReply reply;
-    REQUIRE(rpc.RegisterHost(&context, &request, &reply).ok());
-  }
-  v1::RegisterEntityRequest server;
-  server.set_job("demo");
-  server.set_job_token("demo-token");
-  server.set_role(v1::ROLE_SERVER);
-  server.set_name("root");
-  server.set_host("s1");
-  server.set_round_size(2);
-  v1::RegisterEntityReply registered;
-  REQUIRE(rpc.RegisterEntity(&context, &server, &registered).ok());
+  RegisterRoundRoot(rpc, {"s1", "w1", "w2"}, 2);
   auto push = [&](const std::string& worker, int64_t round, v1::DType dtype) {
     v1::SubmitUpdateRequest request;
     request.set_job("demo");
@@ -862,23 +854,7 @@ TEST_CASE("tensor shapes: a round's pushes of equal bytes in different shapes al
   SchedulerService service{config, &clock, std::make_unique<core::FifoPlanner>()};
   Handlers rpc{&service};
   grpc::ServerContext context;
-  for (const char* name : {"s1", "w1", "w2", "w3"}) {
-    v1::RegisterHostRequest request;
-    request.set_protocol_version(1);
-    request.set_host(name);
-    request.set_data_address("127.0.0.1:1");
-    v1::RegisterHostReply reply;
-    REQUIRE(rpc.RegisterHost(&context, &request, &reply).ok());
-  }
-  v1::RegisterEntityRequest server;
-  server.set_job("demo");
-  server.set_job_token("demo-token");
-  server.set_role(v1::ROLE_SERVER);
-  server.set_name("root");
-  server.set_host("s1");
-  server.set_round_size(3);
-  v1::RegisterEntityReply registered;
-  REQUIRE(rpc.RegisterEntity(&context, &server, &registered).ok());
+  RegisterRoundRoot(rpc, {"s1", "w1", "w2", "w3"}, 3);
   // A push of 12 float32 naming `dims` (none when nullopt).
   auto push = [&](const std::string& worker, int64_t round,
                   std::optional<std::vector<int64_t>> dims) -> absl::StatusOr<uint64_t> {
