@@ -8,10 +8,7 @@
 # Skips, saying why, when the venv has no TensorFlow.
 set -euo pipefail
 source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
-python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
-if ! "$python" -c "import tensorflow, numpy" >/dev/null 2>&1; then
-  skip_or_fail "$python cannot import tensorflow/numpy; run tools/bootstrap"
-fi
+require_python tensorflow numpy
 root="$TEST_SRCDIR/mlfabric"
 export PYTHONPATH="$root/python"
 out="$TEST_TMPDIR/out.txt"

@@ -10,10 +10,7 @@
 # Skips, saying why, when the venv has no numpy.
 set -euo pipefail
 source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
-python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
-if ! "$python" -c "import numpy" >/dev/null 2>&1; then
-  skip_or_fail "$python cannot import numpy; run tools/bootstrap"
-fi
+require_python numpy
 root="$TEST_SRCDIR/mlfabric"
 export PYTHONPATH="$root/python"
 work="$TEST_TMPDIR/rejoin"

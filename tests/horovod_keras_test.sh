@@ -7,10 +7,7 @@
 # TensorFlow.
 set -euo pipefail
 source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
-python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
-if ! "$python" -c "import tensorflow, keras" >/dev/null 2>&1; then
-  skip_or_fail "$python cannot import tensorflow/keras; run tools/bootstrap"
-fi
+require_python tensorflow keras
 root="$TEST_SRCDIR/mlfabric"
 export PYTHONPATH="$root/python" MPLCONFIGDIR="$TEST_TMPDIR/matplotlib"
 for run in "tensorflow-first mlfabric 1" "mlfabric-first mpi 1" "tensorflow-first mlfabric 2"; do

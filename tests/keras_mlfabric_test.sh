@@ -4,10 +4,7 @@
 # async PS on digits). Skips, saying why, when the venv has no TensorFlow.
 set -euo pipefail
 source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
-python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
-if ! "$python" -c "import tensorflow, keras, sklearn" >/dev/null 2>&1; then
-  skip_or_fail "$python cannot import tensorflow/keras/sklearn; run tools/bootstrap"
-fi
+require_python tensorflow keras sklearn
 root="$TEST_SRCDIR/mlfabric"
 export PYTHONPATH="$root/python"
 export CHECK_PLANNER=mlfabric

@@ -4,10 +4,7 @@
 # ranks under mlfabric-run, each on an emulated host of its own. Skips, saying why, when the venv has no TensorFlow.
 set -euo pipefail
 source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
-python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
-if ! "$python" -c "import tensorflow, keras" >/dev/null 2>&1; then
-  skip_or_fail "$python cannot import tensorflow/keras; run tools/bootstrap"
-fi
+require_python tensorflow keras
 root="$TEST_SRCDIR/mlfabric"
 export PYTHONPATH="$root/python"
 out="$TEST_TMPDIR/out.txt"

@@ -6,10 +6,7 @@
 # no numpy.
 set -euo pipefail
 source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
-python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
-if ! "$python" -c "import numpy" >/dev/null 2>&1; then
-  skip_or_fail "$python cannot import numpy; run tools/bootstrap"
-fi
+require_python numpy
 root="$TEST_SRCDIR/mlfabric"
 export PYTHONPATH="$root/python"
 for np in 2 3; do

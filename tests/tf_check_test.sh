@@ -14,10 +14,7 @@ check="${1:?usage: tf_check_test.sh CHECK [BACKEND...]}"
 shift
 backends=("$@")
 [[ ${#backends[@]} -gt 0 ]] || backends=("")
-python="${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python"
-if ! "$python" -c "import tensorflow, keras" >/dev/null 2>&1; then
-  skip_or_fail "$python cannot import tensorflow/keras; run tools/bootstrap"
-fi
+require_python tensorflow keras
 root="$TEST_SRCDIR/mlfabric"
 export PYTHONPATH="$root/python" MPLCONFIGDIR="$TEST_TMPDIR/matplotlib" TMPDIR="$TEST_TMPDIR"
 for backend in "${backends[@]}"; do
