@@ -16,8 +16,9 @@ mlfabric.alltoall and mlfabric.reducescatter, exactly.
      not adding up to the rows, float splits, a scalar, an unknown op:
      ValueError naming the bad argument on the rank that passed it, and
      ValueError naming that rank on the others, never a hang; a row length
-     that differs across ranks fails every rank naming it; the ranks stay
-     in step afterwards.
+     that differs across ranks fails every rank naming it, and so does an
+     allreduce of arrays whose shapes differ at equal length; the ranks
+     stay in step afterwards.
 Prints "numpy_collectives_check rank R: OK" on success.
 """
 import faulthandler
@@ -142,6 +143,10 @@ wide = np.zeros((size, 3 if rank == bad else 2), np.float32)
 raises(lambda: mlfabric.alltoall(wide, [1] * size), ValueError, "row length")
 raises(lambda: mlfabric.reducescatter(np.ones(4, np.int32), op=mlfabric.Max if rank else
                                       mlfabric.Min), ValueError, "reduce op")
+# An allreduce whose arrays differ in shape at equal length fails on every
+# rank naming both shapes (the array's shape goes with it).
+twisted = np.ones((2, 6) if rank == bad else (12,), np.float32)
+raises(lambda: mlfabric.allreduce(twisted), ValueError, "shape", "[2, 6]", "[12]")
 # Still in step.
 out, received = mlfabric.alltoall(np.full((size, 1), rank, np.int64), [1] * size)
 expect(out.ravel().tolist() == list(range(size)), "alltoall after the errors")

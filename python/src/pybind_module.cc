@@ -110,11 +110,17 @@ class AllReducer {
     out = py::array::ensure(out, py::array::c_style);
     py::array contiguous = py::array::ensure(input, py::array::c_style);
     std::memcpy(out.mutable_data(), contiguous.data(), contiguous.nbytes());
+    // The array's shape goes with it: ranks whose shapes differ at equal
+    // length fail with FailedPrecondition naming both (CallOptions::shape).
+    const std::vector<int64_t> dims(input.shape(), input.shape() + input.ndim());
     char err[kErrBytes] = {0};
     int code;
     {
       py::gil_scoped_release release;
-      code = Collective(false, out.mutable_data(), out.size(), dtype, op, 0, err, sizeof err);
+      code = Wait(err, sizeof err, [&](mlf_done_fn done, void* waiter) {
+        mlf_ext_allreduce_shaped_async(handle_, out.mutable_data(), out.size(), dtype, op,
+                                       dims.data(), static_cast<int>(dims.size()), done, waiter);
+      });
     }
     if (code != 0) RaiseCollective(code, err);
     return out;
@@ -129,7 +135,9 @@ class AllReducer {
     int code;
     {
       py::gil_scoped_release release;
-      code = Collective(true, out.mutable_data(), out.size(), dtype, MLF_SUM, root, err, sizeof err);
+      code = Wait(err, sizeof err, [&](mlf_done_fn done, void* waiter) {
+        mlf_ext_broadcast_async(handle_, out.mutable_data(), out.size(), dtype, root, done, waiter);
+      });
     }
     if (code != 0) RaiseCollective(code, err);
     return out;
@@ -254,18 +262,6 @@ class AllReducer {
   }
 
  private:
-  // Blocks (without the GIL) until this rank's part of the collective ends.
-  int Collective(bool broadcast, void* data, uint64_t count, int dtype, int op, int root,
-                 char* err, size_t err_len) {
-    return Wait(err, err_len, [&](mlf_done_fn done, void* waiter) {
-      if (broadcast) {
-        mlf_ext_broadcast_async(handle_, data, count, dtype, root, done, waiter);
-      } else {
-        mlf_ext_allreduce_async(handle_, data, count, dtype, op, done, waiter);
-      }
-    });
-  }
-
   // What a blocked call waits on; `extra` is an Alltoall's Received (its
   // allocation callback gets the same context as `done`).
   struct Waiter {
