@@ -45,11 +45,12 @@ def worker_bit(name):
     return 1 << int(name[len("rank"):])
 
 
-def after_kill(logs, kill):
+def after_kill(logs, kill, until=float("inf")):
     """Seconds from a kill (dict: t, name, pid) to (a) the last survivor's
     first step after it whose sum does not hold the killed worker, and (b)
-    the first step of a process started after it under the same name (the
-    replacement); None where there is none."""
+    the first step of a process started after it (and before `until`, the
+    next kill): the replacement, which takes the lowest free rank number,
+    not always the killed one's. None where there is none."""
     t, name, pid = kill["t"], kill["name"], kill["pid"]
     survivors = {(n, p) for (n, p), start in logs.starts.items() if start < t and p != pid}
     firsts = {}
@@ -59,8 +60,7 @@ def after_kill(logs, kill):
             firsts[key] = s.t
     # Survivors that step after the kill (one killed later may never).
     survivors_next = max(firsts.values()) - t if firsts else None
-    joiner = [s.t for s in logs.steps
-              if s.name == name and s.pid != pid and logs.starts.get((s.name, s.pid), 0) > t]
+    joiner = [s.t for s in logs.steps if t < logs.starts[(s.name, s.pid)] < until]
     return survivors_next, (min(joiner) - t if joiner else None)
 
 

@@ -201,22 +201,41 @@ def host_of_ranks(job):
 
 
 def churn_run(args, names):
+    """See churn_steps; a job left running by an error is stopped (SIGINT)."""
+    jobs = []
+    try:
+        return churn_steps(args, names, jobs)
+    except BaseException:
+        for job in jobs:
+            if job.process.poll() is None:
+                job.process.send_signal(signal.SIGINT)
+                job.process.wait(timeout=60)
+        raise
+
+
+def churn_steps(args, names, jobs):
     """4 ranks (--slots), --kills SIGKILLs of non-zero ranks, each after the
     last replacement stepped (+ --spacing_s), then --moves host moves."""
     hosts, failures, moves = names[:args.slots], {}, 0
     job = Job(args, "faults" if args.kills or args.moves else "no-faults", hosts, args.slots)
+    jobs.append(job)
     job.wait_all_stepping(args.slots)
     job.wait_step(args.warmup_steps)
 
-    def move():
+    def move(for_kill):
+        """Moves a rank to an unlisted host name (for_kill: a worn-out
+        host's rank, to a name that can still fail); False if none."""
         nonlocal moves
-        spares = [h for h in names if h not in job.hosts and failures.get(h, 0) < 2]
-        used = [i for i in range(1, len(job.hosts)) if failures.get(job.hosts[i], 0) >= 2]
-        spares = spares if used else [h for h in names if h not in job.hosts]
-        if not spares:
+        worn = [i for i in range(1, len(job.hosts)) if failures.get(job.hosts[i], 0) >= 2]
+        spares = [h for h in names if h not in job.hosts
+                  and (not for_kill or failures.get(h, 0) < FAILURES_PER_HOST)]
+        if not spares or (for_kill and not worn):
             return False
-        job.move(used[0] if used else 1 + moves % (args.slots - 1), spares[0])
+        moved = time.time()
+        job.move(worn[0] if worn else 1 + moves % (args.slots - 1), spares[0])
         moves += 1
+        job.wait_until("a rank started on %s stepping" % spares[0], lambda: any(
+            job.logs().starts[(s.name, s.pid)] > moved for s in job.logs().steps), 60)
         job.wait_all_stepping(args.slots)
         time.sleep(args.spacing_s)
         return True
@@ -229,23 +248,26 @@ def churn_run(args, names):
 
     for i in range(args.kills):
         chosen, where = victim(i)
-        if chosen is None and move():
+        if chosen is None and move(True):
             chosen, where = victim(i)
         if chosen is None:
             progress("no host name left that can fail again without being blacklisted "
                      "after %d kills" % i)
             break
         victim_name = chosen
-        old = job.live()[victim_name]
         job.kill(victim_name)
         failures[where[victim_name]] = failures.get(where[victim_name], 0) + 1
-        job.wait_until("a replacement of %s stepping" % victim_name, lambda: any(
-            s.name == victim_name and s.pid != old for s in job.logs().steps), 60)
+        killed = job.kills[-1]["t"]
+
+        def replaced():
+            logs = job.logs()
+            return any(logs.starts[(s.name, s.pid)] > killed for s in logs.steps)
+        job.wait_until("a replacement of %s stepping" % victim_name, replaced, 60)
         job.wait_all_stepping(args.slots)
         progress("kill %d of %d: %s replaced" % (i + 1, args.kills, victim_name))
         time.sleep(args.spacing_s)
     for _ in range(args.moves):
-        if not move():
+        if not move(False):
             break
     job.finish(args.timeout_s)
     return job, moves
@@ -255,8 +277,9 @@ def churn_figures(job, moves):
     logs = job.logs()
     figures = final_of(job)
     kills = []
-    for k in job.kills:
-        survivors, joined = churn_logs.after_kill(logs, k)
+    for i, k in enumerate(job.kills):
+        until = job.kills[i + 1]["t"] if i + 1 < len(job.kills) else float("inf")
+        survivors, joined = churn_logs.after_kill(logs, k, until)
         kills.append({"worker": k["name"], "survivors_next_step_s": survivors,
                       "replacement_first_step_s": joined})
     checks, reasons = churn_logs.consistency(logs)
@@ -376,7 +399,7 @@ def main(argv):
     progress("logs in %s; host names %s" % (args.work, ", ".join(names)))
     figures = {"slots": args.slots, "steps": args.steps, "seed": args.seed,
                "step_ms": args.step_ms, "hosts": names}
-    job, moves = churn_run(args, names)
+    job, moves = churn_run(args, names)  # stops its job if it raises
     figures["churn"] = churn_figures(job, moves)
     progress("churn: %s" % json.dumps(figures["churn"]))
     if "no_faults" not in args.skip and (args.kills or args.moves):
