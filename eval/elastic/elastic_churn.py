@@ -58,35 +58,35 @@ class Job:
     driver rewrites to drop or add hosts."""
 
     def __init__(self, args, label, hosts, want):
-        self.args, self.label, self.hosts = args, label, list(hosts)
-        self.dir = os.path.join(args.work, label)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.dir)
-        self.hosts_file = os.path.join(self.dir, "hosts")
+        self._args, self.label, self.hosts = args, label, list(hosts)
+        self._dir = os.path.join(args.work, label)
+        shutil.rmtree(self._dir, ignore_errors=True)
+        os.makedirs(self._dir)
+        self._hosts_file = os.path.join(self._dir, "hosts")
         self.write_hosts()
-        script = os.path.join(self.dir, "discover.sh")
+        script = os.path.join(self._dir, "discover.sh")
         with open(script, "w") as f:
-            f.write("#!/bin/sh\ncat '%s'\n" % self.hosts_file)
+            f.write("#!/bin/sh\ncat '%s'\n" % self._hosts_file)
         os.chmod(script, 0o755)
-        self.launcher_log = os.path.join(self.dir, "mlfabric-run.txt")
-        self.command = [args.run, "--host-discovery-script", script, "--discovery_interval_s",
-                        "0.2", args.python, os.path.join(HERE, "elastic_train.py"), self.dir,
+        self._launcher_log = os.path.join(self._dir, "mlfabric-run.txt")
+        self._command = [args.run, "--host-discovery-script", script, "--discovery_interval_s",
+                        "0.2", args.python, os.path.join(HERE, "elastic_train.py"), self._dir,
                         str(args.steps), str(args.seed), str(want), str(args.step_ms)]
-        progress("%s: %s" % (label, " ".join(self.command)))
-        self.out = open(self.launcher_log, "w")
-        self.process = subprocess.Popen(self.command, stdout=self.out, stderr=subprocess.STDOUT)
+        progress("%s: %s" % (label, " ".join(self._command)))
+        self._out = open(self._launcher_log, "w")
+        self.process = subprocess.Popen(self._command, stdout=self._out, stderr=subprocess.STDOUT)
         self.kills = []
 
     def write_hosts(self):
-        with open(self.hosts_file + ".tmp", "w") as f:
+        with open(self._hosts_file + ".tmp", "w") as f:
             f.write("".join("%s:1\n" % h for h in self.hosts))
-        os.replace(self.hosts_file + ".tmp", self.hosts_file)
+        os.replace(self._hosts_file + ".tmp", self._hosts_file)
 
     def logs(self):
-        return churn_logs.Logs(self.dir)
+        return churn_logs.Logs(self._dir)
 
     def launcher_text(self):
-        with open(self.launcher_log) as f:
+        with open(self._launcher_log) as f:
             return f.read()
 
     def wait_until(self, what, condition, timeout_s):
@@ -95,11 +95,11 @@ class Job:
             if condition():
                 return True
             if self.process.poll() is not None:
-                raise RuntimeError("%s: the job ended (code %s) while waiting for %s; see %s"
-                                   % (self.label, self.process.returncode, what, self.launcher_log))
+                raise RuntimeError("%s: the job ended (code %s) while waiting for %s; see %s" % (
+                    self.label, self.process.returncode, what, self._launcher_log))
             time.sleep(0.05)
         raise RuntimeError("%s: no %s after %g s; see %s" % (self.label, what, timeout_s,
-                                                             self.launcher_log))
+                                                             self._launcher_log))
 
     def live(self):
         """{worker name: pid} of the processes that logged and are alive."""
@@ -158,11 +158,11 @@ class Job:
             code = self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.process.send_signal(signal.SIGINT)
-            code = self.process.wait(timeout=60)
+            self.process.wait(timeout=60)
             raise RuntimeError("%s: the job did not end within %d s; see %s"
-                               % (self.label, timeout_s, self.launcher_log))
+                               % (self.label, timeout_s, self._launcher_log))
         finally:
-            self.out.close()
+            self._out.close()
         progress("%s: the job exited with %d" % (self.label, code))
         return code
 
@@ -325,7 +325,8 @@ def targets(figures):
         joins = [k["replacement_first_step_s"] for k in kills]
         worst = max(nexts) if None not in nexts else None
         rows.append(("survivors' next step after a SIGKILL <= 5 s (worst of %d)" % len(kills),
-                     "n/a" if worst is None else "%.2f s" % worst, worst is not None and worst <= 5))
+                     "n/a" if worst is None else "%.2f s" % worst,
+                     worst is not None and worst <= 5))
         worst = max(joins) if None not in joins else None
         rows.append(("replacement's first step <= 10 s after the kill (worst)",
                      "none" if worst is None else "%.2f s" % worst,

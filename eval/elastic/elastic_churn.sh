@@ -26,12 +26,14 @@ for dir in "$root/python" "$root/bazel-bin/python"; do
 done
 if [[ ! -x $run || $built_lib == false ]]; then
   echo "elastic_churn: MLfabric is not built (needs bazel-bin/tools/run/mlfabric-run and" \
-       "bazel-bin/python/libmlfabric_pycore.so); run: bazel build //tools/run:mlfabric-run //python:runtime" >&2
+       "bazel-bin/python/libmlfabric_pycore.so); run:" \
+       "bazel build //tools/run:mlfabric-run //python:runtime" >&2
   exit 2
 fi
 python=${MLFABRIC_VENV:-/opt/mlfabric/venv}/bin/python
 if ! "$python" -c "import numpy, sklearn" 2>/dev/null; then
-  echo "elastic_churn: $python cannot import numpy and sklearn (set MLFABRIC_VENV, or run tools/bootstrap)" >&2
+  echo "elastic_churn: $python cannot import numpy and sklearn" \
+       "(set MLFABRIC_VENV, or run tools/bootstrap)" >&2
   exit 2
 fi
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
