@@ -18,7 +18,7 @@ markers, and the opening marker itself; --check (and --write) fails when
 that differs, when a marker names no table, when an end marker is missing,
 when a table of TABLES has no markers in the doc, or when the doc holds a
 Markdown table outside the markers (a rule line, `| ---`, written by hand).
-The JSON is either what a run writes itself (eval/sim/results/,
+The JSON is either what a run writes itself (eval/sim/results/, eval/elastic/results/,
 eval/testbed/*_results.json, `bench/allreduce_hosts.sh --json`,
 `dataplane_benchmark --json`, `keras_hosts.sh --json`, in the structure of
 its docs/results/ file) or a small file under docs/results/ holding the
@@ -823,11 +823,32 @@ def loadgen_p99_applied(index):
 
 
 # The figures summary.json refers to as {NAME}, each computed from its file.
+def elastic_worst(key):
+    """The worst of every run's kills' `key` (seconds after the kill), over
+    eval/elastic/results/*.json."""
+    def figure(root):
+        worst = 0.0
+        for where, data in load(root, "eval/elastic/results/*.json"):
+            churn = field(field(data, "figures", where), "churn", where)
+            for kill in field(churn, "kills", where):
+                worst = max(worst, float(field(kill, key, where)))
+        return "%.2f s" % worst
+    return figure
+
+
+def elastic_most_changes(root):
+    return "%d" % max(elastic_changes(data, where)
+                      for where, data in load(root, "eval/elastic/results/*.json"))
+
+
 SUMMARY_FIGURES = {
     "testbed-table2: paper's speedups": lambda root: times(table2_speedups(root, True)),
     "testbed-table2: speedups": lambda root: times(table2_speedups(root, False)),
     "testbed-table2: paper's C2 speedups": lambda root: times(table2_speedups(root, True, ["C2"])),
     "testbed-c2-repeated: means": c2_means,
+    "elastic: survivors' next step, worst": elastic_worst("survivors_next_step_s"),
+    "elastic: replacement's first step, worst": elastic_worst("replacement_first_step_s"),
+    "elastic: most membership changes": elastic_most_changes,
     "testbed-iteration: later than planned": later_than_planned,
     "mercury: VGG-16 prio+rounds over single": mercury_over_single,
     "tensorlights: TLs-One against FIFO": tls_against_fifo("one"),
@@ -878,6 +899,52 @@ def summary(root):
 
 # --- the doc ----------------------------------------------------------------
 
+# --- §1.10: elastic training (eval/elastic/results/, elastic_churn.sh --json) ---
+
+# (row label, the start of the run's target text) in table order.
+ELASTIC_ROWS = [
+    ("survivors' next step after a SIGKILL, ≤ 5 s", "survivors' next step"),
+    ("the replacement's first step, ≤ 10 s", "replacement's first step"),
+    ("commits whose weights differ across ranks", "identical weights"),
+    ("the job ends with 4 ranks, same weights", "the job ends with"),
+    ("final accuracy within 1 point of no faults", "final accuracy"),
+    ("3 survivors' steps/s ≥ 0.9× a fresh 3-rank job", "steps/s of 3 survivors"),
+    ("≥ 20 changes: no hang, no mixed round", "membership changes (target 20)"),
+]
+
+
+def elastic_changes(data, where):
+    churn = field(field(data, "figures", where), "churn", where)
+    return field(churn, "membership_changes", where)
+
+
+def elastic(root):
+    """§1.10: each run a column, each target a row: what the run measured,
+    "(not met)" when it missed; a target a run does not reach (the 20
+    changes in a 2-change run) is left empty."""
+    runs = sorted(load(root, "eval/elastic/results/*.json"),
+                  key=lambda item: elastic_changes(item[1], item[0]))
+    header, columns = ["target"], []
+    for where, data in runs:
+        churn = field(field(data, "figures", where), "churn", where)
+        header.append("%d kill%s, %d move%s: %d changes" % (
+            len(field(churn, "kills", where)), "" if len(churn["kills"]) == 1 else "s",
+            field(churn, "host_moves", where), "" if churn["host_moves"] == 1 else "s",
+            elastic_changes(data, where)))
+        cells = {}
+        for target in field(data, "targets", where):
+            text = field(target, "target", where)
+            for label, start in ELASTIC_ROWS:
+                if start in text:
+                    met = field(target, "met", where)
+                    if start.startswith("membership changes") and not met:
+                        continue  # too few changes in this run to judge
+                    cells[label] = field(target, "measured", where) + ("" if met else " (not met)")
+        columns.append(cells)
+    rows = [[label] + [cells.get(label, "") for cells in columns] for label, _ in ELASTIC_ROWS]
+    return table(header, rows)
+
+
 # name: (the files it reads, as the marker names them; the renderer).
 TABLES = {
     "summary": ("docs/results/summary.json and the files of its figures", summary),
@@ -904,6 +971,7 @@ TABLES = {
     "faults": ("docs/results/faults.json", faults),
     "keras-hosts": ("docs/results/keras-hosts.json", keras_hosts),
     "loadgen": ("docs/results/loadgen.json", loadgen),
+    "elastic": ("eval/elastic/results/*.json", elastic),
 }
 
 

@@ -60,9 +60,10 @@ fi
 
 # A new run's JSON without --write: the table no longer matches its file.
 tree="$fixture/tree"
-mkdir -p "$tree/eval/sim" "$tree/eval/testbed" "$tree/docs"
+mkdir -p "$tree/eval/sim" "$tree/eval/testbed" "$tree/eval/elastic" "$tree/docs"
 cp -r "$root/eval/sim/results" "$tree/eval/sim/"
 cp "$root"/eval/testbed/*_results.json "$tree/eval/testbed/"
+cp -r "$root/eval/elastic/results" "$tree/eval/elastic/"
 cp -r "$root/docs/results" "$tree/docs/"
 python3 -c 'import json, sys
 path = sys.argv[1]
