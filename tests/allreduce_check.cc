@@ -323,17 +323,21 @@ void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer, bool any_op = true) 
 // Tensor shapes in the mlfabric backend's own rounds (no MPI agreement):
 // equal lengths in different shapes fail every rank with FailedPrecondition
 // naming both shapes -- found by the root's scheduler, or by the shared
-// memory of ranks on one host. The lower half of the ranks passes [2, 6],
-// the upper half [12], so that ranks sharing a host (consecutive ranks)
-// agree and their leaders' rounds differ at the root; then only the last
-// rank differs, which its host's ranks (or the root) find. Equal shapes,
-// and a rank naming none among them, sum exactly; the rounds go on.
+// memory of ranks on one host. The ranks of the lower half of the hosts
+// pass [2, 6], the others [12] (all ranks on one host: half of them), so
+// that ranks sharing a host (consecutive ranks) agree and their leaders'
+// rounds differ at the root; then only the last rank differs, which its
+// host's ranks (or the root) find. Equal shapes, and a rank naming none
+// among them, sum exactly; the rounds go on.
 void CheckShapesWithoutMpi(mlfabric::AllReducer& reducer, const char* what) {
   using namespace mlfabric;
   const int size = reducer.size();
+  const int local = std::max(1, reducer.local_size());
+  const int hosts = size / local;
+  const int upper = hosts >= 2 ? hosts / 2 * local : size / 2;  // the first rank passing [12]
   std::vector<float> t(12, 1.0f);
   CallOptions call;
-  call.shape = g_rank >= size / 2 ? std::vector<int64_t>{12} : std::vector<int64_t>{2, 6};
+  call.shape = g_rank >= upper ? std::vector<int64_t>{12} : std::vector<int64_t>{2, 6};
   absl::Status status =
       reducer.AllReduce(t.data(), t.size(), DataType::kFloat32, ReduceOp::kSum, call);
   const auto names_both = [](const absl::Status& s) {
