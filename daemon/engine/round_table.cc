@@ -180,10 +180,10 @@ void RoundTable::ReleaseLocked(const Key& key, Round& round, size_t ready_before
       fx->chunks.push_back({stream, begin, end, round.size});
     }
   }
-  fx->changed = true;
   if (round.ready.size() == round.packets) {
     round.complete = true;
     fx->complete.push_back(key);
+    fx->changed = true;  // AwaitSum
   }
 }
 

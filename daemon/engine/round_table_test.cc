@@ -68,6 +68,7 @@ TEST_CASE("RoundTable sums a round chunk by chunk and streams final chunks to wa
   CHECK(fx.chunks[0].begin == 16);
   CHECK(fx.chunks[0].end == 32);
   CHECK(fx.complete.empty());
+  CHECK(!fx.changed);  // a final chunk wakes no waiter under the lock (watchers stream it)
   // A late watcher is handed the final chunks at once.
   auto late = table.AddWatcher(kKey, 0, 901);
   REQUIRE(late.has_value());
@@ -81,6 +82,7 @@ TEST_CASE("RoundTable sums a round chunk by chunk and streams final chunks to wa
   CHECK(fx.chunks[0].begin == 0);
   REQUIRE(fx.complete.size() == 1);
   CHECK(fx.complete[0] == std::make_pair(kKey, int64_t{0}));
+  CHECK(fx.changed);  // AwaitSum waits for this
   for (size_t i = 0; i < 8; ++i) CHECK(At(*watch->sum, i) == 7);
 
   auto delivery = table.BeginDelivery(kKey, 0);

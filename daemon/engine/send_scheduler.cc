@@ -73,6 +73,7 @@ void SendScheduler::Stop() {
     stopping_ = true;
   }
   cv_.SignalAll();
+  replies_cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -308,7 +309,7 @@ void SendScheduler::SetReplyBuffer(uint64_t id, std::shared_ptr<SharedBuffer> bu
   if (it == replies_.end()) return;
   it->second.buffer = std::move(buffer);
   it->second.total_packets = total_packets;
-  cv_.SignalAll();
+  replies_cv_.SignalAll();
 }
 
 void SendScheduler::QueueReply(uint64_t id, uint64_t begin, uint64_t end,
@@ -329,7 +330,7 @@ void SendScheduler::QueueReply(uint64_t id, uint64_t begin, uint64_t end,
       options_.payload_bytes);
   if (!split.ok()) {  // cannot happen for a non-empty range; fail the reply, not the daemon
     reply.error = absl::StrCat("cannot packetise the reply: ", split.status().message());
-    cv_.SignalAll();
+    replies_cv_.SignalAll();
     return;
   }
   for (const PacketDescriptor& packet : *split) {
@@ -343,7 +344,7 @@ void SendScheduler::EndReply(uint64_t id) {
   MutexLock lock(&mu_);
   if (auto it = replies_.find(id); it != replies_.end()) {
     it->second.total_packets = it->second.queued;
-    cv_.SignalAll();
+    replies_cv_.SignalAll();
   }
 }
 
@@ -351,11 +352,15 @@ void SendScheduler::FailReply(uint64_t id, const std::string& why) {
   MutexLock lock(&mu_);
   if (auto it = replies_.find(id); it != replies_.end() && it->second.failed.empty()) {
     it->second.failed = why;
-    cv_.SignalAll();
+    cv_.SignalAll();  // the loop drops its packets
+    replies_cv_.SignalAll();
   }
 }
 
-void SendScheduler::Wake() { cv_.SignalAll(); }
+void SendScheduler::Wake() {
+  cv_.SignalAll();
+  replies_cv_.SignalAll();  // AwaitReply's `failed` predicate may hold now
+}
 
 absl::Status SendScheduler::AwaitReply(uint64_t id, const std::function<std::string()>& failed,
                                        std::chrono::steady_clock::time_point deadline) {
@@ -372,13 +377,14 @@ absl::Status SendScheduler::AwaitReply(uint64_t id, const std::function<std::str
   };
   // Whoever makes `failed` true calls Wake(); the slice is a safety net.
   while (!(ended = done()) && std::chrono::steady_clock::now() < deadline) {
-    cv_.WaitWithDeadline(&mu_, std::min(deadline, std::chrono::steady_clock::now() +
-                                                     std::chrono::milliseconds(200)));
+    replies_cv_.WaitWithDeadline(&mu_, std::min(deadline, std::chrono::steady_clock::now() +
+                                                             std::chrono::milliseconds(200)));
   }
   // Nothing more of it goes out; a packet being written is finished first,
   // so the caller may write to the socket again.
   queue_.RemoveTransfer(id);
-  cv_.Await(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !reply.writing; });
+  reply.closing = true;
+  replies_cv_.Await(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !reply.writing; });
   const Reply last = std::move(reply);
   replies_.erase(id);
   if (!last.error.empty()) return absl::UnavailableError(last.error);
@@ -394,7 +400,9 @@ void SendScheduler::CloseReply(uint64_t id) {
   auto it = replies_.find(id);
   if (it == replies_.end()) return;
   queue_.RemoveTransfer(id);
-  cv_.Await(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !it->second.writing; });
+  it->second.closing = true;
+  replies_cv_.Await(&mu_,
+                    [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !it->second.writing; });
   replies_.erase(it);
 }
 
@@ -595,7 +603,11 @@ bool SendScheduler::SendReplyPacketLocked(const PacketDescriptor& packet, Reply&
                      << " packets sent): " << written.status().message();
     queue_.RemoveTransfer(id);
   }
-  cv_.SignalAll();  // AwaitReply
+  // AwaitReply waits for the last packet, an error or (closing) the end
+  // of this write; a packet of many does not wake it.
+  if (reply.sent == reply.total_packets || !reply.error.empty() || reply.closing) {
+    replies_cv_.SignalAll();
+  }
   return true;
 }
 

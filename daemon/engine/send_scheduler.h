@@ -200,6 +200,7 @@ class SendScheduler {
     size_t queued = 0;
     size_t sent = 0;
     bool writing = false;  // the loop is writing one of its packets
+    bool closing = false;  // AwaitReply or CloseReply waits for `writing` to end
     uint64_t coalesce_limit = 0;  // the next write's bytes (0: the cap)
     std::string error;     // a write failed
     std::string failed;    // FailReply
@@ -261,7 +262,11 @@ class SendScheduler {
   const FailureSink on_failure_;
 
   mutable Mutex mu_;
+  // The sender loop waits on cv_, the threads serving gets (AwaitReply,
+  // CloseReply) on replies_cv_: a packet written or queued wakes only the
+  // one that may go on (the loop), not every get in flight.
   CondVar cv_;
+  CondVar replies_cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   double clock_offset_s_ ABSL_GUARDED_BY(mu_) = 0;
   PriorityPacketQueue queue_ ABSL_GUARDED_BY(mu_);
