@@ -114,7 +114,8 @@ void AppRequests::HandleRegister(const std::shared_ptr<AppSession>& app,
 }
 
 PushTable::Push AppRequests::PendingPush(const std::shared_ptr<AppSession>& app,
-                                        const v1::LocalPush& push, SharedBuffer buffer) const {
+                                        const v1::LocalPush& push, SharedBuffer buffer,
+                                        bool server_here) const {
   PushTable::Push pending;
   pending.app = app;
   pending.server = push.server();
@@ -126,8 +127,10 @@ PushTable::Push AppRequests::PendingPush(const std::shared_ptr<AppSession>& app,
   pending.dtype = push.dtype();
   pending.uid = push.uid();
   // Checksum the packets while the scheduler plans (see PacketChecksums);
-  // not when sessions are sealed, whose tags replace the CRC.
-  if (!parts_.keys->encryption()) {
+  // not when sessions are sealed, whose tags replace the CRC, nor for a
+  // server on this host, whose push is taken in without a socket (a plan
+  // that sends it elsewhere after all gets its CRCs as its packets leave).
+  if (!parts_.keys->encryption() && !server_here) {
     pending.checksums = transport::PacketChecksums::ForPush(pending.tensors, pending.buffer->size(),
                                                          options_.payload_bytes);
   }
@@ -171,14 +174,16 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
   // held across it: a command naming the push that arrives before the
   // reply finds it by local id (PushTable::Adopt), and the command stream
   // never waits for a submission.
-  PushTable::Push pending = PendingPush(app, push, std::move(*buffer));
-  const std::shared_ptr<transport::PacketChecksums> checksums = pending.checksums;
-  const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
+  bool server_here = false;
   {
     // Names the round a later get streams back, if the server runs rounds.
     ReceiveLock::Hold lock(lock_);
     app->last_round_push[push.server()] = push.version();
+    server_here = parts_.servers->AppLocked(ServerKey(app->job_id, push.server())) != nullptr;
   }
+  PushTable::Push pending = PendingPush(app, push, std::move(*buffer), server_here);
+  const std::shared_ptr<transport::PacketChecksums> checksums = pending.checksums;
+  const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
   const uint64_t local_id = parts_.pushes->Record(std::move(pending));
   request.set_local_id(local_id);
   MLF_LOG(DEBUG) << "submitting push (local id " << local_id << ") of '" << app->name

@@ -194,9 +194,10 @@ class AppRequests : public AppHandler {
   void AnswerOutcomeQuery(const std::shared_ptr<AppSession>& app,
                           const v1::LocalOutcomeQuery& query, const OutcomeAnswer& answer);
   // The PushTable's record of `push`, its bytes in `buffer` (and its
-  // checksums to compute, unless sessions are sealed).
+  // checksums to compute, unless sessions are sealed or its server is on
+  // this host: `server_here`).
   PushTable::Push PendingPush(const std::shared_ptr<AppSession>& app, const v1::LocalPush& push,
-                              SharedBuffer buffer) const;
+                              SharedBuffer buffer, bool server_here) const;
   // Records the reply in the PushTable, or fails the push to the application.
   void Submitted(const Submission& submission, absl::Status status,
                  const v1::SubmitUpdateReply& reply);

@@ -335,8 +335,40 @@ absl::Status DataReceiver::DeliverLocal(const PacketHeader& begin, const SharedB
                                                    data.size()));
   }
   RETURN_IF_ERROR(Begin(begin));
-  std::shared_ptr<SharedBuffer> buffer = BufferFor(begin);
-  if (buffer == nullptr) return absl::OkStatus();  // cancelled meanwhile
+  // Accepts the bytes at `base` in packet-sized pieces, as if they had
+  // arrived on a session.
+  auto accept = [&](const uint8_t* base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side) {
+    PacketHeader piece = begin;
+    piece.kind = transport::PacketKind::kData;
+    uint64_t offset = 0;
+    do {
+      piece.offset = offset;
+      piece.length =
+          static_cast<uint32_t>(std::min<uint64_t>(packet_bytes, data.size() - offset));
+      bool complete = false;
+      RETURN_IF_ERROR(AcceptLocked(piece, base + offset, &complete));
+      // AcceptLocked counts bytes received on sessions; these were not.
+      bytes_received_.fetch_sub(piece.length);
+      offset += piece.length;
+      if (parts_.incoming->Find(begin.transfer) == nullptr) break;  // ended (or cancelled)
+    } while (offset < data.size());
+    local_transfers_.fetch_add(1);
+    local_bytes_.fetch_add(static_cast<int64_t>(data.size()));
+    return absl::OkStatus();
+  };
+  std::shared_ptr<SharedBuffer> buffer;
+  {
+    ReceiveLock::Hold lock(lock_);
+    // A member of a round this host sums (an AllReduce's root, Mercury PS)
+    // is summed straight from the push's buffer, which the caller holds,
+    // under one hold of the lock: its bytes are never read again. Anything
+    // else (a delivery, an aggregate's part, a member whose round has not
+    // been announced yet) keeps its bytes in its receive buffer.
+    if (parts_.rounds->IsMemberLocked(begin.transfer)) return accept(data.data());
+    const Incoming* incoming = parts_.incoming->Find(begin.transfer);
+    if (incoming == nullptr) return absl::OkStatus();  // cancelled meanwhile
+    buffer = incoming->buffer;
+  }
   // One copy, without the lock (nobody else writes a transfer's buffer
   // before its bytes are accepted below).
   std::memcpy(buffer->data(), data.data(), data.size());
@@ -345,22 +377,7 @@ absl::Status DataReceiver::DeliverLocal(const PacketHeader& begin, const SharedB
   // As in Arrived: the incoming transfer holds the buffer while it is
   // incoming; once it is not, AcceptLocked does not touch it.
   buffer.reset();
-  PacketHeader piece = begin;
-  piece.kind = transport::PacketKind::kData;
-  uint64_t offset = 0;
-  do {
-    piece.offset = offset;
-    piece.length = static_cast<uint32_t>(std::min<uint64_t>(packet_bytes, data.size() - offset));
-    bool complete = false;
-    RETURN_IF_ERROR(AcceptLocked(piece, base + offset, &complete));
-    // AcceptLocked counts bytes received on sessions; these were not.
-    bytes_received_.fetch_sub(piece.length);
-    offset += piece.length;
-    if (parts_.incoming->Find(begin.transfer) == nullptr) break;  // ended (or cancelled)
-  } while (offset < data.size());
-  local_transfers_.fetch_add(1);
-  local_bytes_.fetch_add(static_cast<int64_t>(data.size()));
-  return absl::OkStatus();
+  return accept(base);
 }
 
 std::optional<uint32_t> DataReceiver::ExpectedJobLocked(uint64_t transfer) const {

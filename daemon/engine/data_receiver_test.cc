@@ -645,5 +645,54 @@ TEST_CASE("DataReceiver::DeliverLocal refuses another job's transfer and a secon
   CHECK(rig.receiver.local_transfers() == 1);
 }
 
+TEST_CASE("DataReceiver::DeliverLocal sums a round member from the push's own buffer") {
+  Rig rig;
+  // A 2-member round of float32s: one member announced before its bytes
+  // come (summed straight from the push's buffer), one after (kept in its
+  // receive buffer until it joins, then summed from there).
+  constexpr size_t kFloats = 3 * kPayloadBytes / sizeof(float) + 5;
+  constexpr int64_t kTotal = static_cast<int64_t>(kFloats * sizeof(float));
+  auto member = [](uint64_t transfer) {
+    v1::ExpectDelivery expect;
+    expect.set_transfer_id(transfer);
+    expect.set_job_id(kJob);
+    expect.set_server(kServer);
+    expect.set_version(0);
+    expect.set_round_size(2);
+    expect.set_contributions(1);
+    expect.set_bytes(kTotal);
+    expect.set_dtype(v1::DTYPE_FLOAT32);
+    return expect;
+  };
+  auto floats = [](float scale) {
+    std::vector<uint8_t> bytes(kTotal);
+    for (size_t i = 0; i < kFloats; ++i) {
+      const float value = scale * static_cast<float>(i % 1000);
+      std::memcpy(bytes.data() + i * sizeof(float), &value, sizeof(float));
+    }
+    return bytes;
+  };
+  {
+    ReceiveLock::Hold guard(&rig.lock);
+    rig.rounds.JoinLocked(member(701));
+  }
+  const SharedBuffer first = BufferOf(floats(1.0f));
+  REQUIRE(rig.receiver.DeliverLocal(LocalBegin(kJob, 701, kTotal), first, kPayloadBytes).ok());
+  REQUIRE(rig.receiver.DeliverLocal(LocalBegin(kJob, 702, kTotal), BufferOf(floats(2.0f)),
+                                    kPayloadBytes)
+              .ok());
+  {
+    ReceiveLock::Hold guard(&rig.lock);
+    rig.rounds.JoinLocked(member(702));
+  }
+  v1::LocalUpdate update;
+  std::vector<uint8_t> delivered;
+  rig.NextUpdate(&update, &delivered);
+  CHECK(delivered == floats(3.0f));
+  CHECK(rig.receiver.local_transfers() == 2);
+  CHECK(rig.receiver.bytes_received() == 0);
+  CHECK(rig.SettledReports().empty());
+}
+
 }  // namespace
 }  // namespace mlfabric::daemon
