@@ -516,10 +516,14 @@ bool ExtendChain(const AggregationInput& input, int next, int max_hops,
                                         input.now_s, 8.0 * static_cast<double>(item.bytes));
   net->RollbackTo(mark);
   // Extend when that does not raise the sum of the arrivals: a member
-  // that slows the chain (a slow link, N3) delays every member.
+  // that slows the chain (a slow link, N3) delays every member. Summed as
+  // durations from now_s, so that the rounding slack is relative to them
+  // and not to the clock (a live scheduler's times are seconds since boot:
+  // a slack relative to those was tens of microseconds, and a 4 KiB round
+  // rooted on h0 was chained h0 -> h1 -> h0 instead of going direct).
   const double members = static_cast<double>(chain->items.size());
-  const double extended = (members + 1) * longer_end;
-  const double separate = members * *end + alone_end;
+  const double extended = (members + 1) * (longer_end - input.now_s);
+  const double separate = members * (*end - input.now_s) + (alone_end - input.now_s);
   if (extended > separate + Slack(separate)) return false;
   chain->items.push_back(next);
   chain->node.push_back(node);

@@ -202,6 +202,35 @@ TEST_CASE("Streaming chains: a host's second update is summed there; a non-aggre
   CHECK(g5_at_w1);
 }
 
+TEST_CASE("Streaming chains: a small round on a clock far from zero goes direct") {
+  // A 2-host AllReduce round as the live scheduler plans it: the server's
+  // own host contributes too, and its clock reads seconds since boot. A
+  // chain S -> w1 -> S ties with going direct in when everything arrives,
+  // but raises the sum of the arrivals (S's own update, a memory copy,
+  // would come with w1's): every update goes direct, as at now_s = 0.
+  for (const double now_s : {0.0, 85386.38}) {
+    for (const int64_t bytes : {int64_t{4096}, int64_t{262144}}) {
+      Batch batch;
+      batch.server = "S";
+      batch.mode = Mode::kSync;
+      batch.now_s = now_s;
+      batch.tau_max = 10;
+      batch.hosts = {{"S", 1e10, 1e10, {}, {}}, {"w1", 1e10, 1e10, {}, {}}};
+      batch.updates.push_back({"g0", "S", bytes, 0, 1, {}});
+      batch.updates.push_back({"g1", "w1", bytes, 0, 1, {}});
+      batch.aggregators = {"S", "w1"};
+      auto plan = MlfabricPlanner().PlanBatch(batch);
+      REQUIRE(plan.ok());
+      INFO("now_s " << now_s << ", " << bytes << " bytes: " << PlanToJson(*plan).dump(1));
+      CHECK(CheckPlan(batch, *plan).empty());
+      for (const Transfer& t : plan->transfers) {
+        CHECK(t.kind == TransferKind::kDirect);
+        CHECK(t.dst == "S");
+      }
+    }
+  }
+}
+
 TEST_CASE("Streaming chains: random batches with worker aggregators keep every invariant") {
   for (uint64_t seed = 1; seed <= 200; ++seed) {
     internal::RandomBatchOptions o;

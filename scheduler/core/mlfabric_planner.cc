@@ -179,7 +179,10 @@ AggregationOutcome AggregateOrdered(const Batch& batch, const PreparedBatch& pre
       m > 1 && options.max_chain_hops >= 1) {
     Network streamed = base;
     ChainResult chain = AggregateChains(input, options.max_chain_hops, &streamed);
-    if (chain.chained > 0 && chain.total_s <= agg.total_s + 1e-9 * (agg.total_s + 1.0)) {
+    // Compared as durations from now (a slack relative to the clock's
+    // value would let a chain that finishes later by microseconds win).
+    const double chain_s = chain.total_s - input.now_s, agg_s = agg.total_s - input.now_s;
+    if (chain.chained > 0 && chain_s <= agg_s + 1e-9 * (agg_s + 1e-3)) {
       outcome.chains = std::move(chain);
       aggregated = std::move(streamed);
     }
