@@ -370,9 +370,26 @@ absl::Status PacketPool::Add(TransferId transfer, ContributorId contributor_id, 
     scratch_.assign(payload.begin(), payload.end());  // operator new: 16-byte aligned
     src = scratch_.data();
   }
-  std::byte* dst = state.sum + offset;
-  const size_t n = size / element;
-  SumInto(spec.dtype, dst, src, contributor.weight, n);
+  // Packet by packet: the first contribution to touch a grid packet
+  // initialises it (a copy when it covers the whole packet with weight 1,
+  // else zeros and then the sum), so the sum buffer need not be zeroed
+  // first (a pass over a reused 4 MiB round buffer per round).
+  const uint64_t packet_bytes = spec.packet_bytes;
+  for (uint64_t p = offset / packet_bytes; p * packet_bytes < end; ++p) {
+    const uint64_t p_begin = p * packet_bytes;
+    const uint64_t p_end = std::min(p_begin + packet_bytes, spec.bytes);
+    const uint64_t begin = std::max(offset, p_begin), stop = std::min(end, p_end);
+    std::byte* dst = state.sum + begin;
+    const std::byte* from = src + (begin - offset);
+    if (state.credit[p] == 0) {
+      if (begin == p_begin && stop == p_end && contributor.weight == 1.0) {
+        std::memcpy(dst, from, stop - begin);
+        continue;
+      }
+      std::memset(state.sum + p_begin, 0, p_end - p_begin);
+    }
+    SumInto(spec.dtype, dst, from, contributor.weight, (stop - begin) / element);
+  }
 
   RecordCoverage(contributor.covered, prev, next, offset, end);
   CreditPackets(state, contributor.count, offset, end, ready);

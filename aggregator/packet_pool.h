@@ -35,7 +35,7 @@
 //   AggregationSpec spec{DType::kFloat32, /*bytes=*/4 << 20,
 //                        /*packet_bytes=*/32 * 1024,
 //                        /*expected_contributions=*/3};
-//   std::vector<std::byte> sum_bytes(spec.bytes);  // zero-filled, aligned
+//   std::vector<std::byte> sum_bytes(spec.bytes);  // aligned; any contents
 //   PacketPool pool;
 //   RETURN_IF_ERROR(pool.RegisterTransfer(7, spec, absl::MakeSpan(sum_bytes)));
 //   RETURN_IF_ERROR(pool.AddContributor(7, /*id=*/101));        // one push
@@ -115,9 +115,11 @@ class PacketPool {
   PacketPool(const PacketPool&) = delete;
   PacketPool& operator=(const PacketPool&) = delete;
 
-  // `sum` is caller-owned, exactly spec.bytes long, zero-filled, aligned to
-  // the element size, and must outlive the registration; the pool sums into
-  // it in place. InvalidArgument naming the field for an inconsistent spec
+  // `sum` is caller-owned, exactly spec.bytes long, aligned to the element
+  // size, and must outlive the registration; the pool sums into it in
+  // place. It need not be zero-filled: the first contribution to a grid
+  // packet initialises that packet (so only a final packet's bytes mean
+  // anything). InvalidArgument naming the field for an inconsistent spec
   // or a wrong-sized or misaligned span (and for more than 2^32 packets);
   // AlreadyExists if the transfer is registered.
   absl::Status RegisterTransfer(TransferId transfer, const AggregationSpec& spec,

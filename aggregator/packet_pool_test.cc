@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -52,7 +53,7 @@ std::vector<uint32_t> ReadyOf(const PacketPool& pool, TransferId transfer) {
 
 TEST_CASE("Three contributors, one standing for two pushes, on a 16-float grid") {
   PacketPool pool;
-  std::vector<float> sum(40, 0.0f);  // packets of 16, 16, 8 floats
+  std::vector<float> sum(40, -7.0f);  // packets of 16, 16, 8 floats; old bytes
   REQUIRE(pool.RegisterTransfer(7, Spec(DType::kFloat32, 160, 64, 4), MutableBytes(sum)).ok());
   REQUIRE(pool.AddContributor(7, 100).ok());
   REQUIRE(pool.AddContributor(7, 200, 1.0, 2).ok());
@@ -163,7 +164,9 @@ TEST_CASE("Integer-valued floats sum exactly in any order and any layout") {
     std::mt19937 rng(seed);
     const size_t n = 3000 + rng() % 5000;
     const uint32_t contributors = 1 + rng() % 6;
-    std::vector<float> sum(n, 0.0f);
+    // Not zeroed (a reused buffer): each packet's first contribution
+    // initialises it, whole-packet copies and partial pieces alike.
+    std::vector<float> sum(n, std::nanf(""));
     PacketPool pool;
     REQUIRE(pool.RegisterTransfer(5, Spec(DType::kFloat32, n * 4, 1024, contributors),
                                   MutableBytes(sum))

@@ -82,11 +82,11 @@ void RoundTable::Join(const v1::ExpectDelivery& expect, bool server_connected, E
       return;
     }
     const size_t bytes = static_cast<size_t>(expect.bytes());
+    // A reused buffer keeps its old bytes: the pool initialises each packet
+    // with its first contribution (aggregator::PacketPool::RegisterTransfer).
     std::shared_ptr<SharedBuffer> sum = buffers_ != nullptr ? buffers_->Take(bytes) : nullptr;
-    if (sum != nullptr) {
-      std::memset(sum->data(), 0, bytes);  // summed into from zero, as a fresh one
-    } else {
-      auto created = SharedBuffer::Create(bytes);  // zero-filled
+    if (sum == nullptr) {
+      auto created = SharedBuffer::Create(bytes);
       if (!created.ok()) {
         fail(std::string(created.status().message()));
         return;
