@@ -336,15 +336,15 @@ void Daemon::AdoptRegistration(const v1::RegisterHostReply& reply, double sent_s
 void Daemon::ClockSyncLoop() {
   while (true) {
     {
-      daemon::ReceiveLock::Hold lock(&lock_);
+      MutexLock lock(&ended_mu_);
       const auto deadline =
           std::chrono::steady_clock::now() +
           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
               std::chrono::duration<double>(config_.clock_sync_period_s));
-      while (!stopping_.load() && std::chrono::steady_clock::now() < deadline) {
-        lock_.WaitUntil(deadline);
+      while (!ended_ && std::chrono::steady_clock::now() < deadline) {
+        ended_cv_.WaitWithDeadline(&ended_mu_, deadline);
       }
-      if (stopping_.load()) return;
+      if (ended_) return;
     }
     double best_rtt_s = 1e9, best_offset_s = 0;
     for (int sample = 0; sample < 3; ++sample) {
@@ -410,6 +410,7 @@ absl::Status Daemon::StartMonitor() {
 
 void Daemon::Stop() {
   if (stopping_.exchange(true)) return;
+  End();  // Wait() returns, the clock-sync loop ends
   if (monitor_) monitor_->Stop();
   {
     daemon::ReceiveLock::Hold lock(&lock_);
@@ -438,9 +439,22 @@ void Daemon::Stop() {
 }
 
 absl::Status Daemon::Wait() {
+  {
+    MutexLock lock(&ended_mu_);
+    ended_cv_.Await(&ended_mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ended_mu_) {
+      return ended_;
+    });
+  }
   daemon::ReceiveLock::Hold lock(&lock_);
-  while (!stopping_.load() && fatal_.ok()) lock_.Wait();
   return fatal_;
+}
+
+void Daemon::End() {
+  {
+    MutexLock lock(&ended_mu_);
+    ended_ = true;
+  }
+  ended_cv_.SignalAll();
 }
 
 std::optional<v1::EntityGoneReport> Daemon::ForgetAppLocked(

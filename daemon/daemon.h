@@ -56,6 +56,7 @@
 #include "absl/status/status.h"
 #include "ipc/local_ipc.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "daemon/app_requests.h"
 #include "daemon/apps/app_sessions.h"
 #include "daemon/apps/push_table.h"
@@ -236,6 +237,14 @@ class Daemon {
   // registered again.
   std::atomic<bool> registering_{false};
   absl::Status fatal_ ABSL_GUARDED_BY(daemon::receive_side);
+  // Set once Stop() began or fatal_ was set (End()): Wait() and the
+  // clock-sync loop wait for it on a lock of their own, so that what the
+  // receive lock's waiters are told (rounds beginning, ending, failing)
+  // does not wake them too.
+  void End();
+  Mutex ended_mu_;
+  CondVar ended_cv_;
+  bool ended_ ABSL_GUARDED_BY(ended_mu_) = false;
   // This host's pushes until their outcome (own lock, a leaf).
   daemon::PushTable pushes_;
   // One kept data connection per peer daemon.

@@ -51,7 +51,8 @@ void Daemon::ScheduleStreamLoop() {
         (void)push.app->channel->Send(done);
       }
       fatal_ = status;
-      lock_.NotifyAll();
+      lock.Unlock();
+      End();
       return;
     }
     // The scheduler may have restarted: registered applications register again.
