@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Elastic re-rendezvous end to end: mlfabric-run --host-discovery-script
 # (this machine, 3 slots) runs tests/elastic_rejoin_check.py, a numpy
-# elastic program (ObjectState, an allreduce and a commit per step). Rank 1
-# is killed with SIGKILL mid-run; the survivors see the membership change
-# at their next commit and go on as 2 ranks; the launcher starts a
-# replacement, which joins, and all three rebuild their AllReducer for the
-# new membership and sync rank 0's state. The job ends with 0, every rank
-# having written the same final state, size 3 and membership generation.
+# elastic program (ObjectState, an allreduce and a commit per step). Rank
+# VICTIM (the argument, default 1) is killed with SIGKILL mid-run; the
+# survivors see the membership change at their next commit (rank 1) or at
+# once, their rounds failing with the root rank 0 served gone (rank 0), and
+# go on as 2 ranks; the launcher starts a replacement, which joins, and all
+# three rebuild their AllReducer for the new membership and sync the state
+# of the lowest rank that has it (the replacement for rank 0 is rank 0
+# again, with no state). The job ends with 0, every rank having written the
+# same final state, size 3 and membership generation.
 # Skips, saying why, when the venv has no numpy.
 set -euo pipefail
+victim_rank=${1:-1}
 source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
 require_python numpy
 root="$TEST_SRCDIR/mlfabric"
@@ -32,15 +36,22 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 [[ -s $work/progress && $(cat "$work/progress") -ge 5 ]] || fail "rank 0 did not reach step 5"
-[[ -s $work/pid-rank1 ]] || fail "rank 1 wrote no pid"
-victim=$(cat "$work/pid-rank1")
+[[ -s $work/pid-rank$victim_rank ]] || fail "rank $victim_rank wrote no pid"
+victim=$(cat "$work/pid-rank$victim_rank")
 kill -KILL "$victim"
 
 code=0; wait "$pid" || code=$?
 cat "$log"
 [[ $code == 0 ]] || { echo "FAILED: the job exited with $code"; exit 1; }
-grep -q "rank 1 on localhost exited with 137: failure 1 of 3 on localhost; replacing it" "$log"
-[[ $(cat "$work/pid-rank1") != "$victim" ]] || { echo "FAILED: rank 1 was not replaced"; exit 1; }
+grep -q "rank $victim_rank on localhost exited with 137: failure 1 of 3 on localhost; replacing it" "$log"
+[[ $(cat "$work/pid-rank$victim_rank") != "$victim" ]] ||
+  { echo "FAILED: rank $victim_rank was not replaced"; exit 1; }
+if [[ $victim_rank == 0 ]]; then
+  # The survivors' rounds failed with the root gone, and they rebuilt for
+  # the two of them at once (no rank 0 left to agree through).
+  grep -q "rank 0 left the job: membership generation [0-9]*, 2 member(s) (rank1, rank2)" "$log" ||
+    { echo "FAILED: the survivors did not rebuild without rank 0"; exit 1; }
+fi
 # The survivors rebuilt for the joiner (first, most often, for the two of
 # them alone).
 grep -q "the job's membership changed: generation [0-9]*, 3 member(s) (rank0, rank1, rank2)" "$log"

@@ -344,6 +344,36 @@ def membership():
 # membership generation the current one was built for.
 _elastic_settings = {"backend": "mlfabric", "timeout_s": 300.0}
 _generation = None
+_members = None  # the sorted worker names of _generation; [0] serves the root
+
+
+def _root_lost(error, wait_s=3.0):
+    """_elastic_errors.root_lost: after a collective failed with `error`,
+    the job's membership if the member that served this AllReducer's root
+    (rank 0 of its generation) is no longer in it, else None. Its leaving
+    may reach the scheduler a moment after its rounds failed: asks again
+    for up to `wait_s`. None outside elastic mode, on rank 0 itself, and
+    when the membership cannot be asked (the original error stands)."""
+    del error
+    if not _elastic() or _generation is None or not _members:
+        return None
+    root_member = _members[0]
+    if root_member == _member_name():
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            generation, members = membership()
+        except RuntimeError:
+            return None
+        if root_member not in members and _member_name() in members:
+            return generation, members
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+_elastic_errors.root_lost = _root_lost
 
 
 def _await_members(count, timeout_s):
@@ -362,7 +392,7 @@ def _elastic_reducer(generation, members):
     rank's worker name in the sorted `members`, size = their number, root
     server "<job>-allreduce-root-g<generation>" (the rounds of two
     memberships never mix). Sets MLFABRIC_RANK/MLFABRIC_SIZE to match."""
-    global _generation
+    global _generation, _members
     name = _member_name()
     if name not in members:
         raise RuntimeError("mlfabric: worker %r is no member of its job at membership "
@@ -374,7 +404,7 @@ def _elastic_reducer(generation, members):
                      root_server="%s-allreduce-root-g%d" % (job, generation),
                      rank=new_rank, size=new_size)
     os.environ["MLFABRIC_RANK"], os.environ["MLFABRIC_SIZE"] = str(new_rank), str(new_size)
-    _generation = generation
+    _generation, _members = generation, list(members)
     return red
 
 

@@ -46,13 +46,31 @@ def is_membership_change(error):
     return _LEFT_THE_JOB in text and _MEMBERSHIP_GENERATION in text
 
 
+# Set by mlfabric (elastic mode): called with a collective's error that is
+# no membership change by its wording, it returns the job's membership
+# (generation, members) if the AllReducer's root left the job (rank 0's
+# process died: its rounds fail as "server ... disconnected"), else None.
+root_lost = None
+
+
 def membership_error(error):
     """`error` as a MembershipChangedError (chained to it) if it is a
-    membership change, else None. The one mapping the collectives use."""
+    membership change, else None. The one mapping the collectives use.
+    In elastic mode an error after rank 0 (whose process serves the
+    AllReducer's root) left the job is one too, carrying the membership
+    that run() rebuilds for: there is no rank 0 left to agree through."""
     if isinstance(error, MembershipChangedError):
         return error
     if not is_membership_change(error):
-        return None
+        members = root_lost(error) if root_lost is not None else None
+        if members is None:
+            return None
+        changed = MembershipChangedError(
+            "%s; rank 0 left the job: membership generation %d, %d member(s) (%s)"
+            % (error, members[0], len(members[1]), ", ".join(members[1])),
+            membership=members)
+        changed.__cause__ = error
+        return changed
     changed = MembershipChangedError(str(error))
     changed.__cause__ = error
     return changed

@@ -58,10 +58,11 @@ class _VariablesState(ObjectState):
         super().restore()
 
     def sync(self):
+        root = self.sync_root()
         for variable in self._tracked():
-            variable.assign(mlfabric.broadcast(np.asarray(variable.numpy()), 0))
+            variable.assign(mlfabric.broadcast(np.asarray(variable.numpy()), root))
         self._save_variables()
-        super().sync()
+        self._sync_from(root)
 
     def _save_variables(self):
         # Pairs, not a list of values: a variable created after the commit

@@ -66,6 +66,9 @@ class State:
         self._host_updates = []
         self._last_updated_timestamp = 0
         self._reset_callbacks = []
+        # Whether this rank's state is the job's: it committed or synced
+        # once (a rank that joined a job in progress has not).
+        self._has_state = False
 
     def register_reset_callbacks(self, callbacks):
         """Functions (no arguments) that on_reset() calls, in order, after
@@ -93,6 +96,7 @@ class State:
         then check_host_updates(). Committing copies every tracked value,
         so commit less often than every batch when batches are cheap."""
         self.save()
+        self._has_state = True
         self.check_host_updates()
 
     def check_host_updates(self):
@@ -131,8 +135,27 @@ class State:
         raise NotImplementedError("%s.restore()" % type(self).__name__)
 
     def sync(self):
-        """Makes every rank's state rank 0's (and saves it)."""
+        """Makes every rank's state rank 0's (and saves it); in elastic
+        mode that of the lowest rank that has the job's state (see
+        sync_root)."""
         raise NotImplementedError("%s.sync()" % type(self).__name__)
+
+    def sync_root(self):
+        """The rank sync() takes the state from. Rank 0, except in elastic
+        mode (MLFABRIC_ELASTIC=1), where ranks are the sorted worker names
+        and a rank that joined a job in progress (a replacement for rank 0
+        takes its name) may sort first: there the lowest rank that
+        committed or synced before, found with one small allreduce (a
+        collective); rank 0 if none has (the job's start)."""
+        if not _membership_checked() or self._bcast_object is not broadcast_object:
+            return 0
+        size = mlfabric.size()
+        if size <= 1:
+            return 0
+        flags = np.zeros(size, np.float64)
+        flags[self._rank()] = 1.0 if self._has_state else 0.0
+        have = np.flatnonzero(mlfabric.allreduce(flags) > 0)
+        return int(have[0]) if have.size else 0
 
 
 class ObjectState(State):
@@ -155,10 +178,16 @@ class ObjectState(State):
         self._set_attrs()
 
     def sync(self):
-        """Sets every rank's attributes to rank 0's saved values."""
+        """Sets every rank's attributes to rank 0's saved values (see
+        State.sync_root)."""
+        self._sync_from(self.sync_root())
+
+    def _sync_from(self, root):
         if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state)
+            self._saved_state = (self._bcast_object(self._saved_state) if root == 0 else
+                                 self._bcast_object(self._saved_state, root))
             self._set_attrs()
+        self._has_state = True
 
     def _set_attrs(self):
         for name, value in self._saved_state.items():
