@@ -214,8 +214,9 @@ def churn_run(args, names):
 
 
 def churn_steps(args, names, jobs):
-    """4 ranks (--slots), --kills SIGKILLs of non-zero ranks, each after the
-    last replacement stepped (+ --spacing_s), then --moves host moves."""
+    """4 ranks (--slots), --kills SIGKILLs of non-zero ranks (the first of
+    rank 0 with --kill_rank0), each after the last replacement stepped
+    (+ --spacing_s), then --moves host moves."""
     hosts, failures, moves = names[:args.slots], {}, 0
     job = Job(args, "faults" if args.kills or args.moves else "no-faults", hosts, args.slots)
     jobs.append(job)
@@ -242,6 +243,8 @@ def churn_steps(args, names, jobs):
 
     def victim(i):
         where = host_of_ranks(job)
+        if i == 0 and args.kill_rank0 and "rank0" in job.live():
+            return "rank0", where
         names = [n for n in sorted(job.live()) if n != "rank0"
                  and failures.get(where.get(n), 0) < FAILURES_PER_HOST]
         return (names[i % len(names)], where) if names else (None, where)
@@ -365,6 +368,8 @@ def parse_args(argv):
     p.add_argument("--run", required=True, help="the built mlfabric-run")
     p.add_argument("--python", required=True, help="a Python with numpy and sklearn")
     p.add_argument("--kills", type=int, default=1, help="SIGKILLs of non-zero ranks (default 1)")
+    p.add_argument("--kill_rank0", action="store_true",
+                   help="the first kill takes rank 0, whose process serves the AllReducer's root")
     p.add_argument("--moves", type=int, default=0,
                    help="after the kills, ranks moved to another host name (2 changes each)")
     p.add_argument("--steps", type=int, default=300)

@@ -927,8 +927,10 @@ def elastic(root):
     header, columns = ["target"], []
     for where, data in runs:
         churn = field(field(data, "figures", where), "churn", where)
-        header.append("%d kill%s, %d move%s: %d changes" % (
+        rank0 = any(k.get("worker") == "rank0" for k in churn["kills"])
+        header.append("%d kill%s%s, %d move%s: %d changes" % (
             len(field(churn, "kills", where)), "" if len(churn["kills"]) == 1 else "s",
+            " (rank 0)" if rank0 else "",
             field(churn, "host_moves", where), "" if churn["host_moves"] == 1 else "s",
             elastic_changes(data, where)))
         cells = {}
