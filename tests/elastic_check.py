@@ -60,6 +60,9 @@ def check_exposed():
            "HostsUpdatedInterrupt is MembershipChangedError")
     from mlfabric.tensorflow.elastic import TensorFlowKerasState  # as with Horovod
     expect(TensorFlowKerasState is hvd.elastic.TensorFlowKerasState, "import by module path")
+    # Elastic ranks follow the worker names' numbers, not their bytes.
+    expect(mlfabric._natural_order(["rank10", "rank2", "rank1", "rank0", "w1x3", "w1x20"]) ==
+           ["rank0", "rank1", "rank2", "rank10", "w1x3", "w1x20"], "members in rank order")
 
 
 def check_object_state(bcast_object, what):

@@ -35,6 +35,7 @@ mlfabric.elastic.run recovers from.
 import atexit
 import collections
 import os
+import re
 import threading
 import time
 import weakref
@@ -323,9 +324,19 @@ def _member_name():
     return name if name else "rank%d" % rank()
 
 
+def _natural_order(names):
+    """Worker names in rank order: their digit runs compared as numbers, so
+    rank2 comes before rank10 (the scheduler sorts bytes). Every rank
+    applies it to the same list, so all agree on it."""
+    def key(name):
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    return sorted(names, key=key)
+
+
 def membership():
     """The job's membership now, asked of the scheduler through this host's
-    daemon: (generation, [live workers' names, sorted]). The generation
+    daemon: (generation, [live workers' names, in rank order: rank2 before
+    rank10]). The generation
     grows by one whenever a worker joins (registers) or leaves (its
     application or host is gone). The first call connects to the daemon
     as this rank's worker (MLFABRIC_WORKER_NAME, else rank<r>: the name its
@@ -337,7 +348,7 @@ def membership():
         if _membership_worker is None:
             _membership_worker = Worker(name=_member_name())
         generation, members = _membership_worker.membership()
-    return int(generation), [str(m) for m in members]
+    return int(generation), _natural_order(str(m) for m in members)
 
 
 # Elastic mode: how init() built the reducer (to build it again), and the
