@@ -71,7 +71,8 @@ class Job:
         self._launcher_log = os.path.join(self._dir, "mlfabric-run.txt")
         self._command = [args.run, "--host-discovery-script", script, "--discovery_interval_s",
                         "0.2", args.python, os.path.join(HERE, "elastic_train.py"), self._dir,
-                        str(args.steps), str(args.seed), str(want), str(args.step_ms)]
+                        str(args.steps), str(args.seed), str(want), str(args.step_ms),
+                        args.model]
         progress("%s: %s" % (label, " ".join(self._command)))
         self._out = open(self._launcher_log, "w")
         self.process = subprocess.Popen(self._command, stdout=self._out, stderr=subprocess.STDOUT)
@@ -376,6 +377,9 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--step_ms", type=float, default=20.0, help="sleep per step (default 20)")
+    p.add_argument("--model", choices=("softmax", "keras"), default="softmax",
+                   help="the ranks' model: numpy softmax regression (default) or a Keras MLP "
+                        "in a KerasState (needs TensorFlow; slower to start)")
     p.add_argument("--warmup_steps", type=int, default=20, help="steps before the first kill")
     p.add_argument("--spacing_s", type=float, default=1.0,
                    help="after a replacement steps, wait this long before the next kill")
@@ -404,7 +408,7 @@ def main(argv):
                  % (args.slots, args.slots, ", ".join(names)))
     progress("logs in %s; host names %s" % (args.work, ", ".join(names)))
     figures = {"slots": args.slots, "steps": args.steps, "seed": args.seed,
-               "step_ms": args.step_ms, "hosts": names}
+               "step_ms": args.step_ms, "model": args.model, "hosts": names}
     job, moves = churn_run(args, names)  # stops its job if it raises
     figures["churn"] = churn_figures(job, moves)
     progress("churn: %s" % json.dumps(figures["churn"]))

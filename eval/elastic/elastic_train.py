@@ -21,10 +21,15 @@ Each process appends lines (wall clock first) to DIR/log-<worker>-<pid>:
     fail T GEN SIZE RANK STEP REASON...     the step's AllReduce failed
     final T GEN SIZE RANK STEP WCRC ACCURACY LOSS
 
-    elastic_train.py DIR STEPS SEED WANT STEP_MS
+    elastic_train.py DIR STEPS SEED WANT STEP_MS [MODEL]
 trains at least STEPS steps and until the job has WANT members; each step
 also sleeps STEP_MS ms (the compute of a larger model: digits' own takes
-about a millisecond).
+about a millisecond). MODEL "softmax" (default) is the numpy regression
+above; "keras" a Keras MLP (64 -> 32 relu -> 10, SGD) in a
+mlfabric.keras.elastic.KerasState (its model's and optimizer's variables
+plus the step), the gradients from tf.GradientTape summed by the same
+AllReduce and applied by the optimizer: the weights CRC is over the
+model's weights.
 """
 import os
 import sys
@@ -91,13 +96,97 @@ def where():
     return mlfabric._generation, mlfabric.size(), mlfabric.rank()
 
 
+class KerasModel:
+    """The Keras variant: an MLP on the same inputs (without the bias
+    column), its gradient sums as one flat float64 array."""
+
+    def __init__(self, seed):
+        import tensorflow as tf  # only here: importing it takes seconds
+        import keras
+        import mlfabric.keras
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        keras.utils.set_random_seed(seed)
+        self.tf = tf
+        self.model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, "relu"),
+                                       keras.layers.Dense(10)])
+        self.optimizer = keras.optimizers.SGD(LEARNING_RATE)
+        self.optimizer.build(self.model.trainable_variables)
+        self.loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                              reduction="sum")
+        self.state_class = mlfabric.keras.elastic.KerasState
+
+    def gradient(self, x, y):
+        with self.tf.GradientTape() as tape:
+            loss = self.loss(y, self.model(x[:, :64], training=True))
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        return np.concatenate([g.numpy().ravel() for g in grads]).astype(np.float64), float(loss)
+
+    def apply(self, mean_gradient):
+        grads, at = [], 0
+        for v in self.model.trainable_variables:
+            n = int(np.prod(v.shape))
+            grads.append(self.tf.constant(mean_gradient[at:at + n].reshape(v.shape), v.dtype))
+            at += n
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+
+    def weights(self):
+        return np.concatenate([w.ravel() for w in self.model.get_weights()])
+
+    def evaluate(self, x, y):
+        logits = self.model(x[:, :64], training=False).numpy()
+        loss = float(self.loss(y, logits)) / len(y)
+        return float(np.mean(np.argmax(logits, axis=1) == y)), loss
+
+
+def main_keras(out, steps, seed, want, step_s, name, bit, log):
+    """main() with the Keras model (MODEL "keras")."""
+    x, y, x_test, y_test = data(seed)
+    net = KerasModel(seed)
+    mlfabric.init()
+    log("init", *where())
+    state = net.state_class(net.model, net.optimizer, step=0)
+
+    @mlfabric.elastic.run
+    def train(state):
+        log("enter", *where())
+        while state.step < steps or mlfabric.size() < want:
+            gen, size, rank = where()
+            batch = np.random.RandomState(seed * 1000003 + state.step).choice(TRAIN, BATCH, False)
+            mine = batch[rank::size]
+            grad, loss = net.gradient(x[mine], y[mine])
+            time.sleep(step_s)
+            payload = np.concatenate([grad, [len(mine), loss, bit]])
+            try:
+                total = mlfabric.allreduce(payload)
+            except Exception as e:  # noqa: BLE001 -- logged, then run() decides
+                log("fail", gen, size, rank, state.step, str(e).replace("\n", " "))
+                raise
+            count, mask = total[-3], int(total[-1])
+            net.apply(total[:-3] / count)
+            state.step += 1
+            log("step", gen, size, rank, state.step, crc(total), mask, int(count),
+                crc(net.weights()))
+            state.commit()
+
+    train(state)
+    accuracy, loss = net.evaluate(x_test, y_test)
+    log("final", *where(), state.step, crc(net.weights()), "%.4f" % accuracy, "%.4f" % loss)
+
+
 def main():
     out, steps, seed, want = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     step_s = float(sys.argv[5]) / 1000.0
+    model = sys.argv[6] if len(sys.argv) > 6 else "softmax"
+    if model not in ("softmax", "keras"):
+        sys.exit("elastic_train.py: MODEL %r is neither softmax nor keras" % model)
     name = os.environ["MLFABRIC_WORKER_NAME"]
     bit = 2.0 ** int(name[len("rank"):])  # worker numbers stay small: exact in float64
     log = Log(out, name)
     log("start")
+    if model == "keras":
+        main_keras(out, steps, seed, want, step_s, name, bit, log)
+        return
     x, y, x_test, y_test = data(seed)
     mlfabric.init()
     log("init", *where())
