@@ -928,7 +928,9 @@ def elastic(root):
     for where, data in runs:
         churn = field(field(data, "figures", where), "churn", where)
         rank0 = any(k.get("worker") == "rank0" for k in churn["kills"])
-        header.append("%d kill%s%s, %d move%s: %d changes" % (
+        keras = data["figures"].get("model") == "keras"
+        header.append("%s%d kill%s%s, %d move%s: %d changes" % (
+            "Keras: " if keras else "",
             len(field(churn, "kills", where)), "" if len(churn["kills"]) == 1 else "s",
             " (rank 0)" if rank0 else "",
             field(churn, "host_moves", where), "" if churn["host_moves"] == 1 else "s",
