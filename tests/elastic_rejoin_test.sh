@@ -13,10 +13,16 @@
 # Skips, saying why, when the venv has no numpy.
 set -euo pipefail
 victim_rank=${1:-1}
+program=${2:-python}  # cpp: tests/elastic_cpp_check (api/elastic.h) in every rank
 source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
-require_python numpy
 root="$TEST_SRCDIR/mlfabric"
-export PYTHONPATH="$root/python"
+if [[ $program == cpp ]]; then
+  rank_command=("$root/tests/elastic_cpp_check")
+else
+  require_python numpy
+  export PYTHONPATH="$root/python"
+  rank_command=("$python" -X faulthandler "$root/tests/elastic_rejoin_check.py")
+fi
 work="$TEST_TMPDIR/rejoin"
 mkdir -p "$work"
 printf '#!/bin/sh\necho localhost:3\n' > "$work/discover.sh"
@@ -24,8 +30,7 @@ chmod +x "$work/discover.sh"
 log="$work/run.txt"
 
 timeout 100 "$root/tools/run/mlfabric-run" --host-discovery-script "$work/discover.sh" \
-  --discovery_interval_s 0.2 "$python" -X faulthandler "$root/tests/elastic_rejoin_check.py" \
-  "$work" 40 3 > "$log" 2>&1 &
+  --discovery_interval_s 0.2 "${rank_command[@]}" "$work" 40 3 > "$log" 2>&1 &
 pid=$!
 fail() { echo "FAILED: $*"; cat "$log"; kill "$pid" 2>/dev/null || true; exit 1; }
 
