@@ -96,6 +96,26 @@ def where():
     return mlfabric._generation, mlfabric.size(), mlfabric.rank()
 
 
+def summed_step(state, seed, step_s, bit, log, gradient_of):
+    """One step's AllReduce, both models: this rank's rows of the step's
+    global batch, `gradient_of(rows)` -> (flat gradient sum, loss), the
+    step's sleep, then the sum of every rank's (gradient, count, loss,
+    2**worker). Returns (total, count, mask); a failed AllReduce is
+    logged and raised (run() decides)."""
+    gen, size, rank = where()
+    batch = np.random.RandomState(seed * 1000003 + state.step).choice(TRAIN, BATCH, False)
+    mine = batch[rank::size]
+    grad, loss = gradient_of(mine)
+    time.sleep(step_s)
+    payload = np.concatenate([grad, [len(mine), loss, bit]])
+    try:
+        total = mlfabric.allreduce(payload)
+    except Exception as e:  # noqa: BLE001 -- logged, then run() decides
+        log("fail", gen, size, rank, state.step, str(e).replace("\n", " "))
+        raise
+    return total, total[-3], int(total[-1])
+
+
 class KerasModel:
     """The Keras variant: an MLP on the same inputs (without the bias
     column), its gradient sums as one flat float64 array."""
@@ -152,17 +172,8 @@ def main_keras(out, steps, seed, want, step_s, name, bit, log):
         log("enter", *where())
         while state.step < steps or mlfabric.size() < want:
             gen, size, rank = where()
-            batch = np.random.RandomState(seed * 1000003 + state.step).choice(TRAIN, BATCH, False)
-            mine = batch[rank::size]
-            grad, loss = net.gradient(x[mine], y[mine])
-            time.sleep(step_s)
-            payload = np.concatenate([grad, [len(mine), loss, bit]])
-            try:
-                total = mlfabric.allreduce(payload)
-            except Exception as e:  # noqa: BLE001 -- logged, then run() decides
-                log("fail", gen, size, rank, state.step, str(e).replace("\n", " "))
-                raise
-            count, mask = total[-3], int(total[-1])
+            total, count, mask = summed_step(state, seed, step_s, bit, log,
+                                             lambda rows: net.gradient(x[rows], y[rows]))
             net.apply(total[:-3] / count)
             state.step += 1
             log("step", gen, size, rank, state.step, crc(total), mask, int(count),
@@ -197,17 +208,11 @@ def main():
         log("enter", *where())  # after each rebuild for a new membership
         while state.step < steps or mlfabric.size() < want:
             gen, size, rank = where()
-            batch = np.random.RandomState(seed * 1000003 + state.step).choice(TRAIN, BATCH, False)
-            mine = batch[rank::size]
-            grad, loss = gradient(state.w, x[mine], y[mine])
-            time.sleep(step_s)
-            payload = np.concatenate([grad.ravel(), [len(mine), loss, bit]])
-            try:
-                total = mlfabric.allreduce(payload)
-            except Exception as e:  # noqa: BLE001 -- logged, then run() decides
-                log("fail", gen, size, rank, state.step, str(e).replace("\n", " "))
-                raise
-            count, mask = total[-3], int(total[-1])
+
+            def gradient_of(rows):
+                grad, loss = gradient(state.w, x[rows], y[rows])
+                return grad.ravel(), loss
+            total, count, mask = summed_step(state, seed, step_s, bit, log, gradient_of)
             state.w = state.w - LEARNING_RATE * total[:-3].reshape(state.w.shape) / count
             state.step += 1
             log("step", gen, size, rank, state.step, crc(total), mask, int(count), crc(state.w))
