@@ -531,8 +531,14 @@ TEST_CASE("member_loss shrink: the round a dying worker leaves open completes wi
     CHECK(f.ended[w].find("| get ok") != std::string::npos);
     CHECK(f.ended[w].find("differs") == std::string::npos);
   }
-  CHECK(f.c->scheduler().Log().find("round 2 closes with 2 of its 3 pushes (member_loss shrink)") !=
-        std::string::npos);
+  // Announced to the server's daemon with size 3 and closed with 2, or
+  // (when w3 died before a batch planned the two pushes) sized down to 2
+  // before it was announced: either way the scheduler says so.
+  const std::string log = f.c->scheduler().Log();
+  CHECK((log.find("round 2 closes with 2 of its 3 pushes (member_loss shrink)") !=
+             std::string::npos ||
+         log.find("round 2 of server 'ps0', not yet announced, closes with 2 of its 3 pushes "
+                  "(member_loss shrink)") != std::string::npos));
   f.RoundThreeAndCheck({0, 1, 2, 3}, {3, 3, 2, 2});
 }
 

@@ -293,8 +293,11 @@ void ShrinkRound(ClusterState* state, const std::string& job_name, const JobStat
 
 // member_loss shrink: the rounds of `server` opened but not yet announced
 // to its daemon (no push admitted) are sized by the contributors of their
-// generation left (an elastic AllReduce root: its ranks left).
-void ShrinkUnannounced(const JobState& job, ServerState* server) {
+// generation left (an elastic AllReduce root: its ranks left). Logged as
+// ShrinkRound's are, so an operator sees every round that shrank.
+void ShrinkUnannounced(const std::string& job_name, const JobState& job,
+                       const std::string& server_name, ServerState* server,
+                       const std::string& left_why) {
   for (auto& [round, round_state] : server->rounds) {
     if (round < server->model_version || !round_state.failed.empty() ||
         !round_state.workers.empty() || round_state.size <= 0) {
@@ -306,7 +309,12 @@ void ShrinkUnannounced(const JobState& job, ServerState* server) {
       left = static_cast<int32_t>(std::max<int64_t>(
           1, static_cast<int64_t>(job.membership.MembersSince(round_state.generation)) - backup));
     }
-    round_state.size = std::min(round_state.size, left);
+    if (left < round_state.size) {
+      MLF_LOG(INFO) << "job " << job_name << ": " << left_why << "; round " << round
+                    << " of server '" << server_name << "', not yet announced, closes with "
+                    << left << " of its " << round_state.size << " pushes (member_loss shrink)";
+      round_state.size = left;
+    }
   }
 }
 
@@ -321,7 +329,7 @@ void SettleRoundsLeft(ClusterState* state, const std::string& job_name, JobState
   const bool shrink = explicit_size ? ElasticRanks(*job, server)
                                     : job->config.member_loss == MemberLoss::kShrink;
   FailLeaversPending(state, job_name, name, &server, worker, left);
-  if (shrink) ShrinkUnannounced(*job, &server);
+  if (shrink) ShrinkUnannounced(job_name, *job, name, &server, left);
   const int32_t next_size = RoundSize(*job, server);
   for (const auto& [round, can_complete] : OpenRounds(*state, *job, server)) {
     if (!shrink && explicit_size) {
