@@ -13,31 +13,26 @@
 // Exit codes: 0 ok, 1 tc failed (whatever was installed is removed),
 // 2 usage, 3 missing capability.
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "daemon/nicprio/tc_commands.h"
+#include "daemon/nicprio/tc_runner.h"
 #include "daemon/queue/job_priority_policy.h"
 
 namespace mlfabric::nicprio {
 namespace {
-
-constexpr int kCapNetAdmin = 12;  // linux/capability.h
 
 struct Flags {
   NicPrioConfig config;
@@ -96,21 +91,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
         status = absl::InvalidArgumentError("--max_bands: not an integer");
       }
     } else if (key == "--job") {
-      std::vector<std::string> parts = absl::StrSplit(value, absl::MaxSplits(':', 1));
-      if (parts.size() != 2 || parts[0].empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--job='", value, "': expected NAME:PORT[,PORT...]"));
+      absl::StatusOr<NicJob> job = ParseNicJob(value);
+      if (!job.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--job=", job.status().message()));
       }
-      NicJob job{parts[0], {}};
-      for (absl::string_view p : absl::StrSplit(parts[1], ',')) {
-        uint32_t port = 0;
-        if (!absl::SimpleAtoi(p, &port) || port == 0 || port > 65535) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--job='", value, "': '", p, "' is not a TCP port"));
-        }
-        job.ports.push_back(static_cast<uint16_t>(port));
-      }
-      flags.jobs.push_back(std::move(job));
+      flags.jobs.push_back(*std::move(job));
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag '", key, "'"));
     }
@@ -122,46 +107,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   return flags;
 }
 
-// Whether CAP_NET_ADMIN is in this process's effective set, or why unknown.
-absl::StatusOr<bool> HasNetAdmin() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (!absl::StartsWith(line, "CapEff:")) continue;
-    uint64_t caps = 0;
-    if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &caps)) {
-      return absl::InternalError(absl::StrCat("cannot parse '", line, "'"));
-    }
-    return (caps >> kCapNetAdmin) & 1;
-  }
-  return absl::InternalError("no CapEff line in /proc/self/status");
-}
-
+// Runs `command`, saying so on stderr first.
 absl::Status Run(const TcCommand& command) {
   std::fprintf(stderr, "mlfabric-nicprio: %s\n", FormatCommand(command).c_str());
-  std::vector<char*> argv;
-  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execvp(argv[0], argv.data());
-    std::fprintf(stderr, "mlfabric-nicprio: exec %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
-  }
-  int wstatus = 0;
-  while (waitpid(pid, &wstatus, 0) < 0) {
-    if (errno != EINTR) return absl::InternalError(std::strerror(errno));
-  }
-  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
-    return absl::InternalError(absl::StrCat("'", FormatCommand(command), "' failed (status ",
-                                            WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1,
-                                            ")"));
-  }
-  return absl::OkStatus();
+  return RunTc(command);
 }
 
 absl::Status RunAll(const std::vector<TcCommand>& commands) {
@@ -197,16 +146,10 @@ void PrintDryRun(const Flags& flags, const std::vector<TcCommand>& setup,
 
 // Whether tc may change `interface` here (CAP_NET_ADMIN); says why not.
 bool CanChangeNic(const std::string& interface) {
-  absl::StatusOr<bool> net_admin = HasNetAdmin();
-  if (net_admin.ok() && *net_admin) return true;
-  std::fprintf(stderr,
-               "mlfabric-nicprio: cannot install NIC priorities on %s: %s. "
-               "tc needs CAP_NET_ADMIN (run as root, or grant it with "
-               "`setcap cap_net_admin+ep`). Nothing was changed.\n",
-               interface.c_str(),
-               net_admin.ok() ? "CAP_NET_ADMIN is not in this process's effective "
-                                "capability set"
-                              : net_admin.status().ToString().c_str());
+  absl::Status status = CheckNetAdmin(interface);
+  if (status.ok()) return true;
+  std::fprintf(stderr, "mlfabric-nicprio: %s. Nothing was changed.\n",
+               std::string(status.message()).c_str());
   return false;
 }
 
