@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "daemon/daemon_internal.h"
+#include "daemon/nicprio/tc_runner.h"
 
 namespace mlfabric {
 
@@ -223,6 +224,8 @@ absl::Status Daemon::Start() {
       daemon::AppSessions::Options{config_.local_socket, config_.local_socket_group},
       app_requests_.get());
   if (auto status = apps_->Listen(); !status.ok()) return status;
+  // Before registering: the job classes come with the command stream.
+  if (auto status = StartNicPriorities(); !status.ok()) return status;
   if (auto status = RegisterHost(); !status.ok()) return status;
 
   if (auto status = StartMonitor(); !status.ok()) return status;
@@ -408,10 +411,33 @@ absl::Status Daemon::StartMonitor() {
   return absl::OkStatus();
 }
 
+absl::Status Daemon::StartNicPriorities() {
+  if (config_.nic_priority_interface.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(nicprio::CheckNetAdmin(config_.nic_priority_interface));
+  nicprio::NicClasses::Options options;
+  options.nic.interface = config_.nic_priority_interface;
+  options.nic.link_rate_bps = config_.nic_priority_link_bps > 0 ? config_.nic_priority_link_bps
+                              : config_.uplink_bps > 0          ? config_.uplink_bps
+                                                                : 10e9;
+  // The config loader checked both.
+  options.jobs = nicprio::ParseNicJobs(config_.nic_priority_jobs).value();
+  options.priority.mode = daemon::ParseJobPriorityMode(config_.job_priority).value();
+  options.priority.rotation_period_s = config_.job_priority_period_s;
+  auto started = nicprio::NicClasses::Start(std::move(options), clock_, nicprio::RunTcAll);
+  if (!started.ok()) {
+    return absl::Status(started.status().code(),
+                        absl::StrCat("--nic_priority_interface=", config_.nic_priority_interface,
+                                     ": ", started.status().message()));
+  }
+  nic_classes_ = *std::move(started);
+  return absl::OkStatus();
+}
+
 void Daemon::Stop() {
   if (stopping_.exchange(true)) return;
   End();  // Wait() returns, the clock-sync loop ends
   if (monitor_) monitor_->Stop();
+  if (nic_classes_) nic_classes_->Stop();  // the NIC as it was before the daemon
   {
     daemon::ReceiveLock::Hold lock(&lock_);
     if (stream_) stream_->Cancel();

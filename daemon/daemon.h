@@ -80,6 +80,7 @@
 #include "daemon/transport/get_client.h"
 #include "daemon/transport/peer_connections.h"
 #include "daemon/transport/send_watchdog.h"
+#include "daemon/nicprio/nic_classes.h"
 #include "monitor/bandwidth_monitor.h"
 #include "proto/scheduler.pb.h"
 
@@ -145,6 +146,9 @@ class Daemon {
   void AdoptRegistration(const v1::RegisterHostReply& reply, double sent_s, double received_s,
                          std::set<uint64_t> unacknowledged);
   absl::Status StartMonitor();
+  // TensorLights classes on the host NIC (--nic_priority_interface), or
+  // nothing when none is configured.
+  absl::Status StartNicPriorities();
   // Re-estimates clock_offset_s_ every clock_sync_period_s (best of three
   // round trips) and hands it to the pacers.
   void ClockSyncLoop();
@@ -273,6 +277,8 @@ class Daemon {
   // routed here (§10.3); own lock.
   std::unique_ptr<daemon::ModelFetcher> fetcher_;
   std::unique_ptr<monitor::BandwidthMonitor> monitor_;
+  // Set in Start() before the scheduler's commands can arrive; own lock.
+  std::unique_ptr<nicprio::NicClasses> nic_classes_;
 
   std::vector<std::thread> threads_;
 };

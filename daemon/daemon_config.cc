@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/secrets.h"
+#include "daemon/nicprio/tc_runner.h"
 #include "daemon/transport/packet.h"
 
 namespace mlfabric {
@@ -46,6 +47,9 @@ void ReadDaemonKeys(ConfigReader& reader, DaemonConfig* config) {
   reader.Double("clock_sync_period_s", &config->clock_sync_period_s, 0.1, 3600);
   reader.Enum("job_priority", &config->job_priority, {"fifo", "one", "rr"});
   reader.Double("job_priority_period_s", &config->job_priority_period_s, 0.01, 86400);
+  reader.String("nic_priority_interface", &config->nic_priority_interface);
+  reader.String("nic_priority_jobs", &config->nic_priority_jobs);
+  reader.Double("nic_priority_link_bps", &config->nic_priority_link_bps, 0, 1e13);
   reader.Enum("log_level", &config->log_level, {"debug", "info", "warning", "error"});
 }
 
@@ -96,6 +100,35 @@ void ReadAuthFiles(ConfigReader& reader, DaemonConfig* config) {
   }
 }
 
+// NIC priorities need an interface, jobs with ports and a ranking mode
+// together.
+void CheckNicPriorityKeys(const DaemonConfig& config, ConfigReader& reader) {
+  absl::StatusOr<std::vector<nicprio::NicJob>> jobs =
+      nicprio::ParseNicJobs(config.nic_priority_jobs);
+  if (!jobs.ok()) {
+    reader.AddError("nic_priority_jobs", std::string(jobs.status().message()));
+    return;
+  }
+  if (config.nic_priority_interface.empty()) {
+    if (!jobs->empty()) {
+      reader.AddError("nic_priority_jobs", "needs nic_priority_interface: the NIC to rank them on");
+    }
+    return;
+  }
+  if (jobs->empty()) {
+    reader.AddError("nic_priority_interface",
+                    "needs nic_priority_jobs: the jobs and their ports, e.g. "
+                    "\"jobA:2222;jobB:3333,3334\"");
+  }
+  if (config.job_priority == "fifo") {
+    reader.AddError("nic_priority_interface",
+                    "needs a job ranking: give job_priority one or rr (it is fifo)");
+  }
+  if (config.nic_priority_link_bps > 0 && config.nic_priority_link_bps < 1e3) {
+    reader.AddError("nic_priority_link_bps", "give 0 (uplink_bps) or at least 1000");
+  }
+}
+
 // What no single key's range checks: keys that go together, the required host, link rates the
 // scheduler would refuse.
 void CheckKeys(const DaemonConfig& config, ConfigReader& reader) {
@@ -108,6 +141,7 @@ void CheckKeys(const DaemonConfig& config, ConfigReader& reader) {
   if (config.host.empty()) {
     reader.AddError("host", "is required: name this host (e.g. --host=w1)");
   }
+  CheckNicPriorityKeys(config, reader);
   // The scheduler refuses link rates below 1e3 bit/s at registration; say
   // so here, at start-up, naming the flag (0 still means its default).
   for (const auto& [key, bps] : {std::pair<const char*, double>{"uplink_bps", config.uplink_bps},
@@ -246,6 +280,16 @@ const char* SendingHelp() {
   --job_priority        job priority across co-located jobs: fifo | one | rr
                         (TensorLights; default fifo)
   --job_priority_period_s  rr rotation period in seconds (default 20)
+  --nic_priority_interface  also rank the jobs on this NIC (TensorLights: tc
+                        htb classes by TCP port, for a job's traffic that
+                        does not pass through the daemon, such as its MPI
+                        sums); needs CAP_NET_ADMIN and --job_priority one or
+                        rr; removed when the daemon stops (default none)
+  --nic_priority_jobs   the jobs and their TCP ports on this host, in
+                        ranking order after the scheduler's priority class:
+                        "jobA:2222;jobB:3333,3334" (default none)
+  --nic_priority_link_bps  the classes' ceiling, the NIC's line rate;
+                        0 = --uplink_bps, or 10 Gbit/s if that is 0 (default 0)
   --log_level           debug | info | warning | error (default info)
 )";
 }

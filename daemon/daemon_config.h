@@ -86,6 +86,12 @@ struct DaemonConfig {
   double send_timeout_s = 30;                // a data write that makes no progress this long fails
   std::string job_priority = "fifo";         // TensorLights mode: fifo | one | rr
   double job_priority_period_s = 20;         // rr rotation period
+  // TensorLights on the host NIC (daemon/nicprio/nic_classes.h): off
+  // unless an interface is given. The jobs, "NAME:PORT[,PORT...];...",
+  // are ranked as the queue ranks them (job_priority one or rr).
+  std::string nic_priority_interface;
+  std::string nic_priority_jobs;
+  double nic_priority_link_bps = 0;          // class ceiling; 0 = uplink_bps, else 10 Gbit/s
   std::string log_level = "info";
   // Bandwidth monitor (monitor/README.md). Off unless an interface or a
   // trace is given; capacities are uplink_bps/downlink_bps (0 = 10 Gbit/s).

@@ -67,5 +67,27 @@ TEST_CASE("Daemon config refuses link rates the scheduler would refuse, naming t
   CHECK(Load({"--host=w1", "--uplink_bps=1000", "--downlink_bps=1e9"}).ok());
 }
 
+TEST_CASE("Daemon config takes NIC priorities only with jobs and a ranking, naming the flag") {
+  auto config = Load({"--host=w1", "--job_priority=rr", "--nic_priority_interface=eth0",
+                      "--nic_priority_jobs=jobA:2222;jobB:3333,3334"});
+  REQUIRE(config.ok());
+  CHECK(config->nic_priority_interface == "eth0");
+  CHECK(config->nic_priority_link_bps == 0);
+  auto error = [](const absl::StatusOr<DaemonConfig>& c) {
+    REQUIRE_FALSE(c.ok());
+    return std::string(c.status().message());
+  };
+  CHECK(error(Load({"--host=w1", "--job_priority=one", "--nic_priority_interface=eth0"}))
+            .find("--nic_priority_interface: needs nic_priority_jobs") != std::string::npos);
+  CHECK(error(Load({"--host=w1", "--nic_priority_interface=eth0", "--nic_priority_jobs=a:1"}))
+            .find("needs a job ranking: give job_priority one or rr (it is fifo)") !=
+        std::string::npos);
+  CHECK(error(Load({"--host=w1", "--nic_priority_jobs=a:1"}))
+            .find("--nic_priority_jobs: needs nic_priority_interface") != std::string::npos);
+  CHECK(error(Load({"--host=w1", "--job_priority=one", "--nic_priority_interface=eth0",
+                    "--nic_priority_jobs=a:http"}))
+            .find("'a:http': 'http' is not a TCP port") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace mlfabric

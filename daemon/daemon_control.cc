@@ -145,9 +145,14 @@ void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSen
         break;
       }
       send_->SetJobPriorityClass(priority.job_id(), priority.priority_class());
-      MLF_LOG(INFO) << "job " << priority.job_id() << " has priority class "
-                    << priority.priority_class() << " (ranks co-located jobs under "
-                    << "--job_priority=" << config_.job_priority << ")";
+      // Re-ranked on its own thread: tc does not run under the receive lock.
+      const bool on_nic =
+          nic_classes_ != nullptr && nic_classes_->SetJobClass(priority.job(), priority.priority_class());
+      MLF_LOG(INFO) << "job " << priority.job_id() << " (" << priority.job()
+                    << ") has priority class " << priority.priority_class()
+                    << " (ranks co-located jobs under --job_priority=" << config_.job_priority
+                    << (on_nic ? ", in the queue and on " + nic_classes_->interface() : "")
+                    << ")";
       break;
     }
     case v1::DaemonCommand::kExpect:

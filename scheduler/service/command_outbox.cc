@@ -16,6 +16,9 @@ void CommandOutbox::Open(const std::string& host, uint64_t incarnation) {
   queue.incarnation = incarnation;
   queue.commands.clear();
   queue.keyed.clear();
+  for (const auto& [job, cls] : job_classes_) {
+    queue.commands.push_back(JobPriorityCommand(job, cls.name, cls.priority_class));
+  }
   WakeupLocked(host).notify_all();  // a stream of the old incarnation is superseded
 }
 
@@ -52,9 +55,11 @@ void CommandOutbox::SetJobKeys(std::map<uint32_t, std::string> keys) {
   job_keys_ = std::move(keys);
 }
 
-v1::DaemonCommand CommandOutbox::JobPriorityCommand(uint32_t job, int32_t priority_class) {
+v1::DaemonCommand CommandOutbox::JobPriorityCommand(uint32_t job, const std::string& name,
+                                                    int32_t priority_class) {
   v1::DaemonCommand command;
   command.mutable_job_priority()->set_job_id(job);
+  command.mutable_job_priority()->set_job(name);
   command.mutable_job_priority()->set_priority_class(priority_class);
   return command;
 }
@@ -68,24 +73,20 @@ void CommandOutbox::KeyLocked(Queue& queue, uint32_t job) {
     command.mutable_job_key()->set_key(key->second);
     queue.commands.push_back(std::move(command));
   }
-  if (auto cls = job_classes_.find(job); cls != job_classes_.end()) {
-    queue.commands.push_back(JobPriorityCommand(job, cls->second));
-  }
 }
 
-void CommandOutbox::SetJobClass(uint32_t job, int32_t priority_class) {
+void CommandOutbox::SetJobClass(uint32_t job, const std::string& name, int32_t priority_class) {
   std::lock_guard<std::mutex> lock(mu_);
   auto known = job_classes_.find(job);
-  const int32_t before = known == job_classes_.end() ? 0 : known->second;
+  const int32_t before = known == job_classes_.end() ? 0 : known->second.priority_class;
   if (priority_class == 0) {
     job_classes_.erase(job);
   } else {
-    job_classes_[job] = priority_class;
+    job_classes_[job] = JobClass{name, priority_class};
   }
   if (priority_class == before) return;
   for (auto& [host, queue] : queues_) {
-    if (!queue.keyed.count(job)) continue;  // told with the job's first command
-    queue.commands.push_back(JobPriorityCommand(job, priority_class));
+    queue.commands.push_back(JobPriorityCommand(job, name, priority_class));
     NotifyLocked(host);
   }
 }

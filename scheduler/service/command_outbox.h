@@ -50,19 +50,20 @@ class CommandOutbox {
   void Close(const std::string& host);
   // Appends to `host`'s queue if it is open; otherwise drops the command.
   // The first command of a job for a queue is preceded by a JobKey command
-  // with the job's data key, when SetJobKeys knows one, and by a
-  // JobPriority command when the job's class is not 0.
+  // with the job's data key, when SetJobKeys knows one.
   void Push(const std::string& host, v1::DaemonCommand command);
   // The data keys by job id (control_auth.h); none by default.
   void SetJobKeys(std::map<uint32_t, std::string> keys);
-  // Queues the JobKey (and JobPriority) of `job` for `host` now, unless it
-  // was queued for this incarnation already.
+  // Queues the JobKey of `job` for `host` now, unless it was queued for
+  // this incarnation already.
   void EnsureJobKey(const std::string& host, uint32_t job);
-  // The priority class of `job` (0..7, 0 = most urgent; TensorLights job
-  // priority): every open queue that has been introduced to the job gets a
-  // JobPriority command now, and later queues get it with the job's first
-  // command.
-  void SetJobClass(uint32_t job, int32_t priority_class);
+  // The priority class of `job`, named `name` (0..7, 0 = most urgent;
+  // TensorLights job priority): every open queue gets a JobPriority
+  // command when it changes, and a queue opened later gets one for each
+  // job whose class is not 0 first. Every host, not only those that carry
+  // the job's pushes: a daemon ranks the job's NIC traffic that does not
+  // pass through it too (daemon/nicprio/nic_classes.h).
+  void SetJobClass(uint32_t job, const std::string& name, int32_t priority_class);
   // Waits up to `wait` for the next command of `host`'s `incarnation`.
   PopResult Pop(const std::string& host, uint64_t incarnation, std::chrono::milliseconds wait,
                 v1::DaemonCommand* out);
@@ -102,7 +103,8 @@ class CommandOutbox {
   };
   // Introduces `job` to `queue` (JobKey, JobPriority) unless it was already.
   void KeyLocked(Queue& queue, uint32_t job);
-  static v1::DaemonCommand JobPriorityCommand(uint32_t job, int32_t priority_class);
+  static v1::DaemonCommand JobPriorityCommand(uint32_t job, const std::string& name,
+                                              int32_t priority_class);
   // `host`'s wake-up: one per host name, kept after its queue closes, so a
   // push wakes only the stream it is for (a shared one woke every stream:
   // a thousand daemons' streams took more CPU than the planner,
@@ -115,7 +117,11 @@ class CommandOutbox {
   std::map<std::string, std::unique_ptr<std::condition_variable>> wakeups_;
   std::map<std::string, Queue> queues_;
   std::map<uint32_t, std::string> job_keys_;
-  std::map<uint32_t, int32_t> job_classes_;  // only classes other than 0
+  struct JobClass {
+    std::string name;
+    int32_t priority_class = 0;
+  };
+  std::map<uint32_t, JobClass> job_classes_;  // only classes other than 0
   bool stopped_ = false;
   int holds_ = 0;
   std::set<std::string> held_wakeups_;  // hosts to wake when the holds end

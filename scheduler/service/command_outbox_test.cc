@@ -107,21 +107,27 @@ v1::DaemonCommand Send(uint32_t job) {
   return command;
 }
 
-TEST_CASE("a job's priority class reaches a host before its first command, and every change at once") {
+TEST_CASE("every host gets each job's priority class when its stream opens, and every change at once") {
   CommandOutbox outbox;
   outbox.SetJobKeys({{7, "key-of-7"}});
-  outbox.SetJobClass(7, 3);
-  outbox.SetJobClass(8, 0);  // class 0 is the default: nothing to send
+  outbox.SetJobClass(7, "jobA", 3);
+  outbox.SetJobClass(8, "jobB", 0);  // class 0 is the default: nothing to send
   outbox.Open("w1", 1);
   outbox.Open("w2", 1);
-  outbox.Push("w1", Send(7));
   v1::DaemonCommand out;
+  // Both hosts, whether or not they carry the job's pushes (a daemon ranks
+  // the job's NIC traffic too): the class comes first, with the job's name.
+  for (const char* host : {"w1", "w2"}) {
+    REQUIRE(outbox.Pop(host, 1, kNoWait, &out) == Result::kCommand);
+    REQUIRE(out.has_job_priority());
+    CHECK(out.job_priority().job_id() == 7);
+    CHECK(out.job_priority().job() == "jobA");
+    CHECK(out.job_priority().priority_class() == 3);
+    CHECK(outbox.Queued(host) == 0);
+  }
+  outbox.Push("w1", Send(7));
   REQUIRE(outbox.Pop("w1", 1, kNoWait, &out) == Result::kCommand);
   CHECK(out.has_job_key());
-  REQUIRE(outbox.Pop("w1", 1, kNoWait, &out) == Result::kCommand);
-  REQUIRE(out.has_job_priority());
-  CHECK(out.job_priority().job_id() == 7);
-  CHECK(out.job_priority().priority_class() == 3);
   REQUIRE(outbox.Pop("w1", 1, kNoWait, &out) == Result::kCommand);
   CHECK(out.has_send());
   // Job 8 has class 0 and no key: its send comes alone.
@@ -129,29 +135,34 @@ TEST_CASE("a job's priority class reaches a host before its first command, and e
   REQUIRE(outbox.Pop("w2", 1, kNoWait, &out) == Result::kCommand);
   CHECK(out.has_send());
 
-  // A change reaches the hosts that know the job (w1 knows 7; w2 knows 8).
-  outbox.SetJobClass(7, 1);
-  outbox.SetJobClass(7, 1);  // unchanged: nothing more
-  outbox.SetJobClass(8, 5);
-  REQUIRE(outbox.Pop("w1", 1, kNoWait, &out) == Result::kCommand);
+  // A change reaches every open host.
+  outbox.SetJobClass(7, "jobA", 1);
+  outbox.SetJobClass(7, "jobA", 1);  // unchanged: nothing more
+  outbox.SetJobClass(8, "jobB", 5);
+  for (const char* host : {"w1", "w2"}) {
+    REQUIRE(outbox.Pop(host, 1, kNoWait, &out) == Result::kCommand);
+    CHECK(out.job_priority().job_id() == 7);
+    CHECK(out.job_priority().priority_class() == 1);
+    REQUIRE(outbox.Pop(host, 1, kNoWait, &out) == Result::kCommand);
+    CHECK(out.job_priority().job_id() == 8);
+    CHECK(out.job_priority().job() == "jobB");
+    CHECK(out.job_priority().priority_class() == 5);
+    CHECK(outbox.Queued(host) == 0);
+  }
+  // Back to 0 is a change too.
+  outbox.SetJobClass(8, "jobB", 0);
+  REQUIRE(outbox.Pop("w2", 1, kNoWait, &out) == Result::kCommand);
+  CHECK(out.job_priority().priority_class() == 0);
+  // A host registering again is introduced afresh, with the current
+  // classes (job 8 is back at 0: nothing for it).
+  outbox.Open("w1", 2);
+  REQUIRE(outbox.Pop("w1", 2, kNoWait, &out) == Result::kCommand);
   CHECK(out.job_priority().job_id() == 7);
   CHECK(out.job_priority().priority_class() == 1);
   CHECK(outbox.Queued("w1") == 0);
-  REQUIRE(outbox.Pop("w2", 1, kNoWait, &out) == Result::kCommand);
-  CHECK(out.job_priority().job_id() == 8);
-  CHECK(out.job_priority().priority_class() == 5);
-  CHECK(outbox.Queued("w2") == 0);
-  // Back to 0 is a change too.
-  outbox.SetJobClass(8, 0);
-  REQUIRE(outbox.Pop("w2", 1, kNoWait, &out) == Result::kCommand);
-  CHECK(out.job_priority().priority_class() == 0);
-  // A host registering again is introduced afresh, with the current class.
-  outbox.Open("w1", 2);
   outbox.Push("w1", Send(7));
   REQUIRE(outbox.Pop("w1", 2, kNoWait, &out) == Result::kCommand);
   CHECK(out.has_job_key());
-  REQUIRE(outbox.Pop("w1", 2, kNoWait, &out) == Result::kCommand);
-  CHECK(out.job_priority().priority_class() == 1);
 }
 
 }  // namespace

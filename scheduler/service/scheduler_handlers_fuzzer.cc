@@ -155,7 +155,7 @@ void CheckCommand(const v1::DaemonCommand& command) {
       return;
     case v1::DaemonCommand::kJobPriority:
       if (command.job_priority().priority_class() < 0 ||
-          command.job_priority().priority_class() > 7) {
+          command.job_priority().priority_class() > 7 || command.job_priority().job().empty()) {
         Fail("malformed JobPriority", command);
       }
       return;

@@ -56,11 +56,12 @@ SchedulerService::SchedulerService(SchedulerConfig config, const Clock* clock,
       dispatcher_(config_, &state_, &history_),
       loop_(config_.batch_interval_ms, [this] { RunBatchCycle(); }) {
   for (const auto& [name, job] : state_.jobs()) auth_.AddJob(job.id, name, job.config.token);
-  // A host given work of a job gets the job's data key first, and its
-  // priority class when it has one (TensorLights ranking in the daemons).
+  // A host given work of a job gets the job's data key first; every host
+  // gets the priority class of each job that has one (TensorLights
+  // ranking in the daemons' queues and on their NICs).
   outbox_.SetJobKeys(auth_.job_keys());
   for (const auto& [name, job] : state_.jobs()) {
-    outbox_.SetJobClass(job.id, job.config.priority_class);
+    outbox_.SetJobClass(job.id, name, job.config.priority_class);
   }
 }
 
@@ -209,8 +210,8 @@ absl::Status SchedulerService::UpdateJobParams(const std::string& job_name,
   if (update.momentum) config.momentum = *update.momentum;
   if (update.priority_class) {
     config.priority_class = *update.priority_class;
-    // The daemons that carry the job re-rank it (daemon/queue).
-    outbox_.SetJobClass(job->id, config.priority_class);
+    // The daemons re-rank it in their queues and on their NICs.
+    outbox_.SetJobClass(job->id, job_name, config.priority_class);
   }
   MLF_LOG(INFO) << "admin: job " << job_name << " now tau_max " << config.tau_max
                 << ", staleness_k " << config.staleness_k << ", divergence_max "
