@@ -1,20 +1,34 @@
-// allreduce_benchmark: one AllReduce backend, one length, many repeats, run
-// under mlfabric-run (which starts the scheduler and daemons):
+// allreduce_benchmark: one collective of one backend, one length, many
+// repeats, run under mlfabric-run (which starts the scheduler and daemons):
 //
 //   bazel-bin/tools/run/mlfabric-run -np 4 bazel-bin/api/allreduce_benchmark
 //       --backend=mlfabric --count=1048576 --repeats=50
 //   (one command line; --ranks_per_host 4 puts the ranks on one host,
 //   where the mlfabric backend sums in shared memory)
 //
-// Rank 0 prints milliseconds per AllReduce (mean, min and max over repeats)
-// after --warmup untimed calls. Meant for profiling one backend at a time
-// (perf record -a while it runs); tests:allreduce_mpirun_test prints both
-// backends side by side.
+// --collective=allreduce (default) | allgather | broadcast | alltoall |
+// reducescatter: Horovod's collectives. --count is the float32 elements
+// each rank holds: its AllReduce buffer, its part of the Allgather, the
+// Broadcast buffer, its Alltoall send buffer (rows of one element, split
+// over the ranks as ReduceScatterRows splits them), its ReduceScatter
+// input. The C++ API has no Allgather: it is built as
+// mlfabric.tensorflow.allgather builds it, the AllReduce of size x count
+// zeros holding each rank's part at its place. Broadcast's root is rank 0.
+//
+// Rank 0 prints milliseconds per call (mean, min and max over repeats)
+// after --warmup untimed calls. Every call's result is compared element by
+// element with what it must be (integer-valued floats, exact in any
+// order); a difference fails the rank naming the call and the element.
+// Meant for profiling one backend at a time (perf record -a while it
+// runs); bench/collectives_one_host.sh and bench/allreduce_hosts.sh
+// alternate the backends.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -38,6 +52,115 @@ std::string FlagString(int argc, char** argv, const char* name, const char* fall
   return fallback;
 }
 
+// Element i of rank r's input: integers, so that every sum is exact, and
+// each rank's and position's own, so that a misplaced block shows.
+float Input(int rank, size_t i) { return static_cast<float>((rank + 1) * (i % 1024 + 1)); }
+
+// Element i of the sum of Input over `size` ranks.
+float SumOfInputs(int size, size_t i) {
+  return static_cast<float>(size * (size + 1) / 2 * (i % 1024 + 1));
+}
+
+// One collective: `prepare` (untimed) refills the buffers, `call` runs it,
+// and element i of `*result` must then be `expected(i)`.
+struct Collective {
+  const char* name = nullptr;  // as the output line names it
+  std::function<void()> prepare;
+  std::function<absl::Status()> call;
+  const std::vector<float>* result = nullptr;
+  std::function<float(size_t)> expected;
+};
+
+// --collective's values.
+constexpr const char* kCollectives[] = {"allreduce", "allgather", "broadcast", "alltoall",
+                                        "reducescatter"};
+
+// The collective `name` (one of kCollectives) on `count` float32 per rank,
+// over `in` and `out`.
+Collective MakeCollective(const std::string& name, mlfabric::AllReducer& reducer, size_t count,
+                          std::vector<float>& in, std::vector<float>& out) {
+  using mlfabric::DataType;
+  const int rank = reducer.rank(), size = reducer.size();
+  // Alltoall's and ReduceScatter's rows per rank, and this rank's first.
+  const std::vector<int64_t> split = mlfabric::ReduceScatterRows(static_cast<int64_t>(count), size);
+  const size_t mine = static_cast<size_t>(split[static_cast<size_t>(rank)]);
+  size_t before = 0;
+  for (int r = 0; r < rank; ++r) before += static_cast<size_t>(split[static_cast<size_t>(r)]);
+  Collective c;
+  if (name == "allreduce") {
+    c.name = "AllReduce";
+    in.resize(count);
+    c.prepare = [&in, rank] { for (size_t i = 0; i < in.size(); ++i) in[i] = Input(rank, i); };
+    c.call = [&reducer, &in] {
+      return reducer.AllReduce(in.data(), in.size(), DataType::kFloat32);
+    };
+    c.result = &in;
+    c.expected = [size](size_t i) { return SumOfInputs(size, i); };
+  } else if (name == "allgather") {
+    c.name = "Allgather";
+    in.resize(count * static_cast<size_t>(size));
+    c.prepare = [&in, rank, count] {
+      std::fill(in.begin(), in.end(), 0.0f);
+      for (size_t i = 0; i < count; ++i) in[static_cast<size_t>(rank) * count + i] = Input(rank, i);
+    };
+    c.call = [&reducer, &in] {
+      return reducer.AllReduce(in.data(), in.size(), DataType::kFloat32);
+    };
+    c.result = &in;
+    c.expected = [count](size_t i) { return Input(static_cast<int>(i / count), i % count); };
+  } else if (name == "broadcast") {
+    c.name = "Broadcast";
+    in.resize(count);
+    c.prepare = [&in, rank] {
+      for (size_t i = 0; i < in.size(); ++i) in[i] = rank == 0 ? Input(0, i) : -1.0f;
+    };
+    c.call = [&reducer, &in] {
+      return reducer.Broadcast(in.data(), in.size(), DataType::kFloat32, /*root=*/0);
+    };
+    c.result = &in;
+    c.expected = [](size_t i) { return Input(0, i); };
+  } else if (name == "alltoall") {
+    c.name = "Alltoall";
+    in.resize(count);
+    for (size_t i = 0; i < count; ++i) in[i] = Input(rank, i);
+    out.resize(mine * static_cast<size_t>(size));
+    c.prepare = [&out] { std::fill(out.begin(), out.end(), -1.0f); };
+    c.call = [&reducer, &in, &out, split] {
+      return reducer.Alltoall(
+          in.data(), static_cast<int64_t>(in.size()), 1, split, DataType::kFloat32,
+          [&out](const std::vector<int64_t>& rows) -> absl::StatusOr<void*> {
+            int64_t total = 0;
+            for (int64_t r : rows) total += r;
+            if (total != static_cast<int64_t>(out.size())) {
+              return absl::InternalError("Alltoall: " + std::to_string(total) +
+                                         " rows to receive, expected " +
+                                         std::to_string(out.size()));
+            }
+            return static_cast<void*>(out.data());
+          },
+          /*recv_rows=*/nullptr);
+    };
+    c.result = &out;
+    // Rank s's rows for this rank: its rows [before, before + mine).
+    c.expected = [before, mine](size_t i) {
+      return Input(static_cast<int>(i / mine), before + i % mine);
+    };
+  } else if (name == "reducescatter") {
+    c.name = "ReduceScatter";
+    in.resize(count);
+    for (size_t i = 0; i < count; ++i) in[i] = Input(rank, i);
+    out.resize(mine);
+    c.prepare = [&out] { std::fill(out.begin(), out.end(), -1.0f); };
+    c.call = [&reducer, &in, &out] {
+      return reducer.ReduceScatter(in.data(), static_cast<int64_t>(in.size()), 1,
+                                   DataType::kFloat32, mlfabric::ReduceOp::kSum, out.data());
+    };
+    c.result = &out;
+    c.expected = [size, before](size_t i) { return SumOfInputs(size, before + i); };
+  }
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -46,35 +169,53 @@ int main(int argc, char** argv) {
   options.backend = FlagString(argc, argv, "--backend", "mlfabric");
   if (const char* job = std::getenv("MLFABRIC_JOB")) options.client.job = job;
   if (const char* token = std::getenv("MLFABRIC_JOB_TOKEN")) options.client.job_token = token;
+  const std::string collective = FlagString(argc, argv, "--collective", "allreduce");
   const size_t count = static_cast<size_t>(FlagValue(argc, argv, "--count", 1 << 20));
   const int repeats = static_cast<int>(FlagValue(argc, argv, "--repeats", 20));
   const int warmup = static_cast<int>(FlagValue(argc, argv, "--warmup", 3));
+  if (std::find(std::begin(kCollectives), std::end(kCollectives), collective) ==
+      std::end(kCollectives)) {
+    std::fprintf(stderr, "allreduce_benchmark: unknown --collective=%s: use allreduce, "
+                 "allgather, broadcast, alltoall or reducescatter\n", collective.c_str());
+    return 1;
+  }
   auto reducer = MakeAllReducer(options);
   if (!reducer.ok()) {
     std::fprintf(stderr, "allreduce_benchmark: %s\n", reducer.status().ToString().c_str());
     return 1;
   }
-  std::vector<float> values(count, 1.0f);
+  const int rank = (*reducer)->rank();
+  std::vector<float> in, out;
+  Collective c = MakeCollective(collective, **reducer, count, in, out);
   std::vector<double> ms;
   for (int i = 0; i < warmup + repeats; ++i) {
-    std::fill(values.begin(), values.end(), 1.0f);
+    c.prepare();
     const auto start = std::chrono::steady_clock::now();
-    absl::Status status = (*reducer)->AllReduce(values.data(), count, DataType::kFloat32);
+    absl::Status status = c.call();
     const double elapsed =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    if (!status.ok() || values[0] != static_cast<float>((*reducer)->size())) {
-      std::fprintf(stderr, "allreduce_benchmark: rank %d call %d: %s (sum %g)\n",
-                   (*reducer)->rank(), i, status.ToString().c_str(), values[0]);
+    if (!status.ok()) {
+      std::fprintf(stderr, "allreduce_benchmark: rank %d call %d: %s: %s\n", rank, i, c.name,
+                   status.ToString().c_str());
       return 1;
+    }
+    const std::vector<float>& result = *c.result;
+    for (size_t e = 0; e < result.size(); ++e) {
+      if (result[e] != c.expected(e)) {
+        std::fprintf(stderr, "allreduce_benchmark: rank %d call %d: %s: element %zu of %zu is "
+                     "%g, expected %g\n", rank, i, c.name, e, result.size(), result[e],
+                     c.expected(e));
+        return 1;
+      }
     }
     if (i >= warmup) ms.push_back(elapsed);
   }
-  if ((*reducer)->rank() == 0 && !ms.empty()) {
+  if (rank == 0 && !ms.empty()) {
     double total = 0;
     for (double m : ms) total += m;
-    std::printf("allreduce_benchmark: %s, %d ranks, %zu float32: %.3f ms per AllReduce "
+    std::printf("allreduce_benchmark: %s, %d ranks, %zu float32: %.3f ms per %s "
                 "(min %.3f, max %.3f, %d repeats)\n",
-                (*reducer)->backend(), (*reducer)->size(), count, total / ms.size(),
+                (*reducer)->backend(), (*reducer)->size(), count, total / ms.size(), c.name,
                 *std::min_element(ms.begin(), ms.end()), *std::max_element(ms.begin(), ms.end()),
                 repeats);
   }

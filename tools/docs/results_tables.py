@@ -20,10 +20,11 @@ when a table of TABLES has no markers in the doc, or when the doc holds a
 Markdown table outside the markers (a rule line, `| ---`, written by hand).
 The JSON is either what a run writes itself (eval/sim/results/, eval/elastic/results/,
 eval/testbed/*_results.json, `bench/allreduce_hosts.sh --json`,
-`dataplane_benchmark --json`, `keras_hosts.sh --json`, in the structure of
-its docs/results/ file) or a small file under docs/results/ holding the
-figures a benchmark printed, with its date, commit and the command that
-printed them (docs/results/README.md lists them). The Summary
+`bench/collectives_one_host.sh --json`, `dataplane_benchmark --json`,
+`keras_hosts.sh --json`, in the structure of its docs/results/ file) or a
+small file under docs/results/ holding the figures a benchmark printed,
+with its date, commit and the command that printed them
+(docs/results/README.md lists them). The Summary
 (docs/results/summary.json) is prose with {NAME} references to figures
 SUMMARY_FIGURES computes from the other files, so that it cannot disagree
 with the sections below it. Python 3 standard library only.
@@ -529,6 +530,57 @@ def allreduce_one_host(root):
     return table(["ranks", "float32 elements", "Open MPI", "mlfabric", "mlfabric / MPI"], rows)
 
 
+# bench/collectives_one_host.sh's names, as allreduce_benchmark prints them.
+# Allgather, which the C++ API lacks, is the AllReduce of zeros holding each
+# rank's part (as mlfabric.tensorflow.allgather builds it).
+COLLECTIVES = {"allreduce": "AllReduce", "allgather": "Allgather (by AllReduce)",
+               "broadcast": "Broadcast", "alltoall": "Alltoall", "reducescatter": "ReduceScatter"}
+
+
+def collectives_one_host(root):
+    """§3.1: Horovod's collectives on one machine against Open MPI, a row
+    per collective and a column per (ranks, float32 count): the ratio of
+    the pairs' summed means (as bench/collectives_one_host.sh prints it and
+    writes with --json), bold where it misses the target, then the mean of
+    each backend's per-pair means."""
+    where = "docs/results/collectives-one-host.json"
+    data = one(root, where)
+    target = field(data, "target", where)
+    most, from_count = field(target, "ratio", where), field(target, "from_count", where)
+    columns, cells = [], {}
+    for entry in field(data, "results", where):
+        collective = field(entry, "collective", where)
+        if collective not in COLLECTIVES:
+            raise Problem("%s: unknown collective '%s' (known: %s)" %
+                          (where, collective, ", ".join(COLLECTIVES)))
+        column = (field(entry, "ranks", where), field(entry, "count", where))
+        mpi, fabric = field(entry, "mpi_ms", where), field(entry, "mlfabric_ms", where)
+        if not mpi or len(fabric) != len(mpi):
+            raise Problem("%s: %s, %d ranks, %d floats: mpi_ms and mlfabric_ms need one mean per "
+                          "pair each" % ((where, collective) + column))
+        if (collective, column) in cells:
+            raise Problem("%s: %s, %d ranks, %d floats appears twice" % ((where, collective) + column))
+        ratio = sig(sum(fabric) / sum(mpi), 2) + "×"
+        if column[1] >= from_count and sum(fabric) > most * sum(mpi):
+            ratio = "**%s**" % ratio
+        cells[(collective, column)] = "%s (%s / %s ms)" % (
+            ratio, sig(sum(fabric) / len(fabric), 3), sig(sum(mpi) / len(mpi), 3))
+        if column not in columns:
+            columns.append(column)
+    rows = [[COLLECTIVES[c]] + [cells.get((c, column), "") for column in columns]
+            for c in COLLECTIVES if any((c, column) in cells for column in columns)]
+    return table(["collective"] + ["%d ranks, %s" % (n, floats(count)) for n, count in columns],
+                 rows)
+
+
+def floats(count):
+    """A float32 count as its size when whole MiB or KiB ("16 MiB"), else "N floats"."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if count * 4 % (1 << shift) == 0:
+            return "%d %s" % (count * 4 >> shift, unit)
+    return "%s floats" % fixed(count, 0)
+
+
 def allreduce_hosts(root):
     """§3.2: a daemon per rank against Open MPI over TCP, the per-pair means
     and the ratio of their sums (as bench/allreduce_hosts.sh prints it and
@@ -970,6 +1022,7 @@ TABLES = {
     "sim-shards-1000": ("docs/results/sim-shards-1000.json", sim_shards_1000),
     "planner-sim-shards": ("docs/results/planner-sim-shards.json", planner_sim_shards),
     "allreduce-one-host": ("docs/results/allreduce-one-host.json", allreduce_one_host),
+    "collectives-one-host": ("docs/results/collectives-one-host.json", collectives_one_host),
     "allreduce-hosts": ("docs/results/allreduce-hosts.json", allreduce_hosts),
     "dataplane": ("docs/results/dataplane.json", dataplane),
     "faults": ("docs/results/faults.json", faults),
