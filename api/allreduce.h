@@ -81,8 +81,10 @@
 // block laid out by destination, of which each rank keeps its own (exact
 // for every dtype; every rank contributes the whole exchange, size times
 // MPI's bytes). Under mpirun a ReduceScatter summing at least
-// mpi_below_bytes takes the rounds, the rest (other ops, small buffers,
-// every Alltoall) MPI. Not with backup workers (a sum may leave ranks
+// mpi_below_bytes between hosts takes the rounds, the rest (other ops,
+// small buffers, every Alltoall) MPI; with every rank on one host,
+// Broadcast and ReduceScatter go through MPI too (no network to plan, and
+// MPI moves only the root's bytes or each rank's rows). Not with backup workers (a sum may leave ranks
 // out: Unimplemented); nccl: Unimplemented. A server that gathers without
 // summing would let an Alltoall move only its own bytes: one push per
 // destination rank to a server that rank runs.
