@@ -25,6 +25,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 invocation=("$0" "$@")
+prog=allreduce_hosts.sh
+source bench/bench_lib.sh
 
 ranks="2 4"
 counts="1024 16384 262144 1048576 4194304 16777216"
@@ -74,23 +76,6 @@ for binary in "${binaries[@]}"; do
   fi
 done
 
-# The mean milliseconds of one run (the benchmark prints "X ms per AllReduce").
-mean_ms() {
-  local out
-  if ! out=$("$@" 2>&1); then
-    echo "allreduce_hosts.sh: failed: $*" >&2
-    echo "$out" | tail -5 >&2
-    exit 1
-  fi
-  local ms
-  ms=$(echo "$out" | sed -n 's/.*: \([0-9.]*\) ms per AllReduce.*/\1/p' | tail -1)
-  if [[ -z "$ms" ]]; then
-    echo "allreduce_hosts.sh: no \"ms per AllReduce\" line in the output of: $*" >&2
-    echo "$out" | tail -5 >&2
-    exit 1
-  fi
-  echo "$ms"
-}
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
@@ -103,35 +88,6 @@ if [[ -n "$baseline" ]]; then
 else
   printf '%-6s %-10s %-28s %-28s %s\n' ranks floats "mlfabric ms (per pair)" "mpi-tcp ms (per pair)" ratio
 fi
-# The arguments after the first, joined by the first.
-join_by() {
-  local separator="$1" out="" item
-  shift
-  for item in "$@"; do out+="${out:+$separator}$item"; done
-  echo "$out"
-}
-# A JSON string of $1 (command lines hold no control characters).
-json_string() {
-  local s="${1//\\/\\\\}"
-  s="${s//\"/\\\"}"
-  printf '"%s"' "$s"
-}
-# The command that measured this run, without --json and --bazel_bin:
-# arguments with spaces in double quotes, as docs/results.md writes them.
-measured_command() {
-  local words=("bench/allreduce_hosts.sh") i
-  for ((i = 1; i < ${#invocation[@]}; ++i)); do
-    case "${invocation[i]}" in
-      --json|--bazel_bin) ((++i)); continue ;;
-    esac
-    if [[ "${invocation[i]}" =~ [[:space:]] ]]; then
-      words+=("\"${invocation[i]}\"")
-    else
-      words+=("${invocation[i]}")
-    fi
-  done
-  echo "bazel build //api:allreduce_benchmark //tools/run:mlfabric-run && ${words[*]}"
-}
 # The goal mlfabric / MPI over TCP per float32 count (docs/results.md §3.2);
 # sizes without one get no target.
 declare -A target_ratio=([65536]=3 [1048576]=2 [16777216]=1.5)
@@ -162,10 +118,6 @@ write_json() {
   echo "  \"target_ratio\": {$(join_by ", " "${targets[@]}")}"
   echo "}"
 }
-# Sum of the first list over the sum of the second ("a b -- c d").
-ratio_of() {
-  printf '%s\n' "$@" | awk '/--/{m=1; next} {if (m) b+=$1; else a+=$1} END {printf "%.2f", a / b}'
-}
 cells=()
 for n in $ranks; do
   for count in $counts; do
@@ -173,15 +125,15 @@ for n in $ranks; do
     for ((p = 0; p < pairs; ++p)); do
       if [[ -n "$baseline" ]]; then
         # shellcheck disable=SC2086
-        base+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms "$baseline/bazel-bin/tools/run/mlfabric-run" \
+        base+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms AllReduce "$baseline/bazel-bin/tools/run/mlfabric-run" \
                     -np "$n" --ranks_per_host 1 $mlfabric_args \
                     "$baseline/bazel-bin/api/allreduce_benchmark" --count="$count" \
                     --repeats="$repeats")")
       fi
       # shellcheck disable=SC2086
-      fabric+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms "$run" -np "$n" --ranks_per_host 1 \
+      fabric+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms AllReduce "$run" -np "$n" --ranks_per_host 1 \
                   $mlfabric_args "$bench" --count="$count" --repeats="$repeats")")
-      mpi+=("$(OMPI_MCA_btl=tcp,self mean_ms "$run" -np "$n" "$bench" --backend=mpi \
+      mpi+=("$(OMPI_MCA_btl=tcp,self mean_ms AllReduce "$run" -np "$n" "$bench" --backend=mpi \
                   --count="$count" --repeats="$repeats")")
     done
     to_mpi=$(ratio_of "${fabric[@]}" -- "${mpi[@]}")

@@ -24,6 +24,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 invocation=("$0" "$@")
+prog=collectives_one_host.sh
+source bench/bench_lib.sh
 
 ranks="2 4"
 counts="262144 4194304"
@@ -76,56 +78,6 @@ for binary in "$run" "$bench"; do
   fi
 done
 
-# The mean milliseconds of one run of collective $1 (the rest: the command).
-mean_ms() {
-  local name="${call_name[$1]}" out ms
-  shift
-  if ! out=$("$@" 2>&1); then
-    echo "collectives_one_host.sh: failed: $*" >&2
-    echo "$out" | tail -5 >&2
-    exit 1
-  fi
-  ms=$(echo "$out" | sed -n "s/.*: \([0-9.]*\) ms per $name .*/\1/p" | tail -1)
-  if [[ -z "$ms" ]]; then
-    echo "collectives_one_host.sh: no \"ms per $name\" line in the output of: $*" >&2
-    echo "$out" | tail -5 >&2
-    exit 1
-  fi
-  echo "$ms"
-}
-# The arguments after the first, joined by the first.
-join_by() {
-  local separator="$1" out="" item
-  shift
-  for item in "$@"; do out+="${out:+$separator}$item"; done
-  echo "$out"
-}
-# A JSON string of $1 (command lines hold no control characters).
-json_string() {
-  local s="${1//\\/\\\\}"
-  s="${s//\"/\\\"}"
-  printf '"%s"' "$s"
-}
-# The command that measured this run, without --json and --bazel_bin:
-# arguments with spaces in double quotes, as docs/results.md writes them.
-measured_command() {
-  local words=("bench/collectives_one_host.sh") i
-  for ((i = 1; i < ${#invocation[@]}; ++i)); do
-    case "${invocation[i]}" in
-      --json|--bazel_bin) ((++i)); continue ;;
-    esac
-    if [[ "${invocation[i]}" =~ [[:space:]] ]]; then
-      words+=("\"${invocation[i]}\"")
-    else
-      words+=("${invocation[i]}")
-    fi
-  done
-  echo "bazel build //api:allreduce_benchmark //tools/run:mlfabric-run && ${words[*]}"
-}
-# Sum of the first list over the sum of the second ("a b -- c d").
-ratio_of() {
-  printf '%s\n' "$@" | awk '/--/{m=1; next} {if (m) b+=$1; else a+=$1} END {printf "%.2f", a / b}'
-}
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 # The goal: no collective slower than this many times Open MPI's from this
@@ -163,8 +115,8 @@ for collective in $collectives; do
       for ((p = 0; p < pairs; ++p)); do
         args=(-np "$n" --ranks_per_host "$n" "$bench" --collective="$collective"
               --count="$count" --repeats="$repeats")
-        mpi+=("$(mean_ms "$collective" "$run" "${args[@]}" --backend=mpi)")
-        fabric+=("$(mean_ms "$collective" "$run" "${args[@]}" --backend=mlfabric)")
+        mpi+=("$(mean_ms "${call_name[$collective]}" "$run" "${args[@]}" --backend=mpi)")
+        fabric+=("$(mean_ms "${call_name[$collective]}" "$run" "${args[@]}" --backend=mlfabric)")
       done
       printf '%-14s %-6s %-10s %-24s %-24s %s\n' "$collective" "$n" "$count" "${mpi[*]}" \
              "${fabric[*]}" "$(ratio_of "${fabric[@]}" -- "${mpi[@]}")"
