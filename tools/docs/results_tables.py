@@ -849,6 +849,24 @@ def allreduce_ratio(where, mpi_key, ranks):
     return render
 
 
+def collectives_worst(root):
+    """The largest mlfabric / MPI ratio of §3.1's collectives table from
+    its target's size on, and where it is."""
+    where = "docs/results/collectives-one-host.json"
+    data = one(root, where)
+    from_count = field(field(data, "target", where), "from_count", where)
+    worst = None
+    for entry in field(data, "results", where):
+        if field(entry, "count", where) < from_count:
+            continue
+        ratio = sum(field(entry, "mlfabric_ms", where)) / sum(field(entry, "mpi_ms", where))
+        if worst is None or ratio > worst[0]:
+            worst = (ratio, COLLECTIVES[field(entry, "collective", where)], entry["ranks"])
+    if worst is None:
+        raise Problem("%s: no result from %d floats on" % (where, from_count))
+    return "at most %s× (%s, %d ranks)" % (sig(worst[0], 2), worst[1], worst[2])
+
+
 def overhead_column(paper):
     def render(root):
         if paper:
@@ -917,6 +935,7 @@ SUMMARY_FIGURES = {
     "faults: the server's daemon killed": first_fault,
     "allreduce-one-host: 2 ranks, 1 M floats": allreduce_ratio("docs/results/allreduce-one-host.json", "mpi_ms", 2),
     "allreduce-one-host: 4 ranks, 1 M floats": allreduce_ratio("docs/results/allreduce-one-host.json", "mpi_ms", 4),
+    "collectives-one-host: worst": collectives_worst,
     "allreduce-hosts: 2 ranks, 1 M floats": allreduce_ratio("docs/results/allreduce-hosts.json", "mpi_tcp_ms", 2),
     "allreduce-hosts: 4 ranks, 1 M floats": allreduce_ratio("docs/results/allreduce-hosts.json", "mpi_tcp_ms", 4),
     "sim-overhead: paper": overhead_column(True),
