@@ -144,7 +144,9 @@ void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSen
                          << ", outside [0, 7]; ignored";
         break;
       }
-      send_->SetJobPriorityClass(priority.job_id(), priority.priority_class());
+      // Every job's class comes again with each registration: said only
+      // when it changed.
+      if (!send_->SetJobPriorityClass(priority.job_id(), priority.priority_class())) break;
       // Re-ranked on its own thread: tc does not run under the receive lock.
       const bool on_nic =
           nic_classes_ != nullptr && nic_classes_->SetJobClass(priority.job(), priority.priority_class());

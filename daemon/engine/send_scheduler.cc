@@ -96,8 +96,10 @@ void SendScheduler::EnsureJobLocked(uint32_t job) {
   if (!queue_.policy().HasJob(job)) (void)queue_.AddJob(job, JobRankKeyLocked(job));
 }
 
-void SendScheduler::SetJobPriorityClass(uint32_t job, int32_t priority_class) {
+bool SendScheduler::SetJobPriorityClass(uint32_t job, int32_t priority_class) {
   MutexLock lock(&mu_);
+  auto known = job_classes_.find(job);
+  if ((known == job_classes_.end() ? 0 : known->second) == priority_class) return false;
   if (priority_class == 0) {
     job_classes_.erase(job);
   } else {
@@ -105,6 +107,7 @@ void SendScheduler::SetJobPriorityClass(uint32_t job, int32_t priority_class) {
   }
   if (queue_.policy().HasJob(job)) (void)queue_.SetJobRankKey(job, JobRankKeyLocked(job));
   cv_.SignalAll();  // the loop may pick another packet first now
+  return true;
 }
 
 std::vector<uint32_t> SendScheduler::JobRanking(double now_s) const {

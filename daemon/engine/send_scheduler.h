@@ -110,8 +110,9 @@ class SendScheduler {
   // The scheduler's priority class of `job` (0..7, 0 = most urgent; a
   // JobPriority command): under TLs-One/RR the job ranks by its class
   // first and its id second, from the next packet on, whether or not it
-  // has sent anything yet. kFifo ranks no job above another.
-  void SetJobPriorityClass(uint32_t job, int32_t priority_class);
+  // has sent anything yet. kFifo ranks no job above another. False if the
+  // job had that class already.
+  bool SetJobPriorityClass(uint32_t job, int32_t priority_class);
   // The jobs from most to least urgent at local time `now_s` (tests, logs).
   std::vector<uint32_t> JobRanking(double now_s) const;
 

@@ -16,6 +16,8 @@ void CommandOutbox::Open(const std::string& host, uint64_t incarnation) {
   queue.incarnation = incarnation;
   queue.commands.clear();
   queue.keyed.clear();
+  // Every class, 0 too: a daemon registering again may hold a class a
+  // restarted scheduler no longer gives the job.
   for (const auto& [job, cls] : job_classes_) {
     queue.commands.push_back(JobPriorityCommand(job, cls.name, cls.priority_class));
   }
@@ -78,13 +80,10 @@ void CommandOutbox::KeyLocked(Queue& queue, uint32_t job) {
 void CommandOutbox::SetJobClass(uint32_t job, const std::string& name, int32_t priority_class) {
   std::lock_guard<std::mutex> lock(mu_);
   auto known = job_classes_.find(job);
-  const int32_t before = known == job_classes_.end() ? 0 : known->second.priority_class;
-  if (priority_class == 0) {
-    job_classes_.erase(job);
-  } else {
-    job_classes_[job] = JobClass{name, priority_class};
-  }
-  if (priority_class == before) return;
+  const bool changed = known == job_classes_.end() ? priority_class != 0
+                                                   : known->second.priority_class != priority_class;
+  job_classes_[job] = JobClass{name, priority_class};
+  if (!changed) return;
   for (auto& [host, queue] : queues_) {
     queue.commands.push_back(JobPriorityCommand(job, name, priority_class));
     NotifyLocked(host);

@@ -60,7 +60,8 @@ class CommandOutbox {
   // The priority class of `job`, named `name` (0..7, 0 = most urgent;
   // TensorLights job priority): every open queue gets a JobPriority
   // command when it changes, and a queue opened later gets one for each
-  // job whose class is not 0 first. Every host, not only those that carry
+  // job first, class 0 too (a daemon registering again with a restarted
+  // scheduler may hold a class that scheduler no longer gives). Every host, not only those that carry
   // the job's pushes: a daemon ranks the job's NIC traffic that does not
   // pass through it too (daemon/nicprio/nic_classes.h).
   void SetJobClass(uint32_t job, const std::string& name, int32_t priority_class);
@@ -121,7 +122,7 @@ class CommandOutbox {
     std::string name;
     int32_t priority_class = 0;
   };
-  std::map<uint32_t, JobClass> job_classes_;  // only classes other than 0
+  std::map<uint32_t, JobClass> job_classes_;  // every job SetJobClass named
   bool stopped_ = false;
   int holds_ = 0;
   std::set<std::string> held_wakeups_;  // hosts to wake when the holds end

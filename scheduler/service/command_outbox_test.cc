@@ -111,18 +111,23 @@ TEST_CASE("every host gets each job's priority class when its stream opens, and 
   CommandOutbox outbox;
   outbox.SetJobKeys({{7, "key-of-7"}});
   outbox.SetJobClass(7, "jobA", 3);
-  outbox.SetJobClass(8, "jobB", 0);  // class 0 is the default: nothing to send
+  outbox.SetJobClass(8, "jobB", 0);
   outbox.Open("w1", 1);
   outbox.Open("w2", 1);
   v1::DaemonCommand out;
   // Both hosts, whether or not they carry the job's pushes (a daemon ranks
-  // the job's NIC traffic too): the class comes first, with the job's name.
+  // the job's NIC traffic too): every job's class comes first, with the
+  // job's name, 0 included (a daemon may hold a class from a scheduler
+  // that restarted since).
   for (const char* host : {"w1", "w2"}) {
     REQUIRE(outbox.Pop(host, 1, kNoWait, &out) == Result::kCommand);
     REQUIRE(out.has_job_priority());
     CHECK(out.job_priority().job_id() == 7);
     CHECK(out.job_priority().job() == "jobA");
     CHECK(out.job_priority().priority_class() == 3);
+    REQUIRE(outbox.Pop(host, 1, kNoWait, &out) == Result::kCommand);
+    CHECK(out.job_priority().job_id() == 8);
+    CHECK(out.job_priority().priority_class() == 0);
     CHECK(outbox.Queued(host) == 0);
   }
   outbox.Push("w1", Send(7));
@@ -154,11 +159,14 @@ TEST_CASE("every host gets each job's priority class when its stream opens, and 
   REQUIRE(outbox.Pop("w2", 1, kNoWait, &out) == Result::kCommand);
   CHECK(out.job_priority().priority_class() == 0);
   // A host registering again is introduced afresh, with the current
-  // classes (job 8 is back at 0: nothing for it).
+  // classes.
   outbox.Open("w1", 2);
   REQUIRE(outbox.Pop("w1", 2, kNoWait, &out) == Result::kCommand);
   CHECK(out.job_priority().job_id() == 7);
   CHECK(out.job_priority().priority_class() == 1);
+  REQUIRE(outbox.Pop("w1", 2, kNoWait, &out) == Result::kCommand);
+  CHECK(out.job_priority().job_id() == 8);
+  CHECK(out.job_priority().priority_class() == 0);
   CHECK(outbox.Queued("w1") == 0);
   outbox.Push("w1", Send(7));
   REQUIRE(outbox.Pop("w1", 2, kNoWait, &out) == Result::kCommand);
