@@ -1,5 +1,6 @@
 #include "ipc/local_ipc.h"
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -28,6 +29,23 @@ int PopulateFlag(size_t size) { return size <= kPopulateMaxBytes ? MAP_POPULATE 
 
 absl::Status ErrnoError(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// A channel's socket may be non-blocking: the daemon waits for it to be
+// readable through Boost.Asio, which sets O_NONBLOCK on any descriptor it
+// waits on. A read or write that would block then waits here for the
+// socket, as a blocking call would, rather than failing: failing ended the
+// application's session with part of a message read (the application saw
+// "Connection reset by peer") and lost a message to the application whose
+// socket buffer was full. True if the call should be tried again.
+bool WaitedFor(int fd, short events) {
+  if (errno == EINTR) return true;
+  if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+  pollfd p{fd, events, 0};
+  while (::poll(&p, 1, -1) < 0) {
+    if (errno != EINTR) return false;
+  }
+  return true;  // ready, or hung up: the retried call says which
 }
 
 }  // namespace
@@ -187,7 +205,7 @@ absl::Status LocalChannel::Send(v1::LocalMessage message, int fd) {
   while (sent_total < total) {
     ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (sent < 0) {
-      if (errno == EINTR) continue;
+      if (WaitedFor(fd_, POLLOUT)) continue;
       return ErrnoError("send to local peer");
     }
     sent_total += static_cast<size_t>(sent);
@@ -223,7 +241,7 @@ absl::Status LocalChannel::Receive(v1::LocalMessage* message, int* fd) {
     msg.msg_controllen = sizeof(control);
     ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (WaitedFor(fd_, POLLIN)) continue;
       return ErrnoError("receive from local peer");
     }
     if (n == 0) return absl::UnavailableError("local peer closed the connection");
@@ -250,7 +268,7 @@ absl::Status LocalChannel::Receive(v1::LocalMessage* message, int* fd) {
   while (read_total < length) {
     ssize_t n = ::recv(fd_, body.data() + read_total, length - read_total, 0);
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (WaitedFor(fd_, POLLIN)) continue;
       return ErrnoError("receive from local peer");
     }
     if (n == 0) return absl::UnavailableError("local peer closed the connection mid-message");

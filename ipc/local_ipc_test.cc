@@ -1,11 +1,15 @@
 #include "ipc/local_ipc.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace mlfabric {
 namespace {
@@ -42,6 +46,44 @@ TEST_CASE("Messages and shared buffers cross a socket pair intact") {
   REQUIRE(b.Receive(&got, &fd).ok());
   CHECK(fd == -1);
   CHECK(got.get().server() == "ps0");
+}
+
+// The daemon's end of an application socket is non-blocking once Boost.Asio
+// has waited on it. A message that is not all there yet, and one larger
+// than the socket's buffer, still arrive whole: the channel waits as a
+// blocking socket would instead of ending the session.
+TEST_CASE("A non-blocking socket waits for a partial message and a full buffer") {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  for (int fd : fds) REQUIRE(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK) == 0);
+  LocalChannel a(fds[0]), b(fds[1]);
+  constexpr int kMessages = 3;
+  // 900 KB each, several times a socket pair's buffer (~200 KB).
+  std::vector<std::string> names;
+  for (int i = 0; i < kMessages; ++i) names.push_back(std::string(900000, static_cast<char>('a' + i)));
+  std::vector<absl::Status> sent(kMessages);
+  std::thread sender([&] {
+    // The receiver is already waiting on an empty socket.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (int i = 0; i < kMessages; ++i) {
+      v1::LocalMessage message;
+      message.mutable_get()->set_server(names[i]);
+      sent[i] = a.Send(message);
+    }
+  });
+  for (int i = 0; i < kMessages; ++i) {
+    v1::LocalMessage got;
+    int fd = -1;
+    const absl::Status received = b.Receive(&got, &fd);
+    INFO("message " << i << ": " << received.ToString());
+    REQUIRE(received.ok());
+    CHECK(fd == -1);
+    CHECK(got.get().server() == names[i]);
+    // Slower than the sender: its writes find the buffer full.
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  sender.join();
+  for (int i = 0; i < kMessages; ++i) CHECK(sent[i].ok());
 }
 
 TEST_CASE("A closed peer and a lying size are reported, not crashed on") {
