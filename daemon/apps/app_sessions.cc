@@ -16,6 +16,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
@@ -220,8 +221,14 @@ bool AppSessions::HandleOne(const std::shared_ptr<AppSession>& app) {
   int fd = -1;
   absl::Status status = app->channel->Receive(&message, &fd);
   if (!status.ok()) {
+    if (fd >= 0) ::close(fd);  // a descriptor that came with the broken message
     if (status.code() != absl::StatusCode::kUnavailable) {
       MLF_LOG(WARNING) << "closing local session of '" << app->name << "': " << status.message();
+    } else if (!absl::StartsWith(status.message(), "local peer closed the connection")) {
+      // Not the application's orderly close: a read error (an application
+      // killed with bytes unread says "Connection reset by peer").
+      MLF_LOG(INFO) << "local session of '" << app->name << "' (pid " << app->pid
+                    << ") ended: " << status.message();
     }
     return false;
   }
