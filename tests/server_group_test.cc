@@ -37,6 +37,7 @@ const std::vector<std::string> kShardHosts = {"s1", "s2", "s3"};
 // One shard: sums the part it is given, and keeps the versions it applied.
 struct Shard {
   std::chrono::milliseconds delay{0};  // per update: a slow application
+  std::atomic<int> applying{0};        // updates inside the callback now
   std::mutex mu;
   std::vector<double> model;
   int64_t version = 0;
@@ -103,8 +104,10 @@ std::vector<std::unique_ptr<Shard>> StartShards(launch::Cluster& c, int64_t dim,
     shard->server = std::move(*server);
     Shard* s = shard.get();
     s->server->RegisterUpdateCallback([s](const Server::Update& u) -> absl::StatusOr<int64_t> {
+      ++s->applying;
       std::this_thread::sleep_for(s->delay);
       std::lock_guard<std::mutex> lock(s->mu);
+      --s->applying;
       if (u.bytes != s->model.size() * sizeof(float)) {
         return absl::InvalidArgumentError("part size does not match the shard");
       }
@@ -510,8 +513,11 @@ void RestartWithGroupPushesInFlight(bool aggregate) {
   REQUIRE(cluster.ok());
   launch::Cluster& c = **cluster;
   // Slow applications: at the restart some pushes are applied, some held
-  // or released at the shards, some still moving.
-  std::vector<std::unique_ptr<Shard>> shards = StartShards(c, kDim, std::chrono::milliseconds(20));
+  // or released at the shards, some still moving. Without `aggregate` the
+  // restart comes while shard 0's application holds a push (below), and
+  // 80 ms per update leaves the restart time to break the stream first.
+  std::vector<std::unique_ptr<Shard>> shards = StartShards(
+      c, kDim, std::chrono::milliseconds(aggregate ? 20 : 80));
   std::vector<std::unique_ptr<Worker>> workers;
   for (const char* host : {"w1", "w2"}) {
     auto worker = Worker::Connect(Options(c, host, host));
@@ -544,8 +550,12 @@ void RestartWithGroupPushesInFlight(bool aggregate) {
     restarter.join();
     REQUIRE(restarted);
   } else {
-    for (int i = 0; i < 3000 && shards[0]->Version() < 5; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // Five applied and the sixth in shard 0's application: a push the
+    // restart must find in doubt. (Waiting on the version alone, the
+    // restart could fall between two pushes, with none at the shards.)
+    for (int i = 0; i < 6000 && (shards[0]->Version() < 5 || shards[0]->applying.load() == 0);
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     REQUIRE(c.RestartScheduler().ok());
   }
