@@ -37,15 +37,23 @@ absl::Status ErrnoError(const std::string& what) {
 // socket, as a blocking call would, rather than failing: failing ended the
 // application's session with part of a message read (the application saw
 // "Connection reset by peer") and lost a message to the application whose
-// socket buffer was full. True if the call should be tried again.
-bool WaitedFor(int fd, short events) {
-  if (errno == EINTR) return true;
-  if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+// socket buffer was full. It waits up to `timeout_ms` (-1: for ever).
+enum class Wait { kRetry, kFailed, kStalled };
+Wait WaitFor(int fd, short events, int timeout_ms) {
+  if (errno == EINTR) return Wait::kRetry;
+  if (errno != EAGAIN && errno != EWOULDBLOCK) return Wait::kFailed;
   pollfd p{fd, events, 0};
-  while (::poll(&p, 1, -1) < 0) {
-    if (errno != EINTR) return false;
+  while (true) {
+    const int ready = ::poll(&p, 1, timeout_ms);
+    if (ready > 0) return Wait::kRetry;  // ready, or hung up: the retried call says which
+    if (ready == 0) return Wait::kStalled;
+    if (errno != EINTR) return Wait::kFailed;
   }
-  return true;  // ready, or hung up: the retried call says which
+}
+
+absl::Status Stalled(const char* what, int timeout_ms) {
+  return absl::DeadlineExceededError(
+      absl::StrCat("the local peer ", what, " for ", timeout_ms / 1000.0, " s mid-message"));
 }
 
 }  // namespace
@@ -205,7 +213,18 @@ absl::Status LocalChannel::Send(v1::LocalMessage message, int fd) {
   while (sent_total < total) {
     ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (sent < 0) {
-      if (WaitedFor(fd_, POLLOUT)) continue;
+      const int stall_ms = stall_ms_.load();
+      switch (WaitFor(fd_, POLLOUT, stall_ms)) {
+        case Wait::kRetry:
+          continue;
+        case Wait::kStalled:
+          // Part of the message may be out: the stream is cut, the peer
+          // sees the channel close.
+          Shutdown();
+          return Stalled("read nothing", stall_ms);
+        case Wait::kFailed:
+          break;
+      }
       return ErrnoError("send to local peer");
     }
     sent_total += static_cast<size_t>(sent);
@@ -241,7 +260,11 @@ absl::Status LocalChannel::Receive(v1::LocalMessage* message, int* fd) {
     msg.msg_controllen = sizeof(control);
     ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0) {
-      if (WaitedFor(fd_, POLLIN)) continue;
+      // The next message may be long in coming; the rest of one is not.
+      const int stall_ms = got == 0 ? -1 : stall_ms_.load();
+      const Wait wait = WaitFor(fd_, POLLIN, stall_ms);
+      if (wait == Wait::kRetry) continue;
+      if (wait == Wait::kStalled) return Stalled("sent nothing more", stall_ms);
       return ErrnoError("receive from local peer");
     }
     if (n == 0) return absl::UnavailableError("local peer closed the connection");
@@ -268,7 +291,14 @@ absl::Status LocalChannel::Receive(v1::LocalMessage* message, int* fd) {
   while (read_total < length) {
     ssize_t n = ::recv(fd_, body.data() + read_total, length - read_total, 0);
     if (n < 0) {
-      if (WaitedFor(fd_, POLLIN)) continue;
+      const int stall_ms = stall_ms_.load();
+      const Wait wait = WaitFor(fd_, POLLIN, stall_ms);
+      if (wait == Wait::kRetry) continue;
+      if (wait == Wait::kStalled) {
+        if (*fd >= 0) ::close(*fd);
+        *fd = -1;
+        return Stalled("sent nothing more", stall_ms);
+      }
       return ErrnoError("receive from local peer");
     }
     if (n == 0) return absl::UnavailableError("local peer closed the connection mid-message");

@@ -17,6 +17,7 @@
 #ifndef MLFABRIC_API_LOCAL_IPC_H_
 #define MLFABRIC_API_LOCAL_IPC_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -117,11 +118,19 @@ class LocalChannel {
   static absl::StatusOr<int> Connect(const std::string& path, double timeout_s);
 
   // Sends `message`; when `fd` >= 0 it is attached (the caller keeps its own
-  // copy of the descriptor).
+  // copy of the descriptor). On a non-blocking socket it waits for room as
+  // a blocking one would, up to the stall timeout; then it shuts the channel
+  // down (the message may be cut) and returns kDeadlineExceeded.
   absl::Status Send(v1::LocalMessage message, int fd = -1);
   // Blocks for the next message. `*fd` receives an attached descriptor (the
-  // caller owns it) or -1. Returns kUnavailable when the peer closed.
+  // caller owns it) or -1. Returns kUnavailable when the peer closed, and
+  // kDeadlineExceeded when a message stops arriving part-way for the stall
+  // timeout (the next message may take any time).
   absl::Status Receive(v1::LocalMessage* message, int* fd);
+
+  static constexpr int kDefaultStallTimeoutMs = 30000;
+  // How long a message may stall part-way, sending or receiving.
+  void set_stall_timeout_ms(int ms) { stall_ms_.store(ms); }
 
   // Unblocks a Receive in another thread and makes further calls fail.
   void Shutdown();
@@ -129,6 +138,7 @@ class LocalChannel {
 
  private:
   int fd_;
+  std::atomic<int> stall_ms_{kDefaultStallTimeoutMs};
   std::mutex send_mu_;
 };
 

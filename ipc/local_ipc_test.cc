@@ -86,6 +86,35 @@ TEST_CASE("A non-blocking socket waits for a partial message and a full buffer")
   for (int i = 0; i < kMessages; ++i) CHECK(sent[i].ok());
 }
 
+// A peer that stops part-way through a message, or reads nothing of what
+// it is sent, does not hold the other side for ever: after the stall
+// timeout the call fails, naming it, and a stalled send closes the channel.
+TEST_CASE("A message that stalls part-way fails after the stall timeout") {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  for (int fd : fds) REQUIRE(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK) == 0);
+  LocalChannel a(fds[0]), b(fds[1]);
+  a.set_stall_timeout_ms(200);
+  b.set_stall_timeout_ms(200);
+
+  // Half a prefix, then nothing.
+  const uint8_t half[2] = {0x10, 0x00};
+  REQUIRE(::write(fds[0], half, sizeof(half)) == 2);
+  v1::LocalMessage got;
+  int fd = -1;
+  absl::Status received = b.Receive(&got, &fd);
+  CHECK(received.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(std::string(received.message()), Catch::Contains("sent nothing more"));
+
+  // Nobody reads b: a's sends fill the buffer, then fail and shut a down.
+  v1::LocalMessage big;
+  big.mutable_get()->set_server(std::string(900000, 'x'));
+  absl::Status sent = a.Send(big);
+  CHECK(sent.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(std::string(sent.message()), Catch::Contains("read nothing"));
+  CHECK_FALSE(a.Send(big).ok());
+}
+
 TEST_CASE("A closed peer and a lying size are reported, not crashed on") {
   int fds[2];
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
