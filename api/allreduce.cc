@@ -529,6 +529,14 @@ class SumsAllReducer : public AllReducer {
     if (backups() == 0) (void)AgreeBySum(*this, what, InvalidCallShape());
     return invalid;
   }
+
+ public:
+  // A broadcast is a sum where only the root contributes: a round that
+  // closes without the root's push would hand every rank zeros.
+  absl::Status Broadcast(void* data, size_t count, DataType dtype, int root) override {
+    if (auto refused = NoBackupWorkers("Broadcast", backups()); !refused.ok()) return refused;
+    return AllReducer::Broadcast(data, count, dtype, root);
+  }
 };
 
 // The root's server application: its daemon does the summing; it only

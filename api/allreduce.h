@@ -253,7 +253,8 @@ class AllReducer {
   absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
                          const CallOptions& call);
   // In place: every rank receives root's buffer (shapes and root must agree;
-  // kBool too).
+  // kBool too). Unimplemented with backup workers: a sum that closes
+  // without the root's contribution would hand every rank zeros.
   virtual absl::Status Broadcast(void* data, size_t count, DataType dtype, int root);
   // Sends send_rows[d] rows of `send` to rank d; `recv_buffer` receives
   // every rank's rows for this one, in rank order, and *recv_rows their

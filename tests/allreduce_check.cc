@@ -551,6 +551,16 @@ void CheckBackupWorkers(mlfabric::AllReduceOptions options, int pieces) {
   const int size = reducer.size(), late = size - 1;
   EXPECT(reducer.summed() == size - 1, "summed() %d with one backup of %d", reducer.summed(),
          size);
+  // A broadcast built from such a sum could leave the root out: every rank
+  // is refused, before any data moves, and its buffer is untouched.
+  std::vector<float> broadcast(8, static_cast<float>(g_rank + 1));
+  absl::Status refused = reducer.Broadcast(broadcast.data(), broadcast.size(),
+                                           DataType::kFloat32, 0);
+  EXPECT(absl::IsUnimplemented(refused) &&
+             refused.message().find("Broadcast needs every rank's part") !=
+                 absl::string_view::npos &&
+             broadcast[7] == static_cast<float>(g_rank + 1),
+         "Broadcast with a backup worker: %s", refused.ToString().c_str());
   float others = 0;
   for (int r = 0; r < late; ++r) others += std::pow(10.0f, static_cast<float>(r));
   auto signal_late = [&] {
