@@ -44,6 +44,19 @@ size_t SegmentIndex(const LinkProfile& p, double t) {
   return static_cast<size_t>(it - p.times_s.begin()) - 1;
 }
 
+// SegmentIndex(p, t) when t lies at or a few segments after segment `hint`
+// (consecutive reservation segments split a profile left to right), found
+// without a binary search; otherwise SegmentIndex's.
+size_t SegmentIndexFrom(const LinkProfile& p, double t, size_t hint) {
+  if (hint < p.times_s.size() && p.times_s[hint] <= t) {
+    size_t k = hint;
+    for (int step = 0; step < 4; ++step, ++k) {
+      if (k + 1 == p.times_s.size() || p.times_s[k + 1] > t) return k;
+    }
+  }
+  return SegmentIndex(p, t);
+}
+
 // The fill walk of Fig. 4(b), shared by FillEnd and Fill so both give the
 // same end time bit for bit. `segments` may be null.
 double Walk(const std::vector<LinkProfile>& links, const Path& path, double start_s, double t0,
@@ -231,9 +244,9 @@ double Network::FillInto(const Path& path, double t0, double bits,
   return end;
 }
 
-size_t Network::SplitAt(int link, double t) {
+size_t Network::SplitAt(int link, double t, size_t hint) {
   LinkProfile& p = links_[link];
-  const size_t k = SegmentIndex(p, t);
+  const size_t k = SegmentIndexFrom(p, t, hint);
   if (p.times_s[k] == t) return k;
   p.times_s.insert(p.times_s.begin() + k + 1, t);
   p.rates_bps.insert(p.rates_bps.begin() + k + 1, p.rates_bps[k]);
@@ -245,10 +258,12 @@ size_t Network::SplitAt(int link, double t) {
 void Network::AddRate(const Path& path, const std::vector<RateSegment>& segments, double sign) {
   for (int link : path.links) {
     LinkProfile& p = links_[link];
+    size_t hint = 0;  // segments run forward in time: each split starts the next search
     for (const RateSegment& s : segments) {
       if (!(s.to_s > s.from_s) || s.rate_bps <= 0) continue;
-      const size_t from = SplitAt(link, std::max(s.from_s, start_s_));
-      const size_t to = SplitAt(link, s.to_s);
+      const size_t from = SplitAt(link, std::max(s.from_s, start_s_), hint);
+      const size_t to = SplitAt(link, s.to_s, from);
+      hint = to;
       for (size_t k = from; k < to; ++k) {
         if (journaling_) journal_.push_back({link, false, k, p.rates_bps[k], p.first_open});
         p.rates_bps[k] = std::max(0.0, p.rates_bps[k] + sign * s.rate_bps);

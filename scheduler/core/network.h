@@ -155,8 +155,9 @@ class Network {
     size_t old_first_open;
   };
 
-  // Makes `t` a breakpoint of `link` and returns its index.
-  size_t SplitAt(int link, double t);
+  // Makes `t` a breakpoint of `link` and returns its index; the search
+  // starts at segment `hint` when that is at or before t's.
+  size_t SplitAt(int link, double t, size_t hint = 0);
   void AddRate(const Path& path, const std::vector<RateSegment>& segments, double sign);
 
   double start_s_ = 0;
