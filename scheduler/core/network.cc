@@ -57,6 +57,16 @@ size_t SegmentIndexFrom(const LinkProfile& p, double t, size_t hint) {
   return SegmentIndex(p, t);
 }
 
+// Adds [from, to) at `rate` to a fill's segments, extending the last one
+// when it runs on at the same rate.
+void AppendSegment(std::vector<RateSegment>* segments, double from, double to, double rate) {
+  if (!segments->empty() && segments->back().rate_bps == rate && segments->back().to_s == from) {
+    segments->back().to_s = to;
+  } else {
+    segments->push_back({from, to, rate});
+  }
+}
+
 // The fill walk of Fig. 4(b), shared by FillEnd and Fill so both give the
 // same end time bit for bit. `segments` may be null.
 double Walk(const std::vector<LinkProfile>& links, const Path& path, double start_s, double t0,
@@ -87,6 +97,34 @@ double Walk(const std::vector<LinkProfile>& links, const Path& path, double star
     }
     for (int l = 0; l < n; ++l) k[l] = SegmentIndex(*p[l], t);
   }
+  if (n == 2) {
+    // A host-to-host path (uplink, downlink), the usual one: the loop
+    // below with its inner loops unrolled, the same arithmetic.
+    const double* t0s = p[0]->times_s.data();
+    const double* t1s = p[1]->times_s.data();
+    const double* r0s = p[0]->rates_bps.data();
+    const double* r1s = p[1]->rates_bps.data();
+    const size_t n0 = p[0]->times_s.size(), n1 = p[1]->times_s.size();
+    size_t k0 = k[0], k1 = k[1];
+    for (;;) {
+      const double rate = std::min(r0s[k0], r1s[k1]);
+      const double next = std::min(k0 + 1 < n0 ? t0s[k0 + 1] : kInfinity,
+                                    k1 + 1 < n1 ? t1s[k1 + 1] : kInfinity);
+      if (rate > 0) {
+        const double capacity = next == kInfinity ? kInfinity : rate * (next - t);
+        const bool fits = bits <= capacity + 1e-3;
+        const double to = fits ? std::min(t + bits / rate, next) : next;
+        if (segments != nullptr) AppendSegment(segments, t, to, rate);
+        if (fits) return to;
+        bits -= capacity;
+      } else if (next == kInfinity) {
+        return kInfinity;
+      }
+      t = next;
+      if (k0 + 1 < n0 && t0s[k0 + 1] == t) ++k0;
+      if (k1 + 1 < n1 && t1s[k1 + 1] == t) ++k1;
+    }
+  }
   for (;;) {
     double rate = kInfinity;
     double next = kInfinity;
@@ -101,14 +139,7 @@ double Walk(const std::vector<LinkProfile>& links, const Path& path, double star
       // would also move the end to the next profile breakpoint.
       const bool fits = bits <= capacity + 1e-3;
       const double to = fits ? std::min(t + bits / rate, next) : next;
-      if (segments != nullptr) {
-        if (!segments->empty() && segments->back().rate_bps == rate &&
-            segments->back().to_s == t) {
-          segments->back().to_s = to;
-        } else {
-          segments->push_back({t, to, rate});
-        }
-      }
+      if (segments != nullptr) AppendSegment(segments, t, to, rate);
       if (fits) return to;
       bits -= capacity;
     } else if (next == kInfinity) {
