@@ -67,6 +67,34 @@ void AppendSegment(std::vector<RateSegment>* segments, double from, double to, d
   }
 }
 
+// One step of the fill walk: the slot [t, next) at `rate` takes what it
+// can of `*bits`. True with *end set when the bits are all placed (or
+// never can be: no rate now and no breakpoint ahead); false to go on at
+// `next`.
+inline bool FillStep(double rate, double next, double t, double* bits,
+                     std::vector<RateSegment>* segments, double* end) {
+  if (rate > 0) {
+    const double capacity = next == kInfinity ? kInfinity : rate * (next - t);
+    // Under a thousandth of a bit left after a slot is the residue of
+    // filling it exactly, not a reason for one more (empty) segment that
+    // would also move the end to the next profile breakpoint.
+    const bool fits = *bits <= capacity + 1e-3;
+    const double to = fits ? std::min(t + *bits / rate, next) : next;
+    if (segments != nullptr) AppendSegment(segments, t, to, rate);
+    if (fits) {
+      *end = to;
+      return true;
+    }
+    *bits -= capacity;
+    return false;
+  }
+  if (next == kInfinity) {
+    *end = kInfinity;
+    return true;
+  }
+  return false;
+}
+
 // The fill walk of Fig. 4(b), shared by FillEnd and Fill so both give the
 // same end time bit for bit. `segments` may be null.
 double Walk(const std::vector<LinkProfile>& links, const Path& path, double start_s, double t0,
@@ -110,16 +138,7 @@ double Walk(const std::vector<LinkProfile>& links, const Path& path, double star
       const double rate = std::min(r0s[k0], r1s[k1]);
       const double next = std::min(k0 + 1 < n0 ? t0s[k0 + 1] : kInfinity,
                                     k1 + 1 < n1 ? t1s[k1 + 1] : kInfinity);
-      if (rate > 0) {
-        const double capacity = next == kInfinity ? kInfinity : rate * (next - t);
-        const bool fits = bits <= capacity + 1e-3;
-        const double to = fits ? std::min(t + bits / rate, next) : next;
-        if (segments != nullptr) AppendSegment(segments, t, to, rate);
-        if (fits) return to;
-        bits -= capacity;
-      } else if (next == kInfinity) {
-        return kInfinity;
-      }
+      if (double end; FillStep(rate, next, t, &bits, segments, &end)) return end;
       t = next;
       if (k0 + 1 < n0 && t0s[k0 + 1] == t) ++k0;
       if (k1 + 1 < n1 && t1s[k1 + 1] == t) ++k1;
@@ -132,19 +151,7 @@ double Walk(const std::vector<LinkProfile>& links, const Path& path, double star
       rate = std::min(rate, p[l]->rates_bps[k[l]]);
       if (k[l] + 1 < p[l]->times_s.size()) next = std::min(next, p[l]->times_s[k[l] + 1]);
     }
-    if (rate > 0) {
-      const double capacity = next == kInfinity ? kInfinity : rate * (next - t);
-      // Under a thousandth of a bit left after a slot is the residue of
-      // filling it exactly, not a reason for one more (empty) segment that
-      // would also move the end to the next profile breakpoint.
-      const bool fits = bits <= capacity + 1e-3;
-      const double to = fits ? std::min(t + bits / rate, next) : next;
-      if (segments != nullptr) AppendSegment(segments, t, to, rate);
-      if (fits) return to;
-      bits -= capacity;
-    } else if (next == kInfinity) {
-      return kInfinity;
-    }
+    if (double end; FillStep(rate, next, t, &bits, segments, &end)) return end;
     t = next;
     for (int l = 0; l < n; ++l) {
       if (k[l] + 1 < p[l]->times_s.size() && p[l]->times_s[k[l] + 1] == t) ++k[l];
