@@ -140,12 +140,13 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  auto now = elastic.Membership();
-  if (!now.ok()) return 1;
+  // The generation the ranks trained under last (agreed by CheckMembership),
+  // not the job's membership now: a rank that finished first may have left.
+  const mlfabric::JobMembers& trained = elastic.members();
   Write(absl::StrCat(dir, "/final-", name),
         absl::StrCat(state.step, " ", absl::StrJoin(state.total, state.total + 4, ","), " ",
                      elastic.reducer().size(), " ", elastic.reducer().rank(), " ",
-                     now->generation, " ", absl::StrJoin(now->members, ","), "\n"));
+                     trained.generation, " ", absl::StrJoin(trained.members, ","), "\n"));
   std::printf("elastic_cpp_check %s: rank %d of %d, step %lld\n", name.c_str(),
               elastic.reducer().rank(), elastic.reducer().size(),
               static_cast<long long>(state.step));

@@ -48,7 +48,9 @@ def train(state):
 
 
 train(state)
-generation, members = mlfabric.membership()
+# The generation the ranks trained under last, not the job's membership
+# now: a rank that finished first may have left the job already.
+generation, members = mlfabric._generation, mlfabric._members
 write(os.path.join(out, "final-" + name), "%d %s %d %d %d %s\n" % (
     state.step, ",".join("%g" % v for v in state.total), mlfabric.size(), mlfabric.rank(),
     generation, ",".join(members)))

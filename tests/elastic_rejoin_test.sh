@@ -68,7 +68,7 @@ cat "${finals[@]}"
   { echo "FAILED: the ranks ended with different states"; exit 1; }
 [[ $(cut -d' ' -f5 "${finals[@]}" | sort -u | wc -l) == 1 ]] ||
   { echo "FAILED: the ranks ended in different membership generations"; exit 1; }
-# mlfabric.membership() on every rank: the three workers, sorted.
+# The members each rank trained with last: the three workers, in rank order.
 [[ $(cut -d' ' -f6 "${finals[@]}" | sort -u) == "rank0,rank1,rank2" ]] ||
   { echo "FAILED: the members seen at the end differ"; exit 1; }
 read -r step total size _ < "$work/final-rank0"
