@@ -1,5 +1,5 @@
 // Packet-level immediate aggregation (mercury.md §IV-A key idea 3 and
-// §IV-C "Mercury PS"; docs/architecture.md §5 "Aggregation"; issue 4).
+// §IV-C "Mercury PS"; docs/architecture.md §5 "Aggregation").
 //
 // Contributions to one aggregate (pushes of a synchronous round, or the
 // updates an in-network AggregateTask combines) are summed into the

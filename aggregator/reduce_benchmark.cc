@@ -1,5 +1,5 @@
 // Weighted-sum kernel throughput against memcpy on the same buffers
-// (issue 4 benchmark 3: target >= 80% of memcpy), single- and
+// (target: >= 80% of memcpy), single- and
 // multi-threaded, plus PacketPool::Add throughput for Mercury-sized packets
 // against the bare kernel and memcpy doing the same work.
 //

@@ -1,11 +1,11 @@
-// Data-plane benchmarks of issue 4, printed as one table (daemon/README.md):
+// The data plane's benchmarks, printed as one table (daemon/README.md):
 //
 //   bazel run -c opt //bench:dataplane_benchmark [-- --gib=1 --rounds=3]
 //   ... -- --json FILE           also writes the run in the structure of
 //                                docs/results/dataplane.json (docs/results.md
 //                                §4), or adds it to FILE when FILE exists
 //   ... -- --compare_auth=true   adds sets with data-plane authentication off
-//                                and on, alternated, and their ratio (issue 17)
+//                                and on, alternated, and their ratio
 //   ... -- --compare_encryption=true  the same with payload encryption on
 //                                (data_plane_encryption) against authentication
 //                                alone, with each one's CPU per GB
@@ -198,8 +198,8 @@ struct Round {
 // Rounds alternate the daemon and the raw socket so both see the same
 // machine load; each round's daemon transfer is timed by the receiving
 // daemon's own arrival trace (first packet to last byte).
-// `plane`: the data plane's session handshake and job proofs (issue 17,
-// daemon/transport/data_auth.h), on by default; off, or with payload
+// `plane`: the data plane's session handshake and job proofs
+// (daemon/transport/data_auth.h), on by default; off, or with payload
 // encryption too (payload_cipher.h), for the comparisons.
 enum class DataPlane { kPlain, kAuthenticated, kEncrypted };
 

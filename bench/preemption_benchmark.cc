@@ -1,4 +1,4 @@
-// Benchmark 2 of issue 4: preemption latency of an urgent tensor behind a
+// Preemption latency of an urgent tensor behind a
 // large low-priority transfer on a shaped link (Mercury, mercury.md §IV).
 //
 //   bazel run -c opt //bench:preemption_benchmark [-- --link_mbps=200]

@@ -80,7 +80,7 @@ void Daemon::ScheduleStreamLoop() {
 void Daemon::ScheduleLost() {
   daemon::ReceiveLock::Hold lock(&lock_);
   // Pushes in flight stay in doubt: the scheduler this daemon registers
-  // with next tells their outcomes (issue 16 item 4). Their bytes stop
+  // with next tells their outcomes. Their bytes stop
   // here; pushes still being submitted fail when their SubmitUpdate does.
   send_->DropAll();
   // Nothing planned by the scheduler that is gone is applied from now on,

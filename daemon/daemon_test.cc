@@ -1,8 +1,8 @@
 // The daemon in-process with a fake scheduler (no gRPC, no scheduler
 // process), its applications on its real local socket: what a push
 // becomes, and that a submission the scheduler holds up does not hold up
-// the command stream (issue 13: the old daemon held a lock across the
-// SubmitUpdate RPC that every command also took).
+// the command stream (no lock is held across the SubmitUpdate RPC that
+// every command would also take).
 #include "daemon/daemon.h"
 
 #include <stdlib.h>

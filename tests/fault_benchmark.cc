@@ -1,4 +1,4 @@
-// The fault-injection benchmark (issue 16 item 5): the driver of
+// The fault-injection benchmark: the driver of
 // tests/fault_driver.h run for more cycles, printing each fault's recovery
 // time and the totals against the targets. Needs root (namespaces).
 //

@@ -1,4 +1,4 @@
-// The fault-injection driver (issue 16 item 5): trains a job across real
+// The fault-injection driver: trains a job across real
 // processes while a scripted sequence of faults hits it, and accounts for
 // every push.
 //

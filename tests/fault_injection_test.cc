@@ -1,4 +1,4 @@
-// Training under injected faults (issue 16 item 5; tests/fault_driver.h):
+// Training under injected faults (tests/fault_driver.h):
 // one of each kind of fault, each followed by a check that every push
 // ended exactly once and that each server's model is exactly the sum of
 // the pushes reported applied; at the end, the job finishes. Hosts in

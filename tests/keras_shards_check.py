@@ -1,7 +1,7 @@
 """Run in every rank by tests/keras_shards_test.sh under mlfabric-run (3 ranks).
 
 A Keras model trained asynchronously over a server group of 2 shards
-(issue 18; docs/user-guide/sharded-servers.md) ends with the same weights as the same
+(docs/user-guide/sharded-servers.md) ends with the same weights as the same
 training over one server: ranks 0 and 1 host shards "ps-0" and "ps-1" of
 group "ps" (each a contiguous run of whole variables, mlfabric.partition),
 rank 2 hosts the single server "whole" and trains against both, one after

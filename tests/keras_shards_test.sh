@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A Keras model trained over a server group of 2 shards ends with the same
-# weights as over one server (issue 18): tests/keras_shards_check.py in 3
+# weights as over one server: tests/keras_shards_check.py in 3
 # ranks under mlfabric-run, each on an emulated host of its own. Skips, saying why, when the venv has no TensorFlow.
 set -euo pipefail
 source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"

@@ -1,4 +1,4 @@
-// The daemon's local socket (issue 17 item 3) across real processes: mode
+// The daemon's local socket across real processes: mode
 // 0600 by default, 0660 and the configured group with
 // --local_socket_group, and a job with a configured "user" admits only
 // applications of that user (the daemon reads their uid with SO_PEERCRED;

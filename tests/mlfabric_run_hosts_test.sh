@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mlfabric-run across hosts (issue 18 item 4): three network-namespace hosts
+# mlfabric-run across hosts: three network-namespace hosts
 # with distinct addresses, two slots each, the scheduler and mpirun in a
 # fourth namespace. Open MPI's plm_rsh_agent is a wrapper that enters the
 # host's namespace (as ssh would log in to it); mlfabric-run starts one

@@ -1,5 +1,5 @@
-// A silent partition ends what it cuts off in bounded time (docs/architecture.md §3a,
-// issue 16 item 4): hosts s1 and w1 in their own network namespaces
+// A silent partition ends what it cuts off in bounded time (docs/architecture.md §3a):
+// hosts s1 and w1 in their own network namespaces
 // (launch/cluster.h, kNetns), w1's uplink shaped to 4 Mbit/s so that a
 // 4 MiB push is still on the wire when w1's interface goes down. Nothing
 // tells either side: no RST, no FIN. gRPC keepalive (--keepalive_s, default
@@ -11,7 +11,7 @@
 // Asserted: the push ends (failed, with a reason) and the scheduler logs
 // w1 down, each within a generous bound (60 s: no hang), and the server
 // never applies the cut push. Printed, not asserted: how long each side
-// took to notice (issue 16's target is <= 5 s).
+// took to notice (the target is <= 5 s).
 #include <catch2/catch.hpp>
 
 #include <atomic>

@@ -1,4 +1,4 @@
-// The scheduler under many daemons (issue 18 item 3), briefly: the load
+// The scheduler under many daemons, briefly: the load
 // generator (testing/loadgen) drives a real mlfabric-scheduler over real
 // gRPC with 300 emulated hosts, two servers and 20 named aggregators for a
 // few seconds, then waits for every outcome: every push ended exactly

@@ -1,5 +1,5 @@
 // The scheduler restarts (kill -9, a new process on the same port) and the
-// job goes on (issue 16 item 4): the daemons register again, the server's
+// job goes on: the daemons register again, the server's
 // daemon sees the new epoch and forgets the old commit positions (the new
 // scheduler numbers them from 1), and pushes after the restart apply. The
 // server's model is exactly the sum of every push reported applied, before

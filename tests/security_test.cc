@@ -1,4 +1,4 @@
-// Issue 17 across real processes: every port refuses a caller without
+// Authentication across real processes: every port refuses a caller without
 // credentials or with another job's, says why, logs it and keeps serving
 // everyone else; a daemon-level client of job B can neither get job A's
 // model nor inject into A's transfers (A's model stays exact); and a

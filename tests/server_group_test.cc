@@ -1,4 +1,4 @@
-// Server groups (issue 18; mlfabric.md §10.2; scheduler/service/server_groups.h)
+// Server groups (mlfabric.md §10.2; scheduler/service/server_groups.h)
 // across real processes: a model split across three shard servers on three
 // hosts, pushed to and read by the group's name. Updates are integer-valued,
 // so every shard's model can be checked exactly against the pushes reported

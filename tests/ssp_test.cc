@@ -1,4 +1,4 @@
-// Stale-synchronous parallel (issue 15; mlfabric.md §6; Ho et al., 2013)
+// Stale-synchronous parallel (mlfabric.md §6; Ho et al., 2013)
 // across real processes: a scheduler with an "ssp" job (K = 2), a server
 // and two workers on their own daemons. A worker's clock is its number of
 // pushes; a worker more than K ahead of the slowest live worker waits at

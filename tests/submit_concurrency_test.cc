@@ -1,5 +1,5 @@
 // A push's submission to the scheduler does not hold up anything else on
-// its daemon (issue 13). Worker A pushes to a server that has not
+// its daemon. Worker A pushes to a server that has not
 // registered yet: the scheduler holds that SubmitUpdate for server_wait_s
 // (8 s here, under the daemon's 10 s deadline for the call) waiting for it. While A's submission is in flight, worker B
 // on the same daemon pushes to a registered server. B's push must end

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the Mercury packet parser with libFuzzer for a short time (the
-# issue 4 bad-input requirement: a pure parser with a libFuzzer target, run
+# bad-input requirement: a pure parser with a libFuzzer target, run
 # where clang is available). tools/bootstrap installs clang
 # (tools/deps/fuzz.deb); on a machine without it this reports a skip with
 # the reason rather than passing.

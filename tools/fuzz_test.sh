@@ -2,7 +2,7 @@
 # Fuzzes the planner JSON contract (both planners), the scheduler's config
 # loader, the admin request handling, the local IPC framing, the
 # scheduler's control-plane handlers and a daemon's data sessions with libFuzzer for a short time each
-# (tools/fuzz; issue 17 item 5), seeded by their committed corpora. Without
+# (tools/fuzz), seeded by their committed corpora. Without
 # clang this reports a skip with the reason (a failure under CI, where
 # tools/bootstrap installs clang).
 set -euo pipefail

@@ -73,11 +73,11 @@ class PushTable {
   // submitted stay.
   std::vector<Push> TakeAllSubmitted();
   // Every submitted push whose outcome is not known, by transfer id: kept
-  // (a restarted scheduler tells their outcomes; issue 16 item 4).
+  // (a restarted scheduler tells their outcomes).
   std::vector<std::pair<uint64_t, Push>> Unresolved() const;
 
   // Every held push (applied, its replica copy not yet sent), by transfer
-  // id: kept (a restarted scheduler plans their copies; issue 16 item 4).
+  // id: kept (a restarted scheduler plans their copies).
   std::vector<std::pair<uint64_t, Push>> Held() const;
 
   size_t submitted() const;

@@ -1,7 +1,7 @@
 // ServerResolver: where a job's server lives (its host, data address, job
 // id and round size), as the scheduler's ResolveServer says, remembered for
 // a short while so that a worker's gets do not each cost a scheduler round
-// trip (an AllReduce of 1,024 floats takes a few ms in all; issue 19).
+// trip (an AllReduce of 1,024 floats takes a few ms in all).
 //
 //   ServerResolver resolver(scheduler, clock, /*ttl_s=*/1.0);
 //   v1::ResolveServerReply where;

@@ -1,9 +1,8 @@
 // AppliedLog: the pushes this host's server applications applied, as the
 // daemon saw their acknowledgements, so that a restarted scheduler can end
-// every push that was in flight during its outage exactly once (issue 16
-// item 4): a push is applied if a server's daemon logged it, and failed
-// only when the server's daemon says it did not (scheduler/service/
-// in_doubt.h).
+// every push that was in flight during its outage exactly once: a push is
+// applied if a server's daemon logged it, and failed only when the server's
+// daemon says it did not (scheduler/service/in_doubt.h).
 //
 //   log.Handed(transfer_id, {constituent ids...});   // handed to the app
 //   log.Acked(transfer_id, /*applied=*/true, version);

@@ -4,10 +4,9 @@
 //
 // The DeliverySequencer holds the order; this part carries it out: it
 // hands complete transfers over (ServerEndpoints), skips and fails what
-// was cancelled, reports the parts of group pushes (issue 18) whose bytes
+// was cancelled, reports the parts of group pushes whose bytes
 // are all in, and carries the held replica copies and group parts across
-// a lost schedule stream, for the next scheduler to decide
-// (issue 16 item 4).
+// a lost schedule stream, for the next scheduler to decide.
 //
 //   Deliveries deliveries("h1", &incoming, &servers, &reporter);
 //   deliveries.ExpectLocked(expect);       // a kExpect command
@@ -96,7 +95,7 @@ class Deliveries {
   int64_t delivered() const { return delivered_.load(); }
 
  private:
-  // Reports the held parts of group pushes (issue 18) expected at `key`
+  // Reports the held parts of group pushes expected at `key`
   // whose bytes are all in: the scheduler releases them once every
   // shard's part is.
   void ReportReadyPartsLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
@@ -127,7 +126,7 @@ class Deliveries {
   // Held copies dropped incomplete at the lost stream: told once, at the
   // next registration.
   std::map<uint64_t, v1::HeldCopy> lost_copies_ ABSL_GUARDED_BY(receive_side);
-  // Held parts of group pushes whose bytes are not all in yet (issue 18),
+  // Held parts of group pushes whose bytes are not all in yet,
   // by transfer id -> their endpoint's key; reported ready, then forgotten.
   std::map<uint64_t, std::string> unready_parts_ ABSL_GUARDED_BY(receive_side);
   std::atomic<int64_t> delivered_{0};

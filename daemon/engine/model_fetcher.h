@@ -99,7 +99,7 @@ class ModelFetcher {
  private:
   // relays_'s key: a server's model batches, or its synchronous rounds.
   static std::string RelayKey(uint32_t job_id, const std::string& server, bool round);
-  // A server group (issue 18): every shard's part, of one version.
+  // A server group: every shard's part, of one version.
   absl::Status FetchGroup(const std::string& job, const std::string& group,
                           const v1::ResolveServerReply& where, uint32_t priority,
                           int64_t* version, std::shared_ptr<SharedBuffer>* model);

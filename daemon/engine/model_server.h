@@ -101,7 +101,7 @@ class ModelServer {
   // The application's snapshot for batch `batch` (ignored if the batch gave
   // up meanwhile).
   void Answer(uint64_t batch, GetBatcher::Snapshot snapshot);
-  // Server groups (issue 18): a request id for the snapshot the daemon asks
+  // Server groups: a request id for the snapshot the daemon asks
   // `key`'s application for right after handing it an update; its answer
   // is kept as that version's (the last Options::snapshot_history), so that
   // a fresh get at one version finds it. 0 when none are kept.

@@ -3,8 +3,8 @@
 // name is "replica:<server>"), and what each was handed: the updates it
 // has not acknowledged yet (their receive buffers, recycled at the
 // acknowledgement), the model version its acknowledgements said, and the
-// logs of the pushes it applied (for a restarted scheduler, issue 16
-// item 4). It is the daemon::ServerApps the ModelServer answers gets
+// logs of the pushes it applied (for a restarted
+// scheduler). It is the daemon::ServerApps the ModelServer answers gets
 // through: a snapshot asked for a version not handed over yet goes to the
 // application right after the update that makes it.
 //

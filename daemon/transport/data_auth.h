@@ -1,4 +1,4 @@
-// Authentication of data sessions between daemons (docs/architecture.md §3a, issue 17).
+// Authentication of data sessions between daemons (docs/architecture.md §3a).
 //
 // The scheduler hands every registered host the cluster's data key, and a
 // host that has an entity in job J (or is given work of J) the key of J.

@@ -1,4 +1,4 @@
-// Optional payload encryption on data sessions (docs/architecture.md §3a, issue 17).
+// Optional payload encryption on data sessions (docs/architecture.md §3a).
 //
 // When the scheduler's data_plane_encryption is on, the session handshake
 // (data_auth.h) adds an ephemeral X25519 exchange, and both ends derive

@@ -1,4 +1,4 @@
-// mlfabric-sim: the discrete-event simulator at scale (issue 7, docs/architecture.md §9).
+// mlfabric-sim: the discrete-event simulator at scale (docs/architecture.md §9).
 //
 //   bazel run -c opt //eval/sim:mlfabric-sim -- --workers=30 --compute=C1 --network=N1
 //       --systems=mlfabric-a-30,async,rr-sync --json_out=/tmp/run.json
@@ -53,10 +53,10 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
                          every 100 ms tick plans its new requests at once (old)
                                                                  default server
   --get_deadline_slack=X  > 0: a get batch may end X times later than the
-                         fastest plan if that saves server copies (issue 14)
+                         fastest plan if that saves server copies
                                                                  default 0
   --aggregation=A        streaming: update batches may stream through
-                         chains of workers, each adding its own (issue 14);
+                         chains of workers, each adding its own;
                          alg3: the paper's Alg. 3 alone       default streaming
   --lr=X                 synchronous step size (async: lr/N)   default 0.3
   --class_separation=X   std of the class means (task difficulty)  default 0.5

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PNG plots of the simulator's --json_out files (issue 7, docs/results.md).
+"""PNG plots of the simulator's --json_out files (docs/results.md).
 
     /opt/mlfabric/venv/bin/python eval/sim/plot.py \
         --results eval/sim/results --out docs/img

@@ -1,4 +1,4 @@
-// Configuration of the discrete-event simulator at scale (issue 7, paper §7).
+// Configuration of the discrete-event simulator at scale (paper §7).
 //
 // One SimConfig describes one simulated cluster: N workers, 2 per machine,
 // one parameter server, k aggregators co-hosted on worker machines (§7),
@@ -72,7 +72,7 @@ struct SimConfig {
   // by default the server NIC does not follow the N-traces.
   bool server_follows_trace = false;
   double server_bps = 10e9;
-  // Parameter-server shards (§10.2; issue 18 item 2): the model is split
+  // Parameter-server shards (§10.2): the model is split
   // into `servers` byte ranges of (nearly) equal size, each held by its own
   // server on its own dedicated host and NIC (server_bps each). MLfabric-A/S
   // push every update as that many parts, planned together by the core
@@ -129,7 +129,7 @@ struct SimConfig {
   GetBatching get_batching = GetBatching::kServer;
   // > 0: each get batch may finish this many times later than the per-batch
   // optimum if that spends fewer server copies (core DistributionOptions::
-  // deadline_s, issue 14); 0 keeps the per-batch objective.
+  // deadline_s); 0 keeps the per-batch objective.
   double get_deadline_slack = 0;
   // MLfabric-A/S update batches may go through streaming chains
   // (core/aggregation.h) besides Alg. 3; false: Alg. 3 alone.

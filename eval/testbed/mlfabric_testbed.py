@@ -1,4 +1,4 @@
-"""mlfabric-testbed: the emulated-testbed experiment of issue #7, one command.
+"""mlfabric-testbed: the emulated-testbed experiment, one command.
 
 Builds an emulated cluster (netns_cluster.Cluster: scheduler host ``sch``,
 server host ``s1``, replica host ``r1``, workers ``w1..wN``), then runs each
@@ -9,9 +9,9 @@ its start (same seeds) and the same compute stragglers:
   vanilla          async PS, FIFO planner (`mlfabric-scheduler --planner=fifo`)
   mlfabric-s       sync SGD, api/allreduce.h backend "mlfabric"
   mlfabric-s-b<b>  the same with b backup workers: each round sums the first
-                   N - b gradients; late ones are left out (issue 15)
+                   N - b gradients; late ones are left out
   mlfabric-ssp<K>  async PS in stale-synchronous mode: a worker more than K
-                   pushes ahead of the slowest waits at its get (issue 15);
+                   pushes ahead of the slowest waits at its get;
                    like mlfabric-a, it may aggregate on the workers' hosts;
                    delay bound: the paper's 30, scaled like mlfabric-a30
   mlfabric-ssp<K>-a<tau>  the same with delay bound tau (scaled the same way)

@@ -1,6 +1,6 @@
 """An emulated cluster on one machine: one network namespace per host.
 
-Issue #7 (emulated testbed). A thin Python face on the project's one
+The emulated testbed's cluster. A thin Python face on the project's one
 namespace layout, which is implemented in C++ (launch/netns_network.h) and
 driven here through its command, ``mlfabric-netns`` (testing/netns_cli.cc;
 JSON on stdout). The layout: every emulated host gets its own network

@@ -1,5 +1,5 @@
 // Bounded-consistency replication against checkpointing on the emulated
-// testbed (mlfabric.md §7.3, issue 16 item 3). W workers train
+// testbed (mlfabric.md §7.3). W workers train
 // asynchronously (get, compute, push) against one server; each run is one
 // of:
 //   none          no fault tolerance (the baseline of the round);

@@ -1,4 +1,4 @@
-// Server groups on the emulated testbed (issue 18's testbed target): W
+// Server groups on the emulated testbed: W
 // workers train asynchronously (MLfabric-A: get the model, compute, push)
 // against one server, then against a group of S shard servers on S hosts,
 // every server host with the same link rate. Prints the gradients applied

@@ -1,5 +1,5 @@
-// testbed_app: the training processes of the emulated testbed (issue #7,
-// workload (a)). One binary, three roles:
+// testbed_app: the training processes of the emulated testbed (workload
+// (a)). One binary, three roles:
 //
 //   --role=server  asynchronous parameter server (MLfabric-A, vanilla async
 //                  PS): applies every delivered update in commit order and

@@ -111,7 +111,7 @@ struct DistributionOptions {
   // identical plan.
   bool reference = false;
   // When finite (an absolute time): the objective that spares the server's
-  // link for what comes next (issue 14). Among the cases whose last delivery
+  // link for what comes next. Among the cases whose last delivery
   // is no later than this, take the one with the fewest server copies
   // (u + n), ties to the earlier total, then the larger n, then the smaller
   // u. If no case meets it, the per-batch objective (earliest total) decides
@@ -123,8 +123,8 @@ struct DistributionOptions {
 absl::StatusOr<DistributionPlan> PlanModelDistribution(const DistributionRequest& request,
                                                        const DistributionOptions& options = {});
 
-// Model distribution for a data plane that forwards cut-through (issue 14;
-// the live daemons, daemon/engine/relay_table.h): a distributor passes each
+// Model distribution for a data plane that forwards cut-through (the live
+// daemons, daemon/engine/relay_table.h): a distributor passes each
 // packet on as it arrives, so a requester deep in a tree has the model about
 // as soon as its parent, not one whole transfer later as
 // PlanModelDistribution assumes (store-and-forward). Then chains and

@@ -284,7 +284,7 @@ TEST_CASE("Fast distribution search equals the exhaustive one for both objective
   CHECK(fewer_copies > compared / 10);
 }
 
-// Issue 14: when the server's uplink is the bottleneck, a deadline a little
+// When the server's uplink is the bottleneck, a deadline a little
 // later than the per-batch optimum buys fewer server copies (the next batch
 // finds the server's link free sooner).
 TEST_CASE("The deadline objective spends fewer server copies on a saturated server link") {
@@ -313,7 +313,7 @@ TEST_CASE("The deadline objective spends fewer server copies on a saturated serv
   CHECK(DistributionPlanToText(*fallback) == DistributionPlanToText(*per_batch));
 }
 
-// Issue 14, cut-through trees (the live data plane forwards packet by
+// Cut-through trees (the live data plane forwards packet by
 // packet): checks that hold for any plan, on random links.
 void CheckCutThroughPlan(const DistributionRequest& r, const DistributionPlan& plan) {
   REQUIRE(plan.deliveries.size() == r.requesters.size());

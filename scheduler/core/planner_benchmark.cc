@@ -26,7 +26,7 @@
 // for every candidate and takes minutes beyond that.
 //
 // The model distribution section times PlanModelDistribution for 10 ... 1000
-// requesters with half as many candidate distributors (issue 14: 1000 x 500
+// requesters with half as many candidate distributors (target: 1000 x 500
 // within 20 ms) against the exhaustive reference of the same search, for the
 // per-batch objective (earliest total) and for the deadline objective
 // (fewest server copies by a deadline at twice the per-batch total).
@@ -215,7 +215,7 @@ std::tuple<double, double, double> TimeDistributions(
 
 // Times PlanModelDistribution (and its exhaustive reference, unless
 // `quick` and the size makes it take minutes) per size, for the per-batch
-// objective and for the deadline objective (issue 14) with each request's
+// objective and for the deadline objective with each request's
 // deadline at twice its per-batch total.
 bool DistributionBenchmark(bool quick) {
   std::printf("\nModel distribution (§10.3 batched get), 10 Gbit/s server, 100 MB model,\n"

@@ -120,7 +120,7 @@ struct ShardSlot {
 
 struct ServerState {
   std::string host;
-  // A server group (issue 18; mlfabric.md §10.2): this entry, under the
+  // A server group (mlfabric.md §10.2): this entry, under the
   // group's name, stands for the model split across `shards` (by index):
   // pushes, batches, sequence numbers and versions are the group's, and
   // `host` is shard 0's. Empty for a server that is no group.
@@ -253,7 +253,7 @@ class ClusterState {
   // its start) in bits 32-59, so a restarted scheduler's ids never equal its
   // predecessor's (unless both started in the same second). Below it a
   // transfer id counts; an incarnation has 32 random bits (never one this
-  // scheduler issued before), so it cannot be guessed (issue 17; the
+  // scheduler issued before), so it cannot be guessed (the
   // session token is what authenticates a host's calls). Bits 60-63 stay
   // clear: daemons mark their own ids there.
   uint64_t NewTransferId() { return next_transfer_id_++; }

@@ -578,7 +578,7 @@ TEST_CASE("a restarted scheduler's transfer ids and incarnations never equal its
     // Bits 60-63 are the daemons' own id spaces.
     CHECK((transfer >> 60) == 0);
   }
-  // Incarnations are not a counter (issue 17): 32 random bits below the
+  // Incarnations are not a counter: 32 random bits below the
   // epoch, never one issued before.
   std::set<uint64_t> incarnations;
   int consecutive = 0;

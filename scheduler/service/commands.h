@@ -36,7 +36,7 @@ struct Expect {
   v1::DType dtype = v1::DTYPE_FLOAT32;
   bool held = false;  // a replica copy held until released (ReleaseDelivery)
   uint64_t source = 0;  // a replica copy: its push
-  uint64_t group_push = 0;  // a shard's held part of this group push (issue 18)
+  uint64_t group_push = 0;  // a shard's held part of this group push
 };
 v1::DaemonCommand ExpectDelivery(const Expect& expect);
 v1::DaemonCommand ReleaseDelivery(uint64_t transfer_id, uint64_t sequence,

@@ -1,5 +1,5 @@
 // ControlAuth: who may call the scheduler, and the keys it hands out
-// (docs/architecture.md §3a, issue 17). No gRPC here: the gRPC face (grpc_service.cc)
+// (docs/architecture.md §3a). No gRPC here: the gRPC face (grpc_service.cc)
 // reads the call's metadata and certificate and asks this and the service.
 //
 //   host registration   the cluster secret (metadata x-mlfabric-cluster-secret)

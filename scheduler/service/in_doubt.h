@@ -1,4 +1,4 @@
-// Pushes in flight when a scheduler died (issue 16 item 4): a restarted
+// Pushes in flight when a scheduler died: a restarted
 // scheduler ends each exactly once, from what the daemons tell it as they
 // register again.
 //

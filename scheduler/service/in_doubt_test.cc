@@ -393,7 +393,7 @@ TEST_CASE("an outcome told again keeps its hold for the replica copy") {
   CHECK(at_w1[0].outcome().hold_for_replica());  // else w1 frees the bytes the copy needs
 }
 
-// Group "g" of job demo: shard g0 on s1, shard g1 on r1 (issue 18).
+// Group "g" of job demo: shard g0 on s1, shard g1 on r1.
 void AddGroup(Fixture* f) {
   JobState& job = f->state.GetOrAddJob("demo");
   ServerState& group = job.servers["g"];

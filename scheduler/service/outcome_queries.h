@@ -1,4 +1,4 @@
-// How pushes ended, by their application's id (issue 16): a worker
+// How pushes ended, by their application's id: a worker
 // application whose daemon died with pushes in flight connects to the
 // daemon that replaced it and asks, through it, how each push ended
 // (QueryOutcomesRequest; api/mlfabric.h, WorkerOptions::reconnect_s). The

@@ -2,7 +2,7 @@
 // model (mid-training, or after a failover) starts from that model: the
 // scheduler has the server's daemon take a snapshot of it at a cut in the
 // server's commit order and send it to the replica, ahead of the copies
-// of every update after the cut (mlfabric.md §5.3; issue 16).
+// of every update after the cut (mlfabric.md §5.3).
 //
 //   RegisterEntity(ROLE_REPLICA, installs_snapshots) -> WantReplicaSnapshot
 //   RegisterEntity(ROLE_SERVER) -> WantReplicaSnapshot   // a replica there first

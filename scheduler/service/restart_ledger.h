@@ -46,7 +46,7 @@ namespace mlfabric {
 
 // A push whose source's schedule stream broke while it was in flight: the
 // source's daemon names it when it registers again, and waits for its
-// outcome (in_doubt.h; issue 16 item 4).
+// outcome (in_doubt.h).
 struct InDoubtPush {
   uint64_t transfer_id = 0;
   uint64_t local_id = 0;

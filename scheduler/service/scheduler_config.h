@@ -107,13 +107,13 @@ struct SchedulerConfig {
   // Model distribution trees for batched gets (mlfabric.md §10.3): a
   // server's daemon asks how to send one batch's snapshot (PlanDistribution).
   // get_trees = false answers every requester from the server's host.
-  // get_deadline_slack > 0 (issue 14): the batch may end this many times
+  // get_deadline_slack > 0: the batch may end this many times
   // later than its fastest plan if that spends fewer server copies (fewest
   // copies within that deadline), sparing the server's uplink for the next
   // batch; 0 keeps the paper's per-batch objective (earliest end).
   // get_tree_planner: "cut_through" (default) plans for daemons that forward
   // packet by packet (chains and narrow trees, F = 1..get_tree_max_fanout
-  // server copies, slow uplinks as leaves; issue 14); "store_forward" is
+  // server copies, slow uplinks as leaves); "store_forward" is
   // the paper's §10.3 planner, which assumes a distributor has the whole
   // model before it sends (get_deadline_slack applies to it).
   bool get_trees = true;

@@ -541,7 +541,7 @@ void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
   OpenRound(*job, server, round);  // round_tracker.h: its size and generation
   // A synchronous round is planned as soon as all its pushes are in, not at
   // the next batch tick: an AllReduce then costs a plan, not up to a batch
-  // interval (issue 19). Asynchronous pushes keep batching.
+  // interval. Asynchronous pushes keep batching.
   const bool complete = RoundComplete(*job, *server, round);
   MLF_LOG(DEBUG) << "push " << reply->transfer_id() << " (local id " << request.local_id()
                  << ") from " << request.src_host() << " for round " << round << " at "

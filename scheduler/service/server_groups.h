@@ -1,4 +1,4 @@
-// Server groups (issue 18; mlfabric.md §10.2): one model split by byte
+// Server groups (mlfabric.md §10.2): one model split by byte
 // ranges across S shard servers, each a server application on any host.
 //
 // Workers push to and get from the group's name. The group has a

@@ -1,6 +1,6 @@
 // StragglerTracker: each worker's recent iteration, transfer and compute
 // times, from the timestamps of its pushes, and which workers are
-// stragglers (issue 15; the straggler is what MLfabric is built against,
+// stragglers (the straggler is what MLfabric is built against,
 // mlfabric.md §1).
 //
 // A worker's iteration ends with its push: the iteration time is the time

@@ -1,5 +1,5 @@
 // LoadGenerator: many emulated daemons in one process, driving a real
-// mlfabric-scheduler over real gRPC with no data plane (issue 18 item 3).
+// mlfabric-scheduler over real gRPC with no data plane.
 //
 // Each emulated host does what mlfabricd does on the control plane
 // (proto/scheduler.proto): it registers (with the cluster secret), holds

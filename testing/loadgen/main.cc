@@ -1,7 +1,7 @@
 // mlfabric-loadgen: one real mlfabric-scheduler driven by many emulated
 // daemons (load_generator.h) over real gRPC, with no data plane: how long a
 // batch cycle takes, how much CPU and memory the scheduler uses and how many
-// control-plane messages it carries at 1000 workers (issue 18 item 3).
+// control-plane messages it carries at 1000 workers.
 //
 //   bazel run -c opt //testing/loadgen:mlfabric-loadgen -- --workers=1000 --duration_s=600
 //   ... -- --workers=1000 --shards=64       # one model in 64 shards (mlfabric.md §10.2)

@@ -1,6 +1,6 @@
 """mercury-ablation: packet priorities on/off and whole-tensor transfers.
 
-Issue #7, Mercury ablation (mercury.md §II-B, §IV, §VI). On an emulated
+The Mercury ablation (mercury.md §II-B, §IV, §VI). On an emulated
 cluster (scheduler host ``sch``, parameter-server host ``ps``, workers
 ``w1..wN``; eval/testbed/netns_cluster.py) each worker runs
 eval/testbed/apps/profile_worker with a real network's layer sizes

@@ -1,6 +1,6 @@
 """tls-colocated: co-located PS jobs under FIFO, TLs-One and TLs-RR.
 
-Issue #7, TensorLights (tensorlights.md §III-V). --jobs synchronous PS jobs
+TensorLights co-located jobs (tensorlights.md §III-V). --jobs synchronous PS jobs
 run at once: all their parameter servers on one host ``ps`` (placement #1 of
 Table I, the heaviest contention), their workers spread over ``w1..wW`` (one
 worker of every job on every worker host, as in §III). Each job is

@@ -1,5 +1,5 @@
 // Tensor profiles of real networks for the emulated-testbed experiments
-// (issue #7, workload (b)): per-layer parameter counts of VGG-16, ResNet-50
+// (workload (b)): per-layer parameter counts of VGG-16, ResNet-50
 // and ResNet-32 (CIFAR-10, the TensorLights workload, tensorlights.md §III)
 // and per-layer compute times derived from each layer's multiply-accumulate
 // count.

@@ -1,5 +1,5 @@
 // profile_server: the parameter server of the tensor-profile workload
-// (issue #7 workload (b); see profile_worker.cc). It keeps a float32 model
+// (workload (b) of the testbed; see profile_worker.cc). It keeps a float32 model
 // with the profile's (scaled) layer sizes, adds every delivered update into
 // it (model += update, applied in MLfabric's commit order) and answers gets
 // with a snapshot.

@@ -1,5 +1,5 @@
 // profile_worker: a training worker with a real network's tensor profile
-// (issue #7 workload (b)). It does no arithmetic: it "computes" by sleeping
+// (workload (b) of the testbed). It does no arithmetic: it "computes" by sleeping
 // each layer's scaled forward/backward time (profile_models.h) and moves the
 // layers' real (scaled) gradient sizes through MLfabric.
 //

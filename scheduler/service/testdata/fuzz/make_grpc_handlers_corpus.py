@@ -176,7 +176,7 @@ CORPUS = {
         call(AWAIT_CLOCK, message((1, "ssp"), (2, "fast"))),
         host("w2"), tick(100), stream("w1", 2),
     ]),
-    # A server group of three shards (issue 18): push 1's parts (2-4) are
+    # A server group of three shards: push 1's parts (2-4) are
     # reported ready, released and applied; push 5's part 7 fails before
     # its release; then shard registrations that must be refused.
     "server_group": bytes([1]) + b"".join([
