@@ -10,8 +10,9 @@ Fails (exit 1), naming file and line, when:
     than RESULTS_MAX_LINES;
   - a command in one of README.md's shell code blocks names a Bazel target
     that no BUILD file defines, or a script that does not exist;
-  - README.md, python/README.md or a file under docs/ mentions an issue
-    number ("issue 17"): user docs say what is, not how it came to be;
+  - any text file (Markdown prose, source, comments) mentions an issue
+    number ("issue 17"): the tracker is not in the repository, and docs
+    and comments say what is, not how it came to be;
   - any text file refers to a path outside the repository (the parent
     directory's "shared" folder, which a clone does not have).
 """
@@ -27,6 +28,7 @@ TEXT_SUFFIXES = (".md", ".h", ".cc", ".py", ".sh", ".bzl", ".proto", ".json", ".
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
 OUTSIDE = "../" + "shared"  # spelled in two parts so this file does not match itself
+SELF = {os.path.join("tools", "docs", "check_docs.py"), os.path.join("tools", "docs", "docs_test.sh")}
 LABEL = re.compile(r"(?<![\w@])//([\w/.+-]*):([\w/.+-]+)")
 BAZEL_BIN = re.compile(r"\bbazel-bin/([\w/.+-]+)")
 SCRIPT = re.compile(r"(?:^|&&\s*|;\s*|\$\s+)((?:tools|bench|eval|examples|testing)/[\w/.+-]+)")
@@ -122,10 +124,6 @@ def check_readme_commands(root, errors):
                     errors.append("README.md:%d: %s: no such script" % (number, script))
 
 
-def is_user_doc(rel):
-    return rel in ("README.md", os.path.join("python", "README.md")) or rel.startswith("docs" + os.sep)
-
-
 def main(root):
     root = os.path.abspath(root)
     errors = []
@@ -133,15 +131,18 @@ def main(root):
         rel = os.path.relpath(path, root)
         if path.endswith(".md"):
             check_links(root, path, errors)
-            if is_user_doc(rel):
-                for number, line in prose_lines(path):
-                    match = ISSUE.search(line)
-                    if match:
-                        errors.append("%s:%d: '%s': user docs name no issue numbers" % (rel, number, match.group(0)))
+            for number, line in prose_lines(path):
+                match = ISSUE.search(line)
+                if match:
+                    errors.append("%s:%d: '%s': docs name no issue numbers" % (rel, number, match.group(0)))
         if path.endswith(TEXT_SUFFIXES) and os.path.getsize(path) < 4 << 20:
             try:
                 with open(path, encoding="utf-8") as f:
                     for number, line in enumerate(f, 1):
+                        match = None if path.endswith(".md") or rel in SELF else ISSUE.search(line)
+                        if match:
+                            errors.append("%s:%d: '%s': comments name no issue numbers" %
+                                          (rel, number, match.group(0)))
                         if OUTSIDE in line:
                             errors.append("%s:%d: refers to a path outside the repository (%s)" %
                                           (rel, number, OUTSIDE))

@@ -15,6 +15,7 @@ fixture="$(mktemp -d)"
 trap 'rm -rf "$fixture"' EXIT
 mkdir -p "$fixture/docs" "$fixture/pkg"
 printf 'cc_binary(\n    name = "tool",\n)\n' >"$fixture/pkg/BUILD"
+printf '// The tool (added for issue 9).\nint main() { return 0; }\n' >"$fixture/pkg/tool.cc"
 printf '# Guide\n\n## Two words\n\nSee [the readme](../README.md#title).\n' >"$fixture/docs/guide.md"
 {
   printf '# Title\n\n```sh\nbazel build //pkg:tool //pkg:missing\nbazel-bin/pkg/gone\ntools/nowhere.sh\n```\n\n'
@@ -33,7 +34,8 @@ for expected in \
     "//pkg:missing: no such Bazel target" \
     "bazel-bin/pkg/gone: no Bazel target builds it" \
     "tools/nowhere.sh: no such script" \
-    "'issue 12': user docs name no issue numbers" \
+    "'issue 12': docs name no issue numbers" \
+    "pkg/tool.cc:1: 'issue 9': comments name no issue numbers" \
     "refers to a path outside the repository" \
     "README.md: 211 lines; keep it to 200"; do
   if ! grep -qF "$expected" <<<"$out"; then
