@@ -52,6 +52,8 @@ TEST_CASE("Three workers' integer pushes sum exactly at the server, all applied"
   for (int w = 0; w < 3; ++w) {
     auto code = workers[w]->WaitFor(120);
     INFO(workers[w]->Log());
+    INFO("sum_server: " + (*server)->Log());
+    INFO("s1's daemon: " + c.daemon("s1").Log());
     REQUIRE(code.has_value());
     CHECK(*code == 0);
     CHECK(workers[w]->Log().find("applied=" + std::to_string(kPushes) + " dropped=0 failed=0") !=

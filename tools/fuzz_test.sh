@@ -25,8 +25,11 @@ for target in "${targets[@]}"; do
   # The executed-units line of this target's run: after its "fuzzing" line.
   runs=$(sed -nE "/^fuzz: fuzzing $target for/,/^stat::number_of_executed_units/ \
                   s/^stat::number_of_executed_units: *([0-9]+)/\1/p" "$log")
-  if [[ -z "$runs" || "$runs" -lt 1000 ]]; then
-    echo "fuzz_test: $target ran ${runs:-no} inputs; expected many" >&2
+  # Proof that the fuzzer ran: far more inputs than its seeds (at most 10
+  # per target). Not a rate: on a busy 2-core machine grpc_handlers, the
+  # slowest per input, ran 762 in 10 s.
+  if [[ -z "$runs" || "$runs" -lt 200 ]]; then
+    echo "fuzz_test: $target ran ${runs:-no} inputs; expected at least 200 (its seeds and their mutations)" >&2
     exit 1
   fi
   echo "fuzz_test: $target: ${runs} inputs in ${seconds} s, no crash"
