@@ -239,6 +239,29 @@ absl::Status CheckReduceScatterArguments(int64_t rows, int64_t row_elements, Dat
   return absl::OkStatus();
 }
 
+// A ReduceScatter's named shape: rows first, then the dimensions of a row.
+absl::Status CheckReduceScatterShape(const std::vector<int64_t>& shape, int64_t rows,
+                                     int64_t row_elements) {
+  const std::string text = absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  if (shape.empty() || shape.size() > static_cast<size_t>(CallOptions::kMaxDims)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReduceScatter: shape ", text, " needs 1 to ", CallOptions::kMaxDims, " dimensions"));
+  }
+  int64_t product = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ReduceScatter: shape ", text, " has a negative dimension"));
+    }
+    product *= dim;
+  }
+  if (shape[0] != rows || product != rows * row_elements) {
+    return absl::InvalidArgumentError(absl::StrCat("ReduceScatter: shape ", text, " is not ", rows,
+                                                   " rows of ", row_elements, " elements"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status AllReducer::Alltoall(const void* send, int64_t rows, int64_t row_elements,
@@ -254,11 +277,19 @@ absl::Status AllReducer::Alltoall(const void* send, int64_t rows, int64_t row_el
 
 absl::Status AllReducer::ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                                        DataType dtype, ReduceOp op, void* out) {
-  if (absl::Status invalid = CheckReduceScatterArguments(rows, row_elements, dtype, op);
-      !invalid.ok()) {
-    return RefuseCollective("ReduceScatter", std::move(invalid));
+  return ReduceScatter(data, rows, row_elements, dtype, op, out, CallOptions{});
+}
+
+absl::Status AllReducer::ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
+                                       DataType dtype, ReduceOp op, void* out,
+                                       const CallOptions& call) {
+  absl::Status invalid = CheckReduceScatterArguments(rows, row_elements, dtype, op);
+  if (invalid.ok() && call.shape.has_value()) {
+    invalid = CheckReduceScatterShape(*call.shape, rows, row_elements);
   }
-  return DoReduceScatter(data, rows, row_elements, dtype, op, out);
+  if (!invalid.ok()) return RefuseCollective("ReduceScatter", std::move(invalid));
+  return DoReduceScatter(data, rows, row_elements, dtype, op, out,
+                         call.shape.has_value() ? &*call.shape : nullptr);
 }
 
 absl::Status AllReducer::DoAlltoall(const void*, int64_t, const std::vector<int64_t>&, DataType,
@@ -270,7 +301,7 @@ absl::Status AllReducer::DoAlltoall(const void*, int64_t, const std::vector<int6
 }
 
 absl::Status AllReducer::DoReduceScatter(const void*, int64_t, int64_t, DataType, ReduceOp,
-                                         void*) {
+                                         void*, const std::vector<int64_t>*) {
   return absl::UnimplementedError(absl::StrCat(
       "ReduceScatter is not implemented by the ", backend(),
       " AllReduce backend here (it runs through MPI: use backend \"mpi\", or \"mlfabric\" "
@@ -401,17 +432,37 @@ absl::Status RoundsOnlySum(ReduceOp op) {
 //    price of servers that only sum. Under mpirun it goes through MPI.
 // With backup workers a sum may leave a rank out, so neither is offered.
 
-absl::Status AgreeBySum(AllReducer& reducer, const char* what, const CallShape& mine) {
+// `shape`: this rank's named tensor shape (its number of dimensions and
+// hash are in `mine`), or nullptr. When the hashes differ, a second sum
+// carries every rank's dimensions so that each names them.
+absl::Status AgreeBySum(AllReducer& reducer, const char* what, const CallShape& mine,
+                        const std::vector<int64_t>* shape = nullptr) {
   const size_t size = static_cast<size_t>(reducer.size());
+  const size_t me = static_cast<size_t>(reducer.rank());
   std::vector<int64_t> words(size * kCallShapeWords, 0);
-  std::memcpy(&words[static_cast<size_t>(reducer.rank()) * kCallShapeWords], &mine, sizeof(mine));
+  std::memcpy(&words[me * kCallShapeWords], &mine, sizeof(mine));
   if (auto status = reducer.AllReduce(words.data(), words.size(), DataType::kInt64); !status.ok()) {
     return status;
   }
   std::vector<CallShape> all(size);
-  std::memcpy(all.data(), words.data(), words.size() * sizeof(int64_t));
-  bool shapes_differ = false;  // neither collective names a shape
-  return CompareCallShapes(what, all, &shapes_differ);
+  for (size_t r = 0; r < size; ++r) {
+    std::memcpy(static_cast<void*>(&all[r]), &words[r * kCallShapeWords], sizeof(CallShape));
+  }
+  bool shapes_differ = false;
+  absl::Status agreed = CompareCallShapes(what, all, &shapes_differ);
+  if (!agreed.ok() || !shapes_differ) return agreed;
+  constexpr size_t kDims = CallOptions::kMaxDims;
+  std::vector<int64_t> dims(size * kDims, 0);
+  if (shape != nullptr) std::copy(shape->begin(), shape->end(), dims.begin() + me * kDims);
+  if (auto status = reducer.AllReduce(dims.data(), dims.size(), DataType::kInt64); !status.ok()) {
+    return status;
+  }
+  std::vector<std::vector<int64_t>> shapes(size);
+  for (size_t r = 0; r < size; ++r) {
+    const auto from = dims.begin() + static_cast<ptrdiff_t>(r * kDims);
+    shapes[r].assign(from, from + std::clamp<int64_t>(all[r].dims, 0, kDims));
+  }
+  return ShapeMismatchError(what, all, shapes);
 }
 
 absl::Status NoBackupWorkers(const char* what, int backups) {
@@ -424,10 +475,10 @@ absl::Status NoBackupWorkers(const char* what, int backups) {
 // `agree`: false when the ranks have agreed already (through MPI).
 absl::Status ReduceScatterBySums(AllReducer& reducer, const void* data, int64_t rows,
                                  int64_t row_elements, DataType dtype, ReduceOp op, void* out,
-                                 bool agree = true) {
+                                 const std::vector<int64_t>* shape, bool agree = true) {
   if (agree) {
     if (auto agreed = AgreeBySum(reducer, "ReduceScatter",
-                                 ReduceScatterShape(rows, row_elements, dtype, op));
+                                 ReduceScatterShape(rows, row_elements, dtype, op, shape), shape);
         !agreed.ok()) {
       return agreed;
     }
@@ -521,9 +572,10 @@ class SumsAllReducer : public AllReducer {
     return AlltoallBySums(*this, send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
   }
   absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
-                               DataType dtype, ReduceOp op, void* out) override {
+                               DataType dtype, ReduceOp op, void* out,
+                               const std::vector<int64_t>* shape) override {
     if (auto refused = NoBackupWorkers("ReduceScatter", backups()); !refused.ok()) return refused;
-    return ReduceScatterBySums(*this, data, rows, row_elements, dtype, op, out);
+    return ReduceScatterBySums(*this, data, rows, row_elements, dtype, op, out, shape);
   }
   absl::Status RefuseCollective(const char* what, absl::Status invalid) override {
     if (backups() == 0) (void)AgreeBySum(*this, what, InvalidCallShape());
@@ -1159,7 +1211,8 @@ absl::StatusOr<int> PiecesWanted(const AllReduceOptions& options, int size) {
 absl::Status ReduceScatterAgreedBySum(AllReducer& reducer, const void* data, int64_t rows,
                                       int64_t row_elements, DataType dtype, ReduceOp op,
                                       void* out) {
-  return ReduceScatterBySums(reducer, data, rows, row_elements, dtype, op, out, /*agree=*/false);
+  return ReduceScatterBySums(reducer, data, rows, row_elements, dtype, op, out, nullptr,
+                             /*agree=*/false);
 }
 
 absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllReduceOptions& options,

@@ -269,6 +269,14 @@ class AllReducer {
   // rows of the result. Same dtype and op rules as AllReduce.
   absl::Status ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                              DataType dtype, ReduceOp op, void* out);
+  // The same with the tensor's shape (CallOptions): its first dimension
+  // must be `rows` and its product rows x row_elements (else
+  // InvalidArgument on this rank, and the others fail naming it), and the
+  // ranks must agree on it as for an AllReduce: [17, 1311] against
+  // [17, 23, 57] fails every rank with FailedPrecondition naming both
+  // shapes, on every backend but nccl.
+  absl::Status ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
+                             DataType dtype, ReduceOp op, void* out, const CallOptions& call);
   // "mlfabric", "mpi" or "nccl".
   virtual const char* backend() const = 0;
   int rank() const { return rank_; }  // this process's rank
@@ -305,9 +313,11 @@ class AllReducer {
                                   const std::vector<int64_t>& send_rows, DataType dtype,
                                   const AlltoallRecvBuffer& recv_buffer,
                                   std::vector<int64_t>* recv_rows);
-  // (the ReduceScatter of the pair above)
+  // (the ReduceScatter of the pair above; `shape` the caller's tensor
+  // shape, checked against rows x row_elements, or nullptr)
   virtual absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
-                                       DataType dtype, ReduceOp op, void* out);
+                                       DataType dtype, ReduceOp op, void* out,
+                                       const std::vector<int64_t>* shape);
   // A rank whose own arguments to an Alltoall or ReduceScatter are invalid
   // (say, a negative split on this rank only) still takes part in the
   // ranks' agreement step, marked invalid, so that the other ranks fail

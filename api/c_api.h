@@ -131,10 +131,12 @@ void mlf_ext_alltoall_async(int64_t handle, const void* send, int64_t rows, int6
                             const int64_t* send_rows, int n, int dtype, mlf_alloc_fn alloc,
                             mlf_done_fn done, void* ctx);
 /* ReduceScatter (AllReducer::ReduceScatter): `out` receives this rank's
- * mlf_reducescatter_rows(rows, size, rank) rows of the reduction. */
+ * mlf_reducescatter_rows(rows, size, rank) rows of the reduction. `dims`
+ * (`ndims` of them; ndims < 0: none named) is the tensor's shape, which
+ * the ranks must agree on (CallOptions). */
 void mlf_ext_reducescatter_async(int64_t handle, const void* data, int64_t rows,
                                  int64_t row_elements, int dtype, int op, void* out,
-                                 mlf_done_fn done, void* ctx);
+                                 const int64_t* dims, int ndims, mlf_done_fn done, void* ctx);
 /* Horovod's split of `rows` over `size` ranks: rank `rank`'s rows. */
 int64_t mlf_reducescatter_rows(int64_t rows, int size, int rank);
 /* Forgets the handle; safe right after a collective completed. */

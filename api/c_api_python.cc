@@ -219,7 +219,7 @@ void mlf_ext_alltoall_async(int64_t handle, const void* send, int64_t rows, int6
 
 void mlf_ext_reducescatter_async(int64_t handle, const void* data, int64_t rows,
                                  int64_t row_elements, int dtype, int op, void* out,
-                                 mlf_done_fn done, void* ctx) {
+                                 const int64_t* dims, int ndims, mlf_done_fn done, void* ctx) {
   auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->reducer) {
     done(ctx, static_cast<int>(absl::StatusCode::kInvalidArgument),
@@ -227,10 +227,13 @@ void mlf_ext_reducescatter_async(int64_t handle, const void* data, int64_t rows,
     return;
   }
   std::shared_ptr<mlfabric::AllReducer> reducer = entry->reducer;
-  entry->serial->Submit([reducer, data, rows, row_elements, dtype, op, out, done, ctx] {
+  mlfabric::CallOptions call;
+  if (ndims >= 0) call.shape.emplace(dims, dims + ndims);
+  entry->serial->Submit([reducer, data, rows, row_elements, dtype, op, out, call = std::move(call),
+                         done, ctx] {
     absl::Status status =
         reducer->ReduceScatter(data, rows, row_elements, static_cast<mlfabric::DataType>(dtype),
-                               static_cast<mlfabric::ReduceOp>(op), out);
+                               static_cast<mlfabric::ReduceOp>(op), out, call);
     done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str());
   });
 }

@@ -40,9 +40,15 @@ CallShape AlltoallShape(int64_t row_elements, DataType dtype) {
   return {-1, static_cast<int64_t>(dtype), -1, -1, row_elements};
 }
 
-CallShape ReduceScatterShape(int64_t rows, int64_t row_elements, DataType dtype, ReduceOp op) {
-  return {rows * row_elements, static_cast<int64_t>(dtype), static_cast<int64_t>(op), -1,
-          row_elements};
+CallShape ReduceScatterShape(int64_t rows, int64_t row_elements, DataType dtype, ReduceOp op,
+                             const std::vector<int64_t>* shape) {
+  CallShape out{rows * row_elements, static_cast<int64_t>(dtype), static_cast<int64_t>(op), -1,
+                row_elements};
+  if (shape != nullptr) {
+    out.dims = static_cast<int64_t>(shape->size());
+    out.shape_hash = ShapeHash(*shape);
+  }
+  return out;
 }
 
 absl::Status CompareCallShapes(const char* what, const std::vector<CallShape>& all,
@@ -87,6 +93,19 @@ absl::Status CompareCallShapes(const char* what, const std::vector<CallShape>& a
         " passed ", other, " (", what, " inputs differ across ranks)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ShapeMismatchError(const char* what, const std::vector<CallShape>& all,
+                                const std::vector<std::vector<int64_t>>& shapes) {
+  for (size_t r = 1; r < all.size() && r < shapes.size(); ++r) {
+    if (all[r].dims < 0 || all[r].shape_hash == all[0].shape_hash) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Mismatched ", what, " tensor shapes: rank 0 passed shape ",
+        ShapeText(shapes[0].data(), static_cast<int64_t>(shapes[0].size())), " while rank ", r,
+        " passed shape ", ShapeText(shapes[r].data(), static_cast<int64_t>(shapes[r].size())),
+        " (", what, " inputs differ across ranks)"));
+  }
+  return absl::InternalError("shape hashes differ but no rank's shape does");
 }
 
 }  // namespace internal

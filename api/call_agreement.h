@@ -58,7 +58,8 @@ std::string ShapeText(const int64_t* dims, int64_t n);
 CallShape ReduceShape(size_t count, DataType dtype, ReduceOp op,
                       const std::vector<int64_t>* shape = nullptr);
 CallShape AlltoallShape(int64_t row_elements, DataType dtype);
-CallShape ReduceScatterShape(int64_t rows, int64_t row_elements, DataType dtype, ReduceOp op);
+CallShape ReduceScatterShape(int64_t rows, int64_t row_elements, DataType dtype, ReduceOp op,
+                             const std::vector<int64_t>* shape = nullptr);
 inline CallShape InvalidCallShape() { return {kInvalidArguments, -1, -1, -1}; }
 
 // Every rank's record compared, as every rank sees them: OK when they
@@ -69,6 +70,14 @@ inline CallShape InvalidCallShape() { return {kInvalidArguments, -1, -1, -1}; }
 // themselves to name them.
 absl::Status CompareCallShapes(const char* what, const std::vector<CallShape>& all,
                                bool* shapes_differ);
+
+// Once CompareCallShapes said the named shapes differ and every rank's
+// shape was gathered (`shapes[r]`, rank r's): FailedPrecondition naming
+// rank 0's shape and the first rank whose shape differs from it ("Mismatched
+// ReduceScatter tensor shapes: rank 0 passed shape [17, 1311] while rank 1
+// passed shape [17, 23, 57] ...").
+absl::Status ShapeMismatchError(const char* what, const std::vector<CallShape>& all,
+                                const std::vector<std::vector<int64_t>>& shapes);
 
 // The ReduceScatter of the mlfabric backend's sums (allreduce.cc) once the
 // ranks are known to agree: `reducer`'s AllReduce of the whole buffer under

@@ -287,6 +287,41 @@ void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer, bool any_op = true) 
   EXPECT(absl::IsFailedPrecondition(status) &&
              status.message().find("Mismatched ReduceScatter length") != absl::string_view::npos,
          "%s reducescatter mismatch: %s", reducer.backend(), status.ToString().c_str());
+  // The same rows and elements in different shapes ([2, 6] on rank 0,
+  // [2, 2, 3] elsewhere; Horovod's test_horovod_reducescatter_error): every
+  // rank fails naming both. Then a shape that is not the call's rows x
+  // row_elements on the last rank: its InvalidArgument, FailedPrecondition
+  // naming it elsewhere.
+  {
+    std::vector<float> in(12, 1.0f), out(12);
+    CallOptions call;
+    call.shape = g_rank == 0 ? std::vector<int64_t>{2, 6} : std::vector<int64_t>{2, 2, 3};
+    status = reducer.ReduceScatter(in.data(), 2, 6, DataType::kFloat32, ReduceOp::kSum,
+                                   out.data(), call);
+    EXPECT(absl::IsFailedPrecondition(status) &&
+               status.message().find("Mismatched ReduceScatter tensor shapes: rank 0 passed "
+                                     "shape [2, 6] while rank 1 passed shape [2, 2, 3]") !=
+                   absl::string_view::npos,
+           "%s reducescatter shape mismatch: %s", reducer.backend(), status.ToString().c_str());
+    call.shape = g_rank == size - 1 ? std::vector<int64_t>{3, 4} : std::vector<int64_t>{2, 6};
+    status = reducer.ReduceScatter(in.data(), 2, 6, DataType::kFloat32, ReduceOp::kSum,
+                                   out.data(), call);
+    const std::string refused = absl::StrCat("rank ", size - 1, " passed invalid arguments");
+    EXPECT(g_rank == size - 1
+               ? absl::IsInvalidArgument(status) &&
+                     status.message().find("shape [3, 4] is not 2 rows of 6 elements") !=
+                         absl::string_view::npos
+               : absl::IsFailedPrecondition(status) &&
+                     status.message().find(refused) != absl::string_view::npos,
+           "%s reducescatter, shape invalid on one rank: %s", reducer.backend(),
+           status.ToString().c_str());
+    call.shape = std::vector<int64_t>{2, 3, 2};
+    status = reducer.ReduceScatter(in.data(), 2, 6, DataType::kFloat32, ReduceOp::kSum,
+                                   out.data(), call);
+    const bool gets_rows = ReduceScatterRows(2, size)[static_cast<size_t>(g_rank)] > 0;
+    EXPECT(status.ok() && (!gets_rows || out[0] == static_cast<float>(size)),
+           "%s reducescatter, equal shapes: %s", reducer.backend(), status.ToString().c_str());
+  }
   status = reducer.Alltoall(
       f.data(), 0, g_rank == 0 ? 3 : 4, std::vector<int64_t>(static_cast<size_t>(size), 0),
       DataType::kFloat32, [](const std::vector<int64_t>&) -> absl::StatusOr<void*> {

@@ -8,7 +8,9 @@
      rank's rows; broadcast -> that average on the root, zero elsewhere;
      eagerly and in a tf.function, float32 and float64, 1-3 dimensions;
   2. tf.IndexedSlices: allreduce and grouped_allreduce allgather values and
-     indices (Average divides the values by the size); a Keras model with an
+     indices (Average divides the values by the size, integers into floats
+     as Horovod's `/` does); other ops and pre-/postscale factors raise
+     NotImplementedError on every rank before anything moves; a Keras model with an
      Embedding trained by DistributedOptimizer (sparse, and
      sparse_as_dense=True) ends with identical weights on both ranks, equal
      to a single-process run on the concatenated batch;
@@ -148,6 +150,33 @@ mixed = hvd.grouped_allreduce([slices, tf.constant([1.0, rank]), None], op=hvd.S
 expect(isinstance(mixed[0], tf.IndexedSlices) and mixed[2] is None
        and np.allclose(mixed[1].numpy(), [size, sum(range(size))]),
        "grouped_allreduce of IndexedSlices, a tensor and None")
+# Horovod's refusals (test_horovod_allreduce_indexed_slices_op_error and
+# ..._prescale_postscale_error), raised before any collective, so the ranks
+# stay in step: the next call below still pairs up.
+for call, what in ((lambda: hvd.allreduce(slices, op=hvd.Min), "op=Min"),
+                   (lambda: hvd.allreduce(slices, op=hvd.Product), "op=Product"),
+                   (lambda: hvd.allreduce(slices, op=hvd.Adasum), "op=Adasum"),
+                   (lambda: hvd.allreduce(slices, op=hvd.Sum, prescale_factor=0.5), "prescale"),
+                   (lambda: hvd.allreduce(slices, average=False, postscale_factor=2.0),
+                    "postscale"),
+                   (lambda: hvd.grouped_allreduce([tf.constant([1.0]), slices], op=hvd.Max),
+                    "grouped op=Max")):
+    try:
+        call()
+        expect(False, "IndexedSlices with %s: no error" % what)
+    except NotImplementedError as e:
+        expect("IndexedSlices" in str(e), "IndexedSlices with %s: %s" % (what, e))
+# Average of integer values: floats, as Horovod's values / size (the test
+# suite subtracts a float reference: test_horovod_allreduce_indexed_slices_average_cpu).
+int_slices = tf.IndexedSlices(tf.constant([[3, 5]], tf.int32) * (rank + 1),
+                              tf.constant([0], tf.int64), tf.constant([1, 2], tf.int64))
+for out in (hvd.allreduce(int_slices, op=hvd.Average),
+            hvd.grouped_allreduce([int_slices, tf.constant([2], tf.int32)], op=hvd.Average)[0]):
+    expect(out.values.dtype == tf.float64, "int32 IndexedSlices averaged into float64, got %s"
+           % out.values.dtype)
+    expect(np.allclose(out.values.numpy(),
+                       [[3.0 * (r + 1) / size, 5.0 * (r + 1) / size] for r in range(size)]),
+           "int32 IndexedSlices average values %s" % out.values.numpy())
 
 
 def embedding_model():

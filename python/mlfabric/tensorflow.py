@@ -233,21 +233,43 @@ def _allreduce_dense(tensor, op, compression, prescale_factor, postscale_factor,
     return reduce(tensor)
 
 
-def _allreduce_sparse(slices, op, prescale_factor, postscale_factor, reducer, where):
-    """Horovod's allreduce of a tf.IndexedSlices: an allgather of its values
-    and of its indices (duplicates stay; a sum over equal indices is the
-    allreduce of the dense tensor), values divided by the size for Average."""
-    if op not in (Average, Sum):
-        raise ValueError("%s: op %r cannot reduce a tf.IndexedSlices (Average or Sum only; "
-                         "sparse_as_dense=True reduces it as a dense tensor)" % (where, op))
+def _sparse_op(average, op, prescale_factor, postscale_factor, where):
+    """The op of an allreduce that has a tf.IndexedSlices to reduce, checked
+    as Horovod checks it, before anything moves: Adasum, Min, Max, Product
+    and a pre- or postscale factor raise NotImplementedError (an allgather
+    of values and indices can only sum or average)."""
+    if op is not None and average is not None:
+        raise ValueError("%s: give `op` or `average`, not both" % where)
+    if op is None:
+        op = Sum if average is False else Average
+    if op == Adasum:
+        raise NotImplementedError(
+            "%s: op=Adasum cannot reduce a tf.IndexedSlices (and MLfabric has no Adasum); "
+            "sparse_as_dense=True reduces it as a dense tensor" % where)
+    if op in _OPS and op not in (Average, Sum):
+        raise NotImplementedError(
+            "%s: only Sum and Average reduce a tf.IndexedSlices, not %r; sparse_as_dense=True "
+            "reduces it as a dense tensor" % (where, op))
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("%s: prescale_factor and postscale_factor do not apply to a "
+                                  "tf.IndexedSlices" % where)
+    return _resolve_op(None, op, where)
+
+
+def _allreduce_sparse(slices, op, reducer, where):
+    """Horovod's allreduce of a tf.IndexedSlices (op Sum or Average, from
+    _sparse_op): an allgather of its values and of its indices (duplicates
+    stay; a sum over equal indices is the allreduce of the dense tensor).
+    Average divides the values by the size as Horovod does, with `/`: an
+    integer dtype's values become floating point (int8, uint8, int16:
+    float32; int32, int64: float64)."""
     if reducer.summed != reducer.size:
         raise ValueError("%s: a tf.IndexedSlices cannot be reduced with backup workers (use "
                          "sparse_as_dense=True)" % where)
     values = allgather(slices.values, reducer=reducer)
     indices = allgather(slices.indices, reducer=reducer)
-    scale = prescale_factor * postscale_factor / (reducer.size if op == Average else 1)
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+    if op == Average:
+        values = values / tf.cast(reducer.size, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -260,17 +282,20 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     tensor). Differentiable as Horovod's: the gradient is the allreduce of
     the upstream gradient with the same op, prescale and postscale. A
     tf.IndexedSlices is reduced as Horovod does, by allgathering its values
-    and indices (Average divides the values by the size). `compression` is
+    and indices (Average divides the values by the size, so integer values
+    become floating point; other ops and pre- or postscale factors raise
+    NotImplementedError). `compression` is
     applied to what crosses the network (Compression.fp16: float32/64
     travel as float16). `device_*`, `name` and `ignore_name_scope` are
     accepted and ignored (CPU tensors; ops are matched by call order)."""
     del device_dense, device_sparse, name, ignore_name_scope
     where = "mlfabric.tensorflow.allreduce"
     _check_process_set(process_set, where)
+    if isinstance(tensor, tf.IndexedSlices):
+        op = _sparse_op(average, op, prescale_factor, postscale_factor, where)
+        return _allreduce_sparse(tensor, op, reducer or mlfabric.reducer(), where)
     op = _resolve_op(average, op, where)
     reducer = reducer or mlfabric.reducer()
-    if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_sparse(tensor, op, prescale_factor, postscale_factor, reducer, where)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor)
     return _allreduce_dense(tensor, op, compression, prescale_factor, postscale_factor, reducer)
@@ -362,11 +387,16 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     ranks as without fusion (the sum is element-wise), and every dtype keeps
     its own precision. The fused AllReduces run one after another in bucket
     order, the same on every rank. A tf.IndexedSlices entry is reduced
-    alone, as allreduce does (allgather of values and indices)."""
+    alone, as allreduce does (allgather of values and indices); with one
+    in the list, as in Horovod, only Sum and Average without pre- or
+    postscale factors are allowed (NotImplementedError otherwise)."""
     where = "mlfabric.tensorflow.grouped_allreduce"
     del device_dense, device_sparse
     _check_process_set(process_set, where)
-    op = _resolve_op(average, op, where)
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        op = _sparse_op(average, op, prescale_factor, postscale_factor, where)
+    else:
+        op = _resolve_op(average, op, where)
     threshold = fusion_threshold() if fusion_threshold_bytes is None else int(
         fusion_threshold_bytes)
     if threshold < 0:
@@ -375,7 +405,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     out = list(tensors)
     sparse = [i for i, t in enumerate(out) if isinstance(t, tf.IndexedSlices)]
     for i in sparse:
-        out[i] = _allreduce_sparse(out[i], op, prescale_factor, postscale_factor, reducer, where)
+        out[i] = _allreduce_sparse(out[i], op, reducer, where)
     positions = [i for i, t in enumerate(out) if t is not None and i not in sparse]
     present = [tf.convert_to_tensor(out[i]) for i in positions]
     if not present:

@@ -219,8 +219,8 @@ class AllReducer {
             handle_, nullptr, 0, 0, nullptr, 0, MLF_UINT8,
             [](void*, const int64_t*, int, void**, char*, size_t) { return 0; }, done, waiter);
       } else {  // a negative row count: refused
-        mlf_ext_reducescatter_async(handle_, nullptr, -1, 0, MLF_FLOAT32, MLF_SUM, nullptr, done,
-                                    waiter);
+        mlf_ext_reducescatter_async(handle_, nullptr, -1, 0, MLF_FLOAT32, MLF_SUM, nullptr,
+                                    nullptr, -1, done, waiter);
       }
     });
   }
@@ -242,6 +242,7 @@ class AllReducer {
     }
     py::array data = py::array::ensure(input, py::array::c_style);
     std::vector<py::ssize_t> shape(data.shape(), data.shape() + data.ndim());
+    const std::vector<int64_t> dims(shape.begin(), shape.end());
     const int64_t rows = shape[0];
     int64_t row_elements = 1;
     for (size_t d = 1; d < shape.size(); ++d) row_elements *= shape[d];
@@ -254,7 +255,7 @@ class AllReducer {
       py::gil_scoped_release release;
       code = Wait(err, sizeof err, [&](mlf_done_fn done, void* waiter) {
         mlf_ext_reducescatter_async(handle_, data.data(), rows, row_elements, dtype, op, out_data,
-                                    done, waiter);
+                                    dims.data(), static_cast<int>(dims.size()), done, waiter);
       });
     }
     if (code != 0) RaiseCollective(code, err);

@@ -299,9 +299,14 @@ class ReducescatterOp : public AsyncOpKernel {
       Tensor input;  // keeps the send buffer alive
     };
     auto* ctx = new Ctx{c, std::move(done), input};
+    // The shape too: ranks whose tensors differ in shape but not in rows
+    // or element count fail, as Horovod's "Mismatched reducescatter".
+    std::vector<int64_t> dims(static_cast<size_t>(input.dims()));
+    for (int d = 0; d < input.dims(); ++d) dims[d] = input.dim_size(d);
     mlf_ext_reducescatter_async(
         handle_, ctx->input.tensor_data().data(), rows, RowElements(input.shape()),
         DtypeCode(input.dtype()), op_, const_cast<char*>(output->tensor_data().data()),
+        dims.data(), static_cast<int>(dims.size()),
         [](void* p, int code, const char* message) {
           auto* ctx = static_cast<Ctx*>(p);
           ctx->c->SetStatus(ToStatus(code, message));
