@@ -62,6 +62,7 @@ void AddHost(const RandomBatchOptions& options, const std::string& name, bool se
     for (const bool up : {true, false}) {
       std::vector<ProfilePoint>* profile = up ? &host.uplink_profile : &host.downlink_profile;
       const double capacity = up ? host.uplink_bps : host.downlink_bps;
+      profile->clear();  // replaces `profiles`' (appended, the times would not increase)
       double t = batch->now_s;
       for (int i = 0; i < options.busy_points; ++i) {
         profile->push_back({t, capacity * (rng.Uniform() < 0.3 ? 0.0 : rng.Uniform())});

@@ -33,6 +33,7 @@ struct RandomBatchOptions {
   // already carrying reservations of earlier batches (a residual profile
   // with `busy_points` random steps over the next 0.3 s). Workers are
   // machines: with `workers` < `updates` several updates share an uplink.
+  // Busy profiles replace those of `profiles`.
   bool equal_shards = false;
   int busy_points = 0;
   int64_t min_bytes = 1000000;
