@@ -19,11 +19,11 @@ class Orderer {
       : batch_(batch), net_(net), options_(options) {
     const int n = static_cast<int>(batch.updates.size());
     paths_.resize(n);
-    peaks_.resize(n);
     shared_.resize(n);
-    read_again_.resize(n);
-    key_.assign(n, 0);
     alive_.assign(n, true);
+    fresh_.assign(n, 0);
+    peaks_.resize(n);
+    static_key_.assign(n, 0);
     for (int u = 0; u < n; ++u) {
       const PreparedUpdate& update = batch.updates[u];
       for (const PreparedPart& part : update.parts) {
@@ -31,25 +31,28 @@ class Orderer {
         // A same-host part (empty path) moves at the local copy rate.
         double peak = path.links.empty() ? kLocalCopyBps : kInfinity;
         for (int link : path.links) peak = std::min(peak, net->PeakRate(link));
-        key_[u] = std::max(key_[u], peak > 0 ? part.bits / peak : kInfinity);
+        static_key_[u] = std::max(static_key_[u], peak > 0 ? part.bits / peak : kInfinity);
         local_parts_ = local_parts_ || path.links.empty();
-        paths_[u].push_back(std::move(path));
-        peaks_[u].push_back(peak);
         const int down = net->DownlinkOf(part.dst_host);
         if (std::find(dst_downlinks_.begin(), dst_downlinks_.end(), down) == dst_downlinks_.end()) {
           dst_downlinks_.push_back(down);
         }
+        paths_[u].push_back(std::move(path));
+        peaks_[u].push_back(peak);
       }
       by_deadline_[update.deadline].push_back(u);
-      if (update.parts.size() > 1) {
-        NoteSharedLinks(u);
-        NoteReadAgain(u);
-      }
+      if (update.parts.size() > 1) NoteSharedLinks(u);
+    }
+    if (batch.multi_server) {
+      // No key is below the batch's start: every update is a candidate
+      // for the first pick, which evaluates them all (with cutoffs).
+      for (int u = 0; u < n; ++u) heap_.push_back({net->start_s(), u});
+      std::make_heap(heap_.begin(), heap_.end(), HeapAfter);
     }
     sorted_.resize(n);
     for (int u = 0; u < n; ++u) sorted_[u] = u;
     std::stable_sort(sorted_.begin(), sorted_.end(),
-                     [&](int a, int b) { return key_[a] < key_[b]; });
+                     [&](int a, int b) { return static_key_[a] < static_key_[b]; });
     next_.resize(n);
     prev_.resize(n);
     slot_.resize(n);
@@ -75,41 +78,53 @@ class Orderer {
       if (pick.update < 0) break;
       const int g = pick.update;
       Remove(g);
-      if (pick.t_en == kInfinity) {
+      if (pick.key == kInfinity) {
         result_.drops.push_back({g, "no_bandwidth"});
         continue;
       }
       const bool forced = batch_.updates[g].deadline == pos;
-      if (!forced) {
-        Commit(g, net_);
-        ++pos;
-        continue;
-      }
-      // §5.1.3 look-ahead: schedule g*, find the next pick on NetUp(NW, g*).
+      std::vector<PlannedTransfer> transfers;
       if (options_.reference) {
         Network after = *net_;
-        std::vector<PlannedTransfer> transfers = ReserveAll(g, &after);
-        const Pick lookahead = PickAt(pos + 1, after);
-        if (lookahead.update >= 0 && pick.t_en > lookahead.t_en) {
-          result_.drops.push_back({g, "deadline_lookahead"});
+        if (!ReserveAll(g, &after, &transfers)) {
+          result_.drops.push_back({g, "no_bandwidth"});
           continue;
+        }
+        // §5.1.3 look-ahead: the next pick on NetUp(NW, g*).
+        if (forced) {
+          const Pick lookahead = PickAt(pos + 1, after);
+          if (lookahead.update >= 0 && pick.key > lookahead.key) {
+            result_.drops.push_back({g, "deadline_lookahead"});
+            continue;
+          }
         }
         *net_ = std::move(after);
-        Append(g, std::move(transfers));
       } else {
+        // The network is undone through its journal; the look-ahead's
+        // keys, computed on NetUp(NW, g*), are no lower bounds on NW, so
+        // the queue is restored with it.
         const size_t mark = net_->JournalMark();
-        std::vector<PlannedTransfer> transfers = ReserveAll(g, net_);
-        const Pick lookahead = PickAt(pos + 1, *net_);
-        if (lookahead.update >= 0 && pick.t_en > lookahead.t_en) {
+        std::vector<HeapEntry> saved;
+        if (forced) saved = heap_;
+        if (!ReserveAll(g, net_, &transfers)) {
           net_->RollbackTo(mark);
-          result_.drops.push_back({g, "deadline_lookahead"});
+          result_.drops.push_back({g, "no_bandwidth"});
           continue;
         }
-        Append(g, std::move(transfers));
-        // Nothing changes before the next step's pick: reuse it.
-        next = lookahead;
-        have_next = lookahead.update >= 0;
+        if (forced) {
+          const Pick lookahead = PickAt(pos + 1, *net_);
+          if (lookahead.update >= 0 && pick.key > lookahead.key) {
+            net_->RollbackTo(mark);
+            heap_ = std::move(saved);
+            result_.drops.push_back({g, "deadline_lookahead"});
+            continue;
+          }
+          // Nothing changes before the next step's pick: reuse it.
+          next = lookahead;
+          have_next = lookahead.update >= 0;
+        }
       }
+      Append(g, pick.key, std::move(transfers));
       ++pos;
     }
     if (!options_.reference) net_->DiscardJournal();
@@ -119,8 +134,18 @@ class Orderer {
  private:
   struct Pick {
     int update = -1;
-    double t_en = kInfinity;
+    double key = kInfinity;  // Key(update) on the network it was picked on
   };
+  // The optimised pick's queue: `key` is a lower bound on Key(u) on the
+  // current network (exact when fresh_[u] is the current call).
+  struct HeapEntry {
+    double key;
+    int u;
+  };
+  // std::*_heap keep the largest first; this puts the least (key, u) first.
+  static bool HeapAfter(const HeapEntry& a, const HeapEntry& b) {
+    return a.key > b.key || (a.key == b.key && a.u > b.u);
+  }
 
   void Remove(int u) {
     alive_[u] = false;
@@ -142,45 +167,33 @@ class Orderer {
     }
   }
 
-  // t_en(g) = max_j t_en(g^j), the parts reserved one after another (eq. 18).
-  // `cutoff`: the caller only needs to know whether t_en beats it, so a
-  // multi-part update stops once a part ends after it (t_en is the latest
-  // part's end) and returns that end, which is above `cutoff` as t_en is.
-  double TEn(int u, const Network& net, double cutoff = kInfinity) const {
+  // The ordering key. A single-part update's is its t_en (Fig. 4(b)). A
+  // multi-part update's (§10.2) is the latest of what each part could do
+  // alone on the current network: each part filled on its own path, and
+  // all parts that share a link (its worker's uplink) filled through that
+  // link as one transfer. It bounds eq. 18's t_en, its parts reserved one
+  // after another, from below, and unlike that t_en it never falls when
+  // the network gains a reservation, so a key computed earlier is a lower
+  // bound later (the lazy queue in PickAt) and §5.1.3's look-ahead
+  // argument holds for sharded batches too (ordering.h).
+  // `cutoff`: the caller only needs to know whether the key beats it; once
+  // a term exceeds it the rest is skipped, *exact is false and the result
+  // is a lower bound above `cutoff`.
+  double Key(int u, const Network& net, double cutoff, bool* exact) const {
     const PreparedUpdate& update = batch_.updates[u];
-    if (update.parts.size() == 1) {
-      return net.FillEnd(paths_[u][0], batch_.now_s, update.parts[0].bits, options_.reference);
+    double key = 0;
+    *exact = false;
+    for (const SharedLink& shared : shared_[u]) {  // one fill each, usually the largest term
+      key = std::max(key, net.FillEnd(shared.alone, batch_.now_s, shared.bits, options_.reference));
+      if (key > cutoff) return key;
     }
-    if (!options_.reference && &net == net_) {
-      // Multi-part (§10.2): the parts are reserved in turn on the orderer's
-      // own network and undone through its journal (Run keeps one), which
-      // restores it bit for bit. A copy of the network per candidate took
-      // most of the planning time of sharded batches at 1000 workers.
-      // A part is reserved only on the links a later part of the same
-      // update reads again (read_again_): no other fill of this t_en sees
-      // the rest, so the result is the same bit for bit at a fraction of
-      // the reservations (a sharded update's parts share just the uplink).
-      const size_t mark = net_->JournalMark();
-      double end = 0;
-      for (size_t j = 0; j < update.parts.size(); ++j) {
-        const double part_end =
-            net_->FillInto(paths_[u][j], batch_.now_s, update.parts[j].bits, &segments_);
-        end = std::max(end, part_end);
-        if (part_end == kInfinity || end > cutoff) break;  // never fits, or cannot win
-        if (!read_again_[u][j].links.empty()) net_->Reserve(read_again_[u][j], segments_);
-      }
-      net_->RollbackTo(mark);
-      return end;
-    }
-    Network scratch = net;  // the reference implementation: a copy
-    double end = 0;
     for (size_t j = 0; j < update.parts.size(); ++j) {
-      FillResult fill = scratch.Fill(paths_[u][j], batch_.now_s, update.parts[j].bits);
-      if (!fill.feasible) return kInfinity;
-      end = std::max(end, fill.end_s);
-      scratch.Reserve(paths_[u][j], fill.segments);
+      key = std::max(key, net.FillEnd(paths_[u][j], batch_.now_s, update.parts[j].bits,
+                                      options_.reference));
+      if (key > cutoff) return key;
     }
-    return end;
+    *exact = true;
+    return key;
   }
 
   // Links that several parts of a multi-part update cross (its worker's
@@ -196,108 +209,112 @@ class Orderer {
       }
     }
     for (const auto& [link, use] : crossing) {
-      if (use.first > 1) shared_[u].push_back({link, use.second});
+      if (use.first < 2) continue;
+      SharedLink shared;
+      shared.alone.links.push_back(link);
+      shared.bits = use.second;
+      shared_[u].push_back(std::move(shared));
     }
   }
 
-  // For each part of a multi-part update, the links of its path that a
-  // later part crosses too: what TEn must reserve for the parts after it.
-  void NoteReadAgain(int u) {
-    const std::vector<Path>& paths = paths_[u];
-    std::map<int, size_t> last_part;  // link -> the last part crossing it
-    for (size_t j = 0; j < paths.size(); ++j) {
-      for (int link : paths[j].links) last_part[link] = j;
-    }
-    read_again_[u].resize(paths.size());
-    for (size_t j = 0; j < paths.size(); ++j) {
-      for (int link : paths[j].links) {
-        if (last_part[link] > j) read_again_[u][j].links.push_back(link);
-      }
-    }
-  }
-
-  // A lower bound on TEn(u) for a multi-part update: however its parts share
-  // a link, together they move no more bits by time t than that link's
-  // residual capacity carries from now to t, so the last one ends no sooner
-  // than one transfer of all their bits over that link alone would (§10.2:
-  // S parts leave through one uplink; the per-part bound below sees only
-  // one part's bits). Exact for the link's current reservations.
-  double SharedLinkBound(int u, const Network& net) const {
-    double bound = 0;
-    for (const auto& [link, bits] : shared_[u]) {
-      Path alone;
-      alone.links.push_back(link);
-      bound = std::max(bound, net.FillEnd(alone, batch_.now_s, bits));
-    }
-    return bound;
-  }
-
-  // A lower bound on TEn(u): no part moves a byte before every link of its
-  // path has residual capacity, nor faster than the path's peak rate.
-  double LowerBound(int u, const Network& net) const {
-    const PreparedUpdate& update = batch_.updates[u];
-    double bound = 0;
-    for (size_t j = 0; j < update.parts.size(); ++j) {
-      double open = net.start_s();
-      for (int link : paths_[u][j].links) open = std::max(open, net.OpenFrom(link));
-      bound = std::max(bound, open + (peaks_[u][j] > 0 ? update.parts[j].bits / peaks_[u][j]
-                                                        : kInfinity));
-    }
-    return bound;
-  }
-
-  static bool Better(double t, int u, const Pick& best) {
-    return best.update < 0 || t < best.t_en || (t == best.t_en && u < best.update);
+  static bool Better(double key, int u, const Pick& best) {
+    return best.update < 0 || key < best.key || (key == best.key && u < best.update);
   }
 
   // ShrtDLine(pos, U - P, net): the update due at `pos` if any, else the one
-  // with the shortest t_en. Updates already late for `pos` are not eligible.
-  Pick PickAt(int64_t pos, const Network& net) const {
+  // with the least key (ties: the earlier update). Updates already late for
+  // `pos` are not eligible.
+  Pick PickAt(int64_t pos, const Network& net) {
     Pick best;
+    bool exact;
     auto due = by_deadline_.find(pos);
     if (due != by_deadline_.end()) {
       for (int u : due->second) {
         if (!alive_[u]) continue;
-        const double t = TEn(u, net);
-        if (Better(t, u, best)) best = {u, t};
+        const double key = Key(u, net, kInfinity, &exact);
+        if (Better(key, u, best)) best = {u, key};
       }
       if (best.update >= 0) return best;
     }
     if (options_.reference) {
       for (int u = 0; u < static_cast<int>(alive_.size()); ++u) {
         if (!alive_[u] || batch_.updates[u].deadline < pos) continue;
-        const double t = TEn(u, net);
-        if (Better(t, u, best)) best = {u, t};
+        const double key = Key(u, net, kInfinity, &exact);
+        if (Better(key, u, best)) best = {u, key};
       }
       return best;
     }
-    // No update ends before the earliest destination downlink opens, plus
-    // its key; a same-host part needs no downlink, so then only `now`.
-    double floor = local_parts_ ? net.start_s() : kInfinity;
-    for (int link : dst_downlinks_) floor = std::min(floor, net.OpenFrom(link));
-    for (int p = head_; p >= 0; p = next_[p]) {
-      const int u = sorted_[p];
-      if (best.update >= 0 && floor + key_[u] - Slack(floor + key_[u]) > best.t_en) break;
-      if (batch_.updates[u].deadline < pos) continue;
-      if (best.update >= 0) {
-        const double bound = LowerBound(u, net);
-        if (bound - Slack(bound) > best.t_en) continue;
-        if (!shared_[u].empty()) {
-          const double shared = SharedLinkBound(u, net);
-          if (shared - Slack(shared) > best.t_en) continue;
-        }
+    if (!batch_.multi_server) return ScanAt(pos, net);
+    // Lazy queue: every entry's key is a lower bound on its update's key
+    // now (keys only rise as reservations are added). An entry made exact
+    // in this call that reaches the front is the least, ties included.
+    ++call_;
+    while (!heap_.empty()) {
+      const HeapEntry top = heap_.front();
+      if (!alive_[top.u] || batch_.updates[top.u].deadline < pos) {
+        std::pop_heap(heap_.begin(), heap_.end(), HeapAfter);
+        heap_.pop_back();
+        continue;
       }
-      const double t = TEn(u, net, best.update >= 0 ? best.t_en : kInfinity);
-      if (Better(t, u, best)) best = {u, t};
+      if (fresh_[top.u] == call_) return {top.u, top.key};
+      std::pop_heap(heap_.begin(), heap_.end(), HeapAfter);
+      heap_.pop_back();
+      const double cutoff = heap_.empty() ? kInfinity : heap_.front().key;
+      const double key = Key(top.u, net, cutoff, &exact);
+      if (exact) fresh_[top.u] = call_;
+      heap_.push_back({key, top.u});
+      std::push_heap(heap_.begin(), heap_.end(), HeapAfter);
     }
     return best;
   }
 
-  std::vector<PlannedTransfer> ReserveAll(int u, Network* net) const {
+  // PickAt's candidates for a batch of single-part updates, whose keys are
+  // their t_en. Each pick reserves the server's downlink, which nearly
+  // every candidate crosses, so earlier keys bound little: a scan in the
+  // order of the static bound bits / peak rate, stopped once the earliest
+  // destination downlink's opening plus that bound exceeds the best t_en
+  // (no byte moves before its downlink has residual capacity), is faster
+  // on the §7.4 batches (scheduler/core/README.md).
+  Pick ScanAt(int64_t pos, const Network& net) const {
+    Pick best;
+    bool exact;
+    // A same-host part needs no downlink, so then the floor is `now`.
+    double floor = local_parts_ ? net.start_s() : kInfinity;
+    for (int link : dst_downlinks_) floor = std::min(floor, net.OpenFrom(link));
+    for (int p = head_; p >= 0; p = next_[p]) {
+      const int u = sorted_[p];
+      if (best.update >= 0 && floor + static_key_[u] - Slack(floor + static_key_[u]) > best.key) {
+        break;
+      }
+      if (batch_.updates[u].deadline < pos) continue;
+      if (best.update >= 0) {
+        const double bound = LowerBound(u, net);
+        if (bound - Slack(bound) > best.key) continue;
+      }
+      const double key = Key(u, net, kInfinity, &exact);
+      if (Better(key, u, best)) best = {u, key};
+    }
+    return best;
+  }
+
+  // A lower bound on a single-part update's t_en: no byte moves before
+  // every link of its path has residual capacity, nor faster than the
+  // path's peak rate.
+  double LowerBound(int u, const Network& net) const {
+    double open = net.start_s();
+    for (int link : paths_[u][0].links) open = std::max(open, net.OpenFrom(link));
+    return open + (peaks_[u][0] > 0 ? batch_.updates[u].parts[0].bits / peaks_[u][0] : kInfinity);
+  }
+
+  // Reserves update u's parts in turn (eq. 18). False, with some parts
+  // reserved, when a part finds no capacity after the ones before it
+  // (possible only where a link's capacity ends; the caller undoes them).
+  bool ReserveAll(int u, Network* net, std::vector<PlannedTransfer>* transfers) const {
     const PreparedUpdate& update = batch_.updates[u];
-    std::vector<PlannedTransfer> transfers;
+    transfers->clear();
     for (size_t j = 0; j < update.parts.size(); ++j) {
       FillResult fill = net->Fill(paths_[u][j], batch_.now_s, update.parts[j].bits);
+      if (!fill.feasible) return false;
       net->Reserve(paths_[u][j], fill.segments);
       PlannedTransfer t;
       t.update = u;
@@ -308,37 +325,43 @@ class Orderer {
       t.start_s = fill.segments.empty() ? batch_.now_s : fill.segments.front().from_s;
       t.end_s = fill.end_s;
       t.segments = std::move(fill.segments);
-      transfers.push_back(std::move(t));
+      transfers->push_back(std::move(t));
     }
-    return transfers;
+    return true;
   }
 
-  void Commit(int u, Network* net) { Append(u, ReserveAll(u, net)); }
-
-  void Append(int u, std::vector<PlannedTransfer> transfers) {
+  void Append(int u, double key, std::vector<PlannedTransfer> transfers) {
     double arrival = batch_.now_s;
     for (const PlannedTransfer& t : transfers) arrival = std::max(arrival, t.end_s);
     result_.order.push_back(u);
     result_.direct.push_back(std::move(transfers));
     result_.arrival_s.push_back(arrival);
+    result_.key_s.push_back(key);
   }
+
+  struct SharedLink {
+    Path alone;  // the link as a one-link path
+    double bits = 0;
+  };
 
   const PreparedBatch& batch_;
   Network* net_;
   const PlannerOptions& options_;
   std::vector<std::vector<Path>> paths_;
-  std::vector<std::vector<double>> peaks_;
-  std::vector<std::vector<std::pair<int, double>>> shared_;  // NoteSharedLinks
-  std::vector<std::vector<Path>> read_again_;                // NoteReadAgain
-  mutable std::vector<RateSegment> segments_;  // TEn's scratch: one fill at a time
-  std::vector<double> key_;
+  std::vector<std::vector<SharedLink>> shared_;  // NoteSharedLinks
+  std::vector<std::vector<double>> peaks_;      // per part: its path's peak rate
+  std::vector<double> static_key_;              // max over parts of bits / peak
   std::vector<int> dst_downlinks_;
   bool local_parts_ = false;  // some part's worker is its destination host
   std::vector<bool> alive_;
   std::map<int64_t, std::vector<int>> by_deadline_;
-  // Alive updates as a linked list in `key_` order.
+  // ScanAt's alive updates as a linked list in static_key_ order.
   std::vector<int> sorted_, next_, prev_, slot_;
   int head_ = -1;
+  // PickAt's lazy queue for batches with multi-part updates.
+  std::vector<HeapEntry> heap_;
+  std::vector<int64_t> fresh_;  // the PickAt call that made heap_'s entry exact
+  int64_t call_ = 0;
   int remaining_ = 0;
   OrderingResult result_;
 };
@@ -385,6 +408,7 @@ OrderingResult ListSchedule(const PreparedBatch& batch, Network* net) {
     result.order.push_back(update.index);
     result.direct.push_back(std::move(transfers));
     result.arrival_s.push_back(arrival);
+    result.key_s.push_back(arrival);
   }
   return result;
 }
