@@ -154,6 +154,10 @@ class SplitSearch {
       const bool record = groups != nullptr;
       if (!FillGroup(host, last, t_max, &idx, net, &segments, &open, record)) return kInfinity;
       if (idx == first) continue;
+      if (prune && sharded_) {
+        const double bound = AggregatesBound(host, first, open, *net);
+        if (bound - Slack(bound) > best) return kInfinity;
+      }
       if (!SendAggregates(host, first, net, &segments, &t_max, &open, record)) return kInfinity;
       if (record) {
         open.group.aggregator = host;
@@ -283,6 +287,22 @@ class SplitSearch {
     t.end_s = end;
     t.segments = segments;
     group->to_aggregator.push_back(std::move(t));
+  }
+
+  // A lower bound on when a sharded group's aggregates have all arrived:
+  // SendAggregates starts each at the group's end and each crosses
+  // `host`'s uplink (unless its part's host is `host`), so together they
+  // end no sooner than one transfer of all their bits through that link
+  // alone. One fill where sending them takes one per part.
+  double AggregatesBound(int host, int first, const OpenGroup& open, const Network& net) const {
+    double bits = 0;
+    for (size_t p = 0; p < open.bytes.size(); ++p) {
+      const int dst = p == 0 ? in_.dst_host : in_.items[first].shards[p - 1].dst_host;
+      if (!net.PathBetween(host, dst).links.empty()) bits += 8.0 * static_cast<double>(open.bytes[p]);
+    }
+    Path uplink;
+    uplink.links.push_back(net.UplinkOf(host));
+    return std::max(open.end_s, net.FillEnd(uplink, open.end_s, bits));
   }
 
   // One aggregate per part from `host` (the group starting at item
