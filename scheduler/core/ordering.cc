@@ -181,7 +181,7 @@ class Orderer {
   // is a lower bound above `cutoff`.
   double Key(int u, const Network& net, double cutoff, bool* exact) const {
     const PreparedUpdate& update = batch_.updates[u];
-    double key = 0;
+    double key = -kInfinity;  // a batch's clock may start below 0
     *exact = false;
     for (const SharedLink& shared : shared_[u]) {  // one fill each, usually the largest term
       key = std::max(key, net.FillEnd(shared.alone, batch_.now_s, shared.bits, options_.reference));

@@ -208,6 +208,24 @@ TEST_CASE("A sharded update is ordered by its parts alone, not by eq. 18's t_en"
   }
 }
 
+// A batch's clock may start below zero: keys are times on it, not durations.
+TEST_CASE("Keys are times on the batch's clock, which may start below zero") {
+  Batch batch;
+  batch.server = "s1";
+  batch.now_s = -10;
+  batch.tau_max = 100;
+  batch.hosts = {{"s1", 1e10, 1e10, {}, {}}, {"s2", 1e10, 1e10, {}, {}},
+                 {"w", 1e9, 1e10, {}, {}}, {"v", 1e9, 1e10, {}, {}}};
+  batch.updates = {{"big", "w", 12500000, 0, 1, {{"s2", 12500000}}},  // 200 Mbit from w
+                   {"small", "v", 6250000, 0, 1, {{"s2", 6250000}}}};  // 100 Mbit from v
+  for (bool reference : {false, true}) {
+    Ordered o = Order(batch, reference);
+    REQUIRE(o.ids == std::vector<std::string>{"small", "big"});
+    CHECK(o.result.key_s[0] == Approx(-9.9));
+    CHECK(o.result.key_s[1] == Approx(-9.8));
+  }
+}
+
 // Where a link's capacity ends, parts that each fit alone (and together
 // through the uplink) may not fit one after another: g's first part holds
 // w's uplink until 0.8 s and s2's downlink closes at 1 s. g is picked (its
