@@ -20,6 +20,11 @@
 // of all its parts' bits through each link several of them cross (its
 // worker's uplink) as one transfer. A single-part update's key is its t_en.
 //
+//   Network net = Network::FromBatch(batch).value();
+//   PreparedBatch prepared = PrepareBatch(batch, net).value();
+//   OrderingResult ordering = OrderUpdates(prepared, &net, PlannerOptions{});
+//   // net now carries the reservations of every ordered direct transfer.
+//
 // Why look-ahead only after forced picks: when g* has the least key, every
 // other update g had key(g) >= key(g*) before NetUp(g*), and NetUp only
 // lowers residuals, which never lowers a key, so the next pick cannot come
