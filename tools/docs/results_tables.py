@@ -419,8 +419,11 @@ def planner_sim_shards(root):
     where = "docs/results/planner-sim-shards.json"
     rows = []
     for batch in field(one(root, where), "batches", where):
-        rows.append(["about %d updates × %d parts" % (field(batch, "updates_about", where),
-                                                      field(batch, "parts", where)),
+        label = "about %d updates × %d parts" % (field(batch, "updates_about", where),
+                                                 field(batch, "parts", where))
+        if batch.get("label"):
+            label += ", " + batch["label"]
+        rows.append([label,
                      "%s ms" % fixed(field(batch, "p50_ms", where), 0),
                      "%s ms" % fixed(field(batch, "p99_ms", where), 0),
                      percent(field(batch, "alg2_share", where))])
