@@ -35,8 +35,8 @@
 // key is the bound: with it this argument holds for sharded batches too,
 // and a key computed earlier stays a lower bound, so picks can be lazy.
 // Ordered by the bound, the simulator at 1000 workers on 96 shards spent
-// 7.5x less time per plan and applied 1.10x the gradients (scheduler/core/
-// README.md, "Benchmark (§7.4)", sharded batches).
+// 7x less time per plan and applied 1.10x and 0.96x the gradients with two
+// seeds (scheduler/core/README.md, "Benchmark (§7.4)", sharded batches).
 //
 // Optimised implementation (PlannerOptions::reference = false), same result:
 // for batches with multi-part updates, a lazy queue of keys that were
