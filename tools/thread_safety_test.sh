@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Runs tools/thread_safety_check over the daemon (clang's -Wthread-safety
-# on every non-test .cc under daemon/), after proving on two small snippets
-# that the check can fail: one touching an ABSL_GUARDED_BY member without
-# its lock and calling a ...Locked helper unlocked must fail with clang's
-# thread-safety errors, and the same class used correctly must pass (both
-# with common/mutex.h's Mutex, the daemon's). Without
-# clang this reports a skip with the reason (a failure under CI, where
-# tools/bootstrap installs clang).
+# Proves that clang's thread-safety analysis, with the flags the asan build
+# applies to every non-test source (.bazelrc; tools/thread_safety_check
+# uses the same), fails on a violation: a small class touching an
+# ABSL_GUARDED_BY member without its lock and calling a ...Locked helper
+# unlocked must fail with clang's thread-safety errors, and the same class
+# used correctly must pass (both with common/mutex.h's Mutex, the
+# daemon's). The analysis of the tree itself is part of the asan build
+# (tools/test). Without clang this reports a skip with the reason (a
+# failure under CI, where tools/bootstrap installs clang).
 set -euo pipefail
 source "${TEST_SRCDIR:-.}/mlfabric/testing/prereq.sh"
 if ! command -v clang++ >/dev/null; then
-  skip_or_fail "clang++ is not installed (tools/bootstrap installs it from tools/deps/fuzz.deb)"
+  skip_or_fail "clang++ is not installed (tools/bootstrap installs it from tools/deps/clang.deb)"
 fi
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 
@@ -59,5 +60,3 @@ if ! tools/thread_safety_check "$tmp/guarded.cc" >"$tmp/guarded.log" 2>&1; then
   exit 1
 fi
 echo "thread_safety_test: the same access under MutexLock passes"
-
-tools/thread_safety_check
