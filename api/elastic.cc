@@ -167,11 +167,15 @@ std::optional<JobMembers> ElasticAllReducer::MembershipChanged(const absl::Statu
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
   while (true) {
     absl::StatusOr<JobMembers> now = Membership();
-    if (!now.ok()) return std::nullopt;
-    const auto& names = now->members;
-    if (std::find(names.begin(), names.end(), root_member) == names.end() &&
-        std::find(names.begin(), names.end(), name_) != names.end()) {
-      return *now;
+    if (now.ok()) {
+      const auto& names = now->members;
+      const bool root_gone = std::find(names.begin(), names.end(), root_member) == names.end();
+      // A root replaced already (gone and back under its name) shows only
+      // as a later generation.
+      const bool replaced = now->generation != members_.generation;
+      if ((root_gone || replaced) && std::find(names.begin(), names.end(), name_) != names.end()) {
+        return *now;
+      }
     }
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -91,7 +91,8 @@ class ElasticAllReducer {
   // After `error` from a collective: the membership to rebuild for if it
   // was a membership change, else nullopt (the error stands). A worker
   // leaving: the membership now. The root's member (rank 0 of this
-  // generation) gone: asked for up to `wait_s` (its leaving may reach the
+  // generation) gone, or the generation moved on (a root already replaced
+  // under its name): asked for up to `wait_s` (its leaving may reach the
   // scheduler a moment after its rounds failed). Never on rank 0 itself.
   std::optional<JobMembers> MembershipChanged(const absl::Status& error, double wait_s = 3);
 

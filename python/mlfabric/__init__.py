@@ -361,10 +361,12 @@ _members = None  # the sorted worker names of _generation; [0] serves the root
 def _root_lost(error, wait_s=3.0):
     """_elastic_errors.root_lost: after a collective failed with `error`,
     the job's membership if the member that served this AllReducer's root
-    (rank 0 of its generation) is no longer in it, else None. Its leaving
-    may reach the scheduler a moment after its rounds failed: asks again
-    for up to `wait_s`. None outside elastic mode, on rank 0 itself, and
-    when the membership cannot be asked (the original error stands)."""
+    (rank 0 of its generation) is no longer in it, or if the generation
+    moved on (a root already replaced under its name), else None. Its
+    leaving may reach the scheduler a moment after its rounds failed: asks
+    again for up to `wait_s`. None outside elastic mode, on rank 0 itself,
+    and when the membership cannot be asked by then (the original error
+    stands)."""
     del error
     if not _elastic() or _generation is None or not _members:
         return None
@@ -376,8 +378,9 @@ def _root_lost(error, wait_s=3.0):
         try:
             generation, members = membership()
         except RuntimeError:
-            return None
-        if root_member not in members and _member_name() in members:
+            generation, members = _generation, [root_member]
+        if (root_member not in members or generation != _generation) and \
+                _member_name() in members:
             return generation, members
         if time.monotonic() >= deadline:
             return None
