@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "common/sanitized_build.h"
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 namespace {
@@ -23,16 +25,7 @@ namespace {
 // about 40 times its optimised time (20,010 inputs took 81 s under
 // ASan against 2 s), and the asan run fuzzes every target with libFuzzer
 // as well (//testing/fuzzers:fuzz_test), so a quarter of them is kept.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define MLFABRIC_SANITIZED_BUILD 1
-#endif
-#endif
-#ifdef MLFABRIC_SANITIZED_BUILD
-constexpr int kMutationsPerFile = 500;
-#else
-constexpr int kMutationsPerFile = 2000;
-#endif
+constexpr int kMutationsPerFile = mlfabric::kSanitizedBuild ? 500 : 2000;
 
 void Run(const std::string& input) {
   LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(input.data()), input.size());

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/sanitized_build.h"
 #include "scheduler/core/network.h"
 
 namespace mlfabric::core {
@@ -16,16 +17,7 @@ namespace {
 // runs about 50 times slower than optimised: 300 random batches took
 // 287 s there against a 300 s timeout. A third of them still drives every
 // path of both searches under the sanitizers; the optimised build runs all.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define MLFABRIC_SANITIZED_BUILD 1
-#endif
-#endif
-#ifdef MLFABRIC_SANITIZED_BUILD
-constexpr uint64_t kRandomBatches = 100;
-#else
-constexpr uint64_t kRandomBatches = 300;
-#endif
+constexpr uint64_t kRandomBatches = kSanitizedBuild ? 100 : 300;
 
 DistributionRequest Request(double server_uplink_bps, int distributors) {
   DistributionRequest r;
