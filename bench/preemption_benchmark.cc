@@ -31,6 +31,7 @@
 #include "common/config.h"
 #include "launch/cluster.h"
 #include "launch/process.h"
+#include "nlohmann/json.hpp"
 #include "testing/apps/dataplane_trace.h"
 
 namespace mlfabric::bench {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
 
 namespace mlfabric {
 
@@ -74,11 +75,12 @@ absl::StatusOr<nlohmann::json> ParseJsonText(const std::string& text, const std:
 
 ConfigReader::ConfigReader(nlohmann::json object, std::string source,
                            std::map<std::string, std::string> flags)
-    : object_(std::move(object)), source_(std::move(source)), flags_(std::move(flags)) {
-  if (!object_.is_null() && !object_.is_object()) {
+    : source_(std::move(source)), flags_(std::move(flags)) {
+  if (!object.is_null() && !object.is_object()) {
     errors_.push_back(absl::StrCat(source_, ": the top level must be a JSON object"));
-    object_ = nlohmann::json::object();
+    object = nlohmann::json::object();
   }
+  object_ = std::make_shared<const nlohmann::json>(std::move(object));
 }
 
 absl::StatusOr<ConfigReader> ConfigReader::FromCommandLine(const CommandLine& cl) {
@@ -100,9 +102,9 @@ std::string ConfigReader::Where(const std::string& key) const {
 
 const nlohmann::json* ConfigReader::FileValue(const std::string& key) {
   known_.insert(key);
-  if (!object_.is_object()) return nullptr;
-  auto it = object_.find(key);
-  return it == object_.end() ? nullptr : &*it;
+  if (!object_->is_object()) return nullptr;
+  auto it = object_->find(key);
+  return it == object_->end() ? nullptr : &*it;
 }
 
 void ConfigReader::AddError(const std::string& key, const std::string& message) {
@@ -257,8 +259,8 @@ absl::Status ConfigReader::Finish() const {
                                                      " (see --help for the accepted flags)"));
     }
   }
-  if (object_.is_object()) {
-    for (const auto& item : object_.items()) {
+  if (object_->is_object()) {
+    for (const auto& item : object_->items()) {
       if (!known_.count(item.key())) {
         std::vector<std::string> keys(known_.begin(), known_.end());
         return absl::InvalidArgumentError(

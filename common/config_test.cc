@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 
+#include "nlohmann/json.hpp"
+
 namespace mlfabric {
 namespace {
 

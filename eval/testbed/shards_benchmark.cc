@@ -35,6 +35,7 @@
 #include "api/mlfabric.h"
 #include "common/config.h"
 #include "launch/cluster.h"
+#include "nlohmann/json.hpp"
 
 namespace mlfabric {
 namespace {

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/secrets.h"
+#include "nlohmann/json.hpp"
 
 namespace mlfabric {
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/config.h"
+#include "nlohmann/json.hpp"
 #include "scheduler/service/scheduler_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

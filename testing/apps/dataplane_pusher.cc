@@ -27,6 +27,7 @@
 
 #include "api/mlfabric.h"
 #include "common/config.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 

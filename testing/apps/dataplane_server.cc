@@ -25,6 +25,7 @@
 
 #include "api/mlfabric.h"
 #include "common/config.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 

@@ -10,6 +10,7 @@
 
 #include "api/mlfabric.h"
 #include "common/config.h"
+#include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
   using namespace mlfabric;

@@ -19,6 +19,7 @@
 #include "common/config.h"
 #include "launch/cluster.h"
 #include "launch/process.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 

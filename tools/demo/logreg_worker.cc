@@ -16,6 +16,7 @@
 
 #include "api/mlfabric.h"
 #include "common/config.h"
+#include "nlohmann/json.hpp"
 #include "tools/demo/logreg.h"
 
 namespace {
