@@ -17,7 +17,14 @@ if [[ "${1:-}" == --not-libfuzzer ]]; then
 fi
 artifacts="${TEST_UNDECLARED_OUTPUTS_DIR:-${TEST_TMPDIR:-/tmp}}"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+# Bazel's test sharding (shard_count in BUILD): this shard fuzzes every
+# TEST_TOTAL_SHARDS-th target, so the shards run side by side.
+shard=${TEST_SHARD_INDEX:-0}
+shards=${TEST_TOTAL_SHARDS:-1}
+[[ -n "${TEST_SHARD_STATUS_FILE:-}" ]] && touch "$TEST_SHARD_STATUS_FILE"
+index=0
 for spec in "$@"; do
+  (( index++ % shards == shard )) || continue
   name=${spec%%=*}
   rest=${spec#*=}
   binary=${rest%%=*}
