@@ -19,6 +19,7 @@
 #include "aggregator/packet_pool.h"
 #include "api/call_agreement.h"
 #include "api/local_reduce.h"
+#include "api/push_exchange.h"
 
 namespace mlfabric {
 
@@ -413,23 +414,19 @@ absl::Status RoundsOnlySum(ReduceOp op) {
       "launch with mlfabric-run or mpirun, where it goes through MPI, or use backend \"mpi\""));
 }
 
-// ------------------------------- Alltoall and ReduceScatter built from sums
+// ------------------------------- Alltoall and ReduceScatter on the rounds
 // The daemons' rounds only sum whole buffers (MLfabric §6: push, then get
-// the sum), so the mlfabric backend builds both collectives from sums in
-// which each rank fills only its own part of a zeroed buffer: the sum of
-// one value and zeros is that value (bit for bit when summed as bytes).
+// the sum). The mlfabric backend builds on them:
 //  - Agreement first: one int64 sum of [size x kCallShapeWords] words,
 //    rank r's CallShape in row r, compared as MPI's agreement compares them
 //    (api/call_agreement.h), so a mismatch fails every rank, never a hang.
 //  - ReduceScatter: the AllReduce of the whole buffer under `op`, then this
 //    rank's rows of it (ReduceScatterRows). Each rank receives the whole
 //    result where a ring's reduce-scatter would send it 1/size of it.
-//  - Alltoall: one int64 sum of the [size x size] row counts, then one byte
-//    sum of every block, laid out by destination and then source, plus one
-//    flag byte per rank that could not take its part (no receive buffer);
-//    each rank keeps its destination's blocks. Every rank contributes the
-//    whole exchange, mostly zeros: size times what MPI_Alltoallv moves, the
-//    price of servers that only sum. Under mpirun it goes through MPI.
+//  - Alltoall: not a sum. Each block is one push from its source rank to
+//    an exchange server its destination rank runs (api/push_exchange.h),
+//    so each crosses the network once, as MPI_Alltoallv's do; two small
+//    sums carry the row counts and the outcome.
 // With backup workers a sum may leave a rank out, so neither is offered.
 
 // `shape`: this rank's named tensor shape (its number of dimensions and
@@ -499,63 +496,12 @@ absl::Status ReduceScatterBySums(AllReducer& reducer, const void* data, int64_t 
   return absl::OkStatus();
 }
 
-absl::Status AlltoallBySums(AllReducer& reducer, const void* send, int64_t row_elements,
-                            const std::vector<int64_t>& send_rows, DataType dtype,
-                            const AlltoallRecvBuffer& recv_buffer,
-                            std::vector<int64_t>* recv_rows) {
-  if (auto agreed = AgreeBySum(reducer, "Alltoall", AlltoallShape(row_elements, dtype));
-      !agreed.ok()) {
-    return agreed;
-  }
-  const size_t size = static_cast<size_t>(reducer.size());
-  const size_t me = static_cast<size_t>(reducer.rank());
-  std::vector<int64_t> counts(size * size, 0);  // [s * size + d]: rows s sends to d
-  std::copy(send_rows.begin(), send_rows.end(), counts.begin() + static_cast<ptrdiff_t>(me * size));
-  if (auto status = reducer.AllReduce(counts.data(), counts.size(), DataType::kInt64);
-      !status.ok()) {
-    return status;
-  }
-  const size_t row_bytes = static_cast<size_t>(row_elements) * DataTypeSize(dtype);
-  std::vector<size_t> offset(size * size);  // [d * size + s]: where block (s -> d) sits
-  size_t total = 0;
-  for (size_t d = 0; d < size; ++d) {
-    for (size_t s = 0; s < size; ++s) {
-      offset[d * size + s] = total;
-      total += static_cast<size_t>(counts[s * size + d]) * row_bytes;
-    }
-  }
-  std::vector<int64_t> received(size);
-  for (size_t s = 0; s < size; ++s) received[s] = counts[s * size + me];
-  const absl::StatusOr<void*> buffer = recv_buffer(received);
-  // Every rank takes part in the data sum, a rank without a buffer too (its
-  // flag byte says so), so that none is left waiting for it.
-  std::vector<uint8_t> all(total + size, 0);
-  size_t from = 0;
-  for (size_t d = 0; d < size; ++d) {
-    const size_t n = static_cast<size_t>(send_rows[d]) * row_bytes;
-    if (n > 0) std::memcpy(&all[offset[d * size + me]], static_cast<const uint8_t*>(send) + from, n);
-    from += n;
-  }
-  all[total + me] = buffer.ok() ? 0 : 1;
-  if (auto status = reducer.AllReduce(all.data(), all.size(), DataType::kUint8); !status.ok()) {
-    return status;
-  }
-  if (!buffer.ok()) return buffer.status();
-  for (size_t r = 0; r < size; ++r) {
-    if (all[total + r] != 0) {
-      return absl::AbortedError(absl::StrCat("Alltoall: rank ", r,
-                                             " could not take part (see its error)"));
-    }
-  }
-  const size_t mine = (me + 1 < size ? offset[(me + 1) * size] : total) - offset[me * size];
-  if (mine > 0) std::memcpy(*buffer, &all[offset[me * size]], mine);
-  if (recv_rows != nullptr) *recv_rows = received;
-  return absl::OkStatus();
-}
+class MlfabricAllReducer;
 
-// The mlfabric backend's reducers: their Alltoall and ReduceScatter are
-// built from their own sums, and a rank whose arguments are invalid takes
-// part in the agreement, marked invalid.
+// The mlfabric backend's reducers: their ReduceScatter is built from their
+// own sums, their Alltoall from pushes (after an agreement by sum), and a
+// rank whose arguments are invalid takes part in the agreement, marked
+// invalid.
 class SumsAllReducer : public AllReducer {
  public:
   using AllReducer::AllReducer;
@@ -569,7 +515,15 @@ class SumsAllReducer : public AllReducer {
                           const AlltoallRecvBuffer& recv_buffer,
                           std::vector<int64_t>* recv_rows) override {
     if (auto refused = NoBackupWorkers("Alltoall", backups()); !refused.ok()) return refused;
-    return AlltoallBySums(*this, send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
+    if (auto agreed = AgreeBySum(*this, "Alltoall", AlltoallShape(row_elements, dtype));
+        !agreed.ok()) {
+      return agreed;
+    }
+    return AlltoallByPushes(
+        [this](std::vector<int64_t>& words) {
+          return AllReduce(words.data(), words.size(), DataType::kInt64);
+        },
+        send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
   }
   absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                                DataType dtype, ReduceOp op, void* out,
@@ -581,8 +535,19 @@ class SumsAllReducer : public AllReducer {
     if (backups() == 0) (void)AgreeBySum(*this, what, InvalidCallShape());
     return invalid;
   }
+  // The flat reducer whose worker pushes this rank's Alltoall blocks and
+  // which runs its exchange server.
+  virtual MlfabricAllReducer& pusher() = 0;
 
  public:
+  // An Alltoall whose ranks agree on dtype and row length: its blocks as
+  // pushes (api/push_exchange.h), its two small sums by `sum` (this
+  // reducer's rounds, or MPI under mpirun).
+  absl::Status AlltoallByPushes(const SumWords& sum, const void* send, int64_t row_elements,
+                                const std::vector<int64_t>& send_rows, DataType dtype,
+                                const AlltoallRecvBuffer& recv_buffer,
+                                std::vector<int64_t>* recv_rows);
+
   // A broadcast is a sum where only the root contributes: a round that
   // closes without the root's push would hand every rank zeros.
   absl::Status Broadcast(void* data, size_t count, DataType dtype, int root) override {
@@ -670,6 +635,9 @@ class MlfabricAllReducer : public SumsAllReducer {
         root_server_(std::move(root_server)) {}
 
   ~MlfabricAllReducer() override {
+    // Every rank's blocks reached this rank's exchange server within its
+    // last Alltoall (the call's outcome sum says so): nothing is on its way.
+    exchange_.reset();
     if (unconfirmed_.valid()) {
       // No later call collects the last push's outcome: say it if it did not
       // end applied (its sum was returned, complete, already).
@@ -700,6 +668,23 @@ class MlfabricAllReducer : public SumsAllReducer {
   }
 
   const char* backend() const override { return "mlfabric"; }
+  // How this rank reaches its daemon and its worker's name, for the
+  // Alltoall exchange server it starts at its first Alltoall.
+  void set_exchange_client(const ClientOptions& client, const std::string& worker_name) {
+    exchange_client_ = client;
+    worker_name_ = worker_name;
+  }
+  // The Alltoall exchange (api/push_exchange.h): its servers are named
+  // after this reducer's root.
+  PushExchange& exchange() {
+    if (exchange_ == nullptr) {
+      exchange_ = std::make_unique<PushExchange>(exchange_client_, root_, rank(), size(),
+                                                 timeout_s_);
+    }
+    return *exchange_;
+  }
+  Worker& worker() { return *worker_; }
+  const std::string& worker_name() const { return worker_name_; }
   // The last sum's count (Model::count: fewer than the ranks when a rank
   // left and the job's rounds shrank), else the ranks less the backups.
   int summed() const override { return last_count_ > 0 ? last_count_ : size() - backup_workers_; }
@@ -814,6 +799,7 @@ class MlfabricAllReducer : public SumsAllReducer {
 
  protected:
   int backups() const override { return backup_workers_; }
+  MlfabricAllReducer& pusher() override { return *this; }
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     return SumRound(data, count, dtype, op, std::nullopt);
   }
@@ -891,7 +877,21 @@ class MlfabricAllReducer : public SumsAllReducer {
   // its outcome came (ConfirmPrevious).
   std::future<PushResult> unconfirmed_;
   int64_t unconfirmed_round_ = -1;
+  ClientOptions exchange_client_;
+  std::string worker_name_;
+  std::unique_ptr<PushExchange> exchange_;  // from the first Alltoall
 };
+
+absl::Status SumsAllReducer::AlltoallByPushes(const SumWords& sum, const void* send,
+                                              int64_t row_elements,
+                                              const std::vector<int64_t>& send_rows,
+                                              DataType dtype,
+                                              const AlltoallRecvBuffer& recv_buffer,
+                                              std::vector<int64_t>* recv_rows) {
+  MlfabricAllReducer& flat = pusher();
+  return flat.exchange().Alltoall(flat.worker(), flat.worker_name(), sum, send, row_elements,
+                                  send_rows, dtype, recv_buffer, recv_rows);
+}
 
 // ------------------------------------------------- hierarchical AllReduce
 //
@@ -929,6 +929,8 @@ class HierarchicalAllReducer : public SumsAllReducer {
 
  protected:
   int backups() const override { return 0; }  // made only without backup workers
+  // Every rank's own flat reducer (the one that learned the hosts).
+  MlfabricAllReducer& pusher() override { return *static_cast<MlfabricAllReducer*>(flat_.get()); }
   // Any op on one host (in shared memory); across hosts the leaders'
   // rounds refuse all but sum (RoundsOnlySum), after the host's part.
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
@@ -1005,6 +1007,7 @@ class PiecesAllReducer : public SumsAllReducer {
 
  protected:
   int backups() const override { return pieces_[0]->backup_workers(); }
+  MlfabricAllReducer& pusher() override { return *pieces_[0]; }
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
     return SumPieces(data, count, dtype, op, std::nullopt);
   }
@@ -1181,6 +1184,7 @@ absl::StatusOr<std::unique_ptr<MlfabricAllReducer>> MakeFlat(const AllReduceOpti
   auto reducer = std::make_unique<MlfabricAllReducer>(rank, size, options.backup_workers, root,
                                                       options.timeout_s, options.root_linger_s,
                                                       std::move(*worker), std::move(root_server));
+  reducer->set_exchange_client(options.client, worker_options.name);
   if (auto status = reducer->AwaitRoot(options.client.connect_timeout_s); !status.ok()) {
     return status;
   }
@@ -1213,6 +1217,19 @@ absl::Status ReduceScatterAgreedBySum(AllReducer& reducer, const void* data, int
                                       void* out) {
   return ReduceScatterBySums(reducer, data, rows, row_elements, dtype, op, out, nullptr,
                              /*agree=*/false);
+}
+
+absl::Status AlltoallAgreedByPushes(AllReducer& fabric, const SumWords& sum, const void* send,
+                                    int64_t row_elements, const std::vector<int64_t>& send_rows,
+                                    DataType dtype, const AlltoallRecvBuffer& recv_buffer,
+                                    std::vector<int64_t>* recv_rows) {
+  auto* sums = dynamic_cast<SumsAllReducer*>(&fabric);
+  if (sums == nullptr) {
+    return absl::InternalError(absl::StrCat("Alltoall by pushes needs an mlfabric reducer, not ",
+                                            fabric.backend()));
+  }
+  return sums->AlltoallByPushes(sum, send, row_elements, send_rows, dtype, recv_buffer,
+                                recv_rows);
 }
 
 absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllReduceOptions& options,

@@ -249,12 +249,13 @@ class MpiAllReducer : public AllReducer {
                                              : (buffer = recv_buffer(received)).status();
     // A rank that cannot take part (counts too large for MPI, no buffer)
     // must not leave the others in MPI_Alltoallv: every rank learns it.
-    int ok = local.ok() ? 1 : 0, all_ok = 0;
-    code = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    int failed = local.ok() ? size() : rank(), first_failed = 0;  // the lowest rank that failed
+    code = MPI_Allreduce(&failed, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
     if (!local.ok()) return local;
-    if (all_ok == 0) {
-      return absl::AbortedError("Alltoall: another rank could not take part (see its error)");
+    if (first_failed < size()) {
+      return absl::AbortedError(absl::StrCat("Alltoall: rank ", first_failed,
+                                             " could not take part (see its error)"));
     }
     if (recv_rows != nullptr) *recv_rows = received;
     code = MPI_Alltoallv(send, send_counts->data(), Displacements(*send_counts).data(), *type,
@@ -395,14 +396,38 @@ class SmallViaMpiAllReducer : public AllReducer {
     return mpi_->RefuseCollective(what, std::move(invalid));
   }
 
-  // An Alltoall built from the daemons' sums moves size times MPI's bytes
-  // (allreduce.cc): under mpirun it goes through MPI.
+  // With every rank on this host, or when every rank sends fewer than
+  // `below` bytes, MPI_Alltoallv; otherwise each block is a push to its
+  // destination's exchange server, planned by the scheduler
+  // (api/push_exchange.h), its two small sums through MPI. The ranks
+  // agree first and learn the largest send buffer in one more small MPI
+  // collective, so every rank takes the same path.
   absl::Status DoAlltoall(const void* send, int64_t row_elements,
                           const std::vector<int64_t>& send_rows, DataType dtype,
                           const AlltoallRecvBuffer& recv_buffer,
                           std::vector<int64_t>* recv_rows) override {
-    return mpi_->Alltoall(send, SumOf(send_rows), row_elements, send_rows, dtype, recv_buffer,
-                          recv_rows);
+    if (OneHost()) {
+      return mpi_->Alltoall(send, SumOf(send_rows), row_elements, send_rows, dtype, recv_buffer,
+                            recv_rows);
+    }
+    if (auto agreed = MpiCheckAgreement("Alltoall", AlltoallShape(row_elements, dtype));
+        !agreed.ok()) {
+      return agreed;
+    }
+    int64_t largest = SumOf(send_rows) * row_elements * static_cast<int64_t>(DataTypeSize(dtype));
+    if (auto status = mpi_->ReduceAgreed(&largest, 1, DataType::kInt64, ReduceOp::kMax);
+        !status.ok()) {
+      return status;
+    }
+    if (largest < static_cast<int64_t>(below_)) {
+      return mpi_->AlltoallAgreed(send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
+    }
+    return AlltoallAgreedByPushes(
+        *fabric_,
+        [this](std::vector<int64_t>& words) {
+          return mpi_->ReduceAgreed(words.data(), words.size(), DataType::kInt64, ReduceOp::kSum);
+        },
+        send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
   }
   // A large sum between hosts through the scheduler's rounds (the
   // AllReduce of the whole buffer, then this rank's rows), the rest

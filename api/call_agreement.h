@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "api/allreduce.h"
+#include "api/push_exchange.h"
 
 namespace mlfabric {
 namespace internal {
@@ -85,6 +86,14 @@ absl::Status ShapeMismatchError(const char* what, const std::vector<CallShape>& 
 absl::Status ReduceScatterAgreedBySum(AllReducer& reducer, const void* data, int64_t rows,
                                       int64_t row_elements, DataType dtype, ReduceOp op,
                                       void* out);
+
+// The Alltoall of an mlfabric backend reducer `fabric` once the ranks are
+// known to agree on dtype and row length: each block one push
+// (api/push_exchange.h), the small sums by `sum` (MPI under mpirun).
+absl::Status AlltoallAgreedByPushes(AllReducer& fabric, const SumWords& sum, const void* send,
+                                    int64_t row_elements, const std::vector<int64_t>& send_rows,
+                                    DataType dtype, const AlltoallRecvBuffer& recv_buffer,
+                                    std::vector<int64_t>* recv_rows);
 
 }  // namespace internal
 }  // namespace mlfabric

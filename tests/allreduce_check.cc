@@ -184,6 +184,87 @@ void CheckOpMismatch(mlfabric::AllReducer& reducer, int round) {
   CheckOp<int32_t>(reducer, DataType::kInt32, ReduceOp::kMin, 64, round);
 }
 
+// Alltoall of every dtype with uneven blocks above the mlfabric backend's
+// MPI threshold (64 KiB sent per rank), so that between hosts each block
+// is a push to its destination's exchange server (api/push_exchange.h),
+// under mpirun too: rank s sends 500 * (1 + (s + d) % 3) rows of 33
+// elements to rank d, every byte naming its sender, destination and
+// place, compared byte for byte.
+void CheckLargeAlltoall(mlfabric::AllReducer& reducer) {
+  using namespace mlfabric;
+  const int size = reducer.size();
+  const int64_t row_elements = 33;
+  const auto rows_to = [](int from, int to) { return int64_t{500} * (1 + (from + to) % 3); };
+  for (DataType dtype : {DataType::kInt8, DataType::kUint8, DataType::kInt16, DataType::kUint16,
+                         DataType::kInt32, DataType::kInt64, DataType::kFloat16,
+                         DataType::kFloat32, DataType::kFloat64, DataType::kBool}) {
+    const size_t row_bytes = static_cast<size_t>(row_elements) * DataTypeSize(dtype);
+    const auto byte = [dtype](int from, int to, size_t i) {
+      const auto b = static_cast<uint8_t>((from * 31 + to * 7 + i * 13 + i / 251) & 0xff);
+      return dtype == DataType::kBool ? static_cast<uint8_t>(b & 1) : b;
+    };
+    std::vector<int64_t> send_rows;
+    std::vector<uint8_t> send;
+    for (int d = 0; d < size; ++d) {
+      send_rows.push_back(rows_to(g_rank, d));
+      const size_t n = static_cast<size_t>(send_rows.back()) * row_bytes;
+      for (size_t i = 0; i < n; ++i) send.push_back(byte(g_rank, d, i));
+    }
+    std::vector<uint8_t> recv;
+    std::vector<int64_t> recv_rows;
+    absl::Status status = reducer.Alltoall(
+        send.data(), static_cast<int64_t>(send.size() / row_bytes), row_elements, send_rows, dtype,
+        [&recv, row_bytes](const std::vector<int64_t>& rows) -> absl::StatusOr<void*> {
+          int64_t total = 0;
+          for (int64_t r : rows) total += r;
+          recv.assign(static_cast<size_t>(total) * row_bytes, 0xee);
+          return static_cast<void*>(recv.data());
+        },
+        &recv_rows);
+    size_t wrong = 0, at = 0;
+    for (int s = 0; s < size; ++s) {
+      const size_t n = static_cast<size_t>(rows_to(s, g_rank)) * row_bytes;
+      for (size_t i = 0; i < n && at + i < recv.size(); ++i) wrong += recv[at + i] != byte(s, g_rank, i);
+      at += n;
+    }
+    EXPECT(status.ok() && at == recv.size() && wrong == 0 &&
+               recv_rows.size() == static_cast<size_t>(size) && recv_rows[0] == rows_to(0, g_rank),
+           "%s alltoall of %zu KB %s: %s, %zu wrong bytes", reducer.backend(), send.size() / 1000,
+           DataTypeName(dtype), status.ToString().c_str(), wrong);
+  }
+  // The last rank has no receive buffer (its framework failed to allocate
+  // one): it returns that error, every other rank fails naming it, none
+  // waits; the next Alltoall works.
+  std::vector<int64_t> send_rows(static_cast<size_t>(size), 2000);
+  std::vector<float> send(static_cast<size_t>(size) * 2000 * 16, static_cast<float>(g_rank));
+  std::vector<float> recv;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const bool refuse = attempt == 0 && g_rank == size - 1;
+    absl::Status status = reducer.Alltoall(
+        send.data(), static_cast<int64_t>(size) * 2000, 16, send_rows, DataType::kFloat32,
+        [&](const std::vector<int64_t>& rows) -> absl::StatusOr<void*> {
+          if (refuse) return absl::ResourceExhaustedError("no room for the rows, on purpose");
+          recv.assign(static_cast<size_t>(rows.size()) * 2000 * 16, -1.0f);
+          return static_cast<void*>(recv.data());
+        },
+        nullptr);
+    if (attempt == 0) {
+      const std::string named = absl::StrCat("rank ", size - 1);
+      EXPECT(refuse ? absl::IsResourceExhausted(status)
+                    : !status.ok() && status.message().find(named) != absl::string_view::npos,
+             "%s alltoall, no receive buffer on the last rank: %s", reducer.backend(),
+             status.ToString().c_str());
+    } else {
+      bool right = status.ok() && recv.size() == send.size();
+      for (size_t i = 0; right && i < recv.size(); ++i) {
+        right = recv[i] == static_cast<float>(i / (2000 * 16));
+      }
+      EXPECT(right, "%s alltoall after a failed one: %s", reducer.backend(),
+             status.ToString().c_str());
+    }
+  }
+}
+
 // The mlfabric backend without MPI (as launched without mpirun): reduce
 // ops other than sum are refused by the daemons' rounds on every rank
 // (Unimplemented), unless every rank shares one host, where shared memory
@@ -230,6 +311,7 @@ void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer, bool any_op = true) 
   }
   EXPECT(status.ok() && recv == want && recv_rows == want_rows, "%s alltoall: %s",
          reducer.backend(), status.ToString().c_str());
+  CheckLargeAlltoall(reducer);
 
   const int64_t rows = 2 * size + 1;  // uneven: rank 0 gets one extra row
   const std::vector<int64_t> split = ReduceScatterRows(rows, size);

@@ -1,0 +1,264 @@
+#include "api/push_exchange.h"
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace mlfabric::internal {
+
+namespace {
+
+// Words per rank in the call's first sum: the rows it sends each rank, its
+// server's model version, its worker's name key, and 1 when its server runs.
+size_t RowWords(int size) { return static_cast<size_t>(size) + 3; }
+
+// The second sum's values: why a rank's part of the call failed.
+enum Failure : int64_t { kNone = 0, kNoBuffer = 1, kPushFailed = 2 };
+
+}  // namespace
+
+uint64_t WorkerNameKey(const std::string& name) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : name) hash = (hash ^ c) * 1099511628211ull;
+  return (hash >> 2) | 1;  // positive as an int64, and never 0
+}
+
+PushExchange::PushExchange(ClientOptions client, std::string prefix, int rank, int size,
+                           double timeout_s)
+    : client_(std::move(client)),
+      prefix_(std::move(prefix)),
+      rank_(rank),
+      size_(size),
+      timeout_s_(timeout_s) {}
+
+PushExchange::~PushExchange() {
+  if (server_ != nullptr) server_->Stop();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    expected_.version = -1;
+    expected_.refused = "the rank's Alltoall server is stopping";
+  }
+  cv_.notify_all();
+  if (serve_thread_.joinable()) serve_thread_.join();
+}
+
+std::string PushExchange::ServerName(int rank) const { return absl::StrCat(prefix_, "-x", rank); }
+
+int64_t PushExchange::bytes_received() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_received_;
+}
+
+absl::Status PushExchange::EnsureServer() {
+  if (server_ != nullptr) return absl::OkStatus();
+  if (!server_status_.ok()) return server_status_;
+  ClientOptions options = client_;
+  options.name = ServerName(rank_);
+  options.round_size = 0;  // an asynchronous server: each push delivered alone
+  options.backup_workers = 0;
+  options.shard = {};
+  auto server = Server::Connect(options);
+  if (!server.ok()) {
+    server_status_ = absl::Status(server.status().code(),
+                                  absl::StrCat("rank ", rank_, " cannot start its Alltoall server '",
+                                               options.name, "': ", server.status().message()));
+    return server_status_;
+  }
+  server_ = std::move(*server);
+  version_ = server_->initial_version();
+  server_->RegisterUpdateCallback([this](const Server::Update& u) { return OnUpdate(u); });
+  // Nothing gets from an exchange server; a get is answered with its version.
+  server_->RegisterRequestCallback([this]() -> absl::StatusOr<Server::Snapshot> {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Server::Snapshot{version_, {}};
+  });
+  serve_thread_ = std::thread([this] { (void)server_->Serve(); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> PushExchange::OnUpdate(const Server::Update& u) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // A block of a later call may come before this rank has learned that
+  // call's counts: it waits for them. A block older than the server's
+  // version belongs to a call that is over (it failed elsewhere).
+  // A later call's counts (a newer version expected) also end the wait.
+  if (u.version >= version_ && expected_.version < u.version && expected_.refused.empty()) {
+    cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] {
+      return expected_.version >= u.version || !expected_.refused.empty();
+    });
+  }
+  if (!expected_.refused.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("Alltoall: rank ", rank_, " ",
+                                                      expected_.refused));
+  }
+  if (expected_.version != u.version || u.count != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Alltoall: rank ", rank_, "'s server expects no push of version ", u.version, " from '",
+        u.worker, "' (push to an Alltoall server only through Alltoall)"));
+  }
+  const auto from = expected_.rank_of.find(WorkerNameKey(u.worker));
+  if (from == expected_.rank_of.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Alltoall: '", u.worker, "' is not a rank of this Alltoall"));
+  }
+  const size_t s = static_cast<size_t>(from->second);
+  if (expected_.got[s] || expected_.bytes[s] != u.bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Alltoall: rank ", rank_, " expects ", expected_.got[s] ? 0 : expected_.bytes[s],
+        " bytes from rank ", s, ", got ", u.bytes));
+  }
+  if (u.bytes > 0) std::memcpy(expected_.into[s], u.data, u.bytes);
+  expected_.got[s] = true;
+  bytes_received_ += static_cast<int64_t>(u.bytes);
+  return ++version_;
+}
+
+absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_name,
+                                    const SumWords& sum, const void* send, int64_t row_elements,
+                                    const std::vector<int64_t>& send_rows, DataType dtype,
+                                    const AlltoallRecvBuffer& recv_buffer,
+                                    std::vector<int64_t>* recv_rows) {
+  const size_t size = static_cast<size_t>(size_);
+  const size_t me = static_cast<size_t>(rank_);
+  const size_t width = RowWords(size_);
+  // 1. Counts, versions and names, from every rank (a rank whose server
+  // did not start takes part too, saying so).
+  const absl::Status started = EnsureServer();
+  std::vector<int64_t> words(size * width, 0);
+  std::copy(send_rows.begin(), send_rows.end(), words.begin() + static_cast<ptrdiff_t>(me * width));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    words[me * width + size] = version_;
+  }
+  words[me * width + size + 1] = static_cast<int64_t>(WorkerNameKey(worker_name));
+  words[me * width + size + 2] = started.ok() ? 1 : 0;
+  if (auto status = sum(words); !status.ok()) return status;
+  if (!started.ok()) return started;
+  for (size_t r = 0; r < size; ++r) {
+    if (words[r * width + size + 2] != 1) {
+      return absl::UnavailableError(absl::StrCat(
+          "Alltoall: rank ", r, " could not start its Alltoall server (see its error)"));
+    }
+  }
+  const auto rows = [&](size_t s, size_t d) { return words[s * width + d]; };
+  const size_t row_bytes = static_cast<size_t>(row_elements) * DataTypeSize(dtype);
+  std::vector<int64_t> blocks_to(size, 0);  // blocks each rank's server receives this call
+  for (size_t d = 0; d < size; ++d) {
+    for (size_t s = 0; s < size; ++s) blocks_to[d] += s != d && rows(s, d) > 0;
+  }
+  std::vector<int64_t> received(size);
+  for (size_t s = 0; s < size; ++s) received[s] = rows(s, me);
+
+  std::map<uint64_t, int> rank_of;  // worker name key -> rank
+  for (size_t r = 0; r < size; ++r) {
+    rank_of[static_cast<uint64_t>(words[r * width + size + 1])] = static_cast<int>(r);
+  }
+  if (rank_of.size() != size) {
+    // Two ranks whose worker names hash alike: their blocks could not be
+    // told apart (every rank sees the same names, so every rank stops here).
+    return absl::FailedPreconditionError(
+        "Alltoall: two ranks' worker names hash alike; name the ranks' workers differently");
+  }
+
+  // 2. The receive buffer, then what this rank's server expects.
+  const absl::StatusOr<void*> buffer = recv_buffer(received);
+  const int64_t my_version = words[me * width + size] + blocks_to[me] - 1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    expected_ = Expected{};
+    expected_.version = my_version;
+    if (!buffer.ok()) {
+      expected_.refused = absl::StrCat("has no receive buffer: ", buffer.status().message());
+    }
+    expected_.rank_of = std::move(rank_of);
+    expected_.into.assign(size, nullptr);
+    expected_.bytes.assign(size, 0);
+    expected_.got.assign(size, false);
+    size_t at = 0;
+    for (size_t s = 0; s < size; ++s) {
+      const size_t n = static_cast<size_t>(rows(s, me)) * row_bytes;
+      if (buffer.ok() && n > 0) expected_.into[s] = static_cast<uint8_t*>(*buffer) + at;
+      expected_.bytes[s] = n;
+      expected_.got[s] = s == me || n == 0;
+      at += n;
+    }
+  }
+  cv_.notify_all();
+
+  // This rank's own rows, then a push per other rank it sends rows to.
+  const auto* from = static_cast<const uint8_t*>(send);
+  std::vector<std::pair<size_t, std::future<PushResult>>> pushes;
+  size_t offset = 0;
+  for (size_t d = 0; d < size; ++d) {
+    const size_t n = static_cast<size_t>(send_rows[d]) * row_bytes;
+    if (d == me) {
+      if (buffer.ok() && n > 0) {
+        size_t at = 0;
+        for (size_t s = 0; s < me; ++s) at += static_cast<size_t>(rows(s, me)) * row_bytes;
+        std::memcpy(static_cast<uint8_t*>(*buffer) + at, from + offset, n);
+      }
+    } else if (n > 0) {
+      const int64_t version = words[d * width + size] + blocks_to[d] - 1;
+      pushes.emplace_back(d, worker.Push(ServerName(static_cast<int>(d)), from + offset, n, version,
+                                         0.0, {TensorSpec{0, n, 0}}, ElementType::kOpaque));
+      ++pushes_sent_;
+    }
+    offset += n;
+  }
+  absl::Status pushed;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  for (auto& [d, future] : pushes) {
+    if (future.wait_until(deadline) != std::future_status::ready) {
+      if (pushed.ok()) {
+        pushed = absl::DeadlineExceededError(absl::StrCat(
+            "Alltoall: rank ", rank_, "'s rows for rank ", d, " were not delivered in ",
+            timeout_s_, " s"));
+      }
+      continue;
+    }
+    const PushResult result = future.get();
+    if (result.outcome != PushOutcome::kApplied && pushed.ok()) {
+      pushed = absl::UnavailableError(absl::StrCat("Alltoall: rank ", rank_, "'s rows for rank ",
+                                                   d, " were ", PushOutcomeName(result.outcome),
+                                                   ": ", result.reason));
+    }
+  }
+
+  // 3. Whether every rank's part went through.
+  std::vector<int64_t> failed(size, 0);
+  failed[me] = !buffer.ok() ? kNoBuffer : !pushed.ok() ? kPushFailed : kNone;
+  const absl::Status summed = sum(failed);
+  bool all_received = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t s = 0; s < size; ++s) all_received = all_received && expected_.got[s];
+    expected_ = Expected{};  // blocks still on their way are refused now
+  }
+  if (!buffer.ok()) return buffer.status();
+  if (!pushed.ok()) return pushed;
+  if (!summed.ok()) return summed;
+  for (size_t r = 0; r < size; ++r) {
+    if (failed[r] == kNoBuffer) {
+      return absl::AbortedError(
+          absl::StrCat("Alltoall: rank ", r, " had no receive buffer (see its error)"));
+    }
+    if (failed[r] != kNone) {
+      return absl::AbortedError(
+          absl::StrCat("Alltoall: rank ", r, "'s rows were not delivered (see its error)"));
+    }
+  }
+  if (!all_received) {
+    // Every push was applied, so every block was copied: not reached
+    // unless a push was applied without this server's callback.
+    return absl::InternalError(
+        absl::StrCat("Alltoall: rank ", rank_, " is missing rows its senders' pushes delivered"));
+  }
+  if (recv_rows != nullptr) *recv_rows = received;
+  return absl::OkStatus();
+}
+
+}  // namespace mlfabric::internal

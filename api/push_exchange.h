@@ -1,0 +1,107 @@
+// Alltoall by pushes (MLfabric §6, mlfabric.md Table 1: push to a server):
+// the mlfabric AllReduce backend's exchange of blocks between ranks, each
+// block moved once, from its source's host to its destination's.
+//
+// Every rank runs an exchange server ("<root>-x<rank>", an ordinary
+// asynchronous server, started at the rank's first Alltoall). Rank s sends
+// its rows for rank d as one push of opaque bytes (never summed in the
+// network) to d's server; the scheduler plans those pushes like any other
+// (shortest transfer first, Alg. 2), and d's server application copies each
+// into its place in d's receive buffer when the push is delivered, which is
+// when it ends applied. One call:
+//   1. every rank's row counts, its server's model version and its worker's
+//      name (hashed) in one small sum (`sum`: the backend's own rounds, or
+//      MPI under mpirun), so every rank knows every block's size and each
+//      server knows whose push it is delivered;
+//   2. the receive buffer is asked for; the blocks are pushed;
+//   3. every rank says in one more small sum whether all its pushes were
+//      applied and it had a buffer: a block that could not move fails the
+//      call on every rank, with the rank that failed named; no rank waits
+//      for a block that will never come.
+// A push carries v(g) = its server's version plus the blocks that server
+// receives in the call, less one: its planner deadline (deadline = v(g) +
+// tau_max - v_init, scheduler/core/prepared_batch.cc) then covers every
+// position of the call, so no block is dropped as stale under any tau_max.
+#ifndef MLFABRIC_API_PUSH_EXCHANGE_H_
+#define MLFABRIC_API_PUSH_EXCHANGE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "api/allreduce.h"
+#include "api/mlfabric.h"
+
+namespace mlfabric::internal {
+
+// Element-wise int64 sum of `words` over every rank, in place (the same
+// length on every rank).
+using SumWords = std::function<absl::Status(std::vector<int64_t>& words)>;
+
+class PushExchange {
+ public:
+  // `client`: how this rank reaches its daemon (its job and token); the
+  // servers are named `prefix` + "-x" + rank. Nothing connects until the
+  // first Alltoall.
+  PushExchange(ClientOptions client, std::string prefix, int rank, int size, double timeout_s);
+  ~PushExchange();
+
+  // One Alltoall (AllReducer::Alltoall's contract) once the ranks agree on
+  // dtype and row_elements. `worker` pushes (the reducer's own; its name is
+  // `worker_name`). Collective: every rank calls it.
+  absl::Status Alltoall(Worker& worker, const std::string& worker_name, const SumWords& sum,
+                        const void* send, int64_t row_elements,
+                        const std::vector<int64_t>& send_rows, DataType dtype,
+                        const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows);
+
+  // Bytes this rank's server received from other ranks' pushes, and the
+  // pushes it sent (each block crossed from its source to its destination
+  // once; tests read these).
+  int64_t bytes_received() const;
+  int64_t pushes_sent() const { return pushes_sent_; }
+
+ private:
+  // What this rank's server expects in the current call.
+  struct Expected {
+    int64_t version = -1;        // v(g) every block of the call carries; -1: no call
+    std::string refused;         // non-empty: fail every block with this
+    std::map<uint64_t, int> rank_of;  // worker name hash -> rank
+    std::vector<uint8_t*> into;       // by source rank
+    std::vector<size_t> bytes;        // by source rank
+    std::vector<bool> got;            // by source rank
+  };
+
+  absl::Status EnsureServer();
+  absl::StatusOr<int64_t> OnUpdate(const Server::Update& update);
+  std::string ServerName(int rank) const;
+
+  const ClientOptions client_;
+  const std::string prefix_;
+  const int rank_;
+  const int size_;
+  const double timeout_s_;
+  std::unique_ptr<Server> server_;
+  absl::Status server_status_;  // why there is no server (after a failed start)
+  std::thread serve_thread_;
+  int64_t pushes_sent_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // expected_ changed
+  Expected expected_;           // guarded by mu_
+  int64_t version_ = 0;         // the server's model version, guarded by mu_
+  int64_t bytes_received_ = 0;  // guarded by mu_
+};
+
+// FNV-1a of a worker name, never 0 (0 is "no rank" in the sums).
+uint64_t WorkerNameKey(const std::string& name);
+
+}  // namespace mlfabric::internal
+
+#endif  // MLFABRIC_API_PUSH_EXCHANGE_H_
