@@ -71,23 +71,27 @@
 //   evenly as possible with the earlier ranks taking one extra row each
 //   (Horovod's split), starting after the rows of the ranks before it.
 // Backends: mpi (MPI_Alltoallv after an MPI_Alltoall of the counts;
-// MPI_Reduce_scatter). The mlfabric backend builds both from its rounds'
-// sums (MLfabric §6: push, then get the sum), each rank filling only its
-// part of a zeroed buffer, after the same agreement carried by one small
-// sum (dtype, row length, and for ReduceScatter length and op; a
-// difference fails every rank with FailedPrecondition): a ReduceScatter is
-// the AllReduce of the whole buffer, of which each rank keeps its rows;
-// an Alltoall is one sum of the row counts, then one byte sum of every
-// block laid out by destination, of which each rank keeps its own (exact
-// for every dtype; every rank contributes the whole exchange, size times
-// MPI's bytes). Under mpirun a ReduceScatter summing at least
-// mpi_below_bytes between hosts takes the rounds, the rest (other ops,
-// small buffers, every Alltoall) MPI; with every rank on one host,
-// Broadcast and ReduceScatter go through MPI too (no network to plan, and
-// MPI moves only the root's bytes or each rank's rows). Not with backup workers (a sum may leave ranks
-// out: Unimplemented); nccl: Unimplemented. A server that gathers without
-// summing would let an Alltoall move only its own bytes: one push per
-// destination rank to a server that rank runs.
+// MPI_Reduce_scatter). The mlfabric backend, after the same agreement
+// carried by one small sum (dtype, row length, and for ReduceScatter
+// length and op; a difference fails every rank with FailedPrecondition):
+//   ReduceScatter is the AllReduce of the whole buffer through its rounds
+//   (MLfabric §6: push, then get the sum), of which each rank keeps its rows.
+//   Alltoall moves each block once, as a push (api/push_exchange.h): every
+//   rank runs an exchange server ("<root>-x<rank>", started at its first
+//   Alltoall), rank s pushes its rows for rank d to d's server as opaque
+//   bytes, planned by the scheduler like any push, and d's server copies
+//   them into d's receive buffer when they are delivered. One small sum
+//   first carries the row counts, one after says whether every rank's part
+//   went through (a rank without a receive buffer, or a push that failed,
+//   fails every rank's call naming it; none waits).
+// Under mpirun (mlfabric-run) the agreement and the Alltoall's two small
+// sums go through MPI; an Alltoall
+// whose largest send buffer, or a ReduceScatter whose buffer, is at least
+// mpi_below_bytes takes the mlfabric path between hosts, the rest (other
+// ops, smaller calls) MPI; with every rank on one host, Broadcast,
+// Alltoall and ReduceScatter go through MPI too (no network to plan, and
+// MPI moves only the root's bytes or each rank's rows). Not with backup
+// workers (a sum may leave ranks out: Unimplemented); nccl: Unimplemented.
 //
 // Calls are collective: every rank must make the same sequence of calls.
 // Thread safety: an AllReducer is not thread-safe; call it from one thread

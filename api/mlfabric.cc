@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<LocalChannel>> ConnectAndRegister(const ClientOpt
   body->set_name(options.name);
   body->set_round_size(options.round_size);
   body->set_backup_workers(options.backup_workers);
+  body->set_plan_on_arrival(options.plan_on_arrival);
   body->set_delay_bound(options.delay_bound);
   body->set_divergence_bound(options.divergence_bound);
   if (!options.shard.group.empty()) {

@@ -82,6 +82,12 @@ struct ClientOptions {
   // round ends dropped ("late_for_round: ...") and its worker's Get still
   // returns the round's sum, of round_size - backup_workers pushes.
   int backup_workers = 0;
+  // Servers that are not round servers: the scheduler plans each push to
+  // this server as it arrives, not at the next batch tick (every 100 ms),
+  // and a sync job does not make its pushes rounds. For servers whose
+  // senders wait on every push, as in a collective (Alltoall's exchange
+  // servers); a training server's pushes should batch.
+  bool plan_on_arrival = false;
   // Workers: their delay and divergence bounds (RegistrationParams), sent
   // to the scheduler; -1 = the job's.
   int64_t delay_bound = -1;       // tau_max in model versions (§5.1)

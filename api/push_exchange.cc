@@ -58,6 +58,7 @@ absl::Status PushExchange::EnsureServer() {
   ClientOptions options = client_;
   options.name = ServerName(rank_);
   options.round_size = 0;  // an asynchronous server: each push delivered alone
+  options.plan_on_arrival = true;  // every sender waits for its blocks
   options.backup_workers = 0;
   options.shard = {};
   auto server = Server::Connect(options);

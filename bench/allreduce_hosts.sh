@@ -7,6 +7,7 @@
 #   bench/allreduce_hosts.sh [--ranks "2 4"] [--counts "1024 16384 ..."] [--pairs 2]
 #                            [--repeats 30] [--mlfabric_args "--daemon_arg ..."]
 #                            [--baseline OTHER_TREE] [--json FILE] [--bazel_bin DIR]
+#                            [--collective allreduce|alltoall|reducescatter|broadcast|allgather]
 #
 # Prints one line per (ranks, float32 count): the mean milliseconds per
 # AllReduce of every pair, mlfabric first, and the ratio mlfabric / MPI of
@@ -22,6 +23,9 @@
 # under mlfabric too; the script sets the threshold to 0 so that every
 # size measures the mlfabric data path. --bazel_bin DIR runs the binaries
 # of DIR/tools/run and DIR/api instead of bazel-bin's (a test's runfiles).
+# --collective times another of allreduce_benchmark's collectives the same
+# way (its --count is each rank's buffer; an Alltoall's send buffer), and
+# writes it as the JSON's "collective"; the default is allreduce.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 invocation=("$0" "$@")
@@ -36,6 +40,7 @@ mlfabric_args=""
 baseline=""
 json=""
 bazel_bin=bazel-bin
+collective=allreduce
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --ranks) ranks="$2"; shift 2 ;;
@@ -46,6 +51,7 @@ while [[ $# -gt 0 ]]; do
     --baseline) baseline="$2"; shift 2 ;;
     --json) json="$2"; shift 2 ;;
     --bazel_bin) bazel_bin="$2"; shift 2 ;;
+    --collective) collective="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "allreduce_hosts.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -57,6 +63,14 @@ for value in $ranks $counts $pairs $repeats; do
     exit 2
   fi
 done
+# The name allreduce_benchmark prints in "ms per NAME".
+declare -A call_name=([allreduce]=AllReduce [allgather]=Allgather [broadcast]=Broadcast
+                      [alltoall]=Alltoall [reducescatter]=ReduceScatter)
+if [[ -z "${call_name[$collective]:-}" ]]; then
+  echo "allreduce_hosts.sh: --collective '$collective' is not one of: ${!call_name[*]}" >&2
+  exit 2
+fi
+call=${call_name[$collective]}
 if [[ -n "$json" && ! -d "$(dirname "$json")" ]]; then
   echo "allreduce_hosts.sh: --json $json: no directory $(dirname "$json")" >&2
   exit 2
@@ -91,6 +105,7 @@ fi
 # The goal mlfabric / MPI over TCP per float32 count (docs/results.md §3.2);
 # sizes without one get no target.
 declare -A target_ratio=([65536]=3 [1048576]=2 [16777216]=1.5)
+[[ $collective == allreduce ]] || target_ratio=()  # the targets are AllReduce's
 # The run as docs/results/allreduce-hosts.json holds it (results_tables.py
 # renders §3.2 from it).
 write_json() {
@@ -101,11 +116,11 @@ write_json() {
     fi
   done
   echo "{"
-  echo "  \"what\": \"AllReduce with a daemon per rank (emulated hosts over loopback TCP) against Open MPI restricted to TCP, alternated in one run (docs/results.md §3.2)\","
+  echo "  \"what\": \"$call with a daemon per rank (emulated hosts over loopback TCP) against Open MPI restricted to TCP, alternated in one run (docs/results.md §3.2)\","
   echo "  \"date\": \"$(date -u +%Y-%m-%d)\","
   echo "  \"commit\": \"$commit\","
   echo "  \"command\": $(json_string "$(measured_command)"),"
-  echo "  \"note\": \"Written by bench/allreduce_hosts.sh --json: per (ranks, float32 count) the mean milliseconds per AllReduce of each pair, mlfabric with --ranks_per_host 1 and Open MPI with OMPI_MCA_btl=tcp,self$([[ -n "$baseline" ]] && echo ", and baseline_ms the same mlfabric command from the tree $baseline"). The table's ratio is the sum of the mlfabric means over the sum of the MPI means, as the script prints it. target_ratio is the goal per size, not a measurement.\","
+  echo "  \"note\": \"Written by bench/allreduce_hosts.sh --json: per (ranks, float32 count) the mean milliseconds per $call of each pair, mlfabric with --ranks_per_host 1 and Open MPI with OMPI_MCA_btl=tcp,self$([[ -n "$baseline" ]] && echo ", and baseline_ms the same mlfabric command from the tree $baseline"). The table's ratio is the sum of the mlfabric means over the sum of the MPI means, as the script prints it. target_ratio is the goal per size, not a measurement.\","
   if [[ -n "$baseline" ]]; then
     echo "  \"baseline_commit\": \"$(git -C "$baseline" rev-parse --short HEAD 2>/dev/null || echo unknown)\","
   fi
@@ -125,16 +140,17 @@ for n in $ranks; do
     for ((p = 0; p < pairs; ++p)); do
       if [[ -n "$baseline" ]]; then
         # shellcheck disable=SC2086
-        base+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms AllReduce "$baseline/bazel-bin/tools/run/mlfabric-run" \
+        base+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms "$call" "$baseline/bazel-bin/tools/run/mlfabric-run" \
                     -np "$n" --ranks_per_host 1 $mlfabric_args \
-                    "$baseline/bazel-bin/api/allreduce_benchmark" --count="$count" \
+                    "$baseline/bazel-bin/api/allreduce_benchmark" --collective="$collective" --count="$count" \
                     --repeats="$repeats")")
       fi
       # shellcheck disable=SC2086
-      fabric+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms AllReduce "$run" -np "$n" --ranks_per_host 1 \
-                  $mlfabric_args "$bench" --count="$count" --repeats="$repeats")")
-      mpi+=("$(OMPI_MCA_btl=tcp,self mean_ms AllReduce "$run" -np "$n" "$bench" --backend=mpi \
-                  --count="$count" --repeats="$repeats")")
+      fabric+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms "$call" "$run" -np "$n" --ranks_per_host 1 \
+                  $mlfabric_args "$bench" --collective="$collective" --count="$count" \
+                  --repeats="$repeats")")
+      mpi+=("$(OMPI_MCA_btl=tcp,self mean_ms "$call" "$run" -np "$n" "$bench" --backend=mpi \
+                  --collective="$collective" --count="$count" --repeats="$repeats")")
     done
     to_mpi=$(ratio_of "${fabric[@]}" -- "${mpi[@]}")
     if [[ -n "$baseline" ]]; then
@@ -143,7 +159,9 @@ for n in $ranks; do
     else
       printf '%-6s %-10s %-28s %-28s %s\n' "$n" "$count" "${fabric[*]}" "${mpi[*]}" "$to_mpi"
     fi
-    cell="{\"ranks\": $n, \"count\": $count, \"mlfabric_ms\": [$(join_by ", " "${fabric[@]}")],"
+    cell="{"
+    [[ $collective == allreduce ]] || cell+="\"collective\": \"$collective\", "
+    cell+="\"ranks\": $n, \"count\": $count, \"mlfabric_ms\": [$(join_by ", " "${fabric[@]}")],"
     cell+=" \"mpi_tcp_ms\": [$(join_by ", " "${mpi[@]}")]"
     if [[ -n "$baseline" ]]; then
       cell+=", \"baseline_ms\": [$(join_by ", " "${base[@]}")]"

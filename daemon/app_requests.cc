@@ -587,6 +587,7 @@ v1::RegisterEntityRequest EntityRequest(const std::string& host, int64_t uid,
   entity.set_divergence_bound(request.divergence_bound());
   if (request.has_shard()) *entity.mutable_shard() = request.shard();
   entity.set_installs_snapshots(request.installs_snapshots());
+  entity.set_plan_on_arrival(request.plan_on_arrival());
   entity.set_app_uid(uid);
   if (uid >= 0) {
     char buffer[4096];

@@ -48,7 +48,8 @@ int32_t RoundSize(const JobState& job, const ServerState& server) {
 bool MemberSizedRounds(const JobState& job, const ServerState& server) {
   // Once a worker registered: a job whose members all left stays
   // synchronous (size 1) rather than turning asynchronous.
-  return server.round_size == 0 && job.config.mode == JobMode::kSync && !job.workers.empty();
+  return server.round_size == 0 && !server.plan_on_arrival && job.config.mode == JobMode::kSync &&
+         !job.workers.empty();
 }
 
 bool ElasticRanks(const JobState& job, const ServerState& server) {

@@ -133,6 +133,7 @@ struct ServerState {
   int64_t in_flight = 0;
   int32_t round_size = 0;                 // as registered; see RoundSize
   int32_t backup_workers = 0;             // as registered (round servers)
+  bool plan_on_arrival = false;           // as registered (exchange servers)
   // A server registered with round_size (an AllReduce root): the workers
   // whose pushes its rounds admitted, its ranks (ElasticRanks).
   std::set<std::string> ranks;

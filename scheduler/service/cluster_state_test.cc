@@ -519,6 +519,11 @@ TEST_CASE("job policies: round size, delay bound and divergence bound") {
   CHECK(RoundSize(job, server) == 1);  // at least one push
   job.membership.Leave("a", 4.0, "its host is down");
   CHECK(RoundSize(job, server) == 1);  // a job whose members all left stays synchronous
+  // An exchange server (plan_on_arrival: an Alltoall's) never sums rounds.
+  server.plan_on_arrival = true;
+  CHECK(RoundSize(job, server) == 0);
+  CHECK_FALSE(MemberSizedRounds(job, server));
+  server.plan_on_arrival = false;
   job.config.backup_workers = 0;
   server.round_size = 5;
   CHECK(RoundSize(job, server) == 5);

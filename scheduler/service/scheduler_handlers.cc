@@ -364,6 +364,7 @@ absl::Status SchedulerService::RegisterServerLocked(JobState* job,
                      "the scheduler restarted during the round; the next round goes on");
   }
   server.backup_workers = request.backup_workers();
+  server.plan_on_arrival = request.plan_on_arrival() && request.round_size() == 0;
   if (WantReplicaSnapshot(&state_, job, request.name(), false)) loop_.Wake();
   servers_cv_.notify_all();
   ResolveInDoubt(&state_, config_.in_doubt_wait_s);  // its pushes in doubt are decided
@@ -541,12 +542,13 @@ void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
   OpenRound(*job, server, round);  // round_tracker.h: its size and generation
   // A synchronous round is planned as soon as all its pushes are in, not at
   // the next batch tick: an AllReduce then costs a plan, not up to a batch
-  // interval. Asynchronous pushes keep batching.
-  const bool complete = RoundComplete(*job, *server, round);
+  // interval; so is a push to a server registered to plan on arrival (an
+  // Alltoall's exchange server). Other asynchronous pushes keep batching.
+  const bool complete = RoundComplete(*job, *server, round) || server->plan_on_arrival;
   MLF_LOG(DEBUG) << "push " << reply->transfer_id() << " (local id " << request.local_id()
                  << ") from " << request.src_host() << " for round " << round << " at "
                  << absl::StrFormat("%.6f", clock_->NowSeconds())
-                 << (complete ? ": round complete, planning now" : "");
+                 << (complete ? ": planning now" : "");
   if (complete) loop_.Wake();
 }
 
