@@ -584,11 +584,12 @@ def floats(count):
     return "%s floats" % fixed(count, 0)
 
 
-def allreduce_hosts(root):
+def allreduce_hosts(root, where="docs/results/allreduce-hosts.json"):
     """§3.2: a daemon per rank against Open MPI over TCP, the per-pair means
     and the ratio of their sums (as bench/allreduce_hosts.sh prints it and
-    writes with --json); a size with no target_ratio has an empty target."""
-    where = "docs/results/allreduce-hosts.json"
+    writes with --json); a size with no target_ratio has an empty target.
+    `where`: the run's file (an AllReduce's, or another collective's from
+    --collective)."""
     data = one(root, where)
     targets = field(data, "target_ratio", where)
     rows = []
@@ -1046,6 +1047,8 @@ TABLES = {
     "allreduce-one-host": ("docs/results/allreduce-one-host.json", allreduce_one_host),
     "collectives-one-host": ("docs/results/collectives-one-host.json", collectives_one_host),
     "allreduce-hosts": ("docs/results/allreduce-hosts.json", allreduce_hosts),
+    "alltoall-hosts": ("docs/results/alltoall-hosts.json",
+                       lambda root: allreduce_hosts(root, "docs/results/alltoall-hosts.json")),
     "dataplane": ("docs/results/dataplane.json", dataplane),
     "faults": ("docs/results/faults.json", faults),
     "keras-hosts": ("docs/results/keras-hosts.json", keras_hosts),
