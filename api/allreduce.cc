@@ -548,12 +548,28 @@ class SumsAllReducer : public AllReducer {
                                 const AlltoallRecvBuffer& recv_buffer,
                                 std::vector<int64_t>* recv_rows);
 
-  // A broadcast is a sum where only the root contributes: a round that
-  // closes without the root's push would hand every rank zeros.
+  // The ranks agree on length, dtype and root in one small sum, then the
+  // root pushes its buffer to every other rank's exchange server
+  // (api/push_exchange.h). Not with backup workers, whose sums may leave
+  // ranks out of the agreement.
   absl::Status Broadcast(void* data, size_t count, DataType dtype, int root) override {
     if (auto refused = NoBackupWorkers("Broadcast", backups()); !refused.ok()) return refused;
-    return AllReducer::Broadcast(data, count, dtype, root);
+    if (DataTypeSize(dtype) == 0) return AllReducer::Broadcast(data, count, dtype, root);
+    if (auto agreed = AgreeBySum(*this, "Broadcast", BroadcastShape(count, dtype, root));
+        !agreed.ok()) {
+      return agreed;
+    }
+    return BroadcastByPushes(
+        [this](std::vector<int64_t>& words) {
+          return AllReduce(words.data(), words.size(), DataType::kInt64);
+        },
+        data, count, dtype, root);
   }
+  // A Broadcast whose ranks agree on length, dtype and root: the root's
+  // buffer pushed to every other rank's exchange server, the two small
+  // sums by `sum`.
+  absl::Status BroadcastByPushes(const SumWords& sum, void* data, size_t count, DataType dtype,
+                                 int root);
 };
 
 // The root's server application: its daemon does the summing; it only
@@ -881,6 +897,26 @@ class MlfabricAllReducer : public SumsAllReducer {
   std::string worker_name_;
   std::unique_ptr<PushExchange> exchange_;  // from the first Alltoall
 };
+
+absl::Status SumsAllReducer::BroadcastByPushes(const SumWords& sum, void* data, size_t count,
+                                               DataType dtype, int root) {
+  if (root < 0 || root >= size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " is not a rank (size ", size(), ")"));
+  }
+  const int64_t bytes = static_cast<int64_t>(count * DataTypeSize(dtype));
+  auto* buffer = static_cast<uint8_t*>(data);
+  std::vector<const uint8_t*> send(static_cast<size_t>(size()), buffer);
+  std::vector<int64_t> send_bytes(static_cast<size_t>(size()), 0);
+  if (rank() == root) {
+    for (int d = 0; d < size(); ++d) send_bytes[static_cast<size_t>(d)] = d == root ? 0 : bytes;
+  }
+  MlfabricAllReducer& flat = pusher();
+  return flat.exchange().Exchange(
+      "Broadcast", flat.worker(), flat.worker_name(), sum, send, send_bytes,
+      [buffer](const std::vector<int64_t>&) -> absl::StatusOr<uint8_t*> { return buffer; },
+      nullptr);
+}
 
 absl::Status SumsAllReducer::AlltoallByPushes(const SumWords& sum, const void* send,
                                               int64_t row_elements,
@@ -1230,6 +1266,16 @@ absl::Status AlltoallAgreedByPushes(AllReducer& fabric, const SumWords& sum, con
   }
   return sums->AlltoallByPushes(sum, send, row_elements, send_rows, dtype, recv_buffer,
                                 recv_rows);
+}
+
+absl::Status BroadcastAgreedByPushes(AllReducer& fabric, const SumWords& sum, void* data,
+                                     size_t count, DataType dtype, int root) {
+  auto* sums = dynamic_cast<SumsAllReducer*>(&fabric);
+  if (sums == nullptr) {
+    return absl::InternalError(absl::StrCat("Broadcast by pushes needs an mlfabric reducer, not ",
+                                            fabric.backend()));
+  }
+  return sums->BroadcastByPushes(sum, data, count, dtype, root);
 }
 
 absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllReduceOptions& options,

@@ -284,11 +284,17 @@ class MpiAllReducer : public AllReducer {
     if (!type.ok()) return type.status();
     // The root is agreed on first, so a root invalid on one rank only is
     // a mismatch on every rank, not a rank left in MPI_Bcast.
-    if (auto status = MpiCheckAgreement(
-            "Broadcast", {static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, root});
+    if (auto status = MpiCheckAgreement("Broadcast", BroadcastShape(count, dtype, root));
         !status.ok()) {
       return status;
     }
+    return BroadcastAgreed(data, count, dtype, root);
+  }
+
+  // MPI_Bcast once every rank is known to pass `count` x `dtype` and `root`.
+  absl::Status BroadcastAgreed(void* data, size_t count, DataType dtype, int root) {
+    auto type = MpiType(dtype);
+    if (!type.ok()) return type.status();
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank"));
     }
@@ -453,12 +459,25 @@ class SmallViaMpiAllReducer : public AllReducer {
   }
 
  public:
-  // With every rank on this host, MPI_Bcast: built from a sum, a broadcast
-  // moves every rank's buffer in and the sum out (2.4x MPI's time for
-  // 16 MiB over 2 ranks). Between hosts, the sum through the rounds.
+  // With every rank on this host, or below `below` bytes, MPI_Bcast;
+  // between hosts the root's buffer pushed to every other rank's exchange
+  // server, planned by the scheduler (api/push_exchange.h), the small sums
+  // through MPI. One agreement first, so every rank takes the same path.
   absl::Status Broadcast(void* data, size_t count, DataType dtype, int root) override {
-    if (OneHost()) return mpi_->Broadcast(data, count, dtype, root);
-    return AllReducer::Broadcast(data, count, dtype, root);
+    if (OneHost() || DataTypeSize(dtype) == 0) return mpi_->Broadcast(data, count, dtype, root);
+    if (auto agreed = MpiCheckAgreement("Broadcast", BroadcastShape(count, dtype, root));
+        !agreed.ok()) {
+      return agreed;
+    }
+    if (count * DataTypeSize(dtype) < below_) {
+      return mpi_->BroadcastAgreed(data, count, dtype, root);
+    }
+    return BroadcastAgreedByPushes(
+        *fabric_,
+        [this](std::vector<int64_t>& words) {
+          return mpi_->ReduceAgreed(words.data(), words.size(), DataType::kInt64, ReduceOp::kSum);
+        },
+        data, count, dtype, root);
   }
 
  private:

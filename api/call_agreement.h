@@ -87,6 +87,18 @@ absl::Status ReduceScatterAgreedBySum(AllReducer& reducer, const void* data, int
                                       int64_t row_elements, DataType dtype, ReduceOp op,
                                       void* out);
 
+// The record of a Broadcast: length, dtype and root (no op).
+inline CallShape BroadcastShape(size_t count, DataType dtype, int root) {
+  return {static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, root};
+}
+
+// The Broadcast of an mlfabric backend reducer `fabric` once the ranks are
+// known to agree on length, dtype and root: the root's buffer pushed to
+// every other rank's exchange server (api/push_exchange.h), the small sums
+// by `sum`. An invalid root: InvalidArgument on every rank.
+absl::Status BroadcastAgreedByPushes(AllReducer& fabric, const SumWords& sum, void* data,
+                                     size_t count, DataType dtype, int root);
+
 // The Alltoall of an mlfabric backend reducer `fabric` once the ranks are
 // known to agree on dtype and row length: each block one push
 // (api/push_exchange.h), the small sums by `sum` (MPI under mpirun).

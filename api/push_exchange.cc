@@ -39,7 +39,7 @@ PushExchange::~PushExchange() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     expected_.version = -1;
-    expected_.refused = "the rank's Alltoall server is stopping";
+    expected_.refused = "is stopping its exchange server";
   }
   cv_.notify_all();
   if (serve_thread_.joinable()) serve_thread_.join();
@@ -64,7 +64,7 @@ absl::Status PushExchange::EnsureServer() {
   auto server = Server::Connect(options);
   if (!server.ok()) {
     server_status_ = absl::Status(server.status().code(),
-                                  absl::StrCat("rank ", rank_, " cannot start its Alltoall server '",
+                                  absl::StrCat("rank ", rank_, " cannot start its exchange server '",
                                                options.name, "': ", server.status().message()));
     return server_status_;
   }
@@ -92,23 +92,23 @@ absl::StatusOr<int64_t> PushExchange::OnUpdate(const Server::Update& u) {
     });
   }
   if (!expected_.refused.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("Alltoall: rank ", rank_, " ",
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank_, " ",
                                                       expected_.refused));
   }
   if (expected_.version != u.version || u.count != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "Alltoall: rank ", rank_, "'s server expects no push of version ", u.version, " from '",
-        u.worker, "' (push to an Alltoall server only through Alltoall)"));
+        "rank ", rank_, "'s exchange server expects no push of version ", u.version, " from '",
+        u.worker, "' (push to an exchange server only through a collective)"));
   }
   const auto from = expected_.rank_of.find(WorkerNameKey(u.worker));
   if (from == expected_.rank_of.end()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("Alltoall: '", u.worker, "' is not a rank of this Alltoall"));
+        absl::StrCat("'", u.worker, "' is not a rank of this exchange"));
   }
   const size_t s = static_cast<size_t>(from->second);
   if (expected_.got[s] || expected_.bytes[s] != u.bytes) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "Alltoall: rank ", rank_, " expects ", expected_.got[s] ? 0 : expected_.bytes[s],
+        "rank ", rank_, " expects ", expected_.got[s] ? 0 : expected_.bytes[s],
         " bytes from rank ", s, ", got ", u.bytes));
   }
   if (u.bytes > 0) std::memcpy(expected_.into[s], u.data, u.bytes);
@@ -122,14 +122,49 @@ absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_na
                                     const std::vector<int64_t>& send_rows, DataType dtype,
                                     const AlltoallRecvBuffer& recv_buffer,
                                     std::vector<int64_t>* recv_rows) {
+  const int64_t row_bytes = row_elements * static_cast<int64_t>(DataTypeSize(dtype));
+  std::vector<const uint8_t*> from(send_rows.size());
+  std::vector<int64_t> bytes(send_rows.size());
+  int64_t offset = 0;
+  for (size_t d = 0; d < send_rows.size(); ++d) {
+    from[d] = static_cast<const uint8_t*>(send) + offset;
+    bytes[d] = send_rows[d] * row_bytes;
+    offset += bytes[d];
+  }
+  const auto rows_of = [row_bytes](const std::vector<int64_t>& received) {
+    std::vector<int64_t> rows(received.size(), 0);
+    for (size_t s = 0; s < received.size(); ++s) {
+      rows[s] = row_bytes == 0 ? 0 : received[s] / row_bytes;
+    }
+    return rows;
+  };
+  std::vector<int64_t> received;
+  absl::Status status = Exchange(
+      "Alltoall", worker, worker_name, sum, from, bytes,
+      [&](const std::vector<int64_t>& in) -> absl::StatusOr<uint8_t*> {
+        absl::StatusOr<void*> buffer = recv_buffer(rows_of(in));
+        if (!buffer.ok()) return buffer.status();
+        return static_cast<uint8_t*>(*buffer);
+      },
+      &received);
+  if (status.ok() && recv_rows != nullptr) *recv_rows = rows_of(received);
+  return status;
+}
+
+absl::Status PushExchange::Exchange(const char* what, Worker& worker,
+                                    const std::string& worker_name, const SumWords& sum, const std::vector<const uint8_t*>& send,
+                                    const std::vector<int64_t>& send_bytes,
+                                    const ExchangeRecvBuffer& recv_buffer,
+                                    std::vector<int64_t>* recv_bytes) {
   const size_t size = static_cast<size_t>(size_);
   const size_t me = static_cast<size_t>(rank_);
   const size_t width = RowWords(size_);
-  // 1. Counts, versions and names, from every rank (a rank whose server
-  // did not start takes part too, saying so).
+  // 1. Bytes, versions and names, from every rank (a rank whose server did
+  // not start takes part too, saying so).
   const absl::Status started = EnsureServer();
   std::vector<int64_t> words(size * width, 0);
-  std::copy(send_rows.begin(), send_rows.end(), words.begin() + static_cast<ptrdiff_t>(me * width));
+  std::copy(send_bytes.begin(), send_bytes.end(),
+            words.begin() + static_cast<ptrdiff_t>(me * width));
   {
     std::lock_guard<std::mutex> lock(mu_);
     words[me * width + size] = version_;
@@ -141,18 +176,16 @@ absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_na
   for (size_t r = 0; r < size; ++r) {
     if (words[r * width + size + 2] != 1) {
       return absl::UnavailableError(absl::StrCat(
-          "Alltoall: rank ", r, " could not start its Alltoall server (see its error)"));
+          what, ": rank ", r, " could not start its exchange server (see its error)"));
     }
   }
-  const auto rows = [&](size_t s, size_t d) { return words[s * width + d]; };
-  const size_t row_bytes = static_cast<size_t>(row_elements) * DataTypeSize(dtype);
+  const auto bytes = [&](size_t s, size_t d) { return static_cast<size_t>(words[s * width + d]); };
   std::vector<int64_t> blocks_to(size, 0);  // blocks each rank's server receives this call
   for (size_t d = 0; d < size; ++d) {
-    for (size_t s = 0; s < size; ++s) blocks_to[d] += s != d && rows(s, d) > 0;
+    for (size_t s = 0; s < size; ++s) blocks_to[d] += s != d && bytes(s, d) > 0;
   }
   std::vector<int64_t> received(size);
-  for (size_t s = 0; s < size; ++s) received[s] = rows(s, me);
-
+  for (size_t s = 0; s < size; ++s) received[s] = static_cast<int64_t>(bytes(s, me));
   std::map<uint64_t, int> rank_of;  // worker name key -> rank
   for (size_t r = 0; r < size; ++r) {
     rank_of[static_cast<uint64_t>(words[r * width + size + 1])] = static_cast<int>(r);
@@ -160,17 +193,18 @@ absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_na
   if (rank_of.size() != size) {
     // Two ranks whose worker names hash alike: their blocks could not be
     // told apart (every rank sees the same names, so every rank stops here).
-    return absl::FailedPreconditionError(
-        "Alltoall: two ranks' worker names hash alike; name the ranks' workers differently");
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": two ranks' worker names hash alike; name the ranks' workers differently"));
   }
 
   // 2. The receive buffer, then what this rank's server expects.
-  const absl::StatusOr<void*> buffer = recv_buffer(received);
-  const int64_t my_version = words[me * width + size] + blocks_to[me] - 1;
+  const absl::StatusOr<uint8_t*> buffer = recv_buffer(received);
+  std::vector<size_t> at(size, 0);  // where the block from each rank goes
+  for (size_t s = 1; s < size; ++s) at[s] = at[s - 1] + bytes(s - 1, me);
   {
     std::lock_guard<std::mutex> lock(mu_);
     expected_ = Expected{};
-    expected_.version = my_version;
+    expected_.version = words[me * width + size] + blocks_to[me] - 1;
     if (!buffer.ok()) {
       expected_.refused = absl::StrCat("has no receive buffer: ", buffer.status().message());
     }
@@ -178,36 +212,26 @@ absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_na
     expected_.into.assign(size, nullptr);
     expected_.bytes.assign(size, 0);
     expected_.got.assign(size, false);
-    size_t at = 0;
     for (size_t s = 0; s < size; ++s) {
-      const size_t n = static_cast<size_t>(rows(s, me)) * row_bytes;
-      if (buffer.ok() && n > 0) expected_.into[s] = static_cast<uint8_t*>(*buffer) + at;
-      expected_.bytes[s] = n;
-      expected_.got[s] = s == me || n == 0;
-      at += n;
+      if (buffer.ok() && bytes(s, me) > 0) expected_.into[s] = *buffer + at[s];
+      expected_.bytes[s] = bytes(s, me);
+      expected_.got[s] = s == me || bytes(s, me) == 0;
     }
   }
   cv_.notify_all();
 
-  // This rank's own rows, then a push per other rank it sends rows to.
-  const auto* from = static_cast<const uint8_t*>(send);
+  // This rank's own block, then a push per other rank it sends to.
+  if (buffer.ok() && send_bytes[me] > 0 && *buffer + at[me] != send[me]) {
+    std::memmove(*buffer + at[me], send[me], static_cast<size_t>(send_bytes[me]));
+  }
   std::vector<std::pair<size_t, std::future<PushResult>>> pushes;
-  size_t offset = 0;
   for (size_t d = 0; d < size; ++d) {
-    const size_t n = static_cast<size_t>(send_rows[d]) * row_bytes;
-    if (d == me) {
-      if (buffer.ok() && n > 0) {
-        size_t at = 0;
-        for (size_t s = 0; s < me; ++s) at += static_cast<size_t>(rows(s, me)) * row_bytes;
-        std::memcpy(static_cast<uint8_t*>(*buffer) + at, from + offset, n);
-      }
-    } else if (n > 0) {
-      const int64_t version = words[d * width + size] + blocks_to[d] - 1;
-      pushes.emplace_back(d, worker.Push(ServerName(static_cast<int>(d)), from + offset, n, version,
-                                         0.0, {TensorSpec{0, n, 0}}, ElementType::kOpaque));
-      ++pushes_sent_;
-    }
-    offset += n;
+    const size_t n = static_cast<size_t>(send_bytes[d]);
+    if (d == me || n == 0) continue;
+    const int64_t version = words[d * width + size] + blocks_to[d] - 1;
+    pushes.emplace_back(d, worker.Push(ServerName(static_cast<int>(d)), send[d], n, version, 0.0,
+                                       {TensorSpec{0, n, 0}}, ElementType::kOpaque));
+    ++pushes_sent_;
   }
   absl::Status pushed;
   const auto deadline =
@@ -216,15 +240,14 @@ absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_na
     if (future.wait_until(deadline) != std::future_status::ready) {
       if (pushed.ok()) {
         pushed = absl::DeadlineExceededError(absl::StrCat(
-            "Alltoall: rank ", rank_, "'s rows for rank ", d, " were not delivered in ",
-            timeout_s_, " s"));
+            what, ": rank ", rank_, "'s block for rank ", d, " was not delivered in ", timeout_s_, " s"));
       }
       continue;
     }
     const PushResult result = future.get();
     if (result.outcome != PushOutcome::kApplied && pushed.ok()) {
-      pushed = absl::UnavailableError(absl::StrCat("Alltoall: rank ", rank_, "'s rows for rank ",
-                                                   d, " were ", PushOutcomeName(result.outcome),
+      pushed = absl::UnavailableError(absl::StrCat(what, ": rank ", rank_, "'s block for rank ", d,
+                                                   " was ", PushOutcomeName(result.outcome),
                                                    ": ", result.reason));
     }
   }
@@ -245,20 +268,20 @@ absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_na
   for (size_t r = 0; r < size; ++r) {
     if (failed[r] == kNoBuffer) {
       return absl::AbortedError(
-          absl::StrCat("Alltoall: rank ", r, " had no receive buffer (see its error)"));
+          absl::StrCat(what, ": rank ", r, " had no receive buffer (see its error)"));
     }
     if (failed[r] != kNone) {
       return absl::AbortedError(
-          absl::StrCat("Alltoall: rank ", r, "'s rows were not delivered (see its error)"));
+          absl::StrCat(what, ": rank ", r, "'s blocks were not delivered (see its error)"));
     }
   }
   if (!all_received) {
     // Every push was applied, so every block was copied: not reached
     // unless a push was applied without this server's callback.
     return absl::InternalError(
-        absl::StrCat("Alltoall: rank ", rank_, " is missing rows its senders' pushes delivered"));
+        absl::StrCat(what, ": rank ", rank_, " is missing blocks its senders' pushes delivered"));
   }
-  if (recv_rows != nullptr) *recv_rows = received;
+  if (recv_bytes != nullptr) *recv_bytes = received;
   return absl::OkStatus();
 }
 

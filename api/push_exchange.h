@@ -61,6 +61,23 @@ class PushExchange {
                         const std::vector<int64_t>& send_rows, DataType dtype,
                         const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows);
 
+  // The receive buffer of an Exchange: given the bytes each rank sends this
+  // one (in rank order), room for their sum, or an error that fails the
+  // call on every rank (this one with it).
+  using ExchangeRecvBuffer =
+      std::function<absl::StatusOr<uint8_t*>(const std::vector<int64_t>& recv_bytes)>;
+  // The general form, under Alltoall, Allgather and Broadcast: this rank
+  // sends send_bytes[d] bytes at send[d] to rank d (its own block, d ==
+  // rank, is copied, unless it is already in place) and receives every
+  // rank's block for it, in rank order, in the buffer `recv_buffer` gives;
+  // *recv_bytes the sizes. The same pointer may go to several ranks.
+  // `what` names the collective in errors.
+  absl::Status Exchange(const char* what, Worker& worker, const std::string& worker_name,
+                        const SumWords& sum,
+                        const std::vector<const uint8_t*>& send,
+                        const std::vector<int64_t>& send_bytes,
+                        const ExchangeRecvBuffer& recv_buffer, std::vector<int64_t>* recv_bytes);
+
   // Bytes this rank's server received from other ranks' pushes, and the
   // pushes it sent (each block crossed from its source to its destination
   // once; tests read these).

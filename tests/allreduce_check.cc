@@ -232,6 +232,26 @@ void CheckLargeAlltoall(mlfabric::AllReducer& reducer) {
            "%s alltoall of %zu KB %s: %s, %zu wrong bytes", reducer.backend(), send.size() / 1000,
            DataTypeName(dtype), status.ToString().c_str(), wrong);
   }
+  // Broadcast above the threshold from the last rank (between hosts: its
+  // buffer pushed to every other rank's exchange server), float64 and bool.
+  {
+    std::vector<double> b(70001);
+    for (size_t i = 0; i < b.size(); ++i) {
+      b[i] = g_rank == size - 1 ? 0.5 * static_cast<double>(i) - 7.0 : -1.0;
+    }
+    absl::Status status = reducer.Broadcast(b.data(), b.size(), DataType::kFloat64, size - 1);
+    size_t wrong = 0;
+    for (size_t i = 0; i < b.size(); ++i) wrong += b[i] != 0.5 * static_cast<double>(i) - 7.0;
+    EXPECT(status.ok() && wrong == 0, "%s broadcast of 560 KB from rank %d: %s, %zu wrong",
+           reducer.backend(), size - 1, status.ToString().c_str(), wrong);
+    std::vector<uint8_t> flags(70001);
+    for (size_t i = 0; i < flags.size(); ++i) flags[i] = g_rank == size - 1 ? (i % 7 == 0) : 1;
+    status = reducer.Broadcast(flags.data(), flags.size(), DataType::kBool, size - 1);
+    wrong = 0;
+    for (size_t i = 0; i < flags.size(); ++i) wrong += flags[i] != (i % 7 == 0 ? 1 : 0);
+    EXPECT(status.ok() && wrong == 0, "%s bool broadcast of 70 KB: %s, %zu wrong",
+           reducer.backend(), status.ToString().c_str(), wrong);
+  }
   // The last rank has no receive buffer (its framework failed to allocate
   // one): it returns that error, every other rank fails naming it, none
   // waits; the next Alltoall works.
