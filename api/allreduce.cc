@@ -276,6 +276,21 @@ absl::Status AllReducer::Alltoall(const void* send, int64_t rows, int64_t row_el
   return DoAlltoall(send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
 }
 
+absl::Status AllReducer::Allgather(const void* send, int64_t rows, int64_t row_elements,
+                                   DataType dtype, const AlltoallRecvBuffer& recv_buffer,
+                                   std::vector<int64_t>* recv_rows) {
+  absl::Status invalid;
+  if (DataTypeSize(dtype) == 0) {
+    invalid = absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype code ", static_cast<int>(dtype), " for Allgather"));
+  } else if (rows < 0 || row_elements < 0) {
+    invalid = absl::InvalidArgumentError(
+        absl::StrCat("Allgather: negative shape ", rows, " x ", row_elements));
+  }
+  if (!invalid.ok()) return RefuseCollective("Allgather", std::move(invalid));
+  return DoAllgather(send, rows, row_elements, dtype, recv_buffer, recv_rows);
+}
+
 absl::Status AllReducer::ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                                        DataType dtype, ReduceOp op, void* out) {
   return ReduceScatter(data, rows, row_elements, dtype, op, out, CallOptions{});
@@ -299,6 +314,13 @@ absl::Status AllReducer::DoAlltoall(const void*, int64_t, const std::vector<int6
       "Alltoall is not implemented by the ", backend(),
       " AllReduce backend here (it runs through MPI: use backend \"mpi\", or \"mlfabric\" "
       "launched by mlfabric-run)"));
+}
+
+absl::Status AllReducer::DoAllgather(const void*, int64_t, int64_t, DataType,
+                                     const AlltoallRecvBuffer&, std::vector<int64_t>*) {
+  return absl::UnimplementedError(absl::StrCat(
+      "Allgather is not implemented by the ", backend(),
+      " AllReduce backend here (use backend \"mpi\" or \"mlfabric\")"));
 }
 
 absl::Status AllReducer::DoReduceScatter(const void*, int64_t, int64_t, DataType, ReduceOp,
@@ -525,6 +547,20 @@ class SumsAllReducer : public AllReducer {
         },
         send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
   }
+  absl::Status DoAllgather(const void* send, int64_t rows, int64_t row_elements, DataType dtype,
+                           const AlltoallRecvBuffer& recv_buffer,
+                           std::vector<int64_t>* recv_rows) override {
+    if (auto refused = NoBackupWorkers("Allgather", backups()); !refused.ok()) return refused;
+    if (auto agreed = AgreeBySum(*this, "Allgather", AlltoallShape(row_elements, dtype));
+        !agreed.ok()) {
+      return agreed;
+    }
+    return AllgatherByPushes(
+        [this](std::vector<int64_t>& words) {
+          return AllReduce(words.data(), words.size(), DataType::kInt64);
+        },
+        send, rows, row_elements, dtype, recv_buffer, recv_rows);
+  }
   absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                                DataType dtype, ReduceOp op, void* out,
                                const std::vector<int64_t>* shape) override {
@@ -570,6 +606,12 @@ class SumsAllReducer : public AllReducer {
   // sums by `sum`.
   absl::Status BroadcastByPushes(const SumWords& sum, void* data, size_t count, DataType dtype,
                                  int root);
+  // An Allgather whose ranks agree on dtype and row length: this rank's
+  // rows pushed to every other rank's exchange server.
+  absl::Status AllgatherByPushes(const SumWords& sum, const void* send, int64_t rows,
+                                 int64_t row_elements, DataType dtype,
+                                 const AlltoallRecvBuffer& recv_buffer,
+                                 std::vector<int64_t>* recv_rows);
 };
 
 // The root's server application: its daemon does the summing; it only
@@ -916,6 +958,34 @@ absl::Status SumsAllReducer::BroadcastByPushes(const SumWords& sum, void* data, 
       "Broadcast", flat.worker(), flat.worker_name(), sum, send, send_bytes,
       [buffer](const std::vector<int64_t>&) -> absl::StatusOr<uint8_t*> { return buffer; },
       nullptr);
+}
+
+absl::Status SumsAllReducer::AllgatherByPushes(const SumWords& sum, const void* send,
+                                               int64_t rows, int64_t row_elements,
+                                               DataType dtype,
+                                               const AlltoallRecvBuffer& recv_buffer,
+                                               std::vector<int64_t>* recv_rows) {
+  const int64_t row_bytes = row_elements * static_cast<int64_t>(DataTypeSize(dtype));
+  const std::vector<const uint8_t*> from(static_cast<size_t>(size()),
+                                         static_cast<const uint8_t*>(send));
+  const std::vector<int64_t> bytes(static_cast<size_t>(size()), rows * row_bytes);
+  const auto rows_of = [row_bytes](const std::vector<int64_t>& received) {
+    std::vector<int64_t> out(received.size(), 0);
+    for (size_t s = 0; s < received.size(); ++s) out[s] = row_bytes == 0 ? 0 : received[s] / row_bytes;
+    return out;
+  };
+  std::vector<int64_t> received;
+  MlfabricAllReducer& flat = pusher();
+  absl::Status status = flat.exchange().Exchange(
+      "Allgather", flat.worker(), flat.worker_name(), sum, from, bytes,
+      [&](const std::vector<int64_t>& in) -> absl::StatusOr<uint8_t*> {
+        absl::StatusOr<void*> buffer = recv_buffer(rows_of(in));
+        if (!buffer.ok()) return buffer.status();
+        return static_cast<uint8_t*>(*buffer);
+      },
+      &received);
+  if (status.ok() && recv_rows != nullptr) *recv_rows = rows_of(received);
+  return status;
 }
 
 absl::Status SumsAllReducer::AlltoallByPushes(const SumWords& sum, const void* send,
@@ -1266,6 +1336,18 @@ absl::Status AlltoallAgreedByPushes(AllReducer& fabric, const SumWords& sum, con
   }
   return sums->AlltoallByPushes(sum, send, row_elements, send_rows, dtype, recv_buffer,
                                 recv_rows);
+}
+
+absl::Status AllgatherAgreedByPushes(AllReducer& fabric, const SumWords& sum, const void* send,
+                                     int64_t rows, int64_t row_elements, DataType dtype,
+                                     const AlltoallRecvBuffer& recv_buffer,
+                                     std::vector<int64_t>* recv_rows) {
+  auto* sums = dynamic_cast<SumsAllReducer*>(&fabric);
+  if (sums == nullptr) {
+    return absl::InternalError(absl::StrCat("Allgather by pushes needs an mlfabric reducer, not ",
+                                            fabric.backend()));
+  }
+  return sums->AllgatherByPushes(sum, send, rows, row_elements, dtype, recv_buffer, recv_rows);
 }
 
 absl::Status BroadcastAgreedByPushes(AllReducer& fabric, const SumWords& sum, void* data,

@@ -268,6 +268,15 @@ class AllReducer {
   absl::Status Alltoall(const void* send, int64_t rows, int64_t row_elements,
                         const std::vector<int64_t>& send_rows, DataType dtype,
                         const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows);
+  // Concatenates every rank's `rows` rows of `row_elements` elements, in
+  // rank order (Horovod's hvd.allgather): the ranks may pass different
+  // `rows`, not different dtypes or row lengths (FailedPrecondition on
+  // every rank naming them). `recv_buffer` is asked for room for every
+  // rank's rows once their counts are known, *recv_rows says them. kBool
+  // is allowed. InvalidArgument (this rank only; the others fail naming
+  // it) for a negative count or an unknown dtype.
+  absl::Status Allgather(const void* send, int64_t rows, int64_t row_elements, DataType dtype,
+                         const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows);
   // Reduces every rank's `rows` x `row_elements` buffer `data` by `op`;
   // `out` receives this rank's ReduceScatterRows(rows, size())[rank()]
   // rows of the result. Same dtype and op rules as AllReduce.
@@ -317,6 +326,11 @@ class AllReducer {
                                   const std::vector<int64_t>& send_rows, DataType dtype,
                                   const AlltoallRecvBuffer& recv_buffer,
                                   std::vector<int64_t>* recv_rows);
+  // (the Allgather, once its arguments are checked; by default
+  // Unimplemented naming backend())
+  virtual absl::Status DoAllgather(const void* send, int64_t rows, int64_t row_elements,
+                                   DataType dtype, const AlltoallRecvBuffer& recv_buffer,
+                                   std::vector<int64_t>* recv_rows);
   // (the ReduceScatter of the pair above; `shape` the caller's tensor
   // shape, checked against rows x row_elements, or nullptr)
   virtual absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,

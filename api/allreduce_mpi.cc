@@ -265,6 +265,41 @@ class MpiAllReducer : public AllReducer {
     return absl::OkStatus();
   }
 
+  // The Allgather once every rank is known to pass `dtype` and
+  // `row_elements`: the row counts first (MPI_Allgather), then the rows
+  // (MPI_Allgatherv) into the buffer `recv_buffer` gives for them.
+  absl::Status AllgatherAgreed(const void* send, int64_t rows, int64_t row_elements,
+                               DataType dtype, const AlltoallRecvBuffer& recv_buffer,
+                               std::vector<int64_t>* recv_rows) {
+    auto type = MpiType(dtype);
+    if (!type.ok()) return type.status();
+    std::vector<int64_t> received(static_cast<size_t>(size()), 0);
+    int code = MPI_Allgather(&rows, 1, MPI_INT64_T, received.data(), 1, MPI_INT64_T,
+                             MPI_COMM_WORLD);
+    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allgather: " + MpiError(code));
+    auto send_count = IntCounts({rows}, row_elements, "Allgather");
+    auto recv_counts = IntCounts(received, row_elements, "Allgather");
+    absl::StatusOr<void*> buffer = absl::InternalError("no receive buffer");
+    absl::Status local = !send_count.ok()    ? send_count.status()
+                         : !recv_counts.ok() ? recv_counts.status()
+                                             : (buffer = recv_buffer(received)).status();
+    // A rank that cannot take part must not leave the others in
+    // MPI_Allgatherv: every rank learns the lowest one that failed.
+    int failed = local.ok() ? size() : rank(), first_failed = 0;
+    code = MPI_Allreduce(&failed, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allreduce: " + MpiError(code));
+    if (!local.ok()) return local;
+    if (first_failed < size()) {
+      return absl::AbortedError(absl::StrCat("Allgather: rank ", first_failed,
+                                             " could not take part (see its error)"));
+    }
+    if (recv_rows != nullptr) *recv_rows = received;
+    code = MPI_Allgatherv(send, (*send_count)[0], *type, *buffer, recv_counts->data(),
+                          Displacements(*recv_counts).data(), *type, MPI_COMM_WORLD);
+    if (code != MPI_SUCCESS) return absl::InternalError("MPI_Allgatherv: " + MpiError(code));
+    return absl::OkStatus();
+  }
+
   // MPI_Reduce_scatter once every rank is known to pass the same shape,
   // dtype and op; rank r's part is ReduceScatterRows' r-th.
   absl::Status ReduceScatterAgreed(const void* data, int64_t rows, int64_t row_elements,
@@ -335,6 +370,16 @@ class MpiAllReducer : public AllReducer {
       return status;
     }
     return AlltoallAgreed(send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
+  }
+
+  absl::Status DoAllgather(const void* send, int64_t rows, int64_t row_elements, DataType dtype,
+                           const AlltoallRecvBuffer& recv_buffer,
+                           std::vector<int64_t>* recv_rows) override {
+    if (auto status = MpiCheckAgreement("Allgather", AlltoallShape(row_elements, dtype));
+        !status.ok()) {
+      return status;
+    }
+    return AllgatherAgreed(send, rows, row_elements, dtype, recv_buffer, recv_rows);
   }
 
   absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
@@ -434,6 +479,34 @@ class SmallViaMpiAllReducer : public AllReducer {
           return mpi_->ReduceAgreed(words.data(), words.size(), DataType::kInt64, ReduceOp::kSum);
         },
         send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
+  }
+  // As DoAlltoall: between hosts, when the largest rank's rows are at least
+  // `below` bytes, this rank's rows pushed to every other rank's exchange
+  // server; otherwise MPI_Allgatherv.
+  absl::Status DoAllgather(const void* send, int64_t rows, int64_t row_elements, DataType dtype,
+                           const AlltoallRecvBuffer& recv_buffer,
+                           std::vector<int64_t>* recv_rows) override {
+    if (OneHost()) {
+      return mpi_->Allgather(send, rows, row_elements, dtype, recv_buffer, recv_rows);
+    }
+    if (auto agreed = MpiCheckAgreement("Allgather", AlltoallShape(row_elements, dtype));
+        !agreed.ok()) {
+      return agreed;
+    }
+    int64_t largest = rows * row_elements * static_cast<int64_t>(DataTypeSize(dtype));
+    if (auto status = mpi_->ReduceAgreed(&largest, 1, DataType::kInt64, ReduceOp::kMax);
+        !status.ok()) {
+      return status;
+    }
+    if (largest < static_cast<int64_t>(below_)) {
+      return mpi_->AllgatherAgreed(send, rows, row_elements, dtype, recv_buffer, recv_rows);
+    }
+    return AllgatherAgreedByPushes(
+        *fabric_,
+        [this](std::vector<int64_t>& words) {
+          return mpi_->ReduceAgreed(words.data(), words.size(), DataType::kInt64, ReduceOp::kSum);
+        },
+        send, rows, row_elements, dtype, recv_buffer, recv_rows);
   }
   // A large sum between hosts through the scheduler's rounds (the
   // AllReduce of the whole buffer, then this rank's rows), the rest

@@ -99,6 +99,14 @@ inline CallShape BroadcastShape(size_t count, DataType dtype, int root) {
 absl::Status BroadcastAgreedByPushes(AllReducer& fabric, const SumWords& sum, void* data,
                                      size_t count, DataType dtype, int root);
 
+// The Allgather of an mlfabric backend reducer `fabric` once the ranks are
+// known to agree on dtype and row length: this rank's rows pushed to every
+// other rank's exchange server, the small sums by `sum`.
+absl::Status AllgatherAgreedByPushes(AllReducer& fabric, const SumWords& sum, const void* send,
+                                     int64_t rows, int64_t row_elements, DataType dtype,
+                                     const AlltoallRecvBuffer& recv_buffer,
+                                     std::vector<int64_t>* recv_rows);
+
 // The Alltoall of an mlfabric backend reducer `fabric` once the ranks are
 // known to agree on dtype and row length: each block one push
 // (api/push_exchange.h), the small sums by `sum` (MPI under mpirun).

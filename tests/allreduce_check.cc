@@ -285,6 +285,70 @@ void CheckLargeAlltoall(mlfabric::AllReducer& reducer) {
   }
 }
 
+// Allgather of every dtype, rank r passing 2100 * (r + 1) rows of 33
+// elements but rank 1 none (above the backend's MPI threshold, so between
+// hosts each rank's rows are pushes to every other rank's exchange
+// server), byte for byte; then a row length that differs and a negative
+// row count on one rank.
+void CheckAllgather(mlfabric::AllReducer& reducer) {
+  using namespace mlfabric;
+  const int size = reducer.size();
+  const int64_t row_elements = 33;
+  const auto rows_of = [](int r) { return r == 1 ? int64_t{0} : int64_t{2100} * (r + 1); };
+  for (DataType dtype : {DataType::kInt8, DataType::kUint8, DataType::kInt16, DataType::kUint16,
+                         DataType::kInt32, DataType::kInt64, DataType::kFloat16,
+                         DataType::kFloat32, DataType::kFloat64, DataType::kBool}) {
+    const size_t row_bytes = static_cast<size_t>(row_elements) * DataTypeSize(dtype);
+    const auto byte = [dtype](int from, size_t i) {
+      const auto b = static_cast<uint8_t>((from * 29 + i * 11 + i / 509) & 0xff);
+      return dtype == DataType::kBool ? static_cast<uint8_t>(b & 1) : b;
+    };
+    std::vector<uint8_t> send(static_cast<size_t>(rows_of(g_rank)) * row_bytes);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = byte(g_rank, i);
+    std::vector<uint8_t> recv;
+    std::vector<int64_t> recv_rows;
+    absl::Status status = reducer.Allgather(
+        send.data(), rows_of(g_rank), row_elements, dtype,
+        [&recv, row_bytes](const std::vector<int64_t>& rows) -> absl::StatusOr<void*> {
+          int64_t total = 0;
+          for (int64_t r : rows) total += r;
+          recv.assign(static_cast<size_t>(total) * row_bytes, 0xee);
+          return static_cast<void*>(recv.data());
+        },
+        &recv_rows);
+    size_t wrong = 0, at = 0;
+    bool rows_right = recv_rows.size() == static_cast<size_t>(size);
+    for (int s = 0; s < size; ++s) {
+      const size_t n = static_cast<size_t>(rows_of(s)) * row_bytes;
+      for (size_t i = 0; i < n && at + i < recv.size(); ++i) wrong += recv[at + i] != byte(s, i);
+      at += n;
+      rows_right = rows_right && recv_rows[static_cast<size_t>(s)] == rows_of(s);
+    }
+    EXPECT(status.ok() && at == recv.size() && wrong == 0 && rows_right,
+           "%s allgather %s: %s, %zu wrong bytes", reducer.backend(), DataTypeName(dtype),
+           status.ToString().c_str(), wrong);
+  }
+  std::vector<float> f(12, 1.0f);
+  const auto any_buffer = [](const std::vector<int64_t>&) -> absl::StatusOr<void*> {
+    static std::vector<float> room(1 << 12);
+    return static_cast<void*>(room.data());
+  };
+  absl::Status status =
+      reducer.Allgather(f.data(), 2, g_rank == 0 ? 6 : 4, DataType::kFloat32, any_buffer, nullptr);
+  EXPECT(absl::IsFailedPrecondition(status) &&
+             status.message().find("Mismatched Allgather") != absl::string_view::npos &&
+             status.message().find("rank 0 passed 6 elements per row while rank 1 passed 4") !=
+                 absl::string_view::npos,
+         "%s allgather mismatch: %s", reducer.backend(), status.ToString().c_str());
+  status = reducer.Allgather(f.data(), g_rank == size - 1 ? -1 : 2, 6, DataType::kFloat32,
+                             any_buffer, nullptr);
+  const std::string named = absl::StrCat("rank ", size - 1, " passed invalid arguments");
+  EXPECT(g_rank == size - 1 ? absl::IsInvalidArgument(status)
+                            : absl::IsFailedPrecondition(status) &&
+                                  status.message().find(named) != absl::string_view::npos,
+         "%s allgather, invalid on one rank: %s", reducer.backend(), status.ToString().c_str());
+}
+
 // The mlfabric backend without MPI (as launched without mpirun): reduce
 // ops other than sum are refused by the daemons' rounds on every rank
 // (Unimplemented), unless every rank shares one host, where shared memory
@@ -332,6 +396,7 @@ void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer, bool any_op = true) 
   EXPECT(status.ok() && recv == want && recv_rows == want_rows, "%s alltoall: %s",
          reducer.backend(), status.ToString().c_str());
   CheckLargeAlltoall(reducer);
+  CheckAllgather(reducer);
 
   const int64_t rows = 2 * size + 1;  // uneven: rank 0 gets one extra row
   const std::vector<int64_t> split = ReduceScatterRows(rows, size);
