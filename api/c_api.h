@@ -130,6 +130,12 @@ typedef int (*mlf_alloc_fn)(void* ctx, const int64_t* recv_rows, int n, void** b
 void mlf_ext_alltoall_async(int64_t handle, const void* send, int64_t rows, int64_t row_elements,
                             const int64_t* send_rows, int n, int dtype, mlf_alloc_fn alloc,
                             mlf_done_fn done, void* ctx);
+/* Allgather (AllReducer::Allgather): every rank's `rows` rows of
+ * `row_elements` elements (the ranks' rows may differ), concatenated in
+ * rank order; `alloc` is called as for mlf_ext_alltoall_async with the rows
+ * of every rank (n = size entries). `send` must stay valid until `done`. */
+void mlf_ext_allgather_async(int64_t handle, const void* send, int64_t rows, int64_t row_elements,
+                             int dtype, mlf_alloc_fn alloc, mlf_done_fn done, void* ctx);
 /* ReduceScatter (AllReducer::ReduceScatter): `out` receives this rank's
  * mlf_reducescatter_rows(rows, size, rank) rows of the reduction. `dims`
  * (`ndims` of them; ndims < 0: none named) is the tensor's shape, which

@@ -217,6 +217,31 @@ void mlf_ext_alltoall_async(int64_t handle, const void* send, int64_t rows, int6
   });
 }
 
+void mlf_ext_allgather_async(int64_t handle, const void* send, int64_t rows, int64_t row_elements,
+                             int dtype, mlf_alloc_fn alloc, mlf_done_fn done, void* ctx) {
+  auto entry = mlfabric::c_api::Find(handle);
+  if (!entry || !entry->reducer) {
+    done(ctx, static_cast<int>(absl::StatusCode::kInvalidArgument),
+         mlfabric::c_api::BadHandle(handle, "AllReducer").c_str());
+    return;
+  }
+  std::shared_ptr<mlfabric::AllReducer> reducer = entry->reducer;
+  entry->serial->Submit([reducer, send, rows, row_elements, dtype, alloc, done, ctx] {
+    auto buffer = [alloc, ctx](const std::vector<int64_t>& recv) -> absl::StatusOr<void*> {
+      void* out = nullptr;
+      char err[512] = {0};
+      const int code = alloc(ctx, recv.data(), static_cast<int>(recv.size()), &out, err,
+                             sizeof err);
+      if (code != 0) return absl::Status(static_cast<absl::StatusCode>(code), err);
+      return out;
+    };
+    absl::Status status = reducer->Allgather(send, rows, row_elements,
+                                             static_cast<mlfabric::DataType>(dtype), buffer,
+                                             nullptr);
+    done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str());
+  });
+}
+
 void mlf_ext_reducescatter_async(int64_t handle, const void* data, int64_t rows,
                                  int64_t row_elements, int dtype, int op, void* out,
                                  const int64_t* dims, int ndims, mlf_done_fn done, void* ctx) {

@@ -191,11 +191,6 @@ def _check_process_set(process_set, where):
                      "set (every rank), hvd.global_process_set" % (where, process_set))
 
 
-def _as_bytes(tensor):
-    """bool travels as uint8 through the sum (broadcast, allgather)."""
-    return tf.cast(tensor, tf.uint8) if tensor.dtype == tf.bool else tensor
-
-
 def _scale(tensor, factor):
     """tensor * factor as Horovod scales: integers in float64 and float16 in
     float32 (then cast back, truncating), other types in their own."""
@@ -439,45 +434,32 @@ def allreduce_list(tensors, average=False, reducer=None, compression=Compression
                              compression=compression)
 
 
-def _allgather_rows(tensor, reducer):
-    """(rows before this rank's, all rows, this rank's rows) as int64 tensors,
-    from one AllReduce of a one-hot vector of row counts."""
-    mine = tf.shape(tensor, out_type=tf.int64)[0]
-    counts = tf.tensor_scatter_nd_update(tf.zeros([reducer.size], tf.int64),
-                                         [[reducer.rank]], tf.reshape(mine, [1]))
-    rows = _sum(counts, reducer)
-    return tf.reduce_sum(rows[:reducer.rank]), tf.reduce_sum(rows), mine
-
-
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, reducer=None):
     """Concatenates every rank's `tensor` along the first dimension, in rank
     order (as Horovod's `hvd.allgather`; first dimensions may differ, the
-    others must match), eagerly or in a graph. Built on the AllReduce: one
-    small AllReduce of the first dimensions, then one of a zero-filled
-    buffer holding each rank's rows at its offset (the sum of one value and
-    zeros is that value). Gradient, as Horovod's: the upstream gradient
-    averaged over ranks, then this rank's rows of it."""
+    others must match), eagerly or in a graph. One MlfabricAllgather, the C++
+    `AllReducer::Allgather` (MPI_Allgatherv, or between hosts on the mlfabric
+    backend each rank's rows pushed once to every other rank). Gradient, as
+    Horovod's: the upstream gradient averaged over ranks, then this rank's
+    rows of it."""
     del name, ignore_name_scope
     _check_process_set(process_set, "mlfabric.tensorflow.allgather")
     reducer = reducer or mlfabric.reducer()
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, allow_bool=True)
-    if tensor.dtype == tf.bool:
-        return tf.cast(allgather(_as_bytes(tensor), reducer=reducer), tf.bool)
     if tensor.shape.rank == 0:
         tensor = tf.reshape(tensor, [1])
-    before, total, mine = _allgather_rows(tensor, reducer)
+    if tensor.dtype == tf.bool:  # moves as bytes; not differentiable
+        return _ordered(lambda: _ops.mlfabric_allgather(tensor, handle=reducer.handle))[0]
     inner = tensor.shape.rank - 1
 
     @tf.custom_gradient
     def gather(x):
-        padding = tf.concat([tf.stack([[before, total - before - mine]]),
-                             tf.zeros([inner, 2], tf.int64)], axis=0)
-        gathered = _sum(tf.pad(x, padding), reducer)
-        gathered.set_shape([None] + x.shape[1:].as_list())
+        gathered, rows = _ordered(lambda: _ops.mlfabric_allgather(x, handle=reducer.handle))
 
         def grad(dy):
             averaged = _allreduce_dense(dy, Average, Compression.none, 1.0, 1.0, reducer)
+            before = tf.reduce_sum(rows[:reducer.rank])
             begin = tf.concat([tf.reshape(before, [1]), tf.zeros([inner], tf.int64)], axis=0)
             return tf.slice(averaged, begin, tf.shape(x, out_type=tf.int64))
         return gathered, grad

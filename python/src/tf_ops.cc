@@ -1,4 +1,4 @@
-// TensorFlow custom ops MlfabricAllreduce, MlfabricBroadcast, MlfabricAlltoall,
+// TensorFlow custom ops MlfabricAllreduce, MlfabricBroadcast, MlfabricAlltoall, MlfabricAllgather,
 // MlfabricReducescatter, MlfabricPush, MlfabricGet. Each
 // kernel is asynchronous and only converts tensors and forwards a completion
 // callback into the client core through api/c_api.h and
@@ -256,6 +256,74 @@ class AlltoallOp : public AsyncOpKernel {
   int64_t handle_ = 0;
 };
 REGISTER_KERNEL_BUILDER(Name("MlfabricAlltoall").Device(tensorflow::DEVICE_CPU), AlltoallOp);
+
+REGISTER_OP("MlfabricAllgather")
+    .Attr("T: {bool, half, float, double, int8, uint8, int16, uint16, int32, int64}")
+    .Attr("handle: int")
+    .Input("tensor: T")
+    .Output("output: T")
+    .Output("received_rows: int64")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle output;
+      TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(0), 0, c->UnknownDim(), &output));
+      c->set_output(0, output);
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc("Concatenates every rank's `tensor` along the first dimension, in rank order "
+         "(first dimensions may differ); received_rows[s] rows came from rank s.");
+
+class AllgatherOp : public AsyncOpKernel {
+ public:
+  explicit AllgatherOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("handle", &handle_));
+  }
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    const Tensor& input = c->input(0);
+    OP_REQUIRES_ASYNC(c, input.dims() >= 1,
+                      absl::InvalidArgumentError("allgather: the tensor needs a first dimension "
+                                                 "(reshape a scalar to [1])"),
+                      done);
+    struct Ctx {
+      OpKernelContext* c;
+      DoneCallback done;
+      Tensor input;  // keeps the send buffer alive
+    };
+    auto* ctx = new Ctx{c, std::move(done), input};
+    mlf_ext_allgather_async(
+        handle_, ctx->input.tensor_data().data(), input.dim_size(0), RowElements(input.shape()),
+        DtypeCode(input.dtype()),
+        [](void* p, const int64_t* recv_rows, int n, void** buffer, char* err, size_t err_len) {
+          auto* ctx = static_cast<Ctx*>(p);
+          int64_t total = 0;
+          for (int i = 0; i < n; ++i) total += recv_rows[i];
+          tensorflow::TensorShape shape = ctx->input.shape();
+          shape.set_dim(0, total);
+          Tensor* out = nullptr;
+          Tensor* received = nullptr;
+          absl::Status status = ctx->c->allocate_output(0, shape, &out);
+          if (status.ok()) status = ctx->c->allocate_output(1, {n}, &received);
+          if (!status.ok()) {
+            std::snprintf(err, err_len, "allgather: %s", std::string(status.message()).c_str());
+            return static_cast<int>(status.code());
+          }
+          for (int i = 0; i < n; ++i) received->flat<int64_t>()(i) = recv_rows[i];
+          *buffer = const_cast<char*>(out->tensor_data().data());
+          return 0;
+        },
+        [](void* p, int code, const char* message) {
+          auto* ctx = static_cast<Ctx*>(p);
+          ctx->c->SetStatus(ToStatus(code, message));
+          ctx->done();
+          delete ctx;
+        },
+        ctx);
+  }
+
+ private:
+  int64_t handle_ = 0;
+};
+REGISTER_KERNEL_BUILDER(Name("MlfabricAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
 
 REGISTER_OP("MlfabricReducescatter")
     .Attr("T: {half, float, double, int8, uint8, int16, uint16, int32, int64}")
