@@ -76,21 +76,23 @@
 // length and op; a difference fails every rank with FailedPrecondition):
 //   ReduceScatter is the AllReduce of the whole buffer through its rounds
 //   (MLfabric §6: push, then get the sum), of which each rank keeps its rows.
-//   Alltoall moves each block once, as a push (api/push_exchange.h): every
-//   rank runs an exchange server ("<root>-x<rank>", started at its first
-//   Alltoall), rank s pushes its rows for rank d to d's server as opaque
-//   bytes, planned by the scheduler like any push, and d's server copies
-//   them into d's receive buffer when they are delivered. One small sum
-//   first carries the row counts, one after says whether every rank's part
-//   went through (a rank without a receive buffer, or a push that failed,
-//   fails every rank's call naming it; none waits).
-// Under mpirun (mlfabric-run) the agreement and the Alltoall's two small
-// sums go through MPI; an Alltoall
-// whose largest send buffer, or a ReduceScatter whose buffer, is at least
+//   Alltoall, Allgather and Broadcast move each block once, as a push
+//   (api/push_exchange.h): every rank runs an exchange server
+//   ("<root>-x<rank>", started at its first such call, planned as each
+//   push arrives), rank s pushes its rows for rank d (Allgather: its rows
+//   for every rank; Broadcast: the root its buffer for every rank) to d's
+//   server as opaque bytes, and d's server copies them into d's buffer when
+//   they are delivered. One small sum first carries the row counts, one
+//   after says whether every rank's part went through (a rank without a
+//   receive buffer, or a push that failed, fails every rank's call naming
+//   it; none waits).
+// Under mpirun (mlfabric-run) the agreement and the exchanges' two small
+// sums go through MPI; an Alltoall or Allgather whose largest rank's send
+// buffer, or a Broadcast or ReduceScatter whose buffer, is at least
 // mpi_below_bytes takes the mlfabric path between hosts, the rest (other
 // ops, smaller calls) MPI; with every rank on one host, Broadcast,
-// Alltoall and ReduceScatter go through MPI too (no network to plan, and
-// MPI moves only the root's bytes or each rank's rows). Not with backup
+// Alltoall, Allgather and ReduceScatter go through MPI too (no network to
+// plan, and MPI moves only the root's bytes or each rank's rows). Not with backup
 // workers (a sum may leave ranks out: Unimplemented); nccl: Unimplemented.
 //
 // Calls are collective: every rank must make the same sequence of calls.
