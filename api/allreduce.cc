@@ -240,24 +240,25 @@ absl::Status CheckReduceScatterArguments(int64_t rows, int64_t row_elements, Dat
   return absl::OkStatus();
 }
 
-// A ReduceScatter's named shape: rows first, then the dimensions of a row.
-absl::Status CheckReduceScatterShape(const std::vector<int64_t>& shape, int64_t rows,
-                                     int64_t row_elements) {
+// A ReduceScatter's or Allgather's named shape: rows first, then the
+// dimensions of a row.
+absl::Status CheckRowsShape(const char* what, const std::vector<int64_t>& shape, int64_t rows,
+                            int64_t row_elements) {
   const std::string text = absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
   if (shape.empty() || shape.size() > static_cast<size_t>(CallOptions::kMaxDims)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "ReduceScatter: shape ", text, " needs 1 to ", CallOptions::kMaxDims, " dimensions"));
+        what, ": shape ", text, " needs 1 to ", CallOptions::kMaxDims, " dimensions"));
   }
   int64_t product = 1;
   for (int64_t dim : shape) {
     if (dim < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("ReduceScatter: shape ", text, " has a negative dimension"));
+          absl::StrCat(what, ": shape ", text, " has a negative dimension"));
     }
     product *= dim;
   }
   if (shape[0] != rows || product != rows * row_elements) {
-    return absl::InvalidArgumentError(absl::StrCat("ReduceScatter: shape ", text, " is not ", rows,
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shape ", text, " is not ", rows,
                                                    " rows of ", row_elements, " elements"));
   }
   return absl::OkStatus();
@@ -279,6 +280,12 @@ absl::Status AllReducer::Alltoall(const void* send, int64_t rows, int64_t row_el
 absl::Status AllReducer::Allgather(const void* send, int64_t rows, int64_t row_elements,
                                    DataType dtype, const AlltoallRecvBuffer& recv_buffer,
                                    std::vector<int64_t>* recv_rows) {
+  return Allgather(send, rows, row_elements, dtype, recv_buffer, recv_rows, CallOptions{});
+}
+
+absl::Status AllReducer::Allgather(const void* send, int64_t rows, int64_t row_elements,
+                                   DataType dtype, const AlltoallRecvBuffer& recv_buffer,
+                                   std::vector<int64_t>* recv_rows, const CallOptions& call) {
   absl::Status invalid;
   if (DataTypeSize(dtype) == 0) {
     invalid = absl::InvalidArgumentError(
@@ -286,9 +293,14 @@ absl::Status AllReducer::Allgather(const void* send, int64_t rows, int64_t row_e
   } else if (rows < 0 || row_elements < 0) {
     invalid = absl::InvalidArgumentError(
         absl::StrCat("Allgather: negative shape ", rows, " x ", row_elements));
+  } else if (call.shape.has_value()) {
+    invalid = CheckRowsShape("Allgather", *call.shape, rows, row_elements);
   }
   if (!invalid.ok()) return RefuseCollective("Allgather", std::move(invalid));
-  return DoAllgather(send, rows, row_elements, dtype, recv_buffer, recv_rows);
+  std::vector<int64_t> row_shape;
+  if (call.shape.has_value()) row_shape.assign(call.shape->begin() + 1, call.shape->end());
+  return DoAllgather(send, rows, row_elements, dtype, recv_buffer, recv_rows,
+                     call.shape.has_value() ? &row_shape : nullptr);
 }
 
 absl::Status AllReducer::ReduceScatter(const void* data, int64_t rows, int64_t row_elements,
@@ -301,7 +313,7 @@ absl::Status AllReducer::ReduceScatter(const void* data, int64_t rows, int64_t r
                                        const CallOptions& call) {
   absl::Status invalid = CheckReduceScatterArguments(rows, row_elements, dtype, op);
   if (invalid.ok() && call.shape.has_value()) {
-    invalid = CheckReduceScatterShape(*call.shape, rows, row_elements);
+    invalid = CheckRowsShape("ReduceScatter", *call.shape, rows, row_elements);
   }
   if (!invalid.ok()) return RefuseCollective("ReduceScatter", std::move(invalid));
   return DoReduceScatter(data, rows, row_elements, dtype, op, out,
@@ -317,7 +329,8 @@ absl::Status AllReducer::DoAlltoall(const void*, int64_t, const std::vector<int6
 }
 
 absl::Status AllReducer::DoAllgather(const void*, int64_t, int64_t, DataType,
-                                     const AlltoallRecvBuffer&, std::vector<int64_t>*) {
+                                     const AlltoallRecvBuffer&, std::vector<int64_t>*,
+                                     const std::vector<int64_t>*) {
   return absl::UnimplementedError(absl::StrCat(
       "Allgather is not implemented by the ", backend(),
       " AllReduce backend here (use backend \"mpi\" or \"mlfabric\")"));
@@ -548,10 +561,11 @@ class SumsAllReducer : public AllReducer {
         send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
   }
   absl::Status DoAllgather(const void* send, int64_t rows, int64_t row_elements, DataType dtype,
-                           const AlltoallRecvBuffer& recv_buffer,
-                           std::vector<int64_t>* recv_rows) override {
+                           const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows,
+                           const std::vector<int64_t>* row_shape) override {
     if (auto refused = NoBackupWorkers("Allgather", backups()); !refused.ok()) return refused;
-    if (auto agreed = AgreeBySum(*this, "Allgather", AlltoallShape(row_elements, dtype));
+    if (auto agreed =
+            AgreeBySum(*this, "Allgather", AlltoallShape(row_elements, dtype, row_shape), row_shape);
         !agreed.ok()) {
       return agreed;
     }

@@ -279,6 +279,16 @@ class AllReducer {
   // it) for a negative count or an unknown dtype.
   absl::Status Allgather(const void* send, int64_t rows, int64_t row_elements, DataType dtype,
                          const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows);
+  // The same with the tensor's shape (CallOptions): its first dimension
+  // must be `rows` and its product rows x row_elements (else
+  // InvalidArgument on this rank, and the others fail naming it), and the
+  // ranks must agree on its dimensions after the first: [5, 2, 6] against
+  // [3, 3, 4] fails every rank with FailedPrecondition naming both row
+  // shapes ("Mismatched Allgather tensor shapes: rank 0 passed shape [2, 6]
+  // while rank 1 passed shape [3, 4]"), on every backend but nccl.
+  absl::Status Allgather(const void* send, int64_t rows, int64_t row_elements, DataType dtype,
+                         const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows,
+                         const CallOptions& call);
   // Reduces every rank's `rows` x `row_elements` buffer `data` by `op`;
   // `out` receives this rank's ReduceScatterRows(rows, size())[rank()]
   // rows of the result. Same dtype and op rules as AllReduce.
@@ -330,9 +340,11 @@ class AllReducer {
                                   std::vector<int64_t>* recv_rows);
   // (the Allgather, once its arguments are checked; by default
   // Unimplemented naming backend())
+  // `row_shape`: a row's dimensions, when the caller named the shape
   virtual absl::Status DoAllgather(const void* send, int64_t rows, int64_t row_elements,
                                    DataType dtype, const AlltoallRecvBuffer& recv_buffer,
-                                   std::vector<int64_t>* recv_rows);
+                                   std::vector<int64_t>* recv_rows,
+                                   const std::vector<int64_t>* row_shape);
   // (the ReduceScatter of the pair above; `shape` the caller's tensor
   // shape, checked against rows x row_elements, or nullptr)
   virtual absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,

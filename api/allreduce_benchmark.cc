@@ -11,9 +11,7 @@
 // each rank holds: its AllReduce buffer, its part of the Allgather, the
 // Broadcast buffer, its Alltoall send buffer (rows of one element, split
 // over the ranks as ReduceScatterRows splits them), its ReduceScatter
-// input. The C++ API has no Allgather: it is built as
-// mlfabric.tensorflow.allgather builds it, the AllReduce of size x count
-// zeros holding each rank's part at its place. Broadcast's root is rank 0.
+// input. Broadcast's root is rank 0.
 //
 // Rank 0 prints milliseconds per call (mean, min and max over repeats)
 // after --warmup untimed calls. Every call's result is compared element by
@@ -98,15 +96,26 @@ Collective MakeCollective(const std::string& name, mlfabric::AllReducer& reducer
     c.expected = [size](size_t i) { return SumOfInputs(size, i); };
   } else if (name == "allgather") {
     c.name = "Allgather";
-    in.resize(count * static_cast<size_t>(size));
-    c.prepare = [&in, rank, count] {
-      std::fill(in.begin(), in.end(), 0.0f);
-      for (size_t i = 0; i < count; ++i) in[static_cast<size_t>(rank) * count + i] = Input(rank, i);
+    in.resize(count);
+    for (size_t i = 0; i < count; ++i) in[i] = Input(rank, i);
+    out.resize(count * static_cast<size_t>(size));
+    c.prepare = [&out] { std::fill(out.begin(), out.end(), -1.0f); };
+    c.call = [&reducer, &in, &out] {
+      return reducer.Allgather(
+          in.data(), static_cast<int64_t>(in.size()), 1, DataType::kFloat32,
+          [&out](const std::vector<int64_t>& rows) -> absl::StatusOr<void*> {
+            int64_t total = 0;
+            for (int64_t r : rows) total += r;
+            if (total != static_cast<int64_t>(out.size())) {
+              return absl::InternalError("Allgather: " + std::to_string(total) +
+                                         " rows to receive, expected " +
+                                         std::to_string(out.size()));
+            }
+            return static_cast<void*>(out.data());
+          },
+          nullptr);
     };
-    c.call = [&reducer, &in] {
-      return reducer.AllReduce(in.data(), in.size(), DataType::kFloat32);
-    };
-    c.result = &in;
+    c.result = &out;
     c.expected = [count](size_t i) { return Input(static_cast<int>(i / count), i % count); };
   } else if (name == "broadcast") {
     c.name = "Broadcast";

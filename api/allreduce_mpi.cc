@@ -373,9 +373,10 @@ class MpiAllReducer : public AllReducer {
   }
 
   absl::Status DoAllgather(const void* send, int64_t rows, int64_t row_elements, DataType dtype,
-                           const AlltoallRecvBuffer& recv_buffer,
-                           std::vector<int64_t>* recv_rows) override {
-    if (auto status = MpiCheckAgreement("Allgather", AlltoallShape(row_elements, dtype));
+                           const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows,
+                           const std::vector<int64_t>* row_shape) override {
+    if (auto status = MpiCheckAgreement("Allgather",
+                                        AlltoallShape(row_elements, dtype, row_shape), row_shape);
         !status.ok()) {
       return status;
     }
@@ -484,12 +485,18 @@ class SmallViaMpiAllReducer : public AllReducer {
   // `below` bytes, this rank's rows pushed to every other rank's exchange
   // server; otherwise MPI_Allgatherv.
   absl::Status DoAllgather(const void* send, int64_t rows, int64_t row_elements, DataType dtype,
-                           const AlltoallRecvBuffer& recv_buffer,
-                           std::vector<int64_t>* recv_rows) override {
+                           const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows,
+                           const std::vector<int64_t>* row_shape) override {
     if (OneHost()) {
-      return mpi_->Allgather(send, rows, row_elements, dtype, recv_buffer, recv_rows);
+      CallOptions call;
+      if (row_shape != nullptr) {
+        call.shape = std::vector<int64_t>{rows};
+        call.shape->insert(call.shape->end(), row_shape->begin(), row_shape->end());
+      }
+      return mpi_->Allgather(send, rows, row_elements, dtype, recv_buffer, recv_rows, call);
     }
-    if (auto agreed = MpiCheckAgreement("Allgather", AlltoallShape(row_elements, dtype));
+    if (auto agreed = MpiCheckAgreement("Allgather",
+                                        AlltoallShape(row_elements, dtype, row_shape), row_shape);
         !agreed.ok()) {
       return agreed;
     }

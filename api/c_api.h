@@ -133,9 +133,13 @@ void mlf_ext_alltoall_async(int64_t handle, const void* send, int64_t rows, int6
 /* Allgather (AllReducer::Allgather): every rank's `rows` rows of
  * `row_elements` elements (the ranks' rows may differ), concatenated in
  * rank order; `alloc` is called as for mlf_ext_alltoall_async with the rows
- * of every rank (n = size entries). `send` must stay valid until `done`. */
+ * of every rank (n = size entries). `dims` (`ndims` of them; ndims < 0:
+ * none named) is the tensor's shape, whose dimensions after the first the
+ * ranks must agree on (CallOptions); copied before this returns. `send`
+ * must stay valid until `done`. */
 void mlf_ext_allgather_async(int64_t handle, const void* send, int64_t rows, int64_t row_elements,
-                             int dtype, mlf_alloc_fn alloc, mlf_done_fn done, void* ctx);
+                             int dtype, const int64_t* dims, int ndims, mlf_alloc_fn alloc,
+                             mlf_done_fn done, void* ctx);
 /* ReduceScatter (AllReducer::ReduceScatter): `out` receives this rank's
  * mlf_reducescatter_rows(rows, size, rank) rows of the reduction. `dims`
  * (`ndims` of them; ndims < 0: none named) is the tensor's shape, which

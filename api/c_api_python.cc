@@ -218,7 +218,8 @@ void mlf_ext_alltoall_async(int64_t handle, const void* send, int64_t rows, int6
 }
 
 void mlf_ext_allgather_async(int64_t handle, const void* send, int64_t rows, int64_t row_elements,
-                             int dtype, mlf_alloc_fn alloc, mlf_done_fn done, void* ctx) {
+                             int dtype, const int64_t* dims, int ndims, mlf_alloc_fn alloc,
+                             mlf_done_fn done, void* ctx) {
   auto entry = mlfabric::c_api::Find(handle);
   if (!entry || !entry->reducer) {
     done(ctx, static_cast<int>(absl::StatusCode::kInvalidArgument),
@@ -226,7 +227,10 @@ void mlf_ext_allgather_async(int64_t handle, const void* send, int64_t rows, int
     return;
   }
   std::shared_ptr<mlfabric::AllReducer> reducer = entry->reducer;
-  entry->serial->Submit([reducer, send, rows, row_elements, dtype, alloc, done, ctx] {
+  mlfabric::CallOptions call;
+  if (ndims >= 0) call.shape.emplace(dims, dims + ndims);
+  entry->serial->Submit([reducer, send, rows, row_elements, dtype, call = std::move(call), alloc,
+                         done, ctx] {
     auto buffer = [alloc, ctx](const std::vector<int64_t>& recv) -> absl::StatusOr<void*> {
       void* out = nullptr;
       char err[512] = {0};
@@ -237,7 +241,7 @@ void mlf_ext_allgather_async(int64_t handle, const void* send, int64_t rows, int
     };
     absl::Status status = reducer->Allgather(send, rows, row_elements,
                                              static_cast<mlfabric::DataType>(dtype), buffer,
-                                             nullptr);
+                                             nullptr, call);
     done(ctx, static_cast<int>(status.code()), std::string(status.message()).c_str());
   });
 }

@@ -36,8 +36,14 @@ CallShape ReduceShape(size_t count, DataType dtype, ReduceOp op,
   return out;
 }
 
-CallShape AlltoallShape(int64_t row_elements, DataType dtype) {
-  return {-1, static_cast<int64_t>(dtype), -1, -1, row_elements};
+CallShape AlltoallShape(int64_t row_elements, DataType dtype,
+                        const std::vector<int64_t>* row_shape) {
+  CallShape out{-1, static_cast<int64_t>(dtype), -1, -1, row_elements};
+  if (row_shape != nullptr) {
+    out.dims = static_cast<int64_t>(row_shape->size());
+    out.shape_hash = ShapeHash(*row_shape);
+  }
+  return out;
 }
 
 CallShape ReduceScatterShape(int64_t rows, int64_t row_elements, DataType dtype, ReduceOp op,

@@ -58,7 +58,10 @@ std::string ShapeText(const int64_t* dims, int64_t n);
 
 CallShape ReduceShape(size_t count, DataType dtype, ReduceOp op,
                       const std::vector<int64_t>* shape = nullptr);
-CallShape AlltoallShape(int64_t row_elements, DataType dtype);
+// An Alltoall's or Allgather's record; `row_shape`, when named, is a row's
+// dimensions (the tensor's after the first), which the ranks must agree on.
+CallShape AlltoallShape(int64_t row_elements, DataType dtype,
+                        const std::vector<int64_t>* row_shape = nullptr);
 CallShape ReduceScatterShape(int64_t rows, int64_t row_elements, DataType dtype, ReduceOp op,
                              const std::vector<int64_t>* shape = nullptr);
 inline CallShape InvalidCallShape() { return {kInvalidArguments, -1, -1, -1}; }

@@ -93,7 +93,7 @@ write_json() {
   echo "  \"date\": \"$(date -u +%Y-%m-%d)\","
   echo "  \"commit\": \"$commit\","
   echo "  \"command\": $(json_string "$(measured_command)"),"
-  echo "  \"note\": \"Written by bench/collectives_one_host.sh --json: per (collective, ranks, float32 count) the mean milliseconds per call of each pair, both backends under mlfabric-run -np N --ranks_per_host N (Open MPI on its shared-memory transport). count is allreduce_benchmark's --count: each rank's buffer, its part of the Allgather, its Alltoall send buffer, its ReduceScatter input. The Allgather is built on both backends as mlfabric.tensorflow.allgather builds it (the AllReduce of ranks x count floats, zero but for each rank's part), the C++ API having no Allgather. The table's ratio is the sum of the mlfabric means over the sum of the MPI means, as the script prints it. target is the goal (ratio at most target.ratio from target.from_count floats on), not a measurement.\","
+  echo "  \"note\": \"Written by bench/collectives_one_host.sh --json: per (collective, ranks, float32 count) the mean milliseconds per call of each pair, both backends under mlfabric-run -np N --ranks_per_host N (Open MPI on its shared-memory transport). count is allreduce_benchmark's --count: each rank's buffer, its part of the Allgather, its Alltoall send buffer, its ReduceScatter input. The Allgather is AllReducer::Allgather on both backends. The table's ratio is the sum of the mlfabric means over the sum of the MPI means, as the script prints it. target is the goal (ratio at most target.ratio from target.from_count floats on), not a measurement.\","
   echo "  \"results\": ["
   local i
   for ((i = 0; i < ${#cells[@]}; ++i)); do

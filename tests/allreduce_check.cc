@@ -340,6 +340,20 @@ void CheckAllgather(mlfabric::AllReducer& reducer) {
              status.message().find("rank 0 passed 6 elements per row while rank 1 passed 4") !=
                  absl::string_view::npos,
          "%s allgather mismatch: %s", reducer.backend(), status.ToString().c_str());
+  // The same row length in different row shapes ([1, 2, 6] on rank 0,
+  // [1, 3, 4] elsewhere): every rank fails naming both; equal shapes gather.
+  CallOptions call;
+  call.shape = g_rank == 0 ? std::vector<int64_t>{1, 2, 6} : std::vector<int64_t>{1, 3, 4};
+  status = reducer.Allgather(f.data(), 1, 12, DataType::kFloat32, any_buffer, nullptr, call);
+  EXPECT(absl::IsFailedPrecondition(status) &&
+             status.message().find("Mismatched Allgather tensor shapes: rank 0 passed shape "
+                                   "[2, 6] while rank 1 passed shape [3, 4]") !=
+                 absl::string_view::npos,
+         "%s allgather row shape mismatch: %s", reducer.backend(), status.ToString().c_str());
+  call.shape = std::vector<int64_t>{1, 3, 4};
+  status = reducer.Allgather(f.data(), 1, 12, DataType::kFloat32, any_buffer, nullptr, call);
+  EXPECT(status.ok(), "%s allgather, equal row shapes: %s", reducer.backend(),
+         status.ToString().c_str());
   status = reducer.Allgather(f.data(), g_rank == size - 1 ? -1 : 2, 6, DataType::kFloat32,
                              any_buffer, nullptr);
   const std::string named = absl::StrCat("rank ", size - 1, " passed invalid arguments");

@@ -131,6 +131,18 @@ for _ in range(3):
     close(gb.numpy(), [[1.0, 5.0][rank]], "tf.function: gradient of an allgather")
 gathered = tf.function(lambda: hvd.allgather(tf.fill([rank + 1, 2], float(rank))))().numpy()
 expect(np.array_equal(gathered, [[0, 0], [1, 1], [1, 1]]), "allgather in a tf.function")
+gathered_bool = hvd.allgather(tf.constant([[rank == 0, True, False]] * (rank + 1))).numpy()
+expect(gathered_bool.tolist() == [[True, True, False]] + [[False, True, False]] * 2,
+       "allgather of bool")
+# Rows of the same length in different shapes: every rank fails naming both
+# (Horovod's shape check), eagerly and in a tf.function; then it goes on.
+for mode, call in (("eagerly", lambda f: f()), ("in a tf.function", lambda f: tf.function(f)())):
+    try:
+        call(lambda: hvd.allgather(tf.ones([1, 2, 6] if rank == 0 else [1, 3, 4])))
+        expect(False, "allgather of row shapes [2, 6] and [3, 4] %s: no error" % mode)
+    except tf.errors.FailedPreconditionError as e:
+        expect("Mismatched Allgather tensor shapes: rank 0 passed shape [2, 6] while rank 1 "
+               "passed shape [3, 4]" in str(e), "allgather row shape mismatch %s: %s" % (mode, e))
 
 # ---- 2. tf.IndexedSlices.
 slices = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]) * (rank + 1),

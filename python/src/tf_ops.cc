@@ -290,9 +290,12 @@ class AllgatherOp : public AsyncOpKernel {
       Tensor input;  // keeps the send buffer alive
     };
     auto* ctx = new Ctx{c, std::move(done), input};
+    // The shape, so that the ranks agree on a row's dimensions too.
+    std::vector<int64_t> dims;
+    for (int d = 0; d < input.dims(); ++d) dims.push_back(input.dim_size(d));
     mlf_ext_allgather_async(
         handle_, ctx->input.tensor_data().data(), input.dim_size(0), RowElements(input.shape()),
-        DtypeCode(input.dtype()),
+        DtypeCode(input.dtype()), dims.data(), static_cast<int>(dims.size()),
         [](void* p, const int64_t* recv_rows, int n, void** buffer, char* err, size_t err_len) {
           auto* ctx = static_cast<Ctx*>(p);
           int64_t total = 0;

@@ -534,9 +534,7 @@ def allreduce_one_host(root):
 
 
 # bench/collectives_one_host.sh's names, as allreduce_benchmark prints them.
-# Allgather, which the C++ API lacks, is the AllReduce of zeros holding each
-# rank's part (as mlfabric.tensorflow.allgather builds it).
-COLLECTIVES = {"allreduce": "AllReduce", "allgather": "Allgather (by AllReduce)",
+COLLECTIVES = {"allreduce": "AllReduce", "allgather": "Allgather",
                "broadcast": "Broadcast", "alltoall": "Alltoall", "reducescatter": "ReduceScatter"}
 
 
