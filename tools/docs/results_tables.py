@@ -574,6 +574,40 @@ def collectives_one_host(root):
                  rows)
 
 
+def collectives_hosts(root):
+    """§3.2: Horovod's other collectives with a daemon per rank against Open
+    MPI over TCP, one file per collective (bench/allreduce_hosts.sh
+    --collective C --json), a row per collective and a column per (ranks,
+    float32 count): the ratio of the pairs' summed means, then the mean of
+    each backend's per-pair means."""
+    columns, cells, order = [], {}, []
+    for where, data in load(root, "docs/results/collectives-hosts-*.json"):
+        for entry in field(data, "results", where):
+            collective = field(entry, "collective", where)
+            if collective not in COLLECTIVES:
+                raise Problem("%s: unknown collective '%s' (known: %s)" %
+                              (where, collective, ", ".join(COLLECTIVES)))
+            column = (field(entry, "ranks", where), field(entry, "count", where))
+            fabric, mpi = field(entry, "mlfabric_ms", where), field(entry, "mpi_tcp_ms", where)
+            if not fabric or len(fabric) != len(mpi):
+                raise Problem("%s: %d floats: mlfabric_ms and mpi_tcp_ms need one mean per pair "
+                              "each" % (where, column[1]))
+            if (collective, column) in cells:
+                raise Problem("%s: %s, %d ranks, %d floats appears twice" %
+                              ((where, collective) + column))
+            cells[(collective, column)] = "%s× (%s / %s ms)" % (
+                sig(sum(fabric) / sum(mpi), 2), sig(sum(fabric) / len(fabric), 3),
+                sig(sum(mpi) / len(mpi), 3))
+            if column not in columns:
+                columns.append(column)
+            if collective not in order:
+                order.append(collective)
+    rows = [[COLLECTIVES[c]] + [cells.get((c, column), "") for column in columns]
+            for c in COLLECTIVES if c in order]
+    return table(["collective"] + ["%d ranks, %s" % (n, floats(count)) for n, count in columns],
+                 rows)
+
+
 def floats(count):
     """A float32 count as its size when whole MiB or KiB ("16 MiB"), else "N floats"."""
     for unit, shift in (("MiB", 20), ("KiB", 10)):
@@ -1045,8 +1079,7 @@ TABLES = {
     "allreduce-one-host": ("docs/results/allreduce-one-host.json", allreduce_one_host),
     "collectives-one-host": ("docs/results/collectives-one-host.json", collectives_one_host),
     "allreduce-hosts": ("docs/results/allreduce-hosts.json", allreduce_hosts),
-    "alltoall-hosts": ("docs/results/alltoall-hosts.json",
-                       lambda root: allreduce_hosts(root, "docs/results/alltoall-hosts.json")),
+    "collectives-hosts": ("docs/results/collectives-hosts-*.json", collectives_hosts),
     "dataplane": ("docs/results/dataplane.json", dataplane),
     "faults": ("docs/results/faults.json", faults),
     "keras-hosts": ("docs/results/keras-hosts.json", keras_hosts),
