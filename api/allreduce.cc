@@ -979,27 +979,9 @@ absl::Status SumsAllReducer::AllgatherByPushes(const SumWords& sum, const void* 
                                                DataType dtype,
                                                const AlltoallRecvBuffer& recv_buffer,
                                                std::vector<int64_t>* recv_rows) {
-  const int64_t row_bytes = row_elements * static_cast<int64_t>(DataTypeSize(dtype));
-  const std::vector<const uint8_t*> from(static_cast<size_t>(size()),
-                                         static_cast<const uint8_t*>(send));
-  const std::vector<int64_t> bytes(static_cast<size_t>(size()), rows * row_bytes);
-  const auto rows_of = [row_bytes](const std::vector<int64_t>& received) {
-    std::vector<int64_t> out(received.size(), 0);
-    for (size_t s = 0; s < received.size(); ++s) out[s] = row_bytes == 0 ? 0 : received[s] / row_bytes;
-    return out;
-  };
-  std::vector<int64_t> received;
   MlfabricAllReducer& flat = pusher();
-  absl::Status status = flat.exchange().Exchange(
-      "Allgather", flat.worker(), flat.worker_name(), sum, from, bytes,
-      [&](const std::vector<int64_t>& in) -> absl::StatusOr<uint8_t*> {
-        absl::StatusOr<void*> buffer = recv_buffer(rows_of(in));
-        if (!buffer.ok()) return buffer.status();
-        return static_cast<uint8_t*>(*buffer);
-      },
-      &received);
-  if (status.ok() && recv_rows != nullptr) *recv_rows = rows_of(received);
-  return status;
+  return flat.exchange().Allgather(flat.worker(), flat.worker_name(), sum, send, rows,
+                                   row_elements, dtype, recv_buffer, recv_rows);
 }
 
 absl::Status SumsAllReducer::AlltoallByPushes(const SumWords& sum, const void* send,

@@ -15,6 +15,18 @@
 namespace mlfabric::c_api {
 namespace {
 
+// The caller's alloc callback (mlf_alloc_fn) as an Alltoall's or
+// Allgather's receive buffer; its error fails the call.
+AlltoallRecvBuffer AllocBuffer(mlf_alloc_fn alloc, void* ctx) {
+  return [alloc, ctx](const std::vector<int64_t>& recv) -> absl::StatusOr<void*> {
+    void* out = nullptr;
+    char err[512] = {0};
+    const int code = alloc(ctx, recv.data(), static_cast<int>(recv.size()), &out, err, sizeof err);
+    if (code != 0) return absl::Status(static_cast<absl::StatusCode>(code), err);
+    return out;
+  };
+}
+
 // Calls the caller's update callback; its error becomes the push's failure.
 absl::StatusOr<int64_t> CallUpdate(const Callbacks& callbacks, const Server::Update& u) {
   mlf_update_view view;
@@ -202,14 +214,7 @@ void mlf_ext_alltoall_async(int64_t handle, const void* send, int64_t rows, int6
   std::shared_ptr<mlfabric::AllReducer> reducer = entry->reducer;
   std::vector<int64_t> counts(send_rows, send_rows + std::max(n, 0));
   entry->serial->Submit([reducer, send, rows, row_elements, counts, dtype, alloc, done, ctx] {
-    auto buffer = [alloc, ctx](const std::vector<int64_t>& recv) -> absl::StatusOr<void*> {
-      void* out = nullptr;
-      char err[512] = {0};
-      const int code = alloc(ctx, recv.data(), static_cast<int>(recv.size()), &out, err,
-                             sizeof err);
-      if (code != 0) return absl::Status(static_cast<absl::StatusCode>(code), err);
-      return out;
-    };
+    const mlfabric::AlltoallRecvBuffer buffer = mlfabric::c_api::AllocBuffer(alloc, ctx);
     absl::Status status = reducer->Alltoall(send, rows, row_elements, counts,
                                             static_cast<mlfabric::DataType>(dtype), buffer,
                                             nullptr);
@@ -231,14 +236,7 @@ void mlf_ext_allgather_async(int64_t handle, const void* send, int64_t rows, int
   if (ndims >= 0) call.shape.emplace(dims, dims + ndims);
   entry->serial->Submit([reducer, send, rows, row_elements, dtype, call = std::move(call), alloc,
                          done, ctx] {
-    auto buffer = [alloc, ctx](const std::vector<int64_t>& recv) -> absl::StatusOr<void*> {
-      void* out = nullptr;
-      char err[512] = {0};
-      const int code = alloc(ctx, recv.data(), static_cast<int>(recv.size()), &out, err,
-                             sizeof err);
-      if (code != 0) return absl::Status(static_cast<absl::StatusCode>(code), err);
-      return out;
-    };
+    const mlfabric::AlltoallRecvBuffer buffer = mlfabric::c_api::AllocBuffer(alloc, ctx);
     absl::Status status = reducer->Allgather(send, rows, row_elements,
                                              static_cast<mlfabric::DataType>(dtype), buffer,
                                              nullptr, call);

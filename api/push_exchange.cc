@@ -124,13 +124,36 @@ absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_na
                                     std::vector<int64_t>* recv_rows) {
   const int64_t row_bytes = row_elements * static_cast<int64_t>(DataTypeSize(dtype));
   std::vector<const uint8_t*> from(send_rows.size());
-  std::vector<int64_t> bytes(send_rows.size());
   int64_t offset = 0;
   for (size_t d = 0; d < send_rows.size(); ++d) {
     from[d] = static_cast<const uint8_t*>(send) + offset;
-    bytes[d] = send_rows[d] * row_bytes;
-    offset += bytes[d];
+    offset += send_rows[d] * row_bytes;
   }
+  return ExchangeRows("Alltoall", worker, worker_name, sum, from, send_rows, row_bytes,
+                      recv_buffer, recv_rows);
+}
+
+absl::Status PushExchange::Allgather(Worker& worker, const std::string& worker_name,
+                                     const SumWords& sum, const void* send, int64_t rows,
+                                     int64_t row_elements, DataType dtype,
+                                     const AlltoallRecvBuffer& recv_buffer,
+                                     std::vector<int64_t>* recv_rows) {
+  const auto n = static_cast<size_t>(size_);
+  return ExchangeRows("Allgather", worker, worker_name, sum,
+                      std::vector<const uint8_t*>(n, static_cast<const uint8_t*>(send)),
+                      std::vector<int64_t>(n, rows),
+                      row_elements * static_cast<int64_t>(DataTypeSize(dtype)), recv_buffer,
+                      recv_rows);
+}
+
+absl::Status PushExchange::ExchangeRows(const char* what, Worker& worker,
+                                        const std::string& worker_name, const SumWords& sum,
+                                        const std::vector<const uint8_t*>& send,
+                                        const std::vector<int64_t>& send_rows, int64_t row_bytes,
+                                        const AlltoallRecvBuffer& recv_buffer,
+                                        std::vector<int64_t>* recv_rows) {
+  std::vector<int64_t> bytes(send_rows.size());
+  for (size_t d = 0; d < send_rows.size(); ++d) bytes[d] = send_rows[d] * row_bytes;
   const auto rows_of = [row_bytes](const std::vector<int64_t>& received) {
     std::vector<int64_t> rows(received.size(), 0);
     for (size_t s = 0; s < received.size(); ++s) {
@@ -140,7 +163,7 @@ absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_na
   };
   std::vector<int64_t> received;
   absl::Status status = Exchange(
-      "Alltoall", worker, worker_name, sum, from, bytes,
+      what, worker, worker_name, sum, send, bytes,
       [&](const std::vector<int64_t>& in) -> absl::StatusOr<uint8_t*> {
         absl::StatusOr<void*> buffer = recv_buffer(rows_of(in));
         if (!buffer.ok()) return buffer.status();
@@ -152,7 +175,8 @@ absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_na
 }
 
 absl::Status PushExchange::Exchange(const char* what, Worker& worker,
-                                    const std::string& worker_name, const SumWords& sum, const std::vector<const uint8_t*>& send,
+                                    const std::string& worker_name, const SumWords& sum,
+                                    const std::vector<const uint8_t*>& send,
                                     const std::vector<int64_t>& send_bytes,
                                     const ExchangeRecvBuffer& recv_buffer,
                                     std::vector<int64_t>* recv_bytes) {

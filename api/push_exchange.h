@@ -61,6 +61,12 @@ class PushExchange {
                         const std::vector<int64_t>& send_rows, DataType dtype,
                         const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows);
 
+  // One Allgather (AllReducer::Allgather's contract) once the ranks agree:
+  // this rank's rows pushed to every other rank's server.
+  absl::Status Allgather(Worker& worker, const std::string& worker_name, const SumWords& sum,
+                         const void* send, int64_t rows, int64_t row_elements, DataType dtype,
+                         const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows);
+
   // The receive buffer of an Exchange: given the bytes each rank sends this
   // one (in rank order), room for their sum, or an error that fails the
   // call on every rank (this one with it).
@@ -95,6 +101,13 @@ class PushExchange {
     std::vector<bool> got;            // by source rank
   };
 
+  // Exchange in rows of `row_bytes` bytes: send_rows[d] rows at send[d]
+  // to rank d, the receive buffer asked for in rows.
+  absl::Status ExchangeRows(const char* what, Worker& worker, const std::string& worker_name,
+                            const SumWords& sum, const std::vector<const uint8_t*>& send,
+                            const std::vector<int64_t>& send_rows, int64_t row_bytes,
+                            const AlltoallRecvBuffer& recv_buffer,
+                            std::vector<int64_t>* recv_rows);
   absl::Status EnsureServer();
   absl::StatusOr<int64_t> OnUpdate(const Server::Update& update);
   std::string ServerName(int rank) const;

@@ -168,6 +168,30 @@ int64_t RowElements(const tensorflow::TensorShape& shape) {
   return elements;
 }
 
+// An Alltoall's or Allgather's outputs, once every rank's rows for this
+// one are known (mlf_alloc_fn): output 0 is `input`'s shape with the rows'
+// sum as its first dimension (*buffer its data), output 1 the rows per
+// rank as R. A failed allocation's code, its message in `err`.
+template <typename R>
+int AllocateRows(OpKernelContext* c, const Tensor& input, const int64_t* recv_rows, int n,
+                 void** buffer, char* err, size_t err_len, const char* what) {
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) total += recv_rows[i];
+  tensorflow::TensorShape shape = input.shape();
+  shape.set_dim(0, total);
+  Tensor* out = nullptr;
+  Tensor* received = nullptr;
+  absl::Status status = c->allocate_output(0, shape, &out);
+  if (status.ok()) status = c->allocate_output(1, {n}, &received);
+  if (!status.ok()) {
+    std::snprintf(err, err_len, "%s: %s", what, std::string(status.message()).c_str());
+    return static_cast<int>(status.code());
+  }
+  for (int i = 0; i < n; ++i) received->flat<R>()(i) = static_cast<R>(recv_rows[i]);
+  *buffer = const_cast<char*>(out->tensor_data().data());
+  return 0;
+}
+
 REGISTER_OP("MlfabricAlltoall")
     .Attr("T: {bool, half, float, double, int8, uint8, int16, uint16, int32, int64}")
     .Attr("handle: int")
@@ -225,23 +249,8 @@ class AlltoallOp : public AsyncOpKernel {
         ctx->send_rows.data(), static_cast<int>(ctx->send_rows.size()), DtypeCode(input.dtype()),
         [](void* p, const int64_t* recv_rows, int n, void** buffer, char* err, size_t err_len) {
           auto* ctx = static_cast<Ctx*>(p);
-          int64_t total = 0;
-          for (int i = 0; i < n; ++i) total += recv_rows[i];
-          tensorflow::TensorShape shape = ctx->input.shape();
-          shape.set_dim(0, total);
-          Tensor* out = nullptr;
-          Tensor* received = nullptr;
-          absl::Status status = ctx->c->allocate_output(0, shape, &out);
-          if (status.ok()) status = ctx->c->allocate_output(1, {n}, &received);
-          if (!status.ok()) {
-            std::snprintf(err, err_len, "alltoall: %s", std::string(status.message()).c_str());
-            return static_cast<int>(status.code());
-          }
-          for (int i = 0; i < n; ++i) {
-            received->flat<int32_t>()(i) = static_cast<int32_t>(recv_rows[i]);
-          }
-          *buffer = const_cast<char*>(out->tensor_data().data());
-          return 0;
+          return AllocateRows<int32_t>(ctx->c, ctx->input, recv_rows, n, buffer, err, err_len,
+                                       "alltoall");
         },
         [](void* p, int code, const char* message) {
           auto* ctx = static_cast<Ctx*>(p);
@@ -298,21 +307,8 @@ class AllgatherOp : public AsyncOpKernel {
         DtypeCode(input.dtype()), dims.data(), static_cast<int>(dims.size()),
         [](void* p, const int64_t* recv_rows, int n, void** buffer, char* err, size_t err_len) {
           auto* ctx = static_cast<Ctx*>(p);
-          int64_t total = 0;
-          for (int i = 0; i < n; ++i) total += recv_rows[i];
-          tensorflow::TensorShape shape = ctx->input.shape();
-          shape.set_dim(0, total);
-          Tensor* out = nullptr;
-          Tensor* received = nullptr;
-          absl::Status status = ctx->c->allocate_output(0, shape, &out);
-          if (status.ok()) status = ctx->c->allocate_output(1, {n}, &received);
-          if (!status.ok()) {
-            std::snprintf(err, err_len, "allgather: %s", std::string(status.message()).c_str());
-            return static_cast<int>(status.code());
-          }
-          for (int i = 0; i < n; ++i) received->flat<int64_t>()(i) = recv_rows[i];
-          *buffer = const_cast<char*>(out->tensor_data().data());
-          return 0;
+          return AllocateRows<int64_t>(ctx->c, ctx->input, recv_rows, n, buffer, err, err_len,
+                                       "allgather");
         },
         [](void* p, int code, const char* message) {
           auto* ctx = static_cast<Ctx*>(p);

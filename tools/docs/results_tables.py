@@ -538,6 +538,15 @@ COLLECTIVES = {"allreduce": "AllReduce", "allgather": "Allgather",
                "broadcast": "Broadcast", "alltoall": "Alltoall", "reducescatter": "ReduceScatter"}
 
 
+def collectives_table(cells, columns):
+    """A row per collective that has a cell (in COLLECTIVES' order), a column
+    per (ranks, float32 count); cells[(collective, column)] is its text."""
+    rows = [[COLLECTIVES[c]] + [cells.get((c, column), "") for column in columns]
+            for c in COLLECTIVES if any((c, column) in cells for column in columns)]
+    return table(["collective"] + ["%d ranks, %s" % (n, floats(count)) for n, count in columns],
+                 rows)
+
+
 def collectives_one_host(root):
     """§3.1: Horovod's collectives on one machine against Open MPI, a row
     per collective and a column per (ranks, float32 count): the ratio of
@@ -568,10 +577,7 @@ def collectives_one_host(root):
             ratio, sig(sum(fabric) / len(fabric), 3), sig(sum(mpi) / len(mpi), 3))
         if column not in columns:
             columns.append(column)
-    rows = [[COLLECTIVES[c]] + [cells.get((c, column), "") for column in columns]
-            for c in COLLECTIVES if any((c, column) in cells for column in columns)]
-    return table(["collective"] + ["%d ranks, %s" % (n, floats(count)) for n, count in columns],
-                 rows)
+    return collectives_table(cells, columns)
 
 
 def collectives_hosts(root):
@@ -580,7 +586,7 @@ def collectives_hosts(root):
     --collective C --json), a row per collective and a column per (ranks,
     float32 count): the ratio of the pairs' summed means, then the mean of
     each backend's per-pair means."""
-    columns, cells, order = [], {}, []
+    columns, cells = [], {}
     for where, data in load(root, "docs/results/collectives-hosts-*.json"):
         for entry in field(data, "results", where):
             collective = field(entry, "collective", where)
@@ -600,12 +606,7 @@ def collectives_hosts(root):
                 sig(sum(mpi) / len(mpi), 3))
             if column not in columns:
                 columns.append(column)
-            if collective not in order:
-                order.append(collective)
-    rows = [[COLLECTIVES[c]] + [cells.get((c, column), "") for column in columns]
-            for c in COLLECTIVES if c in order]
-    return table(["collective"] + ["%d ranks, %s" % (n, floats(count)) for n, count in columns],
-                 rows)
+    return collectives_table(cells, columns)
 
 
 def floats(count):
