@@ -480,6 +480,15 @@ absl::Status AgreeBySum(AllReducer& reducer, const char* what, const CallShape& 
   for (size_t r = 0; r < size; ++r) {
     std::memcpy(static_cast<void*>(&all[r]), &words[r * kCallShapeWords], sizeof(CallShape));
   }
+  // A rank whose record is all zeros (no dtype is 0) is not in the sum: it
+  // left a job whose rounds shrink to the members left, and takes no part;
+  // it agrees with this rank.
+  for (size_t r = 0; r < size; ++r) {
+    const auto first = words.begin() + static_cast<ptrdiff_t>(r * kCallShapeWords);
+    if (std::all_of(first, first + kCallShapeWords, [](int64_t w) { return w == 0; })) {
+      all[r] = mine;
+    }
+  }
   bool shapes_differ = false;
   absl::Status agreed = CompareCallShapes(what, all, &shapes_differ);
   if (!agreed.ok() || !shapes_differ) return agreed;
@@ -531,6 +540,50 @@ absl::Status ReduceScatterBySums(AllReducer& reducer, const void* data, int64_t 
   return absl::OkStatus();
 }
 
+// An Allgather in the rounds' own path (launched without mpirun, where
+// elastic jobs run), once the ranks agree: one sum of the row counts, then
+// one byte sum of every rank's rows at their place, zero elsewhere, plus a
+// flag byte per rank without a receive buffer. A round that shrank to the
+// members left gathers theirs. Under mpirun, between hosts, each rank's rows
+// are pushed once to every rank instead (AllgatherByPushes).
+absl::Status AllgatherBySums(AllReducer& reducer, const void* send, int64_t rows,
+                             int64_t row_elements, DataType dtype,
+                             const AlltoallRecvBuffer& recv_buffer,
+                             std::vector<int64_t>* recv_rows) {
+  const size_t size = static_cast<size_t>(reducer.size());
+  const size_t me = static_cast<size_t>(reducer.rank());
+  std::vector<int64_t> counts(size, 0);
+  counts[me] = rows;
+  if (auto status = reducer.AllReduce(counts.data(), counts.size(), DataType::kInt64);
+      !status.ok()) {
+    return status;
+  }
+  const size_t row_bytes = static_cast<size_t>(row_elements) * DataTypeSize(dtype);
+  size_t total = 0, at = 0;
+  for (size_t r = 0; r < size; ++r) {
+    if (r == me) at = total;
+    total += static_cast<size_t>(counts[r]) * row_bytes;
+  }
+  const absl::StatusOr<void*> buffer = recv_buffer(counts);
+  std::vector<uint8_t> all(total + size, 0);
+  const size_t mine = static_cast<size_t>(rows) * row_bytes;
+  if (mine > 0) std::memcpy(&all[at], send, mine);
+  all[total + me] = buffer.ok() ? 0 : 1;
+  if (auto status = reducer.AllReduce(all.data(), all.size(), DataType::kUint8); !status.ok()) {
+    return status;
+  }
+  if (!buffer.ok()) return buffer.status();
+  for (size_t r = 0; r < size; ++r) {
+    if (all[total + r] != 0) {
+      return absl::AbortedError(
+          absl::StrCat("Allgather: rank ", r, " had no receive buffer (see its error)"));
+    }
+  }
+  if (total > 0) std::memcpy(*buffer, all.data(), total);
+  if (recv_rows != nullptr) *recv_rows = counts;
+  return absl::OkStatus();
+}
+
 class MlfabricAllReducer;
 
 // The mlfabric backend's reducers: their ReduceScatter is built from their
@@ -569,11 +622,7 @@ class SumsAllReducer : public AllReducer {
         !agreed.ok()) {
       return agreed;
     }
-    return AllgatherByPushes(
-        [this](std::vector<int64_t>& words) {
-          return AllReduce(words.data(), words.size(), DataType::kInt64);
-        },
-        send, rows, row_elements, dtype, recv_buffer, recv_rows);
+    return AllgatherBySums(*this, send, rows, row_elements, dtype, recv_buffer, recv_rows);
   }
   absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                                DataType dtype, ReduceOp op, void* out,
@@ -598,22 +647,16 @@ class SumsAllReducer : public AllReducer {
                                 const AlltoallRecvBuffer& recv_buffer,
                                 std::vector<int64_t>* recv_rows);
 
-  // The ranks agree on length, dtype and root in one small sum, then the
-  // root pushes its buffer to every other rank's exchange server
-  // (api/push_exchange.h). Not with backup workers, whose sums may leave
-  // ranks out of the agreement.
+  // A broadcast in the rounds' own path (launched without mpirun, where
+  // elastic jobs run) is a sum where only the root contributes: a round
+  // that shrank to the members left still sums the root's buffer, so it
+  // survives a rank leaving. Under mpirun, between hosts, the root's
+  // buffer is pushed to every rank instead (BroadcastByPushes). Not with
+  // backup workers: a round that closes without the root's push would
+  // hand every rank zeros.
   absl::Status Broadcast(void* data, size_t count, DataType dtype, int root) override {
     if (auto refused = NoBackupWorkers("Broadcast", backups()); !refused.ok()) return refused;
-    if (DataTypeSize(dtype) == 0) return AllReducer::Broadcast(data, count, dtype, root);
-    if (auto agreed = AgreeBySum(*this, "Broadcast", BroadcastShape(count, dtype, root));
-        !agreed.ok()) {
-      return agreed;
-    }
-    return BroadcastByPushes(
-        [this](std::vector<int64_t>& words) {
-          return AllReduce(words.data(), words.size(), DataType::kInt64);
-        },
-        data, count, dtype, root);
+    return AllReducer::Broadcast(data, count, dtype, root);
   }
   // A Broadcast whose ranks agree on length, dtype and root: the root's
   // buffer pushed to every other rank's exchange server, the two small
@@ -968,10 +1011,16 @@ absl::Status SumsAllReducer::BroadcastByPushes(const SumWords& sum, void* data, 
     for (int d = 0; d < size(); ++d) send_bytes[static_cast<size_t>(d)] = d == root ? 0 : bytes;
   }
   MlfabricAllReducer& flat = pusher();
-  return flat.exchange().Exchange(
+  std::vector<int64_t> received;
+  absl::Status status = flat.exchange().Exchange(
       "Broadcast", flat.worker(), flat.worker_name(), sum, send, send_bytes,
       [buffer](const std::vector<int64_t>&) -> absl::StatusOr<uint8_t*> { return buffer; },
-      nullptr);
+      &received);
+  if (status.ok() && rank() != root && bytes > 0 && received[static_cast<size_t>(root)] != bytes) {
+    // The root's words were not in the sum: it left a job whose rounds shrink.
+    return flat.exchange().MembersLeft("Broadcast", flat.worker(), {root});
+  }
+  return status;
 }
 
 absl::Status SumsAllReducer::AllgatherByPushes(const SumWords& sum, const void* send,

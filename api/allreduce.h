@@ -76,8 +76,9 @@
 // length and op; a difference fails every rank with FailedPrecondition):
 //   ReduceScatter is the AllReduce of the whole buffer through its rounds
 //   (MLfabric §6: push, then get the sum), of which each rank keeps its rows.
-//   Alltoall, Allgather and Broadcast move each block once, as a push
-//   (api/push_exchange.h): every rank runs an exchange server
+//   Alltoall (and under mpirun Allgather and Broadcast, below) moves each
+//   block once, as a push (api/push_exchange.h): every rank runs an
+//   exchange server
 //   ("<root>-x<rank>", started at its first such call, planned as each
 //   push arrives), rank s pushes its rows for rank d (Allgather: its rows
 //   for every rank; Broadcast: the root its buffer for every rank) to d's
@@ -85,7 +86,12 @@
 //   they are delivered. One small sum first carries the row counts, one
 //   after says whether every rank's part went through (a rank without a
 //   receive buffer, or a push that failed, fails every rank's call naming
-//   it; none waits).
+//   it; none waits; a rank that left the job fails the call in the rounds'
+//   wording, "left the job ... membership generation", so elastic training
+//   recovers). Launched without mpirun (the rounds' own path, where elastic
+//   jobs run), Allgather and Broadcast are sums (each rank's rows at their
+//   place, zeros elsewhere; the root's buffer and zeros), which a round that
+//   shrank to the members left still completes.
 // Under mpirun (mlfabric-run) the agreement and the exchanges' two small
 // sums go through MPI; an Alltoall or Allgather whose largest rank's send
 // buffer, or a Broadcast or ReduceScatter whose buffer, is at least

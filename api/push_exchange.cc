@@ -1,11 +1,13 @@
 #include "api/push_exchange.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace mlfabric::internal {
 
@@ -16,7 +18,10 @@ namespace {
 size_t RowWords(int size) { return static_cast<size_t>(size) + 3; }
 
 // The second sum's values: why a rank's part of the call failed.
-enum Failure : int64_t { kNone = 0, kNoBuffer = 1, kPushFailed = 2 };
+// 0 is a rank whose words the sum lacks (it left a job whose rounds shrink).
+enum Failure : int64_t { kNone = 1, kNoBuffer = 2, kPushFailed = 3 };
+// The first sum's last word per rank.
+enum Started : int64_t { kStarted = 1, kNotStarted = 2 };
 
 }  // namespace
 
@@ -117,6 +122,38 @@ absl::StatusOr<int64_t> PushExchange::OnUpdate(const Server::Update& u) {
   return ++version_;
 }
 
+absl::Status PushExchange::MembershipChanged(const char* what, Worker& worker,
+                                             const std::map<uint64_t, int>& rank_of) const {
+  absl::StatusOr<JobMembers> members = worker.Membership();
+  if (!members.ok()) return absl::OkStatus();  // unknown: the call's own error stands
+  std::map<uint64_t, int> gone = rank_of;
+  for (const std::string& name : members->members) gone.erase(WorkerNameKey(name));
+  std::vector<int> ranks;
+  for (const auto& [key, rank] : gone) ranks.push_back(rank);
+  std::sort(ranks.begin(), ranks.end());
+  const bool changed =
+      first_generation_ >= 0 && static_cast<int64_t>(members->generation) != first_generation_;
+  if (ranks.empty() && !changed) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      what, ": ",
+      ranks.empty() ? std::string("a rank") : absl::StrCat("rank(s) ", absl::StrJoin(ranks, ", ")),
+      " left the job during the call: membership generation ", members->generation,
+      changed ? absl::StrCat(" (", first_generation_, " when this exchange began)") : "", ", ",
+      members->members.size(), " member(s) (", absl::StrJoin(members->members, ", "), ")"));
+}
+
+absl::Status PushExchange::MembersLeft(const char* what, Worker& worker,
+                                       const std::vector<int>& ranks) const {
+  absl::StatusOr<JobMembers> members = worker.Membership();
+  return absl::UnavailableError(absl::StrCat(
+      what, ": rank(s) ", absl::StrJoin(ranks, ", "), " left the job during the call: ",
+      members.ok() ? absl::StrCat("membership generation ", members->generation, ", ",
+                                  members->members.size(), " member(s) (",
+                                  absl::StrJoin(members->members, ", "), ")")
+                   : absl::StrCat("membership generation unknown (",
+                                  members.status().message(), ")")));
+}
+
 absl::Status PushExchange::Alltoall(Worker& worker, const std::string& worker_name,
                                     const SumWords& sum, const void* send, int64_t row_elements,
                                     const std::vector<int64_t>& send_rows, DataType dtype,
@@ -186,6 +223,14 @@ absl::Status PushExchange::Exchange(const char* what, Worker& worker,
   // 1. Bytes, versions and names, from every rank (a rank whose server did
   // not start takes part too, saying so).
   const absl::Status started = EnsureServer();
+  if (started.ok() && first_generation_ < 0) {
+    // The membership this exchange starts in: a failed call after it
+    // changed (a rank died, and maybe came back under its name) is a
+    // membership change, not a fault of the call.
+    if (absl::StatusOr<JobMembers> members = worker.Membership(); members.ok()) {
+      first_generation_ = static_cast<int64_t>(members->generation);
+    }
+  }
   std::vector<int64_t> words(size * width, 0);
   std::copy(send_bytes.begin(), send_bytes.end(),
             words.begin() + static_cast<ptrdiff_t>(me * width));
@@ -194,11 +239,16 @@ absl::Status PushExchange::Exchange(const char* what, Worker& worker,
     words[me * width + size] = version_;
   }
   words[me * width + size + 1] = static_cast<int64_t>(WorkerNameKey(worker_name));
-  words[me * width + size + 2] = started.ok() ? 1 : 0;
+  words[me * width + size + 2] = started.ok() ? kStarted : kNotStarted;  // 0: not in the sum
   if (auto status = sum(words); !status.ok()) return status;
   if (!started.ok()) return started;
+  // A rank whose words the sum lacks left a job whose rounds shrink to
+  // the members left (docs/user-guide/sync-training.md, "Job membership"):
+  // it takes no part, as in the shrunk sums.
+  std::vector<bool> present(size);
+  for (size_t r = 0; r < size; ++r) present[r] = words[r * width + size + 2] != 0;
   for (size_t r = 0; r < size; ++r) {
-    if (words[r * width + size + 2] != 1) {
+    if (present[r] && words[r * width + size + 2] != kStarted) {
       return absl::UnavailableError(absl::StrCat(
           what, ": rank ", r, " could not start its exchange server (see its error)"));
     }
@@ -211,10 +261,13 @@ absl::Status PushExchange::Exchange(const char* what, Worker& worker,
   std::vector<int64_t> received(size);
   for (size_t s = 0; s < size; ++s) received[s] = static_cast<int64_t>(bytes(s, me));
   std::map<uint64_t, int> rank_of;  // worker name key -> rank
+  size_t ranks_present = 0;
   for (size_t r = 0; r < size; ++r) {
+    if (!present[r]) continue;
     rank_of[static_cast<uint64_t>(words[r * width + size + 1])] = static_cast<int>(r);
+    ++ranks_present;
   }
-  if (rank_of.size() != size) {
+  if (rank_of.size() != ranks_present) {
     // Two ranks whose worker names hash alike: their blocks could not be
     // told apart (every rank sees the same names, so every rank stops here).
     return absl::FailedPreconditionError(absl::StrCat(
@@ -232,7 +285,7 @@ absl::Status PushExchange::Exchange(const char* what, Worker& worker,
     if (!buffer.ok()) {
       expected_.refused = absl::StrCat("has no receive buffer: ", buffer.status().message());
     }
-    expected_.rank_of = std::move(rank_of);
+    expected_.rank_of = rank_of;
     expected_.into.assign(size, nullptr);
     expected_.bytes.assign(size, 0);
     expected_.got.assign(size, false);
@@ -251,7 +304,7 @@ absl::Status PushExchange::Exchange(const char* what, Worker& worker,
   std::vector<std::pair<size_t, std::future<PushResult>>> pushes;
   for (size_t d = 0; d < size; ++d) {
     const size_t n = static_cast<size_t>(send_bytes[d]);
-    if (d == me || n == 0) continue;
+    if (d == me || n == 0 || !present[d]) continue;
     const int64_t version = words[d * width + size] + blocks_to[d] - 1;
     pushes.emplace_back(d, worker.Push(ServerName(static_cast<int>(d)), send[d], n, version, 0.0,
                                        {TensorSpec{0, n, 0}}, ElementType::kOpaque));
@@ -279,7 +332,7 @@ absl::Status PushExchange::Exchange(const char* what, Worker& worker,
   // 3. Whether every rank's part went through.
   std::vector<int64_t> failed(size, 0);
   failed[me] = !buffer.ok() ? kNoBuffer : !pushed.ok() ? kPushFailed : kNone;
-  const absl::Status summed = sum(failed);
+  const absl::Status summed = sum(failed);  // 0: a rank whose words the sum lacks
   bool all_received = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -287,14 +340,25 @@ absl::Status PushExchange::Exchange(const char* what, Worker& worker,
     expected_ = Expected{};  // blocks still on their way are refused now
   }
   if (!buffer.ok()) return buffer.status();
+  if (!summed.ok()) return summed;  // a round's error names a member that left
+  // (failed[r] == 0: rank r's words are not in the sum; it left the job,
+  // and what it owed this rank shows as missing.)
+  bool any_failed = !pushed.ok() || !all_received;
+  for (size_t r = 0; r < size; ++r) any_failed = any_failed || failed[r] > kNone;
+  if (any_failed) {
+    // A rank that left the job (its process died) after its part of the
+    // sum fails the blocks for it by timeout, not with the rounds' wording;
+    // say it as the rounds do, so that elastic training (api/elastic.h,
+    // mlfabric.elastic) recovers.
+    if (absl::Status left = MembershipChanged(what, worker, rank_of); !left.ok()) return left;
+  }
   if (!pushed.ok()) return pushed;
-  if (!summed.ok()) return summed;
   for (size_t r = 0; r < size; ++r) {
     if (failed[r] == kNoBuffer) {
       return absl::AbortedError(
           absl::StrCat(what, ": rank ", r, " had no receive buffer (see its error)"));
     }
-    if (failed[r] != kNone) {
+    if (failed[r] > kNone) {
       return absl::AbortedError(
           absl::StrCat(what, ": rank ", r, "'s blocks were not delivered (see its error)"));
     }

@@ -84,6 +84,11 @@ class PushExchange {
                         const std::vector<int64_t>& send_bytes,
                         const ExchangeRecvBuffer& recv_buffer, std::vector<int64_t>* recv_bytes);
 
+  // Unavailable in the rounds' wording ("... left the job ... membership
+  // generation G ..."), naming `ranks`, which elastic training takes as a
+  // membership change (api/elastic.h, mlfabric.elastic).
+  absl::Status MembersLeft(const char* what, Worker& worker, const std::vector<int>& ranks) const;
+
   // Bytes this rank's server received from other ranks' pushes, and the
   // pushes it sent (each block crossed from its source to its destination
   // once; tests read these).
@@ -108,6 +113,13 @@ class PushExchange {
                             const std::vector<int64_t>& send_rows, int64_t row_bytes,
                             const AlltoallRecvBuffer& recv_buffer,
                             std::vector<int64_t>* recv_rows);
+  // After a failed call: Unavailable in the rounds' wording (MembersLeft)
+  // when a rank of `rank_of` (worker name key -> rank) is no member of the
+  // job any more, or the job's membership generation is not the one this
+  // exchange began in (a rank died and came back under its name); OK when
+  // neither, or the membership is unknown.
+  absl::Status MembershipChanged(const char* what, Worker& worker,
+                                 const std::map<uint64_t, int>& rank_of) const;
   absl::Status EnsureServer();
   absl::StatusOr<int64_t> OnUpdate(const Server::Update& update);
   std::string ServerName(int rank) const;
@@ -121,6 +133,7 @@ class PushExchange {
   absl::Status server_status_;  // why there is no server (after a failed start)
   std::thread serve_thread_;
   int64_t pushes_sent_ = 0;
+  int64_t first_generation_ = -1;  // the job's membership generation at the first call
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // expected_ changed
