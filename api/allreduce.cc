@@ -387,8 +387,9 @@ absl::StatusOr<std::unique_ptr<AllReducer>> MakeAllReducer(const AllReduceOption
       below = static_cast<size_t>(value);
     }
     auto fabric = internal::MakeMlfabricAllReducer(options, rank, size);
-    // Under mpirun every call agrees through MPI first, and ops other than
-    // sum go through MPI (below == 0: every sum through the scheduler).
+    // Under mpirun every call agrees through MPI first, and calls below
+    // `below` bytes go through MPI (below == 0: every call between hosts
+    // through the scheduler).
     if (!fabric.ok() || size == 1 || options.backup_workers > 0 ||
         !internal::LaunchedByMpirun()) {
       return fabric;
@@ -431,22 +432,14 @@ ElementType ToElementType(DataType dtype) {
   return ElementType::kOpaque;
 }
 
-aggregator::ReduceOp PoolOp(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return aggregator::ReduceOp::kSum;
-    case ReduceOp::kMin: return aggregator::ReduceOp::kMin;
-    case ReduceOp::kMax: return aggregator::ReduceOp::kMax;
-    case ReduceOp::kProduct: return aggregator::ReduceOp::kProduct;
-  }
-  return aggregator::ReduceOp::kSum;
-}
-
-// A reduce op the daemons' rounds cannot carry (they sum, packet by packet).
-absl::Status RoundsOnlySum(ReduceOp op) {
+// A reduce op the daemons' rounds cannot carry (they sum, packet by
+// packet), with backup workers: min, max and product go through exchanges
+// of blocks (PushExchange::AllReduce), which need every rank's part.
+absl::Status RoundsOnlySum(ReduceOp op, int backups) {
   return absl::UnimplementedError(absl::StrCat(
-      "reduce op ", ReduceOpName(op),
-      " is not implemented by the mlfabric AllReduce backend's rounds (its daemons sum); "
-      "launch with mlfabric-run or mpirun, where it goes through MPI, or use backend \"mpi\""));
+      "reduce op ", ReduceOpName(op), " is not implemented by the mlfabric AllReduce backend with ",
+      backups, " backup worker(s): its daemons' rounds only sum, and its exchanges of blocks need "
+      "every rank's part (use sum, no backup workers, or backend \"mpi\")"));
 }
 
 // ------------------------------- Alltoall and ReduceScatter on the rounds
@@ -607,11 +600,8 @@ class SumsAllReducer : public AllReducer {
         !agreed.ok()) {
       return agreed;
     }
-    return AlltoallByPushes(
-        [this](std::vector<int64_t>& words) {
-          return AllReduce(words.data(), words.size(), DataType::kInt64);
-        },
-        send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
+    return AlltoallByPushes(OwnSums(), send, row_elements, send_rows, dtype, recv_buffer,
+                            recv_rows);
   }
   absl::Status DoAllgather(const void* send, int64_t rows, int64_t row_elements, DataType dtype,
                            const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows,
@@ -628,7 +618,34 @@ class SumsAllReducer : public AllReducer {
                                DataType dtype, ReduceOp op, void* out,
                                const std::vector<int64_t>* shape) override {
     if (auto refused = NoBackupWorkers("ReduceScatter", backups()); !refused.ok()) return refused;
-    return ReduceScatterBySums(*this, data, rows, row_elements, dtype, op, out, shape);
+    if (op == ReduceOp::kSum) {
+      return ReduceScatterBySums(*this, data, rows, row_elements, dtype, op, out, shape);
+    }
+    if (auto agreed = AgreeBySum(*this, "ReduceScatter",
+                                 ReduceScatterShape(rows, row_elements, dtype, op, shape), shape);
+        !agreed.ok()) {
+      return agreed;
+    }
+    return ReduceScatterByPushes(OwnSums(), data, rows, row_elements, dtype, op, out);
+  }
+  // Min, max and product, which the daemons' rounds do not carry (they
+  // sum): once the ranks agree on length, dtype, op and the shape a call
+  // names (one sum), a reduce-scatter and an allgather of blocks by pushes
+  // (ReduceByPushes), the exchanges' small sums this reducer's own.
+  absl::Status ReduceByExchange(void* data, size_t count, DataType dtype, ReduceOp op,
+                                const std::vector<int64_t>* shape) {
+    if (auto agreed =
+            AgreeBySum(*this, "AllReduce", ReduceShape(count, dtype, op, shape), shape);
+        !agreed.ok()) {
+      return agreed;
+    }
+    return ReduceByPushes(OwnSums(), data, count, dtype, op);
+  }
+  // This reducer's own int64 sums, for an exchange's small sums.
+  SumWords OwnSums() {
+    return [this](std::vector<int64_t>& words) {
+      return AllReduce(words.data(), words.size(), DataType::kInt64);
+    };
   }
   absl::Status RefuseCollective(const char* what, absl::Status invalid) override {
     if (backups() == 0) (void)AgreeBySum(*this, what, InvalidCallShape());
@@ -663,6 +680,19 @@ class SumsAllReducer : public AllReducer {
   // sums by `sum`.
   absl::Status BroadcastByPushes(const SumWords& sum, void* data, size_t count, DataType dtype,
                                  int root);
+  // An AllReduce under min, max or product whose ranks agree on length,
+  // dtype and op (PushExchange::AllReduce): every rank's exchange server
+  // takes its slice of every rank's buffer and reduces it; then each rank's
+  // reduced slice is pushed to every other rank. Hosts shared by several
+  // ranks take part rank by rank (each rank's blocks are its own pushes).
+  absl::Status ReduceByPushes(const SumWords& sum, void* data, size_t count, DataType dtype,
+                              ReduceOp op);
+  // A ReduceScatter under min, max or product whose ranks agree: rank s's
+  // rows for rank d pushed to d's exchange server, which reduces them
+  // (PushExchange::ReduceScatter).
+  absl::Status ReduceScatterByPushes(const SumWords& sum, const void* data, int64_t rows,
+                                     int64_t row_elements, DataType dtype, ReduceOp op,
+                                     void* out);
   // An Allgather whose ranks agree on dtype and row length: this rank's
   // rows pushed to every other rank's exchange server.
   absl::Status AllgatherByPushes(const SumWords& sum, const void* send, int64_t rows,
@@ -860,7 +890,7 @@ class MlfabricAllReducer : public SumsAllReducer {
     if (op != ReduceOp::kSum) {
       // The round fails for ranks that passed sum (no one waits for it).
       SpoilRound();
-      return RoundsOnlySum(op);
+      return RoundsOnlySum(op, backup_workers_);
     }
     const int64_t round = version_;
     // A failed round still uses its number (the scheduler moves on too).
@@ -916,10 +946,16 @@ class MlfabricAllReducer : public SumsAllReducer {
   int backups() const override { return backup_workers_; }
   MlfabricAllReducer& pusher() override { return *this; }
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    if (op != ReduceOp::kSum && backup_workers_ == 0) {
+      return ReduceByExchange(data, count, dtype, op, nullptr);
+    }
     return SumRound(data, count, dtype, op, std::nullopt);
   }
   absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
                             const std::vector<int64_t>& shape) override {
+    if (op != ReduceOp::kSum && backup_workers_ == 0) {
+      return ReduceByExchange(data, count, dtype, op, &shape);
+    }
     return SumRound(data, count, dtype, op, shape);
   }
 
@@ -1023,6 +1059,23 @@ absl::Status SumsAllReducer::BroadcastByPushes(const SumWords& sum, void* data, 
   return status;
 }
 
+absl::Status SumsAllReducer::ReduceByPushes(const SumWords& sum, void* data, size_t count,
+                                            DataType dtype, ReduceOp op) {
+  if (count == 0) return absl::OkStatus();  // as a sum: no exchange used
+  MlfabricAllReducer& flat = pusher();
+  return flat.exchange().AllReduce(flat.worker(), flat.worker_name(), sum, data, count, dtype, op);
+}
+
+absl::Status SumsAllReducer::ReduceScatterByPushes(const SumWords& sum, const void* data,
+                                                   int64_t rows, int64_t row_elements,
+                                                   DataType dtype, ReduceOp op, void* out) {
+  std::vector<int64_t> split = ReduceScatterRows(rows, size());
+  for (int64_t& elements : split) elements *= row_elements;
+  MlfabricAllReducer& flat = pusher();
+  return flat.exchange().ReduceScatter("ReduceScatter", flat.worker(), flat.worker_name(), sum,
+                                       data, split, dtype, op, out);
+}
+
 absl::Status SumsAllReducer::AllgatherByPushes(const SumWords& sum, const void* send,
                                                int64_t rows, int64_t row_elements,
                                                DataType dtype,
@@ -1082,13 +1135,17 @@ class HierarchicalAllReducer : public SumsAllReducer {
   int backups() const override { return 0; }  // made only without backup workers
   // Every rank's own flat reducer (the one that learned the hosts).
   MlfabricAllReducer& pusher() override { return *static_cast<MlfabricAllReducer*>(flat_.get()); }
-  // Any op on one host (in shared memory); across hosts the leaders'
-  // rounds refuse all but sum (RoundsOnlySum), after the host's part.
+  // Any op on one host (in shared memory). Across hosts a sum is the
+  // host's part, then the leaders' rounds; min, max and product go through
+  // every rank's exchange of blocks (ReduceByExchange), its small sums
+  // this reducer's own.
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    if (op != ReduceOp::kSum && hosts_ > 1) return ReduceByExchange(data, count, dtype, op, nullptr);
     return HostThenHosts(data, count, dtype, op, nullptr);
   }
   absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
                             const std::vector<int64_t>& shape) override {
+    if (op != ReduceOp::kSum && hosts_ > 1) return ReduceByExchange(data, count, dtype, op, &shape);
     return HostThenHosts(data, count, dtype, op, &shape);
   }
 
@@ -1160,10 +1217,16 @@ class PiecesAllReducer : public SumsAllReducer {
   int backups() const override { return pieces_[0]->backup_workers(); }
   MlfabricAllReducer& pusher() override { return *pieces_[0]; }
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    if (op != ReduceOp::kSum && backups() == 0) {
+      return ReduceByExchange(data, count, dtype, op, nullptr);
+    }
     return SumPieces(data, count, dtype, op, std::nullopt);
   }
   absl::Status ReduceShaped(void* data, size_t count, DataType dtype, ReduceOp op,
                             const std::vector<int64_t>& shape) override {
+    if (op != ReduceOp::kSum && backups() == 0) {
+      return ReduceByExchange(data, count, dtype, op, &shape);
+    }
     return SumPieces(data, count, dtype, op, shape);
   }
 
@@ -1175,7 +1238,7 @@ class PiecesAllReducer : public SumsAllReducer {
     if (count == 0) return absl::OkStatus();  // as the flat path: no round used
     if (op != ReduceOp::kSum) {
       for (auto& piece : pieces_) piece->SpoilRound();  // each fails for ranks that sum
-      return RoundsOnlySum(op);
+      return RoundsOnlySum(op, backups());
     }
     const size_t n = pieces_.size();
     std::vector<absl::Status> status(n);
@@ -1370,39 +1433,60 @@ absl::Status ReduceScatterAgreedBySum(AllReducer& reducer, const void* data, int
                              /*agree=*/false);
 }
 
+namespace {
+
+// `fabric` as one of the mlfabric backend's reducers, or Internal naming
+// `what` (the MPI wrapper hands its fabric reducer in).
+absl::StatusOr<SumsAllReducer*> Sums(AllReducer& fabric, const char* what) {
+  auto* sums = dynamic_cast<SumsAllReducer*>(&fabric);
+  if (sums == nullptr) {
+    return absl::InternalError(
+        absl::StrCat(what, " by pushes needs an mlfabric reducer, not ", fabric.backend()));
+  }
+  return sums;
+}
+
+}  // namespace
+
 absl::Status AlltoallAgreedByPushes(AllReducer& fabric, const SumWords& sum, const void* send,
                                     int64_t row_elements, const std::vector<int64_t>& send_rows,
                                     DataType dtype, const AlltoallRecvBuffer& recv_buffer,
                                     std::vector<int64_t>* recv_rows) {
-  auto* sums = dynamic_cast<SumsAllReducer*>(&fabric);
-  if (sums == nullptr) {
-    return absl::InternalError(absl::StrCat("Alltoall by pushes needs an mlfabric reducer, not ",
-                                            fabric.backend()));
-  }
-  return sums->AlltoallByPushes(sum, send, row_elements, send_rows, dtype, recv_buffer,
-                                recv_rows);
+  absl::StatusOr<SumsAllReducer*> sums = Sums(fabric, "Alltoall");
+  if (!sums.ok()) return sums.status();
+  return (*sums)->AlltoallByPushes(sum, send, row_elements, send_rows, dtype, recv_buffer,
+                                   recv_rows);
 }
 
 absl::Status AllgatherAgreedByPushes(AllReducer& fabric, const SumWords& sum, const void* send,
                                      int64_t rows, int64_t row_elements, DataType dtype,
                                      const AlltoallRecvBuffer& recv_buffer,
                                      std::vector<int64_t>* recv_rows) {
-  auto* sums = dynamic_cast<SumsAllReducer*>(&fabric);
-  if (sums == nullptr) {
-    return absl::InternalError(absl::StrCat("Allgather by pushes needs an mlfabric reducer, not ",
-                                            fabric.backend()));
-  }
-  return sums->AllgatherByPushes(sum, send, rows, row_elements, dtype, recv_buffer, recv_rows);
+  absl::StatusOr<SumsAllReducer*> sums = Sums(fabric, "Allgather");
+  if (!sums.ok()) return sums.status();
+  return (*sums)->AllgatherByPushes(sum, send, rows, row_elements, dtype, recv_buffer, recv_rows);
 }
 
 absl::Status BroadcastAgreedByPushes(AllReducer& fabric, const SumWords& sum, void* data,
                                      size_t count, DataType dtype, int root) {
-  auto* sums = dynamic_cast<SumsAllReducer*>(&fabric);
-  if (sums == nullptr) {
-    return absl::InternalError(absl::StrCat("Broadcast by pushes needs an mlfabric reducer, not ",
-                                            fabric.backend()));
-  }
-  return sums->BroadcastByPushes(sum, data, count, dtype, root);
+  absl::StatusOr<SumsAllReducer*> sums = Sums(fabric, "Broadcast");
+  if (!sums.ok()) return sums.status();
+  return (*sums)->BroadcastByPushes(sum, data, count, dtype, root);
+}
+
+absl::Status ReduceAgreedByPushes(AllReducer& fabric, const SumWords& sum, void* data,
+                                  size_t count, DataType dtype, ReduceOp op) {
+  absl::StatusOr<SumsAllReducer*> sums = Sums(fabric, "AllReduce");
+  if (!sums.ok()) return sums.status();
+  return (*sums)->ReduceByPushes(sum, data, count, dtype, op);
+}
+
+absl::Status ReduceScatterAgreedByPushes(AllReducer& fabric, const SumWords& sum,
+                                         const void* data, int64_t rows, int64_t row_elements,
+                                         DataType dtype, ReduceOp op, void* out) {
+  absl::StatusOr<SumsAllReducer*> sums = Sums(fabric, "ReduceScatter");
+  if (!sums.ok()) return sums.status();
+  return (*sums)->ReduceScatterByPushes(sum, data, rows, row_elements, dtype, op, out);
 }
 
 absl::StatusOr<std::unique_ptr<AllReducer>> MakeMlfabricAllReducer(const AllReduceOptions& options,

@@ -34,11 +34,17 @@
 //   auto      nccl when usable, else mpi when launched by mpirun, else mlfabric.
 //
 // Reduce ops: kSum on every backend. kMin, kMax and kProduct on mpi
-// (MPI_MIN/MAX/PROD) and nccl; on mlfabric the daemons' rounds only sum,
-// so under mpirun (mlfabric-run) those calls go through MPI_Allreduce
-// whatever their size, ranks on one host alone reduce them in shared
-// memory (api/local_reduce.h), and otherwise the call fails on every rank
-// with Unimplemented naming the op and the backend.
+// (MPI_MIN/MAX/PROD) and nccl. On mlfabric the daemons' rounds only sum:
+// ranks on one host alone reduce the other ops in shared memory
+// (api/local_reduce.h); between hosts a call is a reduce-scatter and an
+// allgather of blocks by pushes (api/push_exchange.h): rank s pushes its
+// slice d of the buffer to rank d's exchange server, d reduces the slices
+// in pairs in rank order, ((r0 op r1) op (r2 op r3)), and pushes its
+// reduced slice to every rank, after one sum in which the ranks agree on
+// length, dtype and op. Under mpirun (mlfabric-run) calls below
+// mpi_below_bytes, and every call with all ranks on one host, go through
+// MPI_Allreduce instead. With backup workers (a round may leave ranks out)
+// they fail on every rank with Unimplemented naming the op.
 //
 // Every backend first checks that all ranks agree on dtype, length and
 // reduce op (and Broadcast on the root) and returns FailedPrecondition on
@@ -74,8 +80,11 @@
 // MPI_Reduce_scatter). The mlfabric backend, after the same agreement
 // carried by one small sum (dtype, row length, and for ReduceScatter
 // length and op; a difference fails every rank with FailedPrecondition):
-//   ReduceScatter is the AllReduce of the whole buffer through its rounds
-//   (MLfabric §6: push, then get the sum), of which each rank keeps its rows.
+//   ReduceScatter under sum is the AllReduce of the whole buffer through
+//   its rounds (MLfabric §6: push, then get the sum), of which each rank
+//   keeps its rows; under min, max and product each rank's rows for rank d
+//   are pushed to d's exchange server, which reduces them (as AllReduce's
+//   first half above).
 //   Alltoall (and under mpirun Allgather and Broadcast, below) moves each
 //   block once, as a push (api/push_exchange.h): every rank runs an
 //   exchange server
@@ -95,8 +104,8 @@
 // Under mpirun (mlfabric-run) the agreement and the exchanges' two small
 // sums go through MPI; an Alltoall or Allgather whose largest rank's send
 // buffer, or a Broadcast or ReduceScatter whose buffer, is at least
-// mpi_below_bytes takes the mlfabric path between hosts, the rest (other
-// ops, smaller calls) MPI; with every rank on one host, Broadcast,
+// mpi_below_bytes takes the mlfabric path between hosts, the rest
+// (smaller calls) MPI; with every rank on one host, Broadcast,
 // Alltoall, Allgather and ReduceScatter go through MPI too (no network to
 // plan, and MPI moves only the root's bytes or each rank's rows). Not with backup
 // workers (a sum may leave ranks out: Unimplemented); nccl: Unimplemented.
@@ -203,10 +212,10 @@ struct AllReduceOptions {
   // commands, the get) costs milliseconds and its network-aware plan has
   // nothing to gain; larger calls take the scheduler's path. Every call
   // first agrees on length, dtype and reduce op through one small MPI
-  // collective, so all ranks take the same path; calls with an op other
-  // than sum always take MPI's. 0: every sum through the scheduler (the
-  // agreement and the other ops still through MPI). Environment
-  // MLFABRIC_ALLREDUCE_MPI_BELOW (bytes) overrides.
+  // collective, so all ranks take the same path (min, max and product
+  // between hosts: exchanges of blocks, see "Reduce ops" above). 0: every
+  // call between hosts through the scheduler (the agreement still through
+  // MPI). Environment MLFABRIC_ALLREDUCE_MPI_BELOW (bytes) overrides.
   size_t mpi_below_bytes = 64 * 1024;
 };
 

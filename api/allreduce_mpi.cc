@@ -476,9 +476,7 @@ class SmallViaMpiAllReducer : public AllReducer {
     }
     return AlltoallAgreedByPushes(
         *fabric_,
-        [this](std::vector<int64_t>& words) {
-          return mpi_->ReduceAgreed(words.data(), words.size(), DataType::kInt64, ReduceOp::kSum);
-        },
+        MpiSums(),
         send, row_elements, send_rows, dtype, recv_buffer, recv_rows);
   }
   // As DoAlltoall: between hosts, when the largest rank's rows are at least
@@ -510,22 +508,22 @@ class SmallViaMpiAllReducer : public AllReducer {
     }
     return AllgatherAgreedByPushes(
         *fabric_,
-        [this](std::vector<int64_t>& words) {
-          return mpi_->ReduceAgreed(words.data(), words.size(), DataType::kInt64, ReduceOp::kSum);
-        },
+        MpiSums(),
         send, rows, row_elements, dtype, recv_buffer, recv_rows);
   }
-  // A large sum between hosts through the scheduler's rounds (the
-  // AllReduce of the whole buffer, then this rank's rows), the rest
-  // through MPI; both paths start with the same agreement collective, so
-  // every rank takes the same one. With every rank on this host there is
-  // no network to plan, and MPI_Reduce_scatter moves each rank's rows
-  // where the sum moves the whole buffer (1.2-1.6x MPI's time at 1-16 MiB).
+  // A large ReduceScatter between hosts goes through the scheduler: a sum
+  // through its rounds (the AllReduce of the whole buffer, then this rank's
+  // rows), min, max and product as each rank's rows pushed to the rank that
+  // reduces them (api/push_exchange.h); the rest through MPI. Both paths
+  // start with the same agreement collective, so every rank takes the same
+  // one. With every rank on this host there is no network to plan, and
+  // MPI_Reduce_scatter moves each rank's rows where the sum moves the whole
+  // buffer (1.2-1.6x MPI's time at 1-16 MiB).
   absl::Status DoReduceScatter(const void* data, int64_t rows, int64_t row_elements,
                                DataType dtype, ReduceOp op, void* out,
                                const std::vector<int64_t>* shape) override {
     const size_t bytes = static_cast<size_t>(rows * row_elements) * DataTypeSize(dtype);
-    if (op != ReduceOp::kSum || bytes < below_ || OneHost()) {
+    if (bytes < below_ || OneHost()) {
       CallOptions call;
       if (shape != nullptr) call.shape = *shape;
       return mpi_->ReduceScatter(data, rows, row_elements, dtype, op, out, call);
@@ -535,7 +533,11 @@ class SmallViaMpiAllReducer : public AllReducer {
         !agreed.ok()) {
       return agreed;
     }
-    return ReduceScatterAgreedBySum(*fabric_, data, rows, row_elements, dtype, op, out);
+    if (op == ReduceOp::kSum) {
+      return ReduceScatterAgreedBySum(*fabric_, data, rows, row_elements, dtype, op, out);
+    }
+    return ReduceScatterAgreedByPushes(*fabric_, MpiSums(), data, rows, row_elements, dtype, op,
+                                       out);
   }
 
  public:
@@ -554,9 +556,7 @@ class SmallViaMpiAllReducer : public AllReducer {
     }
     return BroadcastAgreedByPushes(
         *fabric_,
-        [this](std::vector<int64_t>& words) {
-          return mpi_->ReduceAgreed(words.data(), words.size(), DataType::kInt64, ReduceOp::kSum);
-        },
+        MpiSums(),
         data, count, dtype, root);
   }
 
@@ -564,14 +564,24 @@ class SmallViaMpiAllReducer : public AllReducer {
   // Every rank shares this host (and its memory): the same on every rank.
   bool OneHost() const { return fabric_->local_size() == size(); }
 
-  // The sum through the scheduler or MPI, once `agreed` says the ranks agree.
+  // Once `agreed` says the ranks agree: below `below` bytes, or with every
+  // rank on this host, MPI; a larger sum through the scheduler's rounds,
+  // min, max and product as exchanges of blocks by pushes (a reduce-scatter
+  // and an allgather, api/push_exchange.h) with their small sums by MPI.
   absl::Status ReduceAfter(absl::Status agreed, void* data, size_t count, DataType dtype,
                            ReduceOp op) {
     if (!agreed.ok()) return agreed;
-    if (op == ReduceOp::kSum && count * DataTypeSize(dtype) >= below_) {
-      return fabric_->AllReduce(data, count, dtype);
-    }
-    return mpi_->ReduceAgreed(data, count, dtype, op);
+    if (count * DataTypeSize(dtype) < below_) return mpi_->ReduceAgreed(data, count, dtype, op);
+    if (op == ReduceOp::kSum) return fabric_->AllReduce(data, count, dtype);
+    if (OneHost()) return mpi_->ReduceAgreed(data, count, dtype, op);
+    return ReduceAgreedByPushes(*fabric_, MpiSums(), data, count, dtype, op);
+  }
+
+  // The exchanges' small int64 sums, through MPI.
+  SumWords MpiSums() {
+    return [this](std::vector<int64_t>& words) {
+      return mpi_->ReduceAgreed(words.data(), words.size(), DataType::kInt64, ReduceOp::kSum);
+    };
   }
 
   static int64_t SumOf(const std::vector<int64_t>& values) {

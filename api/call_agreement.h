@@ -110,6 +110,20 @@ absl::Status AllgatherAgreedByPushes(AllReducer& fabric, const SumWords& sum, co
                                      const AlltoallRecvBuffer& recv_buffer,
                                      std::vector<int64_t>* recv_rows);
 
+// An AllReduce under min, max or product of an mlfabric backend reducer
+// `fabric` once the ranks are known to agree on length, dtype and op: a
+// reduce-scatter and an allgather of blocks by pushes
+// (PushExchange::AllReduce), the small sums by `sum`.
+absl::Status ReduceAgreedByPushes(AllReducer& fabric, const SumWords& sum, void* data,
+                                  size_t count, DataType dtype, ReduceOp op);
+
+// A ReduceScatter under min, max or product of an mlfabric backend reducer
+// `fabric` once the ranks agree: each rank's rows for rank d pushed to d's
+// exchange server, which reduces them (PushExchange::ReduceScatter).
+absl::Status ReduceScatterAgreedByPushes(AllReducer& fabric, const SumWords& sum,
+                                         const void* data, int64_t rows, int64_t row_elements,
+                                         DataType dtype, ReduceOp op, void* out);
+
 // The Alltoall of an mlfabric backend reducer `fabric` once the ranks are
 // known to agree on dtype and row length: each block one push
 // (api/push_exchange.h), the small sums by `sum` (MPI under mpirun).

@@ -25,6 +25,32 @@ enum Started : int64_t { kStarted = 1, kNotStarted = 2 };
 
 }  // namespace
 
+aggregator::ReduceOp PoolOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return aggregator::ReduceOp::kSum;
+    case ReduceOp::kMin: return aggregator::ReduceOp::kMin;
+    case ReduceOp::kMax: return aggregator::ReduceOp::kMax;
+    case ReduceOp::kProduct: return aggregator::ReduceOp::kProduct;
+  }
+  return aggregator::ReduceOp::kSum;
+}
+
+aggregator::DType PoolDType(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return aggregator::DType::kFloat32;
+    case DataType::kFloat64: return aggregator::DType::kFloat64;
+    case DataType::kInt32: return aggregator::DType::kInt32;
+    case DataType::kInt64: return aggregator::DType::kInt64;
+    case DataType::kFloat16: return aggregator::DType::kFloat16;
+    case DataType::kInt8: return aggregator::DType::kInt8;
+    case DataType::kUint8: return aggregator::DType::kUint8;
+    case DataType::kInt16: return aggregator::DType::kInt16;
+    case DataType::kUint16: return aggregator::DType::kUint16;
+    case DataType::kBool: return aggregator::DType::kUint8;
+  }
+  return aggregator::DType::kUint8;
+}
+
 uint64_t WorkerNameKey(const std::string& name) {
   uint64_t hash = 1469598103934665603ull;  // FNV-1a
   for (unsigned char c : name) hash = (hash ^ c) * 1099511628211ull;
@@ -183,6 +209,73 @@ absl::Status PushExchange::Allgather(Worker& worker, const std::string& worker_n
                       recv_rows);
 }
 
+absl::Status PushExchange::ReduceScatter(const char* what, Worker& worker,
+                                         const std::string& worker_name, const SumWords& sum,
+                                         const void* data, const std::vector<int64_t>& split,
+                                         DataType dtype, ReduceOp op, void* out) {
+  const size_t n = static_cast<size_t>(size_);
+  const size_t element = DataTypeSize(dtype);
+  std::vector<const uint8_t*> send(n);
+  std::vector<int64_t> send_bytes(n);
+  size_t offset = 0;
+  for (size_t d = 0; d < n; ++d) {
+    send[d] = static_cast<const uint8_t*>(data) + offset * element;
+    send_bytes[d] = split[d] * static_cast<int64_t>(element);
+    offset += static_cast<size_t>(split[d]);
+  }
+  const size_t mine = static_cast<size_t>(send_bytes[static_cast<size_t>(rank_)]);
+  // Every rank's slice for this one, in rank order.
+  std::vector<uint8_t> slices;
+  std::vector<int> absent;
+  absl::Status status = Exchange(
+      what, worker, worker_name, sum, send, send_bytes,
+      [&slices, n, mine](const std::vector<int64_t>&) -> absl::StatusOr<uint8_t*> {
+        slices.resize(n * mine);
+        return slices.data();
+      },
+      nullptr, &absent);
+  if (!status.ok()) return status;
+  if (!absent.empty()) return MembersLeft(what, worker, absent);
+  const auto elements = static_cast<size_t>(split[static_cast<size_t>(rank_)]);
+  for (size_t step = 1; step < n; step *= 2) {
+    for (size_t i = 0; i + step < n; i += 2 * step) {
+      aggregator::ReduceInto(PoolOp(op), PoolDType(dtype), &slices[i * mine],
+                             &slices[(i + step) * mine], elements);
+    }
+  }
+  if (mine > 0) std::memcpy(out, slices.data(), mine);
+  return absl::OkStatus();
+}
+
+absl::Status PushExchange::AllReduce(Worker& worker, const std::string& worker_name,
+                                     const SumWords& sum, void* data, size_t count,
+                                     DataType dtype, ReduceOp op) {
+  const size_t n = static_cast<size_t>(size_);
+  const size_t element = DataTypeSize(dtype);
+  const std::vector<int64_t> split = ReduceScatterRows(static_cast<int64_t>(count), size_);
+  size_t before = 0;
+  for (int r = 0; r < rank_; ++r) before += static_cast<size_t>(split[static_cast<size_t>(r)]);
+  auto* bytes = static_cast<uint8_t*>(data);
+  uint8_t* slice = bytes + before * element;
+  if (auto status = ReduceScatter("AllReduce", worker, worker_name, sum, data, split, dtype, op,
+                                  slice);
+      !status.ok()) {
+    return status;
+  }
+  // Every rank's reduced slice lands at its place in `data`; this rank's
+  // is there already.
+  const int64_t slice_bytes = split[static_cast<size_t>(rank_)] * static_cast<int64_t>(element);
+  std::vector<int> absent;
+  absl::Status status = Exchange(
+      "AllReduce", worker, worker_name, sum, std::vector<const uint8_t*>(n, slice),
+      std::vector<int64_t>(n, slice_bytes),
+      [bytes](const std::vector<int64_t>&) -> absl::StatusOr<uint8_t*> { return bytes; }, nullptr,
+      &absent);
+  if (!status.ok()) return status;
+  if (!absent.empty()) return MembersLeft("AllReduce", worker, absent);
+  return absl::OkStatus();
+}
+
 absl::Status PushExchange::ExchangeRows(const char* what, Worker& worker,
                                         const std::string& worker_name, const SumWords& sum,
                                         const std::vector<const uint8_t*>& send,
@@ -216,7 +309,7 @@ absl::Status PushExchange::Exchange(const char* what, Worker& worker,
                                     const std::vector<const uint8_t*>& send,
                                     const std::vector<int64_t>& send_bytes,
                                     const ExchangeRecvBuffer& recv_buffer,
-                                    std::vector<int64_t>* recv_bytes) {
+                                    std::vector<int64_t>* recv_bytes, std::vector<int>* absent) {
   const size_t size = static_cast<size_t>(size_);
   const size_t me = static_cast<size_t>(rank_);
   const size_t width = RowWords(size_);
@@ -370,6 +463,12 @@ absl::Status PushExchange::Exchange(const char* what, Worker& worker,
         absl::StrCat(what, ": rank ", rank_, " is missing blocks its senders' pushes delivered"));
   }
   if (recv_bytes != nullptr) *recv_bytes = received;
+  if (absent != nullptr) {
+    absent->clear();
+    for (size_t r = 0; r < size; ++r) {
+      if (!present[r]) absent->push_back(static_cast<int>(r));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "aggregator/packet_pool.h"
 #include "api/allreduce.h"
 #include "api/mlfabric.h"
 
@@ -67,6 +68,31 @@ class PushExchange {
                          const void* send, int64_t rows, int64_t row_elements, DataType dtype,
                          const AlltoallRecvBuffer& recv_buffer, std::vector<int64_t>* recv_rows);
 
+  // A reduce-scatter under `op` once the ranks agree on length, dtype and
+  // op (Horovod's reducescatter with min, max or product, and the first
+  // half of AllReduce below): rank r gets split[r] elements, the reduction
+  // of every rank's elements at their place (the slices in rank order).
+  // Rank s pushes its slice for rank d to d's server; d reduces the slices
+  // it received in pairs in rank order, ((r0 op r1) op (r2 op r3)), the
+  // order of Open MPI's recursive doubling, and writes split[rank] elements
+  // to `out` (which may lie inside `data`: the pushes have all been applied
+  // when the reduction starts). A rank that left the job (its words missing
+  // from a shrunk sum) owns a slice no one reduces: every rank fails the
+  // call in the rounds' wording (MembersLeft).
+  absl::Status ReduceScatter(const char* what, Worker& worker, const std::string& worker_name,
+                             const SumWords& sum, const void* data,
+                             const std::vector<int64_t>& split, DataType dtype, ReduceOp op,
+                             void* out);
+  // AllReduce under `op` (the daemons' rounds only sum: this is the mlfabric
+  // backend's min, max and product): ReduceScatter of ReduceScatterRows(
+  // count, size) elements per rank, then every rank's reduced slice pushed
+  // to every other rank, into `data` at its place. Each element is reduced
+  // once, by one rank, so every rank gets the same bits. Between them the
+  // two exchanges move 2 (size - 1) / size of the buffer out of and into
+  // each rank, as a ring's reduce-scatter and allgather do.
+  absl::Status AllReduce(Worker& worker, const std::string& worker_name, const SumWords& sum,
+                         void* data, size_t count, DataType dtype, ReduceOp op);
+
   // The receive buffer of an Exchange: given the bytes each rank sends this
   // one (in rank order), room for their sum, or an error that fails the
   // call on every rank (this one with it).
@@ -77,12 +103,15 @@ class PushExchange {
   // rank, is copied, unless it is already in place) and receives every
   // rank's block for it, in rank order, in the buffer `recv_buffer` gives;
   // *recv_bytes the sizes. The same pointer may go to several ranks.
-  // `what` names the collective in errors.
+  // `what` names the collective in errors. `absent` (optional): the ranks
+  // whose words the first sum lacked (they left a job whose rounds shrink
+  // to the members left, and took no part); the same on every rank.
   absl::Status Exchange(const char* what, Worker& worker, const std::string& worker_name,
                         const SumWords& sum,
                         const std::vector<const uint8_t*>& send,
                         const std::vector<int64_t>& send_bytes,
-                        const ExchangeRecvBuffer& recv_buffer, std::vector<int64_t>* recv_bytes);
+                        const ExchangeRecvBuffer& recv_buffer, std::vector<int64_t>* recv_bytes,
+                        std::vector<int>* absent = nullptr);
 
   // Unavailable in the rounds' wording ("... left the job ... membership
   // generation G ..."), naming `ranks`, which elastic training takes as a
@@ -144,6 +173,10 @@ class PushExchange {
 
 // FNV-1a of a worker name, never 0 (0 is "no rank" in the sums).
 uint64_t WorkerNameKey(const std::string& name);
+
+// The aggregator's names for a reduce op and a dtype (kBool as its bytes).
+aggregator::ReduceOp PoolOp(ReduceOp op);
+aggregator::DType PoolDType(DataType dtype);
 
 }  // namespace mlfabric::internal
 

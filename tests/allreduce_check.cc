@@ -8,9 +8,9 @@
 // AllReduce and broadcast exactly, that inputs (length, dtype, reduce op,
 // broadcast root, and the tensor shape a call names in CallOptions) which
 // differ across ranks are a FailedPrecondition on every rank naming both
-// (no hang), that the mlfabric backend without MPI
-// refuses min/max/product across hosts (Unimplemented) and reduces them
-// in shared memory on one host, and that bad backend names and
+// (no hang), that the mlfabric backend without MPI reduces every dtype
+// under min/max/product exactly as MPI_Allreduce (across hosts by
+// exchanges of blocks, on one host in shared memory), and that bad backend names and
 // dtypes are errors naming the alternatives. Where nccl cannot run,
 // MakeAllReducer must say why, and rank 0 prints
 // "note: NCCL AllReduce not run: <why>" (only a missing GPU is a reason;
@@ -363,17 +363,11 @@ void CheckAllgather(mlfabric::AllReducer& reducer) {
          "%s allgather, invalid on one rank: %s", reducer.backend(), status.ToString().c_str());
 }
 
-// The mlfabric backend without MPI (as launched without mpirun): reduce
-// ops other than sum are refused by the daemons' rounds on every rank
-// (Unimplemented), unless every rank shares one host, where shared memory
-// reduces them; ranks that disagree on the op all fail, none waits.
 // Alltoall with uneven and zero counts (rank r sends (r + d) % 3 rows of 2
 // int32 to rank d, row values naming sender, destination and index) and
 // ReduceScatter (Horovod's split of an uneven first dimension) under sum,
 // min and product, against values computed here; then mismatches.
-// `any_op`: false for the mlfabric backend's rounds across hosts, which
-// only sum (min and product then fail on every rank, Unimplemented).
-void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer, bool any_op = true) {
+void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer) {
   using namespace mlfabric;
   const int size = reducer.size();
   const auto rows_to = [](int from, int to) { return int64_t{(from + to) % 3}; };
@@ -423,14 +417,6 @@ void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer, bool any_op = true) 
     for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int64_t>(i) - 7 + g_rank;
     std::vector<int64_t> out(static_cast<size_t>(split[static_cast<size_t>(g_rank)] * 3), -1);
     status = reducer.ReduceScatter(in.data(), rows, 3, DataType::kInt64, op, out.data());
-    if (!any_op && op != ReduceOp::kSum) {
-      EXPECT(absl::IsUnimplemented(status) &&
-                 status.message().find("is not implemented by the mlfabric") !=
-                     absl::string_view::npos,
-             "%s reducescatter %s across hosts: %s", reducer.backend(), ReduceOpName(op),
-             status.ToString().c_str());
-      continue;
-    }
     bool right = status.ok();
     for (size_t j = 0; j < out.size() && right; ++j) {
       const int64_t i = begin * 3 + static_cast<int64_t>(j);
@@ -453,15 +439,20 @@ void CheckAlltoallAndScatter(mlfabric::AllReducer& reducer, bool any_op = true) 
   for (int r = 0; r < g_rank; ++r) big_begin += big_split[static_cast<size_t>(r)];
   std::vector<int32_t> big(static_cast<size_t>(big_rows * 2));
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<int32_t>(i % 1000) + g_rank;
-  std::vector<int32_t> part(static_cast<size_t>(big_split[static_cast<size_t>(g_rank)] * 2), -1);
-  status = reducer.ReduceScatter(big.data(), big_rows, 2, DataType::kInt32, ReduceOp::kSum,
-                                 part.data());
-  bool big_right = status.ok();
-  for (size_t j = 0; j < part.size() && big_right; ++j) {
-    const size_t i = static_cast<size_t>(big_begin * 2) + j;
-    big_right = part[j] == size * static_cast<int32_t>(i % 1000) + size * (size - 1) / 2;
+  // Under max too: between hosts each rank's rows pushed to the rank that
+  // reduces them.
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+    std::vector<int32_t> part(static_cast<size_t>(big_split[static_cast<size_t>(g_rank)] * 2), -1);
+    status = reducer.ReduceScatter(big.data(), big_rows, 2, DataType::kInt32, op, part.data());
+    bool big_right = status.ok();
+    for (size_t j = 0; j < part.size() && big_right; ++j) {
+      const auto at = static_cast<int32_t>((static_cast<size_t>(big_begin * 2) + j) % 1000);
+      big_right = part[j] == (op == ReduceOp::kSum ? size * at + size * (size - 1) / 2
+                                                   : at + size - 1);
+    }
+    EXPECT(big_right, "%s reducescatter %s of 320 KB: %s", reducer.backend(), ReduceOpName(op),
+           status.ToString().c_str());
   }
-  EXPECT(big_right, "%s reducescatter of 320 KB: %s", reducer.backend(), status.ToString().c_str());
   std::vector<float> f(static_cast<size_t>(g_rank == 0 ? 8 : 6), 1.0f), g(8);
   status = reducer.ReduceScatter(f.data(), static_cast<int64_t>(f.size() / 2), 2,
                                  DataType::kFloat32, ReduceOp::kSum, g.data());
@@ -595,18 +586,24 @@ void CheckOpsWithoutMpi(mlfabric::AllReduceOptions options, int size) {
   EXPECT(made.ok(), "mlfabric reducer without MPI: %s", made.status().ToString().c_str());
   if (!made.ok()) return;
   AllReducer& reducer = **made;
-  const bool one_host = reducer.local_size() == size;
-  std::vector<int16_t> v(100, static_cast<int16_t>(g_rank + 1));
-  absl::Status status = reducer.AllReduce(v.data(), v.size(), DataType::kInt16, ReduceOp::kMax);
-  if (one_host) {
-    EXPECT(status.ok() && v[0] == size && v[99] == size, "max in shared memory: %s, %d",
-           status.ToString().c_str(), v[0]);
+  // Every dtype under min, max and product, exactly as MPI_Allreduce (on
+  // one host in shared memory, across hosts by exchanges of blocks), and
+  // ranks that pass different ops fail naming both.
+  int round = CheckOps(reducer, 500);
+  absl::Status status;
+  if (reducer.local_size() != size) {
+    CheckOpMismatch(reducer, round);
   } else {
-    EXPECT(absl::IsUnimplemented(status) && status.message().find("reduce op max") !=
-                                                 absl::string_view::npos &&
-               status.message().find("mlfabric") != absl::string_view::npos,
-           "max without MPI: %s", status.ToString().c_str());
+    // Shared memory compares the ops in its own words.
+    std::vector<int32_t> w(16, 1);
+    status = reducer.AllReduce(w.data(), w.size(), DataType::kInt32,
+                               g_rank == size - 1 ? ReduceOp::kMax : ReduceOp::kMin);
+    EXPECT(absl::IsFailedPrecondition(status) &&
+               status.message().find("rank 0 passes 16 int32 (min)") != absl::string_view::npos &&
+               status.message().find("16 int32 (max)") != absl::string_view::npos,
+           "mismatched op in shared memory: %s", status.ToString().c_str());
   }
+  std::vector<int16_t> v(100, static_cast<int16_t>(g_rank + 1));
   // Alltoall and ReduceScatter built from the rounds' sums (in place too),
   // exact, with the same agreement errors as through MPI.
   std::vector<float> out(100, 1.0f);
@@ -616,12 +613,13 @@ void CheckOpsWithoutMpi(mlfabric::AllReduceOptions options, int size) {
   EXPECT(status.ok() && out[0] == static_cast<float>(size) &&
              out[static_cast<size_t>(mine - 1)] == static_cast<float>(size),
          "reducescatter in place without MPI: %s, %f", status.ToString().c_str(), out[0]);
-  CheckAlltoallAndScatter(reducer, one_host);
-  // Rank 0 asks for min, the others for sum: every rank fails, none hangs.
+  CheckAlltoallAndScatter(reducer);
+  // Rank 0 asks for min, the others for sum: rank 0's agreement meets the
+  // others' sum in one round, which fails on every rank; none hangs.
   status = reducer.AllReduce(v.data(), v.size(), DataType::kInt16,
                              g_rank == 0 ? ReduceOp::kMin : ReduceOp::kSum);
-  EXPECT(absl::IsFailedPrecondition(status) || (g_rank == 0 && absl::IsUnimplemented(status)),
-         "min against sum without MPI: %s", status.ToString().c_str());
+  EXPECT(absl::IsFailedPrecondition(status), "min against sum without MPI: %s",
+         status.ToString().c_str());
   // A length that differs, found by the root's scheduler (or the host's
   // shared memory): FailedPrecondition on every rank.
   std::vector<int8_t> odd(g_rank == size - 1 ? 12 : 10, 1);
