@@ -7,7 +7,11 @@
 //   where the mlfabric backend sums in shared memory)
 //
 // --collective=allreduce (default) | allgather | broadcast | alltoall |
-// reducescatter: Horovod's collectives. --count is the float32 elements
+// reducescatter: Horovod's collectives. --op=sum (default) | min | max:
+// AllReduce's and ReduceScatter's reduce op (the mlfabric backend sums in
+// its daemons' rounds, and reduces min and max between hosts by exchanges
+// of blocks; a float product depends on the order and is not offered
+// here). --count is the float32 elements
 // each rank holds: its AllReduce buffer, its part of the Allgather, the
 // Broadcast buffer, its Alltoall send buffer (rows of one element, split
 // over the ranks as ReduceScatterRows splits them), its ReduceScatter
@@ -54,9 +58,14 @@ std::string FlagString(int argc, char** argv, const char* name, const char* fall
 // each rank's and position's own, so that a misplaced block shows.
 float Input(int rank, size_t i) { return static_cast<float>((rank + 1) * (i % 1024 + 1)); }
 
-// Element i of the sum of Input over `size` ranks.
+// Element i of the sum (max, min) of Input over `size` ranks.
 float SumOfInputs(int size, size_t i) {
   return static_cast<float>(size * (size + 1) / 2 * (i % 1024 + 1));
+}
+float ReducedInputs(mlfabric::ReduceOp op, int size, size_t i) {
+  if (op == mlfabric::ReduceOp::kMax) return Input(size - 1, i);
+  if (op == mlfabric::ReduceOp::kMin) return Input(0, i);
+  return SumOfInputs(size, i);
 }
 
 // One collective: `prepare` (untimed) refills the buffers, `call` runs it,
@@ -75,8 +84,9 @@ constexpr const char* kCollectives[] = {"allreduce", "allgather", "broadcast", "
 
 // The collective `name` (one of kCollectives) on `count` float32 per rank,
 // over `in` and `out`.
-Collective MakeCollective(const std::string& name, mlfabric::AllReducer& reducer, size_t count,
-                          std::vector<float>& in, std::vector<float>& out) {
+Collective MakeCollective(const std::string& name, mlfabric::ReduceOp op,
+                          mlfabric::AllReducer& reducer, size_t count, std::vector<float>& in,
+                          std::vector<float>& out) {
   using mlfabric::DataType;
   const int rank = reducer.rank(), size = reducer.size();
   // Alltoall's and ReduceScatter's rows per rank, and this rank's first.
@@ -89,11 +99,11 @@ Collective MakeCollective(const std::string& name, mlfabric::AllReducer& reducer
     c.name = "AllReduce";
     in.resize(count);
     c.prepare = [&in, rank] { for (size_t i = 0; i < in.size(); ++i) in[i] = Input(rank, i); };
-    c.call = [&reducer, &in] {
-      return reducer.AllReduce(in.data(), in.size(), DataType::kFloat32);
+    c.call = [&reducer, &in, op] {
+      return reducer.AllReduce(in.data(), in.size(), DataType::kFloat32, op);
     };
     c.result = &in;
-    c.expected = [size](size_t i) { return SumOfInputs(size, i); };
+    c.expected = [op, size](size_t i) { return ReducedInputs(op, size, i); };
   } else if (name == "allgather") {
     c.name = "Allgather";
     in.resize(count);
@@ -160,12 +170,12 @@ Collective MakeCollective(const std::string& name, mlfabric::AllReducer& reducer
     for (size_t i = 0; i < count; ++i) in[i] = Input(rank, i);
     out.resize(mine);
     c.prepare = [&out] { std::fill(out.begin(), out.end(), -1.0f); };
-    c.call = [&reducer, &in, &out] {
+    c.call = [&reducer, &in, &out, op] {
       return reducer.ReduceScatter(in.data(), static_cast<int64_t>(in.size()), 1,
-                                   DataType::kFloat32, mlfabric::ReduceOp::kSum, out.data());
+                                   DataType::kFloat32, op, out.data());
     };
     c.result = &out;
-    c.expected = [size, before](size_t i) { return SumOfInputs(size, before + i); };
+    c.expected = [op, size, before](size_t i) { return ReducedInputs(op, size, before + i); };
   }
   return c;
 }
@@ -188,6 +198,13 @@ int main(int argc, char** argv) {
                  "allgather, broadcast, alltoall or reducescatter\n", collective.c_str());
     return 1;
   }
+  const std::string op_name = FlagString(argc, argv, "--op", "sum");
+  const absl::StatusOr<ReduceOp> op = ParseReduceOp(op_name);
+  if (!op.ok() || *op == ReduceOp::kProduct) {
+    std::fprintf(stderr, "allreduce_benchmark: unknown --op=%s: use sum, min or max\n",
+                 op_name.c_str());
+    return 1;
+  }
   auto reducer = MakeAllReducer(options);
   if (!reducer.ok()) {
     std::fprintf(stderr, "allreduce_benchmark: %s\n", reducer.status().ToString().c_str());
@@ -195,7 +212,7 @@ int main(int argc, char** argv) {
   }
   const int rank = (*reducer)->rank();
   std::vector<float> in, out;
-  Collective c = MakeCollective(collective, **reducer, count, in, out);
+  Collective c = MakeCollective(collective, *op, **reducer, count, in, out);
   std::vector<double> ms;
   for (int i = 0; i < warmup + repeats; ++i) {
     c.prepare();
@@ -222,9 +239,12 @@ int main(int argc, char** argv) {
   if (rank == 0 && !ms.empty()) {
     double total = 0;
     for (double m : ms) total += m;
-    std::printf("allreduce_benchmark: %s, %d ranks, %zu float32: %.3f ms per %s "
+    const bool reduces = collective == "allreduce" || collective == "reducescatter";
+    std::printf("allreduce_benchmark: %s, %d ranks, %zu float32: %.3f ms per %s%s%s "
                 "(min %.3f, max %.3f, %d repeats)\n",
                 (*reducer)->backend(), (*reducer)->size(), count, total / ms.size(), c.name,
+                reduces && *op != ReduceOp::kSum ? " " : "",
+                reduces && *op != ReduceOp::kSum ? ReduceOpName(*op) : "",
                 *std::min_element(ms.begin(), ms.end()), *std::max_element(ms.begin(), ms.end()),
                 repeats);
   }

@@ -8,6 +8,7 @@
 #                            [--repeats 30] [--mlfabric_args "--daemon_arg ..."]
 #                            [--baseline OTHER_TREE] [--json FILE] [--bazel_bin DIR]
 #                            [--collective allreduce|alltoall|reducescatter|broadcast|allgather]
+#                            [--op sum|min|max]
 #
 # Prints one line per (ranks, float32 count): the mean milliseconds per
 # AllReduce of every pair, mlfabric first, and the ratio mlfabric / MPI of
@@ -26,6 +27,8 @@
 # --collective times another of allreduce_benchmark's collectives the same
 # way (its --count is each rank's buffer; an Alltoall's send buffer), and
 # writes it as the JSON's "collective"; the default is allreduce.
+# --op min|max times AllReduce or ReduceScatter under that reduce op
+# (between hosts, exchanges of blocks; written as the JSON's "op").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 invocation=("$0" "$@")
@@ -41,6 +44,7 @@ baseline=""
 json=""
 bazel_bin=bazel-bin
 collective=allreduce
+op=sum
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --ranks) ranks="$2"; shift 2 ;;
@@ -52,6 +56,7 @@ while [[ $# -gt 0 ]]; do
     --json) json="$2"; shift 2 ;;
     --bazel_bin) bazel_bin="$2"; shift 2 ;;
     --collective) collective="$2"; shift 2 ;;
+    --op) op="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "allreduce_hosts.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -71,6 +76,15 @@ if [[ -z "${call_name[$collective]:-}" ]]; then
   exit 2
 fi
 call=${call_name[$collective]}
+case "$op" in
+  sum) ;;
+  min|max)
+    if [[ $collective != allreduce && $collective != reducescatter ]]; then
+      echo "allreduce_hosts.sh: --op $op applies to allreduce and reducescatter, not $collective" >&2
+      exit 2
+    fi ;;
+  *) echo "allreduce_hosts.sh: --op '$op' is not one of: sum min max" >&2; exit 2 ;;
+esac
 if [[ -n "$json" && ! -d "$(dirname "$json")" ]]; then
   echo "allreduce_hosts.sh: --json $json: no directory $(dirname "$json")" >&2
   exit 2
@@ -105,7 +119,7 @@ fi
 # The goal mlfabric / MPI over TCP per float32 count (docs/results.md §3.2);
 # sizes without one get no target.
 declare -A target_ratio=([65536]=3 [1048576]=2 [16777216]=1.5)
-[[ $collective == allreduce ]] || target_ratio=()  # the targets are AllReduce's
+[[ $collective == allreduce && $op == sum ]] || target_ratio=()  # the targets are AllReduce's
 # The run as docs/results/allreduce-hosts.json holds it (results_tables.py
 # renders §3.2 from it).
 write_json() {
@@ -142,15 +156,15 @@ for n in $ranks; do
         # shellcheck disable=SC2086
         base+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms "$call" "$baseline/bazel-bin/tools/run/mlfabric-run" \
                     -np "$n" --ranks_per_host 1 $mlfabric_args \
-                    "$baseline/bazel-bin/api/allreduce_benchmark" --collective="$collective" --count="$count" \
+                    "$baseline/bazel-bin/api/allreduce_benchmark" --collective="$collective" --op="$op" --count="$count" \
                     --repeats="$repeats")")
       fi
       # shellcheck disable=SC2086
       fabric+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms "$call" "$run" -np "$n" --ranks_per_host 1 \
-                  $mlfabric_args "$bench" --collective="$collective" --count="$count" \
+                  $mlfabric_args "$bench" --collective="$collective" --op="$op" --count="$count" \
                   --repeats="$repeats")")
       mpi+=("$(OMPI_MCA_btl=tcp,self mean_ms "$call" "$run" -np "$n" "$bench" --backend=mpi \
-                  --collective="$collective" --count="$count" --repeats="$repeats")")
+                  --collective="$collective" --op="$op" --count="$count" --repeats="$repeats")")
     done
     to_mpi=$(ratio_of "${fabric[@]}" -- "${mpi[@]}")
     if [[ -n "$baseline" ]]; then
@@ -160,7 +174,8 @@ for n in $ranks; do
       printf '%-6s %-10s %-28s %-28s %s\n' "$n" "$count" "${fabric[*]}" "${mpi[*]}" "$to_mpi"
     fi
     cell="{"
-    [[ $collective == allreduce ]] || cell+="\"collective\": \"$collective\", "
+    [[ $collective == allreduce && $op == sum ]] || cell+="\"collective\": \"$collective\", "
+    [[ $op == sum ]] || cell+="\"op\": \"$op\", "
     cell+="\"ranks\": $n, \"count\": $count, \"mlfabric_ms\": [$(join_by ", " "${fabric[@]}")],"
     cell+=" \"mpi_tcp_ms\": [$(join_by ", " "${mpi[@]}")]"
     if [[ -n "$baseline" ]]; then

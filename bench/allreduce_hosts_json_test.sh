@@ -23,8 +23,18 @@ if out=$("$root/bench/allreduce_hosts.sh" --bazel_bin "$root" --json "$tree/no/s
 fi
 grep -qF "no directory $tree/no/such/dir" <<<"$out"
 
+if out=$("$root/bench/allreduce_hosts.sh" --bazel_bin "$root" --op product 2>&1); then
+  echo "FAIL: --op product was accepted"
+  exit 1
+fi
+grep -qF -- "--op 'product' is not one of: sum min max" <<<"$out"
+
 "$root/bench/allreduce_hosts.sh" --bazel_bin "$root" --ranks 2 --counts "1024 65536" --pairs 1 \
     --repeats 3 --json "$json"
+# An AllReduce under max (between hosts, exchanges of blocks) is a row of
+# its own in the collectives' table.
+"$root/bench/allreduce_hosts.sh" --bazel_bin "$root" --ranks 2 --counts 1024 --pairs 1 \
+    --repeats 3 --op max --json "$tree/docs/results/collectives-hosts-allreduce-max.json"
 
 python3 - "$root/tools/docs" "$tree" "$json" <<'PY'
 import json, re, sys
@@ -54,5 +64,11 @@ for row, result in zip(rows[2:], data["results"]):
             results_tables.sig(mpi[0], 3) + " ms", ratio, target]
     assert cells == want, "row %s, expected %s" % (cells, want)
 print("\n".join(rows))
+maxed = json.load(open(tree + "/docs/results/collectives-hosts-allreduce-max.json"))
+assert [(r["collective"], r["op"]) for r in maxed["results"]] == [("allreduce", "max")], maxed
+assert maxed["target_ratio"] == {}, maxed["target_ratio"]
+table = results_tables.collectives_hosts(tree)
+assert any(line.startswith("| AllReduce (Max) |") for line in table), table
+print("\n".join(table))
 PY
 echo "allreduce_hosts_json_test: the run's JSON renders as the §3.2 table"

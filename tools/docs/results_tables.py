@@ -534,8 +534,9 @@ def allreduce_one_host(root):
 
 
 # bench/collectives_one_host.sh's names, as allreduce_benchmark prints them.
-COLLECTIVES = {"allreduce": "AllReduce", "allgather": "Allgather",
-               "broadcast": "Broadcast", "alltoall": "Alltoall", "reducescatter": "ReduceScatter"}
+COLLECTIVES = {"allreduce": "AllReduce", "allreduce max": "AllReduce (Max)",
+               "allgather": "Allgather", "broadcast": "Broadcast", "alltoall": "Alltoall",
+               "reducescatter": "ReduceScatter"}
 
 
 def collectives_table(cells, columns):
@@ -589,7 +590,9 @@ def collectives_hosts(root):
     columns, cells = [], {}
     for where, data in load(root, "docs/results/collectives-hosts-*.json"):
         for entry in field(data, "results", where):
-            collective = field(entry, "collective", where)
+            # A reduce op other than sum (bench/allreduce_hosts.sh --op) is a row of its own.
+            collective = " ".join([field(entry, "collective", where)] +
+                                  ([entry["op"]] if "op" in entry else []))
             if collective not in COLLECTIVES:
                 raise Problem("%s: unknown collective '%s' (known: %s)" %
                               (where, collective, ", ".join(COLLECTIVES)))
