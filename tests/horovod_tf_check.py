@@ -7,6 +7,8 @@
      postscale; allgather -> the upstream gradient averaged over ranks, this
      rank's rows; broadcast -> that average on the root, zero elsewhere;
      eagerly and in a tf.function, float32 and float64, 1-3 dimensions;
+     grouped_allreduce's fused tensors in different shapes on different
+     ranks raise FailedPreconditionError naming both layouts;
   2. tf.IndexedSlices: allreduce and grouped_allreduce allgather values and
      indices (Average divides the values by the size, integers into floats
      as Horovod's `/` does); other ops and pre-/postscale factors raise
@@ -143,6 +145,22 @@ for mode, call in (("eagerly", lambda f: f()), ("in a tf.function", lambda f: tf
     except tf.errors.FailedPreconditionError as e:
         expect("Mismatched Allgather tensor shapes: rank 0 passed shape [2, 6] while rank 1 "
                "passed shape [3, 4]" in str(e), "allgather row shape mismatch %s: %s" % (mode, e))
+# A fused buffer of the same length and dtype whose tensors' shapes differ
+# ([3, 4] and [5] on rank 0, [4, 3] and [5] elsewhere): every rank fails
+# naming both layouts, eagerly and while a tf.function is traced, before
+# any data moves; the layout every rank passes is then summed as before.
+for mode, call in (("eagerly", lambda f: f()), ("in a tf.function", lambda f: tf.function(f)())):
+    try:
+        call(lambda: hvd.grouped_allreduce(
+            [tf.ones([3, 4] if rank == 0 else [4, 3]), tf.ones([5])], op=hvd.Sum))
+        expect(False, "grouped_allreduce of [3, 4] against [4, 3] %s: no error" % mode)
+    except tf.errors.FailedPreconditionError as e:
+        expect("Mismatched fused tensor shapes: rank 0 passed float32[3, 4], float32[5] while "
+               "rank 1 passed float32[4, 3], float32[5]" in str(e),
+               "grouped_allreduce layout mismatch %s: %s" % (mode, e))
+    fused = call(lambda: hvd.grouped_allreduce([tf.ones([3, 4]), tf.ones([5])], op=hvd.Sum))
+    expect(all(np.array_equal(t.numpy(), np.full(t.shape, size, np.float32)) for t in fused),
+           "grouped_allreduce after a layout mismatch %s" % mode)
 
 # ---- 2. tf.IndexedSlices.
 slices = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]) * (rank + 1),

@@ -370,6 +370,64 @@ def _fusion_buckets(tensors, threshold):
     return buckets
 
 
+# A fused buffer is one AllReduce of its tensors' concatenation: the ranks
+# agree on its length and dtype with every call, but not on how it divides
+# into tensors. So that tensors of different shapes on different ranks
+# ([3, 4] and [5] against [4, 3] and [5]) fail instead of summing misplaced
+# elements, the ranks first agree on the call's layout (every tensor's dtype
+# and shape, in order) in one small sum: with each eager call, and once
+# while a tf.function is traced (every rank traces at the same call), not
+# with each of its steps; not in a TF1 graph, where nothing runs while it
+# is built, nor with backup workers, whose sums may leave ranks out.
+# Horovod's coordinator compares every tensor of every step.
+def _layout_key(tensors):
+    return tuple((t.dtype.name, tuple(-1 if d is None else int(d) for d in t.shape.as_list()))
+                 for t in tensors)
+
+
+def _layout_text(key):
+    return ", ".join("%s%s" % (dtype, list(shape)) for dtype, shape in key)
+
+
+def _agree_layout(tensors, reducer, where):
+    """Raises tf.errors.FailedPreconditionError on every rank, naming the
+    ranks and their layouts, when the ranks' fused layouts differ."""
+    import hashlib
+    if reducer.size == 1 or reducer.summed != reducer.size:
+        return  # with backup workers a sum may leave ranks out: no agreement by sum
+    # (A rank that left the job fails this sum as it fails a collective op.)
+    summed = elastic.raises_membership_changed(lambda a: reducer.allreduce(a, "sum"))
+    with tf.init_scope():
+        if not tf.executing_eagerly():
+            return  # a TF1 graph: nothing can run while it is built
+        text = _layout_text(_layout_key(tensors)).encode()
+        digest = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+        words = np.zeros(reducer.size, np.int64)
+        words[reducer.rank] = (digest >> 2) | 1  # positive, never 0 (0: a rank not in the sum)
+        words = summed(words)
+        mine = words[reducer.rank]
+        if all(w in (0, mine) for w in words):
+            return
+        # Differing: every rank gathers every layout to name them (the same
+        # words on every rank, so every rank comes here).
+        lengths = np.zeros(reducer.size, np.int64)
+        lengths[reducer.rank] = len(text)
+        lengths = summed(lengths)
+        longest = int(lengths.max())
+        table = np.zeros((reducer.size, longest), np.uint8)
+        table[reducer.rank, :len(text)] = np.frombuffer(text, np.uint8)
+        table = summed(table.reshape(-1)).reshape(reducer.size, longest)
+        layouts = [bytes(table[r, :lengths[r]]).decode(errors="replace")
+                   for r in range(reducer.size)]
+        first = next(r for r in range(reducer.size) if words[r] != 0)
+        other = next(r for r in range(reducer.size) if words[r] not in (0, words[first]))
+        raise tf.errors.FailedPreconditionError(
+            None, None,
+            "%s: Mismatched fused tensor shapes: rank %d passed %s while rank %d passed %s "
+            "(every rank must pass tensors of the same shapes and dtypes, in the same order)"
+            % (where, first, layouts[first], other, layouts[other]))
+
+
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=None, reducer=None,
@@ -384,7 +442,9 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     order, the same on every rank. A tf.IndexedSlices entry is reduced
     alone, as allreduce does (allgather of values and indices); with one
     in the list, as in Horovod, only Sum and Average without pre- or
-    postscale factors are allowed (NotImplementedError otherwise)."""
+    postscale factors are allowed (NotImplementedError otherwise). The
+    ranks first agree on the tensors' dtypes and shapes (_agree_layout):
+    tf.errors.FailedPreconditionError on every rank when they differ."""
     where = "mlfabric.tensorflow.grouped_allreduce"
     del device_dense, device_sparse
     _check_process_set(process_set, where)
@@ -410,6 +470,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     wire = [tf.cast(t, tf.float32) if t.dtype == tf.bfloat16 else t for t in present]
     for t in wire:
         _check_dtype(t)
+    _agree_layout(present, reducer, where)
     for bucket in _fusion_buckets(wire, threshold):
         # Buckets run in order: _sum orders a graph's collectives.
         parts = [wire[i] for i in bucket]
