@@ -1,6 +1,6 @@
 """Run in every rank by tests/tf_dtypes_test.sh under mlfabric-run, at any
-number of ranks (the test runs 4 ranks with a host each, and 2 hosts of 2
-ranks): every collective of mlfabric.tensorflow, for every dtype it takes
+number of ranks (the test runs 4 ranks with a host each, 2 hosts of 2
+ranks, and one host of 4): every collective of mlfabric.tensorflow, for every dtype it takes
 and every reduce op, eagerly and in a tf.function, through the mlfabric
 backend, compared exactly with
   - the values computed here from every rank's input (integer-valued, so

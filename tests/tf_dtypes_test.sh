@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/tf_dtypes_check.py under mlfabric-run with 4 ranks: a host (daemon)
-# per rank, then 2 hosts of 2 ranks, every call between hosts on the
+# per rank, 2 hosts of 2 ranks, then one host of 4 (shared memory and MPI),
+# every call between hosts on the
 # mlfabric backend's own path (MLFABRIC_ALLREDUCE_MPI_BELOW=0): every
 # collective of mlfabric.tensorflow, every dtype and reduce op, eagerly and
 # in a tf.function, exactly as computed and as Open MPI's. Skips, saying
@@ -11,7 +12,7 @@ source "$TEST_SRCDIR/mlfabric/testing/prereq.sh"
 require_python tensorflow numpy
 root="$TEST_SRCDIR/mlfabric"
 export PYTHONPATH="$root/python" TMPDIR="$TEST_TMPDIR" MLFABRIC_ALLREDUCE_MPI_BELOW=0
-for per_host in 1 2; do
+for per_host in 1 2 4; do
   out="$TEST_TMPDIR/out-$per_host.txt"
   echo "== 4 ranks, $per_host per host"
   timeout 560 "$root/tools/run/mlfabric-run" -np 4 --ranks_per_host "$per_host" \
