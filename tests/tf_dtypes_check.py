@@ -6,6 +6,8 @@ backend, compared exactly with
   - the values computed here from every rank's input (integer-valued, so
     that every order of reduction gives the same bits), and
   - the same call through the mpi backend (Open MPI's result).
+Then each differentiable collective's registered gradient (Horovod's
+definition) against numerical gradients of the ranks' summed losses.
 With MLFABRIC_ALLREDUCE_MPI_BELOW=0 (the test sets it) every call between
 hosts takes the mlfabric backend's own path: sums through the scheduler's
 rounds, min/max/product, allgather, broadcast and alltoall as blocks pushed
@@ -143,6 +145,67 @@ both("allreduce float32 max x 50000", lambda red: hvd.allreduce(tf.constant(big)
 both("allreduce float32 min x 50000", lambda red: hvd.allreduce(tf.constant(big), op=hvd.Min,
                                                                  reducer=red),
      np.arange(50000, dtype=np.float32) % 997 - 498)
+
+# ---- gradients against numerical gradients, for each differentiable
+# collective. Every rank's loss is L_r = sum(w_r * y_r), y_r the collective's
+# output on rank r, w_r this rank's integer weights; the registered gradient
+# (Horovod's definition) must equal the derivative of G = scale * sum_r L_r
+# with respect to this rank's input, found by changing one element of one
+# rank's input at a time (every rank recomputes, G summed by MPI). The
+# collectives are linear, so a step of 1 gives the derivative exactly. Scale
+# is Horovod's convention: 1 for allreduce and alltoall (the sum of the
+# ranks' losses), 1/size for allgather and broadcast (their mean), size for
+# reducescatter (Horovod scales its gradient so).
+def numerical_gradient(name, collective, shape_of, scale):
+    global checked
+    rng = np.random.default_rng(100 + rank)
+    x0 = (np.arange(np.prod(shape_of(rank)), dtype=np.float64).reshape(shape_of(rank)) % 5 - 2
+          + rank)
+    y0 = collective(tf.constant(x0)).numpy()
+    w = rng.integers(-3, 4, size=y0.shape).astype(np.float64)
+    x = tf.constant(x0)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(w * collective(x))
+    analytic = tape.gradient(loss, x).numpy()
+
+    def total(xr):
+        local = float(np.sum(w * collective(tf.constant(xr)).numpy()))
+        return scale * float(mpi.allreduce(np.array([local]), "sum")[0])
+
+    base = total(x0)
+    numeric = np.zeros_like(x0)
+    for s in range(size):
+        for i in range(int(np.prod(shape_of(s)))):
+            xr = x0.copy()
+            if s == rank:
+                xr.reshape(-1)[i] += 1.0
+            change = total(xr) - base
+            if s == rank:
+                numeric.reshape(-1)[i] = change
+    expect(np.allclose(analytic, numeric, rtol=0, atol=1e-9),
+           "gradient of %s: registered %r, numerical %r" % (name, analytic.tolist(),
+                                                           numeric.tolist()))
+    checked += 1
+
+
+numerical_gradient("allreduce sum",
+                   lambda t: hvd.allreduce(t, op=hvd.Sum, reducer=fabric), lambda r: [2, 3], 1.0)
+numerical_gradient("allreduce average, prescale 2, postscale 0.5",
+                   lambda t: hvd.allreduce(t, op=hvd.Average, prescale_factor=2.0,
+                                           postscale_factor=0.5, reducer=fabric),
+                   lambda r: [2, 3], 1.0)
+numerical_gradient("allgather", lambda t: hvd.allgather(t, reducer=fabric),
+                   lambda r: [r + 1, 2], 1.0 / size)
+numerical_gradient("broadcast from the last rank",
+                   lambda t: hvd.broadcast(t, size - 1, reducer=fabric), lambda r: [3], 1.0 / size)
+numerical_gradient("alltoall", lambda t: hvd.alltoall(
+    t, splits=[(rank + d) % 3 for d in range(size)], reducer=fabric)[0],
+    lambda r: [sum((r + d) % 3 for d in range(size)), 2], 1.0)
+for op, op_name in ((hvd.Sum, "sum"), (hvd.Average, "average")):
+    numerical_gradient("reducescatter %s" % op_name,
+                       lambda t: hvd.reducescatter(t, op=op, reducer=fabric),
+                       lambda r: [2 * size + 1, 2], float(size))
 
 print("rank %d: %d results compared, %d failures" % (rank, checked, len(failures)), flush=True)
 if failures:

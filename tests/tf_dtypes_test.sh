@@ -4,7 +4,8 @@
 # every call between hosts on the
 # mlfabric backend's own path (MLFABRIC_ALLREDUCE_MPI_BELOW=0): every
 # collective of mlfabric.tensorflow, every dtype and reduce op, eagerly and
-# in a tf.function, exactly as computed and as Open MPI's. Skips, saying
+# in a tf.function, exactly as computed and as Open MPI's, and the
+# gradients against numerical gradients. Skips, saying
 # why, when the venv has no TensorFlow (fails instead under
 # MLFABRIC_REQUIRE_PREREQS=1).
 set -euo pipefail
