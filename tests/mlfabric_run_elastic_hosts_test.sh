@@ -43,6 +43,12 @@ mpi=(--mpirun_arg --mca --mpirun_arg plm_rsh_agent --mpirun_arg "$agent"
 work="$TEST_TMPDIR/elastic"
 mkdir -p "$work"
 printf '#!/bin/sh\ncat %s/hosts\n' "$work" > "$work/discover.sh"
+# The discovery script may run at any moment: the list is replaced whole
+# (rename), never seen empty or half written.
+set_hosts() {
+  printf '%s\n' "$1" > "$work/hosts.new"
+  mv "$work/hosts.new" "$work/hosts"
+}
 chmod +x "$work/discover.sh"
 # A rank: says where it runs (the namespace's host name) and with which
 # daemon, then registers as the job's worker until $work/done exists.
@@ -68,7 +74,7 @@ wait_for() {  # wait_for FILE PATTERN [COUNT]: 90 s at most, while the launcher 
   echo "ranks:"; cat "$work/ranks.txt"; exit 1
 }
 
-printf '%s:2\n%s:1\n' "$n1" "$n2" > "$work/hosts"
+set_hosts "$(printf '%s:2\n%s:1' "$n1" "$n2")"
 ip netns exec "${prefix}sch" "$run" --host-discovery-script "$work/discover.sh" \
   --min-np 2 --discovery_interval_s 0.5 "${mpi[@]}" "$work/rank.sh" > "$log" 2>&1 &
 pid=$!
@@ -84,7 +90,7 @@ wait_for "$dir/scheduler.log" "job demo: worker rank2 joined on $n2"
 wait_for "$log" "elastic_member rank2: registered on $n2 (size 3)"
 
 echo "== n2 vanishes"
-printf '%s:2\n' "$n1" > "$work/hosts"
+set_hosts "$n1:2"
 wait_for "$log" "host $n2 vanished: stopping rank 2"
 wait_for "$log" "rank 2 on $n2 exited with .* (stopped)"
 wait_for "$log" "host $n2: stopped its mlfabricd"
@@ -93,7 +99,7 @@ wait_for "$log" "host $n2: stopped its mlfabricd"
 wait_for "$dir/scheduler.log" "job demo: worker rank2 left ("
 
 echo "== n2 is back"
-printf '%s:2\n%s:1\n' "$n1" "$n2" > "$work/hosts"
+set_hosts "$(printf '%s:2\n%s:1' "$n1" "$n2")"
 wait_for "$log" "host $n2: starting its mlfabricd through mpirun" 2
 wait_for "$log" "host $n2 appeared: starting rank 2 (slot 1 of 1; size 3)" 2
 wait_for "$work/ranks.txt" "start rank=2 size=3 host=$n2 uts=${prefix}n2" 2
