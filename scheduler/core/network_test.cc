@@ -1,5 +1,9 @@
 #include "scheduler/core/network.h"
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include <catch2/catch.hpp>
 
 namespace mlfabric::core {
@@ -167,4 +171,47 @@ TEST_CASE("RateAt sums the segments in force; ResidualProfile subtracts them fro
   // Never negative, even when reservations exceed the (re-measured) capacity.
   const auto over = mlfabric::core::ResidualProfile(4e9, 2.5, reserved);
   CHECK(over.front() == mlfabric::core::ProfilePoint{2.5, 0.0});
+}
+
+TEST_CASE("ResidualProfile equals capacity minus RateAt at every point, bit for bit") {
+  using mlfabric::core::ProfilePoint;
+  using mlfabric::core::RateSegment;
+  uint64_t state = 777;
+  auto next = [&]() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(state >> 11) * 0x1.0p-53;
+  };
+  for (int round = 0; round < 200; ++round) {
+    INFO("round " << round);
+    // Segments that overlap, share boundaries, lie wholly in the past or
+    // are empty, with rates that do not sum exactly in floating point.
+    std::vector<RateSegment> reserved;
+    const int n = 1 + static_cast<int>(next() * 40);
+    for (int i = 0; i < n; ++i) {
+      const double from = std::floor(next() * 20) / 4 - 1;
+      const double to = next() < 0.1 ? from : from + std::floor(1 + next() * 12) / 4;
+      reserved.push_back({from, to, 1e9 * (0.1 + next())});
+    }
+    const double now = next() * 3;
+    const double capacity = 1e9 * (5 + 10 * next());
+    const std::vector<ProfilePoint> profile =
+        mlfabric::core::ResidualProfile(capacity, now, reserved);
+    // The definition: a point at now and at every later boundary, its rate
+    // capacity - RateAt (never negative), equal neighbours merged.
+    std::vector<double> times = {now};
+    for (const RateSegment& s : reserved) {
+      if (s.to_s <= now) continue;
+      if (s.from_s > now) times.push_back(s.from_s);
+      times.push_back(s.to_s);
+    }
+    std::sort(times.begin(), times.end());
+    times.erase(std::unique(times.begin(), times.end()), times.end());
+    std::vector<ProfilePoint> expected;
+    for (double t : times) {
+      const double rate = std::max(0.0, capacity - mlfabric::core::RateAt(reserved, t));
+      if (!expected.empty() && expected.back().second == rate) continue;
+      expected.push_back({t, rate});
+    }
+    CHECK(profile == expected);
+  }
 }
