@@ -15,17 +15,21 @@ constexpr double kTimeEpsS = 1e-12;
 
 }  // namespace
 
-FluidSim::FluidSim(int hosts, const NetworkTrace* trace) : hosts_(hosts), trace_(trace) {}
+FluidSim::FluidSim(int hosts, const NetworkTrace* trace)
+    : hosts_(hosts),
+      trace_(trace),
+      capacity_(2 * hosts, 0),
+      planned_sum_(2 * hosts, 0),
+      scale_(2 * hosts, 1),
+      reserved_sum_(2 * hosts, 0),
+      best_effort_sum_(2 * hosts, 0),
+      reserved_on_(2 * hosts),
+      best_effort_on_(2 * hosts),
+      is_touched_(2 * hosts, 0),
+      is_load_changed_(2 * hosts, 0) {}
 
 void FluidSim::At(double t_s, Callback callback) {
   events_.push(Event{std::max(t_s, now_s_), next_seq_++, std::move(callback)});
-}
-
-void FluidSim::AddFlow(Flow flow) {
-  flow.id = next_flow_id_++;
-  ++stats_.flows_started;
-  flows_.emplace(flow.id, std::move(flow));
-  dirty_ = true;
 }
 
 bool FluidSim::IntraHost(int src, int dst, double bits, Callback& on_done) {
@@ -43,7 +47,7 @@ void FluidSim::StartFlow(int src, int dst, double bits, Callback on_done) {
   Flow flow;
   flow.up_link = 2 * src;
   flow.down_link = 2 * dst + 1;
-  flow.remaining_bits = bits;
+  flow.bits_at_ref = bits;
   flow.on_done = std::move(on_done);
   AddFlow(std::move(flow));
 }
@@ -54,135 +58,334 @@ void FluidSim::StartReservedFlow(int src, int dst, double bits,
   Flow flow;
   flow.up_link = 2 * src;
   flow.down_link = 2 * dst + 1;
-  flow.remaining_bits = bits;
+  flow.bits_at_ref = bits;
+  // A plan's segments do not overlap; the cursor needs them by start time.
+  std::stable_sort(segments.begin(), segments.end(),
+                   [](const core::RateSegment& a, const core::RateSegment& b) {
+                     return a.from_s < b.from_s;
+                   });
   flow.segments = std::move(segments);
   flow.reserved = !flow.segments.empty();
   flow.on_done = std::move(on_done);
   AddFlow(std::move(flow));
 }
 
-void FluidSim::RecomputeRates() {
-  ++stats_.rate_recomputations;
-  const int links = 2 * hosts_;
-  std::vector<double> capacity(links);
-  for (int l = 0; l < links; ++l) capacity[l] = trace_->CapacityBps(l / 2, l % 2 == 0, now_s_);
-  ShareFairly(RateReservedFlows(capacity));
-  NoteLinkLoad(capacity);
+void FluidSim::AddFlow(Flow flow) {
+  flow.id = next_flow_id_++;
+  flow.t_ref_s = now_s_;
+  ++stats_.flows_started;
+  int slot;
+  if (free_slots_.empty()) {
+    slot = static_cast<int>(flows_.size());
+    flows_.push_back(Flow{});
+  } else {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  flow.version = flows_[slot].version + 1;
+  flows_[slot] = std::move(flow);
+  Flow& f = flows_[slot];
+  ++live_flows_;
+  if (f.reserved) {
+    f.pos_up = static_cast<int>(reserved_on_[f.up_link].size());
+    reserved_on_[f.up_link].push_back(slot);
+    f.pos_down = static_cast<int>(reserved_on_[f.down_link].size());
+    reserved_on_[f.down_link].push_back(slot);
+    retime_.push_back(slot);  // its rate is read at the next recomputation
+  } else {
+    ListBestEffort(slot);
+  }
+  dirty_ = true;
 }
 
-std::vector<double> FluidSim::RateReservedFlows(const std::vector<double>& capacity) {
-  const int links = static_cast<int>(capacity.size());
-  // Reserved flows: the planned rate, scaled down where the links cannot
-  // carry the sum of reservations any more.
-  std::vector<double> planned_sum(links, 0);
-  std::vector<double> planned(0);
-  for (auto& [id, f] : flows_) {
-    if (!f.reserved) continue;
-    if (now_s_ >= f.segments.back().to_s - kTimeEpsS) {
-      f.reserved = false;  // plan over, bits remain: best effort from now on
-      ++stats_.reserved_flows_late;
-      continue;
-    }
-    double rate = 0;
-    for (const core::RateSegment& s : f.segments) {
-      if (s.from_s <= now_s_ + kTimeEpsS && now_s_ + kTimeEpsS < s.to_s) {
-        rate = s.rate_bps;
-        break;
-      }
-    }
-    f.rate_bps = rate;
-    planned_sum[f.up_link] += rate;
-    planned_sum[f.down_link] += rate;
-  }
-  std::vector<double> residual = capacity;
-  for (auto& [id, f] : flows_) {
-    if (!f.reserved) continue;
-    auto scale = [&](int l) {
-      return planned_sum[l] > capacity[l] ? capacity[l] / planned_sum[l] : 1.0;
-    };
-    f.rate_bps *= std::min(scale(f.up_link), scale(f.down_link));
-    residual[f.up_link] -= f.rate_bps;
-    residual[f.down_link] -= f.rate_bps;
-  }
-  for (double& r : residual) r = std::max(0.0, r);
-  return residual;
+void FluidSim::Unlist(std::vector<int>& list, int pos, int link) {
+  const int moved = list.back();
+  list.pop_back();
+  if (pos == static_cast<int>(list.size())) return;  // it was the last
+  list[pos] = moved;
+  Flow& m = flows_[moved];
+  (m.up_link == link ? m.pos_up : m.pos_down) = pos;
 }
 
-void FluidSim::ShareFairly(std::vector<double> residual) {
-  const int links = static_cast<int>(residual.size());
-  // Best-effort flows: max-min fair share of the residual (progressive
-  // filling with a lazily updated heap of per-link fair shares).
-  std::vector<std::vector<Flow*>> on_link(links);
-  std::vector<int> unfrozen(links, 0);
-  for (auto& [id, f] : flows_) {
-    if (f.reserved) continue;
-    f.rate_bps = -1;  // not yet frozen
-    on_link[f.up_link].push_back(&f);
-    on_link[f.down_link].push_back(&f);
-    ++unfrozen[f.up_link];
-    ++unfrozen[f.down_link];
-  }
-  using Entry = std::tuple<double, int, int64_t>;  // share, link, version
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
-  std::vector<int64_t> version(links, 0);
-  for (int l = 0; l < links; ++l) {
-    if (unfrozen[l] > 0) heap.emplace(residual[l] / unfrozen[l], l, 0);
-  }
-  while (!heap.empty()) {
-    const auto [share, link, v] = heap.top();
-    heap.pop();
-    if (v != version[link] || unfrozen[link] == 0) continue;
-    for (Flow* f : on_link[link]) {
-      if (f->rate_bps >= 0) continue;
-      f->rate_bps = share;
-      const int other = f->up_link == link ? f->down_link : f->up_link;
-      residual[other] = std::max(0.0, residual[other] - share);
-      --unfrozen[other];
-      ++version[other];
-      if (unfrozen[other] > 0) heap.emplace(residual[other] / unfrozen[other], other, version[other]);
-    }
-    residual[link] = std::max(0.0, residual[link] - share * unfrozen[link]);
-    unfrozen[link] = 0;
-  }
+void FluidSim::ListBestEffort(int slot) {
+  Flow& f = flows_[slot];
+  f.pos_up = static_cast<int>(best_effort_on_[f.up_link].size());
+  best_effort_on_[f.up_link].push_back(slot);
+  f.pos_down = static_cast<int>(best_effort_on_[f.down_link].size());
+  best_effort_on_[f.down_link].push_back(slot);
+  best_effort_dirty_ = true;
 }
 
-void FluidSim::NoteLinkLoad(const std::vector<double>& capacity) {
-  const int links = static_cast<int>(capacity.size());
-  std::vector<double> load(links, 0);
-  for (const auto& [id, f] : flows_) {
-    load[f.up_link] += f.rate_bps;
-    load[f.down_link] += f.rate_bps;
+void FluidSim::RemoveFlow(int slot) {
+  Flow& f = flows_[slot];
+  if (f.reserved) {
+    Unlist(reserved_on_[f.up_link], f.pos_up, f.up_link);
+    Unlist(reserved_on_[f.down_link], f.pos_down, f.down_link);
+    AddReserved(f.up_link, -f.rate_bps);
+    AddReserved(f.down_link, -f.rate_bps);
+    Touch(f.up_link);
+    Touch(f.down_link);
+  } else {
+    Unlist(best_effort_on_[f.up_link], f.pos_up, f.up_link);
+    Unlist(best_effort_on_[f.down_link], f.pos_down, f.down_link);
+    best_effort_dirty_ = true;
   }
-  for (int l = 0; l < links; ++l) {
-    if (load[l] > 0) stats_.max_link_load = std::max(stats_.max_link_load, load[l] / capacity[l]);
-  }
+  f.id = -1;
+  ++f.version;
+  f.segments = {};
+  f.on_done = nullptr;
+  --live_flows_;
+  free_slots_.push_back(slot);
+  dirty_ = true;
 }
 
-double FluidSim::NextFlowChangeS() const {
-  if (flows_.empty()) return kInf;
-  double next = trace_->NextChangeS(now_s_);
-  for (const auto& [id, f] : flows_) {
-    if (f.rate_bps > 0) next = std::min(next, now_s_ + f.remaining_bits / f.rate_bps);
-    if (f.reserved) {
-      for (const core::RateSegment& s : f.segments) {
-        if (s.from_s > now_s_ + kTimeEpsS) next = std::min(next, s.from_s);
-        if (s.to_s > now_s_ + kTimeEpsS) next = std::min(next, s.to_s);
-      }
-    }
+double FluidSim::Remaining(const Flow& f) const {
+  return std::max(0.0, f.bits_at_ref - f.rate_bps * (now_s_ - f.t_ref_s));
+}
+
+void FluidSim::Settle(Flow& f) {
+  const double left = Remaining(f);
+  stats_.bits_delivered += f.bits_at_ref - left;
+  f.bits_at_ref = left;
+  f.t_ref_s = now_s_;
+}
+
+double FluidSim::NextChangeOf(const Flow& f) const {
+  const double left = Remaining(f);
+  if (left <= 1e-6) return now_s_;
+  double next = f.rate_bps > 0 ? now_s_ + left / f.rate_bps : kInf;
+  if (f.reserved && f.segment < f.segments.size()) {
+    const core::RateSegment& s = f.segments[f.segment];
+    next = std::min(next, s.from_s > now_s_ + kTimeEpsS ? s.from_s : s.to_s);
   }
   return next;
 }
 
-void FluidSim::Advance(double t_s) {
-  const double dt = t_s - now_s_;
-  if (dt > 0) {
-    for (auto& [id, f] : flows_) {
-      const double moved = std::min(f.remaining_bits, f.rate_bps * dt);
-      f.remaining_bits -= moved;
-      stats_.bits_delivered += moved;
+void FluidSim::Schedule(int slot) {
+  Flow& f = flows_[slot];
+  ++f.version;
+  const double t = NextChangeOf(f);
+  if (t < kInf) changes_.push(Change{t, f.id, slot, f.version});
+}
+
+bool FluidSim::Stale(const Change& c) const {
+  const Flow& f = flows_[c.slot];
+  return f.id != c.id || f.version != c.version;
+}
+
+void FluidSim::SetRate(int slot, double rate_bps) {
+  Flow& f = flows_[slot];
+  if (rate_bps == f.rate_bps) return;
+  Settle(f);
+  if (f.reserved) {
+    AddReserved(f.up_link, rate_bps - f.rate_bps);
+    AddReserved(f.down_link, rate_bps - f.rate_bps);
+  }
+  f.rate_bps = rate_bps;
+  MarkLoad(f.up_link);
+  MarkLoad(f.down_link);
+  Schedule(slot);
+}
+
+void FluidSim::AddReserved(int link, double delta_bps) {
+  if (delta_bps == 0) return;
+  reserved_sum_[link] += delta_bps;
+  if (!best_effort_on_[link].empty()) best_effort_dirty_ = true;
+}
+
+void FluidSim::Touch(int link) {
+  if (is_touched_[link]) return;
+  is_touched_[link] = 1;
+  touched_.push_back(link);
+}
+
+void FluidSim::MarkLoad(int link) {
+  if (is_load_changed_[link]) return;
+  is_load_changed_[link] = 1;
+  load_changed_.push_back(link);
+}
+
+void FluidSim::RefreshCapacities() {
+  const int links = 2 * hosts_;
+  for (int l = 0; l < links; ++l) {
+    capacity_[l] = trace_->CapacityBps(l / 2, l % 2 == 0, now_s_);
+    Touch(l);
+    MarkLoad(l);
+  }
+  capacity_until_s_ = trace_->NextChangeS(now_s_);
+  best_effort_dirty_ = true;
+}
+
+void FluidSim::Retime(int slot) {
+  Flow& f = flows_[slot];
+  if (f.id < 0 || !f.reserved) return;
+  while (f.segment < f.segments.size() && f.segments[f.segment].to_s <= now_s_ + kTimeEpsS) {
+    ++f.segment;
+  }
+  if (f.segment == f.segments.size()) {
+    Touch(f.up_link);
+    Touch(f.down_link);
+    // Plan over, bits remain: best effort from now on.
+    ++stats_.reserved_flows_late;
+    Settle(f);
+    Unlist(reserved_on_[f.up_link], f.pos_up, f.up_link);
+    Unlist(reserved_on_[f.down_link], f.pos_down, f.down_link);
+    AddReserved(f.up_link, -f.rate_bps);
+    AddReserved(f.down_link, -f.rate_bps);
+    f.reserved = false;
+    f.planned_bps = 0;
+    ListBestEffort(slot);
+    return;
+  }
+  const core::RateSegment& s = f.segments[f.segment];
+  const double planned = s.from_s <= now_s_ + kTimeEpsS ? s.rate_bps : 0;
+  if (planned == f.planned_bps) return;
+  f.planned_bps = planned;
+  Touch(f.up_link);
+  Touch(f.down_link);
+}
+
+void FluidSim::RecomputeRates() {
+  ++stats_.rate_recomputations;
+  if (now_s_ >= capacity_until_s_) RefreshCapacities();
+  std::vector<int> retimed;
+  retimed.swap(retime_);
+  for (int slot : retimed) Retime(slot);
+
+  // Reserved flows: the planned rate, scaled down where the links cannot
+  // carry the sum of reservations any more. Only the touched links' sums
+  // (reservations started, ended or at a boundary, or a new period) can
+  // have changed; a flow is re-rated when its plan or a link's factor did.
+  std::vector<int> rescaled;
+  for (int l : touched_) {
+    double sum = 0;
+    for (int slot : reserved_on_[l]) sum += flows_[slot].planned_bps;
+    planned_sum_[l] = sum;
+    const double scale = sum > capacity_[l] ? capacity_[l] / sum : 1.0;
+    if (scale != scale_[l]) {
+      scale_[l] = scale;
+      rescaled.push_back(l);
     }
   }
-  now_s_ = t_s;
+  auto rate = [&](int slot) {
+    const Flow& f = flows_[slot];
+    SetRate(slot, f.planned_bps * std::min(scale_[f.up_link], scale_[f.down_link]));
+  };
+  for (int slot : retimed) {
+    const Flow& f = flows_[slot];
+    if (f.id < 0) continue;
+    if (f.reserved) rate(slot);
+    Schedule(slot);  // its next boundary, even if the rate stayed
+  }
+  for (int l : rescaled) {
+    for (int slot : reserved_on_[l]) rate(slot);
+  }
+  // The touched links' reserved rates summed afresh (the increments of
+  // SetRate elsewhere drift by rounding only).
+  for (int l : touched_) {
+    double sum = 0;
+    for (int slot : reserved_on_[l]) sum += flows_[slot].rate_bps;
+    if (sum != reserved_sum_[l]) {
+      reserved_sum_[l] = sum;
+      if (!best_effort_on_[l].empty()) best_effort_dirty_ = true;
+    }
+    MarkLoad(l);
+    is_touched_[l] = 0;
+  }
+  touched_.clear();
+
+  if (best_effort_dirty_) {
+    ShareFairly();
+    best_effort_dirty_ = false;
+  }
+  NoteLinkLoad();
+}
+
+void FluidSim::ShareFairly() {
+  const int links = 2 * hosts_;
+  // Best-effort flows: max-min fair share of what reserved flows leave
+  // (progressive filling with a lazily updated heap of per-link fair
+  // shares). Scratch space is kept between calls: this runs at most
+  // events of a run with many late flows.
+  std::vector<double>& residual = scratch_residual_;
+  std::vector<int>& unfrozen = scratch_unfrozen_;
+  std::vector<int64_t>& version = scratch_version_;
+  std::vector<double>& share_of = scratch_share_;  // by slot; < 0: not yet frozen
+  residual.resize(links);
+  unfrozen.resize(links);
+  version.assign(links, 0);
+  share_of.resize(flows_.size());
+  auto& heap = scratch_heap_;  // (share, link, version), smallest share on top
+  heap.clear();
+  const auto later = std::greater<std::tuple<double, int, int64_t>>();
+  for (int l = 0; l < links; ++l) {
+    residual[l] = std::max(0.0, capacity_[l] - reserved_sum_[l]);
+    unfrozen[l] = static_cast<int>(best_effort_on_[l].size());
+    if (unfrozen[l] > 0) heap.emplace_back(residual[l] / unfrozen[l], l, 0);
+    if (l % 2 == 0) {
+      for (int slot : best_effort_on_[l]) share_of[slot] = -1;
+    }
+  }
+  std::make_heap(heap.begin(), heap.end(), later);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const auto [share, link, v] = heap.back();
+    heap.pop_back();
+    if (v != version[link] || unfrozen[link] == 0) continue;
+    for (int slot : best_effort_on_[link]) {
+      if (share_of[slot] >= 0) continue;
+      share_of[slot] = share;
+      const Flow& f = flows_[slot];
+      const int other = f.up_link == link ? f.down_link : f.up_link;
+      residual[other] = std::max(0.0, residual[other] - share);
+      --unfrozen[other];
+      ++version[other];
+      if (unfrozen[other] > 0) {
+        heap.emplace_back(residual[other] / unfrozen[other], other, version[other]);
+        std::push_heap(heap.begin(), heap.end(), later);
+      }
+    }
+    residual[link] = std::max(0.0, residual[link] - share * unfrozen[link]);
+    unfrozen[link] = 0;
+  }
+  for (int l = 0; l < links; ++l) {
+    double sum = 0;
+    for (int slot : best_effort_on_[l]) {
+      if (l % 2 == 0) SetRate(slot, share_of[slot]);
+      sum += share_of[slot];
+    }
+    if (sum != best_effort_sum_[l]) {
+      best_effort_sum_[l] = sum;
+      MarkLoad(l);
+    }
+  }
+}
+
+void FluidSim::NoteLinkLoad() {
+  for (int l : load_changed_) {
+    const double load = reserved_sum_[l] + best_effort_sum_[l];
+    if (load > 0) stats_.max_link_load = std::max(stats_.max_link_load, load / capacity_[l]);
+    is_load_changed_[l] = 0;
+  }
+  load_changed_.clear();
+}
+
+double FluidSim::NextFlowChangeS() {
+  // Stale entries pile up as rates change; rebuild when they dominate.
+  if (changes_.size() > 4 * static_cast<size_t>(live_flows_) + 4096) {
+    changes_ = {};
+    for (int slot = 0; slot < static_cast<int>(flows_.size()); ++slot) {
+      const Flow& f = flows_[slot];
+      if (f.id < 0) continue;
+      const double t = NextChangeOf(f);
+      if (t < kInf) changes_.push(Change{t, f.id, slot, f.version});
+    }
+  }
+  while (!changes_.empty() && Stale(changes_.top())) changes_.pop();
+  if (live_flows_ == 0) return kInf;
+  double next = capacity_until_s_;
+  if (!changes_.empty()) next = std::min(next, changes_.top().t_s);
+  return next;
 }
 
 double FluidSim::Run(const std::function<bool()>& stop, double until_s) {
@@ -195,26 +398,45 @@ double FluidSim::Run(const std::function<bool()>& stop, double until_s) {
     const double t_event = events_.empty() ? kInf : events_.top().t_s;
     const double t = std::min({t_flow, t_event, until_s});
     if (t == kInf) break;  // nothing left to simulate
-    if (t > now_s_) Advance(t);
+    if (t > now_s_) now_s_ = t;
     ++stats_.events;
 
-    // Completions, in creation order.
-    std::vector<Callback> done;
-    for (auto it = flows_.begin(); it != flows_.end();) {
-      const double rate = it->second.rate_bps;
-      const bool finished = it->second.remaining_bits <= 1e-6 ||
-                            (rate > 0 && it->second.remaining_bits / rate <= kTimeEpsS);
-      if (finished) {
-        stats_.bits_delivered += it->second.remaining_bits;
-        done.push_back(std::move(it->second.on_done));
-        it = flows_.erase(it);
-        ++stats_.flows_completed;
+    // Flows whose last bit or segment boundary is now. Completions run in
+    // creation order.
+    std::vector<std::pair<int64_t, int>> finished;  // id, slot
+    while (!changes_.empty() && changes_.top().t_s <= now_s_ + kTimeEpsS) {
+      const Change c = changes_.top();
+      changes_.pop();
+      if (Stale(c)) continue;
+      Flow& f = flows_[c.slot];
+      const double left = Remaining(f);
+      // The same test as the heap's, so an entry popped for its last bit
+      // always completes.
+      const bool done =
+          left <= 1e-6 || (f.rate_bps > 0 && now_s_ + left / f.rate_bps <= now_s_ + kTimeEpsS);
+      if (done) {
+        finished.emplace_back(f.id, c.slot);
+      } else if (f.reserved) {
+        ++f.version;  // re-scheduled by the recomputation
+        retime_.push_back(c.slot);
         dirty_ = true;
       } else {
-        ++it;
+        Schedule(c.slot);  // a stale rate's entry
       }
     }
-    if (t == t_flow) dirty_ = true;  // segment boundary or trace period
+    std::sort(finished.begin(), finished.end());
+    std::vector<Callback> done;
+    done.reserve(finished.size());
+    for (const auto& [id, slot] : finished) {
+      Flow& f = flows_[slot];
+      Settle(f);
+      stats_.bits_delivered += f.bits_at_ref;
+      f.bits_at_ref = 0;
+      done.push_back(std::move(f.on_done));
+      RemoveFlow(slot);
+      ++stats_.flows_completed;
+    }
+    if (t == t_flow && now_s_ >= capacity_until_s_) dirty_ = true;  // a trace period
     for (Callback& callback : done) {
       if (callback) callback();
     }
