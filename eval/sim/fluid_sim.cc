@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <tuple>
 #include <utility>
 
 namespace mlfabric::sim {
@@ -14,6 +13,75 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kTimeEpsS = 1e-12;
 
 }  // namespace
+
+void FluidSim::LinkHeap::Reset(int links) {
+  heap_.clear();
+  at_.assign(links, -1);
+  key_.resize(links);
+}
+
+void FluidSim::LinkHeap::Push(int link, double key) {
+  key_[link] = key;
+  at_[link] = static_cast<int>(heap_.size());
+  heap_.push_back(link);
+  Up(at_[link]);
+}
+
+std::pair<int, double> FluidSim::LinkHeap::Pop() {
+  const int top = heap_.front();
+  Remove(top);
+  return {top, key_[top]};
+}
+
+void FluidSim::LinkHeap::Update(int link, double key) {
+  if (at_[link] < 0) return;
+  key_[link] = key;
+  Up(at_[link]);
+  Down(at_[link]);
+}
+
+void FluidSim::LinkHeap::Remove(int link) {
+  const int i = at_[link];
+  if (i < 0) return;
+  const int last = heap_.back();
+  heap_.pop_back();
+  at_[link] = -1;
+  if (last == link) return;
+  heap_[i] = last;
+  at_[last] = i;
+  Up(i);
+  Down(at_[last]);
+}
+
+bool FluidSim::LinkHeap::Before(int a, int b) const {
+  return key_[a] != key_[b] ? key_[a] < key_[b] : a < b;
+}
+
+void FluidSim::LinkHeap::Up(int i) {
+  while (i > 0) {
+    const int parent = (i - 1) / 2;
+    if (!Before(heap_[i], heap_[parent])) break;
+    std::swap(heap_[i], heap_[parent]);
+    at_[heap_[i]] = i;
+    at_[heap_[parent]] = parent;
+    i = parent;
+  }
+}
+
+void FluidSim::LinkHeap::Down(int i) {
+  const int n = static_cast<int>(heap_.size());
+  while (true) {
+    int best = i;
+    for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
+      if (Before(heap_[child], heap_[best])) best = child;
+    }
+    if (best == i) break;
+    std::swap(heap_[i], heap_[best]);
+    at_[heap_[i]] = i;
+    at_[heap_[best]] = best;
+    i = best;
+  }
+}
 
 FluidSim::FluidSim(int hosts, const NetworkTrace* trace)
     : hosts_(hosts),
@@ -304,34 +372,31 @@ void FluidSim::RecomputeRates() {
 void FluidSim::ShareFairly() {
   const int links = 2 * hosts_;
   // Best-effort flows: max-min fair share of what reserved flows leave
-  // (progressive filling with a lazily updated heap of per-link fair
-  // shares). Scratch space is kept between calls: this runs at most
+  // (progressive filling). The links wait in a min-heap by fair share
+  // (residual / flows not yet frozen), ties by link; freezing a link's
+  // flows raises the shares of their other links, which are then re-keyed
+  // once each. Scratch space is kept between calls: this runs at most
   // events of a run with many late flows.
   std::vector<double>& residual = scratch_residual_;
   std::vector<int>& unfrozen = scratch_unfrozen_;
-  std::vector<int64_t>& version = scratch_version_;
   std::vector<double>& share_of = scratch_share_;  // by slot; < 0: not yet frozen
+  std::vector<int>& raised = scratch_raised_;      // other links of a frozen link's flows
   residual.resize(links);
   unfrozen.resize(links);
-  version.assign(links, 0);
   share_of.resize(flows_.size());
-  auto& heap = scratch_heap_;  // (share, link, version), smallest share on top
-  heap.clear();
-  const auto later = std::greater<std::tuple<double, int, int64_t>>();
+  LinkHeap& heap = scratch_heap_;
+  heap.Reset(links);
   for (int l = 0; l < links; ++l) {
     residual[l] = std::max(0.0, capacity_[l] - reserved_sum_[l]);
     unfrozen[l] = static_cast<int>(best_effort_on_[l].size());
-    if (unfrozen[l] > 0) heap.emplace_back(residual[l] / unfrozen[l], l, 0);
+    if (unfrozen[l] > 0) heap.Push(l, residual[l] / unfrozen[l]);
     if (l % 2 == 0) {
       for (int slot : best_effort_on_[l]) share_of[slot] = -1;
     }
   }
-  std::make_heap(heap.begin(), heap.end(), later);
   while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), later);
-    const auto [share, link, v] = heap.back();
-    heap.pop_back();
-    if (v != version[link] || unfrozen[link] == 0) continue;
+    const auto [link, share] = heap.Pop();
+    raised.clear();
     for (int slot : best_effort_on_[link]) {
       if (share_of[slot] >= 0) continue;
       share_of[slot] = share;
@@ -339,10 +404,13 @@ void FluidSim::ShareFairly() {
       const int other = f.up_link == link ? f.down_link : f.up_link;
       residual[other] = std::max(0.0, residual[other] - share);
       --unfrozen[other];
-      ++version[other];
+      raised.push_back(other);
+    }
+    for (int other : raised) {
       if (unfrozen[other] > 0) {
-        heap.emplace_back(residual[other] / unfrozen[other], other, version[other]);
-        std::push_heap(heap.begin(), heap.end(), later);
+        heap.Update(other, residual[other] / unfrozen[other]);
+      } else {
+        heap.Remove(other);
       }
     }
     residual[link] = std::max(0.0, residual[link] - share * unfrozen[link]);

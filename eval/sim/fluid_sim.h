@@ -40,7 +40,7 @@
 #include <cstdint>
 #include <functional>
 #include <queue>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "eval/sim/sim_config.h"
@@ -208,12 +208,32 @@ class FluidSim {
   std::vector<int> load_changed_;   // links whose load changed (NoteLinkLoad)
   std::vector<char> is_load_changed_;
 
+  // Links by key, smallest first (ties: lower link), with keys that change
+  // in place: ShareFairly's links by fair share.
+  class LinkHeap {
+   public:
+    void Reset(int links);
+    bool empty() const { return heap_.empty(); }
+    void Push(int link, double key);
+    std::pair<int, double> Pop();  // (link, key)
+    void Update(int link, double key);  // no-op unless the link is in
+    void Remove(int link);              // no-op unless the link is in
+
+   private:
+    bool Before(int a, int b) const;
+    void Up(int i);
+    void Down(int i);
+    std::vector<int> heap_;
+    std::vector<int> at_;  // by link: index in heap_, -1: not in
+    std::vector<double> key_;
+  };
+
   // ShareFairly's working space.
   std::vector<double> scratch_residual_;
   std::vector<int> scratch_unfrozen_;
-  std::vector<int64_t> scratch_version_;
   std::vector<double> scratch_share_;
-  std::vector<std::tuple<double, int, int64_t>> scratch_heap_;
+  std::vector<int> scratch_raised_;
+  LinkHeap scratch_heap_;
 
   FluidStats stats_;
 };
