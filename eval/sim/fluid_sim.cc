@@ -489,7 +489,7 @@ double FluidSim::Run(const std::function<bool()>& stop, double until_s) {
         retime_.push_back(c.slot);
         dirty_ = true;
       } else {
-        Schedule(c.slot);  // a stale rate's entry
+        Schedule(c.slot);  // rounding: its last bit is a hair later
       }
     }
     std::sort(finished.begin(), finished.end());

@@ -332,12 +332,12 @@ def planning_cell(run, ring, where):
             fixed(run["rounds_per_s"], 2), span(field(run, "planning_ms_per_plan", where),
                                                 lambda v: fixed(v, 2)))
     rate = float(field(run, "gradients_per_s", where))
+    cell = "%s applied/s, %s× the ideal ring" % (fixed(rate, 0), fixed(rate / ring, 2))
     if run["instant_planning"]:
-        return "%s applied/s, %s× the ideal ring" % (fixed(rate, 0), fixed(rate / ring, 2))
-    return "%s%s applied/s: the first batch of %s updates takes %s s to plan" % (
-        "about " if run.get("gradients_per_s_approximate") else "", fixed(rate, 0),
-        span(field(run, "first_batch_updates", where), lambda v: fixed(v, 0).replace(",", "")),
-        sig(field(run, "first_plan_s", where), 3))
+        return cell
+    return "%s; %s ms per plan on average, the largest %s ms" % (
+        cell, fixed(field(run, "planning_ms_mean", where), 0),
+        fixed(field(run, "planning_ms_max", where), 0))
 
 
 TABLE2_CELLS = [(c, n) for c in ("C1", "C2", "C3") for n in ("N1", "N2", "N3")]
