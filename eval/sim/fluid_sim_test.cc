@@ -2,8 +2,10 @@
 #include "eval/sim/fluid_sim.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -230,11 +232,9 @@ TEST_CASE("random flows finish when the from-scratch definition says they do") {
   SimConfig config;
   config.network = NetworkSettingByName("N3").value();  // 1 or 10 Gbit/s per period
   config.trace_period_s = 0.5;
-  uint64_t state = 42;
-  auto next = [&]() {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<double>(state >> 11) * 0x1.0p-53;
-  };
+  std::mt19937_64 random(42);
+  std::uniform_real_distribution<double> unit(0, 1);
+  auto next = [&] { return unit(random); };
   for (int round = 0; round < 30; ++round) {
     INFO("round " << round);
     config.seed = round + 1;

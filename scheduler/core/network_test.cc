@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -176,11 +177,9 @@ TEST_CASE("RateAt sums the segments in force; ResidualProfile subtracts them fro
 TEST_CASE("ResidualProfile equals capacity minus RateAt at every point, bit for bit") {
   using mlfabric::core::ProfilePoint;
   using mlfabric::core::RateSegment;
-  uint64_t state = 777;
-  auto next = [&]() {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<double>(state >> 11) * 0x1.0p-53;
-  };
+  std::mt19937_64 random(777);
+  std::uniform_real_distribution<double> unit(0, 1);
+  auto next = [&] { return unit(random); };
   for (int round = 0; round < 200; ++round) {
     INFO("round " << round);
     // Segments that overlap, share boundaries, lie wholly in the past or
