@@ -16,8 +16,13 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "api/allreduce.h"
 #include "api/registration.h"
 #include "api/replica.h"
@@ -255,6 +260,11 @@ TEST_CASE("Pushes in flight while the scheduler restarts end exactly once, as th
               PushOutcomeName(first_after.outcome));
 }
 
+// The last `chars` characters of a process's log, for a failure to print.
+std::string Tail(const std::string& text, size_t chars = 6000) {
+  return text.substr(text.size() > chars ? text.size() - chars : 0);
+}
+
 // What a replica holds after a scheduler restart amid 40 pushes of norm 1
 // to a slow server ps0 on s1 (updates queue at its daemon), with its
 // replica on r1 and the job's divergence bound in `job_fields`.
@@ -328,6 +338,20 @@ ReplicaRun RunReplicaAcrossRestart(const std::string& name, const std::string& j
   (*replica)->Stop();
   replica_thread.join();
   run.scheduler_log = c.scheduler().Log();
+  if (!run.exact) {
+    // It failed once in a busy CI run (3 of 40 copies missing), and not in
+    // runs by hand: keep what the processes said about the replica.
+    std::string replica_lines;
+    for (absl::string_view line : absl::StrSplit(run.scheduler_log, '\n')) {
+      if (absl::StrContains(line, "replica") || absl::StrContains(line, "restart")) {
+        absl::StrAppend(&replica_lines, line, "\n");
+      }
+    }
+    std::printf("--- scheduler log, lines on the replica or the restart (tail)\n%s\n"
+                "--- r1 log (tail)\n%s\n--- w1 log (tail)\n%s\n",
+                Tail(replica_lines, 12000).c_str(), Tail(c.daemon("r1").Log()).c_str(),
+                Tail(c.daemon("w1").Log()).c_str());
+  }
   std::lock_guard<std::mutex> lock(standby.mu);
   run.replica_version = standby.version;
   return run;
@@ -430,12 +454,9 @@ TEST_CASE("A synchronous AllReduce job goes on across a scheduler restart") {
   // processes said.
   if (tally[0].ok_after < 15 || tally[1].ok_after < 15 || tally[0].failed > 2 ||
       tally[1].failed > 2) {
-    auto tail = [](const std::string& text) {
-      return text.substr(text.size() > 6000 ? text.size() - 6000 : 0);
-    };
     std::printf("--- scheduler log (tail)\n%s\n--- h0 log (tail)\n%s\n--- h1 log (tail)\n%s\n",
-                tail(c.scheduler().Log()).c_str(), tail(c.daemon("h0").Log()).c_str(),
-                tail(c.daemon("h1").Log()).c_str());
+                Tail(c.scheduler().Log()).c_str(), Tail(c.daemon("h0").Log()).c_str(),
+                Tail(c.daemon("h1").Log()).c_str());
   }
   for (int r = 0; r < kRanks; ++r) {
     INFO("rank " << r << ": " << tally[r].ok << " rounds ok (" << tally[r].ok_after
