@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 
 namespace mlfabric::core {
 
@@ -107,6 +108,7 @@ class SplitSearch {
           std::count(input.aggregators.begin(), input.aggregators.end(), input.items[i].worker) > 0;
       suffix_bits_[i] = suffix_bits_[i + 1] + (on_aggregator ? 0.0 : item_bits_[i]);
     }
+    if (sharded_) PrepareUplinkBound();
   }
 
   // When item i's direct transfers (every part's) have all arrived.
@@ -225,7 +227,101 @@ class SplitSearch {
     return std::max(t_max, net.FillEnd(last, in_.now_s, rest));
   }
 
+  // A lower bound on DetAgg(n)'s total for sharded items, from their
+  // workers' uplinks, on `uplinks`: the input network with the direct
+  // transfers of items 0..n-1 reserved on their workers' uplinks only (what
+  // those links hold in DetAgg(n)'s network). Once the bound exceeds
+  // `enough` the rest is skipped (the result is then above `enough`).
+  //
+  // An item i >= n goes to an aggregator h. If its worker w is no
+  // aggregator host, all its bits cross w's uplink, after those of w's items
+  // in [n, i) (DetAgg reserves items in order, and nothing else it reserves
+  // crosses w's uplink), so they have crossed no sooner than one fill of
+  // those items' bits through that link alone; then h sends the group's
+  // aggregates, which are no smaller than i's parts, and those not bound for
+  // h itself cross h's uplink one after another: at least hop_bits_[i] at
+  // the fastest aggregator uplink's peak rate. If w is an aggregator host,
+  // at least hop_bits_[i] cross w's uplink either way (i's own transfer to
+  // another aggregator, or the aggregates w sends when h = w), and the total
+  // waits for them.
+  //
+  // Alg. 3 almost never aggregates sharded updates whose workers' uplinks
+  // are what limits them (each part of an aggregate crosses one more
+  // uplink), and with the other bounds off for sharded items
+  // (BoundFrom) every split point was run to its first group.
+  double UplinkBound(int n, const Network& uplinks, double enough) const {
+    double bound = std::max(prefix_max_[n], downlink_suffix_[n]);
+    for (int i = m_ - 1; i >= n && bound - Slack(bound) <= enough; --i) {
+      const int w = in_.items[i].worker;
+      Path uplink;
+      uplink.links.push_back(uplinks.UplinkOf(w));
+      double end;
+      if (worker_aggregates_[i]) {
+        end = uplinks.FillEnd(uplink, in_.now_s, hop_bits_[i]);
+      } else {
+        // Bits of w's items in [n, i]: its items up to i less those before n.
+        const double bits = worker_bits_through_[i] - direct_bits_before_.at(w);
+        end = uplinks.FillEnd(uplink, in_.now_s, bits);
+        if (end != kInfinity && hop_bits_[i] > 0) {
+          end += max_aggregator_uplink_bps_ > 0 ? hop_bits_[i] / max_aggregator_uplink_bps_
+                                                : kInfinity;
+        }
+      }
+      bound = std::max(bound, end);
+    }
+    return bound;
+  }
+
+  // Readies UplinkBound on `uplinks` (the input network).
+  //
+  // It also bounds by the parts' hosts' downlinks: an aggregated item's
+  // part p reaches its host in an aggregate at least as large, through
+  // that host's downlink (unless the host is an aggregator, which may be
+  // summing it), no sooner than a fill of the part alone there on the input
+  // network.
+  void StartUplinkBound(const Network& uplinks) {
+    max_aggregator_uplink_bps_ = 0;
+    for (int host : in_.aggregators) {
+      max_aggregator_uplink_bps_ =
+          std::max(max_aggregator_uplink_bps_, uplinks.PeakRate(uplinks.UplinkOf(host)));
+    }
+    for (auto& [worker, bits] : direct_bits_before_) bits = 0;
+    downlink_suffix_.assign(m_ + 1, -kInfinity);
+    auto part_end = [&](int host, int64_t bytes) {
+      if (std::count(in_.aggregators.begin(), in_.aggregators.end(), host) > 0) return -kInfinity;
+      Path downlink;
+      downlink.links.push_back(uplinks.DownlinkOf(host));
+      return uplinks.FillEnd(downlink, in_.now_s, 8.0 * static_cast<double>(bytes));
+    };
+    for (int i = m_ - 1; i >= 0; --i) {
+      const AggregationItem& item = in_.items[i];
+      double end = part_end(in_.dst_host, item.bytes);
+      for (const AggregationPart& part : item.shards) {
+        end = std::max(end, part_end(part.dst_host, part.bytes));
+      }
+      downlink_suffix_[i] = std::max(downlink_suffix_[i + 1], end);
+    }
+  }
+
+  // Moves the uplink bound from split n to n + 1: item n goes direct.
+  void AdvanceUplinkBound(int n, Network* uplinks) {
+    auto reserve = [uplinks](const PlannedTransfer& t) {
+      if (t.end_s == kInfinity) return;
+      const Path path = uplinks->PathBetween(t.src, t.dst);
+      if (path.links.empty()) return;  // a copy in memory
+      Path uplink;
+      uplink.links.push_back(path.links[0]);  // the source's uplink
+      uplinks->Reserve(uplink, t.segments);
+    };
+    reserve(in_.direct[n]);
+    if (static_cast<size_t>(n) < in_.shard_direct.size()) {
+      for (const PlannedTransfer& t : in_.shard_direct[n]) reserve(t);
+    }
+    direct_bits_before_[in_.items[n].worker] += item_bits_[n];
+  }
+
   int m() const { return m_; }
+  bool sharded() const { return sharded_; }
   double DirectOnlyTotal() const { return prefix_max_[m_]; }
 
  private:
@@ -336,9 +432,43 @@ class SplitSearch {
     return true;
   }
 
+  // UplinkBound's per-item figures (sharded items only).
+  void PrepareUplinkBound() {
+    std::unordered_map<int, double> through;  // worker -> bits of its items so far
+    for (int i = 0; i < m_; ++i) {
+      const AggregationItem& item = in_.items[i];
+      worker_aggregates_.push_back(std::count(in_.aggregators.begin(), in_.aggregators.end(),
+                                              item.worker) > 0);
+      worker_bits_through_.push_back(through[item.worker] += item_bits_[i]);
+      // Bits per part host; an aggregator host's share may stay local.
+      std::unordered_map<int, double> by_host;
+      by_host[in_.dst_host] += 8.0 * static_cast<double>(item.bytes);
+      for (const AggregationPart& part : item.shards) {
+        by_host[part.dst_host] += 8.0 * static_cast<double>(part.bytes);
+      }
+      double local = 0;
+      for (const auto& [host, bits] : by_host) {
+        if (std::count(in_.aggregators.begin(), in_.aggregators.end(), host) > 0) {
+          local = std::max(local, bits);
+        }
+      }
+      hop_bits_.push_back(std::max(0.0, item_bits_[i] - local));
+      direct_bits_before_.emplace(item.worker, 0.0);
+    }
+  }
+
   const AggregationInput& in_;
   const int m_;
   std::vector<double> item_bits_;  // per item: all its parts
+  // UplinkBound: per item, whether its worker is an aggregator host, the
+  // bits of its worker's items up to it, the bits its aggregates send off
+  // their aggregator; per worker, the bits of its items before the split.
+  std::vector<bool> worker_aggregates_;
+  std::vector<double> worker_bits_through_;
+  std::vector<double> hop_bits_;
+  std::unordered_map<int, double> direct_bits_before_;
+  std::vector<double> downlink_suffix_;  // per n: the downlink bound of items n..
+  double max_aggregator_uplink_bps_ = 0;
   std::vector<double> prefix_max_;
   std::vector<double> suffix_bits_;
   bool separate_aggregators_ = false;
@@ -396,9 +526,10 @@ std::vector<int> ShuffleAggregators(std::vector<int> hosts, uint64_t seed) {
   return hosts;
 }
 
-AggregationResult Aggregate(const AggregationInput& input, Network* net,
-                            const PlannerOptions& options) {
+AggregationSplit ChooseSplit(const AggregationInput& input, const Network& base,
+                             const PlannerOptions& options) {
   SplitSearch search(input);
+  const Network* net = &base;
   const int m = search.m();
   std::vector<double> totals(m + 1, kInfinity);
   totals[m] = search.DirectOnlyTotal();
@@ -411,12 +542,23 @@ AggregationResult Aggregate(const AggregationInput& input, Network* net,
         totals[n] = search.DetAgg(n, &state, kInfinity, false, nullptr);
       }
     } else {
-      std::atomic<double> best(totals[m]);
+      // Only a split that ends kMinAggregationGain_s before the direct
+      // schedule can be chosen: the running best starts there.
+      std::atomic<double> best(totals[m] - kMinAggregationGain_s);
       std::vector<char> evaluated(m, 0);
       std::vector<double> bounds(m);
       for (int n = 0; n < m; ++n) {
         const double bound = search.LowerBound(n, *net);
         bounds[n] = bound - Slack(bound);
+      }
+      if (search.sharded()) {
+        Network uplinks = *net;
+        search.StartUplinkBound(uplinks);
+        for (int n = 0; n < m; ++n) {
+          const double bound = search.UplinkBound(n, uplinks, best.load());
+          bounds[n] = std::max(bounds[n], bound - Slack(bound));
+          if (n + 1 < m) search.AdvanceUplinkBound(n, &uplinks);
+        }
       }
       // Evaluates split n on `state` (which holds the direct prefix of n).
       auto evaluate = [&](int n, Network* state) {
@@ -428,13 +570,22 @@ AggregationResult Aggregate(const AggregationInput& input, Network* net,
         totals[n] = total;
         if (total < kInfinity) AtomicMin(&best, total);
       };
+      auto wanted = [&](int n, int step) {
+        return !evaluated[n] && (step == 1 || n % step == step / 2);
+      };
       auto run = [&](int lo, int hi, int step) {
+        // No direct prefix is built past the last split point that may
+        // still win (bounds only fall behind `best` as it falls).
+        int last = hi - 1;
+        while (last >= lo && !(wanted(last, step) && bounds[last] <= best.load())) --last;
+        if (last < lo) return;
         Network state = *net;
         state.BeginJournal();
         for (int i = 0; i < lo; ++i) search.ReserveDirect(i, &state);
         state.DiscardJournal();
-        for (int n = lo; n < hi; ++n) {
-          if (!evaluated[n] && (step == 1 || n % step == step / 2)) evaluate(n, &state);
+        for (int n = lo; n <= last; ++n) {
+          if (wanted(n, step)) evaluate(n, &state);
+          if (n == last) break;
           search.ReserveDirect(n, &state);
           state.DiscardJournal();
         }
@@ -460,12 +611,37 @@ AggregationResult Aggregate(const AggregationInput& input, Network* net,
       }
     }
   }
-  int split = m;
+  AggregationSplit chosen;
+  chosen.split = m;
+  const double needed = totals[m] - kMinAggregationGain_s;
   for (int n = m - 1; n >= 0; --n) {
-    if (totals[n] < totals[split]) split = n;
+    if (totals[n] < needed && totals[n] < totals[chosen.split]) chosen.split = n;
   }
-  AggregationResult result = AggregateWithSplit(input, split, net);
-  result.total_s = totals[split];
+  chosen.total_s = totals[chosen.split];
+  return chosen;
+}
+
+std::vector<double> SplitLowerBounds(const AggregationInput& input, const Network& base) {
+  SplitSearch search(input);
+  const int m = search.m();
+  std::vector<double> bounds(m);
+  for (int n = 0; n < m; ++n) bounds[n] = search.LowerBound(n, base);
+  if (search.sharded()) {
+    Network uplinks = base;
+    search.StartUplinkBound(uplinks);
+    for (int n = 0; n < m; ++n) {
+      bounds[n] = std::max(bounds[n], search.UplinkBound(n, uplinks, kInfinity));
+      search.AdvanceUplinkBound(n, &uplinks);
+    }
+  }
+  return bounds;
+}
+
+AggregationResult Aggregate(const AggregationInput& input, Network* net,
+                            const PlannerOptions& options) {
+  const AggregationSplit chosen = ChooseSplit(input, *net, options);
+  AggregationResult result = AggregateWithSplit(input, chosen.split, net);
+  result.total_s = chosen.total_s;
   return result;
 }
 

@@ -13,7 +13,10 @@
 // its arrival; aggregator 2 continues, and so on. Order is preserved inside
 // and across groups. The split with the least total time (until everything
 // has arrived, eq. 16) wins; ties go to the larger n (fewer aggregation hops,
-// earlier individual commits).
+// earlier individual commits). A split is chosen over sending everything
+// direct (n = |U|) only when it ends at least kMinAggregationGain_s sooner:
+// sharded batches often tie to within rounding (the same worker uplink
+// limits both schedules), and an extra hop for 10^-14 s is no gain.
 //
 // Our reading of the paper's open points, documented here:
 //  - k + 1 groups at most (§5.2); the last aggregator takes every remaining
@@ -41,7 +44,9 @@
 // with another layout starts the next group (at the last aggregator the
 // split is infeasible). The lower bound below does not hold for the
 // per-part aggregates as it stands, so for sharded inputs only its
-// last-aggregator case is used (weaker pruning, same result).
+// last-aggregator case is used, with a bound of their own from the workers'
+// uplinks: an aggregated item's bits leave its worker's uplink, then its
+// group's aggregates leave the aggregator's (SplitSearch::UplinkBound).
 // AggregateChains does not take sharded items.
 //
 //   AggregationResult agg = Aggregate(input, &net, PlannerOptions{});
@@ -72,6 +77,8 @@
 #include "scheduler/core/prepared_batch.h"
 
 namespace mlfabric::core {
+
+inline constexpr double kMinAggregationGain_s = 1e-6;
 
 // One further part of a sharded item (§10.2): `bytes` to `dst_host`.
 struct AggregationPart {
@@ -124,6 +131,23 @@ struct AggregationResult {
 // Alg. 3 on `*net` (see the file comment for what `*net` holds before/after).
 AggregationResult Aggregate(const AggregationInput& input, Network* net,
                             const PlannerOptions& options);
+
+// Alg. 3's choice alone: the split point and its total on `base` (the
+// network without the items' direct reservations), nothing reserved.
+// Aggregate is ChooseSplit then AggregateWithSplit; a caller whose network
+// already holds every direct transfer (in item order) may skip the second
+// when the split is items.size() (everything direct).
+struct AggregationSplit {
+  int split = 0;
+  double total_s = 0;
+};
+AggregationSplit ChooseSplit(const AggregationInput& input, const Network& base,
+                             const PlannerOptions& options);
+
+// The lower bounds ChooseSplit prunes split points with, per split point
+// n < items.size(), on `base` (-kInfinity where none is known); each is at
+// most what AggregateWithSplit(input, n, copy of base) totals. For tests.
+std::vector<double> SplitLowerBounds(const AggregationInput& input, const Network& base);
 
 // DetAgg(split) alone (Alg. 3 lines 1-20 for one split point), applied to
 // `*net` like Aggregate; total_s is kInfinity when the split is infeasible.

@@ -169,8 +169,21 @@ AggregationOutcome AggregateOrdered(const Batch& batch, const PreparedBatch& pre
   if (!aggregate) return outcome;
   const AggregationInput input =
       AggregationInputOf(batch, prepared, ordering, std::move(aggregators));
-  Network aggregated = base;
-  AggregationResult agg = Aggregate(input, &aggregated, options);
+  const AggregationSplit chosen = ChooseSplit(input, base, options);
+  AggregationResult agg;
+  agg.split = chosen.split;
+  agg.total_s = chosen.total_s;
+  // Everything direct: `*net` already holds exactly that (Alg. 2 reserved
+  // the direct transfers in this order, undoing its trials bit for bit), so
+  // it is not rebuilt from `base`. Sync mode's list releases a failed
+  // update's parts instead of undoing them, and the reference rebuilds.
+  const bool reuse = chosen.split == static_cast<int>(m) && batch.mode != Mode::kSync &&
+                     !options.reference;
+  Network aggregated = reuse ? Network() : base;
+  if (!reuse) {
+    agg = AggregateWithSplit(input, chosen.split, &aggregated);
+    agg.total_s = chosen.total_s;
+  }
   // Streaming chains (aggregation.h) when they finish no later than Alg. 3's
   // best split: they spare the server's link. Not with a replica, whose §5.3
   // schedule delays and punts Alg. 3's transfers, nor for sharded updates (a
@@ -187,7 +200,7 @@ AggregationOutcome AggregateOrdered(const Batch& batch, const PreparedBatch& pre
       aggregated = std::move(streamed);
     }
   }
-  *net = std::move(aggregated);
+  if (outcome.chains.has_value() || !reuse) *net = std::move(aggregated);
   if (outcome.chains.has_value()) {
     server->arrival_s = outcome.chains->arrival_s;
     outcome.split = 0;
@@ -195,11 +208,11 @@ AggregationOutcome AggregateOrdered(const Batch& batch, const PreparedBatch& pre
       if (c.items.size() > 1) break;
       ++outcome.split;
     }
-  } else {
+  } else if (!reuse) {
     outcome.split = agg.split;
     server->arrival_s = agg.arrival_s;
     outcome.groups = std::move(agg.groups);
-  }
+  }  // reused: every arrival is the direct one Alg. 2 gave (server->arrival_s)
   return outcome;
 }
 
