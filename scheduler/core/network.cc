@@ -134,6 +134,21 @@ double Walk(const std::vector<LinkProfile>& links, const Path& path, double star
     const size_t n0 = p[0]->times_s.size(), n1 = p[1]->times_s.size();
     size_t k0 = k[0], k1 = k[1];
     for (;;) {
+      // Nothing moves while either link has no residual: jump to the end
+      // of that link's segment, the other link following (the steps in
+      // between move no bits and add no segment, so this is exact).
+      if (r0s[k0] <= 0 || r1s[k1] <= 0) {
+        if (r0s[k0] <= 0) {
+          if (k0 + 1 == n0) return kInfinity;
+          t = t0s[++k0];
+          while (k1 + 1 < n1 && t1s[k1 + 1] <= t) ++k1;
+        } else {
+          if (k1 + 1 == n1) return kInfinity;
+          t = t1s[++k1];
+          while (k0 + 1 < n0 && t0s[k0 + 1] <= t) ++k0;
+        }
+        continue;
+      }
       const double rate = std::min(r0s[k0], r1s[k1]);
       const double next = std::min(k0 + 1 < n0 ? t0s[k0 + 1] : kInfinity,
                                     k1 + 1 < n1 ? t1s[k1 + 1] : kInfinity);
@@ -287,25 +302,61 @@ size_t Network::SplitAt(int link, double t, size_t hint) {
   if (p.times_s[k] == t) return k;
   p.times_s.insert(p.times_s.begin() + k + 1, t);
   p.rates_bps.insert(p.rates_bps.begin() + k + 1, p.rates_bps[k]);
-  if (journaling_) journal_.push_back({link, true, k + 1, 0, p.first_open});
+  if (journaling_) journal_.push_back({link, JournalEntry::kInserted, k + 1, 0, p.first_open});
   if (p.first_open > k) ++p.first_open;
   return k + 1;
+}
+
+void Network::MergeZeroRuns(int link, size_t lo, size_t hi) {
+  LinkProfile& p = links_[link];
+  hi = std::min(hi, p.times_s.size() - 1);
+  lo = std::max<size_t>(lo, 1);  // times_s[0] is the batch's start: it stays
+  if (lo > hi) return;
+  // One pass that keeps breakpoints in place, then one erase of the gap.
+  // An undo re-inserts removed breakpoints in reverse, so each is recorded
+  // at its index among those kept so far (where it goes back).
+  size_t w = lo;
+  size_t first_open = p.first_open;
+  for (size_t k = lo; k <= hi; ++k) {
+    if (p.rates_bps[k] == 0 && p.rates_bps[w - 1] == 0) {
+      if (journaling_) {
+        journal_.push_back({link, JournalEntry::kRemoved, w, 0.0, first_open, p.times_s[k]});
+      }
+      // first_open == w only when it was the last segment (its rate is 0).
+      if (first_open >= w) --first_open;
+      continue;
+    }
+    p.times_s[w] = p.times_s[k];
+    p.rates_bps[w] = p.rates_bps[k];
+    ++w;
+  }
+  if (w <= hi) {
+    p.times_s.erase(p.times_s.begin() + w, p.times_s.begin() + hi + 1);
+    p.rates_bps.erase(p.rates_bps.begin() + w, p.rates_bps.begin() + hi + 1);
+  }
+  p.first_open = first_open;
 }
 
 void Network::AddRate(const Path& path, const std::vector<RateSegment>& segments, double sign) {
   for (int link : path.links) {
     LinkProfile& p = links_[link];
     size_t hint = 0;  // segments run forward in time: each split starts the next search
+    size_t lo = p.times_s.size(), hi = 0;  // the breakpoints touched
     for (const RateSegment& s : segments) {
       if (!(s.to_s > s.from_s) || s.rate_bps <= 0) continue;
       const size_t from = SplitAt(link, std::max(s.from_s, start_s_), hint);
       const size_t to = SplitAt(link, s.to_s, from);
       hint = to;
+      lo = std::min(lo, from);
+      hi = std::max(hi, to);
       for (size_t k = from; k < to; ++k) {
-        if (journaling_) journal_.push_back({link, false, k, p.rates_bps[k], p.first_open});
+        if (journaling_) {
+          journal_.push_back({link, JournalEntry::kRate, k, p.rates_bps[k], p.first_open});
+        }
         p.rates_bps[k] = std::max(0.0, p.rates_bps[k] + sign * s.rate_bps);
       }
     }
+    if (sign < 0 && lo <= hi && merge_zero_runs_) MergeZeroRuns(link, lo, hi);
     const size_t old_first_open = p.first_open;
     if (sign < 0) {
       while (p.first_open + 1 < p.rates_bps.size() && p.rates_bps[p.first_open] == 0) {
@@ -319,7 +370,8 @@ void Network::AddRate(const Path& path, const std::vector<RateSegment>& segments
     }
     if (journaling_ && p.first_open != old_first_open) {
       // A rate entry re-writing the same value carries the old skip pointer.
-      journal_.push_back({link, false, p.first_open, p.rates_bps[p.first_open], old_first_open});
+      journal_.push_back({link, JournalEntry::kRate, p.first_open, p.rates_bps[p.first_open],
+                          old_first_open});
     }
   }
 }
@@ -336,11 +388,18 @@ void Network::RollbackTo(size_t mark) {
   while (journal_.size() > mark) {
     const JournalEntry& e = journal_.back();
     LinkProfile& p = links_[e.link];
-    if (e.inserted) {
-      p.times_s.erase(p.times_s.begin() + e.index);
-      p.rates_bps.erase(p.rates_bps.begin() + e.index);
-    } else {
-      p.rates_bps[e.index] = e.old_rate;
+    switch (e.kind) {
+      case JournalEntry::kInserted:
+        p.times_s.erase(p.times_s.begin() + e.index);
+        p.rates_bps.erase(p.rates_bps.begin() + e.index);
+        break;
+      case JournalEntry::kRemoved:
+        p.times_s.insert(p.times_s.begin() + e.index, e.old_time);
+        p.rates_bps.insert(p.rates_bps.begin() + e.index, e.old_rate);
+        break;
+      case JournalEntry::kRate:
+        p.rates_bps[e.index] = e.old_rate;
+        break;
     }
     p.first_open = e.old_first_open;
     journal_.pop_back();

@@ -146,18 +146,34 @@ class Network {
   // Forgets the journal (no mark taken before may be rolled back to).
   void DiscardJournal() { journal_.clear(); }
 
+  // For tests: keep every breakpoint (no MergeZeroRuns), the profiles as
+  // they were before runs of zero residual were merged.
+  void set_merge_zero_runs(bool merge) { merge_zero_runs_ = merge; }
+
  private:
   struct JournalEntry {
+    enum Kind : uint8_t {
+      kRate,      // rates_bps[index] was old_rate
+      kInserted,  // a breakpoint was inserted at `index`
+      kRemoved,   // breakpoint old_time (rate old_rate) was removed from `index`
+    };
     int link;
-    bool inserted;  // true: a breakpoint was inserted at `index`
+    Kind kind;
     size_t index;
     double old_rate;
     size_t old_first_open;
+    double old_time = 0;
   };
 
   // Makes `t` a breakpoint of `link` and returns its index; the search
   // starts at segment `hint` when that is at or before t's.
   size_t SplitAt(int link, double t, size_t hint = 0);
+  // Removes the breakpoints among indices [lo, hi] of `link` that separate
+  // two segments of zero residual. A fill moves nothing in such a run, so
+  // one segment serves it as well, to the bit, and the fill walk and later
+  // inserts no longer pay for breakpoints that change nothing (a worker's
+  // uplink saturated part after part gathered hundreds).
+  void MergeZeroRuns(int link, size_t lo, size_t hi);
   void AddRate(const Path& path, const std::vector<RateSegment>& segments, double sign);
 
   double start_s_ = 0;
@@ -168,6 +184,7 @@ class Network {
   // Extra links for (src, dst) host pairs with a fixed path.
   std::unordered_map<int64_t, std::vector<int>> fixed_paths_;
   bool journaling_ = false;
+  bool merge_zero_runs_ = true;
   std::vector<JournalEntry> journal_;
 };
 

@@ -154,6 +154,152 @@ TEST_CASE("Reference and optimised walks agree on random reservations") {
   }
 }
 
+// Random hosts with busy profiles (so links have stretches of no residual),
+// a few behind one explicit link.
+Batch BusyBatch(std::mt19937_64& rng, int hosts) {
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  Batch batch;
+  batch.now_s = 0;
+  batch.server = "h0";
+  auto profile = [&]() {
+    std::vector<ProfilePoint> points;
+    double t = 0;
+    for (int i = 0; i < 6; ++i, t += 0.05 + 0.3 * unit(rng)) {
+      points.push_back({t, unit(rng) < 0.3 ? 0.0 : 1e9 * (0.2 + unit(rng))});
+    }
+    points.push_back({t, 1e9});
+    return points;
+  };
+  for (int h = 0; h < hosts; ++h) {
+    batch.hosts.push_back({"h" + std::to_string(h), 0, 0, profile(), profile()});
+  }
+  batch.links = {{"rack", 0, profile()}};
+  batch.paths = {{"h1", "h0", {"rack"}}, {"h2", "h0", {"rack"}}};
+  return batch;
+}
+
+TEST_CASE("Merging runs of zero residual changes no fill, reservation or undo, to the bit") {
+  // The same random reservations, releases and rollbacks on a network that
+  // merges zero runs and on one that keeps every breakpoint: every fill
+  // (end and segments) and every capacity must be identical, to the bit
+  // until a release. A release over a merged run gives it back as one
+  // segment where the other network has several of the same rate, so from
+  // then on sums over them may differ in the last bits.
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  size_t merged_points = 0, kept_points = 0;
+  for (int round = 0; round < 40; ++round) {
+    INFO("round " << round);
+    const int hosts = 3 + static_cast<int>(rng() % 4);
+    const Batch batch = BusyBatch(rng, hosts);
+    Network merged = Network::FromBatch(batch).value();
+    Network kept = merged;
+    kept.set_merge_zero_runs(false);
+    merged.BeginJournal();
+    kept.BeginJournal();
+    struct Reserved {
+      Path path;
+      std::vector<RateSegment> segments;
+    };
+    std::vector<Reserved> reserved;
+    bool released = false;
+    auto same = [&](double x, double y) {
+      return released ? x == Approx(y).epsilon(1e-12).margin(1e-9) : x == y;
+    };
+    for (int step = 0; step < 60; ++step) {
+      const int src = static_cast<int>(rng() % hosts), dst = static_cast<int>(rng() % hosts);
+      const Path path = merged.PathBetween(src, dst);
+      const double t0 = unit(rng), bits = 1e8 * unit(rng);
+      FillResult a = merged.Fill(path, t0, bits);
+      FillResult b = kept.Fill(path, t0, bits);
+      REQUIRE(a.feasible == b.feasible);
+      CHECK(same(a.end_s, b.end_s));
+      if (!released) {
+        REQUIRE(a.segments.size() == b.segments.size());
+        for (size_t i = 0; i < a.segments.size(); ++i) {
+          CHECK(a.segments[i].from_s == b.segments[i].from_s);
+          CHECK(a.segments[i].to_s == b.segments[i].to_s);
+          CHECK(a.segments[i].rate_bps == b.segments[i].rate_bps);
+        }
+      }
+      const int what = static_cast<int>(rng() % 10);
+      if (what < 6 && a.feasible) {  // reserve
+        merged.Reserve(path, a.segments);
+        kept.Reserve(path, b.segments);
+        reserved.push_back({path, a.segments});
+      } else if (what < 8 && a.feasible) {  // reserve, then undo it
+        const size_t ma = merged.JournalMark(), mb = kept.JournalMark();
+        const Network before = merged;
+        merged.Reserve(path, a.segments);
+        kept.Reserve(path, b.segments);
+        merged.RollbackTo(ma);
+        kept.RollbackTo(mb);
+        for (int l = 0; l < merged.num_links(); ++l) {
+          CHECK(merged.link(l).times_s == before.link(l).times_s);
+          CHECK(merged.link(l).rates_bps == before.link(l).rates_bps);
+          CHECK(merged.link(l).first_open == before.link(l).first_open);
+        }
+      } else if (!reserved.empty()) {  // give an earlier reservation back
+        const size_t i = rng() % reserved.size();
+        merged.Release(reserved[i].path, reserved[i].segments);
+        kept.Release(reserved[i].path, reserved[i].segments);
+        reserved.erase(reserved.begin() + static_cast<long>(i));
+        released = true;
+      }
+      for (int l = 0; l < merged.num_links(); ++l) {
+        const double from = unit(rng), to = from + unit(rng);
+        CHECK(same(merged.CapacityBits(l, from, to), kept.CapacityBits(l, from, to)));
+        CHECK(merged.OpenFrom(l) == kept.OpenFrom(l));
+      }
+    }
+    for (int l = 0; l < merged.num_links(); ++l) {
+      merged_points += merged.link(l).times_s.size();
+      kept_points += kept.link(l).times_s.size();
+    }
+  }
+  INFO(merged_points << " breakpoints merged against " << kept_points << " kept");
+  CHECK(merged_points < kept_points * 9 / 10);  // the merge must happen
+}
+
+TEST_CASE("A host-to-host fill skips stretches of no residual exactly") {
+  // The two-link walk jumps over a link's zero stretch; the general walk
+  // (three links: the same two plus one that never limits) steps through
+  // every breakpoint. Same ends and segments, to the bit.
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (int round = 0; round < 40; ++round) {
+    INFO("round " << round);
+    Batch batch = BusyBatch(rng, 4);
+    batch.links.push_back({"wide", 1e15, {}});
+    batch.paths.push_back({"h3", "h0", {"wide"}});
+    Network net = Network::FromBatch(batch).value();
+    net.set_merge_zero_runs(round % 2 == 0);
+    const int h3 = net.HostIndex("h3"), h0 = net.HostIndex("h0");
+    Path two;
+    two.links.push_back(net.UplinkOf(h3));
+    two.links.push_back(net.DownlinkOf(h0));
+    const Path three = net.PathBetween(h3, h0);
+    REQUIRE(three.links.size() == 3);
+    for (int step = 0; step < 40; ++step) {
+      const double t0 = unit(rng), bits = 1e8 * unit(rng);
+      FillResult a = net.Fill(two, t0, bits);
+      FillResult b = net.Fill(three, t0, bits);
+      REQUIRE(a.end_s == b.end_s);
+      REQUIRE(a.segments.size() == b.segments.size());
+      for (size_t i = 0; i < a.segments.size(); ++i) {
+        CHECK(a.segments[i].from_s == b.segments[i].from_s);
+        CHECK(a.segments[i].to_s == b.segments[i].to_s);
+      }
+      // Reserve on the two hosts' links and on some other paths, so the
+      // profiles grow zero stretches of their own.
+      if (a.feasible) net.Reserve(two, a.segments);
+      const Path other = net.PathBetween(static_cast<int>(rng() % 4), static_cast<int>(rng() % 4));
+      FillResult c = net.Fill(other, unit(rng), 1e8 * unit(rng));
+      if (c.feasible) net.Reserve(other, c.segments);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mlfabric::core
 

@@ -125,6 +125,8 @@ class Orderer {
         }
       }
       Append(g, pick.key, std::move(transfers));
+      // Nothing before this pick is undone: the journal need not keep it.
+      if (!options_.reference) net_->DiscardJournal();
       ++pos;
     }
     if (!options_.reference) net_->DiscardJournal();
