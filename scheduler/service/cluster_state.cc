@@ -813,49 +813,43 @@ void ClusterState::ReserveDistribution(std::vector<DistributionLeg> legs) {
 }
 
 void ClusterState::Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,
-                                std::map<std::string, std::vector<core::RateSegment>>* down) const {
+                                std::map<std::string, std::vector<core::RateSegment>>* down,
+                                const absl::flat_hash_set<std::string>* hosts) const {
+  auto add = [&](const std::vector<core::RateSegment>& segments, const std::string& src,
+                 const std::string& dst) {
+    if (hosts == nullptr || hosts->count(src) > 0) AppendSegments(segments, &(*up)[src]);
+    if (hosts == nullptr || hosts->count(dst) > 0) AppendSegments(segments, &(*down)[dst]);
+  };
   for (const auto& [id, record] : updates_) {
     if (record.state != UpdateState::kInFlight) continue;
     if (const GroupPush* group = groups_.Find(id)) {
       for (const GroupPart& part : group->parts) {
-        AppendSegments(part.planned.segments, &(*up)[part.planned.src]);
-        AppendSegments(part.planned.segments, &(*down)[part.planned.dst]);
+        add(part.planned.segments, part.planned.src, part.planned.dst);
       }
       continue;
     }
     if (IsGroupAggregate(record.aggregate_id)) continue;  // below, once
-    AppendSegments(record.planned.segments, &(*up)[record.planned.src]);
-    AppendSegments(record.planned.segments, &(*down)[record.planned.dst]);
+    add(record.planned.segments, record.planned.src, record.planned.dst);
   }
   const double now_s = clock_->NowSeconds();
   for (const DistributionLeg& leg : distribution_legs_) {
     if (leg.end_s <= now_s) continue;
-    AppendSegments(leg.segments, &(*up)[leg.src]);
-    AppendSegments(leg.segments, &(*down)[leg.dst]);
+    add(leg.segments, leg.src, leg.dst);
   }
   replicas_.ForEachCopy([&](uint64_t /*id*/, const ReplicaCopy& copy) {
-    for (const ReplicaCopy::Leg& leg : copy.legs) {
-      AppendSegments(leg.segments, &(*up)[leg.src]);
-      AppendSegments(leg.segments, &(*down)[leg.dst]);
-    }
+    for (const ReplicaCopy::Leg& leg : copy.legs) add(leg.segments, leg.src, leg.dst);
   });
   aggregates_.ForEach([&](const AggregateRecord& aggregate) {
-    AppendSegments(aggregate.planned.segments, &(*up)[aggregate.planned.src]);
-    AppendSegments(aggregate.planned.segments, &(*down)[aggregate.planned.dst]);
+    add(aggregate.planned.segments, aggregate.planned.src, aggregate.planned.dst);
     for (const AggregateRecord::Hop& hop : aggregate.hops) {
-      AppendSegments(hop.planned.segments, &(*up)[hop.planned.src]);
-      AppendSegments(hop.planned.segments, &(*down)[hop.planned.dst]);
+      add(hop.planned.segments, hop.planned.src, hop.planned.dst);
     }
   });
   groups_.ForEach([&](uint64_t /*id*/, const GroupPush& group) {
     if (group.constituents.empty()) return;  // a push's own: above
-    for (const TransferView& feed : group.feeds) {
-      AppendSegments(feed.segments, &(*up)[feed.src]);
-      AppendSegments(feed.segments, &(*down)[feed.dst]);
-    }
+    for (const TransferView& feed : group.feeds) add(feed.segments, feed.src, feed.dst);
     for (const GroupPart& part : group.parts) {
-      AppendSegments(part.planned.segments, &(*up)[part.planned.src]);
-      AppendSegments(part.planned.segments, &(*down)[part.planned.dst]);
+      add(part.planned.segments, part.planned.src, part.planned.dst);
     }
   });
 }

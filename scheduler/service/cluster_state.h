@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "common/clock.h"
 #include "common/map_util.h"
@@ -345,9 +346,13 @@ class ClusterState {
 
   // In-flight reservations on each host's uplink/downlink, as segments:
   // planned pushes, aggregates, replica copies and (ReserveDistribution)
-  // model distributions that have not ended.
+  // model distributions that have not ended. With `hosts`, only the links
+  // of those hosts: a get's distribution needs its server's and requesters'
+  // links, and collecting every host's made each one cost a pass over all
+  // of them (with many shards, most of the scheduler's time, under its lock).
   void Reservations(std::map<std::string, std::vector<core::RateSegment>>* up,
-                    std::map<std::string, std::vector<core::RateSegment>>* down) const;
+                    std::map<std::string, std::vector<core::RateSegment>>* down,
+                    const absl::flat_hash_set<std::string>* hosts = nullptr) const;
 
   // A model distribution's planned streams (§10.3), reserved until they
   // end so that the pushes and distributions planned meanwhile know the

@@ -480,6 +480,50 @@ TEST_CASE("a failed round fails every member and moves the server past it") {
   CHECK(at_server[0].cancel().round() == 5);
 }
 
+TEST_CASE("reservations restricted to some hosts are theirs in full, and only theirs") {
+  // A push w1 -> s1 and a chain hop w2 -> a1: the links a distribution
+  // from s1 to w2 asks for are s1's and w2's, with every segment on them.
+  Fixture f;
+  const uint64_t id = f.Push("w1");
+  UpdateRecord& record = *f.state.FindPush(id);
+  record.state = UpdateState::kInFlight;
+  record.planned.src = "w1";
+  record.planned.dst = "s1";
+  record.planned.deadline_s = 110;
+  record.planned.segments = {{100, 101, 1e9}};
+  const uint64_t b = f.Push("w2");
+  f.Aggregate77({b});
+  AggregateRecord::Hop hop;
+  hop.id = 78;
+  hop.host = "w2";
+  hop.planned.src = "w2";
+  hop.planned.dst = "a1";
+  hop.planned.segments = {{0.0, 1.0, 1e9}};
+  f.state.aggregates().AddHop(77, hop);
+  std::map<std::string, std::vector<core::RateSegment>> up, down, some_up, some_down;
+  f.state.Reservations(&up, &down);
+  const absl::flat_hash_set<std::string> hosts = {"s1", "w2"};
+  f.state.Reservations(&some_up, &some_down, &hosts);
+  for (const auto& [host, segments] : some_up) CHECK(hosts.count(host) == 1);
+  for (const auto& [host, segments] : some_down) CHECK(hosts.count(host) == 1);
+  auto same = [](const std::vector<core::RateSegment>& a,
+                 const std::vector<core::RateSegment>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].from_s != b[i].from_s || a[i].to_s != b[i].to_s ||
+          a[i].rate_bps != b[i].rate_bps) {
+        return false;
+      }
+    }
+    return true;
+  };
+  CHECK(some_up["w2"].size() == 1);
+  CHECK(some_down["s1"].size() == 1);
+  CHECK(same(some_up["w2"], up["w2"]));
+  CHECK(same(some_down["s1"], down["s1"]));
+  CHECK(up.count("w1") == 1);  // left out above, there in full
+}
+
 TEST_CASE("in-flight pushes past their deadline time out; planned ones are reserved") {
   Fixture f;
   const uint64_t id = f.Push("w1");

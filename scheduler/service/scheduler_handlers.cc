@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -895,8 +896,10 @@ absl::Status SchedulerService::DistributionRequestLocked(
                      "' (its host is '", server->second.host, "')"));
   }
   const double now_s = clock_->NowSeconds();
+  absl::flat_hash_set<std::string> links = {request.host()};  // the only links the tree may use
+  links.insert(request.requesters().begin(), request.requesters().end());
   std::map<std::string, std::vector<core::RateSegment>> up, down;
-  state_.Reservations(&up, &down);
+  state_.Reservations(&up, &down, &links);
   const HostState* server_host = state_.AliveHost(request.host());
   if (server_host == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("host '", request.host(), "' is down"));
