@@ -237,6 +237,29 @@ TEST_CASE("Every port refuses callers without credentials or with another job's"
     CHECK(s.error_message() == "host 'intruder' may not act for host 'w1'");
   }
   {
+    // Completions for another host: refused whole, and one by one when
+    // they hide in a call of the caller's own.
+    v1::CompletionReports reports;
+    reports.set_host("w1");
+    v1::CompletionReport* report = reports.add_reports();
+    report->set_host("w1");
+    report->set_transfer_id(1);
+    report->set_error("forged");
+    grpc::ClientContext context;
+    sign(&context, "");
+    v1::CompletionAcks acks;
+    grpc::Status s = stub->ReportCompletions(&context, reports, &acks);
+    CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK(s.error_message() == "host 'intruder' may not act for host 'w1'");
+    reports.set_host("intruder");
+    grpc::ClientContext own;
+    sign(&own, "");
+    REQUIRE(stub->ReportCompletions(&own, reports, &acks).ok());
+    REQUIRE(acks.results_size() == 1);
+    CHECK(acks.results(0).code() == static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+    CHECK(acks.results(0).message() == "reports[0].host: 'w1' is not the call's host 'intruder'");
+  }
+  {
     v1::StreamSchedulesRequest stream;  // w1's commands, without its session
     stream.set_host("w1");
     grpc::ClientContext context;

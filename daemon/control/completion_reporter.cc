@@ -1,6 +1,8 @@
 #include "daemon/control/completion_reporter.h"
 
+#include <iterator>
 #include <utility>
+#include <vector>
 
 #include "common/logging.h"
 
@@ -28,6 +30,11 @@ void CompletionReporter::ReportPartReady(uint64_t transfer_id) {
   Queue(std::move(report));
 }
 
+void CompletionReporter::Report(v1::CompletionReport report) {
+  report.set_host(host_);
+  Queue(std::move(report));
+}
+
 void CompletionReporter::Queue(v1::CompletionReport report) {
   {
     MutexLock lock(&mu_);
@@ -49,7 +56,6 @@ void CompletionReporter::Stop() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
-    queue_.clear();
   }
   cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
@@ -57,16 +63,30 @@ void CompletionReporter::Stop() {
 
 void CompletionReporter::Loop() {
   while (true) {
-    v1::CompletionReport report;
+    // Everything queued goes in one call: a shard's daemon reports a part
+    // ready for every push to its group, and a call per report held each
+    // behind the round trip of the one before.
+    std::vector<v1::CompletionReport> reports;
     {
       MutexLock lock(&mu_);
       cv_.Await(&mu_,
                 [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping
-      report = std::move(queue_.front());
-      queue_.pop_front();
+      if (queue_.empty()) return;  // stopping, and everything queued was sent
+      reports.assign(std::make_move_iterator(queue_.begin()),
+                     std::make_move_iterator(queue_.end()));
+      queue_.clear();
     }
-    ReportNow(report);
+    if (reports.size() == 1) {
+      ReportNow(reports[0]);
+      continue;
+    }
+    const std::vector<absl::Status> results = client_->ReportCompletions(reports);
+    for (size_t i = 0; i < reports.size() && i < results.size(); ++i) {
+      if (!results[i].ok() && results[i].code() != absl::StatusCode::kNotFound) {
+        MLF_LOG(WARNING) << "cannot report completion of transfer " << reports[i].transfer_id()
+                         << ": " << RpcErrorText(results[i]);
+      }
+    }
   }
 }
 

@@ -1,15 +1,19 @@
-// CompletionReporter: sends failure reports (CompletionReport with
-// applied = false) to the scheduler from one thread of its own, so that the
-// daemon's parts can report while holding their locks and however many
-// failures come at once (a failed round fails all its members) — no RPC is
-// ever made under a lock, and no thread is spawned per failure.
+// CompletionReporter: sends CompletionReports (failures, group parts ready,
+// a server's applied updates) to the scheduler from one thread of its own,
+// so that the daemon's parts can report while holding their locks and
+// however many reports come at once (a failed round fails all its members;
+// a shard of a server group reports a part ready and applied for every
+// push to its group) — no RPC is ever made under a lock, no thread is
+// spawned per report, and no report waits for the round trip of each one
+// before it.
 //
 //   CompletionReporter reporter(&client, "w1");
 //   reporter.ReportFailure(transfer_id, "connection reset");   // returns at once
-//   reporter.Stop();   // drops what is left: the scheduler marks the host down anyway
+//   reporter.Stop();   // sends what is queued, then ends
 //
-// Reports go out in the order they were queued. A NotFound answer (the
-// transfer ended already) is expected and not logged.
+// Reports go out in the order they were queued, all those queued by the
+// time the last call returned in one call (ReportCompletions). A NotFound
+// answer (the transfer ended already) is expected and not logged.
 // Thread safety: ReportFailure from any thread; Stop once, from the owner.
 #ifndef MLFABRIC_DAEMON_CONTROL_COMPLETION_REPORTER_H_
 #define MLFABRIC_DAEMON_CONTROL_COMPLETION_REPORTER_H_
@@ -35,8 +39,15 @@ class CompletionReporter {
   // The held part `transfer_id` of a group push has all its bytes here
   // (CompletionReport.part_ready), queued like a failure.
   void ReportPartReady(uint64_t transfer_id);
-  // Sends a report now, on the caller's thread (applied updates, rounds).
+  // Queues `report` (its host is this reporter's): a server's applied
+  // update, or its refusal.
+  void Report(v1::CompletionReport report);
+  // Sends a report now, on the caller's thread (rounds, whose next
+  // submissions must not overtake it, and acknowledgements told again
+  // after a registration).
   void ReportNow(const v1::CompletionReport& report);
+  // No report is queued after this; those queued are sent (in one call:
+  // a server's applied updates are not lost to a shutdown).
   void Stop();
 
  private:

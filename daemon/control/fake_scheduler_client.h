@@ -89,6 +89,20 @@ class FakeSchedulerClient final : public SchedulerClient {
     cv_.notify_all();
     return status;
   }
+  // Recorded as the base class sends them (a ReportCompletion each), with
+  // the size of every batch.
+  std::vector<absl::Status> ReportCompletions(
+      const std::vector<v1::CompletionReport>& reports) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      completion_batches_.push_back(reports.size());
+    }
+    return SchedulerClient::ReportCompletions(reports);
+  }
+  std::vector<size_t> completion_batches() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return completion_batches_;
+  }
   absl::Status ReportBandwidth(const v1::BandwidthReport&) override { return absl::OkStatus(); }
   absl::Status ReportEntityGone(const v1::EntityGoneReport& report) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -200,6 +214,7 @@ class FakeSchedulerClient final : public SchedulerClient {
   std::condition_variable cv_;
   std::deque<Deferred> deferred_;
   std::deque<v1::DaemonCommand> commands_;
+  std::vector<size_t> completion_batches_;
   std::vector<v1::CompletionReport> completions_;
   std::vector<v1::SubmitUpdateRequest> submits_;
   std::vector<v1::EntityGoneReport> gone_;

@@ -147,6 +147,35 @@ class GrpcSchedulerClient final : public SchedulerClient {
     v1::CompletionAck ack;
     return FromGrpc(stub_->ReportCompletion(Signed(10, "").get(), report, &ack));
   }
+  std::vector<absl::Status> ReportCompletions(
+      const std::vector<v1::CompletionReport>& reports) override {
+    std::vector<absl::Status> results;
+    results.reserve(reports.size());
+    // The scheduler takes at most 4096 a call (proto/scheduler.proto).
+    constexpr size_t chunk = 4096;
+    for (size_t begin = 0; begin < reports.size(); begin += chunk) {
+      const size_t end = std::min(reports.size(), begin + chunk);
+      v1::CompletionReports request;
+      request.set_host(reports[begin].host());
+      for (size_t i = begin; i < end; ++i) *request.add_reports() = reports[i];
+      v1::CompletionAcks acks;
+      const absl::Status call =
+          FromGrpc(stub_->ReportCompletions(Signed(10, "").get(), request, &acks));
+      for (size_t i = begin; i < end; ++i) {
+        const int k = static_cast<int>(i - begin);
+        if (!call.ok() || k >= acks.results_size()) {
+          results.push_back(call.ok() ? absl::InternalError("the scheduler answered fewer "
+                                                            "reports than were sent")
+                                      : call);
+          continue;
+        }
+        const v1::CompletionResult& result = acks.results(k);
+        results.push_back(absl::Status(static_cast<absl::StatusCode>(result.code()),
+                                       result.message()));
+      }
+    }
+    return results;
+  }
   absl::Status ReportBandwidth(const v1::BandwidthReport& report) override {
     v1::BandwidthAck ack;
     return FromGrpc(stub_->ReportBandwidth(Signed(2, "").get(), report, &ack));

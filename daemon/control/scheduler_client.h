@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "proto/scheduler.pb.h"
@@ -61,6 +62,16 @@ class SchedulerClient {
     done(std::move(status), std::move(reply));
   }
   virtual absl::Status ReportCompletion(const v1::CompletionReport& report) = 0;
+  // Several reports of this host (CompletionReports): a status per report,
+  // in order; a failed call fails each of its reports. This default makes
+  // one ReportCompletion each (for clients with no batched call).
+  virtual std::vector<absl::Status> ReportCompletions(
+      const std::vector<v1::CompletionReport>& reports) {
+    std::vector<absl::Status> results;
+    results.reserve(reports.size());
+    for (const v1::CompletionReport& report : reports) results.push_back(ReportCompletion(report));
+    return results;
+  }
   virtual absl::Status ReportBandwidth(const v1::BandwidthReport& report) = 0;
   virtual absl::Status ReportEntityGone(const v1::EntityGoneReport& report) = 0;
   virtual absl::Status SyncClock(const v1::SyncClockRequest& request,

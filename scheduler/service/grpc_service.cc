@@ -137,6 +137,16 @@ grpc::Status SchedulerGrpcService::ReportCompletion(grpc::ServerContext* context
   return ToGrpcStatus(service_->ReportCompletion(*request));
 }
 
+grpc::Status SchedulerGrpcService::ReportCompletions(grpc::ServerContext* context,
+                                                     const v1::CompletionReports* request,
+                                                     v1::CompletionAcks* reply) {
+  if (grpc::Status denied = Authorize(context, "ReportCompletions", request->host(), "");
+      !denied.ok()) {
+    return denied;
+  }
+  return ToGrpcStatus(service_->ReportCompletions(*request, reply));
+}
+
 grpc::Status SchedulerGrpcService::ReportEntityGone(grpc::ServerContext* context,
                                                     const v1::EntityGoneReport* request,
                                                     v1::EntityGoneAck*) {

@@ -49,6 +49,9 @@ class SchedulerGrpcService final : public v1::Scheduler::Service {
                                grpc::ServerWriter<v1::DaemonCommand>* writer) override;
   grpc::Status ReportCompletion(grpc::ServerContext* context, const v1::CompletionReport* request,
                                 v1::CompletionAck* reply) override;
+  grpc::Status ReportCompletions(grpc::ServerContext* context,
+                                 const v1::CompletionReports* request,
+                                 v1::CompletionAcks* reply) override;
   grpc::Status ReportBandwidth(grpc::ServerContext* context, const v1::BandwidthReport* request,
                                v1::BandwidthAck* reply) override;
   grpc::Status ReportEntityGone(grpc::ServerContext* context, const v1::EntityGoneReport* request,

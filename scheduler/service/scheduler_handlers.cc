@@ -654,6 +654,28 @@ absl::Status SchedulerService::AwaitClock(const v1::AwaitClockRequest& request,
   return absl::OkStatus();
 }
 
+absl::Status SchedulerService::ReportCompletions(const v1::CompletionReports& request,
+                                                 v1::CompletionAcks* reply) {
+  if (request.reports_size() > kMaxCompletionReports) {
+    return absl::InvalidArgumentError(absl::StrCat("reports: ", request.reports_size(),
+                                                   " in one call, at most ",
+                                                   kMaxCompletionReports));
+  }
+  for (int i = 0; i < request.reports_size(); ++i) {
+    const v1::CompletionReport& report = request.reports(i);
+    const absl::Status status =
+        report.host() == request.host()
+            ? ReportCompletion(report)
+            : absl::InvalidArgumentError(absl::StrCat("reports[", i, "].host: '", report.host(),
+                                                      "' is not the call's host '",
+                                                      request.host(), "'"));
+    v1::CompletionResult* result = reply->add_results();
+    result->set_code(static_cast<int32_t>(status.code()));
+    result->set_message(std::string(status.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SchedulerService::ReportCompletion(const v1::CompletionReport& request) {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_.groups().IsPartOrFeed(request.transfer_id())) {  // server_groups.h

@@ -115,6 +115,13 @@ class SchedulerService {
   absl::Status QueryMembership(const v1::QueryMembershipRequest& request,
                                v1::QueryMembershipReply* reply);
   absl::Status ReportCompletion(const v1::CompletionReport& request);
+  // Each report in order, as ReportCompletion, with a result per report in
+  // *reply; a report naming another host than the call's is refused
+  // (InvalidArgument) and the others still handled. InvalidArgument for
+  // the whole call beyond kMaxCompletionReports reports.
+  static constexpr int kMaxCompletionReports = 4096;
+  absl::Status ReportCompletions(const v1::CompletionReports& request,
+                                 v1::CompletionAcks* reply);
   absl::Status ReportBandwidth(const v1::BandwidthReport& request);
   // An application left its daemon. A server's replica is promoted
   // (failover.h); a replica stops receiving copies. Only the host the

@@ -199,6 +199,47 @@ TEST_CASE("A push not yet scheduled cannot complete; it is planned at the next b
   CHECK(f.service.GetStats().applied == 1);
 }
 
+TEST_CASE("ReportCompletions handles each report as ReportCompletion would, in order") {
+  Fixture f;
+  f.RegisterHost("s1");
+  f.RegisterHost("w1");
+  REQUIRE(f.RegisterServer("demo-token").ok());
+  uint64_t id = 0;
+  REQUIRE(f.Submit(f.GoodSubmit(), &id).ok());
+  f.service.RunBatchCycle();
+  REQUIRE(f.service.Snapshot().in_flight.size() == 1);
+  v1::CompletionReports request;
+  request.set_host("s1");
+  v1::CompletionReport* applied = request.add_reports();
+  applied->set_host("s1");
+  applied->set_transfer_id(id);
+  applied->set_applied(true);
+  applied->set_model_version(1);
+  *request.add_reports() = *applied;  // twice: the second finds it ended
+  v1::CompletionReport* other_host = request.add_reports();
+  *other_host = *applied;
+  other_host->set_host("w1");
+  v1::CompletionAcks acks;
+  REQUIRE(f.service.ReportCompletions(request, &acks).ok());
+  REQUIRE(acks.results_size() == 3);
+  CHECK(acks.results(0).code() == 0);
+  CHECK(acks.results(1).code() == static_cast<int>(absl::StatusCode::kNotFound));
+  CHECK(acks.results(2).code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  CHECK(acks.results(2).message() == "reports[2].host: 'w1' is not the call's host 's1'");
+  CHECK(f.service.GetStats().applied == 1);
+
+  v1::CompletionReports too_many;
+  too_many.set_host("s1");
+  for (int i = 0; i <= SchedulerService::kMaxCompletionReports; ++i) {
+    *too_many.add_reports() = *applied;
+  }
+  v1::CompletionAcks none;
+  const absl::Status refused = f.service.ReportCompletions(too_many, &none);
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(refused.message() == "reports: 4097 in one call, at most 4096");
+  CHECK(none.results_size() == 0);
+}
+
 TEST_CASE("QueryOutcomes waits while a push is in flight and answers once it ended") {
   Fixture f;
   f.RegisterHost("s1");
