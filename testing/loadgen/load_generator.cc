@@ -188,7 +188,8 @@ class LoadGenerator::Impl {
   void ScheduleFirstEvents(std::mt19937_64& rng);
   void Schedule(int driver, Event event);
   void Error(const std::string& text);
-  void CountRpc(const absl::Status& status, bool counted_elsewhere = false);
+  // `a_call`: false for a report of a batched call (counted once, apart).
+  void CountRpc(const absl::Status& status, bool counted_elsewhere = false, bool a_call = true);
 
   void DriverLoop(int index);
   void RequestGet(int worker);
@@ -206,8 +207,12 @@ class LoadGenerator::Impl {
   // Reports held parts whose bytes are in as ready; the time until the next
   // one's are (at most 0.1 s).
   double ReportReadyParts(Server& server, std::unique_lock<std::mutex>& lock);
-  void SkipCancelled(Server& server, std::unique_lock<std::mutex>& lock);
-  void Apply(Server& server, std::unique_lock<std::mutex>& lock);
+  // Both add their report to *reports, which DeliveryLoop sends in one
+  // call before it waits (as mlfabricd's CompletionReporter does).
+  void SkipCancelled(Server& server, std::vector<v1::CompletionReport>* reports);
+  void Apply(Server& server, std::vector<v1::CompletionReport>* reports);
+  void SendReports(Server& server, std::unique_lock<std::mutex>& lock,
+                   std::vector<v1::CompletionReport>* reports);
   void DistributionLoop(int server);
   void Shutdown();
   int64_t ShardDisagreements() const;
@@ -253,8 +258,9 @@ void LoadGenerator::Impl::Error(const std::string& text) {
   if (errors_.size() < 8) errors_.push_back(text);
 }
 
-void LoadGenerator::Impl::CountRpc(const absl::Status& status, bool counted_elsewhere) {
-  ++rpcs_;
+void LoadGenerator::Impl::CountRpc(const absl::Status& status, bool counted_elsewhere,
+                                   bool a_call) {
+  if (a_call) ++rpcs_;
   if (status.ok() || counted_elsewhere) return;
   if (done_) return;  // calls cut short by the end of the run
   ++rpc_errors_;
@@ -710,11 +716,12 @@ void LoadGenerator::Impl::Handle(int index, const v1::DaemonCommand& command) {
 void LoadGenerator::Impl::DeliveryLoop(int index) {
   Server& server = *servers_[index];
   std::unique_lock<std::mutex> lock(server.mu);
+  std::vector<v1::CompletionReport> reports;
   while (!done_) {
     const double next_ready_s = ReportReadyParts(server, lock);
     const uint64_t sequence = server.next_sequence;
     if (server.cancelled.count(sequence) > 0) {
-      SkipCancelled(server, lock);
+      SkipCancelled(server, &reports);
       continue;
     }
     auto expected = server.expected.find(sequence);
@@ -731,12 +738,29 @@ void LoadGenerator::Impl::DeliveryLoop(int index) {
       if (expected->second.held()) end_s = 0;
       wait_s = std::min(wait_s, end_s < 0 ? 0.1 : end_s - SchedulerNow());
       if (wait_s <= 0) {
-        Apply(server, lock);
+        Apply(server, &reports);
+        if (reports.size() >= 256) SendReports(server, lock, &reports);
         continue;
       }
     }
+    if (!reports.empty()) {
+      SendReports(server, lock, &reports);
+      continue;  // the state may have changed meanwhile
+    }
     server.cv.wait_for(lock, std::chrono::duration<double>(std::clamp(wait_s, 0.001, 0.1)));
   }
+}
+
+void LoadGenerator::Impl::SendReports(Server& server, std::unique_lock<std::mutex>& lock,
+                                      std::vector<v1::CompletionReport>* reports) {
+  std::vector<v1::CompletionReport> sending = std::move(*reports);
+  reports->clear();
+  lock.unlock();
+  delivery_reports_ += static_cast<int64_t>(sending.size());
+  const std::vector<absl::Status> results = hosts_[server.host]->client->ReportCompletions(sending);
+  ++rpcs_;
+  for (const absl::Status& status : results) CountRpc(status, false, /*a_call=*/false);
+  lock.lock();
 }
 
 double LoadGenerator::Impl::ReportReadyParts(Server& server, std::unique_lock<std::mutex>& lock) {
@@ -762,20 +786,25 @@ double LoadGenerator::Impl::ReportReadyParts(Server& server, std::unique_lock<st
   }
   if (ready.empty()) return next_s;
   lock.unlock();
+  // In one call, as mlfabricd's CompletionReporter sends what it queued.
   Host& host = *hosts_[server.host];
+  std::vector<v1::CompletionReport> reports;
   for (uint64_t transfer_id : ready) {
-    v1::CompletionReport report;
+    v1::CompletionReport& report = reports.emplace_back();
     report.set_host(host.name);
     report.set_transfer_id(transfer_id);
     report.set_part_ready(true);
     ++delivery_reports_;
-    CountRpc(host.client->ReportCompletion(report));
   }
+  const std::vector<absl::Status> results = host.client->ReportCompletions(reports);
+  ++rpcs_;
+  for (const absl::Status& status : results) CountRpc(status, /*counted_elsewhere=*/false, false);
   lock.lock();
   return 0;  // the state may have changed meanwhile
 }
 
-void LoadGenerator::Impl::SkipCancelled(Server& server, std::unique_lock<std::mutex>& lock) {
+void LoadGenerator::Impl::SkipCancelled(Server& server,
+                                        std::vector<v1::CompletionReport>* reports) {
   const uint64_t sequence = server.next_sequence;
   auto cancelled = server.cancelled.find(sequence);
   const v1::CancelDelivery cancel = cancelled->second;
@@ -786,22 +815,17 @@ void LoadGenerator::Impl::SkipCancelled(Server& server, std::unique_lock<std::mu
   }
   server.unready.erase(sequence);
   ++server.next_sequence;
-  lock.unlock();
   ++cancelled_;
   if (cancel.confirm()) {
-    Host& host = *hosts_[server.host];
-    v1::CompletionReport report;
-    report.set_host(host.name);
+    v1::CompletionReport& report = reports->emplace_back();
+    report.set_host(hosts_[server.host]->name);
     report.set_transfer_id(cancel.transfer_id());
     report.set_applied(false);
     report.set_error(cancel.reason());
-    ++delivery_reports_;
-    CountRpc(host.client->ReportCompletion(report));
   }
-  lock.lock();
 }
 
-void LoadGenerator::Impl::Apply(Server& server, std::unique_lock<std::mutex>& lock) {
+void LoadGenerator::Impl::Apply(Server& server, std::vector<v1::CompletionReport>* reports) {
   // Its bytes are in: the application applies it (an aggregate as its
   // constituents, in order; a group's part as the push it belongs to).
   auto expected = server.expected.find(server.next_sequence);
@@ -811,9 +835,8 @@ void LoadGenerator::Impl::Apply(Server& server, std::unique_lock<std::mutex>& lo
   ++server.next_sequence;
   const int64_t count = std::max(1, expect.constituents_size());
   server.model_version += count;
-  Host& host = *hosts_[server.host];
-  v1::CompletionReport report;
-  report.set_host(host.name);
+  v1::CompletionReport& report = reports->emplace_back();
+  report.set_host(hosts_[server.host]->name);
   report.set_transfer_id(expect.transfer_id());
   report.set_applied(true);
   report.set_model_version(server.model_version);
@@ -824,16 +847,12 @@ void LoadGenerator::Impl::Apply(Server& server, std::unique_lock<std::mutex>& lo
   } else {
     report.add_pushes(expect.transfer_id());
   }
-  lock.unlock();
   {
     std::lock_guard<std::mutex> arrivals_lock(arrivals_mu_);
     arrivals_.erase(expect.transfer_id());
   }
   // A group's pushes are counted once, at its first shard.
   if (server.shard == 0) delivered_ += count;
-  ++delivery_reports_;
-  CountRpc(host.client->ReportCompletion(report));
-  lock.lock();
 }
 
 void LoadGenerator::Impl::DistributionLoop(int index) {
