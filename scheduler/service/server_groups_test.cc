@@ -70,6 +70,16 @@ struct Fixture : ClusterStateFixture {
   uint64_t Part(uint64_t push, int i) { return state.groups().Find(push)->parts.at(i).id; }
 };
 
+TEST_CASE("a group has 1 to kMaxShards shards") {
+  Fixture f;
+  CHECK(f.Register("ps-0", "s1", 0, kMaxShards, 0, 100).ok());
+  const absl::Status s = f.Register("qs-0", "s1", 0, kMaxShards + 1, 0, 100, "qs");
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("must be in [1, 128], got 129"));
+  CHECK(f.Register("rs-0", "s1", 0, 0, 0, 100, "rs").code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("shards register into a group whose ranges must tile the model") {
   Fixture f;
   REQUIRE(f.Register("ps-1", "s2", 1, 3, 100, 200).ok());

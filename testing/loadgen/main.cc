@@ -56,7 +56,7 @@ constexpr char kUsage[] = R"(mlfabric-loadgen: drive a real mlfabric-scheduler w
                            or server groups with --shards (default 1)
   --shards=S               each target is a server group of S shard servers, each on its
                            own host, splitting the model by byte ranges (default 1: no group;
-                           the scheduler takes at most 64)
+                           the scheduler takes at most 128)
   --period_ms=MS           a worker's compute time between get and push (default 100)
   --update_mb=MB           update and model size (default 100; with --shards > 1 or
                            --jobs > 1: half of what the links can carry, see below)
