@@ -746,7 +746,13 @@ def keras_hosts(root):
 
 
 def loadgen_label(run, where, shards_word=","):
-    """10 jobs × 100 workers; 1000 workers, 64 shards; 1000 workers, one server."""
+    """10 jobs × 100 workers; 1000 workers, 64 shards; 1000 workers, one server
+    (a run's "label", when it has one, is added: "before (...)")."""
+    text = loadgen_workload(run, where, shards_word)
+    return "%s, %s" % (text, run["label"]) if run.get("label") else text
+
+
+def loadgen_workload(run, where, shards_word):
     workers, jobs = field(run, "workers", where), run.get("jobs", 1)
     if jobs > 1:
         return "%d jobs × %d workers" % (jobs, workers)
@@ -983,6 +989,7 @@ SUMMARY_FIGURES = {
     "planner-sim-shards: 96 parts, first batch p50": planner_p50,
     "loadgen: run 1, p99 and applied": loadgen_p99_applied(0),
     "loadgen: run 2, p99 and applied": loadgen_p99_applied(1),
+    "loadgen: run 3, p99 and applied": loadgen_p99_applied(2),
 }
 
 
