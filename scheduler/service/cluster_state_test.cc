@@ -38,6 +38,28 @@ struct Fixture : ClusterStateFixture {
     }
     return aggregate;
   }
+  // A push from w1 in flight to s1, planned over [100, 101) s with
+  // deadline 110.
+  uint64_t PlannedPush() {
+    const uint64_t id = Push("w1");
+    UpdateRecord& record = *state.FindPush(id);
+    record.state = UpdateState::kInFlight;
+    record.planned.src = "w1";
+    record.planned.dst = "s1";
+    record.planned.deadline_s = 110;
+    record.planned.segments = {{100, 101, 1e9}};
+    return id;
+  }
+  // Hop 78 of aggregate 77's chain: the partial sum summed at w2, sent to a1.
+  void AddHop78() {
+    AggregateRecord::Hop hop;
+    hop.id = 78;
+    hop.host = "w2";
+    hop.planned.src = "w2";
+    hop.planned.dst = "a1";
+    hop.planned.segments = {{0.0, 1.0, 1e9}};
+    state.aggregates().AddHop(77, hop);
+  }
 };
 
 TEST_CASE("the pushes not yet ended: found, taken out once, and gone after Complete") {
@@ -402,13 +424,7 @@ TEST_CASE("a chain hop's host going down fails the chain's aggregate and cancels
   Fixture f;
   const uint64_t a = f.Push("w1"), b = f.Push("w2");
   f.Aggregate77({a, b});
-  AggregateRecord::Hop hop;
-  hop.id = 78;
-  hop.host = "w2";
-  hop.planned.src = "w2";
-  hop.planned.dst = "a1";
-  hop.planned.segments = {{0.0, 1.0, 1e9}};
-  f.state.aggregates().AddHop(77, hop);
+  f.AddHop78();
   // The hop's reservation is part of the network the planner sees.
   std::map<std::string, std::vector<core::RateSegment>> up, down;
   f.state.Reservations(&up, &down);
@@ -484,22 +500,10 @@ TEST_CASE("reservations restricted to some hosts are theirs in full, and only th
   // A push w1 -> s1 and a chain hop w2 -> a1: the links a distribution
   // from s1 to w2 asks for are s1's and w2's, with every segment on them.
   Fixture f;
-  const uint64_t id = f.Push("w1");
-  UpdateRecord& record = *f.state.FindPush(id);
-  record.state = UpdateState::kInFlight;
-  record.planned.src = "w1";
-  record.planned.dst = "s1";
-  record.planned.deadline_s = 110;
-  record.planned.segments = {{100, 101, 1e9}};
+  f.PlannedPush();
   const uint64_t b = f.Push("w2");
   f.Aggregate77({b});
-  AggregateRecord::Hop hop;
-  hop.id = 78;
-  hop.host = "w2";
-  hop.planned.src = "w2";
-  hop.planned.dst = "a1";
-  hop.planned.segments = {{0.0, 1.0, 1e9}};
-  f.state.aggregates().AddHop(77, hop);
+  f.AddHop78();
   std::map<std::string, std::vector<core::RateSegment>> up, down, some_up, some_down;
   f.state.Reservations(&up, &down);
   const absl::flat_hash_set<std::string> hosts = {"s1", "w2"};
@@ -526,13 +530,7 @@ TEST_CASE("reservations restricted to some hosts are theirs in full, and only th
 
 TEST_CASE("in-flight pushes past their deadline time out; planned ones are reserved") {
   Fixture f;
-  const uint64_t id = f.Push("w1");
-  UpdateRecord& record = *f.state.FindPush(id);
-  record.state = UpdateState::kInFlight;
-  record.planned.src = "w1";
-  record.planned.dst = "s1";
-  record.planned.deadline_s = 110;
-  record.planned.segments = {{100, 101, 1e9}};
+  const uint64_t id = f.PlannedPush();
   std::map<std::string, std::vector<core::RateSegment>> up, down;
   f.state.Reservations(&up, &down);
   CHECK(up["w1"].size() == 1);
