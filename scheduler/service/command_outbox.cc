@@ -10,24 +10,59 @@ std::condition_variable& CommandOutbox::WakeupLocked(const std::string& host) {
   return *wakeup;
 }
 
-void CommandOutbox::Open(const std::string& host, uint64_t incarnation) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Queue& queue = queues_[host];
-  queue.incarnation = incarnation;
-  queue.commands.clear();
-  queue.keyed.clear();
-  // Every class, 0 too: a daemon registering again may hold a class a
-  // restarted scheduler no longer gives the job.
-  for (const auto& [job, cls] : job_classes_) {
-    queue.commands.push_back(JobPriorityCommand(job, cls.name, cls.priority_class));
+void CommandOutbox::WakeLocked(const std::string& host,
+                               std::vector<std::function<void()>>* wake) {
+  WakeupLocked(host).notify_all();
+  if (auto it = watchers_.find(host); it != watchers_.end()) {
+    for (const auto& [token, watcher] : it->second) wake->push_back(watcher);
   }
-  WakeupLocked(host).notify_all();  // a stream of the old incarnation is superseded
+}
+
+void CommandOutbox::Call(const std::vector<std::function<void()>>& wake) {
+  for (const std::function<void()>& watcher : wake) watcher();
+}
+
+uint64_t CommandOutbox::Watch(const std::string& host, std::function<void()> wake) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t token = next_watch_++;
+  watchers_[host][token] = std::move(wake);
+  return token;
+}
+
+void CommandOutbox::Unwatch(const std::string& host, uint64_t token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = watchers_.find(host);
+  if (it == watchers_.end()) return;
+  it->second.erase(token);
+  if (it->second.empty()) watchers_.erase(it);
+}
+
+void CommandOutbox::Open(const std::string& host, uint64_t incarnation) {
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Queue& queue = queues_[host];
+    queue.incarnation = incarnation;
+    queue.commands.clear();
+    queue.keyed.clear();
+    // Every class, 0 too: a daemon registering again may hold a class a
+    // restarted scheduler no longer gives the job.
+    for (const auto& [job, cls] : job_classes_) {
+      queue.commands.push_back(JobPriorityCommand(job, cls.name, cls.priority_class));
+    }
+    WakeLocked(host, &wake);  // a stream of the old incarnation is superseded
+  }
+  Call(wake);
 }
 
 void CommandOutbox::Close(const std::string& host) {
-  std::lock_guard<std::mutex> lock(mu_);
-  queues_.erase(host);
-  WakeupLocked(host).notify_all();
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queues_.erase(host);
+    WakeLocked(host, &wake);
+  }
+  Call(wake);
 }
 
 namespace {
@@ -78,41 +113,55 @@ void CommandOutbox::KeyLocked(Queue& queue, uint32_t job) {
 }
 
 void CommandOutbox::SetJobClass(uint32_t job, const std::string& name, int32_t priority_class) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto known = job_classes_.find(job);
-  const bool changed = known == job_classes_.end() ? priority_class != 0
-                                                   : known->second.priority_class != priority_class;
-  job_classes_[job] = JobClass{name, priority_class};
-  if (!changed) return;
-  for (auto& [host, queue] : queues_) {
-    queue.commands.push_back(JobPriorityCommand(job, name, priority_class));
-    NotifyLocked(host);
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto known = job_classes_.find(job);
+    const bool changed = known == job_classes_.end()
+                             ? priority_class != 0
+                             : known->second.priority_class != priority_class;
+    job_classes_[job] = JobClass{name, priority_class};
+    if (!changed) return;
+    for (auto& [host, queue] : queues_) {
+      queue.commands.push_back(JobPriorityCommand(job, name, priority_class));
+      NotifyLocked(host, &wake);
+    }
   }
+  Call(wake);
 }
 
-void CommandOutbox::NotifyLocked(const std::string& host) {
+void CommandOutbox::NotifyLocked(const std::string& host,
+                                 std::vector<std::function<void()>>* wake) {
   if (holds_ > 0) {
     held_wakeups_.insert(host);
     return;
   }
-  WakeupLocked(host).notify_all();
+  WakeLocked(host, wake);
 }
 
 void CommandOutbox::EnsureJobKey(const std::string& host, uint32_t job) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = queues_.find(host);
-  if (it == queues_.end()) return;
-  KeyLocked(it->second, job);
-  NotifyLocked(host);
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = queues_.find(host);
+    if (it == queues_.end()) return;
+    KeyLocked(it->second, job);
+    NotifyLocked(host, &wake);
+  }
+  Call(wake);
 }
 
 void CommandOutbox::Push(const std::string& host, v1::DaemonCommand command) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = queues_.find(host);
-  if (it == queues_.end()) return;
-  KeyLocked(it->second, JobOf(command));
-  it->second.commands.push_back(std::move(command));
-  NotifyLocked(host);
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = queues_.find(host);
+    if (it == queues_.end()) return;
+    KeyLocked(it->second, JobOf(command));
+    it->second.commands.push_back(std::move(command));
+    NotifyLocked(host, &wake);
+  }
+  Call(wake);
 }
 
 void CommandOutbox::HoldWakeups() {
@@ -121,10 +170,14 @@ void CommandOutbox::HoldWakeups() {
 }
 
 void CommandOutbox::ReleaseWakeups() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (holds_ == 0 || --holds_ > 0) return;
-  for (const std::string& host : held_wakeups_) WakeupLocked(host).notify_all();
-  held_wakeups_.clear();
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (holds_ == 0 || --holds_ > 0) return;
+    for (const std::string& host : held_wakeups_) WakeLocked(host, &wake);
+    held_wakeups_.clear();
+  }
+  Call(wake);
 }
 
 CommandOutbox::PopResult CommandOutbox::Pop(const std::string& host, uint64_t incarnation,
@@ -152,9 +205,42 @@ CommandOutbox::PopResult CommandOutbox::Pop(const std::string& host, uint64_t in
 }
 
 void CommandOutbox::Stop() {
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    for (auto& [host, wakeup] : wakeups_) wakeup->notify_all();
+    for (const auto& [host, watchers] : watchers_) {
+      for (const auto& [token, watcher] : watchers) wake.push_back(watcher);
+    }
+  }
+  Call(wake);
+}
+
+void CommandOutbox::WakeWatchers() {
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (holds_ > 0) return;
+    for (const auto& [host, watchers] : watchers_) {
+      for (const auto& [token, watcher] : watchers) wake.push_back(watcher);
+    }
+  }
+  Call(wake);
+}
+
+CommandOutbox::PopResult CommandOutbox::TryPop(const std::string& host, uint64_t incarnation,
+                                               v1::DaemonCommand* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  stopped_ = true;
-  for (auto& [host, wakeup] : wakeups_) wakeup->notify_all();
+  if (stopped_) return PopResult::kStopped;
+  auto it = queues_.find(host);
+  if (it == queues_.end() || it->second.incarnation != incarnation) {
+    return PopResult::kSuperseded;
+  }
+  if (it->second.commands.empty()) return PopResult::kTimeout;
+  *out = std::move(it->second.commands.front());
+  it->second.commands.pop_front();
+  return PopResult::kCommand;
 }
 
 size_t CommandOutbox::Queued(const std::string& host) const {

@@ -13,6 +13,10 @@
 //   v1::DaemonCommand next;
 //   switch (outbox.Pop("w1", 7, std::chrono::milliseconds(100), &next)) { ... }
 //
+// The scheduler's streams do not wait in Pop: each is a gRPC callback
+// (grpc_service.cc) that Watches its host and, when woken, writes what
+// TryPop gives it, one write at a time.
+//
 // Thread safety: every method may be called concurrently. The outbox has its
 // own lock, so a stream waiting for commands never holds the service's lock;
 // callers may push while holding their own lock (the service's lock is
@@ -24,11 +28,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "proto/scheduler.pb.h"
 
@@ -68,6 +74,24 @@ class CommandOutbox {
   // Waits up to `wait` for the next command of `host`'s `incarnation`.
   PopResult Pop(const std::string& host, uint64_t incarnation, std::chrono::milliseconds wait,
                 v1::DaemonCommand* out);
+  // Pop without waiting (kTimeout: nothing is queued now).
+  PopResult TryPop(const std::string& host, uint64_t incarnation, v1::DaemonCommand* out);
+
+  // For a stream that does not wait in Pop (the scheduler's streams are
+  // gRPC callbacks, not a thread each): `wake` is called whenever Pop would
+  // be woken for `host` (a command queued, at the release of a hold; the
+  // queue opened again or closed; Stop), always after the outbox's lock is
+  // released, so it may call TryPop. Returns a token for Unwatch; after
+  // Unwatch returns, `wake` is not called again, though a call already
+  // begun may still be running.
+  uint64_t Watch(const std::string& host, std::function<void()> wake);
+  void Unwatch(const std::string& host, uint64_t token);
+  // Calls every watcher once (unless a hold is on: its release wakes what
+  // it held). The batch loop does this each cycle, so a stream that missed
+  // a wake-up is at most one batch interval late instead of stuck; a
+  // watcher with nothing to do returns at once (the thread-per-stream
+  // design before it recovered the same way, by waking every 100 ms).
+  void WakeWatchers();
   // Ends every Pop with kStopped, now and later.
   void Stop();
 
@@ -111,8 +135,13 @@ class CommandOutbox {
   // a thousand daemons' streams took more CPU than the planner,
   // testing/loadgen).
   std::condition_variable& WakeupLocked(const std::string& host);
-  // Wakes `host`'s stream now, or at the release of the hold that is on.
-  void NotifyLocked(const std::string& host);
+  // Wakes `host`'s stream now, or at the release of the hold that is on;
+  // its watchers' calls are added to *wake, for the caller to make once
+  // the lock is released.
+  void NotifyLocked(const std::string& host, std::vector<std::function<void()>>* wake);
+  // Wakes `host`'s stream now (Pop and watchers alike).
+  void WakeLocked(const std::string& host, std::vector<std::function<void()>>* wake);
+  static void Call(const std::vector<std::function<void()>>& wake);
 
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<std::condition_variable>> wakeups_;
@@ -123,6 +152,8 @@ class CommandOutbox {
     int32_t priority_class = 0;
   };
   std::map<uint32_t, JobClass> job_classes_;  // every job SetJobClass named
+  std::map<std::string, std::map<uint64_t, std::function<void()>>> watchers_;
+  uint64_t next_watch_ = 1;
   bool stopped_ = false;
   int holds_ = 0;
   std::set<std::string> held_wakeups_;  // hosts to wake when the holds end

@@ -1,6 +1,7 @@
 #include "scheduler/service/command_outbox.h"
 
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -99,6 +100,82 @@ TEST_CASE("commands queued under a hold wake their streams when the last hold en
   outbox.Push("w1", Outcome(3));
   waiter3.join();
   CHECK(out1.outcome().transfer_id() == 3);
+}
+
+TEST_CASE("a watcher is called after each wake-up, outside the lock, until it unwatches") {
+  CommandOutbox outbox;
+  outbox.Open("w1", 1);
+  std::vector<uint64_t> seen;
+  int calls = 0;
+  // The watcher pops what is queued, as a callback stream does: it could
+  // not if it ran under the outbox's lock.
+  const uint64_t token = outbox.Watch("w1", [&] {
+    ++calls;
+    v1::DaemonCommand out;
+    while (outbox.TryPop("w1", 1, &out) == Result::kCommand) {
+      seen.push_back(out.outcome().transfer_id());
+    }
+  });
+  outbox.Push("w1", Outcome(1));
+  CHECK(seen == std::vector<uint64_t>{1});
+  {
+    const CommandOutbox::WakeupHold hold(&outbox);
+    outbox.Push("w1", Outcome(2));
+    outbox.Push("w1", Outcome(3));
+    CHECK(seen.size() == 1);  // held
+    outbox.WakeWatchers();    // holds win over the safeguard too
+    CHECK(seen.size() == 1);
+  }
+  CHECK(seen == std::vector<uint64_t>{1, 2, 3});
+  outbox.Push("w2", Outcome(4));  // another host: not this watcher's
+  const int before = calls;
+  outbox.WakeWatchers();
+  CHECK(calls == before + 1);
+  outbox.Unwatch("w1", token);
+  outbox.Push("w1", Outcome(5));
+  outbox.WakeWatchers();
+  CHECK(calls == before + 1);
+  CHECK(outbox.Queued("w1") == 1);
+}
+
+TEST_CASE("the safeguard's wake-up finds what a missed wake-up left queued") {
+  CommandOutbox outbox;
+  outbox.Open("w1", 1);
+  bool armed = false;  // a watcher that drops its first wake-up, as a lost one would be
+  std::vector<uint64_t> seen;
+  outbox.Watch("w1", [&] {
+    if (!armed) {
+      armed = true;
+      return;
+    }
+    v1::DaemonCommand out;
+    while (outbox.TryPop("w1", 1, &out) == Result::kCommand) {
+      seen.push_back(out.outcome().transfer_id());
+    }
+  });
+  outbox.Push("w1", Outcome(7));
+  CHECK(seen.empty());
+  CHECK(outbox.Queued("w1") == 1);
+  outbox.WakeWatchers();
+  CHECK(seen == std::vector<uint64_t>{7});
+}
+
+TEST_CASE("TryPop says superseded, stopped or nothing queued without waiting") {
+  CommandOutbox outbox;
+  v1::DaemonCommand out;
+  outbox.Open("w1", 2);
+  CHECK(outbox.TryPop("w1", 2, &out) == Result::kTimeout);
+  CHECK(outbox.TryPop("w1", 1, &out) == Result::kSuperseded);
+  int woken = 0;
+  outbox.Watch("w1", [&] { ++woken; });
+  outbox.Open("w1", 3);  // a new registration wakes the old stream to end it
+  CHECK(woken == 1);
+  CHECK(outbox.TryPop("w1", 2, &out) == Result::kSuperseded);
+  outbox.Close("w1");
+  CHECK(woken == 2);
+  outbox.Stop();
+  CHECK(woken == 3);
+  CHECK(outbox.TryPop("w1", 3, &out) == Result::kStopped);
 }
 
 v1::DaemonCommand Send(uint32_t job) {

@@ -408,6 +408,7 @@ std::vector<std::string> SchedulerService::AggregatorCandidatesLocked(const JobS
 }
 
 void SchedulerService::RunBatchCycle() {
+  outbox_.WakeWatchers();  // a stream that missed a wake-up (command_outbox.h)
   std::vector<BatchWork> work;
   CycleView cycle;
   const auto started = std::chrono::steady_clock::now();
