@@ -1,7 +1,10 @@
 #include "scheduler/service/grpc_service.h"
 
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,11 +14,134 @@
 namespace mlfabric {
 namespace {
 
-std::string Metadata(const grpc::ServerContext* context, const char* key) {
+std::string Metadata(const grpc::ServerContextBase* context, const char* key) {
   const auto& metadata = context->client_metadata();
   auto it = metadata.find(key);
   return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
+
+// A stream refused before it began: ends with `status`.
+class RefusedStream final : public grpc::ServerWriteReactor<v1::DaemonCommand> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+// A host's command stream: writes its outbox's commands one at a time (a
+// write is started when the last one is done, or when the outbox wakes the
+// stream with a command queued) until the host registers again or the
+// scheduler stops (it ends quietly) or the daemon's side goes (cancelled,
+// or a write failed: the host is marked down, SchedulerService::EndStream).
+//
+// Lifetime: gRPC owns the reactor until OnDone, which deletes it. The
+// outbox's wake-up holds `shared_`, whose `stream` OnDone clears under its
+// lock, so a wake-up that comes late finds nothing to do. No gRPC call
+// (StartWrite, Finish) is made under that lock: a reaction may run inline.
+class CommandStream final : public grpc::ServerWriteReactor<v1::DaemonCommand> {
+ public:
+  static CommandStream* Start(SchedulerService* service, const std::string& host,
+                              uint64_t incarnation) {
+    auto* stream = new CommandStream(service, host, incarnation);
+    std::weak_ptr<Shared> weak = stream->shared_;
+    stream->watch_ = service->outbox().Watch(host, [weak] {
+      if (std::shared_ptr<Shared> shared = weak.lock()) Pump(shared);
+    });
+    Pump(stream->shared_);  // what was queued before the stream began
+    return stream;
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->writing = false;
+      if (!ok && shared_->end_reason.empty() && !shared_->finishing) {
+        shared_->end_reason = "schedule stream broken";
+      }
+      if (!ok) shared_->finishing = true;
+    }
+    Pump(shared_);
+  }
+
+  void OnCancel() override {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      if (!shared_->finishing) shared_->end_reason = "daemon disconnected";
+      shared_->finishing = true;
+    }
+    Pump(shared_);
+  }
+
+  void OnDone() override {
+    service_->outbox().Unwatch(host_, watch_);
+    std::string end_reason;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->stream = nullptr;
+      end_reason = shared_->end_reason;
+    }
+    if (!end_reason.empty()) service_->EndStream(host_, incarnation_, end_reason);
+    delete this;
+  }
+
+ private:
+  struct Shared {
+    std::mutex mu;
+    CommandStream* stream = nullptr;  // null once done
+    bool writing = false;             // a write is out (`command` is its)
+    bool finishing = false;           // no more writes; Finish once none is out
+    bool finished = false;            // Finish was called
+    std::string end_reason;           // why the daemon's side ended ("" : quietly)
+    v1::DaemonCommand command;
+  };
+
+  CommandStream(SchedulerService* service, std::string host, uint64_t incarnation)
+      : service_(service), host_(std::move(host)), incarnation_(incarnation),
+        shared_(std::make_shared<Shared>()) {
+    shared_->stream = this;
+  }
+
+  // Starts the next write, or Finish, as the state allows; from any thread.
+  static void Pump(const std::shared_ptr<Shared>& shared) {
+    CommandStream* stream = nullptr;
+    bool write = false, finish = false;
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      stream = shared->stream;
+      if (stream == nullptr || shared->writing || shared->finished) return;
+      if (!shared->finishing) {
+        switch (stream->service_->outbox().TryPop(stream->host_, stream->incarnation_,
+                                                  &shared->command)) {
+          case CommandOutbox::PopResult::kCommand:
+            shared->writing = write = true;
+            break;
+          case CommandOutbox::PopResult::kTimeout:  // the outbox wakes the stream again
+            return;
+          case CommandOutbox::PopResult::kSuperseded:  // a newer registration: nothing to fail
+          case CommandOutbox::PopResult::kStopped:
+            shared->finishing = true;
+            break;
+        }
+      }
+      if (!write) shared->finished = finish = true;
+    }
+    if (write) {
+      if (shared->command.has_send()) {
+        MLF_LOG(DEBUG) << "writing send command for transfer "
+                       << shared->command.send().transfer_id() << " to " << stream->host_
+                       << " at " << absl::StrFormat("%.6f", stream->service_->NowSeconds());
+      }
+      stream->StartWrite(&shared->command);
+    } else if (finish) {
+      stream->Finish(grpc::Status::OK);
+    }
+  }
+
+  SchedulerService* const service_;
+  const std::string host_;
+  const uint64_t incarnation_;
+  const std::shared_ptr<Shared> shared_;
+  uint64_t watch_ = 0;
+};
 
 }  // namespace
 
@@ -25,7 +151,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
-grpc::Status SchedulerGrpcService::Authorize(const grpc::ServerContext* context, const char* rpc,
+grpc::Status SchedulerGrpcService::Authorize(const grpc::ServerContextBase* context,
+                                             const char* rpc,
                                              const std::string& host, const std::string& job) {
   absl::Status status = absl::OkStatus();
   if (!host.empty() || service_->auth().hosts_authenticated()) {
@@ -89,43 +216,17 @@ grpc::Status SchedulerGrpcService::SubmitUpdate(grpc::ServerContext* context,
   return ToGrpcStatus(service_->SubmitUpdate(*request, reply));
 }
 
-grpc::Status SchedulerGrpcService::StreamSchedules(
-    grpc::ServerContext* context, const v1::StreamSchedulesRequest* request,
-    grpc::ServerWriter<v1::DaemonCommand>* writer) {
+grpc::ServerWriteReactor<v1::DaemonCommand>* SchedulerGrpcService::StreamSchedules(
+    grpc::CallbackServerContext* context, const v1::StreamSchedulesRequest* request) {
   const std::string& host = request->host();
   const uint64_t incarnation = request->incarnation();
   if (grpc::Status denied = Authorize(context, "StreamSchedules", host, ""); !denied.ok()) {
-    return denied;
+    return new RefusedStream(denied);
   }
   if (absl::Status status = service_->BeginStream(host, incarnation); !status.ok()) {
-    return ToGrpcStatus(status);
+    return new RefusedStream(ToGrpcStatus(status));
   }
-  std::string end_reason;
-  while (end_reason.empty()) {
-    if (context->IsCancelled()) {
-      end_reason = "daemon disconnected";
-      break;
-    }
-    v1::DaemonCommand command;
-    // Wake up periodically to notice a cancelled stream.
-    switch (service_->outbox().Pop(host, incarnation, std::chrono::milliseconds(100), &command)) {
-      case CommandOutbox::PopResult::kCommand:
-        if (!writer->Write(command)) end_reason = "schedule stream broken";
-        if (command.has_send()) {
-          MLF_LOG(DEBUG) << "wrote send command for transfer " << command.send().transfer_id()
-                         << " to " << host << " at "
-                         << absl::StrFormat("%.6f", service_->NowSeconds());
-        }
-        break;
-      case CommandOutbox::PopResult::kTimeout:
-        break;
-      case CommandOutbox::PopResult::kSuperseded:  // a newer registration: nothing to fail
-      case CommandOutbox::PopResult::kStopped:
-        return grpc::Status::OK;
-    }
-  }
-  service_->EndStream(host, incarnation, end_reason);
-  return grpc::Status::OK;
+  return CommandStream::Start(service_, host, incarnation);
 }
 
 grpc::Status SchedulerGrpcService::ReportCompletion(grpc::ServerContext* context,
