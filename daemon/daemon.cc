@@ -104,7 +104,7 @@ Daemon::Daemon(DaemonConfig config, const Clock* clock,
   // authentication off) there is no handshake.
   get_client_ = std::make_unique<transport::GetClient>(
       io_, *send_watchdog_, kMaxIdleGetConnections, static_cast<uint64_t>(kMaxTransferBytes),
-      &data_keys_, config_.host);
+      &data_keys_, config_.host, config_.keepalive_s);
   peers_ = std::make_unique<transport::PeerConnections>(
       io_, *send_watchdog_, static_cast<uint32_t>(config_.payload_bytes), &data_keys_,
       config_.host);

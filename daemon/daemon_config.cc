@@ -206,7 +206,9 @@ const char* TimeoutsHelp() {
   --keepalive_s         ping the scheduler after this long without traffic;
                         no answer within as long: the connection is dead, and
                         the pushes in flight wait for the scheduler's word
-                        once this daemon has registered again (default 2)
+                        once this daemon has registered again; a get from
+                        a daemon whose host stops answering fails after
+                        about 3 times as long (default 2)
 )";
 }
 

@@ -31,6 +31,8 @@ struct DaemonConfig {
   // gRPC keepalive to the scheduler: a ping after keepalive_s without
   // traffic, the connection dropped if not answered within keepalive_s;
   // the schedule stream then ends and this daemon's pending pushes fail.
+  // Gets from other daemons fail after about 3 × keepalive_s without an
+  // answer from the other host (transport::SetPeerTimeout).
   double keepalive_s = 2;
   // A batch of gets waits this long for the previous batch's replies to
   // leave before it takes its snapshot anyway (daemon/engine/get_batcher.h).

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -171,6 +172,10 @@ struct Ledger {
   int64_t max_version_seen = 0;
   bool versions_went_back = false;
   std::vector<std::string> reasons;
+  // What each worker is waiting for, and since when (for a worker that
+  // does not end: the test then says where it is stuck).
+  std::string doing[2];
+  SteadyTime since[2];
 };
 
 // Integer-valued, different for every push.
@@ -195,7 +200,13 @@ void Train(launch::Cluster& c, std::atomic<bool>& stop, Ledger* ledger,
       auto worker = Worker::Connect(Options(c, w == 0 ? "w1" : "w2", "w" + std::to_string(w)));
       if (!worker.ok()) return;
       int64_t last_version = 0;
+      auto now_doing = [&](std::string what) {
+        std::lock_guard<std::mutex> lock(ledger->mu);
+        ledger->doing[w] = std::move(what);
+        ledger->since[w] = std::chrono::steady_clock::now();
+      };
       for (int i = 0; !stop.load(); ++i) {
+        now_doing("get " + std::to_string(i));
         auto model = (*worker)->Get("ps0");
         {
           std::lock_guard<std::mutex> lock(ledger->mu);
@@ -210,6 +221,7 @@ void Train(launch::Cluster& c, std::atomic<bool>& stop, Ledger* ledger,
           }
         }
         const std::vector<float> v = Update(w, i);
+        now_doing("push " + std::to_string(i));
         PushResult r = (*worker)
                            ->Push("ps0", v.data(), v.size() * sizeof(float),
                                   model.ok() ? model->version : last_version, Norm(v))
@@ -224,6 +236,7 @@ void Train(launch::Cluster& c, std::atomic<bool>& stop, Ledger* ledger,
           ledger->reasons.push_back(r.reason);
         }
       }
+      now_doing("");
     });
   }
 }
@@ -268,6 +281,31 @@ void RunFailover(const char* what, const Setup& setup,
            job.replica_model.applied >= 60;
   }, 60);
   stop.store(true);
+  // Every get and push ends (get_timeout_s is 30 s): a worker still waiting
+  // after 90 s is a hang, and the test says where before it gives up.
+  const bool workers_ended = launch::WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(ledger.mu);
+    return ledger.doing[0].empty() && ledger.doing[1].empty();
+  }, 90);
+  if (!workers_ended) {
+    std::lock_guard<std::mutex> lock(ledger.mu);
+    for (int w = 0; w < 2; ++w) {
+      if (ledger.doing[w].empty()) continue;
+      std::printf("%s: worker %d still waits for its %s, for %.1f s\n", what, w,
+                  ledger.doing[w].c_str(),
+                  SecondsBetween(ledger.since[w], std::chrono::steady_clock::now()));
+    }
+    for (const char* path : {"/api/v1/transfers", "/api/v1/jobs", "/api/v1/drops"}) {
+      std::printf("%s:\n%s\n", path, testing::Http(c->admin_port(), "GET", path).body.c_str());
+    }
+    std::printf("scheduler log:\n%s\n", c->scheduler().Log().c_str());
+    for (const char* host : {"s1", "r1", "w1", "w2"}) {
+      std::printf("%s log:\n%s\n", host, c->daemon(host).Log().c_str());
+    }
+    std::fflush(stdout);
+    // The workers' threads cannot be joined; end here rather than hang.
+    std::_Exit(1);
+  }
   for (std::thread& t : workers) t.join();  // every push has its outcome by now
   CHECK(trained_on);
 

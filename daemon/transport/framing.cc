@@ -1,10 +1,13 @@
 #include "daemon/transport/framing.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -205,6 +208,38 @@ absl::StatusOr<size_t> WriteFrames(SendWatchdog& watchdog, int fd,
   RETURN_IF_ERROR(watchdog.SendAll(fd, iov + entry,
                                    static_cast<int>(frame_end[whole] - entry)));
   return whole + 1;
+}
+
+absl::Status SetPeerTimeout(int fd, double seconds) {
+  if (!(seconds >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("peer timeout: ", seconds, " s is not >= 0"));
+  }
+  if (seconds == 0) return absl::OkStatus();
+  const int probe_s = std::max(1, static_cast<int>(std::lround(seconds)));  // whole seconds
+  const int one = 1, probes = 2;
+  const unsigned int user_timeout_ms =
+      static_cast<unsigned int>(std::lround(3 * std::max(seconds, 1.0) * 1000));
+  struct Option {
+    int level, name;
+    const void* value;
+    socklen_t size;
+    const char* what;
+  };
+  const Option options[] = {
+      {SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one), "SO_KEEPALIVE"},
+      {IPPROTO_TCP, TCP_KEEPIDLE, &probe_s, sizeof(probe_s), "TCP_KEEPIDLE"},
+      {IPPROTO_TCP, TCP_KEEPINTVL, &probe_s, sizeof(probe_s), "TCP_KEEPINTVL"},
+      {IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes), "TCP_KEEPCNT"},
+      {IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms),
+       "TCP_USER_TIMEOUT"},
+  };
+  for (const Option& option : options) {
+    if (::setsockopt(fd, option.level, option.name, option.value, option.size) != 0) {
+      return absl::InternalError(
+          absl::StrCat("peer timeout: setsockopt ", option.what, ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<boost::asio::ip::tcp::endpoint> ParseEndpoint(const std::string& address) {

@@ -83,6 +83,18 @@ absl::StatusOr<size_t> WriteFrames(SendWatchdog& watchdog, int fd, absl::Span<co
 // "ip:port" -> endpoint; InvalidArgument naming the address otherwise.
 absl::StatusOr<boost::asio::ip::tcp::endpoint> ParseEndpoint(const std::string& address);
 
+// Bounds how long a blocking read or write on TCP socket `fd` waits for a
+// peer whose host has stopped answering (cut off, or gone without closing
+// the connection): about 3 × `seconds` (0: the kernel's defaults, a read
+// on a quiet connection waits for ever). Keepalive probes after `seconds`
+// without traffic, two of them `seconds` apart; and TCP_USER_TIMEOUT for
+// bytes sent and not acknowledged, the connect's too. The blocked call
+// then fails with ETIMEDOUT. A peer that is alive but slow to answer is
+// not affected: its kernel acknowledges the probes. Set it before connect
+// to bound the connect as well. InvalidArgument for a negative `seconds`;
+// the kernel's refusal names the option.
+absl::Status SetPeerTimeout(int fd, double seconds);
+
 }  // namespace mlfabric::transport
 
 #endif  // MLFABRIC_DAEMON_TRANSPORT_FRAMING_H_

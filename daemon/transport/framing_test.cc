@@ -3,9 +3,12 @@
 // frame can be cut short is an error naming how far it got.
 #include "daemon/transport/framing.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -138,6 +141,39 @@ TEST_CASE("addresses parse or are refused by name") {
   CHECK_FALSE(ParseEndpoint("localhost").ok());
   CHECK_FALSE(ParseEndpoint("300.1.1.1:80").ok());
   CHECK(std::string(ParseEndpoint("127.0.0.1:0").status().message()).find("bad port") == 0);
+}
+
+int IntOption(int fd, int level, int name) {
+  int value = -1;
+  socklen_t size = sizeof(value);
+  REQUIRE(::getsockopt(fd, level, name, &value, &size) == 0);
+  return value;
+}
+
+TEST_CASE("a peer timeout turns on keepalive probes and bounds unacknowledged bytes") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  CHECK(IntOption(fd, SOL_SOCKET, SO_KEEPALIVE) == 0);
+  REQUIRE(SetPeerTimeout(fd, 0).ok());  // 0: the kernel's defaults stay
+  CHECK(IntOption(fd, SOL_SOCKET, SO_KEEPALIVE) == 0);
+  REQUIRE(SetPeerTimeout(fd, 2).ok());
+  CHECK(IntOption(fd, SOL_SOCKET, SO_KEEPALIVE) == 1);
+  CHECK(IntOption(fd, IPPROTO_TCP, TCP_KEEPIDLE) == 2);
+  CHECK(IntOption(fd, IPPROTO_TCP, TCP_KEEPINTVL) == 2);
+  CHECK(IntOption(fd, IPPROTO_TCP, TCP_KEEPCNT) == 2);
+  CHECK(IntOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT) == 6000);
+  REQUIRE(SetPeerTimeout(fd, 0.2).ok());  // probes in whole seconds, at least 1
+  CHECK(IntOption(fd, IPPROTO_TCP, TCP_KEEPIDLE) == 1);
+  CHECK(IntOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT) == 3000);
+  const absl::Status negative = SetPeerTimeout(fd, -1);
+  CHECK(negative.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(negative.message() == "peer timeout: -1 s is not >= 0");
+  ::close(fd);
+  // Not a TCP socket: the kernel's refusal names the option.
+  Pair pair;
+  const absl::Status refused = SetPeerTimeout(pair.fds[0], 2);
+  CHECK_FALSE(refused.ok());
+  CHECK(std::string(refused.message()).find("setsockopt TCP_KEEPIDLE") != std::string::npos);
 }
 
 }  // namespace

@@ -15,13 +15,14 @@ using boost::asio::ip::tcp;
 
 GetClient::GetClient(boost::asio::io_context& io, SendWatchdog& watchdog,
                      size_t max_idle_per_address, uint64_t max_model_bytes,
-                     const DataKeys* keys, std::string my_host)
+                     const DataKeys* keys, std::string my_host, double peer_timeout_s)
     : io_(io),
       watchdog_(watchdog),
       max_idle_per_address_(max_idle_per_address),
       max_model_bytes_(max_model_bytes),
       keys_(keys),
-      my_host_(std::move(my_host)) {}
+      my_host_(std::move(my_host)),
+      peer_timeout_s_(peer_timeout_s) {}
 
 absl::Status GetClient::Connect(const std::string& peer, const std::string& address,
                                 const tcp::endpoint& endpoint, Connection* out) {
@@ -36,6 +37,13 @@ absl::Status GetClient::Connect(const std::string& peer, const std::string& addr
     opened_.push_back(out->socket);
   }
   boost::system::error_code error;
+  out->socket->open(endpoint.protocol(), error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("get: cannot open a socket for ", peer, " at ",
+                                               address, ": ", error.message()));
+  }
+  // Before the connect: a host cut off does not hold the connect either.
+  RETURN_IF_ERROR(SetPeerTimeout(out->socket->native_handle(), peer_timeout_s_));
   out->socket->connect(endpoint, error);
   if (error) {
     return absl::UnavailableError(absl::StrCat("get: cannot reach ", peer, " at ", address, ": ",

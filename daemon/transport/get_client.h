@@ -71,10 +71,14 @@ class GetClient {
   };
 
   // Connections are kept per address, at most `max_idle_per_address`; a
-  // model larger than `max_model_bytes` is refused as malformed.
+  // model larger than `max_model_bytes` is refused as malformed. A get
+  // whose answering host stops answering (cut off by a partition, or gone
+  // without closing) fails Unavailable after about 3 × `peer_timeout_s`
+  // (SetPeerTimeout, framing.h; 0: it waits for ever), so that a get of a
+  // server that fails over moves on to its replica.
   GetClient(boost::asio::io_context& io, SendWatchdog& watchdog,
             size_t max_idle_per_address = 4, uint64_t max_model_bytes = uint64_t{64} << 30,
-            const DataKeys* keys = nullptr, std::string my_host = "");
+            const DataKeys* keys = nullptr, std::string my_host = "", double peer_timeout_s = 0);
 
   // Sends `body` as the get request `request` to the daemon of `peer` at
   // `address` (on a kept connection if there is one, once more on a new
@@ -115,6 +119,7 @@ class GetClient {
   const uint64_t max_model_bytes_;
   const DataKeys* const keys_;
   const std::string my_host_;
+  const double peer_timeout_s_;
   struct Idle {
     std::shared_ptr<boost::asio::ip::tcp::socket> socket;
     SessionAuth auth;

@@ -4,6 +4,8 @@
 // an error that says which.
 #include "daemon/transport/get_client.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -141,6 +143,31 @@ TEST_CASE("GetClient: a model arrives whole, packet by packet, and the connectio
     CHECK(client.idle() == 1);
   }
   CHECK(server.connections() == 1);  // the second get reused the first's connection
+}
+
+TEST_CASE("GetClient: its connections carry the peer timeout it was given") {
+  AnsweringDaemon server([&](int fd, const PacketHeader& request) {
+    WriteReply(fd, request, v1::DataGetReply(), 0);
+  });
+  boost::asio::io_context io;
+  auto keepalive = [&](GetClient& client) {
+    GetClient::Connection c;
+    REQUIRE(client.Request("s1", server.address(), Request(1), v1::DataGetRequest(), &c).ok());
+    int on = -1;
+    unsigned int user_timeout_ms = 0;
+    socklen_t size = sizeof(on);
+    REQUIRE(::getsockopt(c.socket->native_handle(), SOL_SOCKET, SO_KEEPALIVE, &on, &size) == 0);
+    size = sizeof(user_timeout_ms);
+    REQUIRE(::getsockopt(c.socket->native_handle(), IPPROTO_TCP, TCP_USER_TIMEOUT,
+                         &user_timeout_ms, &size) == 0);
+    return std::make_pair(on, user_timeout_ms);
+  };
+  // A host cut off mid-get (a partition) then fails the get in about 3 s
+  // instead of holding it for ever; tests/failover_test cuts one.
+  GetClient bounded(io, Watchdog(), 4, uint64_t{1} << 30, nullptr, "w1", 1.0);
+  CHECK(keepalive(bounded) == std::make_pair(1, 3000u));
+  GetClient unbounded(io, Watchdog());
+  CHECK(keepalive(unbounded) == std::make_pair(0, 0u));
 }
 
 TEST_CASE("GetClient: errors name what went wrong") {
