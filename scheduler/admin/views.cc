@@ -359,7 +359,10 @@ json CyclesJson(const ClusterSnapshot& snap) {
   for (const CycleView& c : snap.recent_cycles) {
     cycles.push_back({{"start_s", c.start_s},
                       {"total_ms", c.total_ms},
+                      {"lock_wait_ms", c.lock_wait_ms},
+                      {"cut_ms", c.cut_ms},
                       {"plan_ms", c.plan_ms},
+                      {"dispatch_ms", c.dispatch_ms},
                       {"batches", c.batches},
                       {"updates", c.updates}});
     max_ms = std::max(max_ms, c.total_ms);

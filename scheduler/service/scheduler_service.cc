@@ -411,13 +411,22 @@ void SchedulerService::RunBatchCycle() {
   outbox_.WakeWatchers();  // a stream that missed a wake-up (command_outbox.h)
   std::vector<BatchWork> work;
   CycleView cycle;
-  const auto started = std::chrono::steady_clock::now();
-  auto ms_since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
-        .count();
+  using SteadyClock = std::chrono::steady_clock;
+  const auto started = SteadyClock::now();
+  auto ms_between = [](SteadyClock::time_point from, SteadyClock::time_point to) {
+    return std::chrono::duration<double, std::milli>(to - from).count();
+  };
+  // The service's lock, with the time spent waiting for it (held by the
+  // calls of the daemons) counted in the cycle's lock_wait_ms.
+  auto lock_timed = [&] {
+    const auto asked = SteadyClock::now();
+    std::unique_lock<std::mutex> lock(mu_);
+    cycle.lock_wait_ms += ms_between(asked, SteadyClock::now());
+    return lock;
   };
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock = lock_timed();
+    const auto cutting = SteadyClock::now();
     const double now_s = clock_->NowSeconds();
     cycle.start_s = now_s;
     state_.ExpireOverdue(now_s);
@@ -437,26 +446,31 @@ void SchedulerService::RunBatchCycle() {
       }
     });
     if (!work.empty()) ++state_.stats.batches;
+    cycle.cut_ms = ms_between(cutting, SteadyClock::now());
   }
   if (work.empty()) return;
-  const auto planning = std::chrono::steady_clock::now();
+  const auto planning = SteadyClock::now();
   PlanInParallel(*planner_, planner_threads_, &work);
-  cycle.plan_ms = ms_since(planning);
+  cycle.plan_ms = ms_between(planning, SteadyClock::now());
   for (const BatchWork& item : work) {
     MLF_LOG(DEBUG) << "job " << item.job << " server " << item.server << ": "
                    << item.batch.updates.size() << " updates planned in " << item.compute_ms
                    << " ms on thread " << item.worker_thread;
-    std::lock_guard<std::mutex> lock(mu_);
-    // The batch's streams wake once its commands are all queued.
-    const CommandOutbox::WakeupHold hold(&outbox_);
-    dispatcher_.Apply(item, planner_->Name());
+    std::unique_lock<std::mutex> lock = lock_timed();
+    const auto dispatching = SteadyClock::now();
+    {
+      // The batch's streams wake once its commands are all queued.
+      const CommandOutbox::WakeupHold hold(&outbox_);
+      dispatcher_.Apply(item, planner_->Name());
+    }
+    cycle.dispatch_ms += ms_between(dispatching, SteadyClock::now());
     ++cycle.batches;
     cycle.updates += static_cast<int64_t>(item.batch.updates.size());
   }
   // The cycle's time as the admin endpoint shows it (GET /api/v1/cycles):
   // what a batch interval must cover for the scheduler to keep up.
-  std::lock_guard<std::mutex> lock(mu_);
-  cycle.total_ms = ms_since(started);
+  std::unique_lock<std::mutex> lock = lock_timed();
+  cycle.total_ms = ms_between(started, SteadyClock::now());
   // With the scheduler's "push ... at" lines: how long a complete round
   // waits for its commands (the clock is the daemons' steady clock too).
   MLF_LOG(DEBUG) << "batch cycle at " << absl::StrFormat("%.6f", cycle.start_s) << ": "

@@ -199,6 +199,26 @@ TEST_CASE("A push not yet scheduled cannot complete; it is planned at the next b
   CHECK(f.service.GetStats().applied == 1);
 }
 
+TEST_CASE("A batch cycle records where its time went, its parts within its total") {
+  Fixture f;
+  f.RegisterHost("s1");
+  f.RegisterHost("w1");
+  REQUIRE(f.RegisterServer("demo-token").ok());
+  REQUIRE(f.Submit(f.GoodSubmit()).ok());
+  f.service.RunBatchCycle();
+  const ClusterSnapshot snap = f.service.Snapshot();
+  REQUIRE(snap.recent_cycles.size() == 1);
+  const CycleView& cycle = snap.recent_cycles[0];
+  CHECK(cycle.batches == 1);
+  CHECK(cycle.updates == 1);
+  for (double part : {cycle.lock_wait_ms, cycle.cut_ms, cycle.plan_ms, cycle.dispatch_ms}) {
+    CHECK(part >= 0);
+  }
+  CHECK(cycle.cut_ms > 0);  // measured, not left at 0
+  CHECK(cycle.dispatch_ms > 0);
+  CHECK(cycle.lock_wait_ms + cycle.cut_ms + cycle.plan_ms + cycle.dispatch_ms <= cycle.total_ms);
+}
+
 TEST_CASE("ReportCompletions handles each report as ReportCompletion would, in order") {
   Fixture f;
   f.RegisterHost("s1");

@@ -145,6 +145,9 @@ class CycleCollector {
       ++fresh;
       all_.push_back(cycle.value("total_ms", 0.0));
       plan_.push_back(cycle.value("plan_ms", 0.0));
+      parts_.push_back(CycleParts{cycle.value("lock_wait_ms", 0.0), cycle.value("cut_ms", 0.0),
+                                  cycle.value("plan_ms", 0.0), cycle.value("dispatch_ms", 0.0),
+                                  cycle.value("total_ms", 0.0)});
       updates_.push_back(cycle.value("updates", 0.0));
       batches_.push_back(cycle.value("batches", 0.0));
     }
@@ -158,6 +161,11 @@ class CycleCollector {
   const std::vector<double>& plan() const { return plan_; }
   const std::vector<double>& updates() const { return updates_; }
   const std::vector<double>& batches() const { return batches_; }
+  // Where a cycle's time went (GET /api/v1/cycles), in ms.
+  struct CycleParts {
+    double lock_wait = 0, cut = 0, plan = 0, dispatch = 0, total = 0;
+  };
+  const std::vector<CycleParts>& parts() const { return parts_; }
 
  private:
   const int admin_port_;
@@ -166,6 +174,7 @@ class CycleCollector {
   std::vector<double> plan_;     // its planners' wall time, ms (batches in parallel)
   std::vector<double> updates_;  // updates planned in it
   std::vector<double> batches_;  // servers (batches) planned in it
+  std::vector<CycleParts> parts_;
 };
 
 // The command line's settings (kUsage).
@@ -377,6 +386,9 @@ struct Summary {
   double p50 = 0, p99 = 0, max_ms = 0, plan_p50 = 0, plan_p99 = 0, plan_max = 0;
   double mean_updates = 0, mean_batches = 0, msgs_per_s = 0, cpu_pct = 0;
   int64_t over = 0;  // cycles longer than the batch interval
+  // The mean parts of the cycles at or above the p99 (the slowest 1 %).
+  CycleCollector::CycleParts slowest;
+  size_t slowest_n = 0;
   // The scheduler at the load's start, middle (the progress line nearest
   // half way) and end, and after the drain.
   ProcSample start, middle, end, drained;
@@ -398,6 +410,21 @@ Summary Summarize(const LoadFlags& f, const CycleCollector& cycles, const LoadRe
   s.plan_p50 = Quantile(cycles.plan(), 0.5);
   s.plan_p99 = Quantile(cycles.plan(), 0.99);
   s.plan_max = Max(cycles.plan());
+  for (const CycleCollector::CycleParts& c : cycles.parts()) {
+    if (c.total < s.p99) continue;
+    ++s.slowest_n;
+    s.slowest.lock_wait += c.lock_wait;
+    s.slowest.cut += c.cut;
+    s.slowest.plan += c.plan;
+    s.slowest.dispatch += c.dispatch;
+    s.slowest.total += c.total;
+  }
+  if (s.slowest_n > 0) {
+    for (double* part : {&s.slowest.lock_wait, &s.slowest.cut, &s.slowest.plan,
+                         &s.slowest.dispatch, &s.slowest.total}) {
+      *part /= static_cast<double>(s.slowest_n);
+    }
+  }
   s.over = std::count_if(all.begin(), all.end(),
                          [&](double ms) { return ms > f.batch_interval_ms; });
   s.mean_updates = Mean(cycles.updates());
@@ -473,6 +500,11 @@ void PrintSummary(const LoadFlags& f, const Summary& s, const LoadReport& report
   std::printf("  planning per cycle (the scheduler's plan_ms: its batches planned in parallel): "
               "p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
               s.plan_p50, s.plan_p99, s.plan_max);
+  const CycleCollector::CycleParts& slow = s.slowest;
+  std::printf("  the slowest 1%% of cycles (%zu, mean %.1f ms): waiting for the service's lock "
+              "%.1f, cutting %.1f, planning %.1f, queuing commands %.1f, other %.1f ms\n",
+              s.slowest_n, slow.total, slow.lock_wait, slow.cut, slow.plan, slow.dispatch,
+              slow.total - slow.lock_wait - slow.cut - slow.plan - slow.dispatch);
   std::printf("  control-plane messages %.0f/s (unary calls and stream commands)\n", s.msgs_per_s);
   std::printf("  scheduler CPU %.0f%% of one core under load; CPU s / RSS MB at start %.1f / %.0f, "
               "middle (t=%.0f s) %.1f / %.0f, end %.1f / %.0f, after drain %.1f / %.0f; "
@@ -523,6 +555,13 @@ void WriteJson(const LoadFlags& f, const Summary& s, const LoadReport& report,
                         {"plan_p99_ms", s.plan_p99},
                         {"plan_max_ms", s.plan_max},
                         {"cycles_over_interval", s.over},
+                        {"slowest_cycles",
+                         {{"count", s.slowest_n},
+                          {"total_ms", s.slowest.total},
+                          {"lock_wait_ms", s.slowest.lock_wait},
+                          {"cut_ms", s.slowest.cut},
+                          {"plan_ms", s.slowest.plan},
+                          {"dispatch_ms", s.slowest.dispatch}}},
                         {"messages_per_s", s.msgs_per_s},
                         {"scheduler_cpu_pct", s.cpu_pct},
                         {"scheduler_start", SampleJson(s.start)},
