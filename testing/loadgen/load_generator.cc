@@ -189,7 +189,9 @@ class LoadGenerator::Impl {
   void Schedule(int driver, Event event);
   void Error(const std::string& text);
   // `a_call`: false for a report of a batched call (counted once, apart).
-  void CountRpc(const absl::Status& status, bool counted_elsewhere = false, bool a_call = true);
+  // `call` names the RPC in the error kept for the summary.
+  void CountRpc(const char* call, const absl::Status& status, bool counted_elsewhere = false,
+                bool a_call = true);
 
   void DriverLoop(int index);
   void RequestGet(int worker);
@@ -258,13 +260,13 @@ void LoadGenerator::Impl::Error(const std::string& text) {
   if (errors_.size() < 8) errors_.push_back(text);
 }
 
-void LoadGenerator::Impl::CountRpc(const absl::Status& status, bool counted_elsewhere,
-                                   bool a_call) {
+void LoadGenerator::Impl::CountRpc(const char* call, const absl::Status& status,
+                                   bool counted_elsewhere, bool a_call) {
   if (a_call) ++rpcs_;
   if (status.ok() || counted_elsewhere) return;
   if (done_) return;  // calls cut short by the end of the run
   ++rpc_errors_;
-  Error(daemon::RpcErrorText(status));
+  Error(absl::StrCat(call, ": ", daemon::RpcErrorText(status)));
 }
 
 void LoadGenerator::Impl::Schedule(int driver, Event event) {
@@ -542,7 +544,7 @@ void LoadGenerator::Impl::Push(int index, int64_t version) {
   v1::SubmitUpdateReply reply;
   absl::Status status = host.client->SubmitUpdate(request, &reply);
   ++pushes_made_;
-  CountRpc(status, /*counted_elsewhere=*/true);
+  CountRpc("SubmitUpdate", status, /*counted_elsewhere=*/true);
   if (!status.ok()) {
     // Refused: the call's error is its end (the daemon fails the push).
     ++submit_errors_;
@@ -566,7 +568,7 @@ void LoadGenerator::Impl::ReportBandwidth(int index, std::mt19937_64& rng) {
   report.set_host(host.name);
   report.set_uplink_bps(options_.link_bps * u(rng));
   report.set_downlink_bps(options_.link_bps * u(rng));
-  CountRpc(host.client->ReportBandwidth(report));
+  CountRpc("ReportBandwidth", host.client->ReportBandwidth(report));
   if (!done_) {
     Schedule(host.driver,
              {LocalNow() + options_.bandwidth_report_s, EventKind::kReport, index, 0});
@@ -580,7 +582,7 @@ void LoadGenerator::Impl::SyncClock(int index) {
     v1::SyncClockRequest request;
     request.set_host(host.name);
     v1::SyncClockReply reply;
-    CountRpc(host.client->SyncClock(request, &reply));
+    CountRpc("SyncClock", host.client->SyncClock(request, &reply));
   }
   if (!done_) {
     Schedule(host.driver, {LocalNow() + options_.clock_sync_s, EventKind::kSync, index, 0});
@@ -759,7 +761,9 @@ void LoadGenerator::Impl::SendReports(Server& server, std::unique_lock<std::mute
   delivery_reports_ += static_cast<int64_t>(sending.size());
   const std::vector<absl::Status> results = hosts_[server.host]->client->ReportCompletions(sending);
   ++rpcs_;
-  for (const absl::Status& status : results) CountRpc(status, false, /*a_call=*/false);
+  for (const absl::Status& status : results) {
+    CountRpc("ReportCompletions (applied)", status, false, /*a_call=*/false);
+  }
   lock.lock();
 }
 
@@ -798,7 +802,9 @@ double LoadGenerator::Impl::ReportReadyParts(Server& server, std::unique_lock<st
   }
   const std::vector<absl::Status> results = host.client->ReportCompletions(reports);
   ++rpcs_;
-  for (const absl::Status& status : results) CountRpc(status, /*counted_elsewhere=*/false, false);
+  for (const absl::Status& status : results) {
+    CountRpc("ReportCompletions (part ready)", status, /*counted_elsewhere=*/false, false);
+  }
   lock.lock();
   return 0;  // the state may have changed meanwhile
 }
@@ -885,7 +891,7 @@ void LoadGenerator::Impl::DistributionLoop(int index) {
     v1::PlanDistributionReply reply;
     const absl::Status status = host.client->PlanDistribution(request, &reply);
     ++distributions_;
-    CountRpc(status, /*counted_elsewhere=*/true);
+    CountRpc("PlanDistribution", status, /*counted_elsewhere=*/true);
     if (!status.ok()) {
       ++distribution_errors_;
       Error(absl::StrCat("PlanDistribution for ", seen.size(), " hosts: ",
