@@ -772,8 +772,8 @@ def loadgen_applied(run, where):
     """The applied cell: a rate when most pushes apply, else the counts and
     why the rest did not (the run's note)."""
     if applied_fraction(run, where) >= 0.5:
-        return "%.0f/s, %.1f %% of pushes" % (field(run, "applied_per_s", where),
-                                              100 * applied_fraction(run, where))
+        return "{:,.0f}/s, {:.1f} % of pushes".format(field(run, "applied_per_s", where),
+                                                     100 * applied_fraction(run, where))
     applied, pushes = field(run, "applied", where), field(run, "pushes", where)
     note = field(run, "note", where)
     if field(run, "dropped", where) >= field(run, "failed", where):
