@@ -20,18 +20,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include "scheduler/core/fifo_planner.h"
+#include "testing/wait_for.h"
 
 namespace mlfabric {
 namespace {
 
-bool WaitFor(const std::function<bool()>& condition, double timeout_s) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
+using ::mlfabric::testing::WaitFor;
 
 int ThreadsOfThisProcess() {
   int n = 0;

@@ -14,20 +14,12 @@
 #include <vector>
 
 #include "scheduler/core/fifo_planner.h"
+#include "testing/wait_for.h"
 
 namespace mlfabric {
 namespace {
 
-// Polls `condition` until it holds or `timeout_s` passed (the service
-// does its work on its own threads; these tests wait for its effects).
-bool WaitFor(const std::function<bool()>& condition, double timeout_s) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
+using ::mlfabric::testing::WaitFor;
 
 // Job "demo" with token "demo-token" (no job ships by default).
 SchedulerConfig DemoJob() {

@@ -46,6 +46,8 @@ TEST_HELPERS = {
     "//testing:prereq": "how a test reports a missing prerequisite; no dependencies",
     "//testing:prereq.sh": "the same for shell tests",
     "testing/prereq.h": "the header of //testing:prereq",
+    "//testing:wait_for": "polls a condition for a unit test; header-only, no dependencies",
+    "testing/wait_for.h": "the header of //testing:wait_for",
     "//testing:fuzz_corpus_main": "runs a fuzz target over its corpus under gcc; no dependencies",
     "//tools:mlfabric-plan": "the planner CLI, run by the planner's own CLI test as a binary",
 }
