@@ -1,5 +1,6 @@
 #include "scheduler/service/grpc_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "scheduler/service/stream_waker.h"
 
 namespace mlfabric {
 namespace {
@@ -39,12 +41,21 @@ class RefusedStream final : public grpc::ServerWriteReactor<v1::DaemonCommand> {
 // (StartWrite, Finish) is made under that lock: a reaction may run inline.
 class CommandStream final : public grpc::ServerWriteReactor<v1::DaemonCommand> {
  public:
-  static CommandStream* Start(SchedulerService* service, const std::string& host,
-                              uint64_t incarnation) {
+  static CommandStream* Start(SchedulerService* service, StreamWaker* waker,
+                              const std::string& host, uint64_t incarnation) {
     auto* stream = new CommandStream(service, host, incarnation);
     std::weak_ptr<Shared> weak = stream->shared_;
-    stream->watch_ = service->outbox().Watch(host, [weak] {
-      if (std::shared_ptr<Shared> shared = weak.lock()) Pump(shared);
+    // The outbox's wake-up is posted to `waker` (one post until it has run:
+    // a burst of commands for the host is one Pump, which writes them in turn).
+    stream->watch_ = service->outbox().Watch(host, [weak, waker] {
+      std::shared_ptr<Shared> shared = weak.lock();
+      if (shared == nullptr || shared->wake_posted.exchange(true)) return;
+      waker->Post([weak] {
+        if (std::shared_ptr<Shared> shared = weak.lock()) {
+          shared->wake_posted.store(false);  // a command queued from here on posts again
+          Pump(shared);
+        }
+      });
     });
     Pump(stream->shared_);  // what was queued before the stream began
     return stream;
@@ -92,6 +103,7 @@ class CommandStream final : public grpc::ServerWriteReactor<v1::DaemonCommand> {
     bool finished = false;            // Finish was called
     std::string end_reason;           // why the daemon's side ended ("" : quietly)
     v1::DaemonCommand command;
+    std::atomic<bool> wake_posted{false};  // a wake-up waits in the StreamWaker
   };
 
   CommandStream(SchedulerService* service, std::string host, uint64_t incarnation)
@@ -144,6 +156,11 @@ class CommandStream final : public grpc::ServerWriteReactor<v1::DaemonCommand> {
 };
 
 }  // namespace
+
+SchedulerGrpcService::SchedulerGrpcService(SchedulerService* service)
+    : service_(service), waker_(std::make_unique<StreamWaker>()) {}
+
+SchedulerGrpcService::~SchedulerGrpcService() = default;
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -226,7 +243,7 @@ grpc::ServerWriteReactor<v1::DaemonCommand>* SchedulerGrpcService::StreamSchedul
   if (absl::Status status = service_->BeginStream(host, incarnation); !status.ok()) {
     return new RefusedStream(ToGrpcStatus(status));
   }
-  return CommandStream::Start(service_, host, incarnation);
+  return CommandStream::Start(service_, waker_.get(), host, incarnation);
 }
 
 grpc::Status SchedulerGrpcService::ReportCompletion(grpc::ServerContext* context,

@@ -9,6 +9,9 @@
 // thread each, a thousand idle daemons' streams, waking every 100 ms to
 // notice a cancelled call, took about 40 % of a core), the outbox wakes
 // the stream when one is queued, and a cancelled call ends it at once.
+// That wake-up starts the write on a thread of the face's own, never on the
+// thread that queued the command: that thread mostly holds the service's
+// lock, and a gRPC write sends on the socket before it returns.
 //
 //   SchedulerGrpcService face(&service);
 //   grpc::ServerBuilder builder;
@@ -22,11 +25,14 @@
 // with a message that names what was missing; nothing else is touched.
 //
 // Thread safety: gRPC calls handlers concurrently; all state is in
-// SchedulerService, which is thread-safe.
+// SchedulerService, which is thread-safe. Destroy the face after the server
+// that calls it has shut down.
 #ifndef MLFABRIC_SCHEDULER_SERVICE_GRPC_SERVICE_H_
 #define MLFABRIC_SCHEDULER_SERVICE_GRPC_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
+
+#include <memory>
 
 #include "absl/status/status.h"
 #include "proto/scheduler.grpc.pb.h"
@@ -34,13 +40,17 @@
 
 namespace mlfabric {
 
+class StreamWaker;
+
 // absl -> gRPC status (same canonical code, same message).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class SchedulerGrpcService final
     : public v1::Scheduler::WithCallbackMethod_StreamSchedules<v1::Scheduler::Service> {
  public:
-  explicit SchedulerGrpcService(SchedulerService* service) : service_(service) {}
+  explicit SchedulerGrpcService(SchedulerService* service);
+  // After the server that calls it has shut down (its streams are done).
+  ~SchedulerGrpcService() override;
 
   grpc::Status RegisterHost(grpc::ServerContext* context, const v1::RegisterHostRequest* request,
                             v1::RegisterHostReply* reply) override;
@@ -82,6 +92,9 @@ class SchedulerGrpcService final
                          const std::string& host, const std::string& job);
 
   SchedulerService* service_;
+  // Starts the streams' writes the outbox wakes, off the threads that
+  // queue commands under the service's lock (stream_waker.h).
+  std::unique_ptr<StreamWaker> waker_;
 };
 
 }  // namespace mlfabric
