@@ -20,6 +20,9 @@ class AdminBackend {
  public:
   virtual ~AdminBackend() = default;
   virtual ClusterSnapshot Snapshot() const = 0;
+  // What GET /api/v1/cycles shows (now_s, batch_interval_ms,
+  // recent_cycles); the rest may be left empty. A full Snapshot by default.
+  virtual ClusterSnapshot CyclesSnapshot() const { return Snapshot(); }
   virtual absl::Status UpdateJobParams(const std::string& job, const JobParamsUpdate& update) = 0;
   virtual absl::Status DrainHost(const std::string& host, bool drain) = 0;
 };
@@ -30,6 +33,7 @@ class ServiceAdminBackend final : public AdminBackend {
  public:
   explicit ServiceAdminBackend(Service* service) : service_(service) {}
   ClusterSnapshot Snapshot() const override { return service_->Snapshot(); }
+  ClusterSnapshot CyclesSnapshot() const override { return service_->CyclesSnapshot(); }
   absl::Status UpdateJobParams(const std::string& job, const JobParamsUpdate& update) override {
     return service_->UpdateJobParams(job, update);
   }

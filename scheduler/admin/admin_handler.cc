@@ -86,6 +86,9 @@ HttpResponse AdminHandler::Get(const std::string& path, const std::string& query
   if (options_.read_auth) {
     if (std::optional<HttpResponse> refused = Refuse(request, "reads")) return *refused;
   }
+  // The cycles without the rest: polled while the scheduler is under load
+  // (mlfabric-loadgen), and a full snapshot holds the service's lock.
+  if (path == "/api/v1/cycles") return Json(200, CyclesJson(backend_->CyclesSnapshot()));
   const ClusterSnapshot snap = backend_->Snapshot();
   if (path == "/metrics") {
     return {200, "text/plain; version=0.0.4; charset=utf-8", RenderPrometheus(snap)};
@@ -105,7 +108,6 @@ HttpResponse AdminHandler::Get(const std::string& path, const std::string& query
   if (path == "/api/v1/drops") return Json(200, DropsJson(snap));
   if (path == "/api/v1/delays") return Json(200, DelaysJson(snap));
   if (path == "/api/v1/links") return Json(200, LinksJson(snap));
-  if (path == "/api/v1/cycles") return Json(200, CyclesJson(snap));
   return Error(404, absl::StrCat("no such resource '", path, "'; GET /api/v1 lists them"));
 }
 

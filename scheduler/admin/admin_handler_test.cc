@@ -64,8 +64,27 @@ class FakeBackend : public AdminBackend {
     snap_.delay_histogram.total = 4;
     snap_.delay_histogram.sum = 9;
     snap_.push_phases["demo"] = {4, 2.0, 0.25, 1.0, 0.75};
+    snap_.batch_interval_ms = 100;
+    CycleView quick, slow_cycle;
+    quick.start_s = 109.0;
+    quick.total_ms = 20;
+    slow_cycle.start_s = 109.1;
+    slow_cycle.total_ms = 120;
+    slow_cycle.lock_wait_ms = 30;
+    snap_.recent_cycles = {quick, slow_cycle};
   }
-  ClusterSnapshot Snapshot() const override { return snap_; }
+  ClusterSnapshot Snapshot() const override {
+    ++full_snapshots;
+    return snap_;
+  }
+  ClusterSnapshot CyclesSnapshot() const override {
+    ClusterSnapshot cycles;
+    cycles.now_s = snap_.now_s;
+    cycles.batch_interval_ms = snap_.batch_interval_ms;
+    cycles.recent_cycles = snap_.recent_cycles;
+    return cycles;
+  }
+  mutable int full_snapshots = 0;
   absl::Status UpdateJobParams(const std::string& job, const JobParamsUpdate& update) override {
     if (job != "demo") return absl::NotFoundError("unknown job '" + job + "'");
     last_update = update;
@@ -126,6 +145,22 @@ TEST_CASE("GET routes return JSON with the snapshot's values") {
   CHECK_NOTHROW(json::parse(bad_utf8.body));
   CHECK(handler.Handle({"DELETE", "/api/v1/hosts", "", ""}).status == 405);
   CHECK(handler.Handle({"GET", "/", "", ""}).content_type.find("text/html") == 0);
+}
+
+TEST_CASE("GET /api/v1/cycles reads the cycles alone, not a full snapshot") {
+  FakeBackend backend;
+  AdminHandler handler(&backend, {"secret"});
+  HttpResponse r = handler.Handle({"GET", "/api/v1/cycles", "", ""});
+  REQUIRE(r.status == 200);
+  const json cycles = json::parse(r.body);
+  REQUIRE(cycles["cycles"].size() == 2);
+  CHECK(cycles["cycles"][1]["total_ms"] == 120.0);
+  CHECK(cycles["cycles"][1]["lock_wait_ms"] == 30.0);
+  CHECK(cycles["max_ms"] == 120.0);
+  CHECK(cycles["batch_interval_ms"] == 100);
+  CHECK(backend.full_snapshots == 0);
+  handler.Handle({"GET", "/api/v1/hosts", "", ""});
+  CHECK(backend.full_snapshots == 1);
 }
 
 TEST_CASE("Prometheus text has typed families, escaped labels, cumulative buckets") {

@@ -69,6 +69,10 @@ void AdminHistory::CopyInto(ClusterSnapshot* snap) const {
   snap->delay_histogram = delay_histogram_;
   snap->push_phases = push_phases_;
   snap->link_samples.assign(link_samples_.begin(), link_samples_.end());
+  CopyCyclesInto(snap);
+}
+
+void AdminHistory::CopyCyclesInto(ClusterSnapshot* snap) const {
   snap->recent_cycles.assign(recent_cycles_.begin(), recent_cycles_.end());
 }
 

@@ -47,6 +47,8 @@ class AdminHistory {
   // Fills the snapshot's history fields (recent_*, drops_by_category,
   // delay_histogram, push_phases, link_samples, recent_cycles).
   void CopyInto(ClusterSnapshot* snap) const;
+  // recent_cycles only.
+  void CopyCyclesInto(ClusterSnapshot* snap) const;
 
  private:
   const size_t max_batches_;

@@ -113,6 +113,16 @@ SchedulerService::Stats SchedulerService::GetStats() const {
   return state_.stats;
 }
 
+ClusterSnapshot SchedulerService::CyclesSnapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ClusterSnapshot snap;
+  snap.now_s = clock_->NowSeconds();
+  snap.started_s = started_s_;
+  snap.batch_interval_ms = config_.batch_interval_ms;
+  history_.CopyCyclesInto(&snap);
+  return snap;
+}
+
 ClusterSnapshot SchedulerService::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   ClusterSnapshot snap;

@@ -209,6 +209,13 @@ TEST_CASE("A batch cycle records where its time went, its parts within its total
   CHECK(cycle.cut_ms > 0);  // measured, not left at 0
   CHECK(cycle.dispatch_ms > 0);
   CHECK(cycle.lock_wait_ms + cycle.cut_ms + cycle.plan_ms + cycle.dispatch_ms <= cycle.total_ms);
+  // The cycles alone (GET /api/v1/cycles), the same ones.
+  const ClusterSnapshot cycles = f.service.CyclesSnapshot();
+  REQUIRE(cycles.recent_cycles.size() == 1);
+  CHECK(cycles.recent_cycles[0].start_s == cycle.start_s);
+  CHECK(cycles.recent_cycles[0].total_ms == cycle.total_ms);
+  CHECK(cycles.batch_interval_ms == snap.batch_interval_ms);
+  CHECK(cycles.hosts.empty());  // nothing else was copied under the lock
 }
 
 TEST_CASE("ReportCompletions handles each report as ReportCompletion would, in order") {
