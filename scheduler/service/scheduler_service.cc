@@ -241,16 +241,20 @@ absl::Status SchedulerService::DrainHost(const std::string& host_name, bool drai
   return absl::OkStatus();
 }
 
-void SchedulerService::SampleLinksLocked(double now_s) {
-  if (!history_.LinkSampleDue(now_s)) return;
-  std::map<std::string, std::vector<core::RateSegment>> up, down;
-  state_.Reservations(&up, &down);
+void SchedulerService::SampleLinksLocked(
+    double now_s, const std::map<std::string, std::vector<core::RateSegment>>& up,
+    const std::map<std::string, std::vector<core::RateSegment>>& down) {
+  auto reserved = [now_s](const std::map<std::string, std::vector<core::RateSegment>>& links,
+                          const std::string& name) {
+    auto it = links.find(name);
+    return it == links.end() ? 0.0 : core::RateAt(it->second, now_s);
+  };
   LinkSample sample;
   sample.at_s = now_s;
   for (const auto& [name, host] : state_.hosts().all()) {
     if (!host.alive) continue;
-    sample.links.push_back({name, core::RateAt(up[name], now_s), core::RateAt(down[name], now_s),
-                            host.uplink_bps, host.downlink_bps});
+    sample.links.push_back({name, reserved(up, name), reserved(down, name), host.uplink_bps,
+                            host.downlink_bps});
   }
   history_.RecordLinkSample(std::move(sample));
 }
@@ -442,11 +446,15 @@ void SchedulerService::RunBatchCycle() {
     state_.ExpireOverdue(now_s);
     ResolveInDoubt(&state_, config_.in_doubt_wait_s);
     SendReplicaSnapshots(&state_);  // before any batch is cut (replica_sync.h)
-    SampleLinksLocked(now_s);
     LogStragglersLocked(now_s);
+    // The links' reservations, collected once for the cut and (once a
+    // second) the admin endpoint's link sample: a pass over every transfer
+    // in flight.
     const bool use_reservations = planner_->UsesReservations();
+    const bool sample_links = history_.LinkSampleDue(now_s);
     std::map<std::string, std::vector<core::RateSegment>> up, down;
-    if (use_reservations) state_.Reservations(&up, &down);
+    if (use_reservations || sample_links) state_.Reservations(&up, &down);
+    if (sample_links) SampleLinksLocked(now_s, up, down);
     state_.ForEachServer([&](const std::string& job_name, JobState& job,
                              const std::string& server_name, ServerState& server) {
       BatchWork item;

@@ -179,7 +179,10 @@ class SchedulerService {
   std::vector<std::string> AggregatorCandidatesLocked(const JobState& job,
                                                       const ServerState& server, size_t admitted,
                                                       int32_t round_size);
-  void SampleLinksLocked(double now_s);
+  // The admin endpoint's link sample, from the links' reservations.
+  void SampleLinksLocked(double now_s,
+                         const std::map<std::string, std::vector<core::RateSegment>>& up,
+                         const std::map<std::string, std::vector<core::RateSegment>>& down);
   // Once a second: logs each worker whose straggler flag turned on or off.
   void LogStragglersLocked(double now_s);
   // RegisterEntity, per role, once the job, token, host and user check out.

@@ -218,6 +218,33 @@ TEST_CASE("A batch cycle records where its time went, its parts within its total
   CHECK(cycles.hosts.empty());  // nothing else was copied under the lock
 }
 
+TEST_CASE("The links' samples show the reservations of the transfers in flight") {
+  Fixture f;
+  f.RegisterHost("s1");
+  f.RegisterHost("w1");
+  REQUIRE(f.RegisterServer("demo-token").ok());
+  v1::SubmitUpdateRequest push = f.GoodSubmit();
+  push.set_bytes(int64_t{1} << 30);
+  REQUIRE(f.Submit(push).ok());
+  f.service.RunBatchCycle();  // samples the links, then plans the push
+  f.clock.Advance(0.3);
+  f.service.RunBatchCycle();  // nothing to plan; the next sample is due
+  const ClusterSnapshot snap = f.service.Snapshot();
+  REQUIRE(snap.in_flight.size() == 1);
+  REQUIRE(snap.link_samples.size() == 2);
+  auto use = [&](size_t sample, const std::string& host) {
+    for (const LinkSample::Use& u : snap.link_samples[sample].links) {
+      if (u.host == host) return u;
+    }
+    FAIL("no sample of " << host);
+    return LinkSample::Use{};
+  };
+  CHECK(use(0, "w1").up_reserved_bps == 0);
+  CHECK(use(1, "w1").up_reserved_bps > 0);
+  CHECK(use(1, "s1").down_reserved_bps == use(1, "w1").up_reserved_bps);
+  CHECK(use(1, "s1").up_reserved_bps == 0);
+}
+
 TEST_CASE("ReportCompletions handles each report as ReportCompletion would, in order") {
   Fixture f;
   f.RegisterHost("s1");
