@@ -18,9 +18,14 @@
 // input. Broadcast's root is rank 0.
 //
 // Rank 0 prints milliseconds per call (mean, min and max over repeats)
-// after --warmup untimed calls. Every call's result is compared element by
-// element with what it must be (integer-valued floats, exact in any
-// order); a difference fails the rank naming the call and the element.
+// after --warmup untimed calls. A call's time is its slowest rank's: under
+// mpirun every rank leaves an MPI_Barrier before it starts the call, and
+// the ranks' times are reduced with MPI_MAX afterwards (as the OSU
+// benchmarks time a collective), so neither one rank's early return nor
+// another's check of the last result counts in a call. Every call's result
+// is compared element by element with what it must be (integer-valued
+// floats, exact in any order); a difference fails the rank naming the call
+// and the element.
 // Meant for profiling one backend at a time (perf record -a while it
 // runs); bench/collectives_one_host.sh and bench/allreduce_hosts.sh
 // alternate the backends.
@@ -32,9 +37,11 @@
 #include <functional>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/allreduce.h"
+#include "mpi.h"
 
 namespace {
 
@@ -214,8 +221,14 @@ int main(int argc, char** argv) {
   std::vector<float> in, out;
   Collective c = MakeCollective(collective, *op, **reducer, count, in, out);
   std::vector<double> ms;
+  // Under mpirun the reducer has initialised MPI (its ranks agree on each
+  // call through it); a run without mpirun has one rank and no barrier.
+  int mpi_ready = 0;
+  MPI_Initialized(&mpi_ready);
+  const bool synchronise = mpi_ready != 0 && (*reducer)->size() > 1;
   for (int i = 0; i < warmup + repeats; ++i) {
     c.prepare();
+    if (synchronise) MPI_Barrier(MPI_COMM_WORLD);
     const auto start = std::chrono::steady_clock::now();
     absl::Status status = c.call();
     const double elapsed =
@@ -235,6 +248,12 @@ int main(int argc, char** argv) {
       }
     }
     if (i >= warmup) ms.push_back(elapsed);
+  }
+  if (synchronise && !ms.empty()) {
+    std::vector<double> slowest(ms.size());
+    MPI_Reduce(ms.data(), slowest.data(), static_cast<int>(ms.size()), MPI_DOUBLE, MPI_MAX, 0,
+               MPI_COMM_WORLD);
+    ms = std::move(slowest);
   }
   if (rank == 0 && !ms.empty()) {
     double total = 0;
