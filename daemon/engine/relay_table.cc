@@ -1,7 +1,5 @@
 #include "daemon/engine/relay_table.h"
 
-#include <algorithm>
-
 namespace mlfabric::daemon {
 
 bool RelayTable::Begin(const std::string& key, uint64_t batch, int64_t version,
@@ -15,25 +13,21 @@ bool RelayTable::Begin(const std::string& key, uint64_t batch, int64_t version,
   copy.model = std::move(model);
   copy.order = next_order_++;
   ++stats_.copies;
-  EvictLocked(key, effects);
+  EvictLocked(key, copy.order, effects);
   return true;
 }
 
-void RelayTable::EvictLocked(const std::string& key, Effects* effects) {
-  std::vector<std::map<Id, Copy>::iterator> of_key;
-  for (auto it = copies_.lower_bound({key, 0}); it != copies_.end() && it->first.first == key;
-       ++it) {
-    of_key.push_back(it);
-  }
-  if (of_key.size() <= kKeptPerKey) return;
-  std::sort(of_key.begin(), of_key.end(),
-            [](const auto& a, const auto& b) { return a->second.order < b->second.order; });
-  for (size_t i = 0; i + kKeptPerKey < of_key.size(); ++i) {
-    for (uint64_t stream : of_key[i]->second.watchers) {
-      effects->fail.emplace_back(stream, "the distributor dropped its copy (a newer one came)");
+void RelayTable::EvictLocked(const std::string& key, uint64_t newest, Effects* effects) {
+  for (auto it = copies_.lower_bound({key, 0}); it != copies_.end() && it->first.first == key;) {
+    Copy& copy = it->second;
+    if (copy.state == State::kReceiving || copy.order >= newest) {
+      ++it;
+      continue;
     }
-    effects->dropped.push_back(std::move(of_key[i]->second.model));
-    copies_.erase(of_key[i]);
+    // Finished: its watchers were told at Finish, and a forward in progress
+    // holds the buffer itself (Watch::model).
+    if (copy.model != nullptr) effects->dropped.push_back(std::move(copy.model));
+    it = copies_.erase(it);
   }
 }
 

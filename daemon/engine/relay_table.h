@@ -18,9 +18,13 @@
 //   streams, `complete` streams have nothing more to come, `fail` streams
 //   end with the error; table.RemoveWatcher(key, batch, stream_id);
 //
-// The last kKeptPerKey copies of each server are kept after they finish
-// (a requester routed here may ask after our own get has ended); older ones
-// are dropped, failing any watcher still on them.
+// A finished copy is kept until the next copy of its server begins (a
+// requester routed here may ask after our own get has ended, but not after
+// our next one began: it is told where to go as our get is answered).
+// Copies still being received are kept. So a server costs one model's
+// buffer here between gets, not several: an AllReduce of 64 MiB used to
+// pin four finished sums per root server, and to reach that state the
+// daemon first-touched four fresh 64 MiB buffers.
 //
 // Thread safety: every method may be called from any thread (own lock).
 // The lock is a leaf: nothing outside the table is called while it is held;
@@ -44,9 +48,6 @@ namespace mlfabric::daemon {
 
 class RelayTable {
  public:
-  // Copies kept per server: a model batch, or a synchronous round's sum.
-  static constexpr size_t kKeptPerKey = 4;
-
   using Range = std::pair<uint64_t, uint64_t>;  // [begin, end) bytes
   struct Effects {
     std::vector<std::pair<uint64_t, Range>> forward;   // (stream, range) to queue
@@ -107,11 +108,14 @@ class RelayTable {
     uint32_t contributions = 0;
     std::string error;
     std::set<uint64_t> watchers;
-    uint64_t order = 0;  // Begin order, to drop the oldest of a key
+    uint64_t order = 0;  // Begin order: a newer copy of the key drops older finished ones
   };
   using Id = std::pair<std::string, uint64_t>;
 
-  void EvictLocked(const std::string& key, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the finished copies of `key` older than the copy of Begin order
+  // `newest`.
+  void EvictLocked(const std::string& key, uint64_t newest, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable Mutex mu_;
   std::map<Id, Copy> copies_ ABSL_GUARDED_BY(mu_);

@@ -84,26 +84,46 @@ TEST_CASE("RelayTable: a second get of the same copy does not take it over") {
   CHECK(table.AddWatcher("1/ps", 5, 22).model == first);
 }
 
-TEST_CASE("RelayTable: the last copies of each server are kept") {
+TEST_CASE("RelayTable: a finished copy is kept until the next copy of its server begins") {
   RelayTable table;
   RelayTable::Effects effects;
-  REQUIRE(table.Begin("1/ps", 1, 1, Buffer(8), &effects));
-  table.AddWatcher("1/ps", 1, 31);
+  std::shared_ptr<SharedBuffer> first = Buffer(8);
+  REQUIRE(table.Begin("1/ps", 1, 1, first, &effects));
   REQUIRE(table.Begin("2/ps", 1, 1, Buffer(8), &effects));  // another job's server
-  for (uint64_t batch = 2; batch <= RelayTable::kKeptPerKey; ++batch) {
-    REQUIRE(table.Begin("1/ps", batch, 2, Buffer(8), &effects));
-  }
+  table.Finish("1/ps", 1, "");
+  table.Finish("2/ps", 1, "");
+  // Finished, and no newer copy yet: a requester routed here still gets it.
+  RelayTable::Watch late = table.AddWatcher("1/ps", 1, 31);
+  CHECK(late.state == RelayTable::State::kDone);
+  CHECK(late.model == first);
+  // Batch 2 is received while batch 3 begins (two gets of one host): the
+  // finished batch 1 goes, with its buffer for the pool; batch 2 stays.
+  REQUIRE(table.Begin("1/ps", 2, 2, Buffer(8), &effects));
+  REQUIRE(effects.dropped.size() == 1);
+  CHECK(effects.dropped[0] == first);
   CHECK(effects.fail.empty());
-  CHECK(table.StateOf("1/ps", 9) == RelayTable::State::kUnknown);  // not yet
-  REQUIRE(table.Begin("1/ps", 9, 3, Buffer(8), &effects));
-  REQUIRE(effects.fail.size() == 1);  // batch 1 dropped, its watcher told
-  CHECK(effects.fail[0].first == 31);
   CHECK(table.StateOf("1/ps", 1) == RelayTable::State::kGone);
   CHECK(table.AddWatcher("1/ps", 1, 32).state == RelayTable::State::kGone);
-  CHECK(table.StateOf("1/ps", 5) == RelayTable::State::kGone);  // never came, a later one did
+  table.AddWatcher("1/ps", 2, 33);
+  effects = {};
+  REQUIRE(table.Begin("1/ps", 3, 3, Buffer(8), &effects));
+  CHECK(effects.dropped.empty());
+  CHECK(effects.fail.empty());  // its watcher keeps its copy coming
   CHECK(table.StateOf("1/ps", 2) == RelayTable::State::kReceiving);
-  CHECK(table.StateOf("2/ps", 1) == RelayTable::State::kReceiving);
-  CHECK(table.copies() == RelayTable::kKeptPerKey + 1);
+  CHECK(table.StateOf("1/ps", 3) == RelayTable::State::kReceiving);
+  CHECK(table.StateOf("2/ps", 1) == RelayTable::State::kDone);  // other servers untouched
+  CHECK(table.copies() == 3);
+  // Batch 2 finishes after batch 3 began: kept until a newer copy begins.
+  effects = table.Finish("1/ps", 2, "");
+  CHECK(effects.complete == std::vector<uint64_t>{33});
+  CHECK(table.StateOf("1/ps", 2) == RelayTable::State::kDone);
+  effects = {};
+  REQUIRE(table.Begin("1/ps", 4, 4, Buffer(8), &effects));
+  CHECK(effects.dropped.size() == 1);  // batch 2, finished and older
+  CHECK(table.StateOf("1/ps", 2) == RelayTable::State::kGone);
+  CHECK(table.StateOf("1/ps", 3) == RelayTable::State::kReceiving);
+  CHECK(table.StateOf("1/ps", 5) == RelayTable::State::kUnknown);  // not yet
+  CHECK(table.copies() == 3);  // 1/ps batches 3 and 4, 2/ps batch 1
 }
 
 }  // namespace
