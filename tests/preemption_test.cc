@@ -70,8 +70,16 @@ struct PreemptionRun {
 PreemptionRun RunPreemption(int urgent_priority) {
   const std::string dir = launch::MakeTempDir("preemption");
   const std::string admin_port_file = dir + "/admin.port";
+  // The FIFO planner plans the later push as if the link were free, so a
+  // push that waits behind the whole 1 GiB transfer (the second case) ends
+  // long after its planned end: as long as the large one takes, which on a
+  // VM that backs fresh memory slowly was 7-10 s for its new receive
+  // buffer, past the default transfer_slack_s of 10 s (it then failed as
+  // timed out). This test is about order, not that timeout.
   auto cluster = launch::Cluster::StartLoopback(
-      {"s1", "w1"}, {"--planner=fifo", "--admin_port=0", "--admin_port_file=" + admin_port_file},
+      {"s1", "w1"},
+      {"--planner=fifo", "--admin_port=0", "--admin_port_file=" + admin_port_file,
+       "--transfer_slack_s=120"},
       {"--log_level=debug"}, {{"w1", {"--uplink_bps=" + std::to_string(kUplinkBps)}}});
   INFO(cluster.status().ToString());
   REQUIRE(cluster.ok());
