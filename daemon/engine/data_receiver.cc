@@ -293,17 +293,23 @@ absl::Status DataReceiver::AcceptLocked(const PacketHeader& header, const uint8_
 }
 
 absl::Status DataReceiver::Begin(const PacketHeader& header) {
+  return BeginTransfer(header, /*with_buffer=*/true);
+}
+
+absl::Status DataReceiver::BeginTransfer(const PacketHeader& header, bool with_buffer) {
   std::shared_ptr<SharedBuffer> pooled;
   {
     ReceiveLock::Hold lock(lock_);
     if (parts_.incoming->Contains(header.transfer)) {
       return absl::AlreadyExistsError(absl::StrCat("transfer ", header.transfer, " begun twice"));
     }
-    pooled = parts_.pool->Take(header.offset);
+    if (with_buffer) pooled = parts_.pool->Take(header.offset);
   }
-  MLF_LOG(DEBUG) << "transfer " << header.transfer << " of " << header.offset
-                 << " bytes: " << (pooled ? "reusing a pooled" : "new") << " receive buffer";
-  if (pooled == nullptr) {
+  if (with_buffer) {
+    MLF_LOG(DEBUG) << "transfer " << header.transfer << " of " << header.offset
+                   << " bytes: " << (pooled ? "reusing a pooled" : "new") << " receive buffer";
+  }
+  if (with_buffer && pooled == nullptr) {
     auto buffer = SharedBuffer::Create(header.offset);
     if (!buffer.ok()) return buffer.status();
     pooled = std::make_shared<SharedBuffer>(std::move(*buffer));
@@ -334,7 +340,15 @@ absl::Status DataReceiver::DeliverLocal(const PacketHeader& begin, const SharedB
                                                    begin.offset, " bytes from a buffer of ",
                                                    data.size()));
   }
-  RETURN_IF_ERROR(Begin(begin));
+  // A member of a round this host sums is summed straight from the push's
+  // buffer (below): a receive buffer would only take a pooled one from the
+  // transfers that need it (at a root, one per round).
+  bool member = false;
+  {
+    ReceiveLock::Hold lock(lock_);
+    member = parts_.rounds->IsMemberLocked(begin.transfer);
+  }
+  RETURN_IF_ERROR(BeginTransfer(begin, /*with_buffer=*/!member));
   // Accepts the bytes at `base` in packet-sized pieces, as if they had
   // arrived on a session.
   auto accept = [&](const uint8_t* base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side) {
@@ -367,6 +381,13 @@ absl::Status DataReceiver::DeliverLocal(const PacketHeader& begin, const SharedB
     if (parts_.rounds->IsMemberLocked(begin.transfer)) return accept(data.data());
     const Incoming* incoming = parts_.incoming->Find(begin.transfer);
     if (incoming == nullptr) return absl::OkStatus();  // cancelled meanwhile
+    if (incoming->buffer == nullptr) {
+      // Begun as a member, and its round went since (evicted by newer
+      // rounds, which fails it): its bytes are of no use.
+      parts_.incoming->Erase(begin.transfer);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "local transfer ", begin.transfer, ": its round ended before its bytes were summed"));
+    }
     buffer = incoming->buffer;
   }
   // One copy, without the lock (nobody else writes a transfer's buffer

@@ -111,6 +111,8 @@ class DataReceiver : public transport::DataSessionHandler {
 
   // transport::DataSessionHandler.
   absl::Status Begin(const transport::PacketHeader& header) override;
+  // Begin's work; without `with_buffer` the transfer gets no receive
+  // buffer (a same-host round member, summed straight from its push's).
   std::shared_ptr<SharedBuffer> BufferFor(const transport::PacketHeader& header) override;
   absl::Status Arrived(const transport::PacketHeader& header,
                        std::shared_ptr<SharedBuffer> buffer, bool* complete) override;
@@ -122,6 +124,7 @@ class DataReceiver : public transport::DataSessionHandler {
              const std::string& close_reason) override;
 
  private:
+  absl::Status BeginTransfer(const transport::PacketHeader& header, bool with_buffer);
   struct Session;
   void Accept();
   // Waits (without a thread) until the session's socket is readable, then

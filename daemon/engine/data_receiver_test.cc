@@ -678,6 +678,8 @@ TEST_CASE("DataReceiver::DeliverLocal sums a round member from the push's own bu
   }
   const SharedBuffer first = BufferOf(floats(1.0f));
   REQUIRE(rig.receiver.DeliverLocal(LocalBegin(kJob, 701, kTotal), first, kPayloadBytes).ok());
+  // It took no receive buffer: none came back to the pool when it ended.
+  CHECK(rig.pool.pooled_bytes() == 0);
   REQUIRE(rig.receiver.DeliverLocal(LocalBegin(kJob, 702, kTotal), BufferOf(floats(2.0f)),
                                     kPayloadBytes)
               .ok());
@@ -685,6 +687,8 @@ TEST_CASE("DataReceiver::DeliverLocal sums a round member from the push's own bu
     ReceiveLock::Hold guard(&rig.lock);
     rig.rounds.JoinLocked(member(702));
   }
+  // Kept in its receive buffer until it joined; summed, the buffer is pooled.
+  CHECK(rig.pool.pooled_bytes() == static_cast<size_t>(kTotal));
   v1::LocalUpdate update;
   std::vector<uint8_t> delivered;
   rig.NextUpdate(&update, &delivered);

@@ -77,11 +77,15 @@ void RoundService::JoinLocked(const v1::ExpectDelivery& expect) {
     } else {
       const auto ranges = std::move(incoming->unfolded);
       incoming->unfolded.clear();
-      // The incoming transfer holds the buffer while the ranges are summed.
-      const uint8_t* data = incoming->buffer->data();
       const bool complete = incoming->received == incoming->total;
-      for (const auto& [offset, length] : ranges) {
-        table_.Fold(transfer, data + offset, offset, length, &fx);
+      // The incoming transfer holds the buffer while the ranges are summed.
+      // (A same-host member begun without one has no unfolded ranges: its
+      // bytes are summed from its push's buffer as they are taken.)
+      if (incoming->buffer != nullptr) {
+        const uint8_t* data = incoming->buffer->data();
+        for (const auto& [offset, length] : ranges) {
+          table_.Fold(transfer, data + offset, offset, length, &fx);
+        }
       }
       if (complete) incoming_->Recycle(transfer);
     }
