@@ -42,6 +42,8 @@ json StatsJson(const SchedulerStats& s) {
           {"in_doubt_failed", s.in_doubt_failed},
           {"held_sources_recopied", s.held_sources_recopied},
           {"replica_bound_waits", s.replica_bound_waits},
+          {"round_grants", s.round_grants},
+          {"granted_pushes", s.granted_pushes},
           {"outcome_contradicted", s.outcome_contradicted},
           {"outcome_queries", s.outcome_queries},
           {"plan_ms_total", s.plan_ms_total},
@@ -434,6 +436,9 @@ void WriteReplicaAndRecoveryMetrics(const ClusterSnapshot& snap, PromWriter* w) 
   w->Family("mlfabric_scheduler_replica_bound_waits_total", "counter",
             "Pushes held back from a batch until the replica caught up (replica_bound strict).");
   w->Sample("mlfabric_scheduler_replica_bound_waits_total", {}, s.replica_bound_waits);
+  w->Family("mlfabric_scheduler_granted_pushes_total", "counter",
+            "Round members sent on the previous round's plan (a grant), not planned again.");
+  w->Sample("mlfabric_scheduler_granted_pushes_total", {}, s.granted_pushes);
   w->Family("mlfabric_scheduler_outcome_queries_total", "counter",
             "QueryOutcomes calls: applications that lost their daemon asking how pushes ended.");
   w->Sample("mlfabric_scheduler_outcome_queries_total", {}, s.outcome_queries);

@@ -85,6 +85,21 @@ struct RoundState {
   std::string shape_worker;
 };
 
+// A worker's grant to send its push of `round` at once, on the plan of its
+// last round (round_grants.h): what the scheduler checks the push against
+// and whether the plan still holds (the membership generation and the
+// links' capacities it saw).
+struct IssuedGrant {
+  uint64_t transfer_id = 0;
+  int64_t round = 0;
+  int64_t bytes = 0;
+  double rate_bps = 0;
+  std::string src_host;
+  uint64_t generation = 0;
+  double src_uplink_bps = 0;
+  double dst_downlink_bps = 0;
+};
+
 // A hot-standby replica's view of one server (§5.3).
 struct ReplicaTrack {
   std::vector<PendingReplica> pending;   // copies punted to a later batch
@@ -139,6 +154,7 @@ struct ServerState {
   // whose pushes its rounds admitted, its ranks (ElasticRanks).
   std::set<std::string> ranks;
   std::map<int64_t, RoundState> rounds;   // by the members' version
+  std::map<std::string, IssuedGrant> grants;  // by worker: its next round's
 };
 
 struct WorkerInfo {

@@ -51,6 +51,7 @@ v1::DaemonCommand SendTransfer(const Send& s, const std::vector<core::RateSegmen
     send->set_part(true);
     send->set_part_offset(s.part_offset);
   }
+  if (s.next_round.has_value()) *send->mutable_next_round() = *s.next_round;
   AddSegments(segments, send->mutable_segments());
   return command;
 }
@@ -95,6 +96,17 @@ v1::DaemonCommand CancelDelivery(uint64_t transfer_id, const std::string& server
   cancel->set_sequence(sequence);
   cancel->set_reason(reason);
   if (confirm) cancel->set_confirm(true);
+  return command;
+}
+
+v1::DaemonCommand DiscardGranted(uint64_t transfer_id, const std::string& server,
+                                 const std::string& reason) {
+  v1::DaemonCommand command;
+  v1::CancelDelivery* discard = command.mutable_cancel();
+  discard->set_transfer_id(transfer_id);
+  discard->set_server(server);
+  discard->set_reason(reason);
+  discard->set_discard(true);
   return command;
 }
 

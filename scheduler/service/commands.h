@@ -9,6 +9,7 @@
 #define MLFABRIC_SCHEDULER_SERVICE_COMMANDS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,8 @@ struct Send {
   // A part of a group push (source_transfer_id): its bytes from this offset.
   bool part = false;
   int64_t part_offset = 0;
+  // A round member's grant for its next round (round_grants.h), if any.
+  std::optional<v1::RoundGrant> next_round;
 };
 v1::DaemonCommand SendTransfer(const Send& send, const std::vector<core::RateSegment>& segments);
 
@@ -78,6 +81,10 @@ v1::DaemonCommand AggregateTask(const Aggregate& task,
 v1::DaemonCommand CancelDelivery(uint64_t transfer_id, const std::string& server,
                                  uint64_t sequence, const std::string& reason,
                                  bool confirm = false);
+// Erase the bytes sent on a grant (round_grants.h) for push `transfer_id`
+// of `server`, which ended before it was announced; refuse any more.
+v1::DaemonCommand DiscardGranted(uint64_t transfer_id, const std::string& server,
+                                 const std::string& reason);
 // Free the bytes a source holds for a replica copy that will not be sent.
 v1::DaemonCommand ReleaseHold(uint64_t transfer_id, const std::string& reason);
 // Fail synchronous round `round` of `server` at its daemon.

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "scheduler/service/commands.h"
 #include "scheduler/service/plan_dispatcher_run.h"
+#include "scheduler/service/round_grants.h"
 
 namespace mlfabric {
 
@@ -228,6 +229,19 @@ void PlanDispatcher::Run::DispatchDirect(UpdateRecord& record, const core::Trans
   commands::Send send{record.transfer_id, job_.id, server_.host, server_host.data_address,
                       transfer.start_s, record.bytes};
   send.local_id = record.local_id;
+  // A round member's next round may run on this plan (round_grants.h), at
+  // the rate it gives this transfer while it sends (waits between its
+  // segments, for transfers reserved before it, are not the next round's).
+  if (work_.round_size > 0) {
+    double sending_s = 0;
+    for (const core::RateSegment& segment : transfer.segments) {
+      if (segment.rate_bps > 0) sending_s += segment.to_s - segment.from_s;
+    }
+    const double rate_bps =
+        sending_s > 0 ? 8.0 * static_cast<double>(record.bytes) / sending_s : 0.0;
+    send.next_round = IssueRoundGrant(&state_, config_, job_, work_.server, &server_, record,
+                                      rate_bps, server_host.data_address);
+  }
   state_.Enqueue(record.src_host, commands::SendTransfer(send, transfer.segments));
   ++state_.stats.planned;
 }

@@ -53,6 +53,8 @@ void ReadSchedulingKeys(ConfigReader* reader, SchedulerConfig* config) {
   reader->Double("server_wait_s", &config->server_wait_s, 0, 60);
   reader->Double("in_doubt_wait_s", &config->in_doubt_wait_s, 0.1, 3600);
   reader->Double("round_timeout_s", &config->round_timeout_s, 0.1, 86400);
+  reader->Bool("round_grants", &config->round_grants);
+  reader->Double("round_grant_change", &config->round_grant_change, 0, 10);
   reader->Int("history_batches", &config->history_batches, 1, 100000);
   reader->Double("straggler_factor", &config->straggler_factor, 1.0, 1000);
   reader->Int("straggler_window", &config->straggler_window, 2, 100000);
@@ -247,6 +249,14 @@ const char* TimingHelp() {
                        round_size > 0, or a sync-mode job) fails this long
                        after a member's planned end if some worker's part
                        never came                      (default 60)
+  --round_grants       a synchronous round's member may send its next
+                       round's push at once, on its last plan's rate, and
+                       the scheduler accounts for it instead of planning
+                       it (no round trip per round)  (default true)
+  --round_grant_change re-plan instead once a member's links have changed
+                       by more than this fraction since the plan the
+                       grant came from, or the membership changed
+                                                      (default 0.1)
   --history_batches    recent batches kept for the admin endpoint (default 64)
   --straggler_factor   a worker whose median iteration time (between its
                        pushes) exceeds this many times its job's median is

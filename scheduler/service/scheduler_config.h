@@ -95,6 +95,12 @@ struct SchedulerConfig {
   // whole round, when the round is not complete this long after the
   // member's planned end: some worker never pushed its part.
   double round_timeout_s = 60;                   // a push waits this long for its server to register
+  // Rounds on the previous round's plan (round_grants.h): a synchronous
+  // round's member gets a grant to send its next round's push at once,
+  // while its links' capacities stay within `round_grant_change` (a
+  // fraction) of what the last plan saw and the job's membership stands.
+  bool round_grants = true;
+  double round_grant_change = 0.1;
   int64_t history_batches = 64;               // recent batches kept for the admin endpoint
   // Straggler detection (scheduler/service/straggler_tracker.h): a worker
   // whose median iteration time over its last `straggler_window` pushes

@@ -21,6 +21,7 @@
 #include "scheduler/service/failover.h"
 #include "scheduler/service/in_doubt.h"
 #include "scheduler/service/replica_sync.h"
+#include "scheduler/service/round_grants.h"
 #include "scheduler/service/round_tracker.h"
 #include "scheduler/service/server_groups.h"
 
@@ -423,6 +424,7 @@ absl::Status SchedulerService::SubmitUpdate(const v1::SubmitUpdateRequest& reque
   auto reject = [&](absl::Status status) {
     ++state_.stats.rejected;
     MLF_LOG(WARNING) << "rejected push from " << request.src_host() << ": " << status.message();
+    DiscardRefusedGrantLocked(request, std::string(status.message()));
     return status;
   };
   JobState* job = state_.FindJob(request.job());
@@ -514,11 +516,30 @@ absl::Status SchedulerService::CheckPushServerLocked(std::unique_lock<std::mutex
   return absl::OkStatus();
 }
 
+void SchedulerService::DiscardRefusedGrantLocked(const v1::SubmitUpdateRequest& request,
+                                                 const std::string& why) {
+  if (request.granted_transfer_id() == 0) return;
+  // Its bytes left on a grant: the root's daemon must not keep them.
+  const JobState* job = state_.FindJob(request.job());
+  if (job == nullptr) return;
+  auto server = job->servers.find(request.server());
+  if (server == job->servers.end()) return;
+  DiscardGranted(&state_, server->second, request.server(), request.granted_transfer_id(),
+                 absl::StrCat("its push was refused: ", why));
+}
+
 void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
                                         const v1::SubmitUpdateRequest& request,
                                         v1::SubmitUpdateReply* reply) {
+  // A push sent on a grant (round_grants.h) keeps the transfer id its bytes
+  // carry, unless another push has it.
+  const uint64_t granted = request.granted_transfer_id();
+  IssuedGrant grant;
+  std::string refused;
+  const bool on_grant = granted != 0 && TakeRoundGrant(server, request, &grant, &refused);
   UpdateRecord record;
-  record.transfer_id = state_.NewTransferId();
+  record.transfer_id =
+      granted != 0 && state_.FindPush(granted) == nullptr ? granted : state_.NewTransferId();
   record.job = request.job();
   record.server = request.server();
   record.src_host = request.src_host();
@@ -536,9 +557,15 @@ void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
   state_.outcomes().RememberUid(record.push_uid, record.transfer_id, record.job, record.worker);
   state_.stragglers.OnPush(record.job, record.worker, record.submitted_s);
   if (job->config.mode == JobMode::kSsp) clocks_cv_.notify_all();
-  server->pending.push_back(record.transfer_id);
   reply->set_transfer_id(record.transfer_id);
+  const uint64_t id = record.transfer_id;
   const int64_t round = record.version;
+  if (granted != 0) {
+    AcceptGrantedPushLocked(job, server, std::move(record), granted, on_grant ? &grant : nullptr,
+                            refused, reply);
+    return;
+  }
+  server->pending.push_back(id);
   state_.AddPush(std::move(record));
   OpenRound(*job, server, round);  // round_tracker.h: its size and generation
   // A synchronous round is planned as soon as all its pushes are in, not at
@@ -551,6 +578,43 @@ void SchedulerService::AcceptPushLocked(JobState* job, ServerState* server,
                  << absl::StrFormat("%.6f", clock_->NowSeconds())
                  << (complete ? ": planning now" : "");
   if (complete) loop_.Wake();
+}
+
+void SchedulerService::AcceptGrantedPushLocked(JobState* job, ServerState* server,
+                                               UpdateRecord record, uint64_t sent_as,
+                                               const IssuedGrant* grant,
+                                               const std::string& refused,
+                                               v1::SubmitUpdateReply* reply) {
+  const uint64_t id = record.transfer_id;
+  const uint64_t local_id = record.local_id;
+  const std::string server_name = record.server, src_host = record.src_host;
+  const int64_t round = record.version;
+  state_.AddPush(std::move(record));
+  if (grant == nullptr) {
+    // Its bytes are on their way already, and nothing planned them.
+    MLF_LOG(WARNING) << "push " << id << " from " << src_host << " failed: " << refused;
+    DiscardGranted(&state_, *server, server_name, sent_as, refused);
+    state_.Complete(id, v1::OUTCOME_FAILED, absl::StrCat("push not accepted: ", refused), 0);
+    return;
+  }
+  OpenRound(*job, server, round);  // round_tracker.h
+  UpdateRecord* admitted = state_.FindPush(id);
+  if (!AdmitToRound(&state_, server, RoundSize(*job, *server), admitted)) {
+    // Ended (dropped or failed, with why) before its root heard of it.
+    DiscardGranted(&state_, *server, server_name, sent_as,
+                   "its push ended before it was announced here");
+    return;
+  }
+  const double now_s = clock_->NowSeconds();
+  if (std::optional<v1::RoundGrant> next =
+          DispatchGranted(&state_, config_, *job, server_name, server, admitted, *grant, now_s)) {
+    *reply->mutable_next_round() = *std::move(next);
+  }
+  MLF_LOG(DEBUG) << "push " << id << " (local id " << local_id << ") from " << src_host
+                 << " for round " << round << " at " << absl::StrFormat("%.6f", now_s)
+                 << ": sent on its grant, announced";
+  // Members still waiting to be planned complete the round now.
+  if (!server->pending.empty() && RoundComplete(*job, *server, round)) loop_.Wake();
 }
 
 bool SchedulerService::RoundComplete(const JobState& job, const ServerState& server,

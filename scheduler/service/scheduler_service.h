@@ -205,6 +205,16 @@ class SchedulerService {
   // Requires mu_.
   void AcceptPushLocked(JobState* job, ServerState* server, const v1::SubmitUpdateRequest& request,
                         v1::SubmitUpdateReply* reply);
+  // A push whose bytes left on a grant, as transfer `sent_as`
+  // (round_grants.h): admitted and announced without a plan when `grant`
+  // (taken) is its own, else failed with `refused`; either way its bytes
+  // are discarded at the root if they are of no use. Requires mu_.
+  void AcceptGrantedPushLocked(JobState* job, ServerState* server, UpdateRecord record,
+                               uint64_t sent_as, const IssuedGrant* grant,
+                               const std::string& refused, v1::SubmitUpdateReply* reply);
+  // A refused SubmitUpdate that names a grant: its bytes are discarded at
+  // its server's host (when the scheduler knows it). Requires mu_.
+  void DiscardRefusedGrantLocked(const v1::SubmitUpdateRequest& request, const std::string& why);
   // PlanDistribution: the core's request (current residual link rates) and
   // the requesters' data addresses. Requires mu_.
   absl::Status DistributionRequestLocked(const v1::PlanDistributionRequest& request,

@@ -65,6 +65,11 @@ struct SchedulerStats {
   // Pushes that arrived before their server registered and waited for it
   // (server_wait_s), whether it came in time or not.
   int64_t server_waits = 0;
+  // Rounds on the previous round's plan (round_grants.h): grants issued
+  // with a round member's plan, and pushes sent on one (accounted and
+  // announced, not planned).
+  int64_t round_grants = 0;
+  int64_t granted_pushes = 0;
   double plan_ms_total = 0;  // summed planner compute time over all batches
   double plan_ms_max = 0;
 };
