@@ -181,19 +181,41 @@ void AppRequests::HandlePush(const std::shared_ptr<AppSession>& app, const v1::L
     app->last_round_push[push.server()] = push.version();
     server_here = parts_.servers->AppLocked(ServerKey(app->job_id, push.server())) != nullptr;
   }
-  PushTable::Push pending = PendingPush(app, push, std::move(*buffer), server_here);
+  // A push its round's grant covers leaves now, on its last plan
+  // (scheduler/service/round_grants.h): no checksums ahead of the sender.
+  std::optional<v1::RoundGrant> grant = TakeGrant(*app, push);
+  PushTable::Push pending =
+      PendingPush(app, push, std::move(*buffer), server_here || grant.has_value());
   const std::shared_ptr<transport::PacketChecksums> checksums = pending.checksums;
   const std::shared_ptr<SharedBuffer> bytes = pending.buffer;
   const uint64_t local_id = parts_.pushes->Record(std::move(pending));
   request.set_local_id(local_id);
   MLF_LOG(DEBUG) << "submitting push (local id " << local_id << ") of '" << app->name
                  << "' to server '" << push.server() << "' at "
-                 << absl::StrFormat("%.6f", clock_->NowSeconds());
+                 << absl::StrFormat("%.6f", clock_->NowSeconds())
+                 << (grant ? absl::StrCat(", sent on grant ", grant->transfer_id()) : "");
+  if (grant.has_value()) {
+    request.set_granted_transfer_id(grant->transfer_id());
+    v1::SendTransfer send;
+    send.set_transfer_id(grant->transfer_id());
+    send.set_job_id(app->job_id);
+    send.set_dst_host(grant->dst_host());
+    send.set_dst_address(grant->dst_address());
+    send.set_bytes(push.bytes());
+    send.set_local_id(local_id);
+    v1::RateSegment* segment = send.add_segments();
+    segment->set_from_s(0);
+    segment->set_to_s(8.0 * static_cast<double>(push.bytes()) / grant->rate_bps());
+    segment->set_rate_bps(grant->rate_bps());
+    granted_pushes_.fetch_add(1);
+    parts_.send_granted(std::move(send));
+  }
   {
     ReceiveLock::Hold lock(lock_);
     ++get_threads_;  // WaitGets waits for the submission to end
   }
-  Submit(Submission{app, std::move(request), local_id, push.request_id(), clock_->NowSeconds()});
+  Submit(Submission{app, std::move(request), local_id, push.request_id(), clock_->NowSeconds(),
+                    push.server()});
   // The handler thread goes on at once: the packets are checksummed while
   // the scheduler plans, and the application's next message (its get)
   // does not wait for the reply.
@@ -282,11 +304,38 @@ void AppRequests::Submitted(const Submission& submission, absl::Status status,
   }
   // A command may have adopted it already; either way it is known now.
   parts_.pushes->Submitted(local_id, reply.transfer_id());
+  if (reply.has_next_round()) AddGrant(*submission.app, submission.server, reply.next_round());
   pushes_submitted_.fetch_add(1);
   MLF_LOG(DEBUG) << "submitted push (local id " << local_id << ") as " << reply.transfer_id()
                  << " in "
                  << absl::StrFormat("%.3f", (clock_->NowSeconds() - submission.submit_s) * 1e3)
                  << " ms";
+}
+
+void AppRequests::AddGrant(const AppSession& app, const std::string& server,
+                           const v1::RoundGrant& grant) {
+  if (!parts_.send_granted || !(grant.rate_bps() > 0) || grant.transfer_id() == 0) return;
+  absl::MutexLock lock(&grants_mu_);
+  v1::RoundGrant& held = grants_[{app.job_id, app.name, server}];
+  // A later round's grant may have come first (a plan's command and a
+  // granted push's reply travel apart): the older one is of no use.
+  if (held.transfer_id() == 0 || held.round() <= grant.round()) held = grant;
+}
+
+void AppRequests::ClearGrants() {
+  absl::MutexLock lock(&grants_mu_);
+  grants_.clear();
+}
+
+std::optional<v1::RoundGrant> AppRequests::TakeGrant(const AppSession& app,
+                                                     const v1::LocalPush& push) {
+  absl::MutexLock lock(&grants_mu_);
+  auto it = grants_.find({app.job_id, app.name, push.server()});
+  if (it == grants_.end()) return std::nullopt;
+  v1::RoundGrant grant = std::move(it->second);
+  grants_.erase(it);
+  if (grant.round() != push.version() || grant.bytes() != push.bytes()) return std::nullopt;
+  return grant;
 }
 
 void AppRequests::HandleGet(const std::shared_ptr<AppSession>& app, const v1::LocalGet& get) {

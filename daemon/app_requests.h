@@ -54,6 +54,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include <boost/asio/thread_pool.hpp>
 
@@ -115,6 +116,10 @@ class AppRequests : public AppHandler {
     // Threads that help sum a large push's checksums; may be null (the
     // handler thread sums them alone).
     boost::asio::thread_pool* compute = nullptr;
+    // Starts a push's transfer on its round grant (SendTransfer with its
+    // segments from 0, in seconds after now; the daemon puts them on the
+    // scheduler's clock). Null: grants are never used.
+    std::function<void(v1::SendTransfer)> send_granted;
   };
   // Called under the receive lock when an application leaves: forgets it
   // and, if it was a server's or replica's endpoint, returns the report
@@ -139,6 +144,18 @@ class AppRequests : public AppHandler {
   // (AppSession::push_mappings).
   int64_t push_buffers_mapped() const { return push_buffers_mapped_.load(); }
   int64_t push_buffers_reused() const { return push_buffers_reused_.load(); }
+
+  // Rounds on the previous round's plan (scheduler/service/round_grants.h):
+  // `app`'s grant for its next push to `server`, from the scheduler (with
+  // its round member's SendTransfer, or the SubmitUpdate reply of a push
+  // sent on a grant). It replaces the one held; a push of that round and
+  // size leaves at once on it, any other push drops it.
+  void AddGrant(const AppSession& app, const std::string& server, const v1::RoundGrant& grant)
+      ABSL_LOCKS_EXCLUDED(grants_mu_);
+  // Forgets every grant (the scheduler that gave them is gone).
+  void ClearGrants() ABSL_LOCKS_EXCLUDED(grants_mu_);
+  // Pushes sent on a grant, without waiting for a plan.
+  int64_t granted_pushes() const { return granted_pushes_.load(); }
 
   // daemon::AppHandler.
   void HandleRegister(const std::shared_ptr<AppSession>& app,
@@ -178,7 +195,12 @@ class AppRequests : public AppHandler {
     uint64_t local_id = 0;
     uint64_t request_id = 0;  // the application's id for the push
     double submit_s = 0;      // when the daemon took it (clock_)
+    std::string server;       // the push's
   };
+  // The grant held for `app`'s push `push` (taken out), when it is for the
+  // push's round and size; any grant held for another round is dropped.
+  std::optional<v1::RoundGrant> TakeGrant(const AppSession& app, const v1::LocalPush& push)
+      ABSL_LOCKS_EXCLUDED(grants_mu_);
   // Issues `submission`, or queues it behind its application's submission
   // in flight.
   void Submit(Submission submission) ABSL_LOCKS_EXCLUDED(submit_mu_);
@@ -221,6 +243,11 @@ class AppRequests : public AppHandler {
   std::atomic<int64_t> push_buffers_mapped_{0};
   std::atomic<int64_t> push_buffers_reused_{0};
   std::atomic<uint64_t> next_buffer_id_{1};
+  // Round grants by (job id, application, server).
+  absl::Mutex grants_mu_;  // a leaf
+  std::map<std::tuple<uint32_t, std::string, std::string>, v1::RoundGrant> grants_
+      ABSL_GUARDED_BY(grants_mu_);
+  std::atomic<int64_t> granted_pushes_{0};
   // Gets and outcome queries. Last: destroyed first (WaitGets has waited
   // for what runs there).
   BlockingWork blocking_;

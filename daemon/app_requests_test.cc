@@ -53,7 +53,11 @@ struct Rig {
         requests(AppRequests::Options{"h1", 32 * 1024}, &lock,
                  &clock, &stopping,
                  AppRequests::Parts{&scheduler, &reporter, &pushes, &keys, &servers, &rounds,
-                                    nullptr, nullptr, nullptr, &registering},
+                                    nullptr, nullptr, nullptr, &registering, nullptr, nullptr,
+                                    [this](v1::SendTransfer send) {
+                                      std::lock_guard<std::mutex> guard(granted_mu);
+                                      granted.push_back(std::move(send));
+                                    }},
                  [this](const std::shared_ptr<AppSession>& app) {
                    ++forgotten;
                    std::optional<v1::EntityGoneReport> report;
@@ -129,8 +133,89 @@ struct Rig {
   RoundService rounds;
   int forgotten = 0;
   std::atomic<bool> registering{false};
+  std::mutex granted_mu;
+  std::vector<v1::SendTransfer> granted;  // transfers started on round grants
   AppRequests requests;
 };
+
+// Pushes `bytes` bytes of round `round` to "ps".
+void PushRound(Rig& rig, FakeApp& app, uint64_t request_id, int64_t round, int64_t bytes) {
+  v1::LocalPush push;
+  push.set_request_id(request_id);
+  push.set_server("ps");
+  push.set_bytes(bytes);
+  push.set_version(round);
+  auto buffer = SharedBuffer::Create(static_cast<size_t>(bytes));
+  REQUIRE(buffer.ok());
+  rig.requests.HandlePush(app.session, push, ::dup(buffer->fd()));
+}
+
+v1::RoundGrant Grant(uint64_t transfer_id, int64_t round, int64_t bytes) {
+  v1::RoundGrant grant;
+  grant.set_transfer_id(transfer_id);
+  grant.set_round(round);
+  grant.set_bytes(bytes);
+  grant.set_rate_bps(8e9);
+  grant.set_dst_host("h2");
+  grant.set_dst_address("10.0.0.2:7");
+  return grant;
+}
+
+TEST_CASE("a push its round's grant covers leaves at once; the reply's grant covers the next") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  rig.scheduler.submit_hook = [](const v1::SubmitUpdateRequest& request,
+                                 v1::SubmitUpdateReply* reply) {
+    reply->set_transfer_id(request.granted_transfer_id() != 0 ? request.granted_transfer_id()
+                                                              : 600 + request.local_id());
+    if (request.granted_transfer_id() == 77) *reply->mutable_next_round() = Grant(78, 4, 4096);
+    return absl::OkStatus();
+  };
+  rig.requests.AddGrant(*worker->session, "ps", Grant(77, 3, 4096));
+  PushRound(rig, *worker, 1, /*round=*/3, 4096);
+  std::vector<v1::SubmitUpdateRequest> submits = rig.scheduler.submits();
+  REQUIRE(submits.size() == 1);
+  CHECK(submits[0].granted_transfer_id() == 77);
+  {
+    std::lock_guard<std::mutex> guard(rig.granted_mu);
+    REQUIRE(rig.granted.size() == 1);
+    const v1::SendTransfer& send = rig.granted[0];
+    CHECK(send.transfer_id() == 77);
+    CHECK(send.local_id() == submits[0].local_id());
+    CHECK(send.dst_host() == "h2");
+    CHECK(send.dst_address() == "10.0.0.2:7");
+    CHECK(send.bytes() == 4096);
+    REQUIRE(send.segments_size() == 1);
+    CHECK(send.segments(0).from_s() == 0);
+    CHECK(send.segments(0).to_s() == Approx(8.0 * 4096 / 8e9));
+    CHECK(send.segments(0).rate_bps() == 8e9);
+  }
+  CHECK(rig.requests.granted_pushes() == 1);
+  CHECK(rig.pushes.Find(77).has_value());  // the push is known by its granted id
+
+  // The reply's grant is for round 4: a push of another size does not use
+  // it (and drops it), so the one after is planned too.
+  PushRound(rig, *worker, 2, /*round=*/4, 64);
+  PushRound(rig, *worker, 3, /*round=*/4, 4096);
+  submits = rig.scheduler.submits();
+  REQUIRE(submits.size() == 3);
+  CHECK(submits[1].granted_transfer_id() == 0);
+  CHECK(submits[2].granted_transfer_id() == 0);
+  CHECK(rig.requests.granted_pushes() == 1);
+
+  // A grant for a later round is not replaced by an older one, and a grant
+  // is for its own round only.
+  rig.requests.AddGrant(*worker->session, "ps", Grant(90, 6, 4096));
+  rig.requests.AddGrant(*worker->session, "ps", Grant(80, 5, 4096));
+  PushRound(rig, *worker, 4, /*round=*/5, 4096);
+  CHECK(rig.scheduler.submits().back().granted_transfer_id() == 0);
+  rig.requests.AddGrant(*worker->session, "ps", Grant(91, 6, 4096));
+  rig.requests.ClearGrants();  // the scheduler that gave it is gone
+  PushRound(rig, *worker, 5, /*round=*/6, 4096);
+  CHECK(rig.scheduler.submits().back().granted_transfer_id() == 0);
+  rig.requests.WaitGets();
+}
 
 TEST_CASE("a server registers with the scheduler and is published once answered") {
   Rig rig;

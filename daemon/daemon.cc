@@ -169,6 +169,7 @@ Daemon::Stats Daemon::GetStats() const {
     stats.get_buffers_returned = app_requests_->buffers_returned();
     stats.push_buffers_mapped = app_requests_->push_buffers_mapped();
     stats.push_buffers_reused = app_requests_->push_buffers_reused();
+    stats.granted_pushes = app_requests_->granted_pushes();
   }
   daemon::ReceiveLock::Hold lock(&lock_);
   if (fetcher_) stats.copies_forwarded = fetcher_->copies_forwarded();
@@ -216,7 +217,8 @@ absl::Status Daemon::Start() {
       daemon::AppRequests::Parts{scheduler_.get(), reporter_.get(), &pushes_, &data_keys_,
                                  servers_.get(), rounds_.get(), model_server_.get(),
                                  fetcher_.get(), snapshots_.get(), &registering_, &buffer_pool_,
-                                 compute_.get()},
+                                 compute_.get(),
+                                 [this](v1::SendTransfer send) { SendGranted(std::move(send)); }},
       // AppRequests calls it under the receive lock (ForgetLocked).
       [this](const std::shared_ptr<AppSession>& app)
           ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side) { return ForgetAppLocked(app); });

@@ -125,6 +125,8 @@ class Daemon {
     // Push buffers mapped, and those that reused an earlier mapping.
     int64_t push_buffers_mapped = 0;
     int64_t push_buffers_reused = 0;
+    // Pushes sent on a round grant (scheduler/service/round_grants.h).
+    int64_t granted_pushes = 0;
   };
   Stats GetStats() const;
 
@@ -168,6 +170,12 @@ class Daemon {
   // left in `local`, to be taken in once the lock is free.
   void ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSend>* local);
   void DeliverLocal(const LocalSend& local);
+  // A push's transfer on its round grant (AppRequests::Parts::send_granted):
+  // `send`'s segments start now, on the scheduler's clock. To a round root
+  // on this host it waits for the member's announcement instead (it moves
+  // no bytes over a NIC, and an announced member is summed straight from
+  // the push's buffer, with no copy into a receive buffer).
+  void SendGranted(v1::SendTransfer send);
   void ScheduleSendLocked(const v1::SendTransfer& send, std::vector<LocalSend>* local)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side);
   // ApplyCommand's commands with more to them than a call, one each
@@ -251,6 +259,9 @@ class Daemon {
   bool ended_ ABSL_GUARDED_BY(ended_mu_) = false;
   // This host's pushes until their outcome (own lock, a leaf).
   daemon::PushTable pushes_;
+  // Granted pushes to a round root on this host, by transfer id, until the
+  // scheduler announces them (SendGranted).
+  std::map<uint64_t, v1::SendTransfer> granted_here_ ABSL_GUARDED_BY(daemon::receive_side);
   // One kept data connection per peer daemon.
   transport::DataKeys data_keys_;  // from the scheduler; its own lock
   std::unique_ptr<transport::PeerConnections> peers_;

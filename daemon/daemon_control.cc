@@ -78,7 +78,10 @@ void Daemon::ScheduleStreamLoop() {
 }
 
 void Daemon::ScheduleLost() {
+  // Grants are the lost scheduler's word: pushes are planned again.
+  app_requests_->ClearGrants();
   daemon::ReceiveLock::Hold lock(&lock_);
+  granted_here_.clear();
   // Pushes in flight stay in doubt: the scheduler this daemon registers
   // with next tells their outcomes. Their bytes stop
   // here; pushes still being submitted fail when their SubmitUpdate does.
@@ -95,6 +98,26 @@ void Daemon::ScheduleLost() {
   if (cancelled > 0) {
     MLF_LOG(WARNING) << "cancelled " << cancelled << " expected update(s) of the lost schedule";
   }
+}
+
+void Daemon::SendGranted(v1::SendTransfer send) {
+  v1::DaemonCommand command;
+  v1::SendTransfer* granted = command.mutable_send();
+  *granted = std::move(send);
+  daemon::ReceiveLock::Hold lock(&lock_);
+  const double start_s = clock_->NowSeconds() + clock_offset_s_;
+  granted->set_start_s(start_s);
+  for (v1::RateSegment& segment : *granted->mutable_segments()) {
+    segment.set_from_s(start_s + segment.from_s());
+    segment.set_to_s(start_s + segment.to_s());
+  }
+  if (granted->dst_host() == config_.host) {
+    pushes_.Adopt(granted->transfer_id(), granted->local_id());
+    granted_here_[granted->transfer_id()] = *granted;
+    return;
+  }
+  lock.Unlock();
+  HandleCommand(command);
 }
 
 void Daemon::HandleCommand(const v1::DaemonCommand& command) {
@@ -160,6 +183,13 @@ void Daemon::ApplyCommand(const v1::DaemonCommand& command, std::vector<LocalSen
     case v1::DaemonCommand::kExpect:
       if (command.expect().round_size() > 0) {
         rounds_->JoinLocked(command.expect());
+        // A granted member from this host, announced: taken in now.
+        if (auto granted = granted_here_.find(command.expect().transfer_id());
+            granted != granted_here_.end()) {
+          const v1::SendTransfer send = std::move(granted->second);
+          granted_here_.erase(granted);
+          ApplySendLocked(send, received_s, local);
+        }
       } else {
         deliveries_->ExpectLocked(command.expect());
       }
@@ -205,6 +235,12 @@ void Daemon::ApplySendLocked(const v1::SendTransfer& send, double received_s,
   // A push's commands may overtake its SubmitUpdate reply.
   // A group push's part names the push as its source.
   pushes_.Adopt(send.part() ? send.source_transfer_id() : send.transfer_id(), send.local_id());
+  if (send.has_next_round()) {
+    // A round member: its next round's push may leave on this plan.
+    if (std::optional<daemon::PushTable::Push> push = pushes_.Find(send.transfer_id())) {
+      app_requests_->AddGrant(*push->app, push->server, send.next_round());
+    }
+  }
   ScheduleSendLocked(send, local);
 }
 
@@ -252,6 +288,15 @@ void Daemon::ApplyOutcomeLocked(const v1::PushOutcome& outcome) {
 }
 
 void Daemon::CancelLocked(const v1::CancelDelivery& cancel) {
+  if (cancel.discard()) {
+    // Bytes sent on a round grant for a push that ended before it was
+    // announced here: neither summed nor delivered.
+    MLF_LOG(INFO) << "discarding transfer " << cancel.transfer_id() << " (sent on a grant): "
+                  << cancel.reason();
+    incoming_->Discard(cancel.transfer_id());
+    granted_here_.erase(cancel.transfer_id());
+    return;
+  }
   if (cancel.release_hold()) {
     (void)pushes_.TakeHeld(cancel.transfer_id());
     return;

@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
                 << " round sums read here (" << stats.local_round_get_bytes << " B); get buffers "
                 << "lent " << stats.get_buffers_lent << ", given back " << stats.get_buffers_returned
                 << "; push buffers mapped " << stats.push_buffers_mapped << ", reused "
-                << stats.push_buffers_reused;
+                << stats.push_buffers_reused << "; pushes sent on a round grant "
+                << stats.granted_pushes;
   if (!status.ok()) {
     std::cerr << "mlfabricd: " << status.message() << "\n";
     _exit(1);

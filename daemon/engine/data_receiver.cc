@@ -303,6 +303,8 @@ absl::Status DataReceiver::BeginTransfer(const PacketHeader& header, bool with_b
     if (parts_.incoming->Contains(header.transfer)) {
       return absl::AlreadyExistsError(absl::StrCat("transfer ", header.transfer, " begun twice"));
     }
+    // Sent on a round grant whose push ended: its packets are skipped.
+    if (parts_.incoming->Discarded(header.transfer)) return absl::OkStatus();
     if (with_buffer) pooled = parts_.pool->Take(header.offset);
   }
   if (with_buffer) {
@@ -318,6 +320,10 @@ absl::Status DataReceiver::BeginTransfer(const PacketHeader& header, bool with_b
   if (parts_.incoming->Contains(header.transfer)) {
     parts_.pool->Recycle(std::move(pooled));
     return absl::AlreadyExistsError(absl::StrCat("transfer ", header.transfer, " begun twice"));
+  }
+  if (parts_.incoming->Discarded(header.transfer)) {
+    parts_.pool->Recycle(std::move(pooled));
+    return absl::OkStatus();
   }
   // A session may carry only the jobs it proved (transport/data_auth.h);
   // a transfer this host already expects must come as its own job's.

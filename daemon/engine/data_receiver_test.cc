@@ -362,6 +362,44 @@ TEST_CASE("DataReceiver delivers a transfer that arrived before its expectation"
   CHECK(rig.SettledReports().empty());
 }
 
+TEST_CASE("DataReceiver skips a discarded transfer's bytes and goes on with the session") {
+  // Bytes sent on a round grant whose push ended before it was announced
+  // (scheduler/service/round_grants.h): erased, the rest refused, nothing
+  // else on the session touched.
+  Rig rig;
+  constexpr uint64_t kEnded = 211, kEarly = 212, kKept = 213;
+  const std::vector<uint8_t> bytes = Pattern(kEnded, 2 * kPayloadBytes);
+  Sender sender(rig.receiver.address(), rig.watchdog);
+  sender.Begin(kJob, kEnded, bytes.size());
+  sender.DataRange(kJob, kEnded, bytes, 0, kPayloadBytes);
+  REQUIRE(rig.ReceivedBytes(kPayloadBytes));
+  {
+    ReceiveLock::Hold guard(&rig.lock);
+    REQUIRE(rig.incoming.Contains(kEnded));
+    rig.incoming.Discard(kEnded);
+    rig.incoming.Discard(kEarly);  // discarded before its first packet
+    CHECK_FALSE(rig.incoming.Contains(kEnded));
+  }
+  sender.DataRange(kJob, kEnded, bytes, kPayloadBytes, bytes.size());
+  sender.Begin(kJob, kEarly, bytes.size());
+  sender.DataRange(kJob, kEarly, bytes, 0, bytes.size());
+  const std::vector<uint8_t> kept = Pattern(kKept, kPayloadBytes + 5);
+  sender.Begin(kJob, kKept, kept.size());
+  sender.DataRange(kJob, kKept, kept, 0, kept.size());
+  // Skipped bytes are not counted as received: only the first packet and kKept's.
+  REQUIRE(rig.ReceivedBytes(kPayloadBytes + static_cast<int64_t>(kept.size())));
+  rig.ExpectDelivery(Expect(kKept, /*sequence=*/1, static_cast<int64_t>(kept.size())));
+  v1::LocalUpdate update;
+  std::vector<uint8_t> delivered;
+  rig.NextUpdate(&update, &delivered);
+  CHECK(update.transfer_id() == kKept);
+  CHECK(delivered == kept);
+  ReceiveLock::Hold guard(&rig.lock);
+  CHECK_FALSE(rig.incoming.Contains(kEnded));
+  CHECK_FALSE(rig.incoming.Contains(kEarly));
+  CHECK(rig.receiver.malformed_sessions() == 0);
+}
+
 TEST_CASE("DataReceiver closes a malformed session and fails only its unfinished transfer") {
   Rig rig;
   constexpr uint64_t kGood = 302;  // expected here, on a well-formed session

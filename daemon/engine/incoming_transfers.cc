@@ -84,6 +84,16 @@ void IncomingTransfers::Recycle(uint64_t transfer) {
   if (pool_ != nullptr) pool_->Recycle(std::move(buffer));  // kept only if nobody else holds it
 }
 
+void IncomingTransfers::Discard(uint64_t transfer) {
+  Recycle(transfer);
+  if (!discarded_.insert(transfer).second) return;
+  discard_order_.push_back(transfer);
+  if (discard_order_.size() > kDiscardsKept) {
+    discarded_.erase(discard_order_.front());
+    discard_order_.pop_front();
+  }
+}
+
 std::string IncomingTransfers::JobMismatch(uint64_t transfer, uint32_t job) const {
   const Incoming* incoming = Find(transfer);
   if (incoming == nullptr || incoming->job_id == job) return "";

@@ -17,8 +17,10 @@
 #define MLFABRIC_DAEMON_RECEIVE_INCOMING_TRANSFERS_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,6 +70,12 @@ class IncomingTransfers {
   // Forgets `transfer` (its bytes are summed already) and keeps its buffer
   // for the next transfer of that size, if nobody else holds it.
   void Recycle(uint64_t transfer);
+  // Forgets `transfer` (bytes sent on a round grant whose push ended before
+  // it was announced here, scheduler/service/round_grants.h) and refuses
+  // it from now on: Discarded is true for the last kDiscardsKept such.
+  void Discard(uint64_t transfer);
+  bool Discarded(uint64_t transfer) const { return discarded_.count(transfer) > 0; }
+  static constexpr size_t kDiscardsKept = 4096;
   // Empty if `transfer` has not arrived or arrived as `job`'s data; else
   // why it is refused (logged).
   std::string JobMismatch(uint64_t transfer, uint32_t job) const;
@@ -76,6 +84,8 @@ class IncomingTransfers {
  private:
   BufferPool* const pool_;
   std::map<uint64_t, Incoming> transfers_;
+  std::set<uint64_t> discarded_;
+  std::deque<uint64_t> discard_order_;  // oldest first
 };
 
 }  // namespace mlfabric::daemon

@@ -28,6 +28,22 @@ TEST_CASE("a transfer is complete once all its bytes are in") {
   CHECK(in.size() == 0);
 }
 
+TEST_CASE("a discarded transfer is forgotten and stays refused, the last few thousand kept") {
+  BufferPool pool;
+  IncomingTransfers in(&pool);
+  in.Add(7, 1, 4096, Buffer(4096));
+  in.Discard(7);
+  CHECK_FALSE(in.Contains(7));
+  CHECK(in.Discarded(7));
+  CHECK(pool.Take(4096) != nullptr);  // its buffer serves the next transfer
+  in.Discard(8);  // never arrived: refused when it does
+  CHECK(in.Discarded(8));
+  for (uint64_t id = 100; id < 100 + IncomingTransfers::kDiscardsKept; ++id) in.Discard(id);
+  CHECK_FALSE(in.Discarded(7));
+  CHECK_FALSE(in.Discarded(8));
+  CHECK(in.Discarded(100 + IncomingTransfers::kDiscardsKept - 1));
+}
+
 TEST_CASE("a recycled transfer's buffer takes the next transfer of its size") {
   BufferPool pool;
   IncomingTransfers in(&pool);
