@@ -188,6 +188,33 @@ TEST_CASE("Each round is summed packet by packet and every get returns the exact
   RunRounds(*c, {"w1", "w2", "w3"}, /*rounds=*/6, /*dim=*/300000);
 }
 
+TEST_CASE("Rounds run on grants: after a planned round, pushes leave without a plan, exact") {
+  // scheduler/service/round_grants.h: each member's planned transfer
+  // carries a grant for its next round; its daemon sends that push at
+  // once and the scheduler announces it instead of planning it. As in an
+  // AllReduce, one worker is on the root's host (its push is taken in
+  // there, once announced) and one is not: both go direct (a member the
+  // plan sends through an aggregator or a chain gets no grant).
+  const std::vector<std::string> workers = {"s1", "w1"};
+  for (const bool grants : {true, false}) {
+    CAPTURE(grants);
+    std::map<std::string, std::vector<std::string>> debug;
+    for (const std::string& h : workers) debug[h] = {"--log_level=debug"};
+    auto c = StartCluster({"s1", "w1"},
+                          {grants ? "--round_grants=true" : "--round_grants=false"}, debug);
+    constexpr int kRounds = 6;
+    RunRounds(*c, workers, kRounds, /*dim=*/300000);
+    for (const std::string& h : workers) {
+      const int on_grant = testing::CountOccurrences(c->daemon(h).Log(), ", sent on grant ");
+      std::printf("sync_round_test: %s sent %d of %d pushes on a grant (round_grants %s)\n",
+                  h.c_str(), on_grant, kRounds, grants ? "on" : "off");
+      // Round 0 is planned, and so is a round after one whose links' reported
+      // capacities moved more than round_grant_change (none do here).
+      CHECK(on_grant == (grants ? kRounds - 1 : 0));
+    }
+  }
+}
+
 TEST_CASE("A round's sum reaches its workers through a tree of workers, exact (§10.3, §6)") {
   // Fanout 2 (the default): the root's host sends each round's sum to the
   // first two workers that ask; each later one gets it from an earlier one,
