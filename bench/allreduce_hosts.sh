@@ -6,7 +6,8 @@
 #   bazel build //api:allreduce_benchmark //tools/run:mlfabric-run
 #   bench/allreduce_hosts.sh [--ranks "2 4"] [--counts "1024 16384 ..."] [--pairs 2]
 #                            [--repeats 30] [--mlfabric_args "--daemon_arg ..."]
-#                            [--baseline OTHER_TREE] [--json FILE] [--bazel_bin DIR]
+#                            [--baseline OTHER_TREE | --baseline_args "ARGS"]
+#                            [--json FILE] [--bazel_bin DIR]
 #                            [--collective allreduce|alltoall|reducescatter|broadcast|allgather]
 #                            [--op sum|min|max]
 #
@@ -19,7 +20,9 @@
 # `python3 tools/docs/results_tables.py --write` renders its table. --baseline also runs the same mlfabric command from
 # another checkout's bazel-bin (built the same way, e.g. an older commit
 # in a git worktree) in every pair, and adds its column and the ratio
-# mlfabric / baseline. Counts below the backend's MPI threshold
+# mlfabric / baseline. --baseline_args instead makes the baseline this
+# tree's mlfabric command with ARGS added to its mlfabric-run flags (e.g.
+# "--scheduler_arg --round_grants=false"). Counts below the backend's MPI threshold
 # (MLFABRIC_ALLREDUCE_MPI_BELOW, 64 KiB by default) are summed by MPI
 # under mlfabric too; the script sets the threshold to 0 so that every
 # size measures the mlfabric data path. --bazel_bin DIR runs the binaries
@@ -41,6 +44,7 @@ pairs=2
 repeats=30
 mlfabric_args=""
 baseline=""
+baseline_args=""
 json=""
 bazel_bin=bazel-bin
 collective=allreduce
@@ -53,6 +57,7 @@ while [[ $# -gt 0 ]]; do
     --repeats) repeats="$2"; shift 2 ;;
     --mlfabric_args) mlfabric_args="$2"; shift 2 ;;
     --baseline) baseline="$2"; shift 2 ;;
+    --baseline_args) baseline_args="$2"; shift 2 ;;
     --json) json="$2"; shift 2 ;;
     --bazel_bin) bazel_bin="$2"; shift 2 ;;
     --collective) collective="$2"; shift 2 ;;
@@ -93,8 +98,21 @@ fi
 run=$bazel_bin/tools/run/mlfabric-run
 bench=$bazel_bin/api/allreduce_benchmark
 binaries=("$run" "$bench")
+if [[ -n "$baseline" && -n "$baseline_args" ]]; then
+  echo "allreduce_hosts.sh: give --baseline or --baseline_args, not both" >&2
+  exit 2
+fi
+# The baseline arm: another tree's binaries, or this tree's with more flags.
+base_run="" base_bench="" base_what=""
 if [[ -n "$baseline" ]]; then
-  binaries+=("$baseline/bazel-bin/tools/run/mlfabric-run" "$baseline/bazel-bin/api/allreduce_benchmark")
+  base_run=$baseline/bazel-bin/tools/run/mlfabric-run
+  base_bench=$baseline/bazel-bin/api/allreduce_benchmark
+  base_what="the same mlfabric command from the tree $baseline"
+  binaries+=("$base_run" "$base_bench")
+elif [[ -n "$baseline_args" ]]; then
+  base_run=$bazel_bin/tools/run/mlfabric-run
+  base_bench=$bazel_bin/api/allreduce_benchmark
+  base_what="the same mlfabric command with $baseline_args"
 fi
 for binary in "${binaries[@]}"; do
   if [[ ! -x "$binary" ]]; then
@@ -109,8 +127,12 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
 echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $commit" \
      "load $(cut -d' ' -f1 /proc/loadavg)"
-if [[ -n "$baseline" ]]; then
-  echo "# baseline: $baseline (commit $(git -C "$baseline" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+if [[ -n "$base_run" ]]; then
+  if [[ -n "$baseline" ]]; then
+    echo "# baseline: $baseline (commit $(git -C "$baseline" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+  else
+    echo "# baseline: mlfabric-run $baseline_args"
+  fi
   printf '%-6s %-10s %-22s %-22s %-22s %-8s %s\n' ranks floats "baseline ms" "mlfabric ms" \
          "mpi-tcp ms" "/mpi" "/baseline"
 else
@@ -134,7 +156,7 @@ write_json() {
   echo "  \"date\": \"$(date -u +%Y-%m-%d)\","
   echo "  \"commit\": \"$commit\","
   echo "  \"command\": $(json_string "$(measured_command)"),"
-  echo "  \"note\": \"Written by bench/allreduce_hosts.sh --json: per (ranks, float32 count) the mean milliseconds per $call of each pair, mlfabric with --ranks_per_host 1 and Open MPI with OMPI_MCA_btl=tcp,self$([[ -n "$baseline" ]] && echo ", and baseline_ms the same mlfabric command from the tree $baseline"). The table's ratio is the sum of the mlfabric means over the sum of the MPI means, as the script prints it. target_ratio is the goal per size, not a measurement.\","
+  echo "  \"note\": \"Written by bench/allreduce_hosts.sh --json: per (ranks, float32 count) the mean milliseconds per $call of each pair, mlfabric with --ranks_per_host 1 and Open MPI with OMPI_MCA_btl=tcp,self$([[ -n "$base_run" ]] && echo ", and baseline_ms $base_what"). The table's ratio is the sum of the mlfabric means over the sum of the MPI means, as the script prints it. target_ratio is the goal per size, not a measurement.\","
   if [[ -n "$baseline" ]]; then
     echo "  \"baseline_commit\": \"$(git -C "$baseline" rev-parse --short HEAD 2>/dev/null || echo unknown)\","
   fi
@@ -152,11 +174,11 @@ for n in $ranks; do
   for count in $counts; do
     fabric=() mpi=() base=()
     for ((p = 0; p < pairs; ++p)); do
-      if [[ -n "$baseline" ]]; then
+      if [[ -n "$base_run" ]]; then
         # shellcheck disable=SC2086
-        base+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms "$call" "$baseline/bazel-bin/tools/run/mlfabric-run" \
-                    -np "$n" --ranks_per_host 1 $mlfabric_args \
-                    "$baseline/bazel-bin/api/allreduce_benchmark" --collective="$collective" --op="$op" --count="$count" \
+        base+=("$(MLFABRIC_ALLREDUCE_MPI_BELOW=0 mean_ms "$call" "$base_run" \
+                    -np "$n" --ranks_per_host 1 $mlfabric_args $baseline_args \
+                    "$base_bench" --collective="$collective" --op="$op" --count="$count" \
                     --repeats="$repeats")")
       fi
       # shellcheck disable=SC2086
@@ -167,7 +189,7 @@ for n in $ranks; do
                   --collective="$collective" --op="$op" --count="$count" --repeats="$repeats")")
     done
     to_mpi=$(ratio_of "${fabric[@]}" -- "${mpi[@]}")
-    if [[ -n "$baseline" ]]; then
+    if [[ -n "$base_run" ]]; then
       printf '%-6s %-10s %-22s %-22s %-22s %-8s %s\n' "$n" "$count" "${base[*]}" "${fabric[*]}" \
              "${mpi[*]}" "$to_mpi" "$(ratio_of "${fabric[@]}" -- "${base[@]}")"
     else
@@ -178,7 +200,7 @@ for n in $ranks; do
     [[ $op == sum ]] || cell+="\"op\": \"$op\", "
     cell+="\"ranks\": $n, \"count\": $count, \"mlfabric_ms\": [$(join_by ", " "${fabric[@]}")],"
     cell+=" \"mpi_tcp_ms\": [$(join_by ", " "${mpi[@]}")]"
-    if [[ -n "$baseline" ]]; then
+    if [[ -n "$base_run" ]]; then
       cell+=", \"baseline_ms\": [$(join_by ", " "${base[@]}")]"
     fi
     cells+=("$cell}")
