@@ -89,6 +89,17 @@ struct GrantRig {
     FAIL("no SendTransfer for transfer " << id << " at " << host);
     return {};
   }
+  // Round 0 of w1 and w2, planned; w1's grant for round 1 (the commands so
+  // far are taken).
+  v1::RoundGrant PlanRoundZero() {
+    const uint64_t a = Push("w1", 0).transfer_id();
+    Push("w2", 0);
+    service.RunBatchCycle();
+    const v1::RoundGrant grant = SendFor("w1", a).next_round();
+    REQUIRE(grant.transfer_id() != 0);
+    Queued("s1");
+    return grant;
+  }
   // How push `id` ended ("" while it has not).
   DropView Ended(uint64_t id) const {
     for (const DropView& d : service.Snapshot().recent_drops) {
@@ -175,11 +186,7 @@ TEST_CASE("A planned round member gets its next round's grant; a push on it is n
 
 TEST_CASE("A grant is honoured once the links moved, but the round after is planned again") {
   GrantRig rig;
-  const uint64_t a = rig.Push("w1", 0).transfer_id();
-  rig.Push("w2", 0);
-  rig.service.RunBatchCycle();
-  const v1::RoundGrant grant = rig.SendFor("w1", a).next_round();
-  REQUIRE(grant.transfer_id() != 0);
+  const v1::RoundGrant grant = rig.PlanRoundZero();
   // w1's uplink halves (beyond round_grant_change, 10 %).
   v1::BandwidthReport report;
   report.set_host("w1");
@@ -214,11 +221,7 @@ TEST_CASE("A push on a grant this scheduler did not give fails, its bytes discar
 
 TEST_CASE("A push on a grant that its round refuses ends once; its bytes are discarded") {
   GrantRig rig;
-  const uint64_t a = rig.Push("w1", 0).transfer_id();
-  rig.Push("w2", 0);
-  rig.service.RunBatchCycle();
-  const v1::RoundGrant grant = rig.SendFor("w1", a).next_round();
-  rig.Queued("s1");
+  const v1::RoundGrant grant = rig.PlanRoundZero();
   SECTION("a grant for another size") {
     const v1::SubmitUpdateReply reply = rig.Push("w1", 1, grant.transfer_id(), 8192);
     CHECK(reply.transfer_id() == grant.transfer_id());
