@@ -13,6 +13,10 @@ namespace {
 
 double Slack(double x) { return 1e-9 * (std::abs(x) + 1.0); }
 
+// ChooseSplit's coarse pass also takes the split points of least bound when
+// at most this many share it (more are no hint which split wins).
+constexpr int kLeastBoundSplits = 4;
+
 // Whether two items' parts go to the same hosts in the same order (part 0
 // always goes to the input's dst_host).
 bool SameLayout(const AggregationItem& a, const AggregationItem& b) {
@@ -570,8 +574,21 @@ AggregationSplit ChooseSplit(const AggregationInput& input, const Network& base,
         totals[n] = total;
         if (total < kInfinity) AtomicMin(&best, total);
       };
+      // Best first: the split points whose bound is the least of all, when
+      // there are few of them, join the coarse pass. Where the bounds tell
+      // the splits apart, the least is often tight (sharded batches at 1000
+      // workers: one split's bound equals its total and is below every
+      // other's), and once it is the best the rest are pruned unevaluated.
+      std::vector<char> least(m, 0);
+      if (m >= 32) {
+        const double lowest = *std::min_element(bounds.begin(), bounds.end());
+        const int ties = static_cast<int>(std::count(bounds.begin(), bounds.end(), lowest));
+        if (ties <= kLeastBoundSplits && lowest <= best.load()) {
+          for (int n = 0; n < m; ++n) least[n] = bounds[n] == lowest;
+        }
+      }
       auto wanted = [&](int n, int step) {
-        return !evaluated[n] && (step == 1 || n % step == step / 2);
+        return !evaluated[n] && (step == 1 || n % step == step / 2 || least[n]);
       };
       auto run = [&](int lo, int hi, int step) {
         // No direct prefix is built past the last split point that may

@@ -60,7 +60,8 @@
 // as a lower bound on its total exceeds the best total found (the running
 // t_max, or what the remaining aggregators' downlinks can absorb before the
 // server link frees; see SplitSearch::LowerBound); a coarse pass over every
-// 16th split point seeds the best total first; and the split points may be
+// 16th split point (and those whose bound is the least of all, when at most
+// four share it) seeds the best total first; and the split points may be
 // divided between `threads` threads, each with its own network copy, joined
 // before returning. Pruning only removes strictly worse split points, so the
 // result never depends on thread timing.
