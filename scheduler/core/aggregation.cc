@@ -574,21 +574,29 @@ AggregationSplit ChooseSplit(const AggregationInput& input, const Network& base,
         totals[n] = total;
         if (total < kInfinity) AtomicMin(&best, total);
       };
-      // Best first: the split points whose bound is the least of all, when
-      // there are few of them, join the coarse pass. Where the bounds tell
-      // the splits apart, the least is often tight (sharded batches at 1000
-      // workers: one split's bound equals its total and is below every
-      // other's), and once it is the best the rest are pruned unevaluated.
-      std::vector<char> least(m, 0);
+      // Sharded batches of many items search a sample of the split points
+      // (PlannerOptions::sampled_split_from; our departure, aggregation.h).
+      const bool sampled = search.sharded() && options.sampled_split_from > 0 &&
+                           m >= std::max(32, options.sampled_split_from);
+      // Split points the coarse pass takes besides every step-th:
+      //  - best first, those whose bound is the least of all, when there are
+      //    few of them. Where the bounds tell the splits apart the least is
+      //    often tight (sharded batches at 1000 workers: one split's bound
+      //    equals its total and is below every other's), and once it is
+      //    the best the rest are pruned unevaluated;
+      //  - sampled, the last quarter: a split that sends few items through
+      //    aggregators is cheap to try and often the one that wins.
+      std::vector<char> also(m, 0);
       if (m >= 32) {
         const double lowest = *std::min_element(bounds.begin(), bounds.end());
         const int ties = static_cast<int>(std::count(bounds.begin(), bounds.end(), lowest));
         if (ties <= kLeastBoundSplits && lowest <= best.load()) {
-          for (int n = 0; n < m; ++n) least[n] = bounds[n] == lowest;
+          for (int n = 0; n < m; ++n) also[n] = bounds[n] == lowest;
         }
+        if (sampled) std::fill(also.begin() + (m - m / 4), also.end(), 1);
       }
       auto wanted = [&](int n, int step) {
-        return !evaluated[n] && (step == 1 || n % step == step / 2 || least[n]);
+        return !evaluated[n] && (step == 1 || n % step == step / 2 || also[n]);
       };
       auto run = [&](int lo, int hi, int step) {
         // No direct prefix is built past the last split point that may
@@ -609,14 +617,23 @@ AggregationSplit ChooseSplit(const AggregationInput& input, const Network& base,
       };
       // A coarse pass first: a good best total early lets the bounds prune
       // most split points of the full pass (pruning never changes the result).
-      if (m >= 32) run(0, m, m / 16);
+      const int step = m / 16;
+      if (m >= 32) run(0, m, step);
       // Threads pay for their start and network copy only when many split
       // points survive the bounds.
       int survivors = 0;
       for (int n = 0; n < m; ++n) survivors += !evaluated[n] && bounds[n] <= best.load();
       const int threads = std::max(
           1, std::min(options.threads, survivors / std::max(1, options.min_splits_per_thread)));
-      if (threads == 1) {
+      if (sampled) {
+        // What is left of the sample: the split points within a step of the
+        // best the coarse pass found; with no split beating all-direct, none.
+        int found = m;
+        for (int n = m - 1; n >= 0; --n) {
+          if (totals[n] < kInfinity && totals[n] < totals[found]) found = n;
+        }
+        if (found < m) run(std::max(0, found - step), std::min(m, found + step + 1), 1);
+      } else if (threads == 1) {
         run(0, m, 1);
       } else {
         // Later split points carry longer direct prefixes; split evenly by count.

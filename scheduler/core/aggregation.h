@@ -61,10 +61,23 @@
 // t_max, or what the remaining aggregators' downlinks can absorb before the
 // server link frees; see SplitSearch::LowerBound); a coarse pass over every
 // 16th split point (and those whose bound is the least of all, when at most
-// four share it) seeds the best total first; and the split points may be
-// divided between `threads` threads, each with its own network copy, joined
-// before returning. Pruning only removes strictly worse split points, so the
-// result never depends on thread timing.
+// four share it) seeds the best total first; and the split
+// points may be divided between `threads` threads, each with its own network
+// copy, joined before returning. Pruning only removes strictly worse split
+// points, so the result never depends on thread timing.
+//
+// Our departure for sharded batches of many items (at least
+// PlannerOptions::sampled_split_from ordered items, default 64): the search
+// tries a sample of the split points, not all of them: the coarse pass's
+// (every 16th and those of least bound), the last quarter (few items
+// aggregated: cheap to try, and often the winner), and every split point
+// within a 16th of the batch of the best of those. Such a batch's split
+// points each send S aggregates per group, and trying them all took most
+// of its planning time at 1000 workers on 96 shards; the sample finds the
+// exhaustive search's split in most batches and otherwise one whose total
+// is within a fraction of a percent (planner_benchmark --sim_shards,
+// scheduler/core/README.md). With the option at 0 the search is exhaustive
+// and gives the reference implementation's split.
 //
 // Thread safety: pure function of its arguments.
 #ifndef MLFABRIC_SCHEDULER_CORE_AGGREGATION_H_

@@ -276,9 +276,10 @@ bool DistributionBenchmark(bool quick) {
 // --servers=S: §10.2 batches of |U| = 10..1000 updates split across S
 // servers, 4 aggregators on their own hosts, no replica.
 bool ShardedBenchmark(int servers) {
-  PlannerOptions reference;
+  PlannerOptions reference, exhaustive;
   reference.reference = true;
-  const MlfabricPlanner optimised, straightforward(reference);
+  exhaustive.sampled_split_from = 0;
+  const MlfabricPlanner optimised, every_split(exhaustive), straightforward(reference);
   std::printf("MLfabric planner, updates split across %d servers (§10.2), deadlines ~ U(1, 2|U|),\n"
               "|U|/2 workers, congestion-free core, 4 aggregators on their own hosts, no replica\n\n",
               servers);
@@ -310,16 +311,27 @@ bool ShardedBenchmark(int servers) {
       const Measurement ref = Measure(straightforward, batches, 1);
       ref_ms = ref.ms_per_batch;
       ref_peak = ref.peak_mib;
-      if (ref.plan_json != fast.plan_json) verdict = "DIFFERENT (reference)";
+      // From 64 ordered updates the default samples Alg. 3's split points
+      // (PlannerOptions::sampled_split_from): the reference is compared with
+      // the exhaustive search.
+      if (ref.plan_json != Measure(every_split, batches, 1).plan_json) {
+        verdict = "DIFFERENT (reference)";
+      }
     }
     double split = 0;
+    int sampled_apart = 0;
     for (const Batch& batch : batches) {
       const Plan plan = *optimised.PlanBatch(batch);
+      sampled_apart += plan.aggregation_split != every_split.PlanBatch(batch)->aggregation_split;
       const auto problems = CheckPlan(batch, plan);
       if (!problems.empty()) verdict = "INVALID: " + problems[0];
       split += static_cast<double>(plan.aggregation_split) / batches.size();
     }
     identical = identical && (verdict == "identical" || verdict == "(reference skipped)");
+    if (sampled_apart > 0) {
+      verdict += "; sampled split search: " + std::to_string(sampled_apart) + " of " +
+                 std::to_string(batches.size()) + " splits apart";
+    }
     std::printf("%6d | %8.3f (%7.3f) [%8.3f] %7.2f | %12.2f %7.2f | %7.0fx | %6.1f | %s\n",
                 row.updates, fast.ms_per_batch, fast.min_ms, fast.cpu_ms, fast.peak_mib, ref_ms,
                 ref_peak, ref_ms > 0 ? ref_ms / fast.ms_per_batch : 0.0, split, verdict.c_str());
@@ -397,13 +409,44 @@ void PrintBatchHeader() {
               "p50 ms", "p99 ms", "max ms", "Alg.2 ms", "rest ms", "Alg.2");
 }
 
+// When the last commit of `plan` lands (its total).
+double LastCommit(const Plan& plan) {
+  double last = 0;
+  for (const Commit& c : plan.commits) last = std::max(last, c.at_s);
+  return last;
+}
+
+// Plans `batches` with Alg. 3's split search sampled (the default) and
+// exhaustive, and prints how often and by how much the sample's plan ends
+// later (it can never end sooner).
+void CompareSampledSplits(const std::vector<Batch>& batches) {
+  PlannerOptions exhaustive;
+  exhaustive.sampled_split_from = 0;
+  const MlfabricPlanner sampled_planner, exhaustive_planner(exhaustive);
+  int same = 0;
+  double worst_ms = 0, sum_ms = 0;
+  for (const Batch& batch : batches) {
+    const Plan sampled = *sampled_planner.PlanBatch(batch);
+    const Plan full = *exhaustive_planner.PlanBatch(batch);
+    if (sampled.aggregation_split == full.aggregation_split) ++same;
+    const double later_ms = 1e3 * (LastCommit(sampled) - LastCommit(full));
+    worst_ms = std::max(worst_ms, later_ms);
+    sum_ms += later_ms;
+  }
+  std::printf("  Alg. 3 on a sample of split points: the exhaustive search's split in %d of %zu "
+              "batches; last commit later by %.3f ms on average, %.3f ms at most\n",
+              same, batches.size(), sum_ms / static_cast<double>(batches.size()), worst_ms);
+}
+
 // --sim_shards=S: batches shaped like the simulator's at 1000 workers and S
 // shards (eval/sim: 100 MB model in S equal parts, two updates per machine
 // on average, 50 aggregators co-hosted with workers, every link already
 // carrying earlier reservations), |U| around the 190-230 the simulator
 // cuts; per-batch planning CPU ms (each batch's best of 3 calls) and the
 // share Alg. 2 (the multi-part t_en) takes. Small batches are also
-// planned by the reference implementation and must give the same plan.
+// planned by the reference implementation and must give the same plan;
+// large ones also with every split point tried (PlannerOptions::
+// sampled_split_from = 0), to show what sampling them costs in plan quality.
 bool SimShardsBenchmark(int servers, bool quick) {
   std::printf("MLfabric planner, simulator-shaped sharded batches: %d shards of equal size "
               "(100 MB model),\nlinks busy with earlier reservations, 50 aggregators co-hosted "
@@ -439,6 +482,7 @@ bool SimShardsBenchmark(int servers, bool quick) {
     ok = TimeBatches(batches, 3, &plan_ms, &order_ms) && ok;
     const std::string label = "|U|~" + std::to_string(row.updates) + ", S=" + std::to_string(servers);
     PrintBatchTimes(label.c_str(), batches, plan_ms, order_ms);
+    if (row.updates > 20) CompareSampledSplits(batches);
     if (row.updates <= 20) {
       for (const Batch& batch : batches) {
         if (PlanToJson(*optimised.PlanBatch(batch)).dump() !=

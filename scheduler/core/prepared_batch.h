@@ -18,7 +18,8 @@
 
 namespace mlfabric::core {
 
-// Knobs that change how, never what, the core computes.
+// Knobs that change how the core computes. All but `sampled_split_from`
+// leave the plan unchanged.
 struct PlannerOptions {
   // Run the straightforward reference implementation of every algorithm
   // (full scans, network copies, no pruning). Plans are identical.
@@ -35,6 +36,13 @@ struct PlannerOptions {
   // The fluid model does not charge a hop's packet latency, so chains are
   // kept short enough for that to stay small against a transfer.
   int max_chain_hops = 8;
+  // Sharded batches (§10.2) of at least this many ordered updates (and at
+  // least 32) are aggregated on a sample of Alg. 3's split points instead
+  // of every one: every 16th, those of least bound, the last quarter, and
+  // those within a 16th of the batch of the best of these (our departure,
+  // aggregation.h). 0 tries every split point, as Alg. 3 does; `reference`
+  // always does.
+  int sampled_split_from = 64;
 };
 
 // One component of an update: `bytes` to `dst_host`.
