@@ -69,12 +69,29 @@ void AppRequests::HandleRegister(const std::shared_ptr<AppSession>& app,
     (void)app->channel->Send(reply);
     return;
   }
+  // A server's (or replica's) endpoint name: once the scheduler has the
+  // registration it may announce deliveries for it, which wait here for
+  // the endpoint until this registration ends (Deliveries).
+  std::optional<std::string> endpoint;
+  if (request.role() == v1::ROLE_SERVER) endpoint = request.name();
+  if (request.role() == v1::ROLE_REPLICA) endpoint = "replica:" + request.name();
+  if (endpoint.has_value()) {
+    ReceiveLock::Hold lock(lock_);
+    parts_.servers->BeginRegistrationLocked(*endpoint);
+  }
+  auto end_registration = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side) {
+    if (!endpoint.has_value()) return;
+    parts_.servers->EndRegistrationLocked(*endpoint);
+    if (parts_.deliveries != nullptr) parts_.deliveries->RegistrationEndedLocked(*endpoint);
+  };
   const v1::RegisterEntityRequest entity = EntityRequest(options_.host, app->uid, request);
   v1::RegisterEntityReply entity_reply;
   absl::Status status = parts_.scheduler->RegisterEntity(entity, &entity_reply);
   if (!status.ok()) {
     body->set_error(
         absl::StrCat("scheduler refused the registration: ", RpcErrorText(status)));
+    ReceiveLock::Hold lock(lock_);
+    end_registration();
     (void)app->channel->Send(reply);
     return;
   }
@@ -104,13 +121,9 @@ void AppRequests::HandleRegister(const std::shared_ptr<AppSession>& app,
   body->set_host(options_.host);
   ReceiveLock::Hold lock(lock_);
   (void)app->channel->Send(reply);  // one small message on a new connection
-  if (request.role() == v1::ROLE_SERVER) {
-    parts_.servers->PublishLocked(ServerKey(app->job_id, app->name), app);
-  }
   // A hot-standby replica (§5.3) takes deliveries for "replica:<server>".
-  if (request.role() == v1::ROLE_REPLICA) {
-    parts_.servers->PublishLocked(ServerKey(app->job_id, "replica:" + app->name), app);
-  }
+  if (endpoint.has_value()) parts_.servers->PublishLocked(ServerKey(app->job_id, *endpoint), app);
+  end_registration();
 }
 
 PushTable::Push AppRequests::PendingPush(const std::shared_ptr<AppSession>& app,

@@ -67,6 +67,7 @@
 #include "ipc/buffer_pool.h"
 #include "daemon/control/completion_reporter.h"
 #include "daemon/control/scheduler_client.h"
+#include "daemon/engine/deliveries.h"
 #include "daemon/engine/model_fetcher.h"
 #include "daemon/engine/model_server.h"
 #include "daemon/engine/receive_lock.h"
@@ -120,6 +121,10 @@ class AppRequests : public AppHandler {
     // segments from 0, in seconds after now; the daemon puts them on the
     // scheduler's clock). Null: grants are never used.
     std::function<void(v1::SendTransfer)> send_granted;
+    // Told when a server's or replica's registration here ends, so that
+    // what the scheduler announced for it meanwhile is delivered (or
+    // failed, if it was refused); may be null.
+    Deliveries* deliveries = nullptr;
   };
   // Called under the receive lock when an application leaves: forgets it
   // and, if it was a server's or replica's endpoint, returns the report

@@ -218,7 +218,8 @@ absl::Status Daemon::Start() {
                                  servers_.get(), rounds_.get(), model_server_.get(),
                                  fetcher_.get(), snapshots_.get(), &registering_, &buffer_pool_,
                                  compute_.get(),
-                                 [this](v1::SendTransfer send) { SendGranted(std::move(send)); }},
+                                 [this](v1::SendTransfer send) { SendGranted(std::move(send)); },
+                                 deliveries_.get()},
       // AppRequests calls it under the receive lock (ForgetLocked).
       [this](const std::shared_ptr<AppSession>& app)
           ABSL_EXCLUSIVE_LOCKS_REQUIRED(daemon::receive_side) { return ForgetAppLocked(app); });

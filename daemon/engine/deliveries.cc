@@ -64,16 +64,45 @@ Deliveries::Deliveries(std::string host, IncomingTransfers* incoming, ServerEndp
 
 void Deliveries::ExpectLocked(const v1::ExpectDelivery& expect) {
   const std::string key = ServerKey(expect.job_id(), expect.server());
+  if (servers_->AppLocked(key) == nullptr && servers_->RegisteringLocked(expect.server())) {
+    // The server is registering here: the scheduler planned for it as soon
+    // as it registered there, before this daemon published its endpoint.
+    // The position waits for the end of that registration (under load the
+    // gap was long enough to fail a first push as "not connected").
+    sequencer_.Expect(key, expect);
+    if (expect.group_push() != 0 && expect.held()) unready_parts_[expect.transfer_id()] = key;
+    awaiting_registration_.emplace(expect.server(), expect.job_id());
+    return;
+  }
   if (servers_->EnsureLocked(key) == nullptr) {
     sequencer_.Expect(key, expect, "server application is not connected");
-    reporter_->ReportFailure(expect.transfer_id(),
-                             absl::StrCat("server '", expect.server(), "' is not connected to ",
-                                          host_, "'s daemon"));
+    reporter_->ReportFailure(expect.transfer_id(), NotConnected(expect.server()));
   } else {
     sequencer_.Expect(key, expect);
     if (expect.group_push() != 0 && expect.held()) unready_parts_[expect.transfer_id()] = key;
   }
   TryDeliverLocked(expect.job_id(), expect.server());
+}
+
+std::string Deliveries::NotConnected(const std::string& server) const {
+  return absl::StrCat("server '", server, "' is not connected to ", host_, "'s daemon");
+}
+
+void Deliveries::RegistrationEndedLocked(const std::string& server) {
+  if (servers_->RegisteringLocked(server)) return;  // another application of that name still is
+  for (auto it = awaiting_registration_.lower_bound({server, 0});
+       it != awaiting_registration_.end() && it->first == server;) {
+    const uint32_t job_id = it->second;
+    it = awaiting_registration_.erase(it);
+    const std::string key = ServerKey(job_id, server);
+    if (servers_->EnsureLocked(key) == nullptr) {  // refused, or of another job
+      const std::string why = NotConnected(server);
+      for (uint64_t transfer : sequencer_.CancelAll(key, "server application is not connected")) {
+        reporter_->ReportFailure(transfer, why);
+      }
+    }
+    TryDeliverLocked(job_id, server);
+  }
 }
 
 void Deliveries::ArrivedLocked(uint64_t transfer) {
@@ -91,6 +120,8 @@ std::optional<uint32_t> Deliveries::JobExpectingLocked(uint64_t transfer) const 
 void Deliveries::TryDeliverLocked(uint32_t job_id, const std::string& server) {
   const std::string key = ServerKey(job_id, server);
   if (!servers_->KnownLocked(key)) return;
+  // Held for the registration in progress (ExpectLocked).
+  if (servers_->AppLocked(key) == nullptr && servers_->RegisteringLocked(server)) return;
   ReportReadyPartsLocked(key);
   auto complete = [this](uint64_t transfer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side) {
     return incoming_->Complete(transfer);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,12 @@ class Deliveries {
   // `transfer` arrived whole: the endpoints expecting it deliver what they
   // can.
   void ArrivedLocked(uint64_t transfer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  // A registration of endpoint name `server` here ended
+  // (ServerEndpoints::EndRegistrationLocked, after PublishLocked if it
+  // succeeded): the positions announced for it meanwhile are delivered
+  // now, or fail as "not connected" if no application took the endpoint.
+  void RegistrationEndedLocked(const std::string& server)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   // Hands `server`'s next updates over while they are complete (and asks
   // for the replica snapshots due between them).
   void TryDeliverLocked(uint32_t job_id, const std::string& server)
@@ -111,6 +118,8 @@ class Deliveries {
   void LogHandedLocked(uint64_t transfer_id, const v1::ExpectDelivery& info)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
   void KeepHeldCopiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  // "server 'ps' is not connected to h1's daemon"
+  std::string NotConnected(const std::string& server) const;
 
   const std::string host_;
   IncomingTransfers* const incoming_ ABSL_PT_GUARDED_BY(receive_side);
@@ -129,6 +138,10 @@ class Deliveries {
   // Held parts of group pushes whose bytes are not all in yet,
   // by transfer id -> their endpoint's key; reported ready, then forgotten.
   std::map<uint64_t, std::string> unready_parts_ ABSL_GUARDED_BY(receive_side);
+  // Endpoints (server name, job id) with positions announced while an
+  // application of that name was registering here (ExpectLocked).
+  std::set<std::pair<std::string, uint32_t>> awaiting_registration_
+      ABSL_GUARDED_BY(receive_side);
   std::atomic<int64_t> delivered_{0};
 };
 

@@ -94,6 +94,60 @@ TEST_CASE("an update for a server that is not connected fails at once") {
   CHECK(report.error() == "server 'absent' is not connected to h1's daemon");
 }
 
+TEST_CASE("an update for a server still registering waits for its endpoint") {
+  Fixture f;
+  FakeApp late{1, "late", v1::ROLE_SERVER};
+  {
+    ReceiveLock::Hold guard(&f.lock);
+    // The scheduler has the registration; the daemon has not published
+    // the endpoint yet.
+    f.servers.BeginRegistrationLocked("late");
+    f.deliveries.ExpectLocked(Fixture::Expect(40, 1, 16, "late"));
+    f.Arrive(40, 16, 0xdd);
+  }
+  CHECK(late.Quiet());
+  CHECK(f.scheduler.completions().empty());
+  {
+    ReceiveLock::Hold guard(&f.lock);
+    f.servers.PublishLocked(ServerKey(1, "late"), late.session);
+    f.servers.EndRegistrationLocked("late");
+    f.deliveries.RegistrationEndedLocked("late");
+  }
+  v1::LocalMessage message;
+  int fd = -1;
+  REQUIRE(late.Next(&message, &fd));
+  REQUIRE(message.has_update());
+  CHECK(message.update().transfer_id() == 40);
+  CHECK(f.deliveries.delivered() == 1);
+  CHECK(f.scheduler.completions().empty());
+}
+
+TEST_CASE("an update waiting for a registration that fails fails as not connected") {
+  Fixture f;
+  {
+    ReceiveLock::Hold guard(&f.lock);
+    f.servers.BeginRegistrationLocked("refused");
+    f.deliveries.ExpectLocked(Fixture::Expect(50, 1, 16, "refused"));
+    f.Arrive(50, 16, 0xee);
+  }
+  CHECK(f.scheduler.completions().empty());
+  {
+    ReceiveLock::Hold guard(&f.lock);
+    f.servers.EndRegistrationLocked("refused");
+    f.deliveries.RegistrationEndedLocked("refused");
+    // Later announcements fail at once, as for any absent server.
+    f.deliveries.ExpectLocked(Fixture::Expect(60, 2, 16, "refused"));
+  }
+  REQUIRE(f.scheduler.WaitForCompletions(2, std::chrono::seconds(30)));
+  for (const v1::CompletionReport& report : f.scheduler.completions()) {
+    CHECK((report.transfer_id() == 50 || report.transfer_id() == 60));
+    CHECK_FALSE(report.applied());
+    CHECK(report.error() == "server 'refused' is not connected to h1's daemon");
+  }
+  ReceiveLock::Hold guard(&f.lock);
+  CHECK(f.incoming.size() == 0);  // the failed update's bytes are let go
+}
+
 TEST_CASE("a cancelled position is skipped and the next one delivered") {
   Fixture f;
   {

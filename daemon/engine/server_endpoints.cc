@@ -20,6 +20,11 @@ void ServerEndpoints::PublishLocked(const std::string& key, std::shared_ptr<AppS
   lock_->NotifyAll();  // gets waiting for this server (AwaitServer)
 }
 
+void ServerEndpoints::EndRegistrationLocked(const std::string& server) {
+  auto it = registering_.find(server);
+  if (it != registering_.end() && --it->second == 0) registering_.erase(it);
+}
+
 std::shared_ptr<AppSession> ServerEndpoints::AppLocked(const std::string& key) const {
   auto it = endpoints_.find(key);
   return it == endpoints_.end() ? nullptr : it->second;

@@ -15,7 +15,11 @@
 //
 // An endpoint once expected stays known with no application
 // (`EnsureLocked`), so that what is expected for it fails as "not
-// connected" instead of waiting.
+// connected" instead of waiting; unless an application of that name is
+// registering here right now (`BeginRegistrationLocked`): the scheduler
+// plans for a server as soon as it registered there, a moment before the
+// daemon publishes the endpoint, and what it announces meanwhile waits
+// for the end of that registration (Deliveries::RegistrationEndedLocked).
 //
 // Thread safety: the `...Locked` methods require the receive side's lock
 // (receive_lock.h); the ServerApps methods take it.
@@ -55,6 +59,16 @@ class ServerEndpoints : public ServerApps {
   // Where the snapshots a shard keeps for group gets are asked
   // (ModelServer::NewHistoryRequest); set once, before any delivery.
   void SetModelServer(ModelServer* model_server) { model_server_ = model_server; }
+
+  // An application is registering as endpoint name `server` ("ps",
+  // "replica:ps") of some job here: between its RegisterEntity request and
+  // PublishLocked (or the refusal), when the scheduler may already plan
+  // for it. Each Begin has its End.
+  void BeginRegistrationLocked(const std::string& server)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side) { ++registering_[server]; }
+  void EndRegistrationLocked(const std::string& server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side);
+  bool RegisteringLocked(const std::string& server) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_side) { return registering_.count(server) > 0; }
 
   // `app` serves `key` from now on (and waiters are woken).
   void PublishLocked(const std::string& key, std::shared_ptr<AppSession> app)
@@ -125,6 +139,8 @@ class ServerEndpoints : public ServerApps {
   ModelServer* model_server_ = nullptr;
   // null: not connected
   std::map<std::string, std::shared_ptr<AppSession>> endpoints_ ABSL_GUARDED_BY(receive_side);
+  // Registrations in progress, by endpoint name (BeginRegistrationLocked).
+  std::map<std::string, int> registering_ ABSL_GUARDED_BY(receive_side);
   // Each endpoint's model version as its acknowledgements said: told to a
   // restarted scheduler when the server registers again.
   std::map<std::string, int64_t> versions_ ABSL_GUARDED_BY(receive_side);
