@@ -24,6 +24,7 @@ class Orderer {
     fresh_.assign(n, 0);
     peaks_.resize(n);
     static_key_.assign(n, 0);
+    binding_.assign(n, 0);
     for (int u = 0; u < n; ++u) {
       const PreparedUpdate& update = batch.updates[u];
       for (const PreparedPart& part : update.parts) {
@@ -181,7 +182,11 @@ class Orderer {
   // `cutoff`: the caller only needs to know whether the key beats it; once
   // a term exceeds it the rest is skipped, *exact is false and the result
   // is a lower bound above `cutoff`.
-  double Key(int u, const Network& net, double cutoff, bool* exact) const {
+  // The optimised implementation starts at the part whose term last
+  // passed a cutoff (or was the largest): keys rise as reservations land,
+  // mostly on the same busy downlink, so a cut-off evaluation then ends
+  // after one walk. The key is a maximum, the same in any order.
+  double Key(int u, const Network& net, double cutoff, bool* exact) {
     const PreparedUpdate& update = batch_.updates[u];
     double key = -kInfinity;  // a batch's clock may start below 0
     *exact = false;
@@ -189,11 +194,24 @@ class Orderer {
       key = std::max(key, net.FillEnd(shared.alone, batch_.now_s, shared.bits, options_.reference));
       if (key > cutoff) return key;
     }
-    for (size_t j = 0; j < update.parts.size(); ++j) {
-      key = std::max(key, net.FillEnd(paths_[u][j], batch_.now_s, update.parts[j].bits,
-                                      options_.reference));
-      if (key > cutoff) return key;
+    const size_t parts = update.parts.size();
+    const size_t first = options_.reference ? 0 : binding_[u];
+    size_t binding = first;
+    double largest = -kInfinity;
+    for (size_t i = 0, j = first; i < parts; ++i, j = j + 1 == parts ? 0 : j + 1) {
+      const double end = net.FillEnd(paths_[u][j], batch_.now_s, update.parts[j].bits,
+                                     options_.reference);
+      if (end > largest) {
+        largest = end;
+        binding = j;
+      }
+      key = std::max(key, end);
+      if (key > cutoff) {
+        binding_[u] = binding;
+        return key;
+      }
     }
+    binding_[u] = binding;
     *exact = true;
     return key;
   }
@@ -277,7 +295,7 @@ class Orderer {
   // destination downlink's opening plus that bound exceeds the best t_en
   // (no byte moves before its downlink has residual capacity), is faster
   // on the §7.4 batches (scheduler/core/README.md).
-  Pick ScanAt(int64_t pos, const Network& net) const {
+  Pick ScanAt(int64_t pos, const Network& net) {
     Pick best;
     bool exact;
     // A same-host part needs no downlink, so then the floor is `now`.
@@ -353,6 +371,7 @@ class Orderer {
   std::vector<std::vector<SharedLink>> shared_;  // NoteSharedLinks
   std::vector<std::vector<double>> peaks_;      // per part: its path's peak rate
   std::vector<double> static_key_;              // max over parts of bits / peak
+  std::vector<size_t> binding_;                 // Key: the part to walk first
   std::vector<int> dst_downlinks_;
   bool local_parts_ = false;  // some part's worker is its destination host
   std::vector<bool> alive_;
