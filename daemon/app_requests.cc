@@ -252,22 +252,76 @@ void AppRequests::Submit(Submission submission) {
       queue->second.push_back(std::move(submission));
       return;
     }
+    if (holding_) {
+      // The daemon registers again: submitted once it has (its queue's
+      // entry stays, so the application's later pushes wait behind it).
+      held_.push_back(std::move(submission));
+      return;
+    }
   }
   Issue(std::move(submission));
 }
 
 void AppRequests::Issue(Submission submission) {
-  v1::SubmitUpdateRequest request = std::move(submission.request);
-  submission.request.Clear();
+  v1::SubmitUpdateRequest request = submission.request;
   parts_.scheduler->SubmitUpdateAsync(
       std::move(request),
       [this, submission = std::move(submission)](absl::Status status,
-                                                 v1::SubmitUpdateReply reply) {
+                                                 v1::SubmitUpdateReply reply) mutable {
+        // Still counted as running: RegistrationEnded issues or fails it.
+        if (HoldRefused(&submission, status)) return;
         // Ends last: once WaitGets returned, nothing here touches `this`.
         const ThreadDone done_guard(this);
         Submitted(submission, std::move(status), reply);
         Next(submission.app.get());
       });
+}
+
+bool AppRequests::HoldRefused(Submission* submission, const absl::Status& status) {
+  // Not the scheduler's word on the push; and a push sent on a grant went
+  // on the lost scheduler's plan.
+  if (!absl::IsUnavailable(status) && !absl::IsUnauthenticated(status)) return false;
+  if (submission->request.granted_transfer_id() != 0) return false;
+  // A command named it: the scheduler that planned it tells its outcome
+  // (it is in doubt), so it is not submitted twice.
+  if (!parts_.pushes->Submitting(submission->local_id)) return false;
+  absl::MutexLock lock(&submit_mu_);
+  if (!holding_ || stopping_->load()) return false;
+  MLF_LOG(DEBUG) << "push (local id " << submission->local_id
+                 << ") refused while registering again (" << RpcErrorText(status)
+                 << "): submitted again once registered";
+  held_.push_back(std::move(*submission));
+  return true;
+}
+
+void AppRequests::RegistrationStarted() {
+  absl::MutexLock lock(&submit_mu_);
+  holding_ = true;
+}
+
+void AppRequests::RegistrationEnded(const absl::Status& status) {
+  std::vector<Submission> held;
+  {
+    absl::MutexLock lock(&submit_mu_);
+    holding_ = false;
+    held.swap(held_);
+  }
+  if (!held.empty()) {
+    MLF_LOG(INFO) << (status.ok() ? "submitting " : "failing ") << held.size()
+                  << " push(es) held while registering again";
+  }
+  for (Submission& submission : held) {
+    if (status.ok() && !stopping_->load()) {
+      Issue(std::move(submission));
+      continue;
+    }
+    const ThreadDone done_guard(this);
+    Submitted(submission,
+              status.ok() ? absl::CancelledError("the daemon stopped before submitting it")
+                          : status,
+              {});
+    Next(submission.app.get());
+  }
 }
 
 void AppRequests::Next(const AppSession* app) {

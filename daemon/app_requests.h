@@ -15,6 +15,15 @@
 //   one submission of it is in flight at a time, the others wait in the
 //   daemon. A push the scheduler refuses is answered failed when the reply
 //   comes; one still waiting when the daemon stops fails.
+// - While the daemon registers again after losing the scheduler
+//   (RegistrationStarted .. RegistrationEnded), pushes wait here instead
+//   of being submitted, and so does one the scheduler refused because it
+//   was away (UNAVAILABLE) or did not know this daemon yet
+//   (UNAUTHENTICATED); once the daemon is registered they are submitted in
+//   order, else they fail with the registration's error. Failing them at
+//   once instead lost synchronous rounds: a rank whose round-v push fell
+//   in the gap moved on to v + 1, while a rank that pushed v after the
+//   restart waited for it in a round the new scheduler held open.
 // - A get runs on a reused thread (BlockingWork; it waits for its model
 //   from the ModelFetcher), after the SSP clock allows it in a
 //   stale-synchronous job; WaitGets() returns once none is left. So does
@@ -140,6 +149,12 @@ class AppRequests : public AppHandler {
   // Blocks until no get, outcome query or submission is running (call once
   // nothing starts new ones).
   void WaitGets();
+  // The daemon lost the scheduler and registers again: pushes wait (see
+  // the file comment).
+  void RegistrationStarted() ABSL_LOCKS_EXCLUDED(submit_mu_);
+  // It registered again (`status` ok: the waiting pushes are submitted, in
+  // order) or gave up or stopped (they fail with `status`).
+  void RegistrationEnded(const absl::Status& status) ABSL_LOCKS_EXCLUDED(submit_mu_);
   // Pushes the scheduler accepted.
   int64_t pushes_submitted() const { return pushes_submitted_.load(); }
   // Get buffers lent to applications and given back for reuse.
@@ -196,7 +211,7 @@ class AppRequests : public AppHandler {
   // A push's SubmitUpdate, from the handler thread to its reply.
   struct Submission {
     std::shared_ptr<AppSession> app;
-    v1::SubmitUpdateRequest request;  // moved out when issued
+    v1::SubmitUpdateRequest request;  // kept to submit again after a refusal (HoldRefused)
     uint64_t local_id = 0;
     uint64_t request_id = 0;  // the application's id for the push
     double submit_s = 0;      // when the daemon took it (clock_)
@@ -228,6 +243,12 @@ class AppRequests : public AppHandler {
   // Records the reply in the PushTable, or fails the push to the application.
   void Submitted(const Submission& submission, absl::Status status,
                  const v1::SubmitUpdateReply& reply);
+  // Keeps a submission refused with `status` until the daemon has
+  // registered again, when the refusal says the scheduler was away and
+  // the daemon is registering; true if kept (it is still counted as
+  // running, and its application's later pushes still wait behind it).
+  bool HoldRefused(Submission* submission, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(submit_mu_);
 
   const Options options_;
   ReceiveLock* const lock_;
@@ -242,6 +263,10 @@ class AppRequests : public AppHandler {
   // flight; it holds those waiting behind that one, in order.
   std::map<const AppSession*, std::deque<Submission>> submission_queues_
       ABSL_GUARDED_BY(submit_mu_);
+  // RegistrationStarted .. RegistrationEnded: the submissions held, in the
+  // order they came (each its application's first).
+  bool holding_ ABSL_GUARDED_BY(submit_mu_) = false;
+  std::vector<Submission> held_ ABSL_GUARDED_BY(submit_mu_);
   std::atomic<int64_t> pushes_submitted_{0};
   std::atomic<int64_t> buffers_lent_{0};
   std::atomic<int64_t> buffers_returned_{0};

@@ -505,6 +505,69 @@ TEST_CASE("pushes still waiting to be submitted when the daemon stops fail") {
   CHECK(rig.pushes.Unresolved().size() == 1);
 }
 
+TEST_CASE("pushes made or refused while the daemon registers again are submitted once it has") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  rig.scheduler.defer_submits = true;
+  rig.Push(*worker, 1, 64);  // in flight when the scheduler goes away
+  REQUIRE(rig.scheduler.submits().size() == 1);
+  rig.requests.RegistrationStarted();
+  rig.Push(*worker, 2, 64);  // waits behind push 1
+  rig.scheduler.submit_hook = [](const v1::SubmitUpdateRequest&, v1::SubmitUpdateReply*) {
+    return absl::UnavailableError("recvmsg:Connection reset by peer");
+  };
+  REQUIRE(rig.scheduler.CompleteSubmit());  // push 1 refused: held, not failed
+  CHECK(rig.scheduler.submits().size() == 1);
+  CHECK(worker->Quiet());
+  // Registered with a scheduler that accepts them: both go, in order.
+  rig.scheduler.submit_hook = nullptr;
+  rig.requests.RegistrationEnded(absl::OkStatus());
+  REQUIRE(rig.scheduler.CompleteSubmit());
+  REQUIRE(rig.scheduler.CompleteSubmit());
+  const std::vector<v1::SubmitUpdateRequest> submits = rig.scheduler.submits();
+  REQUIRE(submits.size() == 3);
+  CHECK(submits[1].local_id() == submits[0].local_id());
+  CHECK(submits[2].local_id() != submits[0].local_id());
+  CHECK(rig.requests.pushes_submitted() == 2);
+  CHECK(worker->Quiet());
+
+  // Made while registering, and the daemon could not register: it fails
+  // with the registration's error, never submitted.
+  rig.requests.RegistrationStarted();
+  rig.Push(*worker, 3, 64);
+  CHECK(rig.scheduler.submits().size() == 3);
+  rig.requests.RegistrationEnded(absl::UnavailableError("could not register again: gone"));
+  const v1::LocalMessage message = Rig::Next(*worker);
+  REQUIRE(message.has_push_done());
+  CHECK(message.push_done().request_id() == 3);
+  CHECK(message.push_done().outcome() == v1::OUTCOME_FAILED);
+  CHECK(message.push_done().reason().find("could not register again: gone") != std::string::npos);
+  CHECK(rig.scheduler.submits().size() == 3);
+  rig.requests.WaitGets();  // nothing left running
+}
+
+TEST_CASE("a push refused while registering that a command named is not submitted again") {
+  Rig rig;
+  auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);
+  REQUIRE(rig.Register(*worker, v1::ROLE_WORKER).registered().error().empty());
+  rig.scheduler.defer_submits = true;
+  rig.Push(*worker, 1, 64);
+  REQUIRE(rig.scheduler.submits().size() == 1);
+  // The lost scheduler planned it (a command adopted it) before its reply
+  // was lost: it is in doubt, and the next scheduler tells its outcome.
+  rig.pushes.Adopt(77, rig.scheduler.submits()[0].local_id());
+  rig.requests.RegistrationStarted();
+  rig.scheduler.submit_hook = [](const v1::SubmitUpdateRequest&, v1::SubmitUpdateReply*) {
+    return absl::UnavailableError("recvmsg:Connection reset by peer");
+  };
+  REQUIRE(rig.scheduler.CompleteSubmit());
+  rig.requests.RegistrationEnded(absl::OkStatus());
+  CHECK(rig.scheduler.submits().size() == 1);
+  CHECK(rig.pushes.Find(77).has_value());
+  rig.requests.WaitGets();
+}
+
 TEST_CASE("a get before registering is answered with an error") {
   Rig rig;
   auto worker = Rig::NewApp("w0", v1::ROLE_WORKER);

@@ -463,7 +463,11 @@ void Daemon::Stop() {
   }
   // The data sessions (no new one starts now), then the gets.
   receiver_->StopSessions();
-  if (app_requests_) app_requests_->WaitGets();
+  if (app_requests_) {
+    // Pushes held while registering again, if it never ended.
+    app_requests_->RegistrationEnded(absl::CancelledError("the daemon stopped before submitting it"));
+    app_requests_->WaitGets();
+  }
   if (compute_) compute_->join();  // apps_->Stop() ended every push's summing
 }
 

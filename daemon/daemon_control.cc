@@ -37,6 +37,7 @@ void Daemon::ScheduleStreamLoop() {
                      << "; its plans end here, and the pushes in flight wait for the "
                      << "scheduler's word once this daemon has registered again";
     registering_.store(true);  // pushes refused meanwhile say why
+    app_requests_->RegistrationStarted();  // new pushes wait for the registration
     ScheduleLost();
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     if (auto status = RegisterHost(); !status.ok()) {
@@ -52,6 +53,9 @@ void Daemon::ScheduleStreamLoop() {
       }
       fatal_ = status;
       lock.Unlock();
+      app_requests_->RegistrationEnded(absl::UnavailableError(absl::StrCat(
+          "the daemon lost its connection to the scheduler and could not register again: ",
+          status.message())));
       End();
       return;
     }
@@ -74,6 +78,7 @@ void Daemon::ScheduleStreamLoop() {
       }
     }
     registering_.store(false);
+    app_requests_->RegistrationEnded(absl::OkStatus());  // the pushes that waited go now
   }
 }
 

@@ -23,6 +23,11 @@ void PushTable::SubmitFailed(uint64_t local_id) {
   submitting_.erase(local_id);
 }
 
+bool PushTable::Submitting(uint64_t local_id) const {
+  MutexLock lock(&mu_);
+  return submitting_.count(local_id) > 0;
+}
+
 void PushTable::Adopt(uint64_t transfer_id, uint64_t local_id) {
   MutexLock lock(&mu_);
   if (local_id == 0 || pushes_.count(transfer_id)) return;

@@ -58,6 +58,9 @@ class PushTable {
   void Submitted(uint64_t local_id, uint64_t transfer_id);
   // Its SubmitUpdate failed: forgotten.
   void SubmitFailed(uint64_t local_id);
+  // Whether it is still being submitted: neither submitted nor adopted by a
+  // command (a command that names it means the scheduler planned it).
+  bool Submitting(uint64_t local_id) const;
   // A command for `transfer_id` carrying `local_id` came first: the push
   // is known by its transfer id from now on. No-op if unknown or known.
   void Adopt(uint64_t transfer_id, uint64_t local_id);
