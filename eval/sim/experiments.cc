@@ -49,6 +49,7 @@ nlohmann::json ResultToJson(const SystemResult& r) {
   j["planning_ms_p99"] = r.planning_ms_p99;
   j["planning_ms_max"] = r.planning_ms_max;
   j["late_plans"] = r.late_plans;
+  j["plan_lead_ms_mean"] = r.plan_lead_ms_mean;
   j["fluid"] = {{"events", r.fluid.events},
                 {"flows_started", r.fluid.flows_started},
                 {"flows_completed", r.fluid.flows_completed},
@@ -82,6 +83,7 @@ nlohmann::json ConfigToJson(const SimConfig& c) {
           {"server_bps", c.server_bps},
           {"servers", c.servers},
           {"instant_planning", c.instant_planning},
+          {"plan_lead_ms", c.plan_lead_ms},
           {"seed", c.seed},
           {"max_sim_s", c.max_sim_s},
           {"target_accuracy", c.target_accuracy},
@@ -93,18 +95,19 @@ std::string SummaryTable(const std::vector<SystemResult>& results) {
   // plan_ms / p99 / max: planning time per push batch (CPU time of the
   // planner call unless injected); late: plans a batch tick overran.
   out << absl::StrFormat(
-      "%-16s %10s %8s %9s %8s %8s %8s %8s %9s %7s %6s %7s %6s %8s %8s %8s %5s %6s\n", "system",
+      "%-16s %10s %8s %9s %8s %8s %8s %8s %9s %7s %6s %7s %6s %8s %8s %8s %5s %6s %6s\n", "system",
       "tta_s", "acc", "sim_s", "rounds/s", "pushed", "applied", "dropped", "inflight", "delay~",
-      "dmax", "batch~", "aggs", "plan_ms", "p99", "max", "late", "get_s");
+      "dmax", "batch~", "aggs", "plan_ms", "p99", "max", "late", "lead", "get_s");
   for (const SystemResult& r : results) {
     const std::string tta =
         r.reached_target ? absl::StrFormat("%.2f", r.time_to_target_s) : std::string("not");
     out << absl::StrFormat(
         "%-16s %10s %8.3f %9.2f %8.2f %8d %8d %8d %9d %7.1f %6d %7.1f %6d %8.2f %8.2f %8.2f "
-        "%5d %6.2f\n",
+        "%5d %6.1f %6.2f\n",
         r.system, tta, r.final_accuracy, r.sim_end_s, r.rounds_per_s, r.pushed, r.applied,
         r.dropped, r.in_flight, r.mean_delay, r.max_delay, r.planner_mean_batch, r.aggregates,
-        r.planning_ms_mean, r.planning_ms_p99, r.planning_ms_max, r.late_plans, r.mean_get_s);
+        r.planning_ms_mean, r.planning_ms_p99, r.planning_ms_max, r.late_plans,
+        r.plan_lead_ms_mean, r.mean_get_s);
   }
   return out.str();
 }

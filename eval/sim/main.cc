@@ -74,6 +74,10 @@ Flags (also JSON keys of --config=FILE; unknown keys are rejected):
                          the interval delays the next cut (§7.4's overhead
                          charged). Either way the summary shows planning ms per
                          batch (plan_ms, p99, max) and late plans (late)
+  --plan_lead_ms=L       with planning charged, plan each batch for its cut plus
+                         L ms, when it will take effect (the live scheduler's
+                         plan_lead_ms); -1 = the longest of the last 20 batches'
+                         planning times; 0 = for the cut   default 0
   --monitor_lag_s=T      monitor lag seen by the planner       default 0.2
   --json_out=FILE        write all results as JSON
   --table2               run the C1-C3 x N1-N3 grid of MLfabric-A vs RR-Sync
@@ -134,6 +138,7 @@ absl::StatusOr<CliConfig> LoadCli(const CommandLine& cl) {
   reader.Int("servers", &servers, 1, 1000);
   reader.Double("batch_interval_s", &c.sim.batch_interval_s, 1e-4, 1e3);
   reader.Bool("instant_planning", &c.sim.instant_planning);
+  reader.Double("plan_lead_ms", &c.sim.plan_lead_ms, -1, 60000);
   reader.Double("monitor_lag_s", &c.sim.monitor_lag_s, 0, 1e4);
   reader.String("json_out", &c.json_out);
   reader.Bool("table2", &c.table2);

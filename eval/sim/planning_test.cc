@@ -121,6 +121,34 @@ TEST_CASE("with instant planning the same planning times delay nothing") {
   CHECK(measured.accuracy_curve == o.result.accuracy_curve);
 }
 
+TEST_CASE("a plan lead covering the planning time keeps the plans' transfers on time") {
+  // Every batch plans for 4 ms. Planned for its cut, a plan's first
+  // transfers start 4 ms late and need a best-effort tail; planned for its
+  // cut plus a lead of at least that, they start on their segments.
+  auto run = [](double lead_ms) {
+    SimConfig config = Small();
+    config.plan_lead_ms = lead_ms;
+    const auto clock = [](const PlanningSample&) { return 0.004; };
+    return RunSystem(config, ParseSystem("mlfabric-a-30").value(), nullptr, clock).value();
+  };
+  const SystemResult at_cut = run(0), fixed = run(4), estimated = run(-1);
+  INFO("late flows: " << at_cut.fluid.reserved_flows_late << " at the cut, "
+                      << fixed.fluid.reserved_flows_late << " with 4 ms, "
+                      << estimated.fluid.reserved_flows_late << " estimated");
+  CHECK(at_cut.plan_lead_ms_mean == 0);
+  CHECK(fixed.plan_lead_ms_mean == Approx(4));
+  // The estimate is the longest of the last planning times: 0 before the
+  // first plan, 4 ms after.
+  CHECK(estimated.plan_lead_ms_mean < 4);
+  CHECK(estimated.plan_lead_ms_mean > 3);
+  CHECK(at_cut.fluid.reserved_flows_late > 0);
+  CHECK(fixed.fluid.reserved_flows_late < at_cut.fluid.reserved_flows_late);
+  CHECK(estimated.fluid.reserved_flows_late < at_cut.fluid.reserved_flows_late);
+  for (const SystemResult* r : {&at_cut, &fixed, &estimated}) {
+    CHECK(r->applied + r->dropped + r->in_flight == r->pushed);
+  }
+}
+
 TEST_CASE("the measured planning time is charged and reported by default") {
   const SimConfig config = Small();
   const SystemResult r = RunSystem(config, ParseSystem("mlfabric-a-30").value()).value();

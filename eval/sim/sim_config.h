@@ -142,6 +142,11 @@ struct SimConfig {
   // effect at its cut (the earlier simulator), which leaves the scheduler's
   // own cost out of the figures. The planning time is measured either way.
   bool instant_planning = false;
+  // With planning charged, a batch is planned for its cut plus this lead
+  // (scheduler/service/plan_lead.h), as the live scheduler's plan_lead_ms:
+  // < 0 estimates it from the last batches' planning times; 0 plans for
+  // the cut (the live default). Not used with instant_planning.
+  double plan_lead_ms = 0;
   uint64_t seed = 1;
   double max_sim_s = 600;
   double target_accuracy = 0.70;

@@ -22,6 +22,7 @@
 #include "scheduler/core/network.h"
 #include "scheduler/core/planner_factory.h"
 #include "scheduler/service/batch_builder.h"
+#include "scheduler/service/plan_lead.h"
 
 namespace mlfabric::sim {
 namespace {
@@ -75,7 +76,10 @@ class Mlfabric final : public Harness {
         outstanding_(c.workers, 0),
         held_get_(c.workers, false),
         get_asked_s_(c.workers, 0.0),
-        reserved_(2 * hosts_) {
+        reserved_(2 * hosts_),
+        plan_lead_(c.instant_planning ? 0
+                   : c.plan_lead_ms < 0 ? PlanLead::kAuto
+                                        : 1e-3 * c.plan_lead_ms) {
     // Worker machines "m<i>" (2 workers each by default), the server "s"
     // (and its further shards "s1", "s2", ...: §10.2), dedicated aggregators
     // "a<i>" (only when not co-hosted with workers).
@@ -114,6 +118,7 @@ class Mlfabric final : public Harness {
     std::string prefix;  // of its aggregates' keys
     core::Plan plan;
     bool late = false;   // a batch tick came while it was being planned
+    bool gets_waiting = false;  // a get batch came due meanwhile: planned after it
   };
   // An aggregate waiting for what it sums. Alg. 3 on a sharded model
   // (§10.2) sends one aggregate per part, all from one aggregator with the
@@ -148,6 +153,7 @@ class Mlfabric final : public Harness {
     result_.planning_ms_mean = planning.mean;
     result_.planning_ms_p99 = planning.p99;
     result_.planning_ms_max = planning.max;
+    if (batch_count_ > 0) result_.plan_lead_ms_mean = plan_lead_ms_total_ / batch_count_;
   }
 
   void OnModel(int w, Snapshot model, int64_t version) {
@@ -198,7 +204,17 @@ class Mlfabric final : public Harness {
       // thread per scheduler): a tick that finds the planner still busy
       // cuts nothing, and its pushes wait for the first tick after the plan
       // is ready (ticks overrun are not made up). Gets are planned apart
-      // from the batch cycle (the live get handler), so they keep the ticks.
+      // from the batch cycle (the live get handler), so they keep the ticks,
+      // before the cut, whose batch then sees their reservations. Like the
+      // live get handler, a get batch due while a push batch is being
+      // planned waits for its plan, so neither books a link the other took.
+      if (!pending_get_.empty() && GetBatchDue()) {
+        if (planning_ != nullptr) {
+          planning_->gets_waiting = true;
+        } else {
+          PlanGets();
+        }
+      }
       if (planning_ != nullptr) {
         // Counted here, not when it takes effect: a plan may still be in
         // the planner when the run ends.
@@ -207,7 +223,6 @@ class Mlfabric final : public Harness {
       } else if (!pending_push_.empty()) {
         CutPushes();
       }
-      if (!pending_get_.empty() && GetBatchDue()) PlanGets();
       ScheduleTick(k + 1);
     });
   }
@@ -222,21 +237,26 @@ class Mlfabric final : public Harness {
     }
   }
 
-  // The residual of a link: the same maths as the live scheduler's.
-  std::vector<core::ProfilePoint> Residual(double capacity_bps, int link) const {
-    return core::ResidualProfile(capacity_bps, sim_.now(), reserved_[link]);
+  // The residual of a link from `from_s` on: the same maths as the live
+  // scheduler's.
+  std::vector<core::ProfilePoint> Residual(double capacity_bps, int link, double from_s) const {
+    return core::ResidualProfile(capacity_bps, from_s, reserved_[link]);
   }
 
-  // The monitor reports the trace with a lag (§7: t_lag).
-  core::HostLink HostView(int h) const {
+  // Host h's links as the scheduler sees them now, their residual from
+  // `from_s` (a push batch's plan time) on. The monitor reports the trace
+  // with a lag (§7: t_lag).
+  core::HostLink HostView(int h, double from_s) const {
     const double seen_s = std::max(0.0, sim_.now() - config_.monitor_lag_s);
     core::HostLink link;
     link.name = names_[h];
     link.uplink_bps = trace_.CapacityBps(h, true, seen_s);
     link.downlink_bps = trace_.CapacityBps(h, false, seen_s);
-    if (!reserved_[2 * h].empty()) link.uplink_profile = Residual(link.uplink_bps, 2 * h);
+    if (!reserved_[2 * h].empty()) {
+      link.uplink_profile = Residual(link.uplink_bps, 2 * h, from_s);
+    }
     if (!reserved_[2 * h + 1].empty()) {
-      link.downlink_profile = Residual(link.downlink_bps, 2 * h + 1);
+      link.downlink_profile = Residual(link.downlink_bps, 2 * h + 1, from_s);
     }
     return link;
   }
@@ -294,6 +314,7 @@ class Mlfabric final : public Harness {
       return;
     }
     planning_ms_.push_back(1e3 * planning_s);
+    plan_lead_.Record(planning_s);
     if (config_.instant_planning || planning_s == 0) {
       ApplyPushPlan(*work);
       return;
@@ -302,6 +323,7 @@ class Mlfabric final : public Harness {
     sim_.At(sim_.now() + planning_s, [this, work] {
       planning_.reset();
       ApplyPushPlan(*work);
+      if (work->gets_waiting && !pending_get_.empty()) PlanGets();
     });
   }
 
@@ -339,7 +361,11 @@ class Mlfabric final : public Harness {
   // all can share aggregates.
   core::Batch PushBatch() {
     BatchInputs in;
-    in.now_s = sim_.now();
+    // Planned for when it will take effect (plan_lead.h), as the live
+    // scheduler does.
+    const double lead_s = plan_lead_.LeadS();
+    plan_lead_ms_total_ += 1e3 * lead_s;
+    in.now_s = sim_.now() + lead_s;
     in.mode = sync_ ? core::Mode::kSync : core::Mode::kAsync;
     in.tau_max = tau_max();
     in.model_version = server_version_;
@@ -365,7 +391,9 @@ class Mlfabric final : public Harness {
           {{id, names_[host], shard_bytes_[0], u.version, std::sqrt(norm), std::move(shards)},
            1});
     }
-    in.host_link = [this](const std::string& name) { return HostView(index_.at(name)); };
+    in.host_link = [this, from_s = in.now_s](const std::string& name) {
+      return HostView(index_.at(name), from_s);
+    };
     return BuildBatch(in);
   }
 
@@ -648,7 +676,7 @@ class Mlfabric final : public Harness {
       std::set<int> involved = {layout_.server + static_cast<int>(j)};
       for (int h : layout_.aggregator_hosts) involved.insert(h);
       for (const auto& [host, workers] : get->waiting) involved.insert(host);
-      for (int h : involved) request.hosts.push_back(HostView(h));
+      for (int h : involved) request.hosts.push_back(HostView(h, sim_.now()));
       absl::StatusOr<core::DistributionPlan> plan = core::PlanModelDistribution(request);
       if (plan.ok() && config_.get_deadline_slack > 0) {
         core::DistributionOptions spare;
@@ -768,6 +796,8 @@ class Mlfabric final : public Harness {
   int64_t batch_updates_total_ = 0;
   std::shared_ptr<PushWork> planning_;  // the batch being planned; nullptr: planner free
   std::vector<double> planning_ms_;     // every push batch's planning time
+  PlanLead plan_lead_;                  // how far after its cut a push batch is planned for
+  double plan_lead_ms_total_ = 0;
 };
 
 }  // namespace

@@ -116,6 +116,8 @@ struct SystemResult {
   double planning_ms_p99 = 0;
   double planning_ms_max = 0;
   int64_t late_plans = 0;
+  // The mean plan lead of those batches (SimConfig::plan_lead_ms).
+  double plan_lead_ms_mean = 0;
   FluidStats fluid;
   double wall_s = 0;              // wall clock, not deterministic
 };

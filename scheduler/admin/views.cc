@@ -365,6 +365,7 @@ json CyclesJson(const ClusterSnapshot& snap) {
                       {"cut_ms", c.cut_ms},
                       {"plan_ms", c.plan_ms},
                       {"dispatch_ms", c.dispatch_ms},
+                      {"lead_ms", c.lead_ms},
                       {"batches", c.batches},
                       {"updates", c.updates}});
     max_ms = std::max(max_ms, c.total_ms);

@@ -44,6 +44,7 @@ void ReadSchedulingKeys(ConfigReader* reader, SchedulerConfig* config) {
   reader->Double("keepalive_s", &config->keepalive_s, 0.1, 3600);
   reader->String("port_file", &config->port_file);
   reader->Double("batch_interval_ms", &config->batch_interval_ms, 1, 60000);
+  reader->Double("plan_lead_ms", &config->plan_lead_ms, -1, 60000);
   reader->Enum("planner", &config->planner, {"fifo", "mlfabric"});
   reader->Int("max_update_bytes", &config->max_update_bytes, 1, int64_t{1} << 40);
   reader->Double("default_link_bps", &config->default_link_bps, 1e3, 1e13);
@@ -225,6 +226,10 @@ Every key can be set in the JSON file or as a flag; flags win.
                        a silent partition is marked down (default 2)
   --port_file          write the bound port to this file (default none)
   --batch_interval_ms  batching window in milliseconds   (default 100)
+  --plan_lead_ms       plan each batch for this long after its cut, when
+                       its commands will be out; -1 = the longest of the
+                       last 20 cycles' times from cut to commands queued;
+                       0 = for the cut, the paper's      (default 0)
   --planner            mlfabric | fifo (vanilla-PS baseline) (default mlfabric)
   --max_update_bytes   largest push accepted             (default 16 GiB)
   --default_link_bps   NIC capacity when a host gives none (default 1e10)

@@ -81,6 +81,9 @@ struct SchedulerConfig {
   double keepalive_s = 2;
   std::string port_file;                      // write the bound port here
   double batch_interval_ms = 100;             // batching window (§4)
+  // A batch is planned for its cut plus this lead (plan_lead.h); < 0: the
+  // longest of the last 20 cycles' cut-to-commands times; 0: for the cut.
+  double plan_lead_ms = 0;
   std::string planner = "mlfabric";           // mlfabric | fifo (the vanilla-PS baseline)
   int64_t max_update_bytes = int64_t{16} << 30;  // larger pushes are refused
   double default_link_bps = 10e9;             // capacity when a host reports none

@@ -54,6 +54,7 @@ SchedulerService::SchedulerService(SchedulerConfig config, const Clock* clock,
       history_(config_.history_batches),
       state_(config_, clock_, &outbox_, &history_),
       dispatcher_(config_, &state_, &history_),
+      plan_lead_(config_.plan_lead_ms < 0 ? PlanLead::kAuto : 1e-3 * config_.plan_lead_ms),
       loop_(config_.batch_interval_ms, [this] { RunBatchCycle(); }) {
   for (const auto& [name, job] : state_.jobs()) auth_.AddJob(job.id, name, job.config.token);
   // A host given work of a job gets the job's data key first; every host
@@ -452,13 +453,17 @@ void SchedulerService::RunBatchCycle() {
     // in flight.
     const bool use_reservations = planner_->UsesReservations();
     const bool sample_links = history_.LinkSampleDue(now_s);
+    // The batches are planned for when their commands will be queued
+    // (plan_lead.h): the network from then on, their transfers from then.
+    cycle.lead_ms = 1e3 * plan_lead_.LeadS();
+    const double plan_s = now_s + 1e-3 * cycle.lead_ms;
     std::map<std::string, std::vector<core::RateSegment>> up, down;
     if (use_reservations || sample_links) state_.Reservations(&up, &down);
     if (sample_links) SampleLinksLocked(now_s, up, down);
     state_.ForEachServer([&](const std::string& job_name, JobState& job,
                              const std::string& server_name, ServerState& server) {
       BatchWork item;
-      if (CutBatchLocked(job_name, job, server_name, server, now_s, use_reservations, up, down,
+      if (CutBatchLocked(job_name, job, server_name, server, plan_s, use_reservations, up, down,
                          &item)) {
         work.push_back(std::move(item));
       }
@@ -489,6 +494,7 @@ void SchedulerService::RunBatchCycle() {
   // what a batch interval must cover for the scheduler to keep up.
   std::unique_lock<std::mutex> lock = lock_timed();
   cycle.total_ms = ms_between(started, SteadyClock::now());
+  plan_lead_.Record(clock_->NowSeconds() - cycle.start_s);
   // With the scheduler's "push ... at" lines: how long a complete round
   // waits for its commands (the clock is the daemons' steady clock too).
   MLF_LOG(DEBUG) << "batch cycle at " << absl::StrFormat("%.6f", cycle.start_s) << ": "

@@ -51,6 +51,7 @@
 #include "scheduler/service/command_outbox.h"
 #include "scheduler/service/control_auth.h"
 #include "scheduler/service/plan_dispatcher.h"
+#include "scheduler/service/plan_lead.h"
 #include "scheduler/service/scheduler_config.h"
 #include "scheduler/service/snapshot.h"
 
@@ -256,6 +257,8 @@ class SchedulerService {
   double stragglers_logged_s_ = -1;
   int64_t distributions_planned_ = 0;  // seeds the distributors' pre-assignment
   PlanDispatcher dispatcher_;
+  // How far after its cut each batch is planned for (plan_lead.h); by mu_.
+  PlanLead plan_lead_;
   BatchLoop loop_;
 };
 

@@ -218,6 +218,41 @@ TEST_CASE("A batch cycle records where its time went, its parts within its total
   CHECK(cycles.hosts.empty());  // nothing else was copied under the lock
 }
 
+TEST_CASE("A batch is planned for its cut plus the plan lead") {
+  SchedulerConfig config = ShortServerWait();
+  config.plan_lead_ms = 40;
+  Fixture f(config);
+  f.RegisterHost("s1");
+  f.RegisterHost("w1");
+  REQUIRE(f.RegisterServer("demo-token").ok());
+  REQUIRE(f.Submit(f.GoodSubmit()).ok());
+  f.service.RunBatchCycle();
+  const ClusterSnapshot snap = f.service.Snapshot();
+  REQUIRE(snap.recent_cycles.size() == 1);
+  CHECK(snap.recent_cycles[0].start_s == 100.0);
+  CHECK(snap.recent_cycles[0].lead_ms == 40);
+  REQUIRE(snap.recent_batches.size() == 1);
+  CHECK(snap.recent_batches[0].planned_at_s == Approx(100.04));
+  REQUIRE(snap.in_flight.size() == 1);
+  CHECK(snap.in_flight[0].start_s >= Approx(100.04));
+  // -1 estimates the lead from the cycles' times, which the fake clock
+  // makes 0: the next batch is planned for its cut.
+  SchedulerConfig estimated = ShortServerWait();
+  estimated.plan_lead_ms = -1;
+  Fixture automatic(estimated);
+  automatic.RegisterHost("s1");
+  automatic.RegisterHost("w1");
+  REQUIRE(automatic.RegisterServer("demo-token").ok());
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(automatic.Submit(automatic.GoodSubmit()).ok());
+    automatic.service.RunBatchCycle();
+  }
+  const ClusterSnapshot later = automatic.service.Snapshot();
+  REQUIRE(later.recent_batches.size() == 2);
+  CHECK(later.recent_batches[1].planned_at_s == 100.0);
+  CHECK(later.recent_cycles[1].lead_ms == 0);
+}
+
 TEST_CASE("The links' samples show the reservations of the transfers in flight") {
   Fixture f;
   f.RegisterHost("s1");

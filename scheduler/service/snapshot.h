@@ -277,6 +277,8 @@ struct CycleView {
   double cut_ms = 0;
   double plan_ms = 0;
   double dispatch_ms = 0;
+  // How far after the cut its batches were planned for (plan_lead.h).
+  double lead_ms = 0;
   int32_t batches = 0;    // servers planned
   int64_t updates = 0;    // updates in those batches
 };
