@@ -118,7 +118,6 @@ class Mlfabric final : public Harness {
     std::string prefix;  // of its aggregates' keys
     core::Plan plan;
     bool late = false;   // a batch tick came while it was being planned
-    bool gets_waiting = false;  // a get batch came due meanwhile: planned after it
   };
   // An aggregate waiting for what it sums. Alg. 3 on a sharded model
   // (§10.2) sends one aggregate per part, all from one aggregator with the
@@ -205,16 +204,10 @@ class Mlfabric final : public Harness {
       // cuts nothing, and its pushes wait for the first tick after the plan
       // is ready (ticks overrun are not made up). Gets are planned apart
       // from the batch cycle (the live get handler), so they keep the ticks,
-      // before the cut, whose batch then sees their reservations. Like the
-      // live get handler, a get batch due while a push batch is being
-      // planned waits for its plan, so neither books a link the other took.
-      if (!pending_get_.empty() && GetBatchDue()) {
-        if (planning_ != nullptr) {
-          planning_->gets_waiting = true;
-        } else {
-          PlanGets();
-        }
-      }
+      // before the cut, whose batch then sees their reservations. One due
+      // while a batch is being planned does not see that batch's transfers
+      // (nor they its streams), as in the live scheduler.
+      if (!pending_get_.empty() && GetBatchDue()) PlanGets();
       if (planning_ != nullptr) {
         // Counted here, not when it takes effect: a plan may still be in
         // the planner when the run ends.
@@ -323,7 +316,6 @@ class Mlfabric final : public Harness {
     sim_.At(sim_.now() + planning_s, [this, work] {
       planning_.reset();
       ApplyPushPlan(*work);
-      if (work->gets_waiting && !pending_get_.empty()) PlanGets();
     });
   }
 
