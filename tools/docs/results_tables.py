@@ -311,16 +311,24 @@ def sim_planning_charged(root):
         if run.get("system") != "rr-sync" and key not in settings:
             settings.append(key)
     rows = []
+    # A row per charged run, beside the instant run of its setting; a run
+    # with a plan lead (--plan_lead_ms) says so in its label.
     for workers, servers, seconds in settings:
-        cells = {}
+        instant, charged = None, []
         for run in runs:
             if (run.get("workers"), run.get("servers"), run.get("max_sim_s")) == (workers, servers, seconds):
-                cells[bool(field(run, "instant_planning", where))] = run
-        if set(cells) != {True, False}:
+                if bool(field(run, "instant_planning", where)):
+                    instant = run
+                else:
+                    charged.append(run)
+        if instant is None or not charged:
             raise Problem("%s: %d workers, %d servers needs an instant and a charged run" %
                           (where, workers, servers))
-        rows.append(["%d workers, %d servers, %d s" % (workers, servers, seconds),
-                     planning_cell(cells[True], ring, where), planning_cell(cells[False], ring, where)])
+        for run in charged:
+            label = "%d workers, %d servers, %d s" % (workers, servers, seconds)
+            if run.get("plan_lead_ms", 0) != 0:
+                label += ", `--plan_lead_ms=%g`" % float(run["plan_lead_ms"])
+            rows.append([label, planning_cell(instant, ring, where), planning_cell(run, ring, where)])
     return table(["run", "instant planning", "planning charged"], rows)
 
 
